@@ -1,0 +1,3 @@
+from sparsetool.cli.main import main
+
+main()

@@ -1,0 +1,52 @@
+"""Shared output helpers for commands: clean errors, JSON on stdout, rich on a terminal."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from typing import Any, Iterator
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from sparsetool.errors import SparsetoolError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+@contextlib.contextmanager
+def failing_cleanly() -> Iterator[None]:
+    """Turn a SparsetoolError into one ``error: ...`` line on stderr and exit code 1.
+
+    Only SparsetoolError is caught: typer.Exit and real bugs pass through untouched.
+    """
+    try:
+        yield
+    except SparsetoolError as e:
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True, highlight=False)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        err_console.print("error: interrupted; no output was written", highlight=False)
+        raise typer.Exit(130) from None
+
+
+def emit_json(obj: Any) -> None:
+    """Plain JSON on stdout (never through rich, which would wrap and colour it)."""
+    sys.stdout.write(json.dumps(obj, indent=2, default=_json_default) + "\n")
+    sys.stdout.flush()
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if hasattr(o, "__fspath__"):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def fail(message: str) -> None:
+    """Raise the clean error (for checks done in the command itself)."""
+    raise SparsetoolError(message)

@@ -1,0 +1,47 @@
+"""The ``sparsetool`` command: registers one small module per command.
+
+Command modules keep heavy imports (torch, numpy, matplotlib) inside their functions so that
+``sparsetool flops ...`` and ``--help`` start fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from sparsetool import __version__
+from sparsetool.cli import densify, flops, prune, report, simulate, train
+
+app = typer.Typer(
+    name="sparsetool",
+    help="Prune, mask, densify and report unstructured-sparse checkpoints; account FLOPs; "
+    "train sparse GPTs; model sparse hardware.",
+    no_args_is_help=True,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+app.command("prune")(prune.prune)
+app.command("densify")(densify.densify)
+app.command("report")(report.report)
+app.command("flops")(flops.flops)
+app.command("train")(train.train)
+app.command("simulate")(simulate.simulate)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"sparsetool {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    pass
+
+
+def main() -> None:
+    app()
