@@ -1,0 +1,181 @@
+"""Chinchilla Appendix-F forward FLOPs, term by term, with weight sparsity on the targeted matmuls.
+
+Hoffmann et al. 2022 ("Training Compute-Optimal Large Language Models"), Appendix F, for one
+sequence of length ``s``, width ``d``, ``h`` heads of size ``k``, FFN width ``f``, vocabulary ``V``::
+
+    embeddings      2*s*V*d                      (excluded by default, as in the SPDF tables)
+    per layer:
+      qkv           2*3*s*d*(k*h)                (GQA: 2*s*d*k*(h + 2*h_kv))
+      attn_logits   2*s*s*(k*h)
+      softmax       3*h*s*s
+      attn_values   2*s*s*(k*h)
+      attn_out      2*s*(k*h)*d
+      ffn           2*s*2*d*f                    (SwiGLU: 2*s*3*d*f)
+    logits          2*s*d*V
+    forward = embeddings + L * (per layer) + logits;  backward = 2 x forward
+
+Unstructured weight sparsity removes the multiplies by zero weights, so it scales only the
+weight matmuls that are pruned: qkv, attn_out and ffn (the SPDF paper, App. A.1, and the
+iterative-pruning post, footnote 1). Attention logits/values, softmax and the LM-head logits
+stay dense.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from sparsetool.errors import ConfigError
+from sparsetool.flops.config import ModelConfig
+
+TERMS = ("qkv", "attn_logits", "softmax", "attn_values", "attn_out", "ffn", "logits", "embeddings")
+"""Keys of :func:`forward_terms`, in the order Appendix F lists them (embeddings last: optional)."""
+TARGETED_TERMS = ("qkv", "attn_out", "ffn")
+"""The terms weight sparsity scales; everything else is dense work."""
+ROLES = ("qkv", "attn_out", "ffn_in", "ffn_out")
+"""Per-layer sparsity roles (``ffn_in`` covers up and gate of a SwiGLU MLP)."""
+
+LayerSparsity = Sequence[Mapping[str, float]]
+
+
+def _check_sparsity(v: float, where: str) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: sparsity must be a number in [0, 1], got {v!r}") from None
+    if not 0.0 <= x <= 1.0:  # also rejects NaN
+        raise ConfigError(f"{where}: sparsity must be in [0, 1] (fraction of zeros), got {v!r}")
+    return x
+
+
+def layer_sparsities(cfg: ModelConfig, sparsity: float | LayerSparsity) -> list[dict[str, float]]:
+    """Normalise ``sparsity`` to one ``{role: sparsity}`` per layer; a missing role is dense (0).
+
+    >>> layer_sparsities(ModelConfig("t", 2, 8, 2, 4, 32, 10, 4), 0.5)[1]["ffn_out"]
+    0.5
+    """
+    if isinstance(sparsity, (int, float)) and not isinstance(sparsity, bool):
+        s = _check_sparsity(sparsity, "sparsity")
+        return [dict.fromkeys(ROLES, s) for _ in range(cfg.n_layers)]
+    if isinstance(sparsity, (str, bytes, Mapping)) or not isinstance(sparsity, Sequence):
+        raise ConfigError("sparsity must be one number or one {role: sparsity} mapping per layer")
+    if len(sparsity) != cfg.n_layers:
+        raise ConfigError(
+            f"per-layer sparsity has {len(sparsity)} entries but model '{cfg.name}' has "
+            f"{cfg.n_layers} layers"
+        )
+    out = []
+    for i, m in enumerate(sparsity):
+        unknown = set(m) - set(ROLES)
+        if unknown:
+            raise ConfigError(f"layer {i}: unknown role(s) {sorted(unknown)}; roles: {', '.join(ROLES)}")
+        out.append({r: _check_sparsity(m.get(r, 0.0), f"layer {i} {r}") for r in ROLES})
+    return out
+
+
+def forward_terms(
+    cfg: ModelConfig,
+    *,
+    seq_len: int | None = None,
+    sparsity: float | LayerSparsity = 0.0,
+    embeddings: bool = False,
+) -> dict[str, float]:
+    """Forward FLOPs of ONE sequence, term by term (Chinchilla App. F), summed over layers.
+
+    ``sparsity``: one fraction of zeros for every targeted matmul, or per layer a mapping
+    role -> sparsity with roles ``qkv``, ``attn_out``, ``ffn_in``, ``ffn_out``.
+
+    GPT-3 XL at 2048 tokens, dense: 3 x this sum is the SPDF appendix Table 2's 1.86e13 FLOPs
+    per sequence.
+
+    >>> from sparsetool.flops.config import get_preset
+    >>> t = forward_terms(get_preset("gpt3-xl"))
+    >>> f"{3 * sum(t.values()):.3g}", t["embeddings"]
+    ('1.86e+13', 0.0)
+    """
+    s = int(cfg.seq_len if seq_len is None else seq_len)
+    if s < 1:
+        raise ConfigError(f"sequence length must be a positive integer, got {seq_len!r}")
+    d, h, k, f, V = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_ff, cfg.vocab
+    kh = k * h
+    per_layer = layer_sparsities(cfg, sparsity)
+
+    qkv_dense = 2.0 * s * d * k * (h + 2 * cfg.kv_heads)  # = 2*3*s*d*(k*h) without GQA
+    out_dense = 2.0 * s * kh * d
+    ffn_in_dense = 2.0 * s * (cfg.ffn_matrices - 1) * d * f  # up (and gate for SwiGLU)
+    ffn_out_dense = 2.0 * s * f * d
+
+    qkv = attn_out = ffn = 0.0
+    for ls in per_layer:
+        qkv += qkv_dense * (1.0 - ls["qkv"])
+        attn_out += out_dense * (1.0 - ls["attn_out"])
+        ffn += ffn_in_dense * (1.0 - ls["ffn_in"]) + ffn_out_dense * (1.0 - ls["ffn_out"])
+    L = cfg.n_layers
+    return {
+        "qkv": qkv,
+        "attn_logits": L * 2.0 * s * s * kh,
+        "softmax": L * 3.0 * h * s * s,
+        "attn_values": L * 2.0 * s * s * kh,
+        "attn_out": attn_out,
+        "ffn": ffn,
+        "logits": 2.0 * s * d * V,
+        "embeddings": 2.0 * s * V * d if embeddings else 0.0,
+    }
+
+
+def forward_flops(cfg: ModelConfig, **kw) -> float:
+    """Sum of :func:`forward_terms` (same arguments)."""
+    return sum(forward_terms(cfg, **kw).values())
+
+
+def term_formulas(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, str]:
+    """Each dense term's formula with this model's numbers filled in, for checking by hand."""
+    s = cfg.seq_len if seq_len is None else seq_len
+    d, h, k, f, V, L = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_ff, cfg.vocab, cfg.n_layers
+    if cfg.n_kv_heads is None:
+        qkv = f"{L}*2*3*{s}*{d}*({k}*{h})"
+    else:
+        qkv = f"{L}*2*{s}*{d}*{k}*({h}+2*{cfg.n_kv_heads})"
+    return {
+        "qkv": qkv,
+        "attn_logits": f"{L}*2*{s}*{s}*({k}*{h})",
+        "softmax": f"{L}*3*{h}*{s}*{s}",
+        "attn_values": f"{L}*2*{s}*{s}*({k}*{h})",
+        "attn_out": f"{L}*2*{s}*({k}*{h})*{d}",
+        "ffn": f"{L}*2*{s}*{cfg.ffn_matrices}*{d}*{f}",
+        "logits": f"2*{s}*{d}*{V}",
+        "embeddings": f"2*{s}*{V}*{d}",
+    }
+
+
+def param_counts(cfg: ModelConfig, sparsity: float | LayerSparsity = 0.0) -> dict[str, float]:
+    """Parameters of the model: ``targeted`` (the pruned matrices), ``other`` and their
+    ``total``, plus ``nonzero`` = total minus the pruned weights.
+
+    Embeddings, positions, norms, biases and an untied LM head are counted but never pruned,
+    as in the SPDF paper (App. A.1) and the iterative-pruning post.
+
+    >>> from sparsetool.flops.config import get_preset
+    >>> round(param_counts(get_preset("cerebras-gpt-111m"))["total"] / 1e6)
+    111
+    """
+    d, k, f, V = cfg.d_model, cfg.d_head, cfg.d_ff, cfg.vocab
+    kh, kv = k * cfg.n_heads, k * cfg.kv_heads
+    qkv_w, out_w = d * (kh + 2 * kv), kh * d
+    ffn_in_w, ffn_out_w = (cfg.ffn_matrices - 1) * d * f, f * d
+    targeted = cfg.n_layers * (qkv_w + out_w + ffn_in_w + ffn_out_w)
+    pruned = 0.0
+    for ls in layer_sparsities(cfg, sparsity):
+        pruned += (qkv_w * ls["qkv"] + out_w * ls["attn_out"] + ffn_in_w * ls["ffn_in"]
+                   + ffn_out_w * ls["ffn_out"])
+    norm = 2 * d if cfg.biases else d  # LayerNorm has a bias, RMSNorm does not
+    per_layer_other = 2 * norm
+    if cfg.biases:
+        per_layer_other += (kh + 2 * kv) + d + (cfg.ffn_matrices - 1) * f + d
+    other = cfg.n_layers * per_layer_other + norm + V * d  # final norm, token embedding
+    if cfg.learned_positions:
+        other += cfg.seq_len * d
+    if not cfg.tied_embeddings:
+        other += V * d
+    total = float(targeted + other)
+    return {"targeted": float(targeted), "other": float(other), "total": total,
+            "nonzero": total - pruned}
