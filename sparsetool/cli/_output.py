@@ -50,3 +50,35 @@ def _json_default(o: Any) -> Any:
 def fail(message: str) -> None:
     """Raise the clean error (for checks done in the command itself)."""
     raise SparsetoolError(message)
+
+
+@contextlib.contextmanager
+def progress_bar(enabled: bool = True) -> Iterator[Any]:
+    """A ``progress(stage, done, total)`` callback drawing a rich bar on stderr (terminals only)."""
+    if not enabled or not err_console.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description:>8}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def update(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done)
+
+        yield update
+
+
+def percent(x: float, digits: int = 2) -> str:
+    return f"{100 * x:.{digits}f}%"
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n} B"
