@@ -1,0 +1,46 @@
+"""config.json surgery for compressed-tensors checkpoints.
+
+compressed-tensors records its sparsity compression in ``config.json`` as
+``quantization_config.sparsity_config`` (older releases: ``compression_config.sparsity_config``),
+next to ``version``, ``quant_method`` and an often empty ``transform_config``. A loader that sees a
+sparsity config expects compressed tensors; after densifying it must go, or transformers
+re-initialises the (now plain) weights it cannot find.
+"""
+
+from __future__ import annotations
+
+import copy
+
+_BLOCKS = ("quantization_config", "compression_config")
+# Keys that carry no meaning once sparsity_config is gone (bookkeeping of compressed-tensors).
+_BOOKKEEPING = {"version", "quant_method", "format", "quantization_status", "global_compression_ratio"}
+
+
+def _meaningless(block: dict) -> bool:
+    return all(k in _BOOKKEEPING or v in (None, {}, [], "") for k, v in block.items())
+
+
+def drop_sparsity_config(config: dict) -> dict:
+    """A copy of ``config`` without any compressed-tensors ``sparsity_config``.
+
+    A containing block left with only bookkeeping keys (or empty values) is dropped too; a block
+    that still describes quantization is kept.
+
+    >>> cfg = {"model_type": "gpt2", "quantization_config": {"quant_method": "compressed-tensors",
+    ...        "version": "0.14.0.1", "sparsity_config": {"format": "sparse-bitmask"}, "transform_config": {}}}
+    >>> drop_sparsity_config(cfg)
+    {'model_type': 'gpt2'}
+    >>> q = {"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {}},
+    ...      "sparsity_config": {"format": "sparse-bitmask"}}}
+    >>> drop_sparsity_config(q)
+    {'quantization_config': {'quant_method': 'compressed-tensors', 'config_groups': {'g': {}}}}
+    """
+    out = copy.deepcopy(config)
+    out.pop("sparsity_config", None)
+    for key in _BLOCKS:
+        block = out.get(key)
+        if isinstance(block, dict) and "sparsity_config" in block:
+            del block["sparsity_config"]
+            if _meaningless(block):
+                del out[key]
+    return out

@@ -1,0 +1,126 @@
+"""Sparse encodings: how a pruned weight looks on disk, and back.
+
+| encoding | stored tensors |
+|---|---|
+| ``zeros``   | ``<name>``: pruned entries +0.0 (never -0.0) |
+| ``mask``    | ``<name>`` as zeros, plus bool ``<name>_mask`` (True = kept), Cerebras Model Zoo 2.2+ |
+| ``nan``     | ``<name>``: pruned entries NaN (the "sparse sentinel" of Cerebras Model Zoo 1.7-1.9) |
+| ``bitmask`` | compressed-tensors sparse-bitmask: ``<module>.shape/.compressed/.bitmask/.row_offsets`` |
+
+>>> w = torch.tensor([[1.0, -0.0], [0.0, 2.0]])
+>>> m = torch.tensor([[True, False], [False, True]])
+>>> [(n, t.tolist()) for n, t in encode("x.weight", w, m, "nan")]
+[('x.weight', [[1.0, nan], [nan, 2.0]])]
+>>> [n for n, _ in encode("x.weight", w, m, "bitmask")]
+['x.shape', 'x.compressed', 'x.bitmask', 'x.row_offsets']
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sparsetool.checkpoint import bitmask as bm
+from sparsetool.checkpoint.format import TensorSpec
+from sparsetool.errors import SparsetoolError
+
+ENCODINGS = ("zeros", "mask", "nan", "bitmask")
+MASK_SUFFIX = "_mask"
+
+
+def _check_encoding(encoding: str) -> None:
+    if encoding not in ENCODINGS:
+        raise SparsetoolError(f"unknown encoding {encoding!r}; use one of: {', '.join(ENCODINGS)}")
+
+
+def bitmask_module(name: str, shape: tuple[int, ...] | torch.Size) -> str:
+    """Module prefix of a weight for the bitmask layout; errors for what compressed-tensors would not compress."""
+    if not name.endswith(".weight"):
+        raise SparsetoolError(
+            f"tensor {name}: the bitmask encoding applies only to tensors named '<module>.weight' "
+            "(as compressed-tensors does); use --encoding zeros, mask or nan for it"
+        )
+    if len(shape) != 2:
+        raise SparsetoolError(
+            f"tensor {name}: the bitmask encoding takes 2-D weights only, this one has shape "
+            f"{list(shape)}; use --encoding zeros, mask or nan, or exclude it"
+        )
+    return name[: -len(".weight")]
+
+
+def encoded_specs(lt_name: str, dtype: torch.dtype, shape: tuple[int, ...], nnz: int, encoding: str) -> list[TensorSpec]:
+    """The stored tensors ``encode`` will produce, known before the data is.
+
+    For ``bitmask``, ``nnz`` must be the number of entries that are non-zero *after* masking
+    (``stored_nonzeros(dense, mask)``): a kept weight that is exactly 0 is not stored, as in
+    compressed-tensors.
+
+    >>> [(s.name, s.dtype, s.shape) for s in encoded_specs("l.weight", torch.bfloat16, (3, 10), 7, "bitmask")]
+    [('l.shape', torch.int64, (2,)), ('l.compressed', torch.bfloat16, (7,)), ('l.bitmask', torch.uint8, (3, 2)), ('l.row_offsets', torch.int64, (3,))]
+    """
+    _check_encoding(encoding)
+    shape = tuple(int(d) for d in shape)
+    if encoding in ("zeros", "nan"):
+        return [TensorSpec(lt_name, dtype, shape)]
+    if encoding == "mask":
+        return [TensorSpec(lt_name, dtype, shape), TensorSpec(lt_name + MASK_SUFFIX, torch.bool, shape)]
+    module = bitmask_module(lt_name, shape)
+    rows, cols = shape
+    return [
+        TensorSpec(module + ".shape", torch.int64, (2,)),
+        TensorSpec(module + ".compressed", dtype, (int(nnz),)),
+        TensorSpec(module + ".bitmask", torch.uint8, (rows, bm.packed_cols(cols))),
+        TensorSpec(module + ".row_offsets", torch.int64, (rows,)),
+    ]
+
+
+def stored_nonzeros(dense: torch.Tensor, mask: torch.Tensor | None) -> int:
+    """How many values the bitmask encoding stores for this tensor (the ``nnz`` of encoded_specs)."""
+    masked = dense if mask is None else dense.masked_fill(~mask, 0)
+    return int(bm.nonzero_mask(masked).sum())
+
+
+def _zeros(name: str, dense: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    if mask is None:
+        return dense
+    if mask.shape != dense.shape:
+        raise SparsetoolError(f"tensor {name}: mask shape {list(mask.shape)} differs from weight shape {list(dense.shape)}")
+    # masked_fill writes +0.0, so a pruned -0.0 becomes +0.0
+    return dense.masked_fill(~mask.to(torch.bool), 0)
+
+
+def encode(name: str, dense: torch.Tensor, mask: torch.Tensor | None, encoding: str) -> list[tuple[str, torch.Tensor]]:
+    """The stored tensors (name, tensor) of one logical tensor under ``encoding``.
+
+    ``dense`` is already masked (pruned entries 0); ``mask`` is True where kept, or None for
+    "nothing pruned". Order of the result matches ``encoded_specs``.
+    """
+    _check_encoding(encoding)
+    if mask is not None:
+        mask = mask.to(torch.bool)
+    if encoding == "zeros":
+        return [(name, _zeros(name, dense, mask))]
+    if encoding == "mask":
+        full = mask if mask is not None else torch.ones(dense.shape, dtype=torch.bool)
+        return [(name, _zeros(name, dense, mask)), (name + MASK_SUFFIX, full.contiguous())]
+    if encoding == "nan":
+        if not dense.dtype.is_floating_point:
+            raise SparsetoolError(f"tensor {name}: the nan encoding needs a floating-point tensor, this one is {dense.dtype}; use --encoding zeros or mask")
+        nan = torch.isnan(dense)
+        kept_nan = nan if mask is None else nan & mask
+        if bool(kept_nan.any()):
+            raise SparsetoolError(
+                f"tensor {name} already holds {int(kept_nan.sum())} NaN value(s) at kept positions; "
+                "the nan encoding would make them look pruned. Use --encoding zeros, mask or bitmask"
+            )
+        if mask is None:
+            return [(name, dense)]
+        return [(name, dense.masked_fill(~mask, float("nan")))]
+    module = bitmask_module(name, tuple(dense.shape))
+    masked = _zeros(name, dense, mask)
+    values, bits, offsets = bm.compress(masked)
+    return [
+        (module + ".shape", torch.tensor(list(dense.shape), dtype=torch.int64)),
+        (module + ".compressed", values),
+        (module + ".bitmask", bits),
+        (module + ".row_offsets", offsets),
+    ]

@@ -1,0 +1,252 @@
+"""The safetensors file format: dtypes, header parsing with full validation, header building.
+
+A safetensors file is ``u64 little-endian header length N`` + ``N bytes of JSON`` + a data
+section. The JSON maps each tensor name to ``{"dtype", "shape", "data_offsets": [start, end]}``
+(offsets relative to the data section) and may hold ``"__metadata__"`` (str -> str).
+
+The header we *write* reproduces the reference serializer byte for byte: tensors ordered by
+descending dtype rank, then by name; ``__metadata__`` first; compact JSON; the header padded with
+spaces to a multiple of 8 bytes so every tensor starts 8-aligned.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sparsetool.errors import CheckpointError
+
+# safetensors dtype names in the order of the reference implementation's ``Dtype`` enum, which
+# is also the sort key for the data section (descending: 8-byte types first, so every tensor
+# stays aligned). F4/F6 are sub-byte types torch cannot address; they stay in the rank table
+# (so ordering is right) but reading them is refused.
+_RANK_ORDER = [
+    "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
+    "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64",
+    "F64", "I64", "U64",
+]
+DTYPE_RANK = {name: i for i, name in enumerate(_RANK_ORDER)}
+
+_TORCH_NAMES = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "F8_E5M2": "float8_e5m2",
+    "F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu", "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz", "I16": "int16", "U16": "uint16", "F16": "float16",
+    "BF16": "bfloat16", "I32": "int32", "U32": "uint32", "F32": "float32", "C64": "complex64",
+    "F64": "float64", "I64": "int64", "U64": "uint64",
+}
+ST_TO_TORCH: dict[str, torch.dtype] = {
+    st: getattr(torch, tn) for st, tn in _TORCH_NAMES.items() if hasattr(torch, tn)
+}
+TORCH_TO_ST: dict[torch.dtype, str] = {dt: st for st, dt in ST_TO_TORCH.items()}
+
+# The reference reader refuses headers above 100 MB; so do we (a corrupt length field would
+# otherwise make us allocate gigabytes).
+MAX_HEADER_BYTES = 100_000_000
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What the writer needs to know about a stored tensor before any data is written."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * itemsize(self.dtype)
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """One entry of a safetensors header: where a stored tensor's bytes are."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    shard: str
+    start: int  # absolute file offset of the first byte
+    end: int  # absolute file offset one past the last byte
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass
+class Header:
+    metadata: dict[str, str]
+    tensors: list[StoredTensor]  # in file (offset) order
+    data_start: int
+    file_size: int
+
+
+def itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def st_dtype_name(dtype: torch.dtype) -> str:
+    """safetensors name of a torch dtype, e.g. ``torch.bfloat16 -> "BF16"``."""
+    try:
+        return TORCH_TO_ST[dtype]
+    except KeyError:
+        raise CheckpointError(f"dtype {dtype} cannot be stored in safetensors") from None
+
+
+def read_header(path: Path, shard: str | None = None) -> Header:
+    """Parse and validate the header of one safetensors file; CheckpointError naming the file.
+
+    Checks: the length prefix, UTF-8 JSON object, each entry's dtype/shape/offsets, offsets that
+    tile the data section exactly (no overlap, no hole, nothing past or short of the file end),
+    and ``end - start == numel * itemsize``.
+    """
+    shard = shard if shard is not None else path.name
+    where = str(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise CheckpointError(
+                    f"{where}: not a safetensors file (only {size} bytes; a safetensors file "
+                    "starts with an 8-byte header length). Is the file truncated?"
+                )
+            (n,) = struct.unpack("<Q", prefix)
+            if n > size - 8:
+                raise CheckpointError(
+                    f"{where}: header length {n} exceeds the file size {size}: the file is "
+                    "truncated or not a safetensors file"
+                )
+            if n > MAX_HEADER_BYTES:
+                raise CheckpointError(f"{where}: header of {n} bytes is larger than 100 MB: not a safetensors file")
+            raw = f.read(n)
+    except OSError as e:
+        raise CheckpointError(f"{where}: cannot read ({e.strerror or e})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{where}: header is not UTF-8 text: not a safetensors file") from None
+    if not text.startswith("{"):
+        raise CheckpointError(f"{where}: header does not start with '{{': not a safetensors file")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{where}: header is not valid JSON ({e.msg} at byte {e.pos}): the file is corrupt") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{where}: header is not a JSON object: the file is corrupt")
+
+    metadata: dict[str, str] = {}
+    raw_meta = obj.pop("__metadata__", None)
+    if raw_meta is not None:
+        if not isinstance(raw_meta, dict) or not all(isinstance(v, str) for v in raw_meta.values()):
+            raise CheckpointError(f"{where}: __metadata__ must map strings to strings")
+        metadata = dict(raw_meta)
+
+    data_start = 8 + n
+    entries: list[tuple[int, int, str, torch.dtype, tuple[int, ...]]] = []
+    for name, info in obj.items():
+        if not isinstance(info, dict):
+            raise CheckpointError(f"{where}: header entry for tensor {name!r} is not an object")
+        dt = info.get("dtype")
+        shape = info.get("shape")
+        offs = info.get("data_offsets")
+        if not isinstance(dt, str):
+            raise CheckpointError(f"{where}: tensor {name!r} has no dtype")
+        if dt not in ST_TO_TORCH:
+            known = ", ".join(sorted(ST_TO_TORCH))
+            raise CheckpointError(f"{where}: tensor {name!r} has unknown or unsupported dtype {dt!r} (known: {known})")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise CheckpointError(f"{where}: tensor {name!r} has an invalid shape {shape!r}")
+        if (
+            not isinstance(offs, list)
+            or len(offs) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs)
+            or offs[1] < offs[0]
+        ):
+            raise CheckpointError(f"{where}: tensor {name!r} has invalid data_offsets {offs!r}")
+        dtype = ST_TO_TORCH[dt]
+        expect = math.prod(shape) * itemsize(dtype)
+        if offs[1] - offs[0] != expect:
+            raise CheckpointError(
+                f"{where}: tensor {name!r} ({dt} {shape}) should take {expect} bytes but its "
+                f"data_offsets {offs} give {offs[1] - offs[0]}: the header lies about sizes"
+            )
+        entries.append((offs[0], offs[1], name, dtype, tuple(shape)))
+
+    entries.sort(key=lambda e: (e[0], e[1]))
+    pos = 0
+    tensors: list[StoredTensor] = []
+    for s, e, name, dtype, shape in entries:
+        if s < pos:
+            raise CheckpointError(f"{where}: tensor {name!r} overlaps the previous tensor (starts at {s}, previous ends at {pos}): corrupt header")
+        if s > pos:
+            raise CheckpointError(f"{where}: hole of {s - pos} bytes before tensor {name!r} in the data section: corrupt header")
+        pos = e
+        tensors.append(StoredTensor(name, dtype, shape, shard, data_start + s, data_start + e))
+    data_len = size - data_start
+    if pos > data_len:
+        raise CheckpointError(
+            f"{where}: header says the data section has {pos} bytes but the file holds only "
+            f"{data_len}: the file is truncated"
+        )
+    if pos < data_len:
+        raise CheckpointError(f"{where}: {data_len - pos} bytes after the last tensor are not described by the header: corrupt file")
+    return Header(metadata, tensors, data_start, size)
+
+
+def layout(specs: list[TensorSpec], metadata: dict[str, str] | None) -> tuple[bytes, dict[str, int]]:
+    """The header bytes (length prefix included) and each tensor's offset in the data section.
+
+    Same bytes as the reference serializer: sort by (descending dtype rank, name), compact JSON
+    with ``__metadata__`` first, space padding to a multiple of 8.
+
+    >>> h, offs = layout([TensorSpec("b", torch.float32, (2,)), TensorSpec("a", torch.bool, (3,))], None)
+    >>> h[8:].decode()
+    '{"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"BOOL","shape":[3],"data_offsets":[8,11]}}      '
+    >>> offs
+    {'b': 0, 'a': 8}
+    """
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise CheckpointError(f"tensor names written twice to one shard: {', '.join(dup)}")
+    ordered = sorted(specs, key=lambda s: (-DTYPE_RANK[st_dtype_name(s.dtype)], s.name))
+    parts = []
+    if metadata is not None:
+        for k, v in metadata.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise CheckpointError(f"safetensors metadata must be strings: {k!r}: {v!r}")
+        parts.append('"__metadata__":' + _dumps(metadata))
+    offsets: dict[str, int] = {}
+    pos = 0
+    for s in ordered:
+        n = s.nbytes
+        offsets[s.name] = pos
+        shape = "[" + ",".join(str(int(d)) for d in s.shape) + "]"
+        parts.append(
+            f'{_dumps(s.name)}:{{"dtype":"{st_dtype_name(s.dtype)}","shape":{shape},"data_offsets":[{pos},{pos + n}]}}'
+        )
+        pos += n
+    body = ("{" + ",".join(parts) + "}").encode("utf-8")
+    body += b" " * (-len(body) % 8)
+    return struct.pack("<Q", len(body)) + body, offsets
+
+
+def _dumps(obj: object) -> str:
+    # Escapes exactly what serde_json escapes: '"', '\\' and control characters below 0x20
+    # (short forms \b \t \n \f \r, else \u00xx lower-case); everything else stays raw UTF-8.
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def file_size(path: Path) -> int:
+    return os.stat(path).st_size

@@ -1,0 +1,106 @@
+"""Where the tensors of a checkpoint live: one file, or a Hugging Face directory.
+
+A directory holds either ``model.safetensors`` (or any single ``*.safetensors``), or shards
+listed by ``<prefix>.safetensors.index.json`` (``{"metadata": {"total_size": ...},
+"weight_map": {tensor: shard file}}``). Every other file (``config.json``, tokenizer files...)
+is carried over to the output as is.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparsetool.errors import CheckpointError
+
+INDEX_SUFFIX = ".safetensors.index.json"
+# Our own temporary outputs ("<name>.sparsetool-tmp-*") are never carried over.
+TMP_MARK = ".sparsetool-tmp-"
+
+
+@dataclass
+class Layout:
+    path: Path
+    is_dir: bool
+    shards: list[str]
+    index_name: str | None = None
+    index: dict | None = None
+    other_files: list[Path] = field(default_factory=list)
+
+
+def locate(path: Path) -> Layout:
+    """Find the shards of ``path`` (file or directory) or raise CheckpointError saying what was expected."""
+    if not path.exists():
+        raise CheckpointError(
+            f"{path}: no such file or directory (expected a .safetensors file or a directory "
+            "with model.safetensors or model.safetensors.index.json)"
+        )
+    if path.is_file():
+        return Layout(path, False, [path.name])
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a regular file or directory")
+
+    indexes = sorted(p.name for p in path.iterdir() if p.name.endswith(INDEX_SUFFIX) and p.is_file())
+    if len(indexes) > 1:
+        preferred = "model" + INDEX_SUFFIX
+        if preferred not in indexes:
+            raise CheckpointError(f"{path}: several index files ({', '.join(indexes)}); keep one")
+        indexes = [preferred]
+    if indexes:
+        index_name = indexes[0]
+        index = _read_index(path / index_name)
+        weight_map = index["weight_map"]
+        shards = sorted(set(weight_map.values()))
+        for s in shards:
+            if not (path / s).is_file():
+                raise CheckpointError(f"{path / index_name}: names shard {s!r}, which is missing from {path}")
+        taken = set(shards) | {index_name}
+        return Layout(path, True, shards, index_name, index, _others(path, taken))
+
+    if (path / "model.safetensors").is_file():
+        shards = ["model.safetensors"]
+    else:
+        found = sorted(p.name for p in path.iterdir() if p.name.endswith(".safetensors") and p.is_file())
+        if not found:
+            raise CheckpointError(
+                f"{path}: no model.safetensors, no *.safetensors file and no model.safetensors.index.json "
+                "in this directory (expected a Hugging Face model directory or a .safetensors file)"
+            )
+        if len(found) > 1:
+            raise CheckpointError(
+                f"{path}: {len(found)} .safetensors files but no model.safetensors.index.json to say "
+                "which belong to the model; add the index or pass one file"
+            )
+        shards = found
+    return Layout(path, True, shards, None, None, _others(path, set(shards)))
+
+
+def _others(path: Path, taken: set[str]) -> list[Path]:
+    return sorted(Path(p.name) for p in path.iterdir() if p.name not in taken and TMP_MARK not in p.name)
+
+
+def _read_index(index_path: Path) -> dict:
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{index_path}: cannot read ({e})") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{index_path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    wm = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
+        raise CheckpointError(f"{index_path}: no \"weight_map\" object mapping tensor names to shard files")
+    for v in set(wm.values()):
+        if "/" in v or "\\" in v or v in ("", ".", ".."):
+            raise CheckpointError(f"{index_path}: shard name {v!r} is not a plain file name")
+    return index
+
+
+def rebuilt_index(old: dict, weight_map: dict[str, str], total_size: int) -> str:
+    """Index JSON text with a new weight_map and total_size; other keys kept (sorted, like transformers)."""
+    new = dict(old)
+    meta = dict(new.get("metadata") or {})
+    meta["total_size"] = total_size
+    new["metadata"] = meta
+    new["weight_map"] = dict(sorted(weight_map.items()))
+    return json.dumps(new, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,260 @@
+"""Open a checkpoint, validate every header up front, and read one logical tensor at a time.
+
+Reading is streaming: each call reads exactly one stored tensor's byte range with ``preadv``
+into a fresh buffer, so peak memory is a few tensors, never the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sparsetool.checkpoint import bitmask as bm
+from sparsetool.checkpoint.encodings import MASK_SUFFIX
+from sparsetool.checkpoint.format import Header, StoredTensor, read_header
+from sparsetool.checkpoint.layout import Layout, locate
+from sparsetool.errors import CheckpointError
+
+
+@dataclass
+class LogicalTensor:
+    """One weight as the user sees it, however it is stored."""
+
+    name: str  # e.g. "h.0.attn.c_attn.weight" (a bitmask group: "<module>.weight")
+    dtype: torch.dtype
+    shape: tuple[int, ...]  # the dense shape
+    encoding: str  # "plain" | "mask" | "bitmask" (nan is only known from the data)
+    shard: str  # shard file name holding it
+    stored: tuple[str, ...]  # stored tensors that make it up
+    nbytes: int  # bytes those stored tensors take on disk
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+class Checkpoint:
+    """A safetensors file or Hugging Face directory, opened and validated."""
+
+    def __init__(self, lay: Layout, headers: dict[str, Header], config: dict | None):
+        self.path = lay.path
+        self.is_dir = lay.is_dir
+        self.shards = list(lay.shards)
+        self.other_files = list(lay.other_files)
+        self.config = config
+        self.index_name = lay.index_name
+        self.index = lay.index
+        self._headers = headers
+        self._entries: dict[str, StoredTensor] = {}
+        for shard in self.shards:
+            for st in headers[shard].tensors:
+                if st.name in self._entries:
+                    raise CheckpointError(
+                        f"{self.path}: tensor {st.name!r} is stored in both {self._entries[st.name].shard} and {shard}"
+                    )
+                self._entries[st.name] = st
+        if lay.index is not None:
+            self._check_index(lay)
+        self._fds: dict[str, int] = {}
+        self.logical: list[LogicalTensor] = self._group()
+
+    # ----------------------------------------------------------------- introspection
+    def shard_path(self, shard: str) -> Path:
+        return self.path / shard if self.is_dir else self.path
+
+    def metadata(self, shard: str) -> dict[str, str]:
+        return dict(self._headers[shard].metadata)
+
+    def entries(self, shard: str | None = None) -> list[StoredTensor]:
+        """Stored tensors (header entries) of one shard, or all, in file order."""
+        shards = [shard] if shard is not None else self.shards
+        return [st for s in shards for st in self._headers[s].tensors]
+
+    def entry(self, name: str) -> StoredTensor:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise CheckpointError(f"{self.path}: no stored tensor named {name!r}") from None
+
+    def logical_in(self, shard: str) -> list[LogicalTensor]:
+        return [lt for lt in self.logical if lt.shard == shard]
+
+    def total_nbytes(self, lt: LogicalTensor | None = None) -> int:
+        """Bytes of tensor data: of one logical tensor, or of the whole checkpoint."""
+        if lt is not None:
+            return lt.nbytes
+        return sum(st.nbytes for st in self._entries.values())
+
+    @property
+    def nbytes_on_disk(self) -> int:
+        return sum(self._headers[s].file_size for s in self.shards)
+
+    # ----------------------------------------------------------------- reading
+    def read_stored(self, name: str) -> torch.Tensor:
+        """One stored tensor exactly as on disk (a fresh, writable CPU tensor)."""
+        st = self.entry(name)
+        buf = torch.empty(st.nbytes, dtype=torch.uint8)
+        if st.nbytes:
+            fd = self._fd(st.shard)
+            view = memoryview(buf.numpy())
+            got = 0
+            while got < st.nbytes:
+                n = os.preadv(fd, [view[got:]], st.start + got)
+                if n <= 0:
+                    raise CheckpointError(f"{self.shard_path(st.shard)}: file shrank while reading tensor {name!r}")
+                got += n
+        if st.dtype == torch.uint8:
+            return buf.reshape(st.shape)
+        return buf.view(st.dtype).reshape(st.shape)
+
+    def read(self, lt: LogicalTensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(dense values, mask) of one logical tensor.
+
+        Dense has pruned entries +0.0 (NaN sentinels and pruned -0.0 included). Mask is True
+        where kept, or None when the tensor carries no sparsity encoding (a plain tensor
+        without NaN; zeros alone are just values).
+        """
+        if lt.encoding == "plain":
+            t = self.read_stored(lt.stored[0])
+            if t.dtype.is_floating_point and t.element_size() > 1:
+                nan = torch.isnan(t)
+                if bool(nan.any()):
+                    return t.masked_fill(nan, 0), ~nan
+            return t, None
+        if lt.encoding == "mask":
+            w = self.read_stored(lt.stored[0])
+            m = self.read_stored(lt.stored[1])
+            if w.shape != m.shape:
+                raise CheckpointError(
+                    f"{self.path}: mask {lt.stored[1]!r} has shape {list(m.shape)} but weight "
+                    f"{lt.stored[0]!r} has shape {list(w.shape)}; fix or drop the mask tensor"
+                )
+            m = m.to(torch.bool)
+            return w.masked_fill(~m, 0), m
+        return self._read_bitmask(lt)
+
+    def _read_bitmask(self, lt: LogicalTensor) -> tuple[torch.Tensor, torch.Tensor]:
+        _shape_name, comp_name, bits_name, _offs = lt.stored
+        values = self.read_stored(comp_name)
+        bits = self.read_stored(bits_name)
+        keep = bm.unpack(bits, list(lt.shape))
+        n = int(keep.sum())
+        if n != values.numel():
+            raise CheckpointError(
+                f"{self.path}: bitmask {bits_name!r} marks {n} non-zeros but {comp_name!r} holds "
+                f"{values.numel()} values: corrupt bitmask group"
+            )
+        dense = torch.zeros(lt.shape, dtype=values.dtype)
+        dense[keep] = values
+        # -0.0 values would be "stored zeros"; compressed-tensors never stores them, but a
+        # hand-made file might: keep them as stored values, the mask says they are kept.
+        return dense, keep
+
+    # ----------------------------------------------------------------- internals
+    def _fd(self, shard: str) -> int:
+        fd = self._fds.get(shard)
+        if fd is None:
+            try:
+                fd = os.open(self.shard_path(shard), os.O_RDONLY)
+            except OSError as e:
+                raise CheckpointError(f"{self.shard_path(shard)}: cannot open ({e.strerror})") from None
+            self._fds[shard] = fd
+        return fd
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _check_index(self, lay: Layout) -> None:
+        index_path = self.path / (lay.index_name or "")
+        for name, shard in lay.index["weight_map"].items():
+            st = self._entries.get(name)
+            if st is None:
+                raise CheckpointError(f"{index_path}: names tensor {name!r} in {shard}, but no shard holds it")
+            if st.shard != shard:
+                raise CheckpointError(f"{index_path}: says tensor {name!r} is in {shard}, but it is in {st.shard}")
+
+    def _group(self) -> list[LogicalTensor]:
+        """Group stored tensors into logical ones: plain, weight + ``_mask``, bitmask groups."""
+        e = self._entries
+        member_of: dict[str, str] = {}  # stored name -> owning logical key
+        groups: dict[str, LogicalTensor] = {}
+        for name, st in e.items():
+            if name.endswith(".compressed"):
+                prefix = name[: -len(".compressed")]
+                parts = [f"{prefix}.{p}" for p in bm.PARTS]
+                if all(p in e for p in parts):
+                    groups[name] = self._bitmask_lt(prefix, parts)
+                    for p in parts:
+                        member_of[p] = name
+        for name, st in e.items():
+            if name in member_of or not name.endswith(MASK_SUFFIX):
+                continue
+            base = name[: -len(MASK_SUFFIX)]
+            if base in e and base not in member_of and st.dtype in (torch.bool, torch.uint8):
+                w = e[base]
+                groups[base] = LogicalTensor(base, w.dtype, w.shape, "mask", w.shard, (base, name), w.nbytes + st.nbytes)
+                member_of[base] = base
+                member_of[name] = base
+        pos = {st.name: (si, i) for si, sh in enumerate(self.shards) for i, st in enumerate(self._headers[sh].tensors)}
+
+        def anchor(lt: LogicalTensor) -> tuple[int, int]:
+            # file position of the group's first member inside the group's own shard
+            return min(pos[n] for n in lt.stored if e[n].shard == lt.shard)
+
+        out = list(groups.values())
+        for name, st in e.items():
+            if name not in member_of:
+                out.append(LogicalTensor(name, st.dtype, st.shape, "plain", st.shard, (name,), st.nbytes))
+        out.sort(key=anchor)
+        return out
+
+    def _bitmask_lt(self, prefix: str, parts: list[str]) -> LogicalTensor:
+        e = self._entries
+        shape_st, comp, bits, offs = (e[p] for p in parts)
+        where = str(self.shard_path(comp.shard))
+        if shape_st.dtype not in (torch.int64, torch.int32) or len(shape_st.shape) != 1:
+            raise CheckpointError(f"{where}: {prefix}.shape must be a 1-D integer tensor")
+        shape = [int(x) for x in self.read_stored(shape_st.name).tolist()]
+        if any(d < 0 for d in shape):
+            raise CheckpointError(f"{where}: {prefix}.shape holds a negative size {shape}")
+        bm.check_parts(prefix, shape, comp.shape, bits.shape, where)
+        if bits.dtype != torch.uint8:
+            raise CheckpointError(f"{where}: {prefix}.bitmask must be uint8, got {bits.dtype}")
+        last = prefix.rsplit(".", 1)[-1]
+        # Older compressed-tensors named the parts after the whole parameter ("x.weight.compressed").
+        name = prefix if last in ("weight", "bias") else prefix + ".weight"
+        nbytes = sum(e[p].nbytes for p in parts)
+        return LogicalTensor(name, comp.dtype, tuple(shape), "bitmask", comp.shard, tuple(parts), nbytes)
+
+
+def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Open a ``.safetensors`` file or a Hugging Face directory; every header is validated now."""
+    lay = locate(Path(path))
+    headers = {s: read_header(lay.path / s if lay.is_dir else lay.path, s) for s in lay.shards}
+    config = None
+    if lay.is_dir and (lay.path / "config.json").is_file():
+        cfg_path = lay.path / "config.json"
+        try:
+            config = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{cfg_path}: not valid JSON ({e}); fix or remove it") from None
+    return Checkpoint(lay, headers, config)

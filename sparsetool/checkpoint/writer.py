@@ -1,0 +1,275 @@
+"""Streaming, atomic checkpoint writing.
+
+Each shard's header is computed from the specs before any data, then tensors are written one
+by one at their final offsets (``pwrite``), so nothing is buffered beyond the tensor in hand.
+The bytes equal what the reference ``safetensors.torch.save_file`` writes for the same tensors
+and metadata (see ``format.layout``).
+
+Everything goes to a temporary path beside ``out`` (same filesystem) and is renamed into place
+only when the ``with`` block ends normally; any exception, Ctrl-C included, removes it and
+leaves ``out`` (and the input) untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from sparsetool.checkpoint.format import TensorSpec, layout
+from sparsetool.checkpoint.layout import TMP_MARK, rebuilt_index
+from sparsetool.checkpoint.reader import Checkpoint
+from sparsetool.errors import CheckpointError
+
+COPY_CHUNK = 16 * 1024 * 1024  # bytes per raw-copy step: bounded memory, few syscalls
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    done = 0
+    total = len(data)
+    while done < total:
+        n = os.pwrite(fd, data[done:], offset + done)
+        if n <= 0:
+            raise OSError("short write")
+        done += n
+
+
+class ShardWriter:
+    """Writes one safetensors file whose header is fixed by ``specs``; tensors in any order."""
+
+    def __init__(self, path: Path, shard: str, specs: list[TensorSpec], metadata: dict[str, str] | None):
+        self.path = path
+        self.shard = shard
+        self.specs = {s.name: s for s in specs}
+        header, offsets = layout(list(specs), metadata)
+        self._data_start = len(header)
+        self._offsets = offsets
+        self._written: set[str] = set()
+        self.total_size = sum(s.nbytes for s in specs)  # tensor bytes, for the index
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        _pwrite_all(self._fd, memoryview(header), 0)
+        # Fix the final size now: a tensor written out of order never leaves the file short.
+        os.ftruncate(self._fd, self._data_start + self.total_size)
+
+    def _claim(self, name: str) -> TensorSpec:
+        if self._fd is None:
+            raise CheckpointError(f"{self.shard}: shard writer is closed")
+        spec = self.specs.get(name)
+        if spec is None:
+            raise CheckpointError(f"{self.shard}: tensor {name!r} was not declared for this shard")
+        if name in self._written:
+            raise CheckpointError(f"{self.shard}: tensor {name!r} written twice")
+        return spec
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        """Write one tensor at its place; dtype and shape must match its spec."""
+        spec = self._claim(name)
+        if tensor.dtype != spec.dtype or tuple(tensor.shape) != spec.shape:
+            raise CheckpointError(
+                f"{self.shard}: tensor {name!r} is {tensor.dtype} {list(tensor.shape)} but was "
+                f"declared {spec.dtype} {list(spec.shape)}"
+            )
+        if spec.nbytes:
+            t = tensor.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            t = t.resolve_conj().resolve_neg().contiguous()
+            # A uint8 view of the tensor's own memory: no copy between torch and the file.
+            raw = t.reshape(-1).view(torch.uint8).numpy()
+            _pwrite_all(self._fd, memoryview(raw).cast("B"), self._data_start + self._offsets[name])
+        self._written.add(name)
+
+    def copy_stored(self, name: str, src: Checkpoint, stored_name: str) -> None:
+        """Copy a stored tensor's bytes from ``src`` unchanged, chunk by chunk (never loaded as a tensor)."""
+        spec = self._claim(name)
+        st = src.entry(stored_name)
+        if st.dtype != spec.dtype or st.shape != spec.shape:
+            raise CheckpointError(
+                f"{self.shard}: cannot copy {stored_name!r} ({st.dtype} {list(st.shape)}) into {name!r} "
+                f"declared {spec.dtype} {list(spec.shape)}"
+            )
+        src_fd = src._fd(st.shard)
+        _copy_range(src_fd, st.start, self._fd, self._data_start + self._offsets[name], st.nbytes)
+        self._written.add(name)
+
+    def close(self, ok: bool) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        os.close(fd)
+        if ok:
+            missing = sorted(set(self.specs) - self._written)
+            if missing:
+                shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+                raise CheckpointError(f"{self.shard}: {len(missing)} declared tensor(s) never written: {shown}")
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(ok=exc_type is None)
+
+
+def _copy_range(src_fd: int, src_off: int, dst_fd: int, dst_off: int, count: int) -> None:
+    done = 0
+    use_cfr = hasattr(os, "copy_file_range")
+    while done < count:
+        step = min(COPY_CHUNK, count - done)
+        if use_cfr:
+            try:
+                n = os.copy_file_range(src_fd, dst_fd, step, src_off + done, dst_off + done)
+                if n <= 0:
+                    raise OSError("copy_file_range made no progress")
+                done += n
+                continue
+            except OSError:
+                use_cfr = False  # e.g. across filesystems on old kernels: fall back to read/write
+        buf = os.pread(src_fd, step, src_off + done)
+        if not buf:
+            raise CheckpointError("source file shrank while copying")
+        _pwrite_all(dst_fd, memoryview(buf), dst_off + done)
+        done += len(buf)
+
+
+class CheckpointWriter:
+    """Hands out one ShardWriter per output shard (same shard file names as the input)."""
+
+    def __init__(self, src: Checkpoint, root: Path, metadata_extra: dict[str, str] | None):
+        self.src = src
+        self._root = root  # temp file (single-file checkpoint) or temp directory
+        self._extra = dict(metadata_extra or {})
+        for k, v in self._extra.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise CheckpointError(f"safetensors metadata values must be strings: {k!r}: {v!r}")
+        self.done: dict[str, ShardWriter] = {}
+        self._open: list[ShardWriter] = []
+
+    def shard(self, shard: str, specs: list[TensorSpec]) -> ShardWriter:
+        if shard not in self.src.shards:
+            raise CheckpointError(f"output shard {shard!r} is not a shard of {self.src.path}")
+        if shard in self.done:
+            raise CheckpointError(f"output shard {shard!r} opened twice")
+        meta = self.src.metadata(shard)
+        meta.update(self._extra)
+        path = self._root / shard if self.src.is_dir else self._root
+        sw = ShardWriter(path, shard, specs, meta or None)
+        self.done[shard] = sw
+        self._open.append(sw)
+        return sw
+
+    def _abort(self) -> None:
+        for sw in self._open:
+            with contextlib.suppress(Exception):
+                sw.close(ok=False)
+
+    def _finish(self) -> None:
+        open_ones = [sw.shard for sw in self._open if sw._fd is not None]
+        if open_ones:
+            raise CheckpointError(f"shard(s) still open at the end of writing: {', '.join(open_ones)}")
+        missing = [s for s in self.src.shards if s not in self.done]
+        if missing:
+            raise CheckpointError(f"output shard(s) never written: {', '.join(missing)}")
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2); False if the system cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    res = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    return res == 0
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+
+
+def _put_in_place(tmp: Path, out: Path) -> None:
+    if not out.is_dir() or out.is_symlink():
+        os.replace(tmp, out)  # atomic for files (and for a directory when out does not exist)
+        return
+    if _exchange(tmp, out):
+        _remove(tmp)  # tmp now holds the old output
+        return
+    old = out.with_name(f".{out.name}{TMP_MARK}old-{secrets.token_hex(4)}")
+    os.rename(out, old)
+    os.rename(tmp, out)
+    _remove(old)
+
+
+@contextlib.contextmanager
+def write_checkpoint(
+    src: Checkpoint,
+    out: str | os.PathLike,
+    *,
+    in_place: bool = False,
+    metadata_extra: dict[str, str] | None = None,
+    config_transform: Callable[[dict], dict] | None = None,
+) -> Iterator[CheckpointWriter]:
+    """Write a checkpoint with ``src``'s layout at ``out``, atomically; see the module docstring."""
+    out = Path(out)
+    out_abs = Path(os.path.abspath(out))
+    same = out.exists() and out.resolve() == src.path.resolve()
+    if same and not in_place:
+        raise CheckpointError(
+            f"output {out} is the input checkpoint; choose another output path or pass --in-place"
+        )
+    if out.exists() and not same:
+        if src.is_dir and not out.is_dir():
+            raise CheckpointError(f"output {out} is an existing file but the input {src.path} is a directory; give a directory path")
+        if not src.is_dir and out.is_dir():
+            raise CheckpointError(f"output {out} is an existing directory but the input {src.path} is a single file; give a file path such as {out / src.path.name}")
+    parent = out_abs.parent
+    if not parent.is_dir():
+        raise CheckpointError(f"output directory {parent} does not exist; create it first")
+    tmp = parent / f".{out_abs.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    writer: CheckpointWriter | None = None
+    try:
+        if src.is_dir:
+            tmp.mkdir()
+        writer = CheckpointWriter(src, tmp, metadata_extra)
+        yield writer
+        writer._finish()
+        if src.is_dir:
+            _carry_over(src, tmp, writer, config_transform)
+        _put_in_place(tmp, out_abs)
+    except BaseException:
+        if writer is not None:
+            writer._abort()
+        _remove(tmp)
+        raise
+
+
+def _carry_over(src: Checkpoint, tmp: Path, writer: CheckpointWriter, config_transform: Callable[[dict], dict] | None) -> None:
+    """Copy the non-tensor files, transform config.json, rebuild the shard index."""
+    for rel in src.other_files:
+        s, d = src.path / rel, tmp / rel
+        if rel == Path("config.json") and config_transform is not None and src.config is not None:
+            cfg = config_transform(json.loads(json.dumps(src.config)))
+            d.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        elif s.is_dir():
+            shutil.copytree(s, d, symlinks=True)
+        else:
+            shutil.copy2(s, d)
+    if src.index_name is not None:
+        weight_map = {name: shard for shard, sw in writer.done.items() for name in sw.specs}
+        total = sum(sw.total_size for sw in writer.done.values())
+        (tmp / src.index_name).write_text(rebuilt_index(src.index or {}, weight_map, total), encoding="utf-8")
