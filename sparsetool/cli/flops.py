@@ -1,9 +1,246 @@
-"""`sparsetool flops` (placeholder until implemented)."""
+"""``sparsetool flops``: Chinchilla Appendix-F FLOPs, dense vs sparse (as the SPDF paper counts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, List, Optional
 
 import typer
 
+from sparsetool.cli._output import console, emit_json, failing_cleanly, percent
 
-def flops() -> None:
-    """Not implemented yet."""
-    typer.echo("error: 'flops' is not implemented yet", err=True)
-    raise typer.Exit(1)
+
+def flops(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="A preset (see --list)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="Model shapes from a TOML/JSON/YAML file or a Hugging Face config.json."),
+    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Infer shapes from a checkpoint (file or directory) and use each targeted tensor's measured sparsity."),
+    sparsity: Optional[str] = typer.Option(None, "--sparsity", "-s", help="Fraction of zeros in the targeted matmuls; several as 0,0.5,0.75 give one table [default: 0,0.5,0.75]."),
+    stage: List[str] = typer.Option([], "--stage", help="Variable SPDF stage SPARSITY:FRACTION of the token budget (repeatable; fractions sum to 1)."),
+    tokens: Optional[str] = typer.Option(None, "--tokens", help="Pre-training tokens, e.g. 26e9 or 26B [default: 20 per parameter, Chinchilla]."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length [default: the model's]."),
+    vocab: Optional[int] = typer.Option(None, "--vocab", help="Vocabulary size [default: the model's]."),
+    embeddings: bool = typer.Option(False, "--embeddings", help="Count the embedding term 2*s*V*d (the SPDF tables do not)."),
+    finetune_tokens: Optional[str] = typer.Option(None, "--finetune-tokens", help="Add dense fine-tuning on this many tokens, e.g. 64.5M."),
+    finetune_seq_len: Optional[int] = typer.Option(None, "--finetune-seq-len", help="Fine-tuning sequence length [default: --seq-len]."),
+    breakdown: bool = typer.Option(False, "--breakdown", help="Show every Appendix-F term with its formula."),
+    include: List[str] = typer.Option([], "--include", help="With --checkpoint: also count tensors matching this glob as targeted (repeatable)."),
+    exclude: List[str] = typer.Option([], "--exclude", help="With --checkpoint: do not count tensors matching this glob as targeted (repeatable)."),
+    list_presets: bool = typer.Option(False, "--list", help="List the model presets and exit."),
+    as_json: bool = typer.Option(False, "--json", help="Print the numbers as JSON (a list with several sparsities)."),
+) -> None:
+    """Training and inference FLOPs, dense vs sparse, by Chinchilla Appendix F.
+
+    Forward FLOPs per sequence are summed term by term (QKV, attention logits, softmax,
+    attention over values, output projection, FFN, final logits; embeddings only with
+    --embeddings); weight sparsity scales only QKV, attention output and FFN. Training =
+    3 x forward per sequence, over tokens / seq-len sequences.
+
+    Examples:
+
+      sparsetool flops --model gpt3-xl --sparsity 0.75
+
+      sparsetool flops --model gpt2-small --sparsity 0,0.5,0.75 --tokens 2.5B
+
+      sparsetool flops --model cerebras-gpt-256m --stage 0.9:0.8333 --stage 0:0.1667
+
+      sparsetool flops --model gpt3-xl -s 0.75 --finetune-tokens 64.5M --finetune-seq-len 512
+
+      sparsetool flops --checkpoint model-75/ --json
+    """
+    from sparsetool import flops as F
+
+    if list_presets:
+        _print_presets(F, as_json)
+        return
+    with failing_cleanly():
+        sources = [x for x in (model, config, checkpoint) if x is not None]
+        if len(sources) != 1:
+            raise F.ConfigError(
+                "give exactly one of --model NAME, --config FILE or --checkpoint PATH "
+                f"(presets: {', '.join(F.PRESETS)})"
+            )
+        for opt, v in (("--seq-len", seq_len), ("--vocab", vocab), ("--finetune-seq-len", finetune_seq_len)):
+            if v is not None and v < 1:
+                raise F.ConfigError(f"{opt} must be a positive integer, got {v}")
+        if (include or exclude) and checkpoint is None:
+            raise F.ConfigError("--include/--exclude only apply with --checkpoint")
+        if stage and (sparsity is not None or checkpoint is not None):
+            raise F.ConfigError("--stage replaces --sparsity and cannot be used with --checkpoint")
+        if checkpoint is not None and sparsity is not None:
+            raise F.ConfigError("--checkpoint uses the measured sparsity; drop --sparsity")
+        n_tokens = F.parse_count(tokens) if tokens is not None else None
+        if n_tokens == 0:
+            raise F.ConfigError("--tokens must be positive")
+        ft_tokens = F.parse_count(finetune_tokens, "--finetune-tokens") if finetune_tokens else 0.0
+        common: dict[str, Any] = dict(tokens=n_tokens, embeddings=embeddings,
+                                      finetune_tokens=ft_tokens, finetune_seq_len=finetune_seq_len)
+        notes: list[str] = []
+        measured = None
+        if checkpoint is not None:
+            from sparsetool.cli._output import progress_bar
+
+            with progress_bar(not as_json) as progress:
+                measured = F.from_checkpoint(checkpoint, include=tuple(include), exclude=tuple(exclude),
+                                             seq_len=seq_len, vocab=vocab, progress=progress)
+            cfg = measured.config
+            notes = list(measured.notes)
+            results = [F.account(cfg, sparsity=measured.layer_sparsity, params=measured.params, **common)]
+        else:
+            cfg = F.get_preset(model) if model is not None else F.load_config(config)
+            cfg = F.with_overrides(cfg, seq_len=seq_len, vocab=vocab)
+            if stage:
+                stages = [F.parse_stage(s) for s in stage]
+                results = [F.account(cfg, stages=stages, **common)]
+            else:
+                levels = F.parse_sparsities(sparsity if sparsity is not None else "0,0.5,0.75")
+                results = [F.account(cfg, sparsity=s, **common) for s in levels]
+    from dataclasses import asdict
+
+    for r in results:
+        r["config"] = asdict(cfg)
+        if measured is not None:
+            r["targeted_sparsity"] = measured.targeted_sparsity
+            r["notes"] = notes
+    if as_json:
+        emit_json(results[0] if len(results) == 1 else results)
+        return
+    _render(F, cfg, results, notes, breakdown, measured is not None)
+
+
+def _e(x: float) -> str:
+    return f"{x:.3e}"
+
+
+def _count(x: float) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if x >= div:
+            return f"{x / div:.4g}{unit}"
+    return f"{x:.4g}"
+
+
+def _title(cfg: Any, r: dict) -> str:
+    src = "20 tokens/param, Chinchilla" if r["tokens_source"] == "chinchilla" else "given"
+    emb = "embeddings counted" if r["embeddings"] else "embeddings excluded"
+    return (f"{cfg.name}: {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads x "
+            f"{cfg.d_head}, d_ff {cfg.d_ff}{' (SwiGLU)' if cfg.ffn_matrices == 3 else ''}, vocab "
+            f"{cfg.vocab}, seq {cfg.seq_len}; {_count(r['tokens'])} tokens ({src}); {emb}")
+
+
+def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: bool,
+            measured: bool) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    for n in notes:
+        console.print(f"[dim]note: {escape(n)}[/]", highlight=False)
+    r0 = results[0]
+    ft = r0["finetune_tokens"] > 0
+    if len(results) > 1:
+        t = Table(title=escape(_title(cfg, r0)), title_justify="left")
+        cols = ["sparsity", "sequences", "train FLOPs/seq", "total FLOPs", "exaFLOPs",
+                "vs dense", "infer FLOPs/token", "non-zero params"]
+        if ft:
+            cols += ["+ fine-tune exaFLOPs", "e2e vs dense", "e2e dense/sparse"]
+        for c in cols:
+            t.add_column(c, justify="right")
+        for r in results:
+            row = [percent(r["sparsity"], 1), f"{r['sequences']:.3e}", _e(r["train_flops_per_seq"]),
+                   _e(r["total_train_flops"]), f"{r['total_train_flops'] / 1e18:.2f}",
+                   f"{r['train_flops_ratio']:.3f}x", _e(r["inference_flops_per_token"]),
+                   _count(r["nonzero_params"])]
+            if ft:
+                row += [f"{r['end_to_end_flops'] / 1e18:.2f}",
+                        f"{r['end_to_end_ratio']:.3f}x", f"{1 / r['end_to_end_ratio']:.2f}x"]
+            t.add_row(*row)
+        console.print(t)
+        if ft:
+            console.print(f"fine-tuning: {_count(r0['finetune_tokens'])} tokens at seq "
+                          f"{r0['finetune_seq_len']}, {_e(r0['finetune_forward_flops_per_seq'])} "
+                          f"forward FLOPs/seq, {_e(r0['finetune_flops'])} FLOPs (dense)",
+                          highlight=False)
+        if breakdown:
+            for r in results:
+                _render_breakdown(F, cfg, r)
+        return
+
+    r = r0
+    if r["stages"]:
+        st = Table(title="Variable SPDF stages", title_justify="left")
+        for c in ("stage", "sparsity", "fraction", "tokens", "train FLOPs", "exaFLOPs"):
+            st.add_column(c, justify="right")
+        for i, s in enumerate(r["stages"], 1):
+            st.add_row(str(i), percent(s["sparsity"], 1), f"{s['fraction']:.4f}", _count(s["tokens"]),
+                       _e(s["train_flops"]), f"{s['train_flops'] / 1e18:.2f}")
+        console.print(st)
+    label = ("measured " if measured else "effective " if r["stages"] else "") + percent(r["sparsity"], 1)
+    t = Table(title=escape(_title(cfg, r)), title_justify="left")
+    for c, j in (("", "left"), ("dense", "right"), (f"sparse ({label})", "right"),
+                 ("sparse/dense", "right"), ("dense/sparse", "right")):
+        t.add_column(c, justify=j)
+
+    def add(name: str, dense: float, sparse: float, fmt: Any = _e) -> None:
+        ratio = sparse / dense if dense else 1.0
+        t.add_row(name, fmt(dense), fmt(sparse), f"{ratio:.3f}", f"{1 / ratio:.2f}x" if ratio else "inf")
+
+    add("forward FLOPs / sequence", r["dense_forward_flops_per_seq"], r["forward_flops_per_seq"])
+    add("training FLOPs / sequence", r["dense_train_flops_per_seq"], r["train_flops_per_seq"])
+    add(f"training FLOPs ({r['sequences']:.3e} seqs)", r["dense_total_train_flops"], r["total_train_flops"])
+    add("training exaFLOPs", r["dense_total_train_flops"] / 1e18, r["total_train_flops"] / 1e18,
+        lambda x: f"{x:.2f}")
+    if ft:
+        t.add_row(f"dense fine-tuning FLOPs ({_count(r['finetune_tokens'])} tok, seq "
+                  f"{r['finetune_seq_len']})", _e(r["finetune_flops"]), _e(r["finetune_flops"]), "", "")
+        add("end-to-end exaFLOPs", r["dense_end_to_end_flops"] / 1e18, r["end_to_end_flops"] / 1e18,
+            lambda x: f"{x:.2f}")
+    final = " (final model)" if r["stages"] else ""
+    add("inference FLOPs / token" + final, r["dense_inference_flops_per_token"],
+        r["inference_flops_per_token"])
+    add("parameters", r["params"], r["params"], lambda x: f"{x:,.0f}")
+    add("non-zero parameters" + final, r["params"], r["nonzero_params"], lambda x: f"{x:,.0f}")
+    console.print(t)
+    if breakdown:
+        _render_breakdown(F, cfg, r)
+
+
+def _render_breakdown(F: Any, cfg: Any, r: dict) -> None:
+    from rich.table import Table
+
+    formulas = F.term_formulas(cfg)
+    dense, sparse = r["dense_forward_terms"], r["forward_terms"]
+    total_d, total_s = sum(dense.values()), sum(sparse.values())
+    t = Table(title=f"forward FLOPs of one sequence, term by term (sparse = {percent(r['sparsity'], 1)}"
+                    f"{', last stage' if r['stages'] else ''})", title_justify="left")
+    for c, j in (("term", "left"), ("formula (dense)", "left"), ("dense", "right"),
+                 ("share", "right"), ("sparse", "right")):
+        t.add_column(c, justify=j)
+    for name in F.TERMS:
+        if name == "embeddings" and not r["embeddings"]:
+            t.add_row(name, formulas[name], "excluded", "", "excluded", end_section=True)
+            continue
+        mark = " *" if name in F.TARGETED_TERMS else ""
+        t.add_row(name + mark, formulas[name], _e(dense[name]), percent(dense[name] / total_d, 1),
+                  _e(sparse[name]), end_section=name == "embeddings")
+    t.add_row("forward", "sum", _e(total_d), "100.0%", _e(total_s))
+    t.add_row("training", "3 x forward (backward = 2 x forward)", _e(3 * total_d), "", _e(3 * total_s))
+    console.print(t)
+    console.print("* scaled by (1 - sparsity) of its weights; ffn = "
+                  f"{cfg.ffn_matrices} matrices{' (gate, up, down)' if cfg.ffn_matrices == 3 else ' (in, out)'}",
+                  highlight=False)
+
+
+def _print_presets(F: Any, as_json: bool) -> None:
+    from dataclasses import asdict
+
+    if as_json:
+        emit_json({name: asdict(c) for name, c in F.PRESETS.items()})
+        return
+    from rich.table import Table
+
+    t = Table(title="model presets")
+    for c in ("name", "layers", "d_model", "heads", "d_head", "d_ff", "FFN", "vocab", "seq", "params"):
+        t.add_column(c, justify="left" if c == "name" else "right")
+    for name, c in F.PRESETS.items():
+        t.add_row(name, str(c.n_layers), str(c.d_model), str(c.n_heads), str(c.d_head), str(c.d_ff),
+                  "SwiGLU" if c.ffn_matrices == 3 else "GELU", str(c.vocab), str(c.seq_len),
+                  _count(F.param_counts(c)["total"]))
+    console.print(t)

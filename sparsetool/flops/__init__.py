@@ -1,8 +1,20 @@
 """FLOP accounting (Chinchilla Appendix F) for dense, sparse, Variable-SPDF and fine-tuning runs.
 
-Pure arithmetic: no torch, no numpy, so ``sparsetool flops`` starts fast.
+Pure arithmetic: no torch, no numpy, so ``sparsetool flops`` starts fast. (Only
+:func:`from_checkpoint` reads a checkpoint, and it imports the torch-based reader when called.)
 """
 
+from sparsetool.flops.accounting import (
+    BACKWARD_FACTOR,
+    TRAIN_FACTOR,
+    Stage,
+    account,
+    check_stages,
+    default_tokens,
+    parse_count,
+    parse_sparsities,
+    parse_stage,
+)
 from sparsetool.flops.config import (
     CHINCHILLA_TOKENS_PER_PARAM,
     PRESETS,
@@ -23,9 +35,14 @@ from sparsetool.flops.formula import (
     param_counts,
     term_formulas,
 )
+from sparsetool.errors import ConfigError
+from sparsetool.flops.shapes import InferredModel, from_checkpoint, infer_model, read_hf_config
 
 __all__ = [
-    "CHINCHILLA_TOKENS_PER_PARAM", "PRESETS", "ROLES", "TARGETED_TERMS", "TERMS", "ModelConfig",
-    "forward_flops", "forward_terms", "from_hf_config", "from_mapping", "get_preset",
-    "layer_sparsities", "load_config", "param_counts", "term_formulas", "with_overrides",
+    "BACKWARD_FACTOR", "ConfigError", "CHINCHILLA_TOKENS_PER_PARAM", "PRESETS", "ROLES", "TARGETED_TERMS",
+    "TERMS", "TRAIN_FACTOR", "InferredModel", "ModelConfig", "Stage", "account", "check_stages",
+    "default_tokens", "forward_flops", "forward_terms", "from_checkpoint", "from_hf_config",
+    "from_mapping", "get_preset", "infer_model", "layer_sparsities", "load_config",
+    "param_counts", "parse_count", "parse_sparsities", "parse_stage", "read_hf_config",
+    "term_formulas", "with_overrides",
 ]

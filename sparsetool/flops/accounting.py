@@ -1,0 +1,246 @@
+"""Whole-run accounting: training FLOPs over a token budget, Variable-SPDF stages, dense
+fine-tuning, inference FLOPs per token and parameter counts, dense vs sparse.
+
+Conventions (SPDF paper, Thangarasa et al. 2023, Sec. 3.5 and App. A.4):
+
+- training FLOPs per sequence = forward + backward = 3 x forward (backward = 2 x forward);
+- sequences = tokens / seq_len; total training FLOPs = sequences x training FLOPs per sequence;
+- the token budget defaults to Chinchilla's 20 tokens per parameter (Hoffmann et al. 2022),
+  using the size the model is named by when a preset has one (125M -> 2.5B, 1.3B -> 26B);
+- Variable SPDF (Cerebras, "Variable Sparse Pre-training"): stage ``i`` trains on a fraction
+  ``F_i`` of the tokens at sparsity ``S_i``; effective sparsity = sum F_i * S_i. FLOPs are affine
+  in sparsity, so the staged run costs exactly a plain run at the effective sparsity;
+- dense fine-tuning adds 3 x forward(dense, fine-tuning length) x fine-tuning sequences to both
+  the sparse and the dense run (SPDF Table 2 reports pre-training + fine-tuning);
+- inference FLOPs per token = forward FLOPs of a full sequence / seq_len, for the model the run
+  ends with (the last stage's sparsity), as in the iterative-pruning post's "3x fewer inference
+  FLOPs" at 83.8% sparsity.
+
+Ratios are sparse / dense (the paper's "0.401x"); the CLI also shows dense / sparse ("2.49x").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from sparsetool.errors import ConfigError
+from sparsetool.flops.config import CHINCHILLA_TOKENS_PER_PARAM, ModelConfig
+from sparsetool.flops.formula import LayerSparsity, forward_terms, layer_sparsities, param_counts
+
+BACKWARD_FACTOR = 2.0
+"""Backward pass = 2 x forward (Chinchilla App. F; Kaplan et al. 2020)."""
+TRAIN_FACTOR = 1.0 + BACKWARD_FACTOR
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pre-training stage: ``fraction`` of the token budget at ``sparsity``."""
+
+    sparsity: float | LayerSparsity
+    fraction: float
+
+
+def parse_stage(text: str) -> Stage:
+    """``"S:F"`` -> Stage(S, F), e.g. Variable SPDF's 90% sparse for 5/6 of the tokens.
+
+    >>> parse_stage("0.9:0.8333")
+    Stage(sparsity=0.9, fraction=0.8333)
+    """
+    parts = text.split(":")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        s, f = float(parts[0]), float(parts[1])
+    except ValueError:
+        raise ConfigError(
+            f"--stage '{text}' is not SPARSITY:FRACTION (e.g. --stage 0.9:0.8333 --stage 0:0.1667)"
+        ) from None
+    if not 0.0 <= s <= 1.0:
+        raise ConfigError(f"--stage '{text}': sparsity must be in [0, 1], got {s}")
+    if not 0.0 < f <= 1.0:
+        raise ConfigError(f"--stage '{text}': fraction of the token budget must be in (0, 1], got {f}")
+    return Stage(s, f)
+
+
+def check_stages(stages: Sequence[Stage], tol: float = 1e-3) -> list[Stage]:
+    """Validate that fractions sum to 1 (within ``tol``, so 0.8333 + 0.1667 passes) and
+    rescale them to sum to exactly 1."""
+    if not stages:
+        raise ConfigError("give at least one --stage SPARSITY:FRACTION")
+    total = sum(st.fraction for st in stages)
+    if not all(st.fraction > 0 for st in stages) or abs(total - 1.0) > tol:
+        raise ConfigError(
+            f"stage fractions sum to {total:.4g}; they are fractions of the token budget and "
+            "must sum to 1 (e.g. --stage 0.9:0.8333 --stage 0:0.1667)"
+        )
+    return [Stage(st.sparsity, st.fraction / total) for st in stages]
+
+
+def _mean_sparsity(cfg: ModelConfig, sparsity: float | LayerSparsity) -> float:
+    """Weight-count-weighted sparsity over the targeted matrices."""
+    p = param_counts(cfg, sparsity)
+    return (p["total"] - p["nonzero"]) / p["targeted"] if p["targeted"] else 0.0
+
+
+def default_tokens(cfg: ModelConfig, params: float | None = None) -> float:
+    """Chinchilla's 20 tokens per parameter; the nominal size of a preset when it has one."""
+    n = cfg.nominal_params or params or param_counts(cfg)["total"]
+    return CHINCHILLA_TOKENS_PER_PARAM * n
+
+
+def account(
+    cfg: ModelConfig,
+    *,
+    sparsity: float | LayerSparsity = 0.0,
+    stages: Sequence[Stage] | None = None,
+    tokens: float | None = None,
+    embeddings: bool = False,
+    finetune_tokens: float = 0.0,
+    finetune_seq_len: int | None = None,
+    params: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """Dense-vs-sparse FLOPs and parameters of one run, as a JSON-ready dict.
+
+    ``stages`` (Variable SPDF) replaces ``sparsity``. ``params`` (``{"total", "nonzero"}``)
+    overrides the counted parameters with measured ones (a checkpoint's). Plain keys describe
+    the sparse run, ``dense_``-prefixed keys the dense baseline; ratios are sparse / dense.
+
+    >>> from sparsetool.flops.config import get_preset
+    >>> r = account(get_preset("gpt3-xl"), sparsity=0.75)
+    >>> round(r["total_train_flops"] / 1e18, 2), round(r["train_flops_ratio"], 3)
+    (94.76, 0.401)
+    """
+    s_len = cfg.seq_len
+    if stages is None:
+        stages = [Stage(sparsity, 1.0)]
+        staged = False
+    else:
+        stages = check_stages(stages)
+        staged = True
+    for st in stages:
+        layer_sparsities(cfg, st.sparsity)  # validate early, with a clear message
+
+    counted = param_counts(cfg, stages[-1].sparsity)
+    if params is not None:
+        n_params, n_nonzero = float(params["total"]), float(params["nonzero"])
+    else:
+        n_params, n_nonzero = counted["total"], counted["nonzero"]
+    if tokens is None:
+        tokens, tokens_source = default_tokens(cfg, n_params), "chinchilla"
+    else:
+        tokens_source = "given"
+    tokens = float(tokens)
+    if not (tokens > 0 and math.isfinite(tokens)):
+        raise ConfigError(f"--tokens must be a positive number, got {tokens!r}")
+    if not (finetune_tokens >= 0 and math.isfinite(finetune_tokens)):
+        raise ConfigError(f"--finetune-tokens must be zero or positive, got {finetune_tokens!r}")
+    sequences = tokens / s_len
+
+    dense_terms = forward_terms(cfg, embeddings=embeddings)
+    dense_fwd = sum(dense_terms.values())
+    stage_rows = []
+    total = 0.0
+    eff_sparsity = 0.0
+    for st in stages:
+        fwd = sum(forward_terms(cfg, sparsity=st.sparsity, embeddings=embeddings).values())
+        flops = TRAIN_FACTOR * fwd * sequences * st.fraction
+        total += flops
+        mean_s = _mean_sparsity(cfg, st.sparsity)
+        eff_sparsity += st.fraction * mean_s
+        stage_rows.append({"sparsity": mean_s, "fraction": st.fraction,
+                           "tokens": tokens * st.fraction, "train_flops": flops})
+    last_terms = forward_terms(cfg, sparsity=stages[-1].sparsity, embeddings=embeddings)
+    last_fwd = sum(last_terms.values())
+    train_per_seq = total / sequences  # token-weighted mean over stages
+    dense_total = TRAIN_FACTOR * dense_fwd * sequences
+
+    ft_len = int(finetune_seq_len or s_len)
+    if ft_len < 1:
+        raise ConfigError(f"--finetune-seq-len must be a positive integer, got {finetune_seq_len!r}")
+    ft_fwd = sum(forward_terms(cfg, seq_len=ft_len, embeddings=embeddings).values())
+    ft_flops = TRAIN_FACTOR * ft_fwd * finetune_tokens / ft_len
+
+    out: dict[str, Any] = {
+        "model": cfg.name,
+        "seq_len": s_len,
+        "vocab": cfg.vocab,
+        "embeddings": embeddings,
+        "tokens": tokens,
+        "tokens_source": tokens_source,
+        "sequences": sequences,
+        "sparsity": eff_sparsity,
+        "effective_sparsity": eff_sparsity,
+        "stages": stage_rows if staged else None,
+        "forward_flops_per_seq": train_per_seq / TRAIN_FACTOR,
+        "dense_forward_flops_per_seq": dense_fwd,
+        "train_flops_per_seq": train_per_seq,
+        "dense_train_flops_per_seq": TRAIN_FACTOR * dense_fwd,
+        "total_train_flops": total,
+        "dense_total_train_flops": dense_total,
+        "train_flops_ratio": total / dense_total,
+        "inference_flops_per_token": last_fwd / s_len,
+        "dense_inference_flops_per_token": dense_fwd / s_len,
+        "inference_flops_ratio": last_fwd / dense_fwd,
+        "params": n_params,
+        "nonzero_params": n_nonzero,
+        "dense_params": n_params,
+        "dense_nonzero_params": n_params,
+        "nonzero_params_ratio": n_nonzero / n_params if n_params else 1.0,
+        "finetune_tokens": float(finetune_tokens),
+        "finetune_seq_len": ft_len,
+        "finetune_forward_flops_per_seq": ft_fwd,
+        "finetune_flops": ft_flops,
+        "end_to_end_flops": total + ft_flops,
+        "dense_end_to_end_flops": dense_total + ft_flops,
+        "end_to_end_ratio": (total + ft_flops) / (dense_total + ft_flops),
+        "forward_terms": last_terms,
+        "dense_forward_terms": dense_terms,
+    }
+    return out
+
+
+_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_count(text: str | float, what: str = "--tokens") -> float:
+    """A token count written as ``26e9``, ``26B``, ``2.5b`` or ``64,512``.
+
+    >>> parse_count("26B"), parse_count("2.5e9"), parse_count("64,512")
+    (26000000000.0, 2500000000.0, 64512.0)
+    """
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        t = text.strip().replace(",", "").replace("_", "")
+        mult = _SUFFIX.get(t[-1:].lower(), 1.0) if t else 1.0
+        if mult != 1.0:
+            t = t[:-1]
+        try:
+            value = float(t) * mult
+        except ValueError:
+            raise ConfigError(f"{what} '{text}' is not a number (e.g. 26e9 or 26B)") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise ConfigError(f"{what} must be zero or positive, got {text!r}")
+    return value
+
+
+def parse_sparsities(text: str) -> list[float]:
+    """``"0,0.5,0.75"`` -> ``[0.0, 0.5, 0.75]``; each a fraction of zeros in [0, 1].
+
+    >>> parse_sparsities("0, 0.5,0.75")
+    [0.0, 0.5, 0.75]
+    """
+    out = []
+    for part in text.split(","):
+        try:
+            v = float(part)
+        except ValueError:
+            raise ConfigError(f"--sparsity '{text}': '{part.strip()}' is not a number; "
+                              "give fractions of zeros like 0.75 or 0,0.5,0.75") from None
+        if not 0.0 <= v <= 1.0:
+            hint = f" (write {v:g}% as {v / 100:g})" if 1.0 < v <= 100.0 else ""
+            raise ConfigError(f"--sparsity {part.strip()} is outside [0, 1] (fraction of zeros){hint}")
+        out.append(v)
+    return out

@@ -1,0 +1,269 @@
+"""Model shapes and per-layer measured sparsity from a checkpoint's tensor list.
+
+:func:`infer_model` is pure: it takes rows with ``name, shape, dtype, role, targeted, numel,
+nonzero`` (``sparsetool.report`` rows, or plain dicts) and rebuilds the Appendix-F shapes:
+
+- ``d_model`` from the token embedding (V, d), else ``config.json``, else the dimension every
+  targeted matrix shares; ``vocab`` from the embedding or LM head;
+- per layer (index = first integer in the name): ``k*h`` = the non-``d_model`` side of the
+  attention output; q+k+v (fused or separate) = ``k*h + 2*k*h_kv``; ``d_ff`` = the FFN output
+  matrix's other side; FFN matrices = 1 + (sum of FFN-in widths) / ``d_ff`` (3 for SwiGLU, also
+  when gate and up are fused);
+- heads from ``config.json`` (``num_attention_heads``/``n_head``); without one, a d_head of
+  128 (k*h >= 2048) or 64 is assumed and said so; heads only enter the softmax term 3*h*s*s;
+- sparsity per layer and role = 1 - sum(non-zeros) / sum(elements) over the *targeted* tensors of
+  that role (the same targets as ``prune``); a matrix that is not targeted counts as dense.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from sparsetool.errors import CheckpointError, ConfigError
+from sparsetool.flops.config import ModelConfig
+from sparsetool.flops.formula import ROLES
+from sparsetool.targets import is_floating
+
+_LAYER_RE = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+
+
+@dataclass(frozen=True)
+class InferredModel:
+    """What a checkpoint says about itself: shapes, measured sparsity, measured parameters."""
+
+    config: ModelConfig
+    layer_sparsity: list[dict[str, float]]
+    params: dict[str, float]  # {"total", "nonzero"} over floating tensors
+    targeted_sparsity: float
+    notes: list[str] = field(default_factory=list)
+
+
+def _get(row: Any, key: str) -> Any:
+    return row[key] if isinstance(row, Mapping) else getattr(row, key)
+
+
+def _other_side(name: str, shape: tuple[int, ...], d_model: int) -> int:
+    a, b = shape
+    if a == d_model:
+        return b
+    if b == d_model:
+        return a
+    raise CheckpointError(
+        f"tensor '{name}' has shape {list(shape)}, neither side equals d_model={d_model}; "
+        "describe the model with --config FILE instead of --checkpoint"
+    )
+
+
+def _pick(cfg: Mapping[str, Any] | None, *keys: str) -> Any:
+    for k in keys:
+        if cfg and cfg.get(k) is not None:
+            return cfg[k]
+    return None
+
+
+def infer_model(
+    rows: Iterable[Any],
+    *,
+    name: str = "checkpoint",
+    hf_config: Mapping[str, Any] | None = None,
+    seq_len: int | None = None,
+    vocab: int | None = None,
+) -> InferredModel:
+    """Rebuild a :class:`ModelConfig` and per-layer role sparsities from tensor rows.
+
+    >>> rows = [dict(name=f"h.{i}.{m}.weight", shape=s, dtype="float32", role=r, targeted=True,
+    ...              numel=s[0] * s[1], nonzero=s[0] * s[1] // 2)
+    ...         for i in range(2) for m, r, s in [("attn.c_attn", "qkv", (8, 24)),
+    ...             ("attn.c_proj", "attn_out", (8, 8)), ("mlp.c_fc", "ffn_in", (8, 32)),
+    ...             ("mlp.c_proj", "ffn_out", (32, 8))]]
+    >>> rows.append(dict(name="wte.weight", shape=(100, 8), dtype="float32", role="embedding",
+    ...                  targeted=False, numel=800, nonzero=800))
+    >>> m = infer_model(rows, hf_config={"n_head": 2, "n_positions": 16})
+    >>> c = m.config
+    >>> (c.n_layers, c.d_model, c.n_heads, c.d_head, c.d_ff, c.vocab, c.seq_len, c.ffn_matrices)
+    (2, 8, 2, 4, 32, 100, 16, 2)
+    >>> m.layer_sparsity[1]["ffn_in"], m.targeted_sparsity
+    (0.5, 0.5)
+    """
+    notes: list[str] = []
+    floating = []
+    for r in rows:
+        nm = str(_get(r, "name"))
+        if nm.endswith("_mask") or not is_floating(_get(r, "dtype")):
+            continue
+        floating.append(r)
+    if not floating:
+        raise CheckpointError(f"'{name}' holds no floating-point tensors to account")
+
+    def shape_of(r: Any) -> tuple[int, ...]:
+        return tuple(int(x) for x in _get(r, "shape"))
+
+    linear = [r for r in floating if _get(r, "role") in ROLES and len(shape_of(r)) == 2]
+    if not linear:
+        raise CheckpointError(
+            f"'{name}' has no attention or feed-forward weight matrices that sparsetool recognises; "
+            "describe the model with --config FILE instead"
+        )
+    embeds = [r for r in floating if _get(r, "role") == "embedding" and len(shape_of(r)) == 2]
+    heads = [r for r in floating if _get(r, "role") == "head" and len(shape_of(r)) == 2]
+    positions = [r for r in floating if _get(r, "role") == "position" and len(shape_of(r)) == 2]
+
+    # d_model: the token embedding's width, else config.json, else the side all matrices share.
+    tok = max(embeds, key=lambda r: shape_of(r)[0]) if embeds else None
+    d_model = shape_of(tok)[1] if tok is not None else _pick(hf_config, "hidden_size", "n_embd", "d_model")
+    if d_model is None:
+        common = set(shape_of(linear[0]))
+        for r in linear[1:]:
+            common &= set(shape_of(r))
+        if len(common) != 1:
+            raise CheckpointError(
+                f"cannot tell d_model of '{name}' (no token embedding, no config.json); "
+                "describe the model with --config FILE"
+            )
+        d_model = common.pop()
+    d_model = int(d_model)
+
+    # Group matrices by layer index and role.
+    layers: dict[int, dict[str, list[Any]]] = {}
+    for r in linear:
+        m = _LAYER_RE.search(str(_get(r, "name")))
+        if m is None:
+            continue
+        layers.setdefault(int(m.group(1)), {}).setdefault(_get(r, "role"), []).append(r)
+    if not layers:
+        raise CheckpointError(f"no layer index found in the tensor names of '{name}'")
+
+    shapes_seen: set[tuple[int, int, int, int]] = set()
+    layer_sparsity: list[dict[str, float]] = []
+    for idx in sorted(layers):
+        by_role = layers[idx]
+        missing = [ro for ro in ("qkv", "ffn_out") if ro not in by_role]
+        if missing:
+            raise CheckpointError(
+                f"layer {idx} of '{name}' has no {' or '.join(missing)} weight; cannot infer its "
+                "shape, describe the model with --config FILE"
+            )
+        width = {ro: sum(_other_side(_get(r, "name"), shape_of(r), d_model) for r in rs)
+                 for ro, rs in by_role.items()}
+        qkv_w, f = width["qkv"], width["ffn_out"]
+        kh = width.get("attn_out", qkv_w // 3)
+        ffn_in_w = width.get("ffn_in", f)
+        shapes_seen.add((qkv_w, kh, f, ffn_in_w))
+        sp = {}
+        for ro in ROLES:
+            t = [r for r in by_role.get(ro, []) if _get(r, "targeted")]
+            numel = sum(int(_get(r, "numel")) for r in t)
+            sp[ro] = 1.0 - sum(int(_get(r, "nonzero")) for r in t) / numel if numel else 0.0
+        layer_sparsity.append(sp)
+    if len(shapes_seen) != 1:
+        raise CheckpointError(
+            f"the layers of '{name}' differ in shape ({len(shapes_seen)} variants); flops assumes "
+            "identical layers, describe the model with --config FILE"
+        )
+    qkv_w, kh, f, ffn_in_w = shapes_seen.pop()
+    ratio = ffn_in_w / f
+    if ratio not in (1.0, 2.0):
+        raise CheckpointError(
+            f"feed-forward input width {ffn_in_w} is not 1x or 2x the output width {f} in "
+            f"'{name}'; describe the model with --config FILE"
+        )
+
+    # Heads: config.json, else an assumed head size.
+    n_heads = _pick(hf_config, "num_attention_heads", "n_head", "n_heads")
+    d_head = _pick(hf_config, "head_dim")
+    if n_heads is not None:
+        n_heads = int(n_heads)
+        d_head = int(d_head) if d_head else kh // n_heads
+    else:
+        d_head = 128 if kh >= 2048 and kh % 128 == 0 else 64 if kh % 64 == 0 else kh
+        n_heads = kh // d_head
+        notes.append(
+            f"no head count in a config.json beside the checkpoint: assumed d_head={d_head}, "
+            f"so {n_heads} heads (this only changes the softmax term 3*h*s*s)"
+        )
+    kv_w = (qkv_w - kh) / 2
+    n_kv = _pick(hf_config, "num_key_value_heads")
+    if n_kv is None and kv_w != kh:
+        n_kv = kv_w / d_head
+    if n_kv is not None and (int(n_kv) != n_kv or int(n_kv) * d_head != kv_w):
+        raise CheckpointError(
+            f"q/k/v widths of '{name}' ({qkv_w} in all, attention output {kh}) do not fit "
+            f"{n_heads} heads of {d_head}; give the heads in a config.json or use --config FILE"
+        )
+    n_kv = int(n_kv) if n_kv is not None and int(n_kv) != n_heads else None
+
+    if vocab is None:
+        if tok is not None:
+            vocab = shape_of(tok)[0]
+        elif heads:
+            vocab = max(shape_of(r)[0] for r in heads)
+        else:
+            vocab = _pick(hf_config, "vocab_size")
+        if vocab is None:
+            raise CheckpointError(f"cannot tell the vocabulary size of '{name}'; pass --vocab")
+    if seq_len is None:
+        if positions:
+            seq_len = shape_of(positions[0])[0]
+        else:
+            seq_len = _pick(hf_config, "max_position_embeddings", "n_positions", "n_ctx")
+        if seq_len is None:
+            seq_len = 2048
+            notes.append("no sequence length in the checkpoint or a config.json: assumed 2048 "
+                         "(pass --seq-len)")
+
+    cfg = ModelConfig(
+        name=name, n_layers=len(layer_sparsity), d_model=d_model, n_heads=n_heads, d_head=d_head,
+        d_ff=int(f), vocab=int(vocab), seq_len=int(seq_len), ffn_matrices=int(1 + ratio),
+        n_kv_heads=n_kv, learned_positions=bool(positions), tied_embeddings=not heads,
+        biases=any(_get(r, "role") == "bias" for r in floating),
+    )
+    for r in floating:
+        if _get(r, "targeted") and _get(r, "role") not in ROLES:
+            notes.append(f"'{_get(r, 'name')}' is targeted but is not an attention/FFN matmul; "
+                         "its zeros count in the non-zero parameters, not in the FLOPs")
+    total = sum(int(_get(r, "numel")) for r in floating)
+    nonzero = sum(int(_get(r, "nonzero")) for r in floating)
+    t_rows = [r for r in linear if _get(r, "targeted")]
+    t_numel = sum(int(_get(r, "numel")) for r in t_rows)
+    t_sparsity = 1.0 - sum(int(_get(r, "nonzero")) for r in t_rows) / t_numel if t_numel else 0.0
+    return InferredModel(cfg, layer_sparsity, {"total": float(total), "nonzero": float(nonzero)},
+                         t_sparsity, notes)
+
+
+def read_hf_config(path: str | Path) -> dict[str, Any] | None:
+    """The ``config.json`` beside a checkpoint file, or inside a checkpoint directory, if any."""
+    p = Path(path)
+    cfg = (p if p.is_dir() else p.parent) / "config.json"
+    if not cfg.is_file():
+        return None
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read '{cfg}': {e}; fix or remove it") from None
+    return data if isinstance(data, dict) else None
+
+
+def from_checkpoint(
+    path: str | Path,
+    *,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    seq_len: int | None = None,
+    vocab: int | None = None,
+    progress: Any = None,
+) -> InferredModel:
+    """Count the non-zeros of the checkpoint at ``path`` and infer its shapes (reads every
+    tensor once; imports the torch-based reader only here)."""
+    from sparsetool.report import summarize  # torch: keep it out of `import sparsetool.flops`
+
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"checkpoint '{path}' not found; pass a .safetensors file or a directory")
+    report = summarize(p, include=include, exclude=exclude, progress=progress)
+    name = p.name.removesuffix(".safetensors") or str(p)
+    return infer_model(report.tensors, name=name, hf_config=read_hf_config(p),
+                       seq_len=seq_len, vocab=vocab)
