@@ -26,7 +26,6 @@ from typing import Any, Iterable, Mapping, Sequence
 from sparsetool.errors import CheckpointError, ConfigError
 from sparsetool.flops.config import ModelConfig
 from sparsetool.flops.formula import ROLES
-from sparsetool.targets import is_floating
 
 _LAYER_RE = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 
@@ -89,6 +88,8 @@ def infer_model(
     >>> m.layer_sparsity[1]["ffn_in"], m.targeted_sparsity
     (0.5, 0.5)
     """
+    from sparsetool.targets import is_floating  # same dtype rule as prune/report
+
     notes: list[str] = []
     floating = []
     for r in rows:
