@@ -1,0 +1,489 @@
+"""The shared machinery of every sparse-training algorithm: which tensors are sparse, their masks,
+keeping pruned weights and their optimizer moments at exactly zero, and the one mask update that
+every algorithm is a special case of.
+
+Following JaxPruner (Lee et al. 2024), one base class does the shared work -- initial masks, drop,
+grow, per-tensor keep counts -- and an algorithm overrides a scoring hook and its schedules:
+
+===========  =====================  ========================  ===============================
+algorithm    sparsity schedule      drop (by ``drop_scores``)  grow (by ``grow_scores``)
+===========  =====================  ========================  ===============================
+static       constant               never updated             --
+gmp          cubic (Zhu & Gupta)    smallest |w|               --
+set          constant               smallest |w|, fraction f   random
+rigl         constant               smallest |w|, fraction f   largest |grad|
+granet       cubic                  smallest |w|, to s_t + f   largest |grad|
+imp          fraction of remaining  smallest |w|               --
+===========  =====================  ========================  ===============================
+
+As in torch.ao.pruning the mask state lives beside the model, keyed by each parameter's full name,
+never inside the weights; a pruned weight is an ordinary parameter entry held at +0.0.
+
+Protocol with the training loop (``step`` is the 0-based index of the optimizer step about to run)::
+
+    sparsifier.attach(model.named_parameters(), optimizer, total_steps)
+    for step in range(start, total_steps):
+        loss.backward()                      # grads final (all-reduced under DDP)
+        sparsifier.before_step(step)         # may update masks; zeroes grads of pruned weights
+        lr = schedule(sparsifier.lr_step(step))
+        optimizer.step()
+        sparsifier.after_step(step)          # weights and AdamW moments at pruned positions -> 0
+
+Data-parallel safety: every decision uses only tensors that are identical on all ranks (the
+weights, the all-reduced gradients) and ``torch.Generator`` objects seeded from (seed, step,
+tensor index), never the global RNG; :meth:`Sparsifier.broadcast_masks` is a safety net on top.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from sparsetool.errors import ConfigError
+from sparsetool.schedules import Periodic, Schedule, build_schedule
+
+__all__ = ["Sparsifier", "top_k_mask", "step_generator"]
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(*values: int) -> int:
+    """A 63-bit seed from integers (SplitMix64 finaliser): nearby (seed, step) pairs give unrelated
+    streams, and the result does not depend on Python's hash randomisation or the torch version."""
+    h = 0x9E3779B97F4A7C15
+    for v in values:
+        h = (h ^ (v & _MASK64)) & _MASK64
+        h = (h * 0xBF58476D1CE4E5B9) & _MASK64
+        h ^= h >> 31
+        h = (h * 0x94D049BB133111EB) & _MASK64
+        h ^= h >> 29
+    return h & ((1 << 63) - 1)
+
+
+def step_generator(seed: int, step: int, index: int) -> torch.Generator:
+    """A CPU generator for tensor number ``index`` at ``step``: the same on every rank and after a
+    resume, whatever the global RNG did in between.
+
+    >>> a = torch.rand(3, generator=step_generator(0, 100, 2))
+    >>> b = torch.rand(3, generator=step_generator(0, 100, 2))
+    >>> bool(torch.equal(a, b)), bool(torch.equal(a, torch.rand(3, generator=step_generator(0, 101, 2))))
+    (True, False)
+    """
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(_mix(seed, step, index))
+    return gen
+
+
+def top_k_mask(scores: torch.Tensor, k: int, allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """Bool mask of the ``k`` highest ``scores`` among the ``allowed`` positions.
+
+    Ties keep the lower flat index (a stable sort), so the result is exact and deterministic; NaN
+    scores rank below every number but above positions that are not allowed. ``k`` must not exceed
+    the number of allowed positions.
+
+    >>> top_k_mask(torch.tensor([0.5, 0.9, 0.5, 0.5]), 2)
+    tensor([ True,  True, False, False])
+    >>> top_k_mask(torch.tensor([0.5, 0.9, 0.5, 0.5]), 2, allowed=torch.tensor([True, False, False, True]))
+    tensor([ True, False, False,  True])
+    """
+    flat = scores.detach().reshape(-1).float()
+    numel = flat.numel()
+    if allowed is not None:
+        allowed = allowed.reshape(-1)
+        n_allowed = int(allowed.sum())
+    else:
+        n_allowed = numel
+    if not 0 <= k <= n_allowed:
+        raise ValueError(f"top_k_mask: k={k} outside [0, {n_allowed}] allowed positions")
+    lowest = torch.finfo(torch.float32).min
+    flat = torch.nan_to_num(flat, nan=lowest, posinf=torch.finfo(torch.float32).max, neginf=lowest)
+    if allowed is not None:
+        flat = flat.masked_fill(~allowed, float("-inf"))
+    mask = torch.zeros(numel, dtype=torch.bool, device=scores.device)
+    if k:
+        order = torch.sort(flat, descending=True, stable=True).indices[:k]
+        mask[order] = True
+    return mask.reshape(scores.shape)
+
+
+@dataclass(eq=False)
+class Sparsifier:
+    """Static sparse training: masks chosen once at :meth:`attach` and never changed; the base of
+    every other algorithm (see the module docstring for the protocol with the training loop).
+
+    ``sparsity_level`` (config key ``sparsity``) is the fraction of zeros in the targeted tensors
+    (a number or a schedule);
+    ``distribution`` spreads it over tensors (``uniform``: the same in each; ``erk``:
+    Erdos-Renyi-Kernel, Evci et al. 2020); ``init_method`` picks the first mask (``random``, as
+    the SPDF and Variable SPDF pre-training runs, or ``magnitude``). ``param_filter`` globs select
+    the sparse tensors by full name (Cerebras Model Zoo ``param_filter``); without it the default
+    targets of :func:`sparsetool.targets.is_targeted` are used (attention and FFN matrices).
+    """
+
+    name: ClassVar[str] = "static"
+    # Config keys this algorithm accepts (besides ``algorithm``); see ``build_sparsifier``.
+    KEYS: ClassVar[tuple[str, ...]] = ("sparsity", "init_method", "distribution", "seed",
+                                       "param_filter")
+    DEFAULT_INIT: ClassVar[str] = "random"
+
+    # The config key ``sparsity``; named apart from the ``sparsity()`` report method.
+    sparsity_level: Any = 0.5
+    init_method: str | None = None
+    distribution: str = "uniform"
+    seed: int = 0
+    param_filter: tuple[str, ...] | None = None
+    update_freq: int | None = None
+    update_start: int | None = None
+    update_stop: int | None = None
+    init_masks: Mapping[str, torch.Tensor] | None = field(default=None, repr=False)
+
+    masks: dict[str, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
+    densified: bool = field(default=False, init=False)
+    total_steps: int = field(default=0, init=False)
+    # What the last mask update changed, per tensor: {"dropped": n, "grown": n} (for logs/tests).
+    last_update: dict[str, dict[str, int]] = field(default_factory=dict, init=False, repr=False)
+    updates_done: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.init_method is None:
+            self.init_method = self.DEFAULT_INIT
+        if self.init_method not in ("random", "magnitude"):
+            raise ConfigError(
+                f"init_method {self.init_method!r} is not known; valid: magnitude, random"
+            )
+        if self.distribution not in ("uniform", "erk"):
+            raise ConfigError(
+                f"distribution {self.distribution!r} is not known; valid: erk, uniform"
+            )
+        if isinstance(self.param_filter, str):
+            self.param_filter = (self.param_filter,)
+        elif self.param_filter is not None:
+            self.param_filter = tuple(self.param_filter)
+        self._params: dict[str, torch.nn.Parameter] = {}
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._grown: dict[str, torch.Tensor] = {}
+        self._sparsity_schedule: Schedule | None = None
+        self._update_schedule: Periodic | None = None
+        for key in ("update_freq", "update_start", "update_stop"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or int(value) != value or value < 0):
+                raise ConfigError(f"{key} must be a whole number >= 0, got {value!r}")
+        if self.update_freq is not None and self.update_freq < 1:
+            raise ConfigError(f"update freq must be >= 1, got {self.update_freq}")
+        self._check_sparsity_value(self.sparsity_level, "sparsity")
+
+    # ----------------------------------------------------------------- configuration hooks
+
+    @staticmethod
+    def _check_sparsity_value(value: Any, key: str) -> None:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not 0.0 <= float(value) < 1.0:
+                raise ConfigError(
+                    f"{key} must be in [0, 1) (the fraction of zeros), got {value}"
+                )
+
+    def _resolve(self, total_steps: int) -> None:
+        """Turn config values into schedules once ``total_steps`` is known."""
+        self._sparsity_schedule = build_schedule(self.sparsity_level)
+        self._update_schedule = None
+
+    def _default_update(self, total_steps: int) -> tuple[int, int, int]:
+        """(freq, start, stop) of mask updates: RigL's defaults, dT = 100 and T_end = 75% of
+        training (Evci et al. 2020, section 4), first update after one period of training."""
+        freq = int(self.update_freq) if self.update_freq is not None else 100
+        start = int(self.update_start) if self.update_start is not None else freq
+        stop = int(self.update_stop) if self.update_stop is not None else int(0.75 * total_steps)
+        return freq, start, stop
+
+    def sparsity_at(self, step: int) -> float:
+        """Target sparsity of the sparse tensors at ``step``."""
+        assert self._sparsity_schedule is not None, "attach() first"
+        value = float(self._sparsity_schedule(step))
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"the sparsity schedule gives {value} at step {step}; it must stay in [0, 1)")
+        return value
+
+    def drop_fraction_at(self, step: int) -> float:
+        """Fraction of each tensor's kept weights swapped at an update (0: no drop-and-grow)."""
+        return 0.0
+
+    def is_update_step(self, step: int) -> bool:
+        return self._update_schedule is not None and bool(self._update_schedule(step))
+
+    # The scoring hooks (JaxPruner's shape): an algorithm changes what is dropped and grown.
+    def drop_scores(self, weight: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor:
+        """Higher = keep. Magnitude, as every algorithm here (|w|)."""
+        return weight.detach().abs()
+
+    def grow_scores(
+        self, weight: torch.Tensor, grad: torch.Tensor | None, gen: torch.Generator
+    ) -> torch.Tensor | None:
+        """Higher = regrow first; ``None`` means the algorithm never regrows."""
+        return None
+
+    # ----------------------------------------------------------------- attaching
+
+    def select(self, named_params: Mapping[str, torch.nn.Parameter]) -> dict[str, torch.nn.Parameter]:
+        """The parameters this sparsifier masks, in the model's order."""
+        from sparsetool.targets import is_targeted
+
+        chosen: dict[str, torch.nn.Parameter] = {}
+        for name, p in named_params.items():
+            shape = tuple(p.shape)
+            if self.param_filter is not None:
+                ok = (len(shape) >= 2 and p.is_floating_point()
+                      and any(fnmatch.fnmatchcase(name, g) for g in self.param_filter))
+            else:
+                ok = is_targeted(name, shape, p.dtype)
+            if ok:
+                chosen[name] = p
+        return chosen
+
+    def attach(
+        self,
+        named_params: Mapping[str, torch.nn.Parameter] | Iterable[tuple[str, torch.nn.Parameter]],
+        optimizer: torch.optim.Optimizer | None,
+        total_steps: int,
+    ) -> None:
+        """Choose the sparse tensors, make (or adopt) their masks and apply them.
+
+        Masks already set by :meth:`load_state_dict` (a resume) or passed as ``init_masks`` are
+        used as they are; otherwise the initial masks are made at ``sparsity_at(0)``.
+        """
+        named = dict(named_params.items() if isinstance(named_params, Mapping) else named_params)
+        self._params = self.select(named)
+        if not self._params:
+            how = (f"param_filter {list(self.param_filter)}" if self.param_filter is not None
+                   else "the default targets (attention and FFN weight matrices)")
+            raise ConfigError(
+                f"no parameter matches {how}; names seen: {', '.join(list(named)[:6])}"
+                f"{'...' if len(named) > 6 else ''}. Set param_filter to globs of the weights to sparsify"
+            )
+        self._optimizer = optimizer
+        self.total_steps = int(total_steps)
+        self._resolve(self.total_steps)
+        if self.densified:
+            self.masks = {}
+            return
+        given = self.masks or (dict(self.init_masks) if self.init_masks is not None else None)
+        if given:
+            self.masks = self._adopt(given)
+        else:
+            self.masks = self.initial_masks()
+        self._apply(self.masks)
+
+    def _adopt(self, given: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        missing = [n for n in self._params if n not in given]
+        extra = [n for n in given if n not in self._params]
+        if missing or extra:
+            raise ConfigError(
+                f"saved masks do not match the sparse parameters: missing {missing[:4]}, "
+                f"unexpected {extra[:4]}; resume with the same model and param_filter"
+            )
+        out = {}
+        for name, p in self._params.items():
+            m = given[name]
+            if tuple(m.shape) != tuple(p.shape):
+                raise ConfigError(
+                    f"mask for {name} has shape {tuple(m.shape)}, the parameter {tuple(p.shape)}"
+                )
+            out[name] = m.to(device=p.device, dtype=torch.bool).clone()
+        return out
+
+    def keep_counts(self, sparsity: float) -> dict[str, int]:
+        """Non-zeros per sparse tensor at overall ``sparsity`` under the chosen distribution."""
+        from sparsetool.distributions import keep_counts
+
+        shapes = {n: tuple(p.shape) for n, p in self._params.items()}
+        return {n: int(k) for n, k in keep_counts(shapes, sparsity, self.distribution).items()}
+
+    def initial_masks(self) -> dict[str, torch.Tensor]:
+        from sparsetool.masks import magnitude_mask, random_mask
+
+        keep = self.keep_counts(self.sparsity_at(0))
+        masks = {}
+        for index, (name, p) in enumerate(self._params.items()):
+            if self.init_method == "magnitude":
+                m = magnitude_mask(p.detach(), keep=keep[name])
+            else:
+                # Step -1: the initial draw never coincides with an update's stream.
+                m = random_mask(tuple(p.shape), keep=keep[name],
+                                generator=step_generator(self.seed, -1, index))
+            masks[name] = m.to(device=p.device, dtype=torch.bool)
+        return masks
+
+    # ----------------------------------------------------------------- per-step work
+
+    def before_step(self, step: int) -> None:
+        """After backward, before ``optimizer.step()``: update the masks if ``step`` is an update
+        step, then zero the gradient of every weight that is pruned -- and of every weight regrown
+        just now, so that it enters the next step at exactly 0 with zero AdamW moments."""
+        self._grown = {}
+        if self.densified or not self._params:
+            return
+        if self.is_update_step(step):
+            self.update(step)
+            self.updates_done += 1
+        for name, p in self._params.items():
+            if p.grad is None:
+                continue
+            frozen = ~self.masks[name]
+            grown = self._grown.get(name)
+            if grown is not None:
+                frozen = frozen | grown
+            p.grad.masked_fill_(frozen, 0.0)
+
+    def after_step(self, step: int) -> None:
+        """After ``optimizer.step()``: pruned weights and their optimizer state back to +0.0
+        (weight decay and momentum would otherwise move them)."""
+        if self.densified or not self._params:
+            return
+        self._apply(self.masks)
+
+    def lr_step(self, step: int) -> int:
+        """The step the learning-rate schedule should see (IMP rewinds it)."""
+        return step
+
+    def update(self, step: int) -> None:
+        """One mask update (JaxPruner's drop-and-grow, general form).
+
+        Per tensor with ``n`` kept weights and target ``k`` kept at ``sparsity_at(step)``: keep the
+        ``min(n, k) - d`` highest ``drop_scores`` among the kept weights, then grow ``d + max(k - n,
+        0)`` weights with the highest ``grow_scores`` among the positions that were pruned *before*
+        this update (so a weight dropped now is never regrown now), where
+        ``d = round(drop_fraction_at(step) * min(n, k))``. The kept count is exactly ``k``.
+        Regrown weights start at 0 with zero optimizer moments (RigL, section 3).
+        """
+        keep = self.keep_counts(self.sparsity_at(step))
+        fraction = self.drop_fraction_at(step)
+        self.last_update = {}
+        new_masks: dict[str, torch.Tensor] = {}
+        for index, (name, p) in enumerate(self._params.items()):
+            old = self.masks[name]
+            n = int(old.sum())
+            numel = old.numel()
+            k = keep[name]
+            base = min(n, k)
+            gen = step_generator(self.seed, step, index)
+            grow = self.grow_scores(p.detach(), p.grad, gen)
+            if grow is None:
+                k = base  # an algorithm that never regrows cannot lower sparsity
+                n_swap = 0
+                n_extra = 0
+            else:
+                n_extra = k - base
+                n_swap = int(round(fraction * base))
+                n_swap = max(0, min(n_swap, numel - n - n_extra))
+            kept = top_k_mask(self.drop_scores(p.detach(), p.grad), base - n_swap, allowed=old)
+            if n_swap + n_extra > 0:
+                assert grow is not None
+                grown = top_k_mask(grow.to(p.device), n_swap + n_extra, allowed=~old)
+                new = kept | grown
+                self._grown[name] = grown
+            else:
+                grown = None
+                new = kept
+            new_masks[name] = new
+            self.last_update[name] = {
+                "dropped": n - (base - n_swap),
+                "grown": 0 if grown is None else n_swap + n_extra,
+            }
+        self.masks = new_masks
+        self._apply(self.masks, also_zero=self._grown)
+
+    # ----------------------------------------------------------------- applying masks
+
+    @torch.no_grad()
+    def _apply(self, masks: Mapping[str, torch.Tensor],
+               also_zero: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Pruned weights, and every same-shaped optimizer state tensor (AdamW ``exp_avg``,
+        ``exp_avg_sq``, ``max_exp_avg_sq``; SGD ``momentum_buffer``) to +0.0 at pruned positions.
+        ``masked_fill_`` rather than multiply: ``-w * 0`` is -0.0 and ``nan * 0`` is NaN."""
+        for name, p in self._params.items():
+            zero = ~masks[name]
+            if also_zero and name in also_zero:
+                zero = zero | also_zero[name]
+            p.masked_fill_(zero, 0.0)
+            if self._optimizer is not None:
+                for value in self._optimizer.state.get(p, {}).values():
+                    if torch.is_tensor(value) and value.shape == p.shape:
+                        value.masked_fill_(zero, 0.0)
+
+    # ----------------------------------------------------------------- reporting and state
+
+    def sparsity(self) -> float:
+        """Current overall sparsity of the sparse tensors, from the masks (0.0 once densified)."""
+        if self.densified or not self.masks:
+            return 0.0
+        total = sum(m.numel() for m in self.masks.values())
+        kept = sum(int(m.sum()) for m in self.masks.values())
+        return 1.0 - kept / total
+
+    def layer_sparsity(self) -> dict[str, float]:
+        """Sparsity of each sparse tensor, from the masks."""
+        return {n: 1.0 - int(m.sum()) / m.numel() for n, m in self.masks.items()}
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra_state(self, d: Mapping[str, Any]) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"algorithm", "seed", "densified", "updates_done", ..., "masks": {name: bool
+        tensor}}``: every entry but ``masks`` is a JSON scalar. Masks are CPU copies."""
+        d: dict[str, Any] = {
+            "algorithm": self.name,
+            "seed": int(self.seed),
+            "densified": bool(self.densified),
+            "updates_done": int(self.updates_done),
+        }
+        d.update(self._extra_state())
+        d["masks"] = {n: m.detach().to("cpu", torch.bool).clone() for n, m in self.masks.items()}
+        return d
+
+    def load_state_dict(self, d: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` gave. Before :meth:`attach` the masks are adopted there;
+        after it they are checked and applied at once."""
+        if d.get("algorithm") != self.name:
+            raise ConfigError(
+                f"the saved sparsity state is for algorithm {d.get('algorithm')!r}, this run uses "
+                f"{self.name!r}; resume with the same algorithm"
+            )
+        self.seed = int(d.get("seed", self.seed))
+        self.densified = bool(d.get("densified", False))
+        self.updates_done = int(d.get("updates_done", 0))
+        self._load_extra_state(d)
+        masks = {n: torch.as_tensor(m).to(torch.bool) for n, m in dict(d.get("masks", {})).items()}
+        if self.densified:
+            self.masks = {}
+        elif self._params:
+            self.masks = self._adopt(masks)
+            self._apply(self.masks)
+        else:
+            self.masks = masks
+
+    def densify(self) -> None:
+        """Drop every mask (SPDF dense fine-tuning, the dense stage 2 of Variable SPDF; Thangarasa
+        et al. 2023). Pruned weights are 0.0 now and trainable from the next step on, their AdamW
+        moments start from 0."""
+        self.masks = {}
+        self._grown = {}
+        self.densified = True
+
+    def broadcast_masks(self) -> None:
+        """When torch.distributed is initialised, copy rank 0's masks to every rank and re-apply
+        them (a safety net: the update rules are already deterministic across ranks)."""
+        import torch.distributed as dist
+
+        if self.densified or not (dist.is_available() and dist.is_initialized()):
+            return
+        for name in list(self.masks):
+            buf = self.masks[name].to(torch.uint8)  # gloo has no bool broadcast
+            dist.broadcast(buf, src=0)
+            self.masks[name] = buf.to(torch.bool)
+        self._apply(self.masks)

@@ -1,0 +1,45 @@
+"""GraNet (Liu et al. 2021, "Sparse training via boosting pruning plasticity with
+neuroregeneration").
+
+Gradual magnitude pruning on the cubic schedule of Zhu & Gupta (GraNet Eq. 1)
+
+    s_t = s_f + (s_i - s_f) * (1 - (t - t0) / (n * dt)) ** 3,
+
+plus RigL's neuroregeneration at every update: first prune each tensor by magnitude to density
+``1 - s_t``, then drop a further fraction ``f_decay(t)`` of the remaining weights by magnitude and
+regrow as many where |grad| is largest (cosine-decayed, as RigL). It runs dense-to-sparse
+(``initial_sparsity = 0``) or sparse-to-sparse (e.g. 0.5 -> 0.8 as in the Cerebras runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparsetool.train.algorithms.base import Sparsifier
+from sparsetool.train.algorithms.gmp import ramp
+from sparsetool.train.algorithms.rigl import RigL
+
+__all__ = ["GraNet"]
+
+
+@dataclass(eq=False)
+class GraNet(RigL):
+    """RigL whose sparsity follows GMP's cubic ramp from ``initial_sparsity`` to ``sparsity``."""
+
+    name = "granet"
+    KEYS = RigL.KEYS + ("initial_sparsity",)
+    DEFAULT_INIT = "random"
+
+    initial_sparsity: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_sparsity_value(self.initial_sparsity, "initial_sparsity")
+        self._ramp_end = -1
+
+    def _resolve(self, total_steps: int) -> None:
+        self._ramp_end = ramp(self, float(self.initial_sparsity), total_steps)
+        self._drop_schedule = self._build_drop(self._ramp_end)
+
+    def is_update_step(self, step: int) -> bool:
+        return Sparsifier.is_update_step(self, step) or step == self._ramp_end
