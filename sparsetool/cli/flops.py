@@ -121,9 +121,11 @@ def _count(x: float) -> str:
 def _title(cfg: Any, r: dict) -> str:
     src = "20 tokens/param, Chinchilla" if r["tokens_source"] == "chinchilla" else "given"
     emb = "embeddings counted" if r["embeddings"] else "embeddings excluded"
-    return (f"{cfg.name}: {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads x "
+    kv = f" ({cfg.n_kv_heads} kv)" if cfg.n_kv_heads else ""
+    return (f"{cfg.name}: {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads{kv} x "
             f"{cfg.d_head}, d_ff {cfg.d_ff}{' (SwiGLU)' if cfg.ffn_matrices == 3 else ''}, vocab "
-            f"{cfg.vocab}, seq {cfg.seq_len}; {_count(r['tokens'])} tokens ({src}); {emb}")
+            f"{cfg.vocab}, seq {cfg.seq_len}\n{_count(r['tokens'])} training tokens ({src}), "
+            f"{r['sequences']:.4g} sequences; {emb}")
 
 
 def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: bool,
@@ -136,7 +138,8 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
     r0 = results[0]
     ft = r0["finetune_tokens"] > 0
     if len(results) > 1:
-        t = Table(title=escape(_title(cfg, r0)), title_justify="left")
+        console.print(escape(_title(cfg, r0)), highlight=False, soft_wrap=True)
+        t = Table()
         cols = ["sparsity", "sequences", "train FLOPs/seq", "total FLOPs", "exaFLOPs",
                 "vs dense", "infer FLOPs/token", "non-zero params"]
         if ft:
@@ -173,7 +176,8 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
                        _e(s["train_flops"]), f"{s['train_flops'] / 1e18:.2f}")
         console.print(st)
     label = ("measured " if measured else "effective " if r["stages"] else "") + percent(r["sparsity"], 1)
-    t = Table(title=escape(_title(cfg, r)), title_justify="left")
+    console.print(escape(_title(cfg, r)), highlight=False, soft_wrap=True)
+    t = Table()
     for c, j in (("", "left"), ("dense", "right"), (f"sparse ({label})", "right"),
                  ("sparse/dense", "right"), ("dense/sparse", "right")):
         t.add_column(c, justify=j)
@@ -184,7 +188,7 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
 
     add("forward FLOPs / sequence", r["dense_forward_flops_per_seq"], r["forward_flops_per_seq"])
     add("training FLOPs / sequence", r["dense_train_flops_per_seq"], r["train_flops_per_seq"])
-    add(f"training FLOPs ({r['sequences']:.3e} seqs)", r["dense_total_train_flops"], r["total_train_flops"])
+    add("training FLOPs, all tokens", r["dense_total_train_flops"], r["total_train_flops"])
     add("training exaFLOPs", r["dense_total_train_flops"] / 1e18, r["total_train_flops"] / 1e18,
         lambda x: f"{x:.2f}")
     if ft:

@@ -200,16 +200,18 @@ def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
             f"config '{name}': unknown key(s) {', '.join(unknown)}; "
             f"known keys: {', '.join(sorted(_OWN_FIELDS))}"
         )
+    required = ("n_layers", "d_model", "n_heads", "d_ff", "vocab", "seq_len")
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise ConfigError(f"config '{name}' lacks {', '.join(missing)}; required keys: "
+                          f"{', '.join(required)}")
     kw = dict(d)
     kw.setdefault("name", name)
-    try:
-        kw.setdefault("d_head", int(kw["d_model"]) // int(kw["n_heads"]))
-        return ModelConfig(**kw)
-    except TypeError as e:  # a required key missing
-        raise ConfigError(f"config '{name}': {e}; required keys: n_layers, d_model, n_heads, "
-                          "d_ff, vocab, seq_len") from None
-    except (KeyError, ValueError) as e:
-        raise ConfigError(f"config '{name}': missing or bad key {e}") from None
+    if "d_head" not in kw and isinstance(kw["d_model"], int) and isinstance(kw["n_heads"], int) \
+            and kw["n_heads"] > 0:
+        kw["d_head"] = kw["d_model"] // kw["n_heads"]
+    kw.setdefault("d_head", None)  # n_heads is bad then, and __post_init__ says so first
+    return ModelConfig(**kw)
 
 
 def load_config(path: str | Path) -> ModelConfig:
