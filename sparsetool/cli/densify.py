@@ -1,9 +1,44 @@
-"""`sparsetool densify` (placeholder until implemented)."""
+"""``sparsetool densify``: any sparse encoding back to a plain dense checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
 
 import typer
 
+from sparsetool.cli._output import console, emit_json, failing_cleanly, progress_bar
 
-def densify() -> None:
-    """Not implemented yet."""
-    typer.echo("error: 'densify' is not implemented yet", err=True)
-    raise typer.Exit(1)
+
+def densify(
+    checkpoint: Path = typer.Argument(..., help="A .safetensors file or a Hugging Face model directory."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Where to write (same layout as the input)."),
+    in_place: bool = typer.Option(False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+) -> None:
+    """Write CHECKPOINT as plain dense tensors: pruned weights become 0.0.
+
+    Decodes every encoding (zeros, _mask tensors, NaN sentinels, compressed-tensors bitmask, and
+    mixtures), drops _mask tensors, turns -0.0 into +0.0, and removes a sparsity_config from a
+    carried config.json so loaders see an ordinary dense model.
+
+    Example:
+
+      sparsetool densify model-bitmask/ -o model-dense/
+    """
+    from sparsetool.densify import densify_checkpoint
+
+    if output is None and not in_place:
+        raise typer.BadParameter("give -o OUTPUT (or --in-place to replace the input)", param_hint="-o")
+    with failing_cleanly():
+        with progress_bar(not as_json) as progress:
+            result = densify_checkpoint(checkpoint, output or checkpoint, in_place=in_place,
+                                        progress=progress)
+    if as_json:
+        emit_json(result.to_json())
+        return
+    from rich.markup import escape
+
+    decoded = ", ".join(f"{n} {enc}" for enc, n in sorted(result.decoded.items())) or "none"
+    console.print(f"densified {result.tensors} tensors (decoded: {decoded}); "
+                  f"wrote {escape(str(result.output))}", highlight=False)

@@ -1,9 +1,81 @@
-"""`sparsetool report` (placeholder until implemented)."""
+"""``sparsetool report``: per-tensor sparsity table and summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
 
 import typer
 
+from sparsetool.cli._output import console, emit_json, failing_cleanly, human_bytes, percent, progress_bar
 
-def report() -> None:
-    """Not implemented yet."""
-    typer.echo("error: 'report' is not implemented yet", err=True)
-    raise typer.Exit(1)
+FORMATS = ("rich", "plain", "markdown", "github")
+
+
+def report(
+    checkpoint: Path = typer.Argument(..., help="A .safetensors file or a Hugging Face model directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print {\"tensors\": [...], \"summary\": {...}} on stdout."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw per-tensor sparsity bars into this PNG."),
+    all_tensors: bool = typer.Option(True, "--all/--targeted", help="Show every tensor (default) or only the targeted ones."),
+    fmt: str = typer.Option("rich", "--format", help="Table style: rich, plain, markdown or github."),
+    include: List[str] = typer.Option([], "--include", help="Count tensors matching this glob as targeted (repeatable)."),
+    exclude: List[str] = typer.Option([], "--exclude", help="Do not count tensors matching this glob as targeted (repeatable)."),
+) -> None:
+    """Per-tensor sparsity of CHECKPOINT, with each tensor's role and whether prune targets it.
+
+    The summary gives the sparsity over the targeted tensors AND over all parameters.
+
+    Examples:
+
+      sparsetool report model-75/
+
+      sparsetool report model.safetensors --json | jq .summary
+
+      sparsetool report model-75/ --plot sparsity.png
+    """
+    if fmt not in FORMATS:
+        raise typer.BadParameter(f"choose one of {', '.join(FORMATS)}", param_hint="--format")
+    from sparsetool.report import plot_report, summarize
+
+    with failing_cleanly():
+        with progress_bar(not as_json) as progress:
+            rep = summarize(checkpoint, tuple(include), tuple(exclude), progress=progress)
+        if plot is not None:
+            plot_report(rep, plot)
+    if as_json:
+        emit_json(rep.to_json())
+        return
+    rows = [t for t in rep.tensors if all_tensors or t.targeted]
+    header = ["name", "shape", "dtype", "role", "targeted", "numel", "non-zero", "sparsity"]
+    cells = [[t.name, "x".join(map(str, t.shape)) or "scalar", t.dtype, t.role,
+              "yes" if t.targeted else "", f"{t.numel:,}", f"{t.nonzero:,}", percent(t.sparsity)]
+             for t in rows]
+    s = rep.summary
+    summary = [
+        ("targeted sparsity", f"{percent(s['targeted_sparsity'])} of {s['targeted_numel']:,} "
+                              f"weights in {s['targeted_tensors']} tensors"),
+        ("overall sparsity", f"{percent(s['overall_sparsity'])} of {s['numel']:,} parameters"),
+        ("non-zero parameters", f"{s['nonzero']:,}"),
+        ("bytes on disk", human_bytes(s["bytes"])),
+    ]
+    if fmt == "rich":
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(title=escape(str(checkpoint)), show_lines=False)
+        for i, h in enumerate(header):
+            table.add_column(h, justify="right" if i >= 5 else "left", no_wrap=(i == 0))
+        for c in cells:
+            table.add_row(*[escape(x) for x in c])
+        console.print(table)
+        for k, v in summary:
+            console.print(f"[bold]{k}:[/] {v}", highlight=False)
+    else:
+        from tabulate import tabulate
+
+        typer.echo(tabulate(cells, headers=header, tablefmt={"markdown": "pipe"}.get(fmt, fmt),
+                            disable_numparse=True))
+        for k, v in summary:
+            typer.echo(f"{k}: {v}")
+    if plot is not None:
+        console.print(f"plot: {plot}", highlight=False)

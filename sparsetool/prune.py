@@ -1,0 +1,422 @@
+"""Streaming pruning of a whole checkpoint: ``sparsetool prune``.
+
+The checkpoint never sits in memory: each targeted tensor is read, masked and written on its own.
+Some options need to know something about every tensor before the first byte is written, so the
+work is done in passes over the file (the second read comes from the page cache):
+
+* layer scope, ``--sparsity``, encodings zeros/mask/nan: one pass (read, mask, write);
+* ``--fraction`` or the ``bitmask`` encoding: a first pass counts non-zeros (the bitmask header
+  holds the size of each ``compressed`` tensor, so it must be known before writing);
+* ``--scope global``: a first pass builds |w| histograms to find the one exact threshold
+  (a second, rarely needed, refines it for fp16/fp32), then the writing pass.
+
+Pruning composes: a weight that is already pruned (zero, NaN sentinel, masked or missing from a
+bitmask) is never revived.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from sparsetool import __version__
+from sparsetool.checkpoint import (
+    ENCODINGS,
+    Checkpoint,
+    LogicalTensor,
+    TensorSpec,
+    encode,
+    encoded_specs,
+    open_checkpoint,
+    write_checkpoint,
+)
+from sparsetool.distributions import keep_counts
+from sparsetool.errors import ConfigError, SparsetoolError
+from sparsetool.masks import (
+    MagnitudeHistogram,
+    apply_threshold,
+    check_fraction,
+    check_sparsity,
+    fraction_keep,
+    global_threshold_plan,
+    magnitude_mask,
+    nm_mask,
+    random_mask,
+)
+from sparsetool.targets import input_dim, is_targeted
+
+METHODS = ("magnitude", "random")
+SCOPES = ("layer", "global")
+DISTRIBUTIONS = ("uniform", "erk")
+
+Progress = Callable[[str, int, int], None]
+"""Called as ``progress(stage, done, total)`` after each tensor of a pass."""
+
+
+@dataclass(frozen=True)
+class PruneOptions:
+    """What ``prune`` does; exactly one of ``sparsity``, ``fraction``, ``nm`` sets how much."""
+
+    sparsity: float | None = None
+    fraction: float | None = None
+    nm: tuple[int, int] | None = None
+    method: str = "magnitude"
+    scope: str = "layer"
+    distribution: str = "uniform"
+    seed: int = 0
+    encoding: str = "zeros"
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        given = [o for o, v in (("--sparsity", self.sparsity), ("--fraction", self.fraction),
+                                ("--nm", self.nm)) if v is not None]
+        if len(given) != 1:
+            raise ConfigError(
+                "give exactly one of --sparsity S, --fraction F or --nm N:M "
+                f"(got {', '.join(given) if given else 'none'})"
+            )
+        if self.sparsity is not None:
+            check_sparsity(self.sparsity)
+        if self.fraction is not None:
+            check_fraction(self.fraction)
+        for opt, value, allowed in (("--method", self.method, METHODS),
+                                    ("--scope", self.scope, SCOPES),
+                                    ("--distribution", self.distribution, DISTRIBUTIONS),
+                                    ("--encoding", self.encoding, ENCODINGS)):
+            if value not in allowed:
+                raise ConfigError(f"{opt} {value!r} is not one of: {', '.join(allowed)}")
+        if self.scope == "global" and self.method != "magnitude":
+            raise ConfigError("--scope global ranks weights by magnitude: use --method magnitude")
+        if self.scope == "global" and self.distribution != "uniform":
+            raise ConfigError("--scope global sets each tensor's sparsity itself: "
+                              "drop --distribution erk or use --scope layer")
+        if self.nm is not None:
+            n, m = self.nm
+            if not (0 < n <= m):
+                raise ConfigError(f"--nm {n}:{m}: need 0 < N <= M (keep N of every M weights)")
+            if self.scope == "global" or self.distribution != "uniform":
+                raise ConfigError("--nm N:M is a per-tensor pattern: it takes neither "
+                                  "--scope global nor --distribution erk")
+            if self.method != "magnitude":
+                raise ConfigError("--nm N:M keeps the largest N of every M: use --method magnitude")
+        if self.fraction is not None and self.distribution != "uniform":
+            raise ConfigError("--fraction prunes a share of each tensor's remaining weights: "
+                              "it takes no --distribution")
+
+
+@dataclass
+class TensorResult:
+    name: str
+    shape: tuple[int, ...]
+    numel: int
+    nonzero_before: int
+    nonzero: int
+
+    @property
+    def sparsity(self) -> float:
+        return 1.0 - self.nonzero / self.numel if self.numel else 0.0
+
+
+@dataclass
+class PruneResult:
+    output: Path
+    options: PruneOptions
+    tensors: list[TensorResult] = field(default_factory=list)
+
+    @property
+    def numel(self) -> int:
+        return sum(t.numel for t in self.tensors)
+
+    @property
+    def nonzero(self) -> int:
+        return sum(t.nonzero for t in self.tensors)
+
+    @property
+    def targeted_sparsity(self) -> float:
+        return 1.0 - self.nonzero / self.numel if self.numel else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "output": str(self.output),
+            "options": _options_record(self.options),
+            "tensors": [
+                {"name": t.name, "shape": list(t.shape), "numel": t.numel,
+                 "nonzero_before": t.nonzero_before, "nonzero": t.nonzero,
+                 "sparsity": t.sparsity}
+                for t in self.tensors
+            ],
+            "summary": {"targeted_tensors": len(self.tensors), "targeted_numel": self.numel,
+                        "targeted_nonzero": self.nonzero,
+                        "targeted_sparsity": self.targeted_sparsity},
+        }
+
+
+def _options_record(opts: PruneOptions) -> dict:
+    rec = asdict(opts)
+    rec["nm"] = f"{opts.nm[0]}:{opts.nm[1]}" if opts.nm else None
+    rec["include"], rec["exclude"] = list(opts.include), list(opts.exclude)
+    return rec
+
+
+def targeted_tensors(ckpt: Checkpoint, include: Sequence[str] = (),
+                     exclude: Sequence[str] = ()) -> list[LogicalTensor]:
+    """The logical tensors ``prune`` would change, in file order."""
+    return [lt for lt in ckpt.logical if is_targeted(lt.name, lt.shape, lt.dtype, include, exclude)]
+
+
+def _existing(ckpt: Checkpoint, lt: LogicalTensor, *,
+              refuse_nan: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dense values, kept mask). Without an encoding, a zero already counts as pruned.
+
+    A plain tensor holding NaN reads as the ``nan`` encoding (NaN = pruned). With ``refuse_nan``
+    that is an error instead: writing NaN sentinels into a tensor whose NaNs were not written as
+    sentinels would make them indistinguishable.
+    """
+    dense, mask = ckpt.read(lt)
+    if refuse_nan and mask is not None and lt.encoding == "plain":
+        raise SparsetoolError(
+            f"{ckpt.path}: tensor {lt.name!r} already holds NaN, so the nan encoding would make "
+            "its NaNs indistinguishable from pruned weights; pick --encoding zeros or mask, or "
+            "fix the NaN values first"
+        )
+    if mask is None:
+        mask = dense != 0
+    else:
+        mask = mask & (dense != 0)
+    return dense, mask
+
+
+def _recorded_nan_encoding(ckpt: Checkpoint) -> bool:
+    if not ckpt.shards:
+        return False
+    try:
+        record = json.loads(ckpt.metadata(ckpt.shards[0]).get("sparsetool", "{}"))
+    except ValueError:
+        return False
+    return isinstance(record, dict) and record.get("encoding") == "nan"
+
+
+def _count_nonzero(t: torch.Tensor) -> int:
+    return int(torch.count_nonzero(t))
+
+
+def sparsetool_metadata(ckpt: Checkpoint, record: dict) -> dict[str, str]:
+    """The ``sparsetool`` metadata entry: this step, after any earlier steps the input recorded."""
+    history: list = []
+    previous = ckpt.metadata(ckpt.shards[0]).get("sparsetool") if ckpt.shards else None
+    if previous:
+        try:
+            old = json.loads(previous)
+            history = list(old.get("history", [])) + [{k: v for k, v in old.items()
+                                                        if k != "history"}]
+        except (ValueError, AttributeError):
+            history = []
+    entry = {**record, "version": __version__}
+    if history:
+        entry["history"] = history
+    return {"sparsetool": json.dumps(entry, sort_keys=True)}
+
+
+class _Planner:
+    """Decides each targeted tensor's mask. Layer scope needs nothing global; the rest is
+    prepared by :meth:`prepare` in a first pass."""
+
+    def __init__(self, ckpt: Checkpoint, targets: list[LogicalTensor], opts: PruneOptions,
+                 progress: Progress | None):
+        self.ckpt, self.targets, self.opts, self.progress = ckpt, targets, opts, progress
+        self.keep: dict[str, int] = {}
+        self.plan: dict | None = None
+        self.nonzero_after: dict[str, int] = {}
+        self.nonzero_before: dict[str, int] = {}
+        # NaN already in the input is a sentinel only if the input says it was written as one.
+        self.refuse_nan = opts.encoding == "nan" and not _recorded_nan_encoding(ckpt)
+        if opts.sparsity is not None and opts.scope == "layer":
+            shapes = {lt.name: tuple(lt.shape) for lt in targets}
+            self.keep = keep_counts(shapes, opts.sparsity, opts.distribution)
+
+    @property
+    def needs_first_pass(self) -> bool:
+        o = self.opts
+        return o.fraction is not None or o.scope == "global" or o.encoding == "bitmask"
+
+    def prepare(self) -> None:
+        o = self.opts
+        hists: list = []
+        total_nnz = 0
+        for i, lt in enumerate(self.targets):
+            dense, existing = _existing(self.ckpt, lt)
+            nnz = _count_nonzero(existing)
+            self.nonzero_before[lt.name] = nnz
+            total_nnz += nnz
+            if o.scope == "global":
+                hists.append(MagnitudeHistogram.of(dense, existing))
+            elif o.fraction is not None:
+                self.keep[lt.name] = fraction_keep(nnz, o.fraction)
+            if o.encoding == "bitmask" and o.scope == "layer":
+                # The compressed size goes into the header, so count the result now.
+                self.nonzero_after[lt.name] = _count_nonzero(self._mask(lt, dense, existing))
+            if self.progress:
+                self.progress("scan", i + 1, len(self.targets))
+        if o.scope == "global":
+            numel = sum(lt.numel for lt in self.targets)
+            if o.fraction is not None:
+                total_keep = fraction_keep(total_nnz, o.fraction)
+            else:
+                total_keep = numel - round(o.sparsity * numel)
+            self.plan = self._global_plan(hists, total_keep)
+            if o.encoding == "bitmask":
+                for lt in self.targets:
+                    dense, existing = _existing(self.ckpt, lt)
+                    self.nonzero_after[lt.name] = _count_nonzero(self._mask(lt, dense, existing))
+
+    def _global_plan(self, hists: list, total_keep: int):
+        plan = global_threshold_plan(hists, total_keep)
+        if not plan.done:
+            # The boundary bucket holds distinct fp16/fp32 values: re-read only the tensors that
+            # have entries in it.
+            fine = {}
+            for i in plan.refine:
+                dense, existing = _existing(self.ckpt, self.targets[i])
+                fine[i] = MagnitudeHistogram.of(dense, existing, refine=plan.refine_bucket)
+                if self.progress:
+                    self.progress("refine", len(fine), len(plan.refine))
+            plan = global_threshold_plan(hists, total_keep, refined=fine)
+        return plan
+
+    def _mask(self, lt: LogicalTensor, dense: torch.Tensor, existing: torch.Tensor) -> torch.Tensor:
+        o = self.opts
+        if o.nm is not None:
+            n, m = o.nm
+            try:
+                return nm_mask(dense, n, m, dim=input_dim(lt.name, lt.shape), existing=existing)
+            except SparsetoolError as e:
+                raise SparsetoolError(f"tensor {lt.name!r} {list(lt.shape)}: {e}") from None
+        if o.scope == "global":
+            index = self._index[lt.name]
+            return apply_threshold(dense, self.plan.tensors[index], existing)
+        keep = self.keep.get(lt.name)
+        if keep is None:  # --fraction without a first pass cannot happen; layer --sparsity
+            keep = lt.numel - round(o.sparsity * lt.numel)
+        if o.method == "random":
+            gen = torch.Generator().manual_seed(_tensor_seed(o.seed, lt.name))
+            return random_mask(tuple(lt.shape), keep=keep, existing=existing, generator=gen)
+        return magnitude_mask(dense, keep=keep, existing=existing)
+
+    @property
+    def _index(self) -> dict[str, int]:
+        if not hasattr(self, "_index_cache"):
+            self._index_cache = {lt.name: i for i, lt in enumerate(self.targets)}
+        return self._index_cache
+
+    def mask(self, lt: LogicalTensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        dense, existing = _existing(self.ckpt, lt, refuse_nan=self.refuse_nan)
+        mask = self._mask(lt, dense, existing)
+        before = self.nonzero_before.get(lt.name)
+        if before is None:
+            before = _count_nonzero(existing)
+        return dense, mask, before
+
+
+def _spec(ckpt: Checkpoint, name: str) -> TensorSpec:
+    e = ckpt.entry(name)
+    return TensorSpec(name, e.dtype, tuple(e.shape))
+
+
+def _tensor_seed(seed: int, name: str) -> int:
+    """A per-tensor seed that depends only on (seed, name): same masks whatever the file order."""
+    import zlib
+
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63 - 1)
+
+
+def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
+                     in_place: bool = False, progress: Progress | None = None) -> PruneResult:
+    """Prune the targeted tensors of checkpoint ``src`` into ``out`` (same layout), streaming."""
+    opts.validate()
+    ckpt = open_checkpoint(src)
+    targets = targeted_tensors(ckpt, opts.include, opts.exclude)
+    if not targets:
+        raise SparsetoolError(
+            f"{src}: no tensor is targeted (attention/FFN weights inside transformer blocks); "
+            "name the tensors with --include GLOB, or run 'sparsetool report' to see the roles"
+        )
+    _check_name_clashes(ckpt, targets, opts.encoding)
+    planner = _Planner(ckpt, targets, opts, progress)
+    if planner.needs_first_pass:
+        planner.prepare()
+
+    target_names = {lt.name for lt in targets}
+    result = PruneResult(output=Path(out), options=opts)
+    metadata = sparsetool_metadata(ckpt, {"command": "prune", **_options_record(opts)})
+    done = 0
+    with write_checkpoint(ckpt, Path(out), in_place=in_place, metadata_extra=metadata) as writer:
+        for shard in ckpt.shards:
+            tensors = ckpt.logical_in(shard)
+            specs: list[TensorSpec] = []
+            for lt in tensors:
+                if lt.name in target_names:
+                    nnz = planner.nonzero_after.get(lt.name, 0)
+                    specs += encoded_specs(lt.name, lt.dtype, tuple(lt.shape), nnz, opts.encoding)
+                else:
+                    specs += [_spec(ckpt, name) for name in lt.stored]
+            with writer.shard(shard, specs) as sw:
+                for lt in tensors:
+                    if lt.name not in target_names:
+                        for name in lt.stored:
+                            sw.copy_stored(name, ckpt, name)
+                        continue
+                    dense, mask, before = planner.mask(lt)
+                    dense = dense.masked_fill(~mask, 0.0)
+                    nonzero = _count_nonzero(dense)
+                    for name, tensor in encode(lt.name, dense, mask, opts.encoding):
+                        sw.write(name, tensor)
+                    result.tensors.append(TensorResult(lt.name, tuple(lt.shape), lt.numel,
+                                                       before, nonzero))
+                    done += 1
+                    if progress:
+                        progress("prune", done, len(targets))
+    return result
+
+
+def _check_name_clashes(ckpt: Checkpoint, targets: list[LogicalTensor], encoding: str) -> None:
+    """An encoding must not write a name that another tensor of the checkpoint already uses."""
+    target_names = {lt.name for lt in targets}
+    taken: dict[str, str] = {}
+    for lt in ckpt.logical:
+        if lt.name in target_names:
+            continue
+        for name in lt.stored:
+            taken[name] = lt.name
+    for lt in targets:
+        for spec in encoded_specs(lt.name, lt.dtype, tuple(lt.shape), 0, encoding):
+            if spec.name in taken:
+                raise SparsetoolError(
+                    f"{ckpt.path}: encoding {encoding!r} of {lt.name!r} would write "
+                    f"{spec.name!r}, but the checkpoint already holds a tensor of that name; "
+                    "rename or drop it, exclude the weight with --exclude, or pick another --encoding"
+                )
+
+
+def parse_nm(text: str) -> tuple[int, int]:
+    """``"2:4"`` -> ``(2, 4)``.
+
+    >>> parse_nm("2:4")
+    (2, 4)
+    """
+    try:
+        n, m = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ConfigError(f"--nm {text!r}: expected N:M with integers, e.g. 2:4 "
+                          "(keep 2 of every 4 weights)") from None
+    if not (0 < n <= m):
+        raise ConfigError(f"--nm {text}: need 0 < N <= M (keep N of every M weights)")
+    return n, m
+
+
+__all__ = ["PruneOptions", "PruneResult", "TensorResult", "prune_checkpoint", "parse_nm",
+           "targeted_tensors", "sparsetool_metadata"]

@@ -1,0 +1,144 @@
+"""Per-tensor sparsity of a checkpoint: ``sparsetool report``.
+
+Two sparsities are reported because they answer different questions: over the *targeted* tensors
+(what the pruning recipe achieved) and over *all* parameters (what the file holds; embeddings and
+the head dilute it). Reading is streaming: one tensor at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from sparsetool.checkpoint import Checkpoint, LogicalTensor, open_checkpoint
+from sparsetool.targets import is_targeted, role
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class TensorRow:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    role: str
+    targeted: bool
+    numel: int
+    nonzero: int
+    encoding: str
+    bytes: int
+
+    @property
+    def sparsity(self) -> float:
+        return 1.0 - self.nonzero / self.numel if self.numel else 0.0
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        d["sparsity"] = self.sparsity
+        return d
+
+
+@dataclass
+class Report:
+    path: Path
+    tensors: list[TensorRow] = field(default_factory=list)
+    bytes_on_disk: int = 0
+
+    def _sum(self, attr: str, targeted_only: bool) -> int:
+        return sum(getattr(t, attr) for t in self.tensors
+                   if t.dtype in _FLOAT_NAMES and (t.targeted or not targeted_only))
+
+    @property
+    def summary(self) -> dict:
+        numel, nonzero = self._sum("numel", False), self._sum("nonzero", False)
+        t_numel, t_nonzero = self._sum("numel", True), self._sum("nonzero", True)
+        return {
+            "targeted_sparsity": 1.0 - t_nonzero / t_numel if t_numel else 0.0,
+            "overall_sparsity": 1.0 - nonzero / numel if numel else 0.0,
+            "numel": numel,
+            "nonzero": nonzero,
+            "targeted_numel": t_numel,
+            "targeted_nonzero": t_nonzero,
+            "targeted_tensors": sum(1 for t in self.tensors if t.targeted),
+            "tensors": len(self.tensors),
+            "bytes": self.bytes_on_disk,
+        }
+
+    def to_json(self) -> dict:
+        return {"tensors": [t.to_json() for t in self.tensors], "summary": self.summary}
+
+
+_FLOAT_NAMES = {"float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2"}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def count_nonzero(ckpt: Checkpoint, lt: LogicalTensor) -> int:
+    """Non-zero, non-pruned entries of one logical tensor (NaN sentinels and masked count as 0)."""
+    if not lt.dtype.is_floating_point:
+        return int(torch.count_nonzero(ckpt.read_stored(lt.stored[0])))
+    dense, mask = ckpt.read(lt)
+    if lt.dtype.itemsize == 2 and mask is None:
+        # Zero test on the bit pattern ignores the sign (-0.0 is a zero) and is much faster
+        # than a float comparison on bf16.
+        return int(torch.count_nonzero(dense.view(torch.int16) & 0x7FFF))
+    nz = dense != 0
+    if mask is not None:
+        nz &= mask
+    return int(torch.count_nonzero(nz))
+
+
+def summarize(path: str | Path, include: Sequence[str] = (), exclude: Sequence[str] = (), *,
+              progress: Progress | None = None) -> Report:
+    """Read every tensor of the checkpoint at ``path`` once and count its non-zeros."""
+    ckpt = open_checkpoint(path)
+    report = Report(path=Path(path), bytes_on_disk=ckpt.nbytes_on_disk)
+    total = len(ckpt.logical)
+    for i, lt in enumerate(ckpt.logical):
+        shape = tuple(lt.shape)
+        report.tensors.append(TensorRow(
+            name=lt.name, shape=shape, dtype=dtype_name(lt.dtype), role=role(lt.name, shape),
+            targeted=is_targeted(lt.name, shape, lt.dtype, include, exclude),
+            numel=lt.numel, nonzero=count_nonzero(ckpt, lt), encoding=lt.encoding,
+            bytes=lt.nbytes,
+        ))
+        if progress:
+            progress("report", i + 1, total)
+    return report
+
+
+def plot_report(report: Report, out: str | Path) -> Path:
+    """Per-tensor sparsity bars of the targeted tensors (all tensors if none is targeted)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [t for t in report.tensors if t.targeted] or report.tensors
+    height = max(3.0, 0.18 * len(rows) + 1.5)
+    fig, ax = plt.subplots(figsize=(9, height))
+    colours = {"qkv": "tab:blue", "attn_out": "tab:cyan", "ffn_in": "tab:orange",
+               "ffn_out": "tab:red"}
+    ax.barh(range(len(rows)), [100 * t.sparsity for t in rows],
+            color=[colours.get(t.role, "tab:gray") for t in rows])
+    ax.set_yticks(range(len(rows)), [t.name for t in rows], fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("sparsity (% zeros)")
+    s = report.summary
+    ax.set_title(f"{report.path.name}: targeted {100 * s['targeted_sparsity']:.2f}%, "
+                 f"overall {100 * s['overall_sparsity']:.2f}%")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+    ax.legend(handles, list(colours), loc="lower right", fontsize=7)
+    fig.tight_layout()
+    out = Path(out)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

@@ -1,0 +1,54 @@
+"""Small real checkpoints made on the fly (nothing is downloaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+
+def gpt2_like_state(n_layer: int = 2, d: int = 16, vocab: int = 64, seed: int = 0,
+                    dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Tensors named like Hugging Face GPT-2 (Conv1D weights stored (in, out))."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    state = {"transformer.wte.weight": r(vocab, d), "transformer.wpe.weight": r(32, d)}
+    for i in range(n_layer):
+        p = f"transformer.h.{i}."
+        state |= {
+            p + "ln_1.weight": torch.ones(d, dtype=dtype), p + "ln_1.bias": torch.zeros(d, dtype=dtype),
+            p + "attn.c_attn.weight": r(d, 3 * d), p + "attn.c_attn.bias": r(3 * d),
+            p + "attn.c_proj.weight": r(d, d), p + "attn.c_proj.bias": r(d),
+            p + "ln_2.weight": torch.ones(d, dtype=dtype), p + "ln_2.bias": torch.zeros(d, dtype=dtype),
+            p + "mlp.c_fc.weight": r(d, 4 * d), p + "mlp.c_fc.bias": r(4 * d),
+            p + "mlp.c_proj.weight": r(4 * d, d), p + "mlp.c_proj.bias": r(d),
+        }
+    state["transformer.ln_f.weight"] = torch.ones(d, dtype=dtype)
+    state["transformer.ln_f.bias"] = torch.zeros(d, dtype=dtype)
+    return state
+
+
+TARGET_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def is_gpt2_target(name: str) -> bool:
+    return name.endswith(TARGET_SUFFIXES)
+
+
+@pytest.fixture
+def gpt2_file(tmp_path: Path) -> Path:
+    path = tmp_path / "model.safetensors"
+    save_file(gpt2_like_state(), str(path), metadata={"format": "pt"})
+    return path
+
+
+@pytest.fixture
+def gpt2_bf16_file(tmp_path: Path) -> Path:
+    path = tmp_path / "model-bf16.safetensors"
+    save_file(gpt2_like_state(dtype=torch.bfloat16), str(path), metadata={"format": "pt"})
+    return path
