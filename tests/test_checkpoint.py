@@ -413,3 +413,16 @@ def test_drop_sparsity_config_variants():
                                     "sparsity_config": {"format": "sparse-bitmask"}}}
     assert "config_groups" in drop_sparsity_config(keep)["quantization_config"]
     assert "sparsity_config" in keep["quantization_config"]  # input not modified
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_nan_detection_is_exact_for_infinities_and_overflow(tmp_path, dtype):
+    big = torch.full((4, 4), 60000.0, dtype=dtype)  # the fp16 sum overflows to inf: no NaN though
+    infs = torch.tensor([[float("inf"), -float("inf")], [1.0, 2.0]], dtype=dtype)  # sum is NaN
+    one_nan = torch.tensor([[float("inf"), float("nan")], [1.0, -float("inf")]], dtype=dtype)
+    save_file({"big": big, "infs": infs, "one_nan": one_nan}, tmp_path / "m.safetensors")
+    ck = open_checkpoint(tmp_path / "m.safetensors")
+    got = {lt.name: ck.read(lt) for lt in ck.logical}
+    assert got["big"][1] is None and torch.equal(got["big"][0], big)
+    assert got["infs"][1] is None and torch.equal(got["infs"][0], infs)
+    assert got["one_nan"][1].tolist() == [[True, False], [True, True]]
