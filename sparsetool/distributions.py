@@ -1,0 +1,133 @@
+"""Per-tensor keep counts for a target sparsity: uniform and Erdos-Renyi-Kernel (ERK).
+
+Every distribution has one signature, ``f(shapes, sparsity) -> {name: keep}``, and is found by name
+in :data:`DISTRIBUTIONS` (:func:`keep_counts`). Counts are integers and exact: the ERK total equals
+the uniform total, ``sum(numel - round(sparsity * numel))``. No torch needed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+from sparsetool.errors import ConfigError, SparsetoolError
+
+__all__ = ["uniform_keep", "erk_keep", "keep_counts", "DISTRIBUTIONS"]
+
+
+def _check(sparsity: float) -> float:
+    if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0 <= sparsity <= 1:
+        raise SparsetoolError(
+            f"sparsity must be a number from 0 to 1 (the fraction of weights set to zero), got {sparsity!r}"
+        )
+    return float(sparsity)
+
+
+def uniform_keep(numels: Mapping[str, int], sparsity: float) -> dict[str, int]:
+    """The same sparsity in every tensor: keep ``numel - round(sparsity * numel)`` of each.
+
+    >>> uniform_keep({"a": 10, "b": 3}, 0.5)
+    {'a': 5, 'b': 1}
+    """
+    s = _check(sparsity)
+    return {name: int(n) - round(s * int(n)) for name, n in numels.items()}
+
+
+def erk_keep(
+    shapes: Mapping[str, tuple[int, ...]], sparsity: float, *, power_scale: float = 1.0
+) -> dict[str, int]:
+    """Erdos-Renyi-Kernel keep counts (Evci et al. 2020, "Rigging the Lottery", Section 3 and
+    Appendix; the Erdos-Renyi form is Mocanu et al. 2018, SET).
+
+    The density of tensor l is ``d_l = eps * (sum(shape_l) / prod(shape_l)) ** power_scale``
+    (for a linear layer (out, in): ``eps * (1/in + 1/out)``, so small layers are denser), with the
+    one ``eps`` that makes ``sum_l d_l * numel_l`` equal the uniform total kept
+    ``K = sum_l (numel_l - round(sparsity * numel_l))``. A tensor whose density would pass 1 is
+    made dense and ``eps`` is solved again over the rest, until none passes 1 (RigL's procedure).
+    The real-valued counts ``d_l * numel_l`` are rounded by largest remainder (ties to the earlier
+    tensor), so the total is exactly ``K``. ``power_scale`` 0 gives uniform densities.
+
+    >>> erk_keep({"small": (4, 4), "big": (64, 64)}, 0.9)
+    {'small': 16, 'big': 396}
+    >>> sum(erk_keep({"a": (8, 32), "b": (32, 8), "c": (32, 32)}, 0.8).values())
+    307
+    """
+    s = _check(sparsity)
+    numel = {name: math.prod(int(x) for x in shape) for name, shape in shapes.items()}
+    target = sum(uniform_keep(numel, s).values())
+    raw: dict[str, float] = {}
+    for name, shape in shapes.items():
+        if numel[name] == 0:
+            raw[name] = 0.0
+        else:
+            raw[name] = (sum(int(x) for x in shape) / numel[name]) ** power_scale
+    dense: set[str] = set()
+    real: dict[str, float] = {}
+    while True:
+        free = [n for n in shapes if n not in dense and numel[n] > 0]
+        budget = target - sum(numel[n] for n in dense)
+        divisor = sum(raw[n] * numel[n] for n in free)
+        eps = budget / divisor if divisor > 0 else 0.0
+        over = [n for n in free if eps * raw[n] > 1.0]
+        if not over:
+            break
+        top = max(raw[n] for n in over)  # RigL densifies the layers with the largest raw density
+        dense.update(n for n in over if raw[n] == top)
+    for name in shapes:
+        real[name] = float(numel[name]) if name in dense else min(eps * raw[name] * numel[name], numel[name])
+    return _largest_remainder(real, numel, target)
+
+
+def _largest_remainder(real: Mapping[str, float], cap: Mapping[str, int], target: int) -> dict[str, int]:
+    """Integers near ``real`` summing to ``target``, each within [0, cap]."""
+    out = {n: min(cap[n], max(0, math.floor(v))) for n, v in real.items()}
+    short = target - sum(out.values())
+    order = sorted(real, key=lambda n: -(real[n] - math.floor(real[n])))  # stable: earlier first
+    while short != 0:
+        moved = False
+        for n in order if short > 0 else reversed(order):
+            if short > 0 and out[n] < cap[n]:
+                out[n] += 1
+                short -= 1
+                moved = True
+            elif short < 0 and out[n] > 0:
+                out[n] -= 1
+                short += 1
+                moved = True
+            if short == 0:
+                break
+        if not moved:
+            raise AssertionError("cannot reach the target count")  # target <= sum(cap) always
+    return out
+
+
+def _uniform_from_shapes(shapes: Mapping[str, tuple[int, ...]], sparsity: float) -> dict[str, int]:
+    return uniform_keep({n: math.prod(int(x) for x in s) for n, s in shapes.items()}, sparsity)
+
+
+DISTRIBUTIONS: dict[str, Callable[[Mapping[str, tuple[int, ...]], float], dict[str, int]]] = {
+    "uniform": _uniform_from_shapes,
+    "erk": erk_keep,
+}
+"""Name -> ``f(shapes, sparsity) -> {name: keep}``."""
+
+
+def keep_counts(
+    shapes: Mapping[str, tuple[int, ...]], sparsity: float, distribution: str = "uniform"
+) -> dict[str, int]:
+    """Keep counts of each tensor under the named distribution (``uniform`` or ``erk``).
+
+    >>> keep_counts({"a": (2, 5)}, 0.5, "uniform")
+    {'a': 5}
+    >>> keep_counts({"a": (2, 5)}, 0.5, "dense")
+    Traceback (most recent call last):
+    ...
+    sparsetool.errors.ConfigError: unknown distribution 'dense'; choose one of: uniform, erk
+    """
+    try:
+        f = DISTRIBUTIONS[distribution]
+    except KeyError:
+        raise ConfigError(
+            f"unknown distribution {distribution!r}; choose one of: {', '.join(DISTRIBUTIONS)}"
+        ) from None
+    return f(shapes, sparsity)

@@ -1,0 +1,244 @@
+"""Which tensors of a checkpoint are pruned, and what each one is (its *role*).
+
+A role is read from the tensor's full name (and, where the name is not enough, its shape). The
+default targets are the weight matrices of the attention projections and the feed-forward layers
+inside the transformer blocks, as in the SPDF paper (Thangarasa et al. 2023, Section 3: "we sparsify
+all the weights in the transformer blocks ... except the embeddings, layer norms and biases") and
+Cerebras' sparsity library. Namings recognised: GPT-2, GPT-J, GPT-NeoX/Pythia, Bloom/Falcon,
+Llama/Mistral/Qwen2/Gemma/Mixtral, OPT, BERT/RoBERTa, DistilBERT, T5, Phi, Cerebras Model Zoo GPT
+and sparsetool's own GPT.
+
+This module does not import torch: ``dtype`` may be a safetensors dtype string (``"BF16"``), a
+torch-style name (``"bfloat16"``, ``"torch.bfloat16"``) or a ``torch.dtype``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["ROLES", "LINEAR_ROLES", "role", "is_targeted", "is_floating", "input_dim"]
+
+ROLES = (
+    "qkv", "attn_out", "ffn_in", "ffn_out", "embedding", "position", "norm", "bias", "head", "other",
+)
+"""Every value :func:`role` returns."""
+
+LINEAR_ROLES = ("qkv", "attn_out", "ffn_in", "ffn_out")
+"""The roles pruned by default."""
+
+# Trailing components that name a parameter of a module rather than the module itself.
+_PARAM_NAMES = {
+    "weight", "bias", "gamma", "beta", "g", "b", "scale", "kernel", "embedding",
+    "in_proj_weight", "in_proj_bias", "weight_orig",
+    # compressed-tensors "sparse-bitmask" parts: the role is the module's
+    "compressed", "bitmask", "shape", "row_offsets",
+}
+_BIAS_PARAMS = {"bias", "beta", "b", "in_proj_bias"}
+
+_POSITION = {
+    "wpe", "pos_emb", "pos_embed", "pos_embedding", "embed_positions", "position_embeddings",
+    "position_embedding", "rotary_emb", "rotary_embedding", "relative_attention_bias",
+    "embed_pos", "positional_embedding",
+}
+_EMBEDDING = {
+    "wte", "tok_emb", "tok_embeddings", "token_embedding", "embed_tokens", "word_embeddings",
+    "token_type_embeddings", "embed_in", "embeddings", "embedding", "shared", "embedding_layer",
+    "word_embedding",
+}
+_HEAD = {"lm_head", "embed_out", "head", "classifier", "score", "qa_outputs", "output_layer"}
+
+# Leaf module names whose role does not depend on where they sit.
+_LEAF_ROLES = {
+    # fused or separate query/key/value
+    **dict.fromkeys(
+        ["q_proj", "k_proj", "v_proj", "query", "key", "value", "query_key_value", "c_attn",
+         "qkv", "qkv_proj", "wqkv", "w_pack", "wq", "wk", "wv", "q_lin", "k_lin", "v_lin",
+         "proj_q_dense_layer", "proj_k_dense_layer", "proj_v_dense_layer", "q", "k", "v",
+         "q_attn", "in_proj"], "qkv"),
+    # attention output
+    **dict.fromkeys(["o_proj", "out_proj", "out_lin", "o", "proj_output_dense_layer"], "attn_out"),
+    # feed-forward in (up, gate, fc1)
+    **dict.fromkeys(
+        ["gate_proj", "up_proj", "gate_up_proj", "c_fc", "c_fc2", "fc1", "fc_in", "dense_h_to_4h",
+         "w1", "w3", "wi", "wi_0", "wi_1", "lin1", "linear_layer_for_glu", "fc"], "ffn_in"),
+    # feed-forward out (down, fc2)
+    **dict.fromkeys(["down_proj", "fc2", "fc_out", "dense_4h_to_h", "w2", "lin2"], "ffn_out"),
+}
+# Leaf names that are the attention output inside attention and the FFN output elsewhere.
+_CONTEXTUAL_OUT = {"c_proj", "proj", "dense", "wo"}
+
+_ATTN_RE = re.compile(r"attn|attention", re.IGNORECASE)
+_NORM_RE = re.compile(r"norm|^ln(_?[0-9a-z]*)?$", re.IGNORECASE)
+# GPT-2 (and its descendants that kept transformers.pytorch_utils.Conv1D) store (in, out).
+_CONV1D_RE = re.compile(
+    r"(^|\.)h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj|"
+    r"crossattention\.c_attn|crossattention\.q_attn|crossattention\.c_proj)\.weight$"
+)
+
+_FLOATING = {
+    "F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E4M3FN", "F8_E5M2FNUZ", "F8_E4M3FNUZ",
+    "FLOAT64", "FLOAT32", "FLOAT16", "BFLOAT16", "DOUBLE", "FLOAT", "HALF",
+    "FLOAT8_E4M3FN", "FLOAT8_E5M2", "FLOAT8_E4M3FNUZ", "FLOAT8_E5M2FNUZ",
+}
+
+
+def _split(name: str) -> tuple[list[str], str | None]:
+    """(module components, parameter name or None)."""
+    parts = name.split(".")
+    if len(parts) > 1 and parts[-1] in _PARAM_NAMES:
+        return parts[:-1], parts[-1]
+    return parts, None
+
+
+def _in_block(modules: list[str]) -> bool:
+    """True if the path has a layer index (``h.3``, ``layers.3``, ``blocks.3``, ``layer.3``)."""
+    return any(p.isdigit() for p in modules)
+
+
+def role(name: str, shape: tuple[int, ...] | Sequence[int] = ()) -> str:
+    """The role of tensor ``name``: one of :data:`ROLES`.
+
+    Rules, first match wins: a ``_mask`` side tensor is ``other``; a bias (``.bias``, ``.beta``,
+    ``masked_bias``...) is ``bias``; a module named like a norm (``ln_1``, ``ln_f``, ``norm1``,
+    ``LayerNorm``, ``input_layernorm``...) is ``norm``; position tables (``wpe``, ``pos_emb``,
+    ``embed_positions``, ``position_embeddings``, ``rotary_emb``...) are ``position``; token
+    embeddings (``wte``, ``embed_tokens``, ``word_embeddings``, ``embed_in``...) are ``embedding``;
+    the output layer (``lm_head``, ``embed_out``, ``head``, ``cls.predictions.decoder``) is ``head``.
+    Linear roles need a layer index in the name (``h.0``, ``layers.0``, ``layer.0``, ``blocks.0``),
+    so a BERT pooler or a stray projection is ``other``. Names that mean different things in
+    different places are read in context: ``c_proj``/``proj``/``dense``/``wo`` are ``attn_out``
+    under an attention module and ``ffn_out`` elsewhere; BERT's ``intermediate.dense`` is
+    ``ffn_in``; the Cerebras Model Zoo ``ffn.ffn.0.linear_layer`` is ``ffn_in`` and
+    ``ffn.ffn.K.linear_layer`` (K > 0) is ``ffn_out``. A linear role on a tensor with fewer than
+    two dimensions (a per-channel scale, say) is ``other``.
+
+    >>> role("transformer.h.0.attn.c_attn.weight", (768, 2304))
+    'qkv'
+    >>> role("bert.encoder.layer.3.attention.output.dense.weight", (768, 768))
+    'attn_out'
+    >>> role("bert.encoder.layer.3.output.dense.weight", (768, 3072))
+    'ffn_out'
+    >>> role("model.embed_tokens.weight", (32000, 4096))
+    'embedding'
+    """
+    shape = tuple(shape)
+    modules, param = _split(name)
+    leaf = modules[-1]
+    if leaf.endswith("_mask") or (param is None and name.endswith("_mask")):
+        return "other"
+    if param in _BIAS_PARAMS or (param is None and (leaf == "bias" or leaf.endswith("_bias"))):
+        if leaf != "relative_attention_bias":
+            return "bias"
+    if _NORM_RE.search(leaf):
+        return "norm"
+    lower = [p.lower() for p in modules]
+    if any(p in _POSITION for p in lower):
+        return "position"
+    if any(p in _EMBEDDING for p in lower):
+        return "embedding"
+    if (
+        any(p in _HEAD for p in lower)
+        or ".".join(lower).endswith("cls.predictions.decoder")
+        or lower == ["output"]  # Meta's original Llama checkpoints
+    ):
+        return "head"
+    found = _linear_role(modules, param)
+    if found is None or not _in_block(modules):
+        return "other"
+    if len(shape) == 1 or (shape == () and param in ("scale", "g")):
+        return "other"
+    return found
+
+
+def _linear_role(modules: list[str], param: str | None) -> str | None:
+    leaf = modules[-1].lower()
+    parent = modules[-2].lower() if len(modules) > 1 else ""
+    in_attention = any(_ATTN_RE.search(p) for p in modules[:-1]) or bool(_ATTN_RE.search(leaf))
+    if param == "in_proj_weight":  # torch.nn.MultiheadAttention keeps q, k, v in one parameter
+        return "qkv"
+    if leaf == "linear_layer" and parent.isdigit():  # Cerebras Model Zoo FeedForwardNetwork
+        return "ffn_in" if parent == "0" else "ffn_out"
+    if leaf in _LEAF_ROLES:
+        return _LEAF_ROLES[leaf]
+    if leaf == "dense" and parent == "intermediate":  # BERT
+        return "ffn_in"
+    if leaf in _CONTEXTUAL_OUT:
+        return "attn_out" if in_attention else "ffn_out"
+    return None
+
+
+def is_floating(dtype: Any) -> bool:
+    """True for floating dtypes, given as safetensors strings, torch names or ``torch.dtype``.
+
+    >>> is_floating("BF16"), is_floating("torch.float32"), is_floating("I64"), is_floating("BOOL")
+    (True, True, False, False)
+    """
+    text = str(dtype).upper()
+    if text.startswith("TORCH."):
+        text = text[len("TORCH."):]
+    return text in _FLOATING
+
+
+def is_targeted(
+    name: str,
+    shape: tuple[int, ...] | Sequence[int],
+    dtype: Any,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+) -> bool:
+    """True if tensor ``name`` should be pruned.
+
+    Default: floating tensors with at least two dimensions whose :func:`role` is one of
+    :data:`LINEAR_ROLES` (q/k/v or fused qkv, attention output, FFN in/up/gate, FFN out/down).
+    ``include`` and ``exclude`` are globs matched against the full name with
+    :func:`fnmatch.fnmatchcase` (case-sensitive, ``*`` also crosses dots). ``include`` adds tensors
+    of any role (say ``*wte*`` to prune the embedding), ``exclude`` removes them, and exclude wins.
+    Whatever the globs say, only floating tensors with two or more dimensions are ever targeted, and
+    never a ``*_mask`` side tensor: pruning a bias, a norm scale, an integer or bool tensor is not
+    something a mask encoding can represent.
+
+    >>> is_targeted("model.layers.0.mlp.down_proj.weight", (4096, 11008), "BF16")
+    True
+    >>> is_targeted("lm_head.weight", (32000, 4096), "BF16")
+    False
+    >>> is_targeted("lm_head.weight", (32000, 4096), "BF16", include=["lm_head.*"])
+    True
+    >>> is_targeted("model.layers.0.mlp.down_proj.weight", (4096, 11008), "BF16",
+    ...             exclude=["*.layers.0.*"])
+    False
+    """
+    shape = tuple(shape)
+    if len(shape) < 2 or not is_floating(dtype) or name.endswith("_mask"):
+        return False
+    if any(fnmatch.fnmatchcase(name, pattern) for pattern in exclude):
+        return False
+    if any(fnmatch.fnmatchcase(name, pattern) for pattern in include):
+        return True
+    return role(name, shape) in LINEAR_ROLES
+
+
+def input_dim(name: str, shape: tuple[int, ...] | Sequence[int]) -> int:
+    """The dimension of ``shape`` that indexes input features (the one N:M groups run along).
+
+    ``nn.Linear`` stores (out, in), so 1; GPT-2's ``Conv1D`` (``h.N.attn.c_attn``,
+    ``h.N.attn.c_proj``, ``h.N.mlp.c_fc``, ``h.N.mlp.c_proj`` weights) stores (in, out), so 0.
+    A ``c_attn`` whose first dimension is three times its second cannot be a Conv1D (which is
+    (in, 3*in)) and is read as ``nn.Linear``, as Qwen-1 uses it. Convolution kernels
+    (out, in, ...) give 1; 1-D tensors give 0.
+
+    >>> input_dim("transformer.h.0.mlp.c_fc.weight", (768, 3072))
+    0
+    >>> input_dim("model.layers.0.mlp.up_proj.weight", (11008, 4096))
+    1
+    """
+    shape = tuple(shape)
+    if len(shape) < 2:
+        return 0
+    if _CONV1D_RE.search(name):
+        if name.endswith("c_attn.weight") and shape[0] == 3 * shape[1] and shape[1] != 0:
+            return 1
+        return 0
+    return 1
