@@ -140,22 +140,23 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
     if len(results) > 1:
         console.print(escape(_title(cfg, r0)), highlight=False, soft_wrap=True)
         t = Table()
-        cols = ["sparsity", "sequences", "train FLOPs/seq", "total FLOPs", "exaFLOPs",
-                "vs dense", "infer FLOPs/token", "non-zero params"]
+        cols = ["sparsity", "FLOPs/seq", "exaFLOPs", "vs dense", "infer/token", "non-zero"]
         if ft:
-            cols += ["+ fine-tune exaFLOPs", "e2e vs dense", "e2e dense/sparse"]
+            cols += ["+FT exaFLOPs", "e2e speed-up"]
         for c in cols:
             t.add_column(c, justify="right")
         for r in results:
-            row = [percent(r["sparsity"], 1), f"{r['sequences']:.3e}", _e(r["train_flops_per_seq"]),
-                   _e(r["total_train_flops"]), f"{r['total_train_flops'] / 1e18:.2f}",
-                   f"{r['train_flops_ratio']:.3f}x", _e(r["inference_flops_per_token"]),
-                   _count(r["nonzero_params"])]
+            row = [percent(r["sparsity"], 1), _e(r["train_flops_per_seq"]),
+                   f"{r['total_train_flops'] / 1e18:.2f}", f"{r['train_flops_ratio']:.3f}x",
+                   _e(r["inference_flops_per_token"]), _count(r["nonzero_params"])]
             if ft:
-                row += [f"{r['end_to_end_flops'] / 1e18:.2f}",
-                        f"{r['end_to_end_ratio']:.3f}x", f"{1 / r['end_to_end_ratio']:.2f}x"]
+                row += [f"{r['end_to_end_flops'] / 1e18:.2f}", f"{1 / r['end_to_end_ratio']:.2f}x"]
             t.add_row(*row)
         console.print(t)
+        console.print("FLOPs/seq: training (3 x forward); exaFLOPs: all training tokens; vs dense: "
+                      "sparse/dense; infer/token: inference FLOPs per token; non-zero: parameters"
+                      + ("; +FT: with dense fine-tuning; e2e speed-up: dense/sparse" if ft else ""),
+                      highlight=False)
         if ft:
             console.print(f"fine-tuning: {_count(r0['finetune_tokens'])} tokens at seq "
                           f"{r0['finetune_seq_len']}, {_e(r0['finetune_forward_flops_per_seq'])} "
@@ -175,10 +176,11 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
             st.add_row(str(i), percent(s["sparsity"], 1), f"{s['fraction']:.4f}", _count(s["tokens"]),
                        _e(s["train_flops"]), f"{s['train_flops'] / 1e18:.2f}")
         console.print(st)
-    label = ("measured " if measured else "effective " if r["stages"] else "") + percent(r["sparsity"], 1)
+    label = ("measured " if measured else "effective " if r["stages"] else "sparse ") + percent(r["sparsity"], 1)
     console.print(escape(_title(cfg, r)), highlight=False, soft_wrap=True)
     t = Table()
-    for c, j in (("", "left"), ("dense", "right"), (f"sparse ({label})", "right"),
+    t.add_column("", justify="left", no_wrap=True)
+    for c, j in (("dense", "right"), (label, "right"),
                  ("sparse/dense", "right"), ("dense/sparse", "right")):
         t.add_column(c, justify=j)
 
@@ -196,12 +198,13 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
                   f"{r['finetune_seq_len']})", _e(r["finetune_flops"]), _e(r["finetune_flops"]), "", "")
         add("end-to-end exaFLOPs", r["dense_end_to_end_flops"] / 1e18, r["end_to_end_flops"] / 1e18,
             lambda x: f"{x:.2f}")
-    final = " (final model)" if r["stages"] else ""
-    add("inference FLOPs / token" + final, r["dense_inference_flops_per_token"],
-        r["inference_flops_per_token"])
+    add("inference FLOPs / token", r["dense_inference_flops_per_token"], r["inference_flops_per_token"])
     add("parameters", r["params"], r["params"], lambda x: f"{x:,.0f}")
-    add("non-zero parameters" + final, r["params"], r["nonzero_params"], lambda x: f"{x:,.0f}")
+    add("non-zero parameters", r["params"], r["nonzero_params"], lambda x: f"{x:,.0f}")
     console.print(t)
+    if r["stages"]:
+        console.print("inference FLOPs and non-zero parameters are those of the model the last stage "
+                      f"ends with ({percent(r['stages'][-1]['sparsity'], 1)} sparse)", highlight=False)
     if breakdown:
         _render_breakdown(F, cfg, r)
 

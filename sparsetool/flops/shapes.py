@@ -259,7 +259,13 @@ def from_checkpoint(
 ) -> InferredModel:
     """Count the non-zeros of the checkpoint at ``path`` and infer its shapes (reads every
     tensor once; imports the torch-based reader only here)."""
-    from sparsetool.report import summarize  # torch: keep it out of `import sparsetool.flops`
+    try:
+        from sparsetool.report import summarize  # torch: keep it out of `import sparsetool.flops`
+    except ImportError as e:
+        raise CheckpointError(
+            f"--checkpoint needs the checkpoint reader, which failed to load ({e}); "
+            "describe the model with --model or --config instead"
+        ) from None
 
     p = Path(path)
     if not p.exists():

@@ -1,0 +1,82 @@
+"""Start-up time of `sparsetool flops`, against bare Python and an `import torch` in the same run.
+
+The flops command is arithmetic only; its cost should be interpreter start + typer/rich, never
+torch. Each command runs as a fresh process; we report the median and minimum wall time.
+
+    python benchmarks/bench_flops_startup.py [--repeat 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+
+def wall(cmd: list[str], repeat: int) -> tuple[float, float]:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), min(times)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=10)
+    args = ap.parse_args()
+    py = sys.executable
+    exe = shutil.which("sparsetool", path=os.path.dirname(py)) or shutil.which("sparsetool")
+    flops_args = ["flops", "--model", "gpt3-xl", "--sparsity", "0.75"]
+    cases = [
+        ("python -c pass (baseline)", [py, "-c", "pass"]),
+        ("python -c 'import sparsetool.flops'", [py, "-c", "import sparsetool.flops"]),
+        ("python -c 'import typer, rich.table'", [py, "-c", "import typer, rich.table"]),
+        ("sparsetool --help", [exe, "--help"]),
+        ("sparsetool flops --model gpt3-xl --sparsity 0.75", [exe, *flops_args]),
+        ("sparsetool flops ... --json", [exe, *flops_args, "--json"]),
+        ("sparsetool flops --model gpt2-small -s 0,0.5,0.75 --breakdown",
+         [exe, "flops", "--model", "gpt2-small", "-s", "0,0.5,0.75", "--breakdown"]),
+        ("python -c 'import torch' (what flops avoids)", [py, "-c", "import torch"]),
+    ]
+    # Does the command load torch or numpy? Run it in-process and look at sys.modules.
+    probe = ("import sys; from sparsetool.cli.main import app\n"
+             "try:\n    app(%r)\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))" % flops_args)
+    loaded = subprocess.run([py, "-c", probe], capture_output=True, text=True, check=True)
+    heavy = loaded.stdout.strip().splitlines()[-1]
+
+    print(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"machine: {os.cpu_count()} cpus ({subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} "
+          f"usable), {platform.machine()}, {cpu_model()}")
+    print(f"python: {platform.python_version()}; repeat {args.repeat}")
+    print(f"command: python benchmarks/bench_flops_startup.py --repeat {args.repeat}")
+    print(f"heavy modules loaded by `sparsetool flops`: {heavy}")
+    base = None
+    print("\n| command | median s | min s | median / baseline |")
+    print("|---|---:|---:|---:|")
+    for label, cmd in cases:
+        med, mn = wall(cmd, args.repeat)
+        base = base or med
+        print(f"| `{label}` | {med:.3f} | {mn:.3f} | {med / base:.1f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""`sparsetool flops --checkpoint`: shapes and measured sparsity from real safetensors files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sparsetool.cli.main import app
+from sparsetool.flops import ModelConfig, forward_terms
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sparsetool.report")
+from safetensors.torch import save_file  # noqa: E402
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, ["flops", *args], env={"COLUMNS": "200"})
+
+
+def ok_json(*args: str):
+    r = run(*args, "--json")
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+
+def zero_first(t, fraction):
+    """Set exactly round(fraction * numel) entries to zero (the first ones, flat order)."""
+    flat = t.flatten().clone()
+    flat[: round(fraction * flat.numel())] = 0
+    return flat.reshape(t.shape)
+
+
+def write_gpt2(path: Path, L=2, d=64, V=100, s=32, sparsity=0.75, n_head=4, config=True) -> dict:
+    g = torch.Generator().manual_seed(0)
+    st = {"transformer.wte.weight": torch.randn(V, d, generator=g),
+          "transformer.wpe.weight": torch.randn(s, d, generator=g),
+          "transformer.ln_f.weight": torch.ones(d), "transformer.ln_f.bias": torch.zeros(d) + 0.1}
+    for i in range(L):
+        p = f"transformer.h.{i}."
+        for name, shape in (("attn.c_attn", (d, 3 * d)), ("attn.c_proj", (d, d)),
+                            ("mlp.c_fc", (d, 4 * d)), ("mlp.c_proj", (4 * d, d))):
+            st[p + name + ".weight"] = zero_first(torch.randn(*shape, generator=g), sparsity)
+            st[p + name + ".bias"] = torch.randn(shape[1], generator=g)
+        for ln in ("ln_1", "ln_2"):
+            st[p + ln + ".weight"], st[p + ln + ".bias"] = torch.ones(d), torch.zeros(d) + 0.1
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(st, str(path / "model.safetensors"), metadata={"format": "pt"})
+    if config:
+        (path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_head": n_head}))
+    return st
+
+
+def test_checkpoint_uses_measured_sparsity(tmp_path):
+    st = write_gpt2(tmp_path / "m75")
+    d = ok_json("--checkpoint", str(tmp_path / "m75"))
+    c = d["config"]
+    assert (c["n_layers"], c["d_model"], c["n_heads"], c["d_head"], c["d_ff"], c["vocab"], c["seq_len"]) == (
+        2, 64, 4, 16, 256, 100, 32)
+    assert d["targeted_sparsity"] == pytest.approx(0.75)
+    assert d["params"] == sum(t.numel() for t in st.values())
+    assert d["nonzero_params"] == sum(int(torch.count_nonzero(t)) for t in st.values())
+    cfg = ModelConfig(**c)
+    assert d["forward_flops_per_seq"] == pytest.approx(sum(forward_terms(cfg, sparsity=0.75).values()))
+    assert d["notes"] == []
+    r = run("--checkpoint", str(tmp_path / "m75"))
+    assert r.exit_code == 0 and "measured 75.0%" in r.stdout
+
+
+def test_checkpoint_file_without_config_json_says_what_it_assumed(tmp_path):
+    write_gpt2(tmp_path / "m", config=False)
+    d = ok_json("--checkpoint", str(tmp_path / "m" / "model.safetensors"))
+    assert d["config"]["n_heads"] == 1 and d["config"]["d_head"] == 64
+    assert any("assumed d_head=64" in n for n in d["notes"])
+    r = run("--checkpoint", str(tmp_path / "m" / "model.safetensors"))
+    assert r.exit_code == 0 and "note:" in r.stdout
+
+
+def test_checkpoint_exclude_counts_those_matrices_dense(tmp_path):
+    write_gpt2(tmp_path / "m75")
+    d = ok_json("--checkpoint", str(tmp_path / "m75"), "--exclude", "*.mlp.*")
+    assert d["forward_terms"]["ffn"] == d["dense_forward_terms"]["ffn"]
+    assert d["forward_terms"]["qkv"] == pytest.approx(d["dense_forward_terms"]["qkv"] / 4)
+
+
+def test_corrupt_checkpoint_is_a_clean_error_and_untouched(tmp_path):
+    p = tmp_path / "bad.safetensors"
+    p.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+    before = p.read_bytes()
+    r = run("--checkpoint", str(p))
+    assert r.exit_code == 1 and r.stderr.startswith("error: ") and r.stdout == ""
+    assert p.read_bytes() == before
+
+
+def test_checkpoint_conflicts_with_sparsity(tmp_path):
+    write_gpt2(tmp_path / "m")
+    r = run("--checkpoint", str(tmp_path / "m"), "-s", "0.5")
+    assert r.exit_code == 1 and "measured sparsity" in r.stderr
