@@ -49,6 +49,12 @@ from sparsetool.train.algorithms.topk import step_generator, top_k_mask
 
 __all__ = ["Sparsifier", "top_k_mask", "step_generator"]
 
+
+def _is_whole(value: Any, low: int) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and int(value) == value and value >= low)
+
+
 @dataclass(eq=False)
 class Sparsifier:
     """Static sparse training: masks chosen once at :meth:`attach` and never changed; the base of
@@ -109,7 +115,7 @@ class Sparsifier:
         self._update_schedule: Periodic | None = None
         for key in ("update_freq", "update_start", "update_stop"):
             value = getattr(self, key)
-            if value is not None and (isinstance(value, bool) or int(value) != value or value < 0):
+            if value is not None and not _is_whole(value, 0):
                 raise ConfigError(f"{key} must be a whole number >= 0, got {value!r}")
         if self.update_freq is not None and self.update_freq < 1:
             raise ConfigError(f"update freq must be >= 1, got {self.update_freq}")
