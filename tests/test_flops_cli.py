@@ -32,6 +32,7 @@ def test_table_gpt3_xl_75():
                  "non-zero parameters", "236.09", "94.76", "1.860e+13", "7.464e+12", "2.49x",
                  "26B training tokens (20 tokens/param, Chinchilla)"):
         assert text in r.stdout, text
+    assert r.stdout.count("gpt3-xl: 24 layers") == 1
 
 
 def test_json_single_sparsity_has_spec_keys_and_values():

@@ -168,6 +168,7 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
         return
 
     r = r0
+    console.print(escape(_title(cfg, r)), highlight=False, soft_wrap=True)
     if r["stages"]:
         st = Table(title="Variable SPDF stages", title_justify="left")
         for c in ("stage", "sparsity", "fraction", "tokens", "train FLOPs", "exaFLOPs"):
@@ -177,7 +178,6 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
                        _e(s["train_flops"]), f"{s['train_flops'] / 1e18:.2f}")
         console.print(st)
     label = ("measured " if measured else "effective " if r["stages"] else "sparse ") + percent(r["sparsity"], 1)
-    console.print(escape(_title(cfg, r)), highlight=False, soft_wrap=True)
     t = Table()
     t.add_column("", justify="left", no_wrap=True)
     for c, j in (("dense", "right"), (label, "right"),
