@@ -99,3 +99,34 @@ def test_checkpoint_conflicts_with_sparsity(tmp_path):
     write_gpt2(tmp_path / "m")
     r = run("--checkpoint", str(tmp_path / "m"), "-s", "0.5")
     assert r.exit_code == 1 and "measured sparsity" in r.stderr
+
+
+def test_llama_directory_with_gqa_and_swiglu(tmp_path):
+    d, heads, kv, k, f, V, L = 64, 4, 2, 16, 96, 50, 2
+    g = torch.Generator().manual_seed(1)
+    st = {"model.embed_tokens.weight": torch.randn(V, d, generator=g),
+          "lm_head.weight": torch.randn(V, d, generator=g), "model.norm.weight": torch.ones(d)}
+    shapes = {"self_attn.q_proj": (heads * k, d), "self_attn.k_proj": (kv * k, d),
+              "self_attn.v_proj": (kv * k, d), "self_attn.o_proj": (d, heads * k),
+              "mlp.gate_proj": (f, d), "mlp.up_proj": (f, d), "mlp.down_proj": (d, f)}
+    for i in range(L):
+        for name, shape in shapes.items():
+            frac = 0.5 if name.startswith("mlp") else 0.25
+            st[f"model.layers.{i}.{name}.weight"] = zero_first(torch.randn(*shape, generator=g), frac)
+        st[f"model.layers.{i}.input_layernorm.weight"] = torch.ones(d)
+        st[f"model.layers.{i}.post_attention_layernorm.weight"] = torch.ones(d)
+    out = tmp_path / "llama"
+    out.mkdir()
+    save_file(st, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_attention_heads": heads, "num_key_value_heads": kv,
+        "max_position_embeddings": 256}))
+    dj = ok_json("--checkpoint", str(out))
+    c = dj["config"]
+    assert (c["n_layers"], c["d_model"], c["n_heads"], c["n_kv_heads"], c["d_head"], c["d_ff"],
+            c["ffn_matrices"], c["vocab"], c["seq_len"]) == (L, d, heads, kv, k, f, 3, V, 256)
+    cfg = ModelConfig(**c)
+    layer = {"qkv": 0.25, "attn_out": 0.25, "ffn_in": 0.5, "ffn_out": 0.5}
+    ref = forward_terms(cfg, sparsity=[layer] * L)
+    assert dj["forward_terms"] == pytest.approx(ref)
+    assert dj["forward_terms"]["qkv"] == pytest.approx(0.75 * 2 * 256 * d * k * (heads + 2 * kv) * L)
