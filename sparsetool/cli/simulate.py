@@ -1,9 +1,318 @@
-"""`sparsetool simulate` (placeholder until implemented)."""
+"""`sparsetool simulate`: what unstructured sparsity buys on a zero-skipping dataflow machine
+versus GPUs, from real masks (the model: sparsetool.hardware)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
 
 import typer
 
+from sparsetool.cli._output import console, emit_json, fail, failing_cleanly
 
-def simulate() -> None:
-    """Not implemented yet."""
-    typer.echo("error: 'simulate' is not implemented yet", err=True)
-    raise typer.Exit(1)
+
+def simulate(
+    checkpoint: Optional[Path] = typer.Argument(
+        None, help="A .safetensors file or Hugging Face directory: simulate its real masks."),
+    shape: Optional[str] = typer.Option(
+        None, "--shape", help="One M x K layer (M outputs, K inputs), e.g. 12288x12288, with a seeded mask."),
+    model: Optional[str] = typer.Option(
+        None, "--model", help="A flops preset (gpt3-xl, gpt2-small, ...) with random masks at --sparsity."),
+    sparsity: Optional[str] = typer.Option(
+        None, "--sparsity", "-s",
+        help="Fraction of zeros for --shape/--model; a comma list (0.5,0.75,0.9) runs a sweep."),
+    sweep: bool = typer.Option(
+        False, "--sweep", help="Sweep the SPDF Appendix C sparsities 0, .5, .67, ... .9 (theoretical 1x..10x)."),
+    tokens: float = typer.Option(2048, "--tokens", "-t", help="Tokens per step (batch x sequence length)."),
+    pattern: str = typer.Option(
+        "random", "--pattern", help="Synthetic mask for --shape: random; rows or cols (all pruning in the leading rows/columns); 2:4."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the synthetic masks."),
+    hardware: Optional[Path] = typer.Option(
+        None, "--hardware", help="TOML/YAML/JSON file overriding any preset constant or adding devices."),
+    device: list[str] = typer.Option(
+        [], "--device", "-d", help="Only this device (repeatable); see --list-hardware."),
+    seq_len: Optional[int] = typer.Option(
+        None, "--seq-len", help="Sequence length for the attention work (default: the model's)."),
+    verify: bool = typer.Option(
+        False, "--verify", help="Run the zero-skipping AXPY schedule on a small block and check it "
+        "equals the dense masked matmul."),
+    plot: Optional[Path] = typer.Option(
+        None, "--plot", help="Write speedup vs sparsity (with the theoretical line) to this PNG."),
+    layers: bool = typer.Option(False, "--layers", help="Show every layer (default: the 8 most imbalanced)."),
+    list_hardware: bool = typer.Option(
+        False, "--list-hardware", help="List the devices, their constants and where each comes from."),
+    as_json: bool = typer.Option(False, "--json", help="Plain JSON on stdout."),
+) -> None:
+    """Masked-kernel hardware model: time, speedup and breakdown per device.
+
+    Examples: sparsetool simulate --shape 12288x12288 --sparsity 0.9 --tokens 2048;
+    sparsetool simulate CHECKPOINT --tokens 4096; sparsetool simulate --model gpt3-xl --sparsity 0.75;
+    sparsetool simulate --shape 12288x12288 --sweep --plot speedup.png
+    """
+    with failing_cleanly():
+        from sparsetool.hardware import presets
+
+        devices, sources = presets.load_devices(hardware)
+        if device:
+            unknown = [d for d in device if d not in devices]
+            if unknown:
+                fail(f"unknown --device {', '.join(unknown)}; known: {', '.join(devices)}")
+            devices = {d: devices[d] for d in device}
+        if list_hardware:
+            _list(devices, sources, as_json)
+            return
+        result = _run(checkpoint, shape, model, sparsity, sweep, tokens, pattern, seed, devices,
+                      seq_len, verify, plot, as_json)
+    if as_json:
+        emit_json(result)
+    else:
+        _render(result, layers)
+    if result.get("verify") and not result["verify"]["equal"]:
+        raise typer.Exit(1)
+
+
+def _sparsities(text: Optional[str], sweep: bool) -> list[float]:
+    from sparsetool.hardware import APPENDIX_C_TICKS
+
+    if sweep:
+        if text is not None:
+            fail("give either --sweep (the Appendix C sparsities) or --sparsity LIST, not both")
+        return list(APPENDIX_C_TICKS)
+    if text is None:
+        return []
+    out = []
+    for part in text.split(","):
+        try:
+            v = float(part)
+        except ValueError:
+            fail(f"--sparsity must be numbers in [0, 1] separated by commas, got '{text}'")
+        if not 0.0 <= v <= 1.0:
+            fail(f"--sparsity must be in [0, 1] (fraction of zeros), got {v}")
+        out.append(v)
+    return out
+
+
+def _run(checkpoint, shape, model, sparsity, sweep, tokens, pattern, seed, devices, seq_len,
+         verify, plot, as_json) -> dict[str, Any]:
+    from sparsetool.hardware import compare as sim
+    from sparsetool.hardware import workload as wlmod
+    from sparsetool.hardware.presets import dataflow_grids
+    from sparsetool.hardware.verify import run_schedule
+
+    given = [x for x in (checkpoint, shape, model) if x is not None]
+    if len(given) != 1:
+        fail("give exactly one of CHECKPOINT, --shape MxK or --model NAME")
+    if pattern != "random" and shape is None:
+        fail("--pattern applies to --shape only")
+    sps = _sparsities(sparsity, sweep or (plot is not None and sparsity is None and checkpoint is None))
+    grids = dataflow_grids(list(devices.values()))
+    grid = grids[0]
+    verify_mask = None
+
+    if checkpoint is not None:
+        if sps:
+            fail("a checkpoint brings its own masks: drop --sparsity/--sweep/--plot, or use "
+                 "--model NAME --sparsity S for synthetic ones")
+        wl = wlmod.from_checkpoint(checkpoint, tokens, grids, seq_len=seq_len,
+                                   progress=None if as_json else _progress())
+        if verify:
+            verify_mask = _checkpoint_mask(checkpoint, wl)
+        make = None
+    else:
+        if not sps:
+            fail("--shape and --model need --sparsity S (or a list, or --sweep)")
+        if shape is not None:
+            mk = wlmod.parse_shape(shape)
+            if pattern == "2:4" and len(sps) > 1:
+                fail("--pattern 2:4 keeps exactly half the weights: use --sparsity 0.5, no sweep")
+
+            def make(s: float):
+                return wlmod.from_shape(mk, s, tokens, grids, pattern, seed)
+        else:
+            from sparsetool.flops import get_preset, with_overrides
+
+            cfg = get_preset(model)
+            if seq_len is not None:
+                cfg = with_overrides(cfg, seq_len=seq_len)
+
+            def make(s: float):
+                return wlmod.from_model(cfg, s, tokens, grids, seed), None
+
+        first, mask = make(sps[-1] if len(sps) > 1 else sps[0])
+        if verify:
+            verify_mask = mask if mask is not None else wlmod.synthetic_mask(
+                (first.layers[0].out_features, first.layers[0].in_features), sps[-1], "random", seed)
+        wl = first
+
+    result: dict[str, Any] = {}
+    if len(sps) > 1:
+        rows = sim.sweep(lambda s: make(s)[0], sps, devices)
+        result = {"workload": sim.simulate(wl, devices)["workload"], "sweep": rows}
+        result["workload"].pop("theoretical", None)
+        if plot is not None:
+            from sparsetool.hardware.plot import plot_sweep
+
+            key = "forward_speedup" if shape is not None else "train_speedup"
+            what = "one matmul, forward" if shape is not None else "training step"
+            title = f"{wl.label.split(' at ')[0]}: {what}, {tokens:g} tokens"
+            plot_sweep(rows, plot, title, key)
+            result["plot"] = str(plot)
+    else:
+        if plot is not None:
+            fail("--plot draws a sweep: add --sweep or give several sparsities")
+        result = sim.simulate(wl, devices)
+    if verify:
+        result["verify"] = run_schedule(verify_mask, grid)
+    return result
+
+
+def _checkpoint_mask(path: Path, wl) -> Any:
+    """The mask of the checkpoint's smallest pruned matrix, as (M, K), for --verify."""
+    from sparsetool.checkpoint import open_checkpoint
+    from sparsetool.targets import input_dim
+
+    target = min(wl.layers, key=lambda ly: ly.numel).name
+    with open_checkpoint(path) as ck:
+        lt = next(lt for lt in ck.logical if lt.name == target)
+        dense, mask = ck.read(lt)
+        mask = (dense != 0) if mask is None else mask
+        m = mask.numpy()
+        return m if input_dim(lt.name, lt.shape) == 1 else m.T
+
+
+def _progress():
+    from rich.progress import Progress
+
+    from sparsetool.cli._output import err_console
+
+    state: dict[str, Any] = {}
+
+    def update(done: int, total: int, name: str) -> None:
+        if "p" not in state:
+            state["p"] = Progress(console=err_console, transient=True)
+            state["p"].start()
+            state["t"] = state["p"].add_task("reading masks", total=total)
+        state["p"].update(state["t"], completed=done)
+        if done >= total:
+            state["p"].stop()
+
+    return update
+
+
+def _t(s: float | None) -> str:
+    if s is None:
+        return "-"
+    for unit, f in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+        if s >= f or unit == "ns":
+            return f"{s / f:.3g} {unit}"
+    return f"{s:g} s"
+
+
+def _x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def _list(devices, sources, as_json: bool) -> None:
+    from dataclasses import fields
+
+    out = {name: {"kind": d.kind, "constants": {f.name: {"value": getattr(d, f.name),
+                                                          "source": sources[name].get(f.name, "default")}
+                                                 for f in fields(d) if f.name != "name"}}
+           for name, d in devices.items()}
+    if as_json:
+        emit_json(out)
+        return
+    from rich.markup import escape
+
+    for name, d in out.items():
+        console.print(f"[bold]{escape(name)}[/] ({d['kind']})", highlight=False)
+        for key, c in d["constants"].items():
+            console.print(f"  {key} = {c['value']!r}  [dim]{escape(c['source'])}[/]", highlight=False)
+
+
+def _render(res: dict[str, Any], show_all: bool) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    w = res["workload"]
+    head = (f"[bold]{escape(w['label'])}[/]  {w['tokens']:g} tokens per step"
+            + (f" (sequences of {w['seq_len']})" if w.get("seq_len") else "")
+            + f", targeted sparsity {w['targeted_sparsity']:.4f}")
+    console.print(head, highlight=False)
+    if "sweep" in res:
+        t = Table(title="speedup over each device's dense run (forward / training step)")
+        t.add_column("sparsity", justify="right")
+        t.add_column("theoretical", justify="right")
+        names = list(res["sweep"][0]["devices"])
+        for n in names:
+            t.add_column(escape(n), justify="right")
+        for r in res["sweep"]:
+            cells = [f"{r['sparsity']:.4g}", _x(r["theoretical"])]
+            for n in names:
+                d = r["devices"][n]
+                cells.append("n/a" if d["forward_speedup"] is None else
+                             f"{d['forward_speedup']:.2f} / {d['train_speedup']:.2f}")
+            t.add_row(*cells)
+        console.print(t)
+        if "plot" in res:
+            console.print(f"plot written to {escape(res['plot'])}", highlight=False)
+    else:
+        console.print(f"theoretical speedup (dense FLOPs / sparse FLOPs): {_x(w['theoretical'])}",
+                      highlight=False)
+        t = Table(title="time, and speedup over the same device's dense run")
+        for c in ("device", "forward", "speedup", "train step", "speedup"):
+            t.add_column(c, justify="left" if c == "device" else "right", no_wrap=True)
+        b_t = Table(title="where the training step's time goes (compute and memory overlap)")
+        for c in ("device", "compute", "memory", "fixed", "imbalance"):
+            b_t.add_column(c, justify="left" if c == "device" else "right", no_wrap=True)
+        for d in res["devices"]:
+            name = escape(d["name"])
+            if not d["applicable"]:
+                t.add_row(name, "refused", "-", "-", "-")
+                continue
+            f, s = d["forward"], d["train_step"]
+            b = s["breakdown"]
+            t.add_row(name, _t(f["time_s"]), _x(f["speedup"]), _t(s["time_s"]), _x(s["speedup"]))
+            b_t.add_row(name, _t(b["compute"]), _t(b["memory"]), _t(b["fixed"]), _t(b["imbalance"]))
+        console.print(t)
+        console.print(b_t)
+        for d in res["devices"]:
+            if not d["applicable"]:
+                console.print(f"  {escape(d['name'])}: refused: {escape(d['reason'])}", highlight=False)
+            if d.get("busiest_over_mean") is not None:
+                console.print(
+                    f"  {escape(d['name'])}: busiest core group does {d['busiest_over_mean']:.3f}x the mean "
+                    f"work; perfectly balanced it would reach {_x(d['forward']['speedup_if_balanced'])} "
+                    f"forward", highlight=False)
+            for note in d["notes"]:
+                console.print(f"  {escape(d['name'])}: {escape(note)}", highlight=False)
+        if len(res["layers"]) > 1:
+            _render_layers(res, show_all)
+    for note in w.get("notes", []):
+        console.print(f"note: {escape(note)}", highlight=False)
+    if "verify" in res:
+        v = res["verify"]
+        ok = "[green]equal[/]" if v["equal"] else "[red]NOT equal[/]"
+        console.print(
+            f"verify: {v['axpys']} AXPYs (one per non-zero) over a {v['block'][0]}x{v['block'][1]} block, "
+            f"{v['core_groups'][0]}x{v['core_groups'][1]} core groups, {v['tokens']} tokens: {ok} to the "
+            f"dense masked matmul (max |error| {v['max_abs_error']:.2g}); per-group AXPY counts "
+            f"{'match' if v['axpys_match_tiles'] else 'DO NOT match'} the model's", highlight=False)
+
+
+def _render_layers(res: dict[str, Any], show_all: bool) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    rows = res["layers"]
+    if not show_all:
+        rows = sorted(rows, key=lambda r: -r.get("busiest_over_mean", 1.0))[:8]
+    names = [d["name"] for d in res["devices"] if d["applicable"]][:2]
+    t = Table(title=("every layer" if show_all else "the 8 most imbalanced layers (--layers for all)")
+              + ": busiest core group's work over the mean, forward speedup")
+    for c in ("layer", "shape", "sparsity", "max/mean", *names):  # busiest core group / mean
+        t.add_column(escape(c), justify="left" if c == "layer" else "right", no_wrap=True)
+    for r in rows:
+        t.add_row(escape(r["name"]), f"{r['shape'][0]}x{r['shape'][1]}", f"{r['sparsity']:.3f}",
+                  f"{r.get('busiest_over_mean', 1.0):.3f}", *[_x(r["speedup"][n]) for n in names])
+    console.print(t)

@@ -1,0 +1,53 @@
+"""Speedup versus sparsity for each device, with the theoretical ``1 / (1 - s)`` line (the
+picture of the SPDF paper's Appendix C figure). matplotlib is imported only here."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sparsetool.errors import SparsetoolError
+
+_STYLE = {"dataflow": "-o", "gpu-dense": "--s", "gpu-2:4": "D", "gpu-spmm": ":^", "gpu-flash-llm": "-.v"}
+
+
+def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, key: str = "forward_speedup") -> None:
+    """Write a PNG of ``rows`` (from :func:`sparsetool.hardware.compare.sweep`) to ``path``,
+    atomically (temporary file, then rename)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise SparsetoolError(f"--plot: directory '{path.parent}' does not exist; create it first")
+    xs = [r["sparsity"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
+    theo = [r["theoretical"] for r in rows]
+    ax.plot(xs, theo, "k-", lw=2.5, alpha=0.35, label="theoretical 1/(1-s)")
+    names = list(rows[0]["devices"]) if rows else []
+    for name in names:
+        pts = [(r["sparsity"], r["devices"][name][key]) for r in rows if r["devices"][name][key] is not None]
+        if not pts:
+            continue
+        kind = rows[0]["devices"][name]["kind"]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], _STYLE.get(kind, "-"), ms=4, label=name)
+    ax.set_xlabel("sparsity (fraction of zero weights)")
+    ax.set_ylabel("speedup over the same device's dense run")
+    ax.set_title(title, fontsize=10)
+    ax.set_yscale("log", base=2)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(prefix=".plot-", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
