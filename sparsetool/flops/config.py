@@ -133,7 +133,7 @@ _HF_KEYS: dict[str, tuple[str, ...]] = {
 }
 # model_type values whose MLP is gated (SwiGLU/GeGLU: three matrices) and that use RoPE, no biases.
 _GATED_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo",
-                "olmo2", "internlm2", "yi", "deepseek", "granite", "cohere", "starcoder2_gated"}
+                "olmo2", "internlm2", "deepseek", "granite", "cohere"}
 
 
 def _first(d: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
