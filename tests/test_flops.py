@@ -404,6 +404,7 @@ def test_hugging_face_config_json(tmp_path):
     ("{not json", "not valid"),
     ("[1, 2]", "mapping"),
     ('{"model_type": "gpt2", "n_embd": 8}', "lacks"),
+    ('{"model_type": "mixtral", "hidden_size": 8, "num_local_experts": 8}', "mixture-of-experts"),
 ])
 def test_bad_config_files(tmp_path, body, match):
     p = tmp_path / "bad.json"

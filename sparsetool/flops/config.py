@@ -132,7 +132,7 @@ _HF_KEYS: dict[str, tuple[str, ...]] = {
     "seq_len": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
 }
 # model_type values whose MLP is gated (SwiGLU/GeGLU: three matrices) and that use RoPE, no biases.
-_GATED_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo",
+_GATED_TYPES = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo",
                 "olmo2", "internlm2", "deepseek", "granite", "cohere"}
 
 
@@ -153,6 +153,9 @@ def from_hf_config(d: Mapping[str, Any], name: str = "hf-model") -> ModelConfig:
     ...                 "vocab_size": 50257, "n_positions": 1024}).d_ff
     3072
     """
+    if d.get("num_local_experts") or d.get("num_experts"):
+        raise ConfigError(f"config '{name}' is a mixture-of-experts model; Appendix F covers dense "
+                          "FFNs only, describe the active FFN with --config FILE")
     vals = {f: _first(d, keys) for f, keys in _HF_KEYS.items()}
     missing = [f"{f} ({' / '.join(_HF_KEYS[f])})" for f in ("n_layers", "d_model", "n_heads", "vocab")
                if vals[f] is None]
