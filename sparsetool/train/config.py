@@ -1,0 +1,247 @@
+"""Every option of a training run, and how a YAML/TOML config file and CLI flags combine.
+
+Precedence: built-in defaults < config file < flags given on the command line. A config file
+holds the same keys as :class:`TrainConfig` (dashes or underscores; sections ``model``,
+``optimizer``, ``data``, ``train`` and ``run`` are flattened) plus an optional Cerebras Model
+Zoo style ``sparsity:`` block::
+
+    sparsity:
+      algorithm: rigl
+      sparsity: 0.75
+      init_method: random
+      param_filter: ["*attn*", "*mlp*"]
+      update: {freq: 100, start: 0, stop: 750}    # Model Zoo 2.x also writes this as "schedule"
+      drop_fraction: {type: cosine, init: 0.3, half_period: 750}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparsetool.errors import ConfigError
+
+ALGORITHMS = ("dense", "static", "gmp", "set", "rigl", "granet", "imp")
+_SECTIONS = ("model", "optimizer", "data", "train", "run")
+
+
+@dataclass
+class TrainConfig:
+    out: str = "runs/train"
+    # model: a preset, optionally with individual sizes overridden
+    preset: str = "mini"
+    n_layer: int | None = None
+    n_head: int | None = None
+    d_model: int | None = None
+    context: int | None = None
+    dropout: float = 0.0
+    # optimisation (AdamW; betas and weight decay as the Cerebras sparsity-library post)
+    steps: int = 1000
+    batch_size: int = 16  # sequences per micro-batch per process
+    grad_accum: int = 1  # micro-batches per optimizer step per process
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1  # cosine decays to 10% of peak (SPDF paper, Appendix A.1)
+    warmup: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # global norm; 0 disables
+    seed: int = 0
+    data: str | None = None  # None: the built-in Python standard-library corpus
+    # sparsity
+    algorithm: str | None = None  # None: static if a sparsity is given, dense otherwise
+    sparsity: Any = None  # float, or a schedule mapping passed to the sparsifier
+    distribution: str | None = None
+    init_method: str | None = None
+    update_freq: int | None = None
+    update_start: int | None = None
+    update_stop: int | None = None
+    drop_fraction: Any = None
+    initial_sparsity: float | None = None  # GraNet/GMP: the sparsity the ramp starts from
+    param_filter: list[str] | None = None  # globs over parameter names; default: block matrices
+    sparsity_options: dict = field(default_factory=dict)  # passed through to the sparsifier
+    # workflows
+    init: str | None = None  # start from this checkpoint (its masks unless --dense)
+    dense: bool = False  # with init: revive every pruned weight at 0 and train densely (SPDF)
+    stages: list[tuple[float, float]] = field(default_factory=list)  # (sparsity, fraction)
+    # bookkeeping
+    eval_every: int = 100
+    eval_sequences: int = 64
+    save_every: int = 0  # 0: only at the end (and at --stop-at)
+    keep_last: int = 2
+    log_every: int = 1
+    stop_at: int | None = None  # stop (with a checkpoint) after this many steps; resume later
+    device: str = "auto"
+    dtype: str = "auto"  # auto: bf16 autocast on a GPU that has it, float32 otherwise
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["stages"] = [list(s) for s in self.stages]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        cfg = cls(**{k: v for k, v in d.items() if k in known})
+        cfg.stages = [tuple(s) for s in cfg.stages]
+        return cfg
+
+
+# Options that may differ when a run is resumed; any other change would break exact resumption.
+RESUMABLE_OVERRIDES = {"stop_at", "save_every", "eval_every", "keep_last", "log_every", "device"}
+
+
+def parse_stage(text: str) -> tuple[float, float]:
+    """``"0.9:0.8"`` -> (sparsity 0.9, fraction of steps 0.8).
+
+    >>> parse_stage("0.9:0.8")
+    (0.9, 0.8)
+    """
+    try:
+        s, f = (float(x) for x in str(text).split(":"))
+    except ValueError:
+        raise ConfigError(
+            f"--stage {text!r} is not SPARSITY:FRACTION, e.g. --stage 0.9:0.8 --stage 0:0.2"
+        ) from None
+    return s, f
+
+
+def read_config_file(path: str | Path) -> dict:
+    """Parse a YAML or TOML file into TrainConfig keys (not yet validated)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {p}: {e.strerror}") from None
+    try:
+        if p.suffix.lower() == ".toml":
+            raw = tomllib.loads(text)
+        else:
+            import yaml
+
+            raw = yaml.safe_load(text) or {}
+    except Exception as e:  # yaml/toml parse errors: one line naming the file
+        raise ConfigError(f"config file {p} does not parse: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {p} must hold a mapping of option: value")
+    return normalise(raw, str(p))
+
+
+def normalise(raw: dict, where: str) -> dict:
+    """Flatten sections, map dashes to underscores and a Cerebras ``sparsity:`` block to keys."""
+    flat: dict[str, Any] = {}
+    for key, value in raw.items():
+        k = str(key).replace("-", "_")
+        if k in _SECTIONS and isinstance(value, dict):
+            flat.update(normalise(value, where))
+        elif k == "sparsity" and isinstance(value, dict) and _is_block(value):
+            flat.update(_sparsity_block(value, where))
+        else:
+            flat[k] = value
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(flat) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown option(s) {', '.join(unknown)}; see sparsetool train --help")
+    if "stages" in flat:
+        flat["stages"] = [parse_stage(s) if isinstance(s, str) else tuple(s) for s in flat["stages"]]
+    return flat
+
+
+def _is_block(d: dict) -> bool:
+    # A sparsity *schedule* ({type: cubic, init: .., end: ..}) is a value, not a Model Zoo block.
+    return "algorithm" in d or "type" not in d
+
+
+def _sparsity_block(block: dict, where: str) -> dict:
+    out: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in block.items():
+        k = str(key).replace("-", "_")
+        if k == "algorithm":
+            out["algorithm"] = str(value).lower()
+        elif k in ("sparsity", "init_method", "distribution", "drop_fraction", "initial_sparsity"):
+            out[k] = value
+        elif k == "init_sparsity":
+            out["initial_sparsity"] = value
+        elif k in ("param_filter", "param_name_patterns"):
+            out["param_filter"] = [value] if isinstance(value, str) else list(value)
+        elif k in ("update", "schedule") and isinstance(value, dict) and (
+            {"freq", "start", "stop"} & set(value)
+        ):
+            for part in ("freq", "start", "stop"):
+                if part in value:
+                    out[f"update_{part}"] = value[part]
+        else:
+            extra[k] = value
+    if extra:
+        out["sparsity_options"] = extra
+    return out
+
+
+def merge(file_values: dict, flag_values: dict) -> TrainConfig:
+    """Defaults, then the config file, then flags that were actually given (not None)."""
+    values = dict(file_values)
+    for k, v in flag_values.items():
+        if v is None or (k == "stages" and not v) or (k == "sparsity_options" and not v):
+            continue
+        if k == "sparsity_options":
+            values[k] = {**values.get(k, {}), **v}
+        else:
+            values[k] = v
+    return validate(TrainConfig.from_dict(values))
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    from sparsetool.train.model import PRESETS
+
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise ConfigError(msg)
+
+    need(cfg.preset in PRESETS, f"unknown --preset {cfg.preset!r}; choose one of {', '.join(PRESETS)}")
+    for name in ("steps", "batch_size", "grad_accum", "eval_sequences", "log_every"):
+        need(int(getattr(cfg, name)) >= 1, f"--{name.replace('_', '-')} must be >= 1")
+    for name in ("warmup", "eval_every", "save_every", "keep_last"):
+        need(int(getattr(cfg, name)) >= 0, f"--{name.replace('_', '-')} must be >= 0")
+    need(cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}")
+    need(0 <= cfg.min_lr_ratio <= 1, "--min-lr-ratio must be in [0, 1]")
+    need(cfg.weight_decay >= 0, "--weight-decay must be >= 0")
+    need(cfg.grad_clip >= 0, "--grad-clip must be >= 0 (0 disables clipping)")
+    need(cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"),
+         f"--device {cfg.device!r}: use cpu, cuda or auto")
+    need(cfg.dtype in ("auto", "float32", "bfloat16"), "--dtype must be auto, float32 or bfloat16")
+    if cfg.algorithm is not None:
+        cfg.algorithm = str(cfg.algorithm).lower()
+        need(cfg.algorithm in ALGORITHMS,
+             f"unknown --algorithm {cfg.algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+    if isinstance(cfg.sparsity, (int, float)) and not isinstance(cfg.sparsity, bool):
+        need(0.0 <= float(cfg.sparsity) < 1.0, f"--sparsity must be in [0, 1), got {cfg.sparsity}")
+    if cfg.stages:
+        need(cfg.init is None or not cfg.dense, "--stage and --dense cannot be combined")
+        for s, f in cfg.stages:
+            need(0.0 <= s < 1.0, f"--stage sparsity must be in [0, 1), got {s}")
+            need(0.0 < f <= 1.0, f"--stage fraction must be in (0, 1], got {f}")
+        total = sum(f for _, f in cfg.stages)
+        need(abs(total - 1.0) < 1e-6,
+             f"--stage fractions must add up to 1 (they add up to {total:g}), e.g. "
+             "--stage 0.9:0.8 --stage 0:0.2")
+        need(cfg.sparsity is None, "give either --sparsity or --stage, not both")
+    if cfg.dense:
+        need(cfg.init is not None, "--dense needs --init CHECKPOINT (it densifies that checkpoint)")
+        need(cfg.algorithm in (None, "dense") and cfg.sparsity is None,
+             "--dense trains every weight; drop --algorithm/--sparsity")
+    if cfg.algorithm == "dense":
+        need(cfg.sparsity in (None, 0, 0.0) and not cfg.stages,
+             "--algorithm dense takes no --sparsity or --stage")
+    if cfg.algorithm not in (None, "dense") and cfg.sparsity is None and not cfg.stages:
+        need(cfg.init is not None or "sparsity" in cfg.sparsity_options,
+             f"--algorithm {cfg.algorithm} needs --sparsity (e.g. --sparsity 0.75)")
+    if cfg.stop_at is not None:
+        need(1 <= cfg.stop_at <= cfg.steps, f"--stop-at must be in [1, --steps={cfg.steps}]")
+    json.dumps(cfg.to_dict())  # the run directory stores it; fail now rather than mid-run
+    return cfg

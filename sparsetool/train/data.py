@@ -1,0 +1,199 @@
+"""Byte-level training data: a built-in corpus, user text, and a sampler that can resume exactly.
+
+Default corpus: the Python standard library's own ``.py`` source files (present wherever Python
+is; ~13 MB without its test suites). Files are taken in sorted relative-path order and assigned
+to train or validation by a hash of that path, so the split is deterministic, independent of
+the file system's listing order, and no file contributes to both sides.
+
+Batches are a pure function of ``(seed, position)``: position ``k`` counts training sequences
+already served. Each epoch is a seeded permutation of the non-overlapping windows of the train
+stream (with a seeded offset, so epochs do not share window boundaries), hence resuming at
+position ``k`` continues exactly where the interrupted run was and never repeats data within an
+epoch (the Variable SPDF post: a restart "should not repeat data from Stage-1").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sparsetool.errors import ConfigError
+
+VAL_FRACTION = 0.1
+_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
+_TEST_DIRS = {"test", "tests", "idle_test"}
+
+
+@dataclass
+class Corpus:
+    """Train and validation byte streams (uint8) and where they came from."""
+
+    train: np.ndarray
+    val: np.ndarray
+    source: str
+    train_files: int
+    val_files: int
+
+    def describe(self) -> dict:
+        return {
+            "source": self.source,
+            "train_bytes": int(self.train.size),
+            "val_bytes": int(self.val.size),
+            "train_files": self.train_files,
+            "val_files": self.val_files,
+        }
+
+
+def is_validation(relpath: str, fraction: float = VAL_FRACTION) -> bool:
+    """Deterministic split by a hash of the relative path (POSIX separators).
+
+    >>> is_validation("json/decoder.py"), is_validation("json/encoder.py")
+    (False, False)
+    >>> sum(is_validation(f"f{i}.py") for i in range(1000))  # about 10%
+    98
+    """
+    h = int.from_bytes(hashlib.sha256(relpath.encode("utf-8")).digest()[:8], "big")
+    return (h % 10_000) < fraction * 10_000
+
+
+def stdlib_files(include_tests: bool = False) -> tuple[Path, list[str]]:
+    """The standard library root and its ``.py`` files, relative, sorted."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for p in root.rglob("*.py"):
+        rel = p.relative_to(root)
+        parts = set(rel.parts[:-1])
+        if parts & _SKIP_DIRS or (not include_tests and parts & _TEST_DIRS):
+            continue
+        if p.is_file():
+            files.append(rel.as_posix())
+    return root, sorted(files)
+
+
+def _read(root: Path, rels: list[str]) -> np.ndarray:
+    chunks = []
+    for rel in rels:
+        try:
+            chunks.append((root / rel).read_bytes())
+        except OSError as e:
+            raise ConfigError(f"cannot read training file {root / rel}: {e.strerror}") from None
+        chunks.append(b"\n")  # files are separated by a blank line in the byte stream
+    return np.frombuffer(b"".join(chunks), dtype=np.uint8)
+
+
+def load_corpus(path: str | Path | None = None, min_bytes: int = 0) -> Corpus:
+    """Load the built-in corpus (``path`` None) or text files from ``path`` (a file or a directory).
+
+    A directory is split by file (hashed path, as the built-in corpus); if that leaves one side
+    empty, or for a single file, the last 10% of bytes become validation. ``min_bytes`` is the
+    least each side must hold (one training sequence plus its target byte).
+    """
+    if path is None:
+        root, rels = stdlib_files()
+        source = f"Python {sysconfig.get_python_version()} standard library ({root})"
+        corpus = _split_files(root, rels, source)
+    else:
+        p = Path(path)
+        if p.is_file():
+            data = _read(p.parent, [p.name])[:-1]
+            corpus = _split_tail(data, str(p), 1)
+        elif p.is_dir():
+            rels = sorted(
+                q.relative_to(p).as_posix()
+                for q in p.rglob("*")
+                if q.is_file() and not any(s.startswith(".") for s in q.relative_to(p).parts)
+            )
+            if not rels:
+                raise ConfigError(f"--data directory {p} holds no files; point it at text files")
+            corpus = _split_files(p, rels, str(p))
+        else:
+            raise ConfigError(f"--data {p} does not exist; give a text file or a directory of them")
+    for side in ("train", "val"):
+        n = getattr(corpus, side).size
+        if n < min_bytes:
+            raise ConfigError(
+                f"the {side} split of {corpus.source} has {n} bytes, fewer than the {min_bytes} "
+                "one sequence needs; use more text or a smaller --context"
+            )
+    return corpus
+
+
+def _split_files(root: Path, rels: list[str], source: str) -> Corpus:
+    val = [r for r in rels if is_validation(r)]
+    train = [r for r in rels if not is_validation(r)]
+    if not val or not train:
+        return _split_tail(_read(root, rels), source, len(rels))
+    return Corpus(_read(root, train), _read(root, val), source, len(train), len(val))
+
+
+def _split_tail(data: np.ndarray, source: str, files: int) -> Corpus:
+    cut = int(round(data.size * (1 - VAL_FRACTION)))
+    return Corpus(data[:cut], data[cut:], source, files, 0)
+
+
+class Sampler:
+    """Training sequences as a pure function of ``(seed, position)``.
+
+    >>> s = Sampler(np.arange(100, dtype=np.uint8), context=9, seed=0)
+    >>> s.windows_per_epoch
+    11
+    >>> x, y = s.batch(0, 2)
+    >>> x.shape, bool((x[:, 1:] == y[:, :-1]).all())
+    (torch.Size([2, 9]), True)
+    >>> bool((s.batch(5, 3)[0] == torch.cat([s.batch(5, 1)[0], s.batch(6, 2)[0]])).all())
+    True
+    """
+
+    def __init__(self, data: np.ndarray, context: int, seed: int) -> None:
+        if data.size < context + 1:
+            raise ConfigError(f"{data.size} training bytes cannot fill one {context}-byte sequence")
+        self.data = data
+        self.context = context
+        self.seed = seed
+        # Windows hold context + 1 bytes (inputs and the shifted targets) and do not overlap.
+        self.windows_per_epoch = (data.size - 1) // context
+        self._epoch = -1
+        self._starts = np.empty(0, dtype=np.int64)
+
+    def _epoch_starts(self, epoch: int) -> np.ndarray:
+        if epoch != self._epoch:
+            rng = np.random.Generator(np.random.PCG64([self.seed, epoch]))
+            n = self.windows_per_epoch
+            slack = self.data.size - 1 - n * self.context  # bytes left over after n windows
+            offset = int(rng.integers(0, slack + 1))
+            self._starts = offset + rng.permutation(n).astype(np.int64) * self.context
+            self._epoch = epoch
+        return self._starts
+
+    def starts(self, position: int, count: int) -> np.ndarray:
+        """Start offsets of sequences ``position .. position + count - 1``."""
+        out = np.empty(count, dtype=np.int64)
+        n = self.windows_per_epoch
+        for i in range(count):
+            k = position + i
+            out[i] = self._epoch_starts(k // n)[k % n]
+        return out
+
+    def batch(self, position: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets, each (count, context) int64."""
+        idx = self.starts(position, count)[:, None] + np.arange(self.context + 1)[None, :]
+        seq = torch.from_numpy(self.data[idx].astype(np.int64))
+        return seq[:, :-1], seq[:, 1:]
+
+
+def eval_batches(data: np.ndarray, context: int, n_sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed validation set: ``n_sequences`` windows spread evenly over the stream (no seed,
+    so every run and every algorithm is measured on the same bytes)."""
+    last = data.size - context - 1
+    if last < 0:
+        raise ConfigError(f"{data.size} validation bytes cannot fill one {context}-byte sequence")
+    n = max(1, min(n_sequences, last + 1))
+    starts = np.linspace(0, last, n).astype(np.int64)
+    idx = starts[:, None] + np.arange(context + 1)[None, :]
+    seq = torch.from_numpy(data[idx].astype(np.int64))
+    return seq[:, :-1], seq[:, 1:]

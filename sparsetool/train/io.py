@@ -1,0 +1,212 @@
+"""The run directory: checkpoints (safetensors, ``mask`` encoding), resume state, logs, plot.
+
+Layout::
+
+    RUN/run.json                          the resolved options (what --resume re-reads)
+    RUN/checkpoints/step-000500/          one directory per save, written then renamed
+        model.safetensors                 weights (pruned = +0.0) + a bool <name>_mask each
+        config.json                       the model's shape (n_layer, n_head, ...)
+        optimizer.pt                      AdamW and sparsifier state (exact resumption)
+        state.json                        step, data position, RNG states
+    RUN/latest                            name of the newest complete checkpoint directory
+    RUN/model.safetensors, config.json    the final model (a copy of the last checkpoint's)
+    RUN/log.jsonl, log.csv, loss.png      loss, LR, sparsity, tokens/s; the loss curve
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from sparsetool.errors import CheckpointError, ConfigError
+
+MASK_SUFFIX = "_mask"
+FORMAT_VERSION = 1
+
+
+def _write_json(path: Path, obj: object) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def save_model(path: Path, model: torch.nn.Module, masks: dict[str, torch.Tensor], meta: dict) -> None:
+    """Write weights in the ``mask`` encoding: pruned entries +0.0 and a bool ``<name>_mask``.
+
+    ``torch.where`` rather than ``w * mask``: a negative weight times 0 would be stored as -0.0.
+    """
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        t = t.detach().to("cpu", torch.float32).contiguous()
+        if name in masks:
+            m = masks[name].detach().to("cpu", torch.bool).contiguous()
+            t = torch.where(m, t, torch.zeros((), dtype=t.dtype))
+            tensors[name + MASK_SUFFIX] = m
+        tensors[name] = t
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt", "sparsetool": json.dumps(meta)})
+    os.replace(tmp, path)
+
+
+def save_checkpoint(run: Path, step: int, model: torch.nn.Module, masks: dict, meta: dict,
+                    model_cfg: dict, resume: dict, state: dict, keep_last: int) -> Path:
+    """Write checkpoints/step-NNNNNN atomically (a temp dir renamed), then point RUN/latest at it."""
+    ckdir = run / "checkpoints"
+    ckdir.mkdir(parents=True, exist_ok=True)
+    name = f"step-{step:06d}"
+    tmp = ckdir / f".{name}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    save_model(tmp / "model.safetensors", model, masks, meta)
+    _write_json(tmp / "config.json", {"model_type": "sparsetool-gpt", **model_cfg})
+    torch.save(resume, tmp / "optimizer.pt")
+    _write_json(tmp / "state.json", state)
+    final = ckdir / name
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    (run / "latest.tmp").write_text(name + "\n")
+    os.replace(run / "latest.tmp", run / "latest")
+    for f in ("model.safetensors", "config.json"):
+        shutil.copyfile(final / f, run / f"{f}.tmp")
+        os.replace(run / f"{f}.tmp", run / f)
+    if keep_last > 0:
+        old = sorted(p for p in ckdir.iterdir() if p.is_dir() and p.name.startswith("step-"))
+        for p in old[:-keep_last]:
+            shutil.rmtree(p, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(run: Path) -> Path:
+    pointer = run / "latest"
+    if not pointer.exists():
+        raise ConfigError(f"{run} has no checkpoint to resume from (no {pointer}); start it without --resume")
+    path = run / "checkpoints" / pointer.read_text().strip()
+    if not (path / "state.json").exists():
+        raise CheckpointError(f"{pointer} names {path}, which is missing or incomplete")
+    return path
+
+
+def load_resume(path: Path) -> tuple[dict, dict]:
+    state = json.loads((path / "state.json").read_text())
+    try:
+        resume = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated or foreign file: say which one
+        raise CheckpointError(f"{path / 'optimizer.pt'} cannot be read ({e}); resume from an earlier checkpoint") from None
+    return state, resume
+
+
+def rng_state() -> dict:
+    out = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = base64.b64encode(torch.cuda.get_rng_state().numpy().tobytes()).decode()
+    return out
+
+
+def set_rng_state(state: dict) -> None:
+    raw = base64.b64decode(state["torch"])
+    torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["cuda"])), dtype=torch.uint8))
+
+
+def read_init_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict]:
+    """Weights, masks and sparsetool metadata of any checkpoint sparsetool can read.
+
+    A targeted tensor pruned without a mask (``zeros`` encoding) gets ``mask = w != 0``.
+    """
+    from sparsetool.checkpoint import open_checkpoint
+
+    weights: dict[str, torch.Tensor] = {}
+    masks: dict[str, torch.Tensor] = {}
+    meta: dict = {}
+    with open_checkpoint(path) as ckpt:
+        for shard in ckpt.shards:
+            raw = ckpt.metadata(shard).get("sparsetool")
+            if raw:
+                try:
+                    meta.update(json.loads(raw))
+                except json.JSONDecodeError:
+                    pass
+        if ckpt.config and "n_head" in ckpt.config and "model" not in meta:
+            meta["model"] = {k: ckpt.config[k] for k in ("n_layer", "n_head", "d_model", "context")
+                             if k in ckpt.config}
+        for lt in ckpt.logical:
+            dense, mask = ckpt.read(lt)
+            weights[lt.name] = dense.float()
+            if mask is not None:
+                masks[lt.name] = mask.bool()
+    return weights, masks, meta
+
+
+class Log:
+    """JSONL (every record) and CSV (training rows, with the latest validation loss)."""
+
+    def __init__(self, run: Path, keep_until: int | None) -> None:
+        self.path = run / "log.jsonl"
+        self.records: list[dict] = []
+        if keep_until is not None and self.path.exists():
+            # Resuming: drop what the interrupted run logged after its last checkpoint, so the
+            # log reads as if the run had never stopped.
+            for line in self.path.read_text().splitlines():
+                rec = json.loads(line)
+                if rec.get("step", 0) <= keep_until:
+                    self.records.append(rec)
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        self._fh = self.path.open("a")
+
+    def write(self, record: dict) -> None:
+        self.records.append(record)
+        self._fh.write(json.dumps(record) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def write_csv(self, run: Path) -> None:
+        cols = ["step", "loss", "val_loss", "lr", "sparsity", "tokens_per_s", "tokens", "elapsed_s"]
+        val = {r["step"]: r["val_loss"] for r in self.records if r.get("kind") == "eval"}
+        tmp = run / "log.csv.tmp"
+        with tmp.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
+            w.writeheader()
+            for r in self.records:
+                if r.get("kind") == "train":
+                    w.writerow({**r, "val_loss": val.get(r["step"], "")})
+        os.replace(tmp, run / "log.csv")
+
+    def plot(self, run: Path, title: str) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        train = [(r["step"], r["loss"]) for r in self.records if r.get("kind") == "train"]
+        val = [(r["step"], r["val_loss"]) for r in self.records if r.get("kind") == "eval"]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        if train:
+            ax.plot(*zip(*train), lw=0.8, alpha=0.7, label="train")
+        if val:
+            ax.plot(*zip(*val), "o-", ms=3, label="validation")
+        for r in self.records:
+            if r.get("kind") == "stage":
+                ax.axvline(r["step"], color="grey", ls=":", lw=1)
+        ax.set_xlabel("step")
+        ax.set_ylabel("cross-entropy (nats/byte)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        tmp = run / "loss.tmp.png"
+        fig.savefig(tmp, dpi=110)
+        plt.close(fig)
+        os.replace(tmp, run / "loss.png")

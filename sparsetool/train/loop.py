@@ -1,0 +1,500 @@
+"""The training loop: AdamW, warm-up + cosine LR, clipping, accumulation, sparsity, DDP, resume.
+
+One optimizer step (the order the sparsity library expects)::
+
+    for each micro-batch: loss.backward()         # DDP all-reduces on the last one
+    clip the global gradient norm (over kept weights only)
+    sparsifier.before_step(step)                  # masks gradients; RigL reads them first
+    optimizer.step()                              # AdamW
+    sparsifier.after_step(step)                   # re-masks weights; updates masks when due
+
+Runs under ``torchrun --nproc_per_node N``: every rank builds the same model from the same seed,
+reads its slice of the same global batch, and the sparsifier takes mask decisions from
+all-reduced scores and a shared (seed, step) generator, then broadcasts them as a safety net.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from sparsetool.errors import ConfigError
+from sparsetool.train import io
+from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, validate
+from sparsetool.train.data import Sampler, eval_batches, load_corpus
+from sparsetool.train.model import GPT, PRESETS, infer_config, is_targeted
+from sparsetool.train.recipe import lr_at, model_config, param_groups, stage_plan
+
+Callback = Callable[[str, dict], None]
+
+
+class Trainer:
+    """Set up from a TrainConfig; :meth:`run` trains and returns the summary."""
+
+    def __init__(self, cfg: TrainConfig, resume: bool = False, callback: Callback | None = None,
+                 flag_overrides: dict | None = None) -> None:
+        self.callback = callback or (lambda kind, info: None)
+        self.run_dir = Path(cfg.out)
+        self.resume_from: Path | None = None
+        if resume:
+            cfg = self._resumed_config(cfg, flag_overrides or {})
+        elif (self.run_dir / "run.json").exists():
+            raise ConfigError(
+                f"{self.run_dir} already holds a run; add --resume to continue it or pick another --out"
+            )
+        elif self.run_dir.exists() and any(self.run_dir.iterdir()):
+            raise ConfigError(f"--out {self.run_dir} exists and is not empty; pick a new directory")
+        self.cfg = cfg
+        self._setup_distributed()
+        self._setup_model_and_data()
+
+    # ------------------------------------------------------------------ setup
+    def _resumed_config(self, cfg: TrainConfig, flags: dict) -> TrainConfig:
+        path = self.run_dir / "run.json"
+        if not path.exists():
+            raise ConfigError(f"--resume: {path} not found; is {self.run_dir} a run directory?")
+        import json
+
+        stored = TrainConfig.from_dict(json.loads(path.read_text())["config"])
+        stored.stop_at = None  # the interruption point is not part of the run; runs to the end
+        for k, v in flags.items():
+            if v is None or k in ("out",) or (k in ("stages", "sparsity_options") and not v):
+                continue
+            if k in RESUMABLE_OVERRIDES:
+                setattr(stored, k, v)
+            elif getattr(stored, k) != v:
+                raise ConfigError(
+                    f"--resume continues the stored run exactly; --{k.replace('_', '-')} "
+                    f"{v!r} differs from its {getattr(stored, k)!r} (start a new run to change it)"
+                )
+        self.resume_from = io.latest_checkpoint(self.run_dir)
+        return validate(stored)
+
+    def _setup_distributed(self) -> None:
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        want = self.cfg.device
+        if want == "auto":
+            want = "cuda" if torch.cuda.is_available() else "cpu"
+        if want.startswith("cuda"):
+            if not torch.cuda.is_available():
+                raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu")
+            self.device = torch.device("cuda", local) if self.world > 1 else torch.device(want)
+        else:
+            self.device = torch.device("cpu")
+        if self.world > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+        self.master = self.rank == 0
+        use_bf16 = self.cfg.dtype == "bfloat16" or (
+            self.cfg.dtype == "auto" and self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        )
+        self.autocast = (
+            (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16))
+            if use_bf16 else contextlib.nullcontext
+        )
+        self.precision = "bf16 autocast" if use_bf16 else "float32"
+
+    def _setup_model_and_data(self) -> None:
+        cfg = self.cfg
+        init_w, init_m, init_meta = ({}, {}, {})
+        if cfg.init:
+            init_w, init_m, init_meta = io.read_init_checkpoint(cfg.init)
+            mc = init_meta.get("model", {})
+            head = mc.get("n_head") or cfg.n_head or PRESETS[cfg.preset].n_head
+            shapes = {k: tuple(v.shape) for k, v in init_w.items()}
+            self.mcfg = replace(infer_config(shapes, head), dropout=cfg.dropout)
+        else:
+            self.mcfg = model_config(cfg)
+        torch.manual_seed(cfg.seed)  # same initial weights on every rank
+        self.model = GPT(self.mcfg).to(self.device)
+        if init_w:
+            self._load_init(init_w)
+        self.filter = cfg.param_filter
+        self.targets = {n: p for n, p in self.model.named_parameters() if self._targeted(n, p)}
+        self.init_masks = {n: m for n, m in init_m.items() if n in self.targets}
+        if not self.init_masks and init_w:
+            # zeros encoding: a targeted tensor holding exact zeros was pruned by someone
+            for n, p in self.targets.items():
+                zero = p.detach() == 0
+                if bool(zero.any()):
+                    self.init_masks[n] = ~zero.cpu()
+        corpus = load_corpus(cfg.data, min_bytes=self.mcfg.context + 1)
+        self.corpus_info = corpus.describe()
+        self.sampler = Sampler(corpus.train, self.mcfg.context, cfg.seed)
+        self.val_x, self.val_y = eval_batches(corpus.val, self.mcfg.context, cfg.eval_sequences)
+        self.optimizer = torch.optim.AdamW(
+            param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
+            betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+            **({"fused": True} if self.device.type == "cuda" else {}),
+        )
+        self.plan = stage_plan(cfg)
+        self.ddp = None
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            # Masks live in the sparsifier, not in module buffers; and the model has no buffers.
+            # broadcast_buffers=False guarantees DDP never overwrites anything between steps.
+            self.ddp = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                           broadcast_buffers=False)
+
+    def _targeted(self, name: str, p: torch.nn.Parameter) -> bool:
+        if self.filter:
+            import fnmatch
+
+            return p.dim() >= 2 and any(fnmatch.fnmatchcase(name, g) for g in self.filter)
+        return is_targeted(name)
+
+    def _load_init(self, weights: dict[str, torch.Tensor]) -> None:
+        own = self.model.state_dict()
+        missing = sorted(set(own) - set(weights))
+        if missing:
+            raise ConfigError(
+                f"--init {self.cfg.init} lacks {len(missing)} tensor(s) of the model, e.g. "
+                f"{missing[0]!r}; it must be a checkpoint of sparsetool's GPT"
+            )
+        with torch.no_grad():
+            for name, t in own.items():
+                if tuple(weights[name].shape) != tuple(t.shape):
+                    raise ConfigError(f"--init: tensor {name!r} has shape {list(weights[name].shape)}, "
+                                      f"the model needs {list(t.shape)}")
+                t.copy_(weights[name])
+
+    # ------------------------------------------------------------------ sparsity
+    def _stage_index(self, step: int) -> int:
+        for i, st in enumerate(self.plan):
+            if st["start"] <= step < st["end"]:
+                return i
+        return len(self.plan) - 1
+
+    def _sparsifier_config(self, stage: dict, later_stage: bool) -> dict | None:
+        cfg = self.cfg
+        algorithm = cfg.algorithm
+        sparsity = stage["sparsity"]
+        if cfg.dense or algorithm == "dense":
+            return None
+        if sparsity is None and not self.init_masks and "sparsity" not in cfg.sparsity_options:
+            return None
+        if isinstance(sparsity, (int, float)) and sparsity == 0 and (cfg.stages or algorithm is None):
+            return None
+        out: dict[str, Any] = {"algorithm": algorithm or "static", "seed": cfg.seed}
+        if cfg.param_filter:
+            out["param_filter"] = list(cfg.param_filter)
+        if cfg.initial_sparsity is not None:
+            out["initial_sparsity"] = cfg.initial_sparsity
+        if sparsity is None and self.init_masks:
+            total = sum(m.numel() for m in self.init_masks.values())
+            sparsity = 1.0 - sum(int(m.sum()) for m in self.init_masks.values()) / total
+        if sparsity is not None:
+            out["sparsity"] = sparsity
+        for k in ("distribution", "init_method", "drop_fraction"):
+            if getattr(cfg, k) is not None:
+                out[k] = getattr(cfg, k)
+        upd = {p: getattr(cfg, f"update_{p}") for p in ("freq", "start", "stop")}
+        if out["algorithm"] == "imp" and upd["freq"] is not None:
+            out["period"] = upd.pop("freq")  # IMP's "update" is its pruning period
+        if any(v is not None for v in upd.values()):
+            out["update"] = {k: v for k, v in upd.items() if v is not None}
+        if later_stage and out["algorithm"] != "imp":
+            # A later sparse stage starts from trained weights: prune the smallest, not at random.
+            out["init_method"] = "magnitude"
+        out.update(cfg.sparsity_options)
+        return out
+
+    def _build_sparsifier(self, stage_idx: int, state: dict | None):
+        stage = self.plan[stage_idx]
+        spc = self._sparsifier_config(stage, later_stage=stage_idx > 0)
+        if spc is None:
+            return None
+        try:
+            from sparsetool.train.algorithms import build_sparsifier
+        except ImportError as e:
+            raise ConfigError(f"sparse training is unavailable in this installation ({e})") from None
+        sp = build_sparsifier(spc)
+        if state is not None:
+            sp.load_state_dict(state)
+        elif stage_idx == 0 and self.init_masks:
+            sp.masks = {n: m.to(self.device) for n, m in self.init_masks.items()}
+        sp.attach(dict(self.model.named_parameters()), self.optimizer, stage["end"])
+        if set(sp.masks) != set(self.targets):
+            raise ConfigError(
+                f"the sparsifier masks {sorted(sp.masks)[:3]}..., expected the targeted "
+                f"{sorted(self.targets)[:3]}...; check --param-filter"
+            )
+        self.sparsifier_config = spc
+        return sp
+
+    # ------------------------------------------------------------------ helpers
+    def _log_sparsity(self) -> float:
+        if self.sp is not None:
+            return float(self.sp.sparsity())
+        return 0.0
+
+    def _masks(self) -> dict[str, torch.Tensor]:
+        return dict(self.sp.masks) if self.sp is not None else {}
+
+    def _meta(self, step: int) -> dict:
+        return {
+            "producer": "sparsetool train",
+            "format_version": io.FORMAT_VERSION,
+            "encoding": "mask" if self.sp is not None else "plain",
+            "step": step,
+            "model": self.mcfg.to_dict(),
+            "algorithm": (self.sparsifier_config or {}).get("algorithm") if self.sp else "dense",
+            "sparsity": round(self._log_sparsity(), 6),
+            "targeted": sorted(self.targets),
+        }
+
+    def _allreduce_mean(self, value: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            dist.all_reduce(value)
+            value /= self.world
+        return value
+
+    def _rank_mask_digests(self) -> list[str] | None:
+        """SHA-256 of every rank's masks (None on one process or when dense): the check that
+        data-parallel mask decisions agreed, reported in the summary."""
+        if self.world == 1 or self.sp is None:
+            return None
+        import hashlib
+
+        h = hashlib.sha256()
+        for name in sorted(self.sp.masks):
+            h.update(name.encode())
+            h.update(self.sp.masks[name].to("cpu", torch.uint8).numpy().tobytes())
+        out: list = [None] * self.world
+        dist.all_gather_object(out, h.hexdigest())
+        return out
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        self.model.eval()
+        total, n = 0.0, 0
+        bs = self.cfg.batch_size
+        for i in range(0, self.val_x.size(0), bs):
+            x = self.val_x[i:i + bs].to(self.device)
+            y = self.val_y[i:i + bs].to(self.device)
+            with self.autocast():
+                _, loss = self.model(x, y)
+            total += float(loss) * x.size(0)
+            n += x.size(0)
+        self.model.train()
+        return total / n
+
+    def _clip(self) -> float:
+        """Global gradient-norm clipping over what the sparse model really trains: masked
+        positions are excluded from the norm (their gradient is discarded, but RigL still reads
+        it for regrowth, so it is scaled with the rest rather than zeroed here)."""
+        masks = self.sp.masks if self.sp is not None else {}
+        sq = torch.zeros((), device=self.device)
+        for name, p in self.model.named_parameters():
+            if p.grad is None:
+                continue
+            g = p.grad.detach().float()
+            if name in masks:
+                g = g * masks[name]
+            sq += g.pow(2).sum()
+        norm = float(sq.sqrt())
+        if self.cfg.grad_clip > 0 and norm > self.cfg.grad_clip:
+            coef = self.cfg.grad_clip / (norm + 1e-6)
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+        return norm
+
+    def _save(self, step: int, position: int, tokens: int, elapsed: float) -> None:
+        if not self.master:
+            return
+        resume = {
+            "optimizer": self.optimizer.state_dict(),
+            "sparsifier": self.sp.state_dict() if self.sp is not None else None,
+        }
+        state = {
+            "step": step,
+            "data_position": position,
+            "tokens": tokens,
+            "elapsed_s": elapsed,
+            "stage": self._stage_index(step - 1),  # the stage whose sparsifier state is saved
+            "sparse": self.sp is not None,
+            "rng": io.rng_state(),
+            "world_size": self.world,
+        }
+        io.save_checkpoint(self.run_dir, step, self.model, self._masks(), self._meta(step),
+                           self.mcfg.to_dict(), resume, state, self.cfg.keep_last)
+        self.log.write_csv(self.run_dir)
+        self.log.plot(self.run_dir, self._title())
+
+    def _title(self) -> str:
+        c = self.cfg
+        what = "dense"
+        if c.stages:
+            what = "stages " + " -> ".join(f"{s:g}:{f:g}" for s, f in c.stages)
+        elif c.dense:
+            what = "dense from init"
+        elif self.sp is not None or c.algorithm not in (None, "dense"):
+            what = f"{c.algorithm or 'static'} {c.sparsity if c.sparsity is not None else ''}"
+        return f"{self.run_dir.name}: {what}, {self.mcfg.n_layer}L d{self.mcfg.d_model}, {c.steps} steps"
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> dict:
+        cfg = self.cfg
+        start_step, position, tokens, elapsed0 = 0, 0, 0, 0.0
+        sp_state = None
+        if self.resume_from is not None:
+            state, resume = io.load_resume(self.resume_from)
+            weights, _, _ = io.read_init_checkpoint(self.resume_from / "model.safetensors")
+            self._load_init(weights)
+            self.optimizer.load_state_dict(resume["optimizer"])
+            sp_state = resume.get("sparsifier")
+            start_step, position = int(state["step"]), int(state["data_position"])
+            tokens, elapsed0 = int(state["tokens"]), float(state["elapsed_s"])
+            io.set_rng_state(state["rng"])
+            if int(state.get("world_size", 1)) * cfg.batch_size * cfg.grad_accum != \
+                    self.world * cfg.batch_size * cfg.grad_accum:
+                raise ConfigError(
+                    f"this run was trained on {state.get('world_size', 1)} process(es); resume it "
+                    f"with the same number (now {self.world}) so the global batch stays the same"
+                )
+        stage_idx = int(state["stage"]) if self.resume_from is not None else 0
+        self.sparsifier_config = None
+        self.mask_divergences = 0
+        self.sp = None
+        if sp_state is not None or self.resume_from is None:
+            self.sp = self._build_sparsifier(stage_idx, sp_state)
+        if self.master:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            io._write_json(self.run_dir / "run.json", {"config": cfg.to_dict(), "model": self.mcfg.to_dict(),
+                                                       "data": self.corpus_info})
+        self.log = io.Log(self.run_dir, keep_until=start_step if self.resume_from else None) \
+            if self.master else _NullLog()
+
+        per_rank = cfg.batch_size * cfg.grad_accum
+        global_batch = per_rank * self.world
+        tok_per_step = global_batch * self.mcfg.context
+        stop = cfg.stop_at or cfg.steps
+        info = {
+            "run_dir": str(self.run_dir), "params": self.model.num_params(),
+            "model": self.mcfg.to_dict(), "data": self.corpus_info, "world_size": self.world,
+            "global_batch": global_batch, "tokens_per_step": tok_per_step, "start_step": start_step,
+            "steps": cfg.steps, "stop": stop, "device": str(self.device), "precision": self.precision,
+            "stages": self.plan, "sparsity": self._log_sparsity(),
+        }
+        self.callback("start", info)
+        model = self.ddp or self.model
+        self.model.train()
+        done_train = [r for r in self.log.records if r.get("kind") == "train"]
+        done_eval = [r for r in self.log.records if r.get("kind") == "eval"]
+        last_loss = done_train[-1]["loss"] if done_train else float("nan")
+        last_val = done_eval[-1]["val_loss"] if done_eval else None
+        t_run = time.perf_counter()
+        for step in range(start_step, stop):
+            # ---- stage switch (Variable SPDF): densify, or re-sparsify at the new level
+            idx = self._stage_index(step)
+            if idx != stage_idx:
+                if self.sp is not None:
+                    self.sp.densify()
+                    self.sp = None
+                stage_idx = idx
+                self.sp = self._build_sparsifier(idx, None)
+                rec = {"kind": "stage", "step": step, "stage": idx,
+                       "sparsity": self._log_sparsity()}
+                self.log.write(rec)
+                self.callback("stage", rec)
+            t0 = time.perf_counter()
+            loss_sum = torch.zeros((), device=self.device)
+            for micro in range(cfg.grad_accum):
+                # sequences of this step: the global batch is laid out micro-batch-major, then
+                # rank, so N ranks x B equal one process with N*B (the same samples, same order)
+                first = position + (micro * self.world + self.rank) * cfg.batch_size
+                x, y = self.sampler.batch(first, cfg.batch_size)
+                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                sync = self.ddp is None or micro == cfg.grad_accum - 1
+                with (contextlib.nullcontext() if sync else self.ddp.no_sync()), self.autocast():
+                    _, loss = model(x, y)
+                (loss / cfg.grad_accum).backward()
+                loss_sum += loss.detach()
+            position += global_batch
+            grad_norm = self._clip()
+            updates_before = self.sp.updates_done if self.sp is not None else 0
+            if self.sp is not None:
+                self.sp.before_step(step)
+            # after before_step: an IMP pruning step rewinds the schedule it reports
+            lr = lr_at(self.sp.lr_step(step) if self.sp is not None else step, cfg)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+            if self.sp is not None:
+                self.sp.after_step(step)
+                if self.world > 1 and self.sp.updates_done != updates_before:
+                    if len(set(self._rank_mask_digests())) > 1:
+                        self.mask_divergences += 1  # reported: the decisions should agree
+                    self.sp.broadcast_masks()  # safety net; decisions are already rank-identical
+            self.optimizer.zero_grad(set_to_none=True)
+            last_loss = float(self._allreduce_mean(loss_sum / cfg.grad_accum))
+            dt = time.perf_counter() - t0
+            tokens += tok_per_step
+            done = step + 1
+            rec = {
+                "kind": "train", "step": done, "loss": round(last_loss, 6), "lr": lr,
+                "sparsity": round(self._log_sparsity(), 6), "grad_norm": round(grad_norm, 6),
+                "tokens_per_s": round(tok_per_step / dt, 1), "tokens": tokens,
+                "elapsed_s": round(elapsed0 + time.perf_counter() - t_run, 3),
+            }
+            if done % cfg.log_every == 0 or done == stop:
+                self.log.write(rec)
+            self.callback("step", rec)
+            if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
+                last_val = self.evaluate()
+                ev = {"kind": "eval", "step": done, "val_loss": round(last_val, 6)}
+                self.log.write(ev)
+                self.callback("eval", ev)
+            if (cfg.save_every and done % cfg.save_every == 0) or done == stop:
+                self._save(done, position, tokens, elapsed0 + time.perf_counter() - t_run)
+        elapsed = elapsed0 + time.perf_counter() - t_run
+        digests = self._rank_mask_digests()
+        divergences = self.mask_divergences
+        summary = {
+            "run_dir": str(self.run_dir), "step": stop, "steps": cfg.steps, "finished": stop == cfg.steps,
+            "loss": round(last_loss, 6), "val_loss": None if last_val is None else round(last_val, 6),
+            "sparsity": round(self._log_sparsity(), 6), "tokens": tokens, "elapsed_s": round(elapsed, 3),
+            "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else None,
+            "params": self.model.num_params(), "world_size": self.world,
+            "masks_identical_across_ranks": None if digests is None else len(set(digests)) == 1,
+            "mask_updates_that_diverged": divergences if self.world > 1 else None,
+            "checkpoint": str(self.run_dir / "model.safetensors"),
+            "log": str(self.run_dir / "log.jsonl"), "plot": str(self.run_dir / "loss.png"),
+        }
+        self.log.close()
+        self.callback("end", summary)
+        return summary
+
+    def close(self) -> None:
+        if self.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class _NullLog:
+    records: list = []
+
+    def write(self, record: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def train(cfg: TrainConfig, resume: bool = False, callback: Callback | None = None,
+          flag_overrides: dict | None = None) -> dict:
+    """Train as ``cfg`` says (or continue the run in ``cfg.out`` with ``resume``); the summary."""
+    trainer = Trainer(cfg, resume=resume, callback=callback, flag_overrides=flag_overrides)
+    try:
+        return trainer.run()
+    finally:
+        trainer.close()

@@ -1,0 +1,69 @@
+"""The recipe pieces of a run that are pure functions of its options: the LR schedule, the
+AdamW parameter groups, the model size and the Variable SPDF stage plan."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from sparsetool.train.config import TrainConfig
+from sparsetool.train.model import GPT, PRESETS, GPTConfig
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to ``lr`` over ``warmup`` steps, then half a cosine down to
+    ``min_lr_ratio * lr`` at the last step (SPDF paper, Appendix A.1: "a learning rate warm-up
+    ... followed by a cosine decay to 10% of the peak learning rate").
+
+    ``lr(t) = lr * (t + 1) / warmup`` for ``t < warmup``, else
+    ``lr_min + (lr - lr_min) * (1 + cos(pi * (t - warmup) / (steps - warmup))) / 2``.
+
+    >>> cfg = TrainConfig(lr=1.0, warmup=10, steps=110, min_lr_ratio=0.1)
+    >>> [round(lr_at(t, cfg), 3) for t in (0, 9, 10, 60, 110)]
+    [0.1, 1.0, 1.0, 0.55, 0.1]
+    """
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    lo = cfg.lr * cfg.min_lr_ratio
+    span = max(1, cfg.steps - cfg.warmup)
+    t = min(1.0, (step - cfg.warmup) / span)
+    return lo + (cfg.lr - lo) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+def model_config(cfg: TrainConfig) -> GPTConfig:
+    base = PRESETS[cfg.preset]
+    over = {k: getattr(cfg, k) for k in ("n_layer", "n_head", "d_model", "context") if getattr(cfg, k)}
+    return replace(base, dropout=cfg.dropout, **over)
+
+
+def param_groups(model: GPT, weight_decay: float) -> list[dict]:
+    """Decay the matrices of linear layers only; norms, biases and embeddings are not decayed
+    (as nanoGPT and the Model Zoo do: decaying a LayerNorm gain or an embedding row pulls it
+    toward zero for no regularisation benefit)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.dim() >= 2 and not name.startswith(("tok_emb", "pos_emb")):
+            decay.append(p)
+        else:
+            no_decay.append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def stage_plan(cfg: TrainConfig) -> list[dict]:
+    """Stages as [{sparsity, start, end}] over steps; one stage without --stage.
+
+    >>> stage_plan(TrainConfig(steps=100, stages=[(0.9, 0.8), (0.0, 0.2)]))
+    [{'sparsity': 0.9, 'start': 0, 'end': 80}, {'sparsity': 0.0, 'start': 80, 'end': 100}]
+    """
+    if not cfg.stages:
+        return [{"sparsity": cfg.sparsity, "start": 0, "end": cfg.steps}]
+    out, acc = [], 0.0
+    for s, f in cfg.stages:
+        start = out[-1]["end"] if out else 0
+        acc += f
+        end = cfg.steps if len(out) == len(cfg.stages) - 1 else int(round(acc * cfg.steps))
+        out.append({"sparsity": s, "start": start, "end": end})
+    return out
