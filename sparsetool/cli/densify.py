@@ -41,4 +41,4 @@ def densify(
 
     decoded = ", ".join(f"{n} {enc}" for enc, n in sorted(result.decoded.items())) or "none"
     console.print(f"densified {result.tensors} tensors (decoded: {decoded}); "
-                  f"wrote {escape(str(result.output))}", highlight=False)
+                  f"wrote {escape(str(result.output))}", highlight=False, soft_wrap=True)

@@ -63,6 +63,6 @@ def prune(
         f"pruned {len(result.tensors)} tensors ({result.numel:,} weights): "
         f"targeted sparsity {percent(1 - before / result.numel)} -> "
         f"[bold]{percent(result.targeted_sparsity)}[/], encoding {opts.encoding}",
-        highlight=False,
+        highlight=False, soft_wrap=True,
     )
-    console.print(f"wrote {escape(str(result.output))}", highlight=False)
+    console.print(f"wrote {escape(str(result.output))}", highlight=False, soft_wrap=True)

@@ -74,7 +74,7 @@ def report(
         from tabulate import tabulate
 
         typer.echo(tabulate(cells, headers=header, tablefmt={"markdown": "pipe"}.get(fmt, fmt),
-                            disable_numparse=True))
+                            disable_numparse=True, colalign=("left",) * 5 + ("right",) * 3))
         for k, v in summary:
             typer.echo(f"{k}: {v}")
     if plot is not None:
