@@ -105,6 +105,12 @@ def test_defaults_follow_rigl_paper():
     assert s._drop_schedule == Constant(0.3)  # SET's zeta
 
 
+def test_short_runs_update_every_twentieth_of_training():
+    sp = build_sparsifier({"algorithm": "rigl", "sparsity": 0.9})
+    sp.attach(zoo_params(), None, 60)
+    assert sp._update_schedule == Periodic(3, 3, 45)
+
+
 def test_gmp_and_granet_schedules():
     g = build_sparsifier({"algorithm": "gmp", "sparsity": 0.8, "update": {"freq": 10, "start": 0, "stop": 100}})
     g.attach(zoo_params(), None, 200)
@@ -148,7 +154,8 @@ def test_attach_errors():
         build_sparsifier({"algorithm": "gmp", "initial_sparsity": 0.5, "sparsity": 0.3}).attach(
             zoo_params(), None, 1000)
     with pytest.raises(ConfigError, match="must be after start"):
-        build_sparsifier({"algorithm": "rigl"}).attach(zoo_params(), None, 50)  # stop 37 < start 100
+        build_sparsifier({"algorithm": "rigl", "update": {"freq": 100}}).attach(
+            zoo_params(), None, 50)  # default stop 37 < start 100
 
 
 def test_default_targets_with_a_ddp_prefix():

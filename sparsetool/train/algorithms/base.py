@@ -138,8 +138,11 @@ class Sparsifier:
 
     def _default_update(self, total_steps: int) -> tuple[int, int, int]:
         """(freq, start, stop) of mask updates: RigL's defaults, dT = 100 and T_end = 75% of
-        training (Evci et al. 2020, section 4), first update after one period of training."""
-        freq = int(self.update_freq) if self.update_freq is not None else 100
+        training (Evci et al. 2020, section 4), first update after one period of training. Runs
+        shorter than 2000 steps update every ``total_steps // 20`` steps instead, so that they
+        still see about 15 updates before T_end."""
+        default_freq = max(1, min(100, total_steps // 20))
+        freq = int(self.update_freq) if self.update_freq is not None else default_freq
         start = int(self.update_start) if self.update_start is not None else freq
         stop = int(self.update_stop) if self.update_stop is not None else int(0.75 * total_steps)
         return freq, start, stop
