@@ -142,8 +142,13 @@ class Trainer:
 
             # Masks live in the sparsifier, not in module buffers; and the model has no buffers.
             # broadcast_buffers=False guarantees DDP never overwrites anything between steps.
+            import inspect
+
+            no_buffer_sync = ({"forward_sync_buffers": False}
+                              if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                              else {"broadcast_buffers": False})
             self.ddp = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                           broadcast_buffers=False)
+                           **no_buffer_sync)
 
     def _targeted(self, name: str, p: torch.nn.Parameter) -> bool:
         if self.filter:
