@@ -204,3 +204,54 @@ def test_step_generator_depends_on_all_three():
              for s in (0, 1) for t in (0, 1) for i in (0, 1)}
     assert len({tuple(v) for v in draws.values()}) == 8
     assert torch.rand(4, generator=step_generator(1, 1, 1)).tolist() == draws[(1, 1, 1)]
+
+
+def _fake_model(shapes, seed):
+    g = torch.Generator().manual_seed(seed)
+    params = {}
+    for i, shape in enumerate(shapes):
+        p = torch.nn.Parameter(torch.randn(shape, generator=g))
+        p.grad = torch.randn(shape, generator=g)
+        params[f"blocks.{i}.mlp.fc.weight"] = p
+    return params
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    algo=st.sampled_from(["set", "rigl"]),
+    shapes=st.lists(st.tuples(st.integers(1, 12), st.integers(1, 12)), min_size=1, max_size=3),
+    sparsity=st.floats(0.0, 0.95),
+    drop=st.floats(0.0, 1.0),
+    seed=st.integers(0, 3),
+)
+def test_drop_and_grow_invariants(algo, shapes, sparsity, drop, seed):
+    params = _fake_model(shapes, seed)
+    sp = build_sparsifier({"algorithm": algo, "sparsity": sparsity, "seed": seed,
+                           "drop_fraction": {"type": "constant", "value": drop},
+                           "update": {"freq": 1, "start": 0, "stop": 10}})
+    sp.attach(params, None, 10)
+    old = {n: m.clone() for n, m in sp.masks.items()}
+    sp.before_step(0)
+    for n, m in sp.masks.items():
+        k = int(old[n].sum())
+        assert int(m.sum()) == k  # the non-zero count of every tensor is kept exactly
+        grown, dropped = m & ~old[n], old[n] & ~m
+        expected = min(round(drop * k), m.numel() - k)  # capped by the pruned positions there are
+        assert int(grown.sum()) == int(dropped.sum()) == expected
+        w = params[n].detach()
+        assert not w[~m].any() and not w[grown].any()
+        assert not params[n].grad[~m | grown].any()
+
+
+def test_equal_magnitudes_drop_the_higher_indices():
+    w = torch.nn.Parameter(torch.ones(4, 4))
+    w.grad = torch.zeros(4, 4)
+    mask = torch.zeros(4, 4, dtype=torch.bool)
+    mask[:2] = True  # 8 kept, all |w| = 1
+    sp = build_sparsifier({"algorithm": "rigl", "sparsity": 0.5, "drop_fraction": 0.25,
+                           "update": {"freq": 1, "start": 0, "stop": 10}})
+    sp.masks = {"blocks.0.mlp.fc.weight": mask}
+    sp.attach({"blocks.0.mlp.fc.weight": w}, None, 10)
+    sp.before_step(0)  # drop round(0.25 * 1.0 * 8) = 2: flat 6 and 7; grow the two lowest pruned: 8, 9
+    assert torch.nonzero(sp.masks["blocks.0.mlp.fc.weight"].flatten()).flatten().tolist() == [
+        0, 1, 2, 3, 4, 5, 8, 9]
