@@ -57,10 +57,18 @@ def _drop_negative_zero(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """-0.0 -> +0.0 (a pruned entry must be a plain zero), without touching any other value."""
     if not t.is_floating_point():
         return t, False
-    neg_zero = (t == 0) & torch.signbit(t)
+    itype = _INT_VIEW.get(t.element_size())
+    if itype is not None and t.is_contiguous():
+        # -0.0 is the bit pattern with only the sign bit set: the int type's minimum.
+        neg_zero = t.view(itype) == torch.iinfo(itype).min
+    else:
+        neg_zero = (t == 0) & torch.signbit(t)
     if not bool(neg_zero.any()):
         return t, False
     return t.masked_fill(neg_zero, 0.0), True
+
+
+_INT_VIEW = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def densify_checkpoint(src: str | Path, out: str | Path, *, in_place: bool = False,

@@ -184,11 +184,25 @@ def _existing(ckpt: Checkpoint, lt: LogicalTensor, *,
             "its NaNs indistinguishable from pruned weights; pick --encoding zeros or mask, or "
             "fix the NaN values first"
         )
-    if mask is None:
-        mask = dense != 0
-    else:
-        mask = mask & (dense != 0)
-    return dense, mask
+    alive = nonzero_mask(dense)
+    return dense, alive if mask is None else mask & alive
+
+
+_SIGNLESS = {2: (torch.int16, 0x7FFF), 4: (torch.int32, 0x7FFFFFFF),
+             8: (torch.int64, 0x7FFFFFFFFFFFFFFF)}
+
+
+def nonzero_mask(t: torch.Tensor) -> torch.Tensor:
+    """``t != 0`` (so -0.0 is a zero too), computed on the bit pattern for floats: a float
+    comparison on bf16 is several times slower on CPU than the integer test.
+
+    >>> nonzero_mask(torch.tensor([0.0, -0.0, 1.5, -2.0], dtype=torch.bfloat16))
+    tensor([False, False,  True,  True])
+    """
+    if t.is_floating_point() and t.element_size() in _SIGNLESS:
+        itype, signless = _SIGNLESS[t.element_size()]
+        return t.view(itype).bitwise_and(signless).ne(0)
+    return t != 0
 
 
 def _recorded_nan_encoding(ckpt: Checkpoint) -> bool:
@@ -371,8 +385,7 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
                             sw.copy_stored(name, ckpt, name)
                         continue
                     dense, mask, before = planner.mask(lt)
-                    dense = dense.masked_fill(~mask, 0.0)
-                    nonzero = _count_nonzero(dense)
+                    nonzero = _count_nonzero(mask)  # the mask keeps only alive, non-zero weights
                     for name, tensor in encode(lt.name, dense, mask, opts.encoding):
                         sw.write(name, tensor)
                     result.tensors.append(TensorResult(lt.name, tuple(lt.shape), lt.numel,

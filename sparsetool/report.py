@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from sparsetool.checkpoint import Checkpoint, LogicalTensor, open_checkpoint
+from sparsetool.prune import nonzero_mask
 from sparsetool.targets import is_targeted, role
 
 Progress = Callable[[str, int, int], None]
@@ -85,11 +86,7 @@ def count_nonzero(ckpt: Checkpoint, lt: LogicalTensor) -> int:
     if not lt.dtype.is_floating_point:
         return int(torch.count_nonzero(ckpt.read_stored(lt.stored[0])))
     dense, mask = ckpt.read(lt)
-    if lt.dtype.itemsize == 2 and mask is None:
-        # Zero test on the bit pattern ignores the sign (-0.0 is a zero) and is much faster
-        # than a float comparison on bf16.
-        return int(torch.count_nonzero(dense.view(torch.int16) & 0x7FFF))
-    nz = dense != 0
+    nz = nonzero_mask(dense)
     if mask is not None:
         nz &= mask
     return int(torch.count_nonzero(nz))

@@ -84,8 +84,25 @@ def _zeros(name: str, dense: torch.Tensor, mask: torch.Tensor | None) -> torch.T
         return dense
     if mask.shape != dense.shape:
         raise SparsetoolError(f"tensor {name}: mask shape {list(mask.shape)} differs from weight shape {list(dense.shape)}")
-    # masked_fill writes +0.0, so a pruned -0.0 becomes +0.0
-    return dense.masked_fill(~mask.to(torch.bool), 0)
+    return apply_mask(dense, mask.to(torch.bool))
+
+
+_INT_VIEW = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def apply_mask(dense: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``dense`` with pruned entries +0.0 (a pruned -0.0 becomes +0.0 too).
+
+    For floats the bit pattern is multiplied by the mask: all-zero bits are +0.0, and on CPU this
+    is several times faster than ``masked_fill`` on bf16.
+
+    >>> apply_mask(torch.tensor([-1.0, -0.0, 2.0]), torch.tensor([False, False, True]))
+    tensor([0., 0., 2.])
+    """
+    itype = _INT_VIEW.get(dense.element_size()) if dense.is_floating_point() else None
+    if itype is None or not dense.is_contiguous():
+        return dense.masked_fill(~mask, 0)
+    return (dense.view(itype) * mask).view(dense.dtype)
 
 
 def encode(name: str, dense: torch.Tensor, mask: torch.Tensor | None, encoding: str) -> list[tuple[str, torch.Tensor]]:
