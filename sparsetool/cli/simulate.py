@@ -148,14 +148,22 @@ def _run(checkpoint, shape, model, sparsity, sweep, tokens, pattern, seed, devic
     if len(sps) > 1:
         rows = sim.sweep(lambda s: make(s)[0], sps, devices)
         result = {"workload": sim.simulate(wl, devices)["workload"], "sweep": rows}
-        result["workload"].pop("theoretical", None)
+        for k in ("theoretical", "targeted_sparsity", "forward_flops", "train_flops"):
+            result["workload"].pop(k, None)  # they vary along the sweep: see its rows
+        result["workload"]["label"] = wl.label.replace(f" at sparsity {sps[-1]:g}", "")
+        if shape is not None and pattern == "random" and mk[1] % 4 == 0:
+            nm_devices = {n: d for n, d in devices.items() if d.kind == "gpu-2:4"}
+            if nm_devices:  # where 2:4 cores do apply: the same shape with a 2:4 mask
+                nm_wl, _ = wlmod.from_shape(mk, 0.5, tokens, grids, "2:4", seed)
+                result["nm_point"] = sim.sweep(lambda s: nm_wl, [0.5], nm_devices)[0]
+                result["nm_point"]["mask"] = "2:4"
         if plot is not None:
             from sparsetool.hardware.plot import plot_sweep
 
             key = "forward_speedup" if shape is not None else "train_speedup"
             what = "one matmul, forward" if shape is not None else "training step"
             title = f"{wl.label.split(' at ')[0]}: {what}, {tokens:g} tokens"
-            plot_sweep(rows, plot, title, key)
+            plot_sweep(rows, plot, title, key, result.get("nm_point"))
             result["plot"] = str(plot)
     else:
         if plot is not None:
@@ -237,23 +245,29 @@ def _render(res: dict[str, Any], show_all: bool) -> None:
     w = res["workload"]
     head = (f"[bold]{escape(w['label'])}[/]  {w['tokens']:g} tokens per step"
             + (f" (sequences of {w['seq_len']})" if w.get("seq_len") else "")
-            + f", targeted sparsity {w['targeted_sparsity']:.4f}")
+            + ("" if "sweep" in res else f", targeted sparsity {w['targeted_sparsity']:.4f}"))
     console.print(head, highlight=False)
     if "sweep" in res:
-        t = Table(title="speedup over each device's dense run (forward / training step)")
-        t.add_column("sparsity", justify="right")
-        t.add_column("theoretical", justify="right")
-        names = list(res["sweep"][0]["devices"])
-        for n in names:
-            t.add_column(escape(n), justify="right")
+        from rich import box
+
+        key = "forward_speedup" if w["source"] == "shape" else "train_speedup"
+        what = "one forward matmul" if w["source"] == "shape" else "a training step"
+        t = Table(title=f"speedup of {what} over each device's dense run, by sparsity",
+                  box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1),
+                  collapse_padding=True)
+        t.add_column("device", no_wrap=True)
         for r in res["sweep"]:
-            cells = [f"{r['sparsity']:.4g}", _x(r["theoretical"])]
-            for n in names:
-                d = r["devices"][n]
-                cells.append("n/a" if d["forward_speedup"] is None else
-                             f"{d['forward_speedup']:.2f} / {d['train_speedup']:.2f}")
-            t.add_row(*cells)
+            t.add_column(f"{r['sparsity']:.2f}", justify="right", no_wrap=True)
+        t.add_row("theoretical", *[f"{r['theoretical']:.2f}" if r["theoretical"] else "-"
+                                   for r in res["sweep"]])
+        for n in res["sweep"][0]["devices"]:
+            t.add_row(escape(n), *["n/a" if r["devices"][n][key] is None else f"{r['devices'][n][key]:.2f}"
+                                   for r in res["sweep"]])
         console.print(t)
+        if "nm_point" in res:
+            for n, d in res["nm_point"]["devices"].items():
+                console.print(f"{escape(n)} on a 2:4 mask of the same shape (sparsity 0.5): "
+                              f"{_x(d[key])}", highlight=False)
         if "plot" in res:
             console.print(f"plot written to {escape(res['plot'])}", highlight=False)
     else:

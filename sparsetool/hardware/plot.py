@@ -13,10 +13,12 @@ from sparsetool.errors import SparsetoolError
 _STYLE = {"dataflow": "-o", "gpu-dense": "--s", "gpu-2:4": "D", "gpu-spmm": ":^", "gpu-flash-llm": "-.v"}
 
 
-def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, key: str = "forward_speedup") -> None:
+def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, key: str = "forward_speedup",
+               nm_point: dict[str, Any] | None = None) -> None:
     """Write a PNG of ``rows`` (from :func:`sparsetool.hardware.compare.sweep`) to ``path``,
-    atomically (temporary file, then rename)."""
+    atomically (temporary file, then rename). ``nm_point``: the 2:4 devices on a 2:4 mask."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -30,17 +32,23 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, key: str = "f
     ax.plot(xs, theo, "k-", lw=2.5, alpha=0.35, label="theoretical 1/(1-s)")
     names = list(rows[0]["devices"]) if rows else []
     for name in names:
-        pts = [(r["sparsity"], r["devices"][name][key]) for r in rows if r["devices"][name][key] is not None]
-        if not pts:
+        pts = [(r["sparsity"], r["devices"][name][key]) for r in rows
+               if r["sparsity"] > 0 and r["devices"][name][key] is not None]
+        if not pts:  # refused on every sparse mask (2:4 cores on random masks)
             continue
         kind = rows[0]["devices"][name]["kind"]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], _STYLE.get(kind, "-"), ms=4, label=name)
+    for name, d in (nm_point or {}).get("devices", {}).items():
+        if d.get(key) is not None:
+            ax.plot([nm_point["sparsity"]], [d[key]], "D", ms=7, label=f"{name} (on a 2:4 mask)")
+    ax.plot([0.0], [1.0], "ko", ms=5, label="sparsity 0: every device's dense run")
     ax.set_xlabel("sparsity (fraction of zero weights)")
     ax.set_ylabel("speedup over the same device's dense run")
     ax.set_title(title, fontsize=10)
     ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     fd, tmp = tempfile.mkstemp(prefix=".plot-", suffix=".png", dir=path.parent)
     os.close(fd)
