@@ -119,3 +119,13 @@ def test_pack_unpack_inverse():
         values, bits, _ = bm.compress(keep.float())
         assert bits.shape == (3, (cols + 7) // 8)
         assert torch.equal(bm.unpack(bits, [3, cols]), keep)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int32])
+def test_nonzero_mask_matches_float_comparison(dtype):
+    t = torch.tensor([[0.0, -0.0, 1.0, -2.0], [float("nan"), 0.5, 0.0, -0.0]]).to(dtype) if dtype.is_floating_point \
+        else torch.tensor([[0, 3, -1, 0]], dtype=dtype)
+    assert torch.equal(bm.nonzero_mask(t), t != 0)
+    values, _, offsets = bm.compress(t)
+    assert values.dtype == dtype and values.numel() == int((t != 0).sum())
+    assert offsets.dtype == torch.int64

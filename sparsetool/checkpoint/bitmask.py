@@ -39,26 +39,38 @@ def packed_cols(cols: int) -> int:
     return (cols + 7) // 8
 
 
+_INT_OF_SIZE = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def _np_bits(dense: torch.Tensor) -> np.ndarray:
+    return dense.contiguous().view(getattr(torch, np.dtype(_INT_OF_SIZE[dense.element_size()]).name)).numpy()
+
+
 def nonzero_mask(dense: torch.Tensor) -> torch.Tensor:
-    """The entries the bitmask stores: ``dense != 0`` (bit patterns for fp8, where != is not defined)."""
-    if dense.dtype.is_floating_point and dense.element_size() == 1:
-        # fp8: compare raw bytes against +0 and -0 bit patterns
-        raw = dense.view(torch.uint8)
-        return (raw != 0) & (raw != 0x80)
+    """The entries the bitmask stores: ``dense != 0`` (so -0.0 is not stored, NaN is).
+
+    For floats this is computed on the raw bits (all bits but the sign clear means ±0), which
+    is exact and faster than a float comparison on CPU, and also defined for fp8.
+    """
+    if dense.dtype.is_floating_point:
+        bits = _np_bits(dense)
+        sign_off = np.array((1 << (8 * dense.element_size() - 1)) - 1, dtype=bits.dtype)
+        return torch.from_numpy(np.bitwise_and(bits, sign_off) != 0)
     return dense != 0
 
 
 def compress(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(values, packed bitmask, row offsets) of a dense tensor; see the module docstring."""
     keep = nonzero_mask(dense)
-    row_counts = keep.sum(dim=-1)
+    keep_np = keep.numpy()
+    row_counts = torch.from_numpy(keep_np.sum(axis=-1, dtype=np.int64))
     row_offsets = torch.cumsum(row_counts, 0) - row_counts
-    if dense.element_size() == 1 and dense.dtype.is_floating_point:
-        values = dense.view(torch.uint8)[keep].view(dense.dtype)
+    if dense.dtype.is_floating_point:
+        values = torch.from_numpy(_np_bits(dense)[keep_np]).view(dense.dtype)
     else:
         values = dense[keep]
-    bits = torch.from_numpy(np.packbits(keep.numpy(), axis=-1, bitorder="little"))
-    return values, bits, row_offsets.to(torch.int64)
+    bits = torch.from_numpy(np.packbits(keep_np, axis=-1, bitorder="little"))
+    return values, bits, row_offsets
 
 
 def unpack(bits: torch.Tensor, shape: list[int]) -> torch.Tensor:

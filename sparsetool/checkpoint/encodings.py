@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import numpy as _np
 import torch
 
 from sparsetool.checkpoint import bitmask as bm
@@ -25,6 +26,17 @@ from sparsetool.errors import SparsetoolError
 
 ENCODINGS = ("zeros", "mask", "nan", "bitmask")
 MASK_SUFFIX = "_mask"
+
+
+def may_hold_nan(t: torch.Tensor) -> bool:
+    """False only when ``t`` certainly holds no NaN.
+
+    A sum is NaN whenever any term is, and a reduction is several times faster than ``isnan``
+    over the tensor; only a non-finite sum (NaN, inf, or overflow) needs the exact check.
+    """
+    if not t.dtype.is_floating_point or t.element_size() == 1 or t.numel() == 0:
+        return False
+    return not bool(torch.isfinite(t.sum()))
 
 
 def _check_encoding(encoding: str) -> None:
@@ -75,8 +87,45 @@ def encoded_specs(lt_name: str, dtype: torch.dtype, shape: tuple[int, ...], nnz:
 
 def stored_nonzeros(dense: torch.Tensor, mask: torch.Tensor | None) -> int:
     """How many values the bitmask encoding stores for this tensor (the ``nnz`` of encoded_specs)."""
-    masked = dense if mask is None else dense.masked_fill(~mask, 0)
-    return int(bm.nonzero_mask(masked).sum())
+    keep = bm.nonzero_mask(dense)
+    if mask is not None:
+        keep &= mask.to(torch.bool)
+    return int(torch.count_nonzero(keep))
+
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Same memory seen as integers of the same width (contiguous input)."""
+    return t.view(_INT_OF_SIZE[t.element_size()])
+
+
+def zero_pruned(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """A new tensor: ``t`` where ``keep``, all-zero bits (+0.0) elsewhere; kept bits unchanged.
+
+    Done as an integer multiply by the mask on the raw bits in numpy, several times faster
+    than ``masked_fill`` on bf16/fp16 on CPU (and exact: -0.0 and NaN survive where kept).
+
+    >>> zero_pruned(torch.tensor([-1.5, -2.0, -0.0]), torch.tensor([True, False, True]))
+    tensor([-1.5000,  0.0000, -0.0000])
+    """
+    if t.element_size() not in _INT_OF_SIZE or t.is_complex() or t.device.type != "cpu":
+        return t.masked_fill(~keep, 0)
+    t = t.contiguous()
+    out = torch.from_numpy(_np.multiply(_bits(t).numpy(), keep.contiguous().numpy(), dtype=_bits(t).numpy().dtype))
+    return out.view(t.dtype)
+
+
+def fill_pruned_nan(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """A new tensor: ``t`` where ``keep``, NaN elsewhere (same bit-level approach as zero_pruned)."""
+    nan_bits = int(_bits(torch.tensor(float("nan"), dtype=t.dtype)).item())
+    t = t.contiguous()
+    kn = keep.contiguous().numpy()
+    bits = _bits(t).numpy()
+    out = _np.multiply(bits, kn, dtype=bits.dtype)
+    out |= _np.multiply(~kn, _np.array(nan_bits, dtype=bits.dtype), dtype=bits.dtype)
+    return torch.from_numpy(out).view(t.dtype)
 
 
 def _zeros(name: str, dense: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -84,25 +133,8 @@ def _zeros(name: str, dense: torch.Tensor, mask: torch.Tensor | None) -> torch.T
         return dense
     if mask.shape != dense.shape:
         raise SparsetoolError(f"tensor {name}: mask shape {list(mask.shape)} differs from weight shape {list(dense.shape)}")
-    return apply_mask(dense, mask.to(torch.bool))
-
-
-_INT_VIEW = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def apply_mask(dense: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``dense`` with pruned entries +0.0 (a pruned -0.0 becomes +0.0 too).
-
-    For floats the bit pattern is multiplied by the mask: all-zero bits are +0.0, and on CPU this
-    is several times faster than ``masked_fill`` on bf16.
-
-    >>> apply_mask(torch.tensor([-1.0, -0.0, 2.0]), torch.tensor([False, False, True]))
-    tensor([0., 0., 2.])
-    """
-    itype = _INT_VIEW.get(dense.element_size()) if dense.is_floating_point() else None
-    if itype is None or not dense.is_contiguous():
-        return dense.masked_fill(~mask, 0)
-    return (dense.view(itype) * mask).view(dense.dtype)
+    # pruned entries get +0.0 bits, so a pruned -0.0 becomes +0.0
+    return zero_pruned(dense, mask)
 
 
 def encode(name: str, dense: torch.Tensor, mask: torch.Tensor | None, encoding: str) -> list[tuple[str, torch.Tensor]]:
@@ -122,16 +154,19 @@ def encode(name: str, dense: torch.Tensor, mask: torch.Tensor | None, encoding: 
     if encoding == "nan":
         if not dense.dtype.is_floating_point:
             raise SparsetoolError(f"tensor {name}: the nan encoding needs a floating-point tensor, this one is {dense.dtype}; use --encoding zeros or mask")
-        nan = torch.isnan(dense)
-        kept_nan = nan if mask is None else nan & mask
-        if bool(kept_nan.any()):
-            raise SparsetoolError(
-                f"tensor {name} already holds {int(kept_nan.sum())} NaN value(s) at kept positions; "
-                "the nan encoding would make them look pruned. Use --encoding zeros, mask or bitmask"
-            )
+        if may_hold_nan(dense):
+            nan = torch.isnan(dense)
+            kept_nan = nan if mask is None else nan & mask
+            if bool(kept_nan.any()):
+                raise SparsetoolError(
+                    f"tensor {name} already holds {int(kept_nan.sum())} NaN value(s) at kept positions; "
+                    "the nan encoding would make them look pruned. Use --encoding zeros, mask or bitmask"
+                )
         if mask is None:
             return [(name, dense)]
-        return [(name, dense.masked_fill(~mask, float("nan")))]
+        if mask.shape != dense.shape:
+            raise SparsetoolError(f"tensor {name}: mask shape {list(mask.shape)} differs from weight shape {list(dense.shape)}")
+        return [(name, fill_pruned_nan(dense, mask))]
     module = bitmask_module(name, tuple(dense.shape))
     masked = _zeros(name, dense, mask)
     values, bits, offsets = bm.compress(masked)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 
 from sparsetool.checkpoint import bitmask as bm
-from sparsetool.checkpoint.encodings import MASK_SUFFIX
+from sparsetool.checkpoint.encodings import MASK_SUFFIX, may_hold_nan, zero_pruned
 from sparsetool.checkpoint.format import Header, StoredTensor, read_header
 from sparsetool.checkpoint.layout import Layout, locate
 from sparsetool.errors import CheckpointError
@@ -96,18 +97,28 @@ class Checkpoint:
 
     # ----------------------------------------------------------------- reading
     def read_stored(self, name: str) -> torch.Tensor:
-        """One stored tensor exactly as on disk (a fresh, writable CPU tensor)."""
+        """One stored tensor exactly as on disk: a writable CPU tensor of its own.
+
+        The bytes are mapped copy-on-write from the page cache (no copy until someone writes to
+        the tensor, and unmapped when the tensor is freed); where mapping is impossible they are
+        read with ``preadv``.
+        """
         st = self.entry(name)
+        if st.nbytes == 0:
+            return torch.empty(st.shape, dtype=st.dtype)
+        fd = self._fd(st.shard)
+        try:
+            return _map(fd, st)
+        except (OSError, ValueError):
+            pass
         buf = torch.empty(st.nbytes, dtype=torch.uint8)
-        if st.nbytes:
-            fd = self._fd(st.shard)
-            view = memoryview(buf.numpy())
-            got = 0
-            while got < st.nbytes:
-                n = os.preadv(fd, [view[got:]], st.start + got)
-                if n <= 0:
-                    raise CheckpointError(f"{self.shard_path(st.shard)}: file shrank while reading tensor {name!r}")
-                got += n
+        view = memoryview(buf.numpy())
+        got = 0
+        while got < st.nbytes:
+            n = os.preadv(fd, [view[got:]], st.start + got)
+            if n <= 0:
+                raise CheckpointError(f"{self.shard_path(st.shard)}: file shrank while reading tensor {name!r}")
+            got += n
         if st.dtype == torch.uint8:
             return buf.reshape(st.shape)
         return buf.view(st.dtype).reshape(st.shape)
@@ -121,10 +132,11 @@ class Checkpoint:
         """
         if lt.encoding == "plain":
             t = self.read_stored(lt.stored[0])
-            if _may_hold_nan(t):
+            if may_hold_nan(t):
                 nan = torch.isnan(t)
                 if bool(nan.any()):
-                    return t.masked_fill(nan, 0), ~nan
+                    keep = ~nan
+                    return zero_pruned(t, keep), keep
             return t, None
         if lt.encoding == "mask":
             w = self.read_stored(lt.stored[0])
@@ -134,8 +146,9 @@ class Checkpoint:
                     f"{self.path}: mask {lt.stored[1]!r} has shape {list(m.shape)} but weight "
                     f"{lt.stored[0]!r} has shape {list(w.shape)}; fix or drop the mask tensor"
                 )
-            m = m.to(torch.bool)
-            return w.masked_fill(~m, 0), m
+            # any non-zero byte means kept (a bool byte other than 0/1 is not a valid torch bool)
+            m = m.view(torch.uint8) != 0 if m.dtype == torch.bool else m != 0
+            return zero_pruned(w, m), m
         return self._read_bitmask(lt)
 
     def _read_bitmask(self, lt: LogicalTensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,15 +259,11 @@ class Checkpoint:
         return LogicalTensor(name, comp.dtype, tuple(shape), "bitmask", comp.shard, tuple(parts), nbytes)
 
 
-def _may_hold_nan(t: torch.Tensor) -> bool:
-    """False only when ``t`` certainly holds no NaN.
-
-    A sum is NaN whenever any term is, and a reduction is several times faster than ``isnan``
-    over the tensor; only a non-finite sum (NaN, inf, or overflow) needs the exact check.
-    """
-    if not t.dtype.is_floating_point or t.element_size() == 1 or t.numel() == 0:
-        return False
-    return not bool(torch.isfinite(t.sum()))
+def _map(fd: int, st: StoredTensor) -> torch.Tensor:
+    start = st.start - st.start % mmap.ALLOCATIONGRANULARITY
+    mm = mmap.mmap(fd, st.end - start, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
+    # the tensor holds the only reference to the mapping: it is unmapped when the tensor dies
+    return torch.frombuffer(mm, dtype=st.dtype, count=st.numel, offset=st.start - start).reshape(st.shape)
 
 
 def open_checkpoint(path: str | os.PathLike) -> Checkpoint:

@@ -1,0 +1,133 @@
+"""Checkpoint data-plane throughput: the reader and the streaming writer against ``cp``.
+
+Makes a bf16 checkpoint of GPT-3-XL-like tensors (about 2.6 GB with --layers 24), then times, on
+a warm page cache and in one run:
+
+* ``cp`` of the file (the baseline),
+* ``copy_stored`` of every tensor (raw byte copy through the writer),
+* read every tensor (``Checkpoint.read``) and ``ShardWriter.write`` it back,
+* the same with the zeros encoding of a magnitude mask from a fixed threshold (|w| >= 1.15 keeps
+  about 25% of a standard normal) on every 2-D tensor: read, mask, encode, write, i.e. the I/O
+  part of ``prune`` without the exact top-k selection,
+* reading alone.
+
+The checkpoint is made in a child process; the peak RSS reported is this process's, so it bounds
+every case run in it.
+
+    python benchmarks/bench_checkpoint_io.py --workdir /tmp/sparsetool-io [--layers 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from sparsetool.checkpoint import TensorSpec, encode, open_checkpoint, write_checkpoint
+
+
+def make(path: Path, layers: int, d: int = 2048, ffn: int = 8192, vocab: int = 50257) -> None:
+    g = torch.Generator().manual_seed(0)
+    # one save_file per layer group would need the index; write one file, a layer at a time in memory
+    tensors: dict[str, torch.Tensor] = {"wte.weight": torch.randn(vocab, d, generator=g).to(torch.bfloat16)}
+    for i in range(layers):
+        p = f"h.{i}."
+        tensors |= {
+            p + "attn.c_attn.weight": torch.randn(d, 3 * d, generator=g).to(torch.bfloat16),
+            p + "attn.c_proj.weight": torch.randn(d, d, generator=g).to(torch.bfloat16),
+            p + "mlp.c_fc.weight": torch.randn(d, ffn, generator=g).to(torch.bfloat16),
+            p + "mlp.c_proj.weight": torch.randn(ffn, d, generator=g).to(torch.bfloat16),
+            p + "ln_1.weight": torch.ones(d, dtype=torch.bfloat16),
+        }
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def machine() -> str:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "unknown CPU")
+    return f"{subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores, {platform.machine()}, {cpu}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/sparsetool-io"))
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--make", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.make:
+        make(args.make, args.layers)
+        return
+    work = args.workdir
+    work.mkdir(parents=True, exist_ok=True)
+    src = work / f"bf16-{args.layers}.safetensors"
+    if not src.exists():
+        print("making checkpoint ...", flush=True)
+        subprocess.run([sys.executable, __file__, "--make", str(src), "--layers", str(args.layers)], check=True)
+    size = src.stat().st_size
+    subprocess.run(["cat", str(src)], stdout=subprocess.DEVNULL, check=True)  # warm the cache
+    ck = open_checkpoint(src)
+    specs = [TensorSpec(e.name, e.dtype, e.shape) for e in ck.entries()]
+    out = work / "out.safetensors"
+
+    def cp() -> None:
+        subprocess.run(["cp", str(src), str(out)], check=True)
+
+    def copy_stored() -> None:
+        with write_checkpoint(ck, out) as w, w.shard(ck.shards[0], specs) as sw:
+            for e in ck.entries():
+                sw.copy_stored(e.name, ck, e.name)
+
+    def read_write() -> None:
+        with write_checkpoint(ck, out) as w, w.shard(ck.shards[0], specs) as sw:
+            for lt in ck.logical:
+                sw.write(lt.name, ck.read(lt)[0])
+
+    def prune_io() -> None:
+        with write_checkpoint(ck, out) as w, w.shard(ck.shards[0], specs) as sw:
+            for lt in ck.logical:
+                dense, _ = ck.read(lt)
+                if len(lt.shape) == 2:
+                    mask = dense.abs() >= 1.15
+                    ((name, t),) = encode(lt.name, dense * mask, mask, "zeros")
+                    sw.write(name, t)
+                else:
+                    sw.write(lt.name, dense)
+
+    def read_only() -> None:
+        for lt in ck.logical:
+            ck.read(lt)
+
+    cases = [("cp", cp), ("copy_stored", copy_stored), ("read + write", read_write),
+             ("read + mask + zeros + write", prune_io), ("read only", read_only)]
+    results = {}
+    for label, fn in cases:
+        best = float("inf")
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+            out.unlink(missing_ok=True)
+        results[label] = best
+        print(f"{label:30s} {best:7.2f} s", flush=True)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    base = results["cp"]
+    print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()}; "
+          f"checkpoint {size / 1e9:.2f} GB bf16 ({args.layers} layers); process peak RSS {rss:.0f} MB")
+    print("| case | wall (s) | x cp |")
+    print("|---|---:|---:|")
+    for label, t in results.items():
+        print(f"| {label} | {t:.2f} | {t / base:.2f} |")
+    shutil.rmtree(work / "tmp", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
