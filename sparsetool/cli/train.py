@@ -61,6 +61,7 @@ def train(
     eval_every: Optional[int] = typer.Option(None, "--eval-every", help="Validation every N steps (default 100) and at the end."),
     save_every: Optional[int] = typer.Option(None, "--save-every", help="Checkpoint every N steps (default: only at the end)."),
     stop_at: Optional[int] = typer.Option(None, "--stop-at", help="Stop after this step with a checkpoint; continue later with --resume."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: torch's; 1 is often fastest for small models on a busy machine)."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda or auto (default)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="auto (bf16 autocast on capable GPUs), float32 or bfloat16."),
     as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON (no progress bar)."),
@@ -97,7 +98,7 @@ def train(
             "sparsity_options": options, "init": str(init) if init else None,
             "dense": dense or None, "stages": [parse_stage(s) for s in stage],
             "eval_every": eval_every, "save_every": save_every, "stop_at": stop_at,
-            "device": device, "dtype": dtype,
+            "device": device, "dtype": dtype, "threads": threads,
         }
         if "out" not in file_values and out is None:
             raise ConfigError("--out RUN_DIR is required (the run directory to create or resume)")

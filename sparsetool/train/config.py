@@ -77,6 +77,7 @@ class TrainConfig:
     log_every: int = 1
     stop_at: int | None = None  # stop (with a checkpoint) after this many steps; resume later
     device: str = "auto"
+    threads: int | None = None  # CPU threads for torch; None: torch's default
     dtype: str = "auto"  # auto: bf16 autocast on a GPU that has it, float32 otherwise
 
     def to_dict(self) -> dict:
@@ -93,7 +94,8 @@ class TrainConfig:
 
 
 # Options that may differ when a run is resumed; any other change would break exact resumption.
-RESUMABLE_OVERRIDES = {"stop_at", "save_every", "eval_every", "keep_last", "log_every", "device"}
+RESUMABLE_OVERRIDES = {"stop_at", "save_every", "eval_every", "keep_last", "log_every", "device",
+                       "threads"}
 
 
 def parse_stage(text: str) -> tuple[float, float]:
@@ -241,6 +243,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.algorithm not in (None, "dense") and cfg.sparsity is None and not cfg.stages:
         need(cfg.init is not None or "sparsity" in cfg.sparsity_options,
              f"--algorithm {cfg.algorithm} needs --sparsity (e.g. --sparsity 0.75)")
+    if cfg.threads is not None:
+        need(int(cfg.threads) >= 1, "--threads must be >= 1")
     if cfg.stop_at is not None:
         need(1 <= cfg.stop_at <= cfg.steps, f"--stop-at must be in [1, --steps={cfg.steps}]")
     json.dumps(cfg.to_dict())  # the run directory stores it; fail now rather than mid-run

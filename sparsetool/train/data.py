@@ -1,7 +1,7 @@
 """Byte-level training data: a built-in corpus, user text, and a sampler that can resume exactly.
 
 Default corpus: the Python standard library's own ``.py`` source files (present wherever Python
-is; ~13 MB without its test suites). Files are taken in sorted relative-path order and assigned
+is; ~12 MB without its test suites and the generated ``pydoc_data``). Files are taken in sorted relative-path order and assigned
 to train or validation by a hash of that path, so the split is deterministic, independent of
 the file system's listing order, and no file contributes to both sides.
 
@@ -25,7 +25,9 @@ import torch
 from sparsetool.errors import ConfigError
 
 VAL_FRACTION = 0.1
-_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
+# pydoc_data holds generated English documentation, not source: kept out so it can serve as a
+# different-domain fine-tuning corpus without overlapping the pre-training text.
+_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "pydoc_data"}
 _TEST_DIRS = {"test", "tests", "idle_test"}
 
 

@@ -52,6 +52,8 @@ class Trainer:
         elif self.run_dir.exists() and any(self.run_dir.iterdir()):
             raise ConfigError(f"--out {self.run_dir} exists and is not empty; pick a new directory")
         self.cfg = cfg
+        if cfg.threads:
+            torch.set_num_threads(int(cfg.threads))
         self._setup_distributed()
         self._setup_model_and_data()
 
