@@ -9,6 +9,8 @@ plus RigL's neuroregeneration at every update: first prune each tensor by magnit
 ``1 - s_t``, then drop a further fraction ``f_decay(t)`` of the remaining weights by magnitude and
 regrow as many where |grad| is largest (cosine-decayed, as RigL). It runs dense-to-sparse
 (``initial_sparsity = 0``) or sparse-to-sparse (e.g. 0.5 -> 0.8 as in the Cerebras runs).
+Each tensor is pruned to its own count from the distribution (uniform or ERK); there is no global
+magnitude threshold across tensors.
 """
 
 from __future__ import annotations
