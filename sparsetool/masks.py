@@ -52,8 +52,10 @@ tensor([[False,  True, False,  True],
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -171,16 +173,22 @@ def _flat_existing(existing: Tensor | None, shape: torch.Size) -> Tensor | None:
 # exact selection on integer keys
 
 
-def _magnitude_bits(w: Tensor) -> tuple[Tensor, int, int]:
-    """Flat non-negative integer keys of |w| (IEEE bit pattern), their bit width, the key of inf."""
+def _int_view(w: Tensor) -> tuple[Tensor, int, int]:
+    """``w`` flat, viewed as integers (no copy for bf16/fp16/fp32/fp64); the magnitude's bit width
+    (the sign is the bit above it); and the magnitude key of +inf."""
     if not w.dtype.is_floating_point:
         raise SparsetoolError(f"magnitude needs a floating tensor, got dtype {w.dtype}")
     if w.dtype not in _LAYOUT:  # fp8 and friends convert to fp32 exactly
         w = w.to(torch.float32)
     int_dtype, nbits = _LAYOUT[w.dtype]
-    bits = w.contiguous().view(int_dtype).reshape(-1) & ((1 << nbits) - 1)
     inf = int(torch.tensor(math.inf, dtype=w.dtype).view(int_dtype).item())
-    return bits, nbits, inf
+    return w.contiguous().view(int_dtype).reshape(-1), nbits, inf
+
+
+def _magnitude_bits(w: Tensor) -> tuple[Tensor, int, int]:
+    """Flat non-negative integer keys of |w| (IEEE bit pattern), their bit width, the key of inf."""
+    src, nbits, inf = _int_view(w)
+    return src & ((1 << nbits) - 1), nbits, inf
 
 
 def _shifts(nbits: int) -> list[int]:
@@ -275,13 +283,99 @@ def _mask_from_threshold(
     return mask
 
 
-def _top_keys(bits: Tensor, nbits: int, inf: int, keep: int) -> Tensor:
-    """Flat mask keeping the ``keep`` largest available keys, ties to the lower index."""
-    t, above, _, available = _select(bits, nbits, inf, keep)
-    upper = None if available == bits.numel() else inf
-    if t < 0:
-        return bits <= inf if upper is not None else torch.ones_like(bits, dtype=torch.bool)
-    return _mask_from_threshold(bits, t, keep - above, upper)
+_CHUNK = 1 << 20  # keys per chunk: a chunk's temporaries stay in cache between the steps on it
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _map(fn: Callable[[int, int], Any], n: int) -> list[Any]:
+    """``fn(start, stop)`` over the chunks of ``range(n)``, in order; chunks run on a thread pool
+    (torch releases the GIL, and ``torch.bincount`` is single-threaded on CPU)."""
+    global _POOL
+    spans = [(s, min(s + _CHUNK, n)) for s in range(0, n, _CHUNK)]
+    workers = max(1, torch.get_num_threads())
+    if len(spans) < 2 or workers < 2:
+        return [fn(a, b) for a, b in spans]
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=min(workers, 8), thread_name_prefix="sparsetool-mask")
+    return list(_POOL.map(lambda span: fn(*span), spans))
+
+
+def _top_keys(src: Tensor, nbits: int, inf: int, keep: int, alive: Tensor | None) -> Tensor:
+    """Flat mask keeping the ``keep`` largest available keys, ties to the lower index.
+
+    The key of position i is ``src[i] & (2**nbits - 1)``, or "dead" (all ones, above ``inf``)
+    where ``alive`` is False; keys above ``inf`` are never kept. Two passes over ``src`` in chunks:
+    a histogram of the top digit (plus, for keys wider than 16 bits, the few candidates in the
+    boundary bucket), then the comparison that writes the mask.
+    """
+    n = src.numel()
+    full = (1 << nbits) - 1
+
+    def keys(a: int, b: int) -> Tensor:
+        k = src[a:b] & full
+        if alive is not None:
+            k.masked_fill_(~alive[a:b], full)
+        return k
+
+    if n <= _SMALL:
+        bits = keys(0, n)
+        t, above, _, available = _select(bits, nbits, inf, keep)
+        upper = None if available == n else inf
+        if t < 0:
+            return bits <= inf if upper is not None else torch.ones(n, dtype=torch.bool)
+        return _mask_from_threshold(bits, t, keep - above, upper)
+
+    shift = _shifts(nbits)[0]
+    width = nbits - shift
+    per_chunk = torch.stack(_map(lambda a, b: _bincount((keys(a, b) >> shift).reshape(-1), 1 << width), n))
+    hist = per_chunk.sum(0)
+    idig = inf >> shift
+    hist[idig + 1:] = 0
+    if shift and int(hist[idig]) > 0:  # NaN payloads share inf's bucket: count inf alone
+        hist[idig] = sum(_map(lambda a, b: int((keys(a, b) == inf).sum()), n))
+    available = int(hist.sum())
+    upper = None if available == n else inf
+    if keep >= available:
+        out = torch.empty(n, dtype=torch.bool)
+        _map(lambda a, b: torch.le(keys(a, b), inf, out=out[a:b]), n)
+        return out
+    if keep <= 0:
+        return torch.zeros(n, dtype=torch.bool)
+    d, above = _boundary(hist, keep)
+    if shift == 0:  # the digit is the whole key
+        t = d
+        equal = per_chunk[:, d].tolist()
+    elif keep - above == int(hist[d]):  # all of bucket d is kept: no select inside it
+        t = (d << shift) - 1
+        equal = [0] * len(per_chunk)
+    else:  # finish the select among the keys of bucket d, which are few for real weights
+        cands = _map(lambda a, b: (k := keys(a, b))[(k >> shift) == d], n)
+        t, above_in, _, _ = _select(torch.cat(cands), nbits, inf, keep - above)
+        above += above_in
+        equal = [int((c == t).sum()) for c in cands]
+    # Chunks before the one holding the last kept tie keep ">= t", that chunk keeps "> t" plus its
+    # first ties, later chunks keep "> t".
+    ties = keep - above
+    plan = []
+    for e in equal:
+        plan.append(min(ties, e) if 0 < ties < e else (-1 if ties >= e > 0 else 0))
+        ties -= min(ties, e)
+    out = torch.empty(n, dtype=torch.bool)
+
+    def write(a: int, b: int) -> None:
+        k = keys(a, b)
+        part = plan[a // _CHUNK]
+        if part < 0:
+            torch.ge(k, t, out=out[a:b])
+        else:
+            torch.gt(k, t, out=out[a:b])
+        if upper is not None:
+            out[a:b] &= k <= upper
+        if part > 0:
+            out[a + (k == t).nonzero().reshape(-1)[:part]] = True
+
+    _map(write, n)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -308,11 +402,9 @@ def magnitude_mask(
     tensor([ True, False,  True,  True])
     """
     k = _resolve_keep(w.numel(), sparsity, keep)
-    bits, nbits, inf = _magnitude_bits(w)
+    src, nbits, inf = _int_view(w)
     alive = _flat_existing(existing, w.shape)
-    if alive is not None:
-        bits = torch.where(alive, bits, torch.tensor((1 << nbits) - 1, dtype=bits.dtype))
-    return _top_keys(bits, nbits, inf, k).reshape(w.shape)
+    return _top_keys(src, nbits, inf, k, alive).reshape(w.shape)
 
 
 def random_mask(
@@ -347,11 +439,8 @@ def random_mask(
     # Random 31-bit keys; the few ties among them are broken by index, deterministically.
     # 30-bit keys leave room above them for the "dead" key.
     bits = torch.randint(0, 1 << 30, shape, generator=generator, dtype=torch.int32).reshape(-1)
-    inf = (1 << 30) - 1
     alive = _flat_existing(existing, torch.Size(shape))
-    if alive is not None:
-        bits = torch.where(alive, bits, torch.tensor(0x7FFFFFFF, dtype=torch.int32))
-    return _top_keys(bits, 31, inf, k).reshape(shape)
+    return _top_keys(bits, 31, (1 << 30) - 1, k, alive).reshape(shape)
 
 
 def nm_mask(
@@ -383,32 +472,53 @@ def nm_mask(
             "choose an M that divides it or exclude this tensor"
         )
     bits, nbits, inf = _magnitude_bits(w)
-    bits = bits.to(torch.int64)
     dead = bits > inf
     alive = _flat_existing(existing, w.shape)
     if alive is not None:
         dead |= ~alive
-    bits = bits.masked_fill(dead, -1).reshape(w.shape).movedim(dim, -1)
-    moved_shape = bits.shape
-    groups = bits.reshape(-1, m)
-    # A stable descending sort keeps the lower index first among equal magnitudes.
-    order = torch.sort(groups, dim=1, descending=True, stable=True).indices[:, :n]
-    mask = torch.zeros_like(groups, dtype=torch.bool).scatter_(1, order, True)
-    mask &= groups >= 0
-    return mask.reshape(moved_shape).movedim(-1, dim).contiguous()
+    keys = bits.to(torch.int32 if nbits <= 31 else torch.int64).masked_fill_(dead, -1)
+    d = dim % w.ndim
+    outer, inner = math.prod(w.shape[:d]), math.prod(w.shape[d + 1:])
+    keys = keys.view(outer, size // m, m, inner)  # groups run along axis 2, no copy
+    if m > 16:  # a stable descending sort keeps the lower index first among equal magnitudes
+        groups = keys.movedim(2, -1)
+        order = torch.sort(groups, dim=-1, descending=True, stable=True).indices[..., :n]
+        mask = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, order, True)
+        mask &= groups >= 0
+        return mask.movedim(-1, 2).reshape(w.shape).contiguous()
+    # Small M: the rank of each weight in its group by pairwise comparison (O(M) passes over the
+    # tensor, no sort); an earlier equal weight outranks a later one.
+    mask = torch.empty(keys.shape, dtype=torch.bool)
+    for j in range(m):
+        kj = keys[:, :, j]
+        rank = torch.zeros(kj.shape, dtype=torch.uint8)
+        for i in range(m):
+            if i != j:
+                rank += keys[:, :, i] >= kj if i < j else keys[:, :, i] > kj
+        mask[:, :, j] = (rank < n) & (kj >= 0)
+    return mask.reshape(w.shape)
 
 
 # ----------------------------------------------------------------------------------------------
 # global magnitude: histograms, plan, apply
 
 
-def _f32_keys(w: Tensor) -> Tensor:
-    """Flat int32 keys: the fp32 bit pattern of |w|."""
+def _f32_flat(w: Tensor) -> Tensor:
     if not w.dtype.is_floating_point:
         raise SparsetoolError(f"magnitude needs a floating tensor, got dtype {w.dtype}")
-    if w.dtype != torch.float32:
-        w = w.to(torch.float32)
-    return w.contiguous().view(torch.int32).reshape(-1) & _F32_ALL
+    return w.contiguous().reshape(-1)
+
+
+def _f32_chunk(flat: Tensor, a: int, b: int) -> tuple[Tensor, bool]:
+    """Keys of ``flat[a:b]`` on the fp32 scale, and whether they are only the high 16 bits (bf16:
+    its bits are the high half of the fp32 pattern, the low half is zero). NaN keys are above the
+    key of inf (``_F32_INF``, or ``_F32_INF >> 16`` for high keys)."""
+    x = flat[a:b]
+    if x.dtype == torch.bfloat16:
+        return x.view(torch.int16) & 0x7FFF, True
+    if x.dtype != torch.float32:
+        x = x.to(torch.float32)
+    return x.view(torch.int32) & _F32_ALL, False
 
 
 def _exact_coarse(dtype: torch.dtype) -> bool:
@@ -439,20 +549,50 @@ class MagnitudeHistogram:
         cls, w: Tensor, existing: Tensor | None = None, *, refine: int | None = None
     ) -> MagnitudeHistogram:
         """Histogram of ``w`` (coarse, or refined inside bucket ``refine``)."""
-        keys = _f32_keys(w)
+        flat = _f32_flat(w)
         alive = _flat_existing(existing, w.shape)
-        keys = keys.masked_fill(keys > _F32_INF, _F32_ALL)
-        if alive is not None:
-            keys = keys.masked_fill(~alive, _F32_ALL)
         exact = _exact_coarse(w.dtype)
+        n = flat.numel()
         if refine is None:
-            counts = _bincount(keys >> 16, 1 << 15)
-            counts[(_F32_INF >> 16) + 1:] = 0  # NaN and dead keys were all moved to the top bucket
+
+            def coarse(a: int, b: int) -> Tensor:
+                k, high = _f32_chunk(flat, a, b)
+                digits = k if high else k >> 16
+                if alive is not None:
+                    digits.masked_fill_(~alive[a:b], 0x7FFF)
+                return _bincount(digits, 1 << 15)
+
+            counts = torch.zeros(1 << 15, dtype=torch.int64)
+            for part in _map(coarse, n):
+                counts += part
+            counts[(_F32_INF >> 16) + 1:] = 0  # NaN and dead keys
+            if int(counts[_F32_INF >> 16]) and w.dtype != torch.bfloat16:
+                # fp32 NaN payloads below 0x7F810000 share the bucket of inf: count inf alone
+
+                def infinite(a: int, b: int) -> int:
+                    is_inf = _f32_chunk(flat, a, b)[0] == _F32_INF
+                    return int((is_inf if alive is None else is_inf & alive[a:b]).sum())
+
+                counts[_F32_INF >> 16] = sum(_map(infinite, n))
             return cls(counts, None, exact)
-        if not 0 <= refine < (_F32_INF >> 16) + 1:
+        if isinstance(refine, bool) or not 0 <= refine <= _F32_INF >> 16:
             raise SparsetoolError(f"refine bucket {refine} is outside 0..{_F32_INF >> 16}")
-        inside = keys[(keys >> 16) == refine]
-        counts = _bincount(inside & 0xFFFF, 1 << 16)
+
+        def fine(a: int, b: int) -> Tensor:
+            k, high = _f32_chunk(flat, a, b)
+            inside = (k == refine) if high else (k >> 16) == refine
+            inside &= k <= (_F32_INF >> 16 if high else _F32_INF)
+            if alive is not None:
+                inside &= alive[a:b]
+            if high:  # every bf16 key in the bucket is refine << 16 exactly
+                out = torch.zeros(1 << 16, dtype=torch.int64)
+                out[0] = int(inside.sum())
+                return out
+            return _bincount(k[inside] & 0xFFFF, 1 << 16)
+
+        counts = torch.zeros(1 << 16, dtype=torch.int64)
+        for part in _map(fine, n):
+            counts += part
         return cls(counts, int(refine), exact)
 
     @property
@@ -599,19 +739,49 @@ def apply_threshold(w: Tensor, plan: TensorPlan, existing: Tensor | None = None)
     >>> apply_threshold(torch.tensor([0.5, 2.0, 1.0]), TensorPlan(0x3F800000, 0, 1))
     tensor([False,  True, False])
     """
-    keys = _f32_keys(w)
+    flat = _f32_flat(w)
     alive = _flat_existing(existing, w.shape)
-    keys = keys.masked_fill(keys > _F32_INF, _F32_ALL)
-    if alive is not None:
-        keys = keys.masked_fill(~alive, _F32_ALL)
-    mask = _mask_from_threshold(keys, plan.threshold, plan.ties, _F32_INF)
-    kept = int(mask.sum())
-    if kept != plan.kept:
+    n = flat.numel()
+    out = torch.empty(n, dtype=torch.bool)
+
+    def cut(high: bool) -> tuple[int, bool, int]:
+        """The threshold on a chunk's key scale, whether keys can equal it, the key of inf."""
+        if high:
+            return plan.threshold >> 16, plan.threshold & 0xFFFF == 0, _F32_INF >> 16
+        return plan.threshold, True, _F32_INF
+
+    def above(a: int, b: int) -> int:
+        k, high = _f32_chunk(flat, a, b)
+        t, _, inf = cut(high)
+        part = out[a:b]
+        torch.gt(k, t, out=part)
+        part &= k <= inf
+        if alive is not None:
+            part &= alive[a:b]
+        return int(part.sum())
+
+    kept = sum(_map(above, n))
+    ties = plan.ties
+    for a in range(0, n, _CHUNK):  # ties go to the lowest flat indices: scan in order
+        if ties == 0:
+            break
+        k, high = _f32_chunk(flat, a, min(a + _CHUNK, n))
+        t, can_tie, _ = cut(high)
+        if not can_tie:
+            break
+        equal = k == t
+        if alive is not None:
+            equal &= alive[a:a + _CHUNK]
+        where = equal.nonzero().reshape(-1)[:ties]
+        out[a + where] = True
+        ties -= where.numel()
+        kept += where.numel()
+    if ties or kept != plan.kept:
         raise SparsetoolError(
             f"the plan keeps {plan.kept} weights of this tensor but its threshold keeps {kept}; "
             "did the tensor change between passes?"
         )
-    return mask.reshape(w.shape)
+    return out.reshape(w.shape)
 
 
 def global_magnitude_masks(

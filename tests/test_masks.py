@@ -1,5 +1,6 @@
 """Exact-count masks: magnitude, random, N:M and global magnitude against sort-based references."""
 
+import contextlib
 import math
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import sparsetool.masks as masks_module
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks import (
     GlobalPlan,
@@ -57,6 +59,18 @@ def ref_global(tensors, keep, existing):
     for _, t, i in entries[:keep]:
         masks[t][i] = True
     return [m.reshape(w.shape) for m, w in zip(masks, tensors)]
+
+
+@contextlib.contextmanager
+def tiny_chunks(on=True):
+    """Run the chunked, threaded path on small inputs: 7-key chunks, sorting only below 5 keys."""
+    saved = masks_module._CHUNK, masks_module._SMALL
+    if on:
+        masks_module._CHUNK, masks_module._SMALL = 7, 4
+    try:
+        yield
+    finally:
+        masks_module._CHUNK, masks_module._SMALL = saved
 
 
 @st.composite
@@ -206,7 +220,8 @@ def test_input_is_not_modified():
 def test_magnitude_equals_sort_reference(case, data):
     w, alive = case
     keep = data.draw(st.integers(0, w.numel()))
-    got = magnitude_mask(w, keep=keep, existing=alive)
+    with tiny_chunks(data.draw(st.booleans())):
+        got = magnitude_mask(w, keep=keep, existing=alive)
     assert got.shape == w.shape and got.dtype == torch.bool
     assert torch.equal(got, ref_magnitude(w, keep, alive))
     available = int((~torch.isnan(w) & (alive if alive is not None else True)).sum())
@@ -235,6 +250,34 @@ def test_prune_of_prune_is_nested_and_exact(w, data):
     assert int(m2.sum()) == min(k2, int(m1.sum()))
     if k2 <= k1:  # the smaller keep of the same weights is the same set either way
         assert torch.equal(m2, magnitude_mask(w, keep=k2))
+
+
+def torch_reference(w, keep, alive):
+    """Vectorised reference for big tensors: a stable sort of |w| (float64), descending."""
+    a = w.double().abs().reshape(-1)
+    dead = torch.isnan(a) | ~alive.reshape(-1)
+    a = a.masked_fill(dead, -1.0)
+    order = torch.sort(a, descending=True, stable=True).indices[:keep]
+    mask = torch.zeros(a.numel(), dtype=torch.bool)
+    mask[order] = True
+    return mask & ~dead
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_magnitude_on_a_multi_chunk_tensor_with_ties_nan_and_dead_weights(dtype):
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(1536, 1024, generator=g).to(dtype)  # 1.5 chunks of 2**20
+    w.view(-1)[::97] = 0.5  # a big tie group spread over both chunks
+    w.view(-1)[::1001] = -0.0
+    w.view(-1)[3::4999] = float("nan")
+    alive = torch.rand(w.shape, generator=g) > 0.1
+    for keep in (1, 700_000, w.numel()):
+        got = magnitude_mask(w, keep=keep, existing=alive)
+        assert torch.equal(got.reshape(-1), torch_reference(w, keep, alive)), keep
+    # the tie group straddles the boundary: keep exactly up to the middle of it
+    above = int((w.double().abs() > 0.5).logical_and(alive).sum())
+    keep = above + int(((w == 0.5) & alive).sum()) // 2
+    assert torch.equal(magnitude_mask(w, keep=keep, existing=alive).reshape(-1), torch_reference(w, keep, alive))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -270,6 +313,8 @@ def test_random_composes(n, data):
     keep = data.draw(st.integers(0, n))
     seed = data.draw(st.integers(0, 2**31))
     m = random_mask((n,), keep=keep, existing=alive, seed=seed)
+    with tiny_chunks():
+        assert torch.equal(m, random_mask((n,), keep=keep, existing=alive, seed=seed))
     assert not (m & ~alive).any()
     assert int(m.sum()) == min(keep, int(alive.sum()))
 
@@ -414,7 +459,8 @@ def tensor_lists(draw):
 def test_global_equals_sort_reference(case, data):
     tensors, alive = case
     keep = data.draw(st.integers(0, sum(t.numel() for t in tensors)))
-    got = global_magnitude_masks(tensors, keep=keep, existing=alive)
+    with tiny_chunks(data.draw(st.booleans())):
+        got = global_magnitude_masks(tensors, keep=keep, existing=alive)
     expected = ref_global(tensors, keep, alive)
     for g, e in zip(got, expected):
         assert torch.equal(g, e)
