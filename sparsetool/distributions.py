@@ -10,17 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
-from sparsetool.errors import ConfigError, SparsetoolError
+from sparsetool.counts import check_sparsity
+from sparsetool.errors import ConfigError
 
 __all__ = ["uniform_keep", "erk_keep", "keep_counts", "DISTRIBUTIONS"]
-
-
-def _check(sparsity: float) -> float:
-    if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0 <= sparsity <= 1:
-        raise SparsetoolError(
-            f"sparsity must be a number from 0 to 1 (the fraction of weights set to zero), got {sparsity!r}"
-        )
-    return float(sparsity)
 
 
 def uniform_keep(numels: Mapping[str, int], sparsity: float) -> dict[str, int]:
@@ -29,7 +22,7 @@ def uniform_keep(numels: Mapping[str, int], sparsity: float) -> dict[str, int]:
     >>> uniform_keep({"a": 10, "b": 3}, 0.5)
     {'a': 5, 'b': 1}
     """
-    s = _check(sparsity)
+    s = check_sparsity(sparsity, "sparsity")
     return {name: int(n) - round(s * int(n)) for name, n in numels.items()}
 
 
@@ -52,7 +45,7 @@ def erk_keep(
     >>> sum(erk_keep({"a": (8, 32), "b": (32, 8), "c": (32, 32)}, 0.8).values())
     307
     """
-    s = _check(sparsity)
+    s = check_sparsity(sparsity, "sparsity")
     numel = {name: math.prod(int(x) for x in shape) for name, shape in shapes.items()}
     target = sum(uniform_keep(numel, s).values())
     raw: dict[str, float] = {}

@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sparsetool.masks as masks_module
+import sparsetool.radix as radix_module
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks import (
     GlobalPlan,
@@ -64,13 +64,13 @@ def ref_global(tensors, keep, existing):
 @contextlib.contextmanager
 def tiny_chunks(on=True):
     """Run the chunked, threaded path on small inputs: 7-key chunks, sorting only below 5 keys."""
-    saved = masks_module._CHUNK, masks_module._SMALL
+    saved = radix_module._CHUNK, radix_module._SMALL
     if on:
-        masks_module._CHUNK, masks_module._SMALL = 7, 4
+        radix_module._CHUNK, radix_module._SMALL = 7, 4
     try:
         yield
     finally:
-        masks_module._CHUNK, masks_module._SMALL = saved
+        radix_module._CHUNK, radix_module._SMALL = saved
 
 
 @st.composite
