@@ -176,3 +176,21 @@ def test_bad_hardware_file_is_one_clean_error(tmp_path, text, match):
 
 def test_bad_plot_directory_writes_nothing(tmp_path):
     bad("--shape", "64x64", "--sweep", "--plot", str(tmp_path / "no" / "x.png"), match="does not exist")
+
+
+def test_model_verify_runs_on_a_mask_of_its_first_layer():
+    res = ok_json("--model", "gpt2-small", "--sparsity", "0.9", "--tokens", "1024", "--verify")
+    assert res["verify"]["equal"] and res["verify"]["block"] == [512, 512]
+
+
+def test_library_loads_neither_the_cli_nor_torch_nor_matplotlib():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, sparsetool.hardware; "
+        "bad = [m for m in ('typer', 'rich', 'sparsetool.cli', 'torch', 'matplotlib') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
