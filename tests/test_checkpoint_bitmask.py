@@ -129,3 +129,10 @@ def test_nonzero_mask_matches_float_comparison(dtype):
     values, _, offsets = bm.compress(t)
     assert values.dtype == dtype and values.numel() == int((t != 0).sum())
     assert offsets.dtype == torch.int64
+
+
+def test_plain_and_bitmask_forms_of_one_weight_conflict(tmp_path):
+    parts = dict(encode("a.weight", torch.tensor([[1.0, 0.0, 2.0]]), None, "bitmask"))
+    save_file(parts | {"a.weight": torch.ones(1, 3)}, tmp_path / "both.safetensors")
+    with pytest.raises(CheckpointError, match="two stored forms of 'a.weight'"):
+        open_checkpoint(tmp_path / "both.safetensors")

@@ -66,7 +66,7 @@ def compress(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     row_counts = torch.from_numpy(keep_np.sum(axis=-1, dtype=np.int64))
     row_offsets = torch.cumsum(row_counts, 0) - row_counts
     if dense.dtype.is_floating_point:
-        values = torch.from_numpy(_np_bits(dense)[keep_np]).view(dense.dtype)
+        values = torch.from_numpy(np.compress(keep_np.reshape(-1), _np_bits(dense).reshape(-1))).view(dense.dtype)
     else:
         values = dense[keep]
     bits = torch.from_numpy(np.packbits(keep_np, axis=-1, bitorder="little"))
@@ -82,8 +82,18 @@ def unpack(bits: torch.Tensor, shape: list[int]) -> torch.Tensor:
 
 def decompress(values: torch.Tensor, bits: torch.Tensor, shape: list[int]) -> torch.Tensor:
     """Dense tensor with zeros (+0.0) where the bitmask is clear."""
-    keep = unpack(bits, shape)
-    out = torch.zeros(shape, dtype=values.dtype)
+    return scatter(values, unpack(bits, shape))
+
+
+def scatter(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Zeros of ``keep``'s shape with ``values`` placed, in row-major order, where ``keep`` is set."""
+    if values.element_size() in _INT_OF_SIZE and not values.is_complex():
+        # on the raw bits in numpy: several times faster than torch's boolean index assignment
+        src = _np_bits(values)
+        out = np.zeros(keep.numel(), dtype=src.dtype)
+        out[np.flatnonzero(keep.numpy())] = src
+        return torch.from_numpy(out.reshape(tuple(keep.shape))).view(values.dtype)
+    out = torch.zeros(keep.shape, dtype=values.dtype)
     out[keep] = values
     return out
 

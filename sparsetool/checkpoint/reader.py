@@ -162,8 +162,7 @@ class Checkpoint:
                 f"{self.path}: bitmask {bits_name!r} marks {n} non-zeros but {comp_name!r} holds "
                 f"{values.numel()} values: corrupt bitmask group"
             )
-        dense = torch.zeros(lt.shape, dtype=values.dtype)
-        dense[keep] = values
+        dense = bm.scatter(values, keep)
         # -0.0 values would be "stored zeros"; compressed-tensors never stores them, but a
         # hand-made file might: keep them as stored values, the mask says they are kept.
         return dense, keep
@@ -238,6 +237,15 @@ class Checkpoint:
             if name not in member_of:
                 out.append(LogicalTensor(name, st.dtype, st.shape, "plain", st.shard, (name,), st.nbytes))
         out.sort(key=anchor)
+        seen: dict[str, LogicalTensor] = {}
+        for lt in out:
+            if lt.name in seen:
+                a, b = seen[lt.name], lt
+                raise CheckpointError(
+                    f"{self.path}: two stored forms of {lt.name!r}: {', '.join(a.stored)} and "
+                    f"{', '.join(b.stored)}; keep one of them"
+                )
+            seen[lt.name] = lt
         return out
 
     def _bitmask_lt(self, prefix: str, parts: list[str]) -> LogicalTensor:
