@@ -194,3 +194,20 @@ def test_library_loads_neither_the_cli_nor_torch_nor_matplotlib():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout
+
+
+def test_yaml_hardware_file(tmp_path):
+    f = tmp_path / "hw.yaml"
+    f.write_text("a100:\n  launch_s: 0.0\nmy-spmm:\n  kind: gpu-spmm\n  break_even_sparsity: 0.5\n  launch_s: 0.0\n")
+    res = ok_json("--shape", "2048x2048", "--sparsity", "0.75", "--hardware", str(f),
+                  "--device", "a100", "--device", "my-spmm")
+    by = {d["name"]: d for d in res["devices"]}
+    assert by["a100"]["forward"]["breakdown"]["fixed"] == 0.0
+    # break-even at 50%: at 75% sparsity the compute-bound kernel is twice as fast as dense
+    assert by["my-spmm"]["forward"]["speedup"] == pytest.approx(2.0, rel=0.05)
+
+
+def test_hardware_file_with_unknown_suffix(tmp_path):
+    f = tmp_path / "hw.txt"
+    f.write_text("cs2: {}")
+    bad("--shape", "64x64", "--sparsity", "0.5", "--hardware", str(f), match="suffix")
