@@ -45,7 +45,8 @@ from sparsetool.global_magnitude import (
     global_magnitude_masks,
     global_threshold_plan,
 )
-from sparsetool.radix import _flat_existing, _int_view, _magnitude_bits, _resolve_keep, _top_keys
+from sparsetool import radix
+from sparsetool.radix import _flat_existing, _int_view, _map, _resolve_keep, _top_keys
 
 __all__ = [
     "magnitude_mask", "random_mask", "nm_mask", "fraction_keep", "sparsity_keep",
@@ -144,29 +145,35 @@ def nm_mask(
             f"N:M {n}:{m}: the size along dimension {dim % w.ndim} is {size}, not divisible by {m}; "
             "choose an M that divides it or exclude this tensor"
         )
-    bits, nbits, inf = _magnitude_bits(w)
-    dead = bits > inf
+    src, nbits, inf = _int_view(w)
+    full = (1 << nbits) - 1
     alive = _flat_existing(existing, w.shape)
-    if alive is not None:
-        dead |= ~alive
-    keys = bits.to(torch.int32 if nbits <= 31 else torch.int64).masked_fill_(dead, -1)
     d = dim % w.ndim
     outer, inner = math.prod(w.shape[:d]), math.prod(w.shape[d + 1:])
-    keys = keys.view(outer, size // m, m, inner)  # groups run along axis 2, no copy
-    if m > 16:  # a stable descending sort keeps the lower index first among equal magnitudes
-        groups = keys.movedim(2, -1)
-        order = torch.sort(groups, dim=-1, descending=True, stable=True).indices[..., :n]
-        mask = torch.zeros_like(groups, dtype=torch.bool).scatter_(-1, order, True)
-        mask &= groups >= 0
-        return mask.movedim(-1, 2).reshape(w.shape).contiguous()
-    # Small M: the rank of each weight in its group by pairwise comparison (O(M) passes over the
-    # tensor, no sort); an earlier equal weight outranks a later one.
-    mask = torch.empty(keys.shape, dtype=torch.bool)
-    for j in range(m):
-        kj = keys[:, :, j]
-        rank = torch.zeros(kj.shape, dtype=torch.uint8)
-        for i in range(m):
-            if i != j:
-                rank += keys[:, :, i] >= kj if i < j else keys[:, :, i] > kj
-        mask[:, :, j] = (rank < n) & (kj >= 0)
+    row = m * inner  # one row = the groups at one (outer, group) position, side by side
+    mask = torch.empty(w.numel(), dtype=torch.bool)
+
+    def part(a: int, b: int) -> None:
+        keys = src[a:b] & full  # non-negative, so -1 is free to mean "dead"
+        dead = keys > inf
+        if alive is not None:
+            dead |= ~alive[a:b]
+        keys = keys.masked_fill_(dead, -1).view(-1, m, inner)  # groups run along axis 1
+        out = mask[a:b].view(-1, m, inner)
+        if m > 16:  # a stable descending sort keeps the lower index first among equal magnitudes
+            order = torch.sort(keys, dim=1, descending=True, stable=True).indices[:, :n]
+            out.zero_().scatter_(1, order, True)
+            out &= keys >= 0
+            return
+        # Small M: each weight's rank in its group by pairwise comparison (M passes, no sort);
+        # an earlier equal weight outranks a later one.
+        for j in range(m):
+            kj = keys[:, j]
+            rank = torch.zeros(kj.shape, dtype=torch.uint8)
+            for i in range(m):
+                if i != j:
+                    rank += keys[:, i] >= kj if i < j else keys[:, i] > kj
+            torch.logical_and(rank < n, kj >= 0, out=out[:, j])
+
+    _map(part, w.numel(), step=max(1, radix._CHUNK // row) * row)
     return mask.reshape(w.shape)

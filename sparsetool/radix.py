@@ -170,11 +170,13 @@ _CHUNK = 1 << 20  # keys per chunk: a chunk's temporaries stay in cache between 
 _POOL: ThreadPoolExecutor | None = None
 
 
-def _map(fn: Callable[[int, int], Any], n: int) -> list[Any]:
-    """``fn(start, stop)`` over the chunks of ``range(n)``, in order; chunks run on a thread pool
-    (torch releases the GIL, and ``torch.bincount`` is single-threaded on CPU)."""
+def _map(fn: Callable[[int, int], Any], n: int, step: int | None = None) -> list[Any]:
+    """``fn(start, stop)`` over the chunks of ``range(n)`` (``step`` long, default ``_CHUNK``), in
+    order; chunks run on a thread pool (torch releases the GIL, and ``torch.bincount`` is
+    single-threaded on CPU)."""
     global _POOL
-    spans = [(s, min(s + _CHUNK, n)) for s in range(0, n, _CHUNK)]
+    step = step or _CHUNK
+    spans = [(s, min(s + step, n)) for s in range(0, n, step)]
     workers = max(1, torch.get_num_threads())
     if len(spans) < 2 or workers < 2:
         return [fn(a, b) for a, b in spans]

@@ -369,7 +369,8 @@ def test_nm_pattern_holds(w, data):
     alive = None
     if data.draw(st.booleans()):
         alive = torch.tensor(data.draw(st.lists(st.booleans(), min_size=w.numel(), max_size=w.numel()))).reshape(w.shape)
-    mask = nm_mask(w, n, m, dim=dim, existing=alive)
+    with tiny_chunks(data.draw(st.booleans())):
+        mask = nm_mask(w, n, m, dim=dim, existing=alive)
     groups_w = w.movedim(dim, -1).reshape(-1, m)
     groups_m = mask.movedim(dim, -1).reshape(-1, m)
     groups_a = None if alive is None else alive.movedim(dim, -1).reshape(-1, m)
@@ -441,6 +442,27 @@ def test_histogram_merge_and_total():
 def test_plan_types_are_small_and_plain():
     plan = global_threshold_plan([MagnitudeHistogram.of(torch.tensor([1.0, 2.0]))], 2)
     assert isinstance(plan, GlobalPlan) and plan.tensors == (TensorPlan(-1, 0, 2),)
+
+
+def test_global_on_multi_chunk_tensors_of_mixed_dtypes():
+    g = torch.Generator().manual_seed(11)
+    tensors = [torch.randn(1200, 1000, generator=g).to(dt)
+               for dt in (torch.float32, torch.bfloat16, torch.float16)]
+    for t in tensors:
+        t.view(-1)[::89] = 0.75  # exactly representable in all three: one big cross-tensor tie
+        t.view(-1)[5::7919] = float("nan")
+    alive = [None, torch.rand(1200, 1000, generator=g) > 0.2, None]
+    values = torch.cat([t.float().abs().reshape(-1) for t in tensors]).double()
+    dead = torch.cat([torch.isnan(t.float().reshape(-1)) | (False if a is None else ~a.reshape(-1))
+                      for t, a in zip(tensors, alive)])
+    order = torch.sort(values.masked_fill(dead, -1.0), descending=True, stable=True).indices
+    above = int(((values > 0.75) & ~dead).sum())
+    at = int(((values == 0.75) & ~dead).sum())
+    for keep in (above + at // 2, 1_500_000):  # inside the tie, and inside a refined fp32 bucket
+        expected = torch.zeros(values.numel(), dtype=torch.bool)
+        expected[order[:keep]] = True
+        got = global_magnitude_masks(tensors, keep=keep, existing=alive)
+        assert torch.equal(torch.cat([m.reshape(-1) for m in got]), expected), keep
 
 
 @st.composite
