@@ -426,3 +426,19 @@ def test_nan_detection_is_exact_for_infinities_and_overflow(tmp_path, dtype):
     assert got["big"][1] is None and torch.equal(got["big"][0], big)
     assert got["infs"][1] is None and torch.equal(got["infs"][0], infs)
     assert got["one_nan"][1].tolist() == [[True, False], [True, True]]
+
+
+def test_existing_output_directory_is_replaced_only_if_checkpoint(tmp_path):
+    _sharded_dir(tmp_path / "in")
+    ck = open_checkpoint(tmp_path / "in")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "thesis.tex").write_text("precious")
+    with pytest.raises(CheckpointError, match="holds no checkpoint"):
+        copy_all(ck, tmp_path / "home")
+    assert (tmp_path / "home" / "thesis.tex").read_text() == "precious"
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "model.safetensors").write_bytes(b"stale")
+    (tmp_path / "old" / "stale.txt").write_text("x")
+    copy_all(ck, tmp_path / "old")
+    assert sorted(os.listdir(tmp_path / "old")) == sorted(os.listdir(tmp_path / "in"))
+    assert sorted(os.listdir(tmp_path)) == ["home", "in", "old"]

@@ -215,6 +215,12 @@ def _put_in_place(tmp: Path, out: Path) -> None:
     _remove(old)
 
 
+def _replaceable_dir(d: Path) -> bool:
+    """An existing output directory is replaced only if it is empty or holds a checkpoint."""
+    names = [p.name for p in d.iterdir()]
+    return not names or any(n.endswith((".safetensors", ".safetensors.index.json")) for n in names)
+
+
 @contextlib.contextmanager
 def write_checkpoint(
     src: Checkpoint,
@@ -237,6 +243,11 @@ def write_checkpoint(
             raise CheckpointError(f"output {out} is an existing file but the input {src.path} is a directory; give a directory path")
         if not src.is_dir and out.is_dir():
             raise CheckpointError(f"output {out} is an existing directory but the input {src.path} is a single file; give a file path such as {out / src.path.name}")
+        if out.is_dir() and not _replaceable_dir(out):
+            raise CheckpointError(
+                f"output {out} is an existing directory that holds no checkpoint; it would be replaced "
+                "as a whole, so remove it yourself or choose a new path"
+            )
     parent = out_abs.parent
     if not parent.is_dir():
         raise CheckpointError(f"output directory {parent} does not exist; create it first")
