@@ -442,3 +442,20 @@ def test_existing_output_directory_is_replaced_only_if_checkpoint(tmp_path):
     copy_all(ck, tmp_path / "old")
     assert sorted(os.listdir(tmp_path / "old")) == sorted(os.listdir(tmp_path / "in"))
     assert sorted(os.listdir(tmp_path)) == ["home", "in", "old"]
+
+
+def test_mask_in_another_shard_than_its_weight(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    w = torch.tensor([[1.0, -2.0], [3.0, -4.0]])
+    m = torch.tensor([[True, False], [False, True]])
+    save_file({"l.weight": w}, d / "a.safetensors")
+    save_file({"l.weight_mask": m, "z": torch.ones(1)}, d / "b.safetensors")
+    wm = {"l.weight": "a.safetensors", "l.weight_mask": "b.safetensors", "z": "b.safetensors"}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    ck = open_checkpoint(d)
+    assert [(lt.name, lt.shard, lt.encoding) for lt in ck.logical] == [
+        ("l.weight", "a.safetensors", "mask"), ("z", "b.safetensors", "plain")]
+    assert [lt.name for lt in ck.logical_in("b.safetensors")] == ["z"]
+    dense, mask = ck.read(ck.logical[0])
+    assert dense.tolist() == [[1.0, 0.0], [0.0, -4.0]] and torch.equal(mask, m)
