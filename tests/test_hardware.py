@@ -426,3 +426,14 @@ def test_dense_gpu_is_memory_bound_for_one_token():
 
 def test_sparse24_type():
     assert isinstance(DEVICES["a100-2:4"], Sparse24GPU)
+
+
+def test_dataflow_says_when_resident_weights_do_not_fit_on_chip():
+    from sparsetool.flops import get_preset
+
+    big = simulate(from_model(get_preset("gpt3-175b"), 0.5, 2048, GRIDS), [DEVICES["cs2"]])["devices"][0]
+    assert any("do not fit" in n for n in big["notes"])  # 87.5B non-zeros x 4 bytes > 40 GB
+    small = simulate(from_model(get_preset("gpt3-xl"), 0.5, 2048, GRIDS), [DEVICES["cs2"]])["devices"][0]
+    assert small["notes"] == []
+    streamed = replace(DEVICES["cs2"], weight_streaming=True)
+    assert simulate(from_model(get_preset("gpt3-175b"), 0.5, 2048, GRIDS), [streamed])["devices"][0]["notes"] == []

@@ -98,7 +98,9 @@ class Dataflow(Device):
 
     The same count of multiply-adds serves all three passes (backward-data sends each non-zero to
     the groups holding ``dy[:, m]``; backward-weight does one length-``T`` dot product per
-    non-zero), so the same tile imbalance applies to each.
+    non-zero), so the same tile imbalance applies to each. Compute and the weight stream overlap
+    (weights flow in while earlier ones are used), hence the ``max`` of the roofline rather than a
+    sum. When resident weights exceed ``sram_bytes``, :meth:`notes` says so.
     """
 
     kind: ClassVar[str] = "dataflow"
@@ -106,6 +108,7 @@ class Dataflow(Device):
     clock_hz: float = 1.1e9
     fmac_per_core_cycle: float = 4.0
     sram_bandwidth: float = 20e15
+    sram_bytes: float = 40e9
     fabric_bandwidth: float = 27.5e15
     groups_m: int = 32
     groups_k: int = 32
@@ -153,6 +156,16 @@ class Dataflow(Device):
 
     def untargeted_cost(self, flops: float) -> Cost:
         return Cost.roofline(flops / (2 * self.fmac_rate), 0.0, 0.0)
+
+    def notes(self, layers: list[LayerMask], passes: tuple[str, ...]) -> list[str]:
+        if self.weight_streaming:
+            return []
+        held = sum(ly.numel * self.weight_bytes if ly.is_dense
+                   else ly.nnz * (self.weight_bytes + self.index_bytes) for ly in layers)
+        if held > self.sram_bytes:
+            return [f"the pruned weights ({held / 1e9:.1f} GB) do not fit in the {self.sram_bytes / 1e9:g} GB "
+                    "of on-chip SRAM: set weight_streaming = true in a --hardware file"]
+        return []
 
 
 @dataclass(frozen=True)

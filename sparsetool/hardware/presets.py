@@ -57,6 +57,7 @@ PRESETS: dict[str, tuple[type[Device], dict[str, tuple[Any, str]]]] = {
         "fmac_per_core_cycle": (4.0, f"{_CS2}: 4 FP16 FMAC per core per cycle "
                                      "(850k x 4 x 2 x 1.1 GHz = 7.5 PFLOP/s peak)"),
         "sram_bandwidth": (20e15, f"{_CS2}: 40 GB on-chip SRAM at 20 PB/s"),
+        "sram_bytes": (40e9, f"{_CS2}: 40 GB on-chip SRAM"),
         "fabric_bandwidth": (27.5e15, f"{_CS2}: 220 Pb/s (27.5 PB/s) on-wafer fabric"),
         "groups_m": (32, "assumed: the grid the work is balanced over, 32 x 32 core groups "
                          "(no published figure; finer grids show more imbalance)"),
