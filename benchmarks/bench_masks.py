@@ -52,6 +52,21 @@ def kthvalue_mask(w: torch.Tensor, keep: int) -> torch.Tensor:
     return a > threshold.to(a.dtype)
 
 
+def topk_nm_mask(w: torch.Tensor, n: int, m: int) -> torch.Tensor:
+    """The usual N:M recipe: top-n of |w| in each group of m along the last dimension."""
+    groups = w.abs().reshape(-1, m)
+    mask = torch.zeros_like(groups, dtype=torch.bool)
+    mask.scatter_(1, torch.topk(groups, n, dim=1).indices, True)
+    return mask.reshape(w.shape)
+
+
+def randperm_mask(shape: torch.Size, keep: int) -> torch.Tensor:
+    """The usual random recipe: the first `keep` positions of a random permutation."""
+    mask = torch.zeros(shape.numel(), dtype=torch.bool)
+    mask[torch.randperm(shape.numel(), generator=torch.Generator().manual_seed(0))[:keep]] = True
+    return mask.reshape(shape)
+
+
 def global_mask(w: torch.Tensor, keep: int) -> torch.Tensor:
     """The streaming global protocol on one tensor (both passes and the apply)."""
     hists = [MagnitudeHistogram.of(w)]
@@ -74,9 +89,9 @@ def main() -> None:
           f"{args.rows}x{args.cols}, sparsity {args.sparsity}, median of {args.repeat}")
     print(f"{'dtype':9} {'method':28} {'seconds':>9} {'vs ours':>8}")
     g = torch.Generator().manual_seed(0)
-    base = torch.randn(args.rows, args.cols, generator=g)
+    dense = torch.randn(args.rows, args.cols, generator=g)
     for dtype in (torch.bfloat16, torch.float32):
-        w = base.to(dtype)
+        w = dense.to(dtype)
         keep = sparsity_keep(w.numel(), args.sparsity)
         ours = timed(lambda: magnitude_mask(w, args.sparsity), args.repeat)
         mask = magnitude_mask(w, args.sparsity)
@@ -85,10 +100,19 @@ def main() -> None:
         rows.append(("torch.topk + scatter", timed(lambda: topk_mask(w, keep), args.repeat)))
         rows.append(("torch.kthvalue + compare", timed(lambda: kthvalue_mask(w, keep), args.repeat)))
         rows.append(("sparsetool global (1 tensor)", timed(lambda: global_mask(w, keep), args.repeat)))
-        rows.append(("sparsetool nm_mask 2:4", timed(lambda: nm_mask(w, 2, 4), args.repeat)))
-        rows.append(("sparsetool random_mask", timed(lambda: random_mask(w.shape, args.sparsity, seed=0), args.repeat)))
         for name, seconds in rows:
             print(f"{str(dtype).replace('torch.', ''):9} {name:28} {seconds:9.4f} {seconds / ours:8.2f}")
+        # other selections, each against its own usual recipe
+        pairs = [
+            ("sparsetool nm_mask 2:4", lambda: nm_mask(w, 2, 4),
+             "torch.topk per group of 4", lambda: topk_nm_mask(w, 2, 4)),
+            ("sparsetool random_mask", lambda: random_mask(w.shape, args.sparsity, seed=0),
+             "torch.randperm", lambda: randperm_mask(w.shape, keep)),
+        ]
+        for name, fn, base_name, base_fn in pairs:
+            mine, theirs = timed(fn, args.repeat), timed(base_fn, args.repeat)
+            print(f"{str(dtype).replace('torch.', ''):9} {name:28} {mine:9.4f} {1.0:8.2f}")
+            print(f"{str(dtype).replace('torch.', ''):9} {base_name:28} {theirs:9.4f} {theirs / mine:8.2f}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ Private to sparsetool: :mod:`sparsetool.masks` is the public interface.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -212,7 +213,23 @@ def _top_keys(src: Tensor, nbits: int, inf: int, keep: int, alive: Tensor | None
 
     shift = _shifts(nbits)[0]
     width = nbits - shift
-    per_chunk = torch.stack(_map(lambda a, b: _bincount((keys(a, b) >> shift).reshape(-1), 1 << width), n))
+    halves = src.element_size() // 2
+    if shift and shift == 16 * halves - 16 and sys.byteorder == "little":
+        # The top digit is the top int16 of each key: read it in place, half or a quarter of the
+        # bytes, and count 16-bit values as fast as bf16 keys.
+        top = src.view(torch.int16)
+
+        def digits(a: int, b: int) -> Tensor:
+            t = top[a * halves + halves - 1:b * halves:halves] & 0x7FFF
+            if alive is not None:
+                t.masked_fill_(~alive[a:b], 0x7FFF)
+            return t
+    else:
+
+        def digits(a: int, b: int) -> Tensor:
+            return keys(a, b) >> shift
+
+    per_chunk = torch.stack(_map(lambda a, b: _bincount(digits(a, b), 1 << width), n))
     hist = per_chunk.sum(0)
     idig = inf >> shift
     hist[idig + 1:] = 0
@@ -234,7 +251,7 @@ def _top_keys(src: Tensor, nbits: int, inf: int, keep: int, alive: Tensor | None
         t = (d << shift) - 1
         equal = [0] * len(per_chunk)
     else:  # finish the select among the keys of bucket d, which are few for real weights
-        cands = _map(lambda a, b: (k := keys(a, b))[(k >> shift) == d], n)
+        cands = _map(lambda a, b: src[a:b][digits(a, b) == d] & full, n)
         t, above_in, _, _ = _select(torch.cat(cands), nbits, inf, keep - above)
         above += above_in
         equal = [int((c == t).sum()) for c in cands]
