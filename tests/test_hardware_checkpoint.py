@@ -141,3 +141,19 @@ def test_schedule_check_detects_a_wrong_product(monkeypatch):
     monkeypatch.setattr(verify.np, "nonzero", skip_first)
     r = run_schedule(mask, (1, 1), tokens=4)
     assert not r["equal"] and not r["axpys_match_tiles"]
+
+
+def test_checkpoint_pruned_24_along_inputs_runs_on_24_cores(tmp_path):
+    state = gpt2_like_state(n_layer=2, d=64, vocab=96)
+    for i, (name, w) in enumerate(sorted(state.items())):
+        if is_gpt2_target(name):  # Conv1D stores (in, out): 2:4 along the inputs is along axis 0
+            m = synthetic_mask((w.shape[1], w.shape[0]), 0.5, "2:4", seed=i).T
+            state[name] = w * torch.from_numpy(np.ascontiguousarray(m))
+    path = tmp_path / "nm.safetensors"
+    save_file(state, str(path))
+    wl = from_checkpoint(path, 4096, GRIDS, seq_len=32)
+    assert all(ly.nm_violation_in == 0.0 for ly in wl.layers)
+    res = simulate(wl, DEVICES)
+    d = next(x for x in res["devices"] if x["name"] == "a100-2:4")
+    assert d["applicable"]
+    assert 1.0 < d["forward"]["speedup"] <= 2.0 and d["train_step"]["speedup"] <= 2.0
