@@ -150,7 +150,8 @@ def _run(checkpoint, shape, model, sparsity, sweep, tokens, pattern, seed, devic
 
     result: dict[str, Any] = {}
     if len(sps) > 1:
-        rows = sim.sweep(lambda s: make(s)[0], sps, devices)
+        built = {sps[-1]: wl}  # the last point is built already: do not draw its mask twice
+        rows = sim.sweep(lambda s: built.pop(s) if s in built else make(s)[0], sps, devices)
         result = {"workload": sim.simulate(wl, devices)["workload"], "sweep": rows}
         for k in ("theoretical", "targeted_sparsity", "forward_flops", "train_flops"):
             result["workload"].pop(k, None)  # they vary along the sweep: see its rows
