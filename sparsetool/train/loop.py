@@ -3,8 +3,8 @@
 One optimizer step (the order the sparsity library expects)::
 
     for each micro-batch: loss.backward()         # DDP all-reduces on the last one
-    clip the global gradient norm (over kept weights only)
-    sparsifier.before_step(step)                  # masks gradients; RigL reads them first
+    sparsifier.before_step(step)                  # RigL reads the gradients, then they are masked
+    clip the global gradient norm                 # so over kept weights only
     optimizer.step()                              # AdamW
     sparsifier.after_step(step)                   # re-masks weights; updates masks when due
 
@@ -296,25 +296,15 @@ class Trainer:
         return total / n
 
     def _clip(self) -> float:
-        """Global gradient-norm clipping over what the sparse model really trains: masked
-        positions are excluded from the norm (their gradient is discarded, but RigL still reads
-        it for regrowth, so it is scaled with the rest rather than zeroed here)."""
-        masks = self.sp.masks if self.sp is not None else {}
-        sq = torch.zeros((), device=self.device)
-        for name, p in self.model.named_parameters():
-            if p.grad is None:
-                continue
-            g = p.grad.detach().float()
-            if name in masks:
-                g = g * masks[name]
-            sq += g.pow(2).sum()
-        norm = float(sq.sqrt())
-        if self.cfg.grad_clip > 0 and norm > self.cfg.grad_clip:
-            coef = self.cfg.grad_clip / (norm + 1e-6)
-            for p in self.model.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(coef)
-        return norm
+        """Global gradient-norm clipping (max norm ``grad_clip``; 0 only measures the norm).
+
+        Runs after ``sparsifier.before_step``, so the gradients of pruned weights are already 0
+        and the norm is that of what the sparse model really trains. The order does not change
+        any mask decision: clipping scales every gradient by one positive factor, and RigL and
+        GraNet rank |grad| (scale-invariant) inside ``before_step``."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))
 
     def _save(self, step: int, position: int, tokens: int, elapsed: float) -> None:
         if not self.master:
@@ -428,10 +418,10 @@ class Trainer:
                 (loss / cfg.grad_accum).backward()
                 loss_sum += loss.detach()
             position += global_batch
-            grad_norm = self._clip()
             updates_before = self.sp.updates_done if self.sp is not None else 0
             if self.sp is not None:
                 self.sp.before_step(step)
+            grad_norm = self._clip()
             # after before_step: an IMP pruning step rewinds the schedule it reports
             lr = lr_at(self.sp.lr_step(step) if self.sp is not None else step, cfg)
             for group in self.optimizer.param_groups:
