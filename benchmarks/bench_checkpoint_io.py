@@ -91,16 +91,29 @@ def main() -> None:
             for lt in ck.logical:
                 sw.write(lt.name, ck.read(lt)[0])
 
+    stages: dict[str, float] = {}
+
+    def clock(stage: str, t0: float) -> float:
+        now = time.perf_counter()
+        stages[stage] = stages.get(stage, 0.0) + now - t0
+        return now
+
     def prune_io() -> None:
+        stages.clear()
         with write_checkpoint(ck, out) as w, w.shard(ck.shards[0], specs) as sw:
             for lt in ck.logical:
+                t0 = time.perf_counter()
                 dense, _ = ck.read(lt)
+                t0 = clock("read (map + NaN screen)", t0)
                 if len(lt.shape) == 2:
                     mask = dense.abs() >= 1.15
-                    ((name, t),) = encode(lt.name, dense * mask, mask, "zeros")
+                    t0 = clock("mask (torch abs >= thr, not sparsetool)", t0)
+                    ((name, t),) = encode(lt.name, dense, mask, "zeros")
+                    t0 = clock("encode zeros", t0)
                     sw.write(name, t)
                 else:
                     sw.write(lt.name, dense)
+                clock("write", t0)
 
     def read_only() -> None:
         for lt in ck.logical:
@@ -126,6 +139,9 @@ def main() -> None:
     print("|---|---:|---:|")
     for label, t in results.items():
         print(f"| {label} | {t:.2f} | {t / base:.2f} |")
+    print("\nstages of the last 'read + mask + zeros + write' run:")
+    for stage, t in stages.items():
+        print(f"| {stage} | {t:.2f} |")
     shutil.rmtree(work / "tmp", ignore_errors=True)
 
 

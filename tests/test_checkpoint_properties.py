@@ -101,10 +101,12 @@ def _masked_case(dtype, rows, cols, seed, density):
 
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from(ENCODINGS), st.sampled_from(FLOATS), st.integers(1, 6), st.integers(1, 19),
-       st.integers(0, 2**16), st.sampled_from([0.0, 0.3, 0.7, 1.0]))
-def test_encode_write_read_round_trip(encoding, dtype, rows, cols, seed, density):
+       st.integers(0, 2**16), st.sampled_from([0.0, 0.3, 0.7, 1.0]), st.booleans())
+def test_encode_write_read_round_trip(encoding, dtype, rows, cols, seed, density, premasked):
     w, mask = _masked_case(dtype, rows, cols, seed, density)
-    dense = w * mask  # "already masked": pruned entries may be -0.0 (negative weights times 0)
+    # masked by the caller (pruned entries may be -0.0: negative weights times 0) or not at all
+    dense = w * mask if premasked else w.clone()
+    before = dense.clone()
     expected = w.masked_fill(~mask, 0)
     with TemporaryDirectory() as d:
         d = Path(d)
@@ -115,6 +117,7 @@ def test_encode_write_read_round_trip(encoding, dtype, rows, cols, seed, density
             with wr.shard(ck.shards[0], encoded_specs("blk.fc.weight", dtype, (rows, cols), nnz, encoding)) as sw:
                 for name, t in encode("blk.fc.weight", dense, mask, encoding):
                     sw.write(name, t)
+        assert torch.equal(dense.view(torch.uint8), before.view(torch.uint8))  # input untouched
         out = open_checkpoint(d / "out.safetensors")
         (lt,) = out.logical
         got, got_mask = out.read(lt)

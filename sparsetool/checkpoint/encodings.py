@@ -140,8 +140,10 @@ def _zeros(name: str, dense: torch.Tensor, mask: torch.Tensor | None) -> torch.T
 def encode(name: str, dense: torch.Tensor, mask: torch.Tensor | None, encoding: str) -> list[tuple[str, torch.Tensor]]:
     """The stored tensors (name, tensor) of one logical tensor under ``encoding``.
 
-    ``dense`` is already masked (pruned entries 0); ``mask`` is True where kept, or None for
-    "nothing pruned". Order of the result matches ``encoded_specs``.
+    ``mask`` is True where kept, or None for "nothing pruned". ``dense`` need not be masked
+    already: entries where ``mask`` is False are overwritten (+0.0, or NaN for ``nan``) in the
+    one pass that builds the output, so callers should not mask it themselves. ``dense`` itself
+    is never modified. Order of the result matches ``encoded_specs``.
     """
     _check_encoding(encoding)
     if mask is not None:
