@@ -273,3 +273,21 @@ def test_library_call_returns_summary(tmp_path, corpus):
     assert seen[0] == "start" and seen[-1] == "end" and seen.count("step") == 2
     assert summary["tokens"] == 2 * 2 * 64
     assert isinstance(TrainConfig().to_dict()["stages"], list)
+
+
+def test_interrupt_names_the_checkpoint_and_resume_still_matches(tmp_path, corpus):
+    from sparsetool.errors import SparsetoolError
+
+    opts = {"data": str(corpus), "preset": "tiny", "steps": 6, "batch_size": 4, "warmup": 2,
+            "save_every": 2}
+    full = train(merge({}, {"out": str(tmp_path / "full"), **opts}))
+
+    def interrupt(kind, info):
+        if kind == "step" and info["step"] == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(SparsetoolError, match=r"interrupted during step 3; .*step-000002.*--resume"):
+        train(merge({}, {"out": str(tmp_path / "part"), **opts}), callback=interrupt)
+    resumed = train(TrainConfig(out=str(tmp_path / "part")), resume=True)
+    assert resumed["loss"] == full["loss"] and resumed["val_loss"] == full["val_loss"]
+    assert losses(tmp_path / "part") == losses(tmp_path / "full")

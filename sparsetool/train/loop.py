@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from sparsetool.errors import ConfigError
+from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.train import io
 from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, validate
 from sparsetool.train.data import Sampler, eval_batches, load_corpus
@@ -391,69 +391,78 @@ class Trainer:
         last_loss = done_train[-1]["loss"] if done_train else float("nan")
         last_val = done_eval[-1]["val_loss"] if done_eval else None
         t_run = time.perf_counter()
-        for step in range(start_step, stop):
-            # ---- stage switch (Variable SPDF): densify, or re-sparsify at the new level
-            idx = self._stage_index(step)
-            if idx != stage_idx:
+        step = start_step
+        try:
+            for step in range(start_step, stop):
+                # ---- stage switch (Variable SPDF): densify, or re-sparsify at the new level
+                idx = self._stage_index(step)
+                if idx != stage_idx:
+                    if self.sp is not None:
+                        self.sp.densify()
+                        self.sp = None
+                    stage_idx = idx
+                    self.sp = self._build_sparsifier(idx, None)
+                    rec = {"kind": "stage", "step": step, "stage": idx,
+                           "sparsity": self._log_sparsity()}
+                    self.log.write(rec)
+                    self.callback("stage", rec)
+                t0 = time.perf_counter()
+                loss_sum = torch.zeros((), device=self.device)
+                for micro in range(cfg.grad_accum):
+                    # sequences of this step: the global batch is laid out micro-batch-major, then
+                    # rank, so N ranks x B equal one process with N*B (the same samples, same order)
+                    first = position + (micro * self.world + self.rank) * cfg.batch_size
+                    x, y = self.sampler.batch(first, cfg.batch_size)
+                    x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                    sync = self.ddp is None or micro == cfg.grad_accum - 1
+                    with (contextlib.nullcontext() if sync else self.ddp.no_sync()), self.autocast():
+                        _, loss = model(x, y)
+                    (loss / cfg.grad_accum).backward()
+                    loss_sum += loss.detach()
+                position += global_batch
+                updates_before = self.sp.updates_done if self.sp is not None else 0
                 if self.sp is not None:
-                    self.sp.densify()
-                    self.sp = None
-                stage_idx = idx
-                self.sp = self._build_sparsifier(idx, None)
-                rec = {"kind": "stage", "step": step, "stage": idx,
-                       "sparsity": self._log_sparsity()}
-                self.log.write(rec)
-                self.callback("stage", rec)
-            t0 = time.perf_counter()
-            loss_sum = torch.zeros((), device=self.device)
-            for micro in range(cfg.grad_accum):
-                # sequences of this step: the global batch is laid out micro-batch-major, then
-                # rank, so N ranks x B equal one process with N*B (the same samples, same order)
-                first = position + (micro * self.world + self.rank) * cfg.batch_size
-                x, y = self.sampler.batch(first, cfg.batch_size)
-                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-                sync = self.ddp is None or micro == cfg.grad_accum - 1
-                with (contextlib.nullcontext() if sync else self.ddp.no_sync()), self.autocast():
-                    _, loss = model(x, y)
-                (loss / cfg.grad_accum).backward()
-                loss_sum += loss.detach()
-            position += global_batch
-            updates_before = self.sp.updates_done if self.sp is not None else 0
-            if self.sp is not None:
-                self.sp.before_step(step)
-            grad_norm = self._clip()
-            # after before_step: an IMP pruning step rewinds the schedule it reports
-            lr = lr_at(self.sp.lr_step(step) if self.sp is not None else step, cfg)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.step()
-            if self.sp is not None:
-                self.sp.after_step(step)
-                if self.world > 1 and self.sp.updates_done != updates_before:
-                    if len(set(self._rank_mask_digests())) > 1:
-                        self.mask_divergences += 1  # reported: the decisions should agree
-                    self.sp.broadcast_masks()  # safety net; decisions are already rank-identical
-            self.optimizer.zero_grad(set_to_none=True)
-            last_loss = float(self._allreduce_mean(loss_sum / cfg.grad_accum))
-            dt = time.perf_counter() - t0
-            tokens += tok_per_step
-            done = step + 1
-            rec = {
-                "kind": "train", "step": done, "loss": round(last_loss, 6), "lr": lr,
-                "sparsity": round(self._log_sparsity(), 6), "grad_norm": round(grad_norm, 6),
-                "tokens_per_s": round(tok_per_step / dt, 1), "tokens": tokens,
-                "elapsed_s": round(elapsed0 + time.perf_counter() - t_run, 3),
-            }
-            if done % cfg.log_every == 0 or done == stop:
-                self.log.write(rec)
-            self.callback("step", rec)
-            if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
-                last_val = self.evaluate()
-                ev = {"kind": "eval", "step": done, "val_loss": round(last_val, 6)}
-                self.log.write(ev)
-                self.callback("eval", ev)
-            if (cfg.save_every and done % cfg.save_every == 0) or done == stop:
-                self._save(done, position, tokens, elapsed0 + time.perf_counter() - t_run)
+                    self.sp.before_step(step)
+                grad_norm = self._clip()
+                # after before_step: an IMP pruning step rewinds the schedule it reports
+                lr = lr_at(self.sp.lr_step(step) if self.sp is not None else step, cfg)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                self.optimizer.step()
+                if self.sp is not None:
+                    self.sp.after_step(step)
+                    if self.world > 1 and self.sp.updates_done != updates_before:
+                        if len(set(self._rank_mask_digests())) > 1:
+                            self.mask_divergences += 1  # reported: the decisions should agree
+                        self.sp.broadcast_masks()  # safety net; decisions are already rank-identical
+                self.optimizer.zero_grad(set_to_none=True)
+                last_loss = float(self._allreduce_mean(loss_sum / cfg.grad_accum))
+                dt = time.perf_counter() - t0
+                tokens += tok_per_step
+                done = step + 1
+                rec = {
+                    "kind": "train", "step": done, "loss": round(last_loss, 6), "lr": lr,
+                    "sparsity": round(self._log_sparsity(), 6), "grad_norm": round(grad_norm, 6),
+                    "tokens_per_s": round(tok_per_step / dt, 1), "tokens": tokens,
+                    "elapsed_s": round(elapsed0 + time.perf_counter() - t_run, 3),
+                }
+                if done % cfg.log_every == 0 or done == stop:
+                    self.log.write(rec)
+                self.callback("step", rec)
+                if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
+                    last_val = self.evaluate()
+                    ev = {"kind": "eval", "step": done, "val_loss": round(last_val, 6)}
+                    self.log.write(ev)
+                    self.callback("eval", ev)
+                if (cfg.save_every and done % cfg.save_every == 0) or done == stop:
+                    self._save(done, position, tokens, elapsed0 + time.perf_counter() - t_run)
+        except KeyboardInterrupt:
+            self.log.close()
+            pointer = self.run_dir / "latest"
+            where = (f"the last checkpoint ({pointer.read_text().strip()}) is in {self.run_dir}; "
+                     f"--resume continues from it exactly" if pointer.exists()
+                     else "no checkpoint had been written yet")
+            raise SparsetoolError(f"interrupted during step {step + 1}; {where}") from None
         elapsed = elapsed0 + time.perf_counter() - t_run
         digests = self._rank_mask_digests()
         divergences = self.mask_divergences
