@@ -459,3 +459,43 @@ def test_mask_in_another_shard_than_its_weight(tmp_path):
     assert [lt.name for lt in ck.logical_in("b.safetensors")] == ["z"]
     dense, mask = ck.read(ck.logical[0])
     assert dense.tolist() == [[1.0, 0.0], [0.0, -4.0]] and torch.equal(mask, m)
+
+
+def test_directory_layout_errors(tmp_path):
+    d = tmp_path / "two"
+    d.mkdir()
+    save_file({"a": torch.ones(1)}, d / "x.safetensors")
+    save_file({"b": torch.ones(1)}, d / "y.safetensors")
+    with pytest.raises(CheckpointError, match="2 .safetensors files but no model.safetensors.index.json"):
+        open_checkpoint(d)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../x.safetensors"}}))
+    with pytest.raises(CheckpointError, match="not a plain file name"):
+        open_checkpoint(d)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "x.safetensors", "b": "x.safetensors"}}))
+    with pytest.raises(CheckpointError, match="names tensor 'b' in x.safetensors, but x.safetensors does not hold it"):
+        open_checkpoint(d)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "x.safetensors", "b": "y.safetensors"}}))
+    assert open_checkpoint(d).shards == ["x.safetensors", "y.safetensors"]
+    (d / "config.json").write_text("{broken")
+    with pytest.raises(CheckpointError, match="config.json: not valid JSON"):
+        open_checkpoint(d)
+
+
+def test_single_non_standard_file_in_directory(tmp_path):
+    d = tmp_path / "adapter"
+    d.mkdir()
+    save_file({"a": torch.ones(2)}, d / "adapter_model.safetensors")
+    (d / "README.md").write_text("hi")
+    ck = open_checkpoint(d)
+    assert ck.shards == ["adapter_model.safetensors"] and ck.other_files == [Path("README.md")]
+    copy_all(ck, tmp_path / "out")
+    assert sorted(os.listdir(tmp_path / "out")) == ["README.md", "adapter_model.safetensors"]
+
+
+def test_huge_header_length_is_refused_without_reading_it(tmp_path):
+    p = tmp_path / "big.safetensors"
+    with open(p, "wb") as f:
+        f.write(struct.pack("<Q", 200_000_000))
+        f.truncate(200_000_100)  # sparse: a real header would not be this large
+    with pytest.raises(CheckpointError, match="larger than 100 MB"):
+        open_checkpoint(p)

@@ -200,7 +200,7 @@ class Checkpoint:
         for name, shard in lay.index["weight_map"].items():
             st = self._entries.get(name)
             if st is None:
-                raise CheckpointError(f"{index_path}: names tensor {name!r} in {shard}, but no shard holds it")
+                raise CheckpointError(f"{index_path}: names tensor {name!r} in {shard}, but {shard} does not hold it; fix the index")
             if st.shard != shard:
                 raise CheckpointError(f"{index_path}: says tensor {name!r} is in {shard}, but it is in {st.shard}")
 
