@@ -16,11 +16,10 @@ all-reduced scores and a shared (seed, step) generator, then broadcasts them as 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -29,8 +28,9 @@ from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.train import io
 from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, validate
 from sparsetool.train.data import Sampler, eval_batches, load_corpus
+from sparsetool.train.distributed import gather_mask_digests, setup_runtime
 from sparsetool.train.model import GPT, PRESETS, infer_config, is_targeted
-from sparsetool.train.recipe import lr_at, model_config, param_groups, stage_plan
+from sparsetool.train.recipe import lr_at, model_config, param_groups, sparsifier_config, stage_plan
 
 Callback = Callable[[str, dict], None]
 
@@ -80,29 +80,10 @@ class Trainer:
         return validate(stored)
 
     def _setup_distributed(self) -> None:
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        want = self.cfg.device
-        if want == "auto":
-            want = "cuda" if torch.cuda.is_available() else "cpu"
-        if want.startswith("cuda"):
-            if not torch.cuda.is_available():
-                raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu")
-            self.device = torch.device("cuda", local) if self.world > 1 else torch.device(want)
-        else:
-            self.device = torch.device("cpu")
-        if self.world > 1 and not dist.is_initialized():
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+        rt = setup_runtime(self.cfg.device, self.cfg.dtype)
+        self.world, self.rank, self.device = rt.world, rt.rank, rt.device
+        self.autocast, self.precision = rt.autocast, rt.precision
         self.master = self.rank == 0
-        use_bf16 = self.cfg.dtype == "bfloat16" or (
-            self.cfg.dtype == "auto" and self.device.type == "cuda" and torch.cuda.is_bf16_supported()
-        )
-        self.autocast = (
-            (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16))
-            if use_bf16 else contextlib.nullcontext
-        )
-        self.precision = "bf16 autocast" if use_bf16 else "float32"
 
     def _setup_model_and_data(self) -> None:
         cfg = self.cfg
@@ -182,38 +163,7 @@ class Trainer:
         return len(self.plan) - 1
 
     def _sparsifier_config(self, stage: dict, later_stage: bool) -> dict | None:
-        cfg = self.cfg
-        algorithm = cfg.algorithm
-        sparsity = stage["sparsity"]
-        if cfg.dense or algorithm == "dense":
-            return None
-        if sparsity is None and not self.init_masks and "sparsity" not in cfg.sparsity_options:
-            return None
-        if isinstance(sparsity, (int, float)) and sparsity == 0 and (cfg.stages or algorithm is None):
-            return None
-        out: dict[str, Any] = {"algorithm": algorithm or "static", "seed": cfg.seed}
-        if cfg.param_filter:
-            out["param_filter"] = list(cfg.param_filter)
-        if cfg.initial_sparsity is not None:
-            out["initial_sparsity"] = cfg.initial_sparsity
-        if sparsity is None and self.init_masks:
-            total = sum(m.numel() for m in self.init_masks.values())
-            sparsity = 1.0 - sum(int(m.sum()) for m in self.init_masks.values()) / total
-        if sparsity is not None:
-            out["sparsity"] = sparsity
-        for k in ("distribution", "init_method", "drop_fraction"):
-            if getattr(cfg, k) is not None:
-                out[k] = getattr(cfg, k)
-        upd = {p: getattr(cfg, f"update_{p}") for p in ("freq", "start", "stop")}
-        if out["algorithm"] == "imp" and upd["freq"] is not None:
-            out["period"] = upd.pop("freq")  # IMP's "update" is its pruning period
-        if any(v is not None for v in upd.values()):
-            out["update"] = {k: v for k, v in upd.items() if v is not None}
-        if later_stage and out["algorithm"] != "imp":
-            # A later sparse stage starts from trained weights: prune the smallest, not at random.
-            out["init_method"] = "magnitude"
-        out.update(cfg.sparsity_options)
-        return out
+        return sparsifier_config(self.cfg, stage["sparsity"], self.init_masks, later_stage)
 
     def _build_sparsifier(self, stage_idx: int, state: dict | None):
         stage = self.plan[stage_idx]
@@ -266,19 +216,10 @@ class Trainer:
         return value
 
     def _rank_mask_digests(self) -> list[str] | None:
-        """SHA-256 of every rank's masks (None on one process or when dense): the check that
-        data-parallel mask decisions agreed, reported in the summary."""
+        """Every rank's mask digest (None on one process or when dense)."""
         if self.world == 1 or self.sp is None:
             return None
-        import hashlib
-
-        h = hashlib.sha256()
-        for name in sorted(self.sp.masks):
-            h.update(name.encode())
-            h.update(self.sp.masks[name].to("cpu", torch.uint8).numpy().tobytes())
-        out: list = [None] * self.world
-        dist.all_gather_object(out, h.hexdigest())
-        return out
+        return gather_mask_digests(self.sp.masks, self.world)
 
     @torch.no_grad()
     def evaluate(self) -> float:

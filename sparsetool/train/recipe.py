@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 from sparsetool.train.config import TrainConfig
 from sparsetool.train.model import GPT, PRESETS, GPTConfig
@@ -66,4 +67,47 @@ def stage_plan(cfg: TrainConfig) -> list[dict]:
         acc += f
         end = cfg.steps if len(out) == len(cfg.stages) - 1 else int(round(acc * cfg.steps))
         out.append({"sparsity": s, "start": start, "end": end})
+    return out
+
+
+def sparsifier_config(cfg: TrainConfig, sparsity, init_masks: dict, later_stage: bool) -> dict | None:
+    """The ``build_sparsifier`` mapping for one stage of a run, or None when it trains densely.
+
+    Without an explicit sparsity, a run started from a masked checkpoint keeps that checkpoint's
+    sparsity (static masks unless another algorithm is asked for).
+
+    >>> sparsifier_config(TrainConfig(algorithm="rigl", update_freq=50), 0.75, {}, False)
+    {'algorithm': 'rigl', 'seed': 0, 'sparsity': 0.75, 'update': {'freq': 50}}
+    >>> sparsifier_config(TrainConfig(stages=[(0.9, 0.8), (0.0, 0.2)]), 0.0, {}, True) is None
+    True
+    """
+    algorithm = cfg.algorithm
+    if cfg.dense or algorithm == "dense":
+        return None
+    if sparsity is None and not init_masks and "sparsity" not in cfg.sparsity_options:
+        return None
+    if isinstance(sparsity, (int, float)) and sparsity == 0 and (cfg.stages or algorithm is None):
+        return None
+    out: dict[str, Any] = {"algorithm": algorithm or "static", "seed": cfg.seed}
+    if cfg.param_filter:
+        out["param_filter"] = list(cfg.param_filter)
+    if cfg.initial_sparsity is not None:
+        out["initial_sparsity"] = cfg.initial_sparsity
+    if sparsity is None and init_masks:
+        total = sum(m.numel() for m in init_masks.values())
+        sparsity = 1.0 - sum(int(m.sum()) for m in init_masks.values()) / total
+    if sparsity is not None:
+        out["sparsity"] = sparsity
+    for k in ("distribution", "init_method", "drop_fraction"):
+        if getattr(cfg, k) is not None:
+            out[k] = getattr(cfg, k)
+    upd = {p: getattr(cfg, f"update_{p}") for p in ("freq", "start", "stop")}
+    if out["algorithm"] == "imp" and upd["freq"] is not None:
+        out["period"] = upd.pop("freq")  # IMP's "update" is its pruning period
+    if any(v is not None for v in upd.values()):
+        out["update"] = {k: v for k, v in upd.items() if v is not None}
+    if later_stage and out["algorithm"] != "imp":
+        # A later sparse stage starts from trained weights: prune the smallest, not at random.
+        out["init_method"] = "magnitude"
+    out.update(cfg.sparsity_options)
     return out
