@@ -488,3 +488,37 @@ def test_global_equals_sort_reference(case, data):
         assert torch.equal(g, e)
     available = sum(int(e.sum()) for e in ref_global(tensors, 10**9, alive))
     assert sum(int(g.sum()) for g in got) == min(keep, available)
+
+
+# ----------------------------------------------------------------------------------------------
+# edge cases
+
+
+def test_empty_scalar_and_non_contiguous_inputs():
+    assert magnitude_mask(torch.empty(0, 4), 0.5).shape == (0, 4)
+    assert nm_mask(torch.empty(3, 0), 2, 4).shape == (3, 0)
+    assert random_mask((), keep=1).item() is True
+    assert global_magnitude_masks([torch.empty(0), torch.tensor([1.0, 2.0])], keep=1)[1].tolist() == [False, True]
+    w = torch.randn(64, 48, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(magnitude_mask(w.t(), 0.7), magnitude_mask(w.t().contiguous(), 0.7))
+    assert torch.equal(nm_mask(w.t(), 2, 4), nm_mask(w.t().contiguous(), 2, 4))
+
+
+def test_fp8_needs_no_refinement_pass():
+    if not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("no float8 in this torch")
+    t = torch.tensor([0.5, -4.0, 2.0, 1.0, 2.0]).to(torch.float8_e4m3fn)
+    plan = global_threshold_plan([MagnitudeHistogram.of(t)], 2)
+    assert plan.done and apply_threshold(t, plan.tensors[0]).tolist() == [False, True, True, False, False]
+
+
+def test_a_pool_inherited_through_fork_is_replaced():
+    """A forked child inherits the pool object but none of its threads; using it would hang."""
+    big = torch.randn(3 << 20, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    expected = magnitude_mask(big, 0.5)
+    if radix_module._POOL is None:
+        pytest.skip("one torch thread: the chunks run without a pool")
+    stale = radix_module._POOL
+    radix_module._POOL_PID = -1  # what a child sees: the pool was made by another process
+    assert torch.equal(magnitude_mask(big, 0.5), expected)
+    assert radix_module._POOL is not stale
