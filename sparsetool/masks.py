@@ -35,6 +35,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from sparsetool import radix
 from sparsetool.counts import check_fraction, check_sparsity, fraction_keep, sparsity_keep
 from sparsetool.errors import SparsetoolError
 from sparsetool.global_magnitude import (
@@ -45,7 +46,6 @@ from sparsetool.global_magnitude import (
     global_magnitude_masks,
     global_threshold_plan,
 )
-from sparsetool import radix
 from sparsetool.radix import _flat_existing, _int_view, _map, _resolve_keep, _top_keys
 
 __all__ = [
@@ -110,8 +110,8 @@ def random_mask(
         raise SparsetoolError("give a generator or a seed, not both")
     if generator is None:
         generator = torch.Generator().manual_seed(0 if seed is None else int(seed))
-    # Random 31-bit keys; the few ties among them are broken by index, deterministically.
-    # 30-bit keys leave room above them for the "dead" key.
+    # Random 30-bit keys (room above them for the "dead" key); the rare ties among them are
+    # broken by index, deterministically.
     bits = torch.randint(0, 1 << 30, shape, generator=generator, dtype=torch.int32).reshape(-1)
     alive = _flat_existing(existing, torch.Size(shape))
     return _top_keys(bits, 31, (1 << 30) - 1, k, alive).reshape(shape)

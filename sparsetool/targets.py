@@ -2,9 +2,10 @@
 
 A role is read from the tensor's full name (and, where the name is not enough, its shape). The
 default targets are the weight matrices of the attention projections and the feed-forward layers
-inside the transformer blocks, as in the SPDF paper (Thangarasa et al. 2023, Section 3: "we sparsify
-all the weights in the transformer blocks ... except the embeddings, layer norms and biases") and
-Cerebras' sparsity library. Namings recognised: GPT-2, GPT-J, GPT-NeoX/Pythia, Bloom/Falcon,
+inside the transformer blocks, as in the SPDF paper (Thangarasa et al. 2023, Appendix A, "Sparsity
+Setup": the two MLP matrices and the query, key, value and attention-output matrices are sparse;
+"we keep the embeddings (implemented as sparse lookups), LayerNorm, and biases dense") and the
+Cerebras sparse-training posts, which also keep the output layer dense. Namings recognised: GPT-2, GPT-J, GPT-NeoX/Pythia, Bloom/Falcon,
 Llama/Mistral/Qwen2/Gemma/Mixtral, OPT, BERT/RoBERTa, DistilBERT, T5, Phi, Cerebras Model Zoo GPT
 and sparsetool's own GPT.
 
