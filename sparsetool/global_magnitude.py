@@ -33,6 +33,7 @@ bf16 or fp8 keys holds one value, so bf16 checkpoints never need the refinement 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -70,6 +71,13 @@ def _f32_chunk(flat: Tensor, a: int, b: int) -> tuple[Tensor, bool]:
     return x.view(torch.int32) & _F32_ALL, False
 
 
+def _top_halves(flat: Tensor) -> Tensor | None:
+    """For fp32 on a little-endian machine, ``flat`` as int16 pairs (the high half second)."""
+    if flat.dtype == torch.float32 and sys.byteorder == "little":
+        return flat.view(torch.int16)
+    return None
+
+
 def _exact_coarse(dtype: torch.dtype) -> bool:
     """True if every value of ``dtype`` has an fp32 pattern with 16 low zero bits."""
     return dtype == torch.bfloat16 or (dtype.is_floating_point and dtype.itemsize == 1)
@@ -104,9 +112,14 @@ class MagnitudeHistogram:
         n = flat.numel()
         if refine is None:
 
+            top = _top_halves(flat)
+
             def coarse(a: int, b: int) -> Tensor:
-                k, high = _f32_chunk(flat, a, b)
-                digits = k if high else k >> 16
+                if top is not None:  # fp32: read the high int16 of each key in place
+                    digits = top[2 * a + 1:2 * b:2] & 0x7FFF
+                else:
+                    k, high = _f32_chunk(flat, a, b)
+                    digits = k if high else k >> 16
                 if alive is not None:
                     digits.masked_fill_(~alive[a:b], 0x7FFF)
                 return _bincount(digits, 1 << 15)

@@ -75,3 +75,13 @@ def test_erk_total_equals_uniform_and_small_layers_are_denser(shapes, sparsity):
         for b in named:
             if raw[a] > raw[b]:  # a is "smaller" in the ERK sense: never less dense, up to rounding
                 assert erk[a] / numel[a] >= erk[b] / numel[b] - 1 / numel[a] - 1 / numel[b]
+
+
+def test_distributions_targets_and_counts_load_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, sparsetool.distributions, sparsetool.targets, sparsetool.counts; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
