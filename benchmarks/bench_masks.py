@@ -78,6 +78,23 @@ def global_mask(w: torch.Tensor, keep: int) -> torch.Tensor:
     return apply_threshold(w, plan.tensors[0])
 
 
+def global_masks_streaming(tensors: list[torch.Tensor], keep: int) -> list[torch.Tensor]:
+    """The pass protocol as a streaming caller runs it (one tensor at a time in each pass)."""
+    hists = [MagnitudeHistogram.of(t) for t in tensors]
+    plan = global_threshold_plan(hists, keep)
+    if not plan.done:
+        fine = {i: MagnitudeHistogram.of(tensors[i], refine=plan.refine_bucket) for i in plan.refine}
+        plan = global_threshold_plan(hists, keep, refined=fine)
+    return [apply_threshold(t, p) for t, p in zip(tensors, plan.tensors)]
+
+
+def global_masks_in_memory(tensors: list[torch.Tensor], keep: int) -> list[torch.Tensor]:
+    """The usual in-memory way: all |w| concatenated, one kthvalue threshold (ties not exact)."""
+    scores = torch.cat([t.float().abs().reshape(-1) for t in tensors])
+    threshold = torch.kthvalue(scores, scores.numel() - keep).values
+    return [t.float().abs() > threshold for t in tensors]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2048)
@@ -109,6 +126,9 @@ def main() -> None:
             ("sparsetool random_mask", lambda: random_mask(w.shape, args.sparsity, seed=0),
              "torch.randperm", lambda: randperm_mask(w.shape, keep)),
         ]
+        tensors = [dense[:, i * 1024:(i + 1) * 1024].to(dtype).contiguous() for i in range(8)]
+        pairs.append(("global, 8 tensors, streamed", lambda: global_masks_streaming(tensors, keep),
+                      "cat + kthvalue in memory", lambda: global_masks_in_memory(tensors, keep)))
         for name, fn, base_name, base_fn in pairs:
             mine, theirs = timed(fn, args.repeat), timed(base_fn, args.repeat)
             print(f"{str(dtype).replace('torch.', ''):9} {name:28} {mine:9.4f} {1.0:8.2f}")
