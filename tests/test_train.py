@@ -291,3 +291,11 @@ def test_interrupt_names_the_checkpoint_and_resume_still_matches(tmp_path, corpu
     resumed = train(TrainConfig(out=str(tmp_path / "part")), resume=True)
     assert resumed["loss"] == full["loss"] and resumed["val_loss"] == full["val_loss"]
     assert losses(tmp_path / "part") == losses(tmp_path / "full")
+
+
+def test_init_refuses_a_shape_flag_that_disagrees(tmp_path, corpus):
+    run_cli(base_args(tmp_path / "pre", corpus, steps=1))
+    result = CliRunner().invoke(app, base_args(tmp_path / "ft", corpus) + [
+        "--init", str(tmp_path / "pre" / "model.safetensors"), "--d-model", "64"])
+    assert result.exit_code == 1 and "--d-model 64 disagrees" in result.stderr
+    assert not (tmp_path / "ft").exists()

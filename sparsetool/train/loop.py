@@ -94,6 +94,13 @@ class Trainer:
             head = mc.get("n_head") or cfg.n_head or PRESETS[cfg.preset].n_head
             shapes = {k: tuple(v.shape) for k, v in init_w.items()}
             self.mcfg = replace(infer_config(shapes, head), dropout=cfg.dropout)
+            for k in ("n_layer", "n_head", "d_model", "context"):
+                given = getattr(cfg, k)
+                if given is not None and given != getattr(self.mcfg, k):
+                    raise ConfigError(
+                        f"--{k.replace('_', '-')} {given} disagrees with --init {cfg.init} "
+                        f"({k} {getattr(self.mcfg, k)}); the model's shape comes from the checkpoint"
+                    )
         else:
             self.mcfg = model_config(cfg)
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
