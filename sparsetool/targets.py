@@ -227,8 +227,11 @@ def input_dim(name: str, shape: tuple[int, ...] | Sequence[int]) -> int:
     ``nn.Linear`` stores (out, in), so 1; GPT-2's ``Conv1D`` (``h.N.attn.c_attn``,
     ``h.N.attn.c_proj``, ``h.N.mlp.c_fc``, ``h.N.mlp.c_proj`` weights) stores (in, out), so 0.
     A ``c_attn`` whose first dimension is three times its second cannot be a Conv1D (which is
-    (in, 3*in)) and is read as ``nn.Linear``, as Qwen-1 uses it. Convolution kernels
-    (out, in, ...) give 1; 1-D tensors give 0.
+    (in, 3*in)) and is read as ``nn.Linear``, as Qwen-1 uses it. A stack of linear weights with a
+    linear role, such as the mixture-of-experts tensors of transformers 5
+    (``mlp.experts.gate_up_proj``, (experts, out, in)), gives its last dimension. Other tensors
+    with more than two dimensions are read as convolution kernels (out, in, ...) and give 1;
+    1-D tensors give 0.
 
     >>> input_dim("transformer.h.0.mlp.c_fc.weight", (768, 3072))
     0
@@ -242,4 +245,6 @@ def input_dim(name: str, shape: tuple[int, ...] | Sequence[int]) -> int:
         if name.endswith("c_attn.weight") and shape[0] == 3 * shape[1] and shape[1] != 0:
             return 1
         return 0
+    if len(shape) > 2 and role(name, shape) in LINEAR_ROLES:
+        return len(shape) - 1
     return 1

@@ -66,6 +66,10 @@ TABLE = [
     ("model.layers.0.block_sparse_moe.experts.3.w1.weight", (14336, 4096), "ffn_in", 1),
     ("model.layers.0.block_sparse_moe.experts.3.w2.weight", (4096, 14336), "ffn_out", 1),
     ("model.layers.0.block_sparse_moe.gate.weight", (8, 4096), "other", 1),
+    # transformers 5 stacks the experts: (experts, out, in), no ".weight"
+    ("model.layers.0.mlp.experts.gate_up_proj", (8, 28672, 4096), "ffn_in", 2),
+    ("model.layers.0.mlp.experts.down_proj", (8, 4096, 14336), "ffn_out", 2),
+    ("model.layers.0.mlp.gate.weight", (8, 4096), "other", 1),
     # OPT
     ("model.decoder.embed_tokens.weight", (50272, 768), "embedding", 1),
     ("model.decoder.embed_positions.weight", (2050, 768), "position", 1),
@@ -219,6 +223,9 @@ def _tiny_models():
         "opt": transformers.OPTForCausalLM(transformers.OPTConfig(
             num_hidden_layers=2, hidden_size=8, num_attention_heads=2, ffn_dim=16,
             max_position_embeddings=8, word_embed_proj_dim=8, **small)),
+        "mixtral": transformers.MixtralForCausalLM(transformers.MixtralConfig(
+            num_hidden_layers=2, hidden_size=8, num_attention_heads=2, num_key_value_heads=1,
+            intermediate_size=16, num_local_experts=2, **small)),
         "bert": transformers.BertForMaskedLM(transformers.BertConfig(
             num_hidden_layers=2, hidden_size=8, num_attention_heads=2, intermediate_size=16,
             max_position_embeddings=8, **small)),
@@ -233,6 +240,7 @@ PER_LAYER = {
     "mistral": {"qkv": 3, "attn_out": 1, "ffn_in": 2, "ffn_out": 1},
     "opt": {"qkv": 3, "attn_out": 1, "ffn_in": 1, "ffn_out": 1},
     "bert": {"qkv": 3, "attn_out": 1, "ffn_in": 1, "ffn_out": 1},
+    "mixtral": {"qkv": 3, "attn_out": 1, "ffn_in": 1, "ffn_out": 1},  # experts stacked in one tensor
 }
 
 
