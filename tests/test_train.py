@@ -299,3 +299,8 @@ def test_init_refuses_a_shape_flag_that_disagrees(tmp_path, corpus):
         "--init", str(tmp_path / "pre" / "model.safetensors"), "--d-model", "64"])
     assert result.exit_code == 1 and "--d-model 64 disagrees" in result.stderr
     assert not (tmp_path / "ft").exists()
+
+
+def test_missing_out_is_a_usage_error():
+    result = CliRunner().invoke(app, ["train", "--steps", "2"])
+    assert result.exit_code == 2 and "--out" in result.output

@@ -101,7 +101,8 @@ def train(
             "device": device, "dtype": dtype, "threads": threads,
         }
         if "out" not in file_values and out is None:
-            raise ConfigError("--out RUN_DIR is required (the run directory to create or resume)")
+            # bad usage (exit 2), not a failure of the run
+            raise typer.BadParameter("a run directory to create or resume is required", param_hint="--out")
         if resume:
             from sparsetool.train.config import TrainConfig
 
