@@ -221,13 +221,19 @@ def is_targeted(
     return role(name, shape) in LINEAR_ROLES
 
 
-def input_dim(name: str, shape: tuple[int, ...] | Sequence[int]) -> int:
+def input_dim(
+    name: str, shape: tuple[int, ...] | Sequence[int], *, conv1d: bool | None = None
+) -> int:
     """The dimension of ``shape`` that indexes input features (the one N:M groups run along).
 
     ``nn.Linear`` stores (out, in), so 1; GPT-2's ``Conv1D`` (``h.N.attn.c_attn``,
     ``h.N.attn.c_proj``, ``h.N.mlp.c_fc``, ``h.N.mlp.c_proj`` weights) stores (in, out), so 0.
-    A ``c_attn`` whose first dimension is three times its second cannot be a Conv1D (which is
-    (in, 3*in)) and is read as ``nn.Linear``, as Qwen-1 uses it. A stack of linear weights with a
+    The same names hold ``nn.Linear`` weights in GPT-BigCode/StarCoder and Qwen-1; the shape tells
+    them apart, given that q/k/v and the FFN are at least as wide as the model: a ``c_attn`` or
+    ``c_fc`` whose first dimension is the larger, or an ``mlp.c_proj`` whose second is, is
+    ``nn.Linear``. The square ``attn.c_proj`` cannot be told apart and is read as GPT-2's unless
+    the caller knows better: ``conv1d=False`` (say, from a ``config.json`` whose ``model_type`` is
+    not ``gpt2``) reads these names as ``nn.Linear``, ``conv1d=True`` as Conv1D. A stack of linear weights with a
     linear role, such as the mixture-of-experts tensors of transformers 5
     (``mlp.experts.gate_up_proj``, (experts, out, in)), gives its last dimension. Other tensors
     with more than two dimensions are read as convolution kernels (out, in, ...) and give 1;
@@ -237,12 +243,18 @@ def input_dim(name: str, shape: tuple[int, ...] | Sequence[int]) -> int:
     0
     >>> input_dim("model.layers.0.mlp.up_proj.weight", (11008, 4096))
     1
+    >>> input_dim("transformer.h.0.attn.c_proj.weight", (768, 768), conv1d=False)
+    1
     """
     shape = tuple(shape)
     if len(shape) < 2:
         return 0
-    if _CONV1D_RE.search(name):
-        if name.endswith("c_attn.weight") and shape[0] == 3 * shape[1] and shape[1] != 0:
+    if _CONV1D_RE.search(name) and conv1d is not False:
+        if conv1d:
+            return 0
+        widening = name.endswith(("c_attn.weight", "c_fc.weight"))
+        narrowing = name.endswith("mlp.c_proj.weight")
+        if (widening and shape[0] > shape[1]) or (narrowing and shape[0] < shape[1]):
             return 1
         return 0
     if len(shape) > 2 and role(name, shape) in LINEAR_ROLES:

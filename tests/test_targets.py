@@ -199,10 +199,25 @@ def test_include_never_targets_1d_integer_or_mask_tensors():
     assert not is_targeted("ids", (8, 8), "I64", include=["*"])
 
 
-def test_qwen1_style_linear_c_attn_is_read_from_its_shape():
-    # nn.Linear (3*in, in) cannot be a GPT-2 Conv1D (in, 3*in)
-    assert input_dim("transformer.h.0.attn.c_attn.weight", (6144, 2048)) == 1
-    assert input_dim("transformer.h.0.attn.c_attn.weight", (2048, 6144)) == 0
+@pytest.mark.parametrize(
+    "name,shape,dim",
+    [
+        # GPT-2 Conv1D (in, out)
+        ("transformer.h.0.attn.c_attn.weight", (2048, 6144), 0),
+        ("transformer.h.0.mlp.c_fc.weight", (2048, 8192), 0),
+        ("transformer.h.0.mlp.c_proj.weight", (8192, 2048), 0),
+        ("transformer.h.0.attn.c_proj.weight", (2048, 2048), 0),
+        ("transformer.h.0.mlp.c_fc.weight", (64, 64), 0),  # n_inner = n_embd: GPT-2's reading
+        # Qwen-1: nn.Linear (3*in, in)
+        ("transformer.h.0.attn.c_attn.weight", (6144, 2048), 1),
+        # GPT-BigCode / StarCoder: nn.Linear, multi-query c_attn (in + 2*kv, in)
+        ("transformer.h.0.attn.c_attn.weight", (6400, 6144), 1),
+        ("transformer.h.0.mlp.c_fc.weight", (24576, 6144), 1),
+        ("transformer.h.0.mlp.c_proj.weight", (6144, 24576), 1),
+    ],
+)
+def test_same_names_different_layouts_are_read_from_the_shape(name, shape, dim):
+    assert input_dim(name, shape) == dim
 
 
 def _tiny_models():
@@ -265,3 +280,11 @@ def test_real_transformers_models_are_read_right():
         for r, per_layer in PER_LAYER[arch].items():
             assert roles.get(r) == 2 * per_layer, (arch, r, roles)
         assert roles.get("embedding", 0) >= 1 and roles.get("head", 0) <= 1, (arch, roles)
+
+
+def test_the_caller_can_say_which_layout_gpt2_names_hold():
+    square = "transformer.h.0.attn.c_proj.weight"
+    assert input_dim(square, (16, 16)) == 0
+    assert input_dim(square, (16, 16), conv1d=False) == 1
+    assert input_dim("transformer.h.0.attn.c_attn.weight", (32, 16), conv1d=True) == 0
+    assert input_dim("model.layers.0.mlp.up_proj.weight", (64, 16), conv1d=True) == 1  # not a GPT-2 name
