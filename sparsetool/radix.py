@@ -70,12 +70,6 @@ def _int_view(w: Tensor) -> tuple[Tensor, int, int]:
     return w.contiguous().view(int_dtype).reshape(-1), nbits, inf
 
 
-def _magnitude_bits(w: Tensor) -> tuple[Tensor, int, int]:
-    """Flat non-negative integer keys of |w| (IEEE bit pattern), their bit width, the key of inf."""
-    src, nbits, inf = _int_view(w)
-    return src & ((1 << nbits) - 1), nbits, inf
-
-
 def _shifts(nbits: int) -> list[int]:
     """Digit positions from the top: 15 bits first, then 16-bit digits."""
     out, s = [], nbits - 15
