@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from sparsetool import __version__
@@ -188,21 +189,48 @@ def _existing(ckpt: Checkpoint, lt: LogicalTensor, *,
     return dense, alive if mask is None else mask & alive
 
 
-_SIGNLESS = {2: (torch.int16, 0x7FFF), 4: (torch.int32, 0x7FFFFFFF),
-             8: (torch.int64, 0x7FFFFFFFFFFFFFFF)}
+_INT_VIEW = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _float_bits(t: torch.Tensor) -> np.ndarray | None:
+    """The bit patterns of a contiguous CPU float tensor as a numpy integer array (no copy)."""
+    if not t.is_floating_point() or t.element_size() not in _INT_VIEW or t.device.type != "cpu":
+        return None
+    if not t.is_contiguous():
+        return None
+    return t.view(_INT_VIEW[t.element_size()]).numpy()
 
 
 def nonzero_mask(t: torch.Tensor) -> torch.Tensor:
-    """``t != 0`` (so -0.0 is a zero too), computed on the bit pattern for floats: a float
-    comparison on bf16 is several times slower on CPU than the integer test.
+    """``t != 0`` (so -0.0 is a zero too), computed on the bit patterns in numpy for floats:
+    several times faster on CPU than a float comparison in torch, most of all for bf16.
 
     >>> nonzero_mask(torch.tensor([0.0, -0.0, 1.5, -2.0], dtype=torch.bfloat16))
     tensor([False, False,  True,  True])
     """
-    if t.is_floating_point() and t.element_size() in _SIGNLESS:
-        itype, signless = _SIGNLESS[t.element_size()]
-        return t.view(itype).bitwise_and(signless).ne(0)
-    return t != 0
+    bits = _float_bits(t)
+    if bits is None:
+        return t != 0
+    mask = bits != 0
+    negative_zero = np.iinfo(bits.dtype).min  # only the sign bit set
+    if (bits == negative_zero).any():
+        mask &= bits != negative_zero
+    return torch.from_numpy(mask)
+
+
+def count_nonzero(t: torch.Tensor) -> int:
+    """Entries of ``t`` that are not zero (-0.0 is zero; NaN is not), fast for bool and floats.
+
+    >>> count_nonzero(torch.tensor([0.0, -0.0, 1.5, float("nan")]))
+    2
+    """
+    if t.dtype == torch.bool and t.device.type == "cpu":
+        return int(np.count_nonzero(t.contiguous().numpy()))
+    bits = _float_bits(t)
+    if bits is None:
+        return int(torch.count_nonzero(t))
+    negative_zero = np.iinfo(bits.dtype).min
+    return int(np.count_nonzero(bits)) - int(np.count_nonzero(bits == negative_zero))
 
 
 def _recorded_nan_encoding(ckpt: Checkpoint) -> bool:
@@ -213,10 +241,6 @@ def _recorded_nan_encoding(ckpt: Checkpoint) -> bool:
     except ValueError:
         return False
     return isinstance(record, dict) and record.get("encoding") == "nan"
-
-
-def _count_nonzero(t: torch.Tensor) -> int:
-    return int(torch.count_nonzero(t))
 
 
 def sparsetool_metadata(ckpt: Checkpoint, record: dict) -> dict[str, str]:
@@ -264,7 +288,7 @@ class _Planner:
         total_nnz = 0
         for i, lt in enumerate(self.targets):
             dense, existing = _existing(self.ckpt, lt)
-            nnz = _count_nonzero(existing)
+            nnz = count_nonzero(existing)
             self.nonzero_before[lt.name] = nnz
             total_nnz += nnz
             if o.scope == "global":
@@ -273,7 +297,7 @@ class _Planner:
                 self.keep[lt.name] = fraction_keep(nnz, o.fraction)
             if o.encoding == "bitmask" and o.scope == "layer":
                 # The compressed size goes into the header, so count the result now.
-                self.nonzero_after[lt.name] = _count_nonzero(self._mask(lt, dense, existing))
+                self.nonzero_after[lt.name] = count_nonzero(self._mask(lt, dense, existing))
             if self.progress:
                 self.progress("scan", i + 1, len(self.targets))
         if o.scope == "global":
@@ -286,7 +310,7 @@ class _Planner:
             if o.encoding == "bitmask":
                 for lt in self.targets:
                     dense, existing = _existing(self.ckpt, lt)
-                    self.nonzero_after[lt.name] = _count_nonzero(self._mask(lt, dense, existing))
+                    self.nonzero_after[lt.name] = count_nonzero(self._mask(lt, dense, existing))
 
     def _global_plan(self, hists: list, total_keep: int):
         plan = global_threshold_plan(hists, total_keep)
@@ -332,7 +356,7 @@ class _Planner:
         mask = self._mask(lt, dense, existing)
         before = self.nonzero_before.get(lt.name)
         if before is None:
-            before = _count_nonzero(existing)
+            before = count_nonzero(existing)
         return dense, mask, before
 
 
@@ -385,7 +409,7 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
                             sw.copy_stored(name, ckpt, name)
                         continue
                     dense, mask, before = planner.mask(lt)
-                    nonzero = _count_nonzero(mask)  # the mask keeps only alive, non-zero weights
+                    nonzero = count_nonzero(mask)  # the mask keeps only alive, non-zero weights
                     for name, tensor in encode(lt.name, dense, mask, opts.encoding):
                         sw.write(name, tensor)
                     result.tensors.append(TensorResult(lt.name, tuple(lt.shape), lt.numel,

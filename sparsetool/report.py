@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from sparsetool.checkpoint import Checkpoint, LogicalTensor, open_checkpoint
-from sparsetool.prune import nonzero_mask
+from sparsetool.prune import count_nonzero, nonzero_mask
 from sparsetool.targets import is_targeted, role
 
 Progress = Callable[[str, int, int], None]
@@ -81,15 +81,14 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def count_nonzero(ckpt: Checkpoint, lt: LogicalTensor) -> int:
+def count_logical_nonzero(ckpt: Checkpoint, lt: LogicalTensor) -> int:
     """Non-zero, non-pruned entries of one logical tensor (NaN sentinels and masked count as 0)."""
     if not lt.dtype.is_floating_point:
-        return int(torch.count_nonzero(ckpt.read_stored(lt.stored[0])))
+        return count_nonzero(ckpt.read_stored(lt.stored[0]))
     dense, mask = ckpt.read(lt)
-    nz = nonzero_mask(dense)
-    if mask is not None:
-        nz &= mask
-    return int(torch.count_nonzero(nz))
+    if mask is None:
+        return count_nonzero(dense)
+    return count_nonzero(nonzero_mask(dense) & mask)
 
 
 def summarize(path: str | Path, include: Sequence[str] = (), exclude: Sequence[str] = (), *,
@@ -103,7 +102,7 @@ def summarize(path: str | Path, include: Sequence[str] = (), exclude: Sequence[s
         report.tensors.append(TensorRow(
             name=lt.name, shape=shape, dtype=dtype_name(lt.dtype), role=role(lt.name, shape),
             targeted=is_targeted(lt.name, shape, lt.dtype, include, exclude),
-            numel=lt.numel, nonzero=count_nonzero(ckpt, lt), encoding=lt.encoding,
+            numel=lt.numel, nonzero=count_logical_nonzero(ckpt, lt), encoding=lt.encoding,
             bytes=lt.nbytes,
         ))
         if progress:
