@@ -110,11 +110,11 @@ def random_mask(
         raise SparsetoolError("give a generator or a seed, not both")
     if generator is None:
         generator = torch.Generator().manual_seed(0 if seed is None else int(seed))
-    # Random 30-bit keys (room above them for the "dead" key); the rare ties among them are
-    # broken by index, deterministically.
+    # Random 30-bit keys below the "inf" key 2**30 (room above for the "dead" key); the rare
+    # ties among them are broken by index, deterministically.
     bits = torch.randint(0, 1 << 30, shape, generator=generator, dtype=torch.int32).reshape(-1)
     alive = _flat_existing(existing, torch.Size(shape))
-    return _top_keys(bits, 31, (1 << 30) - 1, k, alive).reshape(shape)
+    return _top_keys(bits, 31, 1 << 30, k, alive).reshape(shape)
 
 
 def nm_mask(

@@ -124,8 +124,8 @@ def _select(bits: Tensor, nbits: int, inf: int, keep: int) -> tuple[int, int, in
         if hi == inf >> (shift + width):
             idig = (inf >> shift) & ((1 << width) - 1)
             hist[idig + 1:] = 0
-            if shift and int(hist[idig]) > 0:  # NaN payloads share inf's bucket; count inf alone
-                hist[idig] = int((cand == inf).sum())
+            if shift and int(hist[idig]) > 0:  # keys above inf (NaN) may share its bucket
+                hist[idig] = int(((digits == idig) & (cand <= inf)).sum())
         suffix = hist.flip(0).cumsum(0).flip(0)  # suffix[d] = count of digits >= d
         if level == 0:
             available = int(suffix[0])
@@ -230,8 +230,8 @@ def _top_keys(src: Tensor, nbits: int, inf: int, keep: int, alive: Tensor | None
     hist = per_chunk.sum(0)
     idig = inf >> shift
     hist[idig + 1:] = 0
-    if shift and int(hist[idig]) > 0:  # NaN payloads share inf's bucket: count inf alone
-        hist[idig] = sum(_map(lambda a, b: int((keys(a, b) == inf).sum()), n))
+    if shift and int(hist[idig]) > 0:  # keys above inf (NaN) may share its bucket
+        hist[idig] = sum(_map(lambda a, b: int(((digits(a, b) == idig) & (keys(a, b) <= inf)).sum()), n))
     available = int(hist.sum())
     upper = None if available == n else inf
     if keep >= available:

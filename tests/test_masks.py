@@ -293,6 +293,28 @@ def test_random_is_exact_reproducible_and_seed_dependent():
     assert torch.equal(random_mask((5,), keep=2), random_mask((5,), keep=2, seed=0))
 
 
+@pytest.mark.parametrize("sparsity", [0.0001, 0.5, 0.9999])
+def test_random_is_exact_on_a_multi_chunk_tensor(sparsity):
+    shape = (1500, 1000)  # 1.4 chunks: the histogram path, with keys in every top-digit bucket
+    alive = torch.rand(shape, generator=torch.Generator().manual_seed(1)) > 0.3
+    keep = sparsity_keep(1_500_000, sparsity)
+    m = random_mask(shape, sparsity, seed=4)
+    assert int(m.sum()) == keep
+    m = random_mask(shape, keep=keep // 2, existing=alive, seed=4)
+    assert int(m.sum()) == keep // 2 and not (m & ~alive).any()
+
+
+def test_keys_just_below_the_top_key_are_counted():
+    """Keys that share the top digit with the "inf" key but sit below it are alive."""
+    from sparsetool.radix import _top_keys
+
+    keys = torch.full((10_000,), 0x3FFF0000, dtype=torch.int32)
+    keys[::3] = 5
+    with tiny_chunks():
+        mask = _top_keys(keys, 31, (1 << 30) - 1, 6000, None)
+    assert int(mask.sum()) == 6000 and bool(mask[1]) and not bool(mask[0])
+
+
 def test_random_generator_gives_a_different_mask_per_call():
     g = torch.Generator().manual_seed(0)
     assert not torch.equal(random_mask((32, 32), 0.5, generator=g), random_mask((32, 32), 0.5, generator=g))
