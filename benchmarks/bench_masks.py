@@ -113,6 +113,9 @@ def main() -> None:
         ours = timed(lambda: magnitude_mask(w, args.sparsity), args.repeat)
         mask = magnitude_mask(w, args.sparsity)
         assert int(mask.sum()) == keep
+        assert int(random_mask(w.shape, args.sparsity, seed=0).sum()) == keep
+        assert int(nm_mask(w, 2, 4).sum()) == w.numel() // 2
+        assert int(global_mask(w, keep).sum()) == keep
         rows = [("sparsetool magnitude_mask", ours)]
         rows.append(("torch.topk + scatter", timed(lambda: topk_mask(w, keep), args.repeat)))
         rows.append(("torch.kthvalue + compare", timed(lambda: kthvalue_mask(w, keep), args.repeat)))

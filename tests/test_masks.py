@@ -381,6 +381,23 @@ def test_nm_errors_name_the_problem():
         nm_mask(w, 1, 2, dim=2)
 
 
+@pytest.mark.parametrize("dtype,dim,n,m", [(torch.bfloat16, -1, 2, 4), (torch.float32, 0, 2, 4),
+                                           (torch.float16, 1, 3, 8), (torch.float32, -1, 5, 32)])
+def test_nm_on_a_multi_chunk_tensor(dtype, dim, n, m):
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(1024, 1536, generator=g).to(dtype)
+    w.view(-1)[::13] = 0.5  # ties inside groups
+    w.view(-1)[::4001] = float("nan")
+    alive = torch.rand(w.shape, generator=g) > 0.1
+    got = nm_mask(w, n, m, dim=dim, existing=alive)
+    # reference: a stable sort of each group by |w| (dead and NaN last)
+    a = w.double().abs().masked_fill(torch.isnan(w) | ~alive, -1.0).movedim(dim, -1)
+    groups = a.reshape(-1, m)
+    order = torch.sort(groups, dim=1, descending=True, stable=True).indices[:, :n]
+    expected = torch.zeros_like(groups, dtype=torch.bool).scatter_(1, order, True) & (groups >= 0)
+    assert torch.equal(got.movedim(dim, -1).reshape(-1, m), expected)
+
+
 @settings(max_examples=150, deadline=None)
 @given(w=weights(max_size=64), data=st.data())
 def test_nm_pattern_holds(w, data):
