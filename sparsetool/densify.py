@@ -16,14 +16,13 @@ from typing import Callable
 import torch
 
 from sparsetool.checkpoint import (
-    Checkpoint,
-    LogicalTensor,
     TensorSpec,
     drop_sparsity_config,
     open_checkpoint,
     write_checkpoint,
 )
 from sparsetool.prune import sparsetool_metadata
+from sparsetool.zeros import negative_zeros
 
 Progress = Callable[[str, int, int], None]
 
@@ -40,37 +39,6 @@ class DensifyResult:
                 "decoded": self.decoded, "negative_zeros_fixed": self.negative_zeros}
 
 
-def _plain(ckpt: Checkpoint, lt: LogicalTensor) -> tuple[torch.Tensor, str]:
-    """The dense tensor and the encoding it was found in ("plain" if none)."""
-    if not lt.dtype.is_floating_point:
-        return ckpt.read_stored(lt.stored[0]), "plain"
-    dense, mask = ckpt.read(lt)
-    encoding = lt.encoding
-    if mask is not None:
-        dense = dense.masked_fill(~mask, 0.0)
-        if encoding == "plain":
-            encoding = "nan"
-    return dense, encoding
-
-
-def _drop_negative_zero(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """-0.0 -> +0.0 (a pruned entry must be a plain zero), without touching any other value."""
-    if not t.is_floating_point():
-        return t, False
-    itype = _INT_VIEW.get(t.element_size())
-    if itype is not None and t.is_contiguous():
-        # -0.0 is the bit pattern with only the sign bit set: the int type's minimum.
-        neg_zero = t.view(itype) == torch.iinfo(itype).min
-    else:
-        neg_zero = (t == 0) & torch.signbit(t)
-    if not bool(neg_zero.any()):
-        return t, False
-    return t.masked_fill(neg_zero, 0.0), True
-
-
-_INT_VIEW = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
 def densify_checkpoint(src: str | Path, out: str | Path, *, in_place: bool = False,
                        progress: Progress | None = None) -> DensifyResult:
     """Write checkpoint ``src`` to ``out`` (same layout) with every tensor plain and dense."""
@@ -85,12 +53,23 @@ def densify_checkpoint(src: str | Path, out: str | Path, *, in_place: bool = Fal
             specs = [TensorSpec(lt.name, lt.dtype, tuple(lt.shape)) for lt in tensors]
             with writer.shard(shard, specs) as sw:
                 for lt in tensors:
-                    dense, encoding = _plain(ckpt, lt)
-                    dense, fixed = _drop_negative_zero(dense)
-                    result.negative_zeros += fixed
-                    if encoding != "plain":
-                        result.decoded[encoding] = result.decoded.get(encoding, 0) + 1
-                    sw.write(lt.name, dense)
+                    if lt.encoding == "plain" and not lt.dtype.is_floating_point:
+                        sw.copy_stored(lt.name, ckpt, lt.stored[0])
+                    else:
+                        # read() gives pruned entries as +0.0 whatever the encoding
+                        dense, mask = ckpt.read(lt)
+                        encoding = lt.encoding if lt.encoding != "plain" or mask is None else "nan"
+                        if encoding != "plain":
+                            result.decoded[encoding] = result.decoded.get(encoding, 0) + 1
+                        negative = negative_zeros(dense)
+                        if negative is not None:
+                            dense = dense.masked_fill(negative, 0.0)
+                            result.negative_zeros += 1
+                        if encoding == "plain" and negative is None:
+                            # unchanged bytes: copy them in the kernel, not through memory
+                            sw.copy_stored(lt.name, ckpt, lt.stored[0])
+                        else:
+                            sw.write(lt.name, dense)
                     result.tensors += 1
                     done += 1
                     if progress:

@@ -1,0 +1,70 @@
+"""Zero tests on the bit patterns of float tensors.
+
+A float comparison on bf16 runs several times slower on CPU than an integer test of the same
+memory in numpy, and the integer view also tells -0.0 (only the sign bit set) from +0.0. Both
+count as zero here: a pruned weight may have been written as either.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_INT_VIEW = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def float_bits(t: torch.Tensor) -> np.ndarray | None:
+    """The bit patterns of a contiguous CPU float tensor as a numpy integer array (no copy)."""
+    if not t.is_floating_point() or t.element_size() not in _INT_VIEW or t.device.type != "cpu":
+        return None
+    if not t.is_contiguous():
+        return None
+    return t.view(_INT_VIEW[t.element_size()]).numpy()
+
+
+def nonzero_mask(t: torch.Tensor) -> torch.Tensor:
+    """``t != 0`` (so -0.0 is a zero too), computed on the bit patterns in numpy for floats:
+    several times faster on CPU than a float comparison in torch, most of all for bf16.
+
+    >>> nonzero_mask(torch.tensor([0.0, -0.0, 1.5, -2.0], dtype=torch.bfloat16))
+    tensor([False, False,  True,  True])
+    """
+    bits = float_bits(t)
+    if bits is None:
+        return t != 0
+    mask = bits != 0
+    negative_zero = np.iinfo(bits.dtype).min  # only the sign bit set
+    if (bits == negative_zero).any():
+        mask &= bits != negative_zero
+    return torch.from_numpy(mask)
+
+
+def count_nonzero(t: torch.Tensor) -> int:
+    """Entries of ``t`` that are not zero (-0.0 is zero; NaN is not), fast for bool and floats.
+
+    >>> count_nonzero(torch.tensor([0.0, -0.0, 1.5, float("nan")]))
+    2
+    """
+    if t.dtype == torch.bool and t.device.type == "cpu":
+        return int(np.count_nonzero(t.contiguous().numpy()))
+    bits = float_bits(t)
+    if bits is None:
+        return int(torch.count_nonzero(t))
+    negative_zero = np.iinfo(bits.dtype).min
+    return int(np.count_nonzero(bits)) - int(np.count_nonzero(bits == negative_zero))
+
+
+def negative_zeros(t: torch.Tensor) -> torch.Tensor | None:
+    """Where ``t`` holds -0.0 (bool mask), or None if nowhere. -0.0 is the bit pattern with only
+    the sign bit set, so on the integer view it is the type's minimum (a numpy test, far faster
+    than float comparisons on bf16)."""
+    if not t.is_floating_point():
+        return None
+    bits = float_bits(t)
+    if bits is not None:
+        negative_zero = np.iinfo(bits.dtype).min
+        if not (bits == negative_zero).any():
+            return None
+        return torch.from_numpy(bits == negative_zero)
+    found = (t == 0) & torch.signbit(t)
+    return found if bool(found.any()) else None
