@@ -499,3 +499,4 @@ def test_huge_header_length_is_refused_without_reading_it(tmp_path):
         f.truncate(200_000_100)  # sparse: a real header would not be this large
     with pytest.raises(CheckpointError, match="larger than 100 MB"):
         open_checkpoint(p)
+
