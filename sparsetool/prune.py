@@ -293,13 +293,17 @@ class _Planner:
         if o.scope == "global":
             index = self._index[lt.name]
             return apply_threshold(dense, self.plan.tensors[index], existing)
-        keep = self.keep.get(lt.name)
-        if keep is None:  # --fraction without a first pass cannot happen; layer --sparsity
-            keep = lt.numel - round(o.sparsity * lt.numel)
+        keep = self._layer_keep(lt)
         if o.method == "random":
             gen = torch.Generator().manual_seed(_tensor_seed(o.seed, lt.name))
             return random_mask(tuple(lt.shape), keep=keep, existing=existing, generator=gen)
         return magnitude_mask(dense, keep=keep, existing=existing)
+
+    def _layer_keep(self, lt: LogicalTensor) -> int:
+        keep = self.keep.get(lt.name)
+        if keep is None:  # layer scope --sparsity (--fraction always has a first pass)
+            keep = lt.numel - round(self.opts.sparsity * lt.numel)
+        return keep
 
     @property
     def _index(self) -> dict[str, int]:
@@ -308,6 +312,17 @@ class _Planner:
         return self._index_cache
 
     def mask(self, lt: LogicalTensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        o = self.opts
+        if (o.method == "magnitude" and o.scope == "layer" and o.nm is None
+                and lt.encoding == "plain" and lt.dtype.is_floating_point):
+            # Fast path for the common case: with at least `keep` non-zeros, the `keep` largest
+            # |w| are all non-zero, so no existing mask needs building (and none is revived).
+            dense, found = self.ckpt.read(lt)
+            if found is None:
+                before = count_nonzero(dense)
+                keep = self._layer_keep(lt)
+                if keep <= before:
+                    return dense, magnitude_mask(dense, keep=keep), before
         dense, existing = _existing(self.ckpt, lt, refuse_nan=self.refuse_nan)
         mask = self._mask(lt, dense, existing)
         before = self.nonzero_before.get(lt.name)
