@@ -2,6 +2,7 @@
 broadcast_masks() repairs a rank whose masks were made to differ."""
 
 import os
+import time
 
 import pytest
 import torch
@@ -64,9 +65,15 @@ def _worker(rank, world, init_file, out_dir):
 
 @pytest.mark.slow
 def test_masks_identical_across_ranks_and_broadcast_repairs(tmp_path):
-    # fork: the children need not import torch again (spawn costs seconds on a loaded machine)
-    mp.start_processes(_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2,
-                       join=True, start_method="fork")
+    # spawn, not fork: a forked child of a process whose OpenMP pool already ran can deadlock.
+    ctx = mp.start_processes(_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + 300
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("the two gloo processes did not finish within 300 s")
     for rank in range(2):
         result = torch.load(tmp_path / f"rank{rank}.pt")
         assert result["agreed"] == {"fc.weight": True, "proj.weight": True}
