@@ -67,7 +67,10 @@ def erk_keep(
         top = max(raw[n] for n in over)  # RigL densifies the layers with the largest raw density
         dense.update(n for n in over if raw[n] == top)
     for name in shapes:
-        real[name] = float(numel[name]) if name in dense else min(eps * raw[name] * numel[name], numel[name])
+        if name in dense:
+            real[name] = float(numel[name])
+        else:
+            real[name] = min(eps * raw[name] * numel[name], float(numel[name]))
     return _largest_remainder(real, numel, target)
 
 

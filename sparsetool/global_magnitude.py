@@ -216,13 +216,16 @@ def global_threshold_plan(
     and call again. Ties at the threshold go to earlier tensors first, then lower flat index.
 
     >>> a = torch.tensor([3.0, 1.0, 2.0]); b = torch.tensor([2.0, 5.0])
-    >>> plan = global_threshold_plan([MagnitudeHistogram.of(a), MagnitudeHistogram.of(b)], 3)
+    >>> hists = [MagnitudeHistogram.of(a), MagnitudeHistogram.of(b)]
+    >>> plan = global_threshold_plan(hists, 3)
     >>> plan.done, plan.refine
     (False, (0, 1))
     >>> fine = {i: MagnitudeHistogram.of(t, refine=plan.refine_bucket) for i, t in [(0, a), (1, b)]}
-    >>> plan = global_threshold_plan([MagnitudeHistogram.of(a), MagnitudeHistogram.of(b)], 3, refined=fine)
-    >>> [p.kept for p in plan.tensors], apply_threshold(a, plan.tensors[0]), apply_threshold(b, plan.tensors[1])
-    ([2, 1], tensor([ True, False,  True]), tensor([False,  True]))
+    >>> plan = global_threshold_plan(hists, 3, refined=fine)
+    >>> [p.kept for p in plan.tensors]
+    [2, 1]
+    >>> apply_threshold(a, plan.tensors[0]), apply_threshold(b, plan.tensors[1])
+    (tensor([ True, False,  True]), tensor([False,  True]))
     """
     if any(h.bucket is not None for h in histograms):
         raise SparsetoolError("global_threshold_plan takes the coarse histograms (refine=None) first")
@@ -357,6 +360,9 @@ def global_magnitude_masks(
     hists = [MagnitudeHistogram.of(t, e) for t, e in zip(tensors, alive)]
     plan = global_threshold_plan(hists, k)
     if not plan.done:
-        fine = {i: MagnitudeHistogram.of(tensors[i], alive[i], refine=plan.refine_bucket) for i in plan.refine}
+        fine = {
+            i: MagnitudeHistogram.of(tensors[i], alive[i], refine=plan.refine_bucket)
+            for i in plan.refine
+        }
         plan = global_threshold_plan(hists, k, refined=fine)
     return [apply_threshold(t, p, e) for t, p, e in zip(tensors, plan.tensors, alive)]

@@ -72,7 +72,8 @@ def magnitude_mask(
 
     >>> magnitude_mask(torch.tensor([0.1, -0.9, 0.5, 0.3]), 0.5)
     tensor([False,  True,  True, False])
-    >>> magnitude_mask(torch.tensor([1.0, 1.0, 1.0, 1.0]), keep=3, existing=torch.tensor([True, False, True, True]))
+    >>> alive = torch.tensor([True, False, True, True])
+    >>> magnitude_mask(torch.tensor([1.0, 1.0, 1.0, 1.0]), keep=3, existing=alive)
     tensor([ True, False,  True,  True])
     """
     k = _resolve_keep(w.numel(), sparsity, keep)

@@ -5,8 +5,9 @@ magnitude |w| of a bf16/fp16/fp32/fp64 weight is the integer ``bits & (2**(width
 is any key above the key of +inf. The threshold key is found digit by digit from the top with
 histograms (``torch.bincount``): the top 15 bits first (32768 bins, the whole key for 16-bit
 floats), then 16-bit digits among the few keys of the boundary bucket: a most-significant-digit
-radix select, the selection analogue of radix sorting (Knuth, TAOCP vol. 3, section 5.2.5). Work runs in chunks of ``_CHUNK`` keys on a small thread pool
-so temporaries stay in cache and the single-threaded ``bincount`` uses every core.
+radix select, the selection analogue of radix sorting (Knuth, TAOCP vol. 3, section 5.2.5). Work
+runs in chunks of ``_CHUNK`` keys on a small thread pool so temporaries stay in cache and the
+single-threaded ``bincount`` uses every core.
 
 Private to sparsetool: :mod:`sparsetool.masks` is the public interface.
 """
@@ -41,7 +42,9 @@ def _resolve_keep(numel: int, sparsity: float | None, keep: int | None) -> int:
     if keep is None:
         return sparsity_keep(numel, sparsity)  # type: ignore[arg-type]
     if isinstance(keep, bool) or int(keep) != keep or not 0 <= keep <= numel:
-        raise SparsetoolError(f"keep must be an integer from 0 to {numel} (the tensor's size), got {keep!r}")
+        raise SparsetoolError(
+            f"keep must be an integer from 0 to {numel} (the tensor's size), got {keep!r}"
+        )
     return int(keep)
 
 
@@ -231,7 +234,10 @@ def _top_keys(src: Tensor, nbits: int, inf: int, keep: int, alive: Tensor | None
     idig = inf >> shift
     hist[idig + 1:] = 0
     if shift and int(hist[idig]) > 0:  # keys above inf (NaN) may share its bucket
-        hist[idig] = sum(_map(lambda a, b: int(((digits(a, b) == idig) & (keys(a, b) <= inf)).sum()), n))
+        def alive_in_top(a: int, b: int) -> int:
+            return int(((digits(a, b) == idig) & (keys(a, b) <= inf)).sum())
+
+        hist[idig] = sum(_map(alive_in_top, n))
     available = int(hist.sum())
     upper = None if available == n else inf
     if keep >= available:

@@ -3,11 +3,12 @@
 A role is read from the tensor's full name (and, where the name is not enough, its shape). The
 default targets are the weight matrices of the attention projections and the feed-forward layers
 inside the transformer blocks, as in the SPDF paper (Thangarasa et al. 2023, Appendix A, "Sparsity
-Setup": the two MLP matrices and the query, key, value and attention-output matrices are sparse;
-"we keep the embeddings (implemented as sparse lookups), LayerNorm, and biases dense") and the
-Cerebras sparse-training posts, which also keep the output layer dense. Namings recognised: GPT-2, GPT-J, GPT-NeoX/Pythia, Bloom/Falcon,
-Llama/Mistral/Qwen2/Gemma/Mixtral, OPT, BERT/RoBERTa, DistilBERT, T5, Phi, Cerebras Model Zoo GPT
-and sparsetool's own GPT.
+Setup": the two MLP matrices and the query, key, value and attention-output matrices are sparse; "we
+keep the embeddings (implemented as sparse lookups), LayerNorm, and biases dense") and the Cerebras
+sparse-training posts, which also keep the output layer dense. Namings recognised: GPT-2,
+GPT-BigCode/StarCoder, GPT-J, GPT-NeoX/Pythia, Bloom/Falcon, Llama/Mistral/Qwen2/Gemma, Mixtral
+(also the stacked experts of transformers 5), OPT, BERT/RoBERTa, DistilBERT, T5, Phi, Cerebras Model
+Zoo GPT and sparsetool's own GPT.
 
 This module does not import torch: ``dtype`` may be a safetensors dtype string (``"BF16"``), a
 torch-style name (``"bfloat16"``, ``"torch.bfloat16"``) or a ``torch.dtype``.
@@ -231,13 +232,13 @@ def input_dim(
     The same names hold ``nn.Linear`` weights in GPT-BigCode/StarCoder and Qwen-1; the shape tells
     them apart, given that q/k/v and the FFN are at least as wide as the model: a ``c_attn`` or
     ``c_fc`` whose first dimension is the larger, or an ``mlp.c_proj`` whose second is, is
-    ``nn.Linear``. The square ``attn.c_proj`` cannot be told apart and is read as GPT-2's unless
-    the caller knows better: ``conv1d=False`` (say, from a ``config.json`` whose ``model_type`` is
-    not ``gpt2``) reads these names as ``nn.Linear``, ``conv1d=True`` as Conv1D. A stack of linear weights with a
-    linear role, such as the mixture-of-experts tensors of transformers 5
-    (``mlp.experts.gate_up_proj``, (experts, out, in)), gives its last dimension. Other tensors
-    with more than two dimensions are read as convolution kernels (out, in, ...) and give 1;
-    1-D tensors give 0.
+    ``nn.Linear``. The square ``attn.c_proj`` cannot be told apart and is read as GPT-2's unless the
+    caller knows better: ``conv1d=False`` (say, from a ``config.json`` whose ``model_type`` is not
+    ``gpt2``) reads these names as ``nn.Linear``, ``conv1d=True`` as Conv1D. A stack of linear
+    weights with a linear role, such as the mixture-of-experts tensors of transformers 5
+    (``mlp.experts.gate_up_proj``, (experts, out, in)), gives its last dimension. Other tensors with
+    more than two dimensions are read as convolution kernels (out, in, ...) and give 1; 1-D tensors
+    give 0.
 
     >>> input_dim("transformer.h.0.mlp.c_fc.weight", (768, 3072))
     0
