@@ -85,3 +85,13 @@ def test_distributions_targets_and_counts_load_without_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_docstring_examples():
+    """The examples in the docstrings run and print what they say (CI collects tests/ only)."""
+    import doctest
+
+    import sparsetool.distributions
+
+    result = doctest.testmod(sparsetool.distributions, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0

@@ -561,3 +561,13 @@ def test_a_pool_inherited_through_fork_is_replaced():
     radix_module._POOL_PID = -1  # what a child sees: the pool was made by another process
     assert torch.equal(magnitude_mask(big, 0.5), expected)
     assert radix_module._POOL is not stale
+
+
+@pytest.mark.parametrize("module", ["sparsetool.masks", "sparsetool.global_magnitude", "sparsetool.counts"])
+def test_docstring_examples(module):
+    """The examples in the docstrings run and print what they say (CI collects tests/ only)."""
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0

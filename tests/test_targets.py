@@ -288,3 +288,13 @@ def test_the_caller_can_say_which_layout_gpt2_names_hold():
     assert input_dim(square, (16, 16), conv1d=False) == 1
     assert input_dim("transformer.h.0.attn.c_attn.weight", (32, 16), conv1d=True) == 0
     assert input_dim("model.layers.0.mlp.up_proj.weight", (64, 16), conv1d=True) == 1  # not a GPT-2 name
+
+
+def test_docstring_examples():
+    """The examples in the docstrings run and print what they say (CI collects tests/ only)."""
+    import doctest
+
+    import sparsetool.targets
+
+    result = doctest.testmod(sparsetool.targets, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
