@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,7 +245,3 @@ def _dumps(obj: object) -> str:
     # Escapes exactly what serde_json escapes: '"', '\\' and control characters below 0x20
     # (short forms \b \t \n \f \r, else \u00xx lower-case); everything else stays raw UTF-8.
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-def file_size(path: Path) -> int:
-    return os.stat(path).st_size
