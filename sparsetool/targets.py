@@ -156,6 +156,8 @@ def role(name: str, shape: tuple[int, ...] | Sequence[int] = ()) -> str:
 
 
 def _linear_role(modules: list[str], param: str | None) -> str | None:
+    if len(modules) > 1 and modules[-1] == "base_layer":  # PEFT/LoRA wraps the original layer
+        modules = modules[:-1]
     leaf = modules[-1].lower()
     parent = modules[-2].lower() if len(modules) > 1 else ""
     in_attention = any(_ATTN_RE.search(p) for p in modules[:-1]) or bool(_ATTN_RE.search(leaf))

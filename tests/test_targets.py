@@ -151,6 +151,11 @@ TABLE = [
     ("distilbert.transformer.layer.0.ffn.lin2.weight", (768, 3072), "ffn_out", 1),
     ("layers.0.self_attn.in_proj_weight", (192, 64), "qkv", 1),
     ("layers.0.self_attn.in_proj_bias", (192,), "bias", 0),
+    # wrappers: DDP, torch.compile, PEFT/LoRA (the adapters are not the layer)
+    ("module.blocks.0.attn.qkv.weight", (192, 64), "qkv", 1),
+    ("_orig_mod.blocks.0.mlp.fc.weight", (256, 64), "ffn_in", 1),
+    ("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight", (64, 64), "qkv", 1),
+    ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight", (8, 64), "other", 1),
     # mask side tensors are never roles of their own
     ("blocks.0.attn.qkv.weight_mask", (192, 64), "other", 1),
 ]
