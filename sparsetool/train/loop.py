@@ -193,13 +193,18 @@ class Trainer:
                 f"{sorted(self.targets)[:3]}...; check --param-filter"
             )
         self.sparsifier_config = spc
+        self._sp_generation = getattr(self, "_sp_generation", 0) + 1  # invalidates the cached sparsity
         return sp
 
     # ------------------------------------------------------------------ helpers
     def _log_sparsity(self) -> float:
-        if self.sp is not None:
-            return float(self.sp.sparsity())
-        return 0.0
+        """Sparsity of the targeted weights; recounted only when the masks may have changed."""
+        if self.sp is None:
+            return 0.0
+        key = (self._sp_generation, self.sp.updates_done)
+        if getattr(self, "_sparsity_key", None) != key:
+            self._sparsity_key, self._sparsity_value = key, float(self.sp.sparsity())
+        return self._sparsity_value
 
     def _masks(self) -> dict[str, torch.Tensor]:
         return dict(self.sp.masks) if self.sp is not None else {}
