@@ -136,3 +136,20 @@ def test_plain_and_bitmask_forms_of_one_weight_conflict(tmp_path):
     save_file(parts | {"a.weight": torch.ones(1, 3)}, tmp_path / "both.safetensors")
     with pytest.raises(CheckpointError, match="two stored forms of 'a.weight'"):
         open_checkpoint(tmp_path / "both.safetensors")
+
+
+def test_bitmask_sparsity_config_matches_reference_shape():
+    from sparsetool.checkpoint import bitmask_sparsity_config, drop_sparsity_config
+
+    quant = {"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {}}}}
+    cfg = bitmask_sparsity_config(quant, ["b.fc", "a.fc"], 0.75)
+    block = cfg["quantization_config"]
+    # keys and values as compressed-tensors 0.14.0.1's update_config writes them (model_dump of
+    # its sparse-bitmask config, checked against that release)
+    assert block["sparsity_config"] == {
+        "format": "sparse-bitmask", "global_sparsity": 0.75, "ignore": None,
+        "registry_requires_subclass": False, "sparsity_structure": "unstructured", "targets": ["a.fc", "b.fc"],
+    }
+    assert block["config_groups"] == {"g": {}} and block["version"] == "0.14.0.1"
+    assert "config_groups" in drop_sparsity_config(cfg)["quantization_config"]
+    assert "sparsity_config" not in quant["quantization_config"]  # input untouched

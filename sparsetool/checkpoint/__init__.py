@@ -6,10 +6,10 @@ Public names::
     Checkpoint.logical / read(lt) / read_stored(name)
     encode(name, dense, mask, encoding), encoded_specs(...), stored_nonzeros(dense, mask)
     write_checkpoint(src, out, ...) -> CheckpointWriter -> ShardWriter
-    drop_sparsity_config(config)
+    drop_sparsity_config(config), bitmask_sparsity_config(config, modules, global_sparsity)
 """
 
-from sparsetool.checkpoint.config import drop_sparsity_config
+from sparsetool.checkpoint.config import bitmask_sparsity_config, drop_sparsity_config
 from sparsetool.checkpoint.encodings import ENCODINGS, MASK_SUFFIX, encode, encoded_specs, stored_nonzeros
 from sparsetool.checkpoint.format import StoredTensor, TensorSpec
 from sparsetool.checkpoint.reader import Checkpoint, LogicalTensor, open_checkpoint
@@ -24,6 +24,7 @@ __all__ = [
     "ShardWriter",
     "StoredTensor",
     "TensorSpec",
+    "bitmask_sparsity_config",
     "drop_sparsity_config",
     "encode",
     "encoded_specs",

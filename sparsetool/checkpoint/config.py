@@ -44,3 +44,37 @@ def drop_sparsity_config(config: dict) -> dict:
             if _meaningless(block):
                 del out[key]
     return out
+
+
+# What compressed-tensors 0.14.0.1 writes into config.json after saving a sparse-bitmask model
+# (ModelCompressor.update_config: the sparsity config's pydantic dump, an empty transform config).
+COMPRESSED_TENSORS_VERSION = "0.14.0.1"
+
+
+def bitmask_sparsity_config(config: dict, modules: list[str], global_sparsity: float) -> dict:
+    """A copy of ``config`` announcing sparse-bitmask compression of ``modules`` to loaders.
+
+    ``modules`` are the module names whose ``.weight`` is stored as a bitmask group (used as
+    compressed-tensors ``targets``); ``global_sparsity`` is the fraction of zeros over them.
+    An existing sparsity config is replaced; a quantization config is kept.
+
+    >>> cfg = bitmask_sparsity_config({"model_type": "gpt2"}, ["h.0.mlp.c_fc"], 0.5)
+    >>> cfg["quantization_config"]["sparsity_config"]["format"], cfg["quantization_config"]["quant_method"]
+    ('sparse-bitmask', 'compressed-tensors')
+    >>> drop_sparsity_config(cfg)
+    {'model_type': 'gpt2'}
+    """
+    out = drop_sparsity_config(config)
+    block = out.setdefault("quantization_config", {})
+    block.setdefault("quant_method", "compressed-tensors")
+    block.setdefault("version", COMPRESSED_TENSORS_VERSION)
+    block.setdefault("transform_config", {})
+    block["sparsity_config"] = {
+        "format": "sparse-bitmask",
+        "global_sparsity": float(global_sparsity),
+        "ignore": None,
+        "registry_requires_subclass": False,
+        "sparsity_structure": "unstructured",
+        "targets": sorted(modules),
+    }
+    return out
