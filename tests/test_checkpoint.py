@@ -499,3 +499,17 @@ def test_huge_header_length_is_refused_without_reading_it(tmp_path):
     with pytest.raises(CheckpointError, match="larger than 100 MB"):
         open_checkpoint(p)
 
+
+
+def test_stale_temp_of_a_killed_run_is_removed(tmp_path):
+    import subprocess
+    import sys
+
+    save_file({"a": torch.ones(2)}, tmp_path / "m.safetensors")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".o.safetensors.sparsetool-tmp-{int(dead.stdout)}-abcd"
+    stale.write_bytes(b"half written")
+    alive = tmp_path / f".o.safetensors.sparsetool-tmp-{os.getppid()}-beef"  # a running process
+    alive.write_bytes(b"in progress")
+    copy_all(open_checkpoint(tmp_path / "m.safetensors"), tmp_path / "o.safetensors")
+    assert not stale.exists() and alive.exists()

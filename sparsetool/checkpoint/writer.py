@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import shutil
+from glob import escape as glob_escape
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -215,6 +216,21 @@ def _put_in_place(tmp: Path, out: Path) -> None:
     _remove(old)
 
 
+def _remove_stale_temps(parent: Path, name: str) -> None:
+    """Remove temporary outputs for ``name`` left by a run that was killed (its process is gone)."""
+    prefix = f".{name}{TMP_MARK}"
+    for p in parent.glob(f".{glob_escape(name)}{TMP_MARK}*"):
+        pid_text = p.name[len(prefix):].split("-", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            _remove(p)
+        except PermissionError:
+            pass  # alive, someone else's
+
+
 def _replaceable_dir(d: Path) -> bool:
     """An existing output directory is replaced only if it is empty or holds a checkpoint."""
     names = [p.name for p in d.iterdir()]
@@ -251,6 +267,7 @@ def write_checkpoint(
     parent = out_abs.parent
     if not parent.is_dir():
         raise CheckpointError(f"output directory {parent} does not exist; create it first")
+    _remove_stale_temps(parent, out_abs.name)
     tmp = parent / f".{out_abs.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
     writer: CheckpointWriter | None = None
     try:
