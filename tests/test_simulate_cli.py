@@ -166,7 +166,7 @@ def test_checkpoint_with_sweep_is_refused(tmp_path):
     ('{"cs2": {"cores": -3}}', "cores"),
     ('{"x": {"peak_flops": 1}}', "base"),
     ('{"cs2": 3}', "tables"),
-    ('{not json', "does not parse"),
+    ('{not json', "is not valid JSON"),
 ])
 def test_bad_hardware_file_is_one_clean_error(tmp_path, text, match):
     f = tmp_path / "hw.json"

@@ -5,11 +5,11 @@ Nothing here imports torch (or numpy): ``sparsetool flops`` must start fast.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from sparsetool.configfile import load_mapping
 from sparsetool.errors import ConfigError
 
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
@@ -222,28 +222,7 @@ def load_config(path: str | Path) -> ModelConfig:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file '{path}' not found; pass an existing TOML/JSON/YAML file")
-    except OSError as e:
-        raise ConfigError(f"cannot read config file '{path}': {e.strerror}") from None
-    suffix = p.suffix.lower()
-    try:
-        if suffix == ".toml":
-            import tomllib
-
-            data = tomllib.loads(text)
-        elif suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except Exception as e:  # each parser has its own exception type; all mean "bad syntax"
-        raise ConfigError(f"config file '{path}' is not valid {suffix.lstrip('.') or 'JSON'}: {e}")
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"config file '{path}' must hold a mapping of keys to values")
+    data = load_mapping(p, what="config file")
     name = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
     return from_mapping(data, name=name)
 

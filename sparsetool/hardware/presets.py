@@ -7,12 +7,12 @@ it and the tests check the two agree) or a stated modelling assumption (``assume
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from sparsetool.configfile import SUFFIXES, load_mapping
 from sparsetool.errors import ConfigError
 from sparsetool.hardware.devices import (
     KINDS, Dataflow, DenseGPU, Device, FlashLLMGPU, Sparse24GPU, SpMMGPU,
@@ -155,25 +155,9 @@ def sources(name: str) -> dict[str, str]:
 def read_hardware_file(path: Path) -> dict[str, Any]:
     """Parse a TOML, YAML or JSON hardware file into ``{device name: {setting: value}}``."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"hardware file '{path}' does not exist; pass a .toml, .yaml or .json file")
-    text = path.read_text(encoding="utf-8")
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".toml":
-            import tomllib
-            data = tomllib.loads(text)
-        elif suffix in (".yaml", ".yml"):
-            import yaml
-            data = yaml.safe_load(text)
-        elif suffix == ".json":
-            data = json.loads(text)
-        else:
-            raise ConfigError(f"hardware file '{path}': use a .toml, .yaml/.yml or .json suffix")
-    except ConfigError:
-        raise
-    except Exception as e:  # the parsers raise their own error types
-        raise ConfigError(f"hardware file '{path}' does not parse: {e}") from None
+    if path.suffix.lower() not in SUFFIXES:
+        raise ConfigError(f"hardware file '{path}': use a .toml, .yaml/.yml or .json suffix")
+    data = load_mapping(path, what="hardware file")
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise ConfigError(f"hardware file '{path}': expected tables of settings keyed by device name, "
                           "e.g. [cs2] fixed_s = 2e-6")
