@@ -26,6 +26,8 @@ import torch
 from sparsetool import __version__
 from sparsetool.checkpoint import (
     ENCODINGS,
+    bitmask_sparsity_config,
+    drop_sparsity_config,
     Checkpoint,
     LogicalTensor,
     TensorSpec,
@@ -363,7 +365,19 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
     result = PruneResult(output=Path(out), options=opts)
     metadata = sparsetool_metadata(ckpt, {"command": "prune", **_options_record(opts)})
     done = 0
-    with write_checkpoint(ckpt, Path(out), in_place=in_place, metadata_extra=metadata) as writer:
+    def config_transform(config: dict) -> dict:
+        # Loaders decide from config.json whether weights are compressed: say so exactly when
+        # the output holds bitmask groups (transformers otherwise re-initialises them silently).
+        untouched_bitmask = [lt.name for lt in ckpt.logical
+                             if lt.encoding == "bitmask" and lt.name not in target_names]
+        if opts.encoding == "bitmask":
+            modules = [t.name.removesuffix(".weight") for t in result.tensors]
+            modules += [name.removesuffix(".weight") for name in untouched_bitmask]
+            return bitmask_sparsity_config(config, modules, result.targeted_sparsity)
+        return config if untouched_bitmask else drop_sparsity_config(config)
+
+    with write_checkpoint(ckpt, Path(out), in_place=in_place, metadata_extra=metadata,
+                          config_transform=config_transform) as writer:
         for shard in ckpt.shards:
             tensors = ckpt.logical_in(shard)
             specs: list[TensorSpec] = []

@@ -303,3 +303,51 @@ def test_densify_mixture_and_negative_zero(tmp_path):
     zero = t[c] == 0
     assert zero.any() and not torch.signbit(t[c][zero]).any()
     assert res.decoded == {"mask": 1, "nan": 1}
+
+
+def test_bitmask_output_announces_itself_in_config_json(tmp_path):
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-gpt2"
+    bm, back, plain = tmp_path / "bm", tmp_path / "back", tmp_path / "plain"
+    prune_checkpoint(fixture, bm, PruneOptions(sparsity=0.5, encoding="bitmask"))
+    cfg = json.loads((bm / "config.json").read_text())
+    sc = cfg["quantization_config"]["sparsity_config"]
+    assert sc["format"] == "sparse-bitmask"
+    assert sc["global_sparsity"] == pytest.approx(0.5)
+    assert "transformer.h.0.attn.c_attn" in sc["targets"] and len(sc["targets"]) == 8
+    # re-pruning into another encoding decodes every group: the announcement must go
+    prune_checkpoint(bm, plain, PruneOptions(sparsity=0.6))
+    assert "quantization_config" not in json.loads((plain / "config.json").read_text())
+    densify_checkpoint(bm, back)
+    assert "quantization_config" not in json.loads((back / "config.json").read_text())
+    assert json.loads((fixture / "config.json").read_text()) == json.loads(
+        (back / "config.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_interrupted_prune_leaves_nothing(tmp_path, sig):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    # big enough to be still running when the signal arrives
+    state = {f"transformer.h.{i}.mlp.c_fc.weight": torch.randn(1024, 4096) for i in range(24)}
+    src = tmp_path / "big.safetensors"
+    save_file(state, str(src))
+    before = sha(src)
+    out = tmp_path / "out.safetensors"
+    proc = subprocess.Popen([sys.executable, "-m", "sparsetool", "prune", str(src), "-o", str(out),
+                             "--sparsity", "0.5", "--encoding", "mask"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(p.name.startswith(".out") for p in tmp_path.iterdir()):
+        time.sleep(0.02)
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode == 0:
+        pytest.skip("prune finished before the signal arrived")
+    assert proc.returncode == 130, err
+    assert "error: interrupted" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.safetensors"]
+    assert sha(src) == before

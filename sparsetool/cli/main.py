@@ -6,6 +6,8 @@ Command modules keep heavy imports (torch, numpy, matplotlib) inside their funct
 
 from __future__ import annotations
 
+import signal
+
 import typer
 
 from sparsetool import __version__
@@ -43,5 +45,11 @@ def _root(
     pass
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    # SIGTERM (kill, timeouts, job schedulers) cleans up like Ctrl-C: no partial output is left.
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _interrupt)
     app()
