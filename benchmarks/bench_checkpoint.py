@@ -4,6 +4,7 @@ Makes a GPT-3-XL-shaped bf16 checkpoint (24 layers, d_model 2048, FFN 8192, voca
 GPT-2 tensor naming; about 2.6 GB), then times, in one run and on the same warm page cache:
 
 * ``cp`` of the file (the baseline every ratio is relative to),
+* ``python -c "import torch"``: the start-up floor every sparsetool command pays,
 * a naive script: ``load_file`` everything, prune each targeted tensor with ``torch.kthvalue``,
   ``save_file`` everything,
 * ``sparsetool prune`` (layer and global scope), ``densify`` and ``report``.
@@ -76,8 +77,17 @@ def make_checkpoint(path: Path, layers: int, d: int = 2048, ffn: int = 8192,
     return path.stat().st_size
 
 
-def timed(cmd: list[str]) -> tuple[float, float]:
-    """(wall seconds, peak RSS in MB) of one child process."""
+def timed(cmd: list[str], work: Path | None = None) -> tuple[float, float]:
+    """(wall seconds, peak RSS in MB) of one child process.
+
+    Every run starts equal: earlier outputs are deleted and dirty pages flushed first (untimed),
+    so no command pays for the write-back of the one before it.
+    """
+    if work is not None:
+        for p in work.glob("*.safetensors"):
+            if p.name not in ("gpt3xl.safetensors", "pruned.safetensors"):
+                p.unlink()
+    os.sync()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -117,6 +127,8 @@ def main() -> None:
     pruned = work / "pruned.safetensors"
     cases = [
         ("cp", ["cp", str(src), str(work / "copy.safetensors")]),
+        # the floor of any sparsetool command: starting Python and importing torch
+        ("python -c 'import torch'", [sys.executable, "-c", "import torch"]),
         ("naive load/prune/save", [sys.executable, "-c", NAIVE, str(src), str(work / "naive.safetensors")]),
         ("prune --scope layer", st + ["prune", str(src), "-o", str(pruned), "--sparsity", "0.75"]),
         ("prune --scope global", st + ["prune", str(src), "-o", str(work / "global.safetensors"),
@@ -129,7 +141,7 @@ def main() -> None:
     timed(["cat", str(src)])  # warm the page cache so every command starts equal
     results = {}
     for label, cmd in cases:
-        runs = [timed(cmd) for _ in range(args.repeat if not label.startswith("naive") else 1)]
+        runs = [timed(cmd, work) for _ in range(args.repeat if not label.startswith("naive") else 1)]
         wall = min(r[0] for r in runs)
         rss = max(r[1] for r in runs)
         results[label] = (wall, rss)
