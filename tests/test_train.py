@@ -304,3 +304,20 @@ def test_init_refuses_a_shape_flag_that_disagrees(tmp_path, corpus):
 def test_missing_out_is_a_usage_error():
     result = CliRunner().invoke(app, ["train", "--steps", "2"])
     assert result.exit_code == 2 and "--out" in result.output
+
+
+def test_model_zoo_block_spellings_map_to_options(tmp_path):
+    from sparsetool.train.config import read_config_file
+
+    f = tmp_path / "c.yaml"
+    f.write_text("sparsity:\n  type: gmp\n  init_sparsity: 0.0\n"
+                 "  sparsity: {type: cubic, init: 0.0, end: 0.8}\n"
+                 "  schedule: {freq: 10, start: 5, stop: 50}\n  param_name_patterns: '*fc*'\n")
+    got = read_config_file(f)
+    assert got["algorithm"] == "gmp" and got["initial_sparsity"] == 0.0
+    assert got["sparsity"] == {"type": "cubic", "init": 0.0, "end": 0.8}  # a schedule, passed on
+    assert (got["update_freq"], got["update_start"], got["update_stop"]) == (10, 5, 50)
+    assert got["param_filter"] == ["*fc*"]
+    f.write_text("sparsity: 0.5\nmodel: {preset: tiny}\nbogus: 1\n")
+    with pytest.raises(Exception, match="unknown option.*bogus"):
+        read_config_file(f)

@@ -155,8 +155,9 @@ def normalise(raw: dict, where: str) -> dict:
 
 
 def _is_block(d: dict) -> bool:
-    # A sparsity *schedule* ({type: cubic, init: .., end: ..}) is a value, not a Model Zoo block.
-    return "algorithm" in d or "type" not in d
+    # A sparsity *schedule* ({type: cubic, init: .., end: ..}) is a value, not a Model Zoo block;
+    # older Model Zoo blocks name the algorithm under "type".
+    return "algorithm" in d or "type" not in d or str(d["type"]).lower() in ALGORITHMS
 
 
 def _sparsity_block(block: dict, where: str) -> dict:
@@ -164,7 +165,7 @@ def _sparsity_block(block: dict, where: str) -> dict:
     extra: dict[str, Any] = {}
     for key, value in block.items():
         k = str(key).replace("-", "_")
-        if k == "algorithm":
+        if k == "algorithm" or (k == "type" and str(value).lower() in ALGORITHMS):
             out["algorithm"] = str(value).lower()
         elif k in ("sparsity", "init_method", "distribution", "drop_fraction", "initial_sparsity"):
             out[k] = value
