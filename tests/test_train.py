@@ -145,18 +145,27 @@ def test_init_from_mask_checkpoint_keeps_masks(tmp_path, corpus):
         assert not torch.equal(w, pre[n[: -len("_mask")]])  # it trained
 
 
-def test_init_accepts_a_checkpoint_pruned_by_sparsetool_prune(tmp_path, corpus):
+@pytest.mark.parametrize("encoding", ["mask", "zeros", "nan", "bitmask"])
+def test_init_accepts_a_checkpoint_pruned_by_sparsetool_prune(tmp_path, corpus, encoding):
     run_cli(base_args(tmp_path / "dense", corpus))
     pruned = tmp_path / "pruned.safetensors"
     result = CliRunner().invoke(app, ["prune", str(tmp_path / "dense" / "model.safetensors"), "-o",
-                                      str(pruned), "--sparsity", "0.5", "--encoding", "mask"])
+                                      str(pruned), "--sparsity", "0.5", "--encoding", encoding])
     assert result.exit_code == 0, result.output
-    p = load_file(pruned)
+    kept = {}
+    from sparsetool.checkpoint import open_checkpoint
+
+    with open_checkpoint(pruned) as ck:
+        for lt in ck.logical:
+            dense, mask = ck.read(lt)
+            if lt.name.endswith(("qkv.weight", "attn.proj.weight", "fc.weight", "mlp.proj.weight")):
+                kept[lt.name] = mask if mask is not None else dense != 0
+    assert len(kept) == 8
     summary = run_cli(base_args(tmp_path / "ft", corpus, steps=2) + ["--init", str(pruned)])
     assert summary["sparsity"] == pytest.approx(0.5, abs=1e-3)
     ft = load_file(tmp_path / "ft" / "model.safetensors")
-    for n in (k for k in p if k.endswith("_mask")):
-        assert torch.equal(ft[n], p[n])
+    for n, m in kept.items():
+        assert torch.equal(ft[n + "_mask"], m)
 
 
 def test_dense_init_revives_pruned_weights_at_zero(tmp_path, corpus):
