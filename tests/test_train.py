@@ -330,3 +330,13 @@ def test_model_zoo_block_spellings_map_to_options(tmp_path):
     f.write_text("sparsity: 0.5\nmodel: {preset: tiny}\nbogus: 1\n")
     with pytest.raises(Exception, match="unknown option.*bogus"):
         read_config_file(f)
+
+
+def test_resume_does_not_need_the_init_checkpoint_any_more(tmp_path, corpus):
+    run_cli(base_args(tmp_path / "pre", corpus, steps=2) + ["--algorithm", "static", "--sparsity", "0.5"])
+    init = tmp_path / "pre" / "model.safetensors"
+    full = run_cli(base_args(tmp_path / "full", corpus, steps=4) + ["--init", str(init)])
+    run_cli(base_args(tmp_path / "part", corpus, steps=4) + ["--init", str(init), "--stop-at", "2"])
+    init.rename(tmp_path / "moved.safetensors")
+    resumed = run_cli(["train", "--out", str(tmp_path / "part"), "--resume", "--json"])
+    assert resumed["loss"] == full["loss"] and resumed["sparsity"] == full["sparsity"]

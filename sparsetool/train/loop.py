@@ -16,6 +16,7 @@ all-reduced scores and a shared (seed, step) generator, then broadcasts them as 
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +30,7 @@ from sparsetool.train import io
 from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, validate
 from sparsetool.train.data import Sampler, eval_batches, load_corpus
 from sparsetool.train.distributed import gather_mask_digests, setup_runtime
-from sparsetool.train.model import GPT, PRESETS, infer_config, is_targeted
+from sparsetool.train.model import GPT, PRESETS, GPTConfig, infer_config, is_targeted
 from sparsetool.train.recipe import lr_at, model_config, param_groups, sparsifier_config, stage_plan
 
 Callback = Callable[[str, dict], None]
@@ -62,9 +63,9 @@ class Trainer:
         path = self.run_dir / "run.json"
         if not path.exists():
             raise ConfigError(f"--resume: {path} not found; is {self.run_dir} a run directory?")
-        import json
-
-        stored = TrainConfig.from_dict(json.loads(path.read_text())["config"])
+        saved = json.loads(path.read_text())
+        stored = TrainConfig.from_dict(saved["config"])
+        self._resumed_model = saved.get("model")
         stored.stop_at = None  # the interruption point is not part of the run; runs to the end
         for k, v in flags.items():
             if v is None or k in ("out",) or (k in ("stages", "sparsity_options") and not v):
@@ -88,7 +89,11 @@ class Trainer:
     def _setup_model_and_data(self) -> None:
         cfg = self.cfg
         init_w, init_m, init_meta = ({}, {}, {})
-        if cfg.init:
+        if self.resume_from is not None and self._resumed_model:
+            # the weights come from the run's own checkpoint; --init is not read again (it may
+            # have been moved since)
+            self.mcfg = GPTConfig(**self._resumed_model)
+        elif cfg.init:
             init_w, init_m, init_meta = io.read_init_checkpoint(cfg.init)
             mc = init_meta.get("model", {})
             head = mc.get("n_head") or cfg.n_head or PRESETS[cfg.preset].n_head
@@ -172,9 +177,12 @@ class Trainer:
     def _sparsifier_config(self, stage: dict, later_stage: bool) -> dict | None:
         return sparsifier_config(self.cfg, stage["sparsity"], self.init_masks, later_stage)
 
-    def _build_sparsifier(self, stage_idx: int, state: dict | None):
+    def _build_sparsifier(self, stage_idx: int, state: dict | None, spc: dict | None = None):
+        """The stage's sparsifier, attached; ``spc`` (a resumed run's saved mapping) wins over
+        the one derived from the options, so a resume never depends on re-reading --init."""
         stage = self.plan[stage_idx]
-        spc = self._sparsifier_config(stage, later_stage=stage_idx > 0)
+        if spc is None:
+            spc = self._sparsifier_config(stage, later_stage=stage_idx > 0)
         if spc is None:
             return None
         try:
@@ -265,6 +273,7 @@ class Trainer:
         resume = {
             "optimizer": self.optimizer.state_dict(),
             "sparsifier": self.sp.state_dict() if self.sp is not None else None,
+            "sparsifier_config": json.dumps(self.sparsifier_config) if self.sp is not None else None,
         }
         state = {
             "step": step,
@@ -317,7 +326,9 @@ class Trainer:
         self.mask_divergences = 0
         self.sp = None
         if sp_state is not None or self.resume_from is None:
-            self.sp = self._build_sparsifier(stage_idx, sp_state)
+            saved_spc = resume.get("sparsifier_config") if self.resume_from is not None else None
+            self.sp = self._build_sparsifier(stage_idx, sp_state,
+                                             json.loads(saved_spc) if saved_spc else None)
         if self.master:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             io._write_json(self.run_dir / "run.json", {"config": cfg.to_dict(), "model": self.mcfg.to_dict(),
