@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparsetool.configfile import load_mapping
 from sparsetool.errors import ConfigError
 
 ALGORITHMS = ("dense", "static", "gmp", "set", "rigl", "granet", "imp")
@@ -116,21 +116,7 @@ def parse_stage(text: str) -> tuple[float, float]:
 def read_config_file(path: str | Path) -> dict:
     """Parse a YAML or TOML file into TrainConfig keys (not yet validated)."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read config file {p}: {e.strerror}") from None
-    try:
-        if p.suffix.lower() == ".toml":
-            raw = tomllib.loads(text)
-        else:
-            import yaml
-
-            raw = yaml.safe_load(text) or {}
-    except Exception as e:  # yaml/toml parse errors: one line naming the file
-        raise ConfigError(f"config file {p} does not parse: {str(e).splitlines()[0]}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config file {p} must hold a mapping of option: value")
+    raw = load_mapping(p, what="config file", default="YAML")
     return normalise(raw, str(p))
 
 
