@@ -6,25 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+import torch
+from safetensors.torch import save_file
 
-from sparsetool.cli.main import app
 from sparsetool.flops import ModelConfig, forward_terms
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("sparsetool.report")
-from safetensors.torch import save_file  # noqa: E402
-
-
-def run(*args: str):
-    return CliRunner().invoke(app, ["flops", *args], env={"COLUMNS": "200"})
-
-
-def ok_json(*args: str):
-    r = run(*args, "--json")
-    assert r.exit_code == 0, r.output
-    return json.loads(r.stdout)
-
+from test_flops_cli import ok_json, run
 
 
 def zero_first(t, fraction):
