@@ -150,7 +150,7 @@ def nm_mask(
     full = (1 << nbits) - 1
     alive = _flat_existing(existing, w.shape)
     d = dim % w.ndim
-    outer, inner = math.prod(w.shape[:d]), math.prod(w.shape[d + 1:])
+    inner = math.prod(w.shape[d + 1:])
     row = m * inner  # one row = the groups at one (outer, group) position, side by side
     mask = torch.empty(w.numel(), dtype=torch.bool)
 
