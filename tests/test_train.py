@@ -340,3 +340,19 @@ def test_resume_does_not_need_the_init_checkpoint_any_more(tmp_path, corpus):
     init.rename(tmp_path / "moved.safetensors")
     resumed = run_cli(["train", "--out", str(tmp_path / "part"), "--resume", "--json"])
     assert resumed["loss"] == full["loss"] and resumed["sparsity"] == full["sparsity"]
+
+
+def test_init_from_a_pruned_file_keeps_the_model_shape(tmp_path, corpus):
+    """prune keeps train's metadata under "history"; --init must still find the head count."""
+    run_cli(base_args(tmp_path / "pre", corpus, steps=2))
+    pruned = tmp_path / "pruned.safetensors"
+    result = CliRunner().invoke(app, ["prune", str(tmp_path / "pre" / "model.safetensors"), "-o",
+                                      str(pruned), "--sparsity", "0.8"])
+    assert result.exit_code == 0, result.output
+    # no --preset: every shape setting must come from the checkpoint
+    run_cli(["train", "--out", str(tmp_path / "ft"), "--data", str(corpus), "--steps", "2",
+             "--batch-size", "4", "--warmup", "1", "--json", "--init", str(pruned)])
+    pre = json.loads((tmp_path / "pre" / "config.json").read_text())
+    ft = json.loads((tmp_path / "ft" / "config.json").read_text())
+    for key in ("n_layer", "n_head", "d_model", "context"):
+        assert ft[key] == pre[key], key

@@ -134,9 +134,15 @@ def read_init_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dic
             raw = ckpt.metadata(shard).get("sparsetool")
             if raw:
                 try:
-                    meta.update(json.loads(raw))
+                    entry = json.loads(raw)
                 except json.JSONDecodeError:
-                    pass
+                    continue
+                # Later tools (prune, densify) keep earlier entries under "history": the model
+                # shape written by train must survive them.
+                for older in entry.get("history", []):
+                    if isinstance(older, dict):
+                        meta.update(older)
+                meta.update({k: v for k, v in entry.items() if k != "history"})
         if ckpt.config and "n_head" in ckpt.config and "model" not in meta:
             meta["model"] = {k: ckpt.config[k] for k in ("n_layer", "n_head", "d_model", "context")
                              if k in ckpt.config}
