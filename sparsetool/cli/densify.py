@@ -11,7 +11,7 @@ from sparsetool.cli._output import console, emit_json, failing_cleanly, progress
 
 
 def densify(
-    checkpoint: Path = typer.Argument(..., help="A .safetensors file or a Hugging Face model directory."),
+    checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT", help="A .safetensors file or a Hugging Face model directory."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Where to write (same layout as the input)."),
     in_place: bool = typer.Option(False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
@@ -22,9 +22,10 @@ def densify(
     mixtures), drops _mask tensors, turns -0.0 into +0.0, and removes a sparsity_config from a
     carried config.json so loaders see an ordinary dense model.
 
-    Example:
+    Examples:
 
-      sparsetool densify model-bitmask/ -o model-dense/
+    \b
+    sparsetool densify model-bitmask/ -o model-dense/
     """
     from sparsetool.densify import densify_checkpoint
 

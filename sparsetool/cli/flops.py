@@ -37,15 +37,12 @@ def flops(
 
     Examples:
 
-      sparsetool flops --model gpt3-xl --sparsity 0.75
-
-      sparsetool flops --model gpt2-small --sparsity 0,0.5,0.75 --tokens 2.5B
-
-      sparsetool flops --model cerebras-gpt-256m --stage 0.9:0.8333 --stage 0:0.1667
-
-      sparsetool flops --model gpt3-xl -s 0.75 --finetune-tokens 64.5M --finetune-seq-len 512
-
-      sparsetool flops --checkpoint model-75/ --json
+    \b
+    sparsetool flops --model gpt3-xl --sparsity 0.75
+    sparsetool flops --model gpt2-small --sparsity 0,0.5,0.75 --tokens 2.5B
+    sparsetool flops --model cerebras-gpt-256m --stage 0.9:0.8333 --stage 0:0.1667
+    sparsetool flops --model gpt3-xl -s 0.75 --finetune-tokens 64.5M --finetune-seq-len 512
+    sparsetool flops --checkpoint model-75/ --json
     """
     from sparsetool import flops as F
 

@@ -19,6 +19,8 @@ app = typer.Typer(
     "train sparse GPTs; model sparse hardware.",
     no_args_is_help=True,
     add_completion=False,
+    # Help text is plain: "N:M:" must not become an emoji, "[default: ...]" must stay visible.
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 

@@ -11,7 +11,7 @@ from sparsetool.cli._output import console, emit_json, failing_cleanly, percent,
 
 
 def prune(
-    checkpoint: Path = typer.Argument(..., help="A .safetensors file or a Hugging Face model directory."),
+    checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT", help="A .safetensors file or a Hugging Face model directory."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Where to write (same layout as the input)."),
     sparsity: Optional[float] = typer.Option(None, "--sparsity", "-s", help="Fraction of zeros wanted in each targeted tensor, in [0, 1]."),
     fraction: Optional[float] = typer.Option(None, "--fraction", help="Prune this fraction of the REMAINING non-zeros, in [0, 1) (one iterative-pruning step)."),
@@ -34,11 +34,10 @@ def prune(
 
     Examples:
 
-      sparsetool prune model/ -o model-75/ --sparsity 0.75
-
-      sparsetool prune model.safetensors -o step2.safetensors --fraction 0.2 --encoding mask
-
-      sparsetool prune model/ -o model-24/ --nm 2:4
+    \b
+    sparsetool prune model/ -o model-75/ --sparsity 0.75
+    sparsetool prune model.safetensors -o step2.safetensors --fraction 0.2 --encoding mask
+    sparsetool prune model/ -o model-24/ --nm 2:4
     """
     from sparsetool.prune import PruneOptions, parse_nm, prune_checkpoint
 

@@ -13,7 +13,7 @@ FORMATS = ("rich", "plain", "markdown", "github")
 
 
 def report(
-    checkpoint: Path = typer.Argument(..., help="A .safetensors file or a Hugging Face model directory."),
+    checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT", help="A .safetensors file or a Hugging Face model directory."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"tensors\": [...], \"summary\": {...}} on stdout."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw per-tensor sparsity bars into this PNG."),
     all_tensors: bool = typer.Option(True, "--all/--targeted", help="Show every tensor (default) or only the targeted ones."),
@@ -27,11 +27,10 @@ def report(
 
     Examples:
 
-      sparsetool report model-75/
-
-      sparsetool report model.safetensors --json | jq .summary
-
-      sparsetool report model-75/ --plot sparsity.png
+    \b
+    sparsetool report model-75/
+    sparsetool report model.safetensors --json | jq .summary
+    sparsetool report model-75/ --plot sparsity.png
     """
     if fmt not in FORMATS:
         raise typer.BadParameter(f"choose one of {', '.join(FORMATS)}", param_hint="--format")

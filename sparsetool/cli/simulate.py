@@ -45,13 +45,13 @@ def simulate(
 ) -> None:
     """Masked-kernel hardware model: time, speedup and breakdown per device.
 
-    One layer: sparsetool simulate --shape 12288x12288 --sparsity 0.9 --tokens 2048
+    Examples (one layer, a checkpoint's real masks, a preset, a sweep with its plot):
 
-    Real masks: sparsetool simulate CHECKPOINT --tokens 4096
-
-    A preset: sparsetool simulate --model gpt3-xl --sparsity 0.75
-
-    A sweep and its plot: sparsetool simulate --shape 12288x12288 --sweep --plot speedup.png
+    \b
+    sparsetool simulate --shape 12288x12288 --sparsity 0.9 --tokens 2048
+    sparsetool simulate CHECKPOINT --tokens 4096
+    sparsetool simulate --model gpt3-xl --sparsity 0.75
+    sparsetool simulate --shape 12288x12288 --sweep --plot speedup.png
     """
     with failing_cleanly():
         from sparsetool.hardware import presets

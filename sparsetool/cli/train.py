@@ -8,19 +8,27 @@ from typing import Optional
 import typer
 
 EPILOG = """
-Examples (the built-in corpus is the Python standard library's own source):
+    Examples (the built-in corpus is the Python standard library's own source):
 
-  sparsetool train --out runs/rigl --preset mini --steps 500 --algorithm rigl --sparsity 0.75
+    \b
+    sparsetool train --out runs/rigl --preset mini --steps 500 --algorithm rigl --sparsity 0.75
 
-  SPDF: sparse pre-training, then dense fine-tuning on other text (revived weights start at 0):
-  sparsetool train --out runs/pre --algorithm static --sparsity 0.75
-  sparsetool train --out runs/ft --init runs/pre/model.safetensors --dense --data my_texts/
+    SPDF: sparse pre-training, then dense fine-tuning on other text (revived weights start at 0):
 
-  Variable SPDF (90% sparse for 80% of the steps, then dense):
-  sparsetool train --out runs/vspdf --stage 0.9:0.8 --stage 0:0.2
+    \b
+    sparsetool train --out runs/pre --algorithm static --sparsity 0.75
+    sparsetool train --out runs/ft --init runs/pre/model.safetensors --dense --data my_texts/
 
-  Continue an interrupted run exactly:  sparsetool train --out runs/rigl --resume
-  Several processes:  torchrun --nproc_per_node 2 -m sparsetool train --out runs/ddp ...
+    Variable SPDF (90% sparse for 80% of the steps, then dense):
+
+    \b
+    sparsetool train --out runs/vspdf --stage 0.9:0.8 --stage 0:0.2
+
+    Continue an interrupted run exactly, and run on several processes:
+
+    \b
+    sparsetool train --out runs/rigl --resume
+    torchrun --nproc_per_node 2 -m sparsetool train --out runs/ddp ...
 """
 
 _ALGOS = "dense|static|gmp|set|rigl|granet|imp"
