@@ -82,3 +82,14 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1000
     return f"{n} B"
+
+
+def check_plot_path(path: Any) -> None:
+    """Refuse a --plot path that cannot be written, before any work is done."""
+    from pathlib import Path
+
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        fail(f"--plot {path}: give a file name ending in .png")
+    if not path.parent.is_dir():
+        fail(f"--plot {path}: directory '{path.parent}' does not exist; create it first")

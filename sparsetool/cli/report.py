@@ -7,7 +7,15 @@ from typing import List, Optional
 
 import typer
 
-from sparsetool.cli._output import console, emit_json, failing_cleanly, human_bytes, percent, progress_bar
+from sparsetool.cli._output import (
+    check_plot_path,
+    console,
+    emit_json,
+    failing_cleanly,
+    human_bytes,
+    percent,
+    progress_bar,
+)
 
 FORMATS = ("rich", "plain", "markdown", "github")
 
@@ -37,6 +45,8 @@ def report(
     from sparsetool.report import plot_report, summarize
 
     with failing_cleanly():
+        if plot is not None:
+            check_plot_path(plot)
         with progress_bar(not as_json) as progress:
             rep = summarize(checkpoint, tuple(include), tuple(exclude), progress=progress)
         if plot is not None:
@@ -57,13 +67,18 @@ def report(
         ("non-zero parameters", f"{s['nonzero']:,}"),
         ("bytes on disk", human_bytes(s["bytes"])),
     ]
+    if fmt == "rich" and (not console.is_terminal or console.width < 100):
+        fmt = "plain"  # piped or narrow: a rich table would cut names and numbers
     if fmt == "rich":
         from rich.markup import escape
         from rich.table import Table
 
         table = Table(title=escape(str(checkpoint)), show_lines=False)
         for i, h in enumerate(header):
-            table.add_column(h, justify="right" if i >= 5 else "left", no_wrap=(i == 0))
+            # numbers and short fields never truncate; a long name folds onto a second line
+            table.add_column(h, justify="right" if i >= 5 else "left",
+                             overflow="fold" if i == 0 else "ellipsis", no_wrap=i > 0,
+                             min_width=20 if i == 0 else len(h))
         for c in cells:
             table.add_row(*[escape(x) for x in c])
         console.print(table)
