@@ -427,20 +427,37 @@ def test_nan_detection_is_exact_for_infinities_and_overflow(tmp_path, dtype):
     assert got["one_nan"][1].tolist() == [[True, False], [True, True]]
 
 
-def test_existing_output_directory_is_replaced_only_if_checkpoint(tmp_path):
+def test_existing_output_directory_is_replaced_only_if_nothing_else_would_go(tmp_path):
     _sharded_dir(tmp_path / "in")
     ck = open_checkpoint(tmp_path / "in")
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "thesis.tex").write_text("precious")
-    with pytest.raises(CheckpointError, match="holds no checkpoint"):
+    with pytest.raises(CheckpointError, match="thesis.tex"):
         copy_all(ck, tmp_path / "home")
     assert (tmp_path / "home" / "thesis.tex").read_text() == "precious"
+    # an earlier output plus a file of the user's: still refused, nothing lost
     (tmp_path / "old").mkdir()
-    (tmp_path / "old" / "model.safetensors").write_bytes(b"stale")
-    (tmp_path / "old" / "stale.txt").write_text("x")
+    for name in os.listdir(tmp_path / "in"):
+        (tmp_path / "old" / name).write_bytes(b"stale")
+    (tmp_path / "old" / "NOTES.md").write_text("mine")
+    with pytest.raises(CheckpointError, match="NOTES.md"):
+        copy_all(ck, tmp_path / "old")
+    assert (tmp_path / "old" / "NOTES.md").read_text() == "mine"
+    # an earlier output alone is replaced
+    (tmp_path / "old" / "NOTES.md").unlink()
     copy_all(ck, tmp_path / "old")
     assert sorted(os.listdir(tmp_path / "old")) == sorted(os.listdir(tmp_path / "in"))
     assert sorted(os.listdir(tmp_path)) == ["home", "in", "old"]
+
+
+def test_output_path_must_match_the_input_layout(tmp_path):
+    _sharded_dir(tmp_path / "in")
+    with pytest.raises(CheckpointError, match="looks like a file name"):
+        copy_all(open_checkpoint(tmp_path / "in"), tmp_path / "out.safetensors")
+    save_file({"w": torch.ones(2, 2)}, str(tmp_path / "one.safetensors"))
+    with pytest.raises(CheckpointError, match="looks like a directory"):
+        copy_all(open_checkpoint(tmp_path / "one.safetensors"), str(tmp_path / "newdir") + os.sep)
+    assert sorted(os.listdir(tmp_path)) == ["in", "one.safetensors"]
 
 
 def test_mask_in_another_shard_than_its_weight(tmp_path):

@@ -231,10 +231,14 @@ def _remove_stale_temps(parent: Path, name: str) -> None:
             pass  # alive, someone else's
 
 
-def _replaceable_dir(d: Path) -> bool:
-    """An existing output directory is replaced only if it is empty or holds a checkpoint."""
-    names = [p.name for p in d.iterdir()]
-    return not names or any(n.endswith((".safetensors", ".safetensors.index.json")) for n in names)
+def _foreign_entries(d: Path, src: Checkpoint) -> list[str]:
+    """Entries of an existing output directory that the new output would not hold again.
+
+    Replacing the directory would delete them, so the writer refuses while there are any.
+    """
+    ours = set(src.shards) | {Path(rel).parts[0] for rel in src.other_files}
+    ours.add("model.safetensors.index.json")
+    return sorted(p.name for p in d.iterdir() if p.name not in ours)
 
 
 @contextlib.contextmanager
@@ -247,6 +251,7 @@ def write_checkpoint(
     config_transform: Callable[[dict], dict] | None = None,
 ) -> Iterator[CheckpointWriter]:
     """Write a checkpoint with ``src``'s layout at ``out``, atomically; see the module docstring."""
+    out_arg = os.fspath(out)
     out = Path(out)
     out_abs = Path(os.path.abspath(out))
     same = out.exists() and out.resolve() == src.path.resolve()
@@ -259,11 +264,23 @@ def write_checkpoint(
             raise CheckpointError(f"output {out} is an existing file but the input {src.path} is a directory; give a directory path")
         if not src.is_dir and out.is_dir():
             raise CheckpointError(f"output {out} is an existing directory but the input {src.path} is a single file; give a file path such as {out / src.path.name}")
-        if out.is_dir() and not _replaceable_dir(out):
+        foreign = _foreign_entries(out, src) if out.is_dir() else []
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
             raise CheckpointError(
-                f"output {out} is an existing directory that holds no checkpoint; it would be replaced "
-                "as a whole, so remove it yourself or choose a new path"
+                f"output {out} is an existing directory holding {shown}, which the new checkpoint "
+                "would replace; remove them yourself or choose a new path"
             )
+    if src.is_dir and out.suffix == ".safetensors" and not out.is_dir():
+        raise CheckpointError(
+            f"output {out} looks like a file name but the input {src.path} is a directory "
+            "(a Hugging Face layout is written as a directory); give a directory path"
+        )
+    if not src.is_dir and str(out_arg).endswith(os.sep) and not out.exists():
+        raise CheckpointError(
+            f"output {out_arg} looks like a directory but the input {src.path} is a single file; "
+            f"give a file path such as {out / src.path.name}"
+        )
     parent = out_abs.parent
     if not parent.is_dir():
         raise CheckpointError(f"output directory {parent} does not exist; create it first")
