@@ -123,10 +123,10 @@ def _run(checkpoint, shape, model, sparsity, sweep, tokens, pattern, seed, devic
             verify_mask = _checkpoint_mask(checkpoint, wl)
         make = None
     else:
+        mk = wlmod.parse_shape(shape) if shape is not None else None
         if not sps:
             fail("--shape and --model need --sparsity S (or a list, or --sweep)")
         if shape is not None:
-            mk = wlmod.parse_shape(shape)
             if pattern == "2:4" and len(sps) > 1:
                 fail("--pattern 2:4 keeps exactly half the weights: use --sparsity 0.5, no sweep")
 

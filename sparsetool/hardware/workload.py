@@ -48,14 +48,22 @@ def parse_shape(text: str) -> tuple[int, int]:
     >>> parse_shape("4096x1024")
     (4096, 1024)
     """
-    parts = text.lower().replace("*", "x").split("x")
+    parts = text.lower().split("x")
     try:
         m, k = (int(p) for p in parts)
     except ValueError:
         raise ConfigError(f"--shape must look like MxK (e.g. 12288x12288), got '{text}'") from None
     if m < 1 or k < 1:
         raise ConfigError(f"--shape needs positive sizes, got '{text}'")
+    if m * k > MAX_SHAPE_ENTRIES:
+        raise ConfigError(
+            f"--shape {text} has {m * k:,} weights; a synthetic mask that large does not fit in "
+            f"memory here (limit {MAX_SHAPE_ENTRIES:,}): use --model for whole models"
+        )
     return m, k
+
+
+MAX_SHAPE_ENTRIES = 2**32  # 4 GiB of mask bytes: beyond this the machine runs out of memory
 
 
 def _check_tokens(tokens: float) -> float:
