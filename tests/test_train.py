@@ -356,3 +356,22 @@ def test_init_from_a_pruned_file_keeps_the_model_shape(tmp_path, corpus):
     ft = json.loads((tmp_path / "ft" / "config.json").read_text())
     for key in ("n_layer", "n_head", "d_model", "context"):
         assert ft[key] == pre[key], key
+
+
+def test_a_run_stopped_before_its_first_checkpoint_can_start_again(tmp_path, corpus):
+    from sparsetool.errors import SparsetoolError
+
+    opts = {"data": str(corpus), "preset": "tiny", "steps": 4, "batch_size": 4, "warmup": 1,
+            "save_every": 100}
+
+    def interrupt(kind, info):
+        if kind == "step" and info["step"] == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(SparsetoolError, match="no checkpoint had been written"):
+        train(merge({}, {"out": str(tmp_path / "run"), **opts}), callback=interrupt)
+    assert (tmp_path / "run" / "run.json").exists()
+    summary = train(merge({}, {"out": str(tmp_path / "run"), **opts}))
+    assert summary["finished"] and summary["step"] == 4
+    with pytest.raises(SparsetoolError, match="already holds a run"):
+        train(merge({}, {"out": str(tmp_path / "run"), **opts}))

@@ -47,9 +47,10 @@ class Trainer:
         if resume:
             cfg = self._resumed_config(cfg, flag_overrides or {})
         elif (self.run_dir / "run.json").exists():
-            raise ConfigError(
-                f"{self.run_dir} already holds a run; add --resume to continue it or pick another --out"
-            )
+            # A run stopped before its first checkpoint left nothing to keep: it starts again.
+            if (self.run_dir / "latest").exists():
+                raise ConfigError(f"{self.run_dir} already holds a run; add --resume to continue "
+                                  "it or pick another --out")
         elif self.run_dir.exists() and any(self.run_dir.iterdir()):
             raise ConfigError(f"--out {self.run_dir} exists and is not empty; pick a new directory")
         self.cfg = cfg
