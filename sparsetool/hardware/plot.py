@@ -54,6 +54,9 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, key: str = "f
     os.close(fd)
     try:
         fig.savefig(tmp, format="png")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a plot is an ordinary file
         os.replace(tmp, path)
     finally:
         plt.close(fig)
