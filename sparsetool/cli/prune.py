@@ -64,4 +64,9 @@ def prune(
         f"[bold]{percent(result.targeted_sparsity)}[/], encoding {opts.encoding}",
         highlight=False, soft_wrap=True,
     )
+    untouched = sum(1 for t in result.tensors if t.nonzero == t.nonzero_before)
+    if untouched:
+        console.print(f"note: {untouched} tensor(s) were already at least as sparse as asked and "
+                      "were left as they were (pruning never revives a weight)",
+                      highlight=False, soft_wrap=True)
     console.print(f"wrote {escape(str(result.output))}", highlight=False, soft_wrap=True)
