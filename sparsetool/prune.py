@@ -229,6 +229,10 @@ class _Planner:
         self.plan: dict | None = None
         self.nonzero_after: dict[str, int] = {}
         self.nonzero_before: dict[str, int] = {}
+        # GPT-2's tensor names also appear on nn.Linear models (GPT-BigCode, Qwen-1): the
+        # config's model_type settles which layout they have; without one, names decide.
+        model_type = (ckpt.config or {}).get("model_type")
+        self.conv1d = None if model_type is None else model_type == "gpt2"
         # NaN already in the input is a sentinel only if the input says it was written as one.
         self.refuse_nan = opts.encoding == "nan" and not _recorded_nan_encoding(ckpt)
         if opts.sparsity is not None and opts.scope == "layer":
@@ -289,7 +293,8 @@ class _Planner:
         if o.nm is not None:
             n, m = o.nm
             try:
-                return nm_mask(dense, n, m, dim=input_dim(lt.name, lt.shape), existing=existing)
+                dim = input_dim(lt.name, lt.shape, conv1d=self.conv1d)
+                return nm_mask(dense, n, m, dim=dim, existing=existing)
             except SparsetoolError as e:
                 raise SparsetoolError(f"tensor {lt.name!r} {list(lt.shape)}: {e}") from None
         if o.scope == "global":
@@ -352,6 +357,12 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
     ckpt = open_checkpoint(src)
     targets = targeted_tensors(ckpt, opts.include, opts.exclude)
     if not targets:
+        if opts.include:
+            raise SparsetoolError(
+                f"{src}: --include {' '.join(opts.include)} matches no floating-point tensor with 2 "
+                "or more dimensions (1-D, integer and _mask tensors are never pruned); run "
+                "'sparsetool report' to see the names, shapes and dtypes"
+            )
         raise SparsetoolError(
             f"{src}: no tensor is targeted (attention/FFN weights inside transformer blocks); "
             "name the tensors with --include GLOB, or run 'sparsetool report' to see the roles"

@@ -83,7 +83,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def count_logical_nonzero(ckpt: Checkpoint, lt: LogicalTensor) -> int:
     """Non-zero, non-pruned entries of one logical tensor (NaN sentinels and masked count as 0)."""
-    if not lt.dtype.is_floating_point:
+    if not lt.dtype.is_floating_point and lt.encoding == "plain":
         return count_nonzero(ckpt.read_stored(lt.stored[0]))
     dense, mask = ckpt.read(lt)
     if mask is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_INT_VIEW = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+_INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def float_bits(t: torch.Tensor) -> np.ndarray | None:

@@ -351,3 +351,59 @@ def test_interrupted_prune_leaves_nothing(tmp_path, sig):
     assert "error: interrupted" in err and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.safetensors"]
     assert sha(src) == before
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("encoding", ["zeros", "mask", "nan"])
+def test_fp8_checkpoints_prune_report_and_densify(tmp_path, dtype, encoding):
+    if not hasattr(torch, dtype):
+        pytest.skip(f"no {dtype} in this torch")
+    f8 = getattr(torch, dtype)
+    name = "model.layers.0.mlp.down_proj.weight"
+    w = torch.randn(8, 16, generator=torch.Generator().manual_seed(0)).to(f8)
+    src, out, back = tmp_path / "f8.st", tmp_path / "p.st", tmp_path / "d.st"
+    save_file({name: w}, str(src))
+    res = prune_checkpoint(src, out, PruneOptions(sparsity=0.5, encoding=encoding))
+    assert res.tensors[0].nonzero == 64
+    assert summarize(out).summary["targeted_nonzero"] == 64
+    densify_checkpoint(out, back)
+    d = load_file(back)[name]
+    assert d.dtype == f8 and int(torch.count_nonzero(d.float())) == 64
+    assert not torch.isnan(d.float()).any()
+
+
+def test_nm_follows_config_model_type_for_gpt2_names(tmp_path):
+    """GPT-BigCode stores the square attn.c_proj as nn.Linear (out, in) under GPT-2's name."""
+    src = tmp_path / "bc"
+    src.mkdir()
+    name = "transformer.h.0.attn.c_proj.weight"
+    save_file({name: torch.randn(8, 8, generator=torch.Generator().manual_seed(1))},
+              str(src / "model.safetensors"))
+    (src / "config.json").write_text(json.dumps({"model_type": "gpt_bigcode"}))
+    prune_checkpoint(src, tmp_path / "o", PruneOptions(nm=(2, 4)))
+    kept = load_file(tmp_path / "o" / "model.safetensors")[name] != 0
+    assert (kept.reshape(8, 2, 4).sum(-1) == 2).all()  # groups along dim 1, the input of nn.Linear
+
+
+def test_report_counts_encoded_integer_tensors_through_their_mask(tmp_path):
+    w = torch.tensor([[0, 1, 0, 2], [3, 4, 0, 0]], dtype=torch.int32)
+    mask = torch.tensor([[True, True, False, False], [True, False, True, True]])
+    src = tmp_path / "int.st"
+    save_file({"x.weight": w, "x.weight_mask": mask}, str(src))
+    row = {t.name: t for t in summarize(src).tensors}["x.weight"]
+    assert row.nonzero == 2  # kept and non-zero: the 1 and the 3
+
+
+def test_prune_of_empty_targets_prints_cleanly(tmp_path):
+    src = tmp_path / "empty.st"
+    save_file({"transformer.h.0.attn.c_attn.weight": torch.randn(0, 8)}, str(src))
+    r = run("prune", src, "-o", tmp_path / "o.st", "--sparsity", "0.5")
+    assert r.exit_code == 0, r.output
+    assert "pruned 1 tensors" in r.stdout and "note:" not in r.stdout
+
+
+def test_include_matching_only_vectors_says_so(gpt2_file, tmp_path):
+    r = run("prune", gpt2_file, "-o", tmp_path / "o.st", "--sparsity", "0.5",
+            "--include", "*ln_1*", "--exclude", "*.weight")
+    assert r.exit_code == 1
+    assert "--include *ln_1*" in r.stderr and "1-D" in r.stderr

@@ -237,7 +237,7 @@ def _foreign_entries(d: Path, src: Checkpoint) -> list[str]:
     Replacing the directory would delete them, so the writer refuses while there are any.
     """
     ours = set(src.shards) | {Path(rel).parts[0] for rel in src.other_files}
-    ours.add("model.safetensors.index.json")
+    ours.add(src.index_name or "model.safetensors.index.json")
     return sorted(p.name for p in d.iterdir() if p.name not in ours)
 
 

@@ -60,11 +60,14 @@ def prune(
     before = sum(t.nonzero_before for t in result.tensors)
     console.print(
         f"pruned {len(result.tensors)} tensors ({result.numel:,} weights): "
-        f"targeted sparsity {percent(1 - before / result.numel)} -> "
+        f"targeted sparsity {percent(1 - before / result.numel if result.numel else 0.0)} -> "
         f"[bold]{percent(result.targeted_sparsity)}[/], encoding {opts.encoding}",
         highlight=False, soft_wrap=True,
     )
-    untouched = sum(1 for t in result.tensors if t.nonzero == t.nonzero_before)
+    asked = bool(opts.sparsity or opts.fraction or opts.nm)
+    untouched = sum(1 for t in result.tensors if t.numel and t.nonzero == t.nonzero_before)
+    if not asked:
+        untouched = 0
     if untouched:
         console.print(f"note: {untouched} tensor(s) were already at least as sparse as asked and "
                       "were left as they were (pruning never revives a weight)",
