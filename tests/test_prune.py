@@ -407,3 +407,10 @@ def test_include_matching_only_vectors_says_so(gpt2_file, tmp_path):
             "--include", "*ln_1*", "--exclude", "*.weight")
     assert r.exit_code == 1
     assert "--include *ln_1*" in r.stderr and "1-D" in r.stderr
+
+
+def test_in_place_keeps_file_permissions(gpt2_file):
+    gpt2_file.chmod(0o600)
+    prune_checkpoint(gpt2_file, gpt2_file, PruneOptions(sparsity=0.5), in_place=True)
+    assert gpt2_file.stat().st_mode & 0o777 == 0o600
+    assert summarize(gpt2_file).summary["targeted_sparsity"] == pytest.approx(0.5, abs=1e-3)

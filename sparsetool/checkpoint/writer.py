@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import json
 import os
+import stat
 import secrets
 import shutil
 from glob import escape as glob_escape
@@ -295,6 +296,10 @@ def write_checkpoint(
         writer._finish()
         if src.is_dir:
             _carry_over(src, tmp, writer, config_transform)
+        elif out_abs.is_file():
+            # Replacing a file (--in-place, or an earlier output) keeps its permissions, as cp does:
+            # a private checkpoint must not come back world-readable.
+            os.chmod(tmp, stat.S_IMODE(os.stat(out_abs).st_mode))
         _put_in_place(tmp, out_abs)
     except BaseException:
         if writer is not None:
