@@ -49,7 +49,7 @@ from sparsetool.masks import (
     nm_mask,
     random_mask,
 )
-from sparsetool.targets import input_dim, is_targeted
+from sparsetool.targets import conv1d_layout, input_dim, is_targeted
 from sparsetool.zeros import count_nonzero, nonzero_mask
 
 METHODS = ("magnitude", "random")
@@ -229,10 +229,7 @@ class _Planner:
         self.plan: dict | None = None
         self.nonzero_after: dict[str, int] = {}
         self.nonzero_before: dict[str, int] = {}
-        # GPT-2's tensor names also appear on nn.Linear models (GPT-BigCode, Qwen-1): the
-        # config's model_type settles which layout they have; without one, names decide.
-        model_type = (ckpt.config or {}).get("model_type")
-        self.conv1d = None if model_type is None else model_type == "gpt2"
+        self.conv1d = conv1d_layout(ckpt.config)
         # NaN already in the input is a sentinel only if the input says it was written as one.
         self.refuse_nan = opts.encoding == "nan" and not _recorded_nan_encoding(ckpt)
         if opts.sparsity is not None and opts.scope == "layer":

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["ROLES", "LINEAR_ROLES", "role", "is_targeted", "is_floating", "input_dim"]
@@ -263,3 +263,16 @@ def input_dim(
     if len(shape) > 2 and role(name, shape) in LINEAR_ROLES:
         return len(shape) - 1
     return 1
+
+
+def conv1d_layout(config: Mapping | None) -> bool | None:
+    """Whether GPT-2 style names hold Conv1D (in, out) weights, from a ``config.json``.
+
+    GPT-2 stores them as Conv1D; GPT-BigCode and Qwen-1 reuse the names on ``nn.Linear``. Without
+    a config the names decide (None), which is right for GPT-2 itself.
+
+    >>> conv1d_layout({"model_type": "gpt2"}), conv1d_layout({"model_type": "gpt_bigcode"}), conv1d_layout(None)
+    (True, False, None)
+    """
+    model_type = (config or {}).get("model_type")
+    return None if model_type is None else model_type == "gpt2"

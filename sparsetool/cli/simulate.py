@@ -182,7 +182,7 @@ def _run(checkpoint, shape, model, sparsity, sweep, tokens, pattern, seed, devic
 def _checkpoint_mask(path: Path, wl) -> Any:
     """The mask of the checkpoint's smallest pruned matrix, as (M, K), for --verify."""
     from sparsetool.checkpoint import open_checkpoint
-    from sparsetool.targets import input_dim
+    from sparsetool.targets import conv1d_layout, input_dim
 
     target = min(wl.layers, key=lambda ly: ly.numel).name
     with open_checkpoint(path) as ck:
@@ -190,7 +190,7 @@ def _checkpoint_mask(path: Path, wl) -> Any:
         dense, mask = ck.read(lt)
         mask = (dense != 0) if mask is None else mask
         m = mask.numpy()
-        return m if input_dim(lt.name, lt.shape) == 1 else m.T
+        return m if input_dim(lt.name, lt.shape, conv1d=conv1d_layout(ck.config)) == 1 else m.T
 
 
 def _progress():

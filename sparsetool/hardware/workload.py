@@ -128,7 +128,7 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     """
     from sparsetool.checkpoint import open_checkpoint
     from sparsetool.flops import infer_model, read_hf_config
-    from sparsetool.targets import input_dim, is_targeted, role
+    from sparsetool.targets import conv1d_layout, input_dim, is_targeted, role
 
     tokens = _check_tokens(tokens)
     path = Path(path)
@@ -153,7 +153,8 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
                 mask = dense != 0
             del dense
             r = role(lt.name, lt.shape)
-            ly = stats_from_mask(lt.name, r, mask.numpy(), grids, input_dim(lt.name, lt.shape))
+            dim = input_dim(lt.name, lt.shape, conv1d=conv1d_layout(ck.config))
+            ly = stats_from_mask(lt.name, r, mask.numpy(), grids, dim)
             del mask
             layers.append(ly)
             rows.append(dict(name=lt.name, shape=lt.shape, dtype=str(lt.dtype), role=r,
