@@ -289,6 +289,14 @@ class _Planner:
         o = self.opts
         if o.nm is not None:
             n, m = o.nm
+            if len(lt.shape) != 2:
+                # Stacked experts are stored (experts, out, in) by some models and (experts, in,
+                # out) by others: the input dimension cannot be told from the name and shape.
+                raise SparsetoolError(
+                    f"tensor {lt.name!r} {list(lt.shape)}: --nm needs the input dimension, which "
+                    "is ambiguous for a stacked (3-D) tensor; leave it out with --exclude "
+                    f"'{lt.name}' or prune it without --nm"
+                )
             try:
                 dim = input_dim(lt.name, lt.shape, conv1d=self.conv1d)
                 return nm_mask(dense, n, m, dim=dim, existing=existing)

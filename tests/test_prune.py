@@ -414,3 +414,15 @@ def test_in_place_keeps_file_permissions(gpt2_file):
     prune_checkpoint(gpt2_file, gpt2_file, PruneOptions(sparsity=0.5), in_place=True)
     assert gpt2_file.stat().st_mode & 0o777 == 0o600
     assert summarize(gpt2_file).summary["targeted_sparsity"] == pytest.approx(0.5, abs=1e-3)
+
+
+def test_nm_refuses_stacked_expert_tensors(tmp_path):
+    src = tmp_path / "moe.st"
+    name = "model.layers.0.mlp.experts.gate_up_proj"
+    save_file({name: torch.randn(2, 8, 16), "model.layers.0.self_attn.q_proj.weight": torch.randn(8, 8)},
+              str(src))
+    r = run("prune", src, "-o", tmp_path / "o.st", "--nm", "2:4")
+    if "no tensor is targeted" in r.stderr:
+        pytest.skip("stacked experts are not targeted by default")
+    assert r.exit_code == 1 and name in r.stderr and "--exclude" in r.stderr
+    assert not (tmp_path / "o.st").exists()
