@@ -426,3 +426,19 @@ def test_nm_refuses_stacked_expert_tensors(tmp_path):
         pytest.skip("stacked experts are not targeted by default")
     assert r.exit_code == 1 and name in r.stderr and "--exclude" in r.stderr
     assert not (tmp_path / "o.st").exists()
+
+
+def test_outputs_through_symlinks_write_their_targets(gpt2_file, tmp_path):
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-gpt2"
+    real = tmp_path / "real"
+    prune_checkpoint(fixture, real, PruneOptions(sparsity=0.3))
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    prune_checkpoint(fixture, link, PruneOptions(sparsity=0.6))
+    assert link.is_symlink()
+    assert summarize(real).summary["targeted_sparsity"] == pytest.approx(0.6, abs=1e-3)
+    file_link = tmp_path / "file-link.safetensors"
+    file_link.symlink_to(gpt2_file)
+    prune_checkpoint(file_link, file_link, PruneOptions(sparsity=0.5), in_place=True)
+    assert file_link.is_symlink()
+    assert summarize(gpt2_file).summary["targeted_sparsity"] == pytest.approx(0.5, abs=1e-3)

@@ -254,7 +254,8 @@ def write_checkpoint(
     """Write a checkpoint with ``src``'s layout at ``out``, atomically; see the module docstring."""
     out_arg = os.fspath(out)
     out = Path(out)
-    out_abs = Path(os.path.abspath(out))
+    # Write through a symlink, as cp does: the link stays and its target gets the new checkpoint.
+    out_abs = Path(os.path.realpath(out) if out.is_symlink() else os.path.abspath(out))
     same = out.exists() and out.resolve() == src.path.resolve()
     if same and not in_place:
         raise CheckpointError(
