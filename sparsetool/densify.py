@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-
 from sparsetool.checkpoint import (
     TensorSpec,
     drop_sparsity_config,

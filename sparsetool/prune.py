@@ -225,6 +225,7 @@ class _Planner:
     def __init__(self, ckpt: Checkpoint, targets: list[LogicalTensor], opts: PruneOptions,
                  progress: Progress | None):
         self.ckpt, self.targets, self.opts, self.progress = ckpt, targets, opts, progress
+        self._index = {lt.name: i for i, lt in enumerate(targets)}
         self.keep: dict[str, int] = {}
         self.plan: dict | None = None
         self.nonzero_after: dict[str, int] = {}
@@ -316,12 +317,6 @@ class _Planner:
         if keep is None:  # layer scope --sparsity (--fraction always has a first pass)
             keep = lt.numel - round(self.opts.sparsity * lt.numel)
         return keep
-
-    @property
-    def _index(self) -> dict[str, int]:
-        if not hasattr(self, "_index_cache"):
-            self._index_cache = {lt.name: i for i, lt in enumerate(self.targets)}
-        return self._index_cache
 
     def mask(self, lt: LogicalTensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         o = self.opts

@@ -14,12 +14,10 @@ _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def float_bits(t: torch.Tensor) -> np.ndarray | None:
-    """The bit patterns of a contiguous CPU float tensor as a numpy integer array (no copy)."""
+    """The bit patterns of a CPU float tensor as a numpy integer array (no copy if contiguous)."""
     if not t.is_floating_point() or t.element_size() not in _INT_VIEW or t.device.type != "cpu":
         return None
-    if not t.is_contiguous():
-        return None
-    return t.view(_INT_VIEW[t.element_size()]).numpy()
+    return t.contiguous().view(_INT_VIEW[t.element_size()]).numpy()
 
 
 def nonzero_mask(t: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,8 @@ import math
 import numpy as np
 import torch
 
+from sparsetool import zeros
+
 from sparsetool.errors import CheckpointError
 
 PARTS = ("shape", "compressed", "bitmask", "row_offsets")
@@ -47,16 +49,8 @@ def _np_bits(dense: torch.Tensor) -> np.ndarray:
 
 
 def nonzero_mask(dense: torch.Tensor) -> torch.Tensor:
-    """The entries the bitmask stores: ``dense != 0`` (so -0.0 is not stored, NaN is).
-
-    For floats this is computed on the raw bits (all bits but the sign clear means ±0), which
-    is exact and faster than a float comparison on CPU, and also defined for fp8.
-    """
-    if dense.dtype.is_floating_point:
-        bits = _np_bits(dense)
-        sign_off = np.array((1 << (8 * dense.element_size() - 1)) - 1, dtype=bits.dtype)
-        return torch.from_numpy(np.bitwise_and(bits, sign_off) != 0)
-    return dense != 0
+    """The entries the bitmask stores: ``dense != 0`` (so -0.0 is not stored, NaN is)."""
+    return zeros.nonzero_mask(dense)
 
 
 def compress(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
