@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from sparsetool.masks import (
+from sparsetool.masks.select import (
     MagnitudeHistogram,
     apply_threshold,
     global_threshold_plan,

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparsetool.errors import ConfigError
-from sparsetool.schedules import Constant, Cosine, Periodic, Polynomial
+from sparsetool.train.schedules import Constant, Cosine, Periodic, Polynomial
 from sparsetool.train.algorithms import (
     ALGORITHMS,
     GMP,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparsetool.distributions import DISTRIBUTIONS, erk_keep, keep_counts, uniform_keep
+from sparsetool.masks.distributions import DISTRIBUTIONS, erk_keep, keep_counts, uniform_keep
 from sparsetool.errors import ConfigError, SparsetoolError
 
 
@@ -81,7 +81,7 @@ def test_distributions_targets_and_counts_load_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys, sparsetool.distributions, sparsetool.targets, sparsetool.counts; "
+    code = ("import sys, sparsetool.masks.distributions, sparsetool.targets, sparsetool.masks.counts; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -91,7 +91,7 @@ def test_docstring_examples():
     """The examples in the docstrings run and print what they say (CI collects tests/ only)."""
     import doctest
 
-    import sparsetool.distributions
+    import sparsetool.masks.distributions
 
-    result = doctest.testmod(sparsetool.distributions, optionflags=doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(sparsetool.masks.distributions, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0

@@ -11,7 +11,7 @@ from sparsetool.flops import account, forward_terms, infer_model
 
 
 @dataclass
-class Row:  # the attributes sparsetool.report rows carry
+class Row:  # the attributes sparsetool.ops.report rows carry
     name: str
     shape: tuple
     dtype: str

@@ -8,9 +8,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sparsetool.radix as radix_module
+import sparsetool.masks.radix as radix_module
 from sparsetool.errors import SparsetoolError
-from sparsetool.masks import (
+from sparsetool.masks.select import (
     GlobalPlan,
     MagnitudeHistogram,
     TensorPlan,
@@ -306,7 +306,7 @@ def test_random_is_exact_on_a_multi_chunk_tensor(sparsity):
 
 def test_keys_just_below_the_top_key_are_counted():
     """Keys that share the top digit with the "inf" key but sit below it are alive."""
-    from sparsetool.radix import _top_keys
+    from sparsetool.masks.radix import _top_keys
 
     keys = torch.full((10_000,), 0x3FFF0000, dtype=torch.int32)
     keys[::3] = 5
@@ -563,7 +563,7 @@ def test_a_pool_inherited_through_fork_is_replaced():
     assert radix_module._POOL is not stale
 
 
-@pytest.mark.parametrize("module", ["sparsetool.masks", "sparsetool.global_magnitude", "sparsetool.counts"])
+@pytest.mark.parametrize("module", ["sparsetool.masks.select", "sparsetool.masks.global_magnitude", "sparsetool.masks.counts"])
 def test_docstring_examples(module):
     """The examples in the docstrings run and print what they say (CI collects tests/ only)."""
     import doctest

@@ -13,9 +13,9 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
-from sparsetool.densify import densify_checkpoint
-from sparsetool.prune import PruneOptions, prune_checkpoint
-from sparsetool.report import summarize
+from sparsetool.ops.densify import densify_checkpoint
+from sparsetool.ops.prune import PruneOptions, prune_checkpoint
+from sparsetool.ops.report import summarize
 
 from conftest import gpt2_like_state, is_gpt2_target
 

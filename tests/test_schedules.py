@@ -5,7 +5,7 @@ import math
 import pytest
 
 from sparsetool.errors import ConfigError
-from sparsetool.schedules import (
+from sparsetool.train.schedules import (
     SCHEDULES,
     Constant,
     Cosine,

@@ -30,7 +30,7 @@ import math
 import numpy as np
 import torch
 
-from sparsetool import zeros
+from sparsetool.checkpoint import zeros
 
 from sparsetool.errors import CheckpointError
 

@@ -27,7 +27,7 @@ def densify(
     \b
     sparsetool densify model-bitmask/ -o model-dense/
     """
-    from sparsetool.densify import densify_checkpoint
+    from sparsetool.ops.densify import densify_checkpoint
 
     if output is None and not in_place:
         raise typer.BadParameter("give -o OUTPUT (or --in-place to replace the input)", param_hint="-o")

@@ -39,7 +39,7 @@ def prune(
     sparsetool prune model.safetensors -o step2.safetensors --fraction 0.2 --encoding mask
     sparsetool prune model/ -o model-24/ --nm 2:4
     """
-    from sparsetool.prune import PruneOptions, parse_nm, prune_checkpoint
+    from sparsetool.ops.prune import PruneOptions, parse_nm, prune_checkpoint
 
     if output is None and not in_place:
         raise typer.BadParameter("give -o OUTPUT (or --in-place to replace the input)", param_hint="-o")

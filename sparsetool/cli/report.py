@@ -42,7 +42,7 @@ def report(
     """
     if fmt not in FORMATS:
         raise typer.BadParameter(f"choose one of {', '.join(FORMATS)}", param_hint="--format")
-    from sparsetool.report import plot_report, summarize
+    from sparsetool.ops.report import plot_report, summarize
 
     with failing_cleanly():
         if plot is not None:

@@ -1,7 +1,7 @@
 """Model shapes and per-layer measured sparsity from a checkpoint's tensor list.
 
 :func:`infer_model` is pure: it takes rows with ``name, shape, dtype, role, targeted, numel,
-nonzero`` (``sparsetool.report`` rows, or plain dicts) and rebuilds the Appendix-F shapes:
+nonzero`` (``sparsetool.ops.report`` rows, or plain dicts) and rebuilds the Appendix-F shapes:
 
 - ``d_model`` from the token embedding (V, d), else ``config.json``, else the dimension every
   targeted matrix shares; ``vocab`` from the embedding or LM head;
@@ -260,7 +260,7 @@ def from_checkpoint(
     """Count the non-zeros of the checkpoint at ``path`` and infer its shapes (reads every
     tensor once; imports the torch-based reader only here)."""
     try:
-        from sparsetool.report import summarize  # torch: keep it out of `import sparsetool.flops`
+        from sparsetool.ops.report import summarize  # torch: keep it out of `import sparsetool.flops`
     except ImportError as e:
         raise CheckpointError(
             f"--checkpoint needs the checkpoint reader, which failed to load ({e}); "

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparsetool.errors import ConfigError
-from sparsetool.schedules import Periodic
+from sparsetool.train.schedules import Periodic
 from sparsetool.train.algorithms.base import Sparsifier, step_generator, top_k_mask
 from sparsetool.train.algorithms.gmp import GMP
 from sparsetool.train.algorithms.granet import GraNet

@@ -44,7 +44,7 @@ from typing import Any, ClassVar
 import torch
 
 from sparsetool.errors import ConfigError
-from sparsetool.schedules import Periodic, Schedule, build_schedule
+from sparsetool.train.schedules import Periodic, Schedule, build_schedule
 from sparsetool.train.algorithms.topk import step_generator, top_k_mask
 
 __all__ = ["Sparsifier", "top_k_mask", "step_generator"]
@@ -245,13 +245,13 @@ class Sparsifier:
 
     def keep_counts(self, sparsity: float) -> dict[str, int]:
         """Non-zeros per sparse tensor at overall ``sparsity`` under the chosen distribution."""
-        from sparsetool.distributions import keep_counts
+        from sparsetool.masks.distributions import keep_counts
 
         shapes = {n: tuple(p.shape) for n, p in self._params.items()}
         return {n: int(k) for n, k in keep_counts(shapes, sparsity, self.distribution).items()}
 
     def initial_masks(self) -> dict[str, torch.Tensor]:
-        from sparsetool.masks import magnitude_mask, random_mask
+        from sparsetool.masks.select import magnitude_mask, random_mask
 
         keep = self.keep_counts(self.sparsity_at(0))
         masks = {}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from numbers import Real
 
 from sparsetool.errors import ConfigError
-from sparsetool.schedules import Periodic, Polynomial, build_schedule
+from sparsetool.train.schedules import Periodic, Polynomial, build_schedule
 from sparsetool.train.algorithms.base import Sparsifier
 
 __all__ = ["GMP"]

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from sparsetool.errors import ConfigError
-from sparsetool.schedules import Constant
+from sparsetool.train.schedules import Constant
 from sparsetool.train.algorithms.base import Sparsifier, _is_whole, top_k_mask
 
 __all__ = ["IMP"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sparsetool.schedules import Cosine, Schedule
+from sparsetool.train.schedules import Cosine, Schedule
 from sparsetool.train.algorithms.set import SET
 
 __all__ = ["RigL"]

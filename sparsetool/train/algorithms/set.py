@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from sparsetool.errors import ConfigError
-from sparsetool.schedules import Constant, Periodic, Schedule, build_schedule
+from sparsetool.train.schedules import Constant, Periodic, Schedule, build_schedule
 from sparsetool.train.algorithms.base import Sparsifier
 
 __all__ = ["SET"]

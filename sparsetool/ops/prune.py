@@ -36,9 +36,9 @@ from sparsetool.checkpoint import (
     open_checkpoint,
     write_checkpoint,
 )
-from sparsetool.distributions import keep_counts
+from sparsetool.masks.distributions import keep_counts
 from sparsetool.errors import ConfigError, SparsetoolError
-from sparsetool.masks import (
+from sparsetool.masks.select import (
     MagnitudeHistogram,
     apply_threshold,
     check_fraction,
@@ -50,7 +50,7 @@ from sparsetool.masks import (
     random_mask,
 )
 from sparsetool.targets import conv1d_layout, input_dim, is_targeted
-from sparsetool.zeros import count_nonzero, nonzero_mask
+from sparsetool.checkpoint.zeros import count_nonzero, nonzero_mask
 
 METHODS = ("magnitude", "random")
 SCOPES = ("layer", "global")

@@ -19,8 +19,8 @@ from sparsetool.checkpoint import (
     open_checkpoint,
     write_checkpoint,
 )
-from sparsetool.prune import sparsetool_metadata
-from sparsetool.zeros import negative_zeros
+from sparsetool.ops.prune import sparsetool_metadata
+from sparsetool.checkpoint.zeros import negative_zeros
 
 Progress = Callable[[str, int, int], None]
 

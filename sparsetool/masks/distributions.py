@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
-from sparsetool.counts import check_sparsity
+from sparsetool.masks.counts import check_sparsity
 from sparsetool.errors import ConfigError
 
 __all__ = ["uniform_keep", "erk_keep", "keep_counts", "DISTRIBUTIONS"]

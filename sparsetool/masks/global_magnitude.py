@@ -40,9 +40,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from sparsetool import radix
+from sparsetool.masks import radix
 from sparsetool.errors import SparsetoolError
-from sparsetool.radix import _bincount, _boundary, _flat_existing, _map, _resolve_keep
+from sparsetool.masks.radix import _bincount, _boundary, _flat_existing, _map, _resolve_keep
 
 __all__ = [
     "MagnitudeHistogram", "TensorPlan", "GlobalPlan", "global_threshold_plan", "apply_threshold",

@@ -9,7 +9,7 @@ radix select, the selection analogue of radix sorting (Knuth, TAOCP vol. 3, sect
 runs in chunks of ``_CHUNK`` keys on a small thread pool so temporaries stay in cache and the
 single-threaded ``bincount`` uses every core.
 
-Private to sparsetool: :mod:`sparsetool.masks` is the public interface.
+Private to sparsetool: :mod:`sparsetool.masks.select` is the public interface.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sparsetool.counts import sparsity_keep
+from sparsetool.masks.counts import sparsity_keep
 from sparsetool.errors import SparsetoolError
 
 # (integer view dtype, number of magnitude bits) for each float dtype read bit-for-bit.

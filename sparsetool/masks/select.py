@@ -18,7 +18,7 @@ bf16/fp16, a second 65536-bin pass inside the boundary bucket for fp32 (four for
 key above the threshold is kept, plus the first ``keep - above`` keys equal to it.
 
 Global scope (one magnitude threshold across many tensors, streamed) lives in
-:mod:`sparsetool.global_magnitude` and is re-exported here; its module docstring gives the pass
+:mod:`sparsetool.masks.global_magnitude` and is re-exported here; its module docstring gives the pass
 protocol.
 
 >>> w = torch.tensor([[0.5, -2.0, 0.0, 1.0], [1.0, 3.0, -0.5, 0.25]])
@@ -35,10 +35,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from sparsetool import radix
-from sparsetool.counts import check_fraction, check_sparsity, fraction_keep, sparsity_keep
+from sparsetool.masks import radix
+from sparsetool.masks.counts import check_fraction, check_sparsity, fraction_keep, sparsity_keep
 from sparsetool.errors import SparsetoolError
-from sparsetool.global_magnitude import (
+from sparsetool.masks.global_magnitude import (
     GlobalPlan,
     MagnitudeHistogram,
     TensorPlan,
@@ -46,7 +46,7 @@ from sparsetool.global_magnitude import (
     global_magnitude_masks,
     global_threshold_plan,
 )
-from sparsetool.radix import _flat_existing, _int_view, _map, _resolve_keep, _top_keys
+from sparsetool.masks.radix import _flat_existing, _int_view, _map, _resolve_keep, _top_keys
 
 __all__ = [
     "magnitude_mask", "random_mask", "nm_mask", "fraction_keep", "sparsity_keep",

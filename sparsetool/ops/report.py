@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from sparsetool.checkpoint import Checkpoint, LogicalTensor, open_checkpoint
-from sparsetool.zeros import count_nonzero, nonzero_mask
+from sparsetool.checkpoint.zeros import count_nonzero, nonzero_mask
 from sparsetool.targets import is_targeted, role
 
 Progress = Callable[[str, int, int], None]
