@@ -1,0 +1,55 @@
+"""The Python API: sparsetool.load decodes every encoding to the same dense tensors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import sparsetool
+from sparsetool.ops.prune import PruneOptions, prune_checkpoint
+
+
+@pytest.fixture
+def dense_file(tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    tensors = {
+        "h.0.attn.c_attn.weight": torch.randn(8, 24, generator=gen),
+        "h.0.mlp.c_fc.weight": torch.randn(8, 32, generator=gen),
+        "h.0.ln_1.weight": torch.ones(8),
+        "wte.weight": torch.randn(16, 8, generator=gen),
+    }
+    path = tmp_path / "dense.safetensors"
+    save_file(tensors, str(path))
+    return path, tensors
+
+
+@pytest.mark.parametrize("encoding", ["zeros", "mask", "nan", "bitmask"])
+def test_load_decodes_every_encoding_to_the_same_dense_tensors(tmp_path, dense_file, encoding):
+    path, tensors = dense_file
+    reference = tmp_path / "zeros.safetensors"
+    prune_checkpoint(path, reference, PruneOptions(sparsity=0.5))
+    out = tmp_path / f"{encoding}.safetensors"
+    prune_checkpoint(path, out, PruneOptions(sparsity=0.5, encoding=encoding))
+    want = sparsetool.load(reference)
+    got = sparsetool.load(out)
+    assert sorted(got) == sorted(tensors)  # no _mask or bitmask part names leak out
+    for name, t in got.items():
+        assert t.dtype == tensors[name].dtype and t.shape == tensors[name].shape
+        assert not torch.isnan(t).any()
+        assert torch.equal(t, want[name]), name
+    attn = got["h.0.attn.c_attn.weight"]
+    assert int((attn == 0).sum()) == attn.numel() // 2
+    # pruned entries are +0.0, never -0.0
+    assert not torch.signbit(attn[attn == 0]).any()
+    # untargeted tensors come back untouched
+    assert torch.equal(got["wte.weight"], tensors["wte.weight"])
+
+
+def test_import_sparsetool_does_not_import_torch():
+    code = "import sys, sparsetool; sparsetool.__version__; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
