@@ -1,18 +1,24 @@
 """sparsetool: tools for unstructured-sparse language models.
 
-The Python API (each name is loaded on first use, so ``import sparsetool`` stays light)::
+The Python API, with the CLI's parameter names (each loaded on first use, so ``import sparsetool``
+stays light and does not import torch)::
 
-    sparsetool.load(path) -> dict[str, torch.Tensor]   # dense tensors from any sparse encoding
+    sparsetool.load(path) -> dict[str, torch.Tensor]       # dense tensors from any sparse encoding
+    sparsetool.prune(path, output, sparsity=0.75, ...)    # -> PruneResult
+    sparsetool.densify(path, output)                      # -> DensifyResult
+    sparsetool.report(path) -> Report                     # .to_json() is `report --json`
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load"]
+__all__ = ["__version__", "load", "prune", "densify", "report"]
+
+_API = {"load", "prune", "densify", "report"}
 
 
 def __getattr__(name: str):
-    if name == "load":
-        from sparsetool.ops.load import load
+    if name in _API:
+        from sparsetool import api
 
-        return load
+        return getattr(api, name)
     raise AttributeError(f"module 'sparsetool' has no attribute {name!r}")

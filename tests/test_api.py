@@ -53,3 +53,40 @@ def test_import_sparsetool_does_not_import_torch():
     code = "import sys, sparsetool; sparsetool.__version__; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_prune_report_densify_api_match_the_cli(tmp_path, dense_file):
+    path, tensors = dense_file
+    pruned = tmp_path / "p.safetensors"
+    result = sparsetool.prune(path, pruned, sparsity=0.75, encoding="mask")
+    assert result.targeted_sparsity == 0.75
+    rep = sparsetool.report(pruned)
+    summary = rep.to_json()["summary"]
+    assert summary["targeted_sparsity"] == 0.75
+    assert summary["targeted_tensors"] == 2
+    cli = subprocess.run([sys.executable, "-m", "sparsetool", "report", str(pruned), "--json"],
+                         capture_output=True, text=True, check=True)
+    import json
+
+    assert json.loads(cli.stdout)["summary"] == summary
+    dense = tmp_path / "d.safetensors"
+    sparsetool.densify(pruned, dense)
+    from safetensors import safe_open
+
+    with safe_open(str(dense), "pt") as f:
+        assert not any(k.endswith("_mask") for k in f.keys())
+    assert all(torch.equal(a, b) for a, b in zip(sparsetool.load(dense).values(),
+                                                  sparsetool.load(pruned).values()))
+    nm = sparsetool.prune(path, tmp_path / "nm.safetensors", nm="2:4")
+    assert nm.targeted_sparsity == 0.5
+
+
+def test_api_refuses_bad_input_with_sparsetool_error(tmp_path, dense_file):
+    from sparsetool.errors import SparsetoolError
+
+    path, _ = dense_file
+    with pytest.raises(SparsetoolError, match="sparsity"):
+        sparsetool.prune(path, tmp_path / "x.safetensors", sparsity=1.5)
+    with pytest.raises(SparsetoolError, match="output"):
+        sparsetool.prune(path, sparsity=0.5)
+    assert not (tmp_path / "x.safetensors").exists()

@@ -1,0 +1,74 @@
+"""The Python API: the CLI's checkpoint commands as functions, with the CLI's parameter names.
+
+>>> import sparsetool
+>>> sorted(n for n in sparsetool.__all__ if not n.startswith("_"))
+['densify', 'load', 'prune', 'report']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch stays unimported until a function is called
+    from sparsetool.ops.densify import DensifyResult
+    from sparsetool.ops.prune import PruneResult
+    from sparsetool.ops.report import Report
+
+from sparsetool.ops.load import load
+
+__all__ = ["load", "prune", "densify", "report"]
+
+
+def prune(
+    checkpoint: str | Path,
+    output: str | Path | None = None,
+    *,
+    sparsity: float | None = None,
+    fraction: float | None = None,
+    nm: str | tuple[int, int] | None = None,
+    method: str = "magnitude",
+    scope: str = "layer",
+    distribution: str = "uniform",
+    seed: int = 0,
+    encoding: str = "zeros",
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    in_place: bool = False,
+) -> PruneResult:
+    """``sparsetool prune CHECKPOINT -o OUTPUT ...``: exactly one of ``sparsity``, ``fraction``,
+    ``nm`` (``"2:4"`` or ``(2, 4)``, N kept of every M). ``output=None`` needs ``in_place=True``.
+    Raises :class:`sparsetool.errors.SparsetoolError` on bad input; nothing is written then."""
+    from sparsetool.errors import ConfigError
+    from sparsetool.ops.prune import PruneOptions, parse_nm, prune_checkpoint
+
+    if output is None and not in_place:
+        raise ConfigError("give an output path (or in_place=True to replace the input)")
+    opts = PruneOptions(
+        sparsity=sparsity, fraction=fraction, nm=parse_nm(nm) if isinstance(nm, str) else nm,
+        method=method, scope=scope, distribution=distribution, seed=seed, encoding=encoding,
+        include=tuple(include), exclude=tuple(exclude),
+    )
+    return prune_checkpoint(checkpoint, checkpoint if output is None else output, opts,
+                            in_place=in_place)
+
+
+def densify(checkpoint: str | Path, output: str | Path | None = None, *,
+            in_place: bool = False) -> DensifyResult:
+    """``sparsetool densify CHECKPOINT -o OUTPUT``: every encoding back to plain dense tensors."""
+    from sparsetool.errors import ConfigError
+    from sparsetool.ops.densify import densify_checkpoint
+
+    if output is None and not in_place:
+        raise ConfigError("give an output path (or in_place=True to replace the input)")
+    return densify_checkpoint(checkpoint, checkpoint if output is None else output,
+                              in_place=in_place)
+
+
+def report(checkpoint: str | Path, *, include: Sequence[str] = (),
+           exclude: Sequence[str] = ()) -> Report:
+    """``sparsetool report CHECKPOINT``: per-tensor sparsity; ``.to_json()`` gives the CLI's JSON."""
+    from sparsetool.ops.report import summarize
+
+    return summarize(checkpoint, include=tuple(include), exclude=tuple(exclude))
