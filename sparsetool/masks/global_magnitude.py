@@ -46,6 +46,7 @@ from sparsetool.masks.kernel import (
     _flat_existing,
     _resolve_keep,
     bucket_histogram,
+    count,
     histogram,
     magnitude_keys,
     threshold_mask,
@@ -268,7 +269,7 @@ def apply_threshold(w: Tensor, plan: TensorPlan, existing: Tensor | None = None)
     threshold = plan.threshold >> lack
     can_tie = plan.threshold & ((1 << lack) - 1) == 0
     out = threshold_mask(keys, threshold, plan.ties if can_tie else 0)
-    kept = int(out.sum())
+    kept = count(out)
     if kept != plan.kept or (plan.ties and not can_tie):
         raise SparsetoolError(
             f"the plan keeps {plan.kept} weights of this tensor but its threshold keeps {kept}; "

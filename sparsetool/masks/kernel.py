@@ -42,7 +42,7 @@ from sparsetool.errors import SparsetoolError
 from sparsetool.masks.counts import sparsity_keep
 
 __all__ = ["top_k_mask", "Keys", "int_keys", "magnitude_keys", "histogram", "bucket_histogram",
-           "threshold_mask", "select_top"]
+           "threshold_mask", "select_top", "count"]
 
 # (integer view dtype, number of magnitude bits) for each float dtype read bit-for-bit.
 _LAYOUT = {
@@ -185,6 +185,11 @@ def _map(fn: Callable[[int, int], Any], n: int, step: int | None = None) -> list
     return list(_POOL.map(lambda span: fn(*span), spans))
 
 
+def count(mask: Tensor) -> int:
+    """True entries of a flat bool mask (``Tensor.sum`` on bool is several times slower)."""
+    return sum(_map(lambda a, b: int(torch.count_nonzero(mask[a:b])), mask.numel()))
+
+
 def _boundary(total: Tensor, keep: int) -> tuple[int, int]:
     """The digit d with above(d) < keep <= above(d) + total[d], and above(d)."""
     suffix = total.flip(0).cumsum(0).flip(0)
@@ -291,38 +296,40 @@ def threshold_mask(
 ) -> Tensor:
     """Flat mask: the available keys above ``threshold`` plus the first ``ties`` equal to it.
 
-    ``equal`` (per chunk, how many keys equal ``threshold``) is counted here when not given;
-    ``all_available`` skips the test against ``inf``. Chunks before the one holding the last kept
-    tie keep ">= threshold", that chunk keeps "> threshold" plus its first ties, later ones "> ".
+    With ``equal`` (per chunk, how many keys equal ``threshold``) one parallel pass writes it all:
+    chunks before the one holding the last kept tie keep ">= threshold", that chunk keeps
+    "> threshold" plus its first ties, later ones "> ". Without, the ties are found by a scan in
+    flat order after the pass, which stops once they are all found. ``all_available`` skips the
+    test against ``inf``.
     """
     n = keys.n
     plan: list[int] = []
-    if ties > 0:
-        if equal is None:
-            equal = _map(lambda a, b: int((keys.read(a, b) == threshold).sum()), n)
-        if sum(equal) < ties:
-            raise SparsetoolError(
-                f"the plan asks for {ties} weights at the threshold but only {sum(equal)} are "
-                "there; did the tensor change between passes?"
-            )
-        for e in equal:
-            plan.append(min(ties, e) if 0 < ties < e else (-1 if ties >= e > 0 else 0))
-            ties -= min(ties, e)
+    for e in equal if ties > 0 and equal is not None else []:
+        plan.append(min(ties, e) if 0 < ties < e else (-1 if ties >= e > 0 else 0))
+        ties -= min(ties, e)
     out = torch.empty(n, dtype=torch.bool, device=keys.device)
 
     def write(a: int, b: int) -> None:
-        k = keys.read(a, b)
+        k, dst = keys.read(a, b), out[a:b]  # in place: "out[a:b] &= x" would copy back
         part = plan[a // _CHUNK] if plan else 0
-        if part < 0:
-            torch.ge(k, threshold, out=out[a:b])
-        else:
-            torch.gt(k, threshold, out=out[a:b])
+        (torch.ge if part < 0 else torch.gt)(k, threshold, out=dst)
         if not all_available:
-            out[a:b] &= k <= keys.inf
+            dst &= k <= keys.inf
         if part > 0:
-            out[a + (k == threshold).nonzero().reshape(-1)[:part]] = True
+            dst[(k == threshold).nonzero().reshape(-1)[:part]] = True
 
     _map(write, n)
+    for a in range(0, n, _CHUNK) if ties > 0 and not plan else []:
+        where = (keys.read(a, min(a + _CHUNK, n)) == threshold).nonzero().reshape(-1)[:ties]
+        out[a + where] = True
+        ties -= where.numel()
+        if ties == 0:
+            break
+    if ties > 0 and not plan:
+        raise SparsetoolError(
+            f"the plan asks for {ties} more weights at the threshold than there are; "
+            "did the tensor change between passes?"
+        )
     return out
 
 
@@ -385,7 +392,7 @@ def top_k_mask(scores: Tensor, k: int, allowed: Tensor | None = None) -> Tensor:
     negative &= magnitude != 0  # -0.0 is zero; a NaN with the sign bit stays unavailable below
     upper = ~negative if alive is None else alive & ~negative
     out = select_top(int_keys(src, nbits, inf, upper), keep)
-    got = int(out.sum())
+    got = count(out)
     if got < keep:  # below zero the smaller magnitude is the higher score: key inf - |x|
         flipped = torch.where(magnitude <= inf, inf - magnitude, torch.full_like(magnitude, full))
         lower = negative if alive is None else alive & negative
