@@ -3,8 +3,8 @@
 Measures, for ``--layers`` blocks of GPT-2 small (qkv 2304x768, attention out 768x768, FFN in
 3072x768, FFN out 768x3072) at 75% sparsity:
 
-- one RigL mask update (drop by |w|, grow by |grad|), with the kernel's ``top_k_mask`` as shipped and with a
-  baseline that takes the top-k by a full stable sort (same result, checked);
+- one RigL mask update (drop by |w|, grow by |grad|), with the kernel's ``top_k_mask`` as shipped
+  and with a baseline that takes the top-k by a full stable sort (same result, checked);
 - the per-step overhead of ``before_step`` + ``after_step`` on a step without an update, against
   the AdamW ``optimizer.step()`` it wraps.
 

@@ -11,9 +11,10 @@ A mask is a bool tensor of the weight's shape, True = kept. Every function here:
   never kept again, and if fewer than ``keep`` positions are alive all of them are kept;
 - never keeps NaN.
 
-Every selection runs in the one kernel, :mod:`sparsetool.masks.kernel` (also the trainer's drop/grow
-top-k, :func:`top_k_mask`, re-exported here). Magnitude selection is exact and O(n): |w| is read as the IEEE bit pattern of its absolute value,
-whose integer order is the order of the values for non-negative floats, and a radix select finds the
+Every selection runs in the one kernel, :mod:`sparsetool.masks.kernel` (also the trainer's
+drop/grow top-k, :func:`top_k_mask`, re-exported here). Magnitude selection is exact and O(n): |w|
+is read as the IEEE bit pattern of its absolute value, whose integer order is the order of the
+values for non-negative floats, and a radix select finds the
 threshold key with histograms (``torch.bincount``) of 15/16-bit digits: one 32768-bin pass for
 bf16/fp16, a second 65536-bin pass inside the boundary bucket for fp32 (four for fp64). Then every
 key above the threshold is kept, plus the first ``keep - above`` keys equal to it.
