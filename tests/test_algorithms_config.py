@@ -18,9 +18,8 @@ from sparsetool.train.algorithms import (
     RigL,
     Static,
     build_sparsifier,
-    step_generator,
-    top_k_mask,
 )
+from sparsetool.train.rng import step_generator
 
 # The sparsity block of the Cerebras Model Zoo GPT-3 125M RigL config (params_gpt3_125m_rigl75.yaml).
 MODEL_ZOO_RIGL = """
@@ -168,35 +167,6 @@ def test_default_targets_with_a_ddp_prefix():
     sp = build_sparsifier({"sparsity": 0.5})
     sp.attach(params, None, 10)
     assert sorted(sp.masks) == sorted(names[:4])
-
-
-def test_top_k_ties_keep_lower_index():
-    s = torch.tensor([[1.0, 3.0, 1.0], [1.0, 3.0, 1.0]])
-    # flat [1, 3, 1, 1, 3, 1]: both 3s, then the first 1 (flat index 0)
-    assert top_k_mask(s, 3).tolist() == [[True, True, False], [False, True, False]]
-    nan = torch.tensor([float("nan"), 0.0, 1.0])
-    with pytest.raises(ValueError):
-        top_k_mask(nan, 3, allowed=torch.tensor([True, False, True]))
-    assert top_k_mask(nan, 2, allowed=torch.tensor([True, False, True])).tolist() == [True, False, True]
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(-3, 3), min_size=1, max_size=40), st.data())
-def test_top_k_exact_count_within_allowed(values, data):
-    scores = torch.tensor(values, dtype=torch.float32)
-    allowed = torch.tensor(data.draw(st.lists(st.booleans(), min_size=len(values), max_size=len(values))))
-    k = data.draw(st.integers(0, int(allowed.sum())))
-    m = top_k_mask(scores, k, allowed=allowed)
-    assert int(m.sum()) == k and not (m & ~allowed).any()
-    if 0 < k < int(allowed.sum()):
-        # every kept score >= every allowed, not-kept score; among equals, lower index first
-        kept, rest = scores[m], scores[allowed & ~m]
-        assert kept.min() >= rest.max()
-        tie = kept.min()
-        idx_kept = torch.nonzero(m & (scores == tie)).flatten()
-        idx_rest = torch.nonzero(allowed & ~m & (scores == tie)).flatten()
-        if len(idx_kept) and len(idx_rest):
-            assert idx_kept.max() < idx_rest.min()
 
 
 def test_step_generator_depends_on_all_three():

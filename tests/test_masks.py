@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sparsetool.masks.radix as radix_module
+import sparsetool.masks.kernel as kernel_module
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.select import (
     GlobalPlan,
@@ -64,13 +64,13 @@ def ref_global(tensors, keep, existing):
 @contextlib.contextmanager
 def tiny_chunks(on=True):
     """Run the chunked, threaded path on small inputs: 7-key chunks, sorting only below 5 keys."""
-    saved = radix_module._CHUNK, radix_module._SMALL
+    saved = kernel_module._CHUNK, kernel_module._SMALL
     if on:
-        radix_module._CHUNK, radix_module._SMALL = 7, 4
+        kernel_module._CHUNK, kernel_module._SMALL = 7, 4
     try:
         yield
     finally:
-        radix_module._CHUNK, radix_module._SMALL = saved
+        kernel_module._CHUNK, kernel_module._SMALL = saved
 
 
 @st.composite
@@ -306,12 +306,12 @@ def test_random_is_exact_on_a_multi_chunk_tensor(sparsity):
 
 def test_keys_just_below_the_top_key_are_counted():
     """Keys that share the top digit with the "inf" key but sit below it are alive."""
-    from sparsetool.masks.radix import _top_keys
+    from sparsetool.masks.kernel import int_keys, select_top
 
     keys = torch.full((10_000,), 0x3FFF0000, dtype=torch.int32)
     keys[::3] = 5
     with tiny_chunks():
-        mask = _top_keys(keys, 31, (1 << 30) - 1, 6000, None)
+        mask = select_top(int_keys(keys, 31, (1 << 30) - 1), 6000)
     assert int(mask.sum()) == 6000 and bool(mask[1]) and not bool(mask[0])
 
 
@@ -555,15 +555,15 @@ def test_a_pool_inherited_through_fork_is_replaced():
     """A forked child inherits the pool object but none of its threads; using it would hang."""
     big = torch.randn(3 << 20, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     expected = magnitude_mask(big, 0.5)
-    if radix_module._POOL is None:
+    if kernel_module._POOL is None:
         pytest.skip("one torch thread: the chunks run without a pool")
-    stale = radix_module._POOL
-    radix_module._POOL_PID = -1  # what a child sees: the pool was made by another process
+    stale = kernel_module._POOL
+    kernel_module._POOL_PID = -1  # what a child sees: the pool was made by another process
     assert torch.equal(magnitude_mask(big, 0.5), expected)
-    assert radix_module._POOL is not stale
+    assert kernel_module._POOL is not stale
 
 
-@pytest.mark.parametrize("module", ["sparsetool.masks.select", "sparsetool.masks.global_magnitude", "sparsetool.masks.counts"])
+@pytest.mark.parametrize("module", ["sparsetool.masks.select", "sparsetool.masks.global_magnitude", "sparsetool.masks.counts", "sparsetool.masks.kernel"])
 def test_docstring_examples(module):
     """The examples in the docstrings run and print what they say (CI collects tests/ only)."""
     import doctest

@@ -9,7 +9,7 @@ __all__ = [
     "magnitude_mask", "random_mask", "nm_mask", "fraction_keep", "sparsity_keep",
     "check_sparsity", "check_fraction",
     "MagnitudeHistogram", "TensorPlan", "GlobalPlan", "global_threshold_plan", "apply_threshold",
-    "global_magnitude_masks",
+    "global_magnitude_masks", "top_k_mask",
 ]
 
 

@@ -33,16 +33,24 @@ bf16 or fp8 keys holds one value, so bf16 checkpoints never need the refinement 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from sparsetool.masks import radix
 from sparsetool.errors import SparsetoolError
-from sparsetool.masks.radix import _bincount, _boundary, _flat_existing, _map, _resolve_keep
+from sparsetool.masks.kernel import (
+    Keys,
+    _boundary,
+    _flat_existing,
+    _resolve_keep,
+    bucket_histogram,
+    count,
+    histogram,
+    magnitude_keys,
+    threshold_mask,
+)
 
 __all__ = [
     "MagnitudeHistogram", "TensorPlan", "GlobalPlan", "global_threshold_plan", "apply_threshold",
@@ -53,29 +61,28 @@ _F32_INF = 0x7F800000
 _F32_ALL = 0x7FFFFFFF  # a NaN pattern: larger than every available key
 
 
-def _f32_flat(w: Tensor) -> Tensor:
+def _f32_keys(w: Tensor, alive: Tensor | None) -> tuple[Keys, int]:
+    """The kernel's keys of |w| on the fp32 scale, and how many low bits they leave out: 16 for
+    bf16, whose bits are the high half of the fp32 pattern (the low half is zero), else 0. fp16,
+    fp64 and fp8 convert to fp32 chunk by chunk; NaN keys are above the key of inf."""
     if not w.dtype.is_floating_point:
         raise SparsetoolError(f"magnitude needs a floating tensor, got dtype {w.dtype}")
-    return w.contiguous().reshape(-1)
+    if w.dtype in (torch.bfloat16, torch.float32):
+        return magnitude_keys(w, alive), 16 if w.dtype == torch.bfloat16 else 0
+    flat = w.contiguous().reshape(-1)
 
+    def read(a: int, b: int) -> Tensor:
+        k = flat[a:b].to(torch.float32).view(torch.int32) & _F32_ALL
+        if alive is not None:
+            k.masked_fill_(~alive[a:b], _F32_ALL)
+        return k
 
-def _f32_chunk(flat: Tensor, a: int, b: int) -> tuple[Tensor, bool]:
-    """Keys of ``flat[a:b]`` on the fp32 scale, and whether they are only the high 16 bits (bf16:
-    its bits are the high half of the fp32 pattern, the low half is zero). NaN keys are above the
-    key of inf (``_F32_INF``, or ``_F32_INF >> 16`` for high keys)."""
-    x = flat[a:b]
-    if x.dtype == torch.bfloat16:
-        return x.view(torch.int16) & 0x7FFF, True
-    if x.dtype != torch.float32:
-        x = x.to(torch.float32)
-    return x.view(torch.int32) & _F32_ALL, False
+    def bucket(a: int, b: int, d: int) -> Tensor:
+        k = read(a, b)
+        return k[(k >> 16) == d]
 
-
-def _top_halves(flat: Tensor) -> Tensor | None:
-    """For fp32 on a little-endian machine, ``flat`` as int16 pairs (the high half second)."""
-    if flat.dtype == torch.float32 and sys.byteorder == "little":
-        return flat.view(torch.int16)
-    return None
+    return Keys(flat.numel(), 31, _F32_INF, 16, read, lambda a, b: read(a, b) >> 16, bucket,
+                flat.device), 0
 
 
 def _exact_coarse(dtype: torch.dtype) -> bool:
@@ -106,56 +113,16 @@ class MagnitudeHistogram:
         cls, w: Tensor, existing: Tensor | None = None, *, refine: int | None = None
     ) -> MagnitudeHistogram:
         """Histogram of ``w`` (coarse, or refined inside bucket ``refine``)."""
-        flat = _f32_flat(w)
-        alive = _flat_existing(existing, w.shape)
+        keys, _ = _f32_keys(w, _flat_existing(existing, w.shape))
         exact = _exact_coarse(w.dtype)
-        n = flat.numel()
-        if refine is None:
-
-            top = _top_halves(flat)
-
-            def coarse(a: int, b: int) -> Tensor:
-                if top is not None:  # fp32: read the high int16 of each key in place
-                    digits = top[2 * a + 1:2 * b:2] & 0x7FFF
-                else:
-                    k, high = _f32_chunk(flat, a, b)
-                    digits = k if high else k >> 16
-                if alive is not None:
-                    digits.masked_fill_(~alive[a:b], 0x7FFF)
-                return _bincount(digits, 1 << 15)
-
-            counts = torch.zeros(1 << 15, dtype=torch.int64)
-            for part in _map(coarse, n):
-                counts += part
-            counts[(_F32_INF >> 16) + 1:] = 0  # NaN and dead keys
-            if int(counts[_F32_INF >> 16]) and w.dtype != torch.bfloat16:
-                # fp32 NaN payloads below 0x7F810000 share the bucket of inf: count inf alone
-
-                def infinite(a: int, b: int) -> int:
-                    is_inf = _f32_chunk(flat, a, b)[0] == _F32_INF
-                    return int((is_inf if alive is None else is_inf & alive[a:b]).sum())
-
-                counts[_F32_INF >> 16] = sum(_map(infinite, n))
-            return cls(counts, None, exact)
+        if refine is None:  # the kernel's first digit is the high 16 bits of the fp32 key
+            return cls(histogram(keys)[0], None, exact)
         if isinstance(refine, bool) or not 0 <= refine <= _F32_INF >> 16:
             raise SparsetoolError(f"refine bucket {refine} is outside 0..{_F32_INF >> 16}")
-
-        def fine(a: int, b: int) -> Tensor:
-            k, high = _f32_chunk(flat, a, b)
-            inside = (k == refine) if high else (k >> 16) == refine
-            inside &= k <= (_F32_INF >> 16 if high else _F32_INF)
-            if alive is not None:
-                inside &= alive[a:b]
-            if high:  # every bf16 key in the bucket is refine << 16 exactly
-                out = torch.zeros(1 << 16, dtype=torch.int64)
-                out[0] = int(inside.sum())
-                return out
-            return _bincount(k[inside] & 0xFFFF, 1 << 16)
-
-        counts = torch.zeros(1 << 16, dtype=torch.int64)
-        for part in _map(fine, n):
-            counts += part
-        return cls(counts, int(refine), exact)
+        fine = bucket_histogram(keys, int(refine))
+        if fine.numel() == 1:  # bf16: every key in the bucket is refine << 16 exactly
+            fine = torch.cat([fine, torch.zeros((1 << 16) - 1, dtype=torch.int64, device=fine.device)])
+        return cls(fine, int(refine), exact)
 
     @property
     def total(self) -> int:
@@ -297,44 +264,13 @@ def apply_threshold(w: Tensor, plan: TensorPlan, existing: Tensor | None = None)
     >>> apply_threshold(torch.tensor([0.5, 2.0, 1.0]), TensorPlan(0x3F800000, 0, 1))
     tensor([False,  True, False])
     """
-    flat = _f32_flat(w)
-    alive = _flat_existing(existing, w.shape)
-    n = flat.numel()
-    out = torch.empty(n, dtype=torch.bool)
-
-    def cut(high: bool) -> tuple[int, bool, int]:
-        """The threshold on a chunk's key scale, whether keys can equal it, the key of inf."""
-        if high:
-            return plan.threshold >> 16, plan.threshold & 0xFFFF == 0, _F32_INF >> 16
-        return plan.threshold, True, _F32_INF
-
-    def above(a: int, b: int) -> int:
-        k, high = _f32_chunk(flat, a, b)
-        t, _, inf = cut(high)
-        part = out[a:b]
-        torch.gt(k, t, out=part)
-        part &= k <= inf
-        if alive is not None:
-            part &= alive[a:b]
-        return int(part.sum())
-
-    kept = sum(_map(above, n))
-    ties = plan.ties
-    for a in range(0, n, radix._CHUNK):  # ties go to the lowest flat indices: scan in order
-        if ties == 0:
-            break
-        k, high = _f32_chunk(flat, a, min(a + radix._CHUNK, n))
-        t, can_tie, _ = cut(high)
-        if not can_tie:
-            break
-        equal = k == t
-        if alive is not None:
-            equal &= alive[a:a + radix._CHUNK]
-        where = equal.nonzero().reshape(-1)[:ties]
-        out[a + where] = True
-        ties -= where.numel()
-        kept += where.numel()
-    if ties or kept != plan.kept:
+    keys, lack = _f32_keys(w, _flat_existing(existing, w.shape))
+    # On bf16's 16-bit keys "> T" is "> T >> 16", and only a T with zero low bits can be equalled.
+    threshold = plan.threshold >> lack
+    can_tie = plan.threshold & ((1 << lack) - 1) == 0
+    out = threshold_mask(keys, threshold, plan.ties if can_tie else 0)
+    kept = count(out)
+    if kept != plan.kept or (plan.ties and not can_tie):
         raise SparsetoolError(
             f"the plan keeps {plan.kept} weights of this tensor but its threshold keeps {kept}; "
             "did the tensor change between passes?"

@@ -11,8 +11,10 @@ A mask is a bool tensor of the weight's shape, True = kept. Every function here:
   never kept again, and if fewer than ``keep`` positions are alive all of them are kept;
 - never keeps NaN.
 
-Magnitude selection is exact and O(n): |w| is read as the IEEE bit pattern of its absolute value,
-whose integer order is the order of the values for non-negative floats, and a radix select finds the
+Every selection runs in the one kernel, :mod:`sparsetool.masks.kernel` (also the trainer's
+drop/grow top-k, :func:`top_k_mask`, re-exported here). Magnitude selection is exact and O(n): |w|
+is read as the IEEE bit pattern of its absolute value, whose integer order is the order of the
+values for non-negative floats, and a radix select finds the
 threshold key with histograms (``torch.bincount``) of 15/16-bit digits: one 32768-bin pass for
 bf16/fp16, a second 65536-bin pass inside the boundary bucket for fp32 (four for fp64). Then every
 key above the threshold is kept, plus the first ``keep - above`` keys equal to it.
@@ -35,9 +37,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from sparsetool.masks import radix
-from sparsetool.masks.counts import check_fraction, check_sparsity, fraction_keep, sparsity_keep
 from sparsetool.errors import SparsetoolError
+from sparsetool.masks import kernel
+from sparsetool.masks.counts import check_fraction, check_sparsity, fraction_keep, sparsity_keep
 from sparsetool.masks.global_magnitude import (
     GlobalPlan,
     MagnitudeHistogram,
@@ -46,13 +48,22 @@ from sparsetool.masks.global_magnitude import (
     global_magnitude_masks,
     global_threshold_plan,
 )
-from sparsetool.masks.radix import _flat_existing, _int_view, _map, _resolve_keep, _top_keys
+from sparsetool.masks.kernel import (
+    _flat_existing,
+    _int_view,
+    _map,
+    _resolve_keep,
+    int_keys,
+    magnitude_keys,
+    select_top,
+    top_k_mask,
+)
 
 __all__ = [
     "magnitude_mask", "random_mask", "nm_mask", "fraction_keep", "sparsity_keep",
     "check_sparsity", "check_fraction",
     "MagnitudeHistogram", "TensorPlan", "GlobalPlan", "global_threshold_plan", "apply_threshold",
-    "global_magnitude_masks",
+    "global_magnitude_masks", "top_k_mask",
 ]
 
 
@@ -77,9 +88,8 @@ def magnitude_mask(
     tensor([ True, False,  True,  True])
     """
     k = _resolve_keep(w.numel(), sparsity, keep)
-    src, nbits, inf = _int_view(w)
     alive = _flat_existing(existing, w.shape)
-    return _top_keys(src, nbits, inf, k, alive).reshape(w.shape)
+    return select_top(magnitude_keys(w, alive), k).reshape(w.shape)
 
 
 def random_mask(
@@ -115,7 +125,7 @@ def random_mask(
     # ties among them are broken by index, deterministically.
     bits = torch.randint(0, 1 << 30, shape, generator=generator, dtype=torch.int32).reshape(-1)
     alive = _flat_existing(existing, torch.Size(shape))
-    return _top_keys(bits, 31, 1 << 30, k, alive).reshape(shape)
+    return select_top(int_keys(bits, 31, 1 << 30, alive), k).reshape(shape)
 
 
 def nm_mask(
@@ -176,5 +186,5 @@ def nm_mask(
                     rank += keys[:, i] >= kj if i < j else keys[:, i] > kj
             torch.logical_and(rank < n, kj >= 0, out=out[:, j])
 
-    _map(part, w.numel(), step=max(1, radix._CHUNK // row) * row)
+    _map(part, w.numel(), step=max(1, kernel._CHUNK // row) * row)
     return mask.reshape(w.shape)

@@ -13,7 +13,7 @@ from typing import Any
 
 from sparsetool.errors import ConfigError
 from sparsetool.train.schedules import Periodic
-from sparsetool.train.algorithms.base import Sparsifier, step_generator, top_k_mask
+from sparsetool.train.algorithms.base import Sparsifier
 from sparsetool.train.algorithms.gmp import GMP
 from sparsetool.train.algorithms.granet import GraNet
 from sparsetool.train.algorithms.imp import IMP
@@ -31,8 +31,6 @@ __all__ = [
     "Sparsifier",
     "Static",
     "build_sparsifier",
-    "step_generator",
-    "top_k_mask",
 ]
 
 ALGORITHMS: dict[str, type[Sparsifier]] = {

@@ -45,9 +45,10 @@ import torch
 
 from sparsetool.errors import ConfigError
 from sparsetool.train.schedules import Periodic, Schedule, build_schedule
-from sparsetool.train.algorithms.topk import step_generator, top_k_mask
+from sparsetool.masks.kernel import top_k_mask
+from sparsetool.train.rng import step_generator
 
-__all__ = ["Sparsifier", "top_k_mask", "step_generator"]
+__all__ = ["Sparsifier"]
 
 
 def _is_whole(value: Any, low: int) -> bool:

@@ -27,7 +27,8 @@ import torch
 
 from sparsetool.errors import ConfigError
 from sparsetool.train.schedules import Constant
-from sparsetool.train.algorithms.base import Sparsifier, _is_whole, top_k_mask
+from sparsetool.masks.kernel import top_k_mask
+from sparsetool.train.algorithms.base import Sparsifier, _is_whole
 
 __all__ = ["IMP"]
 

@@ -1,0 +1,400 @@
+"""The one selection kernel: exact top-k of float scores in O(n), by radix select on bit patterns.
+
+Every selection in sparsetool runs here: layer magnitude pruning, random masks, N:M (through
+:func:`_int_view` and :func:`_map`), the global threshold across tensors (through :func:`histogram`,
+:func:`bucket_histogram`, :func:`_boundary` and :func:`threshold_mask`), and the drop/grow top-k
+of every training algorithm (:func:`top_k_mask`). The rules are the same everywhere:
+
+- exact: exactly ``k`` selected, or every available position if fewer are available;
+- ties go to the lower flat (row-major) index;
+- NaN is never selected, nor a position where the ``allowed``/``existing`` mask is False;
+- -0.0 equals 0.0.
+
+For non-negative floats the integer order of the bit patterns is the order of the values, so the
+magnitude |w| of a bf16/fp16/fp32/fp64 weight is the integer ``bits & (2**(width-1) - 1)`` and NaN
+is any key above the key of +inf (fp8 converts to fp32 exactly). The threshold key is found digit
+by digit from the top with histograms (``torch.bincount``): the top 15 bits first (32768 bins, the
+whole key for 16-bit floats), then 16-bit digits among the few keys of the boundary bucket: a
+most-significant-digit radix select, the selection analogue of radix sorting (Knuth, TAOCP vol. 3,
+section 5.2.5). Signed scores are two selections on magnitude keys: the non-negative scores first,
+then, if ``k`` is not reached, the negative ones with the key ``inf - |x|`` (smaller magnitude =
+higher score). Work runs in chunks of ``_CHUNK`` keys on a small thread pool so temporaries stay
+in cache and the single-threaded ``bincount`` uses every core.
+
+>>> top_k_mask(torch.tensor([0.5, -0.9, 0.5, float("nan"), -0.1]), 3)
+tensor([ True, False,  True, False,  True])
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sparsetool.errors import SparsetoolError
+from sparsetool.masks.counts import sparsity_keep
+
+__all__ = ["top_k_mask", "Keys", "int_keys", "magnitude_keys", "histogram", "bucket_histogram",
+           "threshold_mask", "select_top", "count"]
+
+# (integer view dtype, number of magnitude bits) for each float dtype read bit-for-bit.
+_LAYOUT = {
+    torch.bfloat16: (torch.int16, 15),
+    torch.float16: (torch.int16, 15),
+    torch.float32: (torch.int32, 31),
+    torch.float64: (torch.int64, 63),
+}
+
+
+def _resolve_keep(numel: int, sparsity: float | None, keep: int | None) -> int:
+    if (sparsity is None) == (keep is None):
+        raise SparsetoolError("give exactly one of sparsity or keep")
+    if keep is None:
+        return sparsity_keep(numel, sparsity)  # type: ignore[arg-type]
+    if isinstance(keep, bool) or int(keep) != keep or not 0 <= keep <= numel:
+        raise SparsetoolError(
+            f"keep must be an integer from 0 to {numel} (the tensor's size), got {keep!r}"
+        )
+    return int(keep)
+
+
+def _flat_existing(existing: Tensor | None, shape: torch.Size) -> Tensor | None:
+    if existing is None:
+        return None
+    if tuple(existing.shape) != tuple(shape):
+        raise SparsetoolError(
+            f"existing mask has shape {tuple(existing.shape)} but the weight has shape {tuple(shape)}; "
+            "a mask must match its weight"
+        )
+    if existing.dtype != torch.bool:
+        existing = existing != 0
+    return existing.reshape(-1)
+
+
+def _int_view(w: Tensor) -> tuple[Tensor, int, int]:
+    """``w`` flat, viewed as integers (no copy for bf16/fp16/fp32/fp64); the magnitude's bit width
+    (the sign is the bit above it); and the magnitude key of +inf."""
+    if not w.dtype.is_floating_point:
+        raise SparsetoolError(f"magnitude needs a floating tensor, got dtype {w.dtype}")
+    if w.dtype not in _LAYOUT:  # fp8 and friends convert to fp32 exactly
+        w = w.to(torch.float32)
+    int_dtype, nbits = _LAYOUT[w.dtype]
+    inf = int(torch.tensor(math.inf, dtype=w.dtype).view(int_dtype).item())
+    return w.contiguous().view(int_dtype).reshape(-1), nbits, inf
+
+
+def _shifts(nbits: int) -> list[int]:
+    """Digit positions from the top: 15 bits first, then 16-bit digits."""
+    out, s = [], nbits - 15
+    while s > 0:
+        out.append(s)
+        s -= 16
+    out.append(0)
+    return out
+
+
+_SMALL = 4096
+
+
+def _bincount(x: Tensor, bins: int) -> Tensor:
+    """int64 counts of each value in [0, bins) of a flat integer tensor."""
+    if x.numel() * 4 < bins:  # torch.bincount costs ~10 ms at 65536 bins however few the values
+        counts = torch.zeros(bins, dtype=torch.int64, device=x.device)
+        values, n = torch.unique(x.to(torch.int64), return_counts=True)
+        counts[values] = n
+        return counts
+    return torch.bincount(x, minlength=bins).to(torch.int64)
+
+
+def _select(bits: Tensor, nbits: int, inf: int, keep: int) -> tuple[int, int, int, int]:
+    """Radix select: the threshold key T so that keep lies in (above(T), above(T) + equal(T)].
+
+    ``bits`` are non-negative keys; those above ``inf`` are unavailable (NaN or already pruned).
+    Returns (T, above, equal, available). If keep >= available, T is -1 and above = available.
+    """
+    cand = bits
+    need = keep
+    above_total = 0
+    hi = 0  # the digits chosen so far
+    shifts = _shifts(nbits)
+    width = nbits - shifts[0]
+    available = -1
+    for level, shift in enumerate(shifts):
+        if cand.numel() <= _SMALL:  # a sort beats 32768-bin histograms on few keys
+            live = cand[cand <= inf]
+            if level == 0:
+                available = live.numel()
+                if keep >= available:
+                    return -1, available, 0, available
+                if keep <= 0:
+                    return (1 << nbits) - 1, 0, 0, available
+            t = int(torch.sort(live, descending=True).values[need - 1])
+            return t, above_total + int((live > t).sum()), int((live == t).sum()), available
+        if level > 0:
+            width = 16
+        digits = cand >> shift if level == 0 else (cand >> shift) & 0xFFFF
+        hist = _bincount(digits.reshape(-1), 1 << width)
+        if hi == inf >> (shift + width):
+            idig = (inf >> shift) & ((1 << width) - 1)
+            hist[idig + 1:] = 0
+            if shift and int(hist[idig]) > 0:  # keys above inf (NaN) may share its bucket
+                hist[idig] = int(((digits == idig) & (cand <= inf)).sum())
+        suffix = hist.flip(0).cumsum(0).flip(0)  # suffix[d] = count of digits >= d
+        if level == 0:
+            available = int(suffix[0])
+            if keep >= available:
+                return -1, available, 0, available
+            if keep <= 0:
+                return (1 << nbits) - 1, 0, 0, available
+        d = int((suffix >= need).nonzero()[-1])
+        above = int(suffix[d]) - int(hist[d])
+        need -= above
+        above_total += above
+        hi = (hi << width) | d
+        if level == len(shifts) - 1:
+            return hi, above_total, int(hist[d]), available
+        cand = cand[digits == d]
+    raise AssertionError("unreachable")
+
+
+_CHUNK = 1 << 20  # keys per chunk: a chunk's temporaries stay in cache between the steps on it
+_POOL: ThreadPoolExecutor | None = None
+_POOL_PID = 0  # a forked child inherits the pool object but not its threads: make a new one
+
+
+def _map(fn: Callable[[int, int], Any], n: int, step: int | None = None) -> list[Any]:
+    """``fn(start, stop)`` over the chunks of ``range(n)`` (``step`` long, default ``_CHUNK``), in
+    order; chunks run on a thread pool (torch releases the GIL, and ``torch.bincount`` is
+    single-threaded on CPU)."""
+    global _POOL, _POOL_PID
+    step = step or _CHUNK
+    spans = [(s, min(s + step, n)) for s in range(0, n, step)]
+    workers = max(1, torch.get_num_threads())
+    if len(spans) < 2 or workers < 2:
+        return [fn(a, b) for a, b in spans]
+    if _POOL is None or _POOL_PID != os.getpid():
+        _POOL = ThreadPoolExecutor(max_workers=min(workers, 8), thread_name_prefix="sparsetool-mask")
+        _POOL_PID = os.getpid()
+    return list(_POOL.map(lambda span: fn(*span), spans))
+
+
+def count(mask: Tensor) -> int:
+    """True entries of a flat bool mask (``Tensor.sum`` on bool is several times slower)."""
+    return sum(_map(lambda a, b: int(torch.count_nonzero(mask[a:b])), mask.numel()))
+
+
+def _boundary(total: Tensor, keep: int) -> tuple[int, int]:
+    """The digit d with above(d) < keep <= above(d) + total[d], and above(d)."""
+    suffix = total.flip(0).cumsum(0).flip(0)
+    d = int((suffix >= keep).nonzero()[-1])
+    return d, int(suffix[d]) - int(total[d])
+
+
+@dataclass(frozen=True, eq=False)
+class Keys:
+    """The integer keys of ``n`` positions, read chunk by chunk.
+
+    Keys are non-negative and below ``2**nbits``; a key above ``inf`` is unavailable (NaN, or dead
+    in an alive mask) and never selected. ``top(a, b)`` is the first radix digit ``key >> shift`` of
+    positions ``[a, b)`` (maybe read faster than the keys), ``bucket(a, b, d)`` the keys there whose
+    first digit is ``d``.
+    """
+
+    n: int
+    nbits: int
+    inf: int
+    shift: int
+    read: Callable[[int, int], Tensor]
+    top: Callable[[int, int], Tensor]
+    bucket: Callable[[int, int, int], Tensor]
+    device: torch.device
+
+
+def int_keys(src: Tensor, nbits: int, inf: int, alive: Tensor | None = None) -> Keys:
+    """Keys ``src & (2**nbits - 1)`` of a flat integer tensor; dead (all ones) where ``alive`` is
+    False."""
+    full = (1 << nbits) - 1
+    shift = _shifts(nbits)[0]
+
+    def read(a: int, b: int) -> Tensor:
+        k = src[a:b] & full
+        if alive is not None:
+            k.masked_fill_(~alive[a:b], full)
+        return k
+
+    def top(a: int, b: int) -> Tensor:
+        return read(a, b) >> shift
+
+    halves = src.element_size() // 2
+    if shift and shift == 16 * halves - 16 and sys.byteorder == "little":
+        # The top digit is the top int16 of each key: read it in place, half or a quarter of the
+        # bytes, and count 16-bit values as fast as bf16 keys.
+        high = src.contiguous().view(torch.int16)
+
+        def top(a: int, b: int) -> Tensor:  # noqa: F811
+            t = high[a * halves + halves - 1:b * halves:halves] & 0x7FFF
+            if alive is not None:
+                t.masked_fill_(~alive[a:b], 0x7FFF)
+            return t
+
+    def bucket(a: int, b: int, d: int) -> Tensor:
+        return src[a:b][top(a, b) == d] & full
+
+    return Keys(src.numel(), nbits, inf, shift, read, top, bucket, src.device)
+
+
+def magnitude_keys(w: Tensor, alive: Tensor | None = None) -> Keys:
+    """Keys of |w| in ``w``'s own bit width (fp8: fp32); ``alive`` is flat bool or None."""
+    src, nbits, inf = _int_view(w)
+    return int_keys(src, nbits, inf, alive)
+
+
+def histogram(keys: Keys) -> tuple[Tensor, list[Tensor]]:
+    """Counts of the first digit over the available keys (``2**(nbits - shift)`` int64 counters),
+    and the raw counts of each chunk (unavailable keys not removed)."""
+    width = keys.nbits - keys.shift
+    per_chunk = _map(lambda a, b: _bincount(keys.top(a, b), 1 << width), keys.n)
+    total = torch.zeros(1 << width, dtype=torch.int64, device=keys.device)
+    for part in per_chunk:
+        total += part
+    idig = keys.inf >> keys.shift
+    total[idig + 1:] = 0
+    if keys.shift and int(total[idig]) > 0:  # keys above inf (NaN) may share its bucket
+
+        def alive_in_top(a: int, b: int) -> int:
+            return int(((keys.top(a, b) == idig) & (keys.read(a, b) <= keys.inf)).sum())
+
+        total[idig] = sum(_map(alive_in_top, keys.n))
+    return total, per_chunk
+
+
+def bucket_histogram(keys: Keys, digit: int) -> Tensor:
+    """Counts of the low ``shift`` bits of the available keys whose first digit is ``digit``
+    (``2**shift`` int64 counters: one when the first digit is the whole key)."""
+    bins = 1 << keys.shift
+
+    def part(a: int, b: int) -> Tensor:
+        k = keys.bucket(a, b, digit)
+        return _bincount(k[k <= keys.inf] & (bins - 1), bins)
+
+    total = torch.zeros(bins, dtype=torch.int64, device=keys.device)
+    for counts in _map(part, keys.n):
+        total += counts
+    return total
+
+
+def threshold_mask(
+    keys: Keys, threshold: int, ties: int, equal: list[int] | None = None,
+    *, all_available: bool = False,
+) -> Tensor:
+    """Flat mask: the available keys above ``threshold`` plus the first ``ties`` equal to it.
+
+    With ``equal`` (per chunk, how many keys equal ``threshold``) one parallel pass writes it all:
+    chunks before the one holding the last kept tie keep ">= threshold", that chunk keeps
+    "> threshold" plus its first ties, later ones "> ". Without, the ties are found by a scan in
+    flat order after the pass, which stops once they are all found. ``all_available`` skips the
+    test against ``inf``.
+    """
+    n = keys.n
+    plan: list[int] = []
+    for e in equal if ties > 0 and equal is not None else []:
+        plan.append(min(ties, e) if 0 < ties < e else (-1 if ties >= e > 0 else 0))
+        ties -= min(ties, e)
+    out = torch.empty(n, dtype=torch.bool, device=keys.device)
+
+    def write(a: int, b: int) -> None:
+        k, dst = keys.read(a, b), out[a:b]  # in place: "out[a:b] &= x" would copy back
+        part = plan[a // _CHUNK] if plan else 0
+        (torch.ge if part < 0 else torch.gt)(k, threshold, out=dst)
+        if not all_available:
+            dst &= k <= keys.inf
+        if part > 0:
+            dst[(k == threshold).nonzero().reshape(-1)[:part]] = True
+
+    _map(write, n)
+    for a in range(0, n, _CHUNK) if ties > 0 and not plan else []:
+        where = (keys.read(a, min(a + _CHUNK, n)) == threshold).nonzero().reshape(-1)[:ties]
+        out[a + where] = True
+        ties -= where.numel()
+        if ties == 0:
+            break
+    if ties > 0 and not plan:
+        raise SparsetoolError(
+            f"the plan asks for {ties} more weights at the threshold than there are; "
+            "did the tensor change between passes?"
+        )
+    return out
+
+
+def select_top(keys: Keys, keep: int) -> Tensor:
+    """Flat mask keeping the ``keep`` largest available keys, ties to the lower index.
+
+    Two passes over the keys in chunks: a histogram of the first digit (plus, for keys wider than
+    16 bits, the few candidates in the boundary bucket), then the comparison that writes the mask.
+    """
+    n, nbits, inf, shift = keys.n, keys.nbits, keys.inf, keys.shift
+    if n <= _SMALL:  # one chunk: a sort beats 32768-bin histograms on few keys
+        t, above, _, available = _select(keys.read(0, n), nbits, inf, keep)
+        if t < 0:
+            return keys.read(0, n) <= inf
+        return threshold_mask(keys, t, keep - above, all_available=available == n)
+    hist, per_chunk = histogram(keys)
+    available = int(hist.sum())
+    if keep >= available:
+        out = torch.empty(n, dtype=torch.bool, device=keys.device)
+        _map(lambda a, b: torch.le(keys.read(a, b), inf, out=out[a:b]), n)
+        return out
+    if keep <= 0:
+        return torch.zeros(n, dtype=torch.bool, device=keys.device)
+    d, above = _boundary(hist, keep)
+    if shift == 0:  # the digit is the whole key
+        t, equal = d, [int(c[d]) for c in per_chunk]
+    elif keep - above == int(hist[d]):  # all of bucket d is kept: no select inside it
+        t, equal, above = (d << shift) - 1, None, keep
+    else:  # finish the select among the keys of bucket d, which are few for real weights
+        cands = _map(lambda a, b: keys.bucket(a, b, d), n)
+        t, above_in, _, _ = _select(torch.cat(cands), nbits, inf, keep - above)
+        above += above_in
+        equal = [int((c == t).sum()) for c in cands]
+    return threshold_mask(keys, t, keep - above, equal, all_available=available == n)
+
+
+def top_k_mask(scores: Tensor, k: int, allowed: Tensor | None = None) -> Tensor:
+    """Bool mask of the ``k`` highest ``scores`` among the ``allowed`` positions; True = selected.
+
+    Signed order (-inf < -1 < -0.0 == 0.0 < 1 < inf); ties keep the lower flat index; NaN is never
+    selected; if fewer than ``k`` positions are allowed and not NaN, all of them are selected.
+    Exact and deterministic, so every data-parallel rank and a resumed run choose the same (the
+    job the Cerebras library gives its ``ScoreTieBreaker``).
+
+    >>> top_k_mask(torch.tensor([0.5, 0.9, 0.5, 0.5]), 2)
+    tensor([ True,  True, False, False])
+    >>> top_k_mask(torch.tensor([0.5, 0.9, 0.5, 0.5]), 2, allowed=torch.tensor([True, False, False, True]))
+    tensor([ True, False, False,  True])
+    >>> top_k_mask(torch.tensor([-2.0, -1.0, -0.0, 3.0]), 3)
+    tensor([False,  True,  True,  True])
+    """
+    keep = _resolve_keep(scores.numel(), None, k)
+    src, nbits, inf = _int_view(scores.detach())
+    alive = _flat_existing(allowed, scores.shape)
+    negative = src < 0  # the sign bit
+    if not bool(negative.any()):  # |w|, |grad| and uniform draws: one magnitude selection
+        return select_top(int_keys(src, nbits, inf, alive), keep).reshape(scores.shape)
+    full = (1 << nbits) - 1
+    magnitude = src & full
+    negative &= magnitude != 0  # -0.0 is zero; a NaN with the sign bit stays unavailable below
+    upper = ~negative if alive is None else alive & ~negative
+    out = select_top(int_keys(src, nbits, inf, upper), keep)
+    got = count(out)
+    if got < keep:  # below zero the smaller magnitude is the higher score: key inf - |x|
+        flipped = torch.where(magnitude <= inf, inf - magnitude, torch.full_like(magnitude, full))
+        lower = negative if alive is None else alive & negative
+        out |= select_top(int_keys(flipped, nbits, inf, lower), keep - got)
+    return out.reshape(scores.shape)
