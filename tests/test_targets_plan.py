@@ -278,3 +278,13 @@ def test_train_include_exclude_choose_the_sparse_matrices(tmp_path, one_thread):
         Trainer(merge({}, {**base, "out": str(tmp_path / "bad"), "exclude": ("blocks.9.*",)}))
     with pytest.raises(ConfigError, match="--include takes a glob or a list of globs"):
         merge({}, {**base, "out": str(tmp_path / "bad2"), "include": [3]})
+
+
+def test_targets_import_no_torch():
+    """flops plans checkpoints without torch, so the targeting must not pull it in."""
+    import subprocess
+    import sys
+
+    code = ("import sys, sparsetool.targets; "
+            "sys.exit(1 if {'torch', 'numpy', 'typer', 'rich'} & set(sys.modules) else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
