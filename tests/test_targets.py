@@ -300,6 +300,9 @@ def test_docstring_examples():
     import doctest
 
     import sparsetool.targets
+    import sparsetool.targets.roles
 
-    result = doctest.testmod(sparsetool.targets, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert result.attempted > 0 and result.failed == 0
+    for module in (sparsetool.targets, sparsetool.targets.roles):
+        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
+

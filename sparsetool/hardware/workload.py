@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -120,15 +120,17 @@ def from_model(cfg: Any, sparsity: float, tokens: float, grids: list[tuple[int, 
 
 def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
                     seq_len: int | None = None,
-                    progress: Callable[[int, int, str], None] | None = None) -> Workload:
+                    progress: Callable[[int, int, str], None] | None = None, *,
+                    include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Workload:
     """The real mask of every targeted matrix in the checkpoint at ``path``.
 
     The mask is the encoding's when there is one (True = kept), else ``weight != 0``. Shapes for
-    the dense work are inferred as ``sparsetool flops --checkpoint`` infers them.
+    the dense work are inferred as ``sparsetool flops --checkpoint`` infers them. ``include`` and
+    ``exclude`` choose the targeted tensors as for ``prune`` (:func:`sparsetool.targets.plan_targets`).
     """
     from sparsetool.checkpoint import open_checkpoint
     from sparsetool.flops import infer_model, read_hf_config
-    from sparsetool.targets import conv1d_layout, input_dim, is_targeted, role
+    from sparsetool.targets import plan_targets
 
     tokens = _check_tokens(tokens)
     path = Path(path)
@@ -137,13 +139,13 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     layers: list[LayerMask] = []
     rows: list[dict[str, Any]] = []
     with open_checkpoint(path) as ck:
-        todo = [lt for lt in ck.logical if is_targeted(lt.name, lt.shape, lt.dtype)
-                and len(lt.shape) == 2]
+        plan = plan_targets(ck.logical, ck.config, include, exclude, source=path.name)
+        todo = [lt for lt in ck.logical if plan[lt.name].targeted and len(lt.shape) == 2]
         names = {lt.name for lt in todo}
         for lt in ck.logical:
             if lt.name not in names:  # shapes only: nothing to read
                 rows.append(dict(name=lt.name, shape=lt.shape, dtype=str(lt.dtype),
-                                 role=role(lt.name, lt.shape), targeted=False,
+                                 role=plan[lt.name].role, targeted=False,
                                  numel=lt.numel, nonzero=lt.numel))
         for i, lt in enumerate(todo):
             if progress:
@@ -152,9 +154,8 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
             if mask is None:
                 mask = dense != 0
             del dense
-            r = role(lt.name, lt.shape)
-            dim = input_dim(lt.name, lt.shape, conv1d=conv1d_layout(ck.config))
-            ly = stats_from_mask(lt.name, r, mask.numpy(), grids, dim)
+            r = plan[lt.name].role
+            ly = stats_from_mask(lt.name, r, mask.numpy(), grids, plan[lt.name].input_dim)
             del mask
             layers.append(ly)
             rows.append(dict(name=lt.name, shape=lt.shape, dtype=str(lt.dtype), role=r,

@@ -49,7 +49,7 @@ from sparsetool.masks.select import (
     nm_mask,
     random_mask,
 )
-from sparsetool.targets import conv1d_layout, input_dim, is_targeted
+from sparsetool.targets import TargetPlan, plan_targets
 from sparsetool.checkpoint.zeros import count_nonzero, nonzero_mask
 
 METHODS = ("magnitude", "random")
@@ -166,10 +166,18 @@ def _options_record(opts: PruneOptions) -> dict:
     return rec
 
 
-def targeted_tensors(ckpt: Checkpoint, include: Sequence[str] = (),
-                     exclude: Sequence[str] = ()) -> list[LogicalTensor]:
+def checkpoint_plan(ckpt: Checkpoint, include: Sequence[str] = (),
+                    exclude: Sequence[str] = ()) -> TargetPlan:
+    """The targeting plan of an open checkpoint (its logical tensors and ``config.json``)."""
+    return plan_targets(ckpt.logical, ckpt.config, include, exclude, source=ckpt.path.name)
+
+
+def targeted_tensors(ckpt: Checkpoint, include: Sequence[str] = (), exclude: Sequence[str] = (),
+                     *, plan: TargetPlan | None = None) -> list[LogicalTensor]:
     """The logical tensors ``prune`` would change, in file order."""
-    return [lt for lt in ckpt.logical if is_targeted(lt.name, lt.shape, lt.dtype, include, exclude)]
+    if plan is None:
+        plan = checkpoint_plan(ckpt, include, exclude)
+    return [lt for lt in ckpt.logical if plan[lt.name].targeted]
 
 
 def _existing(ckpt: Checkpoint, lt: LogicalTensor, *,
@@ -223,14 +231,14 @@ class _Planner:
     prepared by :meth:`prepare` in a first pass."""
 
     def __init__(self, ckpt: Checkpoint, targets: list[LogicalTensor], opts: PruneOptions,
-                 progress: Progress | None):
+                 progress: Progress | None, plan: TargetPlan):
         self.ckpt, self.targets, self.opts, self.progress = ckpt, targets, opts, progress
+        self.target_plan = plan
         self._index = {lt.name: i for i, lt in enumerate(targets)}
         self.keep: dict[str, int] = {}
         self.plan: dict | None = None
         self.nonzero_after: dict[str, int] = {}
         self.nonzero_before: dict[str, int] = {}
-        self.conv1d = conv1d_layout(ckpt.config)
         # NaN already in the input is a sentinel only if the input says it was written as one.
         self.refuse_nan = opts.encoding == "nan" and not _recorded_nan_encoding(ckpt)
         if opts.sparsity is not None and opts.scope == "layer":
@@ -290,7 +298,8 @@ class _Planner:
         o = self.opts
         if o.nm is not None:
             n, m = o.nm
-            if len(lt.shape) != 2:
+            entry = self.target_plan[lt.name]
+            if entry.layout not in ("linear", "conv1d"):
                 # Stacked experts are stored (experts, out, in) by some models and (experts, in,
                 # out) by others: the input dimension cannot be told from the name and shape.
                 raise SparsetoolError(
@@ -299,8 +308,7 @@ class _Planner:
                     f"'{lt.name}' or prune it without --nm"
                 )
             try:
-                dim = input_dim(lt.name, lt.shape, conv1d=self.conv1d)
-                return nm_mask(dense, n, m, dim=dim, existing=existing)
+                return nm_mask(dense, n, m, dim=entry.input_dim, existing=existing)
             except SparsetoolError as e:
                 raise SparsetoolError(f"tensor {lt.name!r} {list(lt.shape)}: {e}") from None
         if o.scope == "global":
@@ -355,7 +363,8 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
     """Prune the targeted tensors of checkpoint ``src`` into ``out`` (same layout), streaming."""
     opts.validate()
     ckpt = open_checkpoint(src)
-    targets = targeted_tensors(ckpt, opts.include, opts.exclude)
+    plan = checkpoint_plan(ckpt, opts.include, opts.exclude)  # the one targeting decision
+    targets = targeted_tensors(ckpt, plan=plan)
     if not targets:
         if opts.include:
             raise SparsetoolError(
@@ -368,7 +377,7 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
             "name the tensors with --include GLOB, or run 'sparsetool report' to see the roles"
         )
     _check_name_clashes(ckpt, targets, opts.encoding)
-    planner = _Planner(ckpt, targets, opts, progress)
+    planner = _Planner(ckpt, targets, opts, progress, plan)
     if planner.needs_first_pass:
         planner.prepare()
 
@@ -452,4 +461,4 @@ def parse_nm(text: str) -> tuple[int, int]:
 
 
 __all__ = ["PruneOptions", "PruneResult", "TensorResult", "prune_checkpoint", "parse_nm",
-           "targeted_tensors", "sparsetool_metadata"]
+           "targeted_tensors", "checkpoint_plan", "sparsetool_metadata"]

@@ -15,7 +15,7 @@ import torch
 
 from sparsetool.checkpoint import Checkpoint, LogicalTensor, open_checkpoint
 from sparsetool.checkpoint.zeros import count_nonzero, nonzero_mask
-from sparsetool.targets import is_targeted, role
+from sparsetool.targets import plan_targets
 
 Progress = Callable[[str, int, int], None]
 
@@ -93,15 +93,20 @@ def count_logical_nonzero(ckpt: Checkpoint, lt: LogicalTensor) -> int:
 
 def summarize(path: str | Path, include: Sequence[str] = (), exclude: Sequence[str] = (), *,
               progress: Progress | None = None) -> Report:
-    """Read every tensor of the checkpoint at ``path`` once and count its non-zeros."""
+    """Read every tensor of the checkpoint at ``path`` once and count its non-zeros.
+
+    ``include``/``exclude`` change which tensors count as targeted, as for ``prune`` (see
+    :func:`sparsetool.targets.plan_targets`); a glob matching no tensor name is an error.
+    """
     ckpt = open_checkpoint(path)
+    plan = plan_targets(ckpt.logical, ckpt.config, include, exclude, source=ckpt.path.name)
     report = Report(path=Path(path), bytes_on_disk=ckpt.nbytes_on_disk)
     total = len(ckpt.logical)
     for i, lt in enumerate(ckpt.logical):
-        shape = tuple(lt.shape)
+        entry = plan[lt.name]
         report.tensors.append(TensorRow(
-            name=lt.name, shape=shape, dtype=dtype_name(lt.dtype), role=role(lt.name, shape),
-            targeted=is_targeted(lt.name, shape, lt.dtype, include, exclude),
+            name=lt.name, shape=entry.shape, dtype=dtype_name(lt.dtype), role=entry.role,
+            targeted=entry.targeted,
             numel=lt.numel, nonzero=count_logical_nonzero(ckpt, lt), encoding=lt.encoding,
             bytes=lt.nbytes,
         ))

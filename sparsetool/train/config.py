@@ -64,6 +64,10 @@ class TrainConfig:
     drop_fraction: Any = None
     initial_sparsity: float | None = None  # GraNet/GMP: the sparsity the ramp starts from
     param_filter: list[str] | None = None  # globs over parameter names; default: block matrices
+    # globs as prune's --include/--exclude (sparsetool.targets.plan_targets): add to / remove from
+    # the targeted matrices; exclude wins, and a glob that matches no parameter is an error
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
     sparsity_options: dict = field(default_factory=dict)  # passed through to the sparsifier
     # workflows
     init: str | None = None  # start from this checkpoint (its masks unless --dense)
@@ -90,7 +94,18 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         cfg = cls(**{k: v for k, v in d.items() if k in known})
         cfg.stages = [tuple(s) for s in cfg.stages]
+        cfg.include, cfg.exclude = _globs("include", cfg.include), _globs("exclude", cfg.exclude)
         return cfg
+
+
+def _globs(option: str, value: Any) -> tuple[str, ...]:
+    """A glob or a list of globs (JSON and config files give lists) -> tuple."""
+    if value is None:
+        return ()
+    globs = (value,) if isinstance(value, str) else value
+    if not isinstance(globs, (list, tuple)) or not all(isinstance(g, str) for g in globs):
+        raise ConfigError(f"--{option} takes a glob or a list of globs, got {value!r}")
+    return tuple(globs)
 
 
 # Options that may differ when a run is resumed; any other change would break exact resumption.
@@ -176,7 +191,7 @@ def merge(file_values: dict, flag_values: dict) -> TrainConfig:
     """Defaults, then the config file, then flags that were actually given (not None)."""
     values = dict(file_values)
     for k, v in flag_values.items():
-        if v is None or (k == "stages" and not v) or (k == "sparsity_options" and not v):
+        if v is None or (k in ("stages", "sparsity_options", "include", "exclude") and not v):
             continue
         if k == "sparsity_options":
             values[k] = {**values.get(k, {}), **v}

@@ -30,7 +30,8 @@ from sparsetool.train import io
 from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, validate
 from sparsetool.train.data import Sampler, eval_batches, load_corpus
 from sparsetool.train.distributed import gather_mask_digests, setup_runtime
-from sparsetool.train.model import GPT, PRESETS, GPTConfig, infer_config, is_targeted
+from sparsetool.targets import plan_targets
+from sparsetool.train.model import GPT, PRESETS, GPTConfig, infer_config
 from sparsetool.train.recipe import lr_at, model_config, param_groups, sparsifier_config, stage_plan
 
 Callback = Callable[[str, dict], None]
@@ -69,7 +70,9 @@ class Trainer:
         self._resumed_model = saved.get("model")
         stored.stop_at = None  # the interruption point is not part of the run; runs to the end
         for k, v in flags.items():
-            if v is None or k in ("out",) or (k in ("stages", "sparsity_options") and not v):
+            if v is None or k in ("out",) or (
+                k in ("stages", "sparsity_options", "include", "exclude") and not v
+            ):
                 continue
             if k in RESUMABLE_OVERRIDES:
                 setattr(stored, k, v)
@@ -113,8 +116,12 @@ class Trainer:
         self.model = GPT(self.mcfg).to(self.device)
         if init_w:
             self._load_init(init_w)
-        self.filter = cfg.param_filter
-        self.targets = {n: p for n, p in self.model.named_parameters() if self._targeted(n, p)}
+        params = dict(self.model.named_parameters())
+        # One targeting rule for prune and train: roles, or param_filter, then --include/--exclude.
+        self.target_plan = plan_targets(
+            ((n, tuple(p.shape), p.dtype) for n, p in params.items()), None, cfg.include,
+            cfg.exclude, select=cfg.param_filter or None, source="the model")
+        self.targets = {n: params[n] for n in self.target_plan.targeted}
         self.init_masks = {n: m for n, m in init_m.items() if n in self.targets}
         if not self.init_masks and init_w:
             # zeros encoding: a targeted tensor holding exact zeros was pruned by someone
@@ -146,13 +153,6 @@ class Trainer:
             self.ddp = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                            **no_buffer_sync)
 
-    def _targeted(self, name: str, p: torch.nn.Parameter) -> bool:
-        if self.filter:
-            import fnmatch
-
-            return p.dim() >= 2 and any(fnmatch.fnmatchcase(name, g) for g in self.filter)
-        return is_targeted(name)
-
     def _load_init(self, weights: dict[str, torch.Tensor]) -> None:
         own = self.model.state_dict()
         missing = sorted(set(own) - set(weights))
@@ -176,7 +176,11 @@ class Trainer:
         return len(self.plan) - 1
 
     def _sparsifier_config(self, stage: dict, later_stage: bool) -> dict | None:
-        return sparsifier_config(self.cfg, stage["sparsity"], self.init_masks, later_stage)
+        spc = sparsifier_config(self.cfg, stage["sparsity"], self.init_masks, later_stage)
+        if spc is not None and (self.cfg.include or self.cfg.exclude):
+            # The sparsifier selects by param_filter globs: hand it the planned names exactly.
+            spc["param_filter"] = list(self.target_plan.targeted)
+        return spc
 
     def _build_sparsifier(self, stage_idx: int, state: dict | None, spc: dict | None = None):
         """The stage's sparsifier, attached; ``spc`` (a resumed run's saved mapping) wins over

@@ -1,7 +1,8 @@
 """A small byte-level GPT in one file (after nanoGPT's ``model.py``).
 
-Parameter names are a contract: ``sparsetool.targets`` recognises them and ``report``/``flops``
-read them from checkpoints.
+Parameter names are a contract: ``sparsetool.targets`` recognises them (one more naming family
+there, so the trainer, ``prune``, ``report`` and ``flops`` target the same four matrices) and
+``report``/``flops`` read them from checkpoints.
 
 =================================  ===========  ==========================================
 name                               shape        notes
@@ -34,6 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from sparsetool.errors import ConfigError
+from sparsetool.targets import plan_targets
 
 VOCAB_SIZE = 256  # bytes: no tokenizer to download, ever
 
@@ -71,18 +73,6 @@ PRESETS: dict[str, GPTConfig] = {
     "small": GPTConfig(n_layer=6, n_head=8, d_model=256, context=256),
     "base": GPTConfig(n_layer=8, n_head=8, d_model=320, context=256),
 }
-
-TARGET_SUFFIXES = ("attn.qkv.weight", "attn.proj.weight", "mlp.fc.weight", "mlp.proj.weight")
-
-
-def is_targeted(name: str) -> bool:
-    """The four weight matrices of each block are sparsified; nothing else (as in all the seeds).
-
-    >>> [is_targeted(n) for n in ("blocks.0.attn.qkv.weight", "head.weight", "blocks.1.ln1.weight")]
-    [True, False, False]
-    """
-    return name.startswith("blocks.") and name.endswith(TARGET_SUFFIXES)
-
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
@@ -170,7 +160,14 @@ class GPT(nn.Module):
         return logits, loss
 
     def targeted_parameters(self) -> dict[str, nn.Parameter]:
-        return {n: p for n, p in self.named_parameters() if is_targeted(n)}
+        """The four weight matrices of each block (:func:`sparsetool.targets.plan_targets`).
+
+        >>> list(GPT(PRESETS["tiny"]).targeted_parameters())[:4]
+        ['blocks.0.attn.qkv.weight', 'blocks.0.attn.proj.weight', 'blocks.0.mlp.fc.weight', 'blocks.0.mlp.proj.weight']
+        """
+        params = dict(self.named_parameters())
+        plan = plan_targets((n, tuple(p.shape), p.dtype) for n, p in params.items())
+        return {n: params[n] for n in plan.targeted}
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

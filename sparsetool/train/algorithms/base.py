@@ -36,7 +36,6 @@ tensor index), never the global RNG; :meth:`Sparsifier.broadcast_masks` is a saf
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -67,7 +66,7 @@ class Sparsifier:
     Erdos-Renyi-Kernel, Evci et al. 2020); ``init_method`` picks the first mask (``random``, as
     the SPDF and Variable SPDF pre-training runs, or ``magnitude``). ``param_filter`` globs select
     the sparse tensors by full name (Cerebras Model Zoo ``param_filter``); without it the default
-    targets of :func:`sparsetool.targets.is_targeted` are used (attention and FFN matrices).
+    targets of :func:`sparsetool.targets.plan_targets` are used (attention and FFN matrices).
     """
 
     name: ClassVar[str] = "static"
@@ -179,19 +178,11 @@ class Sparsifier:
 
     def select(self, named_params: Mapping[str, torch.nn.Parameter]) -> dict[str, torch.nn.Parameter]:
         """The parameters this sparsifier masks, in the model's order."""
-        from sparsetool.targets import is_targeted
+        from sparsetool.targets import plan_targets
 
-        chosen: dict[str, torch.nn.Parameter] = {}
-        for name, p in named_params.items():
-            shape = tuple(p.shape)
-            if self.param_filter is not None:
-                ok = (len(shape) >= 2 and p.is_floating_point()
-                      and any(fnmatch.fnmatchcase(name, g) for g in self.param_filter))
-            else:
-                ok = is_targeted(name, shape, p.dtype)
-            if ok:
-                chosen[name] = p
-        return chosen
+        plan = plan_targets(((n, tuple(p.shape), p.dtype) for n, p in named_params.items()),
+                            select=self.param_filter)
+        return {name: named_params[name] for name in plan.targeted}
 
     def attach(
         self,

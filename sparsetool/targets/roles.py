@@ -1,4 +1,4 @@
-"""Which tensors of a checkpoint are pruned, and what each one is (its *role*).
+"""What each tensor of a checkpoint is (its *role*), read from its name and shape.
 
 A role is read from the tensor's full name (and, where the name is not enough, its shape). The
 default targets are the weight matrices of the attention projections and the feed-forward layers
@@ -8,7 +8,8 @@ keep the embeddings (implemented as sparse lookups), LayerNorm, and biases dense
 sparse-training posts, which also keep the output layer dense. Namings recognised: GPT-2,
 GPT-BigCode/StarCoder, GPT-J, GPT-NeoX/Pythia, Bloom/Falcon, Llama/Mistral/Qwen2/Gemma, Mixtral
 (also the stacked experts of transformers 5), OPT, BERT/RoBERTa, DistilBERT, T5, Phi, Cerebras Model
-Zoo GPT and sparsetool's own GPT.
+Zoo GPT and sparsetool's own GPT (``sparsetool train``: ``blocks.N.attn.qkv``, ``attn.proj``,
+``mlp.fc``, ``mlp.proj``).
 
 This module does not import torch: ``dtype`` may be a safetensors dtype string (``"BF16"``), a
 torch-style name (``"bfloat16"``, ``"torch.bfloat16"``) or a ``torch.dtype``.
@@ -16,12 +17,11 @@ torch-style name (``"bfloat16"``, ``"torch.bfloat16"``) or a ``torch.dtype``.
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["ROLES", "LINEAR_ROLES", "role", "is_targeted", "is_floating", "input_dim"]
+__all__ = ["ROLES", "LINEAR_ROLES", "role", "is_floating", "input_dim", "conv1d_layout"]
 
 ROLES = (
     "qkv", "attn_out", "ffn_in", "ffn_out", "embedding", "position", "norm", "bias", "head", "other",
@@ -71,6 +71,10 @@ _LEAF_ROLES = {
 }
 # Leaf names that are the attention output inside attention and the FFN output elsewhere.
 _CONTEXTUAL_OUT = {"c_proj", "proj", "dense", "wo"}
+
+# sparsetool's own GPT (train/model.py): exact names, so its contract does not rest on context rules.
+_OWN_GPT_RE = re.compile(r"^blocks\.\d+\.(attn\.qkv|attn\.proj|mlp\.fc|mlp\.proj)\.weight$")
+_OWN_GPT_ROLES = {"attn.qkv": "qkv", "attn.proj": "attn_out", "mlp.fc": "ffn_in", "mlp.proj": "ffn_out"}
 
 _ATTN_RE = re.compile(r"attn|attention", re.IGNORECASE)
 _NORM_RE = re.compile(r"norm|^ln(_?[0-9a-z]*)?$", re.IGNORECASE)
@@ -125,8 +129,13 @@ def role(name: str, shape: tuple[int, ...] | Sequence[int] = ()) -> str:
     'ffn_out'
     >>> role("model.embed_tokens.weight", (32000, 4096))
     'embedding'
+    >>> role("blocks.1.mlp.proj.weight", (32, 128))  # sparsetool's own GPT
+    'ffn_out'
     """
     shape = tuple(shape)
+    own = _OWN_GPT_RE.match(name)
+    if own and len(shape) != 1:
+        return _OWN_GPT_ROLES[own.group(1)]
     modules, param = _split(name)
     leaf = modules[-1]
     if leaf.endswith("_mask") or (param is None and name.endswith("_mask")):
@@ -186,44 +195,6 @@ def is_floating(dtype: Any) -> bool:
     return text in _FLOATING
 
 
-def is_targeted(
-    name: str,
-    shape: tuple[int, ...] | Sequence[int],
-    dtype: Any,
-    include: Sequence[str] = (),
-    exclude: Sequence[str] = (),
-) -> bool:
-    """True if tensor ``name`` should be pruned.
-
-    Default: floating tensors with at least two dimensions whose :func:`role` is one of
-    :data:`LINEAR_ROLES` (q/k/v or fused qkv, attention output, FFN in/up/gate, FFN out/down).
-    ``include`` and ``exclude`` are globs matched against the full name with
-    :func:`fnmatch.fnmatchcase` (case-sensitive, ``*`` also crosses dots). ``include`` adds tensors
-    of any role (say ``*wte*`` to prune the embedding), ``exclude`` removes them, and exclude wins.
-    Whatever the globs say, only floating tensors with two or more dimensions are ever targeted, and
-    never a ``*_mask`` side tensor: pruning a bias, a norm scale, an integer or bool tensor is not
-    something a mask encoding can represent.
-
-    >>> is_targeted("model.layers.0.mlp.down_proj.weight", (4096, 11008), "BF16")
-    True
-    >>> is_targeted("lm_head.weight", (32000, 4096), "BF16")
-    False
-    >>> is_targeted("lm_head.weight", (32000, 4096), "BF16", include=["lm_head.*"])
-    True
-    >>> is_targeted("model.layers.0.mlp.down_proj.weight", (4096, 11008), "BF16",
-    ...             exclude=["*.layers.0.*"])
-    False
-    """
-    shape = tuple(shape)
-    if len(shape) < 2 or not is_floating(dtype) or name.endswith("_mask"):
-        return False
-    if any(fnmatch.fnmatchcase(name, pattern) for pattern in exclude):
-        return False
-    if any(fnmatch.fnmatchcase(name, pattern) for pattern in include):
-        return True
-    return role(name, shape) in LINEAR_ROLES
-
-
 def input_dim(
     name: str, shape: tuple[int, ...] | Sequence[int], *, conv1d: bool | None = None
 ) -> int:
@@ -249,7 +220,11 @@ def input_dim(
     >>> input_dim("transformer.h.0.attn.c_proj.weight", (768, 768), conv1d=False)
     1
     """
-    shape = tuple(shape)
+    return _input_dim(name, tuple(shape), conv1d, None)
+
+
+def _input_dim(name: str, shape: tuple[int, ...], conv1d: bool | None,
+               found_role: str | None) -> int:
     if len(shape) < 2:
         return 0
     if _CONV1D_RE.search(name) and conv1d is not False:
@@ -260,7 +235,7 @@ def input_dim(
         if (widening and shape[0] > shape[1]) or (narrowing and shape[0] < shape[1]):
             return 1
         return 0
-    if len(shape) > 2 and role(name, shape) in LINEAR_ROLES:
+    if len(shape) > 2 and (found_role or role(name, shape)) in LINEAR_ROLES:
         return len(shape) - 1
     return 1
 
