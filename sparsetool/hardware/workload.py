@@ -127,7 +127,8 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     the dense work are inferred as ``sparsetool flops --checkpoint`` infers them.
     """
     from sparsetool.checkpoint import open_checkpoint
-    from sparsetool.flops import infer_model, read_hf_config
+    from sparsetool.checkpoint.config import read_model_config
+    from sparsetool.flops import infer_model
     from sparsetool.targets import conv1d_layout, input_dim, is_targeted, role
 
     tokens = _check_tokens(tokens)
@@ -164,7 +165,7 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     if not layers:
         raise CheckpointError(f"'{path}' has no attention or feed-forward weight matrices to simulate; "
                               "use --shape MxK or --model NAME instead")
-    inferred = infer_model(rows, name=path.name, hf_config=read_hf_config(path), seq_len=seq_len)
+    inferred = infer_model(rows, name=path.name, hf_config=read_model_config(path), seq_len=seq_len)
     flops, seq = untargeted_flops(inferred.config, tokens)
     return Workload(f"{path.name} ({len(layers)} pruned matrices, real masks)", "checkpoint",
                     tokens, layers, flops, seq, list(inferred.notes))
