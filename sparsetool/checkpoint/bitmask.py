@@ -31,7 +31,6 @@ import numpy as np
 import torch
 
 from sparsetool.checkpoint import zeros
-
 from sparsetool.errors import CheckpointError
 
 PARTS = ("shape", "compressed", "bitmask", "row_offsets")
@@ -41,11 +40,8 @@ def packed_cols(cols: int) -> int:
     return (cols + 7) // 8
 
 
-_INT_OF_SIZE = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
-
-
 def _np_bits(dense: torch.Tensor) -> np.ndarray:
-    return dense.contiguous().view(getattr(torch, np.dtype(_INT_OF_SIZE[dense.element_size()]).name)).numpy()
+    return zeros.int_bits(dense.contiguous()).numpy()
 
 
 def nonzero_mask(dense: torch.Tensor) -> torch.Tensor:
@@ -81,7 +77,7 @@ def decompress(values: torch.Tensor, bits: torch.Tensor, shape: list[int]) -> to
 
 def scatter(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """Zeros of ``keep``'s shape with ``values`` placed, in row-major order, where ``keep`` is set."""
-    if values.element_size() in _INT_OF_SIZE and not values.is_complex():
+    if zeros.has_bits(values):
         # on the raw bits in numpy: several times faster than torch's boolean index assignment
         src = _np_bits(values)
         out = np.zeros(keep.numel(), dtype=src.dtype)

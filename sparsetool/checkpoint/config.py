@@ -10,6 +10,11 @@ re-initialises the (now plain) weights it cannot find.
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from sparsetool.errors import ConfigError
 
 _BLOCKS = ("quantization_config", "compression_config")
 # Keys that carry no meaning once sparsity_config is gone (bookkeeping of compressed-tensors).
@@ -78,3 +83,16 @@ def bitmask_sparsity_config(config: dict, modules: list[str], global_sparsity: f
         "targets": sorted(modules),
     }
     return out
+
+
+def read_model_config(path: str | Path) -> dict[str, Any] | None:
+    """The ``config.json`` beside a checkpoint file, or inside a checkpoint directory, if any."""
+    p = Path(path)
+    cfg = (p if p.is_dir() else p.parent) / "config.json"
+    if not cfg.is_file():
+        return None
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read '{cfg}': {e}; fix or remove it") from None
+    return data if isinstance(data, dict) else None

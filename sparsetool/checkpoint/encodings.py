@@ -22,6 +22,7 @@ import torch
 
 from sparsetool.checkpoint import bitmask as bm
 from sparsetool.checkpoint.format import TensorSpec
+from sparsetool.checkpoint.zeros import has_bits, int_bits
 from sparsetool.errors import SparsetoolError
 
 ENCODINGS = ("zeros", "mask", "nan", "bitmask")
@@ -95,17 +96,9 @@ def stored_nonzeros(dense: torch.Tensor, mask: torch.Tensor | None) -> int:
     return int(torch.count_nonzero(keep))
 
 
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """Same memory seen as integers of the same width (contiguous input)."""
-    return t.view(_INT_OF_SIZE[t.element_size()])
-
-
 def bit_maskable(t: torch.Tensor) -> bool:
     """Can ``zero_pruned``/``fill_pruned_nan`` work on the raw bits of ``t``?"""
-    return t.element_size() in _INT_OF_SIZE and not t.is_complex() and t.device.type == "cpu"
+    return has_bits(t)
 
 
 def zero_pruned(t: torch.Tensor, keep: torch.Tensor, out: _np.ndarray | None = None) -> torch.Tensor:
@@ -121,7 +114,7 @@ def zero_pruned(t: torch.Tensor, keep: torch.Tensor, out: _np.ndarray | None = N
     """
     if not bit_maskable(t):
         return t.masked_fill(~keep, 0)
-    bits = _bits(t.contiguous()).reshape(-1).numpy()
+    bits = int_bits(t.contiguous()).reshape(-1).numpy()
     kn = keep.contiguous().reshape(-1).numpy()
     if out is None:
         out = _np.empty_like(bits)
@@ -133,10 +126,10 @@ def fill_pruned_nan(t: torch.Tensor, keep: torch.Tensor, out: _np.ndarray | None
     """``t`` where ``keep``, NaN elsewhere (same bit-level approach and ``out`` as zero_pruned)."""
     if not bit_maskable(t):
         return t.masked_fill(~keep, float("nan"))
-    nan_bits = int(_bits(torch.tensor(float("nan"), dtype=t.dtype)).item())
+    nan_bits = int(int_bits(torch.tensor(float("nan"), dtype=t.dtype)).item())
     kn = keep.contiguous().reshape(-1).numpy()
     result = zero_pruned(t, keep, out)
-    flat = _bits(result).reshape(-1).numpy()
+    flat = int_bits(result).reshape(-1).numpy()
     flat |= _np.multiply(~kn, _np.array(nan_bits, dtype=flat.dtype), dtype=flat.dtype)
     return result
 

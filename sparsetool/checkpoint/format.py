@@ -1,4 +1,7 @@
-"""The safetensors file format: dtypes, header parsing with full validation, header building.
+"""The safetensors file format: header parsing with full validation, header building.
+
+Imports neither torch nor numpy (dtypes come from ``checkpoint.dtypes``; a torch dtype is looked
+up only when a caller asks an entry for it), so ``sparsetool flops`` can list a checkpoint cheaply.
 
 A safetensors file is ``u64 little-endian header length N`` + ``N bytes of JSON`` + a data
 section. The JSON maps each tensor name to ``{"dtype", "shape", "data_offsets": [start, end]}``
@@ -16,33 +19,16 @@ import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
+from sparsetool.checkpoint import dtypes
 from sparsetool.errors import CheckpointError
 
-# safetensors dtype names in the order of the reference implementation's ``Dtype`` enum, which
-# is also the sort key for the data section (descending: 8-byte types first, so every tensor
-# stays aligned). F4/F6 are sub-byte types torch cannot address; they stay in the rank table
-# (so ordering is right) but reading them is refused.
-_RANK_ORDER = [
-    "BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
-    "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64",
-    "F64", "I64", "U64",
-]
-DTYPE_RANK = {name: i for i, name in enumerate(_RANK_ORDER)}
+if TYPE_CHECKING:
+    import torch
 
-_TORCH_NAMES = {
-    "BOOL": "bool", "U8": "uint8", "I8": "int8", "F8_E5M2": "float8_e5m2",
-    "F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu", "F8_E4M3FNUZ": "float8_e4m3fnuz",
-    "F8_E5M2FNUZ": "float8_e5m2fnuz", "I16": "int16", "U16": "uint16", "F16": "float16",
-    "BF16": "bfloat16", "I32": "int32", "U32": "uint32", "F32": "float32", "C64": "complex64",
-    "F64": "float64", "I64": "int64", "U64": "uint64",
-}
-ST_TO_TORCH: dict[str, torch.dtype] = {
-    st: getattr(torch, tn) for st, tn in _TORCH_NAMES.items() if hasattr(torch, tn)
-}
-TORCH_TO_ST: dict[torch.dtype, str] = {dt: st for st, dt in ST_TO_TORCH.items()}
+# Types a file may hold: those torch can address (F4/F6 rank but cannot be read).
+_READABLE = {d.st for d in dtypes.BY_ST.values() if d.torch_name}
 
 # The reference reader refuses headers above 100 MB; so do we (a corrupt length field would
 # otherwise make us allocate gigabytes).
@@ -54,12 +40,12 @@ class TensorSpec:
     """What the writer needs to know about a stored tensor before any data is written."""
 
     name: str
-    dtype: torch.dtype
+    dtype: "torch.dtype"
     shape: tuple[int, ...]
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * itemsize(self.dtype)
+        return math.prod(self.shape) * dtypes.itemsize(self.dtype)
 
 
 @dataclass(frozen=True)
@@ -67,11 +53,16 @@ class StoredTensor:
     """One entry of a safetensors header: where a stored tensor's bytes are."""
 
     name: str
-    dtype: torch.dtype
+    st_dtype: str  # safetensors name, e.g. "BF16"
     shape: tuple[int, ...]
     shard: str
     start: int  # absolute file offset of the first byte
     end: int  # absolute file offset one past the last byte
+
+    @property
+    def dtype(self) -> "torch.dtype":
+        """The torch dtype (imports torch; header validation made sure it exists)."""
+        return dtypes.to_torch(self.st_dtype)
 
     @property
     def nbytes(self) -> int:
@@ -90,14 +81,10 @@ class Header:
     file_size: int
 
 
-def itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def st_dtype_name(dtype: torch.dtype) -> str:
+def st_dtype_name(dtype: "torch.dtype") -> str:
     """safetensors name of a torch dtype, e.g. ``torch.bfloat16 -> "BF16"``."""
     try:
-        return TORCH_TO_ST[dtype]
+        return dtypes.st_name(dtype)
     except KeyError:
         raise CheckpointError(f"dtype {dtype} cannot be stored in safetensors") from None
 
@@ -152,7 +139,7 @@ def read_header(path: Path, shard: str | None = None) -> Header:
         metadata = dict(raw_meta)
 
     data_start = 8 + n
-    entries: list[tuple[int, int, str, torch.dtype, tuple[int, ...]]] = []
+    entries: list[tuple[int, int, str, str, tuple[int, ...]]] = []
     for name, info in obj.items():
         if not isinstance(info, dict):
             raise CheckpointError(f"{where}: header entry for tensor {name!r} is not an object")
@@ -161,8 +148,8 @@ def read_header(path: Path, shard: str | None = None) -> Header:
         offs = info.get("data_offsets")
         if not isinstance(dt, str):
             raise CheckpointError(f"{where}: tensor {name!r} has no dtype")
-        if dt not in ST_TO_TORCH:
-            known = ", ".join(sorted(ST_TO_TORCH))
+        if dt not in _READABLE:
+            known = ", ".join(sorted(_READABLE))
             raise CheckpointError(f"{where}: tensor {name!r} has unknown or unsupported dtype {dt!r} (known: {known})")
         if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
             raise CheckpointError(f"{where}: tensor {name!r} has an invalid shape {shape!r}")
@@ -173,14 +160,13 @@ def read_header(path: Path, shard: str | None = None) -> Header:
             or offs[1] < offs[0]
         ):
             raise CheckpointError(f"{where}: tensor {name!r} has invalid data_offsets {offs!r}")
-        dtype = ST_TO_TORCH[dt]
-        expect = math.prod(shape) * itemsize(dtype)
+        expect = math.prod(shape) * dtypes.BY_ST[dt].itemsize
         if offs[1] - offs[0] != expect:
             raise CheckpointError(
                 f"{where}: tensor {name!r} ({dt} {shape}) should take {expect} bytes but its "
                 f"data_offsets {offs} give {offs[1] - offs[0]}: the header lies about sizes"
             )
-        entries.append((offs[0], offs[1], name, dtype, tuple(shape)))
+        entries.append((offs[0], offs[1], name, dt, tuple(shape)))
 
     entries.sort(key=lambda e: (e[0], e[1]))
     pos = 0
@@ -209,6 +195,7 @@ def layout(specs: list[TensorSpec], metadata: dict[str, str] | None) -> tuple[by
     Same bytes as the reference serializer: sort by (descending dtype rank, name), compact JSON
     with ``__metadata__`` first, space padding to a multiple of 8.
 
+    >>> import torch
     >>> h, offs = layout([TensorSpec("b", torch.float32, (2,)), TensorSpec("a", torch.bool, (3,))], None)
     >>> h[8:].decode()
     '{"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"BOOL","shape":[3],"data_offsets":[8,11]}}      '
@@ -219,7 +206,7 @@ def layout(specs: list[TensorSpec], metadata: dict[str, str] | None) -> tuple[by
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise CheckpointError(f"tensor names written twice to one shard: {', '.join(dup)}")
-    ordered = sorted(specs, key=lambda s: (-DTYPE_RANK[st_dtype_name(s.dtype)], s.name))
+    ordered = sorted(specs, key=lambda s: (-dtypes.RANK[st_dtype_name(s.dtype)], s.name))
     parts = []
     if metadata is not None:
         for k, v in metadata.items():

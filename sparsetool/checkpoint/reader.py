@@ -68,7 +68,12 @@ class Checkpoint:
     def shard_path(self, shard: str) -> Path:
         return self.path / shard if self.is_dir else self.path
 
-    def metadata(self, shard: str) -> dict[str, str]:
+    def metadata(self, shard: str | None = None) -> dict[str, str]:
+        """The ``__metadata__`` of one shard (default: the first, where provenance is read)."""
+        if shard is None:
+            if not self.shards:
+                return {}
+            shard = self.shards[0]
         return dict(self._headers[shard].metadata)
 
     def entries(self, shard: str | None = None) -> list[StoredTensor]:

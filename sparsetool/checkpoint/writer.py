@@ -5,6 +5,9 @@ by one at their final offsets (``pwrite``), so nothing is buffered beyond the te
 The bytes equal what the reference ``safetensors.torch.save_file`` writes for the same tensors
 and metadata (see ``format.layout``).
 
+``write_tensors`` writes a new single-file checkpoint from tensors held in memory through the
+same shard writer and the same codec registry (``encodings.encode``).
+
 Everything goes to a temporary path beside ``out`` (same filesystem) and is renamed into place
 only when the ``with`` block ends normally; any exception, Ctrl-C included, removes it and
 leaves ``out`` (and the input) untouched.
@@ -20,11 +23,12 @@ import stat
 import secrets
 import shutil
 from glob import escape as glob_escape
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import torch
 
+from sparsetool.checkpoint.encodings import encode
 from sparsetool.checkpoint.format import TensorSpec, layout
 from sparsetool.checkpoint.layout import TMP_MARK, rebuilt_index
 from sparsetool.checkpoint.reader import Checkpoint
@@ -324,3 +328,47 @@ def _carry_over(src: Checkpoint, tmp: Path, writer: CheckpointWriter, config_tra
         weight_map = {name: shard for shard, sw in writer.done.items() for name in sw.specs}
         total = sum(sw.total_size for sw in writer.done.values())
         (tmp / src.index_name).write_text(rebuilt_index(src.index or {}, weight_map, total), encoding="utf-8")
+
+
+def write_tensors(
+    out: str | os.PathLike,
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    metadata: Mapping[str, str] | None = None,
+    encoding: str = "zeros",
+    masks: Mapping[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write ``tensors`` (name -> tensor, any device) as one new safetensors file at ``out``.
+
+    Each tensor with an entry in ``masks`` (True = kept) is stored in ``encoding`` (``zeros``,
+    ``mask``, ``nan`` or ``bitmask``), its pruned entries overwritten as that encoding says; the
+    others are stored as they are. Same bytes as ``save_file`` for the stored tensors; atomic
+    like ``write_checkpoint`` (a temporary file beside ``out``, renamed into place).
+    """
+    masks = dict(masks or {})
+    unknown = sorted(set(masks) - set(tensors))
+    if unknown:
+        raise CheckpointError(f"masks given for tensors that are not written: {', '.join(unknown[:5])}")
+    stored: list[tuple[str, torch.Tensor]] = []
+    for name, t in tensors.items():
+        t = t.detach().cpu()
+        mask = masks.get(name)
+        stored += encode(name, t, mask.detach().cpu(), encoding) if mask is not None else [(name, t)]
+    out_abs = Path(os.path.abspath(out))
+    if out_abs.is_dir():
+        raise CheckpointError(f"output {out} is an existing directory; give a file path such as {out_abs / 'model.safetensors'}")
+    parent = out_abs.parent
+    if not parent.is_dir():
+        raise CheckpointError(f"output directory {parent} does not exist; create it first")
+    _remove_stale_temps(parent, out_abs.name)
+    tmp = parent / f".{out_abs.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    specs = [TensorSpec(n, t.dtype, tuple(t.shape)) for n, t in stored]
+    try:
+        with ShardWriter(tmp, out_abs.name, specs, dict(metadata) if metadata is not None else None) as sw:
+            for n, t in stored:
+                sw.write(n, t)
+        os.replace(tmp, out_abs)
+    except BaseException:
+        _remove(tmp)
+        raise
+    return out_abs

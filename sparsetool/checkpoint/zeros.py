@@ -10,14 +10,29 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+from sparsetool.checkpoint.dtypes import INT_VIEW, int_view
+
+
+def has_bits(t: torch.Tensor) -> bool:
+    """Can ``t``'s memory be seen as one signed integer per element (a CPU, non-complex type of
+    1, 2, 4 or 8 bytes)?"""
+    return t.element_size() in INT_VIEW and not t.is_complex() and t.device.type == "cpu"
+
+
+def int_bits(t: torch.Tensor) -> torch.Tensor:
+    """The same memory as signed integers of the same width (``t`` contiguous, ``has_bits(t)``).
+
+    >>> int_bits(torch.tensor([-0.0, 1.0], dtype=torch.bfloat16)).tolist()
+    [-32768, 16256]
+    """
+    return t.view(int_view(t.element_size()))
 
 
 def float_bits(t: torch.Tensor) -> np.ndarray | None:
     """The bit patterns of a CPU float tensor as a numpy integer array (no copy if contiguous)."""
-    if not t.is_floating_point() or t.element_size() not in _INT_VIEW or t.device.type != "cpu":
+    if not t.is_floating_point() or not has_bits(t):
         return None
-    return t.contiguous().view(_INT_VIEW[t.element_size()]).numpy()
+    return int_bits(t.contiguous()).numpy()
 
 
 def nonzero_mask(t: torch.Tensor) -> torch.Tensor:

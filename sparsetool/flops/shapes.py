@@ -1,7 +1,7 @@
 """Model shapes and per-layer measured sparsity from a checkpoint's tensor list.
 
 :func:`infer_model` is pure: it takes rows with ``name, shape, dtype, role, targeted, numel,
-nonzero`` (``sparsetool.ops.report`` rows, or plain dicts) and rebuilds the Appendix-F shapes:
+nonzero`` (plain dicts or any object with those attributes) and rebuilds the Appendix-F shapes:
 
 - ``d_model`` from the token embedding (V, d), else ``config.json``, else the dimension every
   targeted matrix shares; ``vocab`` from the embedding or LM head;
@@ -17,13 +17,13 @@ nonzero`` (``sparsetool.ops.report`` rows, or plain dicts) and rebuilds the Appe
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from sparsetool.errors import CheckpointError, ConfigError
+from sparsetool.checkpoint.config import read_model_config as read_hf_config
+from sparsetool.errors import CheckpointError
 from sparsetool.flops.config import ModelConfig
 from sparsetool.flops.formula import ROLES
 
@@ -235,19 +235,6 @@ def infer_model(
                          t_sparsity, notes)
 
 
-def read_hf_config(path: str | Path) -> dict[str, Any] | None:
-    """The ``config.json`` beside a checkpoint file, or inside a checkpoint directory, if any."""
-    p = Path(path)
-    cfg = (p if p.is_dir() else p.parent) / "config.json"
-    if not cfg.is_file():
-        return None
-    try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"cannot read '{cfg}': {e}; fix or remove it") from None
-    return data if isinstance(data, dict) else None
-
-
 def from_checkpoint(
     path: str | Path,
     *,
@@ -258,19 +245,26 @@ def from_checkpoint(
     progress: Any = None,
 ) -> InferredModel:
     """Count the non-zeros of the checkpoint at ``path`` and infer its shapes (reads every
-    tensor once; imports the torch-based reader only here)."""
+    tensor once; the checkpoint reader, and torch with it, is imported only here)."""
     try:
-        from sparsetool.ops.report import summarize  # torch: keep it out of `import sparsetool.flops`
+        from sparsetool.checkpoint.counting import tensor_counts
     except ImportError as e:
         raise CheckpointError(
             f"--checkpoint needs the checkpoint reader, which failed to load ({e}); "
             "describe the model with --model or --config instead"
         ) from None
+    from sparsetool.targets import plan_targets
 
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"checkpoint '{path}' not found; pass a .safetensors file or a directory")
-    report = summarize(p, include=include, exclude=exclude, progress=progress)
+    counts = tensor_counts(p, progress=progress, label="report")
+    hf_config = read_hf_config(p)
+    plan = plan_targets([(t.name, t.shape, t.dtype) for t in counts], hf_config, include, exclude,
+                        source=p.name)
+    rows = [dict(name=t.name, shape=t.shape, dtype=t.dtype, numel=t.numel, nonzero=t.nonzero,
+                 role=plan[t.name].role, targeted=plan[t.name].targeted)
+            for t in counts]
     name = p.name.removesuffix(".safetensors") or str(p)
-    return infer_model(report.tensors, name=name, hf_config=read_hf_config(p),
+    return infer_model(rows, name=name, hf_config=hf_config,
                        seq_len=seq_len, vocab=vocab)

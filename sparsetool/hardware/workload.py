@@ -129,7 +129,8 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     ``exclude`` choose the targeted tensors as for ``prune`` (:func:`sparsetool.targets.plan_targets`).
     """
     from sparsetool.checkpoint import open_checkpoint
-    from sparsetool.flops import infer_model, read_hf_config
+    from sparsetool.checkpoint.config import read_model_config
+    from sparsetool.flops import infer_model
     from sparsetool.targets import plan_targets
 
     tokens = _check_tokens(tokens)
@@ -165,7 +166,7 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     if not layers:
         raise CheckpointError(f"'{path}' has no attention or feed-forward weight matrices to simulate; "
                               "use --shape MxK or --model NAME instead")
-    inferred = infer_model(rows, name=path.name, hf_config=read_hf_config(path), seq_len=seq_len)
+    inferred = infer_model(rows, name=path.name, hf_config=read_model_config(path), seq_len=seq_len)
     flops, seq = untargeted_flops(inferred.config, tokens)
     return Workload(f"{path.name} ({len(layers)} pruned matrices, real masks)", "checkpoint",
                     tokens, layers, flops, seq, list(inferred.notes))

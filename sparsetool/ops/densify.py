@@ -19,7 +19,7 @@ from sparsetool.checkpoint import (
     open_checkpoint,
     write_checkpoint,
 )
-from sparsetool.ops.prune import sparsetool_metadata
+from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.checkpoint.zeros import negative_zeros
 
 Progress = Callable[[str, int, int], None]
@@ -42,7 +42,7 @@ def densify_checkpoint(src: str | Path, out: str | Path, *, in_place: bool = Fal
     """Write checkpoint ``src`` to ``out`` (same layout) with every tensor plain and dense."""
     ckpt = open_checkpoint(src)
     result = DensifyResult(output=Path(out))
-    metadata = sparsetool_metadata(ckpt, {"command": "densify"})
+    metadata = provenance_metadata(ckpt.metadata(), {"command": "densify"})
     total, done = len(ckpt.logical), 0
     with write_checkpoint(ckpt, Path(out), in_place=in_place, metadata_extra=metadata,
                           config_transform=drop_sparsity_config) as writer:

@@ -16,14 +16,12 @@ bitmask) is never revived.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
-from sparsetool import __version__
 from sparsetool.checkpoint import (
     ENCODINGS,
     bitmask_sparsity_config,
@@ -36,6 +34,7 @@ from sparsetool.checkpoint import (
     open_checkpoint,
     write_checkpoint,
 )
+from sparsetool.checkpoint.provenance import provenance_metadata, read_provenance
 from sparsetool.masks.distributions import keep_counts
 from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.masks.select import (
@@ -200,30 +199,7 @@ def _existing(ckpt: Checkpoint, lt: LogicalTensor, *,
 
 
 def _recorded_nan_encoding(ckpt: Checkpoint) -> bool:
-    if not ckpt.shards:
-        return False
-    try:
-        record = json.loads(ckpt.metadata(ckpt.shards[0]).get("sparsetool", "{}"))
-    except ValueError:
-        return False
-    return isinstance(record, dict) and record.get("encoding") == "nan"
-
-
-def sparsetool_metadata(ckpt: Checkpoint, record: dict) -> dict[str, str]:
-    """The ``sparsetool`` metadata entry: this step, after any earlier steps the input recorded."""
-    history: list = []
-    previous = ckpt.metadata(ckpt.shards[0]).get("sparsetool") if ckpt.shards else None
-    if previous:
-        try:
-            old = json.loads(previous)
-            history = list(old.get("history", [])) + [{k: v for k, v in old.items()
-                                                        if k != "history"}]
-        except (ValueError, AttributeError):
-            history = []
-    entry = {**record, "version": __version__}
-    if history:
-        entry["history"] = history
-    return {"sparsetool": json.dumps(entry, sort_keys=True)}
+    return (read_provenance(ckpt.metadata()) or {}).get("encoding") == "nan"
 
 
 class _Planner:
@@ -383,7 +359,7 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
 
     target_names = {lt.name for lt in targets}
     result = PruneResult(output=Path(out), options=opts)
-    metadata = sparsetool_metadata(ckpt, {"command": "prune", **_options_record(opts)})
+    metadata = provenance_metadata(ckpt.metadata(), {"command": "prune", **_options_record(opts)})
     done = 0
     def config_transform(config: dict) -> dict:
         # Loaders decide from config.json whether weights are compressed: say so exactly when
@@ -461,4 +437,4 @@ def parse_nm(text: str) -> tuple[int, int]:
 
 
 __all__ = ["PruneOptions", "PruneResult", "TensorResult", "prune_checkpoint", "parse_nm",
-           "targeted_tensors", "checkpoint_plan", "sparsetool_metadata"]
+           "targeted_tensors", "checkpoint_plan"]

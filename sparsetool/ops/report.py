@@ -11,10 +11,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-import torch
-
-from sparsetool.checkpoint import Checkpoint, LogicalTensor, open_checkpoint
-from sparsetool.checkpoint.zeros import count_nonzero, nonzero_mask
+from sparsetool.checkpoint import open_checkpoint
+from sparsetool.checkpoint.counting import count_nonzero
+from sparsetool.checkpoint.dtypes import is_floating, torch_name
 from sparsetool.targets import plan_targets
 
 Progress = Callable[[str, int, int], None]
@@ -51,7 +50,7 @@ class Report:
 
     def _sum(self, attr: str, targeted_only: bool) -> int:
         return sum(getattr(t, attr) for t in self.tensors
-                   if t.dtype in _FLOAT_NAMES and (t.targeted or not targeted_only))
+                   if is_floating(t.dtype) and (t.targeted or not targeted_only))
 
     @property
     def summary(self) -> dict:
@@ -73,24 +72,6 @@ class Report:
         return {"tensors": [t.to_json() for t in self.tensors], "summary": self.summary}
 
 
-_FLOAT_NAMES = {"float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2"}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``"bfloat16"``."""
-    return str(dtype).removeprefix("torch.")
-
-
-def count_logical_nonzero(ckpt: Checkpoint, lt: LogicalTensor) -> int:
-    """Non-zero, non-pruned entries of one logical tensor (NaN sentinels and masked count as 0)."""
-    if not lt.dtype.is_floating_point and lt.encoding == "plain":
-        return count_nonzero(ckpt.read_stored(lt.stored[0]))
-    dense, mask = ckpt.read(lt)
-    if mask is None:
-        return count_nonzero(dense)
-    return count_nonzero(nonzero_mask(dense) & mask)
-
-
 def summarize(path: str | Path, include: Sequence[str] = (), exclude: Sequence[str] = (), *,
               progress: Progress | None = None) -> Report:
     """Read every tensor of the checkpoint at ``path`` once and count its non-zeros.
@@ -105,9 +86,9 @@ def summarize(path: str | Path, include: Sequence[str] = (), exclude: Sequence[s
     for i, lt in enumerate(ckpt.logical):
         entry = plan[lt.name]
         report.tensors.append(TensorRow(
-            name=lt.name, shape=entry.shape, dtype=dtype_name(lt.dtype), role=entry.role,
+            name=lt.name, shape=entry.shape, dtype=torch_name(lt.dtype), role=entry.role,
             targeted=entry.targeted,
-            numel=lt.numel, nonzero=count_logical_nonzero(ckpt, lt), encoding=lt.encoding,
+            numel=lt.numel, nonzero=count_nonzero(ckpt, lt), encoding=lt.encoding,
             bytes=lt.nbytes,
         ))
         if progress:

@@ -21,6 +21,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sparsetool.checkpoint.dtypes import is_floating
+
 __all__ = ["ROLES", "LINEAR_ROLES", "role", "is_floating", "input_dim", "conv1d_layout"]
 
 ROLES = (
@@ -84,11 +86,6 @@ _CONV1D_RE = re.compile(
     r"crossattention\.c_attn|crossattention\.q_attn|crossattention\.c_proj)\.weight$"
 )
 
-_FLOATING = {
-    "F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E4M3FN", "F8_E5M2FNUZ", "F8_E4M3FNUZ",
-    "FLOAT64", "FLOAT32", "FLOAT16", "BFLOAT16", "DOUBLE", "FLOAT", "HALF",
-    "FLOAT8_E4M3FN", "FLOAT8_E5M2", "FLOAT8_E4M3FNUZ", "FLOAT8_E5M2FNUZ",
-}
 
 
 def _split(name: str) -> tuple[list[str], str | None]:
@@ -181,18 +178,6 @@ def _linear_role(modules: list[str], param: str | None) -> str | None:
     if leaf in _CONTEXTUAL_OUT:
         return "attn_out" if in_attention else "ffn_out"
     return None
-
-
-def is_floating(dtype: Any) -> bool:
-    """True for floating dtypes, given as safetensors strings, torch names or ``torch.dtype``.
-
-    >>> is_floating("BF16"), is_floating("torch.float32"), is_floating("I64"), is_floating("BOOL")
-    (True, True, False, False)
-    """
-    text = str(dtype).upper()
-    if text.startswith("TORCH."):
-        text = text[len("TORCH."):]
-    return text in _FLOATING
 
 
 def input_dim(

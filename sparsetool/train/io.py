@@ -4,7 +4,7 @@ Layout::
 
     RUN/run.json                          the resolved options (what --resume re-reads)
     RUN/checkpoints/step-000500/          one directory per save, written then renamed
-        model.safetensors                 weights (pruned = +0.0) + a bool <name>_mask each
+        model.safetensors                 weights in the ``mask`` encoding (pruned = +0.0, bool <name>_mask)
         config.json                       the model's shape (n_layer, n_head, ...)
         optimizer.pt                      AdamW and sparsifier state (exact resumption)
         state.json                        step, data position, RNG states
@@ -24,9 +24,10 @@ from pathlib import Path
 
 import torch
 
+from sparsetool.checkpoint import open_checkpoint, write_tensors
+from sparsetool.checkpoint.provenance import merged_provenance, provenance_metadata
 from sparsetool.errors import CheckpointError, ConfigError
 
-MASK_SUFFIX = "_mask"
 FORMAT_VERSION = 1
 
 
@@ -37,23 +38,11 @@ def _write_json(path: Path, obj: object) -> None:
 
 
 def save_model(path: Path, model: torch.nn.Module, masks: dict[str, torch.Tensor], meta: dict) -> None:
-    """Write weights in the ``mask`` encoding: pruned entries +0.0 and a bool ``<name>_mask``.
-
-    ``torch.where`` rather than ``w * mask``: a negative weight times 0 would be stored as -0.0.
-    """
-    from safetensors.torch import save_file
-
-    tensors: dict[str, torch.Tensor] = {}
-    for name, t in model.state_dict().items():
-        t = t.detach().to("cpu", torch.float32).contiguous()
-        if name in masks:
-            m = masks[name].detach().to("cpu", torch.bool).contiguous()
-            t = torch.where(m, t, torch.zeros((), dtype=t.dtype))
-            tensors[name + MASK_SUFFIX] = m
-        tensors[name] = t
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"format": "pt", "sparsetool": json.dumps(meta)})
-    os.replace(tmp, path)
+    """Write float32 weights, the masked ones in the ``mask`` encoding, atomically; ``meta`` is
+    this run's provenance record."""
+    tensors = {name: t.detach().to("cpu", torch.float32) for name, t in model.state_dict().items()}
+    write_tensors(path, tensors, encoding="mask", masks={n: m.to(torch.bool) for n, m in masks.items()},
+                  metadata={"format": "pt", **provenance_metadata(None, meta)})
 
 
 def save_checkpoint(run: Path, step: int, model: torch.nn.Module, masks: dict, meta: dict,
@@ -124,25 +113,12 @@ def read_init_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dic
 
     A targeted tensor pruned without a mask (``zeros`` encoding) gets ``mask = w != 0``.
     """
-    from sparsetool.checkpoint import open_checkpoint
-
     weights: dict[str, torch.Tensor] = {}
     masks: dict[str, torch.Tensor] = {}
-    meta: dict = {}
     with open_checkpoint(path) as ckpt:
-        for shard in ckpt.shards:
-            raw = ckpt.metadata(shard).get("sparsetool")
-            if raw:
-                try:
-                    entry = json.loads(raw)
-                except json.JSONDecodeError:
-                    continue
-                # Later tools (prune, densify) keep earlier entries under "history": the model
-                # shape written by train must survive them.
-                for older in entry.get("history", []):
-                    if isinstance(older, dict):
-                        meta.update(older)
-                meta.update({k: v for k, v in entry.items() if k != "history"})
+        # Later tools (prune, densify) keep earlier steps under "history": the model shape
+        # written by train must survive them.
+        meta = merged_provenance(ckpt.metadata())
         if ckpt.config and "n_head" in ckpt.config and "model" not in meta:
             meta["model"] = {k: ckpt.config[k] for k in ("n_layer", "n_head", "d_model", "context")
                              if k in ckpt.config}

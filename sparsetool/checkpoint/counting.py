@@ -1,0 +1,53 @@
+"""Measured non-zeros of stored tensors: the one count ``report``, ``flops`` and ``simulate`` use.
+
+A pruned entry is zero whatever the encoding says (a ``_mask`` False, a NaN sentinel, a cleared
+bitmask bit), and -0.0 is zero too; NaN at a kept position counts as non-zero.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sparsetool.checkpoint.dtypes import torch_name
+from sparsetool.checkpoint.reader import Checkpoint, LogicalTensor, open_checkpoint
+from sparsetool.checkpoint.zeros import count_nonzero as _count, nonzero_mask
+
+
+def count_nonzero(ckpt: Checkpoint, lt: LogicalTensor) -> int:
+    """Non-zero, non-pruned entries of one logical tensor (NaN sentinels and masked count as 0)."""
+    if not lt.dtype.is_floating_point and lt.encoding == "plain":
+        return _count(ckpt.read_stored(lt.stored[0]))
+    dense, mask = ckpt.read(lt)
+    if mask is None:
+        return _count(dense)
+    return _count(nonzero_mask(dense) & mask)
+
+
+@dataclass(frozen=True)
+class TensorCount:
+    """One logical tensor as the header describes it, with its measured non-zeros."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # torch name, e.g. "bfloat16"
+    encoding: str
+    numel: int
+    nonzero: int
+    bytes: int
+
+
+def tensor_counts(path: str | os.PathLike, *, progress: Callable[[str, int, int], None] | None = None,
+                  label: str = "count") -> list[TensorCount]:
+    """Every logical tensor of the checkpoint at ``path``, read once each, in file order;
+    ``progress(label, done, total)`` after each."""
+    out: list[TensorCount] = []
+    with open_checkpoint(path) as ckpt:
+        total = len(ckpt.logical)
+        for lt in ckpt.logical:
+            out.append(TensorCount(lt.name, tuple(lt.shape), torch_name(lt.dtype), lt.encoding,
+                                   lt.numel, count_nonzero(ckpt, lt), lt.nbytes))
+            if progress:
+                progress(label, len(out), total)
+    return out
