@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 
-from sparsetool.cli._output import console, emit_json, fail, failing_cleanly
+from sparsetool.cli._output import console, emit_json, failing_cleanly, progress_bar
 
 
 def simulate(
@@ -54,162 +55,22 @@ def simulate(
     sparsetool simulate --shape 12288x12288 --sweep --plot speedup.png
     """
     with failing_cleanly():
-        from sparsetool.hardware import presets
+        from sparsetool.hardware.request import hardware_constants, run_simulation
 
-        devices, sources = presets.load_devices(hardware)
-        if device:
-            unknown = [d for d in device if d not in devices]
-            if unknown:
-                fail(f"unknown --device {', '.join(unknown)}; known: {', '.join(devices)}")
-            devices = {d: devices[d] for d in device}
         if list_hardware:
-            _list(devices, sources, as_json)
+            _list(hardware_constants(hardware, device), as_json)
             return
-        result = _run(checkpoint, shape, model, sparsity, sweep, tokens, pattern, seed, devices,
-                      seq_len, verify, plot, as_json)
+        with progress_bar(enabled=not as_json) as progress:
+            result = run_simulation(
+                checkpoint, shape=shape, model=model, sparsity=sparsity, sweep=sweep, tokens=tokens,
+                pattern=pattern, seed=seed, hardware=hardware, devices=device, seq_len=seq_len,
+                verify=verify, plot=plot, progress=progress)
     if as_json:
         emit_json(result)
     else:
         _render(result, layers)
     if result.get("verify") and not result["verify"]["equal"]:
         raise typer.Exit(1)
-
-
-def _sparsities(text: Optional[str], sweep: bool) -> list[float]:
-    from sparsetool.hardware import APPENDIX_C_TICKS
-
-    if sweep:
-        if text is not None:
-            fail("give either --sweep (the Appendix C sparsities) or --sparsity LIST, not both")
-        return list(APPENDIX_C_TICKS)
-    if text is None:
-        return []
-    out = []
-    for part in text.split(","):
-        try:
-            v = float(part)
-        except ValueError:
-            fail(f"--sparsity must be numbers in [0, 1] separated by commas, got '{text}'")
-        if not 0.0 <= v <= 1.0:
-            fail(f"--sparsity must be in [0, 1] (fraction of zeros), got {v}")
-        out.append(v)
-    return out
-
-
-def _run(checkpoint, shape, model, sparsity, sweep, tokens, pattern, seed, devices, seq_len,
-         verify, plot, as_json) -> dict[str, Any]:
-    from sparsetool.hardware import compare as sim
-    from sparsetool.hardware import workload as wlmod
-    from sparsetool.hardware.presets import dataflow_grids
-    from sparsetool.hardware.verify import run_schedule
-
-    given = [x for x in (checkpoint, shape, model) if x is not None]
-    if len(given) != 1:
-        fail("give exactly one of CHECKPOINT, --shape MxK or --model NAME")
-    if pattern != "random" and shape is None:
-        fail("--pattern applies to --shape only")
-    sps = _sparsities(sparsity, sweep or (plot is not None and sparsity is None and checkpoint is None))
-    grids = dataflow_grids(list(devices.values()))
-    grid = grids[0]
-    verify_mask = None
-
-    if checkpoint is not None:
-        if sps:
-            fail("a checkpoint brings its own masks: drop --sparsity/--sweep/--plot, or use "
-                 "--model NAME --sparsity S for synthetic ones")
-        wl = wlmod.from_checkpoint(checkpoint, tokens, grids, seq_len=seq_len,
-                                   progress=None if as_json else _progress())
-        if verify:
-            verify_mask = _checkpoint_mask(checkpoint, wl)
-        make = None
-    else:
-        mk = wlmod.parse_shape(shape) if shape is not None else None
-        if not sps:
-            fail("--shape and --model need --sparsity S (or a list, or --sweep)")
-        if shape is not None:
-            if pattern == "2:4" and len(sps) > 1:
-                fail("--pattern 2:4 keeps exactly half the weights: use --sparsity 0.5, no sweep")
-
-            def make(s: float):
-                return wlmod.from_shape(mk, s, tokens, grids, pattern, seed)
-        else:
-            from sparsetool.flops import get_preset, with_overrides
-
-            cfg = get_preset(model)
-            if seq_len is not None:
-                cfg = with_overrides(cfg, seq_len=seq_len)
-
-            def make(s: float):
-                return wlmod.from_model(cfg, s, tokens, grids, seed), None
-
-        first, mask = make(sps[-1] if len(sps) > 1 else sps[0])
-        if verify:
-            verify_mask = mask if mask is not None else wlmod.synthetic_mask(
-                (first.layers[0].out_features, first.layers[0].in_features), sps[-1], "random", seed)
-        wl = first
-
-    result: dict[str, Any] = {}
-    if len(sps) > 1:
-        built = {sps[-1]: wl}  # the last point is built already: do not draw its mask twice
-        rows = sim.sweep(lambda s: built.pop(s) if s in built else make(s)[0], sps, devices)
-        result = {"workload": sim.simulate(wl, devices)["workload"], "sweep": rows}
-        for k in ("theoretical", "targeted_sparsity", "forward_flops", "train_flops"):
-            result["workload"].pop(k, None)  # they vary along the sweep: see its rows
-        result["workload"]["label"] = wl.label.replace(f" at sparsity {sps[-1]:g}", "")
-        if shape is not None and pattern == "random" and mk[1] % 4 == 0:
-            nm_devices = {n: d for n, d in devices.items() if d.kind == "gpu-2:4"}
-            if nm_devices:  # where 2:4 cores do apply: the same shape with a 2:4 mask
-                nm_wl, _ = wlmod.from_shape(mk, 0.5, tokens, grids, "2:4", seed)
-                result["nm_point"] = sim.sweep(lambda s: nm_wl, [0.5], nm_devices)[0]
-                result["nm_point"]["mask"] = "2:4"
-        if plot is not None:
-            from sparsetool.hardware.plot import plot_sweep
-
-            key = "forward_speedup" if shape is not None else "train_speedup"
-            what = "one matmul, forward" if shape is not None else "training step"
-            title = f"{wl.label.split(' at ')[0]}: {what}, {tokens:g} tokens"
-            plot_sweep(rows, plot, title, key, result.get("nm_point"))
-            result["plot"] = str(plot)
-    else:
-        if plot is not None:
-            fail("--plot draws a sweep: add --sweep or give several sparsities")
-        result = sim.simulate(wl, devices)
-    if verify:
-        result["verify"] = run_schedule(verify_mask, grid)
-    return result
-
-
-def _checkpoint_mask(path: Path, wl) -> Any:
-    """The mask of the checkpoint's smallest pruned matrix, as (M, K), for --verify."""
-    from sparsetool.checkpoint import open_checkpoint
-    from sparsetool.targets import conv1d_layout, input_dim
-
-    target = min(wl.layers, key=lambda ly: ly.numel).name
-    with open_checkpoint(path) as ck:
-        lt = next(lt for lt in ck.logical if lt.name == target)
-        dense, mask = ck.read(lt)
-        mask = (dense != 0) if mask is None else mask
-        m = mask.numpy()
-        return m if input_dim(lt.name, lt.shape, conv1d=conv1d_layout(ck.config)) == 1 else m.T
-
-
-def _progress():
-    from rich.progress import Progress
-
-    from sparsetool.cli._output import err_console
-
-    state: dict[str, Any] = {}
-
-    def update(done: int, total: int, name: str) -> None:
-        if "p" not in state:
-            state["p"] = Progress(console=err_console, transient=True)
-            state["p"].start()
-            state["t"] = state["p"].add_task("reading masks", total=total)
-        state["p"].update(state["t"], completed=done)
-        if done >= total:
-            state["p"].stop()
-
-    return update
 
 
 def _t(s: float | None) -> str:
@@ -225,18 +86,10 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
-def _list(devices, sources, as_json: bool) -> None:
-    from dataclasses import fields
-
-    out = {name: {"kind": d.kind, "constants": {f.name: {"value": getattr(d, f.name),
-                                                          "source": sources[name].get(f.name, "default")}
-                                                 for f in fields(d) if f.name != "name"}}
-           for name, d in devices.items()}
+def _list(out: dict[str, Any], as_json: bool) -> None:
     if as_json:
         emit_json(out)
         return
-    from rich.markup import escape
-
     for name, d in out.items():
         console.print(f"[bold]{escape(name)}[/] ({d['kind']})", highlight=False)
         for key, c in d["constants"].items():
@@ -244,7 +97,6 @@ def _list(devices, sources, as_json: bool) -> None:
 
 
 def _render(res: dict[str, Any], show_all: bool) -> None:
-    from rich.markup import escape
     from rich.table import Table
 
     w = res["workload"]
@@ -320,7 +172,6 @@ def _render(res: dict[str, Any], show_all: bool) -> None:
 
 
 def _render_layers(res: dict[str, Any], show_all: bool) -> None:
-    from rich.markup import escape
     from rich.table import Table
 
     rows = res["layers"]

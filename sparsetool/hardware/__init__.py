@@ -5,7 +5,8 @@ What unstructured sparsity buys on a zero-skipping dataflow machine versus GPUs,
 cost of one pass of one matmul per kind of hardware), :mod:`presets` (the published and fitted
 constants, ``--hardware FILE`` overrides), :mod:`fits` (how the fitted ones were fitted),
 :mod:`workload` (shape, model preset or checkpoint), :mod:`compare` (time, speedup, theoretical,
-breakdown), :mod:`verify` (the zero-skipping schedule, executed) and :mod:`plot`.
+breakdown), :mod:`verify` (the zero-skipping schedule, executed), :mod:`plot`, and :mod:`request`
+(a whole ``sparsetool simulate`` request: :func:`run_simulation`).
 No CLI imports; numpy only (torch only to read a checkpoint, matplotlib only to plot).
 """
 
@@ -16,10 +17,11 @@ from sparsetool.hardware.layers import LayerMask, stats_from_mask, synthetic_mas
 from sparsetool.hardware.presets import PRESETS, builtin_devices, load_devices, sources
 from sparsetool.hardware.compare import APPENDIX_C_TICKS, simulate, sweep
 from sparsetool.hardware.workload import Workload, from_checkpoint, from_model, from_shape, parse_shape
+from sparsetool.hardware.request import hardware_constants, run_simulation
 
 __all__ = [
     "APPENDIX_C_TICKS", "PASSES", "PRESETS", "Cost", "Dataflow", "DenseGPU", "Device", "FlashLLMGPU",
     "LayerMask", "Refused", "Sparse24GPU", "SpMMGPU", "Workload", "builtin_devices", "from_checkpoint",
-    "from_model", "from_shape", "load_devices", "parse_shape", "simulate", "sources", "stats_from_mask",
-    "sweep", "synthetic_mask",
+    "from_model", "from_shape", "hardware_constants", "load_devices", "parse_shape", "run_simulation",
+    "simulate", "sources", "stats_from_mask", "sweep", "synthetic_mask",
 ]

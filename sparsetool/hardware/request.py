@@ -1,0 +1,226 @@
+"""One simulation request, from a command's inputs to the result ``sparsetool simulate`` renders.
+
+:func:`run_simulation` takes what the command takes (a checkpoint, ``shape`` or ``model``; one
+sparsity, a list or the Appendix C sweep; tokens, pattern, seed, devices, a hardware file), builds
+the :class:`~sparsetool.hardware.workload.Workload`, runs it on every device and returns plain
+JSON-ready data. :func:`hardware_constants` is ``--list-hardware``'s table. Bad input raises
+:class:`~sparsetool.errors.ConfigError` naming the option. torch is imported only to read a
+checkpoint, matplotlib only to plot.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, Union
+
+import numpy as np
+
+from sparsetool.errors import ConfigError
+from sparsetool.hardware import compare, presets
+from sparsetool.hardware import workload as wlmod
+from sparsetool.hardware.compare import APPENDIX_C_TICKS
+from sparsetool.hardware.devices import Device
+from sparsetool.hardware.workload import Workload
+
+Progress = Callable[[str, int, int], None]
+"""Called as ``progress(stage, done, total)`` while a checkpoint's masks are read."""
+
+Sparsities = Union[str, float, Sequence[float], None]
+
+
+def select_devices(hardware: Optional[Path] = None, only: Sequence[str] = ()
+                   ) -> tuple[dict[str, Device], dict[str, dict[str, str]]]:
+    """The presets with ``hardware``'s overrides, kept to the names in ``only`` (all if empty),
+    and every constant's source."""
+    devices, sources = presets.load_devices(hardware)
+    if only:
+        unknown = [d for d in only if d not in devices]
+        if unknown:
+            raise ConfigError(f"unknown --device {', '.join(unknown)}; known: {', '.join(devices)}")
+        devices = {d: devices[d] for d in only}
+    return devices, sources
+
+
+def hardware_constants(hardware: Optional[Path] = None, devices: Sequence[str] = ()
+                       ) -> dict[str, dict[str, Any]]:
+    """``{device: {"kind", "constants": {name: {"value", "source"}}}}`` (``--list-hardware``).
+
+    >>> hardware_constants(devices=["cs2"])["cs2"]["kind"]
+    'dataflow'
+    """
+    chosen, sources = select_devices(hardware, devices)
+    return {name: {"kind": d.kind,
+                   "constants": {f.name: {"value": getattr(d, f.name),
+                                          "source": sources[name].get(f.name, "default")}
+                                 for f in fields(d) if f.name != "name"}}
+            for name, d in chosen.items()}
+
+
+def parse_sparsities(sparsity: Sparsities, sweep: bool = False) -> list[float]:
+    """The sparsities to run: the Appendix C ticks for ``sweep``, else ``sparsity`` as one value,
+    a sequence or a comma list (``"0.5,0.9"``); each a fraction of zeros in [0, 1].
+
+    >>> parse_sparsities("0.5,0.9")
+    [0.5, 0.9]
+    >>> parse_sparsities(None, sweep=True)[:3]
+    [0.0, 0.5, 0.6667]
+    """
+    if sweep:
+        if sparsity is not None:
+            raise ConfigError("give either --sweep (the Appendix C sparsities) or --sparsity LIST, not both")
+        return list(APPENDIX_C_TICKS)
+    if sparsity is None:
+        return []
+    parts = sparsity.split(",") if isinstance(sparsity, str) else (
+        [sparsity] if isinstance(sparsity, (int, float)) else list(sparsity))
+    out = []
+    for part in parts:
+        try:
+            v = float(part)
+        except ValueError:
+            raise ConfigError(f"--sparsity must be numbers in [0, 1] separated by commas, "
+                              f"got '{sparsity}'") from None
+        if not 0.0 <= v <= 1.0:
+            raise ConfigError(f"--sparsity must be in [0, 1] (fraction of zeros), got {v}")
+        out.append(v)
+    return out
+
+
+def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = None,
+                   model: Optional[str] = None, sparsity: Sparsities = None, sweep: bool = False,
+                   tokens: float = 2048, pattern: str = "random", seed: int = 0,
+                   hardware: Optional[Path] = None, devices: Sequence[str] = (),
+                   seq_len: Optional[int] = None, verify: bool = False, plot: Optional[Path] = None,
+                   include: Sequence[str] = (), exclude: Sequence[str] = (),
+                   progress: Optional[Progress] = None) -> dict[str, Any]:
+    """Simulate exactly one of ``checkpoint`` (its real masks), ``shape`` (``"MxK"``, a seeded
+    ``pattern`` mask) or ``model`` (a flops preset, random masks) on ``devices``.
+
+    One sparsity gives ``{"workload", "devices", "layers"}`` (see
+    :func:`sparsetool.hardware.compare.simulate`); several (or ``sweep``, or ``plot`` without
+    sparsities) give ``{"workload", "sweep"}`` plus ``"nm_point"`` (the 2:4 cores on a 2:4 mask of
+    a random ``shape``) and ``"plot"`` (the PNG written). ``verify`` adds ``"verify"``: the
+    zero-skipping schedule executed on one mask (the checkpoint's smallest pruned matrix, else
+    the last point's) and compared with the dense masked matmul. ``include``/``exclude`` are the
+    tensor globs of :func:`sparsetool.targets.is_targeted`, for a checkpoint only.
+    """
+    chosen, _ = select_devices(hardware, devices)
+    if sum(x is not None for x in (checkpoint, shape, model)) != 1:
+        raise ConfigError("give exactly one of CHECKPOINT, --shape MxK or --model NAME")
+    if pattern != "random" and shape is None:
+        raise ConfigError("--pattern applies to --shape only")
+    if (include or exclude) and checkpoint is None:
+        raise ConfigError("--include/--exclude select a checkpoint's tensors: give CHECKPOINT")
+    sps = parse_sparsities(sparsity, sweep or (plot is not None and sparsity is None
+                                               and checkpoint is None))
+    grids = presets.dataflow_grids(list(chosen.values()))
+
+    if checkpoint is not None:
+        if sps:
+            raise ConfigError("a checkpoint brings its own masks: drop --sparsity/--sweep/--plot, or "
+                              "use --model NAME --sparsity S for synthetic ones")
+        wl = _from_checkpoint(Path(checkpoint), tokens, grids, seq_len, include, exclude, progress)
+        make = None
+        verify_mask = _checkpoint_mask(Path(checkpoint), wl) if verify else None
+    else:
+        mk = wlmod.parse_shape(shape) if shape is not None else None
+        if not sps:
+            raise ConfigError("--shape and --model need --sparsity S (or a list, or --sweep)")
+        make = _synthetic(mk, model, sps, tokens, grids, pattern, seed, seq_len)
+        wl, mask = make(sps[-1])
+        verify_mask = None
+        if verify:
+            verify_mask = mask if mask is not None else wlmod.synthetic_mask(
+                (wl.layers[0].out_features, wl.layers[0].in_features), sps[-1], "random", seed)
+
+    if len(sps) > 1:
+        result = _sweep(wl, make, sps, chosen, grids, shape, pattern, tokens, seed, plot)
+    else:
+        if plot is not None:
+            raise ConfigError("--plot draws a sweep: add --sweep or give several sparsities")
+        result = compare.simulate(wl, chosen)
+    if verify:
+        from sparsetool.hardware.verify import run_schedule
+
+        result["verify"] = run_schedule(verify_mask, grids[0])
+    return result
+
+
+Maker = Callable[[float], tuple]
+"""``sparsity -> (workload, mask or None)``."""
+
+
+def _synthetic(mk: Optional[tuple[int, int]], model: Optional[str], sps: list[float], tokens: float,
+               grids: list[tuple[int, int]], pattern: str, seed: int,
+               seq_len: Optional[int]) -> Maker:
+    """The :data:`Maker` of the ``mk`` = (M, K) layer, or else of ``model``."""
+    if mk is not None:
+        if pattern == "2:4" and len(sps) > 1:
+            raise ConfigError("--pattern 2:4 keeps exactly half the weights: use --sparsity 0.5, no sweep")
+        return lambda s: wlmod.from_shape(mk, s, tokens, grids, pattern, seed)
+    from sparsetool.flops import get_preset, with_overrides
+
+    cfg = get_preset(model)
+    if seq_len is not None:
+        cfg = with_overrides(cfg, seq_len=seq_len)
+    return lambda s: (wlmod.from_model(cfg, s, tokens, grids, seed), None)
+
+
+def _sweep(wl: Workload, make: Optional[Maker], sps: list[float], devices: dict[str, Device],
+           grids: list[tuple[int, int]], shape: Optional[str], pattern: str, tokens: float,
+           seed: int, plot: Optional[Path]) -> dict[str, Any]:
+    built = {sps[-1]: wl}  # the last point is built already: do not draw its mask twice
+    rows = compare.sweep(lambda s: built.pop(s) if s in built else make(s)[0], sps, devices)
+    result: dict[str, Any] = {"workload": compare.simulate(wl, devices)["workload"], "sweep": rows}
+    for k in ("theoretical", "targeted_sparsity", "forward_flops", "train_flops"):
+        result["workload"].pop(k, None)  # they vary along the sweep: see its rows
+    result["workload"]["label"] = wl.label.replace(f" at sparsity {sps[-1]:g}", "")
+    if shape is not None and pattern == "random":
+        mk = wlmod.parse_shape(shape)
+        nm_devices = {n: d for n, d in devices.items() if d.kind == "gpu-2:4"}
+        if mk[1] % 4 == 0 and nm_devices:  # where 2:4 cores do apply: the same shape, a 2:4 mask
+            nm_wl, _ = wlmod.from_shape(mk, 0.5, tokens, grids, "2:4", seed)
+            result["nm_point"] = compare.sweep(lambda s: nm_wl, [0.5], nm_devices)[0]
+            result["nm_point"]["mask"] = "2:4"
+    if plot is not None:
+        from sparsetool.hardware.plot import plot_sweep
+
+        key = "forward_speedup" if shape is not None else "train_speedup"
+        what = "one matmul, forward" if shape is not None else "training step"
+        title = f"{wl.label.split(' at ')[0]}: {what}, {tokens:g} tokens"
+        plot_sweep(rows, plot, title, key, result.get("nm_point"))
+        result["plot"] = str(plot)
+    return result
+
+
+def _from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
+                     seq_len: Optional[int], include: Sequence[str], exclude: Sequence[str],
+                     progress: Optional[Progress]) -> Workload:
+    kwargs: dict[str, Any] = {}
+    if include or exclude:
+        accepted = inspect.signature(wlmod.from_checkpoint).parameters
+        if "include" not in accepted or "exclude" not in accepted:
+            raise ConfigError("--include/--exclude are not supported by simulate yet; "
+                              "prune the tensors you want simulated, or drop the globs")
+        kwargs = {"include": list(include), "exclude": list(exclude)}
+    report = None if progress is None else (lambda done, total, name: progress("masks", done, total))
+    return wlmod.from_checkpoint(path, tokens, grids, seq_len=seq_len, progress=report, **kwargs)
+
+
+def _checkpoint_mask(path: Path, wl: Workload) -> np.ndarray:
+    """The mask of the checkpoint's smallest pruned matrix, as (M, K), for ``verify``."""
+    from sparsetool.checkpoint import open_checkpoint
+    from sparsetool.targets import conv1d_layout, input_dim
+
+    target = min(wl.layers, key=lambda ly: ly.numel).name
+    with open_checkpoint(path) as ck:
+        lt = next(lt for lt in ck.logical if lt.name == target)
+        dense, mask = ck.read(lt)
+        mask = (dense != 0) if mask is None else mask
+        m = mask.numpy()
+        return m if input_dim(lt.name, lt.shape, conv1d=conv1d_layout(ck.config)) == 1 else m.T
+
+
+__all__ = ["Progress", "hardware_constants", "parse_sparsities", "run_simulation", "select_devices"]
