@@ -181,6 +181,30 @@ def _tokenizer(path: Path, transformers):
     return tok
 
 
+def _renamer(model: torch.nn.Module) -> Callable[[Path, str], str]:
+    """transformers' own checkpoint -> model renames (GPT-NeoX ``embed_out`` -> ``lm_head``...).
+
+    Conversions that merge several tensors into one (per-expert weights stacked) are refused:
+    eval loads tensors one to one.
+    """
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming, apply_converters, apply_renamings
+
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
+
+    def rename(path: Path, name: str) -> str:
+        new = apply_renamings(name, renamings)
+        if apply_converters(new, converters)[1] is not None:
+            raise SparsetoolError(f"{path}: tensor {name!r} is stored in a layout transformers converts "
+                                  "on loading (several tensors merged into one); eval does not support "
+                                  "this model's checkpoints yet")
+        return new
+
+    return rename
+
+
 def _hf_weights(path: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The checkpoint's dense tensors under the model's own names, shapes checked against config.json."""
     from sparsetool.ops.load import load
@@ -188,8 +212,10 @@ def _hf_weights(path: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     weights = load(path)
     own = model.state_dict()
     prefix = getattr(model, "base_model_prefix", "") or ""
+    rename = _renamer(model)
     renamed: dict[str, torch.Tensor] = {}
     for name, t in weights.items():
+        name = rename(path, name)
         if name not in own and prefix:
             # Saved from the bare model (no LM-head wrapper) or the reverse.
             if f"{prefix}.{name}" in own:
