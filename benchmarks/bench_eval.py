@@ -1,6 +1,6 @@
 """Throughput of `sparsetool eval` (a script, not a test).
 
-  python benchmarks/bench_eval.py [--chars 60000] [--repeat 3]
+  python benchmarks/bench_eval.py [--chars 60000] [--repeat 3] [--threads 1]
 
 Models (random weights: throughput does not depend on what the weights say):
   - sparsetool's GPT, preset ``small`` (6 layers, width 256, context 256), bytes are tokens;
@@ -87,7 +87,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--chars", type=int, default=60_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
 
     from sparsetool.ops.eval import _default_text, evaluate
 
