@@ -12,6 +12,7 @@ import typer
 
 from sparsetool import __version__
 from sparsetool.cli import densify, flops, prune, report, simulate, train
+from sparsetool.cli import eval as eval_cli
 
 app = typer.Typer(
     name="sparsetool",
@@ -30,6 +31,7 @@ app.command("report")(report.report)
 app.command("flops")(flops.flops)
 app.command("train")(train.train)
 app.command("simulate")(simulate.simulate)
+app.command("eval")(eval_cli.eval_command)
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,88 @@
+"""``sparsetool eval``: perplexity and bits per byte of one or more checkpoints on the same text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from sparsetool.cli._output import check_plot_path, console, emit_json, failing_cleanly, percent, progress_bar
+
+DTYPES = ("float32", "bfloat16")
+
+EPILOG = """
+    Examples:
+
+    \b
+    sparsetool eval runs/dense runs/static75
+    sparsetool eval gpt2/ gpt2-50/ gpt2-75/ --text wiki.txt --seq 512 --stride 256 --plot ppl.png
+    sparsetool eval model-75/ --text docs/ --max-tokens 20000 --json
+"""
+
+
+def eval_command(
+    checkpoints: List[Path] = typer.Argument(..., metavar="CKPT...", help="Checkpoints written by sparsetool train (file or run directory) or Hugging Face causal-LM directories (config.json, weights, tokenizer files); the first is the baseline."),
+    text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text file, or a directory of them (joined in name order). Default: the held-out split of the built-in training corpus."),
+    seq: Optional[int] = typer.Option(None, "--seq", help="Window length in tokens. Default: the model's context, at most 2048."),
+    stride: Optional[int] = typer.Option(None, "--stride", help="Start a window every S tokens (S < --seq: overlapping windows, each scoring only tokens no earlier window scored). Default: --seq (no overlap)."),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Score only the first N tokens of the text."),
+    batch: int = typer.Option(1, "--batch", help="Windows per forward pass."),
+    dtype: str = typer.Option("float32", "--dtype", help="Compute precision: float32 or bfloat16."),
+    as_json: bool = typer.Option(False, "--json", help="Print {\"text\": ..., \"checkpoints\": [...]} on stdout."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw perplexity vs targeted sparsity into this PNG."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Score CKPT... on the same text: mean NLL per predicted token (nats), perplexity = exp(NLL),
+    bits per byte (total NLL in bits / UTF-8 bytes of the text), and perplexity change vs the first.
+
+    Hugging Face models need the hf extra (pip install 'sparsetool[hf]'); their weights are decoded
+    by sparsetool, so every encoding (zeros, mask, nan, bitmask) evaluates correctly.
+    """
+    if dtype not in DTYPES:
+        raise typer.BadParameter(f"choose one of {', '.join(DTYPES)}", param_hint="--dtype")
+    from sparsetool.ops.eval import evaluate, plot_eval
+
+    with failing_cleanly():
+        if plot is not None:
+            check_plot_path(plot)
+        with progress_bar(not (as_json or quiet)) as progress:
+            result = evaluate(checkpoints, text=text, seq=seq, stride=stride, max_tokens=max_tokens,
+                              batch=batch, dtype=dtype, progress=progress)
+        if plot is not None:
+            plot_eval(result, plot)
+    if as_json:
+        emit_json(result.to_json())
+        return
+    header = ["checkpoint", "targeted sparsity", "non-zero params", "NLL", "perplexity", "bits/byte",
+              "tokens", "change"]
+    cells = [[r.name, percent(r.targeted_sparsity, 1), f"{r.nonzero_params:,}", f"{r.nll:.4f}",
+              f"{r.perplexity:.3f}", f"{r.bits_per_byte:.4f}",
+              f"{r.tokens:,}", "baseline" if i == 0 else f"{100 * r.change:+.2f}%"]
+             for i, r in enumerate(result.rows)]
+    shapes = sorted({(r.seq, r.stride) for r in result.rows})
+    footer = f"text: {result.text_source}; windows of " + ", ".join(
+        f"{n} tokens" + (f" every {s}" if s != n else "") for n, s in shapes)
+    if console.is_terminal and console.width >= 100:
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(show_lines=False)
+        for i, h in enumerate(header):
+            table.add_column(h, justify="left" if i == 0 else "right", overflow="fold" if i == 0 else "ellipsis",
+                             no_wrap=i > 0)
+        for c in cells:
+            table.add_row(*[escape(x) for x in c])
+        console.print(table)
+        console.print(escape(footer), highlight=False, soft_wrap=True)
+    else:
+        from tabulate import tabulate
+
+        typer.echo(tabulate(cells, headers=header, disable_numparse=True,
+                            colalign=("left",) + ("right",) * (len(header) - 1)))
+        typer.echo(footer)
+    if plot is not None:
+        console.print(f"plot: {plot}", highlight=False, soft_wrap=True)
+
+
+eval_command.__doc__ = (eval_command.__doc__ or "") + EPILOG

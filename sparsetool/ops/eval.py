@@ -1,0 +1,226 @@
+"""What sparsity costs: perplexity of one or more checkpoints on the same text (``sparsetool eval``).
+
+The text is tokenized once per model with its own tokenizer (bytes for sparsetool's GPT) and cut
+into windows of ``seq`` tokens; within a window every token but the first is predicted. With a
+stride ``S < seq`` the windows overlap and each scores only its tokens no earlier window scored: the
+sliding-window method of the transformers perplexity guide ("Perplexity of fixed-length models"),
+which gives every scored token at least ``seq - S`` tokens of context.
+
+Reported per checkpoint: the mean negative log-likelihood per predicted token ``NLL`` (nats),
+perplexity ``exp(NLL)`` and bits per byte ``sum(NLL) / ln 2 / bytes``, where bytes are the UTF-8
+bytes of the text the scored tokens cover; bits per byte compares models with different tokenizers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from sparsetool.errors import SparsetoolError
+from sparsetool.ops.lm import LM, MAX_DEFAULT_SEQ, open_lm, read_text
+
+Progress = Callable[[str, int, int], None]
+
+__all__ = ["Window", "windows", "score", "EvalRow", "EvalResult", "evaluate", "plot_eval"]
+
+
+@dataclass(frozen=True)
+class Window:
+    """Tokens ``[start, end)`` go into the model; tokens ``[first, end)`` are scored."""
+
+    start: int
+    end: int
+    first: int
+
+    @property
+    def scored(self) -> int:
+        return self.end - self.first
+
+
+def windows(n_tokens: int, seq: int, stride: int | None = None) -> list[Window]:
+    """The windows that score a text of ``n_tokens`` tokens, each token at most once.
+
+    Without a stride (or ``stride == seq``) windows do not overlap and the first token of each is
+    context only; a last shorter window is scored too (if it predicts anything):
+
+    >>> [(w.start, w.end, w.first) for w in windows(10, 4)]
+    [(0, 4, 1), (4, 8, 5), (8, 10, 9)]
+
+    With ``stride < seq`` window ``i`` starts at ``i * stride`` and scores the tokens after the
+    previous window's end, so tokens 1..n-1 are each scored once; the last window ends at the text:
+
+    >>> [(w.start, w.end, w.first) for w in windows(10, 4, stride=2)]
+    [(0, 4, 1), (2, 6, 4), (4, 8, 6), (6, 10, 8)]
+    >>> [(w.start, w.end, w.first) for w in windows(7, 4, stride=3)]
+    [(0, 4, 1), (3, 7, 4)]
+    """
+    if seq < 2:
+        raise SparsetoolError(f"--seq {seq}: a window needs at least 2 tokens (one to predict from)")
+    if stride is not None and not 1 <= stride <= seq:
+        raise SparsetoolError(f"--stride {stride}: must be between 1 and --seq ({seq})")
+    if stride is None or stride == seq:
+        return [Window(s, min(s + seq, n_tokens), s + 1)
+                for s in range(0, n_tokens, seq) if min(s + seq, n_tokens) - s >= 2]
+    out: list[Window] = []
+    prev_end = 0
+    for begin in range(0, n_tokens, stride):
+        end = min(begin + seq, n_tokens)
+        first = max(prev_end, begin + 1)
+        if end > first:
+            out.append(Window(begin, end, first))
+        prev_end = end
+        if end == n_tokens:
+            break
+    return out
+
+
+def score(lm: LM, ids: torch.Tensor, wins: Sequence[Window], batch: int = 1,
+          progress: Callable[[int, int], None] | None = None) -> float:
+    """Sum of the NLL (nats) of every scored token; windows of equal length run ``batch`` at a time."""
+    by_length: dict[int, list[Window]] = {}
+    for w in wins:
+        by_length.setdefault(w.end - w.start, []).append(w)
+    total = 0.0
+    done = 0
+    with torch.inference_mode():
+        for length, group in by_length.items():
+            for i in range(0, len(group), batch):
+                chunk = group[i:i + batch]
+                x = torch.stack([ids[w.start:w.end] for w in chunk])  # (B, T)
+                logits = lm.logits(x)  # (B, T, V)
+                for b, w in enumerate(chunk):
+                    # logits at position j predict token j + 1
+                    lo = w.first - w.start
+                    nll = F.cross_entropy(logits[b, lo - 1:length - 1].float(), x[b, lo:], reduction="sum")
+                    total += float(nll)
+                done += len(chunk)
+                if progress:
+                    progress(done, len(wins))
+    return total
+
+
+@dataclass
+class EvalRow:
+    name: str
+    kind: str  # "sparsetool-gpt" | "huggingface"
+    targeted_sparsity: float
+    params: int
+    nonzero_params: int
+    nll: float  # mean nats per predicted token
+    perplexity: float
+    bits_per_byte: float
+    tokens: int  # predicted (scored) tokens
+    bytes: int  # UTF-8 bytes of the text those tokens cover
+    seq: int
+    stride: int
+    seconds: float
+    change: float = 0.0  # perplexity relative to the first checkpoint's, minus 1
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("inf")
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "tokens_per_s": self.tokens_per_s}
+
+
+@dataclass
+class EvalResult:
+    text_source: str
+    rows: list[EvalRow] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"text": self.text_source, "checkpoints": [r.to_json() for r in self.rows]}
+
+
+def _default_text() -> tuple[str, str]:
+    from sparsetool.train.data import load_corpus
+
+    corpus = load_corpus(None)
+    return (corpus.val.tobytes().decode("utf-8", errors="replace"),
+            f"held-out split of the built-in corpus, {corpus.source}")
+
+
+def evaluate(paths: Sequence[str | Path], text: str | Path | None = None, seq: int | None = None,
+             stride: int | None = None, max_tokens: int | None = None, batch: int = 1,
+             dtype: str = "float32", progress: Progress | None = None) -> EvalResult:
+    """Score every checkpoint of ``paths`` on the same text; one :class:`EvalRow` each, in order.
+
+    ``text`` is the text itself (a ``str``), a file or directory to read (a ``Path``), or None for
+    the held-out split of the trainer's built-in corpus. ``seq`` defaults to the model's context
+    (at most 2048 tokens); ``max_tokens`` keeps the first tokens of the text only.
+    """
+    if not paths:
+        raise SparsetoolError("give at least one checkpoint to evaluate")
+    for opt, value, least in (("--seq", seq, 2), ("--stride", stride, 1),
+                              ("--max-tokens", max_tokens, 2), ("--batch", batch, 1)):
+        if value is not None and value < least:
+            raise SparsetoolError(f"{opt} {value}: must be at least {least}")
+    if text is None:
+        text, source = _default_text()
+    elif isinstance(text, Path):
+        text, source = read_text(text), str(text)
+    else:
+        source = "given text"
+    result = EvalResult(source)
+    for path in paths:
+        lm = open_lm(path, dtype)
+        enc = lm.encode(text)
+        ids = enc.ids[:max_tokens] if max_tokens else enc.ids
+        if len(ids) < 2:
+            raise SparsetoolError(f"{path}: the text is {len(ids)} token(s) long for this model's "
+                                  "tokenizer; give a text of at least two tokens")
+        n_seq = seq or min(lm.context, MAX_DEFAULT_SEQ)
+        if n_seq > lm.context:
+            raise SparsetoolError(f"--seq {n_seq}: {path} takes at most {lm.context} tokens at once; "
+                                  f"use --seq {lm.context} or less")
+        wins = windows(len(ids), n_seq, stride)
+        name = str(path)
+        report = (lambda d, t, _n=name: progress(_n, d, t)) if progress else None
+        t0 = time.perf_counter()
+        total = score(lm, torch.tensor(ids, dtype=torch.long), wins, batch, report)
+        seconds = time.perf_counter() - t0
+        n = sum(w.scored for w in wins)
+        nll = total / n
+        n_bytes = enc.byte_ends(len(ids))
+        result.rows.append(EvalRow(
+            name=name, kind=lm.kind, targeted_sparsity=lm.targeted_sparsity, params=lm.numel,
+            nonzero_params=lm.nonzero, nll=nll, perplexity=math.exp(nll),
+            bits_per_byte=total / math.log(2) / n_bytes if n_bytes else float("nan"),
+            tokens=n, bytes=n_bytes, seq=n_seq, stride=stride or n_seq,
+            seconds=seconds))
+        del lm
+    first = result.rows[0].perplexity
+    for row in result.rows:
+        row.change = row.perplexity / first - 1.0
+    return result
+
+
+def plot_eval(result: EvalResult, out: str | Path) -> Path:
+    """Perplexity against targeted sparsity, one labelled point per checkpoint, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    rows = sorted(result.rows, key=lambda r: r.targeted_sparsity)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([100 * r.targeted_sparsity for r in rows], [r.perplexity for r in rows], "o-")
+    for r in rows:
+        ax.annotate(Path(r.name).name or r.name, (100 * r.targeted_sparsity, r.perplexity),
+                    textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xlabel("targeted sparsity (%)")
+    ax.set_ylabel("perplexity")
+    ax.set_title(f"perplexity vs sparsity ({result.text_source[:60]})", fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

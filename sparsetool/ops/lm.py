@@ -1,0 +1,307 @@
+"""A checkpoint as a language model to score text with: sparsetool's GPT or a Hugging Face causal LM.
+
+Both kinds come back as an :class:`LM`: a tokenizer (text -> token ids), a forward pass (ids ->
+logits) and the longest window the model takes. Weights are always decoded by sparsetool itself
+(``read_init_checkpoint`` for our GPT, as ``train --init`` does; ``sparsetool.load`` for Hugging Face
+directories), so ``nan`` and ``bitmask`` encodings, which transformers cannot read, score exactly
+like ``zeros``. transformers is imported only for Hugging Face directories (the ``hf`` extra).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from sparsetool.checkpoint import open_checkpoint
+from sparsetool.checkpoint.config import drop_sparsity_config
+from sparsetool.checkpoint.zeros import count_nonzero
+from sparsetool.errors import SparsetoolError
+from sparsetool.targets import is_floating, is_targeted
+
+__all__ = ["LM", "Encoded", "DTYPES", "open_lm", "read_text"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+MAX_DEFAULT_SEQ = 2048  # default window for models trained on long contexts (CPU memory, time)
+HF_EXTRA = "pip install -e '.[hf]' (source checkout) or pip install 'sparsetool[hf]'"
+# Buffers old GPT-2 checkpoints stored; today's transformers computes them.
+_LEGACY_BUFFERS = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
+
+
+@dataclass
+class Encoded:
+    """Token ids of a text, and how many UTF-8 bytes of it the first ``k`` tokens cover."""
+
+    ids: list[int]
+    byte_ends: Callable[[int], int]  # k tokens -> bytes of text they cover
+
+
+@dataclass
+class LM:
+    """A model ready to score: ``logits(ids (B, T)) -> (B, T, V)`` in eval mode, no grad."""
+
+    kind: str  # "sparsetool-gpt" | "huggingface"
+    context: int  # longest window the model takes
+    encode: Callable[[str], Encoded]
+    logits: Callable[[torch.Tensor], torch.Tensor]
+    numel: int  # floating-point parameters in the checkpoint (a tied head counted once)
+    nonzero: int
+    targeted_numel: int
+    targeted_nonzero: int
+
+    @property
+    def targeted_sparsity(self) -> float:
+        return 1.0 - self.targeted_nonzero / self.targeted_numel if self.targeted_numel else 0.0
+
+
+def _counts(weights: dict[str, torch.Tensor]) -> dict[str, int]:
+    out = dict(numel=0, nonzero=0, targeted_numel=0, targeted_nonzero=0)
+    for name, t in weights.items():
+        if not is_floating(t.dtype):
+            continue
+        nz = count_nonzero(t)
+        out["numel"] += t.numel()
+        out["nonzero"] += nz
+        if is_targeted(name, tuple(t.shape), t.dtype):
+            out["targeted_numel"] += t.numel()
+            out["targeted_nonzero"] += nz
+    return out
+
+
+def open_lm(path: str | Path, dtype: str = "float32") -> LM:
+    """The checkpoint at ``path`` as an :class:`LM`: sparsetool's GPT (a file or directory written
+    by ``sparsetool train``, or anything pruned from one) or a Hugging Face causal-LM directory."""
+    if dtype not in DTYPES:
+        raise SparsetoolError(f"--dtype {dtype!r} is not one of: {', '.join(DTYPES)}")
+    path = Path(path)
+    with open_checkpoint(path) as ckpt:
+        names = {lt.name for lt in ckpt.logical}
+        config = ckpt.config
+    if (config or {}).get("model_type") == "sparsetool-gpt" or {"tok_emb.weight", "pos_emb.weight"} <= names:
+        return _gpt_lm(path, DTYPES[dtype])
+    return _hf_lm(path, config, DTYPES[dtype])
+
+
+# ---------------------------------------------------------------------------- sparsetool's GPT
+def _gpt_lm(path: Path, dtype: torch.dtype) -> LM:
+    from sparsetool.train.io import read_init_checkpoint
+    from sparsetool.train.model import GPT, infer_config
+
+    weights, _masks, meta = read_init_checkpoint(path)
+    shapes = {k: tuple(v.shape) for k, v in weights.items()}
+    cfg = infer_config(shapes, (meta.get("model") or {}).get("n_head"))
+    model = GPT(cfg)
+    own = model.state_dict()
+    for name, t in own.items():
+        if name not in weights:
+            raise SparsetoolError(f"{path}: tensor {name!r} of sparsetool's GPT is missing; "
+                                  "it is not a complete checkpoint written by sparsetool train")
+        if tuple(weights[name].shape) != tuple(t.shape):
+            raise SparsetoolError(f"{path}: tensor {name!r} has shape {list(weights[name].shape)}, "
+                                  f"the model needs {list(t.shape)}")
+    model.load_state_dict({k: weights[k] for k in own})
+    model.to(dtype).eval()
+
+    def encode(text: str) -> Encoded:
+        data = text.encode("utf-8")
+        return Encoded(list(data), lambda k: k)  # bytes are tokens
+
+    def logits(ids: torch.Tensor) -> torch.Tensor:
+        return model(ids)[0]
+
+    return LM("sparsetool-gpt", cfg.context, encode, logits, **_counts(weights))
+
+
+# ---------------------------------------------------------------------------- Hugging Face
+def _import_transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise SparsetoolError(
+            f"evaluating a Hugging Face model needs transformers, which is not installed: {HF_EXTRA}"
+        ) from None
+    return transformers
+
+
+def _hf_config(path: Path, config: dict | None, transformers):
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    if config is None:
+        raise SparsetoolError(f"{path}: no config.json; eval needs a Hugging Face model directory "
+                              "(config.json, weights, tokenizer files) or a checkpoint of sparsetool train")
+    # The compressed-tensors block describes how weights are stored, which sparsetool decodes itself.
+    config = drop_sparsity_config(config)
+    model_type = config.get("model_type")
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise SparsetoolError(f"{path}/config.json: model_type {model_type!r} is not a causal language "
+                              "model transformers knows; eval scores next-token prediction only")
+    rest = {k: v for k, v in config.items() if k != "model_type"}
+    try:
+        cfg = transformers.AutoConfig.for_model(model_type, **rest)
+    except Exception as e:  # transformers raises many types for a bad config
+        raise SparsetoolError(f"{path}/config.json: transformers cannot read it ({e})") from None
+    bidirectional = model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(cfg, "is_decoder", False)
+    if getattr(cfg, "is_encoder_decoder", False) or bidirectional:
+        arch = ", ".join(config.get("architectures") or [model_type])
+        raise SparsetoolError(f"{path}: {arch} is not a causal language model (an encoder sees the "
+                              "tokens it should predict); eval scores decoder-only models")
+    return cfg
+
+
+def _context(cfg) -> int:
+    for attr in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length", "max_sequence_length"):
+        value = getattr(cfg, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return MAX_DEFAULT_SEQ
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                    "sentencepiece.bpe.model", "tiktoken.model")
+
+
+def _tokenizer(path: Path, transformers):
+    def refuse(why: str) -> SparsetoolError:
+        return SparsetoolError(
+            f"{path}: no usable tokenizer ({why}); copy the tokenizer files of the original model "
+            "(tokenizer.json or its vocabulary files, tokenizer_config.json) into this directory")
+
+    # transformers 5 builds an empty tokenizer from config.json alone: look for the files first
+    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        raise refuse(f"none of {', '.join(_TOKENIZER_FILES)}")
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # broken files surface as OSError, ValueError or TypeError by version
+        raise refuse(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'cannot load'}") from None
+    if len(tok) <= len(getattr(tok, "all_special_ids", [])):
+        raise refuse("its vocabulary is empty")
+    return tok
+
+
+def _renamer(model: torch.nn.Module) -> Callable[[Path, str], str]:
+    """transformers' own checkpoint -> model renames (GPT-NeoX ``embed_out`` -> ``lm_head``...).
+
+    Conversions that merge several tensors into one (per-expert weights stacked) are refused:
+    eval loads tensors one to one.
+    """
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming, apply_converters, apply_renamings
+
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
+
+    def rename(path: Path, name: str) -> str:
+        new = apply_renamings(name, renamings)
+        if apply_converters(new, converters)[1] is not None:
+            raise SparsetoolError(f"{path}: tensor {name!r} is stored in a layout transformers converts "
+                                  "on loading (several tensors merged into one); eval does not support "
+                                  "this model's checkpoints yet")
+        return new
+
+    return rename
+
+
+def _hf_weights(path: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The checkpoint's dense tensors under the model's own names, shapes checked against config.json."""
+    from sparsetool.ops.load import load
+
+    weights = load(path)
+    own = model.state_dict()
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    rename = _renamer(model)
+    renamed: dict[str, torch.Tensor] = {}
+    for name, t in weights.items():
+        name = rename(path, name)
+        if name not in own and prefix:
+            # Saved from the bare model (no LM-head wrapper) or the reverse.
+            if f"{prefix}.{name}" in own:
+                name = f"{prefix}.{name}"
+            elif name.startswith(prefix + ".") and name[len(prefix) + 1:] in own:
+                name = name[len(prefix) + 1:]
+        if name not in own:
+            if name.endswith(_LEGACY_BUFFERS):
+                continue
+            raise SparsetoolError(f"{path}: tensor {name!r} is not part of the {type(model).__name__} "
+                                  "that config.json describes; the weights and config.json disagree")
+        if tuple(t.shape) != tuple(own[name].shape):
+            raise SparsetoolError(
+                f"{path}: tensor {name!r} has shape {list(t.shape)} but config.json describes "
+                f"{list(own[name].shape)}; the weights and config.json disagree"
+            )
+        renamed[name] = t
+    # Parameters shared with a loaded one (a head tied to the embedding) need no tensor of their own.
+    by_storage = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_storage.setdefault(id(p), []).append(name)
+    for names in by_storage.values():
+        if not any(n in renamed for n in names):
+            raise SparsetoolError(f"{path}: no tensor {names[0]!r}; the checkpoint lacks weights "
+                                  "the model of config.json needs")
+    return renamed
+
+
+def _hf_lm(path: Path, config: dict | None, dtype: torch.dtype) -> LM:
+    transformers = _import_transformers()
+    cfg = _hf_config(path, config, transformers)
+    tok = _tokenizer(path, transformers)
+    torch_state = torch.random.get_rng_state()
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    finally:  # the random initialisation is overwritten; do not disturb the caller's seed
+        torch.random.set_rng_state(torch_state)
+    weights = _hf_weights(path, model)
+    model.load_state_dict(weights, strict=False)
+    model.to(dtype).eval()
+
+    def encode(text: str) -> Encoded:
+        prev = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()  # "longer than the model's maximum" is expected
+        try:
+            enc = tok(text, return_offsets_mapping=bool(getattr(tok, "is_fast", False)))
+        finally:
+            transformers.logging.set_verbosity(prev)
+        ids = list(enc["input_ids"])
+        offsets = enc.get("offset_mapping")
+
+        def byte_ends(k: int) -> int:
+            if k >= len(ids):
+                return len(text.encode("utf-8"))
+            if offsets is not None:
+                return len(text[: max(end for _, end in offsets[:k])].encode("utf-8")) if k else 0
+            return len(tok.decode(ids[:k], skip_special_tokens=True).encode("utf-8"))
+
+        return Encoded(ids, byte_ends)
+
+    def logits(ids: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=ids, use_cache=False).logits
+
+    return LM("huggingface", _context(cfg), encode, logits, **_counts(weights))
+
+
+def read_text(path: str | Path) -> str:
+    """A UTF-8 file, or every non-hidden file under a directory (sorted, joined by a newline)."""
+    p = Path(path)
+    if p.is_file():
+        files = [p]
+    elif p.is_dir():
+        files = sorted(q for q in p.rglob("*") if q.is_file()
+                       and not any(s.startswith(".") for s in q.relative_to(p).parts))
+        if not files:
+            raise SparsetoolError(f"--text {p}: directory holds no files; point it at text files")
+    else:
+        raise SparsetoolError(f"--text {p}: no such file or directory")
+    parts = []
+    for f in files:
+        try:
+            parts.append(f.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise SparsetoolError(f"--text {f}: not UTF-8 text (byte {e.start}); convert it or leave it out") from None
+        except OSError as e:
+            raise SparsetoolError(f"--text {f}: cannot read ({e.strerror})") from None
+    return "\n".join(parts)
+
+
