@@ -11,7 +11,7 @@ import signal
 import typer
 
 from sparsetool import __version__
-from sparsetool.cli import densify, flops, prune, report, simulate, train
+from sparsetool.cli import densify, diff, flops, prune, report, simulate, train
 
 app = typer.Typer(
     name="sparsetool",
@@ -30,6 +30,7 @@ app.command("report")(report.report)
 app.command("flops")(flops.flops)
 app.command("train")(train.train)
 app.command("simulate")(simulate.simulate)
+app.command("diff")(diff.diff)
 
 
 def _version(value: bool) -> None:
