@@ -297,6 +297,9 @@ def diff(a: str | Path, b: str | Path, *, include: Sequence[str] = (), exclude: 
             del ta, tb
             if progress:
                 progress("diff", i + 1, len(todo))
+    # files keep tensors in name or dtype order; the table reads better by layer, then Q K V ...
+    order = {k: i for i, k in enumerate(KINDS)}
+    result.rows.sort(key=lambda r: (r.layer is None, r.layer or 0, order[r.kind], r.name))
     return result
 
 
@@ -342,8 +345,7 @@ def plot_diff(result: DiffResult, out: str | Path, title: str | None = None) -> 
         grid[kinds.index(kind), layers.index(layer)] = s.angular_distance
     width = min(18.0, max(6.0, 0.42 * len(layers) + 2.8))
     fig, ax = plt.subplots(figsize=(width, 0.5 * len(kinds) + 1.9))
-    cmap = plt.get_cmap("viridis").copy()
-    cmap.set_bad("lightgray")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="lightgray")  # matrices a layer lacks
     top = float(np.nanmax(grid))
     img = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, vmin=0.0,
                     vmax=top if top > 0 else 1.0, interpolation="nearest")
