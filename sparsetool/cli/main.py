@@ -11,7 +11,7 @@ import signal
 import typer
 
 from sparsetool import __version__
-from sparsetool.cli import densify, flops, prune, report, simulate, train
+from sparsetool.cli import densify, diff, flops, prune, report, simulate, train
 from sparsetool.cli import eval as eval_cli
 
 app = typer.Typer(
@@ -32,6 +32,7 @@ app.command("flops")(flops.flops)
 app.command("train")(train.train)
 app.command("simulate")(simulate.simulate)
 app.command("eval")(eval_cli.eval_command)
+app.command("diff")(diff.diff)
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,94 @@
+"""``sparsetool diff``: how the weights moved between two checkpoints, matrix by matrix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from sparsetool.cli._output import (
+    check_plot_path,
+    console,
+    emit_json,
+    err_console,
+    failing_cleanly,
+    percent,
+    progress_bar,
+)
+
+HEADER = ["matrix", "layer", "kind", "sparsity A", "sparsity B", "mask IoU", "revived", "pruned",
+          "rel L2", "angular"]
+
+
+def _number(x: float) -> str:
+    return "inf" if x == float("inf") else f"{x:.4g}"
+
+
+def diff(
+    a: Path = typer.Argument(..., metavar="A", help="The first checkpoint (.safetensors file or Hugging Face directory)."),
+    b: Path = typer.Argument(..., metavar="B", help="The second checkpoint, with the same tensor names and shapes."),
+    as_json: bool = typer.Option(False, "--json", help="Print {\"tensors\": [...], \"summary\": {...}} on stdout."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the angular distance heatmap (layers x matrices) into this PNG."),
+    include: List[str] = typer.Option([], "--include", help="Also compare tensors matching this glob (repeatable)."),
+    exclude: List[str] = typer.Option([], "--exclude", help="Do not compare tensors matching this glob (repeatable)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary line: no table, no progress bar."),
+) -> None:
+    """Compare the targeted weights of checkpoints A and B (say before and after fine-tuning).
+
+    Per matrix (fused Q/K/V split into Q, K and V): sparsity of each, mask IoU of the non-zero sets,
+    weights revived (zero in A, non-zero in B) and newly pruned, relative L2 change ||B-A||/||A||
+    and angular distance 1 - cos(A, B). The summary pools all targeted weights as one vector.
+
+    Examples:
+
+    \b
+    sparsetool diff sparse-pretrained/ finetuned/
+    sparsetool diff step-1000.safetensors step-2000.safetensors --json | jq .summary
+    sparsetool diff sparse-pretrained/ finetuned/ --plot angular.png --quiet
+    """
+    from sparsetool.ops.diff import plot_diff
+    from sparsetool.ops.diff import diff as run_diff
+
+    with failing_cleanly():
+        if plot is not None:
+            check_plot_path(plot)
+        with progress_bar(not (as_json or quiet)) as progress:
+            result = run_diff(a, b, include=tuple(include), exclude=tuple(exclude), progress=progress)
+        if plot is not None:
+            plot_diff(result, plot)
+    for note in result.notes:
+        err_console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)
+    if as_json:
+        emit_json(result.to_json())
+        return
+    t = result.total
+    summary = (f"all {t.numel:,} targeted weights ({len(result.rows)} matrices): sparsity "
+               f"{percent(t.sparsity_a)} -> {percent(t.sparsity_b)}, mask IoU {t.iou:.4f}, "
+               f"revived {t.revived:,}, newly pruned {t.pruned:,}, rel L2 {_number(t.rel_l2)}, "
+               f"angular distance {_number(t.angular_distance)}")
+    if not quiet:
+        cells = [[r.label, "" if r.layer is None else str(r.layer), r.kind,
+                  percent(r.stats.sparsity_a), percent(r.stats.sparsity_b), f"{r.stats.iou:.4f}",
+                  f"{r.stats.revived:,}", f"{r.stats.pruned:,}", _number(r.stats.rel_l2),
+                  _number(r.stats.angular_distance)] for r in result.rows]
+        if console.is_terminal and console.width >= 110:
+            from rich.markup import escape
+            from rich.table import Table
+
+            table = Table(title=escape(f"{a} -> {b}"))
+            for i, h in enumerate(HEADER):
+                table.add_column(h, justify="left" if i in (0, 2) else "right",
+                                 overflow="fold" if i == 0 else "ellipsis", no_wrap=i > 0,
+                                 min_width=20 if i == 0 else len(h))
+            for c in cells:
+                table.add_row(*[escape(x) for x in c])
+            console.print(table)
+        else:  # piped or narrow: a rich table would cut names and numbers
+            from tabulate import tabulate
+
+            typer.echo(tabulate(cells, headers=HEADER, tablefmt="plain", disable_numparse=True,
+                                colalign=("left", "right", "left") + ("right",) * 7))
+    typer.echo(summary)
+    if plot is not None:
+        typer.echo(f"plot: {plot}")
