@@ -7,13 +7,15 @@ stays light and does not import torch)::
     sparsetool.prune(path, output, sparsity=0.75, ...)    # -> PruneResult
     sparsetool.densify(path, output)                      # -> DensifyResult
     sparsetool.report(path) -> Report                     # .to_json() is `report --json`
+    sparsetool.eval([path, ...], text=None) -> EvalResult  # NLL, perplexity, bits per byte
+    sparsetool.diff(a, b) -> DiffResult                   # per-matrix change between checkpoints
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load", "prune", "densify", "report"]
+__all__ = ["__version__", "load", "prune", "densify", "report", "eval", "diff"]
 
-_API = {"load", "prune", "densify", "report"}
+_API = {"load", "prune", "densify", "report", "eval", "diff"}
 
 
 def __getattr__(name: str):

@@ -2,7 +2,7 @@
 
 >>> import sparsetool
 >>> sorted(n for n in sparsetool.__all__ if not n.startswith("_"))
-['densify', 'load', 'prune', 'report']
+['densify', 'diff', 'eval', 'load', 'prune', 'report']
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # torch stays unimported until a function is called
     from sparsetool.ops.densify import DensifyResult
     from sparsetool.ops.prune import PruneResult
+    from sparsetool.ops.diff import DiffResult
+    from sparsetool.ops.eval import EvalResult
     from sparsetool.ops.report import Report
 
 from sparsetool.ops.load import load
 
-__all__ = ["load", "prune", "densify", "report"]
+__all__ = ["load", "prune", "densify", "report", "eval", "diff"]
 
 
 def prune(
@@ -48,7 +50,7 @@ def prune(
     opts = PruneOptions(
         sparsity=sparsity, fraction=fraction, nm=parse_nm(nm) if isinstance(nm, str) else nm,
         method=method, scope=scope, distribution=distribution, seed=seed, encoding=encoding,
-        include=tuple(include), exclude=tuple(exclude),
+        include=_globs(include), exclude=_globs(exclude),
     )
     return prune_checkpoint(checkpoint, checkpoint if output is None else output, opts,
                             in_place=in_place)
@@ -71,4 +73,30 @@ def report(checkpoint: str | Path, *, include: Sequence[str] = (),
     """``sparsetool report CHECKPOINT``: per-tensor sparsity; ``.to_json()`` gives the CLI's JSON."""
     from sparsetool.ops.report import summarize
 
-    return summarize(checkpoint, include=tuple(include), exclude=tuple(exclude))
+    return summarize(checkpoint, include=_globs(include), exclude=_globs(exclude))
+
+
+def eval(checkpoints: str | Path | Sequence[str | Path], *, text: str | Path | None = None,
+         seq: int | None = None, stride: int | None = None, max_tokens: int | None = None,
+         batch: int = 1, dtype: str = "float32") -> EvalResult:
+    """``sparsetool eval CKPT [CKPT ...]``: NLL, perplexity and bits per byte on held-out text.
+    ``text`` is the text itself (``str``), a file or directory (``Path``), or None for the held-out
+    split of the built-in corpus."""
+    from sparsetool.ops.eval import evaluate
+
+    paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
+    return evaluate(paths, text=text, seq=seq, stride=stride, max_tokens=max_tokens, batch=batch,
+                    dtype=dtype)
+
+
+def diff(a: str | Path, b: str | Path, *, include: Sequence[str] = (),
+         exclude: Sequence[str] = ()) -> DiffResult:
+    """``sparsetool diff A B``: per-matrix mask overlap, revived weights, L2 and angular change."""
+    from sparsetool.ops.diff import diff as diff_checkpoints
+
+    return diff_checkpoints(a, b, include=_globs(include), exclude=_globs(exclude))
+
+
+def _globs(globs: str | Sequence[str]) -> tuple[str, ...]:
+    """A single glob given as a string is one glob, not its letters."""
+    return (globs,) if isinstance(globs, str) else tuple(globs)

@@ -90,3 +90,18 @@ def test_api_refuses_bad_input_with_sparsetool_error(tmp_path, dense_file):
     with pytest.raises(SparsetoolError, match="output"):
         sparsetool.prune(path, sparsity=0.5)
     assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_eval_and_diff_api(tmp_path):
+    from sparsetool.train.io import save_model
+    from sparsetool.train.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=1, n_head=2, d_model=16, context=32)
+    save_model(tmp_path / "gpt.safetensors", GPT(cfg), {}, {"model": cfg.to_dict()})
+    pruned = tmp_path / "gpt-50.safetensors"
+    sparsetool.prune(tmp_path / "gpt.safetensors", pruned, sparsity=0.5, include="blocks.*.weight")
+    res = sparsetool.eval([tmp_path / "gpt.safetensors", pruned], text="hello sparse world " * 20)
+    assert len(res.rows) == 2 and res.rows[1].targeted_sparsity > res.rows[0].targeted_sparsity
+    d = sparsetool.diff(tmp_path / "gpt.safetensors", pruned)
+    assert d.summary["pruned"] > 0 and d.summary["revived"] == 0

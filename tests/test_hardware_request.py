@@ -99,3 +99,13 @@ def test_parse_sparsities_takes_text_numbers_and_sequences():
     assert parse_sparsities("0.5") == parse_sparsities(0.5) == parse_sparsities([0.5]) == [0.5]
     assert parse_sparsities(None) == []
     assert parse_sparsities(None, sweep=True)[-1] == 0.9
+
+
+def test_checkpoint_request_takes_include_and_exclude(tmp_path):
+    path, masks = pruned_gpt2(tmp_path, 0.8, "mask")
+    every = {row["name"] for row in run_simulation(path, tokens=128, seq_len=32)["layers"]}
+    some = run_simulation(path, tokens=128, seq_len=32, exclude=["*.mlp.*"])
+    names = {row["name"] for row in some["layers"]}
+    assert names == {n for n in every if ".mlp." not in n} and names < every
+    with pytest.raises(SparsetoolError, match="nomatch"):
+        run_simulation(path, tokens=128, seq_len=32, include=["nomatch*"])

@@ -72,3 +72,18 @@ def test_transformers_cannot_load_bitmask_without_compressed_tensors(pruned):
             transformers.GPT2LMHeadModel.from_pretrained(root / "bitmask")
     else:
         pytest.skip("compressed-tensors is installed: this test covers its absence")
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_prune_warns_when_a_hf_directory_will_not_load_in_transformers(pruned, tmp_path, encoding):
+    root, _ = pruned
+    result = sparsetool.prune(root / "src", tmp_path / "out", sparsity=0.5, encoding=encoding)
+    if encoding in ("nan", "bitmask"):
+        assert len(result.warnings) == 1
+        assert "from_pretrained" in result.warnings[0] and "densify" in result.warnings[0]
+    else:
+        assert result.warnings == []
+    # a single file is not a model directory: nothing to warn about
+    single = sparsetool.prune(root / "src" / "model.safetensors", tmp_path / "x.safetensors",
+                              sparsity=0.5, encoding=encoding)
+    assert single.warnings == []

@@ -10,7 +10,6 @@ checkpoint, matplotlib only to plot.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
@@ -104,7 +103,7 @@ def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = 
     a random ``shape``) and ``"plot"`` (the PNG written). ``verify`` adds ``"verify"``: the
     zero-skipping schedule executed on one mask (the checkpoint's smallest pruned matrix, else
     the last point's) and compared with the dense masked matmul. ``include``/``exclude`` are the
-    tensor globs of :func:`sparsetool.targets.is_targeted`, for a checkpoint only.
+    tensor globs of :func:`sparsetool.targets.plan_targets`, for a checkpoint only.
     """
     chosen, _ = select_devices(hardware, devices)
     if sum(x is not None for x in (checkpoint, shape, model)) != 1:
@@ -198,21 +197,15 @@ def _sweep(wl: Workload, make: Optional[Maker], sps: list[float], devices: dict[
 def _from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
                      seq_len: Optional[int], include: Sequence[str], exclude: Sequence[str],
                      progress: Optional[Progress]) -> Workload:
-    kwargs: dict[str, Any] = {}
-    if include or exclude:
-        accepted = inspect.signature(wlmod.from_checkpoint).parameters
-        if "include" not in accepted or "exclude" not in accepted:
-            raise ConfigError("--include/--exclude are not supported by simulate yet; "
-                              "prune the tensors you want simulated, or drop the globs")
-        kwargs = {"include": list(include), "exclude": list(exclude)}
     report = None if progress is None else (lambda done, total, name: progress("masks", done, total))
-    return wlmod.from_checkpoint(path, tokens, grids, seq_len=seq_len, progress=report, **kwargs)
+    return wlmod.from_checkpoint(path, tokens, grids, seq_len=seq_len, progress=report,
+                                 include=tuple(include), exclude=tuple(exclude))
 
 
 def _checkpoint_mask(path: Path, wl: Workload) -> np.ndarray:
     """The mask of the checkpoint's smallest pruned matrix, as (M, K), for ``verify``."""
     from sparsetool.checkpoint import open_checkpoint
-    from sparsetool.targets import conv1d_layout, input_dim
+    from sparsetool.targets import plan_targets
 
     target = min(wl.layers, key=lambda ly: ly.numel).name
     with open_checkpoint(path) as ck:
@@ -220,7 +213,7 @@ def _checkpoint_mask(path: Path, wl: Workload) -> np.ndarray:
         dense, mask = ck.read(lt)
         mask = (dense != 0) if mask is None else mask
         m = mask.numpy()
-        return m if input_dim(lt.name, lt.shape, conv1d=conv1d_layout(ck.config)) == 1 else m.T
+        return m if plan_targets([lt], ck.config)[lt.name].input_dim == 1 else m.T
 
 
 __all__ = ["Progress", "hardware_constants", "parse_sparsities", "run_simulation", "select_devices"]

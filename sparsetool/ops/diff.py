@@ -21,7 +21,7 @@ import torch
 
 from sparsetool.checkpoint import open_checkpoint
 from sparsetool.errors import SparsetoolError
-from sparsetool.targets import LINEAR_ROLES, conv1d_layout, input_dim, is_floating, is_targeted, role
+from sparsetool.targets import LINEAR_ROLES, conv1d_layout, input_dim, is_floating, plan_targets, role
 
 __all__ = ["KINDS", "Stats", "DiffRow", "DiffResult", "diff", "split_parts", "plot_diff"]
 
@@ -271,7 +271,7 @@ def diff(a: str | Path, b: str | Path, *, include: Sequence[str] = (), exclude: 
     """Compare every targeted weight of checkpoint ``a`` with the same weight of ``b``.
 
     Both are ``.safetensors`` files or Hugging Face directories in any encoding, with the same
-    tensor names and shapes. Targets are chosen on ``a`` by :func:`sparsetool.targets.is_targeted`
+    tensor names and shapes. Targets are chosen on ``a`` by :func:`sparsetool.targets.plan_targets`
     with ``include``/``exclude`` globs; the Q/K/V layout comes from ``a``'s ``config.json`` (or
     ``b``'s). One tensor pair is in memory at a time.
     """
@@ -280,7 +280,8 @@ def diff(a: str | Path, b: str | Path, *, include: Sequence[str] = (), exclude: 
         _check_same(ca, cb)
         config = ca.config if ca.config is not None else cb.config
         bmap = {lt.name: lt for lt in cb.logical}
-        todo = [lt for lt in ca.logical if is_targeted(lt.name, lt.shape, lt.dtype, include, exclude)]
+        plan = plan_targets(ca.logical, config, include, exclude, source=Path(a).name)
+        todo = [lt for lt in ca.logical if plan[lt.name].targeted]
         if not todo:
             raise SparsetoolError(f"{a}: no tensor is targeted; name the weights to compare with --include GLOB")
         result = DiffResult(Path(a), Path(b))

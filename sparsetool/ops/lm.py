@@ -19,7 +19,7 @@ from sparsetool.checkpoint import open_checkpoint
 from sparsetool.checkpoint.config import drop_sparsity_config
 from sparsetool.checkpoint.zeros import count_nonzero
 from sparsetool.errors import SparsetoolError
-from sparsetool.targets import is_floating, is_targeted
+from sparsetool.targets import is_floating, plan_targets
 
 __all__ = ["LM", "Encoded", "DTYPES", "open_lm", "read_text"]
 
@@ -58,13 +58,14 @@ class LM:
 
 def _counts(weights: dict[str, torch.Tensor]) -> dict[str, int]:
     out = dict(numel=0, nonzero=0, targeted_numel=0, targeted_nonzero=0)
+    plan = plan_targets([(name, tuple(t.shape), t.dtype) for name, t in weights.items()])
     for name, t in weights.items():
         if not is_floating(t.dtype):
             continue
         nz = count_nonzero(t)
         out["numel"] += t.numel()
         out["nonzero"] += nz
-        if is_targeted(name, tuple(t.shape), t.dtype):
+        if plan[name].targeted:
             out["targeted_numel"] += t.numel()
             out["targeted_nonzero"] += nz
     return out

@@ -129,6 +129,7 @@ class PruneResult:
     output: Path
     options: PruneOptions
     tensors: list[TensorResult] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what will not load the output correctly
 
     @property
     def numel(self) -> int:
@@ -155,6 +156,7 @@ class PruneResult:
             "summary": {"targeted_tensors": len(self.tensors), "targeted_numel": self.numel,
                         "targeted_nonzero": self.nonzero,
                         "targeted_sparsity": self.targeted_sparsity},
+            "warnings": list(self.warnings),
         }
 
 
@@ -398,7 +400,22 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
                     done += 1
                     if progress:
                         progress("prune", done, len(targets))
+    if ckpt.is_dir and ckpt.config is not None and opts.encoding in LOADER_WARNINGS:
+        result.warnings.append(LOADER_WARNINGS[opts.encoding].format(out=out))
     return result
+
+
+# Encodings that a Hugging Face directory's usual loader reads wrongly (tests/test_loaders.py).
+LOADER_WARNINGS = {
+    "nan": ("transformers' from_pretrained loads the nan encoding as a model full of NaN; "
+            "sparsetool.load and `sparsetool eval` read it. For transformers run "
+            "`sparsetool densify {out} -o DENSE_DIR`, or prune with --encoding zeros or mask"),
+    "bitmask": ("transformers' from_pretrained cannot load the bitmask encoding (it asks for "
+                "compressed-tensors, whose current releases dropped sparse-bitmask and "
+                "re-initialise the pruned weights at random); sparsetool.load and `sparsetool eval` "
+                "read it. For transformers run `sparsetool densify {out} -o DENSE_DIR`, or prune "
+                "with --encoding zeros or mask"),
+}
 
 
 def _check_name_clashes(ckpt: Checkpoint, targets: list[LogicalTensor], encoding: str) -> None:
