@@ -36,12 +36,11 @@ from sparsetool.checkpoint import (
 )
 from sparsetool.checkpoint.provenance import provenance_metadata, read_provenance
 from sparsetool.masks.distributions import keep_counts
+from sparsetool.options import check_fraction, check_seed, check_sparsity
 from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.masks.select import (
     MagnitudeHistogram,
     apply_threshold,
-    check_fraction,
-    check_sparsity,
     fraction_keep,
     global_threshold_plan,
     magnitude_mask,
@@ -86,6 +85,7 @@ class PruneOptions:
             check_sparsity(self.sparsity)
         if self.fraction is not None:
             check_fraction(self.fraction)
+        check_seed(self.seed)
         for opt, value, allowed in (("--method", self.method, METHODS),
                                     ("--scope", self.scope, SCOPES),
                                     ("--distribution", self.distribution, DISTRIBUTIONS),
@@ -437,21 +437,5 @@ def _check_name_clashes(ckpt: Checkpoint, targets: list[LogicalTensor], encoding
                 )
 
 
-def parse_nm(text: str) -> tuple[int, int]:
-    """``"2:4"`` -> ``(2, 4)``.
-
-    >>> parse_nm("2:4")
-    (2, 4)
-    """
-    try:
-        n, m = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise ConfigError(f"--nm {text!r}: expected N:M with integers, e.g. 2:4 "
-                          "(keep 2 of every 4 weights)") from None
-    if not (0 < n <= m):
-        raise ConfigError(f"--nm {text}: need 0 < N <= M (keep N of every M weights)")
-    return n, m
-
-
-__all__ = ["PruneOptions", "PruneResult", "TensorResult", "prune_checkpoint", "parse_nm",
+__all__ = ["PruneOptions", "PruneResult", "TensorResult", "prune_checkpoint",
            "targeted_tensors", "checkpoint_plan"]

@@ -1,0 +1,252 @@
+"""The one parser and validator of the options every command shares (no torch, no typer).
+
+Library callers get a :class:`~sparsetool.errors.ConfigError` (a SparsetoolError: exit 1 when it
+reaches the CLI); the CLI runs the same functions as option callbacks and turns the error into a
+usage error (exit 2) before anything heavy is imported.
+
+The rules, the same in prune, flops, simulate and train:
+
+- sparsity S, the fraction of zeros: ``0 <= S <= 1``. S = 1 is allowed everywhere (every targeted
+  weight zero: a legitimate end point of a sweep, and what ``--fraction`` refuses to reach).
+- fraction F of the *remaining* non-zeros to prune (one iterative step): ``0 <= F < 1``.
+- N:M: keep N of every M consecutive weights, integers with ``0 < N <= M``.
+- token counts: ``26B``, ``2.6e10``, ``300M``, ``1_000``, ``64,512`` (suffixes K, M, B or G, T;
+  decimal, not binary); must come out a whole number.
+- seeds: whole numbers ``0 <= seed < 2**63``.
+- include/exclude: glob patterns over tensor names, each non-empty.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal, InvalidOperation
+from typing import Iterable
+
+from sparsetool.errors import ConfigError
+
+__all__ = [
+    "check_sparsity", "check_fraction", "check_seed", "parse_sparsity", "parse_sparsities",
+    "parse_fraction", "parse_nm", "parse_tokens", "parse_seed", "parse_stage", "parse_globs",
+]
+
+_SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+MAX_SEED = 2**63
+
+
+def _number(value: object) -> float | None:
+    """``value`` as a float if it is a real number (not a bool, not NaN), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return float(value)
+
+
+def check_sparsity(value: float, option: str = "--sparsity") -> float:
+    """Return ``value`` if it is a sparsity (a fraction of zeros, 0 <= S <= 1), else raise.
+
+    >>> check_sparsity(0.75), check_sparsity(1)
+    (0.75, 1.0)
+    >>> check_sparsity(1.5)
+    Traceback (most recent call last):
+    ...
+    sparsetool.errors.ConfigError: --sparsity must be a number from 0 to 1 (the fraction of weights set to zero), got 1.5; for example --sparsity 0.75
+    """
+    x = None if isinstance(value, str) else _number(value)
+    if x is None or not (0 <= x <= 1):
+        hint = f" (write {x:g}% as {x / 100:g})" if x is not None and 1 < x <= 100 else ""
+        raise ConfigError(
+            f"{option} must be a number from 0 to 1 (the fraction of weights set to zero), "
+            f"got {value!r}{hint}; for example {option} 0.75"
+        )
+    return x
+
+
+def check_fraction(value: float, option: str = "--fraction") -> float:
+    """Return ``value`` if it is a pruning fraction (0 <= F < 1), else raise.
+
+    F is the fraction of the *remaining* non-zeros to prune in one iterative step; F = 1 would
+    prune everything and is refused (use a sparsity of 1 for that).
+
+    >>> check_fraction(0.2)
+    0.2
+    >>> check_fraction(1.0)
+    Traceback (most recent call last):
+    ...
+    sparsetool.errors.ConfigError: --fraction must be at least 0 and below 1 (the fraction of the remaining non-zeros to prune), got 1.0; for example --fraction 0.2
+    """
+    x = None if isinstance(value, str) else _number(value)
+    if x is None or not (0 <= x < 1):
+        raise ConfigError(
+            f"{option} must be at least 0 and below 1 (the fraction of the remaining non-zeros "
+            f"to prune), got {value!r}; for example {option} 0.2"
+        )
+    return x
+
+
+def parse_sparsity(text: str | float, option: str = "--sparsity") -> float:
+    """One sparsity from text (or a number).
+
+    >>> parse_sparsity("0.75"), parse_sparsity("1.0"), parse_sparsity(0)
+    (0.75, 1.0, 0.0)
+    """
+    x = _number(text)
+    return check_sparsity(text if x is None else x, option)
+
+
+def parse_fraction(text: str | float, option: str = "--fraction") -> float:
+    """One pruning fraction from text (or a number).
+
+    >>> parse_fraction("0.2")
+    0.2
+    """
+    x = _number(text)
+    return check_fraction(text if x is None else x, option)
+
+
+def parse_sparsities(text: str, option: str = "--sparsity") -> list[float]:
+    """``"0,0.5,0.75"`` -> ``[0.0, 0.5, 0.75]``; each checked like :func:`parse_sparsity`.
+
+    >>> parse_sparsities("0, 0.5,0.75"), parse_sparsities("1")
+    ([0.0, 0.5, 0.75], [1.0])
+    >>> parse_sparsities("0.5,,0.7")
+    Traceback (most recent call last):
+    ...
+    sparsetool.errors.ConfigError: --sparsity '0.5,,0.7': '' is not a number; give fractions of zeros like 0.75 or 0,0.5,0.75
+    """
+    out = []
+    for part in str(text).split(","):
+        if _number(part) is None:
+            raise ConfigError(f"{option} '{text}': '{part.strip()}' is not a number; "
+                              "give fractions of zeros like 0.75 or 0,0.5,0.75")
+        out.append(parse_sparsity(part, option))
+    return out
+
+
+def parse_nm(text: str, option: str = "--nm") -> tuple[int, int]:
+    """``"2:4"`` -> ``(2, 4)``: keep N of every M consecutive weights, ``0 < N <= M``.
+
+    >>> parse_nm("2:4")
+    (2, 4)
+    >>> parse_nm("4:2")
+    Traceback (most recent call last):
+    ...
+    sparsetool.errors.ConfigError: --nm 4:2: need 0 < N <= M (keep N of every M weights)
+    """
+    try:
+        n, m = (int(x) for x in str(text).split(":"))
+    except ValueError:
+        raise ConfigError(f"{option} {text!r}: expected N:M with integers, e.g. 2:4 "
+                          "(keep 2 of every 4 weights)") from None
+    if not (0 < n <= m):
+        raise ConfigError(f"{option} {text}: need 0 < N <= M (keep N of every M weights)")
+    return n, m
+
+
+def parse_tokens(text: str | int | float, option: str = "--tokens", minimum: int = 1) -> int:
+    """A token count: ``26B``, ``2.6e10``, ``300M``, ``1_000`` or ``64,512`` -> an int.
+
+    Suffixes K, M, B (or G), T are powers of 1000. The arithmetic is decimal, so ``64.512M`` is
+    exactly 64512000; a count that is not a whole number, or below ``minimum``, is refused.
+
+    >>> parse_tokens("26B"), parse_tokens("2.6e10"), parse_tokens("300M"), parse_tokens("1_000")
+    (26000000000, 26000000000, 300000000, 1000)
+    >>> parse_tokens("64,512"), parse_tokens("64.512M"), parse_tokens(2048)
+    (64512, 64512000, 2048)
+    >>> parse_tokens("lots")
+    Traceback (most recent call last):
+    ...
+    sparsetool.errors.ConfigError: --tokens 'lots' is not a token count; write e.g. 26B, 2.6e10, 300M or 1_000
+    """
+    if isinstance(text, bool):
+        text = "bad"
+    t = str(text).strip().replace(",", "").replace("_", "")
+    mult = _SUFFIX.get(t[-1:].lower(), 1) if t and not t[-1:].isdigit() else 1
+    if mult != 1:
+        t = t[:-1]
+    try:
+        value = Decimal(t) * mult
+    except InvalidOperation:
+        value = Decimal("NaN")
+    if not value.is_finite():
+        raise ConfigError(f"{option} {str(text)!r} is not a token count; write e.g. 26B, 2.6e10, "
+                          "300M or 1_000")
+    if value != value.to_integral_value():
+        raise ConfigError(f"{option} {text}: a token count is a whole number, got {value:f}")
+    if value < minimum:
+        least = "zero or more" if minimum == 0 else f"at least {minimum}"
+        raise ConfigError(f"{option} {text}: give {least} tokens")
+    return int(value)
+
+
+def check_seed(value: int, option: str = "--seed") -> int:
+    """Return ``value`` if it is a seed (a whole number, 0 <= seed < 2**63), else raise.
+
+    >>> check_seed(0)
+    0
+    >>> check_seed(-1)
+    Traceback (most recent call last):
+    ...
+    sparsetool.errors.ConfigError: --seed must be a whole number from 0 to 2**63 - 1, got -1
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not (0 <= value < MAX_SEED):
+        raise ConfigError(f"{option} must be a whole number from 0 to 2**63 - 1, got {value!r}")
+    return value
+
+
+def parse_seed(text: str | int, option: str = "--seed") -> int:
+    """A seed from text (or an int).
+
+    >>> parse_seed("42")
+    42
+    """
+    if isinstance(text, str):
+        try:
+            text = int(text.strip())
+        except ValueError:
+            pass
+    return check_seed(text, option)  # type: ignore[arg-type]
+
+
+def parse_stage(text: str, option: str = "--stage") -> tuple[float, float]:
+    """``"0.9:0.8"`` -> (sparsity 0.9, fraction 0.8 of the run); the sparsity as ``--sparsity``,
+    the fraction in (0, 1].
+
+    >>> parse_stage("0.9:0.8"), parse_stage("1:1")
+    ((0.9, 0.8), (1.0, 1.0))
+    """
+    parts = str(text).split(":")
+    if len(parts) != 2 or _number(parts[0]) is None or _number(parts[1]) is None:
+        raise ConfigError(f"{option} {text!r} is not SPARSITY:FRACTION, e.g. {option} 0.9:0.8 "
+                          f"{option} 0:0.2")
+    s = parse_sparsity(parts[0], f"{option} sparsity")
+    f = float(parts[1])
+    if not 0.0 < f <= 1.0:
+        raise ConfigError(f"{option} {text!r}: the fraction of the run must be in (0, 1], got {f:g}")
+    return s, f
+
+
+def parse_globs(patterns: Iterable[str] | str | None, option: str = "--include") -> tuple[str, ...]:
+    """Glob patterns over tensor names as a tuple; a lone string is one pattern.
+
+    >>> parse_globs(["*.mlp.*", " lm_head.weight "])
+    ('*.mlp.*', 'lm_head.weight')
+    >>> parse_globs(None)
+    ()
+    """
+    if patterns is None:
+        return ()
+    if isinstance(patterns, str):
+        patterns = (patterns,)
+    out = []
+    for p in patterns:
+        if not isinstance(p, str) or not p.strip():
+            raise ConfigError(f"{option} needs a glob over tensor names, e.g. {option} '*.mlp.*', "
+                              f"got {p!r}")
+        out.append(p.strip())
+    return tuple(out)
