@@ -43,7 +43,8 @@ def prune(
     ``nm`` (``"2:4"`` or ``(2, 4)``, N kept of every M). ``output=None`` needs ``in_place=True``.
     Raises :class:`sparsetool.errors.SparsetoolError` on bad input; nothing is written then."""
     from sparsetool.errors import ConfigError
-    from sparsetool.ops.prune import PruneOptions, parse_nm, prune_checkpoint
+    from sparsetool.ops.prune import PruneOptions, prune_checkpoint
+    from sparsetool.options import parse_nm
 
     if output is None and not in_place:
         raise ConfigError("give an output path (or in_place=True to replace the input)")

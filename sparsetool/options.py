@@ -25,9 +25,14 @@ from typing import Iterable
 from sparsetool.errors import ConfigError
 
 __all__ = [
+    "METHODS", "SCOPES",
     "check_sparsity", "check_fraction", "check_seed", "parse_sparsity", "parse_sparsities",
     "parse_fraction", "parse_nm", "parse_tokens", "parse_seed", "parse_stage", "parse_globs",
 ]
+
+# The words prune's --method and --scope accept (the CLI lists them in --help without importing torch).
+METHODS = ("magnitude", "random")
+SCOPES = ("layer", "global")
 
 _SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 MAX_SEED = 2**63
@@ -59,10 +64,11 @@ def check_sparsity(value: float, option: str = "--sparsity") -> float:
     """
     x = None if isinstance(value, str) else _number(value)
     if x is None or not (0 <= x <= 1):
-        hint = f" (write {x:g}% as {x / 100:g})" if x is not None and 1 < x <= 100 else ""
+        hint = f" (write {x:g}% as {x / 100:g})" if x is not None and 2 <= x <= 100 else ""
+        example = f"; for example {option} 0.75" if " " not in option else ""
         raise ConfigError(
             f"{option} must be a number from 0 to 1 (the fraction of weights set to zero), "
-            f"got {value!r}{hint}; for example {option} 0.75"
+            f"got {value!r}{hint}{example}"
         )
     return x
 
@@ -82,9 +88,10 @@ def check_fraction(value: float, option: str = "--fraction") -> float:
     """
     x = None if isinstance(value, str) else _number(value)
     if x is None or not (0 <= x < 1):
+        example = f"; for example {option} 0.2" if " " not in option else ""
         raise ConfigError(
             f"{option} must be at least 0 and below 1 (the fraction of the remaining non-zeros "
-            f"to prune), got {value!r}; for example {option} 0.2"
+            f"to prune), got {value!r}{example}"
         )
     return x
 
@@ -161,7 +168,7 @@ def parse_tokens(text: str | int | float, option: str = "--tokens", minimum: int
     >>> parse_tokens("lots")
     Traceback (most recent call last):
     ...
-    sparsetool.errors.ConfigError: --tokens 'lots' is not a token count; write e.g. 26B, 2.6e10, 300M or 1_000
+    sparsetool.errors.ConfigError: --tokens 'lots' is not a number of tokens; write e.g. 26B, 2.6e10, 300M or 1_000
     """
     if isinstance(text, bool):
         text = "bad"
@@ -174,7 +181,7 @@ def parse_tokens(text: str | int | float, option: str = "--tokens", minimum: int
     except InvalidOperation:
         value = Decimal("NaN")
     if not value.is_finite():
-        raise ConfigError(f"{option} {str(text)!r} is not a token count; write e.g. 26B, 2.6e10, "
+        raise ConfigError(f"{option} {str(text)!r} is not a number of tokens; write e.g. 26B, 2.6e10, "
                           "300M or 1_000")
     if value != value.to_integral_value():
         raise ConfigError(f"{option} {text}: a token count is a whole number, got {value:f}")
@@ -224,7 +231,7 @@ def parse_stage(text: str, option: str = "--stage") -> tuple[float, float]:
     if len(parts) != 2 or _number(parts[0]) is None or _number(parts[1]) is None:
         raise ConfigError(f"{option} {text!r} is not SPARSITY:FRACTION, e.g. {option} 0.9:0.8 "
                           f"{option} 0:0.2")
-    s = parse_sparsity(parts[0], f"{option} sparsity")
+    s = parse_sparsity(parts[0], f"{option} {text!r}: sparsity")
     f = float(parts[1])
     if not 0.0 < f <= 1.0:
         raise ConfigError(f"{option} {text!r}: the fraction of the run must be in (0, 1], got {f:g}")

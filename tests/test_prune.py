@@ -197,21 +197,25 @@ def test_cli_report_table_and_plot(gpt2_file, tmp_path):
     assert "wte" not in r.stdout
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--sparsity", "1.5"], "--sparsity"),
-    (["--sparsity", "-0.1"], "--sparsity"),
-    (["--fraction", "1.0"], "--fraction"),
-    (["--nm", "2:5"], "5"),
-    (["--sparsity", "0.5", "--fraction", "0.5"], "exactly one"),
-    (["--sparsity", "0.5", "--encoding", "sparse24"], "--encoding"),
-    (["--sparsity", "0.5", "--scope", "global", "--method", "random"], "magnitude"),
+# Bad option values and combinations are usage errors (exit 2, click's "Error: ..." after the
+# usage line); a value that only the checkpoint shows to be wrong (--nm 2:5 on rows of 768) is a
+# runtime error (exit 1, "error: ..."). Until the one-vocabulary change all of these exited 1.
+@pytest.mark.parametrize("args, needle, code", [
+    (["--sparsity", "1.5"], "--sparsity", 2),
+    (["--sparsity", "-0.1"], "--sparsity", 2),
+    (["--fraction", "1.0"], "--fraction", 2),
+    (["--nm", "2:5"], "5", 1),
+    (["--sparsity", "0.5", "--fraction", "0.5"], "exactly one", 2),
+    (["--sparsity", "0.5", "--encoding", "sparse24"], "--encoding", 2),
+    (["--sparsity", "0.5", "--scope", "global", "--method", "random"], "magnitude", 2),
 ])
-def test_cli_bad_options_exit_1_clean(gpt2_file, tmp_path, args, needle):
+def test_cli_bad_options_exit_clean(gpt2_file, tmp_path, args, needle, code):
     out = tmp_path / "o.st"
     before = sha(gpt2_file)
     r = run("prune", gpt2_file, "-o", out, *args)
-    assert r.exit_code == 1, r.output
-    assert r.stderr.startswith("error:") and needle in r.stderr
+    assert r.exit_code == code, r.output
+    assert needle in r.stderr
+    assert r.stderr.startswith("error:") if code == 1 else "Error: " in r.stderr
     assert r.stdout == ""
     assert not out.exists() and sha(gpt2_file) == before
     assert [p.name for p in tmp_path.iterdir()] == [gpt2_file.name]

@@ -7,24 +7,50 @@ from typing import List, Optional
 
 import typer
 
+from sparsetool import options
 from sparsetool.cli._output import console, emit_json, failing_cleanly, percent, progress_bar
+from sparsetool.cli._params import (
+    ENCODING_NAMES,
+    checkpoint_argument,
+    checked,
+    choices,
+    exclude_option,
+    include_option,
+    json_option,
+    output_option,
+    quiet_option,
+    seed_option,
+    sparsity_option,
+    usage_error,
+    usage_errors,
+    value_of,
+)
+from sparsetool.masks.distributions import DISTRIBUTIONS
+from sparsetool.options import METHODS, SCOPES
+
+
+Method = choices("Method", METHODS)
+Scope = choices("Scope", SCOPES)
+Distribution = choices("Distribution", DISTRIBUTIONS)
+Encoding = choices("Encoding", ENCODING_NAMES)
 
 
 def prune(
-    checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT", help="A .safetensors file or a Hugging Face model directory."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Where to write (same layout as the input)."),
-    sparsity: Optional[float] = typer.Option(None, "--sparsity", "-s", help="Fraction of zeros wanted in each targeted tensor, in [0, 1]."),
-    fraction: Optional[float] = typer.Option(None, "--fraction", help="Prune this fraction of the REMAINING non-zeros, in [0, 1) (one iterative-pruning step)."),
-    nm: Optional[str] = typer.Option(None, "--nm", help="Structured N:M: keep N of every M consecutive weights along the input dimension, e.g. 2:4."),
-    method: str = typer.Option("magnitude", "--method", help="magnitude (keep the largest |w|) or random."),
-    scope: str = typer.Option("layer", "--scope", help="layer: the same sparsity in every tensor; global: one magnitude threshold across all targeted tensors."),
-    distribution: str = typer.Option("uniform", "--distribution", help="uniform or erk (Erdos-Renyi-Kernel per-tensor sparsities, same total non-zeros)."),
-    seed: int = typer.Option(0, "--seed", help="Seed for --method random."),
-    encoding: str = typer.Option("zeros", "--encoding", help="How pruned weights are stored: zeros, mask (bool <name>_mask tensors), nan (NaN sentinels), bitmask (compressed-tensors sparse-bitmask)."),
-    include: List[str] = typer.Option([], "--include", help="Also target tensors whose name matches this glob (repeatable)."),
-    exclude: List[str] = typer.Option([], "--exclude", help="Never target tensors whose name matches this glob (repeatable; wins over --include)."),
+    checkpoint: Path = checkpoint_argument(),
+    output: Optional[Path] = output_option(),
+    sparsity: Optional[str] = sparsity_option("Fraction of zeros wanted in each targeted tensor, from 0 to 1."),
+    fraction: Optional[str] = typer.Option(None, "--fraction", metavar="F", callback=checked(options.parse_fraction), help="Prune this fraction of the REMAINING non-zeros, at least 0 and below 1 (one iterative-pruning step)."),
+    nm: Optional[str] = typer.Option(None, "--nm", metavar="N:M", callback=checked(options.parse_nm), help="Structured N:M: keep N of every M consecutive weights along the input dimension, e.g. 2:4."),
+    method: Method = typer.Option("magnitude", "--method", help="magnitude (keep the largest |w|) or random."),
+    scope: Scope = typer.Option("layer", "--scope", help="layer: the same sparsity in every tensor; global: one magnitude threshold across all targeted tensors."),
+    distribution: Distribution = typer.Option("uniform", "--distribution", help="uniform or erk (Erdos-Renyi-Kernel per-tensor sparsities, same total non-zeros)."),
+    seed: int = seed_option("Seed for --method random."),
+    encoding: Encoding = typer.Option("zeros", "--encoding", help="How pruned weights are stored: zeros, mask (bool <name>_mask tensors), nan (NaN sentinels), bitmask (compressed-tensors sparse-bitmask)."),
+    include: List[str] = include_option(),
+    exclude: List[str] = exclude_option(),
     in_place: bool = typer.Option(False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+    quiet: bool = quiet_option(),
+    as_json: bool = json_option(),
 ) -> None:
     """Prune CHECKPOINT: zero the smallest (or random) weights of every targeted tensor.
 
@@ -39,17 +65,24 @@ def prune(
     sparsetool prune model.safetensors -o step2.safetensors --fraction 0.2 --encoding mask
     sparsetool prune model/ -o model-24/ --nm 2:4
     """
-    from sparsetool.ops.prune import PruneOptions, parse_nm, prune_checkpoint
-
     if output is None and not in_place:
-        raise typer.BadParameter("give -o OUTPUT (or --in-place to replace the input)", param_hint="-o")
+        usage_error("give -o OUTPUT (or --in-place to replace the input)")
+    given = [o for o, v in (("--sparsity", sparsity), ("--fraction", fraction), ("--nm", nm))
+             if v is not None]
+    if len(given) != 1:
+        usage_error("give exactly one of --sparsity S, --fraction F or --nm N:M "
+                    f"(got {', '.join(given) if given else 'none'})")
+    from sparsetool.ops.prune import PruneOptions, prune_checkpoint
+
+    opts = PruneOptions(
+        sparsity=sparsity, fraction=fraction, nm=nm, method=value_of(method),  # type: ignore[arg-type]
+        scope=value_of(scope), distribution=value_of(distribution), seed=seed,
+        encoding=value_of(encoding), include=tuple(include), exclude=tuple(exclude),
+    )
+    with usage_errors():
+        opts.validate()
     with failing_cleanly():
-        opts = PruneOptions(
-            sparsity=sparsity, fraction=fraction, nm=parse_nm(nm) if nm else None,
-            method=method, scope=scope, distribution=distribution, seed=seed,
-            encoding=encoding, include=tuple(include), exclude=tuple(exclude),
-        )
-        with progress_bar(not as_json) as progress:
+        with progress_bar(not (as_json or quiet)) as progress:
             result = prune_checkpoint(checkpoint, output or checkpoint, opts,
                                       in_place=in_place, progress=progress)
     if as_json:
@@ -66,7 +99,7 @@ def prune(
     )
     asked = bool(opts.sparsity or opts.fraction or opts.nm)
     untouched = sum(1 for t in result.tensors if t.numel and t.nonzero == t.nonzero_before)
-    if not asked:
+    if not asked or quiet:
         untouched = 0
     if untouched:
         console.print(f"note: {untouched} tensor(s) were already at least as sparse as asked and "

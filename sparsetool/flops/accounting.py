@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from sparsetool import options
 from sparsetool.errors import ConfigError
 from sparsetool.flops.config import CHINCHILLA_TOKENS_PER_PARAM, ModelConfig
 from sparsetool.flops.formula import LayerSparsity, forward_terms, layer_sparsities, param_counts
@@ -43,25 +44,13 @@ class Stage:
 
 
 def parse_stage(text: str) -> Stage:
-    """``"S:F"`` -> Stage(S, F), e.g. Variable SPDF's 90% sparse for 5/6 of the tokens.
+    """``"S:F"`` -> Stage(S, F), e.g. Variable SPDF's 90% sparse for 5/6 of the tokens
+    (parsed by :func:`sparsetool.options.parse_stage`, as train's ``--stage``).
 
     >>> parse_stage("0.9:0.8333")
     Stage(sparsity=0.9, fraction=0.8333)
     """
-    parts = text.split(":")
-    try:
-        if len(parts) != 2:
-            raise ValueError
-        s, f = float(parts[0]), float(parts[1])
-    except ValueError:
-        raise ConfigError(
-            f"--stage '{text}' is not SPARSITY:FRACTION (e.g. --stage 0.9:0.8333 --stage 0:0.1667)"
-        ) from None
-    if not 0.0 <= s <= 1.0:
-        raise ConfigError(f"--stage '{text}': sparsity must be in [0, 1], got {s}")
-    if not 0.0 < f <= 1.0:
-        raise ConfigError(f"--stage '{text}': fraction of the token budget must be in (0, 1], got {f}")
-    return Stage(s, f)
+    return Stage(*options.parse_stage(text))
 
 
 def check_stages(stages: Sequence[Stage], tol: float = 1e-3) -> list[Stage]:
@@ -201,46 +190,14 @@ def account(
     return out
 
 
-_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
-
-
-def parse_count(text: str | float, what: str = "--tokens") -> float:
-    """A token count written as ``26e9``, ``26B``, ``2.5b`` or ``64,512``.
+def parse_count(text: str | float, what: str = "--tokens") -> int:
+    """A token count (zero allowed) written as ``26e9``, ``26B``, ``2.5b`` or ``64,512``:
+    :func:`sparsetool.options.parse_tokens`.
 
     >>> parse_count("26B"), parse_count("2.5e9"), parse_count("64,512")
-    (26000000000.0, 2500000000.0, 64512.0)
+    (26000000000, 2500000000, 64512)
     """
-    if isinstance(text, (int, float)):
-        value = float(text)
-    else:
-        t = text.strip().replace(",", "").replace("_", "")
-        mult = _SUFFIX.get(t[-1:].lower(), 1.0) if t else 1.0
-        if mult != 1.0:
-            t = t[:-1]
-        try:
-            value = float(t) * mult
-        except ValueError:
-            raise ConfigError(f"{what} '{text}' is not a number (e.g. 26e9 or 26B)") from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise ConfigError(f"{what} must be zero or positive, got {text!r}")
-    return value
+    return options.parse_tokens(text, what, minimum=0)
 
 
-def parse_sparsities(text: str) -> list[float]:
-    """``"0,0.5,0.75"`` -> ``[0.0, 0.5, 0.75]``; each a fraction of zeros in [0, 1].
-
-    >>> parse_sparsities("0, 0.5,0.75")
-    [0.0, 0.5, 0.75]
-    """
-    out = []
-    for part in text.split(","):
-        try:
-            v = float(part)
-        except ValueError:
-            raise ConfigError(f"--sparsity '{text}': '{part.strip()}' is not a number; "
-                              "give fractions of zeros like 0.75 or 0,0.5,0.75") from None
-        if not 0.0 <= v <= 1.0:
-            hint = f" (write {v:g}% as {v / 100:g})" if 1.0 < v <= 100.0 else ""
-            raise ConfigError(f"--sparsity {part.strip()} is outside [0, 1] (fraction of zeros){hint}")
-        out.append(v)
-    return out
+parse_sparsities = options.parse_sparsities

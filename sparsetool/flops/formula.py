@@ -26,6 +26,7 @@ from typing import Mapping, Sequence
 
 from sparsetool.errors import ConfigError
 from sparsetool.flops.config import ModelConfig
+from sparsetool.options import parse_sparsity
 
 TERMS = ("qkv", "attn_logits", "softmax", "attn_values", "attn_out", "ffn", "logits", "embeddings")
 """Keys of :func:`forward_terms`, in the order Appendix F lists them (embeddings last: optional)."""
@@ -38,13 +39,7 @@ LayerSparsity = Sequence[Mapping[str, float]]
 
 
 def _check_sparsity(v: float, where: str) -> float:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: sparsity must be a number in [0, 1], got {v!r}") from None
-    if not 0.0 <= x <= 1.0:  # also rejects NaN
-        raise ConfigError(f"{where}: sparsity must be in [0, 1] (fraction of zeros), got {v!r}")
-    return x
+    return parse_sparsity(v, f"{where}: sparsity")
 
 
 def layer_sparsities(cfg: ModelConfig, sparsity: float | LayerSparsity) -> list[dict[str, float]]:

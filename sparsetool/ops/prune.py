@@ -35,8 +35,14 @@ from sparsetool.checkpoint import (
     write_checkpoint,
 )
 from sparsetool.checkpoint.provenance import provenance_metadata, read_provenance
-from sparsetool.masks.distributions import keep_counts
-from sparsetool.options import check_fraction, check_seed, check_sparsity
+from sparsetool.masks.distributions import DISTRIBUTIONS, keep_counts
+from sparsetool.options import (
+    METHODS,
+    SCOPES,
+    check_fraction,
+    check_seed,
+    check_sparsity,
+)
 from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.masks.select import (
     MagnitudeHistogram,
@@ -50,9 +56,6 @@ from sparsetool.masks.select import (
 from sparsetool.targets import TargetPlan, plan_targets
 from sparsetool.checkpoint.zeros import count_nonzero, nonzero_mask
 
-METHODS = ("magnitude", "random")
-SCOPES = ("layer", "global")
-DISTRIBUTIONS = ("uniform", "erk")
 
 Progress = Callable[[str, int, int], None]
 """Called as ``progress(stage, done, total)`` after each tensor of a pass."""

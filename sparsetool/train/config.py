@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sparsetool.configfile import load_mapping
+from sparsetool import options
 from sparsetool.errors import ConfigError
 
 ALGORITHMS = ("dense", "static", "gmp", "set", "rigl", "granet", "imp")
@@ -114,18 +115,12 @@ RESUMABLE_OVERRIDES = {"stop_at", "save_every", "eval_every", "keep_last", "log_
 
 
 def parse_stage(text: str) -> tuple[float, float]:
-    """``"0.9:0.8"`` -> (sparsity 0.9, fraction of steps 0.8).
+    """``"0.9:0.8"`` -> (sparsity 0.9, fraction of steps 0.8): :func:`sparsetool.options.parse_stage`.
 
     >>> parse_stage("0.9:0.8")
     (0.9, 0.8)
     """
-    try:
-        s, f = (float(x) for x in str(text).split(":"))
-    except ValueError:
-        raise ConfigError(
-            f"--stage {text!r} is not SPARSITY:FRACTION, e.g. --stage 0.9:0.8 --stage 0:0.2"
-        ) from None
-    return s, f
+    return options.parse_stage(text)
 
 
 def read_config_file(path: str | Path) -> dict:
@@ -224,12 +219,13 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         need(cfg.algorithm in ALGORITHMS,
              f"unknown --algorithm {cfg.algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
     if isinstance(cfg.sparsity, (int, float)) and not isinstance(cfg.sparsity, bool):
-        need(0.0 <= float(cfg.sparsity) < 1.0, f"--sparsity must be in [0, 1), got {cfg.sparsity}")
+        cfg.sparsity = options.check_sparsity(cfg.sparsity)
+    if cfg.initial_sparsity is not None:
+        cfg.initial_sparsity = options.check_sparsity(cfg.initial_sparsity, "--initial-sparsity")
+    cfg.seed = options.check_seed(cfg.seed)
     if cfg.stages:
         need(cfg.init is None or not cfg.dense, "--stage and --dense cannot be combined")
-        for s, f in cfg.stages:
-            need(0.0 <= s < 1.0, f"--stage sparsity must be in [0, 1), got {s}")
-            need(0.0 < f <= 1.0, f"--stage fraction must be in (0, 1], got {f}")
+        cfg.stages = [options.parse_stage(f"{s}:{f}") for s, f in cfg.stages]
         total = sum(f for _, f in cfg.stages)
         need(abs(total - 1.0) < 1e-6,
              f"--stage fractions must add up to 1 (they add up to {total:g}), e.g. "

@@ -42,6 +42,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from sparsetool.options import check_sparsity
 from sparsetool.errors import ConfigError
 from sparsetool.train.schedules import Periodic, Schedule, build_schedule
 from sparsetool.masks.kernel import top_k_mask
@@ -126,11 +127,9 @@ class Sparsifier:
 
     @staticmethod
     def _check_sparsity_value(value: Any, key: str) -> None:
+        # a number is a sparsity like every other (sparsetool.options); a mapping is a schedule
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not 0.0 <= float(value) < 1.0:
-                raise ConfigError(
-                    f"{key} must be in [0, 1) (the fraction of zeros), got {value}"
-                )
+            check_sparsity(value, key)
 
     def _resolve(self, total_steps: int) -> None:
         """Turn config values into schedules once ``total_steps`` is known."""
@@ -152,9 +151,7 @@ class Sparsifier:
         """Target sparsity of the sparse tensors at ``step``."""
         assert self._sparsity_schedule is not None, "attach() first"
         value = float(self._sparsity_schedule(step))
-        if not 0.0 <= value < 1.0:
-            raise ConfigError(f"the sparsity schedule gives {value} at step {step}; it must stay in [0, 1)")
-        return value
+        return check_sparsity(value, f"the sparsity schedule at step {step}")
 
     def drop_fraction_at(self, step: int) -> float:
         """Fraction of each tensor's kept weights swapped at an update (0: no drop-and-grow)."""

@@ -1,0 +1,139 @@
+"""The options every command shares, declared once: the same names, help and checks everywhere.
+
+Each check is a function of :mod:`sparsetool.options` run as a click callback while the command
+line is parsed, so a bad value is a usage error (exit 2) before torch is imported. Choice options
+are str Enums, so ``--help`` lists their values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import typer
+
+from sparsetool import options
+from sparsetool.errors import SparsetoolError
+
+
+# Names the library defines in torch-importing modules, repeated here so --help lists them without
+# loading torch; tests/test_cli_vocabulary.py checks they equal the library's own.
+ENCODING_NAMES = ("zeros", "mask", "nan", "bitmask")  # sparsetool.checkpoint.encodings.ENCODINGS
+TRAIN_PRESETS = ("tiny", "mini", "small", "base")  # sparsetool.train.model.PRESETS
+
+
+def choices(name: str, values: Iterable[str]) -> Any:
+    """A str Enum whose values are ``values``: typer shows them as ``[a|b|c]`` and checks them."""
+    return enum.Enum(name, {v: v for v in values}, type=str)
+
+
+def value_of(x: Any) -> Any:
+    """An Enum choice's string (None and plain values pass through)."""
+    return x.value if isinstance(x, enum.Enum) else x
+
+
+class UsageProblem(typer.BadParameter):
+    """A usage error (exit code 2) whose message already names the option at fault."""
+
+    def format_message(self) -> str:
+        return self.message
+
+
+def usage_error(message: str) -> None:
+    """Stop with a usage error: the message on stderr, exit code 2 (for checks that combine options)."""
+    raise UsageProblem(message)
+
+
+@contextlib.contextmanager
+def usage_errors() -> Iterator[None]:
+    """A SparsetoolError raised inside (a library check of how options combine) is a usage error."""
+    try:
+        yield
+    except SparsetoolError as e:
+        raise UsageProblem(str(e)) from None
+
+
+def checked(check: Callable[..., Any], **kw: Any) -> Callable[..., Any]:
+    """A click callback running ``check(value, option_name, **kw)``; its error becomes exit 2."""
+
+    def callback(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+        if ctx.resilient_parsing or value is None or (isinstance(value, (list, tuple)) and not value):
+            return value
+        name = max(param.opts, key=len)
+        try:
+            if isinstance(value, (list, tuple)) and check is not options.parse_globs:
+                return [check(v, name, **kw) for v in value]
+            return check(value, name, **kw)
+        except SparsetoolError as e:
+            raise UsageProblem(str(e), ctx=ctx, param=param) from None
+
+    return callback
+
+
+# --- output and verbosity ----------------------------------------------------------------------
+
+def output_option(help: str = "Where to write (same layout as the input).") -> Any:
+    return typer.Option(None, "-o", "--output", help=help)
+
+
+def json_option(help: str = "Print the result as JSON on stdout (no progress).") -> Any:
+    return typer.Option(False, "--json", help=help)
+
+
+def quiet_option() -> Any:
+    return typer.Option(False, "-q", "--quiet",
+                        help="No progress bars or notes on stderr (the result is still printed).")
+
+
+# --- the shared values -------------------------------------------------------------------------
+
+def sparsity_option(help: str) -> Any:
+    """One sparsity in [0, 1] (1.0 allowed: every targeted weight zero)."""
+    return typer.Option(None, "--sparsity", "-s", help=help, metavar="S",
+                        callback=checked(options.parse_sparsity))
+
+
+def sparsities_option(help: str) -> Any:
+    """A comma list of sparsities, each in [0, 1]."""
+    return typer.Option(None, "--sparsity", "-s", help=help, metavar="S[,S...]",
+                        callback=checked(options.parse_sparsities))
+
+
+def tokens_option(name: str, help: str, *, default: Any = None, minimum: int = 1,
+                  short: Optional[str] = None) -> Any:
+    """A token count such as 26B, 2.6e10, 300M or 1_000."""
+    names = (name,) if short is None else (name, short)
+    return typer.Option(default, *names, help=help, metavar="COUNT",
+                        callback=checked(options.parse_tokens, minimum=minimum))
+
+
+def seed_option(help: str = "Seed (a whole number from 0 to 2**63 - 1).", default: Any = 0) -> Any:
+    return typer.Option(default, "--seed", help=help, callback=checked(options.check_seed))
+
+
+def stage_option(help: str) -> Any:
+    return typer.Option([], "--stage", help=help, metavar="SPARSITY:FRACTION",
+                        callback=checked(options.parse_stage))
+
+
+def include_option(help: str = "Also target tensors whose name matches this glob (repeatable).") -> Any:
+    return typer.Option([], "--include", help=help, metavar="GLOB",
+                        callback=checked(options.parse_globs))
+
+
+def exclude_option(help: str = "Never target tensors whose name matches this glob (repeatable; "
+                                "wins over --include).") -> Any:
+    return typer.Option([], "--exclude", help=help, metavar="GLOB",
+                        callback=checked(options.parse_globs))
+
+
+def checkpoint_argument(required: bool = True) -> Any:
+    return typer.Argument(... if required else None, metavar="CHECKPOINT",
+                          help="A .safetensors file or a Hugging Face model directory.",
+                          show_default=False)
+
+
+__all__ = ["ENCODING_NAMES", "TRAIN_PRESETS", "UsageProblem", "choices", "value_of", "usage_error", "usage_errors", "checked", "output_option", "json_option",
+           "quiet_option", "sparsity_option", "sparsities_option", "tokens_option", "seed_option",
+           "stage_option", "include_option", "exclude_option", "checkpoint_argument"]
