@@ -65,7 +65,7 @@ def check_sparsity(value: float, option: str = "--sparsity") -> float:
     x = None if isinstance(value, str) else _number(value)
     if x is None or not (0 <= x <= 1):
         hint = f" (write {x:g}% as {x / 100:g})" if x is not None and 2 <= x <= 100 else ""
-        example = f"; for example {option} 0.75" if " " not in option else ""
+        example = f"; for example {option} 0.75" if option.startswith("--") and " " not in option else ""
         raise ConfigError(
             f"{option} must be a number from 0 to 1 (the fraction of weights set to zero), "
             f"got {value!r}{hint}{example}"
@@ -88,7 +88,7 @@ def check_fraction(value: float, option: str = "--fraction") -> float:
     """
     x = None if isinstance(value, str) else _number(value)
     if x is None or not (0 <= x < 1):
-        example = f"; for example {option} 0.2" if " " not in option else ""
+        example = f"; for example {option} 0.2" if option.startswith("--") and " " not in option else ""
         raise ConfigError(
             f"{option} must be at least 0 and below 1 (the fraction of the remaining non-zeros "
             f"to prune), got {value!r}{example}"

@@ -128,7 +128,7 @@ def test_gmp_and_granet_schedules():
         ({"algorithm": "static", "drop_fraction": 0.3}, "key 'drop_fraction' is not used by algorithm 'static'; valid keys: algorithm, distribution, init_method, param_filter, seed, sparsity"),
         ({"algorithm": "static", "update": {"freq": 3}}, "static has no mask updates"),
         ({"algorithm": "rigl", "update": {"every_other": 3}}, "unknown key 'every_other' in 'update'"),
-        ({"algorithm": "rigl", "sparsity": 1.5}, r"sparsity must be in \[0, 1\)"),
+        ({"algorithm": "rigl", "sparsity": 1.5}, "sparsity must be a number from 0 to 1"),  # 1.0 now allowed
         ({"algorithm": "rigl", "init_method": "snip"}, "init_method 'snip' is not known; valid: magnitude, random"),
         ({"algorithm": "rigl", "distribution": "dense"}, "valid: erk, uniform"),
         ({"algorithm": "rigl", "drop_fraction": 2}, r"drop_fraction must be in \[0, 1\]"),
@@ -137,7 +137,7 @@ def test_gmp_and_granet_schedules():
         ({"algorithm": "rigl", "freq": 5, "update_freq": 6}, "given twice"),
         ({"algorithm": "imp"}, "give a target sparsity or a number of rounds"),
         ({"algorithm": "imp", "sparsity": 0.5, "fraction": 1.0}, r"fraction must be in \(0, 1\)"),
-        ({"algorithm": "gmp", "initial_sparsity": -0.1}, "initial_sparsity must be in"),
+        ({"algorithm": "gmp", "initial_sparsity": -0.1}, "initial_sparsity must be a number from 0 to 1"),
         ({"algorithm": "rigl", "update": {"freq": 0}}, "freq must be >= 1"),
     ],
 )

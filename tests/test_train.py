@@ -224,18 +224,20 @@ def test_human_output_has_summary(tmp_path, corpus):
     assert "validation loss" in result.stdout and "tokens/s" in result.stdout
 
 
+# Usage errors (exit 2; before the one-vocabulary change these exited 1, and --sparsity refused
+# 1.0 in train only: now 0 <= S <= 1 everywhere).
 @pytest.mark.parametrize("extra, message", [
     (["--stage", "0.9:0.5"], "add up to 1"),
     (["--dense"], "--dense needs --init"),
-    (["--algorithm", "nope"], "unknown --algorithm"),
-    (["--sparsity", "1.5"], "--sparsity must be in [0, 1)"),
-    (["--preset", "huge"], "unknown --preset"),
+    (["--algorithm", "nope"], "'nope' is not one of"),
+    (["--sparsity", "1.5"], "--sparsity must be a number from 0 to 1"),
+    (["--preset", "huge"], "'huge' is not one of"),
 ])
 def test_bad_options_fail_cleanly_without_output(tmp_path, corpus, extra, message):
     out = tmp_path / "run"
     result = CliRunner().invoke(app, base_args(out, corpus) + extra)
-    assert result.exit_code == 1
-    assert result.stderr.startswith("error:") and message in result.stderr
+    assert result.exit_code == 2
+    assert "Error: " in result.stderr and message in result.stderr
     assert result.stdout == "" and not out.exists()
 
 

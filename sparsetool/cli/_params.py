@@ -33,6 +33,11 @@ def value_of(x: Any) -> Any:
     return x.value if isinstance(x, enum.Enum) else x
 
 
+def epilog(examples: Iterable[str]) -> str:
+    """The end of a command's --help: its examples, one per line, never rewrapped."""
+    return "Examples:\n\n\b\n" + "\n".join(examples)
+
+
 class UsageProblem(typer.BadParameter):
     """A usage error (exit code 2) whose message already names the option at fault."""
 
@@ -134,6 +139,6 @@ def checkpoint_argument(required: bool = True) -> Any:
                           show_default=False)
 
 
-__all__ = ["ENCODING_NAMES", "TRAIN_PRESETS", "UsageProblem", "choices", "value_of", "usage_error", "usage_errors", "checked", "output_option", "json_option",
+__all__ = ["ENCODING_NAMES", "TRAIN_PRESETS", "UsageProblem", "choices", "epilog", "value_of", "usage_error", "usage_errors", "checked", "output_option", "json_option",
            "quiet_option", "sparsity_option", "sparsities_option", "tokens_option", "seed_option",
            "stage_option", "include_option", "exclude_option", "checkpoint_argument"]

@@ -8,31 +8,40 @@ from typing import Optional
 import typer
 
 from sparsetool.cli._output import console, emit_json, failing_cleanly, progress_bar
+from sparsetool.cli._params import (
+    checkpoint_argument,
+    json_option,
+    output_option,
+    quiet_option,
+    usage_error,
+)
+
+
+EXAMPLES = (  # the end of --help: each runs as written (given the files named)
+    'sparsetool densify model-bitmask/ -o model-dense/',
+    'sparsetool densify model-75.safetensors -o model-75-dense.safetensors --json',
+)
 
 
 def densify(
-    checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT", help="A .safetensors file or a Hugging Face model directory."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Where to write (same layout as the input)."),
+    checkpoint: Path = checkpoint_argument(),
+    output: Optional[Path] = output_option(),
     in_place: bool = typer.Option(False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
+    quiet: bool = quiet_option(),
+    as_json: bool = json_option(),
 ) -> None:
     """Write CHECKPOINT as plain dense tensors: pruned weights become 0.0.
 
     Decodes every encoding (zeros, _mask tensors, NaN sentinels, compressed-tensors bitmask, and
     mixtures), drops _mask tensors, turns -0.0 into +0.0, and removes a sparsity_config from a
     carried config.json so loaders see an ordinary dense model.
-
-    Examples:
-
-    \b
-    sparsetool densify model-bitmask/ -o model-dense/
     """
+    if output is None and not in_place:
+        usage_error("give -o OUTPUT (or --in-place to replace the input)")
     from sparsetool.ops.densify import densify_checkpoint
 
-    if output is None and not in_place:
-        raise typer.BadParameter("give -o OUTPUT (or --in-place to replace the input)", param_hint="-o")
     with failing_cleanly():
-        with progress_bar(not as_json) as progress:
+        with progress_bar(not (as_json or quiet)) as progress:
             result = densify_checkpoint(checkpoint, output or checkpoint, in_place=in_place,
                                         progress=progress)
     if as_json:

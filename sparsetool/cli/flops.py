@@ -10,6 +10,13 @@ import typer
 from sparsetool.cli._output import console, emit_json, failing_cleanly, percent
 
 
+EXAMPLES = (  # the end of --help: each runs as written (given the files named)
+    'sparsetool flops --model gpt3-xl --sparsity 0.75',
+    'sparsetool flops --model gpt2-small --sparsity 0,0.5,0.75 --tokens 2.5B',
+    'sparsetool flops --model cerebras-gpt-256m --stage 0.9:0.8333 --stage 0:0.1667',
+)
+
+
 def flops(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="A preset (see --list)."),
     config: Optional[Path] = typer.Option(None, "--config", help="Model shapes from a TOML/JSON/YAML file or a Hugging Face config.json."),
@@ -34,15 +41,6 @@ def flops(
     attention over values, output projection, FFN, final logits; embeddings only with
     --embeddings); weight sparsity scales only QKV, attention output and FFN. Training =
     3 x forward per sequence, over tokens / seq-len sequences.
-
-    Examples:
-
-    \b
-    sparsetool flops --model gpt3-xl --sparsity 0.75
-    sparsetool flops --model gpt2-small --sparsity 0,0.5,0.75 --tokens 2.5B
-    sparsetool flops --model cerebras-gpt-256m --stage 0.9:0.8333 --stage 0:0.1667
-    sparsetool flops --model gpt3-xl -s 0.75 --finetune-tokens 64.5M --finetune-seq-len 512
-    sparsetool flops --checkpoint model-75/ --json
     """
     from sparsetool import flops as F
 

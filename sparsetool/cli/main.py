@@ -13,6 +13,7 @@ import typer
 from sparsetool import __version__
 from sparsetool.cli import densify, diff, flops, prune, report, simulate, train
 from sparsetool.cli import eval as eval_cli
+from sparsetool.cli._params import epilog
 
 app = typer.Typer(
     name="sparsetool",
@@ -25,13 +26,13 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-app.command("prune")(prune.prune)
-app.command("densify")(densify.densify)
-app.command("report")(report.report)
-app.command("flops")(flops.flops)
-app.command("train")(train.train)
-app.command("simulate")(simulate.simulate)
-app.command("eval")(eval_cli.eval_command)
+for _name, _module, _function in (
+    ("prune", prune, prune.prune), ("densify", densify, densify.densify),
+    ("report", report, report.report), ("flops", flops, flops.flops),
+    ("train", train, train.train), ("simulate", simulate, simulate.simulate),
+    ("eval", eval_cli, eval_cli.eval_command), ("diff", diff, diff.diff),
+):
+    app.command(_name, epilog=epilog(getattr(_module, "EXAMPLES", ())))(_function)
 app.command("diff")(diff.diff)
 
 

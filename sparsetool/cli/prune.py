@@ -35,6 +35,13 @@ Distribution = choices("Distribution", DISTRIBUTIONS)
 Encoding = choices("Encoding", ENCODING_NAMES)
 
 
+EXAMPLES = (  # the end of --help: each runs as written (given the files named)
+    'sparsetool prune model/ -o model-75/ --sparsity 0.75',
+    'sparsetool prune model.safetensors -o step2.safetensors --fraction 0.2 --encoding mask',
+    'sparsetool prune model/ -o model-24/ --nm 2:4',
+)
+
+
 def prune(
     checkpoint: Path = checkpoint_argument(),
     output: Optional[Path] = output_option(),
@@ -57,13 +64,6 @@ def prune(
     Targets are the attention (q/k/v, output) and feed-forward weights inside the transformer
     blocks; never embeddings, norms, biases or the LM head. Already-pruned weights stay pruned.
     The input is never modified; the output appears only when complete.
-
-    Examples:
-
-    \b
-    sparsetool prune model/ -o model-75/ --sparsity 0.75
-    sparsetool prune model.safetensors -o step2.safetensors --fraction 0.2 --encoding mask
-    sparsetool prune model/ -o model-24/ --nm 2:4
     """
     if output is None and not in_place:
         usage_error("give -o OUTPUT (or --in-place to replace the input)")

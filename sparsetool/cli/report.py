@@ -16,38 +16,48 @@ from sparsetool.cli._output import (
     percent,
     progress_bar,
 )
+from sparsetool.cli._params import (
+    checkpoint_argument,
+    choices,
+    exclude_option,
+    include_option,
+    json_option,
+    quiet_option,
+    value_of,
+)
 
 FORMATS = ("rich", "plain", "markdown", "github")
+Format = choices("Format", FORMATS)
+
+
+EXAMPLES = (  # the end of --help: each runs as written (given the files named)
+    'sparsetool report model-75/',
+    'sparsetool report model.safetensors --json',
+    'sparsetool report model-75/ --plot sparsity.png',
+)
 
 
 def report(
-    checkpoint: Path = typer.Argument(..., metavar="CHECKPOINT", help="A .safetensors file or a Hugging Face model directory."),
-    as_json: bool = typer.Option(False, "--json", help="Print {\"tensors\": [...], \"summary\": {...}} on stdout."),
+    checkpoint: Path = checkpoint_argument(),
+    as_json: bool = json_option("Print {\"tensors\": [...], \"summary\": {...}} on stdout."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw per-tensor sparsity bars into this PNG."),
     all_tensors: bool = typer.Option(True, "--all/--targeted", help="Show every tensor (default) or only the targeted ones."),
-    fmt: str = typer.Option("rich", "--format", help="Table style: rich, plain, markdown or github."),
-    include: List[str] = typer.Option([], "--include", help="Count tensors matching this glob as targeted (repeatable)."),
-    exclude: List[str] = typer.Option([], "--exclude", help="Do not count tensors matching this glob as targeted (repeatable)."),
+    fmt: Format = typer.Option("rich", "--format", help="Table style (rich falls back to plain when piped or narrow)."),
+    include: List[str] = include_option("Count tensors matching this glob as targeted (repeatable)."),
+    exclude: List[str] = exclude_option("Do not count tensors matching this glob as targeted (repeatable; wins over --include)."),
+    quiet: bool = quiet_option(),
 ) -> None:
     """Per-tensor sparsity of CHECKPOINT, with each tensor's role and whether prune targets it.
 
     The summary gives the sparsity over the targeted tensors AND over all parameters.
-
-    Examples:
-
-    \b
-    sparsetool report model-75/
-    sparsetool report model.safetensors --json | jq .summary
-    sparsetool report model-75/ --plot sparsity.png
     """
-    if fmt not in FORMATS:
-        raise typer.BadParameter(f"choose one of {', '.join(FORMATS)}", param_hint="--format")
+    fmt = value_of(fmt)
     from sparsetool.ops.report import plot_report, summarize
 
     with failing_cleanly():
         if plot is not None:
             check_plot_path(plot)
-        with progress_bar(not as_json) as progress:
+        with progress_bar(not (as_json or quiet)) as progress:
             rep = summarize(checkpoint, tuple(include), tuple(exclude), progress=progress)
         if plot is not None:
             plot_report(rep, plot)
@@ -91,5 +101,5 @@ def report(
                             disable_numparse=True, colalign=("left",) * 5 + ("right",) * 3))
         for k, v in summary:
             typer.echo(f"{k}: {v}")
-    if plot is not None:
+    if plot is not None and not quiet:
         console.print(f"plot: {plot}", highlight=False)

@@ -12,6 +12,13 @@ from rich.markup import escape
 from sparsetool.cli._output import console, emit_json, failing_cleanly, progress_bar
 
 
+EXAMPLES = (  # the end of --help: each runs as written (given the files named)
+    'sparsetool simulate --shape 12288x12288 --sparsity 0.9 --tokens 2048',
+    'sparsetool simulate --model gpt3-xl --sparsity 0.75',
+    'sparsetool simulate --shape 12288x12288 --sweep --plot speedup.png',
+)
+
+
 def simulate(
     checkpoint: Optional[Path] = typer.Argument(
         None, help="A .safetensors file or Hugging Face directory: simulate its real masks."),
@@ -45,14 +52,6 @@ def simulate(
     as_json: bool = typer.Option(False, "--json", help="Plain JSON on stdout."),
 ) -> None:
     """Masked-kernel hardware model: time, speedup and breakdown per device.
-
-    Examples (one layer, a checkpoint's real masks, a preset, a sweep with its plot):
-
-    \b
-    sparsetool simulate --shape 12288x12288 --sparsity 0.9 --tokens 2048
-    sparsetool simulate CHECKPOINT --tokens 4096
-    sparsetool simulate --model gpt3-xl --sparsity 0.75
-    sparsetool simulate --shape 12288x12288 --sweep --plot speedup.png
     """
     with failing_cleanly():
         from sparsetool.hardware.request import hardware_constants, run_simulation

@@ -7,38 +7,51 @@ from typing import Optional
 
 import typer
 
-EPILOG = """
-    Examples (the built-in corpus is the Python standard library's own source):
+from sparsetool import options
+from sparsetool.cli._params import (
+    TRAIN_PRESETS,
+    checked,
+    choices,
+    json_option,
+    output_option,
+    quiet_option,
+    seed_option,
+    sparsity_option,
+    stage_option,
+    usage_error,
+    usage_errors,
+    value_of,
+)
+from sparsetool.masks.distributions import DISTRIBUTIONS
+from sparsetool.train.config import ALGORITHMS
 
-    \b
-    sparsetool train --out runs/rigl --preset mini --steps 500 --algorithm rigl --sparsity 0.75
+EXAMPLES = (  # the end of --help: each runs as written (the corpus is Python's own source)
+    "sparsetool train -o runs/rigl --steps 500 --algorithm rigl --sparsity 0.75",
+    "sparsetool train -o runs/ft --init runs/rigl/model.safetensors --dense --steps 200",
+    "sparsetool train -o runs/vspdf --stage 0.9:0.8 --stage 0:0.2",
+)
 
-    SPDF: sparse pre-training, then dense fine-tuning on other text (revived weights start at 0):
+Preset = choices("Preset", TRAIN_PRESETS)
+Algorithm = choices("Algorithm", ALGORITHMS)
+Distribution = choices("Distribution", DISTRIBUTIONS)
+InitMethod = choices("InitMethod", ("random", "magnitude"))
+DType = choices("DType", ("auto", "float32", "bfloat16"))
 
-    \b
-    sparsetool train --out runs/pre --algorithm static --sparsity 0.75
-    sparsetool train --out runs/ft --init runs/pre/model.safetensors --dense --data my_texts/
 
-    Variable SPDF (90% sparse for 80% of the steps, then dense):
+def _check_device(value: str, option: str) -> str:
+    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
+        return value
+    from sparsetool.errors import ConfigError
 
-    \b
-    sparsetool train --out runs/vspdf --stage 0.9:0.8 --stage 0:0.2
-
-    Continue an interrupted run exactly, and run on several processes:
-
-    \b
-    sparsetool train --out runs/rigl --resume
-    torchrun --nproc_per_node 2 -m sparsetool train --out runs/ddp ...
-"""
-
-_ALGOS = "dense|static|gmp|set|rigl|granet|imp"
+    raise ConfigError(f"{option} {value!r}: use auto, cpu, cuda or cuda:N")
 
 
 def train(
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (created; holds checkpoints, logs, loss.png)."),
+    output: Optional[Path] = output_option("Run directory (created; holds checkpoints, logs, loss.png)."),
+    out: Optional[Path] = typer.Option(None, "--out", hidden=True, help="Old spelling of -o/--output."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML/TOML file with any of these options (flags override); accepts a Model Zoo 'sparsity:' block."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out from its latest checkpoint, exactly."),
-    preset: Optional[str] = typer.Option(None, "--preset", help="Model size: tiny, mini (default, 0.9M), small (4.9M), base (10M)."),
+    preset: Optional[Preset] = typer.Option(None, "--preset", help="Model size: tiny, mini (default, 0.9M), small (4.9M), base (10M)."),
     n_layer: Optional[int] = typer.Option(None, "--n-layer", help="Override the preset's layer count."),
     n_head: Optional[int] = typer.Option(None, "--n-head", help="Override the preset's head count."),
     d_model: Optional[int] = typer.Option(None, "--d-model", help="Override the preset's width."),
@@ -50,43 +63,54 @@ def train(
     warmup: Optional[int] = typer.Option(None, "--warmup", help="Linear warm-up steps (default 100), then cosine to 10%."),
     weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="AdamW decay of linear matrices (default 0.1)."),
     grad_clip: Optional[float] = typer.Option(None, "--grad-clip", help="Global gradient-norm clip (default 1.0; 0 = off)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for weights, masks and data order (default 0)."),
+    seed: Optional[int] = seed_option("Seed for weights, masks and data order (default 0).", default=None),
     data: Optional[str] = typer.Option(None, "--data", help="Text file or directory (default: the Python standard library)."),
-    algorithm: Optional[str] = typer.Option(None, "--algorithm", "-a", help=f"Sparse training algorithm: {_ALGOS}."),
-    sparsity: Optional[float] = typer.Option(None, "--sparsity", "-s", help="Target sparsity (fraction of zeros) of the targeted matrices."),
-    distribution: Optional[str] = typer.Option(None, "--distribution", help="Per-layer sparsity: uniform or erk."),
-    init_method: Optional[str] = typer.Option(None, "--init-method", help="Initial mask: random or magnitude."),
+    algorithm: Optional[Algorithm] = typer.Option(None, "--algorithm", "-a", help="Sparse training algorithm (default: static with --sparsity, else dense)."),
+    sparsity: Optional[str] = sparsity_option("Target sparsity (fraction of zeros, from 0 to 1) of the targeted matrices."),
+    distribution: Optional[Distribution] = typer.Option(None, "--distribution", help="Per-layer sparsity (default uniform)."),
+    init_method: Optional[InitMethod] = typer.Option(None, "--init-method", help="Initial mask (default random)."),
     update_freq: Optional[int] = typer.Option(None, "--update-freq", help="Steps between mask updates (dynamic algorithms)."),
     update_start: Optional[int] = typer.Option(None, "--update-start", help="First step of mask updates / pruning."),
     update_stop: Optional[int] = typer.Option(None, "--update-stop", help="Last step of mask updates / pruning."),
     drop_fraction: Optional[float] = typer.Option(None, "--drop-fraction", help="Fraction of kept weights dropped and regrown per update."),
-    initial_sparsity: Optional[float] = typer.Option(None, "--initial-sparsity", help="GraNet/GMP: sparsity the cubic ramp starts from (e.g. 0.5 for 50%->75%)."),
+    initial_sparsity: Optional[str] = typer.Option(None, "--initial-sparsity", metavar="S", callback=checked(options.parse_sparsity), help="GraNet/GMP: sparsity the cubic ramp starts from (e.g. 0.5 for 50%->75%)."),
     sparsity_option: list[str] = typer.Option([], "--sparsity-option", help="KEY=VALUE passed to the algorithm (repeatable), e.g. init_sparsity=0.5."),
     param_filter: list[str] = typer.Option([], "--param-filter", help="Glob of parameter names to sparsify (repeatable; default: the block matrices)."),
     init: Optional[Path] = typer.Option(None, "--init", help="Start from this checkpoint (any sparsetool encoding); keeps its masks."),
     dense: bool = typer.Option(False, "--dense", help="With --init: revive pruned weights at 0 and train densely (SPDF fine-tuning)."),
-    stage: list[str] = typer.Option([], "--stage", help="SPARSITY:FRACTION of the steps (repeatable): Variable SPDF, e.g. 0.9:0.8 then 0:0.2."),
+    stage: list[str] = stage_option("SPARSITY:FRACTION of the steps (repeatable): Variable SPDF, e.g. 0.9:0.8 then 0:0.2."),
     eval_every: Optional[int] = typer.Option(None, "--eval-every", help="Validation every N steps (default 100) and at the end."),
     save_every: Optional[int] = typer.Option(None, "--save-every", help="Checkpoint every N steps (default: only at the end)."),
     stop_at: Optional[int] = typer.Option(None, "--stop-at", help="Stop after this step with a checkpoint; continue later with --resume."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: torch's; 1 is often fastest for small models on a busy machine)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda or auto (default)."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="auto (bf16 autocast on capable GPUs), float32 or bfloat16."),
-    as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON (no progress bar)."),
+    device: Optional[str] = typer.Option(None, "--device", metavar="<auto|cpu|cuda|cuda:N>", callback=checked(_check_device), help="Where to train (default auto)."),
+    dtype: Optional[DType] = typer.Option(None, "--dtype", help="auto (default: bf16 autocast on capable GPUs), float32 or bfloat16."),
+    quiet: bool = quiet_option(),
+    as_json: bool = json_option("Print the final summary as JSON (no progress bar)."),
 ) -> None:
     """Train the built-in byte-level GPT, dense or with a sparse-training algorithm.
 
-    Writes checkpoints (safetensors, mask encoding), a JSONL/CSV log and loss.png into --out.
+    Writes checkpoints (safetensors, mask encoding), a JSONL/CSV log and loss.png into the run
+    directory -o/--output. Without --data the corpus is the Python standard library's own source.
+
+    SPDF: sparse pre-training, then dense fine-tuning (--init CHECKPOINT --dense; revived weights
+    start at 0). Variable SPDF: --stage SPARSITY:FRACTION, repeated. --resume continues an
+    interrupted run exactly; under torchrun (python -m sparsetool train ...) it runs on several
+    processes.
     """
     from rich.markup import escape
 
     from sparsetool.cli._output import console, failing_cleanly
 
+    if out is not None:
+        if output is not None and output != out:
+            usage_error("give the run directory once: -o/--output (--out is its old spelling)")
+        output = out
     with failing_cleanly():
         import yaml
 
         from sparsetool.errors import ConfigError
-        from sparsetool.train.config import merge, parse_stage, read_config_file
+        from sparsetool.train.config import merge, read_config_file
 
         file_values = read_config_file(config) if config else {}
         options = {}
@@ -96,43 +120,43 @@ def train(
             k, v = item.split("=", 1)
             options[k.strip()] = yaml.safe_load(v)
         flags = {
-            "out": str(out) if out else None, "preset": preset, "n_layer": n_layer, "n_head": n_head,
+            "out": str(output) if output else None, "preset": value_of(preset), "n_layer": n_layer, "n_head": n_head,
             "d_model": d_model, "context": context, "steps": steps, "batch_size": batch_size,
             "grad_accum": grad_accum, "lr": lr, "warmup": warmup, "weight_decay": weight_decay,
-            "grad_clip": grad_clip, "seed": seed, "data": data, "algorithm": algorithm,
-            "sparsity": sparsity, "distribution": distribution, "init_method": init_method,
+            "grad_clip": grad_clip, "seed": seed, "data": data, "algorithm": value_of(algorithm),
+            "sparsity": sparsity, "distribution": value_of(distribution), "init_method": value_of(init_method),
             "update_freq": update_freq, "update_start": update_start, "update_stop": update_stop,
             "drop_fraction": drop_fraction, "initial_sparsity": initial_sparsity, "param_filter": list(param_filter) or None,
             "sparsity_options": options, "init": str(init) if init else None,
-            "dense": dense or None, "stages": [parse_stage(s) for s in stage],
+            "dense": dense or None, "stages": list(stage),
             "eval_every": eval_every, "save_every": save_every, "stop_at": stop_at,
-            "device": device, "dtype": dtype, "threads": threads,
+            "device": device, "dtype": value_of(dtype), "threads": threads,
         }
-        if "out" not in file_values and out is None:
-            # bad usage (exit 2), not a failure of the run
-            raise typer.BadParameter("a run directory to create or resume is required", param_hint="--out")
+        if "out" not in file_values and output is None:
+            usage_error("give -o/--output RUN_DIR: a run directory to create or resume is required")
         if resume:
             from sparsetool.train.config import TrainConfig
 
-            cfg = TrainConfig(out=str(out) if out else file_values["out"])
+            cfg = TrainConfig(out=str(output) if output else file_values["out"])
         else:
-            cfg = merge(file_values, flags)
+            with usage_errors():  # options that do not fit together: exit 2, as a bad value
+                cfg = merge(file_values, flags)
         from sparsetool.train.loop import train as run_training
 
         overrides = {k: v for k, v in flags.items() if v is not None} if resume else None
-        if as_json:
+        if as_json or quiet:
             summary = run_training(cfg, resume=resume, flag_overrides=overrides)
         else:
             summary = run_training(cfg, resume=resume, callback=_Progress(console, escape),
                                    flag_overrides=overrides)
+    if not _is_master():
+        return
     if as_json:
         from sparsetool.cli._output import emit_json
 
-        if _is_master():
-            emit_json(summary)
-
-
-train.__doc__ = (train.__doc__ or "") + EPILOG
+        emit_json(summary)
+    elif quiet:
+        _Progress(console, escape)._summary(summary)
 
 
 def _is_master() -> bool:
@@ -193,6 +217,9 @@ class _Progress:
 
     def _end(self, s: dict) -> None:
         self.bar.stop()
+        self._summary(s)
+
+    def _summary(self, s: dict) -> None:
         from rich.table import Table
 
         t = Table(show_header=False, box=None)
