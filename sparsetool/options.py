@@ -186,7 +186,7 @@ def parse_tokens(text: str | int | float, option: str = "--tokens", minimum: int
     if value != value.to_integral_value():
         raise ConfigError(f"{option} {text}: a token count is a whole number, got {value:f}")
     if value < minimum:
-        least = "zero or more" if minimum == 0 else f"at least {minimum}"
+        least = {0: "zero or more", 1: "a positive number of"}.get(minimum, f"at least {minimum}")
         raise ConfigError(f"{option} {text}: give {least} tokens")
     return int(value)
 

@@ -85,7 +85,7 @@ def test_corrupt_checkpoint_is_a_clean_error_and_untouched(tmp_path):
 def test_checkpoint_conflicts_with_sparsity(tmp_path):
     write_gpt2(tmp_path / "m")
     r = run("--checkpoint", str(tmp_path / "m"), "-s", "0.5")
-    assert r.exit_code == 1 and "measured sparsity" in r.stderr
+    assert r.exit_code == 2 and "measured sparsity" in r.stderr  # a usage error (was exit 1)
 
 
 def test_llama_directory_with_gqa_and_swiglu(tmp_path):

@@ -111,18 +111,29 @@ def test_list_presets():
     assert set(json.loads(r.stdout)) >= {"gpt2-small", "gpt3-xl", "llama-1.3b", "cerebras-gpt-111m"}
 
 
+# Bad option values and combinations are usage errors: exit 2 (they exited 1 before the CLI
+# had one vocabulary); a file that cannot be read is a runtime error: exit 1.
 @pytest.mark.parametrize("args,match", [
     ((), "exactly one of --model"),
     (("-m", "gpt3-xl", "--config", "x.toml"), "exactly one of"),
-    (("-m", "gpt-9",), "unknown model preset 'gpt-9'"),
+    (("-m", "gpt-9",), "'gpt-9' is not one of"),
     (("-m", "gpt3-xl", "-s", "75"), "write 75% as 0.75"),
     (("-m", "gpt3-xl", "-s", "0.5,x"), "not a number"),
     (("-m", "gpt3-xl", "--stage", "0.9:0.5"), "sum to 0.5"),
     (("-m", "gpt3-xl", "--stage", "0.9:1", "-s", "0.5"), "--stage replaces --sparsity"),
     (("-m", "gpt3-xl", "--tokens", "many"), "not a number"),
     (("-m", "gpt3-xl", "--tokens", "0"), "positive"),
-    (("-m", "gpt3-xl", "--seq-len", "0"), "positive integer"),
+    (("-m", "gpt3-xl", "--seq-len", "0"), "greater than or equal to 1"),
     (("-m", "gpt3-xl", "--include", "*wte*"), "only apply with --checkpoint"),
+])
+def test_bad_usage_exits_2(args, match):
+    r = run(*args)
+    assert r.exit_code == 2, r.output
+    assert r.stdout == ""
+    assert "Error: " in r.stderr and match in r.stderr.replace("\n", " ")
+
+
+@pytest.mark.parametrize("args,match", [
     (("--config", "/nonexistent/m.toml"), "not found"),
     (("--checkpoint", "/nonexistent/model.safetensors"), "not found"),
 ])

@@ -8,6 +8,20 @@ from typing import Any, List, Optional
 import typer
 
 from sparsetool.cli._output import console, emit_json, failing_cleanly, percent
+from sparsetool.cli._params import (
+    choices,
+    exclude_option,
+    include_option,
+    json_option,
+    quiet_option,
+    sparsities_option,
+    stage_option,
+    tokens_option,
+    usage_error,
+    usage_errors,
+    value_of,
+)
+from sparsetool.flops.config import PRESETS
 
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
@@ -17,23 +31,27 @@ EXAMPLES = (  # the end of --help: each runs as written (given the files named)
 )
 
 
+Preset = choices("Preset", PRESETS)
+
+
 def flops(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="A preset (see --list)."),
+    model: Optional[Preset] = typer.Option(None, "--model", "-m", case_sensitive=False, help="A preset (--list shows their shapes)."),
     config: Optional[Path] = typer.Option(None, "--config", help="Model shapes from a TOML/JSON/YAML file or a Hugging Face config.json."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Infer shapes from a checkpoint (file or directory) and use each targeted tensor's measured sparsity."),
-    sparsity: Optional[str] = typer.Option(None, "--sparsity", "-s", help="Fraction of zeros in the targeted matmuls; several as 0,0.5,0.75 give one table [default: 0,0.5,0.75]."),
-    stage: List[str] = typer.Option([], "--stage", help="Variable SPDF stage SPARSITY:FRACTION of the token budget (repeatable; fractions sum to 1)."),
-    tokens: Optional[str] = typer.Option(None, "--tokens", help="Pre-training tokens, e.g. 26e9 or 26B [default: 20 per parameter, Chinchilla]."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length [default: the model's]."),
-    vocab: Optional[int] = typer.Option(None, "--vocab", help="Vocabulary size [default: the model's]."),
+    sparsity: Optional[str] = sparsities_option("Fraction of zeros in the targeted matmuls; several as 0,0.5,0.75 give one table [default: 0,0.5,0.75]."),
+    stage: List[str] = stage_option("Variable SPDF stage SPARSITY:FRACTION of the token budget (repeatable; fractions sum to 1)."),
+    tokens: Optional[str] = tokens_option("--tokens", "Pre-training tokens, e.g. 26B, 2.6e10 or 300M [default: 20 per parameter, Chinchilla]."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="Sequence length [default: the model's]."),
+    vocab: Optional[int] = typer.Option(None, "--vocab", min=1, help="Vocabulary size [default: the model's]."),
     embeddings: bool = typer.Option(False, "--embeddings", help="Count the embedding term 2*s*V*d (the SPDF tables do not)."),
-    finetune_tokens: Optional[str] = typer.Option(None, "--finetune-tokens", help="Add dense fine-tuning on this many tokens, e.g. 64.5M."),
-    finetune_seq_len: Optional[int] = typer.Option(None, "--finetune-seq-len", help="Fine-tuning sequence length [default: --seq-len]."),
+    finetune_tokens: Optional[str] = tokens_option("--finetune-tokens", "Add dense fine-tuning on this many tokens, e.g. 64.5M.", minimum=0),
+    finetune_seq_len: Optional[int] = typer.Option(None, "--finetune-seq-len", min=1, help="Fine-tuning sequence length [default: --seq-len]."),
     breakdown: bool = typer.Option(False, "--breakdown", help="Show every Appendix-F term with its formula."),
-    include: List[str] = typer.Option([], "--include", help="With --checkpoint: also count tensors matching this glob as targeted (repeatable)."),
-    exclude: List[str] = typer.Option([], "--exclude", help="With --checkpoint: do not count tensors matching this glob as targeted (repeatable)."),
+    include: List[str] = include_option("With --checkpoint: also count tensors matching this glob as targeted (repeatable)."),
+    exclude: List[str] = exclude_option("With --checkpoint: do not count tensors matching this glob as targeted (repeatable; wins over --include)."),
     list_presets: bool = typer.Option(False, "--list", help="List the model presets and exit."),
-    as_json: bool = typer.Option(False, "--json", help="Print the numbers as JSON (a list with several sparsities)."),
+    quiet: bool = quiet_option(),
+    as_json: bool = json_option("Print the numbers as JSON (a list with several sparsities)."),
 ) -> None:
     """Training and inference FLOPs, dense vs sparse, by Chinchilla Appendix F.
 
@@ -47,26 +65,21 @@ def flops(
     if list_presets:
         _print_presets(F, as_json)
         return
+    sources = [x for x in (model, config, checkpoint) if x is not None]
+    if len(sources) != 1:
+        usage_error("give exactly one of --model NAME, --config FILE or --checkpoint PATH "
+                    f"(presets: {', '.join(F.PRESETS)})")
+    if (include or exclude) and checkpoint is None:
+        usage_error("--include/--exclude only apply with --checkpoint")
+    if stage and (sparsity is not None or checkpoint is not None):
+        usage_error("--stage replaces --sparsity and cannot be used with --checkpoint")
+    if checkpoint is not None and sparsity is not None:
+        usage_error("--checkpoint uses the measured sparsity; drop --sparsity")
+    with usage_errors():
+        stages = F.check_stages([F.Stage(*st) for st in stage]) if stage else []
+    n_tokens = tokens
+    ft_tokens = finetune_tokens or 0
     with failing_cleanly():
-        sources = [x for x in (model, config, checkpoint) if x is not None]
-        if len(sources) != 1:
-            raise F.ConfigError(
-                "give exactly one of --model NAME, --config FILE or --checkpoint PATH "
-                f"(presets: {', '.join(F.PRESETS)})"
-            )
-        for opt, v in (("--seq-len", seq_len), ("--vocab", vocab), ("--finetune-seq-len", finetune_seq_len)):
-            if v is not None and v < 1:
-                raise F.ConfigError(f"{opt} must be a positive integer, got {v}")
-        if (include or exclude) and checkpoint is None:
-            raise F.ConfigError("--include/--exclude only apply with --checkpoint")
-        if stage and (sparsity is not None or checkpoint is not None):
-            raise F.ConfigError("--stage replaces --sparsity and cannot be used with --checkpoint")
-        if checkpoint is not None and sparsity is not None:
-            raise F.ConfigError("--checkpoint uses the measured sparsity; drop --sparsity")
-        n_tokens = F.parse_count(tokens) if tokens is not None else None
-        if n_tokens == 0:
-            raise F.ConfigError("--tokens must be positive")
-        ft_tokens = F.parse_count(finetune_tokens, "--finetune-tokens") if finetune_tokens else 0.0
         common: dict[str, Any] = dict(tokens=n_tokens, embeddings=embeddings,
                                       finetune_tokens=ft_tokens, finetune_seq_len=finetune_seq_len)
         notes: list[str] = []
@@ -74,20 +87,19 @@ def flops(
         if checkpoint is not None:
             from sparsetool.cli._output import progress_bar
 
-            with progress_bar(not as_json) as progress:
+            with progress_bar(not (as_json or quiet)) as progress:
                 measured = F.from_checkpoint(checkpoint, include=tuple(include), exclude=tuple(exclude),
                                              seq_len=seq_len, vocab=vocab, progress=progress)
             cfg = measured.config
             notes = list(measured.notes)
             results = [F.account(cfg, sparsity=measured.layer_sparsity, params=measured.params, **common)]
         else:
-            cfg = F.get_preset(model) if model is not None else F.load_config(config)
+            cfg = F.get_preset(value_of(model)) if model is not None else F.load_config(config)
             cfg = F.with_overrides(cfg, seq_len=seq_len, vocab=vocab)
-            if stage:
-                stages = [F.parse_stage(s) for s in stage]
+            if stages:
                 results = [F.account(cfg, stages=stages, **common)]
             else:
-                levels = F.parse_sparsities(sparsity if sparsity is not None else "0,0.5,0.75")
+                levels = sparsity if sparsity is not None else [0.0, 0.5, 0.75]
                 results = [F.account(cfg, sparsity=s, **common) for s in levels]
     from dataclasses import asdict
 
@@ -99,7 +111,7 @@ def flops(
     if as_json:
         emit_json(results[0] if len(results) == 1 else results)
         return
-    _render(F, cfg, results, notes, breakdown, measured is not None)
+    _render(F, cfg, results, [] if quiet else notes, breakdown, measured is not None)
 
 
 def _e(x: float) -> str:
