@@ -15,8 +15,6 @@ from sparsetool.masks.select import (
     MagnitudeHistogram,
     TensorPlan,
     apply_threshold,
-    check_fraction,
-    check_sparsity,
     fraction_keep,
     global_magnitude_masks,
     global_threshold_plan,
@@ -108,22 +106,7 @@ def test_keep_counts_round_half_to_even():
     assert fraction_keep(100, 0.2) == 80 and fraction_keep(0, 0.5) == 0
 
 
-@pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), float("inf"), True, "0.5", None])
-def test_check_sparsity_refuses(bad):
-    with pytest.raises(SparsetoolError, match="--sparsity must be a number from 0 to 1"):
-        check_sparsity(bad)
-
-
-@pytest.mark.parametrize("bad", [-0.1, 1.0, 2.0, float("nan"), False])
-def test_check_fraction_refuses(bad):
-    with pytest.raises(SparsetoolError, match="--fraction must be at least 0 and below 1"):
-        check_fraction(bad)
-
-
-def test_check_names_the_option():
-    with pytest.raises(SparsetoolError, match="--final-sparsity"):
-        check_sparsity(3, "--final-sparsity")
-    assert check_sparsity(1) == 1.0 and check_fraction(0) == 0.0
+# (the sparsity and fraction checks are tested with the other shared options: tests/test_options.py)
 
 
 # ----------------------------------------------------------------------------------------------
