@@ -128,7 +128,9 @@ def parse_sparsities(text: str, option: str = "--sparsity") -> list[float]:
     """
     out = []
     for part in str(text).split(","):
-        if _number(part) is None:
+        try:
+            float(part)
+        except ValueError:
             raise ConfigError(f"{option} '{text}': '{part.strip()}' is not a number; "
                               "give fractions of zeros like 0.75 or 0,0.5,0.75")
         out.append(parse_sparsity(part, option))

@@ -51,9 +51,9 @@ class Trainer:
             # A run stopped before its first checkpoint left nothing to keep: it starts again.
             if (self.run_dir / "latest").exists():
                 raise ConfigError(f"{self.run_dir} already holds a run; add --resume to continue "
-                                  "it or pick another --out")
+                                  "it or pick another -o/--output")
         elif self.run_dir.exists() and any(self.run_dir.iterdir()):
-            raise ConfigError(f"--out {self.run_dir} exists and is not empty; pick a new directory")
+            raise ConfigError(f"-o/--output {self.run_dir} exists and is not empty; pick a new directory")
         self.cfg = cfg
         if cfg.threads:
             torch.set_num_threads(int(cfg.threads))
