@@ -252,9 +252,13 @@ def parse_globs(patterns: Iterable[str] | str | None, option: str = "--include")
         return ()
     if isinstance(patterns, str):
         patterns = (patterns,)
+    if not isinstance(patterns, (list, tuple)):
+        raise ConfigError(f"{option} takes a glob or a list of globs, got {patterns!r}")
     out = []
     for p in patterns:
-        if not isinstance(p, str) or not p.strip():
+        if not isinstance(p, str):
+            raise ConfigError(f"{option} takes a glob or a list of globs, got {p!r}")
+        if not p.strip():
             raise ConfigError(f"{option} needs a glob over tensor names, e.g. {option} '*.mlp.*', "
                               f"got {p!r}")
         out.append(p.strip())

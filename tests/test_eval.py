@@ -345,4 +345,5 @@ def test_cli_bad_input_is_one_error_line(gpt2_dir, tmp_path):
 def test_cli_help_shows_choices_and_examples():
     r = CliRunner().invoke(app, ["eval", "--help"])
     assert r.exit_code == 0
-    assert "float32 or bfloat16" in r.output and "sparsetool eval runs/dense runs/static75" in r.output
+    # choices are listed as the option's metavar, as in every command's --help
+    assert "--dtype <float32|bfloat16>" in r.output and "sparsetool eval runs/dense runs/static75" in r.output

@@ -170,8 +170,11 @@ def test_seeds():
 def test_globs():
     assert parse_globs(("*.mlp.*", "lm_head.weight")) == ("*.mlp.*", "lm_head.weight")
     assert parse_globs("*.attn.*") == ("*.attn.*",) and parse_globs([]) == () and parse_globs(None) == ()
-    for bad in ([""], ["  "], [3]):
+    for bad in ([""], ["  "]):
         with pytest.raises(ConfigError, match="^--exclude needs a glob"):
+            parse_globs(bad, "--exclude")
+    for bad in ([3], 3, {"a": 1}):
+        with pytest.raises(ConfigError, match="^--exclude takes a glob or a list of globs"):
             parse_globs(bad, "--exclude")
 
 

@@ -142,18 +142,28 @@ def test_list_hardware_cites_every_constant():
 
 @pytest.mark.parametrize("args,match", [
     (("--shape", "12x", "--sparsity", "0.5"), "--shape"),
-    (("--shape", "64x64", "--sparsity", "1.5"), "--sparsity"),
     (("--shape", "64x64"), "--sparsity"),
     (("--shape", "64x64", "--model", "gpt3-xl", "--sparsity", "0.5"), "exactly one"),
-    (("--model", "gpt9", "--sparsity", "0.5"), "gpt9"),
     (("--shape", "64x64", "--sparsity", "0.5", "--device", "tpu"), "tpu"),
-    (("--shape", "64x64", "--sparsity", "0.5", "--tokens", "0"), "--tokens"),
     (("--shape", "64x64", "--sparsity", "0.75", "--pattern", "2:4"), "0.5"),
-    (("--shape", "64x64", "--sparsity", "0.5", "--pattern", "zigzag"), "zigzag"),
     (("missing.safetensors",), "not found"),
 ])
 def test_bad_input_is_one_clean_error(args, match):
     bad(*args, match=match)
+
+
+# A bad option value is a usage error, exit 2, found while parsing (these exited 1 before the
+# shared vocabulary).
+@pytest.mark.parametrize("args,match", [
+    (("--shape", "64x64", "--sparsity", "1.5"), "--sparsity must be a number from 0 to 1"),
+    (("--model", "gpt9", "--sparsity", "0.5"), "gpt9"),
+    (("--shape", "64x64", "--sparsity", "0.5", "--tokens", "0"), "--tokens"),
+    (("--shape", "64x64", "--sparsity", "0.5", "--pattern", "zigzag"), "zigzag"),
+])
+def test_bad_option_value_is_a_usage_error(args, match):
+    r = run(*args)
+    assert r.exit_code == 2, r.stdout
+    assert r.stdout == "" and "Error: " in r.stderr and match in r.stderr
 
 
 def test_checkpoint_with_sweep_is_refused(tmp_path):

@@ -16,6 +16,7 @@ from sparsetool.cli._output import (
     percent,
     progress_bar,
 )
+from sparsetool.cli._params import exclude_option, include_option, json_option
 
 HEADER = ["matrix", "layer", "kind", "sparsity A", "sparsity B", "mask IoU", "revived", "pruned",
           "rel L2", "angular"]
@@ -25,27 +26,27 @@ def _number(x: float) -> str:
     return "inf" if x == float("inf") else f"{x:.4g}"
 
 
+EXAMPLES = (  # the end of --help: each runs as written (given the checkpoints named)
+    "sparsetool diff sparse-pretrained/ finetuned/",
+    "sparsetool diff step-1000.safetensors step-2000.safetensors --json",
+    "sparsetool diff sparse-pretrained/ finetuned/ --plot angular.png --quiet",
+)
+
+
 def diff(
     a: Path = typer.Argument(..., metavar="A", help="The first checkpoint (.safetensors file or Hugging Face directory)."),
     b: Path = typer.Argument(..., metavar="B", help="The second checkpoint, with the same tensor names and shapes."),
-    as_json: bool = typer.Option(False, "--json", help="Print {\"tensors\": [...], \"summary\": {...}} on stdout."),
+    as_json: bool = json_option("Print {\"tensors\": [...], \"summary\": {...}} on stdout."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the angular distance heatmap (layers x matrices) into this PNG."),
-    include: List[str] = typer.Option([], "--include", help="Also compare tensors matching this glob (repeatable)."),
-    exclude: List[str] = typer.Option([], "--exclude", help="Do not compare tensors matching this glob (repeatable)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary line: no table, no progress bar."),
+    include: List[str] = include_option("Also compare tensors matching this glob (repeatable)."),
+    exclude: List[str] = exclude_option("Do not compare tensors matching this glob (repeatable; wins over --include)."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print only the summary line: no table, no progress bar, no notes."),
 ) -> None:
     """Compare the targeted weights of checkpoints A and B (say before and after fine-tuning).
 
     Per matrix (fused Q/K/V split into Q, K and V): sparsity of each, mask IoU of the non-zero sets,
     weights revived (zero in A, non-zero in B) and newly pruned, relative L2 change ||B-A||/||A||
     and angular distance 1 - cos(A, B). The summary pools all targeted weights as one vector.
-
-    Examples:
-
-    \b
-    sparsetool diff sparse-pretrained/ finetuned/
-    sparsetool diff step-1000.safetensors step-2000.safetensors --json | jq .summary
-    sparsetool diff sparse-pretrained/ finetuned/ --plot angular.png --quiet
     """
     from sparsetool.ops.diff import plot_diff
     from sparsetool.ops.diff import diff as run_diff
@@ -57,7 +58,7 @@ def diff(
             result = run_diff(a, b, include=tuple(include), exclude=tuple(exclude), progress=progress)
         if plot is not None:
             plot_diff(result, plot)
-    for note in result.notes:
+    for note in [] if quiet else result.notes:
         err_console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)
     if as_json:
         emit_json(result.to_json())

@@ -8,17 +8,16 @@ from typing import List, Optional
 import typer
 
 from sparsetool.cli._output import check_plot_path, console, emit_json, failing_cleanly, percent, progress_bar
+from sparsetool.cli._params import choices, json_option, quiet_option, tokens_option, value_of
 
 DTYPES = ("float32", "bfloat16")
 
-EPILOG = """
-    Examples:
-
-    \b
-    sparsetool eval runs/dense runs/static75
-    sparsetool eval gpt2/ gpt2-50/ gpt2-75/ --text wiki.txt --seq 512 --stride 256 --plot ppl.png
-    sparsetool eval model-75/ --text docs/ --max-tokens 20000 --json
-"""
+EXAMPLES = (  # the end of --help: each runs as written (given the checkpoints named)
+    "sparsetool eval runs/dense runs/static75",
+    "sparsetool eval gpt2/ gpt2-50/ gpt2-75/ --text wiki.txt --seq 512 --stride 256 --plot ppl.png",
+    "sparsetool eval model-75/ --text docs/ --max-tokens 20K --json",
+)
+DType = choices("DType", DTYPES)
 
 
 def eval_command(
@@ -26,12 +25,12 @@ def eval_command(
     text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text file, or a directory of them (joined in name order). Default: the held-out split of the built-in training corpus."),
     seq: Optional[int] = typer.Option(None, "--seq", help="Window length in tokens. Default: the model's context, at most 2048."),
     stride: Optional[int] = typer.Option(None, "--stride", help="Start a window every S tokens (S < --seq: overlapping windows, each scoring only tokens no earlier window scored). Default: --seq (no overlap)."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Score only the first N tokens of the text."),
+    max_tokens: Optional[str] = tokens_option("--max-tokens", "Score only the first N tokens of the text (e.g. 20000 or 20K)."),
     batch: int = typer.Option(1, "--batch", help="Windows per forward pass."),
-    dtype: str = typer.Option("float32", "--dtype", help="Compute precision: float32 or bfloat16."),
-    as_json: bool = typer.Option(False, "--json", help="Print {\"text\": ..., \"checkpoints\": [...]} on stdout."),
+    dtype: DType = typer.Option("float32", "--dtype", help="Compute precision."),
+    as_json: bool = json_option("Print {\"text\": ..., \"checkpoints\": [...]} on stdout."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw perplexity vs targeted sparsity into this PNG."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    quiet: bool = quiet_option(),
 ) -> None:
     """Score CKPT... on the same text: mean NLL per predicted token (nats), perplexity = exp(NLL),
     bits per byte (total NLL in bits / UTF-8 bytes of the text), and perplexity change vs the first.
@@ -39,8 +38,7 @@ def eval_command(
     Hugging Face models need the hf extra (pip install 'sparsetool[hf]'); their weights are decoded
     by sparsetool, so every encoding (zeros, mask, nan, bitmask) evaluates correctly.
     """
-    if dtype not in DTYPES:
-        raise typer.BadParameter(f"choose one of {', '.join(DTYPES)}", param_hint="--dtype")
+    dtype = value_of(dtype)
     from sparsetool.ops.eval import evaluate, plot_eval
 
     with failing_cleanly():
@@ -81,8 +79,5 @@ def eval_command(
         typer.echo(tabulate(cells, headers=header, disable_numparse=True,
                             colalign=("left",) + ("right",) * (len(header) - 1)))
         typer.echo(footer)
-    if plot is not None:
+    if plot is not None and not quiet:
         console.print(f"plot: {plot}", highlight=False, soft_wrap=True)
-
-
-eval_command.__doc__ = (eval_command.__doc__ or "") + EPILOG

@@ -33,7 +33,6 @@ for _name, _module, _function in (
     ("eval", eval_cli, eval_cli.eval_command), ("diff", diff, diff.diff),
 ):
     app.command(_name, epilog=epilog(getattr(_module, "EXAMPLES", ())))(_function)
-app.command("diff")(diff.diff)
 
 
 def _version(value: bool) -> None:

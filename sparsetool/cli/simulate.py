@@ -10,37 +10,54 @@ import typer
 from rich.markup import escape
 
 from sparsetool.cli._output import console, emit_json, failing_cleanly, progress_bar
+from sparsetool.cli._params import (
+    choices,
+    exclude_option,
+    include_option,
+    json_option,
+    quiet_option,
+    seed_option,
+    sparsities_option,
+    tokens_option,
+    value_of,
+)
+from sparsetool.flops.config import PRESETS
 
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
-    'sparsetool simulate --shape 12288x12288 --sparsity 0.9 --tokens 2048',
+    'sparsetool simulate --shape 12288x12288 --sparsity 0.9 --tokens 2K',
     'sparsetool simulate --model gpt3-xl --sparsity 0.75',
     'sparsetool simulate --shape 12288x12288 --sweep --plot speedup.png',
 )
 
 
+Preset = choices("Preset", PRESETS)
+Pattern = choices("Pattern", ("random", "rows", "cols", "2:4"))
+
+
 def simulate(
     checkpoint: Optional[Path] = typer.Argument(
-        None, help="A .safetensors file or Hugging Face directory: simulate its real masks."),
+        None, metavar="CHECKPOINT", show_default=False,
+        help="A .safetensors file or Hugging Face directory: simulate its real masks."),
     shape: Optional[str] = typer.Option(
-        None, "--shape", help="One M x K layer (M outputs, K inputs), e.g. 12288x12288, with a seeded mask."),
-    model: Optional[str] = typer.Option(
-        None, "--model", help="A flops preset (gpt3-xl, gpt2-small, ...) with random masks at --sparsity."),
-    sparsity: Optional[str] = typer.Option(
-        None, "--sparsity", "-s",
-        help="Fraction of zeros for --shape/--model; a comma list (0.5,0.75,0.9) runs a sweep."),
+        None, "--shape", metavar="MxK", help="One M x K layer (M outputs, K inputs), e.g. 12288x12288, with a seeded mask."),
+    model: Optional[Preset] = typer.Option(
+        None, "--model", case_sensitive=False, help="A flops preset with random masks at --sparsity."),
+    sparsity: Optional[str] = sparsities_option(
+        "Fraction of zeros for --shape/--model; a comma list (0.5,0.75,0.9) runs a sweep."),
     sweep: bool = typer.Option(
         False, "--sweep", help="Sweep the SPDF Appendix C sparsities 0, .5, .67, ... .9 (theoretical 1x..10x)."),
-    tokens: float = typer.Option(2048, "--tokens", "-t", help="Tokens per step (batch x sequence length)."),
-    pattern: str = typer.Option(
+    tokens: str = tokens_option("--tokens", "Tokens per step (batch x sequence length), e.g. 2048 or 4K.",
+                                default="2048", short="-t"),
+    pattern: Pattern = typer.Option(
         "random", "--pattern", help="Synthetic mask for --shape: random; rows or cols (all pruning in the leading rows/columns); 2:4."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the synthetic masks."),
+    seed: int = seed_option("Seed of the synthetic masks."),
     hardware: Optional[Path] = typer.Option(
         None, "--hardware", help="TOML/YAML/JSON file overriding any preset constant or adding devices."),
     device: list[str] = typer.Option(
-        [], "--device", "-d", help="Only this device (repeatable); see --list-hardware."),
+        [], "--device", "-d", metavar="DEVICE", help="Only this device (repeatable); --list-hardware names them."),
     seq_len: Optional[int] = typer.Option(
-        None, "--seq-len", help="Sequence length for the attention work (default: the model's)."),
+        None, "--seq-len", min=1, help="Sequence length for the attention work (default: the model's)."),
     verify: bool = typer.Option(
         False, "--verify", help="Run the zero-skipping AXPY schedule on a small block and check it "
         "equals the dense masked matmul."),
@@ -49,7 +66,10 @@ def simulate(
     layers: bool = typer.Option(False, "--layers", help="Show every layer (default: the 8 most imbalanced)."),
     list_hardware: bool = typer.Option(
         False, "--list-hardware", help="List the devices, their constants and where each comes from."),
-    as_json: bool = typer.Option(False, "--json", help="Plain JSON on stdout."),
+    include: list[str] = include_option("With CHECKPOINT: also simulate tensors matching this glob (repeatable)."),
+    exclude: list[str] = exclude_option("With CHECKPOINT: leave out tensors matching this glob (repeatable; wins over --include)."),
+    quiet: bool = quiet_option(),
+    as_json: bool = json_option(),
 ) -> None:
     """Masked-kernel hardware model: time, speedup and breakdown per device.
     """
@@ -59,11 +79,12 @@ def simulate(
         if list_hardware:
             _list(hardware_constants(hardware, device), as_json)
             return
-        with progress_bar(enabled=not as_json) as progress:
+        with progress_bar(enabled=not (as_json or quiet)) as progress:
             result = run_simulation(
-                checkpoint, shape=shape, model=model, sparsity=sparsity, sweep=sweep, tokens=tokens,
-                pattern=pattern, seed=seed, hardware=hardware, devices=device, seq_len=seq_len,
-                verify=verify, plot=plot, progress=progress)
+                checkpoint, shape=shape, model=value_of(model), sparsity=sparsity, sweep=sweep,
+                tokens=tokens, pattern=value_of(pattern), seed=seed, hardware=hardware,
+                devices=device, seq_len=seq_len, verify=verify, plot=plot,
+                include=tuple(include), exclude=tuple(exclude), progress=progress)
     if as_json:
         emit_json(result)
     else:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from sparsetool import options
 from sparsetool.errors import ConfigError
 from sparsetool.hardware import compare, presets
 from sparsetool.hardware import workload as wlmod
@@ -72,19 +73,11 @@ def parse_sparsities(sparsity: Sparsities, sweep: bool = False) -> list[float]:
         return list(APPENDIX_C_TICKS)
     if sparsity is None:
         return []
-    parts = sparsity.split(",") if isinstance(sparsity, str) else (
-        [sparsity] if isinstance(sparsity, (int, float)) else list(sparsity))
-    out = []
-    for part in parts:
-        try:
-            v = float(part)
-        except ValueError:
-            raise ConfigError(f"--sparsity must be numbers in [0, 1] separated by commas, "
-                              f"got '{sparsity}'") from None
-        if not 0.0 <= v <= 1.0:
-            raise ConfigError(f"--sparsity must be in [0, 1] (fraction of zeros), got {v}")
-        out.append(v)
-    return out
+    # one rule for every command: sparsetool.options
+    if isinstance(sparsity, str):
+        return options.parse_sparsities(sparsity)
+    values = [sparsity] if isinstance(sparsity, (int, float)) else list(sparsity)
+    return [options.check_sparsity(v) for v in values]
 
 
 def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = None,

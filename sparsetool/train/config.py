@@ -101,12 +101,7 @@ class TrainConfig:
 
 def _globs(option: str, value: Any) -> tuple[str, ...]:
     """A glob or a list of globs (JSON and config files give lists) -> tuple."""
-    if value is None:
-        return ()
-    globs = (value,) if isinstance(value, str) else value
-    if not isinstance(globs, (list, tuple)) or not all(isinstance(g, str) for g in globs):
-        raise ConfigError(f"--{option} takes a glob or a list of globs, got {value!r}")
-    return tuple(globs)
+    return options.parse_globs(value, f"--{option}")
 
 
 # Options that may differ when a run is resumed; any other change would break exact resumption.
