@@ -87,3 +87,19 @@ def test_prune_warns_when_a_hf_directory_will_not_load_in_transformers(pruned, t
     single = sparsetool.prune(root / "src" / "model.safetensors", tmp_path / "x.safetensors",
                               sparsity=0.5, encoding=encoding)
     assert single.warnings == []
+
+
+def test_prune_command_prints_one_warning_line_for_a_misleading_encoding(pruned, tmp_path):
+    from typer.testing import CliRunner
+
+    from sparsetool.cli.main import app
+
+    root, _ = pruned
+    r = CliRunner().invoke(app, ["prune", str(root / "src"), "-o", str(tmp_path / "nan"),
+                                 "--sparsity", "0.5", "--encoding", "nan", "--json"])
+    assert r.exit_code == 0, r.output
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "densify" in r.stderr
+    import json
+
+    assert json.loads(r.stdout)["warnings"]  # stdout stays plain JSON

@@ -8,7 +8,9 @@ from typing import List, Optional
 import typer
 
 from sparsetool import options
-from sparsetool.cli._output import console, emit_json, failing_cleanly, percent, progress_bar
+from rich.markup import escape
+
+from sparsetool.cli._output import console, emit_json, err_console, failing_cleanly, percent, progress_bar
 from sparsetool.cli._params import (
     ENCODING_NAMES,
     checkpoint_argument,
@@ -85,11 +87,11 @@ def prune(
         with progress_bar(not (as_json or quiet)) as progress:
             result = prune_checkpoint(checkpoint, output or checkpoint, opts,
                                       in_place=in_place, progress=progress)
+    for warning in result.warnings:  # printed even with --quiet/--json: the output will mislead
+        err_console.print(f"warning: {escape(warning)}", highlight=False, soft_wrap=True)
     if as_json:
         emit_json(result.to_json())
         return
-    from rich.markup import escape
-
     before = sum(t.nonzero_before for t in result.tensors)
     console.print(
         f"pruned {len(result.tensors)} tensors ({result.numel:,} weights): "
