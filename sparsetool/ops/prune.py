@@ -16,14 +16,12 @@ bitmask) is never revived.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
 from sparsetool.checkpoint import (
-    ENCODINGS,
     bitmask_sparsity_config,
     drop_sparsity_config,
     Checkpoint,
@@ -35,15 +33,8 @@ from sparsetool.checkpoint import (
     write_checkpoint,
 )
 from sparsetool.checkpoint.provenance import provenance_metadata, read_provenance
-from sparsetool.masks.distributions import DISTRIBUTIONS, keep_counts
-from sparsetool.options import (
-    METHODS,
-    SCOPES,
-    check_fraction,
-    check_seed,
-    check_sparsity,
-)
-from sparsetool.errors import ConfigError, SparsetoolError
+from sparsetool.masks.distributions import keep_counts
+from sparsetool.errors import SparsetoolError
 from sparsetool.masks.select import (
     MagnitudeHistogram,
     apply_threshold,
@@ -57,117 +48,16 @@ from sparsetool.targets import TargetPlan, plan_targets
 from sparsetool.checkpoint.zeros import count_nonzero, nonzero_mask
 
 
+from sparsetool.ops.prune_options import (
+    LOADER_WARNINGS,
+    PruneOptions,
+    PruneResult,
+    TensorResult,
+    options_record,
+)
+
 Progress = Callable[[str, int, int], None]
 """Called as ``progress(stage, done, total)`` after each tensor of a pass."""
-
-
-@dataclass(frozen=True)
-class PruneOptions:
-    """What ``prune`` does; exactly one of ``sparsity``, ``fraction``, ``nm`` sets how much."""
-
-    sparsity: float | None = None
-    fraction: float | None = None
-    nm: tuple[int, int] | None = None
-    method: str = "magnitude"
-    scope: str = "layer"
-    distribution: str = "uniform"
-    seed: int = 0
-    encoding: str = "zeros"
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-
-    def validate(self) -> None:
-        given = [o for o, v in (("--sparsity", self.sparsity), ("--fraction", self.fraction),
-                                ("--nm", self.nm)) if v is not None]
-        if len(given) != 1:
-            raise ConfigError(
-                "give exactly one of --sparsity S, --fraction F or --nm N:M "
-                f"(got {', '.join(given) if given else 'none'})"
-            )
-        if self.sparsity is not None:
-            check_sparsity(self.sparsity)
-        if self.fraction is not None:
-            check_fraction(self.fraction)
-        check_seed(self.seed)
-        for opt, value, allowed in (("--method", self.method, METHODS),
-                                    ("--scope", self.scope, SCOPES),
-                                    ("--distribution", self.distribution, DISTRIBUTIONS),
-                                    ("--encoding", self.encoding, ENCODINGS)):
-            if value not in allowed:
-                raise ConfigError(f"{opt} {value!r} is not one of: {', '.join(allowed)}")
-        if self.scope == "global" and self.method != "magnitude":
-            raise ConfigError("--scope global ranks weights by magnitude: use --method magnitude")
-        if self.scope == "global" and self.distribution != "uniform":
-            raise ConfigError("--scope global sets each tensor's sparsity itself: "
-                              "drop --distribution erk or use --scope layer")
-        if self.nm is not None:
-            n, m = self.nm
-            if not (0 < n <= m):
-                raise ConfigError(f"--nm {n}:{m}: need 0 < N <= M (keep N of every M weights)")
-            if self.scope == "global" or self.distribution != "uniform":
-                raise ConfigError("--nm N:M is a per-tensor pattern: it takes neither "
-                                  "--scope global nor --distribution erk")
-            if self.method != "magnitude":
-                raise ConfigError("--nm N:M keeps the largest N of every M: use --method magnitude")
-        if self.fraction is not None and self.distribution != "uniform":
-            raise ConfigError("--fraction prunes a share of each tensor's remaining weights: "
-                              "it takes no --distribution")
-
-
-@dataclass
-class TensorResult:
-    name: str
-    shape: tuple[int, ...]
-    numel: int
-    nonzero_before: int
-    nonzero: int
-
-    @property
-    def sparsity(self) -> float:
-        return 1.0 - self.nonzero / self.numel if self.numel else 0.0
-
-
-@dataclass
-class PruneResult:
-    output: Path
-    options: PruneOptions
-    tensors: list[TensorResult] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)  # what will not load the output correctly
-
-    @property
-    def numel(self) -> int:
-        return sum(t.numel for t in self.tensors)
-
-    @property
-    def nonzero(self) -> int:
-        return sum(t.nonzero for t in self.tensors)
-
-    @property
-    def targeted_sparsity(self) -> float:
-        return 1.0 - self.nonzero / self.numel if self.numel else 0.0
-
-    def to_json(self) -> dict:
-        return {
-            "output": str(self.output),
-            "options": _options_record(self.options),
-            "tensors": [
-                {"name": t.name, "shape": list(t.shape), "numel": t.numel,
-                 "nonzero_before": t.nonzero_before, "nonzero": t.nonzero,
-                 "sparsity": t.sparsity}
-                for t in self.tensors
-            ],
-            "summary": {"targeted_tensors": len(self.tensors), "targeted_numel": self.numel,
-                        "targeted_nonzero": self.nonzero,
-                        "targeted_sparsity": self.targeted_sparsity},
-            "warnings": list(self.warnings),
-        }
-
-
-def _options_record(opts: PruneOptions) -> dict:
-    rec = asdict(opts)
-    rec["nm"] = f"{opts.nm[0]}:{opts.nm[1]}" if opts.nm else None
-    rec["include"], rec["exclude"] = list(opts.include), list(opts.exclude)
-    return rec
 
 
 def checkpoint_plan(ckpt: Checkpoint, include: Sequence[str] = (),
@@ -364,7 +254,7 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
 
     target_names = {lt.name for lt in targets}
     result = PruneResult(output=Path(out), options=opts)
-    metadata = provenance_metadata(ckpt.metadata(), {"command": "prune", **_options_record(opts)})
+    metadata = provenance_metadata(ckpt.metadata(), {"command": "prune", **options_record(opts)})
     done = 0
     def config_transform(config: dict) -> dict:
         # Loaders decide from config.json whether weights are compressed: say so exactly when
@@ -406,19 +296,6 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
     if ckpt.is_dir and ckpt.config is not None and opts.encoding in LOADER_WARNINGS:
         result.warnings.append(LOADER_WARNINGS[opts.encoding].format(out=out))
     return result
-
-
-# Encodings that a Hugging Face directory's usual loader reads wrongly (tests/test_loaders.py).
-LOADER_WARNINGS = {
-    "nan": ("transformers' from_pretrained loads the nan encoding as a model full of NaN; "
-            "sparsetool.load and `sparsetool eval` read it. For transformers run "
-            "`sparsetool densify {out} -o DENSE_DIR`, or prune with --encoding zeros or mask"),
-    "bitmask": ("transformers' from_pretrained cannot load the bitmask encoding (it asks for "
-                "compressed-tensors, whose current releases dropped sparse-bitmask and "
-                "re-initialise the pruned weights at random); sparsetool.load and `sparsetool eval` "
-                "read it. For transformers run `sparsetool densify {out} -o DENSE_DIR`, or prune "
-                "with --encoding zeros or mask"),
-}
 
 
 def _check_name_clashes(ckpt: Checkpoint, targets: list[LogicalTensor], encoding: str) -> None:
