@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,18 @@ def gpt2_bf16_file(tmp_path: Path) -> Path:
     path = tmp_path / "model-bf16.safetensors"
     save_file(gpt2_like_state(dtype=torch.bfloat16), str(path), metadata={"format": "pt"})
     return path
+
+
+@contextlib.contextmanager
+def tiny_chunks(on: bool = True):
+    """Run the selection kernel's chunked, threaded path on small inputs: 7-key chunks, sorting
+    only below 5 keys."""
+    import sparsetool.masks.kernel as kernel
+
+    saved = kernel._CHUNK, kernel._SMALL
+    if on:
+        kernel._CHUNK, kernel._SMALL = 7, 4
+    try:
+        yield
+    finally:
+        kernel._CHUNK, kernel._SMALL = saved

@@ -1,6 +1,5 @@
 """The one selection kernel (sparsetool.masks.kernel) against a sort-based reference."""
 
-import contextlib
 import math
 
 import pytest
@@ -9,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sparsetool.masks.kernel as kernel
+from conftest import tiny_chunks
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks import top_k_mask
 from sparsetool.masks.kernel import bucket_histogram, histogram, int_keys, magnitude_keys, select_top
@@ -25,16 +25,6 @@ def specials(dtype):
             2.0, -2.0, 1.0 + info.eps, float("inf"), float("-inf"), float("nan")]
 
 
-@contextlib.contextmanager
-def tiny_chunks(on=True):
-    """Run the chunked, threaded path on small inputs: 7-key chunks, sorting only below 5 keys."""
-    saved = kernel._CHUNK, kernel._SMALL
-    if on:
-        kernel._CHUNK, kernel._SMALL = 7, 4
-    try:
-        yield
-    finally:
-        kernel._CHUNK, kernel._SMALL = saved
 
 
 def ref_top_k(scores, k, allowed=None, magnitude=False):

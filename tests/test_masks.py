@@ -1,6 +1,5 @@
 """Exact-count masks: magnitude, random, N:M and global magnitude against sort-based references."""
 
-import contextlib
 import math
 
 import pytest
@@ -9,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sparsetool.masks.kernel as kernel_module
+from conftest import tiny_chunks
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.select import (
     GlobalPlan,
@@ -59,16 +59,6 @@ def ref_global(tensors, keep, existing):
     return [m.reshape(w.shape) for m, w in zip(masks, tensors)]
 
 
-@contextlib.contextmanager
-def tiny_chunks(on=True):
-    """Run the chunked, threaded path on small inputs: 7-key chunks, sorting only below 5 keys."""
-    saved = kernel_module._CHUNK, kernel_module._SMALL
-    if on:
-        kernel_module._CHUNK, kernel_module._SMALL = 7, 4
-    try:
-        yield
-    finally:
-        kernel_module._CHUNK, kernel_module._SMALL = saved
 
 
 @st.composite
