@@ -23,7 +23,7 @@ HEADER = ["matrix", "layer", "kind", "sparsity A", "sparsity B", "mask IoU", "re
 
 
 def _number(x: float) -> str:
-    return "inf" if x == float("inf") else f"{x:.4g}"
+    return "inf" if x == float("inf") else f"{x:#.4g}"
 
 
 EXAMPLES = (  # the end of --help: each runs as written (given the checkpoints named)
