@@ -105,3 +105,21 @@ def test_eval_and_diff_api(tmp_path):
     assert len(res.rows) == 2 and res.rows[1].targeted_sparsity > res.rows[0].targeted_sparsity
     d = sparsetool.diff(tmp_path / "gpt.safetensors", pruned)
     assert d.summary["pruned"] > 0 and d.summary["revived"] == 0
+
+
+def test_readme_python_example_runs(tmp_path, monkeypatch):
+    import re
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    block = re.search(r"## Python API.*?```python\n(.*?)```", readme, re.S).group(1)
+    shutil.copytree(root / "fixtures" / "tiny-gpt2", tmp_path / "fixtures" / "tiny-gpt2")
+    monkeypatch.chdir(tmp_path)
+    printed = []
+    exec(compile(block, "README.md", "exec"), {"print": lambda *a: printed.append(" ".join(map(str, a)))})
+    assert printed[0] == "75.00%"
+    assert printed[1].startswith("8 ")
+    assert printed[2] == "torch.Size([64, 192]) " + str(round(0.75 * 64 * 192))
+    assert 0 < float(printed[3]) < 1
