@@ -74,8 +74,8 @@ def test_model_zoo_rigl_block():
     params = zoo_params()
     sp.attach(params, None, 4778)
     assert sorted(sp.masks) == sorted(list(params)[:3])  # the bias and the embedding are left dense
-    assert sp._update_schedule == Periodic(100, 100, 3584)
-    assert sp._drop_schedule == Cosine(0.3, 0.0, 0, 3584)
+    assert sp.schedules.updates == Periodic(100, 100, 3584)
+    assert sp.schedules.drop_fraction == Cosine(0.3, 0.0, 0, 3584)
     assert sp.sparsity() == pytest.approx(0.75)
 
 
@@ -97,27 +97,27 @@ def test_defaults_follow_rigl_paper():
     # dT = 100, T_end = 75% of training, alpha = 0.3 cosine-decayed (Evci et al. 2020)
     sp = build_sparsifier({"algorithm": "rigl", "sparsity": 0.9})
     sp.attach(zoo_params(), None, 10_000)
-    assert sp._update_schedule == Periodic(100, 100, 7500)
-    assert sp._drop_schedule == Cosine(0.3, 0.0, 0, 7500)
+    assert sp.schedules.updates == Periodic(100, 100, 7500)
+    assert sp.schedules.drop_fraction == Cosine(0.3, 0.0, 0, 7500)
     s = build_sparsifier({"algorithm": "set", "sparsity": 0.9})
     s.attach(zoo_params(), None, 10_000)
-    assert s._drop_schedule == Constant(0.3)  # SET's zeta
+    assert s.schedules.drop_fraction == Constant(0.3)  # SET's zeta
 
 
 def test_short_runs_update_every_twentieth_of_training():
     sp = build_sparsifier({"algorithm": "rigl", "sparsity": 0.9})
     sp.attach(zoo_params(), None, 60)
-    assert sp._update_schedule == Periodic(3, 3, 45)
+    assert sp.schedules.updates == Periodic(3, 3, 45)
 
 
 def test_gmp_and_granet_schedules():
     g = build_sparsifier({"algorithm": "gmp", "sparsity": 0.8, "update": {"freq": 10, "start": 0, "stop": 100}})
     g.attach(zoo_params(), None, 200)
-    assert g._sparsity_schedule == Polynomial(0.0, 0.8, 0, 100, 3)
+    assert g.schedules.sparsity == Polynomial(0.0, 0.8, 0, 100, 3)
     gr = build_sparsifier({"algorithm": "granet", "init_sparsity": 0.5, "sparsity": 0.8,
                            "update": {"freq": 10, "stop": 100}})
     gr.attach(zoo_params(), None, 200)
-    assert gr._sparsity_schedule == Polynomial(0.5, 0.8, 10, 100, 3)
+    assert gr.schedules.sparsity == Polynomial(0.5, 0.8, 10, 100, 3)
     assert gr.sparsity() == pytest.approx(0.5, abs=0.01)
 
 

@@ -1,6 +1,7 @@
 """Schedules against their formulas, with values worked out by hand."""
 
 import math
+import re
 
 import pytest
 
@@ -11,7 +12,10 @@ from sparsetool.train.schedules import (
     Cosine,
     Periodic,
     Polynomial,
+    Wiring,
     build_schedule,
+    update_window,
+    wire,
 )
 
 
@@ -107,3 +111,50 @@ def test_build_schedule_errors_name_the_valid_choices():
     with pytest.raises(ConfigError):
         build_schedule([0.1, 0.2])
     assert set(SCHEDULES) == {"constant", "cosine", "polynomial", "cubic", "periodic"}
+
+
+# ------------------------------------------------------------------ wire: the one wiring path
+
+
+def test_wire_without_updates_is_the_sparsity_alone():
+    assert wire("static", 100, 0.5) == Wiring(Constant(0.5))
+    assert not wire("static", 100, 0.5).is_update_step(0)
+
+
+def test_wire_set_and_rigl_differ_only_in_the_drop_decay():
+    s = wire("set", 1000, 0.9, updates=True, drop_fraction=0.3, drop_decay="constant")
+    r = wire("rigl", 1000, 0.9, updates=True, drop_fraction=0.3, drop_decay="cosine")
+    assert s.updates == r.updates == Periodic(50, 50, 750)
+    assert s.drop_fraction == Constant(0.3)
+    assert r.drop_fraction == Cosine(0.3, 0.0, 0, 750)
+    assert s.final_update is None and r.final_update is None
+
+
+def test_wire_ramp_ends_with_an_update_off_the_grid():
+    w = wire("gmp", 100, 0.8, updates=True, ramp_from=0.2, update_freq=7, update_start=3,
+             update_stop=40)
+    assert w.sparsity == Polynomial(0.2, 0.8, 3, 40, 3)
+    assert [t for t in range(100) if w.is_update_step(t)] == [3, 10, 17, 24, 31, 38, 40]
+    assert w.drop_fraction(10) == 0.0  # no drop-and-grow
+
+
+def test_wire_cosine_drop_mapping_defaults_its_end_to_the_update_stop():
+    w = wire("set", 100, 0.5, updates=True, drop_fraction={"type": "cosine", "init": 0.5},
+             update_stop=60)
+    assert w.drop_fraction == Cosine(0.5, 0.0, 0, 60)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"update_start": 50, "update_stop": 50}, "stop (50) must be after start (50)"),
+    ({"ramp_from": 0.9}, "below initial_sparsity 0.9"),
+])
+def test_wire_errors_name_the_algorithm(kwargs, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as e:
+        wire("granet", 100, 0.8, updates=True, **kwargs)
+    assert str(e.value).startswith("granet:")
+
+
+def test_update_window_defaults_follow_rigl():
+    assert update_window(10_000) == (100, 100, 7500)
+    assert update_window(60) == (3, 3, 45)
+    assert update_window(60, freq=5, start=0, stop=50) == (5, 0, 50)

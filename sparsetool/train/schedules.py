@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
+from numbers import Real
 from typing import Any, Union
 
 from sparsetool.errors import ConfigError
@@ -32,7 +33,10 @@ __all__ = [
     "Polynomial",
     "Periodic",
     "SCHEDULES",
+    "Wiring",
     "build_schedule",
+    "update_window",
+    "wire",
 ]
 
 
@@ -248,3 +252,107 @@ def build_schedule(spec: Schedule | Mapping[str, Any] | str | float | int) -> Sc
         if isinstance(value, bool) or (value is not None and not isinstance(value, (int, float))):
             raise ConfigError(f"schedule {kind!r}: {name} must be a number, got {value!r}")
     return cls(**kwargs)
+
+
+# ------------------------------------------------------------------ wiring one sparsifier's schedules
+
+
+def update_window(total_steps: int, freq: int | None = None, start: int | None = None,
+                  stop: int | None = None) -> tuple[int, int, int]:
+    """(freq, start, stop) of mask updates, each given value kept: RigL's defaults, dT = 100 and
+    T_end = 75% of training (Evci et al. 2020, section 4), first update after one period of
+    training. Runs shorter than 2000 steps update every ``total_steps // 20`` steps instead, so
+    that they still see about 15 updates before T_end.
+
+    >>> update_window(10_000)
+    (100, 100, 7500)
+    >>> update_window(60), update_window(60, freq=5, stop=50)
+    ((3, 3, 45), (5, 5, 50))
+    """
+    default_freq = max(1, min(100, total_steps // 20))
+    freq = int(freq) if freq is not None else default_freq
+    start = int(start) if start is not None else freq
+    stop = int(stop) if stop is not None else int(0.75 * total_steps)
+    return freq, start, stop
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """Every schedule of one sparsifier in one run, made by :func:`wire`: the target sparsity, the
+    mask-update steps and the drop fraction of an update.
+
+    ``final_update`` is one more update step off the ``updates`` grid: a ramp (GMP, GraNet)
+    updates at its end step so that the final sparsity is reached exactly.
+
+    >>> w = Wiring(Constant(0.5), Periodic(10, 10, 35), final_update=35)
+    >>> [t for t in range(50) if w.is_update_step(t)]
+    [10, 20, 30, 35]
+    """
+
+    sparsity: Schedule
+    updates: Periodic | None = None
+    drop_fraction: Schedule = Constant(0.0)
+    final_update: int | None = None
+
+    def is_update_step(self, step: int) -> bool:
+        return (self.updates is not None and bool(self.updates(step))) or step == self.final_update
+
+
+def _drop_schedule(spec: Any, stop: int, decay: str) -> Schedule:
+    """A number is SET's constant zeta (``decay="constant"``) or RigL's alpha, cosine-decayed to 0
+    at the update stop (``decay="cosine"``); a schedule mapping is built as given, except that a
+    cosine without an end defaults to the update stop (Model Zoo configs give half_period = stop)."""
+    if isinstance(spec, Real) and not isinstance(spec, bool):
+        if decay == "cosine":
+            return Cosine(start=float(spec), end=0.0, begin_step=0, end_step=stop)
+        return Constant(float(spec))
+    if isinstance(spec, Mapping) and str(spec.get("type", "")).lower() == "cosine":
+        if not {"end_step", "half_period"} & set(spec):
+            spec = {**spec, "end_step": stop}
+    return build_schedule(spec)
+
+
+def wire(name: str, total_steps: int, sparsity: Any, *, updates: bool = False,
+         ramp_from: float | None = None, drop_fraction: Any = None, drop_decay: str = "constant",
+         update_freq: int | None = None, update_start: int | None = None,
+         update_stop: int | None = None) -> Wiring:
+    """The one place where an algorithm's declarations become schedules, once ``total_steps`` is
+    known. ``name`` is the algorithm (for messages).
+
+    - ``updates``: the masks update every ``freq`` steps in ``[start, stop)`` (:func:`update_window`).
+    - ``ramp_from``: with a number ``sparsity``, it rises on Zhu & Gupta's cubic from ``ramp_from``
+      at ``start`` to ``sparsity`` at ``stop`` (GMP, GraNet), with a last update at ``stop``.
+      A ``sparsity`` schedule is used as given (the last update at ``stop`` stays).
+    - ``drop_fraction``: the fraction swapped at an update (None: no drop-and-grow), a number made
+      a schedule as ``drop_decay`` says (``constant`` or ``cosine`` to the update stop).
+
+    >>> wire("rigl", 10_000, 0.9, updates=True, drop_fraction=0.3, drop_decay="cosine")
+    Wiring(sparsity=Constant(value=0.9), updates=Periodic(every=100, begin_step=100, end_step=7500), drop_fraction=Cosine(start=0.3, end=0.0, begin_step=0, end_step=7500), final_update=None)
+    >>> wire("gmp", 200, 0.8, updates=True, ramp_from=0.0, update_start=0, update_stop=100).sparsity
+    Polynomial(initial=0.0, final=0.8, begin_step=0, end_step=100, power=3)
+    """
+    if not updates:
+        return Wiring(build_schedule(sparsity))
+    freq, start, stop = update_window(total_steps, update_freq, update_start, update_stop)
+    if stop <= start:
+        raise ConfigError(
+            f"{name}: update stop ({stop}) must be after start ({start}); "
+            f"with {total_steps} training steps set update.start/update.stop explicitly"
+        )
+    is_number = isinstance(sparsity, Real) and not isinstance(sparsity, bool)
+    if ramp_from is not None and is_number:
+        if float(sparsity) < ramp_from:
+            raise ConfigError(
+                f"{name}: final sparsity {sparsity} is below initial_sparsity {ramp_from}; "
+                "pruning never revives weights"
+            )
+        level: Schedule = Polynomial(ramp_from, float(sparsity), start, stop, power=3)
+    else:
+        level = build_schedule(sparsity)
+    return Wiring(
+        sparsity=level,
+        updates=Periodic(freq, start, stop),
+        drop_fraction=(Constant(0.0) if drop_fraction is None
+                       else _drop_schedule(drop_fraction, stop, drop_decay)),
+        final_update=stop if ramp_from is not None else None,
+    )

@@ -3,7 +3,9 @@ keeping pruned weights and their optimizer moments at exactly zero, and the one 
 every algorithm is a special case of.
 
 Following JaxPruner (Lee et al. 2024), one base class does the shared work -- initial masks, drop,
-grow, per-tensor keep counts -- and an algorithm overrides a scoring hook and its schedules:
+grow, per-tensor keep counts -- and an algorithm overrides a scoring hook and declares its
+schedules (``UPDATES``, ``RAMP``, ``DROP_DECAY``), which :func:`sparsetool.train.schedules.wire`
+turns into schedules in one place:
 
 ===========  =====================  ========================  ===============================
 algorithm    sparsity schedule      drop (by ``drop_scores``)  grow (by ``grow_scores``)
@@ -17,7 +19,8 @@ imp          fraction of remaining  smallest |w|               --
 ===========  =====================  ========================  ===============================
 
 As in torch.ao.pruning the mask state lives beside the model, keyed by each parameter's full name,
-never inside the weights; a pruned weight is an ordinary parameter entry held at +0.0.
+never inside the weights (:class:`~.maskstate.MaskState`); a pruned weight is an ordinary parameter
+entry held at +0.0.
 
 Protocol with the training loop (``step`` is the 0-based index of the optimizer step about to run)::
 
@@ -44,9 +47,10 @@ import torch
 
 from sparsetool.options import check_sparsity
 from sparsetool.errors import ConfigError
-from sparsetool.train.schedules import Periodic, Schedule, build_schedule
 from sparsetool.masks.kernel import top_k_mask
+from sparsetool.train.algorithms.maskstate import MaskState
 from sparsetool.train.rng import step_generator
+from sparsetool.train.schedules import Wiring, wire
 
 __all__ = ["Sparsifier"]
 
@@ -57,7 +61,7 @@ def _is_whole(value: Any, low: int) -> bool:
 
 
 @dataclass(eq=False)
-class Sparsifier:
+class Sparsifier(MaskState):
     """Static sparse training: masks chosen once at :meth:`attach` and never changed; the base of
     every other algorithm (see the module docstring for the protocol with the training loop).
 
@@ -75,6 +79,14 @@ class Sparsifier:
     KEYS: ClassVar[tuple[str, ...]] = ("sparsity", "init_method", "distribution", "seed",
                                        "param_filter")
     DEFAULT_INIT: ClassVar[str] = "random"
+    # Schedule declarations, turned into schedules in one place (:func:`schedules.wire`):
+    # UPDATES: the masks update every update_freq steps in [update_start, update_stop);
+    # RAMP: a number sparsity rises on the cubic from ``initial_sparsity`` over that window;
+    # DROP_DECAY: a number ``drop_fraction`` is "constant" (SET) or "cosine"-decayed (RigL);
+    # None: no drop-and-grow.
+    UPDATES: ClassVar[bool] = False
+    RAMP: ClassVar[bool] = False
+    DROP_DECAY: ClassVar[str | None] = None
 
     # The config key ``sparsity``; named apart from the ``sparsity()`` report method.
     sparsity_level: Any = 0.5
@@ -109,12 +121,8 @@ class Sparsifier:
             self.param_filter = (self.param_filter,)
         elif self.param_filter is not None:
             self.param_filter = tuple(self.param_filter)
-        self._params: dict[str, torch.nn.Parameter] = {}
-        self._optimizer: torch.optim.Optimizer | None = None
-        self._grown: dict[str, torch.Tensor] = {}
-        self._pruned_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._sparsity_schedule: Schedule | None = None
-        self._update_schedule: Periodic | None = None
+        self._init_mask_state()
+        self.schedules: Wiring | None = None  # made at attach(), when total_steps is known
         for key in ("update_freq", "update_start", "update_stop"):
             value = getattr(self, key)
             if value is not None and not _is_whole(value, 0):
@@ -122,6 +130,8 @@ class Sparsifier:
         if self.update_freq is not None and self.update_freq < 1:
             raise ConfigError(f"update freq must be >= 1, got {self.update_freq}")
         self._check_sparsity_value(self.sparsity_level, "sparsity")
+        if self.RAMP:
+            self._check_sparsity_value(getattr(self, "initial_sparsity"), "initial_sparsity")
 
     # ----------------------------------------------------------------- configuration hooks
 
@@ -131,34 +141,36 @@ class Sparsifier:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             check_sparsity(value, key)
 
-    def _resolve(self, total_steps: int) -> None:
-        """Turn config values into schedules once ``total_steps`` is known."""
-        self._sparsity_schedule = build_schedule(self.sparsity_level)
-        self._update_schedule = None
+    def sparsity_spec(self) -> Any:
+        """The sparsity schedule's config value (IMP overrides: its ``sparsity`` is a target)."""
+        return self.sparsity_level
 
-    def _default_update(self, total_steps: int) -> tuple[int, int, int]:
-        """(freq, start, stop) of mask updates: RigL's defaults, dT = 100 and T_end = 75% of
-        training (Evci et al. 2020, section 4), first update after one period of training. Runs
-        shorter than 2000 steps update every ``total_steps // 20`` steps instead, so that they
-        still see about 15 updates before T_end."""
-        default_freq = max(1, min(100, total_steps // 20))
-        freq = int(self.update_freq) if self.update_freq is not None else default_freq
-        start = int(self.update_start) if self.update_start is not None else freq
-        stop = int(self.update_stop) if self.update_stop is not None else int(0.75 * total_steps)
-        return freq, start, stop
+    def _wire(self, total_steps: int) -> Wiring:
+        """This algorithm's schedules for a run of ``total_steps``, from its declarations."""
+        return wire(
+            self.name, total_steps, self.sparsity_spec(), updates=self.UPDATES,
+            ramp_from=float(getattr(self, "initial_sparsity")) if self.RAMP else None,
+            drop_fraction=getattr(self, "drop_fraction") if self.DROP_DECAY else None,
+            drop_decay=self.DROP_DECAY or "constant", update_freq=self.update_freq,
+            update_start=self.update_start, update_stop=self.update_stop,
+        )
 
     def sparsity_at(self, step: int) -> float:
         """Target sparsity of the sparse tensors at ``step``."""
-        assert self._sparsity_schedule is not None, "attach() first"
-        value = float(self._sparsity_schedule(step))
+        assert self.schedules is not None, "attach() first"
+        value = float(self.schedules.sparsity(step))
         return check_sparsity(value, f"the sparsity schedule at step {step}")
 
     def drop_fraction_at(self, step: int) -> float:
         """Fraction of each tensor's kept weights swapped at an update (0: no drop-and-grow)."""
-        return 0.0
+        assert self.schedules is not None, "attach() first"
+        value = float(self.schedules.drop_fraction(step))
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"the drop_fraction schedule gives {value} at step {step}; it must stay in [0, 1]")
+        return value
 
     def is_update_step(self, step: int) -> bool:
-        return self._update_schedule is not None and bool(self._update_schedule(step))
+        return self.schedules is not None and self.schedules.is_update_step(step)
 
     # The scoring hooks (JaxPruner's shape): an algorithm changes what is dropped and grown.
     def drop_scores(self, weight: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor:
@@ -203,7 +215,7 @@ class Sparsifier:
             )
         self._optimizer = optimizer
         self.total_steps = int(total_steps)
-        self._resolve(self.total_steps)
+        self.schedules = self._wire(self.total_steps)
         if self.densified:
             self.masks = {}
             return
@@ -213,24 +225,6 @@ class Sparsifier:
         else:
             self.masks = self.initial_masks()
         self._apply(self.masks)
-
-    def _adopt(self, given: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        missing = [n for n in self._params if n not in given]
-        extra = [n for n in given if n not in self._params]
-        if missing or extra:
-            raise ConfigError(
-                f"saved masks do not match the sparse parameters: missing {missing[:4]}, "
-                f"unexpected {extra[:4]}; resume with the same model and param_filter"
-            )
-        out = {}
-        for name, p in self._params.items():
-            m = given[name]
-            if tuple(m.shape) != tuple(p.shape):
-                raise ConfigError(
-                    f"mask for {name} has shape {tuple(m.shape)}, the parameter {tuple(p.shape)}"
-                )
-            out[name] = m.to(device=p.device, dtype=torch.bool).clone()
-        return out
 
     def keep_counts(self, sparsity: float) -> dict[str, int]:
         """Non-zeros per sparse tensor at overall ``sparsity`` under the chosen distribution."""
@@ -266,14 +260,7 @@ class Sparsifier:
         if self.is_update_step(step):
             self.update(step)
             self.updates_done += 1
-        for name, p in self._params.items():
-            if p.grad is None:
-                continue
-            frozen = self._pruned(name, self.masks[name])
-            grown = self._grown.get(name)
-            if grown is not None:
-                frozen = frozen | grown
-            p.grad.masked_fill_(frozen, 0.0)
+        self._mask_grads()
 
     def after_step(self, step: int) -> None:
         """After ``optimizer.step()``: pruned weights and their optimizer state back to +0.0
@@ -333,46 +320,7 @@ class Sparsifier:
         self.masks = new_masks
         self._apply(self.masks, also_zero=self._grown)
 
-    # ----------------------------------------------------------------- applying masks
-
-    def _pruned(self, name: str, mask: torch.Tensor) -> torch.Tensor:
-        """``~mask``, cached while the mask is the same tensor object (every change here makes a
-        new tensor): saves an allocation and a pass over the tensor twice per step."""
-        cached = self._pruned_cache.get(name)
-        if cached is None or cached[0] is not mask:
-            cached = (mask, ~mask)
-            self._pruned_cache[name] = cached
-        return cached[1]
-
-    @torch.no_grad()
-    def _apply(self, masks: Mapping[str, torch.Tensor],
-               also_zero: Mapping[str, torch.Tensor] | None = None) -> None:
-        """Pruned weights, and every same-shaped optimizer state tensor (AdamW ``exp_avg``,
-        ``exp_avg_sq``, ``max_exp_avg_sq``; SGD ``momentum_buffer``) to +0.0 at pruned positions.
-        ``masked_fill_`` rather than multiply: ``-w * 0`` is -0.0 and ``nan * 0`` is NaN."""
-        for name, p in self._params.items():
-            zero = self._pruned(name, masks[name])
-            if also_zero and name in also_zero:
-                zero = zero | also_zero[name]
-            p.masked_fill_(zero, 0.0)
-            if self._optimizer is not None:
-                for value in self._optimizer.state.get(p, {}).values():
-                    if torch.is_tensor(value) and value.shape == p.shape:
-                        value.masked_fill_(zero, 0.0)
-
-    # ----------------------------------------------------------------- reporting and state
-
-    def sparsity(self) -> float:
-        """Current overall sparsity of the sparse tensors, from the masks (0.0 once densified)."""
-        if self.densified or not self.masks:
-            return 0.0
-        total = sum(m.numel() for m in self.masks.values())
-        kept = sum(int(m.sum()) for m in self.masks.values())
-        return 1.0 - kept / total
-
-    def layer_sparsity(self) -> dict[str, float]:
-        """Sparsity of each sparse tensor, from the masks."""
-        return {n: 1.0 - int(m.sum()) / m.numel() for n, m in self.masks.items()}
+    # ----------------------------------------------------------------- state
 
     def _extra_state(self) -> dict[str, Any]:
         return {}
@@ -413,25 +361,3 @@ class Sparsifier:
             self._apply(self.masks)
         else:
             self.masks = masks
-
-    def densify(self) -> None:
-        """Drop every mask (SPDF dense fine-tuning, the dense stage 2 of Variable SPDF; Thangarasa
-        et al. 2023). Pruned weights are 0.0 now and trainable from the next step on, their AdamW
-        moments start from 0."""
-        self.masks = {}
-        self._grown = {}
-        self._pruned_cache = {}
-        self.densified = True
-
-    def broadcast_masks(self) -> None:
-        """When torch.distributed is initialised, copy rank 0's masks to every rank and re-apply
-        them (a safety net: the update rules are already deterministic across ranks)."""
-        import torch.distributed as dist
-
-        if self.densified or not (dist.is_available() and dist.is_initialized()):
-            return
-        for name in list(self.masks):
-            buf = self.masks[name].to(torch.uint8)  # gloo has no bool broadcast
-            dist.broadcast(buf, src=0)
-            self.masks[name] = buf.to(torch.bool)
-        self._apply(self.masks)

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparsetool.train.algorithms.base import Sparsifier
-from sparsetool.train.algorithms.gmp import ramp
 from sparsetool.train.algorithms.rigl import RigL
 
 __all__ = ["GraNet"]
@@ -26,22 +24,12 @@ __all__ = ["GraNet"]
 
 @dataclass(eq=False)
 class GraNet(RigL):
-    """RigL whose sparsity follows GMP's cubic ramp from ``initial_sparsity`` to ``sparsity``."""
+    """RigL whose sparsity follows GMP's cubic ramp from ``initial_sparsity`` to ``sparsity``
+    (the drop fraction decays to 0 at the ramp's end, the update stop)."""
 
     name = "granet"
     KEYS = RigL.KEYS + ("initial_sparsity",)
     DEFAULT_INIT = "random"
+    RAMP = True
 
     initial_sparsity: float = 0.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._check_sparsity_value(self.initial_sparsity, "initial_sparsity")
-        self._ramp_end = -1
-
-    def _resolve(self, total_steps: int) -> None:
-        self._ramp_end = ramp(self, float(self.initial_sparsity), total_steps)
-        self._drop_schedule = self._build_drop(self._ramp_end)
-
-    def is_update_step(self, step: int) -> bool:
-        return Sparsifier.is_update_step(self, step) or step == self._ramp_end

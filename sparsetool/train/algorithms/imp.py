@@ -19,14 +19,14 @@ prune); with ``rounds`` the number is fixed. Weights are not rewound (LR rewindi
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from numbers import Real
 from typing import Any
 
 import torch
 
 from sparsetool.errors import ConfigError
-from sparsetool.train.schedules import Constant
+from sparsetool.train.schedules import Periodic
 from sparsetool.masks.kernel import top_k_mask
 from sparsetool.train.algorithms.base import Sparsifier, _is_whole
 
@@ -71,9 +71,9 @@ class IMP(Sparsifier):
             raise ConfigError("imp: give a target sparsity or a number of rounds")
         self._plan: tuple[int, int] | None = None  # (rounds, period)
 
-    def _resolve(self, total_steps: int) -> None:
-        self._sparsity_schedule = Constant(0.0)  # starts dense (or from init_masks / a resume)
-        self._update_schedule = None
+    def sparsity_spec(self) -> float:
+        """IMP starts dense (or from init_masks / a resume); ``sparsity`` is where rounds stop."""
+        return 0.0
 
     def attach(
         self,
@@ -84,6 +84,14 @@ class IMP(Sparsifier):
         super().attach(named_params, optimizer, total_steps)
         if self._plan is None and not self.densified:
             self._plan = self._make_plan(total_steps)
+        self._wire_plan()
+
+    def _wire_plan(self) -> None:
+        """Prune at steps ``period, 2 * period, ..., rounds * period``, as one more schedule."""
+        if self._plan is not None and self.schedules is not None:
+            rounds, period = self._plan
+            self.schedules = replace(self.schedules,
+                                     updates=Periodic(period, period, rounds * period + 1))
 
     def _targets(self) -> dict[str, int] | None:
         if self.sparsity_level is None:
@@ -127,12 +135,6 @@ class IMP(Sparsifier):
         assert self._plan is not None, "attach() first"
         return self._plan
 
-    def is_update_step(self, step: int) -> bool:
-        if self._plan is None:
-            return False
-        rounds, period = self._plan
-        return step > 0 and step % period == 0 and step // period <= rounds
-
     def lr_step(self, step: int) -> int:
         """Renda et al.'s learning-rate rewinding: ``rewind_step + (step - t_r)`` after the latest
         pruning step ``t_r`` (``step`` itself before the first one)."""
@@ -163,3 +165,4 @@ class IMP(Sparsifier):
     def _load_extra_state(self, d: Mapping[str, Any]) -> None:
         if "imp_rounds" in d and "imp_period" in d:
             self._plan = (int(d["imp_rounds"]), int(d["imp_period"]))
+            self._wire_plan()

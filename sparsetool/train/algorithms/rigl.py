@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-from sparsetool.train.schedules import Cosine, Schedule
 from sparsetool.train.algorithms.set import SET
 
 __all__ = ["RigL"]
@@ -31,9 +30,7 @@ class RigL(SET):
     """
 
     name = "rigl"
-
-    def _number_drop_schedule(self, value: float, stop: int) -> Schedule:
-        return Cosine(start=value, end=0.0, begin_step=0, end_step=stop)
+    DROP_DECAY = "cosine"
 
     def grow_scores(self, weight: torch.Tensor, grad: torch.Tensor | None,
                     gen: torch.Generator) -> torch.Tensor:

@@ -1,0 +1,132 @@
+"""The mask state of a sparsifier, kept beside the model as torch.ao.pruning does: one bool mask
+per sparse parameter, keyed by its full name, never inside the weights.
+
+:class:`MaskState` holds the masks and what keeps them true -- pruned weights and their optimizer
+moments at exactly +0.0, gradients of pruned weights at 0 -- and reports sparsity from them. It
+decides nothing: which weights are kept is the business of :class:`~.base.Sparsifier`, which
+derives from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from sparsetool.errors import ConfigError
+
+__all__ = ["MaskState"]
+
+
+class MaskState:
+    """Masks of the sparse parameters and their application (a mixin of ``Sparsifier``).
+
+    Attributes: ``masks`` (name -> bool tensor, True = kept), ``densified`` (masks dropped for
+    good), ``_params`` (name -> the sparse parameters, in the model's order), ``_optimizer``
+    (whose same-shaped state is zeroed with the weights, or None), ``_grown`` (weights regrown
+    by the update of the current step).
+    """
+
+    masks: dict[str, torch.Tensor]
+    densified: bool
+
+    def _init_mask_state(self) -> None:
+        self._params: dict[str, torch.nn.Parameter] = {}
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._grown: dict[str, torch.Tensor] = {}
+        self._pruned_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _adopt(self, given: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``given`` masks checked against the sparse parameters (names and shapes), as bool
+        tensors on the parameters' devices."""
+        missing = [n for n in self._params if n not in given]
+        extra = [n for n in given if n not in self._params]
+        if missing or extra:
+            raise ConfigError(
+                f"saved masks do not match the sparse parameters: missing {missing[:4]}, "
+                f"unexpected {extra[:4]}; resume with the same model and param_filter"
+            )
+        out = {}
+        for name, p in self._params.items():
+            m = given[name]
+            if tuple(m.shape) != tuple(p.shape):
+                raise ConfigError(
+                    f"mask for {name} has shape {tuple(m.shape)}, the parameter {tuple(p.shape)}"
+                )
+            out[name] = m.to(device=p.device, dtype=torch.bool).clone()
+        return out
+
+    def _pruned(self, name: str, mask: torch.Tensor) -> torch.Tensor:
+        """``~mask``, cached while the mask is the same tensor object (every change here makes a
+        new tensor): saves an allocation and a pass over the tensor twice per step."""
+        cached = self._pruned_cache.get(name)
+        if cached is None or cached[0] is not mask:
+            cached = (mask, ~mask)
+            self._pruned_cache[name] = cached
+        return cached[1]
+
+    @torch.no_grad()
+    def _apply(self, masks: Mapping[str, torch.Tensor],
+               also_zero: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Pruned weights, and every same-shaped optimizer state tensor (AdamW ``exp_avg``,
+        ``exp_avg_sq``, ``max_exp_avg_sq``; SGD ``momentum_buffer``) to +0.0 at pruned positions.
+        ``masked_fill_`` rather than multiply: ``-w * 0`` is -0.0 and ``nan * 0`` is NaN."""
+        for name, p in self._params.items():
+            zero = self._pruned(name, masks[name])
+            if also_zero and name in also_zero:
+                zero = zero | also_zero[name]
+            p.masked_fill_(zero, 0.0)
+            if self._optimizer is not None:
+                for value in self._optimizer.state.get(p, {}).values():
+                    if torch.is_tensor(value) and value.shape == p.shape:
+                        value.masked_fill_(zero, 0.0)
+
+    def _mask_grads(self) -> None:
+        """Zero the gradient of every pruned weight, and of every weight regrown at this step (so
+        that it enters the next step at exactly 0 with zero AdamW moments)."""
+        for name, p in self._params.items():
+            if p.grad is None:
+                continue
+            frozen = self._pruned(name, self.masks[name])
+            grown = self._grown.get(name)
+            if grown is not None:
+                frozen = frozen | grown
+            p.grad.masked_fill_(frozen, 0.0)
+
+    # ----------------------------------------------------------------- reporting
+
+    def sparsity(self) -> float:
+        """Current overall sparsity of the sparse tensors, from the masks (0.0 once densified)."""
+        if self.densified or not self.masks:
+            return 0.0
+        total = sum(m.numel() for m in self.masks.values())
+        kept = sum(int(m.sum()) for m in self.masks.values())
+        return 1.0 - kept / total
+
+    def layer_sparsity(self) -> dict[str, float]:
+        """Sparsity of each sparse tensor, from the masks."""
+        return {n: 1.0 - int(m.sum()) / m.numel() for n, m in self.masks.items()}
+
+    # ----------------------------------------------------------------- dropping, sharing
+
+    def densify(self) -> None:
+        """Drop every mask (SPDF dense fine-tuning, the dense stage 2 of Variable SPDF; Thangarasa
+        et al. 2023). Pruned weights are 0.0 now and trainable from the next step on, their AdamW
+        moments start from 0."""
+        self.masks = {}
+        self._grown = {}
+        self._pruned_cache = {}
+        self.densified = True
+
+    def broadcast_masks(self) -> None:
+        """When torch.distributed is initialised, copy rank 0's masks to every rank and re-apply
+        them (a safety net: the update rules are already deterministic across ranks)."""
+        import torch.distributed as dist
+
+        if self.densified or not (dist.is_available() and dist.is_initialized()):
+            return
+        for name in list(self.masks):
+            buf = self.masks[name].to(torch.uint8)  # gloo has no bool broadcast
+            dist.broadcast(buf, src=0)
+            self.masks[name] = buf.to(torch.bool)
+        self._apply(self.masks)
