@@ -381,3 +381,25 @@ def test_erk_distribution_keeps_the_total():
     _, _, sp = make("static", distribution="erk")
     total = sum(m.numel() for m in sp.masks.values())
     assert sum(int(m.sum()) for m in sp.masks.values()) == pytest.approx(total * 0.25, abs=2)
+
+
+def test_prune_further_prunes_init_masks_to_the_sparsity_and_never_revives():
+    torch.manual_seed(0)
+    net = MLP()
+    given = {n: torch.arange(p.numel()).reshape(p.shape) % 2 == 0
+             for n, p in net.named_parameters() if n in SPARSE}  # 50% sparse
+    same = build_sparsifier({"algorithm": "static", "sparsity": 0.5})
+    same.init_masks = given
+    same.attach(net.named_parameters(), None, 10)
+    assert not same.prune_further()
+    assert all(torch.equal(same.masks[n], given[n]) for n in SPARSE)
+    sp = build_sparsifier({"algorithm": "static", "sparsity": 0.8})
+    sp.init_masks = given
+    sp.attach(net.named_parameters(), None, 10)
+    assert sp.prune_further()
+    assert sp.sparsity() == pytest.approx(0.8, abs=0.01)
+    params = dict(net.named_parameters())
+    for n in SPARSE:
+        assert not torch.any(sp.masks[n] & ~given[n])
+        w = params[n].detach()
+        assert torch.all(w[~sp.masks[n]] == 0)

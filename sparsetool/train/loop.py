@@ -18,20 +18,19 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-from sparsetool.errors import ConfigError, SparsetoolError
-from sparsetool.train import io
-from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, validate
+from sparsetool.errors import ConfigError
+from sparsetool.targets import plan_targets
+from sparsetool.train import io, rundir, warmstart
+from sparsetool.train.config import TrainConfig
 from sparsetool.train.data import Sampler, eval_batches, load_corpus
 from sparsetool.train.distributed import gather_mask_digests, setup_runtime
-from sparsetool.targets import plan_targets
-from sparsetool.train.model import GPT, PRESETS, GPTConfig, infer_config
+from sparsetool.train.model import GPT, GPTConfig
 from sparsetool.train.recipe import lr_at, model_config, param_groups, sparsifier_config, stage_plan
 
 Callback = Callable[[str, dict], None]
@@ -45,15 +44,12 @@ class Trainer:
         self.callback = callback or (lambda kind, info: None)
         self.run_dir = Path(cfg.out)
         self.resume_from: Path | None = None
+        self._resumed_model: dict | None = None
         if resume:
-            cfg = self._resumed_config(cfg, flag_overrides or {})
-        elif (self.run_dir / "run.json").exists():
-            # A run stopped before its first checkpoint left nothing to keep: it starts again.
-            if (self.run_dir / "latest").exists():
-                raise ConfigError(f"{self.run_dir} already holds a run; add --resume to continue "
-                                  "it or pick another -o/--output")
-        elif self.run_dir.exists() and any(self.run_dir.iterdir()):
-            raise ConfigError(f"-o/--output {self.run_dir} exists and is not empty; pick a new directory")
+            cfg, self._resumed_model, self.resume_from = rundir.resumed_config(
+                self.run_dir, flag_overrides or {})
+        else:
+            rundir.check_new_run(self.run_dir)
         self.cfg = cfg
         if cfg.threads:
             torch.set_num_threads(int(cfg.threads))
@@ -61,29 +57,6 @@ class Trainer:
         self._setup_model_and_data()
 
     # ------------------------------------------------------------------ setup
-    def _resumed_config(self, cfg: TrainConfig, flags: dict) -> TrainConfig:
-        path = self.run_dir / "run.json"
-        if not path.exists():
-            raise ConfigError(f"--resume: {path} not found; is {self.run_dir} a run directory?")
-        saved = json.loads(path.read_text())
-        stored = TrainConfig.from_dict(saved["config"])
-        self._resumed_model = saved.get("model")
-        stored.stop_at = None  # the interruption point is not part of the run; runs to the end
-        for k, v in flags.items():
-            if v is None or k in ("out",) or (
-                k in ("stages", "sparsity_options", "include", "exclude") and not v
-            ):
-                continue
-            if k in RESUMABLE_OVERRIDES:
-                setattr(stored, k, v)
-            elif getattr(stored, k) != v:
-                raise ConfigError(
-                    f"--resume continues the stored run exactly; --{k.replace('_', '-')} "
-                    f"{v!r} differs from its {getattr(stored, k)!r} (start a new run to change it)"
-                )
-        self.resume_from = io.latest_checkpoint(self.run_dir)
-        return validate(stored)
-
     def _setup_distributed(self) -> None:
         rt = setup_runtime(self.cfg.device, self.cfg.dtype)
         self.world, self.rank, self.device = rt.world, rt.rank, rt.device
@@ -99,36 +72,25 @@ class Trainer:
             self.mcfg = GPTConfig(**self._resumed_model)
         elif cfg.init:
             init_w, init_m, init_meta = io.read_init_checkpoint(cfg.init)
-            mc = init_meta.get("model", {})
-            head = mc.get("n_head") or cfg.n_head or PRESETS[cfg.preset].n_head
-            shapes = {k: tuple(v.shape) for k, v in init_w.items()}
-            self.mcfg = replace(infer_config(shapes, head), dropout=cfg.dropout)
-            for k in ("n_layer", "n_head", "d_model", "context"):
-                given = getattr(cfg, k)
-                if given is not None and given != getattr(self.mcfg, k):
-                    raise ConfigError(
-                        f"--{k.replace('_', '-')} {given} disagrees with --init {cfg.init} "
-                        f"({k} {getattr(self.mcfg, k)}); the model's shape comes from the checkpoint"
-                    )
+            self.mcfg = warmstart.model_config(cfg, init_w, init_meta)
         else:
             self.mcfg = model_config(cfg)
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
         self.model = GPT(self.mcfg).to(self.device)
         if init_w:
-            self._load_init(init_w)
+            warmstart.load_weights(self.model, init_w, cfg.init)
         params = dict(self.model.named_parameters())
         # One targeting rule for prune and train: roles, or param_filter, then --include/--exclude.
         self.target_plan = plan_targets(
             ((n, tuple(p.shape), p.dtype) for n, p in params.items()), None, cfg.include,
             cfg.exclude, select=cfg.param_filter or None, source="the model")
         self.targets = {n: params[n] for n in self.target_plan.targeted}
-        self.init_masks = {n: m for n, m in init_m.items() if n in self.targets}
-        if not self.init_masks and init_w:
-            # zeros encoding: a targeted tensor holding exact zeros was pruned by someone
-            for n, p in self.targets.items():
-                zero = p.detach() == 0
-                if bool(zero.any()):
-                    self.init_masks[n] = ~zero.cpu()
+        self.init_masks = warmstart.masks_from(self.targets, init_m, loaded=bool(init_w))
+        self.plan = stage_plan(cfg)
+        if self.init_masks:
+            # --init SPARSE --sparsity S: S below the checkpoint's sparsity would revive weights
+            spc = self._sparsifier_config(self.plan[0], later_stage=False)
+            warmstart.check_sparsity((spc or {}).get("sparsity"), self.init_masks, cfg.init)
         corpus = load_corpus(cfg.data, min_bytes=self.mcfg.context + 1)
         self.corpus_info = corpus.describe()
         self.sampler = Sampler(corpus.train, self.mcfg.context, cfg.seed)
@@ -138,7 +100,6 @@ class Trainer:
             betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
             **({"fused": True} if self.device.type == "cuda" else {}),
         )
-        self.plan = stage_plan(cfg)
         self.ddp = None
         if self.world > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -152,21 +113,6 @@ class Trainer:
                               else {"broadcast_buffers": False})
             self.ddp = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                            **no_buffer_sync)
-
-    def _load_init(self, weights: dict[str, torch.Tensor]) -> None:
-        own = self.model.state_dict()
-        missing = sorted(set(own) - set(weights))
-        if missing:
-            raise ConfigError(
-                f"--init {self.cfg.init} lacks {len(missing)} tensor(s) of the model, e.g. "
-                f"{missing[0]!r}; it must be a checkpoint of sparsetool's GPT"
-            )
-        with torch.no_grad():
-            for name, t in own.items():
-                if tuple(weights[name].shape) != tuple(t.shape):
-                    raise ConfigError(f"--init: tensor {name!r} has shape {list(weights[name].shape)}, "
-                                      f"the model needs {list(t.shape)}")
-                t.copy_(weights[name])
 
     # ------------------------------------------------------------------ sparsity
     def _stage_index(self, step: int) -> int:
@@ -198,8 +144,10 @@ class Trainer:
         if state is not None:
             sp.load_state_dict(state)
         elif stage_idx == 0 and self.init_masks:
-            sp.masks = {n: m.to(self.device) for n, m in self.init_masks.items()}
+            sp.init_masks = {n: m.to(self.device) for n, m in self.init_masks.items()}
         sp.attach(dict(self.model.named_parameters()), self.optimizer, stage["end"])
+        if state is None and stage_idx == 0 and self.init_masks:
+            sp.prune_further()  # --init SPARSE --sparsity S: a higher S prunes from its masks
         if set(sp.masks) != set(self.targets):
             raise ConfigError(
                 f"the sparsifier masks {sorted(sp.masks)[:3]}..., expected the targeted "
@@ -218,9 +166,6 @@ class Trainer:
         if getattr(self, "_sparsity_key", None) != key:
             self._sparsity_key, self._sparsity_value = key, float(self.sp.sparsity())
         return self._sparsity_value
-
-    def _masks(self) -> dict[str, torch.Tensor]:
-        return dict(self.sp.masks) if self.sp is not None else {}
 
     def _meta(self, step: int) -> dict:
         return {
@@ -275,11 +220,6 @@ class Trainer:
     def _save(self, step: int, position: int, tokens: int, elapsed: float) -> None:
         if not self.master:
             return
-        resume = {
-            "optimizer": self.optimizer.state_dict(),
-            "sparsifier": self.sp.state_dict() if self.sp is not None else None,
-            "sparsifier_config": json.dumps(self.sparsifier_config) if self.sp is not None else None,
-        }
         state = {
             "step": step,
             "data_position": position,
@@ -290,21 +230,13 @@ class Trainer:
             "rng": io.rng_state(),
             "world_size": self.world,
         }
-        io.save_checkpoint(self.run_dir, step, self.model, self._masks(), self._meta(step),
-                           self.mcfg.to_dict(), resume, state, self.cfg.keep_last)
+        rundir.save_step(self.run_dir, step, model=self.model, model_cfg=self.mcfg.to_dict(),
+                         optimizer=self.optimizer, sparsifier=self.sp,
+                         sparsifier_config=self.sparsifier_config, meta=self._meta(step),
+                         state=state, keep_last=self.cfg.keep_last)
         self.log.write_csv(self.run_dir)
-        self.log.plot(self.run_dir, self._title())
-
-    def _title(self) -> str:
-        c = self.cfg
-        what = "dense"
-        if c.stages:
-            what = "stages " + " -> ".join(f"{s:g}:{f:g}" for s, f in c.stages)
-        elif c.dense:
-            what = "dense from init"
-        elif self.sp is not None or c.algorithm not in (None, "dense"):
-            what = f"{c.algorithm or 'static'} {c.sparsity if c.sparsity is not None else ''}"
-        return f"{self.run_dir.name}: {what}, {self.mcfg.n_layer}L d{self.mcfg.d_model}, {c.steps} steps"
+        self.log.plot(self.run_dir, rundir.title(self.cfg, self.run_dir, self.mcfg.n_layer,
+                                                 self.mcfg.d_model, self.sp is not None))
 
     # ------------------------------------------------------------------ run
     def run(self) -> dict:
@@ -312,20 +244,12 @@ class Trainer:
         start_step, position, tokens, elapsed0 = 0, 0, 0, 0.0
         sp_state = None
         if self.resume_from is not None:
-            state, resume = io.load_resume(self.resume_from)
-            weights, _, _ = io.read_init_checkpoint(self.resume_from / "model.safetensors")
-            self._load_init(weights)
+            state, resume, weights = rundir.restore(self.resume_from, self.world, cfg)
+            warmstart.load_weights(self.model, weights, cfg.init)
             self.optimizer.load_state_dict(resume["optimizer"])
             sp_state = resume.get("sparsifier")
             start_step, position = int(state["step"]), int(state["data_position"])
             tokens, elapsed0 = int(state["tokens"]), float(state["elapsed_s"])
-            io.set_rng_state(state["rng"])
-            if int(state.get("world_size", 1)) * cfg.batch_size * cfg.grad_accum != \
-                    self.world * cfg.batch_size * cfg.grad_accum:
-                raise ConfigError(
-                    f"this run was trained on {state.get('world_size', 1)} process(es); resume it "
-                    f"with the same number (now {self.world}) so the global batch stays the same"
-                )
         stage_idx = int(state["stage"]) if self.resume_from is not None else 0
         self.sparsifier_config = None
         self.mask_divergences = 0
@@ -339,7 +263,7 @@ class Trainer:
             io._write_json(self.run_dir / "run.json", {"config": cfg.to_dict(), "model": self.mcfg.to_dict(),
                                                        "data": self.corpus_info})
         self.log = io.Log(self.run_dir, keep_until=start_step if self.resume_from else None) \
-            if self.master else _NullLog()
+            if self.master else rundir.NullLog()
 
         per_rank = cfg.batch_size * cfg.grad_accum
         global_batch = per_rank * self.world
@@ -427,11 +351,7 @@ class Trainer:
                     self._save(done, position, tokens, elapsed0 + time.perf_counter() - t_run)
         except KeyboardInterrupt:
             self.log.close()
-            pointer = self.run_dir / "latest"
-            where = (f"the last checkpoint ({pointer.read_text().strip()}) is in {self.run_dir}; "
-                     f"--resume continues from it exactly" if pointer.exists()
-                     else "no checkpoint had been written yet")
-            raise SparsetoolError(f"interrupted during step {step + 1}; {where}") from None
+            raise rundir.interrupted(self.run_dir, step) from None
         elapsed = elapsed0 + time.perf_counter() - t_run
         digests = self._rank_mask_digests()
         divergences = self.mask_divergences
@@ -453,16 +373,6 @@ class Trainer:
     def close(self) -> None:
         if self.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
-
-
-class _NullLog:
-    records: list = []
-
-    def write(self, record: dict) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def train(cfg: TrainConfig, resume: bool = False, callback: Callback | None = None,

@@ -202,7 +202,8 @@ class Sparsifier(MaskState):
         """Choose the sparse tensors, make (or adopt) their masks and apply them.
 
         Masks already set by :meth:`load_state_dict` (a resume) or passed as ``init_masks`` are
-        used as they are; otherwise the initial masks are made at ``sparsity_at(0)``.
+        used as they are (:meth:`prune_further` makes the latter sparser if asked); otherwise
+        the initial masks are made at ``sparsity_at(0)``.
         """
         named = dict(named_params.items() if isinstance(named_params, Mapping) else named_params)
         self._params = self.select(named)
@@ -225,6 +226,25 @@ class Sparsifier(MaskState):
         else:
             self.masks = self.initial_masks()
         self._apply(self.masks)
+
+    def prune_further(self) -> bool:
+        """After :meth:`attach` with masks denser than ``sparsity_at(0)`` (by more than one weight
+        per tensor; ``train --init SPARSE --sparsity S`` with a higher ``S``): prune them to it.
+        Each tensor keeps its highest ``drop_scores`` among its kept weights, at most its count
+        at that sparsity; a pruned weight is never revived. True if the masks changed."""
+        if self.densified or not self.masks:
+            return False
+        total = sum(m.numel() for m in self.masks.values())
+        have = 1.0 - sum(int(m.sum()) for m in self.masks.values()) / total
+        if self.sparsity_at(0) <= have + len(self.masks) / total:
+            return False
+        keep = self.keep_counts(self.sparsity_at(0))
+        for name, p in self._params.items():
+            m = self.masks[name]
+            if int(m.sum()) > keep[name]:
+                self.masks[name] = top_k_mask(self.drop_scores(p.detach(), None), keep[name], allowed=m)
+        self._apply(self.masks)
+        return True
 
     def keep_counts(self, sparsity: float) -> dict[str, int]:
         """Non-zeros per sparse tensor at overall ``sparsity`` under the chosen distribution."""

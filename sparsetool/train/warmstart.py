@@ -1,0 +1,99 @@
+"""Starting a run from a checkpoint (``--init``): the model shape it implies, its weights, the
+masks it carries, and what ``--sparsity`` means next to those masks.
+
+The rule for ``--init SPARSE --sparsity S`` (``s0`` the checkpoint's sparsity over the targeted
+tensors): ``S == s0`` (to within one weight per tensor) keeps the masks; ``S > s0`` prunes further
+from them by magnitude, never reviving a pruned weight (the sparsifier does it at ``attach``);
+``S < s0`` is an error unless ``--dense`` revives every weight on purpose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from numbers import Real
+from typing import Any
+
+import torch
+
+from sparsetool.errors import ConfigError
+from sparsetool.train.config import TrainConfig
+from sparsetool.train.model import PRESETS, GPTConfig, infer_config
+
+__all__ = ["check_sparsity", "load_weights", "loaded_sparsity", "masks_from", "model_config"]
+
+
+def model_config(cfg: TrainConfig, weights: dict[str, torch.Tensor], meta: dict) -> GPTConfig:
+    """The model shape of the ``--init`` checkpoint; a shape flag that disagrees is an error."""
+    head = meta.get("model", {}).get("n_head") or cfg.n_head or PRESETS[cfg.preset].n_head
+    shapes = {k: tuple(v.shape) for k, v in weights.items()}
+    mcfg = replace(infer_config(shapes, head), dropout=cfg.dropout)
+    for k in ("n_layer", "n_head", "d_model", "context"):
+        given = getattr(cfg, k)
+        if given is not None and given != getattr(mcfg, k):
+            raise ConfigError(
+                f"--{k.replace('_', '-')} {given} disagrees with --init {cfg.init} "
+                f"({k} {getattr(mcfg, k)}); the model's shape comes from the checkpoint"
+            )
+    return mcfg
+
+
+def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: Any) -> None:
+    """Copy ``weights`` into ``model``; every tensor of the model must be there, same shape."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(weights))
+    if missing:
+        raise ConfigError(
+            f"--init {source} lacks {len(missing)} tensor(s) of the model, e.g. "
+            f"{missing[0]!r}; it must be a checkpoint of sparsetool's GPT"
+        )
+    with torch.no_grad():
+        for name, t in own.items():
+            if tuple(weights[name].shape) != tuple(t.shape):
+                raise ConfigError(f"--init: tensor {name!r} has shape {list(weights[name].shape)}, "
+                                  f"the model needs {list(t.shape)}")
+            t.copy_(weights[name])
+
+
+def masks_from(targets: dict[str, torch.nn.Parameter], masks: dict[str, torch.Tensor],
+               loaded: bool) -> dict[str, torch.Tensor]:
+    """The targeted tensors' masks of a loaded checkpoint: its stored masks, or, in a ``zeros``
+    encoded one (no masks), ``w != 0`` for every targeted tensor that holds an exact zero."""
+    out = {n: m for n, m in masks.items() if n in targets}
+    if not out and loaded:
+        for n, p in targets.items():
+            zero = p.detach() == 0
+            if bool(zero.any()):
+                out[n] = ~zero.cpu()
+    return out
+
+
+def loaded_sparsity(masks: dict[str, torch.Tensor]) -> float:
+    """Overall sparsity of ``masks`` (pruned / total)."""
+    total = sum(m.numel() for m in masks.values())
+    return 1.0 - sum(int(m.sum()) for m in masks.values()) / total
+
+
+def check_sparsity(requested: Any, masks: dict[str, torch.Tensor], init: Any) -> None:
+    """Refuse a number ``requested`` below the sparsity of the ``--init`` masks: training would
+    revive pruned weights without saying so. Equal (to within one weight per tensor) or higher is
+    fine; a schedule is left to the algorithm.
+
+    >>> m = {"w": torch.arange(100) < 25}                # 75% sparse
+    >>> check_sparsity(0.75, m, "a.safetensors"), check_sparsity(0.9, m, "a.safetensors")
+    (None, None)
+    >>> check_sparsity(0.5, m, "a.safetensors")
+    Traceback (most recent call last):
+    ...
+    sparsetool.errors.ConfigError: --sparsity 0.5 is below the sparsity of --init a.safetensors (0.75): training would revive pruned weights. To make every pruned weight trainable (from 0), use --dense without --sparsity; to keep the checkpoint's masks, use --sparsity 0.75 or leave --sparsity out; a higher --sparsity prunes further
+    """
+    if not masks or not isinstance(requested, Real) or isinstance(requested, bool):
+        return
+    total = sum(m.numel() for m in masks.values())
+    have = loaded_sparsity(masks)
+    if float(requested) < have - len(masks) / total:
+        raise ConfigError(
+            f"--sparsity {requested:g} is below the sparsity of --init {init} ({have:.4g}): "
+            f"training would revive pruned weights. To make every pruned weight trainable "
+            f"(from 0), use --dense without --sparsity; to keep the checkpoint's masks, use "
+            f"--sparsity {have:.4g} or leave --sparsity out; a higher --sparsity prunes further"
+        )
