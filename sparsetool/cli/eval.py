@@ -21,7 +21,7 @@ DType = choices("DType", DTYPES)
 
 
 def eval_command(
-    checkpoints: List[Path] = typer.Argument(..., metavar="CKPT...", help="Checkpoints written by sparsetool train (file or run directory) or Hugging Face causal-LM directories (config.json, weights, tokenizer files); the first is the baseline."),
+    checkpoints: List[Path] = typer.Argument(..., metavar="CHECKPOINT", help="Checkpoints written by sparsetool train (file or run directory) or Hugging Face causal-LM directories (config.json, weights, tokenizer files); the first is the baseline."),
     text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text file, or a directory of them (joined in name order). Default: the held-out split of the built-in training corpus."),
     seq: Optional[int] = typer.Option(None, "--seq", help="Window length in tokens. Default: the model's context, at most 2048."),
     stride: Optional[int] = typer.Option(None, "--stride", help="Start a window every S tokens (S < --seq: overlapping windows, each scoring only tokens no earlier window scored). Default: --seq (no overlap)."),
@@ -32,8 +32,9 @@ def eval_command(
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw perplexity vs targeted sparsity into this PNG."),
     quiet: bool = quiet_option(),
 ) -> None:
-    """Score CKPT... on the same text: mean NLL per predicted token (nats), perplexity = exp(NLL),
-    bits per byte (total NLL in bits / UTF-8 bytes of the text), and perplexity change vs the first.
+    """Perplexity of each checkpoint on the same held-out text.
+
+    Mean NLL per predicted token (nats), perplexity = exp(NLL), bits per byte (total NLL in bits / UTF-8 bytes of the text), and perplexity change vs the first.
 
     Hugging Face models need the hf extra (pip install 'sparsetool[hf]'); their weights are decoded
     by sparsetool, so every encoding (zeros, mask, nan, bitmask) evaluates correctly.
