@@ -216,7 +216,9 @@ try:
     code = 0
 except SystemExit as e:
     code = e.code
-sys.stdout.write(f"\\nexit={code} torch={'torch' in sys.modules}\\n")
+loaded = sorted(m.rsplit(".", 1)[1] for m in sys.modules
+                if m.startswith("sparsetool.cli.") and not m.rsplit(".", 1)[1].startswith("_"))
+sys.stdout.write(f"\\nloaded={','.join(loaded)}\\nexit={code} torch={'torch' in sys.modules}\\n")
 """
 
 
@@ -226,6 +228,13 @@ def test_usage_errors_do_not_import_torch(command, tmp_path):
                        capture_output=True, text=True, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.stdout.strip().splitlines()[-1] == "exit=2 torch=False", r.stdout + r.stderr
+    # Only the command that runs is imported (startup time does not grow with the command count).
+    assert r.stdout.strip().splitlines()[-2] == "loaded=" + ",".join(sorted(["main", command])), r.stdout + r.stderr
+
+
+def test_a_mistyped_command_suggests_the_real_one():
+    r = run("prun", "x.safetensors")
+    assert r.exit_code == 2 and "Did you mean 'prune'?" in r.stderr
 
 
 # ----------------------------------------------------------------------------------------------

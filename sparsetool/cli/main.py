@@ -1,21 +1,73 @@
-"""The ``sparsetool`` command: registers one small module per command.
+"""The ``sparsetool`` command: one small module per command, imported only when it runs.
 
-Command modules keep heavy imports (torch, numpy, matplotlib) inside their functions so that
-``sparsetool flops ...`` and ``--help`` start fast.
+``sparsetool prune ...`` imports ``sparsetool.cli.prune`` and nothing of the other commands, and
+command modules keep heavy imports (torch, numpy, matplotlib) inside their functions, so usage
+errors and ``--help`` answer fast. ``sparsetool --help`` loads every command to list it.
 """
 
 from __future__ import annotations
 
+import importlib
+from difflib import get_close_matches
 import signal
+from typing import Any
 
 import typer
+from typer._click.exceptions import UsageError
+from typer.core import TyperGroup
 
 from sparsetool import __version__
-from sparsetool.cli import densify, diff, flops, prune, report, simulate, train
-from sparsetool.cli import eval as eval_cli
-from sparsetool.cli._params import epilog
+
+# name -> (module under sparsetool.cli, function): the order is the order of ``sparsetool --help``.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "prune": ("prune", "prune"),
+    "densify": ("densify", "densify"),
+    "report": ("report", "report"),
+    "flops": ("flops", "flops"),
+    "train": ("train", "train"),
+    "simulate": ("simulate", "simulate"),
+    "eval": ("eval", "eval_command"),
+    "diff": ("diff", "diff"),
+}
+
+
+def load_command(name: str) -> Any:
+    """The click command ``name``, built from its module on first use."""
+    from sparsetool.cli._params import epilog
+
+    module_name, function_name = COMMANDS[name]
+    module = importlib.import_module(f"sparsetool.cli.{module_name}")
+    one = typer.Typer(rich_markup_mode=None, add_completion=False)
+    one.command(name, epilog=epilog(getattr(module, "EXAMPLES", ())))(getattr(module, function_name))
+    return typer.main.get_command(one)
+
+
+class LazyCommands(TyperGroup):
+    """A command group whose commands are imported when they are asked for."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in COMMANDS:
+            return None
+        if cmd_name not in self.commands:
+            self.commands[cmd_name] = load_command(cmd_name)
+        return self.commands[cmd_name]
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        # The group's own suggestion only knows commands already loaded: suggest from all of them.
+        try:
+            return super().resolve_command(ctx, args)
+        except UsageError as e:
+            matches = get_close_matches(args[0], list(COMMANDS)) if args else []
+            if matches and "Did you mean" not in e.message:
+                e.message = e.message.rstrip(".") + ". Did you mean " + ", ".join(map(repr, matches)) + "?"
+            raise
+
 
 app = typer.Typer(
+    cls=LazyCommands,
     name="sparsetool",
     help="Prune, mask, densify and report unstructured-sparse checkpoints; account FLOPs; "
     "train sparse GPTs; model sparse hardware.",
@@ -25,15 +77,6 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-for _name, _module, _function in (
-    ("prune", prune, prune.prune), ("densify", densify, densify.densify),
-    ("report", report, report.report), ("flops", flops, flops.flops),
-    ("train", train, train.train), ("simulate", simulate, simulate.simulate),
-    ("eval", eval_cli, eval_cli.eval_command), ("diff", diff, diff.diff),
-):
-    app.command(_name, epilog=epilog(getattr(_module, "EXAMPLES", ())))(_function)
-
 
 def _version(value: bool) -> None:
     if value:

@@ -4,39 +4,51 @@ Pure arithmetic: no torch, no numpy, so ``sparsetool flops`` starts fast. (Only
 :func:`from_checkpoint` reads a checkpoint, and it imports the torch-based reader when called.)
 """
 
-from sparsetool.flops.accounting import (
-    BACKWARD_FACTOR,
-    TRAIN_FACTOR,
-    Stage,
-    account,
-    check_stages,
-    default_tokens,
-    parse_count,
-    parse_sparsities,
-    parse_stage,
-)
-from sparsetool.flops.config import (
-    CHINCHILLA_TOKENS_PER_PARAM,
-    PRESETS,
-    ModelConfig,
-    from_hf_config,
-    from_mapping,
-    get_preset,
-    load_config,
-    with_overrides,
-)
-from sparsetool.flops.formula import (
-    ROLES,
-    TARGETED_TERMS,
-    TERMS,
-    forward_flops,
-    forward_terms,
-    layer_sparsities,
-    param_counts,
-    term_formulas,
-)
-from sparsetool.errors import ConfigError
-from sparsetool.flops.shapes import InferredModel, from_checkpoint, infer_model, read_hf_config
+# Each name is imported from its module on first use, so ``import sparsetool.flops.config`` (all
+# that ``sparsetool flops --model ...`` needs) does not load the checkpoint-shape reader.
+_WHERE = {
+    "BACKWARD_FACTOR": "sparsetool.flops.accounting",
+    "CHINCHILLA_TOKENS_PER_PARAM": "sparsetool.flops.config",
+    "ConfigError": "sparsetool.errors",
+    "InferredModel": "sparsetool.flops.shapes",
+    "ModelConfig": "sparsetool.flops.config",
+    "PRESETS": "sparsetool.flops.config",
+    "ROLES": "sparsetool.flops.formula",
+    "Stage": "sparsetool.flops.accounting",
+    "TARGETED_TERMS": "sparsetool.flops.formula",
+    "TERMS": "sparsetool.flops.formula",
+    "TRAIN_FACTOR": "sparsetool.flops.accounting",
+    "account": "sparsetool.flops.accounting",
+    "check_stages": "sparsetool.flops.accounting",
+    "default_tokens": "sparsetool.flops.accounting",
+    "forward_flops": "sparsetool.flops.formula",
+    "forward_terms": "sparsetool.flops.formula",
+    "from_checkpoint": "sparsetool.flops.shapes",
+    "from_hf_config": "sparsetool.flops.config",
+    "from_mapping": "sparsetool.flops.config",
+    "get_preset": "sparsetool.flops.config",
+    "infer_model": "sparsetool.flops.shapes",
+    "layer_sparsities": "sparsetool.flops.formula",
+    "load_config": "sparsetool.flops.config",
+    "param_counts": "sparsetool.flops.formula",
+    "parse_count": "sparsetool.flops.accounting",
+    "parse_sparsities": "sparsetool.flops.accounting",
+    "parse_stage": "sparsetool.flops.accounting",
+    "read_hf_config": "sparsetool.flops.shapes",
+    "term_formulas": "sparsetool.flops.formula",
+    "with_overrides": "sparsetool.flops.config",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'sparsetool.flops' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BACKWARD_FACTOR", "ConfigError", "CHINCHILLA_TOKENS_PER_PARAM", "PRESETS", "ROLES", "TARGETED_TERMS",
