@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 
+from sparsetool.errors import ConfigError
 from sparsetool.train.algorithms import ALGORITHMS, build_sparsifier
 
 TOTAL = 40
@@ -318,8 +319,10 @@ def test_imp_prunes_a_fraction_of_the_remaining_per_layer_and_rewinds_lr():
                 history[n].append(int(m.sum()))
     assert history[SPARSE[0]] == [512, 358, 251, 176, 128]
     assert history[SPARSE[2]] == [384, 269, 188, 132, 96]  # 384*.7=268.8 -> prune 115, ...
-    # Renda et al. LR rewinding to step 2: lr_step = 2 + (t - t_r) after pruning at t_r = 8r.
-    assert [sp.lr_step(t) for t in (0, 7, 8, 9, 15, 16, 31, 32, 39)] == [0, 7, 2, 3, 9, 2, 9, 2, 9]
+    # Each round replays the 40-step schedule, compressed into its 8 steps: from 0 in the first
+    # round (x 40/8), from the rewind step 2 after each pruning step (2 + (t - t_r) x 38/8).
+    got = [sp.lr_step(t) for t in (0, 1, 7, 8, 9, 15, 16, 32, 39)]
+    assert got == pytest.approx([0, 5, 35, 2, 6.75, 35.25, 2, 2, 35.25])
     assert sp.sparsity() == pytest.approx(0.75)
 
 
@@ -329,7 +332,55 @@ def test_imp_with_rounds_and_no_target():
     for step in range(TOTAL):
         train_step(net, opt, sp, step)
     assert int(sp.masks[SPARSE[0]].sum()) == 251  # 512 -> 358 -> 251, then no more rounds
-    assert sp.lr_step(35) == 2 + 35 - 20
+    # The last round runs from step 20 to the end (20 steps) and replays the schedule from 2.
+    assert sp.lr_step(35) == pytest.approx(2 + (35 - 20) * 38 / 20)
+
+
+@pytest.mark.parametrize("rounds,rewind", [(7, 0), (3, 100), (1, 0)])
+def test_imp_every_round_ends_at_the_schedule_minimum(rounds, rewind):
+    """Each round is a full training run with the schedule rewound: warm-up, then the cosine
+    decay down to its minimum, as a dense run of the whole length ends (the run that used one
+    cosine over all steps ended every round near the peak, 9.98e-4 of 1e-3)."""
+    from sparsetool.train.config import TrainConfig
+    from sparsetool.train.recipe import lr_at
+
+    cfg = TrainConfig(steps=1000, warmup=100, lr=1e-3, min_lr_ratio=0.1)
+    sp = build_sparsifier({"algorithm": "imp", "sparsity": 0.75, "rounds": rounds, "rewind_step": rewind})
+    net = MLP()
+    sp.attach(net.named_parameters(), torch.optim.AdamW(net.parameters()), cfg.steps)
+    n_rounds, period = sp.plan
+    assert n_rounds == rounds and period == 1000 // (rounds + 1)
+    starts = [r * period for r in range(rounds + 1)]
+    ends = starts[1:] + [cfg.steps]
+    lrs = [lr_at(sp.lr_step(t), cfg) for t in range(cfg.steps)]
+    dense_last = lr_at(cfg.steps - 1, cfg)
+    for r, (a, b) in enumerate(zip(starts, ends)):
+        last = lrs[b - 1]
+        assert last == pytest.approx(1e-4, rel=0.02), (r, last)  # the minimum, 10% of peak
+        assert last <= dense_last * 1.02
+        peak = max(lrs[a:b])
+        assert peak == pytest.approx(1e-3, rel=0.05)  # the peak is reached in every round
+        # the first step of a later round restarts the schedule at the rewind point
+        if r > 0:
+            assert lrs[a] == pytest.approx(lr_at(rewind, cfg))
+
+
+@pytest.mark.parametrize("sparsity,rounds", [(0.8, 2), (0.75, 3), (0.9, 5)])
+def test_imp_reaches_the_sparsity_asked_for_with_rounds(sparsity, rounds):
+    """--sparsity 0.8 with rounds=2 ended at 36% (1 - 0.8 ** 2): rounds overrode the target.
+    The per-round fraction is now derived from both, and the last round lands on the target."""
+    net, opt, sp = make("imp", sparsity=sparsity, rounds=rounds, fraction=None)
+    assert sp.fraction == pytest.approx(1 - (1 - sparsity) ** (1 / rounds))
+    assert sp.plan[0] == rounds
+    for step in range(TOTAL):
+        train_step(net, opt, sp, step)
+    for name, m in sp.masks.items():
+        assert int(m.sum()) == sp.keep_counts(sparsity)[name]
+
+
+def test_imp_refuses_sparsity_rounds_and_fraction_together():
+    with pytest.raises(ConfigError, match="give two of sparsity, rounds and fraction"):
+        build_sparsifier({"algorithm": "imp", "sparsity": 0.8, "rounds": 2, "fraction": 0.2})
 
 
 def test_densify_revives_pruned_weights_from_zero():

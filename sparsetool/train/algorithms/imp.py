@@ -5,15 +5,24 @@ pruning").
 Train ``period`` steps, then prune, in each sparse tensor separately, the fraction ``p`` of its
 ``n`` remaining weights with the smallest magnitude (``round(p * n)`` of them; 20% in Renda et al.,
 20-33% per iteration in the Cerebras GPT-3 XL runs, which also prune each layer on its own), then
-retrain with the learning-rate schedule rewound: at step ``t`` after the ``r``-th pruning step
-``t_r = r * period`` the schedule sees
+retrain with the learning-rate schedule rewound. Each round is "retrained for a full training run,
+rewinding the learning rate schedule back to step 0" (the iterative-pruning post; Renda et al.
+replay the schedule): round ``r`` covers steps ``[t_r, t_(r+1))`` and replays the run's whole
+schedule (warm-up, then decay to its minimum) from ``origin`` to its end, compressed into the
+round's length. The schedule is read at
 
-    lr_step(t) = rewind_step + (t - t_r)
+    lr_step(t) = origin + (t - t_r) * (total_steps - origin) / (t_(r+1) - t_r)
 
+with ``origin = 0`` for the first (dense) round and ``rewind_step`` after each pruning step
 (``rewind_step = 0``: Renda et al.'s rewind to the start; later, as the Cerebras runs often did).
+So every round ends at the schedule's minimum, as a dense run does.
+
 After ``r`` rounds a tensor's density is about ``(1 - p) ** r``. With a target ``sparsity`` the
 rounds continue until every tensor reaches it exactly (the last round prunes only what is left to
-prune); with ``rounds`` the number is fixed. Weights are not rewound (LR rewinding only).
+prune). With ``rounds`` and a target, the per-round fraction is derived so that ``rounds`` rounds
+reach the target: ``p = 1 - (1 - sparsity) ** (1 / rounds)`` (a ``fraction`` given as well is
+refused). With ``rounds`` alone the number of rounds is fixed and ``fraction`` is pruned in each.
+Weights are not rewound (LR rewinding only).
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ class IMP(Sparsifier):
     DEFAULT_INIT = "magnitude"
 
     sparsity_level: Any = None  # target sparsity, optional
-    fraction: float = 0.2
+    fraction: float | None = None  # 0.2 unless derived from sparsity and rounds
     period: int | None = None
     rewind_step: int = 0
     rounds: int | None = None
@@ -61,7 +70,9 @@ class IMP(Sparsifier):
             isinstance(self.sparsity_level, Real) and not isinstance(self.sparsity_level, bool)
         ):
             raise ConfigError("imp: sparsity is a target number in [0, 1), not a schedule")
-        if not isinstance(self.fraction, Real) or not 0.0 < float(self.fraction) < 1.0:
+        if self.fraction is not None and (
+            not isinstance(self.fraction, Real) or not 0.0 < float(self.fraction) < 1.0
+        ):
             raise ConfigError(f"imp: fraction must be in (0, 1), got {self.fraction!r}")
         for key, low in (("period", 1), ("rounds", 1), ("rewind_step", 0)):
             value = getattr(self, key)
@@ -69,6 +80,17 @@ class IMP(Sparsifier):
                 raise ConfigError(f"imp: {key} must be a whole number >= {low}, got {value!r}")
         if self.sparsity_level is None and self.rounds is None:
             raise ConfigError("imp: give a target sparsity or a number of rounds")
+        if self.sparsity_level is not None and self.rounds is not None:
+            if self.fraction is not None:
+                raise ConfigError(
+                    f"imp: sparsity {self.sparsity_level} with rounds={self.rounds} fixes the fraction "
+                    f"pruned per round ({1 - (1 - float(self.sparsity_level)) ** (1 / int(self.rounds)):.4f}); "
+                    "give two of sparsity, rounds and fraction, not all three"
+                )
+            # rounds rounds of fraction p leave (1 - p) ** rounds: reach the target exactly.
+            self.fraction = 1.0 - (1.0 - float(self.sparsity_level)) ** (1.0 / int(self.rounds))
+        elif self.fraction is None:
+            self.fraction = 0.2
         self._plan: tuple[int, int] | None = None  # (rounds, period)
 
     def sparsity_spec(self) -> float:
@@ -135,24 +157,29 @@ class IMP(Sparsifier):
         assert self._plan is not None, "attach() first"
         return self._plan
 
-    def lr_step(self, step: int) -> int:
-        """Renda et al.'s learning-rate rewinding: ``rewind_step + (step - t_r)`` after the latest
-        pruning step ``t_r`` (``step`` itself before the first one)."""
-        if self._plan is None:
+    def lr_step(self, step: int) -> float:
+        """The point of the run's schedule read at ``step``: each round replays the schedule from
+        its origin (0, then ``rewind_step``) to the end, compressed into the round's length."""
+        if self._plan is None or self.total_steps <= 0:
             return step
         rounds, period = self._plan
         r = min(step // period, rounds)
-        if r == 0:
-            return step
-        return int(self.rewind_step) + step - r * period
+        start = r * period
+        end = (r + 1) * period if r < rounds else self.total_steps
+        origin = 0 if r == 0 else min(int(self.rewind_step), self.total_steps)
+        return origin + (step - start) * (self.total_steps - origin) / max(1, end - start)
 
     def update(self, step: int) -> None:
         targets = self._targets()
+        last_round = self._plan is not None and step >= self._plan[0] * self._plan[1]
         self.last_update = {}
         for name, p in self._params.items():
             old = self.masks[name]
             n = int(old.sum())
-            count = self._prune_count(n, None if targets is None else targets[name])
+            target = None if targets is None else targets[name]
+            count = self._prune_count(n, target)
+            if last_round and target is not None:
+                count = max(0, n - target)  # the last round lands on the target exactly
             self.masks[name] = top_k_mask(self.drop_scores(p.detach(), p.grad), n - count, allowed=old)
             self.last_update[name] = {"dropped": count, "grown": 0}
         self._apply(self.masks)
