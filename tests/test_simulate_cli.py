@@ -221,3 +221,26 @@ def test_hardware_file_with_unknown_suffix(tmp_path):
     f = tmp_path / "hw.txt"
     f.write_text("cs2: {}")
     bad("--shape", "64x64", "--sparsity", "0.5", "--hardware", str(f), match="suffix")
+
+
+@pytest.mark.parametrize("fallback", [True, False])
+def test_weight_streaming_falls_back_to_the_dense_kernel_where_it_is_faster(tmp_path, fallback):
+    """At 10% sparsity each streamed non-zero carries a 2-byte index, so the sparse kernel moves
+    1.8x the dense weight bytes (0.56x of dense speed): a compiler runs that layer dense."""
+    f = tmp_path / "hw.toml"
+    f.write_text(f"[cs2]\nweight_streaming = true\ndense_fallback = {str(fallback).lower()}\n")
+    low = ok_json("--shape", "4096x4096", "--sparsity", "0.1", "--tokens", "2048",
+                  "--hardware", str(f), "--device", "cs2")
+    cs2 = low["devices"][0]
+    kernel = low["layers"][0]["kernel"]["cs2"]
+    if fallback:
+        assert kernel == "dense" and cs2["forward"]["speedup"] == pytest.approx(1.0)
+        assert any("run the dense kernel" in n for n in cs2["notes"])
+    else:
+        assert kernel == "sparse" and cs2["forward"]["speedup"] == pytest.approx(0.56, abs=0.01)
+        assert not any("dense kernel" in n for n in cs2["notes"])
+    # At 90% the sparse kernel wins either way.
+    high = ok_json("--shape", "4096x4096", "--sparsity", "0.9", "--tokens", "2048",
+                   "--hardware", str(f), "--device", "cs2")
+    assert high["layers"][0]["kernel"]["cs2"] == "sparse"
+    assert high["devices"][0]["forward"]["speedup"] > 4

@@ -70,6 +70,7 @@ def simulate(wl: Workload, devices: Mapping[str, Device] | Iterable[Device]) -> 
     theo = _ratio(dense_flops, sparse_flops)
     grid = next((d.grid for d in devs if isinstance(d, Dataflow)), None)
     out_devices, layer_speedups = [], {}
+    layer_paths: dict[str, list[str]] = {}
     for dev in devs:
         entry: dict[str, Any] = {"name": dev.name, "kind": dev.kind, "applicable": True,
                                  "reason": None, "notes": []}
@@ -90,6 +91,15 @@ def simulate(wl: Workload, devices: Mapping[str, Device] | Iterable[Device]) -> 
             entry.update(results)
             entry["notes"] = dev.notes(wl.layers, PASSES)
             if isinstance(dev, Dataflow):
+                paths = [dev.path(ly, wl.tokens, "forward") for ly in wl.layers]
+                layer_paths[dev.name] = paths
+                sparse_layers = [ly for ly in wl.layers if not ly.is_dense]
+                fell_back = sum(1 for ly, p in zip(wl.layers, paths) if not ly.is_dense and p == "dense")
+                if fell_back:
+                    entry["notes"].append(
+                        f"{fell_back} of {len(sparse_layers)} sparse layers run the dense kernel, which is "
+                        "faster at their sparsity (each non-zero carries an index; set dense_fallback = "
+                        "false in a --hardware file to force the sparse kernel)")
                 b = results["forward"]["breakdown"]
                 entry["busiest_over_mean"] = ((b["compute"] + b["imbalance"]) / b["compute"]
                                               if b["compute"] > 0 else 1.0)
@@ -109,6 +119,8 @@ def simulate(wl: Workload, devices: Mapping[str, Device] | Iterable[Device]) -> 
             row["busiest_over_mean"] = ly.busiest_over_mean(grid)
             row["core_groups"] = list(grid)
         row["speedup"] = {name: sp[i] for name, sp in layer_speedups.items()}
+        if layer_paths:
+            row["kernel"] = {name: paths[i] for name, paths in layer_paths.items()}
         layers.append(row)
     return {
         "workload": {

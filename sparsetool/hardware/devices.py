@@ -118,6 +118,27 @@ class Dataflow(Device):
     weight_bytes: float = 2.0
     index_bytes: float = 2.0
     partial_sum_bytes: float = 4.0
+    dense_fallback: bool = True
+
+    def cost(self, layer: LayerMask, tokens: float, pass_: str) -> Cost:
+        """The sparse kernel, or the dense one where that is faster and ``dense_fallback`` is on
+        (a compiler picks per layer: below ~50% sparsity the index each non-zero carries makes a
+        streamed sparse layer slower than the dense one)."""
+        if layer.is_dense:
+            return self.dense_cost(layer, tokens, pass_)
+        sparse = self.sparse_cost(layer, tokens, pass_)
+        if self.dense_fallback:
+            dense = self.dense_cost(layer, tokens, pass_)
+            if dense.total < sparse.total:
+                return dense
+        return sparse
+
+    def path(self, layer: LayerMask, tokens: float, pass_: str) -> str:
+        """Which kernel :meth:`cost` runs for this layer: ``"sparse"`` or ``"dense"``."""
+        if layer.is_dense or not self.dense_fallback:
+            return "dense" if layer.is_dense else "sparse"
+        faster_dense = self.dense_cost(layer, tokens, pass_).total < self.sparse_cost(layer, tokens, pass_).total
+        return "dense" if faster_dense else "sparse"
 
     @property
     def grid(self) -> tuple[int, int]:

@@ -73,6 +73,8 @@ PRESETS: dict[str, tuple[type[Device], dict[str, tuple[Any, str]]]] = {
         "weight_bytes": (2.0, "FP16 weights, 2 bytes"),
         "index_bytes": (2.0, "assumed: a 16-bit position travels with each non-zero weight"),
         "partial_sum_bytes": (4.0, "assumed: FP32 partial sums reduced over the fabric"),
+        "dense_fallback": (True, "assumed: the compiler runs a layer with the dense kernel where that is "
+                                 "faster (set false to force the sparse kernel everywhere)"),
     }),
     "a100": (DenseGPU, dict(_A100_BASE)),
     "h100": (DenseGPU, dict(_H100_BASE)),
