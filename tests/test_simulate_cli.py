@@ -244,3 +244,41 @@ def test_weight_streaming_falls_back_to_the_dense_kernel_where_it_is_faster(tmp_
                    "--hardware", str(f), "--device", "cs2")
     assert high["layers"][0]["kernel"]["cs2"] == "sparse"
     assert high["devices"][0]["forward"]["speedup"] > 4
+
+
+def test_more_core_groups_than_cores_is_refused(tmp_path):
+    f = tmp_path / "hw.toml"
+    f.write_text("[cs2]\ngroups_m = 100000\ngroups_k = 32\n")
+    bad("--shape", "64x64", "--sparsity", "0.5", "--hardware", str(f), match="3,200,000 core groups but only 850,000 cores")
+
+
+def test_layers_smaller_than_the_core_group_grid_are_named(tmp_path):
+    f = tmp_path / "hw.toml"
+    f.write_text("[cs2]\ngroups_m = 128\ngroups_k = 128\n")
+    res = ok_json("--shape", "64x4096", "--sparsity", "0.5", "--hardware", str(f), "--device", "cs2")
+    assert any("fewer rows or columns than the 128 x 128 core-group grid" in n and "64 x 4096" in n
+               for n in res["devices"][0]["notes"])
+    res = ok_json("--shape", "4096x4096", "--sparsity", "0.5", "--device", "cs2")
+    assert not any("core-group grid" in n for n in res["devices"][0]["notes"])
+
+
+def test_sweep_plot_draws_the_theoretical_curve_not_segments(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kept = []
+    monkeypatch.setattr(plt, "close", lambda fig: kept.append(fig))
+    out = tmp_path / "s.png"
+    r = CliRunner().invoke(app, ["simulate", "--shape", "256x256", "--sparsity", "0.5,0.9",
+                                 "--plot", str(out), "--quiet"])
+    assert r.exit_code == 0 and out.exists(), r.output
+    ax = kept[0].axes[0]
+    (line,) = [ln for ln in ax.get_lines() if ln.get_label() == "theoretical 1/(1-s)"]
+    x, y = line.get_data()
+    assert len(x) > 100 and x[0] == 0.0 and x[-1] == pytest.approx(0.9)
+    assert y == pytest.approx([1 / (1 - s) for s in x])
+    # the legend sits outside the axes, so it cannot cover the dense point at (0, 1x)
+    legend = ax.get_legend()
+    assert legend is not None and legend.get_bbox_to_anchor().x0 > ax.get_window_extent().x1 - 1

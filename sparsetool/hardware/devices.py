@@ -179,14 +179,21 @@ class Dataflow(Device):
         return Cost.roofline(flops / (2 * self.fmac_rate), 0.0, 0.0)
 
     def notes(self, layers: list[LayerMask], passes: tuple[str, ...]) -> list[str]:
+        out = []
+        small = [ly for ly in layers if ly.out_features < self.groups_m or ly.in_features < self.groups_k]
+        if small:
+            ly = small[0]
+            out.append(f"{len(small)} of {len(layers)} layers have fewer rows or columns than the "
+                       f"{self.groups_m} x {self.groups_k} core-group grid (e.g. {ly.name}, "
+                       f"{ly.out_features} x {ly.in_features}): they use only min(grid, shape) groups")
         if self.weight_streaming:
-            return []
+            return out
         held = sum(ly.numel * self.weight_bytes if ly.is_dense
                    else ly.nnz * (self.weight_bytes + self.index_bytes) for ly in layers)
         if held > self.sram_bytes:
-            return [f"the pruned weights ({held / 1e9:.1f} GB) do not fit in the {self.sram_bytes / 1e9:g} GB "
-                    "of on-chip SRAM: set weight_streaming = true in a --hardware file"]
-        return []
+            out.append(f"the pruned weights ({held / 1e9:.1f} GB) do not fit in the {self.sram_bytes / 1e9:g} GB "
+                       "of on-chip SRAM: set weight_streaming = true in a --hardware file")
+        return out
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,18 @@ from sparsetool.errors import SparsetoolError
 _STYLE = {"dataflow": "-o", "gpu-dense": "--s", "gpu-2:4": "D", "gpu-spmm": ":^", "gpu-flash-llm": "-.v"}
 
 
+def theoretical_curve(max_sparsity: float, points: int = 201) -> tuple[list[float], list[float]]:
+    """``1 / (1 - s)`` sampled finely from the dense point to ``max_sparsity``: the curve itself,
+    not straight segments between the sparsities of a sweep.
+
+    >>> xs, ys = theoretical_curve(0.9, points=4)
+    >>> [round(x, 2) for x in xs], [round(y, 2) for y in ys]
+    ([0.0, 0.3, 0.6, 0.9], [1.0, 1.43, 2.5, 10.0])
+    """
+    xs = [max_sparsity * i / (points - 1) for i in range(points)]
+    return xs, [1.0 / (1.0 - s) for s in xs]
+
+
 def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, key: str = "forward_speedup",
                nm_point: dict[str, Any] | None = None) -> None:
     """Write a PNG of ``rows`` (from :func:`sparsetool.hardware.compare.sweep`) to ``path``,
@@ -27,9 +39,9 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, key: str = "f
     if not path.parent.is_dir():
         raise SparsetoolError(f"--plot: directory '{path.parent}' does not exist; create it first")
     xs = [r["sparsity"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
-    theo = [r["theoretical"] for r in rows]
-    ax.plot(xs, theo, "k-", lw=2.5, alpha=0.35, label="theoretical 1/(1-s)")
+    fig, ax = plt.subplots(figsize=(9.5, 4.8), dpi=110)
+    cx, cy = theoretical_curve(max(xs, default=0.9))
+    ax.plot(cx, cy, "k-", lw=2.5, alpha=0.35, label="theoretical 1/(1-s)")
     names = list(rows[0]["devices"]) if rows else []
     for name in names:
         pts = [(r["sparsity"], r["devices"][name][key]) for r in rows
@@ -48,7 +60,8 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, key: str = "f
     ax.set_yscale("log", base=2)
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left")
+    # Outside the axes, so it never covers the dense point at (0, 1x) or a device's curve.
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
     fd, tmp = tempfile.mkstemp(prefix=".plot-", suffix=".png", dir=path.parent)
     os.close(fd)

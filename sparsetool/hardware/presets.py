@@ -121,7 +121,14 @@ def _build(name: str, cls: type[Device], values: dict[str, Any], where: str) -> 
         kw[key] = _check(name, key, value, known[key].type, where)
     if isinstance(kw.get("break_even_sparsity"), float) and kw["break_even_sparsity"] >= 1.0:
         raise ConfigError(f"{where}: '{name}'.break_even_sparsity must be below 1")
-    return cls(name=name, **kw)
+    device = cls(name=name, **kw)
+    if isinstance(device, Dataflow) and device.groups_m * device.groups_k > device.cores:
+        raise ConfigError(
+            f"{where}: '{name}' has {device.groups_m} x {device.groups_k} = "
+            f"{device.groups_m * device.groups_k:,} core groups but only {device.cores:,} cores; "
+            "each group needs at least one core: lower groups_m/groups_k or raise cores"
+        )
+    return device
 
 
 def _check(name: str, key: str, value: Any, typ: Any, where: str) -> Any:
