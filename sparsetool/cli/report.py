@@ -8,12 +8,14 @@ from typing import List, Optional
 import typer
 
 from sparsetool.cli._output import (
+    TABLE_FORMATS,
     check_plot_path,
     console,
     emit_json,
     failing_cleanly,
     human_bytes,
     percent,
+    print_table,
     progress_bar,
 )
 from sparsetool.cli._params import (
@@ -26,8 +28,7 @@ from sparsetool.cli._params import (
     value_of,
 )
 
-FORMATS = ("rich", "plain", "markdown", "github")
-Format = choices("Format", FORMATS)
+Format = choices("Format", TABLE_FORMATS)
 
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
@@ -77,29 +78,8 @@ def report(
         ("non-zero parameters", f"{s['nonzero']:,}"),
         ("bytes on disk", human_bytes(s["bytes"])),
     ]
-    if fmt == "rich" and (not console.is_terminal or console.width < 100):
-        fmt = "plain"  # piped or narrow: a rich table would cut names and numbers
-    if fmt == "rich":
-        from rich.markup import escape
-        from rich.table import Table
-
-        table = Table(title=escape(str(checkpoint)), show_lines=False)
-        for i, h in enumerate(header):
-            # numbers and short fields never truncate; a long name folds onto a second line
-            table.add_column(h, justify="right" if i >= 5 else "left",
-                             overflow="fold" if i == 0 else "ellipsis", no_wrap=i > 0,
-                             min_width=20 if i == 0 else len(h))
-        for c in cells:
-            table.add_row(*[escape(x) for x in c])
-        console.print(table)
-        for k, v in summary:
-            console.print(f"[bold]{k}:[/] {v}", highlight=False)
-    else:
-        from tabulate import tabulate
-
-        typer.echo(tabulate(cells, headers=header, tablefmt={"markdown": "pipe"}.get(fmt, fmt),
-                            disable_numparse=True, colalign=("left",) * 5 + ("right",) * 3))
-        for k, v in summary:
-            typer.echo(f"{k}: {v}")
+    print_table(header, cells, title=str(checkpoint), align="lllllrrr", fmt=fmt)
+    for k, v in summary:
+        typer.echo(f"{k}: {v}")
     if plot is not None and not quiet:
         console.print(f"plot: {plot}", highlight=False)
