@@ -41,7 +41,7 @@ EXAMPLES = (  # the end of --help: each runs as written (given the files named)
 def report(
     checkpoint: Path = checkpoint_argument(),
     as_json: bool = json_option("Print {\"tensors\": [...], \"summary\": {...}} on stdout."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw per-tensor sparsity bars into this PNG."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the sparsity of the listed tensors into this PNG: one bar each, or a layer x matrix heatmap past 40 tensors."),
     all_tensors: bool = typer.Option(True, "--all/--targeted", help="Show every tensor (default) or only the targeted ones."),
     fmt: Format = typer.Option("rich", "--format", help="Table style (rich falls back to plain when piped or narrow)."),
     include: List[str] = include_option("Count tensors matching this glob as targeted (repeatable)."),
@@ -61,7 +61,7 @@ def report(
         with progress_bar(not (as_json or quiet)) as progress:
             rep = summarize(checkpoint, tuple(include), tuple(exclude), progress=progress)
         if plot is not None:
-            plot_report(rep, plot)
+            plot_report(rep, plot, all_tensors=all_tensors)
     if as_json:
         emit_json(rep.to_json())
         return
@@ -82,4 +82,6 @@ def report(
     for k, v in summary:
         typer.echo(f"{k}: {v}")
     if plot is not None and not quiet:
-        console.print(f"plot: {plot}", highlight=False)
+        drawn = sum(1 for t in rep.tensors if all_tensors or t.targeted)
+        console.print(f"plot: {plot}" + ("" if drawn else " (it says there is no tensor to draw)"),
+                      highlight=False, soft_wrap=True)
