@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from typing import Any, Iterator
+from typing import Any, Collection, Iterator, Sequence
 
 import typer
 from rich.console import Console
@@ -93,3 +93,83 @@ def check_plot_path(path: Any) -> None:
         fail(f"--plot {path}: give a file name ending in .png")
     if not path.parent.is_dir():
         fail(f"--plot {path}: directory '{path.parent}' does not exist; create it first")
+
+
+TABLE_FORMATS = ("rich", "plain", "markdown", "github")
+
+
+def print_table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], *,
+                title: str | None = None, align: str | None = None, fmt: str = "rich",
+                sections: Collection[int] = ()) -> None:
+    """The one table renderer of every command. Cells are plain text (no markup); a cell is never cut.
+
+    ``align`` has one letter per column, ``l`` or ``r`` (default: the first left, the rest right).
+    ``fmt`` ``rich`` draws a rich table on a terminal wide enough for every cell whole, and falls
+    back to ``plain`` (aligned columns at their natural width, by display width so wide characters
+    line up) when piped or narrow; ``markdown`` and ``github`` print pipe tables. ``sections``: row
+    indices after which rich draws a rule. ``header`` None: no header row.
+    """
+    ncols = len(header) if header is not None else max((len(r) for r in rows), default=0)
+    align = align or ("l" + "r" * max(0, ncols - 1))
+    rows = [list(r) + [""] * (ncols - len(r)) for r in rows]
+    if fmt == "rich":
+        table = _rich_table(header, rows, title, align, sections)
+        unbounded = console.options.update_width(1 << 16)  # the width every cell whole needs
+        if console.is_terminal and console.measure(table, options=unbounded).maximum <= console.width:
+            console.print(table)
+            return
+        fmt = "plain"
+    lines = _text_table(header, rows, align, fmt)
+    if title:
+        lines = [title if fmt == "plain" else f"**{title}**", *([""] if fmt != "plain" else []), *lines]
+    sys.stdout.write("".join(line + "\n" for line in lines))
+    sys.stdout.flush()
+
+
+def _rich_table(header: Sequence[str] | None, rows: list[list[str]], title: str | None, align: str,
+                sections: Collection[int]) -> Any:
+    from rich.table import Table
+
+    if header is None:
+        table = Table(show_header=False, box=None, title=escape(title) if title else None)
+    else:
+        table = Table(title=escape(title) if title else None, title_justify="left")
+    for i in range(len(align)):
+        table.add_column(escape(header[i]) if header is not None else None, no_wrap=True,
+                         overflow="fold", justify="right" if align[i] == "r" else "left",
+                         style="bold" if header is None and i == 0 else None)
+    for i, r in enumerate(rows):
+        table.add_row(*[escape(c) for c in r], end_section=i in sections)
+    return table
+
+
+def _text_table(header: Sequence[str] | None, rows: list[list[str]], align: str, fmt: str) -> list[str]:
+    from rich.cells import cell_len
+
+    pipe = fmt in ("markdown", "github")
+    if pipe:
+        rows = [[c.replace("|", "\\|") for c in r] for r in rows]
+        header = header if header is not None else [""] * len(align)
+    body = ([list(header)] if header is not None else []) + rows
+    widths = [max((cell_len(r[i]) for r in body), default=0) for i in range(len(align))]
+    if pipe:
+        widths = [max(3, w) for w in widths]
+
+    def pad(text: str, i: int) -> str:
+        gap = " " * (widths[i] - cell_len(text))
+        return gap + text if align[i] == "r" else text + gap
+
+    def line(cells: Sequence[str]) -> str:
+        if pipe:
+            return "| " + " | ".join(pad(c, i) for i, c in enumerate(cells)) + " |"
+        return "  ".join(pad(c, i) for i, c in enumerate(cells)).rstrip()
+
+    out = [line(r) for r in body]
+    if header is not None:
+        if pipe:
+            rules = [("-" * (w - 1) + ":") if align[i] == "r" and fmt == "markdown" else "-" * w
+                     for i, w in enumerate(widths)]
+            out.insert(1, "| " + " | ".join(rules) + " |")
+        else:
+            out.insert(1, "  ".join("-" * w for w in widths))
+    return out

@@ -9,11 +9,11 @@ import typer
 
 from sparsetool.cli._output import (
     check_plot_path,
-    console,
     emit_json,
     err_console,
     failing_cleanly,
     percent,
+    print_table,
     progress_bar,
 )
 from sparsetool.cli._params import exclude_option, include_option, json_option
@@ -73,23 +73,7 @@ def diff(
                   percent(r.stats.sparsity_a), percent(r.stats.sparsity_b), f"{r.stats.iou:.4f}",
                   f"{r.stats.revived:,}", f"{r.stats.pruned:,}", _number(r.stats.rel_l2),
                   _number(r.stats.angular_distance)] for r in result.rows]
-        if console.is_terminal and console.width >= 110:
-            from rich.markup import escape
-            from rich.table import Table
-
-            table = Table(title=escape(f"{a} -> {b}"))
-            for i, h in enumerate(HEADER):
-                table.add_column(h, justify="left" if i in (0, 2) else "right",
-                                 overflow="fold" if i == 0 else "ellipsis", no_wrap=i > 0,
-                                 min_width=20 if i == 0 else len(h))
-            for c in cells:
-                table.add_row(*[escape(x) for x in c])
-            console.print(table)
-        else:  # piped or narrow: a rich table would cut names and numbers
-            from tabulate import tabulate
-
-            typer.echo(tabulate(cells, headers=HEADER, tablefmt="plain", disable_numparse=True,
-                                colalign=("left", "right", "left") + ("right",) * 7))
+        print_table(HEADER, cells, title=f"{a} -> {b}", align="lrlrrrrrrr")
     typer.echo(summary)
     if plot is not None:
         typer.echo(f"plot: {plot}")

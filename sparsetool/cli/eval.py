@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from sparsetool.cli._output import check_plot_path, console, emit_json, failing_cleanly, percent, progress_bar
+from sparsetool.cli._output import check_plot_path, console, emit_json, failing_cleanly, percent, print_table, progress_bar
 from sparsetool.cli._params import choices, json_option, quiet_option, tokens_option, value_of
 
 DTYPES = ("float32", "bfloat16")
@@ -62,23 +62,7 @@ def eval_command(
     shapes = sorted({(r.seq, r.stride) for r in result.rows})
     footer = f"text: {result.text_source}; windows of " + ", ".join(
         f"{n} tokens" + (f" every {s}" if s != n else "") for n, s in shapes)
-    if console.is_terminal and console.width >= 100:
-        from rich.markup import escape
-        from rich.table import Table
-
-        table = Table(show_lines=False)
-        for i, h in enumerate(header):
-            table.add_column(h, justify="left" if i == 0 else "right", overflow="fold" if i == 0 else "ellipsis",
-                             no_wrap=i > 0)
-        for c in cells:
-            table.add_row(*[escape(x) for x in c])
-        console.print(table)
-        console.print(escape(footer), highlight=False, soft_wrap=True)
-    else:
-        from tabulate import tabulate
-
-        typer.echo(tabulate(cells, headers=header, disable_numparse=True,
-                            colalign=("left",) + ("right",) * (len(header) - 1)))
-        typer.echo(footer)
+    print_table(header, cells)
+    typer.echo(footer)
     if plot is not None and not quiet:
         console.print(f"plot: {plot}", highlight=False, soft_wrap=True)

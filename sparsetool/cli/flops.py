@@ -7,7 +7,7 @@ from typing import Any, List, Optional
 
 import typer
 
-from sparsetool.cli._output import console, emit_json, failing_cleanly, percent
+from sparsetool.cli._output import console, emit_json, failing_cleanly, percent, print_table
 from sparsetool.cli._params import (
     choices,
     exclude_option,
@@ -138,28 +138,25 @@ def _title(cfg: Any, r: dict) -> str:
 def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: bool,
             measured: bool) -> None:
     from rich.markup import escape
-    from rich.table import Table
 
     for n in notes:
-        console.print(f"[dim]note: {escape(n)}[/]", highlight=False)
+        console.print(f"[dim]note: {escape(n)}[/]", highlight=False, soft_wrap=True)
     r0 = results[0]
     ft = r0["finetune_tokens"] > 0
     if len(results) > 1:
         console.print(escape(_title(cfg, r0)), highlight=False, soft_wrap=True)
-        t = Table()
         cols = ["sparsity", "FLOPs/seq", "exaFLOPs", "vs dense", "infer/token", "non-zero"]
         if ft:
             cols += ["+FT exaFLOPs", "e2e speed-up"]
-        for c in cols:
-            t.add_column(c, justify="right")
+        rows = []
         for r in results:
             row = [percent(r["sparsity"], 1), _e(r["train_flops_per_seq"]),
                    f"{r['total_train_flops'] / 1e18:.2f}", f"{r['train_flops_ratio']:.3f}x",
                    _e(r["inference_flops_per_token"]), _count(r["nonzero_params"])]
             if ft:
                 row += [f"{r['end_to_end_flops'] / 1e18:.2f}", f"{1 / r['end_to_end_ratio']:.2f}x"]
-            t.add_row(*row)
-        console.print(t)
+            rows.append(row)
+        print_table(cols, rows, align="r" * len(cols))
         console.print("FLOPs/seq: training (3 x forward); exaFLOPs: all training tokens; vs dense: "
                       "sparse/dense; infer/token: inference FLOPs per token; non-zero: parameters"
                       + ("; +FT: with dense fine-tuning; e2e speed-up: dense/sparse" if ft else ""),
@@ -177,23 +174,16 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
     r = r0
     console.print(escape(_title(cfg, r)), highlight=False, soft_wrap=True)
     if r["stages"]:
-        st = Table(title="Variable SPDF stages", title_justify="left")
-        for c in ("stage", "sparsity", "fraction", "tokens", "train FLOPs", "exaFLOPs"):
-            st.add_column(c, justify="right")
-        for i, s in enumerate(r["stages"], 1):
-            st.add_row(str(i), percent(s["sparsity"], 1), f"{s['fraction']:.4f}", _count(s["tokens"]),
-                       _e(s["train_flops"]), f"{s['train_flops'] / 1e18:.2f}")
-        console.print(st)
+        print_table(("stage", "sparsity", "fraction", "tokens", "train FLOPs", "exaFLOPs"),
+                    [[str(i), percent(s["sparsity"], 1), f"{s['fraction']:.4f}", _count(s["tokens"]),
+                      _e(s["train_flops"]), f"{s['train_flops'] / 1e18:.2f}"]
+                     for i, s in enumerate(r["stages"], 1)],
+                    title="Variable SPDF stages", align="rrrrrr")
     label = ("measured " if measured else "effective " if r["stages"] else "sparse ") + percent(r["sparsity"], 1)
-    t = Table()
-    t.add_column("", justify="left", no_wrap=True)
-    for c, j in (("dense", "right"), (label, "right"),
-                 ("sparse/dense", "right"), ("dense/sparse", "right")):
-        t.add_column(c, justify=j)
-
+    rows: list[list[str]] = []
     def add(name: str, dense: float, sparse: float, fmt: Any = _e) -> None:
         ratio = sparse / dense if dense else 1.0
-        t.add_row(name, fmt(dense), fmt(sparse), f"{ratio:.3f}", f"{1 / ratio:.2f}x" if ratio else "inf")
+        rows.append([name, fmt(dense), fmt(sparse), f"{ratio:.3f}", f"{1 / ratio:.2f}x" if ratio else "inf"])
 
     add("forward FLOPs / sequence", r["dense_forward_flops_per_seq"], r["forward_flops_per_seq"])
     add("training FLOPs / sequence", r["dense_train_flops_per_seq"], r["train_flops_per_seq"])
@@ -201,14 +191,14 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
     add("training exaFLOPs", r["dense_total_train_flops"] / 1e18, r["total_train_flops"] / 1e18,
         lambda x: f"{x:.2f}")
     if ft:
-        t.add_row(f"dense fine-tuning FLOPs ({_count(r['finetune_tokens'])} tok, seq "
-                  f"{r['finetune_seq_len']})", _e(r["finetune_flops"]), _e(r["finetune_flops"]), "", "")
+        rows.append([f"dense fine-tuning FLOPs ({_count(r['finetune_tokens'])} tok, seq "
+                     f"{r['finetune_seq_len']})", _e(r["finetune_flops"]), _e(r["finetune_flops"]), "", ""])
         add("end-to-end exaFLOPs", r["dense_end_to_end_flops"] / 1e18, r["end_to_end_flops"] / 1e18,
             lambda x: f"{x:.2f}")
     add("inference FLOPs / token", r["dense_inference_flops_per_token"], r["inference_flops_per_token"])
     add("parameters", r["params"], r["params"], lambda x: f"{x:,.0f}")
     add("non-zero parameters", r["params"], r["nonzero_params"], lambda x: f"{x:,.0f}")
-    console.print(t)
+    print_table(["", "dense", label, "sparse/dense", "dense/sparse"], rows)
     if r["stages"]:
         console.print("inference FLOPs and non-zero parameters are those of the model the last stage "
                       f"ends with ({percent(r['stages'][-1]['sparsity'], 1)} sparse)", highlight=False)
@@ -217,26 +207,26 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
 
 
 def _render_breakdown(F: Any, cfg: Any, r: dict) -> None:
-    from rich.table import Table
-
     formulas = F.term_formulas(cfg)
     dense, sparse = r["dense_forward_terms"], r["forward_terms"]
     total_d, total_s = sum(dense.values()), sum(sparse.values())
-    t = Table(title=f"forward FLOPs of one sequence, term by term (sparse = {percent(r['sparsity'], 1)}"
-                    f"{', last stage' if r['stages'] else ''})", title_justify="left")
-    for c, j in (("term", "left"), ("formula (dense)", "left"), ("dense", "right"),
-                 ("share", "right"), ("sparse", "right")):
-        t.add_column(c, justify=j)
+    title = (f"forward FLOPs of one sequence, term by term (sparse = {percent(r['sparsity'], 1)}"
+             f"{', last stage' if r['stages'] else ''})")
+    rows: list[list[str]] = []
+    sections: list[int] = []
     for name in F.TERMS:
+        if name == "embeddings":
+            sections.append(len(rows))
         if name == "embeddings" and not r["embeddings"]:
-            t.add_row(name, formulas[name], "excluded", "", "excluded", end_section=True)
+            rows.append([name, formulas[name], "excluded", "", "excluded"])
             continue
         mark = " *" if name in F.TARGETED_TERMS else ""
-        t.add_row(name + mark, formulas[name], _e(dense[name]), percent(dense[name] / total_d, 1),
-                  _e(sparse[name]), end_section=name == "embeddings")
-    t.add_row("forward", "sum", _e(total_d), "100.0%", _e(total_s))
-    t.add_row("training", "3 x forward (backward = 2 x forward)", _e(3 * total_d), "", _e(3 * total_s))
-    console.print(t)
+        rows.append([name + mark, formulas[name], _e(dense[name]), percent(dense[name] / total_d, 1),
+                     _e(sparse[name])])
+    rows.append(["forward", "sum", _e(total_d), "100.0%", _e(total_s)])
+    rows.append(["training", "3 x forward (backward = 2 x forward)", _e(3 * total_d), "", _e(3 * total_s)])
+    print_table(("term", "formula (dense)", "dense", "share", "sparse"), rows, title=title,
+                align="llrrr", sections=sections)
     console.print("* scaled by (1 - sparsity) of its weights; ffn = "
                   f"{cfg.ffn_matrices} matrices{' (gate, up, down)' if cfg.ffn_matrices == 3 else ' (in, out)'}",
                   highlight=False)
@@ -248,13 +238,8 @@ def _print_presets(F: Any, as_json: bool) -> None:
     if as_json:
         emit_json({name: asdict(c) for name, c in F.PRESETS.items()})
         return
-    from rich.table import Table
-
-    t = Table(title="model presets")
-    for c in ("name", "layers", "d_model", "heads", "d_head", "d_ff", "FFN", "vocab", "seq", "params"):
-        t.add_column(c, justify="left" if c == "name" else "right")
-    for name, c in F.PRESETS.items():
-        t.add_row(name, str(c.n_layers), str(c.d_model), str(c.n_heads), str(c.d_head), str(c.d_ff),
-                  "SwiGLU" if c.ffn_matrices == 3 else "GELU", str(c.vocab), str(c.seq_len),
-                  _count(F.param_counts(c)["total"]))
-    console.print(t)
+    rows = [[name, str(c.n_layers), str(c.d_model), str(c.n_heads), str(c.d_head), str(c.d_ff),
+             "SwiGLU" if c.ffn_matrices == 3 else "GELU", str(c.vocab), str(c.seq_len),
+             _count(F.param_counts(c)["total"])] for name, c in F.PRESETS.items()]
+    print_table(("name", "layers", "d_model", "heads", "d_head", "d_ff", "FFN", "vocab", "seq", "params"),
+                rows, title="model presets")

@@ -8,12 +8,14 @@ from typing import List, Optional
 import typer
 
 from sparsetool.cli._output import (
+    TABLE_FORMATS,
     check_plot_path,
     console,
     emit_json,
     failing_cleanly,
     human_bytes,
     percent,
+    print_table,
     progress_bar,
 )
 from sparsetool.cli._params import (
@@ -26,8 +28,7 @@ from sparsetool.cli._params import (
     value_of,
 )
 
-FORMATS = ("rich", "plain", "markdown", "github")
-Format = choices("Format", FORMATS)
+Format = choices("Format", TABLE_FORMATS)
 
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
@@ -40,7 +41,7 @@ EXAMPLES = (  # the end of --help: each runs as written (given the files named)
 def report(
     checkpoint: Path = checkpoint_argument(),
     as_json: bool = json_option("Print {\"tensors\": [...], \"summary\": {...}} on stdout."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw per-tensor sparsity bars into this PNG."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the sparsity of the listed tensors into this PNG: one bar each, or a layer x matrix heatmap past 40 tensors."),
     all_tensors: bool = typer.Option(True, "--all/--targeted", help="Show every tensor (default) or only the targeted ones."),
     fmt: Format = typer.Option("rich", "--format", help="Table style (rich falls back to plain when piped or narrow)."),
     include: List[str] = include_option("Count tensors matching this glob as targeted (repeatable)."),
@@ -60,7 +61,7 @@ def report(
         with progress_bar(not (as_json or quiet)) as progress:
             rep = summarize(checkpoint, tuple(include), tuple(exclude), progress=progress)
         if plot is not None:
-            plot_report(rep, plot)
+            plot_report(rep, plot, all_tensors=all_tensors)
     if as_json:
         emit_json(rep.to_json())
         return
@@ -77,29 +78,10 @@ def report(
         ("non-zero parameters", f"{s['nonzero']:,}"),
         ("bytes on disk", human_bytes(s["bytes"])),
     ]
-    if fmt == "rich" and (not console.is_terminal or console.width < 100):
-        fmt = "plain"  # piped or narrow: a rich table would cut names and numbers
-    if fmt == "rich":
-        from rich.markup import escape
-        from rich.table import Table
-
-        table = Table(title=escape(str(checkpoint)), show_lines=False)
-        for i, h in enumerate(header):
-            # numbers and short fields never truncate; a long name folds onto a second line
-            table.add_column(h, justify="right" if i >= 5 else "left",
-                             overflow="fold" if i == 0 else "ellipsis", no_wrap=i > 0,
-                             min_width=20 if i == 0 else len(h))
-        for c in cells:
-            table.add_row(*[escape(x) for x in c])
-        console.print(table)
-        for k, v in summary:
-            console.print(f"[bold]{k}:[/] {v}", highlight=False)
-    else:
-        from tabulate import tabulate
-
-        typer.echo(tabulate(cells, headers=header, tablefmt={"markdown": "pipe"}.get(fmt, fmt),
-                            disable_numparse=True, colalign=("left",) * 5 + ("right",) * 3))
-        for k, v in summary:
-            typer.echo(f"{k}: {v}")
+    print_table(header, cells, title=str(checkpoint), align="lllllrrr", fmt=fmt)
+    for k, v in summary:
+        typer.echo(f"{k}: {v}")
     if plot is not None and not quiet:
-        console.print(f"plot: {plot}", highlight=False)
+        drawn = sum(1 for t in rep.tensors if all_tensors or t.targeted)
+        console.print(f"plot: {plot}" + ("" if drawn else " (it says there is no tensor to draw)"),
+                      highlight=False, soft_wrap=True)

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from sparsetool.cli._output import console, emit_json, failing_cleanly, progress_bar
+from sparsetool.cli._output import console, emit_json, failing_cleanly, print_table, progress_bar
 from sparsetool.cli._params import (
     choices,
     exclude_option,
@@ -111,76 +111,63 @@ def _list(out: dict[str, Any], as_json: bool) -> None:
         emit_json(out)
         return
     for name, d in out.items():
-        console.print(f"[bold]{escape(name)}[/] ({d['kind']})", highlight=False)
+        console.print(f"[bold]{escape(name)}[/] ({d['kind']})", highlight=False, soft_wrap=True)
         for key, c in d["constants"].items():
-            console.print(f"  {key} = {c['value']!r}  [dim]{escape(c['source'])}[/]", highlight=False)
+            console.print(f"  {key} = {c['value']!r}  [dim]{escape(c['source'])}[/]", highlight=False, soft_wrap=True)
 
 
 def _render(res: dict[str, Any], show_all: bool) -> None:
-    from rich.table import Table
-
     w = res["workload"]
     head = (f"[bold]{escape(w['label'])}[/]  {w['tokens']:g} tokens per step"
             + (f" (sequences of {w['seq_len']})" if w.get("seq_len") else "")
             + ("" if "sweep" in res else f", targeted sparsity {w['targeted_sparsity']:.4f}"))
-    console.print(head, highlight=False)
+    console.print(head, highlight=False, soft_wrap=True)
     if "sweep" in res:
-        from rich import box
-
         key = "forward_speedup" if w["source"] == "shape" else "train_speedup"
         what = "one forward matmul" if w["source"] == "shape" else "a training step"
-        t = Table(title=f"speedup of {what} over each device's dense run, by sparsity",
-                  box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1),
-                  collapse_padding=True)
-        t.add_column("device", no_wrap=True)
-        for r in res["sweep"]:
-            t.add_column(f"{r['sparsity']:.2f}", justify="right", no_wrap=True)
-        t.add_row("theoretical", *[f"{r['theoretical']:.2f}" if r["theoretical"] else "-"
-                                   for r in res["sweep"]])
+        rows = [["theoretical", *[f"{r['theoretical']:.2f}" if r["theoretical"] else "-"
+                                  for r in res["sweep"]]]]
         for n in res["sweep"][0]["devices"]:
-            t.add_row(escape(n), *["n/a" if r["devices"][n][key] is None else f"{r['devices'][n][key]:.2f}"
-                                   for r in res["sweep"]])
-        console.print(t)
+            rows.append([n, *["n/a" if r["devices"][n][key] is None else f"{r['devices'][n][key]:.2f}"
+                              for r in res["sweep"]]])
+        print_table(["device", *[f"{r['sparsity']:.2f}" for r in res["sweep"]]], rows,
+                    title=f"speedup of {what} over each device's dense run, by sparsity")
         if "nm_point" in res:
             for n, d in res["nm_point"]["devices"].items():
                 console.print(f"{escape(n)} on a 2:4 mask of the same shape (sparsity 0.5): "
-                              f"{_x(d[key])}", highlight=False)
+                              f"{_x(d[key])}", highlight=False, soft_wrap=True)
         if "plot" in res:
-            console.print(f"plot written to {escape(res['plot'])}", highlight=False)
+            console.print(f"plot written to {escape(res['plot'])}", highlight=False, soft_wrap=True)
     else:
         console.print(f"theoretical speedup (dense FLOPs / sparse FLOPs): {_x(w['theoretical'])}",
-                      highlight=False)
-        t = Table(title="time, and speedup over the same device's dense run")
-        for c in ("device", "forward", "speedup", "train step", "speedup"):
-            t.add_column(c, justify="left" if c == "device" else "right", no_wrap=True)
-        b_t = Table(title="where the training step's time goes (compute and memory overlap)")
-        for c in ("device", "compute", "memory", "fixed", "imbalance"):
-            b_t.add_column(c, justify="left" if c == "device" else "right", no_wrap=True)
+                      highlight=False, soft_wrap=True)
+        times, parts = [], []
         for d in res["devices"]:
-            name = escape(d["name"])
             if not d["applicable"]:
-                t.add_row(name, "refused", "-", "-", "-")
+                times.append([d["name"], "refused", "-", "-", "-"])
                 continue
             f, s = d["forward"], d["train_step"]
             b = s["breakdown"]
-            t.add_row(name, _t(f["time_s"]), _x(f["speedup"]), _t(s["time_s"]), _x(s["speedup"]))
-            b_t.add_row(name, _t(b["compute"]), _t(b["memory"]), _t(b["fixed"]), _t(b["imbalance"]))
-        console.print(t)
-        console.print(b_t)
+            times.append([d["name"], _t(f["time_s"]), _x(f["speedup"]), _t(s["time_s"]), _x(s["speedup"])])
+            parts.append([d["name"], _t(b["compute"]), _t(b["memory"]), _t(b["fixed"]), _t(b["imbalance"])])
+        print_table(("device", "forward", "speedup", "train step", "speedup"), times,
+                    title="time, and speedup over the same device's dense run")
+        print_table(("device", "compute", "memory", "fixed", "imbalance"), parts,
+                    title="where the training step's time goes (compute and memory overlap)")
         for d in res["devices"]:
             if not d["applicable"]:
-                console.print(f"  {escape(d['name'])}: refused: {escape(d['reason'])}", highlight=False)
+                console.print(f"  {escape(d['name'])}: refused: {escape(d['reason'])}", highlight=False, soft_wrap=True)
             if d.get("busiest_over_mean") is not None:
                 console.print(
                     f"  {escape(d['name'])}: busiest core group does {d['busiest_over_mean']:.3f}x the mean "
                     f"work; perfectly balanced it would reach {_x(d['forward']['speedup_if_balanced'])} "
-                    f"forward", highlight=False)
+                    f"forward", highlight=False, soft_wrap=True)
             for note in d["notes"]:
-                console.print(f"  {escape(d['name'])}: {escape(note)}", highlight=False)
+                console.print(f"  {escape(d['name'])}: {escape(note)}", highlight=False, soft_wrap=True)
         if len(res["layers"]) > 1:
             _render_layers(res, show_all)
     for note in w.get("notes", []):
-        console.print(f"note: {escape(note)}", highlight=False)
+        console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
     if "verify" in res:
         v = res["verify"]
         ok = "[green]equal[/]" if v["equal"] else "[red]NOT equal[/]"
@@ -188,21 +175,17 @@ def _render(res: dict[str, Any], show_all: bool) -> None:
             f"verify: {v['axpys']} AXPYs (one per non-zero) over a {v['block'][0]}x{v['block'][1]} block, "
             f"{v['core_groups'][0]}x{v['core_groups'][1]} core groups, {v['tokens']} tokens: {ok} to the "
             f"dense masked matmul (max |error| {v['max_abs_error']:.2g}); per-group AXPY counts "
-            f"{'match' if v['axpys_match_tiles'] else 'DO NOT match'} the model's", highlight=False)
+            f"{'match' if v['axpys_match_tiles'] else 'DO NOT match'} the model's", highlight=False, soft_wrap=True)
 
 
 def _render_layers(res: dict[str, Any], show_all: bool) -> None:
-    from rich.table import Table
-
     rows = res["layers"]
     if not show_all:
         rows = sorted(rows, key=lambda r: -r.get("busiest_over_mean", 1.0))[:8]
     names = [d["name"] for d in res["devices"] if d["applicable"]][:2]
-    t = Table(title=("every layer" if show_all else "the 8 most imbalanced layers (--layers for all)")
-              + ": busiest core group's work over the mean, forward speedup")
-    for c in ("layer", "shape", "sparsity", "max/mean", *names):  # busiest core group / mean
-        t.add_column(escape(c), justify="left" if c == "layer" else "right", no_wrap=True)
-    for r in rows:
-        t.add_row(escape(r["name"]), f"{r['shape'][0]}x{r['shape'][1]}", f"{r['sparsity']:.3f}",
-                  f"{r.get('busiest_over_mean', 1.0):.3f}", *[_x(r["speedup"][n]) for n in names])
-    console.print(t)
+    print_table(("layer", "shape", "sparsity", "max/mean", *names),  # busiest core group / mean
+                [[r["name"], f"{r['shape'][0]}x{r['shape'][1]}", f"{r['sparsity']:.3f}",
+                  f"{r.get('busiest_over_mean', 1.0):.3f}", *[_x(r["speedup"][n]) for n in names]]
+                 for r in rows],
+                title=("every layer" if show_all else "the 8 most imbalanced layers (--layers for all)")
+                + ": busiest core group's work over the mean, forward speedup")

@@ -194,11 +194,13 @@ class _Progress:
             f"GPT {m['n_layer']}L d{m['d_model']} h{m['n_head']} ctx {m['context']}: "
             f"{info['params']:,} parameters{sp}; {info['world_size']} process(es), global batch "
             f"{info['global_batch']} x {m['context']} bytes; {info['device']} {info['precision']}",
-            highlight=False,
+            highlight=False, soft_wrap=True,
         )
         self.console.print(f"data: {self.escape(info['data']['source'])} "
                            f"({info['data']['train_bytes']:,} train / {info['data']['val_bytes']:,} "
-                           f"validation bytes)", highlight=False)
+                           f"validation bytes)", highlight=False, soft_wrap=True)
+        if not self.console.is_terminal:
+            return  # piped: no bar (its one final line would be cut to the width); the summary follows
         self.bar = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]}  val {task.fields[val]}  sparsity {task.fields[sp]}"
@@ -210,33 +212,34 @@ class _Progress:
                                       loss="-", val="-", sp="-", tps="-")
 
     def _step(self, r: dict) -> None:
+        if self.bar is None:
+            return
         self.bar.update(self.task, completed=r["step"], loss=f"{r['loss']:.4f}",
                         sp=f"{r['sparsity']:.1%}", tps=f"{r['tokens_per_s']:,.0f}")
 
     def _eval(self, r: dict) -> None:
+        if self.bar is None:
+            return
         self.bar.update(self.task, val=f"{r['val_loss']:.4f}")
 
     def _stage(self, r: dict) -> None:
-        self.bar.console.print(f"step {r['step']}: stage {r['stage'] + 1}, sparsity now {r['sparsity']:.1%}",
-                               highlight=False)
+        self.console.print(f"step {r['step']}: stage {r['stage'] + 1}, sparsity now {r['sparsity']:.1%}",
+                           highlight=False, soft_wrap=True)
 
     def _end(self, s: dict) -> None:
-        self.bar.stop()
+        if self.bar is not None:
+            self.bar.stop()
         self._summary(s)
 
     def _summary(self, s: dict) -> None:
-        from rich.table import Table
+        from sparsetool.cli._output import print_table
 
-        t = Table(show_header=False, box=None)
         val = "-" if s["val_loss"] is None else f"{s['val_loss']:.4f}"
         rows = [
             ("steps", f"{s['step']} / {s['steps']}" + ("" if s["finished"] else " (stopped; --resume continues)")),
             ("train loss", f"{s['loss']:.4f}"), ("validation loss", val),
             ("sparsity", f"{s['sparsity']:.1%}"), ("tokens", f"{s['tokens']:,}"),
             ("throughput", f"{s['tokens_per_s']:,.0f} tokens/s" if s["tokens_per_s"] else "-"),
-            ("checkpoint", self.escape(s["checkpoint"])), ("log", self.escape(s["log"])),
-            ("loss curve", self.escape(s["plot"])),
+            ("checkpoint", s["checkpoint"]), ("log", s["log"]), ("loss curve", s["plot"]),
         ]
-        for k, v in rows:
-            t.add_row(f"[bold]{k}", v)
-        self.console.print(t)
+        print_table(None, rows, align="ll")

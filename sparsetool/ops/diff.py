@@ -23,7 +23,8 @@ from sparsetool.checkpoint import open_checkpoint
 from sparsetool.errors import SparsetoolError
 from sparsetool.targets import LINEAR_ROLES, conv1d_layout, input_dim, is_floating, plan_targets, role
 
-__all__ = ["KINDS", "Stats", "DiffRow", "DiffResult", "diff", "split_parts", "plot_diff"]
+__all__ = ["KINDS", "Stats", "DiffRow", "DiffResult", "diff", "split_parts", "matrix_kind", "layer_index",
+           "plot_diff"]
 
 Progress = Callable[[str, int, int], None]
 
@@ -176,8 +177,26 @@ class DiffResult:
         return {"tensors": [r.to_json() for r in self.rows], "summary": self.summary}
 
 
-def _layer(name: str) -> int | None:
+def layer_index(name: str) -> int | None:
+    """The first all-digit component of ``name`` (``h.3``, ``layers.3``): its block; None outside blocks."""
     return next((int(p) for p in name.split(".") if p.isdigit()), None)
+
+
+def _leaf(name: str) -> str:
+    if name.endswith("in_proj_weight"):
+        return "in_proj"
+    return name.split(".")[-2] if name.count(".") else name
+
+
+def matrix_kind(name: str, shape: Sequence[int]) -> str:
+    """What a whole tensor is in the layer x matrix picture: ``Q``, ``K`` or ``V`` for a separate
+    projection, ``QKV`` for a fused one, else its role (``attn_out``, ``ffn_in``, ``norm``...).
+
+    >>> matrix_kind("model.layers.0.self_attn.k_proj.weight", (8, 32)), matrix_kind("h.0.attn.c_attn.weight", (4, 12))
+    ('K', 'QKV')
+    """
+    r = role(name, tuple(shape))
+    return _SEPARATE.get(_leaf(name).lower(), "QKV") if r == "qkv" else r
 
 
 Take = Callable[[torch.Tensor], torch.Tensor]
@@ -205,9 +224,7 @@ def split_parts(name: str, shape: Sequence[int], config: Mapping | None = None) 
     whole: list[tuple[str, str | None, Take]] = [(r if r in LINEAR_ROLES else "other", None, lambda t: t)]
     if r != "qkv":
         return whole, None
-    leaf = name.split(".")[-2] if name.count(".") else name
-    if name.endswith("in_proj_weight"):
-        leaf = "in_proj"
+    leaf = _leaf(name)
     low = leaf.lower()
     if low in _SEPARATE:
         return [(_SEPARATE[low], None, lambda t: t)], None
@@ -293,7 +310,7 @@ def diff(a: str | Path, b: str | Path, *, include: Sequence[str] = (), exclude: 
             tb, _ = cb.read(bmap[lt.name])
             for kind, part, take in parts:
                 pa, pb = take(ta), take(tb)
-                result.rows.append(DiffRow(lt.name, part, _layer(lt.name), kind, tuple(pa.shape),
+                result.rows.append(DiffRow(lt.name, part, layer_index(lt.name), kind, tuple(pa.shape),
                                            pair_stats(pa, pb)))
             del ta, tb
             if progress:
@@ -324,49 +341,16 @@ def _check_same(ca, cb) -> None:
                               "diff compares two checkpoints with the same tensor names")
 
 
-_LABELS = {"Q": "Q", "K": "K", "V": "V", "QKV": "QKV (fused)", "attn_out": "attention out",
-           "ffn_in": "FFN in", "ffn_out": "FFN out"}
-
-
 def plot_diff(result: DiffResult, out: str | Path, title: str | None = None) -> Path:
     """SPDF-style heatmap (Figures 3-4): layers across, matrices down, angular distance as colour."""
     cells = result.cells()
     if not cells:
         raise SparsetoolError("nothing to plot: no targeted weight has a layer index in its name")
-    import matplotlib
+    from sparsetool.ops.plots import layer_heatmap
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    layers = sorted({layer for layer, _ in cells})
-    kinds = [k for k in _LABELS if any(kind == k for _, kind in cells)]
-    grid = np.full((len(kinds), len(layers)), np.nan)
-    for (layer, kind), s in cells.items():
-        grid[kinds.index(kind), layers.index(layer)] = s.angular_distance
-    width = min(18.0, max(6.0, 0.42 * len(layers) + 2.8))
-    fig, ax = plt.subplots(figsize=(width, 0.5 * len(kinds) + 1.9))
-    cmap = plt.get_cmap("viridis").with_extremes(bad="lightgray")  # matrices a layer lacks
-    top = float(np.nanmax(grid))
-    img = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, vmin=0.0,
-                    vmax=top if top > 0 else 1.0, interpolation="nearest")
-    every = max(1, math.ceil(len(layers) / 32))  # at most ~32 labels across
-    ticks = list(range(0, len(layers), every))
-    ax.set_xticks(ticks, [str(layers[i]) for i in ticks], fontsize=8)
-    ax.set_yticks(range(len(kinds)), [_LABELS[k] for k in kinds], fontsize=9)
-    ax.set_xlabel("layer")
-    if len(layers) <= 12:  # few cells: print the values too
-        for (r, c), v in np.ndenumerate(grid):
-            if not np.isnan(v):
-                ax.text(c, r, f"{v:.3g}", ha="center", va="center", fontsize=7,
-                        color="white" if v < 0.6 * (top or 1.0) else "black")
-    bar = fig.colorbar(img, ax=ax, pad=0.02)
-    bar.set_label("angular distance 1 - cos(A, B)", fontsize=8)
     t = result.total
-    ax.set_title(title or f"{result.a.name} -> {result.b.name}\nangular distance "
-                 f"{t.angular_distance:.4g} over all targeted weights", fontsize=9, wrap=True)
-    fig.tight_layout()
-    out = Path(out)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return layer_heatmap(
+        {key: s.angular_distance for key, s in cells.items()}, out,
+        title=title or f"{result.a.name} -> {result.b.name}\nangular distance "
+                       f"{t.angular_distance:.4g} over all targeted weights",
+        colour_label="angular distance 1 - cos(A, B)")

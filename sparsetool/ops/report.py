@@ -96,31 +96,94 @@ def summarize(path: str | Path, include: Sequence[str] = (), exclude: Sequence[s
     return report
 
 
-def plot_report(report: Report, out: str | Path) -> Path:
-    """Per-tensor sparsity bars of the targeted tensors (all tensors if none is targeted)."""
-    import matplotlib
+BARS_UP_TO = 40
+"""``report --plot`` draws one bar per tensor up to this many tensors, a layer x matrix heatmap past it."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+_ROLE_COLOURS = {"qkv": "tab:blue", "attn_out": "tab:cyan", "ffn_in": "tab:orange", "ffn_out": "tab:red"}
+_LAYER_ROWS = {"norm": "norms", "bias": "biases", "position": "positions", "embedding": "embeddings",
+               "head": "heads", "other": "other"}
 
-    rows = [t for t in report.tensors if t.targeted] or report.tensors
-    height = max(3.0, 0.18 * len(rows) + 1.5)
-    fig, ax = plt.subplots(figsize=(9, height))
-    colours = {"qkv": "tab:blue", "attn_out": "tab:cyan", "ffn_in": "tab:orange",
-               "ffn_out": "tab:red"}
-    ax.barh(range(len(rows)), [100 * t.sparsity for t in rows],
-            color=[colours.get(t.role, "tab:gray") for t in rows])
+
+def plot_report(report: Report, out: str | Path, *, all_tensors: bool = True) -> Path:
+    """Draw the sparsity of the tensors the table lists (every tensor, or with ``all_tensors``
+    False the targeted ones) into the PNG ``out``.
+
+    Up to :data:`BARS_UP_TO` tensors: one bar each, coloured by role, with a legend of the roles
+    drawn. More: a heatmap with layers across and matrices down (the axes of ``diff --plot``),
+    each cell the pooled sparsity of its tensors (gate and up are both FFN in); tensors outside
+    the layers are summed up in the title. No tensor: a figure that says so.
+    """
+    from sparsetool.ops.plots import message_figure
+
+    rows = [t for t in report.tensors if all_tensors or t.targeted]
+    s = report.summary
+    title = (f"{report.path.name}: targeted {100 * s['targeted_sparsity']:.2f}%, "
+             f"overall {100 * s['overall_sparsity']:.2f}%")
+    if not rows:
+        what = "no tensors" if not report.tensors else "no targeted tensors (--all draws every tensor)"
+        return message_figure(f"{report.path.name}: {what}", out)
+    if len(rows) > BARS_UP_TO:
+        drawn = _heatmap(rows, out, title)
+        if drawn is not None:
+            return drawn
+    return _bars(rows, out, title)
+
+
+def _bars(rows: list[TensorRow], out: str | Path, title: str) -> Path:
+    from sparsetool.ops.plots import pyplot, save_png
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(10, max(3.0, 0.18 * len(rows) + 1.5)))
+    colour = [_ROLE_COLOURS.get(t.role, "tab:gray") for t in rows]
+    ax.barh(range(len(rows)), [100 * t.sparsity for t in rows], color=colour)
     ax.set_yticks(range(len(rows)), [t.name for t in rows], fontsize=6)
     ax.invert_yaxis()
     ax.set_xlim(0, 100)
     ax.set_xlabel("sparsity (% zeros)")
-    s = report.summary
-    ax.set_title(f"{report.path.name}: targeted {100 * s['targeted_sparsity']:.2f}%, "
-                 f"overall {100 * s['overall_sparsity']:.2f}%")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
-    ax.legend(handles, list(colours), loc="lower right", fontsize=7)
+    ax.set_title(title)
+    present = {t.role for t in rows}
+    legend = [(r, c) for r, c in _ROLE_COLOURS.items() if r in present]
+    grey = sorted(present - set(_ROLE_COLOURS))
+    if grey:
+        legend.append((", ".join(grey), "tab:gray"))
+    ax.legend([plt.Rectangle((0, 0), 1, 1, color=c) for _, c in legend], [r for r, _ in legend],
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, title="role", title_fontsize=7)
     fig.tight_layout()
-    out = Path(out)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_png(fig, out)
+
+
+def layer_cells(rows: Sequence[TensorRow]) -> tuple[dict[tuple[int, str], float], tuple[int, int, int]]:
+    """((layer, matrix kind) -> pooled sparsity in %, (tensors, numel, non-zeros) outside the layers).
+
+    Kinds are those of :func:`sparsetool.ops.diff.matrix_kind`: Q, K, V, QKV (fused), attn_out,
+    ffn_in (gate and up pool into one cell), ffn_out, or a tensor's role (norm, bias...).
+    """
+    from sparsetool.ops.diff import layer_index, matrix_kind
+
+    pooled: dict[tuple[int, str], list[int]] = {}
+    outside = [0, 0, 0]
+    for t in rows:
+        layer = layer_index(t.name)
+        if layer is None:
+            outside = [outside[0] + 1, outside[1] + t.numel, outside[2] + t.nonzero]
+            continue
+        cell = pooled.setdefault((layer, matrix_kind(t.name, t.shape)), [0, 0])
+        cell[0] += t.numel
+        cell[1] += t.nonzero
+    cells = {key: 100.0 * (1 - nz / n) if n else 0.0 for key, (n, nz) in pooled.items()}
+    return cells, (outside[0], outside[1], outside[2])
+
+
+def _heatmap(rows: list[TensorRow], out: str | Path, title: str) -> Path | None:
+    """The layer x matrix heatmap, or None when no tensor has a layer index."""
+    from sparsetool.ops.plots import MATRIX_LABELS, layer_heatmap
+
+    cells, (n, numel, nonzero) = layer_cells(rows)
+    if not cells:
+        return None
+    if n:
+        title += (f"\n{n} tensor{'s' if n != 1 else ''} outside the layers, not drawn: "
+                  f"{100 * (1 - nonzero / numel) if numel else 0.0:.2f}% sparse")
+    return layer_heatmap(cells, out, title=title, colour_label="sparsity (% zeros)",
+                         labels={**MATRIX_LABELS, **_LAYER_ROWS}, vmin=0.0, vmax=100.0,
+                         cell_text=lambda v: f"{v:.1f}")

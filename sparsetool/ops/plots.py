@@ -1,0 +1,101 @@
+"""Figures shared by ``report --plot`` and ``diff --plot``: the layer x matrix heatmap (the axes of
+SPDF Figures 3-4) and the PNG write. matplotlib is imported only when a figure is drawn."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+__all__ = ["MATRIX_LABELS", "pyplot", "layer_heatmap", "message_figure", "save_png"]
+
+MATRIX_LABELS = {"Q": "Q", "K": "K", "V": "V", "QKV": "QKV (fused)", "attn_out": "attention out",
+                 "ffn_in": "FFN in", "ffn_out": "FFN out"}
+"""Heatmap rows, top to bottom: matrix kind -> label."""
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the file-only Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def layer_heatmap(values: Mapping[tuple[int, str], float], out: str | Path, *, title: str,
+                  colour_label: str, labels: Mapping[str, str] = MATRIX_LABELS,
+                  vmin: float = 0.0, vmax: float | None = None,
+                  cell_text: Callable[[float], str] = lambda v: f"{v:.3g}") -> Path:
+    """Layers across, matrices down (in the order of ``labels``), ``values[(layer, kind)]`` as colour.
+
+    A cell a layer lacks is light grey. ``vmax`` None: the largest value (1.0 if all are 0).
+    With at most 12 layers every cell also prints its value through ``cell_text``; at most about
+    32 layer numbers are written across, so the ticks stay readable at any depth.
+    """
+    import numpy as np
+
+    plt = pyplot()
+    layers = sorted({layer for layer, _ in values})
+    kinds = [k for k in labels if any(kind == k for _, kind in values)]
+    grid = np.full((len(kinds), len(layers)), np.nan)
+    for (layer, kind), v in values.items():
+        if kind in kinds:
+            grid[kinds.index(kind), layers.index(layer)] = v
+    if vmax is None:
+        top = float(np.nanmax(grid)) if np.isfinite(grid).any() else 0.0
+        vmax = top if top > 0 else 1.0
+    width = min(18.0, max(6.0, 0.42 * len(layers) + 2.8))
+    fig, ax = plt.subplots(figsize=(width, 0.5 * len(kinds) + 1.9), layout="constrained")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="lightgray")
+    img = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax,
+                    interpolation="nearest")
+    every = max(1, math.ceil(len(layers) / 32))
+    ticks = list(range(0, len(layers), every))
+    ax.set_xticks(ticks, [str(layers[i]) for i in ticks], fontsize=8)
+    ax.set_yticks(range(len(kinds)), [labels[k] for k in kinds], fontsize=9)
+    ax.set_xlabel("layer")
+    if len(layers) <= 12:
+        for (r, c), v in np.ndenumerate(grid):
+            if not np.isnan(v):
+                dark = (v - vmin) < 0.6 * (vmax - vmin)  # viridis is dark at the low end
+                ax.text(c, r, cell_text(float(v)), ha="center", va="center", fontsize=7,
+                        color="white" if dark else "black")
+    bar = fig.colorbar(img, ax=ax, pad=0.01)
+    bar.set_label(colour_label, fontsize=8)
+    ax.set_title(title, fontsize=9)
+    return save_png(fig, out)
+
+
+def message_figure(message: str, out: str | Path, title: str | None = None) -> Path:
+    """A small PNG that only says ``message`` (nothing to draw): no axes, no legend."""
+    plt = pyplot()
+    fig = plt.figure(figsize=(6, 2))
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.text(0.5, 0.5, message, ha="center", va="center", fontsize=11, wrap=True)
+    return save_png(fig, out)
+
+
+def save_png(fig: Any, out: str | Path, dpi: int = 120) -> Path:
+    """Write ``fig`` to ``out`` through a temporary file in the same directory, renamed at the end,
+    so a failed write leaves nothing behind; then close it."""
+    plt = pyplot()
+    out = Path(out)
+    fd, tmp = tempfile.mkstemp(prefix=".plot-", suffix=".png", dir=out.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=dpi)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; a plot is an ordinary file
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+    return out
