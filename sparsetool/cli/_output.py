@@ -122,6 +122,8 @@ def print_table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], *,
     lines = _text_table(header, rows, align, fmt)
     if title:
         lines = [title if fmt == "plain" else f"**{title}**", *([""] if fmt != "plain" else []), *lines]
+    if fmt != "plain":
+        lines.append("")  # a pipe table ends at a blank line; text after it would become a row
     sys.stdout.write("".join(line + "\n" for line in lines))
     sys.stdout.flush()
 
