@@ -132,6 +132,7 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     from sparsetool.checkpoint.config import read_model_config
     from sparsetool.flops import infer_model
     from sparsetool.targets import plan_targets
+    from sparsetool.targets.order import tensor_sort_key
 
     tokens = _check_tokens(tokens)
     path = Path(path)
@@ -142,6 +143,7 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     with open_checkpoint(path) as ck:
         plan = plan_targets(ck.logical, ck.config, include, exclude, source=path.name)
         todo = [lt for lt in ck.logical if plan[lt.name].targeted and len(lt.shape) == 2]
+        todo.sort(key=lambda lt: tensor_sort_key(lt.name, plan[lt.name].role))  # layer 2 before 10
         names = {lt.name for lt in todo}
         for lt in ck.logical:
             if lt.name not in names:  # shapes only: nothing to read

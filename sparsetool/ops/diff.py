@@ -22,6 +22,7 @@ import torch
 from sparsetool.checkpoint import open_checkpoint
 from sparsetool.errors import SparsetoolError
 from sparsetool.targets import LINEAR_ROLES, conv1d_layout, input_dim, is_floating, plan_targets, role
+from sparsetool.targets.order import SEPARATE_QKV, layer_index, tensor_sort_key
 
 __all__ = ["KINDS", "Stats", "DiffRow", "DiffResult", "diff", "split_parts", "plot_diff"]
 
@@ -33,12 +34,8 @@ split; ``other`` a tensor targeted through ``include`` that is none of the linea
 
 _CHUNK = 1 << 22  # elements per float64 chunk: 32 MiB per operand
 
-# Separate projections: leaf module name -> kind.
-_SEPARATE = {
-    **dict.fromkeys(["q_proj", "query", "wq", "q_lin", "q", "q_attn", "proj_q_dense_layer"], "Q"),
-    **dict.fromkeys(["k_proj", "key", "wk", "k_lin", "k", "proj_k_dense_layer"], "K"),
-    **dict.fromkeys(["v_proj", "value", "wv", "v_lin", "v", "proj_v_dense_layer"], "V"),
-}
+# Separate projections: leaf module name -> kind (the same table orders listings).
+_SEPARATE = SEPARATE_QKV
 # Fused projections stored as [Q; K; V] along the output dimension.
 _CONCATENATED = {"c_attn", "qkv", "qkv_proj", "w_pack", "in_proj"}
 # GPT-NeoX and Bloom store query_key_value per head: rows are (heads, [q, k, v], head_dim).
@@ -176,10 +173,6 @@ class DiffResult:
         return {"tensors": [r.to_json() for r in self.rows], "summary": self.summary}
 
 
-def _layer(name: str) -> int | None:
-    return next((int(p) for p in name.split(".") if p.isdigit()), None)
-
-
 Take = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -293,14 +286,14 @@ def diff(a: str | Path, b: str | Path, *, include: Sequence[str] = (), exclude: 
             tb, _ = cb.read(bmap[lt.name])
             for kind, part, take in parts:
                 pa, pb = take(ta), take(tb)
-                result.rows.append(DiffRow(lt.name, part, _layer(lt.name), kind, tuple(pa.shape),
+                result.rows.append(DiffRow(lt.name, part, layer_index(lt.name), kind, tuple(pa.shape),
                                            pair_stats(pa, pb)))
             del ta, tb
             if progress:
                 progress("diff", i + 1, len(todo))
-    # files keep tensors in name or dtype order; the table reads better by layer, then Q K V ...
-    order = {k: i for i, k in enumerate(KINDS)}
-    result.rows.sort(key=lambda r: (r.layer is None, r.layer or 0, order[r.kind], r.name))
+    # files keep tensors in name or dtype order; the table reads better by layer, then role (the one
+    # listing order, sparsetool.targets.order); a fused tensor's Q, K, V parts keep their order
+    result.rows.sort(key=lambda r: tensor_sort_key(r.name, plan[r.name].role))
     return result
 
 

@@ -45,6 +45,7 @@ from sparsetool.masks.select import (
     random_mask,
 )
 from sparsetool.targets import TargetPlan, plan_targets
+from sparsetool.targets.order import tensor_sort_key
 from sparsetool.checkpoint.zeros import count_nonzero, nonzero_mask
 
 
@@ -295,6 +296,7 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
                         progress("prune", done, len(targets))
     if ckpt.is_dir and ckpt.config is not None and opts.encoding in LOADER_WARNINGS:
         result.warnings.append(LOADER_WARNINGS[opts.encoding].format(out=out))
+    result.tensors.sort(key=lambda t: tensor_sort_key(t.name, plan[t.name].role))  # as report lists
     return result
 
 

@@ -15,6 +15,7 @@ from sparsetool.checkpoint import open_checkpoint
 from sparsetool.checkpoint.counting import count_nonzero
 from sparsetool.checkpoint.dtypes import is_floating, torch_name
 from sparsetool.targets import plan_targets
+from sparsetool.targets.order import tensor_sort_key
 
 Progress = Callable[[str, int, int], None]
 
@@ -93,6 +94,8 @@ def summarize(path: str | Path, include: Sequence[str] = (), exclude: Sequence[s
         ))
         if progress:
             progress("report", i + 1, total)
+    # listed by layer as a number, then role (files keep names in lexicographic order)
+    report.tensors.sort(key=lambda t: tensor_sort_key(t.name, t.role))
     return report
 
 
