@@ -93,3 +93,10 @@ def check_plot_path(path: Any) -> None:
         fail(f"--plot {path}: give a file name ending in .png")
     if not path.parent.is_dir():
         fail(f"--plot {path}: directory '{path.parent}' does not exist; create it first")
+
+
+def targeting_note(note: str | None, quiet: bool = False) -> None:
+    """The one stderr line saying the targets came from the checkpoint's record (not in --quiet)."""
+    if note and not quiet:
+        err_console.print(f"note: {escape(note)} (--default-targets for the built-in roles)",
+                          highlight=False, soft_wrap=True)

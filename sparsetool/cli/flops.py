@@ -10,6 +10,7 @@ import typer
 from sparsetool.cli._output import console, emit_json, failing_cleanly, percent
 from sparsetool.cli._params import (
     choices,
+    default_targets_option,
     exclude_option,
     include_option,
     json_option,
@@ -49,6 +50,7 @@ def flops(
     breakdown: bool = typer.Option(False, "--breakdown", help="Show every Appendix-F term with its formula."),
     include: List[str] = include_option("With --checkpoint: also count tensors matching this glob as targeted (repeatable)."),
     exclude: List[str] = exclude_option("With --checkpoint: do not count tensors matching this glob as targeted (repeatable; wins over --include)."),
+    default_targets: bool = default_targets_option(),
     list_presets: bool = typer.Option(False, "--list", help="List the model presets and exit."),
     quiet: bool = quiet_option(),
     as_json: bool = json_option("Print the numbers as JSON (a list with several sparsities)."),
@@ -69,8 +71,8 @@ def flops(
     if len(sources) != 1:
         usage_error("give exactly one of --model NAME, --config FILE or --checkpoint PATH "
                     f"(presets: {', '.join(F.PRESETS)})")
-    if (include or exclude) and checkpoint is None:
-        usage_error("--include/--exclude only apply with --checkpoint")
+    if (include or exclude or default_targets) and checkpoint is None:
+        usage_error("--include/--exclude/--default-targets only apply with --checkpoint")
     if stage and (sparsity is not None or checkpoint is not None):
         usage_error("--stage replaces --sparsity and cannot be used with --checkpoint")
     if checkpoint is not None and sparsity is not None:
@@ -85,11 +87,13 @@ def flops(
         notes: list[str] = []
         measured = None
         if checkpoint is not None:
-            from sparsetool.cli._output import progress_bar
+            from sparsetool.cli._output import progress_bar, targeting_note
 
             with progress_bar(not (as_json or quiet)) as progress:
                 measured = F.from_checkpoint(checkpoint, include=tuple(include), exclude=tuple(exclude),
-                                             seq_len=seq_len, vocab=vocab, progress=progress)
+                                             seq_len=seq_len, vocab=vocab, progress=progress,
+                                             default_targets=default_targets)
+            targeting_note(measured.targeting.get("note"), quiet)
             cfg = measured.config
             notes = list(measured.notes)
             results = [F.account(cfg, sparsity=measured.layer_sparsity, params=measured.params, **common)]
@@ -108,6 +112,7 @@ def flops(
         if measured is not None:
             r["targeted_sparsity"] = measured.targeted_sparsity
             r["notes"] = notes
+            r["targeting"] = measured.targeting
     if as_json:
         emit_json(results[0] if len(results) == 1 else results)
         return

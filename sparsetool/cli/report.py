@@ -15,10 +15,12 @@ from sparsetool.cli._output import (
     human_bytes,
     percent,
     progress_bar,
+    targeting_note,
 )
 from sparsetool.cli._params import (
     checkpoint_argument,
     choices,
+    default_targets_option,
     exclude_option,
     include_option,
     json_option,
@@ -45,11 +47,13 @@ def report(
     fmt: Format = typer.Option("rich", "--format", help="Table style (rich falls back to plain when piped or narrow)."),
     include: List[str] = include_option("Count tensors matching this glob as targeted (repeatable)."),
     exclude: List[str] = exclude_option("Do not count tensors matching this glob as targeted (repeatable; wins over --include)."),
+    default_targets: bool = default_targets_option(),
     quiet: bool = quiet_option(),
 ) -> None:
     """Per-tensor sparsity of CHECKPOINT, with each tensor's role and whether prune targets it.
 
-    The summary gives the sparsity over the targeted tensors AND over all parameters.
+    The summary gives the sparsity over the targeted tensors AND over all parameters. A checkpoint
+    pruned with --include/--exclude counts the tensors prune targeted (see --default-targets).
     """
     fmt = value_of(fmt)
     from sparsetool.ops.report import plot_report, summarize
@@ -58,7 +62,9 @@ def report(
         if plot is not None:
             check_plot_path(plot)
         with progress_bar(not (as_json or quiet)) as progress:
-            rep = summarize(checkpoint, tuple(include), tuple(exclude), progress=progress)
+            rep = summarize(checkpoint, tuple(include), tuple(exclude),
+                            default_targets=default_targets, progress=progress)
+        targeting_note(rep.targeting["note"], quiet)
         if plot is not None:
             plot_report(rep, plot)
     if as_json:

@@ -9,9 +9,10 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from sparsetool.cli._output import console, emit_json, failing_cleanly, progress_bar
+from sparsetool.cli._output import console, emit_json, failing_cleanly, progress_bar, targeting_note
 from sparsetool.cli._params import (
     choices,
+    default_targets_option,
     exclude_option,
     include_option,
     json_option,
@@ -68,6 +69,7 @@ def simulate(
         False, "--list-hardware", help="List the devices, their constants and where each comes from."),
     include: list[str] = include_option("With CHECKPOINT: also simulate tensors matching this glob (repeatable)."),
     exclude: list[str] = exclude_option("With CHECKPOINT: leave out tensors matching this glob (repeatable; wins over --include)."),
+    default_targets: bool = default_targets_option(),
     quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
@@ -84,7 +86,9 @@ def simulate(
                 checkpoint, shape=shape, model=value_of(model), sparsity=sparsity, sweep=sweep,
                 tokens=tokens, pattern=value_of(pattern), seed=seed, hardware=hardware,
                 devices=device, seq_len=seq_len, verify=verify, plot=plot,
-                include=tuple(include), exclude=tuple(exclude), progress=progress)
+                include=tuple(include), exclude=tuple(exclude), default_targets=default_targets,
+                progress=progress)
+        targeting_note(result["workload"].get("targeting", {}).get("note"), quiet)
     if as_json:
         emit_json(result)
     else:

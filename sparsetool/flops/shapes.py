@@ -18,7 +18,7 @@ nonzero`` (plain dicts or any object with those attributes) and rebuilds the App
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -39,6 +39,7 @@ class InferredModel:
     params: dict[str, float]  # {"total", "nonzero"} over floating tensors
     targeted_sparsity: float
     notes: list[str] = field(default_factory=list)
+    targeting: dict[str, Any] = field(default_factory=dict)  # from_checkpoint: targets.recorded summary
 
 
 def _get(row: Any, key: str) -> Any:
@@ -243,9 +244,12 @@ def from_checkpoint(
     seq_len: int | None = None,
     vocab: int | None = None,
     progress: Any = None,
+    default_targets: bool = False,
 ) -> InferredModel:
     """Count the non-zeros of the checkpoint at ``path`` and infer its shapes (reads every
-    tensor once; the checkpoint reader, and torch with it, is imported only here)."""
+    tensor once; the checkpoint reader, and torch with it, is imported only here). Without
+    ``include``/``exclude``, a checkpoint pruned with globs is measured on the tensors prune
+    targeted, unless ``default_targets`` (:mod:`sparsetool.targets.recorded`)."""
     try:
         from sparsetool.checkpoint.counting import tensor_counts
     except ImportError as e:
@@ -253,18 +257,21 @@ def from_checkpoint(
             f"--checkpoint needs the checkpoint reader, which failed to load ({e}); "
             "describe the model with --model or --config instead"
         ) from None
-    from sparsetool.targets import plan_targets
+    from sparsetool.checkpoint import open_checkpoint
+    from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary
 
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"checkpoint '{path}' not found; pass a .safetensors file or a directory")
     counts = tensor_counts(p, progress=progress, label="report")
     hf_config = read_hf_config(p)
-    plan = plan_targets([(t.name, t.shape, t.dtype) for t in counts], hf_config, include, exclude,
-                        source=p.name)
+    with open_checkpoint(p) as ck:
+        metadata = ck.metadata()
+    plan = plan_checkpoint_targets([(t.name, t.shape, t.dtype) for t in counts], hf_config, metadata,
+                                   include, exclude, default_targets=default_targets, source=p.name)
     rows = [dict(name=t.name, shape=t.shape, dtype=t.dtype, numel=t.numel, nonzero=t.nonzero,
                  role=plan[t.name].role, targeted=plan[t.name].targeted)
             for t in counts]
     name = p.name.removesuffix(".safetensors") or str(p)
-    return infer_model(rows, name=name, hf_config=hf_config,
-                       seq_len=seq_len, vocab=vocab)
+    inferred = infer_model(rows, name=name, hf_config=hf_config, seq_len=seq_len, vocab=vocab)
+    return replace(inferred, targeting=targeting_summary(plan))

@@ -123,6 +123,7 @@ class TargetPlan:
     exclude: tuple[str, ...] = ()
     conv1d: bool | None = None
     targeted: list[str] = field(init=False)
+    recorded_by: str | None = None  # the command whose recorded globs these are (targets.recorded)
 
     def __post_init__(self) -> None:
         self.targeted = [n for n, e in self.entries.items() if e.targeted]
