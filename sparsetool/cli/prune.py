@@ -65,7 +65,8 @@ def prune(
 
     Targets are the attention (q/k/v, output) and feed-forward weights inside the transformer
     blocks; never embeddings, norms, biases or the LM head. Already-pruned weights stay pruned.
-    The input is never modified; the output appears only when complete.
+    A targeted tensor holding NaN or inf is refused (except NaN in a nan-encoded input, which
+    means pruned). The input is never modified; the output appears only when complete.
     """
     if output is None and not in_place:
         usage_error("give -o OUTPUT (or --in-place to replace the input)")

@@ -46,6 +46,7 @@ from sparsetool.masks.select import (
 )
 from sparsetool.targets import TargetPlan, plan_targets
 from sparsetool.targets.order import tensor_sort_key
+from sparsetool.wording import plural
 from sparsetool.checkpoint.zeros import count_nonzero, nonzero_mask
 
 
@@ -75,21 +76,49 @@ def targeted_tensors(ckpt: Checkpoint, include: Sequence[str] = (), exclude: Seq
     return [lt for lt in ckpt.logical if plan[lt.name].targeted]
 
 
+def _count_inf(t: torch.Tensor, chunk: int = 1 << 24) -> int:
+    """+-inf entries of ``t`` (fp8 has no isinf kernel: it is widened a chunk at a time)."""
+    if not t.is_floating_point():
+        return 0
+    if t.element_size() > 1:
+        return int(torch.isinf(t).sum())
+    flat = t.reshape(-1)
+    return sum(int(torch.isinf(flat[i:i + chunk].float()).sum()) for i in range(0, flat.numel(), chunk))
+
+
+def _check_finite(ckpt: Checkpoint, lt: LogicalTensor, dense: torch.Tensor,
+                  mask: torch.Tensor | None, nan_means_pruned: bool) -> None:
+    """Refuse a targeted tensor holding NaN or +-inf: no magnitude ranks them (a NaN is neither
+    large nor small, an inf would always be kept) and a mask would carry them into the output.
+
+    The exception is an input recorded as written in the ``nan`` encoding, where NaN means pruned.
+    """
+    nan = 0
+    if mask is not None and lt.encoding == "plain" and not nan_means_pruned:
+        nan = lt.numel - int(mask.sum())  # the reader took this tensor's NaNs for pruned weights
+    inf = _count_inf(dense)
+    if nan or inf:
+        found = " and ".join(plural(n, what) for n, what in ((nan, "NaN value"), (inf, "infinite value"))
+                             if n)
+        raise SparsetoolError(
+            f"{ckpt.path}: tensor {lt.name!r} holds {found}; prune refuses them (no "
+            "magnitude ranks a NaN, an inf would always be kept): fix or re-export the weights, "
+            "or leave the tensor out with --exclude. If its "
+            "NaNs mark pruned weights (the nan encoding written without a sparsetool record), run "
+            "'sparsetool densify' on it first and prune the dense copy"
+        )
+
+
 def _existing(ckpt: Checkpoint, lt: LogicalTensor, *,
-              refuse_nan: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              nan_means_pruned: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(dense values, kept mask). Without an encoding, a zero already counts as pruned.
 
-    A plain tensor holding NaN reads as the ``nan`` encoding (NaN = pruned). With ``refuse_nan``
-    that is an error instead: writing NaN sentinels into a tensor whose NaNs were not written as
-    sentinels would make them indistinguishable.
+    A plain tensor holding NaN reads as the ``nan`` encoding (NaN = pruned); unless the input
+    records that it was written in that encoding (``nan_means_pruned``) that is an error, as is
+    an inf (:func:`_check_finite`).
     """
     dense, mask = ckpt.read(lt)
-    if refuse_nan and mask is not None and lt.encoding == "plain":
-        raise SparsetoolError(
-            f"{ckpt.path}: tensor {lt.name!r} already holds NaN, so the nan encoding would make "
-            "its NaNs indistinguishable from pruned weights; pick --encoding zeros or mask, or "
-            "fix the NaN values first"
-        )
+    _check_finite(ckpt, lt, dense, mask, nan_means_pruned)
     alive = nonzero_mask(dense)
     return dense, alive if mask is None else mask & alive
 
@@ -112,7 +141,7 @@ class _Planner:
         self.nonzero_after: dict[str, int] = {}
         self.nonzero_before: dict[str, int] = {}
         # NaN already in the input is a sentinel only if the input says it was written as one.
-        self.refuse_nan = opts.encoding == "nan" and not _recorded_nan_encoding(ckpt)
+        self.nan_ok = _recorded_nan_encoding(ckpt)
         if opts.sparsity is not None and opts.scope == "layer":
             shapes = {lt.name: tuple(lt.shape) for lt in targets}
             self.keep = keep_counts(shapes, opts.sparsity, opts.distribution)
@@ -127,7 +156,7 @@ class _Planner:
         hists: list = []
         total_nnz = 0
         for i, lt in enumerate(self.targets):
-            dense, existing = _existing(self.ckpt, lt)
+            dense, existing = _existing(self.ckpt, lt, nan_means_pruned=self.nan_ok)
             nnz = count_nonzero(existing)
             self.nonzero_before[lt.name] = nnz
             total_nnz += nnz
@@ -149,7 +178,7 @@ class _Planner:
             self.plan = self._global_plan(hists, total_keep)
             if o.encoding == "bitmask":
                 for lt in self.targets:
-                    dense, existing = _existing(self.ckpt, lt)
+                    dense, existing = _existing(self.ckpt, lt, nan_means_pruned=self.nan_ok)
                     self.nonzero_after[lt.name] = count_nonzero(self._mask(lt, dense, existing))
 
     def _global_plan(self, hists: list, total_keep: int):
@@ -159,7 +188,7 @@ class _Planner:
             # have entries in it.
             fine = {}
             for i in plan.refine:
-                dense, existing = _existing(self.ckpt, self.targets[i])
+                dense, existing = _existing(self.ckpt, self.targets[i], nan_means_pruned=self.nan_ok)
                 fine[i] = MagnitudeHistogram.of(dense, existing, refine=plan.refine_bucket)
                 if self.progress:
                     self.progress("refine", len(fine), len(plan.refine))
@@ -205,12 +234,13 @@ class _Planner:
             # Fast path for the common case: with at least `keep` non-zeros, the `keep` largest
             # |w| are all non-zero, so no existing mask needs building (and none is revived).
             dense, found = self.ckpt.read(lt)
+            _check_finite(self.ckpt, lt, dense, found, self.nan_ok)
             if found is None:
                 before = count_nonzero(dense)
                 keep = self._layer_keep(lt)
                 if keep <= before:
                     return dense, magnitude_mask(dense, keep=keep), before
-        dense, existing = _existing(self.ckpt, lt, refuse_nan=self.refuse_nan)
+        dense, existing = _existing(self.ckpt, lt, nan_means_pruned=self.nan_ok)
         mask = self._mask(lt, dense, existing)
         before = self.nonzero_before.get(lt.name)
         if before is None:
