@@ -104,6 +104,8 @@ def prune(
     untouched = sum(1 for t in result.tensors if t.numel and t.nonzero == t.nonzero_before)
     if not asked or quiet:
         untouched = 0
+    for note in [] if quiet else result.notes:
+        console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
     if untouched:
         console.print(f"note: {untouched} tensor(s) were already at least as sparse as asked and "
                       "were left as they were (pruning never revives a weight)",

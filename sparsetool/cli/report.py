@@ -14,6 +14,7 @@ from sparsetool.cli._output import (
     failing_cleanly,
     human_bytes,
     percent,
+    plural,
     progress_bar,
     targeting_note,
 )
@@ -83,6 +84,11 @@ def report(
         ("non-zero parameters", f"{s['nonzero']:,}"),
         ("bytes on disk", human_bytes(s["bytes"])),
     ]
+    if s["non_float_tensors"]:  # never targeted, so outside both sparsities above
+        summary.insert(2, ("non-float parameters",
+                           f"{s['non_float_numel']:,} in {plural(s['non_float_tensors'], 'tensor')} "
+                           f"({', '.join(s['non_float_dtypes'])}), never pruned and not in the "
+                           f"sparsities above"))
     if fmt == "rich" and (not console.is_terminal or console.width < 100):
         fmt = "plain"  # piped or narrow: a rich table would cut names and numbers
     if fmt == "rich":

@@ -45,8 +45,8 @@ from sparsetool.masks.select import (
     random_mask,
 )
 from sparsetool.targets import TargetPlan, plan_targets
-from sparsetool.targets.order import tensor_sort_key
-from sparsetool.wording import plural
+from sparsetool.targets.order import sort_names, tensor_sort_key
+from sparsetool.wording import plural, some_names
 from sparsetool.checkpoint.zeros import count_nonzero, nonzero_mask
 
 
@@ -253,6 +253,20 @@ def _spec(ckpt: Checkpoint, name: str) -> TensorSpec:
     return TensorSpec(name, e.dtype, tuple(e.shape))
 
 
+def _dtypes(plan: TargetPlan, names: Sequence[str]) -> str:
+    return "/".join(sorted({plan[n].dtype for n in names}))
+
+
+def dtype_skipped_note(plan: TargetPlan) -> str | None:
+    """One line naming the tensors left alone only for their integer or bool dtype, or None."""
+    skipped = sort_names(plan.dtype_skipped)
+    if not skipped:
+        return None
+    return (f"{plural(len(skipped), 'tensor')} left unpruned for {'its' if len(skipped) == 1 else 'their'} "
+            f"{_dtypes(plan, skipped)} dtype (only floating-point weights are pruned): "
+            f"{some_names(skipped)}")
+
+
 def _tensor_seed(seed: int, name: str) -> int:
     """A per-tensor seed that depends only on (seed, name): same masks whatever the file order."""
     import zlib
@@ -268,6 +282,14 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
     plan = checkpoint_plan(ckpt, opts.include, opts.exclude)  # the one targeting decision
     targets = targeted_tensors(ckpt, plan=plan)
     if not targets:
+        skipped = sort_names(plan.dtype_skipped)
+        if skipped:
+            raise SparsetoolError(
+                f"{src}: no tensor is targeted: {plural(len(skipped), 'tensor')} that would be "
+                f"({some_names(skipped)}) {'is' if len(skipped) == 1 else 'are'} "
+                f"{_dtypes(plan, skipped)}, not floating-point, and integer or bool weights cannot "
+                "be pruned; prune the floating-point checkpoint before quantizing it"
+            )
         if opts.include:
             raise SparsetoolError(
                 f"{src}: --include {' '.join(opts.include)} matches no floating-point tensor with 2 "
@@ -285,6 +307,9 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
 
     target_names = {lt.name for lt in targets}
     result = PruneResult(output=Path(out), options=opts)
+    note = dtype_skipped_note(plan)
+    if note:
+        result.notes.append(note)
     metadata = provenance_metadata(ckpt.metadata(), {"command": "prune", **options_record(opts)})
     done = 0
     def config_transform(config: dict) -> dict:

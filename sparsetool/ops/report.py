@@ -56,7 +56,10 @@ class Report:
 
     @property
     def summary(self) -> dict:
+        """Sparsities over the floating-point tensors (the only ones prune targets); integer and
+        bool tensors (quantized weights, index buffers) are counted apart as ``non_float_*``."""
         numel, nonzero = self._sum("numel", False), self._sum("nonzero", False)
+        other = [t for t in self.tensors if not is_floating(t.dtype)]
         t_numel, t_nonzero = self._sum("numel", True), self._sum("nonzero", True)
         return {
             "targeted_sparsity": 1.0 - t_nonzero / t_numel if t_numel else 0.0,
@@ -69,6 +72,10 @@ class Report:
             "tensors": len(self.tensors),
             "bytes": self.bytes_on_disk,
             "targeting": dict(self.targeting),
+            "non_float_numel": sum(t.numel for t in other),
+            "non_float_nonzero": sum(t.nonzero for t in other),
+            "non_float_tensors": len(other),
+            "non_float_dtypes": sorted({t.dtype for t in other}),
         }
 
     def to_json(self) -> dict:
