@@ -22,6 +22,7 @@ from sparsetool.cli._params import (
     usage_errors,
     value_of,
 )
+from sparsetool.errors import ShapeError
 from sparsetool.flops.config import PRESETS
 
 
@@ -90,9 +91,14 @@ def flops(
             from sparsetool.cli._output import progress_bar, targeting_note
 
             with progress_bar(not (as_json or quiet)) as progress:
-                measured = F.from_checkpoint(checkpoint, include=tuple(include), exclude=tuple(exclude),
-                                             seq_len=seq_len, vocab=vocab, progress=progress,
-                                             default_targets=default_targets)
+                try:
+                    measured = F.from_checkpoint(checkpoint, include=tuple(include),
+                                                 exclude=tuple(exclude), seq_len=seq_len, vocab=vocab,
+                                                 progress=progress, default_targets=default_targets)
+                except ShapeError as e:  # the library says what is missing; the way out is ours
+                    hint = ("pass --vocab V" if e.missing == "vocab" else
+                            "describe the model with --config FILE instead of --checkpoint")
+                    raise ShapeError(f"{e}; {hint}") from None
             targeting_note(measured.targeting.get("note"), quiet)
             cfg = measured.config
             notes = list(measured.notes)

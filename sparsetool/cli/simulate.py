@@ -3,8 +3,9 @@ versus GPUs, from real masks (the model: sparsetool.hardware)."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import typer
 from rich.markup import escape
@@ -22,6 +23,7 @@ from sparsetool.cli._params import (
     tokens_option,
     value_of,
 )
+from sparsetool.errors import ShapeError
 from sparsetool.flops.config import PRESETS
 
 
@@ -81,7 +83,7 @@ def simulate(
         if list_hardware:
             _list(hardware_constants(hardware, device), as_json)
             return
-        with progress_bar(enabled=not (as_json or quiet)) as progress:
+        with progress_bar(enabled=not (as_json or quiet)) as progress, _shape_hint():
             result = run_simulation(
                 checkpoint, shape=shape, model=value_of(model), sparsity=sparsity, sweep=sweep,
                 tokens=tokens, pattern=value_of(pattern), seed=seed, hardware=hardware,
@@ -95,6 +97,18 @@ def simulate(
         _render(result, layers)
     if result.get("verify") and not result["verify"]["equal"]:
         raise typer.Exit(1)
+
+
+@contextlib.contextmanager
+def _shape_hint() -> Iterator[None]:
+    """A checkpoint whose shapes cannot be inferred: the library says what is missing, this says
+    what simulate offers instead."""
+    try:
+        yield
+    except ShapeError as e:
+        extra = "add a config.json with vocab_size beside it, or " if e.missing == "vocab" else ""
+        raise ShapeError(f"{e}; {extra}simulate a preset with --model NAME or one layer with "
+                         "--shape MxK instead") from None
 
 
 def _t(s: float | None) -> str:

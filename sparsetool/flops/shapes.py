@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from sparsetool.checkpoint.config import read_model_config as read_hf_config
-from sparsetool.errors import CheckpointError
+from sparsetool.errors import CheckpointError, ShapeError
 from sparsetool.flops.config import ModelConfig
 from sparsetool.flops.formula import ROLES
 
@@ -52,9 +52,8 @@ def _other_side(name: str, shape: tuple[int, ...], d_model: int) -> int:
         return b
     if b == d_model:
         return a
-    raise CheckpointError(
-        f"tensor '{name}' has shape {list(shape)}, neither side equals d_model={d_model}; "
-        "describe the model with --config FILE instead of --checkpoint"
+    raise ShapeError(
+        f"tensor '{name}' has shape {list(shape)}, neither side equals d_model={d_model}"
     )
 
 
@@ -99,16 +98,15 @@ def infer_model(
             continue
         floating.append(r)
     if not floating:
-        raise CheckpointError(f"'{name}' holds no floating-point tensors to account")
+        raise ShapeError(f"'{name}' holds no floating-point tensors to account")
 
     def shape_of(r: Any) -> tuple[int, ...]:
         return tuple(int(x) for x in _get(r, "shape"))
 
     linear = [r for r in floating if _get(r, "role") in ROLES and len(shape_of(r)) == 2]
     if not linear:
-        raise CheckpointError(
-            f"'{name}' has no attention or feed-forward weight matrices that sparsetool recognises; "
-            "describe the model with --config FILE instead"
+        raise ShapeError(
+            f"'{name}' has no attention or feed-forward weight matrices that sparsetool recognises"
         )
     embeds = [r for r in floating if _get(r, "role") == "embedding" and len(shape_of(r)) == 2]
     heads = [r for r in floating if _get(r, "role") == "head" and len(shape_of(r)) == 2]
@@ -122,9 +120,8 @@ def infer_model(
         for r in linear[1:]:
             common &= set(shape_of(r))
         if len(common) != 1:
-            raise CheckpointError(
-                f"cannot tell d_model of '{name}' (no token embedding, no config.json); "
-                "describe the model with --config FILE"
+            raise ShapeError(
+                f"cannot tell d_model of '{name}' (no token embedding, no config.json)"
             )
         d_model = common.pop()
     d_model = int(d_model)
@@ -137,7 +134,7 @@ def infer_model(
             continue
         layers.setdefault(int(m.group(1)), {}).setdefault(_get(r, "role"), []).append(r)
     if not layers:
-        raise CheckpointError(f"no layer index found in the tensor names of '{name}'")
+        raise ShapeError(f"no layer index found in the tensor names of '{name}'")
 
     shapes_seen: set[tuple[int, int, int, int]] = set()
     layer_sparsity: list[dict[str, float]] = []
@@ -145,9 +142,9 @@ def infer_model(
         by_role = layers[idx]
         missing = [ro for ro in ("qkv", "ffn_out") if ro not in by_role]
         if missing:
-            raise CheckpointError(
-                f"layer {idx} of '{name}' has no {' or '.join(missing)} weight; cannot infer its "
-                "shape, describe the model with --config FILE"
+            raise ShapeError(
+                f"layer {idx} of '{name}' has no {' or '.join(missing)} weight, so its shape cannot "
+                "be inferred"
             )
         width = {ro: sum(_other_side(_get(r, "name"), shape_of(r), d_model) for r in rs)
                  for ro, rs in by_role.items()}
@@ -162,16 +159,16 @@ def infer_model(
             sp[ro] = 1.0 - sum(int(_get(r, "nonzero")) for r in t) / numel if numel else 0.0
         layer_sparsity.append(sp)
     if len(shapes_seen) != 1:
-        raise CheckpointError(
-            f"the layers of '{name}' differ in shape ({len(shapes_seen)} variants); flops assumes "
-            "identical layers, describe the model with --config FILE"
+        raise ShapeError(
+            f"the layers of '{name}' differ in shape ({len(shapes_seen)} variants); the "
+            "Appendix-F count assumes identical layers"
         )
     qkv_w, kh, f, ffn_in_w = shapes_seen.pop()
     ratio = ffn_in_w / f
     if ratio not in (1.0, 2.0):
-        raise CheckpointError(
+        raise ShapeError(
             f"feed-forward input width {ffn_in_w} is not 1x or 2x the output width {f} in "
-            f"'{name}'; describe the model with --config FILE"
+            f"'{name}'"
         )
 
     # Heads: config.json, else an assumed head size.
@@ -192,9 +189,9 @@ def infer_model(
     if n_kv is None and kv_w != kh:
         n_kv = kv_w / d_head
     if n_kv is not None and (int(n_kv) != n_kv or int(n_kv) * d_head != kv_w):
-        raise CheckpointError(
+        raise ShapeError(
             f"q/k/v widths of '{name}' ({qkv_w} in all, attention output {kh}) do not fit "
-            f"{n_heads} heads of {d_head}; give the heads in a config.json or use --config FILE"
+            f"{n_heads} heads of {d_head}; give the heads in a config.json beside it"
         )
     n_kv = int(n_kv) if n_kv is not None and int(n_kv) != n_heads else None
 
@@ -206,7 +203,8 @@ def infer_model(
         else:
             vocab = _pick(hf_config, "vocab_size")
         if vocab is None:
-            raise CheckpointError(f"cannot tell the vocabulary size of '{name}'; pass --vocab")
+            raise ShapeError(f"cannot tell the vocabulary size of '{name}' (no token embedding, "
+                             "no LM head, no vocab_size in a config.json)", missing="vocab")
     if seq_len is None:
         if positions:
             seq_len = shape_of(positions[0])[0]
@@ -254,8 +252,8 @@ def from_checkpoint(
         from sparsetool.checkpoint.counting import tensor_counts
     except ImportError as e:
         raise CheckpointError(
-            f"--checkpoint needs the checkpoint reader, which failed to load ({e}); "
-            "describe the model with --model or --config instead"
+            f"reading a checkpoint needs the checkpoint reader (and torch), which failed to load "
+            f"({e}); reinstall sparsetool with its dependencies"
         ) from None
     from sparsetool.checkpoint import open_checkpoint
     from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary
