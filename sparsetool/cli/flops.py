@@ -24,6 +24,7 @@ from sparsetool.cli._params import (
 )
 from sparsetool.errors import ShapeError
 from sparsetool.flops.config import PRESETS
+from sparsetool.wording import plural
 
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
@@ -140,7 +141,8 @@ def _title(cfg: Any, r: dict) -> str:
     src = "20 tokens/param, Chinchilla" if r["tokens_source"] == "chinchilla" else "given"
     emb = "embeddings counted" if r["embeddings"] else "embeddings excluded"
     kv = f" ({cfg.n_kv_heads} kv)" if cfg.n_kv_heads else ""
-    return (f"{cfg.name}: {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads{kv} x "
+    return (f"{cfg.name}: {plural(cfg.n_layers, 'layer')}, d_model {cfg.d_model}, "
+            f"{plural(cfg.n_heads, 'head')}{kv} x "
             f"{cfg.d_head}, d_ff {cfg.d_ff}{' (SwiGLU)' if cfg.ffn_matrices == 3 else ''}, vocab "
             f"{cfg.vocab}, seq {cfg.seq_len}\n{_count(r['tokens'])} training tokens ({src}), "
             f"{r['sequences']:.4g} sequences; {emb}")
@@ -249,7 +251,7 @@ def _render_breakdown(F: Any, cfg: Any, r: dict) -> None:
     t.add_row("training", "3 x forward (backward = 2 x forward)", _e(3 * total_d), "", _e(3 * total_s))
     console.print(t)
     console.print("* scaled by (1 - sparsity) of its weights; ffn = "
-                  f"{cfg.ffn_matrices} matrices{' (gate, up, down)' if cfg.ffn_matrices == 3 else ' (in, out)'}",
+                  f"{plural(cfg.ffn_matrices, 'matrix', 'matrices')}{' (gate, up, down)' if cfg.ffn_matrices == 3 else ' (in, out)'}",
                   highlight=False)
 
 

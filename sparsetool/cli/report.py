@@ -78,9 +78,10 @@ def report(
              for t in rows]
     s = rep.summary
     summary = [
-        ("targeted sparsity", f"{percent(s['targeted_sparsity'])} of {s['targeted_numel']:,} "
-                              f"weights in {s['targeted_tensors']} tensors"),
-        ("overall sparsity", f"{percent(s['overall_sparsity'])} of {s['numel']:,} parameters"),
+        ("targeted sparsity", f"{percent(s['targeted_sparsity'])} of "
+                              f"{plural(s['targeted_numel'], 'weight')} in "
+                              f"{plural(s['targeted_tensors'], 'tensor')}"),
+        ("overall sparsity", f"{percent(s['overall_sparsity'])} of {plural(s['numel'], 'parameter')}"),
         ("non-zero parameters", f"{s['nonzero']:,}"),
         ("bytes on disk", human_bytes(s["bytes"])),
     ]

@@ -138,7 +138,7 @@ def _render(res: dict[str, Any], show_all: bool) -> None:
     from rich.table import Table
 
     w = res["workload"]
-    head = (f"[bold]{escape(w['label'])}[/]  {w['tokens']:g} tokens per step"
+    head = (f"[bold]{escape(w['label'])}[/]  {w['tokens']:g} token{'' if w['tokens'] == 1 else 's'} per step"
             + (f" (sequences of {w['seq_len']})" if w.get("seq_len") else "")
             + ("" if "sweep" in res else f", targeted sparsity {w['targeted_sparsity']:.4f}"))
     console.print(head, highlight=False)

@@ -26,6 +26,7 @@ from sparsetool.checkpoint.config import read_model_config as read_hf_config
 from sparsetool.errors import CheckpointError, ShapeError
 from sparsetool.flops.config import ModelConfig
 from sparsetool.flops.formula import ROLES
+from sparsetool.wording import plural
 
 _LAYER_RE = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 
@@ -182,7 +183,7 @@ def infer_model(
         n_heads = kh // d_head
         notes.append(
             f"no head count in a config.json beside the checkpoint: assumed d_head={d_head}, "
-            f"so {n_heads} heads (this only changes the softmax term 3*h*s*s)"
+            f"so {plural(n_heads, 'head')} (this only changes the softmax term 3*h*s*s)"
         )
     kv_w = (qkv_w - kh) / 2
     n_kv = _pick(hf_config, "num_key_value_heads")
@@ -191,7 +192,7 @@ def infer_model(
     if n_kv is not None and (int(n_kv) != n_kv or int(n_kv) * d_head != kv_w):
         raise ShapeError(
             f"q/k/v widths of '{name}' ({qkv_w} in all, attention output {kh}) do not fit "
-            f"{n_heads} heads of {d_head}; give the heads in a config.json beside it"
+            f"{plural(n_heads, 'head')} of {d_head}; give the heads in a config.json beside it"
         )
     n_kv = int(n_kv) if n_kv is not None and int(n_kv) != n_heads else None
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from sparsetool.hardware.layers import LayerMask
+from sparsetool.wording import plural
 
 PASSES = ("forward", "backward_data", "backward_weight")
 
@@ -239,7 +240,7 @@ class Sparse24GPU(DenseGPU):
         if "backward_data" in passes:
             bad = [ly for ly in sparse if not self._fits(ly, "backward_data")]
             if bad:
-                out.append(f"backward-data runs dense in {len(bad)} of {len(sparse)} sparse layers: "
+                out.append(f"backward-data runs dense in {len(bad)} of {plural(len(sparse), 'sparse layer')}: "
                            "W^T is not 2:4 along the output dimension")
         if "backward_weight" in passes and sparse:
             out.append("backward-weight runs dense (the weight gradient is a dense product)")

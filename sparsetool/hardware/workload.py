@@ -17,6 +17,7 @@ import numpy as np
 
 from sparsetool.errors import CheckpointError, ConfigError
 from sparsetool.hardware.layers import LayerMask, sampled_random, stats_from_mask, synthetic_mask
+from sparsetool.wording import plural
 
 UNTARGETED_TERMS = ("attn_logits", "softmax", "attn_values", "logits")
 """Appendix-F forward terms that stay dense under weight sparsity (embeddings are excluded, as
@@ -58,7 +59,7 @@ def parse_shape(text: str) -> tuple[int, int]:
         raise ConfigError(f"--shape needs positive sizes, got '{text}'")
     if m * k > MAX_SHAPE_ENTRIES:
         raise ConfigError(
-            f"--shape {text} has {m * k:,} weights; a synthetic mask that large does not fit in "
+            f"--shape {text} has {plural(m * k, 'weight')}; a synthetic mask that large does not fit in "
             f"memory here (limit {MAX_SHAPE_ENTRIES:,}): use --model for whole models"
         )
     return m, k
@@ -175,5 +176,5 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
                               "use --shape MxK or --model NAME instead")
     inferred = infer_model(rows, name=path.name, hf_config=read_model_config(path), seq_len=seq_len)
     flops, seq = untargeted_flops(inferred.config, tokens)
-    return Workload(f"{path.name} ({len(layers)} pruned matrices, real masks)", "checkpoint",
+    return Workload(f"{path.name} ({plural(len(layers), 'pruned matrix', 'pruned matrices')}, real masks)", "checkpoint",
                     tokens, layers, flops, seq, list(inferred.notes), targeting_summary(plan))

@@ -23,6 +23,7 @@ from sparsetool.checkpoint import open_checkpoint
 from sparsetool.errors import SparsetoolError
 from sparsetool.targets import LINEAR_ROLES, conv1d_layout, input_dim, is_floating, plan_targets, role
 from sparsetool.targets.order import SEPARATE_QKV, layer_index, tensor_sort_key
+from sparsetool.wording import plural
 
 __all__ = ["KINDS", "Stats", "DiffRow", "DiffResult", "diff", "split_parts", "plot_diff"]
 
@@ -216,7 +217,7 @@ def split_parts(name: str, shape: Sequence[int], config: Mapping | None = None) 
             return fused, f"{name}: not split into Q, K, V ({why})"
         rows, cols = shape
         if rows % (3 * heads):
-            return fused, f"{name}: {rows} rows do not split into {heads} heads of q, k, v"
+            return fused, f"{name}: {plural(rows, 'row')} do not split into {plural(heads, 'head')} of q, k, v"
         hd = rows // (3 * heads)
         return [(k, k, (lambda t, i=i: t.reshape(heads, 3, hd, cols)[:, i].reshape(heads * hd, cols)))
                 for i, k in enumerate("QKV")], None
