@@ -70,11 +70,14 @@ def densify(checkpoint: str | Path, output: str | Path | None = None, *,
 
 
 def report(checkpoint: str | Path, *, include: Sequence[str] = (),
-           exclude: Sequence[str] = ()) -> Report:
-    """``sparsetool report CHECKPOINT``: per-tensor sparsity; ``.to_json()`` gives the CLI's JSON."""
+           exclude: Sequence[str] = (), default_targets: bool = False) -> Report:
+    """``sparsetool report CHECKPOINT``: per-tensor sparsity; ``.to_json()`` gives the CLI's JSON.
+    Without globs, a checkpoint pruned with ``include``/``exclude`` uses the recorded ones unless
+    ``default_targets``."""
     from sparsetool.ops.report import summarize
 
-    return summarize(checkpoint, include=_globs(include), exclude=_globs(exclude))
+    return summarize(checkpoint, include=_globs(include), exclude=_globs(exclude),
+                     default_targets=default_targets)
 
 
 def eval(checkpoints: str | Path | Sequence[str | Path], *, text: str | Path | None = None,

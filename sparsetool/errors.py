@@ -15,3 +15,16 @@ class CheckpointError(SparsetoolError):
 
 class ConfigError(SparsetoolError):
     """An option, preset or config file that does not make sense."""
+
+
+class ShapeError(CheckpointError):
+    """A checkpoint whose model shape cannot be inferred from its tensors.
+
+    The message states what is missing and nothing more: ``flops --checkpoint`` and ``simulate``
+    both infer shapes, and each command adds the way out it offers (``missing`` is ``"vocab"``
+    when only the vocabulary size is unknown, else None).
+    """
+
+    def __init__(self, message: str, *, missing: str | None = None) -> None:
+        super().__init__(message)
+        self.missing = missing

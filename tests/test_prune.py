@@ -403,7 +403,7 @@ def test_prune_of_empty_targets_prints_cleanly(tmp_path):
     save_file({"transformer.h.0.attn.c_attn.weight": torch.randn(0, 8)}, str(src))
     r = run("prune", src, "-o", tmp_path / "o.st", "--sparsity", "0.5")
     assert r.exit_code == 0, r.output
-    assert "pruned 1 tensors" in r.stdout and "note:" not in r.stdout
+    assert "pruned 1 tensor (0 weights)" in r.stdout and "note:" not in r.stdout
 
 
 def test_include_matching_only_vectors_says_so(gpt2_file, tmp_path):

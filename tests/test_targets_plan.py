@@ -197,10 +197,10 @@ def test_every_checkpoint_reader_refuses_a_glob_that_matches_nothing(tmp_path):
     pruned = prune_checkpoint(src, tmp_path / "o.st", PruneOptions(sparsity=0.5, **kw))
     reported = [t.name for t in summarize(src, **kw).tensors if t.targeted]
     simulated = [ly.name for ly in workload_from_checkpoint(src, 1e3, [(1, 1)], **kw).layers]
-    assert [t.name for t in pruned.tensors] == reported == simulated == [  # file order
-        "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_proj.weight",
-        "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_proj.weight",
-        "transformer.wte.weight"]
+    assert [t.name for t in pruned.tensors] == reported == simulated == [  # listing order
+        "transformer.wte.weight", "transformer.h.0.attn.c_attn.weight",
+        "transformer.h.0.attn.c_proj.weight", "transformer.h.0.mlp.c_fc.weight",
+        "transformer.h.0.mlp.c_proj.weight"]
 
 
 @pytest.mark.parametrize("opts", [

@@ -24,6 +24,7 @@ from sparsetool.checkpoint import bitmask as bm
 from sparsetool.checkpoint.format import TensorSpec
 from sparsetool.checkpoint.zeros import has_bits, int_bits
 from sparsetool.errors import SparsetoolError
+from sparsetool.wording import plural
 
 ENCODINGS = ("zeros", "mask", "nan", "bitmask")
 MASK_SUFFIX = "_mask"
@@ -156,7 +157,7 @@ def check_encodable(name: str, dense: torch.Tensor, mask: torch.Tensor | None, e
             kept_nan = nan if mask is None else nan & mask
             if bool(kept_nan.any()):
                 raise SparsetoolError(
-                    f"tensor {name} already holds {int(kept_nan.sum())} NaN value(s) at kept positions; "
+                    f"tensor {name} already holds {plural(int(kept_nan.sum()), 'NaN value')} at kept positions; "
                     "the nan encoding would make them look pruned. Use --encoding zeros, mask or bitmask"
                 )
     if encoding == "bitmask":

@@ -33,6 +33,7 @@ from sparsetool.checkpoint.format import TensorSpec, layout
 from sparsetool.checkpoint.layout import TMP_MARK, rebuilt_index
 from sparsetool.checkpoint.reader import Checkpoint
 from sparsetool.errors import CheckpointError
+from sparsetool.wording import plural
 
 COPY_CHUNK = 16 * 1024 * 1024  # bytes per raw-copy step: bounded memory, few syscalls
 
@@ -114,7 +115,7 @@ class ShardWriter:
             missing = sorted(set(self.specs) - self._written)
             if missing:
                 shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-                raise CheckpointError(f"{self.shard}: {len(missing)} declared tensor(s) never written: {shown}")
+                raise CheckpointError(f"{self.shard}: {plural(len(missing), 'declared tensor')} never written: {shown}")
 
     def __enter__(self) -> "ShardWriter":
         return self

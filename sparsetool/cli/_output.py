@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from sparsetool.errors import SparsetoolError
+from sparsetool.wording import plural  # noqa: F401  (re-exported for the commands)
 
 console = Console()
 err_console = Console(stderr=True)
@@ -175,3 +176,10 @@ def _text_table(header: Sequence[str] | None, rows: list[list[str]], align: str,
         else:
             out.insert(1, "  ".join("-" * w for w in widths))
     return out
+
+
+def targeting_note(note: str | None, quiet: bool = False) -> None:
+    """The one stderr line saying the targets came from the checkpoint's record (not in --quiet)."""
+    if note and not quiet:
+        err_console.print(f"note: {escape(note)} (--default-targets for the built-in roles)",
+                          highlight=False, soft_wrap=True)

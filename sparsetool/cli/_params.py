@@ -133,6 +133,12 @@ def exclude_option(help: str = "Never target tensors whose name matches this glo
                         callback=checked(options.parse_globs))
 
 
+def default_targets_option() -> Any:
+    return typer.Option(False, "--default-targets",
+                        help="Target by the built-in roles even if the checkpoint records the "
+                             "--include/--exclude it was pruned with (globs given here win anyway).")
+
+
 def checkpoint_argument(required: bool = True) -> Any:
     return typer.Argument(... if required else None, metavar="CHECKPOINT",
                           help="A .safetensors file or a Hugging Face model directory.",
@@ -141,4 +147,5 @@ def checkpoint_argument(required: bool = True) -> Any:
 
 __all__ = ["ENCODING_NAMES", "TRAIN_PRESETS", "UsageProblem", "choices", "epilog", "value_of", "usage_error", "usage_errors", "checked", "output_option", "json_option",
            "quiet_option", "sparsity_option", "sparsities_option", "tokens_option", "seed_option",
-           "stage_option", "include_option", "exclude_option", "checkpoint_argument"]
+           "stage_option", "include_option", "exclude_option", "default_targets_option",
+           "checkpoint_argument"]

@@ -15,6 +15,7 @@ from sparsetool.cli._params import (
     quiet_option,
     usage_error,
 )
+from sparsetool.wording import plural
 
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
@@ -50,5 +51,5 @@ def densify(
     from rich.markup import escape
 
     decoded = ", ".join(f"{n} {enc}" for enc, n in sorted(result.decoded.items())) or "none"
-    console.print(f"densified {result.tensors} tensors (decoded: {decoded}); "
+    console.print(f"densified {plural(result.tensors, 'tensor')} (decoded: {decoded}); "
                   f"wrote {escape(str(result.output))}", highlight=False, soft_wrap=True)

@@ -17,6 +17,7 @@ from sparsetool.cli._output import (
     progress_bar,
 )
 from sparsetool.cli._params import exclude_option, include_option, json_option
+from sparsetool.wording import plural
 
 HEADER = ["matrix", "layer", "kind", "sparsity A", "sparsity B", "mask IoU", "revived", "pruned",
           "rel L2", "angular"]
@@ -64,7 +65,7 @@ def diff(
         emit_json(result.to_json())
         return
     t = result.total
-    summary = (f"all {t.numel:,} targeted weights ({len(result.rows)} matrices): sparsity "
+    summary = (f"all {plural(t.numel, 'targeted weight')} ({plural(len(result.rows), 'matrix', 'matrices')}): sparsity "
                f"{percent(t.sparsity_a)} -> {percent(t.sparsity_b)}, mask IoU {t.iou:.4f}, "
                f"revived {t.revived:,}, newly pruned {t.pruned:,}, rel L2 {_number(t.rel_l2)}, "
                f"angular distance {_number(t.angular_distance)}")

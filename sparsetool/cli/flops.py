@@ -10,6 +10,7 @@ import typer
 from sparsetool.cli._output import console, emit_json, failing_cleanly, percent, print_table
 from sparsetool.cli._params import (
     choices,
+    default_targets_option,
     exclude_option,
     include_option,
     json_option,
@@ -21,7 +22,9 @@ from sparsetool.cli._params import (
     usage_errors,
     value_of,
 )
+from sparsetool.errors import ShapeError
 from sparsetool.flops.config import PRESETS
+from sparsetool.wording import plural
 
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
@@ -49,6 +52,7 @@ def flops(
     breakdown: bool = typer.Option(False, "--breakdown", help="Show every Appendix-F term with its formula."),
     include: List[str] = include_option("With --checkpoint: also count tensors matching this glob as targeted (repeatable)."),
     exclude: List[str] = exclude_option("With --checkpoint: do not count tensors matching this glob as targeted (repeatable; wins over --include)."),
+    default_targets: bool = default_targets_option(),
     list_presets: bool = typer.Option(False, "--list", help="List the model presets and exit."),
     quiet: bool = quiet_option(),
     as_json: bool = json_option("Print the numbers as JSON (a list with several sparsities)."),
@@ -69,8 +73,8 @@ def flops(
     if len(sources) != 1:
         usage_error("give exactly one of --model NAME, --config FILE or --checkpoint PATH "
                     f"(presets: {', '.join(F.PRESETS)})")
-    if (include or exclude) and checkpoint is None:
-        usage_error("--include/--exclude only apply with --checkpoint")
+    if (include or exclude or default_targets) and checkpoint is None:
+        usage_error("--include/--exclude/--default-targets only apply with --checkpoint")
     if stage and (sparsity is not None or checkpoint is not None):
         usage_error("--stage replaces --sparsity and cannot be used with --checkpoint")
     if checkpoint is not None and sparsity is not None:
@@ -85,11 +89,18 @@ def flops(
         notes: list[str] = []
         measured = None
         if checkpoint is not None:
-            from sparsetool.cli._output import progress_bar
+            from sparsetool.cli._output import progress_bar, targeting_note
 
             with progress_bar(not (as_json or quiet)) as progress:
-                measured = F.from_checkpoint(checkpoint, include=tuple(include), exclude=tuple(exclude),
-                                             seq_len=seq_len, vocab=vocab, progress=progress)
+                try:
+                    measured = F.from_checkpoint(checkpoint, include=tuple(include),
+                                                 exclude=tuple(exclude), seq_len=seq_len, vocab=vocab,
+                                                 progress=progress, default_targets=default_targets)
+                except ShapeError as e:  # the library says what is missing; the way out is ours
+                    hint = ("pass --vocab V" if e.missing == "vocab" else
+                            "describe the model with --config FILE instead of --checkpoint")
+                    raise ShapeError(f"{e}; {hint}") from None
+            targeting_note(measured.targeting.get("note"), quiet)
             cfg = measured.config
             notes = list(measured.notes)
             results = [F.account(cfg, sparsity=measured.layer_sparsity, params=measured.params, **common)]
@@ -108,6 +119,7 @@ def flops(
         if measured is not None:
             r["targeted_sparsity"] = measured.targeted_sparsity
             r["notes"] = notes
+            r["targeting"] = measured.targeting
     if as_json:
         emit_json(results[0] if len(results) == 1 else results)
         return
@@ -129,7 +141,8 @@ def _title(cfg: Any, r: dict) -> str:
     src = "20 tokens/param, Chinchilla" if r["tokens_source"] == "chinchilla" else "given"
     emb = "embeddings counted" if r["embeddings"] else "embeddings excluded"
     kv = f" ({cfg.n_kv_heads} kv)" if cfg.n_kv_heads else ""
-    return (f"{cfg.name}: {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads{kv} x "
+    return (f"{cfg.name}: {plural(cfg.n_layers, 'layer')}, d_model {cfg.d_model}, "
+            f"{plural(cfg.n_heads, 'head')}{kv} x "
             f"{cfg.d_head}, d_ff {cfg.d_ff}{' (SwiGLU)' if cfg.ffn_matrices == 3 else ''}, vocab "
             f"{cfg.vocab}, seq {cfg.seq_len}\n{_count(r['tokens'])} training tokens ({src}), "
             f"{r['sequences']:.4g} sequences; {emb}")
@@ -228,7 +241,7 @@ def _render_breakdown(F: Any, cfg: Any, r: dict) -> None:
     print_table(("term", "formula (dense)", "dense", "share", "sparse"), rows, title=title,
                 align="llrrr", sections=sections)
     console.print("* scaled by (1 - sparsity) of its weights; ffn = "
-                  f"{cfg.ffn_matrices} matrices{' (gate, up, down)' if cfg.ffn_matrices == 3 else ' (in, out)'}",
+                  f"{plural(cfg.ffn_matrices, 'matrix', 'matrices')}{' (gate, up, down)' if cfg.ffn_matrices == 3 else ' (in, out)'}",
                   highlight=False)
 
 

@@ -29,6 +29,7 @@ from sparsetool.cli._params import (
 )
 from sparsetool.masks.distributions import DISTRIBUTIONS
 from sparsetool.options import METHODS, SCOPES
+from sparsetool.wording import plural
 
 
 Method = choices("Method", METHODS)
@@ -65,7 +66,8 @@ def prune(
 
     Targets are the attention (q/k/v, output) and feed-forward weights inside the transformer
     blocks; never embeddings, norms, biases or the LM head. Already-pruned weights stay pruned.
-    The input is never modified; the output appears only when complete.
+    A targeted tensor holding NaN or inf is refused (except NaN in a nan-encoded input, which
+    means pruned). The input is never modified; the output appears only when complete.
     """
     if output is None and not in_place:
         usage_error("give -o OUTPUT (or --in-place to replace the input)")
@@ -94,7 +96,7 @@ def prune(
         return
     before = sum(t.nonzero_before for t in result.tensors)
     console.print(
-        f"pruned {len(result.tensors)} tensors ({result.numel:,} weights): "
+        f"pruned {plural(len(result.tensors), 'tensor')} ({plural(result.numel, 'weight')}): "
         f"targeted sparsity {percent(1 - before / result.numel if result.numel else 0.0)} -> "
         f"[bold]{percent(result.targeted_sparsity)}[/], encoding {opts.encoding}",
         highlight=False, soft_wrap=True,
@@ -103,8 +105,11 @@ def prune(
     untouched = sum(1 for t in result.tensors if t.numel and t.nonzero == t.nonzero_before)
     if not asked or quiet:
         untouched = 0
+    for note in [] if quiet else result.notes:
+        console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
     if untouched:
-        console.print(f"note: {untouched} tensor(s) were already at least as sparse as asked and "
-                      "were left as they were (pruning never revives a weight)",
+        console.print(f"note: {plural(untouched, 'tensor')} {'was' if untouched == 1 else 'were'} "
+                      "already at least as sparse as asked and left as "
+                      f"{'it was' if untouched == 1 else 'they were'} (pruning never revives a weight)",
                       highlight=False, soft_wrap=True)
     console.print(f"wrote {escape(str(result.output))}", highlight=False, soft_wrap=True)

@@ -15,12 +15,15 @@ from sparsetool.cli._output import (
     failing_cleanly,
     human_bytes,
     percent,
+    plural,
     print_table,
     progress_bar,
+    targeting_note,
 )
 from sparsetool.cli._params import (
     checkpoint_argument,
     choices,
+    default_targets_option,
     exclude_option,
     include_option,
     json_option,
@@ -46,11 +49,13 @@ def report(
     fmt: Format = typer.Option("rich", "--format", help="Table style (rich falls back to plain when piped or narrow)."),
     include: List[str] = include_option("Count tensors matching this glob as targeted (repeatable)."),
     exclude: List[str] = exclude_option("Do not count tensors matching this glob as targeted (repeatable; wins over --include)."),
+    default_targets: bool = default_targets_option(),
     quiet: bool = quiet_option(),
 ) -> None:
     """Per-tensor sparsity of CHECKPOINT, with each tensor's role and whether prune targets it.
 
-    The summary gives the sparsity over the targeted tensors AND over all parameters.
+    The summary gives the sparsity over the targeted tensors AND over all parameters. A checkpoint
+    pruned with --include/--exclude counts the tensors prune targeted (see --default-targets).
     """
     fmt = value_of(fmt)
     from sparsetool.ops.report import plot_report, summarize
@@ -59,7 +64,9 @@ def report(
         if plot is not None:
             check_plot_path(plot)
         with progress_bar(not (as_json or quiet)) as progress:
-            rep = summarize(checkpoint, tuple(include), tuple(exclude), progress=progress)
+            rep = summarize(checkpoint, tuple(include), tuple(exclude),
+                            default_targets=default_targets, progress=progress)
+        targeting_note(rep.targeting["note"], quiet)
         if plot is not None:
             plot_report(rep, plot, all_tensors=all_tensors)
     if as_json:
@@ -72,12 +79,18 @@ def report(
              for t in rows]
     s = rep.summary
     summary = [
-        ("targeted sparsity", f"{percent(s['targeted_sparsity'])} of {s['targeted_numel']:,} "
-                              f"weights in {s['targeted_tensors']} tensors"),
-        ("overall sparsity", f"{percent(s['overall_sparsity'])} of {s['numel']:,} parameters"),
+        ("targeted sparsity", f"{percent(s['targeted_sparsity'])} of "
+                              f"{plural(s['targeted_numel'], 'weight')} in "
+                              f"{plural(s['targeted_tensors'], 'tensor')}"),
+        ("overall sparsity", f"{percent(s['overall_sparsity'])} of {plural(s['numel'], 'parameter')}"),
         ("non-zero parameters", f"{s['nonzero']:,}"),
         ("bytes on disk", human_bytes(s["bytes"])),
     ]
+    if s["non_float_tensors"]:  # never targeted, so outside both sparsities above
+        summary.insert(2, ("non-float parameters",
+                           f"{s['non_float_numel']:,} in {plural(s['non_float_tensors'], 'tensor')} "
+                           f"({', '.join(s['non_float_dtypes'])}), never pruned and not in the "
+                           f"sparsities above"))
     print_table(header, cells, title=str(checkpoint), align="lllllrrr", fmt=fmt)
     for k, v in summary:
         typer.echo(f"{k}: {v}")

@@ -3,15 +3,17 @@ versus GPUs, from real masks (the model: sparsetool.hardware)."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import typer
 from rich.markup import escape
 
-from sparsetool.cli._output import console, emit_json, failing_cleanly, print_table, progress_bar
+from sparsetool.cli._output import console, emit_json, failing_cleanly, print_table, progress_bar, targeting_note
 from sparsetool.cli._params import (
     choices,
+    default_targets_option,
     exclude_option,
     include_option,
     json_option,
@@ -21,6 +23,7 @@ from sparsetool.cli._params import (
     tokens_option,
     value_of,
 )
+from sparsetool.errors import ShapeError
 from sparsetool.flops.config import PRESETS
 
 
@@ -68,6 +71,7 @@ def simulate(
         False, "--list-hardware", help="List the devices, their constants and where each comes from."),
     include: list[str] = include_option("With CHECKPOINT: also simulate tensors matching this glob (repeatable)."),
     exclude: list[str] = exclude_option("With CHECKPOINT: leave out tensors matching this glob (repeatable; wins over --include)."),
+    default_targets: bool = default_targets_option(),
     quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
@@ -79,18 +83,32 @@ def simulate(
         if list_hardware:
             _list(hardware_constants(hardware, device), as_json)
             return
-        with progress_bar(enabled=not (as_json or quiet)) as progress:
+        with progress_bar(enabled=not (as_json or quiet)) as progress, _shape_hint():
             result = run_simulation(
                 checkpoint, shape=shape, model=value_of(model), sparsity=sparsity, sweep=sweep,
                 tokens=tokens, pattern=value_of(pattern), seed=seed, hardware=hardware,
                 devices=device, seq_len=seq_len, verify=verify, plot=plot,
-                include=tuple(include), exclude=tuple(exclude), progress=progress)
+                include=tuple(include), exclude=tuple(exclude), default_targets=default_targets,
+                progress=progress)
+        targeting_note(result["workload"].get("targeting", {}).get("note"), quiet)
     if as_json:
         emit_json(result)
     else:
         _render(result, layers)
     if result.get("verify") and not result["verify"]["equal"]:
         raise typer.Exit(1)
+
+
+@contextlib.contextmanager
+def _shape_hint() -> Iterator[None]:
+    """A checkpoint whose shapes cannot be inferred: the library says what is missing, this says
+    what simulate offers instead."""
+    try:
+        yield
+    except ShapeError as e:
+        extra = "add a config.json with vocab_size beside it, or " if e.missing == "vocab" else ""
+        raise ShapeError(f"{e}; {extra}simulate a preset with --model NAME or one layer with "
+                         "--shape MxK instead") from None
 
 
 def _t(s: float | None) -> str:
@@ -118,7 +136,7 @@ def _list(out: dict[str, Any], as_json: bool) -> None:
 
 def _render(res: dict[str, Any], show_all: bool) -> None:
     w = res["workload"]
-    head = (f"[bold]{escape(w['label'])}[/]  {w['tokens']:g} tokens per step"
+    head = (f"[bold]{escape(w['label'])}[/]  {w['tokens']:g} token{'' if w['tokens'] == 1 else 's'} per step"
             + (f" (sequences of {w['seq_len']})" if w.get("seq_len") else "")
             + ("" if "sweep" in res else f", targeted sparsity {w['targeted_sparsity']:.4f}"))
     console.print(head, highlight=False, soft_wrap=True)

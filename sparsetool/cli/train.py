@@ -26,6 +26,7 @@ from sparsetool.cli._params import (
 )
 from sparsetool.masks.distributions import DISTRIBUTIONS
 from sparsetool.train.config import ALGORITHMS
+from sparsetool.wording import plural
 
 EXAMPLES = (  # the end of --help: each runs as written (the corpus is Python's own source)
     "sparsetool train -o runs/rigl --steps 500 --algorithm rigl --sparsity 0.75",
@@ -192,7 +193,7 @@ class _Progress:
         sp = f", sparsity {info['sparsity']:.1%}" if info["sparsity"] else ""
         self.console.print(
             f"GPT {m['n_layer']}L d{m['d_model']} h{m['n_head']} ctx {m['context']}: "
-            f"{info['params']:,} parameters{sp}; {info['world_size']} process(es), global batch "
+            f"{plural(info['params'], 'parameter')}{sp}; {plural(info['world_size'], 'process', 'processes')}, global batch "
             f"{info['global_batch']} x {m['context']} bytes; {info['device']} {info['precision']}",
             highlight=False, soft_wrap=True,
         )

@@ -117,8 +117,7 @@ def get_preset(name: str) -> ModelConfig:
         return PRESETS[name.strip().lower()]
     except KeyError:
         raise ConfigError(
-            f"unknown model preset '{name}'; known presets: {', '.join(PRESETS)} "
-            "(or describe the model with --config FILE)"
+            f"unknown model preset '{name}'; known presets: {', '.join(PRESETS)}"
         ) from None
 
 
@@ -155,7 +154,7 @@ def from_hf_config(d: Mapping[str, Any], name: str = "hf-model") -> ModelConfig:
     """
     if d.get("num_local_experts") or d.get("num_experts"):
         raise ConfigError(f"config '{name}' is a mixture-of-experts model; Appendix F covers dense "
-                          "FFNs only, describe the active FFN with --config FILE")
+                          "FFNs only; describe the FFN active per token in a model file of sparsetool's own keys")
     vals = {f: _first(d, keys) for f, keys in _HF_KEYS.items()}
     missing = [f"{f} ({' / '.join(_HF_KEYS[f])})" for f in ("n_layers", "d_model", "n_heads", "vocab")
                if vals[f] is None]

@@ -27,6 +27,7 @@ from typing import Mapping, Sequence
 from sparsetool.errors import ConfigError
 from sparsetool.flops.config import ModelConfig
 from sparsetool.options import parse_sparsity
+from sparsetool.wording import plural
 
 TERMS = ("qkv", "attn_logits", "softmax", "attn_values", "attn_out", "ffn", "logits", "embeddings")
 """Keys of :func:`forward_terms`, in the order Appendix F lists them (embeddings last: optional)."""
@@ -56,7 +57,7 @@ def layer_sparsities(cfg: ModelConfig, sparsity: float | LayerSparsity) -> list[
     if len(sparsity) != cfg.n_layers:
         raise ConfigError(
             f"per-layer sparsity has {len(sparsity)} entries but model '{cfg.name}' has "
-            f"{cfg.n_layers} layers"
+            f"{plural(cfg.n_layers, 'layer')}"
         )
     out = []
     for i, m in enumerate(sparsity):

@@ -18,14 +18,15 @@ nonzero`` (plain dicts or any object with those attributes) and rebuilds the App
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from sparsetool.checkpoint.config import read_model_config as read_hf_config
-from sparsetool.errors import CheckpointError
+from sparsetool.errors import CheckpointError, ShapeError
 from sparsetool.flops.config import ModelConfig
 from sparsetool.flops.formula import ROLES
+from sparsetool.wording import plural
 
 _LAYER_RE = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 
@@ -39,6 +40,7 @@ class InferredModel:
     params: dict[str, float]  # {"total", "nonzero"} over floating tensors
     targeted_sparsity: float
     notes: list[str] = field(default_factory=list)
+    targeting: dict[str, Any] = field(default_factory=dict)  # from_checkpoint: targets.recorded summary
 
 
 def _get(row: Any, key: str) -> Any:
@@ -51,9 +53,8 @@ def _other_side(name: str, shape: tuple[int, ...], d_model: int) -> int:
         return b
     if b == d_model:
         return a
-    raise CheckpointError(
-        f"tensor '{name}' has shape {list(shape)}, neither side equals d_model={d_model}; "
-        "describe the model with --config FILE instead of --checkpoint"
+    raise ShapeError(
+        f"tensor '{name}' has shape {list(shape)}, neither side equals d_model={d_model}"
     )
 
 
@@ -98,16 +99,15 @@ def infer_model(
             continue
         floating.append(r)
     if not floating:
-        raise CheckpointError(f"'{name}' holds no floating-point tensors to account")
+        raise ShapeError(f"'{name}' holds no floating-point tensors to account")
 
     def shape_of(r: Any) -> tuple[int, ...]:
         return tuple(int(x) for x in _get(r, "shape"))
 
     linear = [r for r in floating if _get(r, "role") in ROLES and len(shape_of(r)) == 2]
     if not linear:
-        raise CheckpointError(
-            f"'{name}' has no attention or feed-forward weight matrices that sparsetool recognises; "
-            "describe the model with --config FILE instead"
+        raise ShapeError(
+            f"'{name}' has no attention or feed-forward weight matrices that sparsetool recognises"
         )
     embeds = [r for r in floating if _get(r, "role") == "embedding" and len(shape_of(r)) == 2]
     heads = [r for r in floating if _get(r, "role") == "head" and len(shape_of(r)) == 2]
@@ -121,9 +121,8 @@ def infer_model(
         for r in linear[1:]:
             common &= set(shape_of(r))
         if len(common) != 1:
-            raise CheckpointError(
-                f"cannot tell d_model of '{name}' (no token embedding, no config.json); "
-                "describe the model with --config FILE"
+            raise ShapeError(
+                f"cannot tell d_model of '{name}' (no token embedding, no config.json)"
             )
         d_model = common.pop()
     d_model = int(d_model)
@@ -136,7 +135,7 @@ def infer_model(
             continue
         layers.setdefault(int(m.group(1)), {}).setdefault(_get(r, "role"), []).append(r)
     if not layers:
-        raise CheckpointError(f"no layer index found in the tensor names of '{name}'")
+        raise ShapeError(f"no layer index found in the tensor names of '{name}'")
 
     shapes_seen: set[tuple[int, int, int, int]] = set()
     layer_sparsity: list[dict[str, float]] = []
@@ -144,9 +143,9 @@ def infer_model(
         by_role = layers[idx]
         missing = [ro for ro in ("qkv", "ffn_out") if ro not in by_role]
         if missing:
-            raise CheckpointError(
-                f"layer {idx} of '{name}' has no {' or '.join(missing)} weight; cannot infer its "
-                "shape, describe the model with --config FILE"
+            raise ShapeError(
+                f"layer {idx} of '{name}' has no {' or '.join(missing)} weight, so its shape cannot "
+                "be inferred"
             )
         width = {ro: sum(_other_side(_get(r, "name"), shape_of(r), d_model) for r in rs)
                  for ro, rs in by_role.items()}
@@ -161,16 +160,16 @@ def infer_model(
             sp[ro] = 1.0 - sum(int(_get(r, "nonzero")) for r in t) / numel if numel else 0.0
         layer_sparsity.append(sp)
     if len(shapes_seen) != 1:
-        raise CheckpointError(
-            f"the layers of '{name}' differ in shape ({len(shapes_seen)} variants); flops assumes "
-            "identical layers, describe the model with --config FILE"
+        raise ShapeError(
+            f"the layers of '{name}' differ in shape ({len(shapes_seen)} variants); the "
+            "Appendix-F count assumes identical layers"
         )
     qkv_w, kh, f, ffn_in_w = shapes_seen.pop()
     ratio = ffn_in_w / f
     if ratio not in (1.0, 2.0):
-        raise CheckpointError(
+        raise ShapeError(
             f"feed-forward input width {ffn_in_w} is not 1x or 2x the output width {f} in "
-            f"'{name}'; describe the model with --config FILE"
+            f"'{name}'"
         )
 
     # Heads: config.json, else an assumed head size.
@@ -184,16 +183,16 @@ def infer_model(
         n_heads = kh // d_head
         notes.append(
             f"no head count in a config.json beside the checkpoint: assumed d_head={d_head}, "
-            f"so {n_heads} heads (this only changes the softmax term 3*h*s*s)"
+            f"so {plural(n_heads, 'head')} (this only changes the softmax term 3*h*s*s)"
         )
     kv_w = (qkv_w - kh) / 2
     n_kv = _pick(hf_config, "num_key_value_heads")
     if n_kv is None and kv_w != kh:
         n_kv = kv_w / d_head
     if n_kv is not None and (int(n_kv) != n_kv or int(n_kv) * d_head != kv_w):
-        raise CheckpointError(
+        raise ShapeError(
             f"q/k/v widths of '{name}' ({qkv_w} in all, attention output {kh}) do not fit "
-            f"{n_heads} heads of {d_head}; give the heads in a config.json or use --config FILE"
+            f"{plural(n_heads, 'head')} of {d_head}; give the heads in a config.json beside it"
         )
     n_kv = int(n_kv) if n_kv is not None and int(n_kv) != n_heads else None
 
@@ -205,7 +204,8 @@ def infer_model(
         else:
             vocab = _pick(hf_config, "vocab_size")
         if vocab is None:
-            raise CheckpointError(f"cannot tell the vocabulary size of '{name}'; pass --vocab")
+            raise ShapeError(f"cannot tell the vocabulary size of '{name}' (no token embedding, "
+                             "no LM head, no vocab_size in a config.json)", missing="vocab")
     if seq_len is None:
         if positions:
             seq_len = shape_of(positions[0])[0]
@@ -243,28 +243,34 @@ def from_checkpoint(
     seq_len: int | None = None,
     vocab: int | None = None,
     progress: Any = None,
+    default_targets: bool = False,
 ) -> InferredModel:
     """Count the non-zeros of the checkpoint at ``path`` and infer its shapes (reads every
-    tensor once; the checkpoint reader, and torch with it, is imported only here)."""
+    tensor once; the checkpoint reader, and torch with it, is imported only here). Without
+    ``include``/``exclude``, a checkpoint pruned with globs is measured on the tensors prune
+    targeted, unless ``default_targets`` (:mod:`sparsetool.targets.recorded`)."""
     try:
         from sparsetool.checkpoint.counting import tensor_counts
     except ImportError as e:
         raise CheckpointError(
-            f"--checkpoint needs the checkpoint reader, which failed to load ({e}); "
-            "describe the model with --model or --config instead"
+            f"reading a checkpoint needs the checkpoint reader (and torch), which failed to load "
+            f"({e}); reinstall sparsetool with its dependencies"
         ) from None
-    from sparsetool.targets import plan_targets
+    from sparsetool.checkpoint import open_checkpoint
+    from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary
 
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"checkpoint '{path}' not found; pass a .safetensors file or a directory")
     counts = tensor_counts(p, progress=progress, label="report")
     hf_config = read_hf_config(p)
-    plan = plan_targets([(t.name, t.shape, t.dtype) for t in counts], hf_config, include, exclude,
-                        source=p.name)
+    with open_checkpoint(p) as ck:
+        metadata = ck.metadata()
+    plan = plan_checkpoint_targets([(t.name, t.shape, t.dtype) for t in counts], hf_config, metadata,
+                                   include, exclude, default_targets=default_targets, source=p.name)
     rows = [dict(name=t.name, shape=t.shape, dtype=t.dtype, numel=t.numel, nonzero=t.nonzero,
                  role=plan[t.name].role, targeted=plan[t.name].targeted)
             for t in counts]
     name = p.name.removesuffix(".safetensors") or str(p)
-    return infer_model(rows, name=name, hf_config=hf_config,
-                       seq_len=seq_len, vocab=vocab)
+    inferred = infer_model(rows, name=name, hf_config=hf_config, seq_len=seq_len, vocab=vocab)
+    return replace(inferred, targeting=targeting_summary(plan))

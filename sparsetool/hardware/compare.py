@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from sparsetool.hardware.devices import PASSES, Cost, Dataflow, Device, Refused
 from sparsetool.hardware.workload import Workload
+from sparsetool.wording import plural
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -97,7 +98,7 @@ def simulate(wl: Workload, devices: Mapping[str, Device] | Iterable[Device]) -> 
                 fell_back = sum(1 for ly, p in zip(wl.layers, paths) if not ly.is_dense and p == "dense")
                 if fell_back:
                     entry["notes"].append(
-                        f"{fell_back} of {len(sparse_layers)} sparse layers run the dense kernel, which is "
+                        f"{fell_back} of {plural(len(sparse_layers), 'sparse layer')} run the dense kernel, which is "
                         "faster at their sparsity (each non-zero carries an index; set dense_fallback = "
                         "false in a --hardware file to force the sparse kernel)")
                 b = results["forward"]["breakdown"]
@@ -130,6 +131,7 @@ def simulate(wl: Workload, devices: Mapping[str, Device] | Iterable[Device]) -> 
             "train_flops": {"dense": 3 * dense_flops, "sparse": 3 * sparse_flops},
             "untargeted_forward_flops": wl.untargeted_flops,
             "theoretical": theo, "notes": wl.notes,
+            **({"targeting": wl.targeting} if wl.targeting else {}),
         },
         "devices": out_devices,
         "layers": layers,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from sparsetool.hardware.layers import LayerMask
+from sparsetool.wording import plural
 
 PASSES = ("forward", "backward_data", "backward_weight")
 
@@ -183,7 +184,7 @@ class Dataflow(Device):
         small = [ly for ly in layers if ly.out_features < self.groups_m or ly.in_features < self.groups_k]
         if small:
             ly = small[0]
-            out.append(f"{len(small)} of {len(layers)} layers have fewer rows or columns than the "
+            out.append(f"{len(small)} of {plural(len(layers), 'layer')} have fewer rows or columns than the "
                        f"{self.groups_m} x {self.groups_k} core-group grid (e.g. {ly.name}, "
                        f"{ly.out_features} x {ly.in_features}): they use only min(grid, shape) groups")
         if self.weight_streaming:
@@ -267,7 +268,7 @@ class Sparse24GPU(DenseGPU):
         if "backward_data" in passes:
             bad = [ly for ly in sparse if not self._fits(ly, "backward_data")]
             if bad:
-                out.append(f"backward-data runs dense in {len(bad)} of {len(sparse)} sparse layers: "
+                out.append(f"backward-data runs dense in {len(bad)} of {plural(len(sparse), 'sparse layer')}: "
                            "W^T is not 2:4 along the output dimension")
         if "backward_weight" in passes and sparse:
             out.append("backward-weight runs dense (the weight gradient is a dense product)")

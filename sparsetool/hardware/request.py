@@ -86,6 +86,7 @@ def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = 
                    hardware: Optional[Path] = None, devices: Sequence[str] = (),
                    seq_len: Optional[int] = None, verify: bool = False, plot: Optional[Path] = None,
                    include: Sequence[str] = (), exclude: Sequence[str] = (),
+                   default_targets: bool = False,
                    progress: Optional[Progress] = None) -> dict[str, Any]:
     """Simulate exactly one of ``checkpoint`` (its real masks), ``shape`` (``"MxK"``, a seeded
     ``pattern`` mask) or ``model`` (a flops preset, random masks) on ``devices``.
@@ -96,15 +97,19 @@ def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = 
     a random ``shape``) and ``"plot"`` (the PNG written). ``verify`` adds ``"verify"``: the
     zero-skipping schedule executed on one mask (the checkpoint's smallest pruned matrix, else
     the last point's) and compared with the dense masked matmul. ``include``/``exclude`` are the
-    tensor globs of :func:`sparsetool.targets.plan_targets`, for a checkpoint only.
+    tensor globs of :func:`sparsetool.targets.plan_targets`, for a checkpoint only; without them a
+    checkpoint pruned with globs is simulated on the tensors prune targeted, unless
+    ``default_targets``. With a checkpoint the workload holds ``"targeting"``
+    (:func:`sparsetool.targets.recorded.targeting_summary`).
     """
     chosen, _ = select_devices(hardware, devices)
     if sum(x is not None for x in (checkpoint, shape, model)) != 1:
         raise ConfigError("give exactly one of CHECKPOINT, --shape MxK or --model NAME")
     if pattern != "random" and shape is None:
         raise ConfigError("--pattern applies to --shape only")
-    if (include or exclude) and checkpoint is None:
-        raise ConfigError("--include/--exclude select a checkpoint's tensors: give CHECKPOINT")
+    if (include or exclude or default_targets) and checkpoint is None:
+        raise ConfigError("--include/--exclude/--default-targets select a checkpoint's tensors: "
+                          "give CHECKPOINT")
     sps = parse_sparsities(sparsity, sweep or (plot is not None and sparsity is None
                                                and checkpoint is None))
     grids = presets.dataflow_grids(list(chosen.values()))
@@ -113,7 +118,8 @@ def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = 
         if sps:
             raise ConfigError("a checkpoint brings its own masks: drop --sparsity/--sweep/--plot, or "
                               "use --model NAME --sparsity S for synthetic ones")
-        wl = _from_checkpoint(Path(checkpoint), tokens, grids, seq_len, include, exclude, progress)
+        wl = _from_checkpoint(Path(checkpoint), tokens, grids, seq_len, include, exclude,
+                              default_targets, progress)
         make = None
         verify_mask = _checkpoint_mask(Path(checkpoint), wl) if verify else None
     else:
@@ -189,10 +195,11 @@ def _sweep(wl: Workload, make: Optional[Maker], sps: list[float], devices: dict[
 
 def _from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
                      seq_len: Optional[int], include: Sequence[str], exclude: Sequence[str],
-                     progress: Optional[Progress]) -> Workload:
+                     default_targets: bool, progress: Optional[Progress]) -> Workload:
     report = None if progress is None else (lambda done, total, name: progress("masks", done, total))
     return wlmod.from_checkpoint(path, tokens, grids, seq_len=seq_len, progress=report,
-                                 include=tuple(include), exclude=tuple(exclude))
+                                 include=tuple(include), exclude=tuple(exclude),
+                                 default_targets=default_targets)
 
 
 def _checkpoint_mask(path: Path, wl: Workload) -> np.ndarray:

@@ -17,6 +17,7 @@ import numpy as np
 
 from sparsetool.errors import CheckpointError, ConfigError
 from sparsetool.hardware.layers import LayerMask, sampled_random, stats_from_mask, synthetic_mask
+from sparsetool.wording import plural
 
 UNTARGETED_TERMS = ("attn_logits", "softmax", "attn_values", "logits")
 """Appendix-F forward terms that stay dense under weight sparsity (embeddings are excluded, as
@@ -34,6 +35,7 @@ class Workload:
     untargeted_flops: float = 0.0  # forward, whole step
     seq_len: int | None = None
     notes: list[str] = field(default_factory=list)
+    targeting: dict[str, Any] = field(default_factory=dict)  # checkpoint: targets.recorded summary
 
     @property
     def sparsity(self) -> float:
@@ -57,7 +59,7 @@ def parse_shape(text: str) -> tuple[int, int]:
         raise ConfigError(f"--shape needs positive sizes, got '{text}'")
     if m * k > MAX_SHAPE_ENTRIES:
         raise ConfigError(
-            f"--shape {text} has {m * k:,} weights; a synthetic mask that large does not fit in "
+            f"--shape {text} has {plural(m * k, 'weight')}; a synthetic mask that large does not fit in "
             f"memory here (limit {MAX_SHAPE_ENTRIES:,}): use --model for whole models"
         )
     return m, k
@@ -121,17 +123,21 @@ def from_model(cfg: Any, sparsity: float, tokens: float, grids: list[tuple[int, 
 def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
                     seq_len: int | None = None,
                     progress: Callable[[int, int, str], None] | None = None, *,
-                    include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Workload:
+                    include: Sequence[str] = (), exclude: Sequence[str] = (),
+                    default_targets: bool = False) -> Workload:
     """The real mask of every targeted matrix in the checkpoint at ``path``.
 
     The mask is the encoding's when there is one (True = kept), else ``weight != 0``. Shapes for
     the dense work are inferred as ``sparsetool flops --checkpoint`` infers them. ``include`` and
-    ``exclude`` choose the targeted tensors as for ``prune`` (:func:`sparsetool.targets.plan_targets`).
+    ``exclude`` choose the targeted tensors as for ``prune`` (:func:`sparsetool.targets.plan_targets`);
+    without them the globs the checkpoint was pruned with, unless ``default_targets``
+    (:func:`sparsetool.targets.recorded.plan_checkpoint_targets`).
     """
     from sparsetool.checkpoint import open_checkpoint
     from sparsetool.checkpoint.config import read_model_config
     from sparsetool.flops import infer_model
-    from sparsetool.targets import plan_targets
+    from sparsetool.targets.order import tensor_sort_key
+    from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary
 
     tokens = _check_tokens(tokens)
     path = Path(path)
@@ -140,8 +146,10 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     layers: list[LayerMask] = []
     rows: list[dict[str, Any]] = []
     with open_checkpoint(path) as ck:
-        plan = plan_targets(ck.logical, ck.config, include, exclude, source=path.name)
+        plan = plan_checkpoint_targets(ck.logical, ck.config, ck.metadata(), include, exclude,
+                                       default_targets=default_targets, source=path.name)
         todo = [lt for lt in ck.logical if plan[lt.name].targeted and len(lt.shape) == 2]
+        todo.sort(key=lambda lt: tensor_sort_key(lt.name, plan[lt.name].role))  # layer 2 before 10
         names = {lt.name for lt in todo}
         for lt in ck.logical:
             if lt.name not in names:  # shapes only: nothing to read
@@ -168,5 +176,5 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
                               "use --shape MxK or --model NAME instead")
     inferred = infer_model(rows, name=path.name, hf_config=read_model_config(path), seq_len=seq_len)
     flops, seq = untargeted_flops(inferred.config, tokens)
-    return Workload(f"{path.name} ({len(layers)} pruned matrices, real masks)", "checkpoint",
-                    tokens, layers, flops, seq, list(inferred.notes))
+    return Workload(f"{path.name} ({plural(len(layers), 'pruned matrix', 'pruned matrices')}, real masks)", "checkpoint",
+                    tokens, layers, flops, seq, list(inferred.notes), targeting_summary(plan))

@@ -51,6 +51,7 @@ from sparsetool.masks.kernel import (
     magnitude_keys,
     threshold_mask,
 )
+from sparsetool.wording import plural
 
 __all__ = [
     "MagnitudeHistogram", "TensorPlan", "GlobalPlan", "global_threshold_plan", "apply_threshold",
@@ -272,7 +273,7 @@ def apply_threshold(w: Tensor, plan: TensorPlan, existing: Tensor | None = None)
     kept = count(out)
     if kept != plan.kept or (plan.ties and not can_tie):
         raise SparsetoolError(
-            f"the plan keeps {plan.kept} weights of this tensor but its threshold keeps {kept}; "
+            f"the plan keeps {plural(plan.kept, 'weight')} of this tensor but its threshold keeps {kept}; "
             "did the tensor change between passes?"
         )
     return out.reshape(w.shape)

@@ -22,6 +22,8 @@ import torch
 from sparsetool.checkpoint import open_checkpoint
 from sparsetool.errors import SparsetoolError
 from sparsetool.targets import LINEAR_ROLES, conv1d_layout, input_dim, is_floating, plan_targets, role
+from sparsetool.targets.order import SEPARATE_QKV, layer_index, tensor_sort_key
+from sparsetool.wording import plural
 
 __all__ = ["KINDS", "Stats", "DiffRow", "DiffResult", "diff", "split_parts", "matrix_kind", "layer_index",
            "plot_diff"]
@@ -34,12 +36,8 @@ split; ``other`` a tensor targeted through ``include`` that is none of the linea
 
 _CHUNK = 1 << 22  # elements per float64 chunk: 32 MiB per operand
 
-# Separate projections: leaf module name -> kind.
-_SEPARATE = {
-    **dict.fromkeys(["q_proj", "query", "wq", "q_lin", "q", "q_attn", "proj_q_dense_layer"], "Q"),
-    **dict.fromkeys(["k_proj", "key", "wk", "k_lin", "k", "proj_k_dense_layer"], "K"),
-    **dict.fromkeys(["v_proj", "value", "wv", "v_lin", "v", "proj_v_dense_layer"], "V"),
-}
+# Separate projections: leaf module name -> kind (the same table orders listings).
+_SEPARATE = SEPARATE_QKV
 # Fused projections stored as [Q; K; V] along the output dimension.
 _CONCATENATED = {"c_attn", "qkv", "qkv_proj", "w_pack", "in_proj"}
 # GPT-NeoX and Bloom store query_key_value per head: rows are (heads, [q, k, v], head_dim).
@@ -177,11 +175,6 @@ class DiffResult:
         return {"tensors": [r.to_json() for r in self.rows], "summary": self.summary}
 
 
-def layer_index(name: str) -> int | None:
-    """The first all-digit component of ``name`` (``h.3``, ``layers.3``): its block; None outside blocks."""
-    return next((int(p) for p in name.split(".") if p.isdigit()), None)
-
-
 def _leaf(name: str) -> str:
     if name.endswith("in_proj_weight"):
         return "in_proj"
@@ -240,7 +233,7 @@ def split_parts(name: str, shape: Sequence[int], config: Mapping | None = None) 
             return fused, f"{name}: not split into Q, K, V ({why})"
         rows, cols = shape
         if rows % (3 * heads):
-            return fused, f"{name}: {rows} rows do not split into {heads} heads of q, k, v"
+            return fused, f"{name}: {plural(rows, 'row')} do not split into {plural(heads, 'head')} of q, k, v"
         hd = rows // (3 * heads)
         return [(k, k, (lambda t, i=i: t.reshape(heads, 3, hd, cols)[:, i].reshape(heads * hd, cols)))
                 for i, k in enumerate("QKV")], None
@@ -315,9 +308,9 @@ def diff(a: str | Path, b: str | Path, *, include: Sequence[str] = (), exclude: 
             del ta, tb
             if progress:
                 progress("diff", i + 1, len(todo))
-    # files keep tensors in name or dtype order; the table reads better by layer, then Q K V ...
-    order = {k: i for i, k in enumerate(KINDS)}
-    result.rows.sort(key=lambda r: (r.layer is None, r.layer or 0, order[r.kind], r.name))
+    # files keep tensors in name or dtype order; the table reads better by layer, then role (the one
+    # listing order, sparsetool.targets.order); a fused tensor's Q, K, V parts keep their order
+    result.rows.sort(key=lambda r: tensor_sort_key(r.name, plan[r.name].role))
     return result
 
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from sparsetool.errors import SparsetoolError
 from sparsetool.ops.lm import LM, MAX_DEFAULT_SEQ, open_lm, read_text
+from sparsetool.wording import plural
 
 Progress = Callable[[str, int, int], None]
 
@@ -174,7 +175,7 @@ def evaluate(paths: Sequence[str | Path], text: str | Path | None = None, seq: i
         enc = lm.encode(text)
         ids = enc.ids[:max_tokens] if max_tokens else enc.ids
         if len(ids) < 2:
-            raise SparsetoolError(f"{path}: the text is {len(ids)} token(s) long for this model's "
+            raise SparsetoolError(f"{path}: the text is {plural(len(ids), 'token')} long for this model's "
                                   "tokenizer; give a text of at least two tokens")
         n_seq = seq or min(lm.context, MAX_DEFAULT_SEQ)
         if n_seq > lm.context:

@@ -45,6 +45,8 @@ from sparsetool.masks.select import (
     random_mask,
 )
 from sparsetool.targets import TargetPlan, plan_targets
+from sparsetool.targets.order import sort_names, tensor_sort_key
+from sparsetool.wording import plural, some_names
 from sparsetool.checkpoint.zeros import count_nonzero, nonzero_mask
 
 
@@ -74,21 +76,49 @@ def targeted_tensors(ckpt: Checkpoint, include: Sequence[str] = (), exclude: Seq
     return [lt for lt in ckpt.logical if plan[lt.name].targeted]
 
 
+def _count_inf(t: torch.Tensor, chunk: int = 1 << 24) -> int:
+    """+-inf entries of ``t`` (fp8 has no isinf kernel: it is widened a chunk at a time)."""
+    if not t.is_floating_point():
+        return 0
+    if t.element_size() > 1:
+        return int(torch.isinf(t).sum())
+    flat = t.reshape(-1)
+    return sum(int(torch.isinf(flat[i:i + chunk].float()).sum()) for i in range(0, flat.numel(), chunk))
+
+
+def _check_finite(ckpt: Checkpoint, lt: LogicalTensor, dense: torch.Tensor,
+                  mask: torch.Tensor | None, nan_means_pruned: bool) -> None:
+    """Refuse a targeted tensor holding NaN or +-inf: no magnitude ranks them (a NaN is neither
+    large nor small, an inf would always be kept) and a mask would carry them into the output.
+
+    The exception is an input recorded as written in the ``nan`` encoding, where NaN means pruned.
+    """
+    nan = 0
+    if mask is not None and lt.encoding == "plain" and not nan_means_pruned:
+        nan = lt.numel - int(mask.sum())  # the reader took this tensor's NaNs for pruned weights
+    inf = _count_inf(dense)
+    if nan or inf:
+        found = " and ".join(plural(n, what) for n, what in ((nan, "NaN value"), (inf, "infinite value"))
+                             if n)
+        raise SparsetoolError(
+            f"{ckpt.path}: tensor {lt.name!r} holds {found}; prune refuses them (no "
+            "magnitude ranks a NaN, an inf would always be kept): fix or re-export the weights, "
+            "or leave the tensor out with --exclude. If its "
+            "NaNs mark pruned weights (the nan encoding written without a sparsetool record), run "
+            "'sparsetool densify' on it first and prune the dense copy"
+        )
+
+
 def _existing(ckpt: Checkpoint, lt: LogicalTensor, *,
-              refuse_nan: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              nan_means_pruned: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(dense values, kept mask). Without an encoding, a zero already counts as pruned.
 
-    A plain tensor holding NaN reads as the ``nan`` encoding (NaN = pruned). With ``refuse_nan``
-    that is an error instead: writing NaN sentinels into a tensor whose NaNs were not written as
-    sentinels would make them indistinguishable.
+    A plain tensor holding NaN reads as the ``nan`` encoding (NaN = pruned); unless the input
+    records that it was written in that encoding (``nan_means_pruned``) that is an error, as is
+    an inf (:func:`_check_finite`).
     """
     dense, mask = ckpt.read(lt)
-    if refuse_nan and mask is not None and lt.encoding == "plain":
-        raise SparsetoolError(
-            f"{ckpt.path}: tensor {lt.name!r} already holds NaN, so the nan encoding would make "
-            "its NaNs indistinguishable from pruned weights; pick --encoding zeros or mask, or "
-            "fix the NaN values first"
-        )
+    _check_finite(ckpt, lt, dense, mask, nan_means_pruned)
     alive = nonzero_mask(dense)
     return dense, alive if mask is None else mask & alive
 
@@ -111,7 +141,7 @@ class _Planner:
         self.nonzero_after: dict[str, int] = {}
         self.nonzero_before: dict[str, int] = {}
         # NaN already in the input is a sentinel only if the input says it was written as one.
-        self.refuse_nan = opts.encoding == "nan" and not _recorded_nan_encoding(ckpt)
+        self.nan_ok = _recorded_nan_encoding(ckpt)
         if opts.sparsity is not None and opts.scope == "layer":
             shapes = {lt.name: tuple(lt.shape) for lt in targets}
             self.keep = keep_counts(shapes, opts.sparsity, opts.distribution)
@@ -126,7 +156,7 @@ class _Planner:
         hists: list = []
         total_nnz = 0
         for i, lt in enumerate(self.targets):
-            dense, existing = _existing(self.ckpt, lt)
+            dense, existing = _existing(self.ckpt, lt, nan_means_pruned=self.nan_ok)
             nnz = count_nonzero(existing)
             self.nonzero_before[lt.name] = nnz
             total_nnz += nnz
@@ -148,7 +178,7 @@ class _Planner:
             self.plan = self._global_plan(hists, total_keep)
             if o.encoding == "bitmask":
                 for lt in self.targets:
-                    dense, existing = _existing(self.ckpt, lt)
+                    dense, existing = _existing(self.ckpt, lt, nan_means_pruned=self.nan_ok)
                     self.nonzero_after[lt.name] = count_nonzero(self._mask(lt, dense, existing))
 
     def _global_plan(self, hists: list, total_keep: int):
@@ -158,7 +188,7 @@ class _Planner:
             # have entries in it.
             fine = {}
             for i in plan.refine:
-                dense, existing = _existing(self.ckpt, self.targets[i])
+                dense, existing = _existing(self.ckpt, self.targets[i], nan_means_pruned=self.nan_ok)
                 fine[i] = MagnitudeHistogram.of(dense, existing, refine=plan.refine_bucket)
                 if self.progress:
                     self.progress("refine", len(fine), len(plan.refine))
@@ -204,12 +234,13 @@ class _Planner:
             # Fast path for the common case: with at least `keep` non-zeros, the `keep` largest
             # |w| are all non-zero, so no existing mask needs building (and none is revived).
             dense, found = self.ckpt.read(lt)
+            _check_finite(self.ckpt, lt, dense, found, self.nan_ok)
             if found is None:
                 before = count_nonzero(dense)
                 keep = self._layer_keep(lt)
                 if keep <= before:
                     return dense, magnitude_mask(dense, keep=keep), before
-        dense, existing = _existing(self.ckpt, lt, refuse_nan=self.refuse_nan)
+        dense, existing = _existing(self.ckpt, lt, nan_means_pruned=self.nan_ok)
         mask = self._mask(lt, dense, existing)
         before = self.nonzero_before.get(lt.name)
         if before is None:
@@ -220,6 +251,20 @@ class _Planner:
 def _spec(ckpt: Checkpoint, name: str) -> TensorSpec:
     e = ckpt.entry(name)
     return TensorSpec(name, e.dtype, tuple(e.shape))
+
+
+def _dtypes(plan: TargetPlan, names: Sequence[str]) -> str:
+    return "/".join(sorted({plan[n].dtype for n in names}))
+
+
+def dtype_skipped_note(plan: TargetPlan) -> str | None:
+    """One line naming the tensors left alone only for their integer or bool dtype, or None."""
+    skipped = sort_names(plan.dtype_skipped)
+    if not skipped:
+        return None
+    return (f"{plural(len(skipped), 'tensor')} left unpruned for {'its' if len(skipped) == 1 else 'their'} "
+            f"{_dtypes(plan, skipped)} dtype (only floating-point weights are pruned): "
+            f"{some_names(skipped)}")
 
 
 def _tensor_seed(seed: int, name: str) -> int:
@@ -237,6 +282,14 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
     plan = checkpoint_plan(ckpt, opts.include, opts.exclude)  # the one targeting decision
     targets = targeted_tensors(ckpt, plan=plan)
     if not targets:
+        skipped = sort_names(plan.dtype_skipped)
+        if skipped:
+            raise SparsetoolError(
+                f"{src}: no tensor is targeted: {plural(len(skipped), 'tensor')} that would be "
+                f"({some_names(skipped)}) {'is' if len(skipped) == 1 else 'are'} "
+                f"{_dtypes(plan, skipped)}, not floating-point, and integer or bool weights cannot "
+                "be pruned; prune the floating-point checkpoint before quantizing it"
+            )
         if opts.include:
             raise SparsetoolError(
                 f"{src}: --include {' '.join(opts.include)} matches no floating-point tensor with 2 "
@@ -254,6 +307,9 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
 
     target_names = {lt.name for lt in targets}
     result = PruneResult(output=Path(out), options=opts)
+    note = dtype_skipped_note(plan)
+    if note:
+        result.notes.append(note)
     metadata = provenance_metadata(ckpt.metadata(), {"command": "prune", **options_record(opts)})
     done = 0
     def config_transform(config: dict) -> dict:
@@ -295,6 +351,7 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
                         progress("prune", done, len(targets))
     if ckpt.is_dir and ckpt.config is not None and opts.encoding in LOADER_WARNINGS:
         result.warnings.append(LOADER_WARNINGS[opts.encoding].format(out=out))
+    result.tensors.sort(key=lambda t: tensor_sort_key(t.name, plan[t.name].role))  # as report lists
     return result
 
 

@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 from sparsetool.checkpoint import open_checkpoint
 from sparsetool.checkpoint.counting import count_nonzero
 from sparsetool.checkpoint.dtypes import is_floating, torch_name
-from sparsetool.targets import plan_targets
+from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary
+from sparsetool.targets.order import tensor_sort_key
 
 Progress = Callable[[str, int, int], None]
 
@@ -47,6 +48,7 @@ class Report:
     path: Path
     tensors: list[TensorRow] = field(default_factory=list)
     bytes_on_disk: int = 0
+    targeting: dict = field(default_factory=dict)  # targets.recorded.targeting_summary
 
     def _sum(self, attr: str, targeted_only: bool) -> int:
         return sum(getattr(t, attr) for t in self.tensors
@@ -54,7 +56,10 @@ class Report:
 
     @property
     def summary(self) -> dict:
+        """Sparsities over the floating-point tensors (the only ones prune targets); integer and
+        bool tensors (quantized weights, index buffers) are counted apart as ``non_float_*``."""
         numel, nonzero = self._sum("numel", False), self._sum("nonzero", False)
+        other = [t for t in self.tensors if not is_floating(t.dtype)]
         t_numel, t_nonzero = self._sum("numel", True), self._sum("nonzero", True)
         return {
             "targeted_sparsity": 1.0 - t_nonzero / t_numel if t_numel else 0.0,
@@ -66,6 +71,11 @@ class Report:
             "targeted_tensors": sum(1 for t in self.tensors if t.targeted),
             "tensors": len(self.tensors),
             "bytes": self.bytes_on_disk,
+            "targeting": dict(self.targeting),
+            "non_float_numel": sum(t.numel for t in other),
+            "non_float_nonzero": sum(t.nonzero for t in other),
+            "non_float_tensors": len(other),
+            "non_float_dtypes": sorted({t.dtype for t in other}),
         }
 
     def to_json(self) -> dict:
@@ -73,15 +83,19 @@ class Report:
 
 
 def summarize(path: str | Path, include: Sequence[str] = (), exclude: Sequence[str] = (), *,
-              progress: Progress | None = None) -> Report:
+              default_targets: bool = False, progress: Progress | None = None) -> Report:
     """Read every tensor of the checkpoint at ``path`` once and count its non-zeros.
 
     ``include``/``exclude`` change which tensors count as targeted, as for ``prune`` (see
-    :func:`sparsetool.targets.plan_targets`); a glob matching no tensor name is an error.
+    :func:`sparsetool.targets.plan_targets`); a glob matching no tensor name is an error. Without
+    them, a checkpoint pruned with globs counts the tensors prune targeted, unless
+    ``default_targets`` (see :func:`sparsetool.targets.recorded.plan_checkpoint_targets`).
     """
     ckpt = open_checkpoint(path)
-    plan = plan_targets(ckpt.logical, ckpt.config, include, exclude, source=ckpt.path.name)
-    report = Report(path=Path(path), bytes_on_disk=ckpt.nbytes_on_disk)
+    plan = plan_checkpoint_targets(ckpt.logical, ckpt.config, ckpt.metadata(), include, exclude,
+                                   default_targets=default_targets, source=ckpt.path.name)
+    report = Report(path=Path(path), bytes_on_disk=ckpt.nbytes_on_disk,
+                    targeting=targeting_summary(plan))
     total = len(ckpt.logical)
     for i, lt in enumerate(ckpt.logical):
         entry = plan[lt.name]
@@ -93,6 +107,8 @@ def summarize(path: str | Path, include: Sequence[str] = (), exclude: Sequence[s
         ))
         if progress:
             progress("report", i + 1, total)
+    # listed by layer as a number, then role (files keep names in lexicographic order)
+    report.tensors.sort(key=lambda t: tensor_sort_key(t.name, t.role))
     return report
 
 

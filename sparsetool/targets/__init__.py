@@ -123,6 +123,8 @@ class TargetPlan:
     exclude: tuple[str, ...] = ()
     conv1d: bool | None = None
     targeted: list[str] = field(init=False)
+    recorded_by: str | None = None  # the command whose recorded globs these are (targets.recorded)
+    dtype_skipped: list[str] = field(default_factory=list)  # targeted but for their (integer, bool) dtype
 
     def __post_init__(self) -> None:
         self.targeted = [n for n, e in self.entries.items() if e.targeted]
@@ -203,7 +205,8 @@ def plan_targets(
     tensors of any role, ``exclude`` removes tensors, exclude wins; both are
     :func:`fnmatch.fnmatchcase` globs over the full name and may be repeated (see
     :func:`is_targeted` for what is never targeted). ``select`` (the Model Zoo ``param_filter``)
-    replaces the default roles by globs. An ``include`` or ``exclude`` glob that matches no tensor
+    replaces the default roles by globs. The plan's ``dtype_skipped`` lists the tensors that would
+    be targeted were they floating-point (quantized integer or bool weights). An ``include`` or ``exclude`` glob that matches no tensor
     name at all is a :class:`~sparsetool.errors.ConfigError` naming ``source``: it is almost
     always a typo, and silently pruning the default set instead would hide it.
 
@@ -225,10 +228,14 @@ def plan_targets(
                                   f"tensor names look like: {looks}")
     conv1d = conv1d_layout(config)
     entries: dict[str, TargetEntry] = {}
+    dtype_skipped: list[str] = []
     for name, shape, dtype in items:
         found = roles[name]
         targeted, reason = _decide(name, shape, dtype, found, include, exclude, select)
         dim = _input_dim(name, shape, conv1d, found)
         entries[name] = TargetEntry(name, shape, str(dtype).removeprefix("torch."), found,
                                     targeted, reason, dim, _layout(shape, dim, found))
-    return TargetPlan(entries, include, exclude, conv1d)
+        if (not targeted and not is_floating(dtype)
+                and _decide(name, shape, "F32", found, include, exclude, select)[0]):
+            dtype_skipped.append(name)
+    return TargetPlan(entries, include, exclude, conv1d, dtype_skipped=dtype_skipped)

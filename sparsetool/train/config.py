@@ -27,6 +27,19 @@ from sparsetool import options
 from sparsetool.errors import ConfigError
 
 ALGORITHMS = ("dense", "static", "gmp", "set", "rigl", "granet", "imp")
+
+FILE_ONLY = ("dropout", "min_lr_ratio", "beta1", "beta2", "eps", "eval_sequences", "keep_last",
+             "log_every")
+"""Settings a ``--config`` file (or the Python API) gives that have no command-line flag."""
+
+
+def setting(key: str) -> str:
+    """How a message names setting ``key``: its flag, or the file key when it has no flag.
+
+    >>> setting("batch_size"), setting("keep_last")
+    ('--batch-size', "'keep_last' (config file)")
+    """
+    return f"'{key}' (config file)" if key in FILE_ONLY else f"--{key.replace('_', '-')}"
 _SECTIONS = ("model", "optimizer", "data", "train", "run")
 
 
@@ -199,11 +212,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
     need(cfg.preset in PRESETS, f"unknown --preset {cfg.preset!r}; choose one of {', '.join(PRESETS)}")
     for name in ("steps", "batch_size", "grad_accum", "eval_sequences", "log_every"):
-        need(int(getattr(cfg, name)) >= 1, f"--{name.replace('_', '-')} must be >= 1")
+        need(int(getattr(cfg, name)) >= 1, f"{setting(name)} must be >= 1")
     for name in ("warmup", "eval_every", "save_every", "keep_last"):
-        need(int(getattr(cfg, name)) >= 0, f"--{name.replace('_', '-')} must be >= 0")
+        need(int(getattr(cfg, name)) >= 0, f"{setting(name)} must be >= 0")
     need(cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}")
-    need(0 <= cfg.min_lr_ratio <= 1, "--min-lr-ratio must be in [0, 1]")
+    need(0 <= cfg.min_lr_ratio <= 1, f"{setting('min_lr_ratio')} must be in [0, 1]")
     need(cfg.weight_decay >= 0, "--weight-decay must be >= 0")
     need(cfg.grad_clip >= 0, "--grad-clip must be >= 0 (0 disables clipping)")
     need(cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"),

@@ -15,6 +15,7 @@ import torch
 from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.train import io
 from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, validate
+from sparsetool.wording import plural
 
 __all__ = ["NullLog", "check_new_run", "interrupted", "restore", "resumed_config", "save_step",
            "title"]
@@ -64,7 +65,8 @@ def restore(checkpoint: Path, world: int, cfg: TrainConfig) -> tuple[dict, dict,
     if int(state.get("world_size", 1)) * cfg.batch_size * cfg.grad_accum != \
             world * cfg.batch_size * cfg.grad_accum:
         raise ConfigError(
-            f"this run was trained on {state.get('world_size', 1)} process(es); resume it "
+            f"this run was trained on {plural(int(state.get('world_size', 1)), 'process', 'processes')}; "
+            "resume it "
             f"with the same number (now {world}) so the global batch stays the same"
         )
     return state, resume, weights

@@ -18,6 +18,7 @@ import torch
 from sparsetool.errors import ConfigError
 from sparsetool.train.config import TrainConfig
 from sparsetool.train.model import PRESETS, GPTConfig, infer_config
+from sparsetool.wording import plural
 
 __all__ = ["check_sparsity", "load_weights", "loaded_sparsity", "masks_from", "model_config"]
 
@@ -43,7 +44,7 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], sourc
     missing = sorted(set(own) - set(weights))
     if missing:
         raise ConfigError(
-            f"--init {source} lacks {len(missing)} tensor(s) of the model, e.g. "
+            f"--init {source} lacks {plural(len(missing), 'tensor')} of the model, e.g. "
             f"{missing[0]!r}; it must be a checkpoint of sparsetool's GPT"
         )
     with torch.no_grad():
