@@ -11,7 +11,7 @@ import signal
 import typer
 
 from sparsetool import __version__
-from sparsetool.cli import densify, diff, flops, prune, report, simulate, train
+from sparsetool.cli import demo, densify, diff, flops, prune, report, simulate, train
 from sparsetool.cli import eval as eval_cli
 from sparsetool.cli._params import epilog
 
@@ -31,6 +31,7 @@ for _name, _module, _function in (
     ("report", report, report.report), ("flops", flops, flops.flops),
     ("train", train, train.train), ("simulate", simulate, simulate.simulate),
     ("eval", eval_cli, eval_cli.eval_command), ("diff", diff, diff.diff),
+    ("demo", demo, demo.demo),
 ):
     app.command(_name, epilog=epilog(getattr(_module, "EXAMPLES", ())))(_function)
 
