@@ -18,6 +18,8 @@ SPDF's second step fine-tunes on it, a different domain from the Python source.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import sysconfig
 from dataclasses import dataclass
@@ -116,9 +118,7 @@ def load_corpus(path: str | Path | None = None, min_bytes: int = 0) -> Corpus:
     least each side must hold (one training sequence plus its target byte).
     """
     if path is None:
-        root, rels = stdlib_files()
-        source = f"Python {sysconfig.get_python_version()} standard library ({root})"
-        corpus = _split_files(root, rels, source)
+        corpus = dataclasses.replace(_stdlib_corpus())
     elif str(path) == ENGLISH:
         named = english_topics()
         val = [text for name, text in named if is_validation(name)]
@@ -149,6 +149,15 @@ def load_corpus(path: str | Path | None = None, min_bytes: int = 0) -> Corpus:
                 "one sequence needs; use more text or a smaller --context"
             )
     return corpus
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib_corpus() -> Corpus:
+    """The built-in corpus, read once per process (``sparsetool demo`` trains on it twice and
+    evaluates on it); its byte arrays are read-only, so sharing them is safe."""
+    root, rels = stdlib_files()
+    source = f"Python {sysconfig.get_python_version()} standard library ({root})"
+    return _split_files(root, rels, source)
 
 
 def _split_files(root: Path, rels: list[str], source: str) -> Corpus:
