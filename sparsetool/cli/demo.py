@@ -39,7 +39,7 @@ def demo(
     own source, fine-tunes the sparse one densely on Python's English help topics (SPDF),
     evaluates all three on held-out Python and English, compares the sparse pre-trained and the
     fine-tuned weights (angular distance per layer and matrix) and counts each run's training
-    FLOPs. Takes about 1.5 minutes on 2 CPU cores with the defaults; nothing is downloaded.
+    FLOPs. With the defaults it takes 1.5-2 minutes on 2 CPU cores; nothing is downloaded.
     """
     from sparsetool.ops.demo import run_demo
 
