@@ -96,7 +96,7 @@ def test_flops_ratios_are_ordered_and_match_the_flops_command(demo):
 @pytest.mark.parametrize("text", ["python", "english"])
 def test_perplexities_are_those_of_sparsetool_eval(demo, text):
     out, s = demo
-    r = run("eval", *[out / n for n in NAMES], "--text", out / "heldout" / f"{text}.txt", "--json")
+    r = run("eval", *[out / n for n in NAMES], "--text", out / "heldout" / f"{text}.txt", "--batch", 32, "--json")
     assert r.exit_code == 0, r.output
     got = [row["perplexity"] for row in json.loads(r.stdout)["checkpoints"]]
     assert got == pytest.approx([m["perplexity"][text] for m in s["models"]], rel=1e-9)
