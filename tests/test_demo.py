@@ -96,7 +96,8 @@ def test_flops_ratios_are_ordered_and_match_the_flops_command(demo):
 @pytest.mark.parametrize("text", ["python", "english"])
 def test_perplexities_are_those_of_sparsetool_eval(demo, text):
     out, s = demo
-    r = run("eval", *[out / n for n in NAMES], "--text", out / "heldout" / f"{text}.txt", "--batch", 32, "--json")
+    r = run("eval", *[out / n for n in NAMES], "--text", out / "heldout" / f"{text}.txt",
+            "--batch", 32, "--json")
     assert r.exit_code == 0, r.output
     got = [row["perplexity"] for row in json.loads(r.stdout)["checkpoints"]]
     assert got == pytest.approx([m["perplexity"][text] for m in s["models"]], rel=1e-9)
@@ -149,10 +150,10 @@ def test_an_interrupted_demo_leaves_nothing(tmp_path):
         if kind == "step" and info["phase"] == "sparse":
             raise KeyboardInterrupt
 
-    out = tmp_path / "new"
+    out = tmp_path / "new" / "demo"
     with pytest.raises(KeyboardInterrupt):
         run_demo(out, steps=2, finetune_steps=1, progress=progress)
-    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []  # the parent it created is gone too
     # an existing empty directory stays, and holds none of the demo's files
     kept = tmp_path / "kept"
     kept.mkdir()

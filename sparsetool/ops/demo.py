@@ -32,6 +32,7 @@ DEFAULT_STEPS = 1000  # per pre-trained model: the whole demo takes 1.5-2 min on
 DEFAULT_FINETUNE_STEPS = 300
 SPARSITY = 0.75
 MODEL = {"preset": "tiny", "n_layer": 2, "n_head": 4, "d_model": 64, "context": 64}
+BATCH = 16  # sequences per step, as sparsetool train's default
 EVAL_BYTES = 64 * 1024  # of each held-out split (the English one is smaller: all of it)
 MARKER = ".sparsetool-demo"  # written first: marks a directory a later demo may replace
 # What a demo writes: a later demo removes these (and nothing else) from its directory.
@@ -72,7 +73,11 @@ def run_demo(output: str | Path = DEFAULT_OUTPUT, *, steps: int = DEFAULT_STEPS,
             raise SparsetoolError(f"{name} {value}: must be at least 1")
     out = Path(output)
     earlier = check_output(out)
-    created = not out.exists()
+    created = out  # the outermost directory this run creates (None: out exists)
+    while not created.parent.exists():
+        created = created.parent
+    if out.exists():
+        created = None
     import torch
 
     threads = torch.get_num_threads()
@@ -83,8 +88,8 @@ def run_demo(output: str | Path = DEFAULT_OUTPUT, *, steps: int = DEFAULT_STEPS,
         (out / MARKER).write_text("sparsetool demo output; `sparsetool demo -o` may replace it\n")
         return _Demo(out, steps, finetune_steps, seed, progress).run()
     except BaseException as e:
-        if created:
-            shutil.rmtree(out, ignore_errors=True)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
         else:
             _remove_products(out)
         if isinstance(e, SparsetoolError) and isinstance(e.__context__, KeyboardInterrupt):
@@ -129,7 +134,7 @@ class _Demo:
         from sparsetool.train.loop import train
 
         cfg = merge({}, {**MODEL, "out": str(self.out / key), "steps": steps, "seed": self.seed,
-                         "batch_size": 16, "threads": 1, "eval_every": max(1, steps // 5),
+                         "batch_size": BATCH, "threads": 1, "eval_every": max(1, steps // 5),
                          **options})
 
         def callback(kind: str, info: dict) -> None:
@@ -168,7 +173,7 @@ class _Demo:
             "phase_seconds": dict(self.seconds),
             "settings": {"steps": self.steps, "finetune_steps": self.finetune_steps,
                          "seed": self.seed, "sparsity": SPARSITY, "model": dict(MODEL),
-                         "batch_size": 16, "pretrain_data": _source(self.out / "dense"),
+                         "batch_size": BATCH, "pretrain_data": _source(self.out / "dense"),
                          "finetune_data": _source(self.out / "finetuned")},
             "models": models,
             "heldout": {k: {"file": str(p), "bytes": p.stat().st_size} for k, p in texts.items()},
@@ -297,7 +302,8 @@ def plot_perplexity(results: dict[str, Any], out: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = {"dense": "dense", "sparse": f"{SPARSITY:.0%} sparse", "finetuned": "sparse ->\ndense fine-tuned"}
+    labels = {"dense": "dense", "sparse": f"{SPARSITY:.0%} sparse",
+              "finetuned": "sparse ->\ndense fine-tuned"}
     texts = list(results)
     names = [Path(r.name).name for r in results[texts[0]].rows]
     width = 0.8 / len(texts)
