@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
 
-COMMANDS = ["prune", "densify", "report", "flops", "train", "simulate", "eval", "diff"]
+COMMANDS = ["prune", "densify", "report", "flops", "train", "simulate", "eval", "diff", "demo"]
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 
 

@@ -66,3 +66,28 @@ def test_eval_set_is_fixed_and_spread_over_the_stream():
     data = np.arange(200, dtype=np.uint8)
     x, y = eval_batches(data, context=10, n_sequences=5)
     assert x.shape == (5, 10) and x[0, 0] == 0 and y[-1, -1] == 199
+
+
+def test_builtin_english_corpus_is_split_by_topic_name():
+    from pydoc_data.topics import topics
+
+    from sparsetool.train.data import ENGLISH
+
+    c = load_corpus(ENGLISH, min_bytes=65)
+    val = [k for k in sorted(topics) if is_validation(k)]
+    assert 0 < len(val) < len(topics) and c.val_files == len(val)
+    assert c.train_files + c.val_files == len(topics)
+    assert bytes(c.val) == b"".join(topics[k].encode() + b"\n" for k in val)
+    train = bytes(c.train)
+    assert all(topics[k].encode() not in train for k in val)  # no topic on both sides
+    assert "help topics" in c.source and ENGLISH in c.source
+
+
+def test_builtin_corpus_is_read_once_and_cannot_be_changed_through_a_copy():
+    a, b = load_corpus(None), load_corpus(None)
+    assert a is not b and a.train is b.train  # one read per process, shared arrays
+    assert not a.train.flags.writeable and not a.val.flags.writeable
+    with pytest.raises(ValueError):
+        a.train[0] = 0
+    a.train = a.train[:10]  # rebinding a field of one copy leaves the next load whole
+    assert load_corpus(None).train.size == b.train.size > 10

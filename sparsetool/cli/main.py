@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("simulate", "simulate"),
     "eval": ("eval", "eval_command"),
     "diff": ("diff", "diff"),
+    "demo": ("demo", "demo"),
 }
 
 

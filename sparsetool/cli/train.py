@@ -67,7 +67,7 @@ def train(
     weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="AdamW decay of linear matrices (default 0.1)."),
     grad_clip: Optional[float] = typer.Option(None, "--grad-clip", help="Global gradient-norm clip (default 1.0; 0 = off)."),
     seed: Optional[int] = seed_option("Seed for weights, masks and data order (default 0).", default=None),
-    data: Optional[str] = typer.Option(None, "--data", metavar="PATH", help="Text file or directory (default: the Python standard library)."),
+    data: Optional[str] = typer.Option(None, "--data", metavar="PATH", help="Text file or directory, or builtin:english (Python's help topics). Default: the Python standard library."),
     algorithm: Optional[Algorithm] = typer.Option(None, "--algorithm", "-a", help="Sparse training algorithm (default: static with --sparsity, else dense)."),
     sparsity: Optional[str] = sparsity_option("Target sparsity (fraction of zeros, from 0 to 1) of the targeted matrices."),
     distribution: Optional[Distribution] = typer.Option(None, "--distribution", help="Per-layer sparsity (default uniform)."),

@@ -10,10 +10,16 @@ already served. Each epoch is a seeded permutation of the non-overlapping window
 stream (with a seeded offset, so epochs do not share window boundaries), hence resuming at
 position ``k`` continues exactly where the interrupted run was and never repeats data within an
 epoch (the Variable SPDF post: a restart "should not repeat data from Stage-1").
+
+A second built-in corpus, ``--data builtin:english``, is English prose present wherever Python is:
+the interactive help topics of ``pydoc_data`` (~465 KB), split by a hash of each topic's name.
+SPDF's second step fine-tunes on it, a different domain from the Python source.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import sysconfig
 from dataclasses import dataclass
@@ -29,6 +35,7 @@ VAL_FRACTION = 0.1
 # different-domain fine-tuning corpus without overlapping the pre-training text.
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "pydoc_data"}
 _TEST_DIRS = {"test", "tests", "idle_test"}
+ENGLISH = "builtin:english"  # --data name of the English help-topics corpus
 
 
 @dataclass
@@ -84,21 +91,40 @@ def _read(root: Path, rels: list[str]) -> np.ndarray:
             chunks.append((root / rel).read_bytes())
         except OSError as e:
             raise ConfigError(f"cannot read training file {root / rel}: {e.strerror}") from None
-        chunks.append(b"\n")  # files are separated by a blank line in the byte stream
-    return np.frombuffer(b"".join(chunks), dtype=np.uint8)
+    return _join(chunks)
+
+
+def _join(texts: list[bytes]) -> np.ndarray:
+    # texts (files, topics) are separated by a blank line in the byte stream
+    return np.frombuffer(b"".join(t + b"\n" for t in texts), dtype=np.uint8)
+
+
+def english_topics() -> list[tuple[str, bytes]]:
+    """The help topics of ``pydoc_data`` as (name, UTF-8 text), sorted by name."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:
+        raise ConfigError(f"--data {ENGLISH}: this Python installation lacks pydoc_data (its "
+                          "English help topics); give --data PATH with text files instead") from None
+    return [(name, topics[name].encode("utf-8")) for name in sorted(topics)]
 
 
 def load_corpus(path: str | Path | None = None, min_bytes: int = 0) -> Corpus:
-    """Load the built-in corpus (``path`` None) or text files from ``path`` (a file or a directory).
+    """Load the built-in corpus (``path`` None), the built-in English one (``path`` is
+    :data:`ENGLISH`) or text files from ``path`` (a file or a directory).
 
     A directory is split by file (hashed path, as the built-in corpus); if that leaves one side
     empty, or for a single file, the last 10% of bytes become validation. ``min_bytes`` is the
     least each side must hold (one training sequence plus its target byte).
     """
     if path is None:
-        root, rels = stdlib_files()
-        source = f"Python {sysconfig.get_python_version()} standard library ({root})"
-        corpus = _split_files(root, rels, source)
+        corpus = dataclasses.replace(_stdlib_corpus())
+    elif str(path) == ENGLISH:
+        named = english_topics()
+        val = [text for name, text in named if is_validation(name)]
+        train = [text for name, text in named if not is_validation(name)]
+        source = f"Python {sysconfig.get_python_version()} help topics ({ENGLISH})"
+        corpus = Corpus(_join(train), _join(val), source, len(train), len(val))
     else:
         p = Path(path)
         if p.is_file():
@@ -123,6 +149,15 @@ def load_corpus(path: str | Path | None = None, min_bytes: int = 0) -> Corpus:
                 "one sequence needs; use more text or a smaller --context"
             )
     return corpus
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib_corpus() -> Corpus:
+    """The built-in corpus, read once per process (``sparsetool demo`` trains on it twice and
+    evaluates on it); its byte arrays are read-only, so sharing them is safe."""
+    root, rels = stdlib_files()
+    source = f"Python {sysconfig.get_python_version()} standard library ({root})"
+    return _split_files(root, rels, source)
 
 
 def _split_files(root: Path, rels: list[str], source: str) -> Corpus:
