@@ -91,3 +91,56 @@ def test_directory_outputs_keep_every_input_mode(tmp_path, umask_022, bits):
         assert modes["tokenizer.json"] == 0o444 and modes["config.json"] == bits
         assert modes["model.safetensors.index.json"] == bits
 
+
+# ------------------------------------------------------------------ 7. SIGTERM while the pool starts
+_SIGNAL_DURING_THREAD_START = r"""
+import os, signal, threading, torch
+import sparsetool.masks.kernel as kernel
+from sparsetool.cli.main import _interrupt
+signal.signal(signal.SIGTERM, _interrupt)
+start = threading.Thread.start
+def start_then_signal(self):
+    start(self)
+    if self.name.startswith("sparsetool-mask"):
+        os.kill(os.getpid(), signal.SIGTERM)  # lands while submit() has a thread not yet recorded
+        threading.Event().wait(0.01)
+threading.Thread.start = start_then_signal
+torch.set_num_threads(2)
+try:
+    kernel._map(lambda a, b: a, 10, step=1)
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def _python(code: str, timeout: float = 60):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"the interpreter did not exit within {timeout} s")
+    return proc.returncode, out, err
+
+
+def test_sigterm_while_a_worker_thread_starts_does_not_hang_the_exit():
+    code, out, err = _python(_SIGNAL_DURING_THREAD_START)
+    assert (code, out.strip()) == (0, "interrupted"), err
+
+
+def test_a_sigterm_during_exit_keeps_the_exit_code():
+    code, out, err = _python(
+        "import atexit, os, signal, time\n"
+        "from sparsetool.cli.main import _run_interruptibly\n"
+        "def late():\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(0.2)\n"
+        "    print('exit finished')\n"
+        "_run_interruptibly(lambda: atexit.register(late))\n")
+    assert (code, out.strip()) == (0, "exit finished"), err
+    assert "KeyboardInterrupt" not in err

@@ -7,6 +7,7 @@ Command modules keep heavy imports (torch, numpy, matplotlib) inside their funct
 from __future__ import annotations
 
 import signal
+from typing import Callable
 
 import typer
 
@@ -55,6 +56,20 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def main() -> None:
+def _run_interruptibly(command: Callable[[], object]) -> None:
+    """Run ``command`` with SIGTERM cleaning up like Ctrl-C.
+
+    Once the command has ended (its output complete, or removed and reported), both signals are
+    ignored: a KeyboardInterrupt raised during the interpreter's exit would only break the joining
+    of worker threads (a hang or an abort) and replace the command's exit code.
+    """
     signal.signal(signal.SIGTERM, _interrupt)
-    app()
+    try:
+        command()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def main() -> None:
+    _run_interruptibly(app)
