@@ -144,3 +144,82 @@ def test_a_sigterm_during_exit_keeps_the_exit_code():
         "_run_interruptibly(lambda: atexit.register(late))\n")
     assert (code, out.strip()) == (0, "exit finished"), err
     assert "KeyboardInterrupt" not in err
+
+
+# ------------------------------------------------------------------ 2. pickled checkpoints
+class _Touch:
+    """Unpickling this creates ``path``: proof that a file was (not) unpickled."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (self.path,))
+
+
+def _pickled_files(root: Path) -> dict[str, Path]:
+    import pickle
+
+    import torch
+
+    marker = root / "UNPICKLED"
+    weights = {"transformer.h.0.attn.c_attn.weight": torch.randn(4, 4), "x": _Touch(marker)}
+    files = {"zip": root / "pytorch_model.bin", "legacy": root / "model.pt", "pickle": root / "m.ckpt"}
+    torch.save(weights, files["zip"])
+    torch.save(weights, files["legacy"], _use_new_zipfile_serialization=False)
+    files["pickle"].write_bytes(pickle.dumps(_Touch(marker), protocol=4))
+    hf = root / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    for i in (1, 2):
+        torch.save(weights, hf / f"pytorch_model-0000{i}-of-00002.bin")
+    files["dir"] = hf
+    return files
+
+
+def _commands(path: Path, tmp: Path) -> list[list[object]]:
+    return [["report", path], ["prune", path, "-o", tmp / "o", "--sparsity", "0.5"],
+            ["densify", path, "-o", tmp / "d"], ["diff", path, path], ["eval", path],
+            ["flops", "--checkpoint", path], ["simulate", path]]
+
+
+def test_pickled_checkpoints_are_named_and_never_unpickled(tmp_path):
+    files = _pickled_files(tmp_path)
+    for kind, path in files.items():
+        for args in _commands(path, tmp_path):
+            r = run(*args)
+            assert r.exit_code == 1, (kind, args, r.output)
+            err = " ".join(r.stderr.split())
+            assert err.startswith(f"error: {path}") and "safetensors only" in err, (kind, args, err)
+            assert "weights_only=True" in err and "save_file(" in err
+            assert "header length" not in err
+    assert not (tmp_path / "UNPICKLED").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["pytorch_model.bin", "model.pt", "m.ckpt", "hf"])
+
+
+def test_the_conversion_hint_converts(tmp_path):
+    import subprocess
+    import sys
+
+    import torch
+
+    src = tmp_path / "pytorch_model.bin"
+    torch.save({"transformer.h.0.mlp.c_fc.weight": torch.randn(8, 8)}, src)
+    err = " ".join(run("report", src).stderr.split())
+    hint = err[err.index("python -c ") + len("python -c "):]
+    subprocess.run([sys.executable, "-c", hint.strip().strip('"')], check=True)
+    r = run("report", tmp_path / "pytorch_model.safetensors")
+    assert r.exit_code == 0 and "c_fc.weight" in r.stdout
+
+
+def test_a_safetensors_header_of_640_bytes_is_not_taken_for_a_pickle(tmp_path):
+    # 640 = 0x280: the length prefix starts with the bytes of a protocol-2 pickle
+    src = tmp_path / "m.safetensors"
+    for n in range(700):
+        save_file({"w": gpt2_like_state()["transformer.wte.weight"]}, str(src), metadata={"pad": "x" * n})
+        if src.read_bytes()[:3] == b"\x80\x02\x00":
+            break
+    else:
+        pytest.fail("no padding gives a 640-byte header")
+    assert run("report", src).exit_code == 0

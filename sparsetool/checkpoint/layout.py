@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparsetool.checkpoint import pickled
 from sparsetool.errors import CheckpointError
 
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -63,7 +64,7 @@ def locate(path: Path) -> Layout:
     else:
         found = sorted(p.name for p in path.iterdir() if p.name.endswith(".safetensors") and p.is_file())
         if not found:
-            raise CheckpointError(
+            raise pickled.dir_error(path) or CheckpointError(
                 f"{path}: no model.safetensors, no *.safetensors file and no model.safetensors.index.json "
                 "in this directory (expected a Hugging Face model directory or a .safetensors file)"
             )
