@@ -223,3 +223,57 @@ def test_a_safetensors_header_of_640_bytes_is_not_taken_for_a_pickle(tmp_path):
     else:
         pytest.fail("no padding gives a 640-byte header")
     assert run("report", src).exit_code == 0
+
+
+# ------------------------------------------------------------------ 6. what an output carries
+@pytest.fixture(scope="module")
+def train_run(tmp_path_factory) -> Path:
+    from test_train import make_corpus
+
+    root = tmp_path_factory.mktemp("run")
+    data = make_corpus(root / "corpus")
+    r = run("train", "--out", root / "run", "--data", data, "--preset", "tiny", "--steps", "4",
+            "--batch-size", "2", "--warmup", "1", "--seed", "0", "--sparsity", "0.5",
+            "--algorithm", "static", "--json")
+    assert r.exit_code == 0, r.output
+    return root / "run"
+
+
+def test_pruning_a_train_run_leaves_out_checkpoints_and_optimizer_state(train_run, tmp_path):
+    (train_run / "README.md").write_text("a model card\n")
+    (train_run / "LICENSE").write_text("licence text\n")
+    (train_run / "tokenizer.json").write_text("{}")
+    step = next((train_run / "checkpoints").iterdir())
+    assert (step / "optimizer.pt").is_file()
+    for src, expect_out in ((train_run, {"checkpoints/", "run.json", "latest"}),
+                            (step, {"optimizer.pt", "state.json"})):
+        out = tmp_path / src.name
+        r = run("prune", src, "-o", out, "--sparsity", "0.75")
+        assert r.exit_code == 0, r.output
+        note = [line for line in r.stdout.splitlines() if line.startswith("note: left out")]
+        assert len(note) == 1
+        named = set(note[0].split(": ", 2)[2].split(", "))
+        assert expect_out <= named, named
+        kept = {p.name for p in out.iterdir()}
+        assert not kept & {n.rstrip("/") for n in named}
+        assert "checkpoints" not in kept and "optimizer.pt" not in kept
+        assert "model.safetensors" in kept and "config.json" in kept
+        if src == train_run:
+            assert {"README.md", "LICENSE", "tokenizer.json"} <= kept
+        j = json.loads(run("prune", src, "-o", tmp_path / "j", "--sparsity", "0.75", "--json").stdout)
+        assert set(j["left_out"]) == named
+        d = json.loads(run("densify", out, "-o", tmp_path / "dense", "--json").stdout)
+        assert d["left_out"] == []
+        for p in (tmp_path / "j", tmp_path / "dense"):
+            import shutil
+
+            shutil.rmtree(p)
+
+
+def test_in_place_keeps_what_it_would_leave_out(tmp_path):
+    src = sharded_dir(tmp_path / "m")
+    (src / "optimizer.pt").write_bytes(b"state")
+    (src / "checkpoints").mkdir()
+    res = prune_checkpoint(src, src, PruneOptions(sparsity=0.5), in_place=True)
+    assert res.left_out == []
+    assert (src / "optimizer.pt").read_bytes() == b"state" and (src / "checkpoints").is_dir()

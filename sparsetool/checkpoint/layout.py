@@ -2,8 +2,10 @@
 
 A directory holds either ``model.safetensors`` (or any single ``*.safetensors``), or shards
 listed by ``<prefix>.safetensors.index.json`` (``{"metadata": {"total_size": ...},
-"weight_map": {tensor: shard file}}``). Every other file (``config.json``, tokenizer files...)
-is carried over to the output as is.
+"weight_map": {tensor: shard file}}``). The other files a model directory needs (config,
+generation config, tokenizer files, README and licence files) are carried over to an output as
+they are; anything else (a training run's ``checkpoints/``, ``optimizer.pt``, logs) is left out
+and named, except when the output replaces the input (``--in-place``), which keeps everything.
 """
 
 from __future__ import annotations
@@ -18,6 +20,14 @@ from sparsetool.errors import CheckpointError
 INDEX_SUFFIX = ".safetensors.index.json"
 # Our own temporary outputs ("<name>.sparsetool-tmp-*") are never carried over.
 TMP_MARK = ".sparsetool-tmp-"
+# Files of a model directory besides its weights: what loaders read, and what its licence needs.
+CARRIED_NAMES = frozenset({
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
+    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "tiktoken.model",
+    "chat_template.jinja", "chat_template.json", "preprocessor_config.json", "processor_config.json",
+})
+CARRIED_STEMS = ("readme", "license", "licence", "copying", "notice", "use_policy")  # any extension
 
 
 @dataclass
@@ -27,7 +37,8 @@ class Layout:
     shards: list[str]
     index_name: str | None = None
     index: dict | None = None
-    other_files: list[Path] = field(default_factory=list)
+    other_files: list[Path] = field(default_factory=list)  # carried to an output
+    left_out: list[Path] = field(default_factory=list)  # not part of a model directory
 
 
 def locate(path: Path) -> Layout:
@@ -57,7 +68,7 @@ def locate(path: Path) -> Layout:
             if not (path / s).is_file():
                 raise CheckpointError(f"{path / index_name}: names shard {s!r}, which is missing from {path}")
         taken = set(shards) | {index_name}
-        return Layout(path, True, shards, index_name, index, _others(path, taken))
+        return Layout(path, True, shards, index_name, index, *_others(path, taken))
 
     if (path / "model.safetensors").is_file():
         shards = ["model.safetensors"]
@@ -74,11 +85,22 @@ def locate(path: Path) -> Layout:
                 "which belong to the model; add the index or pass one file"
             )
         shards = found
-    return Layout(path, True, shards, None, None, _others(path, set(shards)))
+    return Layout(path, True, shards, None, None, *_others(path, set(shards)))
 
 
-def _others(path: Path, taken: set[str]) -> list[Path]:
-    return sorted(Path(p.name) for p in path.iterdir() if p.name not in taken and TMP_MARK not in p.name)
+def is_carried(p: Path) -> bool:
+    """Whether ``p``, found beside the weights, belongs in a model directory."""
+    if not p.is_file():
+        return False
+    return p.name in CARRIED_NAMES or p.name.lower().startswith(CARRIED_STEMS)
+
+
+def _others(path: Path, taken: set[str]) -> tuple[list[Path], list[Path]]:
+    """(files carried to an output, entries left out), relative to ``path``."""
+    rest = sorted((p for p in path.iterdir() if p.name not in taken and TMP_MARK not in p.name),
+                  key=lambda p: p.name)
+    carried = [Path(p.name) for p in rest if is_carried(p)]
+    return carried, [Path(p.name) for p in rest if not is_carried(p)]
 
 
 def _read_index(index_path: Path) -> dict:

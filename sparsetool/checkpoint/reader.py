@@ -47,6 +47,7 @@ class Checkpoint:
         self.is_dir = lay.is_dir
         self.shards = list(lay.shards)
         self.other_files = list(lay.other_files)
+        self.left_out = list(lay.left_out)
         self.config = config
         self.index_name = lay.index_name
         self.index = lay.index

@@ -162,6 +162,7 @@ class CheckpointWriter:
                 raise CheckpointError(f"safetensors metadata values must be strings: {k!r}: {v!r}")
         self.done: dict[str, ShardWriter] = {}
         self._open: list[ShardWriter] = []
+        self.left_out: list[str] = []  # entries of the input directory the output leaves out
 
     def shard(self, shard: str, specs: list[TensorSpec]) -> ShardWriter:
         if shard not in self.src.shards:
@@ -303,10 +304,11 @@ def write_checkpoint(
         if src.is_dir:
             tmp.mkdir(mode=PRIVATE_DIR)
         writer = CheckpointWriter(src, tmp, metadata_extra)
+        writer.left_out = [] if same else [f"{rel}/" if (src.path / rel).is_dir() else str(rel) for rel in src.left_out]
         yield writer
         writer._finish()
         if src.is_dir:
-            _carry_over(src, tmp, writer, config_transform)
+            _carry_over(src, tmp, writer, config_transform, everything=same)
             copy_mode(src.path, tmp)
         # Each shard already has its input shard's mode (cp -p): a private model stays private.
         _put_in_place(tmp, out_abs)
@@ -317,9 +319,11 @@ def write_checkpoint(
         raise
 
 
-def _carry_over(src: Checkpoint, tmp: Path, writer: CheckpointWriter, config_transform: Callable[[dict], dict] | None) -> None:
-    """Copy the non-tensor files, transform config.json, rebuild the shard index."""
-    for rel in src.other_files:
+def _carry_over(src: Checkpoint, tmp: Path, writer: CheckpointWriter, config_transform: Callable[[dict], dict] | None,
+                everything: bool = False) -> None:
+    """Copy the non-tensor files (with ``everything``, those left out too: the output replaces the
+    input), transform config.json, rebuild the shard index."""
+    for rel in src.other_files + (src.left_out if everything else []):
         s, d = src.path / rel, tmp / rel
         if rel == Path("config.json") and config_transform is not None and src.config is not None:
             cfg = config_transform(json.loads(json.dumps(src.config)))

@@ -86,6 +86,7 @@ class PruneResult:
     options: PruneOptions
     tensors: list[TensorResult] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what will not load the output correctly
+    left_out: list[str] = field(default_factory=list)  # input entries not part of a model directory
 
     @property
     def numel(self) -> int:
@@ -113,6 +114,7 @@ class PruneResult:
                         "targeted_nonzero": self.nonzero,
                         "targeted_sparsity": self.targeted_sparsity},
             "warnings": list(self.warnings),
+            "left_out": list(self.left_out),
         }
 
 
