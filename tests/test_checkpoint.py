@@ -489,8 +489,12 @@ def test_directory_layout_errors(tmp_path):
     with pytest.raises(CheckpointError, match="not a plain file name"):
         open_checkpoint(d)
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "x.safetensors", "b": "x.safetensors"}}))
+    with pytest.raises(CheckpointError, match="y.safetensors: a .safetensors file that model.safetensors.index.json does not list"):
+        open_checkpoint(d)
+    (d / "y.safetensors").rename(tmp_path / "y.safetensors")
     with pytest.raises(CheckpointError, match="names tensor 'b' in x.safetensors, but x.safetensors does not hold it"):
         open_checkpoint(d)
+    (tmp_path / "y.safetensors").rename(d / "y.safetensors")
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "x.safetensors", "b": "y.safetensors"}}))
     assert open_checkpoint(d).shards == ["x.safetensors", "y.safetensors"]
     (d / "config.json").write_text("{broken")

@@ -277,3 +277,60 @@ def test_in_place_keeps_what_it_would_leave_out(tmp_path):
     res = prune_checkpoint(src, src, PruneOptions(sparsity=0.5), in_place=True)
     assert res.left_out == []
     assert (src / "optimizer.pt").read_bytes() == b"state" and (src / "checkpoints").is_dir()
+
+
+# ------------------------------------------------------------------ 15. shard indexes that lie
+def _index(d: Path) -> dict:
+    return json.loads((d / "model.safetensors.index.json").read_text())
+
+
+def _write_index(d: Path, text: str) -> None:
+    (d / "model.safetensors.index.json").write_text(text)
+
+
+def _refused_everywhere(src: Path, tmp: Path, *needles: str) -> None:
+    for args in (["report", src], ["prune", src, "-o", tmp / "o", "--sparsity", "0.5"],
+                 ["densify", src, "-o", tmp / "d"]):
+        r = run(*args)
+        err = " ".join(r.stderr.split())
+        assert r.exit_code == 1 and err.startswith("error: "), (args, r.output)
+        assert len(r.stderr.strip().splitlines()) >= 1 and "Traceback" not in r.output
+        for needle in needles:
+            assert needle in err, (args, err)
+    assert not (tmp / "o").exists() and not (tmp / "d").exists()
+
+
+def test_a_shard_the_index_leaves_out_is_an_error(tmp_path):
+    src = sharded_dir(tmp_path / "m")
+    idx = _index(src)
+    idx["weight_map"] = {k: v for k, v in idx["weight_map"].items() if v.startswith("model-00001")}
+    _write_index(src, json.dumps(idx))
+    _refused_everywhere(src, tmp_path, "model-00002-of-00002.safetensors", "does not list",
+                        "Move it out")
+
+
+def test_a_tensor_the_index_leaves_out_is_an_error(tmp_path):
+    src = sharded_dir(tmp_path / "m")
+    idx = _index(src)
+    dropped = sorted(idx["weight_map"])[0]
+    del idx["weight_map"][dropped]
+    _write_index(src, json.dumps(idx))
+    _refused_everywhere(src, tmp_path, f"does not list tensor {dropped!r}", "weight_map")
+
+
+def test_a_missing_shard_is_an_error(tmp_path):
+    src = sharded_dir(tmp_path / "m")
+    (src / "model-00002-of-00002.safetensors").unlink()
+    _refused_everywhere(src, tmp_path, "model-00002-of-00002.safetensors", "missing")
+
+
+def test_a_tensor_listed_twice_is_named(tmp_path):
+    src = sharded_dir(tmp_path / "m")
+    idx = _index(src)
+    name, shard = next(iter(idx["weight_map"].items()))
+    other = next(s for s in set(idx["weight_map"].values()) if s != shard)
+    text = json.dumps(idx).replace('"weight_map": {', f'"weight_map": {{"{name}": "{other}", ', 1)
+    _write_index(src, text)
+    _refused_everywhere(src, tmp_path, f"lists tensor {name!r} twice", other, shard)
+    r = run("report", src)
+    assert "fix the index" not in r.stderr

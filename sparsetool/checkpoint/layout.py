@@ -66,7 +66,16 @@ def locate(path: Path) -> Layout:
         shards = sorted(set(weight_map.values()))
         for s in shards:
             if not (path / s).is_file():
-                raise CheckpointError(f"{path / index_name}: names shard {s!r}, which is missing from {path}")
+                raise CheckpointError(f"{path / index_name}: names shard {s!r}, which is missing from {path}; "
+                                      "put the shard back, or download the model again")
+        unlisted = sorted(p.name for p in path.iterdir() if p.name.endswith(".safetensors")
+                          and p.name not in shards and TMP_MARK not in p.name)
+        if unlisted:
+            raise CheckpointError(
+                f"{path / unlisted[0]}: a .safetensors file that {index_name} does not list; loaders "
+                "ignore its tensors and sparsetool would leave them unpruned. Move it out of "
+                f"{path} if it is not part of the model, or list its tensors in the index's weight_map"
+            )
         taken = set(shards) | {index_name}
         return Layout(path, True, shards, index_name, index, *_others(path, taken))
 
@@ -104,12 +113,31 @@ def _others(path: Path, taken: set[str]) -> tuple[list[Path], list[Path]]:
 
 
 def _read_index(index_path: Path) -> dict:
+    duplicates: list[tuple[str, object, object]] = []
+
+    def unique(pairs: list[tuple[str, object]]) -> dict:
+        obj: dict = {}
+        for k, v in pairs:
+            if k in obj:
+                duplicates.append((k, obj[k], v))
+            obj[k] = v
+        return obj
+
     try:
-        index = json.loads(index_path.read_text(encoding="utf-8"))
+        index = json.loads(index_path.read_text(encoding="utf-8"), object_pairs_hook=unique)
     except (OSError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{index_path}: cannot read ({e})") from None
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{index_path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    if duplicates:
+        key, first, second = duplicates[0]
+        wm = index.get("weight_map") if isinstance(index, dict) else None
+        if isinstance(wm, dict) and key in wm and isinstance(first, str):
+            raise CheckpointError(
+                f"{index_path}: weight_map lists tensor {key!r} twice (in {first}, then in {second}); "
+                "keep only the entry naming the shard that holds it"
+            )
+        raise CheckpointError(f"{index_path}: key {key!r} appears twice in one object; keep one of them")
     wm = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
         raise CheckpointError(f"{index_path}: no \"weight_map\" object mapping tensor names to shard files")
