@@ -334,3 +334,63 @@ def test_a_tensor_listed_twice_is_named(tmp_path):
     _refused_everywhere(src, tmp_path, f"lists tensor {name!r} twice", other, shard)
     r = run("report", src)
     assert "fix the index" not in r.stderr
+
+
+# ------------------------------------------------------------------ 11. disk full
+class _FakeStatvfs:
+    def __init__(self, free: int):
+        self.f_bavail, self.f_frsize = free // 4096, 4096
+
+
+@pytest.mark.parametrize("layout", ["file", "dir"])
+def test_no_room_is_refused_before_the_first_byte(tmp_path, monkeypatch, layout):
+    if layout == "file":
+        src = tmp_path / "m.safetensors"
+        save_file(gpt2_like_state(), str(src))
+        out = tmp_path / "o.safetensors"
+    else:
+        src, out = sharded_dir(tmp_path / "m"), tmp_path / "o"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    wrote = []
+    real_pwrite = os.pwrite
+    monkeypatch.setattr(os, "statvfs", lambda _path: _FakeStatvfs(8192))
+    monkeypatch.setattr(os, "pwrite", lambda *a: wrote.append(1) or real_pwrite(*a))
+    r = run("prune", src, "-o", out, "--sparsity", "0.5")
+    assert r.exit_code == 1, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: no room for "), r.stderr
+    assert "8,192 are free on that disk" in lines[0] and "bytes" in lines[0] and "choose another -o" in lines[0]
+    needed = int(lines[0].split("it needs ")[1].split(" bytes")[0].replace(",", ""))
+    assert needed > 8192
+    assert not wrote  # refused before the first byte
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize("code, words", [("ENOSPC", "No space left on device [ENOSPC]"),
+                                         ("EIO", "Input/output error [EIO]"),
+                                         ("EACCES", "Permission denied [EACCES]")])
+@pytest.mark.parametrize("command", ["prune", "densify"])
+def test_write_errors_are_one_line_and_leave_nothing(tmp_path, monkeypatch, code, words, command):
+    import errno
+
+    src = sharded_dir(tmp_path / "m")
+    calls = []
+
+    def failing_pwrite(fd, data, offset):
+        calls.append(offset)
+        if len(calls) > 2:  # fail part-way, after the first shard's header and a tensor
+            raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+        return _real_pwrite(fd, data, offset)
+
+    _real_pwrite = os.pwrite
+    monkeypatch.setattr(os, "pwrite", failing_pwrite)
+    monkeypatch.setattr(os, "copy_file_range", lambda *a: (_ for _ in ()).throw(OSError(errno.EXDEV, "x")),
+                        raising=False)  # copies go through pwrite too
+    extra = ["--sparsity", "0.5"] if command == "prune" else []
+    r = run(command, src, "-o", tmp_path / "o", *extra)
+    assert r.exit_code == 1, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: writing {tmp_path / 'o'} failed: {words}"), r.stderr
+    assert "nothing was written" in lines[0] and "Traceback" not in r.output
+    assert len(calls) > 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]

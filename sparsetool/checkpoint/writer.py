@@ -30,7 +30,7 @@ import torch
 from sparsetool.checkpoint.encodings import encode
 from sparsetool.checkpoint.format import TensorSpec, layout
 from sparsetool.checkpoint.layout import TMP_MARK, rebuilt_index
-from sparsetool.checkpoint.output_files import PRIVATE, PRIVATE_DIR, copy_mode, mode_of
+from sparsetool.checkpoint.output_files import PRIVATE, PRIVATE_DIR, check_room, copy_mode, mode_of, write_error
 from sparsetool.checkpoint.reader import Checkpoint
 from sparsetool.errors import CheckpointError
 
@@ -51,7 +51,7 @@ class ShardWriter:
     """Writes one safetensors file whose header is fixed by ``specs``; tensors in any order."""
 
     def __init__(self, path: Path, shard: str, specs: list[TensorSpec], metadata: dict[str, str] | None,
-                 mode: int | None = None):
+                 mode: int | None = None, label: str | None = None):
         self.path = path
         self.shard = shard
         self.specs = {s.name: s for s in specs}
@@ -60,6 +60,7 @@ class ShardWriter:
         self._offsets = offsets
         self._written: set[str] = set()
         self.total_size = sum(s.nbytes for s in specs)  # tensor bytes, for the index
+        check_room(path.parent, self._data_start + self.total_size, label or shard)
         # With ``mode`` (an input's permission bits) the file is created owner-only and given
         # exactly that mode, whatever the umask; without, it is an ordinary new file.
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
@@ -153,8 +154,9 @@ def _copy_range(src_fd: int, src_off: int, dst_fd: int, dst_off: int, count: int
 class CheckpointWriter:
     """Hands out one ShardWriter per output shard (same shard file names as the input)."""
 
-    def __init__(self, src: Checkpoint, root: Path, metadata_extra: dict[str, str] | None):
+    def __init__(self, src: Checkpoint, root: Path, metadata_extra: dict[str, str] | None, out: Path | None = None):
         self.src = src
+        self._out = out  # the final path, for messages
         self._root = root  # temp file (single-file checkpoint) or temp directory
         self._extra = dict(metadata_extra or {})
         for k, v in self._extra.items():
@@ -172,7 +174,8 @@ class CheckpointWriter:
         meta = self.src.metadata(shard)
         meta.update(self._extra)
         path = self._root / shard if self.src.is_dir else self._root
-        sw = ShardWriter(path, shard, specs, meta or None, mode=mode_of(self.src.shard_path(shard)))
+        label = None if self._out is None else str(self._out / shard if self.src.is_dir else self._out)
+        sw = ShardWriter(path, shard, specs, meta or None, mode=mode_of(self.src.shard_path(shard)), label=label)
         self.done[shard] = sw
         self._open.append(sw)
         return sw
@@ -303,7 +306,7 @@ def write_checkpoint(
     try:
         if src.is_dir:
             tmp.mkdir(mode=PRIVATE_DIR)
-        writer = CheckpointWriter(src, tmp, metadata_extra)
+        writer = CheckpointWriter(src, tmp, metadata_extra, out)
         writer.left_out = [] if same else [f"{rel}/" if (src.path / rel).is_dir() else str(rel) for rel in src.left_out]
         yield writer
         writer._finish()
@@ -312,10 +315,12 @@ def write_checkpoint(
             copy_mode(src.path, tmp)
         # Each shard already has its input shard's mode (cp -p): a private model stays private.
         _put_in_place(tmp, out_abs)
-    except BaseException:
+    except BaseException as e:
         if writer is not None:
             writer._abort()
         _remove(tmp)
+        if isinstance(e, OSError):  # no space, I/O error, permission: one clean line
+            raise write_error(e, out) from None
         raise
 
 
@@ -378,7 +383,9 @@ def write_tensors(
             for n, t in stored:
                 sw.write(n, t)
         os.replace(tmp, out_abs)
-    except BaseException:
+    except BaseException as e:
         _remove(tmp)
+        if isinstance(e, OSError):
+            raise write_error(e, out) from None
         raise
     return out_abs
