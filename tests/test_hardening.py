@@ -394,3 +394,64 @@ def test_write_errors_are_one_line_and_leave_nothing(tmp_path, monkeypatch, code
     assert "nothing was written" in lines[0] and "Traceback" not in r.output
     assert len(calls) > 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+# ------------------------------------------------------------------ 10. no code from inputs runs
+def _code_dir(root: Path) -> tuple[Path, Path]:
+    """A Llama directory whose config and tokenizer config name classes in its own .py files."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    import torch
+
+    from test_eval import hf_model, make_text, save_tokenizer
+
+    d, marker = root / "remote", root / "MARKER"
+    torch.manual_seed(0)
+    hf_model("llama").save_pretrained(d)  # a type transformers has no tokenizer mapping for
+    save_tokenizer(d, make_text())
+    for module in ("evil_config", "evil_model", "evil_tok", "evil_format"):
+        (d / f"{module}.py").write_text(
+            "from pathlib import Path\n"
+            f"Path({str(marker)!r}).write_text(__name__)\n"
+            "class Evil:\n    pass\nEvilConfig = EvilModel = EvilTok = Evil\n")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["auto_map"] = {"AutoConfig": "evil_config.EvilConfig", "AutoModelForCausalLM": "evil_model.EvilModel"}
+    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "format": "evil_format",
+                                  "sparsity_config": {"format": "evil_format"}}
+    (d / "config.json").write_text(json.dumps(cfg))
+    tc = json.loads((d / "tokenizer_config.json").read_text())
+    tc |= {"tokenizer_class": "EvilTok", "auto_map": {"AutoTokenizer": ["evil_tok.EvilTok", None]}}
+    (d / "tokenizer_config.json").write_text(json.dumps(tc))
+    return d, marker
+
+
+def _cli(cwd: Path, *args: object):
+    """The real command in a fresh process, run from the model directory (so a module a config
+    names would be importable), answering 'y' to any question on stdin."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "sparsetool", *map(str, args)], cwd=cwd, input="y\n",
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_no_command_runs_code_named_by_a_checkpoint_directory(tmp_path):
+    d, marker = _code_dir(tmp_path)
+    text = tmp_path / "text.txt"
+    text.write_text("some words to score, " * 40)
+    r = _cli(d, "eval", ".", "--text", text)
+    assert not marker.exists(), r.stdout + r.stderr
+    assert r.returncode == 1 and "never runs code from a checkpoint" in r.stderr, r.stderr
+    for args in (["report", "."], ["prune", ".", "-o", tmp_path / "p", "--sparsity", "0.5"],
+                 ["densify", ".", "-o", tmp_path / "dd"], ["diff", ".", "."],
+                 ["flops", "--checkpoint", "."], ["simulate", "."]):
+        r = _cli(d, *args)
+        assert r.returncode == 0, (args, r.stderr)
+        assert not marker.exists(), args
+    # with a tokenizer class of transformers' own, eval scores; the config's auto_map stays unused
+    tc = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps(tc | {"tokenizer_class": "PreTrainedTokenizerFast"}))
+    r = _cli(d, "eval", ".", "--text", text)
+    assert r.returncode == 0, r.stderr
+    assert not marker.exists()
