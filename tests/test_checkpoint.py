@@ -317,7 +317,8 @@ def test_sharded_directory_round_trip(tmp_path):
     ts = _sharded_dir(tmp_path / "in")
     ck = open_checkpoint(tmp_path / "in")
     assert ck.is_dir and ck.shards == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
-    assert ck.other_files == [Path("config.json"), Path("sub"), Path("tokenizer.json")]
+    assert ck.other_files == [Path("config.json"), Path("tokenizer.json")]
+    assert ck.left_out == [Path("sub")]  # not part of a model directory
     assert ck.config["model_type"] == "gpt2"
     assert [lt.shard for lt in ck.logical] == [ck.shards[0]] * 2 + [ck.shards[1]] * 2
     # prune the mlp weights to mask encoding, drop the sparsity config from config.json
@@ -342,9 +343,8 @@ def test_sharded_directory_round_trip(tmp_path):
                     else:
                         sw.copy_stored(lt.name, ck, lt.stored[0])
     out = tmp_path / "out"
-    assert sorted(os.listdir(out)) == sorted(os.listdir(tmp_path / "in"))
+    assert sorted(os.listdir(out)) == sorted(set(os.listdir(tmp_path / "in")) - {"sub"})
     assert (out / "tokenizer.json").read_text() == '{"version": "1.0"}'
-    assert (out / "sub" / "notes.txt").read_text() == "carried"
     assert json.loads((out / "config.json").read_text()) == {"model_type": "gpt2", "n_layer": 2}
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert index["metadata"]["note"] == "kept"
@@ -437,7 +437,8 @@ def test_existing_output_directory_is_replaced_only_if_nothing_else_would_go(tmp
     assert (tmp_path / "home" / "thesis.tex").read_text() == "precious"
     # an earlier output plus a file of the user's: still refused, nothing lost
     (tmp_path / "old").mkdir()
-    for name in os.listdir(tmp_path / "in"):
+    output_names = set(os.listdir(tmp_path / "in")) - {"sub"}  # sub/ is left out of outputs
+    for name in output_names:
         (tmp_path / "old" / name).write_bytes(b"stale")
     (tmp_path / "old" / "NOTES.md").write_text("mine")
     with pytest.raises(CheckpointError, match="NOTES.md"):
@@ -446,7 +447,7 @@ def test_existing_output_directory_is_replaced_only_if_nothing_else_would_go(tmp
     # an earlier output alone is replaced
     (tmp_path / "old" / "NOTES.md").unlink()
     copy_all(ck, tmp_path / "old")
-    assert sorted(os.listdir(tmp_path / "old")) == sorted(os.listdir(tmp_path / "in"))
+    assert sorted(os.listdir(tmp_path / "old")) == sorted(output_names)
     assert sorted(os.listdir(tmp_path)) == ["home", "in", "old"]
 
 
@@ -488,8 +489,12 @@ def test_directory_layout_errors(tmp_path):
     with pytest.raises(CheckpointError, match="not a plain file name"):
         open_checkpoint(d)
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "x.safetensors", "b": "x.safetensors"}}))
+    with pytest.raises(CheckpointError, match="y.safetensors: a .safetensors file that model.safetensors.index.json does not list"):
+        open_checkpoint(d)
+    (d / "y.safetensors").rename(tmp_path / "y.safetensors")
     with pytest.raises(CheckpointError, match="names tensor 'b' in x.safetensors, but x.safetensors does not hold it"):
         open_checkpoint(d)
+    (tmp_path / "y.safetensors").rename(d / "y.safetensors")
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "x.safetensors", "b": "y.safetensors"}}))
     assert open_checkpoint(d).shards == ["x.safetensors", "y.safetensors"]
     (d / "config.json").write_text("{broken")

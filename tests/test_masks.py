@@ -526,14 +526,16 @@ def test_fp8_needs_no_refinement_pass():
 
 def test_a_pool_inherited_through_fork_is_replaced():
     """A forked child inherits the pool object but none of its threads; using it would hang."""
+    import sparsetool.masks.pool as pool_module
+
     big = torch.randn(3 << 20, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     expected = magnitude_mask(big, 0.5)
-    if kernel_module._POOL is None:
+    if pool_module._POOL is None:
         pytest.skip("one torch thread: the chunks run without a pool")
-    stale = kernel_module._POOL
-    kernel_module._POOL_PID = -1  # what a child sees: the pool was made by another process
+    stale = pool_module._POOL
+    pool_module._POOL_PID = -1  # what a child sees: the pool was made by another process
     assert torch.equal(magnitude_mask(big, 0.5), expected)
-    assert kernel_module._POOL is not stale
+    assert pool_module._POOL is not stale
 
 
 @pytest.mark.parametrize("module", ["sparsetool.masks.select", "sparsetool.masks.global_magnitude", "sparsetool.masks.counts", "sparsetool.masks.kernel"])

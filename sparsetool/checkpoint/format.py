@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparsetool.checkpoint import dtypes
+from sparsetool.checkpoint import dtypes, pickled
 from sparsetool.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -103,27 +103,27 @@ def read_header(path: Path, shard: str | None = None) -> Header:
         with open(path, "rb") as f:
             prefix = f.read(8)
             if len(prefix) < 8:
-                raise CheckpointError(
+                raise pickled.file_error(path, prefix) or CheckpointError(
                     f"{where}: not a safetensors file (only {size} bytes; a safetensors file "
                     "starts with an 8-byte header length). Is the file truncated?"
                 )
             (n,) = struct.unpack("<Q", prefix)
             if n > size - 8:
-                raise CheckpointError(
+                raise pickled.file_error(path, prefix) or CheckpointError(
                     f"{where}: header length {n} exceeds the file size {size}: the file is "
                     "truncated or not a safetensors file"
                 )
             if n > MAX_HEADER_BYTES:
-                raise CheckpointError(f"{where}: header of {n} bytes is larger than 100 MB: not a safetensors file")
+                raise pickled.file_error(path, prefix) or CheckpointError(f"{where}: header of {n} bytes is larger than 100 MB: not a safetensors file")
             raw = f.read(n)
     except OSError as e:
         raise CheckpointError(f"{where}: cannot read ({e.strerror or e})") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise CheckpointError(f"{where}: header is not UTF-8 text: not a safetensors file") from None
+        raise pickled.file_error(path, prefix) or CheckpointError(f"{where}: header is not UTF-8 text: not a safetensors file") from None
     if not text.startswith("{"):
-        raise CheckpointError(f"{where}: header does not start with '{{': not a safetensors file")
+        raise pickled.file_error(path, prefix) or CheckpointError(f"{where}: header does not start with '{{': not a safetensors file")
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:

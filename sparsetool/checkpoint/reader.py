@@ -47,6 +47,7 @@ class Checkpoint:
         self.is_dir = lay.is_dir
         self.shards = list(lay.shards)
         self.other_files = list(lay.other_files)
+        self.left_out = list(lay.left_out)
         self.config = config
         self.index_name = lay.index_name
         self.index = lay.index
@@ -208,6 +209,14 @@ class Checkpoint:
                 raise CheckpointError(f"{index_path}: names tensor {name!r} in {shard}, but {shard} does not hold it; fix the index")
             if st.shard != shard:
                 raise CheckpointError(f"{index_path}: says tensor {name!r} is in {shard}, but it is in {st.shard}")
+        unlisted = [st for st in self._entries.values() if st.name not in lay.index["weight_map"]]
+        if unlisted:
+            st = unlisted[0]
+            more = f" (and {len(unlisted) - 1} more)" if len(unlisted) > 1 else ""
+            raise CheckpointError(
+                f"{index_path}: does not list tensor {st.name!r}{more}, which {st.shard} holds; loaders "
+                f"would skip it. Add it to the index's weight_map, or drop it from {st.shard}"
+            )
 
     def _group(self) -> list[LogicalTensor]:
         """Group stored tensors into logical ones: plain, weight + ``_mask``, bitmask groups."""

@@ -19,7 +19,6 @@ import contextlib
 import ctypes
 import json
 import os
-import stat
 import secrets
 import shutil
 from glob import escape as glob_escape
@@ -31,6 +30,7 @@ import torch
 from sparsetool.checkpoint.encodings import encode
 from sparsetool.checkpoint.format import TensorSpec, layout
 from sparsetool.checkpoint.layout import TMP_MARK, rebuilt_index
+from sparsetool.checkpoint.output_files import PRIVATE, PRIVATE_DIR, check_room, copy_mode, mode_of, write_error
 from sparsetool.checkpoint.reader import Checkpoint
 from sparsetool.errors import CheckpointError
 from sparsetool.wording import plural
@@ -51,7 +51,8 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 class ShardWriter:
     """Writes one safetensors file whose header is fixed by ``specs``; tensors in any order."""
 
-    def __init__(self, path: Path, shard: str, specs: list[TensorSpec], metadata: dict[str, str] | None):
+    def __init__(self, path: Path, shard: str, specs: list[TensorSpec], metadata: dict[str, str] | None,
+                 mode: int | None = None, label: str | None = None):
         self.path = path
         self.shard = shard
         self.specs = {s.name: s for s in specs}
@@ -60,7 +61,13 @@ class ShardWriter:
         self._offsets = offsets
         self._written: set[str] = set()
         self.total_size = sum(s.nbytes for s in specs)  # tensor bytes, for the index
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        check_room(path.parent, self._data_start + self.total_size, label or shard)
+        # With ``mode`` (an input's permission bits) the file is created owner-only and given
+        # exactly that mode, whatever the umask; without, it is an ordinary new file.
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                       0o644 if mode is None else PRIVATE)
+        if mode is not None:
+            os.fchmod(self._fd, mode)
         _pwrite_all(self._fd, memoryview(header), 0)
         # Fix the final size now: a tensor written out of order never leaves the file short.
         os.ftruncate(self._fd, self._data_start + self.total_size)
@@ -148,8 +155,9 @@ def _copy_range(src_fd: int, src_off: int, dst_fd: int, dst_off: int, count: int
 class CheckpointWriter:
     """Hands out one ShardWriter per output shard (same shard file names as the input)."""
 
-    def __init__(self, src: Checkpoint, root: Path, metadata_extra: dict[str, str] | None):
+    def __init__(self, src: Checkpoint, root: Path, metadata_extra: dict[str, str] | None, out: Path | None = None):
         self.src = src
+        self._out = out  # the final path, for messages
         self._root = root  # temp file (single-file checkpoint) or temp directory
         self._extra = dict(metadata_extra or {})
         for k, v in self._extra.items():
@@ -157,6 +165,7 @@ class CheckpointWriter:
                 raise CheckpointError(f"safetensors metadata values must be strings: {k!r}: {v!r}")
         self.done: dict[str, ShardWriter] = {}
         self._open: list[ShardWriter] = []
+        self.left_out: list[str] = []  # entries of the input directory the output leaves out
 
     def shard(self, shard: str, specs: list[TensorSpec]) -> ShardWriter:
         if shard not in self.src.shards:
@@ -166,7 +175,8 @@ class CheckpointWriter:
         meta = self.src.metadata(shard)
         meta.update(self._extra)
         path = self._root / shard if self.src.is_dir else self._root
-        sw = ShardWriter(path, shard, specs, meta or None)
+        label = None if self._out is None else str(self._out / shard if self.src.is_dir else self._out)
+        sw = ShardWriter(path, shard, specs, meta or None, mode=mode_of(self.src.shard_path(shard)), label=label)
         self.done[shard] = sw
         self._open.append(sw)
         return sw
@@ -296,39 +306,44 @@ def write_checkpoint(
     writer: CheckpointWriter | None = None
     try:
         if src.is_dir:
-            tmp.mkdir()
-        writer = CheckpointWriter(src, tmp, metadata_extra)
+            tmp.mkdir(mode=PRIVATE_DIR)
+        writer = CheckpointWriter(src, tmp, metadata_extra, out)
+        writer.left_out = [] if same else [f"{rel}/" if (src.path / rel).is_dir() else str(rel) for rel in src.left_out]
         yield writer
         writer._finish()
         if src.is_dir:
-            _carry_over(src, tmp, writer, config_transform)
-        elif out_abs.is_file():
-            # Replacing a file (--in-place, or an earlier output) keeps its permissions, as cp does:
-            # a private checkpoint must not come back world-readable.
-            os.chmod(tmp, stat.S_IMODE(os.stat(out_abs).st_mode))
+            _carry_over(src, tmp, writer, config_transform, everything=same)
+            copy_mode(src.path, tmp)
+        # Each shard already has its input shard's mode (cp -p): a private model stays private.
         _put_in_place(tmp, out_abs)
-    except BaseException:
+    except BaseException as e:
         if writer is not None:
             writer._abort()
         _remove(tmp)
+        if isinstance(e, OSError):  # no space, I/O error, permission: one clean line
+            raise write_error(e, out) from None
         raise
 
 
-def _carry_over(src: Checkpoint, tmp: Path, writer: CheckpointWriter, config_transform: Callable[[dict], dict] | None) -> None:
-    """Copy the non-tensor files, transform config.json, rebuild the shard index."""
-    for rel in src.other_files:
+def _carry_over(src: Checkpoint, tmp: Path, writer: CheckpointWriter, config_transform: Callable[[dict], dict] | None,
+                everything: bool = False) -> None:
+    """Copy the non-tensor files (with ``everything``, those left out too: the output replaces the
+    input), transform config.json, rebuild the shard index."""
+    for rel in src.other_files + (src.left_out if everything else []):
         s, d = src.path / rel, tmp / rel
         if rel == Path("config.json") and config_transform is not None and src.config is not None:
             cfg = config_transform(json.loads(json.dumps(src.config)))
             d.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            copy_mode(s, d)
         elif s.is_dir():
             shutil.copytree(s, d, symlinks=True)
         else:
-            shutil.copy2(s, d)
+            shutil.copy2(s, d)  # mode and times, as cp -p
     if src.index_name is not None:
         weight_map = {name: shard for shard, sw in writer.done.items() for name in sw.specs}
         total = sum(sw.total_size for sw in writer.done.values())
         (tmp / src.index_name).write_text(rebuilt_index(src.index or {}, weight_map, total), encoding="utf-8")
+        copy_mode(src.path / src.index_name, tmp / src.index_name)
 
 
 def write_tensors(
@@ -369,7 +384,9 @@ def write_tensors(
             for n, t in stored:
                 sw.write(n, t)
         os.replace(tmp, out_abs)
-    except BaseException:
+    except BaseException as e:
         _remove(tmp)
+        if isinstance(e, OSError):
+            raise write_error(e, out) from None
         raise
     return out_abs

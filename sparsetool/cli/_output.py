@@ -73,6 +73,13 @@ def progress_bar(enabled: bool = True) -> Iterator[Any]:
         yield update
 
 
+def note_left_out(names: list[str]) -> None:
+    """One line naming the input entries an output directory leaves out (none: nothing)."""
+    if names:
+        console.print(f"note: left out (not part of a model directory): {escape(', '.join(names))}",
+                      highlight=False, soft_wrap=True)
+
+
 def percent(x: float, digits: int = 2) -> str:
     return f"{100 * x:.{digits}f}%"
 

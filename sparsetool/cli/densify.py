@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from sparsetool.cli._output import console, emit_json, failing_cleanly, progress_bar
+from sparsetool.cli._output import console, emit_json, failing_cleanly, note_left_out, progress_bar
 from sparsetool.cli._params import (
     checkpoint_argument,
     json_option,
@@ -50,6 +50,8 @@ def densify(
         return
     from rich.markup import escape
 
+    if not quiet:
+        note_left_out(result.left_out)
     decoded = ", ".join(f"{n} {enc}" for enc, n in sorted(result.decoded.items())) or "none"
     console.print(f"densified {plural(result.tensors, 'tensor')} (decoded: {decoded}); "
                   f"wrote {escape(str(result.output))}", highlight=False, soft_wrap=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from difflib import get_close_matches
 import signal
-from typing import Any
+from typing import Any, Callable
 
 import typer
 from typer._click.exceptions import UsageError
@@ -99,6 +99,20 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def main() -> None:
+def _run_interruptibly(command: Callable[[], object]) -> None:
+    """Run ``command`` with SIGTERM cleaning up like Ctrl-C.
+
+    Once the command has ended (its output complete, or removed and reported), both signals are
+    ignored: a KeyboardInterrupt raised during the interpreter's exit would only break the joining
+    of worker threads (a hang or an abort) and replace the command's exit code.
+    """
     signal.signal(signal.SIGTERM, _interrupt)
-    app()
+    try:
+        command()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def main() -> None:
+    _run_interruptibly(app)

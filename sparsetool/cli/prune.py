@@ -10,7 +10,8 @@ import typer
 from sparsetool import options
 from rich.markup import escape
 
-from sparsetool.cli._output import console, emit_json, err_console, failing_cleanly, percent, progress_bar
+from sparsetool.cli._output import (console, emit_json, err_console, failing_cleanly, note_left_out, percent,
+                                    progress_bar)
 from sparsetool.cli._params import (
     ENCODING_NAMES,
     checkpoint_argument,
@@ -112,4 +113,6 @@ def prune(
                       "already at least as sparse as asked and left as "
                       f"{'it was' if untouched == 1 else 'they were'} (pruning never revives a weight)",
                       highlight=False, soft_wrap=True)
+    if not quiet:
+        note_left_out(result.left_out)
     console.print(f"wrote {escape(str(result.output))}", highlight=False, soft_wrap=True)

@@ -28,10 +28,8 @@ tensor([ True, False,  True, False,  True])
 from __future__ import annotations
 
 import math
-import os
 import sys
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +37,7 @@ import torch
 from torch import Tensor
 
 from sparsetool.errors import SparsetoolError
+from sparsetool.masks import pool
 from sparsetool.masks.counts import sparsity_keep
 
 __all__ = ["top_k_mask", "Keys", "int_keys", "magnitude_keys", "histogram", "bucket_histogram",
@@ -165,24 +164,13 @@ def _select(bits: Tensor, nbits: int, inf: int, keep: int) -> tuple[int, int, in
 
 
 _CHUNK = 1 << 20  # keys per chunk: a chunk's temporaries stay in cache between the steps on it
-_POOL: ThreadPoolExecutor | None = None
-_POOL_PID = 0  # a forked child inherits the pool object but not its threads: make a new one
-
-
 def _map(fn: Callable[[int, int], Any], n: int, step: int | None = None) -> list[Any]:
     """``fn(start, stop)`` over the chunks of ``range(n)`` (``step`` long, default ``_CHUNK``), in
     order; chunks run on a thread pool (torch releases the GIL, and ``torch.bincount`` is
     single-threaded on CPU)."""
-    global _POOL, _POOL_PID
     step = step or _CHUNK
     spans = [(s, min(s + step, n)) for s in range(0, n, step)]
-    workers = max(1, torch.get_num_threads())
-    if len(spans) < 2 or workers < 2:
-        return [fn(a, b) for a, b in spans]
-    if _POOL is None or _POOL_PID != os.getpid():
-        _POOL = ThreadPoolExecutor(max_workers=min(workers, 8), thread_name_prefix="sparsetool-mask")
-        _POOL_PID = os.getpid()
-    return list(_POOL.map(lambda span: fn(*span), spans))
+    return pool.run(lambda span: fn(*span), spans)
 
 
 def count(mask: Tensor) -> int:

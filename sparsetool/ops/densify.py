@@ -31,10 +31,12 @@ class DensifyResult:
     decoded: dict[str, int] = field(default_factory=dict)  # encoding -> tensors decoded
     negative_zeros: int = 0  # tensors in which -0.0 became +0.0
     tensors: int = 0
+    left_out: list[str] = field(default_factory=list)  # input entries not part of a model directory
 
     def to_json(self) -> dict:
         return {"output": str(self.output), "tensors": self.tensors,
-                "decoded": self.decoded, "negative_zeros_fixed": self.negative_zeros}
+                "decoded": self.decoded, "negative_zeros_fixed": self.negative_zeros,
+                "left_out": list(self.left_out)}
 
 
 def densify_checkpoint(src: str | Path, out: str | Path, *, in_place: bool = False,
@@ -46,6 +48,7 @@ def densify_checkpoint(src: str | Path, out: str | Path, *, in_place: bool = Fal
     total, done = len(ckpt.logical), 0
     with write_checkpoint(ckpt, Path(out), in_place=in_place, metadata_extra=metadata,
                           config_transform=drop_sparsity_config) as writer:
+        result.left_out = list(writer.left_out)
         for shard in ckpt.shards:
             tensors = ckpt.logical_in(shard)
             specs = [TensorSpec(lt.name, lt.dtype, tuple(lt.shape)) for lt in tensors]

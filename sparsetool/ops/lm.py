@@ -5,6 +5,10 @@ logits) and the longest window the model takes. Weights are always decoded by sp
 (``read_init_checkpoint`` for our GPT, as ``train --init`` does; ``sparsetool.load`` for Hugging Face
 directories), so ``nan`` and ``bitmask`` encodings, which transformers cannot read, score exactly
 like ``zeros``. transformers is imported only for Hugging Face directories (the ``hf`` extra).
+
+No code from the checkpoint directory ever runs: the config's ``auto_map`` (classes in ``.py``
+files beside the weights) is dropped, transformers is told ``trust_remote_code=False`` (without it,
+it asks on the terminal whether to run such code), and no module named in a config is imported.
 """
 
 from __future__ import annotations
@@ -135,6 +139,7 @@ def _hf_config(path: Path, config: dict | None, transformers):
                               "(config.json, weights, tokenizer files) or a checkpoint of sparsetool train")
     # The compressed-tensors block describes how weights are stored, which sparsetool decodes itself.
     config = drop_sparsity_config(config)
+    config = {k: v for k, v in config.items() if k != "auto_map"}  # classes in the directory's .py files
     model_type = config.get("model_type")
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise SparsetoolError(f"{path}/config.json: model_type {model_type!r} is not a causal language "
@@ -174,8 +179,15 @@ def _tokenizer(path: Path, transformers):
     if not any((path / f).is_file() for f in _TOKENIZER_FILES):
         raise refuse(f"none of {', '.join(_TOKENIZER_FILES)}")
     try:
-        tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True,
+                                                         trust_remote_code=False)
     except Exception as e:  # broken files surface as OSError, ValueError or TypeError by version
+        if "custom code" in str(e):
+            raise SparsetoolError(
+                f"{path}/tokenizer_config.json asks for a tokenizer class from the directory's own "
+                "Python files (auto_map), and sparsetool never runs code from a checkpoint; set its "
+                "tokenizer_class to a transformers class (PreTrainedTokenizerFast reads tokenizer.json)"
+            ) from None
         raise refuse(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'cannot load'}") from None
     if len(tok) <= len(getattr(tok, "all_special_ids", [])):
         raise refuse("its vocabulary is empty")
@@ -251,7 +263,8 @@ def _hf_lm(path: Path, config: dict | None, dtype: torch.dtype) -> LM:
     tok = _tokenizer(path, transformers)
     torch_state = torch.random.get_rng_state()
     try:
-        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager",
+                                                              trust_remote_code=False)
     finally:  # the random initialisation is overwritten; do not disturb the caller's seed
         torch.random.set_rng_state(torch_state)
     weights = _hf_weights(path, model)

@@ -325,6 +325,7 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
 
     with write_checkpoint(ckpt, Path(out), in_place=in_place, metadata_extra=metadata,
                           config_transform=config_transform) as writer:
+        result.left_out = list(writer.left_out)
         for shard in ckpt.shards:
             tensors = ckpt.logical_in(shard)
             specs: list[TensorSpec] = []

@@ -87,6 +87,7 @@ class PruneResult:
     tensors: list[TensorResult] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what will not load the output correctly
     notes: list[str] = field(default_factory=list)  # e.g. tensors left alone for their dtype
+    left_out: list[str] = field(default_factory=list)  # input entries not part of a model directory
 
     @property
     def numel(self) -> int:
@@ -115,6 +116,7 @@ class PruneResult:
                         "targeted_sparsity": self.targeted_sparsity},
             "warnings": list(self.warnings),
             "notes": list(self.notes),
+            "left_out": list(self.left_out),
         }
 
 
