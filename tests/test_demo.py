@@ -162,16 +162,8 @@ def test_an_interrupted_demo_leaves_nothing(tmp_path):
     assert list(kept.iterdir()) == []
 
 
-RUNNER = """
-import sys
-from sparsetool.cli.main import app
-try:
-    app(sys.argv[1:], prog_name="sparsetool")
-    code = 0
-except SystemExit as e:
-    code = e.code
-sys.stdout.write(f"\\nexit={code} torch={'torch' in sys.modules}\\n")
-"""
+# the subprocess runner that reports the exit code and whether torch was imported
+from test_cli_vocabulary import RUNNER  # noqa: E402
 
 
 @pytest.mark.parametrize("args", [["--steps", "0"], ["--steps", "many"], ["--finetune-steps", "-1"],
