@@ -19,10 +19,17 @@ def run(*args: str):
     return CliRunner().invoke(app, ["flops", *args], env={"COLUMNS": "200"})
 
 
-def ok_json(*args: str):
+def whole_json(*args: str) -> dict:
+    """flops --json: one object, its runs under "runs" (one per sparsity)."""
     r = run(*args, "--json")
     assert r.exit_code == 0, r.output
     return json.loads(r.stdout)
+
+
+def ok_json(*args: str):
+    """The one run of a single-sparsity invocation, else the list of runs."""
+    runs = whole_json(*args)["runs"]
+    return runs[0] if len(runs) == 1 else runs
 
 
 def test_table_gpt3_xl_75():
@@ -36,16 +43,17 @@ def test_table_gpt3_xl_75():
 
 
 def test_json_single_sparsity_has_spec_keys_and_values():
-    d = ok_json("--model", "gpt3-xl", "--sparsity", "0.75")
+    whole = whole_json("--model", "gpt3-xl", "--sparsity", "0.75")
+    d = whole["runs"][0]
     assert SPEC_KEYS <= set(d)
     ref = account(get_preset("gpt3-xl"), sparsity=0.75)
     for k in SPEC_KEYS:
         assert d[k] == pytest.approx(ref[k]), k
     assert d["train_flops_ratio"] == pytest.approx(d["total_train_flops"] / d["dense_total_train_flops"])
-    assert d["config"]["d_model"] == 2048 and d["sparsity"] == 0.75
+    assert whole["config"]["d_model"] == 2048 and d["sparsity"] == 0.75
 
 
-def test_several_sparsities_one_table_and_a_json_list():
+def test_several_sparsities_one_table_and_one_run_each():
     r = run("-m", "gpt2-small", "-s", "0,0.5,0.75")
     assert r.exit_code == 0, r.output
     for text in ("1.987e+12", "1.465e+12", "1.204e+12", "0.737x", "1.221e+06 sequences", "2.43", "1.79", "1.47"):

@@ -55,7 +55,7 @@ def flops(
     default_targets: bool = default_targets_option(),
     list_presets: bool = typer.Option(False, "--list", help="List the model presets and exit."),
     quiet: bool = quiet_option(),
-    as_json: bool = json_option("Print the numbers as JSON (a list with several sparsities)."),
+    as_json: bool = json_option("Print the numbers as JSON: {\"model\", \"config\", ..., \"runs\": [one per sparsity]}."),
 ) -> None:
     """Training and inference FLOPs, dense vs sparse, by Chinchilla Appendix F.
 
@@ -112,16 +112,8 @@ def flops(
             else:
                 levels = sparsity if sparsity is not None else [0.0, 0.5, 0.75]
                 results = [F.account(cfg, sparsity=s, **common) for s in levels]
-    from dataclasses import asdict
-
-    for r in results:
-        r["config"] = asdict(cfg)
-        if measured is not None:
-            r["targeted_sparsity"] = measured.targeted_sparsity
-            r["notes"] = notes
-            r["targeting"] = measured.targeting
     if as_json:
-        emit_json(results[0] if len(results) == 1 else results)
+        emit_json(F.json_result(cfg, results, measured))
         return
     _render(F, cfg, results, [] if quiet else notes, breakdown, measured is not None)
 

@@ -90,7 +90,7 @@ def simulate(
                 devices=device, seq_len=seq_len, verify=verify, plot=plot,
                 include=tuple(include), exclude=tuple(exclude), default_targets=default_targets,
                 progress=progress)
-        targeting_note(result["workload"].get("targeting", {}).get("note"), quiet)
+        targeting_note((result["workload"]["targeting"] or {}).get("note"), quiet)
     if as_json:
         emit_json(result)
     else:
@@ -138,23 +138,23 @@ def _render(res: dict[str, Any], show_all: bool) -> None:
     w = res["workload"]
     head = (f"[bold]{escape(w['label'])}[/]  {w['tokens']:g} token{'' if w['tokens'] == 1 else 's'} per step"
             + (f" (sequences of {w['seq_len']})" if w.get("seq_len") else "")
-            + ("" if "sweep" in res else f", targeted sparsity {w['targeted_sparsity']:.4f}"))
+            + ("" if len(res["runs"]) > 1 else f", targeted sparsity {w['targeted_sparsity']:.4f}"))
     console.print(head, highlight=False, soft_wrap=True)
-    if "sweep" in res:
+    if len(res["runs"]) > 1:
         key = "forward_speedup" if w["source"] == "shape" else "train_speedup"
         what = "one forward matmul" if w["source"] == "shape" else "a training step"
         rows = [["theoretical", *[f"{r['theoretical']:.2f}" if r["theoretical"] else "-"
-                                  for r in res["sweep"]]]]
-        for n in res["sweep"][0]["devices"]:
+                                  for r in res["runs"]]]]
+        for n in res["runs"][0]["devices"]:
             rows.append([n, *["n/a" if r["devices"][n][key] is None else f"{r['devices'][n][key]:.2f}"
-                              for r in res["sweep"]]])
-        print_table(["device", *[f"{r['sparsity']:.2f}" for r in res["sweep"]]], rows,
+                              for r in res["runs"]]])
+        print_table(["device", *[f"{r['sparsity']:.2f}" for r in res["runs"]]], rows,
                     title=f"speedup of {what} over each device's dense run, by sparsity")
-        if "nm_point" in res:
+        if res["nm_point"]:
             for n, d in res["nm_point"]["devices"].items():
                 console.print(f"{escape(n)} on a 2:4 mask of the same shape (sparsity 0.5): "
                               f"{_x(d[key])}", highlight=False, soft_wrap=True)
-        if "plot" in res:
+        if res["plot"]:
             console.print(f"plot written to {escape(res['plot'])}", highlight=False, soft_wrap=True)
     else:
         console.print(f"theoretical speedup (dense FLOPs / sparse FLOPs): {_x(w['theoretical'])}",
@@ -186,7 +186,7 @@ def _render(res: dict[str, Any], show_all: bool) -> None:
             _render_layers(res, show_all)
     for note in w.get("notes", []):
         console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
-    if "verify" in res:
+    if res["verify"]:
         v = res["verify"]
         ok = "[green]equal[/]" if v["equal"] else "[red]NOT equal[/]"
         console.print(
@@ -199,11 +199,11 @@ def _render(res: dict[str, Any], show_all: bool) -> None:
 def _render_layers(res: dict[str, Any], show_all: bool) -> None:
     rows = res["layers"]
     if not show_all:
-        rows = sorted(rows, key=lambda r: -r.get("busiest_over_mean", 1.0))[:8]
+        rows = sorted(rows, key=lambda r: -(r["busiest_over_mean"] or 1.0))[:8]
     names = [d["name"] for d in res["devices"] if d["applicable"]][:2]
     print_table(("layer", "shape", "sparsity", "max/mean", *names),  # busiest core group / mean
                 [[r["name"], f"{r['shape'][0]}x{r['shape'][1]}", f"{r['sparsity']:.3f}",
-                  f"{r.get('busiest_over_mean', 1.0):.3f}", *[_x(r["speedup"][n]) for n in names]]
+                  f"{r['busiest_over_mean'] or 1.0:.3f}", *[_x(r["speedup"][n]) for n in names]]
                  for r in rows],
                 title=("every layer" if show_all else "the 8 most imbalanced layers (--layers for all)")
                 + ": busiest core group's work over the mean, forward speedup")

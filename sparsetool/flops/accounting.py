@@ -190,6 +190,23 @@ def account(
     return out
 
 
+def json_result(cfg: ModelConfig, runs: Sequence[Mapping[str, Any]],
+                measured: Any = None) -> dict[str, Any]:
+    """``sparsetool flops --json``: the same keys for every input, one ``runs`` entry per sparsity
+    (or one for a staged run or a checkpoint). ``measured``: the :class:`InferredModel` of a
+    checkpoint; without one ``targeted_sparsity`` and ``targeting`` are None and ``notes`` empty."""
+    from dataclasses import asdict
+
+    return {
+        "model": cfg.name,
+        "config": asdict(cfg),
+        "notes": list(measured.notes) if measured is not None else [],
+        "targeted_sparsity": measured.targeted_sparsity if measured is not None else None,
+        "targeting": measured.targeting if measured is not None else None,
+        "runs": [dict(r) for r in runs],
+    }
+
+
 def parse_count(text: str | float, what: str = "--tokens") -> int:
     """A token count (zero allowed) written as ``26e9``, ``26B``, ``2.5b`` or ``64,512``:
     :func:`sparsetool.options.parse_tokens`.
