@@ -75,7 +75,7 @@ TARGETING = obj(rule=STR, include=arr(STR), exclude=arr(STR), note=OPT_STR)
 # --- flops ------------------------------------------------------------------------------------
 MODEL_CONFIG = obj(name=STR, n_layers=INT, d_model=INT, n_heads=INT, d_head=INT, d_ff=INT, vocab=INT,
                    seq_len=INT, ffn_matrices=INT, n_kv_heads=(INT, "null"), learned_positions=BOOL,
-                   tied_embeddings=BOOL, biases=BOOL, nominal_params=OPT_NUM)
+                   tied_embeddings=BOOL, biases=BOOL, nominal_params=OPT_NUM, context=(INT, "null"))
 FLOPS_RUN = obj(
     model=STR, seq_len=INT, vocab=INT, embeddings=BOOL, tokens=NUM, tokens_source=STR, sequences=NUM,
     sparsity=NUM, effective_sparsity=NUM,
@@ -89,7 +89,7 @@ FLOPS_RUN = obj(
     dense_end_to_end_flops=NUM, end_to_end_ratio=NUM, forward_terms=mapping(NUM),
     dense_forward_terms=mapping(NUM),
 )
-FLOPS = obj(model=STR, config=MODEL_CONFIG, notes=arr(STR), targeted_sparsity=OPT_NUM,
+FLOPS = obj(model=STR, config=MODEL_CONFIG, notes=arr(STR), warnings=arr(STR), targeted_sparsity=OPT_NUM,
             targeting=nullable(TARGETING), runs=arr(FLOPS_RUN))
 FLOPS_LIST = mapping(MODEL_CONFIG)
 

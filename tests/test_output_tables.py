@@ -77,7 +77,9 @@ def test_flops_tables_keep_every_figure(width):
     out = run(["flops", "--model", "gpt3-xl", "--sparsity", "0,0.5,0.75", "--finetune-tokens", "64.5M"],
               width)
     rows = as_json(["flops", "--model", "gpt3-xl", "--sparsity", "0,0.5,0.75", "--finetune-tokens", "64.5M"])["runs"]
-    assert_whole(out, ["e2e speed-up", *[f"{r['train_flops_per_seq']:.3e}" for r in rows]])
+    from sparsetool.cli._output import si
+
+    assert_whole(out, ["e2e speed-up", *[si(r["train_flops_per_seq"], "FLOP") for r in rows]])
     out = run(["flops", "--model", "gpt3-xl", "--stage", "0.75:0.5", "--stage", "0:0.5"], width)
     assert_whole(out, ["Variable SPDF stages", "1,315,723,264"])
     out = run(["flops", "--list"], width)

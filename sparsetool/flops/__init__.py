@@ -28,6 +28,7 @@ _WHERE = {
     "from_mapping": "sparsetool.flops.config",
     "get_preset": "sparsetool.flops.config",
     "infer_model": "sparsetool.flops.shapes",
+    "input_warnings": "sparsetool.flops.accounting",
     "json_result": "sparsetool.flops.accounting",
     "layer_sparsities": "sparsetool.flops.formula",
     "load_config": "sparsetool.flops.config",
@@ -55,7 +56,7 @@ __all__ = [
     "BACKWARD_FACTOR", "ConfigError", "CHINCHILLA_TOKENS_PER_PARAM", "PRESETS", "ROLES", "TARGETED_TERMS",
     "TERMS", "TRAIN_FACTOR", "InferredModel", "ModelConfig", "Stage", "account", "check_stages",
     "default_tokens", "forward_flops", "forward_terms", "from_checkpoint", "from_hf_config",
-    "from_mapping", "get_preset", "infer_model", "json_result", "layer_sparsities", "load_config",
+    "from_mapping", "get_preset", "infer_model", "input_warnings", "json_result", "layer_sparsities", "load_config",
     "param_counts", "parse_count", "parse_sparsities", "parse_stage", "read_hf_config",
     "term_formulas", "with_overrides",
 ]

@@ -5,7 +5,7 @@ Nothing here imports torch (or numpy): ``sparsetool flops`` must start fast.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -45,12 +45,20 @@ class ModelConfig:
     # The size a model is named by. The SPDF paper's Chinchilla budgets are 20 x this
     # (GPT-2 Small "125M" -> 2.5B tokens, GPT-3 XL "1.3B" -> 26B tokens; Sec. 3, App. Table 1).
     nominal_params: float | None = None
+    # The longest sequence the model takes (HF max_position_embeddings): the size of a learned
+    # position table. None = seq_len. Counting uses seq_len, which need not equal it.
+    context: int | None = None
+
+    @staticmethod
+    def check_positive(name: str, field: str, v: Any) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"model '{name}': {field} must be a positive integer, got {v!r}")
 
     def __post_init__(self) -> None:
         for f in ("n_layers", "d_model", "n_heads", "d_head", "d_ff", "vocab", "seq_len"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"model '{self.name}': {f} must be a positive integer, got {v!r}")
+            self.check_positive(self.name, f, getattr(self, f))
+        if self.context is not None:
+            self.check_positive(self.name, "context", self.context)
         if self.ffn_matrices not in (2, 3):
             raise ConfigError(
                 f"model '{self.name}': ffn_matrices must be 2 (GELU MLP) or 3 (SwiGLU), "
@@ -121,99 +129,122 @@ def get_preset(name: str) -> ModelConfig:
         ) from None
 
 
-# Hugging Face config.json keys, first match wins (GPT-2/Cerebras-GPT, GPT-NeoX, Llama/Mistral, OPT).
-_HF_KEYS: dict[str, tuple[str, ...]] = {
+# The one table of accepted field names: sparsetool's own name -> the Hugging Face config.json
+# names read for it (first found wins). Both kinds of names work in every config file.
+FIELD_NAMES: dict[str, tuple[str, ...]] = {
+    "name": (),
     "n_layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "d_model": ("hidden_size", "n_embd", "d_model"),
+    "d_model": ("hidden_size", "n_embd"),
     "n_heads": ("num_attention_heads", "n_head"),
+    "d_head": ("head_dim",),
     "d_ff": ("intermediate_size", "n_inner", "ffn_dim"),
     "vocab": ("vocab_size",),
-    "seq_len": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
+    "seq_len": (),
+    "context": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
+    "ffn_matrices": (),
+    "n_kv_heads": ("num_key_value_heads",),
+    "learned_positions": (),
+    "tied_embeddings": ("tie_word_embeddings",),
+    "biases": (),
+    "nominal_params": (),
 }
+REQUIRED = ("n_layers", "d_model", "n_heads", "vocab")
+DEFAULT_SEQ_LEN = 2048
+"""The sequence length counted when none is given: the SPDF paper's and Chinchilla's."""
 # model_type values whose MLP is gated (SwiGLU/GeGLU: three matrices) and that use RoPE, no biases.
 _GATED_TYPES = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo",
                 "olmo2", "internlm2", "deepseek", "granite", "cohere"}
 
 
-def _first(d: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
-    for k in keys:
-        if d.get(k) is not None:
-            return d[k]
-    return None
+def _is_hf(d: Mapping[str, Any]) -> bool:
+    return "model_type" in d or "architectures" in d
+
+
+def _gather(d: Mapping[str, Any], name: str, strict: bool) -> dict[str, Any]:
+    """Own field name -> value, from own names or their Hugging Face names (FIELD_NAMES)."""
+    aliases = {a: own for own, names in FIELD_NAMES.items() for a in names}
+    if strict:
+        unknown = sorted(k for k in d if k not in FIELD_NAMES and k not in aliases)
+        if unknown:
+            raise ConfigError(
+                f"config '{name}': unknown key(s) {', '.join(unknown)}; accepted keys (sparsetool's "
+                f"or Hugging Face's): {', '.join(_accepted())}")
+    out: dict[str, Any] = {}
+    for own, names in FIELD_NAMES.items():
+        given = [(k, d[k]) for k in (own, *names) if d.get(k) is not None]
+        if not given:
+            continue
+        if strict and len({repr(v) for _, v in given}) > 1:
+            raise ConfigError(f"config '{name}' gives {own} twice with different values: "
+                              + ", ".join(f"{k} = {v!r}" for k, v in given) + "; keep one")
+        out[own] = given[0][1]
+    return out
+
+
+def _accepted() -> list[str]:
+    return [own + (f" ({' / '.join(names)})" if names else "") for own, names in FIELD_NAMES.items()]
+
+
+def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
+    """A ``ModelConfig`` from sparsetool's own field names, Hugging Face ``config.json`` names, or
+    both (:data:`FIELD_NAMES`), with one rule for defaults whatever the names:
+
+    - required: ``n_layers``, ``d_model``, ``n_heads``, ``vocab``;
+    - ``d_head`` = d_model / n_heads; ``d_ff`` = 4 x d_model; ``seq_len`` = the model's
+      ``context`` if it states one, else 2048; ``n_kv_heads`` = n_heads;
+    - a Hugging Face config (one with ``model_type`` or ``architectures``) takes the rest from its
+      family (gated MLP families: SwiGLU, RoPE, no biases, untied head) and ignores keys that do
+      not describe shapes; a file of sparsetool's own keys is refused on a key it does not know.
+
+    >>> from_mapping({"n_layers": 2, "d_model": 64, "n_heads": 4, "vocab": 100}).d_ff
+    256
+    >>> from_mapping({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
+    ...               "vocab_size": 50257, "n_positions": 1024}).d_ff
+    3072
+    """
+    if "model" in d and isinstance(d["model"], Mapping):  # a [model] table in TOML/YAML
+        d = d["model"]
+    hf = _is_hf(d)
+    if hf and (d.get("num_local_experts") or d.get("num_experts")):
+        raise ConfigError(f"config '{name}' is a mixture-of-experts model; Appendix F covers dense "
+                          "FFNs only; describe the FFN active per token in a model file of "
+                          "sparsetool's own keys (README: accepted field names)")
+    kw = _gather(d, name, strict=not hf)
+    kw["name"] = str(kw.get("name", name))
+    missing = [f + (f" (or {' / '.join(FIELD_NAMES[f])})" if FIELD_NAMES[f] else "")
+               for f in REQUIRED if f not in kw]
+    if missing:
+        raise ConfigError(f"config '{name}' lacks {', '.join(missing)}; required keys: "
+                          f"{', '.join(REQUIRED)} (README: accepted field names)")
+    if hf:
+        gated = str(d.get("model_type", "")).lower() in _GATED_TYPES
+        kw.setdefault("ffn_matrices", 3 if gated else 2)
+        kw.setdefault("biases", not gated)
+        kw.setdefault("tied_embeddings", not gated)
+        kw.setdefault("learned_positions", not gated and str(d.get("model_type", "")).lower()
+                      not in ("gpt_neox", "gptj", "bloom"))
+    for f in ("n_layers", "d_model", "n_heads", "vocab"):
+        ModelConfig.check_positive(kw["name"], f, kw[f])
+    d_model, n_heads = kw["d_model"], kw["n_heads"]
+    if "d_head" not in kw:
+        kw["d_head"] = d_model // n_heads
+    kw.setdefault("d_ff", 4 * d_model)
+    kw.setdefault("seq_len", kw.get("context") or DEFAULT_SEQ_LEN)
+    if kw.get("n_kv_heads") == n_heads:
+        kw["n_kv_heads"] = None
+    return ModelConfig(**kw)
 
 
 def from_hf_config(d: Mapping[str, Any], name: str = "hf-model") -> ModelConfig:
-    """Shapes from a Hugging Face ``config.json`` dictionary.
-
-    ``d_ff`` defaults to 4 x hidden (GPT-2's ``n_inner: null``); gated MLP families (Llama,
-    Mistral, Qwen2, ...) get three FFN matrices, RoPE, no biases; ``head_dim`` is honoured.
+    """Shapes from a Hugging Face ``config.json`` dictionary (:func:`from_mapping`'s rules).
 
     >>> from_hf_config({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
     ...                 "vocab_size": 50257, "n_positions": 1024}).d_ff
     3072
     """
-    if d.get("num_local_experts") or d.get("num_experts"):
-        raise ConfigError(f"config '{name}' is a mixture-of-experts model; Appendix F covers dense "
-                          "FFNs only; describe the FFN active per token in a model file of sparsetool's own keys")
-    vals = {f: _first(d, keys) for f, keys in _HF_KEYS.items()}
-    missing = [f"{f} ({' / '.join(_HF_KEYS[f])})" for f in ("n_layers", "d_model", "n_heads", "vocab")
-               if vals[f] is None]
-    if missing:
-        raise ConfigError(f"config '{name}' lacks {', '.join(missing)}; add them or use a preset")
-    d_model, n_heads = int(vals["d_model"]), int(vals["n_heads"])
-    model_type = str(d.get("model_type", "")).lower()
-    gated = model_type in _GATED_TYPES
-    d_head = d.get("head_dim") or d_model // max(n_heads, 1)
-    kv = d.get("num_key_value_heads")
-    return ModelConfig(
-        name=name,
-        n_layers=int(vals["n_layers"]),
-        d_model=d_model,
-        n_heads=n_heads,
-        d_head=int(d_head),
-        d_ff=int(vals["d_ff"] if vals["d_ff"] is not None else 4 * d_model),
-        vocab=int(vals["vocab"]),
-        seq_len=int(vals["seq_len"] if vals["seq_len"] is not None else 2048),
-        ffn_matrices=3 if gated else 2,
-        n_kv_heads=int(kv) if kv is not None and int(kv) != n_heads else None,
-        learned_positions=not gated and model_type not in ("gpt_neox", "gptj", "bloom"),
-        tied_embeddings=bool(d.get("tie_word_embeddings", not gated)),
-        biases=not gated,
-    )
-
-
-_OWN_FIELDS = {f.name for f in fields(ModelConfig)}
-
-
-def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
-    """A ``ModelConfig`` from sparsetool's own keys (the field names), or from HF keys.
-
-    >>> from_mapping({"n_layers": 2, "d_model": 64, "n_heads": 4, "d_ff": 256, "vocab": 100,
-    ...               "seq_len": 32}).d_head
-    16
-    """
-    if "model" in d and isinstance(d["model"], Mapping):  # a [model] table in TOML/YAML
-        d = d["model"]
-    if not (set(d) & {"n_layers", "d_model"}) or "model_type" in d or "architectures" in d:
-        return from_hf_config(d, name=str(d.get("name", name)))
-    unknown = sorted(set(d) - _OWN_FIELDS)
-    if unknown:
-        raise ConfigError(
-            f"config '{name}': unknown key(s) {', '.join(unknown)}; "
-            f"known keys: {', '.join(sorted(_OWN_FIELDS))}"
-        )
-    required = ("n_layers", "d_model", "n_heads", "d_ff", "vocab", "seq_len")
-    missing = [k for k in required if k not in d]
-    if missing:
-        raise ConfigError(f"config '{name}' lacks {', '.join(missing)}; required keys: "
-                          f"{', '.join(required)}")
-    kw = dict(d)
-    kw.setdefault("name", name)
-    if "d_head" not in kw and isinstance(kw["d_model"], int) and isinstance(kw["n_heads"], int) \
-            and kw["n_heads"] > 0:
-        kw["d_head"] = kw["d_model"] // kw["n_heads"]
-    kw.setdefault("d_head", None)  # n_heads is bad then, and __post_init__ says so first
-    return ModelConfig(**kw)
+    if not _is_hf(d):
+        d = {**d, "model_type": "unknown"}
+    return from_mapping(d, name=name)
 
 
 def load_config(path: str | Path) -> ModelConfig:

@@ -169,7 +169,7 @@ def param_counts(cfg: ModelConfig, sparsity: float | LayerSparsity = 0.0) -> dic
         per_layer_other += (kh + 2 * kv) + d + (cfg.ffn_matrices - 1) * f + d
     other = cfg.n_layers * per_layer_other + norm + V * d  # final norm, token embedding
     if cfg.learned_positions:
-        other += cfg.seq_len * d
+        other += (cfg.context or cfg.seq_len) * d
     if not cfg.tied_embeddings:
         other += V * d
     total = float(targeted + other)
