@@ -75,7 +75,9 @@ TARGETING = obj(rule=STR, include=arr(STR), exclude=arr(STR), note=OPT_STR)
 # --- flops ------------------------------------------------------------------------------------
 MODEL_CONFIG = obj(name=STR, n_layers=INT, d_model=INT, n_heads=INT, d_head=INT, d_ff=INT, vocab=INT,
                    seq_len=INT, ffn_matrices=INT, n_kv_heads=(INT, "null"), learned_positions=BOOL,
-                   tied_embeddings=BOOL, biases=BOOL, nominal_params=OPT_NUM, context=(INT, "null"))
+                   tied_embeddings=BOOL, biases=BOOL, nominal_params=OPT_NUM, context=(INT, "null"),
+                   position_rows=(INT, "null"), window=(INT, "null"), embed_dim=(INT, "null"),
+                   final_norm=BOOL, seq_len_source=STR)
 FLOPS_RUN = obj(
     model=STR, seq_len=INT, vocab=INT, embeddings=BOOL, tokens=NUM, tokens_source=STR, sequences=NUM,
     sparsity=NUM, effective_sparsity=NUM,

@@ -45,8 +45,9 @@ def test_checkpoint_uses_measured_sparsity(tmp_path):
     st = write_gpt2(tmp_path / "m75")
     whole = whole_json("--checkpoint", str(tmp_path / "m75"))
     d, c = whole["runs"][0], whole["config"]
-    assert (c["n_layers"], c["d_model"], c["n_heads"], c["d_head"], c["d_ff"], c["vocab"], c["seq_len"]) == (
+    assert (c["n_layers"], c["d_model"], c["n_heads"], c["d_head"], c["d_ff"], c["vocab"], c["context"]) == (
         2, 64, 4, 16, 256, 100, 32)
+    assert (c["seq_len"], c["seq_len_source"]) == (2048, "default")
     assert whole["targeted_sparsity"] == pytest.approx(0.75)
     assert d["params"] == sum(t.numel() for t in st.values())
     assert d["nonzero_params"] == sum(int(torch.count_nonzero(t)) for t in st.values())
@@ -108,7 +109,7 @@ def test_llama_directory_with_gqa_and_swiglu(tmp_path):
     (out / "config.json").write_text(json.dumps({
         "model_type": "llama", "num_attention_heads": heads, "num_key_value_heads": kv,
         "max_position_embeddings": 256}))
-    whole = whole_json("--checkpoint", str(out))
+    whole = whole_json("--checkpoint", str(out), "--seq-len", "256")
     dj, c = whole["runs"][0], whole["config"]
     assert (c["n_layers"], c["d_model"], c["n_heads"], c["n_kv_heads"], c["d_head"], c["d_ff"],
             c["ffn_matrices"], c["vocab"], c["seq_len"]) == (L, d, heads, kv, k, f, 3, V, 256)

@@ -139,14 +139,14 @@ def _f(x: float) -> str:
     return si(x, "FLOP")
 
 
-def _title(cfg: Any, r: dict) -> str:
+def _title(F: Any, cfg: Any, r: dict) -> str:
     src = "20 tokens/param, Chinchilla" if r["tokens_source"] == "chinchilla" else "given"
     emb = "embeddings counted" if r["embeddings"] else "embeddings excluded"
     kv = f" ({cfg.n_kv_heads} kv)" if cfg.n_kv_heads else ""
     return (f"{cfg.name}: {plural(cfg.n_layers, 'layer')}, d_model {cfg.d_model}, "
             f"{plural(cfg.n_heads, 'head')}{kv} x "
             f"{cfg.d_head}, d_ff {cfg.d_ff}{' (SwiGLU)' if cfg.ffn_matrices == 3 else ''}, vocab "
-            f"{cfg.vocab}, seq {cfg.seq_len}\n{count(r['tokens'])} training tokens ({src}), "
+            f"{cfg.vocab}, {F.seq_len_note(cfg)}\n{count(r['tokens'])} training tokens ({src}), "
             f"{r['sequences']:.4g} sequences; {emb}")
 
 
@@ -159,7 +159,7 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
     r0 = results[0]
     ft = r0["finetune_tokens"] > 0
     if len(results) > 1:
-        console.print(escape(_title(cfg, r0)), highlight=False, soft_wrap=True)
+        console.print(escape(_title(F, cfg, r0)), highlight=False, soft_wrap=True)
         cols = ["sparsity", "FLOPs/seq", "training", "vs dense", "infer/token", "non-zero"]
         if ft:
             cols += ["+FT", "e2e speed-up"]
@@ -187,7 +187,7 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
         return
 
     r = r0
-    console.print(escape(_title(cfg, r)), highlight=False, soft_wrap=True)
+    console.print(escape(_title(F, cfg, r)), highlight=False, soft_wrap=True)
     if r["stages"]:
         print_table(("stage", "sparsity", "fraction", "tokens", "training"),
                     [[str(i), percent(s["sparsity"], 1), f"{s['fraction']:.4f}", count(s["tokens"]),
@@ -242,6 +242,18 @@ def _render_breakdown(F: Any, cfg: Any, r: dict) -> None:
     console.print("* scaled by (1 - sparsity) of its weights; ffn = "
                   f"{plural(cfg.ffn_matrices, 'matrix', 'matrices')}{' (gate, up, down)' if cfg.ffn_matrices == 3 else ' (in, out)'}",
                   highlight=False, soft_wrap=True)
+    keys = F.keys_per_query(cfg)
+    if keys != cfg.seq_len:
+        console.print(f"attention terms count {keys:,} keys per query, not {cfg.seq_len:,}: the model's "
+                      f"sliding window is {cfg.window:,} tokens", highlight=False, soft_wrap=True)
+    elif cfg.window:
+        console.print(f"the model's sliding window ({cfg.window:,} tokens) is no shorter than the "
+                      f"sequence, so every query attends to all {cfg.seq_len:,} keys",
+                      highlight=False, soft_wrap=True)
+    if cfg.embed_dim:
+        console.print(f"embedding and LM head are {cfg.embed_dim} wide: logits and embeddings include "
+                      f"the project_out/project_in matmuls 2*s*{cfg.d_model}*{cfg.embed_dim}",
+                      highlight=False, soft_wrap=True)
 
 
 def _print_presets(F: Any, as_json: bool) -> None:

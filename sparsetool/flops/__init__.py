@@ -30,6 +30,8 @@ _WHERE = {
     "infer_model": "sparsetool.flops.shapes",
     "input_warnings": "sparsetool.flops.accounting",
     "json_result": "sparsetool.flops.accounting",
+    "keys_per_query": "sparsetool.flops.formula",
+    "seq_len_note": "sparsetool.flops.config",
     "layer_sparsities": "sparsetool.flops.formula",
     "load_config": "sparsetool.flops.config",
     "param_counts": "sparsetool.flops.formula",
@@ -56,7 +58,7 @@ __all__ = [
     "BACKWARD_FACTOR", "ConfigError", "CHINCHILLA_TOKENS_PER_PARAM", "PRESETS", "ROLES", "TARGETED_TERMS",
     "TERMS", "TRAIN_FACTOR", "InferredModel", "ModelConfig", "Stage", "account", "check_stages",
     "default_tokens", "forward_flops", "forward_terms", "from_checkpoint", "from_hf_config",
-    "from_mapping", "get_preset", "infer_model", "input_warnings", "json_result", "layer_sparsities", "load_config",
-    "param_counts", "parse_count", "parse_sparsities", "parse_stage", "read_hf_config",
+    "from_mapping", "get_preset", "infer_model", "input_warnings", "json_result", "keys_per_query", "layer_sparsities", "load_config",
+    "param_counts", "parse_count", "parse_sparsities", "parse_stage", "read_hf_config", "seq_len_note",
     "term_formulas", "with_overrides",
 ]

@@ -5,7 +5,7 @@ Nothing here imports torch (or numpy): ``sparsetool flops`` must start fast.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -45,9 +45,20 @@ class ModelConfig:
     # The size a model is named by. The SPDF paper's Chinchilla budgets are 20 x this
     # (GPT-2 Small "125M" -> 2.5B tokens, GPT-3 XL "1.3B" -> 26B tokens; Sec. 3, App. Table 1).
     nominal_params: float | None = None
-    # The longest sequence the model takes (HF max_position_embeddings): the size of a learned
-    # position table. None = seq_len. Counting uses seq_len, which need not equal it.
+    # The longest sequence the model takes (HF max_position_embeddings). None = seq_len.
+    # Counting uses seq_len (default 2048), which need not equal it.
     context: int | None = None
+    # Rows of a learned position table; None = context (else seq_len). OPT's has context + 2.
+    position_rows: int | None = None
+    # Sliding-window attention (Mistral): each query attends to at most this many keys.
+    window: int | None = None
+    # Width of the token embedding and LM head when it differs from d_model (OPT-350m's
+    # word_embed_proj_dim): project_in/project_out matrices map between the two.
+    embed_dim: int | None = None
+    # A norm after the last layer (OPT without do_layer_norm_before has none).
+    final_norm: bool = True
+    # Where seq_len came from, for the output (not part of the shape).
+    seq_len_source: str = field(default="preset", compare=False)
 
     @staticmethod
     def check_positive(name: str, field: str, v: Any) -> None:
@@ -57,8 +68,9 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for f in ("n_layers", "d_model", "n_heads", "d_head", "d_ff", "vocab", "seq_len"):
             self.check_positive(self.name, f, getattr(self, f))
-        if self.context is not None:
-            self.check_positive(self.name, "context", self.context)
+        for f in ("context", "position_rows", "window", "embed_dim"):
+            if getattr(self, f) is not None:
+                self.check_positive(self.name, f, getattr(self, f))
         if self.ffn_matrices not in (2, 3):
             raise ConfigError(
                 f"model '{self.name}': ffn_matrices must be 2 (GELU MLP) or 3 (SwiGLU), "
@@ -66,10 +78,12 @@ class ModelConfig:
             )
         if self.n_kv_heads is not None and not (
             isinstance(self.n_kv_heads, int) and 1 <= self.n_kv_heads <= self.n_heads
+            and self.n_heads % self.n_kv_heads == 0
         ):
             raise ConfigError(
-                f"model '{self.name}': n_kv_heads must be between 1 and n_heads={self.n_heads}, "
-                f"got {self.n_kv_heads!r}"
+                f"model '{self.name}': {self.n_heads} query heads cannot share {self.n_kv_heads!r} "
+                f"key/value heads: n_kv_heads must divide n_heads (e.g. "
+                f"{', '.join(str(k) for k in range(1, self.n_heads + 1) if self.n_heads % k == 0)})"
             )
 
     @property
@@ -107,9 +121,10 @@ PRESETS: dict[str, ModelConfig] = {
     "cerebras-gpt-13b": _gpt("cerebras-gpt-13b", 40, 5120, 40, 20480),
     # A Llama-style 1.3B: the shape of Sheared-LLaMA-1.3B (Xia et al. 2023, "Sheared LLaMA";
     # its released config.json): 24 layers, hidden 2048, 16 heads of 128, SwiGLU intermediate
-    # 5504, vocab 32000, 4096 positions (RoPE), untied LM head, no biases, RMSNorm.
+    # 5504, vocab 32000, 4096 positions (RoPE; counted at 2048 like the others), untied LM head,
+    # no biases, RMSNorm.
     "llama-1.3b": ModelConfig(
-        "llama-1.3b", 24, 2048, 16, 128, 5504, vocab=32000, seq_len=4096, ffn_matrices=3,
+        "llama-1.3b", 24, 2048, 16, 128, 5504, vocab=32000, seq_len=2048, context=4096, ffn_matrices=3,
         learned_positions=False, tied_embeddings=False, biases=False,
     ),
 }
@@ -147,6 +162,10 @@ FIELD_NAMES: dict[str, tuple[str, ...]] = {
     "tied_embeddings": ("tie_word_embeddings",),
     "biases": (),
     "nominal_params": (),
+    "position_rows": (),
+    "window": ("sliding_window",),
+    "embed_dim": ("word_embed_proj_dim",),
+    "final_norm": (),
 }
 REQUIRED = ("n_layers", "d_model", "n_heads", "vocab")
 DEFAULT_SEQ_LEN = 2048
@@ -190,8 +209,9 @@ def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
     both (:data:`FIELD_NAMES`), with one rule for defaults whatever the names:
 
     - required: ``n_layers``, ``d_model``, ``n_heads``, ``vocab``;
-    - ``d_head`` = d_model / n_heads; ``d_ff`` = 4 x d_model; ``seq_len`` = the model's
-      ``context`` if it states one, else 2048; ``n_kv_heads`` = n_heads;
+    - ``d_head`` = d_model / n_heads (which must divide evenly); ``d_ff`` = 4 x d_model;
+      ``seq_len`` = 2048 (:data:`DEFAULT_SEQ_LEN`, whatever the model's ``context``);
+      ``n_kv_heads`` = n_heads (which it must divide);
     - a Hugging Face config (one with ``model_type`` or ``architectures``) takes the rest from its
       family (gated MLP families: SwiGLU, RoPE, no biases, untied head) and ignores keys that do
       not describe shapes; a file of sparsetool's own keys is refused on a key it does not know.
@@ -205,11 +225,17 @@ def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
     if "model" in d and isinstance(d["model"], Mapping):  # a [model] table in TOML/YAML
         d = d["model"]
     hf = _is_hf(d)
-    if hf and (d.get("num_local_experts") or d.get("num_experts")):
-        raise ConfigError(f"config '{name}' is a mixture-of-experts model; Appendix F covers dense "
-                          "FFNs only; describe the FFN active per token in a model file of "
-                          "sparsetool's own keys (README: accepted field names)")
+    experts = d.get("num_local_experts") or d.get("num_experts")
+    if hf and experts:
+        raise ConfigError(
+            f"config '{name}' is a mixture-of-experts model ({experts} experts, "
+            f"{d.get('num_experts_per_tok', '?')} per token); the Appendix-F count covers dense FFNs "
+            "only; to count the FFN work of one token, write a model file of the shapes with d_ff = "
+            "intermediate_size x experts per token (README: accepted field names)")
     kw = _gather(d, name, strict=not hf)
+    model_type = str(d.get("model_type", "")).lower()
+    if hf and d.get("use_sliding_window") is False:  # Qwen2 states a window it does not use
+        kw.pop("window", None)
     kw["name"] = str(kw.get("name", name))
     missing = [f + (f" (or {' / '.join(FIELD_NAMES[f])})" if FIELD_NAMES[f] else "")
                for f in REQUIRED if f not in kw]
@@ -217,7 +243,11 @@ def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
         raise ConfigError(f"config '{name}' lacks {', '.join(missing)}; required keys: "
                           f"{', '.join(REQUIRED)} (README: accepted field names)")
     if hf:
-        gated = str(d.get("model_type", "")).lower() in _GATED_TYPES
+        gated = model_type in _GATED_TYPES
+        if model_type == "opt":  # its position table keeps 2 rows more than its context
+            kw.setdefault("position_rows", kw.get("context", DEFAULT_SEQ_LEN) + 2)
+            kw.setdefault("final_norm", bool(d.get("do_layer_norm_before", True))
+                          and not d.get("_remove_final_layer_norm", False))
         kw.setdefault("ffn_matrices", 3 if gated else 2)
         kw.setdefault("biases", not gated)
         kw.setdefault("tied_embeddings", not gated)
@@ -227,9 +257,19 @@ def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
         ModelConfig.check_positive(kw["name"], f, kw[f])
     d_model, n_heads = kw["d_model"], kw["n_heads"]
     if "d_head" not in kw:
+        if d_model % n_heads:
+            raise ConfigError(
+                f"config '{name}': d_model {d_model} does not split into {n_heads} heads "
+                f"({d_model} / {n_heads} = {d_model / n_heads:.4g}); fix hidden size or heads, or "
+                f"give the head size (d_head / head_dim) if the model's heads are not d_model wide")
         kw["d_head"] = d_model // n_heads
     kw.setdefault("d_ff", 4 * d_model)
-    kw.setdefault("seq_len", kw.get("context") or DEFAULT_SEQ_LEN)
+    if "seq_len" in kw:
+        kw["seq_len_source"] = "config file"
+    else:
+        kw["seq_len"], kw["seq_len_source"] = DEFAULT_SEQ_LEN, "default"
+    if kw.get("embed_dim") == d_model:
+        kw["embed_dim"] = None
     if kw.get("n_kv_heads") == n_heads:
         kw["n_kv_heads"] = None
     return ModelConfig(**kw)
@@ -257,12 +297,23 @@ def load_config(path: str | Path) -> ModelConfig:
     return from_mapping(data, name=name)
 
 
+def seq_len_note(cfg: ModelConfig) -> str:
+    """Which sequence length is counted and where it came from, and the model's own context
+    when that differs: ``"seq 2048 (default; the model's context is 131,072)"``."""
+    text = f"seq {cfg.seq_len:,} ({cfg.seq_len_source}"
+    if cfg.context is not None and cfg.context != cfg.seq_len:
+        text += f"; the model's context is {cfg.context:,}"
+    if cfg.window is not None:
+        text += f"; attention window {cfg.window:,}"
+    return text + ")"
+
+
 def with_overrides(cfg: ModelConfig, *, seq_len: int | None = None,
                    vocab: int | None = None) -> ModelConfig:
     """``cfg`` with ``--seq-len`` / ``--vocab`` applied."""
     kw: dict[str, Any] = {}
     if seq_len is not None:
-        kw["seq_len"] = seq_len
+        kw["seq_len"], kw["seq_len_source"] = seq_len, "--seq-len"
     if vocab is not None:
         kw["vocab"] = vocab
     return replace(cfg, **kw) if kw else cfg

@@ -9,7 +9,7 @@ work weight sparsity does not touch; their FLOPs come from the same Chinchilla A
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -175,6 +175,10 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
         raise CheckpointError(f"'{path}' has no attention or feed-forward weight matrices to simulate; "
                               "use --shape MxK or --model NAME instead")
     inferred = infer_model(rows, name=path.name, hf_config=read_model_config(path), seq_len=seq_len)
-    flops, seq = untargeted_flops(inferred.config, tokens)
+    cfg = inferred.config
+    if seq_len is None and cfg.context is not None:
+        # a step runs sequences the model takes: up to its context (flops counts 2048 by default)
+        cfg = replace(cfg, seq_len=cfg.context, seq_len_source="the model's context")
+    flops, seq = untargeted_flops(cfg, tokens)
     return Workload(f"{path.name} ({plural(len(layers), 'pruned matrix', 'pruned matrices')}, real masks)", "checkpoint",
                     tokens, layers, flops, seq, list(inferred.notes), targeting_summary(plan))
