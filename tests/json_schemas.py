@@ -118,7 +118,7 @@ SIMULATE = obj(
     verify=nullable(obj(equal=BOOL, max_abs_error=NUM, axpys=INT, block=arr(INT), core_groups=arr(INT),
                         tokens=INT, axpys_match_tiles=BOOL, nonzero=INT)),
 )
-SIMULATE_LIST = mapping(obj(kind=STR, constants=mapping(obj(value=("num", "bool"), source=STR))))
+SIMULATE_LIST = mapping(obj(kind=STR, constants=mapping(obj(value=("num", "bool"), unit=OPT_STR, source=STR))))
 
 # --- checkpoint commands ----------------------------------------------------------------------
 PRUNE = obj(

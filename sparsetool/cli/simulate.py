@@ -10,7 +10,9 @@ from typing import Any, Iterator, Optional
 import typer
 from rich.markup import escape
 
-from sparsetool.cli._output import console, emit_json, failing_cleanly, print_table, progress_bar, targeting_note
+from sparsetool.cli._output import (
+    console, emit_json, failing_cleanly, print_table, progress_bar, si, targeting_note,
+)
 from sparsetool.cli._params import (
     choices,
     default_targets_option,
@@ -107,8 +109,8 @@ def _shape_hint() -> Iterator[None]:
         yield
     except ShapeError as e:
         extra = "add a config.json with vocab_size beside it, or " if e.missing == "vocab" else ""
-        raise ShapeError(f"{e}; {extra}simulate a preset with --model NAME or one layer with "
-                         "--shape MxK instead") from None
+        raise ShapeError(f"{e}; {extra}simulate a preset or one layer instead, e.g. --model gpt2-small "
+                         "--sparsity 0.5 or --shape 4096x4096 --sparsity 0.5") from None
 
 
 def _t(s: float | None) -> str:
@@ -124,14 +126,47 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
+def _value(value: Any, unit: Optional[str]) -> str:
+    """A constant for people: ``1.100 GHz``, ``312.00 TFLOP/s``, ``2 B``, ``1.395x``, ``850,000``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if unit == "x":
+        return f"{value:g}x"
+    if unit is None:
+        return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+    if value >= 1000 or (value < 1 and unit == "s"):  # no milli-bytes: 0.25 B stays 0.25 B
+        return si(value, unit)
+    return f"{value:g} {unit}"
+
+
 def _list(out: dict[str, Any], as_json: bool) -> None:
+    """Each device's constants with units, each publication cited once per device, long sources
+    wrapped under their own column (not back to column 0)."""
+    import textwrap
+
+    from sparsetool.hardware.presets import cite_once
+
     if as_json:
         emit_json(out)
         return
+    width = max(console.width, 60)
     for name, d in out.items():
-        console.print(f"[bold]{escape(name)}[/] ({d['kind']})", highlight=False, soft_wrap=True)
-        for key, c in d["constants"].items():
-            console.print(f"  {key} = {c['value']!r}  [dim]{escape(c['source'])}[/]", highlight=False, soft_wrap=True)
+        consts = d["constants"]
+        details, cited = cite_once({k: c["source"] for k, c in consts.items()})
+        values = {k: _value(c["value"], c["unit"]) for k, c in consts.items()}
+        kw, vw = max(map(len, consts)), max(map(len, values.values()))
+        console.print(f"[bold]{escape(name)}[/] ({escape(d['kind'])})", highlight=False, soft_wrap=True)
+        for key in consts:
+            head = f"  {key:<{kw}}  {values[key]:>{vw}}  "
+            lines = textwrap.wrap(details[key], width=max(20, width - len(head))) or [""]
+            for i, line in enumerate(lines):
+                console.print(escape((head if i == 0 else " " * len(head)) + line),
+                              highlight=False, soft_wrap=True)
+        for i, cite in enumerate(cited, 1):
+            for line in textwrap.wrap(cite, width=width - 2, initial_indent=f"  [{i}] ",
+                                      subsequent_indent=" " * (len(str(i)) + 5)):
+                console.print(escape(line), highlight=False, soft_wrap=True)
+        console.print()
 
 
 def _render(res: dict[str, Any], show_all: bool) -> None:

@@ -38,14 +38,16 @@ def select_devices(hardware: Optional[Path] = None, only: Sequence[str] = ()
     if only:
         unknown = [d for d in only if d not in devices]
         if unknown:
-            raise ConfigError(f"unknown --device {', '.join(unknown)}; known: {', '.join(devices)}")
+            raise ConfigError(f"unknown --device {', '.join(unknown)}; known: {', '.join(devices)} "
+                              "(sparsetool simulate --list-hardware lists them)")
         devices = {d: devices[d] for d in only}
     return devices, sources
 
 
 def hardware_constants(hardware: Optional[Path] = None, devices: Sequence[str] = ()
                        ) -> dict[str, dict[str, Any]]:
-    """``{device: {"kind", "constants": {name: {"value", "source"}}}}`` (``--list-hardware``).
+    """``{device: {"kind", "constants": {name: {"value", "unit", "source"}}}}``
+    (``--list-hardware``; ``unit`` from :data:`sparsetool.hardware.presets.UNITS`).
 
     >>> hardware_constants(devices=["cs2"])["cs2"]["kind"]
     'dataflow'
@@ -53,6 +55,7 @@ def hardware_constants(hardware: Optional[Path] = None, devices: Sequence[str] =
     chosen, sources = select_devices(hardware, devices)
     return {name: {"kind": d.kind,
                    "constants": {f.name: {"value": getattr(d, f.name),
+                                          "unit": presets.UNITS.get(f.name),
                                           "source": sources[name].get(f.name, "default")}
                                  for f in fields(d) if f.name != "name"}}
             for name, d in chosen.items()}
@@ -69,7 +72,10 @@ def parse_sparsities(sparsity: Sparsities, sweep: bool = False) -> list[float]:
     """
     if sweep:
         if sparsity is not None:
-            raise ConfigError("give either --sweep (the Appendix C sparsities) or --sparsity LIST, not both")
+            given = sparsity if isinstance(sparsity, str) else ",".join(
+                f"{x:g}" for x in ([sparsity] if isinstance(sparsity, (int, float)) else sparsity))
+            raise ConfigError(f"give either --sweep (the Appendix C sparsities) or --sparsity {given}, "
+                              "not both: drop one")
         return list(APPENDIX_C_TICKS)
     if sparsity is None:
         return []
@@ -105,9 +111,12 @@ def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = 
     """
     chosen, _ = select_devices(hardware, devices)
     if sum(x is not None for x in (checkpoint, shape, model)) != 1:
-        raise ConfigError("give exactly one of CHECKPOINT, --shape MxK or --model NAME")
+        raise ConfigError("give exactly one of CHECKPOINT, --shape MxK or --model NAME, e.g. sparsetool "
+                          "simulate model.safetensors, sparsetool simulate --shape 4096x4096 --sparsity 0.9 "
+                          "or sparsetool simulate --model gpt2-small --sparsity 0.75")
     if pattern != "random" and shape is None:
-        raise ConfigError("--pattern applies to --shape only")
+        raise ConfigError("--pattern draws the synthetic mask of --shape only: drop --pattern, or "
+                          f"simulate one layer, e.g. --shape 4096x4096 --sparsity 0.5 --pattern {pattern}")
     if (include or exclude or default_targets) and checkpoint is None:
         raise ConfigError("--include/--exclude/--default-targets select a checkpoint's tensors: "
                           "give CHECKPOINT")
@@ -129,8 +138,8 @@ def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = 
     else:
         mk = wlmod.parse_shape(shape) if shape is not None else None
         if not sps:
-            raise ConfigError("--shape and --model need a sparsity: add --sparsity 0.9, a list such as "
-                              "--sparsity 0.5,0.75,0.9, or --sweep")
+            raise ConfigError("--shape and --model need a sparsity: add one, a list or --sweep, e.g. "
+                              "--sparsity 0.9, --sparsity 0.5,0.75,0.9 or --sweep")
         make = _synthetic(mk, model, sps, tokens, grids, pattern, seed, seq_len)
         wl, mask = make(sps[-1])
         verify_mask = None
@@ -170,7 +179,8 @@ def _synthetic(mk: Optional[tuple[int, int]], model: Optional[str], sps: list[fl
     """The :data:`Maker` of the ``mk`` = (M, K) layer, or else of ``model``."""
     if mk is not None:
         if pattern == "2:4" and len(sps) > 1:
-            raise ConfigError("--pattern 2:4 keeps exactly half the weights: use --sparsity 0.5, no sweep")
+            raise ConfigError("--pattern 2:4 keeps exactly half the weights, so it takes one sparsity, "
+                              f"e.g. --shape {mk[0]}x{mk[1]} --sparsity 0.5 --pattern 2:4")
         return lambda s: wlmod.from_shape(mk, s, tokens, grids, pattern, seed)
     from sparsetool.flops import get_preset, with_overrides
 
