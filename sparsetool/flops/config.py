@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 from sparsetool.configfile import load_mapping
 from sparsetool.errors import ConfigError
+from sparsetool.wording import plural
 
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
 """Compute-optimal tokens per parameter (Hoffmann et al. 2022), as the SPDF paper uses it (Sec. 3)."""
@@ -259,7 +260,7 @@ def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
     if "d_head" not in kw:
         if d_model % n_heads:
             raise ConfigError(
-                f"config '{name}': d_model {d_model} does not split into {n_heads} heads "
+                f"config '{name}': d_model {d_model} does not split into {plural(n_heads, 'head')} "
                 f"({d_model} / {n_heads} = {d_model / n_heads:.4g}); fix hidden size or heads, or "
                 f"give the head size (d_head / head_dim) if the model's heads are not d_model wide")
         kw["d_head"] = d_model // n_heads
