@@ -246,7 +246,7 @@ def test_sparsity_one_is_accepted_everywhere(gpt2_file, tmp_path, corpus):
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["summary"]["targeted_sparsity"] == 1.0
     r = run("flops", "--model", "gpt2-small", "--sparsity", "1.0", "--json")
-    assert r.exit_code == 0 and json.loads(r.stdout)["sparsity"] == 1.0
+    assert r.exit_code == 0 and json.loads(r.stdout)["runs"][0]["sparsity"] == 1.0
     r = run("simulate", "--shape", "64x64", "--sparsity", "1.0", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["workload"]["targeted_sparsity"] == 1.0
@@ -271,7 +271,7 @@ def test_sparsity_out_of_range_is_refused_the_same_way(command, args, bad):
 
 
 @pytest.mark.parametrize("command, args, key", [
-    ("flops", ["--model", "gpt2-small", "--sparsity", "0.5"], lambda d: d["tokens"]),
+    ("flops", ["--model", "gpt2-small", "--sparsity", "0.5"], lambda d: d["runs"][0]["tokens"]),
     ("simulate", ["--shape", "64x64", "--sparsity", "0.5"], lambda d: d["workload"]["tokens"]),
 ])
 def test_tokens_spellings_mean_the_same(command, args, key):

@@ -143,8 +143,8 @@ def test_error_messages_name_only_options_their_command_has(files):
 def test_shape_errors_get_each_commands_own_way_out(files):
     r = run("simulate", files["noshape"])
     assert r.exit_code == 1 and "--config" not in r.stderr
-    assert r.stderr.strip().endswith("simulate a preset with --model NAME or one layer with --shape "
-                                     "MxK instead")
+    assert r.stderr.strip().endswith("simulate a preset or one layer instead, e.g. --model gpt2-small "
+                                     "--sparsity 0.5 or --shape 4096x4096 --sparsity 0.5")
     r = run("flops", "--checkpoint", files["noshape"])
     assert r.stderr.strip().endswith("describe the model with --config FILE instead of --checkpoint")
     r = run("simulate", files["novocab"])

@@ -390,12 +390,13 @@ def test_hugging_face_config_json(tmp_path):
     }))
     c = load_config(d / "config.json")
     assert (c.name, c.n_layers, c.d_model, c.n_heads, c.d_head, c.d_ff) == ("my-llama", 24, 2048, 16, 128, 5504)
-    assert (c.ffn_matrices, c.n_kv_heads, c.seq_len, c.learned_positions) == (3, 4, 4096, False)
+    # counted at 2048 tokens like every source (it used to be the 4096-token context)
+    assert (c.ffn_matrices, c.n_kv_heads, c.seq_len, c.context, c.learned_positions) == (3, 4, 2048, 4096, False)
     gpt2 = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_inner": None,
             "vocab_size": 50257, "n_positions": 1024}
     (tmp_path / "config.json").write_text(json.dumps(gpt2))
     c = load_config(tmp_path / "config.json")
-    assert (c.d_ff, c.seq_len, c.ffn_matrices, c.n_kv_heads) == (3072, 1024, 2, None)
+    assert (c.d_ff, c.seq_len, c.context, c.ffn_matrices, c.n_kv_heads) == (3072, 2048, 1024, 2, None)
 
 
 @pytest.mark.parametrize("body,match", [

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from sparsetool.flops import ModelConfig, forward_terms
 
-from test_flops_cli import ok_json, run
+from test_flops_cli import run, whole_json
 
 
 def zero_first(t, fraction):
@@ -43,23 +43,24 @@ def write_gpt2(path: Path, L=2, d=64, V=100, s=32, sparsity=0.75, n_head=4, conf
 
 def test_checkpoint_uses_measured_sparsity(tmp_path):
     st = write_gpt2(tmp_path / "m75")
-    d = ok_json("--checkpoint", str(tmp_path / "m75"))
-    c = d["config"]
-    assert (c["n_layers"], c["d_model"], c["n_heads"], c["d_head"], c["d_ff"], c["vocab"], c["seq_len"]) == (
+    whole = whole_json("--checkpoint", str(tmp_path / "m75"))
+    d, c = whole["runs"][0], whole["config"]
+    assert (c["n_layers"], c["d_model"], c["n_heads"], c["d_head"], c["d_ff"], c["vocab"], c["context"]) == (
         2, 64, 4, 16, 256, 100, 32)
-    assert d["targeted_sparsity"] == pytest.approx(0.75)
+    assert (c["seq_len"], c["seq_len_source"]) == (2048, "default")
+    assert whole["targeted_sparsity"] == pytest.approx(0.75)
     assert d["params"] == sum(t.numel() for t in st.values())
     assert d["nonzero_params"] == sum(int(torch.count_nonzero(t)) for t in st.values())
     cfg = ModelConfig(**c)
     assert d["forward_flops_per_seq"] == pytest.approx(sum(forward_terms(cfg, sparsity=0.75).values()))
-    assert d["notes"] == []
+    assert whole["notes"] == []
     r = run("--checkpoint", str(tmp_path / "m75"))
     assert r.exit_code == 0 and "measured 75.0%" in r.stdout
 
 
 def test_checkpoint_file_without_config_json_says_what_it_assumed(tmp_path):
     write_gpt2(tmp_path / "m", config=False)
-    d = ok_json("--checkpoint", str(tmp_path / "m" / "model.safetensors"))
+    d = whole_json("--checkpoint", str(tmp_path / "m" / "model.safetensors"))
     assert d["config"]["n_heads"] == 1 and d["config"]["d_head"] == 64
     assert any("assumed d_head=64" in n for n in d["notes"])
     r = run("--checkpoint", str(tmp_path / "m" / "model.safetensors"))
@@ -68,7 +69,7 @@ def test_checkpoint_file_without_config_json_says_what_it_assumed(tmp_path):
 
 def test_checkpoint_exclude_counts_those_matrices_dense(tmp_path):
     write_gpt2(tmp_path / "m75")
-    d = ok_json("--checkpoint", str(tmp_path / "m75"), "--exclude", "*.mlp.*")
+    d = whole_json("--checkpoint", str(tmp_path / "m75"), "--exclude", "*.mlp.*")["runs"][0]
     assert d["forward_terms"]["ffn"] == d["dense_forward_terms"]["ffn"]
     assert d["forward_terms"]["qkv"] == pytest.approx(d["dense_forward_terms"]["qkv"] / 4)
 
@@ -108,8 +109,8 @@ def test_llama_directory_with_gqa_and_swiglu(tmp_path):
     (out / "config.json").write_text(json.dumps({
         "model_type": "llama", "num_attention_heads": heads, "num_key_value_heads": kv,
         "max_position_embeddings": 256}))
-    dj = ok_json("--checkpoint", str(out))
-    c = dj["config"]
+    whole = whole_json("--checkpoint", str(out), "--seq-len", "256")
+    dj, c = whole["runs"][0], whole["config"]
     assert (c["n_layers"], c["d_model"], c["n_heads"], c["n_kv_heads"], c["d_head"], c["d_ff"],
             c["ffn_matrices"], c["vocab"], c["seq_len"]) == (L, d, heads, kv, k, f, 3, V, 256)
     cfg = ModelConfig(**c)

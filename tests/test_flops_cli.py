@@ -19,36 +19,46 @@ def run(*args: str):
     return CliRunner().invoke(app, ["flops", *args], env={"COLUMNS": "200"})
 
 
-def ok_json(*args: str):
+def whole_json(*args: str) -> dict:
+    """flops --json: one object, its runs under "runs" (one per sparsity)."""
     r = run(*args, "--json")
     assert r.exit_code == 0, r.output
     return json.loads(r.stdout)
+
+
+def ok_json(*args: str):
+    """The one run of a single-sparsity invocation, else the list of runs."""
+    runs = whole_json(*args)["runs"]
+    return runs[0] if len(runs) == 1 else runs
 
 
 def test_table_gpt3_xl_75():
     r = run("--model", "gpt3-xl", "--sparsity", "0.75")
     assert r.exit_code == 0, r.output
     for text in ("forward FLOPs / sequence", "training FLOPs / sequence", "inference FLOPs / token",
-                 "non-zero parameters", "236.09", "94.76", "1.860e+13", "7.464e+12", "2.49x",
+                 "non-zero parameters", "236.09 EFLOP", "94.76 EFLOP", "18.60 TFLOP", "7.464 TFLOP", "2.49x",
                  "26B training tokens (20 tokens/param, Chinchilla)"):
         assert text in r.stdout, text
     assert r.stdout.count("gpt3-xl: 24 layers") == 1
 
 
 def test_json_single_sparsity_has_spec_keys_and_values():
-    d = ok_json("--model", "gpt3-xl", "--sparsity", "0.75")
+    whole = whole_json("--model", "gpt3-xl", "--sparsity", "0.75")
+    d = whole["runs"][0]
     assert SPEC_KEYS <= set(d)
     ref = account(get_preset("gpt3-xl"), sparsity=0.75)
     for k in SPEC_KEYS:
         assert d[k] == pytest.approx(ref[k]), k
     assert d["train_flops_ratio"] == pytest.approx(d["total_train_flops"] / d["dense_total_train_flops"])
-    assert d["config"]["d_model"] == 2048 and d["sparsity"] == 0.75
+    assert whole["config"]["d_model"] == 2048 and d["sparsity"] == 0.75
 
 
-def test_several_sparsities_one_table_and_a_json_list():
+def test_several_sparsities_one_table_and_one_run_each():
     r = run("-m", "gpt2-small", "-s", "0,0.5,0.75")
     assert r.exit_code == 0, r.output
-    for text in ("1.987e+12", "1.465e+12", "1.204e+12", "0.737x", "1.221e+06 sequences", "2.43", "1.79", "1.47"):
+    # the SPDF table's 2.43, 1.79 and 1.47 exaFLOPs, to four digits
+    for text in ("1.987 TFLOP", "1.465 TFLOP", "1.204 TFLOP", "0.737x", "1.221e+06 sequences", "2.426 EFLOP",
+                 "1.789 EFLOP", "1.470 EFLOP"):
         assert text in r.stdout, text
     d = ok_json("-m", "gpt2-small", "-s", "0,0.5,0.75")
     assert [x["sparsity"] for x in d] == [0, 0.5, 0.75]
@@ -75,7 +85,7 @@ def test_finetuning_end_to_end():
     assert f"{1 / d['end_to_end_ratio']:.2f}" == "2.48"  # SPDF Table 2, E2E
     assert d["finetune_seq_len"] == 512
     r = run("-m", "gpt3-xl", "-s", "0,0.75", "--finetune-tokens", "64.512M", "--finetune-seq-len", "512")
-    assert r.exit_code == 0 and "236.62" in r.stdout and "2.48x" in r.stdout
+    assert r.exit_code == 0 and "236.62 EFLOP" in r.stdout and "2.48x" in r.stdout
 
 
 def test_breakdown_shows_each_term_with_its_formula():

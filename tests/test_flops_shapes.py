@@ -71,7 +71,8 @@ def llama_rows(L=2, d=32, heads=4, kv=2, f=48, V=40, sparsity=0.5, fused=False):
 def test_gpt2_layout_with_config_json_heads():
     m = infer_model(gpt2_rows(), name="g", hf_config={"n_head": 4})
     c = m.config
-    assert (c.n_layers, c.d_model, c.n_heads, c.d_head, c.d_ff, c.vocab, c.seq_len) == (3, 16, 4, 4, 64, 50, 32)
+    assert (c.n_layers, c.d_model, c.n_heads, c.d_head, c.d_ff, c.vocab, c.context) == (3, 16, 4, 4, 64, 50, 32)
+    assert (c.seq_len, c.seq_len_source) == (2048, "default")  # counted at 2048 like every source
     assert (c.ffn_matrices, c.n_kv_heads, c.learned_positions, c.tied_embeddings, c.biases) == (2, None, True, True, True)
     assert m.notes == []
     assert m.layer_sparsity == [{"qkv": 0.5, "attn_out": 0.25, "ffn_in": 0.75, "ffn_out": 0.0}] * 3
@@ -99,7 +100,7 @@ def test_llama_layout_gqa_swiglu_and_measured_params():
                                                        "max_position_embeddings": 128})
     c = m.config
     assert (c.n_layers, c.d_model, c.n_heads, c.d_head, c.n_kv_heads, c.d_ff) == (2, 32, 4, 8, 2, 48)
-    assert (c.ffn_matrices, c.vocab, c.seq_len, c.learned_positions, c.tied_embeddings, c.biases) == (
+    assert (c.ffn_matrices, c.vocab, c.context, c.learned_positions, c.tied_embeddings, c.biases) == (
         3, 40, 128, False, False, False)
     assert m.targeted_sparsity == pytest.approx(0.5)
     r = account(c, sparsity=m.layer_sparsity, params=m.params)

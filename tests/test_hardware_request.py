@@ -61,10 +61,12 @@ def test_checkpoint_request_matches_the_command_and_reports_progress(tmp_path):
 
 def test_sweep_request_has_one_row_per_sparsity_and_the_24_point():
     res = run_simulation(shape="256x512", sparsity=[0.5, 0.75], tokens=256)
-    assert [r["sparsity"] for r in res["sweep"]] == [0.5, 0.75]
-    assert [r["theoretical"] for r in res["sweep"]] == pytest.approx([2.0, 4.0])
+    assert [r["sparsity"] for r in res["runs"]] == [0.5, 0.75]
+    assert [r["theoretical"] for r in res["runs"]] == pytest.approx([2.0, 4.0])
     assert res["nm_point"]["mask"] == "2:4" and "a100-2:4" in res["nm_point"]["devices"]
-    assert "theoretical" not in res["workload"]
+    # the workload's per-sparsity figures, devices and layers describe the last run
+    assert res["workload"]["theoretical"] == res["runs"][-1]["theoretical"]
+    assert res["layers"][0]["sparsity"] == pytest.approx(0.75, abs=0.01)
 
 
 def test_hardware_constants_is_the_list_hardware_table():

@@ -66,7 +66,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_flops_tables_keep_every_figure(width):
-    one = as_json(["flops", "--model", "gpt3-xl", "--sparsity", "0.75"])
+    one = as_json(["flops", "--model", "gpt3-xl", "--sparsity", "0.75"])["runs"][0]
     out = run(["flops", "--model", "gpt3-xl", "--sparsity", "0.75", "--breakdown"], width)
     # the parameters rows of the issue: "1,315,723…" and "409,753,…" before
     assert_whole(out, [f"{one['params']:,.0f}", f"{one['nonzero_params']:,.0f}", "1,315,723,264",
@@ -76,8 +76,10 @@ def test_flops_tables_keep_every_figure(width):
     assert_whole(out, list(term_formulas(get_preset("gpt3-xl")).values()))
     out = run(["flops", "--model", "gpt3-xl", "--sparsity", "0,0.5,0.75", "--finetune-tokens", "64.5M"],
               width)
-    rows = as_json(["flops", "--model", "gpt3-xl", "--sparsity", "0,0.5,0.75", "--finetune-tokens", "64.5M"])
-    assert_whole(out, ["e2e speed-up", *[f"{r['train_flops_per_seq']:.3e}" for r in rows]])
+    rows = as_json(["flops", "--model", "gpt3-xl", "--sparsity", "0,0.5,0.75", "--finetune-tokens", "64.5M"])["runs"]
+    from sparsetool.cli._output import si
+
+    assert_whole(out, ["e2e speed-up", *[si(r["train_flops_per_seq"], "FLOP") for r in rows]])
     out = run(["flops", "--model", "gpt3-xl", "--stage", "0.75:0.5", "--stage", "0:0.5"], width)
     assert_whole(out, ["Variable SPDF stages", "1,315,723,264"])
     out = run(["flops", "--list"], width)
@@ -94,7 +96,7 @@ def test_simulate_tables_keep_tensor_and_device_names(files, width):
     assert_whole(out, names + [d["name"] for d in data["devices"]])
     sweep = as_json(["simulate", "--shape", "4096x4096", "--sweep"])
     out = run(["simulate", "--shape", "4096x4096", "--sweep"], width)
-    assert_whole(out, list(sweep["sweep"][0]["devices"]) + [f"{r['sparsity']:.2f}" for r in sweep["sweep"]])
+    assert_whole(out, list(sweep["runs"][0]["devices"]) + [f"{r['sparsity']:.2f}" for r in sweep["runs"]])
     out = run(["simulate", "--model", "gpt3-xl", "--sparsity", "0.75"], width)
     assert_whole(out, ["where the training step's time goes"])
 

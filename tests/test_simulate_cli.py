@@ -89,11 +89,11 @@ def test_verify_in_json():
 def test_sweep_and_plot(tmp_path):
     png = tmp_path / "speedup.png"
     res = ok_json("--shape", "512x512", "--sweep", "--tokens", "2048", "--plot", str(png))
-    assert [r["sparsity"] for r in res["sweep"]][:3] == [0.0, 0.5, 0.6667]
+    assert [r["sparsity"] for r in res["runs"]][:3] == [0.0, 0.5, 0.6667]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    first = res["sweep"][0]["devices"]
+    first = res["runs"][0]["devices"]
     assert all(d["forward_speedup"] == 1.0 for d in first.values())
-    for row in res["sweep"]:
+    for row in res["runs"]:
         for d in row["devices"].values():
             if d["forward_speedup"] is not None:
                 assert d["forward_speedup"] <= row["theoretical"] * (1 + 1e-12)
@@ -102,7 +102,7 @@ def test_sweep_and_plot(tmp_path):
 
 def test_sparsity_list_is_a_sweep_and_plot_needs_one():
     res = ok_json("--model", "gpt2-small", "--sparsity", "0.5,0.9", "--tokens", "1024")
-    assert [r["sparsity"] for r in res["sweep"]] == [0.5, 0.9]
+    assert [r["sparsity"] for r in res["runs"]] == [0.5, 0.9]
     bad("--shape", "64x64", "--sparsity", "0.5", "--plot", "x.png", match="sweep")
 
 

@@ -84,6 +84,33 @@ def percent(x: float, digits: int = 2) -> str:
     return f"{100 * x:.{digits}f}%"
 
 
+_PREFIXES = ((1e24, "Y"), (1e21, "Z"), (1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"),
+             (1e3, "k"), (1.0, ""), (1e-3, "m"), (1e-6, "u"), (1e-9, "n"), (1e-12, "p"))
+
+
+def si(x: float, unit: str) -> str:
+    """Engineering notation with an SI prefix and a unit, at least 4 significant digits:
+    ``si(2.3609e20, "FLOP")`` -> ``"236.09 EFLOP"``, ``si(7.464e12, "FLOP")`` -> ``"7.464 TFLOP"``;
+    ``si(1.28e-6, "s")`` -> ``"1.280 us"``; past the largest prefix or below the smallest it
+    falls back to ``"1.000e+30 FLOP"``."""
+    for div, prefix in _PREFIXES if abs(x) < 0.99995e27 else ():
+        if abs(x) >= 0.99995 * div:  # 999.99995 G prints as 1.000 T, not 1000.00 G
+            m = x / div
+            decimals = max(2, 4 - len(str(int(abs(m)))))
+            return f"{m:.{decimals}f} {prefix}{unit}"
+    return "0 " + unit if x == 0 else f"{x:.3e} {unit}"
+
+
+def count(x: float) -> str:
+    """A count of tokens or parameters: ``2.5B``, ``64.51M``, ``1K``; past 1,000T scientific."""
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(x) >= 1000 * div and unit == "T":
+            return f"{x:.4g}"
+        if abs(x) >= div:
+            return f"{x / div:.4g}{unit}"
+    return f"{x:.4g}"
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":

@@ -7,7 +7,7 @@ from typing import Any, List, Optional
 
 import typer
 
-from sparsetool.cli._output import console, emit_json, failing_cleanly, percent, print_table
+from sparsetool.cli._output import console, count, emit_json, err_console, failing_cleanly, percent, print_table, si
 from sparsetool.cli._params import (
     choices,
     default_targets_option,
@@ -55,7 +55,7 @@ def flops(
     default_targets: bool = default_targets_option(),
     list_presets: bool = typer.Option(False, "--list", help="List the model presets and exit."),
     quiet: bool = quiet_option(),
-    as_json: bool = json_option("Print the numbers as JSON (a list with several sparsities)."),
+    as_json: bool = json_option("Print the numbers as JSON: {\"model\", \"config\", ..., \"runs\": [one per sparsity]}."),
 ) -> None:
     """Training and inference FLOPs, dense vs sparse, by Chinchilla Appendix F.
 
@@ -75,10 +75,15 @@ def flops(
                     f"(presets: {', '.join(F.PRESETS)})")
     if (include or exclude or default_targets) and checkpoint is None:
         usage_error("--include/--exclude/--default-targets only apply with --checkpoint")
-    if stage and (sparsity is not None or checkpoint is not None):
-        usage_error("--stage replaces --sparsity and cannot be used with --checkpoint")
-    if checkpoint is not None and sparsity is not None:
-        usage_error("--checkpoint uses the measured sparsity; drop --sparsity")
+    if stage and sparsity is not None:
+        usage_error(f"--stage replaces --sparsity: drop --sparsity {sparsity_text(sparsity)} (the stages "
+                    "give each sparsity), or drop --stage")
+    if checkpoint is not None and (sparsity is not None or stage):
+        usage_error(f"--checkpoint uses the measured sparsity; drop {'--stage' if stage else '--sparsity'}")
+    if finetune_seq_len is not None and finetune_tokens is None:
+        usage_error(f"--finetune-seq-len {finetune_seq_len} sets the length of dense fine-tuning, which "
+                    "only --finetune-tokens adds: give both, e.g. --finetune-tokens 64.5M "
+                    f"--finetune-seq-len {finetune_seq_len}")
     with usage_errors():
         stages = F.check_stages([F.Stage(*st) for st in stage]) if stage else []
     n_tokens = tokens
@@ -112,39 +117,36 @@ def flops(
             else:
                 levels = sparsity if sparsity is not None else [0.0, 0.5, 0.75]
                 results = [F.account(cfg, sparsity=s, **common) for s in levels]
-    from dataclasses import asdict
-
-    for r in results:
-        r["config"] = asdict(cfg)
-        if measured is not None:
-            r["targeted_sparsity"] = measured.targeted_sparsity
-            r["notes"] = notes
-            r["targeting"] = measured.targeting
+    warnings = F.input_warnings(results)
     if as_json:
-        emit_json(results[0] if len(results) == 1 else results)
+        emit_json(F.json_result(cfg, results, measured, warnings))
         return
+    if not quiet:
+        for w in warnings:
+            err_console.print(f"warning: {w}", highlight=False, soft_wrap=True)
     _render(F, cfg, results, [] if quiet else notes, breakdown, measured is not None)
+
+
+def sparsity_text(levels: list[float]) -> str:
+    return ",".join(f"{x:g}" for x in levels)
 
 
 def _e(x: float) -> str:
     return f"{x:.3e}"
 
 
-def _count(x: float) -> str:
-    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if x >= div:
-            return f"{x / div:.4g}{unit}"
-    return f"{x:.4g}"
+def _f(x: float) -> str:
+    return si(x, "FLOP")
 
 
-def _title(cfg: Any, r: dict) -> str:
+def _title(F: Any, cfg: Any, r: dict) -> str:
     src = "20 tokens/param, Chinchilla" if r["tokens_source"] == "chinchilla" else "given"
     emb = "embeddings counted" if r["embeddings"] else "embeddings excluded"
     kv = f" ({cfg.n_kv_heads} kv)" if cfg.n_kv_heads else ""
     return (f"{cfg.name}: {plural(cfg.n_layers, 'layer')}, d_model {cfg.d_model}, "
             f"{plural(cfg.n_heads, 'head')}{kv} x "
             f"{cfg.d_head}, d_ff {cfg.d_ff}{' (SwiGLU)' if cfg.ffn_matrices == 3 else ''}, vocab "
-            f"{cfg.vocab}, seq {cfg.seq_len}\n{_count(r['tokens'])} training tokens ({src}), "
+            f"{cfg.vocab}, {F.seq_len_note(cfg)}\n{count(r['tokens'])} training tokens ({src}), "
             f"{r['sequences']:.4g} sequences; {emb}")
 
 
@@ -157,64 +159,61 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
     r0 = results[0]
     ft = r0["finetune_tokens"] > 0
     if len(results) > 1:
-        console.print(escape(_title(cfg, r0)), highlight=False, soft_wrap=True)
-        cols = ["sparsity", "FLOPs/seq", "exaFLOPs", "vs dense", "infer/token", "non-zero"]
+        console.print(escape(_title(F, cfg, r0)), highlight=False, soft_wrap=True)
+        cols = ["sparsity", "FLOPs/seq", "training", "vs dense", "infer/token", "non-zero"]
         if ft:
-            cols += ["+FT exaFLOPs", "e2e speed-up"]
+            cols += ["+FT", "e2e speed-up"]
         rows = []
         for r in results:
-            row = [percent(r["sparsity"], 1), _e(r["train_flops_per_seq"]),
-                   f"{r['total_train_flops'] / 1e18:.2f}", f"{r['train_flops_ratio']:.3f}x",
-                   _e(r["inference_flops_per_token"]), _count(r["nonzero_params"])]
+            row = [percent(r["sparsity"], 1), _f(r["train_flops_per_seq"]),
+                   _f(r["total_train_flops"]), f"{r['train_flops_ratio']:.3f}x",
+                   _f(r["inference_flops_per_token"]), count(r["nonzero_params"])]
             if ft:
-                row += [f"{r['end_to_end_flops'] / 1e18:.2f}", f"{1 / r['end_to_end_ratio']:.2f}x"]
+                row += [_f(r["end_to_end_flops"]), f"{1 / r['end_to_end_ratio']:.2f}x"]
             rows.append(row)
         print_table(cols, rows, align="r" * len(cols))
-        console.print("FLOPs/seq: training (3 x forward); exaFLOPs: all training tokens; vs dense: "
+        console.print("FLOPs/seq: training (3 x forward); training: FLOPs over all training tokens; vs dense: "
                       "sparse/dense; infer/token: inference FLOPs per token; non-zero: parameters"
                       + ("; +FT: with dense fine-tuning; e2e speed-up: dense/sparse" if ft else ""),
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
         if ft:
-            console.print(f"fine-tuning: {_count(r0['finetune_tokens'])} tokens at seq "
-                          f"{r0['finetune_seq_len']}, {_e(r0['finetune_forward_flops_per_seq'])} "
-                          f"forward FLOPs/seq, {_e(r0['finetune_flops'])} FLOPs (dense)",
-                          highlight=False)
+            console.print(f"fine-tuning: {count(r0['finetune_tokens'])} tokens at seq "
+                          f"{r0['finetune_seq_len']}, {_f(r0['finetune_forward_flops_per_seq'])} "
+                          f"forward per sequence, {_f(r0['finetune_flops'])} (dense)",
+                          highlight=False, soft_wrap=True)
         if breakdown:
             for r in results:
                 _render_breakdown(F, cfg, r)
         return
 
     r = r0
-    console.print(escape(_title(cfg, r)), highlight=False, soft_wrap=True)
+    console.print(escape(_title(F, cfg, r)), highlight=False, soft_wrap=True)
     if r["stages"]:
-        print_table(("stage", "sparsity", "fraction", "tokens", "train FLOPs", "exaFLOPs"),
-                    [[str(i), percent(s["sparsity"], 1), f"{s['fraction']:.4f}", _count(s["tokens"]),
-                      _e(s["train_flops"]), f"{s['train_flops'] / 1e18:.2f}"]
+        print_table(("stage", "sparsity", "fraction", "tokens", "training"),
+                    [[str(i), percent(s["sparsity"], 1), f"{s['fraction']:.4f}", count(s["tokens"]),
+                      _f(s["train_flops"])]
                      for i, s in enumerate(r["stages"], 1)],
-                    title="Variable SPDF stages", align="rrrrrr")
+                    title="Variable SPDF stages", align="rrrrr")
     label = ("measured " if measured else "effective " if r["stages"] else "sparse ") + percent(r["sparsity"], 1)
     rows: list[list[str]] = []
-    def add(name: str, dense: float, sparse: float, fmt: Any = _e) -> None:
+    def add(name: str, dense: float, sparse: float, fmt: Any = _f) -> None:
         ratio = sparse / dense if dense else 1.0
         rows.append([name, fmt(dense), fmt(sparse), f"{ratio:.3f}", f"{1 / ratio:.2f}x" if ratio else "inf"])
 
     add("forward FLOPs / sequence", r["dense_forward_flops_per_seq"], r["forward_flops_per_seq"])
     add("training FLOPs / sequence", r["dense_train_flops_per_seq"], r["train_flops_per_seq"])
     add("training FLOPs, all tokens", r["dense_total_train_flops"], r["total_train_flops"])
-    add("training exaFLOPs", r["dense_total_train_flops"] / 1e18, r["total_train_flops"] / 1e18,
-        lambda x: f"{x:.2f}")
     if ft:
-        rows.append([f"dense fine-tuning FLOPs ({_count(r['finetune_tokens'])} tok, seq "
-                     f"{r['finetune_seq_len']})", _e(r["finetune_flops"]), _e(r["finetune_flops"]), "", ""])
-        add("end-to-end exaFLOPs", r["dense_end_to_end_flops"] / 1e18, r["end_to_end_flops"] / 1e18,
-            lambda x: f"{x:.2f}")
+        rows.append([f"dense fine-tuning FLOPs ({count(r['finetune_tokens'])} tok, seq "
+                     f"{r['finetune_seq_len']})", _f(r["finetune_flops"]), _f(r["finetune_flops"]), "", ""])
+        add("end-to-end FLOPs", r["dense_end_to_end_flops"], r["end_to_end_flops"])
     add("inference FLOPs / token", r["dense_inference_flops_per_token"], r["inference_flops_per_token"])
     add("parameters", r["params"], r["params"], lambda x: f"{x:,.0f}")
     add("non-zero parameters", r["params"], r["nonzero_params"], lambda x: f"{x:,.0f}")
     print_table(["", "dense", label, "sparse/dense", "dense/sparse"], rows)
     if r["stages"]:
         console.print("inference FLOPs and non-zero parameters are those of the model the last stage "
-                      f"ends with ({percent(r['stages'][-1]['sparsity'], 1)} sparse)", highlight=False)
+                      f"ends with ({percent(r['stages'][-1]['sparsity'], 1)} sparse)", highlight=False, soft_wrap=True)
     if breakdown:
         _render_breakdown(F, cfg, r)
 
@@ -242,7 +241,19 @@ def _render_breakdown(F: Any, cfg: Any, r: dict) -> None:
                 align="llrrr", sections=sections)
     console.print("* scaled by (1 - sparsity) of its weights; ffn = "
                   f"{plural(cfg.ffn_matrices, 'matrix', 'matrices')}{' (gate, up, down)' if cfg.ffn_matrices == 3 else ' (in, out)'}",
-                  highlight=False)
+                  highlight=False, soft_wrap=True)
+    keys = F.keys_per_query(cfg)
+    if keys != cfg.seq_len:
+        console.print(f"attention terms count {keys:,} keys per query, not {cfg.seq_len:,}: the model's "
+                      f"sliding window is {cfg.window:,} tokens", highlight=False, soft_wrap=True)
+    elif cfg.window:
+        console.print(f"the model's sliding window ({cfg.window:,} tokens) is no shorter than the "
+                      f"sequence, so every query attends to all {cfg.seq_len:,} keys",
+                      highlight=False, soft_wrap=True)
+    if cfg.embed_dim:
+        console.print(f"embedding and LM head are {cfg.embed_dim} wide: logits and embeddings include "
+                      f"the project_out/project_in matmuls 2*s*{cfg.d_model}*{cfg.embed_dim}",
+                      highlight=False, soft_wrap=True)
 
 
 def _print_presets(F: Any, as_json: bool) -> None:
@@ -253,6 +264,6 @@ def _print_presets(F: Any, as_json: bool) -> None:
         return
     rows = [[name, str(c.n_layers), str(c.d_model), str(c.n_heads), str(c.d_head), str(c.d_ff),
              "SwiGLU" if c.ffn_matrices == 3 else "GELU", str(c.vocab), str(c.seq_len),
-             _count(F.param_counts(c)["total"])] for name, c in F.PRESETS.items()]
+             count(F.param_counts(c)["total"])] for name, c in F.PRESETS.items()]
     print_table(("name", "layers", "d_model", "heads", "d_head", "d_ff", "FFN", "vocab", "seq", "params"),
                 rows, title="model presets")

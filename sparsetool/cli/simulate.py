@@ -10,7 +10,9 @@ from typing import Any, Iterator, Optional
 import typer
 from rich.markup import escape
 
-from sparsetool.cli._output import console, emit_json, failing_cleanly, print_table, progress_bar, targeting_note
+from sparsetool.cli._output import (
+    console, emit_json, failing_cleanly, print_table, progress_bar, si, targeting_note,
+)
 from sparsetool.cli._params import (
     choices,
     default_targets_option,
@@ -90,7 +92,7 @@ def simulate(
                 devices=device, seq_len=seq_len, verify=verify, plot=plot,
                 include=tuple(include), exclude=tuple(exclude), default_targets=default_targets,
                 progress=progress)
-        targeting_note(result["workload"].get("targeting", {}).get("note"), quiet)
+        targeting_note((result["workload"]["targeting"] or {}).get("note"), quiet)
     if as_json:
         emit_json(result)
     else:
@@ -107,8 +109,8 @@ def _shape_hint() -> Iterator[None]:
         yield
     except ShapeError as e:
         extra = "add a config.json with vocab_size beside it, or " if e.missing == "vocab" else ""
-        raise ShapeError(f"{e}; {extra}simulate a preset with --model NAME or one layer with "
-                         "--shape MxK instead") from None
+        raise ShapeError(f"{e}; {extra}simulate a preset or one layer instead, e.g. --model gpt2-small "
+                         "--sparsity 0.5 or --shape 4096x4096 --sparsity 0.5") from None
 
 
 def _t(s: float | None) -> str:
@@ -124,37 +126,70 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
+def _value(value: Any, unit: Optional[str]) -> str:
+    """A constant for people: ``1.100 GHz``, ``312.00 TFLOP/s``, ``2 B``, ``1.395x``, ``850,000``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if unit == "x":
+        return f"{value:g}x"
+    if unit is None:
+        return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+    if value >= 1000 or (value < 1 and unit == "s"):  # no milli-bytes: 0.25 B stays 0.25 B
+        return si(value, unit)
+    return f"{value:g} {unit}"
+
+
 def _list(out: dict[str, Any], as_json: bool) -> None:
+    """Each device's constants with units, each publication cited once per device, long sources
+    wrapped under their own column (not back to column 0)."""
+    import textwrap
+
+    from sparsetool.hardware.presets import cite_once
+
     if as_json:
         emit_json(out)
         return
+    width = max(console.width, 60)
     for name, d in out.items():
-        console.print(f"[bold]{escape(name)}[/] ({d['kind']})", highlight=False, soft_wrap=True)
-        for key, c in d["constants"].items():
-            console.print(f"  {key} = {c['value']!r}  [dim]{escape(c['source'])}[/]", highlight=False, soft_wrap=True)
+        consts = d["constants"]
+        details, cited = cite_once({k: c["source"] for k, c in consts.items()})
+        values = {k: _value(c["value"], c["unit"]) for k, c in consts.items()}
+        kw, vw = max(map(len, consts)), max(map(len, values.values()))
+        console.print(f"[bold]{escape(name)}[/] ({escape(d['kind'])})", highlight=False, soft_wrap=True)
+        for key in consts:
+            head = f"  {key:<{kw}}  {values[key]:>{vw}}  "
+            lines = textwrap.wrap(details[key], width=max(20, width - len(head))) or [""]
+            for i, line in enumerate(lines):
+                console.print(escape((head if i == 0 else " " * len(head)) + line),
+                              highlight=False, soft_wrap=True)
+        for i, cite in enumerate(cited, 1):
+            for line in textwrap.wrap(cite, width=width - 2, initial_indent=f"  [{i}] ",
+                                      subsequent_indent=" " * (len(str(i)) + 5)):
+                console.print(escape(line), highlight=False, soft_wrap=True)
+        console.print()
 
 
 def _render(res: dict[str, Any], show_all: bool) -> None:
     w = res["workload"]
     head = (f"[bold]{escape(w['label'])}[/]  {w['tokens']:g} token{'' if w['tokens'] == 1 else 's'} per step"
             + (f" (sequences of {w['seq_len']})" if w.get("seq_len") else "")
-            + ("" if "sweep" in res else f", targeted sparsity {w['targeted_sparsity']:.4f}"))
+            + ("" if len(res["runs"]) > 1 else f", targeted sparsity {w['targeted_sparsity']:.4f}"))
     console.print(head, highlight=False, soft_wrap=True)
-    if "sweep" in res:
+    if len(res["runs"]) > 1:
         key = "forward_speedup" if w["source"] == "shape" else "train_speedup"
         what = "one forward matmul" if w["source"] == "shape" else "a training step"
         rows = [["theoretical", *[f"{r['theoretical']:.2f}" if r["theoretical"] else "-"
-                                  for r in res["sweep"]]]]
-        for n in res["sweep"][0]["devices"]:
+                                  for r in res["runs"]]]]
+        for n in res["runs"][0]["devices"]:
             rows.append([n, *["n/a" if r["devices"][n][key] is None else f"{r['devices'][n][key]:.2f}"
-                              for r in res["sweep"]]])
-        print_table(["device", *[f"{r['sparsity']:.2f}" for r in res["sweep"]]], rows,
+                              for r in res["runs"]]])
+        print_table(["device", *[f"{r['sparsity']:.2f}" for r in res["runs"]]], rows,
                     title=f"speedup of {what} over each device's dense run, by sparsity")
-        if "nm_point" in res:
+        if res["nm_point"]:
             for n, d in res["nm_point"]["devices"].items():
                 console.print(f"{escape(n)} on a 2:4 mask of the same shape (sparsity 0.5): "
                               f"{_x(d[key])}", highlight=False, soft_wrap=True)
-        if "plot" in res:
+        if res["plot"]:
             console.print(f"plot written to {escape(res['plot'])}", highlight=False, soft_wrap=True)
     else:
         console.print(f"theoretical speedup (dense FLOPs / sparse FLOPs): {_x(w['theoretical'])}",
@@ -186,7 +221,7 @@ def _render(res: dict[str, Any], show_all: bool) -> None:
             _render_layers(res, show_all)
     for note in w.get("notes", []):
         console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
-    if "verify" in res:
+    if res["verify"]:
         v = res["verify"]
         ok = "[green]equal[/]" if v["equal"] else "[red]NOT equal[/]"
         console.print(
@@ -199,11 +234,11 @@ def _render(res: dict[str, Any], show_all: bool) -> None:
 def _render_layers(res: dict[str, Any], show_all: bool) -> None:
     rows = res["layers"]
     if not show_all:
-        rows = sorted(rows, key=lambda r: -r.get("busiest_over_mean", 1.0))[:8]
+        rows = sorted(rows, key=lambda r: -(r["busiest_over_mean"] or 1.0))[:8]
     names = [d["name"] for d in res["devices"] if d["applicable"]][:2]
     print_table(("layer", "shape", "sparsity", "max/mean", *names),  # busiest core group / mean
                 [[r["name"], f"{r['shape'][0]}x{r['shape'][1]}", f"{r['sparsity']:.3f}",
-                  f"{r.get('busiest_over_mean', 1.0):.3f}", *[_x(r["speedup"][n]) for n in names]]
+                  f"{r['busiest_over_mean'] or 1.0:.3f}", *[_x(r["speedup"][n]) for n in names]]
                  for r in rows],
                 title=("every layer" if show_all else "the 8 most imbalanced layers (--layers for all)")
                 + ": busiest core group's work over the mean, forward speedup")

@@ -122,9 +122,10 @@ def account(
         tokens_source = "given"
     tokens = float(tokens)
     if not (tokens > 0 and math.isfinite(tokens)):
-        raise ConfigError(f"--tokens must be a positive number, got {tokens!r}")
+        raise ConfigError(f"--tokens {tokens:g}: give a positive number of tokens, e.g. --tokens 26B")
     if not (finetune_tokens >= 0 and math.isfinite(finetune_tokens)):
-        raise ConfigError(f"--finetune-tokens must be zero or positive, got {finetune_tokens!r}")
+        raise ConfigError(f"--finetune-tokens {finetune_tokens:g}: give zero or more tokens, "
+                          "e.g. --finetune-tokens 64.5M")
     sequences = tokens / s_len
 
     dense_terms = forward_terms(cfg, embeddings=embeddings)
@@ -188,6 +189,40 @@ def account(
         "dense_forward_terms": dense_terms,
     }
     return out
+
+
+def input_warnings(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What in the inputs makes the numbers meaningless though they compute: a token budget
+    shorter than one sequence (the run is a fraction of one forward pass)."""
+    r = runs[0]
+    out = []
+    if r["sequences"] < 1:
+        out.append(f"--tokens {r['tokens']:,.0f} is less than one sequence of {r['seq_len']:,} tokens "
+                   f"({r['sequences']:.4g} sequences): give the whole pre-training budget, e.g. "
+                   "--tokens 26B, or a shorter --seq-len")
+    if 0 < r["finetune_tokens"] < r["finetune_seq_len"]:
+        out.append(f"--finetune-tokens {r['finetune_tokens']:,.0f} is less than one fine-tuning "
+                   f"sequence of {r['finetune_seq_len']:,} tokens")
+    return out
+
+
+def json_result(cfg: ModelConfig, runs: Sequence[Mapping[str, Any]],
+                measured: Any = None, warnings: Sequence[str] = ()) -> dict[str, Any]:
+    """``sparsetool flops --json``: the same keys for every input, one ``runs`` entry per sparsity
+    (or one for a staged run or a checkpoint). ``measured``: the :class:`InferredModel` of a
+    checkpoint; without one ``targeted_sparsity`` and ``targeting`` are None and ``notes`` empty.
+    ``warnings``: :func:`input_warnings`."""
+    from dataclasses import asdict
+
+    return {
+        "model": cfg.name,
+        "config": asdict(cfg),
+        "notes": list(measured.notes) if measured is not None else [],
+        "warnings": list(warnings),
+        "targeted_sparsity": measured.targeted_sparsity if measured is not None else None,
+        "targeting": measured.targeting if measured is not None else None,
+        "runs": [dict(r) for r in runs],
+    }
 
 
 def parse_count(text: str | float, what: str = "--tokens") -> int:

@@ -5,12 +5,13 @@ Nothing here imports torch (or numpy): ``sparsetool flops`` must start fast.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from sparsetool.configfile import load_mapping
 from sparsetool.errors import ConfigError
+from sparsetool.wording import plural
 
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
 """Compute-optimal tokens per parameter (Hoffmann et al. 2022), as the SPDF paper uses it (Sec. 3)."""
@@ -45,12 +46,32 @@ class ModelConfig:
     # The size a model is named by. The SPDF paper's Chinchilla budgets are 20 x this
     # (GPT-2 Small "125M" -> 2.5B tokens, GPT-3 XL "1.3B" -> 26B tokens; Sec. 3, App. Table 1).
     nominal_params: float | None = None
+    # The longest sequence the model takes (HF max_position_embeddings). None = seq_len.
+    # Counting uses seq_len (default 2048), which need not equal it.
+    context: int | None = None
+    # Rows of a learned position table; None = context (else seq_len). OPT's has context + 2.
+    position_rows: int | None = None
+    # Sliding-window attention (Mistral): each query attends to at most this many keys.
+    window: int | None = None
+    # Width of the token embedding and LM head when it differs from d_model (OPT-350m's
+    # word_embed_proj_dim): project_in/project_out matrices map between the two.
+    embed_dim: int | None = None
+    # A norm after the last layer (OPT without do_layer_norm_before has none).
+    final_norm: bool = True
+    # Where seq_len came from, for the output (not part of the shape).
+    seq_len_source: str = field(default="preset", compare=False)
+
+    @staticmethod
+    def check_positive(name: str, field: str, v: Any) -> None:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"model '{name}': {field} must be a positive integer, got {v!r}")
 
     def __post_init__(self) -> None:
         for f in ("n_layers", "d_model", "n_heads", "d_head", "d_ff", "vocab", "seq_len"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"model '{self.name}': {f} must be a positive integer, got {v!r}")
+            self.check_positive(self.name, f, getattr(self, f))
+        for f in ("context", "position_rows", "window", "embed_dim"):
+            if getattr(self, f) is not None:
+                self.check_positive(self.name, f, getattr(self, f))
         if self.ffn_matrices not in (2, 3):
             raise ConfigError(
                 f"model '{self.name}': ffn_matrices must be 2 (GELU MLP) or 3 (SwiGLU), "
@@ -58,10 +79,12 @@ class ModelConfig:
             )
         if self.n_kv_heads is not None and not (
             isinstance(self.n_kv_heads, int) and 1 <= self.n_kv_heads <= self.n_heads
+            and self.n_heads % self.n_kv_heads == 0
         ):
             raise ConfigError(
-                f"model '{self.name}': n_kv_heads must be between 1 and n_heads={self.n_heads}, "
-                f"got {self.n_kv_heads!r}"
+                f"model '{self.name}': {self.n_heads} query heads cannot share {self.n_kv_heads!r} "
+                f"key/value heads: n_kv_heads must divide n_heads (e.g. "
+                f"{', '.join(str(k) for k in range(1, self.n_heads + 1) if self.n_heads % k == 0)})"
             )
 
     @property
@@ -99,9 +122,10 @@ PRESETS: dict[str, ModelConfig] = {
     "cerebras-gpt-13b": _gpt("cerebras-gpt-13b", 40, 5120, 40, 20480),
     # A Llama-style 1.3B: the shape of Sheared-LLaMA-1.3B (Xia et al. 2023, "Sheared LLaMA";
     # its released config.json): 24 layers, hidden 2048, 16 heads of 128, SwiGLU intermediate
-    # 5504, vocab 32000, 4096 positions (RoPE), untied LM head, no biases, RMSNorm.
+    # 5504, vocab 32000, 4096 positions (RoPE; counted at 2048 like the others), untied LM head,
+    # no biases, RMSNorm.
     "llama-1.3b": ModelConfig(
-        "llama-1.3b", 24, 2048, 16, 128, 5504, vocab=32000, seq_len=4096, ffn_matrices=3,
+        "llama-1.3b", 24, 2048, 16, 128, 5504, vocab=32000, seq_len=2048, context=4096, ffn_matrices=3,
         learned_positions=False, tied_embeddings=False, biases=False,
     ),
 }
@@ -121,99 +145,147 @@ def get_preset(name: str) -> ModelConfig:
         ) from None
 
 
-# Hugging Face config.json keys, first match wins (GPT-2/Cerebras-GPT, GPT-NeoX, Llama/Mistral, OPT).
-_HF_KEYS: dict[str, tuple[str, ...]] = {
+# The one table of accepted field names: sparsetool's own name -> the Hugging Face config.json
+# names read for it (first found wins). Both kinds of names work in every config file.
+FIELD_NAMES: dict[str, tuple[str, ...]] = {
+    "name": (),
     "n_layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "d_model": ("hidden_size", "n_embd", "d_model"),
+    "d_model": ("hidden_size", "n_embd"),
     "n_heads": ("num_attention_heads", "n_head"),
+    "d_head": ("head_dim",),
     "d_ff": ("intermediate_size", "n_inner", "ffn_dim"),
     "vocab": ("vocab_size",),
-    "seq_len": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
+    "seq_len": (),
+    "context": ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"),
+    "ffn_matrices": (),
+    "n_kv_heads": ("num_key_value_heads",),
+    "learned_positions": (),
+    "tied_embeddings": ("tie_word_embeddings",),
+    "biases": (),
+    "nominal_params": (),
+    "position_rows": (),
+    "window": ("sliding_window",),
+    "embed_dim": ("word_embed_proj_dim",),
+    "final_norm": (),
 }
+REQUIRED = ("n_layers", "d_model", "n_heads", "vocab")
+DEFAULT_SEQ_LEN = 2048
+"""The sequence length counted when none is given: the SPDF paper's and Chinchilla's."""
 # model_type values whose MLP is gated (SwiGLU/GeGLU: three matrices) and that use RoPE, no biases.
 _GATED_TYPES = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo",
                 "olmo2", "internlm2", "deepseek", "granite", "cohere"}
 
 
-def _first(d: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
-    for k in keys:
-        if d.get(k) is not None:
-            return d[k]
-    return None
+def _is_hf(d: Mapping[str, Any]) -> bool:
+    return "model_type" in d or "architectures" in d
+
+
+def _gather(d: Mapping[str, Any], name: str, strict: bool) -> dict[str, Any]:
+    """Own field name -> value, from own names or their Hugging Face names (FIELD_NAMES)."""
+    aliases = {a: own for own, names in FIELD_NAMES.items() for a in names}
+    if strict:
+        unknown = sorted(k for k in d if k not in FIELD_NAMES and k not in aliases)
+        if unknown:
+            raise ConfigError(
+                f"config '{name}': unknown key(s) {', '.join(unknown)}; accepted keys (sparsetool's "
+                f"or Hugging Face's): {', '.join(_accepted())}")
+    out: dict[str, Any] = {}
+    for own, names in FIELD_NAMES.items():
+        given = [(k, d[k]) for k in (own, *names) if d.get(k) is not None]
+        if not given:
+            continue
+        if strict and len({repr(v) for _, v in given}) > 1:
+            raise ConfigError(f"config '{name}' gives {own} twice with different values: "
+                              + ", ".join(f"{k} = {v!r}" for k, v in given) + "; keep one")
+        out[own] = given[0][1]
+    return out
+
+
+def _accepted() -> list[str]:
+    return [own + (f" ({' / '.join(names)})" if names else "") for own, names in FIELD_NAMES.items()]
+
+
+def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
+    """A ``ModelConfig`` from sparsetool's own field names, Hugging Face ``config.json`` names, or
+    both (:data:`FIELD_NAMES`), with one rule for defaults whatever the names:
+
+    - required: ``n_layers``, ``d_model``, ``n_heads``, ``vocab``;
+    - ``d_head`` = d_model / n_heads (which must divide evenly); ``d_ff`` = 4 x d_model;
+      ``seq_len`` = 2048 (:data:`DEFAULT_SEQ_LEN`, whatever the model's ``context``);
+      ``n_kv_heads`` = n_heads (which it must divide);
+    - a Hugging Face config (one with ``model_type`` or ``architectures``) takes the rest from its
+      family (gated MLP families: SwiGLU, RoPE, no biases, untied head) and ignores keys that do
+      not describe shapes; a file of sparsetool's own keys is refused on a key it does not know.
+
+    >>> from_mapping({"n_layers": 2, "d_model": 64, "n_heads": 4, "vocab": 100}).d_ff
+    256
+    >>> from_mapping({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
+    ...               "vocab_size": 50257, "n_positions": 1024}).d_ff
+    3072
+    """
+    if "model" in d and isinstance(d["model"], Mapping):  # a [model] table in TOML/YAML
+        d = d["model"]
+    hf = _is_hf(d)
+    experts = d.get("num_local_experts") or d.get("num_experts")
+    if hf and experts:
+        raise ConfigError(
+            f"config '{name}' is a mixture-of-experts model ({experts} experts, "
+            f"{d.get('num_experts_per_tok', '?')} per token); the Appendix-F count covers dense FFNs "
+            "only; to count the FFN work of one token, write a model file of the shapes with d_ff = "
+            "intermediate_size x experts per token (README: accepted field names)")
+    kw = _gather(d, name, strict=not hf)
+    model_type = str(d.get("model_type", "")).lower()
+    if hf and d.get("use_sliding_window") is False:  # Qwen2 states a window it does not use
+        kw.pop("window", None)
+    kw["name"] = str(kw.get("name", name))
+    missing = [f + (f" (or {' / '.join(FIELD_NAMES[f])})" if FIELD_NAMES[f] else "")
+               for f in REQUIRED if f not in kw]
+    if missing:
+        raise ConfigError(f"config '{name}' lacks {', '.join(missing)}; required keys: "
+                          f"{', '.join(REQUIRED)} (README: accepted field names)")
+    if hf:
+        gated = model_type in _GATED_TYPES
+        if model_type == "opt":  # its position table keeps 2 rows more than its context
+            kw.setdefault("position_rows", kw.get("context", DEFAULT_SEQ_LEN) + 2)
+            kw.setdefault("final_norm", bool(d.get("do_layer_norm_before", True))
+                          and not d.get("_remove_final_layer_norm", False))
+        kw.setdefault("ffn_matrices", 3 if gated else 2)
+        kw.setdefault("biases", not gated)
+        kw.setdefault("tied_embeddings", not gated)
+        kw.setdefault("learned_positions", not gated and str(d.get("model_type", "")).lower()
+                      not in ("gpt_neox", "gptj", "bloom"))
+    for f in ("n_layers", "d_model", "n_heads", "vocab"):
+        ModelConfig.check_positive(kw["name"], f, kw[f])
+    d_model, n_heads = kw["d_model"], kw["n_heads"]
+    if "d_head" not in kw:
+        if d_model % n_heads:
+            raise ConfigError(
+                f"config '{name}': d_model {d_model} does not split into {plural(n_heads, 'head')} "
+                f"({d_model} / {n_heads} = {d_model / n_heads:.4g}); fix hidden size or heads, or "
+                f"give the head size (d_head / head_dim) if the model's heads are not d_model wide")
+        kw["d_head"] = d_model // n_heads
+    kw.setdefault("d_ff", 4 * d_model)
+    if "seq_len" in kw:
+        kw["seq_len_source"] = "config file"
+    else:
+        kw["seq_len"], kw["seq_len_source"] = DEFAULT_SEQ_LEN, "default"
+    if kw.get("embed_dim") == d_model:
+        kw["embed_dim"] = None
+    if kw.get("n_kv_heads") == n_heads:
+        kw["n_kv_heads"] = None
+    return ModelConfig(**kw)
 
 
 def from_hf_config(d: Mapping[str, Any], name: str = "hf-model") -> ModelConfig:
-    """Shapes from a Hugging Face ``config.json`` dictionary.
-
-    ``d_ff`` defaults to 4 x hidden (GPT-2's ``n_inner: null``); gated MLP families (Llama,
-    Mistral, Qwen2, ...) get three FFN matrices, RoPE, no biases; ``head_dim`` is honoured.
+    """Shapes from a Hugging Face ``config.json`` dictionary (:func:`from_mapping`'s rules).
 
     >>> from_hf_config({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
     ...                 "vocab_size": 50257, "n_positions": 1024}).d_ff
     3072
     """
-    if d.get("num_local_experts") or d.get("num_experts"):
-        raise ConfigError(f"config '{name}' is a mixture-of-experts model; Appendix F covers dense "
-                          "FFNs only; describe the FFN active per token in a model file of sparsetool's own keys")
-    vals = {f: _first(d, keys) for f, keys in _HF_KEYS.items()}
-    missing = [f"{f} ({' / '.join(_HF_KEYS[f])})" for f in ("n_layers", "d_model", "n_heads", "vocab")
-               if vals[f] is None]
-    if missing:
-        raise ConfigError(f"config '{name}' lacks {', '.join(missing)}; add them or use a preset")
-    d_model, n_heads = int(vals["d_model"]), int(vals["n_heads"])
-    model_type = str(d.get("model_type", "")).lower()
-    gated = model_type in _GATED_TYPES
-    d_head = d.get("head_dim") or d_model // max(n_heads, 1)
-    kv = d.get("num_key_value_heads")
-    return ModelConfig(
-        name=name,
-        n_layers=int(vals["n_layers"]),
-        d_model=d_model,
-        n_heads=n_heads,
-        d_head=int(d_head),
-        d_ff=int(vals["d_ff"] if vals["d_ff"] is not None else 4 * d_model),
-        vocab=int(vals["vocab"]),
-        seq_len=int(vals["seq_len"] if vals["seq_len"] is not None else 2048),
-        ffn_matrices=3 if gated else 2,
-        n_kv_heads=int(kv) if kv is not None and int(kv) != n_heads else None,
-        learned_positions=not gated and model_type not in ("gpt_neox", "gptj", "bloom"),
-        tied_embeddings=bool(d.get("tie_word_embeddings", not gated)),
-        biases=not gated,
-    )
-
-
-_OWN_FIELDS = {f.name for f in fields(ModelConfig)}
-
-
-def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
-    """A ``ModelConfig`` from sparsetool's own keys (the field names), or from HF keys.
-
-    >>> from_mapping({"n_layers": 2, "d_model": 64, "n_heads": 4, "d_ff": 256, "vocab": 100,
-    ...               "seq_len": 32}).d_head
-    16
-    """
-    if "model" in d and isinstance(d["model"], Mapping):  # a [model] table in TOML/YAML
-        d = d["model"]
-    if not (set(d) & {"n_layers", "d_model"}) or "model_type" in d or "architectures" in d:
-        return from_hf_config(d, name=str(d.get("name", name)))
-    unknown = sorted(set(d) - _OWN_FIELDS)
-    if unknown:
-        raise ConfigError(
-            f"config '{name}': unknown key(s) {', '.join(unknown)}; "
-            f"known keys: {', '.join(sorted(_OWN_FIELDS))}"
-        )
-    required = ("n_layers", "d_model", "n_heads", "d_ff", "vocab", "seq_len")
-    missing = [k for k in required if k not in d]
-    if missing:
-        raise ConfigError(f"config '{name}' lacks {', '.join(missing)}; required keys: "
-                          f"{', '.join(required)}")
-    kw = dict(d)
-    kw.setdefault("name", name)
-    if "d_head" not in kw and isinstance(kw["d_model"], int) and isinstance(kw["n_heads"], int) \
-            and kw["n_heads"] > 0:
-        kw["d_head"] = kw["d_model"] // kw["n_heads"]
-    kw.setdefault("d_head", None)  # n_heads is bad then, and __post_init__ says so first
-    return ModelConfig(**kw)
+    if not _is_hf(d):
+        d = {**d, "model_type": "unknown"}
+    return from_mapping(d, name=name)
 
 
 def load_config(path: str | Path) -> ModelConfig:
@@ -226,12 +298,23 @@ def load_config(path: str | Path) -> ModelConfig:
     return from_mapping(data, name=name)
 
 
+def seq_len_note(cfg: ModelConfig) -> str:
+    """Which sequence length is counted and where it came from, and the model's own context
+    when that differs: ``"seq 2048 (default; the model's context is 131,072)"``."""
+    text = f"seq {cfg.seq_len:,} ({cfg.seq_len_source}"
+    if cfg.context is not None and cfg.context != cfg.seq_len:
+        text += f"; the model's context is {cfg.context:,}"
+    if cfg.window is not None:
+        text += f"; attention window {cfg.window:,}"
+    return text + ")"
+
+
 def with_overrides(cfg: ModelConfig, *, seq_len: int | None = None,
                    vocab: int | None = None) -> ModelConfig:
     """``cfg`` with ``--seq-len`` / ``--vocab`` applied."""
     kw: dict[str, Any] = {}
     if seq_len is not None:
-        kw["seq_len"] = seq_len
+        kw["seq_len"], kw["seq_len_source"] = seq_len, "--seq-len"
     if vocab is not None:
         kw["vocab"] = vocab
     return replace(cfg, **kw) if kw else cfg

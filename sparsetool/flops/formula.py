@@ -106,16 +106,26 @@ def forward_terms(
         attn_out += out_dense * (1.0 - ls["attn_out"])
         ffn += ffn_in_dense * (1.0 - ls["ffn_in"]) + ffn_out_dense * (1.0 - ls["ffn_out"])
     L = cfg.n_layers
+    keys = keys_per_query(cfg, s)
+    e = cfg.embed_dim or d
+    proj = 2.0 * s * d * e if e != d else 0.0  # OPT's project_out (before the head), project_in
     return {
         "qkv": qkv,
-        "attn_logits": L * 2.0 * s * s * kh,
-        "softmax": L * 3.0 * h * s * s,
-        "attn_values": L * 2.0 * s * s * kh,
+        "attn_logits": L * 2.0 * s * keys * kh,
+        "softmax": L * 3.0 * h * s * keys,
+        "attn_values": L * 2.0 * s * keys * kh,
         "attn_out": attn_out,
         "ffn": ffn,
-        "logits": 2.0 * s * d * V,
-        "embeddings": 2.0 * s * V * d if embeddings else 0.0,
+        "logits": 2.0 * s * e * V + proj,
+        "embeddings": 2.0 * s * V * e + proj if embeddings else 0.0,
     }
+
+
+def keys_per_query(cfg: ModelConfig, seq_len: int | None = None) -> int:
+    """Keys each query attends to in Appendix F's count: the sequence length, or the sliding
+    window when the model has a shorter one (Mistral)."""
+    s = int(cfg.seq_len if seq_len is None else seq_len)
+    return min(s, cfg.window) if cfg.window else s
 
 
 def forward_flops(cfg: ModelConfig, **kw) -> float:
@@ -127,19 +137,22 @@ def term_formulas(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, str
     """Each dense term's formula with this model's numbers filled in, for checking by hand."""
     s = cfg.seq_len if seq_len is None else seq_len
     d, h, k, f, V, L = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_ff, cfg.vocab, cfg.n_layers
+    w = keys_per_query(cfg, s)  # = s without a shorter sliding window
+    e = cfg.embed_dim or d
+    proj = f" + 2*{s}*{d}*{e}" if e != d else ""
     if cfg.n_kv_heads is None:
         qkv = f"{L}*2*3*{s}*{d}*({k}*{h})"
     else:
         qkv = f"{L}*2*{s}*{d}*{k}*({h}+2*{cfg.n_kv_heads})"
     return {
         "qkv": qkv,
-        "attn_logits": f"{L}*2*{s}*{s}*({k}*{h})",
-        "softmax": f"{L}*3*{h}*{s}*{s}",
-        "attn_values": f"{L}*2*{s}*{s}*({k}*{h})",
+        "attn_logits": f"{L}*2*{s}*{w}*({k}*{h})",
+        "softmax": f"{L}*3*{h}*{s}*{w}",
+        "attn_values": f"{L}*2*{s}*{w}*({k}*{h})",
         "attn_out": f"{L}*2*{s}*({k}*{h})*{d}",
         "ffn": f"{L}*2*{s}*{cfg.ffn_matrices}*{d}*{f}",
-        "logits": f"2*{s}*{d}*{V}",
-        "embeddings": f"2*{s}*{V}*{d}",
+        "logits": f"2*{s}*{e}*{V}{proj}",
+        "embeddings": f"2*{s}*{V}*{e}{proj}",
     }
 
 
@@ -167,11 +180,16 @@ def param_counts(cfg: ModelConfig, sparsity: float | LayerSparsity = 0.0) -> dic
     per_layer_other = 2 * norm
     if cfg.biases:
         per_layer_other += (kh + 2 * kv) + d + (cfg.ffn_matrices - 1) * f + d
-    other = cfg.n_layers * per_layer_other + norm + V * d  # final norm, token embedding
+    e = cfg.embed_dim or d
+    other = cfg.n_layers * per_layer_other + V * e  # token embedding
+    if cfg.final_norm:
+        other += norm
+    if e != d:
+        other += 2 * d * e  # OPT's project_in and project_out (no biases)
     if cfg.learned_positions:
-        other += cfg.seq_len * d
+        other += (cfg.position_rows or cfg.context or cfg.seq_len) * d
     if not cfg.tied_embeddings:
-        other += V * d
+        other += V * e
     total = float(targeted + other)
     return {"targeted": float(targeted), "other": float(other), "total": total,
             "nonzero": total - pruned}

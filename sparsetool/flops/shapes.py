@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from sparsetool.checkpoint.config import read_model_config as read_hf_config
 from sparsetool.errors import CheckpointError, ShapeError
-from sparsetool.flops.config import ModelConfig
+from sparsetool.flops.config import DEFAULT_SEQ_LEN, ModelConfig
 from sparsetool.flops.formula import ROLES
 from sparsetool.wording import plural
 
@@ -84,7 +84,7 @@ def infer_model(
     ...                  targeted=False, numel=800, nonzero=800))
     >>> m = infer_model(rows, hf_config={"n_head": 2, "n_positions": 16})
     >>> c = m.config
-    >>> (c.n_layers, c.d_model, c.n_heads, c.d_head, c.d_ff, c.vocab, c.seq_len, c.ffn_matrices)
+    >>> (c.n_layers, c.d_model, c.n_heads, c.d_head, c.d_ff, c.vocab, c.context, c.ffn_matrices)
     (2, 8, 2, 4, 32, 100, 16, 2)
     >>> m.layer_sparsity[1]["ffn_in"], m.targeted_sparsity
     (0.5, 0.5)
@@ -206,19 +206,20 @@ def infer_model(
         if vocab is None:
             raise ShapeError(f"cannot tell the vocabulary size of '{name}' (no token embedding, "
                              "no LM head, no vocab_size in a config.json)", missing="vocab")
-    if seq_len is None:
-        if positions:
-            seq_len = shape_of(positions[0])[0]
-        else:
-            seq_len = _pick(hf_config, "max_position_embeddings", "n_positions", "n_ctx")
-        if seq_len is None:
-            seq_len = 2048
-            notes.append("no sequence length in the checkpoint or a config.json: assumed 2048 "
-                         "(pass --seq-len)")
+    # The model's context: its position table, else config.json. Counting uses 2048 tokens (as for
+    # every model source) unless seq_len is given; the output says which and notes the context.
+    context = shape_of(positions[0])[0] if positions else _pick(
+        hf_config, "max_position_embeddings", "n_positions", "n_ctx")
+    seq_source = "default" if seq_len is None else "--seq-len"
+    if context is None and seq_len is None:
+        notes.append("no context length in the checkpoint or a config.json: seq_len assumed 2048 "
+                     "(pass --seq-len)")
+    seq_len = DEFAULT_SEQ_LEN if seq_len is None else seq_len
 
     cfg = ModelConfig(
         name=name, n_layers=len(layer_sparsity), d_model=d_model, n_heads=n_heads, d_head=d_head,
         d_ff=int(f), vocab=int(vocab), seq_len=int(seq_len), ffn_matrices=int(1 + ratio),
+        context=int(context) if context is not None else None, seq_len_source=seq_source,
         n_kv_heads=n_kv, learned_positions=bool(positions), tied_embeddings=not heads,
         biases=any(_get(r, "role") == "bias" for r in floating),
     )

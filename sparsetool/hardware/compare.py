@@ -74,7 +74,7 @@ def simulate(wl: Workload, devices: Mapping[str, Device] | Iterable[Device]) -> 
     layer_paths: dict[str, list[str]] = {}
     for dev in devs:
         entry: dict[str, Any] = {"name": dev.name, "kind": dev.kind, "applicable": True,
-                                 "reason": None, "notes": []}
+                                 "reason": None, "notes": [], "busiest_over_mean": None}
         try:
             results = {}
             for key, passes in (("forward", ("forward",)), ("train_step", PASSES)):
@@ -86,9 +86,8 @@ def simulate(wl: Workload, devices: Mapping[str, Device] | Iterable[Device]) -> 
                     results[key]["passes"] = per_pass
                 else:
                     layer_speedups[dev.name] = [_ratio(d, s) for d, s in zip(dense_layer, per_layer)]
-                if isinstance(dev, Dataflow):
-                    bal = _balanced(dev, wl, passes)
-                    results[key]["speedup_if_balanced"] = _ratio(de.total, bal)
+                results[key]["speedup_if_balanced"] = (
+                    _ratio(de.total, _balanced(dev, wl, passes)) if isinstance(dev, Dataflow) else None)
             entry.update(results)
             entry["notes"] = dev.notes(wl.layers, PASSES)
             if isinstance(dev, Dataflow):
@@ -116,12 +115,11 @@ def simulate(wl: Workload, devices: Mapping[str, Device] | Iterable[Device]) -> 
             "nm_violation_in": ly.nm_violation_in, "nm_violation_out": ly.nm_violation_out,
             "measured": ly.measured,
         }
-        if grid is not None:
-            row["busiest_over_mean"] = ly.busiest_over_mean(grid)
-            row["core_groups"] = list(grid)
+        # The same keys with or without a dataflow device (None without one).
+        row["busiest_over_mean"] = ly.busiest_over_mean(grid) if grid is not None else None
+        row["core_groups"] = list(grid) if grid is not None else None
         row["speedup"] = {name: sp[i] for name, sp in layer_speedups.items()}
-        if layer_paths:
-            row["kernel"] = {name: paths[i] for name, paths in layer_paths.items()}
+        row["kernel"] = {name: paths[i] for name, paths in layer_paths.items()} if layer_paths else None
         layers.append(row)
     return {
         "workload": {
@@ -131,7 +129,7 @@ def simulate(wl: Workload, devices: Mapping[str, Device] | Iterable[Device]) -> 
             "train_flops": {"dense": 3 * dense_flops, "sparse": 3 * sparse_flops},
             "untargeted_forward_flops": wl.untargeted_flops,
             "theoretical": theo, "notes": wl.notes,
-            **({"targeting": wl.targeting} if wl.targeting else {}),
+            "targeting": wl.targeting or None,
         },
         "devices": out_devices,
         "layers": layers,
@@ -143,22 +141,23 @@ APPENDIX_C_TICKS = tuple(round(1 - 1 / n, 4) for n in range(1, 11))
 (theoretical speedups 1, 2, ..., 10)."""
 
 
+def run_row(sparsity: float, res: Mapping[str, Any]) -> dict[str, Any]:
+    """One point of a sweep from a :func:`simulate` result: the speedups of every device."""
+    return {
+        "sparsity": sparsity,
+        "theoretical": res["workload"]["theoretical"],
+        "devices": {
+            d["name"]: {
+                "kind": d["kind"],
+                "forward_speedup": d["forward"]["speedup"] if d["applicable"] else None,
+                "train_speedup": d["train_step"]["speedup"] if d["applicable"] else None,
+                "forward_time_s": d["forward"]["time_s"] if d["applicable"] else None,
+            } for d in res["devices"]
+        },
+    }
+
+
 def sweep(make: Callable[[float], Workload], sparsities: Iterable[float],
           devices: Mapping[str, Device]) -> list[dict[str, Any]]:
     """Speedups (forward and training step) at each sparsity, one fresh workload per point."""
-    rows = []
-    for s in sparsities:
-        res = simulate(make(s), devices)
-        rows.append({
-            "sparsity": s,
-            "theoretical": res["workload"]["theoretical"],
-            "devices": {
-                d["name"]: {
-                    "kind": d["kind"],
-                    "forward_speedup": d["forward"]["speedup"] if d["applicable"] else None,
-                    "train_speedup": d["train_step"]["speedup"] if d["applicable"] else None,
-                    "forward_time_s": d["forward"]["time_s"] if d["applicable"] else None,
-                } for d in res["devices"]
-            },
-        })
-    return rows
+    return [run_row(s, simulate(make(s), devices)) for s in sparsities]

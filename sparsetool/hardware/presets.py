@@ -101,6 +101,40 @@ PRESETS: dict[str, tuple[type[Device], dict[str, tuple[Any, str]]]] = {
     }),
 }
 
+# The unit of each constant, for --list-hardware (None: a plain number, count or switch).
+UNITS: dict[str, str | None] = {
+    "cores": None, "clock_hz": "Hz", "fmac_per_core_cycle": "FMAC/cycle", "sram_bandwidth": "B/s",
+    "sram_bytes": "B", "fabric_bandwidth": "B/s", "groups_m": None, "groups_k": None, "fixed_s": "s",
+    "weight_streaming": None, "stream_bandwidth": "B/s", "weight_bytes": "B", "index_bytes": "B",
+    "partial_sum_bytes": "B", "dense_fallback": None, "peak_flops": "FLOP/s", "bandwidth": "B/s",
+    "eta": None, "eta_mem": None, "launch_s": "s", "value_bytes": "B", "math_speedup": "x",
+    "metadata_bytes": "B", "break_even_sparsity": None, "floor": None, "slope": None,
+}
+CITATIONS = (_CS2, _A100, _H100, _PT24, _FLASH)
+"""The publications the constants cite, each named once per device by :func:`cite_once`."""
+
+
+def cite_once(sources: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Each source with the publications of :data:`CITATIONS` replaced by ``[n]``, and the
+    publications in the order first cited: ``({"cores": "850,000 AI-optimised cores [1]"},
+    ["Cerebras CS-2 (...)"])``."""
+    cited: list[str] = []
+    out = {}
+    for key, src in sources.items():
+        for cite in CITATIONS:
+            if cite not in src:
+                continue
+            if cite not in cited:
+                cited.append(cite)
+            ref = f"[{cited.index(cite) + 1}]"
+            if src.startswith(cite + ": "):
+                src = f"{src[len(cite) + 2:]} {ref}"
+            else:
+                src = src.replace(f"({cite})", ref).replace(cite, ref)
+        out[key] = src
+    return out, cited
+
+
 # Valid ranges: (low, high, low inclusive). Fields not listed must be finite and > 0.
 _RANGES = {
     "eta": (0.0, 1.0, False), "eta_mem": (0.0, 1.0, False),
@@ -217,6 +251,6 @@ def dataflow_grids(devices: list[Device]) -> list[tuple[int, int]]:
     return sorted(set(grids)) or [Dataflow(name="default").grid]
 
 
-__all__ = ["PRESETS", "builtin_devices", "sources", "load_devices", "read_hardware_file",
+__all__ = ["CITATIONS", "PRESETS", "UNITS", "builtin_devices", "cite_once", "sources", "load_devices", "read_hardware_file",
            "dataflow_grids", "Dataflow", "DenseGPU", "Sparse24GPU", "SpMMGPU", "FlashLLMGPU"]
 

@@ -38,14 +38,16 @@ def select_devices(hardware: Optional[Path] = None, only: Sequence[str] = ()
     if only:
         unknown = [d for d in only if d not in devices]
         if unknown:
-            raise ConfigError(f"unknown --device {', '.join(unknown)}; known: {', '.join(devices)}")
+            raise ConfigError(f"unknown --device {', '.join(unknown)}; known: {', '.join(devices)} "
+                              "(sparsetool simulate --list-hardware lists them)")
         devices = {d: devices[d] for d in only}
     return devices, sources
 
 
 def hardware_constants(hardware: Optional[Path] = None, devices: Sequence[str] = ()
                        ) -> dict[str, dict[str, Any]]:
-    """``{device: {"kind", "constants": {name: {"value", "source"}}}}`` (``--list-hardware``).
+    """``{device: {"kind", "constants": {name: {"value", "unit", "source"}}}}``
+    (``--list-hardware``; ``unit`` from :data:`sparsetool.hardware.presets.UNITS`).
 
     >>> hardware_constants(devices=["cs2"])["cs2"]["kind"]
     'dataflow'
@@ -53,6 +55,7 @@ def hardware_constants(hardware: Optional[Path] = None, devices: Sequence[str] =
     chosen, sources = select_devices(hardware, devices)
     return {name: {"kind": d.kind,
                    "constants": {f.name: {"value": getattr(d, f.name),
+                                          "unit": presets.UNITS.get(f.name),
                                           "source": sources[name].get(f.name, "default")}
                                  for f in fields(d) if f.name != "name"}}
             for name, d in chosen.items()}
@@ -69,7 +72,10 @@ def parse_sparsities(sparsity: Sparsities, sweep: bool = False) -> list[float]:
     """
     if sweep:
         if sparsity is not None:
-            raise ConfigError("give either --sweep (the Appendix C sparsities) or --sparsity LIST, not both")
+            given = sparsity if isinstance(sparsity, str) else ",".join(
+                f"{x:g}" for x in ([sparsity] if isinstance(sparsity, (int, float)) else sparsity))
+            raise ConfigError(f"give either --sweep (the Appendix C sparsities) or --sparsity {given}, "
+                              "not both: drop one")
         return list(APPENDIX_C_TICKS)
     if sparsity is None:
         return []
@@ -91,12 +97,13 @@ def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = 
     """Simulate exactly one of ``checkpoint`` (its real masks), ``shape`` (``"MxK"``, a seeded
     ``pattern`` mask) or ``model`` (a flops preset, random masks) on ``devices``.
 
-    One sparsity gives ``{"workload", "devices", "layers"}`` (see
-    :func:`sparsetool.hardware.compare.simulate`); several (or ``sweep``, or ``plot`` without
-    sparsities) give ``{"workload", "sweep"}`` plus ``"nm_point"`` (the 2:4 cores on a 2:4 mask of
-    a random ``shape``) and ``"plot"`` (the PNG written). ``verify`` adds ``"verify"``: the
+    The result always has the keys :data:`RESULT_KEYS`: ``runs``, one row per sparsity (several
+    with a list, ``sweep``, or ``plot`` without sparsities); ``workload``, ``devices`` and
+    ``layers`` of the last run (see :func:`sparsetool.hardware.compare.simulate`); ``nm_point``
+    (the 2:4 cores on a 2:4 mask of a random ``shape`` in a sweep) and ``plot`` (the PNG written),
+    else None. ``verify`` adds ``"verify"``: the
     zero-skipping schedule executed on one mask (the checkpoint's smallest pruned matrix, else
-    the last point's) and compared with the dense masked matmul. ``include``/``exclude`` are the
+    the last point's) and compared with the dense masked matmul (else None). ``include``/``exclude`` are the
     tensor globs of :func:`sparsetool.targets.plan_targets`, for a checkpoint only; without them a
     checkpoint pruned with globs is simulated on the tensors prune targeted, unless
     ``default_targets``. With a checkpoint the workload holds ``"targeting"``
@@ -104,20 +111,26 @@ def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = 
     """
     chosen, _ = select_devices(hardware, devices)
     if sum(x is not None for x in (checkpoint, shape, model)) != 1:
-        raise ConfigError("give exactly one of CHECKPOINT, --shape MxK or --model NAME")
+        raise ConfigError("give exactly one of CHECKPOINT, --shape MxK or --model NAME, e.g. sparsetool "
+                          "simulate model.safetensors, sparsetool simulate --shape 4096x4096 --sparsity 0.9 "
+                          "or sparsetool simulate --model gpt2-small --sparsity 0.75")
     if pattern != "random" and shape is None:
-        raise ConfigError("--pattern applies to --shape only")
+        raise ConfigError("--pattern draws the synthetic mask of --shape only: drop --pattern, or "
+                          f"simulate one layer, e.g. --shape 4096x4096 --sparsity 0.5 --pattern {pattern}")
     if (include or exclude or default_targets) and checkpoint is None:
         raise ConfigError("--include/--exclude/--default-targets select a checkpoint's tensors: "
                           "give CHECKPOINT")
-    sps = parse_sparsities(sparsity, sweep or (plot is not None and sparsity is None
-                                               and checkpoint is None))
+    if checkpoint is not None and (sweep or plot is not None or sparsity is not None):
+        given = [o for o, v in (("--sparsity", sparsity is not None), ("--sweep", sweep),
+                                ("--plot", plot is not None)) if v]
+        raise ConfigError(
+            f"a checkpoint brings its own masks, at one sparsity: drop {'/'.join(given)} to simulate "
+            "them, or sweep synthetic masks of a preset instead, e.g. sparsetool simulate --model "
+            "gpt2-small --sweep --plot speedup.png")
+    sps = parse_sparsities(sparsity, sweep or (plot is not None and sparsity is None))
     grids = presets.dataflow_grids(list(chosen.values()))
 
     if checkpoint is not None:
-        if sps:
-            raise ConfigError("a checkpoint brings its own masks: drop --sparsity/--sweep/--plot, or "
-                              "use --model NAME --sparsity S for synthetic ones")
         wl = _from_checkpoint(Path(checkpoint), tokens, grids, seq_len, include, exclude,
                               default_targets, progress)
         make = None
@@ -125,7 +138,8 @@ def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = 
     else:
         mk = wlmod.parse_shape(shape) if shape is not None else None
         if not sps:
-            raise ConfigError("--shape and --model need --sparsity S (or a list, or --sweep)")
+            raise ConfigError("--shape and --model need a sparsity: add one, a list or --sweep, e.g. "
+                              "--sparsity 0.9, --sparsity 0.5,0.75,0.9 or --sweep")
         make = _synthetic(mk, model, sps, tokens, grids, pattern, seed, seq_len)
         wl, mask = make(sps[-1])
         verify_mask = None
@@ -137,13 +151,22 @@ def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = 
         result = _sweep(wl, make, sps, chosen, grids, shape, pattern, tokens, seed, plot)
     else:
         if plot is not None:
-            raise ConfigError("--plot draws a sweep: add --sweep or give several sparsities")
+            raise ConfigError(f"--plot draws speedup against sparsity, and --sparsity gives one: "
+                              f"replace --sparsity {sps[0]:g} with --sweep, or give several, e.g. "
+                              f"--sparsity 0.5,0.75,0.9")
         result = compare.simulate(wl, chosen)
+        result["runs"] = [compare.run_row(sps[0] if sps else wl.sparsity, result)]
     if verify:
         from sparsetool.hardware.verify import run_schedule
 
         result["verify"] = run_schedule(verify_mask, grids[0])
-    return result
+    return {key: result.get(key) for key in RESULT_KEYS}
+
+
+RESULT_KEYS = ("workload", "runs", "devices", "layers", "nm_point", "plot", "verify")
+"""Every :func:`run_simulation` result has these keys, whatever was asked (absent parts are None):
+``runs`` holds one row per sparsity; ``workload``'s per-sparsity figures, ``devices`` and
+``layers`` describe the last run."""
 
 
 Maker = Callable[[float], tuple]
@@ -156,7 +179,8 @@ def _synthetic(mk: Optional[tuple[int, int]], model: Optional[str], sps: list[fl
     """The :data:`Maker` of the ``mk`` = (M, K) layer, or else of ``model``."""
     if mk is not None:
         if pattern == "2:4" and len(sps) > 1:
-            raise ConfigError("--pattern 2:4 keeps exactly half the weights: use --sparsity 0.5, no sweep")
+            raise ConfigError("--pattern 2:4 keeps exactly half the weights, so it takes one sparsity, "
+                              f"e.g. --shape {mk[0]}x{mk[1]} --sparsity 0.5 --pattern 2:4")
         return lambda s: wlmod.from_shape(mk, s, tokens, grids, pattern, seed)
     from sparsetool.flops import get_preset, with_overrides
 
@@ -169,11 +193,10 @@ def _synthetic(mk: Optional[tuple[int, int]], model: Optional[str], sps: list[fl
 def _sweep(wl: Workload, make: Optional[Maker], sps: list[float], devices: dict[str, Device],
            grids: list[tuple[int, int]], shape: Optional[str], pattern: str, tokens: float,
            seed: int, plot: Optional[Path]) -> dict[str, Any]:
-    built = {sps[-1]: wl}  # the last point is built already: do not draw its mask twice
-    rows = compare.sweep(lambda s: built.pop(s) if s in built else make(s)[0], sps, devices)
-    result: dict[str, Any] = {"workload": compare.simulate(wl, devices)["workload"], "sweep": rows}
-    for k in ("theoretical", "targeted_sparsity", "forward_flops", "train_flops"):
-        result["workload"].pop(k, None)  # they vary along the sweep: see its rows
+    # The last point is built already (do not draw its mask twice); it is the one shown in detail.
+    result = compare.simulate(wl, devices)
+    rows = compare.sweep(lambda s: make(s)[0], sps[:-1], devices)
+    result["runs"] = [*rows, compare.run_row(sps[-1], result)]
     result["workload"]["label"] = wl.label.replace(f" at sparsity {sps[-1]:g}", "")
     if shape is not None and pattern == "random":
         mk = wlmod.parse_shape(shape)
@@ -188,7 +211,7 @@ def _sweep(wl: Workload, make: Optional[Maker], sps: list[float], devices: dict[
         key = "forward_speedup" if shape is not None else "train_speedup"
         what = "one matmul, forward" if shape is not None else "training step"
         title = f"{wl.label.split(' at ')[0]}: {what}, {tokens:g} tokens"
-        plot_sweep(rows, plot, title, key, result.get("nm_point"))
+        plot_sweep(result["runs"], plot, title, key, result.get("nm_point"))
         result["plot"] = str(plot)
     return result
 
@@ -216,4 +239,4 @@ def _checkpoint_mask(path: Path, wl: Workload) -> np.ndarray:
         return m if plan_targets([lt], ck.config)[lt.name].input_dim == 1 else m.T
 
 
-__all__ = ["Progress", "hardware_constants", "parse_sparsities", "run_simulation", "select_devices"]
+__all__ = ["Progress", "RESULT_KEYS", "hardware_constants", "parse_sparsities", "run_simulation", "select_devices"]

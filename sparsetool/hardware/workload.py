@@ -9,7 +9,7 @@ work weight sparsity does not touch; their FLOPs come from the same Chinchilla A
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -60,7 +60,8 @@ def parse_shape(text: str) -> tuple[int, int]:
     if m * k > MAX_SHAPE_ENTRIES:
         raise ConfigError(
             f"--shape {text} has {plural(m * k, 'weight')}; a synthetic mask that large does not fit in "
-            f"memory here (limit {MAX_SHAPE_ENTRIES:,}): use --model for whole models"
+            f"memory here (limit {MAX_SHAPE_ENTRIES:,}): use --model NAME for whole models, e.g. "
+            f"--model gpt3-175b --sparsity 0.9"
         )
     return m, k
 
@@ -173,8 +174,13 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
             progress(len(todo), len(todo), "")
     if not layers:
         raise CheckpointError(f"'{path}' has no attention or feed-forward weight matrices to simulate; "
-                              "use --shape MxK or --model NAME instead")
+                              "simulate a preset or one layer instead, e.g. --model gpt2-small --sparsity 0.5 "
+                              "or --shape 4096x4096 --sparsity 0.5")
     inferred = infer_model(rows, name=path.name, hf_config=read_model_config(path), seq_len=seq_len)
-    flops, seq = untargeted_flops(inferred.config, tokens)
+    cfg = inferred.config
+    if seq_len is None and cfg.context is not None:
+        # a step runs sequences the model takes: up to its context (flops counts 2048 by default)
+        cfg = replace(cfg, seq_len=cfg.context, seq_len_source="the model's context")
+    flops, seq = untargeted_flops(cfg, tokens)
     return Workload(f"{path.name} ({plural(len(layers), 'pruned matrix', 'pruned matrices')}, real masks)", "checkpoint",
                     tokens, layers, flops, seq, list(inferred.notes), targeting_summary(plan))
