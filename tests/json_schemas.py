@@ -127,9 +127,9 @@ PRUNE = obj(
                 seed=INT, encoding=STR, include=arr(STR), exclude=arr(STR)),
     tensors=arr(obj(name=STR, shape=arr(INT), numel=INT, nonzero_before=INT, nonzero=INT, sparsity=NUM)),
     summary=obj(targeted_tensors=INT, targeted_numel=INT, targeted_nonzero=INT, targeted_sparsity=NUM),
-    warnings=arr(STR), notes=arr(STR),
+    warnings=arr(STR), notes=arr(STR), left_out=arr(STR),
 )
-DENSIFY = obj(output=STR, tensors=INT, decoded=mapping(INT), negative_zeros_fixed=INT)
+DENSIFY = obj(output=STR, tensors=INT, decoded=mapping(INT), negative_zeros_fixed=INT, left_out=arr(STR))
 REPORT = obj(
     tensors=arr(obj(name=STR, shape=arr(INT), dtype=STR, role=STR, targeted=BOOL, numel=INT, nonzero=INT,
                     encoding=STR, bytes=INT, sparsity=NUM)),

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import typer
 
-from sparsetool.cli._output import emit_json, err_console, failing_cleanly, percent, print_table
+from sparsetool.cli._output import emit_json, err_console, failing_cleanly, percent, plural, print_table
 from sparsetool.cli._params import json_option, output_option, quiet_option, seed_option
 from sparsetool.ops.demo import DEFAULT_FINETUNE_STEPS, DEFAULT_OUTPUT, DEFAULT_STEPS, SPARSITY
 
@@ -110,7 +110,7 @@ def _render(s: dict) -> None:
     held = s["heldout"]
     lines = [
         f"angular distance sparse -> fine-tuned, 1 - cos over all {d['numel']:,} targeted weights: "
-        f"{d['angular_distance']:.4f} ({kinds}); {d['revived']:,} weights revived, "
+        f"{d['angular_distance']:.4f} ({kinds}); {plural(d['revived'], 'weight')} revived, "
         f"rel L2 {d['rel_l2']:.4f}",
         "train FLOPs: sparsetool.flops for each run's shapes, sparsity and tokens; fine-tuned = "
         "(sparse pre-training + dense fine-tuning) / (dense pre-training + the same fine-tuning)",
