@@ -103,6 +103,9 @@ class HFModel:
         self.config = drop_sparsity_config(config)  # weights are re-encoded on every write
         self.tokenizer = load_tokenizer(self.path, self.transformers)
         self.dtype = dtypes.most_common(1)[0][0] if dtypes else torch.float32
+        # read now: a resumed run's source checkpoint is deleted once newer ones are kept
+        self.files = {f.name: f.read_bytes() for f in sorted(self.path.iterdir())
+                      if f.is_file() and (f.name in _COMPANIONS or f.name.startswith("tokenizer"))}
 
     def info(self, cfg, saved: dict | None = None) -> HFModelInfo:
         """The run's model shape; a shape flag is an error, ``--context`` at most the model's."""
@@ -175,9 +178,8 @@ class HFModel:
         """config.json, the tokenizer files and generation_config.json of the source, into ``directory``."""
         (directory / "config.json").write_text(
             json.dumps(config or self.config, indent=2, sort_keys=True) + "\n")
-        for f in sorted(self.path.iterdir()):
-            if f.is_file() and (f.name in _COMPANIONS or f.name.startswith("tokenizer")):
-                shutil.copyfile(f, directory / f.name)
+        for name, data in self.files.items():
+            (directory / name).write_bytes(data)
 
     def export(self, run_dir: Path, model: torch.nn.Module, masks: dict[str, torch.Tensor],
                encoding: str, meta: dict, dtype: str) -> Path:
