@@ -137,7 +137,8 @@ def test_rigl_keeps_the_exact_count_while_masks_move(root, tmp_path):
     cfg.write_text("keep_last: 0\n")  # keep every checkpoint
     out = tmp_path / "run"
     train_json("-o", out, "--init", root / "gpt2", "--data", root / "data.txt", "--algorithm", "rigl",
-               "--sparsity", "0.7", "--update-freq", "4", "--save-every", "4", "--config", cfg)
+               "--sparsity", "0.7", "--update-freq", "4", "--save-every", "4", "--config", cfg,
+               "--encoding", "mask")
     from sparsetool.masks.distributions import keep_counts
     from sparsetool.train.io import read_init_checkpoint
 
@@ -153,6 +154,10 @@ def test_rigl_keeps_the_exact_count_while_masks_move(root, tmp_path):
         assert int((weights[name] != 0).sum()) <= int(k)
     moved = sum(int((masks[0][n] != masks[-1][n]).sum()) for n in expect)
     assert moved > 0  # drop-and-grow happened on the Hugging Face names
+    # --encoding mask: RUN/model stores each final mask beside its weight
+    raw = load_file(str(out / "model" / "model.safetensors"))
+    for name in expect:
+        assert torch.equal(raw[name + "_mask"], masks[-1][name]), name
 
 
 def test_resume_is_bit_identical(root, tmp_path):
@@ -186,6 +191,9 @@ def test_bad_input_is_one_error_line(root, tmp_path):
     r = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "c"), "--init", str(bare), *FAST])
     assert r.exit_code == 1 and "no usable tokenizer" in r.output
     assert not (tmp_path / "c").exists()
+    r = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "e"), "--init",
+                                 str(root / "gpt2" / "model.safetensors"), *FAST])
+    assert r.exit_code == 1 and "give the directory" in r.output
     r = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "d"), "--preset", "tiny",
                                  "--encoding", "bitmask", *FAST])
     assert r.exit_code == 1 and "--encoding bitmask applies to the Hugging Face directory" in r.output

@@ -79,6 +79,9 @@ def open_model(cfg, resume_from: Path | None, resumed_model: dict | None):
     from sparsetool.train.io import read_init_checkpoint
 
     resumed = resume_from is not None and "model_type" in (resumed_model or {})
+    if resume_from is None and cfg.init and Path(cfg.init).is_file() and is_hf_dir(Path(cfg.init).parent):
+        raise ConfigError(f"--init {cfg.init} is a file of the Hugging Face directory "
+                          f"{Path(cfg.init).parent}; give the directory (its config and tokenizer are needed)")
     if not resumed and not (resume_from is None and is_hf_dir(cfg.init)):
         if cfg.encoding != "zeros":
             raise ConfigError(f"--encoding {cfg.encoding} applies to the Hugging Face directory a "

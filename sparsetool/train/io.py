@@ -174,7 +174,7 @@ class Log:
                     w.writerow({**r, "val_loss": val.get(r["step"], "")})
         os.replace(tmp, run / "log.csv")
 
-    def plot(self, run: Path, title: str) -> None:
+    def plot(self, run: Path, title: str, unit: str = "byte") -> None:
         import matplotlib
 
         matplotlib.use("Agg")
@@ -191,7 +191,7 @@ class Log:
             if r.get("kind") == "stage":
                 ax.axvline(r["step"], color="grey", ls=":", lw=1)
         ax.set_xlabel("step")
-        ax.set_ylabel("cross-entropy (nats/byte)")
+        ax.set_ylabel(f"cross-entropy (nats/{unit})")
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend()

@@ -243,7 +243,8 @@ class Trainer:
                            self.cfg.encoding, self._meta(step), self.mcfg.dtype)
         self.log.write_csv(self.run_dir)
         self.log.plot(self.run_dir, rundir.title(self.cfg, self.run_dir, self.mcfg.n_layer,
-                                                 self.mcfg.d_model, self.sp is not None))
+                                                 self.mcfg.d_model, self.sp is not None),
+                      "token" if self.hf else "byte")
 
     # ------------------------------------------------------------------ run
     def run(self) -> dict:
