@@ -100,6 +100,8 @@ def train(
 
     Writes checkpoints (safetensors, mask encoding), a JSONL/CSV log and loss.png into the run
     directory -o/--output. Without --data the corpus is the Python standard library's own source.
+    --init HF_DIR fine-tunes a Hugging Face causal LM with its own tokenizer instead and writes
+    RUN/model/, a Hugging Face directory (--encoding).
 
     SPDF: sparse pre-training, then dense fine-tuning (--init CHECKPOINT --dense; revived weights
     start at 0). Variable SPDF: --stage SPARSITY:FRACTION, repeated. --resume continues an
