@@ -202,6 +202,7 @@ class HFModel:
             seen.add(t.data_ptr())
             tensors[name] = t.detach().to("cpu", target if t.is_floating_point() else t.dtype)
         masks = {n: m.to("cpu", torch.bool) for n, m in masks.items()}
+        meta = {**meta, "encoding": encoding if masks else "plain"}
         write_tensors(tmp / "model.safetensors", tensors, encoding=encoding, masks=masks,
                       metadata={"format": "pt", **provenance_metadata(None, meta)})
         config = dict(self.config)
