@@ -9,6 +9,7 @@ import typer
 
 from sparsetool import options
 from sparsetool.cli._params import (
+    ENCODING_NAMES,
     TRAIN_PRESETS,
     checked,
     choices,
@@ -39,6 +40,7 @@ Algorithm = choices("Algorithm", ALGORITHMS)
 Distribution = choices("Distribution", DISTRIBUTIONS)
 InitMethod = choices("InitMethod", ("random", "magnitude"))
 DType = choices("DType", ("auto", "float32", "bfloat16"))
+Encoding = choices("Encoding", ENCODING_NAMES)
 
 
 def _check_device(value: str, option: str) -> str:
@@ -58,7 +60,7 @@ def train(
     n_layer: Optional[int] = typer.Option(None, "--n-layer", help="Override the preset's layer count."),
     n_head: Optional[int] = typer.Option(None, "--n-head", help="Override the preset's head count."),
     d_model: Optional[int] = typer.Option(None, "--d-model", help="Override the preset's width."),
-    context: Optional[int] = typer.Option(None, "--context", help="Override the preset's context (bytes per sequence)."),
+    context: Optional[int] = typer.Option(None, "--context", help="Override the preset's context (bytes per sequence; with --init HF_DIR tokens, default 256)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (default 1000)."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per micro-batch per process (default 16)."),
     grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Micro-batches per step per process (default 1)."),
@@ -81,7 +83,8 @@ def train(
     include: list[str] = include_option("Also sparsify parameters matching this glob (repeatable)."),
     exclude: list[str] = exclude_option("Never sparsify parameters matching this glob (repeatable; wins over --include)."),
     param_filter: list[str] = typer.Option([], "--param-filter", metavar="GLOB", help="Glob of parameter names to sparsify (repeatable; default: the block matrices)."),
-    init: Optional[Path] = typer.Option(None, "--init", help="Start from this checkpoint (any sparsetool encoding); keeps its masks."),
+    init: Optional[Path] = typer.Option(None, "--init", help="Start from this checkpoint (any sparsetool encoding) or a Hugging Face causal-LM directory (fine-tuned with its own tokenizer); keeps its masks."),
+    encoding: Optional[Encoding] = typer.Option(None, "--encoding", help="With --init HF_DIR: how RUN/model/ stores pruned weights (default zeros, which transformers loads; mask, nan, bitmask)."),
     dense: bool = typer.Option(False, "--dense", help="With --init: revive pruned weights at 0 and train densely (SPDF fine-tuning)."),
     stage: list[str] = stage_option("SPARSITY:FRACTION of the steps (repeatable): Variable SPDF, e.g. 0.9:0.8 then 0:0.2."),
     eval_every: Optional[int] = typer.Option(None, "--eval-every", help="Validation every N steps (default 100) and at the end."),
@@ -97,6 +100,8 @@ def train(
 
     Writes checkpoints (safetensors, mask encoding), a JSONL/CSV log and loss.png into the run
     directory -o/--output. Without --data the corpus is the Python standard library's own source.
+    --init HF_DIR fine-tunes a Hugging Face causal LM with its own tokenizer instead and writes
+    RUN/model/, a Hugging Face directory (--encoding).
 
     SPDF: sparse pre-training, then dense fine-tuning (--init CHECKPOINT --dense; revived weights
     start at 0). Variable SPDF: --stage SPARSITY:FRACTION, repeated. --resume continues an
@@ -134,7 +139,7 @@ def train(
             "drop_fraction": drop_fraction, "initial_sparsity": initial_sparsity, "param_filter": list(param_filter) or None,
             "include": tuple(include) or None, "exclude": tuple(exclude) or None,
             "sparsity_options": options, "init": str(init) if init else None,
-            "dense": dense or None, "stages": list(stage),
+            "dense": dense or None, "stages": list(stage), "encoding": value_of(encoding),
             "eval_every": eval_every, "save_every": save_every, "stop_at": stop_at,
             "device": device, "dtype": value_of(dtype), "threads": threads,
         }
@@ -189,17 +194,17 @@ class _Progress:
     def _start(self, info: dict) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        m = info["model"]
+        m, per = info["model"], "tokens" if "model_type" in info["model"] else "bytes"
         sp = f", sparsity {info['sparsity']:.1%}" if info["sparsity"] else ""
         self.console.print(
-            f"GPT {m['n_layer']}L d{m['d_model']} h{m['n_head']} ctx {m['context']}: "
+            f"{m.get('model_type', 'GPT')} {m['n_layer']}L d{m['d_model']} h{m['n_head']} ctx {m['context']}: "
             f"{plural(info['params'], 'parameter')}{sp}; {plural(info['world_size'], 'process', 'processes')}, global batch "
-            f"{info['global_batch']} x {m['context']} bytes; {info['device']} {info['precision']}",
+            f"{info['global_batch']} x {m['context']} {per}; {info['device']} {info['precision']}",
             highlight=False, soft_wrap=True,
         )
-        self.console.print(f"data: {self.escape(info['data']['source'])} "
-                           f"({info['data']['train_bytes']:,} train / {info['data']['val_bytes']:,} "
-                           f"validation bytes)", highlight=False, soft_wrap=True)
+        d, unit = info["data"], "tokens" if "train_tokens" in info["data"] else "bytes"
+        self.console.print(f"data: {self.escape(d['source'])} ({d['train_' + unit]:,} train / "
+                           f"{d['val_' + unit]:,} validation {unit})", highlight=False, soft_wrap=True)
         if not self.console.is_terminal:
             return  # piped: no bar (its one final line would be cut to the width); the summary follows
         self.bar = Progress(
@@ -241,6 +246,8 @@ class _Progress:
             ("train loss", f"{s['loss']:.4f}"), ("validation loss", val),
             ("sparsity", f"{s['sparsity']:.1%}"), ("tokens", f"{s['tokens']:,}"),
             ("throughput", f"{s['tokens_per_s']:,.0f} tokens/s" if s["tokens_per_s"] else "-"),
-            ("checkpoint", s["checkpoint"]), ("log", s["log"]), ("loss curve", s["plot"]),
+            ("model" if s.get("huggingface") else "checkpoint",
+             s["checkpoint"] + (" (Hugging Face directory)" if s.get("huggingface") else "")),
+            ("log", s["log"]), ("loss curve", s["plot"]),
         ]
         print_table(None, rows, align="ll")

@@ -20,18 +20,18 @@ from typing import Callable
 import torch
 
 from sparsetool.checkpoint import open_checkpoint
-from sparsetool.checkpoint.config import drop_sparsity_config
 from sparsetool.checkpoint.zeros import count_nonzero
 from sparsetool.errors import SparsetoolError
 from sparsetool.targets import is_floating, plan_targets
+from sparsetool.train.hf import HF_EXTRA, MAX_DEFAULT_SEQ, match_weights  # noqa: F401 (re-exported)
+from sparsetool.train.hf import context_of as _context
+from sparsetool.train.hf import hf_config as _hf_config
+from sparsetool.train.hf import import_transformers as _import_transformers
+from sparsetool.train.hf import load_tokenizer as _tokenizer
 
 __all__ = ["LM", "Encoded", "DTYPES", "open_lm", "read_text"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-MAX_DEFAULT_SEQ = 2048  # default window for models trained on long contexts (CPU memory, time)
-HF_EXTRA = "pip install -e '.[hf]' (source checkout) or pip install 'sparsetool[hf]'"
-# Buffers old GPT-2 checkpoints stored; today's transformers computes them.
-_LEGACY_BUFFERS = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
 
 
 @dataclass
@@ -120,141 +120,12 @@ def _gpt_lm(path: Path, dtype: torch.dtype) -> LM:
 
 
 # ---------------------------------------------------------------------------- Hugging Face
-def _import_transformers():
-    try:
-        import transformers
-    except ImportError:
-        raise SparsetoolError(
-            f"evaluating a Hugging Face model needs transformers, which is not installed: {HF_EXTRA}"
-        ) from None
-    return transformers
-
-
-def _hf_config(path: Path, config: dict | None, transformers):
-    from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES)
-
-    if config is None:
-        raise SparsetoolError(f"{path}: no config.json; eval needs a Hugging Face model directory "
-                              "(config.json, weights, tokenizer files) or a checkpoint of sparsetool train")
-    # The compressed-tensors block describes how weights are stored, which sparsetool decodes itself.
-    config = drop_sparsity_config(config)
-    config = {k: v for k, v in config.items() if k != "auto_map"}  # classes in the directory's .py files
-    model_type = config.get("model_type")
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise SparsetoolError(f"{path}/config.json: model_type {model_type!r} is not a causal language "
-                              "model transformers knows; eval scores next-token prediction only")
-    rest = {k: v for k, v in config.items() if k != "model_type"}
-    try:
-        cfg = transformers.AutoConfig.for_model(model_type, **rest)
-    except Exception as e:  # transformers raises many types for a bad config
-        raise SparsetoolError(f"{path}/config.json: transformers cannot read it ({e})") from None
-    bidirectional = model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(cfg, "is_decoder", False)
-    if getattr(cfg, "is_encoder_decoder", False) or bidirectional:
-        arch = ", ".join(config.get("architectures") or [model_type])
-        raise SparsetoolError(f"{path}: {arch} is not a causal language model (an encoder sees the "
-                              "tokens it should predict); eval scores decoder-only models")
-    return cfg
-
-
-def _context(cfg) -> int:
-    for attr in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length", "max_sequence_length"):
-        value = getattr(cfg, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return MAX_DEFAULT_SEQ
-
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
-                    "sentencepiece.bpe.model", "tiktoken.model")
-
-
-def _tokenizer(path: Path, transformers):
-    def refuse(why: str) -> SparsetoolError:
-        return SparsetoolError(
-            f"{path}: no usable tokenizer ({why}); copy the tokenizer files of the original model "
-            "(tokenizer.json or its vocabulary files, tokenizer_config.json) into this directory")
-
-    # transformers 5 builds an empty tokenizer from config.json alone: look for the files first
-    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
-        raise refuse(f"none of {', '.join(_TOKENIZER_FILES)}")
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True,
-                                                         trust_remote_code=False)
-    except Exception as e:  # broken files surface as OSError, ValueError or TypeError by version
-        if "custom code" in str(e):
-            raise SparsetoolError(
-                f"{path}/tokenizer_config.json asks for a tokenizer class from the directory's own "
-                "Python files (auto_map), and sparsetool never runs code from a checkpoint; set its "
-                "tokenizer_class to a transformers class (PreTrainedTokenizerFast reads tokenizer.json)"
-            ) from None
-        raise refuse(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'cannot load'}") from None
-    if len(tok) <= len(getattr(tok, "all_special_ids", [])):
-        raise refuse("its vocabulary is empty")
-    return tok
-
-
-def _renamer(model: torch.nn.Module) -> Callable[[Path, str], str]:
-    """transformers' own checkpoint -> model renames (GPT-NeoX ``embed_out`` -> ``lm_head``...).
-
-    Conversions that merge several tensors into one (per-expert weights stacked) are refused:
-    eval loads tensors one to one.
-    """
-    from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightRenaming, apply_converters, apply_renamings
-
-    transforms = get_model_conversion_mapping(model)
-    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
-    converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
-
-    def rename(path: Path, name: str) -> str:
-        new = apply_renamings(name, renamings)
-        if apply_converters(new, converters)[1] is not None:
-            raise SparsetoolError(f"{path}: tensor {name!r} is stored in a layout transformers converts "
-                                  "on loading (several tensors merged into one); eval does not support "
-                                  "this model's checkpoints yet")
-        return new
-
-    return rename
-
-
 def _hf_weights(path: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The checkpoint's dense tensors under the model's own names, shapes checked against config.json."""
     from sparsetool.ops.load import load
 
-    weights = load(path)
-    own = model.state_dict()
-    prefix = getattr(model, "base_model_prefix", "") or ""
-    rename = _renamer(model)
-    renamed: dict[str, torch.Tensor] = {}
-    for name, t in weights.items():
-        name = rename(path, name)
-        if name not in own and prefix:
-            # Saved from the bare model (no LM-head wrapper) or the reverse.
-            if f"{prefix}.{name}" in own:
-                name = f"{prefix}.{name}"
-            elif name.startswith(prefix + ".") and name[len(prefix) + 1:] in own:
-                name = name[len(prefix) + 1:]
-        if name not in own:
-            if name.endswith(_LEGACY_BUFFERS):
-                continue
-            raise SparsetoolError(f"{path}: tensor {name!r} is not part of the {type(model).__name__} "
-                                  "that config.json describes; the weights and config.json disagree")
-        if tuple(t.shape) != tuple(own[name].shape):
-            raise SparsetoolError(
-                f"{path}: tensor {name!r} has shape {list(t.shape)} but config.json describes "
-                f"{list(own[name].shape)}; the weights and config.json disagree"
-            )
-        renamed[name] = t
-    # Parameters shared with a loaded one (a head tied to the embedding) need no tensor of their own.
-    by_storage = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        by_storage.setdefault(id(p), []).append(name)
-    for names in by_storage.values():
-        if not any(n in renamed for n in names):
-            raise SparsetoolError(f"{path}: no tensor {names[0]!r}; the checkpoint lacks weights "
-                                  "the model of config.json needs")
-    return renamed
+    return match_weights(path, model, load(path))
+
 
 
 def _hf_lm(path: Path, config: dict | None, dtype: torch.dtype) -> LM:

@@ -27,6 +27,7 @@ from sparsetool import options
 from sparsetool.errors import ConfigError
 
 ALGORITHMS = ("dense", "static", "gmp", "set", "rigl", "granet", "imp")
+ENCODINGS = ("zeros", "mask", "nan", "bitmask")  # sparsetool.checkpoint.encodings, without torch
 
 FILE_ONLY = ("dropout", "min_lr_ratio", "beta1", "beta2", "eps", "eval_sequences", "keep_last",
              "log_every")
@@ -87,6 +88,7 @@ class TrainConfig:
     init: str | None = None  # start from this checkpoint (its masks unless --dense)
     dense: bool = False  # with init: revive every pruned weight at 0 and train densely (SPDF)
     stages: list[tuple[float, float]] = field(default_factory=list)  # (sparsity, fraction)
+    encoding: str = "zeros"  # how RUN/model/ of a --init HF_DIR run stores pruned weights
     # bookkeeping
     eval_every: int = 100
     eval_sequences: int = 64
@@ -249,6 +251,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.algorithm not in (None, "dense") and cfg.sparsity is None and not cfg.stages:
         need(cfg.init is not None or "sparsity" in cfg.sparsity_options,
              f"--algorithm {cfg.algorithm} needs --sparsity (e.g. --sparsity 0.75)")
+    need(cfg.encoding in ENCODINGS, f"--encoding {cfg.encoding!r}: choose one of {', '.join(ENCODINGS)}")
     if cfg.threads is not None:
         need(int(cfg.threads) >= 1, "--threads must be >= 1")
     if cfg.stop_at is not None:

@@ -72,3 +72,17 @@ def gather_mask_digests(masks: dict[str, torch.Tensor], world: int) -> list[str]
     out: list = [None] * world
     dist.all_gather_object(out, mask_digest(masks))
     return out
+
+
+def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``model`` under DistributedDataParallel, never syncing buffers between steps."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    # Masks live in the sparsifier, not in module buffers; and the built-in model has no buffers.
+    # broadcast_buffers=False guarantees DDP never overwrites anything between steps.
+    no_buffer_sync = ({"forward_sync_buffers": False}
+                      if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                      else {"broadcast_buffers": False})
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **no_buffer_sync)

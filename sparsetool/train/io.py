@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -46,8 +47,12 @@ def save_model(path: Path, model: torch.nn.Module, masks: dict[str, torch.Tensor
 
 
 def save_checkpoint(run: Path, step: int, model: torch.nn.Module, masks: dict, meta: dict,
-                    model_cfg: dict, resume: dict, state: dict, keep_last: int) -> Path:
-    """Write checkpoints/step-NNNNNN atomically (a temp dir renamed), then point RUN/latest at it."""
+                    model_cfg: dict, resume: dict, state: dict, keep_last: int,
+                    write_files: Callable[[Path], None] | None = None) -> Path:
+    """Write checkpoints/step-NNNNNN atomically (a temp dir renamed), then point RUN/latest at it.
+
+    ``write_files`` (a Hugging Face model's config and tokenizer) replaces the built-in GPT's
+    config.json; the caller then writes the run's final model itself (not copied to RUN/)."""
     ckdir = run / "checkpoints"
     ckdir.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:06d}"
@@ -56,7 +61,10 @@ def save_checkpoint(run: Path, step: int, model: torch.nn.Module, masks: dict, m
         shutil.rmtree(tmp)
     tmp.mkdir()
     save_model(tmp / "model.safetensors", model, masks, meta)
-    _write_json(tmp / "config.json", {"model_type": "sparsetool-gpt", **model_cfg})
+    if write_files is not None:
+        write_files(tmp)
+    else:
+        _write_json(tmp / "config.json", {"model_type": "sparsetool-gpt", **model_cfg})
     torch.save(resume, tmp / "optimizer.pt")
     _write_json(tmp / "state.json", state)
     final = ckdir / name
@@ -65,7 +73,7 @@ def save_checkpoint(run: Path, step: int, model: torch.nn.Module, masks: dict, m
     os.replace(tmp, final)
     (run / "latest.tmp").write_text(name + "\n")
     os.replace(run / "latest.tmp", run / "latest")
-    for f in ("model.safetensors", "config.json"):
+    for f in ("model.safetensors", "config.json") if write_files is None else ():
         shutil.copyfile(final / f, run / f"{f}.tmp")
         os.replace(run / f"{f}.tmp", run / f)
     if keep_last > 0:
@@ -166,7 +174,7 @@ class Log:
                     w.writerow({**r, "val_loss": val.get(r["step"], "")})
         os.replace(tmp, run / "log.csv")
 
-    def plot(self, run: Path, title: str) -> None:
+    def plot(self, run: Path, title: str, unit: str = "byte") -> None:
         import matplotlib
 
         matplotlib.use("Agg")
@@ -183,7 +191,7 @@ class Log:
             if r.get("kind") == "stage":
                 ax.axvline(r["step"], color="grey", ls=":", lw=1)
         ax.set_xlabel("step")
-        ax.set_ylabel("cross-entropy (nats/byte)")
+        ax.set_ylabel(f"cross-entropy (nats/{unit})")
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend()

@@ -26,10 +26,10 @@ import torch.distributed as dist
 
 from sparsetool.errors import ConfigError
 from sparsetool.targets import plan_targets
-from sparsetool.train import io, rundir, warmstart
+from sparsetool.train import hfrun, io, rundir, warmstart
 from sparsetool.train.config import TrainConfig
 from sparsetool.train.data import Sampler, eval_batches, load_corpus
-from sparsetool.train.distributed import gather_mask_digests, setup_runtime
+from sparsetool.train.distributed import gather_mask_digests, setup_runtime, wrap_ddp
 from sparsetool.train.model import GPT, GPTConfig
 from sparsetool.train.recipe import lr_at, model_config, param_groups, sparsifier_config, stage_plan
 
@@ -65,8 +65,12 @@ class Trainer:
 
     def _setup_model_and_data(self) -> None:
         cfg = self.cfg
-        init_w, init_m, init_meta = ({}, {}, {})
-        if self.resume_from is not None and self._resumed_model:
+        # a Hugging Face model (--init HF_DIR, or a resume of such a run), else the built-in GPT
+        self.hf, self.mcfg, init_w, init_m = hfrun.open_model(cfg, self.resume_from, self._resumed_model)
+        self.forward = lambda model, x, y: model(x, y)  # token ids, targets -> logits, mean loss
+        if self.hf:
+            self.forward = hfrun.forward
+        elif self.resume_from is not None and self._resumed_model:
             # the weights come from the run's own checkpoint; --init is not read again (it may
             # have been moved since)
             self.mcfg = GPTConfig(**self._resumed_model)
@@ -76,9 +80,9 @@ class Trainer:
         else:
             self.mcfg = model_config(cfg)
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
-        self.model = GPT(self.mcfg).to(self.device)
+        self.model = (self.hf.build() if self.hf else GPT(self.mcfg)).to(self.device)
         if init_w:
-            warmstart.load_weights(self.model, init_w, cfg.init)
+            self._load_weights(init_w, cfg.init)
         params = dict(self.model.named_parameters())
         # One targeting rule for prune and train: roles, or param_filter, then --include/--exclude.
         self.target_plan = plan_targets(
@@ -91,8 +95,10 @@ class Trainer:
             # --init SPARSE --sparsity S: S below the checkpoint's sparsity would revive weights
             spc = self._sparsifier_config(self.plan[0], later_stage=False)
             warmstart.check_sparsity((spc or {}).get("sparsity"), self.init_masks, cfg.init)
-        corpus = load_corpus(cfg.data, min_bytes=self.mcfg.context + 1)
+        corpus = load_corpus(cfg.data, min_bytes=0 if self.hf else self.mcfg.context + 1)
         self.corpus_info = corpus.describe()
+        if self.hf:
+            corpus, self.corpus_info = self.hf.tokenize(corpus, self.mcfg.context)
         self.sampler = Sampler(corpus.train, self.mcfg.context, cfg.seed)
         self.val_x, self.val_y = eval_batches(corpus.val, self.mcfg.context, cfg.eval_sequences)
         self.optimizer = torch.optim.AdamW(
@@ -100,19 +106,16 @@ class Trainer:
             betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
             **({"fused": True} if self.device.type == "cuda" else {}),
         )
-        self.ddp = None
-        if self.world > 1:
-            from torch.nn.parallel import DistributedDataParallel as DDP
+        self.ddp = wrap_ddp(self.model, self.device) if self.world > 1 else None
 
-            # Masks live in the sparsifier, not in module buffers; and the model has no buffers.
-            # broadcast_buffers=False guarantees DDP never overwrites anything between steps.
-            import inspect
+    def _load_weights(self, weights: dict, source) -> None:
+        if self.hf:
+            self.hf.load(self.model, weights, source)
+        else:
+            warmstart.load_weights(self.model, weights, source)
 
-            no_buffer_sync = ({"forward_sync_buffers": False}
-                              if "forward_sync_buffers" in inspect.signature(DDP).parameters
-                              else {"broadcast_buffers": False})
-            self.ddp = DDP(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                           **no_buffer_sync)
+    def _num_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())  # a tied head counted once
 
     # ------------------------------------------------------------------ sparsity
     def _stage_index(self, step: int) -> int:
@@ -200,7 +203,7 @@ class Trainer:
             x = self.val_x[i:i + bs].to(self.device)
             y = self.val_y[i:i + bs].to(self.device)
             with self.autocast():
-                _, loss = self.model(x, y)
+                _, loss = self.forward(self.model, x, y)
             total += float(loss) * x.size(0)
             n += x.size(0)
         self.model.train()
@@ -233,10 +236,15 @@ class Trainer:
         rundir.save_step(self.run_dir, step, model=self.model, model_cfg=self.mcfg.to_dict(),
                          optimizer=self.optimizer, sparsifier=self.sp,
                          sparsifier_config=self.sparsifier_config, meta=self._meta(step),
-                         state=state, keep_last=self.cfg.keep_last)
+                         state=state, keep_last=self.cfg.keep_last,
+                         write_files=self.hf.write_files if self.hf else None)
+        if self.hf:
+            self.hf.export(self.run_dir, self.model, dict(self.sp.masks) if self.sp else {},
+                           self.cfg.encoding, self._meta(step), self.mcfg.dtype)
         self.log.write_csv(self.run_dir)
         self.log.plot(self.run_dir, rundir.title(self.cfg, self.run_dir, self.mcfg.n_layer,
-                                                 self.mcfg.d_model, self.sp is not None))
+                                                 self.mcfg.d_model, self.sp is not None),
+                      "token" if self.hf else "byte")
 
     # ------------------------------------------------------------------ run
     def run(self) -> dict:
@@ -245,7 +253,7 @@ class Trainer:
         sp_state = None
         if self.resume_from is not None:
             state, resume, weights = rundir.restore(self.resume_from, self.world, cfg)
-            warmstart.load_weights(self.model, weights, cfg.init)
+            self._load_weights(weights, self.resume_from)
             self.optimizer.load_state_dict(resume["optimizer"])
             sp_state = resume.get("sparsifier")
             start_step, position = int(state["step"]), int(state["data_position"])
@@ -270,7 +278,7 @@ class Trainer:
         tok_per_step = global_batch * self.mcfg.context
         stop = cfg.stop_at or cfg.steps
         info = {
-            "run_dir": str(self.run_dir), "params": self.model.num_params(),
+            "run_dir": str(self.run_dir), "params": self._num_params(),
             "model": self.mcfg.to_dict(), "data": self.corpus_info, "world_size": self.world,
             "global_batch": global_batch, "tokens_per_step": tok_per_step, "start_step": start_step,
             "steps": cfg.steps, "stop": stop, "device": str(self.device), "precision": self.precision,
@@ -309,7 +317,7 @@ class Trainer:
                     x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
                     sync = self.ddp is None or micro == cfg.grad_accum - 1
                     with (contextlib.nullcontext() if sync else self.ddp.no_sync()), self.autocast():
-                        _, loss = model(x, y)
+                        _, loss = self.forward(model, x, y)
                     (loss / cfg.grad_accum).backward()
                     loss_sum += loss.detach()
                 position += global_batch
@@ -360,10 +368,11 @@ class Trainer:
             "loss": round(last_loss, 6), "val_loss": None if last_val is None else round(last_val, 6),
             "sparsity": round(self._log_sparsity(), 6), "tokens": tokens, "elapsed_s": round(elapsed, 3),
             "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else None,
-            "params": self.model.num_params(), "world_size": self.world,
+            "params": self._num_params(), "world_size": self.world,
             "masks_identical_across_ranks": None if digests is None else len(set(digests)) == 1,
             "mask_updates_that_diverged": divergences if self.world > 1 else None,
-            "checkpoint": str(self.run_dir / "model.safetensors"),
+            "checkpoint": str(self.run_dir / (hfrun.MODEL_DIR if self.hf else "model.safetensors")),
+            "huggingface": self.hf is not None,
             "log": str(self.run_dir / "log.jsonl"), "plot": str(self.run_dir / "loss.png"),
         }
         self.log.close()

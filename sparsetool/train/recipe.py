@@ -7,8 +7,10 @@ import math
 from dataclasses import replace
 from typing import Any
 
+import torch
+
 from sparsetool.train.config import TrainConfig
-from sparsetool.train.model import GPT, PRESETS, GPTConfig
+from sparsetool.train.model import PRESETS, GPTConfig
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -37,13 +39,14 @@ def model_config(cfg: TrainConfig) -> GPTConfig:
     return replace(base, dropout=cfg.dropout, **over)
 
 
-def param_groups(model: GPT, weight_decay: float) -> list[dict]:
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Decay the matrices of linear layers only; norms, biases and embeddings are not decayed
     (as nanoGPT and the Model Zoo do: decaying a LayerNorm gain or an embedding row pulls it
     toward zero for no regularisation benefit)."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.dim() >= 2 and not name.startswith(("tok_emb", "pos_emb")):
+    for p in model.parameters():  # a Hugging Face model's tied head is its embedding
+        if p.dim() >= 2 and id(p) not in embeddings:
             decay.append(p)
         else:
             no_decay.append(p)

@@ -74,7 +74,7 @@ def restore(checkpoint: Path, world: int, cfg: TrainConfig) -> tuple[dict, dict,
 
 def save_step(run_dir: Path, step: int, *, model: torch.nn.Module, model_cfg: dict,
               optimizer: torch.optim.Optimizer, sparsifier: Any, sparsifier_config: dict | None,
-              meta: dict, state: dict, keep_last: int) -> None:
+              meta: dict, state: dict, keep_last: int, write_files=None) -> None:
     """One checkpoint: the model (masks in the ``mask`` encoding), the optimizer and sparsifier
     state for an exact resume, and ``state`` (step, data position, RNG...)."""
     resume = {
@@ -83,7 +83,8 @@ def save_step(run_dir: Path, step: int, *, model: torch.nn.Module, model_cfg: di
         "sparsifier_config": json.dumps(sparsifier_config) if sparsifier is not None else None,
     }
     masks = dict(sparsifier.masks) if sparsifier is not None else {}
-    io.save_checkpoint(run_dir, step, model, masks, meta, model_cfg, resume, state, keep_last)
+    io.save_checkpoint(run_dir, step, model, masks, meta, model_cfg, resume, state, keep_last,
+                       write_files)
 
 
 def title(cfg: TrainConfig, run_dir: Path, n_layer: int, d_model: int, sparse: bool) -> str:

@@ -1,0 +1,219 @@
+"""Fine-tuning a Hugging Face causal LM (``sparsetool train --init HF_DIR``): what the training
+loop needs from such a model and what the run writes.
+
+The loop sees three things: the ``torch.nn.Module`` (its named parameters are the Hugging Face
+names, so :func:`sparsetool.targets.plan_targets` targets exactly what ``prune`` targets),
+:func:`forward` (token ids -> logits and the mean next-token cross-entropy) and the training text
+as token ids of the directory's own tokenizer. Every checkpoint directory of the run is itself a
+Hugging Face directory (config.json, tokenizer files, weights in the ``mask`` encoding for an exact
+resume), and ``RUN/model/`` holds the latest model in the requested encoding.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sparsetool.checkpoint import open_checkpoint, write_tensors
+from sparsetool.checkpoint.config import bitmask_sparsity_config, drop_sparsity_config, read_model_config
+from sparsetool.checkpoint.provenance import provenance_metadata
+from sparsetool.errors import ConfigError
+from sparsetool.train.data import Corpus
+from sparsetool.train.hf import TOKENIZER_FILES, context_of, hf_config, import_transformers, load_tokenizer, match_weights
+
+__all__ = ["HFModel", "HFModelInfo", "MODEL_DIR", "forward", "is_hf_dir", "open_model"]
+
+DEFAULT_CONTEXT = 256  # tokens per training sequence unless --context (or the model) says less
+MODEL_DIR = "model"  # RUN/model/: the latest model as a Hugging Face directory
+_COMPANIONS = set(TOKENIZER_FILES) | {
+    "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "merges.txt",
+    "chat_template.jinja", "chat_template.json", "generation_config.json"}
+_TOKENIZE_CHUNK = 1 << 20  # characters per tokenizer call (cut at a newline)
+
+
+def is_hf_dir(path: str | Path | None) -> bool:
+    """Whether ``--init path`` is a Hugging Face directory (config.json of another model than ours)."""
+    if path is None or not Path(path).is_dir():
+        return False
+    config = read_model_config(path)
+    return config is not None and config.get("model_type") != "sparsetool-gpt"
+
+
+@dataclass(frozen=True)
+class HFModelInfo:
+    """The shape a run reports and stores in run.json (``model``)."""
+
+    model_type: str
+    n_layer: int
+    n_head: int
+    d_model: int
+    context: int  # tokens per training sequence
+    vocab_size: int
+    dtype: str  # what RUN/model/ is written in: the --init weights' floating-point dtype
+    source: str  # the --init directory
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
+    """Logits (B, T, V) and the mean cross-entropy of ``y`` (nats per token), as the built-in GPT."""
+    logits = model(input_ids=x, use_cache=False).logits
+    loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+    return logits, loss
+
+
+def open_model(cfg, resume_from: Path | None, resumed_model: dict | None):
+    """``(HFModel, HFModelInfo, weights, masks)`` of a run on a Hugging Face model, or Nones.
+
+    A resume rebuilds the model from its own latest checkpoint (config and tokenizer are there;
+    ``--init`` is not read again) and takes its weights later; a new run reads ``--init``."""
+    from sparsetool.train.io import read_init_checkpoint
+
+    resumed = resume_from is not None and "model_type" in (resumed_model or {})
+    if resume_from is None and cfg.init and Path(cfg.init).is_file() and is_hf_dir(Path(cfg.init).parent):
+        raise ConfigError(f"--init {cfg.init} is a file of the Hugging Face directory "
+                          f"{Path(cfg.init).parent}; give the directory (its config and tokenizer are needed)")
+    if not resumed and not (resume_from is None and is_hf_dir(cfg.init)):
+        if cfg.encoding != "zeros":
+            raise ConfigError(f"--encoding {cfg.encoding} applies to the Hugging Face directory a "
+                              "--init HF_DIR run writes; the built-in GPT's checkpoints use the mask encoding")
+        return None, None, {}, {}
+    hf = HFModel(resume_from if resumed else cfg.init)
+    info = hf.info(cfg, resumed_model if resumed else None)
+    weights, masks = ({}, {}) if resumed else read_init_checkpoint(cfg.init)[:2]
+    return hf, info, weights, masks
+
+
+class HFModel:
+    """A Hugging Face directory (``--init``, or a resumed run's checkpoint) to train from."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.transformers = import_transformers("fine-tuning")
+        with open_checkpoint(self.path) as ckpt:
+            config = ckpt.config
+            dtypes = collections.Counter(lt.dtype for lt in ckpt.logical if lt.dtype.is_floating_point)
+        self.hf_cfg = hf_config(self.path, config, self.transformers, "train --init")
+        self.config = drop_sparsity_config(config)  # weights are re-encoded on every write
+        self.tokenizer = load_tokenizer(self.path, self.transformers)
+        self.dtype = dtypes.most_common(1)[0][0] if dtypes else torch.float32
+        # read now: a resumed run's source checkpoint is deleted once newer ones are kept
+        self.files = {f.name: f.read_bytes() for f in sorted(self.path.iterdir())
+                      if f.is_file() and (f.name in _COMPANIONS or f.name.startswith("tokenizer"))}
+
+    def info(self, cfg, saved: dict | None = None) -> HFModelInfo:
+        """The run's model shape; a shape flag is an error, ``--context`` at most the model's."""
+        if saved:
+            return HFModelInfo(**saved)
+        for k in ("n_layer", "n_head", "d_model"):
+            if getattr(cfg, k) is not None:
+                raise ConfigError(f"--{k.replace('_', '-')} cannot change a Hugging Face model; "
+                                  f"its shape comes from {self.path / 'config.json'}")
+        longest = context_of(self.hf_cfg)
+        if cfg.context is not None and cfg.context > longest:
+            raise ConfigError(f"--context {cfg.context} is longer than the {longest} positions of "
+                              f"{self.path / 'config.json'}; give at most {longest}")
+        c = self.hf_cfg
+        return HFModelInfo(
+            model_type=c.model_type, n_layer=int(c.num_hidden_layers), n_head=int(c.num_attention_heads),
+            d_model=int(c.hidden_size), context=int(cfg.context or min(longest, DEFAULT_CONTEXT)),
+            vocab_size=int(c.vocab_size), dtype=str(self.dtype).removeprefix("torch."),
+            source=str(self.path))
+
+    def build(self) -> torch.nn.Module:
+        """The model of config.json in float32, randomly initialised (the caller loads weights)."""
+        model = self.transformers.AutoModelForCausalLM.from_config(self.hf_cfg, trust_remote_code=False)
+        return model.float()
+
+    def load(self, model: torch.nn.Module, weights: dict[str, torch.Tensor], source) -> None:
+        """Copy a checkpoint's dense tensors into ``model`` (Hugging Face names; a tied head once)."""
+        matched = match_weights(Path(source), model, weights, "train --init")
+        with torch.no_grad():
+            own = model.state_dict()
+            for name, t in matched.items():
+                own[name].copy_(t)
+
+    # ------------------------------------------------------------------ data
+    def tokenize(self, corpus: Corpus, context: int) -> tuple[Corpus, dict]:
+        """The byte corpus as token ids of the directory's tokenizer (no special tokens added),
+        and its description for the log; each side must fill one sequence."""
+        sides = {}
+        for side in ("train", "val"):
+            text = getattr(corpus, side).tobytes().decode("utf-8", errors="replace")
+            sides[side] = self._ids(text)
+            if sides[side].size < context + 1:
+                raise ConfigError(
+                    f"the {side} split of {corpus.source} is {sides[side].size} tokens long, fewer "
+                    f"than the {context + 1} one sequence needs; use more text or a smaller --context")
+        info = {**corpus.describe(), "train_tokens": int(sides["train"].size),
+                "val_tokens": int(sides["val"].size), "tokenizer": str(self.path)}
+        return Corpus(sides["train"], sides["val"], corpus.source, corpus.train_files, corpus.val_files), info
+
+    def _ids(self, text: str) -> np.ndarray:
+        pieces, start = [], 0
+        while start < len(text):
+            end = text.find("\n", start + _TOKENIZE_CHUNK)
+            end = len(text) if end < 0 else end + 1
+            pieces.append(text[start:end])
+            start = end
+        if not pieces:
+            return np.zeros(0, dtype=np.int64)
+        logging = self.transformers.logging
+        prev = logging.get_verbosity()
+        logging.set_verbosity_error()  # "longer than the model's maximum" is expected here
+        try:
+            ids = self.tokenizer(pieces, add_special_tokens=False)["input_ids"]
+        finally:
+            logging.set_verbosity(prev)
+        return np.concatenate([np.asarray(i, dtype=np.int64) for i in ids])
+
+    # ------------------------------------------------------------------ files
+    def write_files(self, directory: Path, config: dict | None = None) -> None:
+        """config.json, the tokenizer files and generation_config.json of the source, into ``directory``."""
+        (directory / "config.json").write_text(
+            json.dumps(config or self.config, indent=2, sort_keys=True) + "\n")
+        for name, data in self.files.items():
+            (directory / name).write_bytes(data)
+
+    def export(self, run_dir: Path, model: torch.nn.Module, masks: dict[str, torch.Tensor],
+               encoding: str, meta: dict, dtype: str) -> Path:
+        """Write ``RUN/model/`` (weights in ``encoding`` and ``dtype``, config, tokenizer)
+        atomically: a temporary directory renamed over the previous one."""
+        out = run_dir / MODEL_DIR
+        tmp, old = run_dir / f".{MODEL_DIR}.tmp", run_dir / f".{MODEL_DIR}.old"
+        for p in (tmp, old):
+            if p.exists():
+                shutil.rmtree(p)
+        tmp.mkdir()
+        target = getattr(torch, dtype)
+        tensors, seen = {}, set()
+        for name, t in model.state_dict().items():
+            if t.data_ptr() in seen and name not in masks:
+                continue  # a tied head: transformers ties it again on loading
+            seen.add(t.data_ptr())
+            tensors[name] = t.detach().to("cpu", target if t.is_floating_point() else t.dtype)
+        masks = {n: m.to("cpu", torch.bool) for n, m in masks.items()}
+        meta = {**meta, "encoding": encoding if masks else "plain"}
+        write_tensors(tmp / "model.safetensors", tensors, encoding=encoding, masks=masks,
+                      metadata={"format": "pt", **provenance_metadata(None, meta)})
+        config = dict(self.config)
+        if encoding == "bitmask" and masks:
+            kept = sum(int(m.sum()) for m in masks.values())
+            total = sum(m.numel() for m in masks.values())
+            config = bitmask_sparsity_config(config, [n.removesuffix(".weight") for n in masks],
+                                             1.0 - kept / total)
+        self.write_files(tmp, config)
+        if out.exists():
+            os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+        return out
