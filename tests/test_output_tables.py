@@ -178,3 +178,14 @@ def test_markdown_and_github_formats(tmp_path, gpt2_file):
         # The summary after a pipe table is separated by a blank line (else Markdown reads it as a row).
         after = out.splitlines()[out.splitlines().index(lines[-1]) + 1]
         assert after == "", out
+
+
+def test_json_output_is_strict_json_with_null_for_infinite_figures(capsys):
+    """An overflowed perplexity is inf; json.dumps would print `Infinity`, which no strict JSON
+    parser reads."""
+    import json as _json
+
+    _output.emit_json({"perplexity": float("inf"), "nll": float("nan"), "runs": [1.5, float("-inf")]})
+    out = capsys.readouterr().out
+    assert "Infinity" not in out and "NaN" not in out
+    assert _json.loads(out) == {"perplexity": None, "nll": None, "runs": [1.5, None]}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sys
 from typing import Any, Collection, Iterator, Sequence
 
@@ -35,9 +36,20 @@ def failing_cleanly() -> Iterator[None]:
 
 
 def emit_json(obj: Any) -> None:
-    """Plain JSON on stdout (never through rich, which would wrap and colour it)."""
-    sys.stdout.write(json.dumps(obj, indent=2, default=_json_default) + "\n")
+    """Plain JSON on stdout (never through rich, which would wrap and colour it). JSON has no
+    infinity or NaN: such a figure (a perplexity that overflowed, say) is written as null."""
+    sys.stdout.write(json.dumps(_finite(obj), indent=2, default=_json_default, allow_nan=False) + "\n")
     sys.stdout.flush()
+
+
+def _finite(o: Any) -> Any:
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o
 
 
 def _json_default(o: Any) -> Any:
