@@ -30,6 +30,14 @@ def bad(*args, match: str):
     assert "error:" in r.stderr and match in r.stderr, r.stderr
 
 
+def usage_bad(*args, match: str):
+    """Options that do not combine: a usage error (exit 2) before any file is read."""
+    r = run(*args)
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert r.stdout == ""
+    assert "Error: " in r.stderr and match in " ".join(r.stderr.split()), r.stderr
+
+
 def test_shape_json_has_every_device_and_the_breakdown():
     res = ok_json("--shape", "1024x768", "--sparsity", "0.9", "--tokens", "512")
     assert res["workload"]["theoretical"] == pytest.approx(10.0, rel=1e-3)
@@ -103,7 +111,7 @@ def test_sweep_and_plot(tmp_path):
 def test_sparsity_list_is_a_sweep_and_plot_needs_one():
     res = ok_json("--model", "gpt2-small", "--sparsity", "0.5,0.9", "--tokens", "1024")
     assert [r["sparsity"] for r in res["runs"]] == [0.5, 0.9]
-    bad("--shape", "64x64", "--sparsity", "0.5", "--plot", "x.png", match="sweep")
+    usage_bad("--shape", "64x64", "--sparsity", "0.5", "--plot", "x.png", match="sweep")
 
 
 def test_pattern_24_runs_on_24_cores():
@@ -141,9 +149,20 @@ def test_list_hardware_cites_every_constant():
 
 
 @pytest.mark.parametrize("args,match", [
-    (("--shape", "12x", "--sparsity", "0.5"), "--shape"),
     (("--shape", "64x64"), "--sparsity"),
     (("--shape", "64x64", "--model", "gpt3-xl", "--sparsity", "0.5"), "exactly one"),
+    ((), "exactly one"),
+    (("--model", "gpt2-small", "--sparsity", "0.5", "--pattern", "rows"), "--pattern draws"),
+    (("--model", "gpt2-small", "--sparsity", "0.5", "--include", "*h.0*"), "give CHECKPOINT"),
+    (("--model", "gpt2-small", "--sweep", "--sparsity", "0.5"), "not both"),
+])
+def test_options_that_do_not_combine_are_usage_errors(args, match):
+    """These exited 1 like a bad file; how options combine is usage (exit 2), as in every command."""
+    usage_bad(*args, match=match)
+
+
+@pytest.mark.parametrize("args,match", [
+    (("--shape", "12x", "--sparsity", "0.5"), "--shape"),
     (("--shape", "64x64", "--sparsity", "0.5", "--device", "tpu"), "tpu"),
     (("--shape", "64x64", "--sparsity", "0.75", "--pattern", "2:4"), "0.5"),
     (("missing.safetensors",), "not found"),
@@ -168,7 +187,7 @@ def test_bad_option_value_is_a_usage_error(args, match):
 
 def test_checkpoint_with_sweep_is_refused(tmp_path):
     path, _ = pruned_gpt2(tmp_path)
-    bad(str(path), "--sweep", match="brings its own masks")
+    usage_bad(str(path), "--sweep", match="brings its own masks")
 
 
 @pytest.mark.parametrize("text,match", [

@@ -43,7 +43,7 @@ def ckpt(tmp_path):
 def test_a_checkpoint_with_a_sweep_or_plot_offers_a_command_that_runs(ckpt, extra, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = run(ckpt, *extra)
-    assert r.exit_code == 1 and r.stdout == ""
+    assert r.exit_code == 2 and r.stdout == ""  # a usage error: how the options combine
     assert "add --sweep" not in r.stderr  # it used to say so, then refuse --sweep
     assert f"drop {extra[0]}" in r.stderr
     offered = suggestions(r.stderr)
@@ -65,7 +65,7 @@ def test_a_checkpoint_with_a_sweep_or_plot_offers_a_command_that_runs(ckpt, extr
 def test_every_suggestion_runs_as_written(args, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = run(*args)
-    assert r.exit_code == 1, r.output
+    assert r.exit_code == 2, r.output  # options that do not combine: a usage error
     offered = suggestions(r.stderr)
     assert offered, r.stderr
     for words in offered:
@@ -79,7 +79,7 @@ def test_every_suggestion_runs_as_written(args, tmp_path, monkeypatch):
 
 def test_sweep_and_a_list_name_the_list_given():
     r = run("--shape", "64x64", "--sparsity", "0.5,0.9", "--sweep")
-    assert r.exit_code == 1
+    assert r.exit_code == 2
     assert "--sweep (the Appendix C sparsities) or --sparsity 0.5,0.9, not both: drop one" in r.stderr
     assert run("--shape", "64x64", "--sparsity", "0.5,0.9").exit_code == 0
     assert run("--shape", "64x64", "--sweep", "--tokens", "64").exit_code == 0

@@ -23,6 +23,7 @@ from sparsetool.cli._params import (
     seed_option,
     sparsities_option,
     tokens_option,
+    usage_errors,
     value_of,
 )
 from sparsetool.errors import ShapeError
@@ -79,6 +80,13 @@ def simulate(
 ) -> None:
     """Masked-kernel hardware model: time, speedup and breakdown per device.
     """
+    if not list_hardware:
+        with usage_errors():  # how the options combine: exit 2 before any file is read
+            from sparsetool.hardware.request import check_request
+
+            check_request(checkpoint, shape=shape, model=value_of(model), sparsity=sparsity, sweep=sweep,
+                          pattern=value_of(pattern), plot=plot, include=tuple(include),
+                          exclude=tuple(exclude), default_targets=default_targets)
     with failing_cleanly():
         from sparsetool.hardware.request import hardware_constants, run_simulation
 

@@ -86,6 +86,47 @@ def parse_sparsities(sparsity: Sparsities, sweep: bool = False) -> list[float]:
     return [options.check_sparsity(v) for v in values]
 
 
+def check_request(checkpoint: Optional[Path] = None, *, shape: Optional[str] = None,
+                  model: Optional[str] = None, sparsity: Sparsities = None, sweep: bool = False,
+                  pattern: str = "random", plot: Optional[Path] = None, include: Sequence[str] = (),
+                  exclude: Sequence[str] = (), default_targets: bool = False) -> list[float]:
+    """How the options of a request combine, checked before any file is read (the CLI turns a
+    :class:`ConfigError` here into a usage error). Returns the sparsities to run.
+
+    >>> check_request(shape="64x64", sparsity="0.5,0.9")
+    [0.5, 0.9]
+    """
+    if sum(x is not None for x in (checkpoint, shape, model)) != 1:
+        raise ConfigError("give exactly one of CHECKPOINT, --shape MxK or --model NAME, e.g. sparsetool "
+                          "simulate model.safetensors, sparsetool simulate --shape 4096x4096 --sparsity 0.9 "
+                          "or sparsetool simulate --model gpt2-small --sparsity 0.75")
+    if pattern != "random" and shape is None:
+        raise ConfigError("--pattern draws the synthetic mask of --shape only: drop --pattern, or "
+                          f"simulate one layer, e.g. --shape 4096x4096 --sparsity 0.5 --pattern {pattern}")
+    if (include or exclude or default_targets) and checkpoint is None:
+        raise ConfigError("--include/--exclude/--default-targets select a checkpoint's tensors: "
+                          "give CHECKPOINT")
+    if checkpoint is not None and (sweep or plot is not None or sparsity is not None):
+        given = [o for o, v in (("--sparsity", sparsity is not None), ("--sweep", sweep),
+                                ("--plot", plot is not None)) if v]
+        raise ConfigError(
+            f"a checkpoint brings its own masks, at one sparsity: drop {'/'.join(given)} to simulate "
+            "them, or sweep synthetic masks of a preset instead, e.g. sparsetool simulate --model "
+            "gpt2-small --sweep --plot speedup.png")
+    sps = parse_sparsities(sparsity, sweep or (plot is not None and sparsity is None))
+    if checkpoint is None and not sps:
+        raise ConfigError("--shape and --model need a sparsity: add one, a list or --sweep, e.g. "
+                          "--sparsity 0.9, --sparsity 0.5,0.75,0.9 or --sweep")
+    if pattern == "2:4" and shape is not None and len(sps) > 1:
+        raise ConfigError("--pattern 2:4 keeps exactly half the weights, so it takes one sparsity, "
+                          f"e.g. --shape {shape} --sparsity 0.5 --pattern 2:4")
+    if plot is not None and len(sps) == 1:
+        raise ConfigError(f"--plot draws speedup against sparsity, and --sparsity gives one: "
+                          f"replace --sparsity {sps[0]:g} with --sweep, or give several, e.g. "
+                          f"--sparsity 0.5,0.75,0.9")
+    return sps
+
+
 def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = None,
                    model: Optional[str] = None, sparsity: Sparsities = None, sweep: bool = False,
                    tokens: float = 2048, pattern: str = "random", seed: int = 0,
@@ -110,24 +151,9 @@ def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = 
     (:func:`sparsetool.targets.recorded.targeting_summary`).
     """
     chosen, _ = select_devices(hardware, devices)
-    if sum(x is not None for x in (checkpoint, shape, model)) != 1:
-        raise ConfigError("give exactly one of CHECKPOINT, --shape MxK or --model NAME, e.g. sparsetool "
-                          "simulate model.safetensors, sparsetool simulate --shape 4096x4096 --sparsity 0.9 "
-                          "or sparsetool simulate --model gpt2-small --sparsity 0.75")
-    if pattern != "random" and shape is None:
-        raise ConfigError("--pattern draws the synthetic mask of --shape only: drop --pattern, or "
-                          f"simulate one layer, e.g. --shape 4096x4096 --sparsity 0.5 --pattern {pattern}")
-    if (include or exclude or default_targets) and checkpoint is None:
-        raise ConfigError("--include/--exclude/--default-targets select a checkpoint's tensors: "
-                          "give CHECKPOINT")
-    if checkpoint is not None and (sweep or plot is not None or sparsity is not None):
-        given = [o for o, v in (("--sparsity", sparsity is not None), ("--sweep", sweep),
-                                ("--plot", plot is not None)) if v]
-        raise ConfigError(
-            f"a checkpoint brings its own masks, at one sparsity: drop {'/'.join(given)} to simulate "
-            "them, or sweep synthetic masks of a preset instead, e.g. sparsetool simulate --model "
-            "gpt2-small --sweep --plot speedup.png")
-    sps = parse_sparsities(sparsity, sweep or (plot is not None and sparsity is None))
+    sps = check_request(checkpoint, shape=shape, model=model, sparsity=sparsity, sweep=sweep,
+                        pattern=pattern, plot=plot, include=include, exclude=exclude,
+                        default_targets=default_targets)
     grids = presets.dataflow_grids(list(chosen.values()))
 
     if checkpoint is not None:
@@ -137,9 +163,6 @@ def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = 
         verify_mask = _checkpoint_mask(Path(checkpoint), wl) if verify else None
     else:
         mk = wlmod.parse_shape(shape) if shape is not None else None
-        if not sps:
-            raise ConfigError("--shape and --model need a sparsity: add one, a list or --sweep, e.g. "
-                              "--sparsity 0.9, --sparsity 0.5,0.75,0.9 or --sweep")
         make = _synthetic(mk, model, sps, tokens, grids, pattern, seed, seq_len)
         wl, mask = make(sps[-1])
         verify_mask = None
@@ -150,10 +173,6 @@ def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = 
     if len(sps) > 1:
         result = _sweep(wl, make, sps, chosen, grids, shape, pattern, tokens, seed, plot)
     else:
-        if plot is not None:
-            raise ConfigError(f"--plot draws speedup against sparsity, and --sparsity gives one: "
-                              f"replace --sparsity {sps[0]:g} with --sweep, or give several, e.g. "
-                              f"--sparsity 0.5,0.75,0.9")
         result = compare.simulate(wl, chosen)
         result["runs"] = [compare.run_row(sps[0] if sps else wl.sparsity, result)]
     if verify:
@@ -178,9 +197,6 @@ def _synthetic(mk: Optional[tuple[int, int]], model: Optional[str], sps: list[fl
                seq_len: Optional[int]) -> Maker:
     """The :data:`Maker` of the ``mk`` = (M, K) layer, or else of ``model``."""
     if mk is not None:
-        if pattern == "2:4" and len(sps) > 1:
-            raise ConfigError("--pattern 2:4 keeps exactly half the weights, so it takes one sparsity, "
-                              f"e.g. --shape {mk[0]}x{mk[1]} --sparsity 0.5 --pattern 2:4")
         return lambda s: wlmod.from_shape(mk, s, tokens, grids, pattern, seed)
     from sparsetool.flops import get_preset, with_overrides
 
