@@ -33,3 +33,28 @@ def test_library_does_not_import_cli():
         "sys.exit(1 if bad else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_root_help_lines_are_each_commands_own_first_line():
+    """`sparsetool --help` lists the commands from cli.main.COMMANDS without importing them."""
+    import typer
+
+    from sparsetool.cli.main import COMMANDS as TABLE, app
+
+    group = typer.main.get_command(app)
+    assert list(TABLE) == list(COMMANDS)
+    for name, (_, _, summary) in TABLE.items():
+        own = " ".join((group.get_command(None, name).help or "").split("\n\n")[0].split())
+        assert summary == own, name
+
+
+def test_root_help_imports_no_command_module():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom sparsetool.cli.main import app\n"
+            "try:\n    app(['--help'], prog_name='sparsetool')\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('sparsetool.cli.') and m != 'sparsetool.cli.main'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout

@@ -14,21 +14,29 @@ from typing import Any, Callable
 
 import typer
 from typer._click.exceptions import UsageError
+from typer._click.utils import make_default_short_help
 from typer.core import TyperGroup
 
 from sparsetool import __version__
 
-# name -> (module under sparsetool.cli, function): the order is the order of ``sparsetool --help``.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "prune": ("prune", "prune"),
-    "densify": ("densify", "densify"),
-    "report": ("report", "report"),
-    "flops": ("flops", "flops"),
-    "train": ("train", "train"),
-    "simulate": ("simulate", "simulate"),
-    "eval": ("eval", "eval_command"),
-    "diff": ("diff", "diff"),
-    "demo": ("demo", "demo"),
+# name -> (module under sparsetool.cli, function, the first line of its help): the order is the
+# order of ``sparsetool --help``, which lists the commands from here without importing them
+# (tests/test_cli_help.py checks each line equals the command's own).
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "prune": ("prune", "prune",
+              "Prune CHECKPOINT: zero the smallest (or random) weights of every targeted tensor."),
+    "densify": ("densify", "densify", "Write CHECKPOINT as plain dense tensors: pruned weights become 0.0."),
+    "report": ("report", "report",
+               "Per-tensor sparsity of CHECKPOINT, with each tensor's role and whether prune targets it."),
+    "flops": ("flops", "flops", "Training and inference FLOPs, dense vs sparse, by Chinchilla Appendix F."),
+    "train": ("train", "train",
+              "Train the built-in byte-level GPT, dense or with a sparse-training algorithm."),
+    "simulate": ("simulate", "simulate",
+                 "Masked-kernel hardware model: time, speedup and breakdown per device."),
+    "eval": ("eval", "eval_command", "Perplexity of each checkpoint on the same held-out text."),
+    "diff": ("diff", "diff",
+             "Compare the targeted weights of checkpoints A and B (say before and after fine-tuning)."),
+    "demo": ("demo", "demo", "Run the whole toolkit end to end on built-in data and print one summary table."),
 }
 
 
@@ -36,7 +44,7 @@ def load_command(name: str) -> Any:
     """The click command ``name``, built from its module on first use."""
     from sparsetool.cli._params import epilog
 
-    module_name, function_name = COMMANDS[name]
+    module_name, function_name, _ = COMMANDS[name]
     module = importlib.import_module(f"sparsetool.cli.{module_name}")
     one = typer.Typer(rich_markup_mode=None, add_completion=False)
     one.command(name, epilog=epilog(getattr(module, "EXAMPLES", ())))(getattr(module, function_name))
@@ -55,6 +63,13 @@ class LazyCommands(TyperGroup):
         if cmd_name not in self.commands:
             self.commands[cmd_name] = load_command(cmd_name)
         return self.commands[cmd_name]
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        # From the table: ``sparsetool --help`` imports no command module.
+        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
+        rows = [(name, make_default_short_help(summary, limit)) for name, (_, _, summary) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         # The group's own suggestion only knows commands already loaded: suggest from all of them.
