@@ -3,7 +3,9 @@
 Give two installed ``sparsetool`` executables (e.g. one venv per commit). Each case runs
 ``--repeat`` times per side, the two sides alternating run by run so that load from other
 processes hits both alike; the median wall time of each side and their ratio (new / base) are
-printed as a markdown table. Outputs are byte-compared where a command writes a checkpoint.
+printed as a markdown table, for wall time and for the CPU time (user + system) of the child,
+which moves much less when other work shares the machine. Outputs are byte-compared where a
+command writes a checkpoint.
 
     python benchmarks/bench_refactor.py --base /path/base/bin/sparsetool \\
         --new /path/new/bin/sparsetool [--groups startup,flops,simulate,data,train] [--repeat 7]
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import os
 import shutil
 import statistics
 import subprocess
@@ -63,18 +66,23 @@ def cases(work: Path) -> dict[str, list[tuple[str, list[str], bool]]]:
     }
 
 
-def run(exe: str, args: list[str], out: Path, ok: bool) -> float:
+def run(exe: str, args: list[str], out: Path, ok: bool) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user + system of the child). CPU time is the steadier figure
+    on a machine shared with other work; wall time is what a user waits."""
     if out.is_dir():
         shutil.rmtree(out)
     elif out.exists():
         out.unlink()
     argv = [exe] + [a.replace("{out}", str(out)) for a in args]
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
-    if (proc.returncode == 0) != ok:
-        raise SystemExit(f"unexpected exit {proc.returncode}: {' '.join(argv)}\n{proc.stderr.decode()}")
-    return wall
+    code = os.waitstatus_to_exitcode(status)
+    if (code == 0) != ok:
+        raise SystemExit(f"unexpected exit {code}: {' '.join(argv)}\n{err.decode()}")
+    return wall, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -98,25 +106,31 @@ def main() -> None:
     for group in args.groups.split(","):
         for label, argv, ok in groups[group]:
             times: dict[str, list[float]] = {"base": [], "new": []}
+            cpu: dict[str, list[float]] = {"base": [], "new": []}
             for i in range(args.repeat):
                 order = ("base", "new") if i % 2 == 0 else ("new", "base")
                 for side in order:
                     exe = args.base if side == "base" else args.new
-                    times[side].append(run(exe, argv, work / f"out-{side}", ok))
+                    wall, used = run(exe, argv, work / f"out-{side}", ok)
+                    times[side].append(wall)
+                    cpu[side].append(used)
             same = ""
             a, b = work / "out-base", work / "out-new"
             if a.is_file() and b.is_file():
                 same = "identical" if filecmp.cmp(a, b, shallow=False) else "DIFFERENT"
             base, new = statistics.median(times["base"]), statistics.median(times["new"])
-            rows.append((group, label, base, new, same))
-            print(f"{group:9s} {label:40s} base {base:7.3f} s  new {new:7.3f} s  "
-                  f"x{new / base:5.2f} {same}", flush=True)
+            cb, cn = statistics.median(cpu["base"]), statistics.median(cpu["new"])
+            rows.append((group, label, base, new, cb, cn, same))
+            print(f"{group:9s} {label:40s} wall {base:7.3f} -> {new:7.3f} s x{new / base:5.2f}  "
+                  f"cpu {cb:7.3f} -> {cn:7.3f} s x{cn / cb:5.2f} {same}", flush=True)
     print(f"\n{time.strftime('%Y-%m-%d', time.gmtime())}; {machine()}; median of {args.repeat} "
           f"alternating runs per side; checkpoint: GPT-3-XL-shaped, {args.layers} layers, bf16")
-    print("| group | command | base (s) | new (s) | new / base | output |")
-    print("|---|---|---:|---:|---:|---|")
-    for group, label, base, new, same in rows:
-        print(f"| {group} | `{label}` | {base:.3f} | {new:.3f} | {new / base:.2f} | {same} |")
+    print("| group | command | wall base (s) | wall new (s) | wall new/base | CPU base (s) | CPU new (s) "
+          "| CPU new/base | output |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    for group, label, base, new, cb, cn, same in rows:
+        print(f"| {group} | `{label}` | {base:.3f} | {new:.3f} | {new / base:.2f} | {cb:.3f} | {cn:.3f} "
+              f"| {cn / cb:.2f} | {same} |")
 
 
 if __name__ == "__main__":
