@@ -21,7 +21,7 @@ from sparsetool.checkpoint.zeros import count_nonzero
 from sparsetool.errors import SparsetoolError
 from sparsetool.targets import is_floating, plan_targets
 
-__all__ = ["LM", "Encoded", "DTYPES", "open_lm", "read_text"]
+__all__ = ["LM", "Model", "Encoded", "DTYPES", "open_lm", "load_model", "read_text"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MAX_DEFAULT_SEQ = 2048  # default window for models trained on long contexts (CPU memory, time)
@@ -56,6 +56,35 @@ class LM:
         return 1.0 - self.targeted_nonzero / self.targeted_numel if self.targeted_numel else 0.0
 
 
+@dataclass
+class Model:
+    """The torch module behind a checkpoint: ``names`` maps each parameter or buffer name of
+    ``module`` to the checkpoint tensor it was loaded from."""
+
+    kind: str
+    module: torch.nn.Module
+    context: int
+    encode: Callable[[str], Encoded]
+    logits: Callable[[torch.Tensor], torch.Tensor]
+    names: dict[str, str]
+
+
+def load_model(path: str | Path, needs: str) -> Model:
+    """The float32 model of checkpoint ``path`` (sparsetool's GPT or a Hugging Face causal LM);
+    ``needs`` ends the error for a model that is not a causal LM (what the caller does with it)."""
+    path = Path(path)
+    with open_checkpoint(path) as ckpt:
+        names = {lt.name for lt in ckpt.logical}
+        config = ckpt.config
+    if (config or {}).get("model_type") == "sparsetool-gpt" or {"tok_emb.weight", "pos_emb.weight"} <= names:
+        return _gpt_model(path, torch.float32)[0]
+    if config is None:
+        raise SparsetoolError(f"{path}: no config.json, so no model to run; {needs}: give a Hugging "
+                              "Face model directory (config.json, weights, tokenizer files) or a "
+                              "checkpoint of sparsetool train")
+    return _hf_model(path, config, torch.float32, needs)[0]
+
+
 def _counts(weights: dict[str, torch.Tensor]) -> dict[str, int]:
     out = dict(numel=0, nonzero=0, targeted_numel=0, targeted_nonzero=0)
     plan = plan_targets([(name, tuple(t.shape), t.dtype) for name, t in weights.items()])
@@ -86,7 +115,7 @@ def open_lm(path: str | Path, dtype: str = "float32") -> LM:
 
 
 # ---------------------------------------------------------------------------- sparsetool's GPT
-def _gpt_lm(path: Path, dtype: torch.dtype) -> LM:
+def _gpt_model(path: Path, dtype: torch.dtype) -> tuple[Model, dict[str, torch.Tensor]]:
     from sparsetool.train.io import read_init_checkpoint
     from sparsetool.train.model import GPT, infer_config
 
@@ -112,7 +141,12 @@ def _gpt_lm(path: Path, dtype: torch.dtype) -> LM:
     def logits(ids: torch.Tensor) -> torch.Tensor:
         return model(ids)[0]
 
-    return LM("sparsetool-gpt", cfg.context, encode, logits, **_counts(weights))
+    return Model("sparsetool-gpt", model, cfg.context, encode, logits, {n: n for n in own}), weights
+
+
+def _gpt_lm(path: Path, dtype: torch.dtype) -> LM:
+    m, weights = _gpt_model(path, dtype)
+    return LM(m.kind, m.context, m.encode, m.logits, **_counts(weights))
 
 
 # ---------------------------------------------------------------------------- Hugging Face
@@ -126,7 +160,8 @@ def _import_transformers():
     return transformers
 
 
-def _hf_config(path: Path, config: dict | None, transformers):
+def _hf_config(path: Path, config: dict | None, transformers,
+               needs: str = "eval scores next-token prediction only"):
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
@@ -138,7 +173,7 @@ def _hf_config(path: Path, config: dict | None, transformers):
     model_type = config.get("model_type")
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise SparsetoolError(f"{path}/config.json: model_type {model_type!r} is not a causal language "
-                              "model transformers knows; eval scores next-token prediction only")
+                              f"model transformers knows; {needs}")
     rest = {k: v for k, v in config.items() if k != "model_type"}
     try:
         cfg = transformers.AutoConfig.for_model(model_type, **rest)
@@ -148,7 +183,7 @@ def _hf_config(path: Path, config: dict | None, transformers):
     if getattr(cfg, "is_encoder_decoder", False) or bidirectional:
         arch = ", ".join(config.get("architectures") or [model_type])
         raise SparsetoolError(f"{path}: {arch} is not a causal language model (an encoder sees the "
-                              "tokens it should predict); eval scores decoder-only models")
+                              f"tokens it should predict); {needs}")
     return cfg
 
 
@@ -206,8 +241,10 @@ def _renamer(model: torch.nn.Module) -> Callable[[Path, str], str]:
     return rename
 
 
-def _hf_weights(path: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The checkpoint's dense tensors under the model's own names, shapes checked against config.json."""
+def _hf_weights(path: Path, model: torch.nn.Module,
+                origin: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
+    """The checkpoint's dense tensors under the model's own names, shapes checked against
+    config.json; ``origin`` (if given) gets each model name's checkpoint name."""
     from sparsetool.ops.load import load
 
     weights = load(path)
@@ -215,8 +252,8 @@ def _hf_weights(path: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     prefix = getattr(model, "base_model_prefix", "") or ""
     rename = _renamer(model)
     renamed: dict[str, torch.Tensor] = {}
-    for name, t in weights.items():
-        name = rename(path, name)
+    for stored, t in weights.items():
+        name = rename(path, stored)
         if name not in own and prefix:
             # Saved from the bare model (no LM-head wrapper) or the reverse.
             if f"{prefix}.{name}" in own:
@@ -234,6 +271,8 @@ def _hf_weights(path: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
                 f"{list(own[name].shape)}; the weights and config.json disagree"
             )
         renamed[name] = t
+        if origin is not None:
+            origin[name] = stored
     # Parameters shared with a loaded one (a head tied to the embedding) need no tensor of their own.
     by_storage = {}
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -245,16 +284,18 @@ def _hf_weights(path: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return renamed
 
 
-def _hf_lm(path: Path, config: dict | None, dtype: torch.dtype) -> LM:
+def _hf_model(path: Path, config: dict | None, dtype: torch.dtype,
+              needs: str = "eval scores next-token prediction only") -> tuple[Model, dict[str, torch.Tensor]]:
     transformers = _import_transformers()
-    cfg = _hf_config(path, config, transformers)
+    cfg = _hf_config(path, config, transformers, needs)
     tok = _tokenizer(path, transformers)
     torch_state = torch.random.get_rng_state()
     try:
         model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
     finally:  # the random initialisation is overwritten; do not disturb the caller's seed
         torch.random.set_rng_state(torch_state)
-    weights = _hf_weights(path, model)
+    origin: dict[str, str] = {}
+    weights = _hf_weights(path, model, origin)
     model.load_state_dict(weights, strict=False)
     model.to(dtype).eval()
 
@@ -280,10 +321,15 @@ def _hf_lm(path: Path, config: dict | None, dtype: torch.dtype) -> LM:
     def logits(ids: torch.Tensor) -> torch.Tensor:
         return model(input_ids=ids, use_cache=False).logits
 
-    return LM("huggingface", _context(cfg), encode, logits, **_counts(weights))
+    return Model("huggingface", model, _context(cfg), encode, logits, origin), weights
 
 
-def read_text(path: str | Path) -> str:
+def _hf_lm(path: Path, config: dict | None, dtype: torch.dtype) -> LM:
+    m, weights = _hf_model(path, config, dtype)
+    return LM(m.kind, m.context, m.encode, m.logits, **_counts(weights))
+
+
+def read_text(path: str | Path, option: str = "--text") -> str:
     """A UTF-8 file, or every non-hidden file under a directory (sorted, joined by a newline)."""
     p = Path(path)
     if p.is_file():
@@ -292,17 +338,17 @@ def read_text(path: str | Path) -> str:
         files = sorted(q for q in p.rglob("*") if q.is_file()
                        and not any(s.startswith(".") for s in q.relative_to(p).parts))
         if not files:
-            raise SparsetoolError(f"--text {p}: directory holds no files; point it at text files")
+            raise SparsetoolError(f"{option} {p}: directory holds no files; point it at text files")
     else:
-        raise SparsetoolError(f"--text {p}: no such file or directory")
+        raise SparsetoolError(f"{option} {p}: no such file or directory")
     parts = []
     for f in files:
         try:
             parts.append(f.read_bytes().decode("utf-8"))
         except UnicodeDecodeError as e:
-            raise SparsetoolError(f"--text {f}: not UTF-8 text (byte {e.start}); convert it or leave it out") from None
+            raise SparsetoolError(f"{option} {f}: not UTF-8 text (byte {e.start}); convert it or leave it out") from None
         except OSError as e:
-            raise SparsetoolError(f"--text {f}: cannot read ({e.strerror})") from None
+            raise SparsetoolError(f"{option} {f}: cannot read ({e.strerror})") from None
     return "\n".join(parts)
 
 
