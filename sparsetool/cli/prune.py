@@ -41,9 +41,7 @@ Encoding = choices("Encoding", ENCODING_NAMES)
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     'sparsetool prune model/ -o model-75/ --sparsity 0.75',
     'sparsetool prune model.safetensors -o step2.safetensors --fraction 0.2 --encoding mask',
-    'sparsetool prune model/ -o model-24/ --nm 2:4',
-    'sparsetool prune model/ -o model-wanda/ --sparsity 0.5 --method wanda --calibration text.txt',
-    'sparsetool prune model/ -o model-sgpt/ --nm 2:4 --method sparsegpt --calibration texts/ --samples 64 --seq 256',
+    'sparsetool prune model/ -o model-24/ --nm 2:4 --method wanda --calibration text.txt',
 )
 
 
@@ -71,7 +69,7 @@ def prune(
 ) -> None:
     """Prune CHECKPOINT: zero the smallest (or random) weights of every targeted tensor.
 
-    With --method wanda or sparsegpt and --calibration TEXT, the model runs the text block by
+    With --method wanda or sparsegpt and --calibration FILE|DIR, the model runs the text block by
     block and each block is pruned from its own inputs (Hugging Face causal LMs, sparsetool's GPT).
 
     Targets are the attention (q/k/v, output) and feed-forward weights inside the transformer
