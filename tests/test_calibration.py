@@ -236,3 +236,17 @@ def test_a_target_outside_the_blocks_is_refused(model_dir, calib_file, tmp_path)
         prune_checkpoint(model_dir, tmp_path / "o", PruneOptions(
             sparsity=0.5, method="wanda", calibration=str(calib_file), include=(head,), **CALIB))
     assert not (tmp_path / "o").exists()
+
+
+def test_python_api_and_cli_write_the_same_checkpoint(model_dir, calib_file, tmp_path):
+    import sparsetool
+
+    api, cli = tmp_path / "api", tmp_path / "cli"
+    result = sparsetool.prune(model_dir, api, nm="2:4", method="sparsegpt", calibration=calib_file,
+                              samples=4, seq=32, dampening=0.05, blocksize=8)
+    assert result.options.dampening == 0.05 and result.options.blocksize == 8
+    r = run(model_dir, "-o", cli, "--nm", "2:4", "--method", "sparsegpt", "--calibration", calib_file,
+            "--samples", "4", "--seq", "32", "--dampening", "0.05", "--blocksize", "8", "--quiet")
+    assert r.exit_code == 0, r.output
+    a, c = tensors(api), tensors(cli)
+    assert sorted(a) == sorted(c) and all(torch.equal(a[n], c[n]) for n in a)
