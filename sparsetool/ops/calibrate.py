@@ -130,9 +130,10 @@ class CalibratedPlanner:
                     "linear layers (2-D weights) only; leave it out with --exclude")
             _dense, alive = self.existing(self.ckpt, lt)
             self.nonzero_before[lt.name] = count_nonzero(alive)
+        text = read_text(self.opts.calibration, "--calibration")  # a bad file fails before the model loads
         model = load_model(self.ckpt.path, NEEDS)
         with torch.no_grad():
-            self._run(model)
+            self._run(model, text)
         for name, kept in self._kept.items():
             self.nonzero_after[name] = count_nonzero(kept)
 
@@ -144,7 +145,7 @@ class CalibratedPlanner:
         return dense, kept, self.nonzero_before[lt.name]
 
     # ------------------------------------------------------------------ the block-by-block run
-    def _run(self, model: Model) -> None:
+    def _run(self, model: Model, text: str) -> None:
         o = self.opts
         by_ckpt = {ckpt: own for own, ckpt in model.names.items()}
         own_params = dict(model.module.named_parameters())
@@ -168,7 +169,6 @@ class CalibratedPlanner:
         if o.seq > model.context:
             raise SparsetoolError(f"--seq {o.seq}: {self.ckpt.path} takes at most {model.context} "
                                   f"tokens at once; use --seq {model.context} or less")
-        text = read_text(o.calibration, "--calibration")
         windows = calibration_windows(model.encode(text).ids, o.samples, o.seq, o.seed, o.calibration)
         hidden, args, kwargs = self._capture(model, blocks, windows)
         last = max(per_block)
