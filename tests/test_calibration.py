@@ -250,3 +250,38 @@ def test_python_api_and_cli_write_the_same_checkpoint(model_dir, calib_file, tmp
     assert r.exit_code == 0, r.output
     a, c = tensors(api), tensors(cli)
     assert sorted(a) == sorted(c) and all(torch.equal(a[n], c[n]) for n in a)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["opt", "gpt_neox", "mistral"])
+def test_opt_neox_and_mistral_are_pruned_block_by_block(kind, text, calib_file, tmp_path):
+    t = transformers
+    model = {
+        "opt": lambda: t.OPTForCausalLM(t.OPTConfig(
+            num_hidden_layers=2, hidden_size=32, ffn_dim=64, num_attention_heads=4, vocab_size=320,
+            max_position_embeddings=64, word_embed_proj_dim=32, bos_token_id=1, eos_token_id=1,
+            pad_token_id=0)),
+        "gpt_neox": lambda: t.GPTNeoXForCausalLM(t.GPTNeoXConfig(
+            num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+            vocab_size=320, max_position_embeddings=64, bos_token_id=1, eos_token_id=1)),
+        "mistral": lambda: t.MistralForCausalLM(t.MistralConfig(
+            num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=320, max_position_embeddings=64, bos_token_id=1,
+            eos_token_id=1, sliding_window=16)),
+    }[kind]
+    src = tmp_path / kind
+    torch.manual_seed(0)
+    model().eval().save_pretrained(src)
+    save_tokenizer(src, text)
+    for method in ("wanda", "sparsegpt"):
+        out = tmp_path / f"{kind}-{method}"
+        result = prune_checkpoint(src, out, PruneOptions(sparsity=0.5, method=method,
+                                                         calibration=str(calib_file), **CALIB))
+        assert len(result.tensors) >= 8
+        after = tensors(out)
+        for tr in result.tensors:
+            w = after[tr.name]
+            assert int((w == 0).sum()) == round(0.5 * w.numel()) == tr.numel - tr.nonzero, tr.name
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+        with torch.no_grad():
+            assert torch.isfinite(loaded(input_ids=torch.tensor([[1, 5, 9, 30]])).logits).all()
