@@ -187,6 +187,11 @@ def test_usage_errors_exit_2(model_dir, calib_file, tmp_path):
     assert r.exit_code == 2 and "--calibration is read by --method wanda or sparsegpt" in r.output
     r = run(model_dir, "-o", out, "--method", "wanda", "--fraction", "0.5", "--calibration", calib_file)
     assert r.exit_code == 2 and "not --fraction" in r.output
+    r = run(model_dir, "-o", out, "--sparsity", "0.5", "--samples", "64")
+    assert r.exit_code == 2 and "--samples is read by --method wanda or sparsegpt" in r.output
+    r = run(model_dir, "-o", out, "--method", "wanda", "--sparsity", "0.5", "--calibration", calib_file,
+            "--blocksize", "64")
+    assert r.exit_code == 2 and "--blocksize is read by --method sparsegpt only" in r.output
     for opt, value in (("--samples", "0"), ("--seq", "1"), ("--dampening", "0"), ("--blocksize", "-1")):
         r = run(model_dir, "-o", out, "--method", "sparsegpt", "--sparsity", "0.5", "--calibration",
                 calib_file, opt, value)

@@ -76,11 +76,20 @@ class PruneOptions:
                               "it takes no --distribution")
 
     def _validate_calibration(self) -> None:
+        defaults = PruneOptions()
+        changed = [opt for opt, field in (("--calibration", "calibration"), ("--samples", "samples"),
+                                          ("--seq", "seq"), ("--dampening", "dampening"),
+                                          ("--blocksize", "blocksize"))
+                   if getattr(self, field) != getattr(defaults, field)]
         if self.method not in CALIBRATION_METHODS:
-            if self.calibration is not None:
-                raise ConfigError(f"--calibration is read by --method wanda or sparsegpt, not "
+            if changed:
+                raise ConfigError(f"{changed[0]} is read by --method wanda or sparsegpt, not "
                                   f"{self.method}: drop it or change the method")
             return
+        sgpt_only = [opt for opt in changed if opt in ("--dampening", "--blocksize")]
+        if self.method == "wanda" and sgpt_only:
+            raise ConfigError(f"{sgpt_only[0]} is read by --method sparsegpt only; Wanda changes "
+                              "no weight and has no Hessian: drop it")
         if self.calibration is None:
             raise ConfigError(f"--method {self.method} needs calibration text: give "
                               "--calibration FILE|DIR (UTF-8 text the model's tokenizer reads)")
