@@ -153,8 +153,8 @@ class CalibratedPlanner:
         for lt in self.targets:
             own = by_ckpt.get(lt.name)
             if own is None or own not in own_params:
-                raise SparsetoolError(f"tensor {lt.name!r} is not a parameter of the model "
-                                      f"{model.kind}; leave it out with --exclude")
+                raise SparsetoolError(f"tensor {lt.name!r} is not a parameter of the {model.kind} "
+                                      "model; leave it out with --exclude")
             targets[own] = lt.name
         prefix, blocks = find_blocks(model.module, list(targets))
         per_block: dict[int, list[str]] = {}
