@@ -28,6 +28,7 @@ from torch import Tensor
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.kernel import top_k_mask
 from sparsetool.masks.select import nm_mask
+from sparsetool.wording import plural
 
 __all__ = ["block_prune_counts", "inverse_hessian_factor", "sparsegpt_prune"]
 
@@ -40,7 +41,7 @@ def block_prune_counts(rows: int, cols: int, prune: int, blocksize: int) -> list
     """
     numel = rows * cols
     if not 0 <= prune <= numel:
-        raise SparsetoolError(f"cannot prune {prune} of {numel} weights")
+        raise SparsetoolError(f"cannot prune {prune} of {plural(numel, 'weight')}")
     out, prev = [], 0
     for start in range(0, cols, blocksize):
         end = min(start + blocksize, cols) * rows

@@ -31,6 +31,7 @@ from torch import Tensor
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.kernel import top_k_mask
 from sparsetool.masks.select import nm_mask
+from sparsetool.wording import plural
 
 __all__ = ["wanda_scores", "row_prune_counts", "row_top_k", "wanda_mask"]
 
@@ -53,7 +54,7 @@ def row_prune_counts(rows: int, cols: int, prune: int) -> list[int]:
     [3, 2, 2]
     """
     if not 0 <= prune <= rows * cols:
-        raise SparsetoolError(f"cannot prune {prune} of {rows * cols} weights")
+        raise SparsetoolError(f"cannot prune {prune} of {plural(rows * cols, 'weight')}")
     base, extra = divmod(prune, rows) if rows else (0, 0)
     return [base + (1 if r < extra else 0) for r in range(rows)]
 
