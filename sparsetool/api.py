@@ -38,9 +38,16 @@ def prune(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     in_place: bool = False,
+    calibration: str | Path | None = None,
+    samples: int = 128,
+    seq: int = 512,
+    dampening: float = 0.01,
+    blocksize: int = 128,
 ) -> PruneResult:
     """``sparsetool prune CHECKPOINT -o OUTPUT ...``: exactly one of ``sparsity``, ``fraction``,
     ``nm`` (``"2:4"`` or ``(2, 4)``, N kept of every M). ``output=None`` needs ``in_place=True``.
+    ``method="wanda"`` or ``"sparsegpt"`` runs the ``calibration`` text (a file or directory)
+    through the model block by block (``samples`` windows of ``seq`` tokens).
     Raises :class:`sparsetool.errors.SparsetoolError` on bad input; nothing is written then."""
     from sparsetool.errors import ConfigError
     from sparsetool.ops.prune import PruneOptions, prune_checkpoint
@@ -52,6 +59,8 @@ def prune(
         sparsity=sparsity, fraction=fraction, nm=parse_nm(nm) if isinstance(nm, str) else nm,
         method=method, scope=scope, distribution=distribution, seed=seed, encoding=encoding,
         include=_globs(include), exclude=_globs(exclude),
+        calibration=None if calibration is None else str(calibration), samples=samples, seq=seq,
+        dampening=dampening, blocksize=blocksize,
     )
     return prune_checkpoint(checkpoint, checkpoint if output is None else output, opts,
                             in_place=in_place)

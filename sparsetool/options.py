@@ -25,13 +25,15 @@ from typing import Iterable
 from sparsetool.errors import ConfigError
 
 __all__ = [
-    "METHODS", "SCOPES",
+    "METHODS", "SCOPES", "CALIBRATION_METHODS", "check_count", "check_dampening",
     "check_sparsity", "check_fraction", "check_seed", "parse_sparsity", "parse_sparsities",
     "parse_fraction", "parse_nm", "parse_tokens", "parse_seed", "parse_stage", "parse_globs",
 ]
 
 # The words prune's --method and --scope accept (the CLI lists them in --help without importing torch).
-METHODS = ("magnitude", "random")
+METHODS = ("magnitude", "random", "wanda", "sparsegpt")
+# The methods that run calibration text through the model, block by block (ops/calibrate.py).
+CALIBRATION_METHODS = ("wanda", "sparsegpt")
 SCOPES = ("layer", "global")
 
 _SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
@@ -263,3 +265,31 @@ def parse_globs(patterns: Iterable[str] | str | None, option: str = "--include")
                               f"got {p!r}")
         out.append(p.strip())
     return tuple(out)
+
+
+def check_count(value: int, option: str, minimum: int = 1) -> int:
+    """A whole number of at least ``minimum`` (``--samples``, ``--seq``, ``--blocksize``).
+
+    >>> check_count(128, "--samples")
+    128
+    >>> check_count(0, "--seq")
+    Traceback (most recent call last):
+    ...
+    sparsetool.errors.ConfigError: --seq 0: must be a whole number of at least 1
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{option} {value}: must be a whole number of at least {minimum}")
+    return value
+
+
+def check_dampening(value: float, option: str = "--dampening") -> float:
+    """SparseGPT's dampening, a fraction of the Hessian's mean diagonal: ``0 < d <= 1``.
+
+    >>> check_dampening("0.01")
+    0.01
+    """
+    x = _number(value)
+    if x is None or not 0 < x <= 1:
+        raise ConfigError(f"{option} {value}: must be a number above 0 and at most 1 "
+                          "(a fraction of the mean diagonal of X^T X, e.g. 0.01)")
+    return x

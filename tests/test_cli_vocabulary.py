@@ -87,7 +87,7 @@ def test_choices_are_listed_no_bare_strings(command):
 
 
 @pytest.mark.parametrize("command, option, shown", [
-    ("prune", "--method", "<magnitude|random>"),
+    ("prune", "--method", "<magnitude|random|wanda|sparsegpt>"),
     ("prune", "--scope", "<layer|global>"),
     ("prune", "--distribution", "<uniform|erk>"),
     ("prune", "--encoding", "<zeros|mask|nan|bitmask>"),

@@ -42,7 +42,7 @@ Encoding = choices("Encoding", ENCODING_NAMES)
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     'sparsetool prune model/ -o model-75/ --sparsity 0.75',
     'sparsetool prune model.safetensors -o step2.safetensors --fraction 0.2 --encoding mask',
-    'sparsetool prune model/ -o model-24/ --nm 2:4',
+    'sparsetool prune model/ -o model-24/ --nm 2:4 --method wanda --calibration text.txt',
 )
 
 
@@ -52,18 +52,26 @@ def prune(
     sparsity: Optional[str] = sparsity_option("Fraction of zeros wanted in each targeted tensor, from 0 to 1."),
     fraction: Optional[str] = typer.Option(None, "--fraction", metavar="F", callback=checked(options.parse_fraction), help="Prune this fraction of the REMAINING non-zeros, at least 0 and below 1 (one iterative-pruning step)."),
     nm: Optional[str] = typer.Option(None, "--nm", metavar="N:M", callback=checked(options.parse_nm), help="Structured N:M: keep N of every M consecutive weights along the input dimension, e.g. 2:4."),
-    method: Method = typer.Option("magnitude", "--method", help="magnitude (keep the largest |w|) or random."),
+    method: Method = typer.Option("magnitude", "--method", help="magnitude (keep the largest |w|), random, or with --calibration: wanda (|w| times the input's norm, per output row) or sparsegpt (OBS reconstruction; updates the kept weights)."),
     scope: Scope = typer.Option("layer", "--scope", help="layer: the same sparsity in every tensor; global: one magnitude threshold across all targeted tensors."),
     distribution: Distribution = typer.Option("uniform", "--distribution", help="uniform or erk (Erdos-Renyi-Kernel per-tensor sparsities, same total non-zeros)."),
     seed: int = seed_option("Seed for --method random."),
     encoding: Encoding = typer.Option("zeros", "--encoding", help="How pruned weights are stored: zeros, mask (bool <name>_mask tensors), nan (NaN sentinels), bitmask (compressed-tensors sparse-bitmask)."),
     include: List[str] = include_option(),
     exclude: List[str] = exclude_option(),
+    calibration: Optional[Path] = typer.Option(None, "--calibration", metavar="FILE|DIR", help="UTF-8 text (a file, or every file under a directory) run through the model by --method wanda/sparsegpt."),
+    samples: int = typer.Option(128, "--samples", metavar="N", callback=checked(options.check_count), help="Calibration windows (wanda/sparsegpt)."),
+    seq: int = typer.Option(512, "--seq", metavar="T", callback=checked(options.check_count, minimum=2), help="Tokens per calibration window (wanda/sparsegpt)."),
+    dampening: str = typer.Option("0.01", "--dampening", metavar="D", callback=checked(options.check_dampening), help="sparsegpt: add D x the mean diagonal of X^T X to its diagonal."),
+    blocksize: int = typer.Option(128, "--blocksize", metavar="B", callback=checked(options.check_count), help="sparsegpt: columns per block (lazy updates, one mask choice per block)."),
     in_place: bool = typer.Option(False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."),
     quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Prune CHECKPOINT: zero the smallest (or random) weights of every targeted tensor.
+
+    With --method wanda or sparsegpt and --calibration FILE|DIR, the model runs the text block by
+    block and each block is pruned from its own inputs (Hugging Face causal LMs, sparsetool's GPT).
 
     Targets are the attention (q/k/v, output) and feed-forward weights inside the transformer
     blocks; never embeddings, norms, biases or the LM head. Already-pruned weights stay pruned.
@@ -83,6 +91,8 @@ def prune(
         sparsity=sparsity, fraction=fraction, nm=nm, method=value_of(method),  # type: ignore[arg-type]
         scope=value_of(scope), distribution=value_of(distribution), seed=seed,
         encoding=value_of(encoding), include=tuple(include), exclude=tuple(exclude),
+        calibration=None if calibration is None else str(calibration), samples=samples, seq=seq,
+        dampening=dampening, blocksize=blocksize,  # type: ignore[arg-type]
     )
     with usage_errors():
         opts.validate()

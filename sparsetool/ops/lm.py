@@ -29,7 +29,7 @@ from sparsetool.train.hf import hf_config as _hf_config
 from sparsetool.train.hf import import_transformers as _import_transformers
 from sparsetool.train.hf import load_tokenizer as _tokenizer
 
-__all__ = ["LM", "Encoded", "DTYPES", "open_lm", "read_text"]
+__all__ = ["LM", "Model", "Encoded", "DTYPES", "open_lm", "load_model", "read_text"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -58,6 +58,35 @@ class LM:
     @property
     def targeted_sparsity(self) -> float:
         return 1.0 - self.targeted_nonzero / self.targeted_numel if self.targeted_numel else 0.0
+
+
+@dataclass
+class Model:
+    """The torch module behind a checkpoint: ``names`` maps each parameter or buffer name of
+    ``module`` to the checkpoint tensor it was loaded from."""
+
+    kind: str
+    module: torch.nn.Module
+    context: int
+    encode: Callable[[str], Encoded]
+    logits: Callable[[torch.Tensor], torch.Tensor]
+    names: dict[str, str]
+
+
+def load_model(path: str | Path, needs: str) -> Model:
+    """The float32 model of checkpoint ``path`` (sparsetool's GPT or a Hugging Face causal LM);
+    ``needs`` ends the error for a model that is not a causal LM (what the caller does with it)."""
+    path = Path(path)
+    with open_checkpoint(path) as ckpt:
+        names = {lt.name for lt in ckpt.logical}
+        config = ckpt.config
+    if (config or {}).get("model_type") == "sparsetool-gpt" or {"tok_emb.weight", "pos_emb.weight"} <= names:
+        return _gpt_model(path, torch.float32)[0]
+    if config is None:
+        raise SparsetoolError(f"{path}: no config.json, so no model to run; {needs}: give a Hugging "
+                              "Face model directory (config.json, weights, tokenizer files) or a "
+                              "checkpoint of sparsetool train")
+    return _hf_model(path, config, torch.float32, needs)[0]
 
 
 def _counts(weights: dict[str, torch.Tensor]) -> dict[str, int]:
@@ -90,7 +119,7 @@ def open_lm(path: str | Path, dtype: str = "float32") -> LM:
 
 
 # ---------------------------------------------------------------------------- sparsetool's GPT
-def _gpt_lm(path: Path, dtype: torch.dtype) -> LM:
+def _gpt_model(path: Path, dtype: torch.dtype) -> tuple[Model, dict[str, torch.Tensor]]:
     from sparsetool.train.io import read_init_checkpoint
     from sparsetool.train.model import GPT, infer_config
 
@@ -116,21 +145,28 @@ def _gpt_lm(path: Path, dtype: torch.dtype) -> LM:
     def logits(ids: torch.Tensor) -> torch.Tensor:
         return model(ids)[0]
 
-    return LM("sparsetool-gpt", cfg.context, encode, logits, **_counts(weights))
+    return Model("sparsetool-gpt", model, cfg.context, encode, logits, {n: n for n in own}), weights
+
+
+def _gpt_lm(path: Path, dtype: torch.dtype) -> LM:
+    m, weights = _gpt_model(path, dtype)
+    return LM(m.kind, m.context, m.encode, m.logits, **_counts(weights))
 
 
 # ---------------------------------------------------------------------------- Hugging Face
-def _hf_weights(path: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The checkpoint's dense tensors under the model's own names, shapes checked against config.json."""
+def _hf_weights(path: Path, model: torch.nn.Module,
+                origin: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
+    """The checkpoint's dense tensors under the model's own names, shapes checked against
+    config.json; ``origin`` (if given) gets each model name's checkpoint name."""
     from sparsetool.ops.load import load
 
-    return match_weights(path, model, load(path))
+    return match_weights(path, model, load(path), origin=origin)
 
 
-
-def _hf_lm(path: Path, config: dict | None, dtype: torch.dtype) -> LM:
+def _hf_model(path: Path, config: dict | None, dtype: torch.dtype,
+              needs: str | None = None) -> tuple[Model, dict[str, torch.Tensor]]:
     transformers = _import_transformers()
-    cfg = _hf_config(path, config, transformers)
+    cfg = _hf_config(path, config, transformers, needs=needs)
     tok = _tokenizer(path, transformers)
     torch_state = torch.random.get_rng_state()
     try:
@@ -138,7 +174,8 @@ def _hf_lm(path: Path, config: dict | None, dtype: torch.dtype) -> LM:
                                                               trust_remote_code=False)
     finally:  # the random initialisation is overwritten; do not disturb the caller's seed
         torch.random.set_rng_state(torch_state)
-    weights = _hf_weights(path, model)
+    origin: dict[str, str] = {}
+    weights = _hf_weights(path, model, origin)
     model.load_state_dict(weights, strict=False)
     model.to(dtype).eval()
 
@@ -164,10 +201,15 @@ def _hf_lm(path: Path, config: dict | None, dtype: torch.dtype) -> LM:
     def logits(ids: torch.Tensor) -> torch.Tensor:
         return model(input_ids=ids, use_cache=False).logits
 
-    return LM("huggingface", _context(cfg), encode, logits, **_counts(weights))
+    return Model("huggingface", model, _context(cfg), encode, logits, origin), weights
 
 
-def read_text(path: str | Path) -> str:
+def _hf_lm(path: Path, config: dict | None, dtype: torch.dtype) -> LM:
+    m, weights = _hf_model(path, config, dtype)
+    return LM(m.kind, m.context, m.encode, m.logits, **_counts(weights))
+
+
+def read_text(path: str | Path, option: str = "--text") -> str:
     """A UTF-8 file, or every non-hidden file under a directory (sorted, joined by a newline)."""
     p = Path(path)
     if p.is_file():
@@ -176,17 +218,17 @@ def read_text(path: str | Path) -> str:
         files = sorted(q for q in p.rglob("*") if q.is_file()
                        and not any(s.startswith(".") for s in q.relative_to(p).parts))
         if not files:
-            raise SparsetoolError(f"--text {p}: directory holds no files; point it at text files")
+            raise SparsetoolError(f"{option} {p}: directory holds no files; point it at text files")
     else:
-        raise SparsetoolError(f"--text {p}: no such file or directory")
+        raise SparsetoolError(f"{option} {p}: no such file or directory")
     parts = []
     for f in files:
         try:
             parts.append(f.read_bytes().decode("utf-8"))
         except UnicodeDecodeError as e:
-            raise SparsetoolError(f"--text {f}: not UTF-8 text (byte {e.start}); convert it or leave it out") from None
+            raise SparsetoolError(f"{option} {f}: not UTF-8 text (byte {e.start}); convert it or leave it out") from None
         except OSError as e:
-            raise SparsetoolError(f"--text {f}: cannot read ({e.strerror})") from None
+            raise SparsetoolError(f"{option} {f}: cannot read ({e.strerror})") from None
     return "\n".join(parts)
 
 

@@ -34,6 +34,7 @@ from sparsetool.checkpoint import (
 )
 from sparsetool.checkpoint.provenance import provenance_metadata, read_provenance
 from sparsetool.masks.distributions import keep_counts
+from sparsetool.options import CALIBRATION_METHODS
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.select import (
     MagnitudeHistogram,
@@ -307,6 +308,12 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
         )
     _check_name_clashes(ckpt, targets, opts.encoding)
     planner = _Planner(ckpt, targets, opts, progress, plan)
+    if opts.method in CALIBRATION_METHODS:  # Wanda, SparseGPT: block by block (ops/calibrate.py)
+        from sparsetool.ops.calibrate import CalibratedPlanner
+
+        nan_ok = planner.nan_ok
+        planner = CalibratedPlanner(ckpt, targets, opts, progress, plan,  # type: ignore[assignment]
+                                    lambda c, lt: _existing(c, lt, nan_means_pruned=nan_ok))
     if planner.needs_first_pass:
         planner.prepare()
 

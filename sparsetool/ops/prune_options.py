@@ -9,7 +9,8 @@ from pathlib import Path
 from sparsetool.checkpoint.encodings import ENCODINGS
 from sparsetool.errors import ConfigError
 from sparsetool.masks.distributions import DISTRIBUTIONS
-from sparsetool.options import METHODS, SCOPES, check_fraction, check_seed, check_sparsity
+from sparsetool.options import (CALIBRATION_METHODS, METHODS, SCOPES, check_count, check_dampening,
+                                check_fraction, check_seed, check_sparsity)
 
 __all__ = ["PruneOptions", "TensorResult", "PruneResult", "LOADER_WARNINGS", "options_record"]
 
@@ -28,6 +29,12 @@ class PruneOptions:
     encoding: str = "zeros"
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
+    # --method wanda/sparsegpt only (ops/calibrate.py): the text, how much of it, SparseGPT's knobs
+    calibration: str | None = None
+    samples: int = 128
+    seq: int = 512
+    dampening: float = 0.01
+    blocksize: int = 128
 
     def validate(self) -> None:
         given = [o for o, v in (("--sparsity", self.sparsity), ("--fraction", self.fraction),
@@ -48,6 +55,7 @@ class PruneOptions:
                                     ("--encoding", self.encoding, ENCODINGS)):
             if value not in allowed:
                 raise ConfigError(f"{opt} {value!r} is not one of: {', '.join(allowed)}")
+        self._validate_calibration()
         if self.scope == "global" and self.method != "magnitude":
             raise ConfigError("--scope global ranks weights by magnitude: use --method magnitude")
         if self.scope == "global" and self.distribution != "uniform":
@@ -60,11 +68,45 @@ class PruneOptions:
             if self.scope == "global" or self.distribution != "uniform":
                 raise ConfigError("--nm N:M is a per-tensor pattern: it takes neither "
                                   "--scope global nor --distribution erk")
-            if self.method != "magnitude":
-                raise ConfigError("--nm N:M keeps the largest N of every M: use --method magnitude")
+            if self.method == "random":
+                raise ConfigError("--nm N:M keeps the largest N of every M: use --method "
+                                  "magnitude, wanda or sparsegpt")
         if self.fraction is not None and self.distribution != "uniform":
             raise ConfigError("--fraction prunes a share of each tensor's remaining weights: "
                               "it takes no --distribution")
+
+    def _validate_calibration(self) -> None:
+        defaults = PruneOptions()
+        changed = [opt for opt, field in (("--calibration", "calibration"), ("--samples", "samples"),
+                                          ("--seq", "seq"), ("--dampening", "dampening"),
+                                          ("--blocksize", "blocksize"))
+                   if getattr(self, field) != getattr(defaults, field)]
+        if self.method not in CALIBRATION_METHODS:
+            if changed:
+                raise ConfigError(f"{changed[0]} is read by --method wanda or sparsegpt, not "
+                                  f"{self.method}: drop it or change the method")
+            return
+        sgpt_only = [opt for opt in changed if opt in ("--dampening", "--blocksize")]
+        if self.method == "wanda" and sgpt_only:
+            raise ConfigError(f"{sgpt_only[0]} is read by --method sparsegpt only; Wanda changes "
+                              "no weight and has no Hessian: drop it")
+        if self.calibration is None:
+            raise ConfigError(f"--method {self.method} needs calibration text: give "
+                              "--calibration FILE|DIR (UTF-8 text the model's tokenizer reads)")
+        if self.scope == "global":
+            raise ConfigError(f"--method {self.method} prunes each layer against its own "
+                              "calibration inputs (layer-wise): it takes no --scope global; use "
+                              "--scope layer, or --method magnitude for one global threshold")
+        if self.fraction is not None:
+            raise ConfigError(f"--method {self.method} takes --sparsity S or --nm N:M, not --fraction")
+        check_count(self.samples, "--samples")
+        check_count(self.seq, "--seq", minimum=2)
+        check_dampening(self.dampening)
+        check_count(self.blocksize, "--blocksize")
+        if (self.nm is not None and self.method == "sparsegpt" and self.nm[1] > 0
+                and self.blocksize % self.nm[1]):
+            raise ConfigError(f"--blocksize {self.blocksize} must be a multiple of M in --nm "
+                              f"{self.nm[0]}:{self.nm[1]} (each N:M group lies inside one block)")
 
 
 @dataclass
@@ -120,10 +162,22 @@ class PruneResult:
         }
 
 
+_CALIBRATION_FIELDS = ("calibration", "samples", "seq", "dampening", "blocksize")
+
+
 def options_record(opts: PruneOptions) -> dict:
+    """The options as recorded in provenance and ``--json``; calibration settings only for the
+    methods that read them (SparseGPT's with ``updates_weights``: it changes the kept weights)."""
     rec = asdict(opts)
     rec["nm"] = f"{opts.nm[0]}:{opts.nm[1]}" if opts.nm else None
     rec["include"], rec["exclude"] = list(opts.include), list(opts.exclude)
+    calib = {k: rec.pop(k) for k in _CALIBRATION_FIELDS}
+    calib["text"] = calib.pop("calibration")
+    if opts.method in CALIBRATION_METHODS:
+        if opts.method == "wanda":
+            del calib["dampening"], calib["blocksize"]
+        rec["calibration"] = calib
+        rec["updates_weights"] = opts.method == "sparsegpt"
     return rec
 
 

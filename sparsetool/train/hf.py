@@ -41,8 +41,10 @@ def import_transformers(doing: str = "evaluating"):
     return transformers
 
 
-def hf_config(path: Path, config: dict | None, transformers, command: str = "eval"):
-    """transformers' config object of a causal LM directory; anything else is refused."""
+def hf_config(path: Path, config: dict | None, transformers, command: str = "eval",
+              needs: str | None = None):
+    """transformers' config object of a causal LM directory; anything else is refused (``needs``,
+    if given, ends that error: what the caller does with the model)."""
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
@@ -55,7 +57,7 @@ def hf_config(path: Path, config: dict | None, transformers, command: str = "eva
     model_type = config.get("model_type")
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise SparsetoolError(f"{path}/config.json: model_type {model_type!r} is not a causal language "
-                              f"model transformers knows; {_does(command)} next-token prediction only")
+                              f"model transformers knows; {needs or _does(command) + ' next-token prediction only'}")
     rest = {k: v for k, v in config.items() if k != "model_type"}
     try:
         cfg = transformers.AutoConfig.for_model(model_type, **rest)
@@ -65,7 +67,7 @@ def hf_config(path: Path, config: dict | None, transformers, command: str = "eva
     if getattr(cfg, "is_encoder_decoder", False) or bidirectional:
         arch = ", ".join(config.get("architectures") or [model_type])
         raise SparsetoolError(f"{path}: {arch} is not a causal language model (an encoder sees the "
-                              f"tokens it should predict); {_does(command)} decoder-only models")
+                              f"tokens it should predict); {needs or _does(command) + ' decoder-only models'}")
     return cfg
 
 
@@ -133,15 +135,16 @@ def _renamer(model: torch.nn.Module, command: str) -> Callable[[Path, str], str]
 
 
 def match_weights(path: Path, model: torch.nn.Module, weights: dict[str, torch.Tensor],
-                  command: str = "eval") -> dict[str, torch.Tensor]:
+                  command: str = "eval", origin: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
     """``weights`` (a checkpoint's dense tensors) under the model's own names, shapes checked
-    against config.json; every parameter of the model must be there (a tied one once)."""
+    against config.json; every parameter of the model must be there (a tied one once).
+    ``origin`` (if given) gets each model name's checkpoint name."""
     own = model.state_dict()
     prefix = getattr(model, "base_model_prefix", "") or ""
     rename = _renamer(model, command)
     renamed: dict[str, torch.Tensor] = {}
-    for name, t in weights.items():
-        name = rename(path, name)
+    for stored, t in weights.items():
+        name = rename(path, stored)
         if name not in own and prefix:
             # Saved from the bare model (no LM-head wrapper) or the reverse.
             if f"{prefix}.{name}" in own:
@@ -159,6 +162,8 @@ def match_weights(path: Path, model: torch.nn.Module, weights: dict[str, torch.T
                 f"{list(own[name].shape)}; the weights and config.json disagree"
             )
         renamed[name] = t
+        if origin is not None:
+            origin[name] = stored
     # Parameters shared with a loaded one (a head tied to the embedding) need no tensor of their own.
     by_storage = {}
     for name, p in model.named_parameters(remove_duplicate=False):

@@ -1,0 +1,117 @@
+"""SparseGPT: prune a linear layer and update its surviving weights to reconstruct its output.
+
+Frantar and Alistarh 2023, "SparseGPT: Massive Language Models Can Be Accurately Pruned in
+One-Shot". For ``y = W x`` with ``W`` (out, in) and calibration inputs ``X`` (tokens, in), the layer's
+squared reconstruction error ``||W X^T - W' X^T||^2`` has Hessian ``H = X^T X`` (one for every row).
+Columns are visited left to right in blocks of ``blocksize``; inside a block the weights of column
+``j`` that are pruned are set to zero and their error ``(w - q) / [H^-1]_jj`` is spread over the
+columns after ``j`` by the optimal brain surgeon update ``W[:, j:] -= err [H^-1]_{j, j:}``, using the
+upper Cholesky factor of ``H^-1`` (so each column sees the inverse Hessian of the columns not yet
+visited). The mask of a block is chosen when the block starts, from the weights as updated so far,
+by the score ``w^2 / [chol(H^-1)]_jj^2`` (adaptive mask selection); with N:M, every ``M`` columns
+choose their pattern when the first of them is reached.
+
+``H`` is dampened by ``dampening * mean(diag H)`` on its diagonal before inversion; inputs that were
+always zero (``H_jj = 0``) get ``H_jj = 1`` so the inverse exists. With sparsity 0 nothing is pruned,
+so no error is spread and the weights come back unchanged.
+
+Counts are exact: the tensor prunes ``P = numel - keep``, block ``b`` prunes
+``floor(P * end_b / numel + 1/2) - floor(P * start_b / numel + 1/2)`` (the shares add up to P), and
+each block's selection runs in the one kernel (:func:`sparsetool.masks.kernel.top_k_mask`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from sparsetool.errors import SparsetoolError
+from sparsetool.masks.kernel import top_k_mask
+from sparsetool.masks.select import nm_mask
+from sparsetool.wording import plural
+
+__all__ = ["block_prune_counts", "inverse_hessian_factor", "sparsegpt_prune"]
+
+
+def block_prune_counts(rows: int, cols: int, prune: int, blocksize: int) -> list[int]:
+    """How many weights each column block prunes: ``prune`` in all, in proportion to block sizes.
+
+    >>> block_prune_counts(2, 5, 5, 2)
+    [2, 2, 1]
+    """
+    numel = rows * cols
+    if not 0 <= prune <= numel:
+        raise SparsetoolError(f"cannot prune {prune} of {plural(numel, 'weight')}")
+    out, prev = [], 0
+    for start in range(0, cols, blocksize):
+        end = min(start + blocksize, cols) * rows
+        cum = (2 * prune * end + numel) // (2 * numel) if numel else 0
+        out.append(cum - prev)
+        prev = cum
+    return out
+
+
+def inverse_hessian_factor(h: Tensor, dampening: float = 0.01) -> Tensor:
+    """The upper Cholesky factor of ``(H + d I)^-1``, ``d = dampening * mean(diag H)``, where
+    never-active inputs get ``H_jj = 1``. Raises if ``H`` is not positive definite even dampened."""
+    h = h.clone()
+    dead = torch.diagonal(h) == 0
+    h[dead, dead] = 1
+    damp = dampening * float(torch.diagonal(h).mean())
+    h += damp * torch.eye(h.shape[0], dtype=h.dtype)
+    try:
+        low = torch.linalg.cholesky(h)
+        return torch.linalg.cholesky(torch.cholesky_inverse(low), upper=True)
+    except RuntimeError:  # torch.linalg.LinAlgError
+        raise SparsetoolError(
+            f"X^T X of this layer is not positive definite with dampening {dampening} "
+            "(its inputs are nearly collinear); raise --dampening, e.g. to 0.1") from None
+
+
+def sparsegpt_prune(w: Tensor, h: Tensor, *, keep: int | None = None,
+                    nm: tuple[int, int] | None = None, existing: Tensor | None = None,
+                    blocksize: int = 128, dampening: float = 0.01) -> tuple[Tensor, Tensor]:
+    """(updated weights, kept mask) of ``w`` (out, in) given ``h = X^T X`` (in, in).
+
+    The math runs in float64 when ``h`` is float64, else float32; the weights come back in that
+    dtype. ``existing`` (True = alive) positions that are already pruned are never kept again.
+    """
+    if (keep is None) == (nm is None):
+        raise SparsetoolError("give exactly one of keep or nm")
+    rows, cols = w.shape
+    if h.shape != (cols, cols):
+        raise SparsetoolError(f"X^T X has shape {tuple(h.shape)}, the weight {tuple(w.shape)}")
+    if blocksize < 1 or (nm is not None and blocksize % nm[1]):
+        raise SparsetoolError(f"blocksize {blocksize} must be a positive multiple of M")
+    if nm is not None and cols % nm[1]:
+        raise SparsetoolError(f"N:M {nm[0]}:{nm[1]}: the input size {cols} is not divisible by "
+                              f"{nm[1]}; choose an M that divides it or exclude this tensor")
+    dt = torch.float64 if h.dtype == torch.float64 else torch.float32
+    W = w.to(dt).clone()
+    hinv = inverse_hessian_factor(h.to(dt), dampening)
+    kept = torch.zeros((rows, cols), dtype=torch.bool)
+    prunes = None if nm is not None else block_prune_counts(rows, cols, rows * cols - keep, blocksize)
+    for b, i1 in enumerate(range(0, cols, blocksize)):
+        i2 = min(i1 + blocksize, cols)
+        w1, hinv1 = W[:, i1:i2].clone(), hinv[i1:i2, i1:i2]
+        err1 = torch.zeros_like(w1)
+        alive = None if existing is None else existing[:, i1:i2].bool()
+        diag = torch.diagonal(hinv1)
+        if prunes is not None:
+            score = w1 ** 2 / diag.unsqueeze(0) ** 2
+            kept[:, i1:i2] = top_k_mask(score, w1.numel() - prunes[b], alive)
+        for i in range(i2 - i1):
+            if nm is not None and i % nm[1] == 0:
+                group = slice(i, i + nm[1])
+                score = w1[:, group] ** 2 / diag[group].unsqueeze(0) ** 2
+                kept[:, i1 + i:i1 + i + nm[1]] = nm_mask(
+                    score, nm[0], nm[1], dim=1, existing=None if alive is None else alive[:, group])
+            col = w1[:, i]
+            q = torch.where(kept[:, i1 + i], col, torch.zeros_like(col))
+            err = (col - q) / hinv1[i, i]
+            w1[:, i:] -= err.unsqueeze(1) * hinv1[i, i:].unsqueeze(0)
+            w1[:, i] = q
+            err1[:, i] = err
+        W[:, i1:i2] = w1
+        W[:, i2:] -= err1 @ hinv[i1:i2, i2:]
+    return W, kept
