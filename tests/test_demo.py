@@ -86,7 +86,7 @@ def test_flops_ratios_are_ordered_and_match_the_flops_command(demo):
     r = run("flops", "--checkpoint", out / "sparse", "--seq-len", context, "--tokens", sparse["tokens"],
             "--finetune-tokens", ft["tokens"], "--json")
     assert r.exit_code == 0, r.output
-    f = json.loads(r.stdout)
+    f = json.loads(r.stdout)["runs"][0]  # flops --json: one shape, the runs in a list
     assert f["total_train_flops"] == pytest.approx(sparse["train_flops"], rel=1e-12)
     assert f["train_flops_ratio"] == pytest.approx(sparse["train_flops_ratio"], rel=1e-12)
     assert f["dense_total_train_flops"] == pytest.approx(dense["train_flops"], rel=1e-12)
