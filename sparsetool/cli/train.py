@@ -75,7 +75,7 @@ def train(
     update_freq: Optional[int] = typer.Option(None, "--update-freq", help="Steps between mask updates of gmp, set, rigl, granet (default 100; a quarter of --steps under 400 steps)."),
     update_start: Optional[int] = typer.Option(None, "--update-start", help="First mask update / pruning step (default: the end of --warmup or one interval, whichever is later; one interval if that leaves no update)."),
     update_stop: Optional[int] = typer.Option(None, "--update-stop", help="Mask updates stop before this step; gmp/granet's ramp ends here (default: 75% of --steps; set: all of them; granet keeps regrowing to the end)."),
-    drop_fraction: Optional[float] = typer.Option(None, "--drop-fraction", help="Fraction of each tensor's kept weights dropped and regrown per update (default 0.3; rigl/granet: cosine-decayed to 0 at their last update)."),
+    drop_fraction: Optional[float] = typer.Option(None, "--drop-fraction", help="Fraction of each tensor's kept weights dropped and regrown per update (default 0.3; rigl: cosine-decayed to 0 at the update stop, granet: at the end of the run)."),
     initial_sparsity: Optional[str] = typer.Option(None, "--initial-sparsity", metavar="S", callback=checked(options.parse_sparsity), help="GraNet/GMP: sparsity the cubic ramp starts from, e.g. 0.5 for 50%->75% (default 0: dense start)."),
     sparsity_option: list[str] = typer.Option([], "--sparsity-option", metavar="KEY=VALUE", help="KEY=VALUE passed to the algorithm (repeatable; default: none), e.g. scope=layer (granet's per-layer pruning), stop_fraction=0.75 (set stops at 75%)."),
     include: list[str] = include_option("Also sparsify parameters matching this glob (repeatable; default: none)."),
