@@ -302,3 +302,23 @@ def test_every_train_option_states_its_default_or_that_it_is_required():
     out = re.sub(r"\s+", " ", CliRunner().invoke(app, ["train", "--help"]).stdout)
     assert "required (unless the --config file gives 'out')" in out
     assert "rigl updates at steps 100, 200, 300 and 400" in out
+
+
+def test_a_resumed_run_logs_the_same_mask_updates(tmp_path):
+    data = make_corpus(tmp_path / "data")
+    sparse = ("--algorithm", "set", "--sparsity", "0.75", "--update-freq", "2", "--json")
+    for name, extra in (("full", ()), ("part", ("--stop-at", "5"))):
+        result = CliRunner().invoke(app, train_args(tmp_path / name, data, 12, *sparse, *extra))
+        assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "part"), "--resume", "--json"])
+    assert result.exit_code == 0, result.output
+
+    def events(run):
+        return [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()
+                if '"mask_update"' in line]
+
+    full = events(tmp_path / "full")
+    assert [e["step"] for e in full] == [3, 5, 7, 9, 11]  # set updates until the end
+    assert events(tmp_path / "part") == full and full[-1]["grown_survived"] is not None
+    saved = json.loads((tmp_path / "part" / "run.json").read_text())["sparse_training"]
+    assert saved["1"]["update_stop"] == 12
