@@ -124,7 +124,7 @@ def test_wire_without_updates_is_the_sparsity_alone():
 def test_wire_set_and_rigl_differ_only_in_the_drop_decay():
     s = wire("set", 1000, 0.9, updates=True, drop_fraction=0.3, drop_decay="constant")
     r = wire("rigl", 1000, 0.9, updates=True, drop_fraction=0.3, drop_decay="cosine")
-    assert s.updates == r.updates == Periodic(50, 50, 750)
+    assert s.updates == r.updates == Periodic(100, 100, 750)
     assert s.drop_fraction == Constant(0.3)
     assert r.drop_fraction == Cosine(0.3, 0.0, 0, 750)
     assert s.final_update is None and r.final_update is None
@@ -156,5 +156,5 @@ def test_wire_errors_name_the_algorithm(kwargs, message):
 
 def test_update_window_defaults_follow_rigl():
     assert update_window(10_000) == (100, 100, 7500)
-    assert update_window(60) == (3, 3, 45)
+    assert update_window(60) == (15, 15, 45)
     assert update_window(60, freq=5, start=0, stop=50) == (5, 0, 50)

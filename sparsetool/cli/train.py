@@ -52,15 +52,15 @@ def _check_device(value: str, option: str) -> str:
 
 
 def train(
-    output: Optional[Path] = output_option("Run directory (created; holds checkpoints, logs, loss.png)."),
+    output: Optional[Path] = output_option("Run directory to create, or to continue with --resume; required (unless the --config file gives 'out'). Holds checkpoints, logs, loss.png."),
     out: Optional[Path] = typer.Option(None, "--out", hidden=True, help="Old spelling of -o/--output."),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML/TOML file with any of these options (flags override); accepts a Model Zoo 'sparsity:' block."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML/TOML file with any of these options (flags override); accepts a Model Zoo 'sparsity:' block (default: none)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in -o/--output from its latest checkpoint, exactly."),
     preset: Optional[Preset] = typer.Option(None, "--preset", help="Model size: tiny, mini (default, 0.9M), small (4.9M), base (10M)."),
-    n_layer: Optional[int] = typer.Option(None, "--n-layer", help="Override the preset's layer count."),
-    n_head: Optional[int] = typer.Option(None, "--n-head", help="Override the preset's head count."),
-    d_model: Optional[int] = typer.Option(None, "--d-model", help="Override the preset's width."),
-    context: Optional[int] = typer.Option(None, "--context", help="Override the preset's context (bytes per sequence; with --init HF_DIR tokens, default 256)."),
+    n_layer: Optional[int] = typer.Option(None, "--n-layer", help="Override the preset's layer count (default: the preset's)."),
+    n_head: Optional[int] = typer.Option(None, "--n-head", help="Override the preset's head count (default: the preset's)."),
+    d_model: Optional[int] = typer.Option(None, "--d-model", help="Override the preset's width (default: the preset's)."),
+    context: Optional[int] = typer.Option(None, "--context", help="Override the preset's context: bytes per sequence (default: the preset's; with --init HF_DIR tokens, default 256)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (default 1000)."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per micro-batch per process (default 16)."),
     grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Micro-batches per step per process (default 1)."),
@@ -71,25 +71,25 @@ def train(
     seed: Optional[int] = seed_option("Seed for weights, masks and data order (default 0).", default=None),
     data: Optional[str] = typer.Option(None, "--data", metavar="PATH", help="Text file or directory, or builtin:english (Python's help topics). Default: the Python standard library."),
     algorithm: Optional[Algorithm] = typer.Option(None, "--algorithm", "-a", help="Sparse training algorithm (default: static with --sparsity, else dense)."),
-    sparsity: Optional[str] = sparsity_option("Target sparsity (fraction of zeros, from 0 to 1) of the targeted matrices."),
+    sparsity: Optional[str] = sparsity_option("Target sparsity (fraction of zeros, from 0 to 1) of the targeted matrices (default: none, dense; with --init, the checkpoint's)."),
     distribution: Optional[Distribution] = typer.Option(None, "--distribution", help="Per-layer sparsity (default uniform)."),
     init_method: Optional[InitMethod] = typer.Option(None, "--init-method", help="Initial mask (default random)."),
-    update_freq: Optional[int] = typer.Option(None, "--update-freq", help="Steps between mask updates (dynamic algorithms)."),
-    update_start: Optional[int] = typer.Option(None, "--update-start", help="First step of mask updates / pruning."),
-    update_stop: Optional[int] = typer.Option(None, "--update-stop", help="Last step of mask updates / pruning."),
-    drop_fraction: Optional[float] = typer.Option(None, "--drop-fraction", help="Fraction of kept weights dropped and regrown per update."),
-    initial_sparsity: Optional[str] = typer.Option(None, "--initial-sparsity", metavar="S", callback=checked(options.parse_sparsity), help="GraNet/GMP: sparsity the cubic ramp starts from (e.g. 0.5 for 50%->75%)."),
-    sparsity_option: list[str] = typer.Option([], "--sparsity-option", metavar="KEY=VALUE", help="KEY=VALUE passed to the algorithm (repeatable), e.g. init_sparsity=0.5."),
-    include: list[str] = include_option("Also sparsify parameters matching this glob (repeatable)."),
-    exclude: list[str] = exclude_option("Never sparsify parameters matching this glob (repeatable; wins over --include)."),
+    update_freq: Optional[int] = typer.Option(None, "--update-freq", help="Steps between mask updates of gmp, set, rigl, granet (default 100; a quarter of --steps under 400 steps)."),
+    update_start: Optional[int] = typer.Option(None, "--update-start", help="First mask update / pruning step (default: the end of --warmup or one interval, whichever is later; one interval if that leaves no update)."),
+    update_stop: Optional[int] = typer.Option(None, "--update-stop", help="Mask updates stop before this step; gmp/granet's ramp ends here (default: 75% of --steps; set: all of them; granet keeps regrowing to the end)."),
+    drop_fraction: Optional[float] = typer.Option(None, "--drop-fraction", help="Fraction of each tensor's kept weights dropped and regrown per update (default 0.3; rigl: cosine-decayed to 0 at the update stop, granet: at the end of the run)."),
+    initial_sparsity: Optional[str] = typer.Option(None, "--initial-sparsity", metavar="S", callback=checked(options.parse_sparsity), help="GraNet/GMP: sparsity the cubic ramp starts from, e.g. 0.5 for 50%->75% (default 0: dense start)."),
+    sparsity_option: list[str] = typer.Option([], "--sparsity-option", metavar="KEY=VALUE", help="KEY=VALUE passed to the algorithm (repeatable; default: none), e.g. scope=layer (granet's per-layer pruning), stop_fraction=0.75 (set stops at 75%)."),
+    include: list[str] = include_option("Also sparsify parameters matching this glob (repeatable; default: none)."),
+    exclude: list[str] = exclude_option("Never sparsify parameters matching this glob (repeatable; wins over --include; default: none)."),
     param_filter: list[str] = typer.Option([], "--param-filter", metavar="GLOB", help="Glob of parameter names to sparsify (repeatable; default: the block matrices)."),
-    init: Optional[Path] = typer.Option(None, "--init", help="Start from this checkpoint (any sparsetool encoding) or a Hugging Face causal-LM directory (fine-tuned with its own tokenizer); keeps its masks."),
+    init: Optional[Path] = typer.Option(None, "--init", help="Start from this checkpoint (any sparsetool encoding) or a Hugging Face causal-LM directory (fine-tuned with its own tokenizer); keeps its masks (default: random initial weights)."),
     encoding: Optional[Encoding] = typer.Option(None, "--encoding", help="With --init HF_DIR: how RUN/model/ stores pruned weights (default zeros, which transformers loads; mask, nan, bitmask)."),
     dense: bool = typer.Option(False, "--dense", help="With --init: revive pruned weights at 0 and train densely (SPDF fine-tuning)."),
-    stage: list[str] = stage_option("SPARSITY:FRACTION of the steps (repeatable): Variable SPDF, e.g. 0.9:0.8 then 0:0.2."),
+    stage: list[str] = stage_option("SPARSITY:FRACTION of the steps (repeatable): Variable SPDF, e.g. 0.9:0.8 then 0:0.2 (default: one stage)."),
     eval_every: Optional[int] = typer.Option(None, "--eval-every", help="Validation every N steps (default 100) and at the end."),
     save_every: Optional[int] = typer.Option(None, "--save-every", help="Checkpoint every N steps (default: only at the end)."),
-    stop_at: Optional[int] = typer.Option(None, "--stop-at", help="Stop after this step with a checkpoint; continue later with --resume."),
+    stop_at: Optional[int] = typer.Option(None, "--stop-at", help="Stop after this step with a checkpoint; continue later with --resume (default: run all --steps)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: torch's; 1 is often fastest for small models on a busy machine)."),
     device: Optional[str] = typer.Option(None, "--device", metavar="<auto|cpu|cuda|cuda:N>", callback=checked(_check_device), help="Where to train (default auto)."),
     dtype: Optional[DType] = typer.Option(None, "--dtype", help="auto (default: bf16 autocast on capable GPUs), float32 or bfloat16."),
@@ -107,6 +107,12 @@ def train(
     start at 0). Variable SPDF: --stage SPARSITY:FRACTION, repeated. --resume continues an
     interrupted run exactly; under torchrun (python -m sparsetool train ...) it runs on several
     processes.
+
+    Mask-update defaults for a run of N steps: every 100 steps (N/4 when N < 400), the first at
+    the end of --warmup or after one interval, whichever is later, the last before 0.75 N (set:
+    N; granet: the ramp ends at 0.75 N, drop-and-grow goes on to N). E.g. 600 steps with the
+    default 100-step warm-up: rigl updates at steps 100, 200, 300 and 400. The start of a run
+    prints the resolved values; run.json records them.
     """
     from rich.markup import escape
 
@@ -205,6 +211,11 @@ class _Progress:
         d, unit = info["data"], "tokens" if "train_tokens" in info["data"] else "bytes"
         self.console.print(f"data: {self.escape(d['source'])} ({d['train_' + unit]:,} train / "
                            f"{d['val_' + unit]:,} validation {unit})", highlight=False, soft_wrap=True)
+        if info.get("sparse_training"):
+            from sparsetool.train.algorithms.settings import describe
+
+            for line in describe(info["sparse_training"]):
+                self.console.print(self.escape(line), highlight=False, soft_wrap=True)
         if not self.console.is_terminal:
             return  # piped: no bar (its one final line would be cut to the width); the summary follows
         self.bar = Progress(
@@ -229,7 +240,7 @@ class _Progress:
         self.bar.update(self.task, val=f"{r['val_loss']:.4f}")
 
     def _stage(self, r: dict) -> None:
-        self.console.print(f"step {r['step']}: stage {r['stage'] + 1}, sparsity now {r['sparsity']:.1%}",
+        self.console.print(f"step {r['step']}: stage {r['stage']}, sparsity now {r['sparsity']:.1%}",
                            highlight=False, soft_wrap=True)
 
     def _end(self, s: dict) -> None:

@@ -139,7 +139,8 @@ def read_init_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dic
 
 
 class Log:
-    """JSONL (every record) and CSV (training rows, with the latest validation loss)."""
+    """JSONL (every record) and CSV (training rows, with the validation loss and the mask update
+    of their step, if any)."""
 
     def __init__(self, run: Path, keep_until: int | None) -> None:
         self.path = run / "log.jsonl"
@@ -163,15 +164,20 @@ class Log:
         self._fh.close()
 
     def write_csv(self, run: Path) -> None:
-        cols = ["step", "loss", "val_loss", "lr", "sparsity", "tokens_per_s", "tokens", "elapsed_s"]
+        cols = ["step", "loss", "val_loss", "lr", "sparsity", "tokens_per_s", "tokens", "elapsed_s",
+                "mask_dropped", "mask_grown", "drop_fraction", "grown_survived"]
         val = {r["step"]: r["val_loss"] for r in self.records if r.get("kind") == "eval"}
+        upd = {r["step"]: {"mask_dropped": r["dropped"], "mask_grown": r["grown"],
+                           "drop_fraction": r["drop_fraction"],
+                           "grown_survived": "" if r["grown_survived"] is None else r["grown_survived"]}
+               for r in self.records if r.get("kind") == "mask_update"}
         tmp = run / "log.csv.tmp"
         with tmp.open("w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
             w.writeheader()
             for r in self.records:
                 if r.get("kind") == "train":
-                    w.writerow({**r, "val_loss": val.get(r["step"], "")})
+                    w.writerow({**r, "val_loss": val.get(r["step"], ""), **upd.get(r["step"], {})})
         os.replace(tmp, run / "log.csv")
 
     def plot(self, run: Path, title: str, unit: str = "byte") -> None:
@@ -190,6 +196,9 @@ class Log:
         for r in self.records:
             if r.get("kind") == "stage":
                 ax.axvline(r["step"], color="grey", ls=":", lw=1)
+                ax.annotate(f"stage {r['stage']}: {r['sparsity']:.0%} sparse", (r["step"], 1.0),
+                            xycoords=("data", "axes fraction"), xytext=(3, -10),
+                            textcoords="offset points", fontsize=7, color="grey")
         ax.set_xlabel("step")
         ax.set_ylabel(f"cross-entropy (nats/{unit})")
         ax.set_title(title, fontsize=9)

@@ -45,6 +45,7 @@ class Trainer:
         self.run_dir = Path(cfg.out)
         self.resume_from: Path | None = None
         self._resumed_model: dict | None = None
+        self.resolved_settings: dict[int, dict] = {}  # stage (1-based) -> resolved sparse settings
         if resume:
             cfg, self._resumed_model, self.resume_from = rundir.resumed_config(
                 self.run_dir, flag_overrides or {})
@@ -148,7 +149,7 @@ class Trainer:
             sp.load_state_dict(state)
         elif stage_idx == 0 and self.init_masks:
             sp.init_masks = {n: m.to(self.device) for n, m in self.init_masks.items()}
-        sp.attach(dict(self.model.named_parameters()), self.optimizer, stage["end"])
+        sp.attach(dict(self.model.named_parameters()), self.optimizer, stage["end"], self.cfg.warmup)
         if state is None and stage_idx == 0 and self.init_masks:
             sp.prune_further()  # --init SPARSE --sparsity S: a higher S prunes from its masks
         if set(sp.masks) != set(self.targets):
@@ -157,6 +158,7 @@ class Trainer:
                 f"{sorted(self.targets)[:3]}...; check --param-filter"
             )
         self.sparsifier_config = spc
+        self.resolved_settings[stage_idx + 1] = sp.resolved()  # run.json, keyed by 1-based stage
         self._sp_generation = getattr(self, "_sp_generation", 0) + 1  # invalidates the cached sparsity
         return sp
 
@@ -246,6 +248,12 @@ class Trainer:
                                                  self.mcfg.d_model, self.sp is not None),
                       "token" if self.hf else "byte")
 
+    def _write_run_json(self) -> None:
+        """run.json: options as given, model, data; each stage's resolved sparse settings."""
+        io._write_json(self.run_dir / "run.json", {
+            "config": self.cfg.to_dict(), "model": self.mcfg.to_dict(), "data": self.corpus_info,
+            "sparse_training": {str(k): v for k, v in sorted(self.resolved_settings.items())}})
+
     # ------------------------------------------------------------------ run
     def run(self) -> dict:
         cfg = self.cfg
@@ -262,14 +270,14 @@ class Trainer:
         self.sparsifier_config = None
         self.mask_divergences = 0
         self.sp = None
+        self.resolved_settings = rundir.earlier_settings(self.run_dir, stage_idx, self.resume_from)
         if sp_state is not None or self.resume_from is None:
             saved_spc = resume.get("sparsifier_config") if self.resume_from is not None else None
             self.sp = self._build_sparsifier(stage_idx, sp_state,
                                              json.loads(saved_spc) if saved_spc else None)
         if self.master:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            io._write_json(self.run_dir / "run.json", {"config": cfg.to_dict(), "model": self.mcfg.to_dict(),
-                                                       "data": self.corpus_info})
+            self._write_run_json()
         self.log = io.Log(self.run_dir, keep_until=start_step if self.resume_from else None) \
             if self.master else rundir.NullLog()
 
@@ -283,6 +291,7 @@ class Trainer:
             "global_batch": global_batch, "tokens_per_step": tok_per_step, "start_step": start_step,
             "steps": cfg.steps, "stop": stop, "device": str(self.device), "precision": self.precision,
             "stages": self.plan, "sparsity": self._log_sparsity(),
+            "sparse_training": self.sp.resolved() if self.sp is not None else None,
         }
         self.callback("start", info)
         model = self.ddp or self.model
@@ -303,9 +312,11 @@ class Trainer:
                         self.sp = None
                     stage_idx = idx
                     self.sp = self._build_sparsifier(idx, None)
-                    rec = {"kind": "stage", "step": step, "stage": idx,
+                    rec = {"kind": "stage", "step": step, "stage": idx + 1,  # 1-based, as printed
                            "sparsity": self._log_sparsity()}
                     self.log.write(rec)
+                    if self.master:
+                        self._write_run_json()
                     self.callback("stage", rec)
                 t0 = time.perf_counter()
                 loss_sum = torch.zeros((), device=self.device)
@@ -337,6 +348,10 @@ class Trainer:
                             self.mask_divergences += 1  # reported: the decisions should agree
                         self.sp.broadcast_masks()  # safety net; decisions are already rank-identical
                 self.optimizer.zero_grad(set_to_none=True)
+                updated = self.sp is not None and self.sp.updates_done != updates_before
+                if updated:
+                    self.log.write({"kind": "mask_update", "step": step + 1, **self.sp.last_event,
+                                    "sparsity": round(self._log_sparsity(), 6)})
                 last_loss = float(self._allreduce_mean(loss_sum / cfg.grad_accum))
                 dt = time.perf_counter() - t0
                 tokens += tok_per_step
@@ -347,7 +362,7 @@ class Trainer:
                     "tokens_per_s": round(tok_per_step / dt, 1), "tokens": tokens,
                     "elapsed_s": round(elapsed0 + time.perf_counter() - t_run, 3),
                 }
-                if done % cfg.log_every == 0 or done == stop:
+                if done % cfg.log_every == 0 or done == stop or updated:
                     self.log.write(rec)
                 self.callback("step", rec)
                 if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:

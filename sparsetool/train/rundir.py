@@ -17,7 +17,7 @@ from sparsetool.train import io
 from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, validate
 from sparsetool.wording import plural
 
-__all__ = ["NullLog", "check_new_run", "interrupted", "restore", "resumed_config", "save_step",
+__all__ = ["NullLog", "check_new_run", "earlier_settings", "interrupted", "restore", "resumed_config", "save_step",
            "title"]
 
 
@@ -56,6 +56,18 @@ def resumed_config(run_dir: Path, flags: dict) -> tuple[TrainConfig, dict | None
     return validate(stored), saved.get("model"), io.latest_checkpoint(run_dir)
 
 
+def earlier_settings(run_dir: Path, stage_idx: int, resumed: Path | None) -> dict[int, dict]:
+    """The resolved sparse-training settings ``run.json`` holds for stages before ``stage_idx``
+    (0-based) when the run is ``resumed`` (a resumed run keeps them and adds its own), else {}."""
+    if resumed is None:
+        return {}
+    try:
+        saved = json.loads((run_dir / "run.json").read_text()).get("sparse_training") or {}
+    except (OSError, ValueError):
+        return {}
+    return {int(k): v for k, v in saved.items() if int(k) <= stage_idx}
+
+
 def restore(checkpoint: Path, world: int, cfg: TrainConfig) -> tuple[dict, dict, dict]:
     """(state, resume, weights) of a checkpoint directory; the global RNG state is set back.
     The number of processes must be the one the run was trained on (the global batch)."""
@@ -88,15 +100,30 @@ def save_step(run_dir: Path, step: int, *, model: torch.nn.Module, model_cfg: di
 
 
 def title(cfg: TrainConfig, run_dir: Path, n_layer: int, d_model: int, sparse: bool) -> str:
-    """The loss plot's title: the run, what it trains and the model size."""
+    """The loss plot's title: what it trains, the model size and the run directory's name.
+
+    >>> title(TrainConfig(algorithm="rigl", sparsity=0.75, steps=600), Path("runs/rigl"), 4, 128, True)
+    'rigl, sparsity 75%, 4L d128, 600 steps (run rigl)'
+    """
     what = "dense"
     if cfg.stages:
         what = "stages " + " -> ".join(f"{s:g}:{f:g}" for s, f in cfg.stages)
     elif cfg.dense:
         what = "dense from init"
     elif sparse or cfg.algorithm not in (None, "dense"):
-        what = f"{cfg.algorithm or 'static'} {cfg.sparsity if cfg.sparsity is not None else ''}"
-    return f"{run_dir.name}: {what}, {n_layer}L d{d_model}, {cfg.steps} steps"
+        level = cfg.sparsity
+        what = f"{cfg.algorithm or 'static'}" + (
+            f", sparsity {float(level):.0%}" if isinstance(level, (int, float, str))
+            and _is_number(level) else "")
+    return f"{what}, {n_layer}L d{d_model}, {cfg.steps} steps (run {run_dir.name})"
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def interrupted(run_dir: Path, step: int) -> SparsetoolError:

@@ -36,6 +36,8 @@ __all__ = [
     "Wiring",
     "build_schedule",
     "update_window",
+    "default_interval",
+    "DEFAULT_INTERVAL",
     "wire",
 ]
 
@@ -257,23 +259,47 @@ def build_schedule(spec: Schedule | Mapping[str, Any] | str | float | int) -> Sc
 # ------------------------------------------------------------------ wiring one sparsifier's schedules
 
 
+DEFAULT_INTERVAL = 100
+"""RigL's dT (Evci et al. 2020, section 4): steps between mask updates unless a run is short."""
+
+
+def default_interval(total_steps: int) -> int:
+    """Steps between mask updates when none is given: RigL's 100, or a quarter of the run for
+    runs under 400 steps (which then see at most three updates).
+
+    A regrown weight starts at 0 with zero AdamW moments; with fewer steps than this before the
+    next update it has no time to grow past the weights it competes with, and is dropped again.
+
+    >>> default_interval(10_000), default_interval(600), default_interval(200), default_interval(2)
+    (100, 100, 50, 1)
+    """
+    return max(1, min(DEFAULT_INTERVAL, int(total_steps) // 4))
+
+
 def update_window(total_steps: int, freq: int | None = None, start: int | None = None,
-                  stop: int | None = None) -> tuple[int, int, int]:
-    """(freq, start, stop) of mask updates, each given value kept: RigL's defaults, dT = 100 and
-    T_end = 75% of training (Evci et al. 2020, section 4), first update after one period of
-    training. Runs shorter than 2000 steps update every ``total_steps // 20`` steps instead, so
-    that they still see about 15 updates before T_end.
+                  stop: int | None = None, *, warmup: int = 0,
+                  stop_fraction: float = 0.75) -> tuple[int, int, int]:
+    """(freq, start, stop) of mask updates, each given value kept. Defaults:
+
+    - ``freq``: :func:`default_interval` (100 steps; a quarter of the run under 400 steps);
+    - ``start``: the end of the LR warm-up or one interval, whichever is later (so no update falls
+      inside the warm-up); when that leaves no update before ``stop``, one interval;
+    - ``stop``: ``stop_fraction`` of the run (RigL's T_end = 75%; SET and GraNet's regrowth: 1.0).
 
     >>> update_window(10_000)
     (100, 100, 7500)
-    >>> update_window(60), update_window(60, freq=5, stop=50)
-    ((3, 3, 45), (5, 5, 50))
+    >>> update_window(600, warmup=100), update_window(600, warmup=150, stop_fraction=1.0)
+    ((100, 100, 450), (100, 150, 600))
+    >>> update_window(60, warmup=100), update_window(60, freq=5, stop=50)
+    ((15, 15, 45), (5, 5, 50))
     """
-    default_freq = max(1, min(100, total_steps // 20))
-    freq = int(freq) if freq is not None else default_freq
-    start = int(start) if start is not None else freq
-    stop = int(stop) if stop is not None else int(0.75 * total_steps)
-    return freq, start, stop
+    freq = int(freq) if freq is not None else default_interval(total_steps)
+    stop = int(stop) if stop is not None else int(stop_fraction * total_steps)
+    if start is None:
+        start = max(freq, int(warmup))
+        if start >= stop:
+            start = freq
+    return freq, int(start), stop
 
 
 @dataclass(frozen=True)
@@ -315,25 +341,34 @@ def _drop_schedule(spec: Any, stop: int, decay: str) -> Schedule:
 def wire(name: str, total_steps: int, sparsity: Any, *, updates: bool = False,
          ramp_from: float | None = None, drop_fraction: Any = None, drop_decay: str = "constant",
          update_freq: int | None = None, update_start: int | None = None,
-         update_stop: int | None = None) -> Wiring:
+         update_stop: int | None = None, warmup: int = 0, stop_fraction: float = 0.75,
+         regrow_to_end: bool = False) -> Wiring:
     """The one place where an algorithm's declarations become schedules, once ``total_steps`` is
     known. ``name`` is the algorithm (for messages).
 
-    - ``updates``: the masks update every ``freq`` steps in ``[start, stop)`` (:func:`update_window`).
+    - ``updates``: the masks update every ``freq`` steps in ``[start, stop)`` (:func:`update_window`,
+      which reads ``warmup`` and ``stop_fraction`` for the defaults).
     - ``ramp_from``: with a number ``sparsity``, it rises on Zhu & Gupta's cubic from ``ramp_from``
       at ``start`` to ``sparsity`` at ``stop`` (GMP, GraNet), with a last update at ``stop``.
       A ``sparsity`` schedule is used as given (the last update at ``stop`` stays).
     - ``drop_fraction``: the fraction swapped at an update (None: no drop-and-grow), a number made
       a schedule as ``drop_decay`` says (``constant`` or ``cosine`` to the update stop).
+    - ``regrow_to_end`` (GraNet): the ramp ends at ``stop``, but drop-and-grow updates go on every
+      ``freq`` steps to the end of the run, the drop fraction decaying over the whole run.
 
     >>> wire("rigl", 10_000, 0.9, updates=True, drop_fraction=0.3, drop_decay="cosine")
     Wiring(sparsity=Constant(value=0.9), updates=Periodic(every=100, begin_step=100, end_step=7500), drop_fraction=Cosine(start=0.3, end=0.0, begin_step=0, end_step=7500), final_update=None)
     >>> wire("gmp", 200, 0.8, updates=True, ramp_from=0.0, update_start=0, update_stop=100).sparsity
     Polynomial(initial=0.0, final=0.8, begin_step=0, end_step=100, power=3)
+    >>> w = wire("granet", 1000, 0.8, updates=True, ramp_from=0.0, drop_fraction=0.3,
+    ...          drop_decay="cosine", regrow_to_end=True)
+    >>> w.updates, w.drop_fraction.end_step, w.final_update
+    (Periodic(every=100, begin_step=100, end_step=1000), 1000, 750)
     """
     if not updates:
         return Wiring(build_schedule(sparsity))
-    freq, start, stop = update_window(total_steps, update_freq, update_start, update_stop)
+    freq, start, stop = update_window(total_steps, update_freq, update_start, update_stop,
+                                      warmup=warmup, stop_fraction=stop_fraction)
     if stop <= start:
         raise ConfigError(
             f"{name}: update stop ({stop}) must be after start ({start}); "
@@ -349,10 +384,11 @@ def wire(name: str, total_steps: int, sparsity: Any, *, updates: bool = False,
         level: Schedule = Polynomial(ramp_from, float(sparsity), start, stop, power=3)
     else:
         level = build_schedule(sparsity)
+    update_end = max(stop, int(total_steps)) if regrow_to_end else stop
     return Wiring(
         sparsity=level,
-        updates=Periodic(freq, start, stop),
+        updates=Periodic(freq, start, update_end),
         drop_fraction=(Constant(0.0) if drop_fraction is None
-                       else _drop_schedule(drop_fraction, stop, drop_decay)),
+                       else _drop_schedule(drop_fraction, update_end, drop_decay)),
         final_update=stop if ramp_from is not None else None,
     )

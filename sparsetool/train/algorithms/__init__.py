@@ -3,7 +3,7 @@
 Zoo ``sparsity:`` block).
 
 >>> build_sparsifier({"algorithm": "rigl", "sparsity": 0.8, "update": {"freq": 50, "stop": 750}})
-RigL(sparsity_level=0.8, init_method='random', distribution='uniform', seed=0, param_filter=None, update_freq=50, update_start=None, update_stop=750, densified=False, total_steps=0, updates_done=0, drop_fraction=0.3)
+RigL(sparsity_level=0.8, init_method='random', distribution='uniform', seed=0, param_filter=None, update_freq=50, update_start=None, update_stop=750, densified=False, total_steps=0, updates_done=0, drop_fraction=0.3, stop_fraction=0.75)
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def build_sparsifier(config: Mapping[str, Any] | Sparsifier) -> Sparsifier:
     block without one), ``sparsity`` (number or schedule), ``init_method`` (random, magnitude),
     ``distribution`` (uniform, erk), ``update: {freq, start, stop}`` (or flat ``update_freq``,
     ``begin``/``start``, ``end``/``stop``; Model Zoo's older ``schedule``), ``drop_fraction``,
-    ``initial_sparsity``, ``seed``, ``param_filter`` (globs), and for imp ``fraction``, ``period``,
+    ``initial_sparsity``, ``seed``, ``param_filter`` (globs), ``stop_fraction`` (set, rigl,
+    granet), ``scope`` (granet: global or layer), and for imp ``fraction``, ``period``,
     ``rewind_step``, ``rounds``. A key the chosen algorithm does not use is an error, which lists
     the valid ones.
     """

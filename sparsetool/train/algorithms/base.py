@@ -56,8 +56,7 @@ __all__ = ["Sparsifier"]
 
 
 def _is_whole(value: Any, low: int) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and int(value) == value and value >= low)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == int(value) >= low
 
 
 @dataclass(eq=False)
@@ -82,11 +81,12 @@ class Sparsifier(MaskState):
     # Schedule declarations, turned into schedules in one place (:func:`schedules.wire`):
     # UPDATES: the masks update every update_freq steps in [update_start, update_stop);
     # RAMP: a number sparsity rises on the cubic from ``initial_sparsity`` over that window;
-    # DROP_DECAY: a number ``drop_fraction`` is "constant" (SET) or "cosine"-decayed (RigL);
-    # None: no drop-and-grow.
+    # DROP_DECAY: a number ``drop_fraction`` is "constant" (SET) or "cosine"-decayed (RigL),
+    # None: no drop-and-grow; REGROW_TO_END: drop-and-grow goes on after the ramp (GraNet).
     UPDATES: ClassVar[bool] = False
     RAMP: ClassVar[bool] = False
     DROP_DECAY: ClassVar[str | None] = None
+    REGROW_TO_END: ClassVar[bool] = False
 
     # The config key ``sparsity``; named apart from the ``sparsity()`` report method.
     sparsity_level: Any = 0.5
@@ -105,6 +105,9 @@ class Sparsifier(MaskState):
     # What the last mask update changed, per tensor: {"dropped": n, "grown": n} (for logs/tests).
     last_update: dict[str, dict[str, int]] = field(default_factory=dict, init=False, repr=False)
     updates_done: int = field(default=0, init=False)
+    # The totals of the last mask update, as the training log records them.
+    last_event: dict[str, Any] | None = field(default=None, init=False, repr=False)
+    warmup: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.init_method is None:
@@ -152,8 +155,15 @@ class Sparsifier(MaskState):
             ramp_from=float(getattr(self, "initial_sparsity")) if self.RAMP else None,
             drop_fraction=getattr(self, "drop_fraction") if self.DROP_DECAY else None,
             drop_decay=self.DROP_DECAY or "constant", update_freq=self.update_freq,
-            update_start=self.update_start, update_stop=self.update_stop,
+            update_start=self.update_start, update_stop=self.update_stop, warmup=self.warmup,
+            stop_fraction=float(getattr(self, "stop_fraction", 0.75)),
+            regrow_to_end=self.REGROW_TO_END,
         )
+
+    def resolved(self) -> dict[str, Any]:
+        """Every setting, defaults filled in (after :meth:`attach`): :func:`.settings.resolved`."""
+        from sparsetool.train.algorithms.settings import resolved
+        return resolved(self)
 
     def sparsity_at(self, step: int) -> float:
         """Target sparsity of the sparse tensors at ``step``."""
@@ -198,8 +208,10 @@ class Sparsifier(MaskState):
         named_params: Mapping[str, torch.nn.Parameter] | Iterable[tuple[str, torch.nn.Parameter]],
         optimizer: torch.optim.Optimizer | None,
         total_steps: int,
+        warmup: int = 0,
     ) -> None:
-        """Choose the sparse tensors, make (or adopt) their masks and apply them.
+        """Choose the sparse tensors, make (or adopt) their masks and apply them. ``warmup`` (the
+        run's LR warm-up steps) places the first default mask update after it.
 
         Masks already set by :meth:`load_state_dict` (a resume) or passed as ``init_masks`` are
         used as they are (:meth:`prune_further` makes the latter sparser if asked); otherwise
@@ -216,6 +228,7 @@ class Sparsifier(MaskState):
             )
         self._optimizer = optimizer
         self.total_steps = int(total_steps)
+        self.warmup = int(warmup)
         self.schedules = self._wire(self.total_steps)
         if self.densified:
             self.masks = {}
@@ -293,6 +306,10 @@ class Sparsifier(MaskState):
         """The step the learning-rate schedule should see (IMP rewinds it)."""
         return step
 
+    def update_counts(self, step: int) -> dict[str, int]:
+        """Weights each tensor keeps after the update at ``step`` (GraNet overrides: global scope)."""
+        return self.keep_counts(self.sparsity_at(step))
+
     def update(self, step: int) -> None:
         """One mask update (JaxPruner's drop-and-grow, general form).
 
@@ -303,7 +320,7 @@ class Sparsifier(MaskState):
         ``d = round(drop_fraction_at(step) * min(n, k))``. The kept count is exactly ``k``.
         Regrown weights start at 0 with zero optimizer moments (RigL, section 3).
         """
-        keep = self.keep_counts(self.sparsity_at(step))
+        keep = self.update_counts(step)
         fraction = self.drop_fraction_at(step)
         self.last_update = {}
         new_masks: dict[str, torch.Tensor] = {}
@@ -337,8 +354,7 @@ class Sparsifier(MaskState):
                 "dropped": n - (base - n_swap),
                 "grown": 0 if grown is None else n_swap + n_extra,
             }
-        self.masks = new_masks
-        self._apply(self.masks, also_zero=self._grown)
+        self._finish_update(step, new_masks, fraction)
 
     # ----------------------------------------------------------------- state
 
@@ -350,15 +366,14 @@ class Sparsifier(MaskState):
 
     def state_dict(self) -> dict[str, Any]:
         """``{"algorithm", "seed", "densified", "updates_done", ..., "masks": {name: bool
-        tensor}}``: every entry but ``masks`` is a JSON scalar. Masks are CPU copies."""
-        d: dict[str, Any] = {
-            "algorithm": self.name,
-            "seed": int(self.seed),
-            "densified": bool(self.densified),
-            "updates_done": int(self.updates_done),
-        }
+        tensor}}``: every entry but ``masks`` and ``grown_before`` (bool tensors) is a JSON scalar."""
+        d: dict[str, Any] = {"algorithm": self.name, "seed": int(self.seed),
+                             "densified": bool(self.densified), "updates_done": int(self.updates_done)}
         d.update(self._extra_state())
         d["masks"] = {n: m.detach().to("cpu", torch.bool).clone() for n, m in self.masks.items()}
+        if self._grown_before:  # what the next update's survival count compares against
+            d["grown_before"] = {n: g.detach().to("cpu", torch.bool).clone()
+                                 for n, g in self._grown_before.items()}
         return d
 
     def load_state_dict(self, d: Mapping[str, Any]) -> None:
@@ -373,6 +388,8 @@ class Sparsifier(MaskState):
         self.densified = bool(d.get("densified", False))
         self.updates_done = int(d.get("updates_done", 0))
         self._load_extra_state(d)
+        self._grown_before = {n: torch.as_tensor(g).to(torch.bool)
+                              for n, g in dict(d.get("grown_before", {})).items()}
         masks = {n: torch.as_tensor(m).to(torch.bool) for n, m in dict(d.get("masks", {})).items()}
         if self.densified:
             self.masks = {}

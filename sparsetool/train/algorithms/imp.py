@@ -102,8 +102,9 @@ class IMP(Sparsifier):
         named_params: Mapping[str, torch.nn.Parameter] | Iterable[tuple[str, torch.nn.Parameter]],
         optimizer: torch.optim.Optimizer | None,
         total_steps: int,
+        warmup: int = 0,
     ) -> None:
-        super().attach(named_params, optimizer, total_steps)
+        super().attach(named_params, optimizer, total_steps, warmup)
         if self._plan is None and not self.densified:
             self._plan = self._make_plan(total_steps)
         self._wire_plan()
@@ -182,7 +183,7 @@ class IMP(Sparsifier):
                 count = max(0, n - target)  # the last round lands on the target exactly
             self.masks[name] = top_k_mask(self.drop_scores(p.detach(), p.grad), n - count, allowed=old)
             self.last_update[name] = {"dropped": count, "grown": 0}
-        self._apply(self.masks)
+        self._finish_update(step, dict(self.masks), 0.0)
 
     def _extra_state(self) -> dict[str, Any]:
         if self._plan is None:

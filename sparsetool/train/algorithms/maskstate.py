@@ -10,6 +10,7 @@ derives from it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -34,6 +35,7 @@ class MaskState:
         self._params: dict[str, torch.nn.Parameter] = {}
         self._optimizer: torch.optim.Optimizer | None = None
         self._grown: dict[str, torch.Tensor] = {}
+        self._grown_before: dict[str, torch.Tensor] = {}  # regrown by the last update that grew
         self._pruned_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _adopt(self, given: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -93,6 +95,28 @@ class MaskState:
                 frozen = frozen | grown
             p.grad.masked_fill_(frozen, 0.0)
 
+    def _finish_update(self, step: int, new_masks: dict[str, torch.Tensor], fraction: float) -> None:
+        """Install ``new_masks`` and record the update's totals in :attr:`last_event`: weights
+        dropped and grown over all tensors, the drop fraction used, and the fraction of the
+        weights grown at the previous update that this one kept (None when it grew none)."""
+        prev = self._grown_before
+        grown_prev = sum(int(g.sum()) for g in prev.values())
+        survived = None
+        if grown_prev:
+            kept = sum(int((g.to(new_masks[n].device) & new_masks[n]).sum())
+                       for n, g in prev.items() if n in new_masks)
+            survived = kept / grown_prev
+        self.last_event = {
+            "algorithm": getattr(self, "name", ""),
+            "dropped": sum(u["dropped"] for u in self.last_update.values()),
+            "grown": sum(u["grown"] for u in self.last_update.values()),
+            "drop_fraction": round(float(fraction), 6),
+            "grown_survived": None if survived is None else round(survived, 6),
+        }
+        self._grown_before = {n: g.clone() for n, g in self._grown.items()}
+        self.masks = new_masks
+        self._apply(self.masks, also_zero=self._grown)
+
     # ----------------------------------------------------------------- reporting
 
     def sparsity(self) -> float:
@@ -115,6 +139,7 @@ class MaskState:
         moments start from 0."""
         self.masks = {}
         self._grown = {}
+        self._grown_before = {}
         self._pruned_cache = {}
         self.densified = True
 

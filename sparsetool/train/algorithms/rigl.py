@@ -32,6 +32,8 @@ class RigL(SET):
     name = "rigl"
     DROP_DECAY = "cosine"
 
+    stop_fraction: float = 0.75
+
     def grow_scores(self, weight: torch.Tensor, grad: torch.Tensor | None,
                     gen: torch.Generator) -> torch.Tensor:
         if grad is None:  # a tensor that took no part in the loss: no preference, lowest index

@@ -27,17 +27,24 @@ class SET(Sparsifier):
 
     ``drop_fraction``: a number is constant (the paper's zeta); any schedule is accepted, e.g.
     the Cerebras Model Zoo's ``{type: cosine, init: 0.3, half_period: ...}``.
+    ``stop_fraction``: without an explicit update stop, updates run until this fraction of the
+    run: 1.0 for SET (to the end of training, as Mocanu et al.), 0.75 for RigL (its T_end).
     """
 
     name = "set"
-    KEYS = Sparsifier.KEYS + ("drop_fraction", "update_freq", "update_start", "update_stop")
+    KEYS = Sparsifier.KEYS + ("drop_fraction", "update_freq", "update_start", "update_stop",
+                              "stop_fraction")
     UPDATES = True
     DROP_DECAY = "constant"
 
     drop_fraction: Any = 0.3
+    stop_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        f = self.stop_fraction
+        if isinstance(f, bool) or not isinstance(f, Real) or not 0.0 < float(f) <= 1.0:
+            raise ConfigError(f"stop_fraction must be a number in (0, 1], got {f!r}")
         if isinstance(self.drop_fraction, Real) and not isinstance(self.drop_fraction, bool):
             if not 0.0 <= float(self.drop_fraction) <= 1.0:
                 raise ConfigError(f"drop_fraction must be in [0, 1], got {self.drop_fraction}")
