@@ -125,21 +125,26 @@ class Dataflow(Device):
         """The sparse kernel, or the dense one where that is faster and ``dense_fallback`` is on
         (a compiler picks per layer: below ~50% sparsity the index each non-zero carries makes a
         streamed sparse layer slower than the dense one)."""
-        if layer.is_dense:
-            return self.dense_cost(layer, tokens, pass_)
-        sparse = self.sparse_cost(layer, tokens, pass_)
-        if self.dense_fallback:
-            dense = self.dense_cost(layer, tokens, pass_)
-            if dense.total < sparse.total:
-                return dense
-        return sparse
+        return self._choose(layer, tokens, pass_)[1]
 
     def path(self, layer: LayerMask, tokens: float, pass_: str) -> str:
         """Which kernel :meth:`cost` runs for this layer: ``"sparse"`` or ``"dense"``."""
-        if layer.is_dense or not self.dense_fallback:
-            return "dense" if layer.is_dense else "sparse"
-        faster_dense = self.dense_cost(layer, tokens, pass_).total < self.sparse_cost(layer, tokens, pass_).total
-        return "dense" if faster_dense else "sparse"
+        return self._choose(layer, tokens, pass_)[0]
+
+    def _choose(self, layer: LayerMask, tokens: float, pass_: str) -> tuple[str, Cost]:
+        if layer.is_dense:
+            return "dense", self.dense_cost(layer, tokens, pass_)
+        sparse = self.sparse_cost(layer, tokens, pass_)
+        if self.dense_fallback and sparse.total > self._dense_floor(layer, tokens, pass_):
+            dense = self.dense_cost(layer, tokens, pass_)
+            if dense.total < sparse.total:
+                return "dense", dense
+        return "sparse", sparse
+
+    def _dense_floor(self, layer: LayerMask, tokens: float, pass_: str) -> float:
+        """A lower bound of the dense kernel's time (its compute alone): a sparse time below it
+        needs no dense cost computed."""
+        return layer.numel * tokens / self.fmac_rate
 
     @property
     def grid(self) -> tuple[int, int]:

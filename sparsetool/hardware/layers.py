@@ -109,6 +109,8 @@ class LayerMask:
     nm_violation_in: float | None = None  # 2:4 along K (forward, y = x W^T)
     nm_violation_out: float | None = None  # 2:4 along M (backward-data, dx = dy W)
     measured: bool = True
+    _busiest: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False,
+                                                   compare=False)
 
     @property
     def numel(self) -> int:
@@ -133,8 +135,11 @@ class LayerMask:
         """
         if self.nnz == 0:
             return 1.0
-        dens = self.tiles[grid] / tile_sizes(self.out_features, self.in_features, grid)
-        return float(dens.max()) / self.density
+        cached = self._busiest.get(grid)
+        if cached is None:  # asked for every pass and kernel choice: compute once per grid
+            dens = self.tiles[grid] / tile_sizes(self.out_features, self.in_features, grid)
+            cached = self._busiest[grid] = float(dens.max()) / self.density
+        return cached
 
 
 def stats_from_mask(
