@@ -437,6 +437,21 @@ def test_variable_spdf_stages():
     assert r["inference_flops_ratio"] == 1.0 and r["nonzero_params"] == r["params"]
 
 
+def test_variable_spdf_6p7b_against_the_posts_64_percent():
+    # Variable SPDF post, Figure 5 and Table 3: Cerebras-GPT 6.7B at "effective 75% sparsity"
+    # (90% for Stage-1, then dense) "uses 64% fewer FLOPs" in pre-training. Appendix F as the SPDF
+    # tables count it (no embedding term) gives 67.2% fewer, the same as a plain 75% run; the
+    # embedding term brings it to 65.3%; 90% for 80% of the tokens (72% effective) gives 64.5%.
+    # The post does not list the terms it counts, so the gap is documented in README, not fitted.
+    cfg = get_preset("cerebras-gpt-6.7b")
+    vspdf = [parse_stage("0.9:0.8333"), parse_stage("0:0.1667")]
+    saved = 1 - account(cfg, stages=vspdf)["train_flops_ratio"]
+    assert saved == pytest.approx(0.672, abs=5e-4)
+    assert 1 - account(cfg, stages=vspdf, embeddings=True)["train_flops_ratio"] == pytest.approx(0.653, abs=5e-4)
+    shorter = [parse_stage("0.9:0.8"), parse_stage("0:0.2")]
+    assert 1 - account(cfg, stages=shorter)["train_flops_ratio"] == pytest.approx(0.645, abs=5e-4)
+
+
 @pytest.mark.parametrize("stages,match", [
     (["0.9:0.5"], "sum to 0.5"),
     (["0.9:0.5", "0:0.6"], "sum to 1.1"),
