@@ -324,3 +324,23 @@ def test_hugging_face_run_stops_with_its_model_directory_and_resumes_exactly(tmp
     b = load_file(str(part / "model" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert comparable(part) == comparable(whole)
+
+
+def test_an_ignored_signal_stays_ignored(tmp_path, corpus):
+    """A run started with SIGINT ignored (nohup, `cmd &` in a script) keeps ignoring it."""
+    seen = []
+
+    def callback(kind: str, info: dict) -> None:
+        seen.append(signal.getsignal(signal.SIGINT))
+        if kind == "step" and info["step"] == 1:
+            signal.raise_signal(signal.SIGINT)
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        summary = train(merge({}, {"out": str(tmp_path / "run"), "data": str(corpus), **OPTS, "steps": 3}),
+                        callback=callback, stop_on_signal=True)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert set(seen) == {signal.SIG_IGN}
+    assert summary["finished"] and summary["interrupted"] is None

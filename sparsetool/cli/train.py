@@ -245,12 +245,14 @@ class _Progress:
         Called from the signal handler, between two Python instructions: written straight to
         the file descriptor, not through a stream whose write the signal may have interrupted;
         under a progress bar, on a line of its own below the bar's."""
+        import contextlib
         import os
 
         lead = "\n" if self.bar is not None else ""
         again = "Ctrl-C again" if r["signal"] == "SIGINT" else "a second signal"
-        os.write(2, (f"{lead}{r['signal']}: finishing the step in progress and saving a checkpoint "
-                     f"({again} stops at once, without it)\n").encode())
+        with contextlib.suppress(OSError):  # stderr closed: the run still stops as asked
+            os.write(2, (f"{lead}{r['signal']}: finishing the step in progress and saving a "
+                         f"checkpoint ({again} stops at once, without it)\n").encode())
 
     def _stage(self, r: dict) -> None:
         self.console.print(f"step {r['step']}: stage {r['stage']}, sparsity now {r['sparsity']:.1%}",

@@ -34,7 +34,9 @@ class StopRequest:
     def __enter__(self) -> StopRequest:
         if self.enabled and threading.current_thread() is threading.main_thread():
             for signum in SIGNALS:
-                if signal.getsignal(signum) is not None:  # None: set outside Python, leave it
+                previous = signal.getsignal(signum)
+                # None: set outside Python; SIG_IGN: ignored on purpose (nohup, `cmd &`): leave both
+                if previous is not None and previous != signal.SIG_IGN:
                     self._saved[signum] = signal.signal(signum, self._handle)
         return self
 
@@ -57,18 +59,9 @@ class StopRequest:
         raise KeyboardInterrupt
 
     @property
-    def requested(self) -> bool:
-        return self.signum is not None
-
-    @property
     def name(self) -> str | None:
         """The first signal's name (``"SIGINT"``, ``"SIGTERM"``), None before one came."""
         return None if self.signum is None else signal.Signals(self.signum).name
-
-    @property
-    def exit_code(self) -> int:
-        """128 + the first signal's number (130 for SIGINT, 143 for SIGTERM); 130 without one."""
-        return 128 + (self.signum or signal.SIGINT)
 
 
 def signal_name(signum: int) -> str:
