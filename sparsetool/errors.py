@@ -1,12 +1,21 @@
 """The errors sparsetool raises on purpose.
 
 Every message names the file or tensor at fault and says what to do next; the CLI prints it as one
-``error: ...`` line and exits 1.
+``error: ...`` line and exits 1 (:class:`Interrupted`: 128 + the signal's number).
 """
 
 
 class SparsetoolError(Exception):
     """A clean, expected failure (bad input, bad option value). Message is shown to the user."""
+
+
+class Interrupted(SparsetoolError):
+    """Work stopped by Ctrl-C or a signal; ``exit_code`` is 128 + the signal's number (130 for
+    SIGINT, 143 for SIGTERM), what a shell reports for a process the signal ended."""
+
+    def __init__(self, message: str, *, exit_code: int = 130) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class CheckpointError(SparsetoolError):

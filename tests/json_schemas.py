@@ -150,4 +150,4 @@ EVAL = obj(text=STR, checkpoints=arr(obj(
 TRAIN = obj(run_dir=STR, step=INT, steps=INT, finished=BOOL, loss=NUM, val_loss=OPT_NUM, sparsity=NUM,
             tokens=INT, elapsed_s=NUM, tokens_per_s=OPT_NUM, params=INT, world_size=INT,
             masks_identical_across_ranks=(BOOL, "null"), mask_updates_that_diverged=(INT, "null"),
-            checkpoint=STR, log=STR, plot=STR, huggingface=BOOL)
+            checkpoint=STR, log=STR, plot=STR, huggingface=BOOL, interrupted=OPT_STR)

@@ -34,8 +34,11 @@ def options_of(command: str) -> set[str]:
     return {o for p in cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")} | {"--help"}
 
 
+TORCHRUN = re.compile(r"\btorchrun(?: --[\w-]+(?:[ =](?!-)\S+)?)*")  # the launcher's own options
+
+
 def mentions(text: str) -> set[str]:
-    return set(OPTION.findall(text))
+    return set(OPTION.findall(TORCHRUN.sub("torchrun", text)))
 
 
 @pytest.fixture

@@ -21,7 +21,8 @@ err_console = Console(stderr=True)
 
 @contextlib.contextmanager
 def failing_cleanly() -> Iterator[None]:
-    """Turn a SparsetoolError into one ``error: ...`` line on stderr and exit code 1.
+    """Turn a SparsetoolError into one ``error: ...`` line on stderr and exit code 1 (an
+    :class:`~sparsetool.errors.Interrupted` one: its own code, 130 for Ctrl-C).
 
     Only SparsetoolError is caught: typer.Exit and real bugs pass through untouched.
     """
@@ -29,7 +30,7 @@ def failing_cleanly() -> Iterator[None]:
         yield
     except SparsetoolError as e:
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True, highlight=False)
-        raise typer.Exit(1) from None
+        raise typer.Exit(getattr(e, "exit_code", 1)) from None
     except KeyboardInterrupt:
         err_console.print("error: interrupted; no output was written", highlight=False)
         raise typer.Exit(130) from None

@@ -161,19 +161,15 @@ def train(
         from sparsetool.train.loop import train as run_training
 
         overrides = {k: v for k, v in flags.items() if v is not None} if resume else None
-        if as_json or quiet:
-            summary = run_training(cfg, resume=resume, flag_overrides=overrides)
-        else:
-            summary = run_training(cfg, resume=resume, callback=_Progress(console, escape),
-                                   flag_overrides=overrides)
-    if not _is_master():
-        return
-    if as_json:
-        from sparsetool.cli._output import emit_json
+        # Ctrl-C / SIGTERM: the step in progress ends, is saved, and the run stops (exit 130/143).
+        # Everything rank 0 prints is printed from the callback, before the run returns.
+        output = _Progress(console, escape, "json" if as_json else "quiet" if quiet else None)
+        summary = run_training(cfg, resume=resume, callback=output, flag_overrides=overrides,
+                               stop_on_signal=True)
+        if summary["interrupted"]:
+            from sparsetool.train.signals import signal_number
 
-        emit_json(summary)
-    elif quiet:
-        _Progress(console, escape)._summary(summary)
+            raise typer.Exit(128 + signal_number(summary["interrupted"]))
 
 
 def _is_master() -> bool:
@@ -183,17 +179,21 @@ def _is_master() -> bool:
 
 
 class _Progress:
-    """Rich progress bar with loss and tokens/s; one summary table at the end (rank 0 only)."""
+    """Rich progress bar with loss and tokens/s; one summary table at the end (rank 0 only).
 
-    def __init__(self, console, escape) -> None:
+    ``only_end`` "json" or "quiet": nothing while training (but the line a signal prints), then the
+    summary as JSON or as the table."""
+
+    def __init__(self, console, escape, only_end: str | None = None) -> None:
         self.console = console
         self.escape = escape
+        self.only_end = only_end
         self.bar = None
         self.task = None
         self.master = _is_master()
 
     def __call__(self, kind: str, info: dict) -> None:
-        if not self.master:
+        if not self.master or (self.only_end and kind not in ("signal", "end")):
             return
         getattr(self, "_" + kind)(info)
 
@@ -239,6 +239,21 @@ class _Progress:
             return
         self.bar.update(self.task, val=f"{r['val_loss']:.4f}")
 
+    def _signal(self, r: dict) -> None:
+        """The line the first SIGINT/SIGTERM prints at once (the step may take a while).
+
+        Called from the signal handler, between two Python instructions: written straight to
+        the file descriptor, not through a stream whose write the signal may have interrupted;
+        under a progress bar, on a line of its own below the bar's."""
+        import contextlib
+        import os
+
+        lead = "\n" if self.bar is not None else ""
+        again = "Ctrl-C again" if r["signal"] == "SIGINT" else "a second signal"
+        with contextlib.suppress(OSError):  # stderr closed: the run still stops as asked
+            os.write(2, (f"{lead}{r['signal']}: finishing the step in progress and saving a "
+                         f"checkpoint ({again} stops at once, without it)\n").encode())
+
     def _stage(self, r: dict) -> None:
         self.console.print(f"step {r['step']}: stage {r['stage']}, sparsity now {r['sparsity']:.1%}",
                            highlight=False, soft_wrap=True)
@@ -246,7 +261,17 @@ class _Progress:
     def _end(self, s: dict) -> None:
         if self.bar is not None:
             self.bar.stop()
-        self._summary(s)
+        if self.only_end == "json":
+            from sparsetool.cli._output import emit_json
+
+            emit_json(s)
+        else:
+            self._summary(s)
+        if s["interrupted"]:
+            from sparsetool.cli._output import err_console
+            from sparsetool.train.rundir import stopped_by_signal
+
+            err_console.print(self.escape(stopped_by_signal(s)), highlight=False, soft_wrap=True)
 
     def _summary(self, s: dict) -> None:
         from sparsetool.cli._output import print_table

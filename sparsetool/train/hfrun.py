@@ -26,6 +26,7 @@ from sparsetool.checkpoint import open_checkpoint, write_tensors
 from sparsetool.checkpoint.config import bitmask_sparsity_config, drop_sparsity_config, read_model_config
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.errors import ConfigError
+from sparsetool.masks.pool import signals_deferred
 from sparsetool.train.data import Corpus
 from sparsetool.train.hf import TOKENIZER_FILES, context_of, hf_config, import_transformers, load_tokenizer, match_weights
 
@@ -212,8 +213,9 @@ class HFModel:
             config = bitmask_sparsity_config(config, [n.removesuffix(".weight") for n in masks],
                                              1.0 - kept / total)
         self.write_files(tmp, config)
-        if out.exists():
-            os.replace(out, old)
-        os.replace(tmp, out)
+        with signals_deferred():  # a signal between the two renames would leave no RUN/model/
+            if out.exists():
+                os.replace(out, old)
+            os.replace(tmp, out)
         shutil.rmtree(old, ignore_errors=True)
         return out

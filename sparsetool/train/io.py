@@ -46,6 +46,11 @@ def save_model(path: Path, model: torch.nn.Module, masks: dict[str, torch.Tensor
                   metadata={"format": "pt", **provenance_metadata(None, meta)})
 
 
+def checkpoint_name(step: int) -> str:
+    """The directory of the checkpoint at ``step`` under RUN/checkpoints: ``step-000500``."""
+    return f"step-{step:06d}"
+
+
 def save_checkpoint(run: Path, step: int, model: torch.nn.Module, masks: dict, meta: dict,
                     model_cfg: dict, resume: dict, state: dict, keep_last: int,
                     write_files: Callable[[Path], None] | None = None) -> Path:
@@ -55,10 +60,10 @@ def save_checkpoint(run: Path, step: int, model: torch.nn.Module, masks: dict, m
     config.json; the caller then writes the run's final model itself (not copied to RUN/)."""
     ckdir = run / "checkpoints"
     ckdir.mkdir(parents=True, exist_ok=True)
-    name = f"step-{step:06d}"
+    name = checkpoint_name(step)
     tmp = ckdir / f".{name}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    for stale in ckdir.glob(".step-*.tmp"):  # a save cut short by a second signal or a crash
+        shutil.rmtree(stale, ignore_errors=True)
     tmp.mkdir()
     save_model(tmp / "model.safetensors", model, masks, meta)
     if write_files is not None:

@@ -11,6 +11,9 @@ One optimizer step (the order the sparsity library expects)::
 Runs under ``torchrun --nproc_per_node N``: every rank builds the same model from the same seed,
 reads its slice of the same global batch, and the sparsifier takes mask decisions from
 all-reduced scores and a shared (seed, step) generator, then broadcasts them as a safety net.
+
+With ``stop_on_signal`` (the command line) the first SIGINT/SIGTERM ends the run after the step in
+progress, with a checkpoint at it (:mod:`.signals`); every rank stops after the same step.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from sparsetool.train.data import Sampler, eval_batches, load_corpus
 from sparsetool.train.distributed import gather_mask_digests, setup_runtime, wrap_ddp
 from sparsetool.train.model import GPT, GPTConfig
 from sparsetool.train.recipe import lr_at, model_config, param_groups, sparsifier_config, stage_plan
+from sparsetool.train.signals import SIGNALS, StopRequest, signal_name
 
 Callback = Callable[[str, dict], None]
 
@@ -184,11 +188,20 @@ class Trainer:
             "targeted": sorted(self.targets),
         }
 
-    def _allreduce_mean(self, value: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
-            dist.all_reduce(value)
-            value /= self.world
-        return value
+    def _sync_step(self, loss: torch.Tensor, stop: StopRequest) -> tuple[float, str | None]:
+        """The step's loss averaged over ranks, and the signal that ends the run after this step
+        (None: none came). Under DDP the flags of the signals each rank has seen ride in the
+        loss's all-reduce, so every rank decides to stop after the same step (a signal sent to
+        one rank stops them all); a rank that saw none reports the others'."""
+        own = stop.signum  # read once: a signal handled during the all-reduce waits a step
+        if self.world == 1:
+            return float(loss), own and signal_name(own)
+        seen = [float(own == s) for s in SIGNALS]
+        values = torch.cat([loss.reshape(1), torch.tensor(seen, dtype=loss.dtype, device=loss.device)])
+        dist.all_reduce(values)
+        values /= self.world
+        came = [s for s, v in zip(SIGNALS, values[1:].tolist()) if v > 0]
+        return float(values[0]), signal_name(own or came[0]) if came else None
 
     def _rank_mask_digests(self) -> list[str] | None:
         """Every rank's mask digest (None on one process or when dense)."""
@@ -255,7 +268,20 @@ class Trainer:
             "sparse_training": {str(k): v for k, v in sorted(self.resolved_settings.items())}})
 
     # ------------------------------------------------------------------ run
-    def run(self) -> dict:
+    def run(self, stop_on_signal: bool = False) -> dict:
+        """Train to ``--steps`` (or ``--stop-at``) and return the summary. ``stop_on_signal``:
+        SIGINT/SIGTERM during the loop stop it after the step in progress with a checkpoint
+        (the summary's ``interrupted`` names the signal); a second one raises
+        :class:`~sparsetool.errors.Interrupted` at once."""
+        stop_request = StopRequest(stop_on_signal, notice=self._notice)
+        with stop_request:
+            return self._run(stop_request)
+
+    def _notice(self, name: str) -> None:
+        if self.master:
+            self.callback("signal", {"signal": name})
+
+    def _run(self, stop_request: StopRequest) -> dict:
         cfg = self.cfg
         start_step, position, tokens, elapsed0 = 0, 0, 0, 0.0
         sp_state = None
@@ -302,6 +328,7 @@ class Trainer:
         last_val = done_eval[-1]["val_loss"] if done_eval else None
         t_run = time.perf_counter()
         step = start_step
+        interrupted = None  # the signal that ended the run early
         try:
             for step in range(start_step, stop):
                 # ---- stage switch (Variable SPDF): densify, or re-sparsify at the new level
@@ -352,10 +379,12 @@ class Trainer:
                 if updated:
                     self.log.write({"kind": "mask_update", "step": step + 1, **self.sp.last_event,
                                     "sparsity": round(self._log_sparsity(), 6)})
-                last_loss = float(self._allreduce_mean(loss_sum / cfg.grad_accum))
+                last_loss, signalled = self._sync_step(loss_sum / cfg.grad_accum, stop_request)
                 dt = time.perf_counter() - t0
                 tokens += tok_per_step
                 done = step + 1
+                if signalled and done < stop:
+                    interrupted, stop = signalled, done  # the step is complete: end as --stop-at does
                 rec = {
                     "kind": "train", "step": done, "loss": round(last_loss, 6), "lr": lr,
                     "sparsity": round(self._log_sparsity(), 6), "grad_norm": round(grad_norm, 6),
@@ -372,10 +401,29 @@ class Trainer:
                     self.callback("eval", ev)
                 if (cfg.save_every and done % cfg.save_every == 0) or done == stop:
                     self._save(done, position, tokens, elapsed0 + time.perf_counter() - t_run)
+                if interrupted:
+                    self.log.write({"kind": "interrupt", "step": done, "signal": interrupted,
+                                    "checkpoint": io.checkpoint_name(done)})
+                    break
+            summary = self._summary(stop, last_loss, last_val, tokens,
+                                    elapsed0 + time.perf_counter() - t_run, interrupted)
+            self.log.close()
+            self.callback("end", summary)
+            if interrupted and self.world > 1:
+                # Rank 0 has saved and printed: torchrun stops the other ranks as soon as one
+                # exits with a non-zero code, so none leaves before.
+                dist.barrier()
         except KeyboardInterrupt:
             self.log.close()
-            raise rundir.interrupted(self.run_dir, step) from None
-        elapsed = elapsed0 + time.perf_counter() - t_run
+            second = signal_name(stop_request.second) if stop_request.second else None
+            raise rundir.interrupted(self.run_dir, step, self.world, stop_request.name, second) from None
+        return summary
+
+    def _summary(self, stop: int, last_loss: float, last_val: float | None, tokens: int,
+                 elapsed: float, interrupted: str | None) -> dict:
+        """What ``train`` returns (and prints as --json); ``interrupted``: the signal that ended
+        the run at ``stop`` with a checkpoint, or None."""
+        cfg = self.cfg
         digests = self._rank_mask_digests()
         divergences = self.mask_divergences
         summary = {
@@ -389,9 +437,8 @@ class Trainer:
             "checkpoint": str(self.run_dir / (hfrun.MODEL_DIR if self.hf else "model.safetensors")),
             "huggingface": self.hf is not None,
             "log": str(self.run_dir / "log.jsonl"), "plot": str(self.run_dir / "loss.png"),
+            "interrupted": interrupted,
         }
-        self.log.close()
-        self.callback("end", summary)
         return summary
 
     def close(self) -> None:
@@ -400,10 +447,15 @@ class Trainer:
 
 
 def train(cfg: TrainConfig, resume: bool = False, callback: Callback | None = None,
-          flag_overrides: dict | None = None) -> dict:
-    """Train as ``cfg`` says (or continue the run in ``cfg.out`` with ``resume``); the summary."""
+          flag_overrides: dict | None = None, stop_on_signal: bool = False) -> dict:
+    """Train as ``cfg`` says (or continue the run in ``cfg.out`` with ``resume``); the summary.
+
+    ``stop_on_signal`` (what the command line does): the first SIGINT/SIGTERM stops the run after
+    the step in progress with a checkpoint, and the summary's ``interrupted`` names the signal;
+    a second one raises :class:`~sparsetool.errors.Interrupted`. Without it the handlers are left
+    alone and Ctrl-C raises ``Interrupted`` naming the last checkpoint."""
     trainer = Trainer(cfg, resume=resume, callback=callback, flag_overrides=flag_overrides)
     try:
-        return trainer.run()
+        return trainer.run(stop_on_signal)
     finally:
         trainer.close()

@@ -1,24 +1,26 @@
 """The run directory as the training loop sees it: whether a new run may start there, the stored
 options a ``--resume`` continues with, the state restored from the latest checkpoint, what one
-save writes, and the message after an interruption. The files themselves are written and read by
+save writes, and the messages after an interruption. The files themselves are written and read by
 :mod:`sparsetool.train.io`.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from sparsetool.errors import ConfigError, SparsetoolError
+from sparsetool.errors import ConfigError, Interrupted
 from sparsetool.train import io
 from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, validate
+from sparsetool.train.signals import signal_number
 from sparsetool.wording import plural
 
-__all__ = ["NullLog", "check_new_run", "earlier_settings", "interrupted", "restore", "resumed_config", "save_step",
-           "title"]
+__all__ = ["NullLog", "check_new_run", "earlier_settings", "interrupted", "restore", "resume_command",
+           "resumed_config", "save_step", "stopped_by_signal", "title"]
 
 
 def check_new_run(run_dir: Path) -> None:
@@ -126,13 +128,38 @@ def _is_number(value: Any) -> bool:
     return True
 
 
-def interrupted(run_dir: Path, step: int) -> SparsetoolError:
-    """The error for Ctrl-C during ``step`` (0-based), naming the checkpoint to resume from."""
+def resume_command(run_dir: Path, world: int = 1) -> str:
+    """The command that continues the run in ``run_dir`` (under torchrun with ``world`` processes)."""
+    launch = "sparsetool" if world == 1 else f"torchrun --nproc_per_node {world} -m sparsetool"
+    return f"{launch} train -o {shlex.quote(str(run_dir))} --resume"
+
+
+def stopped_by_signal(summary: dict) -> str:
+    """The line after a signal stopped a run (``summary["interrupted"]`` names it) with a
+    checkpoint at the step it had reached."""
+    run_dir, step = Path(summary["run_dir"]), summary["step"]
+    return (f"interrupted by {summary['interrupted']} at step {step} of {summary['steps']}: saved a "
+            f"checkpoint ({run_dir / 'checkpoints' / io.checkpoint_name(step)}); continue with: "
+            f"{resume_command(run_dir, summary['world_size'])}")
+
+
+def interrupted(run_dir: Path, step: int, world: int = 1, first: str | None = None,
+                second: str | None = None) -> Interrupted:
+    """The error for a stop during ``step`` (0-based) without a checkpoint of it: Ctrl-C where no
+    handler of the loop's was installed, or the ``second`` signal after the ``first`` (names);
+    it names the checkpoint to resume from. Exit code: 128 + the first signal's number."""
+    if first is None or second is None:
+        cause = "interrupted"
+    elif second == first:
+        cause = f"stopped at once by a second {second}"
+    else:
+        cause = f"stopped at once by {second} after {first}"
     pointer = run_dir / "latest"
-    where = (f"the last checkpoint ({pointer.read_text().strip()}) is in {run_dir}; "
-             f"--resume continues from it exactly" if pointer.exists()
-             else "no checkpoint had been written yet")
-    return SparsetoolError(f"interrupted during step {step + 1}; {where}")
+    where = (f"the last checkpoint ({pointer.read_text().strip()}) is in {run_dir}; continue with: "
+             f"{resume_command(run_dir, world)}" if pointer.exists()
+             else "no checkpoint had been written yet; the same command starts the run again")
+    return Interrupted(f"{cause} during step {step + 1}; {where}",
+                       exit_code=128 + signal_number(first or "SIGINT"))
 
 
 class NullLog:
