@@ -176,18 +176,6 @@ class Trainer:
             self._sparsity_key, self._sparsity_value = key, float(self.sp.sparsity())
         return self._sparsity_value
 
-    def _meta(self, step: int) -> dict:
-        return {
-            "producer": "sparsetool train",
-            "format_version": io.FORMAT_VERSION,
-            "encoding": "mask" if self.sp is not None else "plain",
-            "step": step,
-            "model": self.mcfg.to_dict(),
-            "algorithm": (self.sparsifier_config or {}).get("algorithm") if self.sp else "dense",
-            "sparsity": round(self._log_sparsity(), 6),
-            "targeted": sorted(self.targets),
-        }
-
     def _sync_step(self, loss: torch.Tensor, stop: StopRequest) -> tuple[float, str | None]:
         """The step's loss averaged over ranks, and the signal that ends the run after this step
         (None: none came). Under DDP the flags of the signals each rank has seen ride in the
@@ -235,38 +223,6 @@ class Trainer:
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))
 
-    def _save(self, step: int, position: int, tokens: int, elapsed: float) -> None:
-        if not self.master:
-            return
-        state = {
-            "step": step,
-            "data_position": position,
-            "tokens": tokens,
-            "elapsed_s": elapsed,
-            "stage": self._stage_index(step - 1),  # the stage whose sparsifier state is saved
-            "sparse": self.sp is not None,
-            "rng": io.rng_state(),
-            "world_size": self.world,
-        }
-        rundir.save_step(self.run_dir, step, model=self.model, model_cfg=self.mcfg.to_dict(),
-                         optimizer=self.optimizer, sparsifier=self.sp,
-                         sparsifier_config=self.sparsifier_config, meta=self._meta(step),
-                         state=state, keep_last=self.cfg.keep_last,
-                         write_files=self.hf.write_files if self.hf else None)
-        if self.hf:
-            self.hf.export(self.run_dir, self.model, dict(self.sp.masks) if self.sp else {},
-                           self.cfg.encoding, self._meta(step), self.mcfg.dtype)
-        self.log.write_csv(self.run_dir)
-        self.log.plot(self.run_dir, rundir.title(self.cfg, self.run_dir, self.mcfg.n_layer,
-                                                 self.mcfg.d_model, self.sp is not None),
-                      "token" if self.hf else "byte")
-
-    def _write_run_json(self) -> None:
-        """run.json: options as given, model, data; each stage's resolved sparse settings."""
-        io._write_json(self.run_dir / "run.json", {
-            "config": self.cfg.to_dict(), "model": self.mcfg.to_dict(), "data": self.corpus_info,
-            "sparse_training": {str(k): v for k, v in sorted(self.resolved_settings.items())}})
-
     # ------------------------------------------------------------------ run
     def run(self, stop_on_signal: bool = False) -> dict:
         """Train to ``--steps`` (or ``--stop-at``) and return the summary. ``stop_on_signal``:
@@ -303,7 +259,7 @@ class Trainer:
                                              json.loads(saved_spc) if saved_spc else None)
         if self.master:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._write_run_json()
+            rundir.write_run_json(self)
         self.log = io.Log(self.run_dir, keep_until=start_step if self.resume_from else None) \
             if self.master else rundir.NullLog()
 
@@ -343,7 +299,7 @@ class Trainer:
                            "sparsity": self._log_sparsity()}
                     self.log.write(rec)
                     if self.master:
-                        self._write_run_json()
+                        rundir.write_run_json(self)
                     self.callback("stage", rec)
                 t0 = time.perf_counter()
                 loss_sum = torch.zeros((), device=self.device)
@@ -400,13 +356,13 @@ class Trainer:
                     self.log.write(ev)
                     self.callback("eval", ev)
                 if (cfg.save_every and done % cfg.save_every == 0) or done == stop:
-                    self._save(done, position, tokens, elapsed0 + time.perf_counter() - t_run)
+                    rundir.save(self, done, position, tokens, elapsed0 + time.perf_counter() - t_run)
                 if interrupted:
                     self.log.write({"kind": "interrupt", "step": done, "signal": interrupted,
                                     "checkpoint": io.checkpoint_name(done)})
                     break
-            summary = self._summary(stop, last_loss, last_val, tokens,
-                                    elapsed0 + time.perf_counter() - t_run, interrupted)
+            summary = rundir.summary(self, stop, last_loss, last_val, tokens,
+                                     elapsed0 + time.perf_counter() - t_run, interrupted)
             self.log.close()
             self.callback("end", summary)
             if interrupted and self.world > 1:
@@ -417,28 +373,6 @@ class Trainer:
             self.log.close()
             second = signal_name(stop_request.second) if stop_request.second else None
             raise rundir.interrupted(self.run_dir, step, self.world, stop_request.name, second) from None
-        return summary
-
-    def _summary(self, stop: int, last_loss: float, last_val: float | None, tokens: int,
-                 elapsed: float, interrupted: str | None) -> dict:
-        """What ``train`` returns (and prints as --json); ``interrupted``: the signal that ended
-        the run at ``stop`` with a checkpoint, or None."""
-        cfg = self.cfg
-        digests = self._rank_mask_digests()
-        divergences = self.mask_divergences
-        summary = {
-            "run_dir": str(self.run_dir), "step": stop, "steps": cfg.steps, "finished": stop == cfg.steps,
-            "loss": round(last_loss, 6), "val_loss": None if last_val is None else round(last_val, 6),
-            "sparsity": round(self._log_sparsity(), 6), "tokens": tokens, "elapsed_s": round(elapsed, 3),
-            "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else None,
-            "params": self._num_params(), "world_size": self.world,
-            "masks_identical_across_ranks": None if digests is None else len(set(digests)) == 1,
-            "mask_updates_that_diverged": divergences if self.world > 1 else None,
-            "checkpoint": str(self.run_dir / (hfrun.MODEL_DIR if self.hf else "model.safetensors")),
-            "huggingface": self.hf is not None,
-            "log": str(self.run_dir / "log.jsonl"), "plot": str(self.run_dir / "loss.png"),
-            "interrupted": interrupted,
-        }
         return summary
 
     def close(self) -> None:

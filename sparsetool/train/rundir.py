@@ -1,6 +1,7 @@
 """The run directory as the training loop sees it: whether a new run may start there, the stored
 options a ``--resume`` continues with, the state restored from the latest checkpoint, what one
-save writes, and the messages after an interruption. The files themselves are written and read by
+save writes (:func:`save`, :func:`write_run_json`), the summary a run returns, and the messages
+after an interruption. The files themselves are written and read by
 :mod:`sparsetool.train.io`.
 """
 
@@ -14,13 +15,14 @@ from typing import Any
 import torch
 
 from sparsetool.errors import ConfigError, Interrupted
-from sparsetool.train import io
+from sparsetool.train import hfrun, io
 from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, validate
 from sparsetool.train.signals import signal_number
 from sparsetool.wording import plural
 
-__all__ = ["NullLog", "check_new_run", "earlier_settings", "interrupted", "restore", "resume_command",
-           "resumed_config", "save_step", "stopped_by_signal", "title"]
+__all__ = ["NullLog", "check_new_run", "earlier_settings", "interrupted", "meta", "restore",
+           "resume_command", "resumed_config", "save", "save_step", "stopped_by_signal", "summary",
+           "title", "write_run_json"]
 
 
 def check_new_run(run_dir: Path) -> None:
@@ -172,3 +174,77 @@ class NullLog:
 
     def close(self) -> None:
         pass
+
+
+# ---------------------------------------------------------------- what a trainer writes and returns
+# ``tr`` is a :class:`sparsetool.train.loop.Trainer`; these read its state and never change it.
+
+def meta(tr, step: int) -> dict:
+    """The ``sparsetool`` metadata entry of a checkpoint saved at ``step``."""
+    return {
+        "producer": "sparsetool train",
+        "format_version": io.FORMAT_VERSION,
+        "encoding": "mask" if tr.sp is not None else "plain",
+        "step": step,
+        "model": tr.mcfg.to_dict(),
+        "algorithm": (tr.sparsifier_config or {}).get("algorithm") if tr.sp else "dense",
+        "sparsity": round(tr._log_sparsity(), 6),
+        "targeted": sorted(tr.targets),
+    }
+
+
+def save(tr, step: int, position: int, tokens: int, elapsed: float) -> None:
+    """A checkpoint at ``step`` (rank 0 only): weights, optimizer, sparsifier, data position and
+    RNG, so that ``--resume`` continues exactly; then RUN/model/ of a Hugging Face run, log.csv
+    and loss.png."""
+    if not tr.master:
+        return
+    state = {
+        "step": step,
+        "data_position": position,
+        "tokens": tokens,
+        "elapsed_s": elapsed,
+        "stage": tr._stage_index(step - 1),  # the stage whose sparsifier state is saved
+        "sparse": tr.sp is not None,
+        "rng": io.rng_state(),
+        "world_size": tr.world,
+    }
+    save_step(tr.run_dir, step, model=tr.model, model_cfg=tr.mcfg.to_dict(),
+              optimizer=tr.optimizer, sparsifier=tr.sp,
+              sparsifier_config=tr.sparsifier_config, meta=meta(tr, step),
+              state=state, keep_last=tr.cfg.keep_last,
+              write_files=tr.hf.write_files if tr.hf else None)
+    if tr.hf:
+        tr.hf.export(tr.run_dir, tr.model, dict(tr.sp.masks) if tr.sp else {},
+                     tr.cfg.encoding, meta(tr, step), tr.mcfg.dtype)
+    tr.log.write_csv(tr.run_dir)
+    tr.log.plot(tr.run_dir, title(tr.cfg, tr.run_dir, tr.mcfg.n_layer, tr.mcfg.d_model, tr.sp is not None),
+                "token" if tr.hf else "byte")
+
+
+def write_run_json(tr) -> None:
+    """run.json: options as given, model, data; each stage's resolved sparse settings."""
+    io._write_json(tr.run_dir / "run.json", {
+        "config": tr.cfg.to_dict(), "model": tr.mcfg.to_dict(), "data": tr.corpus_info,
+        "sparse_training": {str(k): v for k, v in sorted(tr.resolved_settings.items())}})
+
+
+def summary(tr, stop: int, last_loss: float, last_val: float | None, tokens: int,
+            elapsed: float, interrupted: str | None) -> dict:
+    """What ``train`` returns (and prints as --json); ``interrupted``: the signal that ended
+    the run at ``stop`` with a checkpoint, or None."""
+    cfg = tr.cfg
+    digests = tr._rank_mask_digests()
+    return {
+        "run_dir": str(tr.run_dir), "step": stop, "steps": cfg.steps, "finished": stop == cfg.steps,
+        "loss": round(last_loss, 6), "val_loss": None if last_val is None else round(last_val, 6),
+        "sparsity": round(tr._log_sparsity(), 6), "tokens": tokens, "elapsed_s": round(elapsed, 3),
+        "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else None,
+        "params": tr._num_params(), "world_size": tr.world,
+        "masks_identical_across_ranks": None if digests is None else len(set(digests)) == 1,
+        "mask_updates_that_diverged": tr.mask_divergences if tr.world > 1 else None,
+        "checkpoint": str(tr.run_dir / (hfrun.MODEL_DIR if tr.hf else "model.safetensors")),
+        "huggingface": tr.hf is not None,
+        "log": str(tr.run_dir / "log.jsonl"), "plot": str(tr.run_dir / "loss.png"),
+        "interrupted": interrupted,
+    }
