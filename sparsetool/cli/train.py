@@ -54,7 +54,7 @@ def _check_device(value: str, option: str) -> str:
 def train(
     output: Optional[Path] = output_option("Run directory to create, or to continue with --resume; required (unless the --config file gives 'out'). Holds checkpoints, logs, loss.png."),
     out: Optional[Path] = typer.Option(None, "--out", hidden=True, help="Old spelling of -o/--output."),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML/TOML file with any of these options (flags override); accepts a Model Zoo 'sparsity:' block (default: none)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML/TOML file whose keys are these options' names (batch-size or batch_size; flags override); accepts a Model Zoo 'sparsity:' block (default: none)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in -o/--output from its latest checkpoint, exactly."),
     preset: Optional[Preset] = typer.Option(None, "--preset", help="Model size: tiny, mini (default, 0.9M), small (4.9M), base (10M)."),
     n_layer: Optional[int] = typer.Option(None, "--n-layer", help="Override the preset's layer count (default: the preset's)."),
@@ -123,18 +123,11 @@ def train(
             usage_error("give the run directory once: -o/--output (--out is its old spelling)")
         output = out
     with failing_cleanly():
-        import yaml
-
-        from sparsetool.errors import ConfigError
-        from sparsetool.train.config import merge, read_config_file
+        from sparsetool.train.config import merge, parse_sparsity_options, read_config_file
 
         file_values = read_config_file(config) if config else {}
-        options = {}
-        for item in sparsity_option:
-            if "=" not in item:
-                raise ConfigError(f"--sparsity-option {item!r} is not KEY=VALUE")
-            k, v = item.split("=", 1)
-            options[k.strip()] = yaml.safe_load(v)
+        with usage_errors():
+            options = parse_sparsity_options(sparsity_option)
         flags = {
             "out": str(output) if output else None, "preset": value_of(preset), "n_layer": n_layer, "n_head": n_head,
             "d_model": d_model, "context": context, "steps": steps, "batch_size": batch_size,

@@ -14,7 +14,7 @@ import torch
 
 from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.train import io
-from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, validate
+from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, setting, validate
 from sparsetool.wording import plural
 
 __all__ = ["NullLog", "check_new_run", "earlier_settings", "interrupted", "restore", "resumed_config", "save_step",
@@ -50,7 +50,7 @@ def resumed_config(run_dir: Path, flags: dict) -> tuple[TrainConfig, dict | None
             setattr(stored, k, v)
         elif getattr(stored, k) != v:
             raise ConfigError(
-                f"--resume continues the stored run exactly; --{k.replace('_', '-')} "
+                f"--resume continues the stored run exactly; {setting(k)} "
                 f"{v!r} differs from its {getattr(stored, k)!r} (start a new run to change it)"
             )
     return validate(stored), saved.get("model"), io.latest_checkpoint(run_dir)
