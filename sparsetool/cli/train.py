@@ -65,7 +65,7 @@ def train(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per micro-batch per process (default 16)."),
     grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Micro-batches per step per process (default 1)."),
     lr: Optional[float] = typer.Option(None, "--lr", help="Peak learning rate (default 1e-3)."),
-    warmup: Optional[int] = typer.Option(None, "--warmup", help="Linear warm-up steps (default 100), then cosine to 10%."),
+    warmup: Optional[int] = typer.Option(None, "--warmup", help="Linear warm-up steps (default 100), then cosine to 10%; a warning if that is the whole run (>= --steps)."),
     weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="AdamW decay of linear matrices (default 0.1)."),
     grad_clip: Optional[float] = typer.Option(None, "--grad-clip", help="Global gradient-norm clip (default 1.0; 0 = off)."),
     seed: Optional[int] = seed_option("Seed for weights, masks and data order (default 0).", default=None),
@@ -123,7 +123,7 @@ def train(
             usage_error("give the run directory once: -o/--output (--out is its old spelling)")
         output = out
     with failing_cleanly():
-        from sparsetool.train.config import merge, parse_sparsity_options, read_config_file
+        from sparsetool.train.config import caveats, merge, parse_sparsity_options, read_config_file
 
         file_values = read_config_file(config) if config else {}
         with usage_errors():
@@ -151,14 +151,13 @@ def train(
         else:
             with usage_errors():  # options that do not fit together: exit 2, as a bad value
                 cfg = merge(file_values, flags)
+            for text in caveats(cfg):  # legal, but probably not what was meant
+                _warn(text)
         from sparsetool.train.loop import train as run_training
 
         overrides = {k: v for k, v in flags.items() if v is not None} if resume else None
-        if as_json or quiet:
-            summary = run_training(cfg, resume=resume, flag_overrides=overrides)
-        else:
-            summary = run_training(cfg, resume=resume, callback=_Progress(console, escape),
-                                   flag_overrides=overrides)
+        progress = None if as_json or quiet else _Progress(console, escape)
+        summary = run_training(cfg, resume=resume, callback=progress, flag_overrides=overrides)
     if not _is_master():
         return
     if as_json:
@@ -167,6 +166,15 @@ def train(
         emit_json(summary)
     elif quiet:
         _Progress(console, escape)._summary(summary)
+
+
+def _warn(text: str) -> None:
+    """A ``warning:`` line on stderr, printed even with --quiet and --json: the run goes on, but
+    probably not as meant."""
+    from sparsetool.cli._output import err_console
+
+    if _is_master():
+        err_console.print(f"warning: {text}", highlight=False, soft_wrap=True, markup=False)
 
 
 def _is_master() -> bool:

@@ -587,3 +587,19 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     json.dumps(cfg.to_dict())  # the run directory stores it; fail now rather than mid-run
     return cfg
 
+
+def caveats(cfg: TrainConfig) -> list[str]:
+    """What ``cfg`` asks for that is legal but probably not meant, one sentence each with the
+    reason (``train`` prints each as a ``warning:`` line and runs; what cannot be run as asked is
+    an error instead).
+
+    >>> caveats(TrainConfig(steps=300, warmup=400))
+    ['--warmup 400 >= --steps 300: the whole run is warm-up, so the learning rate ends at 75% of --lr and never decays; give a --warmup below --steps']
+    """
+    out = []
+    if cfg.warmup >= cfg.steps:
+        end = ("reaches --lr only at the last step" if cfg.warmup == cfg.steps
+               else f"ends at {math.floor(100 * cfg.steps / cfg.warmup)}% of --lr")
+        out.append(f"--warmup {cfg.warmup} >= --steps {cfg.steps}: the whole run is warm-up, so the "
+                   f"learning rate {end} and never decays; give a --warmup below --steps")
+    return out
