@@ -56,7 +56,7 @@ def train(
     out: Optional[Path] = typer.Option(None, "--out", hidden=True, help="Old spelling of -o/--output."),
     config: Optional[Path] = typer.Option(None, "--config", help="YAML/TOML file whose keys are these options' names (batch-size or batch_size; flags override); accepts a Model Zoo 'sparsity:' block (default: none)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in -o/--output from its latest checkpoint, exactly."),
-    preset: Optional[Preset] = typer.Option(None, "--preset", help="Model size: tiny, mini (default, 0.9M), small (4.9M), base (10M)."),
+    preset: Optional[Preset] = typer.Option(None, "--preset", help="Model size: tiny, mini (default, 0.9M), small (4.9M), base (10M); with --init, the checkpoint's shape (a preset must agree with it)."),
     n_layer: Optional[int] = typer.Option(None, "--n-layer", help="Override the preset's layer count (default: the preset's)."),
     n_head: Optional[int] = typer.Option(None, "--n-head", help="Override the preset's head count (default: the preset's)."),
     d_model: Optional[int] = typer.Option(None, "--d-model", help="Override the preset's width (default: the preset's)."),

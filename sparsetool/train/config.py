@@ -42,6 +42,7 @@ from sparsetool.errors import ConfigError
 ALGORITHMS = ("dense", "static", "gmp", "set", "rigl", "granet", "imp")
 ENCODINGS = ("zeros", "mask", "nan", "bitmask")  # sparsetool.checkpoint.encodings, without torch
 INIT_METHODS = ("random", "magnitude")
+DEFAULT_PRESET = "mini"  # the model of a run without --preset or --init
 
 FILE_ONLY = ("dropout", "min_lr_ratio", "beta1", "beta2", "eps", "eval_sequences", "keep_last",
              "log_every")
@@ -79,7 +80,7 @@ _SECTIONS = ("model", "optimizer", "data", "train", "run")
 class TrainConfig:
     out: str = "runs/train"
     # model: a preset, optionally with individual sizes overridden
-    preset: str = "mini"
+    preset: str | None = None  # None: DEFAULT_PRESET, or with init the checkpoint's shape
     n_layer: int | None = None
     n_head: int | None = None
     d_model: int | None = None
@@ -528,7 +529,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         if not ok:
             raise ConfigError(msg)
 
-    need(cfg.preset in PRESETS, f"unknown --preset {cfg.preset!r}; choose one of {', '.join(PRESETS)}")
+    if cfg.preset is None and cfg.init is None:
+        cfg.preset = DEFAULT_PRESET  # with --init the checkpoint has the shape
+    need(cfg.preset is None or cfg.preset in PRESETS,
+         f"unknown --preset {cfg.preset!r}; choose one of {', '.join(PRESETS)}")
     for name in ("steps", "batch_size", "grad_accum", "eval_sequences", "log_every"):
         need(int(getattr(cfg, name)) >= 1, f"{setting(name)} must be >= 1")
     for name in ("warmup", "eval_every", "save_every", "keep_last"):
