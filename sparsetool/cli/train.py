@@ -69,7 +69,7 @@ def train(
     weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="AdamW decay of linear matrices (default 0.1)."),
     grad_clip: Optional[float] = typer.Option(None, "--grad-clip", help="Global gradient-norm clip (default 1.0; 0 = off)."),
     seed: Optional[int] = seed_option("Seed for weights, masks and data order (default 0).", default=None),
-    data: Optional[str] = typer.Option(None, "--data", metavar="PATH", help="Text file or directory, or builtin:english (Python's help topics). Default: the Python standard library."),
+    data: Optional[str] = typer.Option(None, "--data", metavar="PATH", help="UTF-8 text file or directory (files that are not text are skipped), or builtin:english (Python's help topics). Default: the Python standard library."),
     algorithm: Optional[Algorithm] = typer.Option(None, "--algorithm", "-a", help="Sparse training algorithm (default: static with --sparsity, else dense)."),
     sparsity: Optional[str] = sparsity_option("Target sparsity (fraction of zeros, from 0 to 1) of the targeted matrices (default: none, dense; with --init, the checkpoint's)."),
     distribution: Optional[Distribution] = typer.Option(None, "--distribution", help="Per-layer sparsity (default uniform)."),
@@ -157,7 +157,15 @@ def train(
 
         overrides = {k: v for k, v in flags.items() if v is not None} if resume else None
         progress = None if as_json or quiet else _Progress(console, escape)
-        summary = run_training(cfg, resume=resume, callback=progress, flag_overrides=overrides)
+
+        def callback(kind: str, info: dict) -> None:
+            if kind == "start" and _is_master():
+                for text in _data_caveats(info["data"]):
+                    _warn(text)
+            if progress is not None:
+                progress(kind, info)
+
+        summary = run_training(cfg, resume=resume, callback=callback, flag_overrides=overrides)
     if not _is_master():
         return
     if as_json:
@@ -175,6 +183,19 @@ def _warn(text: str) -> None:
 
     if _is_master():
         err_console.print(f"warning: {text}", highlight=False, soft_wrap=True, markup=False)
+
+
+def _data_caveats(data: dict) -> list[str]:
+    """Files of a --data directory that were left out because they are not text."""
+    skipped = data.get("skipped_files") or 0
+    if not skipped:
+        return []
+    shown = list(data.get("skipped_examples", []))
+    more = f" and {skipped - len(shown):,} more" if skipped > len(shown) else ""
+    kept = data.get("train_files", 0) + data.get("val_files", 0)
+    return [f"--data '{data['source']}': skipped {plural(skipped, 'file')} that "
+            f"{'is' if skipped == 1 else 'are'} not UTF-8 text ({', '.join(shown)}{more}); "
+            f"training on the other {kept:,}"]
 
 
 def _is_master() -> bool:
