@@ -182,3 +182,15 @@ def test_model_zoo_update_block_spellings(tmp_path):
         read_config_file(config(tmp_path, "sparsity: {algorithm: set, sparsity: 0.5, "
                                           "update: {frq: 10}}\n"))
 
+
+def test_the_readme_table_lists_every_key_and_alias():
+    import dataclasses
+    import re
+
+    from sparsetool.train.config import KEY_ALIASES, TrainConfig
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("### `train --config` keys", 1)[1].split("\n### ", 1)[0]
+    first_cells = [row.split("|")[1] for row in section.splitlines() if row.startswith("| `")]
+    listed = set(re.findall(r"`(\w+)`", " ".join(first_cells)))
+    assert {f.name for f in dataclasses.fields(TrainConfig)} | set(KEY_ALIASES) <= listed
