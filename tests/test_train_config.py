@@ -60,6 +60,13 @@ def train_with(tmp_path: Path, cfg: Path, *extra: str):
      "sparsity.update.freq: 'often' is not an integer; give a whole number, e.g. freq: 100"),
     ("stages: 3", "stages: 3 is not a list of SPARSITY:FRACTION stages; give e.g. "
                   "stages: ['0.9:0.8', '0:0.2']"),
+    ("stage: ['0.9']", "stage: '0.9' is not SPARSITY:FRACTION, e.g. stage: ['0.9:0.8', '0:0.2']"),
+    ("stages: ['0.5:2']", "stages: '0.5:2': the fraction of the run must be in (0, 1], got 2"),
+    ("sparsity_option: [scope]", "sparsity_option: 'scope' is not KEY=VALUE, e.g. "
+                                 "sparsity_option: ['scope=layer'] or sparsity_option: {scope: layer}"),
+    ("include: ''", "include: needs a glob over tensor names, e.g. include: '*.mlp.*', got ''"),
+    ("sparsity: abc", "sparsity: must be a number from 0 to 1 (the fraction of weights set to zero), "
+                      "got 'abc'"),
 ])
 def test_a_value_of_the_wrong_type_is_one_error_naming_file_key_value_and_type(tmp_path, corpus, line,
                                                                              message):
@@ -167,9 +174,12 @@ def test_model_zoo_topk_is_magnitude(tmp_path):
                                             "init_method: topk}\n"))
     assert got["init_method"] == "magnitude"
     assert read_config_file(config(tmp_path, "init_method: TopK\n")) == {"init_method": "magnitude"}
-    with pytest.raises(ConfigError, match=r"--init-method 'checkerboard': choose random or "
-                                          r"magnitude \(the Model Zoo's topk\)"):
-        merge(read_config_file(config(tmp_path, "init_method: checkerboard\n")), {"out": "x"})
+    with pytest.raises(ConfigError, match=r"init_method: 'checkerboard' is not a known init method; "
+                                          r"give random or magnitude \(the Model Zoo's topk\), "
+                                          r"e.g. init_method: magnitude$"):
+        read_config_file(config(tmp_path, "init_method: checkerboard\n"))
+    with pytest.raises(ConfigError, match=r"^--init-method 'checkerboard' is not a known init"):
+        merge({}, {"out": "x", "init_method": "checkerboard"})
 
 
 def test_model_zoo_update_block_spellings(tmp_path):

@@ -338,13 +338,15 @@ class _Value:
 
     def __init__(self, key: str, name: str | None) -> None:
         self.key, self.name = key, name
-        self.label = name if name is not None else setting(key)  # what options.* messages name
+        # how the messages of sparsetool.options name it: the flag, or the file's "key:"
+        self.label = f"{name}:" if name is not None else setting(key)
+        self.short = (name or key).rsplit(".", 1)[-1]  # a file example's key
 
     def example(self) -> str:
         eg = _EXAMPLES.get(self.key, _DEFAULTS.get(self.key))
         shown = _show(eg) if isinstance(eg, bool) else str(eg)
         if self.name is not None or self.key in FILE_ONLY:
-            return f"{(self.name or self.key).rsplit('.', 1)[-1]}: {shown}"
+            return f"{self.short}: {shown}"
         return f"{setting(self.key)} {shown}"
 
     def bad(self, value: Any, what: str, give: str) -> ConfigError:
@@ -423,34 +425,36 @@ class _Value:
         return self.number(value)
 
     def _init_method(self, value: Any) -> str:
-        if not isinstance(value, str):
-            raise self.bad(value, *_WHAT[str])
-        v = value.strip().lower()
-        return VALUE_ALIASES["init_method"].get(v, v)
+        v = value.strip().lower() if isinstance(value, str) else value
+        v = VALUE_ALIASES["init_method"].get(v, v) if isinstance(v, str) else v
+        if v not in INIT_METHODS:
+            raise self.bad(value, "a known init method", "random or magnitude (the Model Zoo's topk)")
+        return v
 
     def _stages(self, value: Any) -> list[tuple[float, float]]:
         if isinstance(value, str):
             value = [value]
+        example = f"{self.short}: ['0.9:0.8', '0:0.2']" if self.name is not None else None
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{self.name or setting(self.key)}: {_show(value)} is not a list of "
-                              "SPARSITY:FRACTION stages; give e.g. stages: ['0.9:0.8', '0:0.2']"
-                              if self.name is not None else
-                              f"--stage {_show(value)}: give SPARSITY:FRACTION stages, e.g. "
-                              "--stage 0.9:0.8 --stage 0:0.2")
-        label = self.name if self.name is not None else "--stage"
-        example = "stages: ['0.9:0.8', '0:0.2']" if self.name is not None else None
+            if self.name is None:
+                raise ConfigError(f"--stage {_show(value)}: give SPARSITY:FRACTION stages, e.g. "
+                                  "--stage 0.9:0.8 --stage 0:0.2")
+            raise ConfigError(f"{self.name}: {_show(value)} is not a list of SPARSITY:FRACTION "
+                              f"stages; give e.g. {example}")
         out = []
         for s in value:
             if isinstance(s, (list, tuple)) and len(s) == 2:
                 s = f"{s[0]}:{s[1]}"
-            out.append(options.parse_stage(str(s), label, example))
+            out.append(options.parse_stage(str(s), self.label, example))
         return out
 
     def _sparsity_options(self, value: Any) -> dict:
         if isinstance(value, str):
             value = [value]
         if isinstance(value, (list, tuple)):
-            return parse_sparsity_options(value, self.label)
+            example = (f"{self.short}: ['scope=layer'] or {self.short}: {{scope: layer}}"
+                       if self.name is not None else None)
+            return parse_sparsity_options(value, self.label, example)
         if not isinstance(value, Mapping):
             raise self.bad(value, "a mapping", "KEY: VALUE pairs")
         return {str(k): v for k, v in value.items()}
@@ -464,9 +468,11 @@ class _Value:
     _exclude = _include
 
 
-def parse_sparsity_options(items: Any, option: str = "--sparsity-option") -> dict:
+def parse_sparsity_options(items: Any, option: str = "--sparsity-option",
+                           example: str | None = None) -> dict:
     """``["scope=layer", "stop_fraction=0.75"]`` -> ``{"scope": "layer", "stop_fraction": 0.75}``
-    (each value read as YAML), as ``--sparsity-option`` and a config file's list give them.
+    (each value read as YAML), as ``--sparsity-option`` and a config file's list give them;
+    ``example`` replaces the ``--sparsity-option scope=layer`` a bad item is answered with.
 
     >>> parse_sparsity_options(["scope=layer", "stop_fraction=0.75"])
     {'scope': 'layer', 'stop_fraction': 0.75}
@@ -476,7 +482,8 @@ def parse_sparsity_options(items: Any, option: str = "--sparsity-option") -> dic
     out: dict[str, Any] = {}
     for item in items:
         if not isinstance(item, str) or "=" not in item or not item.split("=", 1)[0].strip():
-            raise ConfigError(f"{option} {item!r} is not KEY=VALUE, e.g. {option} scope=layer")
+            raise ConfigError(f"{option} {item!r} is not KEY=VALUE, e.g. "
+                              f"{example or f'{option} scope=layer'}")
         k, v = item.split("=", 1)
         try:
             out[k.strip()] = yaml.safe_load(v)
@@ -552,9 +559,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         cfg.algorithm = str(cfg.algorithm).lower()
         need(cfg.algorithm in ALGORITHMS,
              f"unknown --algorithm {cfg.algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
-    if cfg.init_method is not None:
-        need(cfg.init_method in INIT_METHODS,
-             f"--init-method {cfg.init_method!r}: choose random or magnitude (the Model Zoo's topk)")
     if cfg.distribution is not None:
         from sparsetool.masks.distributions import DISTRIBUTIONS
 
