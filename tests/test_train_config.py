@@ -154,6 +154,12 @@ def test_an_unknown_key_names_the_closest_valid_one(tmp_path, corpus):
         read_config_file(config(tmp_path, "model: {n_layers: 2}\nzzz: 1\n"))
 
 
+def test_a_section_without_keys_says_so(tmp_path):
+    with pytest.raises(ConfigError, match=r"'model' is a section: give it keys, e.g. model: "
+                                          r"\{preset: tiny\}$"):
+        read_config_file(config(tmp_path, "model: tiny\n"))
+
+
 def test_a_command_line_only_flag_in_a_file_says_so(tmp_path):
     with pytest.raises(ConfigError, match=r"'resume' is a command-line flag, not a config key; "
                                           r"give --resume on the command line"):

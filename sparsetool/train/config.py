@@ -74,6 +74,8 @@ def setting(key: str) -> str:
 
 
 _SECTIONS = ("model", "optimizer", "data", "train", "run")
+_SECTION_EXAMPLE = {"model": "preset: tiny", "optimizer": "lr: 0.001", "data": "data: corpus.txt",
+                    "train": "steps: 1000", "run": "device: cpu"}
 
 
 @dataclass
@@ -206,6 +208,9 @@ def _flatten(raw: Mapping, prefix: str, flat: dict, names: dict, unknown: list) 
             _flatten(value, f"{spelled}.", flat, names, unknown)
         elif k == "sparsity" and isinstance(value, Mapping) and _is_block(value):
             _sparsity_block(value, f"{spelled}.", flat, names)
+        elif k in _SECTIONS and k not in _FIELDS:
+            raise ConfigError(f"'{spelled}' is a section: give it keys, e.g. {spelled}: "
+                              f"{{{_SECTION_EXAMPLE[k]}}}")
         elif k in COMMAND_LINE_ONLY:
             raise ConfigError(f"'{spelled}' is a command-line flag, not a config key; give --{k} on "
                               "the command line")
