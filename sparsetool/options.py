@@ -224,17 +224,22 @@ def parse_seed(text: str | int, option: str = "--seed") -> int:
     return check_seed(text, option)  # type: ignore[arg-type]
 
 
-def parse_stage(text: str, option: str = "--stage") -> tuple[float, float]:
+def parse_stage(text: str, option: str = "--stage", example: str | None = None) -> tuple[float, float]:
     """``"0.9:0.8"`` -> (sparsity 0.9, fraction 0.8 of the run); the sparsity as ``--sparsity``,
-    the fraction in (0, 1].
+    the fraction in (0, 1]. ``example`` replaces the ``--stage 0.9:0.8 --stage 0:0.2`` a bad
+    form is answered with (a config file writes a list).
 
     >>> parse_stage("0.9:0.8"), parse_stage("1:1")
     ((0.9, 0.8), (1.0, 1.0))
+    >>> parse_stage("0.9")
+    Traceback (most recent call last):
+    ...
+    sparsetool.errors.ConfigError: --stage '0.9' is not SPARSITY:FRACTION, e.g. --stage 0.9:0.8 --stage 0:0.2
     """
     parts = str(text).split(":")
     if len(parts) != 2 or _number(parts[0]) is None or _number(parts[1]) is None:
-        raise ConfigError(f"{option} {text!r} is not SPARSITY:FRACTION, e.g. {option} 0.9:0.8 "
-                          f"{option} 0:0.2")
+        raise ConfigError(f"{option} {text!r} is not SPARSITY:FRACTION, e.g. "
+                          f"{example or f'{option} 0.9:0.8 {option} 0:0.2'}")
     s = parse_sparsity(parts[0], f"{option} {text!r}: sparsity")
     f = float(parts[1])
     if not 0.0 < f <= 1.0:

@@ -46,7 +46,7 @@ def good_args(command: str, ckpt: Path, tmp: Path, corpus: Path | None = None) -
         "flops": ["--model", "gpt2-small", "--sparsity", "0.5"],
         "simulate": ["--shape", "64x64", "--sparsity", "0.5"],
         "train": ["-o", tmp / "run", "--data", corpus, "--preset", "tiny", "--steps", "2",
-                  "--batch-size", "2", "--eval-every", "1", "--threads", "1"],
+                  "--warmup", "1", "--batch-size", "2", "--eval-every", "1", "--threads", "1"],
         "eval": [tmp / "evalrun", "--text", corpus, "--max-tokens", "300"],
         "diff": [ckpt, ckpt],
     }[command]

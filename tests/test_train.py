@@ -330,7 +330,7 @@ def test_model_zoo_block_spellings_map_to_options(tmp_path):
     assert (got["update_freq"], got["update_start"], got["update_stop"]) == (10, 5, 50)
     assert got["param_filter"] == ["*fc*"]
     f.write_text("sparsity: 0.5\nmodel: {preset: tiny}\nbogus: 1\n")
-    with pytest.raises(Exception, match="unknown option.*bogus"):
+    with pytest.raises(Exception, match="unknown key 'bogus'"):
         read_config_file(f)
 
 

@@ -181,6 +181,10 @@ def test_bad_input_is_one_error_line(root, tmp_path):
     r = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "a"), "--init", str(root / "gpt2"),
                                  "--n-layer", "4", *FAST])
     assert r.exit_code == 1 and "--n-layer cannot change a Hugging Face model" in r.output
+    r = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "a"), "--init", str(root / "gpt2"),
+                                 "--preset", "tiny", *FAST])
+    assert r.exit_code == 1 and r.stderr == ("error: --preset cannot change a Hugging Face model; its "
+                                             f"shape comes from {root / 'gpt2' / 'config.json'}\n")
     r = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "b"), "--init", str(root / "gpt2"),
                                  "--data", str(root / "data.txt"), "--context", "100", *FAST[:2]])
     assert r.exit_code == 1 and "--context 100 is longer than the 64 positions" in r.output

@@ -54,9 +54,9 @@ def _check_device(value: str, option: str) -> str:
 def train(
     output: Optional[Path] = output_option("Run directory to create, or to continue with --resume; required (unless the --config file gives 'out'). Holds checkpoints, logs, loss.png."),
     out: Optional[Path] = typer.Option(None, "--out", hidden=True, help="Old spelling of -o/--output."),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML/TOML file with any of these options (flags override); accepts a Model Zoo 'sparsity:' block (default: none)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML/TOML file whose keys are these options' names (batch-size or batch_size; flags override); accepts a Model Zoo 'sparsity:' block (default: none)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in -o/--output from its latest checkpoint, exactly."),
-    preset: Optional[Preset] = typer.Option(None, "--preset", help="Model size: tiny, mini (default, 0.9M), small (4.9M), base (10M)."),
+    preset: Optional[Preset] = typer.Option(None, "--preset", help="Model size: tiny, mini (default, 0.9M), small (4.9M), base (10M); with --init, the checkpoint's shape (a preset must agree with it)."),
     n_layer: Optional[int] = typer.Option(None, "--n-layer", help="Override the preset's layer count (default: the preset's)."),
     n_head: Optional[int] = typer.Option(None, "--n-head", help="Override the preset's head count (default: the preset's)."),
     d_model: Optional[int] = typer.Option(None, "--d-model", help="Override the preset's width (default: the preset's)."),
@@ -65,11 +65,11 @@ def train(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per micro-batch per process (default 16)."),
     grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Micro-batches per step per process (default 1)."),
     lr: Optional[float] = typer.Option(None, "--lr", help="Peak learning rate (default 1e-3)."),
-    warmup: Optional[int] = typer.Option(None, "--warmup", help="Linear warm-up steps (default 100), then cosine to 10%."),
+    warmup: Optional[int] = typer.Option(None, "--warmup", help="Linear warm-up steps (default 100), then cosine to 10%; a warning if that is the whole run (>= --steps)."),
     weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="AdamW decay of linear matrices (default 0.1)."),
     grad_clip: Optional[float] = typer.Option(None, "--grad-clip", help="Global gradient-norm clip (default 1.0; 0 = off)."),
     seed: Optional[int] = seed_option("Seed for weights, masks and data order (default 0).", default=None),
-    data: Optional[str] = typer.Option(None, "--data", metavar="PATH", help="Text file or directory, or builtin:english (Python's help topics). Default: the Python standard library."),
+    data: Optional[str] = typer.Option(None, "--data", metavar="PATH", help="UTF-8 text file or directory (files that are not text are skipped), or builtin:english (Python's help topics). Default: the Python standard library."),
     algorithm: Optional[Algorithm] = typer.Option(None, "--algorithm", "-a", help="Sparse training algorithm (default: static with --sparsity, else dense)."),
     sparsity: Optional[str] = sparsity_option("Target sparsity (fraction of zeros, from 0 to 1) of the targeted matrices (default: none, dense; with --init, the checkpoint's)."),
     distribution: Optional[Distribution] = typer.Option(None, "--distribution", help="Per-layer sparsity (default uniform)."),
@@ -123,18 +123,11 @@ def train(
             usage_error("give the run directory once: -o/--output (--out is its old spelling)")
         output = out
     with failing_cleanly():
-        import yaml
-
-        from sparsetool.errors import ConfigError
-        from sparsetool.train.config import merge, read_config_file
+        from sparsetool.train.config import caveats, merge, parse_sparsity_options, read_config_file
 
         file_values = read_config_file(config) if config else {}
-        options = {}
-        for item in sparsity_option:
-            if "=" not in item:
-                raise ConfigError(f"--sparsity-option {item!r} is not KEY=VALUE")
-            k, v = item.split("=", 1)
-            options[k.strip()] = yaml.safe_load(v)
+        with usage_errors():
+            options = parse_sparsity_options(sparsity_option)
         flags = {
             "out": str(output) if output else None, "preset": value_of(preset), "n_layer": n_layer, "n_head": n_head,
             "d_model": d_model, "context": context, "steps": steps, "batch_size": batch_size,
@@ -158,18 +151,49 @@ def train(
         else:
             with usage_errors():  # options that do not fit together: exit 2, as a bad value
                 cfg = merge(file_values, flags)
+            for text in caveats(cfg):  # legal, but probably not what was meant
+                _warn(text)
         from sparsetool.train.loop import train as run_training
 
         overrides = {k: v for k, v in flags.items() if v is not None} if resume else None
         # Ctrl-C / SIGTERM: the step in progress ends, is saved, and the run stops (exit 130/143).
         # Everything rank 0 prints is printed from the callback, before the run returns.
         output = _Progress(console, escape, "json" if as_json else "quiet" if quiet else None)
-        summary = run_training(cfg, resume=resume, callback=output, flag_overrides=overrides,
+
+        def callback(kind: str, info: dict) -> None:
+            if kind == "start" and _is_master():
+                for text in _data_caveats(info["data"]):
+                    _warn(text)
+            output(kind, info)
+
+        summary = run_training(cfg, resume=resume, callback=callback, flag_overrides=overrides,
                                stop_on_signal=True)
         if summary["interrupted"]:
             from sparsetool.train.signals import signal_number
 
             raise typer.Exit(128 + signal_number(summary["interrupted"]))
+
+
+def _warn(text: str) -> None:
+    """A ``warning:`` line on stderr, printed even with --quiet and --json: the run goes on, but
+    probably not as meant."""
+    from sparsetool.cli._output import err_console
+
+    if _is_master():
+        err_console.print(f"warning: {text}", highlight=False, soft_wrap=True, markup=False)
+
+
+def _data_caveats(data: dict) -> list[str]:
+    """Files of a --data directory that were left out because they are not text."""
+    skipped = data.get("skipped_files") or 0
+    if not skipped:
+        return []
+    shown = list(data.get("skipped_examples", []))
+    more = f" and {skipped - len(shown):,} more" if skipped > len(shown) else ""
+    kept = data.get("train_files", 0) + data.get("val_files", 0)
+    return [f"--data '{data['source']}': skipped {plural(skipped, 'file')} that "
+            f"{'is' if skipped == 1 else 'are'} not UTF-8 text ({', '.join(shown)}{more}); "
+            f"training on the other {kept:,}"]
 
 
 def _is_master() -> bool:

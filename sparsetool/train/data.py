@@ -18,11 +18,13 @@ SPDF's second step fine-tunes on it, a different domain from the Python source.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import functools
 import hashlib
+import stat
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +38,7 @@ VAL_FRACTION = 0.1
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "pydoc_data"}
 _TEST_DIRS = {"test", "tests", "idle_test"}
 ENGLISH = "builtin:english"  # --data name of the English help-topics corpus
+TEXT_ADVICE = "give a UTF-8 text file or a directory of them"
 
 
 @dataclass
@@ -47,6 +50,7 @@ class Corpus:
     source: str
     train_files: int
     val_files: int
+    skipped: list[str] = field(default_factory=list)  # files of a directory that are not text
 
     def describe(self) -> dict:
         return {
@@ -55,6 +59,8 @@ class Corpus:
             "val_bytes": int(self.val.size),
             "train_files": self.train_files,
             "val_files": self.val_files,
+            "skipped_files": len(self.skipped),
+            "skipped_examples": self.skipped[:3],
         }
 
 
@@ -94,6 +100,98 @@ def _read(root: Path, rels: list[str]) -> np.ndarray:
     return _join(chunks)
 
 
+def not_text(data: bytes) -> str | None:
+    """Why ``data`` is not UTF-8 text (an executable, NUL bytes, invalid UTF-8), or None.
+
+    >>> not_text(b"def f():\\n    return 1\\n"), not_text("naïve\\n".encode())
+    (None, None)
+    >>> not_text(b"\\x7fELF\\x02\\x01"), not_text(b"a\\x00b"), not_text(b"caf\\xe9")
+    ('it is an ELF executable', 'it holds NUL bytes', 'it is not UTF-8: byte 0xe9 at offset 3')
+    """
+    if data.startswith(b"\x7fELF"):
+        return "it is an ELF executable"
+    if b"\x00" in data:  # binary data, or UTF-16 text
+        return "it holds NUL bytes"
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    chunk = 1 << 20  # no whole-file str: a corpus may be large
+    for start in range(0, len(data), chunk):
+        part = data[start:start + chunk]
+        try:
+            decoder.decode(part, final=start + chunk >= len(data))
+        except UnicodeDecodeError as e:  # e.object: the bytes held back from before, then part
+            offset = start - (len(e.object) - len(part)) + e.start
+            return f"it is not UTF-8: byte 0x{e.object[e.start]:02x} at offset {offset}"
+    return None
+
+
+def _what_is(p: Path) -> str:
+    """What a path that is neither a regular file nor a directory is."""
+    if p.is_symlink() and not p.exists():
+        return "is a broken symbolic link"
+    if not p.exists():
+        return "does not exist"
+    mode = p.stat().st_mode
+    for test, kind in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return f"is not a regular file ({kind})"
+    return "is not a regular file"
+
+
+def _read_user_file(p: Path) -> bytes:
+    try:
+        return p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cannot read training file {p}: {e.strerror}") from None
+
+
+def _user_file(p: Path) -> Corpus:
+    data = _read_user_file(p)
+    if not data:
+        raise ConfigError(f"--data '{p}' is empty; {TEXT_ADVICE}")
+    reason = not_text(data)
+    if reason:
+        raise ConfigError(f"--data '{p}' is not a text file ({reason}); {TEXT_ADVICE}")
+    return _split_tail(np.frombuffer(data, dtype=np.uint8), str(p), 1)
+
+
+def _user_directory(p: Path) -> Corpus:
+    """The text files under ``p`` (hidden ones left out), split by file as the built-in corpus;
+    files that are not text are skipped and listed in :attr:`Corpus.skipped`."""
+    rels = sorted(
+        q.relative_to(p).as_posix()
+        for q in p.rglob("*")
+        if q.is_file() and not any(s.startswith(".") for s in q.relative_to(p).parts)
+    )
+    if not rels:
+        raise ConfigError(f"--data '{p}' holds no files; {TEXT_ADVICE}")
+    texts: dict[str, bytes] = {}
+    skipped: list[tuple[str, str]] = []
+    for rel in rels:
+        data = _read_user_file(p / rel)
+        reason = not_text(data)
+        if reason:
+            skipped.append((rel, reason))
+        else:
+            texts[rel] = data
+    if not texts:
+        rel, reason = skipped[0]
+        more = f"; and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+        raise ConfigError(f"--data '{p}' holds no text files: {len(skipped)} "
+                          f"{'file is' if len(skipped) == 1 else 'files are'} not UTF-8 text "
+                          f"({rel}: {reason}{more}); {TEXT_ADVICE}")
+    kept = list(texts)
+    val = [r for r in kept if is_validation(r)]
+    train = [r for r in kept if not is_validation(r)]
+    if not val or not train:
+        corpus = _split_tail(_join([texts[r] for r in kept]), str(p), len(kept))
+    else:
+        corpus = Corpus(_join([texts[r] for r in train]), _join([texts[r] for r in val]), str(p),
+                        len(train), len(val))
+    corpus.skipped = [rel for rel, _ in skipped]
+    return corpus
+
+
 def _join(texts: list[bytes]) -> np.ndarray:
     # texts (files, topics) are separated by a blank line in the byte stream
     return np.frombuffer(b"".join(t + b"\n" for t in texts), dtype=np.uint8)
@@ -116,6 +214,10 @@ def load_corpus(path: str | Path | None = None, min_bytes: int = 0) -> Corpus:
     A directory is split by file (hashed path, as the built-in corpus); if that leaves one side
     empty, or for a single file, the last 10% of bytes become validation. ``min_bytes`` is the
     least each side must hold (one training sequence plus its target byte).
+
+    User data must be UTF-8 text (:func:`not_text`): a file that is not is an error, and so is
+    a path that is empty, missing or not a regular file, each saying which; a directory skips
+    the files that are not text (:attr:`Corpus.skipped`) and is an error only if none is left.
     """
     if path is None:
         corpus = dataclasses.replace(_stdlib_corpus())
@@ -128,19 +230,11 @@ def load_corpus(path: str | Path | None = None, min_bytes: int = 0) -> Corpus:
     else:
         p = Path(path)
         if p.is_file():
-            data = _read(p.parent, [p.name])[:-1]
-            corpus = _split_tail(data, str(p), 1)
+            corpus = _user_file(p)
         elif p.is_dir():
-            rels = sorted(
-                q.relative_to(p).as_posix()
-                for q in p.rglob("*")
-                if q.is_file() and not any(s.startswith(".") for s in q.relative_to(p).parts)
-            )
-            if not rels:
-                raise ConfigError(f"--data directory {p} holds no files; point it at text files")
-            corpus = _split_files(p, rels, str(p))
+            corpus = _user_directory(p)
         else:
-            raise ConfigError(f"--data {p} does not exist; give a text file or a directory of them")
+            raise ConfigError(f"--data '{p}' {_what_is(p)}; {TEXT_ADVICE}")
     for side in ("train", "val"):
         n = getattr(corpus, side).size
         if n < min_bytes:

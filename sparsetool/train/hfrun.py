@@ -115,7 +115,7 @@ class HFModel:
         """The run's model shape; a shape flag is an error, ``--context`` at most the model's."""
         if saved:
             return HFModelInfo(**saved)
-        for k in ("n_layer", "n_head", "d_model"):
+        for k in ("preset", "n_layer", "n_head", "d_model"):
             if getattr(cfg, k) is not None:
                 raise ConfigError(f"--{k.replace('_', '-')} cannot change a Hugging Face model; "
                                   f"its shape comes from {self.path / 'config.json'}")

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from sparsetool.train.config import TrainConfig
+from sparsetool.train.config import DEFAULT_PRESET, TrainConfig
 from sparsetool.train.model import PRESETS, GPTConfig
 
 
@@ -34,7 +34,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def model_config(cfg: TrainConfig) -> GPTConfig:
-    base = PRESETS[cfg.preset]
+    base = PRESETS[cfg.preset or DEFAULT_PRESET]
     over = {k: getattr(cfg, k) for k in ("n_layer", "n_head", "d_model", "context") if getattr(cfg, k)}
     return replace(base, dropout=cfg.dropout, **over)
 

@@ -16,7 +16,7 @@ import torch
 
 from sparsetool.errors import ConfigError, Interrupted
 from sparsetool.train import hfrun, io
-from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, validate
+from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, setting, validate
 from sparsetool.train.signals import signal_number
 from sparsetool.wording import plural
 
@@ -54,7 +54,7 @@ def resumed_config(run_dir: Path, flags: dict) -> tuple[TrainConfig, dict | None
             setattr(stored, k, v)
         elif getattr(stored, k) != v:
             raise ConfigError(
-                f"--resume continues the stored run exactly; --{k.replace('_', '-')} "
+                f"--resume continues the stored run exactly; {setting(k)} "
                 f"{v!r} differs from its {getattr(stored, k)!r} (start a new run to change it)"
             )
     return validate(stored), saved.get("model"), io.latest_checkpoint(run_dir)

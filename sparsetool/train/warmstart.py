@@ -16,25 +16,40 @@ from typing import Any
 import torch
 
 from sparsetool.errors import ConfigError
-from sparsetool.train.config import TrainConfig
+from sparsetool.train.config import DEFAULT_PRESET, TrainConfig
 from sparsetool.train.model import PRESETS, GPTConfig, infer_config
 from sparsetool.wording import plural
 
 __all__ = ["check_sparsity", "load_weights", "loaded_sparsity", "masks_from", "model_config"]
 
 
+SHAPE = ("n_layer", "n_head", "d_model", "context")
+
+
 def model_config(cfg: TrainConfig, weights: dict[str, torch.Tensor], meta: dict) -> GPTConfig:
-    """The model shape of the ``--init`` checkpoint; a shape flag that disagrees is an error."""
-    head = meta.get("model", {}).get("n_head") or cfg.n_head or PRESETS[cfg.preset].n_head
+    """The model shape of the ``--init`` checkpoint; a shape flag or a ``--preset`` that
+    disagrees is an error (a preset that agrees is fine, and gives the head count a checkpoint
+    without train's metadata lacks)."""
+    preset = PRESETS[cfg.preset or DEFAULT_PRESET]
+    head = meta.get("model", {}).get("n_head") or cfg.n_head or preset.n_head
     shapes = {k: tuple(v.shape) for k, v in weights.items()}
     mcfg = replace(infer_config(shapes, head), dropout=cfg.dropout)
-    for k in ("n_layer", "n_head", "d_model", "context"):
+    for k in SHAPE:
         given = getattr(cfg, k)
         if given is not None and given != getattr(mcfg, k):
             raise ConfigError(
                 f"--{k.replace('_', '-')} {given} disagrees with --init {cfg.init} "
                 f"({k} {getattr(mcfg, k)}); the model's shape comes from the checkpoint"
             )
+    # the preset's sizes that no shape flag replaces must be the checkpoint's
+    own = [k for k in SHAPE if getattr(cfg, k) is None]
+    if cfg.preset is not None and any(getattr(preset, k) != getattr(mcfg, k) for k in own):
+        has = ", ".join(f"{k} {getattr(mcfg, k)}" for k in own)
+        raise ConfigError(
+            f"--preset {cfg.preset} disagrees with --init {cfg.init} ({has}; {cfg.preset} has "
+            f"{', '.join(str(getattr(preset, k)) for k in own)}); the model's shape comes from the "
+            "checkpoint"
+        )
     return mcfg
 
 
