@@ -124,6 +124,18 @@ def _stats(values: list[float]) -> str:
     return f"{statistics.fmean(values):.4f} | {statistics.stdev(values):.4f} | {min(values):.4f} - {max(values):.4f}"
 
 
+def _rows(res: dict, labels: dict[str, str]) -> list[str]:
+    """One table row per run name: seeds, mean final sparsity, validation loss statistics."""
+    rows = []
+    for name, label in labels.items():
+        runs = res.get(name, {})
+        if runs:
+            vals = [r["val_loss"] for r in runs.values()]
+            sp = statistics.fmean(r["sparsity"] for r in runs.values())
+            rows.append(f"| {label} | {len(runs)} | {sp:.3f} | {_stats(vals)} |")
+    return rows
+
+
 def _claim(res: dict, better: str, worse: str) -> tuple[str, str]:
     """Is ``better``'s validation loss lower than ``worse``'s? (verdict, figures)"""
     seeds = sorted(set(res.get(better, {})) & set(res.get(worse, {})))
@@ -191,21 +203,11 @@ def write_report() -> None:
         "| run | seeds | final sparsity | val loss, mean | std | min - max |",
         "|---|---:|---:|---:|---:|---|",
     ]
-    for name in PRETRAIN:
-        runs = res.get(name, {})
-        if runs:
-            vals = [r["val_loss"] for r in runs.values()]
-            sp = statistics.fmean(r["sparsity"] for r in runs.values())
-            lines.append(f"| {LABELS[name]} | {len(runs)} | {sp:.3f} | {_stats(vals)} |")
+    lines += _rows(res, {n: LABELS[n] for n in PRETRAIN})
     lines += ["", "## Fine-tuning on English text", "",
               "| run | seeds | sparsity while fine-tuning | val loss, mean | std | min - max |",
               "|---|---:|---:|---:|---:|---|"]
-    for name in FINETUNE:
-        runs = res.get(name, {})
-        if runs:
-            vals = [r["val_loss"] for r in runs.values()]
-            sp = statistics.fmean(r["sparsity"] for r in runs.values())
-            lines.append(f"| {name} | {len(runs)} | {sp:.3f} | {_stats(vals)} |")
+    lines += _rows(res, {n: n for n in FINETUNE})
     lines += ["", "## Claims", "",
               "Difference = first run's val loss minus the second's (negative: the claim's direction).", "",
               "| claim | source | runs compared | verdict | difference |", "|---|---|---|---|---|"]

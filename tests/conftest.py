@@ -68,3 +68,45 @@ def tiny_chunks(on: bool = True):
         yield
     finally:
         kernel._CHUNK, kernel._SMALL = saved
+
+
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test: a tiny model on a busy 2-core machine trains several
+    times faster without the threads' synchronisation. Train test modules use it for every test
+    (``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A directory of Python-looking text files (``test_train.make_corpus``), one per module."""
+    from test_train import make_corpus
+
+    return make_corpus(tmp_path_factory.mktemp("data") / "corpus")
+
+
+def tiny_causal_lm(kind: str):
+    """A small random transformers causal LM of ``kind`` ("opt", "gpt_neox" or "mistral"):
+    2 layers, width 32, vocabulary 320, context 64 (tests that build one need transformers)."""
+    import transformers as t
+
+    if kind == "opt":
+        return t.OPTForCausalLM(t.OPTConfig(
+            num_hidden_layers=2, hidden_size=32, ffn_dim=64, num_attention_heads=4, vocab_size=320,
+            max_position_embeddings=64, word_embed_proj_dim=32, bos_token_id=1, eos_token_id=1,
+            pad_token_id=0))
+    if kind == "gpt_neox":
+        return t.GPTNeoXForCausalLM(t.GPTNeoXConfig(
+            num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+            vocab_size=320, max_position_embeddings=64, bos_token_id=1, eos_token_id=1))
+    if kind == "mistral":
+        return t.MistralForCausalLM(t.MistralConfig(
+            num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=320, max_position_embeddings=64, bos_token_id=1,
+            eos_token_id=1, sliding_window=16))
+    raise ValueError(f"no tiny model of kind {kind!r}")
+

@@ -19,6 +19,7 @@ from sparsetool.masks.wanda import wanda_mask
 from sparsetool.ops.calibrate import calibration_windows
 from sparsetool.ops.eval import evaluate
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
+from conftest import tiny_causal_lm
 
 transformers = pytest.importorskip("transformers")
 from test_eval import hf_model, make_text, save_tokenizer  # noqa: E402
@@ -260,23 +261,9 @@ def test_python_api_and_cli_write_the_same_checkpoint(model_dir, calib_file, tmp
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["opt", "gpt_neox", "mistral"])
 def test_opt_neox_and_mistral_are_pruned_block_by_block(kind, text, calib_file, tmp_path):
-    t = transformers
-    model = {
-        "opt": lambda: t.OPTForCausalLM(t.OPTConfig(
-            num_hidden_layers=2, hidden_size=32, ffn_dim=64, num_attention_heads=4, vocab_size=320,
-            max_position_embeddings=64, word_embed_proj_dim=32, bos_token_id=1, eos_token_id=1,
-            pad_token_id=0)),
-        "gpt_neox": lambda: t.GPTNeoXForCausalLM(t.GPTNeoXConfig(
-            num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-            vocab_size=320, max_position_embeddings=64, bos_token_id=1, eos_token_id=1)),
-        "mistral": lambda: t.MistralForCausalLM(t.MistralConfig(
-            num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=320, max_position_embeddings=64, bos_token_id=1,
-            eos_token_id=1, sliding_window=16)),
-    }[kind]
     src = tmp_path / kind
     torch.manual_seed(0)
-    model().eval().save_pretrained(src)
+    tiny_causal_lm(kind).eval().save_pretrained(src)
     save_tokenizer(src, text)
     for method in ("wanda", "sparsegpt"):
         out = tmp_path / f"{kind}-{method}"

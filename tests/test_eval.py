@@ -18,6 +18,7 @@ from sparsetool.cli.main import app
 from sparsetool.errors import SparsetoolError
 from sparsetool.ops.eval import Window, evaluate, windows
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
+from conftest import tiny_causal_lm
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -106,19 +107,9 @@ def hf_model(kind: str):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["opt", "gpt_neox"])
 def test_opt_and_neox_pruned_to_bitmask_match_transformers(kind, tmp_path, text):
-    t = transformers
-    model = {
-        "opt": lambda: t.OPTForCausalLM(t.OPTConfig(
-            num_hidden_layers=2, hidden_size=32, ffn_dim=64, num_attention_heads=4, vocab_size=320,
-            max_position_embeddings=64, word_embed_proj_dim=32, bos_token_id=1, eos_token_id=1,
-            pad_token_id=0)),
-        "gpt_neox": lambda: t.GPTNeoXForCausalLM(t.GPTNeoXConfig(
-            num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-            vocab_size=320, max_position_embeddings=64, bos_token_id=1, eos_token_id=1)),
-    }[kind]
     torch.manual_seed(0)
     src, zeros, bitmask = tmp_path / "src", tmp_path / "zeros", tmp_path / "bitmask"
-    model().eval().save_pretrained(src)
+    tiny_causal_lm(kind).eval().save_pretrained(src)
     save_tokenizer(src, text)
     prune_checkpoint(src, zeros, PruneOptions(sparsity=0.5, encoding="zeros"))
     prune_checkpoint(src, bitmask, PruneOptions(sparsity=0.5, encoding="bitmask"))

@@ -241,17 +241,6 @@ def _corpus(root: Path) -> Path:
     return root
 
 
-@pytest.fixture
-def one_thread():
-    """A tiny model on a busy machine trains far faster on one thread."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_train_include_exclude_choose_the_sparse_matrices(tmp_path, one_thread):
     from safetensors.torch import load_file
 

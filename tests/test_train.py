@@ -16,6 +16,8 @@ from sparsetool.cli.main import app
 from sparsetool.train.config import TrainConfig, merge
 from sparsetool.train.loop import Trainer, train
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
 WORDS = ("def class return import self value index sparse dense mask weight layer train "
          "loss step for in if else while print range len None True False").split()
 
@@ -31,20 +33,6 @@ def make_corpus(root: Path, files: int = 24, lines: int = 60, seed: int = 0) -> 
             body.append(indent + " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 8))))
         (root / f"mod_{f:02d}.py").write_text("\n".join(body) + "\n")
     return root
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """A tiny model on a busy 2-core machine runs ~5x faster on one thread (no sync overhead)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return make_corpus(tmp_path_factory.mktemp("data") / "corpus")
 
 
 def base_args(out: Path, data: Path, steps: int = 6) -> list[str]:

@@ -8,7 +8,6 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
@@ -17,20 +16,9 @@ from sparsetool.train.config import merge
 from sparsetool.train.data import load_corpus
 from test_train import make_corpus
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
 TEXT_ADVICE = "give a UTF-8 text file or a directory of them"
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return make_corpus(tmp_path_factory.mktemp("data") / "corpus")
 
 
 def train(out: Path, data: Path | str, *extra: str):

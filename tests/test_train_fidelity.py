@@ -18,6 +18,8 @@ from sparsetool.masks.global_magnitude import global_magnitude_masks
 from sparsetool.train.algorithms import build_sparsifier
 from sparsetool.train.schedules import Periodic
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
+
 SHAPES = {"blocks.0.mlp.fc.weight": (32, 16), "blocks.0.mlp.proj.weight": (16, 32),
           "blocks.1.mlp.fc.weight": (48, 16), "blocks.1.mlp.proj.weight": (16, 48)}
 
@@ -209,14 +211,6 @@ def make_corpus(root: Path) -> Path:
         lines = [" ".join(rng.choice(words) for _ in range(6)) for _ in range(60)]
         (root / f"m{f}.py").write_text("\n".join(lines) + "\n")
     return root
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def train_args(out: Path, data: Path, steps: int, *extra: str) -> list[str]:

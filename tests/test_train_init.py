@@ -15,22 +15,10 @@ from sparsetool.cli.main import app
 from sparsetool.errors import ConfigError
 from sparsetool.train.config import merge
 from sparsetool.train.loop import Trainer
-from test_train import make_corpus
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 TARGETED = ("qkv.weight", "attn.proj.weight", "fc.weight", "mlp.proj.weight")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return make_corpus(tmp_path_factory.mktemp("data") / "corpus")
 
 
 def args(out: Path, data: Path, steps: int) -> list[str]:

@@ -23,7 +23,8 @@ from sparsetool.cli.main import app
 from sparsetool.errors import SparsetoolError
 from sparsetool.train.config import TrainConfig, merge
 from sparsetool.train.loop import train
-from test_train import make_corpus
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 STEPS = 300  # long enough that a signal sent at step 30 lands well before the end
 SPARSE = ["--algorithm", "rigl", "--sparsity", "0.75", "--update-freq", "10", "--update-stop", "250",
@@ -36,20 +37,6 @@ def _env() -> dict:
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(key, None)
     return env
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """In-process runs on one thread, as the subprocesses' --threads 1 (faster on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return make_corpus(tmp_path_factory.mktemp("data") / "corpus")
 
 
 def args(run: Path, data: Path, *extra: str) -> list[str]:
