@@ -47,7 +47,7 @@ ALGOS = {
 
 
 def _train(name: str, time_hooks: bool = False, **options) -> dict:
-    from sparsetool.train.config import merge
+    from sparsetool.train.configkeys import merge
     from sparsetool.train.loop import Trainer
 
     out = WORK / name
@@ -225,7 +225,7 @@ def replicate(args: argparse.Namespace) -> None:
 
 
 def _zero_shot(init: str, data: str, args: argparse.Namespace) -> float:
-    from sparsetool.train.config import merge
+    from sparsetool.train.configkeys import merge
     from sparsetool.train.loop import Trainer
 
     out = WORK / "zero-shot-tmp"

@@ -189,7 +189,7 @@ def test_mask_counts_use_the_one_check():
 
 
 def test_train_accepts_sparsity_one_like_the_other_commands():
-    from sparsetool.train.config import merge
+    from sparsetool.train.configkeys import merge
 
     assert merge({}, {"sparsity": 1.0, "algorithm": "rigl"}).sparsity == 1.0
     assert merge({}, {"stages": [(1.0, 0.5), (0.0, 0.5)]}).stages == [(1.0, 0.5), (0.0, 0.5)]

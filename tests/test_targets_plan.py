@@ -244,7 +244,7 @@ def _corpus(root: Path) -> Path:
 def test_train_include_exclude_choose_the_sparse_matrices(tmp_path, one_thread):
     from safetensors.torch import load_file
 
-    from sparsetool.train.config import merge
+    from sparsetool.train.configkeys import merge
     from sparsetool.train.loop import Trainer
 
     base = {"data": str(_corpus(tmp_path / "data")), "preset": "tiny", "steps": 2,

@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
-from sparsetool.train.config import TrainConfig, merge
+from sparsetool.train.config import TrainConfig
+from sparsetool.train.configkeys import merge
 from sparsetool.train.loop import Trainer, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
@@ -306,7 +307,7 @@ def test_missing_out_is_a_usage_error():
 
 
 def test_model_zoo_block_spellings_map_to_options(tmp_path):
-    from sparsetool.train.config import read_config_file
+    from sparsetool.train.configkeys import read_config_file
 
     f = tmp_path / "c.yaml"
     f.write_text("sparsity:\n  type: gmp\n  init_sparsity: 0.0\n"

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
 from sparsetool.errors import ConfigError
-from sparsetool.train.config import merge
+from sparsetool.train.configkeys import merge
 from sparsetool.train.data import load_corpus
 from test_train import make_corpus
 

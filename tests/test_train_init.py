@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
 from sparsetool.errors import ConfigError
-from sparsetool.train.config import merge
+from sparsetool.train.configkeys import merge
 from sparsetool.train.loop import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py

@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
 from sparsetool.errors import SparsetoolError
-from sparsetool.train.config import TrainConfig, merge
+from sparsetool.train.config import TrainConfig
+from sparsetool.train.configkeys import merge
 from sparsetool.train.loop import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py

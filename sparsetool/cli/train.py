@@ -123,7 +123,9 @@ def train(
             usage_error("give the run directory once: -o/--output (--out is its old spelling)")
         output = out
     with failing_cleanly():
-        from sparsetool.train.config import caveats, merge, parse_sparsity_options, read_config_file
+        from sparsetool.train.config import caveats
+        from sparsetool.train.configkeys import merge
+        from sparsetool.train.configkeys import parse_sparsity_options, read_config_file
 
         file_values = read_config_file(config) if config else {}
         with usage_errors():

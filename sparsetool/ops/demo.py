@@ -130,7 +130,7 @@ class _Demo:
         self.report("done", {"phase": key, "seconds": self.seconds[key]})
 
     def _train(self, key: str, steps: int, **options: Any) -> dict:
-        from sparsetool.train.config import merge
+        from sparsetool.train.configkeys import merge
         from sparsetool.train.loop import train
 
         cfg = merge({}, {**MODEL, "out": str(self.out / key), "steps": steps, "seed": self.seed,
