@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
+
+
+def pytest_configure(config):
+    """Tests send SIGINT and SIGTERM to the commands they start (and raise them in-process). A
+    suite started with those signals ignored (``nohup``, ``cmd &`` in a script) would pass the
+    ignoring on to every child, as it should for users; here each test needs the defaults."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 def gpt2_like_state(n_layer: int = 2, d: int = 16, vocab: int = 64, seed: int = 0,
                     dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
