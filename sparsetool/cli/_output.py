@@ -61,6 +61,12 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def warn(text: str) -> None:
+    """One ``warning:`` line on stderr (the text taken literally, never as markup): the command
+    goes on, but its result may not be what was meant."""
+    err_console.print(f"warning: {text}", highlight=False, soft_wrap=True, markup=False)
+
+
 def fail(message: str) -> None:
     """Raise the clean error (for checks done in the command itself)."""
     raise SparsetoolError(message)

@@ -7,7 +7,7 @@ from typing import Any, List, Optional
 
 import typer
 
-from sparsetool.cli._output import console, count, emit_json, err_console, failing_cleanly, percent, print_table, si
+from sparsetool.cli._output import console, count, emit_json, failing_cleanly, percent, print_table, si, warn
 from sparsetool.cli._params import (
     choices,
     default_targets_option,
@@ -123,7 +123,7 @@ def flops(
         return
     if not quiet:
         for w in warnings:
-            err_console.print(f"warning: {w}", highlight=False, soft_wrap=True)
+            warn(w)
     _render(F, cfg, results, [] if quiet else notes, breakdown, measured is not None)
 
 

@@ -10,8 +10,8 @@ import typer
 from sparsetool import options
 from rich.markup import escape
 
-from sparsetool.cli._output import (console, emit_json, err_console, failing_cleanly, note_left_out, percent,
-                                    progress_bar)
+from sparsetool.cli._output import (console, emit_json, failing_cleanly, note_left_out, percent,
+                                    progress_bar, warn)
 from sparsetool.cli._params import (
     ENCODING_NAMES,
     checkpoint_argument,
@@ -101,7 +101,7 @@ def prune(
             result = prune_checkpoint(checkpoint, output or checkpoint, opts,
                                       in_place=in_place, progress=progress)
     for warning in result.warnings:  # printed even with --quiet/--json: the output will mislead
-        err_console.print(f"warning: {escape(warning)}", highlight=False, soft_wrap=True)
+        warn(warning)
     if as_json:
         emit_json(result.to_json())
         return

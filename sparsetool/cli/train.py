@@ -124,8 +124,7 @@ def train(
         output = out
     with failing_cleanly():
         from sparsetool.train.config import caveats
-        from sparsetool.train.configkeys import merge
-        from sparsetool.train.configkeys import parse_sparsity_options, read_config_file
+        from sparsetool.train.configkeys import merge, parse_sparsity_options, read_config_file
 
         file_values = read_config_file(config) if config else {}
         with usage_errors():
@@ -179,10 +178,10 @@ def train(
 def _warn(text: str) -> None:
     """A ``warning:`` line on stderr, printed even with --quiet and --json: the run goes on, but
     probably not as meant."""
-    from sparsetool.cli._output import err_console
+    from sparsetool.cli._output import warn
 
     if _is_master():
-        err_console.print(f"warning: {text}", highlight=False, soft_wrap=True, markup=False)
+        warn(text)
 
 
 def _data_caveats(data: dict) -> list[str]:

@@ -90,16 +90,6 @@ def stdlib_files(include_tests: bool = False) -> tuple[Path, list[str]]:
     return root, sorted(files)
 
 
-def _read(root: Path, rels: list[str]) -> np.ndarray:
-    chunks = []
-    for rel in rels:
-        try:
-            chunks.append((root / rel).read_bytes())
-        except OSError as e:
-            raise ConfigError(f"cannot read training file {root / rel}: {e.strerror}") from None
-    return _join(chunks)
-
-
 def not_text(data: bytes) -> str | None:
     """Why ``data`` is not UTF-8 text (an executable, NUL bytes, invalid UTF-8), or None.
 
@@ -138,7 +128,7 @@ def _what_is(p: Path) -> str:
     return "is not a regular file"
 
 
-def _read_user_file(p: Path) -> bytes:
+def _read_file(p: Path) -> bytes:
     try:
         return p.read_bytes()
     except OSError as e:
@@ -146,7 +136,7 @@ def _read_user_file(p: Path) -> bytes:
 
 
 def _user_file(p: Path) -> Corpus:
-    data = _read_user_file(p)
+    data = _read_file(p)
     if not data:
         raise ConfigError(f"--data '{p}' is empty; {TEXT_ADVICE}")
     reason = not_text(data)
@@ -168,7 +158,7 @@ def _user_directory(p: Path) -> Corpus:
     texts: dict[str, bytes] = {}
     skipped: list[tuple[str, str]] = []
     for rel in rels:
-        data = _read_user_file(p / rel)
+        data = _read_file(p / rel)
         reason = not_text(data)
         if reason:
             skipped.append((rel, reason))
@@ -180,14 +170,7 @@ def _user_directory(p: Path) -> Corpus:
         raise ConfigError(f"--data '{p}' holds no text files: {len(skipped)} "
                           f"{'file is' if len(skipped) == 1 else 'files are'} not UTF-8 text "
                           f"({rel}: {reason}{more}); {TEXT_ADVICE}")
-    kept = list(texts)
-    val = [r for r in kept if is_validation(r)]
-    train = [r for r in kept if not is_validation(r)]
-    if not val or not train:
-        corpus = _split_tail(_join([texts[r] for r in kept]), str(p), len(kept))
-    else:
-        corpus = Corpus(_join([texts[r] for r in train]), _join([texts[r] for r in val]), str(p),
-                        len(train), len(val))
+    corpus = _split_files(texts, str(p))
     corpus.skipped = [rel for rel, _ in skipped]
     return corpus
 
@@ -251,15 +234,18 @@ def _stdlib_corpus() -> Corpus:
     evaluates on it); its byte arrays are read-only, so sharing them is safe."""
     root, rels = stdlib_files()
     source = f"Python {sysconfig.get_python_version()} standard library ({root})"
-    return _split_files(root, rels, source)
+    return _split_files({rel: _read_file(root / rel) for rel in rels}, source)
 
 
-def _split_files(root: Path, rels: list[str], source: str) -> Corpus:
-    val = [r for r in rels if is_validation(r)]
-    train = [r for r in rels if not is_validation(r)]
+def _split_files(texts: dict[str, bytes], source: str) -> Corpus:
+    """Files (relative path -> bytes) split by a hash of each path; if that leaves one side
+    empty, the last 10% of all bytes become validation."""
+    val = [r for r in texts if is_validation(r)]
+    train = [r for r in texts if not is_validation(r)]
     if not val or not train:
-        return _split_tail(_read(root, rels), source, len(rels))
-    return Corpus(_read(root, train), _read(root, val), source, len(train), len(val))
+        return _split_tail(_join(list(texts.values())), source, len(texts))
+    return Corpus(_join([texts[r] for r in train]), _join([texts[r] for r in val]), source,
+                  len(train), len(val))
 
 
 def _split_tail(data: np.ndarray, source: str, files: int) -> Corpus:

@@ -61,7 +61,7 @@ class StopRequest:
     @property
     def name(self) -> str | None:
         """The first signal's name (``"SIGINT"``, ``"SIGTERM"``), None before one came."""
-        return None if self.signum is None else signal.Signals(self.signum).name
+        return None if self.signum is None else signal_name(self.signum)
 
 
 def signal_name(signum: int) -> str:
