@@ -101,7 +101,7 @@ signal.signal(signal.SIGTERM, _interrupt)
 start = threading.Thread.start
 def start_then_signal(self):
     start(self)
-    if self.name.startswith("sparsetool-mask"):
+    if self.name.startswith("sparsetool-worker"):
         os.kill(os.getpid(), signal.SIGTERM)  # lands while submit() has a thread not yet recorded
         threading.Event().wait(0.01)
 threading.Thread.start = start_then_signal

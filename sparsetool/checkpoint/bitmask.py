@@ -31,9 +31,8 @@ import numpy as np
 import torch
 
 from sparsetool.checkpoint import zeros
+from sparsetool.checkpoint.reader import BITMASK_PARTS as PARTS
 from sparsetool.errors import CheckpointError
-
-PARTS = ("shape", "compressed", "bitmask", "row_offsets")
 
 
 def packed_cols(cols: int) -> int:

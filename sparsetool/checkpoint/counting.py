@@ -2,6 +2,10 @@
 
 A pruned entry is zero whatever the encoding says (a ``_mask`` False, a NaN sentinel, a cleared
 bitmask bit), and -0.0 is zero too; NaN at a kept position counts as non-zero.
+
+Plain tensors (every tensor of a checkpoint in the zeros encoding) are counted on their bits in
+numpy (:mod:`sparsetool.checkpoint.bits`) without importing torch; the other encodings, and fp8,
+are decoded first (torch).
 """
 
 from __future__ import annotations
@@ -10,14 +14,20 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sparsetool.checkpoint import bits
 from sparsetool.checkpoint.dtypes import torch_name
 from sparsetool.checkpoint.reader import Checkpoint, LogicalTensor, open_checkpoint
-from sparsetool.checkpoint.zeros import count_nonzero as _count, nonzero_mask
 
 
 def count_nonzero(ckpt: Checkpoint, lt: LogicalTensor) -> int:
     """Non-zero, non-pruned entries of one logical tensor (NaN sentinels and masked count as 0)."""
-    if not lt.dtype.is_floating_point and lt.encoding == "plain":
+    if lt.encoding == "plain" and lt.st_dtype in bits.FLOAT_KEYS:
+        return bits.nonzero_count(ckpt.read_array(lt.stored[0]), lt.st_dtype, nan_is_zero=True)
+    if lt.encoding == "plain" and not lt.floating and lt.st_dtype not in ("C64",):
+        return bits.count_nonzero(ckpt.read_array(lt.stored[0]))
+    from sparsetool.checkpoint.zeros import count_nonzero as _count, nonzero_mask
+
+    if lt.encoding == "plain" and not lt.floating:
         return _count(ckpt.read_stored(lt.stored[0]))
     dense, mask = ckpt.read(lt)
     if mask is None:
@@ -46,8 +56,9 @@ def tensor_counts(path: str | os.PathLike, *, progress: Callable[[str, int, int]
     with open_checkpoint(path) as ckpt:
         total = len(ckpt.logical)
         for lt in ckpt.logical:
-            out.append(TensorCount(lt.name, tuple(lt.shape), torch_name(lt.dtype), lt.encoding,
+            out.append(TensorCount(lt.name, tuple(lt.shape), torch_name(lt.st_dtype), lt.encoding,
                                    lt.numel, count_nonzero(ckpt, lt), lt.nbytes))
             if progress:
                 progress(label, len(out), total)
     return out
+

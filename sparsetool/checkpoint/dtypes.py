@@ -105,7 +105,10 @@ def itemsize(dtype: Any) -> int:
 
 
 def torch_name(dtype: Any) -> str:
-    """``torch.bfloat16`` -> ``"bfloat16"`` (the name ``report`` prints)."""
+    """``torch.bfloat16`` or ``"BF16"`` -> ``"bfloat16"`` (the name ``report`` prints)."""
+    row = lookup(dtype)
+    if row is not None and row.torch_name:
+        return row.torch_name
     return str(dtype).removeprefix("torch.")
 
 

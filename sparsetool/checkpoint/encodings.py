@@ -22,12 +22,12 @@ import torch
 
 from sparsetool.checkpoint import bitmask as bm
 from sparsetool.checkpoint.format import TensorSpec
+from sparsetool.checkpoint.reader import MASK_SUFFIX
 from sparsetool.checkpoint.zeros import has_bits, int_bits
 from sparsetool.errors import SparsetoolError
 from sparsetool.wording import plural
 
 ENCODINGS = ("zeros", "mask", "nan", "bitmask")
-MASK_SUFFIX = "_mask"
 
 
 def may_hold_nan(t: torch.Tensor) -> bool:
@@ -102,6 +102,34 @@ def bit_maskable(t: torch.Tensor) -> bool:
     return has_bits(t)
 
 
+STREAMED = ("zeros", "mask", "nan")
+"""Encodings whose stored tensors can be written piece by piece (:func:`encode_piece`)."""
+
+
+def nan_bits(dtype: torch.dtype) -> int:
+    """The bit pattern (a signed integer of the type's width) of NaN in a float ``dtype``."""
+    return int(int_bits(torch.tensor(float("nan"), dtype=dtype)).item())
+
+
+def encode_piece(encoding: str, bits: _np.ndarray, keep: _np.ndarray,
+                 nan: int = 0) -> list[_np.ndarray]:
+    """One piece of each stored tensor of a ``STREAMED`` encoding, from the raw bits (a flat
+    signed integer array) and the bool mask (True = kept) of the same positions: the values with
+    pruned entries +0.0 (NaN, whose bits ``nan`` gives, for ``nan``), and for ``mask`` the mask
+    bytes too. The same bytes :func:`encode` writes for those positions.
+
+    >>> bits = _np.array([0x3F80, -0x4080, -0x8000], dtype=_np.int16)  # 1.0, -1.0, -0.0 in bf16
+    >>> [p.tolist() for p in encode_piece("mask", bits, _np.array([True, False, True]))]
+    [[16256, 0, -32768], [1, 0, 1]]
+    """
+    values = _np.multiply(bits, keep)  # an integer multiply: kept bits unchanged, others 0
+    if encoding == "nan":
+        values |= _np.multiply(~keep, _np.array(nan, dtype=values.dtype), dtype=values.dtype)
+    if encoding == "mask":
+        return [values, keep.view(_np.uint8)]
+    return [values]
+
+
 def zero_pruned(t: torch.Tensor, keep: torch.Tensor, out: _np.ndarray | None = None) -> torch.Tensor:
     """``t`` where ``keep``, all-zero bits (+0.0) elsewhere; kept bits unchanged. ``t`` is not modified.
 
@@ -127,11 +155,10 @@ def fill_pruned_nan(t: torch.Tensor, keep: torch.Tensor, out: _np.ndarray | None
     """``t`` where ``keep``, NaN elsewhere (same bit-level approach and ``out`` as zero_pruned)."""
     if not bit_maskable(t):
         return t.masked_fill(~keep, float("nan"))
-    nan_bits = int(int_bits(torch.tensor(float("nan"), dtype=t.dtype)).item())
     kn = keep.contiguous().reshape(-1).numpy()
     result = zero_pruned(t, keep, out)
     flat = int_bits(result).reshape(-1).numpy()
-    flat |= _np.multiply(~kn, _np.array(nan_bits, dtype=flat.dtype), dtype=flat.dtype)
+    flat |= _np.multiply(~kn, _np.array(nan_bits(t.dtype), dtype=flat.dtype), dtype=flat.dtype)
     return result
 
 

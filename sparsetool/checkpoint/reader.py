@@ -1,7 +1,11 @@
 """Open a checkpoint, validate every header up front, and read one logical tensor at a time.
 
-Reading is streaming: each call reads exactly one stored tensor's byte range with ``preadv``
-into a fresh buffer, so peak memory is a few tensors, never the checkpoint.
+Reading is streaming: each call maps (or reads) exactly one stored tensor's byte range, so peak
+memory is a few tensors, never the checkpoint.
+
+Opening and :meth:`Checkpoint.read_array` (the raw values of a stored tensor as a read-only numpy
+array) do not import torch: ``report`` and ``densify`` of a checkpoint of plain tensors never
+load it. Decoding an encoding (``read``) and ``read_stored`` do.
 """
 
 from __future__ import annotations
@@ -12,14 +16,22 @@ import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
-from sparsetool.checkpoint import bitmask as bm
-from sparsetool.checkpoint.encodings import MASK_SUFFIX, may_hold_nan, zero_pruned
+from sparsetool.checkpoint import dtypes
 from sparsetool.checkpoint.format import Header, StoredTensor, read_header
 from sparsetool.checkpoint.layout import Layout, locate
 from sparsetool.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import torch
+
+MASK_SUFFIX = "_mask"
+"""A bool or uint8 tensor ``<name>_mask`` beside ``<name>`` is its mask (the ``mask`` encoding)."""
+BITMASK_PARTS = ("shape", "compressed", "bitmask", "row_offsets")
+"""The stored tensors ``<module>.<part>`` of one compressed-tensors bitmask group."""
 
 
 @dataclass
@@ -27,7 +39,7 @@ class LogicalTensor:
     """One weight as the user sees it, however it is stored."""
 
     name: str  # e.g. "h.0.attn.c_attn.weight" (a bitmask group: "<module>.weight")
-    dtype: torch.dtype
+    st_dtype: str  # safetensors name of the values' type, e.g. "BF16"
     shape: tuple[int, ...]  # the dense shape
     encoding: str  # "plain" | "mask" | "bitmask" (nan is only known from the data)
     shard: str  # shard file name holding it
@@ -37,6 +49,16 @@ class LogicalTensor:
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def dtype(self) -> "torch.dtype":
+        """The torch dtype of the values (imports torch)."""
+        return dtypes.to_torch(self.st_dtype)
+
+    @property
+    def floating(self) -> bool:
+        """A float type with a zero (what prune targets), without importing torch."""
+        return dtypes.is_floating(self.st_dtype)
 
 
 class Checkpoint:
@@ -109,6 +131,8 @@ class Checkpoint:
         the tensor, and unmapped when the tensor is freed); where mapping is impossible they are
         read with ``preadv``.
         """
+        import torch
+
         st = self.entry(name)
         if st.nbytes == 0:
             return torch.empty(st.shape, dtype=st.dtype)
@@ -129,6 +153,22 @@ class Checkpoint:
             return buf.reshape(st.shape)
         return buf.view(st.dtype).reshape(st.shape)
 
+    def read_array(self, name: str) -> np.ndarray:
+        """One stored tensor's bytes as a flat read-only numpy array, without torch: floats as
+        signed integers of their width (their bit patterns), bool as uint8, other integers as
+        themselves. Mapped from the page cache; a copy only where mapping is impossible."""
+        st = self.entry(name)
+        kind = np.dtype(_NUMPY_VIEW.get(st.st_dtype) or dtypes.INT_VIEW[dtypes.itemsize(st.st_dtype)])
+        if st.nbytes == 0:
+            return np.empty(0, dtype=kind)
+        fd = self._fd(st.shard)
+        start = st.start - st.start % mmap.ALLOCATIONGRANULARITY
+        try:
+            mm = mmap.mmap(fd, st.end - start, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=start)
+        except (OSError, ValueError):
+            return np.frombuffer(os.pread(fd, st.nbytes, st.start), dtype=kind)
+        return np.frombuffer(mm, dtype=kind, count=st.numel, offset=st.start - start)
+
     def read(self, lt: LogicalTensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(dense values, mask) of one logical tensor.
 
@@ -136,6 +176,10 @@ class Checkpoint:
         where kept, or None when the tensor carries no sparsity encoding (a plain tensor
         without NaN; zeros alone are just values).
         """
+        import torch
+
+        from sparsetool.checkpoint.encodings import may_hold_nan, zero_pruned
+
         if lt.encoding == "plain":
             t = self.read_stored(lt.stored[0])
             if may_hold_nan(t):
@@ -157,7 +201,9 @@ class Checkpoint:
             return zero_pruned(w, m), m
         return self._read_bitmask(lt)
 
-    def _read_bitmask(self, lt: LogicalTensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _read_bitmask(self, lt: LogicalTensor) -> tuple["torch.Tensor", "torch.Tensor"]:
+        from sparsetool.checkpoint import bitmask as bm
+
         _shape_name, comp_name, bits_name, _offs = lt.stored
         values = self.read_stored(comp_name)
         bits = self.read_stored(bits_name)
@@ -226,7 +272,7 @@ class Checkpoint:
         for name, st in e.items():
             if name.endswith(".compressed"):
                 prefix = name[: -len(".compressed")]
-                parts = [f"{prefix}.{p}" for p in bm.PARTS]
+                parts = [f"{prefix}.{p}" for p in BITMASK_PARTS]
                 if all(p in e for p in parts):
                     groups[name] = self._bitmask_lt(prefix, parts)
                     for p in parts:
@@ -235,9 +281,9 @@ class Checkpoint:
             if name in member_of or not name.endswith(MASK_SUFFIX):
                 continue
             base = name[: -len(MASK_SUFFIX)]
-            if base in e and base not in member_of and st.dtype in (torch.bool, torch.uint8):
+            if base in e and base not in member_of and st.st_dtype in ("BOOL", "U8"):
                 w = e[base]
-                groups[base] = LogicalTensor(base, w.dtype, w.shape, "mask", w.shard, (base, name), w.nbytes + st.nbytes)
+                groups[base] = LogicalTensor(base, w.st_dtype, w.shape, "mask", w.shard, (base, name), w.nbytes + st.nbytes)
                 member_of[base] = base
                 member_of[name] = base
         pos = {st.name: (si, i) for si, sh in enumerate(self.shards) for i, st in enumerate(self._headers[sh].tensors)}
@@ -249,7 +295,7 @@ class Checkpoint:
         out = list(groups.values())
         for name, st in e.items():
             if name not in member_of:
-                out.append(LogicalTensor(name, st.dtype, st.shape, "plain", st.shard, (name,), st.nbytes))
+                out.append(LogicalTensor(name, st.st_dtype, st.shape, "plain", st.shard, (name,), st.nbytes))
         out.sort(key=anchor)
         seen: dict[str, LogicalTensor] = {}
         for lt in out:
@@ -263,25 +309,33 @@ class Checkpoint:
         return out
 
     def _bitmask_lt(self, prefix: str, parts: list[str]) -> LogicalTensor:
+        from sparsetool.checkpoint import bitmask as bm
+
         e = self._entries
         shape_st, comp, bits, offs = (e[p] for p in parts)
         where = str(self.shard_path(comp.shard))
-        if shape_st.dtype not in (torch.int64, torch.int32) or len(shape_st.shape) != 1:
+        if shape_st.st_dtype not in ("I64", "I32") or len(shape_st.shape) != 1:
             raise CheckpointError(f"{where}: {prefix}.shape must be a 1-D integer tensor")
-        shape = [int(x) for x in self.read_stored(shape_st.name).tolist()]
+        shape = [int(x) for x in self.read_array(shape_st.name).tolist()]
         if any(d < 0 for d in shape):
             raise CheckpointError(f"{where}: {prefix}.shape holds a negative size {shape}")
         bm.check_parts(prefix, shape, comp.shape, bits.shape, where)
-        if bits.dtype != torch.uint8:
+        if bits.st_dtype != "U8":
             raise CheckpointError(f"{where}: {prefix}.bitmask must be uint8, got {bits.dtype}")
         last = prefix.rsplit(".", 1)[-1]
         # Older compressed-tensors named the parts after the whole parameter ("x.weight.compressed").
         name = prefix if last in ("weight", "bias") else prefix + ".weight"
         nbytes = sum(e[p].nbytes for p in parts)
-        return LogicalTensor(name, comp.dtype, tuple(shape), "bitmask", comp.shard, tuple(parts), nbytes)
+        return LogicalTensor(name, comp.st_dtype, tuple(shape), "bitmask", comp.shard, tuple(parts), nbytes)
 
 
-def _map(fd: int, st: StoredTensor) -> torch.Tensor:
+_NUMPY_VIEW = {"BOOL": "uint8", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16",
+               "I32": "int32", "U32": "uint32", "I64": "int64", "U64": "uint64"}
+
+
+def _map(fd: int, st: StoredTensor) -> "torch.Tensor":
+    import torch
+
     start = st.start - st.start % mmap.ALLOCATIONGRANULARITY
     mm = mmap.mmap(fd, st.end - start, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
     # the tensor holds the only reference to the mapping: it is unmapped when the tensor dies

@@ -100,6 +100,28 @@ class ShardWriter:
             _pwrite_all(self._fd, memoryview(raw).cast("B"), self._data_start + self._offsets[name])
         self._written.add(name)
 
+    @contextlib.contextmanager
+    def parts(self, *names: str) -> Iterator[Callable[[int, int, memoryview], None]]:
+        """Write the tensors ``names`` piece by piece: ``put(i, byte_offset, data)`` writes
+        ``data`` into tensor ``names[i]`` at that offset. ``put`` may be called from several
+        threads at once (each piece is one ``pwrite`` at its own place). The tensors count as
+        written when the block ends without an error; the caller writes every byte of them.
+        """
+        specs = [self._claim(name) for name in names]
+        starts = [self._data_start + self._offsets[name] for name in names]
+        fd = self._fd
+
+        def put(i: int, offset: int, data: memoryview) -> None:
+            if offset < 0 or offset + len(data) > specs[i].nbytes:
+                raise CheckpointError(
+                    f"{self.shard}: a piece of {names[i]!r} at byte {offset} ({len(data)} bytes) "
+                    f"lies outside its {specs[i].nbytes} bytes"
+                )
+            _pwrite_all(fd, data, starts[i] + offset)
+
+        yield put
+        self._written.update(names)
+
     def copy_stored(self, name: str, src: Checkpoint, stored_name: str) -> None:
         """Copy a stored tensor's bytes from ``src`` unchanged, chunk by chunk (never loaded as a tensor)."""
         spec = self._claim(name)

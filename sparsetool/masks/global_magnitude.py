@@ -42,6 +42,8 @@ from torch import Tensor
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.kernel import (
     Keys,
+    Scan,
+    Sink,
     _boundary,
     _flat_existing,
     _resolve_keep,
@@ -124,6 +126,14 @@ class MagnitudeHistogram:
         if fine.numel() == 1:  # bf16: every key in the bucket is refine << 16 exactly
             fine = torch.cat([fine, torch.zeros((1 << 16) - 1, dtype=torch.int64, device=fine.device)])
         return cls(fine, int(refine), exact)
+
+    @classmethod
+    def of_scan(cls, found: Scan, dtype: torch.dtype) -> MagnitudeHistogram:
+        """The coarse histogram of a bf16 or fp32 tensor with no existing mask, from the
+        :func:`~sparsetool.masks.kernel.scan` of its magnitude keys (the same counts ``of`` makes)."""
+        if dtype not in (torch.bfloat16, torch.float32):
+            raise SparsetoolError(f"of_scan takes bf16 or fp32 keys, not {dtype}")
+        return cls(found.total, None, _exact_coarse(dtype))
 
     @property
     def total(self) -> int:
@@ -252,12 +262,17 @@ def _share_ties(threshold: int, ties: int, above: list[int], at: list[int]) -> t
     for a, c in zip(above, at):
         take = min(c, ties)
         ties -= take
-        plans.append(TensorPlan(threshold, take, a + take))
+        if take and take == c:  # every key at the threshold is kept: ">= T", no ties to find
+            plans.append(TensorPlan(threshold - 1, 0, a + take))
+        else:
+            plans.append(TensorPlan(threshold, take, a + take))
     return tuple(plans)
 
 
-def apply_threshold(w: Tensor, plan: TensorPlan, existing: Tensor | None = None) -> Tensor:
-    """The mask of one tensor under its :class:`TensorPlan` (True = kept).
+def apply_threshold(w: Tensor, plan: TensorPlan, existing: Tensor | None = None, *,
+                    sink: Sink | None = None) -> Tensor | None:
+    """The mask of one tensor under its :class:`TensorPlan` (True = kept); with ``sink``, handed
+    over chunk by chunk instead (see :func:`sparsetool.masks.kernel.threshold_mask`).
 
     Raises if the result does not keep ``plan.kept`` weights (the tensor or its mask changed since
     its histogram was taken).
@@ -269,14 +284,22 @@ def apply_threshold(w: Tensor, plan: TensorPlan, existing: Tensor | None = None)
     # On bf16's 16-bit keys "> T" is "> T >> 16", and only a T with zero low bits can be equalled.
     threshold = plan.threshold >> lack
     can_tie = plan.threshold & ((1 << lack) - 1) == 0
-    out = threshold_mask(keys, threshold, plan.ties if can_tie else 0)
-    kept = count(out)
+    counted: list[int] = []
+    if sink is not None:
+        inner = sink
+
+        def sink(a: int, b: int, mask: Tensor) -> None:  # counts what it passes on
+            counted.append(count(mask))
+            inner(a, b, mask)
+
+    out = threshold_mask(keys, threshold, plan.ties if can_tie else 0, sink=sink)
+    kept = sum(counted) if out is None else count(out)
     if kept != plan.kept or (plan.ties and not can_tie):
         raise SparsetoolError(
             f"the plan keeps {plural(plan.kept, 'weight')} of this tensor but its threshold keeps {kept}; "
             "did the tensor change between passes?"
         )
-    return out.reshape(w.shape)
+    return None if out is None else out.reshape(w.shape)
 
 
 def global_magnitude_masks(

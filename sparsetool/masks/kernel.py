@@ -37,11 +37,11 @@ import torch
 from torch import Tensor
 
 from sparsetool.errors import SparsetoolError
-from sparsetool.masks import pool
+from sparsetool import workers as pool
 from sparsetool.masks.counts import sparsity_keep
 
 __all__ = ["top_k_mask", "Keys", "int_keys", "magnitude_keys", "histogram", "bucket_histogram",
-           "threshold_mask", "select_top", "count"]
+           "threshold_mask", "select_top", "count", "Scan", "scan"]
 
 # (integer view dtype, number of magnitude bits) for each float dtype read bit-for-bit.
 _LAYOUT = {
@@ -247,12 +247,40 @@ def magnitude_keys(w: Tensor, alive: Tensor | None = None) -> Keys:
 def histogram(keys: Keys) -> tuple[Tensor, list[Tensor]]:
     """Counts of the first digit over the available keys (``2**(nbits - shift)`` int64 counters),
     and the raw counts of each chunk (unavailable keys not removed)."""
+    found = scan(keys)
+    return found.total, found.per_chunk
+
+
+@dataclass(frozen=True, eq=False)
+class Scan:
+    """One histogram pass over a tensor's keys, and what it tells besides the selection.
+
+    ``total`` counts the first digit of the available keys, ``per_chunk`` the raw first digits of
+    each chunk; ``above_inf`` is how many keys have a first digit at or above the one of +inf
+    (for magnitude keys: the inf and NaN entries, which no finite key shares a digit with);
+    ``zeros`` is how many keys are exactly 0 (for magnitude keys: +0.0 and -0.0), counted by a
+    second pass only when the first digit is not the whole key and its bucket 0 is not empty.
+    """
+
+    keys: Keys
+    total: Tensor
+    per_chunk: list[Tensor]
+    above_inf: int
+    zeros: int
+
+
+def scan(keys: Keys) -> Scan:
+    """The :class:`Scan` of ``keys``: one pass over them in chunks, on the pool."""
     width = keys.nbits - keys.shift
     per_chunk = _map(lambda a, b: _bincount(keys.top(a, b), 1 << width), keys.n)
     total = torch.zeros(1 << width, dtype=torch.int64, device=keys.device)
     for part in per_chunk:
         total += part
     idig = keys.inf >> keys.shift
+    above_inf = int(total[idig:].sum())
+    zeros = int(total[0])
+    if keys.shift and zeros:  # bucket 0 also holds the smallest non-zero keys
+        zeros = sum(_map(lambda a, b: int((keys.read(a, b) == 0).sum()), keys.n))
     total[idig + 1:] = 0
     if keys.shift and int(total[idig]) > 0:  # keys above inf (NaN) may share its bucket
 
@@ -260,7 +288,7 @@ def histogram(keys: Keys) -> tuple[Tensor, list[Tensor]]:
             return int(((keys.top(a, b) == idig) & (keys.read(a, b) <= keys.inf)).sum())
 
         total[idig] = sum(_map(alive_in_top, keys.n))
-    return total, per_chunk
+    return Scan(keys, total, per_chunk, above_inf, zeros)
 
 
 def bucket_histogram(keys: Keys, digit: int) -> Tensor:
@@ -278,10 +306,14 @@ def bucket_histogram(keys: Keys, digit: int) -> Tensor:
     return total
 
 
+Sink = Callable[[int, int, Tensor], None]
+"""``sink(a, b, mask)`` takes the mask of positions ``[a, b)``; called on the pool's threads."""
+
+
 def threshold_mask(
     keys: Keys, threshold: int, ties: int, equal: list[int] | None = None,
-    *, all_available: bool = False,
-) -> Tensor:
+    *, all_available: bool = False, sink: Sink | None = None,
+) -> Tensor | None:
     """Flat mask: the available keys above ``threshold`` plus the first ``ties`` equal to it.
 
     With ``equal`` (per chunk, how many keys equal ``threshold``) one parallel pass writes it all:
@@ -289,24 +321,39 @@ def threshold_mask(
     "> threshold" plus its first ties, later ones "> ". Without, the ties are found by a scan in
     flat order after the pass, which stops once they are all found. ``all_available`` skips the
     test against ``inf``.
+
+    With ``sink``, each chunk's mask goes to ``sink(a, b, mask)`` as soon as it is made and
+    nothing is returned: the whole mask never exists (``equal`` is counted first if ties need it).
     """
     n = keys.n
+    if sink is not None and ties > 0 and equal is None:
+        equal = _map(lambda a, b: int((keys.read(a, b) == threshold).sum()), n)
     plan: list[int] = []
     for e in equal if ties > 0 and equal is not None else []:
         plan.append(min(ties, e) if 0 < ties < e else (-1 if ties >= e > 0 else 0))
         ties -= min(ties, e)
-    out = torch.empty(n, dtype=torch.bool, device=keys.device)
+    out = torch.empty(n, dtype=torch.bool, device=keys.device) if sink is None else None
 
     def write(a: int, b: int) -> None:
-        k, dst = keys.read(a, b), out[a:b]  # in place: "out[a:b] &= x" would copy back
+        k = keys.read(a, b)  # written in place: "out[a:b] &= x" would copy back
+        dst = out[a:b] if out is not None else torch.empty(b - a, dtype=torch.bool, device=keys.device)
         part = plan[a // _CHUNK] if plan else 0
         (torch.ge if part < 0 else torch.gt)(k, threshold, out=dst)
         if not all_available:
             dst &= k <= keys.inf
         if part > 0:
             dst[(k == threshold).nonzero().reshape(-1)[:part]] = True
+        if sink is not None:
+            sink(a, b, dst)
 
     _map(write, n)
+    if sink is not None:
+        if ties > 0:
+            raise SparsetoolError(
+                f"the plan asks for {ties} more weights at the threshold than there are; "
+                "did the tensor change between passes?"
+            )
+        return None
     for a in range(0, n, _CHUNK) if ties > 0 and not plan else []:
         where = (keys.read(a, min(a + _CHUNK, n)) == threshold).nonzero().reshape(-1)[:ties]
         out[a + where] = True
@@ -321,26 +368,38 @@ def threshold_mask(
     return out
 
 
-def select_top(keys: Keys, keep: int) -> Tensor:
+def _whole(mask: Tensor, sink: Sink | None) -> Tensor | None:
+    if sink is None:
+        return mask
+    sink(0, mask.numel(), mask)
+    return None
+
+
+def select_top(keys: Keys, keep: int, *, found: Scan | None = None,
+               sink: Sink | None = None) -> Tensor | None:
     """Flat mask keeping the ``keep`` largest available keys, ties to the lower index.
 
     Two passes over the keys in chunks: a histogram of the first digit (plus, for keys wider than
     16 bits, the few candidates in the boundary bucket), then the comparison that writes the mask.
+    ``found`` is the first pass when the caller has made it already (:func:`scan`); with ``sink``
+    the mask is handed over chunk by chunk (:func:`threshold_mask`) and None is returned.
     """
     n, nbits, inf, shift = keys.n, keys.nbits, keys.inf, keys.shift
     if n <= _SMALL:  # one chunk: a sort beats 32768-bin histograms on few keys
         t, above, _, available = _select(keys.read(0, n), nbits, inf, keep)
         if t < 0:
-            return keys.read(0, n) <= inf
-        return threshold_mask(keys, t, keep - above, all_available=available == n)
-    hist, per_chunk = histogram(keys)
+            return _whole(keys.read(0, n) <= inf, sink)
+        return _whole(threshold_mask(keys, t, keep - above, all_available=available == n), sink)
+    if found is None:
+        found = scan(keys)
+    hist, per_chunk = found.total, found.per_chunk
     available = int(hist.sum())
     if keep >= available:
-        out = torch.empty(n, dtype=torch.bool, device=keys.device)
-        _map(lambda a, b: torch.le(keys.read(a, b), inf, out=out[a:b]), n)
-        return out
+        if available == n:  # everything: no key needs reading
+            return threshold_mask(keys, -1, 0, all_available=True, sink=sink)
+        return threshold_mask(keys, -1, 0, sink=sink)
     if keep <= 0:
-        return torch.zeros(n, dtype=torch.bool, device=keys.device)
+        return threshold_mask(keys, (1 << nbits) - 1, 0, all_available=True, sink=sink)
     d, above = _boundary(hist, keep)
     if shift == 0:  # the digit is the whole key
         t, equal = d, [int(c[d]) for c in per_chunk]
@@ -351,7 +410,7 @@ def select_top(keys: Keys, keep: int) -> Tensor:
         t, above_in, _, _ = _select(torch.cat(cands), nbits, inf, keep - above)
         above += above_in
         equal = [int((c == t).sum()) for c in cands]
-    return threshold_mask(keys, t, keep - above, equal, all_available=available == n)
+    return threshold_mask(keys, t, keep - above, equal, all_available=available == n, sink=sink)
 
 
 def top_k_mask(scores: Tensor, k: int, allowed: Tensor | None = None) -> Tensor:

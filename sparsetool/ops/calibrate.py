@@ -107,6 +107,10 @@ class CalibratedPlanner:
 
     needs_first_pass = True
 
+    def stream(self, lt, sw) -> None:
+        """No fast path: the masks come from activations, decided in ``prepare``."""
+        return None
+
     def __init__(self, ckpt: Checkpoint, targets: list[LogicalTensor], opts: PruneOptions,
                  progress: Progress | None, plan: TargetPlan,
                  existing: Callable[[Checkpoint, LogicalTensor], tuple[torch.Tensor, torch.Tensor]]):

@@ -33,6 +33,7 @@ from sparsetool.checkpoint import (
     write_checkpoint,
 )
 from sparsetool.checkpoint.provenance import provenance_metadata, read_provenance
+from sparsetool.checkpoint.writer import ShardWriter
 from sparsetool.masks.distributions import keep_counts
 from sparsetool.options import CALIBRATION_METHODS
 from sparsetool.errors import SparsetoolError
@@ -51,6 +52,7 @@ from sparsetool.wording import plural, some_names
 from sparsetool.checkpoint.zeros import count_nonzero, nonzero_mask
 
 
+from sparsetool.ops.prune_stream import Scanned, stream_plan, stream_top, streams
 from sparsetool.ops.prune_options import (
     LOADER_WARNINGS,
     PruneOptions,
@@ -148,6 +150,7 @@ class _Planner:
         self.nonzero_before: dict[str, int] = {}
         # NaN already in the input is a sentinel only if the input says it was written as one.
         self.nan_ok = _recorded_nan_encoding(ckpt)
+        self.plain: set[str] = set()  # global scope: finite tensors without zeros (no alive mask)
         if opts.sparsity is not None and opts.scope == "layer":
             shapes = {lt.name: tuple(lt.shape) for lt in targets}
             self.keep = keep_counts(shapes, opts.sparsity, opts.distribution)
@@ -162,6 +165,16 @@ class _Planner:
         hists: list = []
         total_nnz = 0
         for i, lt in enumerate(self.targets):
+            if o.scope == "global" and self._streams(lt) and lt.dtype in (torch.bfloat16, torch.float32):
+                scanned = Scanned(self.ckpt, lt)  # one pass: histogram, zeros, inf/NaN
+                if scanned.finite and scanned.found.zeros == 0:  # no existing mask to honour
+                    self.plain.add(lt.name)
+                    self.nonzero_before[lt.name] = lt.numel
+                    total_nnz += lt.numel
+                    hists.append(MagnitudeHistogram.of_scan(scanned.found, lt.dtype))
+                    if self.progress:
+                        self.progress("scan", i + 1, len(self.targets))
+                    continue
             dense, existing = _existing(self.ckpt, lt, nan_means_pruned=self.nan_ok)
             nnz = count_nonzero(existing)
             self.nonzero_before[lt.name] = nnz
@@ -227,6 +240,22 @@ class _Planner:
             return random_mask(tuple(lt.shape), keep=keep, existing=existing, generator=gen)
         return magnitude_mask(dense, keep=keep, existing=existing)
 
+    def _streams(self, lt: LogicalTensor) -> bool:
+        o = self.opts
+        return o.method == "magnitude" and o.nm is None and streams(lt, o.encoding)
+
+    def stream(self, lt: LogicalTensor, sw: ShardWriter) -> tuple[int, int] | None:
+        """Write ``lt`` by the fast path (``ops/prune_stream.py``): (non-zeros before, kept), or
+        None, having written nothing, when the general path must take it."""
+        if not self._streams(lt):
+            return None
+        if self.opts.scope == "layer" and self.opts.fraction is None:
+            return stream_top(self.ckpt, lt, sw, self._layer_keep(lt), self.opts.encoding)
+        if self.opts.scope == "global" and lt.name in self.plain:
+            plan = self.plan.tensors[self._index[lt.name]]
+            return lt.numel, stream_plan(self.ckpt, lt, sw, plan, self.opts.encoding)
+        return None
+
     def _layer_keep(self, lt: LogicalTensor) -> int:
         keep = self.keep.get(lt.name)
         if keep is None:  # layer scope --sparsity (--fraction always has a first pass)
@@ -234,18 +263,6 @@ class _Planner:
         return keep
 
     def mask(self, lt: LogicalTensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-        o = self.opts
-        if (o.method == "magnitude" and o.scope == "layer" and o.nm is None
-                and lt.encoding == "plain" and lt.dtype.is_floating_point):
-            # Fast path for the common case: with at least `keep` non-zeros, the `keep` largest
-            # |w| are all non-zero, so no existing mask needs building (and none is revived).
-            dense, found = self.ckpt.read(lt)
-            _check_finite(self.ckpt, lt, dense, found, self.nan_ok)
-            if found is None:
-                before = count_nonzero(dense)
-                keep = self._layer_keep(lt)
-                if keep <= before:
-                    return dense, magnitude_mask(dense, keep=keep), before
         dense, existing = _existing(self.ckpt, lt, nan_means_pruned=self.nan_ok)
         mask = self._mask(lt, dense, existing)
         before = self.nonzero_before.get(lt.name)
@@ -353,10 +370,15 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
                         for name in lt.stored:
                             sw.copy_stored(name, ckpt, name)
                         continue
-                    dense, mask, before = planner.mask(lt)
-                    nonzero = count_nonzero(mask)  # the mask keeps only alive, non-zero weights
-                    for name, tensor in encode(lt.name, dense, mask, opts.encoding):
-                        sw.write(name, tensor)
+                    streamed = planner.stream(lt, sw)
+                    if streamed is not None:
+                        before, nonzero = streamed
+                    else:
+                        dense, mask, before = planner.mask(lt)
+                        nonzero = count_nonzero(mask)  # the mask keeps only alive, non-zero weights
+                        for name, tensor in encode(lt.name, dense, mask, opts.encoding):
+                            sw.write(name, tensor)
+                        del dense, mask
                     result.tensors.append(TensorResult(lt.name, tuple(lt.shape), lt.numel,
                                                        before, nonzero))
                     done += 1

@@ -100,7 +100,7 @@ def summarize(path: str | Path, include: Sequence[str] = (), exclude: Sequence[s
     for i, lt in enumerate(ckpt.logical):
         entry = plan[lt.name]
         report.tensors.append(TensorRow(
-            name=lt.name, shape=entry.shape, dtype=torch_name(lt.dtype), role=entry.role,
+            name=lt.name, shape=entry.shape, dtype=torch_name(lt.st_dtype), role=entry.role,
             targeted=entry.targeted,
             numel=lt.numel, nonzero=count_nonzero(ckpt, lt), encoding=lt.encoding,
             bytes=lt.nbytes,

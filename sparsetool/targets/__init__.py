@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparsetool.checkpoint.dtypes import torch_name
 from sparsetool.errors import ConfigError
 from sparsetool.targets.roles import (
     LINEAR_ROLES,
@@ -172,8 +173,9 @@ def _items(tensors: Any) -> Iterator[tuple[str, tuple[int, ...], Any]]:
     for t in tensors:
         if isinstance(t, tuple):
             name, shape, dtype = t
-        else:  # anything with .name, .shape and .dtype (a checkpoint's logical tensors)
-            name, shape, dtype = t.name, t.shape, t.dtype
+        else:  # anything with .name, .shape and .st_dtype or .dtype (a checkpoint's logical tensors)
+            name, shape = t.name, t.shape
+            dtype = torch_name(t.st_dtype) if hasattr(t, "st_dtype") else t.dtype
         yield str(name), tuple(int(x) for x in shape), dtype
 
 

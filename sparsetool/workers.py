@@ -1,4 +1,10 @@
-"""The thread pool the selection kernel runs its chunks on.
+"""The one bounded thread pool: the selection kernel's chunks, and the checkpoint commands' work
+across tensors and across chunks of a tensor (``--workers N``).
+
+How many threads: :func:`set_workers` when a command was given ``--workers``; otherwise the
+usable cores (``os.sched_getaffinity``), capped by torch's thread setting when torch is loaded
+(``train --threads``, tests running on one thread). Every result is gathered in input order, so
+the output never depends on the number of workers. Imports neither torch nor numpy.
 
 Ctrl-C and SIGTERM (which the command line turns into Ctrl-C) raise ``KeyboardInterrupt`` between
 any two Python instructions of the main thread. Raised inside ``ThreadPoolExecutor.submit``, after
@@ -14,15 +20,44 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Sequence
 
-import torch
-
 _HELD = {signal.SIGINT, signal.SIGTERM}
+_PREFIX = "sparsetool-worker"
 _POOL: ThreadPoolExecutor | None = None
 _POOL_PID = 0  # a forked child inherits the pool object but not its threads: make a new one
+_POOL_SIZE = 0
+_WORKERS: int | None = None  # set by --workers
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def set_workers(n: int | None) -> None:
+    """Use ``n`` threads from now on (None: back to the default)."""
+    global _WORKERS
+    if n is not None and (isinstance(n, bool) or int(n) != n or n < 1):
+        raise ValueError(f"workers must be a whole number of 1 or more, got {n!r}")
+    _WORKERS = None if n is None else int(n)
+
+
+def count() -> int:
+    """How many threads the pool runs work on (see the module docstring)."""
+    if _WORKERS is not None:
+        return _WORKERS
+    n = usable_cores()
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_num_threads"):
+        n = min(n, max(1, torch.get_num_threads()))
+    return n
 
 
 @contextlib.contextmanager
@@ -55,16 +90,18 @@ def signals_deferred() -> Iterator[None]:
 
 def run(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
     """``[fn(x) for x in items]``, on the pool when there are several items and threads."""
-    global _POOL, _POOL_PID
-    workers = max(1, torch.get_num_threads())
-    if len(items) < 2 or workers < 2:
-        return [fn(x) for x in items]
+    global _POOL, _POOL_PID, _POOL_SIZE
+    workers = count()
+    if len(items) < 2 or workers < 2 or threading.current_thread().name.startswith(_PREFIX):
+        return [fn(x) for x in items]  # in a worker already: nesting would wait on itself
     futures: list[Future] = []
     try:
         with signals_deferred():
-            if _POOL is None or _POOL_PID != os.getpid():
-                _POOL = ThreadPoolExecutor(max_workers=min(workers, 8), thread_name_prefix="sparsetool-mask")
-                _POOL_PID = os.getpid()
+            if _POOL is None or _POOL_PID != os.getpid() or _POOL_SIZE != workers:
+                if _POOL is not None and _POOL_PID == os.getpid():
+                    _POOL.shutdown(wait=False)
+                _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=_PREFIX)
+                _POOL_PID, _POOL_SIZE = os.getpid(), workers
             futures = [_POOL.submit(fn, x) for x in items]  # starts the threads it needs
         return [f.result() for f in futures]
     except BaseException:

@@ -1,0 +1,61 @@
+"""Counting on the bit patterns of stored values, in numpy: no torch, no decoding, no copy.
+
+The magnitude of an IEEE float is its bit pattern without the sign bit, an integer; it is 0 for
++0.0 and -0.0 alike, and above the pattern of +inf exactly for NaN. So "non-zero" is one ``&`` and
+one count per element, and "NaN" one comparison, over the raw values a checkpoint maps
+(:meth:`sparsetool.checkpoint.Checkpoint.read_array`), chunk by chunk on the worker pool.
+
+>>> import numpy as np
+>>> bits = np.array([0x3F80, -0x8000, 0x0000, 0x7FC0, -0x4080], dtype=np.int16)  # bf16 1, -0, 0, NaN, -1
+>>> nonzero_count(bits, "BF16"), nonzero_count(bits, "BF16", nan_is_zero=True), nan_count(bits, "BF16")
+(3, 2, 1)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sparsetool import workers
+
+FLOAT_KEYS = {
+    "BF16": (0x7FFF, 0x7F80),
+    "F16": (0x7FFF, 0x7C00),
+    "F32": (0x7FFF_FFFF, 0x7F80_0000),
+    "F64": (0x7FFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0000),
+}
+"""(magnitude mask, magnitude of +inf) of the float types whose zeros and NaN are told apart on
+the bits this way (fp8 types are not: some have no inf, and in the FNUZ ones 0x80 is NaN)."""
+
+CHUNK = 1 << 21
+
+
+def _chunks(fn, n: int) -> list:
+    return workers.run(lambda a: fn(a, min(a + CHUNK, n)), range(0, n, CHUNK))
+
+
+def nonzero_count(bits: np.ndarray, st_dtype: str, *, nan_is_zero: bool = False) -> int:
+    """Entries of a flat float array given by its bits (``FLOAT_KEYS`` types) that are not
+    zero (-0.0 is zero), NaN counting as zero when ``nan_is_zero`` (a NaN sentinel)."""
+    mag, inf = FLOAT_KEYS[st_dtype]
+    mag = np.array(mag).astype(bits.dtype)
+
+    def part(a: int, b: int) -> int:
+        k = bits[a:b] & mag
+        found = int(np.count_nonzero(k))
+        if nan_is_zero:
+            found -= int(np.count_nonzero(k > inf))
+        return found
+
+    return sum(_chunks(part, bits.size))
+
+
+def nan_count(bits: np.ndarray, st_dtype: str) -> int:
+    """NaN entries of a flat float array given by its bits (``FLOAT_KEYS`` types)."""
+    mag, inf = FLOAT_KEYS[st_dtype]
+    mag = np.array(mag).astype(bits.dtype)
+    return sum(_chunks(lambda a, b: int(np.count_nonzero((bits[a:b] & mag) > inf)), bits.size))
+
+
+def count_nonzero(values: np.ndarray) -> int:
+    """Non-zero entries of an integer or uint8 (bool) array."""
+    return sum(_chunks(lambda a, b: int(np.count_nonzero(values[a:b])), values.size))

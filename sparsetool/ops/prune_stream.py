@@ -1,0 +1,99 @@
+"""prune's fast path: select and write one plain float tensor chunk by chunk, in two passes.
+
+For the common case (magnitude, a plain bf16/fp16/fp32/fp64/fp8 tensor, the zeros, mask or nan
+encoding) one pass over the tensor's magnitude keys (:func:`sparsetool.masks.kernel.scan`) gives
+everything prune needs before writing: the histogram that fixes the exact threshold, the count of
+zeros (so the non-zeros before pruning), and whether any entry is inf or NaN (then the general
+path takes the tensor over, to refuse it or to read NaN as pruned). The second pass compares each
+chunk's keys with the threshold and hands the chunk's mask to a sink that encodes the chunk and
+writes it at its place in the output (:meth:`ShardWriter.parts`), on the pool's threads. No
+full-size mask, masked copy or separate NaN/inf screen is ever made.
+
+The masks are the kernel's (the same threshold, the same ties to the lower index), so the bytes
+equal those of the general path: ``keep`` is capped at the non-zeros, and when it is, every
+non-zero is kept and every zero (-0.0 included) is written +0.0, as the general path's "alive"
+mask does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from sparsetool.checkpoint import Checkpoint, LogicalTensor, encoded_specs
+from sparsetool.checkpoint.encodings import STREAMED, encode_piece, nan_bits
+from sparsetool.checkpoint.writer import ShardWriter
+from sparsetool.checkpoint.zeros import int_bits
+from sparsetool.masks.global_magnitude import TensorPlan, apply_threshold
+from sparsetool.masks.kernel import Keys, Scan, Sink, magnitude_keys, scan, select_top
+
+
+def streams(lt: LogicalTensor, encoding: str) -> bool:
+    """Can the fast path write this tensor in this encoding?"""
+    return lt.encoding == "plain" and lt.dtype.is_floating_point and encoding in STREAMED
+
+
+def _sink(put, encoding: str, dense: torch.Tensor) -> Sink:
+    """Encode positions [a, b) of ``dense`` under a chunk's mask and write them."""
+    bits = int_bits(dense.contiguous()).reshape(-1).numpy()
+    size = dense.element_size()
+    nan = nan_bits(dense.dtype) if encoding == "nan" else 0
+
+    def sink(a: int, b: int, mask: torch.Tensor) -> None:
+        pieces = encode_piece(encoding, bits[a:b], mask.numpy(), nan)
+        put(0, a * size, memoryview(pieces[0]).cast("B"))
+        if len(pieces) > 1:
+            put(1, a, memoryview(pieces[1]).cast("B"))
+
+    return sink
+
+
+class Scanned:
+    """A plain float tensor read once: its raw values, magnitude keys and :class:`Scan`."""
+
+    def __init__(self, ckpt: Checkpoint, lt: LogicalTensor):
+        self.lt = lt
+        self.dense = ckpt.read_stored(lt.stored[0])
+        self.keys: Keys = magnitude_keys(self.dense)
+        self.found: Scan = scan(self.keys)
+
+    @property
+    def finite(self) -> bool:
+        """No inf and no NaN anywhere (else the general path decides)."""
+        return self.found.above_inf == 0
+
+    @property
+    def nonzero(self) -> int:
+        """Non-zero entries (-0.0 is zero); meaningful when :attr:`finite`."""
+        return self.lt.numel - self.found.zeros
+
+
+def _write(sw: ShardWriter, lt: LogicalTensor, dense: torch.Tensor, encoding: str,
+           select: Callable[[Sink], object]) -> None:
+    names = [s.name for s in encoded_specs(lt.name, lt.dtype, tuple(lt.shape), 0, encoding)]
+    with sw.parts(*names) as put:
+        select(_sink(put, encoding, dense))
+
+
+def stream_top(ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, keep: int,
+               encoding: str) -> tuple[int, int] | None:
+    """Prune ``lt`` to its ``keep`` largest |w| straight into ``sw``: (non-zeros before, kept),
+    or None, having written nothing, when the tensor holds inf or NaN."""
+    scanned = Scanned(ckpt, lt)
+    if not scanned.finite:
+        return None
+    before = scanned.nonzero
+    keep = min(keep, before)
+    _write(sw, lt, scanned.dense, encoding,
+           lambda sink: select_top(scanned.keys, keep, found=scanned.found, sink=sink))
+    return before, keep
+
+
+def stream_plan(ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, plan: TensorPlan,
+                encoding: str) -> int:
+    """Write ``lt`` under its share of a global threshold (a tensor :class:`Scanned` finite and
+    without zeros in the first pass); the count kept."""
+    dense = ckpt.read_stored(lt.stored[0])
+    _write(sw, lt, dense, encoding, lambda sink: apply_threshold(dense, plan, sink=sink))
+    return plan.kept
