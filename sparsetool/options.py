@@ -210,6 +210,21 @@ def check_seed(value: int, option: str = "--seed") -> int:
     return value
 
 
+def check_workers(value: int, option: str = "--workers") -> int:
+    """Return ``value`` if it is a number of worker threads (a whole number, at least 1), else raise.
+
+    >>> check_workers(2)
+    2
+    >>> check_workers(0)
+    Traceback (most recent call last):
+    ...
+    sparsetool.errors.ConfigError: --workers must be a whole number of 1 or more, got 0
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{option} must be a whole number of 1 or more, got {value!r}")
+    return value
+
+
 def parse_seed(text: str | int, option: str = "--seed") -> int:
     """A seed from text (or an int).
 

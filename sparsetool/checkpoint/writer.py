@@ -24,16 +24,18 @@ import shutil
 from glob import escape as glob_escape
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from sparsetool.checkpoint.encodings import encode
+from sparsetool.checkpoint import dtypes
 from sparsetool.checkpoint.format import TensorSpec, layout
 from sparsetool.checkpoint.layout import TMP_MARK, rebuilt_index
 from sparsetool.checkpoint.output_files import PRIVATE, PRIVATE_DIR, check_room, copy_mode, mode_of, write_error
 from sparsetool.checkpoint.reader import Checkpoint
 from sparsetool.errors import CheckpointError
 from sparsetool.wording import plural
+
+if TYPE_CHECKING:
+    import torch
 
 COPY_CHUNK = 16 * 1024 * 1024  # bytes per raw-copy step: bounded memory, few syscalls
 
@@ -82,10 +84,12 @@ class ShardWriter:
             raise CheckpointError(f"{self.shard}: tensor {name!r} written twice")
         return spec
 
-    def write(self, name: str, tensor: torch.Tensor) -> None:
+    def write(self, name: str, tensor: "torch.Tensor") -> None:
         """Write one tensor at its place; dtype and shape must match its spec."""
+        import torch
+
         spec = self._claim(name)
-        if tensor.dtype != spec.dtype or tuple(tensor.shape) != spec.shape:
+        if not _same_dtype(tensor.dtype, spec.dtype) or tuple(tensor.shape) != spec.shape:
             raise CheckpointError(
                 f"{self.shard}: tensor {name!r} is {tensor.dtype} {list(tensor.shape)} but was "
                 f"declared {spec.dtype} {list(spec.shape)}"
@@ -126,7 +130,7 @@ class ShardWriter:
         """Copy a stored tensor's bytes from ``src`` unchanged, chunk by chunk (never loaded as a tensor)."""
         spec = self._claim(name)
         st = src.entry(stored_name)
-        if st.dtype != spec.dtype or st.shape != spec.shape:
+        if not _same_dtype(st.st_dtype, spec.dtype) or st.shape != spec.shape:
             raise CheckpointError(
                 f"{self.shard}: cannot copy {stored_name!r} ({st.dtype} {list(st.shape)}) into {name!r} "
                 f"declared {spec.dtype} {list(spec.shape)}"
@@ -151,6 +155,11 @@ class ShardWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(ok=exc_type is None)
+
+
+def _same_dtype(a: object, b: object) -> bool:
+    """Do two dtypes, each a torch dtype or a safetensors name, name the same stored type?"""
+    return dtypes.lookup(a) is dtypes.lookup(b) is not None or a == b
 
 
 def _copy_range(src_fd: int, src_off: int, dst_fd: int, dst_off: int, count: int) -> None:
@@ -370,11 +379,11 @@ def _carry_over(src: Checkpoint, tmp: Path, writer: CheckpointWriter, config_tra
 
 def write_tensors(
     out: str | os.PathLike,
-    tensors: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, "torch.Tensor"],
     *,
     metadata: Mapping[str, str] | None = None,
     encoding: str = "zeros",
-    masks: Mapping[str, torch.Tensor] | None = None,
+    masks: Mapping[str, "torch.Tensor"] | None = None,
 ) -> Path:
     """Write ``tensors`` (name -> tensor, any device) as one new safetensors file at ``out``.
 
@@ -387,7 +396,9 @@ def write_tensors(
     unknown = sorted(set(masks) - set(tensors))
     if unknown:
         raise CheckpointError(f"masks given for tensors that are not written: {', '.join(unknown[:5])}")
-    stored: list[tuple[str, torch.Tensor]] = []
+    from sparsetool.checkpoint.encodings import encode
+
+    stored: list[tuple[str, "torch.Tensor"]] = []
     for name, t in tensors.items():
         t = t.detach().cpu()
         mask = masks.get(name)

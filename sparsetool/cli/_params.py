@@ -91,6 +91,19 @@ def quiet_option() -> Any:
                         help="No progress bars or notes on stderr (the result is still printed).")
 
 
+def workers_option() -> Any:
+    return typer.Option(None, "--workers", metavar="N", callback=checked(options.check_workers),
+                        help="Threads to work on (default: the usable cores). The output is the "
+                             "same byte for byte whatever N.")
+
+
+def use_workers(n: Optional[int]) -> None:
+    """Run the command's work on ``n`` threads (None: the default, see sparsetool.workers)."""
+    from sparsetool import workers
+
+    workers.set_workers(n)
+
+
 # --- the shared values -------------------------------------------------------------------------
 
 def sparsity_option(help: str) -> Any:
@@ -146,6 +159,6 @@ def checkpoint_argument(required: bool = True) -> Any:
 
 
 __all__ = ["ENCODING_NAMES", "TRAIN_PRESETS", "UsageProblem", "choices", "epilog", "value_of", "usage_error", "usage_errors", "checked", "output_option", "json_option",
-           "quiet_option", "sparsity_option", "sparsities_option", "tokens_option", "seed_option",
+           "quiet_option", "workers_option", "use_workers", "sparsity_option", "sparsities_option", "tokens_option", "seed_option",
            "stage_option", "include_option", "exclude_option", "default_targets_option",
            "checkpoint_argument"]

@@ -13,6 +13,8 @@ from sparsetool.cli._params import (
     json_option,
     output_option,
     quiet_option,
+    use_workers,
+    workers_option,
     usage_error,
 )
 from sparsetool.wording import plural
@@ -29,6 +31,7 @@ def densify(
     output: Optional[Path] = output_option(),
     in_place: bool = typer.Option(False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."),
     quiet: bool = quiet_option(),
+    workers: Optional[int] = workers_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Write CHECKPOINT as plain dense tensors: pruned weights become 0.0.
@@ -41,6 +44,7 @@ def densify(
         usage_error("give -o OUTPUT (or --in-place to replace the input)")
     from sparsetool.ops.densify import densify_checkpoint
 
+    use_workers(workers)
     with failing_cleanly():
         with progress_bar(not (as_json or quiet)) as progress:
             result = densify_checkpoint(checkpoint, output or checkpoint, in_place=in_place,

@@ -22,6 +22,8 @@ from sparsetool.cli._params import (
     json_option,
     output_option,
     quiet_option,
+    use_workers,
+    workers_option,
     seed_option,
     sparsity_option,
     usage_error,
@@ -66,6 +68,7 @@ def prune(
     blocksize: int = typer.Option(128, "--blocksize", metavar="B", callback=checked(options.check_count), help="sparsegpt: columns per block (lazy updates, one mask choice per block)."),
     in_place: bool = typer.Option(False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."),
     quiet: bool = quiet_option(),
+    workers: Optional[int] = workers_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Prune CHECKPOINT: zero the smallest (or random) weights of every targeted tensor.
@@ -96,6 +99,7 @@ def prune(
     )
     with usage_errors():
         opts.validate()
+    use_workers(workers)
     with failing_cleanly():
         with progress_bar(not (as_json or quiet)) as progress:
             result = prune_checkpoint(checkpoint, output or checkpoint, opts,

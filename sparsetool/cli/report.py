@@ -28,6 +28,8 @@ from sparsetool.cli._params import (
     include_option,
     json_option,
     quiet_option,
+    use_workers,
+    workers_option,
     value_of,
 )
 
@@ -51,6 +53,7 @@ def report(
     exclude: List[str] = exclude_option("Do not count tensors matching this glob as targeted (repeatable; wins over --include)."),
     default_targets: bool = default_targets_option(),
     quiet: bool = quiet_option(),
+    workers: Optional[int] = workers_option(),
 ) -> None:
     """Per-tensor sparsity of CHECKPOINT, with each tensor's role and whether prune targets it.
 
@@ -60,6 +63,7 @@ def report(
     fmt = value_of(fmt)
     from sparsetool.ops.report import plot_report, summarize
 
+    use_workers(workers)
     with failing_cleanly():
         if plot is not None:
             check_plot_path(plot)

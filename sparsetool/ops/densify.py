@@ -1,6 +1,8 @@
 """Turn any sparse encoding back into a plain dense checkpoint: ``sparsetool densify``.
 
-Every encoding sparsetool knows (zeros, ``_mask`` tensors, NaN sentinels, compressed-tensors
+Plain tensors without NaN or -0.0 (all of them, in a checkpoint of the zeros encoding) are
+screened on their bits in numpy and copied byte for byte; torch is loaded only to decode the
+others. Every encoding sparsetool knows (zeros, ``_mask`` tensors, NaN sentinels, compressed-tensors
 bitmask, and mixtures of them in one file) becomes plain tensors with pruned entries +0.0.
 ``_mask`` tensors are dropped, and a ``sparsity_config`` in a carried ``config.json`` is removed:
 a loader that still saw it would expect compressed weights (transformers 5 re-initialises
@@ -14,13 +16,15 @@ from pathlib import Path
 from typing import Callable
 
 from sparsetool.checkpoint import (
+    Checkpoint,
+    LogicalTensor,
     TensorSpec,
     drop_sparsity_config,
     open_checkpoint,
     write_checkpoint,
 )
+from sparsetool.checkpoint import bits
 from sparsetool.checkpoint.provenance import provenance_metadata
-from sparsetool.checkpoint.zeros import negative_zeros
 
 Progress = Callable[[str, int, int], None]
 
@@ -51,12 +55,15 @@ def densify_checkpoint(src: str | Path, out: str | Path, *, in_place: bool = Fal
         result.left_out = list(writer.left_out)
         for shard in ckpt.shards:
             tensors = ckpt.logical_in(shard)
-            specs = [TensorSpec(lt.name, lt.dtype, tuple(lt.shape)) for lt in tensors]
+            specs = [TensorSpec(lt.name, lt.st_dtype, tuple(lt.shape)) for lt in tensors]
             with writer.shard(shard, specs) as sw:
                 for lt in tensors:
-                    if lt.encoding == "plain" and not lt.dtype.is_floating_point:
+                    if lt.encoding == "plain" and (not lt.floating or _clean(ckpt, lt)):
+                        # unchanged bytes: copied in the kernel, never decoded (nor torch loaded)
                         sw.copy_stored(lt.name, ckpt, lt.stored[0])
                     else:
+                        from sparsetool.checkpoint.zeros import negative_zeros
+
                         # read() gives pruned entries as +0.0 whatever the encoding
                         dense, mask = ckpt.read(lt)
                         encoding = lt.encoding if lt.encoding != "plain" or mask is None else "nan"
@@ -76,3 +83,11 @@ def densify_checkpoint(src: str | Path, out: str | Path, *, in_place: bool = Fal
                     if progress:
                         progress("densify", done, total)
     return result
+
+
+def _clean(ckpt: Checkpoint, lt: LogicalTensor) -> bool:
+    """A plain float tensor holding neither NaN (a sentinel to decode) nor -0.0 (to make +0.0),
+    told from its bits without torch; False when that cannot be told so (fp8)."""
+    if lt.st_dtype not in bits.FLOAT_KEYS:
+        return False
+    return bits.nan_and_negative_zero_counts(ckpt.read_array(lt.stored[0]), lt.st_dtype) == (0, 0)
