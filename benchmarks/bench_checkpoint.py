@@ -160,11 +160,15 @@ def _remove(p: Path) -> None:
         p.unlink()
 
 
+SETTLE = 3.0
+
+
 def timed(cmd: list[str], clear: list[Path]) -> tuple[float, float, float]:
     """(wall seconds until exit, wall seconds until a ``sync`` after it, peak RSS in MB)."""
     for p in clear:
         _remove(p)
     os.sync()
+    time.sleep(SETTLE)  # this disk is mounted with discard: let the freed blocks' trims finish
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)

@@ -80,7 +80,7 @@ def checkpoints(draw):
     return tensors, sparsity, scope, encoding
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(checkpoints(), st.booleans())
 def test_fast_path_equals_the_general_path_and_a_sort_reference(tmp_path_factory, case, chunked):
     tensors, sparsity, scope, encoding = case

@@ -21,6 +21,7 @@ import json
 import os
 import secrets
 import shutil
+import threading
 from glob import escape as glob_escape
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -62,6 +63,7 @@ class ShardWriter:
         self._data_start = len(header)
         self._offsets = offsets
         self._written: set[str] = set()
+        self._put_lock = threading.Lock()
         self.total_size = sum(s.nbytes for s in specs)  # tensor bytes, for the index
         check_room(path.parent, self._data_start + self.total_size, label or shard)
         # With ``mode`` (an input's permission bits) the file is created owner-only and given
@@ -121,7 +123,11 @@ class ShardWriter:
                     f"{self.shard}: a piece of {names[i]!r} at byte {offset} ({len(data)} bytes) "
                     f"lies outside its {specs[i].nbytes} bytes"
                 )
-            _pwrite_all(fd, data, starts[i] + offset)
+            # One write at a time: the filesystem serialises writes to a file anyway (ext4 takes
+            # the inode lock), and a thread waiting here sleeps instead of spinning on that lock,
+            # so the other core keeps computing the next piece.
+            with self._put_lock:
+                _pwrite_all(fd, data, starts[i] + offset)
 
         yield put
         self._written.update(names)

@@ -129,11 +129,14 @@ class MagnitudeHistogram:
 
     @classmethod
     def of_scan(cls, found: Scan, dtype: torch.dtype) -> MagnitudeHistogram:
-        """The coarse histogram of a bf16 or fp32 tensor with no existing mask, from the
-        :func:`~sparsetool.masks.kernel.scan` of its magnitude keys (the same counts ``of`` makes)."""
+        """The coarse histogram of a bf16 or fp32 tensor whose zeros are pruned (as if ``of`` were
+        given the mask of its non-zeros), from the :func:`~sparsetool.masks.kernel.scan` of its
+        magnitude keys: bucket 0, which holds the zero keys, loses them."""
         if dtype not in (torch.bfloat16, torch.float32):
             raise SparsetoolError(f"of_scan takes bf16 or fp32 keys, not {dtype}")
-        return cls(found.total, None, _exact_coarse(dtype))
+        counts = found.total.clone()
+        counts[0] -= found.zeros
+        return cls(counts, None, _exact_coarse(dtype))
 
     @property
     def total(self) -> int:

@@ -218,7 +218,7 @@ def int_keys(src: Tensor, nbits: int, inf: int, alive: Tensor | None = None) -> 
         return k
 
     def top(a: int, b: int) -> Tensor:
-        return read(a, b) >> shift
+        return read(a, b) >> shift if shift else read(a, b)  # 16-bit keys: the digit is the key
 
     halves = src.element_size() // 2
     if shift and shift == 16 * halves - 16 and sys.byteorder == "little":

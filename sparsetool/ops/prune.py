@@ -150,7 +150,7 @@ class _Planner:
         self.nonzero_before: dict[str, int] = {}
         # NaN already in the input is a sentinel only if the input says it was written as one.
         self.nan_ok = _recorded_nan_encoding(ckpt)
-        self.plain: set[str] = set()  # global scope: finite tensors without zeros (no alive mask)
+        self.plain: set[str] = set()  # global scope: plain finite tensors (zeros the only pruned)
         if opts.sparsity is not None and opts.scope == "layer":
             shapes = {lt.name: tuple(lt.shape) for lt in targets}
             self.keep = keep_counts(shapes, opts.sparsity, opts.distribution)
@@ -167,10 +167,10 @@ class _Planner:
         for i, lt in enumerate(self.targets):
             if o.scope == "global" and self._streams(lt) and lt.dtype in (torch.bfloat16, torch.float32):
                 scanned = Scanned(self.ckpt, lt)  # one pass: histogram, zeros, inf/NaN
-                if scanned.finite and scanned.found.zeros == 0:  # no existing mask to honour
+                if scanned.finite:  # its zeros are the only weights already pruned
                     self.plain.add(lt.name)
-                    self.nonzero_before[lt.name] = lt.numel
-                    total_nnz += lt.numel
+                    self.nonzero_before[lt.name] = scanned.nonzero
+                    total_nnz += scanned.nonzero
                     hists.append(MagnitudeHistogram.of_scan(scanned.found, lt.dtype))
                     if self.progress:
                         self.progress("scan", i + 1, len(self.targets))

@@ -92,8 +92,10 @@ def stream_top(ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, keep: int,
 
 def stream_plan(ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, plan: TensorPlan,
                 encoding: str) -> int:
-    """Write ``lt`` under its share of a global threshold (a tensor :class:`Scanned` finite and
-    without zeros in the first pass); the count kept."""
+    """Write ``lt`` under its share of a global threshold (a tensor :class:`Scanned` finite in
+    the first pass, whose histogram left its zeros out); the count kept."""
+    if plan.threshold < 0:  # "keep every available weight": its zeros are not available
+        plan = TensorPlan(0, 0, plan.kept)
     dense = ckpt.read_stored(lt.stored[0])
     _write(sw, lt, dense, encoding, lambda sink: apply_threshold(dense, plan, sink=sink))
     return plan.kept
