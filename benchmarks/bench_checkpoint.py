@@ -247,16 +247,23 @@ def main() -> None:
                        check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cat"] + ([str(p) for p in sorted(src.glob("*"))] if src.is_dir() else [str(src)]),
                    stdout=subprocess.DEVNULL, check=True)  # warm the page cache
-    results = {}
-    for label, cmd, clear in cases:
-        runs = [timed(cmd, clear) for _ in range(1 if label.startswith("naive") else args.repeat)]
-        results[label] = (min(r[0] for r in runs), min(r[1] for r in runs), max(r[2] for r in runs))
-        print(f"{label:26s} exit {results[label][0]:7.2f} s  sync {results[label][1]:7.2f} s  "
-              f"{results[label][2]:7.0f} MB", flush=True)
-        if label == "prune --scope layer" and args.check_workers:
-            timed(st + ["prune", str(src), "-o", str(out["one"]), "--sparsity", "0.75", "--workers", "1"], [out["one"]])
-            print("  --workers 1 output byte-identical:", same_output(out["layer"], out["one"]), flush=True)
-            _remove(out["one"])
+    # Round robin (every case once, then again): a disk that is slow for a while after a large
+    # write (this one is) then slows some run of every case alike, not all runs of one case.
+    runs: dict[str, list[tuple[float, float, float]]] = {label: [] for label, _, _ in cases}
+    for turn in range(args.repeat):
+        for label, cmd, clear in cases:
+            if label.startswith("naive") and turn:
+                continue
+            runs[label].append(timed(cmd, clear))
+            r = runs[label][-1]
+            print(f"{label:26s} exit {r[0]:7.2f} s  sync {r[1]:7.2f} s  {r[2]:7.0f} MB", flush=True)
+    results = {label: (min(r[0] for r in rs), min(r[1] for r in rs), max(r[2] for r in rs))
+               for label, rs in runs.items()}
+    if args.check_workers:
+        timed(st + ["prune", str(src), "-o", str(out["one"]), "--sparsity", "0.75", "--workers", "1"], [out["one"]])
+        print("prune --workers 1 output byte-identical to the default:",
+              same_output(out["layer"], out["one"]), flush=True)
+        _remove(out["one"])
     base_exit, base_sync, _ = results["cp"]
     rss_cap = 600 if args.shape == "gpt3xl" else 1024
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()}; "
