@@ -255,6 +255,9 @@ def main() -> None:
             if label.startswith("naive") and turn:
                 continue
             runs[label].append(timed(cmd, clear))
+            if not (args.check_workers and label == "prune --scope layer"):
+                for p in clear:  # at 7B scale the disk holds no more than one output at a time
+                    _remove(p)
             r = runs[label][-1]
             print(f"{label:26s} exit {r[0]:7.2f} s  sync {r[1]:7.2f} s  {r[2]:7.0f} MB", flush=True)
     results = {label: (min(r[0] for r in rs), min(r[1] for r in rs), max(r[2] for r in rs))
@@ -264,6 +267,7 @@ def main() -> None:
         print("prune --workers 1 output byte-identical to the default:",
               same_output(out["layer"], out["one"]), flush=True)
         _remove(out["one"])
+        _remove(out["layer"])
     base_exit, base_sync, _ = results["cp"]
     rss_cap = 600 if args.shape == "gpt3xl" else 1024
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()}; "

@@ -17,13 +17,14 @@ Blocking the signals would not do: another thread (torch's, OpenMP's) would take
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import signal
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 _HELD = {signal.SIGINT, signal.SIGTERM}
 _PREFIX = "sparsetool-worker"
@@ -88,23 +89,63 @@ def signals_deferred() -> Iterator[None]:
             signal.raise_signal(came[0])
 
 
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """The pool of ``workers`` threads (call with signals deferred)."""
+    global _POOL, _POOL_PID, _POOL_SIZE
+    if _POOL is None or _POOL_PID != os.getpid() or _POOL_SIZE != workers:
+        if _POOL is not None and _POOL_PID == os.getpid():
+            _POOL.shutdown(wait=False)
+        _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=_PREFIX)
+        _POOL_PID, _POOL_SIZE = os.getpid(), workers
+    return _POOL
+
+
+def _serial(workers: int) -> bool:
+    # in a worker already, nesting would wait on itself
+    return workers < 2 or threading.current_thread().name.startswith(_PREFIX)
+
+
 def run(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
     """``[fn(x) for x in items]``, on the pool when there are several items and threads."""
-    global _POOL, _POOL_PID, _POOL_SIZE
     workers = count()
-    if len(items) < 2 or workers < 2 or threading.current_thread().name.startswith(_PREFIX):
-        return [fn(x) for x in items]  # in a worker already: nesting would wait on itself
+    if len(items) < 2 or _serial(workers):
+        return [fn(x) for x in items]
     futures: list[Future] = []
     try:
         with signals_deferred():
-            if _POOL is None or _POOL_PID != os.getpid() or _POOL_SIZE != workers:
-                if _POOL is not None and _POOL_PID == os.getpid():
-                    _POOL.shutdown(wait=False)
-                _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=_PREFIX)
-                _POOL_PID, _POOL_SIZE = os.getpid(), workers
-            futures = [_POOL.submit(fn, x) for x in items]  # starts the threads it needs
+            pool = _pool(workers)
+            futures = [pool.submit(fn, x) for x in items]  # starts the threads it needs
         return [f.result() for f in futures]
     except BaseException:
         for f in futures:
             f.cancel()  # an interrupted caller wants no more of this work done
         raise
+
+
+def imap(fn: Callable[[Any], Any], items: Iterable[Any], ahead: int = 1) -> Iterator[Any]:
+    """``fn(x)`` for each item, yielded in order, the next ``ahead`` items computed on the pool
+    while the caller works on the current one (e.g. screening a tensor while copying the one
+    before). At most ``ahead + 1`` results exist at once."""
+    workers = count()
+    if _serial(workers):
+        yield from map(fn, items)
+        return
+    pending: collections.deque[Future] = collections.deque()
+    source = iter(items)
+
+    def submit() -> None:
+        for x in source:
+            with signals_deferred():
+                pending.append(_pool(workers).submit(fn, x))
+            return
+
+    try:
+        for _ in range(ahead + 1):
+            submit()
+        while pending:
+            got = pending.popleft().result()
+            submit()
+            yield got
+    finally:
+        for f in pending:
+            f.cancel()  # a caller that stopped early (an error, Ctrl-C) wants no more

@@ -74,20 +74,31 @@ def checkpoints(draw):
         rows, cols = draw(st.integers(1, 5)), draw(st.integers(1, 12))
         values = draw(st.lists(st.sampled_from(pool), min_size=rows * cols, max_size=rows * cols))
         tensors[name] = torch.tensor(values, dtype=torch.float64).to(dtype).reshape(rows, cols)
-    sparsity = draw(st.sampled_from([0.0, 0.3, 0.5, 0.75, 0.9, 1.0]))
+    amount = draw(st.sampled_from([0.0, 0.3, 0.5, 0.75, 0.9, 1.0]))
+    how = draw(st.sampled_from(["sparsity", "fraction"])) if amount < 1 else "sparsity"
     scope = draw(st.sampled_from(["layer", "global"]))
     encoding = draw(st.sampled_from(["zeros", "mask", "nan"]))
-    return tensors, sparsity, scope, encoding
+    return tensors, (how, amount), scope, encoding
+
+
+def keep_of(tensors: list[torch.Tensor], how: str, amount: float) -> int:
+    """What prune keeps of these tensors pooled: --sparsity counts every weight, --fraction the
+    non-zeros."""
+    if how == "sparsity":
+        total = sum(t.numel() for t in tensors)
+        return total - round(amount * total)
+    nonzero = sum(int((t.double() != 0).sum()) for t in tensors)
+    return nonzero - round(amount * nonzero)
 
 
 @settings(max_examples=150, deadline=None)
 @given(checkpoints(), st.booleans())
 def test_fast_path_equals_the_general_path_and_a_sort_reference(tmp_path_factory, case, chunked):
-    tensors, sparsity, scope, encoding = case
+    tensors, (how, amount), scope, encoding = case
     tmp = tmp_path_factory.mktemp("fast")
     src = tmp / "in.safetensors"
     save_file(tensors, str(src))
-    opts = PruneOptions(sparsity=sparsity, scope=scope, encoding=encoding, include=("a", "b"))
+    opts = PruneOptions(**{how: amount}, scope=scope, encoding=encoding, include=("a", "b"))
     with tiny_chunks(chunked):
         prune_checkpoint(src, tmp / "fast.safetensors", opts)
         with pytest.MonkeyPatch.context() as mp:
@@ -98,14 +109,12 @@ def test_fast_path_equals_the_general_path_and_a_sort_reference(tmp_path_factory
     out = load_file(tmp / "fast.safetensors")
     names = ["a", "b"]
     if scope == "layer":
-        expected = {n: reference([tensors[n]], tensors[n].numel() - round(sparsity * tensors[n].numel()))[0]
-                    for n in names}
+        expected = {n: reference([tensors[n]], keep_of([tensors[n]], how, amount))[0] for n in names}
     else:
         if tensors["a"].dtype == torch.float64:  # global scope ranks fp64 at fp32 precision
             return
-        total = sum(tensors[n].numel() for n in names)
-        masks = reference([tensors[n] for n in names], total - round(sparsity * total))
-        expected = dict(zip(names, masks))
+        pooled = [tensors[n] for n in names]
+        expected = dict(zip(names, reference(pooled, keep_of(pooled, how, amount))))
     for n in names:
         kept = expected[n]
         got = out[n]

@@ -227,7 +227,10 @@ class Checkpoint:
                 fd = os.open(self.shard_path(shard), os.O_RDONLY)
             except OSError as e:
                 raise CheckpointError(f"{self.shard_path(shard)}: cannot open ({e.strerror})") from None
-            self._fds[shard] = fd
+            kept = self._fds.setdefault(shard, fd)  # another thread may have opened it meanwhile
+            if kept != fd:
+                os.close(fd)
+            fd = kept
         return fd
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ from sparsetool.checkpoint import (
     open_checkpoint,
     write_checkpoint,
 )
+from sparsetool import workers
 from sparsetool.checkpoint import bits
 from sparsetool.checkpoint.provenance import provenance_metadata
 
@@ -56,9 +57,11 @@ def densify_checkpoint(src: str | Path, out: str | Path, *, in_place: bool = Fal
         for shard in ckpt.shards:
             tensors = ckpt.logical_in(shard)
             specs = [TensorSpec(lt.name, lt.st_dtype, tuple(lt.shape)) for lt in tensors]
+            # the next tensor is screened on another core while this one is copied
+            unchanged = workers.imap(lambda lt: _unchanged(ckpt, lt), tensors)
             with writer.shard(shard, specs) as sw:
-                for lt in tensors:
-                    if lt.encoding == "plain" and (not lt.floating or _clean(ckpt, lt)):
+                for lt, same in zip(tensors, unchanged):
+                    if same:
                         # unchanged bytes: copied in the kernel, never decoded (nor torch loaded)
                         sw.copy_stored(lt.name, ckpt, lt.stored[0])
                     else:
@@ -85,9 +88,14 @@ def densify_checkpoint(src: str | Path, out: str | Path, *, in_place: bool = Fal
     return result
 
 
-def _clean(ckpt: Checkpoint, lt: LogicalTensor) -> bool:
-    """A plain float tensor holding neither NaN (a sentinel to decode) nor -0.0 (to make +0.0),
-    told from its bits without torch; False when that cannot be told so (fp8)."""
+def _unchanged(ckpt: Checkpoint, lt: LogicalTensor) -> bool:
+    """Is the tensor already what densify writes? A plain tensor that is not a float, or a float
+    holding neither NaN (a sentinel to decode) nor -0.0 (to make +0.0), told from its bits
+    without torch; False when that cannot be told so (fp8) or it has an encoding."""
+    if lt.encoding != "plain":
+        return False
+    if not lt.floating:
+        return True
     if lt.st_dtype not in bits.FLOAT_KEYS:
         return False
     return bits.nan_and_negative_zero_counts(ckpt.read_array(lt.stored[0]), lt.st_dtype) == (0, 0)

@@ -32,6 +32,7 @@ from sparsetool.checkpoint import (
     open_checkpoint,
     write_checkpoint,
 )
+from sparsetool.checkpoint.encodings import may_hold_nan
 from sparsetool.checkpoint.provenance import provenance_metadata, read_provenance
 from sparsetool.checkpoint.writer import ShardWriter
 from sparsetool.masks.distributions import keep_counts
@@ -50,8 +51,6 @@ from sparsetool.targets import TargetPlan, plan_targets
 from sparsetool.targets.order import sort_names, tensor_sort_key
 from sparsetool.wording import plural, some_names
 from sparsetool.checkpoint.zeros import count_nonzero, nonzero_mask
-
-
 from sparsetool.ops.prune_stream import Scanned, stream_plan, stream_top, streams
 from sparsetool.ops.prune_options import (
     LOADER_WARNINGS,
@@ -125,6 +124,10 @@ def _existing(ckpt: Checkpoint, lt: LogicalTensor, *,
     records that it was written in that encoding (``nan_means_pruned``) that is an error, as is
     an inf (:func:`_check_finite`).
     """
+    if lt.encoding == "plain" and lt.floating and lt.dtype.itemsize > 1:
+        dense = ckpt.read_stored(lt.stored[0])
+        if not may_hold_nan(dense):  # a finite sum: no NaN and no inf anywhere, one pass
+            return dense, nonzero_mask(dense)
     dense, mask = ckpt.read(lt)
     _check_finite(ckpt, lt, dense, mask, nan_means_pruned)
     alive = nonzero_mask(dense)
@@ -249,11 +252,12 @@ class _Planner:
         None, having written nothing, when the general path must take it."""
         if not self._streams(lt):
             return None
-        if self.opts.scope == "layer" and self.opts.fraction is None:
+        if self.opts.scope == "layer":
             return stream_top(self.ckpt, lt, sw, self._layer_keep(lt), self.opts.encoding)
-        if self.opts.scope == "global" and lt.name in self.plain:
+        if lt.name in self.plain:  # global scope, scanned by prepare
             plan = self.plan.tensors[self._index[lt.name]]
-            return lt.numel, stream_plan(self.ckpt, lt, sw, plan, self.opts.encoding)
+            kept = stream_plan(self.ckpt, lt, sw, plan, self.opts.encoding)
+            return self.nonzero_before[lt.name], kept
         return None
 
     def _layer_keep(self, lt: LogicalTensor) -> int:
