@@ -58,3 +58,18 @@ def test_root_help_imports_no_command_module():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
+
+
+def test_the_command_runs_numpy_blas_on_one_thread_unless_told(monkeypatch):
+    """sparsetool never calls numpy's BLAS; its idle threads only slowed every command down."""
+    import os
+
+    import sparsetool.cli.main as cli_main
+
+    seen = []
+    monkeypatch.setattr(cli_main, "_run_interruptibly", lambda app: seen.append(os.environ.get("OPENBLAS_NUM_THREADS")))
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    cli_main.main()
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")
+    cli_main.main()
+    assert seen == ["1", "4"]

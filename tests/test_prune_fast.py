@@ -251,3 +251,28 @@ def test_three_shards_prune_like_one_file(tmp_path):
     for n, t in original.items():
         if n not in targeted:
             assert torch.equal(merged[n], t)
+
+
+def test_imap_yields_in_order_and_keeps_at_most_a_few_ahead():
+    import threading
+    import time
+
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def slow_square(x: int) -> int:
+        with lock:
+            started.append(x)
+        time.sleep(0.01 * (x % 3))  # finishing out of order
+        return x * x
+
+    workers.set_workers(2)
+    assert list(workers.imap(slow_square, range(20), ahead=2)) == [x * x for x in range(20)]
+    started.clear()
+    gen = workers.imap(slow_square, range(100), ahead=2)
+    assert [next(gen) for _ in range(3)] == [0, 1, 4]
+    gen.close()  # the caller stops: what was not started never is
+    time.sleep(0.1)
+    assert len(started) <= 3 + 3
+    workers.set_workers(1)
+    assert list(workers.imap(slow_square, range(5))) == [0, 1, 4, 9, 16]
