@@ -132,8 +132,9 @@ class MagnitudeHistogram:
         """The coarse histogram of a bf16 or fp32 tensor whose zeros are pruned (as if ``of`` were
         given the mask of its non-zeros), from the :func:`~sparsetool.masks.kernel.scan` of its
         magnitude keys: bucket 0, which holds the zero keys, loses them."""
-        if dtype not in (torch.bfloat16, torch.float32):
-            raise SparsetoolError(f"of_scan takes bf16 or fp32 keys, not {dtype}")
+        if dtype not in (torch.bfloat16, torch.float32) or found.zeros < 0:
+            raise SparsetoolError(f"of_scan takes the scan of bf16 or fp32 keys with its zeros "
+                                  f"counted (scan(keys, zeros=True)), not {dtype}")
         counts = found.total.clone()
         counts[0] -= found.zeros
         return cls(counts, None, _exact_coarse(dtype))

@@ -258,8 +258,9 @@ class Scan:
     ``total`` counts the first digit of the available keys, ``per_chunk`` the raw first digits of
     each chunk; ``above_inf`` is how many keys have a first digit at or above the one of +inf
     (for magnitude keys: the inf and NaN entries, which no finite key shares a digit with);
-    ``zeros`` is how many keys are exactly 0 (for magnitude keys: +0.0 and -0.0), counted by a
-    second pass only when the first digit is not the whole key and its bucket 0 is not empty.
+    ``zeros`` is how many keys are exactly 0 (for magnitude keys: +0.0 and -0.0), or -1 when
+    not asked for; it costs a second pass only when the first digit is not the whole key and its
+    bucket 0 is not empty.
     """
 
     keys: Keys
@@ -269,8 +270,9 @@ class Scan:
     zeros: int
 
 
-def scan(keys: Keys) -> Scan:
-    """The :class:`Scan` of ``keys``: one pass over them in chunks, on the pool."""
+def scan(keys: Keys, *, zeros: bool = False) -> Scan:
+    """The :class:`Scan` of ``keys``: one pass over them in chunks, on the pool (with ``zeros``,
+    the zero keys counted too; see :class:`Scan`)."""
     width = keys.nbits - keys.shift
     per_chunk = _map(lambda a, b: _bincount(keys.top(a, b), 1 << width), keys.n)
     total = torch.zeros(1 << width, dtype=torch.int64, device=keys.device)
@@ -278,9 +280,9 @@ def scan(keys: Keys) -> Scan:
         total += part
     idig = keys.inf >> keys.shift
     above_inf = int(total[idig:].sum())
-    zeros = int(total[0])
-    if keys.shift and zeros:  # bucket 0 also holds the smallest non-zero keys
-        zeros = sum(_map(lambda a, b: int((keys.read(a, b) == 0).sum()), keys.n))
+    found_zeros = int(total[0]) if zeros else -1
+    if keys.shift and found_zeros > 0:  # bucket 0 also holds the smallest non-zero keys
+        found_zeros = sum(_map(lambda a, b: int((keys.read(a, b) == 0).sum()), keys.n))
     total[idig + 1:] = 0
     if keys.shift and int(total[idig]) > 0:  # keys above inf (NaN) may share its bucket
 
@@ -288,7 +290,7 @@ def scan(keys: Keys) -> Scan:
             return int(((keys.top(a, b) == idig) & (keys.read(a, b) <= keys.inf)).sum())
 
         total[idig] = sum(_map(alive_in_top, keys.n))
-    return Scan(keys, total, per_chunk, above_inf, zeros)
+    return Scan(keys, total, per_chunk, above_inf, found_zeros)
 
 
 def bucket_histogram(keys: Keys, digit: int) -> Tensor:

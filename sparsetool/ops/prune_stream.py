@@ -56,7 +56,7 @@ class Scanned:
         self.lt = lt
         self.dense = ckpt.read_stored(lt.stored[0])
         self.keys: Keys = magnitude_keys(self.dense)
-        self.found: Scan = scan(self.keys)
+        self.found: Scan = scan(self.keys, zeros=True)
 
     @property
     def finite(self) -> bool:
