@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -34,8 +35,9 @@ _POOL_SIZE = 0
 _WORKERS: int | None = None  # set by --workers
 
 
+@functools.cache
 def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity), at least 1."""
+    """The cores this process may run on (its CPU affinity when first asked), at least 1."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):

@@ -31,7 +31,6 @@ import numpy as np
 import torch
 
 from sparsetool.checkpoint import zeros
-from sparsetool.checkpoint.reader import BITMASK_PARTS as PARTS
 from sparsetool.errors import CheckpointError
 
 

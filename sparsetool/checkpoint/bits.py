@@ -7,8 +7,8 @@ one count per element, and "NaN" one comparison, over the raw values a checkpoin
 
 >>> import numpy as np
 >>> bits = np.array([0x3F80, -0x8000, 0x0000, 0x7FC0, -0x4080], dtype=np.int16)  # bf16 1, -0, 0, NaN, -1
->>> nonzero_count(bits, "BF16"), nonzero_count(bits, "BF16", nan_is_zero=True), nan_count(bits, "BF16")
-(3, 2, 1)
+>>> nonzero_count(bits), nonzero_count(bits, "BF16", nan_is_zero=True)
+(3, 2)
 >>> nan_and_negative_zero_counts(bits, "BF16")
 (1, 1)
 """
@@ -35,27 +35,21 @@ def _chunks(fn, n: int) -> list:
     return workers.run(lambda a: fn(a, min(a + CHUNK, n)), range(0, n, CHUNK))
 
 
-def nonzero_count(bits: np.ndarray, st_dtype: str, *, nan_is_zero: bool = False) -> int:
-    """Entries of a flat float array given by its bits (``FLOAT_KEYS`` types) that are not
-    zero (-0.0 is zero), NaN counting as zero when ``nan_is_zero`` (a NaN sentinel)."""
-    mag, inf = FLOAT_KEYS[st_dtype]
-    mag = np.array(mag).astype(bits.dtype)
+def nonzero_count(bits: np.ndarray, st_dtype: str | None = None, *, nan_is_zero: bool = False) -> int:
+    """Entries of a flat float array given by its bits (signed integers of its width) that are
+    not zero (-0.0 is zero). With ``nan_is_zero`` (a NaN sentinel; ``st_dtype`` one of
+    ``FLOAT_KEYS``) NaN counts as zero too."""
+    mag = np.iinfo(bits.dtype).max  # every bit but the sign
+    inf = FLOAT_KEYS[st_dtype][1] if nan_is_zero else None
 
     def part(a: int, b: int) -> int:
         k = bits[a:b] & mag
         found = int(np.count_nonzero(k))
-        if nan_is_zero:
+        if inf is not None:
             found -= int(np.count_nonzero(k > inf))
         return found
 
     return sum(_chunks(part, bits.size))
-
-
-def nan_count(bits: np.ndarray, st_dtype: str) -> int:
-    """NaN entries of a flat float array given by its bits (``FLOAT_KEYS`` types)."""
-    mag, inf = FLOAT_KEYS[st_dtype]
-    mag = np.array(mag).astype(bits.dtype)
-    return sum(_chunks(lambda a, b: int(np.count_nonzero((bits[a:b] & mag) > inf)), bits.size))
 
 
 def nan_and_negative_zero_counts(bits: np.ndarray, st_dtype: str) -> tuple[int, int]:

@@ -130,36 +130,31 @@ def encode_piece(encoding: str, bits: _np.ndarray, keep: _np.ndarray,
     return [values]
 
 
-def zero_pruned(t: torch.Tensor, keep: torch.Tensor, out: _np.ndarray | None = None) -> torch.Tensor:
+def zero_pruned(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """``t`` where ``keep``, all-zero bits (+0.0) elsewhere; kept bits unchanged. ``t`` is not modified.
 
-    Done as an integer multiply by the mask on the raw bits in numpy, several times faster
-    than ``masked_fill`` on bf16/fp16 on CPU (and exact: -0.0 and NaN survive where kept).
-    ``out`` (a flat integer array of ``t``'s width, e.g. a map of the output file) receives the
-    result instead of new memory.
+    Done as an integer multiply by the mask on the raw bits in numpy (:func:`encode_piece`),
+    several times faster than ``masked_fill`` on bf16/fp16 on CPU, and exact: -0.0 and NaN survive
+    where kept.
 
     >>> zero_pruned(torch.tensor([-1.5, -2.0, -0.0]), torch.tensor([True, False, True]))
     tensor([-1.5000,  0.0000, -0.0000])
     """
+    return _on_bits(t, keep, "zeros")
+
+
+def fill_pruned_nan(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``t`` where ``keep``, NaN elsewhere (on the raw bits, as :func:`zero_pruned`)."""
+    return _on_bits(t, keep, "nan")
+
+
+def _on_bits(t: torch.Tensor, keep: torch.Tensor, encoding: str) -> torch.Tensor:
     if not bit_maskable(t):
-        return t.masked_fill(~keep, 0)
+        return t.masked_fill(~keep, 0 if encoding == "zeros" else float("nan"))
     bits = int_bits(t.contiguous()).reshape(-1).numpy()
-    kn = keep.contiguous().reshape(-1).numpy()
-    if out is None:
-        out = _np.empty_like(bits)
-    _np.multiply(bits, kn, out=out)
-    return torch.from_numpy(out).view(t.dtype).reshape(t.shape)
-
-
-def fill_pruned_nan(t: torch.Tensor, keep: torch.Tensor, out: _np.ndarray | None = None) -> torch.Tensor:
-    """``t`` where ``keep``, NaN elsewhere (same bit-level approach and ``out`` as zero_pruned)."""
-    if not bit_maskable(t):
-        return t.masked_fill(~keep, float("nan"))
-    kn = keep.contiguous().reshape(-1).numpy()
-    result = zero_pruned(t, keep, out)
-    flat = int_bits(result).reshape(-1).numpy()
-    flat |= _np.multiply(~kn, _np.array(nan_bits(t.dtype), dtype=flat.dtype), dtype=flat.dtype)
-    return result
+    nan = nan_bits(t.dtype) if encoding == "nan" else 0
+    values = encode_piece(encoding, bits, keep.contiguous().reshape(-1).numpy(), nan)[0]
+    return torch.from_numpy(values).view(t.dtype).reshape(t.shape)
 
 
 def _zeros(name: str, dense: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -16,21 +16,28 @@ leaves ``out`` (and the input) untouched.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
-import secrets
 import shutil
 import threading
-from glob import escape as glob_escape
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparsetool.checkpoint import dtypes
 from sparsetool.checkpoint.format import TensorSpec, layout
-from sparsetool.checkpoint.layout import TMP_MARK, rebuilt_index
-from sparsetool.checkpoint.output_files import PRIVATE, PRIVATE_DIR, check_room, copy_mode, mode_of, write_error
+from sparsetool.checkpoint.layout import rebuilt_index
+from sparsetool.checkpoint.output_files import (
+    PRIVATE,
+    PRIVATE_DIR,
+    check_room,
+    copy_mode,
+    mode_of,
+    put_in_place,
+    remove,
+    temp_beside,
+    write_error,
+)
 from sparsetool.checkpoint.reader import Checkpoint
 from sparsetool.errors import CheckpointError
 from sparsetool.wording import plural
@@ -232,58 +239,6 @@ class CheckpointWriter:
             raise CheckpointError(f"output shard(s) never written: {', '.join(missing)}")
 
 
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two paths (Linux renameat2); False if the system cannot."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    res = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
-    return res == 0
-
-
-def _remove(p: Path) -> None:
-    if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-
-
-def _put_in_place(tmp: Path, out: Path) -> None:
-    if not out.is_dir() or out.is_symlink():
-        os.replace(tmp, out)  # atomic for files (and for a directory when out does not exist)
-        return
-    if _exchange(tmp, out):
-        _remove(tmp)  # tmp now holds the old output
-        return
-    old = out.with_name(f".{out.name}{TMP_MARK}old-{secrets.token_hex(4)}")
-    os.rename(out, old)
-    os.rename(tmp, out)
-    _remove(old)
-
-
-def _remove_stale_temps(parent: Path, name: str) -> None:
-    """Remove temporary outputs for ``name`` left by a run that was killed (its process is gone)."""
-    prefix = f".{name}{TMP_MARK}"
-    for p in parent.glob(f".{glob_escape(name)}{TMP_MARK}*"):
-        pid_text = p.name[len(prefix):].split("-", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid_text), 0)
-        except ProcessLookupError:
-            _remove(p)
-        except PermissionError:
-            pass  # alive, someone else's
-
-
 def _foreign_entries(d: Path, src: Checkpoint) -> list[str]:
     """Entries of an existing output directory that the new output would not hold again.
 
@@ -338,8 +293,7 @@ def write_checkpoint(
     parent = out_abs.parent
     if not parent.is_dir():
         raise CheckpointError(f"output directory {parent} does not exist; create it first")
-    _remove_stale_temps(parent, out_abs.name)
-    tmp = parent / f".{out_abs.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = temp_beside(out_abs)
     writer: CheckpointWriter | None = None
     try:
         if src.is_dir:
@@ -352,11 +306,11 @@ def write_checkpoint(
             _carry_over(src, tmp, writer, config_transform, everything=same)
             copy_mode(src.path, tmp)
         # Each shard already has its input shard's mode (cp -p): a private model stays private.
-        _put_in_place(tmp, out_abs)
+        put_in_place(tmp, out_abs)
     except BaseException as e:
         if writer is not None:
             writer._abort()
-        _remove(tmp)
+        remove(tmp)
         if isinstance(e, OSError):  # no space, I/O error, permission: one clean line
             raise write_error(e, out) from None
         raise
@@ -415,8 +369,7 @@ def write_tensors(
     parent = out_abs.parent
     if not parent.is_dir():
         raise CheckpointError(f"output directory {parent} does not exist; create it first")
-    _remove_stale_temps(parent, out_abs.name)
-    tmp = parent / f".{out_abs.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = temp_beside(out_abs)
     specs = [TensorSpec(n, t.dtype, tuple(t.shape)) for n, t in stored]
     try:
         with ShardWriter(tmp, out_abs.name, specs, dict(metadata) if metadata is not None else None) as sw:
@@ -424,7 +377,7 @@ def write_tensors(
                 sw.write(n, t)
         os.replace(tmp, out_abs)
     except BaseException as e:
-        _remove(tmp)
+        remove(tmp)
         if isinstance(e, OSError):
             raise write_error(e, out) from None
         raise

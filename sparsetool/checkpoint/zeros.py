@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from sparsetool.checkpoint.bits import nonzero_count
 from sparsetool.checkpoint.dtypes import INT_VIEW, int_view
 
 
@@ -63,8 +64,7 @@ def count_nonzero(t: torch.Tensor) -> int:
     bits = float_bits(t)
     if bits is None:
         return int(torch.count_nonzero(t))
-    negative_zero = np.iinfo(bits.dtype).min
-    return int(np.count_nonzero(bits)) - int(np.count_nonzero(bits == negative_zero))
+    return nonzero_count(bits.reshape(-1))
 
 
 def negative_zeros(t: torch.Tensor) -> torch.Tensor | None:

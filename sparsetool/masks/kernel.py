@@ -12,7 +12,7 @@ of every training algorithm (:func:`top_k_mask`). The rules are the same everywh
 
 For non-negative floats the integer order of the bit patterns is the order of the values, so the
 magnitude |w| of a bf16/fp16/fp32/fp64 weight is the integer ``bits & (2**(width-1) - 1)`` and NaN
-is any key above the key of +inf (fp8 converts to fp32 exactly). The threshold key is found digit
+is any key above the key of +inf (fp8 converts to fp32 exactly; :mod:`sparsetool.masks.keys`). The threshold key is found digit
 by digit from the top with histograms (``torch.bincount``): the top 15 bits first (32768 bins, the
 whole key for 16-bit floats), then 16-bit digits among the few keys of the boundary bucket: a
 most-significant-digit radix select, the selection analogue of radix sorting (Knuth, TAOCP vol. 3,
@@ -27,8 +27,6 @@ tensor([ True, False,  True, False,  True])
 
 from __future__ import annotations
 
-import math
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -39,17 +37,10 @@ from torch import Tensor
 from sparsetool.errors import SparsetoolError
 from sparsetool import workers as pool
 from sparsetool.masks.counts import sparsity_keep
+from sparsetool.masks.keys import Keys, _flat_existing, _int_view, _shifts, int_keys, magnitude_keys
 
 __all__ = ["top_k_mask", "Keys", "int_keys", "magnitude_keys", "histogram", "bucket_histogram",
            "threshold_mask", "select_top", "count", "Scan", "scan"]
-
-# (integer view dtype, number of magnitude bits) for each float dtype read bit-for-bit.
-_LAYOUT = {
-    torch.bfloat16: (torch.int16, 15),
-    torch.float16: (torch.int16, 15),
-    torch.float32: (torch.int32, 31),
-    torch.float64: (torch.int64, 63),
-}
 
 
 def _resolve_keep(numel: int, sparsity: float | None, keep: int | None) -> int:
@@ -62,41 +53,6 @@ def _resolve_keep(numel: int, sparsity: float | None, keep: int | None) -> int:
             f"keep must be an integer from 0 to {numel} (the tensor's size), got {keep!r}"
         )
     return int(keep)
-
-
-def _flat_existing(existing: Tensor | None, shape: torch.Size) -> Tensor | None:
-    if existing is None:
-        return None
-    if tuple(existing.shape) != tuple(shape):
-        raise SparsetoolError(
-            f"existing mask has shape {tuple(existing.shape)} but the weight has shape {tuple(shape)}; "
-            "a mask must match its weight"
-        )
-    if existing.dtype != torch.bool:
-        existing = existing != 0
-    return existing.reshape(-1)
-
-
-def _int_view(w: Tensor) -> tuple[Tensor, int, int]:
-    """``w`` flat, viewed as integers (no copy for bf16/fp16/fp32/fp64); the magnitude's bit width
-    (the sign is the bit above it); and the magnitude key of +inf."""
-    if not w.dtype.is_floating_point:
-        raise SparsetoolError(f"magnitude needs a floating tensor, got dtype {w.dtype}")
-    if w.dtype not in _LAYOUT:  # fp8 and friends convert to fp32 exactly
-        w = w.to(torch.float32)
-    int_dtype, nbits = _LAYOUT[w.dtype]
-    inf = int(torch.tensor(math.inf, dtype=w.dtype).view(int_dtype).item())
-    return w.contiguous().view(int_dtype).reshape(-1), nbits, inf
-
-
-def _shifts(nbits: int) -> list[int]:
-    """Digit positions from the top: 15 bits first, then 16-bit digits."""
-    out, s = [], nbits - 15
-    while s > 0:
-        out.append(s)
-        s -= 16
-    out.append(0)
-    return out
 
 
 _SMALL = 4096
@@ -183,65 +139,6 @@ def _boundary(total: Tensor, keep: int) -> tuple[int, int]:
     suffix = total.flip(0).cumsum(0).flip(0)
     d = int((suffix >= keep).nonzero()[-1])
     return d, int(suffix[d]) - int(total[d])
-
-
-@dataclass(frozen=True, eq=False)
-class Keys:
-    """The integer keys of ``n`` positions, read chunk by chunk.
-
-    Keys are non-negative and below ``2**nbits``; a key above ``inf`` is unavailable (NaN, or dead
-    in an alive mask) and never selected. ``top(a, b)`` is the first radix digit ``key >> shift`` of
-    positions ``[a, b)`` (maybe read faster than the keys), ``bucket(a, b, d)`` the keys there whose
-    first digit is ``d``.
-    """
-
-    n: int
-    nbits: int
-    inf: int
-    shift: int
-    read: Callable[[int, int], Tensor]
-    top: Callable[[int, int], Tensor]
-    bucket: Callable[[int, int, int], Tensor]
-    device: torch.device
-
-
-def int_keys(src: Tensor, nbits: int, inf: int, alive: Tensor | None = None) -> Keys:
-    """Keys ``src & (2**nbits - 1)`` of a flat integer tensor; dead (all ones) where ``alive`` is
-    False."""
-    full = (1 << nbits) - 1
-    shift = _shifts(nbits)[0]
-
-    def read(a: int, b: int) -> Tensor:
-        k = src[a:b] & full
-        if alive is not None:
-            k.masked_fill_(~alive[a:b], full)
-        return k
-
-    def top(a: int, b: int) -> Tensor:
-        return read(a, b) >> shift if shift else read(a, b)  # 16-bit keys: the digit is the key
-
-    halves = src.element_size() // 2
-    if shift and shift == 16 * halves - 16 and sys.byteorder == "little":
-        # The top digit is the top int16 of each key: read it in place, half or a quarter of the
-        # bytes, and count 16-bit values as fast as bf16 keys.
-        high = src.contiguous().view(torch.int16)
-
-        def top(a: int, b: int) -> Tensor:  # noqa: F811
-            t = high[a * halves + halves - 1:b * halves:halves] & 0x7FFF
-            if alive is not None:
-                t.masked_fill_(~alive[a:b], 0x7FFF)
-            return t
-
-    def bucket(a: int, b: int, d: int) -> Tensor:
-        return src[a:b][top(a, b) == d] & full
-
-    return Keys(src.numel(), nbits, inf, shift, read, top, bucket, src.device)
-
-
-def magnitude_keys(w: Tensor, alive: Tensor | None = None) -> Keys:
-    """Keys of |w| in ``w``'s own bit width (fp8: fp32); ``alive`` is flat bool or None."""
-    src, nbits, inf = _int_view(w)
-    return int_keys(src, nbits, inf, alive)
 
 
 def histogram(keys: Keys) -> tuple[Tensor, list[Tensor]]:

@@ -32,8 +32,7 @@ from sparsetool.checkpoint import (
     open_checkpoint,
     write_checkpoint,
 )
-from sparsetool.checkpoint.encodings import may_hold_nan
-from sparsetool.checkpoint.provenance import provenance_metadata, read_provenance
+from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.checkpoint.writer import ShardWriter
 from sparsetool.masks.distributions import keep_counts
 from sparsetool.options import CALIBRATION_METHODS
@@ -50,7 +49,8 @@ from sparsetool.masks.select import (
 from sparsetool.targets import TargetPlan, plan_targets
 from sparsetool.targets.order import sort_names, tensor_sort_key
 from sparsetool.wording import plural, some_names
-from sparsetool.checkpoint.zeros import count_nonzero, nonzero_mask
+from sparsetool.checkpoint.zeros import count_nonzero
+from sparsetool.ops.prune_input import read_alive, recorded_nan_encoding
 from sparsetool.ops.prune_stream import Scanned, stream_plan, stream_top, streams
 from sparsetool.ops.prune_options import (
     LOADER_WARNINGS,
@@ -78,66 +78,6 @@ def targeted_tensors(ckpt: Checkpoint, include: Sequence[str] = (), exclude: Seq
     return [lt for lt in ckpt.logical if plan[lt.name].targeted]
 
 
-def _count_inf(t: torch.Tensor, chunk: int = 1 << 24) -> int:
-    """+-inf entries of ``t`` (fp8 has no isinf kernel: it is widened a chunk at a time)."""
-    if not t.is_floating_point():
-        return 0
-    if t.element_size() > 1:
-        if t.numel() == 0:
-            return 0
-        lo, hi = torch.aminmax(t)  # one fast pass: both finite means no inf (and no NaN) anywhere
-        if bool(torch.isfinite(lo)) and bool(torch.isfinite(hi)):
-            return 0
-        return int(torch.isinf(t).sum())
-    flat = t.reshape(-1)
-    return sum(int(torch.isinf(flat[i:i + chunk].float()).sum()) for i in range(0, flat.numel(), chunk))
-
-
-def _check_finite(ckpt: Checkpoint, lt: LogicalTensor, dense: torch.Tensor,
-                  mask: torch.Tensor | None, nan_means_pruned: bool) -> None:
-    """Refuse a targeted tensor holding NaN or +-inf: no magnitude ranks them (a NaN is neither
-    large nor small, an inf would always be kept) and a mask would carry them into the output.
-
-    The exception is an input recorded as written in the ``nan`` encoding, where NaN means pruned.
-    """
-    nan = 0
-    if mask is not None and lt.encoding == "plain" and not nan_means_pruned:
-        nan = lt.numel - int(mask.sum())  # the reader took this tensor's NaNs for pruned weights
-    inf = _count_inf(dense)
-    if nan or inf:
-        found = " and ".join(plural(n, what) for n, what in ((nan, "NaN value"), (inf, "infinite value"))
-                             if n)
-        raise SparsetoolError(
-            f"{ckpt.path}: tensor {lt.name!r} holds {found}; prune refuses them (no "
-            "magnitude ranks a NaN, an inf would always be kept): fix or re-export the weights, "
-            "or leave the tensor out with --exclude. If its "
-            "NaNs mark pruned weights (the nan encoding written without a sparsetool record), run "
-            "'sparsetool densify' on it first and prune the dense copy"
-        )
-
-
-def _existing(ckpt: Checkpoint, lt: LogicalTensor, *,
-              nan_means_pruned: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dense values, kept mask). Without an encoding, a zero already counts as pruned.
-
-    A plain tensor holding NaN reads as the ``nan`` encoding (NaN = pruned); unless the input
-    records that it was written in that encoding (``nan_means_pruned``) that is an error, as is
-    an inf (:func:`_check_finite`).
-    """
-    if lt.encoding == "plain" and lt.floating and lt.dtype.itemsize > 1:
-        dense = ckpt.read_stored(lt.stored[0])
-        if not may_hold_nan(dense):  # a finite sum: no NaN and no inf anywhere, one pass
-            return dense, nonzero_mask(dense)
-    dense, mask = ckpt.read(lt)
-    _check_finite(ckpt, lt, dense, mask, nan_means_pruned)
-    alive = nonzero_mask(dense)
-    return dense, alive if mask is None else mask & alive
-
-
-def _recorded_nan_encoding(ckpt: Checkpoint) -> bool:
-    return (read_provenance(ckpt.metadata()) or {}).get("encoding") == "nan"
-
-
 class _Planner:
     """Decides each targeted tensor's mask. Layer scope needs nothing global; the rest is
     prepared by :meth:`prepare` in a first pass."""
@@ -152,7 +92,7 @@ class _Planner:
         self.nonzero_after: dict[str, int] = {}
         self.nonzero_before: dict[str, int] = {}
         # NaN already in the input is a sentinel only if the input says it was written as one.
-        self.nan_ok = _recorded_nan_encoding(ckpt)
+        self.nan_ok = recorded_nan_encoding(ckpt)
         self.plain: set[str] = set()  # global scope: plain finite tensors (zeros the only pruned)
         if opts.sparsity is not None and opts.scope == "layer":
             shapes = {lt.name: tuple(lt.shape) for lt in targets}
@@ -178,7 +118,7 @@ class _Planner:
                     if self.progress:
                         self.progress("scan", i + 1, len(self.targets))
                     continue
-            dense, existing = _existing(self.ckpt, lt, nan_means_pruned=self.nan_ok)
+            dense, existing = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
             nnz = count_nonzero(existing)
             self.nonzero_before[lt.name] = nnz
             total_nnz += nnz
@@ -200,7 +140,7 @@ class _Planner:
             self.plan = self._global_plan(hists, total_keep)
             if o.encoding == "bitmask":
                 for lt in self.targets:
-                    dense, existing = _existing(self.ckpt, lt, nan_means_pruned=self.nan_ok)
+                    dense, existing = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
                     self.nonzero_after[lt.name] = count_nonzero(self._mask(lt, dense, existing))
 
     def _global_plan(self, hists: list, total_keep: int):
@@ -210,7 +150,7 @@ class _Planner:
             # have entries in it.
             fine = {}
             for i in plan.refine:
-                dense, existing = _existing(self.ckpt, self.targets[i], nan_means_pruned=self.nan_ok)
+                dense, existing = read_alive(self.ckpt, self.targets[i], nan_means_pruned=self.nan_ok)
                 fine[i] = MagnitudeHistogram.of(dense, existing, refine=plan.refine_bucket)
                 if self.progress:
                     self.progress("refine", len(fine), len(plan.refine))
@@ -267,7 +207,7 @@ class _Planner:
         return keep
 
     def mask(self, lt: LogicalTensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-        dense, existing = _existing(self.ckpt, lt, nan_means_pruned=self.nan_ok)
+        dense, existing = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
         mask = self._mask(lt, dense, existing)
         before = self.nonzero_before.get(lt.name)
         if before is None:
@@ -334,7 +274,7 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
 
         nan_ok = planner.nan_ok
         planner = CalibratedPlanner(ckpt, targets, opts, progress, plan,  # type: ignore[assignment]
-                                    lambda c, lt: _existing(c, lt, nan_means_pruned=nan_ok))
+                                    lambda c, lt: read_alive(c, lt, nan_means_pruned=nan_ok))
     if planner.needs_first_pass:
         planner.prepare()
 

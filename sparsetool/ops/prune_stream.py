@@ -31,7 +31,7 @@ from sparsetool.masks.kernel import Keys, Scan, Sink, magnitude_keys, scan, sele
 
 def streams(lt: LogicalTensor, encoding: str) -> bool:
     """Can the fast path write this tensor in this encoding?"""
-    return lt.encoding == "plain" and lt.dtype.is_floating_point and encoding in STREAMED
+    return lt.encoding == "plain" and lt.floating and encoding in STREAMED
 
 
 def _sink(put, encoding: str, dense: torch.Tensor) -> Sink:
