@@ -40,18 +40,22 @@ def prune(
     in_place: bool = False,
     calibration: str | Path | None = None,
     samples: int = 128,
-    seq: int = 512,
+    seq: int | None = None,
     dampening: float = 0.01,
     blocksize: int = 128,
+    device: str = "auto",
+    dtype: str = "float32",
+    max_memory: int | str | None = None,
 ) -> PruneResult:
     """``sparsetool prune CHECKPOINT -o OUTPUT ...``: exactly one of ``sparsity``, ``fraction``,
     ``nm`` (``"2:4"`` or ``(2, 4)``, N kept of every M). ``output=None`` needs ``in_place=True``.
     ``method="wanda"`` or ``"sparsegpt"`` runs the ``calibration`` text (a file or directory)
-    through the model block by block (``samples`` windows of ``seq`` tokens).
-    Raises :class:`sparsetool.errors.SparsetoolError` on bad input; nothing is written then."""
+    through the model block by block (``samples`` windows of ``seq`` tokens, default 512 or the
+    model's context if shorter) on ``device`` in ``dtype``, within ``max_memory`` (bytes or
+    ``"12G"``; default: what is available). Raises :class:`sparsetool.errors.SparsetoolError` on bad input; nothing is written then."""
     from sparsetool.errors import ConfigError
     from sparsetool.ops.prune import PruneOptions, prune_checkpoint
-    from sparsetool.options import parse_nm
+    from sparsetool.options import parse_nm, parse_size
 
     if output is None and not in_place:
         raise ConfigError("give an output path (or in_place=True to replace the input)")
@@ -60,7 +64,8 @@ def prune(
         method=method, scope=scope, distribution=distribution, seed=seed, encoding=encoding,
         include=_globs(include), exclude=_globs(exclude),
         calibration=None if calibration is None else str(calibration), samples=samples, seq=seq,
-        dampening=dampening, blocksize=blocksize,
+        dampening=dampening, blocksize=blocksize, device=device, dtype=dtype,
+        max_memory=None if max_memory is None else parse_size(max_memory),
     )
     return prune_checkpoint(checkpoint, checkpoint if output is None else output, opts,
                             in_place=in_place)
@@ -91,15 +96,19 @@ def report(checkpoint: str | Path, *, include: Sequence[str] = (),
 
 def eval(checkpoints: str | Path | Sequence[str | Path], *, text: str | Path | None = None,
          seq: int | None = None, stride: int | None = None, max_tokens: int | None = None,
-         batch: int = 1, dtype: str = "float32") -> EvalResult:
+         batch: int = 1, dtype: str = "float32", device: str = "auto",
+         max_memory: int | str | None = None) -> EvalResult:
     """``sparsetool eval CKPT [CKPT ...]``: NLL, perplexity and bits per byte on held-out text.
     ``text`` is the text itself (``str``), a file or directory (``Path``), or None for the held-out
-    split of the built-in corpus."""
+    split of the built-in corpus. Models run block by block on ``device`` in ``dtype``, holding as
+    many windows as ``max_memory`` (bytes or ``"12G"``; default: what is available) leaves room for."""
     from sparsetool.ops.eval import evaluate
+    from sparsetool.options import check_device, parse_size
 
     paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
     return evaluate(paths, text=text, seq=seq, stride=stride, max_tokens=max_tokens, batch=batch,
-                    dtype=dtype)
+                    dtype=dtype, device=check_device(device),
+                    max_memory=None if max_memory is None else parse_size(max_memory))
 
 
 def diff(a: str | Path, b: str | Path, *, include: Sequence[str] = (),

@@ -28,7 +28,11 @@ __all__ = [
     "METHODS", "SCOPES", "CALIBRATION_METHODS", "check_count", "check_dampening",
     "check_sparsity", "check_fraction", "check_seed", "parse_sparsity", "parse_sparsities",
     "parse_fraction", "parse_nm", "parse_tokens", "parse_seed", "parse_stage", "parse_globs",
+    "parse_size", "check_device", "DEVICE_CHOICES", "COMPUTE_DTYPES",
 ]
+
+DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
+COMPUTE_DTYPES = ("float32", "bfloat16")  # --dtype of eval and calibration pruning
 
 # The words prune's --method and --scope accept (the CLI lists them in --help without importing torch).
 METHODS = ("magnitude", "random", "wanda", "sparsegpt")
@@ -193,6 +197,55 @@ def parse_tokens(text: str | int | float, option: str = "--tokens", minimum: int
         least = {0: "zero or more", 1: "a positive number of"}.get(minimum, f"at least {minimum}")
         raise ConfigError(f"{option} {text}: give {least} tokens")
     return int(value)
+
+
+_BYTES = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def parse_size(text: str | int, option: str = "--max-memory") -> int:
+    """A memory size in bytes: ``12G``, ``512M``, ``1.5T``, ``2GB``, ``8GiB`` or a plain byte count.
+
+    K, M, G, T are powers of 1024 (as ``free -h`` and the kernel count memory).
+
+    >>> parse_size("12G"), parse_size("512M"), parse_size("1.5g"), parse_size("8GiB"), parse_size(2**21)
+    (12884901888, 536870912, 1610612736, 8589934592, 2097152)
+    >>> parse_size("lots")
+    Traceback (most recent call last):
+    ...
+    sparsetool.errors.ConfigError: --max-memory 'lots' is not a memory size; write e.g. 12G, 512M or 1.5T
+    """
+    t = str(text).strip().lower().replace("_", "")
+    for unit in ("ib", "b"):
+        if t.endswith(unit) and t[:-len(unit)][-1:] in _BYTES:
+            t = t[:-len(unit)]
+    mult = _BYTES.get(t[-1:], 1)
+    if mult != 1:
+        t = t[:-1]
+    try:
+        value = Decimal(t) * mult
+    except InvalidOperation:
+        value = Decimal("NaN")
+    if isinstance(text, bool) or not value.is_finite():
+        raise ConfigError(f"{option} {str(text)!r} is not a memory size; write e.g. 12G, 512M or 1.5T")
+    if value < 2**20:
+        raise ConfigError(f"{option} {text}: give at least 1M (a model needs more than that)")
+    return int(value)
+
+
+def check_device(value: str, option: str = "--device") -> str:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (torch's device names); whether CUDA is there is
+    checked where torch is loaded.
+
+    >>> check_device("cuda:1")
+    'cuda:1'
+    >>> check_device("gpu")
+    Traceback (most recent call last):
+    ...
+    sparsetool.errors.ConfigError: --device 'gpu': use auto, cpu, cuda or cuda:N
+    """
+    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
+        return value
+    raise ConfigError(f"{option} {value!r}: use {DEVICE_CHOICES}")
 
 
 def check_seed(value: int, option: str = "--seed") -> int:

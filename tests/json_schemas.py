@@ -143,10 +143,13 @@ _STATS = dict(numel=INT, nonzero_a=INT, nonzero_b=INT, nonzero_both=INT, dot=NUM
               rel_l2=OPT_NUM, angular_distance=NUM)
 DIFF = obj(tensors=arr(obj(name=STR, part=OPT_STR, layer=(INT, "null"), kind=STR, shape=arr(INT), **_STATS)),
            summary=obj(a=STR, b=STR, tensors=INT, matrices=INT, notes=arr(STR), **_STATS))
+# the memory plan of a model-level run (eval; prune --method wanda|sparsegpt without windows_held)
+MEMORY_KEYS = dict(peak_estimate=INT, fixed=INT, weights=INT, activations=INT, statistics=INT, budget=INT,
+                   budget_source=STR)
 EVAL = obj(text=STR, checkpoints=arr(obj(
     name=STR, kind=STR, targeted_sparsity=NUM, params=INT, nonzero_params=INT, nll=NUM, perplexity=NUM,
     bits_per_byte=NUM, tokens=INT, bytes=INT, seq=INT, stride=INT, seconds=NUM, change=NUM,
-    tokens_per_s=NUM)))
+    tokens_per_s=NUM, memory=obj(windows_held=INT, **MEMORY_KEYS))))
 TRAIN = obj(run_dir=STR, step=INT, steps=INT, finished=BOOL, loss=NUM, val_loss=OPT_NUM, sparsity=NUM,
             tokens=INT, elapsed_s=NUM, tokens_per_s=OPT_NUM, params=INT, world_size=INT,
             masks_identical_across_ranks=(BOOL, "null"), mask_updates_that_diverged=(INT, "null"),

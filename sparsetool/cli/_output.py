@@ -6,7 +6,7 @@ import contextlib
 import json
 import math
 import sys
-from typing import Any, Collection, Iterator, Sequence
+from typing import Any, Callable, Collection, Iterator, Sequence
 
 import typer
 from rich.console import Console
@@ -78,10 +78,12 @@ def progress_bar(enabled: bool = True) -> Iterator[Any]:
     if not enabled or not err_console.is_terminal:
         yield None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
     with Progress(TextColumn("{task.description:>8}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console, transient=True) as bar:
+                  TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=err_console,
+                  transient=True) as bar:
         tasks: dict[str, Any] = {}
 
         def update(stage: str, done: int, total: int) -> None:
@@ -90,6 +92,20 @@ def progress_bar(enabled: bool = True) -> Iterator[Any]:
             bar.update(tasks[stage], completed=done)
 
         yield update
+
+
+def plan_printer(enabled: bool = True) -> Callable[..., None] | None:
+    """A callback printing a model-level run's memory plan on stderr (terminals only): the
+    figures a user needs before the long part starts. ``plan(plan)`` or ``plan(name, plan)``."""
+    if not enabled or not err_console.is_terminal:
+        return None
+
+    def show(*args: Any) -> None:
+        *name, plan = args
+        where = f"{name[0]}: " if name else ""
+        err_console.print(f"{escape(where)}{escape(plan.describe())}", highlight=False, soft_wrap=True)
+
+    return show
 
 
 def note_left_out(names: list[str]) -> None:

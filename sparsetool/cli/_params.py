@@ -152,6 +152,37 @@ def default_targets_option() -> Any:
                              "--include/--exclude it was pruned with (globs given here win anyway).")
 
 
+# --- how a model runs (eval, calibration pruning; train has its own --dtype with auto) ------------
+
+ComputeDType = choices("ComputeDType", options.COMPUTE_DTYPES)
+
+
+def device_option(help: str = "Where the model runs: auto (a GPU if there is one), cpu, cuda or cuda:N.") -> Any:
+    return typer.Option("auto", "--device", metavar="<auto|cpu|cuda|cuda:N>",
+                        callback=checked(options.check_device), help=help)
+
+
+def compute_dtype_option(help: str = "Precision of the forward passes (bfloat16 halves the "
+                                     "memory of weights and activations).") -> Any:
+    return typer.Option("float32", "--dtype", help=help)
+
+
+def max_memory_option() -> Any:
+    return typer.Option(None, "--max-memory", metavar="SIZE", callback=checked(options.parse_size),
+                        help="Memory the run may use, e.g. 12G (default: what is available now); "
+                             "a run that cannot fit stops before the long part.")
+
+
+def use_device(device: str) -> None:
+    """Refuse a device this machine lacks (--device cuda without CUDA) as a usage error, before
+    any checkpoint is read. Imports torch only when a GPU is asked for by name."""
+    if device.startswith("cuda"):
+        with usage_errors():
+            from sparsetool.ops.lm import resolve_device
+
+            resolve_device(device)
+
+
 def checkpoint_argument(required: bool = True) -> Any:
     return typer.Argument(... if required else None, metavar="CHECKPOINT",
                           help="A .safetensors file or a Hugging Face model directory.",
@@ -161,4 +192,5 @@ def checkpoint_argument(required: bool = True) -> Any:
 __all__ = ["ENCODING_NAMES", "TRAIN_PRESETS", "UsageProblem", "choices", "epilog", "value_of", "usage_error", "usage_errors", "checked", "output_option", "json_option",
            "quiet_option", "workers_option", "use_workers", "sparsity_option", "sparsities_option", "tokens_option", "seed_option",
            "stage_option", "include_option", "exclude_option", "default_targets_option",
-           "checkpoint_argument"]
+           "checkpoint_argument", "ComputeDType", "device_option", "compute_dtype_option",
+           "max_memory_option", "use_device"]

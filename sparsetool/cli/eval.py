@@ -7,17 +7,17 @@ from typing import List, Optional
 
 import typer
 
-from sparsetool.cli._output import check_plot_path, console, emit_json, failing_cleanly, percent, print_table, progress_bar
-from sparsetool.cli._params import choices, json_option, quiet_option, tokens_option, value_of
-
-DTYPES = ("float32", "bfloat16")
+from sparsetool.cli._output import (check_plot_path, console, emit_json, failing_cleanly, percent,
+                                    plan_printer, print_table, progress_bar)
+from sparsetool.cli._params import (ComputeDType, compute_dtype_option, device_option, json_option,
+                                    max_memory_option, quiet_option, tokens_option, use_device,
+                                    value_of)
 
 EXAMPLES = (  # the end of --help: each runs as written (given the checkpoints named)
     "sparsetool eval runs/dense runs/static75",
     "sparsetool eval gpt2/ gpt2-50/ gpt2-75/ --text wiki.txt --seq 512 --stride 256 --plot ppl.png",
     "sparsetool eval model-75/ --text docs/ --max-tokens 20K --json",
 )
-DType = choices("DType", DTYPES)
 
 
 def eval_command(
@@ -27,7 +27,9 @@ def eval_command(
     stride: Optional[int] = typer.Option(None, "--stride", help="Start a window every S tokens (S < --seq: overlapping windows, each scoring only tokens no earlier window scored). Default: --seq (no overlap)."),
     max_tokens: Optional[str] = tokens_option("--max-tokens", "Score only the first N tokens of the text (e.g. 20000 or 20K)."),
     batch: int = typer.Option(1, "--batch", help="Windows per forward pass."),
-    dtype: DType = typer.Option("float32", "--dtype", help="Compute precision."),
+    dtype: ComputeDType = compute_dtype_option(),
+    device: str = device_option(),
+    max_memory: Optional[str] = max_memory_option(),
     as_json: bool = json_option("Print {\"text\": ..., \"checkpoints\": [...]} on stdout."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw perplexity vs targeted sparsity into this PNG."),
     quiet: bool = quiet_option(),
@@ -37,9 +39,11 @@ def eval_command(
     Mean NLL per predicted token (nats), perplexity = exp(NLL), bits per byte (total NLL in bits / UTF-8 bytes of the text), and perplexity change vs the first.
 
     Hugging Face models need the hf extra (pip install 'sparsetool[hf]'); their weights are decoded
-    by sparsetool, so every encoding (zeros, mask, nan, bitmask) evaluates correctly.
+    by sparsetool, so every encoding (zeros, mask, nan, bitmask) evaluates correctly. Models run
+    block by block: one block in memory at a time, as many windows together as the memory allows.
     """
     dtype = value_of(dtype)
+    use_device(device)
     from sparsetool.ops.eval import evaluate, plot_eval
 
     with failing_cleanly():
@@ -47,7 +51,8 @@ def eval_command(
             check_plot_path(plot)
         with progress_bar(not (as_json or quiet)) as progress:
             result = evaluate(checkpoints, text=text, seq=seq, stride=stride, max_tokens=max_tokens,
-                              batch=batch, dtype=dtype, progress=progress)
+                              batch=batch, dtype=dtype, device=device, max_memory=max_memory,
+                              progress=progress, on_plan=plan_printer(not (as_json or quiet)))
         if plot is not None:
             plot_eval(result, plot)
     if as_json:

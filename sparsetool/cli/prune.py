@@ -11,9 +11,14 @@ from sparsetool import options
 from rich.markup import escape
 
 from sparsetool.cli._output import (console, emit_json, failing_cleanly, note_left_out, percent,
-                                    progress_bar, warn)
+                                    plan_printer, progress_bar, warn)
 from sparsetool.cli._params import (
     ENCODING_NAMES,
+    ComputeDType,
+    compute_dtype_option,
+    device_option,
+    max_memory_option,
+    use_device,
     checkpoint_argument,
     checked,
     choices,
@@ -63,9 +68,12 @@ def prune(
     exclude: List[str] = exclude_option(),
     calibration: Optional[Path] = typer.Option(None, "--calibration", metavar="FILE|DIR", help="UTF-8 text (a file, or every file under a directory) run through the model by --method wanda/sparsegpt."),
     samples: int = typer.Option(128, "--samples", metavar="N", callback=checked(options.check_count), help="Calibration windows (wanda/sparsegpt)."),
-    seq: int = typer.Option(512, "--seq", metavar="T", callback=checked(options.check_count, minimum=2), help="Tokens per calibration window (wanda/sparsegpt)."),
+    seq: Optional[int] = typer.Option(None, "--seq", metavar="T", callback=checked(options.check_count, minimum=2), help="Tokens per calibration window (wanda/sparsegpt). Default: 512, or the model's context if shorter."),
     dampening: str = typer.Option("0.01", "--dampening", metavar="D", callback=checked(options.check_dampening), help="sparsegpt: add D x the mean diagonal of X^T X to its diagonal."),
     blocksize: int = typer.Option(128, "--blocksize", metavar="B", callback=checked(options.check_count), help="sparsegpt: columns per block (lazy updates, one mask choice per block)."),
+    device: str = device_option("wanda/sparsegpt: where the blocks run: auto (a GPU if there is one), cpu, cuda or cuda:N."),
+    dtype: ComputeDType = compute_dtype_option("wanda/sparsegpt: precision of the forward passes; statistics and the SparseGPT solve stay float32."),
+    max_memory: Optional[str] = max_memory_option(),
     in_place: bool = typer.Option(False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."),
     quiet: bool = quiet_option(),
     workers: Optional[int] = workers_option(),
@@ -74,7 +82,10 @@ def prune(
     """Prune CHECKPOINT: zero the smallest (or random) weights of every targeted tensor.
 
     With --method wanda or sparsegpt and --calibration FILE|DIR, the model runs the text block by
-    block and each block is pruned from its own inputs (Hugging Face causal LMs, sparsetool's GPT).
+    block and each block is pruned from its own inputs (Hugging Face causal LMs, sparsetool's GPT):
+    one block is in memory at a time, read from the checkpoint when its turn comes and written as
+    it finishes, so any size prunes on the memory of one block plus the activations (the memory
+    plan is printed first; a run that cannot fit stops at once).
 
     Targets are the attention (q/k/v, output) and feed-forward weights inside the transformer
     blocks; never embeddings, norms, biases or the LM head. Already-pruned weights stay pruned.
@@ -96,14 +107,16 @@ def prune(
         encoding=value_of(encoding), include=tuple(include), exclude=tuple(exclude),
         calibration=None if calibration is None else str(calibration), samples=samples, seq=seq,
         dampening=dampening, blocksize=blocksize,  # type: ignore[arg-type]
+        device=device, dtype=value_of(dtype), max_memory=max_memory,  # type: ignore[arg-type]
     )
     with usage_errors():
         opts.validate()
+    use_device(device)
     use_workers(workers)
     with failing_cleanly():
         with progress_bar(not (as_json or quiet)) as progress:
-            result = prune_checkpoint(checkpoint, output or checkpoint, opts,
-                                      in_place=in_place, progress=progress)
+            result = prune_checkpoint(checkpoint, output or checkpoint, opts, in_place=in_place,
+                                      progress=progress, on_plan=plan_printer(not (as_json or quiet)))
     for warning in result.warnings:  # printed even with --quiet/--json: the output will mislead
         warn(warning)
     if as_json:

@@ -60,7 +60,7 @@ from sparsetool.masks.kernel import (
 )
 
 __all__ = [
-    "magnitude_mask", "random_mask", "nm_mask", "fraction_keep", "sparsity_keep",
+    "magnitude_mask", "random_mask", "nm_mask", "nm_kept_count", "fraction_keep", "sparsity_keep",
     "check_sparsity", "check_fraction",
     "MagnitudeHistogram", "TensorPlan", "GlobalPlan", "global_threshold_plan", "apply_threshold",
     "global_magnitude_masks", "top_k_mask",
@@ -126,6 +126,22 @@ def random_mask(
     bits = torch.randint(0, 1 << 30, shape, generator=generator, dtype=torch.int32).reshape(-1)
     alive = _flat_existing(existing, torch.Size(shape))
     return select_top(int_keys(bits, 31, 1 << 30, alive), k).reshape(shape)
+
+
+def nm_kept_count(alive: Tensor, n: int, m: int, dim: int = -1) -> int:
+    """How many weights :func:`nm_mask` keeps given the ``alive`` ones, whatever their values:
+    ``min(n, alive)`` in each group of ``m`` along ``dim``.
+
+    >>> nm_kept_count(torch.tensor([[True, True, True, False, False, False, False, True]]), 2, 4)
+    3
+    """
+    size = alive.shape[dim]
+    if size % m:
+        raise SparsetoolError(
+            f"N:M {n}:{m}: the size along dimension {dim % alive.ndim} is {size}, not divisible by "
+            f"{m}; choose an M that divides it or exclude this tensor")
+    groups = alive.movedim(dim, -1).reshape(-1, size // m, m)
+    return int(groups.sum(-1).clamp(max=n).sum())
 
 
 def nm_mask(

@@ -27,10 +27,10 @@ from torch import Tensor
 
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.kernel import top_k_mask
-from sparsetool.masks.select import nm_mask
+from sparsetool.masks.select import nm_kept_count, nm_mask
 from sparsetool.wording import plural
 
-__all__ = ["block_prune_counts", "inverse_hessian_factor", "sparsegpt_prune"]
+__all__ = ["block_prune_counts", "inverse_hessian_factor", "sparsegpt_prune", "sparsegpt_kept_count"]
 
 
 def block_prune_counts(rows: int, cols: int, prune: int, blocksize: int) -> list[int]:
@@ -115,3 +115,24 @@ def sparsegpt_prune(w: Tensor, h: Tensor, *, keep: int | None = None,
         W[:, i1:i2] = w1
         W[:, i2:] -= err1 @ hinv[i1:i2, i2:]
     return W, kept
+
+
+def sparsegpt_kept_count(alive: Tensor, *, keep: int | None = None, nm: tuple[int, int] | None = None,
+                         blocksize: int = 128) -> int:
+    """How many weights :func:`sparsegpt_prune` keeps of a weight whose ``alive`` (out, in)
+    positions are not pruned yet, whatever the Hessian: each column block keeps its share or all
+    it has alive. Known before any activation is seen, so a writer can size its output up front.
+
+    >>> alive = torch.tensor([[True, True, False, False], [True, True, False, True]])
+    >>> sparsegpt_kept_count(alive, keep=4, blocksize=2)
+    3
+    """
+    if nm is not None:
+        return nm_kept_count(alive, nm[0], nm[1], dim=1)
+    rows, cols = alive.shape
+    prunes = block_prune_counts(rows, cols, alive.numel() - keep, blocksize)
+    kept = 0
+    for b, i1 in enumerate(range(0, cols, blocksize)):
+        block = alive[:, i1:i1 + blocksize]
+        kept += min(block.numel() - prunes[b], int(block.sum()))
+    return kept

@@ -30,10 +30,10 @@ from torch import Tensor
 
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.kernel import top_k_mask
-from sparsetool.masks.select import nm_mask
+from sparsetool.masks.select import nm_kept_count, nm_mask
 from sparsetool.wording import plural
 
-__all__ = ["wanda_scores", "row_prune_counts", "row_top_k", "wanda_mask"]
+__all__ = ["wanda_scores", "row_prune_counts", "row_top_k", "wanda_mask", "wanda_kept_count"]
 
 
 def wanda_scores(w: Tensor, sq_norms: Tensor) -> Tensor:
@@ -84,3 +84,20 @@ def wanda_mask(w: Tensor, sq_norms: Tensor, *, keep: int | None = None,
         raise SparsetoolError(f"keep must be from 0 to {w.numel()}, got {keep}")
     prunes = row_prune_counts(rows, cols, w.numel() - keep)
     return row_top_k(scores, [cols - p for p in prunes], existing)
+
+
+def wanda_kept_count(alive: Tensor, *, keep: int | None = None, nm: tuple[int, int] | None = None) -> int:
+    """How many weights :func:`wanda_mask` keeps of a weight whose ``alive`` (out, in) positions
+    are not pruned yet, whatever the scores: each row keeps its share or all it has alive. Known
+    before any activation is seen, so a writer can size its output up front.
+
+    >>> alive = torch.tensor([[True, True, True, True], [True, False, False, False]])
+    >>> wanda_kept_count(alive, keep=4), int(wanda_mask(torch.ones(2, 4), torch.ones(4), keep=4, existing=alive).sum())
+    (3, 3)
+    """
+    if nm is not None:
+        return nm_kept_count(alive, nm[0], nm[1], dim=1)
+    rows, cols = alive.shape
+    prunes = row_prune_counts(rows, cols, alive.numel() - keep)
+    shares = torch.tensor([cols - p for p in prunes], dtype=torch.long)
+    return int(torch.minimum(shares, alive.sum(1)).sum())

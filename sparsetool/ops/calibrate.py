@@ -1,47 +1,59 @@
-"""Calibration pruning (``prune --method wanda|sparsegpt``): the model, block by block.
+"""Calibration pruning (``prune --method wanda|sparsegpt``): the model, one block at a time.
 
-Both papers prune a transformer one block at a time. Calibration text is tokenized by the model's
-own tokenizer (bytes for sparsetool's GPT, as ``eval`` does) and cut into ``samples`` windows of
-``seq`` tokens, chosen among the non-overlapping windows of the text by ``seed``. The inputs of
-block 0 are captured with a forward pre-hook; then for each block in order:
+Both papers prune a transformer one block at a time, and so does memory here: the model is a
+skeleton whose weights stay in the checkpoint (:class:`sparsetool.ops.lm.BlockModel`) until their
+block's turn. Calibration text is tokenized by the model's own tokenizer (bytes for sparsetool's
+GPT, as ``eval`` does) and cut into ``samples`` windows of ``seq`` tokens, chosen among the
+non-overlapping windows of the text by ``seed``. The inputs of block 0 are captured from the
+model's own forward pass (embeddings only are read); then for each block in order:
 
-1. the current inputs run through the block while hooks on its targeted linear layers accumulate
-   their input statistics (Wanda: the sum of squares of each input feature; SparseGPT: ``X^T X``);
-2. each targeted weight of the block is pruned (:mod:`sparsetool.masks.wanda`,
-   :mod:`sparsetool.masks.sparsegpt`) and its statistics dropped;
-3. the inputs run through the pruned block; its outputs are the next block's inputs.
+1. its weights are read from the checkpoint, in compute precision on the device;
+2. the current inputs run through the block while hooks on its targeted linear layers accumulate
+   their input statistics in float32 or better (Wanda: the sum of squares of each input feature;
+   SparseGPT: ``X^T X``);
+3. each targeted weight of the block is read again in its stored precision and pruned in float32
+   on the CPU (:mod:`sparsetool.masks.wanda`, :mod:`sparsetool.masks.sparsegpt`), handed to the writer
+   (``sink``) at once, and put back into the block; its statistics are dropped;
+4. the inputs run through the pruned block; its outputs are the next block's inputs; the block's
+   weights are dropped.
 
-Memory holds the model, one block's activations for the calibration set and one block's
-statistics; never every layer's ``X^T X`` at once. The checkpoint is then written by ``prune``'s own
-writer (:func:`sparsetool.ops.prune.prune_checkpoint`): same layout, encodings and counts; Wanda
-writes the input's weights under the new mask, SparseGPT its updated weights.
+Memory holds one block, the calibration activations (a block's inputs and outputs) and one block's
+statistics, whatever the depth (:mod:`sparsetool.memory` estimates it before the long part and
+refuses a run that cannot fit). The output's header is known before the first block runs: a
+tensor's kept count depends only on which of its weights are alive and how many it must keep
+(:func:`~sparsetool.masks.wanda.wanda_kept_count`, :func:`~sparsetool.masks.sparsegpt.sparsegpt_kept_count`),
+so even the ``bitmask`` encoding's compressed sizes are fixed up front and each tensor is written
+at its place as its block finishes. Wanda writes the input's weights under the new mask, SparseGPT
+its updated weights.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import dataclasses
+from typing import Callable
 
 import torch
 
 from sparsetool.checkpoint import Checkpoint, LogicalTensor
 from sparsetool.checkpoint.zeros import count_nonzero
-from sparsetool.errors import SparsetoolError
+from sparsetool.errors import CheckpointError, SparsetoolError
 from sparsetool.masks.distributions import keep_counts
-from sparsetool.masks.sparsegpt import sparsegpt_prune
-from sparsetool.masks.wanda import wanda_mask
-from sparsetool.ops.lm import Model, load_model, read_text
-from sparsetool.ops.prune_options import PruneOptions
+from sparsetool.masks.sparsegpt import sparsegpt_kept_count, sparsegpt_prune
+from sparsetool.masks.wanda import wanda_kept_count, wanda_mask
+from sparsetool.ops.lm import BlockModel, Call, open_model, read_text
+from sparsetool.memory import MemoryPlan, budget, process_memory
+from sparsetool.ops.prune_input import read_alive
+from sparsetool.ops.prune_options import DEFAULT_SEQ, PruneOptions
 from sparsetool.targets import TargetPlan
 from sparsetool.wording import plural
 
-__all__ = ["CalibratedPlanner", "calibration_windows", "find_blocks"]
+__all__ = ["CalibratedPlanner", "calibration_windows", "NEEDS", "LOWER_MEMORY"]
 
 NEEDS = "calibration pruning (--method wanda or sparsegpt) runs causal language models only"
+LOWER_MEMORY = "--samples, --seq, --dtype bfloat16, or --max-memory if more is free than detected"
 Progress = Callable[[str, int, int], None]
-
-
-class _Captured(Exception):
-    """Raised by the hook on block 0 once its inputs are stored: the rest of the model is not run."""
+Sink = Callable[[LogicalTensor, torch.Tensor, torch.Tensor], None]
+"""Takes a pruned tensor as its block finishes: (tensor, values in its stored dtype, kept mask)."""
 
 
 def calibration_windows(ids: list[int], samples: int, seq: int, seed: int, source: str) -> torch.Tensor:
@@ -59,34 +71,13 @@ def calibration_windows(ids: list[int], samples: int, seq: int, seed: int, sourc
     return t[pick]
 
 
-def find_blocks(module: torch.nn.Module, params: list[str]) -> tuple[str, torch.nn.ModuleList]:
-    """The ModuleList of transformer blocks: the one holding the most of ``params`` (model names)."""
-    best: tuple[int, str, Any] = (0, "", None)
-    for prefix, m in module.named_modules():
-        if isinstance(m, torch.nn.ModuleList) and len(m):
-            inside = sum(1 for p in params if p.startswith(prefix + ".") and
-                         p[len(prefix) + 1:].split(".")[0].isdigit())
-            if inside > best[0]:
-                best = (inside, prefix, m)
-    if best[2] is None:
-        raise SparsetoolError(f"no transformer blocks hold the targeted tensors; {NEEDS}")
-    return best[1], best[2]
-
-
-def _block_of(prefix: str, name: str) -> int | None:
-    if not name.startswith(prefix + "."):
-        return None
-    head = name[len(prefix) + 1:].split(".")[0]
-    return int(head) if head.isdigit() else None
-
-
 class _Stats:
     """One targeted layer's input statistics, fed by a forward hook."""
 
-    def __init__(self, n_in: int, hessian: bool):
+    def __init__(self, n_in: int, hessian: bool, device: torch.device):
         self.n_in = n_in
-        self.sq = torch.zeros(n_in, dtype=torch.float64)
-        self.h = torch.zeros(n_in, n_in, dtype=torch.float32) if hessian else None
+        self.sq = torch.zeros(n_in, dtype=torch.float64, device=device)
+        self.h = torch.zeros(n_in, n_in, dtype=torch.float32, device=device) if hessian else None
 
     def __call__(self, module, args, output) -> None:
         x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
@@ -101,151 +92,165 @@ class _Stats:
 
 class CalibratedPlanner:
     """Decides each targeted tensor's mask (and, for SparseGPT, values) by running calibration
-    text through the model; the interface ``prune_checkpoint`` writes from (``prepare``,
-    ``mask``, ``nonzero_after``). ``existing(ckpt, lt)`` reads a tensor as prune does (dense,
-    alive mask; refusing NaN and inf)."""
-
-    needs_first_pass = True
-
-    def stream(self, lt, sw) -> None:
-        """No fast path: the masks come from activations, decided in ``prepare``."""
-        return None
+    text through the model block by block. :meth:`prepare` checks everything and fixes what the
+    output's header needs (``nonzero_after``) before the long part; :meth:`run` prunes and hands
+    each tensor to a sink as its block finishes."""
 
     def __init__(self, ckpt: Checkpoint, targets: list[LogicalTensor], opts: PruneOptions,
-                 progress: Progress | None, plan: TargetPlan,
-                 existing: Callable[[Checkpoint, LogicalTensor], tuple[torch.Tensor, torch.Tensor]]):
+                 plan: TargetPlan, *, nan_ok: bool = False, progress: Progress | None = None):
         self.ckpt, self.targets, self.opts, self.progress = ckpt, targets, opts, progress
-        self.target_plan, self.existing = plan, existing
+        self.target_plan, self.nan_ok = plan, nan_ok
         self.keep: dict[str, int] = {}
         if opts.sparsity is not None:
             self.keep = keep_counts({lt.name: tuple(lt.shape) for lt in targets}, opts.sparsity,
                                     opts.distribution)
         self.nonzero_before: dict[str, int] = {}
-        self.nonzero_after: dict[str, int] = {}
-        self._kept: dict[str, torch.Tensor] = {}
-        self._params: dict[str, torch.nn.Parameter] = {}
+        self.nonzero_after: dict[str, int] = {}  # kept counts, known before pruning
+        self.notes: list[str] = []
+        self.memory: MemoryPlan | None = None
+        self.model: BlockModel | None = None
+        self._by_block: dict[int, list[tuple[str, LogicalTensor]]] = {}  # block -> (model name, tensor)
+        self._windows: torch.Tensor | None = None
 
+    # ------------------------------------------------------------------ before the long part
     def prepare(self) -> None:
-        for lt in self.targets:  # refuse NaN/inf before the long part, and count what is there
-            entry = self.target_plan[lt.name]
-            if entry.layout not in ("linear", "conv1d"):
-                raise SparsetoolError(
-                    f"tensor {lt.name!r} {list(lt.shape)}: --method {self.opts.method} prunes "
-                    "linear layers (2-D weights) only; leave it out with --exclude")
-            _dense, alive = self.existing(self.ckpt, lt)
-            self.nonzero_before[lt.name] = count_nonzero(alive)
-        text = read_text(self.opts.calibration, "--calibration")  # a bad file fails before the model loads
-        model = load_model(self.ckpt.path, NEEDS)
-        with torch.no_grad():
-            self._run(model, text)
-        for name, kept in self._kept.items():
-            self.nonzero_after[name] = count_nonzero(kept)
-
-    def mask(self, lt: LogicalTensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-        dense, _alive = self.existing(self.ckpt, lt)
-        kept = self._kept.pop(lt.name)
-        if self.opts.method == "sparsegpt":  # the updated weights, in the input's dtype
-            dense = self._params.pop(lt.name).detach().to(dense.dtype)
-        return dense, kept, self.nonzero_before[lt.name]
-
-    # ------------------------------------------------------------------ the block-by-block run
-    def _run(self, model: Model, text: str) -> None:
         o = self.opts
-        by_ckpt = {ckpt: own for own, ckpt in model.names.items()}
-        own_params = dict(model.module.named_parameters())
-        targets: dict[str, str] = {}  # model name -> checkpoint name
+        for i, lt in enumerate(self.targets):  # refuse NaN/inf and bad shapes; count what is there
+            if self.target_plan[lt.name].layout not in ("linear", "conv1d"):
+                raise SparsetoolError(
+                    f"tensor {lt.name!r} {list(lt.shape)}: --method {o.method} prunes "
+                    "linear layers (2-D weights) only; leave it out with --exclude")
+            _dense, alive = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
+            self.nonzero_before[lt.name] = count_nonzero(alive)
+            try:
+                self.nonzero_after[lt.name] = self._kept_count(lt, self._oriented(lt, alive))
+            except SparsetoolError as e:
+                raise SparsetoolError(f"tensor {lt.name!r} {list(lt.shape)}: {e}") from None
+            del _dense, alive
+            if self.progress:
+                self.progress("check", i + 1, len(self.targets))
+        text = read_text(o.calibration, "--calibration")  # a bad file fails before the model loads
+        self.model = model = open_model(self.ckpt.path, o.dtype, o.device, needs=NEEDS)
+        self._place_targets(model)
+        seq = o.seq
+        if seq is None:
+            seq = min(DEFAULT_SEQ, model.context)
+            if seq < DEFAULT_SEQ:
+                self.notes.append(f"calibration windows of {seq} tokens, the model's context "
+                                  f"(shorter than the default --seq {DEFAULT_SEQ})")
+        elif seq > model.context:
+            raise SparsetoolError(f"--seq {seq}: {self.ckpt.path} takes at most {model.context} "
+                                  f"tokens at once; use --seq {model.context} or less")
+        self.opts = dataclasses.replace(o, seq=seq)
+        self._windows = calibration_windows(model.encode(text).ids, o.samples, seq, o.seed,
+                                            o.calibration)
+        self.memory = self._memory_plan(model, seq)
+        self.memory.check(f"prune --method {o.method}", LOWER_MEMORY)
+
+    def _oriented(self, lt: LogicalTensor, t: torch.Tensor) -> torch.Tensor:
+        """``t`` as (out, in): a GPT-2 Conv1D weight is stored (in, out)."""
+        return t.T if self.target_plan[lt.name].layout == "conv1d" else t
+
+    def _keep(self, lt: LogicalTensor) -> int | None:
+        if self.opts.nm is not None:
+            return None
+        return self.keep.get(lt.name, lt.numel - round(self.opts.sparsity * lt.numel))
+
+    def _kept_count(self, lt: LogicalTensor, alive: torch.Tensor) -> int:
+        o = self.opts
+        if o.method == "wanda":
+            return wanda_kept_count(alive, keep=self._keep(lt), nm=o.nm)
+        return sparsegpt_kept_count(alive, keep=self._keep(lt), nm=o.nm, blocksize=o.blocksize)
+
+    def _place_targets(self, model: BlockModel) -> None:
+        by_ckpt: dict[str, str] = {}
+        for own, stored in model.names.items():
+            by_ckpt.setdefault(stored, own)
         for lt in self.targets:
             own = by_ckpt.get(lt.name)
-            if own is None or own not in own_params:
+            if own is None:
                 raise SparsetoolError(f"tensor {lt.name!r} is not a parameter of the {model.kind} "
                                       "model; leave it out with --exclude")
-            targets[own] = lt.name
-        prefix, blocks = find_blocks(model.module, list(targets))
-        per_block: dict[int, list[str]] = {}
-        for own, name in targets.items():
-            i = _block_of(prefix, own)
+            i = next((j for j, names in enumerate(model.blocks) if own in names), None)
             if i is None:
                 raise SparsetoolError(
-                    f"tensor {name!r} is outside the transformer blocks ({prefix}.N); --method "
-                    f"{o.method} prunes block weights only: leave it out with --exclude")
-            per_block.setdefault(i, []).append(own)
+                    f"tensor {lt.name!r} is outside the transformer blocks ({model.block_prefix}.N); "
+                    f"--method {self.opts.method} prunes block weights only: leave it out with --exclude")
+            self._by_block.setdefault(i, []).append((own, lt))
 
-        if o.seq > model.context:
-            raise SparsetoolError(f"--seq {o.seq}: {self.ckpt.path} takes at most {model.context} "
-                                  f"tokens at once; use --seq {model.context} or less")
-        windows = calibration_windows(model.encode(text).ids, o.samples, o.seq, o.seed, o.calibration)
-        hidden, args, kwargs = self._capture(model, blocks, windows)
-        last = max(per_block)
-        for i in range(last + 1):
-            names = per_block.get(i, [])
-            if names:
-                stats = {own: _Stats(self._n_in(targets[own], own_params[own]),
-                                     o.method == "sparsegpt") for own in names}
-                hooks = [model.module.get_submodule(own.rpartition(".")[0]).register_forward_hook(stats[own])
-                         for own in names]
-                try:
-                    for x in hidden:
-                        _call(blocks[i], x, args, kwargs)
-                finally:
-                    for h in hooks:
-                        h.remove()
-                for own in names:
-                    self._prune(targets[own], own_params[own], stats.pop(own))
-            if i < last:
-                hidden = [_call(blocks[i], x, args, kwargs) for x in hidden]
-            if self.progress:
-                self.progress("calibrate", i + 1, last + 1)
-
-    def _n_in(self, name: str, p: torch.nn.Parameter) -> int:
-        """Input features of a weight: a GPT-2 Conv1D weight is stored (in, out)."""
-        return p.shape[0] if self.target_plan[name].layout == "conv1d" else p.shape[1]
-
-    def _prune(self, name: str, p: torch.nn.Parameter, stats: _Stats) -> None:
+    def _memory_plan(self, model: BlockModel, seq: int) -> MemoryPlan:
         o = self.opts
-        conv = self.target_plan[name].layout == "conv1d"
-        w = p.T if conv else p
-        alive = w != 0
-        keep = None if o.nm is not None else self.keep.get(name, w.numel() - round(o.sparsity * w.numel()))
+        sgpt = o.method == "sparsegpt"
+        stats = work = 0
+        for pairs in self._by_block.values():
+            n_ins = [self._oriented(lt, torch.empty(lt.shape, device="meta")).shape[1] for _, lt in pairs]
+            stats = max(stats, sum(n * n * 4 if sgpt else n * 8 for n in n_ins))
+            for _, lt in pairs:  # the solve: the weight in float32 a few times, H^-1 and its factor
+                n_in = self._oriented(lt, torch.empty(lt.shape, device="meta")).shape[1]
+                work = max(work, 3 * lt.numel * 4 + (3 * n_in * n_in * 4 if sgpt else 0))
+        hidden = o.samples * seq * model.width * model.dtype.itemsize
+        total, source = budget(o.max_memory)
+        return MemoryPlan(
+            fixed=process_memory(),
+            weights=max(model.largest_block_bytes, model.bytes_of(model.outer)),
+            activations=2 * hidden + model.block_work_bytes(1, seq),
+            statistics=stats + work, budget=total, budget_source=source)
+
+    # ------------------------------------------------------------------ the block-by-block run
+    def run(self, sink: Sink) -> None:
+        """Prune every targeted tensor, block by block, handing each to ``sink`` when done."""
+        model, o = self.model, self.opts
+        assert model is not None and self._windows is not None, "prepare() first"
+        try:
+            with torch.no_grad():
+                calls = model.capture([row.unsqueeze(0) for row in self._windows])
+                last = max(self._by_block)
+                for i in range(last + 1):
+                    model.load_block(i)
+                    pairs = self._by_block.get(i, [])
+                    if pairs:
+                        stats = {own: _Stats(self._oriented(lt, model.module.get_parameter(own)).shape[1],
+                                             o.method == "sparsegpt", model.device) for own, lt in pairs}
+                        hooks = [model.module.get_submodule(own.rpartition(".")[0]).register_forward_hook(stats[own])
+                                 for own, _ in pairs]
+                        try:
+                            for call in calls:
+                                model.run_block(i, call)
+                        finally:
+                            for h in hooks:
+                                h.remove()
+                        for own, lt in pairs:
+                            self._prune(own, lt, stats.pop(own), sink)
+                    if i < last:
+                        calls = [Call(c.ids, model.run_block(i, c), c.args, c.kwargs) for c in calls]
+                    model.release_block(i)
+                    if self.progress:
+                        self.progress("calibrate", i + 1, last + 1)
+        finally:
+            model.close()
+
+    def _prune(self, own: str, lt: LogicalTensor, stats: _Stats, sink: Sink) -> None:
+        """Prune one tensor from its stored values (float32 math), write it, put it back."""
+        o = self.opts
+        dense, alive = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
+        # The statistics were gathered on the device; the selection and the solve run on the CPU.
+        w, alive = self._oriented(lt, dense).float(), self._oriented(lt, alive)
         try:
             if o.method == "wanda":
-                kept = wanda_mask(w, stats.sq, keep=keep, nm=o.nm, existing=alive)
+                kept = wanda_mask(w, stats.sq.cpu(), keep=self._keep(lt), nm=o.nm, existing=alive)
                 new = w * kept
             else:
-                new, kept = sparsegpt_prune(w, stats.h, keep=keep, nm=o.nm, existing=alive,
-                                            blocksize=o.blocksize, dampening=o.dampening)
+                new, kept = sparsegpt_prune(w, stats.h.cpu(), keep=self._keep(lt), nm=o.nm,
+                                            existing=alive, blocksize=o.blocksize,
+                                            dampening=o.dampening)
         except SparsetoolError as e:
-            raise SparsetoolError(f"tensor {name!r} {list(p.shape)}: {e}") from None
-        new = torch.where(kept, new.to(p.dtype), torch.zeros((), dtype=p.dtype))
-        p.copy_(new.T if conv else new)
-        self._kept[name] = kept.T.contiguous() if conv else kept
-        self._params[name] = p
-
-    def _capture(self, model: Model, blocks: torch.nn.ModuleList, windows: torch.Tensor):
-        """Block 0's input for each window, and the other arguments it was called with."""
-        hidden: list[torch.Tensor] = []
-        call: dict[str, Any] = {}
-
-        def hook(module, args, kwargs):
-            x = args[0] if args else kwargs["hidden_states"]
-            hidden.append(x.detach())
-            call.setdefault("args", args[1:] if args else ())
-            call.setdefault("kwargs", {k: v for k, v in kwargs.items() if k != "hidden_states"})
-            raise _Captured
-
-        handle = blocks[0].register_forward_pre_hook(hook, with_kwargs=True)
-        try:
-            for row in windows:
-                try:
-                    model.logits(row.unsqueeze(0))
-                except _Captured:
-                    pass
-        finally:
-            handle.remove()
-        if not hidden:
-            raise SparsetoolError(f"the model never ran its first block; {NEEDS}")
-        return hidden, call["args"], call["kwargs"]
-
-
-def _call(block: torch.nn.Module, x: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
-    out = block(x, *args, **kwargs)
-    return out[0] if isinstance(out, (tuple, list)) else out
+            raise SparsetoolError(f"tensor {lt.name!r} {list(lt.shape)}: {e}") from None
+        new = torch.where(kept, new, torch.zeros((), dtype=new.dtype))
+        stored_new = self._oriented(lt, new)
+        self.model.set_weight(own, stored_new)  # the next inputs come from the pruned block
+        kept = self._oriented(lt, kept).contiguous()
+        if count_nonzero(kept) != self.nonzero_after[lt.name]:
+            raise CheckpointError(f"tensor {lt.name!r}: kept {count_nonzero(kept)} weights where "
+                                  f"{self.nonzero_after[lt.name]} were planned; please report this")
+        values = dense if o.method == "wanda" else stored_new.to(dense.dtype).contiguous()
+        sink(lt, values, kept)

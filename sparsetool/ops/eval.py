@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from sparsetool.errors import SparsetoolError
-from sparsetool.ops.lm import LM, MAX_DEFAULT_SEQ, open_lm, read_text
+from sparsetool.ops.lm import MAX_DEFAULT_SEQ, BlockModel, Call, open_model, read_text
+from sparsetool.memory import MemoryPlan, budget, process_memory
 from sparsetool.wording import plural
 
 Progress = Callable[[str, int, int], None]
@@ -81,29 +82,65 @@ def windows(n_tokens: int, seq: int, stride: int | None = None) -> list[Window]:
     return out
 
 
-def score(lm: LM, ids: torch.Tensor, wins: Sequence[Window], batch: int = 1,
-          progress: Callable[[int, int], None] | None = None) -> float:
-    """Sum of the NLL (nats) of every scored token; windows of equal length run ``batch`` at a time."""
+LOGITS_BYTES = 256 * 2**20  # one chunk of float32 logits: never a full tokens x vocabulary tensor
+
+
+def score(model: BlockModel, ids: torch.Tensor, wins: Sequence[Window], batch: int = 1,
+          held: int | None = None, progress: Callable[[int, int], None] | None = None) -> float:
+    """Sum of the NLL (nats) of every scored token. Windows of equal length run ``batch`` at a
+    time; ``held`` windows (a multiple of ``batch``; default all) pass the blocks together, so
+    each block is read once per ``held`` windows. Logits are made a chunk of rows at a time."""
     by_length: dict[int, list[Window]] = {}
     for w in wins:
         by_length.setdefault(w.end - w.start, []).append(w)
+    groups = [group[i:i + (held or len(group))] for group in by_length.values()
+              for i in range(0, len(group), held or len(group))]
+    steps, done = len(groups) * (len(model.blocks) + 1), 0
+    rows = max(1, LOGITS_BYTES // (4 * model.vocab_size))
     total = 0.0
-    done = 0
     with torch.inference_mode():
-        for length, group in by_length.items():
-            for i in range(0, len(group), batch):
-                chunk = group[i:i + batch]
-                x = torch.stack([ids[w.start:w.end] for w in chunk])  # (B, T)
-                logits = lm.logits(x)  # (B, T, V)
-                for b, w in enumerate(chunk):
-                    # logits at position j predict token j + 1
-                    lo = w.first - w.start
-                    nll = F.cross_entropy(logits[b, lo - 1:length - 1].float(), x[b, lo:], reduction="sum")
-                    total += float(nll)
-                done += len(chunk)
+        for group in groups:
+            batches = [group[i:i + batch] for i in range(0, len(group), batch)]
+            calls = model.capture([torch.stack([ids[w.start:w.end] for w in b]) for b in batches])
+            for i in range(len(model.blocks)):
+                model.load_block(i)
+                calls = [Call(c.ids, model.run_block(i, c), c.args, c.kwargs) for c in calls]
+                model.release_block(i)
+                done += 1
                 if progress:
-                    progress(done, len(wins))
+                    progress(done, steps)
+            model.load_head()
+            for chunk, call in zip(batches, calls):
+                hidden = model.final_hidden([call])[0]  # (B, T, d), after the final norm
+                call.hidden = None  # type: ignore[assignment]  (freed as the tail goes on)
+                x = call.ids
+                for b, w in enumerate(chunk):
+                    # hidden at position j predicts token j + 1
+                    for lo in range(w.first - w.start, w.end - w.start, rows):
+                        hi = min(lo + rows, w.end - w.start)
+                        logits = model.logits(hidden[b, lo - 1:hi - 1]).float()
+                        total += float(F.cross_entropy(logits, x[b, lo:hi], reduction="sum"))
+            model.release_head()
+            done += 1
+            if progress:
+                progress(done, steps)
     return total
+
+
+def held_windows(model: BlockModel, seq: int, batch: int, n_windows: int,
+                 max_memory: int | None) -> MemoryPlan:
+    """The memory plan of scoring ``n_windows`` windows: as many windows as the budget leaves
+    room for pass the blocks together (``held``, a multiple of ``batch``, at least one batch)."""
+    total, source = budget(max_memory)
+    per_window = 2 * seq * model.width * model.dtype.itemsize  # a block's input and output
+    rows = min(seq, max(1, LOGITS_BYTES // (4 * model.vocab_size)))
+    work = model.block_work_bytes(batch, seq) + 2 * rows * model.vocab_size * 4
+    weights = max(model.largest_block_bytes, model.bytes_of(model.outer + model.head))
+    fixed = process_memory()
+    room = total - fixed - weights - work
+    held = min(n_windows, max(batch, room // per_window // batch * batch))
+    return MemoryPlan(fixed=fixed, weights=weights, activations=held * per_window + work,
+                      statistics=0, budget=total, budget_source=source, held=held)
 
 
 @dataclass
@@ -122,6 +159,7 @@ class EvalRow:
     stride: int
     seconds: float
     change: float = 0.0  # perplexity relative to the first checkpoint's, minus 1
+    memory: dict | None = None  # the memory plan (memory.py), in bytes
 
     @property
     def tokens_per_s(self) -> float:
@@ -150,12 +188,17 @@ def _default_text() -> tuple[str, str]:
 
 def evaluate(paths: Sequence[str | Path], text: str | Path | None = None, seq: int | None = None,
              stride: int | None = None, max_tokens: int | None = None, batch: int = 1,
-             dtype: str = "float32", progress: Progress | None = None) -> EvalResult:
+             dtype: str = "float32", device: str = "auto", max_memory: int | None = None,
+             progress: Progress | None = None,
+             on_plan: Callable[[str, MemoryPlan], None] | None = None) -> EvalResult:
     """Score every checkpoint of ``paths`` on the same text; one :class:`EvalRow` each, in order.
 
     ``text`` is the text itself (a ``str``), a file or directory to read (a ``Path``), or None for
     the held-out split of the trainer's built-in corpus. ``seq`` defaults to the model's context
-    (at most 2048 tokens); ``max_tokens`` keeps the first tokens of the text only.
+    (at most 2048 tokens); ``max_tokens`` keeps the first tokens of the text only. Each model runs
+    block by block (:mod:`sparsetool.ops.lm`) on ``device`` in ``dtype``; as many windows pass the
+    blocks together as ``max_memory`` bytes (default: the memory available) leave room for, and
+    ``on_plan(checkpoint, plan)`` hears the memory plan before the long part.
     """
     if not paths:
         raise SparsetoolError("give at least one checkpoint to evaluate")
@@ -171,36 +214,56 @@ def evaluate(paths: Sequence[str | Path], text: str | Path | None = None, seq: i
         source = "given text"
     result = EvalResult(source)
     for path in paths:
-        lm = open_lm(path, dtype)
-        enc = lm.encode(text)
-        ids = enc.ids[:max_tokens] if max_tokens else enc.ids
-        if len(ids) < 2:
-            raise SparsetoolError(f"{path}: the text is {plural(len(ids), 'token')} long for this model's "
-                                  "tokenizer; give a text of at least two tokens")
-        n_seq = seq or min(lm.context, MAX_DEFAULT_SEQ)
-        if n_seq > lm.context:
-            raise SparsetoolError(f"--seq {n_seq}: {path} takes at most {lm.context} tokens at once; "
-                                  f"use --seq {lm.context} or less")
-        wins = windows(len(ids), n_seq, stride)
-        name = str(path)
-        report = (lambda d, t, _n=name: progress(_n, d, t)) if progress else None
-        t0 = time.perf_counter()
-        total = score(lm, torch.tensor(ids, dtype=torch.long), wins, batch, report)
-        seconds = time.perf_counter() - t0
-        n = sum(w.scored for w in wins)
-        nll = total / n
-        n_bytes = enc.byte_ends(len(ids))
-        result.rows.append(EvalRow(
-            name=name, kind=lm.kind, targeted_sparsity=lm.targeted_sparsity, params=lm.numel,
-            nonzero_params=lm.nonzero, nll=nll, perplexity=math.exp(nll),
-            bits_per_byte=total / math.log(2) / n_bytes if n_bytes else float("nan"),
-            tokens=n, bytes=n_bytes, seq=n_seq, stride=stride or n_seq,
-            seconds=seconds))
-        del lm
+        model = open_model(path, dtype, device)
+        try:
+            result.rows.append(_evaluate_one(model, str(path), text, seq, stride, max_tokens, batch,
+                                             max_memory, progress, on_plan))
+        finally:
+            model.close()
     first = result.rows[0].perplexity
     for row in result.rows:
         row.change = row.perplexity / first - 1.0
     return result
+
+
+def _evaluate_one(model: BlockModel, name: str, text: str, seq: int | None, stride: int | None,
+                  max_tokens: int | None, batch: int, max_memory: int | None,
+                  progress: Progress | None,
+                  on_plan: Callable[[str, MemoryPlan], None] | None) -> EvalRow:
+    enc = model.encode(text)
+    ids = enc.ids[:max_tokens] if max_tokens else enc.ids
+    if len(ids) < 2:
+        raise SparsetoolError(f"{name}: the text is {plural(len(ids), 'token')} long for this model's "
+                              "tokenizer; give a text of at least two tokens")
+    n_seq = seq or min(model.context, MAX_DEFAULT_SEQ)
+    if n_seq > model.context:
+        raise SparsetoolError(f"--seq {n_seq}: {name} takes at most {model.context} tokens at once; "
+                              f"use --seq {model.context} or less")
+    wins = windows(len(ids), n_seq, stride)
+    plan = held_windows(model, min(n_seq, len(ids)), batch, len(wins), max_memory)
+    plan.check(f"eval of {name}", "--batch, --seq, --dtype bfloat16, or --max-memory if more is "
+               "free than detected")
+    if on_plan:
+        on_plan(name, plan)
+    report = (lambda d, t: progress(name, d, t)) if progress else None
+    t0 = time.perf_counter()
+    total = score(model, torch.tensor(ids, dtype=torch.long), wins, batch, plan.held, report)
+    seconds = time.perf_counter() - t0
+    n = sum(w.scored for w in wins)
+    nll = total / n
+    n_bytes = enc.byte_ends(len(ids))
+    numel = nonzero = targeted_numel = targeted_nonzero = 0
+    for stored, (count, nz) in model.counts.items():
+        numel, nonzero = numel + count, nonzero + nz
+        if model.plan[stored].targeted:
+            targeted_numel, targeted_nonzero = targeted_numel + count, targeted_nonzero + nz
+    return EvalRow(
+        name=name, kind=model.kind,
+        targeted_sparsity=1.0 - targeted_nonzero / targeted_numel if targeted_numel else 0.0,
+        params=numel, nonzero_params=nonzero, nll=nll, perplexity=math.exp(nll),
+        bits_per_byte=total / math.log(2) / n_bytes if n_bytes else float("nan"),
+        tokens=n, bytes=n_bytes, seq=n_seq, stride=stride or n_seq, seconds=seconds,
+        memory=plan.to_json())
 
 
 def plot_eval(result: EvalResult, out: str | Path) -> Path:

@@ -1,37 +1,48 @@
-"""A checkpoint as a language model to score text with: sparsetool's GPT or a Hugging Face causal LM.
+"""A checkpoint as a language model run one transformer block at a time: sparsetool's GPT or a
+Hugging Face causal LM, at any size.
 
-Both kinds come back as an :class:`LM`: a tokenizer (text -> token ids), a forward pass (ids ->
-logits) and the longest window the model takes. Weights are always decoded by sparsetool itself
-(``read_init_checkpoint`` for our GPT, as ``train --init`` does; ``sparsetool.load`` for Hugging Face
-directories), so ``nan`` and ``bitmask`` encodings, which transformers cannot read, score exactly
-like ``zeros``. transformers is imported only for Hugging Face directories (the ``hf`` extra).
+The model is built as a skeleton whose parameters live on torch's ``meta`` device (shapes, no
+memory); the buffers a model computes itself (rotary frequencies) are real. Weights are read from
+the checkpoint by sparsetool's own reader when their turn comes (any encoding, any sharding, so
+``nan`` and ``bitmask`` run exactly like ``zeros``) and dropped after:
 
-No code from the checkpoint directory ever runs: the config's ``auto_map`` (classes in ``.py``
-files beside the weights) is dropped, transformers is told ``trust_remote_code=False`` (without it,
-it asks on the terminal whether to run such code), and no module named in a config is imported.
+- the *outer* weights (embeddings, position table, final norm) for the first pass, which turns
+  token ids into the first block's inputs (:meth:`BlockModel.capture`), and again for the last;
+- block ``i``'s weights while the hidden states pass through block ``i`` (:meth:`BlockModel.load_block`,
+  :meth:`BlockModel.run_block`, :meth:`BlockModel.release_block`);
+- the LM head for the last pass only (:meth:`BlockModel.final_hidden` and :meth:`BlockModel.logits`).
+
+Nothing that grows with depth stays resident. The first block's inputs are captured by a hook on
+it: the model's own forward pass runs the embeddings, positions and masks, so every model family
+transformers knows is handled by its own code. The last pass runs the model's forward again with
+each block replaced by a stand-in that hands back the hidden states already computed, so the final
+norm (and anything else the model does after its blocks) is the model's own code too.
+
+No code from the checkpoint directory ever runs: the config's ``auto_map`` is dropped,
+transformers is told ``trust_remote_code=False``, and no module named in a config is imported.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
-from sparsetool.checkpoint import open_checkpoint
-from sparsetool.checkpoint.zeros import count_nonzero
-from sparsetool.errors import SparsetoolError
+from sparsetool.checkpoint import Checkpoint, LogicalTensor, open_checkpoint
+from sparsetool.checkpoint.zeros import count_nonzero, negative_zeros
+from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.targets import is_floating, plan_targets
-from sparsetool.train.hf import HF_EXTRA, MAX_DEFAULT_SEQ, match_weights  # noqa: F401 (re-exported)
-from sparsetool.train.hf import context_of as _context
-from sparsetool.train.hf import hf_config as _hf_config
-from sparsetool.train.hf import import_transformers as _import_transformers
-from sparsetool.train.hf import load_tokenizer as _tokenizer
+from sparsetool.train.hf import HF_EXTRA, MAX_DEFAULT_SEQ, match_names  # noqa: F401 (re-exported)
+from sparsetool.train.hf import context_of, hf_config, import_transformers, load_tokenizer
 
-__all__ = ["LM", "Model", "Encoded", "DTYPES", "open_lm", "load_model", "read_text"]
+__all__ = ["BlockModel", "Call", "Encoded", "DTYPES", "open_model", "read_text", "resolve_device"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# Config keys of models that transform logits after the head (the chunked head would miss it).
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
 @dataclass
@@ -43,141 +54,392 @@ class Encoded:
 
 
 @dataclass
-class LM:
-    """A model ready to score: ``logits(ids (B, T)) -> (B, T, V)`` in eval mode, no grad."""
+class Call:
+    """One batch on its way through the blocks: its token ids (B, T), the hidden states entering
+    the next block (B, T, d), and the other arguments the model passes its blocks (position
+    embeddings, attention mask), captured from the model's own forward pass."""
 
-    kind: str  # "sparsetool-gpt" | "huggingface"
-    context: int  # longest window the model takes
-    encode: Callable[[str], Encoded]
-    logits: Callable[[torch.Tensor], torch.Tensor]
-    numel: int  # floating-point parameters in the checkpoint (a tied head counted once)
-    nonzero: int
-    targeted_numel: int
-    targeted_nonzero: int
+    ids: torch.Tensor
+    hidden: torch.Tensor
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` (CUDA if there is one, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``; asking for
+    CUDA where there is none is a :class:`ConfigError` (a usage error), raised before anything is read."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {device}: no CUDA device is visible (this torch "
+                              f"{'has no CUDA support' if torch.version.cuda is None else 'sees no GPU'}); "
+                              "use --device cpu")
+        index = int(device[5:]) if device[5:] else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) "
+                              "are visible; use cuda:0 or another index")
+    return torch.device(device)
+
+
+@contextlib.contextmanager
+def _params_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device (no memory, no
+    initialisation cost); buffers stay real, so what a model computes at construction survives."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(self, name, param):
+        if param is not None and param.device.type != "meta":
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=False)
+        register(self, name, param)
+
+    torch.nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+class _Captured(Exception):
+    """Raised by a hook once it holds what it was waiting for: the rest of the model is not run."""
+
+
+class _Replay(torch.nn.Module):
+    """Stands in for a block in the last pass: the first hands back the hidden states computed
+    block by block, the others pass them on."""
+
+    def __init__(self, first: bool, as_tuple: bool):
+        super().__init__()
+        self.first, self.as_tuple, self.value = first, as_tuple, None
+
+    def forward(self, hidden, *args, **kwargs):
+        out = self.value if self.first else hidden
+        return (out,) if self.as_tuple else out
+
+
+class BlockModel:
+    """A model whose weights stay in the checkpoint until a pass needs them; see the module doc.
+
+    ``names`` maps each parameter of ``module`` to the checkpoint tensor it is read from (a tied
+    head shares its embedding's). ``blocks[i]`` holds the parameter names of block ``i``;
+    ``outer`` the rest but the head; ``head`` the untied LM head's (empty when tied).
+    """
+
+    def __init__(self, path: Path, ckpt: Checkpoint, kind: str, module: torch.nn.Module,
+                 context: int, encode: Callable[[str], Encoded], names: dict[str, str],
+                 dtype: torch.dtype, device: torch.device, head_module: torch.nn.Module,
+                 forward: Callable[[torch.Tensor], Any]):
+        self.path, self.ckpt, self.kind, self.module = path, ckpt, kind, module
+        self.context, self.encode, self.names = context, encode, names
+        self.dtype, self.device = dtype, device
+        self._head_module, self._forward = head_module, forward
+        self._lts = {lt.name: lt for lt in ckpt.logical}
+        # Tied parameters (a head sharing the embedding) are one object under several names.
+        self._aliases: dict[str, list[str]] = {}
+        self._meta: dict[str, torch.nn.Parameter] = {}
+        first: dict[int, str] = {}
+        for name, p in module.named_parameters(remove_duplicate=False):
+            if id(p) in first:
+                self._aliases[first[id(p)]].append(name)
+            else:
+                first[id(p)] = name
+                self._meta[name] = p
+                self._aliases[name] = [name]
+        own = list(self._meta)
+        self.block_prefix, block_list = find_blocks(module, own)
+        self.block_list: torch.nn.ModuleList = block_list
+        self.blocks: list[list[str]] = [[] for _ in range(len(block_list))]
+        rest = []
+        for name in own:
+            i = block_index(self.block_prefix, name)
+            (self.blocks[i] if i is not None else rest).append(name)
+        untied = {id(p) for p in head_module.parameters()} - {id(p) for p in self._input_embeddings().parameters()}
+        self.head = [n for n in rest if id(self._meta[n]) in untied]
+        self.outer = [n for n in rest if n not in self.head]
+        self._loaded: set[str] = set()
+        self._tuple_out = False
+        # What each checkpoint tensor holds, counted the first time it is read (eval's table).
+        stored = {self.names[n] for n in own}
+        self.plan = plan_targets([(s, tuple(self._lts[s].shape), self._lts[s].dtype) for s in sorted(stored)])
+        self.counts: dict[str, tuple[int, int]] = {}  # checkpoint name -> (numel, non-zeros)
+
+    # ------------------------------------------------------------------ sizes
+    def numel(self, names: list[str]) -> int:
+        return sum(self._meta[n].numel() for n in names)
+
+    def bytes_of(self, names: list[str]) -> int:
+        return self.numel(names) * self.dtype.itemsize
 
     @property
-    def targeted_sparsity(self) -> float:
-        return 1.0 - self.targeted_nonzero / self.targeted_numel if self.targeted_numel else 0.0
+    def largest_block_bytes(self) -> int:
+        return max((self.bytes_of(b) for b in self.blocks), default=0)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._head_module.weight.shape[0])
+
+    @property
+    def width(self) -> int:
+        """The hidden size: the width of the block's input (the last dimension of the embedding)."""
+        return int(self._input_embeddings().weight.shape[-1])
+
+    def _input_embeddings(self) -> torch.nn.Module:
+        if hasattr(self.module, "get_input_embeddings"):
+            return self.module.get_input_embeddings()
+        return self.module.tok_emb  # sparsetool's GPT
+
+    def block_work_bytes(self, batch: int, seq: int) -> int:
+        """What one forward pass through a block makes for ``batch`` windows of ``seq`` tokens:
+        the outputs of its largest layer and of all its layers side by side (an estimate), and
+        the attention scores with their softmax (float32, eager attention)."""
+        block = self.blocks[0] if self.blocks else []
+        outs = [self._meta[n].shape[0] for n in block if self._meta[n].ndim == 2]
+        heads = self._heads()
+        per_token = (sum(outs) + 2 * max(outs, default=0)) * self.dtype.itemsize
+        return batch * (seq * per_token + 3 * heads * seq * seq * 4)
+
+    def _heads(self) -> int:
+        cfg = getattr(self.module, "config", None) or getattr(self.module, "cfg", None)
+        for attr in ("num_attention_heads", "n_head", "num_heads"):
+            v = getattr(cfg, attr, None)
+            if isinstance(v, int) and v > 0:
+                return v
+        return 1
+
+    # ------------------------------------------------------------------ weights in and out
+    def read(self, stored: str) -> torch.Tensor:
+        """One checkpoint tensor, dense in its stored dtype (pruned entries +0.0, whatever the
+        encoding); counted the first time."""
+        dense, _mask = self.ckpt.read(self._lts[stored])
+        negative = negative_zeros(dense)
+        if negative is not None:
+            dense = dense.masked_fill(negative, 0.0)
+        if stored not in self.counts and is_floating(dense.dtype):
+            self.counts[stored] = (dense.numel(), count_nonzero(dense))
+        return dense
+
+    def set_weight(self, name: str, value: torch.Tensor) -> None:
+        """Give parameter ``name`` (and its aliases) ``value``, in compute precision on the device."""
+        p = torch.nn.Parameter(value.to(self.device, self.dtype), requires_grad=False)
+        for alias in self._aliases[name]:
+            owner, _, attr = alias.rpartition(".")
+            setattr(self.module.get_submodule(owner), attr, p)
+        self._loaded.add(name)
+
+    def load(self, names: list[str]) -> None:
+        for name in names:
+            if name not in self._loaded:
+                self.set_weight(name, self.read(self.names[name]))
+
+    def release(self, names: list[str]) -> None:
+        for name in names:
+            if name in self._loaded:
+                for alias in self._aliases[name]:
+                    owner, _, attr = alias.rpartition(".")
+                    setattr(self.module.get_submodule(owner), attr, self._meta[name])
+                self._loaded.discard(name)
+
+    def load_block(self, i: int) -> None:
+        self.load(self.blocks[i])
+
+    def release_block(self, i: int) -> None:
+        self.release(self.blocks[i])
+
+    # ------------------------------------------------------------------ passes
+    def capture(self, batches: list[torch.Tensor]) -> list[Call]:
+        """The first block's inputs for each batch of token ids (B, T), with the arguments the
+        model passes its blocks: the model's own forward pass, stopped at the first block."""
+        self.load(self.outer)
+        calls: list[Call] = []
+
+        def hook(module, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+            calls.append(Call(ids, hidden.detach(), tuple(args[1:]) if args else (), rest))
+            raise _Captured
+
+        handle = self.block_list[0].register_forward_pre_hook(hook, with_kwargs=True)
+        try:
+            with torch.inference_mode():
+                for ids in batches:
+                    ids = ids.to(self.device)
+                    try:
+                        self._forward(ids)
+                    except _Captured:
+                        continue
+                    raise SparsetoolError(f"{self.path}: the model never ran its first block; "
+                                          "only causal language models built of blocks are supported")
+        finally:
+            handle.remove()
+            self.release(self.outer)
+        return calls
+
+    def run_block(self, i: int, call: Call) -> torch.Tensor:
+        """Block ``i`` (loaded) applied to one batch: its output hidden states."""
+        out = self.block_list[i](call.hidden, *call.args, **call.kwargs)
+        if isinstance(out, (tuple, list)):
+            self._tuple_out = True
+            return out[0]
+        return out
+
+    def final_hidden(self, calls: list[Call]) -> list[torch.Tensor]:
+        """The head's input for each batch whose hidden states went through every block: the
+        model's own forward pass with the blocks replaced by their results (final norm and
+        whatever else the model applies after its blocks included), stopped at the head."""
+        cfg = getattr(self.module, "config", None)
+        scaled = [k for k in _LOGIT_TRANSFORMS if getattr(cfg, k, None) not in (None, 1, 1.0)]
+        if scaled:
+            raise SparsetoolError(f"{self.path}: this model transforms its logits after the head "
+                                  f"({', '.join(scaled)}), which eval does not apply yet")
+        loaded = set(self._loaded)
+        self.load(self.outer)
+        originals = list(self.block_list)
+        replays = [_Replay(j == 0, self._tuple_out) for j in range(len(originals))]
+        out: list[torch.Tensor] = []
+
+        def hook(module, args, kwargs):
+            out.append((args[0] if args else next(iter(kwargs.values()))).detach())
+            raise _Captured
+
+        handle = self._head_module.register_forward_pre_hook(hook, with_kwargs=True)
+        try:
+            for j, r in enumerate(replays):
+                self.block_list[j] = r
+            with torch.inference_mode():
+                for call in calls:
+                    replays[0].value = call.hidden
+                    try:
+                        self._forward(call.ids)
+                    except _Captured:
+                        continue
+                    raise SparsetoolError(f"{self.path}: the model never reached its head")
+        finally:
+            handle.remove()
+            for j, m in enumerate(originals):
+                self.block_list[j] = m
+            replays[0].value = None
+            self.release([n for n in self.outer if n not in loaded])
+        return out
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The head applied to some of :meth:`final_hidden`'s rows (load it with :meth:`load_head`)."""
+        return self._head_module(hidden)
+
+    def load_head(self) -> None:
+        self.load(self.outer + self.head)
+
+    def release_head(self) -> None:
+        self.release(self.outer + self.head)
+
+    def close(self) -> None:
+        self.release(list(self._loaded))
+        self.ckpt.close()
 
 
-@dataclass
-class Model:
-    """The torch module behind a checkpoint: ``names`` maps each parameter or buffer name of
-    ``module`` to the checkpoint tensor it was loaded from."""
-
-    kind: str
-    module: torch.nn.Module
-    context: int
-    encode: Callable[[str], Encoded]
-    logits: Callable[[torch.Tensor], torch.Tensor]
-    names: dict[str, str]
-
-
-def load_model(path: str | Path, needs: str) -> Model:
-    """The float32 model of checkpoint ``path`` (sparsetool's GPT or a Hugging Face causal LM);
-    ``needs`` ends the error for a model that is not a causal LM (what the caller does with it)."""
-    path = Path(path)
-    with open_checkpoint(path) as ckpt:
-        names = {lt.name for lt in ckpt.logical}
-        config = ckpt.config
-    if (config or {}).get("model_type") == "sparsetool-gpt" or {"tok_emb.weight", "pos_emb.weight"} <= names:
-        return _gpt_model(path, torch.float32)[0]
-    if config is None:
-        raise SparsetoolError(f"{path}: no config.json, so no model to run; {needs}: give a Hugging "
-                              "Face model directory (config.json, weights, tokenizer files) or a "
-                              "checkpoint of sparsetool train")
-    return _hf_model(path, config, torch.float32, needs)[0]
+def find_blocks(module: torch.nn.Module, params: list[str]) -> tuple[str, torch.nn.ModuleList]:
+    """The ModuleList of transformer blocks: the one holding the most of ``params`` (model names)."""
+    best: tuple[int, str, Any] = (0, "", None)
+    for prefix, m in module.named_modules():
+        if isinstance(m, torch.nn.ModuleList) and len(m):
+            inside = sum(1 for p in params if block_index(prefix, p) is not None)
+            if inside > best[0]:
+                best = (inside, prefix, m)
+    if best[2] is None:
+        raise SparsetoolError("the model has no list of transformer blocks; only causal language "
+                              "models built of blocks are supported")
+    return best[1], best[2]
 
 
-def _counts(weights: dict[str, torch.Tensor]) -> dict[str, int]:
-    out = dict(numel=0, nonzero=0, targeted_numel=0, targeted_nonzero=0)
-    plan = plan_targets([(name, tuple(t.shape), t.dtype) for name, t in weights.items()])
-    for name, t in weights.items():
-        if not is_floating(t.dtype):
-            continue
-        nz = count_nonzero(t)
-        out["numel"] += t.numel()
-        out["nonzero"] += nz
-        if plan[name].targeted:
-            out["targeted_numel"] += t.numel()
-            out["targeted_nonzero"] += nz
-    return out
+def block_index(prefix: str, name: str) -> int | None:
+    """The block a parameter name belongs to (``prefix.N.``), or None.
+
+    >>> block_index("model.layers", "model.layers.12.mlp.up_proj.weight"), block_index("h", "wte.weight")
+    (12, None)
+    """
+    if not name.startswith(prefix + "."):
+        return None
+    head = name[len(prefix) + 1:].split(".")[0]
+    return int(head) if head.isdigit() else None
 
 
-def open_lm(path: str | Path, dtype: str = "float32") -> LM:
-    """The checkpoint at ``path`` as an :class:`LM`: sparsetool's GPT (a file or directory written
-    by ``sparsetool train``, or anything pruned from one) or a Hugging Face causal-LM directory."""
+def open_model(path: str | Path, dtype: str = "float32", device: str = "cpu",
+               needs: str | None = None) -> BlockModel:
+    """The checkpoint at ``path`` as a :class:`BlockModel`: sparsetool's GPT (a file or directory
+    written by ``sparsetool train``, or anything pruned from one) or a Hugging Face causal-LM
+    directory. ``needs`` ends the error for a checkpoint that is not such a model."""
     if dtype not in DTYPES:
         raise SparsetoolError(f"--dtype {dtype!r} is not one of: {', '.join(DTYPES)}")
     path = Path(path)
-    with open_checkpoint(path) as ckpt:
+    dev = resolve_device(device)
+    ckpt = open_checkpoint(path)
+    try:
         names = {lt.name for lt in ckpt.logical}
-        config = ckpt.config
-    if (config or {}).get("model_type") == "sparsetool-gpt" or {"tok_emb.weight", "pos_emb.weight"} <= names:
-        return _gpt_lm(path, DTYPES[dtype])
-    return _hf_lm(path, config, DTYPES[dtype])
+        if (ckpt.config or {}).get("model_type") == "sparsetool-gpt" or {"tok_emb.weight", "pos_emb.weight"} <= names:
+            return _gpt_model(path, ckpt, DTYPES[dtype], dev)
+        if ckpt.config is None and needs is not None:
+            raise SparsetoolError(f"{path}: no config.json, so no model to run; {needs}: give a Hugging "
+                                  "Face model directory (config.json, weights, tokenizer files) or a "
+                                  "checkpoint of sparsetool train")
+        return _hf_model(path, ckpt, DTYPES[dtype], dev, needs)
+    except BaseException:
+        ckpt.close()
+        raise
+
+
+def _settle(module: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+    """Parameters (on meta) take the compute dtype; real buffers move to the device in it."""
+    module.to(dtype)
+    for name, buf in list(module.named_buffers()):
+        owner, _, attr = name.rpartition(".")
+        module.get_submodule(owner)._buffers[attr] = buf.to(device)
+    module.eval()
 
 
 # ---------------------------------------------------------------------------- sparsetool's GPT
-def _gpt_model(path: Path, dtype: torch.dtype) -> tuple[Model, dict[str, torch.Tensor]]:
-    from sparsetool.train.io import read_init_checkpoint
+def _gpt_model(path: Path, ckpt: Checkpoint, dtype: torch.dtype, device: torch.device) -> BlockModel:
+    from sparsetool.train.io import model_record
     from sparsetool.train.model import GPT, infer_config
 
-    weights, _masks, meta = read_init_checkpoint(path)
-    shapes = {k: tuple(v.shape) for k, v in weights.items()}
-    cfg = infer_config(shapes, (meta.get("model") or {}).get("n_head"))
-    model = GPT(cfg)
-    own = model.state_dict()
-    for name, t in own.items():
-        if name not in weights:
+    shapes = {lt.name: tuple(lt.shape) for lt in ckpt.logical}
+    cfg = infer_config(shapes, (model_record(ckpt).get("model") or {}).get("n_head"))
+    with _params_on_meta():
+        model = GPT(cfg)
+    for name, p in model.named_parameters():
+        if name not in shapes:
             raise SparsetoolError(f"{path}: tensor {name!r} of sparsetool's GPT is missing; "
                                   "it is not a complete checkpoint written by sparsetool train")
-        if tuple(weights[name].shape) != tuple(t.shape):
-            raise SparsetoolError(f"{path}: tensor {name!r} has shape {list(weights[name].shape)}, "
-                                  f"the model needs {list(t.shape)}")
-    model.load_state_dict({k: weights[k] for k in own})
-    model.to(dtype).eval()
+        if shapes[name] != tuple(p.shape):
+            raise SparsetoolError(f"{path}: tensor {name!r} has shape {list(shapes[name])}, "
+                                  f"the model needs {list(p.shape)}")
+    _settle(model, dtype, device)
 
     def encode(text: str) -> Encoded:
-        data = text.encode("utf-8")
-        return Encoded(list(data), lambda k: k)  # bytes are tokens
+        return Encoded(list(text.encode("utf-8")), lambda k: k)  # bytes are tokens
 
-    def logits(ids: torch.Tensor) -> torch.Tensor:
-        return model(ids)[0]
-
-    return Model("sparsetool-gpt", model, cfg.context, encode, logits, {n: n for n in own}), weights
-
-
-def _gpt_lm(path: Path, dtype: torch.dtype) -> LM:
-    m, weights = _gpt_model(path, dtype)
-    return LM(m.kind, m.context, m.encode, m.logits, **_counts(weights))
+    names = {n: n for n, _ in model.named_parameters()}
+    return BlockModel(path, ckpt, "sparsetool-gpt", model, cfg.context, encode, names, dtype,
+                      device, model.head, lambda ids: model(ids))
 
 
 # ---------------------------------------------------------------------------- Hugging Face
-def _hf_weights(path: Path, model: torch.nn.Module,
-                origin: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
-    """The checkpoint's dense tensors under the model's own names, shapes checked against
-    config.json; ``origin`` (if given) gets each model name's checkpoint name."""
-    from sparsetool.ops.load import load
-
-    return match_weights(path, model, load(path), origin=origin)
-
-
-def _hf_model(path: Path, config: dict | None, dtype: torch.dtype,
-              needs: str | None = None) -> tuple[Model, dict[str, torch.Tensor]]:
-    transformers = _import_transformers()
-    cfg = _hf_config(path, config, transformers, needs=needs)
-    tok = _tokenizer(path, transformers)
+def _hf_model(path: Path, ckpt: Checkpoint, dtype: torch.dtype, device: torch.device,
+              needs: str | None) -> BlockModel:
+    transformers = import_transformers()
+    cfg = hf_config(path, ckpt.config, transformers, needs=needs)
+    tok = load_tokenizer(path, transformers)
     torch_state = torch.random.get_rng_state()
     try:
-        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager",
-                                                              trust_remote_code=False)
-    finally:  # the random initialisation is overwritten; do not disturb the caller's seed
+        with _params_on_meta():
+            model = transformers.AutoModelForCausalLM.from_config(
+                cfg, attn_implementation="eager", trust_remote_code=False)
+    finally:  # nothing is initialised on meta, but do not disturb the caller's seed either way
         torch.random.set_rng_state(torch_state)
-    origin: dict[str, str] = {}
-    weights = _hf_weights(path, model, origin)
-    model.load_state_dict(weights, strict=False)
-    model.to(dtype).eval()
+    shapes = {lt.name: tuple(lt.shape) for lt in ckpt.logical}
+    origin = match_names(path, model, shapes)
+    _settle(model, dtype, device)
+    head = model.get_output_embeddings()
+    if head is None:
+        raise SparsetoolError(f"{path}: the model has no LM head; {needs or 'eval scores next-token prediction only'}")
 
     def encode(text: str) -> Encoded:
         prev = transformers.logging.get_verbosity()
@@ -198,15 +460,8 @@ def _hf_model(path: Path, config: dict | None, dtype: torch.dtype,
 
         return Encoded(ids, byte_ends)
 
-    def logits(ids: torch.Tensor) -> torch.Tensor:
-        return model(input_ids=ids, use_cache=False).logits
-
-    return Model("huggingface", model, _context(cfg), encode, logits, origin), weights
-
-
-def _hf_lm(path: Path, config: dict | None, dtype: torch.dtype) -> LM:
-    m, weights = _hf_model(path, config, dtype)
-    return LM(m.kind, m.context, m.encode, m.logits, **_counts(weights))
+    return BlockModel(path, ckpt, "huggingface", model, context_of(cfg), encode, origin, dtype,
+                      device, head, lambda ids: model(input_ids=ids, use_cache=False))
 
 
 def read_text(path: str | Path, option: str = "--text") -> str:
@@ -230,5 +485,3 @@ def read_text(path: str | Path, option: str = "--text") -> str:
         except OSError as e:
             raise SparsetoolError(f"{option} {f}: cannot read ({e.strerror})") from None
     return "\n".join(parts)
-
-

@@ -16,6 +16,7 @@ bitmask) is never revived.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -33,7 +34,7 @@ from sparsetool.checkpoint import (
     write_checkpoint,
 )
 from sparsetool.checkpoint.provenance import provenance_metadata
-from sparsetool.checkpoint.writer import ShardWriter
+from sparsetool.checkpoint.writer import CheckpointWriter, ShardWriter
 from sparsetool.masks.distributions import keep_counts
 from sparsetool.options import CALIBRATION_METHODS
 from sparsetool.errors import SparsetoolError
@@ -50,6 +51,7 @@ from sparsetool.targets import TargetPlan, plan_targets
 from sparsetool.targets.order import sort_names, tensor_sort_key
 from sparsetool.wording import plural, some_names
 from sparsetool.checkpoint.zeros import count_nonzero
+from sparsetool.memory import MemoryPlan
 from sparsetool.ops.prune_input import read_alive, recorded_nan_encoding
 from sparsetool.ops.prune_stream import Scanned, stream_plan, stream_top, streams
 from sparsetool.ops.prune_options import (
@@ -242,8 +244,12 @@ def _tensor_seed(seed: int, name: str) -> int:
 
 
 def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
-                     in_place: bool = False, progress: Progress | None = None) -> PruneResult:
-    """Prune the targeted tensors of checkpoint ``src`` into ``out`` (same layout), streaming."""
+                     in_place: bool = False, progress: Progress | None = None,
+                     on_plan: Callable[[MemoryPlan], None] | None = None) -> PruneResult:
+    """Prune the targeted tensors of checkpoint ``src`` into ``out`` (same layout), streaming.
+
+    With a calibration method, ``on_plan`` is called with the memory plan once it is made,
+    before the long part (a plan that cannot fit raises instead)."""
     opts.validate()
     ckpt = open_checkpoint(src)
     plan = checkpoint_plan(ckpt, opts.include, opts.exclude)  # the one targeting decision
@@ -268,23 +274,31 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
             "name the tensors with --include GLOB, or run 'sparsetool report' to see the roles"
         )
     _check_name_clashes(ckpt, targets, opts.encoding)
-    planner = _Planner(ckpt, targets, opts, progress, plan)
+    result = PruneResult(output=Path(out), options=opts)
     if opts.method in CALIBRATION_METHODS:  # Wanda, SparseGPT: block by block (ops/calibrate.py)
         from sparsetool.ops.calibrate import CalibratedPlanner
 
-        nan_ok = planner.nan_ok
-        planner = CalibratedPlanner(ckpt, targets, opts, progress, plan,  # type: ignore[assignment]
-                                    lambda c, lt: read_alive(c, lt, nan_means_pruned=nan_ok))
-    if planner.needs_first_pass:
-        planner.prepare()
+        calibrated = CalibratedPlanner(ckpt, targets, opts, plan, nan_ok=recorded_nan_encoding(ckpt),
+                                       progress=progress)
+        calibrated.prepare()
+        opts = result.options = calibrated.opts  # with the window length used
+        result.memory = calibrated.memory.to_json()
+        result.notes += calibrated.notes
+        if on_plan is not None:
+            on_plan(calibrated.memory)
+        nonzero_after = calibrated.nonzero_after
+    else:
+        planner = _Planner(ckpt, targets, opts, progress, plan)
+        if planner.needs_first_pass:
+            planner.prepare()
+        nonzero_after = planner.nonzero_after
 
     target_names = {lt.name for lt in targets}
-    result = PruneResult(output=Path(out), options=opts)
     note = dtype_skipped_note(plan)
     if note:
         result.notes.append(note)
     metadata = provenance_metadata(ckpt.metadata(), {"command": "prune", **options_record(opts)})
-    done = 0
+
     def config_transform(config: dict) -> dict:
         # Loaders decide from config.json whether weights are compressed: say so exactly when
         # the output holds bitmask groups (transformers otherwise re-initialises them silently).
@@ -296,42 +310,79 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
             return bitmask_sparsity_config(config, modules, result.targeted_sparsity)
         return config if untouched_bitmask else drop_sparsity_config(config)
 
+    def shard_specs(shard: str) -> list[TensorSpec]:
+        specs: list[TensorSpec] = []
+        for lt in ckpt.logical_in(shard):
+            if lt.name in target_names:
+                specs += encoded_specs(lt.name, lt.dtype, tuple(lt.shape),
+                                       nonzero_after.get(lt.name, 0), opts.encoding)
+            else:
+                specs += [_spec(ckpt, name) for name in lt.stored]
+        return specs
+
     with write_checkpoint(ckpt, Path(out), in_place=in_place, metadata_extra=metadata,
                           config_transform=config_transform) as writer:
         result.left_out = list(writer.left_out)
-        for shard in ckpt.shards:
-            tensors = ckpt.logical_in(shard)
-            specs: list[TensorSpec] = []
-            for lt in tensors:
-                if lt.name in target_names:
-                    nnz = planner.nonzero_after.get(lt.name, 0)
-                    specs += encoded_specs(lt.name, lt.dtype, tuple(lt.shape), nnz, opts.encoding)
-                else:
-                    specs += [_spec(ckpt, name) for name in lt.stored]
-            with writer.shard(shard, specs) as sw:
-                for lt in tensors:
-                    if lt.name not in target_names:
-                        for name in lt.stored:
-                            sw.copy_stored(name, ckpt, name)
-                        continue
-                    streamed = planner.stream(lt, sw)
-                    if streamed is not None:
-                        before, nonzero = streamed
-                    else:
-                        dense, mask, before = planner.mask(lt)
-                        nonzero = count_nonzero(mask)  # the mask keeps only alive, non-zero weights
-                        for name, tensor in encode(lt.name, dense, mask, opts.encoding):
-                            sw.write(name, tensor)
-                        del dense, mask
-                    result.tensors.append(TensorResult(lt.name, tuple(lt.shape), lt.numel,
-                                                       before, nonzero))
-                    done += 1
-                    if progress:
-                        progress("prune", done, len(targets))
+        if opts.method in CALIBRATION_METHODS:
+            _write_in_block_order(ckpt, writer, shard_specs, calibrated, target_names, result)
+        else:
+            _write_in_file_order(ckpt, writer, shard_specs, planner, target_names, result, progress)
     if ckpt.is_dir and ckpt.config is not None and opts.encoding in LOADER_WARNINGS:
         result.warnings.append(LOADER_WARNINGS[opts.encoding].format(out=out))
     result.tensors.sort(key=lambda t: tensor_sort_key(t.name, plan[t.name].role))  # as report lists
     return result
+
+
+def _write_in_file_order(ckpt: Checkpoint, writer: CheckpointWriter,
+                         shard_specs: Callable[[str], list[TensorSpec]], planner: _Planner,
+                         target_names: set[str], result: PruneResult,
+                         progress: Progress | None) -> None:
+    """Magnitude and random pruning: shard after shard, each tensor in file order."""
+    done = 0
+    encoding = result.options.encoding
+    for shard in ckpt.shards:
+        with writer.shard(shard, shard_specs(shard)) as sw:
+            for lt in ckpt.logical_in(shard):
+                if lt.name not in target_names:
+                    for name in lt.stored:
+                        sw.copy_stored(name, ckpt, name)
+                    continue
+                streamed = planner.stream(lt, sw)
+                if streamed is not None:
+                    before, nonzero = streamed
+                else:
+                    dense, mask, before = planner.mask(lt)
+                    nonzero = count_nonzero(mask)  # the mask keeps only alive, non-zero weights
+                    for name, tensor in encode(lt.name, dense, mask, encoding):
+                        sw.write(name, tensor)
+                    del dense, mask
+                result.tensors.append(TensorResult(lt.name, tuple(lt.shape), lt.numel, before, nonzero))
+                done += 1
+                if progress:
+                    progress("prune", done, len(target_names))
+
+
+def _write_in_block_order(ckpt: Checkpoint, writer: CheckpointWriter,
+                          shard_specs: Callable[[str], list[TensorSpec]], planner,
+                          target_names: set[str], result: PruneResult) -> None:
+    """Calibration pruning: every output shard open at once (their headers are fixed up front),
+    untouched tensors copied first, each pruned tensor written at its place as its block ends."""
+    encoding = result.options.encoding
+    with contextlib.ExitStack() as stack:
+        writers = {shard: stack.enter_context(writer.shard(shard, shard_specs(shard)))
+                   for shard in ckpt.shards}
+        for lt in ckpt.logical:
+            if lt.name not in target_names:
+                for name in lt.stored:
+                    writers[lt.shard].copy_stored(name, ckpt, name)
+
+        def sink(lt: LogicalTensor, values: torch.Tensor, kept: torch.Tensor) -> None:
+            for name, tensor in encode(lt.name, values, kept, encoding):
+                writers[lt.shard].write(name, tensor)
+            result.tensors.append(TensorResult(lt.name, tuple(lt.shape), lt.numel,
+                                               planner.nonzero_before[lt.name], count_nonzero(kept)))
+
+        planner.run(sink)
 
 
 def _check_name_clashes(ckpt: Checkpoint, targets: list[LogicalTensor], encoding: str) -> None:

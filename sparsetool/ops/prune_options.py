@@ -9,10 +9,11 @@ from pathlib import Path
 from sparsetool.checkpoint.encodings import ENCODINGS
 from sparsetool.errors import ConfigError
 from sparsetool.masks.distributions import DISTRIBUTIONS
-from sparsetool.options import (CALIBRATION_METHODS, METHODS, SCOPES, check_count, check_dampening,
-                                check_fraction, check_seed, check_sparsity)
+from sparsetool.options import (CALIBRATION_METHODS, COMPUTE_DTYPES, METHODS, SCOPES, check_count,
+                                check_dampening, check_device, check_fraction, check_seed,
+                                check_sparsity)
 
-__all__ = ["PruneOptions", "TensorResult", "PruneResult", "LOADER_WARNINGS", "options_record"]
+__all__ = ["PruneOptions", "TensorResult", "PruneResult", "LOADER_WARNINGS", "DEFAULT_SEQ", "options_record"]
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,13 @@ class PruneOptions:
     # --method wanda/sparsegpt only (ops/calibrate.py): the text, how much of it, SparseGPT's knobs
     calibration: str | None = None
     samples: int = 128
-    seq: int = 512
+    seq: int | None = None  # None: DEFAULT_SEQ, or the model's context when that is shorter
     dampening: float = 0.01
     blocksize: int = 128
+    # how the model runs (not recorded: the masks do not depend on them but for --dtype)
+    device: str = "auto"
+    dtype: str = "float32"
+    max_memory: int | None = None
 
     def validate(self) -> None:
         given = [o for o, v in (("--sparsity", self.sparsity), ("--fraction", self.fraction),
@@ -79,7 +84,8 @@ class PruneOptions:
         defaults = PruneOptions()
         changed = [opt for opt, field in (("--calibration", "calibration"), ("--samples", "samples"),
                                           ("--seq", "seq"), ("--dampening", "dampening"),
-                                          ("--blocksize", "blocksize"))
+                                          ("--blocksize", "blocksize"), ("--device", "device"),
+                                          ("--dtype", "dtype"), ("--max-memory", "max_memory"))
                    if getattr(self, field) != getattr(defaults, field)]
         if self.method not in CALIBRATION_METHODS:
             if changed:
@@ -100,7 +106,11 @@ class PruneOptions:
         if self.fraction is not None:
             raise ConfigError(f"--method {self.method} takes --sparsity S or --nm N:M, not --fraction")
         check_count(self.samples, "--samples")
-        check_count(self.seq, "--seq", minimum=2)
+        if self.seq is not None:
+            check_count(self.seq, "--seq", minimum=2)
+        check_device(self.device)
+        if self.dtype not in COMPUTE_DTYPES:
+            raise ConfigError(f"--dtype {self.dtype!r} is not one of: {', '.join(COMPUTE_DTYPES)}")
         check_dampening(self.dampening)
         check_count(self.blocksize, "--blocksize")
         if (self.nm is not None and self.method == "sparsegpt" and self.nm[1] > 0
@@ -130,6 +140,7 @@ class PruneResult:
     warnings: list[str] = field(default_factory=list)  # what will not load the output correctly
     notes: list[str] = field(default_factory=list)  # e.g. tensors left alone for their dtype
     left_out: list[str] = field(default_factory=list)  # input entries not part of a model directory
+    memory: dict | None = None  # calibration methods: the memory plan (memory.py), in bytes
 
     @property
     def numel(self) -> int:
@@ -159,10 +170,12 @@ class PruneResult:
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "left_out": list(self.left_out),
+            **({"memory": self.memory} if self.memory is not None else {}),
         }
 
 
-_CALIBRATION_FIELDS = ("calibration", "samples", "seq", "dampening", "blocksize")
+_CALIBRATION_FIELDS = ("calibration", "samples", "seq", "dtype", "dampening", "blocksize")
+DEFAULT_SEQ = 512  # tokens per calibration window, as the Wanda and SparseGPT papers' C4 samples use 2048
 
 
 def options_record(opts: PruneOptions) -> dict:
@@ -171,6 +184,7 @@ def options_record(opts: PruneOptions) -> dict:
     rec = asdict(opts)
     rec["nm"] = f"{opts.nm[0]}:{opts.nm[1]}" if opts.nm else None
     rec["include"], rec["exclude"] = list(opts.include), list(opts.exclude)
+    del rec["device"], rec["max_memory"]
     calib = {k: rec.pop(k) for k in _CALIBRATION_FIELDS}
     calib["text"] = calib.pop("calibration")
     if opts.method in CALIBRATION_METHODS:

@@ -21,7 +21,7 @@ from sparsetool.checkpoint.config import drop_sparsity_config
 from sparsetool.errors import SparsetoolError
 
 __all__ = ["HF_EXTRA", "MAX_DEFAULT_SEQ", "TOKENIZER_FILES", "context_of", "hf_config",
-           "import_transformers", "load_tokenizer", "match_weights"]
+           "import_transformers", "load_tokenizer", "match_names", "match_weights"]
 
 MAX_DEFAULT_SEQ = 2048  # default window for models trained on long contexts (CPU memory, time)
 HF_EXTRA = "pip install -e '.[hf]' (source checkout) or pip install 'sparsetool[hf]'"
@@ -134,16 +134,38 @@ def _renamer(model: torch.nn.Module, command: str) -> Callable[[Path, str], str]
     return rename
 
 
+def match_names(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, ...]],
+                command: str = "eval") -> dict[str, str]:
+    """Each parameter or buffer of ``model`` -> the checkpoint tensor it is loaded from, given the
+    checkpoint's tensor shapes (``shapes``, read from its headers); shapes are checked against
+    config.json, and every parameter of the model must be there (a tied one once, all its names
+    reading that tensor)."""
+    origin = _match(path, model, shapes, command)
+    by_storage: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_storage.setdefault(id(p), []).append(name)
+    for names in by_storage.values():
+        stored = next(origin[n] for n in names if n in origin)
+        for n in names:
+            origin.setdefault(n, stored)
+    return origin
+
+
 def match_weights(path: Path, model: torch.nn.Module, weights: dict[str, torch.Tensor],
-                  command: str = "eval", origin: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
-    """``weights`` (a checkpoint's dense tensors) under the model's own names, shapes checked
-    against config.json; every parameter of the model must be there (a tied one once).
-    ``origin`` (if given) gets each model name's checkpoint name."""
+                  command: str = "eval") -> dict[str, torch.Tensor]:
+    """``weights`` (a checkpoint's dense tensors) under the model's own names, checked as
+    :func:`match_names` does; a tied parameter appears once."""
+    origin = _match(path, model, {k: tuple(t.shape) for k, t in weights.items()}, command)
+    return {name: weights[stored] for name, stored in origin.items()}
+
+
+def _match(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, ...]],
+           command: str) -> dict[str, str]:
     own = model.state_dict()
     prefix = getattr(model, "base_model_prefix", "") or ""
     rename = _renamer(model, command)
-    renamed: dict[str, torch.Tensor] = {}
-    for stored, t in weights.items():
+    origin: dict[str, str] = {}
+    for stored, shape in shapes.items():
         name = rename(path, stored)
         if name not in own and prefix:
             # Saved from the bare model (no LM-head wrapper) or the reverse.
@@ -156,20 +178,18 @@ def match_weights(path: Path, model: torch.nn.Module, weights: dict[str, torch.T
                 continue
             raise SparsetoolError(f"{path}: tensor {name!r} is not part of the {type(model).__name__} "
                                   "that config.json describes; the weights and config.json disagree")
-        if tuple(t.shape) != tuple(own[name].shape):
+        if tuple(shape) != tuple(own[name].shape):
             raise SparsetoolError(
-                f"{path}: tensor {name!r} has shape {list(t.shape)} but config.json describes "
+                f"{path}: tensor {name!r} has shape {list(shape)} but config.json describes "
                 f"{list(own[name].shape)}; the weights and config.json disagree"
             )
-        renamed[name] = t
-        if origin is not None:
-            origin[name] = stored
+        origin[name] = stored
     # Parameters shared with a loaded one (a head tied to the embedding) need no tensor of their own.
-    by_storage = {}
+    by_storage: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         by_storage.setdefault(id(p), []).append(name)
     for names in by_storage.values():
-        if not any(n in renamed for n in names):
+        if not any(n in origin for n in names):
             raise SparsetoolError(f"{path}: no tensor {names[0]!r}; the checkpoint lacks weights "
                                   "the model of config.json needs")
-    return renamed
+    return origin

@@ -28,6 +28,7 @@ from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.errors import ConfigError
 from sparsetool.workers import signals_deferred
 from sparsetool.train.data import Corpus
+from sparsetool.memory import fine_tuning_plan
 from sparsetool.train.hf import TOKENIZER_FILES, context_of, hf_config, import_transformers, load_tokenizer, match_weights
 
 __all__ = ["HFModel", "HFModelInfo", "MODEL_DIR", "forward", "is_hf_dir", "open_model"]
@@ -90,6 +91,12 @@ def open_model(cfg, resume_from: Path | None, resumed_model: dict | None):
         return None, None, {}, {}
     hf = HFModel(resume_from if resumed else cfg.init)
     info = hf.info(cfg, resumed_model if resumed else None)
+    # The whole model, its gradients and Adam's moments live in memory: refuse at once what cannot fit.
+    fine_tuning_plan(hf.numel, batch=cfg.batch_size, context=info.context, d_model=info.d_model,
+                     n_layer=info.n_layer, n_head=info.n_head, vocab=info.vocab_size).check(
+        f"train --init {hf.path}",
+        "a smaller --batch-size or --context, or a machine with more memory (torchrun's DDP "
+        "keeps a whole copy on every process, so each needs this much)")
     weights, masks = ({}, {}) if resumed else read_init_checkpoint(cfg.init)[:2]
     return hf, info, weights, masks
 
@@ -103,6 +110,7 @@ class HFModel:
         with open_checkpoint(self.path) as ckpt:
             config = ckpt.config
             dtypes = collections.Counter(lt.dtype for lt in ckpt.logical if lt.dtype.is_floating_point)
+            self.numel = sum(lt.numel for lt in ckpt.logical if lt.dtype.is_floating_point)
         self.hf_cfg = hf_config(self.path, config, self.transformers, "train --init")
         self.config = drop_sparsity_config(config)  # weights are re-encoded on every write
         self.tokenizer = load_tokenizer(self.path, self.transformers)

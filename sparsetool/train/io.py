@@ -121,6 +121,17 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["cuda"])), dtype=torch.uint8))
 
 
+def model_record(ckpt) -> dict:
+    """The sparsetool metadata of an open checkpoint, with the model's shape (``"model"``) from
+    its config.json when the metadata lacks it. Later tools (prune, densify) keep earlier steps
+    under "history": the model shape written by train survives them."""
+    meta = merged_provenance(ckpt.metadata())
+    if ckpt.config and "n_head" in ckpt.config and "model" not in meta:
+        meta["model"] = {k: ckpt.config[k] for k in ("n_layer", "n_head", "d_model", "context")
+                         if k in ckpt.config}
+    return meta
+
+
 def read_init_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict]:
     """Weights, masks and sparsetool metadata of any checkpoint sparsetool can read.
 
@@ -129,12 +140,7 @@ def read_init_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dic
     weights: dict[str, torch.Tensor] = {}
     masks: dict[str, torch.Tensor] = {}
     with open_checkpoint(path) as ckpt:
-        # Later tools (prune, densify) keep earlier steps under "history": the model shape
-        # written by train must survive them.
-        meta = merged_provenance(ckpt.metadata())
-        if ckpt.config and "n_head" in ckpt.config and "model" not in meta:
-            meta["model"] = {k: ckpt.config[k] for k in ("n_layer", "n_head", "d_model", "context")
-                             if k in ckpt.config}
+        meta = model_record(ckpt)
         for lt in ckpt.logical:
             dense, mask = ckpt.read(lt)
             weights[lt.name] = dense.float()

@@ -1,0 +1,160 @@
+"""How much memory a model-level command (``eval``, ``prune --method wanda|sparsegpt``) needs, and
+whether this machine has it, decided before the long part.
+
+Both hold one transformer block at a time (:mod:`sparsetool.ops.lm`), so the peak is the sum of
+
+- ``fixed``: the process as it stands when the plan is made (interpreter, torch, transformers, the
+  tokenized text), measured;
+- ``weights``: the largest block in compute precision, or the outer weights (embeddings, final
+  norm, head) when the first and last passes run, whichever is larger;
+- ``activations``: the hidden states of every window held (a block's input and output), plus what
+  one forward pass through a block makes for one batch (attention scores, the feed-forward layer's
+  hidden units) and, for eval, one chunk of logits;
+- ``statistics``: calibration pruning only: each targeted layer's input statistics for one block
+  (Wanda: one float64 per input feature; SparseGPT: the in x in ``X^T X`` in float32) and the
+  SparseGPT solve's working copies of the largest layer.
+
+The figures are estimates (within some tens of percent of the measured peak RSS, see
+``benchmarks/RESULTS.md``); they exist to refuse at once a run that cannot fit instead of being
+killed for memory after minutes or hours.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparsetool.errors import SparsetoolError
+
+__all__ = ["MemoryPlan", "available_memory", "budget", "fine_tuning_plan", "process_memory", "human_bytes"]
+
+
+def human_bytes(n: float) -> str:
+    """Bytes in powers of 1024, three significant digits.
+
+    >>> human_bytes(1536), human_bytes(13.5 * 2**30), human_bytes(800)
+    ('1.50 KiB', '13.5 GiB', '800 B')
+    """
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            v = n / size
+            return f"{v:.0f} {unit}" if v >= 100 else f"{v:.1f} {unit}" if v >= 10 else f"{v:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def process_memory() -> int:
+    """This process's resident memory now (bytes); 0 where /proc is not there."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cgroup_room() -> int | None:
+    """Bytes the memory cgroup still allows (v2 or v1), None without a limit."""
+    for limit, used in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                        ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                         "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            text = Path(limit).read_text().strip()
+            if text == "max" or int(text) >= 2**60:
+                return None
+            return max(0, int(text) - int(Path(used).read_text().strip()))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def available_memory() -> int:
+    """Memory this process may use in all: what it holds now plus what the system (and its memory
+    cgroup, if any) can still give it (``MemAvailable``)."""
+    room = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                room = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    if room is None:
+        room = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    cgroup = _cgroup_room()
+    if cgroup is not None:
+        room = min(room, cgroup)
+    return process_memory() + room
+
+
+@dataclass
+class MemoryPlan:
+    """Estimated peak of a model-level run (bytes), and what it may use."""
+
+    fixed: int
+    weights: int
+    activations: int
+    statistics: int
+    budget: int
+    budget_source: str  # "--max-memory" or "available memory"
+    held: int | None = None  # eval: windows passing the blocks together
+    optimizer: int = 0  # train: gradients and Adam moments
+
+    @property
+    def peak(self) -> int:
+        return self.fixed + self.weights + self.activations + self.statistics + self.optimizer
+
+    def to_json(self) -> dict:
+        return {"peak_estimate": self.peak, "fixed": self.fixed, "weights": self.weights,
+                "activations": self.activations, "statistics": self.statistics,
+                **({"optimizer": self.optimizer} if self.optimizer else {}),
+                "budget": self.budget, "budget_source": self.budget_source,
+                **({"windows_held": self.held} if self.held is not None else {})}
+
+    def _parts(self) -> list[tuple[str, int]]:
+        parts = [("weights", self.weights), ("activations", self.activations),
+                 ("statistics", self.statistics), ("gradients and Adam moments", self.optimizer),
+                 ("fixed", self.fixed)]
+        return [(k, v) for k, v in parts if v or k in ("weights", "activations", "fixed")]
+
+    def describe(self) -> str:
+        return (f"memory plan: {' + '.join(f'{k} {human_bytes(v)}' for k, v in self._parts())} = "
+                f"{human_bytes(self.peak)} of {human_bytes(self.budget)} {self.budget_source}")
+
+    def check(self, what: str, lower: str) -> None:
+        """Refuse a plan that does not fit: one line with the figures and the options that lower it."""
+        if self.peak > self.budget:
+            raise SparsetoolError(
+                f"{what} needs about {human_bytes(self.peak)} of memory "
+                f"({', '.join(f'{k} {human_bytes(v)}' for k, v in self._parts())}) "
+                f"but has {human_bytes(self.budget)} ({self.budget_source}); lower it with {lower}"
+            )
+
+
+def budget(max_memory: int | None) -> tuple[int, str]:
+    """What a run may use: ``--max-memory`` if given, else what the machine has available."""
+    if max_memory is not None:
+        return max_memory, "--max-memory"
+    return available_memory(), "available memory"
+
+
+def fine_tuning_plan(params: int, *, batch: int, context: int, d_model: int, n_layer: int,
+                     n_head: int, vocab: int, max_memory: int | None = None) -> MemoryPlan:
+    """The peak of fine-tuning a whole model in float32 with AdamW (``train --init HF_DIR``):
+
+    - weights: the model (4 bytes a parameter) and the checkpoint's tensors while they are copied
+      into it (4 more);
+    - gradients and Adam's two moments: 12 bytes a parameter;
+    - activations kept for the backward pass: per layer ``34 s b h + 5 a s^2 b`` bytes in 16-bit
+      (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+      eq. 1), twice that in float32, plus the logits and their gradient (``b s V``, float32, 3x).
+
+    >>> p = fine_tuning_plan(10**9, batch=1, context=512, d_model=2048, n_layer=24, n_head=16,
+    ...                      vocab=32000, max_memory=64 * 2**30)
+    >>> p.weights, p.optimizer
+    (8000000000, 12000000000)
+    """
+    per_layer = 2 * (34 * context * batch * d_model + 5 * n_head * context * context * batch)
+    logits = 3 * batch * context * vocab * 4
+    total, source = budget(max_memory)
+    return MemoryPlan(fixed=process_memory(), weights=8 * params, optimizer=12 * params,
+                      activations=n_layer * per_layer + logits, statistics=0, budget=total,
+                      budget_source=source)
