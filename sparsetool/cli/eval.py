@@ -8,7 +8,8 @@ from typing import List, Optional
 import typer
 
 from sparsetool.cli._output import check_plot_path, console, emit_json, failing_cleanly, percent, print_table, progress_bar
-from sparsetool.cli._params import choices, json_option, quiet_option, tokens_option, value_of
+from sparsetool.cli._params import (choice_option, choices, json_option, plot_option, quiet_option,
+                                    tokens_option, value_of)
 
 DTYPES = ("float32", "bfloat16")
 
@@ -27,9 +28,9 @@ def eval_command(
     stride: Optional[int] = typer.Option(None, "--stride", help="Start a window every S tokens (S < --seq: overlapping windows, each scoring only tokens no earlier window scored). Default: --seq (no overlap)."),
     max_tokens: Optional[str] = tokens_option("--max-tokens", "Score only the first N tokens of the text (e.g. 20000 or 20K)."),
     batch: int = typer.Option(1, "--batch", help="Windows per forward pass."),
-    dtype: DType = typer.Option("float32", "--dtype", help="Compute precision."),
+    dtype: DType = choice_option(DType, "float32", "--dtype", help="Compute precision."),
     as_json: bool = json_option("Print {\"text\": ..., \"checkpoints\": [...]} on stdout."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw perplexity vs targeted sparsity into this PNG."),
+    plot: Optional[Path] = plot_option("Draw perplexity vs targeted sparsity into this PNG."),
     quiet: bool = quiet_option(),
 ) -> None:
     """Perplexity of each checkpoint on the same held-out text.
