@@ -126,7 +126,8 @@ def alone(flag: str, allowed: Iterable[str], does: str, instead: str) -> None:
     params = {p.name: p for p in get_current_context().command.params}
     for name, param in params.items():
         if name != flag and name not in allowed and given(name):
-            shown = max(param.opts, key=len) if param.param_type_name == "option" else param.human_readable_name
+            shown = (max(param.opts, key=len) if param.param_type_name == "option"
+                     else param.metavar or param.name.upper())
             conflicting(True, max(params[flag].opts, key=len), shown, f"{does}; drop {shown}, or {instead}")
 
 
