@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal, InvalidOperation
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from sparsetool.errors import ConfigError
+from sparsetool.wording import did_you_mean, plural
 
 __all__ = [
     "METHODS", "SCOPES", "CALIBRATION_METHODS", "check_count", "check_dampening",
     "check_sparsity", "check_fraction", "check_seed", "parse_sparsity", "parse_sparsities",
     "parse_fraction", "parse_nm", "parse_tokens", "parse_seed", "parse_stage", "parse_globs",
     "parse_size", "check_device", "DEVICE_CHOICES", "COMPUTE_DTYPES",
+    "check_choice", "parse_shape", "check_shape", "MAX_SHAPE_ENTRIES",
 ]
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
@@ -366,3 +368,52 @@ def check_dampening(value: float, option: str = "--dampening") -> float:
         raise ConfigError(f"{option} {value}: must be a number above 0 and at most 1 "
                           "(a fraction of the mean diagonal of X^T X, e.g. 0.01)")
     return x
+
+
+def check_choice(value: str, option: str, choices: Sequence[str], case_sensitive: bool = True) -> str:
+    """``value`` if it is one of ``choices`` (in the choice's own spelling), else an error listing
+    them and naming the closest.
+
+    >>> check_choice("GPT3-XL", "--model", ["gpt2-small", "gpt3-xl"], case_sensitive=False)
+    'gpt3-xl'
+    >>> check_choice("gpt3xl", "--model", ["gpt2-small", "gpt3-xl"])
+    Traceback (most recent call last):
+    ...
+    sparsetool.errors.ConfigError: --model 'gpt3xl' is not one of: gpt2-small, gpt3-xl (did you mean gpt3-xl?)
+    """
+    for choice in choices:
+        if value == choice or (not case_sensitive and value.casefold() == choice.casefold()):
+            return choice
+    raise ConfigError(f"{option} {value!r} is not one of: {', '.join(choices)}"
+                      f"{did_you_mean(value, choices)}")
+
+
+MAX_SHAPE_ENTRIES = 2**32  # 4 GiB of mask bytes: beyond this the machine runs out of memory
+
+
+def parse_shape(text: str, option: str = "--shape") -> tuple[int, int]:
+    """``"12288x12288"`` -> ``(12288, 12288)`` (M output features x K input features).
+
+    >>> parse_shape("4096x1024")
+    (4096, 1024)
+    """
+    parts = text.lower().split("x")
+    try:
+        m, k = (int(p) for p in parts)
+    except ValueError:
+        raise ConfigError(f"{option} must look like MxK (e.g. 12288x12288), got '{text}'") from None
+    if m < 1 or k < 1:
+        raise ConfigError(f"{option} needs positive sizes, got '{text}'")
+    if m * k > MAX_SHAPE_ENTRIES:
+        raise ConfigError(
+            f"{option} {text} has {plural(m * k, 'weight')}; a synthetic mask that large does not fit in "
+            f"memory here (limit {MAX_SHAPE_ENTRIES:,}): use --model NAME for whole models, e.g. "
+            f"--model gpt3-175b --sparsity 0.9"
+        )
+    return m, k
+
+
+def check_shape(text: str, option: str = "--shape") -> str:
+    """``text`` itself if :func:`parse_shape` reads it (the CLI's check while parsing)."""
+    parse_shape(text, option)
+    return text

@@ -173,4 +173,4 @@ def test_bad_values_are_usage_errors_before_torch(args, tmp_path):
                        capture_output=True, text=True, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.stdout.strip().splitlines()[-1] == "exit=2 torch=False", r.stdout + r.stderr
-    assert "Error" in r.stderr and not (tmp_path / "d").exists()
+    assert "error: " in r.stderr and not (tmp_path / "d").exists()

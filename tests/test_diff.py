@@ -294,6 +294,6 @@ def test_cli(tmp_path, hand_pair):
     res = runner.invoke(app, ["diff", a, str(tmp_path / "missing.safetensors")])
     assert res.exit_code == 1 and res.stderr.startswith("error:") and not res.stdout
     res = runner.invoke(app, ["diff", a, b, "--plot", str(tmp_path / "heat.jpg")])
-    assert res.exit_code == 1 and ".png" in res.stderr
+    assert res.exit_code == 2 and ".png" in res.stderr  # a usage error
     help_text = runner.invoke(app, ["diff", "--help"]).stdout
     assert help_text.count("sparsetool diff ") >= 3

@@ -140,7 +140,7 @@ def test_bad_usage_exits_2(args, match):
     r = run(*args)
     assert r.exit_code == 2, r.output
     assert r.stdout == ""
-    assert "Error: " in r.stderr and match in r.stderr.replace("\n", " ")
+    assert r.stderr.startswith("error: ") and match in r.stderr.replace("\n", " ")
 
 
 @pytest.mark.parametrize("args,match", [

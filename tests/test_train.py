@@ -226,7 +226,7 @@ def test_bad_options_fail_cleanly_without_output(tmp_path, corpus, extra, messag
     out = tmp_path / "run"
     result = CliRunner().invoke(app, base_args(out, corpus) + extra)
     assert result.exit_code == 2
-    assert "Error: " in result.stderr and message in result.stderr
+    assert result.stderr.startswith("error: ") and message in result.stderr
     assert result.stdout == "" and not out.exists()
 
 

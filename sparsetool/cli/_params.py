@@ -2,7 +2,8 @@
 
 Each check is a function of :mod:`sparsetool.options` run as a click callback while the command
 line is parsed, so a bad value is a usage error (exit 2) before torch is imported. Choice options
-are str Enums, so ``--help`` lists their values.
+are str Enums, so ``--help`` lists their values, checked by :func:`choice_option`. Options that
+contradict each other are refused by :func:`conflicting`, never silently ignored.
 """
 
 from __future__ import annotations
@@ -26,6 +27,26 @@ TRAIN_PRESETS = ("tiny", "mini", "small", "base")  # sparsetool.train.model.PRES
 def choices(name: str, values: Iterable[str]) -> Any:
     """A str Enum whose values are ``values``: typer shows them as ``[a|b|c]`` and checks them."""
     return enum.Enum(name, {v: v for v in values}, type=str)
+
+
+def choice_option(kind: Any, default: Any, *names: str, help: str, case_sensitive: bool = True) -> Any:
+    """An option taking one of the values of ``kind`` (a :func:`choices` Enum).
+
+    A value not among them is a usage error naming the option, every choice and the closest:
+    ``--model 'gpt3xl' is not one of: gpt2-small, gpt3-xl, ... (did you mean gpt3-xl?)``.
+    """
+    values = [member.value for member in kind]
+    option = max(names, key=len)
+
+    def parse(value: Any) -> Any:
+        if isinstance(value, kind):
+            return value
+        try:
+            return kind(options.check_choice(str(value), option, values, case_sensitive))
+        except SparsetoolError as e:
+            raise UsageProblem(str(e)) from None
+
+    return typer.Option(default, *names, help=help, parser=parse, case_sensitive=case_sensitive)
 
 
 def value_of(x: Any) -> Any:
@@ -76,6 +97,51 @@ def checked(check: Callable[..., Any], **kw: Any) -> Callable[..., Any]:
     return callback
 
 
+def given(param: str) -> bool:
+    """Whether the command line set the running command's parameter ``param`` (its Python name),
+    as opposed to its default."""
+    from typer._click.core import ParameterSource
+    from typer._click.globals import get_current_context
+
+    source = get_current_context().get_parameter_source(param)
+    return source is not None and source not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
+
+
+def conflicting(when: Any, first: str, second: str, why: str) -> None:
+    """Refuse ``first`` and ``second`` given together (``when``), as one of them would be silently
+    ignored or undone: a usage error ``FIRST and SECOND do not go together: WHY``, where ``why``
+    says what each does and what to drop."""
+    if when:
+        usage_error(f"{first} and {second} do not go together: {why}")
+
+
+def alone(flag: str, allowed: Iterable[str], does: str, instead: str) -> None:
+    """With the parameter ``flag`` given (a listing such as ``--list``), refuse every other option
+    given but ``allowed`` (Python parameter names), which the listing would ignore: ``FLAG and X do
+    not go together: DOES; drop X, or INSTEAD``."""
+    from typer._click.globals import get_current_context
+
+    if not given(flag):
+        return
+    params = {p.name: p for p in get_current_context().command.params}
+    for name, param in params.items():
+        if name != flag and name not in allowed and given(name):
+            shown = (max(param.opts, key=len) if param.param_type_name == "option"
+                     else param.metavar or param.name.upper())
+            conflicting(True, max(params[flag].opts, key=len), shown, f"{does}; drop {shown}, or {instead}")
+
+
+def in_place_conflict(checkpoint: Any, output: Any, in_place: bool) -> None:
+    """``--in-place`` replaces CHECKPOINT itself: with ``-o`` naming another path, one of the two
+    would be ignored (prune and densify)."""
+    from pathlib import Path
+
+    conflicting(in_place and output is not None and Path(output).resolve() != Path(checkpoint).resolve(),
+                f"-o {output}", "--in-place",
+                f"--in-place replaces {checkpoint} itself; drop -o {output}, or drop --in-place "
+                f"to write {output} and leave {checkpoint} as it is")
+
+
 # --- output and verbosity ----------------------------------------------------------------------
 
 def output_option(help: str = "Where to write (same layout as the input).") -> Any:
@@ -95,6 +161,22 @@ def workers_option() -> Any:
     return typer.Option(None, "--workers", metavar="N", callback=checked(options.check_workers),
                         help="Threads to work on (default: the usable cores). The output is the "
                              "same byte for byte whatever N.")
+
+
+def _check_plot(value: Any, option: str) -> Any:
+    from pathlib import Path
+
+    if Path(value).suffix.lower() != ".png":
+        from sparsetool.errors import ConfigError
+
+        raise ConfigError(f"{option} {value}: plots are written as PNG: give a file name ending in .png, "
+                          f"e.g. {option} {Path(value).with_suffix('.png')}")
+    return value
+
+
+def plot_option(help: str) -> Any:
+    """``--plot FILE.png``: a file name not ending in .png is a usage error."""
+    return typer.Option(None, "--plot", metavar="FILE.png", help=help, callback=checked(_check_plot))
 
 
 def use_workers(n: Optional[int]) -> None:
@@ -164,7 +246,7 @@ def device_option(help: str = "Where the model runs: auto (a GPU if there is one
 
 def compute_dtype_option(help: str = "Precision of the forward passes (bfloat16 halves the "
                                      "memory of weights and activations).") -> Any:
-    return typer.Option("float32", "--dtype", help=help)
+    return choice_option(ComputeDType, "float32", "--dtype", help=help)
 
 
 def max_memory_option() -> Any:
@@ -189,7 +271,8 @@ def checkpoint_argument(required: bool = True) -> Any:
                           show_default=False)
 
 
-__all__ = ["ENCODING_NAMES", "TRAIN_PRESETS", "UsageProblem", "choices", "epilog", "value_of", "usage_error", "usage_errors", "checked", "output_option", "json_option",
+__all__ = ["ENCODING_NAMES", "TRAIN_PRESETS", "UsageProblem", "choices", "choice_option", "given",
+           "conflicting", "alone", "in_place_conflict", "plot_option", "epilog", "value_of", "usage_error", "usage_errors", "checked", "output_option", "json_option",
            "quiet_option", "workers_option", "use_workers", "sparsity_option", "sparsities_option", "tokens_option", "seed_option",
            "stage_option", "include_option", "exclude_option", "default_targets_option",
            "checkpoint_argument", "ComputeDType", "device_option", "compute_dtype_option",

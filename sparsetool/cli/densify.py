@@ -10,6 +10,7 @@ import typer
 from sparsetool.cli._output import console, emit_json, failing_cleanly, note_left_out, progress_bar
 from sparsetool.cli._params import (
     checkpoint_argument,
+    in_place_conflict,
     json_option,
     output_option,
     quiet_option,
@@ -42,6 +43,7 @@ def densify(
     """
     if output is None and not in_place:
         usage_error("give -o OUTPUT (or --in-place to replace the input)")
+    in_place_conflict(checkpoint, output, in_place)
     from sparsetool.ops.densify import densify_checkpoint
 
     use_workers(workers)

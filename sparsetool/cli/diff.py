@@ -16,7 +16,7 @@ from sparsetool.cli._output import (
     print_table,
     progress_bar,
 )
-from sparsetool.cli._params import exclude_option, include_option, json_option
+from sparsetool.cli._params import exclude_option, include_option, json_option, plot_option
 from sparsetool.wording import plural
 
 HEADER = ["matrix", "layer", "kind", "sparsity A", "sparsity B", "mask IoU", "revived", "pruned",
@@ -38,7 +38,7 @@ def diff(
     a: Path = typer.Argument(..., metavar="A", help="The first checkpoint (.safetensors file or Hugging Face directory)."),
     b: Path = typer.Argument(..., metavar="B", help="The second checkpoint, with the same tensor names and shapes."),
     as_json: bool = json_option("Print {\"tensors\": [...], \"summary\": {...}} on stdout."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the angular distance heatmap (layers x matrices) into this PNG."),
+    plot: Optional[Path] = plot_option("Also draw the angular distance heatmap (layers x matrices) into this PNG."),
     include: List[str] = include_option("Also compare tensors matching this glob (repeatable)."),
     exclude: List[str] = exclude_option("Do not compare tensors matching this glob (repeatable; wins over --include)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print only the summary line: no table, no progress bar, no notes."),

@@ -10,8 +10,8 @@ import typer
 from sparsetool.cli._output import (check_plot_path, console, emit_json, failing_cleanly, percent,
                                     plan_printer, print_table, progress_bar)
 from sparsetool.cli._params import (ComputeDType, compute_dtype_option, device_option, json_option,
-                                    max_memory_option, quiet_option, tokens_option, use_device,
-                                    value_of)
+                                    max_memory_option, plot_option, quiet_option, tokens_option,
+                                    use_device, value_of)
 
 EXAMPLES = (  # the end of --help: each runs as written (given the checkpoints named)
     "sparsetool eval runs/dense runs/static75",
@@ -31,7 +31,7 @@ def eval_command(
     device: str = device_option(),
     max_memory: Optional[str] = max_memory_option(),
     as_json: bool = json_option("Print {\"text\": ..., \"checkpoints\": [...]} on stdout."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw perplexity vs targeted sparsity into this PNG."),
+    plot: Optional[Path] = plot_option("Draw perplexity vs targeted sparsity into this PNG."),
     quiet: bool = quiet_option(),
 ) -> None:
     """Perplexity of each checkpoint on the same held-out text.

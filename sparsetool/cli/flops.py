@@ -9,7 +9,10 @@ import typer
 
 from sparsetool.cli._output import console, count, emit_json, failing_cleanly, percent, print_table, si, warn
 from sparsetool.cli._params import (
+    alone,
+    choice_option,
     choices,
+    conflicting,
     default_targets_option,
     exclude_option,
     include_option,
@@ -38,7 +41,7 @@ Preset = choices("Preset", PRESETS)
 
 
 def flops(
-    model: Optional[Preset] = typer.Option(None, "--model", "-m", case_sensitive=False, help="A preset (--list shows their shapes)."),
+    model: Optional[Preset] = choice_option(Preset, None, "--model", "-m", case_sensitive=False, help="A preset (--list shows their shapes)."),
     config: Optional[Path] = typer.Option(None, "--config", help="Model shapes from a TOML/JSON/YAML file or a Hugging Face config.json."),
     checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Infer shapes from a checkpoint (file or directory) and use each targeted tensor's measured sparsity."),
     sparsity: Optional[str] = sparsities_option("Fraction of zeros in the targeted matmuls; several as 0,0.5,0.75 give one table [default: 0,0.5,0.75]."),
@@ -66,6 +69,11 @@ def flops(
     """
     from sparsetool import flops as F
 
+    alone("list_presets", ("as_json", "quiet"), "--list prints the presets and counts nothing",
+          "drop --list to count FLOPs")
+    conflicting(as_json and breakdown, "--json", "--breakdown",
+                "--json always holds every term (\"forward_terms\", \"dense_forward_terms\" of each "
+                "run); drop --breakdown, or drop --json for the table of terms with their formulas")
     if list_presets:
         _print_presets(F, as_json)
         return

@@ -7,18 +7,19 @@ errors and ``--help`` answer fast. ``sparsetool --help`` loads every command to 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 from difflib import get_close_matches
 import signal
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import typer
-from typer._click.exceptions import UsageError
-from typer._click.utils import make_default_short_help
+from typer._click.exceptions import NoArgsIsHelpError, NoSuchOption, UsageError
 from typer.core import TyperGroup
 
 from sparsetool import __version__
+from sparsetool.wording import either
 
 # name -> (module under sparsetool.cli, function, the first line of its help): the order is the
 # order of ``sparsetool --help``, which lists the commands from here without importing them
@@ -66,11 +67,10 @@ class LazyCommands(TyperGroup):
         return self.commands[cmd_name]
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
-        # From the table: ``sparsetool --help`` imports no command module.
-        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
-        rows = [(name, make_default_short_help(summary, limit)) for name, (_, _, summary) in COMMANDS.items()]
+        # From the table: ``sparsetool --help`` imports no command module. Each summary whole,
+        # wrapped under its column if the terminal is narrow (never cut with "...").
         with formatter.section("Commands"):
-            formatter.write_dl(rows)
+            formatter.write_dl([(name, summary) for name, (_, _, summary) in COMMANDS.items()])
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         # The group's own suggestion only knows commands already loaded: suggest from all of them.
@@ -78,9 +78,48 @@ class LazyCommands(TyperGroup):
             return super().resolve_command(ctx, args)
         except UsageError as e:
             matches = get_close_matches(args[0], list(COMMANDS)) if args else []
-            if matches and "Did you mean" not in e.message:
-                e.message = e.message.rstrip(".") + ". Did you mean " + ", ".join(map(repr, matches)) + "?"
+            if "Did you mean" in e.message:
+                e.message = e.message[:e.message.index("Did you mean")].rstrip(" .")
+            if matches:
+                e.message = e.message.rstrip(".") + f" (did you mean {either(matches)}?)"
             raise
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with _one_line_usage_errors():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with _one_line_usage_errors():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _one_line_usage_errors() -> Iterator[None]:
+    """A usage error (exit 2) prints one ``error:`` line on stderr, like every other error, not
+    click's usage block: ours already name the option and the way out; click's own (an unknown
+    option, a missing argument) add where the usage is."""
+    try:
+        yield
+    except UsageError as e:
+        if isinstance(e, NoArgsIsHelpError):
+            raise
+        from sparsetool.cli._params import UsageProblem
+
+        text = e.format_message().strip()
+        if isinstance(e, NoSuchOption):  # click's "Did you mean"/"Possible options" as ours
+            text = f"no such option: {e.option_name}" + (
+                f" (did you mean {either(e.possibilities)}?)" if e.possibilities else "")
+        if not isinstance(e, UsageProblem):  # "No such option: --x" -> "no such option: --x; ..."
+            text = (text[:1].lower() if text[1:2].islower() else text[:1]) + text[1:].rstrip(".")
+            text = " ".join(text.split())
+            if e.ctx is not None:
+                text += f" (see '{e.ctx.command_path} -h')"
+
+        def show(file: Any = None) -> None:
+            typer.echo(f"error: {text}", err=True)
+
+        e.show = show  # type: ignore[method-assign]
+        raise
 
 
 app = typer.Typer(

@@ -21,7 +21,9 @@ from sparsetool.cli._params import (
     use_device,
     checkpoint_argument,
     checked,
+    choice_option,
     choices,
+    in_place_conflict,
     exclude_option,
     include_option,
     json_option,
@@ -59,11 +61,11 @@ def prune(
     sparsity: Optional[str] = sparsity_option("Fraction of zeros wanted in each targeted tensor, from 0 to 1."),
     fraction: Optional[str] = typer.Option(None, "--fraction", metavar="F", callback=checked(options.parse_fraction), help="Prune this fraction of the REMAINING non-zeros, at least 0 and below 1 (one iterative-pruning step)."),
     nm: Optional[str] = typer.Option(None, "--nm", metavar="N:M", callback=checked(options.parse_nm), help="Structured N:M: keep N of every M consecutive weights along the input dimension, e.g. 2:4."),
-    method: Method = typer.Option("magnitude", "--method", help="magnitude (keep the largest |w|), random, or with --calibration: wanda (|w| times the input's norm, per output row) or sparsegpt (OBS reconstruction; updates the kept weights)."),
-    scope: Scope = typer.Option("layer", "--scope", help="layer: the same sparsity in every tensor; global: one magnitude threshold across all targeted tensors."),
-    distribution: Distribution = typer.Option("uniform", "--distribution", help="uniform or erk (Erdos-Renyi-Kernel per-tensor sparsities, same total non-zeros)."),
+    method: Method = choice_option(Method, "magnitude", "--method", help="magnitude (keep the largest |w|), random, or with --calibration: wanda (|w| times the input's norm, per output row) or sparsegpt (OBS reconstruction; updates the kept weights)."),
+    scope: Scope = choice_option(Scope, "layer", "--scope", help="layer: the same sparsity in every tensor; global: one magnitude threshold across all targeted tensors."),
+    distribution: Distribution = choice_option(Distribution, "uniform", "--distribution", help="uniform or erk (Erdos-Renyi-Kernel per-tensor sparsities, same total non-zeros)."),
     seed: int = seed_option("Seed for --method random."),
-    encoding: Encoding = typer.Option("zeros", "--encoding", help="How pruned weights are stored: zeros, mask (bool <name>_mask tensors), nan (NaN sentinels), bitmask (compressed-tensors sparse-bitmask)."),
+    encoding: Encoding = choice_option(Encoding, "zeros", "--encoding", help="How pruned weights are stored: zeros, mask (bool <name>_mask tensors), nan (NaN sentinels), bitmask (compressed-tensors sparse-bitmask)."),
     include: List[str] = include_option(),
     exclude: List[str] = exclude_option(),
     calibration: Optional[Path] = typer.Option(None, "--calibration", metavar="FILE|DIR", help="UTF-8 text (a file, or every file under a directory) run through the model by --method wanda/sparsegpt."),
@@ -94,6 +96,7 @@ def prune(
     """
     if output is None and not in_place:
         usage_error("give -o OUTPUT (or --in-place to replace the input)")
+    in_place_conflict(checkpoint, output, in_place)
     given = [o for o, v in (("--sparsity", sparsity), ("--fraction", fraction), ("--nm", nm))
              if v is not None]
     if len(given) != 1:

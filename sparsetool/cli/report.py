@@ -22,7 +22,11 @@ from sparsetool.cli._output import (
 )
 from sparsetool.cli._params import (
     checkpoint_argument,
+    choice_option,
     choices,
+    conflicting,
+    given,
+    plot_option,
     default_targets_option,
     exclude_option,
     include_option,
@@ -46,9 +50,9 @@ EXAMPLES = (  # the end of --help: each runs as written (given the files named)
 def report(
     checkpoint: Path = checkpoint_argument(),
     as_json: bool = json_option("Print {\"tensors\": [...], \"summary\": {...}} on stdout."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the sparsity of the listed tensors into this PNG: one bar each, or a layer x matrix heatmap past 40 tensors."),
+    plot: Optional[Path] = plot_option("Also draw the sparsity of the listed tensors into this PNG: one bar each, or a layer x matrix heatmap past 40 tensors."),
     all_tensors: bool = typer.Option(True, "--all/--targeted", help="Show every tensor (default) or only the targeted ones."),
-    fmt: Format = typer.Option("rich", "--format", help="Table style (rich falls back to plain when piped or narrow)."),
+    fmt: Format = choice_option(Format, "rich", "--format", help="Table style (rich falls back to plain when piped or narrow)."),
     include: List[str] = include_option("Count tensors matching this glob as targeted (repeatable)."),
     exclude: List[str] = exclude_option("Do not count tensors matching this glob as targeted (repeatable; wins over --include)."),
     default_targets: bool = default_targets_option(),
@@ -61,6 +65,11 @@ def report(
     pruned with --include/--exclude counts the tensors prune targeted (see --default-targets).
     """
     fmt = value_of(fmt)
+    conflicting(as_json and given("fmt"), "--json", f"--format {fmt}",
+                "--json prints no table; drop --format, or drop --json to print the table")
+    conflicting(as_json and not all_tensors and plot is None, "--json", "--targeted",
+                "--json lists every tensor, each with \"targeted\" (--targeted filters the table "
+                "and the plot); drop --targeted, or drop --json to print the targeted ones")
     from sparsetool.ops.report import plot_report, summarize
 
     use_workers(workers)

@@ -13,8 +13,14 @@ from rich.markup import escape
 from sparsetool.cli._output import (
     console, emit_json, failing_cleanly, print_table, progress_bar, si, targeting_note,
 )
+from sparsetool import options
 from sparsetool.cli._params import (
+    alone,
+    checked,
+    choice_option,
     choices,
+    conflicting,
+    plot_option,
     default_targets_option,
     exclude_option,
     include_option,
@@ -46,17 +52,17 @@ def simulate(
         None, metavar="CHECKPOINT", show_default=False,
         help="A .safetensors file or Hugging Face directory: simulate its real masks."),
     shape: Optional[str] = typer.Option(
-        None, "--shape", metavar="MxK", help="One M x K layer (M outputs, K inputs), e.g. 12288x12288, with a seeded mask."),
-    model: Optional[Preset] = typer.Option(
-        None, "--model", case_sensitive=False, help="A flops preset with random masks at --sparsity."),
+        None, "--shape", metavar="MxK", callback=checked(options.check_shape), help="One M x K layer (M outputs, K inputs), e.g. 12288x12288, with a seeded mask."),
+    model: Optional[Preset] = choice_option(
+        Preset, None, "--model", case_sensitive=False, help="A flops preset with random masks at --sparsity."),
     sparsity: Optional[str] = sparsities_option(
         "Fraction of zeros for --shape/--model; a comma list (0.5,0.75,0.9) runs a sweep."),
     sweep: bool = typer.Option(
         False, "--sweep", help="Sweep the SPDF Appendix C sparsities 0, .5, .67, ... .9 (theoretical 1x..10x)."),
     tokens: str = tokens_option("--tokens", "Tokens per step (batch x sequence length), e.g. 2048 or 4K.",
                                 default="2048", short="-t"),
-    pattern: Pattern = typer.Option(
-        "random", "--pattern", help="Synthetic mask for --shape: random; rows or cols (all pruning in the leading rows/columns); 2:4."),
+    pattern: Pattern = choice_option(
+        Pattern, "random", "--pattern", help="Synthetic mask for --shape: random; rows or cols (all pruning in the leading rows/columns); 2:4."),
     seed: int = seed_option("Seed of the synthetic masks."),
     hardware: Optional[Path] = typer.Option(
         None, "--hardware", help="TOML/YAML/JSON file overriding any preset constant or adding devices."),
@@ -67,8 +73,8 @@ def simulate(
     verify: bool = typer.Option(
         False, "--verify", help="Run the zero-skipping AXPY schedule on a small block and check it "
         "equals the dense masked matmul."),
-    plot: Optional[Path] = typer.Option(
-        None, "--plot", help="Write speedup vs sparsity (with the theoretical line) to this PNG."),
+    plot: Optional[Path] = plot_option(
+        "Write speedup vs sparsity (with the theoretical line) to this PNG."),
     layers: bool = typer.Option(False, "--layers", help="Show every layer (default: the 8 most imbalanced)."),
     list_hardware: bool = typer.Option(
         False, "--list-hardware", help="List the devices, their constants and where each comes from."),
@@ -80,16 +86,27 @@ def simulate(
 ) -> None:
     """Masked-kernel hardware model: time, speedup and breakdown per device.
     """
+    alone("list_hardware", ("hardware", "device", "as_json", "quiet"),
+          "--list-hardware lists the devices and simulates nothing", "drop --list-hardware to simulate")
     if not list_hardware:
         with usage_errors():  # how the options combine: exit 2 before any file is read
             from sparsetool.hardware.request import check_request
 
-            check_request(checkpoint, shape=shape, model=value_of(model), sparsity=sparsity, sweep=sweep,
-                          pattern=value_of(pattern), plot=plot, include=tuple(include),
-                          exclude=tuple(exclude), default_targets=default_targets)
+            runs = check_request(checkpoint, shape=shape, model=value_of(model), sparsity=sparsity,
+                                 sweep=sweep, pattern=value_of(pattern), plot=plot,
+                                 include=tuple(include), exclude=tuple(exclude),
+                                 default_targets=default_targets)
+        swept = ("--sweep" if sweep else "--plot" if sparsity is None else
+                 "--sparsity " + ",".join(f"{x:g}" for x in sparsity)) if len(runs) > 1 else None
+        _conflicts(shape, seq_len, layers, as_json, swept)
     with failing_cleanly():
-        from sparsetool.hardware.request import hardware_constants, run_simulation
+        from sparsetool.hardware.request import check_devices, hardware_constants, run_simulation
+        from sparsetool.hardware.presets import load_devices
 
+        known, _ = load_devices(hardware)  # a bad --hardware file: exit 1
+    with usage_errors():  # a --device it does not name: exit 2
+        check_devices(known, device)
+    with failing_cleanly():
         if list_hardware:
             _list(hardware_constants(hardware, device), as_json)
             return
@@ -107,6 +124,22 @@ def simulate(
         _render(result, layers)
     if result.get("verify") and not result["verify"]["equal"]:
         raise typer.Exit(1)
+
+
+def _conflicts(shape: Optional[str], seq_len: Optional[int], layers: bool, as_json: bool,
+               swept: Optional[str]) -> None:
+    """The options the simulation asked for would silently ignore."""
+    conflicting(shape is not None and seq_len is not None, f"--shape {shape}", f"--seq-len {seq_len}",
+                "one --shape layer has no attention work for a sequence length to set; drop "
+                "--seq-len, or simulate a model, e.g. --model gpt2-small --seq-len "
+                f"{seq_len} --sparsity 0.5")
+    conflicting(layers and as_json, "--json", "--layers",
+                "--json lists every layer (\"layers\"); drop --layers, or drop --json for the table")
+    conflicting(layers and shape is not None, f"--shape {shape}", "--layers",
+                "one --shape layer has no table of layers; drop --layers")
+    conflicting(layers and swept, swept, "--layers",
+                "a sweep prints one speedup per sparsity, not each layer; drop --layers, or give "
+                "one --sparsity")
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from sparsetool.hardware import workload as wlmod
 from sparsetool.hardware.compare import APPENDIX_C_TICKS
 from sparsetool.hardware.devices import Device
 from sparsetool.hardware.workload import Workload
+from sparsetool.wording import did_you_mean
 
 Progress = Callable[[str, int, int], None]
 """Called as ``progress(stage, done, total)`` while a checkpoint's masks are read."""
@@ -36,12 +37,18 @@ def select_devices(hardware: Optional[Path] = None, only: Sequence[str] = ()
     and every constant's source."""
     devices, sources = presets.load_devices(hardware)
     if only:
-        unknown = [d for d in only if d not in devices]
-        if unknown:
-            raise ConfigError(f"unknown --device {', '.join(unknown)}; known: {', '.join(devices)} "
-                              "(sparsetool simulate --list-hardware lists them)")
+        check_devices(devices, only)
         devices = {d: devices[d] for d in only}
     return devices, sources
+
+
+def check_devices(devices: Mapping[str, Any], only: Sequence[str]) -> None:
+    """Refuse a name in ``only`` that is not one of ``devices`` (the CLI: a usage error)."""
+    unknown = [d for d in only if d not in devices]
+    if unknown:
+        hint = did_you_mean(unknown[0], list(devices))
+        raise ConfigError(f"unknown --device {', '.join(unknown)}{hint}; known: {', '.join(devices)} "
+                          "(sparsetool simulate --list-hardware lists them)")
 
 
 def hardware_constants(hardware: Optional[Path] = None, devices: Sequence[str] = ()

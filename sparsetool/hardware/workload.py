@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from sparsetool.errors import CheckpointError, ConfigError
+from sparsetool.options import parse_shape  # noqa: F401 (the API imports it from here too)
 from sparsetool.hardware.layers import LayerMask, sampled_random, stats_from_mask, synthetic_mask
 from sparsetool.wording import plural
 
@@ -42,31 +43,6 @@ class Workload:
         """Sparsity over the targeted matrices (non-zeros over entries)."""
         numel = sum(ly.numel for ly in self.layers)
         return 1.0 - sum(ly.nnz for ly in self.layers) / numel if numel else 0.0
-
-
-def parse_shape(text: str) -> tuple[int, int]:
-    """``"12288x12288"`` -> ``(12288, 12288)`` (M output features x K input features).
-
-    >>> parse_shape("4096x1024")
-    (4096, 1024)
-    """
-    parts = text.lower().split("x")
-    try:
-        m, k = (int(p) for p in parts)
-    except ValueError:
-        raise ConfigError(f"--shape must look like MxK (e.g. 12288x12288), got '{text}'") from None
-    if m < 1 or k < 1:
-        raise ConfigError(f"--shape needs positive sizes, got '{text}'")
-    if m * k > MAX_SHAPE_ENTRIES:
-        raise ConfigError(
-            f"--shape {text} has {plural(m * k, 'weight')}; a synthetic mask that large does not fit in "
-            f"memory here (limit {MAX_SHAPE_ENTRIES:,}): use --model NAME for whole models, e.g. "
-            f"--model gpt3-175b --sparsity 0.9"
-        )
-    return m, k
-
-
-MAX_SHAPE_ENTRIES = 2**32  # 4 GiB of mask bytes: beyond this the machine runs out of memory
 
 
 def _check_tokens(tokens: float) -> float:
