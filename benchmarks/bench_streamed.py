@@ -1,0 +1,128 @@
+"""Model-level commands at 7B scale: peak memory and time of calibration pruning and eval, block by
+block, against depth and (optionally) against an older sparsetool that loads the whole model.
+
+  python benchmarks/bench_streamed.py --workdir /tmp/sparsetool-streamed [--layers 2,8] [--full]
+                                      [--old SRC_DIR] [--samples 8] [--seq 128]
+
+Models: Llama-2-7B-shaped (d_model 4096, FFN 11008, 32 heads, vocabulary 32000, bf16, random
+weights; ``bench_checkpoint.make_checkpoint``) with ``--layers`` blocks each, and with ``--full``
+all 32 (13.5 GB). Each gets a byte-level BPE tokenizer trained here on the calibration text (the
+first 400 KB of the built-in corpus' training split). For each model:
+
+* ``prune --method wanda --sparsity 0.5 --calibration TEXT --samples N --seq T`` (float32 forward passes);
+* ``prune --method sparsegpt ...`` (``--layers`` models only: its solve of the 11008-wide down
+  projection costs ~1.3 TFLOP a block on the CPU);
+* ``eval --text TEXT --max-tokens 2048 --seq 256``.
+
+Each command runs in its own process; the wall time and the peak RSS of that process
+(``os.wait4``: what ``/usr/bin/time -f %M`` reports) are printed, with the memory plan's estimate
+from ``--json``. ``--old SRC_DIR`` runs the same commands with ``PYTHONPATH=SRC_DIR`` (a checkout of
+an older sparsetool, e.g. one that builds the whole model in float32) on the ``--layers`` models.
+Outputs are deleted as soon as they are measured (the disk holds one 7B at a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_checkpoint import machine, make_checkpoint  # noqa: E402
+
+
+def tokenizer(directory: Path, text: str) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([text], trainers.BpeTrainer(
+        vocab_size=8000, special_tokens=["<unk>", "<s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                            eos_token="<s>").save_pretrained(directory)
+
+
+def run(cmd: list[str], env: dict | None = None) -> tuple[float, float, dict | None]:
+    """(wall seconds, peak RSS in GiB, the --json output or None)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    out = proc.stdout.read()
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        print(f"  failed ({os.waitstatus_to_exitcode(status)}): {' '.join(cmd)}\n  {err.decode()[-600:]}")
+        return seconds, usage.ru_maxrss / 2**20, None
+    try:
+        return seconds, usage.ru_maxrss / 2**20, json.loads(out)
+    except json.JSONDecodeError:
+        return seconds, usage.ru_maxrss / 2**20, None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/sparsetool-streamed"))
+    ap.add_argument("--layers", default="2,8")
+    ap.add_argument("--full", action="store_true", help="also the 32-layer 13.5 GB model (wanda, eval)")
+    ap.add_argument("--old", type=Path, default=None, help="source checkout of an older sparsetool")
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=128)
+    args = ap.parse_args()
+    work = args.workdir
+    work.mkdir(parents=True, exist_ok=True)
+    from sparsetool.train.data import load_corpus
+
+    text = load_corpus(None).train[:400_000].tobytes().decode("utf-8", errors="replace")
+    calib = work / "calib.txt"
+    calib.write_text(text)
+    print(f"# {time.strftime('%Y-%m-%d')}, {machine()}, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB RAM")
+    print("| model | command | code | wall s | peak RSS GiB | plan's estimate GiB |")
+    print("|---|---|---|---:|---:|---:|")
+    sizes = [int(x) for x in args.layers.split(",") if x] + ([32] if args.full else [])
+    base_env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    for layers in sizes:
+        model = work / f"llama7b-{layers}L"
+        if not model.exists():
+            make_checkpoint(model, layers=layers, shape="llama7b", shards=max(1, layers // 11))
+            tokenizer(model, text)
+        size = sum(f.stat().st_size for f in model.iterdir()) / 1e9
+        label = f"Llama-7B-shaped, {layers} blocks ({size:.1f} GB bf16)"
+        prune = ["prune", str(model), "--sparsity", "0.5", "--calibration", str(calib),
+                 "--samples", str(args.samples), "--seq", str(args.seq)]
+        evaluate = ["eval", str(model), "--text", str(calib), "--max-tokens", "2048", "--seq", "256"]
+        cases = [("prune --method wanda", prune + ["--method", "wanda"]),
+                 ("eval", evaluate)]
+        if layers != 32:
+            cases.insert(1, ("prune --method sparsegpt", prune + ["--method", "sparsegpt"]))
+        codes = [("this", base_env)]
+        if args.old and layers != 32:
+            codes.append(("old", {**base_env, "PYTHONPATH": str(args.old)}))
+        for name, cmd in cases:
+            for code, env in codes:
+                out = work / "out"
+                shutil.rmtree(out, ignore_errors=True)
+                full = [sys.executable, "-m", "sparsetool", *cmd[:2]]
+                full += ["-o", str(out)] if cmd[0] == "prune" else []
+                full += [*cmd[2:], "--json"]
+                seconds, peak, result = run(full, env)
+                shutil.rmtree(out, ignore_errors=True)
+                plan = None
+                if result:
+                    memory = result.get("memory") or (result.get("checkpoints") or [{}])[0].get("memory")
+                    plan = memory and memory["peak_estimate"] / 2**30
+                print(f"| {label} | {name} | {code} | {seconds:.0f} | {peak:.2f} | "
+                      f"{'-' if plan is None else f'{plan:.2f}'} |", flush=True)
+        if layers == 32:
+            shutil.rmtree(model)
+
+
+if __name__ == "__main__":
+    main()
