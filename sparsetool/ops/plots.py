@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
+
+from sparsetool.checkpoint.output_files import temp_beside
 
 __all__ = ["MATRIX_LABELS", "pyplot", "layer_heatmap", "message_figure", "save_png"]
 
@@ -85,16 +86,13 @@ def save_png(fig: Any, out: str | Path, dpi: int = 120) -> Path:
     so a failed write leaves nothing behind; then close it."""
     plt = pyplot()
     out = Path(out)
-    fd, tmp = tempfile.mkstemp(prefix=".plot-", suffix=".png", dir=out.parent)
-    os.close(fd)
+    tmp = temp_beside(out)  # named after this process: a kill -9 leaves nothing for long
     try:
-        fig.savefig(tmp, format="png", dpi=dpi)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; a plot is an ordinary file
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
+            fig.savefig(f, format="png", dpi=dpi)  # an ordinary file: the umask's mode
         os.replace(tmp, out)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     finally:
         plt.close(fig)
