@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from sparsetool.checkpoint.output_files import temp_beside
 
@@ -30,12 +30,15 @@ def pyplot() -> Any:
 def layer_heatmap(values: Mapping[tuple[int, str], float], out: str | Path, *, title: str,
                   colour_label: str, labels: Mapping[str, str] = MATRIX_LABELS,
                   vmin: float = 0.0, vmax: float | None = None,
-                  cell_text: Callable[[float], str] = lambda v: f"{v:.3g}") -> Path:
+                  cell_text: Callable[[float], str] = lambda v: f"{v:.3g}",
+                  hatched: Collection[tuple[int, str]] = (), hatch_label: str = "") -> Path:
     """Layers across, matrices down (in the order of ``labels``), ``values[(layer, kind)]`` as colour.
 
     A cell a layer lacks is light grey. ``vmax`` None: the largest value (1.0 if all are 0).
     With at most 12 layers every cell also prints its value through ``cell_text``; at most about
-    32 layer numbers are written across, so the ticks stay readable at any depth.
+    32 layer numbers are written across, so the ticks stay readable at any depth. ``hatched``
+    cells are drawn over with hatching and ``hatch_label`` in a legend (report: cells prune does
+    not touch, whose zeros are the input's own).
     """
     import numpy as np
 
@@ -65,6 +68,13 @@ def layer_heatmap(values: Mapping[tuple[int, str], float], out: str | Path, *, t
                 dark = (v - vmin) < 0.6 * (vmax - vmin)  # viridis is dark at the low end
                 ax.text(c, r, cell_text(float(v)), ha="center", va="center", fontsize=7,
                         color="white" if dark else "black")
+    marked = [(kinds.index(k), layers.index(layer)) for layer, k in hatched if k in kinds]
+    for r, c in marked:
+        ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, hatch="//",
+                                   edgecolor="0.85", linewidth=0, gid="hatched"))
+    if marked and hatch_label:
+        fig.legend([plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="0.45", hatch="////")],
+                   [hatch_label], loc="outside lower left", fontsize=7, frameon=False)
     bar = fig.colorbar(img, ax=ax, pad=0.01)
     bar.set_label(colour_label, fontsize=8)
     ax.set_title(title, fontsize=9)
