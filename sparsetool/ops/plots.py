@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from sparsetool.checkpoint.output_files import temp_beside
 
-__all__ = ["MATRIX_LABELS", "pyplot", "layer_heatmap", "message_figure", "save_png"]
+__all__ = ["MATRIX_LABELS", "pyplot", "layer_heatmap", "message_figure", "save_png", "shorten_path",
+           "unique_suffixes"]
 
 MATRIX_LABELS = {"Q": "Q", "K": "K", "V": "V", "QKV": "QKV (fused)", "attn_out": "attention out",
                  "ffn_in": "FFN in", "ffn_out": "FFN out"}
@@ -107,3 +108,49 @@ def save_png(fig: Any, out: str | Path, dpi: int = 120) -> Path:
     finally:
         plt.close(fig)
     return out
+
+
+def unique_suffixes(paths: Sequence[str]) -> list[str]:
+    """Each path as its shortest run of trailing parts that no other path ends with: labels that
+    tell two ``model.safetensors`` apart without printing whole paths.
+
+    >>> unique_suffixes(["runs/a/model.safetensors", "runs/b/model.safetensors", "x/pruned.safetensors"])
+    ['a/model.safetensors', 'b/model.safetensors', 'pruned.safetensors']
+    >>> unique_suffixes(["/m/ft/model", "/n/ft/model", "/m/dense"])
+    ['m/ft/model', 'n/ft/model', 'dense']
+    >>> unique_suffixes(["a/model.safetensors", "a/model.safetensors"])  # the same path twice
+    ['model.safetensors', 'model.safetensors']
+    """
+    parts = [[q for q in str(p).replace("\\", "/").split("/") if q] or [str(p)] for p in paths]
+    out = []
+    for i, mine in enumerate(parts):
+        others = [o for j, o in enumerate(parts) if j != i and o != mine]
+        n = 1
+        while n < len(mine) and any(o[-n:] == mine[-n:] for o in others):
+            n += 1
+        out.append("/".join(mine[-n:]))
+    return out
+
+
+def shorten_path(text: str, width: int = 60) -> str:
+    """``text`` in at most about ``width`` characters: a long path keeps its file name and as many
+    of the folders before it as fit, behind an ellipsis; other text is cut at a word.
+
+    >>> shorten_path("/data/corpora/wikitext-103/validation/wiki.valid.raw.txt", 40)
+    '.../validation/wiki.valid.raw.txt'
+    >>> shorten_path("short.txt")
+    'short.txt'
+    >>> shorten_path("the built-in English help text of every command, joined", 30)
+    'the built-in English help...'
+    """
+    if len(text) <= width:
+        return text
+    if "/" in text and " " not in text:
+        parts = text.split("/")
+        kept = parts[-1]
+        for q in reversed(parts[:-1]):
+            if not q or len(kept) + len(q) + 5 > width:
+                break
+            kept = f"{q}/{kept}"
+        return f".../{kept}"
+    return text[:width - 3].rsplit(" ", 1)[0] + "..."
