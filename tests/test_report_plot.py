@@ -181,4 +181,4 @@ def test_cli_plot_follows_the_table_flag(tmp_path):
         res = CliRunner().invoke(app, ["report", str(path), flag, "--plot", str(png), "-q"])
         assert res.exit_code == 0, res.output
     assert png_size(tmp_path / "all.png")[1] > png_size(tmp_path / "targeted.png")[1]  # one more row: norms
-    assert not list(tmp_path.glob(".plot-*"))
+    assert not list(tmp_path.glob(".*sparsetool-tmp-*"))  # no temporary left behind
