@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 import sparsetool.ops.plots as plots
 from sparsetool.cli.main import app
 from sparsetool.ops.diff import diff, plot_diff
-from sparsetool.ops.report import BARS_UP_TO, layer_cells, plot_report, summarize
+from sparsetool.ops.report import (BARS_UP_TO, DENSE, UNTOUCHED, ZERO_INPUT, layer_cells,
+                                   plot_report, summarize)
 
 MATRICES = {"self_attn.q_proj": (16, 16), "self_attn.k_proj": (8, 16), "self_attn.v_proj": (8, 16),
             "self_attn.o_proj": (16, 16), "mlp.gate_proj": (32, 16), "mlp.up_proj": (32, 16),
@@ -64,7 +65,7 @@ def figures(monkeypatch) -> list:
 
 
 def legend_labels(fig) -> list[str]:
-    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None] + list(fig.legends)
     return [t.get_text() for lg in legends for t in lg.get_texts()]
 
 
@@ -97,15 +98,49 @@ def test_2_layer_model_keeps_the_bar_chart_and_honours_all(tmp_path, figures):
     every = plot_report(rep, tmp_path / "a.png", all_tensors=True)
     assert len(figures[0].axes[0].patches) == 8 and len(figures[1].axes[0].patches) == len(rep.tensors) == 28
     assert png_size(every)[1] > png_size(targeted)[1]
-    assert legend_labels(figures[0]) == ["qkv", "attn_out", "ffn_in", "ffn_out"]
-    assert legend_labels(figures[1]) == ["qkv", "attn_out", "ffn_in", "ffn_out", "bias, embedding, norm, position"]
+    assert legend_labels(figures[0]) == ["qkv", "attn_out", "ffn_in", "ffn_out", DENSE]
+    assert legend_labels(figures[1]) == ["qkv", "attn_out", "ffn_in", "ffn_out",
+                                         "bias, embedding, norm, position", ZERO_INPUT, DENSE]
+
+
+def test_dense_tensors_get_a_marker_and_zero_biases_their_own_hatched_bar(tmp_path, figures):
+    """A 0% tensor is marked (not a missing bar); an untargeted all-zero tensor (the LayerNorm
+    biases here) is drawn apart with its own legend entry, not as a bias pruning zeroed."""
+    path, pruned = tmp_path / "g2.safetensors", tmp_path / "p.safetensors"
+    save_file(gpt2_like_state(n_layer=2), str(path))
+    res = CliRunner().invoke(app, ["prune", str(path), "-o", str(pruned), "--sparsity", "0.5", "-q"])
+    assert res.exit_code == 0, res.output
+    rep = summarize(pruned)
+    plot_report(rep, tmp_path / "a.png")
+    ax = figures[-1].axes[0]
+    bars = ax.patches
+    assert len(bars) == 28
+    zero = [t.name for t in rep.tensors if t.nonzero == 0]
+    assert sorted(zero) == sorted(f"transformer.h.{i}.ln_{j}.bias" for i in (0, 1) for j in (1, 2)) \
+        + ["transformer.ln_f.bias"]
+    hatched = [t.name for t, b in zip(rep.tensors, bars) if b.get_hatch()]
+    assert hatched == [t.name for t in rep.tensors if t.nonzero == 0]
+    dense = [t for t in rep.tensors if t.nonzero == t.numel]
+    markers = [c for c in ax.collections if c.get_gid() == "dense-markers"]
+    assert len(markers) == 1 and len(markers[0].get_offsets()) == len(dense) == 28 - 8 - 5
+    assert sum(t.get_text() == "0%" for t in ax.texts) == len(dense)
+    assert legend_labels(figures[-1])[-2:] == [ZERO_INPUT, DENSE]
+    # past the bar chart: the untargeted rows of the heatmap are hatched, with their legend entry
+    save_file(gpt2_like_state(n_layer=12), str(path))
+    rep = summarize(path)
+    plot_report(rep, tmp_path / "h.png")
+    fig = figures[-1]
+    rows = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert rows[-2:] == ["norms", "biases"]
+    assert sum(p.get_gid() == "hatched" for p in fig.axes[0].patches) == 2 * 12
+    assert legend_labels(fig) == [UNTOUCHED]
 
 
 def test_legend_names_only_the_roles_drawn(tmp_path, figures):
     path = tmp_path / "bias.safetensors"
     save_file({"h.0.attn.c_attn.bias": torch.zeros(6), "h.0.mlp.c_fc.bias": torch.ones(8)}, str(path))
     plot_report(summarize(path), tmp_path / "b.png")
-    assert legend_labels(figures[-1]) == ["bias"]  # the grey bars have their entry
+    assert legend_labels(figures[-1]) == ["bias", ZERO_INPUT, DENSE]  # the grey bar has its entry
 
 
 def test_empty_checkpoint_plot_says_so(tmp_path, figures):
@@ -146,4 +181,4 @@ def test_cli_plot_follows_the_table_flag(tmp_path):
         res = CliRunner().invoke(app, ["report", str(path), flag, "--plot", str(png), "-q"])
         assert res.exit_code == 0, res.output
     assert png_size(tmp_path / "all.png")[1] > png_size(tmp_path / "targeted.png")[1]  # one more row: norms
-    assert not list(tmp_path.glob(".plot-*"))
+    assert not list(tmp_path.glob(".*sparsetool-tmp-*"))  # no temporary left behind

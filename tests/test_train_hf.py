@@ -97,6 +97,9 @@ def test_static_masks_of_a_pruned_directory_hold(root, kind, encoding, tmp_path)
     out = tmp_path / "run"
     summary = train_json("-o", out, "--init", pruned, "--data", root / "data.txt")
     assert summary["sparsity"] == pytest.approx(0.5)
+    # the start of the run says where the mask came from (not "random initial mask")
+    origin = json.loads((out / "run.json").read_text())["sparse_training"]["1"]["initial_mask"]
+    assert origin.startswith(f"from --init {pruned} (its ") and origin.endswith("), kept")
     before, after = load(pruned), load(out / "model")
     names = targeted(before)
     assert names

@@ -100,3 +100,25 @@ def test_lower_sparsity_from_the_library_raises_config_error(tmp_path, corpus, h
 def test_dense_still_revives_every_weight(tmp_path, corpus, half_sparse):
     summary = run_cli(args(tmp_path / "ft", corpus, 1) + ["--init", str(half_sparse), "--dense"])
     assert summary["sparsity"] == 0.0
+
+
+def printed(argv: list[str]) -> str:
+    result = CliRunner().invoke(app, [a for a in argv if a != "--json"])
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_the_start_of_the_run_says_the_masks_come_from_init(tmp_path, corpus, half_sparse):
+    """Not "random initial mask": the checkpoint's masks are kept (or pruned further), and a
+    resume of such a run says the same."""
+    out = printed(args(tmp_path / "ft", corpus, 2) + ["--init", str(half_sparse), "--stop-at", "1",
+                                                       "--save-every", "1"])
+    assert f"initial mask from --init {half_sparse} (its stored masks), kept" in out
+    assert "random initial mask" not in out
+    run = json.loads((tmp_path / "ft" / "run.json").read_text())
+    assert run["sparse_training"]["1"]["initial_mask"].endswith("(its stored masks), kept")
+    resumed = printed(["train", "--out", str(tmp_path / "ft"), "--resume"])
+    assert f"initial mask from --init {half_sparse} (its stored masks), kept" in resumed
+    further = printed(args(tmp_path / "ft2", corpus, 1) + ["--init", str(half_sparse),
+                                                           "--sparsity", "0.75"])
+    assert "(its stored masks), pruned further" in further and "random initial mask" not in further

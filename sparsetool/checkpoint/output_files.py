@@ -15,10 +15,14 @@ import contextlib
 import ctypes
 import errno
 import os
+import re
 import secrets
 import shutil
+import socket
 import stat
-from glob import escape as glob_escape
+import threading
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from sparsetool.checkpoint.layout import TMP_MARK
@@ -110,29 +114,112 @@ def put_in_place(tmp: Path, out: Path) -> None:
     if _exchange(tmp, out):
         remove(tmp)  # tmp now holds the old output
         return
-    old = out.with_name(f".{out.name}{TMP_MARK}old-{secrets.token_hex(4)}")
+    old = temp_beside(out)
     os.rename(out, old)
     os.rename(tmp, out)
     remove(old)
 
 
-def _remove_stale_temps(parent: Path, name: str) -> None:
-    """Remove temporary outputs for ``name`` left by a run that was killed (its process is gone)."""
-    prefix = f".{name}{TMP_MARK}"
-    for p in parent.glob(f".{glob_escape(name)}{TMP_MARK}*"):
-        pid_text = p.name[len(prefix):].split("-", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+def _host_tag() -> str:
+    """This machine in a temporary's name: a run on another machine writing to a shared disk has a
+    process id that means nothing here, so only this machine's temporaries are judged.
+
+    >>> _host_tag() == _host_tag() and "-" not in _host_tag() and 0 < len(_host_tag()) <= 24
+    True
+    """
+    host = re.sub(r"[^A-Za-z0-9]", "_", socket.gethostname().split(".")[0]) or "host"
+    return host if len(host) <= 24 else f"{host[:15]}_{zlib.crc32(host.encode()):08x}"
+
+
+# .NAME.sparsetool-tmp-PID-HEX-HOST (HOST absent in names written before it was added)
+_TEMP_RE = re.compile(rf"\..+{re.escape(TMP_MARK)}(?P<pid>[0-9]+)-[0-9a-f]+(?:-(?P<host>[A-Za-z0-9_]+))?")
+
+
+@dataclass(frozen=True)
+class Reclaimed:
+    """Temporaries of killed runs removed from ``directory``: how many, and the bytes freed."""
+    directory: Path
+    files: int
+    bytes: int
+
+
+_reclaimed: list[Reclaimed] = []
+_reclaimed_lock = threading.Lock()
+
+
+def take_reclaimed() -> list[Reclaimed]:
+    """What :func:`remove_stale_temps` removed in this process since the last call (for a
+    command to report once it ends)."""
+    with _reclaimed_lock:
+        out = list(_reclaimed)
+        _reclaimed.clear()
+    return out
+
+
+def _pid_is_gone(pid: int) -> bool:
+    if pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive (someone else's) or unknown: keep it
+    return False
+
+
+def _disk_bytes(p: Path) -> int:
+    """Bytes ``p`` occupies on disk (a directory: every file under it); what removing it frees."""
+    try:
+        st = p.lstat()
+    except OSError:
+        return 0
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_blocks * 512 if hasattr(st, "st_blocks") else st.st_size
+    return sum(_disk_bytes(c) for c in p.iterdir())
+
+
+def remove_stale_temps(directory: str | os.PathLike) -> Reclaimed | None:
+    """Remove from ``directory`` the temporary outputs of sparsetool runs that were killed (a
+    ``kill -9`` mid-write leaves one as big as the output): only names of the form
+    :func:`temp_beside` gives, owned by this user, made on this machine by a process that no longer
+    exists (``os.kill(pid, 0)``). Returns what was freed (also kept for :func:`take_reclaimed`),
+    None when nothing was."""
+    directory = Path(directory)
+    files = freed = 0
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return None
+    host, uid = _host_tag(), os.getuid() if hasattr(os, "getuid") else None
+    for entry in entries:
+        m = _TEMP_RE.fullmatch(entry.name)
+        if m is None or (m["host"] is not None and m["host"] != host):
             continue
         try:
-            os.kill(int(pid_text), 0)
-        except ProcessLookupError:
-            remove(p)
-        except PermissionError:
-            pass  # alive, someone else's
+            if uid is not None and entry.stat(follow_symlinks=False).st_uid != uid:
+                continue
+        except OSError:
+            continue
+        if not _pid_is_gone(int(m["pid"])):
+            continue
+        p = Path(entry.path)
+        size = _disk_bytes(p)
+        remove(p)
+        if not p.exists() and not p.is_symlink():
+            files, freed = files + 1, freed + size
+    if not files:
+        return None
+    done = Reclaimed(Path(os.path.abspath(directory)), files, freed)
+    with _reclaimed_lock:
+        _reclaimed.append(done)
+    return done
 
 
 def temp_beside(out: Path) -> Path:
     """A new temporary path beside ``out`` (same filesystem, so the final rename is atomic), named
-    after this process; temporaries of killed runs for the same output are removed first."""
-    _remove_stale_temps(out.parent, out.name)
-    return out.parent / f".{out.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    after this process and machine; temporaries of killed runs in that directory are removed
+    first (:func:`remove_stale_temps`)."""
+    out = Path(out)
+    remove_stale_temps(out.parent)
+    return out.parent / f".{out.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}-{_host_tag()}"

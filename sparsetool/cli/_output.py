@@ -26,14 +26,35 @@ def failing_cleanly() -> Iterator[None]:
 
     Only SparsetoolError is caught: typer.Exit and real bugs pass through untouched.
     """
+    from sparsetool.checkpoint.output_files import take_reclaimed
+
+    take_reclaimed()  # only what this command removes is reported (not earlier in-process calls)
     try:
         yield
     except SparsetoolError as e:
+        note_reclaimed()
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True, highlight=False)
         raise typer.Exit(getattr(e, "exit_code", 1)) from None
     except KeyboardInterrupt:
+        note_reclaimed()
         err_console.print("error: interrupted; no output was written", highlight=False)
         raise typer.Exit(130) from None
+    except BaseException:  # typer.Exit and the like
+        note_reclaimed()
+        raise
+    else:
+        note_reclaimed()
+
+
+def note_reclaimed() -> None:
+    """One stderr line per directory where the command removed temporaries of killed runs (files
+    were deleted: said even in --quiet; stdout and --json are untouched)."""
+    from sparsetool.checkpoint.output_files import take_reclaimed
+
+    for r in take_reclaimed():
+        err_console.print(f"note: removed {plural(r.files, 'stale temporary file')} of killed runs "
+                          f"in {r.directory} ({human_bytes(r.bytes)})", highlight=False,
+                          soft_wrap=True, markup=False)
 
 
 def emit_json(obj: Any) -> None:

@@ -267,24 +267,27 @@ def _evaluate_one(model: BlockModel, name: str, text: str, seq: int | None, stri
 
 
 def plot_eval(result: EvalResult, out: str | Path) -> Path:
-    """Perplexity against targeted sparsity, one labelled point per checkpoint, as a PNG."""
-    import matplotlib
+    """Perplexity against targeted sparsity, one labelled point per checkpoint, as a PNG. Points
+    are labelled by the shortest path suffix that tells them apart (two ``model.safetensors``
+    become ``dense/model.safetensors`` and ``sparse/model.safetensors``); the text's name is
+    shortened to fit the title."""
+    from sparsetool.ops import plots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = Path(out)
+    plt = plots.pyplot()
     rows = sorted(result.rows, key=lambda r: r.targeted_sparsity)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([100 * r.targeted_sparsity for r in rows], [r.perplexity for r in rows], "o-")
-    for r in rows:
-        ax.annotate(Path(r.name).name or r.name, (100 * r.targeted_sparsity, r.perplexity),
-                    textcoords="offset points", xytext=(4, 4), fontsize=7)
+    labels = dict(zip([r.name for r in result.rows], plots.unique_suffixes([r.name for r in result.rows])))
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    xs = [100 * r.targeted_sparsity for r in rows]
+    ax.plot(xs, [r.perplexity for r in rows], "o-")
+    middle = (min(xs, default=0) + max(xs, default=0)) / 2
+    for x, r in zip(xs, rows):
+        right = x > middle and len(rows) > 1  # a label on the right half points left: never cut off
+        ax.annotate(labels[r.name], (x, r.perplexity), textcoords="offset points",
+                    xytext=(-5 if right else 5, 4), ha="right" if right else "left", fontsize=7)
+    ax.margins(x=0.08, y=0.12)
     ax.set_xlabel("targeted sparsity (%)")
     ax.set_ylabel("perplexity")
-    ax.set_title(f"perplexity vs sparsity ({result.text_source[:60]})", fontsize=9)
+    ax.set_title(f"perplexity vs sparsity\ntext: {plots.shorten_path(result.text_source, 70)}", fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return plots.save_png(fig, out, dpi=110)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping, Sequence
 
-__all__ = ["MATRIX_LABELS", "pyplot", "layer_heatmap", "message_figure", "save_png"]
+from sparsetool.checkpoint.output_files import temp_beside
+
+__all__ = ["MATRIX_LABELS", "pyplot", "layer_heatmap", "message_figure", "save_png", "shorten_path",
+           "unique_suffixes"]
 
 MATRIX_LABELS = {"Q": "Q", "K": "K", "V": "V", "QKV": "QKV (fused)", "attn_out": "attention out",
                  "ffn_in": "FFN in", "ffn_out": "FFN out"}
@@ -29,12 +31,15 @@ def pyplot() -> Any:
 def layer_heatmap(values: Mapping[tuple[int, str], float], out: str | Path, *, title: str,
                   colour_label: str, labels: Mapping[str, str] = MATRIX_LABELS,
                   vmin: float = 0.0, vmax: float | None = None,
-                  cell_text: Callable[[float], str] = lambda v: f"{v:.3g}") -> Path:
+                  cell_text: Callable[[float], str] = lambda v: f"{v:.3g}",
+                  hatched: Collection[tuple[int, str]] = (), hatch_label: str = "") -> Path:
     """Layers across, matrices down (in the order of ``labels``), ``values[(layer, kind)]`` as colour.
 
     A cell a layer lacks is light grey. ``vmax`` None: the largest value (1.0 if all are 0).
     With at most 12 layers every cell also prints its value through ``cell_text``; at most about
-    32 layer numbers are written across, so the ticks stay readable at any depth.
+    32 layer numbers are written across, so the ticks stay readable at any depth. ``hatched``
+    cells are drawn over with hatching and ``hatch_label`` in a legend (report: cells prune does
+    not touch, whose zeros are the input's own).
     """
     import numpy as np
 
@@ -64,6 +69,13 @@ def layer_heatmap(values: Mapping[tuple[int, str], float], out: str | Path, *, t
                 dark = (v - vmin) < 0.6 * (vmax - vmin)  # viridis is dark at the low end
                 ax.text(c, r, cell_text(float(v)), ha="center", va="center", fontsize=7,
                         color="white" if dark else "black")
+    marked = [(kinds.index(k), layers.index(layer)) for layer, k in hatched if k in kinds]
+    for r, c in marked:
+        ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, hatch="//",
+                                   edgecolor="0.85", linewidth=0, gid="hatched"))
+    if marked and hatch_label:
+        fig.legend([plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="0.45", hatch="////")],
+                   [hatch_label], loc="outside lower left", fontsize=7, frameon=False)
     bar = fig.colorbar(img, ax=ax, pad=0.01)
     bar.set_label(colour_label, fontsize=8)
     ax.set_title(title, fontsize=9)
@@ -85,17 +97,60 @@ def save_png(fig: Any, out: str | Path, dpi: int = 120) -> Path:
     so a failed write leaves nothing behind; then close it."""
     plt = pyplot()
     out = Path(out)
-    fd, tmp = tempfile.mkstemp(prefix=".plot-", suffix=".png", dir=out.parent)
-    os.close(fd)
+    tmp = temp_beside(out)  # named after this process: a kill -9 leaves nothing for long
     try:
-        fig.savefig(tmp, format="png", dpi=dpi)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; a plot is an ordinary file
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
+            fig.savefig(f, format="png", dpi=dpi)  # an ordinary file: the umask's mode
         os.replace(tmp, out)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     finally:
         plt.close(fig)
     return out
+
+
+def unique_suffixes(paths: Sequence[str]) -> list[str]:
+    """Each path as its shortest run of trailing parts that no other path ends with: labels that
+    tell two ``model.safetensors`` apart without printing whole paths.
+
+    >>> unique_suffixes(["runs/a/model.safetensors", "runs/b/model.safetensors", "x/pruned.safetensors"])
+    ['a/model.safetensors', 'b/model.safetensors', 'pruned.safetensors']
+    >>> unique_suffixes(["/m/ft/model", "/n/ft/model", "/m/dense"])
+    ['m/ft/model', 'n/ft/model', 'dense']
+    >>> unique_suffixes(["a/model.safetensors", "a/model.safetensors"])  # the same path twice
+    ['model.safetensors', 'model.safetensors']
+    """
+    parts = [[q for q in str(p).replace("\\", "/").split("/") if q] or [str(p)] for p in paths]
+    out = []
+    for i, mine in enumerate(parts):
+        others = [o for j, o in enumerate(parts) if j != i and o != mine]
+        n = 1
+        while n < len(mine) and any(o[-n:] == mine[-n:] for o in others):
+            n += 1
+        out.append("/".join(mine[-n:]))
+    return out
+
+
+def shorten_path(text: str, width: int = 60) -> str:
+    """``text`` in at most about ``width`` characters: a long path keeps its file name and as many
+    of the folders before it as fit, behind an ellipsis; other text is cut at a word.
+
+    >>> shorten_path("/data/corpora/wikitext-103/validation/wiki.valid.raw.txt", 40)
+    '.../validation/wiki.valid.raw.txt'
+    >>> shorten_path("short.txt")
+    'short.txt'
+    >>> shorten_path("the built-in English help text of every command, joined", 30)
+    'the built-in English help...'
+    """
+    if len(text) <= width:
+        return text
+    if "/" in text and " " not in text:
+        parts = text.split("/")
+        kept = parts[-1]
+        for q in reversed(parts[:-1]):
+            if not q or len(kept) + len(q) + 5 > width:
+                break
+            kept = f"{q}/{kept}"
+        return f".../{kept}"
+    return text[:width - 3].rsplit(" ", 1)[0] + "..."

@@ -145,25 +145,54 @@ def plot_report(report: Report, out: str | Path, *, all_tensors: bool = True) ->
     return _bars(rows, out, title)
 
 
+ZERO_INPUT = "all zero, untouched by prune"
+"""Legend entry of a tensor prune does not target that holds only zeros (a zero bias): its zeros
+are the input's own, not pruning's."""
+UNTOUCHED = "not targeted: prune leaves them as they are (their zeros are the input's own)"
+"""Legend entry of the heatmap's hatched cells."""
+DENSE = "0% (no zeros)"
+"""Legend entry of the marker a 0%-sparse tensor gets in place of a bar of length 0."""
+
+
 def _bars(rows: list[TensorRow], out: str | Path, title: str) -> Path:
+    from matplotlib.lines import Line2D
+
     from sparsetool.ops.plots import pyplot, save_png
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, max(3.0, 0.18 * len(rows) + 1.5)))
     colour = [_ROLE_COLOURS.get(t.role, "tab:gray") for t in rows]
-    ax.barh(range(len(rows)), [100 * t.sparsity for t in rows], color=colour)
+    bars = ax.barh(range(len(rows)), [100 * t.sparsity for t in rows], color=colour)
+    zero_input = [not t.targeted and t.numel > 0 and t.nonzero == 0 for t in rows]
+    for bar, zero in zip(bars, zero_input):
+        if zero:  # not "pruning zeroed my biases": a pale hatched bar of its own
+            bar.set(facecolor="0.93", edgecolor="0.45", hatch="////", linewidth=0.6)
+    dense = [i for i, t in enumerate(rows) if t.numel and t.nonzero == t.numel]
+    if dense:  # a bar of length 0 looks missing: a short tick at 0 in the role's colour
+        ax.scatter([0.7] * len(dense), dense, marker="|", s=60, linewidths=2.5, zorder=3,
+                   c=[colour[i] for i in dense], gid="dense-markers")
+        for i in dense:
+            ax.text(1.5, i, "0%", va="center", fontsize=6, color="0.3")
     ax.set_yticks(range(len(rows)), [t.name for t in rows], fontsize=6)
     ax.invert_yaxis()
     ax.set_xlim(0, 100)
     ax.set_xlabel("sparsity (% zeros)")
     ax.set_title(title)
-    present = {t.role for t in rows}
+    present = {t.role for t, z in zip(rows, zero_input) if not z}
     legend = [(r, c) for r, c in _ROLE_COLOURS.items() if r in present]
     grey = sorted(present - set(_ROLE_COLOURS))
     if grey:
         legend.append((", ".join(grey), "tab:gray"))
-    ax.legend([plt.Rectangle((0, 0), 1, 1, color=c) for _, c in legend], [r for r, _ in legend],
-              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, title="role", title_fontsize=7)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for _, c in legend]
+    labels = [r for r, _ in legend]
+    if any(zero_input):
+        handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="0.93", edgecolor="0.45", hatch="////"))
+        labels.append(ZERO_INPUT)
+    if dense:
+        handles.append(Line2D([], [], marker="|", ls="none", ms=8, mew=2.5, color="0.3"))
+        labels.append(DENSE)
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
+              title="role", title_fontsize=7)
     fig.tight_layout()
     return save_png(fig, out)
 
@@ -200,6 +229,10 @@ def _heatmap(rows: list[TensorRow], out: str | Path, title: str) -> Path | None:
     if n:
         title += (f"\n{n} tensor{'s' if n != 1 else ''} outside the layers, not drawn: "
                   f"{100 * (1 - nonzero / numel) if numel else 0.0:.2f}% sparse")
+    from sparsetool.ops.diff import layer_index, matrix_kind
+
+    pruned = {(layer_index(t.name), matrix_kind(t.name, t.shape)) for t in rows if t.targeted}
     return layer_heatmap(cells, out, title=title, colour_label="sparsity (% zeros)",
                          labels={**MATRIX_LABELS, **_LAYER_ROWS}, vmin=0.0, vmax=100.0,
-                         cell_text=lambda v: f"{v:.1f}")
+                         cell_text=lambda v: f"{v:.1f}", hatched=set(cells) - pruned,
+                         hatch_label=UNTOUCHED)

@@ -192,6 +192,18 @@ class Log:
         os.replace(tmp, run / "log.csv")
 
     def plot(self, run: Path, title: str, unit: str = "byte") -> None:
+        """RUN/loss.png, atomically (:meth:`loss_figure`)."""
+        import matplotlib.pyplot as plt
+
+        fig = self.loss_figure(title, unit)
+        tmp = run / "loss.tmp.png"
+        fig.savefig(tmp, dpi=110)
+        plt.close(fig)
+        os.replace(tmp, run / "loss.png")
+
+    def loss_figure(self, title: str, unit: str = "byte"):
+        """The loss curve: the raw training loss as a faint line under its moving average
+        (:func:`smoothed`), validation as points, stages as dotted lines; a legend names each."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -201,9 +213,16 @@ class Log:
         val = [(r["step"], r["val_loss"]) for r in self.records if r.get("kind") == "eval"]
         fig, ax = plt.subplots(figsize=(7, 4))
         if train:
-            ax.plot(*zip(*train), lw=0.8, alpha=0.7, label="train")
+            steps, loss = zip(*train)
+            weight = smoothing_weight(len(loss))
+            if not weight:  # too few steps to smooth
+                ax.plot(steps, loss, lw=1.0, color="tab:blue", label="train")
+            else:
+                ax.plot(steps, loss, lw=0.6, alpha=0.3, color="tab:blue", label="train (each step)")
+                ax.plot(steps, smoothed(loss, weight), lw=1.8, color="tab:blue",
+                        label=f"train, smoothed (EMA {weight:g}, forward and back)")
         if val:
-            ax.plot(*zip(*val), "o-", ms=3, label="validation")
+            ax.plot(*zip(*val), "o-", ms=3, color="tab:orange", label="validation")
         for r in self.records:
             if r.get("kind") == "stage":
                 ax.axvline(r["step"], color="grey", ls=":", lw=1)
@@ -214,9 +233,40 @@ class Log:
         ax.set_ylabel(f"cross-entropy (nats/{unit})")
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=8)
         fig.tight_layout()
-        tmp = run / "loss.tmp.png"
-        fig.savefig(tmp, dpi=110)
-        plt.close(fig)
-        os.replace(tmp, run / "loss.png")
+        return fig
+
+
+def smoothing_weight(points: int) -> float:
+    """The moving average's weight for a curve of ``points`` steps: about ``points/30`` steps on
+    each side count (0 below 30 steps: nothing to smooth; at most 0.98).
+
+    >>> smoothing_weight(10), smoothing_weight(100), smoothing_weight(300), smoothing_weight(100000)
+    (0.0, 0.7, 0.9, 0.98)
+    """
+    if points < 30:
+        return 0.0
+    return min(0.98, round(1.0 - 30.0 / points, 2))
+
+
+def _ema(values, weight: float) -> list[float]:
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc = weight * acc + (1.0 - weight) * v
+        out.append(acc / (1.0 - weight ** (i + 1)))  # debiased: starts at the first value, not 0
+    return out
+
+
+def smoothed(values, weight: float) -> list[float]:
+    """The exponential moving average of ``values`` taken forward, then backward, so that it
+    does not lag behind a falling loss; each pass debiased (as TensorBoard's smoothing).
+
+    >>> [round(v, 3) for v in smoothed([4.0, 2.0, 4.0, 2.0], 0.5)]
+    [3.479, 2.884, 3.175, 2.667]
+    >>> smoothed([1.0, 3.0], 0.0)
+    [1.0, 3.0]
+    >>> round(smoothed([5.0 - 0.01 * i for i in range(200)], 0.9)[100], 4)  # no lag on a straight line
+    4.0
+    """
+    return _ema(_ema(values, weight)[::-1], weight)[::-1]

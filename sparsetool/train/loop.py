@@ -95,6 +95,7 @@ class Trainer:
             cfg.exclude, select=cfg.param_filter or None, source="the model")
         self.targets = {n: params[n] for n in self.target_plan.targeted}
         self.init_masks = warmstart.masks_from(self.targets, init_m, loaded=bool(init_w))
+        self.init_mask_origin = warmstart.mask_origin(cfg.init, self.init_masks, init_m)
         self.plan = stage_plan(cfg)
         if self.init_masks:
             # --init SPARSE --sparsity S: S below the checkpoint's sparsity would revive weights
@@ -155,7 +156,11 @@ class Trainer:
             sp.init_masks = {n: m.to(self.device) for n, m in self.init_masks.items()}
         sp.attach(dict(self.model.named_parameters()), self.optimizer, stage["end"], self.cfg.warmup)
         if state is None and stage_idx == 0 and self.init_masks:
-            sp.prune_further()  # --init SPARSE --sparsity S: a higher S prunes from its masks
+            further = sp.prune_further()  # --init SPARSE --sparsity S: a higher S prunes from its masks
+            sp.mask_origin = self.init_mask_origin + (", pruned further" if further else ", kept")
+        elif state is not None:  # a resume: where the masks first came from, as run.json says
+            sp.mask_origin = rundir.earlier_settings(self.run_dir, stage_idx + 1, self.resume_from) \
+                .get(stage_idx + 1, {}).get("initial_mask")
         if set(sp.masks) != set(self.targets):
             raise ConfigError(
                 f"the sparsifier masks {sorted(sp.masks)[:3]}..., expected the targeted "

@@ -20,7 +20,7 @@ from sparsetool.train.config import DEFAULT_PRESET, TrainConfig
 from sparsetool.train.model import PRESETS, GPTConfig, infer_config
 from sparsetool.wording import plural
 
-__all__ = ["check_sparsity", "load_weights", "loaded_sparsity", "masks_from", "model_config"]
+__all__ = ["check_sparsity", "load_weights", "loaded_sparsity", "mask_origin", "masks_from", "model_config"]
 
 
 SHAPE = ("n_layer", "n_head", "d_model", "context")
@@ -81,6 +81,21 @@ def masks_from(targets: dict[str, torch.nn.Parameter], masks: dict[str, torch.Te
             if bool(zero.any()):
                 out[n] = ~zero.cpu()
     return out
+
+
+def mask_origin(init: Any, masks: dict[str, torch.Tensor], stored: dict[str, torch.Tensor]) -> str | None:
+    """Where the initial masks of a run from ``--init`` come from, as the start of a run says it
+    (None: the checkpoint carries none and the sparsifier makes them).
+
+    >>> mask_origin("ckpt", {"w": torch.ones(2, dtype=torch.bool)}, {"w": torch.ones(2, dtype=torch.bool)})
+    'from --init ckpt (its stored masks)'
+    >>> mask_origin("ckpt", {"w": torch.ones(2, dtype=torch.bool)}, {})
+    'from --init ckpt (its zero weights)'
+    """
+    if not masks:
+        return None
+    how = "its stored masks" if any(n in stored for n in masks) else "its zero weights"
+    return f"from --init {init} ({how})"
 
 
 def loaded_sparsity(masks: dict[str, torch.Tensor]) -> float:

@@ -15,6 +15,8 @@ def resolved(sp: Any) -> dict[str, Any]:
     start of a run show them (after :meth:`~.base.Sparsifier.attach`)."""
     out: dict[str, Any] = {"algorithm": sp.name, "distribution": sp.distribution,
                            "init_method": sp.init_method}
+    if getattr(sp, "mask_origin", None):  # set by the trainer: --init's masks, not made here
+        out["initial_mask"] = sp.mask_origin
     out["sparsity"] = sp.sparsity_level  # a number or the schedule mapping as given
     if sp.RAMP:
         out["initial_sparsity"] = float(sp.initial_sparsity)
@@ -42,6 +44,9 @@ def describe(settings: dict[str, Any]) -> list[str]:
     ...           "init_method": "random", "update_freq": 100, "update_start": 100,
     ...           "update_stop": 450, "drop_fraction": 0.3, "drop_decay": "cosine to 0 at step 450"})
     ['sparse training: rigl, sparsity 75% (uniform), random initial mask', 'mask updates: every 100 steps from step 100 until step 450; drop fraction 0.3, cosine to 0 at step 450']
+    >>> describe({"algorithm": "static", "sparsity": 0.5, "distribution": "uniform", "init_method":
+    ...           "random", "initial_mask": "from --init m.safetensors (its stored masks), kept"})
+    ['sparse training: static, sparsity 50% (uniform), initial mask from --init m.safetensors (its stored masks), kept']
     """
     level = settings.get("sparsity")
     what = f"{level:.0%}" if isinstance(level, (int, float)) else str(level)
@@ -49,7 +54,8 @@ def describe(settings: dict[str, Any]) -> list[str]:
         what = f"{settings['initial_sparsity']:.0%} -> {what}"
     lines = [f"sparse training: {settings['algorithm']}, sparsity {what} "
              f"({settings['distribution']}{', ' + settings['scope'] + ' pruning' if 'scope' in settings else ''}), "
-             f"{settings['init_method']} initial mask"]
+             + (f"initial mask {settings['initial_mask']}" if settings.get("initial_mask")
+                else f"{settings['init_method']} initial mask")]
     if "update_freq" in settings:
         line = (f"mask updates: every {settings['update_freq']} steps from step "
                 f"{settings['update_start']} until step {settings['update_stop']}")
