@@ -1,23 +1,25 @@
 """Model-level commands at 7B scale: peak memory and time of calibration pruning and eval, block by
 block, against depth and (optionally) against an older sparsetool that loads the whole model.
 
-  python benchmarks/bench_streamed.py --workdir /tmp/sparsetool-streamed [--layers 2,8] [--full]
-                                      [--old SRC_DIR] [--samples 8] [--seq 128]
+  python benchmarks/bench_streamed.py --workdir /tmp/sparsetool-streamed [--layers 2,8,32]
+                                      [--cases wanda,sparsegpt,eval] [--old SRC_DIR]
+                                      [--samples 8] [--seq 128]
 
 Models: Llama-2-7B-shaped (d_model 4096, FFN 11008, 32 heads, vocabulary 32000, bf16, random
-weights; ``bench_checkpoint.make_checkpoint``) with ``--layers`` blocks each, and with ``--full``
-all 32 (13.5 GB). Each gets a byte-level BPE tokenizer trained here on the calibration text (the
+weights; ``bench_checkpoint.make_checkpoint``) with ``--layers`` blocks each (32: the whole 13.5 GB
+model, deleted after its runs). Each gets a byte-level BPE tokenizer trained here on the calibration text (the
 first 400 KB of the built-in corpus' training split). For each model:
 
 * ``prune --method wanda --sparsity 0.5 --calibration TEXT --samples N --seq T`` (float32 forward passes);
-* ``prune --method sparsegpt ...`` (``--layers`` models only: its solve of the 11008-wide down
-  projection costs ~1.3 TFLOP a block on the CPU);
+* ``prune --method sparsegpt ...`` (its solve of the 11008-wide down projection costs ~1.3 TFLOP
+  a block on the CPU: minutes a block here);
 * ``eval --text TEXT --max-tokens 2048 --seq 256``.
 
 Each command runs in its own process; the wall time and the peak RSS of that process
 (``os.wait4``: what ``/usr/bin/time -f %M`` reports) are printed, with the memory plan's estimate
-from ``--json``. ``--old SRC_DIR`` runs the same commands with ``PYTHONPATH=SRC_DIR`` (a checkout of
-an older sparsetool, e.g. one that builds the whole model in float32) on the ``--layers`` models.
+from ``--json`` (and the plan's own line). ``--old SRC_DIR`` runs the same commands with
+``PYTHONPATH=SRC_DIR`` (a checkout of an older sparsetool, e.g. one that builds the whole model in
+float32).
 Outputs are deleted as soon as they are measured (the disk holds one 7B at a time).
 """
 
@@ -71,7 +73,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/sparsetool-streamed"))
     ap.add_argument("--layers", default="2,8")
-    ap.add_argument("--full", action="store_true", help="also the 32-layer 13.5 GB model (wanda, eval)")
+    ap.add_argument("--cases", default="wanda,eval", help="of wanda, sparsegpt, eval")
     ap.add_argument("--old", type=Path, default=None, help="source checkout of an older sparsetool")
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
@@ -86,7 +88,8 @@ def main() -> None:
     print(f"# {time.strftime('%Y-%m-%d')}, {machine()}, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB RAM")
     print("| model | command | code | wall s | peak RSS GiB | plan's estimate GiB |")
     print("|---|---|---|---:|---:|---:|")
-    sizes = [int(x) for x in args.layers.split(",") if x] + ([32] if args.full else [])
+    sizes = [int(x) for x in args.layers.split(",") if x]
+    wanted = set(args.cases.split(","))
     base_env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     for layers in sizes:
         model = work / f"llama7b-{layers}L"
@@ -98,12 +101,12 @@ def main() -> None:
         prune = ["prune", str(model), "--sparsity", "0.5", "--calibration", str(calib),
                  "--samples", str(args.samples), "--seq", str(args.seq)]
         evaluate = ["eval", str(model), "--text", str(calib), "--max-tokens", "2048", "--seq", "256"]
-        cases = [("prune --method wanda", prune + ["--method", "wanda"]),
-                 ("eval", evaluate)]
-        if layers != 32:
-            cases.insert(1, ("prune --method sparsegpt", prune + ["--method", "sparsegpt"]))
+        cases = [(name, cmd) for key, name, cmd in (
+            ("wanda", "prune --method wanda", prune + ["--method", "wanda"]),
+            ("sparsegpt", "prune --method sparsegpt", prune + ["--method", "sparsegpt"]),
+            ("eval", "eval", evaluate)) if key in wanted]
         codes = [("this", base_env)]
-        if args.old and layers != 32:
+        if args.old:
             codes.append(("old", {**base_env, "PYTHONPATH": str(args.old)}))
         for name, cmd in cases:
             for code, env in codes:
@@ -118,9 +121,15 @@ def main() -> None:
                 if result:
                     memory = result.get("memory") or (result.get("checkpoints") or [{}])[0].get("memory")
                     plan = memory and memory["peak_estimate"] / 2**30
+                    if memory:
+                        from sparsetool.memory import MemoryPlan
+
+                        fields = {k: memory[k] for k in ("fixed", "weights", "activations", "statistics",
+                                                          "budget", "budget_source")}
+                        print(f"<!-- {label}, {name}: {MemoryPlan(**fields).describe()} -->")
                 print(f"| {label} | {name} | {code} | {seconds:.0f} | {peak:.2f} | "
                       f"{'-' if plan is None else f'{plan:.2f}'} |", flush=True)
-        if layers == 32:
+        if layers >= 16:  # the disk holds one 7B at a time
             shutil.rmtree(model)
 
 

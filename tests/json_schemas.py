@@ -149,7 +149,8 @@ MEMORY_KEYS = dict(peak_estimate=INT, fixed=INT, weights=INT, activations=INT, s
 EVAL = obj(text=STR, checkpoints=arr(obj(
     name=STR, kind=STR, targeted_sparsity=NUM, params=INT, nonzero_params=INT, nll=NUM, perplexity=NUM,
     bits_per_byte=NUM, tokens=INT, bytes=INT, seq=INT, stride=INT, seconds=NUM, change=NUM,
-    tokens_per_s=NUM, memory=obj(windows_held=INT, **MEMORY_KEYS))))
+    tokens_per_s=NUM, nll_stderr=NUM, tokenizer=STR, memory=obj(windows_held=INT, **MEMORY_KEYS))),
+    compare_by=STR, warnings=arr(STR))
 TRAIN = obj(run_dir=STR, step=INT, steps=INT, finished=BOOL, loss=NUM, val_loss=OPT_NUM, sparsity=NUM,
             tokens=INT, elapsed_s=NUM, tokens_per_s=OPT_NUM, params=INT, world_size=INT,
             masks_identical_across_ranks=(BOOL, "null"), mask_updates_that_diverged=(INT, "null"),

@@ -319,3 +319,37 @@ def test_a_model_with_logit_scaling_is_refused_by_eval_not_miscored(tmp_path, te
     save_tokenizer(d, text)
     with pytest.raises(SparsetoolError, match="logit_scale"):
         evaluate([d], text=text, seq=16)
+
+
+# ----------------------------------------------------------------------------- honest numbers
+def test_a_perplexity_from_a_few_dozen_tokens_is_warned_about(model_dir, text, tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text(" ".join(text.split()[:40]))
+    r = CliRunner().invoke(app, ["eval", str(model_dir), "--text", str(short), "--seq", "32", "-q"])
+    assert r.exit_code == 0, r.output
+    warning = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1 and "scored tokens is known only to +-" in warning[0]
+    assert "95% interval" in warning[0] and "score at least" in warning[0]
+    row = evaluate([model_dir], text=text * 40, seq=64).rows[0]  # ~30k tokens of the same words
+    assert 1.96 * row.nll_stderr < 0.02 and row.tokens > 20_000
+
+
+def test_models_with_different_tokenizers_are_compared_by_bits_per_byte(model_dir, text, tmp_path):
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(model_dir, other)
+    for f in other.glob("tokenizer*"):
+        f.unlink()
+    save_tokenizer(other, make_text(400, seed=7)[::-1])  # other merges: other tokens for the same text
+    result = evaluate([model_dir, other], text=text, seq=32)
+    a, b = result.rows
+    assert a.tokenizer != b.tokenizer and a.tokens != b.tokens
+    assert result.compare_by == "bits_per_byte"
+    assert b.change == pytest.approx(b.bits_per_byte / a.bits_per_byte - 1)
+    r = CliRunner().invoke(app, ["eval", str(model_dir), str(other), "--text", str(tmp_path / "t.txt")]) \
+        if (tmp_path / "t.txt").write_text(text) else None
+    assert r.exit_code == 0, r.output
+    assert "change (bits/byte)" in r.stdout and "different tokens" in r.stdout
+    same = evaluate([model_dir, model_dir], text=text, seq=32)
+    assert same.compare_by == "perplexity"

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from sparsetool.cli._output import (check_plot_path, console, emit_json, failing_cleanly, percent,
-                                    plan_printer, print_table, progress_bar)
+                                    plan_printer, print_table, progress_bar, warn)
 from sparsetool.cli._params import (ComputeDType, compute_dtype_option, device_option, json_option,
                                     max_memory_option, plot_option, quiet_option, tokens_option,
                                     use_device, value_of)
@@ -36,7 +36,7 @@ def eval_command(
 ) -> None:
     """Perplexity of each checkpoint on the same held-out text.
 
-    Mean NLL per predicted token (nats), perplexity = exp(NLL), bits per byte (total NLL in bits / UTF-8 bytes of the text), and perplexity change vs the first.
+    Mean NLL per predicted token (nats), perplexity = exp(NLL), bits per byte (total NLL in bits / UTF-8 bytes of the text), and perplexity change vs the first (bits-per-byte change when the checkpoints' tokenizers differ). A perplexity from too few tokens to mean much gets a warning.
 
     Hugging Face models need the hf extra (pip install 'sparsetool[hf]'); their weights are decoded
     by sparsetool, so every encoding (zeros, mask, nan, bitmask) evaluates correctly. Models run
@@ -55,11 +55,13 @@ def eval_command(
                               progress=progress, on_plan=plan_printer(not (as_json or quiet)))
         if plot is not None:
             plot_eval(result, plot)
+    for warning in result.warnings:  # even with --json or -q: the figure may mislead
+        warn(warning)
     if as_json:
         emit_json(result.to_json())
         return
     header = ["checkpoint", "targeted sparsity", "non-zero params", "NLL", "perplexity", "bits/byte",
-              "tokens", "change"]
+              "tokens", "change" if result.compare_by == "perplexity" else "change (bits/byte)"]
     cells = [[r.name, percent(r.targeted_sparsity, 1), f"{r.nonzero_params:,}", f"{r.nll:.4f}",
               f"{r.perplexity:.3f}", f"{r.bits_per_byte:.4f}",
               f"{r.tokens:,}", "baseline" if i == 0 else f"{100 * r.change:+.2f}%"]
@@ -67,6 +69,9 @@ def eval_command(
     shapes = sorted({(r.seq, r.stride) for r in result.rows})
     footer = f"text: {result.text_source}; windows of " + ", ".join(
         f"{n} tokens" + (f" every {s}" if s != n else "") for n, s in shapes)
+    if result.compare_by == "bits_per_byte":
+        footer += ("; the checkpoints' tokenizers cut the text into different tokens, so change "
+                   "compares bits per byte (perplexities over different tokens do not compare)")
     print_table(header, cells)
     typer.echo(footer)
     if plot is not None and not quiet:

@@ -13,6 +13,7 @@ bytes of the text the scored tokens cover; bits per byte compares models with di
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -86,8 +87,9 @@ LOGITS_BYTES = 256 * 2**20  # one chunk of float32 logits: never a full tokens x
 
 
 def score(model: BlockModel, ids: torch.Tensor, wins: Sequence[Window], batch: int = 1,
-          held: int | None = None, progress: Callable[[int, int], None] | None = None) -> float:
-    """Sum of the NLL (nats) of every scored token. Windows of equal length run ``batch`` at a
+          held: int | None = None,
+          progress: Callable[[int, int], None] | None = None) -> tuple[float, float]:
+    """Sum of the NLL (nats) of every scored token, and the sum of their squares. Windows of equal length run ``batch`` at a
     time; ``held`` windows (a multiple of ``batch``; default all) pass the blocks together, so
     each block is read once per ``held`` windows. Logits are made a chunk of rows at a time."""
     by_length: dict[int, list[Window]] = {}
@@ -97,7 +99,7 @@ def score(model: BlockModel, ids: torch.Tensor, wins: Sequence[Window], batch: i
               for i in range(0, len(group), held or len(group))]
     steps, done = len(groups) * (len(model.blocks) + 1), 0
     rows = max(1, LOGITS_BYTES // (4 * model.vocab_size))
-    total = 0.0
+    total = squares = 0.0
     with torch.inference_mode():
         for group in groups:
             batches = [group[i:i + batch] for i in range(0, len(group), batch)]
@@ -119,12 +121,14 @@ def score(model: BlockModel, ids: torch.Tensor, wins: Sequence[Window], batch: i
                     for lo in range(w.first - w.start, w.end - w.start, rows):
                         hi = min(lo + rows, w.end - w.start)
                         logits = model.logits(hidden[b, lo - 1:hi - 1]).float()
-                        total += float(F.cross_entropy(logits, x[b, lo:hi], reduction="sum"))
+                        nll = F.cross_entropy(logits, x[b, lo:hi], reduction="none")
+                        total += float(nll.sum())
+                        squares += float(nll.double().pow(2).sum())
             model.release_head()
             done += 1
             if progress:
                 progress(done, steps)
-    return total
+    return total, squares
 
 
 def held_windows(model: BlockModel, seq: int, batch: int, n_windows: int,
@@ -159,6 +163,8 @@ class EvalRow:
     stride: int
     seconds: float
     change: float = 0.0  # perplexity relative to the first checkpoint's, minus 1
+    nll_stderr: float = 0.0  # standard error of ``nll``: the perplexity's relative uncertainty
+    tokenizer: str = ""  # fingerprint of the text's token ids: equal when the tokenizers agree on it
     memory: dict | None = None  # the memory plan (memory.py), in bytes
 
     @property
@@ -173,9 +179,14 @@ class EvalRow:
 class EvalResult:
     text_source: str
     rows: list[EvalRow] = field(default_factory=list)
+    # what ``change`` compares: perplexity, or bits per byte when the checkpoints' tokenizers
+    # cut the text into different tokens (perplexities per different tokens do not compare)
+    compare_by: str = "perplexity"
+    warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"text": self.text_source, "checkpoints": [r.to_json() for r in self.rows]}
+        return {"text": self.text_source, "checkpoints": [r.to_json() for r in self.rows],
+                "compare_by": self.compare_by, "warnings": list(self.warnings)}
 
 
 def _default_text() -> tuple[str, str]:
@@ -220,10 +231,35 @@ def evaluate(paths: Sequence[str | Path], text: str | Path | None = None, seq: i
                                              max_memory, progress, on_plan))
         finally:
             model.close()
-    first = result.rows[0].perplexity
+    if len({r.tokenizer for r in result.rows}) > 1:
+        result.compare_by = "bits_per_byte"  # perplexities over different tokens do not compare
+    first = getattr(result.rows[0], result.compare_by)
     for row in result.rows:
-        row.change = row.perplexity / first - 1.0
+        row.change = getattr(row, result.compare_by) / first - 1.0
+        few = few_tokens_warning(row)
+        if few:
+            result.warnings.append(few)
     return result
+
+
+PRECISION = 0.02  # eval warns when a perplexity is known to no better than +-2% (95% interval)
+
+
+def few_tokens_warning(row: EvalRow) -> str | None:
+    """A warning for a perplexity measured on too few tokens to mean much: its 95% interval
+    (``1.96 x`` the standard error of the mean NLL) wider than +-2%, with the tokens that would do.
+
+    >>> r = EvalRow("m", "huggingface", 0, 1, 1, 3.0, 20.1, 1.0, 50, 200, 64, 64, 0.1, nll_stderr=0.3)
+    >>> few_tokens_warning(r)
+    'm: perplexity from 50 scored tokens is known only to +-80% (95% interval); score at least 43,218 tokens for +-2% (a longer --text, or drop --max-tokens)'
+    """
+    half = 1.96 * row.nll_stderr
+    if half <= PRECISION:
+        return None
+    need = math.ceil(row.tokens * (half / PRECISION) ** 2)
+    return (f"{row.name}: perplexity from {row.tokens:,} scored tokens is known only to "
+            f"+-{math.expm1(half):.0%} (95% interval); score at least {need:,} tokens for "
+            f"+-{PRECISION:.0%} (a longer --text, or drop --max-tokens)")
 
 
 def _evaluate_one(model: BlockModel, name: str, text: str, seq: int | None, stride: int | None,
@@ -247,10 +283,12 @@ def _evaluate_one(model: BlockModel, name: str, text: str, seq: int | None, stri
         on_plan(name, plan)
     report = (lambda d, t: progress(name, d, t)) if progress else None
     t0 = time.perf_counter()
-    total = score(model, torch.tensor(ids, dtype=torch.long), wins, batch, plan.held, report)
+    total, squares = score(model, torch.tensor(ids, dtype=torch.long), wins, batch, plan.held, report)
     seconds = time.perf_counter() - t0
     n = sum(w.scored for w in wins)
     nll = total / n
+    # The standard error of the mean NLL is the relative standard error of the perplexity.
+    stderr = math.sqrt(max(0.0, squares / n - nll * nll) / max(1, n - 1))
     n_bytes = enc.byte_ends(len(ids))
     numel = nonzero = targeted_numel = targeted_nonzero = 0
     for stored, (count, nz) in model.counts.items():
@@ -263,6 +301,7 @@ def _evaluate_one(model: BlockModel, name: str, text: str, seq: int | None, stri
         params=numel, nonzero_params=nonzero, nll=nll, perplexity=math.exp(nll),
         bits_per_byte=total / math.log(2) / n_bytes if n_bytes else float("nan"),
         tokens=n, bytes=n_bytes, seq=n_seq, stride=stride or n_seq, seconds=seconds,
+        nll_stderr=stderr, tokenizer=hashlib.sha256(str(enc.ids).encode()).hexdigest()[:16],
         memory=plan.to_json())
 
 
