@@ -442,7 +442,7 @@ def test_variable_spdf_6p7b_against_the_posts_64_percent():
     # (90% for Stage-1, then dense) "uses 64% fewer FLOPs" in pre-training. Appendix F as the SPDF
     # tables count it (no embedding term) gives 67.2% fewer, the same as a plain 75% run; the
     # embedding term brings it to 65.3%; 90% for 80% of the tokens (72% effective) gives 64.5%.
-    # The post does not list the terms it counts, so the gap is documented in README, not fitted.
+    # The post does not list the terms it counts, so the gap is documented in docs/flops.md, not fitted.
     cfg = get_preset("cerebras-gpt-6.7b")
     vspdf = [parse_stage("0.9:0.8333"), parse_stage("0:0.1667")]
     saved = 1 - account(cfg, stages=vspdf)["train_flops_ratio"]

@@ -140,7 +140,7 @@ def test_an_unknown_key_names_the_closest_valid_one(tmp_path, corpus):
     line = r.stderr.strip()
     assert "\n" not in line
     assert line.startswith(f"error: config file '{cfg}': unknown key 'stpes'; did you mean 'steps'? ")
-    assert "sparsetool train --help" in line and "README.md" in line
+    assert "sparsetool train --help" in line and "docs/train.md" in line
     with pytest.raises(ConfigError, match=r"unknown key 'batch-sise'; did you mean 'batch-size'\?"):
         read_config_file(config(tmp_path, "batch-sise: 4\n"))
     with pytest.raises(ConfigError, match=r"unknown keys 'model.n_layers' \(did you mean 'n_layer'\?\)"
@@ -193,14 +193,14 @@ def test_model_zoo_update_block_spellings(tmp_path):
                                           "update: {frq: 10}}\n"))
 
 
-def test_the_readme_table_lists_every_key_and_alias():
+def test_the_docs_table_lists_every_key_and_alias():
     import dataclasses
     import re
 
     from sparsetool.train.config import KEY_ALIASES, TrainConfig
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("### `train --config` keys", 1)[1].split("\n### ", 1)[0]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "train.md").read_text()
+    section = page.split("## `train --config` keys", 1)[1].split("\n## ", 1)[0]
     first_cells = [row.split("|")[1] for row in section.splitlines() if row.startswith("| `")]
     listed = set(re.findall(r"`(\w+)`", " ".join(first_cells)))
     assert {f.name for f in dataclasses.fields(TrainConfig)} | set(KEY_ALIASES) <= listed

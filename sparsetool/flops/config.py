@@ -232,7 +232,7 @@ def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
             f"config '{name}' is a mixture-of-experts model ({experts} experts, "
             f"{d.get('num_experts_per_tok', '?')} per token); the Appendix-F count covers dense FFNs "
             "only; to count the FFN work of one token, write a model file of the shapes with d_ff = "
-            "intermediate_size x experts per token (README: accepted field names)")
+            "intermediate_size x experts per token (docs/flops.md: accepted field names)")
     kw = _gather(d, name, strict=not hf)
     model_type = str(d.get("model_type", "")).lower()
     if hf and d.get("use_sliding_window") is False:  # Qwen2 states a window it does not use
@@ -242,7 +242,7 @@ def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
                for f in REQUIRED if f not in kw]
     if missing:
         raise ConfigError(f"config '{name}' lacks {', '.join(missing)}; required keys: "
-                          f"{', '.join(REQUIRED)} (README: accepted field names)")
+                          f"{', '.join(REQUIRED)} (docs/flops.md: accepted field names)")
     if hf:
         gated = model_type in _GATED_TYPES
         if model_type == "opt":  # its position table keeps 2 rows more than its context

@@ -65,7 +65,7 @@ def _summary(sparse: Cost, dense: Cost, theoretical: float | None, untargeted_s:
 
 
 def simulate(wl: Workload, devices: Mapping[str, Device] | Iterable[Device]) -> dict[str, Any]:
-    """The whole comparison as a JSON-ready dictionary (see the README for the keys)."""
+    """The whole comparison as a JSON-ready dictionary (see docs/simulate.md for the keys)."""
     devs = list(devices.values()) if isinstance(devices, Mapping) else list(devices)
     dense_flops, sparse_flops = _flops(wl)
     theo = _ratio(dense_flops, sparse_flops)

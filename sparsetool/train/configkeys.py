@@ -105,7 +105,7 @@ def _unknown_keys(unknown: list[str]) -> str:
     else:
         head = f"unknown keys {', '.join(one(k) for k in unknown)}"
     keys = (f"he keys are the options of sparsetool train --help (batch-size or batch_size) and "
-            f"{', '.join(FILE_ONLY)}; README.md's table of train --config keys lists them all")
+            f"{', '.join(FILE_ONLY)}; docs/train.md's table of train --config keys lists them all")
     return f"{head} T{keys}" if head.endswith("?") else f"{head}; t{keys}"
 
 
