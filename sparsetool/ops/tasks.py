@@ -42,6 +42,7 @@ def import_lm_eval():
     except ImportError:
         raise SparsetoolError("--tasks runs EleutherAI's lm-evaluation-harness (lm-eval), which is "
                               f"not installed: {EVAL_EXTRA}") from None
+    _quiet_harness()
     return lm_eval
 
 
@@ -86,12 +87,13 @@ class TasksResult:
     limit: int | None
     seed: int | None
     rows: list[TaskRow] = field(default_factory=list)
+    text_source: str | None = None  # the text of the perplexity column
 
     def to_json(self) -> dict:
         return {"harness": {"name": "lm-evaluation-harness", "version": self.harness},
                 "tasks": {t: {"version": self.versions.get(t), "n_shot": self.n_shot.get(t)}
                           for t in self.tasks},
-                "limit": self.limit, "seed": self.seed,
+                "limit": self.limit, "seed": self.seed, "text": self.text_source,
                 "checkpoints": [r.to_json() for r in self.rows]}
 
 
@@ -166,13 +168,17 @@ def evaluate_tasks(paths: Sequence[str | Path], tasks: Sequence[str], include_pa
                    limit: int | None = None, num_fewshot: int | None = None, batch: int = 1,
                    seed: int | None = None, dtype: str = "float32", device: str = "auto",
                    max_memory: int | None = None, progress: Progress | None = None,
-                   on_plan: Callable[[str, Any], None] | None = None) -> TasksResult:
+                   on_plan: Callable[[str, Any], None] | None = None, text: str | Path | None = None,
+                   seq: int | None = None, stride: int | None = None,
+                   max_tokens: int | None = None) -> TasksResult:
     """Run the harness's ``tasks`` on every checkpoint of ``paths``; one :class:`TaskRow` each.
 
     ``limit`` scores the first N documents of each task, ``num_fewshot`` puts K examples in each
     prompt; ``seed`` seeds Python, numpy, torch and the few-shot sampler (default: the harness's
     own seeds, so results match ``lm_eval``'s). ``batch`` sequences per forward call; as many
     pass the blocks together as ``max_memory`` (default: the memory available) leaves room for.
+    With ``text`` each row also has the checkpoint's perplexity on it
+    (:func:`sparsetool.ops.eval.evaluate` with ``seq``, ``stride`` and ``max_tokens``).
     """
     if not paths:
         raise SparsetoolError("give at least one checkpoint to evaluate")
@@ -180,7 +186,6 @@ def evaluate_tasks(paths: Sequence[str | Path], tasks: Sequence[str], include_pa
         if value is not None and value < least:
             raise ConfigError(f"{opt} {value}: must be at least {least}")
     manager, names = check_tasks(tasks, include_path)
-    _quiet_harness()
     import lm_eval
 
     from sparsetool.ops.eval import held_windows
@@ -229,6 +234,14 @@ def evaluate_tasks(paths: Sequence[str | Path], tasks: Sequence[str], include_pa
                                  limit=limit, seed=seed)
     assert result is not None
     result.rows = rows
+    if text is not None:
+        from sparsetool.ops.eval import evaluate
+
+        ppl = evaluate(paths, text=text, seq=seq, stride=stride, max_tokens=max_tokens, batch=batch,
+                       dtype=dtype, device=device, max_memory=max_memory, progress=progress)
+        result.text_source = ppl.text_source
+        for row, p in zip(rows, ppl.rows):
+            row.perplexity = p.perplexity
     if not any(rows[0].metrics.values()):
         raise SparsetoolError(f"the harness scored nothing on {plural(len(names), 'task')} "
                               f"{', '.join(names)}; check the task's data set and --limit")
@@ -236,11 +249,11 @@ def evaluate_tasks(paths: Sequence[str | Path], tasks: Sequence[str], include_pa
 
 
 def _quiet_harness() -> None:
-    """The harness and the data-set library log every step: warnings and errors only."""
+    """The harness and the data-set library log every step: errors only."""
     import logging
 
     for name in ("lm_eval", "lm-eval", "datasets", "evaluate"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+        logging.getLogger(name).setLevel(logging.ERROR)
     try:
         import datasets
 
