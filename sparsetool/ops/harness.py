@@ -148,6 +148,9 @@ class SparsetoolLM(TemplateLM):
         return str(self.model.path).replace("/", "__")
 
     # ------------------------------------------------------------------ requests
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        return super().loglikelihood(requests, disable_tqdm=True)  # progress is sparsetool's own
+
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any):
         pairs = [(ctx, cont) for _, ctx, cont in requests]
         if not pairs:

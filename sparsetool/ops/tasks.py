@@ -114,13 +114,6 @@ def _task_manager(lm_eval: Any, names: list[str], include_path: str | Path | Non
     return TaskManager()
 
 
-def _leaf_tasks(loaded: dict) -> list[Any]:
-    out = []
-    for value in loaded.values():
-        out.extend(_leaf_tasks(value) if isinstance(value, dict) else [value])
-    return out
-
-
 def check_tasks(names: Sequence[str], include_path: str | Path | None = None) -> tuple[Any, list[str]]:
     """The task manager and the names asked for, each known to the harness (or the user's
     directory) and scored by log-likelihood; one error naming the first that is not."""
@@ -136,7 +129,7 @@ def check_tasks(names: Sequence[str], include_path: str | Path | None = None) ->
             raise SparsetoolError(f"--tasks {name}: no such task in lm-evaluation-harness "
                                   f"{harness_version()}{' or --include-path' if include_path else ''}; "
                                   f"{hint}lm-eval ls tasks lists them")
-    for task in _leaf_tasks(manager.load_task_or_group(names)):
+    for task in manager.load(names)["tasks"].values():  # a group's tasks one by one
         kind = task.get_config("output_type") if hasattr(task, "get_config") else task.OUTPUT_TYPE
         if kind not in LOGLIKELIHOOD:
             raise SparsetoolError(f"task {task.task_name} generates text ({kind}); only log-likelihood "
