@@ -10,13 +10,15 @@ import typer
 from sparsetool.cli._output import (check_plot_path, console, emit_json, failing_cleanly, percent,
                                     plan_printer, print_table, progress_bar, warn)
 from sparsetool.cli._params import (ComputeDType, compute_dtype_option, device_option, json_option,
-                                    max_memory_option, plot_option, quiet_option, tokens_option,
-                                    use_device, value_of)
+                                    max_memory_option, plot_option, quiet_option, seed_option,
+                                    tokens_option, use_device, value_of)
 
 EXAMPLES = (  # the end of --help: each runs as written (given the checkpoints named)
     "sparsetool eval runs/dense runs/static75",
     "sparsetool eval gpt2/ gpt2-50/ gpt2-75/ --text wiki.txt --seq 512 --stride 256 --plot ppl.png",
     "sparsetool eval model-75/ --text docs/ --max-tokens 20K --json",
+    "sparsetool eval gpt2/ gpt2-50/ --tasks arc_easy,hellaswag --text wiki.txt",
+    "sparsetool eval runs/dense runs/static75 --tasks my_task --include-path my_tasks/ --limit 200",
 )
 
 
@@ -33,6 +35,11 @@ def eval_command(
     as_json: bool = json_option("Print {\"text\": ..., \"checkpoints\": [...]} on stdout."),
     plot: Optional[Path] = plot_option("Draw perplexity vs targeted sparsity into this PNG."),
     quiet: bool = quiet_option(),
+    tasks: Optional[str] = typer.Option(None, "--tasks", metavar="NAME[,NAME...]", help="Task accuracy instead of perplexity, through lm-evaluation-harness (the eval extra: pip install 'sparsetool[eval]'): its task names, e.g. arc_easy,hellaswag (the harness fetches a task's data set on first use). Log-likelihood tasks only. With --text, perplexity is added as a column."),
+    include_path: Optional[Path] = typer.Option(None, "--include-path", metavar="DIR", help="--tasks: also look for tasks in this directory of task YAML files (the harness's own format)."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="--tasks: score only the first N documents of each task."),
+    num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", min=0, help="--tasks: K solved examples in each prompt. Default: the task's own (mostly 0)."),
+    seed: Optional[int] = seed_option("--tasks: seed of the few-shot examples and of the harness's sampling. Default: the harness's own seeds.", default=None),
 ) -> None:
     """Perplexity of each checkpoint on the same held-out text.
 
@@ -43,7 +50,15 @@ def eval_command(
     block by block: one block in memory at a time, as many windows together as the memory allows.
     """
     dtype = value_of(dtype)
+    from sparsetool.cli import _tasks
+
+    names = _tasks.check_options(tasks, include_path, limit, num_fewshot, seed, text, plot, seq, stride, max_tokens)
     use_device(device)
+    if names is not None:
+        return _tasks.run(checkpoints, names, include_path=include_path, limit=limit, num_fewshot=num_fewshot,
+                          seed=seed, batch=batch, dtype=dtype, device=device, max_memory=max_memory,
+                          text=text, seq=seq, stride=stride, max_tokens=max_tokens, plot=plot,
+                          as_json=as_json, quiet=quiet)
     from sparsetool.ops.eval import evaluate, plot_eval
 
     with failing_cleanly():

@@ -1,0 +1,92 @@
+"""Task accuracy: ``sparsetool eval --tasks`` (sparsetool as lm-evaluation-harness's model) against
+the harness's own ``hf`` model, on the same small model and task, in the same process.
+
+  python benchmarks/bench_tasks.py [--items 200] [--layers 4] [--width 256] [--repeat 3] [--batch 1,8]
+
+Model: a random GPT-2-shaped transformers model (``--layers`` blocks, ``--width``, 4 heads,
+context 256) with a byte-level BPE tokenizer trained here; task: the multiple-choice task of
+``tests/test_tasks.py`` (pick the true ending of a line, two choices) over ``--items`` lines, a task
+YAML over a local JSON file (nothing is downloaded). Both backends run float32 with eager attention
+on the CPU at the same batch size; runs alternate, the median wall time of ``simple_evaluate`` is
+reported with the ratio ours / hf, and the accuracies are checked equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--items", type=int, default=200)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--batch", default="1,8")
+    args = ap.parse_args()
+
+    import torch
+    import transformers
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from bench_checkpoint import machine
+    from test_eval import save_tokenizer
+    from test_tasks import ending_items, sentences, write_tasks
+    from sparsetool.ops.tasks import evaluate_tasks
+
+    root = Path(tempfile.mkdtemp(prefix="bench_tasks_"))
+    os.environ["HF_DATASETS_CACHE"] = str(root / "cache")
+    text = sentences(4 * args.items)
+    task_dir = write_tasks(root / "tasks", ending_items(text, args.items))
+    model_dir = root / "model"
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=args.layers, n_embd=args.width, n_head=4, vocab_size=320, n_positions=256,
+        bos_token_id=1, eos_token_id=1)).eval().save_pretrained(model_dir)
+    save_tokenizer(model_dir, text)
+    print(f"machine: {machine()}; torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"lm-eval {lm_eval.__version__}; {torch.get_num_threads()} torch threads")
+    print(f"model: GPT-2 shape, {args.layers} layers, width {args.width}; task: {args.items} items x 2 choices")
+
+    def ours(batch: int) -> float:
+        row = evaluate_tasks([model_dir], ["pick_ending"], include_path=task_dir, batch=batch,
+                             device="cpu").rows[0]
+        return row.metric("pick_ending", "acc")
+
+    def theirs(batch: int) -> float:
+        out = lm_eval.simple_evaluate(
+            model="hf", model_args={"pretrained": str(model_dir), "dtype": "float32",
+                                    "attn_implementation": "eager"},
+            tasks=["pick_ending"], device="cpu", batch_size=batch, log_samples=False,
+            task_manager=TaskManager(include_path=str(task_dir), include_defaults=False))
+        return out["results"]["pick_ending"]["acc,none"]
+
+    print(f"{'batch':>5}  {'sparsetool (s)':>14}  {'hf (s)':>8}  {'ours/hf':>7}  acc")
+    for batch in (int(b) for b in args.batch.split(",")):
+        times: dict[str, list[float]] = {"ours": [], "hf": []}
+        accs = {}
+        for _ in range(args.repeat):
+            for name, fn in (("ours", ours), ("hf", theirs)):
+                t0 = time.perf_counter()
+                accs[name] = fn(batch)
+                times[name].append(time.perf_counter() - t0)
+        a, b = statistics.median(times["ours"]), statistics.median(times["hf"])
+        same = "equal" if accs["ours"] == accs["hf"] else f"DIFFER {accs}"
+        print(f"{batch:>5}  {a:>14.2f}  {b:>8.2f}  {a / b:>7.2f}  {accs['ours']:.3f} ({same})")
+
+
+if __name__ == "__main__":
+    main()

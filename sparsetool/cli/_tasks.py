@@ -1,0 +1,91 @@
+"""``sparsetool eval --tasks``: its option checks (before torch loads) and its table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from sparsetool.cli._output import check_plot_path, emit_json, failing_cleanly, percent, plan_printer, print_table, progress_bar
+from sparsetool.cli._params import conflicting, usage_error
+
+# Shown per task, in this order, when the harness reports them; else the task's first metric.
+SHOWN = ("acc", "acc_norm")
+
+
+def check_options(tasks: Optional[str], include_path: Optional[Path], limit: Optional[int],
+                  num_fewshot: Optional[int], seed: Optional[int], text: Any, plot: Any, seq: Any,
+                  stride: Any, max_tokens: Any) -> list[str] | None:
+    """The task names, or None without --tasks; usage errors for options that would be ignored."""
+    if tasks is None:
+        for option, value in (("--include-path", include_path), ("--limit", limit),
+                              ("--num-fewshot", num_fewshot), ("--seed", seed)):
+            if value is not None:
+                usage_error(f"{option} applies to task accuracy only; add --tasks NAME[,NAME...] or drop {option}")
+        return None
+    names = [n.strip() for n in tasks.split(",") if n.strip()]
+    if not names:
+        usage_error("--tasks: give at least one task name, e.g. --tasks arc_easy,hellaswag")
+    if text is None:
+        for option, value in (("--plot", plot), ("--seq", seq), ("--stride", stride), ("--max-tokens", max_tokens)):
+            conflicting(value is not None, "--tasks", option,
+                        f"{option} is for perplexity, which --tasks adds only with --text; "
+                        f"add --text FILE or drop {option}")
+    return names
+
+
+def run(checkpoints: list[Path], names: list[str], *, include_path: Optional[Path], limit: Optional[int],
+        num_fewshot: Optional[int], seed: Optional[int], batch: int, dtype: str, device: str,
+        max_memory: Any, text: Optional[Path], seq: Any, stride: Any, max_tokens: Any, plot: Any,
+        as_json: bool, quiet: bool) -> None:
+    import os
+
+    os.environ.setdefault("TQDM_DISABLE", "1")  # the harness's own progress bars (read when tqdm loads)
+    from sparsetool.ops.tasks import evaluate_tasks
+
+    with failing_cleanly():
+        if plot is not None:
+            check_plot_path(plot)
+        with progress_bar(not (as_json or quiet)) as progress:
+            result = evaluate_tasks(checkpoints, names, include_path=include_path, limit=limit,
+                                    num_fewshot=num_fewshot, batch=batch, seed=seed, dtype=dtype,
+                                    device=device, max_memory=max_memory, progress=progress,
+                                    on_plan=plan_printer(not (as_json or quiet)), text=text, seq=seq,
+                                    stride=stride, max_tokens=max_tokens)
+        if plot is not None:
+            from sparsetool.ops.eval import EvalResult, EvalRow, plot_eval
+
+            plot_eval(EvalResult(result.text_source or "", [
+                EvalRow(r.name, r.kind, r.targeted_sparsity, r.params, r.nonzero_params, 0.0,
+                        r.perplexity or float("nan"), 0.0, 0, 0, 0, 0, r.seconds) for r in result.rows]), plot)
+    if as_json:
+        emit_json(result.to_json())
+        return
+    columns = []  # (task, metric)
+    for task in result.tasks:
+        metrics = result.rows[0].metrics.get(task, {})
+        shown = [m for m in SHOWN if f"{m},none" in metrics]
+        if not shown:
+            shown = [k.split(",")[0] for k, v in metrics.items()
+                     if isinstance(v, (int, float)) and "_stderr" not in k and k != "sample_len"][:1]
+        columns += [(task, m) for m in shown]
+    header = ["checkpoint", "targeted sparsity"] + (["perplexity"] if text is not None else [])
+    header += [f"{task} {metric}" for task, metric in columns]
+    cells = []
+    for r in result.rows:
+        row = [r.name, percent(r.targeted_sparsity, 1)]
+        if text is not None:
+            row.append(f"{r.perplexity:.3f}" if r.perplexity is not None else "-")
+        for task, metric in columns:
+            value, err = r.metric(task, metric), r.metric(task, f"{metric}_stderr")
+            row.append("-" if value is None else f"{value:.4f}" + (f" ± {err:.4f}" if err is not None else ""))
+        cells.append(row)
+    print_table(header, cells)
+    shots = {result.n_shot.get(t, 0) for t in result.tasks}
+    docs = {n for r in result.rows[:1] for n in r.samples.values()}
+    typer.echo(f"lm-evaluation-harness {result.harness}; "
+               + ", ".join(f"{t} v{result.versions.get(t, '?')}" for t in result.tasks)
+               + f"; {'/'.join(str(s) for s in sorted(shots))}-shot"
+               + (f"; {'/'.join(str(d) for d in sorted(docs))} documents per task" if docs else "")
+               + (f"; perplexity on {result.text_source}" if text is not None else ""))

@@ -1,0 +1,190 @@
+"""sparsetool's model as a model of EleutherAI's lm-evaluation-harness (``lm_eval``).
+
+:class:`SparsetoolLM` is an ``lm_eval.api.model.LM`` (through the harness's ``TemplateLM``, which
+turns ``(context, continuation)`` strings into token ids with :meth:`SparsetoolLM.tok_encode`, the
+harness's own conventions: trailing spaces of a context move to its continuation, the pair is
+encoded whole and split, an empty context is the prefix token). It scores every request of a task
+in one streamed pass (:func:`score_requests`): each input sequence is cut to the model's context
+from the left as the harness's ``hf`` model does, equal inputs are run once, sequences of equal
+length pass the blocks together in memory-bounded groups (each block read once per group), and
+the log-probabilities of the continuation tokens and whether each was the argmax come from the
+final hidden states a chunk of rows at a time. The weights are those sparsetool decodes, so every
+encoding (zeros, mask, nan, bitmask) and sparsetool's own GPT score alike.
+
+Imported only once ``lm_eval`` is known to be installed (:func:`sparsetool.ops.tasks.import_lm_eval`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import TemplateLM
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+from sparsetool.errors import SparsetoolError
+from sparsetool.memory import MemoryPlan
+from sparsetool.ops.eval import LOGITS_BYTES, held_windows
+from sparsetool.ops.lm import BlockModel, Call
+
+__all__ = ["SparsetoolLM", "score_requests", "GPT_PREFIX"]
+
+GPT_PREFIX = 10  # sparsetool's GPT reads bytes: a newline stands for "start of text"
+
+
+def score_requests(model: BlockModel, pairs: list[tuple[list[int], list[int]]], max_length: int,
+                   batch: int = 1, held: int | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> list[tuple[float, bool]]:
+    """``(log P(continuation | context), every continuation token the argmax)`` for each
+    ``(context ids, continuation ids)``. The model reads ``(context + continuation)[-(max_length
+    + 1):][:-1]`` (the harness's left truncation); ``held`` sequences (default all of a length)
+    pass the blocks together, ``batch`` per forward call."""
+    inputs: dict[tuple[int, ...], int] = {}
+    wants: list[list[tuple[int, list[int]]]] = []  # per unique input: (request, continuation)
+    for r, (ctx, cont) in enumerate(pairs):
+        if not ctx or not cont:
+            raise SparsetoolError("a request has an empty context or continuation after tokenizing")
+        if len(cont) > max_length:
+            raise SparsetoolError(f"a continuation of {len(cont)} tokens is longer than the model's "
+                                  f"context ({max_length} tokens)")
+        key = tuple((ctx + cont)[-(max_length + 1):][:-1])
+        if key not in inputs:
+            inputs[key] = len(wants)
+            wants.append([])
+        wants[inputs[key]].append((r, cont))
+    seqs = list(inputs)
+    by_length: dict[int, list[int]] = {}
+    for u, s in enumerate(seqs):
+        by_length.setdefault(len(s), []).append(u)
+    groups = [g[i:i + (held or len(g))] for g in by_length.values() for i in range(0, len(g), held or len(g))]
+    steps, done = len(groups) * (len(model.blocks) + 1), 0
+    rows = max(1, LOGITS_BYTES // (4 * model.vocab_size))
+    logprob = [0.0] * len(pairs)
+    greedy = [True] * len(pairs)
+    with torch.inference_mode():
+        for group in groups:
+            batches = [group[i:i + batch] for i in range(0, len(group), batch)]
+            calls = model.capture([torch.tensor([seqs[u] for u in b], dtype=torch.long) for b in batches])
+            for i in range(len(model.blocks)):
+                model.load_block(i)
+                calls = [Call(c.ids, model.run_block(i, c), c.args, c.kwargs) for c in calls]
+                model.release_block(i)
+                done += 1
+                if progress:
+                    progress(done, steps)
+            model.load_head()
+            for chunk, call in zip(batches, calls):
+                hidden = model.final_hidden([call])[0]  # (B, T, d), after the final norm
+                call.hidden = None  # type: ignore[assignment]
+                for b, u in enumerate(chunk):
+                    n = len(seqs[u])
+                    first = n - max(len(cont) for _, cont in wants[u])
+                    # hidden at position j predicts token j + 1; the last n_cont positions score
+                    for lo in range(first, n, rows):
+                        hi = min(lo + rows, n)
+                        lsm = F.log_softmax(model.logits(hidden[b, lo:hi]).float(), dim=-1)
+                        top = lsm.argmax(dim=-1)
+                        for r, cont in wants[u]:
+                            start = max(lo, n - len(cont))
+                            if start >= hi:
+                                continue
+                            target = torch.tensor(cont[start - (n - len(cont)):hi - (n - len(cont))],
+                                                  dtype=torch.long, device=lsm.device)
+                            picked = lsm[start - lo:hi - lo]
+                            logprob[r] += float(picked.gather(1, target[:, None]).sum())
+                            greedy[r] = greedy[r] and bool((top[start - lo:hi - lo] == target).all())
+            model.release_head()
+            done += 1
+            if progress:
+                progress(done, steps)
+    return list(zip(logprob, greedy))
+
+
+class SparsetoolLM(TemplateLM):
+    """A :class:`BlockModel` as a harness model: log-likelihood requests only.
+
+    ``tokenizer`` is the checkpoint's own (a Hugging Face model) or None (sparsetool's GPT, whose
+    tokens are UTF-8 bytes and whose prefix token is a newline). ``plan(n_sequences, longest)``
+    returns the memory plan a pass needs (checked by the caller); ``progress(done, total)``
+    hears each block of each group.
+    """
+
+    def __init__(self, model: BlockModel, tokenizer: Any, max_length: int, batch: int = 1,
+                 plan: Callable[[int, int], MemoryPlan] | None = None,
+                 progress: Callable[[int, int], None] | None = None):
+        super().__init__()
+        self.model, self.tokenizer, self.max_length = model, tokenizer, max_length
+        self.batch, self._plan, self._progress = batch, plan, progress
+        self.plans: list[MemoryPlan] = []
+        self.sequences = 0  # (context, continuation) pairs scored
+
+    # ------------------------------------------------------------------ tokens
+    @property
+    def eot_token_id(self) -> int:
+        return GPT_PREFIX if self.tokenizer is None else self.tokenizer.eos_token_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        if self.tokenizer is None:
+            return GPT_PREFIX
+        bos = self.tokenizer.bos_token_id
+        return bos if bos is not None else self.tokenizer.eos_token_id
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None,
+                   left_truncate_len: int | None = None, **kwargs: Any) -> list[int]:
+        if self.tokenizer is None:
+            ids = list(string.encode("utf-8"))
+        else:  # as the harness's hf model: the tokenizer's default, but no second BOS
+            special = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
+            if add_special_tokens is None and self.prefix_token_id is not None \
+                    and string.startswith(self.tokenizer.decode(self.prefix_token_id)):
+                special["add_special_tokens"] = False
+            ids = list(self.tokenizer.encode(string, **special))
+        return ids[-left_truncate_len:] if left_truncate_len else ids
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(self.model.path).replace("/", "__")
+
+    # ------------------------------------------------------------------ requests
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        return super().loglikelihood(requests, disable_tqdm=True)  # progress is sparsetool's own
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any):
+        pairs = [(ctx, cont) for _, ctx, cont in requests]
+        if not pairs:
+            return []
+        self.sequences += len(pairs)
+        held = None
+        if self._plan is not None:
+            longest = max(min(len(c) + len(t), self.max_length + 1) - 1 for c, t in pairs)
+            plan = self._plan(len(pairs), longest)
+            self.plans.append(plan)
+            held = plan.held
+        results = score_requests(self.model, pairs, self.max_length, self.batch, held, self._progress)
+        for (key, _, _), answer in zip(requests, results):
+            if key is not None:
+                self.cache_hook.add_partial("loglikelihood", key, answer)
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        pairs, owner = [], []
+        for r, (string,) in enumerate(req.args for req in requests):
+            for ctx, cont in map(make_disjoint_window, get_rolling_token_windows(
+                    token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length, context_len=1)):
+                pairs.append((None, ctx, cont))
+                owner.append(r)
+        totals = [0.0] * len(requests)
+        for r, (lp, _) in zip(owner, self._loglikelihood_tokens(pairs)):
+            totals[r] += lp
+        for req, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+        return totals
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        names = sorted({getattr(r, "task_name", None) or "?" for r in requests})
+        raise SparsetoolError(f"task {', '.join(names)} generates text (generate_until); only "
+                              "log-likelihood tasks (multiple_choice, loglikelihood, "
+                              "loglikelihood_rolling) are supported; leave it out of --tasks")

@@ -1,0 +1,255 @@
+"""Zero-shot (or few-shot) task accuracy of one or more checkpoints through EleutherAI's
+lm-evaluation-harness (``sparsetool eval --tasks``).
+
+The harness picks the task's documents, builds its prompts and computes its metrics; sparsetool is
+its model (:class:`sparsetool.ops.harness.SparsetoolLM`): the checkpoint decoded by sparsetool (any
+encoding, sparsetool's GPT or a Hugging Face causal LM), run block by block, every request of a
+task in one streamed pass, so task accuracy runs at the sizes ``eval`` runs at. Only
+log-likelihood tasks (multiple choice, log-likelihood, rolling log-likelihood) are supported:
+a task that generates text is refused before any model is read.
+
+The harness fetches a named task's data set on first use (its cache afterwards); a task of the
+user's own (``include_path``: a directory of task YAML files, the harness's own mechanism) can
+read local files.
+"""
+
+from __future__ import annotations
+
+import difflib
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from sparsetool.errors import ConfigError, SparsetoolError
+from sparsetool.wording import plural
+
+__all__ = ["EVAL_EXTRA", "TaskRow", "TasksResult", "evaluate_tasks", "import_lm_eval"]
+
+EVAL_EXTRA = "pip install 'sparsetool[eval]' (or pip install -e '.[eval]' in a source checkout)"
+LOGLIKELIHOOD = ("loglikelihood", "loglikelihood_rolling", "multiple_choice")
+# The harness's own seeds when none is given (random, numpy, torch, few-shot sampler).
+HARNESS_SEEDS = (0, 1234, 1234, 1234)
+
+Progress = Callable[[str, int, int], None]
+
+
+def import_lm_eval():
+    """The harness module, or one error naming the extra that installs it."""
+    try:
+        import lm_eval
+        import lm_eval.tasks  # noqa: F401
+    except ImportError:
+        raise SparsetoolError("--tasks runs EleutherAI's lm-evaluation-harness (lm-eval), which is "
+                              f"not installed: {EVAL_EXTRA}") from None
+    _quiet_harness()
+    return lm_eval
+
+
+def harness_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lm_eval")
+    except PackageNotFoundError:  # pragma: no cover - an unpackaged checkout of the harness
+        return str(getattr(import_lm_eval(), "__version__", "unknown"))
+
+
+@dataclass
+class TaskRow:
+    name: str
+    kind: str  # "sparsetool-gpt" | "huggingface"
+    targeted_sparsity: float
+    params: int
+    nonzero_params: int
+    metrics: dict[str, dict[str, float]]  # task -> the harness's metrics ("acc,none": ...)
+    samples: dict[str, int]  # task -> documents scored
+    requests: int  # (context, continuation) sequences the model scored
+    seconds: float
+    perplexity: float | None = None  # with --text
+    memory: list[dict] = field(default_factory=list)  # one memory plan per pass
+
+    def metric(self, task: str, name: str) -> float | None:
+        """The harness's value of ``name`` (``acc``, ``acc_stderr``, ...) under its default filter."""
+        value = self.metrics.get(task, {}).get(f"{name},none")
+        return value if isinstance(value, (int, float)) else None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TasksResult:
+    tasks: list[str]  # as resolved by the harness (a group names its subtasks)
+    harness: str  # lm-eval's version
+    versions: dict[str, Any]  # task -> its version
+    n_shot: dict[str, int]
+    limit: int | None
+    seed: int | None
+    rows: list[TaskRow] = field(default_factory=list)
+    text_source: str | None = None  # the text of the perplexity column
+
+    def to_json(self) -> dict:
+        return {"harness": {"name": "lm-evaluation-harness", "version": self.harness},
+                "tasks": {t: {"version": self.versions.get(t), "n_shot": self.n_shot.get(t)}
+                          for t in self.tasks},
+                "limit": self.limit, "seed": self.seed, "text": self.text_source,
+                "checkpoints": [r.to_json() for r in self.rows]}
+
+
+def _task_manager(lm_eval: Any, names: list[str], include_path: str | Path | None):
+    """The harness's task index: only the user's directory when it holds every task asked for
+    (indexing the harness's own thousands of tasks takes seconds), else both."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path is not None:
+        path = Path(include_path)
+        if not path.is_dir():
+            raise SparsetoolError(f"--include-path {path}: not a directory; give the directory "
+                                  "holding your task YAML files")
+        own = TaskManager(include_path=str(path), include_defaults=False)
+        if all(own.match_tasks([n]) for n in names):
+            return own
+        return TaskManager(include_path=str(path))
+    return TaskManager()
+
+
+def check_tasks(names: Sequence[str], include_path: str | Path | None = None) -> tuple[Any, list[str]]:
+    """The task manager and the names asked for, each known to the harness (or the user's
+    directory) and scored by log-likelihood; one error naming the first that is not."""
+    lm_eval = import_lm_eval()
+    names = [n.strip() for n in names if n.strip()]
+    if not names:
+        raise ConfigError("--tasks: give at least one task name, e.g. --tasks arc_easy,hellaswag")
+    manager = _task_manager(lm_eval, names, include_path)
+    for name in names:
+        if not manager.match_tasks([name]):
+            close = difflib.get_close_matches(name, manager.all_tasks, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise SparsetoolError(f"--tasks {name}: no such task in lm-evaluation-harness "
+                                  f"{harness_version()}{' or --include-path' if include_path else ''}; "
+                                  f"{hint}lm-eval ls tasks lists them")
+    for task in manager.load(names)["tasks"].values():  # a group's tasks one by one
+        kind = task.get_config("output_type") if hasattr(task, "get_config") else task.OUTPUT_TYPE
+        if kind not in LOGLIKELIHOOD:
+            raise SparsetoolError(f"task {task.task_name} generates text ({kind}); only log-likelihood "
+                                  "tasks (multiple_choice, loglikelihood, loglikelihood_rolling) are "
+                                  "supported; leave it out of --tasks")
+    return manager, names
+
+
+def _sparsity(model: Any) -> tuple[float, int, int]:
+    numel = nonzero = targeted_numel = targeted_nonzero = 0
+    for stored, (count, nz) in model.counts.items():
+        numel, nonzero = numel + count, nonzero + nz
+        if model.plan[stored].targeted:
+            targeted_numel, targeted_nonzero = targeted_numel + count, targeted_nonzero + nz
+    return (1.0 - targeted_nonzero / targeted_numel if targeted_numel else 0.0), numel, nonzero
+
+
+def _max_length(model: Any, tokenizer: Any) -> int:
+    """The harness's ``hf`` model's context for a Hugging Face model (its ``resolve_max_length``:
+    config, then tokenizer, then 2048); sparsetool's GPT's own context."""
+    if tokenizer is None:
+        return model.context
+    from lm_eval.models.utils import resolve_max_length
+
+    return resolve_max_length(getattr(model.module, "config", None), tokenizer)
+
+
+def evaluate_tasks(paths: Sequence[str | Path], tasks: Sequence[str], include_path: str | Path | None = None,
+                   limit: int | None = None, num_fewshot: int | None = None, batch: int = 1,
+                   seed: int | None = None, dtype: str = "float32", device: str = "auto",
+                   max_memory: int | None = None, progress: Progress | None = None,
+                   on_plan: Callable[[str, Any], None] | None = None, text: str | Path | None = None,
+                   seq: int | None = None, stride: int | None = None,
+                   max_tokens: int | None = None) -> TasksResult:
+    """Run the harness's ``tasks`` on every checkpoint of ``paths``; one :class:`TaskRow` each.
+
+    ``limit`` scores the first N documents of each task, ``num_fewshot`` puts K examples in each
+    prompt; ``seed`` seeds Python, numpy, torch and the few-shot sampler (default: the harness's
+    own seeds, so results match ``lm_eval``'s). ``batch`` sequences per forward call; as many
+    pass the blocks together as ``max_memory`` (default: the memory available) leaves room for.
+    With ``text`` each row also has the checkpoint's perplexity on it
+    (:func:`sparsetool.ops.eval.evaluate` with ``seq``, ``stride`` and ``max_tokens``).
+    """
+    if not paths:
+        raise SparsetoolError("give at least one checkpoint to evaluate")
+    for opt, value, least in (("--limit", limit, 1), ("--num-fewshot", num_fewshot, 0), ("--batch", batch, 1)):
+        if value is not None and value < least:
+            raise ConfigError(f"{opt} {value}: must be at least {least}")
+    manager, names = check_tasks(tasks, include_path)
+    import lm_eval
+
+    from sparsetool.ops.eval import held_windows
+    from sparsetool.ops.harness import SparsetoolLM
+    from sparsetool.ops.lm import open_model
+    from sparsetool.train.hf import import_transformers, load_tokenizer
+
+    seeds = HARNESS_SEEDS if seed is None else (seed, seed % 2**32, seed, seed)
+    result: TasksResult | None = None
+    rows = []
+    for path in paths:
+        model = open_model(path, dtype, device)
+        name = str(path)
+        try:
+            tokenizer = None if model.kind == "sparsetool-gpt" else load_tokenizer(Path(path), import_transformers())
+
+            def plan(n: int, longest: int, name: str = name) -> Any:
+                p = held_windows(model, longest, batch, n, max_memory)
+                p.check(f"eval --tasks of {name}", "--batch, --dtype bfloat16, --limit, or --max-memory "
+                        "if more is free than detected")
+                if on_plan:
+                    on_plan(name, p)
+                return p
+
+            report = (lambda d, t, name=name: progress(name, d, t)) if progress else None
+            lm = SparsetoolLM(model, tokenizer, _max_length(model, tokenizer), batch, plan, report)
+            t0 = time.perf_counter()
+            out = lm_eval.simple_evaluate(
+                model=lm, tasks=names, num_fewshot=num_fewshot, limit=limit, task_manager=manager,
+                log_samples=False, random_seed=seeds[0], numpy_random_seed=seeds[1],
+                torch_random_seed=seeds[2], fewshot_random_seed=seeds[3])
+            seconds = time.perf_counter() - t0
+            sparsity, numel, nonzero = _sparsity(model)
+        finally:
+            model.close()
+        metrics = {t: {k: v for k, v in m.items() if k != "alias"} for t, m in out["results"].items()}
+        samples = {t: int(s.get("effective", s.get("original", 0))) for t, s in out.get("n-samples", {}).items()}
+        rows.append(TaskRow(name=name, kind=model.kind, targeted_sparsity=sparsity, params=numel,
+                            nonzero_params=nonzero, metrics=metrics, samples=samples,
+                            requests=lm.sequences, seconds=seconds,
+                            memory=[p.to_json() for p in lm.plans]))
+        if result is None:
+            result = TasksResult(tasks=list(out["results"]), harness=harness_version(),
+                                 versions=dict(out.get("versions", {})),
+                                 n_shot={k: int(v) for k, v in out.get("n-shot", {}).items()},
+                                 limit=limit, seed=seed)
+    assert result is not None
+    result.rows = rows
+    if text is not None:
+        from sparsetool.ops.eval import evaluate
+
+        ppl = evaluate(paths, text=text, seq=seq, stride=stride, max_tokens=max_tokens, batch=batch,
+                       dtype=dtype, device=device, max_memory=max_memory, progress=progress)
+        result.text_source = ppl.text_source
+        for row, p in zip(rows, ppl.rows):
+            row.perplexity = p.perplexity
+    if not any(rows[0].metrics.values()):
+        raise SparsetoolError(f"the harness scored nothing on {plural(len(names), 'task')} "
+                              f"{', '.join(names)}; check the task's data set and --limit")
+    return result
+
+
+def _quiet_harness() -> None:
+    """The harness and the data-set library log every step: errors only."""
+    import logging
+
+    for name in ("lm_eval", "lm-eval", "datasets", "evaluate"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+    except ImportError:  # pragma: no cover - the harness depends on it
+        pass
