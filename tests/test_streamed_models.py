@@ -353,3 +353,17 @@ def test_models_with_different_tokenizers_are_compared_by_bits_per_byte(model_di
     assert "change (bits/byte)" in r.stdout and "different tokens" in r.stdout
     same = evaluate([model_dir, model_dir], text=text, seq=32)
     assert same.compare_by == "perplexity"
+
+
+def test_fine_tuning_that_cannot_fit_is_refused_at_once(model_dir, tmp_path, monkeypatch):
+    """train --init holds the whole model with gradients and Adam moments: refused with the figures."""
+    import sparsetool.memory as memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda: memory.process_memory() + 2**20)
+    r = CliRunner().invoke(app, ["train", "--init", str(model_dir), "-o", str(tmp_path / "run"),
+                                 "--steps", "2", "--warmup", "1", "-q"])
+    assert r.exit_code == 1, r.output
+    line = r.stderr.strip()
+    assert line.count("\n") == 0 and line.startswith(f"error: train --init {model_dir} needs about")
+    assert "gradients and Adam moments" in line and "DDP" in line and "--batch-size" in line
+    assert not (tmp_path / "run").exists()
