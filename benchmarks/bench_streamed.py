@@ -58,7 +58,9 @@ def tokenizer(directory: Path, text: str) -> None:
 def run(cmd: list[str], env: dict | None = None) -> tuple[float, float, dict | None]:
     """(wall seconds, peak RSS in GiB, the --json output or None)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    # Not from the source tree: `python -m` puts the working directory first on sys.path, ahead of
+    # PYTHONPATH, and the code measured must be the one PYTHONPATH (or the install) names.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd="/")
     out = proc.stdout.read()
     err = proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)

@@ -151,6 +151,10 @@ class CalibratedPlanner:
         """``t`` as (out, in): a GPT-2 Conv1D weight is stored (in, out)."""
         return t.T if self.target_plan[lt.name].layout == "conv1d" else t
 
+    def _n_in(self, lt: LogicalTensor) -> int:
+        """Input features of a targeted weight."""
+        return lt.shape[0] if self.target_plan[lt.name].layout == "conv1d" else lt.shape[1]
+
     def _keep(self, lt: LogicalTensor) -> int | None:
         if self.opts.nm is not None:
             return None
@@ -183,10 +187,9 @@ class CalibratedPlanner:
         sgpt = o.method == "sparsegpt"
         stats = work = 0
         for pairs in self._by_block.values():
-            n_ins = [self._oriented(lt, torch.empty(lt.shape, device="meta")).shape[1] for _, lt in pairs]
+            n_ins = [self._n_in(lt) for _, lt in pairs]
             stats = max(stats, sum(n * n * 4 if sgpt else n * 8 for n in n_ins))
-            for _, lt in pairs:  # the solve: the weight in float32 a few times, H^-1 and its factor
-                n_in = self._oriented(lt, torch.empty(lt.shape, device="meta")).shape[1]
+            for n_in, (_, lt) in zip(n_ins, pairs):  # the solve: the weight in float32 a few times, H^-1
                 work = max(work, 3 * lt.numel * 4 + (3 * n_in * n_in * 4 if sgpt else 0))
         hidden = o.samples * seq * model.width * model.dtype.itemsize
         total, source = budget(o.max_memory)
@@ -209,8 +212,8 @@ class CalibratedPlanner:
                     model.load_block(i)
                     pairs = self._by_block.get(i, [])
                     if pairs:
-                        stats = {own: _Stats(self._oriented(lt, model.module.get_parameter(own)).shape[1],
-                                             o.method == "sparsegpt", model.device) for own, lt in pairs}
+                        stats = {own: _Stats(self._n_in(lt), o.method == "sparsegpt", model.device)
+                                 for own, lt in pairs}
                         hooks = [model.module.get_submodule(own.rpartition(".")[0]).register_forward_hook(stats[own])
                                  for own, _ in pairs]
                         try:
