@@ -16,9 +16,7 @@ from sparsetool.cli._params import (ComputeDType, compute_dtype_option, device_o
 EXAMPLES = (  # the end of --help: each runs as written (given the checkpoints named)
     "sparsetool eval runs/dense runs/static75",
     "sparsetool eval gpt2/ gpt2-50/ gpt2-75/ --text wiki.txt --seq 512 --stride 256 --plot ppl.png",
-    "sparsetool eval model-75/ --text docs/ --max-tokens 20K --json",
     "sparsetool eval gpt2/ gpt2-50/ --tasks arc_easy,hellaswag --text wiki.txt",
-    "sparsetool eval runs/dense runs/static75 --tasks my_task --include-path my_tasks/ --limit 200",
 )
 
 
