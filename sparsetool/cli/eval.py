@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from sparsetool.cli._output import check_plot_path, console, emit_json, failing_cleanly, percent, print_table, progress_bar
-from sparsetool.cli._params import choices, json_option, quiet_option, tokens_option, value_of
+from sparsetool.cli._params import choices, json_option, quiet_option, threads_option, tokens_option, use_threads, value_of
 
 DTYPES = ("float32", "bfloat16")
 
@@ -31,6 +31,7 @@ def eval_command(
     as_json: bool = json_option("Print {\"text\": ..., \"checkpoints\": [...]} on stdout."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw perplexity vs targeted sparsity into this PNG."),
     quiet: bool = quiet_option(),
+    threads: Optional[int] = threads_option(),
 ) -> None:
     """Perplexity of each checkpoint on the same held-out text.
 
@@ -42,6 +43,7 @@ def eval_command(
     dtype = value_of(dtype)
     from sparsetool.ops.eval import evaluate, plot_eval
 
+    use_threads(threads)
     with failing_cleanly():
         if plot is not None:
             check_plot_path(plot)

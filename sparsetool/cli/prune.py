@@ -22,6 +22,8 @@ from sparsetool.cli._params import (
     json_option,
     output_option,
     quiet_option,
+    threads_option,
+    use_threads,
     use_workers,
     workers_option,
     seed_option,
@@ -69,6 +71,7 @@ def prune(
     in_place: bool = typer.Option(False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."),
     quiet: bool = quiet_option(),
     workers: Optional[int] = workers_option(),
+    threads: Optional[int] = threads_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Prune CHECKPOINT: zero the smallest (or random) weights of every targeted tensor.
@@ -100,6 +103,7 @@ def prune(
     with usage_errors():
         opts.validate()
     use_workers(workers)
+    use_threads(threads)
     with failing_cleanly():
         with progress_bar(not (as_json or quiet)) as progress:
             result = prune_checkpoint(checkpoint, output or checkpoint, opts,
