@@ -19,6 +19,7 @@ torch nor numpy until :func:`use_threads` runs.
 from __future__ import annotations
 
 import os
+import time
 
 from sparsetool.workers import usable_cores
 
@@ -43,15 +44,21 @@ def default_threads(usable: int, busy: float) -> int:
     return max(1, min(usable, int(free + 0.5)))
 
 
-def busy_elsewhere() -> float:
+def busy_elsewhere(samples: int = 3, gap: float = 0.005) -> float:
     """How many cores other processes are running on now: the runnable tasks of the system
-    (``/proc/loadavg``'s 4th field, which counts this process too), 0 where that cannot be read."""
-    try:
-        with open(_LOADAVG) as f:
-            running = int(f.read().split()[3].split("/")[0])
-    except (OSError, ValueError, IndexError):
-        return 0.0
-    return max(0.0, running - 1.0)
+    (``/proc/loadavg``'s 4th field, which counts this process too), the fewest of ``samples``
+    readings ``gap`` seconds apart (a task that ran for a moment is not a busy core); 0 where
+    that cannot be read."""
+    counts = []
+    for i in range(samples):
+        if i:
+            time.sleep(gap)
+        try:
+            with open(_LOADAVG) as f:
+                counts.append(int(f.read().split()[3].split("/")[0]))
+        except (OSError, ValueError, IndexError):
+            return 0.0
+    return max(0.0, min(counts) - 1.0)
 
 
 def use_threads(n: int | None = None) -> int:

@@ -44,6 +44,16 @@ def test_busy_elsewhere_counts_the_other_running_tasks(tmp_path, monkeypatch):
     assert threads.busy_elsewhere() == 0.0
 
 
+def test_a_task_that_ran_for_a_moment_is_not_a_busy_core(tmp_path, monkeypatch):
+    loadavg = tmp_path / "loadavg"
+    readings = iter(["2/120", "3/120"])  # what the file says after each pause
+    loadavg.write_text("1.00 1.00 1.00 3/120 4242\n")
+    monkeypatch.setattr(threads, "_LOADAVG", str(loadavg))
+    monkeypatch.setattr(threads.time, "sleep",
+                        lambda s: loadavg.write_text(f"1.00 1.00 1.00 {next(readings)} 4242\n"))
+    assert threads.busy_elsewhere() == 1.0  # 3, 2, 3 runnable: the fewest, less this process
+
+
 # each command, and the library function it computes in (replaced by a spy that records the
 # threads torch runs on and stops the command)
 COMMANDS = {
