@@ -186,6 +186,20 @@ def use_workers(n: Optional[int]) -> None:
     workers.set_workers(n)
 
 
+def threads_option() -> Any:
+    return typer.Option(None, "--threads", metavar="N", callback=checked(options.check_workers),
+                        help="CPU threads for torch (default: the usable cores that other "
+                             "processes leave free, at least 1).")
+
+
+def use_threads(n: Optional[int]) -> int:
+    """Compute with torch on ``n`` threads (None: the default, see sparsetool.threads); imports
+    torch. Returns the number in force."""
+    from sparsetool import threads
+
+    return threads.use_threads(n)
+
+
 # --- the shared values -------------------------------------------------------------------------
 
 def sparsity_option(help: str) -> Any:
@@ -273,7 +287,7 @@ def checkpoint_argument(required: bool = True) -> Any:
 
 __all__ = ["ENCODING_NAMES", "TRAIN_PRESETS", "UsageProblem", "choices", "choice_option", "given",
            "conflicting", "alone", "in_place_conflict", "plot_option", "epilog", "value_of", "usage_error", "usage_errors", "checked", "output_option", "json_option",
-           "quiet_option", "workers_option", "use_workers", "sparsity_option", "sparsities_option", "tokens_option", "seed_option",
+           "quiet_option", "workers_option", "use_workers", "threads_option", "use_threads", "sparsity_option", "sparsities_option", "tokens_option", "seed_option",
            "stage_option", "include_option", "exclude_option", "default_targets_option",
            "checkpoint_argument", "ComputeDType", "device_option", "compute_dtype_option",
            "max_memory_option", "use_device"]

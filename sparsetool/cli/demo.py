@@ -8,7 +8,7 @@ from typing import Any, Optional
 import typer
 
 from sparsetool.cli._output import emit_json, err_console, failing_cleanly, percent, plural, print_table
-from sparsetool.cli._params import json_option, output_option, quiet_option, seed_option
+from sparsetool.cli._params import json_option, output_option, quiet_option, seed_option, threads_option, use_threads
 from sparsetool.ops.demo import DEFAULT_FINETUNE_STEPS, DEFAULT_OUTPUT, DEFAULT_STEPS, SPARSITY
 
 EXAMPLES = (  # the end of --help: each runs as written
@@ -32,6 +32,7 @@ def demo(
     seed: int = seed_option("Seed for weights, masks and data order."),
     quiet: bool = quiet_option(),
     as_json: bool = json_option("Print the summary as JSON on stdout (as summary.json; no progress)."),
+    threads: Optional[int] = threads_option(),
 ) -> None:
     """Run the whole toolkit end to end on built-in data and print one summary table.
 
@@ -44,10 +45,11 @@ def demo(
     from sparsetool.ops.demo import run_demo
 
     out = output if output is not None else Path(DEFAULT_OUTPUT)
+    use_threads(threads)
     with failing_cleanly():
         with _Progress(enabled=not (quiet or as_json)) as progress:
             summary = run_demo(out, steps=steps, finetune_steps=finetune_steps, seed=seed,
-                               progress=progress)
+                               threads=threads, progress=progress)
     if as_json:
         emit_json(summary)
         return

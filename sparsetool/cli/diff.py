@@ -16,7 +16,7 @@ from sparsetool.cli._output import (
     print_table,
     progress_bar,
 )
-from sparsetool.cli._params import exclude_option, include_option, json_option, plot_option
+from sparsetool.cli._params import exclude_option, include_option, json_option, plot_option, threads_option, use_threads
 from sparsetool.wording import plural
 
 HEADER = ["matrix", "layer", "kind", "sparsity A", "sparsity B", "mask IoU", "revived", "pruned",
@@ -42,6 +42,7 @@ def diff(
     include: List[str] = include_option("Also compare tensors matching this glob (repeatable)."),
     exclude: List[str] = exclude_option("Do not compare tensors matching this glob (repeatable; wins over --include)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print only the summary line: no table, no progress bar, no notes."),
+    threads: Optional[int] = threads_option(),
 ) -> None:
     """Compare the targeted weights of checkpoints A and B (say before and after fine-tuning).
 
@@ -52,6 +53,7 @@ def diff(
     from sparsetool.ops.diff import plot_diff
     from sparsetool.ops.diff import diff as run_diff
 
+    use_threads(threads)
     with failing_cleanly():
         if plot is not None:
             check_plot_path(plot)

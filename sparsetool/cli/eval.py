@@ -11,7 +11,8 @@ from sparsetool.cli._output import (check_plot_path, console, emit_json, failing
                                     plan_printer, print_table, progress_bar, warn)
 from sparsetool.cli._params import (ComputeDType, compute_dtype_option, device_option, json_option,
                                     max_memory_option, plot_option, quiet_option, seed_option,
-                                    tokens_option, use_device, value_of)
+                                    threads_option, tokens_option, use_device, use_threads,
+                                    value_of)
 
 EXAMPLES = (  # the end of --help: each runs as written (given the checkpoints named)
     "sparsetool eval runs/dense runs/static75",
@@ -38,6 +39,7 @@ def eval_command(
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="--tasks: score only the first N documents of each task."),
     num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", min=0, help="--tasks: K solved examples in each prompt. Default: the task's own (mostly 0)."),
     seed: Optional[int] = seed_option("--tasks: seed of the few-shot examples and of the harness's sampling. Default: the harness's own seeds.", default=None),
+    threads: Optional[int] = threads_option(),
 ) -> None:
     """Perplexity of each checkpoint on the same held-out text.
 
@@ -52,6 +54,7 @@ def eval_command(
 
     names = _tasks.check_options(tasks, include_path, limit, num_fewshot, seed, text, plot, seq, stride, max_tokens)
     use_device(device)
+    use_threads(threads)
     if names is not None:
         return _tasks.run(checkpoints, names, include_path=include_path, limit=limit, num_fewshot=num_fewshot,
                           seed=seed, batch=batch, dtype=dtype, device=device, max_memory=max_memory,

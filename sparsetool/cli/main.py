@@ -175,4 +175,7 @@ def main() -> None:
     # (torch has its own), so the command runs it on one thread unless told otherwise:
     # `simulate --shape` measured 0.45 -> 0.39 s wall, 0.55 -> 0.37 s CPU (benchmarks/RESULTS.md).
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    from sparsetool.threads import before_torch
+
+    before_torch()  # torch's idle OpenMP workers sleep rather than spin (see sparsetool/threads.py)
     _run_interruptibly(app)

@@ -29,6 +29,8 @@ from sparsetool.cli._params import (
     json_option,
     output_option,
     quiet_option,
+    threads_option,
+    use_threads,
     use_workers,
     workers_option,
     seed_option,
@@ -79,6 +81,7 @@ def prune(
     in_place: bool = typer.Option(False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."),
     quiet: bool = quiet_option(),
     workers: Optional[int] = workers_option(),
+    threads: Optional[int] = threads_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Prune CHECKPOINT: zero the smallest (or random) weights of every targeted tensor.
@@ -116,6 +119,7 @@ def prune(
         opts.validate()
     use_device(device)
     use_workers(workers)
+    use_threads(threads)
     with failing_cleanly():
         with progress_bar(not (as_json or quiet)) as progress:
             result = prune_checkpoint(checkpoint, output or checkpoint, opts, in_place=in_place,

@@ -22,8 +22,10 @@ from sparsetool.cli._params import (
     seed_option,
     sparsity_option,
     stage_option,
+    threads_option,
     usage_error,
     usage_errors,
+    use_threads,
     value_of,
 )
 from sparsetool.masks.distributions import DISTRIBUTIONS
@@ -91,7 +93,7 @@ def train(
     eval_every: Optional[int] = typer.Option(None, "--eval-every", help="Validation every N steps (default 100) and at the end."),
     save_every: Optional[int] = typer.Option(None, "--save-every", help="Checkpoint every N steps (default: only at the end)."),
     stop_at: Optional[int] = typer.Option(None, "--stop-at", help="Stop after this step with a checkpoint; continue later with --resume (default: run all --steps)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads (default: torch's; 1 is often fastest for small models on a busy machine)."),
+    threads: Optional[int] = threads_option(),
     device: Optional[str] = typer.Option(None, "--device", metavar="<auto|cpu|cuda|cuda:N>", callback=checked(_check_device), help="Where to train (default auto)."),
     dtype: Optional[DType] = choice_option(DType, None, "--dtype", help="auto (default: bf16 autocast on capable GPUs), float32 or bfloat16."),
     quiet: bool = quiet_option(),
@@ -155,6 +157,7 @@ def train(
                 cfg = merge(file_values, flags)
             for text in caveats(cfg):  # legal, but probably not what was meant
                 _warn(text)
+        use_threads(threads)  # a run's recorded --threads (resume, --config) is applied by the trainer
         from sparsetool.train.loop import train as run_training
 
         overrides = {k: v for k, v in flags.items() if v is not None} if resume else None

@@ -124,7 +124,7 @@ class TrainConfig:
     log_every: int = 1
     stop_at: int | None = None  # stop (with a checkpoint) after this many steps; resume later
     device: str = "auto"
-    threads: int | None = None  # CPU threads for torch; None: torch's default
+    threads: int | None = None  # CPU threads for torch; None: sparsetool.threads decides (the command line)
     dtype: str = "auto"  # auto: bf16 autocast on a GPU that has it, float32 otherwise
 
     def to_dict(self) -> dict:
