@@ -3,6 +3,7 @@ docs/build.py regenerates; these tests fail when either drifts from the code."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -12,9 +13,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs"))
-import build  # noqa: E402  (docs/build.py)
+_columns = os.environ.get("COLUMNS")
+import build  # noqa: E402  (docs/build.py; it sets COLUMNS for its own runs)
 
-# written on another branch at the same time; drop from here once it is merged
+# ... which must not leak into the other tests' terminal width (rich reads it once per console)
+if _columns is None:
+    os.environ.pop("COLUMNS", None)
+else:
+    os.environ["COLUMNS"] = _columns
+
+# pages written on another branch at the same time; drop from here once it is merged
 PENDING: set[str] = set()
 
 
@@ -25,27 +33,35 @@ def test_docs_match_the_code():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_the_check_catches_a_stale_help_a_stale_output_and_an_unmarked_example(tmp_path, capsys):
+def build_py(*args: str) -> subprocess.CompletedProcess:
+    """docs/build.py in its own process: the commands it runs in-process set up rich's consoles
+    at its terminal width, which must not stay behind in this test session."""
+    return subprocess.run([sys.executable, str(ROOT / "docs" / "build.py"), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_check_catches_a_stale_help_a_stale_output_and_an_unmarked_example(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("# page\n\n<!-- toc -->\n<!-- /toc -->\n\n## One\n\n"
                     "<!-- help: diff -->\n```text\nUsage: sparsetool diff (old)\n```\n\n"
                     "<!-- example: run -->\n```console\n$ sparsetool flops --model gpt3-xl -s 0.75 | tail -1\n"
                     "non-zero parameters  1  2  3  4\n```\n\n"
                     "```console\n$ sparsetool report x\n```\n")
-    assert build.main(["--check", str(page)]) == 1
-    out = capsys.readouterr().out
+    r = build_py("--check", str(page))
+    assert r.returncode == 1
+    out = r.stdout
     assert "`sparsetool diff --help` changed" in out
     assert "the output of `sparsetool flops --model gpt3-xl -s 0.75 | tail -1` changed" in out
     assert "a console block without <!-- example:" in out
     assert "table of contents changed" in out
-    build.main([str(page)])  # refresh: help, output and contents are rewritten
+    build_py(str(page))  # refresh: help, output and contents are rewritten
     text = page.read_text()
     assert "Compare the targeted weights of checkpoints A and B" in text
     assert "non-zero parameters         1,315,723,264    409,753,600" in text
     assert "- [One](#one)" in text
     page.write_text(text.replace("```console\n$ sparsetool report x", "<!-- example: not run: no x -->\n"
                                                                       "```console\n$ sparsetool report x"))
-    assert build.main(["--check", str(page)]) == 0
+    assert build_py("--check", str(page)).returncode == 0
 
 
 def test_an_ellipsis_line_stands_for_any_lines():

@@ -276,7 +276,9 @@ def test_progress_goes_block_by_block_and_a_failure_leaves_nothing(model_dir, ca
     seen = []
     prune_checkpoint(model_dir, tmp_path / "ok", PruneOptions(sparsity=0.5, method="wanda",
                                                               calibration=str(calib_file), **CALIB),
-                     progress=lambda stage, done, total: seen.append((stage, done, total)))
+                     progress=lambda stage, done, total: seen.append((stage, done, total)),
+                     on_plan=lambda plan: seen.append(("plan", plan.peak, plan.budget)))
+    assert seen[0][0] == "plan" and 0 < seen[0][1] < seen[0][2]  # before any tensor is read
     assert [s for s in seen if s[0] == "calibrate"] == [("calibrate", 1, 2), ("calibrate", 2, 2)]
     import sparsetool.ops.calibrate as cal
 

@@ -97,8 +97,10 @@ class CalibratedPlanner:
     each tensor to a sink as its block finishes."""
 
     def __init__(self, ckpt: Checkpoint, targets: list[LogicalTensor], opts: PruneOptions,
-                 plan: TargetPlan, *, nan_ok: bool = False, progress: Progress | None = None):
+                 plan: TargetPlan, *, nan_ok: bool = False, progress: Progress | None = None,
+                 on_plan: Callable[[MemoryPlan], None] | None = None):
         self.ckpt, self.targets, self.opts, self.progress = ckpt, targets, opts, progress
+        self.on_plan = on_plan
         self.target_plan, self.nan_ok = plan, nan_ok
         self.keep: dict[str, int] = {}
         if opts.sparsity is not None:
@@ -115,20 +117,11 @@ class CalibratedPlanner:
     # ------------------------------------------------------------------ before the long part
     def prepare(self) -> None:
         o = self.opts
-        for i, lt in enumerate(self.targets):  # refuse NaN/inf and bad shapes; count what is there
+        for lt in self.targets:
             if self.target_plan[lt.name].layout not in ("linear", "conv1d"):
                 raise SparsetoolError(
                     f"tensor {lt.name!r} {list(lt.shape)}: --method {o.method} prunes "
                     "linear layers (2-D weights) only; leave it out with --exclude")
-            _dense, alive = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
-            self.nonzero_before[lt.name] = count_nonzero(alive)
-            try:
-                self.nonzero_after[lt.name] = self._kept_count(lt, self._oriented(lt, alive))
-            except SparsetoolError as e:
-                raise SparsetoolError(f"tensor {lt.name!r} {list(lt.shape)}: {e}") from None
-            del _dense, alive
-            if self.progress:
-                self.progress("check", i + 1, len(self.targets))
         text = read_text(o.calibration, "--calibration")  # a bad file fails before the model loads
         self.model = model = open_model(self.ckpt.path, o.dtype, o.device, needs=NEEDS)
         self._place_targets(model)
@@ -146,6 +139,20 @@ class CalibratedPlanner:
                                             o.calibration)
         self.memory = self._memory_plan(model, seq)
         self.memory.check(f"prune --method {o.method}", LOWER_MEMORY)
+        if self.on_plan is not None:
+            self.on_plan(self.memory)
+        # Then one read of every targeted tensor: NaN/inf refused, what is there and what will be
+        # kept counted (the output's headers need the kept counts before the first block runs).
+        for i, lt in enumerate(self.targets):
+            _dense, alive = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
+            self.nonzero_before[lt.name] = count_nonzero(alive)
+            try:
+                self.nonzero_after[lt.name] = self._kept_count(lt, self._oriented(lt, alive))
+            except SparsetoolError as e:
+                raise SparsetoolError(f"tensor {lt.name!r} {list(lt.shape)}: {e}") from None
+            del _dense, alive
+            if self.progress:
+                self.progress("check", i + 1, len(self.targets))
 
     def _oriented(self, lt: LogicalTensor, t: torch.Tensor) -> torch.Tensor:
         """``t`` as (out, in): a GPT-2 Conv1D weight is stored (in, out)."""
@@ -253,7 +260,7 @@ class CalibratedPlanner:
         self.model.set_weight(own, stored_new)  # the next inputs come from the pruned block
         kept = self._oriented(lt, kept).contiguous()
         if count_nonzero(kept) != self.nonzero_after[lt.name]:
-            raise CheckpointError(f"tensor {lt.name!r}: kept {count_nonzero(kept)} weights where "
-                                  f"{self.nonzero_after[lt.name]} were planned; please report this")
+            raise CheckpointError(f"tensor {lt.name!r}: kept {plural(count_nonzero(kept), 'weight')} "
+                                  f"where {self.nonzero_after[lt.name]:,} were planned; please report this")
         values = dense if o.method == "wanda" else stored_new.to(dense.dtype).contiguous()
         sink(lt, values, kept)

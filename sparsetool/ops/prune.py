@@ -279,13 +279,11 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
         from sparsetool.ops.calibrate import CalibratedPlanner
 
         calibrated = CalibratedPlanner(ckpt, targets, opts, plan, nan_ok=recorded_nan_encoding(ckpt),
-                                       progress=progress)
+                                       progress=progress, on_plan=on_plan)
         calibrated.prepare()
         opts = result.options = calibrated.opts  # with the window length used
         result.memory = calibrated.memory.to_json()
         result.notes += calibrated.notes
-        if on_plan is not None:
-            on_plan(calibrated.memory)
         nonzero_after = calibrated.nonzero_after
     else:
         planner = _Planner(ckpt, targets, opts, progress, plan)
