@@ -5,10 +5,11 @@ turns ``(context, continuation)`` strings into token ids with :meth:`SparsetoolL
 harness's own conventions: trailing spaces of a context move to its continuation, the pair is
 encoded whole and split, an empty context is the prefix token). It scores every request of a task
 in one streamed pass (:func:`score_requests`): each input sequence is cut to the model's context
-from the left as the harness's ``hf`` model does, equal inputs are run once, sequences of equal
-length pass the blocks together in memory-bounded groups (each block read once per group), and
-the log-probabilities of the continuation tokens and whether each was the argmax come from the
-final hidden states a chunk of rows at a time. The weights are those sparsetool decodes, so every
+from the left as the harness's ``hf`` model does, equal inputs are run once, inputs of every
+length pass the blocks together in memory-bounded passes (each block read once per pass; inputs of
+equal length ``batch`` per forward call), and the log-probabilities of the continuation tokens and
+whether each was the argmax come from the final hidden states a chunk of rows at a time (one head
+call for the rows of several inputs). The weights are those sparsetool decodes, so every
 encoding (zeros, mask, nan, bitmask) and sparsetool's own GPT score alike.
 
 Imported only once ``lm_eval`` is known to be installed (:func:`sparsetool.ops.tasks.import_lm_eval`).
