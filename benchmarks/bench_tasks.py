@@ -2,13 +2,18 @@
 the harness's own ``hf`` model, on the same small model and task, in the same process.
 
   python benchmarks/bench_tasks.py [--items 200] [--layers 4] [--width 256] [--repeat 3] [--batch 1,8]
+                                  [--threads 1,0] [--baseline OLD_HARNESS.py]
 
 Model: a random GPT-2-shaped transformers model (``--layers`` blocks, ``--width``, 4 heads,
 context 256) with a byte-level BPE tokenizer trained here; task: the multiple-choice task of
 ``tests/test_tasks.py`` (pick the true ending of a line, two choices) over ``--items`` lines, a task
 YAML over a local JSON file (nothing is downloaded). Both backends run float32 with eager attention
 on the CPU at the same batch size; runs alternate, the median wall time of ``simple_evaluate`` is
-reported with the ratio ours / hf, and the accuracies are checked equal.
+reported with the ratio ours / hf, and the accuracies are checked equal. ``--threads`` sets torch's
+threads for each round (0: torch's default), in the same process. ``--baseline`` times another
+version of ``sparsetool/ops/harness.py`` as a third contender in the same alternation (e.g.
+``git show REV:sparsetool/ops/harness.py > /tmp/old.py``), so a change is measured before/after
+under the same load.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--batch", default="1,8")
+    ap.add_argument("--threads", default="0", help="torch threads per round, comma-separated; 0: default")
+    ap.add_argument("--baseline", type=Path, help="an older harness.py, timed as 'before'")
     args = ap.parse_args()
 
     import torch
@@ -57,11 +64,24 @@ def main() -> None:
         n_layer=args.layers, n_embd=args.width, n_head=4, vocab_size=320, n_positions=256,
         bos_token_id=1, eos_token_id=1)).eval().save_pretrained(model_dir)
     save_tokenizer(model_dir, text)
+    default_threads = torch.get_num_threads()
     print(f"machine: {machine()}; torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"lm-eval {lm_eval.__version__}; {torch.get_num_threads()} torch threads")
+          f"lm-eval {lm_eval.__version__}; {default_threads} torch threads by default")
     print(f"model: GPT-2 shape, {args.layers} layers, width {args.width}; task: {args.items} items x 2 choices")
 
-    def ours(batch: int) -> float:
+    import sparsetool.ops.harness as harness
+
+    current = harness.score_requests
+    before = None
+    if args.baseline:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("baseline_harness", args.baseline)
+        before = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(before)
+
+    def ours(batch: int, score=None) -> float:
+        harness.score_requests = score or current
         row = evaluate_tasks([model_dir], ["pick_ending"], include_path=task_dir, batch=batch,
                              device="cpu").rows[0]
         return row.metric("pick_ending", "acc")
@@ -74,19 +94,28 @@ def main() -> None:
             task_manager=TaskManager(include_path=str(task_dir), include_defaults=False))
         return out["results"]["pick_ending"]["acc,none"]
 
-    print(f"{'batch':>5}  {'sparsetool (s)':>14}  {'hf (s)':>8}  {'ours/hf':>7}  acc")
-    for batch in (int(b) for b in args.batch.split(",")):
-        times: dict[str, list[float]] = {"ours": [], "hf": []}
-        accs = {}
-        for _ in range(args.repeat):
-            for name, fn in (("ours", ours), ("hf", theirs)):
-                t0 = time.perf_counter()
-                accs[name] = fn(batch)
-                times[name].append(time.perf_counter() - t0)
-        a, b = statistics.median(times["ours"]), statistics.median(times["hf"])
-        same = "equal" if accs["ours"] == accs["hf"] else f"DIFFER {accs}"
-        print(f"{batch:>5}  {a:>14.2f}  {b:>8.2f}  {a / b:>7.2f}  {accs['ours']:.3f} ({same})")
-
+    contenders = [("ours", ours), ("hf", theirs)]
+    if before is not None:
+        contenders.insert(0, ("before", lambda b: ours(b, before.score_requests)))
+    names = [n for n, _ in contenders]
+    print(f"{'threads':>7}  {'batch':>5}  " + "  ".join(f"{n + ' (s)':>11}" for n in names)
+          + "  ours/hf" + ("  before/hf" if before else "") + "  acc")
+    for threads in (int(t) for t in args.threads.split(",")):
+        torch.set_num_threads(threads or default_threads)
+        for batch in (int(b) for b in args.batch.split(",")):
+            times: dict[str, list[float]] = {n: [] for n in names}
+            accs = {}
+            for _ in range(args.repeat):
+                for name, fn in contenders:
+                    t0 = time.perf_counter()
+                    accs[name] = fn(batch)
+                    times[name].append(time.perf_counter() - t0)
+            med = {n: statistics.median(t) for n, t in times.items()}
+            same = "equal" if len(set(accs.values())) == 1 else f"DIFFER {accs}"
+            print(f"{threads or default_threads:>7}  {batch:>5}  " + "  ".join(f"{med[n]:>11.2f}" for n in names)
+                  + f"  {med['ours'] / med['hf']:>7.2f}"
+                  + (f"  {med['before'] / med['hf']:>9.2f}" if before else "")
+                  + f"  {accs['ours']:.3f} ({same})", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -189,6 +189,35 @@ def test_accuracy_by_hand_from_the_model_log_probabilities(gpt2_dir, tmp_path, t
     assert row.metric("pick_ending", "acc_norm") == right_norm / 2
 
 
+def test_every_length_passes_the_blocks_together_each_block_read_once(gpt2_dir):
+    """Inputs of several lengths share one pass when memory allows: every block's tensors read
+    once and the final pass set up once (not once per length), with the log-probabilities of
+    scoring each request on its own."""
+    from sparsetool.ops.harness import _passes, score_requests
+    from sparsetool.ops.lm import open_model
+
+    pairs = [([5, 6, 7], [8]), ([5, 6, 7], [9]), ([5, 6], [9, 10]), ([1] * 10, [2]), ([3, 4], [7, 7, 7]),
+             ([2] * 30, [4]), ([8, 9, 10, 11], [12])]
+    model = open_model(gpt2_dir, "float32", "cpu")
+    reads, finals = [], []
+    read, final_hidden = model.read, model.final_hidden
+    model.read = lambda stored: (reads.append(stored), read(stored))[1]
+    model.final_hidden = lambda calls: (finals.append(len(calls)), final_hidden(calls))[1]
+    try:
+        together = score_requests(model, pairs, 64, batch=2)
+        block = [model.names[n] for names in model.blocks for n in names]
+        assert sorted(r for r in reads if r in block) == sorted(block) and finals == [4]  # 4 batches
+        alone = [score_requests(model, [p], 64)[0] for p in pairs]
+    finally:
+        model.close()
+    assert [g for _, g in together] == [g for _, g in alone]
+    assert [lp for lp, _ in together] == pytest.approx([lp for lp, _ in alone], rel=1e-6)
+    # with room for two inputs of the longest length (10 tokens): passes of at most 10 tokens
+    seqs = [(0,) * n for n in (5, 5, 3, 3, 3, 2)]
+    assert _passes(seqs, 2, 2) == [[[0, 1]], [[2, 3], [4]], [[5]]]
+    assert _passes(seqs, 2, None) == [[[0, 1], [2, 3], [4], [5]]]
+
+
 # ----------------------------------------------------------------------------- sparsity, encodings, the GPT
 @pytest.mark.slow
 def test_dense_gpt_beats_its_90_percent_random_pruned_copy(gpt_run, task_dir, tmp_path):

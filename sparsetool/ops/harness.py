@@ -5,10 +5,11 @@ turns ``(context, continuation)`` strings into token ids with :meth:`SparsetoolL
 harness's own conventions: trailing spaces of a context move to its continuation, the pair is
 encoded whole and split, an empty context is the prefix token). It scores every request of a task
 in one streamed pass (:func:`score_requests`): each input sequence is cut to the model's context
-from the left as the harness's ``hf`` model does, equal inputs are run once, sequences of equal
-length pass the blocks together in memory-bounded groups (each block read once per group), and
-the log-probabilities of the continuation tokens and whether each was the argmax come from the
-final hidden states a chunk of rows at a time. The weights are those sparsetool decodes, so every
+from the left as the harness's ``hf`` model does, equal inputs are run once, inputs of every
+length pass the blocks together in memory-bounded passes (each block read once per pass; inputs of
+equal length ``batch`` per forward call), and the log-probabilities of the continuation tokens and
+whether each was the argmax come from the final hidden states a chunk of rows at a time (one head
+call for the rows of several inputs). The weights are those sparsetool decodes, so every
 encoding (zeros, mask, nan, bitmask) and sparsetool's own GPT score alike.
 
 Imported only once ``lm_eval`` is known to be installed (:func:`sparsetool.ops.tasks.import_lm_eval`).
@@ -38,8 +39,10 @@ def score_requests(model: BlockModel, pairs: list[tuple[list[int], list[int]]], 
                    progress: Callable[[int, int], None] | None = None) -> list[tuple[float, bool]]:
     """``(log P(continuation | context), every continuation token the argmax)`` for each
     ``(context ids, continuation ids)``. The model reads ``(context + continuation)[-(max_length
-    + 1):][:-1]`` (the harness's left truncation); ``held`` sequences (default all of a length)
-    pass the blocks together, ``batch`` per forward call."""
+    + 1):][:-1]`` (the harness's left truncation); equal inputs run once, inputs of equal length
+    ``batch`` per forward call. ``held`` is how many inputs of the longest length the memory plan
+    leaves room for (default all): every length passes the blocks together in passes of at most
+    that many tokens, so each block is read once per pass, not once per length."""
     inputs: dict[tuple[int, ...], int] = {}
     wants: list[list[tuple[int, list[int]]]] = []  # per unique input: (request, continuation)
     for r, (ctx, cont) in enumerate(pairs):
@@ -54,17 +57,13 @@ def score_requests(model: BlockModel, pairs: list[tuple[list[int], list[int]]], 
             wants.append([])
         wants[inputs[key]].append((r, cont))
     seqs = list(inputs)
-    by_length: dict[int, list[int]] = {}
-    for u, s in enumerate(seqs):
-        by_length.setdefault(len(s), []).append(u)
-    groups = [g[i:i + (held or len(g))] for g in by_length.values() for i in range(0, len(g), held or len(g))]
-    steps, done = len(groups) * (len(model.blocks) + 1), 0
+    passes = _passes(seqs, batch, held)
+    steps, done = len(passes) * (len(model.blocks) + 1), 0
     rows = max(1, LOGITS_BYTES // (4 * model.vocab_size))
     logprob = [0.0] * len(pairs)
     greedy = [True] * len(pairs)
     with torch.inference_mode():
-        for group in groups:
-            batches = [group[i:i + batch] for i in range(0, len(group), batch)]
+        for batches in passes:
             calls = model.capture([torch.tensor([seqs[u] for u in b], dtype=torch.long) for b in batches])
             for i in range(len(model.blocks)):
                 model.load_block(i)
@@ -74,31 +73,89 @@ def score_requests(model: BlockModel, pairs: list[tuple[list[int], list[int]]], 
                 if progress:
                     progress(done, steps)
             model.load_head()
-            for chunk, call in zip(batches, calls):
-                hidden = model.final_hidden([call])[0]  # (B, T, d), after the final norm
+            finals = model.final_hidden(calls)  # (B, T, d) each, after the final norm; one set-up
+            for call in calls:
                 call.hidden = None  # type: ignore[assignment]
-                for b, u in enumerate(chunk):
-                    n = len(seqs[u])
-                    first = n - max(len(cont) for _, cont in wants[u])
-                    # hidden at position j predicts token j + 1; the last n_cont positions score
-                    for lo in range(first, n, rows):
-                        hi = min(lo + rows, n)
-                        lsm = F.log_softmax(model.logits(hidden[b, lo:hi]).float(), dim=-1)
-                        top = lsm.argmax(dim=-1)
-                        for r, cont in wants[u]:
-                            start = max(lo, n - len(cont))
-                            if start >= hi:
-                                continue
-                            target = torch.tensor(cont[start - (n - len(cont)):hi - (n - len(cont))],
-                                                  dtype=torch.long, device=lsm.device)
-                            picked = lsm[start - lo:hi - lo]
-                            logprob[r] += float(picked.gather(1, target[:, None]).sum())
-                            greedy[r] = greedy[r] and bool((top[start - lo:hi - lo] == target).all())
+            for b, hidden in enumerate(finals):
+                finals[b] = None  # type: ignore[call-overload]  (freed as the scoring goes on)
+                _score_batch(model, hidden, [(seqs[u], wants[u]) for u in batches[b]], rows, logprob, greedy)
             model.release_head()
             done += 1
             if progress:
                 progress(done, steps)
     return list(zip(logprob, greedy))
+
+
+def _passes(seqs: list[tuple[int, ...]], batch: int, held: int | None) -> list[list[list[int]]]:
+    """The inputs (indices into ``seqs``) as passes of batches: a batch is up to ``batch`` inputs of
+    one length (in the order they came); a pass is consecutive batches of at most ``held`` x the
+    longest input's tokens (everything in one pass without ``held``)."""
+    by_length: dict[int, list[int]] = {}
+    for u, s in enumerate(seqs):
+        by_length.setdefault(len(s), []).append(u)
+    batches = [g[i:i + batch] for g in by_length.values() for i in range(0, len(g), batch)]
+    room = None if held is None else held * max(by_length, default=1)
+    passes: list[list[list[int]]] = []
+    tokens = 0
+    for b in batches:
+        size = len(b) * len(seqs[b[0]])
+        if not passes or (room is not None and tokens + size > room):
+            passes.append([])
+            tokens = 0
+        passes[-1].append(b)
+        tokens += size
+    return passes
+
+
+def _score_batch(model: BlockModel, hidden: torch.Tensor,
+                 inputs: list[tuple[tuple[int, ...], list[tuple[int, list[int]]]]], rows: int,
+                 logprob: list[float], greedy: list[bool]) -> None:
+    """Add the continuations' log-probabilities (and argmax checks) of one batch's inputs: the
+    rows each input scores (hidden at position j predicts token j + 1), cut into spans of at most
+    ``rows`` per input as always, and spans of several inputs packed into one logits chunk of
+    at most ``rows`` rows: one head, log-softmax and gather per chunk, not per request."""
+    n = hidden.shape[1]
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    spans = []  # (first flat row, row count, position of the first row, the input's wants)
+    for b, (seq, wants) in enumerate(inputs):
+        first = n - max(len(cont) for _, cont in wants)
+        spans += [(b * n + lo, min(lo + rows, n) - lo, lo, wants) for lo in range(first, n, rows)]
+    chunk: list = []
+    for span in spans:
+        if chunk and sum(s[1] for s in chunk) + span[1] > rows:
+            _score_chunk(model, flat, chunk, n, logprob, greedy)
+            chunk = []
+        chunk.append(span)
+    if chunk:
+        _score_chunk(model, flat, chunk, n, logprob, greedy)
+
+
+def _score_chunk(model: BlockModel, flat: torch.Tensor, chunk: list, n: int,
+                 logprob: list[float], greedy: list[bool]) -> None:
+    index: list[int] = []
+    picks: list[tuple[int, int]] = []  # (chunk row, target token), request by request
+    owners: list[tuple[int, int, int]] = []  # (request, first pick, picks)
+    for start, count, lo, wants in chunk:
+        base = len(index)
+        index.extend(range(start, start + count))
+        for r, cont in wants:
+            begin = max(lo, n - len(cont))
+            if begin >= lo + count:
+                continue
+            owners.append((r, len(picks), lo + count - begin))
+            picks.extend((base + j - lo, cont[j - (n - len(cont))]) for j in range(begin, lo + count))
+    contiguous = index[-1] - index[0] + 1 == len(index)
+    rows = flat[index[0]:index[-1] + 1] if contiguous else flat[index]
+    lsm = F.log_softmax(model.logits(rows).float(), dim=-1)
+    at = torch.tensor([p[0] for p in picks], dtype=torch.long, device=lsm.device)
+    target = torch.tensor([p[1] for p in picks], dtype=torch.long, device=lsm.device)
+    picked = lsm[at, target]
+    hits = (lsm.argmax(dim=-1)[at] == target).tolist()
+    values = picked.tolist()
+    for r, first, k in owners:
+        # a continuation of several tokens: summed in float32 as one piece, as the harness does
+        logprob[r] += values[first] if k == 1 else float(picked[first:first + k].sum())
+        greedy[r] = greedy[r] and all(hits[first:first + k])
 
 
 class SparsetoolLM(TemplateLM):
