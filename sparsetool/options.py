@@ -182,14 +182,7 @@ def parse_tokens(text: str | int | float, option: str = "--tokens", minimum: int
     """
     if isinstance(text, bool):
         text = "bad"
-    t = str(text).strip().replace(",", "").replace("_", "")
-    mult = _SUFFIX.get(t[-1:].lower(), 1) if t and not t[-1:].isdigit() else 1
-    if mult != 1:
-        t = t[:-1]
-    try:
-        value = Decimal(t) * mult
-    except InvalidOperation:
-        value = Decimal("NaN")
+    value = _scaled(str(text).strip().replace(",", "").replace("_", ""), _SUFFIX)
     if not value.is_finite():
         raise ConfigError(f"{option} {str(text)!r} is not a number of tokens; write e.g. 26B, 2.6e10, "
                           "300M or 1_000")
@@ -202,6 +195,15 @@ def parse_tokens(text: str | int | float, option: str = "--tokens", minimum: int
 
 
 _BYTES = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def _scaled(t: str, suffixes: dict[str, int]) -> Decimal:
+    """``t`` as a decimal number times its suffix's multiplier (NaN when it is not a number)."""
+    mult = suffixes.get(t[-1:].lower(), 1) if t and not t[-1:].isdigit() else 1
+    try:
+        return Decimal(t[:-1] if mult != 1 else t) * mult
+    except InvalidOperation:
+        return Decimal("NaN")
 
 
 def parse_size(text: str | int, option: str = "--max-memory") -> int:
@@ -220,13 +222,7 @@ def parse_size(text: str | int, option: str = "--max-memory") -> int:
     for unit in ("ib", "b"):
         if t.endswith(unit) and t[:-len(unit)][-1:] in _BYTES:
             t = t[:-len(unit)]
-    mult = _BYTES.get(t[-1:], 1)
-    if mult != 1:
-        t = t[:-1]
-    try:
-        value = Decimal(t) * mult
-    except InvalidOperation:
-        value = Decimal("NaN")
+    value = _scaled(t, _BYTES)
     if isinstance(text, bool) or not value.is_finite():
         raise ConfigError(f"{option} {str(text)!r} is not a memory size; write e.g. 12G, 512M or 1.5T")
     if value < 2**20:

@@ -27,36 +27,9 @@ transformers = pytest.importorskip("transformers")
 from test_eval import hf_model, make_text, save_tokenizer  # noqa: E402
 import json_schemas as S  # noqa: E402
 
+from test_calibration import CALIB, calib_file, model_dir, tensors, text  # noqa: E402,F401 (fixtures)
+
 os.environ["HF_HUB_OFFLINE"] = "1"
-CALIB = dict(samples=6, seq=32)
-
-
-@pytest.fixture(scope="module")
-def text() -> str:
-    return make_text(400)
-
-
-@pytest.fixture(scope="module")
-def calib_file(tmp_path_factory, text) -> Path:
-    path = tmp_path_factory.mktemp("calib") / "calib.txt"
-    path.write_text(text)
-    return path
-
-
-@pytest.fixture(scope="module", params=["gpt2", "llama"])
-def model_dir(request, tmp_path_factory, text) -> Path:
-    d = tmp_path_factory.mktemp(request.param) / "dense"
-    torch.manual_seed(0)
-    hf_model(request.param).eval().save_pretrained(d)
-    save_tokenizer(d, text)
-    return d
-
-
-def tensors(path: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for f in sorted(path.glob("*.safetensors")):
-        out |= load_file(str(f))
-    return out
 
 
 # ----------------------------------------------------------------------------- kept counts up front
