@@ -526,7 +526,7 @@ def test_fp8_needs_no_refinement_pass():
 
 def test_a_pool_inherited_through_fork_is_replaced():
     """A forked child inherits the pool object but none of its threads; using it would hang."""
-    import sparsetool.workers as pool_module
+    import sparsetool.util.workers as pool_module
 
     big = torch.randn(3 << 20, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     pool_module.set_workers(2)  # a pool exists whatever the machine and the tests before

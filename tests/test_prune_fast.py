@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from conftest import gpt2_like_state, tiny_chunks
-from sparsetool import workers
+from sparsetool.util import workers
 from sparsetool.errors import SparsetoolError
 from sparsetool.ops import prune as prune_module
 from sparsetool.ops.densify import densify_checkpoint

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sparsetool import workers
+from sparsetool.util import workers
 
 FLOAT_KEYS = {
     "BF16": (0x7FFF, 0x7F80),

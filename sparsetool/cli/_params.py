@@ -180,8 +180,8 @@ def plot_option(help: str) -> Any:
 
 
 def use_workers(n: Optional[int]) -> None:
-    """Run the command's work on ``n`` threads (None: the default, see sparsetool.workers)."""
-    from sparsetool import workers
+    """Run the command's work on ``n`` threads (None: the default, see sparsetool.util.workers)."""
+    from sparsetool.util import workers
 
     workers.set_workers(n)
 

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from sparsetool.errors import SparsetoolError
-from sparsetool import workers as pool
+from sparsetool.util import workers as pool
 from sparsetool.masks.counts import sparsity_keep
 from sparsetool.masks.keys import Keys, _flat_existing, _int_view, _shifts, int_keys, magnitude_keys
 

@@ -23,7 +23,7 @@ from sparsetool.checkpoint import (
     open_checkpoint,
     write_checkpoint,
 )
-from sparsetool import workers
+from sparsetool.util import workers
 from sparsetool.checkpoint import bits
 from sparsetool.checkpoint.provenance import provenance_metadata
 

@@ -26,7 +26,7 @@ from sparsetool.checkpoint import open_checkpoint, write_tensors
 from sparsetool.checkpoint.config import bitmask_sparsity_config, drop_sparsity_config, read_model_config
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.errors import ConfigError
-from sparsetool.workers import signals_deferred
+from sparsetool.util.workers import signals_deferred
 from sparsetool.train.data import Corpus
 from sparsetool.memory import fine_tuning_plan
 from sparsetool.train.hf import TOKENIZER_FILES, context_of, hf_config, import_transformers, load_tokenizer, match_weights
