@@ -55,7 +55,7 @@ def prune(
     ``"12G"``; default: what is available). Raises :class:`sparsetool.errors.SparsetoolError` on bad input; nothing is written then."""
     from sparsetool.errors import ConfigError
     from sparsetool.ops.prune import PruneOptions, prune_checkpoint
-    from sparsetool.options import parse_nm, parse_size
+    from sparsetool.util.options import parse_nm, parse_size
 
     if output is None and not in_place:
         raise ConfigError("give an output path (or in_place=True to replace the input)")
@@ -103,7 +103,7 @@ def eval(checkpoints: str | Path | Sequence[str | Path], *, text: str | Path | N
     split of the built-in corpus. Models run block by block on ``device`` in ``dtype``, holding as
     many windows as ``max_memory`` (bytes or ``"12G"``; default: what is available) leaves room for."""
     from sparsetool.ops.eval import evaluate
-    from sparsetool.options import check_device, parse_size
+    from sparsetool.util.options import check_device, parse_size
 
     paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
     return evaluate(paths, text=text, seq=seq, stride=stride, max_tokens=max_tokens, batch=batch,

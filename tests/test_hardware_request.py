@@ -79,7 +79,7 @@ def test_hardware_constants_is_the_list_hardware_table():
     (dict(), "exactly one"),
     (dict(shape="64x64", model="gpt2-small", sparsity=0.5), "exactly one"),
     (dict(shape="64x64"), "--sparsity"),
-    (dict(shape="64x64", sparsity=1.5), "from 0 to 1"),  # the one rule: sparsetool.options
+    (dict(shape="64x64", sparsity=1.5), "from 0 to 1"),  # the one rule: sparsetool.util.options
     (dict(shape="64x64", sparsity="0.5,x"), "'x' is not a number"),
     (dict(shape="64x64", sparsity=0.5, sweep=True), "not both"),
     (dict(shape="64x64", sparsity=0.5, devices=["tpu"]), "tpu"),

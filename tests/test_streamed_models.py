@@ -196,7 +196,7 @@ def test_peak_memory_does_not_grow_with_depth(tmp_path, text, calib_file):
 
 # ----------------------------------------------------------------------------- eval's memory budget
 def test_eval_with_little_memory_holds_fewer_windows_and_scores_the_same(model_dir, text, monkeypatch):
-    from sparsetool.memory import process_memory
+    from sparsetool.util.memory import process_memory
     import sparsetool.ops.eval as ev
 
     full = evaluate([model_dir], text=text, seq=16, batch=2).rows[0]

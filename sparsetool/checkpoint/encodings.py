@@ -25,7 +25,7 @@ from sparsetool.checkpoint.format import TensorSpec
 from sparsetool.checkpoint.reader import MASK_SUFFIX
 from sparsetool.checkpoint.zeros import has_bits, int_bits
 from sparsetool.errors import SparsetoolError
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 ENCODINGS = ("zeros", "mask", "nan", "bitmask")
 

@@ -1,6 +1,6 @@
 """The options every command shares, declared once: the same names, help and checks everywhere.
 
-Each check is a function of :mod:`sparsetool.options` run as a click callback while the command
+Each check is a function of :mod:`sparsetool.util.options` run as a click callback while the command
 line is parsed, so a bad value is a usage error (exit 2) before torch is imported. Choice options
 are str Enums, so ``--help`` lists their values, checked by :func:`choice_option`. Options that
 contradict each other are refused by :func:`conflicting`, never silently ignored.
@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import typer
 
-from sparsetool import options
+from sparsetool.util import options
 from sparsetool.errors import SparsetoolError
 
 

@@ -18,7 +18,7 @@ from sparsetool.cli._params import (
     workers_option,
     usage_error,
 )
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)

@@ -17,7 +17,7 @@ from sparsetool.cli._output import (
     progress_bar,
 )
 from sparsetool.cli._params import exclude_option, include_option, json_option, plot_option
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 HEADER = ["matrix", "layer", "kind", "sparsity A", "sparsity B", "mask IoU", "revived", "pruned",
           "rel L2", "angular"]

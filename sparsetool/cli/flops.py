@@ -27,7 +27,7 @@ from sparsetool.cli._params import (
 )
 from sparsetool.errors import ShapeError
 from sparsetool.flops.config import PRESETS
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)

@@ -19,7 +19,7 @@ from typer._click.exceptions import NoArgsIsHelpError, NoSuchOption, UsageError
 from typer.core import TyperGroup
 
 from sparsetool import __version__
-from sparsetool.wording import either
+from sparsetool.util.wording import either
 
 # name -> (module under sparsetool.cli, function, the first line of its help): the order is the
 # order of ``sparsetool --help``, which lists the commands from here without importing them

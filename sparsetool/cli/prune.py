@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from sparsetool import options
+from sparsetool.util import options
 from rich.markup import escape
 
 from sparsetool.cli._output import (console, emit_json, failing_cleanly, note_left_out, percent,
@@ -38,8 +38,8 @@ from sparsetool.cli._params import (
     value_of,
 )
 from sparsetool.masks.distributions import DISTRIBUTIONS
-from sparsetool.options import METHODS, SCOPES
-from sparsetool.wording import plural
+from sparsetool.util.options import METHODS, SCOPES
+from sparsetool.util.wording import plural
 
 
 Method = choices("Method", METHODS)

@@ -13,7 +13,7 @@ from rich.markup import escape
 from sparsetool.cli._output import (
     console, emit_json, failing_cleanly, print_table, progress_bar, si, targeting_note,
 )
-from sparsetool import options
+from sparsetool.util import options
 from sparsetool.cli._params import (
     alone,
     checked,

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from sparsetool import options
+from sparsetool.util import options
 from sparsetool.cli._params import (
     ENCODING_NAMES,
     TRAIN_PRESETS,
@@ -28,7 +28,7 @@ from sparsetool.cli._params import (
 )
 from sparsetool.masks.distributions import DISTRIBUTIONS
 from sparsetool.train.config import ALGORITHMS
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 EXAMPLES = (  # the end of --help: each runs as written (the corpus is Python's own source)
     "sparsetool train -o runs/rigl --steps 500 --algorithm rigl --sparsity 0.75",

@@ -12,7 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from sparsetool.configfile import SUFFIXES, load_mapping
+from sparsetool.util.configfile import SUFFIXES, load_mapping
 from sparsetool.errors import ConfigError
 from sparsetool.hardware.devices import (
     KINDS, Dataflow, DenseGPU, Device, FlashLLMGPU, Sparse24GPU, SpMMGPU,

@@ -16,14 +16,14 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from sparsetool import options
+from sparsetool.util import options
 from sparsetool.errors import ConfigError
 from sparsetool.hardware import compare, presets
 from sparsetool.hardware import workload as wlmod
 from sparsetool.hardware.compare import APPENDIX_C_TICKS
 from sparsetool.hardware.devices import Device
 from sparsetool.hardware.workload import Workload
-from sparsetool.wording import did_you_mean
+from sparsetool.util.wording import did_you_mean
 
 Progress = Callable[[str, int, int], None]
 """Called as ``progress(stage, done, total)`` while a checkpoint's masks are read."""
@@ -86,7 +86,7 @@ def parse_sparsities(sparsity: Sparsities, sweep: bool = False) -> list[float]:
         return list(APPENDIX_C_TICKS)
     if sparsity is None:
         return []
-    # one rule for every command: sparsetool.options
+    # one rule for every command: sparsetool.util.options
     if isinstance(sparsity, str):
         return options.parse_sparsities(sparsity)
     values = [sparsity] if isinstance(sparsity, (int, float)) else list(sparsity)

@@ -16,9 +16,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from sparsetool.errors import CheckpointError, ConfigError
-from sparsetool.options import parse_shape  # noqa: F401 (the API imports it from here too)
+from sparsetool.util.options import parse_shape  # noqa: F401 (the API imports it from here too)
 from sparsetool.hardware.layers import LayerMask, sampled_random, stats_from_mask, synthetic_mask
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 UNTARGETED_TERMS = ("attn_logits", "softmax", "attn_values", "logits")
 """Appendix-F forward terms that stay dense under weight sparsity (embeddings are excluded, as

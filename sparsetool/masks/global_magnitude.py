@@ -53,7 +53,7 @@ from sparsetool.masks.kernel import (
     magnitude_keys,
     threshold_mask,
 )
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 __all__ = [
     "MagnitudeHistogram", "TensorPlan", "GlobalPlan", "global_threshold_plan", "apply_threshold",

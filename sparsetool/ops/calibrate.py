@@ -18,7 +18,7 @@ model's own forward pass (embeddings only are read); then for each block in orde
    weights are dropped.
 
 Memory holds one block, the calibration activations (a block's inputs and outputs) and one block's
-statistics, whatever the depth (:mod:`sparsetool.memory` estimates it before the long part and
+statistics, whatever the depth (:mod:`sparsetool.util.memory` estimates it before the long part and
 refuses a run that cannot fit). The output's header is known before the first block runs: a
 tensor's kept count depends only on which of its weights are alive and how many it must keep
 (:func:`~sparsetool.masks.wanda.wanda_kept_count`, :func:`~sparsetool.masks.sparsegpt.sparsegpt_kept_count`),
@@ -41,11 +41,11 @@ from sparsetool.masks.distributions import keep_counts
 from sparsetool.masks.sparsegpt import sparsegpt_kept_count, sparsegpt_prune
 from sparsetool.masks.wanda import wanda_kept_count, wanda_mask
 from sparsetool.ops.lm import BlockModel, Call, open_model, read_text
-from sparsetool.memory import MemoryPlan, budget, process_memory
+from sparsetool.util.memory import MemoryPlan, budget, process_memory
 from sparsetool.ops.prune_input import read_alive
 from sparsetool.ops.prune_options import DEFAULT_SEQ, PruneOptions
 from sparsetool.targets import TargetPlan
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 __all__ = ["CalibratedPlanner", "calibration_windows", "NEEDS", "LOWER_MEMORY"]
 

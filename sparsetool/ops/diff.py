@@ -23,7 +23,7 @@ from sparsetool.checkpoint import open_checkpoint
 from sparsetool.errors import SparsetoolError
 from sparsetool.targets import LINEAR_ROLES, conv1d_layout, input_dim, is_floating, plan_targets, role
 from sparsetool.targets.order import SEPARATE_QKV, layer_index, tensor_sort_key
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 __all__ = ["KINDS", "Stats", "DiffRow", "DiffResult", "diff", "split_parts", "matrix_kind", "layer_index",
            "plot_diff"]

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from sparsetool.errors import SparsetoolError
 from sparsetool.ops.lm import MAX_DEFAULT_SEQ, BlockModel, Call, open_model, read_text
-from sparsetool.memory import MemoryPlan, budget, process_memory
-from sparsetool.wording import plural
+from sparsetool.util.memory import MemoryPlan, budget, process_memory
+from sparsetool.util.wording import plural
 
 Progress = Callable[[str, int, int], None]
 

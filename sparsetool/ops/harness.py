@@ -24,7 +24,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from sparsetool.errors import SparsetoolError
-from sparsetool.memory import MemoryPlan
+from sparsetool.util.memory import MemoryPlan
 from sparsetool.ops.eval import LOGITS_BYTES, held_windows
 from sparsetool.ops.lm import BlockModel, Call
 

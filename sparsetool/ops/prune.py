@@ -36,7 +36,7 @@ from sparsetool.checkpoint import (
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.checkpoint.writer import CheckpointWriter, ShardWriter
 from sparsetool.masks.distributions import keep_counts
-from sparsetool.options import CALIBRATION_METHODS
+from sparsetool.util.options import CALIBRATION_METHODS
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.select import (
     MagnitudeHistogram,
@@ -49,9 +49,9 @@ from sparsetool.masks.select import (
 )
 from sparsetool.targets import TargetPlan, plan_targets
 from sparsetool.targets.order import sort_names, tensor_sort_key
-from sparsetool.wording import plural, some_names
+from sparsetool.util.wording import plural, some_names
 from sparsetool.checkpoint.zeros import count_nonzero
-from sparsetool.memory import MemoryPlan
+from sparsetool.util.memory import MemoryPlan
 from sparsetool.ops.prune_input import read_alive, recorded_nan_encoding
 from sparsetool.ops.prune_stream import Scanned, stream_plan, stream_top, streams
 from sparsetool.ops.prune_options import (

@@ -16,7 +16,7 @@ from sparsetool.checkpoint.encodings import may_hold_nan
 from sparsetool.checkpoint.provenance import read_provenance
 from sparsetool.checkpoint.zeros import nonzero_mask
 from sparsetool.errors import SparsetoolError
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 
 def _count_inf(t: torch.Tensor, chunk: int = 1 << 24) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 from sparsetool.checkpoint.encodings import ENCODINGS
 from sparsetool.errors import ConfigError
 from sparsetool.masks.distributions import DISTRIBUTIONS
-from sparsetool.options import (CALIBRATION_METHODS, COMPUTE_DTYPES, METHODS, SCOPES, check_count,
+from sparsetool.util.options import (CALIBRATION_METHODS, COMPUTE_DTYPES, METHODS, SCOPES, check_count,
                                 check_dampening, check_device, check_fraction, check_seed,
                                 check_sparsity)
 

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparsetool import options
+from sparsetool.util import options
 from sparsetool.errors import ConfigError
 
 ALGORITHMS = ("dense", "static", "gmp", "set", "rigl", "granet", "imp")
@@ -157,7 +157,7 @@ RESUMABLE_OVERRIDES = {"stop_at", "save_every", "eval_every", "keep_last", "log_
 
 
 def parse_stage(text: str) -> tuple[float, float]:
-    """``"0.9:0.8"`` -> (sparsity 0.9, fraction of steps 0.8): :func:`sparsetool.options.parse_stage`.
+    """``"0.9:0.8"`` -> (sparsity 0.9, fraction of steps 0.8): :func:`sparsetool.util.options.parse_stage`.
 
     >>> parse_stage("0.9:0.8")
     (0.9, 0.8)

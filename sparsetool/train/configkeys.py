@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sparsetool import options
-from sparsetool.configfile import load_mapping
+from sparsetool.util import options
+from sparsetool.util.configfile import load_mapping
 from sparsetool.errors import ConfigError
 from sparsetool.train.config import (
     ALGORITHMS, COMMAND_LINE_ONLY, FILE_ONLY, INIT_METHODS, KEY_ALIASES, VALUE_ALIASES, TrainConfig,
@@ -197,7 +197,7 @@ class _Value:
 
     def __init__(self, key: str, name: str | None) -> None:
         self.key, self.name = key, name
-        # how the messages of sparsetool.options name it: the flag, or the file's "key:"
+        # how the messages of sparsetool.util.options name it: the flag, or the file's "key:"
         self.label = f"{name}:" if name is not None else setting(key)
         self.short = (name or key).rsplit(".", 1)[-1]  # a file example's key
 

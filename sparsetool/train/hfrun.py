@@ -28,7 +28,7 @@ from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.errors import ConfigError
 from sparsetool.util.workers import signals_deferred
 from sparsetool.train.data import Corpus
-from sparsetool.memory import fine_tuning_plan
+from sparsetool.util.memory import fine_tuning_plan
 from sparsetool.train.hf import TOKENIZER_FILES, context_of, hf_config, import_transformers, load_tokenizer, match_weights
 
 __all__ = ["HFModel", "HFModelInfo", "MODEL_DIR", "forward", "is_hf_dir", "open_model"]

@@ -18,7 +18,7 @@ from sparsetool.errors import ConfigError, Interrupted
 from sparsetool.train import hfrun, io
 from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, setting, validate
 from sparsetool.train.signals import signal_number
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 __all__ = ["NullLog", "check_new_run", "earlier_settings", "interrupted", "meta", "restore",
            "resume_command", "resumed_config", "save", "save_step", "stopped_by_signal", "summary",

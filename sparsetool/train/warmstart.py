@@ -18,7 +18,7 @@ import torch
 from sparsetool.errors import ConfigError
 from sparsetool.train.config import DEFAULT_PRESET, TrainConfig
 from sparsetool.train.model import PRESETS, GPTConfig, infer_config
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 __all__ = ["check_sparsity", "load_weights", "loaded_sparsity", "mask_origin", "masks_from", "model_config"]
 

@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from sparsetool.options import check_sparsity
+from sparsetool.util.options import check_sparsity
 from sparsetool.errors import ConfigError
 from sparsetool.masks.kernel import top_k_mask
 from sparsetool.train.algorithms.maskstate import MaskState
@@ -140,7 +140,7 @@ class Sparsifier(MaskState):
 
     @staticmethod
     def _check_sparsity_value(value: Any, key: str) -> None:
-        # a number is a sparsity like every other (sparsetool.options); a mapping is a schedule
+        # a number is a sparsity like every other (sparsetool.util.options); a mapping is a schedule
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             check_sparsity(value, key)
 

@@ -23,7 +23,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Iterable, Sequence
 
 from sparsetool.errors import ConfigError
-from sparsetool.wording import did_you_mean, plural
+from sparsetool.util.wording import did_you_mean, plural
 
 __all__ = [
     "METHODS", "SCOPES", "CALIBRATION_METHODS", "check_count", "check_dampening",
