@@ -19,7 +19,7 @@ from sparsetool.cli.main import app
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.sparsegpt import sparsegpt_kept_count, sparsegpt_prune
 from sparsetool.masks.wanda import wanda_kept_count, wanda_mask
-from sparsetool.ops.calibrate import calibration_windows
+from sparsetool.ops.prune.calibrated import calibration_windows
 from sparsetool.ops.eval import evaluate
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 
@@ -278,7 +278,7 @@ def test_progress_goes_block_by_block_and_a_failure_leaves_nothing(model_dir, ca
                                                               calibration=str(calib_file), **CALIB),
                      progress=lambda stage, done, total: seen.append((stage, done, total)))
     assert [s for s in seen if s[0] == "calibrate"] == [("calibrate", 1, 2), ("calibrate", 2, 2)]
-    import sparsetool.ops.calibrate as cal
+    import sparsetool.ops.prune.calibrated as cal
 
     calls = []
 

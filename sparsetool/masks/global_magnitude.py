@@ -237,10 +237,11 @@ def global_threshold_plan(
         return GlobalPlan(_share_ties(b << 16, need, above_each, in_b), keep)
     if refined is None or any(i not in refined for i in inexact):
         return GlobalPlan((), 0, b, inexact)
+    fine_of: Mapping[int, MagnitudeHistogram] = refined
     fine_total = torch.zeros(1 << 16, dtype=torch.int64)
     for i in range(len(histograms)):
         if i in inexact:
-            f = refined[i]
+            f = fine_of[i]
             if f.bucket != b or f.total != in_b[i]:
                 raise SparsetoolError(
                     f"refined histogram of tensor {i} counts {f.total} keys in bucket {f.bucket}, "
@@ -253,7 +254,7 @@ def global_threshold_plan(
     at_low = []
     for i in range(len(histograms)):
         if i in inexact:
-            counts = refined[i].counts  # type: ignore[index]
+            counts = fine_of[i].counts
             above_each[i] += int(counts[low + 1:].sum())
             at_low.append(int(counts[low]))
         else:

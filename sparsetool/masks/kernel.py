@@ -1,5 +1,31 @@
 """The one selection kernel: exact top-k of float scores in O(n), by radix select on bit patterns.
 
+What it computes is a sort. Keeping the ``keep`` largest |w| of a tensor, never a NaN nor a weight
+already pruned (``alive`` False), ties to the lower flat index, is exactly this::
+
+    def reference(w, keep, alive):
+        a = w.double().abs().reshape(-1)
+        dead = torch.isnan(a) | ~alive.reshape(-1)
+        order = torch.sort(a.masked_fill(dead, -1.0), descending=True, stable=True).indices
+        mask = torch.zeros(a.numel(), dtype=torch.bool)
+        mask[order[:keep]] = True
+        return (mask & ~dead).reshape(w.shape)
+
+(``torch.topk`` finds the same values but does not say which of equal values it keeps; the stable
+sort does.) The sort costs O(n log n) time and a float64 copy of the tensor; the kernel below gives
+the same mask, bit for bit, in two passes over the tensor's own bit patterns and memory for one
+chunk (``tests/test_masks.py`` checks it against this reference on multi-chunk tensors with ties,
+NaN and dead weights):
+
+>>> w = torch.tensor([[0.5, -2.0, 0.5], [float("nan"), 0.5, -0.0]])
+>>> alive = torch.tensor([[True, True, True], [True, False, True]])
+>>> a = w.double().abs().reshape(-1); dead = torch.isnan(a) | ~alive.reshape(-1)
+>>> order = torch.sort(a.masked_fill(dead, -1.0), descending=True, stable=True).indices
+>>> ref = torch.zeros(a.numel(), dtype=torch.bool); ref[order[:2]] = True
+>>> kernel = select_top(magnitude_keys(w, alive.reshape(-1)), 2)
+>>> kernel.tolist(), torch.equal(kernel, ref & ~dead)
+([True, True, False, False, False, False], True)
+
 Every selection in sparsetool runs here: layer magnitude pruning, random masks, N:M (through
 :func:`_int_view` and :func:`_map`), the global threshold across tensors (through :func:`histogram`,
 :func:`bucket_histogram`, :func:`_boundary` and :func:`threshold_mask`), and the drop/grow top-k
@@ -47,7 +73,8 @@ def _resolve_keep(numel: int, sparsity: float | None, keep: int | None) -> int:
     if (sparsity is None) == (keep is None):
         raise SparsetoolError("give exactly one of sparsity or keep")
     if keep is None:
-        return sparsity_keep(numel, sparsity)  # type: ignore[arg-type]
+        assert sparsity is not None  # exactly one of them was given
+        return sparsity_keep(numel, sparsity)
     if isinstance(keep, bool) or int(keep) != keep or not 0 <= keep <= numel:
         raise SparsetoolError(
             f"keep must be an integer from 0 to {numel} (the tensor's size), got {keep!r}"

@@ -38,7 +38,7 @@ COMPUTE_DTYPES = ("float32", "bfloat16")  # --dtype of eval and calibration prun
 
 # The words prune's --method and --scope accept (the CLI lists them in --help without importing torch).
 METHODS = ("magnitude", "random", "wanda", "sparsegpt")
-# The methods that run calibration text through the model, block by block (ops/calibrate.py).
+# The methods that run calibration text through the model, block by block (ops/prune/calibrated.py).
 CALIBRATION_METHODS = ("wanda", "sparsegpt")
 SCOPES = ("layer", "global")
 

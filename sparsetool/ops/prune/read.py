@@ -4,7 +4,7 @@ weights still alive, refusing NaN and inf.
 A zero already counts as pruned (composing prunes never revives a weight). A plain tensor holding
 NaN reads as the ``nan`` encoding (NaN = pruned) only if the input records that it was written in
 that encoding; otherwise NaN, like inf, is an error naming the tensor. The fast path
-(``ops/prune_stream.py``) learns the same from its histogram and hands such tensors over to here.
+(``stream.py``) learns the same from its histogram and hands such tensors over to here.
 """
 
 from __future__ import annotations

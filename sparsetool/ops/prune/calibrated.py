@@ -30,7 +30,6 @@ its updated weights.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
 import torch
 
@@ -42,18 +41,17 @@ from sparsetool.masks.sparsegpt import sparsegpt_kept_count, sparsegpt_prune
 from sparsetool.masks.wanda import wanda_kept_count, wanda_mask
 from sparsetool.ops.lm import BlockModel, Call, open_model, read_text
 from sparsetool.util.memory import MemoryPlan, budget, process_memory
-from sparsetool.ops.prune_input import read_alive
-from sparsetool.ops.prune_options import DEFAULT_SEQ, PruneOptions
+from sparsetool.ops.prune.options import DEFAULT_SEQ, PruneOptions
+from sparsetool.ops.prune.planner import Sink
+from sparsetool.ops.prune.read import read_alive
 from sparsetool.targets import TargetPlan
+from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural
 
 __all__ = ["CalibratedPlanner", "calibration_windows", "NEEDS", "LOWER_MEMORY"]
 
 NEEDS = "calibration pruning (--method wanda or sparsegpt) runs causal language models only"
 LOWER_MEMORY = "--samples, --seq, --dtype bfloat16, or --max-memory if more is free than detected"
-Progress = Callable[[str, int, int], None]
-Sink = Callable[[LogicalTensor, torch.Tensor, torch.Tensor], None]
-"""Takes a pruned tensor as its block finishes: (tensor, values in its stored dtype, kept mask)."""
 
 
 def calibration_windows(ids: list[int], samples: int, seq: int, seed: int, source: str) -> torch.Tensor:
@@ -91,7 +89,7 @@ class _Stats:
 
 
 class CalibratedPlanner:
-    """Decides each targeted tensor's mask (and, for SparseGPT, values) by running calibration
+    """A :class:`~sparsetool.ops.prune.planner.BlockOrderPlanner`: decides each targeted tensor's mask (and, for SparseGPT, values) by running calibration
     text through the model block by block. :meth:`prepare` checks everything and fixes what the
     output's header needs (``nonzero_after``) before the long part; :meth:`run` prunes and hands
     each tensor to a sink as its block finishes."""
@@ -250,7 +248,7 @@ class CalibratedPlanner:
         self.model.set_weight(own, stored_new)  # the next inputs come from the pruned block
         kept = self._oriented(lt, kept).contiguous()
         if count_nonzero(kept) != self.nonzero_after[lt.name]:
-            raise CheckpointError(f"tensor {lt.name!r}: kept {count_nonzero(kept)} weights where "
-                                  f"{self.nonzero_after[lt.name]} were planned; please report this")
+            raise CheckpointError(f"tensor {lt.name!r}: kept {plural(count_nonzero(kept), 'weight')} "
+                                  f"where {self.nonzero_after[lt.name]} were planned; please report this")
         values = dense if o.method == "wanda" else stored_new.to(dense.dtype).contiguous()
         sink(lt, values, kept)

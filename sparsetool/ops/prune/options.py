@@ -30,7 +30,7 @@ class PruneOptions:
     encoding: str = "zeros"
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
-    # --method wanda/sparsegpt only (ops/calibrate.py): the text, how much of it, SparseGPT's knobs
+    # --method wanda/sparsegpt only (calibrated.py): the text, how much of it, SparseGPT's knobs
     calibration: str | None = None
     samples: int = 128
     seq: int | None = None  # None: DEFAULT_SEQ, or the model's context when that is shorter
@@ -140,7 +140,7 @@ class PruneResult:
     warnings: list[str] = field(default_factory=list)  # what will not load the output correctly
     notes: list[str] = field(default_factory=list)  # e.g. tensors left alone for their dtype
     left_out: list[str] = field(default_factory=list)  # input entries not part of a model directory
-    memory: dict | None = None  # calibration methods: the memory plan (memory.py), in bytes
+    memory: dict | None = None  # calibration methods: the memory plan (util/memory.py), in bytes
 
     @property
     def numel(self) -> int:
