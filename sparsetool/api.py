@@ -2,7 +2,12 @@
 
 >>> import sparsetool
 >>> sorted(n for n in sparsetool.__all__ if not n.startswith("_"))
-['densify', 'diff', 'eval', 'load', 'prune', 'report']
+['densify', 'diff', 'load', 'prune', 'report']
+>>> sparsetool.eval.__name__
+'eval'
+
+``eval`` is named after the command but left out of ``__all__``: ``from sparsetool import *``
+must not replace Python's builtin ``eval`` in the importing module. Call it as ``sparsetool.eval``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ if TYPE_CHECKING:  # torch stays unimported until a function is called
 
 from sparsetool.ops.load import load
 
-__all__ = ["load", "prune", "densify", "report", "eval", "diff"]
+__all__ = ["load", "prune", "densify", "report", "diff"]  # and eval: not exported by *, see above
 
 
 def prune(

@@ -142,11 +142,12 @@ def test_init_accepts_a_checkpoint_pruned_by_sparsetool_prune(tmp_path, corpus, 
                                       str(pruned), "--sparsity", "0.5", "--encoding", encoding])
     assert result.exit_code == 0, result.output
     kept = {}
+    from sparsetool.checkpoint.encodings import decode
     from sparsetool.checkpoint import open_checkpoint
 
     with open_checkpoint(pruned) as ck:
         for lt in ck.logical:
-            dense, mask = ck.read(lt)
+            dense, mask = decode(ck, lt)
             if lt.name.endswith(("qkv.weight", "attn.proj.weight", "fc.weight", "mlp.proj.weight")):
                 kept[lt.name] = mask if mask is not None else dense != 0
     assert len(kept) == 8

@@ -24,9 +24,8 @@ from sparsetool.hardware.compare import APPENDIX_C_TICKS
 from sparsetool.hardware.devices import Device
 from sparsetool.hardware.workload import Workload
 from sparsetool.util.wording import did_you_mean
+from sparsetool.util.progress import Progress
 
-Progress = Callable[[str, int, int], None]
-"""Called as ``progress(stage, done, total)`` while a checkpoint's masks are read."""
 
 Sparsities = Union[str, float, Sequence[float], None]
 
@@ -250,13 +249,14 @@ def _from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
 
 def _checkpoint_mask(path: Path, wl: Workload) -> np.ndarray:
     """The mask of the checkpoint's smallest pruned matrix, as (M, K), for ``verify``."""
+    from sparsetool.checkpoint.encodings import decode
     from sparsetool.checkpoint import open_checkpoint
     from sparsetool.targets import plan_targets
 
     target = min(wl.layers, key=lambda ly: ly.numel).name
     with open_checkpoint(path) as ck:
         lt = next(lt for lt in ck.logical if lt.name == target)
-        dense, mask = ck.read(lt)
+        dense, mask = decode(ck, lt)
         mask = (dense != 0) if mask is None else mask
         m = mask.numpy()
         return m if plan_targets([lt], ck.config)[lt.name].input_dim == 1 else m.T

@@ -110,6 +110,7 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     without them the globs the checkpoint was pruned with, unless ``default_targets``
     (:func:`sparsetool.targets.recorded.plan_checkpoint_targets`).
     """
+    from sparsetool.checkpoint.encodings import decode
     from sparsetool.checkpoint import open_checkpoint
     from sparsetool.checkpoint.config import read_model_config
     from sparsetool.flops import infer_model
@@ -136,7 +137,7 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
         for i, lt in enumerate(todo):
             if progress:
                 progress(i, len(todo), lt.name)
-            dense, mask = ck.read(lt)
+            dense, mask = decode(ck, lt)
             if mask is None:
                 mask = dense != 0
             del dense

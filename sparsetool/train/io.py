@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from sparsetool.checkpoint.encodings import decode
 from sparsetool.checkpoint import open_checkpoint, write_tensors
 from sparsetool.checkpoint.provenance import merged_provenance, provenance_metadata
 from sparsetool.errors import CheckpointError, ConfigError
@@ -142,7 +143,7 @@ def read_init_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dic
     with open_checkpoint(path) as ckpt:
         meta = model_record(ckpt)
         for lt in ckpt.logical:
-            dense, mask = ckpt.read(lt)
+            dense, mask = decode(ckpt, lt)
             weights[lt.name] = dense.float()
             if mask is not None:
                 masks[lt.name] = mask.bool()

@@ -34,7 +34,7 @@ import dataclasses
 import torch
 
 from sparsetool.checkpoint import Checkpoint, LogicalTensor
-from sparsetool.checkpoint.zeros import count_nonzero
+from sparsetool.checkpoint.zeros import count_nonzero_values
 from sparsetool.errors import CheckpointError, SparsetoolError
 from sparsetool.masks.distributions import keep_counts
 from sparsetool.masks.sparsegpt import sparsegpt_kept_count, sparsegpt_prune
@@ -119,7 +119,7 @@ class CalibratedPlanner:
                     f"tensor {lt.name!r} {list(lt.shape)}: --method {o.method} prunes "
                     "linear layers (2-D weights) only; leave it out with --exclude")
             _dense, alive = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
-            self.nonzero_before[lt.name] = count_nonzero(alive)
+            self.nonzero_before[lt.name] = count_nonzero_values(alive)
             try:
                 self.nonzero_after[lt.name] = self._kept_count(lt, self._oriented(lt, alive))
             except SparsetoolError as e:
@@ -247,8 +247,8 @@ class CalibratedPlanner:
         stored_new = self._oriented(lt, new)
         self.model.set_weight(own, stored_new)  # the next inputs come from the pruned block
         kept = self._oriented(lt, kept).contiguous()
-        if count_nonzero(kept) != self.nonzero_after[lt.name]:
-            raise CheckpointError(f"tensor {lt.name!r}: kept {plural(count_nonzero(kept), 'weight')} "
+        if count_nonzero_values(kept) != self.nonzero_after[lt.name]:
+            raise CheckpointError(f"tensor {lt.name!r}: kept {plural(count_nonzero_values(kept), 'weight')} "
                                   f"where {self.nonzero_after[lt.name]} were planned; please report this")
         values = dense if o.method == "wanda" else stored_new.to(dense.dtype).contiguous()
         sink(lt, values, kept)

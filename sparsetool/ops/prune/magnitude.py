@@ -15,7 +15,7 @@ import torch
 
 from sparsetool.checkpoint.reader import Checkpoint, LogicalTensor
 from sparsetool.checkpoint.writer import ShardWriter
-from sparsetool.checkpoint.zeros import count_nonzero
+from sparsetool.checkpoint.zeros import count_nonzero_values
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.distributions import keep_counts
 from sparsetool.masks.global_magnitude import GlobalPlan
@@ -81,7 +81,7 @@ class MagnitudePlanner:
                         self.progress("scan", i + 1, len(self.targets))
                     continue
             dense, existing = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
-            nnz = count_nonzero(existing)
+            nnz = count_nonzero_values(existing)
             self.nonzero_before[lt.name] = nnz
             total_nnz += nnz
             if o.scope == "global":
@@ -90,7 +90,7 @@ class MagnitudePlanner:
                 self.keep[lt.name] = fraction_keep(nnz, o.fraction)
             if o.encoding == "bitmask" and o.scope == "layer":
                 # The compressed size goes into the header, so count the result now.
-                self.nonzero_after[lt.name] = count_nonzero(self._mask(lt, dense, existing))
+                self.nonzero_after[lt.name] = count_nonzero_values(self._mask(lt, dense, existing))
             if self.progress:
                 self.progress("scan", i + 1, len(self.targets))
         if o.scope == "global":
@@ -104,7 +104,7 @@ class MagnitudePlanner:
             if o.encoding == "bitmask":
                 for lt in self.targets:
                     dense, existing = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
-                    self.nonzero_after[lt.name] = count_nonzero(self._mask(lt, dense, existing))
+                    self.nonzero_after[lt.name] = count_nonzero_values(self._mask(lt, dense, existing))
 
     def _global_plan(self, hists: list[MagnitudeHistogram], total_keep: int) -> GlobalPlan:
         plan = global_threshold_plan(hists, total_keep)
@@ -177,7 +177,7 @@ class MagnitudePlanner:
         mask = self._mask(lt, dense, existing)
         before = self.nonzero_before.get(lt.name)
         if before is None:
-            before = count_nonzero(existing)
+            before = count_nonzero_values(existing)
         return dense, mask, before
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from sparsetool.checkpoint.encodings import decode
 from sparsetool.checkpoint import Checkpoint, LogicalTensor
 from sparsetool.checkpoint.encodings import may_hold_nan
 from sparsetool.checkpoint.provenance import read_provenance
@@ -69,7 +70,7 @@ def read_alive(ckpt: Checkpoint, lt: LogicalTensor, *,
         dense = ckpt.read_stored(lt.stored[0])
         if not may_hold_nan(dense):  # a finite sum: no NaN and no inf anywhere, one pass
             return dense, nonzero_mask(dense)
-    dense, mask = ckpt.read(lt)
+    dense, mask = decode(ckpt, lt)
     _check_finite(ckpt, lt, dense, mask, nan_means_pruned)
     alive = nonzero_mask(dense)
     return dense, alive if mask is None else mask & alive

@@ -21,7 +21,7 @@ from sparsetool.checkpoint.format import TensorSpec
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.checkpoint.reader import LogicalTensor
 from sparsetool.checkpoint.writer import CheckpointWriter, write_checkpoint
-from sparsetool.checkpoint.zeros import count_nonzero
+from sparsetool.checkpoint.zeros import count_nonzero_values
 from sparsetool.ops.prune.options import LOADER_WARNINGS, PruneResult, TensorResult, options_record
 from sparsetool.ops.prune.plan import PrunePlan
 from sparsetool.ops.prune.planner import BlockOrderPlanner, FileOrderPlanner
@@ -99,7 +99,7 @@ def _write_in_file_order(plan: PrunePlan, planner: FileOrderPlanner, writer: Che
                     before, nonzero = streamed
                 else:
                     dense, mask, before = planner.mask(lt)
-                    nonzero = count_nonzero(mask)  # the mask keeps only alive, non-zero weights
+                    nonzero = count_nonzero_values(mask)  # the mask keeps only alive, non-zero weights
                     for name, tensor in encode(lt.name, dense, mask, encoding):
                         sw.write(name, tensor)
                     del dense, mask
@@ -126,6 +126,6 @@ def _write_in_block_order(plan: PrunePlan, planner: BlockOrderPlanner, writer: C
             for name, tensor in encode(lt.name, values, kept, encoding):
                 writers[lt.shard].write(name, tensor)
             result.tensors.append(TensorResult(lt.name, tuple(lt.shape), lt.numel,
-                                               planner.nonzero_before[lt.name], count_nonzero(kept)))
+                                               planner.nonzero_before[lt.name], count_nonzero_values(kept)))
 
         planner.run(sink)
