@@ -107,7 +107,7 @@ def start_then_signal(self):
 threading.Thread.start = start_then_signal
 torch.set_num_threads(2)
 try:
-    kernel._map(lambda a, b: a, 10, step=1)
+    kernel.map_chunks(lambda a, b: a, 10, step=1)
 except KeyboardInterrupt:
     print("interrupted")
 """

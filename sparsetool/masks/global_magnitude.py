@@ -44,9 +44,9 @@ from sparsetool.masks.kernel import (
     Keys,
     Scan,
     Sink,
-    _boundary,
-    _flat_existing,
-    _resolve_keep,
+    boundary,
+    flat_existing,
+    resolve_keep,
     bucket_histogram,
     count,
     histogram,
@@ -116,7 +116,7 @@ class MagnitudeHistogram:
         cls, w: Tensor, existing: Tensor | None = None, *, refine: int | None = None
     ) -> MagnitudeHistogram:
         """Histogram of ``w`` (coarse, or refined inside bucket ``refine``)."""
-        keys, _ = _f32_keys(w, _flat_existing(existing, w.shape))
+        keys, _ = _f32_keys(w, flat_existing(existing, w.shape))
         exact = _exact_coarse(w.dtype)
         if refine is None:  # the kernel's first digit is the high 16 bits of the fp32 key
             return cls(histogram(keys)[0], None, exact)
@@ -224,7 +224,7 @@ def global_threshold_plan(
     total = histograms[0].counts.clone()
     for h in histograms[1:]:
         total += h.counts
-    b, above = _boundary(total, keep)
+    b, above = boundary(total, keep)
     need = keep - above
     above_each = [int(h.counts[b + 1:].sum()) for h in histograms]
     in_b = [int(h.counts[b]) for h in histograms]
@@ -250,7 +250,7 @@ def global_threshold_plan(
             fine_total += f.counts
         else:  # exact keys sit at low digit 0
             fine_total[0] += in_b[i]
-    low, above_low = _boundary(fine_total, need)
+    low, above_low = boundary(fine_total, need)
     at_low = []
     for i in range(len(histograms)):
         if i in inexact:
@@ -285,7 +285,7 @@ def apply_threshold(w: Tensor, plan: TensorPlan, existing: Tensor | None = None,
     >>> apply_threshold(torch.tensor([0.5, 2.0, 1.0]), TensorPlan(0x3F800000, 0, 1))
     tensor([False,  True, False])
     """
-    keys, lack = _f32_keys(w, _flat_existing(existing, w.shape))
+    keys, lack = _f32_keys(w, flat_existing(existing, w.shape))
     # On bf16's 16-bit keys "> T" is "> T >> 16", and only a T with zero low bits can be equalled.
     threshold = plan.threshold >> lack
     can_tie = plan.threshold & ((1 << lack) - 1) == 0
@@ -321,7 +321,7 @@ def global_magnitude_masks(
     [tensor([ True, False,  True]), tensor([False,  True])]
     """
     alive = list(existing) if existing is not None else [None] * len(tensors)
-    k = _resolve_keep(sum(t.numel() for t in tensors), sparsity, keep)
+    k = resolve_keep(sum(t.numel() for t in tensors), sparsity, keep)
     hists = [MagnitudeHistogram.of(t, e) for t, e in zip(tensors, alive)]
     plan = global_threshold_plan(hists, k)
     if not plan.done:

@@ -66,8 +66,8 @@ def setting(key: str) -> str:
     return FLAGS.get(key, f"--{key.replace('_', '-')}")
 
 
-_SECTIONS = ("model", "optimizer", "data", "train", "run")
-_SECTION_EXAMPLE = {"model": "preset: tiny", "optimizer": "lr: 0.001", "data": "data: corpus.txt",
+SECTIONS = ("model", "optimizer", "data", "train", "run")
+SECTION_EXAMPLE = {"model": "preset: tiny", "optimizer": "lr: 0.001", "data": "data: corpus.txt",
                     "train": "steps: 1000", "run": "device: cpu"}
 
 
@@ -141,8 +141,8 @@ class TrainConfig:
         return cfg
 
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)
+FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)
              if f.default is not dataclasses.MISSING}
 
 

@@ -33,7 +33,7 @@ from sparsetool.errors import CheckpointError, ConfigError
 FORMAT_VERSION = 1
 
 
-def _write_json(path: Path, obj: object) -> None:
+def write_json(path: Path, obj: object) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2) + "\n")
     os.replace(tmp, path)
@@ -70,9 +70,9 @@ def save_checkpoint(run: Path, step: int, model: torch.nn.Module, masks: dict, m
     if write_files is not None:
         write_files(tmp)
     else:
-        _write_json(tmp / "config.json", {"model_type": "sparsetool-gpt", **model_cfg})
+        write_json(tmp / "config.json", {"model_type": "sparsetool-gpt", **model_cfg})
     torch.save(resume, tmp / "optimizer.pt")
-    _write_json(tmp / "state.json", state)
+    write_json(tmp / "state.json", state)
     final = ckdir / name
     if final.exists():
         shutil.rmtree(final)

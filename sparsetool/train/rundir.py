@@ -224,7 +224,7 @@ def save(tr, step: int, position: int, tokens: int, elapsed: float) -> None:
 
 def write_run_json(tr) -> None:
     """run.json: options as given, model, data; each stage's resolved sparse settings."""
-    io._write_json(tr.run_dir / "run.json", {
+    io.write_json(tr.run_dir / "run.json", {
         "config": tr.cfg.to_dict(), "model": tr.mcfg.to_dict(), "data": tr.corpus_info,
         "sparse_training": {str(k): v for k, v in sorted(tr.resolved_settings.items())}})
 
