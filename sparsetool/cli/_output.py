@@ -53,7 +53,7 @@ def note_reclaimed() -> None:
 
     for r in take_reclaimed():
         err_console.print(f"note: removed {plural(r.files, 'stale temporary file')} of killed runs "
-                          f"in {r.directory} ({human_bytes(r.bytes)})", highlight=False,
+                          f"in {r.directory} ({decimal_bytes(r.bytes)})", highlight=False,
                           soft_wrap=True, markup=False)
 
 
@@ -167,7 +167,8 @@ def count(x: float) -> str:
     return f"{x:.4g}"
 
 
-def human_bytes(n: float) -> str:
+def decimal_bytes(n: float) -> str:
+    """Bytes in powers of 1000 (KB, MB, GB) for file sizes."""
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"

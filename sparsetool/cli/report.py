@@ -13,7 +13,7 @@ from sparsetool.cli._output import (
     console,
     emit_json,
     failing_cleanly,
-    human_bytes,
+    decimal_bytes,
     percent,
     plural,
     print_table,
@@ -97,7 +97,7 @@ def report(
                               f"{plural(s['targeted_tensors'], 'tensor')}"),
         ("overall sparsity", f"{percent(s['overall_sparsity'])} of {plural(s['numel'], 'parameter')}"),
         ("non-zero parameters", f"{s['nonzero']:,}"),
-        ("bytes on disk", human_bytes(s["bytes"])),
+        ("bytes on disk", decimal_bytes(s["bytes"])),
     ]
     if s["non_float_tensors"]:  # never targeted, so outside both sparsities above
         summary.insert(2, ("non-float parameters",
