@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from sparsetool.checkpoint.encodings import decode
 from sparsetool.checkpoint import TensorSpec, encode, open_checkpoint, write_checkpoint
+from sparsetool.checkpoint.encodings import decode
 
 
 def make(path: Path, layers: int, d: int = 2048, ffn: int = 8192, vocab: int = 50257) -> None:

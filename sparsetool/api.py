@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch stays unimported until a function is called
     from sparsetool.ops.densify import DensifyResult
-    from sparsetool.ops.prune import PruneResult
     from sparsetool.ops.diff import DiffResult
     from sparsetool.ops.eval import EvalResult
+    from sparsetool.ops.prune import PruneResult
     from sparsetool.ops.report import Report
 
 from sparsetool.ops.load import load

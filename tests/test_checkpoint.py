@@ -11,7 +11,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from sparsetool.checkpoint.encodings import decode
 from sparsetool.checkpoint import (
     TensorSpec,
     drop_sparsity_config,
@@ -20,6 +19,7 @@ from sparsetool.checkpoint import (
     open_checkpoint,
     write_checkpoint,
 )
+from sparsetool.checkpoint.encodings import decode
 from sparsetool.errors import CheckpointError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -14,9 +14,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from sparsetool.checkpoint.encodings import decode
-from sparsetool.checkpoint import TensorSpec, encode, encoded_specs, open_checkpoint, stored_nonzeros, write_checkpoint
+from sparsetool.checkpoint import (
+    TensorSpec,
+    encode,
+    encoded_specs,
+    open_checkpoint,
+    stored_nonzeros,
+    write_checkpoint,
+)
 from sparsetool.checkpoint import bitmask as bm
+from sparsetool.checkpoint.encodings import decode
 from sparsetool.errors import CheckpointError, SparsetoolError
 
 HERE = Path(__file__).resolve().parents[1] / "fixtures" / "bitmask"

@@ -11,10 +11,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from sparsetool.checkpoint import ENCODINGS, dtypes, open_checkpoint, write_tensors
+from sparsetool.checkpoint.counting import count_unpruned as count_nonzero
+from sparsetool.checkpoint.counting import tensor_counts
 from sparsetool.checkpoint.encodings import decode
-from sparsetool.checkpoint import ENCODINGS, open_checkpoint, write_tensors
-from sparsetool.checkpoint import dtypes
-from sparsetool.checkpoint.counting import count_unpruned as count_nonzero, tensor_counts
 from sparsetool.checkpoint.format import read_header
 from sparsetool.checkpoint.provenance import merged_provenance, provenance_metadata, read_provenance
 from sparsetool.errors import CheckpointError, SparsetoolError

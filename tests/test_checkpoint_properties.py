@@ -19,8 +19,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save, save_file
 
+from sparsetool.checkpoint import (
+    ENCODINGS,
+    TensorSpec,
+    encode,
+    encoded_specs,
+    open_checkpoint,
+    stored_nonzeros,
+    write_checkpoint,
+)
 from sparsetool.checkpoint.encodings import decode
-from sparsetool.checkpoint import ENCODINGS, TensorSpec, encode, encoded_specs, open_checkpoint, stored_nonzeros, write_checkpoint
 from sparsetool.checkpoint.format import layout
 from sparsetool.errors import SparsetoolError
 

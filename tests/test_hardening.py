@@ -402,7 +402,6 @@ def _code_dir(root: Path) -> tuple[Path, Path]:
     pytest.importorskip("transformers")
     pytest.importorskip("tokenizers")
     import torch
-
     from test_eval import hf_model, make_text, save_tokenizer
 
     d, marker = root / "remote", root / "MARKER"

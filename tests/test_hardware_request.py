@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_hardware_checkpoint import pruned_gpt2
 from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
 from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.hardware import hardware_constants, run_simulation
 from sparsetool.hardware.request import parse_sparsities
-
-from test_hardware_checkpoint import pruned_gpt2
 
 
 def cli_json(*args):

@@ -7,8 +7,6 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sparsetool.masks.kernel as kernel_module
-from conftest import tiny_chunks
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.select import (
     GlobalPlan,
@@ -23,6 +21,8 @@ from sparsetool.masks.select import (
     random_mask,
     sparsity_keep,
 )
+
+from conftest import tiny_chunks
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
 # Few distinct magnitudes so ties are common; both zeros; values that share one bf16 / coarse bucket.

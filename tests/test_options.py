@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparsetool.util import options
 from sparsetool.errors import ConfigError, SparsetoolError
+from sparsetool.util import options
 from sparsetool.util.options import (
     check_fraction,
     check_seed,
@@ -22,7 +22,6 @@ from sparsetool.util.options import (
     parse_stage,
     parse_tokens,
 )
-
 
 # ----------------------------------------------------------------------------------------------
 # sparsity and fraction (moved here from tests/test_masks.py with the checks)
@@ -149,7 +148,8 @@ def test_parse_tokens_minimum_names_the_option():
 
 
 def test_flops_parses_counts_with_the_one_parser():
-    from sparsetool.flops import parse_count, parse_sparsities as flops_sparsities
+    from sparsetool.flops import parse_count
+    from sparsetool.flops import parse_sparsities as flops_sparsities
 
     assert parse_count("2.6e10") == parse_count("26B") == parse_tokens("26B")
     assert parse_count("0") == 0

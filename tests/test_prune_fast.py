@@ -21,13 +21,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from conftest import gpt2_like_state, tiny_chunks
-from sparsetool.util import workers
 from sparsetool.errors import SparsetoolError
-from sparsetool.ops.prune import magnitude as prune_module
 from sparsetool.ops.densify import densify_checkpoint
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
+from sparsetool.ops.prune import magnitude as prune_module
 from sparsetool.ops.report import summarize
+from sparsetool.util import workers
+
+from conftest import gpt2_like_state, tiny_chunks
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
 DTYPES += [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)]

@@ -19,12 +19,13 @@ from sparsetool.cli.main import app
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.sparsegpt import sparsegpt_kept_count, sparsegpt_prune
 from sparsetool.masks.wanda import wanda_kept_count, wanda_mask
-from sparsetool.ops.prune.calibrated import calibration_windows
 from sparsetool.ops.eval import evaluate
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
+from sparsetool.ops.prune.calibrated import calibration_windows
 
 transformers = pytest.importorskip("transformers")
 from test_eval import hf_model, make_text, save_tokenizer  # noqa: E402
+
 import json_schemas as S  # noqa: E402
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -196,8 +197,8 @@ def test_peak_memory_does_not_grow_with_depth(tmp_path, text, calib_file):
 
 # ----------------------------------------------------------------------------- eval's memory budget
 def test_eval_with_little_memory_holds_fewer_windows_and_scores_the_same(model_dir, text, monkeypatch):
-    from sparsetool.util.memory import process_memory
     import sparsetool.ops.eval as ev
+    from sparsetool.util.memory import process_memory
 
     full = evaluate([model_dir], text=text, seq=16, batch=2).rows[0]
     assert full.memory["windows_held"] >= 20

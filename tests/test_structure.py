@@ -240,3 +240,26 @@ def test_the_kernel_docstring_opens_with_the_sort_it_equals():
 
     head = kernel.__doc__.split("radix")[1].split(">>>")[0]  # after the title line, before examples
     assert "torch.sort(" in head and "stable=True" in head and "torch.topk" in head
+
+
+# ------------------------------------------------------------------------ the linter
+
+def test_ruff_is_configured_installed_with_the_tests_and_run_by_ci():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["tool"]["ruff"]["line-length"] == 100
+    assert "I" in project["tool"]["ruff"]["lint"]["select"]  # import sorting
+    assert any(d.startswith("ruff") for d in project["project"]["optional-dependencies"]["test"])
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert "ruff check" in ci and ci.index("ruff check") < ci.index("pip install -e '.[test]' && pytest -q")
+
+
+def test_ruff_check_is_clean():
+    import shutil
+
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed (pip install -e '.[test]' brings it)")
+    r = subprocess.run([ruff, "check", "--no-cache", "."], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr

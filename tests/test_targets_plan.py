@@ -5,9 +5,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import save_file
 
-from conftest import gpt2_like_state
 from sparsetool.errors import ConfigError
 from sparsetool.targets import LINEAR_ROLES, TargetPlan, plan_targets
+
+from conftest import gpt2_like_state
 
 # One block of each naming family: name -> (shape, expected role); the four linear roles are
 # targeted, the rest are not.

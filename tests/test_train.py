@@ -91,7 +91,7 @@ def test_checkpoint_is_mask_encoded_and_masked_weights_are_positive_zero(tmp_pat
         assert abs(1 - m.float().mean().item() - 0.75) < 0.01
         pruned = t[n][~m]
         assert torch.all(pruned == 0) and not torch.any(torch.signbit(pruned))  # +0.0, never -0.0
-    assert not any(n.endswith("_mask") for n in t if not n[:-5] in targeted and n.endswith("_mask"))
+    assert not any(n.endswith("_mask") for n in t if n[:-5] not in targeted and n.endswith("_mask"))
     assert "head.weight" in t and "tok_emb.weight" in t  # untied head: both names stored
 
 
@@ -142,8 +142,8 @@ def test_init_accepts_a_checkpoint_pruned_by_sparsetool_prune(tmp_path, corpus, 
                                       str(pruned), "--sparsity", "0.5", "--encoding", encoding])
     assert result.exit_code == 0, result.output
     kept = {}
-    from sparsetool.checkpoint.encodings import decode
     from sparsetool.checkpoint import open_checkpoint
+    from sparsetool.checkpoint.encodings import decode
 
     with open_checkpoint(pruned) as ck:
         for lt in ck.logical:

@@ -99,8 +99,14 @@ def progress_bar(enabled: bool = True) -> Iterator[Any]:
     if not enabled or not err_console.is_terminal:
         yield None
         return
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     with Progress(TextColumn("{task.description:>8}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=err_console,

@@ -14,9 +14,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import typer
 
-from sparsetool.util import options
 from sparsetool.errors import SparsetoolError
-
+from sparsetool.util import options
 
 # Names the library defines in torch-importing modules, repeated here so --help lists them without
 # loading torch; tests/test_cli_vocabulary.py checks they equal the library's own.

@@ -49,8 +49,8 @@ def diff(
     weights revived (zero in A, non-zero in B) and newly pruned, relative L2 change ||B-A||/||A||
     and angular distance 1 - cos(A, B). The summary pools all targeted weights as one vector.
     """
-    from sparsetool.ops.diff import plot_diff
     from sparsetool.ops.diff import diff as run_diff
+    from sparsetool.ops.diff import plot_diff
 
     with failing_cleanly():
         if plot is not None:

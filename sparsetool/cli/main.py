@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-from difflib import get_close_matches
 import signal
+from difflib import get_close_matches
 from typing import Any, Callable, Iterator
 
 import typer

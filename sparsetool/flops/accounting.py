@@ -25,10 +25,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from sparsetool.util import options
 from sparsetool.errors import ConfigError
 from sparsetool.flops.config import CHINCHILLA_TOKENS_PER_PARAM, ModelConfig
 from sparsetool.flops.formula import LayerSparsity, forward_terms, layer_sparsities, param_counts
+from sparsetool.util import options
 
 BACKWARD_FACTOR = 2.0
 """Backward pass = 2 x forward (Chinchilla App. F; Kaplan et al. 2020)."""

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from sparsetool.util.configfile import load_mapping
 from sparsetool.errors import ConfigError
+from sparsetool.util.configfile import load_mapping
 from sparsetool.util.wording import plural
 
 CHINCHILLA_TOKENS_PER_PARAM = 20.0

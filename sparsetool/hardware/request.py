@@ -16,16 +16,15 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from sparsetool.util import options
 from sparsetool.errors import ConfigError
 from sparsetool.hardware import compare, presets
 from sparsetool.hardware import workload as wlmod
 from sparsetool.hardware.compare import APPENDIX_C_TICKS
 from sparsetool.hardware.devices import Device
 from sparsetool.hardware.workload import Workload
-from sparsetool.util.wording import did_you_mean
+from sparsetool.util import options
 from sparsetool.util.progress import Progress
-
+from sparsetool.util.wording import did_you_mean
 
 Sparsities = Union[str, float, Sequence[float], None]
 
@@ -249,8 +248,8 @@ def _from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
 
 def _checkpoint_mask(path: Path, wl: Workload) -> np.ndarray:
     """The mask of the checkpoint's smallest pruned matrix, as (M, K), for ``verify``."""
-    from sparsetool.checkpoint.encodings import decode
     from sparsetool.checkpoint import open_checkpoint
+    from sparsetool.checkpoint.encodings import decode
     from sparsetool.targets import plan_targets
 
     target = min(wl.layers, key=lambda ly: ly.numel).name

@@ -16,8 +16,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from sparsetool.errors import CheckpointError, ConfigError
-from sparsetool.util.options import parse_shape  # noqa: F401 (the API imports it from here too)
 from sparsetool.hardware.layers import LayerMask, sampled_random, stats_from_mask, synthetic_mask
+from sparsetool.util.options import parse_shape  # noqa: F401 (the API imports it from here too)
 from sparsetool.util.wording import plural
 
 UNTARGETED_TERMS = ("attn_logits", "softmax", "attn_values", "logits")
@@ -110,9 +110,9 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     without them the globs the checkpoint was pruned with, unless ``default_targets``
     (:func:`sparsetool.targets.recorded.plan_checkpoint_targets`).
     """
-    from sparsetool.checkpoint.encodings import decode
     from sparsetool.checkpoint import open_checkpoint
     from sparsetool.checkpoint.config import read_model_config
+    from sparsetool.checkpoint.encodings import decode
     from sparsetool.flops import infer_model
     from sparsetool.targets.order import tensor_sort_key
     from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary

@@ -45,12 +45,12 @@ from sparsetool.masks.kernel import (
     Scan,
     Sink,
     boundary,
-    flat_existing,
-    resolve_keep,
     bucket_histogram,
     count,
+    flat_existing,
     histogram,
     magnitude_keys,
+    resolve_keep,
     threshold_mask,
 )
 from sparsetool.util.wording import plural

@@ -61,9 +61,16 @@ import torch
 from torch import Tensor
 
 from sparsetool.errors import SparsetoolError
-from sparsetool.util import workers as pool
 from sparsetool.masks.counts import sparsity_keep
-from sparsetool.masks.keys import Keys, flat_existing, float_int_view, digit_shifts, int_keys, magnitude_keys
+from sparsetool.masks.keys import (
+    Keys,
+    digit_shifts,
+    flat_existing,
+    float_int_view,
+    int_keys,
+    magnitude_keys,
+)
+from sparsetool.util import workers as pool
 
 __all__ = ["top_k_mask", "Keys", "int_keys", "magnitude_keys", "histogram", "bucket_histogram",
            "threshold_mask", "select_top", "count", "Scan", "scan", "boundary", "resolve_keep",

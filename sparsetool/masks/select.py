@@ -51,10 +51,10 @@ from sparsetool.masks.global_magnitude import (
 from sparsetool.masks.kernel import (
     flat_existing,
     float_int_view,
-    map_chunks,
-    resolve_keep,
     int_keys,
     magnitude_keys,
+    map_chunks,
+    resolve_keep,
     select_top,
     top_k_mask,
 )

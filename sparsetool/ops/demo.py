@@ -220,7 +220,6 @@ class _Demo:
 
     def _diff(self) -> Any:
         from sparsetool.ops.diff import diff, plot_diff
-
         from sparsetool.ops.report import summarize
 
         self._phase("diff", summarize(self.out / "sparse").summary["targeted_tensors"])

@@ -18,13 +18,13 @@ from sparsetool.checkpoint import (
     Checkpoint,
     LogicalTensor,
     TensorSpec,
+    bits,
     drop_sparsity_config,
     open_checkpoint,
     write_checkpoint,
 )
-from sparsetool.util import workers
-from sparsetool.checkpoint import bits
 from sparsetool.checkpoint.provenance import provenance_metadata
+from sparsetool.util import workers
 from sparsetool.util.progress import Progress
 
 

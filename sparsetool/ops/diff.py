@@ -19,13 +19,20 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from sparsetool.checkpoint.encodings import decode
 from sparsetool.checkpoint import open_checkpoint
+from sparsetool.checkpoint.encodings import decode
 from sparsetool.errors import SparsetoolError
-from sparsetool.targets import LINEAR_ROLES, conv1d_layout, input_dim, is_floating, plan_targets, role
+from sparsetool.targets import (
+    LINEAR_ROLES,
+    conv1d_layout,
+    input_dim,
+    is_floating,
+    plan_targets,
+    role,
+)
 from sparsetool.targets.order import SEPARATE_QKV, layer_index, tensor_sort_key
-from sparsetool.util.wording import plural
 from sparsetool.util.progress import Progress
+from sparsetool.util.wording import plural
 
 __all__ = ["KINDS", "Stats", "DiffRow", "DiffResult", "diff", "split_parts", "matrix_kind", "layer_index",
            "plot_diff"]

@@ -26,9 +26,8 @@ import torch.nn.functional as F
 from sparsetool.errors import SparsetoolError
 from sparsetool.ops.lm import MAX_DEFAULT_SEQ, BlockModel, Call, open_model, read_text
 from sparsetool.util.memory import MemoryPlan, budget, process_memory
-from sparsetool.util.wording import plural
 from sparsetool.util.progress import Progress
-
+from sparsetool.util.wording import plural
 
 __all__ = ["Window", "windows", "score", "EvalRow", "EvalResult", "evaluate", "plot_eval"]
 

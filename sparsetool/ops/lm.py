@@ -31,13 +31,20 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from sparsetool.checkpoint import Checkpoint, open_checkpoint
 from sparsetool.checkpoint.encodings import decode
-from sparsetool.checkpoint import Checkpoint, LogicalTensor, open_checkpoint
 from sparsetool.checkpoint.zeros import count_nonzero_values, negative_zeros
 from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.targets import is_floating, plan_targets
-from sparsetool.train.hf import HF_EXTRA, MAX_DEFAULT_SEQ, match_names  # noqa: F401 (re-exported)
-from sparsetool.train.hf import context_of, hf_config, import_transformers, load_tokenizer
+from sparsetool.train.hf import (  # noqa: F401 (re-exported)
+    HF_EXTRA,
+    MAX_DEFAULT_SEQ,
+    context_of,
+    hf_config,
+    import_transformers,
+    load_tokenizer,
+    match_names,
+)
 
 __all__ = ["BlockModel", "Call", "Encoded", "DTYPES", "open_model", "read_text", "resolve_device"]
 

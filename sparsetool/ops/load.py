@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from sparsetool.checkpoint.encodings import decode
 from sparsetool.checkpoint import open_checkpoint
+from sparsetool.checkpoint.encodings import decode
 from sparsetool.checkpoint.zeros import negative_zeros
 
 __all__ = ["load"]

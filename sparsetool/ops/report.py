@@ -14,8 +14,8 @@ from typing import Sequence
 from sparsetool.checkpoint import open_checkpoint
 from sparsetool.checkpoint.counting import count_unpruned
 from sparsetool.checkpoint.dtypes import is_floating, torch_name
-from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary
 from sparsetool.targets.order import tensor_sort_key
+from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary
 from sparsetool.util.progress import Progress
 
 

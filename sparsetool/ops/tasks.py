@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from sparsetool.errors import ConfigError, SparsetoolError
-from sparsetool.util.wording import plural
 from sparsetool.util.progress import Progress
+from sparsetool.util.wording import plural
 
 __all__ = ["EVAL_EXTRA", "TaskRow", "TasksResult", "evaluate_tasks", "import_lm_eval"]
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from sparsetool.checkpoint.dtypes import is_floating
 

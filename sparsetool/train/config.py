@@ -29,8 +29,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparsetool.util import options
 from sparsetool.errors import ConfigError
+from sparsetool.util import options
 
 ALGORITHMS = ("dense", "static", "gmp", "set", "rigl", "granet", "imp")
 ENCODINGS = ("zeros", "mask", "nan", "bitmask")  # sparsetool.checkpoint.encodings, without torch

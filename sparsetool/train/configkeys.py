@@ -17,13 +17,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sparsetool.util import options
-from sparsetool.util.configfile import load_mapping
 from sparsetool.errors import ConfigError
 from sparsetool.train.config import (
-    ALGORITHMS, COMMAND_LINE_ONLY, FILE_ONLY, INIT_METHODS, KEY_ALIASES, VALUE_ALIASES, TrainConfig,
-    DEFAULTS, FIELDS, SECTION_EXAMPLE, SECTIONS, setting, validate,
+    ALGORITHMS,
+    COMMAND_LINE_ONLY,
+    DEFAULTS,
+    FIELDS,
+    FILE_ONLY,
+    INIT_METHODS,
+    KEY_ALIASES,
+    SECTION_EXAMPLE,
+    SECTIONS,
+    VALUE_ALIASES,
+    TrainConfig,
+    setting,
+    validate,
 )
+from sparsetool.util import options
+from sparsetool.util.configfile import load_mapping
 
 
 def read_config_file(path: str | Path) -> dict:

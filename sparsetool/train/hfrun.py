@@ -23,13 +23,24 @@ import torch
 import torch.nn.functional as F
 
 from sparsetool.checkpoint import open_checkpoint, write_tensors
-from sparsetool.checkpoint.config import bitmask_sparsity_config, drop_sparsity_config, read_model_config
+from sparsetool.checkpoint.config import (
+    bitmask_sparsity_config,
+    drop_sparsity_config,
+    read_model_config,
+)
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.errors import ConfigError
-from sparsetool.util.workers import signals_deferred
 from sparsetool.train.data import Corpus
+from sparsetool.train.hf import (
+    TOKENIZER_FILES,
+    context_of,
+    hf_config,
+    import_transformers,
+    load_tokenizer,
+    match_weights,
+)
 from sparsetool.util.memory import fine_tuning_plan
-from sparsetool.train.hf import TOKENIZER_FILES, context_of, hf_config, import_transformers, load_tokenizer, match_weights
+from sparsetool.util.workers import signals_deferred
 
 __all__ = ["HFModel", "HFModelInfo", "MODEL_DIR", "forward", "is_hf_dir", "open_run_model"]
 

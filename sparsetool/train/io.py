@@ -25,8 +25,8 @@ from typing import Callable
 
 import torch
 
-from sparsetool.checkpoint.encodings import decode
 from sparsetool.checkpoint import open_checkpoint, write_tensors
+from sparsetool.checkpoint.encodings import decode
 from sparsetool.checkpoint.provenance import merged_provenance, provenance_metadata
 from sparsetool.errors import CheckpointError, ConfigError
 

@@ -40,11 +40,11 @@ from sparsetool.masks.distributions import keep_counts
 from sparsetool.masks.sparsegpt import sparsegpt_kept_count, sparsegpt_prune
 from sparsetool.masks.wanda import wanda_kept_count, wanda_mask
 from sparsetool.ops.lm import BlockModel, Call, open_model, read_text
-from sparsetool.util.memory import MemoryPlan, budget, process_memory
 from sparsetool.ops.prune.options import DEFAULT_SEQ, PruneOptions
 from sparsetool.ops.prune.planner import Sink
 from sparsetool.ops.prune.read import read_alive
 from sparsetool.targets import TargetPlan
+from sparsetool.util.memory import MemoryPlan, budget, process_memory
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural
 

@@ -9,9 +9,18 @@ from pathlib import Path
 from sparsetool.checkpoint.encodings import ENCODINGS
 from sparsetool.errors import ConfigError
 from sparsetool.masks.distributions import DISTRIBUTIONS
-from sparsetool.util.options import (CALIBRATION_METHODS, COMPUTE_DTYPES, METHODS, SCOPES, check_count,
-                                check_dampening, check_device, check_fraction, check_seed,
-                                check_sparsity)
+from sparsetool.util.options import (
+    CALIBRATION_METHODS,
+    COMPUTE_DTYPES,
+    METHODS,
+    SCOPES,
+    check_count,
+    check_dampening,
+    check_device,
+    check_fraction,
+    check_seed,
+    check_sparsity,
+)
 
 __all__ = ["PruneOptions", "TensorResult", "PruneResult", "LOADER_WARNINGS", "DEFAULT_SEQ", "options_record"]
 

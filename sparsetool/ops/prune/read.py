@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from sparsetool.checkpoint.encodings import decode
 from sparsetool.checkpoint import Checkpoint, LogicalTensor
-from sparsetool.checkpoint.encodings import may_hold_nan
+from sparsetool.checkpoint.encodings import decode, may_hold_nan
 from sparsetool.checkpoint.provenance import read_provenance
 from sparsetool.checkpoint.zeros import nonzero_mask
 from sparsetool.errors import SparsetoolError

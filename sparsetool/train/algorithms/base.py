@@ -45,12 +45,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from sparsetool.util.options import check_sparsity
 from sparsetool.errors import ConfigError
 from sparsetool.masks.kernel import top_k_mask
 from sparsetool.train.algorithms.maskstate import MaskState
 from sparsetool.train.rng import step_generator
 from sparsetool.train.schedules import Wiring, wire
+from sparsetool.util.options import check_sparsity
 
 __all__ = ["Sparsifier", "is_whole"]
 

@@ -35,9 +35,9 @@ from typing import Any
 import torch
 
 from sparsetool.errors import ConfigError
-from sparsetool.train.schedules import Periodic
 from sparsetool.masks.kernel import top_k_mask
 from sparsetool.train.algorithms.base import Sparsifier, is_whole
+from sparsetool.train.schedules import Periodic
 
 __all__ = ["IMP"]
 
