@@ -33,6 +33,7 @@ import torch
 from safetensors.torch import save_file
 
 from sparsetool.checkpoint import TensorSpec, encode, open_checkpoint, write_checkpoint
+from sparsetool.checkpoint.encodings import decode
 
 
 def make(path: Path, layers: int, d: int = 2048, ffn: int = 8192, vocab: int = 50257) -> None:
@@ -90,7 +91,7 @@ def main() -> None:
     def read_write() -> None:
         with write_checkpoint(ck, out) as w, w.shard(ck.shards[0], specs) as sw:
             for lt in ck.logical:
-                sw.write(lt.name, ck.read(lt)[0])
+                sw.write(lt.name, decode(ck, lt)[0])
 
     stages: dict[str, float] = {}
 
@@ -104,7 +105,7 @@ def main() -> None:
         with write_checkpoint(ck, out) as w, w.shard(ck.shards[0], specs) as sw:
             for lt in ck.logical:
                 t0 = time.perf_counter()
-                dense, _ = ck.read(lt)
+                dense, _ = decode(ck, lt)
                 t0 = clock("read (map + NaN screen)", t0)
                 if len(lt.shape) == 2:
                     mask = dense.abs() >= 1.15
@@ -118,13 +119,13 @@ def main() -> None:
 
     def mask_only() -> None:
         for lt in ck.logical:
-            dense, _ = ck.read(lt)
+            dense, _ = decode(ck, lt)
             if len(lt.shape) == 2:
                 dense.abs() >= 1.15
 
     def read_only() -> None:
         for lt in ck.logical:
-            ck.read(lt)
+            decode(ck, lt)
 
     cases = [("cp", cp), ("copy_stored", copy_stored), ("read + write", read_write),
              ("read + mask + zeros + write", prune_io),

@@ -133,7 +133,7 @@ def main() -> None:
                     memory = result.get("memory") or (result.get("checkpoints") or [{}])[0].get("memory")
                     plan = memory and memory["peak_estimate"] / 2**30
                     if memory:
-                        from sparsetool.memory import MemoryPlan
+                        from sparsetool.util.memory import MemoryPlan
 
                         fields = {k: memory[k] for k in ("fixed", "weights", "activations", "statistics",
                                                           "budget", "budget_source")}

@@ -44,14 +44,14 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path, help="an older harness.py, timed as 'before'")
     args = ap.parse_args()
 
+    import lm_eval
     import torch
     import transformers
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-
     from bench_checkpoint import machine
+    from lm_eval.tasks import TaskManager
     from test_eval import save_tokenizer
     from test_tasks import ending_items, sentences, write_tasks
+
     from sparsetool.ops.tasks import evaluate_tasks
 
     root = Path(tempfile.mkdtemp(prefix="bench_tasks_"))

@@ -9,11 +9,14 @@ stays light and does not import torch)::
     sparsetool.report(path) -> Report                     # .to_json() is `report --json`
     sparsetool.eval([path, ...], text=None) -> EvalResult  # NLL, perplexity, bits per byte
     sparsetool.diff(a, b) -> DiffResult                   # per-matrix change between checkpoints
+
+``sparsetool.eval`` is not in ``__all__``, so ``from sparsetool import *`` leaves the builtin
+``eval`` alone.
 """
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load", "prune", "densify", "report", "eval", "diff"]
+__all__ = ["__version__", "load", "prune", "densify", "report", "diff"]
 
 _API = {"load", "prune", "densify", "report", "eval", "diff"}
 

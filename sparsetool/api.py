@@ -2,7 +2,12 @@
 
 >>> import sparsetool
 >>> sorted(n for n in sparsetool.__all__ if not n.startswith("_"))
-['densify', 'diff', 'eval', 'load', 'prune', 'report']
+['densify', 'diff', 'load', 'prune', 'report']
+>>> sparsetool.eval.__name__
+'eval'
+
+``eval`` is named after the command but left out of ``__all__``: ``from sparsetool import *``
+must not replace Python's builtin ``eval`` in the importing module. Call it as ``sparsetool.eval``.
 """
 
 from __future__ import annotations
@@ -13,14 +18,14 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch stays unimported until a function is called
     from sparsetool.ops.densify import DensifyResult
-    from sparsetool.ops.prune import PruneResult
     from sparsetool.ops.diff import DiffResult
     from sparsetool.ops.eval import EvalResult
+    from sparsetool.ops.prune import PruneResult
     from sparsetool.ops.report import Report
 
 from sparsetool.ops.load import load
 
-__all__ = ["load", "prune", "densify", "report", "eval", "diff"]
+__all__ = ["load", "prune", "densify", "report", "diff"]  # and eval: not exported by *, see above
 
 
 def prune(
@@ -55,7 +60,7 @@ def prune(
     ``"12G"``; default: what is available). Raises :class:`sparsetool.errors.SparsetoolError` on bad input; nothing is written then."""
     from sparsetool.errors import ConfigError
     from sparsetool.ops.prune import PruneOptions, prune_checkpoint
-    from sparsetool.options import parse_nm, parse_size
+    from sparsetool.util.options import parse_nm, parse_size
 
     if output is None and not in_place:
         raise ConfigError("give an output path (or in_place=True to replace the input)")
@@ -103,7 +108,7 @@ def eval(checkpoints: str | Path | Sequence[str | Path], *, text: str | Path | N
     split of the built-in corpus. Models run block by block on ``device`` in ``dtype``, holding as
     many windows as ``max_memory`` (bytes or ``"12G"``; default: what is available) leaves room for."""
     from sparsetool.ops.eval import evaluate
-    from sparsetool.options import check_device, parse_size
+    from sparsetool.util.options import check_device, parse_size
 
     paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
     return evaluate(paths, text=text, seq=seq, stride=stride, max_tokens=max_tokens, batch=batch,

@@ -11,7 +11,6 @@ import torch
 from safetensors.torch import save_file
 
 
-
 def pytest_configure(config):
     """Tests send SIGINT and SIGTERM to the commands they start (and raise them in-process). A
     suite started with those signals ignored (``nohup``, ``cmd &`` in a script) would pass the

@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparsetool.errors import ConfigError
-from sparsetool.train.schedules import Constant, Cosine, Periodic, Polynomial
 from sparsetool.train.algorithms import (
     ALGORITHMS,
     GMP,
@@ -20,6 +19,7 @@ from sparsetool.train.algorithms import (
     build_sparsifier,
 )
 from sparsetool.train.rng import step_generator
+from sparsetool.train.schedules import Constant, Cosine, Periodic, Polynomial
 
 # The sparsity block of the Cerebras Model Zoo GPT-3 125M RigL config (params_gpt3_125m_rigl75.yaml).
 MODEL_ZOO_RIGL = """

@@ -16,9 +16,10 @@ from typer.testing import CliRunner
 from sparsetool.cli.main import app
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.wanda import wanda_mask
-from sparsetool.ops.calibrate import calibration_windows
 from sparsetool.ops.eval import evaluate
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
+from sparsetool.ops.prune.calibrated import calibration_windows
+
 from conftest import tiny_causal_lm
 
 transformers = pytest.importorskip("transformers")

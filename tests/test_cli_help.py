@@ -39,7 +39,8 @@ def test_root_help_lines_are_each_commands_own_first_line():
     """`sparsetool --help` lists the commands from cli.main.COMMANDS without importing them."""
     import typer
 
-    from sparsetool.cli.main import COMMANDS as TABLE, app
+    from sparsetool.cli.main import COMMANDS as TABLE
+    from sparsetool.cli.main import app
 
     group = typer.main.get_command(app)
     assert list(TABLE) == list(COMMANDS)

@@ -5,7 +5,6 @@ values exit 2, each a single ``error:`` line; ``sparsetool --help`` shows every 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner

@@ -2,7 +2,7 @@
 
 -o/--output where a command writes, --json that parses, --quiet, exit code 2 for usage errors
 (decided before torch is imported), choices listed in --help, examples at the end of --help, and
---sparsity / --tokens / --include / --exclude / --seed parsed by the one sparsetool.options.
+--sparsity / --tokens / --include / --exclude / --seed parsed by the one sparsetool.util.options.
 """
 
 from __future__ import annotations

@@ -12,11 +12,12 @@ import torch
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from conftest import gpt2_like_state, is_gpt2_target
 from sparsetool.checkpoint import encode, open_checkpoint
 from sparsetool.cli.main import app
 from sparsetool.errors import SparsetoolError
-from sparsetool.ops.diff import Stats, diff, pair_stats, plot_diff, split_parts
+from sparsetool.ops.diff import diff, pair_stats, plot_diff, split_parts
+
+from conftest import gpt2_like_state, is_gpt2_target
 
 
 def save(path: Path, state: dict[str, torch.Tensor]) -> Path:

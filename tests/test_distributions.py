@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparsetool.masks.distributions import DISTRIBUTIONS, erk_keep, keep_counts, uniform_keep
 from sparsetool.errors import ConfigError, SparsetoolError
+from sparsetool.masks.distributions import DISTRIBUTIONS, erk_keep, keep_counts, uniform_keep
 
 
 def test_uniform_hand_computed():

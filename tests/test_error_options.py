@@ -18,8 +18,9 @@ import typer.main
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from conftest import gpt2_like_state
 from sparsetool.cli.main import app
+
+from conftest import gpt2_like_state
 
 ROOT = Path(__file__).resolve().parents[1] / "sparsetool"
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]+")  # two letters at least: "--s" is a line style

@@ -18,6 +18,7 @@ from sparsetool.cli.main import app
 from sparsetool.errors import SparsetoolError
 from sparsetool.ops.eval import Window, evaluate, windows
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
+
 from conftest import tiny_causal_lm
 
 os.environ["HF_HUB_OFFLINE"] = "1"

@@ -307,7 +307,7 @@ def test_per_layer_role_sparsity():
         forward_terms(TINY, sparsity=[{}])
     with pytest.raises(ConfigError, match="unknown role"):
         forward_terms(TINY, sparsity=[{"mlp": 0.5}, {}])
-    # the one sparsity check (sparsetool.options) words its range "from 0 to 1"
+    # the one sparsity check (sparsetool.util.options) words its range "from 0 to 1"
     with pytest.raises(ConfigError, match="layer 0 qkv: sparsity must be a number from 0 to 1"):
         forward_terms(TINY, sparsity=[{"qkv": 1.5}, {}])
 

@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from test_flops_cli import run, whole_json
 
 from sparsetool.flops import ModelConfig, forward_terms
-
-from test_flops_cli import run, whole_json
 
 
 def zero_first(t, fraction):

@@ -107,7 +107,7 @@ def start_then_signal(self):
 threading.Thread.start = start_then_signal
 torch.set_num_threads(2)
 try:
-    kernel._map(lambda a, b: a, 10, step=1)
+    kernel.map_chunks(lambda a, b: a, 10, step=1)
 except KeyboardInterrupt:
     print("interrupted")
 """
@@ -402,7 +402,6 @@ def _code_dir(root: Path) -> tuple[Path, Path]:
     pytest.importorskip("transformers")
     pytest.importorskip("tokenizers")
     import torch
-
     from test_eval import hf_model, make_text, save_tokenizer
 
     d, marker = root / "remote", root / "MARKER"

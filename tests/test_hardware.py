@@ -12,9 +12,15 @@ from hypothesis import strategies as st
 
 from sparsetool.errors import ConfigError
 from sparsetool.hardware import (
-    APPENDIX_C_TICKS, builtin_devices, from_model, from_shape, simulate, stats_from_mask, synthetic_mask,
+    APPENDIX_C_TICKS,
+    builtin_devices,
+    fits,
+    from_model,
+    from_shape,
+    simulate,
+    stats_from_mask,
+    synthetic_mask,
 )
-from sparsetool.hardware import fits
 from sparsetool.hardware.devices import Dataflow, DenseGPU, Sparse24GPU
 from sparsetool.hardware.layers import LayerMask, nm_violation, sampled_random, tile_counts
 from sparsetool.hardware.presets import PRESETS, dataflow_grids, sources

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_hardware_checkpoint import pruned_gpt2
 from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
 from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.hardware import hardware_constants, run_simulation
 from sparsetool.hardware.request import parse_sparsities
-
-from test_hardware_checkpoint import pruned_gpt2
 
 
 def cli_json(*args):
@@ -79,7 +78,7 @@ def test_hardware_constants_is_the_list_hardware_table():
     (dict(), "exactly one"),
     (dict(shape="64x64", model="gpt2-small", sparsity=0.5), "exactly one"),
     (dict(shape="64x64"), "--sparsity"),
-    (dict(shape="64x64", sparsity=1.5), "from 0 to 1"),  # the one rule: sparsetool.options
+    (dict(shape="64x64", sparsity=1.5), "from 0 to 1"),  # the one rule: sparsetool.util.options
     (dict(shape="64x64", sparsity="0.5,x"), "'x' is not a number"),
     (dict(shape="64x64", sparsity=0.5, sweep=True), "not both"),
     (dict(shape="64x64", sparsity=0.5, devices=["tpu"]), "tpu"),

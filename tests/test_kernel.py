@@ -7,11 +7,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import sparsetool.masks.kernel as kernel
-from conftest import tiny_chunks
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks import top_k_mask
-from sparsetool.masks.kernel import bucket_histogram, histogram, int_keys, magnitude_keys, select_top
+from sparsetool.masks.kernel import (
+    bucket_histogram,
+    histogram,
+    int_keys,
+    magnitude_keys,
+    select_top,
+)
+
+from conftest import tiny_chunks
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
 DTYPES += [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)]

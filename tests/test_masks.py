@@ -7,8 +7,6 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sparsetool.masks.kernel as kernel_module
-from conftest import tiny_chunks
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.select import (
     GlobalPlan,
@@ -23,6 +21,8 @@ from sparsetool.masks.select import (
     random_mask,
     sparsity_keep,
 )
+
+from conftest import tiny_chunks
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
 # Few distinct magnitudes so ties are common; both zeros; values that share one bf16 / coarse bucket.
@@ -526,7 +526,7 @@ def test_fp8_needs_no_refinement_pass():
 
 def test_a_pool_inherited_through_fork_is_replaced():
     """A forked child inherits the pool object but none of its threads; using it would hang."""
-    import sparsetool.workers as pool_module
+    import sparsetool.util.workers as pool_module
 
     big = torch.randn(3 << 20, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     pool_module.set_workers(2)  # a pool exists whatever the machine and the tests before

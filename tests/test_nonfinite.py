@@ -11,8 +11,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from conftest import gpt2_like_state
 from sparsetool.cli.main import app
+
+from conftest import gpt2_like_state
 
 BAD = "transformer.h.1.mlp.c_fc.weight"
 

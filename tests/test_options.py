@@ -1,4 +1,4 @@
-"""sparsetool.options: the one parser/validator of the options every command shares."""
+"""sparsetool.util.options: the one parser/validator of the options every command shares."""
 
 import subprocess
 import sys
@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparsetool import options
 from sparsetool.errors import ConfigError, SparsetoolError
-from sparsetool.options import (
+from sparsetool.util import options
+from sparsetool.util.options import (
     check_fraction,
     check_seed,
     check_sparsity,
@@ -22,7 +22,6 @@ from sparsetool.options import (
     parse_stage,
     parse_tokens,
 )
-
 
 # ----------------------------------------------------------------------------------------------
 # sparsity and fraction (moved here from tests/test_masks.py with the checks)
@@ -149,7 +148,8 @@ def test_parse_tokens_minimum_names_the_option():
 
 
 def test_flops_parses_counts_with_the_one_parser():
-    from sparsetool.flops import parse_count, parse_sparsities as flops_sparsities
+    from sparsetool.flops import parse_count
+    from sparsetool.flops import parse_sparsities as flops_sparsities
 
     assert parse_count("2.6e10") == parse_count("26B") == parse_tokens("26B")
     assert parse_count("0") == 0
@@ -210,7 +210,7 @@ def test_prune_options_use_the_one_check():
 
 
 def test_options_module_is_light():
-    code = ("import sys, sparsetool.options; "
+    code = ("import sys, sparsetool.util.options; "
             "bad = [m for m in ('torch', 'typer', 'rich', 'numpy') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -10,10 +10,11 @@ import pytest
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from conftest import gpt2_like_state, is_gpt2_target
 from sparsetool.cli.main import app
 from sparsetool.targets import role
 from sparsetool.targets.order import layer_index, natural_key, sort_names, tensor_sort_key
+
+from conftest import gpt2_like_state, is_gpt2_target
 
 
 def run(*args: object):

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 ROOT = Path(__file__).resolve().parents[1] / "sparsetool"
 

@@ -21,13 +21,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from conftest import gpt2_like_state, tiny_chunks
-from sparsetool import workers
 from sparsetool.errors import SparsetoolError
-from sparsetool.ops import prune as prune_module
 from sparsetool.ops.densify import densify_checkpoint
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
+from sparsetool.ops.prune import magnitude as prune_module
 from sparsetool.ops.report import summarize
+from sparsetool.util import workers
+
+from conftest import gpt2_like_state, tiny_chunks
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
 DTYPES += [getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)]
@@ -48,7 +49,7 @@ def pool_of(dtype: torch.dtype) -> list[float]:
 
 def general_path(monkeypatch) -> None:
     """Make prune take the general path (read, mask, encode, write) for every tensor."""
-    monkeypatch.setattr(prune_module._Planner, "stream", lambda self, lt, sw: None)
+    monkeypatch.setattr(prune_module.MagnitudePlanner, "stream", lambda self, lt, sw: None)
 
 
 def reference(tensors: list[torch.Tensor], keep: int) -> list[torch.Tensor]:

@@ -10,11 +10,12 @@ import pytest
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from conftest import gpt2_like_state
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.cli.main import app
 from sparsetool.errors import ConfigError
 from sparsetool.targets.recorded import plan_checkpoint_targets, recorded_globs
+
+from conftest import gpt2_like_state
 
 GLOBS = ["--include", "*wte*", "--exclude", "*.h.1.*"]
 NOTE = "note: targets as recorded by prune: --include '*wte*' --exclude '*.h.1.*'"

@@ -8,15 +8,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import gpt2_like_state
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 import sparsetool.ops.plots as plots
 from sparsetool.cli.main import app
 from sparsetool.ops.diff import diff, plot_diff
-from sparsetool.ops.report import (BARS_UP_TO, DENSE, UNTOUCHED, ZERO_INPUT, layer_cells,
-                                   plot_report, summarize)
+from sparsetool.ops.report import (
+    BARS_UP_TO,
+    DENSE,
+    UNTOUCHED,
+    ZERO_INPUT,
+    layer_cells,
+    plot_report,
+    summarize,
+)
+
+from conftest import gpt2_like_state
 
 MATRICES = {"self_attn.q_proj": (16, 16), "self_attn.k_proj": (8, 16), "self_attn.v_proj": (8, 16),
             "self_attn.o_proj": (16, 16), "mlp.gate_proj": (32, 16), "mlp.up_proj": (32, 16),

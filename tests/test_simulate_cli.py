@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_hardware_checkpoint import pruned_gpt2
 from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
-
-from test_hardware_checkpoint import pruned_gpt2
 
 
 def run(*args):

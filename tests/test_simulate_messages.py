@@ -8,11 +8,10 @@ import re
 import shlex
 
 import pytest
+from test_hardware_checkpoint import pruned_gpt2
 from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
-
-from test_hardware_checkpoint import pruned_gpt2
 
 
 def run(*args: str, columns: int = 80):

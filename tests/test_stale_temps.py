@@ -15,9 +15,10 @@ import pytest
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from conftest import gpt2_like_state
 from sparsetool.checkpoint.output_files import remove_stale_temps, take_reclaimed, temp_beside
 from sparsetool.cli.main import app
+
+from conftest import gpt2_like_state
 
 ROOT = Path(__file__).resolve().parents[1]
 

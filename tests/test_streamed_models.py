@@ -12,22 +12,21 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.sparsegpt import sparsegpt_kept_count, sparsegpt_prune
 from sparsetool.masks.wanda import wanda_kept_count, wanda_mask
-from sparsetool.ops.calibrate import calibration_windows
 from sparsetool.ops.eval import evaluate
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
+from sparsetool.ops.prune.calibrated import calibration_windows
 
 transformers = pytest.importorskip("transformers")
-from test_eval import hf_model, make_text, save_tokenizer  # noqa: E402
-import json_schemas as S  # noqa: E402
-
 from test_calibration import CALIB, calib_file, model_dir, tensors, text  # noqa: E402,F401 (fixtures)
+from test_eval import make_text, save_tokenizer  # noqa: E402
+
+import json_schemas as S  # noqa: E402
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -169,8 +168,8 @@ def test_peak_memory_does_not_grow_with_depth(tmp_path, text, calib_file):
 
 # ----------------------------------------------------------------------------- eval's memory budget
 def test_eval_with_little_memory_holds_fewer_windows_and_scores_the_same(model_dir, text, monkeypatch):
-    from sparsetool.memory import process_memory
     import sparsetool.ops.eval as ev
+    from sparsetool.util.memory import process_memory
 
     full = evaluate([model_dir], text=text, seq=16, batch=2).rows[0]
     assert full.memory["windows_held"] >= 20
@@ -253,7 +252,7 @@ def test_progress_goes_block_by_block_and_a_failure_leaves_nothing(model_dir, ca
                      on_plan=lambda plan: seen.append(("plan", plan.peak, plan.budget)))
     assert seen[0][0] == "plan" and 0 < seen[0][1] < seen[0][2]  # before any tensor is read
     assert [s for s in seen if s[0] == "calibrate"] == [("calibrate", 1, 2), ("calibrate", 2, 2)]
-    import sparsetool.ops.calibrate as cal
+    import sparsetool.ops.prune.calibrated as cal
 
     calls = []
 
@@ -332,7 +331,7 @@ def test_models_with_different_tokenizers_are_compared_by_bits_per_byte(model_di
 
 def test_fine_tuning_that_cannot_fit_is_refused_at_once(model_dir, tmp_path, monkeypatch):
     """train --init holds the whole model with gradients and Adam moments: refused with the figures."""
-    import sparsetool.memory as memory
+    import sparsetool.util.memory as memory
 
     monkeypatch.setattr(memory, "available_memory", lambda: memory.process_memory() + 2**20)
     r = CliRunner().invoke(app, ["train", "--init", str(model_dir), "-o", str(tmp_path / "run"),

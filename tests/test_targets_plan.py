@@ -5,9 +5,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import save_file
 
-from conftest import gpt2_like_state
 from sparsetool.errors import ConfigError
 from sparsetool.targets import LINEAR_ROLES, TargetPlan, plan_targets
+
+from conftest import gpt2_like_state
 
 # One block of each naming family: name -> (shape, expected role); the four linear roles are
 # targeted, the rest are not.
@@ -209,7 +210,7 @@ def test_every_checkpoint_reader_refuses_a_glob_that_matches_nothing(tmp_path):
 ])
 def test_prune_plans_the_targeting_once_per_checkpoint(tmp_path, monkeypatch, opts):
     """One plan per checkpoint: each tensor's role is read once, whatever the passes."""
-    import sparsetool.ops.prune as prune_mod
+    import sparsetool.ops.prune.plan as prune_mod
     import sparsetool.targets as targets
     from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 

@@ -6,7 +6,6 @@ nothing is downloaded."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import sys
@@ -17,7 +16,6 @@ import torch
 from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
-from sparsetool.errors import SparsetoolError
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 
 os.environ["HF_HUB_OFFLINE"] = "1"

@@ -12,9 +12,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from sparsetool import threads
 from sparsetool.cli.main import app
 from sparsetool.errors import SparsetoolError
+from sparsetool.util import threads
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -136,7 +136,7 @@ def test_every_command_has_the_same_threads_help():
     helps = set()
     for command in COMMANDS:
         out = CliRunner().invoke(app, [command, "--help"], terminal_width=200).output
-        line = next(l for l in out.splitlines() if "--threads" in l)
+        line = next(row for row in out.splitlines() if "--threads" in row)
         helps.add(" ".join(line.split()))
     assert len(helps) == 1, helps
 

@@ -11,8 +11,7 @@ from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
 from sparsetool.errors import ConfigError
-from sparsetool.train.configkeys import merge
-from sparsetool.train.configkeys import read_config_file
+from sparsetool.train.configkeys import merge, read_config_file
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
-
 from test_train import make_corpus
 
 ARGS = ["--preset", "tiny", "--steps", "6", "--warmup", "2", "--eval-every", "3", "--algorithm", "rigl",

@@ -8,13 +8,13 @@ import random
 from pathlib import Path
 
 import pytest
+from test_train import make_corpus
 from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
 from sparsetool.errors import ConfigError
 from sparsetool.train.configkeys import merge
 from sparsetool.train.data import load_corpus
-from test_train import make_corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 

@@ -5,7 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparsetool.checkpoint.zeros import count_nonzero, negative_zeros, nonzero_mask
+from sparsetool.checkpoint.zeros import count_nonzero_values as count_nonzero
+from sparsetool.checkpoint.zeros import negative_zeros, nonzero_mask
 
 VALUES = st.sampled_from([0.0, -0.0, 1.0, -2.5, 1e-3, float("nan"), float("inf"), -float("inf")])
 

@@ -3,41 +3,45 @@
 Public names::
 
     open_checkpoint(path) -> Checkpoint        # file or Hugging Face directory, headers validated
-    Checkpoint.logical / read(lt) / read_stored(name)
-    list_tensors(path) -> list[TensorInfo]     # names, shapes, dtypes from the headers (no torch)
-    count_nonzero(ckpt, lt)                    # non-zero, non-pruned entries of one tensor
+    Checkpoint.logical / read_stored(name) / read_array(name)   # stored tensors, as stored
+    decode(ckpt, lt) -> (dense, mask)          # one logical tensor, whatever its encoding
     encode(name, dense, mask, encoding), encoded_specs(...), stored_nonzeros(dense, mask)
+    count_unpruned(ckpt, lt)                   # non-zero, non-pruned entries of one tensor
+    tensor_counts(path) -> list[TensorCount]   # every tensor's shape, dtype and non-zeros
     write_checkpoint(src, out, ...) -> CheckpointWriter -> ShardWriter
     write_tensors(out, tensors, *, metadata, encoding, masks)   # a new file from memory
     read_provenance(metadata) / provenance_metadata(previous, record)   # the "sparsetool" entry
     drop_sparsity_config(config), bitmask_sparsity_config(config, modules, global_sparsity)
 
-The names are loaded on first use, so the torch-free parts (``format``, ``dtypes``, ``listing``,
-``provenance``) can be imported without torch.
+Each name is imported from its module on first use (``_WHERE``; ``tests/test_structure.py``
+resolves every one), so the torch-free parts (``format``, ``reader``, ``dtypes``, ``bits``,
+``counting``, ``provenance``) are imported without torch; only the codecs (``encodings``,
+``bitmask``, ``zeros``) need it.
 """
 
 from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {
+_WHERE = {
     "bitmask_sparsity_config": "config", "drop_sparsity_config": "config",
-    "ENCODINGS": "encodings", "MASK_SUFFIX": "encodings", "encode": "encodings",
+    "ENCODINGS": "encodings", "encode": "encodings", "decode": "encodings",
     "encoded_specs": "encodings", "stored_nonzeros": "encodings",
     "StoredTensor": "format", "TensorSpec": "format",
     "Checkpoint": "reader", "LogicalTensor": "reader", "open_checkpoint": "reader",
+    "MASK_SUFFIX": "reader",
     "CheckpointWriter": "writer", "ShardWriter": "writer", "write_checkpoint": "writer",
     "write_tensors": "writer",
-    "TensorInfo": "listing", "list_tensors": "listing", "count_nonzero": "counting",
+    "TensorCount": "counting", "tensor_counts": "counting", "count_unpruned": "counting",
     "PROVENANCE_KEY": "provenance", "read_provenance": "provenance",
     "provenance_metadata": "provenance",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str) -> object:
-    module = _EXPORTS.get(name)
+    module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'sparsetool.checkpoint' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"sparsetool.checkpoint.{module}"), name)
@@ -46,4 +50,4 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_WHERE))

@@ -7,7 +7,7 @@ one count per element, and "NaN" one comparison, over the raw values a checkpoin
 
 >>> import numpy as np
 >>> bits = np.array([0x3F80, -0x8000, 0x0000, 0x7FC0, -0x4080], dtype=np.int16)  # bf16 1, -0, 0, NaN, -1
->>> nonzero_count(bits), nonzero_count(bits, "BF16", nan_is_zero=True)
+>>> count_nonzero_bits(bits), count_nonzero_bits(bits, "BF16", nan_is_zero=True)
 (3, 2)
 >>> nan_and_negative_zero_counts(bits, "BF16")
 (1, 1)
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sparsetool import workers
+from sparsetool.util import workers
 
 FLOAT_KEYS = {
     "BF16": (0x7FFF, 0x7F80),
@@ -35,7 +35,7 @@ def _chunks(fn, n: int) -> list:
     return workers.run(lambda a: fn(a, min(a + CHUNK, n)), range(0, n, CHUNK))
 
 
-def nonzero_count(bits: np.ndarray, st_dtype: str | None = None, *, nan_is_zero: bool = False) -> int:
+def count_nonzero_bits(bits: np.ndarray, st_dtype: str | None = None, *, nan_is_zero: bool = False) -> int:
     """Entries of a flat float array given by its bits (signed integers of its width) that are
     not zero (-0.0 is zero). With ``nan_is_zero`` (a NaN sentinel; ``st_dtype`` one of
     ``FLOAT_KEYS``) NaN counts as zero too."""
@@ -67,6 +67,6 @@ def nan_and_negative_zero_counts(bits: np.ndarray, st_dtype: str) -> tuple[int, 
     return sum(f[0] for f in found), sum(f[1] for f in found)
 
 
-def count_nonzero(values: np.ndarray) -> int:
+def count_nonzero_ints(values: np.ndarray) -> int:
     """Non-zero entries of an integer or uint8 (bool) array."""
     return sum(_chunks(lambda a, b: int(np.count_nonzero(values[a:b])), values.size))

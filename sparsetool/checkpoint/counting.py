@@ -19,20 +19,21 @@ from sparsetool.checkpoint.dtypes import torch_name
 from sparsetool.checkpoint.reader import Checkpoint, LogicalTensor, open_checkpoint
 
 
-def count_nonzero(ckpt: Checkpoint, lt: LogicalTensor) -> int:
+def count_unpruned(ckpt: Checkpoint, lt: LogicalTensor) -> int:
     """Non-zero, non-pruned entries of one logical tensor (NaN sentinels and masked count as 0)."""
     if lt.encoding == "plain" and lt.st_dtype in bits.FLOAT_KEYS:
-        return bits.nonzero_count(ckpt.read_array(lt.stored[0]), lt.st_dtype, nan_is_zero=True)
+        return bits.count_nonzero_bits(ckpt.read_array(lt.stored[0]), lt.st_dtype, nan_is_zero=True)
     if lt.encoding == "plain" and not lt.floating and lt.st_dtype not in ("C64",):
-        return bits.count_nonzero(ckpt.read_array(lt.stored[0]))
-    from sparsetool.checkpoint.zeros import count_nonzero as _count, nonzero_mask
+        return bits.count_nonzero_ints(ckpt.read_array(lt.stored[0]))
+    from sparsetool.checkpoint.encodings import decode
+    from sparsetool.checkpoint.zeros import count_nonzero_values, nonzero_mask
 
     if lt.encoding == "plain" and not lt.floating:
-        return _count(ckpt.read_stored(lt.stored[0]))
-    dense, mask = ckpt.read(lt)
+        return count_nonzero_values(ckpt.read_stored(lt.stored[0]))
+    dense, mask = decode(ckpt, lt)
     if mask is None:
-        return _count(dense)
-    return _count(nonzero_mask(dense) & mask)
+        return count_nonzero_values(dense)
+    return count_nonzero_values(nonzero_mask(dense) & mask)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def tensor_counts(path: str | os.PathLike, *, progress: Callable[[str, int, int]
         total = len(ckpt.logical)
         for lt in ckpt.logical:
             out.append(TensorCount(lt.name, tuple(lt.shape), torch_name(lt.st_dtype), lt.encoding,
-                                   lt.numel, count_nonzero(ckpt, lt), lt.nbytes))
+                                   lt.numel, count_unpruned(ckpt, lt), lt.nbytes))
             if progress:
                 progress(label, len(out), total)
     return out

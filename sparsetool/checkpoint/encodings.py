@@ -1,4 +1,4 @@
-"""Sparse encodings: how a pruned weight looks on disk, and back.
+"""Sparse encodings: how a pruned weight looks on disk (:func:`encode`), and back (:func:`decode`).
 
 | encoding | stored tensors |
 |---|---|
@@ -22,10 +22,10 @@ import torch
 
 from sparsetool.checkpoint import bitmask as bm
 from sparsetool.checkpoint.format import TensorSpec
-from sparsetool.checkpoint.reader import MASK_SUFFIX
+from sparsetool.checkpoint.reader import MASK_SUFFIX, Checkpoint, LogicalTensor
 from sparsetool.checkpoint.zeros import has_bits, int_bits
-from sparsetool.errors import SparsetoolError
-from sparsetool.wording import plural
+from sparsetool.errors import CheckpointError, SparsetoolError
+from sparsetool.util.wording import plural
 
 ENCODINGS = ("zeros", "mask", "nan", "bitmask")
 
@@ -214,3 +214,43 @@ def encode(name: str, dense: torch.Tensor, mask: torch.Tensor | None, encoding: 
         (module + ".bitmask", bits),
         (module + ".row_offsets", offsets),
     ]
+
+
+def decode(ckpt: Checkpoint, lt: LogicalTensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dense values, mask) of one logical tensor of an open checkpoint, whatever its encoding.
+
+    Dense has pruned entries +0.0 (NaN sentinels and pruned -0.0 included). Mask is True
+    where kept, or None when the tensor carries no sparsity encoding (a plain tensor
+    without NaN; zeros alone are just values).
+    """
+    if lt.encoding == "plain":  # zeros, or nan (known only from the data)
+        t = ckpt.read_stored(lt.stored[0])
+        if may_hold_nan(t):
+            nan = torch.isnan(t)
+            if bool(nan.any()):
+                keep = ~nan
+                return zero_pruned(t, keep), keep
+        return t, None
+    if lt.encoding == "mask":
+        w = ckpt.read_stored(lt.stored[0])
+        m = ckpt.read_stored(lt.stored[1])
+        if w.shape != m.shape:
+            raise CheckpointError(
+                f"{ckpt.path}: mask {lt.stored[1]!r} has shape {list(m.shape)} but weight "
+                f"{lt.stored[0]!r} has shape {list(w.shape)}; fix or drop the mask tensor"
+            )
+        # any non-zero byte means kept (a bool byte other than 0/1 is not a valid torch bool)
+        m = m.view(torch.uint8) != 0 if m.dtype == torch.bool else m != 0
+        return zero_pruned(w, m), m
+    _shape_name, comp_name, bits_name, _offs = lt.stored
+    values = ckpt.read_stored(comp_name)
+    keep = bm.unpack(ckpt.read_stored(bits_name), list(lt.shape))
+    n = int(keep.sum())
+    if n != values.numel():
+        raise CheckpointError(
+            f"{ckpt.path}: bitmask {bits_name!r} marks {n} non-zeros but {comp_name!r} holds "
+            f"{values.numel()} values: corrupt bitmask group"
+        )
+    # -0.0 values would be "stored zeros"; compressed-tensors never stores them, but a
+    # hand-made file might: keep them as stored values, the mask says they are kept.
+    return bm.scatter(values, keep), keep

@@ -169,56 +169,6 @@ class Checkpoint:
             return np.frombuffer(os.pread(fd, st.nbytes, st.start), dtype=kind)
         return np.frombuffer(mm, dtype=kind, count=st.numel, offset=st.start - start)
 
-    def read(self, lt: LogicalTensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(dense values, mask) of one logical tensor.
-
-        Dense has pruned entries +0.0 (NaN sentinels and pruned -0.0 included). Mask is True
-        where kept, or None when the tensor carries no sparsity encoding (a plain tensor
-        without NaN; zeros alone are just values).
-        """
-        import torch
-
-        from sparsetool.checkpoint.encodings import may_hold_nan, zero_pruned
-
-        if lt.encoding == "plain":
-            t = self.read_stored(lt.stored[0])
-            if may_hold_nan(t):
-                nan = torch.isnan(t)
-                if bool(nan.any()):
-                    keep = ~nan
-                    return zero_pruned(t, keep), keep
-            return t, None
-        if lt.encoding == "mask":
-            w = self.read_stored(lt.stored[0])
-            m = self.read_stored(lt.stored[1])
-            if w.shape != m.shape:
-                raise CheckpointError(
-                    f"{self.path}: mask {lt.stored[1]!r} has shape {list(m.shape)} but weight "
-                    f"{lt.stored[0]!r} has shape {list(w.shape)}; fix or drop the mask tensor"
-                )
-            # any non-zero byte means kept (a bool byte other than 0/1 is not a valid torch bool)
-            m = m.view(torch.uint8) != 0 if m.dtype == torch.bool else m != 0
-            return zero_pruned(w, m), m
-        return self._read_bitmask(lt)
-
-    def _read_bitmask(self, lt: LogicalTensor) -> tuple["torch.Tensor", "torch.Tensor"]:
-        from sparsetool.checkpoint import bitmask as bm
-
-        _shape_name, comp_name, bits_name, _offs = lt.stored
-        values = self.read_stored(comp_name)
-        bits = self.read_stored(bits_name)
-        keep = bm.unpack(bits, list(lt.shape))
-        n = int(keep.sum())
-        if n != values.numel():
-            raise CheckpointError(
-                f"{self.path}: bitmask {bits_name!r} marks {n} non-zeros but {comp_name!r} holds "
-                f"{values.numel()} values: corrupt bitmask group"
-            )
-        dense = bm.scatter(values, keep)
-        # -0.0 values would be "stored zeros"; compressed-tensors never stores them, but a
-        # hand-made file might: keep them as stored values, the mask says they are kept.
-        return dense, keep
-
     # ----------------------------------------------------------------- internals
     def _fd(self, shard: str) -> int:
         fd = self._fds.get(shard)

@@ -40,7 +40,7 @@ from sparsetool.checkpoint.output_files import (
 )
 from sparsetool.checkpoint.reader import Checkpoint
 from sparsetool.errors import CheckpointError
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 if TYPE_CHECKING:
     import torch

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from sparsetool.checkpoint.bits import nonzero_count
+from sparsetool.checkpoint.bits import count_nonzero_bits
 from sparsetool.checkpoint.dtypes import INT_VIEW, int_view
 
 
@@ -53,10 +53,10 @@ def nonzero_mask(t: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(mask)
 
 
-def count_nonzero(t: torch.Tensor) -> int:
+def count_nonzero_values(t: torch.Tensor) -> int:
     """Entries of ``t`` that are not zero (-0.0 is zero; NaN is not), fast for bool and floats.
 
-    >>> count_nonzero(torch.tensor([0.0, -0.0, 1.5, float("nan")]))
+    >>> count_nonzero_values(torch.tensor([0.0, -0.0, 1.5, float("nan")]))
     2
     """
     if t.dtype == torch.bool and t.device.type == "cpu":
@@ -64,7 +64,7 @@ def count_nonzero(t: torch.Tensor) -> int:
     bits = float_bits(t)
     if bits is None:
         return int(torch.count_nonzero(t))
-    return nonzero_count(bits.reshape(-1))
+    return count_nonzero_bits(bits.reshape(-1))
 
 
 def negative_zeros(t: torch.Tensor) -> torch.Tensor | None:

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from sparsetool.errors import SparsetoolError
-from sparsetool.wording import plural  # noqa: F401  (re-exported for the commands)
+from sparsetool.util.wording import plural  # noqa: F401  (re-exported for the commands)
 
 console = Console()
 err_console = Console(stderr=True)
@@ -53,7 +53,7 @@ def note_reclaimed() -> None:
 
     for r in take_reclaimed():
         err_console.print(f"note: removed {plural(r.files, 'stale temporary file')} of killed runs "
-                          f"in {r.directory} ({human_bytes(r.bytes)})", highlight=False,
+                          f"in {r.directory} ({decimal_bytes(r.bytes)})", highlight=False,
                           soft_wrap=True, markup=False)
 
 
@@ -99,8 +99,14 @@ def progress_bar(enabled: bool = True) -> Iterator[Any]:
     if not enabled or not err_console.is_terminal:
         yield None
         return
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     with Progress(TextColumn("{task.description:>8}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=err_console,
@@ -167,7 +173,8 @@ def count(x: float) -> str:
     return f"{x:.4g}"
 
 
-def human_bytes(n: float) -> str:
+def decimal_bytes(n: float) -> str:
+    """Bytes in powers of 1000 (KB, MB, GB) for file sizes."""
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"

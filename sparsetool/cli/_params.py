@@ -1,6 +1,6 @@
 """The options every command shares, declared once: the same names, help and checks everywhere.
 
-Each check is a function of :mod:`sparsetool.options` run as a click callback while the command
+Each check is a function of :mod:`sparsetool.util.options` run as a click callback while the command
 line is parsed, so a bad value is a usage error (exit 2) before torch is imported. Choice options
 are str Enums, so ``--help`` lists their values, checked by :func:`choice_option`. Options that
 contradict each other are refused by :func:`conflicting`, never silently ignored.
@@ -14,9 +14,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import typer
 
-from sparsetool import options
 from sparsetool.errors import SparsetoolError
-
+from sparsetool.util import options
 
 # Names the library defines in torch-importing modules, repeated here so --help lists them without
 # loading torch; tests/test_cli_vocabulary.py checks they equal the library's own.
@@ -180,8 +179,8 @@ def plot_option(help: str) -> Any:
 
 
 def use_workers(n: Optional[int]) -> None:
-    """Run the command's work on ``n`` threads (None: the default, see sparsetool.workers)."""
-    from sparsetool import workers
+    """Run the command's work on ``n`` threads (None: the default, see sparsetool.util.workers)."""
+    from sparsetool.util import workers
 
     workers.set_workers(n)
 
@@ -193,9 +192,9 @@ def threads_option() -> Any:
 
 
 def use_threads(n: Optional[int]) -> int:
-    """Compute with torch on ``n`` threads (None: the default, see sparsetool.threads); imports
+    """Compute with torch on ``n`` threads (None: the default, see sparsetool.util.threads); imports
     torch. Returns the number in force."""
-    from sparsetool import threads
+    from sparsetool.util import threads
 
     return threads.use_threads(n)
 

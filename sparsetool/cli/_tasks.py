@@ -7,7 +7,15 @@ from typing import Any, Optional
 
 import typer
 
-from sparsetool.cli._output import check_plot_path, emit_json, failing_cleanly, percent, plan_printer, print_table, progress_bar
+from sparsetool.cli._output import (
+    check_plot_path,
+    emit_json,
+    failing_cleanly,
+    percent,
+    plan_printer,
+    print_table,
+    progress_bar,
+)
 from sparsetool.cli._params import conflicting, usage_error
 
 # Shown per task, in this order, when the harness reports them; else the task's first metric.

@@ -7,8 +7,22 @@ from typing import Any, Optional
 
 import typer
 
-from sparsetool.cli._output import emit_json, err_console, failing_cleanly, percent, plural, print_table
-from sparsetool.cli._params import json_option, output_option, quiet_option, seed_option, threads_option, use_threads
+from sparsetool.cli._output import (
+    emit_json,
+    err_console,
+    failing_cleanly,
+    percent,
+    plural,
+    print_table,
+)
+from sparsetool.cli._params import (
+    json_option,
+    output_option,
+    quiet_option,
+    seed_option,
+    threads_option,
+    use_threads,
+)
 from sparsetool.ops.demo import DEFAULT_FINETUNE_STEPS, DEFAULT_OUTPUT, DEFAULT_STEPS, SPARSITY
 
 EXAMPLES = (  # the end of --help: each runs as written
@@ -69,7 +83,13 @@ class _Progress:
         if not self.enabled:
             return None
         if err_console.is_terminal:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
 
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("{task.fields[note]}"), TimeElapsedColumn(),

@@ -14,12 +14,11 @@ from sparsetool.cli._params import (
     json_option,
     output_option,
     quiet_option,
+    usage_error,
     use_workers,
     workers_option,
-    usage_error,
 )
-from sparsetool.wording import plural
-
+from sparsetool.util.wording import plural
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     'sparsetool densify model-bitmask/ -o model-dense/',

@@ -16,8 +16,15 @@ from sparsetool.cli._output import (
     print_table,
     progress_bar,
 )
-from sparsetool.cli._params import exclude_option, include_option, json_option, plot_option, threads_option, use_threads
-from sparsetool.wording import plural
+from sparsetool.cli._params import (
+    exclude_option,
+    include_option,
+    json_option,
+    plot_option,
+    threads_option,
+    use_threads,
+)
+from sparsetool.util.wording import plural
 
 HEADER = ["matrix", "layer", "kind", "sparsity A", "sparsity B", "mask IoU", "revived", "pruned",
           "rel L2", "angular"]
@@ -50,8 +57,8 @@ def diff(
     weights revived (zero in A, non-zero in B) and newly pruned, relative L2 change ||B-A||/||A||
     and angular distance 1 - cos(A, B). The summary pools all targeted weights as one vector.
     """
-    from sparsetool.ops.diff import plot_diff
     from sparsetool.ops.diff import diff as run_diff
+    from sparsetool.ops.diff import plot_diff
 
     use_threads(threads)
     with failing_cleanly():

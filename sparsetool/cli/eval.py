@@ -7,12 +7,32 @@ from typing import List, Optional
 
 import typer
 
-from sparsetool.cli._output import (check_plot_path, console, emit_json, failing_cleanly, percent,
-                                    plan_printer, print_table, progress_bar, warn)
-from sparsetool.cli._params import (ComputeDType, compute_dtype_option, device_option, json_option,
-                                    max_memory_option, plot_option, quiet_option, seed_option,
-                                    threads_option, tokens_option, use_device, use_threads,
-                                    value_of)
+from sparsetool.cli._output import (
+    check_plot_path,
+    console,
+    emit_json,
+    failing_cleanly,
+    percent,
+    plan_printer,
+    print_table,
+    progress_bar,
+    warn,
+)
+from sparsetool.cli._params import (
+    ComputeDType,
+    compute_dtype_option,
+    device_option,
+    json_option,
+    max_memory_option,
+    plot_option,
+    quiet_option,
+    seed_option,
+    threads_option,
+    tokens_option,
+    use_device,
+    use_threads,
+    value_of,
+)
 
 EXAMPLES = (  # the end of --help: each runs as written (given the checkpoints named)
     "sparsetool eval runs/dense runs/static75",

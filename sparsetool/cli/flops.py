@@ -7,7 +7,16 @@ from typing import Any, List, Optional
 
 import typer
 
-from sparsetool.cli._output import console, count, emit_json, failing_cleanly, percent, print_table, si, warn
+from sparsetool.cli._output import (
+    console,
+    count,
+    emit_json,
+    failing_cleanly,
+    percent,
+    print_table,
+    si,
+    warn,
+)
 from sparsetool.cli._params import (
     alone,
     choice_option,
@@ -27,8 +36,7 @@ from sparsetool.cli._params import (
 )
 from sparsetool.errors import ShapeError
 from sparsetool.flops.config import PRESETS
-from sparsetool.wording import plural
-
+from sparsetool.util.wording import plural
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     'sparsetool flops --model gpt3-xl --sparsity 0.75',

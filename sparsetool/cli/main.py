@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-from difflib import get_close_matches
 import signal
+from difflib import get_close_matches
 from typing import Any, Callable, Iterator
 
 import typer
@@ -19,7 +19,7 @@ from typer._click.exceptions import NoArgsIsHelpError, NoSuchOption, UsageError
 from typer.core import TyperGroup
 
 from sparsetool import __version__
-from sparsetool.wording import either
+from sparsetool.util.wording import either
 
 # name -> (module under sparsetool.cli, function, the first line of its help): the order is the
 # order of ``sparsetool --help``, which lists the commands from here without importing them
@@ -175,7 +175,7 @@ def main() -> None:
     # (torch has its own), so the command runs it on one thread unless told otherwise:
     # `simulate --shape` measured 0.45 -> 0.39 s wall, 0.55 -> 0.37 s CPU (benchmarks/RESULTS.md).
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from sparsetool.threads import before_torch
+    from sparsetool.util.threads import before_torch
 
     before_torch()  # torch's idle OpenMP workers sleep rather than spin (see sparsetool/threads.py)
     _run_interruptibly(app)

@@ -6,43 +6,49 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-
-from sparsetool import options
 from rich.markup import escape
 
-from sparsetool.cli._output import (console, emit_json, failing_cleanly, note_left_out, percent,
-                                    plan_printer, progress_bar, warn)
+from sparsetool.cli._output import (
+    console,
+    emit_json,
+    failing_cleanly,
+    note_left_out,
+    percent,
+    plan_printer,
+    progress_bar,
+    warn,
+)
 from sparsetool.cli._params import (
     ENCODING_NAMES,
     ComputeDType,
-    compute_dtype_option,
-    device_option,
-    max_memory_option,
-    use_device,
-    checkpoint_argument,
     checked,
+    checkpoint_argument,
     choice_option,
     choices,
-    in_place_conflict,
+    compute_dtype_option,
+    device_option,
     exclude_option,
+    in_place_conflict,
     include_option,
     json_option,
+    max_memory_option,
     output_option,
     quiet_option,
-    threads_option,
-    use_threads,
-    use_workers,
-    workers_option,
     seed_option,
     sparsity_option,
+    threads_option,
     usage_error,
     usage_errors,
+    use_device,
+    use_threads,
+    use_workers,
     value_of,
+    workers_option,
 )
 from sparsetool.masks.distributions import DISTRIBUTIONS
-from sparsetool.options import METHODS, SCOPES
-from sparsetool.wording import plural
-
+from sparsetool.util import options
+from sparsetool.util.options import METHODS, SCOPES
+from sparsetool.util.wording import plural
 
 Method = choices("Method", METHODS)
 Scope = choices("Scope", SCOPES)

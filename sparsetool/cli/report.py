@@ -11,9 +11,9 @@ from sparsetool.cli._output import (
     TABLE_FORMATS,
     check_plot_path,
     console,
+    decimal_bytes,
     emit_json,
     failing_cleanly,
-    human_bytes,
     percent,
     plural,
     print_table,
@@ -25,16 +25,16 @@ from sparsetool.cli._params import (
     choice_option,
     choices,
     conflicting,
-    given,
-    plot_option,
     default_targets_option,
     exclude_option,
+    given,
     include_option,
     json_option,
+    plot_option,
     quiet_option,
     use_workers,
-    workers_option,
     value_of,
+    workers_option,
 )
 
 Format = choices("Format", TABLE_FORMATS)
@@ -97,7 +97,7 @@ def report(
                               f"{plural(s['targeted_tensors'], 'tensor')}"),
         ("overall sparsity", f"{percent(s['overall_sparsity'])} of {plural(s['numel'], 'parameter')}"),
         ("non-zero parameters", f"{s['nonzero']:,}"),
-        ("bytes on disk", human_bytes(s["bytes"])),
+        ("bytes on disk", decimal_bytes(s["bytes"])),
     ]
     if s["non_float_tensors"]:  # never targeted, so outside both sparsities above
         summary.insert(2, ("non-float parameters",

@@ -11,20 +11,25 @@ import typer
 from rich.markup import escape
 
 from sparsetool.cli._output import (
-    console, emit_json, failing_cleanly, print_table, progress_bar, si, targeting_note,
+    console,
+    emit_json,
+    failing_cleanly,
+    print_table,
+    progress_bar,
+    si,
+    targeting_note,
 )
-from sparsetool import options
 from sparsetool.cli._params import (
     alone,
     checked,
     choice_option,
     choices,
     conflicting,
-    plot_option,
     default_targets_option,
     exclude_option,
     include_option,
     json_option,
+    plot_option,
     quiet_option,
     seed_option,
     sparsities_option,
@@ -34,7 +39,7 @@ from sparsetool.cli._params import (
 )
 from sparsetool.errors import ShapeError
 from sparsetool.flops.config import PRESETS
-
+from sparsetool.util import options
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     'sparsetool simulate --shape 12288x12288 --sparsity 0.9 --tokens 2K',
@@ -100,8 +105,8 @@ def simulate(
                  "--sparsity " + ",".join(f"{x:g}" for x in sparsity)) if len(runs) > 1 else None
         _conflicts(shape, seq_len, layers, as_json, swept)
     with failing_cleanly():
-        from sparsetool.hardware.request import check_devices, hardware_constants, run_simulation
         from sparsetool.hardware.presets import load_devices
+        from sparsetool.hardware.request import check_devices, hardware_constants, run_simulation
 
         known, _ = load_devices(hardware)  # a bad --hardware file: exit 1
     with usage_errors():  # a --device it does not name: exit 2

@@ -7,7 +7,6 @@ from typing import Optional
 
 import typer
 
-from sparsetool import options
 from sparsetool.cli._params import (
     ENCODING_NAMES,
     TRAIN_PRESETS,
@@ -30,7 +29,8 @@ from sparsetool.cli._params import (
 )
 from sparsetool.masks.distributions import DISTRIBUTIONS
 from sparsetool.train.config import ALGORITHMS
-from sparsetool.wording import plural
+from sparsetool.util import options
+from sparsetool.util.wording import plural
 
 EXAMPLES = (  # the end of --help: each runs as written (the corpus is Python's own source)
     "sparsetool train -o runs/rigl --steps 500 --algorithm rigl --sparsity 0.75",
@@ -227,7 +227,13 @@ class _Progress:
         getattr(self, "_" + kind)(info)
 
     def _start(self, info: dict) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         m, per = info["model"], "tokens" if "model_type" in info["model"] else "bytes"
         sp = f", sparsity {info['sparsity']:.1%}" if info["sparsity"] else ""

@@ -25,10 +25,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from sparsetool import options
 from sparsetool.errors import ConfigError
 from sparsetool.flops.config import CHINCHILLA_TOKENS_PER_PARAM, ModelConfig
 from sparsetool.flops.formula import LayerSparsity, forward_terms, layer_sparsities, param_counts
+from sparsetool.util import options
 
 BACKWARD_FACTOR = 2.0
 """Backward pass = 2 x forward (Chinchilla App. F; Kaplan et al. 2020)."""
@@ -45,7 +45,7 @@ class Stage:
 
 def parse_stage(text: str) -> Stage:
     """``"S:F"`` -> Stage(S, F), e.g. Variable SPDF's 90% sparse for 5/6 of the tokens
-    (parsed by :func:`sparsetool.options.parse_stage`, as train's ``--stage``).
+    (parsed by :func:`sparsetool.util.options.parse_stage`, as train's ``--stage``).
 
     >>> parse_stage("0.9:0.8333")
     Stage(sparsity=0.9, fraction=0.8333)
@@ -227,7 +227,7 @@ def json_result(cfg: ModelConfig, runs: Sequence[Mapping[str, Any]],
 
 def parse_count(text: str | float, what: str = "--tokens") -> int:
     """A token count (zero allowed) written as ``26e9``, ``26B``, ``2.5b`` or ``64,512``:
-    :func:`sparsetool.options.parse_tokens`.
+    :func:`sparsetool.util.options.parse_tokens`.
 
     >>> parse_count("26B"), parse_count("2.5e9"), parse_count("64,512")
     (26000000000, 2500000000, 64512)

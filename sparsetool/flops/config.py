@@ -9,9 +9,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from sparsetool.configfile import load_mapping
 from sparsetool.errors import ConfigError
-from sparsetool.wording import plural
+from sparsetool.util.configfile import load_mapping
+from sparsetool.util.wording import plural
 
 CHINCHILLA_TOKENS_PER_PARAM = 20.0
 """Compute-optimal tokens per parameter (Hoffmann et al. 2022), as the SPDF paper uses it (Sec. 3)."""

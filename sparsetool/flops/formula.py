@@ -26,8 +26,8 @@ from typing import Mapping, Sequence
 
 from sparsetool.errors import ConfigError
 from sparsetool.flops.config import ModelConfig
-from sparsetool.options import parse_sparsity
-from sparsetool.wording import plural
+from sparsetool.util.options import parse_sparsity
+from sparsetool.util.wording import plural
 
 TERMS = ("qkv", "attn_logits", "softmax", "attn_values", "attn_out", "ffn", "logits", "embeddings")
 """Keys of :func:`forward_terms`, in the order Appendix F lists them (embeddings last: optional)."""

@@ -26,7 +26,7 @@ from sparsetool.checkpoint.config import read_model_config as read_hf_config
 from sparsetool.errors import CheckpointError, ShapeError
 from sparsetool.flops.config import DEFAULT_SEQ_LEN, ModelConfig
 from sparsetool.flops.formula import ROLES
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 _LAYER_RE = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 

@@ -10,14 +10,28 @@ breakdown), :mod:`verify` (the zero-skipping schedule, executed), :mod:`plot`, a
 No CLI imports; numpy only (torch only to read a checkpoint, matplotlib only to plot).
 """
 
+from sparsetool.hardware.compare import APPENDIX_C_TICKS, simulate, sweep
 from sparsetool.hardware.devices import (
-    PASSES, Cost, Dataflow, DenseGPU, Device, FlashLLMGPU, Refused, Sparse24GPU, SpMMGPU,
+    PASSES,
+    Cost,
+    Dataflow,
+    DenseGPU,
+    Device,
+    FlashLLMGPU,
+    Refused,
+    Sparse24GPU,
+    SpMMGPU,
 )
 from sparsetool.hardware.layers import LayerMask, stats_from_mask, synthetic_mask
 from sparsetool.hardware.presets import PRESETS, builtin_devices, load_devices, sources
-from sparsetool.hardware.compare import APPENDIX_C_TICKS, simulate, sweep
-from sparsetool.hardware.workload import Workload, from_checkpoint, from_model, from_shape, parse_shape
 from sparsetool.hardware.request import hardware_constants, run_simulation
+from sparsetool.hardware.workload import (
+    Workload,
+    from_checkpoint,
+    from_model,
+    from_shape,
+    parse_shape,
+)
 
 __all__ = [
     "APPENDIX_C_TICKS", "PASSES", "PRESETS", "Cost", "Dataflow", "DenseGPU", "Device", "FlashLLMGPU",

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from sparsetool.hardware.devices import PASSES, Cost, Dataflow, Device, Refused
 from sparsetool.hardware.workload import Workload
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 
 def _ratio(a: float, b: float) -> float | None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from sparsetool.hardware.layers import LayerMask
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 PASSES = ("forward", "backward_data", "backward_weight")
 

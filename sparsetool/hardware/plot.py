@@ -10,6 +10,7 @@ from typing import Any
 from sparsetool.checkpoint.output_files import temp_beside
 from sparsetool.errors import SparsetoolError
 
+
 def theoretical_curve(max_sparsity: float, points: int = 201) -> tuple[list[float], list[float]]:
     """``1 / (1 - s)`` sampled finely from the dense point to ``max_sparsity``: the curve itself,
     not straight segments between the sparsities of a sweep.

@@ -12,11 +12,17 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from sparsetool.configfile import SUFFIXES, load_mapping
 from sparsetool.errors import ConfigError
 from sparsetool.hardware.devices import (
-    KINDS, Dataflow, DenseGPU, Device, FlashLLMGPU, Sparse24GPU, SpMMGPU,
+    KINDS,
+    Dataflow,
+    DenseGPU,
+    Device,
+    FlashLLMGPU,
+    Sparse24GPU,
+    SpMMGPU,
 )
+from sparsetool.util.configfile import SUFFIXES, load_mapping
 
 _CS2 = "Cerebras CS-2 (Lie, Hot Chips 34, 2022; CS-2 datasheet)"
 _A100 = "NVIDIA A100 Tensor Core GPU Architecture whitepaper (2020), A100 80GB SXM"

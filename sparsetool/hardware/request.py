@@ -16,17 +16,15 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from sparsetool import options
 from sparsetool.errors import ConfigError
 from sparsetool.hardware import compare, presets
 from sparsetool.hardware import workload as wlmod
 from sparsetool.hardware.compare import APPENDIX_C_TICKS
 from sparsetool.hardware.devices import Device
 from sparsetool.hardware.workload import Workload
-from sparsetool.wording import did_you_mean
-
-Progress = Callable[[str, int, int], None]
-"""Called as ``progress(stage, done, total)`` while a checkpoint's masks are read."""
+from sparsetool.util import options
+from sparsetool.util.progress import Progress
+from sparsetool.util.wording import did_you_mean
 
 Sparsities = Union[str, float, Sequence[float], None]
 
@@ -86,7 +84,7 @@ def parse_sparsities(sparsity: Sparsities, sweep: bool = False) -> list[float]:
         return list(APPENDIX_C_TICKS)
     if sparsity is None:
         return []
-    # one rule for every command: sparsetool.options
+    # one rule for every command: sparsetool.util.options
     if isinstance(sparsity, str):
         return options.parse_sparsities(sparsity)
     values = [sparsity] if isinstance(sparsity, (int, float)) else list(sparsity)
@@ -251,12 +249,13 @@ def _from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
 def _checkpoint_mask(path: Path, wl: Workload) -> np.ndarray:
     """The mask of the checkpoint's smallest pruned matrix, as (M, K), for ``verify``."""
     from sparsetool.checkpoint import open_checkpoint
+    from sparsetool.checkpoint.encodings import decode
     from sparsetool.targets import plan_targets
 
     target = min(wl.layers, key=lambda ly: ly.numel).name
     with open_checkpoint(path) as ck:
         lt = next(lt for lt in ck.logical if lt.name == target)
-        dense, mask = ck.read(lt)
+        dense, mask = decode(ck, lt)
         mask = (dense != 0) if mask is None else mask
         m = mask.numpy()
         return m if plan_targets([lt], ck.config)[lt.name].input_dim == 1 else m.T

@@ -16,9 +16,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from sparsetool.errors import CheckpointError, ConfigError
-from sparsetool.options import parse_shape  # noqa: F401 (the API imports it from here too)
 from sparsetool.hardware.layers import LayerMask, sampled_random, stats_from_mask, synthetic_mask
-from sparsetool.wording import plural
+from sparsetool.util.options import parse_shape  # noqa: F401 (the API imports it from here too)
+from sparsetool.util.wording import plural
 
 UNTARGETED_TERMS = ("attn_logits", "softmax", "attn_values", "logits")
 """Appendix-F forward terms that stay dense under weight sparsity (embeddings are excluded, as
@@ -112,6 +112,7 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     """
     from sparsetool.checkpoint import open_checkpoint
     from sparsetool.checkpoint.config import read_model_config
+    from sparsetool.checkpoint.encodings import decode
     from sparsetool.flops import infer_model
     from sparsetool.targets.order import tensor_sort_key
     from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary
@@ -136,7 +137,7 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
         for i, lt in enumerate(todo):
             if progress:
                 progress(i, len(todo), lt.name)
-            dense, mask = ck.read(lt)
+            dense, mask = decode(ck, lt)
             if mask is None:
                 mask = dense != 0
             del dense

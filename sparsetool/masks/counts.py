@@ -9,7 +9,7 @@ halves go to the even integer.
 from __future__ import annotations
 
 # The range checks live with the other shared options; re-exported for the mask functions.
-from sparsetool.options import check_fraction, check_sparsity
+from sparsetool.util.options import check_fraction, check_sparsity
 
 __all__ = ["check_sparsity", "check_fraction", "sparsity_keep", "fraction_keep"]
 

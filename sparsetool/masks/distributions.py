@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 
-from sparsetool.masks.counts import check_sparsity
 from sparsetool.errors import ConfigError
+from sparsetool.masks.counts import check_sparsity
 
 __all__ = ["uniform_keep", "erk_keep", "keep_counts", "DISTRIBUTIONS"]
 

@@ -44,16 +44,16 @@ from sparsetool.masks.kernel import (
     Keys,
     Scan,
     Sink,
-    _boundary,
-    _flat_existing,
-    _resolve_keep,
+    boundary,
     bucket_histogram,
     count,
+    flat_existing,
     histogram,
     magnitude_keys,
+    resolve_keep,
     threshold_mask,
 )
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 __all__ = [
     "MagnitudeHistogram", "TensorPlan", "GlobalPlan", "global_threshold_plan", "apply_threshold",
@@ -116,7 +116,7 @@ class MagnitudeHistogram:
         cls, w: Tensor, existing: Tensor | None = None, *, refine: int | None = None
     ) -> MagnitudeHistogram:
         """Histogram of ``w`` (coarse, or refined inside bucket ``refine``)."""
-        keys, _ = _f32_keys(w, _flat_existing(existing, w.shape))
+        keys, _ = _f32_keys(w, flat_existing(existing, w.shape))
         exact = _exact_coarse(w.dtype)
         if refine is None:  # the kernel's first digit is the high 16 bits of the fp32 key
             return cls(histogram(keys)[0], None, exact)
@@ -224,7 +224,7 @@ def global_threshold_plan(
     total = histograms[0].counts.clone()
     for h in histograms[1:]:
         total += h.counts
-    b, above = _boundary(total, keep)
+    b, above = boundary(total, keep)
     need = keep - above
     above_each = [int(h.counts[b + 1:].sum()) for h in histograms]
     in_b = [int(h.counts[b]) for h in histograms]
@@ -237,10 +237,11 @@ def global_threshold_plan(
         return GlobalPlan(_share_ties(b << 16, need, above_each, in_b), keep)
     if refined is None or any(i not in refined for i in inexact):
         return GlobalPlan((), 0, b, inexact)
+    fine_of: Mapping[int, MagnitudeHistogram] = refined
     fine_total = torch.zeros(1 << 16, dtype=torch.int64)
     for i in range(len(histograms)):
         if i in inexact:
-            f = refined[i]
+            f = fine_of[i]
             if f.bucket != b or f.total != in_b[i]:
                 raise SparsetoolError(
                     f"refined histogram of tensor {i} counts {f.total} keys in bucket {f.bucket}, "
@@ -249,11 +250,11 @@ def global_threshold_plan(
             fine_total += f.counts
         else:  # exact keys sit at low digit 0
             fine_total[0] += in_b[i]
-    low, above_low = _boundary(fine_total, need)
+    low, above_low = boundary(fine_total, need)
     at_low = []
     for i in range(len(histograms)):
         if i in inexact:
-            counts = refined[i].counts  # type: ignore[index]
+            counts = fine_of[i].counts
             above_each[i] += int(counts[low + 1:].sum())
             at_low.append(int(counts[low]))
         else:
@@ -284,7 +285,7 @@ def apply_threshold(w: Tensor, plan: TensorPlan, existing: Tensor | None = None,
     >>> apply_threshold(torch.tensor([0.5, 2.0, 1.0]), TensorPlan(0x3F800000, 0, 1))
     tensor([False,  True, False])
     """
-    keys, lack = _f32_keys(w, _flat_existing(existing, w.shape))
+    keys, lack = _f32_keys(w, flat_existing(existing, w.shape))
     # On bf16's 16-bit keys "> T" is "> T >> 16", and only a T with zero low bits can be equalled.
     threshold = plan.threshold >> lack
     can_tie = plan.threshold & ((1 << lack) - 1) == 0
@@ -320,7 +321,7 @@ def global_magnitude_masks(
     [tensor([ True, False,  True]), tensor([False,  True])]
     """
     alive = list(existing) if existing is not None else [None] * len(tensors)
-    k = _resolve_keep(sum(t.numel() for t in tensors), sparsity, keep)
+    k = resolve_keep(sum(t.numel() for t in tensors), sparsity, keep)
     hists = [MagnitudeHistogram.of(t, e) for t, e in zip(tensors, alive)]
     plan = global_threshold_plan(hists, k)
     if not plan.done:

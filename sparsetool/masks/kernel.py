@@ -1,8 +1,34 @@
 """The one selection kernel: exact top-k of float scores in O(n), by radix select on bit patterns.
 
+What it computes is a sort. Keeping the ``keep`` largest |w| of a tensor, never a NaN nor a weight
+already pruned (``alive`` False), ties to the lower flat index, is exactly this::
+
+    def reference(w, keep, alive):
+        a = w.double().abs().reshape(-1)
+        dead = torch.isnan(a) | ~alive.reshape(-1)
+        order = torch.sort(a.masked_fill(dead, -1.0), descending=True, stable=True).indices
+        mask = torch.zeros(a.numel(), dtype=torch.bool)
+        mask[order[:keep]] = True
+        return (mask & ~dead).reshape(w.shape)
+
+(``torch.topk`` finds the same values but does not say which of equal values it keeps; the stable
+sort does.) The sort costs O(n log n) time and a float64 copy of the tensor; the kernel below gives
+the same mask, bit for bit, in two passes over the tensor's own bit patterns and memory for one
+chunk (``tests/test_masks.py`` checks it against this reference on multi-chunk tensors with ties,
+NaN and dead weights):
+
+>>> w = torch.tensor([[0.5, -2.0, 0.5], [float("nan"), 0.5, -0.0]])
+>>> alive = torch.tensor([[True, True, True], [True, False, True]])
+>>> a = w.double().abs().reshape(-1); dead = torch.isnan(a) | ~alive.reshape(-1)
+>>> order = torch.sort(a.masked_fill(dead, -1.0), descending=True, stable=True).indices
+>>> ref = torch.zeros(a.numel(), dtype=torch.bool); ref[order[:2]] = True
+>>> kernel = select_top(magnitude_keys(w, alive.reshape(-1)), 2)
+>>> kernel.tolist(), torch.equal(kernel, ref & ~dead)
+([True, True, False, False, False, False], True)
+
 Every selection in sparsetool runs here: layer magnitude pruning, random masks, N:M (through
-:func:`_int_view` and :func:`_map`), the global threshold across tensors (through :func:`histogram`,
-:func:`bucket_histogram`, :func:`_boundary` and :func:`threshold_mask`), and the drop/grow top-k
+:func:`float_int_view` and :func:`map_chunks`), the global threshold across tensors (through :func:`histogram`,
+:func:`bucket_histogram`, :func:`boundary` and :func:`threshold_mask`), and the drop/grow top-k
 of every training algorithm (:func:`top_k_mask`). The rules are the same everywhere:
 
 - exact: exactly ``k`` selected, or every available position if fewer are available;
@@ -35,19 +61,28 @@ import torch
 from torch import Tensor
 
 from sparsetool.errors import SparsetoolError
-from sparsetool import workers as pool
 from sparsetool.masks.counts import sparsity_keep
-from sparsetool.masks.keys import Keys, _flat_existing, _int_view, _shifts, int_keys, magnitude_keys
+from sparsetool.masks.keys import (
+    Keys,
+    digit_shifts,
+    flat_existing,
+    float_int_view,
+    int_keys,
+    magnitude_keys,
+)
+from sparsetool.util import workers as pool
 
 __all__ = ["top_k_mask", "Keys", "int_keys", "magnitude_keys", "histogram", "bucket_histogram",
-           "threshold_mask", "select_top", "count", "Scan", "scan"]
+           "threshold_mask", "select_top", "count", "Scan", "scan", "boundary", "resolve_keep",
+           "map_chunks", "row_step"]
 
 
-def _resolve_keep(numel: int, sparsity: float | None, keep: int | None) -> int:
+def resolve_keep(numel: int, sparsity: float | None, keep: int | None) -> int:
     if (sparsity is None) == (keep is None):
         raise SparsetoolError("give exactly one of sparsity or keep")
     if keep is None:
-        return sparsity_keep(numel, sparsity)  # type: ignore[arg-type]
+        assert sparsity is not None  # exactly one of them was given
+        return sparsity_keep(numel, sparsity)
     if isinstance(keep, bool) or int(keep) != keep or not 0 <= keep <= numel:
         raise SparsetoolError(
             f"keep must be an integer from 0 to {numel} (the tensor's size), got {keep!r}"
@@ -78,7 +113,7 @@ def _select(bits: Tensor, nbits: int, inf: int, keep: int) -> tuple[int, int, in
     need = keep
     above_total = 0
     hi = 0  # the digits chosen so far
-    shifts = _shifts(nbits)
+    shifts = digit_shifts(nbits)
     width = nbits - shifts[0]
     available = -1
     for level, shift in enumerate(shifts):
@@ -120,7 +155,7 @@ def _select(bits: Tensor, nbits: int, inf: int, keep: int) -> tuple[int, int, in
 
 
 _CHUNK = 1 << 20  # keys per chunk: a chunk's temporaries stay in cache between the steps on it
-def _map(fn: Callable[[int, int], Any], n: int, step: int | None = None) -> list[Any]:
+def map_chunks(fn: Callable[[int, int], Any], n: int, step: int | None = None) -> list[Any]:
     """``fn(start, stop)`` over the chunks of ``range(n)`` (``step`` long, default ``_CHUNK``), in
     order; chunks run on a thread pool (torch releases the GIL, and ``torch.bincount`` is
     single-threaded on CPU)."""
@@ -129,12 +164,17 @@ def _map(fn: Callable[[int, int], Any], n: int, step: int | None = None) -> list
     return pool.run(lambda span: fn(*span), spans)
 
 
+def row_step(row: int) -> int:
+    """A chunk length for :func:`map_chunks` that is a whole number of rows of ``row`` entries."""
+    return max(1, _CHUNK // row) * row
+
+
 def count(mask: Tensor) -> int:
     """True entries of a flat bool mask (``Tensor.sum`` on bool is several times slower)."""
-    return sum(_map(lambda a, b: int(torch.count_nonzero(mask[a:b])), mask.numel()))
+    return sum(map_chunks(lambda a, b: int(torch.count_nonzero(mask[a:b])), mask.numel()))
 
 
-def _boundary(total: Tensor, keep: int) -> tuple[int, int]:
+def boundary(total: Tensor, keep: int) -> tuple[int, int]:
     """The digit d with above(d) < keep <= above(d) + total[d], and above(d)."""
     suffix = total.flip(0).cumsum(0).flip(0)
     d = int((suffix >= keep).nonzero()[-1])
@@ -171,7 +211,7 @@ def scan(keys: Keys, *, zeros: bool = False) -> Scan:
     """The :class:`Scan` of ``keys``: one pass over them in chunks, on the pool (with ``zeros``,
     the zero keys counted too; see :class:`Scan`)."""
     width = keys.nbits - keys.shift
-    per_chunk = _map(lambda a, b: _bincount(keys.top(a, b), 1 << width), keys.n)
+    per_chunk = map_chunks(lambda a, b: _bincount(keys.top(a, b), 1 << width), keys.n)
     total = torch.zeros(1 << width, dtype=torch.int64, device=keys.device)
     for part in per_chunk:
         total += part
@@ -179,14 +219,14 @@ def scan(keys: Keys, *, zeros: bool = False) -> Scan:
     above_inf = int(total[idig:].sum())
     found_zeros = int(total[0]) if zeros else -1
     if keys.shift and found_zeros > 0:  # bucket 0 also holds the smallest non-zero keys
-        found_zeros = sum(_map(lambda a, b: int((keys.read(a, b) == 0).sum()), keys.n))
+        found_zeros = sum(map_chunks(lambda a, b: int((keys.read(a, b) == 0).sum()), keys.n))
     total[idig + 1:] = 0
     if keys.shift and int(total[idig]) > 0:  # keys above inf (NaN) may share its bucket
 
         def alive_in_top(a: int, b: int) -> int:
             return int(((keys.top(a, b) == idig) & (keys.read(a, b) <= keys.inf)).sum())
 
-        total[idig] = sum(_map(alive_in_top, keys.n))
+        total[idig] = sum(map_chunks(alive_in_top, keys.n))
     return Scan(keys, total, per_chunk, above_inf, found_zeros)
 
 
@@ -200,7 +240,7 @@ def bucket_histogram(keys: Keys, digit: int) -> Tensor:
         return _bincount(k[k <= keys.inf] & (bins - 1), bins)
 
     total = torch.zeros(bins, dtype=torch.int64, device=keys.device)
-    for counts in _map(part, keys.n):
+    for counts in map_chunks(part, keys.n):
         total += counts
     return total
 
@@ -226,7 +266,7 @@ def threshold_mask(
     """
     n = keys.n
     if sink is not None and ties > 0 and equal is None:
-        equal = _map(lambda a, b: int((keys.read(a, b) == threshold).sum()), n)
+        equal = map_chunks(lambda a, b: int((keys.read(a, b) == threshold).sum()), n)
     plan: list[int] = []
     for e in equal if ties > 0 and equal is not None else []:
         plan.append(min(ties, e) if 0 < ties < e else (-1 if ties >= e > 0 else 0))
@@ -245,7 +285,7 @@ def threshold_mask(
         if sink is not None:
             sink(a, b, dst)
 
-    _map(write, n)
+    map_chunks(write, n)
     if sink is not None:
         if ties > 0:
             raise SparsetoolError(
@@ -299,13 +339,13 @@ def select_top(keys: Keys, keep: int, *, found: Scan | None = None,
         return threshold_mask(keys, -1, 0, sink=sink)
     if keep <= 0:
         return threshold_mask(keys, (1 << nbits) - 1, 0, all_available=True, sink=sink)
-    d, above = _boundary(hist, keep)
+    d, above = boundary(hist, keep)
     if shift == 0:  # the digit is the whole key
         t, equal = d, [int(c[d]) for c in per_chunk]
     elif keep - above == int(hist[d]):  # all of bucket d is kept: no select inside it
         t, equal, above = (d << shift) - 1, None, keep
     else:  # finish the select among the keys of bucket d, which are few for real weights
-        cands = _map(lambda a, b: keys.bucket(a, b, d), n)
+        cands = map_chunks(lambda a, b: keys.bucket(a, b, d), n)
         t, above_in, _, _ = _select(torch.cat(cands), nbits, inf, keep - above)
         above += above_in
         equal = [int((c == t).sum()) for c in cands]
@@ -327,9 +367,9 @@ def top_k_mask(scores: Tensor, k: int, allowed: Tensor | None = None) -> Tensor:
     >>> top_k_mask(torch.tensor([-2.0, -1.0, -0.0, 3.0]), 3)
     tensor([False,  True,  True,  True])
     """
-    keep = _resolve_keep(scores.numel(), None, k)
-    src, nbits, inf = _int_view(scores.detach())
-    alive = _flat_existing(allowed, scores.shape)
+    keep = resolve_keep(scores.numel(), None, k)
+    src, nbits, inf = float_int_view(scores.detach())
+    alive = flat_existing(allowed, scores.shape)
     negative = src < 0  # the sign bit
     if not bool(negative.any()):  # |w|, |grad| and uniform draws: one magnitude selection
         return select_top(int_keys(src, nbits, inf, alive), keep).reshape(scores.shape)

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from sparsetool.errors import SparsetoolError
 
-__all__ = ["Keys", "int_keys", "magnitude_keys"]
+__all__ = ["Keys", "int_keys", "magnitude_keys", "flat_existing", "float_int_view", "digit_shifts"]
 
 # (integer view dtype, number of magnitude bits) for each float dtype read bit-for-bit.
 _LAYOUT = {
@@ -29,7 +29,7 @@ _LAYOUT = {
 }
 
 
-def _flat_existing(existing: Tensor | None, shape: torch.Size) -> Tensor | None:
+def flat_existing(existing: Tensor | None, shape: torch.Size) -> Tensor | None:
     if existing is None:
         return None
     if tuple(existing.shape) != tuple(shape):
@@ -42,7 +42,7 @@ def _flat_existing(existing: Tensor | None, shape: torch.Size) -> Tensor | None:
     return existing.reshape(-1)
 
 
-def _int_view(w: Tensor) -> tuple[Tensor, int, int]:
+def float_int_view(w: Tensor) -> tuple[Tensor, int, int]:
     """``w`` flat, viewed as integers (no copy for bf16/fp16/fp32/fp64); the magnitude's bit width
     (the sign is the bit above it); and the magnitude key of +inf."""
     if not w.dtype.is_floating_point:
@@ -54,7 +54,7 @@ def _int_view(w: Tensor) -> tuple[Tensor, int, int]:
     return w.contiguous().view(int_dtype).reshape(-1), nbits, inf
 
 
-def _shifts(nbits: int) -> list[int]:
+def digit_shifts(nbits: int) -> list[int]:
     """Digit positions from the top: 15 bits first, then 16-bit digits."""
     out, s = [], nbits - 15
     while s > 0:
@@ -88,7 +88,7 @@ def int_keys(src: Tensor, nbits: int, inf: int, alive: Tensor | None = None) -> 
     """Keys ``src & (2**nbits - 1)`` of a flat integer tensor; dead (all ones) where ``alive`` is
     False."""
     full = (1 << nbits) - 1
-    shift = _shifts(nbits)[0]
+    shift = digit_shifts(nbits)[0]
 
     def read(a: int, b: int) -> Tensor:
         k = src[a:b] & full
@@ -120,5 +120,5 @@ def int_keys(src: Tensor, nbits: int, inf: int, alive: Tensor | None = None) -> 
 
 def magnitude_keys(w: Tensor, alive: Tensor | None = None) -> Keys:
     """Keys of |w| in ``w``'s own bit width (fp8: fp32); ``alive`` is flat bool or None."""
-    src, nbits, inf = _int_view(w)
+    src, nbits, inf = float_int_view(w)
     return int_keys(src, nbits, inf, alive)

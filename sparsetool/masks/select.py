@@ -49,12 +49,12 @@ from sparsetool.masks.global_magnitude import (
     global_threshold_plan,
 )
 from sparsetool.masks.kernel import (
-    _flat_existing,
-    _int_view,
-    _map,
-    _resolve_keep,
+    flat_existing,
+    float_int_view,
     int_keys,
     magnitude_keys,
+    map_chunks,
+    resolve_keep,
     select_top,
     top_k_mask,
 )
@@ -87,8 +87,8 @@ def magnitude_mask(
     >>> magnitude_mask(torch.tensor([1.0, 1.0, 1.0, 1.0]), keep=3, existing=alive)
     tensor([ True, False,  True,  True])
     """
-    k = _resolve_keep(w.numel(), sparsity, keep)
-    alive = _flat_existing(existing, w.shape)
+    k = resolve_keep(w.numel(), sparsity, keep)
+    alive = flat_existing(existing, w.shape)
     return select_top(magnitude_keys(w, alive), k).reshape(w.shape)
 
 
@@ -116,7 +116,7 @@ def random_mask(
     """
     shape = tuple(int(s) for s in shape)
     numel = math.prod(shape)
-    k = _resolve_keep(numel, sparsity, keep)
+    k = resolve_keep(numel, sparsity, keep)
     if generator is not None and seed is not None:
         raise SparsetoolError("give a generator or a seed, not both")
     if generator is None:
@@ -124,7 +124,7 @@ def random_mask(
     # Random 30-bit keys below the "inf" key 2**30 (room above for the "dead" key); the rare
     # ties among them are broken by index, deterministically.
     bits = torch.randint(0, 1 << 30, shape, generator=generator, dtype=torch.int32).reshape(-1)
-    alive = _flat_existing(existing, torch.Size(shape))
+    alive = flat_existing(existing, torch.Size(shape))
     return select_top(int_keys(bits, 31, 1 << 30, alive), k).reshape(shape)
 
 
@@ -172,9 +172,9 @@ def nm_mask(
             f"N:M {n}:{m}: the size along dimension {dim % w.ndim} is {size}, not divisible by {m}; "
             "choose an M that divides it or exclude this tensor"
         )
-    src, nbits, inf = _int_view(w)
+    src, nbits, inf = float_int_view(w)
     full = (1 << nbits) - 1
-    alive = _flat_existing(existing, w.shape)
+    alive = flat_existing(existing, w.shape)
     d = dim % w.ndim
     inner = math.prod(w.shape[d + 1:])
     row = m * inner  # one row = the groups at one (outer, group) position, side by side
@@ -202,5 +202,5 @@ def nm_mask(
                     rank += keys[:, i] >= kj if i < j else keys[:, i] > kj
             torch.logical_and(rank < n, kj >= 0, out=out[:, j])
 
-    _map(part, w.numel(), step=max(1, kernel._CHUNK // row) * row)
+    map_chunks(part, w.numel(), step=kernel.row_step(row))
     return mask.reshape(w.shape)

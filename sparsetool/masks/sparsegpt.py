@@ -28,7 +28,7 @@ from torch import Tensor
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.kernel import top_k_mask
 from sparsetool.masks.select import nm_kept_count, nm_mask
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 __all__ = ["block_prune_counts", "inverse_hessian_factor", "sparsegpt_prune", "sparsegpt_kept_count"]
 

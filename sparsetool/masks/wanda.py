@@ -31,7 +31,7 @@ from torch import Tensor
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.kernel import top_k_mask
 from sparsetool.masks.select import nm_kept_count, nm_mask
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 __all__ = ["wanda_scores", "row_prune_counts", "row_top_k", "wanda_mask", "wanda_kept_count"]
 

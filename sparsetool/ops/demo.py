@@ -25,7 +25,7 @@ from sparsetool.errors import SparsetoolError
 __all__ = ["DEFAULT_OUTPUT", "DEFAULT_STEPS", "DEFAULT_FINETUNE_STEPS", "SPARSITY", "MODEL",
            "PHASES", "check_output", "run_demo", "plot_perplexity"]
 
-Progress = Callable[[str, dict], None]
+PhaseProgress = Callable[[str, dict], None]  # demo reports phases and steps, not counts
 
 DEFAULT_OUTPUT = "sparsetool-demo"
 DEFAULT_STEPS = 1000  # per pre-trained model: the whole demo takes 1.5-2 min on 2 CPU cores
@@ -62,7 +62,7 @@ def check_output(output: str | Path) -> bool:
 
 def run_demo(output: str | Path = DEFAULT_OUTPUT, *, steps: int = DEFAULT_STEPS,
              finetune_steps: int = DEFAULT_FINETUNE_STEPS, seed: int = 0,
-             threads: int | None = None, progress: Progress | None = None) -> dict[str, Any]:
+             threads: int | None = None, progress: PhaseProgress | None = None) -> dict[str, Any]:
     """Run the demo into ``output`` and return its summary (also written to summary.json).
 
     ``output`` must be new, empty, or an earlier demo's output (whose files are replaced). On
@@ -111,7 +111,7 @@ def _remove_products(out: Path) -> None:
 
 class _Demo:
     def __init__(self, out: Path, steps: int, finetune_steps: int, seed: int,
-                 progress: Progress | None, threads: int = 1) -> None:
+                 progress: PhaseProgress | None, threads: int = 1) -> None:
         self.out, self.steps, self.finetune_steps, self.seed = out, steps, finetune_steps, seed
         self.threads = threads
         self.report = progress or (lambda kind, info: None)
@@ -222,7 +222,6 @@ class _Demo:
 
     def _diff(self) -> Any:
         from sparsetool.ops.diff import diff, plot_diff
-
         from sparsetool.ops.report import summarize
 
         self._phase("diff", summarize(self.out / "sparse").summary["targeted_tensors"])

@@ -13,21 +13,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from sparsetool.checkpoint import (
     Checkpoint,
     LogicalTensor,
     TensorSpec,
+    bits,
     drop_sparsity_config,
     open_checkpoint,
     write_checkpoint,
 )
-from sparsetool import workers
-from sparsetool.checkpoint import bits
 from sparsetool.checkpoint.provenance import provenance_metadata
-
-Progress = Callable[[str, int, int], None]
+from sparsetool.util import workers
+from sparsetool.util.progress import Progress
 
 
 @dataclass
@@ -65,10 +63,11 @@ def densify_checkpoint(src: str | Path, out: str | Path, *, in_place: bool = Fal
                         # unchanged bytes: copied in the kernel, never decoded (nor torch loaded)
                         sw.copy_stored(lt.name, ckpt, lt.stored[0])
                     else:
+                        from sparsetool.checkpoint.encodings import decode
                         from sparsetool.checkpoint.zeros import negative_zeros
 
-                        # read() gives pruned entries as +0.0 whatever the encoding
-                        dense, mask = ckpt.read(lt)
+                        # decode() gives pruned entries as +0.0 whatever the encoding
+                        dense, mask = decode(ckpt, lt)
                         encoding = lt.encoding if lt.encoding != "plain" or mask is None else "nan"
                         if encoding != "plain":
                             result.decoded[encoding] = result.decoded.get(encoding, 0) + 1

@@ -20,15 +20,23 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from sparsetool.checkpoint import open_checkpoint
+from sparsetool.checkpoint.encodings import decode
 from sparsetool.errors import SparsetoolError
-from sparsetool.targets import LINEAR_ROLES, conv1d_layout, input_dim, is_floating, plan_targets, role
+from sparsetool.targets import (
+    LINEAR_ROLES,
+    conv1d_layout,
+    input_dim,
+    is_floating,
+    plan_targets,
+    role,
+)
 from sparsetool.targets.order import SEPARATE_QKV, layer_index, tensor_sort_key
-from sparsetool.wording import plural
+from sparsetool.util.progress import Progress
+from sparsetool.util.wording import plural
 
 __all__ = ["KINDS", "Stats", "DiffRow", "DiffResult", "diff", "split_parts", "matrix_kind", "layer_index",
            "plot_diff"]
 
-Progress = Callable[[str, int, int], None]
 
 KINDS = ("Q", "K", "V", "QKV", "attn_out", "ffn_in", "ffn_out", "other")
 """Matrix kinds, in plot order. ``QKV`` is a fused tensor whose layout is not known well enough to
@@ -299,8 +307,8 @@ def diff(a: str | Path, b: str | Path, *, include: Sequence[str] = (), exclude: 
             parts, note = split_parts(lt.name, lt.shape, config)
             if note:
                 result.notes.append(note)
-            ta, _ = ca.read(lt)
-            tb, _ = cb.read(bmap[lt.name])
+            ta, _ = decode(ca, lt)
+            tb, _ = decode(cb, bmap[lt.name])
             for kind, part, take in parts:
                 pa, pb = take(ta), take(tb)
                 result.rows.append(DiffRow(lt.name, part, layer_index(lt.name), kind, tuple(pa.shape),

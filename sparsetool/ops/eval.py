@@ -25,10 +25,9 @@ import torch.nn.functional as F
 
 from sparsetool.errors import SparsetoolError
 from sparsetool.ops.lm import MAX_DEFAULT_SEQ, BlockModel, Call, open_model, read_text
-from sparsetool.memory import MemoryPlan, budget, process_memory
-from sparsetool.wording import plural
-
-Progress = Callable[[str, int, int], None]
+from sparsetool.util.memory import MemoryPlan, budget, process_memory
+from sparsetool.util.progress import Progress
+from sparsetool.util.wording import plural
 
 __all__ = ["Window", "windows", "score", "EvalRow", "EvalResult", "evaluate", "plot_eval"]
 

@@ -25,9 +25,9 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from sparsetool.errors import SparsetoolError
-from sparsetool.memory import MemoryPlan
-from sparsetool.ops.eval import LOGITS_BYTES, held_windows
+from sparsetool.ops.eval import LOGITS_BYTES
 from sparsetool.ops.lm import BlockModel, Call
+from sparsetool.util.memory import MemoryPlan
 
 __all__ = ["SparsetoolLM", "score_requests", "GPT_PREFIX"]
 

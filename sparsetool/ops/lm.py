@@ -31,12 +31,20 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from sparsetool.checkpoint import Checkpoint, LogicalTensor, open_checkpoint
-from sparsetool.checkpoint.zeros import count_nonzero, negative_zeros
+from sparsetool.checkpoint import Checkpoint, open_checkpoint
+from sparsetool.checkpoint.encodings import decode
+from sparsetool.checkpoint.zeros import count_nonzero_values, negative_zeros
 from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.targets import is_floating, plan_targets
-from sparsetool.train.hf import HF_EXTRA, MAX_DEFAULT_SEQ, match_names  # noqa: F401 (re-exported)
-from sparsetool.train.hf import context_of, hf_config, import_transformers, load_tokenizer
+from sparsetool.train.hf import (  # noqa: F401 (re-exported)
+    HF_EXTRA,
+    MAX_DEFAULT_SEQ,
+    context_of,
+    hf_config,
+    import_transformers,
+    load_tokenizer,
+    match_names,
+)
 
 __all__ = ["BlockModel", "Call", "Encoded", "DTYPES", "open_model", "read_text", "resolve_device"]
 
@@ -210,12 +218,12 @@ class BlockModel:
     def read(self, stored: str) -> torch.Tensor:
         """One checkpoint tensor, dense in its stored dtype (pruned entries +0.0, whatever the
         encoding); counted the first time."""
-        dense, _mask = self.ckpt.read(self._lts[stored])
+        dense, _mask = decode(self.ckpt, self._lts[stored])
         negative = negative_zeros(dense)
         if negative is not None:
             dense = dense.masked_fill(negative, 0.0)
         if stored not in self.counts and is_floating(dense.dtype):
-            self.counts[stored] = (dense.numel(), count_nonzero(dense))
+            self.counts[stored] = (dense.numel(), count_nonzero_values(dense))
         return dense
 
     def set_weight(self, name: str, value: torch.Tensor) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from sparsetool.checkpoint import open_checkpoint
+from sparsetool.checkpoint.encodings import decode
 from sparsetool.checkpoint.zeros import negative_zeros
 
 __all__ = ["load"]
@@ -23,7 +24,7 @@ def load(path: str | Path) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     with open_checkpoint(path) as ckpt:
         for lt in ckpt.logical:
-            dense, _mask = ckpt.read(lt)  # pruned entries are +0.0 whatever the encoding
+            dense, _mask = decode(ckpt, lt)  # pruned entries are +0.0 whatever the encoding
             negative = negative_zeros(dense)
             if negative is not None:
                 dense = dense.masked_fill(negative, 0.0)

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 from sparsetool.checkpoint import open_checkpoint
-from sparsetool.checkpoint.counting import count_nonzero
+from sparsetool.checkpoint.counting import count_unpruned
 from sparsetool.checkpoint.dtypes import is_floating, torch_name
-from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary
 from sparsetool.targets.order import tensor_sort_key
-
-Progress = Callable[[str, int, int], None]
+from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary
+from sparsetool.util.progress import Progress
 
 
 @dataclass
@@ -102,7 +101,7 @@ def summarize(path: str | Path, include: Sequence[str] = (), exclude: Sequence[s
         report.tensors.append(TensorRow(
             name=lt.name, shape=entry.shape, dtype=torch_name(lt.st_dtype), role=entry.role,
             targeted=entry.targeted,
-            numel=lt.numel, nonzero=count_nonzero(ckpt, lt), encoding=lt.encoding,
+            numel=lt.numel, nonzero=count_unpruned(ckpt, lt), encoding=lt.encoding,
             bytes=lt.nbytes,
         ))
         if progress:

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from sparsetool.errors import ConfigError, SparsetoolError
-from sparsetool.wording import plural
+from sparsetool.util.progress import Progress
+from sparsetool.util.wording import plural
 
 __all__ = ["EVAL_EXTRA", "TaskRow", "TasksResult", "evaluate_tasks", "import_lm_eval"]
 
@@ -30,8 +31,6 @@ EVAL_EXTRA = "pip install 'sparsetool[eval]' (or pip install -e '.[eval]' in a s
 LOGLIKELIHOOD = ("loglikelihood", "loglikelihood_rolling", "multiple_choice")
 # The harness's own seeds when none is given (random, numpy, torch, few-shot sampler).
 HARNESS_SEEDS = (0, 1234, 1234, 1234)
-
-Progress = Callable[[str, int, int], None]
 
 
 def import_lm_eval():

@@ -22,7 +22,6 @@ from sparsetool.errors import ConfigError
 from sparsetool.targets.roles import (
     LINEAR_ROLES,
     ROLES,
-    _input_dim,
     conv1d_layout,
     input_dim,
     is_floating,
@@ -234,7 +233,7 @@ def plan_targets(
     for name, shape, dtype in items:
         found = roles[name]
         targeted, reason = _decide(name, shape, dtype, found, include, exclude, select)
-        dim = _input_dim(name, shape, conv1d, found)
+        dim = input_dim(name, shape, conv1d=conv1d, known_role=found)
         entries[name] = TargetEntry(name, shape, str(dtype).removeprefix("torch."), found,
                                     targeted, reason, dim, _layout(shape, dim, found))
         if (not targeted and not is_floating(dtype)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from sparsetool.checkpoint.dtypes import is_floating
 
@@ -181,7 +180,8 @@ def _linear_role(modules: list[str], param: str | None) -> str | None:
 
 
 def input_dim(
-    name: str, shape: tuple[int, ...] | Sequence[int], *, conv1d: bool | None = None
+    name: str, shape: tuple[int, ...] | Sequence[int], *, conv1d: bool | None = None,
+    known_role: str | None = None,
 ) -> int:
     """The dimension of ``shape`` that indexes input features (the one N:M groups run along).
 
@@ -196,7 +196,7 @@ def input_dim(
     weights with a linear role, such as the mixture-of-experts tensors of transformers 5
     (``mlp.experts.gate_up_proj``, (experts, out, in)), gives its last dimension. Other tensors with
     more than two dimensions are read as convolution kernels (out, in, ...) and give 1; 1-D tensors
-    give 0.
+    give 0. ``known_role`` is the tensor's :func:`role`, when the caller has it already.
 
     >>> input_dim("transformer.h.0.mlp.c_fc.weight", (768, 3072))
     0
@@ -205,11 +205,7 @@ def input_dim(
     >>> input_dim("transformer.h.0.attn.c_proj.weight", (768, 768), conv1d=False)
     1
     """
-    return _input_dim(name, tuple(shape), conv1d, None)
-
-
-def _input_dim(name: str, shape: tuple[int, ...], conv1d: bool | None,
-               found_role: str | None) -> int:
+    shape = tuple(shape)
     if len(shape) < 2:
         return 0
     if _CONV1D_RE.search(name) and conv1d is not False:
@@ -220,7 +216,7 @@ def _input_dim(name: str, shape: tuple[int, ...], conv1d: bool | None,
         if (widening and shape[0] > shape[1]) or (narrowing and shape[0] < shape[1]):
             return 1
         return 0
-    if len(shape) > 2 and (found_role or role(name, shape)) in LINEAR_ROLES:
+    if len(shape) > 2 and (known_role or role(name, shape)) in LINEAR_ROLES:
         return len(shape) - 1
     return 1
 

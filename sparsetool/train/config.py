@@ -29,8 +29,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparsetool import options
 from sparsetool.errors import ConfigError
+from sparsetool.util import options
 
 ALGORITHMS = ("dense", "static", "gmp", "set", "rigl", "granet", "imp")
 ENCODINGS = ("zeros", "mask", "nan", "bitmask")  # sparsetool.checkpoint.encodings, without torch
@@ -66,8 +66,8 @@ def setting(key: str) -> str:
     return FLAGS.get(key, f"--{key.replace('_', '-')}")
 
 
-_SECTIONS = ("model", "optimizer", "data", "train", "run")
-_SECTION_EXAMPLE = {"model": "preset: tiny", "optimizer": "lr: 0.001", "data": "data: corpus.txt",
+SECTIONS = ("model", "optimizer", "data", "train", "run")
+SECTION_EXAMPLE = {"model": "preset: tiny", "optimizer": "lr: 0.001", "data": "data: corpus.txt",
                     "train": "steps: 1000", "run": "device: cpu"}
 
 
@@ -124,7 +124,7 @@ class TrainConfig:
     log_every: int = 1
     stop_at: int | None = None  # stop (with a checkpoint) after this many steps; resume later
     device: str = "auto"
-    threads: int | None = None  # CPU threads for torch; None: sparsetool.threads decides (the command line)
+    threads: int | None = None  # CPU threads for torch; None: sparsetool.util.threads decides (the command line)
     dtype: str = "auto"  # auto: bf16 autocast on a GPU that has it, float32 otherwise
 
     def to_dict(self) -> dict:
@@ -141,8 +141,8 @@ class TrainConfig:
         return cfg
 
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)
+FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)
              if f.default is not dataclasses.MISSING}
 
 
@@ -157,7 +157,7 @@ RESUMABLE_OVERRIDES = {"stop_at", "save_every", "eval_every", "keep_last", "log_
 
 
 def parse_stage(text: str) -> tuple[float, float]:
-    """``"0.9:0.8"`` -> (sparsity 0.9, fraction of steps 0.8): :func:`sparsetool.options.parse_stage`.
+    """``"0.9:0.8"`` -> (sparsity 0.9, fraction of steps 0.8): :func:`sparsetool.util.options.parse_stage`.
 
     >>> parse_stage("0.9:0.8")
     (0.9, 0.8)

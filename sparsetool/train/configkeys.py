@@ -17,13 +17,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sparsetool import options
-from sparsetool.configfile import load_mapping
 from sparsetool.errors import ConfigError
 from sparsetool.train.config import (
-    ALGORITHMS, COMMAND_LINE_ONLY, FILE_ONLY, INIT_METHODS, KEY_ALIASES, VALUE_ALIASES, TrainConfig,
-    _DEFAULTS, _FIELDS, _SECTION_EXAMPLE, _SECTIONS, setting, validate,
+    ALGORITHMS,
+    COMMAND_LINE_ONLY,
+    DEFAULTS,
+    FIELDS,
+    FILE_ONLY,
+    INIT_METHODS,
+    KEY_ALIASES,
+    SECTION_EXAMPLE,
+    SECTIONS,
+    VALUE_ALIASES,
+    TrainConfig,
+    setting,
+    validate,
 )
+from sparsetool.util import options
+from sparsetool.util.configfile import load_mapping
 
 
 def read_config_file(path: str | Path) -> dict:
@@ -58,17 +69,17 @@ def _flatten(raw: Mapping, prefix: str, flat: dict, names: dict, unknown: list) 
     for key, value in raw.items():
         spelled = f"{prefix}{key}"
         k = _canonical(key)
-        if k in _SECTIONS and isinstance(value, Mapping):
+        if k in SECTIONS and isinstance(value, Mapping):
             _flatten(value, f"{spelled}.", flat, names, unknown)
         elif k == "sparsity" and isinstance(value, Mapping) and _is_block(value):
             _sparsity_block(value, f"{spelled}.", flat, names)
-        elif k in _SECTIONS and k not in _FIELDS:
+        elif k in SECTIONS and k not in FIELDS:
             raise ConfigError(f"'{spelled}' is a section: give it keys, e.g. {spelled}: "
-                              f"{{{_SECTION_EXAMPLE[k]}}}")
+                              f"{{{SECTION_EXAMPLE[k]}}}")
         elif k in COMMAND_LINE_ONLY:
             raise ConfigError(f"'{spelled}' is a command-line flag, not a config key; give --{k} on "
                               "the command line")
-        elif k not in _FIELDS:
+        elif k not in FIELDS:
             unknown.append(spelled)
         else:
             _put(flat, names, k, value, spelled)
@@ -89,7 +100,7 @@ def _put(flat: dict, names: dict, key: str, value: Any, spelled: str) -> None:
 
 
 def _unknown_keys(unknown: list[str]) -> str:
-    candidates = [*_FIELDS, *KEY_ALIASES, *_SECTIONS]
+    candidates = [*FIELDS, *KEY_ALIASES, *SECTIONS]
 
     def one(spelled: str) -> str:
         last = spelled.rsplit(".", 1)[-1]
@@ -197,12 +208,12 @@ class _Value:
 
     def __init__(self, key: str, name: str | None) -> None:
         self.key, self.name = key, name
-        # how the messages of sparsetool.options name it: the flag, or the file's "key:"
+        # how the messages of sparsetool.util.options name it: the flag, or the file's "key:"
         self.label = f"{name}:" if name is not None else setting(key)
         self.short = (name or key).rsplit(".", 1)[-1]  # a file example's key
 
     def example(self) -> str:
-        eg = _EXAMPLES.get(self.key, _DEFAULTS.get(self.key))
+        eg = _EXAMPLES.get(self.key, DEFAULTS.get(self.key))
         shown = _show(eg) if isinstance(eg, bool) else str(eg)
         if self.name is not None or self.key in FILE_ONLY:
             return f"{self.short}: {shown}"
@@ -368,7 +379,7 @@ def check_values(values: Mapping[str, Any], names: Mapping[str, str] | None = No
         if value is None and key in _TYPES and _TYPES[key][0] in (list, tuple, dict):
             continue  # an empty "stages:" or "include:" is none at all
         if key not in _TYPES:
-            close = difflib.get_close_matches(key, _FIELDS, n=1)
+            close = difflib.get_close_matches(key, FIELDS, n=1)
             guess = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"unknown setting {key!r}{guess} (the settings are TrainConfig's fields)")
         out[key] = _Value(key, (names or {}).get(key)).check(value)

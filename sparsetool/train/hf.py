@@ -46,7 +46,9 @@ def hf_config(path: Path, config: dict | None, transformers, command: str = "eva
     """transformers' config object of a causal LM directory; anything else is refused (``needs``,
     if given, ends that error: what the caller does with the model)."""
     from transformers.models.auto.modeling_auto import (
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
 
     if config is None:
         raise SparsetoolError(f"{path}: no config.json; {command} needs a Hugging Face model directory "

@@ -23,15 +23,26 @@ import torch
 import torch.nn.functional as F
 
 from sparsetool.checkpoint import open_checkpoint, write_tensors
-from sparsetool.checkpoint.config import bitmask_sparsity_config, drop_sparsity_config, read_model_config
+from sparsetool.checkpoint.config import (
+    bitmask_sparsity_config,
+    drop_sparsity_config,
+    read_model_config,
+)
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.errors import ConfigError
-from sparsetool.workers import signals_deferred
 from sparsetool.train.data import Corpus
-from sparsetool.memory import fine_tuning_plan
-from sparsetool.train.hf import TOKENIZER_FILES, context_of, hf_config, import_transformers, load_tokenizer, match_weights
+from sparsetool.train.hf import (
+    TOKENIZER_FILES,
+    context_of,
+    hf_config,
+    import_transformers,
+    load_tokenizer,
+    match_weights,
+)
+from sparsetool.util.memory import fine_tuning_plan
+from sparsetool.util.workers import signals_deferred
 
-__all__ = ["HFModel", "HFModelInfo", "MODEL_DIR", "forward", "is_hf_dir", "open_model"]
+__all__ = ["HFModel", "HFModelInfo", "MODEL_DIR", "forward", "is_hf_dir", "open_run_model"]
 
 DEFAULT_CONTEXT = 256  # tokens per training sequence unless --context (or the model) says less
 MODEL_DIR = "model"  # RUN/model/: the latest model as a Hugging Face directory
@@ -73,7 +84,7 @@ def forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
     return logits, loss
 
 
-def open_model(cfg, resume_from: Path | None, resumed_model: dict | None):
+def open_run_model(cfg, resume_from: Path | None, resumed_model: dict | None):
     """``(HFModel, HFModelInfo, weights, masks)`` of a run on a Hugging Face model, or Nones.
 
     A resume rebuilds the model from its own latest checkpoint (config and tokenizer are there;

@@ -26,13 +26,14 @@ from typing import Callable
 import torch
 
 from sparsetool.checkpoint import open_checkpoint, write_tensors
+from sparsetool.checkpoint.encodings import decode
 from sparsetool.checkpoint.provenance import merged_provenance, provenance_metadata
 from sparsetool.errors import CheckpointError, ConfigError
 
 FORMAT_VERSION = 1
 
 
-def _write_json(path: Path, obj: object) -> None:
+def write_json(path: Path, obj: object) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2) + "\n")
     os.replace(tmp, path)
@@ -69,9 +70,9 @@ def save_checkpoint(run: Path, step: int, model: torch.nn.Module, masks: dict, m
     if write_files is not None:
         write_files(tmp)
     else:
-        _write_json(tmp / "config.json", {"model_type": "sparsetool-gpt", **model_cfg})
+        write_json(tmp / "config.json", {"model_type": "sparsetool-gpt", **model_cfg})
     torch.save(resume, tmp / "optimizer.pt")
-    _write_json(tmp / "state.json", state)
+    write_json(tmp / "state.json", state)
     final = ckdir / name
     if final.exists():
         shutil.rmtree(final)
@@ -142,7 +143,7 @@ def read_init_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dic
     with open_checkpoint(path) as ckpt:
         meta = model_record(ckpt)
         for lt in ckpt.logical:
-            dense, mask = ckpt.read(lt)
+            dense, mask = decode(ckpt, lt)
             weights[lt.name] = dense.float()
             if mask is not None:
                 masks[lt.name] = mask.bool()

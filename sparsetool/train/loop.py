@@ -71,7 +71,7 @@ class Trainer:
     def _setup_model_and_data(self) -> None:
         cfg = self.cfg
         # a Hugging Face model (--init HF_DIR, or a resume of such a run), else the built-in GPT
-        self.hf, self.mcfg, init_w, init_m = hfrun.open_model(cfg, self.resume_from, self._resumed_model)
+        self.hf, self.mcfg, init_w, init_m = hfrun.open_run_model(cfg, self.resume_from, self._resumed_model)
         self.forward = lambda model, x, y: model(x, y)  # token ids, targets -> logits, mean loss
         if self.hf:
             self.forward = hfrun.forward
@@ -81,7 +81,7 @@ class Trainer:
             self.mcfg = GPTConfig(**self._resumed_model)
         elif cfg.init:
             init_w, init_m, init_meta = io.read_init_checkpoint(cfg.init)
-            self.mcfg = warmstart.model_config(cfg, init_w, init_meta)
+            self.mcfg = warmstart.init_model_config(cfg, init_w, init_meta)
         else:
             self.mcfg = model_config(cfg)
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
@@ -100,7 +100,7 @@ class Trainer:
         if self.init_masks:
             # --init SPARSE --sparsity S: S below the checkpoint's sparsity would revive weights
             spc = self._sparsifier_config(self.plan[0], later_stage=False)
-            warmstart.check_sparsity((spc or {}).get("sparsity"), self.init_masks, cfg.init)
+            warmstart.check_init_sparsity((spc or {}).get("sparsity"), self.init_masks, cfg.init)
         corpus = load_corpus(cfg.data, min_bytes=0 if self.hf else self.mcfg.context + 1)
         self.corpus_info = corpus.describe()
         if self.hf:

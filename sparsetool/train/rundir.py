@@ -18,7 +18,7 @@ from sparsetool.errors import ConfigError, Interrupted
 from sparsetool.train import hfrun, io
 from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, setting, validate
 from sparsetool.train.signals import signal_number
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 __all__ = ["NullLog", "check_new_run", "earlier_settings", "interrupted", "meta", "restore",
            "resume_command", "resumed_config", "save", "save_step", "stopped_by_signal", "summary",
@@ -224,7 +224,7 @@ def save(tr, step: int, position: int, tokens: int, elapsed: float) -> None:
 
 def write_run_json(tr) -> None:
     """run.json: options as given, model, data; each stage's resolved sparse settings."""
-    io._write_json(tr.run_dir / "run.json", {
+    io.write_json(tr.run_dir / "run.json", {
         "config": tr.cfg.to_dict(), "model": tr.mcfg.to_dict(), "data": tr.corpus_info,
         "sparse_training": {str(k): v for k, v in sorted(tr.resolved_settings.items())}})
 

@@ -18,15 +18,16 @@ import torch
 from sparsetool.errors import ConfigError
 from sparsetool.train.config import DEFAULT_PRESET, TrainConfig
 from sparsetool.train.model import PRESETS, GPTConfig, infer_config
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
-__all__ = ["check_sparsity", "load_weights", "loaded_sparsity", "mask_origin", "masks_from", "model_config"]
+__all__ = ["check_init_sparsity", "init_model_config", "load_weights", "loaded_sparsity", "mask_origin",
+           "masks_from"]
 
 
 SHAPE = ("n_layer", "n_head", "d_model", "context")
 
 
-def model_config(cfg: TrainConfig, weights: dict[str, torch.Tensor], meta: dict) -> GPTConfig:
+def init_model_config(cfg: TrainConfig, weights: dict[str, torch.Tensor], meta: dict) -> GPTConfig:
     """The model shape of the ``--init`` checkpoint; a shape flag or a ``--preset`` that
     disagrees is an error (a preset that agrees is fine, and gives the head count a checkpoint
     without train's metadata lacks)."""
@@ -104,15 +105,15 @@ def loaded_sparsity(masks: dict[str, torch.Tensor]) -> float:
     return 1.0 - sum(int(m.sum()) for m in masks.values()) / total
 
 
-def check_sparsity(requested: Any, masks: dict[str, torch.Tensor], init: Any) -> None:
+def check_init_sparsity(requested: Any, masks: dict[str, torch.Tensor], init: Any) -> None:
     """Refuse a number ``requested`` below the sparsity of the ``--init`` masks: training would
     revive pruned weights without saying so. Equal (to within one weight per tensor) or higher is
     fine; a schedule is left to the algorithm.
 
     >>> m = {"w": torch.arange(100) < 25}                # 75% sparse
-    >>> check_sparsity(0.75, m, "a.safetensors"), check_sparsity(0.9, m, "a.safetensors")
+    >>> check_init_sparsity(0.75, m, "a.safetensors"), check_init_sparsity(0.9, m, "a.safetensors")
     (None, None)
-    >>> check_sparsity(0.5, m, "a.safetensors")
+    >>> check_init_sparsity(0.5, m, "a.safetensors")
     Traceback (most recent call last):
     ...
     sparsetool.errors.ConfigError: --sparsity 0.5 is below the sparsity of --init a.safetensors (0.75): training would revive pruned weights. To make every pruned weight trainable (from 0), use --dense without --sparsity; to keep the checkpoint's masks, use --sparsity 0.75 or leave --sparsity out; a higher --sparsity prunes further

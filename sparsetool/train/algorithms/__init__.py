@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparsetool.errors import ConfigError
-from sparsetool.train.schedules import Periodic
 from sparsetool.train.algorithms.base import Sparsifier
 from sparsetool.train.algorithms.gmp import GMP
 from sparsetool.train.algorithms.granet import GraNet
@@ -20,6 +19,7 @@ from sparsetool.train.algorithms.imp import IMP
 from sparsetool.train.algorithms.rigl import RigL
 from sparsetool.train.algorithms.set import SET
 from sparsetool.train.algorithms.static import Static
+from sparsetool.train.schedules import Periodic
 
 __all__ = [
     "ALGORITHMS",

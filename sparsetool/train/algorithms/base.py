@@ -45,17 +45,17 @@ from typing import Any, ClassVar
 
 import torch
 
-from sparsetool.options import check_sparsity
 from sparsetool.errors import ConfigError
 from sparsetool.masks.kernel import top_k_mask
 from sparsetool.train.algorithms.maskstate import MaskState
 from sparsetool.train.rng import step_generator
 from sparsetool.train.schedules import Wiring, wire
+from sparsetool.util.options import check_sparsity
 
-__all__ = ["Sparsifier"]
+__all__ = ["Sparsifier", "is_whole"]
 
 
-def _is_whole(value: Any, low: int) -> bool:
+def is_whole(value: Any, low: int) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == int(value) >= low
 
 
@@ -128,7 +128,7 @@ class Sparsifier(MaskState):
         self.schedules: Wiring | None = None  # made at attach(), when total_steps is known
         for key in ("update_freq", "update_start", "update_stop"):
             value = getattr(self, key)
-            if value is not None and not _is_whole(value, 0):
+            if value is not None and not is_whole(value, 0):
                 raise ConfigError(f"{key} must be a whole number >= 0, got {value!r}")
         if self.update_freq is not None and self.update_freq < 1:
             raise ConfigError(f"update freq must be >= 1, got {self.update_freq}")
@@ -140,7 +140,7 @@ class Sparsifier(MaskState):
 
     @staticmethod
     def _check_sparsity_value(value: Any, key: str) -> None:
-        # a number is a sparsity like every other (sparsetool.options); a mapping is a schedule
+        # a number is a sparsity like every other (sparsetool.util.options); a mapping is a schedule
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             check_sparsity(value, key)
 

@@ -35,9 +35,9 @@ from typing import Any
 import torch
 
 from sparsetool.errors import ConfigError
-from sparsetool.train.schedules import Periodic
 from sparsetool.masks.kernel import top_k_mask
-from sparsetool.train.algorithms.base import Sparsifier, _is_whole
+from sparsetool.train.algorithms.base import Sparsifier, is_whole
+from sparsetool.train.schedules import Periodic
 
 __all__ = ["IMP"]
 
@@ -76,7 +76,7 @@ class IMP(Sparsifier):
             raise ConfigError(f"imp: fraction must be in (0, 1), got {self.fraction!r}")
         for key, low in (("period", 1), ("rounds", 1), ("rewind_step", 0)):
             value = getattr(self, key)
-            if value is not None and not _is_whole(value, low):
+            if value is not None and not is_whole(value, low):
                 raise ConfigError(f"imp: {key} must be a whole number >= {low}, got {value!r}")
         if self.sparsity_level is None and self.rounds is None:
             raise ConfigError("imp: give a target sparsity or a number of rounds")

@@ -10,7 +10,6 @@ derives from it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 

@@ -27,13 +27,13 @@ from pathlib import Path
 
 from sparsetool.errors import SparsetoolError
 
-__all__ = ["MemoryPlan", "available_memory", "budget", "fine_tuning_plan", "process_memory", "human_bytes"]
+__all__ = ["MemoryPlan", "available_memory", "budget", "fine_tuning_plan", "process_memory", "binary_bytes"]
 
 
-def human_bytes(n: float) -> str:
+def binary_bytes(n: float) -> str:
     """Bytes in powers of 1024, three significant digits.
 
-    >>> human_bytes(1536), human_bytes(13.5 * 2**30), human_bytes(800)
+    >>> binary_bytes(1536), binary_bytes(13.5 * 2**30), binary_bytes(800)
     ('1.50 KiB', '13.5 GiB', '800 B')
     """
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -116,16 +116,16 @@ class MemoryPlan:
         return [(k, v) for k, v in parts if v or k in ("weights", "activations", "fixed")]
 
     def describe(self) -> str:
-        return (f"memory plan: {' + '.join(f'{k} {human_bytes(v)}' for k, v in self._parts())} = "
-                f"{human_bytes(self.peak)} of {human_bytes(self.budget)} {self.budget_source}")
+        return (f"memory plan: {' + '.join(f'{k} {binary_bytes(v)}' for k, v in self._parts())} = "
+                f"{binary_bytes(self.peak)} of {binary_bytes(self.budget)} {self.budget_source}")
 
     def check(self, what: str, lower: str) -> None:
         """Refuse a plan that does not fit: one line with the figures and the options that lower it."""
         if self.peak > self.budget:
             raise SparsetoolError(
-                f"{what} needs about {human_bytes(self.peak)} of memory "
-                f"({', '.join(f'{k} {human_bytes(v)}' for k, v in self._parts())}) "
-                f"but has {human_bytes(self.budget)} ({self.budget_source}); lower it with {lower}"
+                f"{what} needs about {binary_bytes(self.peak)} of memory "
+                f"({', '.join(f'{k} {binary_bytes(v)}' for k, v in self._parts())}) "
+                f"but has {binary_bytes(self.budget)} ({self.budget_source}); lower it with {lower}"
             )
 
 

@@ -4,7 +4,7 @@ weights still alive, refusing NaN and inf.
 A zero already counts as pruned (composing prunes never revives a weight). A plain tensor holding
 NaN reads as the ``nan`` encoding (NaN = pruned) only if the input records that it was written in
 that encoding; otherwise NaN, like inf, is an error naming the tensor. The fast path
-(``ops/prune_stream.py``) learns the same from its histogram and hands such tensors over to here.
+(``stream.py``) learns the same from its histogram and hands such tensors over to here.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 
 from sparsetool.checkpoint import Checkpoint, LogicalTensor
-from sparsetool.checkpoint.encodings import may_hold_nan
+from sparsetool.checkpoint.encodings import decode, may_hold_nan
 from sparsetool.checkpoint.provenance import read_provenance
 from sparsetool.checkpoint.zeros import nonzero_mask
 from sparsetool.errors import SparsetoolError
-from sparsetool.wording import plural
+from sparsetool.util.wording import plural
 
 
 def _count_inf(t: torch.Tensor, chunk: int = 1 << 24) -> int:
@@ -69,7 +69,7 @@ def read_alive(ckpt: Checkpoint, lt: LogicalTensor, *,
         dense = ckpt.read_stored(lt.stored[0])
         if not may_hold_nan(dense):  # a finite sum: no NaN and no inf anywhere, one pass
             return dense, nonzero_mask(dense)
-    dense, mask = ckpt.read(lt)
+    dense, mask = decode(ckpt, lt)
     _check_finite(ckpt, lt, dense, mask, nan_means_pruned)
     alive = nonzero_mask(dense)
     return dense, alive if mask is None else mask & alive

@@ -23,7 +23,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Iterable, Sequence
 
 from sparsetool.errors import ConfigError
-from sparsetool.wording import did_you_mean, plural
+from sparsetool.util.wording import did_you_mean, plural
 
 __all__ = [
     "METHODS", "SCOPES", "CALIBRATION_METHODS", "check_count", "check_dampening",
@@ -38,7 +38,7 @@ COMPUTE_DTYPES = ("float32", "bfloat16")  # --dtype of eval and calibration prun
 
 # The words prune's --method and --scope accept (the CLI lists them in --help without importing torch).
 METHODS = ("magnitude", "random", "wanda", "sparsegpt")
-# The methods that run calibration text through the model, block by block (ops/calibrate.py).
+# The methods that run calibration text through the model, block by block (ops/prune/calibrated.py).
 CALIBRATION_METHODS = ("wanda", "sparsegpt")
 SCOPES = ("layer", "global")
 

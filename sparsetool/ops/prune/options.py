@@ -9,9 +9,18 @@ from pathlib import Path
 from sparsetool.checkpoint.encodings import ENCODINGS
 from sparsetool.errors import ConfigError
 from sparsetool.masks.distributions import DISTRIBUTIONS
-from sparsetool.options import (CALIBRATION_METHODS, COMPUTE_DTYPES, METHODS, SCOPES, check_count,
-                                check_dampening, check_device, check_fraction, check_seed,
-                                check_sparsity)
+from sparsetool.util.options import (
+    CALIBRATION_METHODS,
+    COMPUTE_DTYPES,
+    METHODS,
+    SCOPES,
+    check_count,
+    check_dampening,
+    check_device,
+    check_fraction,
+    check_seed,
+    check_sparsity,
+)
 
 __all__ = ["PruneOptions", "TensorResult", "PruneResult", "LOADER_WARNINGS", "DEFAULT_SEQ", "options_record"]
 
@@ -30,7 +39,7 @@ class PruneOptions:
     encoding: str = "zeros"
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
-    # --method wanda/sparsegpt only (ops/calibrate.py): the text, how much of it, SparseGPT's knobs
+    # --method wanda/sparsegpt only (calibrated.py): the text, how much of it, SparseGPT's knobs
     calibration: str | None = None
     samples: int = 128
     seq: int | None = None  # None: DEFAULT_SEQ, or the model's context when that is shorter
@@ -140,7 +149,7 @@ class PruneResult:
     warnings: list[str] = field(default_factory=list)  # what will not load the output correctly
     notes: list[str] = field(default_factory=list)  # e.g. tensors left alone for their dtype
     left_out: list[str] = field(default_factory=list)  # input entries not part of a model directory
-    memory: dict | None = None  # calibration methods: the memory plan (memory.py), in bytes
+    memory: dict | None = None  # calibration methods: the memory plan (util/memory.py), in bytes
 
     @property
     def numel(self) -> int:

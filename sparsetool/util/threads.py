@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 
-from sparsetool.workers import usable_cores
+from sparsetool.util.workers import usable_cores
 
 _LOADAVG = "/proc/loadavg"
 

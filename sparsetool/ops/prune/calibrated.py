@@ -18,7 +18,7 @@ model's own forward pass (embeddings only are read); then for each block in orde
    weights are dropped.
 
 Memory holds one block, the calibration activations (a block's inputs and outputs) and one block's
-statistics, whatever the depth (:mod:`sparsetool.memory` estimates it before the long part and
+statistics, whatever the depth (:mod:`sparsetool.util.memory` estimates it before the long part and
 refuses a run that cannot fit). The output's header is known before the first block runs: a
 tensor's kept count depends only on which of its weights are alive and how many it must keep
 (:func:`~sparsetool.masks.wanda.wanda_kept_count`, :func:`~sparsetool.masks.sparsegpt.sparsegpt_kept_count`),
@@ -30,30 +30,29 @@ its updated weights.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from sparsetool.checkpoint import Checkpoint, LogicalTensor
-from sparsetool.checkpoint.zeros import count_nonzero
+from sparsetool.checkpoint.zeros import count_nonzero_values
 from sparsetool.errors import CheckpointError, SparsetoolError
 from sparsetool.masks.distributions import keep_counts
 from sparsetool.masks.sparsegpt import sparsegpt_kept_count, sparsegpt_prune
 from sparsetool.masks.wanda import wanda_kept_count, wanda_mask
 from sparsetool.ops.lm import BlockModel, Call, open_model, read_text
-from sparsetool.memory import MemoryPlan, budget, process_memory
-from sparsetool.ops.prune_input import read_alive
-from sparsetool.ops.prune_options import DEFAULT_SEQ, PruneOptions
+from sparsetool.ops.prune.options import DEFAULT_SEQ, PruneOptions
+from sparsetool.ops.prune.planner import Sink
+from sparsetool.ops.prune.read import read_alive
 from sparsetool.targets import TargetPlan
-from sparsetool.wording import plural
+from sparsetool.util.memory import MemoryPlan, budget, process_memory
+from sparsetool.util.progress import Progress
+from sparsetool.util.wording import plural
 
 __all__ = ["CalibratedPlanner", "calibration_windows", "NEEDS", "LOWER_MEMORY"]
 
 NEEDS = "calibration pruning (--method wanda or sparsegpt) runs causal language models only"
 LOWER_MEMORY = "--samples, --seq, --dtype bfloat16, or --max-memory if more is free than detected"
-Progress = Callable[[str, int, int], None]
-Sink = Callable[[LogicalTensor, torch.Tensor, torch.Tensor], None]
-"""Takes a pruned tensor as its block finishes: (tensor, values in its stored dtype, kept mask)."""
 
 
 def calibration_windows(ids: list[int], samples: int, seq: int, seed: int, source: str) -> torch.Tensor:
@@ -91,7 +90,7 @@ class _Stats:
 
 
 class CalibratedPlanner:
-    """Decides each targeted tensor's mask (and, for SparseGPT, values) by running calibration
+    """A :class:`~sparsetool.ops.prune.planner.BlockOrderPlanner`: decides each targeted tensor's mask (and, for SparseGPT, values) by running calibration
     text through the model block by block. :meth:`prepare` checks everything and fixes what the
     output's header needs (``nonzero_after``) before the long part; :meth:`run` prunes and hands
     each tensor to a sink as its block finishes."""
@@ -145,7 +144,7 @@ class CalibratedPlanner:
         # kept counted (the output's headers need the kept counts before the first block runs).
         for i, lt in enumerate(self.targets):
             _dense, alive = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
-            self.nonzero_before[lt.name] = count_nonzero(alive)
+            self.nonzero_before[lt.name] = count_nonzero_values(alive)
             try:
                 self.nonzero_after[lt.name] = self._kept_count(lt, self._oriented(lt, alive))
             except SparsetoolError as e:
@@ -259,8 +258,8 @@ class CalibratedPlanner:
         stored_new = self._oriented(lt, new)
         self.model.set_weight(own, stored_new)  # the next inputs come from the pruned block
         kept = self._oriented(lt, kept).contiguous()
-        if count_nonzero(kept) != self.nonzero_after[lt.name]:
-            raise CheckpointError(f"tensor {lt.name!r}: kept {plural(count_nonzero(kept), 'weight')} "
+        if count_nonzero_values(kept) != self.nonzero_after[lt.name]:
+            raise CheckpointError(f"tensor {lt.name!r}: kept {plural(count_nonzero_values(kept), 'weight')} "
                                   f"where {self.nonzero_after[lt.name]:,} were planned; please report this")
         values = dense if o.method == "wanda" else stored_new.to(dense.dtype).contiguous()
         sink(lt, values, kept)

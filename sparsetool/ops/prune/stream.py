@@ -17,7 +17,8 @@ mask does.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Iterator
 
 import torch
 
@@ -69,11 +70,13 @@ class Scanned:
         return self.lt.numel - self.found.zeros
 
 
-def _write(sw: ShardWriter, lt: LogicalTensor, dense: torch.Tensor, encoding: str,
-           select: Callable[[Sink], object]) -> None:
+@contextlib.contextmanager
+def _chunk_writer(sw: ShardWriter, lt: LogicalTensor, dense: torch.Tensor,
+                  encoding: str) -> Iterator[Sink]:
+    """A kernel sink that writes ``lt``'s encoded tensors into ``sw`` chunk by chunk."""
     names = [s.name for s in encoded_specs(lt.name, lt.dtype, tuple(lt.shape), 0, encoding)]
     with sw.parts(*names) as put:
-        select(_sink(put, encoding, dense))
+        yield _sink(put, encoding, dense)
 
 
 def stream_top(ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, keep: int,
@@ -85,8 +88,8 @@ def stream_top(ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, keep: int,
         return None
     before = scanned.nonzero
     keep = min(keep, before)
-    _write(sw, lt, scanned.dense, encoding,
-           lambda sink: select_top(scanned.keys, keep, found=scanned.found, sink=sink))
+    with _chunk_writer(sw, lt, scanned.dense, encoding) as sink:
+        select_top(scanned.keys, keep, found=scanned.found, sink=sink)
     return before, keep
 
 
@@ -97,5 +100,6 @@ def stream_plan(ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, plan: Tens
     if plan.threshold < 0:  # "keep every available weight": its zeros are not available
         plan = TensorPlan(0, 0, plan.kept)
     dense = ckpt.read_stored(lt.stored[0])
-    _write(sw, lt, dense, encoding, lambda sink: apply_threshold(dense, plan, sink=sink))
+    with _chunk_writer(sw, lt, dense, encoding) as sink:
+        apply_threshold(dense, plan, sink=sink)
     return plan.kept

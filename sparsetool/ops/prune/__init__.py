@@ -1,0 +1,56 @@
+"""``sparsetool prune``: the whole pipeline, streaming, in the order a reader can follow it.
+
+The checkpoint never sits in memory: each targeted tensor is read, masked and written on its own.
+:func:`prune_checkpoint` is two steps:
+
+1. :func:`~sparsetool.ops.prune.plan.plan_prune` (``plan.py``) decides everything before the first
+   byte is written: the options' checks (:class:`PruneOptions`, ``options.py``), the targets (the
+   :class:`~sparsetool.targets.TargetPlan`), and the **planner**, which decides the masks
+   (``planner.py`` declares what a planner is). Some options need to know something about every
+   tensor before writing, so the planner's ``prepare`` makes passes over the file (a second read
+   comes from the page cache):
+
+   * magnitude or random, layer scope, ``--sparsity``, encodings zeros/mask/nan: no pass;
+   * ``--fraction`` or the ``bitmask`` encoding: a pass counts non-zeros (the bitmask header
+     holds the size of each ``compressed`` tensor, so it must be known before writing);
+   * ``--scope global``: a pass builds |w| histograms to find the one exact threshold (a second,
+     rarely needed, refines it for fp16/fp32);
+   * ``--method wanda|sparsegpt``: a pass checks each tensor and counts what it will keep, then
+     the model and the calibration text are loaded and the memory plan is checked.
+
+   ``magnitude.py`` is the planner of magnitude and random masks (file order), ``calibrated.py``
+   the one of Wanda and SparseGPT (block order).
+2. :func:`~sparsetool.ops.prune.write.write_pruned` (``write.py``) writes the output in the
+   planner's order: for each targeted tensor, read (``read.py``: the alive mask, NaN/inf
+   refused), select (:mod:`sparsetool.masks`), encode, write; a plain float tensor takes the fast
+   path (``stream.py``: one scan, then the mask written chunk by chunk on the worker threads).
+
+Pruning composes: a weight that is already pruned (zero, NaN sentinel, masked or missing from a
+bitmask) is never revived. :class:`PruneResult` (``to_json()`` is ``prune --json``) says what was
+done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from sparsetool.ops.prune.options import PruneOptions, PruneResult, TensorResult
+from sparsetool.ops.prune.plan import PrunePlan, checkpoint_plan, plan_prune, targeted_tensors
+from sparsetool.ops.prune.write import write_pruned
+from sparsetool.util.memory import MemoryPlan
+from sparsetool.util.progress import Progress
+
+__all__ = ["PruneOptions", "PruneResult", "TensorResult", "PrunePlan", "prune_checkpoint",
+           "plan_prune", "write_pruned", "targeted_tensors", "checkpoint_plan"]
+
+
+def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
+                     in_place: bool = False, progress: Progress | None = None,
+                     on_plan: Callable[[MemoryPlan], None] | None = None) -> PruneResult:
+    """Prune the targeted tensors of checkpoint ``src`` into ``out`` (same layout), streaming.
+
+    With a calibration method, ``on_plan`` is called with the memory plan once it is made,
+    before the long part (a plan that cannot fit raises instead)."""
+    plan = plan_prune(src, opts, progress=progress, on_plan=on_plan)
+    return write_pruned(plan, out, in_place=in_place, progress=progress)

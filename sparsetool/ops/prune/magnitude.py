@@ -1,0 +1,186 @@
+"""The file-order planner: magnitude or random masks, layer or global scope, N:M.
+
+Layer scope needs nothing global: each tensor keeps its own count (``--sparsity`` through the
+distribution, :func:`~sparsetool.masks.distributions.keep_counts`). ``--fraction`` needs each
+tensor's non-zeros first, ``--scope global`` one threshold across every targeted tensor
+(:mod:`sparsetool.masks.global_magnitude`), and the ``bitmask`` encoding the kept count of each
+tensor for the output's header: those are the first pass, :meth:`MagnitudePlanner.prepare`.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+from sparsetool.checkpoint.reader import Checkpoint, LogicalTensor
+from sparsetool.checkpoint.writer import ShardWriter
+from sparsetool.checkpoint.zeros import count_nonzero_values
+from sparsetool.errors import SparsetoolError
+from sparsetool.masks.distributions import keep_counts
+from sparsetool.masks.global_magnitude import GlobalPlan
+from sparsetool.masks.select import (
+    MagnitudeHistogram,
+    apply_threshold,
+    fraction_keep,
+    global_threshold_plan,
+    magnitude_mask,
+    nm_mask,
+    random_mask,
+)
+from sparsetool.ops.prune.options import PruneOptions
+from sparsetool.ops.prune.read import read_alive, recorded_nan_encoding
+from sparsetool.ops.prune.stream import Scanned, stream_plan, stream_top, streams
+from sparsetool.targets import TargetPlan
+from sparsetool.util.progress import Progress
+
+__all__ = ["MagnitudePlanner"]
+
+
+class MagnitudePlanner:
+    """Decides each targeted tensor's mask in file order (a
+    :class:`~sparsetool.ops.prune.planner.FileOrderPlanner`)."""
+
+    def __init__(self, ckpt: Checkpoint, targets: list[LogicalTensor], opts: PruneOptions,
+                 plan: TargetPlan, *, progress: Progress | None = None):
+        self.ckpt, self.targets, self.opts, self.progress = ckpt, targets, opts, progress
+        self.target_plan = plan
+        self._index = {lt.name: i for i, lt in enumerate(targets)}
+        self.keep: dict[str, int] = {}
+        self.global_plan: GlobalPlan | None = None
+        self.nonzero_after: dict[str, int] = {}
+        self.nonzero_before: dict[str, int] = {}
+        # NaN already in the input is a sentinel only if the input says it was written as one.
+        self.nan_ok = recorded_nan_encoding(ckpt)
+        self.plain: set[str] = set()  # global scope: plain finite tensors (zeros the only pruned)
+        if opts.sparsity is not None and opts.scope == "layer":
+            shapes = {lt.name: tuple(lt.shape) for lt in targets}
+            self.keep = keep_counts(shapes, opts.sparsity, opts.distribution)
+
+    @property
+    def needs_first_pass(self) -> bool:
+        o = self.opts
+        return o.fraction is not None or o.scope == "global" or o.encoding == "bitmask"
+
+    def prepare(self) -> None:
+        """The first pass, when one is needed: non-zeros, histograms, kept counts."""
+        if not self.needs_first_pass:
+            return
+        o = self.opts
+        hists: list[MagnitudeHistogram] = []
+        total_nnz = 0
+        for i, lt in enumerate(self.targets):
+            if o.scope == "global" and self._streams(lt) and lt.dtype in (torch.bfloat16, torch.float32):
+                scanned = Scanned(self.ckpt, lt)  # one pass: histogram, zeros, inf/NaN
+                if scanned.finite:  # its zeros are the only weights already pruned
+                    self.plain.add(lt.name)
+                    self.nonzero_before[lt.name] = scanned.nonzero
+                    total_nnz += scanned.nonzero
+                    hists.append(MagnitudeHistogram.of_scan(scanned.found, lt.dtype))
+                    if self.progress:
+                        self.progress("scan", i + 1, len(self.targets))
+                    continue
+            dense, existing = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
+            nnz = count_nonzero_values(existing)
+            self.nonzero_before[lt.name] = nnz
+            total_nnz += nnz
+            if o.scope == "global":
+                hists.append(MagnitudeHistogram.of(dense, existing))
+            elif o.fraction is not None:
+                self.keep[lt.name] = fraction_keep(nnz, o.fraction)
+            if o.encoding == "bitmask" and o.scope == "layer":
+                # The compressed size goes into the header, so count the result now.
+                self.nonzero_after[lt.name] = count_nonzero_values(self._mask(lt, dense, existing))
+            if self.progress:
+                self.progress("scan", i + 1, len(self.targets))
+        if o.scope == "global":
+            if o.fraction is not None:
+                total_keep = fraction_keep(total_nnz, o.fraction)
+            else:
+                assert o.sparsity is not None  # validate(): --nm takes no --scope global
+                numel = sum(lt.numel for lt in self.targets)
+                total_keep = numel - round(o.sparsity * numel)
+            self.global_plan = self._global_plan(hists, total_keep)
+            if o.encoding == "bitmask":
+                for lt in self.targets:
+                    dense, existing = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
+                    self.nonzero_after[lt.name] = count_nonzero_values(self._mask(lt, dense, existing))
+
+    def _global_plan(self, hists: list[MagnitudeHistogram], total_keep: int) -> GlobalPlan:
+        plan = global_threshold_plan(hists, total_keep)
+        if not plan.done:
+            # The boundary bucket holds distinct fp16/fp32 values: re-read only the tensors that
+            # have entries in it.
+            fine = {}
+            for i in plan.refine:
+                dense, existing = read_alive(self.ckpt, self.targets[i], nan_means_pruned=self.nan_ok)
+                fine[i] = MagnitudeHistogram.of(dense, existing, refine=plan.refine_bucket)
+                if self.progress:
+                    self.progress("refine", len(fine), len(plan.refine))
+            plan = global_threshold_plan(hists, total_keep, refined=fine)
+        return plan
+
+    def _mask(self, lt: LogicalTensor, dense: torch.Tensor, existing: torch.Tensor) -> torch.Tensor:
+        o = self.opts
+        if o.nm is not None:
+            n, m = o.nm
+            entry = self.target_plan[lt.name]
+            if entry.layout not in ("linear", "conv1d"):
+                # Stacked experts are stored (experts, out, in) by some models and (experts, in,
+                # out) by others: the input dimension cannot be told from the name and shape.
+                raise SparsetoolError(
+                    f"tensor {lt.name!r} {list(lt.shape)}: --nm needs the input dimension, which "
+                    "is ambiguous for a stacked (3-D) tensor; leave it out with --exclude "
+                    f"'{lt.name}' or prune it without --nm"
+                )
+            try:
+                return nm_mask(dense, n, m, dim=entry.input_dim, existing=existing)
+            except SparsetoolError as e:
+                raise SparsetoolError(f"tensor {lt.name!r} {list(lt.shape)}: {e}") from None
+        if o.scope == "global":
+            assert self.global_plan is not None, "prepare() first"
+            return apply_threshold(dense, self.global_plan.tensors[self._index[lt.name]], existing)
+        keep = self._layer_keep(lt)
+        if o.method == "random":
+            gen = torch.Generator().manual_seed(tensor_seed(o.seed, lt.name))
+            return random_mask(tuple(lt.shape), keep=keep, existing=existing, generator=gen)
+        return magnitude_mask(dense, keep=keep, existing=existing)
+
+    def _streams(self, lt: LogicalTensor) -> bool:
+        o = self.opts
+        return o.method == "magnitude" and o.nm is None and streams(lt, o.encoding)
+
+    def stream(self, lt: LogicalTensor, sw: ShardWriter) -> tuple[int, int] | None:
+        """Write ``lt`` by the fast path (:mod:`sparsetool.ops.prune.stream`): (non-zeros before,
+        kept), or None, having written nothing, when :meth:`mask` must take it."""
+        if not self._streams(lt):
+            return None
+        if self.opts.scope == "layer":
+            return stream_top(self.ckpt, lt, sw, self._layer_keep(lt), self.opts.encoding)
+        if lt.name in self.plain:  # global scope, scanned by prepare
+            assert self.global_plan is not None, "prepare() first"
+            plan = self.global_plan.tensors[self._index[lt.name]]
+            kept = stream_plan(self.ckpt, lt, sw, plan, self.opts.encoding)
+            return self.nonzero_before[lt.name], kept
+        return None
+
+    def _layer_keep(self, lt: LogicalTensor) -> int:
+        keep = self.keep.get(lt.name)
+        if keep is None:  # layer scope --sparsity (--fraction always has a first pass)
+            assert self.opts.sparsity is not None
+            keep = lt.numel - round(self.opts.sparsity * lt.numel)
+        return keep
+
+    def mask(self, lt: LogicalTensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """``lt`` whole: (its values, the kept mask, its non-zeros before pruning)."""
+        dense, existing = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
+        mask = self._mask(lt, dense, existing)
+        before = self.nonzero_before.get(lt.name)
+        if before is None:
+            before = count_nonzero_values(existing)
+        return dense, mask, before
+
+
+def tensor_seed(seed: int, name: str) -> int:
+    """A per-tensor seed that depends only on (seed, name): same masks whatever the file order."""
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63 - 1)

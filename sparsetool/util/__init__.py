@@ -1,0 +1,6 @@
+"""Helpers the whole library shares, not part of its public API: option values (``options``),
+config files (``configfile``), counts that agree with their nouns (``wording``), the thread pool
+(``workers``) and the memory plan of the commands that run a model (``memory``).
+
+All torch-free: the CLI checks options with them before torch is imported.
+"""

@@ -1,0 +1,265 @@
+"""The package's boundaries, checked: every exported name resolves, no private name crosses a
+module, no import circle, one prune pipeline (plan, then write) with declared planners, and a top
+level that is only the public surface."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import sparsetool
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "sparsetool"
+TINY = ROOT / "fixtures" / "tiny-gpt2"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PACKAGE.rglob("*.py")):
+        parts = list(p.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def _package_of(module: str, path: Path) -> str:
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def _imports(module: str, path: Path, *, everywhere: bool) -> list[tuple[int, str, str]]:
+    """(line, imported module or package, imported name or "") of each sparsetool import."""
+    tree = ast.parse(path.read_text())
+    pkg = _package_of(module, path)
+    found = []
+    for node in ast.walk(tree) if everywhere else tree.body:
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            if base.split(".")[0] == "sparsetool":
+                found += [(node.lineno, base, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name, "") for a in node.names if a.name.split(".")[0] == "sparsetool"]
+    return found
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_private_name_is_imported_across_modules():
+    """``from m import _x`` or ``m._x`` with m another sparsetool module: none. A private module
+    (``cli/_params.py``) may be imported inside its own package only."""
+    crossings = []
+    for module, path in MODULES.items():
+        aliases = {}
+        for line, base, name in _imports(module, path, everywhere=True):
+            full = f"{base}.{name}" if name else base
+            if full in MODULES:  # a module imported by name
+                aliases[name or base] = full
+                home = full.rpartition(".")[0]
+                if _private(full.rpartition(".")[2]) and not (module + ".").startswith(home + "."):
+                    crossings.append(f"{module}:{line} imports private module {full}")
+            elif _private(name) and base != module:
+                crossings.append(f"{module}:{line} from {base} import {name}")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                chain, value = [], node.value
+                while isinstance(value, ast.Attribute):
+                    chain.append(value.attr)
+                    value = value.value
+                if isinstance(value, ast.Name) and value.id in aliases:
+                    target = ".".join([aliases[value.id], *reversed(chain)])
+                    if target in MODULES and target != module:
+                        crossings.append(f"{module}:{node.lineno} uses {target}.{node.attr}")
+    assert not crossings, "\n".join(crossings)
+
+
+def _cycles(everywhere: bool) -> list[list[str]]:
+    graph = {}
+    for module, path in MODULES.items():
+        deps = set()
+        for _line, base, name in _imports(module, path, everywhere=everywhere):
+            full = f"{base}.{name}" if name else base
+            deps.add(full if full in MODULES else base)
+        # importing a submodule imports its packages anyway: those edges are not circles
+        graph[module] = {d for d in deps if d in MODULES and d != module
+                         and not module.startswith(d + ".")}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_import_circle_even_through_imports_inside_functions():
+    """e.g. checkpoint.encodings <-> checkpoint.reader: the reader returns stored tensors and
+    decoding lives with encoding."""
+    assert _cycles(everywhere=True) == []
+
+
+def test_every_name_in_every___all___resolves():
+    checked = []
+    for info in pkgutil.walk_packages(sparsetool.__path__, "sparsetool."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for name in getattr(module, "__all__", ()):
+            getattr(module, name)  # a lazy table naming a missing module raises here
+            checked.append(f"{info.name}.{name}")
+    for name in sparsetool.__all__:
+        getattr(sparsetool, name)
+    assert "sparsetool.checkpoint.decode" in checked and len(checked) > 300
+
+
+def test_checkpoint_reader_returns_stored_tensors_and_encodings_decode():
+    from sparsetool.checkpoint import decode, open_checkpoint
+    from sparsetool.checkpoint.reader import Checkpoint
+
+    assert not hasattr(Checkpoint, "read")
+    with open_checkpoint(TINY) as ck:
+        lt = ck.logical[0]
+        dense, mask = decode(ck, lt)
+        assert mask is None and dense.equal(ck.read_stored(lt.stored[0]))
+
+
+def test_import_star_leaves_the_builtin_eval_alone():
+    scope: dict = {}
+    exec("from sparsetool import *", scope)
+    assert "eval" not in scope and "prune" in scope and "load" in scope
+    assert sparsetool.eval.__module__ == "sparsetool.api" and builtins.eval("1 + 1") == 2
+
+
+def test_the_top_level_is_the_public_surface():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert top == ["__init__.py", "__main__.py", "api.py", "errors.py"]
+    helpers = sorted(p.stem for p in (PACKAGE / "util").glob("*.py") if p.stem != "__init__")
+    assert {"options", "configfile", "wording", "workers", "memory", "progress"} <= set(helpers)
+
+
+def test_the_util_helpers_import_without_torch():
+    code = ("import sys; import sparsetool.util.options, sparsetool.util.configfile, "
+            "sparsetool.util.wording, sparsetool.util.workers, sparsetool.util.memory, "
+            "sparsetool.util.progress, sparsetool.checkpoint.reader, sparsetool.checkpoint.counting; "
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.stdout.strip() == "False", r.stderr
+
+
+def _top_level_definitions(name: str) -> list[str]:
+    where = []
+    for module, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            targets = (node.targets if isinstance(node, ast.Assign)
+                       else [node] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else [])
+            if any(getattr(t, "id", getattr(t, "name", None)) == name for t in targets):
+                where.append(module)
+    return where
+
+
+def test_one_progress_type_and_no_ambiguous_count_nonzero():
+    assert _top_level_definitions("Progress") == ["sparsetool.util.progress"]
+    assert _top_level_definitions("count_nonzero") == []
+
+
+# ------------------------------------------------------------------------ the prune pipeline
+
+def test_planners_declare_the_protocol_of_their_write_order(tmp_path):
+    from sparsetool.ops.prune import PruneOptions, plan_prune
+    from sparsetool.ops.prune.calibrated import CalibratedPlanner
+    from sparsetool.ops.prune.magnitude import MagnitudePlanner
+    from sparsetool.ops.prune.planner import BlockOrderPlanner, FileOrderPlanner
+
+    plan = plan_prune(TINY, PruneOptions(sparsity=0.5))
+    assert isinstance(plan.planner, MagnitudePlanner)
+    assert isinstance(plan.planner, FileOrderPlanner) and not isinstance(plan.planner, BlockOrderPlanner)
+    opts = PruneOptions(sparsity=0.5, method="wanda", calibration=str(tmp_path / "t.txt"))
+    calibrated = CalibratedPlanner(plan.ckpt, plan.targets, opts, plan.targeting)
+    assert isinstance(calibrated, BlockOrderPlanner) and not isinstance(calibrated, FileOrderPlanner)
+
+
+@pytest.mark.parametrize("opts", [dict(sparsity=0.6), dict(sparsity=0.6, scope="global"),
+                                  dict(fraction=0.5, encoding="bitmask")])
+def test_prune_checkpoint_is_plan_then_write(tmp_path, opts):
+    from sparsetool.ops.prune import PruneOptions, plan_prune, prune_checkpoint, write_pruned
+
+    whole = prune_checkpoint(TINY, tmp_path / "whole", PruneOptions(**opts))
+    plan = plan_prune(TINY, PruneOptions(**opts))
+    assert plan.targets and plan.planner.nonzero_after is not None
+    parts = write_pruned(plan, tmp_path / "parts")
+    assert parts.to_json()["tensors"] == whole.to_json()["tensors"]
+    for f in sorted((tmp_path / "whole").iterdir()):
+        assert f.read_bytes() == (tmp_path / "parts" / f.name).read_bytes(), f.name
+
+
+def test_the_prune_pipeline_has_no_type_ignore():
+    files = [*sorted((PACKAGE / "ops" / "prune").glob("*.py")), *sorted((PACKAGE / "masks").glob("*.py"))]
+    flagged = [f"{p.relative_to(ROOT)}:{i}" for p in files
+               for i, line in enumerate(p.read_text().splitlines(), 1) if "type: ignore" in line]
+    assert not flagged, flagged
+
+
+def test_the_kernel_docstring_opens_with_the_sort_it_equals():
+    from sparsetool.masks import kernel
+
+    head = kernel.__doc__.split("radix")[1].split(">>>")[0]  # after the title line, before examples
+    assert "torch.sort(" in head and "stable=True" in head and "torch.topk" in head
+
+
+# ------------------------------------------------------------------------ the linter
+
+def test_ruff_is_configured_installed_with_the_tests_and_run_by_ci():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["tool"]["ruff"]["line-length"] == 100
+    assert "I" in project["tool"]["ruff"]["lint"]["select"]  # import sorting
+    assert any(d.startswith("ruff") for d in project["project"]["optional-dependencies"]["test"])
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert "ruff check" in ci and ci.index("ruff check") < ci.index("pip install -e '.[test]' && pytest -q")
+
+
+def test_ruff_check_is_clean():
+    import shutil
+
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed (pip install -e '.[test]' brings it)")
+    r = subprocess.run([ruff, "check", "--no-cache", "."], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
