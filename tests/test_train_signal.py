@@ -338,3 +338,25 @@ def test_an_ignored_signal_stays_ignored(tmp_path, corpus):
         signal.signal(signal.SIGINT, before)
     assert set(seen) == {signal.SIG_IGN}
     assert summary["finished"] and summary["interrupted"] is None
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_second_signal_swallowed_in_a_finalizer_still_stops_at_the_next_step():
+    """Python swallows an exception raised inside __del__ ("Exception ignored in ..."): the
+    second signal's KeyboardInterrupt must then come back when the loop next reads the request,
+    not let the run finish its step and save as after one signal."""
+    from sparsetool.train.signals import StopRequest
+
+    class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # the handler runs here, inside __del__
+
+    with StopRequest() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        assert stop.pending() == signal.SIGINT
+        Finalized()  # collected at once: its KeyboardInterrupt is swallowed
+        assert stop.second == signal.SIGTERM
+        with pytest.raises(KeyboardInterrupt):
+            stop.pending()

@@ -186,7 +186,7 @@ class Trainer:
         (None: none came). Under DDP the flags of the signals each rank has seen ride in the
         loss's all-reduce, so every rank decides to stop after the same step (a signal sent to
         one rank stops them all); a rank that saw none reports the others'."""
-        own = stop.signum  # read once: a signal handled during the all-reduce waits a step
+        own = stop.pending()  # read once: a signal handled during the all-reduce waits a step
         if self.world == 1:
             return float(loss), own and signal_name(own)
         seen = [float(own == s) for s in SIGNALS]

@@ -11,6 +11,7 @@ The handlers in place before the loop are put back when it ends, and after a sec
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from typing import Any, Callable
 
@@ -30,9 +31,11 @@ class StopRequest:
         self.signum: int | None = None  # the first signal, once one came
         self.second: int | None = None  # the one that stopped the run at once
         self._saved: dict[int, Any] = {}
+        self._unraisable: Any = None
 
     def __enter__(self) -> StopRequest:
         if self.enabled and threading.current_thread() is threading.main_thread():
+            self._unraisable, sys.unraisablehook = sys.unraisablehook, self._swallowed
             for signum in SIGNALS:
                 previous = signal.getsignal(signum)
                 # None: set outside Python; SIG_IGN: ignored on purpose (nohup, `cmd &`): leave both
@@ -42,6 +45,14 @@ class StopRequest:
 
     def __exit__(self, *exc: object) -> None:
         self.restore()
+        if self._unraisable is not None:
+            sys.unraisablehook, self._unraisable = self._unraisable, None
+
+    def _swallowed(self, unraisable: Any) -> None:
+        """Python's report of an exception it could not raise (one inside ``__del__``): the second
+        signal's KeyboardInterrupt is not news (:meth:`pending` raises it again), anything else is."""
+        if not (unraisable.exc_type is KeyboardInterrupt and self.second is not None):
+            self._unraisable(unraisable)
 
     def restore(self) -> None:
         """Put back the handlers that were in place before (a third signal acts as they say)."""
@@ -57,6 +68,15 @@ class StopRequest:
         self.second = signum
         self.restore()
         raise KeyboardInterrupt
+
+    def pending(self) -> int | None:
+        """The first signal (None before one came), read between steps. A second signal's
+        ``KeyboardInterrupt`` raised inside a finalizer (``__del__``, a weakref callback) is
+        swallowed by Python ("Exception ignored in ..."): it is raised again here, so the run
+        still stops at once rather than saving a checkpoint."""
+        if self.second is not None:
+            raise KeyboardInterrupt
+        return self.signum
 
     @property
     def name(self) -> str | None:
