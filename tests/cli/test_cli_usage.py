@@ -7,13 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import COMMANDS, app
+from sparsetool.cli.main import COMMANDS
 
-
-def run(*args: object, **kw):
-    return CliRunner().invoke(app, [str(a) for a in args], **kw)
+from helpers import run
 
 
 def refused(r, message: str) -> None:

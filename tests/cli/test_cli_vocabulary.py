@@ -16,18 +16,11 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
-
-from helpers import ROOT, RUNNER
+from helpers import ROOT, RUNNER, run
 
 COMMANDS = ["prune", "densify", "report", "flops", "train", "simulate", "eval", "diff"]
 WRITERS = ["prune", "densify", "train"]  # the commands whose main product is a file or directory
-
-
-def run(*args: object):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture

@@ -9,18 +9,11 @@ import subprocess
 import sys
 
 import pytest
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
-
-from helpers import ROOT, RUNNER
+from helpers import ROOT, RUNNER, run
 
 STEPS, FT_STEPS = 4, 2
 NAMES = ["dense", "sparse", "finetuned"]
-
-
-def run(*args: object):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")

@@ -16,18 +16,13 @@ import pytest
 import torch
 import typer.main
 from safetensors.torch import save_file
-from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
 
-from helpers import ROOT, gpt2_like_state
+from helpers import ROOT, gpt2_like_state, run
 
 SRC = ROOT / "sparsetool"
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]+")  # two letters at least: "--s" is a line style
-
-
-def run(*args: object):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def options_of(command: str) -> set[str]:

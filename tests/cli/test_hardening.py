@@ -9,19 +9,11 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import save_file
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.ops.densify import densify_checkpoint
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 
-from helpers import gpt2_like_state
-
-runner = CliRunner()
-
-
-def run(*args: object):
-    return runner.invoke(app, [str(a) for a in args])
+from helpers import gpt2_like_state, run
 
 
 def mode(path: Path) -> int:

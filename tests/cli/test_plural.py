@@ -7,18 +7,12 @@ import re
 
 import torch
 from safetensors.torch import save_file
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.util.wording import plural
 
-from helpers import ROOT
+from helpers import ROOT, run
 
 SRC = ROOT / "sparsetool"
-
-
-def run(*args: object):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def test_plural():

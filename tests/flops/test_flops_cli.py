@@ -5,20 +5,17 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.flops import account, get_preset
 
-from helpers import whole_json
+from helpers import runner_for, whole_json
 
 SPEC_KEYS = {"forward_flops_per_seq", "train_flops_per_seq", "total_train_flops",
              "dense_total_train_flops", "train_flops_ratio", "inference_flops_ratio", "params",
              "nonzero_params"}
 
 
-def run(*args: str):
-    return CliRunner().invoke(app, ["flops", *args], env={"COLUMNS": "200"})
+run = runner_for("flops", columns=200)
 
 
 def ok_json(*args: str):

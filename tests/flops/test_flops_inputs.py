@@ -6,15 +6,13 @@ import json
 from dataclasses import fields
 
 import pytest
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.errors import ConfigError
 from sparsetool.flops.config import ModelConfig, from_mapping, load_config
 
+from helpers import runner_for
 
-def run(*args: str):
-    return CliRunner().invoke(app, ["flops", *args], env={"COLUMNS": "200"})
+run = runner_for("flops", columns=200)
 
 
 def test_finetune_seq_len_without_finetune_tokens_is_refused():

@@ -9,11 +9,9 @@ from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
 
-from helpers import pruned_gpt2
+from helpers import pruned_gpt2, runner_for
 
-
-def run(*args):
-    return CliRunner().invoke(app, ["simulate", *args])
+run = runner_for("simulate")
 
 
 def ok_json(*args):

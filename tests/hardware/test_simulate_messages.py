@@ -8,15 +8,10 @@ import re
 import shlex
 
 import pytest
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
+from helpers import pruned_gpt2, runner_for
 
-from helpers import pruned_gpt2
-
-
-def run(*args: str, columns: int = 80):
-    return CliRunner().invoke(app, ["simulate", *map(str, args)], env={"COLUMNS": str(columns)})
+run = runner_for("simulate", columns=80)
 
 
 def suggestions(message: str) -> list[list[str]]:

@@ -18,7 +18,15 @@ from sparsetool.ops.eval import evaluate
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 from sparsetool.ops.prune.calibrated import calibration_windows
 
-from helpers import CALIB, hf_model, make_corpus, save_tokenizer, tensors, tiny_causal_lm
+from helpers import (
+    CALIB,
+    hf_model,
+    make_corpus,
+    runner_for,
+    save_tokenizer,
+    tensors,
+    tiny_causal_lm,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -138,8 +146,7 @@ def test_builtin_gpt_is_pruned_block_by_block(tmp_path, calib_file):
 
 
 # ------------------------------------------------------------------------------------ refusals
-def run(*args: str):
-    return CliRunner().invoke(app, ["prune", *map(str, args)])
+run = runner_for("prune")
 
 
 def test_usage_errors_exit_2(model_dir, calib_file, tmp_path):

@@ -9,17 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
-
-from helpers import gpt2_like_state
+from helpers import gpt2_like_state, run
 
 BAD = "transformer.h.1.mlp.c_fc.weight"
-
-
-def run(*args: object):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def _write(tmp_path: Path, nan: int = 0, inf: int = 0) -> Path:

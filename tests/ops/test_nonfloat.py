@@ -7,13 +7,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
-
-
-def run(*args: object):
-    return CliRunner().invoke(app, [str(a) for a in args])
+from helpers import run
 
 
 def _quantized(tmp_path: Path, float_attn: bool = False) -> Path:

@@ -10,24 +10,16 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.ops.densify import densify_checkpoint
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 from sparsetool.ops.report import summarize
 
-from helpers import ROOT, gpt2_like_state, is_gpt2_target
-
-runner = CliRunner()
+from helpers import ROOT, gpt2_like_state, is_gpt2_target, run
 
 
 def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def run(*args: str):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def zeros(t: torch.Tensor) -> int:

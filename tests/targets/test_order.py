@@ -8,17 +8,11 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import save_file
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.targets import role
 from sparsetool.targets.order import layer_index, natural_key, sort_names, tensor_sort_key
 
-from helpers import gpt2_like_state, is_gpt2_target
-
-
-def run(*args: object):
-    return CliRunner().invoke(app, [str(a) for a in args])
+from helpers import gpt2_like_state, is_gpt2_target, run
 
 
 @pytest.fixture

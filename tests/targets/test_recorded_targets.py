@@ -8,21 +8,15 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file, save_file
-from typer.testing import CliRunner
 
 from sparsetool.checkpoint.provenance import provenance_metadata
-from sparsetool.cli.main import app
 from sparsetool.errors import ConfigError
 from sparsetool.targets.recorded import plan_checkpoint_targets, recorded_globs
 
-from helpers import gpt2_like_state
+from helpers import gpt2_like_state, run
 
 GLOBS = ["--include", "*wte*", "--exclude", "*.h.1.*"]
 NOTE = "note: targets as recorded by prune: --include '*wte*' --exclude '*.h.1.*'"
-
-
-def run(*args: object):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture
