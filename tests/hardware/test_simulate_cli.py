@@ -159,7 +159,7 @@ def test_options_that_do_not_combine_are_usage_errors(args, match):
     usage_bad(*args, match=match)
 
 
-@pytest.mark.parametrize("args,match", [  # a bad --shape or --device: tests/test_cli_usage.py
+@pytest.mark.parametrize("args,match", [  # a bad --shape or --device: tests/cli/test_cli_usage.py
     (("--shape", "64x64", "--sparsity", "0.75", "--pattern", "2:4"), "0.5"),
     (("missing.safetensors",), "not found"),
 ])

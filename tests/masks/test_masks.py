@@ -96,7 +96,7 @@ def test_keep_counts_round_half_to_even():
     assert fraction_keep(100, 0.2) == 80 and fraction_keep(0, 0.5) == 0
 
 
-# (the sparsity and fraction checks are tested with the other shared options: tests/test_options.py)
+# (the sparsity and fraction checks are tested with the other shared options: tests/util/test_options.py)
 
 
 # ----------------------------------------------------------------------------------------------

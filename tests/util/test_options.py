@@ -24,7 +24,7 @@ from sparsetool.util.options import (
 )
 
 # ----------------------------------------------------------------------------------------------
-# sparsity and fraction (moved here from tests/test_masks.py with the checks)
+# sparsity and fraction (moved here from tests/masks/test_masks.py with the checks)
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), float("inf"), True, "0.5", None])
