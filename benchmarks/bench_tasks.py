@@ -6,7 +6,7 @@ the harness's own ``hf`` model, on the same small model and task, in the same pr
 
 Model: a random GPT-2-shaped transformers model (``--layers`` blocks, ``--width``, 4 heads,
 context 256) with a byte-level BPE tokenizer trained here; task: the multiple-choice task of
-``tests/test_tasks.py`` (pick the true ending of a line, two choices) over ``--items`` lines, a task
+``tests/ops/test_tasks.py`` (pick the true ending of a line, two choices) over ``--items`` lines, a task
 YAML over a local JSON file (nothing is downloaded). Both backends run float32 with eager attention
 on the CPU at the same batch size; runs alternate, the median wall time of ``simple_evaluate`` is
 reported with the ratio ours / hf, and the accuracies are checked equal. ``--threads`` sets torch's

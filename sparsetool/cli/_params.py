@@ -18,7 +18,7 @@ from sparsetool.errors import SparsetoolError
 from sparsetool.util import options
 
 # Names the library defines in torch-importing modules, repeated here so --help lists them without
-# loading torch; tests/test_cli_vocabulary.py checks they equal the library's own.
+# loading torch; tests/cli/test_cli_vocabulary.py checks they equal the library's own.
 ENCODING_NAMES = ("zeros", "mask", "nan", "bitmask")  # sparsetool.checkpoint.encodings.ENCODINGS
 TRAIN_PRESETS = ("tiny", "mini", "small", "base")  # sparsetool.train.model.PRESETS
 

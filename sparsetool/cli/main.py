@@ -23,7 +23,7 @@ from sparsetool.util.wording import either
 
 # name -> (module under sparsetool.cli, function, the first line of its help): the order is the
 # order of ``sparsetool --help``, which lists the commands from here without importing them
-# (tests/test_cli_help.py checks each line equals the command's own).
+# (tests/cli/test_cli_help.py checks each line equals the command's own).
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "prune": ("prune", "prune",
               "Prune CHECKPOINT: zero the smallest (or random) weights of every targeted tensor."),

@@ -14,7 +14,7 @@ already pruned (``alive`` False), ties to the lower flat index, is exactly this:
 (``torch.topk`` finds the same values but does not say which of equal values it keeps; the stable
 sort does.) The sort costs O(n log n) time and a float64 copy of the tensor; the kernel below gives
 the same mask, bit for bit, in two passes over the tensor's own bit patterns and memory for one
-chunk (``tests/test_masks.py`` checks it against this reference on multi-chunk tensors with ties,
+chunk (``tests/masks/test_masks.py`` checks it against this reference on multi-chunk tensors with ties,
 NaN and dead weights):
 
 >>> w = torch.tensor([[0.5, -2.0, 0.5], [float("nan"), 0.5, -0.0]])

@@ -204,7 +204,7 @@ def options_record(opts: PruneOptions) -> dict:
     return rec
 
 
-# Encodings that a Hugging Face directory's usual loader reads wrongly (tests/test_loaders.py).
+# Encodings that a Hugging Face directory's usual loader reads wrongly (tests/checkpoint/test_loaders.py).
 LOADER_WARNINGS = {
     "nan": ("transformers' from_pretrained loads the nan encoding as a model full of NaN; "
             "sparsetool.load and `sparsetool eval` read it. For transformers run "
