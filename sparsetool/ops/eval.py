@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from sparsetool.errors import SparsetoolError
-from sparsetool.ops.lm import MAX_DEFAULT_SEQ, BlockModel, Call, open_model, read_text
+from sparsetool.ops.lm import MAX_DEFAULT_SEQ, BlockModel, open_model, read_text
 from sparsetool.util.memory import MemoryPlan, budget, process_memory
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural
@@ -99,17 +99,18 @@ def score(model: BlockModel, ids: torch.Tensor, wins: Sequence[Window], batch: i
     steps, done = len(groups) * (len(model.blocks) + 1), 0
     rows = max(1, LOGITS_BYTES // (4 * model.vocab_size))
     total = squares = 0.0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(done, steps)
+
     with torch.inference_mode():
         for group in groups:
             batches = [group[i:i + batch] for i in range(0, len(group), batch)]
             calls = model.capture([torch.stack([ids[w.start:w.end] for w in b]) for b in batches])
-            for i in range(len(model.blocks)):
-                model.load_block(i)
-                calls = [Call(c.ids, model.run_block(i, c), c.args, c.kwargs) for c in calls]
-                model.release_block(i)
-                done += 1
-                if progress:
-                    progress(done, steps)
+            calls = model.through_blocks(calls, tick)
             model.load_head()
             for chunk, call in zip(batches, calls):
                 hidden = model.final_hidden([call])[0]  # (B, T, d), after the final norm
@@ -124,9 +125,7 @@ def score(model: BlockModel, ids: torch.Tensor, wins: Sequence[Window], batch: i
                         total += float(nll.sum())
                         squares += float(nll.double().pow(2).sum())
             model.release_head()
-            done += 1
-            if progress:
-                progress(done, steps)
+            tick()
     return total, squares
 
 

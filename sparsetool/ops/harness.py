@@ -26,7 +26,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from sparsetool.errors import SparsetoolError
 from sparsetool.ops.eval import LOGITS_BYTES
-from sparsetool.ops.lm import BlockModel, Call
+from sparsetool.ops.lm import BlockModel
 from sparsetool.util.memory import MemoryPlan
 
 __all__ = ["SparsetoolLM", "score_requests", "GPT_PREFIX"]
@@ -62,16 +62,17 @@ def score_requests(model: BlockModel, pairs: list[tuple[list[int], list[int]]], 
     rows = max(1, LOGITS_BYTES // (4 * model.vocab_size))
     logprob = [0.0] * len(pairs)
     greedy = [True] * len(pairs)
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(done, steps)
+
     with torch.inference_mode():
         for batches in passes:
             calls = model.capture([torch.tensor([seqs[u] for u in b], dtype=torch.long) for b in batches])
-            for i in range(len(model.blocks)):
-                model.load_block(i)
-                calls = [Call(c.ids, model.run_block(i, c), c.args, c.kwargs) for c in calls]
-                model.release_block(i)
-                done += 1
-                if progress:
-                    progress(done, steps)
+            calls = model.through_blocks(calls, tick)
             model.load_head()
             finals = model.final_hidden(calls)  # (B, T, d) each, after the final norm; one set-up
             for call in calls:
@@ -80,9 +81,7 @@ def score_requests(model: BlockModel, pairs: list[tuple[list[int], list[int]]], 
                 finals[b] = None  # type: ignore[call-overload]  (freed as the scoring goes on)
                 _score_batch(model, hidden, [(seqs[u], wants[u]) for u in batches[b]], rows, logprob, greedy)
             model.release_head()
-            done += 1
-            if progress:
-                progress(done, steps)
+            tick()
     return list(zip(logprob, greedy))
 
 

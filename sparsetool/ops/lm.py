@@ -290,6 +290,18 @@ class BlockModel:
             return out[0]
         return out
 
+    def through_blocks(self, calls: list[Call],
+                       after_block: Callable[[], None] | None = None) -> list[Call]:
+        """``calls`` through every block in turn, each block read once for all of them (the
+        inputs of a block are dropped as its outputs are made); ``after_block()`` after each."""
+        for i in range(len(self.blocks)):
+            self.load_block(i)
+            calls = [Call(c.ids, self.run_block(i, c), c.args, c.kwargs) for c in calls]
+            self.release_block(i)
+            if after_block:
+                after_block()
+        return calls
+
     def final_hidden(self, calls: list[Call]) -> list[torch.Tensor]:
         """The head's input for each batch whose hidden states went through every block: the
         model's own forward pass with the blocks replaced by their results (final norm and
