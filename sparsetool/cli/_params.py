@@ -273,7 +273,7 @@ def use_device(device: str) -> None:
     any checkpoint is read. Imports torch only when a GPU is asked for by name."""
     if device.startswith("cuda"):
         with usage_errors():
-            from sparsetool.ops.lm import resolve_device
+            from sparsetool.ops.open_model import resolve_device
 
             resolve_device(device)
 

@@ -70,13 +70,13 @@ def eval_command(
     block by block: one block in memory at a time, as many windows together as the memory allows.
     """
     dtype = value_of(dtype)
-    from sparsetool.cli import _tasks
+    from sparsetool.cli._tasks import check_options, run
 
-    names = _tasks.check_options(tasks, include_path, limit, num_fewshot, seed, text, plot, seq, stride, max_tokens)
+    names = check_options(tasks, include_path, limit, num_fewshot, seed, text, plot, seq, stride, max_tokens)
     use_device(device)
     use_threads(threads)
     if names is not None:
-        return _tasks.run(checkpoints, names, include_path=include_path, limit=limit, num_fewshot=num_fewshot,
+        return run(checkpoints, names, include_path=include_path, limit=limit, num_fewshot=num_fewshot,
                           seed=seed, batch=batch, dtype=dtype, device=device, max_memory=max_memory,
                           text=text, seq=seq, stride=stride, max_tokens=max_tokens, plot=plot,
                           as_json=as_json, quiet=quiet)

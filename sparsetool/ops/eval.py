@@ -24,9 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from sparsetool.errors import SparsetoolError
-from sparsetool.ops.lm import MAX_DEFAULT_SEQ, BlockModel, open_model, read_text
+from sparsetool.ops.lm import MAX_DEFAULT_SEQ, BlockModel, read_text
+from sparsetool.ops.open_model import open_model
 from sparsetool.util.memory import MemoryPlan, budget, process_memory
-from sparsetool.util.progress import Progress
+from sparsetool.util.progress import Progress, Steps
 from sparsetool.util.wording import plural
 
 __all__ = ["Window", "windows", "score", "EvalRow", "EvalResult", "evaluate", "plot_eval"]
@@ -96,15 +97,9 @@ def score(model: BlockModel, ids: torch.Tensor, wins: Sequence[Window], batch: i
         by_length.setdefault(w.end - w.start, []).append(w)
     groups = [group[i:i + (held or len(group))] for group in by_length.values()
               for i in range(0, len(group), held or len(group))]
-    steps, done = len(groups) * (len(model.blocks) + 1), 0
+    tick = Steps(len(groups) * (len(model.blocks) + 1), progress)
     rows = max(1, LOGITS_BYTES // (4 * model.vocab_size))
     total = squares = 0.0
-
-    def tick() -> None:
-        nonlocal done
-        done += 1
-        if progress:
-            progress(done, steps)
 
     with torch.inference_mode():
         for group in groups:

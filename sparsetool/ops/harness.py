@@ -28,6 +28,7 @@ from sparsetool.errors import SparsetoolError
 from sparsetool.ops.eval import LOGITS_BYTES
 from sparsetool.ops.lm import BlockModel
 from sparsetool.util.memory import MemoryPlan
+from sparsetool.util.progress import Steps
 
 __all__ = ["SparsetoolLM", "score_requests", "GPT_PREFIX"]
 
@@ -58,16 +59,10 @@ def score_requests(model: BlockModel, pairs: list[tuple[list[int], list[int]]], 
         wants[inputs[key]].append((r, cont))
     seqs = list(inputs)
     passes = _passes(seqs, batch, held)
-    steps, done = len(passes) * (len(model.blocks) + 1), 0
+    tick = Steps(len(passes) * (len(model.blocks) + 1), progress)
     rows = max(1, LOGITS_BYTES // (4 * model.vocab_size))
     logprob = [0.0] * len(pairs)
     greedy = [True] * len(pairs)
-
-    def tick() -> None:
-        nonlocal done
-        done += 1
-        if progress:
-            progress(done, steps)
 
     with torch.inference_mode():
         for batches in passes:

@@ -182,7 +182,7 @@ def evaluate_tasks(paths: Sequence[str | Path], tasks: Sequence[str], include_pa
 
     from sparsetool.ops.eval import held_windows
     from sparsetool.ops.harness import SparsetoolLM
-    from sparsetool.ops.lm import open_model
+    from sparsetool.ops.open_model import open_model
     from sparsetool.train.hf import import_transformers, load_tokenizer
 
     seeds = HARNESS_SEEDS if seed is None else (seed, seed % 2**32, seed, seed)

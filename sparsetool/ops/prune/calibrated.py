@@ -40,7 +40,8 @@ from sparsetool.errors import CheckpointError, SparsetoolError
 from sparsetool.masks.distributions import keep_counts
 from sparsetool.masks.sparsegpt import sparsegpt_kept_count, sparsegpt_prune
 from sparsetool.masks.wanda import wanda_kept_count, wanda_mask
-from sparsetool.ops.lm import BlockModel, Call, open_model, read_text
+from sparsetool.ops.lm import BlockModel, Call, read_text
+from sparsetool.ops.open_model import open_model
 from sparsetool.ops.prune.options import DEFAULT_SEQ, PruneOptions
 from sparsetool.ops.prune.planner import Sink
 from sparsetool.ops.prune.read import read_alive
