@@ -187,7 +187,7 @@ def kept_count(numel: int, sparsity: float) -> int:
 
 def synthetic_mask(shape: tuple[int, int], sparsity: float, pattern: str = "random",
                    seed: int = 0) -> np.ndarray:
-    """A seeded ``(M, K)`` bool mask with exactly ``round(sparsity * M * K)`` zeros.
+    """A seeded ``(M, K)`` bool mask with exactly ``round(sparsity * (M * K))`` zeros (:func:`kept_count`).
 
     ``random``: uniform over all masks with that count (i.i.d. draws, then a uniformly chosen set
     of surplus entries flipped, which keeps the result uniform by symmetry; SFC64 generator). ``rows``/``cols``:
