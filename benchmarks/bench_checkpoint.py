@@ -51,9 +51,12 @@ for name, w in state.items():
 save_file(state, sys.argv[2], metadata={"format": "pt"})
 """
 
-# The issue's targets: (ratio to cp with sync, ratio without sync or None); peak RSS separately.
-TARGETS = {"prune --scope layer": (1.5, 3.0), "prune --scope global": (2.0, None),
-           "densify": (1.2, None), "report": (0.5, None)}
+# The targets: (ratio to cp with sync, ratio without sync or None); peak RSS separately; and the
+# start-up cases (--help, a usage error) in seconds.
+TARGETS = {"prune --scope layer": (1.5, 2.5), "prune --scope global": (2.0, None),
+           "densify": (1.2, None), "report": (0.3, None)}
+STARTUP_TARGET = 0.3
+BUSY = "import time\nend = time.time() + 3600\nwhile time.time() < end:\n    pass\n"
 
 
 def gpt3xl_shapes(layers: int = 24, d: int = 2048, ffn: int = 8192, vocab: int = 50257,
@@ -163,19 +166,21 @@ def _remove(p: Path) -> None:
 SETTLE = 3.0
 
 
-def timed(cmd: list[str], clear: list[Path]) -> tuple[float, float, float]:
+def timed(cmd: list[str], clear: list[Path], env: dict | None = None,
+          expect: int = 0) -> tuple[float, float, float]:
     """(wall seconds until exit, wall seconds until a ``sync`` after it, peak RSS in MB)."""
     for p in clear:
         _remove(p)
     os.sync()
     time.sleep(SETTLE)  # this disk is mounted with discard: let the freed blocks' trims finish
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=None if env is None else {**os.environ, **env})
     _, status, usage = os.wait4(proc.pid, 0)
     exited = time.perf_counter() - t0
     os.sync()
     synced = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
+    if os.waitstatus_to_exitcode(status) != expect:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr.read().decode()}")
     return exited, synced, usage.ru_maxrss / 1024
 
@@ -210,6 +215,11 @@ def main() -> None:
     ap.add_argument("--naive", action="store_true", help="also time the naive script (gpt3xl)")
     ap.add_argument("--check-workers", action="store_true",
                     help="also prune with --workers 1 and compare the output bytes")
+    ap.add_argument("--busy", action="store_true",
+                    help="run one other CPU-bound process (a Python busy loop) during every case")
+    ap.add_argument("--old", type=Path, default=None,
+                    help="also time prune of the sparsetool source tree in this directory (e.g. a "
+                         "git worktree of an earlier commit), in the same run")
     ap.add_argument("--make", type=Path, help=argparse.SUPPRESS)  # the child that makes the checkpoint
     args = ap.parse_args()
     layers = args.layers or (24 if args.shape == "gpt3xl" else 32)
@@ -227,9 +237,9 @@ def main() -> None:
     size = _size(src)
     st = [sys.executable, "-m", "sparsetool"]
     extra = ["--workers", str(args.workers)] if args.workers else []
-    out = {k: work / f"out-{k}{ext}" for k in ("copy", "layer", "global", "dense", "naive", "one")}
+    out = {k: work / f"out-{k}{ext}" for k in ("copy", "layer", "global", "dense", "naive", "one", "old")}
     pruned = work / f"pruned{ext}"  # densify and report read this one
-    cases = [
+    cases: list[tuple[str, list[str], list[Path]]] = [
         ("cp", ["cp", "-r", str(src), str(out["copy"])], [out["copy"]]),
         ("python -c 'import torch'", [sys.executable, "-c", "import torch"], []),
         ("prune --scope layer", st + ["prune", str(src), "-o", str(out["layer"]), "--sparsity", "0.75", *extra],
@@ -238,7 +248,15 @@ def main() -> None:
                                        "--scope", "global", *extra], [out["global"]]),
         ("densify", st + ["densify", str(pruned), "-o", str(out["dense"]), *extra], [out["dense"]]),
         ("report", st + ["report", str(pruned), "--json", *extra], []),
+        ("prune --help", st + ["prune", "--help"], []),
+        ("prune usage error (exit 2)", st + ["prune", str(src), "--sparsity", "2"], []),
     ]
+    envs = {label: None for label, _, _ in cases}
+    if args.old is not None:
+        old = ("prune --scope layer (old)", st + ["prune", str(src), "-o", str(out["old"]), "--sparsity", "0.75",
+                                                  *extra], [out["old"]])
+        cases.insert(3, old)
+        envs[old[0]] = {"PYTHONPATH": str(args.old.resolve())}
     if args.naive and args.shape == "gpt3xl":
         cases.insert(2, ("naive load/prune/save", [sys.executable, "-c", NAIVE, str(src), str(out["naive"])],
                          [out["naive"]]))
@@ -250,16 +268,30 @@ def main() -> None:
     # Round robin (every case once, then again): a disk that is slow for a while after a large
     # write (this one is) then slows some run of every case alike, not all runs of one case.
     runs: dict[str, list[tuple[float, float, float]]] = {label: [] for label, _, _ in cases}
+    busy = subprocess.Popen([sys.executable, "-c", BUSY]) if args.busy else None
+    try:
+        _rounds(args, cases, envs, runs)
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+    _report(args, runs, src, size, layers, st, out)
+
+
+def _rounds(args, cases, envs, runs) -> None:
     for turn in range(args.repeat):
         for label, cmd, clear in cases:
             if label.startswith("naive") and turn:
                 continue
-            runs[label].append(timed(cmd, clear))
+            runs[label].append(timed(cmd, clear, envs.get(label), 2 if "exit 2" in label else 0))
             if not (args.check_workers and label == "prune --scope layer"):
                 for p in clear:  # at 7B scale the disk holds no more than one output at a time
                     _remove(p)
             r = runs[label][-1]
             print(f"{label:26s} exit {r[0]:7.2f} s  sync {r[1]:7.2f} s  {r[2]:7.0f} MB", flush=True)
+
+
+def _report(args, runs, src: Path, size: int, layers: int, st: list[str], out: dict[str, Path]) -> None:
     results = {label: (min(r[0] for r in rs), min(r[1] for r in rs), max(r[2] for r in rs))
                for label, rs in runs.items()}
     if args.check_workers:
@@ -272,13 +304,16 @@ def main() -> None:
     rss_cap = 600 if args.shape == "gpt3xl" else 1024
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()}; "
           f"{args.shape} checkpoint {size / 1e9:.2f} GB ({layers} layers, bf16"
-          f"{', 3 shards' if src.is_dir() else ''}); workers {args.workers or 'default'}")
+          f"{', 3 shards' if src.is_dir() else ''}); workers {args.workers or 'default'}"
+          f"{'; one other CPU-bound process running' if args.busy else ', quiet'}")
     print("| command | wall, sync (s) | x cp | wall, no sync (s) | x cp | peak RSS (MB) | target | met? |")
     print("|---|---:|---:|---:|---:|---:|---|---|")
     for label, (exited, synced, rss) in results.items():
         goal = TARGETS.get(label)
         text, verdict = "", ""
-        if goal is not None:
+        if label.startswith("prune --help") or label.startswith("prune usage"):
+            text, verdict = f"<= {STARTUP_TARGET} s", "yes" if exited <= STARTUP_TARGET else "no"
+        elif goal is not None:
             ok_sync = synced <= goal[0] * base_sync
             ok_nosync = goal[1] is None or exited <= goal[1] * base_exit
             text = f"<= {goal[0]}x cp" + (f", no sync <= {goal[1]}x" if goal[1] else "") + f", <= {rss_cap} MB"

@@ -4,8 +4,9 @@ Public names::
 
     open_checkpoint(path) -> Checkpoint        # file or Hugging Face directory, headers validated
     Checkpoint.logical / read_stored(name) / read_array(name)   # stored tensors, as stored
-    decode(ckpt, lt) -> (dense, mask)          # one logical tensor, whatever its encoding
-    encode(name, dense, mask, encoding), encoded_specs(...), stored_nonzeros(dense, mask)
+    decode_array(ckpt, lt) -> (values, mask)   # one logical tensor, whatever its encoding (numpy)
+    encode_array(name, values, st_dtype, mask, encoding), encoded_specs(...), stored_count(...)
+    decode(ckpt, lt), encode(name, dense, mask, encoding), stored_nonzeros(dense, mask)  # torch
     count_unpruned(ckpt, lt)                   # non-zero, non-pruned entries of one tensor
     tensor_counts(path) -> list[TensorCount]   # every tensor's shape, dtype and non-zeros
     write_checkpoint(src, out, ...) -> CheckpointWriter -> ShardWriter
@@ -14,9 +15,8 @@ Public names::
     drop_sparsity_config(config), bitmask_sparsity_config(config, modules, global_sparsity)
 
 Each name is imported from its module on first use (``_WHERE``; ``tests/test_structure.py``
-resolves every one), so the torch-free parts (``format``, ``reader``, ``dtypes``, ``bits``,
-``counting``, ``provenance``) are imported without torch; only the codecs (``encodings``,
-``bitmask``, ``zeros``) need it.
+resolves every one), so nothing here imports torch but what hands out torch tensors (``read_stored``, ``decode``,
+``encode``, ``zeros``): the codecs work on numpy arrays of the stored values.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import importlib
 _WHERE = {
     "bitmask_sparsity_config": "config", "drop_sparsity_config": "config",
     "ENCODINGS": "encodings", "encode": "encodings", "decode": "encodings",
+    "encode_array": "encodings", "decode_array": "encodings", "stored_count": "encodings",
     "encoded_specs": "encodings", "stored_nonzeros": "encodings",
     "StoredTensor": "format", "TensorSpec": "format",
     "Checkpoint": "reader", "LogicalTensor": "reader", "open_checkpoint": "reader",

@@ -15,12 +15,15 @@ and NaN is kept. Releases before the prefix change (<= 0.8) named the parts afte
 parameter (``<module>.weight.compressed``, ...) and compressed every parameter, 1-D included; the
 decoder accepts both.
 
->>> w = torch.tensor([[0.0, 1.5, 0.0], [2.0, 0.0, -3.0]])
->>> values, bits, offs = compress(w)
->>> values.tolist(), bits.tolist(), offs.tolist()
+>>> w = np.array([[0.0, 1.5, 0.0], [2.0, 0.0, -3.0]], dtype=np.float32).view(np.int32)
+>>> values, bits, offs = compress(w, floating=True)
+>>> values.view(np.float32).tolist(), bits.tolist(), offs.tolist()
 ([1.5, 2.0, -3.0], [[2], [5]], [0, 1])
->>> decompress(values, bits, [2, 3]).tolist()
+>>> scatter(values, unpack(bits, [2, 3])).view(np.float32).tolist()
 [[0.0, 1.5, 0.0], [2.0, 0.0, -3.0]]
+
+Everything here is numpy on the values as stored (floats as the signed integers of their bit
+patterns, :mod:`sparsetool.util.floatbits`): no torch.
 """
 
 from __future__ import annotations
@@ -28,9 +31,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
-from sparsetool.checkpoint import zeros
+from sparsetool.checkpoint.bits import nonzero_bits
 from sparsetool.errors import CheckpointError
 
 
@@ -38,52 +40,29 @@ def packed_cols(cols: int) -> int:
     return (cols + 7) // 8
 
 
-def _np_bits(dense: torch.Tensor) -> np.ndarray:
-    return zeros.int_bits(dense.contiguous()).numpy()
+def compress(values: np.ndarray, *, floating: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(stored values, packed bitmask, row offsets) of a 2-D array of stored values (floats as
+    their bits, ``floating``); see the module docstring. -0.0 is not stored, NaN is."""
+    keep = nonzero_bits(values, floating=floating)
+    row_counts = keep.sum(axis=-1, dtype=np.int64)
+    row_offsets = np.cumsum(row_counts) - row_counts
+    stored = np.compress(keep.reshape(-1), values.reshape(-1))
+    return stored, np.packbits(keep, axis=-1, bitorder="little"), row_offsets
 
 
-def nonzero_mask(dense: torch.Tensor) -> torch.Tensor:
-    """The entries the bitmask stores: ``dense != 0`` (so -0.0 is not stored, NaN is)."""
-    return zeros.nonzero_mask(dense)
-
-
-def compress(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(values, packed bitmask, row offsets) of a dense tensor; see the module docstring."""
-    keep = nonzero_mask(dense)
-    keep_np = keep.numpy()
-    row_counts = torch.from_numpy(keep_np.sum(axis=-1, dtype=np.int64))
-    row_offsets = torch.cumsum(row_counts, 0) - row_counts
-    if dense.dtype.is_floating_point:
-        values = torch.from_numpy(np.compress(keep_np.reshape(-1), _np_bits(dense).reshape(-1))).view(dense.dtype)
-    else:
-        values = dense[keep]
-    bits = torch.from_numpy(np.packbits(keep_np, axis=-1, bitorder="little"))
-    return values, bits, row_offsets
-
-
-def unpack(bits: torch.Tensor, shape: list[int]) -> torch.Tensor:
+def unpack(bits: np.ndarray, shape: list[int]) -> np.ndarray:
     """Bool mask of ``shape`` from the packed bitmask (little bit order, rows padded)."""
     cols = shape[-1] if shape else 1
-    arr = np.unpackbits(bits.numpy(), axis=-1, count=cols, bitorder="little")
-    return torch.from_numpy(arr.reshape(shape).astype(bool))
+    rows = bits.view(np.uint8).reshape(-1, packed_cols(cols))
+    arr = np.unpackbits(rows, axis=-1, count=cols, bitorder="little")
+    return arr.reshape(shape).astype(bool)
 
 
-def decompress(values: torch.Tensor, bits: torch.Tensor, shape: list[int]) -> torch.Tensor:
-    """Dense tensor with zeros (+0.0) where the bitmask is clear."""
-    return scatter(values, unpack(bits, shape))
-
-
-def scatter(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+def scatter(values: np.ndarray, keep: np.ndarray) -> np.ndarray:
     """Zeros of ``keep``'s shape with ``values`` placed, in row-major order, where ``keep`` is set."""
-    if zeros.has_bits(values):
-        # on the raw bits in numpy: several times faster than torch's boolean index assignment
-        src = _np_bits(values)
-        out = np.zeros(keep.numel(), dtype=src.dtype)
-        out[np.flatnonzero(keep.numpy())] = src
-        return torch.from_numpy(out.reshape(tuple(keep.shape))).view(values.dtype)
-    out = torch.zeros(keep.shape, dtype=values.dtype)
-    out[keep] = values
-    return out
+    out = np.zeros(keep.size, dtype=values.dtype)
+    out[np.flatnonzero(keep)] = values
+    return out.reshape(keep.shape)
 
 
 def check_parts(group: str, shape: list[int], compressed_shape: tuple[int, ...], bitmask_shape: tuple[int, ...],

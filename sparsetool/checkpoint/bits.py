@@ -67,6 +67,21 @@ def nan_and_negative_zero_counts(bits: np.ndarray, st_dtype: str) -> tuple[int, 
     return sum(f[0] for f in found), sum(f[1] for f in found)
 
 
+def nonzero_bits(values: np.ndarray, *, floating: bool) -> np.ndarray:
+    """``values != 0`` as a bool array, for floats given by their bits (``floating``): -0.0 (only
+    the sign bit set, the type's minimum) is a zero too; NaN is not.
+
+    >>> nonzero_bits(np.array([0, -0x8000, 0x3F80, 0x7FC0], dtype=np.int16), floating=True).tolist()
+    [False, False, True, True]
+    """
+    mask = values != 0
+    if floating:
+        negative_zero = np.iinfo(values.dtype).min
+        if (values == negative_zero).any():
+            mask &= values != negative_zero
+    return mask
+
+
 def count_nonzero_ints(values: np.ndarray) -> int:
     """Non-zero entries of an integer or uint8 (bool) array."""
     return sum(_chunks(lambda a, b: int(np.count_nonzero(values[a:b])), values.size))

@@ -3,9 +3,9 @@
 A pruned entry is zero whatever the encoding says (a ``_mask`` False, a NaN sentinel, a cleared
 bitmask bit), and -0.0 is zero too; NaN at a kept position counts as non-zero.
 
-Plain tensors (every tensor of a checkpoint in the zeros encoding) are counted on their bits in
-numpy (:mod:`sparsetool.checkpoint.bits`) without importing torch; the other encodings, and fp8,
-are decoded first (torch).
+Every tensor is counted on its bits in numpy (:mod:`sparsetool.checkpoint.bits`) without importing
+torch: plain ones as they are stored, the other encodings (and fp8) decoded first
+(:func:`sparsetool.checkpoint.encodings.decode_array`). Only complex tensors go through torch.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from sparsetool.checkpoint import bits
 from sparsetool.checkpoint.dtypes import torch_name
@@ -25,15 +27,17 @@ def count_unpruned(ckpt: Checkpoint, lt: LogicalTensor) -> int:
         return bits.count_nonzero_bits(ckpt.read_array(lt.stored[0]), lt.st_dtype, nan_is_zero=True)
     if lt.encoding == "plain" and not lt.floating and lt.st_dtype not in ("C64",):
         return bits.count_nonzero_ints(ckpt.read_array(lt.stored[0]))
-    from sparsetool.checkpoint.encodings import decode
-    from sparsetool.checkpoint.zeros import count_nonzero_values, nonzero_mask
+    if lt.st_dtype == "C64":  # complex: zero is both parts +-0.0, which torch tells
+        from sparsetool.checkpoint.zeros import count_nonzero_values
 
-    if lt.encoding == "plain" and not lt.floating:
         return count_nonzero_values(ckpt.read_stored(lt.stored[0]))
-    dense, mask = decode(ckpt, lt)
-    if mask is None:
-        return count_nonzero_values(dense)
-    return count_nonzero_values(nonzero_mask(dense) & mask)
+    from sparsetool.checkpoint.encodings import decode_array
+
+    values, mask = decode_array(ckpt, lt)
+    alive = bits.nonzero_bits(values, floating=lt.floating)
+    if mask is not None:
+        alive &= mask
+    return int(np.count_nonzero(alive))
 
 
 @dataclass(frozen=True)

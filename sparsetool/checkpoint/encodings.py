@@ -1,4 +1,5 @@
-"""Sparse encodings: how a pruned weight looks on disk (:func:`encode`), and back (:func:`decode`).
+"""Sparse encodings: how a pruned weight looks on disk (:func:`encode_array`), and back
+(:func:`decode_array`).
 
 | encoding | stored tensors |
 |---|---|
@@ -7,40 +8,40 @@
 | ``nan``     | ``<name>``: pruned entries NaN (the "sparse sentinel" of Cerebras Model Zoo 1.7-1.9) |
 | ``bitmask`` | compressed-tensors sparse-bitmask: ``<module>.shape/.compressed/.bitmask/.row_offsets`` |
 
->>> w = torch.tensor([[1.0, -0.0], [0.0, 2.0]])
->>> m = torch.tensor([[True, False], [False, True]])
->>> [(n, t.tolist()) for n, t in encode("x.weight", w, m, "nan")]
-[('x.weight', [[1.0, nan], [nan, 2.0]])]
->>> [n for n, _ in encode("x.weight", w, m, "bitmask")]
+The codecs work in numpy on the values as stored (floats as the signed integers of their bit
+patterns, :mod:`sparsetool.util.floatbits`), so ``prune`` never imports torch. :func:`encode` and
+:func:`decode` are the same codecs for torch tensors (the calibration methods, eval, ``load``).
+
+>>> bits = np.array([[0x3F80, -0x8000], [0, 0x4000]], dtype=np.int16)  # bf16 [[1, -0], [0, 2]]
+>>> keep = np.array([[True, False], [False, True]])
+>>> [(n, a.tolist()) for n, a in encode_array("x.weight", bits, "BF16", keep, "nan")]
+[('x.weight', [[16256, 32704], [32704, 16384]])]
+>>> [n for n, _ in encode_array("x.weight", bits, "BF16", keep, "bitmask")]
 ['x.shape', 'x.compressed', 'x.bitmask', 'x.row_offsets']
 """
 
 from __future__ import annotations
 
-import numpy as _np
-import torch
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from sparsetool.checkpoint import bitmask as bm
+from sparsetool.checkpoint import dtypes
+from sparsetool.checkpoint.bits import nonzero_bits
 from sparsetool.checkpoint.format import TensorSpec
 from sparsetool.checkpoint.reader import MASK_SUFFIX, Checkpoint, LogicalTensor
-from sparsetool.checkpoint.zeros import has_bits, int_bits
 from sparsetool.errors import CheckpointError, SparsetoolError
+from sparsetool.util.floatbits import FORMATS, is_nan
 from sparsetool.util.wording import plural
+
+if TYPE_CHECKING:
+    import torch
 
 ENCODINGS = ("zeros", "mask", "nan", "bitmask")
 
-
-def may_hold_nan(t: torch.Tensor) -> bool:
-    """False only when ``t`` certainly holds no NaN.
-
-    A sum is NaN whenever any term is, and a reduction is several times faster than ``isnan``
-    over the tensor; only a non-finite sum (NaN, inf, or overflow) needs the exact check.
-    """
-    if not t.dtype.is_floating_point or t.numel() == 0:
-        return False
-    if t.element_size() == 1:  # fp8: no sum on CPU, and the tensors are small; ask exactly
-        return bool(torch.isnan(t).any())
-    return not bool(torch.isfinite(t.sum()))
+STREAMED = ("zeros", "mask", "nan")
+"""Encodings whose stored tensors can be written piece by piece (:func:`encode_piece`)."""
 
 
 def _check_encoding(encoding: str) -> None:
@@ -48,7 +49,7 @@ def _check_encoding(encoding: str) -> None:
         raise SparsetoolError(f"unknown encoding {encoding!r}; use one of: {', '.join(ENCODINGS)}")
 
 
-def bitmask_module(name: str, shape: tuple[int, ...] | torch.Size) -> str:
+def bitmask_module(name: str, shape: tuple[int, ...]) -> str:
     """Module prefix of a weight for the bitmask layout; errors for what compressed-tensors would not compress."""
     if not name.endswith(".weight"):
         raise SparsetoolError(
@@ -63,194 +64,214 @@ def bitmask_module(name: str, shape: tuple[int, ...] | torch.Size) -> str:
     return name[: -len(".weight")]
 
 
-def encoded_specs(lt_name: str, dtype: torch.dtype, shape: tuple[int, ...], nnz: int, encoding: str) -> list[TensorSpec]:
-    """The stored tensors ``encode`` will produce, known before the data is.
+def encoded_specs(lt_name: str, dtype: Any, shape: tuple[int, ...], nnz: int, encoding: str) -> list[TensorSpec]:
+    """The stored tensors ``encode_array`` will produce, known before the data is (``dtype``: the
+    values' type, a safetensors name or a torch dtype).
 
     For ``bitmask``, ``nnz`` must be the number of entries that are non-zero *after* masking
-    (``stored_nonzeros(dense, mask)``): a kept weight that is exactly 0 is not stored, as in
-    compressed-tensors.
+    (:func:`stored_count`): a kept weight that is exactly 0 is not stored, as in compressed-tensors.
 
-    >>> [(s.name, s.dtype, s.shape) for s in encoded_specs("l.weight", torch.bfloat16, (3, 10), 7, "bitmask")]
-    [('l.shape', torch.int64, (2,)), ('l.compressed', torch.bfloat16, (7,)), ('l.bitmask', torch.uint8, (3, 2)), ('l.row_offsets', torch.int64, (3,))]
+    >>> [(s.name, s.dtype, s.shape) for s in encoded_specs("l.weight", "BF16", (3, 10), 7, "bitmask")]
+    [('l.shape', 'I64', (2,)), ('l.compressed', 'BF16', (7,)), ('l.bitmask', 'U8', (3, 2)), ('l.row_offsets', 'I64', (3,))]
     """
     _check_encoding(encoding)
+    st = dtypes.st_name(dtype)
     shape = tuple(int(d) for d in shape)
     if encoding in ("zeros", "nan"):
-        return [TensorSpec(lt_name, dtype, shape)]
+        return [TensorSpec(lt_name, st, shape)]
     if encoding == "mask":
-        return [TensorSpec(lt_name, dtype, shape), TensorSpec(lt_name + MASK_SUFFIX, torch.bool, shape)]
+        return [TensorSpec(lt_name, st, shape), TensorSpec(lt_name + MASK_SUFFIX, "BOOL", shape)]
     module = bitmask_module(lt_name, shape)
     rows, cols = shape
     return [
-        TensorSpec(module + ".shape", torch.int64, (2,)),
-        TensorSpec(module + ".compressed", dtype, (int(nnz),)),
-        TensorSpec(module + ".bitmask", torch.uint8, (rows, bm.packed_cols(cols))),
-        TensorSpec(module + ".row_offsets", torch.int64, (rows,)),
+        TensorSpec(module + ".shape", "I64", (2,)),
+        TensorSpec(module + ".compressed", st, (int(nnz),)),
+        TensorSpec(module + ".bitmask", "U8", (rows, bm.packed_cols(cols))),
+        TensorSpec(module + ".row_offsets", "I64", (rows,)),
     ]
 
 
-def stored_nonzeros(dense: torch.Tensor, mask: torch.Tensor | None) -> int:
-    """How many values the bitmask encoding stores for this tensor (the ``nnz`` of encoded_specs)."""
-    keep = bm.nonzero_mask(dense)
+def _floating(st: str) -> bool:
+    return st in FORMATS
+
+
+def stored_count(values: np.ndarray, st: str, mask: np.ndarray | None) -> int:
+    """How many values the bitmask encoding stores for these values under ``mask`` (the ``nnz``
+    of :func:`encoded_specs`)."""
+    keep = nonzero_bits(values, floating=_floating(st))
     if mask is not None:
-        keep &= mask.to(torch.bool)
-    return int(torch.count_nonzero(keep))
+        keep &= mask
+    return int(np.count_nonzero(keep))
 
 
-def bit_maskable(t: torch.Tensor) -> bool:
-    """Can ``zero_pruned``/``fill_pruned_nan`` work on the raw bits of ``t``?"""
-    return has_bits(t)
+def nan_bits(st: str) -> int:
+    """The bit pattern (a signed integer of the type's width) of NaN in float type ``st``."""
+    return FORMATS[st].nan
 
 
-STREAMED = ("zeros", "mask", "nan")
-"""Encodings whose stored tensors can be written piece by piece (:func:`encode_piece`)."""
+def encode_piece(encoding: str, bits: np.ndarray, keep: np.ndarray, nan: int = 0) -> list[np.ndarray]:
+    """One piece of each stored tensor of a ``STREAMED`` encoding, from the raw values (a flat
+    integer array: a float's bits) and the bool mask (True = kept) of the same positions: the
+    values with pruned entries +0.0 (NaN, whose bits ``nan`` gives, for ``nan``), and for ``mask``
+    the mask bytes too. The same bytes :func:`encode_array` writes for those positions.
 
-
-def nan_bits(dtype: torch.dtype) -> int:
-    """The bit pattern (a signed integer of the type's width) of NaN in a float ``dtype``."""
-    return int(int_bits(torch.tensor(float("nan"), dtype=dtype)).item())
-
-
-def encode_piece(encoding: str, bits: _np.ndarray, keep: _np.ndarray,
-                 nan: int = 0) -> list[_np.ndarray]:
-    """One piece of each stored tensor of a ``STREAMED`` encoding, from the raw bits (a flat
-    signed integer array) and the bool mask (True = kept) of the same positions: the values with
-    pruned entries +0.0 (NaN, whose bits ``nan`` gives, for ``nan``), and for ``mask`` the mask
-    bytes too. The same bytes :func:`encode` writes for those positions.
-
-    >>> bits = _np.array([0x3F80, -0x4080, -0x8000], dtype=_np.int16)  # 1.0, -1.0, -0.0 in bf16
-    >>> [p.tolist() for p in encode_piece("mask", bits, _np.array([True, False, True]))]
+    >>> bits = np.array([0x3F80, -0x4080, -0x8000], dtype=np.int16)  # 1.0, -1.0, -0.0 in bf16
+    >>> [p.tolist() for p in encode_piece("mask", bits, np.array([True, False, True]))]
     [[16256, 0, -32768], [1, 0, 1]]
     """
-    values = _np.multiply(bits, keep)  # an integer multiply: kept bits unchanged, others 0
+    values = np.multiply(bits, keep)  # an integer multiply: kept bits unchanged, others 0
     if encoding == "nan":
-        values |= _np.multiply(~keep, _np.array(nan, dtype=values.dtype), dtype=values.dtype)
+        values |= np.multiply(~keep, np.array(nan, dtype=values.dtype), dtype=values.dtype)
     if encoding == "mask":
-        return [values, keep.view(_np.uint8)]
+        return [values, keep.view(np.uint8)]
     return [values]
 
 
-def zero_pruned(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """``t`` where ``keep``, all-zero bits (+0.0) elsewhere; kept bits unchanged. ``t`` is not modified.
-
-    Done as an integer multiply by the mask on the raw bits in numpy (:func:`encode_piece`),
-    several times faster than ``masked_fill`` on bf16/fp16 on CPU, and exact: -0.0 and NaN survive
-    where kept.
-
-    >>> zero_pruned(torch.tensor([-1.5, -2.0, -0.0]), torch.tensor([True, False, True]))
-    tensor([-1.5000,  0.0000, -0.0000])
-    """
-    return _on_bits(t, keep, "zeros")
-
-
-def fill_pruned_nan(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """``t`` where ``keep``, NaN elsewhere (on the raw bits, as :func:`zero_pruned`)."""
-    return _on_bits(t, keep, "nan")
-
-
-def _on_bits(t: torch.Tensor, keep: torch.Tensor, encoding: str) -> torch.Tensor:
-    if not bit_maskable(t):
-        return t.masked_fill(~keep, 0 if encoding == "zeros" else float("nan"))
-    bits = int_bits(t.contiguous()).reshape(-1).numpy()
-    nan = nan_bits(t.dtype) if encoding == "nan" else 0
-    values = encode_piece(encoding, bits, keep.contiguous().reshape(-1).numpy(), nan)[0]
-    return torch.from_numpy(values).view(t.dtype).reshape(t.shape)
-
-
-def _zeros(name: str, dense: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    if mask is None:
-        return dense
-    # pruned entries get +0.0 bits, so a pruned -0.0 becomes +0.0
-    return zero_pruned(dense, mask)
-
-
-def check_encodable(name: str, dense: torch.Tensor, mask: torch.Tensor | None, encoding: str) -> torch.Tensor | None:
-    """Refuse what ``encoding`` cannot represent; return the mask as bool (or None)."""
+def check_encodable(name: str, values: np.ndarray, st: str, mask: np.ndarray | None, encoding: str) -> None:
+    """Refuse what ``encoding`` cannot represent."""
     _check_encoding(encoding)
-    if mask is not None:
-        if tuple(mask.shape) != tuple(dense.shape):
-            raise SparsetoolError(f"tensor {name}: mask shape {list(mask.shape)} differs from weight shape {list(dense.shape)}")
-        mask = mask.to(torch.bool)
+    if mask is not None and tuple(mask.shape) != tuple(values.shape):
+        raise SparsetoolError(f"tensor {name}: mask shape {list(mask.shape)} differs from weight shape {list(values.shape)}")
     if encoding == "nan":
-        if not dense.dtype.is_floating_point:
-            raise SparsetoolError(f"tensor {name}: the nan encoding needs a floating-point tensor, this one is {dense.dtype}; use --encoding zeros or mask")
-        if may_hold_nan(dense):
-            nan = torch.isnan(dense)
-            kept_nan = nan if mask is None else nan & mask
-            if bool(kept_nan.any()):
-                raise SparsetoolError(
-                    f"tensor {name} already holds {plural(int(kept_nan.sum()), 'NaN value')} at kept positions; "
-                    "the nan encoding would make them look pruned. Use --encoding zeros, mask or bitmask"
-                )
+        if not _floating(st):
+            raise SparsetoolError(f"tensor {name}: the nan encoding needs a floating-point tensor, this one is "
+                                  f"{dtypes.torch_name(st)}; use --encoding zeros or mask")
+        nan = is_nan(values, st)
+        if mask is not None:
+            nan &= mask
+        found = int(np.count_nonzero(nan))
+        if found:
+            raise SparsetoolError(
+                f"tensor {name} already holds {plural(found, 'NaN value')} at kept positions; "
+                "the nan encoding would make them look pruned. Use --encoding zeros, mask or bitmask"
+            )
     if encoding == "bitmask":
-        bitmask_module(name, tuple(dense.shape))
-    return mask
+        bitmask_module(name, tuple(values.shape))
 
 
-def encode(name: str, dense: torch.Tensor, mask: torch.Tensor | None, encoding: str) -> list[tuple[str, torch.Tensor]]:
-    """The stored tensors (name, tensor) of one logical tensor under ``encoding``.
+def encode_array(name: str, values: np.ndarray, st: str, mask: np.ndarray | None,
+                 encoding: str) -> list[tuple[str, np.ndarray]]:
+    """The stored tensors (name, array of the stored values) of one logical tensor under
+    ``encoding``; ``values`` as stored (a float's bits), of type ``st``.
 
-    ``mask`` is True where kept, or None for "nothing pruned". ``dense`` need not be masked
-    already: entries where ``mask`` is False are overwritten (+0.0, or NaN for ``nan``) in the
-    one pass that builds the output, so callers should not mask it themselves. ``dense`` itself
-    is never modified. Order of the result matches ``encoded_specs``.
+    ``mask`` is a bool array, True where kept, or None for "nothing pruned". ``values`` need not be
+    masked already: entries where ``mask`` is False are overwritten (+0.0, or NaN for ``nan``) in
+    the one pass that builds the output; ``values`` itself is never modified. The order of the
+    result matches :func:`encoded_specs`.
     """
-    mask = check_encodable(name, dense, mask, encoding)
+    check_encodable(name, values, st, mask, encoding)
+    masked = values if mask is None else encode_piece("zeros", values, mask)[0]
     if encoding == "zeros":
-        return [(name, _zeros(name, dense, mask))]
+        return [(name, masked)]
     if encoding == "mask":
-        full = mask if mask is not None else torch.ones(dense.shape, dtype=torch.bool)
-        return [(name, _zeros(name, dense, mask)), (name + MASK_SUFFIX, full.contiguous())]
+        full = mask if mask is not None else np.ones(values.shape, dtype=bool)
+        return [(name, masked), (name + MASK_SUFFIX, np.ascontiguousarray(full))]
     if encoding == "nan":
         if mask is None:
-            return [(name, dense)]
-        return [(name, fill_pruned_nan(dense, mask))]
-    module = bitmask_module(name, tuple(dense.shape))
-    masked = _zeros(name, dense, mask)
-    values, bits, offsets = bm.compress(masked)
+            return [(name, values)]
+        return [(name, encode_piece("nan", values, mask, nan_bits(st))[0])]
+    module = bitmask_module(name, tuple(values.shape))
+    stored, bits, offsets = bm.compress(masked, floating=_floating(st))
     return [
-        (module + ".shape", torch.tensor(list(dense.shape), dtype=torch.int64)),
-        (module + ".compressed", values),
+        (module + ".shape", np.array(values.shape, dtype=np.int64)),
+        (module + ".compressed", stored),
         (module + ".bitmask", bits),
         (module + ".row_offsets", offsets),
     ]
 
 
-def decode(ckpt: Checkpoint, lt: LogicalTensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(dense values, mask) of one logical tensor of an open checkpoint, whatever its encoding.
-
-    Dense has pruned entries +0.0 (NaN sentinels and pruned -0.0 included). Mask is True
-    where kept, or None when the tensor carries no sparsity encoding (a plain tensor
-    without NaN; zeros alone are just values).
+def decode_array(ckpt: Checkpoint, lt: LogicalTensor, *,
+                 writable: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    """(values, mask) of one logical tensor of an open checkpoint, whatever its encoding: the
+    values as stored (a float's bits) in the tensor's shape, pruned entries +0.0 (NaN sentinels
+    and pruned -0.0 included); the mask True where kept, or None when the tensor carries no
+    sparsity encoding (a plain tensor without NaN; zeros alone are just values). Read-only
+    arrays mapped from the file unless ``writable`` or decoding made new ones.
     """
+    shape = tuple(lt.shape)
     if lt.encoding == "plain":  # zeros, or nan (known only from the data)
-        t = ckpt.read_stored(lt.stored[0])
-        if may_hold_nan(t):
-            nan = torch.isnan(t)
-            if bool(nan.any()):
+        values = ckpt.read_array(lt.stored[0], writable=writable).reshape(shape)
+        if _floating(lt.st_dtype):
+            nan = is_nan(values, lt.st_dtype)
+            if nan.any():
                 keep = ~nan
-                return zero_pruned(t, keep), keep
-        return t, None
+                return encode_piece("zeros", values, keep)[0], keep
+        return values, None
     if lt.encoding == "mask":
-        w = ckpt.read_stored(lt.stored[0])
-        m = ckpt.read_stored(lt.stored[1])
-        if w.shape != m.shape:
+        w = ckpt.read_array(lt.stored[0], writable=writable)
+        m = ckpt.read_array(lt.stored[1])
+        w_shape, m_shape = ckpt.entry(lt.stored[0]).shape, ckpt.entry(lt.stored[1]).shape
+        if w_shape != m_shape:
             raise CheckpointError(
-                f"{ckpt.path}: mask {lt.stored[1]!r} has shape {list(m.shape)} but weight "
-                f"{lt.stored[0]!r} has shape {list(w.shape)}; fix or drop the mask tensor"
+                f"{ckpt.path}: mask {lt.stored[1]!r} has shape {list(m_shape)} but weight "
+                f"{lt.stored[0]!r} has shape {list(w_shape)}; fix or drop the mask tensor"
             )
-        # any non-zero byte means kept (a bool byte other than 0/1 is not a valid torch bool)
-        m = m.view(torch.uint8) != 0 if m.dtype == torch.bool else m != 0
-        return zero_pruned(w, m), m
+        keep = (m != 0).reshape(shape)  # any non-zero byte means kept
+        return encode_piece("zeros", w.reshape(shape), keep)[0], keep
     _shape_name, comp_name, bits_name, _offs = lt.stored
-    values = ckpt.read_stored(comp_name)
-    keep = bm.unpack(ckpt.read_stored(bits_name), list(lt.shape))
-    n = int(keep.sum())
-    if n != values.numel():
+    values = ckpt.read_array(comp_name)
+    keep = bm.unpack(ckpt.read_array(bits_name), list(shape))
+    n = int(np.count_nonzero(keep))
+    if n != values.size:
         raise CheckpointError(
             f"{ckpt.path}: bitmask {bits_name!r} marks {n} non-zeros but {comp_name!r} holds "
-            f"{values.numel()} values: corrupt bitmask group"
+            f"{values.size} values: corrupt bitmask group"
         )
     # -0.0 values would be "stored zeros"; compressed-tensors never stores them, but a
     # hand-made file might: keep them as stored values, the mask says they are kept.
     return bm.scatter(values, keep), keep
+
+
+# ----------------------------------------------------------------- the same codecs for torch
+
+def as_array(t: "torch.Tensor") -> tuple[np.ndarray, str]:
+    """A CPU torch tensor's values as stored (a float's bits, no copy if contiguous) and its type."""
+    st = dtypes.st_name(t.dtype)
+    t = t.detach().cpu().contiguous()
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        t = t.view(dtypes.int_view(t.element_size()))
+    return t.numpy(), st
+
+
+def as_tensor(values: np.ndarray, st: str) -> "torch.Tensor":
+    """A numpy array of stored values of type ``st`` as a torch tensor of that type (no copy if
+    contiguous)."""
+    import torch
+
+    out = torch.from_numpy(np.ascontiguousarray(values))
+    target = dtypes.to_torch(st)
+    return out if out.dtype == target else out.view(target)
+
+
+def _as_mask(mask: "torch.Tensor | None", shape: tuple[int, ...], name: str) -> np.ndarray | None:
+    if mask is None:
+        return None
+    if tuple(mask.shape) != shape:
+        raise SparsetoolError(f"tensor {name}: mask shape {list(mask.shape)} differs from weight shape {list(shape)}")
+    m = mask.detach().cpu()
+    if str(m.dtype) != "torch.bool":
+        m = m != 0
+    return m.contiguous().numpy()
+
+
+def encode(name: str, dense: "torch.Tensor", mask: "torch.Tensor | None",
+           encoding: str) -> list[tuple[str, "torch.Tensor"]]:
+    """:func:`encode_array` for a torch tensor and mask: the stored tensors as torch tensors."""
+    values, st = as_array(dense)
+    keep = _as_mask(mask, tuple(values.shape), name)
+    specs = encoded_specs(name, st, tuple(values.shape), 0, encoding) if encoding in ENCODINGS else []
+    return [(n, as_tensor(a, spec.dtype))
+            for (n, a), spec in zip(encode_array(name, values, st, keep, encoding), specs)]
+
+
+def stored_nonzeros(dense: "torch.Tensor", mask: "torch.Tensor | None") -> int:
+    """:func:`stored_count` of a torch tensor and mask."""
+    values, st = as_array(dense)
+    return stored_count(values, st, _as_mask(mask, tuple(values.shape), "tensor"))
+
+
+def decode(ckpt: Checkpoint, lt: LogicalTensor) -> tuple["torch.Tensor", "torch.Tensor | None"]:
+    """:func:`decode_array` as torch tensors (writable: mapped copy-on-write where nothing was
+    decoded)."""
+    values, mask = decode_array(ckpt, lt, writable=True)
+    return as_tensor(values, lt.st_dtype), None if mask is None else as_tensor(mask, "BOOL")

@@ -3,9 +3,9 @@
 Reading is streaming: each call maps (or reads) exactly one stored tensor's byte range, so peak
 memory is a few tensors, never the checkpoint.
 
-Opening and :meth:`Checkpoint.read_array` (the raw values of a stored tensor as a read-only numpy
-array) do not import torch: ``report`` and ``densify`` of a checkpoint of plain tensors never
-load it. Decoding an encoding (``read``) and ``read_stored`` do.
+Opening and :meth:`Checkpoint.read_array` (the raw values of a stored tensor as a numpy array)
+do not import torch: ``prune`` (but its calibration methods), ``report`` and ``densify`` never
+load it. ``read_stored`` (a torch tensor) does.
 """
 
 from __future__ import annotations
@@ -153,20 +153,34 @@ class Checkpoint:
             return buf.reshape(st.shape)
         return buf.view(st.dtype).reshape(st.shape)
 
-    def read_array(self, name: str) -> np.ndarray:
-        """One stored tensor's bytes as a flat read-only numpy array, without torch: floats as
-        signed integers of their width (their bit patterns), bool as uint8, other integers as
-        themselves. Mapped from the page cache; a copy only where mapping is impossible."""
+    def read_array(self, name: str, *, writable: bool = False) -> np.ndarray:
+        """One stored tensor's bytes as a flat numpy array, without torch: floats as signed
+        integers of their width (their bit patterns), bool as uint8, other integers as
+        themselves. Mapped from the page cache, read-only; ``writable`` maps it copy-on-write
+        instead (a page is copied only when written). A copy only where mapping is impossible."""
         st = self.entry(name)
         kind = np.dtype(_NUMPY_VIEW.get(st.st_dtype) or dtypes.INT_VIEW[dtypes.itemsize(st.st_dtype)])
         if st.nbytes == 0:
             return np.empty(0, dtype=kind)
         fd = self._fd(st.shard)
         start = st.start - st.start % mmap.ALLOCATIONGRANULARITY
+        flags, prot = ((mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE) if writable
+                       else (mmap.MAP_SHARED, mmap.PROT_READ))
         try:
-            mm = mmap.mmap(fd, st.end - start, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=start)
+            mm = mmap.mmap(fd, st.end - start, flags=flags, prot=prot, offset=start)
         except (OSError, ValueError):
-            return np.frombuffer(os.pread(fd, st.nbytes, st.start), dtype=kind)
+            data = bytearray(st.nbytes)
+            view = memoryview(data)
+            got = 0
+            while got < st.nbytes:
+                n = os.preadv(fd, [view[got:]], st.start + got)
+                if n <= 0:
+                    raise CheckpointError(f"{self.shard_path(st.shard)}: file shrank while reading tensor {name!r}")
+                got += n
+            array = np.frombuffer(data, dtype=kind)
+            if not writable:
+                array.flags.writeable = False
+            return array
         return np.frombuffer(mm, dtype=kind, count=st.numel, offset=st.start - start)
 
     # ----------------------------------------------------------------- internals

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from sparsetool.checkpoint import dtypes
 from sparsetool.checkpoint.format import TensorSpec, layout
 from sparsetool.checkpoint.layout import rebuilt_index
@@ -93,8 +95,22 @@ class ShardWriter:
             raise CheckpointError(f"{self.shard}: tensor {name!r} written twice")
         return spec
 
+    def write_array(self, name: str, values: np.ndarray) -> None:
+        """Write one tensor, given as a numpy array of its stored values (a float's bits), at its
+        place; its item size and shape must match its spec."""
+        spec = self._claim(name)
+        if values.itemsize != dtypes.itemsize(spec.dtype) or tuple(values.shape) != spec.shape:
+            raise CheckpointError(
+                f"{self.shard}: tensor {name!r} is {values.dtype} {list(values.shape)} but was "
+                f"declared {spec.dtype} {list(spec.shape)}"
+            )
+        if spec.nbytes:
+            raw = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
+            _pwrite_all(self._fd, memoryview(raw).cast("B"), self._data_start + self._offsets[name])
+        self._written.add(name)
+
     def write(self, name: str, tensor: "torch.Tensor") -> None:
-        """Write one tensor at its place; dtype and shape must match its spec."""
+        """Write one torch tensor at its place; dtype and shape must match its spec."""
         import torch
 
         spec = self._claim(name)

@@ -125,7 +125,8 @@ def prune(
         opts.validate()
     use_device(device)
     use_workers(workers)
-    use_threads(threads)
+    if opts.method in options.CALIBRATION_METHODS:  # only the calibration methods compute with torch
+        use_threads(threads)
     with failing_cleanly():
         with progress_bar(not (as_json or quiet)) as progress:
             result = prune_checkpoint(checkpoint, output or checkpoint, opts, in_place=in_place,

@@ -44,7 +44,7 @@ from sparsetool.ops.lm import BlockModel, Call, read_text
 from sparsetool.ops.open_model import open_model
 from sparsetool.ops.prune.options import DEFAULT_SEQ, PruneOptions
 from sparsetool.ops.prune.planner import Sink
-from sparsetool.ops.prune.read import read_alive
+from sparsetool.ops.prune.read import read_alive_tensors
 from sparsetool.targets import TargetPlan
 from sparsetool.util.memory import MemoryPlan, budget, process_memory
 from sparsetool.util.progress import Progress
@@ -144,7 +144,7 @@ class CalibratedPlanner:
         # Then one read of every targeted tensor: NaN/inf refused, what is there and what will be
         # kept counted (the output's headers need the kept counts before the first block runs).
         for i, lt in enumerate(self.targets):
-            _dense, alive = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
+            _dense, alive = read_alive_tensors(self.ckpt, lt, nan_means_pruned=self.nan_ok)
             self.nonzero_before[lt.name] = count_nonzero_values(alive)
             try:
                 self.nonzero_after[lt.name] = self._kept_count(lt, self._oriented(lt, alive))
@@ -242,7 +242,7 @@ class CalibratedPlanner:
     def _prune(self, own: str, lt: LogicalTensor, stats: _Stats, sink: Sink) -> None:
         """Prune one tensor from its stored values (float32 math), write it, put it back."""
         o = self.opts
-        dense, alive = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
+        dense, alive = read_alive_tensors(self.ckpt, lt, nan_means_pruned=self.nan_ok)
         # The statistics were gathered on the device; the selection and the solve run on the CPU.
         w, alive = self._oriented(lt, dense).float(), self._oriented(lt, alive)
         try:

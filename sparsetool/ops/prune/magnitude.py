@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import zlib
 
-import torch
+import numpy as np
 
 from sparsetool.checkpoint.reader import Checkpoint, LogicalTensor
 from sparsetool.checkpoint.writer import ShardWriter
-from sparsetool.checkpoint.zeros import count_nonzero_values
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.distributions import keep_counts
 from sparsetool.masks.global_magnitude import GlobalPlan
@@ -70,27 +69,27 @@ class MagnitudePlanner:
         hists: list[MagnitudeHistogram] = []
         total_nnz = 0
         for i, lt in enumerate(self.targets):
-            if o.scope == "global" and self._streams(lt) and lt.dtype in (torch.bfloat16, torch.float32):
+            if o.scope == "global" and self._streams(lt) and lt.st_dtype in ("BF16", "F32"):
                 scanned = Scanned(self.ckpt, lt)  # one pass: histogram, zeros, inf/NaN
                 if scanned.finite:  # its zeros are the only weights already pruned
                     self.plain.add(lt.name)
                     self.nonzero_before[lt.name] = scanned.nonzero
                     total_nnz += scanned.nonzero
-                    hists.append(MagnitudeHistogram.of_scan(scanned.found, lt.dtype))
+                    hists.append(MagnitudeHistogram.of_scan(scanned.found, lt.st_dtype))
                     if self.progress:
                         self.progress("scan", i + 1, len(self.targets))
                     continue
             dense, existing = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
-            nnz = count_nonzero_values(existing)
+            nnz = int(np.count_nonzero(existing))
             self.nonzero_before[lt.name] = nnz
             total_nnz += nnz
             if o.scope == "global":
-                hists.append(MagnitudeHistogram.of(dense, existing))
+                hists.append(MagnitudeHistogram.of(dense, existing, dtype=lt.st_dtype))
             elif o.fraction is not None:
                 self.keep[lt.name] = fraction_keep(nnz, o.fraction)
             if o.encoding == "bitmask" and o.scope == "layer":
                 # The compressed size goes into the header, so count the result now.
-                self.nonzero_after[lt.name] = count_nonzero_values(self._mask(lt, dense, existing))
+                self.nonzero_after[lt.name] = int(np.count_nonzero(self._mask(lt, dense, existing)))
             if self.progress:
                 self.progress("scan", i + 1, len(self.targets))
         if o.scope == "global":
@@ -104,7 +103,7 @@ class MagnitudePlanner:
             if o.encoding == "bitmask":
                 for lt in self.targets:
                     dense, existing = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
-                    self.nonzero_after[lt.name] = count_nonzero_values(self._mask(lt, dense, existing))
+                    self.nonzero_after[lt.name] = int(np.count_nonzero(self._mask(lt, dense, existing)))
 
     def _global_plan(self, hists: list[MagnitudeHistogram], total_keep: int) -> GlobalPlan:
         plan = global_threshold_plan(hists, total_keep)
@@ -113,14 +112,16 @@ class MagnitudePlanner:
             # have entries in it.
             fine = {}
             for i in plan.refine:
-                dense, existing = read_alive(self.ckpt, self.targets[i], nan_means_pruned=self.nan_ok)
-                fine[i] = MagnitudeHistogram.of(dense, existing, refine=plan.refine_bucket)
+                lt = self.targets[i]
+                dense, existing = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
+                fine[i] = MagnitudeHistogram.of(dense, existing, refine=plan.refine_bucket, dtype=lt.st_dtype)
                 if self.progress:
                     self.progress("refine", len(fine), len(plan.refine))
             plan = global_threshold_plan(hists, total_keep, refined=fine)
         return plan
 
-    def _mask(self, lt: LogicalTensor, dense: torch.Tensor, existing: torch.Tensor) -> torch.Tensor:
+    def _mask(self, lt: LogicalTensor, dense: np.ndarray, existing: np.ndarray) -> np.ndarray:
+        """The kept mask of ``lt`` from its values as stored (bits) and its alive mask."""
         o = self.opts
         if o.nm is not None:
             n, m = o.nm
@@ -134,17 +135,18 @@ class MagnitudePlanner:
                     f"'{lt.name}' or prune it without --nm"
                 )
             try:
-                return nm_mask(dense, n, m, dim=entry.input_dim, existing=existing)
+                return nm_mask(dense, n, m, dim=entry.input_dim, existing=existing, dtype=lt.st_dtype)
             except SparsetoolError as e:
                 raise SparsetoolError(f"tensor {lt.name!r} {list(lt.shape)}: {e}") from None
         if o.scope == "global":
             assert self.global_plan is not None, "prepare() first"
-            return apply_threshold(dense, self.global_plan.tensors[self._index[lt.name]], existing)
+            return apply_threshold(dense, self.global_plan.tensors[self._index[lt.name]], existing,
+                                   dtype=lt.st_dtype)
         keep = self._layer_keep(lt)
         if o.method == "random":
-            gen = torch.Generator().manual_seed(tensor_seed(o.seed, lt.name))
-            return random_mask(tuple(lt.shape), keep=keep, existing=existing, generator=gen)
-        return magnitude_mask(dense, keep=keep, existing=existing)
+            return random_mask(tuple(lt.shape), keep=keep, existing=existing,
+                               seed=tensor_seed(o.seed, lt.name))
+        return magnitude_mask(dense, keep=keep, existing=existing, dtype=lt.st_dtype)
 
     def _streams(self, lt: LogicalTensor) -> bool:
         o = self.opts
@@ -171,13 +173,13 @@ class MagnitudePlanner:
             keep = lt.numel - round(self.opts.sparsity * lt.numel)
         return keep
 
-    def mask(self, lt: LogicalTensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def mask(self, lt: LogicalTensor) -> tuple[np.ndarray, np.ndarray, int]:
         """``lt`` whole: (its values, the kept mask, its non-zeros before pruning)."""
         dense, existing = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
         mask = self._mask(lt, dense, existing)
         before = self.nonzero_before.get(lt.name)
         if before is None:
-            before = count_nonzero_values(existing)
+            before = int(np.count_nonzero(existing))
         return dense, mask, before
 
 

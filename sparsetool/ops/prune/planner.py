@@ -24,17 +24,21 @@ kept count of every tensor whose encoding's size depends on it (all of them in b
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import torch
+import numpy as np
 
 from sparsetool.checkpoint.reader import LogicalTensor
 from sparsetool.checkpoint.writer import ShardWriter
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["Planner", "FileOrderPlanner", "BlockOrderPlanner", "Sink"]
 
-Sink = Callable[[LogicalTensor, torch.Tensor, torch.Tensor], None]
-"""Takes a pruned tensor: (the tensor, its values in the stored dtype, the kept mask)."""
+Sink = Callable[[LogicalTensor, "torch.Tensor", "torch.Tensor"], None]
+"""Takes a pruned tensor: (the tensor, its values in the stored dtype, the kept mask), as torch
+tensors (the block-order planners compute with torch)."""
 
 
 class Planner(Protocol):
@@ -59,8 +63,9 @@ class FileOrderPlanner(Planner, Protocol):
         having written nothing, when :meth:`mask` must take it."""
         ...
 
-    def mask(self, lt: LogicalTensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """``lt`` whole: (its values, the kept mask, its non-zeros before pruning)."""
+    def mask(self, lt: LogicalTensor) -> tuple[np.ndarray, np.ndarray, int]:
+        """``lt`` whole: (its values as stored (a float's bits), the kept mask, its non-zeros
+        before pruning), numpy arrays in the tensor's shape."""
         ...
 
 

@@ -9,33 +9,37 @@ that encoding; otherwise NaN, like inf, is an error naming the tensor. The fast 
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from sparsetool.checkpoint import Checkpoint, LogicalTensor
-from sparsetool.checkpoint.encodings import decode, may_hold_nan
+from sparsetool.checkpoint.bits import nonzero_bits
+from sparsetool.checkpoint.encodings import as_tensor, decode_array
 from sparsetool.checkpoint.provenance import read_provenance
-from sparsetool.checkpoint.zeros import nonzero_mask
 from sparsetool.errors import SparsetoolError
+from sparsetool.util.floatbits import F32_INF, FORMATS, fp32_bits
 from sparsetool.util.wording import plural
 
-
-def _count_inf(t: torch.Tensor, chunk: int = 1 << 24) -> int:
-    """+-inf entries of ``t`` (fp8 has no isinf kernel: it is widened a chunk at a time)."""
-    if not t.is_floating_point():
-        return 0
-    if t.element_size() > 1:
-        if t.numel() == 0:
-            return 0
-        lo, hi = torch.aminmax(t)  # one fast pass: both finite means no inf (and no NaN) anywhere
-        if bool(torch.isfinite(lo)) and bool(torch.isfinite(hi)):
-            return 0
-        return int(torch.isinf(t).sum())
-    flat = t.reshape(-1)
-    return sum(int(torch.isinf(flat[i:i + chunk].float()).sum()) for i in range(0, flat.numel(), chunk))
+if TYPE_CHECKING:
+    import torch
 
 
-def _check_finite(ckpt: Checkpoint, lt: LogicalTensor, dense: torch.Tensor,
-                  mask: torch.Tensor | None, nan_means_pruned: bool) -> None:
+def nonfinite_counts(values: np.ndarray, st: str) -> tuple[int, int]:
+    """(NaN entries, +-inf entries) of float values of type ``st`` given by their bits. One pass
+    when there are none (the largest magnitude is below that of inf)."""
+    fmt = FORMATS[st]
+    if fmt.fp8 is not None:  # fp8: on the exact fp32 patterns (some have no inf, FNUZ has 0x80)
+        magnitude, inf = fp32_bits(values, st) & 0x7FFF_FFFF, F32_INF
+    else:
+        magnitude, inf = values & np.array(fmt.magnitude).astype(values.dtype), fmt.inf
+    if magnitude.size == 0 or int(magnitude.max()) < inf:
+        return 0, 0
+    return int(np.count_nonzero(magnitude > inf)), int(np.count_nonzero(magnitude == inf))
+
+
+def _check_finite(ckpt: Checkpoint, lt: LogicalTensor, values: np.ndarray,
+                  mask: np.ndarray | None, nan_means_pruned: bool) -> None:
     """Refuse a targeted tensor holding NaN or +-inf: no magnitude ranks them (a NaN is neither
     large nor small, an inf would always be kept) and a mask would carry them into the output.
 
@@ -43,8 +47,8 @@ def _check_finite(ckpt: Checkpoint, lt: LogicalTensor, dense: torch.Tensor,
     """
     nan = 0
     if mask is not None and lt.encoding == "plain" and not nan_means_pruned:
-        nan = lt.numel - int(mask.sum())  # the reader took this tensor's NaNs for pruned weights
-    inf = _count_inf(dense)
+        nan = lt.numel - int(np.count_nonzero(mask))  # the reader took this tensor's NaNs for pruned weights
+    inf = nonfinite_counts(values, lt.st_dtype)[1] if lt.floating else 0
     if nan or inf:
         found = " and ".join(plural(n, what) for n, what in ((nan, "NaN value"), (inf, "infinite value"))
                              if n)
@@ -57,22 +61,31 @@ def _check_finite(ckpt: Checkpoint, lt: LogicalTensor, dense: torch.Tensor,
         )
 
 
-def read_alive(ckpt: Checkpoint, lt: LogicalTensor, *,
-               nan_means_pruned: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dense values, kept mask). Without an encoding, a zero already counts as pruned.
+def read_alive(ckpt: Checkpoint, lt: LogicalTensor, *, nan_means_pruned: bool = False,
+               writable: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(values as stored, a float's bits, in the tensor's shape; the bool mask of the weights
+    still alive). Without an encoding, a zero already counts as pruned.
 
     A plain tensor holding NaN reads as the ``nan`` encoding (NaN = pruned); unless the input
     records that it was written in that encoding (``nan_means_pruned``) that is an error, as is
-    an inf (:func:`_check_finite`).
+    an inf (:func:`_check_finite`). The values are mapped read-only unless ``writable``.
     """
-    if lt.encoding == "plain" and lt.floating and lt.dtype.itemsize > 1:
-        dense = ckpt.read_stored(lt.stored[0])
-        if not may_hold_nan(dense):  # a finite sum: no NaN and no inf anywhere, one pass
-            return dense, nonzero_mask(dense)
-    dense, mask = decode(ckpt, lt)
-    _check_finite(ckpt, lt, dense, mask, nan_means_pruned)
-    alive = nonzero_mask(dense)
-    return dense, alive if mask is None else mask & alive
+    if lt.encoding == "plain" and lt.floating:
+        values = ckpt.read_array(lt.stored[0], writable=writable).reshape(tuple(lt.shape))
+        if nonfinite_counts(values, lt.st_dtype) == (0, 0):
+            return values, nonzero_bits(values, floating=True)
+    values, mask = decode_array(ckpt, lt, writable=writable)
+    _check_finite(ckpt, lt, values, mask, nan_means_pruned)
+    alive = nonzero_bits(values, floating=lt.floating)
+    return values, alive if mask is None else mask & alive
+
+
+def read_alive_tensors(ckpt: Checkpoint, lt: LogicalTensor, *,
+                       nan_means_pruned: bool = False) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """:func:`read_alive` as torch tensors (the values in their own dtype), for the calibration
+    methods."""
+    values, alive = read_alive(ckpt, lt, nan_means_pruned=nan_means_pruned, writable=True)
+    return as_tensor(values, lt.st_dtype), as_tensor(alive, "BOOL")
 
 
 def recorded_nan_encoding(ckpt: Checkpoint) -> bool:

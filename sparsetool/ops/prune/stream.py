@@ -18,14 +18,13 @@ mask does.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-import torch
+import numpy as np
 
 from sparsetool.checkpoint import Checkpoint, LogicalTensor, encoded_specs
 from sparsetool.checkpoint.encodings import STREAMED, encode_piece, nan_bits
 from sparsetool.checkpoint.writer import ShardWriter
-from sparsetool.checkpoint.zeros import int_bits
 from sparsetool.masks.global_magnitude import TensorPlan, apply_threshold
 from sparsetool.masks.kernel import Keys, Scan, Sink, magnitude_keys, scan, select_top
 
@@ -35,14 +34,13 @@ def streams(lt: LogicalTensor, encoding: str) -> bool:
     return lt.encoding == "plain" and lt.floating and encoding in STREAMED
 
 
-def _sink(put, encoding: str, dense: torch.Tensor) -> Sink:
-    """Encode positions [a, b) of ``dense`` under a chunk's mask and write them."""
-    bits = int_bits(dense.contiguous()).reshape(-1).numpy()
-    size = dense.element_size()
-    nan = nan_bits(dense.dtype) if encoding == "nan" else 0
+def _sink(put: Callable[[int, int, memoryview], None], encoding: str, bits: np.ndarray, st: str) -> Sink:
+    """Encode positions [a, b) of the flat values ``bits`` under a chunk's mask and write them."""
+    size = bits.itemsize
+    nan = nan_bits(st) if encoding == "nan" else 0
 
-    def sink(a: int, b: int, mask: torch.Tensor) -> None:
-        pieces = encode_piece(encoding, bits[a:b], mask.numpy(), nan)
+    def sink(a: int, b: int, mask: np.ndarray) -> None:
+        pieces = encode_piece(encoding, bits[a:b], mask, nan)
         put(0, a * size, memoryview(pieces[0]).cast("B"))
         if len(pieces) > 1:
             put(1, a, memoryview(pieces[1]).cast("B"))
@@ -51,12 +49,12 @@ def _sink(put, encoding: str, dense: torch.Tensor) -> Sink:
 
 
 class Scanned:
-    """A plain float tensor read once: its raw values, magnitude keys and :class:`Scan`."""
+    """A plain float tensor read once: its raw values (flat bits), magnitude keys and :class:`Scan`."""
 
     def __init__(self, ckpt: Checkpoint, lt: LogicalTensor):
         self.lt = lt
-        self.dense = ckpt.read_stored(lt.stored[0])
-        self.keys: Keys = magnitude_keys(self.dense)
+        self.bits = ckpt.read_array(lt.stored[0])
+        self.keys: Keys = magnitude_keys(self.bits, dtype=lt.st_dtype)
         self.found: Scan = scan(self.keys, zeros=True)
 
     @property
@@ -71,12 +69,12 @@ class Scanned:
 
 
 @contextlib.contextmanager
-def _chunk_writer(sw: ShardWriter, lt: LogicalTensor, dense: torch.Tensor,
+def _chunk_writer(sw: ShardWriter, lt: LogicalTensor, bits: np.ndarray,
                   encoding: str) -> Iterator[Sink]:
     """A kernel sink that writes ``lt``'s encoded tensors into ``sw`` chunk by chunk."""
-    names = [s.name for s in encoded_specs(lt.name, lt.dtype, tuple(lt.shape), 0, encoding)]
+    names = [s.name for s in encoded_specs(lt.name, lt.st_dtype, tuple(lt.shape), 0, encoding)]
     with sw.parts(*names) as put:
-        yield _sink(put, encoding, dense)
+        yield _sink(put, encoding, bits, lt.st_dtype)
 
 
 def stream_top(ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, keep: int,
@@ -88,7 +86,7 @@ def stream_top(ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, keep: int,
         return None
     before = scanned.nonzero
     keep = min(keep, before)
-    with _chunk_writer(sw, lt, scanned.dense, encoding) as sink:
+    with _chunk_writer(sw, lt, scanned.bits, encoding) as sink:
         select_top(scanned.keys, keep, found=scanned.found, sink=sink)
     return before, keep
 
@@ -99,7 +97,7 @@ def stream_plan(ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, plan: Tens
     the first pass, whose histogram left its zeros out); the count kept."""
     if plan.threshold < 0:  # "keep every available weight": its zeros are not available
         plan = TensorPlan(0, 0, plan.kept)
-    dense = ckpt.read_stored(lt.stored[0])
-    with _chunk_writer(sw, lt, dense, encoding) as sink:
-        apply_threshold(dense, plan, sink=sink)
+    bits = ckpt.read_array(lt.stored[0])
+    with _chunk_writer(sw, lt, bits, encoding) as sink:
+        apply_threshold(bits, plan, sink=sink, dtype=lt.st_dtype)
     return plan.kept

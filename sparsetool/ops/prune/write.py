@@ -12,21 +12,24 @@ from __future__ import annotations
 import contextlib
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 from sparsetool.checkpoint.config import bitmask_sparsity_config, drop_sparsity_config
-from sparsetool.checkpoint.encodings import encode, encoded_specs
+from sparsetool.checkpoint.encodings import as_array, encode_array, encoded_specs
 from sparsetool.checkpoint.format import TensorSpec
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.checkpoint.reader import LogicalTensor
 from sparsetool.checkpoint.writer import CheckpointWriter, write_checkpoint
-from sparsetool.checkpoint.zeros import count_nonzero_values
 from sparsetool.ops.prune.options import LOADER_WARNINGS, PruneResult, TensorResult, options_record
 from sparsetool.ops.prune.plan import PrunePlan
 from sparsetool.ops.prune.planner import BlockOrderPlanner, FileOrderPlanner
 from sparsetool.targets.order import tensor_sort_key
 from sparsetool.util.progress import Progress
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["write_pruned"]
 
@@ -73,12 +76,12 @@ def _shard_specs(plan: PrunePlan, shard: str) -> list[TensorSpec]:
     specs: list[TensorSpec] = []
     for lt in ckpt.logical_in(shard):
         if lt.name in target_names:
-            specs += encoded_specs(lt.name, lt.dtype, tuple(lt.shape),
+            specs += encoded_specs(lt.name, lt.st_dtype, tuple(lt.shape),
                                    nonzero_after.get(lt.name, 0), plan.opts.encoding)
         else:
             for name in lt.stored:
                 e = ckpt.entry(name)
-                specs.append(TensorSpec(name, e.dtype, tuple(e.shape)))
+                specs.append(TensorSpec(name, e.st_dtype, tuple(e.shape)))
     return specs
 
 
@@ -99,9 +102,9 @@ def _write_in_file_order(plan: PrunePlan, planner: FileOrderPlanner, writer: Che
                     before, nonzero = streamed
                 else:
                     dense, mask, before = planner.mask(lt)
-                    nonzero = count_nonzero_values(mask)  # the mask keeps only alive, non-zero weights
-                    for name, tensor in encode(lt.name, dense, mask, encoding):
-                        sw.write(name, tensor)
+                    nonzero = int(np.count_nonzero(mask))  # the mask keeps only alive, non-zero weights
+                    for name, array in encode_array(lt.name, dense, lt.st_dtype, mask, encoding):
+                        sw.write_array(name, array)
                     del dense, mask
                 result.tensors.append(TensorResult(lt.name, tuple(lt.shape), lt.numel, before, nonzero))
                 done += 1
@@ -122,10 +125,12 @@ def _write_in_block_order(plan: PrunePlan, planner: BlockOrderPlanner, writer: C
                 for name in lt.stored:
                     writers[lt.shard].copy_stored(name, ckpt, name)
 
-        def sink(lt: LogicalTensor, values: torch.Tensor, kept: torch.Tensor) -> None:
-            for name, tensor in encode(lt.name, values, kept, encoding):
-                writers[lt.shard].write(name, tensor)
+        def sink(lt: LogicalTensor, values: "torch.Tensor", kept: "torch.Tensor") -> None:
+            stored, st = as_array(values)
+            mask = kept.detach().cpu().contiguous().numpy()
+            for name, array in encode_array(lt.name, stored, st, mask, encoding):
+                writers[lt.shard].write_array(name, array)
             result.tensors.append(TensorResult(lt.name, tuple(lt.shape), lt.numel,
-                                               planner.nonzero_before[lt.name], count_nonzero_values(kept)))
+                                               planner.nonzero_before[lt.name], int(np.count_nonzero(mask))))
 
         planner.run(sink)
