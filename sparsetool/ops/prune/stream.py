@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from sparsetool.checkpoint import Checkpoint, LogicalTensor, encoded_specs
@@ -41,8 +42,8 @@ def _sink(put, encoding: str, dense: torch.Tensor) -> Sink:
     size = dense.element_size()
     nan = nan_bits(dense.dtype) if encoding == "nan" else 0
 
-    def sink(a: int, b: int, mask: torch.Tensor) -> None:
-        pieces = encode_piece(encoding, bits[a:b], mask.numpy(), nan)
+    def sink(a: int, b: int, mask: np.ndarray) -> None:
+        pieces = encode_piece(encoding, bits[a:b], mask, nan)
         put(0, a * size, memoryview(pieces[0]).cast("B"))
         if len(pieces) > 1:
             put(1, a, memoryview(pieces[1]).cast("B"))
