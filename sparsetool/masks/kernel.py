@@ -113,6 +113,16 @@ def _bincount(x: np.ndarray, bins: int) -> np.ndarray:
     return np.bincount(x.reshape(-1), minlength=bins).astype(np.int64, copy=False)
 
 
+_LOW: list[np.ndarray] = []
+
+
+def _low_index() -> np.ndarray:
+    """The low 16 bits of each index in a chunk (int32), made once."""
+    if not _LOW or _LOW[0].size != _CHUNK:
+        _LOW[:] = [np.arange(_CHUNK, dtype=np.int32) & 0xFFFF]
+    return _LOW[0]
+
+
 def _kth(cand: np.ndarray, need: int) -> tuple[int, int]:
     """The ``need``-th largest of ``cand`` (1 <= need <= size; ``cand`` is reordered) and how many
     are larger."""
@@ -198,9 +208,8 @@ class Scan:
     first use (the global scope's), which :func:`select_top` does not need.
     """
 
-    def __init__(self, keys: Keys, above_inf: int, zeros: int, unavailable: int | None = None):
+    def __init__(self, keys: Keys, above_inf: int, zeros: int):
         self.keys, self.above_inf, self.zeros = keys, above_inf, zeros
-        self.unavailable = unavailable  # keys above inf, when known
         self._hist: tuple[np.ndarray, list[np.ndarray]] | None = None
 
     @property
@@ -228,7 +237,7 @@ def scan(keys: Keys, *, zeros: bool = False) -> Scan:
     parts = map_chunks(part, keys.n)
     above_inf = sum(p[0] for p in parts)
     found_zeros = sum(p[1] for p in parts) if zeros else -1
-    return Scan(keys, above_inf, found_zeros, 0 if above_inf == 0 else None)
+    return Scan(keys, above_inf, found_zeros)
 
 
 def bucket_histogram(keys: Keys, digit: int) -> np.ndarray:
@@ -260,8 +269,8 @@ def threshold_mask(
     With ``equal`` (per chunk, how many keys equal ``threshold``) one parallel pass writes it all:
     chunks before the one holding the last kept tie keep ">= threshold", that chunk keeps
     "> threshold" plus its first ties, later ones "> ". Without, the ties are found by a scan in
-    flat order after the pass, which stops once they are all found. ``all_available`` skips the
-    test against ``inf``.
+    flat order after the pass (each chunk's candidates found in the pass). ``all_available``
+    skips the test against ``inf``.
 
     With ``sink``, each chunk's mask goes to ``sink(a, b, mask)`` as soon as it is made and
     nothing is returned: the whole mask never exists (``equal`` is counted first if ties need it).
@@ -275,7 +284,7 @@ def threshold_mask(
         ties -= min(ties, e)
     out = np.empty(n, dtype=np.bool_) if sink is None else None
 
-    def write(a: int, b: int) -> None:
+    def write(a: int, b: int) -> np.ndarray | None:
         k = keys.read(a, b)
         dst = out[a:b] if out is not None else np.empty(b - a, dtype=np.bool_)
         part = plan[a // _CHUNK] if plan else 0
@@ -289,8 +298,11 @@ def threshold_mask(
             dst[np.flatnonzero(k == threshold)[:part]] = True
         if sink is not None:
             sink(a, b, dst)
+        elif ties > 0 and not plan:  # the ties are chosen in flat order after the pass
+            return np.flatnonzero(k == threshold)[:ties]
+        return None
 
-    map_chunks(write, n)
+    candidates = map_chunks(write, n)
     if sink is not None:
         if ties > 0:
             raise SparsetoolError(
@@ -299,8 +311,8 @@ def threshold_mask(
             )
         return None
     assert out is not None
-    for a in range(0, n, _CHUNK) if ties > 0 and not plan else []:
-        where = np.flatnonzero(keys.read(a, min(a + _CHUNK, n)) == threshold)[:ties]
+    for a, where in zip(range(0, n, _CHUNK), candidates) if ties > 0 and not plan else []:
+        where = where[:ties]
         out[a + where] = True
         ties -= where.size
         if ties == 0:
@@ -324,10 +336,11 @@ def select_top(keys: Keys, keep: int, *, found: Scan | None = None,
                sink: Sink | None = None) -> np.ndarray | None:
     """Flat numpy bool mask keeping the ``keep`` largest available keys, ties to the lower index.
 
-    One counting pass over the keys in chunks (zeros and unavailable keys; ``found``, the
-    :func:`scan` the caller made, may spare it), ``np.partition`` over the available non-zero keys
-    for the threshold, then :func:`threshold_mask`; with ``sink`` the mask is handed over chunk
-    by chunk and None is returned.
+    One pass over the keys in chunks copies them out and counts the zeros and unavailable ones,
+    ``np.partition`` over the available non-zero keys finds the threshold, then
+    :func:`threshold_mask` writes the mask; with ``sink`` it is handed over chunk by chunk and
+    None is returned. ``found`` (a :func:`scan` the caller made) is accepted for the callers that
+    have one; the selection needs nothing from it.
     """
     n, inf = keys.n, keys.inf
     if n <= _SMALL:  # one chunk: partition it whole
@@ -336,16 +349,16 @@ def select_top(keys: Keys, keep: int, *, found: Scan | None = None,
         if t < 0:
             return _whole(k <= inf, sink)
         return _whole(threshold_mask(keys, t, keep - above, all_available=available == n), sink)
-    if found is not None and found.zeros >= 0 and found.unavailable is not None:
-        zeros, dead = found.zeros, found.unavailable
-    else:
+    # One pass: every key copied out for the partition, its zeros and unavailable keys counted.
+    first = keys.read(0, 1)
+    cand = np.empty(n, dtype=first.dtype)
 
-        def tally(a: int, b: int) -> tuple[int, int]:
-            k = keys.read(a, b)
-            return int(np.count_nonzero(k == 0)), int(np.count_nonzero(k > inf))
+    def gather(a: int, b: int) -> tuple[int, int]:
+        k = cand[a:b] = keys.read(a, b)
+        return int(np.count_nonzero(k == 0)), int(np.count_nonzero(k > inf))
 
-        parts = map_chunks(tally, n)
-        zeros, dead = sum(p[0] for p in parts), sum(p[1] for p in parts)
+    parts = map_chunks(gather, n)
+    zeros, dead = sum(p[0] for p in parts), sum(p[1] for p in parts)
     available = n - dead
     if keep >= available:
         return threshold_mask(keys, -1, 0, all_available=dead == 0, sink=sink)
@@ -354,18 +367,34 @@ def select_top(keys: Keys, keep: int, *, found: Scan | None = None,
     nonzero = available - zeros
     if keep > nonzero:  # every non-zero key, and the first zeros
         t, above = 0, nonzero
-    else:
-        if zeros == 0 and dead == 0:
-            cand = np.concatenate(map_chunks(keys.read, n))
-        else:  # leave out the zeros and dead keys: a partition crawls on one value repeated
-
-            def live(a: int, b: int) -> np.ndarray:
-                k = keys.read(a, b)
-                return k[(k != 0) & (k <= inf)]
-
-            cand = np.concatenate(map_chunks(live, n))
+    elif not zeros and not dead:
         t, above = _kth(cand, keep)
-        del cand
+    elif cand.itemsize <= 2:
+        # A partition crawls on one value repeated over most of the array (the zeros of a pruned
+        # tensor, the dead keys): spread every value by the low 16 bits of its index, below the
+        # key's own bits, and select the (keep + dead)-th largest; its high half is the threshold.
+        wide = np.empty(n, dtype=np.int32)
+        low = _low_index()
+
+        def spread(a: int, b: int) -> None:
+            np.left_shift(cand[a:b], 16, out=wide[a:b], dtype=np.int32)
+            wide[a:b] |= low[:b - a]
+
+        map_chunks(spread, n)
+        cand = None
+        t, above = _kth(wide, keep + dead)
+        above = int(np.count_nonzero(wide[n - keep - dead + 1:] >= (t >> 16) + 1 << 16)) - dead
+        t >>= 16
+        del wide
+    else:  # wider keys: leave the zeros and dead keys out of the partition
+
+        def live(a: int, b: int) -> np.ndarray:
+            assert cand is not None
+            k = cand[a:b]
+            return k[(k != 0) & (k <= inf)]
+
+        t, above = _kth(np.concatenate(map_chunks(live, n)), keep)
+    cand = None  # the copies go before the mask is written
     return threshold_mask(keys, t, keep - above, all_available=dead == 0, sink=sink)
 
 
