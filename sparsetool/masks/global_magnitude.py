@@ -35,9 +35,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-import torch
-from torch import Tensor
+import numpy as np
 
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.kernel import (
@@ -49,10 +49,12 @@ from sparsetool.masks.kernel import (
     count,
     flat_existing,
     histogram,
-    magnitude_keys,
+    int_keys,
     resolve_keep,
     threshold_mask,
 )
+from sparsetool.masks.keys import float_bits, like, shape_of
+from sparsetool.util.floatbits import F32_INF, FORMATS, float_format, fp32_bits
 from sparsetool.util.wording import plural
 
 __all__ = [
@@ -60,37 +62,38 @@ __all__ = [
     "global_magnitude_masks",
 ]
 
-_F32_INF = 0x7F800000
+_F32_INF = F32_INF
 _F32_ALL = 0x7FFFFFFF  # a NaN pattern: larger than every available key
 
 
-def _f32_keys(w: Tensor, alive: Tensor | None) -> tuple[Keys, int]:
-    """The kernel's keys of |w| on the fp32 scale, and how many low bits they leave out: 16 for
-    bf16, whose bits are the high half of the fp32 pattern (the low half is zero), else 0. fp16,
-    fp64 and fp8 convert to fp32 chunk by chunk; NaN keys are above the key of inf."""
-    if not w.dtype.is_floating_point:
-        raise SparsetoolError(f"magnitude needs a floating tensor, got dtype {w.dtype}")
-    if w.dtype in (torch.bfloat16, torch.float32):
-        return magnitude_keys(w, alive), 16 if w.dtype == torch.bfloat16 else 0
-    flat = w.contiguous().reshape(-1)
+def _f32_keys(w: Any, alive: np.ndarray | None, dtype: str | None) -> tuple[Keys, int, str]:
+    """The kernel's keys of |w| on the fp32 scale, how many low bits they leave out (16 for bf16,
+    whose bits are the high half of the fp32 pattern, the low half zero; else 0), and ``w``'s type
+    name. fp16, fp64 and fp8 convert to fp32 chunk by chunk; NaN keys are above the key of inf."""
+    bits, st = float_bits(w, dtype)
+    if st in ("BF16", "F32"):
+        fmt = FORMATS[st]
+        assert fmt.inf is not None
+        return int_keys(bits, 8 * fmt.itemsize - 1, fmt.inf, alive), 16 if st == "BF16" else 0, st
+    dead = None if alive is None else ~alive
 
-    def read(a: int, b: int) -> Tensor:
-        k = flat[a:b].to(torch.float32).view(torch.int32) & _F32_ALL
-        if alive is not None:
-            k.masked_fill_(~alive[a:b], _F32_ALL)
+    def read(a: int, b: int) -> np.ndarray:
+        with np.errstate(over="ignore"):  # fp64 beyond the fp32 range rounds to inf
+            k = fp32_bits(bits[a:b], st) & _F32_ALL
+        if dead is not None:
+            np.copyto(k, _F32_ALL, where=dead[a:b])
         return k
 
-    def bucket(a: int, b: int, d: int) -> Tensor:
+    def bucket(a: int, b: int, d: int) -> np.ndarray:
         k = read(a, b)
         return k[(k >> 16) == d]
 
-    return Keys(flat.numel(), 31, _F32_INF, 16, read, lambda a, b: read(a, b) >> 16, bucket,
-                flat.device), 0
+    return Keys(bits.size, 31, _F32_INF, 16, read, lambda a, b: read(a, b) >> 16, bucket), 0, st
 
 
-def _exact_coarse(dtype: torch.dtype) -> bool:
-    """True if every value of ``dtype`` has an fp32 pattern with 16 low zero bits."""
-    return dtype == torch.bfloat16 or (dtype.is_floating_point and dtype.itemsize == 1)
+def _exact_coarse(st: str) -> bool:
+    """True if every value of the type has an fp32 pattern with 16 low zero bits."""
+    return st == "BF16" or FORMATS[st].fp8 is not None
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,42 +105,48 @@ class MagnitudeHistogram:
     ``exact`` means every counted key has zero low bits (bf16, fp8), so a coarse bucket holds one
     value and needs no refinement.
 
-    >>> h = MagnitudeHistogram.of(torch.tensor([1.0, -1.0, 2.0, float("nan")], dtype=torch.bfloat16))
+    >>> h = MagnitudeHistogram.of(np.array([0x3F80, -0x4080, 0x4000, 0x7FC0], dtype=np.int16), dtype="BF16")
     >>> h.total, h.exact, int(h.counts[0x3F80]), int(h.counts[0x4000])
     (3, True, 2, 1)
     """
 
-    counts: Tensor
+    counts: np.ndarray
     bucket: int | None = None
     exact: bool = False
 
     @classmethod
     def of(
-        cls, w: Tensor, existing: Tensor | None = None, *, refine: int | None = None
+        cls, w: Any, existing: Any = None, *, refine: int | None = None, dtype: str | None = None
     ) -> MagnitudeHistogram:
-        """Histogram of ``w`` (coarse, or refined inside bucket ``refine``)."""
-        keys, _ = _f32_keys(w, flat_existing(existing, w.shape))
-        exact = _exact_coarse(w.dtype)
+        """Histogram of ``w`` (coarse, or refined inside bucket ``refine``): a torch tensor, or
+        numpy bit patterns with ``dtype``."""
+        keys, _, st = _f32_keys(w, flat_existing(existing, shape_of(w)), dtype)
+        exact = _exact_coarse(st)
         if refine is None:  # the kernel's first digit is the high 16 bits of the fp32 key
             return cls(histogram(keys)[0], None, exact)
         if isinstance(refine, bool) or not 0 <= refine <= _F32_INF >> 16:
             raise SparsetoolError(f"refine bucket {refine} is outside 0..{_F32_INF >> 16}")
         fine = bucket_histogram(keys, int(refine))
-        if fine.numel() == 1:  # bf16: every key in the bucket is refine << 16 exactly
-            fine = torch.cat([fine, torch.zeros((1 << 16) - 1, dtype=torch.int64, device=fine.device)])
+        if fine.size == 1:  # bf16: every key in the bucket is refine << 16 exactly
+            fine = np.concatenate([fine, np.zeros((1 << 16) - 1, dtype=np.int64)])
         return cls(fine, int(refine), exact)
 
     @classmethod
-    def of_scan(cls, found: Scan, dtype: torch.dtype) -> MagnitudeHistogram:
+    def of_scan(cls, found: Scan, dtype: Any) -> MagnitudeHistogram:
         """The coarse histogram of a bf16 or fp32 tensor whose zeros are pruned (as if ``of`` were
         given the mask of its non-zeros), from the :func:`~sparsetool.masks.kernel.scan` of its
-        magnitude keys: bucket 0, which holds the zero keys, loses them."""
-        if dtype not in (torch.bfloat16, torch.float32) or found.zeros < 0:
+        magnitude keys: bucket 0, which holds the zero keys, loses them. ``dtype`` is the
+        tensor's safetensors type name or torch dtype."""
+        try:
+            st = float_format(dtype).st
+        except KeyError:
+            st = str(dtype)
+        if st not in ("BF16", "F32") or found.zeros < 0:
             raise SparsetoolError(f"of_scan takes the scan of bf16 or fp32 keys with its zeros "
                                   f"counted (scan(keys, zeros=True)), not {dtype}")
-        counts = found.total.clone()
+        counts = found.total.copy()
         counts[0] -= found.zeros
-        return cls(counts, None, _exact_coarse(dtype))
+        return cls(counts, None, _exact_coarse(st))
 
     @property
     def total(self) -> int:
@@ -197,6 +206,7 @@ def global_threshold_plan(
     a mapping from each index in ``plan.refine`` to its refined histogram of ``plan.refine_bucket``,
     and call again. Ties at the threshold go to earlier tensors first, then lower flat index.
 
+    >>> import torch
     >>> a = torch.tensor([3.0, 1.0, 2.0]); b = torch.tensor([2.0, 5.0])
     >>> hists = [MagnitudeHistogram.of(a), MagnitudeHistogram.of(b)]
     >>> plan = global_threshold_plan(hists, 3)
@@ -221,7 +231,7 @@ def global_threshold_plan(
         return GlobalPlan(tuple(TensorPlan(-1, 0, c) for c in per), available)
     if keep == 0:
         return GlobalPlan(tuple(TensorPlan(_F32_ALL, 0, 0) for _ in per), 0)
-    total = histograms[0].counts.clone()
+    total = histograms[0].counts.copy()
     for h in histograms[1:]:
         total += h.counts
     b, above = boundary(total, keep)
@@ -238,7 +248,7 @@ def global_threshold_plan(
     if refined is None or any(i not in refined for i in inexact):
         return GlobalPlan((), 0, b, inexact)
     fine_of: Mapping[int, MagnitudeHistogram] = refined
-    fine_total = torch.zeros(1 << 16, dtype=torch.int64)
+    fine_total = np.zeros(1 << 16, dtype=np.int64)
     for i in range(len(histograms)):
         if i in inexact:
             f = fine_of[i]
@@ -274,18 +284,20 @@ def _share_ties(threshold: int, ties: int, above: list[int], at: list[int]) -> t
     return tuple(plans)
 
 
-def apply_threshold(w: Tensor, plan: TensorPlan, existing: Tensor | None = None, *,
-                    sink: Sink | None = None) -> Tensor | None:
+def apply_threshold(w: Any, plan: TensorPlan, existing: Any = None, *,
+                    sink: Sink | None = None, dtype: str | None = None) -> Any:
     """The mask of one tensor under its :class:`TensorPlan` (True = kept); with ``sink``, handed
     over chunk by chunk instead (see :func:`sparsetool.masks.kernel.threshold_mask`).
 
     Raises if the result does not keep ``plan.kept`` weights (the tensor or its mask changed since
-    its histogram was taken).
+    its histogram was taken). ``w`` as in :meth:`MagnitudeHistogram.of`; the mask is a torch
+    tensor for a torch ``w``, else numpy (the sink always gets numpy chunks).
 
-    >>> apply_threshold(torch.tensor([0.5, 2.0, 1.0]), TensorPlan(0x3F800000, 0, 1))
-    tensor([False,  True, False])
+    >>> apply_threshold(np.array([0.5, 2.0, 1.0], dtype=np.float32), TensorPlan(0x3F800000, 0, 1))
+    array([False,  True, False])
     """
-    keys, lack = _f32_keys(w, flat_existing(existing, w.shape))
+    shape = shape_of(w)
+    keys, lack, _ = _f32_keys(w, flat_existing(existing, shape), dtype)
     # On bf16's 16-bit keys "> T" is "> T >> 16", and only a T with zero low bits can be equalled.
     threshold = plan.threshold >> lack
     can_tie = plan.threshold & ((1 << lack) - 1) == 0
@@ -293,7 +305,7 @@ def apply_threshold(w: Tensor, plan: TensorPlan, existing: Tensor | None = None,
     if sink is not None:
         inner = sink
 
-        def sink(a: int, b: int, mask: Tensor) -> None:  # counts what it passes on
+        def sink(a: int, b: int, mask: np.ndarray) -> None:  # counts what it passes on
             counted.append(count(mask))
             inner(a, b, mask)
 
@@ -304,24 +316,26 @@ def apply_threshold(w: Tensor, plan: TensorPlan, existing: Tensor | None = None,
             f"the plan keeps {plural(plan.kept, 'weight')} of this tensor but its threshold keeps {kept}; "
             "did the tensor change between passes?"
         )
-    return None if out is None else out.reshape(w.shape)
+    return None if out is None else like(out.reshape(shape), w)
 
 
 def global_magnitude_masks(
-    tensors: Sequence[Tensor],
+    tensors: Sequence[Any],
     sparsity: float | None = None,
     *,
     keep: int | None = None,
-    existing: Sequence[Tensor | None] | None = None,
-) -> list[Tensor]:
+    existing: Sequence[Any] | None = None,
+) -> list[Any]:
     """Global magnitude pruning of tensors that fit in memory together (the pass protocol of the
     module docstring, run in place). ``sparsity`` counts over the total size of all tensors.
+    Torch tensors (or native numpy float arrays) in, masks of the same kind out.
 
+    >>> import torch
     >>> global_magnitude_masks([torch.tensor([3.0, 1.0, 2.0]), torch.tensor([2.0, 5.0])], keep=3)
     [tensor([ True, False,  True]), tensor([False,  True])]
     """
     alive = list(existing) if existing is not None else [None] * len(tensors)
-    k = resolve_keep(sum(t.numel() for t in tensors), sparsity, keep)
+    k = resolve_keep(sum(int(np.prod(shape_of(t), dtype=np.int64)) for t in tensors), sparsity, keep)
     hists = [MagnitudeHistogram.of(t, e) for t, e in zip(tensors, alive)]
     plan = global_threshold_plan(hists, k)
     if not plan.done:
