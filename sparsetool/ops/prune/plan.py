@@ -141,7 +141,7 @@ def _check_name_clashes(ckpt: Checkpoint, targets: list[LogicalTensor], encoding
         for name in lt.stored:
             taken[name] = lt.name
     for lt in targets:
-        for spec in encoded_specs(lt.name, lt.dtype, tuple(lt.shape), 0, encoding):
+        for spec in encoded_specs(lt.name, lt.st_dtype, tuple(lt.shape), 0, encoding):
             if spec.name in taken:
                 raise SparsetoolError(
                     f"{ckpt.path}: encoding {encoding!r} of {lt.name!r} would write "
