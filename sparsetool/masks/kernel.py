@@ -208,8 +208,10 @@ class Scan:
     first use (the global scope's), which :func:`select_top` does not need.
     """
 
-    def __init__(self, keys: Keys, above_inf: int, zeros: int):
+    def __init__(self, keys: Keys, above_inf: int, zeros: int, dead: int = -1,
+                 copy: np.ndarray | None = None):
         self.keys, self.above_inf, self.zeros = keys, above_inf, zeros
+        self.dead, self.copy = dead, copy  # with ``copy``: the keys above inf, and the keys themselves
         self._hist: tuple[np.ndarray, list[np.ndarray]] | None = None
 
     @property
@@ -225,19 +227,27 @@ class Scan:
         return self._hist[1]
 
 
-def scan(keys: Keys, *, zeros: bool = False) -> Scan:
+def scan(keys: Keys, *, zeros: bool = False, copy: bool = False) -> Scan:
     """The :class:`Scan` of ``keys``: one pass over them in chunks, on the pool (with ``zeros``,
-    the zero keys counted too; see :class:`Scan`)."""
+    the zero keys counted too; see :class:`Scan`). With ``copy`` the same pass keeps a copy of
+    the keys and counts the unavailable ones, the first pass of :func:`select_top`, which then
+    reads them no more."""
     edge = (keys.inf >> keys.shift) << keys.shift  # the smallest key with the first digit of inf
+    out = np.empty(keys.n, dtype=keys.read(0, 1).dtype) if copy else None
+    inf = keys.inf
 
-    def part(a: int, b: int) -> tuple[int, int]:
-        k = keys.read(a, b)
-        return (int(np.count_nonzero(k >= edge)), int(np.count_nonzero(k == 0)) if zeros else -1)
+    def part(a: int, b: int) -> tuple[int, int, int]:
+        k = keys.read(a, b) if out is None else keys.read_to(a, b, out[a:b])
+        found_zeros = (b - a) - int(np.count_nonzero(k)) if zeros or copy else -1
+        if b > a and int(k.max()) < edge:  # one pass says: nothing at or above inf
+            return 0, found_zeros, 0 if copy else -1
+        return (int(np.count_nonzero(k >= edge)), found_zeros,
+                int(np.count_nonzero(k > inf)) if copy else -1)
 
     parts = map_chunks(part, keys.n)
     above_inf = sum(p[0] for p in parts)
-    found_zeros = sum(p[1] for p in parts) if zeros else -1
-    return Scan(keys, above_inf, found_zeros)
+    found_zeros = sum(p[1] for p in parts) if zeros or copy else -1
+    return Scan(keys, above_inf, found_zeros, sum(p[2] for p in parts) if copy else -1, out)
 
 
 def bucket_histogram(keys: Keys, digit: int) -> np.ndarray:
@@ -277,7 +287,8 @@ def threshold_mask(
     """
     n = keys.n
     if sink is not None and ties > 0 and equal is None:
-        equal = map_chunks(lambda a, b: int(np.count_nonzero(keys.read(a, b) == threshold)), n)
+        _held_ties(keys, threshold, ties, all_available, sink)
+        return None
     plan: list[int] = []
     for e in equal if ties > 0 and equal is not None else []:
         plan.append(min(ties, e) if 0 < ties < e else (-1 if ties >= e > 0 else 0))
@@ -325,6 +336,33 @@ def threshold_mask(
     return out
 
 
+def _held_ties(keys: Keys, threshold: int, ties: int, all_available: bool, sink: Sink) -> None:
+    """:func:`threshold_mask` into a sink when ties must be placed and their counts per chunk are
+    not known: one pass makes each chunk's "> threshold" mask and finds its keys equal to the
+    threshold, the ties go to the first of those in flat order, then the chunks go to the sink
+    (each chunk's mask is held meanwhile: one byte per key, instead of a second read of every key)."""
+    n = keys.n
+
+    def first(a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        k = keys.read(a, b)
+        dst = np.greater(k, threshold)
+        if not all_available:
+            dst &= k <= keys.inf
+        return dst, np.flatnonzero(k == threshold)
+
+    made = map_chunks(first, n)
+    for dst, equal in made:
+        take = min(ties, equal.size)
+        dst[equal[:take]] = True
+        ties -= take
+    if ties > 0:
+        raise SparsetoolError(
+            f"the plan asks for {ties} more weights at the threshold than there are; "
+            "did the tensor change between passes?"
+        )
+    map_chunks(lambda a, b: sink(a, b, made[a // _CHUNK][0]), n)
+
+
 def _whole(mask: np.ndarray, sink: Sink | None) -> np.ndarray | None:
     if sink is None:
         return mask
@@ -339,8 +377,8 @@ def select_top(keys: Keys, keep: int, *, found: Scan | None = None,
     One pass over the keys in chunks copies them out and counts the zeros and unavailable ones,
     ``np.partition`` over the available non-zero keys finds the threshold, then
     :func:`threshold_mask` writes the mask; with ``sink`` it is handed over chunk by chunk and
-    None is returned. ``found`` (a :func:`scan` the caller made) is accepted for the callers that
-    have one; the selection needs nothing from it.
+    None is returned. ``found`` is the caller's ``scan(keys, copy=True)``, when it made one (any
+    other scan is not used).
     """
     n, inf = keys.n, keys.inf
     if n <= _SMALL:  # one chunk: partition it whole
@@ -349,16 +387,13 @@ def select_top(keys: Keys, keep: int, *, found: Scan | None = None,
         if t < 0:
             return _whole(k <= inf, sink)
         return _whole(threshold_mask(keys, t, keep - above, all_available=available == n), sink)
-    # One pass: every key copied out for the partition, its zeros and unavailable keys counted.
-    first = keys.read(0, 1)
-    cand = np.empty(n, dtype=first.dtype)
-
-    def gather(a: int, b: int) -> tuple[int, int]:
-        k = cand[a:b] = keys.read(a, b)
-        return int(np.count_nonzero(k == 0)), int(np.count_nonzero(k > inf))
-
-    parts = map_chunks(gather, n)
-    zeros, dead = sum(p[0] for p in parts), sum(p[1] for p in parts)
+    # One pass: every key copied out for the partition, its zeros and unavailable keys counted
+    # (made by the caller's scan(keys, copy=True) if it has one).
+    if found is None or found.copy is None or found.keys is not keys:
+        found = scan(keys, copy=True)
+    cand, zeros, dead = found.copy, found.zeros, found.dead
+    found.copy = None  # the partition reorders it: one selection per copy
+    assert cand is not None
     available = n - dead
     if keep >= available:
         return threshold_mask(keys, -1, 0, all_available=dead == 0, sink=sink)

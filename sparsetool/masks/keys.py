@@ -134,6 +134,16 @@ class Keys:
     read: Callable[[int, int], np.ndarray]
     top: Callable[[int, int], np.ndarray]
     bucket: Callable[[int, int, int], np.ndarray]
+    read_into: Callable[[int, int, np.ndarray], None] | None = None  # read(a, b) into an array
+
+    def read_to(self, a: int, b: int, out: np.ndarray) -> np.ndarray:
+        """The keys of ``[a, b)`` written into ``out`` (``b - a`` long, the keys' dtype) and
+        returned: no temporary array where the keys allow it."""
+        if self.read_into is None:
+            out[...] = self.read(a, b)
+        else:
+            self.read_into(a, b, out)
+        return out
 
 
 def int_keys(src: np.ndarray, nbits: int, inf: int, alive: Any = None) -> Keys:
@@ -150,6 +160,13 @@ def int_keys(src: np.ndarray, nbits: int, inf: int, alive: Any = None) -> Keys:
             np.copyto(k, full, where=dead[a:b])
         return k
 
+    mask = np.array(full).astype(src.dtype)
+
+    def read_into(a: int, b: int, out: np.ndarray) -> None:
+        np.bitwise_and(src[a:b], mask, out=out)
+        if dead is not None:
+            np.copyto(out, full, where=dead[a:b])
+
     def top(a: int, b: int) -> np.ndarray:
         return read(a, b) >> shift if shift else read(a, b)  # 16-bit keys: the digit is the key
 
@@ -157,7 +174,7 @@ def int_keys(src: np.ndarray, nbits: int, inf: int, alive: Any = None) -> Keys:
         k = read(a, b)
         return k[(k >> shift) == d]
 
-    return Keys(src.size, nbits, inf, shift, read, top, bucket)
+    return Keys(src.size, nbits, inf, shift, read, top, bucket, read_into)
 
 
 def magnitude_keys(w: Any, alive: Any = None, *, dtype: str | None = None) -> Keys:

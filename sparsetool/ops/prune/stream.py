@@ -51,11 +51,12 @@ def _sink(put: Callable[[int, int, memoryview], None], encoding: str, bits: np.n
 class Scanned:
     """A plain float tensor read once: its raw values (flat bits), magnitude keys and :class:`Scan`."""
 
-    def __init__(self, ckpt: Checkpoint, lt: LogicalTensor):
+    def __init__(self, ckpt: Checkpoint, lt: LogicalTensor, *, copy: bool = False):
         self.lt = lt
         self.bits = ckpt.read_array(lt.stored[0])
         self.keys: Keys = magnitude_keys(self.bits, dtype=lt.st_dtype)
-        self.found: Scan = scan(self.keys, zeros=True)
+        # with copy, the same pass is the first of the selection (select_top)
+        self.found: Scan = scan(self.keys, zeros=True, copy=copy)
 
     @property
     def finite(self) -> bool:
@@ -81,7 +82,7 @@ def stream_top(ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, keep: int,
                encoding: str) -> tuple[int, int] | None:
     """Prune ``lt`` to its ``keep`` largest |w| straight into ``sw``: (non-zeros before, kept),
     or None, having written nothing, when the tensor holds inf or NaN."""
-    scanned = Scanned(ckpt, lt)
+    scanned = Scanned(ckpt, lt, copy=True)
     if not scanned.finite:
         return None
     before = scanned.nonzero
