@@ -18,6 +18,7 @@ Blocking the signals would not do: another thread (torch's, OpenMP's) would take
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import functools
 import os
@@ -127,7 +128,8 @@ def run(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
 def imap(fn: Callable[[Any], Any], items: Iterable[Any], ahead: int = 1) -> Iterator[Any]:
     """``fn(x)`` for each item, yielded in order, the next ``ahead`` items computed on the pool
     while the caller works on the current one (e.g. screening a tensor while copying the one
-    before). At most ``ahead + 1`` results exist at once."""
+    before). At most ``ahead + 1`` results exist at once. When the caller stops early (an
+    error, Ctrl-C), the items not started are cancelled and the running ones are waited for."""
     workers = count()
     if _serial(workers):
         yield from map(fn, items)
@@ -151,3 +153,6 @@ def imap(fn: Callable[[Any], Any], items: Iterable[Any], ahead: int = 1) -> Iter
     finally:
         for f in pending:
             f.cancel()  # a caller that stopped early (an error, Ctrl-C) wants no more
+        # ... and those already running finish before the caller goes on: they may write to a
+        # file the caller is about to close and remove.
+        concurrent.futures.wait(pending)

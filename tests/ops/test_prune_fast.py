@@ -277,3 +277,30 @@ def test_imap_yields_in_order_and_keeps_at_most_a_few_ahead():
     assert len(started) <= 3 + 3
     workers.set_workers(1)
     assert list(workers.imap(slow_square, range(5))) == [0, 1, 4, 9, 16]
+
+
+def test_imap_waits_for_running_items_when_the_caller_stops():
+    """A caller that stops (an error, Ctrl-C) may then close and remove the file the items
+    write to: nothing of the items may still be running by then."""
+    import threading
+    import time
+
+    running = threading.Event()
+    finished: list[int] = []
+
+    def slow(x: int) -> int:
+        if x == 1:
+            running.set()
+            time.sleep(0.3)
+            finished.append(x)
+        return x
+
+    workers.set_workers(2)
+    try:
+        gen = workers.imap(slow, range(10), ahead=1)
+        assert next(gen) == 0
+        assert running.wait(5)
+        gen.close()
+        assert finished == [1]  # item 1 was running: close() returned only after it ended
+    finally:
+        workers.set_workers(None)
