@@ -82,6 +82,32 @@ def nonzero_bits(values: np.ndarray, *, floating: bool) -> np.ndarray:
     return mask
 
 
+def holds_nan_or_negative_zero(bits: np.ndarray, st_dtype: str) -> bool:
+    """Does a flat float array given by its bits (``FLOAT_KEYS`` types) hold a NaN or a -0.0?
+
+    Three reductions per chunk, no temporary arrays: on the signed view -0.0 is the type's
+    minimum and a positive NaN lies above +inf; on the unsigned view a negative NaN lies above
+    the pattern of -inf.
+
+    >>> holds_nan_or_negative_zero(np.array([0x3F80, -0x4080, 0], dtype=np.int16), "BF16")
+    False
+    >>> [holds_nan_or_negative_zero(np.array([0x3F80, x], dtype=np.int16), "BF16") for x in (-0x8000, 0x7FC0, -0x40)]
+    [True, True, True]
+    """
+    inf = FLOAT_KEYS[st_dtype][1]
+    negative_zero = int(np.iinfo(bits.dtype).min)  # only the sign bit set
+    unsigned = bits.view(bits.dtype.str.replace("i", "u"))
+    negative_inf = -negative_zero + inf  # the unsigned pattern of -inf
+
+    def part(a: int, b: int) -> bool:
+        if b <= a:
+            return False
+        return (int(bits[a:b].max()) > inf or int(bits[a:b].min()) == negative_zero
+                or int(unsigned[a:b].max()) > negative_inf)
+
+    return any(_chunks(part, bits.size))
+
+
 def count_nonzero_ints(values: np.ndarray) -> int:
     """Non-zero entries of an integer or uint8 (bool) array."""
     return sum(_chunks(lambda a, b: int(np.count_nonzero(values[a:b])), values.size))

@@ -1,8 +1,8 @@
 """Turn any sparse encoding back into a plain dense checkpoint: ``sparsetool densify``.
 
 Plain tensors without NaN or -0.0 (all of them, in a checkpoint of the zeros encoding) are
-screened on their bits in numpy and copied byte for byte; torch is loaded only to decode the
-others. Every encoding sparsetool knows (zeros, ``_mask`` tensors, NaN sentinels, compressed-tensors
+screened on their bits in numpy and copied byte for byte; the others are decoded in numpy
+(:func:`~sparsetool.checkpoint.encodings.decode_array`): densify never imports torch. Every encoding sparsetool knows (zeros, ``_mask`` tensors, NaN sentinels, compressed-tensors
 bitmask, and mixtures of them in one file) becomes plain tensors with pruned entries +0.0.
 ``_mask`` tensors are dropped, and a ``sparsity_config`` in a carried ``config.json`` is removed:
 a loader that still saw it would expect compressed weights (transformers 5 re-initialises
@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from sparsetool.checkpoint import (
     Checkpoint,
     LogicalTensor,
@@ -23,6 +25,7 @@ from sparsetool.checkpoint import (
     open_checkpoint,
     write_checkpoint,
 )
+from sparsetool.checkpoint.encodings import decode_array
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.util import workers
 from sparsetool.util.progress import Progress
@@ -63,23 +66,24 @@ def densify_checkpoint(src: str | Path, out: str | Path, *, in_place: bool = Fal
                         # unchanged bytes: copied in the kernel, never decoded (nor torch loaded)
                         sw.copy_stored(lt.name, ckpt, lt.stored[0])
                     else:
-                        from sparsetool.checkpoint.encodings import decode
-                        from sparsetool.checkpoint.zeros import negative_zeros
-
-                        # decode() gives pruned entries as +0.0 whatever the encoding
-                        dense, mask = decode(ckpt, lt)
+                        # decode_array gives pruned entries as +0.0 whatever the encoding
+                        values, mask = decode_array(ckpt, lt)
                         encoding = lt.encoding if lt.encoding != "plain" or mask is None else "nan"
                         if encoding != "plain":
                             result.decoded[encoding] = result.decoded.get(encoding, 0) + 1
-                        negative = negative_zeros(dense)
+                        negative = None
+                        if lt.floating:  # -0.0: only the sign bit set, the integer view's minimum
+                            negative = values == np.iinfo(values.dtype).min
+                            if not negative.any():
+                                negative = None
                         if negative is not None:
-                            dense = dense.masked_fill(negative, 0.0)
+                            values = np.where(negative, np.zeros((), dtype=values.dtype), values)
                             result.negative_zeros += 1
                         if encoding == "plain" and negative is None:
                             # unchanged bytes: copy them in the kernel, not through memory
                             sw.copy_stored(lt.name, ckpt, lt.stored[0])
                         else:
-                            sw.write(lt.name, dense)
+                            sw.write_array(lt.name, values)
                     result.tensors += 1
                     done += 1
                     if progress:
@@ -97,4 +101,4 @@ def _unchanged(ckpt: Checkpoint, lt: LogicalTensor) -> bool:
         return True
     if lt.st_dtype not in bits.FLOAT_KEYS:
         return False
-    return bits.nan_and_negative_zero_counts(ckpt.read_array(lt.stored[0]), lt.st_dtype) == (0, 0)
+    return not bits.holds_nan_or_negative_zero(ckpt.read_array(lt.stored[0]), lt.st_dtype)

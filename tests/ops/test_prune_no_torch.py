@@ -1,5 +1,6 @@
 """prune (magnitude and random, layer and global scope, N:M, --fraction, every encoding, encoded
-inputs) never imports torch: its start-up alone would cost as much as copying a 2.6 GB file.
+inputs), densify and report never import torch: its start-up alone would cost as much as
+copying a 2.6 GB file.
 
 Each case runs the real command line in one fresh interpreter, which then reports whether
 ``torch`` was ever imported (``sys.modules`` keeps every module imported since start-up).
@@ -39,7 +40,7 @@ def _run_all(cases: list[list[str]]) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_prune_variants_never_import_torch(tmp_path: Path):
+def test_checkpoint_commands_never_import_torch(tmp_path: Path):
     files = {}
     for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn):
         state = gpt2_like_state(d=16, dtype=torch.float32)
@@ -71,6 +72,9 @@ def test_prune_variants_never_import_torch(tmp_path: Path):
                       "--fraction", "0.5", "--encoding", encoding, "-q"])
     cases.append(["prune", f"{o}/bfloat16-bitmask.safetensors", "-o", f"{o}/again-global.safetensors",
                   "--fraction", "0.3", "--scope", "global", "-q"])
+    for name in ("float8_e4m3fn-nan", "bfloat16-mask", "bfloat16-bitmask", "float16-nan"):  # and back
+        cases.append(["densify", f"{o}/{name}.safetensors", "-o", f"{o}/dense-{name}.safetensors", "-q"])
+        cases.append(["report", f"{o}/{name}.safetensors", "--json"])
     found = _run_all(cases)
     assert found["codes"][:2] == [0, 2]
     assert found["codes"][2:] == [0] * (len(cases) - 2), list(zip(found["codes"], cases))
