@@ -49,6 +49,7 @@ from sparsetool.masks.kernel import (
     count,
     flat_existing,
     histogram,
+    histogram_from,
     int_keys,
     resolve_keep,
     threshold_mask,
@@ -132,11 +133,19 @@ class MagnitudeHistogram:
         return cls(fine, int(refine), exact)
 
     @classmethod
-    def of_scan(cls, found: Scan, dtype: Any) -> MagnitudeHistogram:
+    def of_scan(cls, found: Scan, dtype: Any, *, low: int | None = None,
+                high: int | None = None) -> MagnitudeHistogram:
         """The coarse histogram of a bf16 or fp32 tensor whose zeros are pruned (as if ``of`` were
         given the mask of its non-zeros), from the :func:`~sparsetool.masks.kernel.scan` of its
         magnitude keys: bucket 0, which holds the zero keys, loses them. ``dtype`` is the
-        tensor's safetensors type name or torch dtype."""
+        tensor's safetensors type name or torch dtype.
+
+        With ``low`` (for a finite tensor: no inf, no NaN), only the buckets from ``low`` to
+        ``high`` are counted one by one (:func:`~sparsetool.masks.kernel.histogram_from`); the
+        keys below are counted together in bucket ``low - 1``, those above in ``high + 1``. That
+        is enough for a plan whose boundary bucket lies in ``[low, high]``, and costs a fraction
+        of the whole histogram when both come from a sample
+        (:func:`~sparsetool.masks.kernel.sampled_histogram`)."""
         try:
             st = float_format(dtype).st
         except KeyError:
@@ -144,8 +153,14 @@ class MagnitudeHistogram:
         if st not in ("BF16", "F32") or found.zeros < 0:
             raise SparsetoolError(f"of_scan takes the scan of bf16 or fp32 keys with its zeros "
                                   f"counted (scan(keys, zeros=True)), not {dtype}")
-        counts = found.total.copy()
-        counts[0] -= found.zeros
+        if low:
+            if found.above_inf:
+                raise SparsetoolError("of_scan with low takes the scan of a finite tensor")
+            counts = histogram_from(found.keys, low, high)
+            counts[low - 1] -= found.zeros  # the zero keys are below low, counted in low - 1
+        else:
+            counts = found.total.copy()
+            counts[0] -= found.zeros
         return cls(counts, None, _exact_coarse(st))
 
     @property

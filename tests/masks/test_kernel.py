@@ -138,3 +138,27 @@ def test_histograms_count_available_keys_only():
     assert fine.size == 1 << 16 and int(fine[0]) == 2 and int(fine.sum()) == 2
     ints = int_keys(np.array([5, 9, 5, 7], dtype=np.int32), 31, 8)
     assert select_top(ints, 2).tolist() == [True, False, False, True]  # 9 is above inf: dead
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 5000), low=st.integers(0, 40000),
+       width=st.integers(0, 40))
+def test_histogram_from_is_the_histogram_with_the_outside_summed(seed, n, low, width):
+    """Exact counts for the digits in [low, high], the keys below in low - 1 and above in
+    high + 1: one comparison per digit for a narrow range, a compress and bincount for a wide one."""
+    from sparsetool.masks.kernel import histogram, histogram_from, int_keys
+
+    rng = np.random.default_rng(seed)
+    centre = int(rng.integers(0, 0x7F80))
+    src = np.clip(rng.normal(centre, 300, n), 0, 0x7F80).astype(np.int16)  # finite bf16 magnitudes
+    keys = int_keys(src, 15, 0x7F80)
+    low = min(low, 0x7FFF)
+    high = min(low + width, 0x7FFF)
+    full = histogram(keys)[0]
+    got = histogram_from(keys, low, high)
+    assert np.array_equal(got[low:high + 1], full[low:high + 1])
+    if low:
+        assert got[low - 1] == full[:low].sum() and not got[:low - 1].any()
+    if high < 0x7FFF:
+        assert got[high + 1] == full[high + 1:].sum() and not got[high + 2:].any()
+    assert got.sum() == n

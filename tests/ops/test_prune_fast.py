@@ -305,3 +305,39 @@ def test_imap_waits_for_running_items_when_the_caller_stops():
         assert finished == [1]  # item 1 was running: close() returned only after it ended
     finally:
         workers.set_workers(None)
+
+
+@pytest.mark.parametrize("misleading", [False, True])
+def test_global_scope_finds_the_exact_threshold_whatever_the_samples_say(tmp_path, monkeypatch, misleading):
+    """Global scope counts each plain tensor's buckets one by one only around where samples (one
+    block of 4096 weights in 64) put the threshold. When the samples mislead (the sampled blocks
+    hold the large weights, the rest is small), every bucket is counted after all: the masks are
+    those of the exact global selection either way."""
+    g = torch.Generator().manual_seed(5)
+    state = gpt2_like_state(n_layer=1, d=16)
+    n = 2 * 64 * 4096  # two sample strides: blocks [0, 4096) and [262144, 266240) are sampled
+    big = torch.rand(n, generator=g) * 1e-3 + 1e-4
+    if misleading:
+        for start in (0, 64 * 4096):
+            big[start:start + 4096] = 1.0 + torch.rand(4096, generator=g)
+    state["transformer.h.0.mlp.c_fc.weight"] = big.reshape(512, 1024)
+    src, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    save_file({k: v.to(torch.bfloat16) for k, v in state.items()}, str(src))
+    histogram = prune_module.MagnitudeHistogram
+    original, lows = histogram.of_scan, []
+
+    def recording(cls, found, dtype, *, low=None, high=None):
+        lows.append(low)
+        return original(found, dtype, low=low, high=high)
+
+    monkeypatch.setattr(histogram, "of_scan", classmethod(recording))
+    prune_checkpoint(src, out, PruneOptions(sparsity=0.5, scope="global"))
+    assert any(lows) and (0 in lows) == misleading  # the partial histograms, then every bucket
+    from sparsetool.masks.global_magnitude import global_magnitude_masks
+
+    names = [k for k in state if k.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))]
+    dense = load_file(str(src))
+    want = global_magnitude_masks([dense[k] for k in names], 0.5)
+    got = load_file(str(out))
+    for name, mask in zip(names, want):
+        assert torch.equal(got[name] != 0, mask & (dense[name] != 0)), name

@@ -18,6 +18,7 @@ from sparsetool.checkpoint.writer import ShardWriter
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.distributions import keep_counts
 from sparsetool.masks.global_magnitude import GlobalPlan
+from sparsetool.masks.kernel import Scan, magnitude_keys, sampled_histogram
 from sparsetool.masks.select import (
     MagnitudeHistogram,
     apply_threshold,
@@ -52,6 +53,7 @@ class MagnitudePlanner:
         # NaN already in the input is a sentinel only if the input says it was written as one.
         self.nan_ok = recorded_nan_encoding(ckpt)
         self.plain: set[str] = set()  # global scope: plain finite tensors (zeros the only pruned)
+        self._zeros: dict[str, int] = {}  # and their zeros
         if opts.sparsity is not None and opts.scope == "layer":
             shapes = {lt.name: tuple(lt.shape) for lt in targets}
             self.keep = keep_counts(shapes, opts.sparsity, opts.distribution)
@@ -66,16 +68,22 @@ class MagnitudePlanner:
         if not self.needs_first_pass:
             return
         o = self.opts
-        hists: list[MagnitudeHistogram] = []
+        hists: list[MagnitudeHistogram | None] = []
+        estimate: np.ndarray | None = None  # global scope: the first digits' counts, roughly
         total_nnz = 0
         for i, lt in enumerate(self.targets):
             if o.scope == "global" and self._streams(lt) and lt.st_dtype in ("BF16", "F32"):
-                scanned = Scanned(self.ckpt, lt)  # one pass: histogram, zeros, inf/NaN
+                scanned = Scanned(self.ckpt, lt)  # one pass: zeros, inf/NaN
                 if scanned.finite:  # its zeros are the only weights already pruned
                     self.plain.add(lt.name)
                     self.nonzero_before[lt.name] = scanned.nonzero
                     total_nnz += scanned.nonzero
-                    hists.append(MagnitudeHistogram.of_scan(scanned.found, lt.st_dtype))
+                    # its histogram waits for the threshold's rough place, found from samples
+                    sample = sampled_histogram(scanned.keys)
+                    sample[0] = max(0.0, sample[0] - scanned.found.zeros)
+                    self._zeros[lt.name] = scanned.found.zeros
+                    estimate = sample if estimate is None else estimate + sample
+                    hists.append(None)
                     if self.progress:
                         self.progress("scan", i + 1, len(self.targets))
                     continue
@@ -85,6 +93,8 @@ class MagnitudePlanner:
             total_nnz += nnz
             if o.scope == "global":
                 hists.append(MagnitudeHistogram.of(dense, existing, dtype=lt.st_dtype))
+                counts = hists[-1].counts.astype(np.float64)
+                estimate = counts if estimate is None else estimate + counts
             elif o.fraction is not None:
                 self.keep[lt.name] = fraction_keep(nnz, o.fraction)
             if o.encoding == "bitmask" and o.scope == "layer":
@@ -99,11 +109,52 @@ class MagnitudePlanner:
                 assert o.sparsity is not None  # validate(): --nm takes no --scope global
                 numel = sum(lt.numel for lt in self.targets)
                 total_keep = numel - round(o.sparsity * numel)
-            self.global_plan = self._global_plan(hists, total_keep)
+            self.global_plan = self._global_plan(self._plain_histograms(hists, estimate, total_keep),
+                                                 total_keep)
             if o.encoding == "bitmask":
                 for lt in self.targets:
                     dense, existing = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
                     self.nonzero_after[lt.name] = int(np.count_nonzero(self._mask(lt, dense, existing)))
+
+    def _plain_histograms(self, hists: list[MagnitudeHistogram | None], estimate: np.ndarray | None,
+                          keep: int) -> list[MagnitudeHistogram]:
+        """The histograms of the plain tensors the first pass left for later. The threshold lies
+        near where the samples put it: each tensor's buckets are counted one by one only around
+        that place (a few comparisons per weight instead of a whole histogram), the rest in two
+        sums; if the exact counts show the boundary outside after all, every bucket is counted."""
+        low, high = 0, None
+        if estimate is not None:
+            available = float(estimate.sum())
+            if 0 < keep < available:  # else no boundary is needed
+                suffix = np.cumsum(estimate[::-1])[::-1]
+
+                def digit(count: float) -> int:  # the boundary digit if ``count`` were kept
+                    return int(np.flatnonzero(suffix >= min(max(count, 1.0), available))[-1])
+
+                # 2% and some either side: far more than the samples' error
+                low = max(0, digit(keep * 1.02 + 4096) - 1)
+                high = digit(keep * 0.98 - 4096) + 1
+
+        def fill(low: int, high: int | None) -> list[MagnitudeHistogram]:
+            out = []
+            for i, h in enumerate(hists):
+                if h is None:  # a finite plain tensor: its keys, and its zeros counted before
+                    lt = self.targets[i]
+                    keys = magnitude_keys(self.ckpt.read_array(lt.stored[0]), dtype=lt.st_dtype)
+                    h = MagnitudeHistogram.of_scan(Scan(keys, 0, self._zeros[lt.name]), lt.st_dtype,
+                                                   low=low, high=high)
+                    if self.progress:
+                        self.progress("histogram", i + 1, len(hists))
+                out.append(h)
+            return out
+
+        done = fill(low, high)
+        if low or high is not None:
+            total = sum(h.counts for h in done)
+            last = len(total) - 1 if high is None else min(high, len(total) - 1)
+            if not int(total[last + 1:].sum()) < keep <= int(total[low:].sum()):
+                done = fill(0, None)  # the samples misled (a rare, skewed file): count every bucket
+        return done
 
     def _global_plan(self, hists: list[MagnitudeHistogram], total_keep: int) -> GlobalPlan:
         plan = global_threshold_plan(hists, total_keep)
