@@ -127,31 +127,16 @@ class Checkpoint:
     def read_stored(self, name: str) -> torch.Tensor:
         """One stored tensor exactly as on disk: a writable CPU tensor of its own.
 
-        The bytes are mapped copy-on-write from the page cache (no copy until someone writes to
-        the tensor, and unmapped when the tensor is freed); where mapping is impossible they are
-        read with ``preadv``.
+        The bytes are mapped copy-on-write from the page cache (:meth:`read_array` with
+        ``writable``: no copy until someone writes to the tensor, and unmapped when the tensor is
+        freed); where mapping is impossible they are read with ``preadv``.
         """
         import torch
 
         st = self.entry(name)
         if st.nbytes == 0:
             return torch.empty(st.shape, dtype=st.dtype)
-        fd = self._fd(st.shard)
-        try:
-            return _map(fd, st)
-        except (OSError, ValueError):
-            pass
-        buf = torch.empty(st.nbytes, dtype=torch.uint8)
-        view = memoryview(buf.numpy())
-        got = 0
-        while got < st.nbytes:
-            n = os.preadv(fd, [view[got:]], st.start + got)
-            if n <= 0:
-                raise CheckpointError(f"{self.shard_path(st.shard)}: file shrank while reading tensor {name!r}")
-            got += n
-        if st.dtype == torch.uint8:
-            return buf.reshape(st.shape)
-        return buf.view(st.dtype).reshape(st.shape)
+        return torch.from_numpy(self.read_array(name, writable=True)).view(st.dtype).reshape(st.shape)
 
     def read_array(self, name: str, *, writable: bool = False) -> np.ndarray:
         """One stored tensor's bytes as a flat numpy array, without torch: floats as signed
@@ -298,15 +283,6 @@ class Checkpoint:
 
 _NUMPY_VIEW = {"BOOL": "uint8", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16",
                "I32": "int32", "U32": "uint32", "I64": "int64", "U64": "uint64"}
-
-
-def _map(fd: int, st: StoredTensor) -> "torch.Tensor":
-    import torch
-
-    start = st.start - st.start % mmap.ALLOCATIONGRANULARITY
-    mm = mmap.mmap(fd, st.end - start, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=start)
-    # the tensor holds the only reference to the mapping: it is unmapped when the tensor dies
-    return torch.frombuffer(mm, dtype=st.dtype, count=st.numel, offset=st.start - start).reshape(st.shape)
 
 
 def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
