@@ -9,8 +9,8 @@ one count per element, and "NaN" one comparison, over the raw values a checkpoin
 >>> bits = np.array([0x3F80, -0x8000, 0x0000, 0x7FC0, -0x4080], dtype=np.int16)  # bf16 1, -0, 0, NaN, -1
 >>> count_nonzero_bits(bits), count_nonzero_bits(bits, "BF16", nan_is_zero=True)
 (3, 2)
->>> nan_and_negative_zero_counts(bits, "BF16")
-(1, 1)
+>>> holds_nan_or_negative_zero(bits, "BF16")
+True
 """
 
 from __future__ import annotations
@@ -50,21 +50,6 @@ def count_nonzero_bits(bits: np.ndarray, st_dtype: str | None = None, *, nan_is_
         return found
 
     return sum(_chunks(part, bits.size))
-
-
-def nan_and_negative_zero_counts(bits: np.ndarray, st_dtype: str) -> tuple[int, int]:
-    """(NaN entries, -0.0 entries) of a flat float array given by its bits (``FLOAT_KEYS`` types),
-    in one pass: a tensor with neither is already what ``densify`` writes."""
-    mag, inf = FLOAT_KEYS[st_dtype]
-    mag = np.array(mag).astype(bits.dtype)
-    negative_zero = np.iinfo(bits.dtype).min  # only the sign bit set
-
-    def part(a: int, b: int) -> tuple[int, int]:
-        chunk = bits[a:b]
-        return int(np.count_nonzero((chunk & mag) > inf)), int(np.count_nonzero(chunk == negative_zero))
-
-    found = _chunks(part, bits.size)
-    return sum(f[0] for f in found), sum(f[1] for f in found)
 
 
 def nonzero_bits(values: np.ndarray, *, floating: bool) -> np.ndarray:
