@@ -18,15 +18,12 @@ from __future__ import annotations
 import numpy as np
 
 from sparsetool.util import workers
+from sparsetool.util.floatbits import FORMATS
 
-FLOAT_KEYS = {
-    "BF16": (0x7FFF, 0x7F80),
-    "F16": (0x7FFF, 0x7C00),
-    "F32": (0x7FFF_FFFF, 0x7F80_0000),
-    "F64": (0x7FFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0000),
-}
+FLOAT_KEYS = {st: (f.magnitude, f.inf) for st, f in FORMATS.items() if f.fp8 is None and f.inf is not None}
 """(magnitude mask, magnitude of +inf) of the float types whose zeros and NaN are told apart on
-the bits this way (fp8 types are not: some have no inf, and in the FNUZ ones 0x80 is NaN)."""
+the bits this way (fp8 types are not: some have no inf, and in the FNUZ ones 0x80 is NaN), from
+the one table of float formats (:data:`sparsetool.util.floatbits.FORMATS`)."""
 
 CHUNK = 1 << 21
 
