@@ -53,7 +53,7 @@ def compress(values: np.ndarray, *, floating: bool) -> tuple[np.ndarray, np.ndar
 def unpack(bits: np.ndarray, shape: list[int]) -> np.ndarray:
     """Bool mask of ``shape`` from the packed bitmask (little bit order, rows padded)."""
     cols = shape[-1] if shape else 1
-    rows = bits.view(np.uint8).reshape(-1, packed_cols(cols))
+    rows = bits.view(np.uint8).reshape(math.prod(shape[:-1]) if shape else 1, packed_cols(cols))
     arr = np.unpackbits(rows, axis=-1, count=cols, bitorder="little")
     return arr.reshape(shape).astype(bool)
 

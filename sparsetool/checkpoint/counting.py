@@ -5,7 +5,7 @@ bitmask bit), and -0.0 is zero too; NaN at a kept position counts as non-zero.
 
 Every tensor is counted on its bits in numpy (:mod:`sparsetool.checkpoint.bits`) without importing
 torch: plain ones as they are stored, the other encodings (and fp8) decoded first
-(:func:`sparsetool.checkpoint.encodings.decode_array`). Only complex tensors go through torch.
+(:func:`sparsetool.checkpoint.encodings.decode_array`); complex ones as pairs of fp32 bits.
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ def count_unpruned(ckpt: Checkpoint, lt: LogicalTensor) -> int:
         return bits.count_nonzero_bits(ckpt.read_array(lt.stored[0]), lt.st_dtype, nan_is_zero=True)
     if lt.encoding == "plain" and not lt.floating and lt.st_dtype not in ("C64",):
         return bits.count_nonzero_ints(ckpt.read_array(lt.stored[0]))
-    if lt.st_dtype == "C64":  # complex: zero is both parts +-0.0, which torch tells
-        from sparsetool.checkpoint.zeros import count_nonzero_values
-
-        return count_nonzero_values(ckpt.read_stored(lt.stored[0]))
+    if lt.st_dtype == "C64":  # complex: zero when both fp32 parts are +-0.0 (NaN is not zero)
+        parts = ckpt.read_array(lt.stored[0]).view(np.int32).reshape(-1, 2) & 0x7FFF_FFFF
+        return int(np.count_nonzero((parts != 0).any(axis=1)))
     from sparsetool.checkpoint.encodings import decode_array
 
     values, mask = decode_array(ckpt, lt)

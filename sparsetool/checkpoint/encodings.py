@@ -165,7 +165,7 @@ def encode_array(name: str, values: np.ndarray, st: str, mask: np.ndarray | None
         return [(name, masked)]
     if encoding == "mask":
         full = mask if mask is not None else np.ones(values.shape, dtype=bool)
-        return [(name, masked), (name + MASK_SUFFIX, np.ascontiguousarray(full))]
+        return [(name, masked), (name + MASK_SUFFIX, np.ascontiguousarray(full).reshape(full.shape))]
     if encoding == "nan":
         if mask is None:
             return [(name, values)]
@@ -238,7 +238,8 @@ def as_tensor(values: np.ndarray, st: str) -> "torch.Tensor":
     contiguous)."""
     import torch
 
-    out = torch.from_numpy(np.ascontiguousarray(values))
+    # np.ascontiguousarray makes a 0-d array 1-d: the reshape keeps the shape
+    out = torch.from_numpy(np.ascontiguousarray(values)).reshape(values.shape)
     target = dtypes.to_torch(st)
     return out if out.dtype == target else out.view(target)
 

@@ -153,7 +153,8 @@ class MagnitudeHistogram:
         if st not in ("BF16", "F32") or found.zeros < 0:
             raise SparsetoolError(f"of_scan takes the scan of bf16 or fp32 keys with its zeros "
                                   f"counted (scan(keys, zeros=True)), not {dtype}")
-        if low:
+        if low or high is not None:
+            low = low or 0
             if found.above_inf:
                 raise SparsetoolError("of_scan with low takes the scan of a finite tensor")
             counts = histogram_from(found.keys, low, high)

@@ -83,7 +83,8 @@ def like(mask: np.ndarray, ref: Any) -> Any:
     """``mask`` as a torch tensor on ``ref``'s device when ``ref`` is a torch tensor, else as is."""
     if not is_torch(ref):
         return mask
-    return sys.modules["torch"].from_numpy(np.ascontiguousarray(mask)).to(ref.device)
+    # np.ascontiguousarray makes a 0-d array 1-d: the reshape keeps the shape
+    return sys.modules["torch"].from_numpy(np.ascontiguousarray(mask)).reshape(mask.shape).to(ref.device)
 
 
 def flat_existing(existing: Any, shape: tuple[int, ...]) -> np.ndarray | None:

@@ -166,3 +166,21 @@ def test_bitmask_sparsity_config_matches_reference_shape():
     assert block["config_groups"] == {"g": {}} and block["version"] == "0.14.0.1"
     assert "config_groups" in drop_sparsity_config(cfg)["quantization_config"]
     assert "sparsity_config" not in quant["quantization_config"]  # input untouched
+
+
+@pytest.mark.parametrize("shape", [(4, 0), (0, 0), (0, 5), (3, 1)])
+def test_empty_rows_and_columns_pack_and_unpack(shape):
+    values = np.zeros(shape, dtype=np.int16)
+    stored, packed, offsets = bm.compress(values, floating=True)
+    assert packed.shape == (shape[0], (shape[1] + 7) // 8) and offsets.shape == (shape[0],)
+    for bits in (packed, packed.reshape(-1)):  # as encoded, and flat as a file maps it
+        assert bm.unpack(bits, list(shape)).shape == shape
+
+
+def test_zero_dimensional_tensors_keep_their_shape():
+    from sparsetool.masks import magnitude_mask, top_k_mask
+
+    for encoding in ("zeros", "mask", "nan"):
+        parts = encode("x", torch.tensor(1.5), torch.tensor(True), encoding)
+        assert [tuple(t.shape) for _, t in parts] == [()] * len(parts)
+    assert top_k_mask(torch.tensor(1.5), 1).shape == () and magnitude_mask(torch.tensor(1.5), keep=1).shape == ()

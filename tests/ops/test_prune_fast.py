@@ -341,3 +341,26 @@ def test_global_scope_finds_the_exact_threshold_whatever_the_samples_say(tmp_pat
     got = load_file(str(out))
     for name, mask in zip(names, want):
         assert torch.equal(got[name] != 0, mask & (dense[name] != 0)), name
+
+
+@pytest.mark.parametrize("sparsity,seed", [(0.01, 0), (0.01, 1), (0.005, 2), (0.02, 3), (0.98, 0)])
+def test_global_scope_near_nothing_or_everything_pruned_on_sampled_tensors(tmp_path, sparsity, seed):
+    """Tensors of more than 262,144 weights are sampled (their estimated counts are not whole
+    numbers, and their sum and running sum round differently); asking to keep nearly all or
+    nearly none of the weights still finds the exact threshold."""
+    g = torch.Generator().manual_seed(seed)
+    state = {k: v for k, v in gpt2_like_state(n_layer=2, d=16).items()}
+    for i in range(2):
+        state[f"transformer.h.{i}.mlp.c_fc.weight"] = (torch.randn(700, 1000, generator=g) * 0.02 * (i + 1)).bfloat16()
+        state[f"transformer.h.{i}.attn.c_proj.weight"] = torch.randn(300, 300, generator=g) * 0.05
+    src, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    save_file(state, str(src))
+    prune_checkpoint(src, out, PruneOptions(sparsity=sparsity, scope="global"))
+    from sparsetool.masks.global_magnitude import global_magnitude_masks
+
+    names = [k for k in state if k.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))]
+    dense = load_file(str(src))
+    want = global_magnitude_masks([dense[k] for k in names], sparsity)
+    got = load_file(str(out))
+    for name, mask in zip(names, want):
+        assert torch.equal(got[name] != 0, mask & (dense[name] != 0)), name

@@ -124,9 +124,9 @@ class MagnitudePlanner:
         sums; if the exact counts show the boundary outside after all, every bucket is counted."""
         low, high = 0, None
         if estimate is not None:
-            available = float(estimate.sum())
+            suffix = np.cumsum(estimate[::-1])[::-1]
+            available = float(suffix[0])  # not estimate.sum(): the two round differently
             if 0 < keep < available:  # else no boundary is needed
-                suffix = np.cumsum(estimate[::-1])[::-1]
 
                 def digit(count: float) -> int:  # the boundary digit if ``count`` were kept
                     return int(np.flatnonzero(suffix >= min(max(count, 1.0), available))[-1])
