@@ -185,9 +185,10 @@ def use_workers(n: Optional[int]) -> None:
     workers.set_workers(n)
 
 
-def threads_option() -> Any:
+def threads_option(when: str = "") -> Any:
+    """``--threads N``; ``when`` says when it applies, for a command that uses torch only sometimes."""
     return typer.Option(None, "--threads", metavar="N", callback=checked(options.check_workers),
-                        help="CPU threads for torch (default: the usable cores that other "
+                        help=f"CPU threads for torch{when} (default: the usable cores that other "
                              "processes leave free, at least 1).")
 
 

@@ -87,7 +87,7 @@ def prune(
     in_place: bool = typer.Option(False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."),
     quiet: bool = quiet_option(),
     workers: Optional[int] = workers_option(),
-    threads: Optional[int] = threads_option(),
+    threads: Optional[int] = threads_option(", with --method wanda or sparsegpt"),
     as_json: bool = json_option(),
 ) -> None:
     """Prune CHECKPOINT: zero the smallest (or random) weights of every targeted tensor.
