@@ -117,15 +117,16 @@ def tensors(path: Path) -> dict[str, torch.Tensor]:
 def tiny_chunks(on: bool = True):
     """Run the selection kernel's chunked, threaded path on small inputs: 7-key chunks, sorting
     only below 5 keys."""
+    import sparsetool.masks.chunks as chunks
     import sparsetool.masks.kernel as kernel
 
-    saved = kernel._CHUNK, kernel._SMALL
+    saved = chunks.CHUNK, kernel._SMALL
     if on:
-        kernel._CHUNK, kernel._SMALL = 7, 4
+        chunks.CHUNK, kernel._SMALL = 7, 4
     try:
         yield
     finally:
-        kernel._CHUNK, kernel._SMALL = saved
+        chunks.CHUNK, kernel._SMALL = saved
 
 
 # ----------------------------------------------------------------------------- models, texts, corpora

@@ -57,7 +57,7 @@ selection analogue of radix sorting (Knuth, TAOCP vol. 3, section 5.2.5). Either
 :func:`threshold_mask`, writes the mask: the keys above the threshold, plus the first ties equal
 to it. Signed scores are two selections on magnitude keys: the non-negative scores first, then, if
 ``k`` is not reached, the negative ones with the key ``inf - |x|`` (smaller magnitude = higher
-score). Passes run in chunks of ``_CHUNK`` keys on a small thread pool (numpy releases the GIL in
+score). Passes run in chunks of ``chunks.CHUNK`` keys (:mod:`sparsetool.masks.chunks`) on a small thread pool (numpy releases the GIL in
 its loops), so temporaries stay in cache and every core works.
 
 >>> top_k_mask(torch.tensor([0.5, -0.9, 0.5, float("nan"), -0.1]), 3)
@@ -74,7 +74,16 @@ from typing import Any
 import numpy as np
 
 from sparsetool.errors import SparsetoolError
+from sparsetool.masks import chunks
+from sparsetool.masks.chunks import count, map_chunks, row_step
 from sparsetool.masks.counts import sparsity_keep
+from sparsetool.masks.histograms import (
+    boundary,
+    bucket_histogram,
+    histogram,
+    histogram_from,
+    sampled_histogram,
+)
 from sparsetool.masks.keys import (
     Keys,
     digit_shifts,
@@ -85,7 +94,6 @@ from sparsetool.masks.keys import (
     magnitude_keys,
     shape_of,
 )
-from sparsetool.util import workers as pool
 
 __all__ = ["top_k_mask", "Keys", "int_keys", "magnitude_keys", "histogram", "bucket_histogram",
            "sampled_histogram", "histogram_from",
@@ -109,18 +117,13 @@ def resolve_keep(numel: int, sparsity: float | None, keep: int | None) -> int:
 _SMALL = 4096
 
 
-def _bincount(x: np.ndarray, bins: int) -> np.ndarray:
-    """int64 counts of each value in [0, bins) of a flat non-negative integer array."""
-    return np.bincount(x.reshape(-1), minlength=bins).astype(np.int64, copy=False)
-
-
 _LOW: list[np.ndarray] = []
 
 
 def _low_index() -> np.ndarray:
     """The low 16 bits of each index in a chunk (int32), made once."""
-    if not _LOW or _LOW[0].size != _CHUNK:
-        _LOW[:] = [np.arange(_CHUNK, dtype=np.int32) & 0xFFFF]
+    if not _LOW or _LOW[0].size != chunks.CHUNK:
+        _LOW[:] = [np.arange(chunks.CHUNK, dtype=np.int32) & 0xFFFF]
     return _LOW[0]
 
 
@@ -146,113 +149,6 @@ def _select(bits: np.ndarray, inf: int, keep: int) -> tuple[int, int, int]:
     return t, above, live.size
 
 
-_CHUNK = 1 << 20  # keys per chunk: a chunk's temporaries stay in cache between the steps on it
-
-
-def map_chunks(fn: Callable[[int, int], Any], n: int, step: int | None = None) -> list[Any]:
-    """``fn(start, stop)`` over the chunks of ``range(n)`` (``step`` long, default ``_CHUNK``), in
-    order; chunks run on a thread pool (numpy releases the GIL in its loops)."""
-    step = step or _CHUNK
-    spans = [(s, min(s + step, n)) for s in range(0, n, step)]
-    return pool.run(lambda span: fn(*span), spans)
-
-
-def row_step(row: int) -> int:
-    """A chunk length for :func:`map_chunks` that is a whole number of rows of ``row`` entries."""
-    return max(1, _CHUNK // row) * row
-
-
-def count(mask: np.ndarray) -> int:
-    """True entries of a flat bool mask."""
-    return sum(map_chunks(lambda a, b: int(np.count_nonzero(mask[a:b])), mask.size))
-
-
-def boundary(total: np.ndarray, keep: int) -> tuple[int, int]:
-    """The digit d with above(d) < keep <= above(d) + total[d], and above(d)."""
-    suffix = np.cumsum(np.asarray(total)[::-1])[::-1]  # suffix[d] = count of digits >= d
-    d = int(np.flatnonzero(suffix >= keep)[-1])
-    return d, int(suffix[d]) - int(total[d])
-
-
-def _histograms(keys: Keys) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Counts of the first digit of the available keys, and the raw counts of each chunk."""
-    width = keys.nbits - keys.shift
-    per_chunk = map_chunks(lambda a, b: _bincount(keys.top(a, b), 1 << width), keys.n)
-    total = np.zeros(1 << width, dtype=np.int64)
-    for part in per_chunk:
-        total += part
-    idig = keys.inf >> keys.shift
-    total[idig + 1:] = 0
-    if keys.shift and int(total[idig]) > 0:  # keys above inf (NaN) may share its bucket
-
-        def alive_in_top(a: int, b: int) -> int:
-            k = keys.read(a, b)
-            return int(np.count_nonzero(((k >> keys.shift) == idig) & (k <= keys.inf)))
-
-        total[idig] = sum(map_chunks(alive_in_top, keys.n))
-    return total, per_chunk
-
-
-_SAMPLE_BLOCK, _SAMPLE_EVERY = 4096, 64
-
-
-def sampled_histogram(keys: Keys) -> np.ndarray:
-    """An estimate of the counts of the first digit (float64): a histogram of one block of
-    4096 keys in every 64, scaled to all of them; every key when there are few. For keys that
-    are all available (a finite tensor's magnitudes)."""
-    width = keys.nbits - keys.shift
-    stride = _SAMPLE_BLOCK * _SAMPLE_EVERY
-    if keys.n <= stride:
-        return _bincount(keys.top(0, keys.n), 1 << width).astype(np.float64)
-    blocks = [keys.top(a, min(a + _SAMPLE_BLOCK, keys.n)) for a in range(0, keys.n, stride)]
-    sample = np.concatenate(blocks)
-    return _bincount(sample, 1 << width) * (keys.n / sample.size)
-
-
-_FEW = 16  # digits counted one comparison each; more take a compress and a bincount
-
-
-def histogram_from(keys: Keys, low: int, high: int | None = None) -> np.ndarray:
-    """The counts of the first digit of keys that are all available, exact for the digits from
-    ``low`` to ``high`` (None: the last); the keys below ``low`` are counted together in bin
-    ``low - 1``, those above ``high`` in bin ``high + 1``. A plan whose boundary digit lies in
-    ``[low, high]`` needs no more. When ``low`` and ``high`` are near that boundary (found from
-    :func:`sampled_histogram`) this costs a fraction of :func:`histogram`: a few comparisons
-    per key where ``np.bincount`` costs several times as much."""
-    width = keys.nbits - keys.shift
-    bins = 1 << width
-    high = bins - 1 if high is None else min(int(high), bins - 1)
-    few = high - low + 1 <= _FEW
-
-    def part(a: int, b: int) -> np.ndarray:
-        d = keys.top(a, b)
-        counts = np.zeros(bins, dtype=np.int64)
-        if few:
-            for v in range(low, high + 1):
-                counts[v] = np.count_nonzero(d == v)
-        else:
-            inside = np.compress((d >= low) & (d <= high), d)
-            counts += _bincount(inside, bins)
-            counts[:low] = 0
-        above = int(np.count_nonzero(d > high)) if high < bins - 1 else 0
-        if above:
-            counts[high + 1] = above
-        if low > 0:
-            counts[low - 1] = (b - a) - int(counts[low:].sum())
-        return counts
-
-    total = np.zeros(bins, dtype=np.int64)
-    for counts in map_chunks(part, keys.n):
-        total += counts
-    return total
-
-
-def histogram(keys: Keys) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Counts of the first digit over the available keys (``2**(nbits - shift)`` int64 counters),
-    and the raw counts of each chunk (unavailable keys not removed)."""
-    return _histograms(keys)
-
-
 class Scan:
     """One pass over a tensor's keys, and what it tells besides the selection.
 
@@ -272,13 +168,13 @@ class Scan:
     @property
     def total(self) -> np.ndarray:
         if self._hist is None:
-            self._hist = _histograms(self.keys)
+            self._hist = histogram(self.keys)
         return self._hist[0]
 
     @property
     def per_chunk(self) -> list[np.ndarray]:
         if self._hist is None:
-            self._hist = _histograms(self.keys)
+            self._hist = histogram(self.keys)
         return self._hist[1]
 
 
@@ -303,21 +199,6 @@ def scan(keys: Keys, *, zeros: bool = False, copy: bool = False) -> Scan:
     above_inf = sum(p[0] for p in parts)
     found_zeros = sum(p[1] for p in parts) if zeros or copy else -1
     return Scan(keys, above_inf, found_zeros, sum(p[2] for p in parts) if copy else -1, out)
-
-
-def bucket_histogram(keys: Keys, digit: int) -> np.ndarray:
-    """Counts of the low ``shift`` bits of the available keys whose first digit is ``digit``
-    (``2**shift`` int64 counters: one when the first digit is the whole key)."""
-    bins = 1 << keys.shift
-
-    def part(a: int, b: int) -> np.ndarray:
-        k = keys.bucket(a, b, digit)
-        return _bincount(k[k <= keys.inf] & (bins - 1), bins)
-
-    total = np.zeros(bins, dtype=np.int64)
-    for counts in map_chunks(part, keys.n):
-        total += counts
-    return total
 
 
 Sink = Callable[[int, int, np.ndarray], None]
@@ -353,7 +234,7 @@ def threshold_mask(
     def write(a: int, b: int) -> np.ndarray | None:
         k = keys.read(a, b)
         dst = out[a:b] if out is not None else np.empty(b - a, dtype=np.bool_)
-        part = plan[a // _CHUNK] if plan else 0
+        part = plan[a // chunks.CHUNK] if plan else 0
         if threshold < 0:  # everything available (the threshold fits no key type here)
             dst.fill(True)
         else:
@@ -377,7 +258,7 @@ def threshold_mask(
             )
         return None
     assert out is not None
-    for a, where in zip(range(0, n, _CHUNK), candidates) if ties > 0 and not plan else []:
+    for a, where in zip(range(0, n, chunks.CHUNK), candidates) if ties > 0 and not plan else []:
         where = where[:ties]
         out[a + where] = True
         ties -= where.size
@@ -415,7 +296,7 @@ def _held_ties(keys: Keys, threshold: int, ties: int, all_available: bool, sink:
             f"the plan asks for {ties} more weights at the threshold than there are; "
             "did the tensor change between passes?"
         )
-    map_chunks(lambda a, b: sink(a, b, made[a // _CHUNK][0]), n)
+    map_chunks(lambda a, b: sink(a, b, made[a // chunks.CHUNK][0]), n)
 
 
 def _whole(mask: np.ndarray, sink: Sink | None) -> np.ndarray | None:
