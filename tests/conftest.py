@@ -61,6 +61,25 @@ def corpus(tmp_path_factory) -> Path:
     return make_corpus(tmp_path_factory.mktemp("data") / "corpus")
 
 
+# ----------------------------------------------------------------------------- plots
+@pytest.fixture
+def figures(monkeypatch) -> list:
+    """Keep every figure drawn (instead of closing it) to look at its axes and legend."""
+    import sparsetool.ops.plots as plots
+
+    kept: list = []
+
+    def keep(fig, out, dpi=120):
+        kept.append(fig)
+        fig.savefig(out, format="png", dpi=dpi)
+        return Path(out)
+
+    monkeypatch.setattr(plots, "save_png", keep)
+    yield kept
+    for fig in kept:
+        plots.pyplot().close(fig)
+
+
 # ----------------------------------------------------------------------------- calibration
 @pytest.fixture(scope="module")
 def text() -> str:

@@ -4,9 +4,7 @@ pixels: eval's labels and title, simulate's overlapping devices, train's smoothe
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 import sparsetool.ops.plots as plots
@@ -14,21 +12,6 @@ from sparsetool.cli.main import app
 from sparsetool.hardware.plot import sweep_figure
 from sparsetool.ops.eval import EvalResult, EvalRow, plot_eval
 from sparsetool.train.io import Log, smoothed
-
-
-@pytest.fixture
-def figures(monkeypatch) -> list:
-    kept: list = []
-
-    def keep(fig, out, dpi=120):
-        kept.append(fig)
-        fig.savefig(out, format="png", dpi=dpi)
-        return Path(out)
-
-    monkeypatch.setattr(plots, "save_png", keep)
-    yield kept
-    for fig in kept:
-        plots.pyplot().close(fig)
 
 
 def row(name: str, sparsity: float, ppl: float) -> EvalRow:

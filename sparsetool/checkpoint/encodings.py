@@ -259,10 +259,9 @@ def encode(name: str, dense: "torch.Tensor", mask: "torch.Tensor | None",
            encoding: str) -> list[tuple[str, "torch.Tensor"]]:
     """:func:`encode_array` for a torch tensor and mask: the stored tensors as torch tensors."""
     values, st = as_array(dense)
-    keep = _as_mask(mask, tuple(values.shape), name)
-    specs = encoded_specs(name, st, tuple(values.shape), 0, encoding) if encoding in ENCODINGS else []
-    return [(n, as_tensor(a, spec.dtype))
-            for (n, a), spec in zip(encode_array(name, values, st, keep, encoding), specs)]
+    stored = encode_array(name, values, st, _as_mask(mask, tuple(values.shape), name), encoding)
+    specs = encoded_specs(name, st, tuple(values.shape), 0, encoding)  # the stored types
+    return [(n, as_tensor(a, spec.dtype)) for (n, a), spec in zip(stored, specs)]
 
 
 def stored_nonzeros(dense: "torch.Tensor", mask: "torch.Tensor | None") -> int:

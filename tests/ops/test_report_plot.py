@@ -56,22 +56,6 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", head[16:24])
 
 
-@pytest.fixture
-def figures(monkeypatch) -> list:
-    """Keep every figure drawn (instead of closing it) to look at its axes and legend."""
-    kept: list = []
-
-    def keep(fig, out, dpi=120):
-        kept.append(fig)
-        fig.savefig(out, format="png", dpi=dpi)
-        return Path(out)
-
-    monkeypatch.setattr(plots, "save_png", keep)
-    yield kept
-    for fig in kept:
-        plots.pyplot().close(fig)
-
-
 def legend_labels(fig) -> list[str]:
     legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None] + list(fig.legends)
     return [t.get_text() for lg in legends for t in lg.get_texts()]
