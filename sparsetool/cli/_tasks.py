@@ -63,15 +63,25 @@ def run(checkpoints: list[Path], names: list[str], *, include_path: Optional[Pat
                                     device=device, max_memory=max_memory, progress=progress,
                                     on_plan=plan_printer(not (as_json or quiet)), text=text, seq=seq,
                                     stride=stride, max_tokens=max_tokens)
-        if plot is not None:
-            from sparsetool.ops.eval import EvalResult, EvalRow, plot_eval
+    for source in result.sources:  # even with --json or -q: the figures are not the harness's own data
+        if source.reason:
+            warn(f"--tasks {source.task}: {source.reason}; scored the {source.split} split bundled by "
+                 f"{source.package} instead (--offline goes there at once)")
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        print_results(result, text is not None)
+    if plot is not None:  # after the results: a plot that fails loses nothing
+        from sparsetool.ops.eval import EvalResult, EvalRow, plot_eval
 
+        with failing_cleanly():
             plot_eval(EvalResult(result.text_source or "", [
                 EvalRow(r.name, r.kind, r.targeted_sparsity, r.params, r.nonzero_params, 0.0,
                         r.perplexity or float("nan"), 0.0, 0, 0, 0, 0, r.seconds) for r in result.rows]), plot)
-    if as_json:
-        emit_json(result.to_json())
-        return
+
+
+def print_results(result: Any, with_perplexity: bool) -> None:
+    """The table of task metrics (and perplexity), its footer, and where the data came from."""
     columns = []  # (task, metric)
     for task in result.tasks:
         metrics = result.rows[0].metrics.get(task, {})
@@ -80,12 +90,12 @@ def run(checkpoints: list[Path], names: list[str], *, include_path: Optional[Pat
             shown = [k.split(",")[0] for k, v in metrics.items()
                      if isinstance(v, (int, float)) and "_stderr" not in k and k != "sample_len"][:1]
         columns += [(task, m) for m in shown]
-    header = ["checkpoint", "targeted sparsity"] + (["perplexity"] if text is not None else [])
+    header = ["checkpoint", "targeted sparsity"] + (["perplexity"] if with_perplexity else [])
     header += [f"{task} {metric}" for task, metric in columns]
     cells = []
     for r in result.rows:
         row = [r.name, percent(r.targeted_sparsity, 1)]
-        if text is not None:
+        if with_perplexity:
             row.append(f"{r.perplexity:.3f}" if r.perplexity is not None else "-")
         for task, metric in columns:
             value, err = r.metric(task, metric), r.metric(task, f"{metric}_stderr")
@@ -98,7 +108,7 @@ def run(checkpoints: list[Path], names: list[str], *, include_path: Optional[Pat
                + ", ".join(f"{t} v{result.versions.get(t, '?')}" for t in result.tasks)
                + f"; {'/'.join(str(s) for s in sorted(shots))}-shot"
                + (f"; {'/'.join(str(d) for d in sorted(docs))} documents per task" if docs else "")
-               + (f"; perplexity on {result.text_source}" if text is not None else ""))
+               + (f"; perplexity on {result.text_source}" if with_perplexity else ""))
     bundled = [s for s in result.sources if s.origin == "bundled"]
     if bundled:
         other = [s.task for s in bundled if s.harness_split != s.split]
@@ -107,7 +117,3 @@ def run(checkpoints: list[Path], names: list[str], *, include_path: Optional[Pat
                    + (f" (the harness's own {', '.join(other)} "
                       + ("task scores its test split)" if len(other) == 1 else "tasks score their test splits)")
                       if other else ""))
-    for source in bundled:
-        if source.reason:
-            warn(f"--tasks {source.task}: {source.reason}; scored the {source.split} split bundled by "
-                 f"{source.package} instead (--offline goes there at once)")

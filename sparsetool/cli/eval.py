@@ -37,8 +37,7 @@ from sparsetool.cli._params import (
 EXAMPLES = (  # the end of --help: each runs as written (given the checkpoints named)
     "sparsetool eval runs/dense runs/static75",
     "sparsetool eval gpt2/ gpt2-50/ gpt2-75/ --text wiki.txt --seq 512 --stride 256 --plot ppl.png",
-    "sparsetool eval gpt2/ gpt2-50/ --tasks arc_easy,hellaswag --text wiki.txt",
-    "sparsetool eval model/ model-50/ --tasks zeroshot7 --offline --limit 100",
+    "sparsetool eval model/ model-50/ --tasks zeroshot7 --offline --limit 100 --text wiki.txt",
 )
 
 

@@ -31,10 +31,11 @@ def options_of(command: str) -> set[str]:
 
 
 TORCHRUN = re.compile(r"\btorchrun(?: --[\w-]+(?:[ =](?!-)\S+)?)*")  # the launcher's own options
+PIP = re.compile(r"\bpip install(?: --[\w-]+)+")  # pip's own options (--no-deps)
 
 
 def mentions(text: str) -> set[str]:
-    return set(OPTION.findall(TORCHRUN.sub("torchrun", text)))
+    return set(OPTION.findall(PIP.sub("pip install", TORCHRUN.sub("torchrun", text))))
 
 
 @pytest.fixture

@@ -181,3 +181,22 @@ def test_quiet_prints_the_table_only(llama_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     assert "winogrande acc" in proc.stdout
+
+
+@needs_bundle
+def test_results_are_printed_before_a_plot_that_fails(llama_dir, tmp_path, monkeypatch):
+    """The plot is drawn last: when it fails (a disk that fills up), the results are out already."""
+    import sparsetool.ops.eval as ops_eval
+    from sparsetool.errors import SparsetoolError
+
+    def full(*args, **kw):
+        raise SparsetoolError("cannot write p.png: no space left on device")
+
+    monkeypatch.setattr(ops_eval, "plot_eval", full)
+    heldout = tmp_path / "heldout.txt"
+    heldout.write_text(make_text(200, seed=1))
+    r = run("eval", llama_dir, "--tasks", "winogrande", "--offline", "--limit", "2", "--text", heldout,
+            "--plot", tmp_path / "p.png", "-q", columns=250)
+    assert r.exit_code == 1
+    assert "winogrande acc" in r.stdout
+    assert "error: cannot write p.png: no space left on device" in r.stderr
