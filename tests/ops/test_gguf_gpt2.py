@@ -12,12 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from gguf_models import convert_gguf, write_gpt2_gguf
 from safetensors.numpy import load_file
 
 from sparsetool.ops.eval import evaluate, windows
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 from sparsetool.ops.report import summarize
-from gguf_models import convert_gguf, write_gpt2_gguf
+
 from helpers import CALIB, make_text, save_tokenizer
 
 pytest.importorskip("gguf")
