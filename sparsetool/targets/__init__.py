@@ -199,7 +199,8 @@ def tied_embedding(shapes: Mapping[str, tuple[int, ...]], roles: Mapping[str, st
     (``tie_word_embeddings``, true or absent: absent means true for transformers' base config)
     stores the matrix once, under the embedding's name: the checkpoint holds no tensor of role
     ``head``. The embedding is the 2-D tensor of role ``embedding`` with ``vocab_size`` rows (the
-    largest one when the config gives no vocabulary size). Without a config nothing is said.
+    largest one when the config gives no vocabulary size). Without a config nothing is said, nor
+    for a model without a head (``architectures`` naming only bare ``...Model`` classes).
 
     >>> shapes = {"model.embed_tokens.weight": (320, 32), "model.norm.weight": (32,)}
     >>> roles = {"model.embed_tokens.weight": "embedding", "model.norm.weight": "norm"}
@@ -215,6 +216,10 @@ def tied_embedding(shapes: Mapping[str, tuple[int, ...]], roles: Mapping[str, st
                      text.get("tie_word_embeddings", True) if isinstance(text, Mapping) else True)
     if not tie or any(r == "head" for r in roles.values()):
         return None
+    arch = config.get("architectures")
+    if isinstance(arch, list) and arch and all(
+            isinstance(a, str) and a.endswith("Model") and "LMHead" not in a for a in arch):
+        return None  # a bare encoder or decoder ("BertModel", "LlamaModel"): no head at all
     embeddings = [n for n, r in roles.items() if r == "embedding" and len(shapes[n]) == 2]
     vocab = config.get("vocab_size", text.get("vocab_size") if isinstance(text, Mapping) else None)
     if isinstance(vocab, int):

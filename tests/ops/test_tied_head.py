@@ -60,6 +60,8 @@ def test_the_tied_embedding_is_found_only_when_the_config_ties_it_and_no_head_is
     assert tied_embedding(shapes, roles, {"tie_word_embeddings": False}) is None
     assert tied_embedding(shapes, roles, None) is None  # a lone file: nothing is claimed
     assert tied_embedding(shapes, roles, {"vocab_size": 999}) is None  # not the vocabulary's matrix
+    assert tied_embedding(shapes, roles, {"architectures": ["LlamaModel"]}) is None  # no head at all
+    assert tied_embedding(shapes, roles, {"architectures": ["GPT2LMHeadModel"]}) == EMBED
     with_head = {**shapes, "lm_head.weight": (320, 32)}
     assert tied_embedding(with_head, {**roles, "lm_head.weight": "head"}, {"vocab_size": 320}) is None
     plan = plan_targets({k: (v, "F32") for k, v in shapes.items()}, {"tie_word_embeddings": True})
