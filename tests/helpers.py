@@ -158,10 +158,11 @@ def hf_model(kind: str):
     if kind == "gpt2":  # tied head
         return t.GPT2LMHeadModel(t.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=320,
                                               n_positions=64, bos_token_id=1, eos_token_id=1))
+    # "llama-tied": the head is the embedding (tie_word_embeddings), as in SmolLM2 and Llama-3.2-1B
     return t.LlamaForCausalLM(t.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
                                             num_attention_heads=4, num_key_value_heads=2, vocab_size=320,
                                             max_position_embeddings=64, bos_token_id=1, eos_token_id=1,
-                                            pad_token_id=None))
+                                            pad_token_id=None, tie_word_embeddings=kind == "llama-tied"))
 
 
 TEXT_WORDS = "the a sparse dense model weight mask prune layer token text of to and is in".split()

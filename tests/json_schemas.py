@@ -70,7 +70,7 @@ def problems(value: Any, schema: Any, where: str = "$") -> list[str]:
 NUM, INT, STR, BOOL = "num", "int", "str", "bool"
 OPT_NUM, OPT_STR = (NUM, "null"), (STR, "null")
 
-TARGETING = obj(rule=STR, include=arr(STR), exclude=arr(STR), note=OPT_STR)
+TARGETING = obj(rule=STR, include=arr(STR), exclude=arr(STR), note=OPT_STR, tied_head=OPT_STR)
 
 # --- flops ------------------------------------------------------------------------------------
 MODEL_CONFIG = obj(name=STR, n_layers=INT, d_model=INT, n_heads=INT, d_head=INT, d_ff=INT, vocab=INT,

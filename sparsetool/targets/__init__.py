@@ -29,7 +29,8 @@ from sparsetool.targets.roles import (
 )
 
 __all__ = ["ROLES", "LINEAR_ROLES", "TargetEntry", "TargetPlan", "plan_targets", "role",
-           "is_targeted", "is_floating", "input_dim", "conv1d_layout"]
+           "is_targeted", "is_floating", "input_dim", "conv1d_layout", "tied_embedding",
+           "tied_head_warning"]
 
 
 def _decide(name: str, shape: tuple[int, ...], dtype: Any, found_role: str,
@@ -125,6 +126,7 @@ class TargetPlan:
     targeted: list[str] = field(init=False)
     recorded_by: str | None = None  # the command whose recorded globs these are (targets.recorded)
     dtype_skipped: list[str] = field(default_factory=list)  # targeted but for their (integer, bool) dtype
+    tied_head: str | None = None  # the token embedding that is also the LM head (tied_embedding)
 
     def __post_init__(self) -> None:
         self.targeted = [n for n, e in self.entries.items() if e.targeted]
@@ -189,6 +191,56 @@ def _examples(names: Sequence[str], roles: Mapping[str, str]) -> list[str]:
     return sorted(picked)
 
 
+def tied_embedding(shapes: Mapping[str, tuple[int, ...]], roles: Mapping[str, str],
+                   config: Mapping | None) -> str | None:
+    """The token embedding that is also the LM head, or None.
+
+    A causal LM whose ``config.json`` ties the head to the input embedding
+    (``tie_word_embeddings``, true or absent: absent means true for transformers' base config)
+    stores the matrix once, under the embedding's name: the checkpoint holds no tensor of role
+    ``head``. The embedding is the 2-D tensor of role ``embedding`` with ``vocab_size`` rows (the
+    largest one when the config gives no vocabulary size). Without a config nothing is said, nor
+    for a model without a head (``architectures`` naming only bare ``...Model`` classes).
+
+    >>> shapes = {"model.embed_tokens.weight": (320, 32), "model.norm.weight": (32,)}
+    >>> roles = {"model.embed_tokens.weight": "embedding", "model.norm.weight": "norm"}
+    >>> tied_embedding(shapes, roles, {"tie_word_embeddings": True, "vocab_size": 320})
+    'model.embed_tokens.weight'
+    >>> tied_embedding(shapes, roles, {"tie_word_embeddings": False}) is None
+    True
+    """
+    if not isinstance(config, Mapping):
+        return None
+    text = config.get("text_config")
+    tie = config.get("tie_word_embeddings",
+                     text.get("tie_word_embeddings", True) if isinstance(text, Mapping) else True)
+    if not tie or any(r == "head" for r in roles.values()):
+        return None
+    arch = config.get("architectures")
+    if isinstance(arch, list) and arch and all(
+            isinstance(a, str) and a.endswith("Model") and "LMHead" not in a for a in arch):
+        return None  # a bare encoder or decoder ("BertModel", "LlamaModel"): no head at all
+    embeddings = [n for n, r in roles.items() if r == "embedding" and len(shapes[n]) == 2]
+    vocab = config.get("vocab_size", text.get("vocab_size") if isinstance(text, Mapping) else None)
+    if isinstance(vocab, int):
+        embeddings = [n for n in embeddings if shapes[n][0] == vocab]
+    if not embeddings:
+        return None
+    return max(embeddings, key=lambda n: (shapes[n][0] * shapes[n][1], n))
+
+
+def tied_head_warning(plan: TargetPlan) -> str | None:
+    """The warning for pruning the tied embedding (it prunes the LM head too), or None when the
+    plan does not target it."""
+    name = plan.tied_head
+    if name is None or not plan.is_targeted(name):
+        return None
+    return (f"{name} is also the LM head (config.json ties them: tie_word_embeddings): pruning "
+            "it prunes the output layer as well, and every loader (transformers, sparsetool "
+            f"eval) computes the logits with the pruned matrix; leave it out with --exclude '{name}' "
+            "to prune the blocks only")
+
+
 def plan_targets(
     tensors: Mapping[str, tuple[Sequence[int], Any]] | Iterable[Any],
     config: Mapping | None = None,
@@ -221,12 +273,16 @@ def plan_targets(
     items = list(_items(tensors))
     roles = {name: role(name, shape) for name, shape, _ in items}
     names = list(roles)
+    tied = tied_embedding({name: shape for name, shape, _ in items}, roles, config)
     for option, globs in (("include", include), ("exclude", exclude)):
         for glob in globs:
             if not any(fnmatch.fnmatchcase(n, glob) for n in names):
                 looks = ", ".join(_examples(names, roles)) if names else "(it holds no tensors)"
+                head = (f"; the LM head has no tensor of its own: config.json ties it to {tied} "
+                        f"(tie_word_embeddings), which --{option} '{tied}' names, head and "
+                        "embedding alike" if tied and ("head" in glob.lower() or "embed_out" in glob) else "")
                 raise ConfigError(f"--{option} '{glob}' matches no tensor in {source}; "
-                                  f"tensor names look like: {looks}")
+                                  f"tensor names look like: {looks}{head}")
     conv1d = conv1d_layout(config)
     entries: dict[str, TargetEntry] = {}
     dtype_skipped: list[str] = []
@@ -239,4 +295,4 @@ def plan_targets(
         if (not targeted and not is_floating(dtype)
                 and _decide(name, shape, "F32", found, include, exclude, select)[0]):
             dtype_skipped.append(name)
-    return TargetPlan(entries, include, exclude, conv1d, dtype_skipped=dtype_skipped)
+    return TargetPlan(entries, include, exclude, conv1d, dtype_skipped=dtype_skipped, tied_head=tied)

@@ -100,19 +100,20 @@ def plan_checkpoint_targets(
 
 
 def targeting_summary(plan: TargetPlan) -> dict[str, Any]:
-    """What a command reports about its targeting: ``{"rule", "include", "exclude", "note"}``, the
-    rule being ``"recorded by prune"``, ``"given"`` or ``"default"``, the note
-    :func:`recorded_note`'s line (None unless the globs came from the record).
+    """What a command reports about its targeting: ``{"rule", "include", "exclude", "note",
+    "tied_head"}``, the rule being ``"recorded by prune"``, ``"given"`` or ``"default"``, the note
+    :func:`recorded_note`'s line (None unless the globs came from the record), ``tied_head`` the
+    embedding that is also the LM head (:func:`sparsetool.targets.tied_embedding`) or None.
 
     >>> targeting_summary(plan_targets({"wte.weight": ((50, 8), "F32")}))
-    {'rule': 'default', 'include': [], 'exclude': [], 'note': None}
+    {'rule': 'default', 'include': [], 'exclude': [], 'note': None, 'tied_head': None}
     """
     if plan.recorded_by:
         rule = f"recorded by {plan.recorded_by}"
     else:
         rule = "given" if plan.include or plan.exclude else "default"
     return {"rule": rule, "include": list(plan.include), "exclude": list(plan.exclude),
-            "note": recorded_note(plan)}
+            "note": recorded_note(plan), "tied_head": plan.tied_head}
 
 
 def recorded_note(plan: TargetPlan) -> str | None:

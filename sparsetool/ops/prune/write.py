@@ -25,6 +25,7 @@ from sparsetool.checkpoint.writer import CheckpointWriter, write_checkpoint
 from sparsetool.ops.prune.options import LOADER_WARNINGS, PruneResult, TensorResult, options_record
 from sparsetool.ops.prune.plan import PrunePlan
 from sparsetool.ops.prune.planner import BlockOrderPlanner, FileOrderPlanner
+from sparsetool.targets import tied_head_warning
 from sparsetool.targets.order import tensor_sort_key
 from sparsetool.util.progress import Progress
 
@@ -51,6 +52,9 @@ def write_pruned(plan: PrunePlan, out: str | Path, *, in_place: bool = False,
             _write_in_file_order(plan, plan.planner, writer, result, progress)
     if ckpt.is_dir and ckpt.config is not None and opts.encoding in LOADER_WARNINGS:
         result.warnings.append(LOADER_WARNINGS[opts.encoding].format(out=out))
+    tied = tied_head_warning(plan.targeting)
+    if tied:
+        result.warnings.append(tied)
     result.tensors.sort(key=lambda t: tensor_sort_key(t.name, plan.targeting[t.name].role))
     return result
 
