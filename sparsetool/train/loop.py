@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from sparsetool.checkpoint.output_files import check_writable, write_error
 from sparsetool.errors import ConfigError
 from sparsetool.targets import plan_targets
 from sparsetool.train import hfrun, io, rundir, warmstart
@@ -55,6 +56,7 @@ class Trainer:
                 self.run_dir, flag_overrides or {})
         else:
             rundir.check_new_run(self.run_dir)
+        check_writable(self.run_dir, "-o", directory=True)  # before the model and data are read
         self.cfg = cfg
         if cfg.threads:
             torch.set_num_threads(int(cfg.threads))
@@ -236,7 +238,12 @@ class Trainer:
         :class:`~sparsetool.errors.Interrupted` at once."""
         stop_request = StopRequest(stop_on_signal, notice=self._notice)
         with stop_request:
-            return self._run(stop_request)
+            try:
+                return self._run(stop_request)
+            except OSError as e:  # a save that failed (no space, read-only, ...): one clean line
+                kept = ("the run stopped; its checkpoints saved before stay (--resume continues)"
+                        if (self.run_dir / "latest").exists() else "the run stopped before its first checkpoint")
+                raise write_error(e, self.run_dir, "-o", kept) from None
 
     def _notice(self, name: str) -> None:
         if self.master:
