@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from sparsetool.errors import SparsetoolError
+from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.ops.lm import MAX_DEFAULT_SEQ, BlockModel, read_text
 from sparsetool.ops.open_model import open_model
 from sparsetool.util.memory import MemoryPlan, budget, process_memory
@@ -64,9 +64,9 @@ def windows(n_tokens: int, seq: int, stride: int | None = None) -> list[Window]:
     [(0, 4, 1), (3, 7, 4)]
     """
     if seq < 2:
-        raise SparsetoolError(f"--seq {seq}: a window needs at least 2 tokens (one to predict from)")
+        raise UsageError(f"--seq {seq}: a window needs at least 2 tokens (one to predict from)")
     if stride is not None and not 1 <= stride <= seq:
-        raise SparsetoolError(f"--stride {stride}: must be between 1 and --seq ({seq})")
+        raise UsageError(f"--stride {stride}: must be between 1 and --seq ({seq})")
     if stride is None or stride == seq:
         return [Window(s, min(s + seq, n_tokens), s + 1)
                 for s in range(0, n_tokens, seq) if min(s + seq, n_tokens) - s >= 2]
@@ -209,7 +209,9 @@ def evaluate(paths: Sequence[str | Path], text: str | Path | None = None, seq: i
     for opt, value, least in (("--seq", seq, 2), ("--stride", stride, 1),
                               ("--max-tokens", max_tokens, 2), ("--batch", batch, 1)):
         if value is not None and value < least:
-            raise SparsetoolError(f"{opt} {value}: must be at least {least}")
+            raise UsageError(f"{opt} {value}: must be at least {least}")
+    if seq is not None and stride is not None and stride > seq:
+        raise UsageError(f"--stride {stride}: must be between 1 and --seq ({seq})")
     if text is None:
         text, source = _default_text()
     elif isinstance(text, Path):
@@ -266,7 +268,7 @@ def _evaluate_one(model: BlockModel, name: str, text: str, seq: int | None, stri
                               "tokenizer; give a text of at least two tokens")
     n_seq = seq or min(model.context, MAX_DEFAULT_SEQ)
     if n_seq > model.context:
-        raise SparsetoolError(f"--seq {n_seq}: {name} takes at most {model.context} tokens at once; "
+        raise UsageError(f"--seq {n_seq}: {name} takes at most {model.context} tokens at once; "
                               f"use --seq {model.context} or less")
     wins = windows(len(ids), n_seq, stride)
     plan = held_windows(model, min(n_seq, len(ids)), batch, len(wins), max_memory)
