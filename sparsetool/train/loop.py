@@ -82,6 +82,7 @@ class Trainer:
             # have been moved since)
             self.mcfg = GPTConfig(**self._resumed_model)
         elif cfg.init:
+            warmstart.check_init_is_a_model(cfg.init)
             init_w, init_m, init_meta = io.read_init_checkpoint(cfg.init)
             self.mcfg = warmstart.init_model_config(cfg, init_w, init_meta)
         else:

@@ -72,3 +72,25 @@ def test_bitmask_encoding_without_a_hugging_face_init(gpt_run, tmp_path):
 ])
 def test_an_eval_window_the_model_cannot_take(gpt_run, args, words):
     one_usage_error(run("eval", gpt_run, "--max-tokens", "200", *args), words)
+
+
+# ----------------------------------------------------------------------------- item 7 of issue 31
+@pytest.mark.parametrize("layout", ["dir", "file"])
+def test_train_init_without_config_json_says_so(tmp_path, layout):
+    """A checkpoint that is neither sparsetool's GPT nor a Hugging Face directory: train says
+    there is no config.json, as eval and prune do, not that a GPT tensor is missing."""
+    from helpers import ROOT
+
+    src = ROOT / "fixtures" / "tiny-gpt2" / "model.safetensors"
+    if layout == "dir":
+        init = tmp_path / "weights"
+        init.mkdir()
+        (init / "model.safetensors").write_bytes(src.read_bytes())
+    else:  # a lone file (one inside a Hugging Face directory is refused for that)
+        init = tmp_path / "weights.safetensors"
+        init.write_bytes(src.read_bytes())
+    r = run("train", "-o", tmp_path / "run", "--init", init, "--steps", "1", "--warmup", "0")
+    assert r.exit_code == 1, r.output
+    assert r.stderr == (f"error: {init}: no config.json; train --init needs a Hugging Face model directory "
+                        "(config.json, weights, tokenizer files) or a checkpoint of sparsetool train\n")
+    assert not (tmp_path / "run").exists()
