@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from sparsetool.checkpoint.encodings import loader_warning
 from sparsetool.checkpoint.output_files import check_writable, write_error
 from sparsetool.errors import ConfigError
 from sparsetool.targets import plan_targets
@@ -122,6 +123,14 @@ class Trainer:
             self.hf.load(self.model, weights, source)
         else:
             warmstart.load_weights(self.model, weights, source)
+
+    def _warnings(self) -> list[str]:
+        """What the run will write that is probably not what was meant (the callback's start
+        info carries them; the command line prints each as a warning)."""
+        sparse = self.sp is not None or any(st["sparsity"] for st in self.plan)
+        warning = loader_warning(self.cfg.encoding, self.run_dir / hfrun.MODEL_DIR, "train") \
+            if self.hf and sparse and self.resume_from is None else None
+        return [warning] if warning else []
 
     def _num_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())  # a tied head counted once
@@ -287,6 +296,7 @@ class Trainer:
             "steps": cfg.steps, "stop": stop, "device": str(self.device), "precision": self.precision,
             "stages": self.plan, "sparsity": self._log_sparsity(),
             "sparse_training": self.sp.resolved() if self.sp is not None else None,
+            "warnings": self._warnings(),
         }
         self.callback("start", info)
         model = self.ddp or self.model

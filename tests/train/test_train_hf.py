@@ -205,3 +205,23 @@ def test_bad_input_is_one_error_line(root, tmp_path):
     r = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "d"), "--preset", "tiny",
                                  "--encoding", "bitmask", *FAST])
     assert r.exit_code == 2 and "--encoding bitmask applies to the Hugging Face directory" in r.output
+
+
+@pytest.mark.parametrize("encoding", ["bitmask", "nan", "zeros"])
+def test_an_encoding_transformers_cannot_load_is_warned_of(root, tmp_path, encoding):
+    """As `prune --encoding bitmask` does: RUN/model in bitmask (or nan) is read by sparsetool,
+    not by transformers' from_pretrained; the run says so before it starts (issue 31, item 5)."""
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, ["train", "-o", str(out), "--init", str(root / "gpt2"), "--data",
+                                 str(root / "data.txt"), "--sparsity", "0.5", "--encoding", encoding,
+                                 *FAST, "--steps", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
+    if encoding == "zeros":
+        assert warnings == []
+        return
+    said = "cannot load the bitmask encoding" if encoding == "bitmask" else "loads the nan encoding"
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: transformers' from_pretrained {said}"), r.stderr
+    assert warnings[0].endswith(f"For transformers run `sparsetool densify {out / 'model'} -o DENSE_DIR`, "
+                                "or train with --encoding zeros or mask")
+    assert json.loads(r.stdout)["finished"]
