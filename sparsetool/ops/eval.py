@@ -14,6 +14,7 @@ bytes of the text the scored tokens cover; bits per byte compares models with di
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -219,11 +220,14 @@ def evaluate(paths: Sequence[str | Path], text: str | Path | None = None, seq: i
     else:
         source = "given text"
     result = EvalResult(source)
+    text_tokens = []  # each checkpoint's token count of the whole text (before --max-tokens)
     for path in paths:
         model = open_model(path, dtype, device)
         try:
-            result.rows.append(_evaluate_one(model, str(path), text, seq, stride, max_tokens, batch,
-                                             max_memory, progress, on_plan))
+            row, whole = _evaluate_one(model, str(path), text, seq, stride, max_tokens, batch,
+                                       max_memory, progress, on_plan)
+            result.rows.append(row)
+            text_tokens.append(whole)
         finally:
             model.close()
     if len({r.tokenizer for r in result.rows}) > 1:
@@ -231,36 +235,56 @@ def evaluate(paths: Sequence[str | Path], text: str | Path | None = None, seq: i
     first = getattr(result.rows[0], result.compare_by)
     for row in result.rows:
         row.change = getattr(row, result.compare_by) / first - 1.0
-        few = few_tokens_warning(row)
-        if few:
-            result.warnings.append(few)
+    few = few_tokens_warning(result.rows, text_tokens, max_tokens)
+    if few:
+        result.warnings.append(few)
     return result
 
 
 PRECISION = 0.02  # eval warns when a perplexity is known to no better than +-2% (95% interval)
 
 
-def few_tokens_warning(row: EvalRow) -> str | None:
-    """A warning for a perplexity measured on too few tokens to mean much: its 95% interval
-    (``1.96 x`` the standard error of the mean NLL) wider than +-2%, with the tokens that would do.
+def few_tokens_warning(rows: Sequence[EvalRow], text_tokens: Sequence[int] = (),
+                       max_tokens: int | None = None) -> str | None:
+    """One warning for the perplexities measured on too few tokens to mean much: a 95% interval
+    (``1.96 x`` the standard error of the mean NLL) wider than +-2%, the widest said once for every
+    such checkpoint, with the tokens that would do and the way to get them: a higher
+    ``--max-tokens`` when the text has them (``text_tokens``: each checkpoint's count of the whole
+    text), else a longer text.
 
     >>> r = EvalRow("m", "huggingface", 0, 1, 1, 3.0, 20.1, 1.0, 50, 200, 64, 64, 0.1, nll_stderr=0.3)
-    >>> few_tokens_warning(r)
-    'm: perplexity from 50 scored tokens is known only to +-80% (95% interval); score at least 43,218 tokens for +-2% (a longer --text, or drop --max-tokens)'
+    >>> few_tokens_warning([r], [51])
+    'm: perplexity from 50 scored tokens is known only to +-80% (95% interval); score at least 43,218 tokens for +-2% (a longer --text: this one is 51 tokens)'
+    >>> from dataclasses import replace
+    >>> few_tokens_warning([r, replace(r, name="m-50")], [90_000] * 2, max_tokens=51)
+    'm, m-50: perplexity from 50 scored tokens is known only to +-80% (95% interval); score at least 43,218 tokens for +-2% (--max-tokens 43,218 or more, or drop --max-tokens)'
     """
-    half = 1.96 * row.nll_stderr
-    if half <= PRECISION:
+    wide = [(r, t) for r, t in itertools.zip_longest(rows, text_tokens[:len(rows)])
+            if 1.96 * r.nll_stderr > PRECISION]
+    if not wide:
         return None
+    row, whole = max(wide, key=lambda p: p[0].nll_stderr)
+    half = 1.96 * row.nll_stderr
     need = math.ceil(row.tokens * (half / PRECISION) ** 2)
-    return (f"{row.name}: perplexity from {row.tokens:,} scored tokens is known only to "
+    cut = max_tokens is not None and whole is not None and whole > max_tokens
+    if cut and whole > need:
+        advice = f"--max-tokens {need:,} or more, or drop --max-tokens"
+    elif whole is not None:
+        advice = ("drop --max-tokens and give a longer --text" if cut else "a longer --text") + \
+            f": this one is {whole:,} tokens"
+    else:
+        advice = "a longer --text"
+    names = ", ".join(r.name for r, _ in wide)
+    return (f"{names}: perplexity from {row.tokens:,} scored tokens is known only to "
             f"+-{math.expm1(half):.0%} (95% interval); score at least {need:,} tokens for "
-            f"+-{PRECISION:.0%} (a longer --text, or drop --max-tokens)")
+            f"+-{PRECISION:.0%} ({advice})")
 
 
 def _evaluate_one(model: BlockModel, name: str, text: str, seq: int | None, stride: int | None,
                   max_tokens: int | None, batch: int, max_memory: int | None,
                   progress: Progress | None,
-                  on_plan: Callable[[str, MemoryPlan], None] | None) -> EvalRow:
+                  on_plan: Callable[[str, MemoryPlan], None] | None) -> tuple[EvalRow, int]:
+    """One checkpoint's row, and the whole text's length in its tokens."""
     enc = model.encode(text)
     ids = enc.ids[:max_tokens] if max_tokens else enc.ids
     if len(ids) < 2:
@@ -290,7 +314,7 @@ def _evaluate_one(model: BlockModel, name: str, text: str, seq: int | None, stri
         numel, nonzero = numel + count, nonzero + nz
         if model.plan[stored].targeted:
             targeted_numel, targeted_nonzero = targeted_numel + count, targeted_nonzero + nz
-    return EvalRow(
+    row = EvalRow(
         name=name, kind=model.kind,
         targeted_sparsity=1.0 - targeted_nonzero / targeted_numel if targeted_numel else 0.0,
         params=numel, nonzero_params=nonzero, nll=nll, perplexity=math.exp(nll),
@@ -298,6 +322,7 @@ def _evaluate_one(model: BlockModel, name: str, text: str, seq: int | None, stri
         tokens=n, bytes=n_bytes, seq=n_seq, stride=stride or n_seq, seconds=seconds,
         nll_stderr=stderr, tokenizer=hashlib.sha256(str(enc.ids).encode()).hexdigest()[:16],
         memory=plan.to_json())
+    return row, len(enc.ids)
 
 
 def plot_eval(result: EvalResult, out: str | Path) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import make_corpus, make_text, run
+from helpers import make_text, run
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -36,16 +36,6 @@ def hf_dir(tmp_path_factory) -> Path:
     return d
 
 
-@pytest.fixture(scope="module")
-def gpt_run(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("gpt")
-    data = make_corpus(root / "corpus", files=6)
-    r = run("train", "-o", root / "run", "--data", data, "--preset", "tiny", "--steps", "2",
-            "--batch-size", "2", "--warmup", "1", "--json")
-    assert r.exit_code == 0, r.output
-    return root / "run"
-
-
 @pytest.mark.parametrize("flag", [("--n-layer", "4"), ("--n-head", "2"), ("--d-model", "64"),
                                   ("--preset", "tiny")])
 def test_a_shape_flag_with_a_hugging_face_init(hf_dir, tmp_path, flag):
@@ -59,8 +49,8 @@ def test_a_context_longer_than_the_hugging_face_model(hf_dir, tmp_path):
     one_usage_error(r, "--context 100000 is longer than")
 
 
-def test_bitmask_encoding_without_a_hugging_face_init(gpt_run, tmp_path):
-    r = run("train", "-o", tmp_path / "run", "--init", gpt_run, "--encoding", "bitmask", "--steps", "1", "--warmup", "0")
+def test_bitmask_encoding_without_a_hugging_face_init(tiny_run, tmp_path):
+    r = run("train", "-o", tmp_path / "run", "--init", tiny_run, "--encoding", "bitmask", "--steps", "1", "--warmup", "0")
     one_usage_error(r, "--encoding bitmask applies to the Hugging Face directory")
 
 
@@ -70,8 +60,8 @@ def test_bitmask_encoding_without_a_hugging_face_init(gpt_run, tmp_path):
     (("--seq", "300"), "--seq 300: "),  # longer than the model's context
     (("--seq", "1"), "--seq 1: "),
 ])
-def test_an_eval_window_the_model_cannot_take(gpt_run, args, words):
-    one_usage_error(run("eval", gpt_run, "--max-tokens", "200", *args), words)
+def test_an_eval_window_the_model_cannot_take(tiny_run, args, words):
+    one_usage_error(run("eval", tiny_run, "--max-tokens", "200", *args), words)
 
 
 # ----------------------------------------------------------------------------- item 7 of issue 31

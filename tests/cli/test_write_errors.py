@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, make_corpus, run
+from helpers import ROOT, run
 
 TINY = ROOT / "fixtures" / "tiny-gpt2"
 
@@ -157,18 +157,8 @@ def test_removing_a_missing_temporary_on_a_read_only_disk_is_not_an_error(tmp_pa
 
 
 # ----------------------------------------------------------------------------- eval: results first
-@pytest.fixture(scope="module")
-def gpt_run(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("gpt")
-    data = make_corpus(root / "corpus", files=6)
-    r = run("train", "-o", root / "run", "--data", data, "--preset", "tiny", "--steps", "2",
-            "--batch-size", "2", "--warmup", "1", "--json")
-    assert r.exit_code == 0, r.output
-    return root / "run"
-
-
 @pytest.mark.parametrize("as_json", [False, True])
-def test_eval_prints_its_results_before_a_plot_that_fails(gpt_run, tmp_path, monkeypatch, as_json):
+def test_eval_prints_its_results_before_a_plot_that_fails(tiny_run, tmp_path, monkeypatch, as_json):
     import sparsetool.ops.eval as ops_eval
     from sparsetool.checkpoint.output_files import write_error
 
@@ -177,7 +167,7 @@ def test_eval_prints_its_results_before_a_plot_that_fails(gpt_run, tmp_path, mon
 
     monkeypatch.setattr(ops_eval, "plot_eval", full_disk)
     png = tmp_path / "ppl.png"
-    r = run("eval", gpt_run, "--max-tokens", "300", "--plot", png, *(["--json"] if as_json else []))
+    r = run("eval", tiny_run, "--max-tokens", "300", "--plot", png, *(["--json"] if as_json else []))
     one_error(r, png, "ENOSPC", "--plot")
     if as_json:
         assert json.loads(r.stdout)["checkpoints"][0]["tokens"] > 0
