@@ -31,7 +31,7 @@ from sparsetool.util.memory import MemoryPlan, budget, process_memory
 from sparsetool.util.progress import Progress, Steps
 from sparsetool.util.wording import plural
 
-__all__ = ["Window", "windows", "score", "EvalRow", "EvalResult", "evaluate", "plot_eval"]
+__all__ = ["Window", "windows", "score", "EvalRow", "EvalResult", "evaluate", "plot_eval", "pruned_by"]
 
 
 @dataclass(frozen=True)
@@ -325,10 +325,32 @@ def _evaluate_one(model: BlockModel, name: str, text: str, seq: int | None, stri
     return row, len(enc.ids)
 
 
+def pruned_by(path: str | Path) -> str | None:
+    """The method ``sparsetool prune`` last pruned the checkpoint at ``path`` with (``magnitude``,
+    ``wanda``, ``sparsegpt``, ``random``; N:M added: ``magnitude 2:4``), from its metadata; None
+    when its last step was not a prune, or it cannot be read."""
+    from sparsetool.checkpoint import open_checkpoint
+    from sparsetool.checkpoint.provenance import read_provenance
+
+    try:
+        with open_checkpoint(path) as ckpt:
+            record = read_provenance(ckpt.metadata())
+    except (SparsetoolError, OSError):
+        return None
+    if not record or record.get("command") != "prune" or not record.get("method"):
+        return None
+    return str(record["method"]) + (f" {record['nm']}" if record.get("nm") else "")
+
+
+MARKERS = "osD^vPX<>h"  # one per pruning method in eval's plot; checkpoints of no method: "*"
+
+
 def plot_eval(result: EvalResult, out: str | Path) -> Path:
-    """Perplexity against targeted sparsity, one labelled point per checkpoint, as a PNG. Points
-    are labelled by the shortest path suffix that tells them apart (two ``model.safetensors``
-    become ``dense/model.safetensors`` and ``sparse/model.safetensors``); the text's name is
+    """Perplexity against targeted sparsity, one labelled point per checkpoint, as a PNG. Each
+    pruning method (:func:`pruned_by`) is a series of its own marker, joined by a line when its
+    sparsities differ (never a vertical line through checkpoints of one sparsity); the legend
+    names the methods. Points are labelled by the shortest path suffix that tells them apart
+    (two ``model`` directories become ``ft/model`` and ``dense/model``); the text's name is
     shortened to fit the title."""
     from sparsetool.ops import plots
 
@@ -336,8 +358,18 @@ def plot_eval(result: EvalResult, out: str | Path) -> Path:
     rows = sorted(result.rows, key=lambda r: r.targeted_sparsity)
     labels = dict(zip([r.name for r in result.rows], plots.unique_suffixes([r.name for r in result.rows])))
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    series: dict[str | None, list[EvalRow]] = {}
+    for r in rows:
+        series.setdefault(pruned_by(r.name), []).append(r)
+    for i, (method, members) in enumerate(sorted(series.items(), key=lambda kv: (kv[0] is None, kv[0] or ""))):
+        sx = [100 * r.targeted_sparsity for r in members]
+        joined = len(set(sx)) == len(sx)
+        ax.plot(sx, [r.perplexity for r in members], linestyle="-" if joined else "none",
+                marker="*" if method is None else MARKERS[i % len(MARKERS)],
+                markersize=10 if method is None else 7, label=method or "no prune record")
+    if len(series) > 1:
+        ax.legend(fontsize=7, title="pruned with", title_fontsize=7)
     xs = [100 * r.targeted_sparsity for r in rows]
-    ax.plot(xs, [r.perplexity for r in rows], "o-")
     middle = (min(xs, default=0) + max(xs, default=0)) / 2
     for x, r in zip(xs, rows):
         right = x > middle and len(rows) > 1  # a label on the right half points left: never cut off
