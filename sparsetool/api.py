@@ -2,7 +2,7 @@
 
 >>> import sparsetool
 >>> sorted(n for n in sparsetool.__all__ if not n.startswith("_"))
-['densify', 'diff', 'load', 'prune', 'report']
+['densify', 'diff', 'load', 'prune', 'report', 'simulate']
 >>> sparsetool.eval.__name__
 'eval'
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # torch stays unimported until a function is called
 
 from sparsetool.ops.load import load
 
-__all__ = ["load", "prune", "densify", "report", "diff"]  # and eval: not exported by *, see above
+__all__ = ["load", "prune", "densify", "report", "diff", "simulate"]  # and eval: not exported by *, see above
 
 
 def prune(
@@ -126,6 +126,29 @@ def diff(a: str | Path, b: str | Path, *, include: Sequence[str] = (),
     from sparsetool.ops.diff import diff as diff_checkpoints
 
     return diff_checkpoints(a, b, include=_globs(include), exclude=_globs(exclude))
+
+
+def simulate(checkpoint: str | Path | None = None, *, shape: str | None = None,
+             model: str | None = None, sparsity: float | str | Sequence[float] | None = None,
+             sweep: bool = False, tokens: int | str = 2048, pattern: str = "random", seed: int = 0,
+             hardware: str | Path | None = None, device: str | Sequence[str] = (),
+             seq_len: int | None = None, verify: bool = False, plot: str | Path | None = None,
+             include: str | Sequence[str] = (), exclude: str | Sequence[str] = (),
+             default_targets: bool = False) -> dict:
+    """``sparsetool simulate``: modelled time and speed-up of exactly one of ``checkpoint`` (its
+    real masks), ``shape`` (``"MxK"``, a seeded ``pattern`` mask) or ``model`` (a flops preset) at
+    ``sparsity`` (a number, a list or ``"0.5,0.9"``: a sweep; or ``sweep=True``) on each
+    ``device`` (default: all). Returns what ``simulate --json`` prints."""
+    from sparsetool.hardware.request import run_simulation
+    from sparsetool.util.options import parse_tokens
+
+    return run_simulation(
+        None if checkpoint is None else Path(checkpoint), shape=shape, model=model, sparsity=sparsity,
+        sweep=sweep, tokens=parse_tokens(tokens), pattern=pattern, seed=seed,
+        hardware=None if hardware is None else Path(hardware),
+        devices=(device,) if isinstance(device, str) else tuple(device), seq_len=seq_len,
+        verify=verify, plot=None if plot is None else Path(plot), include=_globs(include),
+        exclude=_globs(exclude), default_targets=default_targets)
 
 
 def _text_or_file(text: str) -> str | Path:

@@ -134,6 +134,25 @@ def test_eval_reads_a_str_naming_a_file_as_the_cli_reads_text(tmp_path, monkeypa
     assert sparsetool.eval(model, text="just words").rows[0].tokens == len("just words") - 1
 
 
+def test_simulate_is_a_function_with_the_cli_parameter_names(tmp_path):
+    """sparsetool.simulate returns what `simulate --json` prints (issue 31, item 4)."""
+    import json
+
+    from helpers import ROOT, run
+
+    r = run("simulate", "--model", "gpt2-small", "--sparsity", "0.5,0.9", "--device", "cs2",
+            "--tokens", "4K", "--json")
+    assert r.exit_code == 0, r.output
+    got = sparsetool.simulate(model="gpt2-small", sparsity="0.5,0.9", device="cs2", tokens="4K")
+    assert json.loads(json.dumps(got)) == json.loads(r.stdout)
+    assert [x["sparsity"] for x in sparsetool.simulate(model="gpt2-small", sparsity=[0.5, 0.9])["runs"]] == [0.5, 0.9]
+    tiny = ROOT / "fixtures" / "tiny-gpt2"
+    pruned = tmp_path / "p"
+    sparsetool.prune(tiny, pruned, sparsity=0.5)
+    one = sparsetool.simulate(pruned, device=["cs2"])
+    assert len(one["runs"]) == 1 and abs(one["runs"][0]["sparsity"] - 0.5) < 1e-9
+
+
 def test_readme_python_example_runs(tmp_path, monkeypatch):
     import re
     import shutil
