@@ -275,9 +275,10 @@ def few_tokens_warning(rows: Sequence[EvalRow], text_tokens: Sequence[int] = (),
     else:
         advice = "a longer --text"
     names = ", ".join(r.name for r, _ in wide)
-    return (f"{names}: perplexity from {row.tokens:,} scored tokens is known only to "
-            f"+-{math.expm1(half):.0%} (95% interval); score at least {need:,} tokens for "
-            f"+-{PRECISION:.0%} ({advice})")
+    spread = math.expm1(half)  # one decimal near the 2% it is compared with
+    shown = f"{spread:.0%}" if spread >= 0.1 else f"{spread:.1%}"
+    return (f"{names}: perplexity from {row.tokens:,} scored tokens is known only to +-{shown} "
+            f"(95% interval); score at least {need:,} tokens for +-{PRECISION:.0%} ({advice})")
 
 
 def _evaluate_one(model: BlockModel, name: str, text: str, seq: int | None, stride: int | None,
