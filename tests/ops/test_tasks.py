@@ -28,6 +28,8 @@ from sparsetool.ops.tasks import evaluate_tasks  # noqa: E402
 
 from helpers import hf_model, save_tokenizer  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("datasets_cache")  # conftest.py
+
 TASK_YAML = """\
 task: {name}
 dataset_path: json
@@ -89,18 +91,6 @@ def write_tasks(root: Path, items: list[dict]) -> Path:
     for name, kind in (("pick_ending", CHOICE), ("line_nll", ROLLING), ("write_ending", GENERATE)):
         (root / f"{name}.yaml").write_text(TASK_YAML.format(name=name, data=data, **kind))
     return root
-
-
-@pytest.fixture(scope="module", autouse=True)
-def datasets_cache(tmp_path_factory):
-    """The data-set library's cache in a temporary directory (nothing written to the home)."""
-    old = os.environ.get("HF_DATASETS_CACHE")
-    os.environ["HF_DATASETS_CACHE"] = str(tmp_path_factory.mktemp("hf_datasets"))
-    yield
-    if old is None:
-        os.environ.pop("HF_DATASETS_CACHE", None)
-    else:
-        os.environ["HF_DATASETS_CACHE"] = old
 
 
 @pytest.fixture(scope="module")

