@@ -173,3 +173,26 @@ def test_eval_prints_its_results_before_a_plot_that_fails(tiny_run, tmp_path, mo
         assert json.loads(r.stdout)["checkpoints"][0]["tokens"] > 0
     else:
         assert "perplexity" in r.stdout and "baseline" in r.stdout
+
+
+@pytest.mark.parametrize("command, module, function, printed", [
+    (("report", TINY), "sparsetool.ops.report", "plot_report", "targeted sparsity: "),
+    (("diff", TINY, TINY), "sparsetool.ops.diff", "plot_diff", "all 98,304 targeted weights"),
+])
+def test_report_and_diff_print_their_results_before_a_plot_that_fails(tmp_path, monkeypatch, command, module,
+                                                                       function, printed):
+    import importlib
+
+    from sparsetool.checkpoint.output_files import write_error
+
+    def full_disk(result, out, **kw):
+        raise write_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), out, "--plot")
+
+    monkeypatch.setattr(importlib.import_module(module), function, full_disk)
+    png = tmp_path / "p.png"
+    r = run(*command, "--plot", png, columns=200)
+    one_error(r, png, "ENOSPC", "--plot")
+    assert printed in r.stdout and "plot:" not in r.stdout
+    r = run(*command, "--plot", png, "--json")
+    one_error(r, png, "ENOSPC", "--plot")
+    assert json.loads(r.stdout)["summary"]
