@@ -3,14 +3,24 @@ file, saved as the Hugging Face directory tiny-llama/ (docs/train.md uses it).
 
     python examples/tiny_llama.py [TEXT]      TEXT defaults to topics.txt
 
+topics.txt, when it is the default and missing, is written first: the English help topics that
+ship with Python (pydoc_data), one paragraph each, as docs/train.md makes it.
+
 Needs the hf extra: pip install -e '.[hf]'.
 """
 
+import os
 import sys
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+if len(sys.argv) < 2 and not os.path.exists("topics.txt"):
+    from pydoc_data.topics import topics
+
+    with open("topics.txt", "w") as f:
+        f.write("\n\n".join(topics[k] for k in sorted(topics)))
+    print("wrote topics.txt (Python's help topics)", file=sys.stderr)
 text = open(sys.argv[1] if len(sys.argv) > 1 else "topics.txt").read()
 bpe = Tokenizer(models.BPE(unk_token="<unk>"))
 bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -9,6 +9,10 @@ stays light and does not import torch)::
     sparsetool.report(path) -> Report                     # .to_json() is `report --json`
     sparsetool.eval([path, ...], text=None) -> EvalResult  # NLL, perplexity, bits per byte
     sparsetool.diff(a, b) -> DiffResult                   # per-matrix change between checkpoints
+    sparsetool.simulate(model="gpt3-xl", sparsity=0.75)   # -> dict, what `simulate --json` prints
+
+``flops``, ``train`` and ``demo`` are reached through the library (``sparsetool.flops.account``,
+``sparsetool.train.loop.train``, ``sparsetool.ops.demo.run_demo``): docs/python-api.md.
 
 ``sparsetool.eval`` is not in ``__all__``, so ``from sparsetool import *`` leaves the builtin
 ``eval`` alone.
@@ -16,9 +20,9 @@ stays light and does not import torch)::
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "load", "prune", "densify", "report", "diff"]
+__all__ = ["__version__", "load", "prune", "densify", "report", "diff", "simulate"]
 
-_API = {"load", "prune", "densify", "report", "eval", "diff"}
+_API = {"load", "prune", "densify", "report", "eval", "diff", "simulate"}
 
 
 def __getattr__(name: str):

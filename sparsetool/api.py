@@ -2,7 +2,7 @@
 
 >>> import sparsetool
 >>> sorted(n for n in sparsetool.__all__ if not n.startswith("_"))
-['densify', 'diff', 'load', 'prune', 'report']
+['densify', 'diff', 'load', 'prune', 'report', 'simulate']
 >>> sparsetool.eval.__name__
 'eval'
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # torch stays unimported until a function is called
 
 from sparsetool.ops.load import load
 
-__all__ = ["load", "prune", "densify", "report", "diff"]  # and eval: not exported by *, see above
+__all__ = ["load", "prune", "densify", "report", "diff", "simulate"]  # and eval: not exported by *, see above
 
 
 def prune(
@@ -104,13 +104,17 @@ def eval(checkpoints: str | Path | Sequence[str | Path], *, text: str | Path | N
          batch: int = 1, dtype: str = "float32", device: str = "auto",
          max_memory: int | str | None = None) -> EvalResult:
     """``sparsetool eval CKPT [CKPT ...]``: NLL, perplexity and bits per byte on held-out text.
-    ``text`` is the text itself (``str``), a file or directory (``Path``), or None for the held-out
-    split of the built-in corpus. Models run block by block on ``device`` in ``dtype``, holding as
-    many windows as ``max_memory`` (bytes or ``"12G"``; default: what is available) leaves room for."""
+    ``text`` is a file or directory (a ``Path``, or a ``str`` naming one that exists: read as
+    ``--text`` reads it), the text itself (any other ``str``), or None for the held-out split of the
+    built-in corpus; a one-word ``str`` that looks like a file name but names none is refused.
+    Models run block by block on ``device`` in ``dtype``, holding as many windows as
+    ``max_memory`` (bytes or ``"12G"``; default: what is available) leaves room for."""
     from sparsetool.ops.eval import evaluate
     from sparsetool.util.options import check_device, parse_size
 
     paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
+    if isinstance(text, str):
+        text = _text_or_file(text)
     return evaluate(paths, text=text, seq=seq, stride=stride, max_tokens=max_tokens, batch=batch,
                     dtype=dtype, device=check_device(device),
                     max_memory=None if max_memory is None else parse_size(max_memory))
@@ -122,6 +126,47 @@ def diff(a: str | Path, b: str | Path, *, include: Sequence[str] = (),
     from sparsetool.ops.diff import diff as diff_checkpoints
 
     return diff_checkpoints(a, b, include=_globs(include), exclude=_globs(exclude))
+
+
+def simulate(checkpoint: str | Path | None = None, *, shape: str | None = None,
+             model: str | None = None, sparsity: float | str | Sequence[float] | None = None,
+             sweep: bool = False, tokens: int | str = 2048, pattern: str = "random", seed: int = 0,
+             hardware: str | Path | None = None, device: str | Sequence[str] = (),
+             seq_len: int | None = None, verify: bool = False, plot: str | Path | None = None,
+             include: str | Sequence[str] = (), exclude: str | Sequence[str] = (),
+             default_targets: bool = False) -> dict:
+    """``sparsetool simulate``: modelled time and speed-up of exactly one of ``checkpoint`` (its
+    real masks), ``shape`` (``"MxK"``, a seeded ``pattern`` mask) or ``model`` (a flops preset) at
+    ``sparsity`` (a number, a list or ``"0.5,0.9"``: a sweep; or ``sweep=True``) on each
+    ``device`` (default: all). Returns what ``simulate --json`` prints."""
+    from sparsetool.hardware.request import run_simulation
+    from sparsetool.util.options import parse_tokens
+
+    return run_simulation(
+        None if checkpoint is None else Path(checkpoint), shape=shape, model=model, sparsity=sparsity,
+        sweep=sweep, tokens=parse_tokens(tokens), pattern=pattern, seed=seed,
+        hardware=None if hardware is None else Path(hardware),
+        devices=(device,) if isinstance(device, str) else tuple(device), seq_len=seq_len,
+        verify=verify, plot=None if plot is None else Path(plot), include=_globs(include),
+        exclude=_globs(exclude), default_targets=default_targets)
+
+
+def _text_or_file(text: str) -> str | Path:
+    """``eval``'s ``text`` given as a ``str``: a file or directory that exists is read, as
+    ``--text`` reads it; a one-word string that looks like a file name (a suffix such as ``.txt``,
+    or a path separator) but names nothing is refused; anything else is the text itself."""
+    import os
+
+    from sparsetool.errors import SparsetoolError
+
+    if "\n" not in text and len(text) < 4096 and os.path.exists(text):
+        return Path(text)
+    word = text.strip()
+    if word and not any(c.isspace() for c in word) and (os.sep in word or Path(word).suffix[1:].isalpha()):
+        raise SparsetoolError(f"text={text!r} looks like a file name, but there is no such file or "
+                              "directory; give a file that exists (a str naming one, or a Path), or "
+                              "the text itself")
+    return text
 
 
 def _globs(globs: str | Sequence[str]) -> tuple[str, ...]:

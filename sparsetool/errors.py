@@ -1,7 +1,8 @@
 """The errors sparsetool raises on purpose.
 
 Every message names the file or tensor at fault and says what to do next; the CLI prints it as one
-``error: ...`` line and exits 1 (:class:`Interrupted`: 128 + the signal's number).
+``error: ...`` line and exits 1 (:class:`UsageError`: 2; :class:`Interrupted`: 128 + the signal's
+number).
 """
 
 
@@ -24,6 +25,14 @@ class CheckpointError(SparsetoolError):
 
 class ConfigError(SparsetoolError):
     """An option, preset or config file that does not make sense."""
+
+
+class UsageError(ConfigError):
+    """An option that does not fit the input it is given with, found only once that input is read
+    (``eval --stride`` longer than the model's window, ``train --init HF_DIR --n-layer 4``): a
+    usage error like those found while the command line is parsed, so the CLI exits 2."""
+
+    exit_code = 2
 
 
 class ShapeError(CheckpointError):

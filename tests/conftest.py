@@ -61,6 +61,20 @@ def corpus(tmp_path_factory) -> Path:
     return make_corpus(tmp_path_factory.mktemp("data") / "corpus")
 
 
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    """A run directory of sparsetool's GPT (tiny preset, context 64, two steps): a checkpoint eval
+    scores in a second."""
+    from helpers import run
+
+    root = tmp_path_factory.mktemp("gpt")
+    data = make_corpus(root / "corpus", files=6)
+    r = run("train", "-o", root / "run", "--data", data, "--preset", "tiny", "--steps", "2",
+            "--batch-size", "2", "--warmup", "1", "--json")
+    assert r.exit_code == 0, r.output
+    return root / "run"
+
+
 # ----------------------------------------------------------------------------- task data
 @pytest.fixture(scope="module")
 def datasets_cache(tmp_path_factory):

@@ -107,6 +107,52 @@ def test_eval_and_diff_api(tmp_path):
     assert d.summary["pruned"] > 0 and d.summary["revived"] == 0
 
 
+def test_eval_reads_a_str_naming_a_file_as_the_cli_reads_text(tmp_path, monkeypatch):
+    """sparsetool.eval(..., text="heldout.txt") scores the file, not the 11 characters of its
+    name; a file name that names nothing is refused; other strings are the text (issue 31, item 3)."""
+    from pathlib import Path
+
+    from sparsetool.errors import SparsetoolError
+    from sparsetool.train.io import save_model
+    from sparsetool.train.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=1, n_head=2, d_model=16, context=32)
+    model = tmp_path / "gpt.safetensors"
+    save_model(model, GPT(cfg), {}, {"model": cfg.to_dict()})
+    body = "held-out text, long enough to score a few windows of it. " * 10
+    (tmp_path / "heldout.txt").write_text(body)
+    monkeypatch.chdir(tmp_path)
+    by_name = sparsetool.eval(model, text="heldout.txt")
+    by_path = sparsetool.eval(model, text=Path("heldout.txt"))
+    as_text = sparsetool.eval(model, text=body)
+    assert by_name.rows[0].tokens == by_path.rows[0].tokens == as_text.rows[0].tokens > 500
+    assert by_name.rows[0].nll == by_path.rows[0].nll and by_name.text_source == "heldout.txt"
+    for missing in ("held-out.txt", "data/heldout"):
+        with pytest.raises(SparsetoolError, match=f"text='{missing}' looks like a file name, but there is no such file"):
+            sparsetool.eval(model, text=missing)
+    assert sparsetool.eval(model, text="just words").rows[0].tokens == len("just words") - 1
+
+
+def test_simulate_is_a_function_with_the_cli_parameter_names(tmp_path):
+    """sparsetool.simulate returns what `simulate --json` prints (issue 31, item 4)."""
+    import json
+
+    from helpers import ROOT, run
+
+    r = run("simulate", "--model", "gpt2-small", "--sparsity", "0.5,0.9", "--device", "cs2",
+            "--tokens", "4K", "--json")
+    assert r.exit_code == 0, r.output
+    got = sparsetool.simulate(model="gpt2-small", sparsity="0.5,0.9", device="cs2", tokens="4K")
+    assert json.loads(json.dumps(got)) == json.loads(r.stdout)
+    assert [x["sparsity"] for x in sparsetool.simulate(model="gpt2-small", sparsity=[0.5, 0.9])["runs"]] == [0.5, 0.9]
+    tiny = ROOT / "fixtures" / "tiny-gpt2"
+    pruned = tmp_path / "p"
+    sparsetool.prune(tiny, pruned, sparsity=0.5)
+    one = sparsetool.simulate(pruned, device=["cs2"])
+    assert len(one["runs"]) == 1 and abs(one["runs"][0]["sparsity"] - 0.5) < 1e-9
+
+
 def test_readme_python_example_runs(tmp_path, monkeypatch):
     import re
     import shutil

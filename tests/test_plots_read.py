@@ -33,6 +33,51 @@ def test_eval_points_are_told_apart_and_the_title_keeps_the_file_name(tmp_path, 
     assert (tmp_path / "ppl.png").exists()
 
 
+def test_eval_draws_each_pruning_method_apart_never_a_vertical_line(tmp_path, figures):
+    """Magnitude and random at 50% are two markers of two series, not one line up through 50%;
+    a checkpoint without a prune record is a star; the legend names the methods (issue 31, item 10)."""
+    from helpers import ROOT
+
+    tiny = ROOT / "fixtures" / "tiny-gpt2"
+    made = {}
+    for name, args in {"mag-50": ("--sparsity", "0.5"), "rand-50": ("--sparsity", "0.5", "--method", "random"),
+                       "mag-75": ("--sparsity", "0.75"), "nm-24": ("--nm", "2:4")}.items():
+        made[name] = tmp_path / name
+        r = CliRunner().invoke(app, ["prune", str(tiny), "-o", str(made[name]), *args, "-q"])
+        assert r.exit_code == 0, r.output
+    result = EvalResult("t.txt", [row(str(tiny), 0.0, 5.0), row(str(made["mag-50"]), 0.5, 6.0),
+                                  row(str(made["rand-50"]), 0.5, 9.0), row(str(made["mag-75"]), 0.75, 8.0),
+                                  row(str(made["nm-24"]), 0.5, 7.0)])
+    plot_eval(result, tmp_path / "ppl.png")
+    ax = figures[-1].axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    assert set(lines) == {"magnitude", "magnitude 2:4", "random", "no prune record"}
+    assert list(lines["magnitude"].get_xdata()) == [50, 75] and lines["magnitude"].get_linestyle() == "-"
+    for ln in lines.values():
+        xs = list(ln.get_xdata())
+        assert len(set(xs)) == len(xs), ln.get_label()  # no line joins points of one sparsity
+    assert len({ln.get_marker() for ln in lines.values()}) == 4
+    assert lines["no prune record"].get_marker() == "*"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["magnitude", "magnitude 2:4", "random",
+                                                                     "no prune record"]
+
+
+def test_run_directories_named_model_are_told_apart_in_eval_and_diff(tmp_path, figures):
+    from helpers import ROOT
+
+    tiny = ROOT / "fixtures" / "tiny-gpt2"
+    a, b = tmp_path / "dense" / "model", tmp_path / "pruned" / "model"
+    for out, sparsity in ((a, "0"), (b, "0.5")):
+        out.parent.mkdir()
+        r = CliRunner().invoke(app, ["prune", str(tiny), "-o", str(out), "--sparsity", sparsity, "-q"])
+        assert r.exit_code == 0, r.output
+    plot_eval(EvalResult("t.txt", [row(str(a), 0.0, 5.0), row(str(b), 0.5, 6.0)]), tmp_path / "ppl.png")
+    assert sorted(t.get_text() for t in figures[-1].axes[0].texts) == ["dense/model", "pruned/model"]
+    r = CliRunner().invoke(app, ["diff", str(a), str(b), "--plot", str(tmp_path / "d.png"), "-q"])
+    assert r.exit_code == 0, r.output
+    assert figures[-1].axes[0].get_title().splitlines()[0] == "dense/model -> pruned/model"
+
+
 def test_simulate_sweep_keeps_every_device_visible(tmp_path):
     res = CliRunner().invoke(app, ["simulate", "--shape", "4096x4096", "--sweep", "--tokens", "2048",
                                    "--json"])

@@ -27,7 +27,7 @@ _WHERE = {
     "bitmask_sparsity_config": "config", "drop_sparsity_config": "config",
     "ENCODINGS": "encodings", "encode": "encodings", "decode": "encodings",
     "encode_array": "encodings", "decode_array": "encodings", "stored_count": "encodings",
-    "encoded_specs": "encodings", "stored_nonzeros": "encodings",
+    "encoded_specs": "encodings", "loader_warning": "encodings", "stored_nonzeros": "encodings",
     "StoredTensor": "format", "TensorSpec": "format",
     "Checkpoint": "reader", "LogicalTensor": "reader", "open_checkpoint": "reader",
     "MASK_SUFFIX": "reader",

@@ -41,6 +41,24 @@ if TYPE_CHECKING:
 ENCODINGS = ("zeros", "mask", "nan", "bitmask")
 
 STREAMED = ("zeros", "mask", "nan")
+
+# Encodings that a Hugging Face directory's usual loader reads wrongly (tests/checkpoint/test_loaders.py).
+_LOADER_WARNINGS = {
+    "nan": "transformers' from_pretrained loads the nan encoding as a model full of NaN",
+    "bitmask": ("transformers' from_pretrained cannot load the bitmask encoding (it asks for "
+                "compressed-tensors, whose current releases dropped sparse-bitmask and "
+                "re-initialise the pruned weights at random)"),
+}
+
+
+def loader_warning(encoding: str, out: Any, command: str) -> str | None:
+    """The warning for a Hugging Face directory ``out`` that ``command`` (prune, train) writes in
+    ``encoding``, if transformers cannot load that encoding; None if it can."""
+    if encoding not in _LOADER_WARNINGS:
+        return None
+    return (f"{_LOADER_WARNINGS[encoding]}; sparsetool.load and `sparsetool eval` read it. For "
+            f"transformers run `sparsetool densify {out} -o DENSE_DIR`, or {command} with "
+            "--encoding zeros or mask")
 """Encodings whose stored tensors can be written piece by piece (:func:`encode_piece`)."""
 
 

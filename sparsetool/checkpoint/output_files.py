@@ -42,14 +42,16 @@ def copy_mode(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     os.chmod(dst, mode_of(src))
 
 
-# What to do about an error the filesystem reports while an output is written.
+# What to do about an error the filesystem reports while an output is written ({option}: the
+# option that named the output, -o or --plot).
 _ADVICE = {
-    errno.ENOSPC: "free some space or choose another -o",
-    errno.EDQUOT: "free some of your quota or choose another -o",
-    errno.EACCES: "choose an -o in a directory you may write to",
-    errno.EPERM: "choose an -o in a directory you may write to",
-    errno.EROFS: "the filesystem is read-only; choose another -o",
-    errno.EIO: "the device reported an I/O error; check it, or choose another -o",
+    errno.ENOSPC: "free some space or choose another {option}",
+    errno.EDQUOT: "free some of your quota or choose another {option}",
+    errno.EACCES: "give {option} a path in a directory you may write to",
+    errno.EPERM: "give {option} a path in a directory you may write to",
+    errno.EROFS: "the filesystem is read-only; choose another {option}",
+    errno.EIO: "the device reported an I/O error; check it, or choose another {option}",
+    errno.ENOTDIR: "part of the path is a file, not a directory; choose another {option}",
 }
 
 
@@ -68,16 +70,48 @@ def check_room(directory: Path, needed: int, name: str) -> None:
     if free is not None and needed > free:
         raise CheckpointError(
             f"no room for {name}: it needs {needed:,} bytes and {free:,} are free on that disk; "
-            f"{_ADVICE[errno.ENOSPC]}"
+            f"{_ADVICE[errno.ENOSPC].format(option='-o')}"
         )
 
 
-def write_error(e: OSError, out: str | os.PathLike) -> CheckpointError:
-    """One clean error for an OSError met while writing ``out`` (whose partial files are gone)."""
+def write_error(e: OSError, out: str | os.PathLike, option: str = "-o",
+                kept: str = "nothing was written") -> CheckpointError:
+    """One clean error for an OSError met while writing ``out`` (named by ``option``), whatever
+    its errno: what the system said, what is left (``kept``: by default nothing, the partial files
+    being gone), and what to do."""
     code = errno.errorcode.get(e.errno or 0, "")
     what = f"{e.strerror or e}" + (f" [{code}]" if code else "")
-    advice = _ADVICE.get(e.errno or 0, "check the output location or choose another -o")
-    return CheckpointError(f"writing {out} failed: {what}; nothing was written. {advice[0].upper()}{advice[1:]}")
+    advice = _ADVICE.get(e.errno or 0, "check the output location or choose another {option}")
+    advice = advice.format(option=option)
+    return CheckpointError(f"writing {out} failed: {what}; {kept}. {advice[0].upper()}{advice[1:]}")
+
+
+def check_writable(out: str | os.PathLike, option: str = "-o", *, directory: bool = False,
+                   shown: str | os.PathLike | None = None) -> None:
+    """Refuse, before any work is done, an output that cannot be written: a file is made (and
+    removed) where the output will go, so a read-only or immutable directory, a full quota or a
+    path through a file is one clean error (:func:`write_error`) at once, not after the work.
+
+    ``directory``: ``out`` is a directory the command writes into, made with its parents if
+    missing (the probe goes into the nearest one that exists); otherwise ``out`` is written
+    beside its siblings, into its parent. A parent that does not exist is left to the caller's
+    own message. ``shown``: the output as the message names it (default ``out``)."""
+    shown = out if shown is None else shown
+    out = Path(out)
+    where = Path(os.path.abspath(out if directory else out.parent))
+    while not os.path.lexists(where) and where != where.parent:
+        if not directory:
+            return
+        where = where.parent
+    if not where.is_dir():
+        raise write_error(OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)), shown, option)
+    probe = where / f".{out.name or 'probe'}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}-{_host_tag()}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE))
+    except OSError as e:
+        raise write_error(e, shown, option) from None
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
 
 
 _RENAME_EXCHANGE = 2
@@ -98,6 +132,8 @@ def _exchange(a: Path, b: Path) -> bool:
 
 def remove(p: Path) -> None:
     """Delete a file or a directory tree; nothing if it is gone already."""
+    if not os.path.lexists(p):  # unlink would fail with EROFS, not ENOENT, on a read-only disk
+        return
     if p.is_dir() and not p.is_symlink():
         shutil.rmtree(p, ignore_errors=True)
     else:

@@ -33,6 +33,7 @@ from sparsetool.checkpoint.output_files import (
     PRIVATE,
     PRIVATE_DIR,
     check_room,
+    check_writable,
     copy_mode,
     mode_of,
     put_in_place,
@@ -313,6 +314,7 @@ def write_checkpoint(
             f"output {out_arg} looks like a directory but the input {src.path} is a single file; "
             f"give a file path such as {out / src.path.name}"
         )
+    check_writable(out_abs, "-o", shown=out)  # a read-only disk, a path through a file, ...
     parent = out_abs.parent
     if not parent.is_dir():
         raise CheckpointError(f"output directory {parent} does not exist; create it first")

@@ -183,12 +183,16 @@ def decimal_bytes(n: float) -> str:
 
 
 def check_plot_path(path: Any) -> None:
-    """Refuse a --plot path that cannot be written, before any work is done."""
+    """Refuse a --plot path that cannot be written, before any work is done: a file is made
+    (and removed) beside it, so a read-only or full disk is said at once, not after the work."""
     from pathlib import Path
+
+    from sparsetool.checkpoint.output_files import check_writable
 
     path = Path(path)
     if path.suffix.lower() != ".png":
         fail(f"--plot {path}: give a file name ending in .png")
+    check_writable(path, "--plot")
     if not path.parent.is_dir():
         fail(f"--plot {path}: directory '{path.parent}' does not exist; create it first")
 

@@ -66,13 +66,20 @@ def diff(
             check_plot_path(plot)
         with progress_bar(not (as_json or quiet)) as progress:
             result = run_diff(a, b, include=tuple(include), exclude=tuple(exclude), progress=progress)
-        if plot is not None:
-            plot_diff(result, plot)
     for note in [] if quiet else result.notes:
         err_console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)
     if as_json:
         emit_json(result.to_json())
-        return
+    else:
+        _print(result, a, b, quiet)
+    if plot is not None:  # after the results: a plot that fails to be written does not lose them
+        with failing_cleanly():
+            plot_diff(result, plot)
+        if not as_json:
+            typer.echo(f"plot: {plot}")
+
+
+def _print(result, a, b, quiet: bool) -> None:
     t = result.total
     summary = (f"all {plural(t.numel, 'targeted weight')} ({plural(len(result.rows), 'matrix', 'matrices')}): sparsity "
                f"{percent(t.sparsity_a)} -> {percent(t.sparsity_b)}, mask IoU {t.iou:.4f}, "
@@ -85,5 +92,3 @@ def diff(
                   _number(r.stats.angular_distance)] for r in result.rows]
         print_table(HEADER, cells, title=f"{a} -> {b}", align="lrlrrrrrrr")
     typer.echo(summary)
-    if plot is not None:
-        typer.echo(f"plot: {plot}")

@@ -91,13 +91,20 @@ def eval_command(
             result = evaluate(checkpoints, text=text, seq=seq, stride=stride, max_tokens=max_tokens,
                               batch=batch, dtype=dtype, device=device, max_memory=max_memory,
                               progress=progress, on_plan=plan_printer(not (as_json or quiet)))
-        if plot is not None:
-            plot_eval(result, plot)
     for warning in result.warnings:  # even with --json or -q: the figure may mislead
         warn(warning)
     if as_json:
         emit_json(result.to_json())
-        return
+    else:
+        _print(result)
+    if plot is not None:  # after the results: a plot that fails to be written does not lose them
+        with failing_cleanly():
+            plot_eval(result, plot)
+        if not (quiet or as_json):
+            console.print(f"plot: {plot}", highlight=False, soft_wrap=True)
+
+
+def _print(result) -> None:
     header = ["checkpoint", "targeted sparsity", "non-zero params", "NLL", "perplexity", "bits/byte",
               "tokens", "change" if result.compare_by == "perplexity" else "change (bits/byte)"]
     cells = [[r.name, percent(r.targeted_sparsity, 1), f"{r.nonzero_params:,}", f"{r.nll:.4f}",
@@ -112,5 +119,3 @@ def eval_command(
                    "compares bits per byte (perplexities over different tokens do not compare)")
     print_table(header, cells)
     typer.echo(footer)
-    if plot is not None and not quiet:
-        console.print(f"plot: {plot}", highlight=False, soft_wrap=True)

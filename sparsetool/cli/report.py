@@ -80,11 +80,20 @@ def report(
             rep = summarize(checkpoint, tuple(include), tuple(exclude),
                             default_targets=default_targets, progress=progress)
         targeting_note(rep.targeting["note"], quiet)
-        if plot is not None:
-            plot_report(rep, plot, all_tensors=all_tensors)
     if as_json:
         emit_json(rep.to_json())
-        return
+    else:
+        _print(rep, checkpoint, all_tensors, fmt)
+    if plot is not None:  # after the results: a plot that fails to be written does not lose them
+        with failing_cleanly():
+            plot_report(rep, plot, all_tensors=all_tensors)
+        if not (as_json or quiet):
+            drawn = sum(1 for t in rep.tensors if all_tensors or t.targeted)
+            console.print(f"plot: {plot}" + ("" if drawn else " (it says there is no tensor to draw)"),
+                          highlight=False, soft_wrap=True)
+
+
+def _print(rep, checkpoint, all_tensors: bool, fmt: str) -> None:
     rows = [t for t in rep.tensors if all_tensors or t.targeted]
     header = ["name", "shape", "dtype", "role", "targeted", "numel", "non-zero", "sparsity"]
     tied = rep.targeting.get("tied_head")
@@ -109,7 +118,3 @@ def report(
     print_table(header, cells, title=str(checkpoint), align="lllllrrr", fmt=fmt)
     for k, v in summary:
         typer.echo(f"{k}: {v}")
-    if plot is not None and not quiet:
-        drawn = sum(1 for t in rep.tensors if all_tensors or t.targeted)
-        console.print(f"plot: {plot}" + ("" if drawn else " (it says there is no tensor to draw)"),
-                      highlight=False, soft_wrap=True)

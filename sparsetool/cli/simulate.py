@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from sparsetool.cli._output import (
+    check_plot_path,
     console,
     emit_json,
     failing_cleanly,
@@ -112,6 +113,8 @@ def simulate(
     with usage_errors():  # a --device it does not name: exit 2
         check_devices(known, device)
     with failing_cleanly():
+        if plot is not None:
+            check_plot_path(plot)
         if list_hardware:
             _list(hardware_constants(hardware, device), as_json)
             return

@@ -167,7 +167,7 @@ def train(
 
         def callback(kind: str, info: dict) -> None:
             if kind == "start" and _is_master():
-                for text in _data_caveats(info["data"]):
+                for text in _data_caveats(info["data"]) + info["warnings"]:
                     _warn(text)
             output(kind, info)
 

@@ -47,7 +47,7 @@ class ModelConfig:
     # (GPT-2 Small "125M" -> 2.5B tokens, GPT-3 XL "1.3B" -> 26B tokens; Sec. 3, App. Table 1).
     nominal_params: float | None = None
     # The longest sequence the model takes (HF max_position_embeddings). None = seq_len.
-    # Counting uses seq_len (default 2048), which need not equal it.
+    # Counting uses seq_len (default 2048, or this when shorter), which need not equal it.
     context: int | None = None
     # Rows of a learned position table; None = context (else seq_len). OPT's has context + 2.
     position_rows: int | None = None
@@ -170,7 +170,21 @@ FIELD_NAMES: dict[str, tuple[str, ...]] = {
 }
 REQUIRED = ("n_layers", "d_model", "n_heads", "vocab")
 DEFAULT_SEQ_LEN = 2048
-"""The sequence length counted when none is given: the SPDF paper's and Chinchilla's."""
+"""The sequence length counted when none is given: the SPDF paper's and Chinchilla's (or the
+model's context, when that is shorter: :func:`default_seq_len`)."""
+
+
+def default_seq_len(context: int | None) -> tuple[int, str]:
+    """The sequence length counted when none is given, and where it came from: 2048
+    (:data:`DEFAULT_SEQ_LEN`), or the model's context when that is shorter, since the model takes
+    no longer sequence.
+
+    >>> default_seq_len(64), default_seq_len(131_072), default_seq_len(None)
+    ((64, "the model's context"), (2048, 'default'), (2048, 'default'))
+    """
+    if context is not None and 0 < context < DEFAULT_SEQ_LEN:
+        return int(context), "the model's context"
+    return DEFAULT_SEQ_LEN, "default"
 # model_type values whose MLP is gated (SwiGLU/GeGLU: three matrices) and that use RoPE, no biases.
 _GATED_TYPES = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo",
                 "olmo2", "internlm2", "deepseek", "granite", "cohere"}
@@ -211,7 +225,7 @@ def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
 
     - required: ``n_layers``, ``d_model``, ``n_heads``, ``vocab``;
     - ``d_head`` = d_model / n_heads (which must divide evenly); ``d_ff`` = 4 x d_model;
-      ``seq_len`` = 2048 (:data:`DEFAULT_SEQ_LEN`, whatever the model's ``context``);
+      ``seq_len`` = 2048 (:data:`DEFAULT_SEQ_LEN`), or the model's ``context`` when shorter;
       ``n_kv_heads`` = n_heads (which it must divide);
     - a Hugging Face config (one with ``model_type`` or ``architectures``) takes the rest from its
       family (gated MLP families: SwiGLU, RoPE, no biases, untied head) and ignores keys that do
@@ -268,7 +282,7 @@ def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
     if "seq_len" in kw:
         kw["seq_len_source"] = "config file"
     else:
-        kw["seq_len"], kw["seq_len_source"] = DEFAULT_SEQ_LEN, "default"
+        kw["seq_len"], kw["seq_len_source"] = default_seq_len(kw.get("context"))
     if kw.get("embed_dim") == d_model:
         kw["embed_dim"] = None
     if kw.get("n_kv_heads") == n_heads:

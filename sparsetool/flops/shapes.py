@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from sparsetool.checkpoint.config import read_model_config as read_hf_config
 from sparsetool.errors import CheckpointError, ShapeError
-from sparsetool.flops.config import DEFAULT_SEQ_LEN, ModelConfig
+from sparsetool.flops.config import ModelConfig, default_seq_len
 from sparsetool.flops.formula import ROLES
 from sparsetool.util.wording import plural
 
@@ -207,14 +207,15 @@ def infer_model(
             raise ShapeError(f"cannot tell the vocabulary size of '{name}' (no token embedding, "
                              "no LM head, no vocab_size in a config.json)", missing="vocab")
     # The model's context: its position table, else config.json. Counting uses 2048 tokens (as for
-    # every model source) unless seq_len is given; the output says which and notes the context.
-    context = shape_of(positions[0])[0] if positions else _pick(
-        hf_config, "max_position_embeddings", "n_positions", "n_ctx")
-    seq_source = "default" if seq_len is None else "--seq-len"
+    # every model source), or the context when shorter, unless seq_len is given; the output says
+    # which and notes the context.
+    stated = _pick(hf_config, "max_position_embeddings", "n_positions", "n_ctx")
+    context = shape_of(positions[0])[0] if positions else stated
     if context is None and seq_len is None:
         notes.append("no context length in the checkpoint or a config.json: seq_len assumed 2048 "
                      "(pass --seq-len)")
-    seq_len = DEFAULT_SEQ_LEN if seq_len is None else seq_len
+    seq_len, seq_source = (seq_len, "--seq-len") if seq_len is not None else \
+        default_seq_len(stated if stated is not None else context)
 
     cfg = ModelConfig(
         name=name, n_layers=len(layer_sparsity), d_model=d_model, n_heads=n_heads, d_head=d_head,

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sparsetool.checkpoint.output_files import temp_beside
+from sparsetool.checkpoint.output_files import remove, temp_beside, write_error
 from sparsetool.errors import SparsetoolError
 
 
@@ -111,6 +111,8 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, key: str = "f
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
             fig.savefig(f, format="png")  # an ordinary file: the umask's mode
         os.replace(tmp, path)
+    except OSError as e:  # read-only, no space, no permission: one clean line
+        raise write_error(e, path, "--plot") from None
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
+        remove(tmp)

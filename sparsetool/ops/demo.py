@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from sparsetool.checkpoint.output_files import check_writable, write_error
 from sparsetool.errors import SparsetoolError
 
 __all__ = ["DEFAULT_OUTPUT", "DEFAULT_STEPS", "DEFAULT_FINETUNE_STEPS", "SPARSITY", "MODEL",
@@ -74,6 +75,7 @@ def run_demo(output: str | Path = DEFAULT_OUTPUT, *, steps: int = DEFAULT_STEPS,
             raise SparsetoolError(f"{name} {value}: must be at least 1")
     out = Path(output)
     earlier = check_output(out)
+    check_writable(out, "-o", directory=True)
     created = out  # the outermost directory this run creates (None: out exists)
     while not created.parent.exists():
         created = created.parent
@@ -95,6 +97,8 @@ def run_demo(output: str | Path = DEFAULT_OUTPUT, *, steps: int = DEFAULT_STEPS,
             _remove_products(out)
         if isinstance(e, SparsetoolError) and isinstance(e.__context__, KeyboardInterrupt):
             raise KeyboardInterrupt from None  # the trainer's "--resume continues" does not apply
+        if isinstance(e, OSError):  # a file the demo writes (no space, read-only, ...)
+            raise write_error(e, out, "-o") from None
         raise
     finally:
         torch.set_num_threads(threads_before)

@@ -347,11 +347,11 @@ def plot_diff(result: DiffResult, out: str | Path, title: str | None = None) -> 
     cells = result.cells()
     if not cells:
         raise SparsetoolError("nothing to plot: no targeted weight has a layer index in its name")
-    from sparsetool.ops.plots import layer_heatmap
+    from sparsetool.ops.plots import layer_heatmap, unique_suffixes
 
     t = result.total
+    a, b = unique_suffixes([str(result.a), str(result.b)])  # two run/model directories told apart
     return layer_heatmap(
         {key: s.angular_distance for key, s in cells.items()}, out,
-        title=title or f"{result.a.name} -> {result.b.name}\nangular distance "
-                       f"{t.angular_distance:.4g} over all targeted weights",
+        title=title or f"{a} -> {b}\nangular distance {t.angular_distance:.4g} over all targeted weights",
         colour_label="angular distance 1 - cos(A, B)")

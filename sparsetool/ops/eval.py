@@ -14,6 +14,7 @@ bytes of the text the scored tokens cover; bits per byte compares models with di
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -23,14 +24,14 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from sparsetool.errors import SparsetoolError
+from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.ops.lm import MAX_DEFAULT_SEQ, BlockModel, read_text
 from sparsetool.ops.open_model import open_model
 from sparsetool.util.memory import MemoryPlan, budget, process_memory
 from sparsetool.util.progress import Progress, Steps
 from sparsetool.util.wording import plural
 
-__all__ = ["Window", "windows", "score", "EvalRow", "EvalResult", "evaluate", "plot_eval"]
+__all__ = ["Window", "windows", "score", "EvalRow", "EvalResult", "evaluate", "plot_eval", "pruned_by"]
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,9 @@ def windows(n_tokens: int, seq: int, stride: int | None = None) -> list[Window]:
     [(0, 4, 1), (3, 7, 4)]
     """
     if seq < 2:
-        raise SparsetoolError(f"--seq {seq}: a window needs at least 2 tokens (one to predict from)")
+        raise UsageError(f"--seq {seq}: a window needs at least 2 tokens (one to predict from)")
     if stride is not None and not 1 <= stride <= seq:
-        raise SparsetoolError(f"--stride {stride}: must be between 1 and --seq ({seq})")
+        raise UsageError(f"--stride {stride}: must be between 1 and --seq ({seq})")
     if stride is None or stride == seq:
         return [Window(s, min(s + seq, n_tokens), s + 1)
                 for s in range(0, n_tokens, seq) if min(s + seq, n_tokens) - s >= 2]
@@ -209,7 +210,9 @@ def evaluate(paths: Sequence[str | Path], text: str | Path | None = None, seq: i
     for opt, value, least in (("--seq", seq, 2), ("--stride", stride, 1),
                               ("--max-tokens", max_tokens, 2), ("--batch", batch, 1)):
         if value is not None and value < least:
-            raise SparsetoolError(f"{opt} {value}: must be at least {least}")
+            raise UsageError(f"{opt} {value}: must be at least {least}")
+    if seq is not None and stride is not None and stride > seq:
+        raise UsageError(f"--stride {stride}: must be between 1 and --seq ({seq})")
     if text is None:
         text, source = _default_text()
     elif isinstance(text, Path):
@@ -217,11 +220,14 @@ def evaluate(paths: Sequence[str | Path], text: str | Path | None = None, seq: i
     else:
         source = "given text"
     result = EvalResult(source)
+    text_tokens = []  # each checkpoint's token count of the whole text (before --max-tokens)
     for path in paths:
         model = open_model(path, dtype, device)
         try:
-            result.rows.append(_evaluate_one(model, str(path), text, seq, stride, max_tokens, batch,
-                                             max_memory, progress, on_plan))
+            row, whole = _evaluate_one(model, str(path), text, seq, stride, max_tokens, batch,
+                                       max_memory, progress, on_plan)
+            result.rows.append(row)
+            text_tokens.append(whole)
         finally:
             model.close()
     if len({r.tokenizer for r in result.rows}) > 1:
@@ -229,36 +235,57 @@ def evaluate(paths: Sequence[str | Path], text: str | Path | None = None, seq: i
     first = getattr(result.rows[0], result.compare_by)
     for row in result.rows:
         row.change = getattr(row, result.compare_by) / first - 1.0
-        few = few_tokens_warning(row)
-        if few:
-            result.warnings.append(few)
+    few = few_tokens_warning(result.rows, text_tokens, max_tokens)
+    if few:
+        result.warnings.append(few)
     return result
 
 
 PRECISION = 0.02  # eval warns when a perplexity is known to no better than +-2% (95% interval)
 
 
-def few_tokens_warning(row: EvalRow) -> str | None:
-    """A warning for a perplexity measured on too few tokens to mean much: its 95% interval
-    (``1.96 x`` the standard error of the mean NLL) wider than +-2%, with the tokens that would do.
+def few_tokens_warning(rows: Sequence[EvalRow], text_tokens: Sequence[int] = (),
+                       max_tokens: int | None = None) -> str | None:
+    """One warning for the perplexities measured on too few tokens to mean much: a 95% interval
+    (``1.96 x`` the standard error of the mean NLL) wider than +-2%, the widest said once for every
+    such checkpoint, with the tokens that would do and the way to get them: a higher
+    ``--max-tokens`` when the text has them (``text_tokens``: each checkpoint's count of the whole
+    text), else a longer text.
 
     >>> r = EvalRow("m", "huggingface", 0, 1, 1, 3.0, 20.1, 1.0, 50, 200, 64, 64, 0.1, nll_stderr=0.3)
-    >>> few_tokens_warning(r)
-    'm: perplexity from 50 scored tokens is known only to +-80% (95% interval); score at least 43,218 tokens for +-2% (a longer --text, or drop --max-tokens)'
+    >>> few_tokens_warning([r], [51])
+    'm: perplexity from 50 scored tokens is known only to +-80% (95% interval); score at least 43,218 tokens for +-2% (a longer --text: this one is 51 tokens)'
+    >>> from dataclasses import replace
+    >>> few_tokens_warning([r, replace(r, name="m-50")], [90_000] * 2, max_tokens=51)
+    'm, m-50: perplexity from 50 scored tokens is known only to +-80% (95% interval); score at least 43,218 tokens for +-2% (--max-tokens 43,218 or more, or drop --max-tokens)'
     """
-    half = 1.96 * row.nll_stderr
-    if half <= PRECISION:
+    wide = [(r, t) for r, t in itertools.zip_longest(rows, text_tokens[:len(rows)])
+            if 1.96 * r.nll_stderr > PRECISION]
+    if not wide:
         return None
+    row, whole = max(wide, key=lambda p: p[0].nll_stderr)
+    half = 1.96 * row.nll_stderr
     need = math.ceil(row.tokens * (half / PRECISION) ** 2)
-    return (f"{row.name}: perplexity from {row.tokens:,} scored tokens is known only to "
-            f"+-{math.expm1(half):.0%} (95% interval); score at least {need:,} tokens for "
-            f"+-{PRECISION:.0%} (a longer --text, or drop --max-tokens)")
+    cut = max_tokens is not None and whole is not None and whole > max_tokens
+    if cut and whole > need:
+        advice = f"--max-tokens {need:,} or more, or drop --max-tokens"
+    elif whole is not None:
+        advice = ("drop --max-tokens and give a longer --text" if cut else "a longer --text") + \
+            f": this one is {whole:,} tokens"
+    else:
+        advice = "a longer --text"
+    names = ", ".join(r.name for r, _ in wide)
+    spread = math.expm1(half)  # one decimal near the 2% it is compared with
+    shown = f"{spread:.0%}" if spread >= 0.1 else f"{spread:.1%}"
+    return (f"{names}: perplexity from {row.tokens:,} scored tokens is known only to +-{shown} "
+            f"(95% interval); score at least {need:,} tokens for +-{PRECISION:.0%} ({advice})")
 
 
 def _evaluate_one(model: BlockModel, name: str, text: str, seq: int | None, stride: int | None,
                   max_tokens: int | None, batch: int, max_memory: int | None,
                   progress: Progress | None,
-                  on_plan: Callable[[str, MemoryPlan], None] | None) -> EvalRow:
+                  on_plan: Callable[[str, MemoryPlan], None] | None) -> tuple[EvalRow, int]:
+    """One checkpoint's row, and the whole text's length in its tokens."""
     enc = model.encode(text)
     ids = enc.ids[:max_tokens] if max_tokens else enc.ids
     if len(ids) < 2:
@@ -266,7 +293,7 @@ def _evaluate_one(model: BlockModel, name: str, text: str, seq: int | None, stri
                               "tokenizer; give a text of at least two tokens")
     n_seq = seq or min(model.context, MAX_DEFAULT_SEQ)
     if n_seq > model.context:
-        raise SparsetoolError(f"--seq {n_seq}: {name} takes at most {model.context} tokens at once; "
+        raise UsageError(f"--seq {n_seq}: {name} takes at most {model.context} tokens at once; "
                               f"use --seq {model.context} or less")
     wins = windows(len(ids), n_seq, stride)
     plan = held_windows(model, min(n_seq, len(ids)), batch, len(wins), max_memory)
@@ -288,7 +315,7 @@ def _evaluate_one(model: BlockModel, name: str, text: str, seq: int | None, stri
         numel, nonzero = numel + count, nonzero + nz
         if model.plan[stored].targeted:
             targeted_numel, targeted_nonzero = targeted_numel + count, targeted_nonzero + nz
-    return EvalRow(
+    row = EvalRow(
         name=name, kind=model.kind,
         targeted_sparsity=1.0 - targeted_nonzero / targeted_numel if targeted_numel else 0.0,
         params=numel, nonzero_params=nonzero, nll=nll, perplexity=math.exp(nll),
@@ -296,12 +323,35 @@ def _evaluate_one(model: BlockModel, name: str, text: str, seq: int | None, stri
         tokens=n, bytes=n_bytes, seq=n_seq, stride=stride or n_seq, seconds=seconds,
         nll_stderr=stderr, tokenizer=hashlib.sha256(str(enc.ids).encode()).hexdigest()[:16],
         memory=plan.to_json())
+    return row, len(enc.ids)
+
+
+def pruned_by(path: str | Path) -> str | None:
+    """The method ``sparsetool prune`` last pruned the checkpoint at ``path`` with (``magnitude``,
+    ``wanda``, ``sparsegpt``, ``random``; N:M added: ``magnitude 2:4``), from its metadata; None
+    when its last step was not a prune, or it cannot be read."""
+    from sparsetool.checkpoint import open_checkpoint
+    from sparsetool.checkpoint.provenance import read_provenance
+
+    try:
+        with open_checkpoint(path) as ckpt:
+            record = read_provenance(ckpt.metadata())
+    except (SparsetoolError, OSError):
+        return None
+    if not record or record.get("command") != "prune" or not record.get("method"):
+        return None
+    return str(record["method"]) + (f" {record['nm']}" if record.get("nm") else "")
+
+
+MARKERS = "osD^vPX<>h"  # one per pruning method in eval's plot; checkpoints of no method: "*"
 
 
 def plot_eval(result: EvalResult, out: str | Path) -> Path:
-    """Perplexity against targeted sparsity, one labelled point per checkpoint, as a PNG. Points
-    are labelled by the shortest path suffix that tells them apart (two ``model.safetensors``
-    become ``dense/model.safetensors`` and ``sparse/model.safetensors``); the text's name is
+    """Perplexity against targeted sparsity, one labelled point per checkpoint, as a PNG. Each
+    pruning method (:func:`pruned_by`) is a series of its own marker, joined by a line when its
+    sparsities differ (never a vertical line through checkpoints of one sparsity); the legend
+    names the methods. Points are labelled by the shortest path suffix that tells them apart
+    (two ``model`` directories become ``ft/model`` and ``dense/model``); the text's name is
     shortened to fit the title."""
     from sparsetool.ops import plots
 
@@ -309,8 +359,18 @@ def plot_eval(result: EvalResult, out: str | Path) -> Path:
     rows = sorted(result.rows, key=lambda r: r.targeted_sparsity)
     labels = dict(zip([r.name for r in result.rows], plots.unique_suffixes([r.name for r in result.rows])))
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    series: dict[str | None, list[EvalRow]] = {}
+    for r in rows:
+        series.setdefault(pruned_by(r.name), []).append(r)
+    for i, (method, members) in enumerate(sorted(series.items(), key=lambda kv: (kv[0] is None, kv[0] or ""))):
+        sx = [100 * r.targeted_sparsity for r in members]
+        joined = len(set(sx)) == len(sx)
+        ax.plot(sx, [r.perplexity for r in members], linestyle="-" if joined else "none",
+                marker="*" if method is None else MARKERS[i % len(MARKERS)],
+                markersize=10 if method is None else 7, label=method or "no prune record")
+    if len(series) > 1:
+        ax.legend(fontsize=7, title="pruned with", title_fontsize=7)
     xs = [100 * r.targeted_sparsity for r in rows]
-    ax.plot(xs, [r.perplexity for r in rows], "o-")
     middle = (min(xs, default=0) + max(xs, default=0)) / 2
     for x, r in zip(xs, rows):
         right = x > middle and len(rows) > 1  # a label on the right half points left: never cut off

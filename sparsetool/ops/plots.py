@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Sequence
 
-from sparsetool.checkpoint.output_files import temp_beside
+from sparsetool.checkpoint.output_files import remove, temp_beside, write_error
 
 __all__ = ["MATRIX_LABELS", "pyplot", "layer_heatmap", "message_figure", "save_png", "shorten_path",
            "unique_suffixes"]
@@ -102,8 +102,10 @@ def save_png(fig: Any, out: str | Path, dpi: int = 120) -> Path:
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
             fig.savefig(f, format="png", dpi=dpi)  # an ordinary file: the umask's mode
         os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as e:
+        remove(tmp)
+        if isinstance(e, OSError):  # read-only, no space, no permission: one clean line
+            raise write_error(e, out, "--plot") from None
         raise
     finally:
         plt.close(fig)

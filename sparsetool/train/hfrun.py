@@ -29,7 +29,7 @@ from sparsetool.checkpoint.config import (
     read_model_config,
 )
 from sparsetool.checkpoint.provenance import provenance_metadata
-from sparsetool.errors import ConfigError
+from sparsetool.errors import ConfigError, UsageError
 from sparsetool.train.data import Corpus
 from sparsetool.train.hf import (
     TOKENIZER_FILES,
@@ -42,7 +42,7 @@ from sparsetool.train.hf import (
 from sparsetool.util.memory import fine_tuning_plan
 from sparsetool.util.workers import signals_deferred
 
-__all__ = ["HFModel", "HFModelInfo", "MODEL_DIR", "forward", "is_hf_dir", "open_run_model"]
+__all__ = ["HFModel", "HFModelInfo", "MODEL_DIR", "check_shape_flags", "forward", "is_hf_dir", "open_run_model"]
 
 DEFAULT_CONTEXT = 256  # tokens per training sequence unless --context (or the model) says less
 MODEL_DIR = "model"  # RUN/model/: the latest model as a Hugging Face directory
@@ -58,6 +58,14 @@ def is_hf_dir(path: str | Path | None) -> bool:
         return False
     config = read_model_config(path)
     return config is not None and config.get("model_type") != "sparsetool-gpt"
+
+
+def check_shape_flags(cfg, path: Path) -> None:
+    """Refuse a shape flag with ``--init HF_DIR``: the shape is the model's (a usage error)."""
+    for k in ("preset", "n_layer", "n_head", "d_model"):
+        if getattr(cfg, k) is not None:
+            raise UsageError(f"--{k.replace('_', '-')} cannot change a Hugging Face model; "
+                             f"its shape comes from {Path(path) / 'config.json'}")
 
 
 @dataclass(frozen=True)
@@ -97,9 +105,11 @@ def open_run_model(cfg, resume_from: Path | None, resumed_model: dict | None):
                           f"{Path(cfg.init).parent}; give the directory (its config and tokenizer are needed)")
     if not resumed and not (resume_from is None and is_hf_dir(cfg.init)):
         if cfg.encoding != "zeros":
-            raise ConfigError(f"--encoding {cfg.encoding} applies to the Hugging Face directory a "
+            raise UsageError(f"--encoding {cfg.encoding} applies to the Hugging Face directory a "
                               "--init HF_DIR run writes; the built-in GPT's checkpoints use the mask encoding")
         return None, None, {}, {}
+    if not resumed:
+        check_shape_flags(cfg, Path(cfg.init))  # before the model is read
     hf = HFModel(resume_from if resumed else cfg.init)
     info = hf.info(cfg, resumed_model if resumed else None)
     # The whole model, its gradients and Adam's moments live in memory: refuse at once what cannot fit.
@@ -134,13 +144,10 @@ class HFModel:
         """The run's model shape; a shape flag is an error, ``--context`` at most the model's."""
         if saved:
             return HFModelInfo(**saved)
-        for k in ("preset", "n_layer", "n_head", "d_model"):
-            if getattr(cfg, k) is not None:
-                raise ConfigError(f"--{k.replace('_', '-')} cannot change a Hugging Face model; "
-                                  f"its shape comes from {self.path / 'config.json'}")
+        check_shape_flags(cfg, self.path)
         longest = context_of(self.hf_cfg)
         if cfg.context is not None and cfg.context > longest:
-            raise ConfigError(f"--context {cfg.context} is longer than the {longest} positions of "
+            raise UsageError(f"--context {cfg.context} is longer than the {longest} positions of "
                               f"{self.path / 'config.json'}; give at most {longest}")
         c = self.hf_cfg
         return HFModelInfo(

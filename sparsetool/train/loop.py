@@ -27,6 +27,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from sparsetool.checkpoint.encodings import loader_warning
+from sparsetool.checkpoint.output_files import check_writable, write_error
 from sparsetool.errors import ConfigError
 from sparsetool.targets import plan_targets
 from sparsetool.train import hfrun, io, rundir, warmstart
@@ -55,6 +57,7 @@ class Trainer:
                 self.run_dir, flag_overrides or {})
         else:
             rundir.check_new_run(self.run_dir)
+        check_writable(self.run_dir, "-o", directory=True)  # before the model and data are read
         self.cfg = cfg
         if cfg.threads:
             torch.set_num_threads(int(cfg.threads))
@@ -80,6 +83,7 @@ class Trainer:
             # have been moved since)
             self.mcfg = GPTConfig(**self._resumed_model)
         elif cfg.init:
+            warmstart.check_init_is_a_model(cfg.init)
             init_w, init_m, init_meta = io.read_init_checkpoint(cfg.init)
             self.mcfg = warmstart.init_model_config(cfg, init_w, init_meta)
         else:
@@ -119,6 +123,14 @@ class Trainer:
             self.hf.load(self.model, weights, source)
         else:
             warmstart.load_weights(self.model, weights, source)
+
+    def _warnings(self) -> list[str]:
+        """What the run will write that is probably not what was meant (the callback's start
+        info carries them; the command line prints each as a warning)."""
+        sparse = self.sp is not None or any(st["sparsity"] for st in self.plan)
+        warning = loader_warning(self.cfg.encoding, self.run_dir / hfrun.MODEL_DIR, "train") \
+            if self.hf and sparse and self.resume_from is None else None
+        return [warning] if warning else []
 
     def _num_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())  # a tied head counted once
@@ -236,7 +248,12 @@ class Trainer:
         :class:`~sparsetool.errors.Interrupted` at once."""
         stop_request = StopRequest(stop_on_signal, notice=self._notice)
         with stop_request:
-            return self._run(stop_request)
+            try:
+                return self._run(stop_request)
+            except OSError as e:  # a save that failed (no space, read-only, ...): one clean line
+                kept = ("the run stopped; its checkpoints saved before stay (--resume continues)"
+                        if (self.run_dir / "latest").exists() else "the run stopped before its first checkpoint")
+                raise write_error(e, self.run_dir, "-o", kept) from None
 
     def _notice(self, name: str) -> None:
         if self.master:
@@ -279,6 +296,7 @@ class Trainer:
             "steps": cfg.steps, "stop": stop, "device": str(self.device), "precision": self.precision,
             "stages": self.plan, "sparsity": self._log_sparsity(),
             "sparse_training": self.sp.resolved() if self.sp is not None else None,
+            "warnings": self._warnings(),
         }
         self.callback("start", info)
         model = self.ddp or self.model

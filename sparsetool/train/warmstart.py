@@ -11,20 +11,32 @@ from __future__ import annotations
 
 from dataclasses import replace
 from numbers import Real
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from sparsetool.checkpoint import open_checkpoint
 from sparsetool.errors import ConfigError
 from sparsetool.train.config import DEFAULT_PRESET, TrainConfig
 from sparsetool.train.model import PRESETS, GPTConfig, infer_config
 from sparsetool.util.wording import plural
 
-__all__ = ["check_init_sparsity", "init_model_config", "load_weights", "loaded_sparsity", "mask_origin",
+__all__ = ["check_init_is_a_model", "check_init_sparsity", "init_model_config", "load_weights", "loaded_sparsity", "mask_origin",
            "masks_from"]
 
 
 SHAPE = ("n_layer", "n_head", "d_model", "context")
+
+
+def check_init_is_a_model(path: str | Path) -> None:
+    """Refuse, before its weights are read, a ``--init`` checkpoint that is neither sparsetool's
+    GPT nor a Hugging Face model: without config.json the message says so, as eval's and prune's
+    do (a Hugging Face directory has already been taken as one)."""
+    with open_checkpoint(path) as ckpt:
+        if ckpt.config is None and not {"tok_emb.weight", "pos_emb.weight"} <= {lt.name for lt in ckpt.logical}:
+            raise ConfigError(f"{path}: no config.json; train --init needs a Hugging Face model directory "
+                              "(config.json, weights, tokenizer files) or a checkpoint of sparsetool train")
 
 
 def init_model_config(cfg: TrainConfig, weights: dict[str, torch.Tensor], meta: dict) -> GPTConfig:

@@ -396,7 +396,8 @@ def test_hugging_face_config_json(tmp_path):
             "vocab_size": 50257, "n_positions": 1024}
     (tmp_path / "config.json").write_text(json.dumps(gpt2))
     c = load_config(tmp_path / "config.json")
-    assert (c.d_ff, c.seq_len, c.context, c.ffn_matrices, c.n_kv_heads) == (3072, 2048, 1024, 2, None)
+    # GPT-2 takes 1024 tokens: counted at its context, not at a 2048 it cannot take
+    assert (c.d_ff, c.seq_len, c.context, c.ffn_matrices, c.n_kv_heads) == (3072, 1024, 1024, 2, None)
 
 
 @pytest.mark.parametrize("body,match", [

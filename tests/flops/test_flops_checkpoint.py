@@ -49,7 +49,7 @@ def test_checkpoint_uses_measured_sparsity(tmp_path):
     d, c = whole["runs"][0], whole["config"]
     assert (c["n_layers"], c["d_model"], c["n_heads"], c["d_head"], c["d_ff"], c["vocab"], c["context"]) == (
         2, 64, 4, 16, 256, 100, 32)
-    assert (c["seq_len"], c["seq_len_source"]) == (2048, "default")
+    assert (c["seq_len"], c["seq_len_source"]) == (32, "the model's context")  # shorter than 2048
     assert whole["targeted_sparsity"] == pytest.approx(0.75)
     assert d["params"] == sum(t.numel() for t in st.values())
     assert d["nonzero_params"] == sum(int(torch.count_nonzero(t)) for t in st.values())
@@ -120,3 +120,19 @@ def test_llama_directory_with_gqa_and_swiglu(tmp_path):
     ref = forward_terms(cfg, sparsity=[layer] * L)
     assert dj["forward_terms"] == pytest.approx(ref)
     assert dj["forward_terms"]["qkv"] == pytest.approx(0.75 * 2 * 256 * d * k * (heads + 2 * kv) * L)
+
+
+def test_a_model_with_a_short_context_is_counted_at_its_context(tmp_path):
+    """flops --config and --checkpoint of a model that takes 64 tokens count 64-token sequences,
+    not 2048 (issue 31, item 9); --seq-len still says otherwise."""
+    from helpers import ROOT, run
+
+    tiny = ROOT / "fixtures" / "tiny-gpt2"  # n_positions 64
+    for args in (("--checkpoint", tiny), ("--config", tiny / "config.json")):
+        r = run("flops", *args, columns=200)
+        assert r.exit_code == 0, r.output
+        assert "seq 64 (the model's context)" in r.stdout.splitlines()[0], r.stdout
+        r = run("flops", *args, "--json")
+        assert json.loads(r.stdout)["config"]["seq_len"] == 64
+        r = run("flops", *args, "--seq-len", "32", "--json")
+        assert json.loads(r.stdout)["config"]["seq_len"] == 32

@@ -72,7 +72,8 @@ def test_gpt2_layout_with_config_json_heads():
     m = infer_model(gpt2_rows(), name="g", hf_config={"n_head": 4})
     c = m.config
     assert (c.n_layers, c.d_model, c.n_heads, c.d_head, c.d_ff, c.vocab, c.context) == (3, 16, 4, 4, 64, 50, 32)
-    assert (c.seq_len, c.seq_len_source) == (2048, "default")  # counted at 2048 like every source
+    # counted at the model's context, shorter than the 2048 of other sources (issue 31, item 9)
+    assert (c.seq_len, c.seq_len_source) == (32, "the model's context")
     assert (c.ffn_matrices, c.n_kv_heads, c.learned_positions, c.tied_embeddings, c.biases) == (2, None, True, True, True)
     assert m.notes == []
     assert m.layer_sparsity == [{"qkv": 0.5, "attn_out": 0.25, "ffn_in": 0.75, "ffn_out": 0.0}] * 3

@@ -181,16 +181,17 @@ def test_resume_is_bit_identical(root, tmp_path):
 
 
 def test_bad_input_is_one_error_line(root, tmp_path):
+    # a shape flag, a longer context, --encoding without a model directory: usage errors (exit 2)
     r = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "a"), "--init", str(root / "gpt2"),
                                  "--n-layer", "4", *FAST])
-    assert r.exit_code == 1 and "--n-layer cannot change a Hugging Face model" in r.output
+    assert r.exit_code == 2 and "--n-layer cannot change a Hugging Face model" in r.output
     r = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "a"), "--init", str(root / "gpt2"),
                                  "--preset", "tiny", *FAST])
-    assert r.exit_code == 1 and r.stderr == ("error: --preset cannot change a Hugging Face model; its "
+    assert r.exit_code == 2 and r.stderr == ("error: --preset cannot change a Hugging Face model; its "
                                              f"shape comes from {root / 'gpt2' / 'config.json'}\n")
     r = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "b"), "--init", str(root / "gpt2"),
                                  "--data", str(root / "data.txt"), "--context", "100", *FAST[:2]])
-    assert r.exit_code == 1 and "--context 100 is longer than the 64 positions" in r.output
+    assert r.exit_code == 2 and "--context 100 is longer than the 64 positions" in r.output
     bare = tmp_path / "bare"
     bare.mkdir()
     for f in ("config.json", "model.safetensors"):
@@ -203,4 +204,24 @@ def test_bad_input_is_one_error_line(root, tmp_path):
     assert r.exit_code == 1 and "give the directory" in r.output
     r = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "d"), "--preset", "tiny",
                                  "--encoding", "bitmask", *FAST])
-    assert r.exit_code == 1 and "--encoding bitmask applies to the Hugging Face directory" in r.output
+    assert r.exit_code == 2 and "--encoding bitmask applies to the Hugging Face directory" in r.output
+
+
+@pytest.mark.parametrize("encoding", ["bitmask", "nan", "zeros"])
+def test_an_encoding_transformers_cannot_load_is_warned_of(root, tmp_path, encoding):
+    """As `prune --encoding bitmask` does: RUN/model in bitmask (or nan) is read by sparsetool,
+    not by transformers' from_pretrained; the run says so before it starts (issue 31, item 5)."""
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, ["train", "-o", str(out), "--init", str(root / "gpt2"), "--data",
+                                 str(root / "data.txt"), "--sparsity", "0.5", "--encoding", encoding,
+                                 *FAST, "--steps", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
+    if encoding == "zeros":
+        assert warnings == []
+        return
+    said = "cannot load the bitmask encoding" if encoding == "bitmask" else "loads the nan encoding"
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: transformers' from_pretrained {said}"), r.stderr
+    assert warnings[0].endswith(f"For transformers run `sparsetool densify {out / 'model'} -o DENSE_DIR`, "
+                                "or train with --encoding zeros or mask")
+    assert json.loads(r.stdout)["finished"]

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from sparsetool.checkpoint.output_files import check_writable
 from sparsetool.ops.prune.options import PruneOptions, PruneResult, TensorResult
 from sparsetool.ops.prune.plan import PrunePlan, checkpoint_plan, plan_prune, targeted_tensors
 from sparsetool.ops.prune.write import write_pruned
@@ -52,5 +53,6 @@ def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
 
     With a calibration method, ``on_plan`` is called with the memory plan once it is made,
     before the long part (a plan that cannot fit raises instead)."""
+    check_writable(out, "-o")  # before the plan, which may load a model and its calibration text
     plan = plan_prune(src, opts, progress=progress, on_plan=on_plan)
     return write_pruned(plan, out, in_place=in_place, progress=progress)

@@ -22,7 +22,7 @@ from sparsetool.util.options import (
     check_sparsity,
 )
 
-__all__ = ["PruneOptions", "TensorResult", "PruneResult", "LOADER_WARNINGS", "DEFAULT_SEQ", "options_record"]
+__all__ = ["PruneOptions", "TensorResult", "PruneResult", "DEFAULT_SEQ", "options_record"]
 
 
 @dataclass(frozen=True)
@@ -202,16 +202,3 @@ def options_record(opts: PruneOptions) -> dict:
         rec["calibration"] = calib
         rec["updates_weights"] = opts.method == "sparsegpt"
     return rec
-
-
-# Encodings that a Hugging Face directory's usual loader reads wrongly (tests/checkpoint/test_loaders.py).
-LOADER_WARNINGS = {
-    "nan": ("transformers' from_pretrained loads the nan encoding as a model full of NaN; "
-            "sparsetool.load and `sparsetool eval` read it. For transformers run "
-            "`sparsetool densify {out} -o DENSE_DIR`, or prune with --encoding zeros or mask"),
-    "bitmask": ("transformers' from_pretrained cannot load the bitmask encoding (it asks for "
-                "compressed-tensors, whose current releases dropped sparse-bitmask and "
-                "re-initialise the pruned weights at random); sparsetool.load and `sparsetool eval` "
-                "read it. For transformers run `sparsetool densify {out} -o DENSE_DIR`, or prune "
-                "with --encoding zeros or mask"),
-}

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sparsetool.checkpoint.config import bitmask_sparsity_config, drop_sparsity_config
-from sparsetool.checkpoint.encodings import as_array, encode_array, encoded_specs
+from sparsetool.checkpoint.encodings import as_array, encode_array, encoded_specs, loader_warning
 from sparsetool.checkpoint.format import TensorSpec
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.checkpoint.reader import LogicalTensor
 from sparsetool.checkpoint.writer import CheckpointWriter, write_checkpoint
-from sparsetool.ops.prune.options import LOADER_WARNINGS, PruneResult, TensorResult, options_record
+from sparsetool.ops.prune.options import PruneResult, TensorResult, options_record
 from sparsetool.ops.prune.plan import PrunePlan
 from sparsetool.ops.prune.planner import BlockOrderPlanner, FileOrderPlanner
 from sparsetool.targets import tied_head_warning
@@ -50,8 +50,9 @@ def write_pruned(plan: PrunePlan, out: str | Path, *, in_place: bool = False,
             _write_in_block_order(plan, plan.planner, writer, result)
         else:
             _write_in_file_order(plan, plan.planner, writer, result, progress)
-    if ckpt.is_dir and ckpt.config is not None and opts.encoding in LOADER_WARNINGS:
-        result.warnings.append(LOADER_WARNINGS[opts.encoding].format(out=out))
+    warning = loader_warning(opts.encoding, out, "prune") if ckpt.is_dir and ckpt.config is not None else None
+    if warning:
+        result.warnings.append(warning)
     tied = tied_head_warning(plan.targeting)
     if tied:
         result.warnings.append(tied)
