@@ -5,8 +5,9 @@ with ``--method wanda|sparsegpt`` (50% and 2:4) on the tiny GPT-2 and Llama of t
 A change of how the statistics are gathered, held or freed (one ``X^T X`` per distinct input of a
 block, the inverse Hessian computed in place) must leave every tensor bit for bit as it was; the
 digests were made by the code before such changes. The tensors come out of float32 matrix
-products, so they are pinned for one torch build (recorded in the file): another torch skips the
-test, and a regeneration there needs the code of a commit whose output is known to be right.
+products, whose rounding depends on torch's build and its number of threads: they are pinned for
+one torch build (recorded in the file; another torch skips the test, and a regeneration there needs
+the code of a commit whose output is known to be right) on one thread.
 
 Regenerate with ``python tests/ops/test_calibration_digests.py --regenerate`` ONLY when a change of
 the pruned values is intended, and say in the commit which variants changed and why.
@@ -70,6 +71,7 @@ def pinned() -> dict:
     return table
 
 
+@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_calibration_pruning_writes_the_pinned_tensors(variant, pinned, tmp_path_factory):
     work = tmp_path_factory.getbasetemp() / "calibration-digests"
@@ -84,6 +86,7 @@ def test_calibration_pruning_writes_the_pinned_tensors(variant, pinned, tmp_path
 def regenerate() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for helpers
     os.environ["HF_HUB_OFFLINE"] = "1"
+    torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         table = {v: digests_of(*VARIANTS[v], Path(tmp)) for v in sorted(VARIANTS)}
     DIGESTS.write_text(json.dumps({"torch": torch.__version__, "variants": table}, indent=1,
