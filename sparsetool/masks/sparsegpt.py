@@ -30,8 +30,14 @@ from sparsetool.masks.kernel import top_k_mask
 from sparsetool.masks.select import nm_kept_count, nm_mask
 from sparsetool.util.wording import plural
 
-__all__ = ["block_prune_counts", "inverse_hessian_factor", "transpose_square", "sparsegpt_prune",
+__all__ = ["ROWS", "block_prune_counts", "inverse_hessian_factor", "transpose_square", "sparsegpt_prune",
            "sparsegpt_update", "sparsegpt_kept_count"]
+
+
+ROWS = 1024
+"""Rows of a matrix product made at once (the OBS update of the columns after a block, and
+``X^T X`` in calibration): a product of ``ROWS x cols`` floats beside its target instead of the
+whole. Each entry is the same dot product, in the same order, either way."""
 
 
 def block_prune_counts(rows: int, cols: int, prune: int, blocksize: int) -> list[int]:
@@ -162,7 +168,8 @@ def sparsegpt_update(w: Tensor, hinv: Tensor, *, keep: int | None = None,
             w1[:, i] = q
             err1[:, i] = err
         W[:, i1:i2] = w1
-        W[:, i2:] -= err1 @ hinv[i1:i2, i2:]
+        for r in range(0, rows, ROWS):  # the product a slice of rows at a time: the same sums
+            W[r:r + ROWS, i2:] -= err1[r:r + ROWS] @ hinv[i1:i2, i2:]
     return W, kept
 
 

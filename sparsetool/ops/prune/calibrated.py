@@ -10,15 +10,19 @@ model's own forward pass (embeddings only are read); then for each block in orde
 1. its weights are read from the checkpoint, in compute precision on the device;
 2. the current inputs run through the block while hooks on its targeted linear layers accumulate
    their input statistics in float32 or better (Wanda: the sum of squares of each input feature;
-   SparseGPT: ``X^T X``);
+   SparseGPT: ``X^T X``), one set per distinct input tensor: layers that read the same tensor
+   (Llama's q/k/v projections, its gate/up projections) share it (:class:`BlockStatistics`);
 3. each targeted weight of the block is read again in its stored precision and pruned in float32
    on the CPU (:mod:`sparsetool.masks.wanda`, :mod:`sparsetool.masks.sparsegpt`), handed to the writer
-   (``sink``) at once, and put back into the block; its statistics are dropped;
+   (``sink``) at once, and put back into the block. The layers of one input are pruned together,
+   the inputs of the smallest layers first; SparseGPT turns an input's ``X^T X`` into its inverse
+   factor in place when the first of its layers is pruned, and an input's statistics are dropped
+   after its last layer;
 4. the inputs run through the pruned block; its outputs are the next block's inputs; the block's
    weights are dropped.
 
 Memory holds one block, the calibration activations (a block's inputs and outputs) and one block's
-statistics, whatever the depth (:mod:`sparsetool.util.memory` estimates it before the long part and
+statistics (one per distinct input), whatever the depth (:mod:`sparsetool.util.memory` estimates it before the long part and
 refuses a run that cannot fit). The output's header is known before the first block runs: a
 tensor's kept count depends only on which of its weights are alive and how many it must keep
 (:func:`~sparsetool.masks.wanda.wanda_kept_count`, :func:`~sparsetool.masks.sparsegpt.sparsegpt_kept_count`),
@@ -39,6 +43,7 @@ from sparsetool.checkpoint.zeros import count_nonzero_values
 from sparsetool.errors import CheckpointError, SparsetoolError
 from sparsetool.masks.distributions import keep_counts
 from sparsetool.masks.sparsegpt import (
+    ROWS,
     inverse_hessian_factor,
     sparsegpt_kept_count,
     sparsegpt_update,
@@ -91,7 +96,9 @@ class _Input:
 
     def add(self, x: torch.Tensor) -> None:
         if self.h is not None:
-            self.h += x.T @ x
+            xt = x.T
+            for r in range(0, self.n_in, ROWS):  # not the whole in x in product beside h
+                self.h[r:r + ROWS] += xt[r:r + ROWS] @ x
         else:
             self.sq += x.double().pow(2).sum(0)
 
@@ -314,7 +321,7 @@ class CalibratedPlanner:
                 sizes.append(n_in * n_in * 4 if sgpt else n_in * 8)
                 costs.append(max(self._solve_bytes(lt) for lt in group))
             held = sum(sizes)  # every input's statistics, while the windows run through the block
-            stats = max(stats, held)
+            stats = max(stats, held + (ROWS * max(map(self._n_in, dict(pairs).values())) * 4 if sgpt else 0))
             for g in sorted(range(len(sizes)), key=lambda g: costs[g]):  # the solve order
                 stats = max(stats, held + costs[g])
                 held -= sizes[g]  # dropped after its last layer
@@ -328,13 +335,13 @@ class CalibratedPlanner:
 
     def _solve_bytes(self, lt: LogicalTensor) -> int:
         """What pruning one tensor holds beside the statistics and the block. SparseGPT: its
-        stored values and alive mask, the weight in float32 (updated in place) with one float32
-        product of the solve beside it and the kept mask, then the stored values written; Wanda:
-        the weight in float32 a few times."""
+        stored values and alive mask, the weight in float32 (updated in place) with the kept mask
+        and its inverse, then the stored values written; and a slice of ``ROWS`` rows of the
+        solve's product. Wanda: the weight in float32 a few times."""
         if self.opts.method == "wanda":
             return 3 * lt.numel * 4
         stored = lt.dtype.itemsize
-        return lt.numel * max(stored + 1 + 4 + 4 + 1, 2 * stored + 1 + 4 + 2)
+        return lt.numel * max(stored + 1 + 4 + 1 + 1, 2 * stored + 1 + 4 + 2) + ROWS * self._n_in(lt) * 4
 
     # ------------------------------------------------------------------ the block-by-block run
     def run(self, sink: Sink) -> None:
