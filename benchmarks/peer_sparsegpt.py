@@ -42,8 +42,10 @@ def main() -> None:
                               "attention_mask": [[1] * args.seq for _ in range(args.samples)]})
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype="auto")
     t1 = time.perf_counter()
-    recipe = SparseGPTModifier(sparsity=args.sparsity, mask_structure="0:0", targets=["Linear"],
-                               ignore=["lm_head"])
+    # the decoder layers, one after the other, their linear layers pruned (the head left, as
+    # prune leaves it)
+    recipe = SparseGPTModifier(sparsity=args.sparsity, mask_structure="0:0",
+                               targets=[r"re:model.layers.\d+$"], ignore=["re:.*lm_head"])
     oneshot(model=model, dataset=data, recipe=recipe, num_calibration_samples=args.samples,
             max_seq_length=args.seq, shuffle_calibration_samples=False)
     t2 = time.perf_counter()
