@@ -295,3 +295,32 @@ def test_sparsegpt_makes_one_hessian_per_distinct_input_and_drops_it_after_its_l
     # the memory plan's guess, made before anything runs, is the sharing seen
     assert {i: sorted(map(sorted, plan.planner.expected_inputs(i))) for i in shared} == \
         {i: sorted(map(sorted, groups)) for i, groups in shared.items()}
+
+
+def test_block_statistics_share_an_input_read_by_several_layers_bit_for_bit():
+    """Two layers reading one tensor share one X^T X, equal to each layer's own sum; a layer
+    reading another tensor (of the same size) has its own; the statistics go with the last layer."""
+    from sparsetool.ops.prune.calibrated import BlockStatistics
+
+    torch.manual_seed(0)
+    a, b, c = (torch.nn.Linear(8, 8) for _ in range(3))
+    stats = BlockStatistics({"a.weight": 8, "b.weight": 8, "c.weight": 8}, True, torch.device("cpu"))
+    hooks = [m.register_forward_hook(stats.hook(f"{n}.weight")) for n, m in zip("abc", (a, b, c))]
+    xs = [torch.randn(2, 5, 8) for _ in range(3)]
+    for x in xs:
+        a(x), b(x), c(x + 1)
+        stats.window_done()
+    for h in hooks:
+        h.remove()
+    assert stats.groups() == [["a.weight", "b.weight"], ["c.weight"]]
+    own = torch.zeros(8, 8)
+    for x in xs:
+        own += x.reshape(-1, 8).T @ x.reshape(-1, 8)
+    assert torch.equal(stats.of("a.weight").h, own) and stats.of("b.weight") is stats.of("a.weight")
+    order = stats.solve_order(lambda name: {"a.weight": 1, "b.weight": 1, "c.weight": 0}[name])
+    assert order == ["c.weight", "a.weight", "b.weight"]
+    shared = stats.of("a.weight")
+    stats.release("a.weight")
+    assert shared.h is not None
+    stats.release("b.weight")
+    assert shared.h is None and stats.groups() == [["c.weight"]]
