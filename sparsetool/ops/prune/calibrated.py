@@ -335,13 +335,13 @@ class CalibratedPlanner:
 
     def _solve_bytes(self, lt: LogicalTensor) -> int:
         """What pruning one tensor holds beside the statistics and the block. SparseGPT: its
-        stored values and alive mask, the weight in float32 (updated in place) with the kept mask
-        and its inverse, then the stored values written; and a slice of ``ROWS`` rows of the
-        solve's product. Wanda: the weight in float32 a few times."""
+        alive mask, the weight in float32 (updated in place) and the kept mask, with a slice of
+        ``ROWS`` rows of the solve's product; then the kept mask and its inverse and the stored
+        values written. Wanda: the weight in float32 a few times."""
         if self.opts.method == "wanda":
             return 3 * lt.numel * 4
         stored = lt.dtype.itemsize
-        return lt.numel * max(stored + 1 + 4 + 1 + 1, 2 * stored + 1 + 4 + 2) + ROWS * self._n_in(lt) * 4
+        return lt.numel * max(1 + 4 + 1, stored + 4 + 2) + ROWS * self._n_in(lt) * 4
 
     # ------------------------------------------------------------------ the block-by-block run
     def run(self, sink: Sink) -> None:
@@ -392,6 +392,9 @@ class CalibratedPlanner:
         dense, alive = read_alive_tensors(self.ckpt, lt, nan_means_pruned=self.nan_ok)
         # The statistics were gathered on the device; the selection and the solve run on the CPU.
         w, alive = self._oriented(lt, dense).float(), self._oriented(lt, alive)
+        stored, copied = dense.dtype, w.dtype != dense.dtype
+        if o.method == "sparsegpt":  # its output is the updated weights: the stored ones can go
+            del dense
         try:
             if o.method == "wanda":
                 kept = wanda_mask(w, stats.sq.cpu(), keep=self._keep(lt), nm=o.nm, existing=alive)
@@ -403,10 +406,10 @@ class CalibratedPlanner:
                     del h
                 new, kept = sparsegpt_update(w, stats.factor, keep=self._keep(lt), nm=o.nm,
                                              existing=alive, blocksize=o.blocksize,
-                                             overwrite=w.dtype != dense.dtype)  # w a copy
+                                             overwrite=copied)
         except SparsetoolError as e:
             raise SparsetoolError(f"tensor {lt.name!r} {list(lt.shape)}: {e}") from None
-        del w
+        del w, alive
         new.masked_fill_(~kept, 0)
         stored_new = self._oriented(lt, new)
         self.model.set_weight(own, stored_new)  # the next inputs come from the pruned block
@@ -414,5 +417,5 @@ class CalibratedPlanner:
         if count_nonzero_values(kept) != self.nonzero_after[lt.name]:
             raise CheckpointError(f"tensor {lt.name!r}: kept {plural(count_nonzero_values(kept), 'weight')} "
                                   f"where {self.nonzero_after[lt.name]:,} were planned; please report this")
-        values = dense if o.method == "wanda" else stored_new.to(dense.dtype).contiguous()
+        values = dense if o.method == "wanda" else stored_new.to(stored).contiguous()
         sink(lt, values, kept)
