@@ -30,7 +30,14 @@ from sparsetool.masks.kernel import top_k_mask
 from sparsetool.masks.select import nm_kept_count, nm_mask
 from sparsetool.util.wording import plural
 
-__all__ = ["block_prune_counts", "inverse_hessian_factor", "sparsegpt_prune", "sparsegpt_kept_count"]
+__all__ = ["ROWS", "block_prune_counts", "inverse_hessian_factor", "transpose_square", "sparsegpt_prune",
+           "sparsegpt_update", "sparsegpt_kept_count"]
+
+
+ROWS = 1024
+"""Rows of a matrix product made at once (the OBS update of the columns after a block, and
+``X^T X`` in calibration): a product of ``ROWS x cols`` floats beside its target instead of the
+whole. Each entry is the same dot product, in the same order, either way."""
 
 
 def block_prune_counts(rows: int, cols: int, prune: int, blocksize: int) -> list[int]:
@@ -51,21 +58,49 @@ def block_prune_counts(rows: int, cols: int, prune: int, blocksize: int) -> list
     return out
 
 
-def inverse_hessian_factor(h: Tensor, dampening: float = 0.01) -> Tensor:
+def inverse_hessian_factor(h: Tensor, dampening: float = 0.01, *, overwrite: bool = False) -> Tensor:
     """The upper Cholesky factor of ``(H + d I)^-1``, ``d = dampening * mean(diag H)``, where
-    never-active inputs get ``H_jj = 1``. Raises if ``H`` is not positive definite even dampened."""
-    h = h.clone()
-    dead = torch.diagonal(h) == 0
-    h[dead, dead] = 1
-    damp = dampening * float(torch.diagonal(h).mean())
-    h += damp * torch.eye(h.shape[0], dtype=h.dtype)
+    never-active inputs get ``H_jj = 1``. Raises if ``H`` is not positive definite even dampened.
+
+    With ``overwrite`` the factor is computed in ``h``'s own memory (a contiguous square matrix)
+    and ``h`` is returned holding it: no other ``in x in`` matrix is made, where the three steps
+    out of place would hold two or three at once (and ``d I`` one more). The factor is the same bit
+    for bit either way: LAPACK's in-place routines see the same column-major matrix torch's
+    out-of-place calls copy ``H`` into (``H`` is symmetric, so its rows are its columns).
+    """
+    if not overwrite:
+        h = h.clone(memory_format=torch.contiguous_format)
+    elif not h.is_contiguous():
+        raise SparsetoolError("overwrite needs a contiguous X^T X")
+    diag = torch.diagonal(h)
+    diag[diag == 0] = 1
+    damp = dampening * float(diag.mean())
+    diag += damp  # what adding damp * I does, without the identity matrix
+    col = h.mT  # the same memory as a column-major matrix: what LAPACK works on in place
     try:
-        low = torch.linalg.cholesky(h)
-        return torch.linalg.cholesky(torch.cholesky_inverse(low), upper=True)
+        torch.linalg.cholesky(col, out=col)
+        torch.cholesky_inverse(col, out=col)
+        torch.linalg.cholesky(col, upper=True, out=col)
     except RuntimeError:  # torch.linalg.LinAlgError
         raise SparsetoolError(
             f"X^T X of this layer is not positive definite with dampening {dampening} "
             "(its inputs are nearly collinear); raise --dampening, e.g. to 0.1") from None
+    transpose_square(h)  # row-major again, as the solve reads its rows
+    return h
+
+
+def transpose_square(t: Tensor, block: int = 512) -> None:
+    """Transpose the square matrix ``t`` in place, a ``block x block`` tile at a time (one tile of
+    extra memory)."""
+    n = t.shape[0]
+    for i in range(0, n, block):
+        ie = min(i + block, n)
+        t[i:ie, i:ie] = t[i:ie, i:ie].mT.clone()
+        for j in range(ie, n, block):
+            je = min(j + block, n)
+            upper = t[i:ie, j:je].clone()
+            t[i:ie, j:je] = t[j:je, i:ie].mT
+            t[j:je, i:ie] = upper.mT
 
 
 def sparsegpt_prune(w: Tensor, h: Tensor, *, keep: int | None = None,
@@ -75,20 +110,40 @@ def sparsegpt_prune(w: Tensor, h: Tensor, *, keep: int | None = None,
 
     The math runs in float64 when ``h`` is float64, else float32; the weights come back in that
     dtype. ``existing`` (True = alive) positions that are already pruned are never kept again.
+    ``w`` and ``h`` are left as they are; :func:`inverse_hessian_factor` and
+    :func:`sparsegpt_update` are the two steps, for a caller that shares one ``H`` between layers
+    or can give up its copies.
     """
+    _check(w, h.shape, keep, nm, blocksize)
+    dt = torch.float64 if h.dtype == torch.float64 else torch.float32
+    h_dt, w_dt = h.to(dt).contiguous(), w.to(dt)
+    hinv = inverse_hessian_factor(h_dt, dampening, overwrite=h_dt is not h)  # a copy already
+    return sparsegpt_update(w_dt, hinv, keep=keep, nm=nm, existing=existing, blocksize=blocksize,
+                            overwrite=w_dt is not w)
+
+
+def _check(w: Tensor, h_shape, keep: int | None, nm: tuple[int, int] | None, blocksize: int) -> None:
     if (keep is None) == (nm is None):
         raise SparsetoolError("give exactly one of keep or nm")
     rows, cols = w.shape
-    if h.shape != (cols, cols):
-        raise SparsetoolError(f"X^T X has shape {tuple(h.shape)}, the weight {tuple(w.shape)}")
+    if tuple(h_shape) != (cols, cols):
+        raise SparsetoolError(f"X^T X has shape {tuple(h_shape)}, the weight {tuple(w.shape)}")
     if blocksize < 1 or (nm is not None and blocksize % nm[1]):
         raise SparsetoolError(f"blocksize {blocksize} must be a positive multiple of M")
     if nm is not None and cols % nm[1]:
         raise SparsetoolError(f"N:M {nm[0]}:{nm[1]}: the input size {cols} is not divisible by "
                               f"{nm[1]}; choose an M that divides it or exclude this tensor")
-    dt = torch.float64 if h.dtype == torch.float64 else torch.float32
-    W = w.to(dt).clone()
-    hinv = inverse_hessian_factor(h.to(dt), dampening)
+
+
+def sparsegpt_update(w: Tensor, hinv: Tensor, *, keep: int | None = None,
+                     nm: tuple[int, int] | None = None, existing: Tensor | None = None,
+                     blocksize: int = 128, overwrite: bool = False) -> tuple[Tensor, Tensor]:
+    """:func:`sparsegpt_prune` given the factor ``hinv`` (:func:`inverse_hessian_factor`) instead
+    of ``H``: the math runs in ``hinv``'s dtype. With ``overwrite`` the updated weights are
+    written into ``w`` itself (of that dtype), which is returned, instead of into a copy."""
+    _check(w, hinv.shape, keep, nm, blocksize)
+    rows, cols = w.shape
+    W = w if overwrite and w.dtype == hinv.dtype else w.to(hinv.dtype).clone()
     kept = torch.zeros((rows, cols), dtype=torch.bool)
     prunes = None if nm is not None else block_prune_counts(rows, cols, rows * cols - keep, blocksize)
     for b, i1 in enumerate(range(0, cols, blocksize)):
@@ -113,7 +168,8 @@ def sparsegpt_prune(w: Tensor, h: Tensor, *, keep: int | None = None,
             w1[:, i] = q
             err1[:, i] = err
         W[:, i1:i2] = w1
-        W[:, i2:] -= err1 @ hinv[i1:i2, i2:]
+        for r in range(0, rows, ROWS):  # the product a slice of rows at a time: the same sums
+            W[r:r + ROWS, i2:] -= err1[r:r + ROWS] @ hinv[i1:i2, i2:]
     return W, kept
 
 

@@ -10,9 +10,12 @@ Both hold one transformer block at a time (:mod:`sparsetool.ops.lm`), so the pea
 - ``activations``: the hidden states of every window held (a block's input and output), plus what
   one forward pass through a block makes for one batch (attention scores, the feed-forward layer's
   hidden units) and, for eval, one chunk of logits;
-- ``statistics``: calibration pruning only: each targeted layer's input statistics for one block
-  (Wanda: one float64 per input feature; SparseGPT: the in x in ``X^T X`` in float32) and the
-  SparseGPT solve's working copies of the largest layer.
+- ``statistics``: calibration pruning only: the input statistics of one block, one set per
+  distinct input (layers that read the same tensor, such as q/k/v, share it; Wanda: one float64 per
+  input feature; SparseGPT: the in x in ``X^T X`` in float32, which becomes its inverse factor in
+  place), all held while the windows run through the block, then fewer as the layers of each input
+  are pruned, with one layer's solve beside them (its weight in float32, updated in place, and a
+  few masks and copies of its size): the larger of the two moments.
 
 The figures are estimates (within some tens of percent of the measured peak RSS, see
 ``benchmarks/RESULTS.md``); they exist to refuse at once a run that cannot fit instead of being

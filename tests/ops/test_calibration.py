@@ -249,3 +249,78 @@ def test_opt_neox_and_mistral_are_pruned_block_by_block(kind, text, calib_file, 
         loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
         with torch.no_grad():
             assert torch.isfinite(loaded(input_ids=torch.tensor([[1, 5, 9, 30]])).logits).all()
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_sparsegpt_makes_one_hessian_per_distinct_input_and_drops_it_after_its_layers(
+        kind, text, calib_file, tmp_path, monkeypatch):
+    """Llama's q/k/v read one tensor and its gate/up another: one X^T X (and one inverse factor)
+    each, so 4 per block where there are 7 layers; GPT-2's 4 layers each read their own. Each
+    factor is gone once the layers of its input are pruned (none is alive when the next is made)."""
+    import weakref
+
+    from sparsetool.masks import sparsegpt
+    from sparsetool.ops.prune import calibrated, plan_prune, write_pruned
+
+    src = tmp_path / "dense"
+    torch.manual_seed(0)
+    hf_model(kind).eval().save_pretrained(src)
+    save_tokenizer(src, text)
+    made: list[tuple[int, int]] = []  # (size, factors of earlier inputs still alive)
+    alive: list[weakref.ref] = []
+    real = sparsegpt.inverse_hessian_factor
+
+    def counting(h, *args, **kwargs):
+        made.append((h.shape[0], sum(r() is not None for r in alive)))
+        out = real(h, *args, **kwargs)
+        alive.append(weakref.ref(out))
+        return out
+
+    monkeypatch.setattr(sparsegpt, "inverse_hessian_factor", counting)
+    monkeypatch.setattr(calibrated, "inverse_hessian_factor", counting, raising=False)
+    plan = plan_prune(src, PruneOptions(sparsity=0.5, method="sparsegpt", calibration=str(calib_file),
+                                        **CALIB))
+    result = write_pruned(plan, tmp_path / "out")
+    per_block = {"llama": [32, 32, 32, 64], "gpt2": [32, 32, 32, 128]}[kind]  # smallest solve first
+    assert len(result.tensors) == {"llama": 14, "gpt2": 8}[kind]
+    assert made == [(n, 0) for n in per_block * 2]
+    shared = plan.planner.shared
+    if kind == "llama":
+        p = "model.layers.0."
+        assert sorted(map(sorted, shared[0])) == sorted([
+            [p + f"self_attn.{x}_proj.weight" for x in "kqv"], [p + "self_attn.o_proj.weight"],
+            [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], [p + "mlp.down_proj.weight"]])
+    else:
+        assert all(len(group) == 1 for groups in shared.values() for group in groups)
+    # the memory plan's guess, made before anything runs, is the sharing seen
+    assert {i: sorted(map(sorted, plan.planner.expected_inputs(i))) for i in shared} == \
+        {i: sorted(map(sorted, groups)) for i, groups in shared.items()}
+
+
+def test_block_statistics_share_an_input_read_by_several_layers_bit_for_bit():
+    """Two layers reading one tensor share one X^T X, equal to each layer's own sum; a layer
+    reading another tensor (of the same size) has its own; the statistics go with the last layer."""
+    from sparsetool.ops.prune.calibrated import BlockStatistics
+
+    torch.manual_seed(0)
+    a, b, c = (torch.nn.Linear(8, 8) for _ in range(3))
+    stats = BlockStatistics({"a.weight": 8, "b.weight": 8, "c.weight": 8}, True, torch.device("cpu"))
+    hooks = [m.register_forward_hook(stats.hook(f"{n}.weight")) for n, m in zip("abc", (a, b, c))]
+    xs = [torch.randn(2, 5, 8) for _ in range(3)]
+    for x in xs:
+        a(x), b(x), c(x + 1)
+        stats.window_done()
+    for h in hooks:
+        h.remove()
+    assert stats.groups() == [["a.weight", "b.weight"], ["c.weight"]]
+    own = torch.zeros(8, 8)
+    for x in xs:
+        own += x.reshape(-1, 8).T @ x.reshape(-1, 8)
+    assert torch.equal(stats.of("a.weight").h, own) and stats.of("b.weight") is stats.of("a.weight")
+    order = stats.solve_order(lambda name: {"a.weight": 1, "b.weight": 1, "c.weight": 0}[name])
+    assert order == ["c.weight", "a.weight", "b.weight"]
+    shared = stats.of("a.weight")
+    stats.release("a.weight")
+    assert shared.h is not None
+    stats.release("b.weight")
+    assert shared.h is None and stats.groups() == [["c.weight"]]

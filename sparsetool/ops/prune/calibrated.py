@@ -10,15 +10,19 @@ model's own forward pass (embeddings only are read); then for each block in orde
 1. its weights are read from the checkpoint, in compute precision on the device;
 2. the current inputs run through the block while hooks on its targeted linear layers accumulate
    their input statistics in float32 or better (Wanda: the sum of squares of each input feature;
-   SparseGPT: ``X^T X``);
+   SparseGPT: ``X^T X``), one set per distinct input tensor: layers that read the same tensor
+   (Llama's q/k/v projections, its gate/up projections) share it (:class:`BlockStatistics`);
 3. each targeted weight of the block is read again in its stored precision and pruned in float32
    on the CPU (:mod:`sparsetool.masks.wanda`, :mod:`sparsetool.masks.sparsegpt`), handed to the writer
-   (``sink``) at once, and put back into the block; its statistics are dropped;
+   (``sink``) at once, and put back into the block. The layers of one input are pruned together,
+   the inputs of the smallest layers first; SparseGPT turns an input's ``X^T X`` into its inverse
+   factor in place when the first of its layers is pruned, and an input's statistics are dropped
+   after its last layer;
 4. the inputs run through the pruned block; its outputs are the next block's inputs; the block's
    weights are dropped.
 
 Memory holds one block, the calibration activations (a block's inputs and outputs) and one block's
-statistics, whatever the depth (:mod:`sparsetool.util.memory` estimates it before the long part and
+statistics (one per distinct input), whatever the depth (:mod:`sparsetool.util.memory` estimates it before the long part and
 refuses a run that cannot fit). The output's header is known before the first block runs: a
 tensor's kept count depends only on which of its weights are alive and how many it must keep
 (:func:`~sparsetool.masks.wanda.wanda_kept_count`, :func:`~sparsetool.masks.sparsegpt.sparsegpt_kept_count`),
@@ -38,7 +42,12 @@ from sparsetool.checkpoint import Checkpoint, LogicalTensor
 from sparsetool.checkpoint.zeros import count_nonzero_values
 from sparsetool.errors import CheckpointError, SparsetoolError
 from sparsetool.masks.distributions import keep_counts
-from sparsetool.masks.sparsegpt import sparsegpt_kept_count, sparsegpt_prune
+from sparsetool.masks.sparsegpt import (
+    ROWS,
+    inverse_hessian_factor,
+    sparsegpt_kept_count,
+    sparsegpt_update,
+)
 from sparsetool.masks.wanda import wanda_kept_count, wanda_mask
 from sparsetool.ops.lm import BlockModel, Call, read_text
 from sparsetool.ops.open_model import open_model
@@ -50,7 +59,7 @@ from sparsetool.util.memory import MemoryPlan, budget, process_memory
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural
 
-__all__ = ["CalibratedPlanner", "calibration_windows", "NEEDS", "LOWER_MEMORY"]
+__all__ = ["CalibratedPlanner", "BlockStatistics", "calibration_windows", "NEEDS", "LOWER_MEMORY"]
 
 NEEDS = "calibration pruning (--method wanda or sparsegpt) runs causal language models only"
 LOWER_MEMORY = "--samples, --seq, --dtype bfloat16, or --max-memory if more is free than detected"
@@ -71,23 +80,117 @@ def calibration_windows(ids: list[int], samples: int, seq: int, seed: int, sourc
     return t[pick]
 
 
-class _Stats:
-    """One targeted layer's input statistics, fed by a forward hook."""
+class _Input:
+    """The statistics of one distinct input of a block, shared by every targeted layer that reads
+    that tensor (Llama's q/k/v projections read one, its gate/up projections another): Wanda's sum
+    of squares of each feature (float64), SparseGPT's ``X^T X`` (float32), which becomes its
+    inverse's factor, in place, when the first of its layers is solved."""
 
     def __init__(self, n_in: int, hessian: bool, device: torch.device):
         self.n_in = n_in
-        self.sq = torch.zeros(n_in, dtype=torch.float64, device=device)
+        self.sq = None if hessian else torch.zeros(n_in, dtype=torch.float64, device=device)
         self.h = torch.zeros(n_in, n_in, dtype=torch.float32, device=device) if hessian else None
+        self.factor: torch.Tensor | None = None
+        self.users: list[str] = []  # the layers (model names) that read it, in forward order
+        self.left = 0  # users not pruned yet
 
-    def __call__(self, module, args, output) -> None:
-        x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
-        if x.shape[1] != self.n_in:
-            raise SparsetoolError(f"a targeted layer takes {x.shape[1]} inputs but its weight has "
-                                  f"{self.n_in}; the input dimension of this model is not known")
+    def add(self, x: torch.Tensor) -> None:
         if self.h is not None:
-            self.h += x.T @ x
+            xt = x.T
+            for r in range(0, self.n_in, ROWS):  # not the whole in x in product beside h
+                self.h[r:r + ROWS] += xt[r:r + ROWS] @ x
         else:
             self.sq += x.double().pow(2).sum(0)
+
+    def drop(self) -> None:
+        self.sq = self.h = self.factor = None
+
+
+class BlockStatistics:
+    """The input statistics of one block's targeted layers, one set per distinct input tensor,
+    fed by forward hooks (:meth:`hook`) while the calibration windows run through the block.
+
+    Which layers share an input is seen, not assumed: in the first window, a layer whose input is
+    the very tensor object an earlier layer of that window read joins that layer's statistics; the
+    others each get their own. Every later window must share the same way (it always does in a
+    block's fixed code). Each input's statistics are added once per window, so a shared ``X^T X``
+    is the same, bit for bit, as each layer's own would be; :meth:`release` drops it when the
+    last of its layers is pruned."""
+
+    def __init__(self, n_in: dict[str, int], hessian: bool, device: torch.device):
+        self.n_in, self.hessian, self.device = n_in, hessian, device
+        self.inputs: list[_Input] = []  # in the order they were first seen
+        self._of: dict[str, _Input] = {}
+        self._window: dict[int, tuple[torch.Tensor, _Input, set[str]]] = {}  # id(tensor) -> ...
+        self._windows = 0
+
+    def hook(self, own: str) -> Callable:
+        def see(module, args, output) -> None:
+            self._see(own, args[0])
+        return see
+
+    def _see(self, own: str, x: torch.Tensor) -> None:
+        if x.shape[-1] != self.n_in[own]:
+            raise SparsetoolError(f"a targeted layer takes {x.shape[-1]} inputs but its weight has "
+                                  f"{self.n_in[own]}; the input dimension of this model is not known")
+        seen = self._window.get(id(x))
+        if seen is not None and seen[0] is not x:
+            seen = None  # the id of a tensor that is gone
+        stats = self._of.get(own)
+        if stats is None:  # the layer's first run: it joins the statistics of the tensor it reads
+            if self._windows:
+                raise CheckpointError(f"layer {own!r} ran in a later calibration window but not "
+                                      "in the first; please report this")
+            if seen is not None:
+                stats = seen[1]
+            else:
+                stats = _Input(self.n_in[own], self.hessian, self.device)
+                self.inputs.append(stats)
+            self._of[own] = stats
+            stats.users.append(own)
+        if seen is not None and seen[1] is not stats or seen is None and stats.users[0] != own:
+            raise CheckpointError(f"layer {own!r} shares its input differently from one "
+                                  "calibration window to the next; please report this")
+        if seen is not None and own not in seen[2]:  # this window's tensor is in already
+            seen[2].add(own)
+            return
+        stats.add(x.detach().reshape(-1, x.shape[-1]).float())
+        if seen is None:
+            self._window[id(x)] = (x, stats, {own})
+
+    def window_done(self) -> None:
+        """Between two windows: forget which tensors this one's layers read."""
+        self._window.clear()
+        self._windows += 1
+
+    def solve_order(self, cost: Callable[[str], int]) -> list[str]:
+        """Every layer, in the order to prune them: the layers of one input together, inputs by
+        the largest ``cost`` of their layers (ties: as first seen), so the costliest solve runs
+        when the fewest statistics are still held. A layer that never ran gets zeros."""
+        for own in self.n_in:
+            if own not in self._of:
+                stats = self._of[own] = _Input(self.n_in[own], self.hessian, self.device)
+                stats.users.append(own)
+                self.inputs.append(stats)
+        for stats in self.inputs:
+            stats.left = len(stats.users)
+        ranked = sorted(self.inputs, key=lambda st: max(cost(own) for own in st.users))
+        return [own for stats in ranked for own in stats.users]
+
+    def groups(self) -> list[list[str]]:
+        """The layers (model names) that share each input, inputs in the order first seen."""
+        return [list(st.users) for st in self.inputs]
+
+    def of(self, own: str) -> _Input:
+        return self._of[own]
+
+    def release(self, own: str) -> None:
+        """``own`` is pruned: drop its input's statistics if it was the last of their layers."""
+        stats = self._of.pop(own)
+        stats.left -= 1
+        if stats.left == 0:
+            stats.drop()
+            self.inputs.remove(stats)
 
 
 class CalibratedPlanner:
@@ -113,6 +216,7 @@ class CalibratedPlanner:
         self.model: BlockModel | None = None
         self._by_block: dict[int, list[tuple[str, LogicalTensor]]] = {}  # block -> (model name, tensor)
         self._windows: torch.Tensor | None = None
+        self.shared: dict[int, list[list[str]]] = {}  # block -> the targeted tensors of each distinct input
 
     # ------------------------------------------------------------------ before the long part
     def prepare(self) -> None:
@@ -189,27 +293,60 @@ class CalibratedPlanner:
                     f"--method {self.opts.method} prunes block weights only: leave it out with --exclude")
             self._by_block.setdefault(i, []).append((own, lt))
 
+    def expected_inputs(self, block: int) -> list[list[str]]:
+        """The plan's guess, before anything runs, of which targeted tensors of ``block`` read one
+        input: the query/key/value projections of one attention module, and the feed-forward input
+        projections (gate, up) of one module, when they take as many inputs; every other layer its
+        own. :class:`BlockStatistics` sees the real sharing when the block runs (``shared``); this
+        is for the memory plan."""
+        return [[lt.name for lt in group] for group in self._expected_groups(self._by_block.get(block, []))]
+
+    def _expected_groups(self, pairs: list[tuple[str, LogicalTensor]]) -> list[list[LogicalTensor]]:
+        groups: dict[tuple, list[LogicalTensor]] = {}
+        for own, lt in pairs:
+            role = self.target_plan[lt.name].role
+            key = (role, own.rpartition(".")[0].rpartition(".")[0], self._n_in(lt)) \
+                if role in ("qkv", "ffn_in") else (own,)
+            groups.setdefault(key, []).append(lt)
+        return list(groups.values())
+
     def _memory_plan(self, model: BlockModel, seq: int) -> MemoryPlan:
         o = self.opts
         sgpt = o.method == "sparsegpt"
-        stats = work = 0
+        stats = 0
         for pairs in self._by_block.values():
-            n_ins = [self._n_in(lt) for _, lt in pairs]
-            stats = max(stats, sum(n * n * 4 if sgpt else n * 8 for n in n_ins))
-            for n_in, (_, lt) in zip(n_ins, pairs):  # the solve: the weight in float32 a few times, H^-1
-                work = max(work, 3 * lt.numel * 4 + (3 * n_in * n_in * 4 if sgpt else 0))
+            sizes, costs = [], []
+            for group in self._expected_groups(pairs):
+                n_in = self._n_in(group[0])
+                sizes.append(n_in * n_in * 4 if sgpt else n_in * 8)
+                costs.append(max(self._solve_bytes(lt) for lt in group))
+            held = sum(sizes)  # every input's statistics, while the windows run through the block
+            stats = max(stats, held + (ROWS * max(map(self._n_in, dict(pairs).values())) * 4 if sgpt else 0))
+            for g in sorted(range(len(sizes)), key=lambda g: costs[g]):  # the solve order
+                stats = max(stats, held + costs[g])
+                held -= sizes[g]  # dropped after its last layer
         hidden = o.samples * seq * model.width * model.dtype.itemsize
         total, source = budget(o.max_memory)
         return MemoryPlan(
             fixed=process_memory(),
             weights=max(model.largest_block_bytes, model.bytes_of(model.outer)),
             activations=2 * hidden + model.block_work_bytes(1, seq),
-            statistics=stats + work, budget=total, budget_source=source)
+            statistics=stats, budget=total, budget_source=source)
+
+    def _solve_bytes(self, lt: LogicalTensor) -> int:
+        """What pruning one tensor holds beside the statistics and the block. SparseGPT: its
+        alive mask, the weight in float32 (updated in place) and the kept mask, with a slice of
+        ``ROWS`` rows of the solve's product; then the kept mask and its inverse and the stored
+        values written. Wanda: the weight in float32 a few times."""
+        if self.opts.method == "wanda":
+            return 3 * lt.numel * 4
+        stored = lt.dtype.itemsize
+        return lt.numel * max(1 + 4 + 1, stored + 4 + 2) + ROWS * self._n_in(lt) * 4
 
     # ------------------------------------------------------------------ the block-by-block run
     def run(self, sink: Sink) -> None:
         """Prune every targeted tensor, block by block, handing each to ``sink`` when done."""
-        model, o = self.model, self.opts
+        model = self.model
         assert model is not None and self._windows is not None, "prepare() first"
         try:
             with torch.no_grad():
@@ -219,18 +356,7 @@ class CalibratedPlanner:
                     model.load_block(i)
                     pairs = self._by_block.get(i, [])
                     if pairs:
-                        stats = {own: _Stats(self._n_in(lt), o.method == "sparsegpt", model.device)
-                                 for own, lt in pairs}
-                        hooks = [model.module.get_submodule(own.rpartition(".")[0]).register_forward_hook(stats[own])
-                                 for own, _ in pairs]
-                        try:
-                            for call in calls:
-                                model.run_block(i, call)
-                        finally:
-                            for h in hooks:
-                                h.remove()
-                        for own, lt in pairs:
-                            self._prune(own, lt, stats.pop(own), sink)
+                        self._prune_block(i, dict(pairs), calls, sink)
                     if i < last:
                         calls = [Call(c.ids, model.run_block(i, c), c.args, c.kwargs) for c in calls]
                     model.release_block(i)
@@ -239,28 +365,57 @@ class CalibratedPlanner:
         finally:
             model.close()
 
-    def _prune(self, own: str, lt: LogicalTensor, stats: _Stats, sink: Sink) -> None:
+    def _prune_block(self, i: int, layers: dict[str, LogicalTensor], calls: list[Call],
+                     sink: Sink) -> None:
+        """Gather the statistics of block ``i``'s targeted ``layers`` (model name -> tensor) over
+        every window, then prune each, dropping an input's statistics after its last layer."""
+        model, o = self.model, self.opts
+        stats = BlockStatistics({own: self._n_in(lt) for own, lt in layers.items()},
+                                o.method == "sparsegpt", model.device)
+        hooks = [model.module.get_submodule(own.rpartition(".")[0]).register_forward_hook(stats.hook(own))
+                 for own in layers]
+        try:
+            for call in calls:
+                model.run_block(i, call)
+                stats.window_done()
+        finally:
+            for h in hooks:
+                h.remove()
+        self.shared[i] = [[layers[own].name for own in group] for group in stats.groups()]
+        for own in stats.solve_order(lambda own: layers[own].numel):
+            self._prune(own, layers[own], stats.of(own), sink)
+            stats.release(own)
+
+    def _prune(self, own: str, lt: LogicalTensor, stats: _Input, sink: Sink) -> None:
         """Prune one tensor from its stored values (float32 math), write it, put it back."""
         o = self.opts
         dense, alive = read_alive_tensors(self.ckpt, lt, nan_means_pruned=self.nan_ok)
         # The statistics were gathered on the device; the selection and the solve run on the CPU.
         w, alive = self._oriented(lt, dense).float(), self._oriented(lt, alive)
+        stored, copied = dense.dtype, w.dtype != dense.dtype
+        if o.method == "sparsegpt":  # its output is the updated weights: the stored ones can go
+            del dense
         try:
             if o.method == "wanda":
                 kept = wanda_mask(w, stats.sq.cpu(), keep=self._keep(lt), nm=o.nm, existing=alive)
                 new = w * kept
             else:
-                new, kept = sparsegpt_prune(w, stats.h.cpu(), keep=self._keep(lt), nm=o.nm,
-                                            existing=alive, blocksize=o.blocksize,
-                                            dampening=o.dampening)
+                if stats.factor is None:  # the first layer of this input: X^T X becomes the factor
+                    h, stats.h = stats.h.cpu(), None  # from a GPU: a copy, and the GPU's is dropped
+                    stats.factor = inverse_hessian_factor(h, o.dampening, overwrite=True)
+                    del h
+                new, kept = sparsegpt_update(w, stats.factor, keep=self._keep(lt), nm=o.nm,
+                                             existing=alive, blocksize=o.blocksize,
+                                             overwrite=copied)
         except SparsetoolError as e:
             raise SparsetoolError(f"tensor {lt.name!r} {list(lt.shape)}: {e}") from None
-        new = torch.where(kept, new, torch.zeros((), dtype=new.dtype))
+        del w, alive
+        new.masked_fill_(~kept, 0)
         stored_new = self._oriented(lt, new)
         self.model.set_weight(own, stored_new)  # the next inputs come from the pruned block
         kept = self._oriented(lt, kept).contiguous()
         if count_nonzero_values(kept) != self.nonzero_after[lt.name]:
             raise CheckpointError(f"tensor {lt.name!r}: kept {plural(count_nonzero_values(kept), 'weight')} "
                                   f"where {self.nonzero_after[lt.name]:,} were planned; please report this")
-        values = dense if o.method == "wanda" else stored_new.to(dense.dtype).contiguous()
+        values = dense if o.method == "wanda" else stored_new.to(stored).contiguous()
         sink(lt, values, kept)
