@@ -61,17 +61,20 @@ def tag(pattern: str) -> str:
 
 
 def timed(cmd: list[str], log: Path, env: dict | None = None) -> dict:
-    """Run ``cmd`` under /usr/bin/time; its stdout, wall seconds, peak RSS (MB), load before."""
+    """Run ``cmd`` under /usr/bin/time; its stdout, wall seconds, CPU seconds (user + system, all
+    threads), peak RSS (MB), the load average before. On a shared machine the wall time depends
+    on the other processes' load; the CPU time much less."""
     timing = log.with_suffix(".time")
     load = os.getloadavg()[0]
-    full = ["/usr/bin/time", "-f", "%e %M", "-o", str(timing), *cmd]
+    full = ["/usr/bin/time", "-f", "%e %M %U %S", "-o", str(timing), *cmd]
     with open(log, "w") as err:
         r = subprocess.run(full, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-    wall, rss = timing.read_text().split()[-2:]
+    wall, rss, user, system = timing.read_text().split()[-4:]
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}); see {log}")
-    return {"stdout": r.stdout, "wall_s": float(wall), "peak_rss_mb": int(rss) / 1024,
-            "load_before": load, "command": " ".join(cmd)}
+    return {"stdout": r.stdout, "wall_s": float(wall), "cpu_s": float(user) + float(system),
+            "peak_rss_mb": int(rss) / 1024, "load_before": load, "load_after": os.getloadavg()[0],
+            "command": " ".join(cmd)}
 
 
 def save(path: Path, data: dict) -> None:
@@ -139,6 +142,12 @@ class Bench:
                     self.peer(method, pattern)
 
     def prune(self, method: str, pattern: str) -> None:
+        locked(self.results / f"st-{method}-{tag(pattern)}.prune.lock", self._prune, method, pattern)
+
+    def peer(self, method: str, pattern: str) -> None:
+        locked(self.results / f"llmc-{method}-{tag(pattern)}.prune.lock", self._peer, method, pattern)
+
+    def _prune(self, method: str, pattern: str) -> None:
         name = f"st-{method}-{tag(pattern)}"
         result = self.results / f"{name}.prune.json"
         if (self.args.only and name not in self.args.only) or result.is_file():
@@ -155,7 +164,7 @@ class Bench:
         save(result, run)
         print(f"pruned {name}: {run['wall_s']:.1f} s, {run['peak_rss_mb']:.0f} MB", flush=True)
 
-    def peer(self, method: str, pattern: str) -> None:
+    def _peer(self, method: str, pattern: str) -> None:
         base = f"llmc-{method}-{tag(pattern)}"
         if self.args.only and not {f"{base}-raw", f"{base}-lfl"} & self.args.only:
             return
@@ -185,17 +194,7 @@ class Bench:
                 and not claimed(self.results / f"{n}.{kind}.lock")], len(todo)
 
     def evaluate_one(self, kind: str, name: str, path: Path) -> None:
-        lock = self.results / f"{name}.{kind}.lock"
-        try:  # several runs of this script may share the evaluations
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            return
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
-        try:
-            self._evaluate(kind, name, path)
-        finally:
-            lock.unlink(missing_ok=True)
+        locked(self.results / f"{name}.{kind}.lock", self._evaluate, kind, name, path)
 
     def _evaluate(self, kind: str, name: str, path: Path) -> None:
         cmd = ["sparsetool", "eval", str(path), "--json", *self.threads]
@@ -264,18 +263,24 @@ class Bench:
         f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
         lines = [f"{platform.machine()}, {os.cpu_count()} CPUs; model {self.model}; "
                  f"calibration {SAMPLES} x {SEQ} tokens; tasks --limit {self.args.limit}", ""]
-        head = ("| method | pattern | sparsetool ppl | sparsetool acc | prune s | prune RSS MB | "
-                "llmc lfl ppl | llmc lfl acc | llmc raw ppl | llmc raw acc | llmc prune s | "
-                "llmc prune RSS MB | ppl ours/peer | time ours/peer |")
+        head = ("| method | pattern | sparsetool ppl | sparsetool acc | prune s (CPU s) | "
+                "prune RSS MB | llmc lfl ppl | llmc lfl acc | llmc raw ppl | llmc raw acc | "
+                "llmc prune s (CPU s) | llmc prune RSS MB | ppl ours/peer | time ours/peer |")
         lines += [head, "|" + "---|" * 2 + "---:|" * 12]
         lines.append(f"| dense | - | {f(self.ppl('dense'), '.3f')} | {f(self.mean_acc('dense'), '.1f')} |"
                      + " - |" * 10)
+
+        def secs(run: dict | None) -> str:
+            if not run:
+                return "-"
+            return f"{run['wall_s']:.0f}" + (f" ({run['cpu_s']:.0f})" if "cpu_s" in run else "")
+
         for method in self.args.methods:
             for pattern in self.args.patterns:
                 st = f"st-{method}-{tag(pattern)}"
                 pr = self.load(st, "prune")
                 cells = [method, pattern, f(self.ppl(st), ".3f"), f(self.mean_acc(st), ".1f"),
-                         f(pr and pr["wall_s"], ".1f"), f(pr and pr["peak_rss_mb"], ".0f")]
+                         secs(pr), f(pr and pr["peak_rss_mb"], ".0f")]
                 if method in PEER_METHODS and not self.args.no_peer:
                     base = f"llmc-{method}-{tag(pattern)}"
                     pp = self.load(base, "prune")
@@ -283,7 +288,7 @@ class Bench:
                     cells += [f(peer, ".3f"), f(self.mean_acc(f"{base}-lfl"), ".1f"),
                               f(self.ppl(f"{base}-raw"), ".3f"),
                               f(self.mean_acc(f"{base}-raw"), ".1f"),
-                              f(pp and pp["wall_s"], ".1f"), f(pp and pp["peak_rss_mb"], ".0f"),
+                              secs(pp), f(pp and pp["peak_rss_mb"], ".0f"),
                               f(ours / peer if ours and peer else None, ".3f"),
                               f(pr["wall_s"] / pp["wall_s"] if pr and pp else None, ".2f")]
                 else:
@@ -309,6 +314,23 @@ class Bench:
         text = "\n".join(lines) + "\n"
         (self.work / "report.md").write_text(text)
         return text
+
+
+def locked(lock: Path, work, *args) -> None:
+    """``work(*args)`` unless another run of this script holds ``lock`` (several runs may share
+    the prunes and evaluations: each takes what no other has taken)."""
+    if claimed(lock):
+        return
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    try:
+        work(*args)
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 def claimed(lock: Path) -> bool:
