@@ -1,8 +1,8 @@
 """Pruning a real pretrained model, side by side with llm-compressor (a script, not a test).
 
   python benchmarks/bench_real.py [--work DIR] [--model DIR] [--methods magnitude,wanda,sparsegpt]
-                                  [--patterns 50%,60%,70%,2:4,4:8] [--stages prune,peer,ppl,tasks]
-                                  [--limit 50] [--peer-python /path/to/python] [--threads N]
+                                  [--patterns 50%,60%,70%,2:4,4:8] [--stages prune,peer,compare,ppl,tasks]
+                                  [--limit 50] [--peer-python /path/to/python] [--threads N] [--peer-threads N]
                                   [--only NAME,...] [--drop-checkpoints] [--wait]
 
 Model: SmolLM2-135M-Instruct (Llama architecture, 30 blocks, tied embeddings) as float32
@@ -20,6 +20,9 @@ Stages (each skips what its result file already holds, so an interrupted run res
   llm-compressor), calibrated on exactly sparsetool's windows. Each gives two checkpoints: ``raw``
   (as llm-compressor wrote it) and ``lfl`` (like for like: the dense embedding put back, which
   llm-compressor prunes through the tied LM head).
+- ``compare``: for each pair of Wanda or SparseGPT checkpoints, the share of block-weight
+  positions both tools keep or both prune, their weights' relative difference, and what
+  llm-compressor zeroed outside the blocks.
 - ``ppl``: ``sparsetool eval --text HELDOUT --seq 512 --max-tokens 20K`` of every checkpoint
   (dense included).
 - ``tasks``: ``sparsetool eval --tasks zeroshot7 --offline --limit N`` of every checkpoint (the
@@ -175,9 +178,12 @@ class Bench:
             cmd = [self.args.peer_python, str(HERE / "peer_llmcompressor.py"), str(self.model),
                    str(raw), "--method", method, "--calibration", str(self.calibration),
                    "--samples", str(SAMPLES), "--seq", str(SEQ), *PATTERNS[pattern]]
-            if self.args.threads:
-                cmd += ["--threads", str(self.args.threads)]
-            run = timed(cmd, self.logs / f"{base}.prune.log", self.env)
+            env = self.env
+            threads = self.args.peer_threads or self.args.threads
+            if threads:
+                cmd += ["--threads", str(threads)]
+                env = dict(env, OMP_NUM_THREADS=str(threads))
+            run = timed(cmd, self.logs / f"{base}.prune.log", env)
             run["result"] = json.loads(run.pop("stdout").strip().splitlines()[-1])
             save(result, run)
             print(f"pruned {base} (llm-compressor): {run['wall_s']:.1f} s, "
@@ -238,6 +244,39 @@ class Bench:
     @property
     def tasks_kind(self) -> str:
         return f"tasks{self.args.limit}"
+
+    # ------------------------------------------------------------------ the two tools' outputs
+    def compare(self) -> None:
+        """Per pruned pair (sparsetool, llm-compressor raw): how many kept/pruned positions agree
+        in the block weights, how far apart the weights are, and what else llm-compressor zeroed."""
+        import torch
+        from safetensors import safe_open
+
+        for pattern in self.args.patterns:
+            for method in PEER_METHODS:
+                ours = self.ckpts / f"st-{method}-{tag(pattern)}" / "model.safetensors"
+                peer = self.ckpts / f"llmc-{method}-{tag(pattern)}-raw" / "model.safetensors"
+                result = self.results / f"llmc-{method}-{tag(pattern)}.compare.json"
+                if result.is_file() or not (ours.is_file() and peer.is_file()):
+                    continue
+                agree, rel, others = {}, {}, {}
+                with safe_open(str(ours), "pt") as a, safe_open(str(peer), "pt") as b:
+                    for name in b.keys():
+                        w = b.get_tensor(name)
+                        if ".layers." in name and name.endswith("proj.weight"):
+                            v = a.get_tensor(name)
+                            agree[name] = ((v == 0) == (w == 0)).float().mean().item()
+                            rel[name] = ((v - w).norm() / w.norm()).item()
+                        elif w.ndim == 2 and (w == 0).any():
+                            others[name] = (w == 0).float().mean().item()
+                values = torch.tensor(list(agree.values()))
+                save(result, {"mask_agreement_mean": values.mean().item(),
+                              "mask_agreement_min": values.min().item(),
+                              "weight_rel_diff_mean": sum(rel.values()) / len(rel),
+                              "peer_zero_fraction_outside_blocks": others,
+                              "mask_agreement": agree, "weight_rel_diff": rel})
+                print(f"compared {method} {pattern}: masks agree on "
+                      f"{100 * values.mean().item():.2f}% of positions", flush=True)
 
     # ------------------------------------------------------------------ report
     def load(self, name: str, kind: str) -> dict | None:
@@ -311,6 +350,21 @@ class Bench:
             if p or t:
                 lines.append(f"| {name} | {f(p and p['wall_s'], '.0f')} | {f(p and p['peak_rss_mb'], '.0f')}"
                              f" | {f(t and t['wall_s'], '.0f')} | {f(t and t['peak_rss_mb'], '.0f')} |")
+        rows = []
+        for method in PEER_METHODS:
+            for pattern in self.args.patterns:
+                c = self.load(f"llmc-{method}-{tag(pattern)}", "compare")
+                if c:
+                    out = ", ".join(f"{k} {100 * v:.1f}%" for k, v in
+                                    c["peer_zero_fraction_outside_blocks"].items()) or "none"
+                    rows.append(f"| {method} | {pattern} | {100 * c['mask_agreement_mean']:.2f} | "
+                                f"{100 * c['mask_agreement_min']:.2f} | "
+                                f"{c['weight_rel_diff_mean']:.4f} | {out} |")
+        if rows:
+            lines += ["", "sparsetool against llm-compressor (raw), block weights", "",
+                      "| method | pattern | mask agreement % (mean) | (worst tensor) | "
+                      "rel. weight diff (mean) | llm-compressor zeros outside the blocks |",
+                      "|---|---|---:|---:|---:|---|", *rows]
         text = "\n".join(lines) + "\n"
         (self.work / "report.md").write_text(text)
         return text
@@ -379,6 +433,8 @@ def main() -> None:
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--peer-python", default="/work/venv-llmc/bin/python")
     ap.add_argument("--threads", type=int, help="torch threads for both tools (default: each its own)")
+    ap.add_argument("--peer-threads", type=int,
+                    help="torch threads for llm-compressor (default: --threads, else torch's)")
     ap.add_argument("--only", default="", help="checkpoint names (e.g. dense,st-wanda-50)")
     ap.add_argument("--drop-checkpoints", action="store_true")
     ap.add_argument("--wait", action="store_true",
@@ -396,6 +452,8 @@ def main() -> None:
     t0 = time.time()
     if "prune" in stages or "peer" in stages:
         bench.prune_all("prune" in stages, "peer" in stages and not args.no_peer)
+    if "compare" in stages:
+        bench.compare()
     kinds = (["ppl"] if "ppl" in stages else []) + (
         [bench.tasks_kind] if "tasks" in stages and not args.skip_tasks else [])
     if kinds:
