@@ -304,10 +304,18 @@ class Bench:
                  f"calibration {SAMPLES} x {SEQ} tokens; tasks --limit {self.args.limit}", ""]
         head = ("| method | pattern | sparsetool ppl | sparsetool acc | prune s (CPU s) | "
                 "prune RSS MB | llmc lfl ppl | llmc lfl acc | llmc raw ppl | llmc raw acc | "
-                "llmc prune s (CPU s) | llmc prune RSS MB | ppl ours/peer | time ours/peer |")
+                "llmc prune s (CPU s) | llmc prune RSS MB | ppl ours/peer | prune time ours/peer |")
         lines += [head, "|" + "---|" * 2 + "---:|" * 12]
         lines.append(f"| dense | - | {f(self.ppl('dense'), '.3f')} | {f(self.mean_acc('dense'), '.1f')} |"
                      + " - |" * 10)
+
+        def ratio(ours: dict | None, peer: dict | None) -> str:
+            if not (ours and peer):
+                return "-"
+            cell = f"{ours['wall_s'] / peer['wall_s']:.2f}"
+            if "cpu_s" in ours and "cpu_s" in peer:
+                cell += f" (CPU {ours['cpu_s'] / peer['cpu_s']:.2f})"
+            return cell
 
         def secs(run: dict | None) -> str:
             if not run:
@@ -329,7 +337,7 @@ class Bench:
                               f(self.mean_acc(f"{base}-raw"), ".1f"),
                               secs(pp), f(pp and pp["peak_rss_mb"], ".0f"),
                               f(ours / peer if ours and peer else None, ".3f"),
-                              f(pr["wall_s"] / pp["wall_s"] if pr and pp else None, ".2f")]
+                              ratio(pr, pp)]
                 else:
                     cells += ["-"] * 8
                 lines.append("| " + " | ".join(cells) + " |")
