@@ -121,6 +121,17 @@ def calib_file(tmp_path_factory, text) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Path:
+    """A random GPT-2 (transformers) with a tokenizer trained here: its per-token losses spread,
+    so a short text is uncertain."""
+    d = tmp_path_factory.mktemp("hf") / "gpt2"
+    torch.manual_seed(0)
+    hf_model("gpt2").save_pretrained(d)
+    save_tokenizer(d, make_text())
+    return d
+
+
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def model_dir(request, tmp_path_factory, text) -> Path:
     d = tmp_path_factory.mktemp(request.param) / "dense"

@@ -13,20 +13,6 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory) -> Path:
-    """A random GPT-2 with a tokenizer: its per-token losses spread, so a short text is uncertain."""
-    import torch
-
-    from helpers import hf_model, save_tokenizer
-
-    d = tmp_path_factory.mktemp("hf") / "gpt2"
-    torch.manual_seed(0)
-    hf_model("gpt2").save_pretrained(d)
-    save_tokenizer(d, make_text())
-    return d
-
-
 def tokens_of(model: Path, text: Path) -> int:
     from sparsetool.ops.open_model import open_model
 

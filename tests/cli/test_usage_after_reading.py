@@ -4,11 +4,9 @@ window the model cannot take."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from helpers import make_text, run
+from helpers import run
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -21,19 +19,6 @@ def one_usage_error(r, *words: str) -> str:
     for w in words:
         assert w in lines[0], lines[0]
     return lines[0]
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory) -> Path:
-    import torch
-
-    from helpers import hf_model, save_tokenizer
-
-    d = tmp_path_factory.mktemp("hf") / "gpt2"
-    torch.manual_seed(0)
-    hf_model("gpt2").save_pretrained(d)
-    save_tokenizer(d, make_text())
-    return d
 
 
 @pytest.mark.parametrize("flag", [("--n-layer", "4"), ("--n-head", "2"), ("--d-model", "64"),
