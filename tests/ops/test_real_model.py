@@ -46,7 +46,7 @@ def test_tasks_on_the_real_model_equal_the_harness_hf_model(smollm2):
     assert r.exit_code == 0, r.output
     ours = json.loads(r.stdout)["checkpoints"][0]["metrics"]
     workdir = smollm2.parent / "tasks"
-    check_tasks(["arc_easy", "boolq"], offline=True, workdir=workdir)  # the same task files
+    check_tasks(["arc_easy", "boolq"], workdir, offline=True)  # the same task files
     theirs = lm_eval.simple_evaluate(
         model="hf", model_args={"pretrained": str(smollm2), "dtype": "float32", "attn_implementation": "eager"},
         tasks=["arc_easy", "boolq"], limit=20, device="cpu", log_samples=False,

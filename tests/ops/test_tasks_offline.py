@@ -57,7 +57,7 @@ def test_groups_expand_in_order_without_repeats():
 def test_every_bundled_task_reads_its_whole_validation_split(tmp_path):
     """Each task of the bundle, through the harness's own task (prompts, choices, targets), over
     every row of the bundled file: targets are valid choices, and the split is validation."""
-    manager, names, sources = check_tasks(sorted(taskdata.BUNDLED), offline=True, workdir=tmp_path)
+    manager, names, sources = check_tasks(sorted(taskdata.BUNDLED), tmp_path, offline=True)
     tasks = manager.load(names)["tasks"]
     for name in names:
         task = tasks[name]
