@@ -18,16 +18,12 @@ stays light and does not import torch)::
 ``eval`` alone.
 """
 
+from sparsetool.util.lazy import lazy_names
+
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "load", "prune", "densify", "report", "diff", "simulate"]
 
-_API = {"load", "prune", "densify", "report", "eval", "diff", "simulate"}
+_WHERE = dict.fromkeys(["load", "prune", "densify", "report", "eval", "diff", "simulate"], "sparsetool.api")
 
-
-def __getattr__(name: str):
-    if name in _API:
-        from sparsetool import api
-
-        return getattr(api, name)
-    raise AttributeError(f"module 'sparsetool' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)

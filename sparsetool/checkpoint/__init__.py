@@ -14,41 +14,31 @@ Public names::
     read_provenance(metadata) / provenance_metadata(previous, record)   # the "sparsetool" entry
     drop_sparsity_config(config), bitmask_sparsity_config(config, modules, global_sparsity)
 
-Each name is imported from its module on first use (``_WHERE``; ``tests/test_structure.py``
-resolves every one), so nothing here imports torch but what hands out torch tensors (``read_stored``, ``decode``,
-``encode``, ``zeros``): the codecs work on numpy arrays of the stored values.
+Each name is imported from its module on first use (``_WHERE``, :mod:`sparsetool.util.lazy`;
+``tests/test_structure.py`` resolves every one), so nothing here imports torch but what hands out
+torch tensors (``read_stored``, ``decode``, ``encode``, ``zeros``): the codecs work on numpy
+arrays of the stored values.
 """
 
 from __future__ import annotations
 
-import importlib
+from sparsetool.util.lazy import lazy_names
 
 _WHERE = {
-    "bitmask_sparsity_config": "config", "drop_sparsity_config": "config",
-    "ENCODINGS": "encodings", "encode": "encodings", "decode": "encodings",
-    "encode_array": "encodings", "decode_array": "encodings", "stored_count": "encodings",
-    "encoded_specs": "encodings", "loader_warning": "encodings", "stored_nonzeros": "encodings",
-    "StoredTensor": "format", "TensorSpec": "format",
-    "Checkpoint": "reader", "LogicalTensor": "reader", "open_checkpoint": "reader",
-    "MASK_SUFFIX": "reader",
-    "CheckpointWriter": "writer", "ShardWriter": "writer", "write_checkpoint": "writer",
-    "write_tensors": "writer",
-    "TensorCount": "counting", "tensor_counts": "counting", "count_unpruned": "counting",
-    "PROVENANCE_KEY": "provenance", "read_provenance": "provenance",
-    "provenance_metadata": "provenance",
+    "bitmask_sparsity_config": ".config", "drop_sparsity_config": ".config",
+    "ENCODINGS": ".encodings", "encode": ".encodings", "decode": ".encodings",
+    "encode_array": ".encodings", "decode_array": ".encodings", "stored_count": ".encodings",
+    "encoded_specs": ".encodings", "loader_warning": ".encodings", "stored_nonzeros": ".encodings",
+    "StoredTensor": ".format", "TensorSpec": ".format",
+    "Checkpoint": ".reader", "LogicalTensor": ".reader", "open_checkpoint": ".reader",
+    "MASK_SUFFIX": ".reader",
+    "CheckpointWriter": ".writer", "ShardWriter": ".writer", "write_checkpoint": ".writer",
+    "write_tensors": ".writer",
+    "TensorCount": ".counting", "tensor_counts": ".counting", "count_unpruned": ".counting",
+    "PROVENANCE_KEY": ".provenance", "read_provenance": ".provenance",
+    "provenance_metadata": ".provenance",
 }
 
 __all__ = sorted(_WHERE)
 
-
-def __getattr__(name: str) -> object:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sparsetool.checkpoint' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"sparsetool.checkpoint.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from sparsetool.errors import SparsetoolError
-from sparsetool.util.wording import plural  # noqa: F401  (re-exported for the commands)
+from sparsetool.util.wording import plural
 
 console = Console()
 err_console = Console(stderr=True)

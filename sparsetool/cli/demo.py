@@ -12,7 +12,6 @@ from sparsetool.cli._output import (
     err_console,
     failing_cleanly,
     percent,
-    plural,
     print_table,
 )
 from sparsetool.cli._params import (
@@ -24,6 +23,7 @@ from sparsetool.cli._params import (
     use_threads,
 )
 from sparsetool.ops.demo import DEFAULT_FINETUNE_STEPS, DEFAULT_OUTPUT, DEFAULT_STEPS, SPARSITY
+from sparsetool.util.wording import plural
 
 EXAMPLES = (  # the end of --help: each runs as written
     "sparsetool demo -o demo",

@@ -15,7 +15,6 @@ from sparsetool.cli._output import (
     emit_json,
     failing_cleanly,
     percent,
-    plural,
     print_table,
     progress_bar,
     targeting_note,
@@ -36,6 +35,7 @@ from sparsetool.cli._params import (
     value_of,
     workers_option,
 )
+from sparsetool.util.wording import plural
 
 Format = choices("Format", TABLE_FORMATS)
 

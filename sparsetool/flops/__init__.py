@@ -4,6 +4,8 @@ Pure arithmetic: no torch, no numpy, so ``sparsetool flops`` starts fast. (Only
 :func:`from_checkpoint` reads a checkpoint, and it imports the torch-based reader when called.)
 """
 
+from sparsetool.util.lazy import lazy_names
+
 # Each name is imported from its module on first use, so ``import sparsetool.flops.config`` (all
 # that ``sparsetool flops --model ...`` needs) does not load the checkpoint-shape reader.
 _WHERE = {
@@ -44,21 +46,6 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> object:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'sparsetool.flops' has no attribute {name!r}")
-    import importlib
+__all__ = sorted(_WHERE)
 
-    value = getattr(importlib.import_module(_WHERE[name]), name)
-    globals()[name] = value
-    return value
-
-
-__all__ = [
-    "BACKWARD_FACTOR", "ConfigError", "CHINCHILLA_TOKENS_PER_PARAM", "PRESETS", "ROLES", "TARGETED_TERMS",
-    "TERMS", "TRAIN_FACTOR", "InferredModel", "ModelConfig", "Stage", "account", "check_stages",
-    "default_tokens", "forward_flops", "forward_terms", "from_checkpoint", "from_hf_config",
-    "from_mapping", "get_preset", "infer_model", "input_warnings", "json_result", "keys_per_query", "layer_sparsities", "load_config",
-    "param_counts", "parse_count", "parse_sparsities", "parse_stage", "read_hf_config", "seq_len_note",
-    "term_formulas", "with_overrides",
-]
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)

@@ -10,32 +10,22 @@ breakdown), :mod:`verify` (the zero-skipping schedule, executed), :mod:`plot`, a
 No CLI imports; numpy only (torch only to read a checkpoint, matplotlib only to plot).
 """
 
-from sparsetool.hardware.compare import APPENDIX_C_TICKS, simulate, sweep
-from sparsetool.hardware.devices import (
-    PASSES,
-    Cost,
-    Dataflow,
-    DenseGPU,
-    Device,
-    FlashLLMGPU,
-    Refused,
-    Sparse24GPU,
-    SpMMGPU,
-)
-from sparsetool.hardware.layers import LayerMask, stats_from_mask, synthetic_mask
-from sparsetool.hardware.presets import PRESETS, builtin_devices, load_devices, sources
-from sparsetool.hardware.request import hardware_constants, run_simulation
-from sparsetool.hardware.workload import (
-    Workload,
-    from_checkpoint,
-    from_model,
-    from_shape,
-    parse_shape,
-)
+from sparsetool.util.lazy import lazy_names
 
-__all__ = [
-    "APPENDIX_C_TICKS", "PASSES", "PRESETS", "Cost", "Dataflow", "DenseGPU", "Device", "FlashLLMGPU",
-    "LayerMask", "Refused", "Sparse24GPU", "SpMMGPU", "Workload", "builtin_devices", "from_checkpoint",
-    "from_model", "from_shape", "hardware_constants", "load_devices", "parse_shape", "run_simulation",
-    "simulate", "sources", "stats_from_mask", "sweep", "synthetic_mask",
-]
+_WHERE = {
+    "APPENDIX_C_TICKS": ".compare", "simulate": ".compare", "sweep": ".compare",
+    "PASSES": ".devices", "Cost": ".devices", "Dataflow": ".devices", "DenseGPU": ".devices",
+    "Device": ".devices", "FlashLLMGPU": ".devices", "Refused": ".devices",
+    "Sparse24GPU": ".devices", "SpMMGPU": ".devices",
+    "LayerMask": ".layers", "stats_from_mask": ".layers", "synthetic_mask": ".layers",
+    "PRESETS": ".presets", "builtin_devices": ".presets", "load_devices": ".presets",
+    "sources": ".presets",
+    "hardware_constants": ".request", "run_simulation": ".request",
+    "Workload": ".workload", "from_checkpoint": ".workload", "from_model": ".workload",
+    "from_shape": ".workload",
+    "parse_shape": "sparsetool.util.options",
+}
+
+__all__ = sorted(_WHERE)
+
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)

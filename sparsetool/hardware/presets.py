@@ -258,5 +258,5 @@ def dataflow_grids(devices: list[Device]) -> list[tuple[int, int]]:
 
 
 __all__ = ["CITATIONS", "PRESETS", "UNITS", "builtin_devices", "cite_once", "sources", "load_devices", "read_hardware_file",
-           "dataflow_grids", "Dataflow", "DenseGPU", "Sparse24GPU", "SpMMGPU", "FlashLLMGPU"]
+           "dataflow_grids"]
 

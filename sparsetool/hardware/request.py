@@ -21,6 +21,7 @@ from sparsetool.hardware import compare, presets
 from sparsetool.hardware import workload as wlmod
 from sparsetool.hardware.compare import APPENDIX_C_TICKS
 from sparsetool.hardware.devices import Device
+from sparsetool.hardware.layers import synthetic_mask
 from sparsetool.hardware.workload import Workload
 from sparsetool.util import options
 from sparsetool.util.progress import Progress
@@ -167,12 +168,12 @@ def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = 
         make = None
         verify_mask = _checkpoint_mask(Path(checkpoint), wl) if verify else None
     else:
-        mk = wlmod.parse_shape(shape) if shape is not None else None
+        mk = options.parse_shape(shape) if shape is not None else None
         make = _synthetic(mk, model, sps, tokens, grids, pattern, seed, seq_len)
         wl, mask = make(sps[-1])
         verify_mask = None
         if verify:
-            verify_mask = mask if mask is not None else wlmod.synthetic_mask(
+            verify_mask = mask if mask is not None else synthetic_mask(
                 (wl.layers[0].out_features, wl.layers[0].in_features), sps[-1], "random", seed)
 
     if len(sps) > 1:
@@ -220,7 +221,7 @@ def _sweep(wl: Workload, make: Optional[Maker], sps: list[float], devices: dict[
     result["runs"] = [*rows, compare.run_row(sps[-1], result)]
     result["workload"]["label"] = wl.label.replace(f" at sparsity {sps[-1]:g}", "")
     if shape is not None and pattern == "random":
-        mk = wlmod.parse_shape(shape)
+        mk = options.parse_shape(shape)
         nm_devices = {n: d for n, d in devices.items() if d.kind == "gpu-2:4"}
         if mk[1] % 4 == 0 and nm_devices:  # where 2:4 cores do apply: the same shape, a 2:4 mask
             nm_wl, _ = wlmod.from_shape(mk, 0.5, tokens, grids, "2:4", seed)
@@ -261,4 +262,4 @@ def _checkpoint_mask(path: Path, wl: Workload) -> np.ndarray:
         return m if plan_targets([lt], ck.config)[lt.name].input_dim == 1 else m.T
 
 
-__all__ = ["Progress", "RESULT_KEYS", "hardware_constants", "parse_sparsities", "run_simulation", "select_devices"]
+__all__ = ["RESULT_KEYS", "hardware_constants", "parse_sparsities", "run_simulation", "select_devices"]

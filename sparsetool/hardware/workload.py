@@ -17,7 +17,6 @@ import numpy as np
 
 from sparsetool.errors import CheckpointError, ConfigError
 from sparsetool.hardware.layers import LayerMask, sampled_random, stats_from_mask, synthetic_mask
-from sparsetool.util.options import parse_shape  # noqa: F401 (the API imports it from here too)
 from sparsetool.util.wording import plural
 
 UNTARGETED_TERMS = ("attn_logits", "softmax", "attn_values", "logits")

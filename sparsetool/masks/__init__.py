@@ -3,19 +3,20 @@
 A mask is a bool tensor of the weight's shape, True = kept. Nothing here reads or writes files.
 """
 
+from sparsetool.util.lazy import lazy_names
+
 # Lazy: counts and distributions are torch-free (flops and option checks use them before torch
 # is imported); the tensor functions load torch only when first asked for.
-__all__ = [
-    "magnitude_mask", "random_mask", "nm_mask", "fraction_keep", "sparsity_keep",
-    "check_sparsity", "check_fraction",
-    "MagnitudeHistogram", "TensorPlan", "GlobalPlan", "global_threshold_plan", "apply_threshold",
-    "global_magnitude_masks", "top_k_mask",
-]
+_WHERE = {
+    "magnitude_mask": ".select", "random_mask": ".select", "nm_mask": ".select",
+    "fraction_keep": ".counts", "sparsity_keep": ".counts",
+    "check_sparsity": "sparsetool.util.options", "check_fraction": "sparsetool.util.options",
+    "MagnitudeHistogram": ".global_magnitude", "TensorPlan": ".global_magnitude",
+    "GlobalPlan": ".global_magnitude", "global_threshold_plan": ".global_magnitude",
+    "apply_threshold": ".global_magnitude", "global_magnitude_masks": ".global_magnitude",
+    "top_k_mask": ".kernel",
+}
 
+__all__ = sorted(_WHERE)
 
-def __getattr__(name: str):
-    if name in __all__:
-        from sparsetool.masks import select
-
-        return getattr(select, name)
-    raise AttributeError(f"module 'sparsetool.masks' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)

@@ -8,10 +8,10 @@ halves go to the even integer.
 
 from __future__ import annotations
 
-# The range checks live with the other shared options; re-exported for the mask functions.
+# The range checks live with the other shared options.
 from sparsetool.util.options import check_fraction, check_sparsity
 
-__all__ = ["check_sparsity", "check_fraction", "sparsity_keep", "fraction_keep"]
+__all__ = ["sparsity_keep", "fraction_keep"]
 
 
 def sparsity_keep(numel: int, sparsity: float) -> int:

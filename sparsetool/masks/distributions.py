@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Mapping
 
 from sparsetool.errors import ConfigError
-from sparsetool.masks.counts import check_sparsity
+from sparsetool.util.options import check_sparsity
 
 __all__ = ["uniform_keep", "erk_keep", "keep_counts", "DISTRIBUTIONS"]
 

@@ -40,21 +40,10 @@ from typing import Any
 import numpy as np
 
 from sparsetool.errors import SparsetoolError
-from sparsetool.masks.kernel import (
-    Keys,
-    Scan,
-    Sink,
-    boundary,
-    bucket_histogram,
-    count,
-    flat_existing,
-    histogram,
-    histogram_from,
-    int_keys,
-    resolve_keep,
-    threshold_mask,
-)
-from sparsetool.masks.keys import float_bits, like, shape_of
+from sparsetool.masks.chunks import count
+from sparsetool.masks.histograms import boundary, bucket_histogram, histogram, histogram_from
+from sparsetool.masks.kernel import Scan, Sink, resolve_keep, threshold_mask
+from sparsetool.masks.keys import Keys, flat_existing, float_bits, int_keys, like, shape_of
 from sparsetool.util.floatbits import F32_INF, FORMATS, float_format, fp32_bits
 from sparsetool.util.wording import plural
 

@@ -24,6 +24,7 @@ each other):
 >>> a = w.double().abs().reshape(-1); dead = torch.isnan(a) | ~alive.reshape(-1)
 >>> order = torch.sort(a.masked_fill(dead, -1.0), descending=True, stable=True).indices
 >>> ref = torch.zeros(a.numel(), dtype=torch.bool); ref[order[:2]] = True
+>>> from sparsetool.masks.keys import magnitude_keys
 >>> kernel = select_top(magnitude_keys(w, alive.reshape(-1)), 2)
 >>> kernel.tolist(), bool((kernel == (ref & ~dead).numpy()).all())
 ([True, True, False, False, False, False], True)
@@ -75,30 +76,19 @@ import numpy as np
 
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks import chunks
-from sparsetool.masks.chunks import count, map_chunks, row_step
+from sparsetool.masks.chunks import count, map_chunks
 from sparsetool.masks.counts import sparsity_keep
-from sparsetool.masks.histograms import (
-    boundary,
-    bucket_histogram,
-    histogram,
-    histogram_from,
-    sampled_histogram,
-)
+from sparsetool.masks.histograms import histogram
 from sparsetool.masks.keys import (
     Keys,
-    digit_shifts,
     flat_existing,
     float_int_view,
     int_keys,
     like,
-    magnitude_keys,
     shape_of,
 )
 
-__all__ = ["top_k_mask", "Keys", "int_keys", "magnitude_keys", "histogram", "bucket_histogram",
-           "sampled_histogram", "histogram_from",
-           "threshold_mask", "select_top", "count", "Scan", "scan", "boundary", "resolve_keep",
-           "map_chunks", "row_step", "Sink", "flat_existing", "float_int_view", "digit_shifts"]
+__all__ = ["resolve_keep", "Scan", "scan", "Sink", "threshold_mask", "select_top", "top_k_mask"]
 
 
 def resolve_keep(numel: int, sparsity: float | None, keep: int | None) -> int:

@@ -45,34 +45,20 @@ from typing import Any
 import numpy as np
 
 from sparsetool.errors import SparsetoolError
-from sparsetool.masks import kernel
-from sparsetool.masks.counts import check_fraction, check_sparsity, fraction_keep, sparsity_keep
-from sparsetool.masks.global_magnitude import (
-    GlobalPlan,
-    MagnitudeHistogram,
-    TensorPlan,
-    apply_threshold,
-    global_magnitude_masks,
-    global_threshold_plan,
-)
-from sparsetool.masks.kernel import (
+from sparsetool.masks.chunks import map_chunks, row_step
+from sparsetool.masks.kernel import resolve_keep, select_top
+from sparsetool.masks.keys import (
+    bool_array,
     flat_existing,
     float_int_view,
     int_keys,
+    is_torch,
+    like,
     magnitude_keys,
-    map_chunks,
-    resolve_keep,
-    select_top,
-    top_k_mask,
+    shape_of,
 )
-from sparsetool.masks.keys import bool_array, is_torch, like, shape_of
 
-__all__ = [
-    "magnitude_mask", "random_mask", "nm_mask", "nm_kept_count", "fraction_keep", "sparsity_keep",
-    "check_sparsity", "check_fraction",
-    "MagnitudeHistogram", "TensorPlan", "GlobalPlan", "global_threshold_plan", "apply_threshold",
-    "global_magnitude_masks", "top_k_mask", "random_keys",
-]
+__all__ = ["magnitude_mask", "random_keys", "random_mask", "nm_kept_count", "nm_mask"]
 
 
 def magnitude_mask(
@@ -256,5 +242,5 @@ def nm_mask(
                     rank += keys[:, i] >= kj if i < j else keys[:, i] > kj
             np.logical_and(rank < n, kj >= 0, out=out[:, j])
 
-    map_chunks(part, src.size, step=kernel.row_step(row))
+    map_chunks(part, src.size, step=row_step(row))
     return like(mask.reshape(shape), w)

@@ -34,7 +34,7 @@ from sparsetool.targets.order import SEPARATE_QKV, layer_index, tensor_sort_key
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural
 
-__all__ = ["KINDS", "Stats", "DiffRow", "DiffResult", "diff", "split_parts", "matrix_kind", "layer_index",
+__all__ = ["KINDS", "Stats", "DiffRow", "DiffResult", "diff", "split_parts", "matrix_kind",
            "plot_diff"]
 
 

@@ -202,7 +202,8 @@ def layer_cells(rows: Sequence[TensorRow]) -> tuple[dict[tuple[int, str], float]
     Kinds are those of :func:`sparsetool.ops.diff.matrix_kind`: Q, K, V, QKV (fused), attn_out,
     ffn_in (gate and up pool into one cell), ffn_out, or a tensor's role (norm, bias...).
     """
-    from sparsetool.ops.diff import layer_index, matrix_kind
+    from sparsetool.ops.diff import matrix_kind
+    from sparsetool.targets.order import layer_index
 
     pooled: dict[tuple[int, str], list[int]] = {}
     outside = [0, 0, 0]
@@ -228,7 +229,8 @@ def _heatmap(rows: list[TensorRow], out: str | Path, title: str) -> Path | None:
     if n:
         title += (f"\n{n} tensor{'s' if n != 1 else ''} outside the layers, not drawn: "
                   f"{100 * (1 - nonzero / numel) if numel else 0.0:.2f}% sparse")
-    from sparsetool.ops.diff import layer_index, matrix_kind
+    from sparsetool.ops.diff import matrix_kind
+    from sparsetool.targets.order import layer_index
 
     pruned = {(layer_index(t.name), matrix_kind(t.name, t.shape)) for t in rows if t.targeted}
     return layer_heatmap(cells, out, title=title, colour_label="sparsity (% zeros)",

@@ -17,14 +17,13 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparsetool.checkpoint.dtypes import torch_name
+from sparsetool.checkpoint.dtypes import is_floating, torch_name
 from sparsetool.errors import ConfigError
 from sparsetool.targets.roles import (
     LINEAR_ROLES,
     ROLES,
     conv1d_layout,
     input_dim,
-    is_floating,
     role,
 )
 

@@ -20,9 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from sparsetool.checkpoint.dtypes import is_floating
-
-__all__ = ["ROLES", "LINEAR_ROLES", "role", "is_floating", "input_dim", "conv1d_layout"]
+__all__ = ["ROLES", "LINEAR_ROLES", "role", "input_dim", "conv1d_layout"]
 
 ROLES = (
     "qkv", "attn_out", "ffn_in", "ffn_out", "embedding", "position", "norm", "bias", "head", "other",

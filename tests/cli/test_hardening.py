@@ -87,7 +87,7 @@ def test_directory_outputs_keep_every_input_mode(tmp_path, umask_022, bits):
 # ------------------------------------------------------------------ 7. SIGTERM while the pool starts
 _SIGNAL_DURING_THREAD_START = r"""
 import os, signal, threading, torch
-import sparsetool.masks.kernel as kernel
+import sparsetool.masks.chunks as chunks
 from sparsetool.cli.main import _interrupt
 signal.signal(signal.SIGTERM, _interrupt)
 start = threading.Thread.start
@@ -99,7 +99,7 @@ def start_then_signal(self):
 threading.Thread.start = start_then_signal
 torch.set_num_threads(2)
 try:
-    kernel.map_chunks(lambda a, b: a, 10, step=1)
+    chunks.map_chunks(lambda a, b: a, 10, step=1)
 except KeyboardInterrupt:
     print("interrupted")
 """

@@ -10,13 +10,9 @@ from hypothesis import strategies as st
 
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks import top_k_mask
-from sparsetool.masks.kernel import (
-    bucket_histogram,
-    histogram,
-    int_keys,
-    magnitude_keys,
-    select_top,
-)
+from sparsetool.masks.histograms import bucket_histogram, histogram
+from sparsetool.masks.kernel import select_top
+from sparsetool.masks.keys import int_keys, magnitude_keys
 
 from helpers import tiny_chunks
 
@@ -146,7 +142,8 @@ def test_histograms_count_available_keys_only():
 def test_histogram_from_is_the_histogram_with_the_outside_summed(seed, n, low, width):
     """Exact counts for the digits in [low, high], the keys below in low - 1 and above in
     high + 1: one comparison per digit for a narrow range, a compress and bincount for a wide one."""
-    from sparsetool.masks.kernel import histogram, histogram_from, int_keys
+    from sparsetool.masks.histograms import histogram, histogram_from
+    from sparsetool.masks.keys import int_keys
 
     rng = np.random.default_rng(seed)
     centre = int(rng.integers(0, 0x7F80))

@@ -8,19 +8,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparsetool.errors import SparsetoolError
-from sparsetool.masks.select import (
+from sparsetool.masks.counts import fraction_keep, sparsity_keep
+from sparsetool.masks.global_magnitude import (
     GlobalPlan,
     MagnitudeHistogram,
     TensorPlan,
     apply_threshold,
-    fraction_keep,
     global_magnitude_masks,
     global_threshold_plan,
-    magnitude_mask,
-    nm_mask,
-    random_mask,
-    sparsity_keep,
 )
+from sparsetool.masks.select import magnitude_mask, nm_mask, random_mask
 
 from helpers import tiny_chunks
 
@@ -279,7 +276,8 @@ def test_random_is_exact_on_a_multi_chunk_tensor(sparsity):
 
 def test_keys_just_below_the_top_key_are_counted():
     """Keys that share the top digit with the "inf" key but sit below it are alive."""
-    from sparsetool.masks.kernel import int_keys, select_top
+    from sparsetool.masks.kernel import select_top
+    from sparsetool.masks.keys import int_keys
 
     keys = torch.full((10_000,), 0x3FFF0000, dtype=torch.int32)
     keys[::3] = 5

@@ -16,18 +16,18 @@ import numpy as np
 from sparsetool.checkpoint.reader import Checkpoint, LogicalTensor
 from sparsetool.checkpoint.writer import ShardWriter
 from sparsetool.errors import SparsetoolError
+from sparsetool.masks.counts import fraction_keep
 from sparsetool.masks.distributions import keep_counts
-from sparsetool.masks.global_magnitude import GlobalPlan
-from sparsetool.masks.kernel import Scan, magnitude_keys, sampled_histogram
-from sparsetool.masks.select import (
+from sparsetool.masks.global_magnitude import (
+    GlobalPlan,
     MagnitudeHistogram,
     apply_threshold,
-    fraction_keep,
     global_threshold_plan,
-    magnitude_mask,
-    nm_mask,
-    random_mask,
 )
+from sparsetool.masks.histograms import sampled_histogram
+from sparsetool.masks.kernel import Scan
+from sparsetool.masks.keys import magnitude_keys
+from sparsetool.masks.select import magnitude_mask, nm_mask, random_mask
 from sparsetool.ops.prune.options import PruneOptions
 from sparsetool.ops.prune.read import read_alive, recorded_nan_encoding
 from sparsetool.ops.prune.stream import Scanned, stream_plan, stream_top, streams

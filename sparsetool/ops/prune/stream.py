@@ -26,7 +26,8 @@ from sparsetool.checkpoint import Checkpoint, LogicalTensor, encoded_specs
 from sparsetool.checkpoint.encodings import STREAMED, encode_piece, nan_bits
 from sparsetool.checkpoint.writer import ShardWriter
 from sparsetool.masks.global_magnitude import TensorPlan, apply_threshold
-from sparsetool.masks.kernel import Keys, Scan, Sink, magnitude_keys, scan, select_top
+from sparsetool.masks.kernel import Scan, Sink, scan, select_top
+from sparsetool.masks.keys import Keys, magnitude_keys
 
 
 def streams(lt: LogicalTensor, encoding: str) -> bool:
