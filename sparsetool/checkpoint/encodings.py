@@ -29,6 +29,7 @@ import numpy as np
 from sparsetool.checkpoint import bitmask as bm
 from sparsetool.checkpoint import dtypes
 from sparsetool.checkpoint.bits import nonzero_bits
+from sparsetool.checkpoint.codecs import ENCODINGS, codec  # noqa: F401 (ENCODINGS: for prune's options)
 from sparsetool.checkpoint.format import TensorSpec
 from sparsetool.checkpoint.reader import MASK_SUFFIX, Checkpoint, LogicalTensor
 from sparsetool.errors import CheckpointError, SparsetoolError
@@ -38,33 +39,17 @@ from sparsetool.util.wording import plural
 if TYPE_CHECKING:
     import torch
 
-ENCODINGS = ("zeros", "mask", "nan", "bitmask")
-
-STREAMED = ("zeros", "mask", "nan")
-
-# Encodings that a Hugging Face directory's usual loader reads wrongly (tests/checkpoint/test_loaders.py).
-_LOADER_WARNINGS = {
-    "nan": "transformers' from_pretrained loads the nan encoding as a model full of NaN",
-    "bitmask": ("transformers' from_pretrained cannot load the bitmask encoding (it asks for "
-                "compressed-tensors, whose current releases dropped sparse-bitmask and "
-                "re-initialise the pruned weights at random)"),
-}
-
 
 def loader_warning(encoding: str, out: Any, command: str) -> str | None:
     """The warning for a Hugging Face directory ``out`` that ``command`` (prune, train) writes in
-    ``encoding``, if transformers cannot load that encoding; None if it can."""
-    if encoding not in _LOADER_WARNINGS:
+    ``encoding``, if transformers cannot load that encoding (its codec's ``loader_problem``,
+    tests/checkpoint/test_loaders.py); None if it can."""
+    problem = codec(encoding).loader_problem
+    if problem is None:
         return None
-    return (f"{_LOADER_WARNINGS[encoding]}; sparsetool.load and `sparsetool eval` read it. For "
+    return (f"{problem}; sparsetool.load and `sparsetool eval` read it. For "
             f"transformers run `sparsetool densify {out} -o DENSE_DIR`, or {command} with "
             "--encoding zeros or mask")
-"""Encodings whose stored tensors can be written piece by piece (:func:`encode_piece`)."""
-
-
-def _check_encoding(encoding: str) -> None:
-    if encoding not in ENCODINGS:
-        raise SparsetoolError(f"unknown encoding {encoding!r}; use one of: {', '.join(ENCODINGS)}")
 
 
 def bitmask_module(name: str, shape: tuple[int, ...]) -> str:
@@ -92,7 +77,7 @@ def encoded_specs(lt_name: str, dtype: Any, shape: tuple[int, ...], nnz: int, en
     >>> [(s.name, s.dtype, s.shape) for s in encoded_specs("l.weight", "BF16", (3, 10), 7, "bitmask")]
     [('l.shape', 'I64', (2,)), ('l.compressed', 'BF16', (7,)), ('l.bitmask', 'U8', (3, 2)), ('l.row_offsets', 'I64', (3,))]
     """
-    _check_encoding(encoding)
+    codec(encoding)  # an unknown name is an error
     st = dtypes.st_name(dtype)
     shape = tuple(int(d) for d in shape)
     if encoding in ("zeros", "nan"):
@@ -128,7 +113,7 @@ def nan_bits(st: str) -> int:
 
 
 def encode_piece(encoding: str, bits: np.ndarray, keep: np.ndarray, nan: int = 0) -> list[np.ndarray]:
-    """One piece of each stored tensor of a ``STREAMED`` encoding, from the raw values (a flat
+    """One piece of each stored tensor of a ``streamed`` encoding (:class:`~sparsetool.checkpoint.codecs.Codec`), from the raw values (a flat
     integer array: a float's bits) and the bool mask (True = kept) of the same positions: the
     values with pruned entries +0.0 (NaN, whose bits ``nan`` gives, for ``nan``), and for ``mask``
     the mask bytes too. The same bytes :func:`encode_array` writes for those positions.
@@ -147,7 +132,7 @@ def encode_piece(encoding: str, bits: np.ndarray, keep: np.ndarray, nan: int = 0
 
 def check_encodable(name: str, values: np.ndarray, st: str, mask: np.ndarray | None, encoding: str) -> None:
     """Refuse what ``encoding`` cannot represent."""
-    _check_encoding(encoding)
+    codec(encoding)  # an unknown name is an error
     if mask is not None and tuple(mask.shape) != tuple(values.shape):
         raise SparsetoolError(f"tensor {name}: mask shape {list(mask.shape)} differs from weight shape {list(values.shape)}")
     if encoding == "nan":

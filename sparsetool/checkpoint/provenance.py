@@ -21,6 +21,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from sparsetool.checkpoint.codecs import CODECS, Codec
+
 PROVENANCE_KEY = "sparsetool"
 
 
@@ -35,6 +37,13 @@ def read_provenance(metadata: Mapping[str, str] | None) -> dict[str, Any] | None
     except ValueError:
         return None
     return entry if isinstance(entry, dict) else None
+
+
+def recorded_codec(metadata: Mapping[str, str] | None) -> Codec | None:
+    """The codec the entry records the file was written in; None when it records none, ``plain``
+    or a name sparsetool does not know."""
+    encoding = (read_provenance(metadata) or {}).get("encoding")
+    return CODECS.get(encoding) if isinstance(encoding, str) else None
 
 
 def merged_provenance(metadata: Mapping[str, str] | None) -> dict[str, Any]:

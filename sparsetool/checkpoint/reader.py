@@ -60,6 +60,11 @@ class LogicalTensor:
         """A float type with a zero (what prune targets), without importing torch."""
         return dtypes.is_floating(self.st_dtype)
 
+    @property
+    def compressed(self) -> bool:
+        """Stored as compressed-tensors groups (the bitmask encoding), which config.json declares."""
+        return self.encoding == "bitmask"
+
 
 class Checkpoint:
     """A safetensors file or Hugging Face directory, opened and validated."""

@@ -14,12 +14,14 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import typer
 
+from sparsetool.checkpoint.codecs import ENCODINGS
 from sparsetool.errors import SparsetoolError
 from sparsetool.util import options
 
+ENCODING_NAMES = ENCODINGS  # the choices of --encoding
+
 # Names the library defines in torch-importing modules, repeated here so --help lists them without
 # loading torch; tests/cli/test_cli_vocabulary.py checks they equal the library's own.
-ENCODING_NAMES = ("zeros", "mask", "nan", "bitmask")  # sparsetool.checkpoint.encodings.ENCODINGS
 TRAIN_PRESETS = ("tiny", "mini", "small", "base")  # sparsetool.train.model.PRESETS
 
 

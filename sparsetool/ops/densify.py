@@ -25,6 +25,7 @@ from sparsetool.checkpoint import (
     open_checkpoint,
     write_checkpoint,
 )
+from sparsetool.checkpoint.codecs import NAN
 from sparsetool.checkpoint.encodings import decode_array
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.util import workers
@@ -68,7 +69,7 @@ def densify_checkpoint(src: str | Path, out: str | Path, *, in_place: bool = Fal
                     else:
                         # decode_array gives pruned entries as +0.0 whatever the encoding
                         values, mask = decode_array(ckpt, lt)
-                        encoding = lt.encoding if lt.encoding != "plain" or mask is None else "nan"
+                        encoding = lt.encoding if lt.encoding != "plain" or mask is None else NAN.name
                         if encoding != "plain":
                             result.decoded[encoding] = result.decoded.get(encoding, 0) + 1
                         negative = None

@@ -29,11 +29,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparsetool.checkpoint.codecs import DEFAULT_ENCODING, ENCODINGS
 from sparsetool.errors import ConfigError
 from sparsetool.util import options
 
 ALGORITHMS = ("dense", "static", "gmp", "set", "rigl", "granet", "imp")
-ENCODINGS = ("zeros", "mask", "nan", "bitmask")  # sparsetool.checkpoint.encodings, without torch
 INIT_METHODS = ("random", "magnitude")
 DEFAULT_PRESET = "mini"  # the model of a run without --preset or --init
 
@@ -115,7 +115,7 @@ class TrainConfig:
     init: str | None = None  # start from this checkpoint (its masks unless --dense)
     dense: bool = False  # with init: revive every pruned weight at 0 and train densely (SPDF)
     stages: list[tuple[float, float]] = field(default_factory=list)  # (sparsity, fraction)
-    encoding: str = "zeros"  # how RUN/model/ of a --init HF_DIR run stores pruned weights
+    encoding: str = DEFAULT_ENCODING  # how RUN/model/ of a --init HF_DIR run stores pruned weights
     # bookkeeping
     eval_every: int = 100
     eval_sequences: int = 64

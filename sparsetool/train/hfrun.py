@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from sparsetool.checkpoint import open_checkpoint, write_tensors
+from sparsetool.checkpoint.codecs import DEFAULT_ENCODING, codec
 from sparsetool.checkpoint.config import (
     bitmask_sparsity_config,
     drop_sparsity_config,
@@ -104,7 +105,7 @@ def open_run_model(cfg, resume_from: Path | None, resumed_model: dict | None):
         raise ConfigError(f"--init {cfg.init} is a file of the Hugging Face directory "
                           f"{Path(cfg.init).parent}; give the directory (its config and tokenizer are needed)")
     if not resumed and not (resume_from is None and is_hf_dir(cfg.init)):
-        if cfg.encoding != "zeros":
+        if cfg.encoding != DEFAULT_ENCODING:
             raise UsageError(f"--encoding {cfg.encoding} applies to the Hugging Face directory a "
                               "--init HF_DIR run writes; the built-in GPT's checkpoints use the mask encoding")
         return None, None, {}, {}
@@ -233,7 +234,7 @@ class HFModel:
         write_tensors(tmp / "model.safetensors", tensors, encoding=encoding, masks=masks,
                       metadata={"format": "pt", **provenance_metadata(None, meta)})
         config = dict(self.config)
-        if encoding == "bitmask" and masks:
+        if codec(encoding).compressed and masks:
             kept = sum(int(m.sum()) for m in masks.values())
             total = sum(m.numel() for m in masks.values())
             config = bitmask_sparsity_config(config, [n.removesuffix(".weight") for n in masks],

@@ -13,6 +13,7 @@ import zlib
 
 import numpy as np
 
+from sparsetool.checkpoint.codecs import codec
 from sparsetool.checkpoint.reader import Checkpoint, LogicalTensor
 from sparsetool.checkpoint.writer import ShardWriter
 from sparsetool.errors import SparsetoolError
@@ -61,7 +62,7 @@ class MagnitudePlanner:
     @property
     def needs_first_pass(self) -> bool:
         o = self.opts
-        return o.fraction is not None or o.scope == "global" or o.encoding == "bitmask"
+        return o.fraction is not None or o.scope == "global" or codec(o.encoding).kept_counts_in_header
 
     def prepare(self) -> None:
         """The first pass, when one is needed: non-zeros, histograms, kept counts."""
@@ -97,7 +98,7 @@ class MagnitudePlanner:
                 estimate = counts if estimate is None else estimate + counts
             elif o.fraction is not None:
                 self.keep[lt.name] = fraction_keep(nnz, o.fraction)
-            if o.encoding == "bitmask" and o.scope == "layer":
+            if codec(o.encoding).kept_counts_in_header and o.scope == "layer":
                 # The compressed size goes into the header, so count the result now.
                 self.nonzero_after[lt.name] = int(np.count_nonzero(self._mask(lt, dense, existing)))
             if self.progress:
@@ -111,7 +112,7 @@ class MagnitudePlanner:
                 total_keep = numel - round(o.sparsity * numel)
             self.global_plan = self._global_plan(self._plain_histograms(hists, estimate, total_keep),
                                                  total_keep)
-            if o.encoding == "bitmask":
+            if codec(o.encoding).kept_counts_in_header:
                 for lt in self.targets:
                     dense, existing = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
                     self.nonzero_after[lt.name] = int(np.count_nonzero(self._mask(lt, dense, existing)))

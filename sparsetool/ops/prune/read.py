@@ -16,7 +16,7 @@ import numpy as np
 from sparsetool.checkpoint import Checkpoint, LogicalTensor
 from sparsetool.checkpoint.bits import nonzero_bits
 from sparsetool.checkpoint.encodings import as_tensor, decode_array
-from sparsetool.checkpoint.provenance import read_provenance
+from sparsetool.checkpoint.provenance import recorded_codec
 from sparsetool.errors import SparsetoolError
 from sparsetool.util.floatbits import F32_INF, FORMATS, fp32_bits
 from sparsetool.util.wording import plural
@@ -89,4 +89,5 @@ def read_alive_tensors(ckpt: Checkpoint, lt: LogicalTensor, *,
 
 
 def recorded_nan_encoding(ckpt: Checkpoint) -> bool:
-    return (read_provenance(ckpt.metadata()) or {}).get("encoding") == "nan"
+    recorded = recorded_codec(ckpt.metadata())
+    return recorded is not None and recorded.nan_sentinel

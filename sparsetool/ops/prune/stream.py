@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from sparsetool.checkpoint import Checkpoint, LogicalTensor, encoded_specs
-from sparsetool.checkpoint.encodings import STREAMED, encode_piece, nan_bits
+from sparsetool.checkpoint.codecs import codec
+from sparsetool.checkpoint.encodings import encode_piece, nan_bits
 from sparsetool.checkpoint.writer import ShardWriter
 from sparsetool.masks.global_magnitude import TensorPlan, apply_threshold
 from sparsetool.masks.kernel import Scan, Sink, scan, select_top
@@ -32,13 +33,13 @@ from sparsetool.masks.keys import Keys, magnitude_keys
 
 def streams(lt: LogicalTensor, encoding: str) -> bool:
     """Can the fast path write this tensor in this encoding?"""
-    return lt.encoding == "plain" and lt.floating and encoding in STREAMED
+    return lt.encoding == "plain" and lt.floating and codec(encoding).streamed
 
 
 def _sink(put: Callable[[int, int, memoryview], None], encoding: str, bits: np.ndarray, st: str) -> Sink:
     """Encode positions [a, b) of the flat values ``bits`` under a chunk's mask and write them."""
     size = bits.itemsize
-    nan = nan_bits(st) if encoding == "nan" else 0
+    nan = nan_bits(st) if codec(encoding).nan_sentinel else 0
 
     def sink(a: int, b: int, mask: np.ndarray) -> None:
         pieces = encode_piece(encoding, bits[a:b], mask, nan)

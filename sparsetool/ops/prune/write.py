@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sparsetool.checkpoint.codecs import codec
 from sparsetool.checkpoint.config import bitmask_sparsity_config, drop_sparsity_config
 from sparsetool.checkpoint.encodings import as_array, encode_array, encoded_specs, loader_warning
 from sparsetool.checkpoint.format import TensorSpec
@@ -66,8 +67,8 @@ def _config(plan: PrunePlan, result: PruneResult, config: dict) -> dict:
     silently)."""
     target_names = plan.target_names
     untouched_bitmask = [lt.name for lt in plan.ckpt.logical
-                         if lt.encoding == "bitmask" and lt.name not in target_names]
-    if plan.opts.encoding == "bitmask":
+                         if lt.compressed and lt.name not in target_names]
+    if codec(plan.opts.encoding).compressed:
         modules = [t.name.removesuffix(".weight") for t in result.tensors]
         modules += [name.removesuffix(".weight") for name in untouched_bitmask]
         return bitmask_sparsity_config(config, modules, result.targeted_sparsity)
