@@ -268,9 +268,13 @@ def test_ruff_check_is_clean():
 # ------------------------------------------------------------------------ names and their homes
 
 def _defined(path: Path) -> set[str]:
-    """The names a module defines at its top level (not those it imports)."""
+    """The names a module defines at its top level, or imports from outside sparsetool (the one
+    module that wraps a library, ``cli/_click.py``, is their home here); not those it imports
+    from other sparsetool modules."""
     names = set()
     for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] != "sparsetool":
+            names |= {a.asname or a.name for a in node.names}
         for sub in ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else [node]:
             if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names.add(sub.name)
@@ -294,9 +298,9 @@ PENDING_REEXPORTS = {("sparsetool.ops.lm", "MAX_DEFAULT_SEQ"), ("sparsetool.chec
 
 
 def test_names_are_imported_from_the_module_that_defines_them():
-    """Only a package's ``__init__.py`` (its face) and ``api.py`` hand out names defined
-    elsewhere: a plain module's ``__all__`` lists what it defines, and ``from m import x`` names
-    the module defining ``x``, in the package and in the tests alike."""
+    """Only a package's ``__init__.py`` (its face) and ``api.py`` hand out names defined in other
+    sparsetool modules: a plain module's ``__all__`` lists what it defines, and ``from m import x``
+    names the module defining ``x``, in the package and in the tests alike."""
     plain = {m: p for m, p in MODULES.items() if p.name != "__init__.py" and m != "sparsetool.api"}
     defined = {m: _defined(p) for m, p in plain.items()}
     found = [f"{m}.__all__ lists {n}, defined elsewhere"
@@ -340,3 +344,16 @@ def test_nothing_outside_checkpoint_compares_encoding_names():
                 if any(isinstance(i, ast.Constant) and i.value in ENCODING_NAMES for i in items):
                     found.append(f"{module}:{node.lineno}")
     assert not found, found
+
+
+def test_typer_private_click_is_imported_in_one_module():
+    """typer keeps its vendored click private (``typer._click``); pyproject pins the tested typer
+    and only ``cli/_click.py`` reaches into it."""
+    found = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if any(n == "typer._click" or n.startswith("typer._click.") for n in names):
+                found.append(module)
+    assert sorted(set(found)) == ["sparsetool.cli._click"]

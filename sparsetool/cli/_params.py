@@ -101,8 +101,7 @@ def checked(check: Callable[..., Any], **kw: Any) -> Callable[..., Any]:
 def given(param: str) -> bool:
     """Whether the command line set the running command's parameter ``param`` (its Python name),
     as opposed to its default."""
-    from typer._click.core import ParameterSource
-    from typer._click.globals import get_current_context
+    from sparsetool.cli._click import ParameterSource, get_current_context
 
     source = get_current_context().get_parameter_source(param)
     return source is not None and source not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
@@ -120,7 +119,7 @@ def alone(flag: str, allowed: Iterable[str], does: str, instead: str) -> None:
     """With the parameter ``flag`` given (a listing such as ``--list``), refuse every other option
     given but ``allowed`` (Python parameter names), which the listing would ignore: ``FLAG and X do
     not go together: DOES; drop X, or INSTEAD``."""
-    from typer._click.globals import get_current_context
+    from sparsetool.cli._click import get_current_context
 
     if not given(flag):
         return

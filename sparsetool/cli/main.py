@@ -15,10 +15,10 @@ from difflib import get_close_matches
 from typing import Any, Callable, Iterator
 
 import typer
-from typer._click.exceptions import NoArgsIsHelpError, NoSuchOption, UsageError
 from typer.core import TyperGroup
 
 from sparsetool import __version__
+from sparsetool.cli._click import NoArgsIsHelpError, NoSuchOption, UsageError
 from sparsetool.util.wording import either
 
 # name -> (module under sparsetool.cli, function, the first line of its help): the order is the
