@@ -29,7 +29,7 @@ def int_bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(int_view(t.element_size()))
 
 
-def float_bits(t: torch.Tensor) -> np.ndarray | None:
+def tensor_bits(t: torch.Tensor) -> np.ndarray | None:
     """The bit patterns of a CPU float tensor as a numpy integer array (no copy if contiguous)."""
     if not t.is_floating_point() or not has_bits(t):
         return None
@@ -44,7 +44,7 @@ def count_nonzero_values(t: torch.Tensor) -> int:
     """
     if t.dtype == torch.bool and t.device.type == "cpu":
         return int(np.count_nonzero(t.contiguous().numpy()))
-    bits = float_bits(t)
+    bits = tensor_bits(t)
     if bits is None:
         return int(torch.count_nonzero(t))
     return count_nonzero_bits(bits.reshape(-1))
@@ -56,7 +56,7 @@ def negative_zeros(t: torch.Tensor) -> torch.Tensor | None:
     than float comparisons on bf16)."""
     if not t.is_floating_point():
         return None
-    bits = float_bits(t)
+    bits = tensor_bits(t)
     if bits is not None:
         negative_zero = np.iinfo(bits.dtype).min
         if not (bits == negative_zero).any():

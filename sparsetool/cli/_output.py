@@ -163,7 +163,7 @@ def si(x: float, unit: str) -> str:
     return "0 " + unit if x == 0 else f"{x:.3e} {unit}"
 
 
-def count(x: float) -> str:
+def short_count(x: float) -> str:
     """A count of tokens or parameters: ``2.5B``, ``64.51M``, ``1K``; past 1,000T scientific."""
     for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(x) >= 1000 * div and unit == "T":

@@ -9,11 +9,11 @@ import typer
 
 from sparsetool.cli._output import (
     console,
-    count,
     emit_json,
     failing_cleanly,
     percent,
     print_table,
+    short_count,
     si,
     warn,
 )
@@ -162,7 +162,7 @@ def _title(F: Any, cfg: Any, r: dict) -> str:
     return (f"{cfg.name}: {plural(cfg.n_layers, 'layer')}, d_model {cfg.d_model}, "
             f"{plural(cfg.n_heads, 'head')}{kv} x "
             f"{cfg.d_head}, d_ff {cfg.d_ff}{' (SwiGLU)' if cfg.ffn_matrices == 3 else ''}, vocab "
-            f"{cfg.vocab}, {F.seq_len_note(cfg)}\n{count(r['tokens'])} training tokens ({src}), "
+            f"{cfg.vocab}, {F.seq_len_note(cfg)}\n{short_count(r['tokens'])} training tokens ({src}), "
             f"{r['sequences']:.4g} sequences; {emb}")
 
 
@@ -183,7 +183,7 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
         for r in results:
             row = [percent(r["sparsity"], 1), _f(r["train_flops_per_seq"]),
                    _f(r["total_train_flops"]), f"{r['train_flops_ratio']:.3f}x",
-                   _f(r["inference_flops_per_token"]), count(r["nonzero_params"])]
+                   _f(r["inference_flops_per_token"]), short_count(r["nonzero_params"])]
             if ft:
                 row += [_f(r["end_to_end_flops"]), f"{1 / r['end_to_end_ratio']:.2f}x"]
             rows.append(row)
@@ -193,7 +193,7 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
                       + ("; +FT: with dense fine-tuning; e2e speed-up: dense/sparse" if ft else ""),
                       highlight=False, soft_wrap=True)
         if ft:
-            console.print(f"fine-tuning: {count(r0['finetune_tokens'])} tokens at seq "
+            console.print(f"fine-tuning: {short_count(r0['finetune_tokens'])} tokens at seq "
                           f"{r0['finetune_seq_len']}, {_f(r0['finetune_forward_flops_per_seq'])} "
                           f"forward per sequence, {_f(r0['finetune_flops'])} (dense)",
                           highlight=False, soft_wrap=True)
@@ -206,7 +206,7 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
     console.print(escape(_title(F, cfg, r)), highlight=False, soft_wrap=True)
     if r["stages"]:
         print_table(("stage", "sparsity", "fraction", "tokens", "training"),
-                    [[str(i), percent(s["sparsity"], 1), f"{s['fraction']:.4f}", count(s["tokens"]),
+                    [[str(i), percent(s["sparsity"], 1), f"{s['fraction']:.4f}", short_count(s["tokens"]),
                       _f(s["train_flops"])]
                      for i, s in enumerate(r["stages"], 1)],
                     title="Variable SPDF stages", align="rrrrr")
@@ -220,7 +220,7 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
     add("training FLOPs / sequence", r["dense_train_flops_per_seq"], r["train_flops_per_seq"])
     add("training FLOPs, all tokens", r["dense_total_train_flops"], r["total_train_flops"])
     if ft:
-        rows.append([f"dense fine-tuning FLOPs ({count(r['finetune_tokens'])} tok, seq "
+        rows.append([f"dense fine-tuning FLOPs ({short_count(r['finetune_tokens'])} tok, seq "
                      f"{r['finetune_seq_len']})", _f(r["finetune_flops"]), _f(r["finetune_flops"]), "", ""])
         add("end-to-end FLOPs", r["dense_end_to_end_flops"], r["end_to_end_flops"])
     add("inference FLOPs / token", r["dense_inference_flops_per_token"], r["inference_flops_per_token"])
@@ -280,6 +280,6 @@ def _print_presets(F: Any, as_json: bool) -> None:
         return
     rows = [[name, str(c.n_layers), str(c.d_model), str(c.n_heads), str(c.d_head), str(c.d_ff),
              "SwiGLU" if c.ffn_matrices == 3 else "GELU", str(c.vocab), str(c.seq_len),
-             count(F.param_counts(c)["total"])] for name, c in F.PRESETS.items()]
+             short_count(F.param_counts(c)["total"])] for name, c in F.PRESETS.items()]
     print_table(("name", "layers", "d_model", "heads", "d_head", "d_ff", "FFN", "vocab", "seq", "params"),
                 rows, title="model presets")

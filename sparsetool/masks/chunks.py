@@ -14,7 +14,7 @@ import numpy as np
 
 from sparsetool.util import workers as pool
 
-__all__ = ["CHUNK", "map_chunks", "row_step", "count", "bincount"]
+__all__ = ["CHUNK", "map_chunks", "row_step", "count_true", "bincount"]
 
 CHUNK = 1 << 20  # keys per chunk: a chunk's temporaries stay in cache between the steps on it
 
@@ -32,7 +32,7 @@ def row_step(row: int) -> int:
     return max(1, CHUNK // row) * row
 
 
-def count(mask: np.ndarray) -> int:
+def count_true(mask: np.ndarray) -> int:
     """True entries of a flat bool mask."""
     return sum(map_chunks(lambda a, b: int(np.count_nonzero(mask[a:b])), mask.size))
 

@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 
 from sparsetool.errors import SparsetoolError
-from sparsetool.masks.chunks import count
+from sparsetool.masks.chunks import count_true
 from sparsetool.masks.histograms import boundary, bucket_histogram, histogram, histogram_from
 from sparsetool.masks.kernel import Scan, Sink, resolve_keep, threshold_mask
-from sparsetool.masks.keys import Keys, flat_existing, float_bits, int_keys, like, shape_of
+from sparsetool.masks.keys import Keys, flat_bits, flat_existing, int_keys, like, shape_of
 from sparsetool.util.floatbits import F32_INF, FORMATS, float_format, fp32_bits
 from sparsetool.util.wording import plural
 
@@ -60,7 +60,7 @@ def _f32_keys(w: Any, alive: np.ndarray | None, dtype: str | None) -> tuple[Keys
     """The kernel's keys of |w| on the fp32 scale, how many low bits they leave out (16 for bf16,
     whose bits are the high half of the fp32 pattern, the low half zero; else 0), and ``w``'s type
     name. fp16, fp64 and fp8 convert to fp32 chunk by chunk; NaN keys are above the key of inf."""
-    bits, st = float_bits(w, dtype)
+    bits, st = flat_bits(w, dtype)
     if st in ("BF16", "F32"):
         fmt = FORMATS[st]
         assert fmt.inf is not None
@@ -311,11 +311,11 @@ def apply_threshold(w: Any, plan: TensorPlan, existing: Any = None, *,
         inner = sink
 
         def sink(a: int, b: int, mask: np.ndarray) -> None:  # counts what it passes on
-            counted.append(count(mask))
+            counted.append(count_true(mask))
             inner(a, b, mask)
 
     out = threshold_mask(keys, threshold, plan.ties if can_tie else 0, sink=sink)
-    kept = sum(counted) if out is None else count(out)
+    kept = sum(counted) if out is None else count_true(out)
     if kept != plan.kept or (plan.ties and not can_tie):
         raise SparsetoolError(
             f"the plan keeps {plural(plan.kept, 'weight')} of this tensor but its threshold keeps {kept}; "

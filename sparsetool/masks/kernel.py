@@ -76,7 +76,7 @@ import numpy as np
 
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks import chunks
-from sparsetool.masks.chunks import count, map_chunks
+from sparsetool.masks.chunks import count_true, map_chunks
 from sparsetool.masks.counts import sparsity_keep
 from sparsetool.masks.histograms import histogram
 from sparsetool.masks.keys import (
@@ -392,7 +392,7 @@ def top_k_mask(scores: Any, k: int, allowed: Any = None) -> Any:
     upper = ~negative if alive is None else alive & ~negative
     out = select_top(int_keys(src, nbits, inf, upper), keep)
     assert out is not None
-    got = count(out)
+    got = count_true(out)
     if got < keep:  # below zero the smaller magnitude is the higher score: key inf - |x|
         flipped = inf - magnitude
         flipped[magnitude > inf] = full

@@ -26,7 +26,7 @@ from sparsetool.errors import SparsetoolError
 from sparsetool.util.floatbits import F32_INF, FORMATS, float_format, fp32_bits
 
 __all__ = ["Keys", "int_keys", "magnitude_keys", "flat_existing", "float_int_view", "digit_shifts",
-           "is_torch", "float_bits", "bool_array", "like", "shape_of"]
+           "is_torch", "flat_bits", "bool_array", "like", "shape_of"]
 
 _NATIVE = {"float16": "F16", "float32": "F32", "float64": "F64"}
 
@@ -41,7 +41,7 @@ def shape_of(x: Any) -> tuple[int, ...]:
     return tuple(int(s) for s in x.shape)
 
 
-def float_bits(w: Any, dtype: str | None = None) -> tuple[np.ndarray, str]:
+def flat_bits(w: Any, dtype: str | None = None) -> tuple[np.ndarray, str]:
     """``w`` flat as the signed integers of its width, and its safetensors type name.
 
     ``w`` is a torch float tensor, a native numpy float array, or a numpy integer array of bit
@@ -101,7 +101,7 @@ def flat_existing(existing: Any, shape: tuple[int, ...]) -> np.ndarray | None:
 def float_int_view(w: Any, dtype: str | None = None) -> tuple[np.ndarray, int, int]:
     """``w`` flat as integers (no copy for bf16/fp16/fp32/fp64; fp8 converts to fp32); the
     magnitude's bit width (the sign is the bit above it); and the magnitude key of +inf."""
-    bits, st = float_bits(w, dtype)
+    bits, st = flat_bits(w, dtype)
     fmt = FORMATS[st]
     if fmt.fp8 is not None:
         return fp32_bits(bits, st), 31, F32_INF

@@ -53,7 +53,7 @@ def set_workers(n: int | None) -> None:
     _WORKERS = None if n is None else int(n)
 
 
-def count() -> int:
+def worker_count() -> int:
     """How many threads the pool runs work on (see the module docstring)."""
     if _WORKERS is not None:
         return _WORKERS
@@ -110,7 +110,7 @@ def _serial(workers: int) -> bool:
 
 def run(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
     """``[fn(x) for x in items]``, on the pool when there are several items and threads."""
-    workers = count()
+    workers = worker_count()
     if len(items) < 2 or _serial(workers):
         return [fn(x) for x in items]
     futures: list[Future] = []
@@ -130,7 +130,7 @@ def imap(fn: Callable[[Any], Any], items: Iterable[Any], ahead: int = 1) -> Iter
     while the caller works on the current one (e.g. screening a tensor while copying the one
     before). At most ``ahead + 1`` results exist at once. When the caller stops early (an
     error, Ctrl-C), the items not started are cancelled and the running ones are waited for."""
-    workers = count()
+    workers = worker_count()
     if _serial(workers):
         yield from map(fn, items)
         return
