@@ -6,7 +6,7 @@
 
 Runs in an environment with llm-compressor (0.14) and sparsetool installed. Calibration uses
 exactly the windows ``sparsetool prune`` uses: the text read as sparsetool reads it
-(``sparsetool.ops.lm.read_text``), encoded by the model's tokenizer as sparsetool encodes it (one
+(``sparsetool.ops.text.read_text``), encoded by the model's tokenizer as sparsetool encodes it (one
 call on the whole text, the tokenizer's default special tokens), cut by
 ``sparsetool.ops.prune.calibrated.calibration_windows``, and handed to ``oneshot`` as a tokenized
 ``datasets.Dataset`` (``input_ids``, ``attention_mask``). The modifier is ``WandaPruningModifier``
@@ -38,8 +38,8 @@ def windows(model: str, calibration: str, samples: int, seq: int, seed: int):
     """sparsetool's calibration windows for this model and text, as a (samples, seq) tensor."""
     from transformers import AutoTokenizer
 
-    from sparsetool.ops.lm import read_text
     from sparsetool.ops.prune.calibrated import calibration_windows
+    from sparsetool.ops.text import read_text
 
     tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
     text = read_text(calibration, "--calibration")

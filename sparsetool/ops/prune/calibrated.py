@@ -1,7 +1,7 @@
 """Calibration pruning (``prune --method wanda|sparsegpt``): the model, one block at a time.
 
 Both papers prune a transformer one block at a time, and so does memory here: the model is a
-skeleton whose weights stay in the checkpoint (:class:`sparsetool.ops.lm.BlockModel`) until their
+skeleton whose weights stay in the checkpoint (:class:`sparsetool.models.blocks.BlockModel`) until their
 block's turn. Calibration text is tokenized by the model's own tokenizer (bytes for sparsetool's
 GPT, as ``eval`` does) and cut into ``samples`` windows of ``seq`` tokens, chosen among the
 non-overlapping windows of the text by ``seed``. The inputs of block 0 are captured from the
@@ -49,11 +49,12 @@ from sparsetool.masks.sparsegpt import (
     sparsegpt_update,
 )
 from sparsetool.masks.wanda import wanda_kept_count, wanda_mask
-from sparsetool.ops.lm import BlockModel, Call, read_text
-from sparsetool.ops.open_model import open_model
+from sparsetool.models.blocks import BlockModel, Call
+from sparsetool.models.open import open_model
 from sparsetool.ops.prune.options import DEFAULT_SEQ, PruneOptions
 from sparsetool.ops.prune.planner import Sink
 from sparsetool.ops.prune.read import read_alive_tensors
+from sparsetool.ops.text import read_text
 from sparsetool.targets import TargetPlan
 from sparsetool.util.memory import MemoryPlan, budget, process_memory
 from sparsetool.util.progress import Progress
