@@ -186,7 +186,7 @@ class EvalResult:
 
 
 def _default_text() -> tuple[str, str]:
-    from sparsetool.train.data import load_corpus
+    from sparsetool.util.corpus import load_corpus
 
     corpus = load_corpus(None)
     return (corpus.val.tobytes().decode("utf-8", errors="replace"),

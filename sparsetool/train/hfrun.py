@@ -38,7 +38,7 @@ from sparsetool.models.hf import (
     load_tokenizer,
     match_weights,
 )
-from sparsetool.train.data import Corpus
+from sparsetool.util.corpus import Corpus
 from sparsetool.util.memory import fine_tuning_plan
 from sparsetool.util.workers import signals_deferred
 
