@@ -18,7 +18,7 @@ stays light and does not import torch)::
 ``eval`` alone.
 """
 
-__version__ = "0.1.0"
+from sparsetool.util.version import __version__
 
 __all__ = ["__version__", "load", "prune", "densify", "report", "diff", "simulate"]
 

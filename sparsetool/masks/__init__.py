@@ -1,10 +1,13 @@
-"""Pure tensor -> mask functions: one exact selection kernel, N:M, distributions, exact counts.
+"""Pure tensor -> mask functions in numpy: one exact selection kernel, N:M, distributions, exact
+counts.
 
-A mask is a bool tensor of the weight's shape, True = kept. Nothing here reads or writes files.
+A mask is a bool array of the weight's shape, True = kept: a numpy array for numpy input, a torch
+tensor on the input's device for torch input (the selection runs in numpy either way, and no module
+here imports torch; see :mod:`sparsetool.masks.select`). Nothing here reads or writes files.
 """
 
-# Lazy: counts and distributions are torch-free (flops and option checks use them before torch
-# is imported); the tensor functions load torch only when first asked for.
+# Lazy: the names below load the numpy kernel (select.py) on first use; counts and distributions
+# (which flops and option checks use) load only themselves.
 __all__ = [
     "magnitude_mask", "random_mask", "nm_mask", "fraction_keep", "sparsity_keep",
     "check_sparsity", "check_fraction",
