@@ -21,7 +21,7 @@ resolves every one), so nothing here imports torch but what hands out torch tens
 
 from __future__ import annotations
 
-import importlib
+from sparsetool.util.lazy import lazy_names
 
 _WHERE = {
     "bitmask_sparsity_config": "config", "drop_sparsity_config": "config",
@@ -40,15 +40,4 @@ _WHERE = {
 
 __all__ = sorted(_WHERE)
 
-
-def __getattr__(name: str) -> object:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sparsetool.checkpoint' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"sparsetool.checkpoint.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = lazy_names(globals(), _WHERE)

@@ -15,7 +15,7 @@ so ``import sparsetool.models`` imports neither torch nor transformers.
 
 from __future__ import annotations
 
-import importlib
+from sparsetool.util.lazy import lazy_names
 
 _WHERE = {
     "BlockModel": "blocks", "Call": "blocks", "Encoded": "blocks", "block_index": "blocks",
@@ -30,15 +30,4 @@ _WHERE = {
 
 __all__ = sorted(_WHERE)
 
-
-def __getattr__(name: str) -> object:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sparsetool.models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"sparsetool.models.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = lazy_names(globals(), _WHERE)
