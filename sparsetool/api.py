@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # torch stays unimported until a function is called
     from sparsetool.ops.report import Report
 
 from sparsetool.ops.load import load
+from sparsetool.util.options import DSNOT_ITERATIONS, DSNOT_THRESHOLD, OWL_LAMBDA, OWL_M
 
 __all__ = ["load", "prune", "densify", "report", "diff", "simulate"]  # and eval: not exported by *, see above
 
@@ -49,11 +50,11 @@ def prune(
     dampening: float = 0.01,
     blocksize: int = 128,
     allocation: str = "uniform",
-    owl_m: float = 5.0,
-    owl_lambda: float = 0.08,
+    owl_m: float = OWL_M,
+    owl_lambda: float = OWL_LAMBDA,
     refine: str = "none",
-    dsnot_iterations: int = 50,
-    dsnot_threshold: float = 0.1,
+    dsnot_iterations: int = DSNOT_ITERATIONS,
+    dsnot_threshold: float = DSNOT_THRESHOLD,
     device: str = "auto",
     dtype: str = "float32",
     max_memory: int | str | None = None,

@@ -33,17 +33,11 @@ import torch
 from torch import Tensor
 
 from sparsetool.errors import SparsetoolError
+from sparsetool.util.options import DSNOT_ITERATIONS, DSNOT_THRESHOLD
 
-__all__ = ["DSNOT_ITERATIONS", "DSNOT_THRESHOLD", "dsnot_refine", "expected_errors"]
+__all__ = ["dsnot_refine"]
 
-DSNOT_ITERATIONS = 50
-DSNOT_THRESHOLD = 0.1
 _CHUNK = 1 << 21  # weights refined at once: a few sorted index tensors of this size are held
-
-
-def expected_errors(w: Tensor, kept: Tensor, center: Tensor) -> Tensor:
-    """Each row's expected reconstruction error ``sum over pruned j of W[i, j] * c_j`` (float64)."""
-    return (w.double() * center.double().unsqueeze(0)).masked_fill(kept, 0).sum(1)
 
 
 def dsnot_refine(w: Tensor, kept: Tensor, *, center: Tensor, var: Tensor, sq_norms: Tensor,

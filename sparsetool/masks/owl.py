@@ -32,13 +32,9 @@ from torch import Tensor
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.distributions import largest_remainder, uniform_keep
 from sparsetool.masks.wanda import wanda_scores
+from sparsetool.util.options import OWL_LAMBDA, OWL_M
 
-__all__ = ["OWL_M", "OWL_LAMBDA", "OutlierCount", "owl_sparsities", "owl_keep", "block_sparsity"]
-
-OWL_M = 5.0
-"""The paper's outlier threshold M: a score above M times the block's mean is an outlier."""
-OWL_LAMBDA = 0.08
-"""The paper's lambda: the block sparsities spread over ``2 * lambda``."""
+__all__ = ["OutlierCount", "owl_sparsities", "owl_keep", "block_sparsity"]
 
 
 class OutlierCount:

@@ -26,7 +26,8 @@ from sparsetool.errors import ConfigError
 from sparsetool.util.wording import did_you_mean, plural
 
 __all__ = [
-    "METHODS", "SCOPES", "CALIBRATION_METHODS", "ALLOCATIONS", "REFINEMENTS", "check_count",
+    "METHODS", "SCOPES", "CALIBRATION_METHODS", "ALLOCATIONS", "REFINEMENTS", "OWL_M", "OWL_LAMBDA",
+    "DSNOT_ITERATIONS", "DSNOT_THRESHOLD", "check_count",
     "check_dampening", "check_owl_m", "check_owl_lambda", "check_threshold",
     "check_sparsity", "check_fraction", "check_seed", "parse_sparsity", "parse_sparsities",
     "parse_fraction", "parse_nm", "parse_tokens", "parse_seed", "parse_stage", "parse_globs",
@@ -44,6 +45,11 @@ CALIBRATION_METHODS = ("wanda", "sparsegpt")
 SCOPES = ("layer", "global")
 ALLOCATIONS = ("uniform", "owl")  # how --sparsity is spread over the blocks (masks/owl.py)
 REFINEMENTS = ("none", "dsnot")  # what refines a calibrated mask (masks/dsnot.py)
+# The papers' settings, the defaults (here, so that checking options never imports torch):
+OWL_M = 5.0  # OWL: a score above M times its block's mean is an outlier
+OWL_LAMBDA = 0.08  # OWL: the block sparsities spread over 2 x lambda
+DSNOT_ITERATIONS = 50  # DSnoT: at most this many swaps per row
+DSNOT_THRESHOLD = 0.1  # DSnoT: a row whose expected error is this small is left alone
 
 _SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 MAX_SEED = 2**63

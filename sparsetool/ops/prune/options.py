@@ -9,13 +9,15 @@ from pathlib import Path
 from sparsetool.checkpoint.encodings import ENCODINGS
 from sparsetool.errors import ConfigError
 from sparsetool.masks.distributions import DISTRIBUTIONS
-from sparsetool.masks.dsnot import DSNOT_ITERATIONS, DSNOT_THRESHOLD
-from sparsetool.masks.owl import OWL_LAMBDA, OWL_M
 from sparsetool.util.options import (
     ALLOCATIONS,
     CALIBRATION_METHODS,
     COMPUTE_DTYPES,
+    DSNOT_ITERATIONS,
+    DSNOT_THRESHOLD,
     METHODS,
+    OWL_LAMBDA,
+    OWL_M,
     REFINEMENTS,
     SCOPES,
     check_count,
