@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # torch stays unimported until a function is called
     from sparsetool.ops.report import Report
 
 from sparsetool.ops.load import load
+from sparsetool.util.options import DSNOT_ITERATIONS, DSNOT_THRESHOLD, OWL_LAMBDA, OWL_M
 
 __all__ = ["load", "prune", "densify", "report", "diff", "simulate"]  # and eval: not exported by *, see above
 
@@ -48,6 +49,12 @@ def prune(
     seq: int | None = None,
     dampening: float = 0.01,
     blocksize: int = 128,
+    allocation: str = "uniform",
+    owl_m: float = OWL_M,
+    owl_lambda: float = OWL_LAMBDA,
+    refine: str = "none",
+    dsnot_iterations: int = DSNOT_ITERATIONS,
+    dsnot_threshold: float = DSNOT_THRESHOLD,
     device: str = "auto",
     dtype: str = "float32",
     max_memory: int | str | None = None,
@@ -57,7 +64,10 @@ def prune(
     ``method="wanda"`` or ``"sparsegpt"`` runs the ``calibration`` text (a file or directory)
     through the model block by block (``samples`` windows of ``seq`` tokens, default 512 or the
     model's context if shorter) on ``device`` in ``dtype``, within ``max_memory`` (bytes or
-    ``"12G"``; default: what is available). Raises :class:`sparsetool.errors.SparsetoolError` on bad input; nothing is written then."""
+    ``"12G"``; default: what is available). ``allocation="owl"`` spreads ``sparsity`` over the
+    blocks by their outlier ratios (``owl_m``, ``owl_lambda``), ``refine="dsnot"`` refines each
+    mask (``dsnot_iterations``, ``dsnot_threshold``); both need ``calibration`` and work with
+    magnitude, wanda and sparsegpt. Raises :class:`sparsetool.errors.SparsetoolError` on bad input; nothing is written then."""
     from sparsetool.errors import ConfigError
     from sparsetool.ops.prune import PruneOptions, prune_checkpoint
     from sparsetool.util.options import parse_nm, parse_size
@@ -69,7 +79,9 @@ def prune(
         method=method, scope=scope, distribution=distribution, seed=seed, encoding=encoding,
         include=_globs(include), exclude=_globs(exclude),
         calibration=None if calibration is None else str(calibration), samples=samples, seq=seq,
-        dampening=dampening, blocksize=blocksize, device=device, dtype=dtype,
+        dampening=dampening, blocksize=blocksize, allocation=allocation, owl_m=owl_m,
+        owl_lambda=owl_lambda, refine=refine, dsnot_iterations=dsnot_iterations,
+        dsnot_threshold=dsnot_threshold, device=device, dtype=dtype,
         max_memory=None if max_memory is None else parse_size(max_memory),
     )
     return prune_checkpoint(checkpoint, checkpoint if output is None else output, opts,
