@@ -46,14 +46,6 @@ DType = choices("DType", ("auto", "float32", "bfloat16"))
 Encoding = choices("Encoding", ENCODING_NAMES)
 
 
-def _check_device(value: str, option: str) -> str:
-    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
-        return value
-    from sparsetool.errors import ConfigError
-
-    raise ConfigError(f"{option} {value!r}: use auto, cpu, cuda or cuda:N")
-
-
 def train(
     output: Optional[Path] = output_option("Run directory to create, or to continue with --resume; required (unless the --config file gives 'out'). Holds checkpoints, logs, loss.png."),
     out: Optional[Path] = typer.Option(None, "--out", hidden=True, help="Old spelling of -o/--output."),
@@ -94,7 +86,7 @@ def train(
     save_every: Optional[int] = typer.Option(None, "--save-every", help="Checkpoint every N steps (default: only at the end)."),
     stop_at: Optional[int] = typer.Option(None, "--stop-at", help="Stop after this step with a checkpoint; continue later with --resume (default: run all --steps)."),
     threads: Optional[int] = threads_option(),
-    device: Optional[str] = typer.Option(None, "--device", metavar="<auto|cpu|cuda|cuda:N>", callback=checked(_check_device), help="Where to train (default auto)."),
+    device: Optional[str] = typer.Option(None, "--device", metavar="<auto|cpu|cuda|cuda:N>", callback=checked(options.check_device), help="Where to train (default auto)."),
     dtype: Optional[DType] = choice_option(DType, None, "--dtype", help="auto (default: bf16 autocast on capable GPUs), float32 or bfloat16."),
     quiet: bool = quiet_option(),
     as_json: bool = json_option("Print the final summary as JSON (no progress bar)."),
