@@ -124,20 +124,7 @@ def train(
         file_values = read_config_file(config) if config else {}
         with usage_errors():
             options = parse_sparsity_options(sparsity_option)
-        flags = {
-            "out": str(output) if output else None, "preset": value_of(preset), "n_layer": n_layer, "n_head": n_head,
-            "d_model": d_model, "context": context, "steps": steps, "batch_size": batch_size,
-            "grad_accum": grad_accum, "lr": lr, "warmup": warmup, "weight_decay": weight_decay,
-            "grad_clip": grad_clip, "seed": seed, "data": data, "algorithm": value_of(algorithm),
-            "sparsity": sparsity, "distribution": value_of(distribution), "init_method": value_of(init_method),
-            "update_freq": update_freq, "update_start": update_start, "update_stop": update_stop,
-            "drop_fraction": drop_fraction, "initial_sparsity": initial_sparsity, "param_filter": list(param_filter) or None,
-            "include": tuple(include) or None, "exclude": tuple(exclude) or None,
-            "sparsity_options": options, "init": str(init) if init else None,
-            "dense": dense or None, "stages": list(stage), "encoding": value_of(encoding),
-            "eval_every": eval_every, "save_every": save_every, "stop_at": stop_at,
-            "device": device, "dtype": value_of(dtype), "threads": threads,
-        }
+        flags = _flags(locals(), output, options)
         if "out" not in file_values and output is None:
             usage_error("give -o/--output RUN_DIR: a run directory to create or resume is required")
         if resume:
@@ -169,6 +156,28 @@ def train(
             from sparsetool.train.signals import signal_number
 
             raise typer.Exit(128 + signal_number(summary["interrupted"]))
+
+
+_AS_GIVEN = ("n_layer", "n_head", "d_model", "context", "steps", "batch_size", "grad_accum", "lr",
+             "warmup", "weight_decay", "grad_clip", "seed", "data", "sparsity", "update_freq",
+             "update_start", "update_stop", "drop_fraction", "initial_sparsity", "eval_every",
+             "save_every", "stop_at", "device", "threads")
+_CHOICES = ("preset", "algorithm", "distribution", "init_method", "encoding", "dtype")
+
+
+def _flags(given: dict, output: Path | None, sparsity_options: dict) -> dict:
+    """The command line's settings by TrainConfig's names, None where a flag was not given (a
+    --config file's value or the default stands then)."""
+    flags = {name: given[name] for name in _AS_GIVEN}
+    flags.update({name: value_of(given[name]) for name in _CHOICES})
+    flags.update({
+        "out": str(output) if output else None, "init": str(given["init"]) if given["init"] else None,
+        "param_filter": list(given["param_filter"]) or None,
+        "include": tuple(given["include"]) or None, "exclude": tuple(given["exclude"]) or None,
+        "dense": given["dense"] or None, "stages": list(given["stage"]),
+        "sparsity_options": sparsity_options,
+    })
+    return flags
 
 
 def _warn(text: str) -> None:
