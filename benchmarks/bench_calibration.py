@@ -51,7 +51,7 @@ def train(run: Path, steps: int) -> None:
 
 
 def calibration_text(path: Path, size: int = 1 << 20) -> None:
-    from sparsetool.train.data import load_corpus
+    from sparsetool.util.corpus import load_corpus
 
     corpus = load_corpus(None)
     path.write_text(corpus.train[:size].tobytes().decode("utf-8", errors="replace"))

@@ -33,9 +33,9 @@ def build(text: str) -> dict[str, Path]:
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+    from sparsetool.models.gpt import GPT, PRESETS
     from sparsetool.ops.prune import PruneOptions, prune_checkpoint
     from sparsetool.train.io import save_model
-    from sparsetool.train.model import GPT, PRESETS
 
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)

@@ -86,7 +86,7 @@ def main() -> None:
     args = ap.parse_args()
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
-    from sparsetool.train.data import load_corpus
+    from sparsetool.util.corpus import load_corpus
 
     text = load_corpus(None).train[:400_000].tobytes().decode("utf-8", errors="replace")
     calib = work / "calib.txt"

@@ -125,7 +125,7 @@ def make_llama(path: Path, calib: Path) -> None:
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from sparsetool.train.data import load_corpus
+    from sparsetool.util.corpus import load_corpus
 
     text = load_corpus(None).train[: 1 << 20].tobytes().decode("utf-8", errors="replace")
     calib.write_text(text)

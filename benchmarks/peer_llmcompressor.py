@@ -6,7 +6,7 @@
 
 Runs in an environment with llm-compressor (0.14) and sparsetool installed. Calibration uses
 exactly the windows ``sparsetool prune`` uses: the text read as sparsetool reads it
-(``sparsetool.ops.lm.read_text``), encoded by the model's tokenizer as sparsetool encodes it (one
+(``sparsetool.ops.text.read_text``), encoded by the model's tokenizer as sparsetool encodes it (one
 call on the whole text, the tokenizer's default special tokens), cut by
 ``sparsetool.ops.prune.calibrated.calibration_windows``, and handed to ``oneshot`` as a tokenized
 ``datasets.Dataset`` (``input_ids``, ``attention_mask``). The modifier is ``WandaPruningModifier``
@@ -38,8 +38,8 @@ def windows(model: str, calibration: str, samples: int, seq: int, seed: int):
     """sparsetool's calibration windows for this model and text, as a (samples, seq) tensor."""
     from transformers import AutoTokenizer
 
-    from sparsetool.ops.lm import read_text
     from sparsetool.ops.prune.calibrated import calibration_windows
+    from sparsetool.ops.text import read_text
 
     tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
     text = read_text(calibration, "--calibration")
@@ -59,6 +59,8 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int)
+    ap.add_argument("--owl", action="store_true",
+                    help="OWL's per-layer sparsity (sparsity_profile='owl', M 5, lambda 0.08)")
     args = ap.parse_args()
     if (args.sparsity is None) == (args.nm is None):
         ap.error("give one of --sparsity or --nm")
@@ -83,8 +85,9 @@ def main() -> None:
     else:
         sparsity, structure = args.sparsity, "0:0"
     cls = WandaPruningModifier if args.method == "wanda" else SparseGPTModifier
+    owl = dict(sparsity_profile="owl", owl_m=5, owl_lmbda=0.08) if args.owl else {}
     modifier = cls(sparsity=sparsity, mask_structure=structure, targets=["Linear"],
-                   ignore=["lm_head"])
+                   ignore=["lm_head"], **owl)
 
     t1 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32,
@@ -105,7 +108,8 @@ def main() -> None:
         z = (p == 0).sum().item()
         if z:
             zeros[name] = z / p.numel()
-    print(json.dumps({"method": args.method, "sparsity": sparsity, "mask_structure": structure,
+    print(json.dumps({"method": args.method, "sparsity": sparsity, "owl": args.owl,
+                      "mask_structure": structure,
                       "windows_sha256": digest, "windows": list(rows.shape),
                       "setup_s": t1 - t0, "load_s": t2 - t1, "oneshot_s": t3 - t2,
                       "save_s": t4 - t3, "torch_threads": torch.get_num_threads(),

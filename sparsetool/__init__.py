@@ -19,8 +19,7 @@ stays light and does not import torch)::
 """
 
 from sparsetool.util.lazy import lazy_names
-
-__version__ = "0.1.0"
+from sparsetool.util.version import __version__
 
 __all__ = ["__version__", "load", "prune", "densify", "report", "diff", "simulate"]
 

@@ -29,7 +29,7 @@ import numpy as np
 from sparsetool.checkpoint import bitmask as bm
 from sparsetool.checkpoint import dtypes
 from sparsetool.checkpoint.bits import nonzero_bits
-from sparsetool.checkpoint.codecs import ENCODINGS, codec  # noqa: F401 (ENCODINGS: for prune's options)
+from sparsetool.checkpoint.codecs import codec
 from sparsetool.checkpoint.format import TensorSpec
 from sparsetool.checkpoint.reader import MASK_SUFFIX, Checkpoint, LogicalTensor
 from sparsetool.errors import CheckpointError, SparsetoolError

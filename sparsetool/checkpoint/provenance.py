@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparsetool.checkpoint.codecs import CODECS, Codec
+from sparsetool.util.version import __version__
 
 PROVENANCE_KEY = "sparsetool"
 
@@ -60,8 +61,6 @@ def merged_provenance(metadata: Mapping[str, str] | None) -> dict[str, Any]:
 def provenance_metadata(previous: Mapping[str, str] | None, record: Mapping[str, Any]) -> dict[str, str]:
     """``{"sparsetool": ...}`` for a new checkpoint: ``record`` plus this tool's version, after
     the steps ``previous`` (the input's metadata, or None for a new model) recorded."""
-    from sparsetool import __version__
-
     old = read_provenance(previous)
     history: list = []
     if old is not None:

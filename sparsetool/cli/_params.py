@@ -22,7 +22,7 @@ ENCODING_NAMES = ENCODINGS  # the choices of --encoding
 
 # Names the library defines in torch-importing modules, repeated here so --help lists them without
 # loading torch; tests/cli/test_cli_vocabulary.py checks they equal the library's own.
-TRAIN_PRESETS = ("tiny", "mini", "small", "base")  # sparsetool.train.model.PRESETS
+TRAIN_PRESETS = ("tiny", "mini", "small", "base")  # sparsetool.models.gpt.PRESETS
 
 
 def choices(name: str, values: Iterable[str]) -> Any:
@@ -275,7 +275,7 @@ def use_device(device: str) -> None:
     any checkpoint is read. Imports torch only when a GPU is asked for by name."""
     if device.startswith("cuda"):
         with usage_errors():
-            from sparsetool.ops.open_model import resolve_device
+            from sparsetool.models.open import resolve_device
 
             resolve_device(device)
 

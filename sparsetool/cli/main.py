@@ -177,5 +177,5 @@ def main() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from sparsetool.util.threads import before_torch
 
-    before_torch()  # torch's idle OpenMP workers sleep rather than spin (see sparsetool/threads.py)
+    before_torch()  # torch's idle OpenMP workers sleep rather than spin (see sparsetool/util/threads.py)
     _run_interruptibly(app)

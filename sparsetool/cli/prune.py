@@ -15,6 +15,7 @@ from sparsetool.cli._output import (
     note_left_out,
     percent,
     plan_printer,
+    print_table,
     progress_bar,
     warn,
 )
@@ -42,24 +43,25 @@ from sparsetool.cli._params import (
     use_device,
     use_threads,
     use_workers,
-    value_of,
     workers_option,
 )
 from sparsetool.masks.distributions import DISTRIBUTIONS
 from sparsetool.util import options
-from sparsetool.util.options import METHODS, SCOPES
+from sparsetool.util.options import ALLOCATIONS, METHODS, REFINEMENTS, SCOPES
 from sparsetool.util.wording import plural
 
 Method = choices("Method", METHODS)
 Scope = choices("Scope", SCOPES)
 Distribution = choices("Distribution", DISTRIBUTIONS)
 Encoding = choices("Encoding", ENCODING_NAMES)
+Allocation = choices("Allocation", ALLOCATIONS)
+Refinement = choices("Refinement", REFINEMENTS)
 
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     'sparsetool prune model/ -o model-75/ --sparsity 0.75',
     'sparsetool prune model.safetensors -o step2.safetensors --fraction 0.2 --encoding mask',
-    'sparsetool prune model/ -o model-24/ --nm 2:4 --method wanda --calibration text.txt',
+    'sparsetool prune model/ -o model-70/ --sparsity 0.7 --method wanda --calibration text.txt --allocation owl --refine dsnot',
 )
 
 
@@ -81,6 +83,12 @@ def prune(
     seq: Optional[int] = typer.Option(None, "--seq", metavar="T", callback=checked(options.check_count, minimum=2), help="Tokens per calibration window (wanda/sparsegpt). Default: 512, or the model's context if shorter."),
     dampening: str = typer.Option("0.01", "--dampening", metavar="D", callback=checked(options.check_dampening), help="sparsegpt: add D x the mean diagonal of X^T X to its diagonal."),
     blocksize: int = typer.Option(128, "--blocksize", metavar="B", callback=checked(options.check_count), help="sparsegpt: columns per block (lazy updates, one mask choice per block)."),
+    allocation: Allocation = choice_option(Allocation, "uniform", "--allocation", help="How --sparsity is spread over the transformer blocks: uniform, or owl (each block's sparsity follows its share of outlier Wanda scores, spread over 2 x --owl-lambda around the target; the total stays exact). Needs --calibration; works with magnitude, wanda and sparsegpt."),
+    owl_m: str = typer.Option("5", "--owl-m", metavar="M", callback=checked(options.check_owl_m), help="owl: a score above M times its block's mean is an outlier."),
+    owl_lambda: str = typer.Option("0.08", "--owl-lambda", metavar="L", callback=checked(options.check_owl_lambda), help="owl: the most and the least pruned block lie 2 x L apart (the paper: 'target +- L')."),
+    refine: Refinement = choice_option(Refinement, "none", "--refine", help="dsnot: after the mask is chosen, swap pruned and kept weights row by row while that lowers the row's expected output error (no training; exact counts). Needs --calibration; works with magnitude, wanda and sparsegpt."),
+    dsnot_iterations: int = typer.Option(50, "--dsnot-iterations", metavar="T", callback=checked(options.check_count, minimum=0), help="dsnot: at most T swaps per row."),
+    dsnot_threshold: str = typer.Option("0.1", "--dsnot-threshold", metavar="E", callback=checked(options.check_threshold), help="dsnot: a row stops once its expected error (its output summed over a window) is at most E."),
     device: str = device_option("wanda/sparsegpt: where the blocks run: auto (a GPU if there is one), cpu, cuda or cuda:N."),
     dtype: ComputeDType = compute_dtype_option("wanda/sparsegpt: precision of the forward passes; statistics and the SparseGPT solve stay float32."),
     max_memory: Optional[str] = max_memory_option(),
@@ -103,29 +111,17 @@ def prune(
     A targeted tensor holding NaN or inf is refused (except NaN in a nan-encoded input, which
     means pruned). The input is never modified; the output appears only when complete.
     """
+    from sparsetool.ops.prune import PruneOptions, prune_checkpoint
+
+    opts = PruneOptions.from_values(**PruneOptions.pick(locals()))  # as sparsetool.prune makes them
     if output is None and not in_place:
         usage_error("give -o OUTPUT (or --in-place to replace the input)")
     in_place_conflict(checkpoint, output, in_place)
-    given = [o for o, v in (("--sparsity", sparsity), ("--fraction", fraction), ("--nm", nm))
-             if v is not None]
-    if len(given) != 1:
-        usage_error("give exactly one of --sparsity S, --fraction F or --nm N:M "
-                    f"(got {', '.join(given) if given else 'none'})")
-    from sparsetool.ops.prune import PruneOptions, prune_checkpoint
-
-    opts = PruneOptions(
-        sparsity=sparsity, fraction=fraction, nm=nm, method=value_of(method),  # type: ignore[arg-type]
-        scope=value_of(scope), distribution=value_of(distribution), seed=seed,
-        encoding=value_of(encoding), include=tuple(include), exclude=tuple(exclude),
-        calibration=None if calibration is None else str(calibration), samples=samples, seq=seq,
-        dampening=dampening, blocksize=blocksize,  # type: ignore[arg-type]
-        device=device, dtype=value_of(dtype), max_memory=max_memory,  # type: ignore[arg-type]
-    )
     with usage_errors():
         opts.validate()
     use_device(device)
     use_workers(workers)
-    if opts.method in options.CALIBRATION_METHODS:  # only the calibration methods compute with torch
+    if opts.calibrated:  # only the calibration methods compute with torch
         use_threads(threads)
     with failing_cleanly():
         with progress_bar(not (as_json or quiet)) as progress:
@@ -147,6 +143,11 @@ def prune(
     untouched = sum(1 for t in result.tensors if t.numel and t.nonzero == t.nonzero_before)
     if not asked or quiet:
         untouched = 0
+    if result.allocation and not quiet:
+        print_allocation(result.allocation)
+    if result.refined and not quiet:
+        console.print(f"DSnoT: {plural(result.refined['swaps'], 'swap')} of a pruned weight for a kept one "
+                      f"(at most {result.refined['iterations']} per row)", highlight=False, soft_wrap=True)
     for note in [] if quiet else result.notes:
         console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
     if untouched:
@@ -157,3 +158,11 @@ def prune(
     if not quiet:
         note_left_out(result.left_out)
     console.print(f"wrote {escape(str(result.output))}", highlight=False, soft_wrap=True)
+
+
+def print_allocation(blocks: list[dict]) -> None:
+    """OWL's plan: each block's outlier ratio and the sparsity it was given."""
+    rows = [[str(b["block"]), f"{100 * b['outlier_ratio']:.2f}%", percent(b["sparsity"]),
+             f"{b['kept']:,} of {b['targeted']:,}"] for b in blocks]
+    print_table(["block", "outliers", "sparsity", "kept"], rows,
+                title="OWL allocation (outliers: scores above M x the block's mean)")

@@ -115,6 +115,15 @@ def _print(rep, checkpoint, all_tensors: bool, fmt: str) -> None:
                            f"{s['non_float_numel']:,} in {plural(s['non_float_tensors'], 'tensor')} "
                            f"({', '.join(s['non_float_dtypes'])}), never pruned and not in the "
                            f"sparsities above"))
+    allocation, refine = s.get("allocation"), s.get("refine")
+    if allocation and allocation.get("blocks"):
+        spread = [b["sparsity"] for b in allocation["blocks"]]
+        summary.append(("allocation", f"OWL (M {allocation['m']:g}, lambda {allocation['lambda']:g}): "
+                                      f"block sparsities {percent(min(spread))} to {percent(max(spread))} "
+                                      f"over {plural(len(spread), 'block')}"))
+    if refine:
+        summary.append(("refinement", f"DSnoT (at most {refine['iterations']} swaps per row, "
+                                      f"threshold {refine['threshold']:g})"))
     print_table(header, cells, title=str(checkpoint), align="lllllrrr", fmt=fmt)
     for k, v in summary:
         typer.echo(f"{k}: {v}")

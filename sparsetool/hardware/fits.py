@@ -23,11 +23,11 @@ PT24_SPARSE_S = 387e-6
 FLASH_LLM_POINTS = ((0.70, 1.4), (0.80, 1.7), (0.90, 2.1))
 
 # SPDF paper (Thangarasa et al., UAI 2023), Appendix C, Figure 1 (after Lie 2021): a GPT-3 layer's
-# 12k x 12k matmul, measured speedup close to the theoretical 1/(1-s) at the ticks below. The
-# figure has no table; we read "close" at the last tick as 85% of theoretical (an assumption).
+# 12k x 12k matmul, measured speedup close to the theoretical 1/(1-s) at the figure's sparsity
+# ticks (compare.APPENDIX_C_TICKS). The figure has no table; we read "close" at the last tick as
+# 85% of theoretical (an assumption).
 APPENDIX_C_SHAPE = (12288, 12288)
 APPENDIX_C_TOKENS = 2048
-APPENDIX_C_SPARSITIES = tuple(1 - 1 / n for n in range(1, 11))  # 0, .5, .67, .75, ... .9
 APPENDIX_C_EFFICIENCY_AT_90 = 0.85
 
 

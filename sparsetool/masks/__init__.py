@@ -1,6 +1,9 @@
-"""Pure tensor -> mask functions: one exact selection kernel, N:M, distributions, exact counts.
+"""Pure tensor -> mask functions in numpy: one exact selection kernel, N:M, distributions, exact
+counts.
 
-A mask is a bool tensor of the weight's shape, True = kept. Nothing here reads or writes files.
+A mask is a bool array of the weight's shape, True = kept: a numpy array for numpy input, a torch
+tensor on the input's device for torch input (the selection runs in numpy either way, and no module
+here imports torch; see :mod:`sparsetool.masks.select`). Nothing here reads or writes files.
 """
 
 from sparsetool.util.lazy import lazy_names

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from sparsetool.errors import ConfigError
 from sparsetool.util.options import check_sparsity
 
-__all__ = ["uniform_keep", "erk_keep", "keep_counts", "DISTRIBUTIONS"]
+__all__ = ["uniform_keep", "erk_keep", "keep_counts", "largest_remainder", "DISTRIBUTIONS"]
 
 
 def uniform_keep(numels: Mapping[str, int], sparsity: float) -> dict[str, int]:
@@ -71,10 +71,10 @@ def erk_keep(
             real[name] = float(numel[name])
         else:
             real[name] = min(eps * raw[name] * numel[name], float(numel[name]))
-    return _largest_remainder(real, numel, target)
+    return largest_remainder(real, numel, target)
 
 
-def _largest_remainder(real: Mapping[str, float], cap: Mapping[str, int], target: int) -> dict[str, int]:
+def largest_remainder(real: Mapping[str, float], cap: Mapping[str, int], target: int) -> dict[str, int]:
     """Integers near ``real`` summing to ``target``, each within [0, cap]."""
     out = {n: min(cap[n], max(0, math.floor(v))) for n, v in real.items()}
     short = target - sum(out.values())

@@ -122,8 +122,12 @@ def sparsegpt_prune(w: Tensor, h: Tensor, *, keep: int | None = None,
                             overwrite=w_dt is not w)
 
 
-def _check(w: Tensor, h_shape, keep: int | None, nm: tuple[int, int] | None, blocksize: int) -> None:
-    if (keep is None) == (nm is None):
+def _check(w: Tensor, h_shape, keep: int | None, nm: tuple[int, int] | None, blocksize: int,
+           fixed: Tensor | None = None) -> None:
+    if fixed is not None:
+        if keep is not None or nm is not None or fixed.shape != w.shape:
+            raise SparsetoolError("a fixed mask takes neither keep nor nm, and has the weight's shape")
+    elif (keep is None) == (nm is None):
         raise SparsetoolError("give exactly one of keep or nm")
     rows, cols = w.shape
     if tuple(h_shape) != (cols, cols):
@@ -137,15 +141,21 @@ def _check(w: Tensor, h_shape, keep: int | None, nm: tuple[int, int] | None, blo
 
 def sparsegpt_update(w: Tensor, hinv: Tensor, *, keep: int | None = None,
                      nm: tuple[int, int] | None = None, existing: Tensor | None = None,
-                     blocksize: int = 128, overwrite: bool = False) -> tuple[Tensor, Tensor]:
+                     blocksize: int = 128, overwrite: bool = False,
+                     fixed: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """:func:`sparsegpt_prune` given the factor ``hinv`` (:func:`inverse_hessian_factor`) instead
     of ``H``: the math runs in ``hinv``'s dtype. With ``overwrite`` the updated weights are
-    written into ``w`` itself (of that dtype), which is returned, instead of into a copy."""
-    _check(w, hinv.shape, keep, nm, blocksize)
+    written into ``w`` itself (of that dtype), which is returned, instead of into a copy.
+
+    With a ``fixed`` mask (True = kept; instead of ``keep`` and ``nm``) nothing is selected: the
+    sweep prunes what the mask says and spreads each pruned weight's error over the columns
+    after it, as it does for a mask of its own choosing."""
+    _check(w, hinv.shape, keep, nm, blocksize, fixed)
     rows, cols = w.shape
     W = w if overwrite and w.dtype == hinv.dtype else w.to(hinv.dtype).clone()
-    kept = torch.zeros((rows, cols), dtype=torch.bool)
-    prunes = None if nm is not None else block_prune_counts(rows, cols, rows * cols - keep, blocksize)
+    kept = torch.zeros((rows, cols), dtype=torch.bool) if fixed is None else fixed.bool().clone()
+    prunes = None if nm is not None or fixed is not None else \
+        block_prune_counts(rows, cols, rows * cols - keep, blocksize)
     for b, i1 in enumerate(range(0, cols, blocksize)):
         i2 = min(i1 + blocksize, cols)
         w1, hinv1 = W[:, i1:i2].clone(), hinv[i1:i2, i1:i2]
@@ -156,7 +166,7 @@ def sparsegpt_update(w: Tensor, hinv: Tensor, *, keep: int | None = None,
             score = w1 ** 2 / diag.unsqueeze(0) ** 2
             kept[:, i1:i2] = top_k_mask(score, w1.numel() - prunes[b], alive)
         for i in range(i2 - i1):
-            if nm is not None and i % nm[1] == 0:
+            if fixed is None and nm is not None and i % nm[1] == 0:
                 group = slice(i, i + nm[1])
                 score = w1[:, group] ** 2 / diag[group].unsqueeze(0) ** 2
                 kept[:, i1 + i:i1 + i + nm[1]] = nm_mask(

@@ -160,7 +160,7 @@ class _Demo:
             "sparse": self._train("sparse", self.steps, warmup=max(1, self.steps // 10),
                                   sparsity=SPARSITY),
         }
-        from sparsetool.train.data import ENGLISH
+        from sparsetool.util.corpus import ENGLISH
 
         runs["finetuned"] = self._train(
             "finetuned", self.finetune_steps, init=str(self.out / "sparse" / "model.safetensors"),
@@ -196,7 +196,7 @@ class _Demo:
 
     def _heldout_texts(self) -> dict[str, Path]:
         """The evaluated text as files, so ``sparsetool eval ... --text FILE`` gives the same."""
-        from sparsetool.train.data import ENGLISH, load_corpus
+        from sparsetool.util.corpus import ENGLISH, load_corpus
 
         folder = self.out / "heldout"
         folder.mkdir()

@@ -25,8 +25,10 @@ import torch
 import torch.nn.functional as F
 
 from sparsetool.errors import SparsetoolError, UsageError
-from sparsetool.ops.lm import MAX_DEFAULT_SEQ, BlockModel, read_text
-from sparsetool.ops.open_model import open_model
+from sparsetool.models.blocks import BlockModel
+from sparsetool.models.hf import MAX_DEFAULT_SEQ
+from sparsetool.models.open import open_model
+from sparsetool.ops.text import read_text
 from sparsetool.util.memory import MemoryPlan, budget, process_memory
 from sparsetool.util.progress import Progress, Steps
 from sparsetool.util.wording import plural
@@ -184,7 +186,7 @@ class EvalResult:
 
 
 def _default_text() -> tuple[str, str]:
-    from sparsetool.train.data import load_corpus
+    from sparsetool.util.corpus import load_corpus
 
     corpus = load_corpus(None)
     return (corpus.val.tobytes().decode("utf-8", errors="replace"),
@@ -201,9 +203,9 @@ def evaluate(paths: Sequence[str | Path], text: str | Path | None = None, seq: i
     ``text`` is the text itself (a ``str``), a file or directory to read (a ``Path``), or None for
     the held-out split of the trainer's built-in corpus. ``seq`` defaults to the model's context
     (at most 2048 tokens); ``max_tokens`` keeps the first tokens of the text only. Each model runs
-    block by block (:mod:`sparsetool.ops.lm`) on ``device`` in ``dtype``; as many windows pass the
-    blocks together as ``max_memory`` bytes (default: the memory available) leave room for, and
-    ``on_plan(checkpoint, plan)`` hears the memory plan before the long part.
+    block by block (:mod:`sparsetool.models.blocks`) on ``device`` in ``dtype``; as many windows
+    pass the blocks together as ``max_memory`` bytes (default: the memory available) leave room
+    for, and ``on_plan(checkpoint, plan)`` hears the memory plan before the long part.
     """
     if not paths:
         raise SparsetoolError("give at least one checkpoint to evaluate")

@@ -25,8 +25,8 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from sparsetool.errors import SparsetoolError
+from sparsetool.models.blocks import BlockModel
 from sparsetool.ops.eval import LOGITS_BYTES
-from sparsetool.ops.lm import BlockModel
 from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.progress import Steps
 

@@ -14,6 +14,7 @@ from typing import Sequence
 from sparsetool.checkpoint import open_checkpoint
 from sparsetool.checkpoint.counting import count_unpruned
 from sparsetool.checkpoint.dtypes import is_floating, torch_name
+from sparsetool.checkpoint.provenance import read_provenance
 from sparsetool.targets.order import tensor_sort_key
 from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary
 from sparsetool.util.progress import Progress
@@ -48,6 +49,7 @@ class Report:
     tensors: list[TensorRow] = field(default_factory=list)
     bytes_on_disk: int = 0
     targeting: dict = field(default_factory=dict)  # targets.recorded.targeting_summary
+    beyond_uniform: dict = field(default_factory=dict)  # the last prune's OWL plan, DSnoT settings
 
     def _sum(self, attr: str, targeted_only: bool) -> int:
         return sum(getattr(t, attr) for t in self.tensors
@@ -75,6 +77,7 @@ class Report:
             "non_float_nonzero": sum(t.nonzero for t in other),
             "non_float_tensors": len(other),
             "non_float_dtypes": sorted({t.dtype for t in other}),
+            **self.beyond_uniform,
         }
 
     def to_json(self) -> dict:
@@ -94,7 +97,7 @@ def summarize(path: str | Path, include: Sequence[str] = (), exclude: Sequence[s
     plan = plan_checkpoint_targets(ckpt.logical, ckpt.config, ckpt.metadata(), include, exclude,
                                    default_targets=default_targets, source=ckpt.path.name)
     report = Report(path=Path(path), bytes_on_disk=ckpt.nbytes_on_disk,
-                    targeting=targeting_summary(plan))
+                    targeting=targeting_summary(plan), beyond_uniform=recorded_refinements(ckpt.metadata()))
     total = len(ckpt.logical)
     for i, lt in enumerate(ckpt.logical):
         entry = plan[lt.name]
@@ -109,6 +112,15 @@ def summarize(path: str | Path, include: Sequence[str] = (), exclude: Sequence[s
     # listed by layer as a number, then role (files keep names in lexicographic order)
     report.tensors.sort(key=lambda t: tensor_sort_key(t.name, t.role))
     return report
+
+
+def recorded_refinements(metadata) -> dict:
+    """What the checkpoint's last step, if a prune, recorded beyond one sparsity everywhere:
+    ``allocation`` (OWL's settings and each block's plan) and ``refine`` (DSnoT's settings)."""
+    entry = read_provenance(metadata) or {}
+    if entry.get("command") != "prune":
+        return {}
+    return {k: entry[k] for k in ("allocation", "refine") if isinstance(entry.get(k), dict)}
 
 
 BARS_UP_TO = 40

@@ -271,10 +271,10 @@ def evaluate_tasks(paths: Sequence[str | Path], tasks: Sequence[str], include_pa
         manager, names, sources = check_tasks(tasks, Path(workdir), include_path, offline)
         import lm_eval
 
+        from sparsetool.models.hf import import_transformers, load_tokenizer
+        from sparsetool.models.open import open_model
         from sparsetool.ops.eval import held_windows
         from sparsetool.ops.harness import SparsetoolLM
-        from sparsetool.ops.open_model import open_model
-        from sparsetool.train.hf import import_transformers, load_tokenizer
 
         seeds = HARNESS_SEEDS if seed is None else (seed, seed % 2**32, seed, seed)
         result: TasksResult | None = None

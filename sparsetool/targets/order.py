@@ -23,8 +23,7 @@ Torch-free, like the rest of :mod:`sparsetool.targets`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from collections.abc import Iterable, Sequence
 
 from sparsetool.targets.roles import role as _role
 
@@ -40,8 +39,6 @@ SEPARATE_QKV = {
 }
 """Separate query/key/value projections: leaf module name -> ``"Q"``, ``"K"`` or ``"V"``."""
 _DIGITS = re.compile(r"(\d+)")
-
-T = TypeVar("T")
 
 
 def layer_index(name: str) -> int | None:
@@ -99,10 +96,4 @@ def sort_names(names: Iterable[str]) -> list[str]:
     return sorted(names, key=tensor_sort_key)
 
 
-def sort_by_name(items: Iterable[T], name: Callable[[T], str],
-                 role: Callable[[T], str | None] = lambda _: None) -> list[T]:
-    """``items`` in the listing order of their names (stable: equal keys keep their order)."""
-    return sorted(items, key=lambda x: tensor_sort_key(name(x), role(x)))
-
-
-__all__ = ["ROLE_ORDER", "SEPARATE_QKV", "qkv_leaf", "layer_index", "natural_key", "tensor_sort_key", "sort_names", "sort_by_name"]
+__all__ = ["ROLE_ORDER", "SEPARATE_QKV", "qkv_leaf", "layer_index", "natural_key", "tensor_sort_key", "sort_names"]

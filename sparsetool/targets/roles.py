@@ -71,7 +71,7 @@ _LEAF_ROLES = {
 # Leaf names that are the attention output inside attention and the FFN output elsewhere.
 _CONTEXTUAL_OUT = {"c_proj", "proj", "dense", "wo"}
 
-# sparsetool's own GPT (train/model.py): exact names, so its contract does not rest on context rules.
+# sparsetool's own GPT (models/gpt.py): exact names, so its contract does not rest on context rules.
 _OWN_GPT_RE = re.compile(r"^blocks\.\d+\.(attn\.qkv|attn\.proj|mlp\.fc|mlp\.proj)\.weight$")
 _OWN_GPT_ROLES = {"attn.qkv": "qkv", "attn.proj": "attn_out", "mlp.fc": "ffn_in", "mlp.proj": "ffn_out"}
 

@@ -166,7 +166,7 @@ def parse_stage(text: str) -> tuple[float, float]:
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
-    from sparsetool.train.model import PRESETS
+    from sparsetool.models.gpt import PRESETS
 
     def need(ok: bool, msg: str) -> None:
         if not ok:

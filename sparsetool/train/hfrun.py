@@ -31,8 +31,7 @@ from sparsetool.checkpoint.config import (
 )
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.errors import ConfigError, UsageError
-from sparsetool.train.data import Corpus
-from sparsetool.train.hf import (
+from sparsetool.models.hf import (
     TOKENIZER_FILES,
     context_of,
     hf_config,
@@ -40,6 +39,7 @@ from sparsetool.train.hf import (
     load_tokenizer,
     match_weights,
 )
+from sparsetool.util.corpus import Corpus
 from sparsetool.util.memory import fine_tuning_plan
 from sparsetool.util.workers import signals_deferred
 

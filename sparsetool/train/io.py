@@ -27,8 +27,9 @@ import torch
 
 from sparsetool.checkpoint import open_checkpoint, write_tensors
 from sparsetool.checkpoint.encodings import decode
-from sparsetool.checkpoint.provenance import merged_provenance, provenance_metadata
+from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.errors import CheckpointError, ConfigError
+from sparsetool.models.gpt import model_record
 
 FORMAT_VERSION = 1
 
@@ -120,17 +121,6 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["cuda"])), dtype=torch.uint8))
-
-
-def model_record(ckpt) -> dict:
-    """The sparsetool metadata of an open checkpoint, with the model's shape (``"model"``) from
-    its config.json when the metadata lacks it. Later tools (prune, densify) keep earlier steps
-    under "history": the model shape written by train survives them."""
-    meta = merged_provenance(ckpt.metadata())
-    if ckpt.config and "n_head" in ckpt.config and "model" not in meta:
-        meta["model"] = {k: ckpt.config[k] for k in ("n_layer", "n_head", "d_model", "context")
-                         if k in ckpt.config}
-    return meta
 
 
 def read_init_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict]:

@@ -30,14 +30,15 @@ import torch.distributed as dist
 from sparsetool.checkpoint.encodings import loader_warning
 from sparsetool.checkpoint.output_files import check_writable, write_error
 from sparsetool.errors import ConfigError
+from sparsetool.models.gpt import GPT, GPTConfig
 from sparsetool.targets import plan_targets
 from sparsetool.train import hfrun, io, rundir, warmstart
 from sparsetool.train.config import TrainConfig
-from sparsetool.train.data import Sampler, eval_batches, load_corpus
+from sparsetool.train.data import Sampler, eval_batches
 from sparsetool.train.distributed import gather_mask_digests, setup_runtime, wrap_ddp
-from sparsetool.train.model import GPT, GPTConfig
 from sparsetool.train.recipe import lr_at, model_config, param_groups, sparsifier_config, stage_plan
 from sparsetool.train.signals import SIGNALS, StopRequest, signal_name
+from sparsetool.util.corpus import load_corpus
 
 Callback = Callable[[str, dict], None]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
+from sparsetool.models.gpt import PRESETS, GPTConfig
 from sparsetool.train.config import DEFAULT_PRESET, TrainConfig
-from sparsetool.train.model import PRESETS, GPTConfig
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

@@ -18,8 +18,8 @@ import torch
 
 from sparsetool.checkpoint import open_checkpoint
 from sparsetool.errors import ConfigError
+from sparsetool.models.gpt import PRESETS, GPTConfig, infer_config
 from sparsetool.train.config import DEFAULT_PRESET, TrainConfig
-from sparsetool.train.model import PRESETS, GPTConfig, infer_config
 from sparsetool.util.wording import plural
 
 __all__ = ["check_init_is_a_model", "check_init_sparsity", "init_model_config", "load_weights", "loaded_sparsity", "mask_origin",

@@ -1,7 +1,7 @@
 """How much memory a model-level command (``eval``, ``prune --method wanda|sparsegpt``) needs, and
 whether this machine has it, decided before the long part.
 
-Both hold one transformer block at a time (:mod:`sparsetool.ops.lm`), so the peak is the sum of
+Both hold one transformer block at a time (:mod:`sparsetool.models.blocks`), so the peak is the sum of
 
 - ``fixed``: the process as it stands when the plan is made (interpreter, torch, transformers, the
   tokenized text), measured;

@@ -26,7 +26,9 @@ from sparsetool.errors import ConfigError
 from sparsetool.util.wording import did_you_mean, plural
 
 __all__ = [
-    "METHODS", "SCOPES", "CALIBRATION_METHODS", "check_count", "check_dampening",
+    "METHODS", "SCOPES", "CALIBRATION_METHODS", "ALLOCATIONS", "REFINEMENTS", "OWL_M", "OWL_LAMBDA",
+    "DSNOT_ITERATIONS", "DSNOT_THRESHOLD", "check_count",
+    "check_dampening", "check_owl_m", "check_owl_lambda", "check_threshold",
     "check_sparsity", "check_fraction", "check_seed", "parse_sparsity", "parse_sparsities",
     "parse_fraction", "parse_nm", "parse_tokens", "parse_seed", "parse_stage", "parse_globs",
     "parse_size", "check_device", "DEVICE_CHOICES", "COMPUTE_DTYPES",
@@ -41,6 +43,13 @@ METHODS = ("magnitude", "random", "wanda", "sparsegpt")
 # The methods that run calibration text through the model, block by block (ops/prune/calibrated.py).
 CALIBRATION_METHODS = ("wanda", "sparsegpt")
 SCOPES = ("layer", "global")
+ALLOCATIONS = ("uniform", "owl")  # how --sparsity is spread over the blocks (masks/owl.py)
+REFINEMENTS = ("none", "dsnot")  # what refines a calibrated mask (masks/dsnot.py)
+# The papers' settings, the defaults (here, so that checking options never imports torch):
+OWL_M = 5.0  # OWL: a score above M times its block's mean is an outlier
+OWL_LAMBDA = 0.08  # OWL: the block sparsities spread over 2 x lambda
+DSNOT_ITERATIONS = 50  # DSnoT: at most this many swaps per row
+DSNOT_THRESHOLD = 0.1  # DSnoT: a row whose expected error is this small is left alone
 
 _SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 MAX_SEED = 2**63
@@ -363,6 +372,44 @@ def check_dampening(value: float, option: str = "--dampening") -> float:
     if x is None or not 0 < x <= 1:
         raise ConfigError(f"{option} {value}: must be a number above 0 and at most 1 "
                           "(a fraction of the mean diagonal of X^T X, e.g. 0.01)")
+    return x
+
+
+def check_owl_m(value: float, option: str = "--owl-m") -> float:
+    """OWL's outlier threshold M, a multiple of the block's mean score: above 0.
+
+    >>> check_owl_m("5")
+    5.0
+    """
+    x = _number(value)
+    if x is None or not 0 < x < math.inf:
+        raise ConfigError(f"{option} {value}: must be a number above 0 (a score above M times "
+                          "the block's mean is an outlier; the paper uses 5)")
+    return x
+
+
+def check_owl_lambda(value: float, option: str = "--owl-lambda") -> float:
+    """OWL's lambda: block sparsities spread over ``2 * lambda``, from 0 to 0.5.
+
+    >>> check_owl_lambda("0.08")
+    0.08
+    """
+    x = _number(value)
+    if x is None or not 0 <= x <= 0.5:
+        raise ConfigError(f"{option} {value}: must be a number from 0 to 0.5 (block sparsities "
+                          "spread over 2 x lambda around the target; the paper uses 0.08)")
+    return x
+
+
+def check_threshold(value: float, option: str = "--dsnot-threshold") -> float:
+    """A threshold of at least 0 (DSnoT stops refining a row once its error is this small).
+
+    >>> check_threshold("0.1")
+    0.1
+    """
+    x = _number(value)
+    if x is None or not 0 <= x < math.inf:
+        raise ConfigError(f"{option} {value}: must be a number of at least 0")
     return x
 
 

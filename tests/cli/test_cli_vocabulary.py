@@ -123,7 +123,7 @@ def test_examples_run_as_written(command):
 def test_choice_names_match_the_library():
     from sparsetool.checkpoint.codecs import ENCODINGS
     from sparsetool.cli._params import ENCODING_NAMES, TRAIN_PRESETS
-    from sparsetool.train.model import PRESETS
+    from sparsetool.models.gpt import PRESETS
 
     assert tuple(ENCODINGS) == ENCODING_NAMES and tuple(PRESETS) == TRAIN_PRESETS
 

@@ -14,7 +14,7 @@ pytest.importorskip("tokenizers")
 
 
 def tokens_of(model: Path, text: Path) -> int:
-    from sparsetool.ops.open_model import open_model
+    from sparsetool.models.open import open_model
 
     m = open_model(model)
     try:

@@ -181,8 +181,8 @@ def test_every_length_passes_the_blocks_together_each_block_read_once(gpt2_dir):
     """Inputs of several lengths share one pass when memory allows: every block's tensors read
     once and the final pass set up once (not once per length), with the log-probabilities of
     scoring each request on its own."""
+    from sparsetool.models.open import open_model
     from sparsetool.ops.harness import _passes, score_requests
-    from sparsetool.ops.open_model import open_model
 
     pairs = [([5, 6, 7], [8]), ([5, 6, 7], [9]), ([5, 6], [9, 10]), ([1] * 10, [2]), ([3, 4], [7, 7, 7]),
              ([2] * 30, [4]), ([8, 9, 10, 11], [12])]

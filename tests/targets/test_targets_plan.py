@@ -101,7 +101,7 @@ def test_plan_gives_role_target_reason_and_layout_per_family(family):
 
 
 def test_plan_agrees_with_the_built_in_gpt_and_the_trainer():
-    from sparsetool.train.model import GPT, PRESETS
+    from sparsetool.models.gpt import GPT, PRESETS
 
     model = GPT(PRESETS["tiny"])
     plan = plan_targets((n, tuple(p.shape), p.dtype) for n, p in model.named_parameters())

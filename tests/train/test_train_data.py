@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from sparsetool.errors import ConfigError
-from sparsetool.train.data import Sampler, eval_batches, is_validation, load_corpus, stdlib_files
+from sparsetool.train.data import Sampler, eval_batches
+from sparsetool.util.corpus import is_validation, load_corpus, stdlib_files
 
 
 def test_stdlib_corpus_is_sorted_and_excludes_tests_site_packages_and_pydoc_data():
@@ -71,7 +72,7 @@ def test_eval_set_is_fixed_and_spread_over_the_stream():
 def test_builtin_english_corpus_is_split_by_topic_name():
     from pydoc_data.topics import topics
 
-    from sparsetool.train.data import ENGLISH
+    from sparsetool.util.corpus import ENGLISH
 
     c = load_corpus(ENGLISH, min_bytes=65)
     val = [k for k in sorted(topics) if is_validation(k)]

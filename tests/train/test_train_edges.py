@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from sparsetool.cli.main import app
 from sparsetool.errors import ConfigError
 from sparsetool.train.configkeys import merge
-from sparsetool.train.data import load_corpus
+from sparsetool.util.corpus import load_corpus
 
 from helpers import make_corpus
 

@@ -1,7 +1,7 @@
 """Calibration pruning (``prune --method wanda|sparsegpt``): the model, one block at a time.
 
 Both papers prune a transformer one block at a time, and so does memory here: the model is a
-skeleton whose weights stay in the checkpoint (:class:`sparsetool.ops.lm.BlockModel`) until their
+skeleton whose weights stay in the checkpoint (:class:`sparsetool.models.blocks.BlockModel`) until their
 block's turn. Calibration text is tokenized by the model's own tokenizer (bytes for sparsetool's
 GPT, as ``eval`` does) and cut into ``samples`` windows of ``seq`` tokens, chosen among the
 non-overlapping windows of the text by ``seed``. The inputs of block 0 are captured from the
@@ -42,6 +42,9 @@ from sparsetool.checkpoint import Checkpoint, LogicalTensor
 from sparsetool.checkpoint.zeros import count_nonzero_values
 from sparsetool.errors import CheckpointError, SparsetoolError
 from sparsetool.masks.distributions import keep_counts
+from sparsetool.masks.dsnot import dsnot_refine
+from sparsetool.masks.owl import OutlierCount, block_sparsity, owl_keep, owl_sparsities
+from sparsetool.masks.select import magnitude_mask
 from sparsetool.masks.sparsegpt import (
     ROWS,
     inverse_hessian_factor,
@@ -49,11 +52,12 @@ from sparsetool.masks.sparsegpt import (
     sparsegpt_update,
 )
 from sparsetool.masks.wanda import wanda_kept_count, wanda_mask
-from sparsetool.ops.lm import BlockModel, Call, read_text
-from sparsetool.ops.open_model import open_model
+from sparsetool.models.blocks import BlockModel, Call
+from sparsetool.models.open import open_model
 from sparsetool.ops.prune.options import DEFAULT_SEQ, PruneOptions
 from sparsetool.ops.prune.planner import Sink
 from sparsetool.ops.prune.read import read_alive_tensors
+from sparsetool.ops.text import read_text
 from sparsetool.targets import TargetPlan
 from sparsetool.util.memory import MemoryPlan, budget, process_memory
 from sparsetool.util.progress import Progress
@@ -86,9 +90,12 @@ class _Input:
     of squares of each feature (float64), SparseGPT's ``X^T X`` (float32), which becomes its
     inverse's factor, in place, when the first of its layers is solved."""
 
-    def __init__(self, n_in: int, hessian: bool, device: torch.device):
+    def __init__(self, n_in: int, hessian: bool, device: torch.device, moments: bool = False):
         self.n_in = n_in
-        self.sq = None if hessian else torch.zeros(n_in, dtype=torch.float64, device=device)
+        zeros = lambda: torch.zeros(n_in, dtype=torch.float64, device=device)  # noqa: E731
+        self.sq = None if hessian and not moments else zeros()
+        self.sum = zeros() if moments else None  # DSnoT: each feature's sum, for its mean
+        self.tokens = 0
         self.h = torch.zeros(n_in, n_in, dtype=torch.float32, device=device) if hessian else None
         self.factor: torch.Tensor | None = None
         self.users: list[str] = []  # the layers (model names) that read it, in forward order
@@ -99,11 +106,22 @@ class _Input:
             xt = x.T
             for r in range(0, self.n_in, ROWS):  # not the whole in x in product beside h
                 self.h[r:r + ROWS] += xt[r:r + ROWS] @ x
-        else:
+        if self.sq is not None:
             self.sq += x.double().pow(2).sum(0)
+        if self.sum is not None:
+            self.sum += x.double().sum(0)
+        self.tokens += x.shape[0]
+
+    def moments(self, windows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """DSnoT's view of the input: each feature's sum over a window (averaged over the
+        ``windows``) and its variance over the tokens, on the CPU."""
+        assert self.sum is not None and self.sq is not None, "gathered without moments"
+        mean = self.sum / max(self.tokens, 1)
+        var = (self.sq / max(self.tokens, 1) - mean * mean).clamp_min(0)
+        return (self.sum / max(windows, 1)).cpu(), var.cpu()
 
     def drop(self) -> None:
-        self.sq = self.h = self.factor = None
+        self.sq = self.h = self.factor = self.sum = None
 
 
 class BlockStatistics:
@@ -117,8 +135,9 @@ class BlockStatistics:
     is the same, bit for bit, as each layer's own would be; :meth:`release` drops it when the
     last of its layers is pruned."""
 
-    def __init__(self, n_in: dict[str, int], hessian: bool, device: torch.device):
-        self.n_in, self.hessian, self.device = n_in, hessian, device
+    def __init__(self, n_in: dict[str, int], hessian: bool, device: torch.device,
+                 moments: bool = False):
+        self.n_in, self.hessian, self.device, self.moments = n_in, hessian, device, moments
         self.inputs: list[_Input] = []  # in the order they were first seen
         self._of: dict[str, _Input] = {}
         self._window: dict[int, tuple[torch.Tensor, _Input, set[str]]] = {}  # id(tensor) -> ...
@@ -144,7 +163,7 @@ class BlockStatistics:
             if seen is not None:
                 stats = seen[1]
             else:
-                stats = _Input(self.n_in[own], self.hessian, self.device)
+                stats = _Input(self.n_in[own], self.hessian, self.device, self.moments)
                 self.inputs.append(stats)
             self._of[own] = stats
             stats.users.append(own)
@@ -169,7 +188,7 @@ class BlockStatistics:
         when the fewest statistics are still held. A layer that never ran gets zeros."""
         for own in self.n_in:
             if own not in self._of:
-                stats = self._of[own] = _Input(self.n_in[own], self.hessian, self.device)
+                stats = self._of[own] = _Input(self.n_in[own], self.hessian, self.device, self.moments)
                 stats.users.append(own)
                 self.inputs.append(stats)
         for stats in self.inputs:
@@ -212,10 +231,13 @@ class CalibratedPlanner:
         self.nonzero_before: dict[str, int] = {}
         self.nonzero_after: dict[str, int] = {}  # kept counts, known before pruning
         self.notes: list[str] = []
+        self.allocation: list[dict] | None = None  # --allocation owl: each block's plan
+        self.swaps = 0  # --refine dsnot: the swaps made
         self.memory: MemoryPlan | None = None
         self.model: BlockModel | None = None
         self._by_block: dict[int, list[tuple[str, LogicalTensor]]] = {}  # block -> (model name, tensor)
         self._windows: torch.Tensor | None = None
+        self._windows_run = 0  # windows the statistics were gathered over
         self.shared: dict[int, list[list[str]]] = {}  # block -> the targeted tensors of each distinct input
 
     # ------------------------------------------------------------------ before the long part
@@ -245,6 +267,8 @@ class CalibratedPlanner:
         self.memory.check(f"prune --method {o.method}", LOWER_MEMORY)
         if self.on_plan is not None:
             self.on_plan(self.memory)
+        if o.allocation == "owl":
+            self._allocate()
         # Then one read of every targeted tensor: NaN/inf refused, what is there and what will be
         # kept counted (the output's headers need the kept counts before the first block runs).
         for i, lt in enumerate(self.targets):
@@ -273,6 +297,8 @@ class CalibratedPlanner:
 
     def _kept_count(self, lt: LogicalTensor, alive: torch.Tensor) -> int:
         o = self.opts
+        if o.method == "magnitude":
+            return min(self._keep(lt), count_nonzero_values(alive))
         if o.method == "wanda":
             return wanda_kept_count(alive, keep=self._keep(lt), nm=o.nm)
         return sparsegpt_kept_count(alive, keep=self._keep(lt), nm=o.nm, blocksize=o.blocksize)
@@ -313,12 +339,13 @@ class CalibratedPlanner:
     def _memory_plan(self, model: BlockModel, seq: int) -> MemoryPlan:
         o = self.opts
         sgpt = o.method == "sparsegpt"
+        per_input = 8 * (o.method == "wanda" or o.allocation == "owl") + 16 * (o.refine == "dsnot")
         stats = 0
         for pairs in self._by_block.values():
             sizes, costs = [], []
             for group in self._expected_groups(pairs):
                 n_in = self._n_in(group[0])
-                sizes.append(n_in * n_in * 4 if sgpt else n_in * 8)
+                sizes.append((n_in * n_in * 4 if sgpt else 0) + n_in * per_input)
                 costs.append(max(self._solve_bytes(lt) for lt in group))
             held = sum(sizes)  # every input's statistics, while the windows run through the block
             stats = max(stats, held + (ROWS * max(map(self._n_in, dict(pairs).values())) * 4 if sgpt else 0))
@@ -338,16 +365,28 @@ class CalibratedPlanner:
         alive mask, the weight in float32 (updated in place) and the kept mask, with a slice of
         ``ROWS`` rows of the solve's product; then the kept mask and its inverse and the stored
         values written. Wanda: the weight in float32 a few times."""
-        if self.opts.method == "wanda":
-            return 3 * lt.numel * 4
+        refine = 0
+        if self.opts.refine == "dsnot":  # the weight kept as it was, and a slice of rows sorted
+            refine = lt.numel * 4 + min(lt.numel, 1 << 21) * 6 * 8
+        if self.opts.method != "sparsegpt":
+            return 3 * lt.numel * 4 + refine
         stored = lt.dtype.itemsize
-        return lt.numel * max(1 + 4 + 1, stored + 4 + 2) + ROWS * self._n_in(lt) * 4
+        return lt.numel * max(1 + 4 + 1, stored + 4 + 2) + ROWS * self._n_in(lt) * 4 + refine
 
     # ------------------------------------------------------------------ the block-by-block run
     def run(self, sink: Sink) -> None:
         """Prune every targeted tensor, block by block, handing each to ``sink`` when done."""
         model = self.model
         assert model is not None and self._windows is not None, "prepare() first"
+        if not self._reads_inputs:  # magnitude with OWL's counts: no forward pass left to run
+            try:
+                for i, lt in enumerate(self.targets):
+                    self._prune(None, lt, None, sink)
+                    if self.progress:
+                        self.progress("prune", i + 1, len(self.targets))
+            finally:
+                model.close()
+            return
         try:
             with torch.no_grad():
                 calls = model.capture([row.unsqueeze(0) for row in self._windows])
@@ -365,13 +404,25 @@ class CalibratedPlanner:
         finally:
             model.close()
 
-    def _prune_block(self, i: int, layers: dict[str, LogicalTensor], calls: list[Call],
-                     sink: Sink) -> None:
-        """Gather the statistics of block ``i``'s targeted ``layers`` (model name -> tensor) over
-        every window, then prune each, dropping an input's statistics after its last layer."""
-        model, o = self.model, self.opts
-        stats = BlockStatistics({own: self._n_in(lt) for own, lt in layers.items()},
-                                o.method == "sparsegpt", model.device)
+    @property
+    def refined(self) -> dict | None:
+        o = self.opts
+        if o.refine != "dsnot":
+            return None
+        return {"method": "dsnot", "iterations": o.dsnot_iterations,
+                "threshold": o.dsnot_threshold, "swaps": self.swaps}
+
+    @property
+    def _reads_inputs(self) -> bool:
+        """Whether the masks need each layer's inputs (all but magnitude without DSnoT)."""
+        return self.opts.method != "magnitude" or self.opts.refine != "none"
+
+    def _gather(self, i: int, layers: dict[str, LogicalTensor], calls: list[Call], *,
+                hessian: bool, moments: bool) -> BlockStatistics:
+        """Run every window through block ``i`` (loaded) with hooks on its targeted ``layers``."""
+        model = self.model
+        stats = BlockStatistics({own: self._n_in(lt) for own, lt in layers.items()}, hessian,
+                                model.device, moments)
         hooks = [model.module.get_submodule(own.rpartition(".")[0]).register_forward_hook(stats.hook(own))
                  for own in layers]
         try:
@@ -381,41 +432,108 @@ class CalibratedPlanner:
         finally:
             for h in hooks:
                 h.remove()
+        return stats
+
+    def _allocate(self) -> None:
+        """OWL: one pass of the dense model, block by block, counting each block's outlier
+        ratio; then each tensor's kept count from its block's sparsity (masks/owl.py)."""
+        model, o = self.model, self.opts
+        last = max(self._by_block)
+        ratios: list[float] = []
+        blocks: list[dict[str, int]] = []
+        with torch.no_grad():
+            calls = model.capture([row.unsqueeze(0) for row in self._windows])
+            for i in range(last + 1):
+                pairs = self._by_block.get(i, [])
+                model.load_block(i)
+                if pairs:
+                    layers = dict(pairs)
+                    stats = self._gather(i, layers, calls, hessian=False, moments=False)
+                    count = OutlierCount(o.owl_m)
+                    for own, lt in layers.items():
+                        count.add_sum(self._dense(lt), stats.of(own).sq.cpu())
+                    for own, lt in layers.items():
+                        count.add_count(self._dense(lt), stats.of(own).sq.cpu())
+                    ratios.append(count.ratio)
+                    blocks.append({lt.name: lt.numel for lt in layers.values()})
+                if i < last:
+                    calls = [Call(c.ids, model.run_block(i, c), c.args, c.kwargs) for c in calls]
+                model.release_block(i)
+                if self.progress:
+                    self.progress("outliers", i + 1, last + 1)
+        del calls
+        sparsities = owl_sparsities(ratios, [sum(b.values()) for b in blocks], o.sparsity, o.owl_lambda)
+        self.keep = owl_keep(blocks, sparsities, o.sparsity)
+        indices = [i for i in sorted(self._by_block)]
+        self.allocation = [
+            {"block": b, "outlier_ratio": r, "sparsity": block_sparsity(self.keep, block),
+             "targeted": sum(block.values()), "kept": sum(self.keep[n] for n in block)}
+            for b, r, block in zip(indices, ratios, blocks)]
+
+    def _dense(self, lt: LogicalTensor) -> torch.Tensor:
+        """A targeted weight as stored, (out, in), in float32 (pruned positions are zeros)."""
+        dense, _alive = read_alive_tensors(self.ckpt, lt, nan_means_pruned=self.nan_ok)
+        return self._oriented(lt, dense).float()
+
+    def _prune_block(self, i: int, layers: dict[str, LogicalTensor], calls: list[Call],
+                     sink: Sink) -> None:
+        """Gather the statistics of block ``i``'s targeted ``layers`` (model name -> tensor) over
+        every window, then prune each, dropping an input's statistics after its last layer."""
+        o = self.opts
+        stats = self._gather(i, layers, calls, hessian=o.method == "sparsegpt",
+                             moments=o.refine == "dsnot")
+        self._windows_run = len(calls)
         self.shared[i] = [[layers[own].name for own in group] for group in stats.groups()]
         for own in stats.solve_order(lambda own: layers[own].numel):
             self._prune(own, layers[own], stats.of(own), sink)
             stats.release(own)
 
-    def _prune(self, own: str, lt: LogicalTensor, stats: _Input, sink: Sink) -> None:
-        """Prune one tensor from its stored values (float32 math), write it, put it back."""
+    def _prune(self, own: str | None, lt: LogicalTensor, stats: _Input | None, sink: Sink) -> None:
+        """Prune one tensor from its stored values (float32 math), write it, put it back into
+        the block (``own``, its model name; None when no block runs)."""
         o = self.opts
         dense, alive = read_alive_tensors(self.ckpt, lt, nan_means_pruned=self.nan_ok)
         # The statistics were gathered on the device; the selection and the solve run on the CPU.
         w, alive = self._oriented(lt, dense).float(), self._oriented(lt, alive)
         stored, copied = dense.dtype, w.dtype != dense.dtype
+        refine = o.refine == "dsnot"
         if o.method == "sparsegpt":  # its output is the updated weights: the stored ones can go
             del dense
         try:
-            if o.method == "wanda":
-                kept = wanda_mask(w, stats.sq.cpu(), keep=self._keep(lt), nm=o.nm, existing=alive)
-                new = w * kept
-            else:
+            if o.method == "sparsegpt":
                 if stats.factor is None:  # the first layer of this input: X^T X becomes the factor
                     h, stats.h = stats.h.cpu(), None  # from a GPU: a copy, and the GPU's is dropped
                     stats.factor = inverse_hessian_factor(h, o.dampening, overwrite=True)
                     del h
                 new, kept = sparsegpt_update(w, stats.factor, keep=self._keep(lt), nm=o.nm,
                                              existing=alive, blocksize=o.blocksize,
-                                             overwrite=copied)
+                                             overwrite=copied and not refine)
+            elif o.method == "wanda":
+                kept = wanda_mask(w, stats.sq.cpu(), keep=self._keep(lt), nm=o.nm, existing=alive)
+            else:
+                kept = magnitude_mask(w, keep=self._keep(lt), existing=alive)
+            if refine:
+                center, var = stats.moments(self._windows_run)
+                kept, swaps = dsnot_refine(w, kept, center=center, var=var, sq_norms=stats.sq.cpu(),
+                                           alive=alive, iterations=o.dsnot_iterations,
+                                           threshold=o.dsnot_threshold)
+                self.swaps += swaps
+                if o.method == "sparsegpt":  # the refined mask's pruned weights, compensated
+                    del new
+                    new, kept = sparsegpt_update(w, stats.factor, fixed=kept,
+                                                 blocksize=o.blocksize, overwrite=copied)
+            if o.method != "sparsegpt":
+                new = w * kept
         except SparsetoolError as e:
             raise SparsetoolError(f"tensor {lt.name!r} {list(lt.shape)}: {e}") from None
         del w, alive
         new.masked_fill_(~kept, 0)
         stored_new = self._oriented(lt, new)
-        self.model.set_weight(own, stored_new)  # the next inputs come from the pruned block
+        if own is not None:
+            self.model.set_weight(own, stored_new)  # the next inputs come from the pruned block
         kept = self._oriented(lt, kept).contiguous()
         if count_nonzero_values(kept) != self.nonzero_after[lt.name]:
             raise CheckpointError(f"tensor {lt.name!r}: kept {plural(count_nonzero_values(kept), 'weight')} "
                                   f"where {self.nonzero_after[lt.name]:,} were planned; please report this")
-        values = dense if o.method == "wanda" else stored_new.to(stored).contiguous()
+        values = stored_new.to(stored).contiguous() if o.method == "sparsegpt" else dense
         sink(lt, values, kept)

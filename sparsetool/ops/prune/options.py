@@ -3,23 +3,37 @@ answers (:class:`PruneResult`, whose ``to_json()`` is ``prune --json``)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
-from sparsetool.checkpoint.encodings import ENCODINGS
+from sparsetool.checkpoint.codecs import ENCODINGS
 from sparsetool.errors import ConfigError
 from sparsetool.masks.distributions import DISTRIBUTIONS
 from sparsetool.util.options import (
+    ALLOCATIONS,
     CALIBRATION_METHODS,
     COMPUTE_DTYPES,
+    DSNOT_ITERATIONS,
+    DSNOT_THRESHOLD,
     METHODS,
+    OWL_LAMBDA,
+    OWL_M,
+    REFINEMENTS,
     SCOPES,
     check_count,
     check_dampening,
     check_device,
     check_fraction,
+    check_owl_lambda,
+    check_owl_m,
     check_seed,
     check_sparsity,
+    check_threshold,
+    parse_globs,
+    parse_nm,
+    parse_size,
 )
 
 __all__ = ["PruneOptions", "TensorResult", "PruneResult", "DEFAULT_SEQ", "options_record"]
@@ -45,10 +59,54 @@ class PruneOptions:
     seq: int | None = None  # None: DEFAULT_SEQ, or the model's context when that is shorter
     dampening: float = 0.01
     blocksize: int = 128
+    # beyond one sparsity everywhere (with calibration text; magnitude too): OWL's per-block
+    # sparsities (masks/owl.py), DSnoT's refinement of each mask (masks/dsnot.py)
+    allocation: str = "uniform"
+    owl_m: float = OWL_M
+    owl_lambda: float = OWL_LAMBDA
+    refine: str = "none"
+    dsnot_iterations: int = DSNOT_ITERATIONS
+    dsnot_threshold: float = DSNOT_THRESHOLD
     # how the model runs (not recorded: the masks do not depend on them but for --dtype)
     device: str = "auto"
     dtype: str = "float32"
     max_memory: int | None = None
+
+    @classmethod
+    def pick(cls, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The entries of ``values`` that name an option (a caller's locals, say)."""
+        names = {f.name for f in fields(cls)}
+        return {k: v for k, v in values.items() if k in names}
+
+    @classmethod
+    def from_values(cls, **values: Any) -> PruneOptions:
+        """The options from values in the forms the Python API and the command line take them:
+        a choice as its name or an ``Enum`` of it, ``nm`` as ``"2:4"`` or ``(2, 4)``,
+        ``include``/``exclude`` one glob or several, ``calibration`` a path, ``max_memory`` bytes
+        or ``"12G"``. Not yet checked: :meth:`validate` does that (``prune_checkpoint`` calls it)."""
+        unknown = sorted(set(values) - set(cls.pick(values)))
+        if unknown:
+            raise TypeError(f"not an option of prune: {', '.join(unknown)}")
+        v = {k: getattr(x, "value", x) for k, x in values.items()}  # an Enum: its name
+        if isinstance(v.get("nm"), str):
+            v["nm"] = parse_nm(v["nm"])
+        elif v.get("nm") is not None:
+            v["nm"] = tuple(v["nm"])
+        for key in ("include", "exclude"):
+            if key in v:
+                v[key] = parse_globs(v[key], f"--{key}")
+        if v.get("calibration") is not None:
+            v["calibration"] = str(v["calibration"])
+        if isinstance(v.get("max_memory"), str):
+            v["max_memory"] = parse_size(v["max_memory"])
+        return cls(**v)
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the run takes the model block by block with calibration text: Wanda and
+        SparseGPT always, magnitude with OWL's allocation or DSnoT's refinement."""
+        return self.method in CALIBRATION_METHODS or (
+            self.method == "magnitude" and (self.allocation != "uniform" or self.refine != "none"))
 
     def validate(self) -> None:
         given = [o for o, v in (("--sparsity", self.sparsity), ("--fraction", self.fraction),
@@ -66,9 +124,12 @@ class PruneOptions:
         for opt, value, allowed in (("--method", self.method, METHODS),
                                     ("--scope", self.scope, SCOPES),
                                     ("--distribution", self.distribution, DISTRIBUTIONS),
-                                    ("--encoding", self.encoding, ENCODINGS)):
+                                    ("--encoding", self.encoding, ENCODINGS),
+                                    ("--allocation", self.allocation, ALLOCATIONS),
+                                    ("--refine", self.refine, REFINEMENTS)):
             if value not in allowed:
                 raise ConfigError(f"{opt} {value!r} is not one of: {', '.join(allowed)}")
+        self._validate_beyond_uniform()
         self._validate_calibration()
         if self.scope == "global" and self.method != "magnitude":
             raise ConfigError("--scope global ranks weights by magnitude: use --method magnitude")
@@ -89,6 +150,38 @@ class PruneOptions:
             raise ConfigError("--fraction prunes a share of each tensor's remaining weights: "
                               "it takes no --distribution")
 
+    def _validate_beyond_uniform(self) -> None:
+        defaults = PruneOptions()
+        owl, dsnot = self.allocation == "owl", self.refine == "dsnot"
+        for opt, attr, needs, on in (("--owl-m", "owl_m", "--allocation owl", owl),
+                                      ("--owl-lambda", "owl_lambda", "--allocation owl", owl),
+                                      ("--dsnot-iterations", "dsnot_iterations", "--refine dsnot", dsnot),
+                                      ("--dsnot-threshold", "dsnot_threshold", "--refine dsnot", dsnot)):
+            if getattr(self, attr) != getattr(defaults, attr) and not on:
+                raise ConfigError(f"{opt} is read by {needs} only: add {needs} or drop {opt}")
+        check_owl_m(self.owl_m)
+        check_owl_lambda(self.owl_lambda)
+        check_count(self.dsnot_iterations, "--dsnot-iterations", minimum=0)
+        check_threshold(self.dsnot_threshold)
+        asked = [o for o, on in ((f"--allocation {self.allocation}", self.allocation != "uniform"),
+                                 (f"--refine {self.refine}", self.refine != "none")) if on]
+        if not asked:
+            return
+        if self.method not in ("magnitude",) + CALIBRATION_METHODS:
+            raise ConfigError(f"{asked[0]} works on magnitude, wanda or sparsegpt masks, not "
+                              f"--method {self.method}")
+        if self.sparsity is None:
+            raise ConfigError(f"{asked[0]} takes --sparsity S (unstructured sparsity; N:M and "
+                              "--fraction keep their own fixed counts)")
+        if self.allocation != "uniform" and (self.distribution != "uniform" or self.scope != "layer"):
+            raise ConfigError("--allocation owl sets each block's sparsity itself: it takes "
+                              "neither --distribution erk nor --scope global")
+        if self.refine != "none" and self.scope != "layer":
+            raise ConfigError("--refine dsnot refines each layer's mask: it takes no --scope global")
+        if self.calibration is None:
+            raise ConfigError(f"{asked[0]} needs calibration text: give --calibration FILE|DIR "
+                              "(UTF-8 text the model's tokenizer reads)")
+
     def _validate_calibration(self) -> None:
         defaults = PruneOptions()
         changed = [opt for opt, field in (("--calibration", "calibration"), ("--samples", "samples"),
@@ -96,15 +189,17 @@ class PruneOptions:
                                           ("--blocksize", "blocksize"), ("--device", "device"),
                                           ("--dtype", "dtype"), ("--max-memory", "max_memory"))
                    if getattr(self, field) != getattr(defaults, field)]
-        if self.method not in CALIBRATION_METHODS:
+        if not self.calibrated:
             if changed:
-                raise ConfigError(f"{changed[0]} is read by --method wanda or sparsegpt, not "
-                                  f"{self.method}: drop it or change the method")
+                extra = (" (or, for magnitude, with --allocation owl or --refine dsnot)"
+                         if self.method == "magnitude" else "")
+                raise ConfigError(f"{changed[0]} is read by --method wanda or sparsegpt{extra}, not "
+                                  f"{self.method} alone: drop it or change the method")
             return
         sgpt_only = [opt for opt in changed if opt in ("--dampening", "--blocksize")]
-        if self.method == "wanda" and sgpt_only:
-            raise ConfigError(f"{sgpt_only[0]} is read by --method sparsegpt only; Wanda changes "
-                              "no weight and has no Hessian: drop it")
+        if self.method != "sparsegpt" and sgpt_only:
+            raise ConfigError(f"{sgpt_only[0]} is read by --method sparsegpt only; "
+                              f"{self.method.capitalize()} changes no weight and has no Hessian: drop it")
         if self.calibration is None:
             raise ConfigError(f"--method {self.method} needs calibration text: give "
                               "--calibration FILE|DIR (UTF-8 text the model's tokenizer reads)")
@@ -112,7 +207,7 @@ class PruneOptions:
             raise ConfigError(f"--method {self.method} prunes each layer against its own "
                               "calibration inputs (layer-wise): it takes no --scope global; use "
                               "--scope layer, or --method magnitude for one global threshold")
-        if self.fraction is not None:
+        if self.fraction is not None and self.method in CALIBRATION_METHODS:
             raise ConfigError(f"--method {self.method} takes --sparsity S or --nm N:M, not --fraction")
         check_count(self.samples, "--samples")
         if self.seq is not None:
@@ -150,6 +245,8 @@ class PruneResult:
     notes: list[str] = field(default_factory=list)  # e.g. tensors left alone for their dtype
     left_out: list[str] = field(default_factory=list)  # input entries not part of a model directory
     memory: dict | None = None  # calibration methods: the memory plan (util/memory.py), in bytes
+    allocation: list[dict] | None = None  # --allocation owl: per block, outlier ratio and sparsity
+    refined: dict | None = None  # --refine dsnot: its settings and the swaps made
 
     @property
     def numel(self) -> int:
@@ -166,7 +263,7 @@ class PruneResult:
     def to_json(self) -> dict:
         return {
             "output": str(self.output),
-            "options": options_record(self.options),
+            "options": options_record(self.options, self.allocation),
             "tensors": [
                 {"name": t.name, "shape": list(t.shape), "numel": t.numel,
                  "nonzero_before": t.nonzero_before, "nonzero": t.nonzero,
@@ -180,6 +277,7 @@ class PruneResult:
             "notes": list(self.notes),
             "left_out": list(self.left_out),
             **({"memory": self.memory} if self.memory is not None else {}),
+            **({"refined": self.refined} if self.refined is not None else {}),
         }
 
 
@@ -187,18 +285,27 @@ _CALIBRATION_FIELDS = ("calibration", "samples", "seq", "dtype", "dampening", "b
 DEFAULT_SEQ = 512  # tokens per calibration window, as the Wanda and SparseGPT papers' C4 samples use 2048
 
 
-def options_record(opts: PruneOptions) -> dict:
+def options_record(opts: PruneOptions, allocation: list[dict] | None = None) -> dict:
     """The options as recorded in provenance and ``--json``; calibration settings only for the
-    methods that read them (SparseGPT's with ``updates_weights``: it changes the kept weights)."""
+    methods that read them (SparseGPT's with ``updates_weights``: it changes the kept weights);
+    OWL's settings with each block's plan (``allocation``), DSnoT's settings."""
     rec = asdict(opts)
     rec["nm"] = f"{opts.nm[0]}:{opts.nm[1]}" if opts.nm else None
     rec["include"], rec["exclude"] = list(opts.include), list(opts.exclude)
     del rec["device"], rec["max_memory"]
     calib = {k: rec.pop(k) for k in _CALIBRATION_FIELDS}
     calib["text"] = calib.pop("calibration")
-    if opts.method in CALIBRATION_METHODS:
-        if opts.method == "wanda":
+    del rec["allocation"], rec["refine"]  # recorded below as what was done, when it was asked
+    owl = {k: rec.pop(k) for k in ("owl_m", "owl_lambda")}
+    dsnot = {k.removeprefix("dsnot_"): rec.pop(k) for k in ("dsnot_iterations", "dsnot_threshold")}
+    if opts.calibrated:
+        if opts.method != "sparsegpt":
             del calib["dampening"], calib["blocksize"]
         rec["calibration"] = calib
         rec["updates_weights"] = opts.method == "sparsegpt"
+    if opts.allocation == "owl":
+        rec["allocation"] = {"method": "owl", "m": owl["owl_m"], "lambda": owl["owl_lambda"],
+                             "blocks": list(allocation or [])}
+    if opts.refine == "dsnot":
+        rec["refine"] = {"method": "dsnot", **dsnot}
     return rec

@@ -22,7 +22,6 @@ from sparsetool.ops.prune.read import recorded_nan_encoding
 from sparsetool.targets import TargetPlan, plan_targets
 from sparsetool.targets.order import sort_names
 from sparsetool.util.memory import MemoryPlan
-from sparsetool.util.options import CALIBRATION_METHODS
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural, some_names
 
@@ -41,6 +40,7 @@ class PrunePlan:
     planner: FileOrderPlanner | BlockOrderPlanner
     notes: list[str] = field(default_factory=list)
     memory: MemoryPlan | None = None  # calibration methods: the memory plan, checked to fit
+    allocation: list[dict] | None = None  # --allocation owl: each block's outlier ratio and sparsity
 
     @property
     def target_names(self) -> set[str]:
@@ -74,9 +74,9 @@ def plan_prune(src: str | Path, opts: PruneOptions, *, progress: Progress | None
         raise _nothing_targeted(src, opts, targeting)
     _check_name_clashes(ckpt, targets, opts.encoding)
     notes: list[str] = []
-    memory = None
+    memory = allocation = None
     planner: FileOrderPlanner | BlockOrderPlanner
-    if opts.method in CALIBRATION_METHODS:  # Wanda, SparseGPT: block by block (calibrated.py)
+    if opts.calibrated:  # Wanda, SparseGPT, OWL, DSnoT: block by block (calibrated.py)
         from sparsetool.ops.prune.calibrated import CalibratedPlanner
 
         calibrated = CalibratedPlanner(ckpt, targets, opts, targeting,
@@ -86,6 +86,7 @@ def plan_prune(src: str | Path, opts: PruneOptions, *, progress: Progress | None
         opts = calibrated.opts  # with the window length used
         notes += calibrated.notes
         memory = calibrated.memory
+        allocation = calibrated.allocation
         planner = calibrated
     else:
         planner = MagnitudePlanner(ckpt, targets, opts, targeting, progress=progress)
@@ -93,7 +94,7 @@ def plan_prune(src: str | Path, opts: PruneOptions, *, progress: Progress | None
     note = dtype_skipped_note(targeting)
     if note:
         notes.append(note)
-    return PrunePlan(ckpt, opts, targeting, targets, planner, notes, memory)
+    return PrunePlan(ckpt, opts, targeting, targets, planner, notes, memory, allocation)
 
 
 def _dtypes(plan: TargetPlan, names: Sequence[str]) -> str:

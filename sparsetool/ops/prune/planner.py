@@ -78,6 +78,11 @@ class BlockOrderPlanner(Planner, Protocol):
         """Each targeted tensor's non-zeros before pruning, counted by :meth:`prepare`."""
         ...
 
+    @property
+    def refined(self) -> dict | None:
+        """After :meth:`run`: what refining the masks did (``--refine``), or None."""
+        ...
+
     def run(self, sink: Sink) -> None:
         """Prune every targeted tensor, calling ``sink`` once for each."""
         ...

@@ -43,7 +43,9 @@ def write_pruned(plan: PrunePlan, out: str | Path, *, in_place: bool = False,
     result = PruneResult(output=Path(out), options=opts, notes=list(plan.notes))
     if plan.memory is not None:
         result.memory = plan.memory.to_json()
-    metadata = provenance_metadata(ckpt.metadata(), {"command": "prune", **options_record(opts)})
+    result.allocation = plan.allocation
+    metadata = provenance_metadata(ckpt.metadata(),
+                                   {"command": "prune", **options_record(opts, plan.allocation)})
     with write_checkpoint(ckpt, Path(out), in_place=in_place, metadata_extra=metadata,
                           config_transform=functools.partial(_config, plan, result)) as writer:
         result.left_out = list(writer.left_out)
@@ -140,3 +142,4 @@ def _write_in_block_order(plan: PrunePlan, planner: BlockOrderPlanner, writer: C
                                                planner.nonzero_before[lt.name], int(np.count_nonzero(mask))))
 
         planner.run(sink)
+    result.refined = planner.refined

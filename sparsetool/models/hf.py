@@ -1,7 +1,7 @@
 """A Hugging Face causal-LM directory as a PyTorch model: its config, its tokenizer, its weights.
 
-Shared by ``sparsetool eval`` (:mod:`sparsetool.ops.lm`) and ``sparsetool train --init HF_DIR``
-(:mod:`sparsetool.train.hfrun`). The model is built from ``config.json`` (never with remote code)
+Shared by the streamed model of eval and calibration pruning (:mod:`sparsetool.models.open`) and
+``sparsetool train --init HF_DIR`` (:mod:`sparsetool.train.hfrun`). The model is built from ``config.json`` (never with remote code)
 and its weights are decoded by sparsetool, so every encoding (zeros, mask, nan, bitmask) loads
 alike. transformers is imported only here, and only when a Hugging Face directory is used.
 

@@ -18,7 +18,7 @@ transformers knows is handled by its own code. The last pass runs the model's fo
 each block replaced by a stand-in that hands back the hidden states already computed, so the final
 norm (and anything else the model does after its blocks) is the model's own code too.
 
-:func:`sparsetool.ops.open_model.open_model` builds one from a checkpoint.
+:func:`sparsetool.models.open.open_model` builds one from a checkpoint.
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ from sparsetool.checkpoint.encodings import decode
 from sparsetool.checkpoint.zeros import count_nonzero_values, negative_zeros
 from sparsetool.errors import SparsetoolError
 from sparsetool.targets import is_floating, plan_targets
-from sparsetool.train.hf import MAX_DEFAULT_SEQ  # noqa: F401 (re-exported: eval's default window)
 
-__all__ = ["BlockModel", "Call", "Encoded", "find_blocks", "block_index", "read_text"]
+__all__ = ["BlockModel", "Call", "Encoded", "find_blocks", "block_index"]
 
 # Config keys of models that transform logits after the head (the chunked head would miss it).
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
@@ -334,26 +333,3 @@ def block_index(prefix: str, name: str) -> int | None:
         return None
     head = name[len(prefix) + 1:].split(".")[0]
     return int(head) if head.isdigit() else None
-
-
-def read_text(path: str | Path, option: str = "--text") -> str:
-    """A UTF-8 file, or every non-hidden file under a directory (sorted, joined by a newline)."""
-    p = Path(path)
-    if p.is_file():
-        files = [p]
-    elif p.is_dir():
-        files = sorted(q for q in p.rglob("*") if q.is_file()
-                       and not any(s.startswith(".") for s in q.relative_to(p).parts))
-        if not files:
-            raise SparsetoolError(f"{option} {p}: directory holds no files; point it at text files")
-    else:
-        raise SparsetoolError(f"{option} {p}: no such file or directory")
-    parts = []
-    for f in files:
-        try:
-            parts.append(f.read_bytes().decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise SparsetoolError(f"{option} {f}: not UTF-8 text (byte {e.start}); convert it or leave it out") from None
-        except OSError as e:
-            raise SparsetoolError(f"{option} {f}: cannot read ({e.strerror})") from None
-    return "\n".join(parts)

@@ -1,4 +1,6 @@
-"""A small byte-level GPT in one file (after nanoGPT's ``model.py``).
+"""sparsetool's GPT: a small byte-level GPT in one file (after nanoGPT's ``model.py``), its
+config rebuilt from a checkpoint's shapes (:func:`infer_config`), and the run's model record
+(:func:`model_record`).
 
 Parameter names are a contract: ``sparsetool.targets`` recognises them (one more naming family
 there, so the trainer, ``prune``, ``report`` and ``flops`` target the same four matrices) and
@@ -34,6 +36,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from sparsetool.checkpoint.provenance import merged_provenance
 from sparsetool.errors import ConfigError
 from sparsetool.targets import plan_targets
 
@@ -199,3 +202,14 @@ def infer_config(shapes: dict[str, tuple[int, ...]], n_head: int | None) -> GPTC
             f"matches, or a checkpoint written by sparsetool train (it records n_head)"
         )
     return GPTConfig(n_layer=n_layer, n_head=n_head, d_model=d, context=context, vocab_size=vocab)
+
+
+def model_record(ckpt) -> dict:
+    """The sparsetool metadata of an open checkpoint, with the model's shape (``"model"``) from
+    its config.json when the metadata lacks it. Later tools (prune, densify) keep earlier steps
+    under "history": the model shape written by train survives them."""
+    meta = merged_provenance(ckpt.metadata())
+    if ckpt.config and "n_head" in ckpt.config and "model" not in meta:
+        meta["model"] = {k: ckpt.config[k] for k in ("n_layer", "n_head", "d_model", "context")
+                         if k in ckpt.config}
+    return meta

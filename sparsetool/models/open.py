@@ -1,4 +1,4 @@
-"""Opening a checkpoint as a :class:`~sparsetool.ops.lm.BlockModel`: which model it is
+"""Opening a checkpoint as a :class:`~sparsetool.models.blocks.BlockModel`: which model it is
 (sparsetool's GPT or a Hugging Face causal LM), its skeleton with every parameter on torch's meta
 device, and the device and precision it runs in.
 
@@ -16,8 +16,9 @@ import torch
 
 from sparsetool.checkpoint import Checkpoint, open_checkpoint
 from sparsetool.errors import ConfigError, SparsetoolError
-from sparsetool.ops.lm import BlockModel, Encoded
-from sparsetool.train.hf import (
+from sparsetool.models.blocks import BlockModel, Encoded
+from sparsetool.models.gpt import GPT, infer_config, model_record
+from sparsetool.models.hf import (
     context_of,
     hf_config,
     import_transformers,
@@ -100,9 +101,6 @@ def _settle(module: torch.nn.Module, dtype: torch.dtype, device: torch.device) -
 
 # ---------------------------------------------------------------------------- sparsetool's GPT
 def _gpt_model(path: Path, ckpt: Checkpoint, dtype: torch.dtype, device: torch.device) -> BlockModel:
-    from sparsetool.train.io import model_record
-    from sparsetool.train.model import GPT, infer_config
-
     shapes = {lt.name: tuple(lt.shape) for lt in ckpt.logical}
     cfg = infer_config(shapes, (model_record(ckpt).get("model") or {}).get("n_head"))
     with _params_on_meta():
