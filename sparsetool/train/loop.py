@@ -32,7 +32,7 @@ from sparsetool.checkpoint.output_files import check_writable, write_error
 from sparsetool.errors import ConfigError
 from sparsetool.models.gpt import GPT, GPTConfig
 from sparsetool.targets import plan_targets
-from sparsetool.train import hfrun, io, rundir, warmstart
+from sparsetool.train import hfrun, rundir, runfiles, warmstart
 from sparsetool.train.config import TrainConfig
 from sparsetool.train.data import Sampler, eval_batches
 from sparsetool.train.distributed import gather_mask_digests, setup_runtime, wrap_ddp
@@ -85,7 +85,7 @@ class Trainer:
             self.mcfg = GPTConfig(**self._resumed_model)
         elif cfg.init:
             warmstart.check_init_is_a_model(cfg.init)
-            init_w, init_m, init_meta = io.read_init_checkpoint(cfg.init)
+            init_w, init_m, init_meta = runfiles.read_init_checkpoint(cfg.init)
             self.mcfg = warmstart.init_model_config(cfg, init_w, init_meta)
         else:
             self.mcfg = model_config(cfg)
@@ -283,7 +283,7 @@ class Trainer:
         if self.master:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             rundir.write_run_json(self)
-        self.log = io.Log(self.run_dir, keep_until=start_step if self.resume_from else None) \
+        self.log = runfiles.Log(self.run_dir, keep_until=start_step if self.resume_from else None) \
             if self.master else rundir.NullLog()
 
         per_rank = cfg.batch_size * cfg.grad_accum
@@ -383,7 +383,7 @@ class Trainer:
                     rundir.save(self, done, position, tokens, elapsed0 + time.perf_counter() - t_run)
                 if interrupted:
                     self.log.write({"kind": "interrupt", "step": done, "signal": interrupted,
-                                    "checkpoint": io.checkpoint_name(done)})
+                                    "checkpoint": runfiles.checkpoint_name(done)})
                     break
             summary = rundir.summary(self, stop, last_loss, last_val, tokens,
                                      elapsed0 + time.perf_counter() - t_run, interrupted)

@@ -1,8 +1,8 @@
 """The run directory as the training loop sees it: whether a new run may start there, the stored
 options a ``--resume`` continues with, the state restored from the latest checkpoint, what one
 save writes (:func:`save`, :func:`write_run_json`), the summary a run returns, and the messages
-after an interruption. The files themselves are written and read by
-:mod:`sparsetool.train.io`.
+after an interruption. The files themselves (their layout and formats) are written and read by
+:mod:`sparsetool.train.runfiles`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from sparsetool.errors import ConfigError, Interrupted
-from sparsetool.train import hfrun, io
+from sparsetool.train import hfrun, runfiles
 from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, setting, validate
 from sparsetool.train.signals import signal_number
 from sparsetool.util.wording import plural
@@ -57,7 +57,7 @@ def resumed_config(run_dir: Path, flags: dict) -> tuple[TrainConfig, dict | None
                 f"--resume continues the stored run exactly; {setting(k)} "
                 f"{v!r} differs from its {getattr(stored, k)!r} (start a new run to change it)"
             )
-    return validate(stored), saved.get("model"), io.latest_checkpoint(run_dir)
+    return validate(stored), saved.get("model"), runfiles.latest_checkpoint(run_dir)
 
 
 def earlier_settings(run_dir: Path, stage_idx: int, resumed: Path | None) -> dict[int, dict]:
@@ -75,9 +75,9 @@ def earlier_settings(run_dir: Path, stage_idx: int, resumed: Path | None) -> dic
 def restore(checkpoint: Path, world: int, cfg: TrainConfig) -> tuple[dict, dict, dict]:
     """(state, resume, weights) of a checkpoint directory; the global RNG state is set back.
     The number of processes must be the one the run was trained on (the global batch)."""
-    state, resume = io.load_resume(checkpoint)
-    weights, _, _ = io.read_init_checkpoint(checkpoint / "model.safetensors")
-    io.set_rng_state(state["rng"])
+    state, resume = runfiles.load_resume(checkpoint)
+    weights, _, _ = runfiles.read_init_checkpoint(checkpoint / "model.safetensors")
+    runfiles.set_rng_state(state["rng"])
     if int(state.get("world_size", 1)) * cfg.batch_size * cfg.grad_accum != \
             world * cfg.batch_size * cfg.grad_accum:
         raise ConfigError(
@@ -99,7 +99,7 @@ def save_step(run_dir: Path, step: int, *, model: torch.nn.Module, model_cfg: di
         "sparsifier_config": json.dumps(sparsifier_config) if sparsifier is not None else None,
     }
     masks = dict(sparsifier.masks) if sparsifier is not None else {}
-    io.save_checkpoint(run_dir, step, model, masks, meta, model_cfg, resume, state, keep_last,
+    runfiles.save_checkpoint(run_dir, step, model, masks, meta, model_cfg, resume, state, keep_last,
                        write_files)
 
 
@@ -141,7 +141,7 @@ def stopped_by_signal(summary: dict) -> str:
     checkpoint at the step it had reached."""
     run_dir, step = Path(summary["run_dir"]), summary["step"]
     return (f"interrupted by {summary['interrupted']} at step {step} of {summary['steps']}: saved a "
-            f"checkpoint ({run_dir / 'checkpoints' / io.checkpoint_name(step)}); continue with: "
+            f"checkpoint ({run_dir / 'checkpoints' / runfiles.checkpoint_name(step)}); continue with: "
             f"{resume_command(run_dir, summary['world_size'])}")
 
 
@@ -183,7 +183,7 @@ def meta(tr, step: int) -> dict:
     """The ``sparsetool`` metadata entry of a checkpoint saved at ``step``."""
     return {
         "producer": "sparsetool train",
-        "format_version": io.FORMAT_VERSION,
+        "format_version": runfiles.FORMAT_VERSION,
         "encoding": "mask" if tr.sp is not None else "plain",
         "step": step,
         "model": tr.mcfg.to_dict(),
@@ -206,7 +206,7 @@ def save(tr, step: int, position: int, tokens: int, elapsed: float) -> None:
         "elapsed_s": elapsed,
         "stage": tr._stage_index(step - 1),  # the stage whose sparsifier state is saved
         "sparse": tr.sp is not None,
-        "rng": io.rng_state(),
+        "rng": runfiles.rng_state(),
         "world_size": tr.world,
     }
     save_step(tr.run_dir, step, model=tr.model, model_cfg=tr.mcfg.to_dict(),
@@ -224,7 +224,7 @@ def save(tr, step: int, position: int, tokens: int, elapsed: float) -> None:
 
 def write_run_json(tr) -> None:
     """run.json: options as given, model, data; each stage's resolved sparse settings."""
-    io.write_json(tr.run_dir / "run.json", {
+    runfiles.write_json(tr.run_dir / "run.json", {
         "config": tr.cfg.to_dict(), "model": tr.mcfg.to_dict(), "data": tr.corpus_info,
         "sparse_training": {str(k): v for k, v in sorted(tr.resolved_settings.items())}})
 
