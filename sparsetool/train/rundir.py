@@ -24,9 +24,9 @@ from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, setting, v
 from sparsetool.train.signals import signal_number
 from sparsetool.util.wording import plural
 
-__all__ = ["NullLog", "RunState", "check_new_run", "earlier_settings", "interrupted", "meta", "restore",
-           "resume_command", "resumed_config", "save", "save_step", "stopped_by_signal", "summary",
-           "title", "write_run_json"]
+__all__ = ["NullLog", "RunState", "check_new_run", "earlier_settings", "interrupted", "meta",
+           "restore", "resume_command", "resumed_config", "save", "save_step", "stopped_by_signal",
+           "summary", "title", "write_run_json"]
 
 
 @dataclass
@@ -128,7 +128,7 @@ def save_step(run_dir: Path, step: int, *, model: torch.nn.Module, model_cfg: di
     }
     masks = dict(sparsifier.masks) if sparsifier is not None else {}
     runfiles.save_checkpoint(run_dir, step, model, masks, meta, model_cfg, resume, state, keep_last,
-                       write_files)
+                             write_files)
 
 
 def title(cfg: TrainConfig, run_dir: Path, n_layer: int, d_model: int, sparse: bool) -> str:
