@@ -24,7 +24,13 @@ if TYPE_CHECKING:  # torch stays unimported until a function is called
     from sparsetool.ops.report import Report
 
 from sparsetool.ops.load import load
-from sparsetool.util.options import DSNOT_ITERATIONS, DSNOT_THRESHOLD, OWL_LAMBDA, OWL_M
+from sparsetool.util.options import (
+    DSNOT_ITERATIONS,
+    DSNOT_THRESHOLD,
+    OWL_LAMBDA,
+    OWL_M,
+    parse_globs,
+)
 
 __all__ = ["load", "prune", "densify", "report", "diff", "simulate"]  # and eval: not exported by *, see above
 
@@ -68,22 +74,13 @@ def prune(
     blocks by their outlier ratios (``owl_m``, ``owl_lambda``), ``refine="dsnot"`` refines each
     mask (``dsnot_iterations``, ``dsnot_threshold``); both need ``calibration`` and work with
     magnitude, wanda and sparsegpt. Raises :class:`sparsetool.errors.SparsetoolError` on bad input; nothing is written then."""
-    from sparsetool.errors import ConfigError
     from sparsetool.ops.prune import PruneOptions, prune_checkpoint
-    from sparsetool.util.options import parse_nm, parse_size
 
+    opts = PruneOptions.from_values(**PruneOptions.pick(locals()))  # the CLI's construction too
     if output is None and not in_place:
+        from sparsetool.errors import ConfigError
+
         raise ConfigError("give an output path (or in_place=True to replace the input)")
-    opts = PruneOptions(
-        sparsity=sparsity, fraction=fraction, nm=parse_nm(nm) if isinstance(nm, str) else nm,
-        method=method, scope=scope, distribution=distribution, seed=seed, encoding=encoding,
-        include=_globs(include), exclude=_globs(exclude),
-        calibration=None if calibration is None else str(calibration), samples=samples, seq=seq,
-        dampening=dampening, blocksize=blocksize, allocation=allocation, owl_m=owl_m,
-        owl_lambda=owl_lambda, refine=refine, dsnot_iterations=dsnot_iterations,
-        dsnot_threshold=dsnot_threshold, device=device, dtype=dtype,
-        max_memory=None if max_memory is None else parse_size(max_memory),
-    )
     return prune_checkpoint(checkpoint, checkpoint if output is None else output, opts,
                             in_place=in_place)
 
@@ -107,7 +104,8 @@ def report(checkpoint: str | Path, *, include: Sequence[str] = (),
     ``default_targets``."""
     from sparsetool.ops.report import summarize
 
-    return summarize(checkpoint, include=_globs(include), exclude=_globs(exclude),
+    return summarize(checkpoint, include=parse_globs(include, "include"),
+                     exclude=parse_globs(exclude, "exclude"),
                      default_targets=default_targets)
 
 
@@ -137,7 +135,8 @@ def diff(a: str | Path, b: str | Path, *, include: Sequence[str] = (),
     """``sparsetool diff A B``: per-matrix mask overlap, revived weights, L2 and angular change."""
     from sparsetool.ops.diff import diff as diff_checkpoints
 
-    return diff_checkpoints(a, b, include=_globs(include), exclude=_globs(exclude))
+    return diff_checkpoints(a, b, include=parse_globs(include, "include"),
+                            exclude=parse_globs(exclude, "exclude"))
 
 
 def simulate(checkpoint: str | Path | None = None, *, shape: str | None = None,
@@ -159,8 +158,9 @@ def simulate(checkpoint: str | Path | None = None, *, shape: str | None = None,
         sweep=sweep, tokens=parse_tokens(tokens), pattern=pattern, seed=seed,
         hardware=None if hardware is None else Path(hardware),
         devices=(device,) if isinstance(device, str) else tuple(device), seq_len=seq_len,
-        verify=verify, plot=None if plot is None else Path(plot), include=_globs(include),
-        exclude=_globs(exclude), default_targets=default_targets)
+        verify=verify, plot=None if plot is None else Path(plot),
+        include=parse_globs(include, "include"), exclude=parse_globs(exclude, "exclude"),
+        default_targets=default_targets)
 
 
 def _text_or_file(text: str) -> str | Path:
@@ -179,8 +179,3 @@ def _text_or_file(text: str) -> str | Path:
                               "directory; give a file that exists (a str naming one, or a Path), or "
                               "the text itself")
     return text
-
-
-def _globs(globs: str | Sequence[str]) -> tuple[str, ...]:
-    """A single glob given as a string is one glob, not its letters."""
-    return (globs,) if isinstance(globs, str) else tuple(globs)

@@ -43,7 +43,6 @@ from sparsetool.cli._params import (
     use_device,
     use_threads,
     use_workers,
-    value_of,
     workers_option,
 )
 from sparsetool.masks.distributions import DISTRIBUTIONS
@@ -112,27 +111,12 @@ def prune(
     A targeted tensor holding NaN or inf is refused (except NaN in a nan-encoded input, which
     means pruned). The input is never modified; the output appears only when complete.
     """
+    from sparsetool.ops.prune import PruneOptions, prune_checkpoint
+
+    opts = PruneOptions.from_values(**PruneOptions.pick(locals()))  # as sparsetool.prune makes them
     if output is None and not in_place:
         usage_error("give -o OUTPUT (or --in-place to replace the input)")
     in_place_conflict(checkpoint, output, in_place)
-    given = [o for o, v in (("--sparsity", sparsity), ("--fraction", fraction), ("--nm", nm))
-             if v is not None]
-    if len(given) != 1:
-        usage_error("give exactly one of --sparsity S, --fraction F or --nm N:M "
-                    f"(got {', '.join(given) if given else 'none'})")
-    from sparsetool.ops.prune import PruneOptions, prune_checkpoint
-
-    opts = PruneOptions(
-        sparsity=sparsity, fraction=fraction, nm=nm, method=value_of(method),  # type: ignore[arg-type]
-        scope=value_of(scope), distribution=value_of(distribution), seed=seed,
-        encoding=value_of(encoding), include=tuple(include), exclude=tuple(exclude),
-        calibration=None if calibration is None else str(calibration), samples=samples, seq=seq,
-        dampening=dampening, blocksize=blocksize,  # type: ignore[arg-type]
-        allocation=value_of(allocation), owl_m=owl_m, owl_lambda=owl_lambda,  # type: ignore[arg-type]
-        refine=value_of(refine), dsnot_iterations=dsnot_iterations,
-        dsnot_threshold=dsnot_threshold,  # type: ignore[arg-type]
-        device=device, dtype=value_of(dtype), max_memory=max_memory,  # type: ignore[arg-type]
-    )
     with usage_errors():
         opts.validate()
     use_device(device)

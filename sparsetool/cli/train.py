@@ -46,14 +46,6 @@ DType = choices("DType", ("auto", "float32", "bfloat16"))
 Encoding = choices("Encoding", ENCODING_NAMES)
 
 
-def _check_device(value: str, option: str) -> str:
-    if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
-        return value
-    from sparsetool.errors import ConfigError
-
-    raise ConfigError(f"{option} {value!r}: use auto, cpu, cuda or cuda:N")
-
-
 def train(
     output: Optional[Path] = output_option("Run directory to create, or to continue with --resume; required (unless the --config file gives 'out'). Holds checkpoints, logs, loss.png."),
     out: Optional[Path] = typer.Option(None, "--out", hidden=True, help="Old spelling of -o/--output."),
@@ -94,7 +86,7 @@ def train(
     save_every: Optional[int] = typer.Option(None, "--save-every", help="Checkpoint every N steps (default: only at the end)."),
     stop_at: Optional[int] = typer.Option(None, "--stop-at", help="Stop after this step with a checkpoint; continue later with --resume (default: run all --steps)."),
     threads: Optional[int] = threads_option(),
-    device: Optional[str] = typer.Option(None, "--device", metavar="<auto|cpu|cuda|cuda:N>", callback=checked(_check_device), help="Where to train (default auto)."),
+    device: Optional[str] = typer.Option(None, "--device", metavar="<auto|cpu|cuda|cuda:N>", callback=checked(options.check_device), help="Where to train (default auto)."),
     dtype: Optional[DType] = choice_option(DType, None, "--dtype", help="auto (default: bf16 autocast on capable GPUs), float32 or bfloat16."),
     quiet: bool = quiet_option(),
     as_json: bool = json_option("Print the final summary as JSON (no progress bar)."),
@@ -132,20 +124,7 @@ def train(
         file_values = read_config_file(config) if config else {}
         with usage_errors():
             options = parse_sparsity_options(sparsity_option)
-        flags = {
-            "out": str(output) if output else None, "preset": value_of(preset), "n_layer": n_layer, "n_head": n_head,
-            "d_model": d_model, "context": context, "steps": steps, "batch_size": batch_size,
-            "grad_accum": grad_accum, "lr": lr, "warmup": warmup, "weight_decay": weight_decay,
-            "grad_clip": grad_clip, "seed": seed, "data": data, "algorithm": value_of(algorithm),
-            "sparsity": sparsity, "distribution": value_of(distribution), "init_method": value_of(init_method),
-            "update_freq": update_freq, "update_start": update_start, "update_stop": update_stop,
-            "drop_fraction": drop_fraction, "initial_sparsity": initial_sparsity, "param_filter": list(param_filter) or None,
-            "include": tuple(include) or None, "exclude": tuple(exclude) or None,
-            "sparsity_options": options, "init": str(init) if init else None,
-            "dense": dense or None, "stages": list(stage), "encoding": value_of(encoding),
-            "eval_every": eval_every, "save_every": save_every, "stop_at": stop_at,
-            "device": device, "dtype": value_of(dtype), "threads": threads,
-        }
+        flags = _flags(locals(), output, options)
         if "out" not in file_values and output is None:
             usage_error("give -o/--output RUN_DIR: a run directory to create or resume is required")
         if resume:
@@ -177,6 +156,28 @@ def train(
             from sparsetool.train.signals import signal_number
 
             raise typer.Exit(128 + signal_number(summary["interrupted"]))
+
+
+_AS_GIVEN = ("n_layer", "n_head", "d_model", "context", "steps", "batch_size", "grad_accum", "lr",
+             "warmup", "weight_decay", "grad_clip", "seed", "data", "sparsity", "update_freq",
+             "update_start", "update_stop", "drop_fraction", "initial_sparsity", "eval_every",
+             "save_every", "stop_at", "device", "threads")
+_CHOICES = ("preset", "algorithm", "distribution", "init_method", "encoding", "dtype")
+
+
+def _flags(given: dict, output: Path | None, sparsity_options: dict) -> dict:
+    """The command line's settings by TrainConfig's names, None where a flag was not given (a
+    --config file's value or the default stands then)."""
+    flags = {name: given[name] for name in _AS_GIVEN}
+    flags.update({name: value_of(given[name]) for name in _CHOICES})
+    flags.update({
+        "out": str(output) if output else None, "init": str(given["init"]) if given["init"] else None,
+        "param_filter": list(given["param_filter"]) or None,
+        "include": tuple(given["include"]) or None, "exclude": tuple(given["exclude"]) or None,
+        "dense": given["dense"] or None, "stages": list(given["stage"]),
+        "sparsity_options": sparsity_options,
+    })
+    return flags
 
 
 def _warn(text: str) -> None:

@@ -17,7 +17,6 @@ nonzero`` (plain dicts or any object with those attributes) and rebuilds the App
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -26,9 +25,8 @@ from sparsetool.checkpoint.config import read_model_config as read_hf_config
 from sparsetool.errors import CheckpointError, ShapeError
 from sparsetool.flops.config import ModelConfig, default_seq_len
 from sparsetool.flops.formula import ROLES
+from sparsetool.targets.order import layer_index
 from sparsetool.util.wording import plural
-
-_LAYER_RE = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
 
 
 @dataclass(frozen=True)
@@ -130,10 +128,10 @@ def infer_model(
     # Group matrices by layer index and role.
     layers: dict[int, dict[str, list[Any]]] = {}
     for r in linear:
-        m = _LAYER_RE.search(str(_get(r, "name")))
-        if m is None:
+        index = layer_index(str(_get(r, "name")))
+        if index is None:
             continue
-        layers.setdefault(int(m.group(1)), {}).setdefault(_get(r, "role"), []).append(r)
+        layers.setdefault(index, {}).setdefault(_get(r, "role"), []).append(r)
     if not layers:
         raise ShapeError(f"no layer index found in the tensor names of '{name}'")
 

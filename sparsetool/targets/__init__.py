@@ -27,6 +27,7 @@ from sparsetool.targets.roles import (
     is_floating,
     role,
 )
+from sparsetool.util.options import parse_globs
 
 __all__ = ["ROLES", "LINEAR_ROLES", "TargetEntry", "TargetPlan", "plan_targets", "role",
            "is_targeted", "is_floating", "input_dim", "conv1d_layout", "tied_embedding",
@@ -155,17 +156,6 @@ def _layout(shape: tuple[int, ...], dim: int, found_role: str) -> str:
     return "stacked" if found_role in LINEAR_ROLES else "kernel"
 
 
-def _globs(option: str, value: Sequence[str] | str | None) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):  # one glob, not its characters
-        return (value,)
-    value = tuple(value)
-    if not all(isinstance(g, str) for g in value):
-        raise ConfigError(f"--{option} takes globs (strings), got {list(value)!r}")
-    return value
-
-
 def _items(tensors: Any) -> Iterator[tuple[str, tuple[int, ...], Any]]:
     if isinstance(tensors, Mapping):
         for name, (shape, dtype) in tensors.items():
@@ -268,8 +258,8 @@ def plan_targets(
     ...
     sparsetool.errors.ConfigError: --include 'nomatch*' matches no tensor in m.safetensors; tensor names look like: wte.weight
     """
-    include, exclude = _globs("include", include), _globs("exclude", exclude)
-    select = None if select is None else _globs("param-filter", select)
+    include, exclude = parse_globs(include, "--include"), parse_globs(exclude, "--exclude")
+    select = None if select is None else parse_globs(select, "select")
     items = list(_items(tensors))
     roles = {name: role(name, shape) for name, shape, _ in items}
     names = list(roles)

@@ -3,8 +3,10 @@ answers (:class:`PruneResult`, whose ``to_json()`` is ``prune --json``)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from sparsetool.checkpoint.encodings import ENCODINGS
 from sparsetool.errors import ConfigError
@@ -29,6 +31,9 @@ from sparsetool.util.options import (
     check_seed,
     check_sparsity,
     check_threshold,
+    parse_globs,
+    parse_nm,
+    parse_size,
 )
 
 __all__ = ["PruneOptions", "TensorResult", "PruneResult", "DEFAULT_SEQ", "options_record"]
@@ -66,6 +71,35 @@ class PruneOptions:
     device: str = "auto"
     dtype: str = "float32"
     max_memory: int | None = None
+
+    @classmethod
+    def pick(cls, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The entries of ``values`` that name an option (a caller's locals, say)."""
+        names = {f.name for f in fields(cls)}
+        return {k: v for k, v in values.items() if k in names}
+
+    @classmethod
+    def from_values(cls, **values: Any) -> PruneOptions:
+        """The options from values in the forms the Python API and the command line take them:
+        a choice as its name or an ``Enum`` of it, ``nm`` as ``"2:4"`` or ``(2, 4)``,
+        ``include``/``exclude`` one glob or several, ``calibration`` a path, ``max_memory`` bytes
+        or ``"12G"``. Not yet checked: :meth:`validate` does that (``prune_checkpoint`` calls it)."""
+        unknown = sorted(set(values) - set(cls.pick(values)))
+        if unknown:
+            raise TypeError(f"not an option of prune: {', '.join(unknown)}")
+        v = {k: getattr(x, "value", x) for k, x in values.items()}  # an Enum: its name
+        if isinstance(v.get("nm"), str):
+            v["nm"] = parse_nm(v["nm"])
+        elif v.get("nm") is not None:
+            v["nm"] = tuple(v["nm"])
+        for key in ("include", "exclude"):
+            if key in v:
+                v[key] = parse_globs(v[key], f"--{key}")
+        if v.get("calibration") is not None:
+            v["calibration"] = str(v["calibration"])
+        if isinstance(v.get("max_memory"), str):
+            v["max_memory"] = parse_size(v["max_memory"])
+        return cls(**v)
 
     @property
     def calibrated(self) -> bool:
