@@ -35,7 +35,7 @@ def build(text: str) -> dict[str, Path]:
 
     from sparsetool.models.gpt import GPT, PRESETS
     from sparsetool.ops.prune import PruneOptions, prune_checkpoint
-    from sparsetool.train.io import save_model
+    from sparsetool.train.runfiles import save_model
 
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)

@@ -86,6 +86,8 @@ def main() -> None:
         sparsity, structure = args.sparsity, "0:0"
     cls = WandaPruningModifier if args.method == "wanda" else SparseGPTModifier
     owl = dict(sparsity_profile="owl", owl_m=5, owl_lmbda=0.08) if args.owl else {}
+    if args.owl:
+        let_owl_run_its_statistics_pass()
     modifier = cls(sparsity=sparsity, mask_structure=structure, targets=["Linear"],
                    ignore=["lm_head"], **owl)
 
@@ -114,6 +116,31 @@ def main() -> None:
                       "setup_s": t1 - t0, "load_s": t2 - t1, "oneshot_s": t3 - t2,
                       "save_s": t4 - t3, "torch_threads": torch.get_num_threads(),
                       "zero_fraction": zeros}))
+
+
+def let_owl_run_its_statistics_pass() -> None:
+    """llm-compressor 0.13 and 0.14 run OWL's statistics pass through their calibration pipeline
+    from inside the modifier's initialization, and the pipeline's lifecycle events then fail
+    ("Cannot invoke event before initializing"): ``sparsity_profile="owl"`` never runs. The pass
+    needs none of those events (no modifier is initialized yet to hear them), so they are muted
+    while it runs; the OWL arithmetic and the pruning stay llm-compressor's own."""
+    from llmcompressor.core.session_functions import LifecycleCallbacks
+    from llmcompressor.modifiers.pruning.sparsegpt.sgpt_base import SparsityModifierBase
+
+    original = SparsityModifierBase._get_activations
+    events = ("calibration_start", "sequential_epoch_end", "calibration_end")
+
+    def get_activations(self, *args, **kwargs):
+        saved = {name: getattr(LifecycleCallbacks, name) for name in events}
+        for name in events:
+            setattr(LifecycleCallbacks, name, lambda *a, **k: None)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            for name, event in saved.items():
+                setattr(LifecycleCallbacks, name, event)
+
+    SparsityModifierBase._get_activations = get_activations
 
 
 if __name__ == "__main__":

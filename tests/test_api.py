@@ -94,7 +94,7 @@ def test_api_refuses_bad_input_with_sparsetool_error(tmp_path, dense_file):
 
 def test_eval_and_diff_api(tmp_path):
     from sparsetool.models.gpt import GPT, GPTConfig
-    from sparsetool.train.io import save_model
+    from sparsetool.train.runfiles import save_model
 
     torch.manual_seed(0)
     cfg = GPTConfig(n_layer=1, n_head=2, d_model=16, context=32)
@@ -114,7 +114,7 @@ def test_eval_reads_a_str_naming_a_file_as_the_cli_reads_text(tmp_path, monkeypa
 
     from sparsetool.errors import SparsetoolError
     from sparsetool.models.gpt import GPT, GPTConfig
-    from sparsetool.train.io import save_model
+    from sparsetool.train.runfiles import save_model
 
     torch.manual_seed(0)
     cfg = GPTConfig(n_layer=1, n_head=2, d_model=16, context=32)

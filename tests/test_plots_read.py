@@ -11,7 +11,7 @@ import sparsetool.ops.plots as plots
 from sparsetool.cli.main import app
 from sparsetool.hardware.plot import sweep_figure
 from sparsetool.ops.eval import EvalResult, EvalRow, plot_eval
-from sparsetool.train.io import Log, smoothed
+from sparsetool.train.runfiles import Log, smoothed
 
 
 def row(name: str, sparsity: float, ppl: float) -> EvalRow:

@@ -1,6 +1,6 @@
 """The package's boundaries, checked: every exported name resolves, no private name crosses a
-module, no import circle, one prune pipeline (plan, then write) with declared planners, and a top
-level that is only the public surface."""
+module (nor, in train and checkpoint, a private attribute), no import circle, one prune pipeline
+(plan, then write) with declared planners, and a top level that is only the public surface."""
 
 from __future__ import annotations
 
@@ -86,6 +86,40 @@ def test_no_private_name_is_imported_across_modules():
                     if target in MODULES and target != module:
                         crossings.append(f"{module}:{node.lineno} uses {target}.{node.attr}")
     assert not crossings, "\n".join(crossings)
+
+
+# Where a private attribute of an object is read only by the module that defines it (the run
+# directory reads the trainer's public state; the writer asks a checkpoint for a shard's file).
+OWN_ATTRIBUTES_ONLY = ("sparsetool.train", "sparsetool.checkpoint")
+
+
+def _private_attributes_defined(tree: ast.AST) -> set[str]:
+    """The private names a module defines: functions, classes, assigned names and attributes."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return {n for n in names if _private(n)}
+
+
+def test_no_module_reads_a_private_attribute_another_module_defines():
+    """``obj._x`` (obj not ``self`` or ``cls``) only where ``_x`` is defined in the same module, in
+    the parts listed above. By name: it cannot tell two classes' ``_x`` apart in one module."""
+    reaches = []
+    for module, path in MODULES.items():
+        if not module.startswith(OWN_ATTRIBUTES_ONLY):
+            continue
+        tree = ast.parse(path.read_text())
+        own = _private_attributes_defined(tree)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in own
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                reaches.append(f"{module}:{node.lineno} reads {ast.unparse(node)}")
+    assert not reaches, "\n".join(reaches)
 
 
 def _cycles(everywhere: bool) -> list[list[str]]:

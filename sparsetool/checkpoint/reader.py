@@ -152,7 +152,7 @@ class Checkpoint:
         kind = np.dtype(_NUMPY_VIEW.get(st.st_dtype) or dtypes.INT_VIEW[dtypes.itemsize(st.st_dtype)])
         if st.nbytes == 0:
             return np.empty(0, dtype=kind)
-        fd = self._fd(st.shard)
+        fd = self.shard_fd(st.shard)
         start = st.start - st.start % mmap.ALLOCATIONGRANULARITY
         flags, prot = ((mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE) if writable
                        else (mmap.MAP_SHARED, mmap.PROT_READ))
@@ -173,8 +173,11 @@ class Checkpoint:
             return array
         return np.frombuffer(mm, dtype=kind, count=st.numel, offset=st.start - start)
 
-    # ----------------------------------------------------------------- internals
-    def _fd(self, shard: str) -> int:
+    def shard_fd(self, shard: str) -> int:
+        """The read-only file descriptor of ``shard``, opened on first use and kept until
+        :meth:`close` (one per shard, whichever thread asks first): for ``pread`` and
+        ``copy_file_range``, e.g. a writer copying stored bytes unchanged. The caller must not
+        close it."""
         fd = self._fds.get(shard)
         if fd is None:
             try:

@@ -172,7 +172,7 @@ class ShardWriter:
                 f"{self.shard}: cannot copy {stored_name!r} ({st.dtype} {list(st.shape)}) into {name!r} "
                 f"declared {spec.dtype} {list(spec.shape)}"
             )
-        src_fd = src._fd(st.shard)
+        src_fd = src.shard_fd(st.shard)
         _copy_range(src_fd, st.start, self._fd, self._data_start + self._offsets[name], st.nbytes)
         self._written.add(name)
 

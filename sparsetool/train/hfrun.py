@@ -98,7 +98,7 @@ def open_run_model(cfg, resume_from: Path | None, resumed_model: dict | None):
 
     A resume rebuilds the model from its own latest checkpoint (config and tokenizer are there;
     ``--init`` is not read again) and takes its weights later; a new run reads ``--init``."""
-    from sparsetool.train.io import read_init_checkpoint
+    from sparsetool.train.runfiles import read_init_checkpoint
 
     resumed = resume_from is not None and "model_type" in (resumed_model or {})
     if resume_from is None and cfg.init and Path(cfg.init).is_file() and is_hf_dir(Path(cfg.init).parent):

@@ -32,7 +32,7 @@ from sparsetool.checkpoint.output_files import check_writable, write_error
 from sparsetool.errors import ConfigError
 from sparsetool.models.gpt import GPT, GPTConfig
 from sparsetool.targets import plan_targets
-from sparsetool.train import hfrun, io, rundir, warmstart
+from sparsetool.train import hfrun, rundir, runfiles, warmstart
 from sparsetool.train.config import TrainConfig
 from sparsetool.train.data import Sampler, eval_batches
 from sparsetool.train.distributed import gather_mask_digests, setup_runtime, wrap_ddp
@@ -44,7 +44,14 @@ Callback = Callable[[str, dict], None]
 
 
 class Trainer:
-    """Set up from a TrainConfig; :meth:`run` trains and returns the summary."""
+    """Set up from a TrainConfig; :meth:`run` trains and returns the summary.
+
+    What :mod:`.rundir` reads to save a checkpoint, write run.json and make the summary is
+    public: the settings (``cfg``, ``run_dir``, ``mcfg``, ``hf``, ``corpus_info``), the parts
+    (``model``, ``optimizer``, ``targets``, ``log``), the sparsity state below, the processes
+    (``world``, ``master``) and the derived :meth:`sparsity`, :attr:`num_params` and
+    :meth:`rank_mask_digests`. Where the run stands (step, data position, tokens, stage, losses)
+    is a :class:`~sparsetool.train.rundir.RunState`, advanced by :meth:`_train_step`."""
 
     def __init__(self, cfg: TrainConfig, resume: bool = False, callback: Callback | None = None,
                  flag_overrides: dict | None = None) -> None:
@@ -52,7 +59,15 @@ class Trainer:
         self.run_dir = Path(cfg.out)
         self.resume_from: Path | None = None
         self._resumed_model: dict | None = None
+        # The sparsity state, all declared here: ``sp`` is set when the run and each stage start
+        # (_start_run, _enter_stage), the rest where a sparsifier is built or the ranks' masks checked.
+        self.sp = None  # the stage's sparsifier, None while dense
+        self.sparsifier_config: dict | None = None  # the mapping it was built from (resumes rebuild it)
         self.resolved_settings: dict[int, dict] = {}  # stage (1-based) -> resolved sparse settings
+        self.mask_divergences = 0  # mask updates after which the ranks' masks differed (DDP)
+        self._sp_generation = 0  # one more for each sparsifier built: the cached sparsity is stale
+        self._sparsity_cache: tuple[tuple[int, int], float] | None = None  # (generation, updates), sparsity
+        self.log = rundir.NullLog()  # the run's log.jsonl on rank 0, from the start of the run
         if resume:
             cfg, self._resumed_model, self.resume_from = rundir.resumed_config(
                 self.run_dir, flag_overrides or {})
@@ -85,7 +100,7 @@ class Trainer:
             self.mcfg = GPTConfig(**self._resumed_model)
         elif cfg.init:
             warmstart.check_init_is_a_model(cfg.init)
-            init_w, init_m, init_meta = io.read_init_checkpoint(cfg.init)
+            init_w, init_m, init_meta = runfiles.read_init_checkpoint(cfg.init)
             self.mcfg = warmstart.init_model_config(cfg, init_w, init_meta)
         else:
             self.mcfg = model_config(cfg)
@@ -133,11 +148,23 @@ class Trainer:
             if self.hf and sparse and self.resume_from is None else None
         return [warning] if warning else []
 
-    def _num_params(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())  # a tied head counted once
+    @property
+    def num_params(self) -> int:
+        """The model's parameters (a tied head counted once)."""
+        return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step, over every rank and micro-batch."""
+        return self.cfg.batch_size * self.cfg.grad_accum * self.world
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.mcfg.context
 
     # ------------------------------------------------------------------ sparsity
-    def _stage_index(self, step: int) -> int:
+    def stage_at(self, step: int) -> int:
+        """The stage (0-based) that trains ``step`` (0-based); past the plan, the last."""
         for i, st in enumerate(self.plan):
             if st["start"] <= step < st["end"]:
                 return i
@@ -181,18 +208,20 @@ class Trainer:
             )
         self.sparsifier_config = spc
         self.resolved_settings[stage_idx + 1] = sp.resolved()  # run.json, keyed by 1-based stage
-        self._sp_generation = getattr(self, "_sp_generation", 0) + 1  # invalidates the cached sparsity
+        self._sp_generation += 1  # invalidates the cached sparsity
         return sp
 
-    # ------------------------------------------------------------------ helpers
-    def _log_sparsity(self) -> float:
-        """Sparsity of the targeted weights; recounted only when the masks may have changed."""
+    def sparsity(self) -> float:
+        """Sparsity of the targeted weights (0.0 while dense); recounted only when the masks may
+        have changed (a new sparsifier, or a mask update)."""
         if self.sp is None:
             return 0.0
         key = (self._sp_generation, self.sp.updates_done)
-        if getattr(self, "_sparsity_key", None) != key:
-            self._sparsity_key, self._sparsity_value = key, float(self.sp.sparsity())
-        return self._sparsity_value
+        if self._sparsity_cache is None or self._sparsity_cache[0] != key:
+            self._sparsity_cache = key, float(self.sp.sparsity())
+        return self._sparsity_cache[1]
+
+    # ------------------------------------------------------------------ helpers
 
     def _sync_step(self, loss: torch.Tensor, stop: StopRequest) -> tuple[float, str | None]:
         """The step's loss averaged over ranks, and the signal that ends the run after this step
@@ -209,7 +238,7 @@ class Trainer:
         came = [s for s, v in zip(SIGNALS, values[1:].tolist()) if v > 0]
         return float(values[0]), signal_name(own or came[0]) if came else None
 
-    def _rank_mask_digests(self) -> list[str] | None:
+    def rank_mask_digests(self) -> list[str] | None:
         """Every rank's mask digest (None on one process or when dense)."""
         if self.world == 1 or self.sp is None:
             return None
@@ -261,142 +290,183 @@ class Trainer:
             self.callback("signal", {"signal": name})
 
     def _run(self, stop_request: StopRequest) -> dict:
-        cfg = self.cfg
-        start_step, position, tokens, elapsed0 = 0, 0, 0, 0.0
-        sp_state = None
-        if self.resume_from is not None:
-            state, resume, weights = rundir.restore(self.resume_from, self.world, cfg)
-            self._load_weights(weights, self.resume_from)
-            self.optimizer.load_state_dict(resume["optimizer"])
-            sp_state = resume.get("sparsifier")
-            start_step, position = int(state["step"]), int(state["data_position"])
-            tokens, elapsed0 = int(state["tokens"]), float(state["elapsed_s"])
-        stage_idx = int(state["stage"]) if self.resume_from is not None else 0
-        self.sparsifier_config = None
-        self.mask_divergences = 0
-        self.sp = None
-        self.resolved_settings = rundir.earlier_settings(self.run_dir, stage_idx, self.resume_from)
-        if sp_state is not None or self.resume_from is None:
-            saved_spc = resume.get("sparsifier_config") if self.resume_from is not None else None
-            self.sp = self._build_sparsifier(stage_idx, sp_state,
-                                             json.loads(saved_spc) if saved_spc else None)
-        if self.master:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            rundir.write_run_json(self)
-        self.log = io.Log(self.run_dir, keep_until=start_step if self.resume_from else None) \
-            if self.master else rundir.NullLog()
-
-        per_rank = cfg.batch_size * cfg.grad_accum
-        global_batch = per_rank * self.world
-        tok_per_step = global_batch * self.mcfg.context
-        stop = cfg.stop_at or cfg.steps
-        info = {
-            "run_dir": str(self.run_dir), "params": self._num_params(),
-            "model": self.mcfg.to_dict(), "data": self.corpus_info, "world_size": self.world,
-            "global_batch": global_batch, "tokens_per_step": tok_per_step, "start_step": start_step,
-            "steps": cfg.steps, "stop": stop, "device": str(self.device), "precision": self.precision,
-            "stages": self.plan, "sparsity": self._log_sparsity(),
-            "sparse_training": self.sp.resolved() if self.sp is not None else None,
-            "warnings": self._warnings(),
-        }
-        self.callback("start", info)
-        model = self.ddp or self.model
-        self.model.train()
-        done_train = [r for r in self.log.records if r.get("kind") == "train"]
-        done_eval = [r for r in self.log.records if r.get("kind") == "eval"]
-        last_loss = done_train[-1]["loss"] if done_train else float("nan")
-        last_val = done_eval[-1]["val_loss"] if done_eval else None
-        t_run = time.perf_counter()
-        step = start_step
-        interrupted = None  # the signal that ended the run early
+        run = self._start_run()
+        step = run.step  # the step in progress (0-based), named if a second signal stops it
         try:
-            for step in range(start_step, stop):
-                # ---- stage switch (Variable SPDF): densify, or re-sparsify at the new level
-                idx = self._stage_index(step)
-                if idx != stage_idx:
-                    if self.sp is not None:
-                        self.sp.densify()
-                        self.sp = None
-                    stage_idx = idx
-                    self.sp = self._build_sparsifier(idx, None)
-                    rec = {"kind": "stage", "step": step, "stage": idx + 1,  # 1-based, as printed
-                           "sparsity": self._log_sparsity()}
-                    self.log.write(rec)
-                    if self.master:
-                        rundir.write_run_json(self)
-                    self.callback("stage", rec)
-                t0 = time.perf_counter()
-                loss_sum = torch.zeros((), device=self.device)
-                for micro in range(cfg.grad_accum):
-                    # sequences of this step: the global batch is laid out micro-batch-major, then
-                    # rank, so N ranks x B equal one process with N*B (the same samples, same order)
-                    first = position + (micro * self.world + self.rank) * cfg.batch_size
-                    x, y = self.sampler.batch(first, cfg.batch_size)
-                    x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-                    sync = self.ddp is None or micro == cfg.grad_accum - 1
-                    with (contextlib.nullcontext() if sync else self.ddp.no_sync()), self.autocast():
-                        _, loss = self.forward(model, x, y)
-                    (loss / cfg.grad_accum).backward()
-                    loss_sum += loss.detach()
-                position += global_batch
-                updates_before = self.sp.updates_done if self.sp is not None else 0
-                if self.sp is not None:
-                    self.sp.before_step(step)
-                grad_norm = self._clip()
-                # after before_step: an IMP pruning step rewinds the schedule it reports
-                lr = lr_at(self.sp.lr_step(step) if self.sp is not None else step, cfg)
-                for group in self.optimizer.param_groups:
-                    group["lr"] = lr
-                self.optimizer.step()
-                if self.sp is not None:
-                    self.sp.after_step(step)
-                    if self.world > 1 and self.sp.updates_done != updates_before:
-                        if len(set(self._rank_mask_digests())) > 1:
-                            self.mask_divergences += 1  # reported: the decisions should agree
-                        self.sp.broadcast_masks()  # safety net; decisions are already rank-identical
-                self.optimizer.zero_grad(set_to_none=True)
-                updated = self.sp is not None and self.sp.updates_done != updates_before
-                if updated:
-                    self.log.write({"kind": "mask_update", "step": step + 1, **self.sp.last_event,
-                                    "sparsity": round(self._log_sparsity(), 6)})
-                last_loss, signalled = self._sync_step(loss_sum / cfg.grad_accum, stop_request)
-                dt = time.perf_counter() - t0
-                tokens += tok_per_step
-                done = step + 1
-                if signalled and done < stop:
-                    interrupted, stop = signalled, done  # the step is complete: end as --stop-at does
-                rec = {
-                    "kind": "train", "step": done, "loss": round(last_loss, 6), "lr": lr,
-                    "sparsity": round(self._log_sparsity(), 6), "grad_norm": round(grad_norm, 6),
-                    "tokens_per_s": round(tok_per_step / dt, 1), "tokens": tokens,
-                    "elapsed_s": round(elapsed0 + time.perf_counter() - t_run, 3),
-                }
-                if done % cfg.log_every == 0 or done == stop or updated:
-                    self.log.write(rec)
-                self.callback("step", rec)
-                if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
-                    last_val = self.evaluate()
-                    ev = {"kind": "eval", "step": done, "val_loss": round(last_val, 6)}
-                    self.log.write(ev)
-                    self.callback("eval", ev)
-                if (cfg.save_every and done % cfg.save_every == 0) or done == stop:
-                    rundir.save(self, done, position, tokens, elapsed0 + time.perf_counter() - t_run)
-                if interrupted:
-                    self.log.write({"kind": "interrupt", "step": done, "signal": interrupted,
-                                    "checkpoint": io.checkpoint_name(done)})
+            for step in range(run.step, run.stop):
+                self._enter_stage(step, run)
+                self._train_step(step, run, stop_request)
+                self._evaluate_and_save(run)
+                if run.interrupted:
                     break
-            summary = rundir.summary(self, stop, last_loss, last_val, tokens,
-                                     elapsed0 + time.perf_counter() - t_run, interrupted)
-            self.log.close()
-            self.callback("end", summary)
-            if interrupted and self.world > 1:
-                # Rank 0 has saved and printed: torchrun stops the other ranks as soon as one
-                # exits with a non-zero code, so none leaves before.
-                dist.barrier()
+            return self._end_run(run)
         except KeyboardInterrupt:
             self.log.close()
             second = signal_name(stop_request.second) if stop_request.second else None
             raise rundir.interrupted(self.run_dir, step, self.world, stop_request.name, second) from None
+
+    def _start_run(self) -> rundir.RunState:
+        """Where the run starts: a resume's checkpoint restored (weights, optimizer, RNG, data
+        position), the stage's sparsifier attached, run.json written, the log opened (a resume
+        keeps its records up to the checkpoint) and the start info handed to the callback."""
+        cfg = self.cfg
+        run, resume = rundir.RunState(), {}
+        if self.resume_from is not None:
+            run, resume, weights = rundir.restore(self.resume_from, self.world, cfg)
+            self._load_weights(weights, self.resume_from)
+            self.optimizer.load_state_dict(resume["optimizer"])
+        self.resolved_settings = rundir.earlier_settings(self.run_dir, run.stage, self.resume_from)
+        self.sp = None  # a resume of a dense stage stays dense
+        if self.resume_from is None or resume.get("sparsifier") is not None:
+            saved_spc = resume.get("sparsifier_config")
+            self.sp = self._build_sparsifier(run.stage, resume.get("sparsifier"),
+                                             json.loads(saved_spc) if saved_spc else None)
+        if self.master:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            rundir.write_run_json(self)
+        self.log = runfiles.Log(self.run_dir, keep_until=run.step if self.resume_from else None) \
+            if self.master else rundir.NullLog()
+        run.stop = cfg.stop_at or cfg.steps
+        self.callback("start", self._start_info(run))
+        self.model.train()
+        done_train = [r for r in self.log.records if r.get("kind") == "train"]
+        done_eval = [r for r in self.log.records if r.get("kind") == "eval"]
+        run.loss = done_train[-1]["loss"] if done_train else float("nan")
+        run.val_loss = done_eval[-1]["val_loss"] if done_eval else None
+        run.started = time.perf_counter()
+        return run
+
+    def _start_info(self, run: rundir.RunState) -> dict:
+        """The callback's ``start`` info: the run's shape, data, devices, stages and warnings."""
+        return {
+            "run_dir": str(self.run_dir), "params": self.num_params,
+            "model": self.mcfg.to_dict(), "data": self.corpus_info, "world_size": self.world,
+            "global_batch": self.global_batch, "tokens_per_step": self.tokens_per_step,
+            "start_step": run.step, "steps": self.cfg.steps, "stop": run.stop,
+            "device": str(self.device), "precision": self.precision,
+            "stages": self.plan, "sparsity": self.sparsity(),
+            "sparse_training": self.sp.resolved() if self.sp is not None else None,
+            "warnings": self._warnings(),
+        }
+
+    def _enter_stage(self, step: int, run: rundir.RunState) -> None:
+        """At a stage's first step (Variable SPDF): densify, or re-sparsify at the new level."""
+        idx = self.stage_at(step)
+        if idx == run.stage:
+            return
+        if self.sp is not None:
+            self.sp.densify()
+            self.sp = None
+        run.stage = idx
+        self.sp = self._build_sparsifier(idx, None)
+        rec = {"kind": "stage", "step": step, "stage": idx + 1,  # 1-based, as printed
+               "sparsity": self.sparsity()}
+        self.log.write(rec)
+        if self.master:
+            rundir.write_run_json(self)
+        self.callback("stage", rec)
+
+    def _train_step(self, step: int, run: rundir.RunState, stop_request: StopRequest) -> None:
+        """One optimizer step (0-based ``step``), ``run`` advanced past it; its record logged
+        (every --log-every steps, at the stop and after a mask update) and handed to the
+        callback. A signal that came during it makes it the last."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        loss = self._accumulate_gradients(run.position)
+        run.position += self.global_batch
+        grad_norm, lr, updated = self._optimizer_step(step)
+        run.loss, signalled = self._sync_step(loss, stop_request)
+        dt = time.perf_counter() - t0
+        run.tokens += self.tokens_per_step
+        run.step = done = step + 1
+        if signalled and done < run.stop:
+            run.interrupted, run.stop = signalled, done  # the step is complete: end as --stop-at does
+        rec = {
+            "kind": "train", "step": done, "loss": round(run.loss, 6), "lr": lr,
+            "sparsity": round(self.sparsity(), 6), "grad_norm": round(grad_norm, 6),
+            "tokens_per_s": round(self.tokens_per_step / dt, 1), "tokens": run.tokens,
+            "elapsed_s": round(run.elapsed(), 3),
+        }
+        if done % cfg.log_every == 0 or done == run.stop or updated:
+            self.log.write(rec)
+        self.callback("step", rec)
+
+    def _accumulate_gradients(self, position: int) -> torch.Tensor:
+        """Forward and backward over this rank's micro-batches of the global batch that starts at
+        data ``position``; their mean loss. The global batch is laid out micro-batch-major, then
+        rank, so N ranks x B equal one process with N*B (the same samples, same order); under
+        DDP the gradients are all-reduced on the last micro-batch."""
+        cfg = self.cfg
+        model = self.ddp or self.model
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(cfg.grad_accum):
+            first = position + (micro * self.world + self.rank) * cfg.batch_size
+            x, y = self.sampler.batch(first, cfg.batch_size)
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            sync = self.ddp is None or micro == cfg.grad_accum - 1
+            with (contextlib.nullcontext() if sync else self.ddp.no_sync()), self.autocast():
+                _, loss = self.forward(model, x, y)
+            (loss / cfg.grad_accum).backward()
+            loss_sum += loss.detach()
+        return loss_sum / cfg.grad_accum
+
+    def _optimizer_step(self, step: int) -> tuple[float, float, bool]:
+        """The sparsifier's hooks around clipping and AdamW (the order in the module docstring),
+        then a mask update checked across ranks and logged; (gradient norm, learning rate,
+        whether the masks were updated)."""
+        updates_before = self.sp.updates_done if self.sp is not None else 0
+        if self.sp is not None:
+            self.sp.before_step(step)
+        grad_norm = self._clip()
+        # after before_step: an IMP pruning step rewinds the schedule it reports
+        lr = lr_at(self.sp.lr_step(step) if self.sp is not None else step, self.cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        if self.sp is not None:
+            self.sp.after_step(step)
+        updated = self.sp is not None and self.sp.updates_done != updates_before
+        if updated and self.world > 1:
+            self._agree_on_masks()
+        self.optimizer.zero_grad(set_to_none=True)
+        if updated:
+            self.log.write({"kind": "mask_update", "step": step + 1, **self.sp.last_event,
+                            "sparsity": round(self.sparsity(), 6)})
+        return grad_norm, lr, updated
+
+    def _agree_on_masks(self) -> None:
+        """After a mask update under DDP: count it if the ranks' masks differ (reported: the
+        decisions should agree), then broadcast rank 0's (a safety net; the decisions are
+        already rank-identical)."""
+        if len(set(self.rank_mask_digests())) > 1:
+            self.mask_divergences += 1
+        self.sp.broadcast_masks()
+
+    def _evaluate_and_save(self, run: rundir.RunState) -> None:
+        """After a step: the validation loss every --eval-every steps and at --steps, a
+        checkpoint every --save-every steps and at the stop; a stop by a signal logged after
+        its checkpoint."""
+        cfg, done = self.cfg, run.step
+        if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
+            run.val_loss = self.evaluate()
+            ev = {"kind": "eval", "step": done, "val_loss": round(run.val_loss, 6)}
+            self.log.write(ev)
+            self.callback("eval", ev)
+        if (cfg.save_every and done % cfg.save_every == 0) or done == run.stop:
+            rundir.save(self, run)
+        if run.interrupted:
+            self.log.write({"kind": "interrupt", "step": done, "signal": run.interrupted,
+                            "checkpoint": runfiles.checkpoint_name(done)})
+
+    def _end_run(self, run: rundir.RunState) -> dict:
+        """The summary, the log closed, the callback's ``end``; the summary."""
+        summary = rundir.summary(self, run)
+        self.log.close()
+        self.callback("end", summary)
+        if run.interrupted and self.world > 1:
+            # Rank 0 has saved and printed: torchrun stops the other ranks as soon as one
+            # exits with a non-zero code, so none leaves before.
+            dist.barrier()
         return summary
 
     def close(self) -> None:

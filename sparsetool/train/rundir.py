@@ -1,28 +1,53 @@
 """The run directory as the training loop sees it: whether a new run may start there, the stored
 options a ``--resume`` continues with, the state restored from the latest checkpoint, what one
 save writes (:func:`save`, :func:`write_run_json`), the summary a run returns, and the messages
-after an interruption. The files themselves are written and read by
-:mod:`sparsetool.train.io`.
+after an interruption; :class:`RunState`, where a run stands (what state.json saves and a resume
+restores). The files themselves (their layout and formats) are written and read by
+:mod:`sparsetool.train.runfiles`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shlex
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from sparsetool.errors import ConfigError, Interrupted
-from sparsetool.train import hfrun, io
+from sparsetool.train import hfrun, runfiles
 from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, setting, validate
 from sparsetool.train.signals import signal_number
 from sparsetool.util.wording import plural
 
-__all__ = ["NullLog", "check_new_run", "earlier_settings", "interrupted", "meta", "restore",
-           "resume_command", "resumed_config", "save", "save_step", "stopped_by_signal", "summary",
-           "title", "write_run_json"]
+__all__ = ["NullLog", "RunState", "check_new_run", "earlier_settings", "interrupted", "meta",
+           "restore", "resume_command", "resumed_config", "save", "save_step", "stopped_by_signal",
+           "summary", "title", "write_run_json"]
+
+
+@dataclass
+class RunState:
+    """Where a run stands: the trainer advances it after each step; a checkpoint's state.json
+    saves its first five fields (:func:`save`) and a resume restores them (:func:`restore`)."""
+
+    step: int = 0  # optimizer steps done
+    position: int = 0  # the data position: sequences of the global batch read so far
+    tokens: int = 0  # tokens trained on
+    elapsed_before: float = 0.0  # seconds trained before this process began (a resumed run)
+    stage: int = 0  # the stage of the step in progress (0-based)
+    stop: int = 0  # the step the run ends after: --stop-at or --steps, or where a signal stopped it
+    loss: float = math.nan  # the last step's training loss (averaged over ranks)
+    val_loss: float | None = None  # the last validation loss
+    interrupted: str | None = None  # the signal that ended the run early, with a checkpoint
+    started: float = 0.0  # time.perf_counter() when this process's training loop began
+
+    def elapsed(self) -> float:
+        """Seconds of training: this process's and those before a resume."""
+        return self.elapsed_before + time.perf_counter() - self.started
 
 
 def check_new_run(run_dir: Path) -> None:
@@ -57,7 +82,7 @@ def resumed_config(run_dir: Path, flags: dict) -> tuple[TrainConfig, dict | None
                 f"--resume continues the stored run exactly; {setting(k)} "
                 f"{v!r} differs from its {getattr(stored, k)!r} (start a new run to change it)"
             )
-    return validate(stored), saved.get("model"), io.latest_checkpoint(run_dir)
+    return validate(stored), saved.get("model"), runfiles.latest_checkpoint(run_dir)
 
 
 def earlier_settings(run_dir: Path, stage_idx: int, resumed: Path | None) -> dict[int, dict]:
@@ -72,12 +97,12 @@ def earlier_settings(run_dir: Path, stage_idx: int, resumed: Path | None) -> dic
     return {int(k): v for k, v in saved.items() if int(k) <= stage_idx}
 
 
-def restore(checkpoint: Path, world: int, cfg: TrainConfig) -> tuple[dict, dict, dict]:
-    """(state, resume, weights) of a checkpoint directory; the global RNG state is set back.
+def restore(checkpoint: Path, world: int, cfg: TrainConfig) -> tuple[RunState, dict, dict]:
+    """(run state, resume, weights) of a checkpoint directory; the global RNG state is set back.
     The number of processes must be the one the run was trained on (the global batch)."""
-    state, resume = io.load_resume(checkpoint)
-    weights, _, _ = io.read_init_checkpoint(checkpoint / "model.safetensors")
-    io.set_rng_state(state["rng"])
+    state, resume = runfiles.load_resume(checkpoint)
+    weights, _, _ = runfiles.read_init_checkpoint(checkpoint / "model.safetensors")
+    runfiles.set_rng_state(state["rng"])
     if int(state.get("world_size", 1)) * cfg.batch_size * cfg.grad_accum != \
             world * cfg.batch_size * cfg.grad_accum:
         raise ConfigError(
@@ -85,7 +110,10 @@ def restore(checkpoint: Path, world: int, cfg: TrainConfig) -> tuple[dict, dict,
             "resume it "
             f"with the same number (now {world}) so the global batch stays the same"
         )
-    return state, resume, weights
+    run = RunState(step=int(state["step"]), position=int(state["data_position"]),
+                   tokens=int(state["tokens"]), elapsed_before=float(state["elapsed_s"]),
+                   stage=int(state["stage"]))
+    return run, resume, weights
 
 
 def save_step(run_dir: Path, step: int, *, model: torch.nn.Module, model_cfg: dict,
@@ -99,8 +127,8 @@ def save_step(run_dir: Path, step: int, *, model: torch.nn.Module, model_cfg: di
         "sparsifier_config": json.dumps(sparsifier_config) if sparsifier is not None else None,
     }
     masks = dict(sparsifier.masks) if sparsifier is not None else {}
-    io.save_checkpoint(run_dir, step, model, masks, meta, model_cfg, resume, state, keep_last,
-                       write_files)
+    runfiles.save_checkpoint(run_dir, step, model, masks, meta, model_cfg, resume, state, keep_last,
+                             write_files)
 
 
 def title(cfg: TrainConfig, run_dir: Path, n_layer: int, d_model: int, sparse: bool) -> str:
@@ -141,7 +169,7 @@ def stopped_by_signal(summary: dict) -> str:
     checkpoint at the step it had reached."""
     run_dir, step = Path(summary["run_dir"]), summary["step"]
     return (f"interrupted by {summary['interrupted']} at step {step} of {summary['steps']}: saved a "
-            f"checkpoint ({run_dir / 'checkpoints' / io.checkpoint_name(step)}); continue with: "
+            f"checkpoint ({run_dir / 'checkpoints' / runfiles.checkpoint_name(step)}); continue with: "
             f"{resume_command(run_dir, summary['world_size'])}")
 
 
@@ -177,36 +205,37 @@ class NullLog:
 
 
 # ---------------------------------------------------------------- what a trainer writes and returns
-# ``tr`` is a :class:`sparsetool.train.loop.Trainer`; these read its state and never change it.
+# ``tr`` is a :class:`sparsetool.train.loop.Trainer`; these read its public state and never change it.
 
 def meta(tr, step: int) -> dict:
     """The ``sparsetool`` metadata entry of a checkpoint saved at ``step``."""
     return {
         "producer": "sparsetool train",
-        "format_version": io.FORMAT_VERSION,
+        "format_version": runfiles.FORMAT_VERSION,
         "encoding": "mask" if tr.sp is not None else "plain",
         "step": step,
         "model": tr.mcfg.to_dict(),
         "algorithm": (tr.sparsifier_config or {}).get("algorithm") if tr.sp else "dense",
-        "sparsity": round(tr._log_sparsity(), 6),
+        "sparsity": round(tr.sparsity(), 6),
         "targeted": sorted(tr.targets),
     }
 
 
-def save(tr, step: int, position: int, tokens: int, elapsed: float) -> None:
-    """A checkpoint at ``step`` (rank 0 only): weights, optimizer, sparsifier, data position and
-    RNG, so that ``--resume`` continues exactly; then RUN/model/ of a Hugging Face run, log.csv
+def save(tr, run: RunState) -> None:
+    """A checkpoint at ``run.step`` (rank 0 only): weights, optimizer, sparsifier, data position
+    and RNG, so that ``--resume`` continues exactly; then RUN/model/ of a Hugging Face run, log.csv
     and loss.png."""
     if not tr.master:
         return
+    step = run.step
     state = {
         "step": step,
-        "data_position": position,
-        "tokens": tokens,
-        "elapsed_s": elapsed,
-        "stage": tr._stage_index(step - 1),  # the stage whose sparsifier state is saved
+        "data_position": run.position,
+        "tokens": run.tokens,
+        "elapsed_s": run.elapsed(),
+        "stage": run.stage,  # the stage whose sparsifier state is saved
         "sparse": tr.sp is not None,
-        "rng": io.rng_state(),
+        "rng": runfiles.rng_state(),
         "world_size": tr.world,
     }
     save_step(tr.run_dir, step, model=tr.model, model_cfg=tr.mcfg.to_dict(),
@@ -224,27 +253,26 @@ def save(tr, step: int, position: int, tokens: int, elapsed: float) -> None:
 
 def write_run_json(tr) -> None:
     """run.json: options as given, model, data; each stage's resolved sparse settings."""
-    io.write_json(tr.run_dir / "run.json", {
+    runfiles.write_json(tr.run_dir / "run.json", {
         "config": tr.cfg.to_dict(), "model": tr.mcfg.to_dict(), "data": tr.corpus_info,
         "sparse_training": {str(k): v for k, v in sorted(tr.resolved_settings.items())}})
 
 
-def summary(tr, stop: int, last_loss: float, last_val: float | None, tokens: int,
-            elapsed: float, interrupted: str | None) -> dict:
-    """What ``train`` returns (and prints as --json); ``interrupted``: the signal that ended
-    the run at ``stop`` with a checkpoint, or None."""
-    cfg = tr.cfg
-    digests = tr._rank_mask_digests()
+def summary(tr, run: RunState) -> dict:
+    """What ``train`` returns (and prints as --json) at the end of ``run``; ``interrupted``: the
+    signal that ended the run at ``run.stop`` with a checkpoint, or None."""
+    cfg, stop, elapsed = tr.cfg, run.stop, run.elapsed()
+    digests = tr.rank_mask_digests()
     return {
         "run_dir": str(tr.run_dir), "step": stop, "steps": cfg.steps, "finished": stop == cfg.steps,
-        "loss": round(last_loss, 6), "val_loss": None if last_val is None else round(last_val, 6),
-        "sparsity": round(tr._log_sparsity(), 6), "tokens": tokens, "elapsed_s": round(elapsed, 3),
-        "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else None,
-        "params": tr._num_params(), "world_size": tr.world,
+        "loss": round(run.loss, 6), "val_loss": None if run.val_loss is None else round(run.val_loss, 6),
+        "sparsity": round(tr.sparsity(), 6), "tokens": run.tokens, "elapsed_s": round(elapsed, 3),
+        "tokens_per_s": round(run.tokens / elapsed, 1) if elapsed > 0 else None,
+        "params": tr.num_params, "world_size": tr.world,
         "masks_identical_across_ranks": None if digests is None else len(set(digests)) == 1,
         "mask_updates_that_diverged": tr.mask_divergences if tr.world > 1 else None,
         "checkpoint": str(tr.run_dir / (hfrun.MODEL_DIR if tr.hf else "model.safetensors")),
         "huggingface": tr.hf is not None,
         "log": str(tr.run_dir / "log.jsonl"), "plot": str(tr.run_dir / "loss.png"),
-        "interrupted": interrupted,
+        "interrupted": run.interrupted,
     }

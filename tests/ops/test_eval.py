@@ -236,7 +236,7 @@ def gpt_run(tmp_path_factory) -> Path:
 
 def test_builtin_gpt_nll_equals_its_own_loss(gpt_run, text):
     from sparsetool.models.gpt import GPT, infer_config
-    from sparsetool.train.io import read_init_checkpoint
+    from sparsetool.train.runfiles import read_init_checkpoint
 
     row = evaluate([gpt_run], text=text, stride=40).rows[0]
     weights, _, meta = read_init_checkpoint(gpt_run)

@@ -143,7 +143,7 @@ def test_rigl_keeps_the_exact_count_while_masks_move(root, tmp_path):
                "--sparsity", "0.7", "--update-freq", "4", "--save-every", "4", "--config", cfg,
                "--encoding", "mask")
     from sparsetool.masks.distributions import keep_counts
-    from sparsetool.train.io import read_init_checkpoint
+    from sparsetool.train.runfiles import read_init_checkpoint
 
     steps = sorted((out / "checkpoints").iterdir())
     assert len(steps) == 5
