@@ -129,6 +129,11 @@ def _row_errors(w: torch.Tensor, kept: torch.Tensor, x: torch.Tensor, windows: i
     return ((w * ~kept) @ x.T).sum(1) / windows
 
 
+def _squared_errors(w: torch.Tensor, kept: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Each row's squared output error summed over the tokens."""
+    return (((w * ~kept) @ x.T) ** 2).sum(1)
+
+
 def test_dsnot_keeps_row_counts_never_revives_and_never_raises_a_rows_error():
     g = torch.Generator().manual_seed(0)
     w = torch.randn(48, 96, generator=g, dtype=torch.float64)
@@ -136,20 +141,22 @@ def test_dsnot_keeps_row_counts_never_revives_and_never_raises_a_rows_error():
     alive = torch.rand(48, 96, generator=g) < 0.9
     sq = x.pow(2).sum(0)
     kept = wanda_mask(w, sq, keep=48 * 30, existing=alive)
-    center, var = x.sum(0) / 8, x.var(0, unbiased=False)
-    new, swaps = dsnot_refine(w, kept, center=center, var=var, sq_norms=sq, alive=alive)
+    mean, var = x.mean(0), x.var(0, unbiased=False)
+    refine = dict(mean=mean, var=var, sq_norms=sq, window=50)  # 400 tokens: 8 windows of 50
+    new, swaps = dsnot_refine(w, kept, alive=alive, **refine)
     assert swaps > 0 and not torch.equal(new, kept)
     assert torch.equal(new.sum(1), kept.sum(1))  # every row keeps as many as before
     assert not (new & ~alive).any()  # nothing dead comes back
     before, after = _row_errors(w, kept, x, 8).abs(), _row_errors(w, new, x, 8).abs()
     assert (after <= before + 1e-9).all()
     assert after.sum() < 0.5 * before.sum()
-    again, swaps_again = dsnot_refine(w, kept, center=center, var=var, sq_norms=sq, alive=alive)
+    sq_before, sq_after = _squared_errors(w, kept, x), _squared_errors(w, new, x)
+    assert sq_after.sum() < sq_before.sum()  # independent inputs here: the spread is honest
+    again, swaps_again = dsnot_refine(w, kept, alive=alive, **refine)
     assert torch.equal(again, new) and swaps_again == swaps  # deterministic
-    unchanged, none = dsnot_refine(w, kept, center=center, var=var, sq_norms=sq, iterations=0)
+    unchanged, none = dsnot_refine(w, kept, iterations=0, **refine)
     assert torch.equal(unchanged, kept) and none == 0
-    loose, _ = dsnot_refine(w, kept, center=center, var=var, sq_norms=sq, alive=alive,
-                            threshold=float(before.max()) + 1)
+    loose, _ = dsnot_refine(w, kept, alive=alive, threshold=float(before.max()) + 1, **refine)
     assert torch.equal(loose, kept)  # every row already within the threshold
 
 

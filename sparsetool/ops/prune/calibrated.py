@@ -112,13 +112,12 @@ class _Input:
             self.sum += x.double().sum(0)
         self.tokens += x.shape[0]
 
-    def moments(self, windows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """DSnoT's view of the input: each feature's sum over a window (averaged over the
-        ``windows``) and its variance over the tokens, on the CPU."""
+    def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """DSnoT's view of the input: each feature's mean and variance over the tokens (CPU)."""
         assert self.sum is not None and self.sq is not None, "gathered without moments"
         mean = self.sum / max(self.tokens, 1)
         var = (self.sq / max(self.tokens, 1) - mean * mean).clamp_min(0)
-        return (self.sum / max(windows, 1)).cpu(), var.cpu()
+        return mean.cpu(), var.cpu()
 
     def drop(self) -> None:
         self.sq = self.h = self.factor = self.sum = None
@@ -237,7 +236,6 @@ class CalibratedPlanner:
         self.model: BlockModel | None = None
         self._by_block: dict[int, list[tuple[str, LogicalTensor]]] = {}  # block -> (model name, tensor)
         self._windows: torch.Tensor | None = None
-        self._windows_run = 0  # windows the statistics were gathered over
         self.shared: dict[int, list[list[str]]] = {}  # block -> the targeted tensors of each distinct input
 
     # ------------------------------------------------------------------ before the long part
@@ -482,7 +480,6 @@ class CalibratedPlanner:
         o = self.opts
         stats = self._gather(i, layers, calls, hessian=o.method == "sparsegpt",
                              moments=o.refine == "dsnot")
-        self._windows_run = len(calls)
         self.shared[i] = [[layers[own].name for own in group] for group in stats.groups()]
         for own in stats.solve_order(lambda own: layers[own].numel):
             self._prune(own, layers[own], stats.of(own), sink)
@@ -513,9 +510,10 @@ class CalibratedPlanner:
             else:
                 kept = magnitude_mask(w, keep=self._keep(lt), existing=alive)
             if refine:
-                center, var = stats.moments(self._windows_run)
-                kept, swaps = dsnot_refine(w, kept, center=center, var=var, sq_norms=stats.sq.cpu(),
-                                           alive=alive, iterations=o.dsnot_iterations,
+                mean, var = stats.moments()
+                kept, swaps = dsnot_refine(w, kept, mean=mean, var=var, sq_norms=stats.sq.cpu(),
+                                           window=self.opts.seq, alive=alive,
+                                           iterations=o.dsnot_iterations,
                                            threshold=o.dsnot_threshold)
                 self.swaps += swaps
                 if o.method == "sparsegpt":  # the refined mask's pruned weights, compensated
