@@ -2,8 +2,9 @@
 counts.
 
 A mask is a bool array of the weight's shape, True = kept: a numpy array for numpy input, a torch
-tensor on the input's device for torch input (the selection runs in numpy either way, and no module
-here imports torch; see :mod:`sparsetool.masks.select`). Nothing here reads or writes files.
+tensor on the input's device for torch input (the selection runs in numpy either way; see
+:mod:`sparsetool.masks.select`). The calibration methods' modules (wanda, sparsegpt, dsnot, owl)
+compute in torch and import it; the others do not. Nothing here reads or writes files.
 """
 
 from sparsetool.util.lazy import lazy_names
