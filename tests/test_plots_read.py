@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 
-from typer.testing import CliRunner
-
 import sparsetool.ops.plots as plots
-from sparsetool.cli.main import app
 from sparsetool.hardware.plot import sweep_figure
 from sparsetool.ops.eval import EvalResult, EvalRow, plot_eval
 from sparsetool.train.runfiles import Log, smoothed
+
+from helpers import run
 
 
 def row(name: str, sparsity: float, ppl: float) -> EvalRow:
@@ -43,7 +42,7 @@ def test_eval_draws_each_pruning_method_apart_never_a_vertical_line(tmp_path, fi
     for name, args in {"mag-50": ("--sparsity", "0.5"), "rand-50": ("--sparsity", "0.5", "--method", "random"),
                        "mag-75": ("--sparsity", "0.75"), "nm-24": ("--nm", "2:4")}.items():
         made[name] = tmp_path / name
-        r = CliRunner().invoke(app, ["prune", str(tiny), "-o", str(made[name]), *args, "-q"])
+        r = run("prune", str(tiny), "-o", str(made[name]), *args, "-q")
         assert r.exit_code == 0, r.output
     result = EvalResult("t.txt", [row(str(tiny), 0.0, 5.0), row(str(made["mag-50"]), 0.5, 6.0),
                                   row(str(made["rand-50"]), 0.5, 9.0), row(str(made["mag-75"]), 0.75, 8.0),
@@ -69,18 +68,17 @@ def test_run_directories_named_model_are_told_apart_in_eval_and_diff(tmp_path, f
     a, b = tmp_path / "dense" / "model", tmp_path / "pruned" / "model"
     for out, sparsity in ((a, "0"), (b, "0.5")):
         out.parent.mkdir()
-        r = CliRunner().invoke(app, ["prune", str(tiny), "-o", str(out), "--sparsity", sparsity, "-q"])
+        r = run("prune", str(tiny), "-o", str(out), "--sparsity", sparsity, "-q")
         assert r.exit_code == 0, r.output
     plot_eval(EvalResult("t.txt", [row(str(a), 0.0, 5.0), row(str(b), 0.5, 6.0)]), tmp_path / "ppl.png")
     assert sorted(t.get_text() for t in figures[-1].axes[0].texts) == ["dense/model", "pruned/model"]
-    r = CliRunner().invoke(app, ["diff", str(a), str(b), "--plot", str(tmp_path / "d.png"), "-q"])
+    r = run("diff", str(a), str(b), "--plot", str(tmp_path / "d.png"), "-q")
     assert r.exit_code == 0, r.output
     assert figures[-1].axes[0].get_title().splitlines()[0] == "dense/model -> pruned/model"
 
 
 def test_simulate_sweep_keeps_every_device_visible(tmp_path):
-    res = CliRunner().invoke(app, ["simulate", "--shape", "4096x4096", "--sweep", "--tokens", "2048",
-                                   "--json"])
+    res = run("simulate", "--shape", "4096x4096", "--sweep", "--tokens", "2048", "--json")
     assert res.exit_code == 0, res.output
     result = json.loads(res.stdout)
     fig = sweep_figure(result["runs"], "t", "forward_speedup", result.get("nm_point"))

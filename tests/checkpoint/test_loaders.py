@@ -12,6 +12,8 @@ import torch
 
 import sparsetool
 
+from helpers import run
+
 transformers = pytest.importorskip("transformers")
 
 ENCODINGS = ("zeros", "mask", "nan", "bitmask")
@@ -90,13 +92,9 @@ def test_prune_warns_when_a_hf_directory_will_not_load_in_transformers(pruned, t
 
 
 def test_prune_command_prints_one_warning_line_for_a_misleading_encoding(pruned, tmp_path):
-    from typer.testing import CliRunner
-
-    from sparsetool.cli.main import app
-
     root, _ = pruned
-    r = CliRunner().invoke(app, ["prune", str(root / "src"), "-o", str(tmp_path / "nan"),
-                                 "--sparsity", "0.5", "--encoding", "nan", "--json"])
+    r = run("prune", str(root / "src"), "-o", str(tmp_path / "nan"),
+            "--sparsity", "0.5", "--encoding", "nan", "--json")
     assert r.exit_code == 0, r.output
     warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "densify" in r.stderr

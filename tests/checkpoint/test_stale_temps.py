@@ -13,12 +13,10 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import save_file
-from typer.testing import CliRunner
 
 from sparsetool.checkpoint.output_files import remove_stale_temps, take_reclaimed, temp_beside
-from sparsetool.cli.main import app
 
-from helpers import ROOT, gpt2_like_state
+from helpers import ROOT, gpt2_like_state, run
 
 # A writer as the checkpoint writer makes one: a temporary from temp_beside, written in part, then
 # the process waits (to be killed, or to stay alive). A directory temporary stands for a sharded output.
@@ -83,8 +81,8 @@ def test_the_next_prune_into_the_directory_removes_what_killed_runs_left(tmp_pat
                 out_dir / f".y.safetensors.sparsetool-tmp-{dead_pid}-abcd1234-othermachine"]
         for p in keep:
             p.write_text("mine")
-        res = CliRunner().invoke(app, ["prune", str(checkpoint), "-o", str(out_dir / "p.safetensors"),
-                                       "--sparsity", "0.5", "-q"])
+        res = run("prune", str(checkpoint), "-o", str(out_dir / "p.safetensors"),
+                  "--sparsity", "0.5", "-q")
         assert res.exit_code == 0, res.output
         assert not file_tmp.exists() and not dir_tmp.exists()
         assert live_tmp.exists() and all(p.exists() for p in keep)
@@ -97,8 +95,8 @@ def test_the_next_prune_into_the_directory_removes_what_killed_runs_left(tmp_pat
         live.kill()
         live.wait()
     # the live run's temporary is removed by the next write once that run is gone
-    again = CliRunner().invoke(app, ["report", str(out_dir / "p.safetensors"), "--plot",
-                                     str(out_dir / "r.png"), "-q"])
+    again = run("report", str(out_dir / "p.safetensors"), "--plot",
+                str(out_dir / "r.png"), "-q")
     assert again.exit_code == 0, again.output
     assert not live_tmp.exists() and (out_dir / "r.png").exists()
     assert "note: removed 1 stale temporary file of killed runs" in again.stderr

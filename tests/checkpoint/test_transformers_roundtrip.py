@@ -13,10 +13,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from typer.testing import CliRunner  # noqa: E402
-
-from sparsetool.cli.main import app  # noqa: E402
 from sparsetool.targets import is_targeted  # noqa: E402
+
+from helpers import run  # noqa: E402
 
 
 def _models():
@@ -56,7 +55,7 @@ def test_save_pretrained_prune_from_pretrained(kind, tmp_path):
         assert len(set(index["weight_map"].values())) > 1
     src_files = {p.name: p.read_bytes() for p in src.iterdir()}
 
-    r = CliRunner().invoke(app, ["prune", str(src), "-o", str(out), "--sparsity", "0.75"])
+    r = run("prune", str(src), "-o", str(out), "--sparsity", "0.75")
     assert r.exit_code == 0, r.output
     assert {p.name: p.read_bytes() for p in src.iterdir()} == src_files  # input untouched
     assert sorted(p.name for p in out.iterdir()) == sorted(src_files)  # layout kept

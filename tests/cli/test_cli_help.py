@@ -2,11 +2,8 @@
 
 
 import pytest
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
-
-from helpers import ROOT
+from helpers import ROOT, run
 
 COMMANDS = ["prune", "densify", "report", "flops", "train", "simulate", "eval", "diff", "demo"]
 README = (ROOT / "README.md").read_text()
@@ -14,7 +11,7 @@ README = (ROOT / "README.md").read_text()
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_help_exits_zero_and_shows_usage(command):
-    result = CliRunner().invoke(app, [command, "--help"])
+    result = run(command, "--help")
     assert result.exit_code == 0, result.output
     assert f"sparsetool {command}" in result.output.replace("\n", " ") or "Usage" in result.output
 

@@ -8,16 +8,13 @@ from pathlib import Path
 
 import pytest
 from safetensors.torch import save_file
-from typer.testing import CliRunner
-
-from sparsetool.cli.main import app
 
 import json_schemas as S
-from helpers import gpt2_like_state
+from helpers import gpt2_like_state, run
 
 
 def as_json(*args: str) -> object:
-    r = CliRunner().invoke(app, [*args, "--json"])
+    r = run(*args, "--json")
     assert r.exit_code == 0, r.output
     return json.loads(r.stdout)
 

@@ -13,17 +13,17 @@ import torch
 from rich.cells import cell_len
 from rich.console import Console
 from safetensors.torch import save_file
-from typer.testing import CliRunner
 
 from sparsetool.cli import _output
-from sparsetool.cli.main import app
+
+from helpers import run as cli
 
 WIDTHS = (80, 40)
 PREFIX = "language_model.model.layers"  # long names, as multimodal checkpoints have
 
 
 def run(args: list[str], width: int) -> str:
-    res = CliRunner(env={"COLUMNS": str(width)}).invoke(app, [str(a) for a in args])
+    res = cli(*args, columns=width)
     assert res.exit_code == 0, res.output
     return res.stdout
 
@@ -59,7 +59,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     save_file(llama_state(2), str(a), metadata={"format": "pt"})
     save_file(llama_state(2, seed=1), str(b), metadata={"format": "pt"})
     sparse = root / "sparse-75.safetensors"
-    res = CliRunner().invoke(app, ["prune", str(a), "-o", str(sparse), "--sparsity", "0.75", "-q"])
+    res = cli("prune", str(a), "-o", str(sparse), "--sparsity", "0.75", "-q")
     assert res.exit_code == 0, res.output
     return {"dense": a, "other": b, "sparse": sparse, "root": root}
 

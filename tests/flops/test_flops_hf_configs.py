@@ -8,11 +8,11 @@ import json
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.errors import ConfigError
 from sparsetool.flops import forward_terms, from_mapping, param_counts
+
+from helpers import run
 
 transformers = pytest.importorskip("transformers")
 
@@ -62,15 +62,14 @@ def test_parameter_counts_match_transformers(name):
 def test_sequence_length_defaults_to_2048_and_says_where_it_came_from(tmp_path):
     d = tmp_path / "llama-3.2-1b"
     hf_config("llama-3.2-1b").save_pretrained(d)
-    r = CliRunner().invoke(app, ["flops", "--config", str(d), "-s", "0.5"], env={"COLUMNS": "200"})
+    r = run("flops", "--config", str(d), "-s", "0.5", columns=200)
     assert r.exit_code == 0, r.output
     assert "seq 2,048 (default; the model's context is 131,072)" in r.stdout
-    r = CliRunner().invoke(app, ["flops", "--config", str(d), "-s", "0.5", "--json"])
+    r = run("flops", "--config", str(d), "-s", "0.5", "--json")
     out = json.loads(r.stdout)
     assert out["runs"][0]["seq_len"] == 2048 and out["config"]["context"] == 131072
     assert out["config"]["seq_len_source"] == "default"
-    r = CliRunner().invoke(app, ["flops", "--config", str(d), "-s", "0.5", "--seq-len", "4096"],
-                           env={"COLUMNS": "200"})
+    r = run("flops", "--config", str(d), "-s", "0.5", "--seq-len", "4096", columns=200)
     assert "seq 4,096 (--seq-len; the model's context is 131,072)" in r.stdout
 
 
@@ -89,11 +88,11 @@ def test_breakdown_says_when_the_window_applies(tmp_path):
     d = tmp_path / "mistral"
     hf_config("mistral-7b").save_pretrained(d)
     args = ["flops", "--config", str(d), "-s", "0.5", "--breakdown"]
-    r = CliRunner().invoke(app, [*args, "--seq-len", "8192"], env={"COLUMNS": "250"})
+    r = run(*args, "--seq-len", "8192", columns=250)
     assert r.exit_code == 0, r.output
     assert "32*2*8192*4096*(128*32)" in r.stdout
     assert "attention terms count 4,096 keys per query, not 8,192" in r.stdout
-    r = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
+    r = run(*args, columns=250)
     assert "no shorter than the sequence" in r.stdout
 
 

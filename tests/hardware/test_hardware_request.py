@@ -5,18 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.hardware import hardware_constants, run_simulation
 from sparsetool.hardware.request import parse_sparsities
 
-from helpers import pruned_gpt2
+from helpers import pruned_gpt2, run
 
 
 def cli_json(*args):
-    r = CliRunner().invoke(app, ["simulate", *args, "--json"])
+    r = run("simulate", *args, "--json")
     assert r.exit_code == 0, r.stderr + r.stdout
     return json.loads(r.stdout)
 

@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
-
-from sparsetool.cli.main import app
 
 from helpers import pruned_gpt2, runner_for
 
@@ -286,8 +283,8 @@ def test_sweep_plot_draws_the_theoretical_curve_not_segments(tmp_path, monkeypat
     kept = []
     monkeypatch.setattr(plt, "close", lambda fig: kept.append(fig))
     out = tmp_path / "s.png"
-    r = CliRunner().invoke(app, ["simulate", "--shape", "256x256", "--sparsity", "0.5,0.9",
-                                 "--plot", str(out), "--quiet"])
+    r = run("--shape", "256x256", "--sparsity", "0.5,0.9",
+            "--plot", str(out), "--quiet")
     assert r.exit_code == 0 and out.exists(), r.output
     ax = kept[0].axes[0]
     (line,) = [ln for ln in ax.get_lines() if ln.get_label() == "theoretical 1/(1-s)"]

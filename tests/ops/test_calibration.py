@@ -9,9 +9,7 @@ import os
 import pytest
 import torch
 from safetensors import safe_open
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.wanda import wanda_mask
 from sparsetool.ops.eval import evaluate
@@ -129,15 +127,15 @@ def test_same_seed_same_output_and_the_seed_picks_the_windows(model_dir, calib_f
 
 def test_builtin_gpt_is_pruned_block_by_block(tmp_path, calib_file):
     data = make_corpus(tmp_path / "corpus")
-    r = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "run"), "--data", str(data),
-                                 "--preset", "tiny", "--steps", "4", "--batch-size", "4",
-                                 "--warmup", "1", "--seed", "0", "--json"])
+    r = runner_for("train")("--out", str(tmp_path / "run"), "--data", str(data),
+                            "--preset", "tiny", "--steps", "4", "--batch-size", "4",
+                            "--warmup", "1", "--seed", "0", "--json")
     assert r.exit_code == 0, r.output
     for method in ("wanda", "sparsegpt"):
         out = tmp_path / f"gpt-{method}"
-        r = CliRunner().invoke(app, ["prune", str(tmp_path / "run"), "-o", str(out), "--method", method,
-                                     "--sparsity", "0.7", "--calibration", str(calib_file),
-                                     "--samples", "4", "--seq", "64", "--json"])
+        r = run(str(tmp_path / "run"), "-o", str(out), "--method", method,  # run: prune
+                "--sparsity", "0.7", "--calibration", str(calib_file),
+                "--samples", "4", "--seq", "64", "--json")
         assert r.exit_code == 0, r.output
         for t in json.loads(r.stdout)["tensors"]:
             assert t["numel"] - t["nonzero"] == round(0.7 * t["numel"]), t["name"]

@@ -10,14 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from typer.testing import CliRunner
 
 from sparsetool.checkpoint import encode, open_checkpoint
-from sparsetool.cli.main import app
 from sparsetool.errors import SparsetoolError
 from sparsetool.ops.diff import diff, pair_stats, plot_diff, split_parts
 
-from helpers import gpt2_like_state, is_gpt2_target
+from helpers import gpt2_like_state, is_gpt2_target, run
 
 
 def save(path: Path, state: dict[str, torch.Tensor]) -> Path:
@@ -277,24 +275,23 @@ def test_plot_for_many_layers(tmp_path):
 
 
 def test_cli(tmp_path, hand_pair):
-    runner = CliRunner()
     a, b = (str(p) for p in hand_pair)
-    res = runner.invoke(app, ["diff", a, b])
+    res = run("diff", a, b)
     assert res.exit_code == 0, res.output
     assert PROJ in res.stdout and "angular distance" in res.stdout.splitlines()[-1]
-    res = runner.invoke(app, ["diff", a, b, "--json"])
+    res = run("diff", a, b, "--json")
     data = json.loads(res.stdout)
     assert set(data) == {"tensors", "summary"} and len(data["tensors"]) == 2
     assert data["summary"]["angular_distance"] == pytest.approx(1 - 14 / math.sqrt(450))
-    res = runner.invoke(app, ["diff", a, b, "--exclude", "*fc*", "--json"])
+    res = run("diff", a, b, "--exclude", "*fc*", "--json")
     assert [t["name"] for t in json.loads(res.stdout)["tensors"]] == [PROJ]
     png = tmp_path / "heat.png"
-    res = runner.invoke(app, ["diff", a, b, "--plot", str(png), "--quiet"])
+    res = run("diff", a, b, "--plot", str(png), "--quiet")
     assert res.exit_code == 0 and png.read_bytes()[:4] == b"\x89PNG"
     assert res.stdout.splitlines()[0].startswith("all 8 targeted weights (2 matrices)")
-    res = runner.invoke(app, ["diff", a, str(tmp_path / "missing.safetensors")])
+    res = run("diff", a, str(tmp_path / "missing.safetensors"))
     assert res.exit_code == 1 and res.stderr.startswith("error:") and not res.stdout
-    res = runner.invoke(app, ["diff", a, b, "--plot", str(tmp_path / "heat.jpg")])
+    res = run("diff", a, b, "--plot", str(tmp_path / "heat.jpg"))
     assert res.exit_code == 2 and ".png" in res.stderr  # a usage error
-    help_text = runner.invoke(app, ["diff", "--help"]).stdout
+    help_text = run("diff", "--help").stdout
     assert help_text.count("sparsetool diff ") >= 3

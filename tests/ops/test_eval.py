@@ -11,14 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.errors import SparsetoolError
 from sparsetool.ops.eval import Window, evaluate, windows
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 
-from helpers import hf_model, make_text, save_tokenizer, tiny_causal_lm
+from helpers import hf_model, make_text, run, save_tokenizer, tiny_causal_lm
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -227,9 +225,9 @@ def gpt_run(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("gpt")
     data = make_corpus(root / "corpus")
-    r = CliRunner().invoke(app, ["train", "--out", str(root / "run"), "--data", str(data), "--preset", "tiny",
-                                 "--steps", "8", "--batch-size", "4", "--warmup", "2", "--seed", "0",
-                                 "--sparsity", "0.5", "--algorithm", "static", "--json"])
+    r = run("train", "--out", str(root / "run"), "--data", str(data), "--preset", "tiny",
+            "--steps", "8", "--batch-size", "4", "--warmup", "2", "--seed", "0",
+            "--sparsity", "0.5", "--algorithm", "static", "--json")
     assert r.exit_code == 0, r.output
     return root / "run"
 
@@ -280,12 +278,12 @@ def test_cli_table_json_and_plot(gpt_run, gpt2_dir, tmp_path, text):
     f = tmp_path / "text.txt"
     f.write_text(text)
     png = tmp_path / "ppl.png"
-    r = CliRunner().invoke(app, ["eval", str(gpt_run), str(gpt2_dir), "--text", str(f), "--seq", "32",
-                                 "--max-tokens", "400", "--plot", str(png)])
+    r = run("eval", str(gpt_run), str(gpt2_dir), "--text", str(f), "--seq", "32",
+            "--max-tokens", "400", "--plot", str(png))
     assert r.exit_code == 0, r.output
     assert "perplexity" in r.stdout and "baseline" in r.stdout and "bits/byte" in r.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    r = CliRunner().invoke(app, ["eval", str(gpt_run), "--text", str(f), "--max-tokens", "400", "--json"])
+    r = run("eval", str(gpt_run), "--text", str(f), "--max-tokens", "400", "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["text"] == str(f) and out["checkpoints"][0]["tokens"] > 0
@@ -294,15 +292,15 @@ def test_cli_table_json_and_plot(gpt_run, gpt2_dir, tmp_path, text):
 def test_cli_bad_input_is_one_error_line(gpt2_dir, tmp_path):
     f = tmp_path / "one.txt"
     f.write_text("a")
-    r = CliRunner().invoke(app, ["eval", str(gpt2_dir), "--text", str(f)])
+    r = run("eval", str(gpt2_dir), "--text", str(f))
     assert r.exit_code == 1
     assert r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1 and not r.stdout
-    r = CliRunner().invoke(app, ["eval", str(gpt2_dir), "--dtype", "float16"])
+    r = run("eval", str(gpt2_dir), "--dtype", "float16")
     assert r.exit_code == 2
 
 
 def test_cli_help_shows_choices_and_examples():
-    r = CliRunner().invoke(app, ["eval", "--help"])
+    r = run("eval", "--help")
     assert r.exit_code == 0
     # choices are listed as the option's metavar, as in every command's --help
     assert "--dtype <float32|bfloat16>" in r.output and "sparsetool eval runs/dense runs/static75" in r.output

@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from typer.testing import CliRunner
 
 import sparsetool.ops.plots as plots
-from sparsetool.cli.main import app
 from sparsetool.ops.diff import diff, plot_diff
 from sparsetool.ops.report import (
     BARS_UP_TO,
@@ -24,7 +22,7 @@ from sparsetool.ops.report import (
     summarize,
 )
 
-from helpers import gpt2_like_state
+from helpers import gpt2_like_state, run
 
 MATRICES = {"self_attn.q_proj": (16, 16), "self_attn.k_proj": (8, 16), "self_attn.v_proj": (8, 16),
             "self_attn.o_proj": (16, 16), "mlp.gate_proj": (32, 16), "mlp.up_proj": (32, 16),
@@ -100,7 +98,7 @@ def test_dense_tensors_get_a_marker_and_zero_biases_their_own_hatched_bar(tmp_pa
     biases here) is drawn apart with its own legend entry, not as a bias pruning zeroed."""
     path, pruned = tmp_path / "g2.safetensors", tmp_path / "p.safetensors"
     save_file(gpt2_like_state(n_layer=2), str(path))
-    res = CliRunner().invoke(app, ["prune", str(path), "-o", str(pruned), "--sparsity", "0.5", "-q"])
+    res = run("prune", str(path), "-o", str(pruned), "--sparsity", "0.5", "-q")
     assert res.exit_code == 0, res.output
     rep = summarize(pruned)
     plot_report(rep, tmp_path / "a.png")
@@ -138,7 +136,7 @@ def test_legend_names_only_the_roles_drawn(tmp_path, figures):
 def test_empty_checkpoint_plot_says_so(tmp_path, figures):
     path = tmp_path / "empty.safetensors"
     save_file({}, str(path))
-    res = CliRunner().invoke(app, ["report", str(path), "--plot", str(tmp_path / "e.png")])
+    res = run("report", str(path), "--plot", str(tmp_path / "e.png"))
     assert res.exit_code == 0, res.output
     assert "no tensor to draw" in res.stdout and png_size(tmp_path / "e.png")
     fig = figures[-1]
@@ -147,7 +145,7 @@ def test_empty_checkpoint_plot_says_so(tmp_path, figures):
     # --targeted on a file with no targeted tensor: the same, and it says how to see the rest
     path = tmp_path / "head.safetensors"
     save_file({"lm_head.weight": torch.ones(4, 4)}, str(path))
-    res = CliRunner().invoke(app, ["report", str(path), "--targeted", "--plot", str(tmp_path / "h.png")])
+    res = run("report", str(path), "--targeted", "--plot", str(tmp_path / "h.png"))
     assert res.exit_code == 0 and any("--all" in t.get_text() for t in figures[-1].texts)
 
 
@@ -170,7 +168,7 @@ def test_cli_plot_follows_the_table_flag(tmp_path):
     path = seven_b_shaped(tmp_path / "l32.safetensors")
     for flag in ("--all", "--targeted"):
         png = tmp_path / f"{flag[2:]}.png"
-        res = CliRunner().invoke(app, ["report", str(path), flag, "--plot", str(png), "-q"])
+        res = run("report", str(path), flag, "--plot", str(png), "-q")
         assert res.exit_code == 0, res.output
     assert png_size(tmp_path / "all.png")[1] > png_size(tmp_path / "targeted.png")[1]  # one more row: norms
     assert not list(tmp_path.glob(".*sparsetool-tmp-*"))  # no temporary left behind

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.sparsegpt import sparsegpt_kept_count, sparsegpt_prune
 from sparsetool.masks.wanda import wanda_kept_count, wanda_mask
@@ -25,6 +23,7 @@ from sparsetool.ops.prune.calibrated import calibration_windows
 transformers = pytest.importorskip("transformers")
 import json_schemas as S  # noqa: E402
 from helpers import CALIB, make_text, save_tokenizer, tensors  # noqa: E402
+from helpers import run as cli  # noqa: E402
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -181,22 +180,22 @@ def test_eval_with_little_memory_holds_fewer_windows_and_scores_the_same(model_d
 
 
 def test_a_run_that_cannot_fit_stops_before_the_long_part(model_dir, calib_file, tmp_path):
-    r = CliRunner().invoke(app, ["prune", str(model_dir), "-o", str(tmp_path / "o"), "--method", "wanda",
-                                 "--sparsity", "0.5", "--calibration", str(calib_file), "--samples", "6",
-                                 "--seq", "32", "--max-memory", "5M"])
+    r = cli("prune", str(model_dir), "-o", str(tmp_path / "o"), "--method", "wanda",
+            "--sparsity", "0.5", "--calibration", str(calib_file), "--samples", "6",
+            "--seq", "32", "--max-memory", "5M")
     assert r.exit_code == 1
     line = r.stderr.strip()
     assert line.count("\n") == 0 and line.startswith("error: prune --method wanda needs about")
     assert "--max-memory" in line and "--samples" in line and "--dtype bfloat16" in line
     assert not (tmp_path / "o").exists() and list(tmp_path.iterdir()) == []
-    r = CliRunner().invoke(app, ["eval", str(model_dir), "--text", str(calib_file), "--max-memory", "5M"])
+    r = cli("eval", str(model_dir), "--text", str(calib_file), "--max-memory", "5M")
     assert r.exit_code == 1 and r.stderr.startswith("error: eval of") and "--batch" in r.stderr
 
 
 def test_json_records_the_memory_plan(model_dir, calib_file, tmp_path):
-    r = CliRunner().invoke(app, ["prune", str(model_dir), "-o", str(tmp_path / "o"), "--method", "sparsegpt",
-                                 "--sparsity", "0.5", "--calibration", str(calib_file), "--samples", "6",
-                                 "--seq", "32", "--json"])
+    r = cli("prune", str(model_dir), "-o", str(tmp_path / "o"), "--method", "sparsegpt",
+            "--sparsity", "0.5", "--calibration", str(calib_file), "--samples", "6",
+            "--seq", "32", "--json")
     assert r.exit_code == 0, r.output
     memory = json.loads(r.stdout)["memory"]
     assert not S.problems(memory, S.obj(**S.MEMORY_KEYS))
@@ -212,17 +211,17 @@ def test_cuda_without_cuda_is_a_usage_error_before_anything_is_read(model_dir, c
     for args in (["prune", str(model_dir), "-o", str(tmp_path / "o"), "--method", "wanda", "--sparsity",
                   "0.5", "--calibration", str(calib_file), "--device", device],
                  ["eval", str(tmp_path / "missing"), "--device", device]):
-        r = CliRunner().invoke(app, args)
+        r = cli(*args)
         assert r.exit_code == 2, r.output
         assert "CUDA" in r.stderr and r.stderr.strip().count("\n") == 0
     assert not (tmp_path / "o").exists()
 
 
 def test_device_and_dtype_are_usage_errors_with_other_methods(model_dir, tmp_path):
-    r = CliRunner().invoke(app, ["prune", str(model_dir), "-o", str(tmp_path / "o"), "--sparsity", "0.5",
-                                 "--dtype", "bfloat16"])
+    r = cli("prune", str(model_dir), "-o", str(tmp_path / "o"), "--sparsity", "0.5",
+            "--dtype", "bfloat16")
     assert r.exit_code == 2 and "--dtype" in r.stderr and "wanda or sparsegpt" in r.stderr
-    r = CliRunner().invoke(app, ["eval", str(model_dir), "--device", "gpu"])
+    r = cli("eval", str(model_dir), "--device", "gpu")
     assert r.exit_code == 2 and "--device 'gpu'" in r.stderr
 
 
@@ -269,11 +268,11 @@ def test_progress_goes_block_by_block_and_a_failure_leaves_nothing(model_dir, ca
 
 def test_gpt_of_train_prunes_with_the_default_seq_and_says_so(tmp_path, calib_file):
     run = tmp_path / "run"
-    r = CliRunner().invoke(app, ["train", "-o", str(run), "--preset", "tiny", "--steps", "2", "-q"])
+    r = cli("train", "-o", str(run), "--preset", "tiny", "--steps", "2", "-q")
     assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(app, ["prune", str(run / "model.safetensors"), "-o", str(tmp_path / "p.safetensors"),
-                                 "--method", "wanda", "--sparsity", "0.5", "--calibration", str(calib_file),
-                                 "--samples", "4", "--json"])
+    r = cli("prune", str(run / "model.safetensors"), "-o", str(tmp_path / "p.safetensors"),
+            "--method", "wanda", "--sparsity", "0.5", "--calibration", str(calib_file),
+            "--samples", "4", "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["options"]["calibration"]["seq"] == 64
@@ -297,7 +296,7 @@ def test_a_model_with_logit_scaling_is_refused_by_eval_not_miscored(tmp_path, te
 def test_a_perplexity_from_a_few_dozen_tokens_is_warned_about(model_dir, text, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text(" ".join(text.split()[:40]))
-    r = CliRunner().invoke(app, ["eval", str(model_dir), "--text", str(short), "--seq", "32", "-q"])
+    r = cli("eval", str(model_dir), "--text", str(short), "--seq", "32", "-q")
     assert r.exit_code == 0, r.output
     warning = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
     assert len(warning) == 1 and "scored tokens is known only to +-" in warning[0]
@@ -319,7 +318,7 @@ def test_models_with_different_tokenizers_are_compared_by_bits_per_byte(model_di
     assert a.tokenizer != b.tokenizer and a.tokens != b.tokens
     assert result.compare_by == "bits_per_byte"
     assert b.change == pytest.approx(b.bits_per_byte / a.bits_per_byte - 1)
-    r = CliRunner().invoke(app, ["eval", str(model_dir), str(other), "--text", str(tmp_path / "t.txt")]) \
+    r = cli("eval", str(model_dir), str(other), "--text", str(tmp_path / "t.txt")) \
         if (tmp_path / "t.txt").write_text(text) else None
     assert r.exit_code == 0, r.output
     assert "change (bits/byte)" in r.stdout and "different tokens" in r.stdout
@@ -332,8 +331,8 @@ def test_fine_tuning_that_cannot_fit_is_refused_at_once(model_dir, tmp_path, mon
     import sparsetool.util.memory as memory
 
     monkeypatch.setattr(memory, "available_memory", lambda: memory.process_memory() + 2**20)
-    r = CliRunner().invoke(app, ["train", "--init", str(model_dir), "-o", str(tmp_path / "run"),
-                                 "--steps", "2", "--warmup", "1", "-q"])
+    r = cli("train", "--init", str(model_dir), "-o", str(tmp_path / "run"),
+            "--steps", "2", "--warmup", "1", "-q")
     assert r.exit_code == 1, r.output
     line = r.stderr.strip()
     assert line.count("\n") == 0 and line.startswith(f"error: train --init {model_dir} needs about")

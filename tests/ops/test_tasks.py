@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -26,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 
 from sparsetool.ops.tasks import evaluate_tasks  # noqa: E402
 
-from helpers import hf_model, save_tokenizer  # noqa: E402
+from helpers import hf_model, run, save_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("datasets_cache")  # conftest.py
 
@@ -117,9 +115,9 @@ def gpt_run(tmp_path_factory, text) -> Path:
     """sparsetool's GPT trained on the text long enough to know its sentences."""
     root = tmp_path_factory.mktemp("gpt")
     (root / "corpus.txt").write_text(text)
-    r = CliRunner().invoke(app, ["train", "--out", str(root / "run"), "--data", str(root / "corpus.txt"),
-                                 "--preset", "tiny", "--steps", "200", "--batch-size", "8", "--warmup", "10",
-                                 "--lr", "0.01", "--seed", "0", "--json"])
+    r = run("train", "--out", str(root / "run"), "--data", str(root / "corpus.txt"),
+            "--preset", "tiny", "--steps", "200", "--batch-size", "8", "--warmup", "10",
+            "--lr", "0.01", "--seed", "0", "--json")
     assert r.exit_code == 0, r.output
     return root / "run"
 
@@ -137,7 +135,7 @@ def harness_hf(directory: Path, task_dir: Path, tasks: list[str]) -> dict:
 
 
 def run_cli(*args: str) -> tuple[int, str, str]:
-    r = CliRunner().invoke(app, ["eval", *args])
+    r = run("eval", *args)
     return r.exit_code, r.stdout, r.stderr
 
 

@@ -13,15 +13,13 @@ import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load_file
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.errors import ConfigError
 from sparsetool.ops.eval import evaluate, windows
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 from sparsetool.targets import plan_targets, tied_embedding
 
-from helpers import hf_model, make_text, save_tokenizer
+from helpers import hf_model, make_text, run, save_tokenizer
 
 transformers = pytest.importorskip("transformers")
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -120,14 +118,13 @@ def test_including_the_head_of_a_tied_model_names_the_shared_tensor(tied_dir, un
 
 
 def test_report_shows_the_embedding_as_the_head_too(tied_dir, untied_dir):
-    runner = CliRunner()
-    table = runner.invoke(app, ["report", str(tied_dir)])
+    table = run("report", str(tied_dir))
     assert table.exit_code == 0, table.output
     line = next(row for row in table.output.splitlines() if row.startswith(EMBED))
     assert "embedding + tied head" in line
-    data = json.loads(runner.invoke(app, ["report", str(tied_dir), "--json"]).output)
+    data = json.loads(run("report", str(tied_dir), "--json").output)
     assert data["summary"]["targeting"]["tied_head"] == EMBED
-    untied = runner.invoke(app, ["report", str(untied_dir)]).output
+    untied = run("report", str(untied_dir)).output
     assert "tied head" not in untied
-    assert json.loads(runner.invoke(app, ["report", str(untied_dir), "--json"]).output)[
+    assert json.loads(run("report", str(untied_dir), "--json").output)[
         "summary"]["targeting"]["tied_head"] is None

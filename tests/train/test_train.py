@@ -9,12 +9,12 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.train.config import TrainConfig
 from sparsetool.train.configkeys import merge
 from sparsetool.train.loop import Trainer, train
+
+from helpers import run as cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -24,7 +24,7 @@ def base_args(out: Path, data: Path, steps: int = 6) -> list[str]:
 
 
 def run_cli(args: list[str]) -> dict:
-    result = CliRunner().invoke(app, args)
+    result = cli(*args)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -96,7 +96,7 @@ def test_resume_equals_uninterrupted_run(tmp_path, corpus):
 
 def test_resume_refuses_a_changed_option(tmp_path, corpus):
     run_cli(base_args(tmp_path / "run", corpus) + ["--stop-at", "2"])
-    result = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "run"), "--resume", "--lr", "0.5"])
+    result = cli("train", "--out", str(tmp_path / "run"), "--resume", "--lr", "0.5")
     assert result.exit_code == 1 and "--lr" in result.stderr
 
 
@@ -120,8 +120,8 @@ def test_init_from_mask_checkpoint_keeps_masks(tmp_path, corpus):
 def test_init_accepts_a_checkpoint_pruned_by_sparsetool_prune(tmp_path, corpus, encoding):
     run_cli(base_args(tmp_path / "dense", corpus))
     pruned = tmp_path / "pruned.safetensors"
-    result = CliRunner().invoke(app, ["prune", str(tmp_path / "dense" / "model.safetensors"), "-o",
-                                      str(pruned), "--sparsity", "0.5", "--encoding", encoding])
+    result = cli("prune", str(tmp_path / "dense" / "model.safetensors"), "-o",
+                 str(pruned), "--sparsity", "0.5", "--encoding", encoding)
     assert result.exit_code == 0, result.output
     kept = {}
     from sparsetool.checkpoint import open_checkpoint
@@ -191,7 +191,7 @@ def test_log_csv_and_png_are_written(tmp_path, corpus):
 
 def test_human_output_has_summary(tmp_path, corpus):
     args = [a for a in base_args(tmp_path / "run", corpus, steps=2) if a != "--json"]
-    result = CliRunner().invoke(app, args)
+    result = cli(*args)
     assert result.exit_code == 0, result.output
     assert "validation loss" in result.stdout and "tokens/s" in result.stdout
 
@@ -207,7 +207,7 @@ def test_human_output_has_summary(tmp_path, corpus):
 ])
 def test_bad_options_fail_cleanly_without_output(tmp_path, corpus, extra, message):
     out = tmp_path / "run"
-    result = CliRunner().invoke(app, base_args(out, corpus) + extra)
+    result = cli(*base_args(out, corpus), *extra)
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ") and message in result.stderr
     assert result.stdout == "" and not out.exists()
@@ -216,7 +216,7 @@ def test_bad_options_fail_cleanly_without_output(tmp_path, corpus, extra, messag
 def test_existing_run_directory_is_not_overwritten(tmp_path, corpus):
     run_cli(base_args(tmp_path / "run", corpus, steps=2))
     before = (tmp_path / "run" / "model.safetensors").read_bytes()
-    result = CliRunner().invoke(app, base_args(tmp_path / "run", corpus, steps=2))
+    result = cli(*base_args(tmp_path / "run", corpus, steps=2))
     assert result.exit_code == 1 and "--resume" in result.stderr
     assert (tmp_path / "run" / "model.safetensors").read_bytes() == before
 
@@ -278,14 +278,14 @@ def test_interrupt_names_the_checkpoint_and_resume_still_matches(tmp_path, corpu
 
 def test_init_refuses_a_shape_flag_that_disagrees(tmp_path, corpus):
     run_cli(base_args(tmp_path / "pre", corpus, steps=1))
-    result = CliRunner().invoke(app, base_args(tmp_path / "ft", corpus) + [
-        "--init", str(tmp_path / "pre" / "model.safetensors"), "--d-model", "64"])
+    result = cli(*base_args(tmp_path / "ft", corpus),
+                 "--init", str(tmp_path / "pre" / "model.safetensors"), "--d-model", "64")
     assert result.exit_code == 1 and "--d-model 64 disagrees" in result.stderr
     assert not (tmp_path / "ft").exists()
 
 
 def test_missing_out_is_a_usage_error():
-    result = CliRunner().invoke(app, ["train", "--steps", "2"])
+    result = cli("train", "--steps", "2")
     assert result.exit_code == 2 and "--out" in result.output
 
 
@@ -320,8 +320,8 @@ def test_init_from_a_pruned_file_keeps_the_model_shape(tmp_path, corpus):
     """prune keeps train's metadata under "history"; --init must still find the head count."""
     run_cli(base_args(tmp_path / "pre", corpus, steps=2))
     pruned = tmp_path / "pruned.safetensors"
-    result = CliRunner().invoke(app, ["prune", str(tmp_path / "pre" / "model.safetensors"), "-o",
-                                      str(pruned), "--sparsity", "0.8"])
+    result = cli("prune", str(tmp_path / "pre" / "model.safetensors"), "-o",
+                 str(pruned), "--sparsity", "0.8")
     assert result.exit_code == 0, result.output
     # no --preset: every shape setting must come from the checkpoint
     run_cli(["train", "--out", str(tmp_path / "ft"), "--data", str(corpus), "--steps", "2",

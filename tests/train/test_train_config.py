@@ -7,13 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.errors import ConfigError
 from sparsetool.train.configkeys import merge, read_config_file
 
-from helpers import ROOT
+from helpers import ROOT, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -32,8 +30,8 @@ def config(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:
 
 
 def train_with(tmp_path: Path, cfg: Path, *extra: str):
-    return CliRunner().invoke(app, ["train", "--config", str(cfg), "-o", str(tmp_path / "run"),
-                                    "--json", *extra])
+    return run("train", "--config", str(cfg), "-o", str(tmp_path / "run"),
+               "--json", *extra)
 
 
 # --- values of the wrong type: one error line, exit 1, nothing written ---------------------------

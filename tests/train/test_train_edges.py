@@ -8,14 +8,12 @@ import random
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.errors import ConfigError
 from sparsetool.train.configkeys import merge
 from sparsetool.util.corpus import load_corpus
 
-from helpers import make_corpus
+from helpers import make_corpus, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -23,18 +21,18 @@ TEXT_ADVICE = "give a UTF-8 text file or a directory of them"
 
 
 def train(out: Path, data: Path | str, *extra: str):
-    return CliRunner().invoke(app, ["train", "-o", str(out), "--data", str(data), "--steps", "2",
-                                    "--batch-size", "2", "--warmup", "1", "--eval-every", "0",
-                                    "--json", *extra])
+    return run("train", "-o", str(out), "--data", str(data), "--steps", "2",
+               "--batch-size", "2", "--warmup", "1", "--eval-every", "0",
+               "--json", *extra)
 
 
 # --- --warmup >= --steps: a warning, with the reason; the run goes on ----------------------------
 
 @pytest.mark.parametrize("flag", ["--json", "--quiet"])
 def test_a_warm_up_as_long_as_the_run_is_warned_about(tmp_path, corpus, flag):
-    r = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "run"), "--data", str(corpus),
-                                 "--preset", "tiny", "--steps", "2", "--warmup", "5",
-                                 "--batch-size", "2", "--eval-every", "0", flag])
+    r = run("train", "-o", str(tmp_path / "run"), "--data", str(corpus),
+            "--preset", "tiny", "--steps", "2", "--warmup", "5",
+            "--batch-size", "2", "--eval-every", "0", flag)
     assert r.exit_code == 0, r.output
     assert r.stderr == ("warning: --warmup 5 >= --steps 2: the whole run is warm-up, so the learning "
                         "rate ends at 40% of --lr and never decays; give a --warmup below --steps\n")

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from sparsetool.cli.main import app
 from sparsetool.masks.global_magnitude import global_magnitude_masks
 from sparsetool.train.algorithms import build_sparsifier
 from sparsetool.train.schedules import Periodic
+
+from helpers import run as cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -221,8 +222,7 @@ def train_args(out: Path, data: Path, steps: int, *extra: str) -> list[str]:
 def test_a_run_logs_every_mask_update_and_records_resolved_settings(tmp_path):
     data = make_corpus(tmp_path / "data")
     run = tmp_path / "run"
-    result = CliRunner().invoke(app, train_args(run, data, 12, "--algorithm", "rigl",
-                                                "--sparsity", "0.75", "--json"))
+    result = cli(*train_args(run, data, 12, "--algorithm", "rigl", "--sparsity", "0.75", "--json"))
     assert result.exit_code == 0, result.output
     recs = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     events = [r for r in recs if r["kind"] == "mask_update"]
@@ -244,8 +244,7 @@ def test_a_run_logs_every_mask_update_and_records_resolved_settings(tmp_path):
 
 def test_the_start_of_a_run_prints_the_resolved_settings(tmp_path):
     data = make_corpus(tmp_path / "data")
-    result = CliRunner().invoke(app, train_args(tmp_path / "run", data, 8, "--algorithm", "granet",
-                                                "--sparsity", "0.5"))
+    result = cli(*train_args(tmp_path / "run", data, 8, "--algorithm", "granet", "--sparsity", "0.5"))
     assert result.exit_code == 0, result.output
     assert "sparse training: granet, sparsity 0% -> 50% (uniform, global pruning), random initial mask" \
         in result.stdout
@@ -260,8 +259,8 @@ def test_stage_numbers_agree_between_log_console_and_plot(tmp_path, monkeypatch)
     monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))
     data = make_corpus(tmp_path / "data")
     run = tmp_path / "rigl"
-    result = CliRunner().invoke(app, train_args(run, data, 8, "--algorithm", "rigl", "--stage",
-                                                "0.75:0.5", "--stage", "0:0.5"))
+    result = cli(*train_args(run, data, 8, "--algorithm", "rigl", "--stage", "0.75:0.5",
+                             "--stage", "0:0.5"))
     assert result.exit_code == 0, result.output
     stage = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()
              if '"stage"' in line]
@@ -293,7 +292,7 @@ def test_every_train_option_states_its_default_or_that_it_is_required():
         if not re.search(r"\bdefault\b|\brequired\b", text, re.IGNORECASE):
             missing.append(param.opts[-1])
     assert missing == []
-    out = re.sub(r"\s+", " ", CliRunner().invoke(app, ["train", "--help"]).stdout)
+    out = re.sub(r"\s+", " ", cli("train", "--help").stdout)
     assert "required (unless the --config file gives 'out')" in out
     assert "rigl updates at steps 100, 200, 300 and 400" in out
 
@@ -302,9 +301,9 @@ def test_a_resumed_run_logs_the_same_mask_updates(tmp_path):
     data = make_corpus(tmp_path / "data")
     sparse = ("--algorithm", "set", "--sparsity", "0.75", "--update-freq", "2", "--json")
     for name, extra in (("full", ()), ("part", ("--stop-at", "5"))):
-        result = CliRunner().invoke(app, train_args(tmp_path / name, data, 12, *sparse, *extra))
+        result = cli(*train_args(tmp_path / name, data, 12, *sparse, *extra))
         assert result.exit_code == 0, result.output
-    result = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "part"), "--resume", "--json"])
+    result = cli("train", "-o", str(tmp_path / "part"), "--resume", "--json")
     assert result.exit_code == 0, result.output
 
     def events(run):

@@ -12,15 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.ops.load import load
 from sparsetool.targets import plan_targets
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 from helpers import hf_model, make_text, save_tokenizer  # noqa: E402
+from helpers import run as cli  # noqa: E402
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -29,7 +28,7 @@ FAST = ["--steps", "20", "--batch-size", "8", "--context", "32", "--warmup", "2"
 
 
 def run(*args: str) -> dict:
-    r = CliRunner().invoke(app, [str(a) for a in args])
+    r = cli(*args)
     assert r.exit_code == 0, r.output
     return r
 
@@ -182,28 +181,28 @@ def test_resume_is_bit_identical(root, tmp_path):
 
 def test_bad_input_is_one_error_line(root, tmp_path):
     # a shape flag, a longer context, --encoding without a model directory: usage errors (exit 2)
-    r = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "a"), "--init", str(root / "gpt2"),
-                                 "--n-layer", "4", *FAST])
+    r = cli("train", "-o", str(tmp_path / "a"), "--init", str(root / "gpt2"),
+            "--n-layer", "4", *FAST)
     assert r.exit_code == 2 and "--n-layer cannot change a Hugging Face model" in r.output
-    r = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "a"), "--init", str(root / "gpt2"),
-                                 "--preset", "tiny", *FAST])
+    r = cli("train", "-o", str(tmp_path / "a"), "--init", str(root / "gpt2"),
+            "--preset", "tiny", *FAST)
     assert r.exit_code == 2 and r.stderr == ("error: --preset cannot change a Hugging Face model; its "
                                              f"shape comes from {root / 'gpt2' / 'config.json'}\n")
-    r = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "b"), "--init", str(root / "gpt2"),
-                                 "--data", str(root / "data.txt"), "--context", "100", *FAST[:2]])
+    r = cli("train", "-o", str(tmp_path / "b"), "--init", str(root / "gpt2"),
+            "--data", str(root / "data.txt"), "--context", "100", *FAST[:2])
     assert r.exit_code == 2 and "--context 100 is longer than the 64 positions" in r.output
     bare = tmp_path / "bare"
     bare.mkdir()
     for f in ("config.json", "model.safetensors"):
         (bare / f).write_bytes((root / "gpt2" / f).read_bytes())
-    r = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "c"), "--init", str(bare), *FAST])
+    r = cli("train", "-o", str(tmp_path / "c"), "--init", str(bare), *FAST)
     assert r.exit_code == 1 and "no usable tokenizer" in r.output
     assert not (tmp_path / "c").exists()
-    r = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "e"), "--init",
-                                 str(root / "gpt2" / "model.safetensors"), *FAST])
+    r = cli("train", "-o", str(tmp_path / "e"), "--init",
+            str(root / "gpt2" / "model.safetensors"), *FAST)
     assert r.exit_code == 1 and "give the directory" in r.output
-    r = CliRunner().invoke(app, ["train", "-o", str(tmp_path / "d"), "--preset", "tiny",
-                                 "--encoding", "bitmask", *FAST])
+    r = cli("train", "-o", str(tmp_path / "d"), "--preset", "tiny",
+            "--encoding", "bitmask", *FAST)
     assert r.exit_code == 2 and "--encoding bitmask applies to the Hugging Face directory" in r.output
 
 
@@ -212,9 +211,9 @@ def test_an_encoding_transformers_cannot_load_is_warned_of(root, tmp_path, encod
     """As `prune --encoding bitmask` does: RUN/model in bitmask (or nan) is read by sparsetool,
     not by transformers' from_pretrained; the run says so before it starts (issue 31, item 5)."""
     out = tmp_path / "run"
-    r = CliRunner().invoke(app, ["train", "-o", str(out), "--init", str(root / "gpt2"), "--data",
-                                 str(root / "data.txt"), "--sparsity", "0.5", "--encoding", encoding,
-                                 *FAST, "--steps", "3", "--json"])
+    r = cli("train", "-o", str(out), "--init", str(root / "gpt2"), "--data",
+            str(root / "data.txt"), "--sparsity", "0.5", "--encoding", encoding,
+            *FAST, "--steps", "3", "--json")
     assert r.exit_code == 0, r.output
     warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
     if encoding == "zeros":

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.errors import ConfigError
 from sparsetool.train.configkeys import merge
 from sparsetool.train.loop import Trainer
+
+from helpers import run as cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -27,7 +27,7 @@ def args(out: Path, data: Path, steps: int) -> list[str]:
 
 
 def run_cli(argv: list[str]) -> dict:
-    result = CliRunner().invoke(app, argv)
+    result = cli(*argv)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
 
@@ -80,9 +80,8 @@ def test_the_checkpoints_own_sparsity_keeps_its_masks_exactly(tmp_path, corpus, 
 @pytest.mark.parametrize("algorithm", ["static", "rigl", "gmp"])
 def test_lower_sparsity_is_an_error_that_names_the_way_out(tmp_path, corpus, half_sparse, algorithm):
     out = tmp_path / "ft"
-    result = CliRunner().invoke(app, args(out, corpus, 2) + ["--init", str(half_sparse),
-                                                             "--sparsity", "0.25",
-                                                             "--algorithm", algorithm])
+    result = cli(*args(out, corpus, 2), "--init", str(half_sparse), "--sparsity", "0.25",
+                 "--algorithm", algorithm)
     assert result.exit_code in (1, 2), result.output
     message = result.stderr
     assert "--sparsity 0.25 is below the sparsity of --init" in message
@@ -103,7 +102,7 @@ def test_dense_still_revives_every_weight(tmp_path, corpus, half_sparse):
 
 
 def printed(argv: list[str]) -> str:
-    result = CliRunner().invoke(app, [a for a in argv if a != "--json"])
+    result = cli(*[a for a in argv if a != "--json"])
     assert result.exit_code == 0, result.output
     return result.stdout
 

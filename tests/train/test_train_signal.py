@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.errors import SparsetoolError
 from sparsetool.train.config import TrainConfig
 from sparsetool.train.configkeys import merge
 from sparsetool.train.loop import train
+
+from helpers import run as cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
@@ -117,11 +117,11 @@ def test_sigint_saves_the_step_and_resume_matches_an_uninterrupted_run(tmp_path,
     assert records(part)[-1] == {"kind": "interrupt", "step": at, "signal": "SIGINT",
                                  "checkpoint": f"step-{at:06d}"}
 
-    resumed = CliRunner().invoke(app, ["train", "-o", str(part), "--resume", "--json"])
+    resumed = cli("train", "-o", str(part), "--resume", "--json")
     assert resumed.exit_code == 0, resumed.output
     assert json.loads(resumed.stdout)["interrupted"] is None
     full = tmp_path / "full"
-    done = CliRunner().invoke(app, args(full, corpus, *SPARSE, "--json"))
+    done = cli(*args(full, corpus, *SPARSE, "--json"))
     assert done.exit_code == 0, done.output
     assert comparable(part) == comparable(full)  # losses, evals, mask updates, LR: bit for bit
     assert same_weights(part, full)
@@ -164,8 +164,7 @@ def test_a_second_signal_stops_at_once_and_the_last_checkpoint_stays_usable(tmp_
     at = checkpoint_step(run)
     assert f"the last checkpoint (step-{at:06d}) is in {run}; continue with: " in err
     assert at >= 20 and at % 10 == 0  # step 30's save may have been the one cut short
-    resumed = CliRunner().invoke(app, ["train", "-o", str(run), "--resume", "--stop-at", str(at + 2),
-                                       "--json"])
+    resumed = cli("train", "-o", str(run), "--resume", "--stop-at", str(at + 2), "--json")
     assert resumed.exit_code == 0, resumed.output
     assert json.loads(resumed.stdout)["step"] == at + 2
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.endswith(".tmp")]

@@ -11,13 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from sparsetool.cli.main import app
 from sparsetool.errors import SparsetoolError
 from sparsetool.util import threads
 
-from helpers import ROOT
+from helpers import ROOT, run
 
 
 @pytest.mark.parametrize("usable, busy, expected", [
@@ -89,7 +87,7 @@ def run_recording(command: str, extra: list[str], tmp_path: Path, monkeypatch) -
 
     monkeypatch.setattr(importlib.import_module(module), name, spy)
     torch.set_num_threads(2)
-    res = CliRunner().invoke(app, [a.format(tmp=tmp_path) for a in argv] + extra)
+    res = run(*(a.format(tmp=tmp_path) for a in argv), *extra)
     assert res.exit_code == 1 and "stopped by the test" in res.output, res.output
     assert len(seen) == 1
     return seen[0]
@@ -130,7 +128,7 @@ def test_the_default_never_raises_what_the_process_runs_on(monkeypatch):
 @pytest.mark.parametrize("value", ["0", "-1", "x", "1.5"])
 def test_bad_thread_counts_are_usage_errors(command, value, tmp_path):
     argv, _, _ = COMMANDS[command]
-    res = CliRunner().invoke(app, [a.format(tmp=tmp_path) for a in argv] + ["--threads", value])
+    res = run(*(a.format(tmp=tmp_path) for a in argv), "--threads", value)
     assert res.exit_code == 2, res.output
     assert "--threads" in res.output
 
@@ -138,7 +136,7 @@ def test_bad_thread_counts_are_usage_errors(command, value, tmp_path):
 def test_every_command_has_the_same_threads_help():
     helps = set()
     for command in COMMANDS:
-        out = CliRunner().invoke(app, [command, "--help"], terminal_width=200).output
+        out = run(command, "--help", terminal_width=200).output
         line = next(row for row in out.splitlines() if "--threads" in row)
         # a command that uses torch only sometimes says when (prune: its calibration methods)
         helps.add(re.sub(r"CPU threads for torch, with [^(]*\(", "CPU threads for torch (", " ".join(line.split())))
