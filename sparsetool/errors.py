@@ -20,7 +20,8 @@ class Interrupted(SparsetoolError):
 
 
 class CheckpointError(SparsetoolError):
-    """A checkpoint that cannot be read or written as asked (corrupt, truncated, lying header...)."""
+    """A checkpoint that cannot be read or written as asked (corrupt, truncated, lying
+    header...)."""
 
 
 class ConfigError(SparsetoolError):

@@ -15,7 +15,8 @@ from safetensors.torch import save_file
 from helpers import gpt2_like_state, hf_model, make_corpus, make_text, save_tokenizer
 
 # Property tests draw the same examples on every run, so a run's verdict does not depend on luck;
-# HYPOTHESIS_PROFILE=explore draws new ones (a failure prints the example and its @reproduce_failure).
+# HYPOTHESIS_PROFILE=explore draws new ones (a failure prints the example and its
+# @reproduce_failure).
 settings.register_profile("repeatable", derandomize=True, print_blob=True)
 settings.register_profile("explore", print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))

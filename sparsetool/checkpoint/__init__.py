@@ -26,7 +26,8 @@ from sparsetool.util.lazy import lazy_names
 
 _WHERE = {
     "bitmask_sparsity_config": ".config", "drop_sparsity_config": ".config",
-    "ENCODINGS": ".codecs", "Codec": ".codecs", "codec": ".codecs", "encode": ".encodings", "decode": ".encodings",
+    "ENCODINGS": ".codecs", "Codec": ".codecs", "codec": ".codecs",
+    "encode": ".encodings", "decode": ".encodings",
     "encode_array": ".encodings", "decode_array": ".encodings", "stored_count": ".encodings",
     "encoded_specs": ".encodings", "loader_warning": ".encodings", "stored_nonzeros": ".encodings",
     "StoredTensor": ".format", "TensorSpec": ".format",

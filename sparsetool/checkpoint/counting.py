@@ -52,7 +52,8 @@ class TensorCount:
     bytes: int
 
 
-def tensor_counts(path: str | os.PathLike, *, progress: Callable[[str, int, int], None] | None = None,
+def tensor_counts(path: str | os.PathLike, *,
+                  progress: Callable[[str, int, int], None] | None = None,
                   label: str = "count") -> list[TensorCount]:
     """Every logical tensor of the checkpoint at ``path``, read once each, in file order;
     ``progress(label, done, total)`` after each."""

@@ -58,7 +58,8 @@ def merged_provenance(metadata: Mapping[str, str] | None) -> dict[str, Any]:
     return merged
 
 
-def provenance_metadata(previous: Mapping[str, str] | None, record: Mapping[str, Any]) -> dict[str, str]:
+def provenance_metadata(previous: Mapping[str, str] | None,
+                        record: Mapping[str, Any]) -> dict[str, str]:
     """``{"sparsetool": ...}`` for a new checkpoint: ``record`` plus this tool's version, after
     the steps ``previous`` (the input's metadata, or None for a new model) recorded."""
     old = read_provenance(previous)

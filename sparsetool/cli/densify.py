@@ -29,7 +29,8 @@ EXAMPLES = (  # the end of --help: each runs as written (given the files named)
 def densify(
     checkpoint: Path = checkpoint_argument(),
     output: Optional[Path] = output_option(),
-    in_place: bool = typer.Option(False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."),
+    in_place: bool = typer.Option(
+        False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."),
     quiet: bool = quiet_option(),
     workers: Optional[int] = workers_option(),
     as_json: bool = json_option(),

@@ -33,7 +33,8 @@ APPENDIX_C_EFFICIENCY_AT_90 = 0.85
 
 def _pt24_layer() -> tuple[LayerMask, float]:
     m, n, k = PT24_SHAPE
-    # which of the three sizes is the token count does not change the FLOPs; the GEMM is compute-bound
+    # which of the three sizes is the token count does not change the FLOPs; the GEMM is
+    # compute-bound
     return LayerMask("pt24", "other", out_features=n, in_features=k, nnz=n * k), float(m)
 
 

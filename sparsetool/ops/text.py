@@ -27,7 +27,8 @@ def read_text(path: str | Path, option: str = "--text") -> str:
         try:
             parts.append(f.read_bytes().decode("utf-8"))
         except UnicodeDecodeError as e:
-            raise SparsetoolError(f"{option} {f}: not UTF-8 text (byte {e.start}); convert it or leave it out") from None
+            raise SparsetoolError(f"{option} {f}: not UTF-8 text (byte {e.start}); "
+                                  "convert it or leave it out") from None
         except OSError as e:
             raise SparsetoolError(f"{option} {f}: cannot read ({e.strerror})") from None
     return "\n".join(parts)

@@ -50,7 +50,8 @@ class StopRequest:
 
     def _swallowed(self, unraisable: Any) -> None:
         """Python's report of an exception it could not raise (one inside ``__del__``): the second
-        signal's KeyboardInterrupt is not news (:meth:`pending` raises it again), anything else is."""
+        signal's KeyboardInterrupt is not news (:meth:`pending` raises it again), anything else
+        is."""
         if not (unraisable.exc_type is KeyboardInterrupt and self.second is not None):
             self._unraisable(unraisable)
 

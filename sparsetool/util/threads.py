@@ -37,7 +37,8 @@ def default_threads(usable: int, busy: float) -> int:
     """Threads for torch on ``usable`` cores of which other processes keep ``busy`` running.
 
     The free cores, rounded to the nearest whole one, at least 1 and at most ``usable``:
-    ``default_threads(2, 0.0) == 2``, ``default_threads(2, 1.0) == 1``, ``default_threads(8, 2.6) == 5``.
+    ``default_threads(2, 0.0) == 2``, ``default_threads(2, 1.0) == 1``,
+    ``default_threads(8, 2.6) == 5``.
     """
     usable = max(1, int(usable))
     free = usable - max(0.0, float(busy))

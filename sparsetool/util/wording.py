@@ -1,4 +1,5 @@
-"""Small wording helpers shared by the library's messages and the CLI's output (no imports but difflib)."""
+"""Small wording helpers shared by the library's messages and the CLI's output (no imports but
+difflib)."""
 
 from __future__ import annotations
 

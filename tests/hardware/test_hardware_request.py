@@ -40,8 +40,8 @@ def test_model_request_matches_the_command():
     assert [d["name"] for d in res["devices"]] == ["cs2", "a100"]
     cs2 = res["devices"][0]
     assert 1.0 < cs2["train_step"]["speedup"] < res["workload"]["theoretical"] < 2.0
-    assert as_json(res) == cli_json("--model", "gpt2-small", "--sparsity", "0.5", "--tokens", "1024",
-                                    "--device", "cs2", "--device", "a100")
+    assert as_json(res) == cli_json("--model", "gpt2-small", "--sparsity", "0.5",
+                                    "--tokens", "1024", "--device", "cs2", "--device", "a100")
 
 
 def test_checkpoint_request_matches_the_command_and_reports_progress(tmp_path):

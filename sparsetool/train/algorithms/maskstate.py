@@ -94,7 +94,8 @@ class MaskState:
                 frozen = frozen | grown
             p.grad.masked_fill_(frozen, 0.0)
 
-    def _finish_update(self, step: int, new_masks: dict[str, torch.Tensor], fraction: float) -> None:
+    def _finish_update(self, step: int, new_masks: dict[str, torch.Tensor],
+                       fraction: float) -> None:
         """Install ``new_masks`` and record the update's totals in :attr:`last_event`: weights
         dropped and grown over all tensors, the drop fraction used, and the fraction of the
         weights grown at the previous update that this one kept (None when it grew none)."""
