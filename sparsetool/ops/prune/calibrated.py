@@ -416,8 +416,9 @@ class CalibratedPlanner:
         return self.opts.method != "magnitude" or self.opts.refine != "none"
 
     def _gather(self, i: int, layers: dict[str, LogicalTensor], calls: list[Call], *,
-                hessian: bool, moments: bool) -> BlockStatistics:
-        """Run every window through block ``i`` (loaded) with hooks on its targeted ``layers``."""
+                hessian: bool, moments: bool, outputs: list | None = None) -> BlockStatistics:
+        """Run every window through block ``i`` (loaded) with hooks on its targeted ``layers``;
+        the block's outputs go into ``outputs`` when it is given (the block as it is now)."""
         model = self.model
         stats = BlockStatistics({own: self._n_in(lt) for own, lt in layers.items()}, hessian,
                                 model.device, moments)
@@ -425,7 +426,9 @@ class CalibratedPlanner:
                  for own in layers]
         try:
             for call in calls:
-                model.run_block(i, call)
+                out = model.run_block(i, call)
+                if outputs is not None:
+                    outputs.append(Call(call.ids, out, call.args, call.kwargs))
                 stats.window_done()
         finally:
             for h in hooks:
@@ -444,9 +447,11 @@ class CalibratedPlanner:
             for i in range(last + 1):
                 pairs = self._by_block.get(i, [])
                 model.load_block(i)
+                outputs: list[Call] = []  # the dense block's outputs: the next block's inputs
                 if pairs:
                     layers = dict(pairs)
-                    stats = self._gather(i, layers, calls, hessian=False, moments=False)
+                    stats = self._gather(i, layers, calls, hessian=False, moments=False,
+                                         outputs=outputs if i < last else None)
                     count = OutlierCount(o.owl_m)
                     for own, lt in layers.items():
                         count.add_sum(self._dense(lt), stats.of(own).sq.cpu())
@@ -455,7 +460,8 @@ class CalibratedPlanner:
                     ratios.append(count.ratio)
                     blocks.append({lt.name: lt.numel for lt in layers.values()})
                 if i < last:
-                    calls = [Call(c.ids, model.run_block(i, c), c.args, c.kwargs) for c in calls]
+                    calls = outputs or [Call(c.ids, model.run_block(i, c), c.args, c.kwargs)
+                                        for c in calls]
                 model.release_block(i)
                 if self.progress:
                     self.progress("outliers", i + 1, last + 1)
