@@ -24,13 +24,15 @@ killed for memory after minutes or hours.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from sparsetool.errors import SparsetoolError
 
-__all__ = ["MemoryPlan", "available_memory", "budget", "fine_tuning_plan", "process_memory", "binary_bytes"]
+__all__ = ["MemoryPlan", "available_memory", "budget", "fine_tuning_plan", "process_memory", "binary_bytes",
+           "release_freed_memory"]
 
 
 def binary_bytes(n: float) -> str:
@@ -161,3 +163,18 @@ def fine_tuning_plan(params: int, *, batch: int, context: int, d_model: int, n_l
     return MemoryPlan(fixed=process_memory(), weights=8 * params, optimizer=12 * params,
                       activations=n_layer * per_layer + logits, statistics=0, budget=total,
                       budget_source=source)
+
+
+def release_freed_memory() -> None:
+    """Hand the memory the process has freed back to the system, between two passes.
+
+    glibc keeps freed blocks in its heap for reuse, and a pass that frees many tensors of
+    varied sizes leaves a heap the next pass does not fill again: OWL's statistics pass, then the
+    pruning pass, held about 125 MB more at their peak on SmolLM2-135M than the pruning pass
+    alone, and 28 MB more after this call (``malloc_trim``). Nothing happens where the C library
+    has no ``malloc_trim``."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim  # the C library the interpreter runs on
+    except (OSError, AttributeError):
+        return
+    trim(0)

@@ -59,7 +59,7 @@ from sparsetool.ops.prune.planner import Sink
 from sparsetool.ops.prune.read import read_alive_tensors
 from sparsetool.ops.text import read_text
 from sparsetool.targets import TargetPlan
-from sparsetool.util.memory import MemoryPlan, budget, process_memory
+from sparsetool.util.memory import MemoryPlan, budget, process_memory, release_freed_memory
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural
 
@@ -267,6 +267,7 @@ class CalibratedPlanner:
             self.on_plan(self.memory)
         if o.allocation == "owl":
             self._allocate()
+            release_freed_memory()  # the statistics pass's heap, before the pruning pass
         # Then one read of every targeted tensor: NaN/inf refused, what is there and what will be
         # kept counted (the output's headers need the kept counts before the first block runs).
         for i, lt in enumerate(self.targets):
