@@ -88,7 +88,10 @@ def main() -> None:
     owl = dict(sparsity_profile="owl", owl_m=5, owl_lmbda=0.08) if args.owl else {}
     if args.owl:
         let_owl_run_its_statistics_pass()
-    modifier = cls(sparsity=sparsity, mask_structure=structure, targets=["Linear"],
+    # OWL allots one sparsity per target, so its targets are the decoder layers (their Linear
+    # modules are pruned); with targets=["Linear"] it stops, one sparsity short per module.
+    targets = [r"re:.*layers\.\d+$"] if args.owl else ["Linear"]
+    modifier = cls(sparsity=sparsity, mask_structure=structure, targets=targets,
                    ignore=["lm_head"], **owl)
 
     t1 = time.perf_counter()
@@ -119,11 +122,16 @@ def main() -> None:
 
 
 def let_owl_run_its_statistics_pass() -> None:
-    """llm-compressor 0.13 and 0.14 run OWL's statistics pass through their calibration pipeline
-    from inside the modifier's initialization, and the pipeline's lifecycle events then fail
-    ("Cannot invoke event before initializing"): ``sparsity_profile="owl"`` never runs. The pass
-    needs none of those events (no modifier is initialized yet to hear them), so they are muted
-    while it runs; the OWL arithmetic and the pruning stay llm-compressor's own."""
+    """Two faults stop ``sparsity_profile="owl"`` in llm-compressor 0.13 and 0.14, and both are
+    worked around here, leaving the OWL arithmetic and the pruning llm-compressor's own:
+
+    - it runs OWL's statistics pass through its calibration pipeline from inside the modifier's
+      initialization, whose lifecycle events then fail ("Cannot invoke event before
+      initializing"); the pass needs none of them (no modifier is initialized yet to hear them),
+      so they are muted while it runs;
+    - the per-layer sparsities come back as a dict, which the modifier then hands whole to every
+      module as its sparsity (only a list is read per layer); they are handed over as a list, in
+      the layers' order."""
     from llmcompressor.core.session_functions import LifecycleCallbacks
     from llmcompressor.modifiers.pruning.sparsegpt.sgpt_base import SparsityModifierBase
 
@@ -141,6 +149,12 @@ def let_owl_run_its_statistics_pass() -> None:
                 setattr(LifecycleCallbacks, name, event)
 
     SparsityModifierBase._get_activations = get_activations
+    infer = SparsityModifierBase._infer_owl_layer_sparsity
+
+    def owl_sparsities(self, *args, **kwargs):
+        return list(infer(self, *args, **kwargs).values())
+
+    SparsityModifierBase._infer_owl_layer_sparsity = owl_sparsities
 
 
 if __name__ == "__main__":
