@@ -28,7 +28,6 @@ import argparse
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -40,7 +39,7 @@ from bench_real import (  # noqa: E402  (a sibling script)
     WORK,
     Bench,
     locked,
-    restore_embedding,
+    run_stages,
     save,
     tag,
     timed,
@@ -97,24 +96,7 @@ class OwlBench(Bench):
               f"{run['peak_rss_mb']:.0f} MB", flush=True)
 
     def _peer_owl(self, method: str, pattern: str) -> None:
-        base = f"llmc-{method}-{tag(pattern)}-owl"
-        result = self.results / f"{base}.prune.json"
-        raw, lfl = self.ckpts / f"{base}-raw", self.ckpts / f"{base}-lfl"
-        if not result.is_file():
-            shutil.rmtree(raw, ignore_errors=True)
-            cmd = [self.args.peer_python, str(HERE / "peer_llmcompressor.py"), str(self.model),
-                   str(raw), "--method", method, "--calibration", str(self.calibration),
-                   "--samples", str(SAMPLES), "--seq", str(SEQ), *PATTERNS[pattern], "--owl"]
-            if self.args.threads:
-                cmd += ["--threads", str(self.args.threads)]
-            run = timed(cmd, self.logs / f"{base}.prune.log", self.env)
-            run["result"] = json.loads(run.pop("stdout").strip().splitlines()[-1])
-            save(result, run)
-            print(f"pruned {base} (llm-compressor): {run['wall_s']:.1f} s "
-                  f"({run['cpu_s']:.0f} CPU s), {run['peak_rss_mb']:.0f} MB", flush=True)
-        if (raw / "model.safetensors").is_file() and not (lfl / "model.safetensors").is_file():
-            restore_embedding(self.model, raw, lfl)
-            shutil.rmtree(raw, ignore_errors=True)
+        self._peer(method, pattern, ("--owl",), "-owl")
 
     def pending(self, kind: str):
         todo, missing = super().pending(kind)
@@ -174,26 +156,14 @@ def main() -> None:
     args.patterns = [p for p in args.patterns.split(",") if p]
     args.variants = [v for v in args.variants.split(",") if v]
     args.tasks_at = [p for p in args.tasks_at.split(",") if p]
-    args.only = set()
+    args.only, args.peer_threads = set(), None
     for p in args.patterns:
         if p not in PATTERNS or ":" in p:
             ap.error(f"--patterns: {p} is not one of 50%, 60%, 70%")
     for v in args.variants:
         if v not in VARIANTS:
             ap.error(f"--variants: {v} is not one of {', '.join(VARIANTS)}")
-    bench = OwlBench(args)
-    bench.prepare()
-    stages = args.stages.split(",")
-    t0 = time.time()
-    if "prune" in stages or "peer" in stages:
-        bench.prune_all("prune" in stages, "peer" in stages and not args.no_peer)
-    kinds = (["ppl"] if "ppl" in stages else []) + (
-        [bench.tasks_kind] if "tasks" in stages and not args.skip_tasks else [])
-    if kinds:
-        bench.evaluate(kinds, args.wait)
-    print(f"\n{time.time() - t0:.0f} s\n")
-    print(bench.report())
-
+    run_stages(OwlBench(args), args)
 
 if __name__ == "__main__":
     main()

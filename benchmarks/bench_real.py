@@ -167,8 +167,10 @@ class Bench:
         save(result, run)
         print(f"pruned {name}: {run['wall_s']:.1f} s, {run['peak_rss_mb']:.0f} MB", flush=True)
 
-    def _peer(self, method: str, pattern: str) -> None:
-        base = f"llmc-{method}-{tag(pattern)}"
+    def _peer(self, method: str, pattern: str, extra: tuple[str, ...] = (), suffix: str = "") -> None:
+        """llm-compressor's prune (``extra``: more options of peer_llmcompressor.py, and
+        ``suffix`` in the checkpoints' names), then its output with the dense embedding back."""
+        base = f"llmc-{method}-{tag(pattern)}{suffix}"
         if self.args.only and not {f"{base}-raw", f"{base}-lfl"} & self.args.only:
             return
         result = self.results / f"{base}.prune.json"
@@ -177,7 +179,7 @@ class Bench:
             shutil.rmtree(raw, ignore_errors=True)
             cmd = [self.args.peer_python, str(HERE / "peer_llmcompressor.py"), str(self.model),
                    str(raw), "--method", method, "--calibration", str(self.calibration),
-                   "--samples", str(SAMPLES), "--seq", str(SEQ), *PATTERNS[pattern]]
+                   "--samples", str(SAMPLES), "--seq", str(SEQ), *PATTERNS[pattern], *extra]
             env = self.env
             threads = self.args.peer_threads or self.args.threads
             if threads:
@@ -186,8 +188,8 @@ class Bench:
             run = timed(cmd, self.logs / f"{base}.prune.log", env)
             run["result"] = json.loads(run.pop("stdout").strip().splitlines()[-1])
             save(result, run)
-            print(f"pruned {base} (llm-compressor): {run['wall_s']:.1f} s, "
-                  f"{run['peak_rss_mb']:.0f} MB", flush=True)
+            print(f"pruned {base} (llm-compressor): {run['wall_s']:.1f} s "
+                  f"({run['cpu_s']:.0f} CPU s), {run['peak_rss_mb']:.0f} MB", flush=True)
         if (raw / "model.safetensors").is_file() and not (lfl / "model.safetensors").is_file():
             restore_embedding(self.model, raw, lfl)
 
@@ -454,7 +456,11 @@ def main() -> None:
     for p in args.patterns:
         if p not in PATTERNS:
             ap.error(f"--patterns: {p} is not one of {', '.join(PATTERNS)}")
-    bench = Bench(args)
+    run_stages(Bench(args), args)
+
+
+def run_stages(bench: Bench, args: argparse.Namespace) -> None:
+    """Prepare the inputs, run the stages ``args.stages`` names, print the report."""
     bench.prepare()
     stages = args.stages.split(",")
     t0 = time.time()
@@ -468,7 +474,6 @@ def main() -> None:
         bench.evaluate(kinds, args.wait)
     print(f"\n{time.time() - t0:.0f} s\n")
     print(bench.report())
-
 
 if __name__ == "__main__":
     main()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal, InvalidOperation
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from sparsetool.errors import ConfigError
 from sparsetool.util.wording import did_you_mean, plural
@@ -362,17 +362,21 @@ def check_count(value: int, option: str, minimum: int = 1) -> int:
     return value
 
 
+def _number_in(value: object, option: str, ok: Callable[[float], bool], what: str) -> float:
+    x = _number(value)
+    if x is None or not ok(x):
+        raise ConfigError(f"{option} {value}: must be {what}")
+    return x
+
+
 def check_dampening(value: float, option: str = "--dampening") -> float:
     """SparseGPT's dampening, a fraction of the Hessian's mean diagonal: ``0 < d <= 1``.
 
     >>> check_dampening("0.01")
     0.01
     """
-    x = _number(value)
-    if x is None or not 0 < x <= 1:
-        raise ConfigError(f"{option} {value}: must be a number above 0 and at most 1 "
-                          "(a fraction of the mean diagonal of X^T X, e.g. 0.01)")
-    return x
+    return _number_in(value, option, lambda x: 0 < x <= 1, "a number above 0 and at most 1 (a "
+                      "fraction of the mean diagonal of X^T X, e.g. 0.01)")
 
 
 def check_owl_m(value: float, option: str = "--owl-m") -> float:
@@ -381,11 +385,8 @@ def check_owl_m(value: float, option: str = "--owl-m") -> float:
     >>> check_owl_m("5")
     5.0
     """
-    x = _number(value)
-    if x is None or not 0 < x < math.inf:
-        raise ConfigError(f"{option} {value}: must be a number above 0 (a score above M times "
-                          "the block's mean is an outlier; the paper uses 5)")
-    return x
+    return _number_in(value, option, lambda x: 0 < x < math.inf, "a number above 0 (a score "
+                      "above M times the block's mean is an outlier; the paper uses 5)")
 
 
 def check_owl_lambda(value: float, option: str = "--owl-lambda") -> float:
@@ -394,11 +395,8 @@ def check_owl_lambda(value: float, option: str = "--owl-lambda") -> float:
     >>> check_owl_lambda("0.08")
     0.08
     """
-    x = _number(value)
-    if x is None or not 0 <= x <= 0.5:
-        raise ConfigError(f"{option} {value}: must be a number from 0 to 0.5 (block sparsities "
-                          "spread over 2 x lambda around the target; the paper uses 0.08)")
-    return x
+    return _number_in(value, option, lambda x: 0 <= x <= 0.5, "a number from 0 to 0.5 (block "
+                      "sparsities spread over 2 x lambda around the target; the paper uses 0.08)")
 
 
 def check_threshold(value: float, option: str = "--dsnot-threshold") -> float:
@@ -407,10 +405,7 @@ def check_threshold(value: float, option: str = "--dsnot-threshold") -> float:
     >>> check_threshold("0.1")
     0.1
     """
-    x = _number(value)
-    if x is None or not 0 <= x < math.inf:
-        raise ConfigError(f"{option} {value}: must be a number of at least 0")
-    return x
+    return _number_in(value, option, lambda x: 0 <= x < math.inf, "a number of at least 0")
 
 
 def check_choice(value: str, option: str, choices: Sequence[str], case_sensitive: bool = True) -> str:
