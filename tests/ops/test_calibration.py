@@ -298,7 +298,7 @@ def test_sparsegpt_makes_one_hessian_per_distinct_input_and_drops_it_after_its_l
 def test_block_statistics_share_an_input_read_by_several_layers_bit_for_bit():
     """Two layers reading one tensor share one X^T X, equal to each layer's own sum; a layer
     reading another tensor (of the same size) has its own; the statistics go with the last layer."""
-    from sparsetool.ops.prune.calibrated import BlockStatistics
+    from sparsetool.ops.prune.statistics import BlockStatistics
 
     torch.manual_seed(0)
     a, b, c = (torch.nn.Linear(8, 8) for _ in range(3))

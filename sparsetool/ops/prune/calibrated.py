@@ -57,13 +57,14 @@ from sparsetool.models.open import open_model
 from sparsetool.ops.prune.options import DEFAULT_SEQ, PruneOptions
 from sparsetool.ops.prune.planner import Sink
 from sparsetool.ops.prune.read import read_alive_tensors
+from sparsetool.ops.prune.statistics import BlockStatistics, InputStatistics
 from sparsetool.ops.text import read_text
 from sparsetool.targets import TargetPlan
 from sparsetool.util.memory import MemoryPlan, budget, process_memory, release_freed_memory
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural
 
-__all__ = ["CalibratedPlanner", "BlockStatistics", "calibration_windows", "NEEDS", "LOWER_MEMORY"]
+__all__ = ["CalibratedPlanner", "calibration_windows", "NEEDS", "LOWER_MEMORY"]
 
 NEEDS = "calibration pruning (--method wanda or sparsegpt) runs causal language models only"
 LOWER_MEMORY = "--samples, --seq, --dtype bfloat16, or --max-memory if more is free than detected"
@@ -82,133 +83,6 @@ def calibration_windows(ids: list[int], samples: int, seq: int, seed: int, sourc
     pick = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:samples].sort().values
     t = torch.tensor(ids[: n * seq], dtype=torch.long).view(n, seq)
     return t[pick]
-
-
-class _Input:
-    """The statistics of one distinct input of a block, shared by every targeted layer that reads
-    that tensor (Llama's q/k/v projections read one, its gate/up projections another): Wanda's sum
-    of squares of each feature (float64), SparseGPT's ``X^T X`` (float32), which becomes its
-    inverse's factor, in place, when the first of its layers is solved."""
-
-    def __init__(self, n_in: int, hessian: bool, device: torch.device, moments: bool = False):
-        self.n_in = n_in
-        zeros = lambda: torch.zeros(n_in, dtype=torch.float64, device=device)  # noqa: E731
-        self.sq = None if hessian and not moments else zeros()
-        self.sum = zeros() if moments else None  # DSnoT: each feature's sum, for its mean
-        self.tokens = 0
-        self.h = torch.zeros(n_in, n_in, dtype=torch.float32, device=device) if hessian else None
-        self.factor: torch.Tensor | None = None
-        self.users: list[str] = []  # the layers (model names) that read it, in forward order
-        self.left = 0  # users not pruned yet
-
-    def add(self, x: torch.Tensor) -> None:
-        if self.h is not None:
-            xt = x.T
-            for r in range(0, self.n_in, ROWS):  # not the whole in x in product beside h
-                self.h[r:r + ROWS] += xt[r:r + ROWS] @ x
-        if self.sq is not None:
-            self.sq += x.double().pow(2).sum(0)
-        if self.sum is not None:
-            self.sum += x.double().sum(0)
-        self.tokens += x.shape[0]
-
-    def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """DSnoT's view of the input: each feature's mean and variance over the tokens (CPU)."""
-        assert self.sum is not None and self.sq is not None, "gathered without moments"
-        mean = self.sum / max(self.tokens, 1)
-        var = (self.sq / max(self.tokens, 1) - mean * mean).clamp_min(0)
-        return mean.cpu(), var.cpu()
-
-    def drop(self) -> None:
-        self.sq = self.h = self.factor = self.sum = None
-
-
-class BlockStatistics:
-    """The input statistics of one block's targeted layers, one set per distinct input tensor,
-    fed by forward hooks (:meth:`hook`) while the calibration windows run through the block.
-
-    Which layers share an input is seen, not assumed: in the first window, a layer whose input is
-    the very tensor object an earlier layer of that window read joins that layer's statistics; the
-    others each get their own. Every later window must share the same way (it always does in a
-    block's fixed code). Each input's statistics are added once per window, so a shared ``X^T X``
-    is the same, bit for bit, as each layer's own would be; :meth:`release` drops it when the
-    last of its layers is pruned."""
-
-    def __init__(self, n_in: dict[str, int], hessian: bool, device: torch.device,
-                 moments: bool = False):
-        self.n_in, self.hessian, self.device, self.moments = n_in, hessian, device, moments
-        self.inputs: list[_Input] = []  # in the order they were first seen
-        self._of: dict[str, _Input] = {}
-        self._window: dict[int, tuple[torch.Tensor, _Input, set[str]]] = {}  # id(tensor) -> ...
-        self._windows = 0
-
-    def hook(self, own: str) -> Callable:
-        def see(module, args, output) -> None:
-            self._see(own, args[0])
-        return see
-
-    def _see(self, own: str, x: torch.Tensor) -> None:
-        if x.shape[-1] != self.n_in[own]:
-            raise SparsetoolError(f"a targeted layer takes {x.shape[-1]} inputs but its weight has "
-                                  f"{self.n_in[own]}; the input dimension of this model is not known")
-        seen = self._window.get(id(x))
-        if seen is not None and seen[0] is not x:
-            seen = None  # the id of a tensor that is gone
-        stats = self._of.get(own)
-        if stats is None:  # the layer's first run: it joins the statistics of the tensor it reads
-            if self._windows:
-                raise CheckpointError(f"layer {own!r} ran in a later calibration window but not "
-                                      "in the first; please report this")
-            if seen is not None:
-                stats = seen[1]
-            else:
-                stats = _Input(self.n_in[own], self.hessian, self.device, self.moments)
-                self.inputs.append(stats)
-            self._of[own] = stats
-            stats.users.append(own)
-        if seen is not None and seen[1] is not stats or seen is None and stats.users[0] != own:
-            raise CheckpointError(f"layer {own!r} shares its input differently from one "
-                                  "calibration window to the next; please report this")
-        if seen is not None and own not in seen[2]:  # this window's tensor is in already
-            seen[2].add(own)
-            return
-        stats.add(x.detach().reshape(-1, x.shape[-1]).float())
-        if seen is None:
-            self._window[id(x)] = (x, stats, {own})
-
-    def window_done(self) -> None:
-        """Between two windows: forget which tensors this one's layers read."""
-        self._window.clear()
-        self._windows += 1
-
-    def solve_order(self, cost: Callable[[str], int]) -> list[str]:
-        """Every layer, in the order to prune them: the layers of one input together, inputs by
-        the largest ``cost`` of their layers (ties: as first seen), so the costliest solve runs
-        when the fewest statistics are still held. A layer that never ran gets zeros."""
-        for own in self.n_in:
-            if own not in self._of:
-                stats = self._of[own] = _Input(self.n_in[own], self.hessian, self.device, self.moments)
-                stats.users.append(own)
-                self.inputs.append(stats)
-        for stats in self.inputs:
-            stats.left = len(stats.users)
-        ranked = sorted(self.inputs, key=lambda st: max(cost(own) for own in st.users))
-        return [own for stats in ranked for own in stats.users]
-
-    def groups(self) -> list[list[str]]:
-        """The layers (model names) that share each input, inputs in the order first seen."""
-        return [list(st.users) for st in self.inputs]
-
-    def of(self, own: str) -> _Input:
-        return self._of[own]
-
-    def release(self, own: str) -> None:
-        """``own`` is pruned: drop its input's statistics if it was the last of their layers."""
-        stats = self._of.pop(own)
-        stats.left -= 1
-        if stats.left == 0:
-            stats.drop()
-            self.inputs.remove(stats)
 
 
 class CalibratedPlanner:
@@ -469,11 +343,10 @@ class CalibratedPlanner:
         del calls
         sparsities = owl_sparsities(ratios, [sum(b.values()) for b in blocks], o.sparsity, o.owl_lambda)
         self.keep = owl_keep(blocks, sparsities, o.sparsity)
-        indices = [i for i in sorted(self._by_block)]
         self.allocation = [
             {"block": b, "outlier_ratio": r, "sparsity": block_sparsity(self.keep, block),
              "targeted": sum(block.values()), "kept": sum(self.keep[n] for n in block)}
-            for b, r, block in zip(indices, ratios, blocks)]
+            for b, r, block in zip(sorted(self._by_block), ratios, blocks)]
 
     def _dense(self, lt: LogicalTensor) -> torch.Tensor:
         """A targeted weight as stored, (out, in), in float32 (pruned positions are zeros)."""
@@ -492,7 +365,7 @@ class CalibratedPlanner:
             self._prune(own, layers[own], stats.of(own), sink)
             stats.release(own)
 
-    def _prune(self, own: str | None, lt: LogicalTensor, stats: _Input | None, sink: Sink) -> None:
+    def _prune(self, own: str | None, lt: LogicalTensor, stats: InputStatistics | None, sink: Sink) -> None:
         """Prune one tensor from its stored values (float32 math), write it, put it back into
         the block (``own``, its model name; None when no block runs)."""
         o = self.opts
