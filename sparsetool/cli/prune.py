@@ -113,11 +113,12 @@ def prune(
     """
     from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 
-    opts = PruneOptions.from_values(**PruneOptions.pick(locals()))  # as sparsetool.prune makes them
+    values = PruneOptions.pick(locals())
     if output is None and not in_place:
         usage_error("give -o OUTPUT (or --in-place to replace the input)")
     in_place_conflict(checkpoint, output, in_place)
     with usage_errors():
+        opts = PruneOptions.from_values(**values)  # as sparsetool.prune makes them
         opts.validate()
     use_device(device)
     use_workers(workers)
