@@ -27,6 +27,7 @@ from sparsetool.ops.load import load
 from sparsetool.util.options import (
     DSNOT_ITERATIONS,
     DSNOT_THRESHOLD,
+    EXPERT_MIN_TOKENS,
     OWL_LAMBDA,
     OWL_M,
     parse_globs,
@@ -61,6 +62,7 @@ def prune(
     refine: str = "none",
     dsnot_iterations: int = DSNOT_ITERATIONS,
     dsnot_threshold: float = DSNOT_THRESHOLD,
+    expert_min_tokens: int = EXPERT_MIN_TOKENS,
     device: str = "auto",
     dtype: str = "float32",
     max_memory: int | str | None = None,
@@ -73,7 +75,8 @@ def prune(
     ``"12G"``; default: what is available). ``allocation="owl"`` spreads ``sparsity`` over the
     blocks by their outlier ratios (``owl_m``, ``owl_lambda``), ``refine="dsnot"`` refines each
     mask (``dsnot_iterations``, ``dsnot_threshold``); both need ``calibration`` and work with
-    magnitude, wanda and sparsegpt. Raises :class:`sparsetool.errors.SparsetoolError` on bad input; nothing is written then."""
+    magnitude, wanda and sparsegpt. In a Mixture of Experts, an expert routed fewer than
+    ``expert_min_tokens`` calibration tokens is pruned by magnitude (``result.experts``). Raises :class:`sparsetool.errors.SparsetoolError` on bad input; nothing is written then."""
     from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 
     opts = PruneOptions.from_values(**PruneOptions.pick(locals()))  # the CLI's construction too

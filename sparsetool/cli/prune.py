@@ -89,6 +89,7 @@ def prune(
     refine: Refinement = choice_option(Refinement, "none", "--refine", help="dsnot: after the mask is chosen, swap pruned and kept weights row by row while that lowers the row's expected output error (no training; exact counts). Needs --calibration; works with magnitude, wanda and sparsegpt."),
     dsnot_iterations: int = typer.Option(50, "--dsnot-iterations", metavar="T", callback=checked(options.check_count, minimum=0), help="dsnot: at most T swaps per row."),
     dsnot_threshold: str = typer.Option("0.1", "--dsnot-threshold", metavar="E", callback=checked(options.check_threshold), help="dsnot: a row stops once its expected error (its output summed over a window) is at most E."),
+    expert_min_tokens: int = typer.Option(32, "--expert-min-tokens", metavar="N", callback=checked(options.check_count, minimum=0), help="wanda/sparsegpt on a Mixture of Experts: each expert's matrices are pruned from the tokens routed to it; one routed fewer than N calibration tokens is pruned by magnitude instead (counted in the output)."),
     device: str = device_option("wanda/sparsegpt: where the blocks run: auto (a GPU if there is one), cpu, cuda or cuda:N."),
     dtype: ComputeDType = compute_dtype_option("wanda/sparsegpt: precision of the forward passes; statistics and the SparseGPT solve stay float32."),
     max_memory: Optional[str] = max_memory_option(),
@@ -149,6 +150,8 @@ def prune(
     if result.refined and not quiet:
         console.print(f"DSnoT: {plural(result.refined['swaps'], 'swap')} of a pruned weight for a kept one "
                       f"(at most {result.refined['iterations']} per row)", highlight=False, soft_wrap=True)
+    if result.experts and not quiet:
+        print_experts(result.experts)
     for note in [] if quiet else result.notes:
         console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
     if untouched:
@@ -167,3 +170,19 @@ def print_allocation(blocks: list[dict]) -> None:
              f"{b['kept']:,} of {b['targeted']:,}"] for b in blocks]
     print_table(["block", "outliers", "sparsity", "kept"], rows,
                 title="OWL allocation (outliers: scores above M x the block's mean)")
+
+
+def print_experts(experts: dict) -> None:
+    """A Mixture of Experts: how many calibration tokens its experts' matrices saw, and which
+    were pruned by magnitude for too few."""
+    tokens = list(experts["routed_tokens"].values())
+    if tokens:
+        console.print(f"experts: {plural(len(tokens), 'matrix', 'matrices')} pruned from the tokens "
+                      f"routed to their expert ({min(tokens):,} to {max(tokens):,} tokens)",
+                      highlight=False, soft_wrap=True)
+    fallback = experts["magnitude"]
+    if fallback:
+        console.print(f"note: {plural(len(fallback), 'expert matrix', 'expert matrices')} pruned by "
+                      f"magnitude: their expert was routed fewer than {experts['min_tokens']} "
+                      f"calibration tokens (--expert-min-tokens); first: {escape(fallback[0])}",
+                      highlight=False, soft_wrap=True)

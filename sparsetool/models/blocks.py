@@ -23,6 +23,7 @@ norm (and anything else the model does after its blocks) is the model's own code
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -33,6 +34,7 @@ from sparsetool.checkpoint import Checkpoint
 from sparsetool.checkpoint.encodings import decode
 from sparsetool.checkpoint.zeros import count_nonzero_values, negative_zeros
 from sparsetool.errors import SparsetoolError
+from sparsetool.models.hf import Piece
 from sparsetool.targets import is_floating, plan_targets
 
 __all__ = ["BlockModel", "Call", "Encoded", "find_blocks", "block_index"]
@@ -59,6 +61,17 @@ class Call:
     hidden: torch.Tensor
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
+    # The blocks the model passes other arguments than block 0's (a full-attention block's mask
+    # among sliding-window ones): block -> (args, kwargs).
+    others: dict[int, tuple[tuple, dict]] = field(default_factory=dict)
+
+    def arguments(self, block: int) -> tuple[tuple, dict]:
+        """What the model passes block ``block`` beside the hidden states."""
+        return self.others.get(block, (self.args, self.kwargs))
+
+    def passed(self, hidden: torch.Tensor) -> Call:
+        """This batch, entering the next block with ``hidden``."""
+        return dataclasses.replace(self, hidden=hidden)
 
 
 class _Captured(Exception):
@@ -78,20 +91,47 @@ class _Replay(torch.nn.Module):
         return (out,) if self.as_tuple else out
 
 
+class _Recorder(torch.nn.Module):
+    """Stands in for a block while the arguments the model passes each block are recorded: it
+    keeps them and hands the hidden states on."""
+
+    def __init__(self, as_tuple: bool):
+        super().__init__()
+        self.as_tuple, self.seen = as_tuple, None
+
+    def forward(self, hidden=None, *args, **kwargs):
+        self.seen = (args, {k: v for k, v in kwargs.items() if k != "hidden_states"})
+        if hidden is None:
+            hidden = kwargs["hidden_states"]
+        return (hidden,) if self.as_tuple else hidden
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two arguments of a block are the same (the one object, or equal tensors)."""
+    if a is b:
+        return True
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and not isinstance(a, torch.Tensor) and a == b
+
+
 class BlockModel:
     """A model whose weights stay in the checkpoint until a pass needs them; see the module doc.
 
-    ``names`` maps each parameter of ``module`` to the checkpoint tensor it is read from (a tied
-    head shares its embedding's). ``blocks[i]`` holds the parameter names of block ``i``;
+    ``sources`` maps each parameter of ``module`` to the checkpoint tensors it is read from: one
+    :class:`~sparsetool.models.hf.Piece` holding all of it, or the pieces of a Mixture of Experts'
+    merged experts (a tied head shares its embedding's). ``blocks[i]`` holds the parameter names of block ``i``;
     ``outer`` the rest but the head; ``head`` the untied LM head's (empty when tied).
     """
 
     def __init__(self, path: Path, ckpt: Checkpoint, kind: str, module: torch.nn.Module,
-                 context: int, encode: Callable[[str], Encoded], names: dict[str, str],
+                 context: int, encode: Callable[[str], Encoded], sources: dict[str, list[Piece]],
                  dtype: torch.dtype, device: torch.device, head_module: torch.nn.Module,
                  forward: Callable[[torch.Tensor], Any]):
         self.path, self.ckpt, self.kind, self.module = path, ckpt, kind, module
-        self.context, self.encode, self.names = context, encode, names
+        self.context, self.encode, self.sources = context, encode, sources
         self.dtype, self.device = dtype, device
         self._head_module, self._forward = head_module, forward
         self._lts = {lt.name: lt for lt in ckpt.logical}
@@ -107,6 +147,8 @@ class BlockModel:
                 self._meta[name] = p
                 self._aliases[name] = [name]
         own = list(self._meta)
+        self._by_stored = {piece.stored: (name, piece) for name in reversed(own)
+                           for piece in self.sources[name]}
         self.block_prefix, block_list = find_blocks(module, own)
         self.block_list: torch.nn.ModuleList = block_list
         self.blocks: list[list[str]] = [[] for _ in range(len(block_list))]
@@ -120,7 +162,7 @@ class BlockModel:
         self._loaded: set[str] = set()
         self._tuple_out = False
         # What each checkpoint tensor holds, counted the first time it is read (eval's table).
-        stored = {self.names[n] for n in own}
+        stored = {piece.stored for n in own for piece in self.sources[n]}
         self.plan = plan_targets([(s, tuple(self._lts[s].shape), self._lts[s].dtype) for s in sorted(stored)])
         self.counts: dict[str, tuple[int, int]] = {}  # checkpoint name -> (numel, non-zeros)
 
@@ -189,8 +231,25 @@ class BlockModel:
 
     def load(self, names: list[str]) -> None:
         for name in names:
-            if name not in self._loaded:
-                self.set_weight(name, self.read(self.names[name]))
+            if name in self._loaded:
+                continue
+            pieces = self.sources[name]
+            if len(pieces) == 1 and not pieces[0].index:
+                self.set_weight(name, self.read(pieces[0].stored))
+                continue
+            merged = torch.empty(self._meta[name].shape, dtype=self.dtype, device=self.device)
+            for piece in pieces:  # one expert's matrix at a time
+                merged[piece.index] = self.read(piece.stored)
+            self.set_weight(name, merged)
+
+    def set_piece(self, name: str, piece: Piece, value: torch.Tensor) -> None:
+        """Give the place of ``piece`` in loaded parameter ``name`` ``value`` (one expert's matrix)."""
+        assert name in self._loaded, f"{name} is not loaded"
+        self.module.get_parameter(name).data[piece.index] = value.to(self.device, self.dtype)
+
+    def piece_of(self, stored: str) -> tuple[str, Piece] | None:
+        """The parameter checkpoint tensor ``stored`` is read into, and its place there."""
+        return self._by_stored.get(stored)
 
     def release(self, names: list[str]) -> None:
         for name in names:
@@ -230,14 +289,62 @@ class BlockModel:
                         continue
                     raise SparsetoolError(f"{self.path}: the model never ran its first block; "
                                           "only causal language models built of blocks are supported")
+            if len(self.block_list) > 1:
+                self._record_arguments(calls)
         finally:
             handle.remove()
             self.release(self.outer)
         return calls
 
+    def _record_arguments(self, calls: list[Call]) -> None:
+        """The arguments the model passes each block, where they differ from block 0's (models
+        that mix sliding-window and full attention pass each kind its own mask): the model's
+        forward pass again with every block replaced by a :class:`_Recorder`, stopped at the head.
+
+        Whether a block hands back a tuple is not known before one runs; stand-ins of the wrong
+        kind bring the head hidden states of the wrong shape, and the pass is made again."""
+        originals = list(self.block_list)
+        reached: list[torch.Tensor] = []
+
+        def at_head(module, args, kwargs):
+            reached.append(args[0] if args else next(iter(kwargs.values())))
+            raise _Captured
+
+        handle = self._head_module.register_forward_pre_hook(at_head, with_kwargs=True)
+        try:
+            for as_tuple in (False, True):
+                recorders = [_Recorder(as_tuple) for _ in originals]
+                for j, r in enumerate(recorders):
+                    self.block_list[j] = r
+                seen: list[list[tuple[tuple, dict]]] = []
+                reached.clear()
+                with torch.inference_mode():
+                    for call in calls:
+                        try:
+                            self._forward(call.ids)
+                        except _Captured:
+                            pass
+                        seen.append([r.seen for r in recorders])
+                if all(h.shape == c.hidden.shape for h, c in zip(reached, calls)) and len(reached) == len(calls):
+                    break
+            else:
+                return  # the model does not pass its blocks' outputs on as expected: block 0's for all
+        finally:
+            handle.remove()
+            for j, m in enumerate(originals):
+                self.block_list[j] = m
+        for call, per_block in zip(calls, seen):
+            first = (call.args, call.kwargs)
+            for j, got in enumerate(per_block):
+                if j and got is not None and not (
+                        _same(got[0], first[0]) and got[1].keys() == first[1].keys()
+                        and all(_same(got[1][k], first[1][k]) for k in got[1])):
+                    call.others[j] = got
+
     def run_block(self, i: int, call: Call) -> torch.Tensor:
         """Block ``i`` (loaded) applied to one batch: its output hidden states."""
-        out = self.block_list[i](call.hidden, *call.args, **call.kwargs)
+        args, kwargs = call.arguments(i)
+        out = self.block_list[i](call.hidden, *args, **kwargs)
         if isinstance(out, (tuple, list)):
             self._tuple_out = True
             return out[0]
@@ -249,7 +356,7 @@ class BlockModel:
         inputs of a block are dropped as its outputs are made); ``after_block()`` after each."""
         for i in range(len(self.blocks)):
             self.load_block(i)
-            calls = [Call(c.ids, self.run_block(i, c), c.args, c.kwargs) for c in calls]
+            calls = [c.passed(self.run_block(i, c)) for c in calls]
             self.release_block(i)
             if after_block:
                 after_block()

@@ -12,15 +12,16 @@ it asks on the terminal whether to run such code), and no module named in a conf
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from sparsetool.checkpoint.config import drop_sparsity_config
 from sparsetool.errors import SparsetoolError
 
-__all__ = ["HF_EXTRA", "MAX_DEFAULT_SEQ", "TOKENIZER_FILES", "context_of", "hf_config",
+__all__ = ["HF_EXTRA", "MAX_DEFAULT_SEQ", "TOKENIZER_FILES", "Piece", "context_of", "hf_config",
            "import_transformers", "load_tokenizer", "match_names", "match_weights"]
 
 MAX_DEFAULT_SEQ = 2048  # default window for models trained on long contexts (CPU memory, time)
@@ -112,33 +113,110 @@ def load_tokenizer(path: Path, transformers):
     return tok
 
 
-def _renamer(model: torch.nn.Module, command: str) -> Callable[[Path, str], str]:
-    """transformers' own checkpoint -> model renames (GPT-NeoX ``embed_out`` -> ``lm_head``...).
+@dataclass(frozen=True)
+class Piece:
+    """Where one checkpoint tensor lands in a model parameter: ``parameter[index]``, the whole
+    parameter when ``index`` is empty.
 
-    Conversions that merge several tensors into one (per-expert weights stacked) are refused:
-    tensors are loaded one to one.
+    transformers 5 runs a Mixture of Experts' experts as one 3-D parameter per projection
+    (``mlp.experts.gate_up_proj``: experts x (gate; up) x in), merged on loading from the one
+    tensor per expert (and per gate or up half) that most checkpoints store; each of those is a
+    piece: ``(expert, slice of rows)``.
     """
-    from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightRenaming, apply_converters, apply_renamings
 
-    transforms = get_model_conversion_mapping(model)
-    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
-    converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
+    stored: str
+    index: tuple = ()
 
-    def rename(path: Path, name: str) -> str:
-        new = apply_renamings(name, renamings)
-        if apply_converters(new, converters)[1] is not None:
-            raise SparsetoolError(f"{path}: tensor {name!r} is stored in a layout transformers converts "
-                                  f"on loading (several tensors merged into one); {command} does not "
-                                  "support this model's checkpoints yet")
-        return new
 
-    return rename
+class _Conversions:
+    """transformers' own checkpoint -> model renames (GPT-NeoX ``embed_out`` -> ``lm_head``...)
+    and merges (one tensor per expert stacked into a 3-D parameter).
+
+    A merge is understood when it stacks a list of tensors (``MergeModulelist``), then perhaps
+    concatenates the stacks (``Concatenate``): each stored tensor then has a place of its own in
+    the merged parameter (:class:`Piece`). Any other conversion (a transpose, a permutation) is
+    refused: tensors are loaded as they are stored.
+    """
+
+    def __init__(self, model: torch.nn.Module, path: Path, command: str):
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+
+        transforms = get_model_conversion_mapping(model)
+        self.renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+        self.converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
+        self.path, self.command = path, command
+        # merged parameter -> its converter and (source pattern, expert, stored name, shape)
+        self.merged: dict[str, tuple[object, list[tuple[int, int, str, tuple[int, ...]]]]] = {}
+
+    def rename(self, name: str, shape: tuple[int, ...]) -> str | None:
+        """The model's name for stored tensor ``name``; None when it is one piece of a merged
+        parameter (collected for :meth:`pieces`)."""
+        from transformers.core_model_loading import apply_converters, apply_renamings
+
+        new = apply_renamings(name, self.renamings)
+        target, pattern = apply_converters(new, self.converters)
+        if pattern is None:
+            return new
+        converter = next(c for c in self.converters if pattern in c.source_patterns)
+        ops = [type(op).__name__ for op in converter.operations]
+        found = re.search(re.escape(pattern).replace(r"\*", r"(\d+)"), new)
+        if ops not in (["MergeModulelist"], ["MergeModulelist", "Concatenate"]) or found is None:
+            raise SparsetoolError(
+                f"{self.path}: tensor {name!r} is stored in a layout transformers converts on "
+                f"loading ({' then '.join(ops) or type(converter).__name__}); {self.command} "
+                "does not support this model's checkpoints yet")
+        members = self.merged.setdefault(target, (converter, []))[1]
+        members.append((converter.source_patterns.index(pattern), int(found.group(1)), name, shape))
+        return None
+
+    def pieces(self, target: str, shape: tuple[int, ...]) -> list[Piece]:
+        """The stored tensors merged into parameter ``target`` of ``shape``, each at its place;
+        every place must be filled exactly once, by a tensor of the place's shape."""
+        converter, members = self.merged[target]
+        stack = converter.operations[0].dim
+        concat = converter.operations[1].dim if len(converter.operations) > 1 else None
+        along = None if concat is None else (concat if concat < stack else concat - 1)  # stored dim
+        sizes: dict[int, int] = {}
+        for j, _e, _name, stored_shape in members:
+            sizes.setdefault(j, 1 if along is None else stored_shape[along])
+        offsets, at = {}, 0
+        for j in sorted(sizes):
+            offsets[j], at = at, at + sizes[j]
+        pieces, places = [], set()
+        for j, e, name, stored_shape in sorted(members, key=lambda m: (m[1], m[0])):
+            index: list = [slice(None)] * len(shape)
+            if e >= shape[stack]:
+                raise SparsetoolError(
+                    f"{self.path}: tensor {name!r} is expert {e}, but config.json describes "
+                    f"{shape[stack]} experts; the weights and config.json disagree")
+            index[stack] = e
+            if concat is not None:
+                index[concat] = slice(offsets[j], offsets[j] + sizes[j])
+            place = [n for k, n in enumerate(shape) if k != stack]
+            if concat is not None:
+                place[along] = sizes[j]
+            if list(stored_shape) != place or (concat is not None and at != shape[concat]):
+                raise SparsetoolError(
+                    f"{self.path}: tensor {name!r} has shape {list(stored_shape)}, but its place in "
+                    f"{target!r} {list(shape)} (config.json) is {place}; the weights and "
+                    "config.json disagree")
+            places.add((j, e))
+            pieces.append(Piece(name, tuple(index)))
+        missing = [(j, e) for e in range(shape[stack]) for j in range(len(converter.source_patterns))
+                   if (j, e) not in places]
+        if missing:
+            j, e = missing[0]
+            raise SparsetoolError(
+                f"{self.path}: no tensor {converter.source_patterns[j].replace('*', str(e))!r} for "
+                f"{target!r}; the checkpoint lacks weights the model of config.json needs")
+        return pieces
 
 
 def match_names(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, ...]],
-                command: str = "eval") -> dict[str, str]:
-    """Each parameter or buffer of ``model`` -> the checkpoint tensor it is loaded from, given the
+                command: str = "eval") -> dict[str, list[Piece]]:
+    """Each parameter or buffer of ``model`` -> the checkpoint tensors it is loaded from (one
+    :class:`Piece` holding the whole parameter, or the pieces of a merged one), given the
     checkpoint's tensor shapes (``shapes``, read from its headers); shapes are checked against
     config.json, and every parameter of the model must be there (a tied one once, all its names
     reading that tensor)."""
@@ -156,25 +234,34 @@ def match_names(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int,
 def match_weights(path: Path, model: torch.nn.Module, weights: dict[str, torch.Tensor],
                   command: str = "eval") -> dict[str, torch.Tensor]:
     """``weights`` (a checkpoint's dense tensors) under the model's own names, checked as
-    :func:`match_names` does; a tied parameter appears once."""
+    :func:`match_names` does, merged parameters assembled from their pieces; a tied parameter
+    appears once."""
     origin = _match(path, model, {k: tuple(t.shape) for k, t in weights.items()}, command)
-    return {name: weights[stored] for name, stored in origin.items()}
+    own = model.state_dict()
+    out: dict[str, torch.Tensor] = {}
+    for name, pieces in origin.items():
+        if len(pieces) == 1 and not pieces[0].index:
+            out[name] = weights[pieces[0].stored]
+            continue
+        first = weights[pieces[0].stored]
+        merged = torch.empty(own[name].shape, dtype=first.dtype)
+        for piece in pieces:
+            merged[piece.index] = weights[piece.stored]
+        out[name] = merged
+    return out
 
 
 def _match(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, ...]],
-           command: str) -> dict[str, str]:
+           command: str) -> dict[str, list[Piece]]:
     own = model.state_dict()
     prefix = getattr(model, "base_model_prefix", "") or ""
-    rename = _renamer(model, command)
-    origin: dict[str, str] = {}
+    conversions = _Conversions(model, path, command)
+    origin: dict[str, list[Piece]] = {}
     for stored, shape in shapes.items():
-        name = rename(path, stored)
-        if name not in own and prefix:
-            # Saved from the bare model (no LM-head wrapper) or the reverse.
-            if f"{prefix}.{name}" in own:
-                name = f"{prefix}.{name}"
-            elif name.startswith(prefix + ".") and name[len(prefix) + 1:] in own:
-                name = name[len(prefix) + 1:]
+        name = conversions.rename(stored, tuple(shape))
+        if name is None:
+            continue  # a piece of a merged parameter
+        name = _with_prefix(name, own, prefix)
         if name not in own:
             if name.endswith(_LEGACY_BUFFERS):
                 continue
@@ -185,7 +272,14 @@ def _match(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, ...]
                 f"{path}: tensor {name!r} has shape {list(shape)} but config.json describes "
                 f"{list(own[name].shape)}; the weights and config.json disagree"
             )
-        origin[name] = stored
+        origin[name] = [Piece(stored)]
+    for target in conversions.merged:
+        name = _with_prefix(target, own, prefix)
+        if name not in own:
+            raise SparsetoolError(f"{path}: tensors merged into {name!r} are not part of the "
+                                  f"{type(model).__name__} that config.json describes; the weights "
+                                  "and config.json disagree")
+        origin[name] = conversions.pieces(target, tuple(own[name].shape))
     # Parameters shared with a loaded one (a head tied to the embedding) need no tensor of their own.
     by_storage: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
@@ -195,3 +289,13 @@ def _match(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, ...]
             raise SparsetoolError(f"{path}: no tensor {names[0]!r}; the checkpoint lacks weights "
                                   "the model of config.json needs")
     return origin
+
+
+def _with_prefix(name: str, own: dict, prefix: str) -> str:
+    """``name`` as the model has it: saved from the bare model (no LM-head wrapper) or the reverse."""
+    if name not in own and prefix:
+        if f"{prefix}.{name}" in own:
+            return f"{prefix}.{name}"
+        if name.startswith(prefix + ".") and name[len(prefix) + 1:] in own:
+            return name[len(prefix) + 1:]
+    return name

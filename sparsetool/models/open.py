@@ -19,6 +19,7 @@ from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.models.blocks import BlockModel, Encoded
 from sparsetool.models.gpt import GPT, infer_config, model_record
 from sparsetool.models.hf import (
+    Piece,
     context_of,
     hf_config,
     import_transformers,
@@ -117,8 +118,8 @@ def _gpt_model(path: Path, ckpt: Checkpoint, dtype: torch.dtype, device: torch.d
     def encode(text: str) -> Encoded:
         return Encoded(list(text.encode("utf-8")), lambda k: k)  # bytes are tokens
 
-    names = {n: n for n, _ in model.named_parameters()}
-    return BlockModel(path, ckpt, "sparsetool-gpt", model, cfg.context, encode, names, dtype,
+    sources = {n: [Piece(n)] for n, _ in model.named_parameters()}
+    return BlockModel(path, ckpt, "sparsetool-gpt", model, cfg.context, encode, sources, dtype,
                       device, model.head, lambda ids: model(ids))
 
 

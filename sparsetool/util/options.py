@@ -27,7 +27,7 @@ from sparsetool.util.wording import did_you_mean, plural
 
 __all__ = [
     "METHODS", "SCOPES", "CALIBRATION_METHODS", "ALLOCATIONS", "REFINEMENTS", "OWL_M", "OWL_LAMBDA",
-    "DSNOT_ITERATIONS", "DSNOT_THRESHOLD", "check_count",
+    "DSNOT_ITERATIONS", "DSNOT_THRESHOLD", "EXPERT_MIN_TOKENS", "check_count",
     "check_dampening", "check_owl_m", "check_owl_lambda", "check_threshold",
     "check_sparsity", "check_fraction", "check_seed", "parse_sparsity", "parse_sparsities",
     "parse_fraction", "parse_nm", "parse_tokens", "parse_seed", "parse_stage", "parse_globs",
@@ -50,6 +50,9 @@ OWL_M = 5.0  # OWL: a score above M times its block's mean is an outlier
 OWL_LAMBDA = 0.08  # OWL: the block sparsities spread over 2 x lambda
 DSNOT_ITERATIONS = 50  # DSnoT: at most this many swaps per row
 DSNOT_THRESHOLD = 0.1  # DSnoT: a row whose expected error is this small is left alone
+# Mixture of Experts: an expert routed fewer calibration tokens than this is pruned by magnitude
+# (its inputs' statistics would rest on too few tokens to stand for what it sees).
+EXPERT_MIN_TOKENS = 32
 
 _SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 MAX_SEED = 2**63

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -53,6 +54,7 @@ from sparsetool.masks.sparsegpt import (
 )
 from sparsetool.masks.wanda import wanda_kept_count, wanda_mask
 from sparsetool.models.blocks import BlockModel, Call
+from sparsetool.models.hf import Piece
 from sparsetool.models.open import open_model
 from sparsetool.ops.prune.options import DEFAULT_SEQ, PruneOptions
 from sparsetool.ops.prune.planner import Sink
@@ -85,6 +87,25 @@ def calibration_windows(ids: list[int], samples: int, seq: int, seed: int, sourc
     return t[pick]
 
 
+@dataclass(frozen=True)
+class _Place:
+    """Where a targeted checkpoint tensor lives in the model: the parameter (``own``) and its
+    place there; for one expert's matrix of a Mixture of Experts, the experts module, the expert,
+    and whether it reads the block's hidden states (``"in"``: gate, up) or the gated product
+    (``"out"``: down)."""
+
+    own: str
+    piece: Piece
+    experts: torch.nn.Module | None = None
+    expert: int | None = None
+    part: str = ""
+
+
+def _is_experts(module: torch.nn.Module) -> bool:
+    """transformers' fused experts: 3-D parameters, one matrix per expert, and a down projection."""
+    return hasattr(module, "down_proj") and any(p.ndim == 3 for p in module.parameters(recurse=False))
+
+
 class CalibratedPlanner:
     """A :class:`~sparsetool.ops.prune.planner.BlockOrderPlanner`: decides each targeted tensor's mask (and, for SparseGPT, values) by running calibration
     text through the model block by block. :meth:`prepare` checks everything and fixes what the
@@ -108,7 +129,12 @@ class CalibratedPlanner:
         self.swaps = 0  # --refine dsnot: the swaps made
         self.memory: MemoryPlan | None = None
         self.model: BlockModel | None = None
-        self._by_block: dict[int, list[tuple[str, LogicalTensor]]] = {}  # block -> (model name, tensor)
+        # block -> (key, tensor); the key is the model's parameter name, or for one expert's
+        # matrix the checkpoint tensor's (the experts of a block share their parameters)
+        self._by_block: dict[int, list[tuple[str, LogicalTensor]]] = {}
+        self._where: dict[str, _Place] = {}
+        self.fallback: list[str] = []  # experts' matrices pruned by magnitude: too few tokens
+        self.routed: dict[str, int] = {}  # expert's matrix -> calibration tokens routed to it
         self._windows: torch.Tensor | None = None
         self.shared: dict[int, list[list[str]]] = {}  # block -> the targeted tensors of each distinct input
 
@@ -116,7 +142,7 @@ class CalibratedPlanner:
     def prepare(self) -> None:
         o = self.opts
         for lt in self.targets:
-            if self.target_plan[lt.name].layout not in ("linear", "conv1d"):
+            if self.target_plan[lt.name].layout not in ("linear", "conv1d", "stacked"):  # stacked: experts
                 raise SparsetoolError(
                     f"tensor {lt.name!r} {list(lt.shape)}: --method {o.method} prunes "
                     "linear layers (2-D weights) only; leave it out with --exclude")
@@ -177,20 +203,32 @@ class CalibratedPlanner:
         return sparsegpt_kept_count(alive, keep=self._keep(lt), nm=o.nm, blocksize=o.blocksize)
 
     def _place_targets(self, model: BlockModel) -> None:
-        by_ckpt: dict[str, str] = {}
-        for own, stored in model.names.items():
-            by_ckpt.setdefault(stored, own)
         for lt in self.targets:
-            own = by_ckpt.get(lt.name)
-            if own is None:
+            found = model.piece_of(lt.name)
+            if found is None:
                 raise SparsetoolError(f"tensor {lt.name!r} is not a parameter of the {model.kind} "
                                       "model; leave it out with --exclude")
+            own, piece = found
             i = next((j for j, names in enumerate(model.blocks) if own in names), None)
             if i is None:
                 raise SparsetoolError(
                     f"tensor {lt.name!r} is outside the transformer blocks ({model.block_prefix}.N); "
                     f"--method {self.opts.method} prunes block weights only: leave it out with --exclude")
-            self._by_block.setdefault(i, []).append((own, lt))
+            owner, _, attr = own.rpartition(".")
+            module = model.module.get_submodule(owner)
+            if not _is_experts(module):
+                key, place = own, _Place(own, piece)
+            elif piece.index and not getattr(module, "is_transposed", False):
+                part = "out" if attr.startswith("down") else "in"
+                key, place = lt.name, _Place(own, piece, module, int(piece.index[0]), part)
+            else:
+                raise SparsetoolError(
+                    f"tensor {lt.name!r} {list(lt.shape)}: holds every expert of a block in one "
+                    f"tensor, which --method {self.opts.method} does not prune yet (experts stored "
+                    "one tensor per expert it does); prune it by magnitude, or leave it out with "
+                    "--exclude")
+            self._where[key] = place
+            self._by_block.setdefault(i, []).append((key, lt))
 
     def expected_inputs(self, block: int) -> list[list[str]]:
         """The plan's guess, before anything runs, of which targeted tensors of ``block`` read one
@@ -202,11 +240,16 @@ class CalibratedPlanner:
 
     def _expected_groups(self, pairs: list[tuple[str, LogicalTensor]]) -> list[list[LogicalTensor]]:
         groups: dict[tuple, list[LogicalTensor]] = {}
-        for own, lt in pairs:
+        for key, lt in pairs:
+            place = self._where[key]
             role = self.target_plan[lt.name].role
-            key = (role, own.rpartition(".")[0].rpartition(".")[0], self._n_in(lt)) \
-                if role in ("qkv", "ffn_in") else (own,)
-            groups.setdefault(key, []).append(lt)
+            if place.expert is not None:  # an expert's gate and up read its routed tokens
+                group = (place.own.rpartition(".")[0], place.expert, place.part)
+            elif role in ("qkv", "ffn_in"):
+                group = (role, place.own.rpartition(".")[0].rpartition(".")[0], self._n_in(lt))
+            else:
+                group = (key,)
+            groups.setdefault(group, []).append(lt)
         return list(groups.values())
 
     def _memory_plan(self, model: BlockModel, seq: int) -> MemoryPlan:
@@ -270,7 +313,7 @@ class CalibratedPlanner:
                     if pairs:
                         self._prune_block(i, dict(pairs), calls, sink)
                     if i < last:
-                        calls = [Call(c.ids, model.run_block(i, c), c.args, c.kwargs) for c in calls]
+                        calls = [c.passed(model.run_block(i, c)) for c in calls]
                     model.release_block(i)
                     if self.progress:
                         self.progress("calibrate", i + 1, last + 1)
@@ -286,6 +329,15 @@ class CalibratedPlanner:
                 "threshold": o.dsnot_threshold, "swaps": self.swaps}
 
     @property
+    def experts(self) -> dict | None:
+        """A Mixture of Experts' matrices: the calibration tokens routed to each, and those pruned
+        by magnitude for having fewer than ``--expert-min-tokens`` (None: no experts targeted)."""
+        if not any(p.expert is not None for p in self._where.values()) or not self._reads_inputs:
+            return None
+        return {"min_tokens": self.opts.expert_min_tokens, "magnitude": list(self.fallback),
+                "routed_tokens": dict(self.routed)}
+
+    @property
     def _reads_inputs(self) -> bool:
         """Whether the masks need each layer's inputs (all but magnitude without DSnoT)."""
         return self.opts.method != "magnitude" or self.opts.refine != "none"
@@ -295,15 +347,26 @@ class CalibratedPlanner:
         """Run every window through block ``i`` (loaded) with hooks on its targeted ``layers``;
         the block's outputs go into ``outputs`` when it is given (the block as it is now)."""
         model = self.model
-        stats = BlockStatistics({own: self._n_in(lt) for own, lt in layers.items()}, hessian,
+        stats = BlockStatistics({key: self._n_in(lt) for key, lt in layers.items()}, hessian,
                                 model.device, moments)
-        hooks = [model.module.get_submodule(own.rpartition(".")[0]).register_forward_hook(stats.hook(own))
-                 for own in layers]
+        hooks = []
+        experts: dict[str, tuple[torch.nn.Module, dict[int, dict[str, list[str]]]]] = {}
+        for key in layers:
+            place = self._where[key]
+            owner = place.own.rpartition(".")[0]
+            if place.experts is None:
+                hooks.append(model.module.get_submodule(owner).register_forward_hook(stats.hook(key)))
+            else:
+                units = experts.setdefault(owner, (place.experts, {}))[1]
+                units.setdefault(place.expert, {}).setdefault(place.part, []).append(key)
+        for module, units in experts.values():
+            hooks.append(module.register_forward_pre_hook(stats.experts_hook(module, units),
+                                                          with_kwargs=True))
         try:
             for call in calls:
                 out = model.run_block(i, call)
                 if outputs is not None:
-                    outputs.append(Call(call.ids, out, call.args, call.kwargs))
+                    outputs.append(call.passed(out))
                 stats.window_done()
         finally:
             for h in hooks:
@@ -328,15 +391,14 @@ class CalibratedPlanner:
                     stats = self._gather(i, layers, calls, hessian=False, moments=False,
                                          outputs=outputs if i < last else None)
                     count = OutlierCount(o.owl_m)
-                    for own, lt in layers.items():
-                        count.add_sum(self._dense(lt), stats.of(own).sq.cpu())
-                    for own, lt in layers.items():
-                        count.add_count(self._dense(lt), stats.of(own).sq.cpu())
+                    for key, lt in layers.items():
+                        count.add_sum(self._dense(lt), stats.of(key).sq.cpu())
+                    for key, lt in layers.items():
+                        count.add_count(self._dense(lt), stats.of(key).sq.cpu())
                     ratios.append(count.ratio)
                     blocks.append({lt.name: lt.numel for lt in layers.values()})
                 if i < last:
-                    calls = outputs or [Call(c.ids, model.run_block(i, c), c.args, c.kwargs)
-                                        for c in calls]
+                    calls = outputs or [c.passed(model.run_block(i, c)) for c in calls]
                 model.release_block(i)
                 if self.progress:
                     self.progress("outliers", i + 1, last + 1)
@@ -360,24 +422,40 @@ class CalibratedPlanner:
         o = self.opts
         stats = self._gather(i, layers, calls, hessian=o.method == "sparsegpt",
                              moments=o.refine == "dsnot")
-        self.shared[i] = [[layers[own].name for own in group] for group in stats.groups()]
-        for own in stats.solve_order(lambda own: layers[own].numel):
-            self._prune(own, layers[own], stats.of(own), sink)
-            stats.release(own)
+        self.shared[i] = [[layers[key].name for key in group] for group in stats.groups()]
+        for key in stats.solve_order(lambda key: layers[key].numel):
+            self._prune(key, layers[key], stats.of(key), sink)
+            stats.release(key)
 
-    def _prune(self, own: str | None, lt: LogicalTensor, stats: InputStatistics | None, sink: Sink) -> None:
+    def _prune(self, key: str | None, lt: LogicalTensor, stats: InputStatistics | None, sink: Sink) -> None:
         """Prune one tensor from its stored values (float32 math), write it, put it back into
-        the block (``own``, its model name; None when no block runs)."""
+        the block (``key``: where it is, see ``_by_block``; None when no block runs).
+
+        An expert's matrix whose expert was routed fewer calibration tokens than
+        ``--expert-min-tokens`` is pruned by magnitude, in its method's comparison groups (Wanda
+        with every input norm 1: each row's largest weights; SparseGPT with ``X^T X`` the
+        identity: each column block's, no update)."""
         o = self.opts
+        place = self._where.get(key) if key is not None else None
+        few = False
+        if place is not None and place.expert is not None and stats is not None:
+            self.routed[lt.name] = stats.tokens
+            few = stats.tokens < o.expert_min_tokens and o.method != "magnitude"
+            if few:
+                self.fallback.append(lt.name)
         dense, alive = read_alive_tensors(self.ckpt, lt, nan_means_pruned=self.nan_ok)
         # The statistics were gathered on the device; the selection and the solve run on the CPU.
         w, alive = self._oriented(lt, dense).float(), self._oriented(lt, alive)
         stored, copied = dense.dtype, w.dtype != dense.dtype
-        refine = o.refine == "dsnot"
+        refine = o.refine == "dsnot" and not few
         if o.method == "sparsegpt":  # its output is the updated weights: the stored ones can go
             del dense
         try:
-            if o.method == "sparsegpt":
+            if o.method == "sparsegpt" and few:
+                identity = inverse_hessian_factor(torch.eye(w.shape[1]), o.dampening, overwrite=True)
+                new, kept = sparsegpt_update(w, identity, keep=self._keep(lt), nm=o.nm,
+                                             existing=alive, blocksize=o.blocksize, overwrite=copied)
+            elif o.method == "sparsegpt":
                 if stats.factor is None:  # the first layer of this input: X^T X becomes the factor
                     h, stats.h = stats.h.cpu(), None  # from a GPU: a copy, and the GPU's is dropped
                     stats.factor = inverse_hessian_factor(h, o.dampening, overwrite=True)
@@ -386,7 +464,8 @@ class CalibratedPlanner:
                                              existing=alive, blocksize=o.blocksize,
                                              overwrite=copied and not refine)
             elif o.method == "wanda":
-                kept = wanda_mask(w, stats.sq.cpu(), keep=self._keep(lt), nm=o.nm, existing=alive)
+                norms = torch.ones(w.shape[1], dtype=torch.float64) if few else stats.sq.cpu()
+                kept = wanda_mask(w, norms, keep=self._keep(lt), nm=o.nm, existing=alive)
             else:
                 kept = magnitude_mask(w, keep=self._keep(lt), existing=alive)
             if refine:
@@ -407,8 +486,10 @@ class CalibratedPlanner:
         del w, alive
         new.masked_fill_(~kept, 0)
         stored_new = self._oriented(lt, new)
-        if own is not None:
-            self.model.set_weight(own, stored_new)  # the next inputs come from the pruned block
+        if place is not None and place.piece.index:  # one expert's matrix
+            self.model.set_piece(place.own, place.piece, stored_new)
+        elif place is not None:
+            self.model.set_weight(place.own, stored_new)  # the next inputs come from the pruned block
         kept = self._oriented(lt, kept).contiguous()
         if count_nonzero_values(kept) != self.nonzero_after[lt.name]:
             raise CheckpointError(f"tensor {lt.name!r}: kept {plural(count_nonzero_values(kept), 'weight')} "

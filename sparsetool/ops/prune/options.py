@@ -17,6 +17,7 @@ from sparsetool.util.options import (
     COMPUTE_DTYPES,
     DSNOT_ITERATIONS,
     DSNOT_THRESHOLD,
+    EXPERT_MIN_TOKENS,
     METHODS,
     OWL_LAMBDA,
     OWL_M,
@@ -67,6 +68,8 @@ class PruneOptions:
     refine: str = "none"
     dsnot_iterations: int = DSNOT_ITERATIONS
     dsnot_threshold: float = DSNOT_THRESHOLD
+    # Mixture of Experts: fewer calibration tokens routed to an expert than this -> magnitude
+    expert_min_tokens: int = EXPERT_MIN_TOKENS
     # how the model runs (not recorded: the masks do not depend on them but for --dtype)
     device: str = "auto"
     dtype: str = "float32"
@@ -163,6 +166,7 @@ class PruneOptions:
         check_owl_lambda(self.owl_lambda)
         check_count(self.dsnot_iterations, "--dsnot-iterations", minimum=0)
         check_threshold(self.dsnot_threshold)
+        check_count(self.expert_min_tokens, "--expert-min-tokens", minimum=0)
         asked = [o for o, on in ((f"--allocation {self.allocation}", self.allocation != "uniform"),
                                  (f"--refine {self.refine}", self.refine != "none")) if on]
         if not asked:
@@ -247,6 +251,7 @@ class PruneResult:
     memory: dict | None = None  # calibration methods: the memory plan (util/memory.py), in bytes
     allocation: list[dict] | None = None  # --allocation owl: per block, outlier ratio and sparsity
     refined: dict | None = None  # --refine dsnot: its settings and the swaps made
+    experts: dict | None = None  # a Mixture of Experts: tokens routed to each expert's matrices
 
     @property
     def numel(self) -> int:
@@ -278,6 +283,7 @@ class PruneResult:
             "left_out": list(self.left_out),
             **({"memory": self.memory} if self.memory is not None else {}),
             **({"refined": self.refined} if self.refined is not None else {}),
+            **({"experts": self.experts} if self.experts is not None else {}),
         }
 
 
@@ -298,6 +304,7 @@ def options_record(opts: PruneOptions, allocation: list[dict] | None = None) -> 
     del rec["allocation"], rec["refine"]  # recorded below as what was done, when it was asked
     owl = {k: rec.pop(k) for k in ("owl_m", "owl_lambda")}
     dsnot = {k.removeprefix("dsnot_"): rec.pop(k) for k in ("dsnot_iterations", "dsnot_threshold")}
+    del rec["expert_min_tokens"]  # recorded with what it did, in the result's "experts"
     if opts.calibrated:
         if opts.method != "sparsegpt":
             del calib["dampening"], calib["blocksize"]

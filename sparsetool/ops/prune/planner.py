@@ -83,6 +83,12 @@ class BlockOrderPlanner(Planner, Protocol):
         """After :meth:`run`: what refining the masks did (``--refine``), or None."""
         ...
 
+    @property
+    def experts(self) -> dict | None:
+        """After :meth:`run`: for a Mixture of Experts, the calibration tokens routed to each
+        expert's matrices and those pruned by magnitude for too few, or None."""
+        ...
+
     def run(self, sink: Sink) -> None:
         """Prune every targeted tensor, calling ``sink`` once for each."""
         ...

@@ -13,7 +13,7 @@ import torch
 from sparsetool.errors import CheckpointError, SparsetoolError
 from sparsetool.masks.sparsegpt import ROWS
 
-__all__ = ["InputStatistics", "BlockStatistics"]
+__all__ = ["InputStatistics", "BlockStatistics", "routed_inputs", "gated_product"]
 
 
 class InputStatistics:
@@ -77,10 +77,39 @@ class BlockStatistics:
 
     def hook(self, own: str) -> Callable:
         def see(module, args, output) -> None:
-            self._see(own, args[0])
+            self.see(own, args[0])
         return see
 
-    def _see(self, own: str, x: torch.Tensor) -> None:
+    def experts_hook(self, experts: torch.nn.Module,
+                     units: dict[int, dict[str, list[str]]]) -> Callable:
+        """A forward pre-hook for a Mixture of Experts' ``experts`` module (transformers' fused
+        experts: called with the block's hidden states, each token's chosen experts and their
+        routing weights) that feeds the statistics of each expert's targeted matrices
+        (``units``: expert -> ``"in"`` or ``"out"`` -> their keys) from the tokens routed to that
+        expert only.
+
+        An expert's output enters the block's output multiplied by its routing weight, so each
+        routed token's input row is scaled by that weight: Wanda's norms and SparseGPT's
+        ``X^T X`` weigh each token's squared error as the model weighs it. ``"in"`` matrices
+        (gate and up) read the hidden states; ``"out"`` (down) reads the gated product, computed
+        with the expert's weights as they are now and the module's own gate
+        (:func:`routed_inputs`)."""
+        def see(module, args, kwargs) -> None:
+            hidden, index, weights = _routing(args, kwargs)
+            for e, parts in units.items():
+                x, w = routed_inputs(experts, e, hidden, index, weights)
+                if "in" in parts:
+                    xw = x * w[:, None]
+                    for key in parts["in"]:
+                        self.see(key, xw)
+                if "out" in parts:
+                    hw = gated_product(experts, e, x) * w[:, None]
+                    for key in parts["out"]:
+                        self.see(key, hw)
+        return see
+
+    def see(self, own: str, x: torch.Tensor) -> None:
+        """Add input ``x`` (..., features) of the targeted layer ``own`` to its statistics."""
         if x.shape[-1] != self.n_in[own]:
             raise SparsetoolError(f"a targeted layer takes {x.shape[-1]} inputs but its weight has "
                                   f"{self.n_in[own]}; the input dimension of this model is not "
@@ -106,7 +135,8 @@ class BlockStatistics:
         if seen is not None and own not in seen[2]:  # this window's tensor is in already
             seen[2].add(own)
             return
-        stats.add(x.detach().reshape(-1, x.shape[-1]).float())
+        if x.numel():
+            stats.add(x.detach().reshape(-1, x.shape[-1]).float())
         if seen is None:
             self._window[id(x)] = (x, stats, {own})
 
@@ -144,3 +174,31 @@ class BlockStatistics:
         if stats.left == 0:
             stats.drop()
             self.inputs.remove(stats)
+
+
+def _routing(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(hidden states, chosen experts, routing weights) of a call of an experts module, passed by
+    position or by name (each family names them its own way), each with one row per token."""
+    hidden, index, weights = (list(args) + list(kwargs.values()))[:3]
+    tokens = hidden.numel() // hidden.shape[-1]
+    return hidden.reshape(tokens, -1), index.reshape(tokens, -1), weights.reshape(tokens, -1)
+
+
+def routed_inputs(experts: torch.nn.Module, e: int, hidden: torch.Tensor, index: torch.Tensor,
+                  weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hidden states (tokens, d) routed to expert ``e`` and their routing weights (tokens,),
+    from a block's hidden states, chosen experts (tokens, k) and weights (tokens, k)."""
+    tokens, slot = (index == e).nonzero(as_tuple=True)
+    return hidden[tokens], weights[tokens, slot].to(hidden.dtype)
+
+
+def gated_product(experts: torch.nn.Module, e: int, x: torch.Tensor) -> torch.Tensor:
+    """What expert ``e`` of transformers' fused ``experts`` module hands its down projection for
+    inputs ``x``: its gate and up projections (with their biases, in the module's orientation)
+    through the module's own gate (``_apply_gate``) or activation."""
+    gate = getattr(experts, "has_gate", True)
+    weight = (experts.gate_up_proj if gate else experts.up_proj)[e]
+    out = x @ weight if getattr(experts, "is_transposed", False) else x @ weight.T
+    if getattr(experts, "has_bias", False):
+        out = out + (experts.gate_up_proj_bias if gate else experts.up_proj_bias)[e]
+    return experts._apply_gate(out) if gate else experts.act_fn(out)

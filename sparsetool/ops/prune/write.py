@@ -143,3 +143,4 @@ def _write_in_block_order(plan: PrunePlan, planner: BlockOrderPlanner, writer: C
 
         planner.run(sink)
     result.refined = planner.refined
+    result.experts = planner.experts
