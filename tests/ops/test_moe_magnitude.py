@@ -244,3 +244,14 @@ def test_report_of_a_dense_model_has_no_expert_column(tmp_path):
     assert "role" in header and "expert" not in header
     assert np.all([t["expert"] is None and t["experts"] is None
                    for t in json.loads(run("report", src, "--json").stdout)["tensors"]])
+
+
+def test_a_nan_in_one_fused_expert_is_refused_before_anything_is_written(tmp_path):
+    name = "model.layers.0.mlp.experts.gate_up_proj"
+    w = torch.randn(4, 8, 16)
+    w[2, 3, 5] = float("nan")  # the fast path scans every expert before writing any
+    save_file({name: w, "model.layers.0.self_attn.q_proj.weight": torch.randn(8, 16)},
+              str(tmp_path / "m.safetensors"))
+    r = run("prune", tmp_path / "m.safetensors", "-o", tmp_path / "o.safetensors", "-s", "0.5")
+    assert r.exit_code == 1 and name in r.stderr and "NaN" in r.stderr
+    assert not (tmp_path / "o.safetensors").exists()
