@@ -132,7 +132,9 @@ PRUNE = obj(
 DENSIFY = obj(output=STR, tensors=INT, decoded=mapping(INT), negative_zeros_fixed=INT, left_out=arr(STR))
 REPORT = obj(
     tensors=arr(obj(name=STR, shape=arr(INT), dtype=STR, role=STR, targeted=BOOL, numel=INT, nonzero=INT,
-                    encoding=STR, bytes=INT, sparsity=NUM)),
+                    encoding=STR, bytes=INT, sparsity=NUM, expert=(INT, "null"),
+                    experts=nullable(obj(count=INT, numel=INT, nonzero=arr(INT), sparsity=arr(NUM),
+                                         min_sparsity=NUM, max_sparsity=NUM)))),
     summary=obj(targeted_sparsity=NUM, overall_sparsity=NUM, numel=INT, nonzero=INT, targeted_numel=INT,
                 targeted_nonzero=INT, targeted_tensors=INT, tensors=INT, bytes=INT, targeting=TARGETING,
                 non_float_numel=INT, non_float_nonzero=INT, non_float_tensors=INT,

@@ -39,6 +39,25 @@ def count_unpruned(ckpt: Checkpoint, lt: LogicalTensor) -> int:
     return int(np.count_nonzero(alive))
 
 
+def count_unpruned_parts(ckpt: Checkpoint, lt: LogicalTensor, parts: int) -> list[int]:
+    """:func:`count_unpruned` of each of ``parts`` equal slices of ``lt`` along its first
+    dimension (the experts of a fused experts tensor), in order; they sum to the whole count."""
+    if parts <= 1:
+        return [count_unpruned(ckpt, lt)]
+    size = lt.numel // parts
+    if lt.encoding == "plain" and lt.st_dtype in bits.FLOAT_KEYS:
+        flat = ckpt.read_array(lt.stored[0]).reshape(-1)
+        return [bits.count_nonzero_bits(flat[e * size:(e + 1) * size], lt.st_dtype,
+                                        nan_is_zero=True) for e in range(parts)]
+    from sparsetool.checkpoint.encodings import decode_array
+
+    values, mask = decode_array(ckpt, lt)
+    alive = bits.nonzero_bits(values, floating=lt.floating)
+    if mask is not None:
+        alive &= mask
+    return [int(n) for n in np.count_nonzero(alive.reshape(parts, -1), axis=1)]
+
+
 @dataclass(frozen=True)
 class TensorCount:
     """One logical tensor as the header describes it, with its measured non-zeros."""

@@ -124,6 +124,22 @@ def _print(rep, checkpoint, all_tensors: bool, fmt: str) -> None:
     if refine:
         summary.append(("refinement", f"DSnoT (at most {refine['iterations']} swaps per row, "
                                       f"threshold {refine['threshold']:g})"))
-    print_table(header, cells, title=str(checkpoint), align="lllllrrr", fmt=fmt)
+    align = "lllllrrr"
+    if any(t.expert is not None or t.experts is not None for t in rep.tensors):  # a mixture of experts
+        header.insert(4, "expert")
+        for t, row in zip(rows, cells):
+            row.insert(4, _expert_cell(t))
+        align = "llllllrrr"
+    print_table(header, cells, title=str(checkpoint), align=align, fmt=fmt)
     for k, v in summary:
         typer.echo(f"{k}: {v}")
+
+
+def _expert_cell(t) -> str:
+    """The routed expert of a per-expert tensor; a fused tensor's experts and their spread."""
+    if t.expert is not None:
+        return str(t.expert)
+    if t.experts is None:
+        return ""
+    spread = t.experts.sparsity
+    return f"0-{len(spread) - 1}: {percent(min(spread))} to {percent(max(spread))}"

@@ -1,7 +1,9 @@
 """Per-tensor keep counts for a target sparsity: uniform and Erdos-Renyi-Kernel (ERK).
 
 Every distribution has one signature, ``f(shapes, sparsity) -> {name: keep}``, and is found by name
-in :data:`DISTRIBUTIONS` (:func:`keep_counts`). Counts are integers and exact: the ERK total equals
+in :data:`DISTRIBUTIONS` (:func:`keep_counts`). A tensor that holds several matrices along its first
+dimension (the experts of a mixture-of-experts layer, fused) gets a count per matrix
+(:func:`part_keep_counts`). Counts are integers and exact: the ERK total equals
 the uniform total, ``sum(numel - round(sparsity * numel))``. No torch needed.
 """
 
@@ -13,7 +15,8 @@ from collections.abc import Callable, Mapping
 from sparsetool.errors import ConfigError
 from sparsetool.util.options import check_sparsity
 
-__all__ = ["uniform_keep", "erk_keep", "keep_counts", "largest_remainder", "DISTRIBUTIONS"]
+__all__ = ["uniform_keep", "erk_keep", "keep_counts", "part_keep_counts", "largest_remainder",
+           "DISTRIBUTIONS"]
 
 
 def uniform_keep(numels: Mapping[str, int], sparsity: float) -> dict[str, int]:
@@ -127,3 +130,30 @@ def keep_counts(
             f"unknown distribution {distribution!r}; choose one of: {', '.join(DISTRIBUTIONS)}"
         ) from None
     return f(shapes, sparsity)
+
+
+def part_keep_counts(
+    shapes: Mapping[str, tuple[int, ...]], parts: Mapping[str, int], sparsity: float,
+    distribution: str = "uniform",
+) -> dict[str, list[int]]:
+    """Keep counts per part: tensor ``name`` is ``parts[name]`` matrices of shape ``shape[1:]``
+    stacked along its first dimension (1, or absent: the tensor is one unit), and each matrix is a
+    unit of the distribution on its own, as if it were stored apart. So a uniform sparsity keeps
+    ``size - round(sparsity * size)`` of each matrix and ERK gives each matrix the density of an
+    (out, in) layer, not of the 3-D whole; the counts of one tensor's matrices sum to its count.
+
+    >>> part_keep_counts({"experts": (4, 32, 48), "q": (32, 32)}, {"experts": 4}, 0.5)
+    {'experts': [768, 768, 768, 768], 'q': [512]}
+    """
+    units: dict[str, tuple[int, ...]] = {}
+    for name, shape in shapes.items():
+        p = parts.get(name, 1)
+        if p == 1:
+            units[name] = tuple(shape)
+            continue
+        if not shape or shape[0] != p:
+            raise ValueError(f"{name}: shape {tuple(shape)} is not {p} parts along its first dimension")
+        units.update({f"{name}[{e}]": tuple(shape[1:]) for e in range(p)})
+    keep = keep_counts(units, sparsity, distribution)
+    return {name: [keep[name]] if parts.get(name, 1) == 1
+            else [keep[f"{name}[{e}]"] for e in range(parts[name])] for name in shapes}

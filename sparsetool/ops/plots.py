@@ -32,11 +32,13 @@ def layer_heatmap(values: Mapping[tuple[int, str], float], out: str | Path, *, t
                   colour_label: str, labels: Mapping[str, str] = MATRIX_LABELS,
                   vmin: float = 0.0, vmax: float | None = None,
                   cell_text: Callable[[float], str] = lambda v: f"{v:.3g}",
-                  hatched: Collection[tuple[int, str]] = (), hatch_label: str = "") -> Path:
+                  hatched: Collection[tuple[int, str]] = (), hatch_label: str = "",
+                  cell_texts: Mapping[tuple[int, str], str] | None = None) -> Path:
     """Layers across, matrices down (in the order of ``labels``), ``values[(layer, kind)]`` as colour.
 
     A cell a layer lacks is light grey. ``vmax`` None: the largest value (1.0 if all are 0).
-    With at most 12 layers every cell also prints its value through ``cell_text``; at most about
+    With at most 12 layers every cell also prints its value through ``cell_text`` (or the text
+    ``cell_texts`` gives that cell, e.g. a range of experts' sparsities); at most about
     32 layer numbers are written across, so the ticks stay readable at any depth. ``hatched``
     cells are drawn over with hatching and ``hatch_label`` in a legend (report: cells prune does
     not touch, whose zeros are the input's own).
@@ -67,7 +69,8 @@ def layer_heatmap(values: Mapping[tuple[int, str], float], out: str | Path, *, t
         for (r, c), v in np.ndenumerate(grid):
             if not np.isnan(v):
                 dark = (v - vmin) < 0.6 * (vmax - vmin)  # viridis is dark at the low end
-                ax.text(c, r, cell_text(float(v)), ha="center", va="center", fontsize=7,
+                text = (cell_texts or {}).get((layers[c], kinds[r])) or cell_text(float(v))
+                ax.text(c, r, text, ha="center", va="center", fontsize=7,
                         color="white" if dark else "black")
     marked = [(kinds.index(k), layers.index(layer)) for layer, k in hatched if k in kinds]
     for r, c in marked:

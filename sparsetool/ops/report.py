@@ -3,6 +3,10 @@
 Two sparsities are reported because they answer different questions: over the *targeted* tensors
 (what the pruning recipe achieved) and over *all* parameters (what the file holds; embeddings and
 the head dilute it). Reading is streaming: one tensor at a time.
+
+Mixture-of-experts checkpoints: a tensor of one routed expert (``experts.5.w1``) is a row of its
+own with its ``expert`` index; a fused experts tensor (all experts in one 3-D tensor) is one row
+whose ``experts`` gives each expert's non-zeros and sparsity and their spread (:class:`ExpertSpread`).
 """
 
 from __future__ import annotations
@@ -12,12 +16,30 @@ from pathlib import Path
 from typing import Sequence
 
 from sparsetool.checkpoint import open_checkpoint
-from sparsetool.checkpoint.counting import count_unpruned
+from sparsetool.checkpoint.counting import count_unpruned_parts
 from sparsetool.checkpoint.dtypes import is_floating, torch_name
 from sparsetool.checkpoint.provenance import read_provenance
 from sparsetool.targets.order import tensor_sort_key
 from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary
+from sparsetool.targets.roles import is_routed_expert
 from sparsetool.util.progress import Progress
+
+
+@dataclass
+class ExpertSpread:
+    """Each expert's matrix of a fused experts tensor: ``nonzero[e]`` of ``numel`` each."""
+
+    numel: int
+    nonzero: list[int]
+
+    @property
+    def sparsity(self) -> list[float]:
+        return [1.0 - n / self.numel if self.numel else 0.0 for n in self.nonzero]
+
+    def to_json(self) -> dict:
+        spread = self.sparsity
+        return {"count": len(self.nonzero), "numel": self.numel, "nonzero": list(self.nonzero),
+                "sparsity": spread, "min_sparsity": min(spread), "max_sparsity": max(spread)}
 
 
 @dataclass
@@ -31,6 +53,8 @@ class TensorRow:
     nonzero: int
     encoding: str
     bytes: int
+    expert: int | None = None  # the routed expert of a per-expert tensor (TargetEntry.expert)
+    experts: ExpertSpread | None = None  # a fused experts tensor: each expert's figures
 
     @property
     def sparsity(self) -> float:
@@ -40,6 +64,7 @@ class TensorRow:
         d = asdict(self)
         d["shape"] = list(self.shape)
         d["sparsity"] = self.sparsity
+        d["experts"] = None if self.experts is None else self.experts.to_json()
         return d
 
 
@@ -101,11 +126,13 @@ def summarize(path: str | Path, include: Sequence[str] = (), exclude: Sequence[s
     total = len(ckpt.logical)
     for i, lt in enumerate(ckpt.logical):
         entry = plan[lt.name]
+        counts = count_unpruned_parts(ckpt, lt, entry.experts)
         report.tensors.append(TensorRow(
             name=lt.name, shape=entry.shape, dtype=torch_name(lt.st_dtype), role=entry.role,
             targeted=entry.targeted,
-            numel=lt.numel, nonzero=count_unpruned(ckpt, lt), encoding=lt.encoding,
-            bytes=lt.nbytes,
+            numel=lt.numel, nonzero=sum(counts), encoding=lt.encoding,
+            bytes=lt.nbytes, expert=entry.expert,
+            experts=ExpertSpread(lt.numel // len(counts), counts) if entry.experts else None,
         ))
         if progress:
             progress("report", i + 1, total)
@@ -127,7 +154,9 @@ BARS_UP_TO = 40
 """``report --plot`` draws one bar per tensor up to this many tensors, a layer x matrix heatmap past it."""
 
 _ROLE_COLOURS = {"qkv": "tab:blue", "attn_out": "tab:cyan", "ffn_in": "tab:orange", "ffn_out": "tab:red"}
-_LAYER_ROWS = {"norm": "norms", "bias": "biases", "position": "positions", "embedding": "embeddings",
+EXPERT_ROWS = {"experts_in": "experts in (gate/up)", "experts_out": "experts out (down)"}
+"""Heatmap rows of the routed experts (every expert of the layer pooled), below the dense FFN's."""
+_LAYER_ROWS = {"router": "routers", "norm": "norms", "bias": "biases", "position": "positions", "embedding": "embeddings",
                "head": "heads", "other": "other"}
 
 
@@ -137,8 +166,10 @@ def plot_report(report: Report, out: str | Path, *, all_tensors: bool = True) ->
 
     Up to :data:`BARS_UP_TO` tensors: one bar each, coloured by role, with a legend of the roles
     drawn. More: a heatmap with layers across and matrices down (the axes of ``diff --plot``),
-    each cell the pooled sparsity of its tensors (gate and up are both FFN in); tensors outside
-    the layers are summed up in the title. No tensor: a figure that says so.
+    each cell the pooled sparsity of its tensors (gate and up are both FFN in; a layer's routed
+    experts pool into rows of their own, their cells printing the lowest to highest expert's
+    sparsity when those differ); tensors outside the layers are summed up in the title. No
+    tensor: a figure that says so.
     """
     from sparsetool.ops.plots import message_figure
 
@@ -208,13 +239,22 @@ def _bars(rows: list[TensorRow], out: str | Path, title: str) -> Path:
     return save_png(fig, out)
 
 
+def layer_kind(t: TensorRow) -> str:
+    """A row's matrix kind in the heatmap: ``experts_in``/``experts_out`` for a routed expert's
+    FFN matrix (one expert's or all experts' fused), else :func:`sparsetool.ops.diff.matrix_kind`."""
+    from sparsetool.ops.diff import matrix_kind
+
+    if t.role in ("ffn_in", "ffn_out") and is_routed_expert(t.name):
+        return "experts_in" if t.role == "ffn_in" else "experts_out"
+    return matrix_kind(t.name, t.shape)
+
+
 def layer_cells(rows: Sequence[TensorRow]) -> tuple[dict[tuple[int, str], float], tuple[int, int, int]]:
     """((layer, matrix kind) -> pooled sparsity in %, (tensors, numel, non-zeros) outside the layers).
 
-    Kinds are those of :func:`sparsetool.ops.diff.matrix_kind`: Q, K, V, QKV (fused), attn_out,
-    ffn_in (gate and up pool into one cell), ffn_out, or a tensor's role (norm, bias...).
+    Kinds are those of :func:`layer_kind`: Q, K, V, QKV (fused), attn_out, ffn_in (gate and up
+    pool into one cell), ffn_out, experts_in, experts_out, or a tensor's role (norm, bias...).
     """
-    from sparsetool.ops.diff import matrix_kind
     from sparsetool.targets.order import layer_index
 
     pooled: dict[tuple[int, str], list[int]] = {}
@@ -224,11 +264,38 @@ def layer_cells(rows: Sequence[TensorRow]) -> tuple[dict[tuple[int, str], float]
         if layer is None:
             outside = [outside[0] + 1, outside[1] + t.numel, outside[2] + t.nonzero]
             continue
-        cell = pooled.setdefault((layer, matrix_kind(t.name, t.shape)), [0, 0])
+        cell = pooled.setdefault((layer, layer_kind(t)), [0, 0])
         cell[0] += t.numel
         cell[1] += t.nonzero
     cells = {key: 100.0 * (1 - nz / n) if n else 0.0 for key, (n, nz) in pooled.items()}
     return cells, (outside[0], outside[1], outside[2])
+
+
+def expert_spread(rows: Sequence[TensorRow]) -> dict[tuple[int, str], tuple[float, float]]:
+    """(layer, experts kind) -> (lowest, highest) sparsity in % of one expert's matrices of that
+    kind (its gate and up pooled; from per-expert tensors or a fused tensor's experts)."""
+    from sparsetool.targets.order import layer_index
+
+    pooled: dict[tuple[int, str], dict[int, list[int]]] = {}
+    for t in rows:
+        layer, kind = layer_index(t.name), layer_kind(t)
+        if layer is None or kind not in EXPERT_ROWS:
+            continue
+        experts = pooled.setdefault((layer, kind), {})
+        parts = ([(t.expert, t.numel, t.nonzero)] if t.experts is None else
+                 [(e, t.experts.numel, n) for e, n in enumerate(t.experts.nonzero)])
+        for e, numel, nonzero in parts:
+            if e is None:
+                continue
+            cell = experts.setdefault(e, [0, 0])
+            cell[0] += numel
+            cell[1] += nonzero
+    out = {}
+    for key, experts in pooled.items():
+        spread = [100.0 * (1 - nz / n) if n else 0.0 for n, nz in experts.values()]
+        if spread:
+            out[key] = (min(spread), max(spread))
+    return out
 
 
 def _heatmap(rows: list[TensorRow], out: str | Path, title: str) -> Path | None:
@@ -241,11 +308,12 @@ def _heatmap(rows: list[TensorRow], out: str | Path, title: str) -> Path | None:
     if n:
         title += (f"\n{n} tensor{'s' if n != 1 else ''} outside the layers, not drawn: "
                   f"{100 * (1 - nonzero / numel) if numel else 0.0:.2f}% sparse")
-    from sparsetool.ops.diff import matrix_kind
     from sparsetool.targets.order import layer_index
 
-    pruned = {(layer_index(t.name), matrix_kind(t.name, t.shape)) for t in rows if t.targeted}
+    pruned = {(layer_index(t.name), layer_kind(t)) for t in rows if t.targeted}
+    texts = {key: f"{lo:.0f}-{hi:.0f}" for key, (lo, hi) in expert_spread(rows).items()
+             if hi - lo >= 0.05}  # the experts differ: the range, not the pooled value
     return layer_heatmap(cells, out, title=title, colour_label="sparsity (% zeros)",
-                         labels={**MATRIX_LABELS, **_LAYER_ROWS}, vmin=0.0, vmax=100.0,
-                         cell_text=lambda v: f"{v:.1f}", hatched=set(cells) - pruned,
-                         hatch_label=UNTOUCHED)
+                         labels={**MATRIX_LABELS, **EXPERT_ROWS, **_LAYER_ROWS}, vmin=0.0,
+                         vmax=100.0, cell_text=lambda v: f"{v:.1f}", hatched=set(cells) - pruned,
+                         hatch_label=UNTOUCHED, cell_texts=texts)

@@ -23,14 +23,21 @@ from sparsetool.targets.roles import (
     LINEAR_ROLES,
     ROLES,
     conv1d_layout,
+    expert_index,
+    experts_in_out,
     input_dim,
+    is_routed_expert,
     role,
 )
 from sparsetool.util.options import parse_globs
 
 __all__ = ["ROLES", "LINEAR_ROLES", "TargetEntry", "TargetPlan", "plan_targets", "role",
-           "is_targeted", "is_floating", "input_dim", "conv1d_layout", "tied_embedding",
+           "is_targeted", "is_floating", "input_dim", "conv1d_layout", "experts_in_out",
+           "expert_index", "is_routed_expert", "STACKED_LAYOUTS", "tied_embedding",
            "tied_head_warning"]
+
+STACKED_LAYOUTS = ("stacked", "stacked_t")
+"""The layouts of a fused experts tensor: one matrix per index of its first dimension."""
 
 
 def _decide(name: str, shape: tuple[int, ...], dtype: Any, found_role: str,
@@ -95,7 +102,13 @@ class TargetEntry:
 
     ``input_dim`` is the axis holding input features (N:M groups run along it); ``layout`` says
     how the matrix is stored: ``linear`` (out, in), ``conv1d`` (in, out; GPT-2), ``stacked``
-    (experts, out, in), ``kernel`` (out, in, ...) or ``vector`` (fewer than 2 dimensions).
+    (experts, out, in: input_dim 2), ``stacked_t`` (experts, in, out: input_dim 1; gpt-oss and
+    Llama 4 store their fused experts so, :func:`experts_in_out`), ``kernel`` (out, in, ...) or
+    ``vector`` (fewer than 2 dimensions). A ``stacked``/``stacked_t`` tensor holds one matrix per
+    index of its first dimension, expert ``e``'s being ``tensor[e]`` (2-D; its input axis is
+    ``input_dim - 1``): each is pruned as a matrix of its own. ``expert`` is the routed expert a
+    per-expert tensor belongs to (``experts.5.w1`` -> 5, :func:`expert_index`), None for every
+    other tensor (a fused one included: its experts are its first dimension).
     ``reason`` says why the tensor is (or is not) targeted, e.g. ``"role qkv"``,
     ``"--exclude '*.mlp.*'"`` or ``"dtype I64 is not floating-point"``.
     """
@@ -108,6 +121,13 @@ class TargetEntry:
     reason: str
     input_dim: int
     layout: str
+    expert: int | None = None
+
+    @property
+    def experts(self) -> int:
+        """How many expert matrices the tensor holds: its first dimension if fused (stacked),
+        else 0."""
+        return self.shape[0] if self.layout in STACKED_LAYOUTS else 0
 
 
 @dataclass
@@ -127,6 +147,7 @@ class TargetPlan:
     recorded_by: str | None = None  # the command whose recorded globs these are (targets.recorded)
     dtype_skipped: list[str] = field(default_factory=list)  # targeted but for their (integer, bool) dtype
     tied_head: str | None = None  # the token embedding that is also the LM head (tied_embedding)
+    experts_in_out: bool = False  # fused experts stored (experts, in, out) (experts_in_out)
 
     def __post_init__(self) -> None:
         self.targeted = [n for n, e in self.entries.items() if e.targeted]
@@ -152,6 +173,8 @@ def _layout(shape: tuple[int, ...], dim: int, found_role: str) -> str:
         return "vector"
     if len(shape) == 2:
         return "conv1d" if dim == 0 else "linear"
+    if len(shape) == 3 and found_role in LINEAR_ROLES:
+        return "stacked_t" if dim == 1 else "stacked"
     return "stacked" if found_role in LINEAR_ROLES else "kernel"
 
 
@@ -243,7 +266,8 @@ def plan_targets(
 
     ``tensors`` maps name -> (shape, dtype), or is an iterable of ``(name, shape, dtype)`` or of
     objects with ``name``, ``shape`` and ``dtype``. ``config`` is the ``config.json`` (it tells
-    GPT-2's Conv1D layout from GPT-BigCode's, see :func:`conv1d_layout`). ``include`` adds
+    GPT-2's Conv1D layout from GPT-BigCode's, see :func:`conv1d_layout`, and the orientation of
+    fused expert weights, see :func:`experts_in_out`). ``include`` adds
     tensors of any role, ``exclude`` removes tensors, exclude wins; both are
     :func:`fnmatch.fnmatchcase` globs over the full name and may be repeated (see
     :func:`is_targeted` for what is never targeted). ``select`` (the Model Zoo ``param_filter``)
@@ -273,15 +297,19 @@ def plan_targets(
                 raise ConfigError(f"--{option} '{glob}' matches no tensor in {source}; "
                                   f"tensor names look like: {looks}{head}")
     conv1d = conv1d_layout(config)
+    transposed = experts_in_out(config)
     entries: dict[str, TargetEntry] = {}
     dtype_skipped: list[str] = []
     for name, shape, dtype in items:
         found = roles[name]
         targeted, reason = _decide(name, shape, dtype, found, include, exclude, select)
-        dim = input_dim(name, shape, conv1d=conv1d, known_role=found)
+        dim = input_dim(name, shape, conv1d=conv1d, known_role=found,
+                        experts_transposed=transposed)
         entries[name] = TargetEntry(name, shape, str(dtype).removeprefix("torch."), found,
-                                    targeted, reason, dim, _layout(shape, dim, found))
+                                    targeted, reason, dim, _layout(shape, dim, found),
+                                    expert_index(name))
         if (not targeted and not is_floating(dtype)
                 and _decide(name, shape, "F32", found, include, exclude, select)[0]):
             dtype_skipped.append(name)
-    return TargetPlan(entries, include, exclude, conv1d, dtype_skipped=dtype_skipped, tied_head=tied)
+    return TargetPlan(entries, include, exclude, conv1d, dtype_skipped=dtype_skipped, tied_head=tied,
+                      experts_in_out=transposed)

@@ -8,7 +8,7 @@ sorts with :func:`tensor_sort_key` instead:
   first, then the blocks by layer index (the first all-digit name component, compared as a
   number), then everything else outside the blocks (final norm, LM head);
 - within a layer, roles in the fixed order of :data:`ROLE_ORDER` (q/k/v, attention output, FFN
-  in, FFN out, then norms, biases, anything else), separate q, k and v projections as Q, K, V;
+  in, FFN out, router, then norms, biases, anything else), separate q, k and v projections as Q, K, V;
 - then the name in natural order (``experts.2`` before ``experts.10``).
 
 Torch-free, like the rest of :mod:`sparsetool.targets`.
@@ -27,13 +27,14 @@ from collections.abc import Iterable, Sequence
 
 from sparsetool.targets.roles import role as _role
 
-ROLE_ORDER = ("qkv", "attn_out", "ffn_in", "ffn_out", "norm", "bias", "embedding", "position",
+ROLE_ORDER = ("qkv", "attn_out", "ffn_in", "ffn_out", "router", "norm", "bias", "embedding", "position",
               "head", "other")
 """Roles within one layer, in listing order (every value of :func:`sparsetool.targets.role`)."""
 
 _BEFORE_BLOCKS = {"embedding", "position"}
 SEPARATE_QKV = {
-    **dict.fromkeys(["q_proj", "query", "wq", "q_lin", "q", "q_attn", "proj_q_dense_layer"], "Q"),
+    **dict.fromkeys(["q_proj", "query", "wq", "q_lin", "q", "q_attn", "proj_q_dense_layer",
+                     "q_a_proj", "q_b_proj"], "Q"),  # DeepSeek MLA: the query path, both factors
     **dict.fromkeys(["k_proj", "key", "wk", "k_lin", "k", "proj_k_dense_layer"], "K"),
     **dict.fromkeys(["v_proj", "value", "wv", "v_lin", "v", "proj_v_dense_layer"], "V"),
 }

@@ -20,10 +20,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-__all__ = ["ROLES", "LINEAR_ROLES", "role", "input_dim", "conv1d_layout"]
+__all__ = ["ROLES", "LINEAR_ROLES", "EXPERTS_IN_OUT_TYPES", "role", "input_dim", "conv1d_layout",
+           "experts_in_out", "expert_index", "is_routed_expert"]
 
 ROLES = (
-    "qkv", "attn_out", "ffn_in", "ffn_out", "embedding", "position", "norm", "bias", "head", "other",
+    "qkv", "attn_out", "ffn_in", "ffn_out", "router", "embedding", "position", "norm", "bias", "head",
+    "other",
 )
 """Every value :func:`role` returns."""
 
@@ -58,7 +60,9 @@ _LEAF_ROLES = {
         ["q_proj", "k_proj", "v_proj", "query", "key", "value", "query_key_value", "c_attn",
          "qkv", "qkv_proj", "wqkv", "w_pack", "wq", "wk", "wv", "q_lin", "k_lin", "v_lin",
          "proj_q_dense_layer", "proj_k_dense_layer", "proj_v_dense_layer", "q", "k", "v",
-         "q_attn", "in_proj"], "qkv"),
+         "q_attn", "in_proj",
+         # DeepSeek-V2/V3 multi-head latent attention: the low-rank query and key/value factors
+         "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"], "qkv"),
     # attention output
     **dict.fromkeys(["o_proj", "out_proj", "out_lin", "o", "proj_output_dense_layer"], "attn_out"),
     # feed-forward in (up, gate, fc1)
@@ -68,6 +72,14 @@ _LEAF_ROLES = {
     # feed-forward out (down, fc2)
     **dict.fromkeys(["down_proj", "fc2", "fc_out", "dense_4h_to_h", "w2", "lin2"], "ffn_out"),
 }
+# Mixture-of-experts routers (expert scores per token): Mixtral's ``block_sparse_moe.gate``,
+# Qwen-MoE/OLMoE/DeepSeek's ``mlp.gate``, gpt-oss's and Llama 4's ``router``, Qwen2-MoE's
+# ``shared_expert_gate`` (one score gating the shared expert). Any module under a ``router``
+# (Switch Transformers' ``router.classifier``, DBRX's ``router.layer``) is one too.
+_ROUTERS = {"gate", "router", "shared_expert_gate"}
+# The module that holds the routed experts (``experts.E.w1``, ``experts.gate_up_proj``).
+_EXPERTS = "experts"
+
 # Leaf names that are the attention output inside attention and the FFN output elsewhere.
 _CONTEXTUAL_OUT = {"c_proj", "proj", "dense", "wo"}
 
@@ -106,6 +118,8 @@ def role(name: str, shape: tuple[int, ...] | Sequence[int] = ()) -> str:
     ``LayerNorm``, ``input_layernorm``...) is ``norm``; position tables (``wpe``, ``pos_emb``,
     ``embed_positions``, ``position_embeddings``, ``rotary_emb``...) are ``position``; token
     embeddings (``wte``, ``embed_tokens``, ``word_embeddings``, ``embed_in``...) are ``embedding``;
+    a mixture-of-experts router inside a block (``block_sparse_moe.gate``, ``mlp.gate``,
+    ``mlp.router``, ``shared_expert_gate``, anything under a ``router`` module) is ``router``;
     the output layer (``lm_head``, ``embed_out``, ``head``, ``cls.predictions.decoder``) is ``head``.
     Linear roles need a layer index in the name (``h.0``, ``layers.0``, ``layer.0``, ``blocks.0``),
     so a BERT pooler or a stray projection is ``other``. Names that mean different things in
@@ -125,6 +139,8 @@ def role(name: str, shape: tuple[int, ...] | Sequence[int] = ()) -> str:
     'embedding'
     >>> role("blocks.1.mlp.proj.weight", (32, 128))  # sparsetool's own GPT
     'ffn_out'
+    >>> role("model.layers.0.block_sparse_moe.gate.weight", (8, 4096))  # Mixtral's router
+    'router'
     """
     shape = tuple(shape)
     own = _OWN_GPT_RE.match(name)
@@ -144,6 +160,8 @@ def role(name: str, shape: tuple[int, ...] | Sequence[int] = ()) -> str:
         return "position"
     if any(p in _EMBEDDING for p in lower):
         return "embedding"
+    if _in_block(modules) and (lower[-1] in _ROUTERS or "router" in lower[:-1]) and len(shape) != 1:
+        return "router"
     if (
         any(p in _HEAD for p in lower)
         or ".".join(lower).endswith("cls.predictions.decoder")
@@ -179,7 +197,7 @@ def _linear_role(modules: list[str], param: str | None) -> str | None:
 
 def input_dim(
     name: str, shape: tuple[int, ...] | Sequence[int], *, conv1d: bool | None = None,
-    known_role: str | None = None,
+    known_role: str | None = None, experts_transposed: bool = False,
 ) -> int:
     """The dimension of ``shape`` that indexes input features (the one N:M groups run along).
 
@@ -192,9 +210,11 @@ def input_dim(
     caller knows better: ``conv1d=False`` (say, from a ``config.json`` whose ``model_type`` is not
     ``gpt2``) reads these names as ``nn.Linear``, ``conv1d=True`` as Conv1D. A stack of linear
     weights with a linear role, such as the mixture-of-experts tensors of transformers 5
-    (``mlp.experts.gate_up_proj``, (experts, out, in)), gives its last dimension. Other tensors with
-    more than two dimensions are read as convolution kernels (out, in, ...) and give 1; 1-D tensors
-    give 0. ``known_role`` is the tensor's :func:`role`, when the caller has it already.
+    (``mlp.experts.gate_up_proj``, (experts, out, in)), gives its last dimension, or 1 with
+    ``experts_transposed`` (checkpoints that store them (experts, in, out), gpt-oss and Llama 4:
+    :func:`experts_in_out`). Other tensors with more than two dimensions are read as convolution
+    kernels (out, in, ...) and give 1; 1-D tensors give 0. ``known_role`` is the tensor's
+    :func:`role`, when the caller has it already.
 
     >>> input_dim("transformer.h.0.mlp.c_fc.weight", (768, 3072))
     0
@@ -215,7 +235,7 @@ def input_dim(
             return 1
         return 0
     if len(shape) > 2 and (known_role or role(name, shape)) in LINEAR_ROLES:
-        return len(shape) - 1
+        return 1 if experts_transposed and len(shape) == 3 else len(shape) - 1
     return 1
 
 
@@ -230,3 +250,50 @@ def conv1d_layout(config: Mapping | None) -> bool | None:
     """
     model_type = (config or {}).get("model_type")
     return None if model_type is None else model_type == "gpt2"
+
+
+EXPERTS_IN_OUT_TYPES = ("gpt_oss", "llama4", "llama4_text")
+"""``config.json`` model types whose checkpoints store fused expert weights (experts, in, out)."""
+
+
+def experts_in_out(config: Mapping | None) -> bool:
+    """Whether the checkpoint stores its fused (3-D) expert weights (experts, in, out), from a
+    ``config.json``: gpt-oss (``mlp.experts.gate_up_proj`` [experts, hidden, 2 * ffn]) and Llama 4
+    do; transformers 5's in-memory layout, and any checkpoint saved from it, is (experts, out, in).
+    The model type is read at the top level or under ``text_config``; without a config, False.
+
+    >>> experts_in_out({"model_type": "gpt_oss"}), experts_in_out({"model_type": "mixtral"}), experts_in_out(None)
+    (True, False, False)
+    """
+    config = config or {}
+    text = config.get("text_config")
+    types = {config.get("model_type"), text.get("model_type") if isinstance(text, Mapping) else None}
+    return any(t in EXPERTS_IN_OUT_TYPES for t in types)
+
+
+def expert_index(name: str) -> int | None:
+    """The routed expert a per-expert tensor belongs to (the number after ``experts``), or None.
+
+    >>> expert_index("model.layers.3.block_sparse_moe.experts.5.w1.weight")
+    5
+    >>> expert_index("model.layers.3.mlp.experts.gate_up_proj") is None  # all experts fused
+    True
+    >>> expert_index("model.layers.3.mlp.shared_experts.up_proj.weight") is None  # not routed
+    True
+    """
+    parts = name.split(".")
+    for a, b in zip(parts, parts[1:]):
+        if a == _EXPERTS and b.isdigit():
+            return int(b)
+    return None
+
+
+def is_routed_expert(name: str) -> bool:
+    """Whether ``name`` is a routed expert's weight: one expert's (``experts.E.``) or every
+    expert's fused (``experts.gate_up_proj``); a shared expert (``shared_expert``,
+    ``shared_experts``) is an ordinary FFN.
+
+    >>> is_routed_expert("model.layers.0.mlp.experts.down_proj"), is_routed_expert("model.layers.0.mlp.down_proj.weight")
+    (True, False)
+    """
+    return _EXPERTS in name.split(".")[:-1]

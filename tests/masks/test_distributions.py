@@ -7,7 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparsetool.errors import ConfigError, SparsetoolError
-from sparsetool.masks.distributions import DISTRIBUTIONS, erk_keep, keep_counts, uniform_keep
+from sparsetool.masks.distributions import (
+    DISTRIBUTIONS,
+    erk_keep,
+    keep_counts,
+    part_keep_counts,
+    uniform_keep,
+)
 
 
 def test_uniform_hand_computed():
@@ -95,3 +101,18 @@ def test_docstring_examples():
 
     result = doctest.testmod(sparsetool.masks.distributions, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("distribution", list(DISTRIBUTIONS))
+@pytest.mark.parametrize("sparsity", [0.3, 0.5, 0.77])
+def test_a_fused_tensors_experts_count_as_if_stored_apart(distribution, sparsity):
+    """Parts of a fused experts tensor are units of the distribution, like separate tensors."""
+    fused = {"up": (3, 12, 20), "down": (3, 20, 12), "q": (20, 20)}
+    apart = {"q": (20, 20), **{f"{n}.{e}": s[1:] for n, s in fused.items() if n != "q" for e in range(3)}}
+    got = part_keep_counts(fused, {"up": 3, "down": 3}, sparsity, distribution)
+    want = keep_counts(apart, sparsity, distribution)
+    assert got["q"] == [want["q"]]
+    for n in ("up", "down"):
+        assert got[n] == [want[f"{n}.{e}"] for e in range(3)]
+    with pytest.raises(ValueError, match="not 4 parts"):
+        part_keep_counts({"up": (3, 12, 20)}, {"up": 4}, sparsity, distribution)

@@ -9,7 +9,6 @@ import json
 import pytest
 import torch
 
-from sparsetool.errors import SparsetoolError
 from sparsetool.masks.distributions import uniform_keep
 from sparsetool.masks.sparsegpt import inverse_hessian_factor, sparsegpt_update
 from sparsetool.masks.wanda import wanda_mask
@@ -233,17 +232,39 @@ def test_cli_reports_routed_tokens_and_the_fallback(mixtral, calib_file, tmp_pat
     assert res.exit_code == 2 and "--expert-min-tokens -1" in res.output
 
 
-def test_experts_stored_in_one_tensor_are_refused_by_calibration_for_now(
-    text, calib_file, tmp_path
-):
-    src = save_moe("gpt_oss", tmp_path / "oss", text)
-    with pytest.raises(
-        SparsetoolError,
-        match=r"mlp\.experts\.(gate_up|down)_proj' \[4, \d+, \d+\]: holds every expert",
-    ):
-        prune_checkpoint(
-            src,
-            tmp_path / "out",
-            PruneOptions(sparsity=0.5, method="wanda", calibration=str(calib_file), **CALIB),
-        )
-    assert not (tmp_path / "out").exists()
+@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+def test_experts_fused_on_disk_prune_as_experts_stored_apart(method, text, calib_file, tmp_path):
+    """The same Mixtral stored both ways prunes to the same model; gpt-oss, stored fused and
+    (experts, in, out), keeps each expert's exact count and loads in transformers."""
+    apart = save_moe("mixtral", tmp_path / "apart", text)
+    fused = save_moe("mixtral", tmp_path / "fused", text, fused=True)
+    opts = PruneOptions(
+        sparsity=0.5, method=method, calibration=str(calib_file), seed=SEED, **CALIB
+    )
+    a = prune_checkpoint(apart, tmp_path / "a", opts)
+    f = prune_checkpoint(fused, tmp_path / "f", opts)
+    ma = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "a").state_dict()
+    mf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "f").state_dict()
+    # Wanda compares each row's weights: gate and up apart or concatenated alike. SparseGPT
+    # compares a column block's rows together, so there the unit is what is stored (gate and up
+    # apart, or both); block 0's down projections are the same unit either way.
+    same = list(ma) if method == "wanda" else ["model.layers.0.mlp.experts.down_proj"]
+    for name in same:
+        assert torch.allclose(ma[name], mf[name], atol=1e-6), name
+    for e in range(EXPERTS):
+        unit = mf["model.layers.1.mlp.experts.gate_up_proj"][e]
+        assert int((unit != 0).sum()) == unit.numel() // 2
+    # per expert: w1, w3 and w2 apart, gate_up and down fused; the same tokens routed
+    assert set(a.experts["routed_tokens"].values()) == set(f.experts["routed_tokens"].values())
+    assert "model.layers.1.mlp.experts.gate_up_proj[3]" in f.experts["routed_tokens"]
+    oss = save_moe("gpt_oss", tmp_path / "oss", text)
+    result = prune_checkpoint(oss, tmp_path / "o", opts)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "o")
+    for i in range(2):
+        for p in (
+            model.model.layers[i].mlp.experts.gate_up_proj,
+            model.model.layers[i].mlp.experts.down_proj,
+        ):
+            for e in range(EXPERTS):
+                assert int((p[e] != 0).sum()) == p[e].numel() // 2
+    assert len(result.experts["routed_tokens"]) == 2 * 2 * EXPERTS

@@ -9,7 +9,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 import torch  # noqa: E402
-from moe_models import EXPERTS, FAMILIES, save_moe  # noqa: E402
+from moe_models import EXPERTS, STORED, save_moe  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from test_eval import reference_nll  # noqa: E402
 
@@ -25,7 +25,7 @@ def text() -> str:
     return make_text()
 
 
-@pytest.mark.parametrize("kind", FAMILIES)
+@pytest.mark.parametrize("kind", STORED)
 def test_eval_equals_transformers_in_either_layout(kind, tmp_path, text):
     per_expert = save_moe(kind, tmp_path / "per-expert", text)
     fused = save_moe(kind, tmp_path / "fused", text, fused=True)

@@ -411,16 +411,20 @@ def test_in_place_keeps_file_permissions(gpt2_file):
     assert summarize(gpt2_file).summary["targeted_sparsity"] == pytest.approx(0.5, abs=1e-3)
 
 
-def test_nm_refuses_stacked_expert_tensors(tmp_path):
+def test_nm_runs_along_each_stacked_experts_input_axis_and_refuses_a_kernel(tmp_path):
     src = tmp_path / "moe.st"
-    name = "model.layers.0.mlp.experts.gate_up_proj"
+    name = "model.layers.0.mlp.experts.gate_up_proj"  # no config.json: (experts, out, in)
     save_file({name: torch.randn(2, 8, 16), "model.layers.0.self_attn.q_proj.weight": torch.randn(8, 8)},
               str(src))
     r = run("prune", src, "-o", tmp_path / "o.st", "--nm", "2:4")
-    if "no tensor is targeted" in r.stderr:
-        pytest.skip("stacked experts are not targeted by default")
-    assert r.exit_code == 1 and name in r.stderr and "--exclude" in r.stderr
-    assert not (tmp_path / "o.st").exists()
+    assert r.exit_code == 0, r.stderr
+    w = load_file(str(tmp_path / "o.st"))[name]
+    assert ((w.reshape(2, 8, 4, 4) != 0).sum(-1) == 2).all()
+    kernel = "model.layers.0.conv.weight"
+    save_file({kernel: torch.randn(4, 8, 2, 2)}, str(src))
+    r = run("prune", src, "-o", tmp_path / "k.st", "--nm", "2:4", "--include", kernel)
+    assert r.exit_code == 1 and kernel in r.stderr and "--exclude" in r.stderr
+    assert not (tmp_path / "k.st").exists()
 
 
 def test_outputs_through_symlinks_write_their_targets(gpt2_file, tmp_path):

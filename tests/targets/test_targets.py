@@ -65,11 +65,29 @@ TABLE = [
     # Mixtral: experts are FFNs, the router is not
     ("model.layers.0.block_sparse_moe.experts.3.w1.weight", (14336, 4096), "ffn_in", 1),
     ("model.layers.0.block_sparse_moe.experts.3.w2.weight", (4096, 14336), "ffn_out", 1),
-    ("model.layers.0.block_sparse_moe.gate.weight", (8, 4096), "other", 1),
+    ("model.layers.0.block_sparse_moe.gate.weight", (8, 4096), "router", 1),
     # transformers 5 stacks the experts: (experts, out, in), no ".weight"
     ("model.layers.0.mlp.experts.gate_up_proj", (8, 28672, 4096), "ffn_in", 2),
     ("model.layers.0.mlp.experts.down_proj", (8, 4096, 14336), "ffn_out", 2),
-    ("model.layers.0.mlp.gate.weight", (8, 4096), "other", 1),
+    ("model.layers.0.mlp.gate.weight", (8, 4096), "router", 1),
+    # Qwen2/Qwen3-MoE, OLMoE, DeepSeek-V3: per-expert matrices; shared experts are plain FFNs
+    ("model.layers.0.mlp.experts.7.gate_proj.weight", (1408, 2048), "ffn_in", 1),
+    ("model.layers.0.mlp.experts.7.down_proj.weight", (2048, 1408), "ffn_out", 1),
+    ("model.layers.0.mlp.shared_expert.up_proj.weight", (5632, 2048), "ffn_in", 1),
+    ("model.layers.0.mlp.shared_experts.down_proj.weight", (2048, 2816), "ffn_out", 1),
+    ("model.layers.0.mlp.shared_expert_gate.weight", (1, 2048), "router", 1),
+    ("model.layers.0.mlp.gate.e_score_correction_bias", (256,), "bias", 0),
+    # DeepSeek-V3's multi-head latent attention: low-rank q and kv factors are attention matrices
+    ("model.layers.0.self_attn.q_a_proj.weight", (1536, 7168), "qkv", 1),
+    ("model.layers.0.self_attn.q_b_proj.weight", (24576, 1536), "qkv", 1),
+    ("model.layers.0.self_attn.kv_a_proj_with_mqa.weight", (576, 7168), "qkv", 1),
+    ("model.layers.0.self_attn.kv_b_proj.weight", (32768, 512), "qkv", 1),
+    # gpt-oss and Llama 4 routers; Switch Transformers' and DBRX's sit under a "router" module
+    ("model.layers.0.mlp.router.weight", (32, 2880), "router", 1),
+    ("model.layers.0.mlp.router.bias", (32,), "bias", 0),
+    ("language_model.model.layers.0.feed_forward.router.weight", (16, 5120), "router", 1),
+    ("encoder.block.1.layer.1.mlp.router.classifier.weight", (8, 768), "router", 1),
+    ("transformer.blocks.0.ffn.router.layer.weight", (16, 6144), "router", 1),
     # OPT
     ("model.decoder.embed_tokens.weight", (50272, 768), "embedding", 1),
     ("model.decoder.embed_positions.weight", (2050, 768), "position", 1),
@@ -279,7 +297,7 @@ def test_real_transformers_models_are_read_right():
                 width = 16 if r == "ffn_out" else 8
                 assert t.shape[input_dim(name, tuple(t.shape))] == width, (arch, name)
             elif t.ndim >= 2:
-                assert r in ("embedding", "position", "head", "other"), (arch, name)
+                assert r in ("embedding", "position", "head", "router", "other"), (arch, name)
             else:
                 assert r in ("norm", "bias", "position"), (arch, name)
         for r, per_layer in PER_LAYER[arch].items():

@@ -145,6 +145,31 @@ def test_plan_reads_the_config_for_gpt2_names_on_linear_weights():
             stacked["model.layers.0.mlp.experts.down_proj"].input_dim) == ("stacked", 2)
 
 
+@pytest.mark.parametrize("config,layout,dim", [
+    (None, "stacked", 2),
+    ({"model_type": "mixtral"}, "stacked", 2),
+    ({"model_type": "gpt_oss"}, "stacked_t", 1),
+    ({"model_type": "llama4", "text_config": {"model_type": "llama4_text"}}, "stacked_t", 1),
+    ({"model_type": "llama4_text"}, "stacked_t", 1),
+])
+def test_fused_experts_orientation_comes_from_the_config(config, layout, dim):
+    names = {"model.layers.0.mlp.experts.gate_up_proj": ((4, 16, 64), "BF16"),
+             "model.layers.0.mlp.experts.5.down_proj.weight": ((16, 32), "BF16"),
+             "model.layers.0.mlp.router.weight": ((4, 16), "BF16"),
+             "model.layers.0.conv.weight": ((4, 8, 3, 3), "BF16")}
+    plan = plan_targets(names, config, include=["*.conv.*"])
+    fused = plan["model.layers.0.mlp.experts.gate_up_proj"]
+    assert (fused.layout, fused.input_dim, fused.experts, fused.expert) == (layout, dim, 4, None)
+    assert plan.experts_in_out == (layout == "stacked_t")
+    one = plan["model.layers.0.mlp.experts.5.down_proj.weight"]
+    assert (one.layout, one.input_dim, one.experts, one.expert) == ("linear", 1, 0, 5)
+    router = plan["model.layers.0.mlp.router.weight"]
+    assert (router.role, router.targeted, router.reason) == (
+        "router", False, "role router is not an attention/FFN matrix")
+    kernel = plan["model.layers.0.conv.weight"]  # not an expert stack, whatever the config
+    assert (kernel.layout, kernel.input_dim, kernel.experts) == ("kernel", 1, 0)
+
+
 def test_select_replaces_the_default_roles_like_param_filter():
     table = FAMILIES["sparsetool_gpt"]
     tensors = {n: (shape, "F32") for n, (shape, _) in table.items()}

@@ -42,7 +42,7 @@ import torch
 from sparsetool.checkpoint import Checkpoint, LogicalTensor
 from sparsetool.checkpoint.zeros import count_nonzero_values
 from sparsetool.errors import CheckpointError, SparsetoolError
-from sparsetool.masks.distributions import keep_counts
+from sparsetool.masks.distributions import part_keep_counts
 from sparsetool.masks.dsnot import dsnot_refine
 from sparsetool.masks.owl import OutlierCount, block_sparsity, owl_keep, owl_sparsities
 from sparsetool.masks.select import magnitude_mask
@@ -61,7 +61,7 @@ from sparsetool.ops.prune.planner import Sink
 from sparsetool.ops.prune.read import read_alive_tensors
 from sparsetool.ops.prune.statistics import BlockStatistics, InputStatistics
 from sparsetool.ops.text import read_text
-from sparsetool.targets import TargetPlan
+from sparsetool.targets import STACKED_LAYOUTS, TargetPlan
 from sparsetool.util.memory import MemoryPlan, budget, process_memory, release_freed_memory
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural
@@ -99,6 +99,7 @@ class _Place:
     experts: torch.nn.Module | None = None
     expert: int | None = None
     part: str = ""
+    slot: bool = False  # the checkpoint tensor holds every expert: this is its ``[expert]``
 
 
 def _is_experts(module: torch.nn.Module) -> bool:
@@ -119,9 +120,13 @@ class CalibratedPlanner:
         self.on_plan = on_plan
         self.target_plan, self.nan_ok = plan, nan_ok
         self.keep: dict[str, int] = {}
+        self._part_keep: dict[str, list[int]] = {}  # a tensor of every expert: each one's count
         if opts.sparsity is not None:
-            self.keep = keep_counts({lt.name: tuple(lt.shape) for lt in targets}, opts.sparsity,
-                                    opts.distribution)
+            self._part_keep = part_keep_counts(
+                {lt.name: tuple(lt.shape) for lt in targets},
+                {lt.name: plan[lt.name].experts for lt in targets if plan[lt.name].experts},
+                opts.sparsity, opts.distribution)
+            self.keep = {name: sum(parts) for name, parts in self._part_keep.items()}
         self.nonzero_before: dict[str, int] = {}
         self.nonzero_after: dict[str, int] = {}  # kept counts, known before pruning
         self.notes: list[str] = []
@@ -142,7 +147,7 @@ class CalibratedPlanner:
     def prepare(self) -> None:
         o = self.opts
         for lt in self.targets:
-            if self.target_plan[lt.name].layout not in ("linear", "conv1d", "stacked"):  # stacked: experts
+            if self.target_plan[lt.name].layout not in ("linear", "conv1d") + STACKED_LAYOUTS:
                 raise SparsetoolError(
                     f"tensor {lt.name!r} {list(lt.shape)}: --method {o.method} prunes "
                     "linear layers (2-D weights) only; leave it out with --exclude")
@@ -182,25 +187,42 @@ class CalibratedPlanner:
                 self.progress("check", i + 1, len(self.targets))
 
     def _oriented(self, lt: LogicalTensor, t: torch.Tensor) -> torch.Tensor:
-        """``t`` as (out, in): a GPT-2 Conv1D weight is stored (in, out)."""
-        return t.T if self.target_plan[lt.name].layout == "conv1d" else t
+        """``t`` as (out, in), or (experts, out, in) for a tensor of every expert: a GPT-2 Conv1D
+        weight is stored (in, out), gpt-oss's experts (experts, in, out). Its own inverse."""
+        layout = self.target_plan[lt.name].layout
+        return t.T if layout == "conv1d" else t.transpose(1, 2) if layout == "stacked_t" else t
 
     def _n_in(self, lt: LogicalTensor) -> int:
-        """Input features of a targeted weight."""
-        return lt.shape[0] if self.target_plan[lt.name].layout == "conv1d" else lt.shape[1]
+        """Input features of a targeted weight (of each expert's matrix)."""
+        return lt.shape[self.target_plan[lt.name].input_dim]
 
-    def _keep(self, lt: LogicalTensor) -> int | None:
+    def _keep(self, lt: LogicalTensor, expert: int | None = None) -> int | None:
+        """How many of ``lt``'s weights to keep; of its ``expert``'s matrix, for a tensor of
+        every expert (OWL's count of the tensor shared out as evenly as the counts allow)."""
         if self.opts.nm is not None:
             return None
-        return self.keep.get(lt.name, lt.numel - round(self.opts.sparsity * lt.numel))
+        total = self.keep.get(lt.name, lt.numel - round(self.opts.sparsity * lt.numel))
+        if expert is None:
+            return total
+        parts = self._part_keep.get(lt.name)
+        if parts is not None and sum(parts) == total:
+            return parts[expert]
+        n = lt.shape[0]
+        return total // n + (expert < total % n)
 
     def _kept_count(self, lt: LogicalTensor, alive: torch.Tensor) -> int:
+        if alive.ndim == 3:  # one count per expert's matrix
+            return sum(self._matrix_kept_count(lt, a, e) for e, a in enumerate(alive))
+        return self._matrix_kept_count(lt, alive, None)
+
+    def _matrix_kept_count(self, lt: LogicalTensor, alive: torch.Tensor, expert: int | None) -> int:
         o = self.opts
+        keep = self._keep(lt, expert)
         if o.method == "magnitude":
-            return min(self._keep(lt), count_nonzero_values(alive))
+            return min(keep, count_nonzero_values(alive))
         if o.method == "wanda":
-            return wanda_kept_count(alive, keep=self._keep(lt), nm=o.nm)
-        return sparsegpt_kept_count(alive, keep=self._keep(lt), nm=o.nm, blocksize=o.blocksize)
+            return wanda_kept_count(alive, keep=keep, nm=o.nm)
+        return sparsegpt_kept_count(alive, keep=keep, nm=o.nm, blocksize=o.blocksize)
 
     def _place_targets(self, model: BlockModel) -> None:
         for lt in self.targets:
@@ -217,18 +239,25 @@ class CalibratedPlanner:
             owner, _, attr = own.rpartition(".")
             module = model.module.get_submodule(owner)
             if not _is_experts(module):
-                key, place = own, _Place(own, piece)
-            elif piece.index and not getattr(module, "is_transposed", False):
-                part = "out" if attr.startswith("down") else "in"
-                key, place = lt.name, _Place(own, piece, module, int(piece.index[0]), part)
+                self._where[own] = _Place(own, piece)
+                self._by_block.setdefault(i, []).append((own, lt))
+                continue
+            part = "out" if attr.startswith("down") else "in"
+            transposed = bool(getattr(module, "is_transposed", False))
+            if piece.index and not transposed:  # one expert's matrix
+                self._where[lt.name] = _Place(own, piece, module, int(piece.index[0]), part)
+                self._by_block.setdefault(i, []).append((lt.name, lt))
+            elif not piece.index and transposed == (self.target_plan[lt.name].layout == "stacked_t"):
+                for e in range(lt.shape[0]):  # every expert's matrix, each a unit of its own
+                    key = f"{lt.name}[{e}]"
+                    self._where[key] = _Place(own, piece, module, e, part, slot=True)
+                    self._by_block.setdefault(i, []).append((key, lt))
             else:
                 raise SparsetoolError(
-                    f"tensor {lt.name!r} {list(lt.shape)}: holds every expert of a block in one "
-                    f"tensor, which --method {self.opts.method} does not prune yet (experts stored "
-                    "one tensor per expert it does); prune it by magnitude, or leave it out with "
-                    "--exclude")
-            self._where[key] = place
-            self._by_block.setdefault(i, []).append((key, lt))
+                    f"tensor {lt.name!r} {list(lt.shape)}: its experts are stored "
+                    f"{'(in, out)' if self.target_plan[lt.name].layout == 'stacked_t' else '(out, in)'}"
+                    f" but the model reads them the other way; --method {self.opts.method} cannot "
+                    "prune it: prune it by magnitude, or leave it out with --exclude")
 
     def expected_inputs(self, block: int) -> list[list[str]]:
         """The plan's guess, before anything runs, of which targeted tensors of ``block`` read one
@@ -297,7 +326,7 @@ class CalibratedPlanner:
         if not self._reads_inputs:  # magnitude with OWL's counts: no forward pass left to run
             try:
                 for i, lt in enumerate(self.targets):
-                    self._prune(None, lt, None, sink)
+                    self._prune(lt, [(None, None)], sink)
                     if self.progress:
                         self.progress("prune", i + 1, len(self.targets))
             finally:
@@ -392,9 +421,9 @@ class CalibratedPlanner:
                                          outputs=outputs if i < last else None)
                     count = OutlierCount(o.owl_m)
                     for key, lt in layers.items():
-                        count.add_sum(self._dense(lt), stats.of(key).sq.cpu())
+                        count.add_sum(self._dense(key, lt), stats.of(key).sq.cpu())
                     for key, lt in layers.items():
-                        count.add_count(self._dense(lt), stats.of(key).sq.cpu())
+                        count.add_count(self._dense(key, lt), stats.of(key).sq.cpu())
                     ratios.append(count.ratio)
                     blocks.append({lt.name: lt.numel for lt in layers.values()})
                 if i < last:
@@ -410,82 +439,67 @@ class CalibratedPlanner:
              "targeted": sum(block.values()), "kept": sum(self.keep[n] for n in block)}
             for b, r, block in zip(sorted(self._by_block), ratios, blocks)]
 
-    def _dense(self, lt: LogicalTensor) -> torch.Tensor:
-        """A targeted weight as stored, (out, in), in float32 (pruned positions are zeros)."""
+    def _dense(self, key: str, lt: LogicalTensor) -> torch.Tensor:
+        """A targeted weight as stored, (out, in), in float32 (pruned positions are zeros); the
+        expert's matrix for one expert of a tensor of every expert."""
         dense, _alive = read_alive_tensors(self.ckpt, lt, nan_means_pruned=self.nan_ok)
-        return self._oriented(lt, dense).float()
+        place = self._where[key]
+        return self._oriented(lt, dense)[place.expert if place.slot else ...].float()
 
     def _prune_block(self, i: int, layers: dict[str, LogicalTensor], calls: list[Call],
                      sink: Sink) -> None:
-        """Gather the statistics of block ``i``'s targeted ``layers`` (model name -> tensor) over
-        every window, then prune each, dropping an input's statistics after its last layer."""
+        """Gather the statistics of block ``i``'s targeted ``layers`` (key -> tensor) over every
+        window, then prune each, dropping an input's statistics after its last layer. A tensor
+        of every expert is pruned whole, each expert's matrix from its own statistics, when the
+        first of its experts comes."""
         o = self.opts
         stats = self._gather(i, layers, calls, hessian=o.method == "sparsegpt",
                              moments=o.refine == "dsnot")
         self.shared[i] = [[layers[key].name for key in group] for group in stats.groups()]
+        slots: dict[str, list[str]] = {}
+        for key, lt in layers.items():
+            if self._where[key].slot:
+                slots.setdefault(lt.name, []).append(key)
+        done: set[str] = set()
         for key in stats.solve_order(lambda key: layers[key].numel):
-            self._prune(key, layers[key], stats.of(key), sink)
-            stats.release(key)
+            lt = layers[key]
+            if lt.name in done:
+                continue
+            keys = slots.get(lt.name, [key])
+            self._prune(lt, [(k, stats.of(k)) for k in keys], sink)
+            for k in keys:
+                stats.release(k)
+            done.add(lt.name)
 
-    def _prune(self, key: str | None, lt: LogicalTensor, stats: InputStatistics | None, sink: Sink) -> None:
+    def _prune(self, lt: LogicalTensor, units: list[tuple[str | None, InputStatistics | None]],
+               sink: Sink) -> None:
         """Prune one tensor from its stored values (float32 math), write it, put it back into
-        the block (``key``: where it is, see ``_by_block``; None when no block runs).
-
-        An expert's matrix whose expert was routed fewer calibration tokens than
-        ``--expert-min-tokens`` is pruned by magnitude, in its method's comparison groups (Wanda
-        with every input norm 1: each row's largest weights; SparseGPT with ``X^T X`` the
-        identity: each column block's, no update)."""
+        the block. ``units`` are its matrices (key, statistics): one, or each expert's of a
+        tensor of every expert; (None, None) when no block runs."""
         o = self.opts
-        place = self._where.get(key) if key is not None else None
-        few = False
-        if place is not None and place.expert is not None and stats is not None:
-            self.routed[lt.name] = stats.tokens
-            few = stats.tokens < o.expert_min_tokens and o.method != "magnitude"
-            if few:
-                self.fallback.append(lt.name)
         dense, alive = read_alive_tensors(self.ckpt, lt, nan_means_pruned=self.nan_ok)
         # The statistics were gathered on the device; the selection and the solve run on the CPU.
         w, alive = self._oriented(lt, dense).float(), self._oriented(lt, alive)
         stored, copied = dense.dtype, w.dtype != dense.dtype
-        refine = o.refine == "dsnot" and not few
         if o.method == "sparsegpt":  # its output is the updated weights: the stored ones can go
             del dense
+        experts = w.ndim == 3
+        if experts and len(units) == 1:  # no block runs: every expert's matrix alike
+            units = units * w.shape[0]
         try:
-            if o.method == "sparsegpt" and few:
-                identity = inverse_hessian_factor(torch.eye(w.shape[1]), o.dampening, overwrite=True)
-                new, kept = sparsegpt_update(w, identity, keep=self._keep(lt), nm=o.nm,
-                                             existing=alive, blocksize=o.blocksize, overwrite=copied)
-            elif o.method == "sparsegpt":
-                if stats.factor is None:  # the first layer of this input: X^T X becomes the factor
-                    h, stats.h = stats.h.cpu(), None  # from a GPU: a copy, and the GPU's is dropped
-                    stats.factor = inverse_hessian_factor(h, o.dampening, overwrite=True)
-                    del h
-                new, kept = sparsegpt_update(w, stats.factor, keep=self._keep(lt), nm=o.nm,
-                                             existing=alive, blocksize=o.blocksize,
-                                             overwrite=copied and not refine)
-            elif o.method == "wanda":
-                norms = torch.ones(w.shape[1], dtype=torch.float64) if few else stats.sq.cpu()
-                kept = wanda_mask(w, norms, keep=self._keep(lt), nm=o.nm, existing=alive)
+            if experts:
+                new, kept = torch.empty_like(w), torch.empty(w.shape, dtype=torch.bool)
+                for e, (key, stats) in enumerate(units):
+                    new[e], kept[e] = self._select(key, lt, w[e], alive[e], stats, e, copied)
             else:
-                kept = magnitude_mask(w, keep=self._keep(lt), existing=alive)
-            if refine:
-                mean, var = stats.moments()
-                kept, swaps = dsnot_refine(w, kept, mean=mean, var=var, sq_norms=stats.sq.cpu(),
-                                           window=self.opts.seq, alive=alive,
-                                           iterations=o.dsnot_iterations,
-                                           threshold=o.dsnot_threshold)
-                self.swaps += swaps
-                if o.method == "sparsegpt":  # the refined mask's pruned weights, compensated
-                    del new
-                    new, kept = sparsegpt_update(w, stats.factor, fixed=kept,
-                                                 blocksize=o.blocksize, overwrite=copied)
-            if o.method != "sparsegpt":
-                new = w * kept
+                key, stats = units[0]
+                new, kept = self._select(key, lt, w, alive, stats, None, copied)
         except SparsetoolError as e:
             raise SparsetoolError(f"tensor {lt.name!r} {list(lt.shape)}: {e}") from None
         del w, alive
         new.masked_fill_(~kept, 0)
         stored_new = self._oriented(lt, new)
+        place = self._where.get(units[0][0]) if units[0][0] is not None else None
         if place is not None and place.piece.index:  # one expert's matrix
             self.model.set_piece(place.own, place.piece, stored_new)
         elif place is not None:
@@ -496,3 +510,54 @@ class CalibratedPlanner:
                                   f"where {self.nonzero_after[lt.name]:,} were planned; please report this")
         values = stored_new.to(stored).contiguous() if o.method == "sparsegpt" else dense
         sink(lt, values, kept)
+
+    def _select(self, key: str | None, lt: LogicalTensor, w: torch.Tensor, alive: torch.Tensor,
+                stats: InputStatistics | None, expert: int | None, copied: bool
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One matrix (out, in) of ``lt``: (its new values, its kept mask) by the method; ``w`` may
+        be overwritten when ``copied`` (it is a float32 copy of the stored values).
+
+        An expert's matrix whose expert was routed fewer calibration tokens than
+        ``--expert-min-tokens`` is pruned by magnitude, in its method's comparison groups (Wanda
+        with every input norm 1: each row's largest weights; SparseGPT with ``X^T X`` the
+        identity: each column block's, no update)."""
+        o = self.opts
+        place = self._where.get(key) if key is not None else None
+        few = False
+        name = f"{lt.name}[{expert}]" if expert is not None else lt.name
+        if place is not None and place.expert is not None and stats is not None:
+            self.routed[name] = stats.tokens
+            few = stats.tokens < o.expert_min_tokens and o.method != "magnitude"
+            if few:
+                self.fallback.append(name)
+        keep = self._keep(lt, expert)
+        refine = o.refine == "dsnot" and not few
+        if o.method == "sparsegpt" and few:
+            identity = inverse_hessian_factor(torch.eye(w.shape[1]), o.dampening, overwrite=True)
+            return sparsegpt_update(w, identity, keep=keep, nm=o.nm, existing=alive,
+                                    blocksize=o.blocksize, overwrite=copied)
+        if o.method == "sparsegpt":
+            if stats.factor is None:  # the first layer of this input: X^T X becomes the factor
+                h, stats.h = stats.h.cpu(), None  # from a GPU: a copy, and the GPU's is dropped
+                stats.factor = inverse_hessian_factor(h, o.dampening, overwrite=True)
+                del h
+            new, kept = sparsegpt_update(w, stats.factor, keep=keep, nm=o.nm, existing=alive,
+                                         blocksize=o.blocksize, overwrite=copied and not refine)
+        elif o.method == "wanda":
+            norms = torch.ones(w.shape[1], dtype=torch.float64) if few else stats.sq.cpu()
+            kept = wanda_mask(w, norms, keep=keep, nm=o.nm, existing=alive)
+        else:
+            kept = magnitude_mask(w, keep=keep, existing=alive)
+        if refine:
+            mean, var = stats.moments()
+            kept, swaps = dsnot_refine(w, kept, mean=mean, var=var, sq_norms=stats.sq.cpu(),
+                                       window=self.opts.seq, alive=alive,
+                                       iterations=o.dsnot_iterations, threshold=o.dsnot_threshold)
+            self.swaps += swaps
+            if o.method == "sparsegpt":  # the refined mask's pruned weights, compensated
+                del new
+                new, kept = sparsegpt_update(w, stats.factor, fixed=kept, blocksize=o.blocksize,
+                                             overwrite=copied)
+        if o.method != "sparsegpt":
+            new = w * kept
+        return new, kept

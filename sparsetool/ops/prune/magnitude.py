@@ -1,7 +1,12 @@
 """The file-order planner: magnitude or random masks, layer or global scope, N:M.
 
 Layer scope needs nothing global: each tensor keeps its own count (``--sparsity`` through the
-distribution, :func:`~sparsetool.masks.distributions.keep_counts`). ``--fraction`` needs each
+distribution, :func:`~sparsetool.masks.distributions.keep_counts`). A fused experts tensor (layout
+``stacked`` or ``stacked_t``, :class:`~sparsetool.targets.TargetEntry`) is one matrix per expert,
+and at layer scope each expert's matrix keeps its own count
+(:func:`~sparsetool.masks.distributions.part_keep_counts`), chosen among its own weights; N:M
+groups run along each expert's input dimension; at global scope every expert's weights are just
+part of the one pool. ``--fraction`` needs each
 tensor's non-zeros first, ``--scope global`` one threshold across every targeted tensor
 (:mod:`sparsetool.masks.global_magnitude`), and the ``bitmask`` encoding the kept count of each
 tensor for the output's header: those are the first pass, :meth:`MagnitudePlanner.prepare`.
@@ -18,7 +23,7 @@ from sparsetool.checkpoint.reader import Checkpoint, LogicalTensor
 from sparsetool.checkpoint.writer import ShardWriter
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.counts import fraction_keep
-from sparsetool.masks.distributions import keep_counts
+from sparsetool.masks.distributions import part_keep_counts
 from sparsetool.masks.global_magnitude import (
     GlobalPlan,
     MagnitudeHistogram,
@@ -31,8 +36,8 @@ from sparsetool.masks.keys import magnitude_keys
 from sparsetool.masks.select import magnitude_mask, nm_mask, random_mask
 from sparsetool.ops.prune.options import PruneOptions
 from sparsetool.ops.prune.read import read_alive, recorded_nan_encoding
-from sparsetool.ops.prune.stream import Scanned, stream_plan, stream_top, streams
-from sparsetool.targets import TargetPlan
+from sparsetool.ops.prune.stream import Scanned, stream_plan, stream_top, stream_top_parts, streams
+from sparsetool.targets import STACKED_LAYOUTS, TargetPlan
 from sparsetool.util.progress import Progress
 
 __all__ = ["MagnitudePlanner"]
@@ -47,7 +52,7 @@ class MagnitudePlanner:
         self.ckpt, self.targets, self.opts, self.progress = ckpt, targets, opts, progress
         self.target_plan = plan
         self._index = {lt.name: i for i, lt in enumerate(targets)}
-        self.keep: dict[str, int] = {}
+        self.keep: dict[str, list[int]] = {}  # layer scope: the count kept of each part
         self.global_plan: GlobalPlan | None = None
         self.nonzero_after: dict[str, int] = {}
         self.nonzero_before: dict[str, int] = {}
@@ -57,7 +62,13 @@ class MagnitudePlanner:
         self._zeros: dict[str, int] = {}  # and their zeros
         if opts.sparsity is not None and opts.scope == "layer":
             shapes = {lt.name: tuple(lt.shape) for lt in targets}
-            self.keep = keep_counts(shapes, opts.sparsity, opts.distribution)
+            parts = {lt.name: self._parts(lt) for lt in targets}
+            self.keep = part_keep_counts(shapes, parts, opts.sparsity, opts.distribution)
+
+    def _parts(self, lt: LogicalTensor) -> int:
+        """How many matrices ``lt`` holds, each pruned as a unit at layer scope: a fused experts
+        tensor's experts, else 1."""
+        return max(1, self.target_plan[lt.name].experts)
 
     @property
     def needs_first_pass(self) -> bool:
@@ -97,7 +108,8 @@ class MagnitudePlanner:
                 counts = hists[-1].counts.astype(np.float64)
                 estimate = counts if estimate is None else estimate + counts
             elif o.fraction is not None:
-                self.keep[lt.name] = fraction_keep(nnz, o.fraction)
+                alive = existing.reshape(self._parts(lt), -1)
+                self.keep[lt.name] = [fraction_keep(int(np.count_nonzero(row)), o.fraction) for row in alive]
             if codec(o.encoding).kept_counts_in_header and o.scope == "layer":
                 # The compressed size goes into the header, so count the result now.
                 self.nonzero_after[lt.name] = int(np.count_nonzero(self._mask(lt, dense, existing)))
@@ -178,15 +190,13 @@ class MagnitudePlanner:
         if o.nm is not None:
             n, m = o.nm
             entry = self.target_plan[lt.name]
-            if entry.layout not in ("linear", "conv1d"):
-                # Stacked experts are stored (experts, out, in) by some models and (experts, in,
-                # out) by others: the input dimension cannot be told from the name and shape.
+            if entry.layout not in ("linear", "conv1d", *STACKED_LAYOUTS):
                 raise SparsetoolError(
                     f"tensor {lt.name!r} {list(lt.shape)}: --nm needs the input dimension, which "
-                    "is ambiguous for a stacked (3-D) tensor; leave it out with --exclude "
-                    f"'{lt.name}' or prune it without --nm"
+                    f"is not known for a {len(lt.shape)}-D tensor of role {entry.role}; leave it "
+                    f"out with --exclude '{lt.name}' or prune it without --nm"
                 )
-            try:
+            try:  # a fused experts tensor: its groups run along each expert's input axis
                 return nm_mask(dense, n, m, dim=entry.input_dim, existing=existing, dtype=lt.st_dtype)
             except SparsetoolError as e:
                 raise SparsetoolError(f"tensor {lt.name!r} {list(lt.shape)}: {e}") from None
@@ -194,10 +204,21 @@ class MagnitudePlanner:
             assert self.global_plan is not None, "prepare() first"
             return apply_threshold(dense, self.global_plan.tensors[self._index[lt.name]], existing,
                                    dtype=lt.st_dtype)
-        keep = self._layer_keep(lt)
-        if o.method == "random":
-            return random_mask(tuple(lt.shape), keep=keep, existing=existing,
-                               seed=tensor_seed(o.seed, lt.name))
+        keeps = self._layer_keep(lt)
+        if len(keeps) == 1:
+            return self._select(lt, dense, existing, keeps[0], lt.name)
+        values, alive = dense.reshape(len(keeps), -1), existing.reshape(len(keeps), -1)
+        mask = np.empty(values.shape, dtype=np.bool_)
+        for e, keep in enumerate(keeps):  # each expert's matrix on its own
+            mask[e] = self._select(lt, values[e], alive[e], keep, f"{lt.name}[{e}]")
+        return mask.reshape(tuple(lt.shape))
+
+    def _select(self, lt: LogicalTensor, dense: np.ndarray, existing: np.ndarray, keep: int,
+                unit: str) -> np.ndarray:
+        """Layer scope: the mask keeping ``keep`` of one unit (a tensor, or one expert's matrix)."""
+        if self.opts.method == "random":
+            return random_mask(dense.shape, keep=keep, existing=existing,
+                               seed=tensor_seed(self.opts.seed, unit))
         return magnitude_mask(dense, keep=keep, existing=existing, dtype=lt.st_dtype)
 
     def _streams(self, lt: LogicalTensor) -> bool:
@@ -210,7 +231,10 @@ class MagnitudePlanner:
         if not self._streams(lt):
             return None
         if self.opts.scope == "layer":
-            return stream_top(self.ckpt, lt, sw, self._layer_keep(lt), self.opts.encoding)
+            keeps = self._layer_keep(lt)
+            if len(keeps) > 1:
+                return stream_top_parts(self.ckpt, lt, sw, keeps, self.opts.encoding)
+            return stream_top(self.ckpt, lt, sw, keeps[0], self.opts.encoding)
         if lt.name in self.plain:  # global scope, scanned by prepare
             assert self.global_plan is not None, "prepare() first"
             plan = self.global_plan.tensors[self._index[lt.name]]
@@ -218,11 +242,13 @@ class MagnitudePlanner:
             return self.nonzero_before[lt.name], kept
         return None
 
-    def _layer_keep(self, lt: LogicalTensor) -> int:
+    def _layer_keep(self, lt: LogicalTensor) -> list[int]:
+        """Layer scope: the count kept of each of ``lt``'s parts (:meth:`_parts`)."""
         keep = self.keep.get(lt.name)
         if keep is None:  # layer scope --sparsity (--fraction always has a first pass)
             assert self.opts.sparsity is not None
-            keep = lt.numel - round(self.opts.sparsity * lt.numel)
+            size = lt.numel // self._parts(lt)
+            keep = [size - round(self.opts.sparsity * size)] * self._parts(lt)
         return keep
 
     def mask(self, lt: LogicalTensor) -> tuple[np.ndarray, np.ndarray, int]:

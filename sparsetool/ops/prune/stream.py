@@ -9,6 +9,9 @@ chunk's keys with the threshold and hands the chunk's mask to a sink that encode
 writes it at its place in the output (:meth:`ShardWriter.parts`), on the pool's threads. No
 full-size mask, masked copy or separate NaN/inf screen is ever made.
 
+A fused experts tensor at layer scope is selected part by part (:func:`stream_top_parts`): each
+expert's matrix keeps its own count, as if it were stored apart.
+
 The masks are the kernel's (the same threshold, the same ties to the lower index), so the bytes
 equal those of the general path: ``keep`` is capped at the non-zeros, and when it is, every
 non-zero is kept and every zero (-0.0 included) is written +0.0, as the general path's "alive"
@@ -53,12 +56,19 @@ def _sink(put: Callable[[int, int, memoryview], None], encoding: str, bits: np.n
 class Scanned:
     """A plain float tensor read once: its raw values (flat bits), magnitude keys and :class:`Scan`."""
 
-    def __init__(self, ckpt: Checkpoint, lt: LogicalTensor, *, copy: bool = False):
+    def __init__(self, ckpt: Checkpoint | None, lt: LogicalTensor, *, copy: bool = False,
+                 bits: np.ndarray | None = None):
         self.lt = lt
-        self.bits = ckpt.read_array(lt.stored[0])
+        self.bits = ckpt.read_array(lt.stored[0]) if bits is None else bits
         self.keys: Keys = magnitude_keys(self.bits, dtype=lt.st_dtype)
+        self.numel = self.bits.size
         # with copy, the same pass is the first of the selection (select_top)
         self.found: Scan = scan(self.keys, zeros=True, copy=copy)
+
+    @classmethod
+    def of_bits(cls, lt: LogicalTensor, bits: np.ndarray, *, copy: bool = False) -> "Scanned":
+        """The scan of ``bits``, a part of ``lt``'s flat values (one expert of a fused tensor)."""
+        return cls(None, lt, copy=copy, bits=bits)
 
     @property
     def finite(self) -> bool:
@@ -68,7 +78,7 @@ class Scanned:
     @property
     def nonzero(self) -> int:
         """Non-zero entries (-0.0 is zero); meaningful when :attr:`finite`."""
-        return self.lt.numel - self.found.zeros
+        return self.numel - self.found.zeros
 
 
 @contextlib.contextmanager
@@ -92,6 +102,34 @@ def stream_top(ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, keep: int,
     with _chunk_writer(sw, lt, scanned.bits, encoding) as sink:
         select_top(scanned.keys, keep, found=scanned.found, sink=sink)
     return before, keep
+
+
+def stream_top_parts(ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, keeps: list[int],
+                     encoding: str) -> tuple[int, int] | None:
+    """:func:`stream_top` for a tensor cut along its first dimension into ``len(keeps)`` equal
+    parts (a fused experts tensor, one matrix per expert): part ``e`` keeps its ``keeps[e]``
+    largest |w|, chosen among its own weights only. Every part is scanned before anything is
+    written, so a tensor holding inf or NaN anywhere is handed back (None) untouched."""
+    bits = ckpt.read_array(lt.stored[0])
+    size = lt.numel // len(keeps)
+    parts: list[Scanned | None] = [Scanned.of_bits(lt, bits[e * size:(e + 1) * size], copy=True)
+                                   for e in range(len(keeps))]
+    if not all(p is not None and p.finite for p in parts):
+        return None
+    before = kept = 0
+    with _chunk_writer(sw, lt, bits, encoding) as sink:
+        for e, keep in enumerate(keeps):
+            part, parts[e] = parts[e], None  # its copy of the keys goes after its selection
+            assert part is not None
+            keep = min(keep, part.nonzero)
+            before, kept = before + part.nonzero, kept + keep
+            select_top(part.keys, keep, found=part.found, sink=_shifted(sink, e * size))
+    return before, kept
+
+
+def _shifted(sink: Sink, offset: int) -> Sink:
+    """``sink`` for a part that starts at flat position ``offset``."""
+    return lambda a, b, mask: sink(a + offset, b + offset, mask)
 
 
 def stream_plan(ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, plan: TensorPlan,
