@@ -102,7 +102,7 @@ def forward_terms(
     s = int(cfg.seq_len if seq_len is None else seq_len)
     if s < 1:
         raise ConfigError(f"sequence length must be a positive integer, got {seq_len!r}")
-    d, h, k, f, V = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_ff, cfg.vocab
+    d, h, k, V = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.vocab
     kh = k * h
     per_layer = layer_sparsities(cfg, sparsity)
 
@@ -157,7 +157,7 @@ def forward_flops(cfg: ModelConfig, **kw) -> float:
 def term_formulas(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, str]:
     """Each dense term's formula with this model's numbers filled in, for checking by hand."""
     s = cfg.seq_len if seq_len is None else seq_len
-    d, h, k, f, V, L = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_ff, cfg.vocab, cfg.n_layers
+    d, h, k, V, L = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.vocab, cfg.n_layers
     w = keys_per_query(cfg, s)  # = s without a shorter sliding window
     e = cfg.embed_dim or d
     proj = f" + 2*{s}*{d}*{e}" if e != d else ""
