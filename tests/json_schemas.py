@@ -115,7 +115,7 @@ SIM_LAYER = obj(name=STR, role=STR, shape=arr(INT), sparsity=NUM, nonzero=INT, n
 SIM_WORKLOAD = obj(label=STR, source=STR, tokens=NUM, seq_len=(INT, "null"), layers=INT,
                    targeted_sparsity=NUM, forward_flops=obj(dense=NUM, sparse=NUM),
                    train_flops=obj(dense=NUM, sparse=NUM), untargeted_forward_flops=NUM,
-                   theoretical=OPT_NUM, notes=arr(STR), targeting=nullable(TARGETING))
+                   theoretical=OPT_NUM, notes=arr(STR), targeting=nullable(TARGETING), moe=nullable(MOE))
 SIMULATE = obj(
     workload=SIM_WORKLOAD, runs=arr(SIM_RUN), devices=arr(SIM_DEVICE), layers=arr(SIM_LAYER),
     nm_point=nullable(obj(sparsity=NUM, theoretical=OPT_NUM, devices=mapping(SPEEDUPS), mask=STR)),

@@ -81,6 +81,7 @@ def test_flops_list_json():
     (("--shape", "64x64", "--sweep", "--tokens", "64"), 10),
     (("--shape", "64x64", "-s", "0.5", "--pattern", "2:4", "--tokens", "64", "--verify"), 1),
     (("--model", "gpt2-small", "-s", "0.75", "--tokens", "2048"), 1),
+    (("--model", "mixtral-8x7b", "-s", "0.5", "--tokens", "1"), 1),  # a mixture of experts: "moe"
     (("--shape", "64x64", "-s", "0.5", "--device", "a100", "--tokens", "64"), 1),  # no dataflow device
 ])
 def test_simulate_json_has_one_shape(args, runs):
