@@ -77,7 +77,11 @@ MODEL_CONFIG = obj(name=STR, n_layers=INT, d_model=INT, n_heads=INT, d_head=INT,
                    seq_len=INT, ffn_matrices=INT, n_kv_heads=(INT, "null"), learned_positions=BOOL,
                    tied_embeddings=BOOL, biases=BOOL, nominal_params=OPT_NUM, context=(INT, "null"),
                    position_rows=(INT, "null"), window=(INT, "null"), embed_dim=(INT, "null"),
-                   final_norm=BOOL, seq_len_source=STR)
+                   final_norm=BOOL, n_experts=(INT, "null"), top_k=(INT, "null"),
+                   d_expert=(INT, "null"), d_shared=INT, shared_gate=BOOL, dense_layers=arr(INT),
+                   seq_len_source=STR)
+MOE = obj(experts=INT, top_k=INT, expert_width=INT, shared_width=INT, moe_layers=INT,
+          dense_layers=arr(INT))
 FLOPS_RUN = obj(
     model=STR, seq_len=INT, vocab=INT, embeddings=BOOL, tokens=NUM, tokens_source=STR, sequences=NUM,
     sparsity=NUM, effective_sparsity=NUM,
@@ -86,12 +90,13 @@ FLOPS_RUN = obj(
     dense_train_flops_per_seq=NUM, total_train_flops=NUM, dense_total_train_flops=NUM,
     train_flops_ratio=NUM, inference_flops_per_token=NUM, dense_inference_flops_per_token=NUM,
     inference_flops_ratio=NUM, params=NUM, nonzero_params=NUM, dense_params=NUM,
-    dense_nonzero_params=NUM, nonzero_params_ratio=NUM, finetune_tokens=NUM, finetune_seq_len=INT,
+    dense_nonzero_params=NUM, nonzero_params_ratio=NUM, active_params=NUM, active_nonzero_params=NUM,
+    finetune_tokens=NUM, finetune_seq_len=INT,
     finetune_forward_flops_per_seq=NUM, finetune_flops=NUM, end_to_end_flops=NUM,
     dense_end_to_end_flops=NUM, end_to_end_ratio=NUM, forward_terms=mapping(NUM),
     dense_forward_terms=mapping(NUM),
 )
-FLOPS = obj(model=STR, config=MODEL_CONFIG, notes=arr(STR), warnings=arr(STR), targeted_sparsity=OPT_NUM,
+FLOPS = obj(model=STR, config=MODEL_CONFIG, moe=nullable(MOE), notes=arr(STR), warnings=arr(STR), targeted_sparsity=OPT_NUM,
             targeting=nullable(TARGETING), runs=arr(FLOPS_RUN))
 FLOPS_LIST = mapping(MODEL_CONFIG)
 
@@ -110,7 +115,7 @@ SIM_LAYER = obj(name=STR, role=STR, shape=arr(INT), sparsity=NUM, nonzero=INT, n
 SIM_WORKLOAD = obj(label=STR, source=STR, tokens=NUM, seq_len=(INT, "null"), layers=INT,
                    targeted_sparsity=NUM, forward_flops=obj(dense=NUM, sparse=NUM),
                    train_flops=obj(dense=NUM, sparse=NUM), untargeted_forward_flops=NUM,
-                   theoretical=OPT_NUM, notes=arr(STR), targeting=nullable(TARGETING))
+                   theoretical=OPT_NUM, notes=arr(STR), targeting=nullable(TARGETING), moe=nullable(MOE))
 SIMULATE = obj(
     workload=SIM_WORKLOAD, runs=arr(SIM_RUN), devices=arr(SIM_DEVICE), layers=arr(SIM_LAYER),
     nm_point=nullable(obj(sparsity=NUM, theoretical=OPT_NUM, devices=mapping(SPEEDUPS), mask=STR)),

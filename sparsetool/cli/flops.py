@@ -42,6 +42,7 @@ EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     'sparsetool flops --model gpt3-xl --sparsity 0.75',
     'sparsetool flops --model gpt2-small --sparsity 0,0.5,0.75 --tokens 2.5B',
     'sparsetool flops --model cerebras-gpt-256m --stage 0.9:0.8333 --stage 0:0.1667',
+    'sparsetool flops --model mixtral-8x7b --sparsity 0.5',
 )
 
 
@@ -159,11 +160,28 @@ def _title(F: Any, cfg: Any, r: dict) -> str:
     src = "20 tokens/param, Chinchilla" if r["tokens_source"] == "chinchilla" else "given"
     emb = "embeddings counted" if r["embeddings"] else "embeddings excluded"
     kv = f" ({cfg.n_kv_heads} kv)" if cfg.n_kv_heads else ""
+    swiglu = " (SwiGLU)" if cfg.ffn_matrices == 3 else ""
+    if cfg.is_moe:
+        ffn = (f"{cfg.n_experts} experts of d_ff {cfg.expert_width}{swiglu}, {cfg.top_k} per token"
+               + (f", shared expert d_ff {cfg.d_shared}" if cfg.d_shared else "")
+               + (f", {plural(len(cfg.dense_layers), 'dense layer')} of d_ff {cfg.d_ff}"
+                  if cfg.dense_layers else ""))
+    else:
+        ffn = f"d_ff {cfg.d_ff}{swiglu}"
     return (f"{cfg.name}: {plural(cfg.n_layers, 'layer')}, d_model {cfg.d_model}, "
             f"{plural(cfg.n_heads, 'head')}{kv} x "
-            f"{cfg.d_head}, d_ff {cfg.d_ff}{' (SwiGLU)' if cfg.ffn_matrices == 3 else ''}, vocab "
+            f"{cfg.d_head}, {ffn}, vocab "
             f"{cfg.vocab}, {F.seq_len_note(cfg)}\n{short_count(r['tokens'])} training tokens ({src}), "
             f"{r['sequences']:.4g} sequences; {emb}")
+
+
+def _moe_note(cfg: Any, r: dict) -> str:
+    """What a mixture of experts' figures count."""
+    shared = " and the shared expert" if cfg.d_shared else ""
+    return (f"mixture of experts: FLOPs count the {cfg.top_k} of {cfg.n_experts} experts each token "
+            f"goes through{shared}, plus the router; total parameters "
+            f"{short_count(r['params'])} hold every expert, active parameters "
+            f"{short_count(r['active_params'])} are one token's share")
 
 
 def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: bool,
@@ -177,6 +195,8 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
     if len(results) > 1:
         console.print(escape(_title(F, cfg, r0)), highlight=False, soft_wrap=True)
         cols = ["sparsity", "FLOPs/seq", "training", "vs dense", "infer/token", "non-zero"]
+        if cfg.is_moe:
+            cols += ["active non-zero"]
         if ft:
             cols += ["+FT", "e2e speed-up"]
         rows = []
@@ -184,14 +204,19 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
             row = [percent(r["sparsity"], 1), _f(r["train_flops_per_seq"]),
                    _f(r["total_train_flops"]), f"{r['train_flops_ratio']:.3f}x",
                    _f(r["inference_flops_per_token"]), short_count(r["nonzero_params"])]
+            if cfg.is_moe:
+                row += [short_count(r["active_nonzero_params"])]
             if ft:
                 row += [_f(r["end_to_end_flops"]), f"{1 / r['end_to_end_ratio']:.2f}x"]
             rows.append(row)
         print_table(cols, rows, align="r" * len(cols))
         console.print("FLOPs/seq: training (3 x forward); training: FLOPs over all training tokens; vs dense: "
                       "sparse/dense; infer/token: inference FLOPs per token; non-zero: parameters"
+                      + ("; active non-zero: of the experts one token goes through" if cfg.is_moe else "")
                       + ("; +FT: with dense fine-tuning; e2e speed-up: dense/sparse" if ft else ""),
                       highlight=False, soft_wrap=True)
+        if cfg.is_moe:
+            console.print(_moe_note(cfg, r0), highlight=False, soft_wrap=True)
         if ft:
             console.print(f"fine-tuning: {short_count(r0['finetune_tokens'])} tokens at seq "
                           f"{r0['finetune_seq_len']}, {_f(r0['finetune_forward_flops_per_seq'])} "
@@ -224,9 +249,16 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
                      f"{r['finetune_seq_len']})", _f(r["finetune_flops"]), _f(r["finetune_flops"]), "", ""])
         add("end-to-end FLOPs", r["dense_end_to_end_flops"], r["end_to_end_flops"])
     add("inference FLOPs / token", r["dense_inference_flops_per_token"], r["inference_flops_per_token"])
-    add("parameters", r["params"], r["params"], lambda x: f"{x:,.0f}")
-    add("non-zero parameters", r["params"], r["nonzero_params"], lambda x: f"{x:,.0f}")
+    count = lambda x: f"{x:,.0f}"  # noqa: E731
+    moe = cfg.is_moe
+    add("total parameters" if moe else "parameters", r["params"], r["params"], count)
+    add("non-zero parameters", r["params"], r["nonzero_params"], count)
+    if moe:
+        add("active parameters / token", r["active_params"], r["active_params"], count)
+        add("active non-zero / token", r["active_params"], r["active_nonzero_params"], count)
     print_table(["", "dense", label, "sparse/dense", "dense/sparse"], rows)
+    if moe:
+        console.print(_moe_note(cfg, r), highlight=False, soft_wrap=True)
     if r["stages"]:
         console.print("inference FLOPs and non-zero parameters are those of the model the last stage "
                       f"ends with ({percent(r['stages'][-1]['sparsity'], 1)} sparse)", highlight=False, soft_wrap=True)
@@ -245,6 +277,8 @@ def _render_breakdown(F: Any, cfg: Any, r: dict) -> None:
     for name in F.TERMS:
         if name == "embeddings":
             sections.append(len(rows))
+        if name == "router" and not cfg.is_moe:
+            continue
         if name == "embeddings" and not r["embeddings"]:
             rows.append([name, formulas[name], "excluded", "", "excluded"])
             continue
@@ -256,7 +290,10 @@ def _render_breakdown(F: Any, cfg: Any, r: dict) -> None:
     print_table(("term", "formula (dense)", "dense", "share", "sparse"), rows, title=title,
                 align="llrrr", sections=sections)
     console.print("* scaled by (1 - sparsity) of its weights; ffn = "
-                  f"{plural(cfg.ffn_matrices, 'matrix', 'matrices')}{' (gate, up, down)' if cfg.ffn_matrices == 3 else ' (in, out)'}",
+                  f"{plural(cfg.ffn_matrices, 'matrix', 'matrices')}{' (gate, up, down)' if cfg.ffn_matrices == 3 else ' (in, out)'}"
+                  + (f" of each of the {cfg.top_k} experts a token goes through"
+                     + (" and of the shared expert" if cfg.d_shared else "")
+                     + "; router: the dense routing matmul" if cfg.is_moe else ""),
                   highlight=False, soft_wrap=True)
     keys = F.keys_per_query(cfg)
     if keys != cfg.seq_len:
@@ -278,8 +315,14 @@ def _print_presets(F: Any, as_json: bool) -> None:
     if as_json:
         emit_json({name: asdict(c) for name, c in F.PRESETS.items()})
         return
-    rows = [[name, str(c.n_layers), str(c.d_model), str(c.n_heads), str(c.d_head), str(c.d_ff),
-             "SwiGLU" if c.ffn_matrices == 3 else "GELU", str(c.vocab), str(c.seq_len),
-             short_count(F.param_counts(c)["total"])] for name, c in F.PRESETS.items()]
-    print_table(("name", "layers", "d_model", "heads", "d_head", "d_ff", "FFN", "vocab", "seq", "params"),
-                rows, title="model presets")
+    rows = []
+    for name, c in F.PRESETS.items():
+        p = F.param_counts(c)
+        rows.append([name, str(c.n_layers), str(c.d_model), str(c.n_heads), str(c.d_head),
+                     str(c.expert_width), "SwiGLU" if c.ffn_matrices == 3 else "GELU",
+                     f"{c.top_k} of {c.n_experts}" if c.is_moe else "-", str(c.vocab), str(c.seq_len),
+                     short_count(p["total"]), short_count(p["active"])])
+    print_table(("name", "layers", "d_model", "heads", "d_head", "d_ff", "FFN", "experts", "vocab", "seq",
+                 "params", "active"), rows, title="model presets")
+    console.print("d_ff: of one expert for a mixture of experts; params: all of them; active: "
+                  "those one token goes through", highlight=False, soft_wrap=True)

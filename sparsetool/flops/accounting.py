@@ -12,6 +12,8 @@ Conventions (SPDF paper, Thangarasa et al. 2023, Sec. 3.5 and App. A.4):
   in sparsity, so the staged run costs exactly a plain run at the effective sparsity;
 - dense fine-tuning adds 3 x forward(dense, fine-tuning length) x fine-tuning sequences to both
   the sparse and the dense run (SPDF Table 2 reports pre-training + fine-tuning);
+- a mixture of experts counts the FLOPs of the experts each token goes through (top-k routed plus
+  shared) and its router's; ``params`` is every parameter, ``active_params`` a token's share;
 - inference FLOPs per token = forward FLOPs of a full sequence / seq_len, for the model the run
   ends with (the last stage's sparsity), as in the iterative-pruning post's "3x fewer inference
   FLOPs" at 83.8% sparsity.
@@ -116,6 +118,9 @@ def account(
         n_params, n_nonzero = float(params["total"]), float(params["nonzero"])
     else:
         n_params, n_nonzero = counted["total"], counted["nonzero"]
+    # a token's share: measured totals less the experts it does not go through, as counted
+    n_active = n_params - (counted["total"] - counted["active"])
+    n_active_nonzero = n_nonzero - (counted["nonzero"] - counted["active_nonzero"])
     if tokens is None:
         tokens, tokens_source = default_tokens(cfg, n_params), "chinchilla"
     else:
@@ -178,6 +183,8 @@ def account(
         "dense_params": n_params,
         "dense_nonzero_params": n_params,
         "nonzero_params_ratio": n_nonzero / n_params if n_params else 1.0,
+        "active_params": n_active,
+        "active_nonzero_params": n_active_nonzero,
         "finetune_tokens": float(finetune_tokens),
         "finetune_seq_len": ft_len,
         "finetune_forward_flops_per_seq": ft_fwd,
@@ -217,12 +224,24 @@ def json_result(cfg: ModelConfig, runs: Sequence[Mapping[str, Any]],
     return {
         "model": cfg.name,
         "config": asdict(cfg),
+        "moe": moe_summary(cfg),
         "notes": list(measured.notes) if measured is not None else [],
         "warnings": list(warnings),
         "targeted_sparsity": measured.targeted_sparsity if measured is not None else None,
         "targeting": measured.targeting if measured is not None else None,
         "runs": [dict(r) for r in runs],
     }
+
+
+def moe_summary(cfg: ModelConfig) -> dict[str, Any] | None:
+    """What a mixture of experts routes to (None for a dense model): ``experts`` per MoE layer,
+    ``top_k`` per token, ``expert_width``, ``shared_width`` (0: no shared expert),
+    ``moe_layers`` and the ``dense_layers`` between them."""
+    if not cfg.is_moe:
+        return None
+    return {"experts": cfg.n_experts, "top_k": cfg.top_k, "expert_width": cfg.expert_width,
+            "shared_width": cfg.d_shared, "moe_layers": cfg.moe_layers,
+            "dense_layers": list(cfg.dense_layers)}
 
 
 def parse_count(text: str | float, what: str = "--tokens") -> int:

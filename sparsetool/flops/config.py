@@ -58,6 +58,19 @@ class ModelConfig:
     embed_dim: int | None = None
     # A norm after the last layer (OPT without do_layer_norm_before has none).
     final_norm: bool = True
+    # Mixture of experts (Mixtral, Qwen-MoE, OLMoE, gpt-oss): in each MoE layer a router matrix
+    # (d_model x n_experts) sends each token to top_k of n_experts feed-forward experts, each an
+    # FFN of width d_expert with ffn_matrices matrices (None = d_ff). None = a dense model.
+    n_experts: int | None = None
+    top_k: int | None = None
+    d_expert: int | None = None
+    # Width of the shared expert every token also goes through (Qwen2-MoE's
+    # shared_expert_intermediate_size); 0 = none. shared_gate: its d_model x 1 sigmoid gate.
+    d_shared: int = 0
+    shared_gate: bool = False
+    # Layers whose FFN is a dense one of width d_ff instead of experts (Qwen-MoE's
+    # mlp_only_layers and decoder_sparse_step).
+    dense_layers: tuple[int, ...] = ()
     # Where seq_len came from, for the output (not part of the shape).
     seq_len_source: str = field(default="preset", compare=False)
 
@@ -77,6 +90,9 @@ class ModelConfig:
                 f"model '{self.name}': ffn_matrices must be 2 (GELU MLP) or 3 (SwiGLU), "
                 f"got {self.ffn_matrices!r}"
             )
+        if not isinstance(self.dense_layers, tuple):  # a list from a config file
+            object.__setattr__(self, "dense_layers", tuple(self.dense_layers))
+        self._check_experts()
         if self.n_kv_heads is not None and not (
             isinstance(self.n_kv_heads, int) and 1 <= self.n_kv_heads <= self.n_heads
             and self.n_heads % self.n_kv_heads == 0
@@ -87,9 +103,52 @@ class ModelConfig:
                 f"{', '.join(str(k) for k in range(1, self.n_heads + 1) if self.n_heads % k == 0)})"
             )
 
+    def _check_experts(self) -> None:
+        if self.n_experts is None:
+            if self.top_k is not None or self.d_expert is not None or self.d_shared or self.shared_gate \
+                    or self.dense_layers:
+                raise ConfigError(f"model '{self.name}': top_k, d_expert, d_shared, shared_gate and "
+                                  "dense_layers describe experts: give n_experts too, or drop them")
+            return
+        self.check_positive(self.name, "n_experts", self.n_experts)
+        self.check_positive(self.name, "top_k", self.top_k)
+        if self.top_k > self.n_experts:
+            raise ConfigError(f"model '{self.name}': top_k {self.top_k} is more than its "
+                              f"{self.n_experts} experts; each token goes to at most all of them")
+        if self.d_expert is not None:
+            self.check_positive(self.name, "d_expert", self.d_expert)
+        if isinstance(self.d_shared, bool) or not isinstance(self.d_shared, int) or self.d_shared < 0:
+            raise ConfigError(f"model '{self.name}': d_shared must be 0 (no shared expert) or a "
+                              f"positive integer, got {self.d_shared!r}")
+        bad = [i for i in self.dense_layers
+               if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers]
+        if bad:
+            raise ConfigError(f"model '{self.name}': dense_layers {bad} are not layer indices 0 to "
+                              f"{self.n_layers - 1}")
+        if self.shared_gate and not self.d_shared:
+            raise ConfigError(f"model '{self.name}': shared_gate gates a shared expert: give d_shared")
+
     @property
     def kv_heads(self) -> int:
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def is_moe(self) -> bool:
+        """True for a mixture-of-experts model (``n_experts`` given)."""
+        return self.n_experts is not None
+
+    @property
+    def expert_width(self) -> int:
+        """The FFN width of one routed expert (``d_expert``, else ``d_ff``)."""
+        return self.d_expert or self.d_ff
+
+    @property
+    def moe_layers(self) -> int:
+        """How many layers route to experts (0 for a dense model)."""
+        return self.n_layers - len(set(self.dense_layers)) if self.is_moe else 0
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.is_moe and index not in self.dense_layers
 
 
 def _gpt(name: str, n_layers: int, d_model: int, n_heads: int, d_ff: int, **kw: Any) -> ModelConfig:
@@ -127,6 +186,22 @@ PRESETS: dict[str, ModelConfig] = {
     "llama-1.3b": ModelConfig(
         "llama-1.3b", 24, 2048, 16, 128, 5504, vocab=32000, seq_len=2048, context=4096, ffn_matrices=3,
         learned_positions=False, tied_embeddings=False, biases=False,
+    ),
+    # Mixture of experts. Mixtral-8x7B (Jiang et al. 2024, "Mixtral of Experts"; its released
+    # config.json): 32 layers, hidden 4096, 32 heads of 128 with 8 kv heads, 8 SwiGLU experts of
+    # intermediate 14336 per layer, 2 per token, vocab 32000, 32768 positions (RoPE), untied head.
+    "mixtral-8x7b": ModelConfig(
+        "mixtral-8x7b", 32, 4096, 32, 128, 14336, vocab=32000, seq_len=2048, context=32768,
+        ffn_matrices=3, n_kv_heads=8, learned_positions=False, tied_embeddings=False, biases=False,
+        n_experts=8, top_k=2,
+    ),
+    # Qwen3-30B-A3B (Qwen3 technical report, Yang et al. 2025; its released config.json):
+    # 48 layers, hidden 2048, 32 heads of 128 with 4 kv heads, 128 SwiGLU experts of
+    # moe_intermediate 768, 8 per token, no shared expert, vocab 151936, 40960 positions, untied.
+    "qwen3-30b-a3b": ModelConfig(
+        "qwen3-30b-a3b", 48, 2048, 32, 128, 6144, vocab=151936, seq_len=2048, context=40960,
+        ffn_matrices=3, n_kv_heads=4, learned_positions=False, tied_embeddings=False, biases=False,
+        n_experts=128, top_k=8, d_expert=768,
     ),
 }
 
@@ -167,6 +242,12 @@ FIELD_NAMES: dict[str, tuple[str, ...]] = {
     "window": ("sliding_window",),
     "embed_dim": ("word_embed_proj_dim",),
     "final_norm": (),
+    "n_experts": ("num_local_experts", "num_experts"),
+    "top_k": ("num_experts_per_tok",),
+    "d_expert": ("moe_intermediate_size",),
+    "d_shared": ("shared_expert_intermediate_size",),
+    "shared_gate": (),
+    "dense_layers": (),
 }
 REQUIRED = ("n_layers", "d_model", "n_heads", "vocab")
 DEFAULT_SEQ_LEN = 2048
@@ -187,7 +268,63 @@ def default_seq_len(context: int | None) -> tuple[int, str]:
     return DEFAULT_SEQ_LEN, "default"
 # model_type values whose MLP is gated (SwiGLU/GeGLU: three matrices) and that use RoPE, no biases.
 _GATED_TYPES = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo",
-                "olmo2", "internlm2", "deepseek", "granite", "cohere"}
+                "olmo2", "internlm2", "deepseek", "granite", "cohere",
+                "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss"}
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
+"""Hugging Face ``model_type`` values of the mixture-of-experts families read from a config.json
+(:func:`from_mapping`); their experts are gated FFNs like their dense relatives'."""
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def _check_hf_family(d: Mapping[str, Any], name: str) -> None:
+    """Refuse a Hugging Face config whose shapes the Appendix-F count does not cover."""
+    model_type = str(d.get("model_type", "")).lower()
+    if d.get("kv_lora_rank") is not None:
+        raise ConfigError(
+            f"config '{name}' ({model_type or 'unknown model_type'}) uses multi-head latent attention "
+            f"(MLA: kv_lora_rank {d['kv_lora_rank']}, q_lora_rank {d.get('q_lora_rank')}), whose "
+            "low-rank projections sparsetool does not count yet; count a model with plain attention, "
+            "or write a model file of the shapes (docs/flops.md: accepted field names)")
+    experts = next((d[k] for k in _EXPERT_KEYS if d.get(k)), None)
+    if experts and model_type not in MOE_TYPES:
+        raise ConfigError(
+            f"config '{name}' is a mixture-of-experts model of type '{model_type}' ({experts} experts), "
+            f"which sparsetool does not read; the types it reads are {', '.join(MOE_TYPES)}; write a "
+            "model file with n_experts, top_k and d_expert instead (docs/flops.md: mixture of experts)")
+
+
+def _hf_experts(d: Mapping[str, Any], kw: dict[str, Any], model_type: str) -> None:
+    """The expert fields of a mixture-of-experts config.json (the keys and defaults of
+    transformers' configuration classes of each family)."""
+    name = kw["name"]
+    if not kw.get("n_experts"):
+        raise ConfigError(f"config '{name}' of type '{model_type}' gives no expert count "
+                          f"({' / '.join(FIELD_NAMES['n_experts'])}); add it to the file")
+    if kw.get("top_k") is None:
+        raise ConfigError(f"config '{name}' gives {kw['n_experts']} experts but not how many each "
+                          "token goes to (num_experts_per_tok); add it to the file")
+    if model_type in ("qwen2_moe", "qwen3_moe"):
+        # a layer is sparse unless listed in mlp_only_layers, and only every decoder_sparse_step-th
+        step = int(d.get("decoder_sparse_step") or 1)
+        only = set(d.get("mlp_only_layers") or ())
+        kw["dense_layers"] = tuple(i for i in range(int(kw["n_layers"]))
+                                   if i in only or (i + 1) % step)
+        kw.setdefault("d_expert", 768 if model_type == "qwen3_moe" else 1408)
+    else:  # Mixtral, OLMoE, gpt-oss: the experts are intermediate_size wide
+        kw.pop("d_expert", None)
+    if model_type == "qwen2_moe":
+        if kw.get("d_shared") is None:
+            raise ConfigError(f"config '{name}' of type qwen2_moe gives no "
+                              "shared_expert_intermediate_size; add it to the file")
+        kw["shared_gate"] = bool(kw["d_shared"])
+    else:
+        kw.pop("d_shared", None)
+    if model_type == "gpt_oss":
+        # biases on q/k/v/o (attention_bias), on every expert matrix and on the router
+        kw["biases"] = True
+        types = set(d.get("layer_types") or ())
+        if "full_attention" in types:  # half its layers attend to every key: all are counted so
+            kw.pop("window", None)
 
 
 def _is_hf(d: Mapping[str, Any]) -> bool:
@@ -240,13 +377,8 @@ def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
     if "model" in d and isinstance(d["model"], Mapping):  # a [model] table in TOML/YAML
         d = d["model"]
     hf = _is_hf(d)
-    experts = d.get("num_local_experts") or d.get("num_experts")
-    if hf and experts:
-        raise ConfigError(
-            f"config '{name}' is a mixture-of-experts model ({experts} experts, "
-            f"{d.get('num_experts_per_tok', '?')} per token); the Appendix-F count covers dense FFNs "
-            "only; to count the FFN work of one token, write a model file of the shapes with d_ff = "
-            "intermediate_size x experts per token (docs/flops.md: accepted field names)")
+    if hf:
+        _check_hf_family(d, name)
     kw = _gather(d, name, strict=not hf)
     model_type = str(d.get("model_type", "")).lower()
     if hf and d.get("use_sliding_window") is False:  # Qwen2 states a window it does not use
@@ -268,6 +400,8 @@ def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
         kw.setdefault("tied_embeddings", not gated)
         kw.setdefault("learned_positions", not gated and str(d.get("model_type", "")).lower()
                       not in ("gpt_neox", "gptj", "bloom"))
+        if model_type in MOE_TYPES:
+            _hf_experts(d, kw, model_type)
     for f in ("n_layers", "d_model", "n_heads", "vocab"):
         ModelConfig.check_positive(kw["name"], f, kw[f])
     d_model, n_heads = kw["d_model"], kw["n_heads"]

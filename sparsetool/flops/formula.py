@@ -14,6 +14,16 @@ sequence of length ``s``, width ``d``, ``h`` heads of size ``k``, FFN width ``f`
     logits          2*s*d*V
     forward = embeddings + L * (per layer) + logits;  backward = 2 x forward
 
+Mixture of experts (Shazeer et al. 2017; Mixtral, Jiang et al. 2024): a token goes through the
+``top_k`` experts its router picks, so in an MoE layer the ffn term counts ``top_k`` experts of
+width ``f_e`` (plus a shared expert of width ``f_s`` every token takes) and the router's matmul is
+a term of its own::
+
+      ffn           2*s*3*d*(top_k*f_e + f_s)    (2 matrices instead of 3 for a GELU MLP)
+      router        2*s*d*E                      (+ 2*s*d for Qwen2-MoE's shared-expert gate)
+
+The experts' matrices are targeted like any FFN matrix; the router never is.
+
 Unstructured weight sparsity removes the multiplies by zero weights, so it scales only the
 weight matmuls that are pruned: qkv, attn_out and ffn (the SPDF paper, App. A.1, and the
 iterative-pruning post, footnote 1). Attention logits/values, softmax and the LM-head logits
@@ -29,7 +39,8 @@ from sparsetool.flops.config import ModelConfig
 from sparsetool.util.options import parse_sparsity
 from sparsetool.util.wording import plural
 
-TERMS = ("qkv", "attn_logits", "softmax", "attn_values", "attn_out", "ffn", "logits", "embeddings")
+TERMS = ("qkv", "attn_logits", "softmax", "attn_values", "attn_out", "ffn", "router", "logits",
+         "embeddings")
 """Keys of :func:`forward_terms`, in the order Appendix F lists them (embeddings last: optional)."""
 TARGETED_TERMS = ("qkv", "attn_out", "ffn")
 """The terms weight sparsity scales; everything else is dense work."""
@@ -91,20 +102,21 @@ def forward_terms(
     s = int(cfg.seq_len if seq_len is None else seq_len)
     if s < 1:
         raise ConfigError(f"sequence length must be a positive integer, got {seq_len!r}")
-    d, h, k, f, V = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_ff, cfg.vocab
+    d, h, k, V = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.vocab
     kh = k * h
     per_layer = layer_sparsities(cfg, sparsity)
 
     qkv_dense = 2.0 * s * d * k * (h + 2 * cfg.kv_heads)  # = 2*3*s*d*(k*h) without GQA
     out_dense = 2.0 * s * kh * d
-    ffn_in_dense = 2.0 * s * (cfg.ffn_matrices - 1) * d * f  # up (and gate for SwiGLU)
-    ffn_out_dense = 2.0 * s * f * d
-
-    qkv = attn_out = ffn = 0.0
-    for ls in per_layer:
+    qkv = attn_out = ffn = router = 0.0
+    for i, ls in enumerate(per_layer):
         qkv += qkv_dense * (1.0 - ls["qkv"])
         attn_out += out_dense * (1.0 - ls["attn_out"])
-        ffn += ffn_in_dense * (1.0 - ls["ffn_in"]) + ffn_out_dense * (1.0 - ls["ffn_out"])
+        # the FFN widths one token goes through: up (and gate for SwiGLU), then down
+        width = active_ffn_width(cfg, i)
+        ffn += 2.0 * s * d * width * ((cfg.ffn_matrices - 1) * (1.0 - ls["ffn_in"]) + (1.0 - ls["ffn_out"]))
+        if cfg.is_moe_layer(i):
+            router += 2.0 * s * d * (cfg.n_experts + (1 if cfg.shared_gate else 0))
     L = cfg.n_layers
     keys = keys_per_query(cfg, s)
     e = cfg.embed_dim or d
@@ -116,9 +128,18 @@ def forward_terms(
         "attn_values": L * 2.0 * s * keys * kh,
         "attn_out": attn_out,
         "ffn": ffn,
+        "router": router,
         "logits": 2.0 * s * e * V + proj,
         "embeddings": 2.0 * s * V * e + proj if embeddings else 0.0,
     }
+
+
+def active_ffn_width(cfg: ModelConfig, layer: int) -> int:
+    """The FFN width one token of ``layer`` goes through: ``d_ff`` in a dense layer; in an MoE
+    layer ``top_k`` experts of ``d_expert`` plus the shared expert's ``d_shared``."""
+    if not cfg.is_moe_layer(layer):
+        return cfg.d_ff
+    return cfg.top_k * cfg.expert_width + cfg.d_shared
 
 
 def keys_per_query(cfg: ModelConfig, seq_len: int | None = None) -> int:
@@ -136,7 +157,7 @@ def forward_flops(cfg: ModelConfig, **kw) -> float:
 def term_formulas(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, str]:
     """Each dense term's formula with this model's numbers filled in, for checking by hand."""
     s = cfg.seq_len if seq_len is None else seq_len
-    d, h, k, f, V, L = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_ff, cfg.vocab, cfg.n_layers
+    d, h, k, V, L = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.vocab, cfg.n_layers
     w = keys_per_query(cfg, s)  # = s without a shorter sliding window
     e = cfg.embed_dim or d
     proj = f" + 2*{s}*{d}*{e}" if e != d else ""
@@ -150,38 +171,79 @@ def term_formulas(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, str
         "softmax": f"{L}*3*{h}*{s}*{w}",
         "attn_values": f"{L}*2*{s}*{w}*({k}*{h})",
         "attn_out": f"{L}*2*{s}*({k}*{h})*{d}",
-        "ffn": f"{L}*2*{s}*{cfg.ffn_matrices}*{d}*{f}",
+        "ffn": _ffn_formula(cfg, s),
+        "router": _router_formula(cfg, s),
         "logits": f"2*{s}*{e}*{V}{proj}",
         "embeddings": f"2*{s}*{V}*{e}{proj}",
     }
+
+
+def _ffn_formula(cfg: ModelConfig, s: int) -> str:
+    m, d, L = cfg.ffn_matrices, cfg.d_model, cfg.n_layers
+    if not cfg.is_moe:
+        return f"{L}*2*{s}*{m}*{d}*{cfg.d_ff}"
+    shared = f"+{cfg.d_shared}" if cfg.d_shared else ""
+    text = f"{cfg.moe_layers}*2*{s}*{m}*{d}*({cfg.top_k}*{cfg.expert_width}{shared})"
+    dense = L - cfg.moe_layers
+    return text + (f" + {dense}*2*{s}*{m}*{d}*{cfg.d_ff}" if dense else "")
+
+
+def _router_formula(cfg: ModelConfig, s: int) -> str:
+    if not cfg.is_moe:
+        return "0"  # no experts
+    e = f"({cfg.n_experts}+1)" if cfg.shared_gate else str(cfg.n_experts)
+    return f"{cfg.moe_layers}*2*{s}*{cfg.d_model}*{e}"
 
 
 def param_counts(cfg: ModelConfig, sparsity: float | LayerSparsity = 0.0) -> dict[str, float]:
     """Parameters of the model: ``targeted`` (the pruned matrices), ``other`` and their
     ``total``, plus ``nonzero`` = total minus the pruned weights.
 
-    Embeddings, positions, norms, biases and an untied LM head are counted but never pruned,
-    as in the SPDF paper (App. A.1) and the iterative-pruning post.
+    Embeddings, positions, norms, biases, routers and an untied LM head are counted but never
+    pruned, as in the SPDF paper (App. A.1) and the iterative-pruning post.
+
+    ``active`` and ``active_nonzero`` are what one token uses: a mixture of experts' total minus
+    the experts its router does not pick (``n_experts - top_k`` per MoE layer; the non-zeros of
+    those experts at their layer's sparsity). A dense model's are its total and non-zeros.
 
     >>> from sparsetool.flops.config import get_preset
     >>> round(param_counts(get_preset("cerebras-gpt-111m"))["total"] / 1e6)
     111
+    >>> p = param_counts(get_preset("mixtral-8x7b"))
+    >>> round(p["total"] / 1e9, 2), round(p["active"] / 1e9, 2)
+    (46.7, 12.88)
     """
-    d, k, f, V = cfg.d_model, cfg.d_head, cfg.d_ff, cfg.vocab
+    d, k, V, m = cfg.d_model, cfg.d_head, cfg.vocab, cfg.ffn_matrices
     kh, kv = k * cfg.n_heads, k * cfg.kv_heads
     qkv_w, out_w = d * (kh + 2 * kv), kh * d
-    ffn_in_w, ffn_out_w = (cfg.ffn_matrices - 1) * d * f, f * d
-    targeted = cfg.n_layers * (qkv_w + out_w + ffn_in_w + ffn_out_w)
-    pruned = 0.0
-    for ls in layer_sparsities(cfg, sparsity):
-        pruned += (qkv_w * ls["qkv"] + out_w * ls["attn_out"] + ffn_in_w * ls["ffn_in"]
-                   + ffn_out_w * ls["ffn_out"])
     norm = 2 * d if cfg.biases else d  # LayerNorm has a bias, RMSNorm does not
-    per_layer_other = 2 * norm
-    if cfg.biases:
-        per_layer_other += (kh + 2 * kv) + d + (cfg.ffn_matrices - 1) * f + d
+    targeted = other = pruned = inactive = inactive_nonzero = 0.0
+    for i, ls in enumerate(layer_sparsities(cfg, sparsity)):
+        in_keep, out_keep = 1.0 - ls["ffn_in"], 1.0 - ls["ffn_out"]
+        targeted += qkv_w + out_w
+        pruned += qkv_w * ls["qkv"] + out_w * ls["attn_out"]
+        other += 2 * norm
+        if cfg.biases:
+            other += (kh + 2 * kv) + d
+        # FFN widths held by the layer: a dense FFN, else every routed expert plus the shared one
+        if cfg.is_moe_layer(i):
+            fe, E = cfg.expert_width, cfg.n_experts
+            width = E * fe + cfg.d_shared
+            other += d * E + (d if cfg.shared_gate else 0)  # the router (and shared-expert gate)
+            expert_biases = (m - 1) * fe + d if cfg.biases else 0
+            if cfg.biases:
+                other += E * expert_biases + E  # every expert's biases and the router's
+            idle = E - cfg.top_k
+            inactive += idle * (m * d * fe + expert_biases)
+            inactive_nonzero += idle * ((m - 1) * d * fe * in_keep + fe * d * out_keep + expert_biases)
+        else:
+            width = cfg.d_ff
+            if cfg.biases:
+                other += (m - 1) * width + d
+        targeted += m * d * width
+        pruned += (m - 1) * d * width * ls["ffn_in"] + width * d * ls["ffn_out"]
     e = cfg.embed_dim or d
-    other = cfg.n_layers * per_layer_other + V * e  # token embedding
+    other += V * e  # token embedding
     if cfg.final_norm:
         other += norm
     if e != d:
@@ -191,5 +253,6 @@ def param_counts(cfg: ModelConfig, sparsity: float | LayerSparsity = 0.0) -> dic
     if not cfg.tied_embeddings:
         other += V * e
     total = float(targeted + other)
-    return {"targeted": float(targeted), "other": float(other), "total": total,
-            "nonzero": total - pruned}
+    nonzero = total - pruned
+    return {"targeted": float(targeted), "other": float(other), "total": total, "nonzero": nonzero,
+            "active": total - inactive, "active_nonzero": nonzero - inactive_nonzero}

@@ -6,7 +6,9 @@ nonzero`` (plain dicts or any object with those attributes) and rebuilds the App
 - ``d_model`` from the token embedding (V, d), else ``config.json``, else the dimension every
   targeted matrix shares; ``vocab`` from the embedding or LM head;
 - per layer (index = first integer in the name): ``k*h`` = the non-``d_model`` side of the
-  attention output; q+k+v (fused or separate) = ``k*h + 2*k*h_kv``; ``d_ff`` = the FFN output
+  attention output; a mixture of experts' FFN is its experts' (:func:`expert_part`: one matrix per
+  expert, or all in one 3-D tensor), each counted once with the expert count beside it, and a
+  shared expert's; ``top_k`` comes from ``config.json`` (``num_experts_per_tok``); q+k+v (fused or separate) = ``k*h + 2*k*h_kv``; ``d_ff`` = the FFN output
   matrix's other side; FFN matrices = 1 + (sum of FFN-in widths) / ``d_ff`` (3 for SwiGLU, also
   when gate and up are fused);
 - heads from ``config.json`` (``num_attention_heads``/``n_head``); without one, a d_head of
@@ -17,6 +19,7 @@ nonzero`` (plain dicts or any object with those attributes) and rebuilds the App
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -54,6 +57,41 @@ def _other_side(name: str, shape: tuple[int, ...], d_model: int) -> int:
     raise ShapeError(
         f"tensor '{name}' has shape {list(shape)}, neither side equals d_model={d_model}"
     )
+
+
+FFN_ROLES = ("ffn_in", "ffn_out")
+_EXPERT_RE = re.compile(r"(^|\.)experts\.(\d+)\.")
+_SHARED_RE = re.compile(r"(^|\.)shared_experts?\.")
+
+
+def expert_part(name: str, shape: Sequence[int]) -> tuple[str, int | None]:
+    """Which part of a layer a linear weight belongs to, for counting experts: ``("expert", N)``
+    for expert N's own matrix (``mlp.experts.3.w1.weight``, ``experts.3.gate_proj.weight``),
+    ``("stacked", None)`` for the experts' matrices in one 3-D tensor (transformers 5's
+    ``mlp.experts.gate_up_proj`` (experts, 2 x ffn, hidden), or gpt-oss's (experts, hidden,
+    2 x ffn)), ``("shared", None)`` for a shared expert's (``shared_expert.``, DeepSeek's
+    ``shared_experts.``), ``("plain", None)`` for everything else.
+
+    >>> expert_part("model.layers.0.block_sparse_moe.experts.7.w2.weight", (8, 32))
+    ('expert', 7)
+    >>> expert_part("model.layers.0.mlp.experts.down_proj", (4, 8, 32))
+    ('stacked', None)
+    >>> expert_part("model.layers.0.mlp.shared_expert.up_proj.weight", (32, 8))
+    ('shared', None)
+    """
+    if len(shape) == 3:
+        return "stacked", None
+    m = _EXPERT_RE.search(name)
+    if m:
+        return "expert", int(m.group(2))
+    if _SHARED_RE.search(name):
+        return "shared", None
+    return "plain", None
+
+
+def is_shared_gate(name: str) -> bool:
+    """Qwen2-MoE's d_model x 1 gate on its shared expert (``mlp.shared_expert_gate.weight``)."""
+    return ".shared_expert_gate." in f".{name}"
 
 
 def _pick(cfg: Mapping[str, Any] | None, *keys: str) -> Any:
@@ -102,7 +140,8 @@ def infer_model(
     def shape_of(r: Any) -> tuple[int, ...]:
         return tuple(int(x) for x in _get(r, "shape"))
 
-    linear = [r for r in floating if _get(r, "role") in ROLES and len(shape_of(r)) == 2]
+    linear = [r for r in floating if _get(r, "role") in ROLES and
+              (len(shape_of(r)) == 2 or (len(shape_of(r)) == 3 and _get(r, "role") in FFN_ROLES))]
     if not linear:
         raise ShapeError(
             f"'{name}' has no attention or feed-forward weight matrices that sparsetool recognises"
@@ -115,9 +154,9 @@ def infer_model(
     tok = max(embeds, key=lambda r: shape_of(r)[0]) if embeds else None
     d_model = shape_of(tok)[1] if tok is not None else _pick(hf_config, "hidden_size", "n_embd", "d_model")
     if d_model is None:
-        common = set(shape_of(linear[0]))
+        common = set(shape_of(linear[0])[-2:])
         for r in linear[1:]:
-            common &= set(shape_of(r))
+            common &= set(shape_of(r)[-2:])
         if len(common) != 1:
             raise ShapeError(
                 f"cannot tell d_model of '{name}' (no token embedding, no config.json)"
@@ -125,50 +164,93 @@ def infer_model(
         d_model = common.pop()
     d_model = int(d_model)
 
-    # Group matrices by layer index and role.
-    layers: dict[int, dict[str, list[Any]]] = {}
+    # Group matrices by layer index, by part (attention and a dense FFN; routed experts; the
+    # shared expert) and by role.
+    layers: dict[int, dict[str, dict[Any, dict[str, list[Any]]]]] = {}
     for r in linear:
-        index = layer_index(str(_get(r, "name")))
+        nm = str(_get(r, "name"))
+        index = layer_index(nm)
         if index is None:
             continue
-        layers.setdefault(index, {}).setdefault(_get(r, "role"), []).append(r)
+        part, expert = expert_part(nm, shape_of(r))
+        layers.setdefault(index, {}).setdefault(part, {}).setdefault(expert, {}) \
+            .setdefault(_get(r, "role"), []).append(r)
     if not layers:
         raise ShapeError(f"no layer index found in the tensor names of '{name}'")
 
-    shapes_seen: set[tuple[int, int, int, int]] = set()
+    def widths(by_role: dict[str, list[Any]], what: str) -> tuple[int, int]:
+        """(FFN output width, summed FFN input widths) of one FFN, per expert for stacked ones."""
+        if "ffn_out" not in by_role:
+            raise ShapeError(f"{what} of '{name}' has no ffn_out weight (the feed-forward output), "
+                             "so its shape cannot be inferred")
+        w = {ro: sum(_other_side(_get(r, "name"), shape_of(r)[-2:], d_model) for r in rs)
+             for ro, rs in by_role.items() if ro in FFN_ROLES}
+        return w["ffn_out"], w.get("ffn_in", w["ffn_out"])
+
+    attention_seen: set[tuple[int, int]] = set()
+    dense_seen: set[tuple[int, int]] = set()
+    moe_seen: set[tuple[int, int, int, int, int]] = set()
+    dense_layers: list[int] = []
     layer_sparsity: list[dict[str, float]] = []
-    for idx in sorted(layers):
-        by_role = layers[idx]
-        missing = [ro for ro in ("qkv", "ffn_out") if ro not in by_role]
-        if missing:
-            raise ShapeError(
-                f"layer {idx} of '{name}' has no {' or '.join(missing)} weight, so its shape cannot "
-                "be inferred"
-            )
-        width = {ro: sum(_other_side(_get(r, "name"), shape_of(r), d_model) for r in rs)
-                 for ro, rs in by_role.items()}
-        qkv_w, f = width["qkv"], width["ffn_out"]
-        kh = width.get("attn_out", qkv_w // 3)
-        ffn_in_w = width.get("ffn_in", f)
-        shapes_seen.add((qkv_w, kh, f, ffn_in_w))
+    for pos, idx in enumerate(sorted(layers)):
+        parts = layers[idx]
+        plain = parts.get("plain", {}).get(None, {})
+        if "qkv" not in plain:
+            raise ShapeError(f"layer {idx} of '{name}' has no qkv weight, so its shape cannot be inferred")
+        qkv_w = sum(_other_side(_get(r, "name"), shape_of(r), d_model) for r in plain["qkv"])
+        kh = sum(_other_side(_get(r, "name"), shape_of(r), d_model) for r in plain["attn_out"]) \
+            if "attn_out" in plain else qkv_w // 3
+        attention_seen.add((qkv_w, kh))
+        if "expert" in parts or "stacked" in parts:
+            if "stacked" in parts:
+                stacked = parts["stacked"][None]
+                n_exp = shape_of(stacked.get("ffn_out", next(iter(stacked.values())))[0])[0]
+                fe, fe_in = widths(stacked, f"the experts of layer {idx}")
+            else:
+                n_exp = len(parts["expert"])
+                fe, fe_in = widths(parts["expert"][min(parts["expert"])], f"expert 0 of layer {idx}")
+            shared = parts.get("shared", {}).get(None)
+            fs, fs_in = widths(shared, f"the shared expert of layer {idx}") if shared else (0, 0)
+            moe_seen.add((n_exp, fe, fe_in, fs, fs_in))
+        else:
+            dense_seen.add(widths(plain, f"layer {idx}"))
+            dense_layers.append(pos)
         sp = {}
+        everything = [r for by_key in parts.values() for by_role in by_key.values()
+                      for r in by_role.items()]
         for ro in ROLES:
-            t = [r for r in by_role.get(ro, []) if _get(r, "targeted")]
+            t = [r for role_, rs in everything if role_ == ro for r in rs if _get(r, "targeted")]
             numel = sum(int(_get(r, "numel")) for r in t)
             sp[ro] = 1.0 - sum(int(_get(r, "nonzero")) for r in t) / numel if numel else 0.0
         layer_sparsity.append(sp)
-    if len(shapes_seen) != 1:
+    if len(attention_seen) != 1 or len(dense_seen) > 1 or len(moe_seen) > 1:
         raise ShapeError(
-            f"the layers of '{name}' differ in shape ({len(shapes_seen)} variants); the "
-            "Appendix-F count assumes identical layers"
+            f"the layers of '{name}' differ in shape ({len(attention_seen)} attention, "
+            f"{len(dense_seen)} dense FFN and {len(moe_seen)} expert variants); the Appendix-F "
+            "count assumes identical layers (dense and expert layers may alternate)"
         )
-    qkv_w, kh, f, ffn_in_w = shapes_seen.pop()
+    qkv_w, kh = attention_seen.pop()
+    moe = moe_seen.pop() if moe_seen else None
+    f, ffn_in_w = dense_seen.pop() if dense_seen else (moe[1], moe[2])
     ratio = ffn_in_w / f
-    if ratio not in (1.0, 2.0):
+    ratios = {ratio} | ({moe[2] / moe[1]} if moe else set()) | ({moe[4] / moe[3]} if moe and moe[3] else set())
+    if len(ratios) != 1 or ratio not in (1.0, 2.0):
         raise ShapeError(
             f"feed-forward input width {ffn_in_w} is not 1x or 2x the output width {f} in "
-            f"'{name}'"
+            f"'{name}'" + (" in every expert and dense layer" if moe else "")
         )
+    moe_fields: dict[str, Any] = {}
+    if moe is not None:
+        top_k = _pick(hf_config, "num_experts_per_tok", "moe_topk", "top_k")
+        if top_k is None:
+            raise ShapeError(
+                f"'{name}' holds {plural(moe[0], 'expert')} per layer, but no config.json beside it "
+                "says how many each token goes to (num_experts_per_tok)", missing="top_k")
+        moe_fields = dict(n_experts=int(moe[0]), top_k=int(top_k), d_expert=int(moe[1]),
+                          d_shared=int(moe[3]), dense_layers=tuple(dense_layers),
+                          shared_gate=any(is_shared_gate(str(_get(r, "name"))) for r in floating))
+        notes.append(f"mixture of experts: {plural(moe[0], 'expert')} per layer, {int(top_k)} per token "
+                     "(config.json); measured sparsity of a layer's FFN is over all its experts")
 
     # Heads: config.json, else an assumed head size.
     n_heads = _pick(hf_config, "num_attention_heads", "n_head", "n_heads")
@@ -220,7 +302,7 @@ def infer_model(
         d_ff=int(f), vocab=int(vocab), seq_len=int(seq_len), ffn_matrices=int(1 + ratio),
         context=int(context) if context is not None else None, seq_len_source=seq_source,
         n_kv_heads=n_kv, learned_positions=bool(positions), tied_embeddings=not heads,
-        biases=any(_get(r, "role") == "bias" for r in floating),
+        biases=any(_get(r, "role") == "bias" for r in floating), **moe_fields,
     )
     for r in floating:
         if _get(r, "targeted") and _get(r, "role") not in ROLES:

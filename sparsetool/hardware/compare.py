@@ -129,7 +129,7 @@ def simulate(wl: Workload, devices: Mapping[str, Device] | Iterable[Device]) -> 
             "train_flops": {"dense": 3 * dense_flops, "sparse": 3 * sparse_flops},
             "untargeted_forward_flops": wl.untargeted_flops,
             "theoretical": theo, "notes": wl.notes,
-            "targeting": wl.targeting or None,
+            "targeting": wl.targeting or None, "moe": wl.moe,
         },
         "devices": out_devices,
         "layers": layers,

@@ -5,6 +5,12 @@ masks, tile counts drawn exactly; see :func:`sparsetool.hardware.layers.sampled_
 checkpoint's real masks. Attention (logits, softmax, values) and the LM-head logits are dense
 work weight sparsity does not touch; their FLOPs come from the same Chinchilla Appendix-F split
 ``sparsetool flops`` uses (:func:`sparsetool.flops.forward_terms`).
+
+A mixture of experts runs each token through the ``top_k`` experts its router picks, so a step
+holds the matrices of ``top_k`` experts per MoE layer (the first ``top_k`` of a checkpoint, with
+their real masks), each multiplying every token, and the router's matmul as dense work: the
+FLOPs of the step exactly, and the weights a decode step reads. A step of many tokens reads
+more experts' weights than that (each token picks its own): the memory time is a lower bound.
 """
 
 from __future__ import annotations
@@ -19,9 +25,9 @@ from sparsetool.errors import CheckpointError, ConfigError
 from sparsetool.hardware.layers import LayerMask, sampled_random, stats_from_mask, synthetic_mask
 from sparsetool.util.wording import plural
 
-UNTARGETED_TERMS = ("attn_logits", "softmax", "attn_values", "logits")
+UNTARGETED_TERMS = ("attn_logits", "softmax", "attn_values", "router", "logits")
 """Appendix-F forward terms that stay dense under weight sparsity (embeddings are excluded, as
-in the SPDF tables)."""
+in the SPDF tables; a mixture of experts' router is never pruned)."""
 
 
 @dataclass
@@ -36,6 +42,7 @@ class Workload:
     seq_len: int | None = None
     notes: list[str] = field(default_factory=list)
     targeting: dict[str, Any] = field(default_factory=dict)  # checkpoint: targets.recorded summary
+    moe: dict[str, Any] | None = None  # a mixture of experts: sparsetool.flops.moe_summary
 
     @property
     def sparsity(self) -> float:
@@ -61,17 +68,40 @@ def from_shape(shape: tuple[int, int], sparsity: float, tokens: float, grids: li
 
 
 def model_layers(cfg: Any) -> list[tuple[str, str, tuple[int, int]]]:
-    """``(name, role, (M, K))`` of every targeted matrix of a ``ModelConfig``, as Appendix F
-    counts them (q/k/v fused; SwiGLU has gate and up as two ``ffn_in`` matrices)."""
-    d, k, h, f = cfg.d_model, cfg.d_head, cfg.n_heads, cfg.d_ff
+    """``(name, role, (M, K))`` of every targeted matrix of a ``ModelConfig`` one token goes
+    through, as Appendix F counts them (q/k/v fused; SwiGLU has gate and up as two ``ffn_in``
+    matrices; a mixture of experts' MoE layer has the ``top_k`` active experts' and the shared
+    expert's)."""
+    d, k, h = cfg.d_model, cfg.d_head, cfg.n_heads
     out = []
+
+    def ffn(prefix: str, f: int) -> None:
+        for j in range(cfg.ffn_matrices - 1):
+            out.append((f"{prefix}.ffn_in{'' if cfg.ffn_matrices == 2 else j}", "ffn_in", (f, d)))
+        out.append((f"{prefix}.ffn_out", "ffn_out", (d, f)))
+
     for i in range(cfg.n_layers):
         out.append((f"layers.{i}.qkv", "qkv", (k * (h + 2 * cfg.kv_heads), d)))
         out.append((f"layers.{i}.attn_out", "attn_out", (d, k * h)))
-        for j in range(cfg.ffn_matrices - 1):
-            out.append((f"layers.{i}.ffn_in{'' if cfg.ffn_matrices == 2 else j}", "ffn_in", (f, d)))
-        out.append((f"layers.{i}.ffn_out", "ffn_out", (d, f)))
+        if cfg.is_moe_layer(i):
+            for e in range(cfg.top_k):
+                ffn(f"layers.{i}.experts.{e}", cfg.expert_width)
+            if cfg.d_shared:
+                ffn(f"layers.{i}.shared_expert", cfg.d_shared)
+        else:
+            ffn(f"layers.{i}", cfg.d_ff)
     return out
+
+
+def moe_note(cfg: Any, source: str) -> list[str]:
+    """What a mixture of experts' step holds, for the output (nothing for a dense model)."""
+    if not cfg.is_moe:
+        return []
+    shared = " and the shared expert" if cfg.d_shared else ""
+    return [f"mixture of experts: {cfg.top_k} of {cfg.n_experts} experts active per token in each of "
+            f"{cfg.moe_layers} MoE layers; the step multiplies every token by the {cfg.top_k} active "
+            f"experts' matrices{shared} ({source}) and reads only their weights, as a decode step "
+            "does; the router's matmul is dense work"]
 
 
 def untargeted_flops(cfg: Any, tokens: float) -> tuple[float, int]:
@@ -91,9 +121,12 @@ def from_model(cfg: Any, sparsity: float, tokens: float, grids: list[tuple[int, 
     rng = np.random.default_rng(seed)
     layers = [sampled_random(n, r, s, sparsity, grids, rng) for n, r, s in model_layers(cfg)]
     flops, seq = untargeted_flops(cfg, tokens)
+    from sparsetool.flops import moe_summary
+
     return Workload(f"{cfg.name} at sparsity {sparsity:g}, random masks", "model", tokens, layers,
                     flops, seq, ["masks: uniformly random; per-core-group counts drawn exactly, "
-                                 "2:4 violations are expected values"])
+                                 "2:4 violations are expected values",
+                                 *moe_note(cfg, "random masks")], moe=moe_summary(cfg))
 
 
 def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
@@ -112,7 +145,8 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     from sparsetool.checkpoint import open_checkpoint
     from sparsetool.checkpoint.config import read_model_config
     from sparsetool.checkpoint.encodings import decode
-    from sparsetool.flops import infer_model
+    from sparsetool.flops import infer_model, moe_summary
+    from sparsetool.flops.shapes import expert_part
     from sparsetool.targets.order import tensor_sort_key
     from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary
 
@@ -122,10 +156,20 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
         raise CheckpointError(f"checkpoint '{path}' not found; pass a .safetensors file or a directory")
     layers: list[LayerMask] = []
     rows: list[dict[str, Any]] = []
+    hf_config = read_model_config(path) or {}
+    top_k = hf_config.get("num_experts_per_tok")
+
+    def simulated(lt: Any) -> bool:
+        """A targeted matrix a token goes through: not an expert past the first top_k."""
+        part, expert = expert_part(lt.name, lt.shape)
+        if part == "stacked":
+            return plan[lt.name].role in ("ffn_in", "ffn_out") and top_k is not None
+        return len(lt.shape) == 2 and (part != "expert" or top_k is None or expert < top_k)
+
     with open_checkpoint(path) as ck:
         plan = plan_checkpoint_targets(ck.logical, ck.config, ck.metadata(), include, exclude,
                                        default_targets=default_targets, source=path.name)
-        todo = [lt for lt in ck.logical if plan[lt.name].targeted and len(lt.shape) == 2]
+        todo = [lt for lt in ck.logical if plan[lt.name].targeted and simulated(lt)]
         todo.sort(key=lambda lt: tensor_sort_key(lt.name, plan[lt.name].role))  # layer 2 before 10
         names = {lt.name for lt in todo}
         for lt in ck.logical:
@@ -141,22 +185,44 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
                 mask = dense != 0
             del dense
             r = plan[lt.name].role
-            ly = stats_from_mask(lt.name, r, mask.numpy(), grids, plan[lt.name].input_dim)
+            m = mask.numpy()
             del mask
-            layers.append(ly)
+            if m.ndim == 3:  # stacked experts: the first top_k, each a matrix of its own
+                for e in range(min(int(top_k), m.shape[0])):
+                    layers.append(stats_from_mask(f"{lt.name}[{e}]", r, m[e], grids,
+                                                  _expert_input_dim(m.shape[1:], r, hf_config)))
+                numel, nnz = int(m.size), int(np.count_nonzero(m))
+            else:
+                ly = stats_from_mask(lt.name, r, m, grids, plan[lt.name].input_dim)
+                layers.append(ly)
+                numel, nnz = ly.numel, ly.nnz
+            del m
             rows.append(dict(name=lt.name, shape=lt.shape, dtype=str(lt.dtype), role=r,
-                             targeted=True, numel=ly.numel, nonzero=ly.nnz))
+                             targeted=True, numel=numel, nonzero=nnz))
         if progress:
             progress(len(todo), len(todo), "")
     if not layers:
         raise CheckpointError(f"'{path}' has no attention or feed-forward weight matrices to simulate; "
                               "simulate a preset or one layer instead, e.g. --model gpt2-small --sparsity 0.5 "
                               "or --shape 4096x4096 --sparsity 0.5")
-    inferred = infer_model(rows, name=path.name, hf_config=read_model_config(path), seq_len=seq_len)
+    inferred = infer_model(rows, name=path.name, hf_config=hf_config or None, seq_len=seq_len)
     cfg = inferred.config
     if seq_len is None and cfg.context is not None:
         # a step runs sequences the model takes: up to its context (flops counts 2048 by default)
         cfg = replace(cfg, seq_len=cfg.context, seq_len_source="the model's context")
     flops, seq = untargeted_flops(cfg, tokens)
+    notes = [n for n in inferred.notes if not n.startswith("mixture of experts")]
+    notes += moe_note(cfg, f"the first {cfg.top_k} of each layer, real masks")
     return Workload(f"{path.name} ({plural(len(layers), 'pruned matrix', 'pruned matrices')}, real masks)", "checkpoint",
-                    tokens, layers, flops, seq, list(inferred.notes), targeting_summary(plan))
+                    tokens, layers, flops, seq, notes, targeting_summary(plan), moe_summary(cfg))
+
+
+def _expert_input_dim(shape: tuple[int, ...], role: str, hf_config: dict[str, Any]) -> int:
+    """The input axis of one expert's matrix cut from a stacked tensor: (out, in) as
+    transformers 5 stores Mixtral's, unless its sides say (in, out) as gpt-oss's: an FFN-in matrix
+    takes d_model (``hidden_size``) in, an FFN-out matrix gives it out."""
+    d = hf_config.get("hidden_size")
+    if d is None or shape[0] == shape[1]:
+        return 1
+    takes_d = role == "ffn_in"
+    return 0 if (shape[0] == d) == takes_d else 1

@@ -52,6 +52,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     (("-m", "cerebras-gpt-256m", "--stage", "0.9:0.8333", "--stage", "0:0.1667"), 1),
     (("-m", "gpt3-xl", "-s", "0.75", "--finetune-tokens", "64.512M", "--finetune-seq-len", "512"), 1),
     (("-m", "llama-1.3b", "-s", "0.5", "--embeddings"), 1),  # --breakdown: the terms are always there
+    (("-m", "mixtral-8x7b", "-s", "0,0.5"), 2),  # a mixture of experts: "moe" and active_params
 ])
 def test_flops_json_has_one_shape(args, runs):
     d = as_json("flops", *args)
@@ -80,6 +81,7 @@ def test_flops_list_json():
     (("--shape", "64x64", "--sweep", "--tokens", "64"), 10),
     (("--shape", "64x64", "-s", "0.5", "--pattern", "2:4", "--tokens", "64", "--verify"), 1),
     (("--model", "gpt2-small", "-s", "0.75", "--tokens", "2048"), 1),
+    (("--model", "mixtral-8x7b", "-s", "0.5", "--tokens", "1"), 1),  # a mixture of experts: "moe"
     (("--shape", "64x64", "-s", "0.5", "--device", "a100", "--tokens", "64"), 1),  # no dataflow device
 ])
 def test_simulate_json_has_one_shape(args, runs):

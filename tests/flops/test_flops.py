@@ -31,7 +31,8 @@ from sparsetool.flops import (
     term_formulas,
 )
 
-TERMS = ["qkv", "attn_logits", "softmax", "attn_values", "attn_out", "ffn", "logits", "embeddings"]
+TERMS = ["qkv", "attn_logits", "softmax", "attn_values", "attn_out", "ffn", "router", "logits",
+         "embeddings"]
 
 
 def half_unit(printed: str) -> float:
@@ -279,6 +280,7 @@ def test_forward_terms_by_hand():
         "attn_values": L * 2 * s * s * (k * h),
         "attn_out": L * 2 * s * (k * h) * d,
         "ffn": L * 2 * s * 2 * d * f,
+        "router": 0.0,  # no experts
         "logits": 2 * s * d * V,
         "embeddings": 0.0,
     }
@@ -291,7 +293,7 @@ def test_sparsity_scales_only_targeted_terms():
     dense, sparse = forward_terms(TINY), forward_terms(TINY, sparsity=0.75, embeddings=False)
     for term in ("qkv", "attn_out", "ffn"):
         assert sparse[term] == dense[term] * 0.25
-    for term in ("attn_logits", "softmax", "attn_values", "logits", "embeddings"):
+    for term in ("attn_logits", "softmax", "attn_values", "router", "logits", "embeddings"):
         assert sparse[term] == dense[term]
 
 
@@ -407,7 +409,10 @@ def test_hugging_face_config_json(tmp_path):
     ("{not json", "not valid"),
     ("[1, 2]", "mapping"),
     ('{"model_type": "gpt2", "n_embd": 8}', "lacks"),
-    ('{"model_type": "mixtral", "hidden_size": 8, "num_local_experts": 8}', "mixture-of-experts"),
+    ('{"model_type": "dbrx", "hidden_size": 8, "num_experts": 8}', "mixture-of-experts model of type 'dbrx'"),
+    ('{"model_type": "deepseek_v3", "n_routed_experts": 8, "kv_lora_rank": 512}', "latent attention"),
+    ('{"model_type": "mixtral", "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2, '
+     '"vocab_size": 10, "num_local_experts": 8}', "not how many each token goes to"),
 ])
 def test_bad_config_files(tmp_path, body, match):
     p = tmp_path / "bad.json"

@@ -103,14 +103,6 @@ def test_opt_embedding_projection_is_counted():
     assert t["logits"] == 2 * 2048 * 512 * 50272 + 2 * 2048 * 1024 * 512
 
 
-def test_mixture_of_experts_is_refused_with_its_numbers():
-    cfg = transformers.MixtralConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
-                                     num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                                     num_local_experts=8, num_experts_per_tok=2)
-    with pytest.raises(ConfigError, match=r"mixture-of-experts model \(8 experts, 2 per token\)"):
-        from_mapping(cfg.to_dict(), name="mixtral")
-
-
 @pytest.mark.parametrize("change,match", [
     (dict(hidden_size=770), r"d_model 770 does not split into 12 heads \(770 / 12 = 64\.17\)"),
     (dict(num_key_value_heads=5), r"12 query heads cannot share 5 key/value heads.*1, 2, 3, 4, 6, 12"),

@@ -1,0 +1,141 @@
+"""simulate on a mixture of experts: a step holds the matrices of the experts a token goes
+through (top_k per MoE layer, the first top_k of a checkpoint with their real masks), not all
+of them, and says so."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from sparsetool.flops import forward_terms, get_preset, param_counts
+from sparsetool.hardware import builtin_devices, from_checkpoint
+from sparsetool.hardware.presets import dataflow_grids
+from sparsetool.hardware.workload import from_model, model_layers
+
+import json_schemas as S
+from helpers import run
+
+transformers = pytest.importorskip("transformers")
+GRIDS = dataflow_grids(list(builtin_devices().values()))
+
+
+def test_a_preset_holds_the_active_experts_only():
+    cfg = get_preset("mixtral-8x7b")
+    layers = model_layers(cfg)
+    per_layer = [n for n, _, _ in layers if n.startswith("layers.0.")]
+    assert per_layer == [
+        "layers.0.qkv",
+        "layers.0.attn_out",
+        *[f"layers.0.experts.{e}.{m}" for e in (0, 1) for m in ("ffn_in0", "ffn_in1", "ffn_out")],
+    ]
+    d, f, L = 4096, 14336, 32
+    attention = d * (4096 + 2 * 1024) + 4096 * d
+    assert sum(m * k for _, _, (m, k) in layers) == L * (attention + 2 * 3 * d * f)
+    p = param_counts(cfg)
+    router_norms_embeddings = p["other"]
+    assert sum(m * k for _, _, (m, k) in layers) == p["active"] - router_norms_embeddings
+    wl = from_model(cfg, 0.5, 2048, GRIDS)
+    t = forward_terms(cfg)
+    assert wl.untargeted_flops == pytest.approx(
+        t["attn_logits"] + t["softmax"] + t["attn_values"] + t["router"] + t["logits"]
+    )
+    assert wl.moe["experts"] == 8 and wl.moe["top_k"] == 2
+    assert any("2 of 8 experts active per token" in n for n in wl.notes)
+
+
+def tiny_mixtral(tmp_path, per_expert: bool):
+    """A real transformers Mixtral with half of each expert's weights zeroed, saved as
+    transformers 5 stores it (3-D stacked experts) or with one w1/w2/w3 matrix per expert."""
+    hf = transformers.MixtralConfig(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        vocab_size=64,
+        max_position_embeddings=16,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(hf)
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    for k, v in state.items():
+        if ".experts." in k:
+            v.view(-1)[: v.numel() // 2] = 0
+    out = tmp_path / ("per-expert" if per_expert else "stacked")
+    out.mkdir()
+    if per_expert:
+        for i in range(2):
+            p = f"model.layers.{i}."
+            gate_up, down = (
+                state.pop(p + "mlp.experts.gate_up_proj"),
+                state.pop(p + "mlp.experts.down_proj"),
+            )
+            state[p + "block_sparse_moe.gate.weight"] = state.pop(p + "mlp.gate.weight")
+            for e in range(4):
+                q = f"{p}block_sparse_moe.experts.{e}."
+                state[q + "w1.weight"] = gate_up[e, :48].clone()
+                state[q + "w3.weight"] = gate_up[e, 48:].clone()
+                state[q + "w2.weight"] = down[e].clone()
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    hf.save_pretrained(out)
+    return out, state
+
+
+@pytest.mark.parametrize("per_expert", [True, False])
+def test_a_checkpoint_step_reads_the_first_top_k_experts_real_masks(tmp_path, per_expert):
+    path, state = tiny_mixtral(tmp_path, per_expert)
+    wl = from_checkpoint(path, 1, GRIDS)
+    ffn = [ly for ly in wl.layers if ly.role in ("ffn_in", "ffn_out")]
+    # 2 layers x 2 active experts x (gate, up, down) as matrices, or x (gate_up, down) stacked
+    assert len(ffn) == 2 * 2 * (3 if per_expert else 2)
+    assert sum(ly.numel for ly in ffn) == 2 * 2 * 3 * 32 * 48
+    if not per_expert:
+        names = sorted(ly.name for ly in ffn if ".layers.0." in ly.name)
+        assert names == [
+            "model.layers.0.mlp.experts.down_proj[0]",
+            "model.layers.0.mlp.experts.down_proj[1]",
+            "model.layers.0.mlp.experts.gate_up_proj[0]",
+            "model.layers.0.mlp.experts.gate_up_proj[1]",
+        ]
+        gate_up = next(ly for ly in ffn if ly.name.endswith("gate_up_proj[1]"))
+        assert (gate_up.out_features, gate_up.in_features) == (96, 32)
+        assert gate_up.nnz == int(
+            np.count_nonzero(state["model.layers.0.mlp.experts.gate_up_proj"][1].numpy())
+        )
+    assert wl.moe == {
+        "experts": 4,
+        "top_k": 2,
+        "expert_width": 48,
+        "shared_width": 0,
+        "moe_layers": 2,
+        "dense_layers": [],
+    }
+    assert any(
+        "2 of 4 experts active per token" in n and "first 2 of each layer" in n for n in wl.notes
+    )
+
+
+def test_simulate_cli_says_it_is_a_mixture_of_experts(tmp_path):
+    path, _ = tiny_mixtral(tmp_path, False)
+    r = run("simulate", path, "--tokens", "1", "--device", "a100")
+    assert r.exit_code == 0, r.output
+    assert (
+        "note: mixture of experts: 2 of 4 experts active per token in each of 2 MoE layers"
+        in r.stdout
+    )
+    r = run("simulate", path, "--tokens", "1", "--json")
+    out = json.loads(r.stdout)
+    assert S.problems(out, S.SIMULATE) == []
+    assert out["workload"]["moe"]["top_k"] == 2
+    # the step's FLOPs: 2 per weight of the active experts and attention, plus the dense work
+    dense = out["workload"]["forward_flops"]["dense"]
+    attention = 32 * 32 + 2 * 32 * 16 + 32 * 32
+    assert dense == pytest.approx(
+        2 * 2 * (attention + 2 * 3 * 32 * 48) + out["workload"]["untargeted_forward_flops"]
+    )
