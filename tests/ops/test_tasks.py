@@ -151,6 +151,19 @@ def test_accuracies_equal_the_harness_own_hf_model(gpt2_dir, task_dir):
         assert ours.metric("line_nll", metric) == pytest.approx(theirs["line_nll"][f"{metric},none"], rel=1e-5)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["qwen3_moe", "gpt_oss"])
+def test_mixture_of_experts_accuracies_equal_the_harness_own_hf_model(kind, task_dir, text, tmp_path):
+    """Experts stored apart (Qwen3-MoE) and fused on disk beside mixed attention (gpt-oss)."""
+    from moe_models import save_moe
+
+    directory = save_moe(kind, tmp_path / kind, text)
+    ours = evaluate_tasks([directory], ["pick_ending"], include_path=task_dir, device="cpu").rows[0]
+    theirs = harness_hf(directory, task_dir, ["pick_ending"])
+    for metric in ("acc", "acc_norm"):
+        assert ours.metric("pick_ending", metric) == theirs["pick_ending"][f"{metric},none"]
+
+
 def test_accuracy_by_hand_from_the_model_log_probabilities(gpt2_dir, tmp_path, text):
     """Two items, scored by transformers' own forward pass: the choice of higher log-probability."""
     items = ending_items(text, 2)

@@ -224,3 +224,29 @@ def test_an_encoding_transformers_cannot_load_is_warned_of(root, tmp_path, encod
     assert warnings[0].endswith(f"For transformers run `sparsetool densify {out / 'model'} -o DENSE_DIR`, "
                                 "or train with --encoding zeros or mask")
     assert json.loads(r.stdout)["finished"]
+
+
+def test_a_mixture_of_experts_keeps_each_experts_mask_and_trains_its_router(root, tmp_path):
+    """Mixtral, one tensor per expert on disk, fine-tuned with static masks: each expert's
+    matrix keeps its zeros and its count; the router (never pruned) trains like a dense weight."""
+    from moe_models import EXPERTS, save_moe
+
+    src = save_moe("mixtral", tmp_path / "mixtral", (root / "data.txt").read_text())
+    pruned = tmp_path / "pruned"
+    run("prune", src, "-o", pruned, "--sparsity", "0.6")
+    out = tmp_path / "run"
+    summary = train_json("-o", out, "--init", pruned, "--data", root / "data.txt")
+    assert summary["sparsity"] == pytest.approx(0.6, abs=1e-3)
+    before = transformers.AutoModelForCausalLM.from_pretrained(pruned).state_dict()
+    after = transformers.AutoModelForCausalLM.from_pretrained(out / "model").state_dict()
+    for i in range(2):
+        for part in ("gate_up_proj", "down_proj"):
+            name = f"model.layers.{i}.mlp.experts.{part}"
+            for e in range(EXPERTS):
+                zero = before[name][e] == 0
+                for half in zero.chunk(2 if part == "gate_up_proj" else 1):  # w1; w3 | w2
+                    assert int(half.sum()) == round(0.6 * half.numel()), (name, e)
+                assert torch.equal(after[name][e] == 0, zero), (name, e)
+            assert not torch.equal(after[name], before[name])  # the kept weights trained
+        router = f"model.layers.{i}.mlp.gate.weight"
+        assert bool((before[router] != 0).all()) and not torch.equal(after[router], before[router])
