@@ -42,6 +42,14 @@ def build(kind: str) -> torch.nn.Module:
         return t.Qwen3MoeForCausalLM(t.Qwen3MoeConfig(
             intermediate_size=64, moe_intermediate_size=24, num_experts=EXPERTS,
             num_experts_per_tok=2, head_dim=8, **_COMMON)).eval()
+    if kind == "qwen2_moe":  # a shared expert beside the routed ones, with its own gate
+        return t.Qwen2MoeForCausalLM(t.Qwen2MoeConfig(
+            intermediate_size=64, moe_intermediate_size=24, shared_expert_intermediate_size=32,
+            num_experts=EXPERTS, num_experts_per_tok=2, **_COMMON)).eval()
+    if kind == "llama4":  # experts fused (experts, in, out), called with tokens already routed
+        return t.Llama4ForCausalLM(t.Llama4TextConfig(
+            intermediate_size=24, intermediate_size_mlp=48, num_local_experts=EXPERTS,
+            num_experts_per_tok=1, head_dim=8, **_COMMON)).eval()
     if kind == "olmoe":
         return t.OlmoeForCausalLM(t.OlmoeConfig(
             intermediate_size=24, num_experts=EXPERTS, num_experts_per_tok=2, **_COMMON)).eval()

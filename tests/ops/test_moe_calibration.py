@@ -268,3 +268,34 @@ def test_experts_fused_on_disk_prune_as_experts_stored_apart(method, text, calib
             for e in range(EXPERTS):
                 assert int((p[e] != 0).sum()) == p[e].numel() // 2
     assert len(result.experts["routed_tokens"]) == 2 * 2 * EXPERTS
+
+
+def test_experts_called_with_routed_tokens_are_refused_in_one_line(
+    text, calib_file, tmp_path
+):
+    """Llama 4's experts module takes tokens sorted per expert, not the routing: no statistics
+    per expert can be told from its call; magnitude still prunes its experts."""
+    src = save_moe("llama4", tmp_path / "l4", text)
+    res = run(
+        "prune",
+        src,
+        "-o",
+        tmp_path / "out",
+        "--sparsity",
+        "0.5",
+        "--method",
+        "wanda",
+        "--calibration",
+        calib_file,
+        "--samples",
+        CALIB["samples"],
+        "--seq",
+        CALIB["seq"],
+    )
+    assert res.exit_code == 1
+    assert (
+        "the experts of Llama4TextExperts are not called with each token's chosen experts"
+        in res.output
+    )
+    assert not (tmp_path / "out").exists()
+    assert run("prune", src, "-o", tmp_path / "mag", "--sparsity", "0.5").exit_code == 0

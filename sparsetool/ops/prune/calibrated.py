@@ -242,8 +242,14 @@ class CalibratedPlanner:
                 self._where[own] = _Place(own, piece)
                 self._by_block.setdefault(i, []).append((own, lt))
                 continue
+            if not hasattr(module, "has_gate"):  # not transformers' experts interface (Llama 4)
+                raise SparsetoolError(
+                    f"tensor {lt.name!r} {list(lt.shape)}: the experts of {type(module).__name__} "
+                    "are not called with each token's chosen experts and routing weights, so "
+                    f"--method {self.opts.method} cannot tell which tokens each expert sees; prune "
+                    "them by magnitude, or leave them out with --exclude '*.experts.*'")
             part = "out" if attr.startswith("down") else "in"
-            transposed = bool(getattr(module, "is_transposed", False))
+            transposed = bool(module.is_transposed)
             if piece.index and not transposed:  # one expert's matrix
                 self._where[lt.name] = _Place(own, piece, module, int(piece.index[0]), part)
                 self._by_block.setdefault(i, []).append((lt.name, lt))
