@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from sparsetool.errors import SparsetoolError
 from sparsetool.masks.distributions import uniform_keep
 from sparsetool.masks.sparsegpt import inverse_hessian_factor, sparsegpt_update
 from sparsetool.masks.wanda import wanda_mask
@@ -299,3 +300,34 @@ def test_experts_called_with_routed_tokens_are_refused_in_one_line(
     )
     assert not (tmp_path / "out").exists()
     assert run("prune", src, "-o", tmp_path / "mag", "--sparsity", "0.5").exit_code == 0
+
+
+def test_statistics_that_do_not_fit_at_once_are_gathered_in_passes(mixtral, calib_file, tmp_path,
+                                                                   monkeypatch):
+    """SparseGPT holds an in x in matrix per expert and input; when a block's do not fit in the
+    budget, the block is calibrated in passes, each holding some of them."""
+    from sparsetool.ops.prune import calibrated
+
+    monkeypatch.setattr(calibrated, "process_memory", lambda: 0)  # the budget, to the byte
+    opts = dict(sparsity=0.5, method="sparsegpt", calibration=str(calib_file), seed=SEED, **CALIB)
+    one = prune_checkpoint(mixtral, tmp_path / "one", PruneOptions(max_memory=1 << 40, **opts))
+    memory = one.memory
+    assert not any("passes" in note for note in one.notes)
+    tight = memory["weights"] + memory["activations"] + memory["statistics"] - 1
+    several = prune_checkpoint(mixtral, tmp_path / "several",
+                               PruneOptions(max_memory=tight, **opts))
+    assert several.memory["statistics"] < memory["statistics"]
+    assert any("calibrated in up to" in note and "passes" in note for note in several.notes)
+    for t in several.tensors:
+        assert t.nonzero == t.numel // 2, t.name
+    before, after = tensors(tmp_path / "one"), tensors(tmp_path / "several")
+    # block 0's first pass (attention, then experts as they fit) starts from the same block
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(before[q], after[q])
+    assert any(not torch.equal(before[n], after[n]) for n in before if ".experts." in n)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "several")
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.arange(2, 30)[None]).logits).all()
+    with pytest.raises(SparsetoolError, match="lower it with"):  # not even one input fits
+        prune_checkpoint(mixtral, tmp_path / "none", PruneOptions(
+            max_memory=memory["weights"] + memory["activations"] + 1000, **opts))

@@ -138,6 +138,8 @@ class CalibratedPlanner:
         # matrix the checkpoint tensor's (the experts of a block share their parameters)
         self._by_block: dict[int, list[tuple[str, LogicalTensor]]] = {}
         self._where: dict[str, _Place] = {}
+        self._lt_of: dict[str, LogicalTensor] = {}
+        self._passes: dict[int, list[list[str]]] = {}  # block -> the keys of each pass
         self.fallback: list[str] = []  # experts' matrices pruned by magnitude: too few tokens
         self.routed: dict[str, int] = {}  # expert's matrix -> calibration tokens routed to it
         self._windows: torch.Tensor | None = None
@@ -241,6 +243,7 @@ class CalibratedPlanner:
             if not _is_experts(module):
                 self._where[own] = _Place(own, piece)
                 self._by_block.setdefault(i, []).append((own, lt))
+                self._lt_of[own] = lt
                 continue
             if not hasattr(module, "has_gate"):  # not transformers' experts interface (Llama 4)
                 raise SparsetoolError(
@@ -253,11 +256,13 @@ class CalibratedPlanner:
             if piece.index and not transposed:  # one expert's matrix
                 self._where[lt.name] = _Place(own, piece, module, int(piece.index[0]), part)
                 self._by_block.setdefault(i, []).append((lt.name, lt))
+                self._lt_of[lt.name] = lt
             elif not piece.index and transposed == (self.target_plan[lt.name].layout == "stacked_t"):
                 for e in range(lt.shape[0]):  # every expert's matrix, each a unit of its own
                     key = f"{lt.name}[{e}]"
                     self._where[key] = _Place(own, piece, module, e, part, slot=True)
                     self._by_block.setdefault(i, []).append((key, lt))
+                    self._lt_of[key] = lt
             else:
                 raise SparsetoolError(
                     f"tensor {lt.name!r} {list(lt.shape)}: its experts are stored "
@@ -271,10 +276,12 @@ class CalibratedPlanner:
         projections (gate, up) of one module, when they take as many inputs; every other layer its
         own. :class:`BlockStatistics` sees the real sharing when the block runs (``shared``); this
         is for the memory plan."""
-        return [[lt.name for lt in group] for group in self._expected_groups(self._by_block.get(block, []))]
+        return [[lt.name for _key, lt in group]
+                for group in self._expected_groups(self._by_block.get(block, []))]
 
-    def _expected_groups(self, pairs: list[tuple[str, LogicalTensor]]) -> list[list[LogicalTensor]]:
-        groups: dict[tuple, list[LogicalTensor]] = {}
+    def _expected_groups(self, pairs: list[tuple[str, LogicalTensor]]
+                         ) -> list[list[tuple[str, LogicalTensor]]]:
+        groups: dict[tuple, list[tuple[str, LogicalTensor]]] = {}
         for key, lt in pairs:
             place = self._where[key]
             role = self.target_plan[lt.name].role
@@ -284,32 +291,77 @@ class CalibratedPlanner:
                 group = (role, place.own.rpartition(".")[0].rpartition(".")[0], self._n_in(lt))
             else:
                 group = (key,)
-            groups.setdefault(group, []).append(lt)
+            groups.setdefault(group, []).append((key, lt))
         return list(groups.values())
 
     def _memory_plan(self, model: BlockModel, seq: int) -> MemoryPlan:
+        """The run's peak, and how each block's statistics are gathered: in one pass of the
+        windows through the block, or, when a block's statistics would not fit (a mixture of
+        experts with SparseGPT: an ``in x in`` matrix per expert), in as few passes as fit, each
+        gathering and pruning some of the block's inputs (an expert's, a tensor of every
+        expert's whole) from the block as the earlier passes left it (``_passes``)."""
         o = self.opts
-        sgpt = o.method == "sparsegpt"
-        per_input = 8 * (o.method == "wanda" or o.allocation == "owl") + 16 * (o.refine == "dsnot")
-        stats = 0
-        for pairs in self._by_block.values():
-            sizes, costs = [], []
-            for group in self._expected_groups(pairs):
-                n_in = self._n_in(group[0])
-                sizes.append((n_in * n_in * 4 if sgpt else 0) + n_in * per_input)
-                costs.append(max(self._solve_bytes(lt) for lt in group))
-            held = sum(sizes)  # every input's statistics, while the windows run through the block
-            stats = max(stats, held + (ROWS * max(map(self._n_in, dict(pairs).values())) * 4 if sgpt else 0))
-            for g in sorted(range(len(sizes)), key=lambda g: costs[g]):  # the solve order
-                stats = max(stats, held + costs[g])
-                held -= sizes[g]  # dropped after its last layer
         hidden = o.samples * seq * model.width * model.dtype.itemsize
         total, source = budget(o.max_memory)
-        return MemoryPlan(
-            fixed=process_memory(),
-            weights=max(model.largest_block_bytes, model.bytes_of(model.outer)),
-            activations=2 * hidden + model.block_work_bytes(1, seq),
-            statistics=stats, budget=total, budget_source=source)
+        plan = MemoryPlan(fixed=process_memory(),
+                          weights=max(model.largest_block_bytes, model.bytes_of(model.outer)),
+                          activations=2 * hidden + model.block_work_bytes(1, seq),
+                          statistics=0, budget=total, budget_source=source)
+        room = total - plan.peak
+        most = 1
+        for i, pairs in self._by_block.items():
+            atoms = self._atoms(pairs)
+            passes: list[list[tuple[list[str], int, int]]] = [[]]
+            for atom in atoms:
+                if passes[-1] and self._statistics_peak(passes[-1] + [atom]) > room:
+                    passes.append([])
+                passes[-1].append(atom)
+            self._passes[i] = [[k for keys, _size, _cost in p for k in keys] for p in passes]
+            plan.statistics = max(plan.statistics, max(map(self._statistics_peak, passes)))
+            most = max(most, len(passes))
+        if most > 1:
+            self.notes.append(
+                f"a block's statistics do not fit in memory at once: blocks are calibrated in up "
+                f"to {most} passes of the windows, each pruning some of the block's layers from "
+                "the block as the earlier passes left it (more memory: one pass, and sooner)")
+        return plan
+
+    def _atoms(self, pairs: list[tuple[str, LogicalTensor]]) -> list[tuple[list[str], int, int]]:
+        """A block's inputs as (keys, statistics bytes, largest solve's bytes), in block order;
+        the experts of a tensor of every expert are one (it is pruned whole)."""
+        o = self.opts
+        per_input = 8 * (o.method == "wanda" or o.allocation == "owl") + 16 * (o.refine == "dsnot")
+        atoms: list[tuple[list[str], int, int]] = []
+        joined: dict[str, int] = {}  # a tensor of every expert -> the atom holding its experts
+        for group in self._expected_groups(pairs):
+            n_in = self._n_in(group[0][1])
+            size = (n_in * n_in * 4 if o.method == "sparsegpt" else 0) + n_in * per_input
+            cost = max(self._solve_bytes(lt) for _key, lt in group)
+            keys = [key for key, _lt in group]
+            fused = [lt.name for key, lt in group if self._where[key].slot]
+            at = next((joined[n] for n in fused if n in joined), None)
+            if at is None:
+                atoms.append((keys, size, cost))
+                at = len(atoms) - 1
+            else:
+                old = atoms[at]
+                atoms[at] = (old[0] + keys, old[1] + size, max(old[2], cost))
+            joined.update({n: at for n in fused})
+        return atoms
+
+    def _statistics_peak(self, atoms: list[tuple[list[str], int, int]]) -> int:
+        """The most one pass over these inputs holds: all their statistics while the windows run
+        (with SparseGPT's product of ``ROWS`` rows), then, inputs solved from the cheapest, each
+        solve beside the statistics not yet dropped."""
+        if not atoms:
+            return 0
+        held = sum(size for _keys, size, _cost in atoms)
+        n_in = max(self._n_in(self._lt_of[k]) for keys, _s, _c in atoms for k in keys)
+        peak = held + (ROWS * n_in * 4 if self.opts.method == "sparsegpt" else 0)
+        for _keys, size, cost in sorted(atoms, key=lambda a: a[2]):
+            peak = max(peak, held + cost)
+            held -= size
+        return peak
 
     def _solve_bytes(self, lt: LogicalTensor) -> int:
         """What pruning one tensor holds beside the statistics and the block. SparseGPT: its
@@ -454,14 +506,22 @@ class CalibratedPlanner:
 
     def _prune_block(self, i: int, layers: dict[str, LogicalTensor], calls: list[Call],
                      sink: Sink) -> None:
-        """Gather the statistics of block ``i``'s targeted ``layers`` (key -> tensor) over every
-        window, then prune each, dropping an input's statistics after its last layer. A tensor
-        of every expert is pruned whole, each expert's matrix from its own statistics, when the
-        first of its experts comes."""
+        """Prune block ``i``'s targeted ``layers`` (key -> tensor) in the passes the memory plan
+        chose (one, unless the statistics do not fit at once): each gathers its layers'
+        statistics over every window, then prunes them, dropping an input's statistics after its
+        last layer. A tensor of every expert is pruned whole, each expert's matrix from its own
+        statistics, when the first of its experts comes."""
+        passes = self._passes.get(i) or [list(layers)]
+        self.shared[i] = []
+        for keys in passes:
+            self._prune_pass(i, {k: layers[k] for k in keys}, calls, sink)
+
+    def _prune_pass(self, i: int, layers: dict[str, LogicalTensor], calls: list[Call],
+                    sink: Sink) -> None:
         o = self.opts
         stats = self._gather(i, layers, calls, hessian=o.method == "sparsegpt",
                              moments=o.refine == "dsnot")
-        self.shared[i] = [[layers[key].name for key in group] for group in stats.groups()]
+        self.shared[i] += [[layers[key].name for key in group] for group in stats.groups()]
         slots: dict[str, list[str]] = {}
         for key, lt in layers.items():
             if self._where[key].slot:
