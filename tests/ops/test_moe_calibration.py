@@ -49,6 +49,11 @@ def _routed_inputs(src, text) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     return seen["x"], seen["index"], seen["weights"]
 
 
+def wanda_args(calib_file) -> list:
+    return ["--method", "wanda", "--calibration", calib_file, "--samples", CALIB["samples"],
+            "--seq", CALIB["seq"]]
+
+
 def _expert(dense: dict, e: int, w: str) -> torch.Tensor:
     return dense[f"model.layers.0.block_sparse_moe.experts.{e}.{w}.weight"].double()
 
@@ -206,19 +211,7 @@ def test_owl_and_dsnot_run_on_experts_with_exact_totals(mixtral, calib_file, tmp
 
 
 def test_cli_reports_routed_tokens_and_the_fallback(mixtral, calib_file, tmp_path):
-    args = [
-        mixtral,
-        "--sparsity",
-        "0.5",
-        "--method",
-        "wanda",
-        "--calibration",
-        calib_file,
-        "--samples",
-        CALIB["samples"],
-        "--seq",
-        CALIB["seq"],
-    ]
+    args = [mixtral, "--sparsity", "0.5", *wanda_args(calib_file)]
     res = run("prune", *args, "-o", tmp_path / "a", "--expert-min-tokens", "100000")
     assert res.exit_code == 0, res.output
     assert "24 matrices pruned from the tokens routed to their expert" in res.output
@@ -277,22 +270,7 @@ def test_experts_called_with_routed_tokens_are_refused_in_one_line(
     """Llama 4's experts module takes tokens sorted per expert, not the routing: no statistics
     per expert can be told from its call; magnitude still prunes its experts."""
     src = save_moe("llama4", tmp_path / "l4", text)
-    res = run(
-        "prune",
-        src,
-        "-o",
-        tmp_path / "out",
-        "--sparsity",
-        "0.5",
-        "--method",
-        "wanda",
-        "--calibration",
-        calib_file,
-        "--samples",
-        CALIB["samples"],
-        "--seq",
-        CALIB["seq"],
-    )
+    res = run("prune", src, "-o", tmp_path / "out", "--sparsity", "0.5", *wanda_args(calib_file))
     assert res.exit_code == 1
     assert (
         "the experts of Llama4TextExperts are not called with each token's chosen experts"
