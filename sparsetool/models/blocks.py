@@ -114,7 +114,12 @@ def _same(a: Any, b: Any) -> bool:
         return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and not isinstance(a, torch.Tensor) and a == b
+    if type(a) is not type(b) or isinstance(a, torch.Tensor):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # an object whose == is not a truth value (an array): not known the same
+        return False
 
 
 class BlockModel:
@@ -194,12 +199,15 @@ class BlockModel:
     def block_work_bytes(self, batch: int, seq: int) -> int:
         """What one forward pass through a block makes for ``batch`` windows of ``seq`` tokens:
         the outputs of its largest layer and of all its layers side by side (an estimate), and
-        the attention scores with their softmax (float32, eager attention)."""
-        block = self.blocks[0] if self.blocks else []
-        outs = [self._meta[n].shape[0] for n in block if self._meta[n].ndim == 2]
-        heads = self._heads()
-        per_token = (sum(outs) + 2 * max(outs, default=0)) * self.dtype.itemsize
-        return batch * (seq * per_token + 3 * heads * seq * seq * 4)
+        the attention scores with their softmax (float32, eager attention). The largest block
+        counts; a mixture of experts' merged experts count as one expert's matrix (they run one
+        expert at a time)."""
+        per_token = 0
+        for block in self.blocks:
+            outs = [self._meta[n].shape[0] if self._meta[n].ndim == 2 else self._meta[n].shape[1]
+                    for n in block if self._meta[n].ndim in (2, 3)]
+            per_token = max(per_token, sum(outs) + 2 * max(outs, default=0))
+        return batch * (seq * per_token * self.dtype.itemsize + 3 * self._heads() * seq * seq * 4)
 
     def _heads(self) -> int:
         cfg = getattr(self.module, "config", None) or getattr(self.module, "cfg", None)
