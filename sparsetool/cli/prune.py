@@ -176,11 +176,11 @@ def print_experts(experts: dict) -> None:
     """A Mixture of Experts: how many calibration tokens its experts' matrices saw, and which
     were pruned by magnitude for too few."""
     tokens = list(experts["routed_tokens"].values())
-    if tokens:
-        console.print(f"experts: {plural(len(tokens), 'matrix', 'matrices')} pruned from the tokens "
-                      f"routed to their expert ({min(tokens):,} to {max(tokens):,} tokens)",
-                      highlight=False, soft_wrap=True)
     fallback = experts["magnitude"]
+    if len(tokens) > len(fallback):
+        console.print(f"experts: {plural(len(tokens) - len(fallback), 'matrix', 'matrices')} pruned "
+                      f"from the tokens routed to their expert ({min(tokens):,} to {max(tokens):,} "
+                      "tokens routed)", highlight=False, soft_wrap=True)
     if fallback:
         console.print(f"note: {plural(len(fallback), 'expert matrix', 'expert matrices')} pruned by "
                       f"magnitude: their expert was routed fewer than {experts['min_tokens']} "

@@ -190,7 +190,7 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
             if m.ndim == 3:  # stacked experts: the first top_k, each a matrix of its own
                 for e in range(min(int(top_k), m.shape[0])):
                     layers.append(stats_from_mask(f"{lt.name}[{e}]", r, m[e], grids,
-                                                  _expert_input_dim(m.shape[1:], r, hf_config)))
+                                                  plan[lt.name].input_dim - 1))
                 numel, nnz = int(m.size), int(np.count_nonzero(m))
             else:
                 ly = stats_from_mask(lt.name, r, m, grids, plan[lt.name].input_dim)
@@ -215,14 +215,3 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     notes += moe_note(cfg, f"the first {cfg.top_k} of each layer, real masks")
     return Workload(f"{path.name} ({plural(len(layers), 'pruned matrix', 'pruned matrices')}, real masks)", "checkpoint",
                     tokens, layers, flops, seq, notes, targeting_summary(plan), moe_summary(cfg))
-
-
-def _expert_input_dim(shape: tuple[int, ...], role: str, hf_config: dict[str, Any]) -> int:
-    """The input axis of one expert's matrix cut from a stacked tensor: (out, in) as
-    transformers 5 stores Mixtral's, unless its sides say (in, out) as gpt-oss's: an FFN-in matrix
-    takes d_model (``hidden_size``) in, an FFN-out matrix gives it out."""
-    d = hf_config.get("hidden_size")
-    if d is None or shape[0] == shape[1]:
-        return 1
-    takes_d = role == "ffn_in"
-    return 0 if (shape[0] == d) == takes_d else 1

@@ -335,8 +335,14 @@ class BlockModel:
                         seen.append([r.seen for r in recorders])
                 if all(h.shape == c.hidden.shape for h, c in zip(reached, calls)) and len(reached) == len(calls):
                     break
-            else:
-                return  # the model does not pass its blocks' outputs on as expected: block 0's for all
+            else:  # the model does not pass its blocks' outputs on as expected: block 0's for all
+                kinds = set(getattr(getattr(self.module, "config", None), "layer_types", None) or ())
+                if len(kinds) > 1:  # its blocks do not all take block 0's mask
+                    raise SparsetoolError(
+                        f"{self.path}: its blocks are of several kinds ({', '.join(sorted(kinds))}) "
+                        "and the arguments the model passes each could not be recorded; this "
+                        "model cannot run block by block; please report this")
+                return
         finally:
             handle.remove()
             for j, m in enumerate(originals):

@@ -139,3 +139,25 @@ def test_simulate_cli_says_it_is_a_mixture_of_experts(tmp_path):
     assert dense == pytest.approx(
         2 * 2 * (attention + 2 * 3 * 32 * 48) + out["workload"]["untargeted_forward_flops"]
     )
+
+
+def test_square_experts_stored_in_out_keep_their_n_m_axis(tmp_path):
+    """gpt-oss-20b's experts are square in down_proj (ffn == hidden == 2880) and stored
+    (experts, in, out): 2:4 along each expert's input must read as kept, whatever the shape."""
+    from sparsetool.ops.prune import PruneOptions, prune_checkpoint
+
+    hf = transformers.GptOssConfig(
+        intermediate_size=32, hidden_size=32, num_local_experts=4, num_experts_per_tok=2,
+        head_dim=8, sliding_window=16, layer_types=["sliding_attention", "full_attention"],
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+        max_position_embeddings=16)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(hf).save_pretrained(tmp_path / "dense")
+    prune_checkpoint(tmp_path / "dense", tmp_path / "nm", PruneOptions(nm=(2, 4)))
+    layers = from_checkpoint(tmp_path / "nm", 1, GRIDS).layers
+    experts = [ly for ly in layers if "experts" in ly.name]
+    assert {ly.name.rsplit(".", 1)[1] for ly in experts} == {"gate_up_proj[0]", "gate_up_proj[1]",
+                                                              "down_proj[0]", "down_proj[1]"}
+    for ly in experts:
+        assert ly.nm_violation_in == 0.0, ly.name  # 2:4 holds along the input
+        assert ly.nm_violation_out > 0.0, ly.name  # and not along the output

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.distributions import uniform_keep
@@ -214,13 +215,19 @@ def test_cli_reports_routed_tokens_and_the_fallback(mixtral, calib_file, tmp_pat
     args = [mixtral, "--sparsity", "0.5", *wanda_args(calib_file)]
     res = run("prune", *args, "-o", tmp_path / "a", "--expert-min-tokens", "100000")
     assert res.exit_code == 0, res.output
-    assert "24 matrices pruned from the tokens routed to their expert" in res.output
+    assert "matrices pruned from the tokens routed" not in res.output  # all fell back
     assert (
         "note: 24 expert matrices pruned by magnitude: their expert was routed fewer than 100000"
         in res.output
     )
     res = run("prune", *args, "-o", tmp_path / "b", "--json")
     record = json.loads(res.stdout)
+    assert record["options"]["calibration"]["expert_min_tokens"] == 32
+    with safe_open(str(tmp_path / "b" / "model.safetensors"), "pt") as f:  # in the provenance too
+        provenance = json.loads(f.metadata()["sparsetool"])
+    assert provenance["calibration"]["expert_min_tokens"] == 32
+    res = run("prune", *args, "-o", tmp_path / "d")
+    assert "experts: 24 matrices pruned from the tokens routed to their expert" in res.output
     assert record["experts"]["magnitude"] == [] and len(record["experts"]["routed_tokens"]) == 24
     res = run("prune", *args, "-o", tmp_path / "c", "--expert-min-tokens", "-1")
     assert res.exit_code == 2 and "--expert-min-tokens -1" in res.output
@@ -309,3 +316,41 @@ def test_statistics_that_do_not_fit_at_once_are_gathered_in_passes(mixtral, cali
     with pytest.raises(SparsetoolError, match="lower it with"):  # not even one input fits
         prune_checkpoint(mixtral, tmp_path / "none", PruneOptions(
             max_memory=memory["weights"] + memory["activations"] + 1000, **opts))
+
+
+def test_gpt_oss_experts_stored_in_out_are_pruned_from_their_routed_tokens(text, calib_file,
+                                                                            tmp_path):
+    """gpt-oss stores every expert in one tensor (experts, in, out), with biases and its own
+    clamped SwiGLU; each expert's Wanda mask comes from its routed tokens, scaled by the router."""
+    src = save_moe("gpt_oss", tmp_path / "oss", text)
+    out = tmp_path / "out"
+    prune_checkpoint(src, out, PruneOptions(
+        sparsity=0.5, method="wanda", calibration=str(calib_file), seed=SEED, **CALIB))
+    model = transformers.AutoModelForCausalLM.from_pretrained(src).eval()
+    experts = model.model.layers[0].mlp.experts
+    seen = {}
+
+    def hook(module, args, kwargs):
+        seen["x"], seen["index"], seen["weights"] = (list(args) + list(kwargs.values()))[:3]
+
+    handle = experts.register_forward_pre_hook(hook, with_kwargs=True)
+    ids = transformers.AutoTokenizer.from_pretrained(src)(text)["input_ids"]
+    with torch.no_grad():
+        model(input_ids=calibration_windows(ids, CALIB["samples"], CALIB["seq"], SEED, "t"))
+    handle.remove()
+    x, index, weights = seen["x"].double(), seen["index"], seen["weights"].double()
+    dense, after = tensors(src), tensors(out)
+    gate_up = "model.layers.0.mlp.experts.gate_up_proj"
+    down = "model.layers.0.mlp.experts.down_proj"
+    limit, alpha = model.config.swiglu_limit, 1.702  # gpt-oss's SwiGLU: clamp, x sigmoid(1.702 x)
+    for e in range(EXPERTS):
+        tokens, slot = (index == e).nonzero(as_tuple=True)
+        r = weights[tokens, slot][:, None]
+        xe = x[tokens]
+        z = xe @ dense[gate_up][e].double() + dense[gate_up + "_bias"][e].double()
+        gate, up = z[:, ::2].clamp(max=limit), z[:, 1::2].clamp(-limit, limit)
+        h = (up + 1) * gate * torch.sigmoid(alpha * gate)
+        for name, inputs in ((gate_up, xe * r), (down, h * r)):
+            w = dense[name][e].T  # (out, in)
+            expect = wanda_mask(w, inputs.pow(2).sum(0), keep=w.numel() // 2)
+            assert torch.equal(after[name][e].T != 0, expect), (name, e)

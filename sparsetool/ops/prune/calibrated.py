@@ -305,7 +305,7 @@ class CalibratedPlanner:
         total, source = budget(o.max_memory)
         plan = MemoryPlan(fixed=process_memory(),
                           weights=max(model.largest_block_bytes, model.bytes_of(model.outer)),
-                          activations=2 * hidden + model.block_work_bytes(1, seq),
+                          activations=2 * hidden + model.block_work_bytes(1, seq) + self._routed_bytes(seq),
                           statistics=0, budget=total, budget_source=source)
         room = total - plan.peak
         most = 1
@@ -325,6 +325,16 @@ class CalibratedPlanner:
                 f"to {most} passes of the windows, each pruning some of the block's layers from "
                 "the block as the earlier passes left it (more memory: one pass, and sooner)")
         return plan
+
+    def _routed_bytes(self, seq: int) -> int:
+        """A window's routed inputs of every expert, held while its statistics are added: the
+        hidden states each token's experts read and their gated products, as they are and
+        scaled by the routing weights (float32 at most)."""
+        widths = [self._n_in(self._lt_of[k]) for k, p in self._where.items() if p.expert is not None]
+        if not widths:
+            return 0
+        k = int(getattr(getattr(self.model.module, "config", None), "num_experts_per_tok", 1) or 1)
+        return 2 * seq * k * (self.model.width + max(widths)) * 4
 
     def _atoms(self, pairs: list[tuple[str, LogicalTensor]]) -> list[tuple[list[str], int, int]]:
         """A block's inputs as (keys, statistics bytes, largest solve's bytes), in block order;
@@ -416,10 +426,15 @@ class CalibratedPlanner:
                 "threshold": o.dsnot_threshold, "swaps": self.swaps}
 
     @property
+    def has_experts(self) -> bool:
+        """Whether a mixture of experts' matrices are pruned from their routed tokens."""
+        return self._reads_inputs and any(p.expert is not None for p in self._where.values())
+
+    @property
     def experts(self) -> dict | None:
         """A Mixture of Experts' matrices: the calibration tokens routed to each, and those pruned
         by magnitude for having fewer than ``--expert-min-tokens`` (None: no experts targeted)."""
-        if not any(p.expert is not None for p in self._where.values()) or not self._reads_inputs:
+        if not self.has_experts:
             return None
         return {"min_tokens": self.opts.expert_min_tokens, "magnitude": list(self.fallback),
                 "routed_tokens": dict(self.routed)}
@@ -478,10 +493,16 @@ class CalibratedPlanner:
                     stats = self._gather(i, layers, calls, hessian=False, moments=False,
                                          outputs=outputs if i < last else None)
                     count = OutlierCount(o.owl_m)
-                    for key, lt in layers.items():
-                        count.add_sum(self._dense(key, lt), stats.of(key).sq.cpu())
-                    for key, lt in layers.items():
-                        count.add_count(self._dense(key, lt), stats.of(key).sq.cpu())
+                    by_tensor: dict[str, tuple[LogicalTensor, list[str]]] = {}
+                    for key, lt in layers.items():  # a tensor of every expert: read once
+                        by_tensor.setdefault(lt.name, (lt, []))[1].append(key)
+                    for add in (count.add_sum, count.add_count):
+                        for lt, keys in by_tensor.values():
+                            dense = self._dense(lt)
+                            for key in keys:
+                                place = self._where[key]
+                                add(dense[place.expert] if place.slot else dense, stats.of(key).sq.cpu())
+                            del dense
                     ratios.append(count.ratio)
                     blocks.append({lt.name: lt.numel for lt in layers.values()})
                 if i < last:
@@ -497,12 +518,11 @@ class CalibratedPlanner:
              "targeted": sum(block.values()), "kept": sum(self.keep[n] for n in block)}
             for b, r, block in zip(sorted(self._by_block), ratios, blocks)]
 
-    def _dense(self, key: str, lt: LogicalTensor) -> torch.Tensor:
-        """A targeted weight as stored, (out, in), in float32 (pruned positions are zeros); the
-        expert's matrix for one expert of a tensor of every expert."""
+    def _dense(self, lt: LogicalTensor) -> torch.Tensor:
+        """A targeted weight as stored, (out, in) (or (experts, out, in)), in float32 (pruned
+        positions are zeros)."""
         dense, _alive = read_alive_tensors(self.ckpt, lt, nan_means_pruned=self.nan_ok)
-        place = self._where[key]
-        return self._oriented(lt, dense)[place.expert if place.slot else ...].float()
+        return self._oriented(lt, dense).float()
 
     def _prune_block(self, i: int, layers: dict[str, LogicalTensor], calls: list[Call],
                      sink: Sink) -> None:

@@ -268,7 +268,7 @@ class PruneResult:
     def to_json(self) -> dict:
         return {
             "output": str(self.output),
-            "options": options_record(self.options, self.allocation),
+            "options": options_record(self.options, self.allocation, self.experts is not None),
             "tensors": [
                 {"name": t.name, "shape": list(t.shape), "numel": t.numel,
                  "nonzero_before": t.nonzero_before, "nonzero": t.nonzero,
@@ -291,10 +291,12 @@ _CALIBRATION_FIELDS = ("calibration", "samples", "seq", "dtype", "dampening", "b
 DEFAULT_SEQ = 512  # tokens per calibration window, as the Wanda and SparseGPT papers' C4 samples use 2048
 
 
-def options_record(opts: PruneOptions, allocation: list[dict] | None = None) -> dict:
+def options_record(opts: PruneOptions, allocation: list[dict] | None = None,
+                   experts: bool = False) -> dict:
     """The options as recorded in provenance and ``--json``; calibration settings only for the
     methods that read them (SparseGPT's with ``updates_weights``: it changes the kept weights);
-    OWL's settings with each block's plan (``allocation``), DSnoT's settings."""
+    OWL's settings with each block's plan (``allocation``), DSnoT's settings; with ``experts``
+    (a mixture of experts' matrices pruned from calibration statistics) ``--expert-min-tokens``."""
     rec = asdict(opts)
     rec["nm"] = f"{opts.nm[0]}:{opts.nm[1]}" if opts.nm else None
     rec["include"], rec["exclude"] = list(opts.include), list(opts.exclude)
@@ -304,7 +306,9 @@ def options_record(opts: PruneOptions, allocation: list[dict] | None = None) -> 
     del rec["allocation"], rec["refine"]  # recorded below as what was done, when it was asked
     owl = {k: rec.pop(k) for k in ("owl_m", "owl_lambda")}
     dsnot = {k.removeprefix("dsnot_"): rec.pop(k) for k in ("dsnot_iterations", "dsnot_threshold")}
-    del rec["expert_min_tokens"]  # recorded with what it did, in the result's "experts"
+    min_tokens = rec.pop("expert_min_tokens")
+    if experts and opts.method in CALIBRATION_METHODS:
+        calib["expert_min_tokens"] = min_tokens
     if opts.calibrated:
         if opts.method != "sparsegpt":
             del calib["dampening"], calib["blocksize"]

@@ -41,6 +41,7 @@ class PrunePlan:
     notes: list[str] = field(default_factory=list)
     memory: MemoryPlan | None = None  # calibration methods: the memory plan, checked to fit
     allocation: list[dict] | None = None  # --allocation owl: each block's outlier ratio and sparsity
+    experts: bool = False  # a mixture of experts' matrices pruned from their routed tokens
 
     @property
     def target_names(self) -> set[str]:
@@ -75,6 +76,7 @@ def plan_prune(src: str | Path, opts: PruneOptions, *, progress: Progress | None
     _check_name_clashes(ckpt, targets, opts.encoding)
     notes: list[str] = []
     memory = allocation = None
+    experts = False
     planner: FileOrderPlanner | BlockOrderPlanner
     if opts.calibrated:  # Wanda, SparseGPT, OWL, DSnoT: block by block (calibrated.py)
         from sparsetool.ops.prune.calibrated import CalibratedPlanner
@@ -87,6 +89,7 @@ def plan_prune(src: str | Path, opts: PruneOptions, *, progress: Progress | None
         notes += calibrated.notes
         memory = calibrated.memory
         allocation = calibrated.allocation
+        experts = calibrated.has_experts
         planner = calibrated
     else:
         planner = MagnitudePlanner(ckpt, targets, opts, targeting, progress=progress)
@@ -94,7 +97,7 @@ def plan_prune(src: str | Path, opts: PruneOptions, *, progress: Progress | None
     note = dtype_skipped_note(targeting)
     if note:
         notes.append(note)
-    return PrunePlan(ckpt, opts, targeting, targets, planner, notes, memory, allocation)
+    return PrunePlan(ckpt, opts, targeting, targets, planner, notes, memory, allocation, experts)
 
 
 def _dtypes(plan: TargetPlan, names: Sequence[str]) -> str:

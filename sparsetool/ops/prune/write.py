@@ -45,7 +45,8 @@ def write_pruned(plan: PrunePlan, out: str | Path, *, in_place: bool = False,
         result.memory = plan.memory.to_json()
     result.allocation = plan.allocation
     metadata = provenance_metadata(ckpt.metadata(),
-                                   {"command": "prune", **options_record(opts, plan.allocation)})
+                                   {"command": "prune",
+                                    **options_record(opts, plan.allocation, plan.experts)})
     with write_checkpoint(ckpt, Path(out), in_place=in_place, metadata_extra=metadata,
                           config_transform=functools.partial(_config, plan, result)) as writer:
         result.left_out = list(writer.left_out)
