@@ -250,3 +250,28 @@ def test_a_mixture_of_experts_keeps_each_experts_mask_and_trains_its_router(root
             assert not torch.equal(after[name], before[name])  # the kept weights trained
         router = f"model.layers.{i}.mlp.gate.weight"
         assert bool((before[router] != 0).all()) and not torch.equal(after[router], before[router])
+
+
+@pytest.mark.parametrize("algorithm", [["gmp"], ["rigl"], ["imp"],
+                                       ["granet", "--sparsity-option", "scope=layer"]])
+def test_moving_masks_keep_each_experts_count(root, tmp_path, algorithm):
+    """A mixture of experts' merged experts: each expert's matrix is a unit of its own when
+    masks move, exactly as in prune (counts per expert, not per merged tensor)."""
+    from moe_models import EXPERTS, save_moe
+
+    src = save_moe("mixtral", tmp_path / "mixtral", (root / "data.txt").read_text())
+    out = tmp_path / "run"
+    summary = train_json("-o", out, "--init", src, "--data", root / "data.txt", "--algorithm",
+                         *algorithm, "--sparsity", "0.75", "--update-freq", "4")
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert any(r["kind"] == "mask_update" for r in log)
+    reached = summary["sparsity"] == pytest.approx(0.75, abs=1e-3)
+    assert reached or algorithm == ["imp"]  # IMP's rounds go on past 20 steps
+    after = transformers.AutoModelForCausalLM.from_pretrained(out / "model").state_dict()
+    for i in range(2):
+        for part in ("gate_up_proj", "down_proj"):
+            w = after[f"model.layers.{i}.mlp.experts.{part}"]
+            kept = [int((w[e] != 0).sum()) for e in range(EXPERTS)]
+            assert len(set(kept)) == 1, (i, part, kept)  # every expert pruned as a unit alike
+            assert kept[0] == w[0].numel() // 4 or not reached, (i, part, kept)
+            assert kept[0] < 0.5 * w[0].numel()

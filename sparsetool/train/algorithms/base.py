@@ -39,7 +39,7 @@ tensor index), never the global RNG; :meth:`Sparsifier.broadcast_masks` is a saf
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -201,6 +201,8 @@ class Sparsifier(MaskState):
 
         plan = plan_targets(((n, tuple(p.shape), p.dtype) for n, p in named_params.items()),
                             select=self.param_filter)
+        # a mixture of experts' merged experts: each expert's matrix is a unit of its own
+        self._parts = {name: plan[name].experts for name in plan.targeted if plan[name].experts}
         return {name: named_params[name] for name in plan.targeted}
 
     def attach(
@@ -251,33 +253,52 @@ class Sparsifier(MaskState):
         have = 1.0 - sum(int(m.sum()) for m in self.masks.values()) / total
         if self.sparsity_at(0) <= have + len(self.masks) / total:
             return False
-        keep = self.keep_counts(self.sparsity_at(0))
+        keep = self.unit_counts(self.sparsity_at(0))
         for name, p in self._params.items():
             m = self.masks[name]
-            if int(m.sum()) > keep[name]:
-                self.masks[name] = top_k_mask(self.drop_scores(p.detach(), None), keep[name], allowed=m)
+            if int(m.sum()) > sum(keep[name]):
+                scores = self.drop_scores(p.detach(), None)
+                self.masks[name] = self._by_unit(name, lambda u, k: top_k_mask(
+                    u(scores), k, allowed=u(m)), keep[name])
         self._apply(self.masks)
         return True
 
-    def keep_counts(self, sparsity: float) -> dict[str, int]:
-        """Non-zeros per sparse tensor at overall ``sparsity`` under the chosen distribution."""
-        from sparsetool.masks.distributions import keep_counts
+    def unit_counts(self, sparsity: float) -> dict[str, list[int]]:
+        """Non-zeros of each unit of each sparse tensor at ``sparsity``: one count per tensor,
+        or one per expert of a mixture of experts' merged experts (each a matrix of its own)."""
+        from sparsetool.masks.distributions import part_keep_counts
 
         shapes = {n: tuple(p.shape) for n, p in self._params.items()}
-        return {n: int(k) for n, k in keep_counts(shapes, sparsity, self.distribution).items()}
+        parts = getattr(self, "_parts", {})
+        return {n: [int(k) for k in ks]
+                for n, ks in part_keep_counts(shapes, parts, sparsity, self.distribution).items()}
+
+    def _by_unit(self, name: str, choose: Callable[[Callable, int], torch.Tensor],
+                 counts: list[int]) -> torch.Tensor:
+        """``choose(unit, count)`` for each unit of tensor ``name`` (``unit(t)``: that unit's part
+        of a tensor shaped like it), put together: the mask of the whole tensor."""
+        if len(counts) == 1:
+            return choose(lambda t: t, counts[0])
+        return torch.stack([choose(lambda t, e=e: t[e], k) for e, k in enumerate(counts)])
+
+    def keep_counts(self, sparsity: float) -> dict[str, int]:
+        """Non-zeros per sparse tensor at overall ``sparsity`` under the chosen distribution (a
+        tensor of every expert: the sum of its experts' counts, :meth:`unit_counts`)."""
+        return {n: sum(ks) for n, ks in self.unit_counts(sparsity).items()}
 
     def initial_masks(self) -> dict[str, torch.Tensor]:
         from sparsetool.masks.select import magnitude_mask, random_mask
 
-        keep = self.keep_counts(self.sparsity_at(0))
+        keep = self.unit_counts(self.sparsity_at(0))
         masks = {}
         for index, (name, p) in enumerate(self._params.items()):
             if self.init_method == "magnitude":
-                m = magnitude_mask(p.detach(), keep=keep[name])
+                m = self._by_unit(name, lambda u, k: magnitude_mask(u(p.detach()), keep=k), keep[name])
             else:
                 # Step -1: the initial draw never coincides with an update's stream.
-                m = random_mask(tuple(p.shape), keep=keep[name],
-                                generator=step_generator(self.seed, -1, index))
+                gen = step_generator(self.seed, -1, index)
+                m = self._by_unit(name, lambda u, k: random_mask(tuple(u(p).shape), keep=k,
+                                                                 generator=gen), keep[name])
             masks[name] = m.to(device=p.device, dtype=torch.bool)
         return masks
 
@@ -306,9 +327,10 @@ class Sparsifier(MaskState):
         """The step the learning-rate schedule should see (IMP rewinds it)."""
         return step
 
-    def update_counts(self, step: int) -> dict[str, int]:
-        """Weights each tensor keeps after the update at ``step`` (GraNet overrides: global scope)."""
-        return self.keep_counts(self.sparsity_at(step))
+    def update_counts(self, step: int) -> dict[str, int | list[int]]:
+        """Weights each tensor keeps after the update at ``step``: one count, or one per expert
+        of a tensor of every expert (GraNet overrides: global scope, one count per tensor)."""
+        return dict(self.unit_counts(self.sparsity_at(step)))
 
     def update(self, step: int) -> None:
         """One mask update (JaxPruner's drop-and-grow, general form).
@@ -325,35 +347,40 @@ class Sparsifier(MaskState):
         self.last_update = {}
         new_masks: dict[str, torch.Tensor] = {}
         for index, (name, p) in enumerate(self._params.items()):
-            old = self.masks[name]
-            n = int(old.sum())
-            numel = old.numel()
-            k = keep[name]
-            base = min(n, k)
             gen = step_generator(self.seed, step, index)
             grow = self.grow_scores(p.detach(), p.grad, gen)
-            if grow is None:
-                k = base  # an algorithm that never regrows cannot lower sparsity
-                n_swap = 0
-                n_extra = 0
-            else:
-                n_extra = k - base
-                n_swap = int(round(fraction * base))
-                n_swap = max(0, min(n_swap, numel - n - n_extra))
-            kept = top_k_mask(self.drop_scores(p.detach(), p.grad), base - n_swap, allowed=old)
-            if n_swap + n_extra > 0:
-                assert grow is not None
-                grown = top_k_mask(grow.to(p.device), n_swap + n_extra, allowed=~old)
-                new = kept | grown
-                self._grown[name] = grown
-            else:
-                grown = None
-                new = kept
-            new_masks[name] = new
-            self.last_update[name] = {
-                "dropped": n - (base - n_swap),
-                "grown": 0 if grown is None else n_swap + n_extra,
-            }
+            drop = self.drop_scores(p.detach(), p.grad)
+            counts = keep[name] if isinstance(keep[name], list) else [keep[name]]
+            tally = {"dropped": 0, "grown": 0}
+            grown_parts: list[torch.Tensor | None] = []
+
+            def choose(unit: Callable, k: int, old=self.masks[name], drop=drop, grow=grow,
+                       tally=tally, grown_parts=grown_parts) -> torch.Tensor:
+                mask = unit(old)
+                n, numel = int(mask.sum()), mask.numel()
+                base = min(n, k)
+                if grow is None:  # an algorithm that never regrows cannot lower sparsity
+                    n_swap = n_extra = 0
+                else:
+                    n_extra = k - base
+                    n_swap = max(0, min(int(round(fraction * base)), numel - n - n_extra))
+                kept = top_k_mask(unit(drop), base - n_swap, allowed=mask)
+                tally["dropped"] += n - (base - n_swap)
+                if n_swap + n_extra == 0:
+                    grown_parts.append(None)
+                    return kept
+                grown = top_k_mask(unit(grow).to(p.device), n_swap + n_extra, allowed=~mask)
+                tally["grown"] += n_swap + n_extra
+                grown_parts.append(grown)
+                return kept | grown
+
+            new_masks[name] = self._by_unit(name, choose, counts)
+            if any(g is not None for g in grown_parts):
+                parts = [g if g is not None else torch.zeros_like(self.masks[name][0] if len(counts) > 1
+                                                                  else self.masks[name])
+                         for g in grown_parts]
+                self._grown[name] = parts[0] if len(counts) == 1 else torch.stack(parts)
+            self.last_update[name] = dict(tally)
         self._finish_update(step, new_masks, fraction)
 
     # ----------------------------------------------------------------- state

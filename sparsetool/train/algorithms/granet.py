@@ -56,13 +56,13 @@ class GraNet(RigL):
         if self.scope not in SCOPES:
             raise ConfigError(f"granet scope {self.scope!r} is not known; valid: global, layer")
 
-    def update_counts(self, step: int) -> dict[str, int]:
+    def update_counts(self, step: int) -> dict[str, int | list[int]]:
         """Per tensor, the weights kept at ``step``: with global scope, as many as the largest
         |w| over all kept weights of all tensors give at the target sparsity (a tensor never
         gains weights here; regrowth is counted apart)."""
-        per_layer = self.keep_counts(self.sparsity_at(step))
         if self.scope == "layer":
-            return per_layer
+            return super().update_counts(step)
+        per_layer = self.keep_counts(self.sparsity_at(step))
         names = list(self._params)
         chosen = global_magnitude_masks(
             [self._params[n].detach() for n in names], keep=sum(per_layer.values()),

@@ -171,18 +171,27 @@ class IMP(Sparsifier):
         return origin + (step - start) * (self.total_steps - origin) / max(1, end - start)
 
     def update(self, step: int) -> None:
-        targets = self._targets()
+        """One round: each unit (a tensor, or each expert's matrix of a mixture of experts'
+        merged experts) prunes ``fraction`` of its kept weights, the last round onto its target."""
+        units = None if self.sparsity_level is None else self.unit_counts(float(self.sparsity_level))
         last_round = self._plan is not None and step >= self._plan[0] * self._plan[1]
         self.last_update = {}
         for name, p in self._params.items():
-            old = self.masks[name]
-            n = int(old.sum())
-            target = None if targets is None else targets[name]
-            count = self._prune_count(n, target)
-            if last_round and target is not None:
-                count = max(0, n - target)  # the last round lands on the target exactly
-            self.masks[name] = top_k_mask(self.drop_scores(p.detach(), p.grad), n - count, allowed=old)
-            self.last_update[name] = {"dropped": count, "grown": 0}
+            old, scores = self.masks[name], self.drop_scores(p.detach(), p.grad)
+            dropped = [0]
+
+            def choose(unit, target, old=old, scores=scores, dropped=dropped):
+                mask = unit(old)
+                n = int(mask.sum())
+                count = self._prune_count(n, target)
+                if last_round and target is not None:
+                    count = max(0, n - target)  # the last round lands on the target exactly
+                dropped[0] += count
+                return top_k_mask(unit(scores), n - count, allowed=mask)
+
+            targets = units[name] if units is not None else [None] * self._parts.get(name, 1)
+            self.masks[name] = self._by_unit(name, choose, targets)
+            self.last_update[name] = {"dropped": dropped[0], "grown": 0}
         self._finish_update(step, dict(self.masks), 0.0)
 
     def _extra_state(self) -> dict[str, Any]:
