@@ -71,8 +71,11 @@ def model_layers(cfg: Any) -> list[tuple[str, str, tuple[int, int]]]:
     """``(name, role, (M, K))`` of every targeted matrix of a ``ModelConfig`` one token goes
     through, as Appendix F counts them (q/k/v fused; SwiGLU has gate and up as two ``ffn_in``
     matrices; a mixture of experts' MoE layer has the ``top_k`` active experts' and the shared
-    expert's)."""
-    d, k, h = cfg.d_model, cfg.d_head, cfg.n_heads
+    expert's; multi-head latent attention has its four ``qkv`` matrices,
+    :func:`sparsetool.flops.qkv_matrices`)."""
+    from sparsetool.flops import qkv_matrices
+
+    d = cfg.d_model
     out = []
 
     def ffn(prefix: str, f: int) -> None:
@@ -81,8 +84,8 @@ def model_layers(cfg: Any) -> list[tuple[str, str, tuple[int, int]]]:
         out.append((f"{prefix}.ffn_out", "ffn_out", (d, f)))
 
     for i in range(cfg.n_layers):
-        out.append((f"layers.{i}.qkv", "qkv", (k * (h + 2 * cfg.kv_heads), d)))
-        out.append((f"layers.{i}.attn_out", "attn_out", (d, k * h)))
+        out += [(f"layers.{i}.{n}", "qkv", shape) for n, shape in qkv_matrices(cfg)]
+        out.append((f"layers.{i}.attn_out", "attn_out", (d, cfg.value_head * cfg.n_heads)))
         if cfg.is_moe_layer(i):
             for e in range(cfg.top_k):
                 ffn(f"layers.{i}.experts.{e}", cfg.expert_width)
