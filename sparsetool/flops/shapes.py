@@ -136,6 +136,15 @@ def latent_attention_widths(rows: Sequence[Any], d_model: int, what: str) -> tup
     return q_rank, q_width, kv_a, kv_rank, kv_b
 
 
+def beyond_stated_layers(indices: Iterable[int], hf_config: Mapping[str, Any] | None) -> list[int]:
+    """The layer indices at or past config.json's ``num_hidden_layers`` (DeepSeek-V3's checkpoint
+    stores its multi-token prediction module as layer 61 of 61), when some layers are not."""
+    stated = _pick(hf_config, "num_hidden_layers", "n_layer", "num_layers")
+    indices = set(indices)
+    extra = sorted(i for i in indices if stated is not None and i >= int(stated))
+    return extra if len(extra) < len(indices) else []
+
+
 def _pick(cfg: Mapping[str, Any] | None, *keys: str) -> Any:
     for k in keys:
         if cfg and cfg.get(k) is not None:
@@ -219,6 +228,13 @@ def infer_model(
             .setdefault(_get(r, "role"), []).append(r)
     if not layers:
         raise ShapeError(f"no layer index found in the tensor names of '{name}'")
+    extra = beyond_stated_layers(layers, hf_config)
+    if extra:
+        for i in extra:
+            del layers[i]
+        notes.append(f"{plural(len(extra), 'layer')} past config.json's num_hidden_layers "
+                     f"({', '.join(map(str, extra))}: DeepSeek-V3's multi-token prediction module is "
+                     "one) left out of the shapes and FLOPs; their parameters count in the total")
 
     def widths(by_role: dict[str, list[Any]], what: str) -> tuple[int, int]:
         """(FFN output width, summed FFN input widths) of one FFN, per expert for stacked ones."""

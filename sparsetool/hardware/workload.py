@@ -149,8 +149,8 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     from sparsetool.checkpoint.config import read_model_config
     from sparsetool.checkpoint.encodings import decode
     from sparsetool.flops import infer_model, moe_summary
-    from sparsetool.flops.shapes import expert_part
-    from sparsetool.targets.order import tensor_sort_key
+    from sparsetool.flops.shapes import beyond_stated_layers, expert_part
+    from sparsetool.targets.order import layer_index, tensor_sort_key
     from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary
 
     tokens = _check_tokens(tokens)
@@ -163,7 +163,10 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     top_k = hf_config.get("num_experts_per_tok")
 
     def simulated(lt: Any) -> bool:
-        """A targeted matrix a token goes through: not an expert past the first top_k."""
+        """A targeted matrix a token goes through: not an expert past the first top_k, not in a
+        layer past config.json's (DeepSeek-V3's multi-token prediction module)."""
+        if layer_index(lt.name) in extra:
+            return False
         part, expert = expert_part(lt.name, lt.shape)
         if part == "stacked":
             return plan[lt.name].role in ("ffn_in", "ffn_out") and top_k is not None
@@ -172,6 +175,8 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     with open_checkpoint(path) as ck:
         plan = plan_checkpoint_targets(ck.logical, ck.config, ck.metadata(), include, exclude,
                                        default_targets=default_targets, source=path.name)
+        extra = set(beyond_stated_layers({layer_index(lt.name) for lt in ck.logical} - {None},
+                                         hf_config))
         todo = [lt for lt in ck.logical if plan[lt.name].targeted and simulated(lt)]
         todo.sort(key=lambda lt: tensor_sort_key(lt.name, plan[lt.name].role))  # layer 2 before 10
         names = {lt.name for lt in todo}

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from sparsetool.errors import ConfigError
 from sparsetool.flops import (
@@ -22,11 +23,16 @@ from sparsetool.flops import (
     qkv_matrices,
     term_formulas,
 )
+from sparsetool.hardware import builtin_devices
+from sparsetool.hardware import from_checkpoint as workload_from_checkpoint
+from sparsetool.hardware.presets import dataflow_grids
 
 import json_schemas as S
 from helpers import run, runner_for
 
 transformers = pytest.importorskip("transformers")
+from moe_models import build, save_moe  # noqa: E402 (needs transformers)
+
 flops = runner_for("flops", columns=240)
 
 # DeepSeek-V3's released config.json (shapes only).
@@ -199,8 +205,6 @@ def test_an_own_model_file_counts_latent_attention_like_the_config_json(tmp_path
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_a_tiny_deepseek_v3_checkpoint(tmp_path, fused):
-    from moe_models import build, save_moe
-
     path = save_moe("deepseek_v3", tmp_path / "ds3", fused=fused)
     model = build("deepseek_v3")
     stored = sum(t.numel() for t in model.state_dict().values())
@@ -225,8 +229,6 @@ def test_a_tiny_deepseek_v3_checkpoint(tmp_path, fused):
 
 
 def test_a_pruned_deepseek_v3_checkpoint_without_heads_in_its_config(tmp_path):
-    from moe_models import save_moe
-
     path = save_moe("deepseek_v3", tmp_path / "ds3")
     r = run("prune", path, "-o", tmp_path / "half", "--sparsity", "0.5", "--exclude", "*mlp*")
     assert r.exit_code == 0, r.output
@@ -242,3 +244,23 @@ def test_a_pruned_deepseek_v3_checkpoint_without_heads_in_its_config(tmp_path):
     dense = forward_terms(m.config)
     sparse = forward_terms(m.config, sparsity=m.layer_sparsity)
     assert sparse["qkv"] == dense["qkv"] / 2 and sparse["ffn"] == dense["ffn"]
+
+
+def test_a_multi_token_prediction_layer_past_num_hidden_layers_is_left_out(tmp_path):
+    """DeepSeek-V3's released checkpoint stores its multi-token prediction module as one layer
+    more than config.json's num_hidden_layers (model.layers.61 of 61): its parameters are the
+    checkpoint's, its layer is not the model's."""
+    path = save_moe("deepseek_v3", tmp_path / "mtp")
+    state = load_file(str(path / "model.safetensors"))
+    extra = {k.replace("layers.1.", "layers.2."): v.clone() for k, v in state.items()
+             if k.startswith("model.layers.1.")}
+    extra["model.layers.2.eh_proj.weight"] = torch.zeros(32, 64)
+    save_file({**state, **extra}, str(path / "model.safetensors"), metadata={"format": "pt"})
+    m = from_checkpoint(path)
+    assert m.config.n_layers == 2
+    assert m.params["total"] == sum(t.numel() for t in {**state, **extra}.values())
+    note = "1 layer past config.json's num_hidden_layers (2: DeepSeek-V3's"
+    assert any(note in n for n in m.notes)
+    assert forward_terms(m.config) == forward_terms(load_config(path))
+    wl = workload_from_checkpoint(path, 8, dataflow_grids(list(builtin_devices().values())))
+    assert not any(".layers.2." in ly.name for ly in wl.layers) and len(wl.layers) == 22
