@@ -79,7 +79,8 @@ MODEL_CONFIG = obj(name=STR, n_layers=INT, d_model=INT, n_heads=INT, d_head=INT,
                    position_rows=(INT, "null"), window=(INT, "null"), embed_dim=(INT, "null"),
                    final_norm=BOOL, n_experts=(INT, "null"), top_k=(INT, "null"),
                    d_expert=(INT, "null"), d_shared=INT, shared_gate=BOOL, dense_layers=arr(INT),
-                   seq_len_source=STR)
+                   router_bias=BOOL, kv_rank=(INT, "null"), q_rank=(INT, "null"), d_rope=INT,
+                   d_v=(INT, "null"), seq_len_source=STR)
 MOE = obj(experts=INT, top_k=INT, expert_width=INT, shared_width=INT, moe_layers=INT,
           dense_layers=arr(INT))
 FLOPS_RUN = obj(

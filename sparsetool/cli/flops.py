@@ -168,9 +168,13 @@ def _title(F: Any, cfg: Any, r: dict) -> str:
                   if cfg.dense_layers else ""))
     else:
         ffn = f"d_ff {cfg.d_ff}{swiglu}"
+    head = str(cfg.d_head)
+    if cfg.is_mla:
+        head += (f" (latent attention: {f'q rank {cfg.q_rank}, ' if cfg.q_rank else ''}kv rank "
+                 f"{cfg.kv_rank}, rotary {cfg.d_rope}, values {cfg.value_head})")
     return (f"{cfg.name}: {plural(cfg.n_layers, 'layer')}, d_model {cfg.d_model}, "
             f"{plural(cfg.n_heads, 'head')}{kv} x "
-            f"{cfg.d_head}, {ffn}, vocab "
+            f"{head}, {ffn}, vocab "
             f"{cfg.vocab}, {F.seq_len_note(cfg)}\n{short_count(r['tokens'])} training tokens ({src}), "
             f"{r['sequences']:.4g} sequences; {emb}")
 
@@ -293,7 +297,9 @@ def _render_breakdown(F: Any, cfg: Any, r: dict) -> None:
                   f"{plural(cfg.ffn_matrices, 'matrix', 'matrices')}{' (gate, up, down)' if cfg.ffn_matrices == 3 else ' (in, out)'}"
                   + (f" of each of the {cfg.top_k} experts a token goes through"
                      + (" and of the shared expert" if cfg.d_shared else "")
-                     + "; router: the dense routing matmul" if cfg.is_moe else ""),
+                     + "; router: the dense routing matmul" if cfg.is_moe else "")
+                  + ("; qkv = latent attention's " + ", ".join(n for n, _ in F.qkv_matrices(cfg))
+                     + " matrices" if cfg.is_mla else ""),
                   highlight=False, soft_wrap=True)
     keys = F.keys_per_query(cfg)
     if keys != cfg.seq_len:

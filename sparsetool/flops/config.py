@@ -71,6 +71,18 @@ class ModelConfig:
     # Layers whose FFN is a dense one of width d_ff instead of experts (Qwen-MoE's
     # mlp_only_layers and decoder_sparse_step).
     dense_layers: tuple[int, ...] = ()
+    # DeepSeek-V3's router adds a score-correction bias of n_experts per MoE layer (stored beside
+    # the router; it only shifts which experts are picked).
+    router_bias: bool = False
+    # Multi-head latent attention (DeepSeek-V2/V3, MLA; DeepSeek-V2 report, arXiv 2405.04434):
+    # keys and values come from a kv_rank-wide latent (kv_lora_rank) plus a d_rope-wide rotary key
+    # shared by all heads (qk_rope_head_dim); queries from a q_rank-wide latent (q_lora_rank; None:
+    # one d_model x heads*d_head matrix). d_head is a query/key head (qk_nope + qk_rope head dims),
+    # d_v a value head (v_head_dim; None = d_head). kv_rank None = ordinary attention.
+    kv_rank: int | None = None
+    q_rank: int | None = None
+    d_rope: int = 0
+    d_v: int | None = None
     # Where seq_len came from, for the output (not part of the shape).
     seq_len_source: str = field(default="preset", compare=False)
 
@@ -93,6 +105,7 @@ class ModelConfig:
         if not isinstance(self.dense_layers, tuple):  # a list from a config file
             object.__setattr__(self, "dense_layers", tuple(self.dense_layers))
         self._check_experts()
+        self._check_latent_attention()
         if self.n_kv_heads is not None and not (
             isinstance(self.n_kv_heads, int) and 1 <= self.n_kv_heads <= self.n_heads
             and self.n_heads % self.n_kv_heads == 0
@@ -127,6 +140,38 @@ class ModelConfig:
                               f"{self.n_layers - 1}")
         if self.shared_gate and not self.d_shared:
             raise ConfigError(f"model '{self.name}': shared_gate gates a shared expert: give d_shared")
+
+    def _check_latent_attention(self) -> None:
+        if self.kv_rank is None:
+            if self.q_rank is not None or self.d_rope or self.d_v is not None:
+                raise ConfigError(f"model '{self.name}': q_rank, d_rope and d_v describe multi-head "
+                                  "latent attention: give kv_rank too, or drop them")
+            return
+        self.check_positive(self.name, "kv_rank", self.kv_rank)
+        for f in ("q_rank", "d_v"):
+            if getattr(self, f) is not None:
+                self.check_positive(self.name, f, getattr(self, f))
+        if isinstance(self.d_rope, bool) or not isinstance(self.d_rope, int) \
+                or not 0 <= self.d_rope < self.d_head:
+            raise ConfigError(f"model '{self.name}': d_rope (the rotary part of each {self.d_head}-wide "
+                              f"query/key head) must be 0 to {self.d_head - 1}, got {self.d_rope!r}")
+        if self.biases:
+            raise ConfigError(f"model '{self.name}': multi-head latent attention is counted without "
+                              "biases (DeepSeek's attention_bias and mlp_bias are false): set biases "
+                              "to false")
+        if self.n_kv_heads is not None:
+            raise ConfigError(f"model '{self.name}': multi-head latent attention has no key/value "
+                              "heads of its own (kv_rank is their latent): drop n_kv_heads")
+
+    @property
+    def is_mla(self) -> bool:
+        """True for multi-head latent attention (``kv_rank`` given)."""
+        return self.kv_rank is not None
+
+    @property
+    def value_head(self) -> int:
+        """The width of one value head (``d_v``, else ``d_head``)."""
+        return self.d_v or self.d_head
 
     @property
     def kv_heads(self) -> int:
@@ -203,6 +248,18 @@ PRESETS: dict[str, ModelConfig] = {
         ffn_matrices=3, n_kv_heads=4, learned_positions=False, tied_embeddings=False, biases=False,
         n_experts=128, top_k=8, d_expert=768,
     ),
+    # DeepSeek-V3 (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", arXiv 2412.19437, Sec. 4.2;
+    # its released config.json): 61 layers, hidden 7168, multi-head latent attention with 128
+    # heads (query/key heads of 128 + 64 rotary, value heads of 128, query rank 1536, key/value
+    # rank 512), the first 3 layers dense (SwiGLU 18432), then 256 routed experts of 2048, 8 per
+    # token, and one shared expert; vocab 129280, 163840 positions (RoPE with YaRN), untied head.
+    # Without the multi-token-prediction module (the report's 671B leaves it out too).
+    "deepseek-v3": ModelConfig(
+        "deepseek-v3", 61, 7168, 128, 192, 18432, vocab=129280, seq_len=2048, context=163840,
+        ffn_matrices=3, learned_positions=False, tied_embeddings=False, biases=False,
+        n_experts=256, top_k=8, d_expert=2048, d_shared=2048, dense_layers=(0, 1, 2),
+        router_bias=True, kv_rank=512, q_rank=1536, d_rope=64, d_v=128,
+    ),
 }
 
 
@@ -242,12 +299,17 @@ FIELD_NAMES: dict[str, tuple[str, ...]] = {
     "window": ("sliding_window",),
     "embed_dim": ("word_embed_proj_dim",),
     "final_norm": (),
-    "n_experts": ("num_local_experts", "num_experts"),
+    "n_experts": ("num_local_experts", "num_experts", "n_routed_experts"),
     "top_k": ("num_experts_per_tok",),
     "d_expert": ("moe_intermediate_size",),
     "d_shared": ("shared_expert_intermediate_size",),
     "shared_gate": (),
     "dense_layers": (),
+    "router_bias": (),
+    "kv_rank": ("kv_lora_rank",),
+    "q_rank": ("q_lora_rank",),
+    "d_rope": ("qk_rope_head_dim",),
+    "d_v": ("v_head_dim",),
 }
 REQUIRED = ("n_layers", "d_model", "n_heads", "vocab")
 DEFAULT_SEQ_LEN = 2048
@@ -269,22 +331,26 @@ def default_seq_len(context: int | None) -> tuple[int, str]:
 # model_type values whose MLP is gated (SwiGLU/GeGLU: three matrices) and that use RoPE, no biases.
 _GATED_TYPES = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo",
                 "olmo2", "internlm2", "deepseek", "granite", "cohere",
-                "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss"}
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
+                "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "deepseek_v2", "deepseek_v3"}
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "deepseek_v2", "deepseek_v3")
 """Hugging Face ``model_type`` values of the mixture-of-experts families read from a config.json
 (:func:`from_mapping`); their experts are gated FFNs like their dense relatives'."""
+MLA_TYPES = ("deepseek_v2", "deepseek_v3")
+"""Hugging Face ``model_type`` values of the multi-head latent attention families read from a
+config.json (DeepSeek-V2 and V3: the same attention and experts; V3 adds the router's
+score-correction bias)."""
 _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
 def _check_hf_family(d: Mapping[str, Any], name: str) -> None:
     """Refuse a Hugging Face config whose shapes the Appendix-F count does not cover."""
     model_type = str(d.get("model_type", "")).lower()
-    if d.get("kv_lora_rank") is not None:
+    if d.get("kv_lora_rank") is not None and model_type not in MLA_TYPES:
         raise ConfigError(
             f"config '{name}' ({model_type or 'unknown model_type'}) uses multi-head latent attention "
-            f"(MLA: kv_lora_rank {d['kv_lora_rank']}, q_lora_rank {d.get('q_lora_rank')}), whose "
-            "low-rank projections sparsetool does not count yet; count a model with plain attention, "
-            "or write a model file of the shapes (docs/flops.md: accepted field names)")
+            f"(kv_lora_rank {d['kv_lora_rank']}) in a family sparsetool does not read; the types it "
+            f"reads are {', '.join(MLA_TYPES)}; write a model file with kv_rank, q_rank, d_rope and "
+            "d_v instead (docs/flops.md: multi-head latent attention)")
     experts = next((d[k] for k in _EXPERT_KEYS if d.get(k)), None)
     if experts and model_type not in MOE_TYPES:
         raise ConfigError(
@@ -310,6 +376,8 @@ def _hf_experts(d: Mapping[str, Any], kw: dict[str, Any], model_type: str) -> No
         kw["dense_layers"] = tuple(i for i in range(int(kw["n_layers"]))
                                    if i in only or (i + 1) % step)
         kw.setdefault("d_expert", 768 if model_type == "qwen3_moe" else 1408)
+    elif model_type in MLA_TYPES:
+        _deepseek_experts(d, kw, model_type)
     else:  # Mixtral, OLMoE, gpt-oss: the experts are intermediate_size wide
         kw.pop("d_expert", None)
     if model_type == "qwen2_moe":
@@ -317,7 +385,7 @@ def _hf_experts(d: Mapping[str, Any], kw: dict[str, Any], model_type: str) -> No
             raise ConfigError(f"config '{name}' of type qwen2_moe gives no "
                               "shared_expert_intermediate_size; add it to the file")
         kw["shared_gate"] = bool(kw["d_shared"])
-    else:
+    elif model_type not in MLA_TYPES:  # DeepSeek's shared experts: _deepseek_experts
         kw.pop("d_shared", None)
     if model_type == "gpt_oss":
         # biases on q/k/v/o (attention_bias), on every expert matrix and on the router
@@ -325,6 +393,40 @@ def _hf_experts(d: Mapping[str, Any], kw: dict[str, Any], model_type: str) -> No
         types = set(d.get("layer_types") or ())
         if "full_attention" in types:  # half its layers attend to every key: all are counted so
             kw.pop("window", None)
+
+
+def _deepseek_experts(d: Mapping[str, Any], kw: dict[str, Any], model_type: str) -> None:
+    """DeepSeek-V2/V3's experts (the keys of DeepSeek's released configuration code): the first
+    ``first_k_dense_replace`` layers have a dense FFN of ``intermediate_size``; after them every
+    ``moe_layer_freq``-th layer routes to ``moe_intermediate_size``-wide experts, beside
+    ``n_shared_experts`` shared experts every token takes (one FFN of their summed width)."""
+    name = kw["name"]
+    if not kw.get("d_expert"):
+        raise ConfigError(f"config '{name}' of type '{model_type}' gives no moe_intermediate_size "
+                          "(the width of one expert); add it to the file")
+    first = int(d.get("first_k_dense_replace") or 0)
+    freq = int(d.get("moe_layer_freq") or 1)
+    kw["dense_layers"] = tuple(i for i in range(int(kw["n_layers"])) if i < first or i % freq)
+    kw["d_shared"] = int(d.get("n_shared_experts") or 0) * int(kw["d_expert"])
+    kw["router_bias"] = model_type == "deepseek_v3"  # e_score_correction_bias
+
+
+def _hf_latent_attention(d: Mapping[str, Any], kw: dict[str, Any], model_type: str) -> None:
+    """Multi-head latent attention's widths from a DeepSeek-V2/V3 config.json: a query/key head
+    is ``qk_nope_head_dim + qk_rope_head_dim`` wide (not ``head_dim``, which DeepSeek-V3's
+    configuration sets to the rotary part), a value head ``v_head_dim``."""
+    name = kw["name"]
+    missing = [k for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") if d.get(k) is None]
+    if missing:
+        raise ConfigError(f"config '{name}' of type '{model_type}' gives kv_lora_rank but not "
+                          f"{', '.join(missing)}; add {'it' if len(missing) == 1 else 'them'} to the file")
+    biased = [k for k in ("attention_bias", "mlp_bias") if d.get(k)]
+    if biased:
+        raise ConfigError(f"config '{name}' sets {' and '.join(biased)}: sparsetool counts "
+                          "multi-head latent attention without biases, as DeepSeek's released "
+                          "models are; write a model file of the shapes instead")
+    kw["d_head"] = int(d["qk_nope_head_dim"]) + int(d["qk_rope_head_dim"])
+    kw.pop("n_kv_heads", None)  # the latent replaces key/value heads
 
 
 def _is_hf(d: Mapping[str, Any]) -> bool:
@@ -400,8 +502,12 @@ def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
         kw.setdefault("tied_embeddings", not gated)
         kw.setdefault("learned_positions", not gated and str(d.get("model_type", "")).lower()
                       not in ("gpt_neox", "gptj", "bloom"))
+        if model_type in MLA_TYPES:
+            _hf_latent_attention(d, kw, model_type)
         if model_type in MOE_TYPES:
             _hf_experts(d, kw, model_type)
+    elif kw.get("kv_rank") is not None:
+        kw.setdefault("biases", False)  # counted without biases (see ModelConfig)
     for f in ("n_layers", "d_model", "n_heads", "vocab"):
         ModelConfig.check_positive(kw["name"], f, kw[f])
     d_model, n_heads = kw["d_model"], kw["n_heads"]

@@ -24,6 +24,18 @@ a term of its own::
 
 The experts' matrices are targeted like any FFN matrix; the router never is.
 
+Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1; DeepSeek-V3, arXiv
+2412.19437): q, k and v come from low-rank latents. With query rank ``r_q``, key/value rank
+``r_kv``, heads of ``k = k_nope + k_rope`` for queries and keys and ``k_v`` for values, the qkv term
+is 2*s x the weights of its four matrices (each token's keys and values expanded from its latent,
+as transformers computes them), and values and the output projection are ``k_v*h`` wide::
+
+      qkv           2*s*(d*r_q + r_q*h*k + d*(r_kv + k_rope) + r_kv*h*(k_nope + k_v))
+                                                 (no query latent: d*h*k instead of d*r_q + r_q*h*k)
+      attn_logits   2*s*s*(k*h)
+      attn_values   2*s*s*(k_v*h)
+      attn_out      2*s*(k_v*h)*d
+
 Unstructured weight sparsity removes the multiplies by zero weights, so it scales only the
 weight matmuls that are pruned: qkv, attn_out and ffn (the SPDF paper, App. A.1, and the
 iterative-pruning post, footnote 1). Attention logits/values, softmax and the LM-head logits
@@ -103,11 +115,12 @@ def forward_terms(
     if s < 1:
         raise ConfigError(f"sequence length must be a positive integer, got {seq_len!r}")
     d, h, k, V = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.vocab
-    kh = k * h
+    kh, vh = k * h, cfg.value_head * h
     per_layer = layer_sparsities(cfg, sparsity)
 
-    qkv_dense = 2.0 * s * d * k * (h + 2 * cfg.kv_heads)  # = 2*3*s*d*(k*h) without GQA
-    out_dense = 2.0 * s * kh * d
+    # = 2*3*s*d*(k*h) without GQA or MLA
+    qkv_dense = 2.0 * s * sum(m * n for _, (m, n) in qkv_matrices(cfg))
+    out_dense = 2.0 * s * vh * d
     qkv = attn_out = ffn = router = 0.0
     for i, ls in enumerate(per_layer):
         qkv += qkv_dense * (1.0 - ls["qkv"])
@@ -125,13 +138,33 @@ def forward_terms(
         "qkv": qkv,
         "attn_logits": L * 2.0 * s * keys * kh,
         "softmax": L * 3.0 * h * s * keys,
-        "attn_values": L * 2.0 * s * keys * kh,
+        "attn_values": L * 2.0 * s * keys * vh,
         "attn_out": attn_out,
         "ffn": ffn,
         "router": router,
         "logits": 2.0 * s * e * V + proj,
         "embeddings": 2.0 * s * V * e + proj if embeddings else 0.0,
     }
+
+
+def qkv_matrices(cfg: ModelConfig) -> list[tuple[str, tuple[int, int]]]:
+    """The ``qkv`` matrices of one layer as ``(name, (out, in))``: q, k and v fused in one
+    (``d_head * (n_heads + 2 * kv_heads)`` by ``d_model``), or multi-head latent attention's four
+    (``q_a``/``q_b``, or ``q`` without a query latent; ``kv_a``, ``kv_b``).
+
+    >>> from sparsetool.flops.config import get_preset
+    >>> qkv_matrices(get_preset("gpt2-small"))
+    [('qkv', (2304, 768))]
+    >>> [n for n, _ in qkv_matrices(get_preset("deepseek-v3"))]
+    ['q_a', 'q_b', 'kv_a', 'kv_b']
+    """
+    d, h, k = cfg.d_model, cfg.n_heads, cfg.d_head
+    if not cfg.is_mla:
+        return [("qkv", (k * (h + 2 * cfg.kv_heads), d))]
+    q = [("q_a", (cfg.q_rank, d)), ("q_b", (h * k, cfg.q_rank))] if cfg.q_rank else [("q", (h * k, d))]
+    nope = k - cfg.d_rope
+    return q + [("kv_a", (cfg.kv_rank + cfg.d_rope, d)),
+                ("kv_b", (h * (nope + cfg.value_head), cfg.kv_rank))]
 
 
 def active_ffn_width(cfg: ModelConfig, layer: int) -> int:
@@ -161,7 +194,10 @@ def term_formulas(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, str
     w = keys_per_query(cfg, s)  # = s without a shorter sliding window
     e = cfg.embed_dim or d
     proj = f" + 2*{s}*{d}*{e}" if e != d else ""
-    if cfg.n_kv_heads is None:
+    kv = cfg.value_head
+    if cfg.is_mla:
+        qkv = f"{L}*2*{s}*(" + " + ".join(f"{m}*{n}" for _, (m, n) in qkv_matrices(cfg)) + ")"
+    elif cfg.n_kv_heads is None:
         qkv = f"{L}*2*3*{s}*{d}*({k}*{h})"
     else:
         qkv = f"{L}*2*{s}*{d}*{k}*({h}+2*{cfg.n_kv_heads})"
@@ -169,8 +205,8 @@ def term_formulas(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, str
         "qkv": qkv,
         "attn_logits": f"{L}*2*{s}*{w}*({k}*{h})",
         "softmax": f"{L}*3*{h}*{s}*{w}",
-        "attn_values": f"{L}*2*{s}*{w}*({k}*{h})",
-        "attn_out": f"{L}*2*{s}*({k}*{h})*{d}",
+        "attn_values": f"{L}*2*{s}*{w}*({kv}*{h})",
+        "attn_out": f"{L}*2*{s}*({kv}*{h})*{d}",
         "ffn": _ffn_formula(cfg, s),
         "router": _router_formula(cfg, s),
         "logits": f"2*{s}*{e}*{V}{proj}",
@@ -200,7 +236,8 @@ def param_counts(cfg: ModelConfig, sparsity: float | LayerSparsity = 0.0) -> dic
     ``total``, plus ``nonzero`` = total minus the pruned weights.
 
     Embeddings, positions, norms, biases, routers and an untied LM head are counted but never
-    pruned, as in the SPDF paper (App. A.1) and the iterative-pruning post.
+    pruned, as in the SPDF paper (App. A.1) and the iterative-pruning post. Multi-head latent
+    attention's four projections are ``qkv`` (:func:`qkv_matrices`), its latents' norms other.
 
     ``active`` and ``active_nonzero`` are what one token uses: a mixture of experts' total minus
     the experts its router does not pick (``n_experts - top_k`` per MoE layer; the non-zeros of
@@ -215,14 +252,17 @@ def param_counts(cfg: ModelConfig, sparsity: float | LayerSparsity = 0.0) -> dic
     """
     d, k, V, m = cfg.d_model, cfg.d_head, cfg.vocab, cfg.ffn_matrices
     kh, kv = k * cfg.n_heads, k * cfg.kv_heads
-    qkv_w, out_w = d * (kh + 2 * kv), kh * d
+    qkv_w = sum(a * b for _, (a, b) in qkv_matrices(cfg))
+    out_w = cfg.value_head * cfg.n_heads * d
     norm = 2 * d if cfg.biases else d  # LayerNorm has a bias, RMSNorm does not
+    # multi-head latent attention's RMSNorms on its latents (q_a_layernorm, kv_a_layernorm)
+    latent_norms = (cfg.q_rank or 0) + cfg.kv_rank if cfg.is_mla else 0
     targeted = other = pruned = inactive = inactive_nonzero = 0.0
     for i, ls in enumerate(layer_sparsities(cfg, sparsity)):
         in_keep, out_keep = 1.0 - ls["ffn_in"], 1.0 - ls["ffn_out"]
         targeted += qkv_w + out_w
         pruned += qkv_w * ls["qkv"] + out_w * ls["attn_out"]
-        other += 2 * norm
+        other += 2 * norm + latent_norms
         if cfg.biases:
             other += (kh + 2 * kv) + d
         # FFN widths held by the layer: a dense FFN, else every routed expert plus the shared one
@@ -230,6 +270,8 @@ def param_counts(cfg: ModelConfig, sparsity: float | LayerSparsity = 0.0) -> dic
             fe, E = cfg.expert_width, cfg.n_experts
             width = E * fe + cfg.d_shared
             other += d * E + (d if cfg.shared_gate else 0)  # the router (and shared-expert gate)
+            if cfg.router_bias:
+                other += E  # DeepSeek-V3's score-correction bias
             expert_biases = (m - 1) * fe + d if cfg.biases else 0
             if cfg.biases:
                 other += E * expert_biases + E  # every expert's biases and the router's

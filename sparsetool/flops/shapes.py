@@ -94,6 +94,57 @@ def is_shared_gate(name: str) -> bool:
     return ".shared_expert_gate." in f".{name}"
 
 
+def is_router_bias(name: str) -> bool:
+    """DeepSeek-V3's score-correction bias beside its router (``mlp.gate.e_score_correction_bias``):
+    a bias of the router, not of a matmul."""
+    return name.endswith("e_score_correction_bias")
+
+
+LATENT_PROJECTIONS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
+"""Multi-head latent attention's projections (DeepSeek-V2/V3); ``q_proj`` stands for q_a/q_b
+in a model without a query latent."""
+
+
+def _module(name: str) -> str:
+    parts = name.split(".")
+    return parts[-2] if len(parts) > 1 else name
+
+
+def latent_attention_widths(rows: Sequence[Any], d_model: int, what: str) -> tuple[int, ...]:
+    """Multi-head latent attention's widths from one layer's ``qkv`` matrices, stored (out, in):
+    ``(q_rank, q_width, kv_a, kv_rank, kv_b)``: the query latent (0: none, a plain ``q_proj``),
+    the queries' ``heads * d_head``, ``kv_rank + d_rope``, ``kv_rank`` and
+    ``heads * (d_nope + d_v)``."""
+    by = {_module(str(_get(r, "name"))): tuple(int(x) for x in _get(r, "shape")) for r in rows}
+    needed = ["kv_a_proj_with_mqa", "kv_b_proj"] + (["q_proj"] if "q_proj" in by else
+                                                    ["q_a_proj", "q_b_proj"])
+    missing = [n for n in needed if n not in by]
+    if missing:
+        raise ShapeError(f"{what} has multi-head latent attention without {', '.join(missing)}, "
+                         "so its shape cannot be inferred; describe the model with --config FILE")
+    kv_a = _other_side("kv_a_proj_with_mqa", by["kv_a_proj_with_mqa"], d_model)
+    kv_b, kv_rank = by["kv_b_proj"]
+    if "q_proj" in by:
+        q_rank, q_width = 0, _other_side("q_proj", by["q_proj"], d_model)
+    else:
+        q_rank = _other_side("q_a_proj", by["q_a_proj"], d_model)
+        q_width = by["q_b_proj"][0]
+    if kv_a <= kv_rank or by.get("q_b_proj", (0, q_rank))[1] != q_rank:
+        raise ShapeError(f"the latent-attention projections of {what} do not fit together "
+                         f"({', '.join(f'{n} {list(sh)}' for n, sh in by.items())}); describe the "
+                         "model with --config FILE")
+    return q_rank, q_width, kv_a, kv_rank, kv_b
+
+
+def beyond_stated_layers(indices: Iterable[int], hf_config: Mapping[str, Any] | None) -> list[int]:
+    """The layer indices at or past config.json's ``num_hidden_layers`` (DeepSeek-V3's checkpoint
+    stores its multi-token prediction module as layer 61 of 61), when some layers are not."""
+    stated = _pick(hf_config, "num_hidden_layers", "n_layer", "num_layers")
+    indices = set(indices)
+    extra = sorted(i for i in indices if stated is not None and i >= int(stated))
+    return extra if len(extra) < len(indices) else []
+
+
 def _pick(cfg: Mapping[str, Any] | None, *keys: str) -> Any:
     for k in keys:
         if cfg and cfg.get(k) is not None:
@@ -177,6 +228,13 @@ def infer_model(
             .setdefault(_get(r, "role"), []).append(r)
     if not layers:
         raise ShapeError(f"no layer index found in the tensor names of '{name}'")
+    extra = beyond_stated_layers(layers, hf_config)
+    if extra:
+        for i in extra:
+            del layers[i]
+        notes.append(f"{plural(len(extra), 'layer')} past config.json's num_hidden_layers "
+                     f"({', '.join(map(str, extra))}: DeepSeek-V3's multi-token prediction module is "
+                     "one) left out of the shapes and FLOPs; their parameters count in the total")
 
     def widths(by_role: dict[str, list[Any]], what: str) -> tuple[int, int]:
         """(FFN output width, summed FFN input widths) of one FFN, per expert for stacked ones."""
@@ -197,7 +255,14 @@ def infer_model(
         plain = parts.get("plain", {}).get(None, {})
         if "qkv" not in plain:
             raise ShapeError(f"layer {idx} of '{name}' has no qkv weight, so its shape cannot be inferred")
-        qkv_w = sum(_other_side(_get(r, "name"), shape_of(r), d_model) for r in plain["qkv"])
+        latent = any(_module(str(_get(r, "name"))) in LATENT_PROJECTIONS for r in plain["qkv"])
+        if latent:  # the widths of multi-head latent attention's matrices stand for qkv's
+            if "attn_out" not in plain:
+                raise ShapeError(f"layer {idx} of '{name}' has no attention output weight (o_proj), "
+                                 "so its shape cannot be inferred")
+            qkv_w = latent_attention_widths(plain["qkv"], d_model, f"layer {idx} of '{name}'")
+        else:
+            qkv_w = sum(_other_side(_get(r, "name"), shape_of(r), d_model) for r in plain["qkv"])
         kh = sum(_other_side(_get(r, "name"), shape_of(r), d_model) for r in plain["attn_out"]) \
             if "attn_out" in plain else qkv_w // 3
         attention_seen.add((qkv_w, kh))
@@ -255,7 +320,14 @@ def infer_model(
     # Heads: config.json, else an assumed head size.
     n_heads = _pick(hf_config, "num_attention_heads", "n_head", "n_heads")
     d_head = _pick(hf_config, "head_dim")
-    if n_heads is not None:
+    if isinstance(qkv_w, tuple):
+        mla = _latent_heads(qkv_w, kh, n_heads, name)
+        n_heads, d_head = mla.pop("n_heads"), mla.pop("d_head")
+    else:
+        mla = {}
+    if mla:
+        n_kv = None  # the latent stands for key/value heads
+    elif n_heads is not None:
         n_heads = int(n_heads)
         d_head = int(d_head) if d_head else kh // n_heads
     else:
@@ -265,16 +337,17 @@ def infer_model(
             f"no head count in a config.json beside the checkpoint: assumed d_head={d_head}, "
             f"so {plural(n_heads, 'head')} (this only changes the softmax term 3*h*s*s)"
         )
-    kv_w = (qkv_w - kh) / 2
-    n_kv = _pick(hf_config, "num_key_value_heads")
-    if n_kv is None and kv_w != kh:
-        n_kv = kv_w / d_head
-    if n_kv is not None and (int(n_kv) != n_kv or int(n_kv) * d_head != kv_w):
-        raise ShapeError(
-            f"q/k/v widths of '{name}' ({qkv_w} in all, attention output {kh}) do not fit "
-            f"{plural(n_heads, 'head')} of {d_head}; give the heads in a config.json beside it"
-        )
-    n_kv = int(n_kv) if n_kv is not None and int(n_kv) != n_heads else None
+    if not mla:
+        kv_w = (qkv_w - kh) / 2
+        n_kv = _pick(hf_config, "num_key_value_heads")
+        if n_kv is None and kv_w != kh:
+            n_kv = kv_w / d_head
+        if n_kv is not None and (int(n_kv) != n_kv or int(n_kv) * d_head != kv_w):
+            raise ShapeError(
+                f"q/k/v widths of '{name}' ({qkv_w} in all, attention output {kh}) do not fit "
+                f"{plural(n_heads, 'head')} of {d_head}; give the heads in a config.json beside it"
+            )
+        n_kv = int(n_kv) if n_kv is not None and int(n_kv) != n_heads else None
 
     if vocab is None:
         if tok is not None:
@@ -302,7 +375,10 @@ def infer_model(
         d_ff=int(f), vocab=int(vocab), seq_len=int(seq_len), ffn_matrices=int(1 + ratio),
         context=int(context) if context is not None else None, seq_len_source=seq_source,
         n_kv_heads=n_kv, learned_positions=bool(positions), tied_embeddings=not heads,
-        biases=any(_get(r, "role") == "bias" for r in floating), **moe_fields,
+        biases=any(_get(r, "role") == "bias" and not is_router_bias(str(_get(r, "name")))
+                   for r in floating),
+        router_bias=bool(moe_fields) and any(is_router_bias(str(_get(r, "name"))) for r in floating),
+        **moe_fields, **mla,
     )
     for r in floating:
         if _get(r, "targeted") and _get(r, "role") not in ROLES:
@@ -315,6 +391,27 @@ def infer_model(
     t_sparsity = 1.0 - sum(int(_get(r, "nonzero")) for r in t_rows) / t_numel if t_numel else 0.0
     return InferredModel(cfg, layer_sparsity, {"total": float(total), "nonzero": float(nonzero)},
                          t_sparsity, notes)
+
+
+def _latent_heads(widths: tuple[int, ...], value_width: int, n_heads: Any,
+                  name: str) -> dict[str, Any]:
+    """Heads and head sizes of multi-head latent attention from its matrices' widths
+    (:func:`latent_attention_widths`) and the output projection's ``heads * d_v``: keys expanded
+    from the latent are ``heads * d_nope`` wide, so the rotary part of the queries,
+    ``heads * d_rope``, gives the heads when config.json does not."""
+    q_rank, q_width, kv_a, kv_rank, kv_b = widths
+    d_rope = kv_a - kv_rank
+    nope_width = kv_b - value_width
+    rope_width = q_width - nope_width
+    heads = int(n_heads) if n_heads is not None else rope_width // d_rope if rope_width > 0 else 0
+    if heads < 1 or rope_width != heads * d_rope or nope_width % heads or value_width % heads:
+        raise ShapeError(
+            f"the latent-attention widths of '{name}' (queries {q_width}, keys and values "
+            f"{kv_b}, output {value_width}, rotary key {d_rope}) do not fit "
+            f"{plural(heads, 'head') if heads > 0 else 'whole heads'}; give num_attention_heads in "
+            "a config.json beside it")
+    return dict(n_heads=heads, d_head=q_width // heads, kv_rank=kv_rank, q_rank=q_rank or None,
+                d_rope=d_rope, d_v=value_width // heads)
 
 
 def from_checkpoint(

@@ -71,8 +71,11 @@ def model_layers(cfg: Any) -> list[tuple[str, str, tuple[int, int]]]:
     """``(name, role, (M, K))`` of every targeted matrix of a ``ModelConfig`` one token goes
     through, as Appendix F counts them (q/k/v fused; SwiGLU has gate and up as two ``ffn_in``
     matrices; a mixture of experts' MoE layer has the ``top_k`` active experts' and the shared
-    expert's)."""
-    d, k, h = cfg.d_model, cfg.d_head, cfg.n_heads
+    expert's; multi-head latent attention has its four ``qkv`` matrices,
+    :func:`sparsetool.flops.qkv_matrices`)."""
+    from sparsetool.flops import qkv_matrices
+
+    d = cfg.d_model
     out = []
 
     def ffn(prefix: str, f: int) -> None:
@@ -81,8 +84,8 @@ def model_layers(cfg: Any) -> list[tuple[str, str, tuple[int, int]]]:
         out.append((f"{prefix}.ffn_out", "ffn_out", (d, f)))
 
     for i in range(cfg.n_layers):
-        out.append((f"layers.{i}.qkv", "qkv", (k * (h + 2 * cfg.kv_heads), d)))
-        out.append((f"layers.{i}.attn_out", "attn_out", (d, k * h)))
+        out += [(f"layers.{i}.{n}", "qkv", shape) for n, shape in qkv_matrices(cfg)]
+        out.append((f"layers.{i}.attn_out", "attn_out", (d, cfg.value_head * cfg.n_heads)))
         if cfg.is_moe_layer(i):
             for e in range(cfg.top_k):
                 ffn(f"layers.{i}.experts.{e}", cfg.expert_width)
@@ -146,8 +149,8 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     from sparsetool.checkpoint.config import read_model_config
     from sparsetool.checkpoint.encodings import decode
     from sparsetool.flops import infer_model, moe_summary
-    from sparsetool.flops.shapes import expert_part
-    from sparsetool.targets.order import tensor_sort_key
+    from sparsetool.flops.shapes import beyond_stated_layers, expert_part
+    from sparsetool.targets.order import layer_index, tensor_sort_key
     from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary
 
     tokens = _check_tokens(tokens)
@@ -160,7 +163,10 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     top_k = hf_config.get("num_experts_per_tok")
 
     def simulated(lt: Any) -> bool:
-        """A targeted matrix a token goes through: not an expert past the first top_k."""
+        """A targeted matrix a token goes through: not an expert past the first top_k, not in a
+        layer past config.json's (DeepSeek-V3's multi-token prediction module)."""
+        if layer_index(lt.name) in extra:
+            return False
         part, expert = expert_part(lt.name, lt.shape)
         if part == "stacked":
             return plan[lt.name].role in ("ffn_in", "ffn_out") and top_k is not None
@@ -169,6 +175,8 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     with open_checkpoint(path) as ck:
         plan = plan_checkpoint_targets(ck.logical, ck.config, ck.metadata(), include, exclude,
                                        default_targets=default_targets, source=path.name)
+        extra = set(beyond_stated_layers({layer_index(lt.name) for lt in ck.logical} - {None},
+                                         hf_config))
         todo = [lt for lt in ck.logical if plan[lt.name].targeted and simulated(lt)]
         todo.sort(key=lambda lt: tensor_sort_key(lt.name, plan[lt.name].role))  # layer 2 before 10
         names = {lt.name for lt in todo}

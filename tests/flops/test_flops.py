@@ -410,7 +410,10 @@ def test_hugging_face_config_json(tmp_path):
     ("[1, 2]", "mapping"),
     ('{"model_type": "gpt2", "n_embd": 8}', "lacks"),
     ('{"model_type": "dbrx", "hidden_size": 8, "num_experts": 8}', "mixture-of-experts model of type 'dbrx'"),
-    ('{"model_type": "deepseek_v3", "n_routed_experts": 8, "kv_lora_rank": 512}', "latent attention"),
+    ('{"model_type": "kimi_k2", "kv_lora_rank": 512}', "latent attention.*deepseek_v2, deepseek_v3"),
+    ('{"model_type": "deepseek_v3", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, '
+     '"vocab_size": 100, "kv_lora_rank": 16, "qk_rope_head_dim": 8}',
+     "gives kv_lora_rank but not qk_nope_head_dim, v_head_dim"),
     ('{"model_type": "mixtral", "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2, '
      '"vocab_size": 10, "num_local_experts": 8}', "not how many each token goes to"),
 ])

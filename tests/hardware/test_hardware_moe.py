@@ -1,6 +1,6 @@
 """simulate on a mixture of experts: a step holds the matrices of the experts a token goes
 through (top_k per MoE layer, the first top_k of a checkpoint with their real masks), not all
-of them, and says so."""
+of them, and says so; DeepSeek-V3's step holds its latent-attention matrices."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from sparsetool.flops import forward_terms, get_preset, param_counts
+from sparsetool.flops import forward_terms, get_preset, load_config, param_counts
 from sparsetool.hardware import builtin_devices, from_checkpoint
 from sparsetool.hardware.presets import dataflow_grids
 from sparsetool.hardware.workload import from_model, model_layers
@@ -161,3 +161,45 @@ def test_square_experts_stored_in_out_keep_their_n_m_axis(tmp_path):
     for ly in experts:
         assert ly.nm_violation_in == 0.0, ly.name  # 2:4 holds along the input
         assert ly.nm_violation_out > 0.0, ly.name  # and not along the output
+
+
+def test_a_deepseek_v3_preset_holds_its_latent_attention_matrices():
+    cfg = get_preset("deepseek-v3")
+    layers = model_layers(cfg)
+    shapes = {n: s for n, _, s in layers if n.startswith("layers.3.")}
+    assert list(shapes)[:5] == ["layers.3.q_a", "layers.3.q_b", "layers.3.kv_a", "layers.3.kv_b",
+                                "layers.3.attn_out"]
+    assert shapes["layers.3.kv_a"] == (512 + 64, 7168)
+    assert shapes["layers.3.attn_out"] == (7168, 128 * 128)  # 128 value heads of 128
+    assert len([n for n in shapes if ".experts." in n]) == 8 * 3  # 8 active experts, 3 matrices
+    p = param_counts(cfg)  # "other": routers, norms (the latents' too), embedding and head
+    assert sum(m * k for _, _, (m, k) in layers) == p["active"] - p["other"]
+
+
+def test_simulate_a_tiny_deepseek_v3_checkpoint(tmp_path):
+    from moe_models import save_moe
+
+    path = save_moe("deepseek_v3", tmp_path / "ds3")
+    r = run("prune", path, "-o", tmp_path / "half", "--sparsity", "0.5")
+    assert r.exit_code == 0, r.output
+    wl = from_checkpoint(tmp_path / "half", 64, GRIDS)
+    names = [ly.name for ly in wl.layers]
+    # layer 0 dense: 4 latent projections, o_proj, gate/up/down; layer 1: the same attention,
+    # the first 2 of 4 experts and the shared expert, 3 matrices each
+    assert len(names) == 8 + 5 + 3 * 3
+    assert "model.layers.1.self_attn.kv_b_proj.weight" in names
+    assert not any(".experts.2." in n or ".experts.3." in n for n in names)
+    assert wl.moe["shared_width"] == 24 and wl.moe["dense_layers"] == [0]
+    targeted = sum(ly.numel for ly in wl.layers)
+    attention = 16 * 32 + 64 * 16 + 24 * 32 + 64 * 16 + 32 * 32
+    assert targeted == 2 * attention + 3 * 32 * 64 + 3 * 3 * 32 * 24
+    assert sum(ly.nnz for ly in wl.layers) == targeted // 2
+    r = run("simulate", tmp_path / "half", "--tokens", "64", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert S.problems(out, S.SIMULATE) == []
+    assert out["workload"]["forward_flops"]["dense"] == pytest.approx(
+        2 * 64 * targeted + out["workload"]["untargeted_forward_flops"])
+    t = forward_terms(load_config(path), seq_len=64)  # attention over 64 keys, values 8 wide
+    assert out["workload"]["untargeted_forward_flops"] == pytest.approx(
+        t["attn_logits"] + t["softmax"] + t["attn_values"] + t["router"] + t["logits"])
