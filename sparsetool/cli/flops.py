@@ -40,7 +40,6 @@ from sparsetool.util.wording import plural
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     'sparsetool flops --model gpt3-xl --sparsity 0.75',
-    'sparsetool flops --model gpt2-small --sparsity 0,0.5,0.75 --tokens 2.5B',
     'sparsetool flops --model cerebras-gpt-256m --stage 0.9:0.8333 --stage 0:0.1667',
     'sparsetool flops --model mixtral-8x7b --sparsity 0.5',
 )

@@ -108,11 +108,11 @@ def test_options_that_do_combine_still_run(gpt2_file, tmp_path, args):
     (["simulate", "--model", "gpt3xl", "--sparsity", "0.5"],
      "--model 'gpt3xl' is not one of: gpt2-small, gpt3-xl, gpt3-175b, cerebras-gpt-111m, "
      "cerebras-gpt-256m, cerebras-gpt-590m, cerebras-gpt-1.3b, cerebras-gpt-2.7b, cerebras-gpt-6.7b, "
-     "cerebras-gpt-13b, llama-1.3b (did you mean gpt3-xl?)"),
+     "cerebras-gpt-13b, llama-1.3b, mixtral-8x7b, qwen3-30b-a3b, deepseek-v3 (did you mean gpt3-xl?)"),
     (["flops", "-m", "gpt3xl"],
      "--model 'gpt3xl' is not one of: gpt2-small, gpt3-xl, gpt3-175b, cerebras-gpt-111m, "
      "cerebras-gpt-256m, cerebras-gpt-590m, cerebras-gpt-1.3b, cerebras-gpt-2.7b, cerebras-gpt-6.7b, "
-     "cerebras-gpt-13b, llama-1.3b (did you mean gpt3-xl?)"),
+     "cerebras-gpt-13b, llama-1.3b, mixtral-8x7b, qwen3-30b-a3b, deepseek-v3 (did you mean gpt3-xl?)"),
     (["prune", "x.safetensors", "-o", "y.safetensors", "-s", "0.5", "--method", "magnitud"],
      "--method 'magnitud' is not one of: magnitude, random, wanda, sparsegpt (did you mean magnitude?)"),
     (["prune", "x.safetensors", "-o", "y.safetensors", "-s", "0.5", "--encoding", "sparse24"],
