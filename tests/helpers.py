@@ -24,9 +24,18 @@ def run(*args: object, columns: int | None = None, **kw):
 
     from sparsetool.cli.main import app
 
-    if columns is not None:
-        kw["env"] = {**(kw.get("env") or {}), "COLUMNS": str(columns)}
-    return CliRunner().invoke(app, [str(a) for a in args], **kw)
+    if columns is None:
+        return CliRunner().invoke(app, [str(a) for a in args], **kw)
+    kw["env"] = {**(kw.get("env") or {}), "COLUMNS": str(columns)}
+    # The consoles read COLUMNS once, when the first command of the process made them.
+    from sparsetool.cli._output import console, err_console
+
+    widths = console.width, err_console.width
+    console.width = err_console.width = columns
+    try:
+        return CliRunner().invoke(app, [str(a) for a in args], **kw)
+    finally:
+        console.width, err_console.width = widths
 
 
 def runner_for(*prefix: str, columns: int | None = None):
