@@ -121,7 +121,7 @@ def latent_attention_widths(rows: Sequence[Any], d_model: int, what: str) -> tup
     missing = [n for n in needed if n not in by]
     if missing:
         raise ShapeError(f"{what} has multi-head latent attention without {', '.join(missing)}, "
-                         "so its shape cannot be inferred; describe the model with --config FILE")
+                         "so its shape cannot be inferred; put its config.json beside the weights")
     kv_a = _other_side("kv_a_proj_with_mqa", by["kv_a_proj_with_mqa"], d_model)
     kv_b, kv_rank = by["kv_b_proj"]
     if "q_proj" in by:
@@ -132,7 +132,7 @@ def latent_attention_widths(rows: Sequence[Any], d_model: int, what: str) -> tup
     if kv_a <= kv_rank or by.get("q_b_proj", (0, q_rank))[1] != q_rank:
         raise ShapeError(f"the latent-attention projections of {what} do not fit together "
                          f"({', '.join(f'{n} {list(sh)}' for n, sh in by.items())}); describe the "
-                         "model with --config FILE")
+                         "model with its config.json beside the weights")
     return q_rank, q_width, kv_a, kv_rank, kv_b
 
 

@@ -204,7 +204,7 @@ def test_every_length_passes_the_blocks_together_each_block_read_once(gpt2_dir):
     model.final_hidden = lambda calls: (finals.append(len(calls)), final_hidden(calls))[1]
     try:
         together = score_requests(model, pairs, 64, batch=2)
-        block = [model.names[n] for names in model.blocks for n in names]
+        block = [p.stored for names in model.blocks for n in names for p in model.sources[n]]
         assert sorted(r for r in reads if r in block) == sorted(block) and finals == [4]  # 4 batches
         alone = [score_requests(model, [p], 64)[0] for p in pairs]
     finally:
