@@ -146,6 +146,9 @@ REPORT = obj(
                 non_float_numel=INT, non_float_nonzero=INT, non_float_tensors=INT,
                 non_float_dtypes=arr(STR)),
 )
+# a mixture of experts' report: the spread of its experts' sparsities, per layer and kind
+REPORT_EXPERTS = obj(tensors=REPORT["tensors"], summary=obj(
+    **REPORT["summary"], experts=arr(obj(layer=INT, kind=STR, min_sparsity=NUM, max_sparsity=NUM))))
 _STATS = dict(numel=INT, nonzero_a=INT, nonzero_b=INT, nonzero_both=INT, dot=NUM, sq_a=NUM, sq_b=NUM,
               sq_diff=NUM, sparsity_a=NUM, sparsity_b=NUM, iou=NUM, revived=INT, pruned=INT,
               rel_l2=OPT_NUM, angular_distance=NUM)

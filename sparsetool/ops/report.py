@@ -83,7 +83,14 @@ class Report:
     @property
     def summary(self) -> dict:
         """Sparsities over the floating-point tensors (the only ones prune targets); integer and
-        bool tensors (quantized weights, index buffers) are counted apart as ``non_float_*``."""
+        bool tensors (quantized weights, index buffers) are counted apart as ``non_float_*``. A
+        mixture of experts adds ``experts``: per layer and kind (``in``: gate and up pooled,
+        ``out``: down), the lowest and highest sparsity of one expert's matrices there."""
+        spread = expert_spread(self.tensors)
+        experts = {"experts": [
+            {"layer": layer, "kind": kind.removeprefix("experts_"), "min_sparsity": lo / 100,
+             "max_sparsity": hi / 100} for (layer, kind), (lo, hi) in sorted(spread.items())]
+        } if spread else {}
         numel, nonzero = self._sum("numel", False), self._sum("nonzero", False)
         other = [t for t in self.tensors if not is_floating(t.dtype)]
         t_numel, t_nonzero = self._sum("numel", True), self._sum("nonzero", True)
@@ -102,6 +109,7 @@ class Report:
             "non_float_nonzero": sum(t.nonzero for t in other),
             "non_float_tensors": len(other),
             "non_float_dtypes": sorted({t.dtype for t in other}),
+            **experts,
             **self.beyond_uniform,
         }
 

@@ -211,7 +211,10 @@ def test_report_rows_json_and_heatmap_cells(saved, kind, tmp_path):
     routers = [n for n in rows if n.endswith(("router.weight", "gate.weight"))]
     assert {rows[n].role for n in routers} == {"router"}
     data = json.loads(run("report", out, "--json").stdout)
-    assert not S.problems(data, S.REPORT)
+    assert not S.problems(data, S.REPORT_EXPERTS)
+    summary = {(s["layer"], s["kind"]): (s["min_sparsity"], s["max_sparsity"])
+               for s in data["summary"]["experts"]}
+    assert set(summary) == {(0, "in"), (0, "out"), (1, "in"), (1, "out")}
     by_name = {t["name"]: t for t in data["tensors"]}
     for name, w in after.items():
         entry = plan[name]
@@ -230,6 +233,8 @@ def test_report_rows_json_and_heatmap_cells(saved, kind, tmp_path):
         for kind_ in ("experts_in", "experts_out"):
             low, high = spread[(layer, kind_)]
             assert low <= cells[(layer, kind_)] <= high and low < high
+            got = summary[layer, kind_.removeprefix("experts_")]
+            assert got == pytest.approx((low / 100, high / 100))
     assert (0, "ffn_in") not in cells  # routed experts have rows of their own
     table = run("report", out, "--format", "plain", columns=250).stdout
     assert "expert" in table.splitlines()[1] and "router" in table
