@@ -250,11 +250,16 @@ def _bars(rows: list[TensorRow], out: str | Path, title: str) -> Path:
 def layer_kind(t: TensorRow) -> str:
     """A row's matrix kind in the heatmap: ``experts_in``/``experts_out`` for a routed expert's
     FFN matrix (one expert's or all experts' fused), else :func:`sparsetool.ops.diff.matrix_kind`."""
-    from sparsetool.ops.diff import matrix_kind
+    from sparsetool.ops.diff import matrix_kind  # torch: for the heatmap only
 
+    return _expert_kind(t) or matrix_kind(t.name, t.shape)
+
+
+def _expert_kind(t: TensorRow) -> str | None:
+    """``experts_in``/``experts_out`` for a routed expert's FFN matrix, else None."""
     if t.role in ("ffn_in", "ffn_out") and is_routed_expert(t.name):
         return "experts_in" if t.role == "ffn_in" else "experts_out"
-    return matrix_kind(t.name, t.shape)
+    return None
 
 
 def layer_cells(rows: Sequence[TensorRow]) -> tuple[dict[tuple[int, str], float], tuple[int, int, int]]:
@@ -286,8 +291,8 @@ def expert_spread(rows: Sequence[TensorRow]) -> dict[tuple[int, str], tuple[floa
 
     pooled: dict[tuple[int, str], dict[int, list[int]]] = {}
     for t in rows:
-        layer, kind = layer_index(t.name), layer_kind(t)
-        if layer is None or kind not in EXPERT_ROWS:
+        layer, kind = layer_index(t.name), _expert_kind(t)
+        if layer is None or kind is None:
             continue
         experts = pooled.setdefault((layer, kind), {})
         parts = ([(t.expert, t.numel, t.nonzero)] if t.experts is None else
