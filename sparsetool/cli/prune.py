@@ -108,7 +108,8 @@ def prune(
     plan is printed first; a run that cannot fit stops at once).
 
     Targets are the attention (q/k/v, output) and feed-forward weights inside the transformer
-    blocks; never embeddings, norms, biases or the LM head. Already-pruned weights stay pruned.
+    blocks, each expert's of a mixture of experts a unit of its own; never embeddings, norms,
+    biases, routers or the LM head. Already-pruned weights stay pruned.
     A targeted tensor holding NaN or inf is refused (except NaN in a nan-encoded input, which
     means pruned). The input is never modified; the output appears only when complete.
     """
