@@ -50,7 +50,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_checkpoint import machine  # noqa: E402
-from bench_streamed import tokenizer  # noqa: E402
+from bench_streamed import calibration_text, tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 QWEN3_30B_A3B = dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
@@ -243,11 +243,7 @@ def main() -> None:
     args = ap.parse_args()
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
-    from sparsetool.util.corpus import load_corpus
-
-    text = load_corpus(None).train[:400_000].tobytes().decode("utf-8", errors="replace")
-    calib = work / "calib.txt"
-    calib.write_text(text)
+    text, calib = calibration_text(work)
     verify(work)
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {machine()}, {ram:.0f} GiB RAM", flush=True)

@@ -55,6 +55,17 @@ def tokenizer(directory: Path, text: str) -> None:
                             eos_token="<s>").save_pretrained(directory)
 
 
+def calibration_text(work: Path) -> tuple[str, Path]:
+    """The calibration text (the first 400 KB of the built-in corpus' training split) and the
+    file in ``work`` it is written to."""
+    from sparsetool.util.corpus import load_corpus
+
+    text = load_corpus(None).train[:400_000].tobytes().decode("utf-8", errors="replace")
+    calib = work / "calib.txt"
+    calib.write_text(text)
+    return text, calib
+
+
 def run(cmd: list[str], env: dict | None = None) -> tuple[float, float, dict | None]:
     """(wall seconds, peak RSS in GiB, the --json output or None)."""
     t0 = time.perf_counter()
@@ -86,11 +97,7 @@ def main() -> None:
     args = ap.parse_args()
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
-    from sparsetool.util.corpus import load_corpus
-
-    text = load_corpus(None).train[:400_000].tobytes().decode("utf-8", errors="replace")
-    calib = work / "calib.txt"
-    calib.write_text(text)
+    text, calib = calibration_text(work)
     print(f"# {time.strftime('%Y-%m-%d')}, {machine()}, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB RAM")
     print("| model | command | code | wall s | peak RSS GiB | plan's estimate GiB |")
     print("|---|---|---|---:|---:|---:|")

@@ -106,6 +106,16 @@ class _Recorder(torch.nn.Module):
         return (hidden,) if self.as_tuple else hidden
 
 
+def _differing(call: Call, per_block: list) -> dict[int, tuple[tuple, dict]]:
+    """The blocks (after block 0) whose recorded arguments (``per_block``) differ from those
+    ``call`` holds for block 0."""
+    args, kwargs = call.args, call.kwargs
+    return {j: got for j, got in enumerate(per_block)
+            if j and got is not None and not (
+                _same(got[0], args) and got[1].keys() == kwargs.keys()
+                and all(_same(got[1][k], kwargs[k]) for k in got[1]))}
+
+
 def _same(a: Any, b: Any) -> bool:
     """Whether two arguments of a block are the same (the one object, or equal tensors)."""
     if a is b:
@@ -308,6 +318,7 @@ class BlockModel:
         """The arguments the model passes each block, where they differ from block 0's (models
         that mix sliding-window and full attention pass each kind its own mask): the model's
         forward pass again with every block replaced by a :class:`_Recorder`, stopped at the head.
+        The first batch shows which blocks differ; only then are the others recorded.
 
         Whether a block hands back a tuple is not known before one runs; stand-ins of the wrong
         kind bring the head hidden states of the wrong shape, and the pass is made again."""
@@ -318,42 +329,54 @@ class BlockModel:
             reached.append(args[0] if args else next(iter(kwargs.values())))
             raise _Captured
 
+        def record(batch: list[Call], as_tuple: bool) -> list[list[tuple[tuple, dict]]] | None:
+            recorders = [_Recorder(as_tuple) for _ in originals]
+            for k, r in enumerate(recorders):
+                self.block_list[k] = r
+            seen: list[list[tuple[tuple, dict]]] = []
+            reached.clear()
+            with torch.inference_mode():
+                for call in batch:
+                    try:
+                        self._forward(call.ids)
+                    except _Captured:
+                        pass
+                    seen.append([r.seen for r in recorders])
+            fits = len(reached) == len(batch) and all(
+                h.shape == c.hidden.shape for h, c in zip(reached, batch))
+            return seen if fits else None
+
         handle = self._head_module.register_forward_pre_hook(at_head, with_kwargs=True)
         try:
             for as_tuple in (False, True):
-                recorders = [_Recorder(as_tuple) for _ in originals]
-                for j, r in enumerate(recorders):
-                    self.block_list[j] = r
-                seen: list[list[tuple[tuple, dict]]] = []
-                reached.clear()
-                with torch.inference_mode():
-                    for call in calls:
-                        try:
-                            self._forward(call.ids)
-                        except _Captured:
-                            pass
-                        seen.append([r.seen for r in recorders])
-                if all(h.shape == c.hidden.shape for h, c in zip(reached, calls)) and len(reached) == len(calls):
+                first = record(calls[:1], as_tuple)
+                if first is not None:
                     break
             else:  # the model does not pass its blocks' outputs on as expected: block 0's for all
-                kinds = set(getattr(getattr(self.module, "config", None), "layer_types", None) or ())
-                if len(kinds) > 1:  # its blocks do not all take block 0's mask
-                    raise SparsetoolError(
-                        f"{self.path}: its blocks are of several kinds ({', '.join(sorted(kinds))}) "
-                        "and the arguments the model passes each could not be recorded; this "
-                        "model cannot run block by block; please report this")
+                self._unrecorded()
+                return
+            if not _differing(calls[0], first[0]):
+                return  # every block takes block 0's arguments
+            rest = record(calls[1:], as_tuple)
+            if rest is None:
+                self._unrecorded()
                 return
         finally:
             handle.remove()
-            for j, m in enumerate(originals):
-                self.block_list[j] = m
-        for call, per_block in zip(calls, seen):
-            first = (call.args, call.kwargs)
-            for j, got in enumerate(per_block):
-                if j and got is not None and not (
-                        _same(got[0], first[0]) and got[1].keys() == first[1].keys()
-                        and all(_same(got[1][k], first[1][k]) for k in got[1])):
-                    call.others[j] = got
+            for k, m in enumerate(originals):
+                self.block_list[k] = m
+        for call, per_block in zip(calls, first + rest):
+            call.others.update(_differing(call, per_block))
+
+    def _unrecorded(self) -> None:
+        """What each block takes could not be recorded: fine for a model whose blocks are all of
+        one kind (each takes block 0's arguments); refused for one of several kinds."""
+        kinds = set(getattr(getattr(self.module, "config", None), "layer_types", None) or ())
+        if len(kinds) > 1:  # its blocks do not all take block 0's mask
+            raise SparsetoolError(
+                f"{self.path}: its blocks are of several kinds ({', '.join(sorted(kinds))}) "
+                "and the arguments the model passes each could not be recorded; this "
+                "model cannot run block by block; please report this")
 
     def run_block(self, i: int, call: Call) -> torch.Tensor:
         """Block ``i`` (loaded) applied to one batch: its output hidden states."""

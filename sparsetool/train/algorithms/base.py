@@ -352,7 +352,7 @@ class Sparsifier(MaskState):
             drop = self.drop_scores(p.detach(), p.grad)
             counts = keep[name] if isinstance(keep[name], list) else [keep[name]]
             tally = {"dropped": 0, "grown": 0}
-            grown_parts: list[torch.Tensor | None] = []
+            grown_parts: list[torch.Tensor] = []
 
             def choose(unit: Callable, k: int, old=self.masks[name], drop=drop, grow=grow,
                        tally=tally, grown_parts=grown_parts) -> torch.Tensor:
@@ -366,20 +366,15 @@ class Sparsifier(MaskState):
                     n_swap = max(0, min(int(round(fraction * base)), numel - n - n_extra))
                 kept = top_k_mask(unit(drop), base - n_swap, allowed=mask)
                 tally["dropped"] += n - (base - n_swap)
-                if n_swap + n_extra == 0:
-                    grown_parts.append(None)
-                    return kept
-                grown = top_k_mask(unit(grow).to(p.device), n_swap + n_extra, allowed=~mask)
                 tally["grown"] += n_swap + n_extra
+                grown = (top_k_mask(unit(grow).to(p.device), n_swap + n_extra, allowed=~mask)
+                         if n_swap + n_extra else torch.zeros_like(mask))
                 grown_parts.append(grown)
                 return kept | grown
 
             new_masks[name] = self._by_unit(name, choose, counts)
-            if any(g is not None for g in grown_parts):
-                parts = [g if g is not None else torch.zeros_like(self.masks[name][0] if len(counts) > 1
-                                                                  else self.masks[name])
-                         for g in grown_parts]
-                self._grown[name] = parts[0] if len(counts) == 1 else torch.stack(parts)
+            if tally["grown"]:
+                self._grown[name] = grown_parts[0] if len(counts) == 1 else torch.stack(grown_parts)
             self.last_update[name] = dict(tally)
         self._finish_update(step, new_masks, fraction)
 
