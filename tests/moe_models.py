@@ -67,11 +67,13 @@ def build(kind: str) -> torch.nn.Module:
     raise ValueError(kind)
 
 
-def save_moe(kind: str, directory: Path, text: str | None = None, fused: bool = False) -> Path:
-    """Save a model of family ``kind`` into ``directory`` (``config.json``,
-    ``model.safetensors``, and a tokenizer trained on ``text`` when given); ``fused`` (or kind
-    ``mixtral_fused``) writes the in-memory state dict as it is: the experts fused."""
-    model = build(kind)
+def save_moe(kind: str, directory: Path, text: str | None = None, fused: bool = False,
+             model: torch.nn.Module | None = None) -> Path:
+    """Save a model of family ``kind`` (``model``, or ``build(kind)``) into ``directory``
+    (``config.json``, ``model.safetensors``, and a tokenizer trained on ``text`` when given);
+    ``fused`` (or kind ``mixtral_fused``) writes the in-memory state dict as it is: the experts
+    fused."""
+    model = build(kind) if model is None else model
     if fused or kind == "mixtral_fused":
         directory.mkdir(parents=True, exist_ok=True)
         model.config.save_pretrained(directory)

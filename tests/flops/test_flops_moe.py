@@ -27,6 +27,8 @@ import json_schemas as S
 from helpers import runner_for
 
 transformers = pytest.importorskip("transformers")
+from moe_models import EXPERT_FFN, build  # noqa: E402
+
 run = runner_for("flops", columns=240)
 
 # The released config.json numbers (shapes only).
@@ -394,53 +396,27 @@ def test_per_expert_matrices_are_counted_as_experts(tmp_path):
 def test_stacked_experts_of_a_real_transformers_model(tmp_path, kind):
     """transformers 5 keeps each layer's experts in 3-D tensors: Mixtral's gate_up_proj is
     (experts, 2 x ffn, hidden), gpt-oss's (experts, hidden, 2 x ffn) with biases."""
-    if kind == "mixtral":
-        hf = transformers.MixtralConfig(
-            hidden_size=32,
-            intermediate_size=48,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            num_local_experts=4,
-            num_experts_per_tok=2,
-            vocab_size=64,
-            max_position_embeddings=16,
-        )
-    else:
-        hf = transformers.GptOssConfig(
-            hidden_size=32,
-            intermediate_size=48,
-            num_hidden_layers=2,
-            head_dim=8,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            num_local_experts=4,
-            num_experts_per_tok=2,
-            vocab_size=64,
-            max_position_embeddings=16,
-        )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(hf)
+    model = build(kind)
+    w = EXPERT_FFN[kind]
     model.save_pretrained(tmp_path / kind)
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     assert shapes["model.layers.0.mlp.experts.gate_up_proj"] == (
-        (4, 96, 32) if kind == "mixtral" else (4, 32, 96)
+        (4, 2 * w, 32) if kind == "mixtral" else (4, 32, 2 * w)
     )
     r = run("--checkpoint", tmp_path / kind, "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert S.problems(out, S.FLOPS) == []
     assert (
-        out["moe"]["experts"] == 4 and out["moe"]["top_k"] == 2 and out["moe"]["expert_width"] == 48
+        out["moe"]["experts"] == 4 and out["moe"]["top_k"] == 2 and out["moe"]["expert_width"] == w
     )
     run0 = out["runs"][0]
     assert run0["params"] == sum(p.numel() for p in model.parameters())
     # the experts a token skips: 2 of 4 in both layers, gate_up and down (and gpt-oss's biases)
-    idle = 2 * 2 * (3 * 32 * 48 + ((2 * 48 + 32) if kind == "gpt_oss" else 0))
+    idle = 2 * 2 * (3 * 32 * w + ((2 * w + 32) if kind == "gpt_oss" else 0))
     assert run0["params"] - run0["active_params"] == idle
-    assert run0["forward_terms"]["ffn"] == 2 * 2 * 16 * 3 * 32 * (
-        2 * 48
-    )  # L * 2 * s * 3 * d * (top_k * f)
+    s = model.config.max_position_embeddings  # the sequence counted: the model's context
+    assert run0["forward_terms"]["ffn"] == 2 * 2 * s * 3 * 32 * (2 * w)  # L 2 s 3 d (top_k f)
     assert any("mixture of experts: 4 experts per layer, 2 per token" in n for n in out["notes"])
 
 

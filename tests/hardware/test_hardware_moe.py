@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file
 
 from sparsetool.flops import forward_terms, get_preset, load_config, param_counts
 from sparsetool.hardware import builtin_devices, from_checkpoint
@@ -20,6 +20,8 @@ import json_schemas as S
 from helpers import run
 
 transformers = pytest.importorskip("transformers")
+from moe_models import build, save_moe  # noqa: E402
+
 GRIDS = dataflow_grids(list(builtin_devices().values()))
 
 
@@ -50,41 +52,14 @@ def test_a_preset_holds_the_active_experts_only():
 def tiny_mixtral(tmp_path, per_expert: bool):
     """A real transformers Mixtral with half of each expert's weights zeroed, saved as
     transformers 5 stores it (3-D stacked experts) or with one w1/w2/w3 matrix per expert."""
-    hf = transformers.MixtralConfig(
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        vocab_size=64,
-        max_position_embeddings=16,
-    )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(hf)
-    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-    for k, v in state.items():
-        if ".experts." in k:
-            v.view(-1)[: v.numel() // 2] = 0
-    out = tmp_path / ("per-expert" if per_expert else "stacked")
-    out.mkdir()
-    if per_expert:
-        for i in range(2):
-            p = f"model.layers.{i}."
-            gate_up, down = (
-                state.pop(p + "mlp.experts.gate_up_proj"),
-                state.pop(p + "mlp.experts.down_proj"),
-            )
-            state[p + "block_sparse_moe.gate.weight"] = state.pop(p + "mlp.gate.weight")
-            for e in range(4):
-                q = f"{p}block_sparse_moe.experts.{e}."
-                state[q + "w1.weight"] = gate_up[e, :48].clone()
-                state[q + "w3.weight"] = gate_up[e, 48:].clone()
-                state[q + "w2.weight"] = down[e].clone()
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    hf.save_pretrained(out)
-    return out, state
+    model = build("mixtral")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".experts." in name:
+                p.view(-1)[: p.numel() // 2] = 0
+    out = save_moe("mixtral", tmp_path / ("per-expert" if per_expert else "stacked"),
+                   fused=not per_expert, model=model)
+    return out, load_file(str(out / "model.safetensors"))
 
 
 @pytest.mark.parametrize("per_expert", [True, False])

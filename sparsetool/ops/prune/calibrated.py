@@ -89,11 +89,12 @@ def calibration_windows(ids: list[int], samples: int, seq: int, seed: int, sourc
 
 @dataclass(frozen=True)
 class _Place:
-    """Where a targeted checkpoint tensor lives in the model: the parameter (``own``) and its
-    place there; for one expert's matrix of a Mixture of Experts, the experts module, the expert,
+    """Where a targeted checkpoint tensor (``lt``) lives in the model: the parameter (``own``)
+    and its place there; for one expert's matrix of a Mixture of Experts, the experts module, the expert,
     and whether it reads the block's hidden states (``"in"``: gate, up) or the gated product
     (``"out"``: down)."""
 
+    lt: LogicalTensor
     own: str
     piece: Piece
     experts: torch.nn.Module | None = None
@@ -138,7 +139,6 @@ class CalibratedPlanner:
         # matrix the checkpoint tensor's (the experts of a block share their parameters)
         self._by_block: dict[int, list[tuple[str, LogicalTensor]]] = {}
         self._where: dict[str, _Place] = {}
-        self._lt_of: dict[str, LogicalTensor] = {}
         self._passes: dict[int, list[list[str]]] = {}  # block -> the keys of each pass
         self.fallback: list[str] = []  # experts' matrices pruned by magnitude: too few tokens
         self.routed: dict[str, int] = {}  # expert's matrix -> calibration tokens routed to it
@@ -241,9 +241,8 @@ class CalibratedPlanner:
             owner, _, attr = own.rpartition(".")
             module = model.module.get_submodule(owner)
             if not _is_experts(module):
-                self._where[own] = _Place(own, piece)
+                self._where[own] = _Place(lt, own, piece)
                 self._by_block.setdefault(i, []).append((own, lt))
-                self._lt_of[own] = lt
                 continue
             if not hasattr(module, "has_gate"):  # not transformers' experts interface (Llama 4)
                 raise SparsetoolError(
@@ -254,15 +253,13 @@ class CalibratedPlanner:
             part = "out" if attr.startswith("down") else "in"
             transposed = bool(module.is_transposed)
             if piece.index and not transposed:  # one expert's matrix
-                self._where[lt.name] = _Place(own, piece, module, int(piece.index[0]), part)
+                self._where[lt.name] = _Place(lt, own, piece, module, int(piece.index[0]), part)
                 self._by_block.setdefault(i, []).append((lt.name, lt))
-                self._lt_of[lt.name] = lt
             elif not piece.index and transposed == (self.target_plan[lt.name].layout == "stacked_t"):
                 for e in range(lt.shape[0]):  # every expert's matrix, each a unit of its own
                     key = f"{lt.name}[{e}]"
-                    self._where[key] = _Place(own, piece, module, e, part, slot=True)
+                    self._where[key] = _Place(lt, own, piece, module, e, part, slot=True)
                     self._by_block.setdefault(i, []).append((key, lt))
-                    self._lt_of[key] = lt
             else:
                 raise SparsetoolError(
                     f"tensor {lt.name!r} {list(lt.shape)}: its experts are stored "
@@ -330,7 +327,7 @@ class CalibratedPlanner:
         """A window's routed inputs of every expert, held while its statistics are added: the
         hidden states each token's experts read and their gated products, as they are and
         scaled by the routing weights (float32 at most)."""
-        widths = [self._n_in(self._lt_of[k]) for k, p in self._where.items() if p.expert is not None]
+        widths = [self._n_in(p.lt) for p in self._where.values() if p.expert is not None]
         if not widths:
             return 0
         k = int(getattr(getattr(self.model.module, "config", None), "num_experts_per_tok", 1) or 1)
@@ -366,7 +363,7 @@ class CalibratedPlanner:
         if not atoms:
             return 0
         held = sum(size for _keys, size, _cost in atoms)
-        n_in = max(self._n_in(self._lt_of[k]) for keys, _s, _c in atoms for k in keys)
+        n_in = max(self._n_in(self._where[k].lt) for keys, _s, _c in atoms for k in keys)
         peak = held + (ROWS * n_in * 4 if self.opts.method == "sparsegpt" else 0)
         for _keys, size, cost in sorted(atoms, key=lambda a: a[2]):
             peak = max(peak, held + cost)
