@@ -35,6 +35,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
               "Train the built-in byte-level GPT, dense or with a sparse-training algorithm."),
     "simulate": ("simulate", "simulate",
                  "Masked-kernel hardware model: time, speedup and breakdown per device."),
+    "bench": ("bench", "bench",
+              "Dense against sparse matrix products, timed on this machine: speed-up per shape and batch."),
     "eval": ("eval", "eval_command", "Perplexity of each checkpoint on the same held-out text."),
     "diff": ("diff", "diff",
              "Compare the targeted weights of checkpoints A and B (say before and after fine-tuning)."),

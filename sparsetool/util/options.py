@@ -206,6 +206,30 @@ def parse_tokens(text: str | int | float, option: str = "--tokens", minimum: int
     return int(value)
 
 
+def parse_batches(text: str, option: str = "--batch") -> list[int]:
+    """``"1,8,64"`` -> ``[1, 8, 64]``: distinct token counts (K suffixes allowed), in the order
+    given.
+
+    >>> parse_batches("1, 8,2K")
+    [1, 8, 2000]
+    >>> parse_batches("1,0")
+    Traceback (most recent call last):
+    ...
+    sparsetool.errors.ConfigError: --batch '1,0': each batch is a whole number of at least 1, e.g. 1,8,64,512,2048
+    """
+    out = []
+    for part in str(text).split(","):
+        try:
+            value = parse_tokens(part, option)
+        except ConfigError:
+            raise ConfigError(f"{option} '{text}': each batch is a whole number of at least 1, "
+                              "e.g. 1,8,64,512,2048") from None
+        if value in out:
+            raise ConfigError(f"{option} '{text}': batch {value} is given twice")
+        out.append(value)
+    return out
+
+
 _BYTES = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 

@@ -1,0 +1,332 @@
+"""A whole ``sparsetool bench`` run: every matrix, batch and kernel timed and checked, then what
+the times mean: speed-up per shape and batch, the whole model's speed-up per token, break-even
+sparsity where several sparsities were timed, and a one-line verdict.
+
+The result is the JSON ``bench --json`` prints (schema ``"bench": 1``), which ``simulate
+--measured`` reads. Speed-up is the dense median over the sparse median: above 1 the sparse kernel
+is faster.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from sparsetool.bench.kernels import (
+    CPU_DENSE,
+    CPU_SPARSE,
+    CUDA_DENSE,
+    CUDA_SPARSE,
+    Kernel,
+    Unavailable,
+    cpu_kernel,
+    cuda_kernel,
+)
+from sparsetool.bench.matrices import Matrix, two_four
+from sparsetool.bench.timing import measure
+from sparsetool.errors import ConfigError, SparsetoolError
+
+SCHEMA = 1
+BATCHES = (1, 8, 64, 512, 2048)
+RTOL = {"float32": 1e-4, "bfloat16": 2e-2}
+"""A product is correct when ``max |y - y_ref| <= rtol * max |y_ref|``, ``y_ref`` the float32
+product of the same (dtype-rounded) values. float32 sums in another order differ by ~1e-6 of the
+largest output; a kernel whose output is rounded to bfloat16 by ~4e-3."""
+
+
+def kernel_names(device_type: str, dtype: str, chosen: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+    """The dense candidates and the sparse kernels to time on this kind of device; ``chosen``
+    (``--kernel``) keeps only those sparse kernels."""
+    if device_type == "cuda":
+        dense, sparse = list(CUDA_DENSE), list(CUDA_SPARSE)
+    else:
+        dense = [n for n in CPU_DENSE if dtype != "float32" or n != "torch-linear-float32"]
+        sparse = list(CPU_SPARSE)
+    if chosen:
+        wrong = [k for k in chosen if k not in sparse]
+        if wrong:
+            raise ConfigError(f"--kernel {wrong[0]}: the sparse kernels on {device_type} are "
+                              f"{', '.join(sparse)}")
+        sparse = [k for k in sparse if k in chosen]
+    return dense, sparse
+
+
+def device_info(device: Any, threads: int) -> dict[str, Any]:
+    import torch
+
+    try:
+        import scipy
+        scipy_version = scipy.__version__
+    except ImportError:
+        scipy_version = None
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = _cpu_name()
+    return {"type": device.type, "name": name, "threads": threads,
+            "torch": torch.__version__, "scipy": scipy_version}
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _error(y: Any, ref: Any) -> tuple[float, float]:
+    """Max absolute error and the largest |reference| output."""
+    return float((y - ref).abs().max()), float(ref.abs().max())
+
+
+def _build(name: str, weight: Any, dtype: Any, device: Any, threads: int, is_24: bool) -> Kernel:
+    if device.type == "cuda":
+        return cuda_kernel(name, weight, dtype, device, is_24)
+    return cpu_kernel(name, weight, dtype, threads)
+
+
+def time_matrix(m: Matrix, weight: Any, batches: Sequence[int], dense_names: Sequence[str],
+                sparse_names: Sequence[str], *, device: Any, dtype: str, threads: int,
+                repeats: int, min_time: float, seed: int,
+                step: Callable[[], None] = lambda: None) -> dict[str, Any]:
+    """Every batch of one matrix: the fastest dense candidate and each sparse kernel, each
+    checked against the float32 product of the same values."""
+    import torch
+
+    from sparsetool.models.open import DTYPES
+
+    tdtype = DTYPES[dtype]
+    nnz = int(torch.count_nonzero(weight))
+    is_24 = weight.shape[1] % 4 == 0 and two_four(weight)
+    skipped: dict[str, str] = {}
+    kernels: dict[str, Kernel] = {}
+    for name in [*dense_names, *sparse_names]:
+        try:
+            kernels[name] = _build(name, weight, tdtype, device, threads, is_24)
+        except Unavailable as e:
+            skipped[name] = str(e)
+    if not any(n in kernels for n in dense_names):
+        raise SparsetoolError(f"{m.name}: no dense kernel could run ({'; '.join(skipped.values())})")
+    exact = weight.to(tdtype).float()
+    rtol = RTOL[dtype]
+    runs = []
+    try:
+        for batch in batches:
+            g = torch.Generator().manual_seed(seed + batch)
+            x = torch.randn(batch, m.shape[1], generator=g)
+            ref = torch.nn.functional.linear(x.to(tdtype).float(), exact)
+            dense, sparse = None, {}
+            for name, k in kernels.items():
+                prepared = k.take(x)
+                timing, out = measure(lambda: k.run(prepared), repeats=repeats, min_time=min_time,
+                                      sync=k.sync)
+                err, top = _error(k.result(out), ref)
+                entry = {**timing.as_dict(), "max_abs_error": err,
+                         "ok": err <= rtol * max(top, 1e-30)}
+                del out, prepared
+                if name in dense_names:
+                    if dense is None or entry["median_s"] < dense["median_s"]:
+                        dense = {"kernel": name, **entry}
+                else:
+                    sparse[name] = entry
+            for entry in sparse.values():
+                entry["speedup"] = dense["median_s"] / entry["median_s"]
+            best = max(sparse, key=lambda n: sparse[n]["speedup"], default=None)
+            runs.append({"batch": batch, "dense": dense, "sparse": sparse, "best": best,
+                         "best_speedup": sparse[best]["speedup"] if best else None})
+            step()
+    finally:
+        for k in kernels.values():
+            k.close()
+    numel = m.shape[0] * m.shape[1]
+    return {"name": m.name, "shape": list(m.shape), "count": m.count, "roles": list(m.roles),
+            "nnz": nnz, "sparsity": 1.0 - nnz / numel, "two_four": is_24, "runs": runs,
+            "skipped": skipped}
+
+
+def model_summary(layers: list[dict[str, Any]], batches: Sequence[int]) -> list[dict[str, Any]]:
+    """The whole model's time per token at each batch, for each group of matrices timed together
+    (one per sparsity of a preset sweep; one for a checkpoint): dense everywhere, the best sparse
+    kernel everywhere, and each shape on the faster of the two (``mixed``)."""
+    groups: dict[float | None, list[dict[str, Any]]] = {}
+    for ly in layers:
+        groups.setdefault(ly["target_sparsity"], []).append(ly)
+    out = []
+    for target, lys in groups.items():
+        numel = sum(ly["count"] * ly["shape"][0] * ly["shape"][1] for ly in lys)
+        nnz = sum(ly["count"] * ly["nnz"] for ly in lys)
+        rows = []
+        for i, batch in enumerate(batches):
+            dense = sum(ly["count"] * ly["runs"][i]["dense"]["median_s"] for ly in lys)
+            best = [ly["runs"][i]["best"] for ly in lys]
+            if any(b is None for b in best):
+                sparse = None
+            else:
+                sparse = sum(ly["count"] * ly["runs"][i]["sparse"][b]["median_s"]
+                             for ly, b in zip(lys, best))
+            mixed = sum(ly["count"] * min([ly["runs"][i]["dense"]["median_s"],
+                                           *(e["median_s"] for e in ly["runs"][i]["sparse"].values())])
+                        for ly in lys)
+            rows.append({"batch": batch, "dense_s": dense / batch, "sparse_s":
+                         None if sparse is None else sparse / batch,
+                         "speedup": None if sparse is None else dense / sparse,
+                         "mixed_s": mixed / batch, "mixed_speedup": dense / mixed,
+                         "kernels": {ly["name"]: b for ly, b in zip(lys, best)}})
+        out.append({"sparsity": 1.0 - nnz / numel, "target_sparsity": target,
+                    "matrices": sum(ly["count"] for ly in lys), "batches": rows})
+    return out
+
+
+def crossing(points: Sequence[tuple[float, float]]) -> tuple[str, float | None]:
+    """Where speed-up reaches 1 along increasing sparsity, from ``(sparsity, speedup)`` points.
+
+    Linear in log speed-up between the two points around the first crossing from below 1 to 1 or
+    above. ``("crossed", s)``, ``("always", None)`` when even the least sparse point is at least
+    1, ``("never", None)`` when no point reaches 1.
+
+    >>> crossing([(0.5, 0.5), (0.9, 2.0)])
+    ('crossed', 0.7)
+    >>> crossing([(0.5, 1.2), (0.9, 3.0)]), crossing([(0.5, 0.2), (0.9, 0.8)])
+    (('always', None), ('never', None))
+    """
+    pts = sorted(p for p in points if p[1] is not None and p[1] > 0)
+    if not pts:
+        return "never", None
+    if pts[0][1] >= 1:
+        return "always", None
+    for (s0, v0), (s1, v1) in zip(pts, pts[1:]):
+        if v0 < 1 <= v1:
+            a, b = math.log(v0), math.log(v1)
+            return "crossed", s0 + (s1 - s0) * (0 - a) / (b - a)
+    return "never", None
+
+
+def break_even(layers: list[dict[str, Any]], batches: Sequence[int],
+               kernels: Sequence[str]) -> list[dict[str, Any]]:
+    """Break-even sparsity per shape, batch and kernel (and ``best``: the fastest kernel at each
+    sparsity), wherever a shape was timed at two sparsities or more."""
+    shapes: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for ly in layers:
+        shapes.setdefault(tuple(ly["shape"]), []).append(ly)
+    out = []
+    for shape, lys in shapes.items():
+        if len({round(ly["sparsity"], 9) for ly in lys}) < 2:
+            continue
+        for i, batch in enumerate(batches):
+            for k in [*kernels, "best"]:
+                pts = []
+                for ly in lys:
+                    run = ly["runs"][i]
+                    v = run["best_speedup"] if k == "best" else run["sparse"].get(k, {}).get("speedup")
+                    pts.append((ly["sparsity"], v))
+                if all(v is None for _, v in pts):
+                    continue
+                status, s = crossing(pts)
+                best = max((v for _, v in pts if v is not None), default=None)
+                out.append({"shape": list(shape), "batch": batch, "kernel": k, "status": status,
+                            "sparsity": s, "best_speedup": best})
+    return out
+
+
+def _batches_where(rows: list[tuple[int, float | None]], faster: bool) -> list[int]:
+    return [b for b, v in rows if v is not None and (v > 1) == faster]
+
+
+def verdict(result: dict[str, Any]) -> str:
+    """One line: does sparsity pay on this device, and up to which batch or from which sparsity."""
+    where = "this GPU" if result["device"]["type"] == "cuda" else "this CPU"
+    be = [r for r in result["break_even"] if r["kernel"] == "best"]
+    if be:
+        parts = []
+        for r in be:
+            b = f"batch {r['batch']}"
+            if r["status"] == "crossed":
+                parts.append(f"from {r['sparsity']:.0%} sparsity at {b}")
+            elif r["status"] == "always":
+                parts.append(f"at every sparsity timed at {b}")
+            else:
+                parts.append(f"at no sparsity timed at {b} (best {r['best_speedup']:.2f}x)")
+        shape = "x".join(map(str, be[0]["shape"]))
+        many = len({tuple(r["shape"]) for r in be}) > 1
+        return (f"on {where} the fastest sparse kernel beats dense{' on ' + shape if not many else ''} "
+                + "; ".join(parts[:6]) + ("; ..." if len(parts) > 6 else ""))
+    model = result["model"][0] if result["model"] else None
+    if model is None:
+        return "nothing timed"
+    rows = [(r["batch"], r["speedup"]) for r in model["batches"]]
+    fast, slow = _batches_where(rows, True), _batches_where(rows, False)
+    what = "the model's targeted matrices" if result["source"] != "shape" else "this matrix"
+    span = ", ".join(f"{v:.2f}x at batch {b}" for b, v in rows if v is not None)
+    if not fast:
+        return (f"sparsity does not pay on {where}: the sparse kernels make {what} slower at every "
+                f"batch timed ({span}); use dense kernels here")
+    if not slow:
+        return f"sparsity pays on {where} at every batch timed: {what} run faster by {span}"
+    return (f"sparsity pays on {where} at batch {_span(fast)} and not at batch {_span(slow)} "
+            f"({span}): sparse kernels for decoding, dense for large batches")
+
+
+def _span(batches: list[int]) -> str:
+    return str(batches[0]) if len(batches) == 1 else f"{batches[0]}-{batches[-1]}"
+
+
+def run_bench(matrices: list[Matrix], *, source: str, label: str, batches: Sequence[int] = BATCHES,
+              device: str = "cpu", dtype: str = "float32", kernels: Sequence[str] = (),
+              repeats: int = 5, min_time: float = 0.2, threads: int = 1, seed: int = 0,
+              plot: Path | None = None,
+              progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+    """Time ``matrices`` (:mod:`sparsetool.bench.matrices`) and return the bench JSON."""
+    from sparsetool.models.open import resolve_device
+
+    dev = resolve_device(device)
+    dense_names, sparse_names = kernel_names(dev.type, dtype, kernels)
+    total, done = len(matrices) * len(batches), 0
+    layers, skipped = [], {}
+
+    def step() -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress("timing", done, total)
+
+    if progress:
+        progress("timing", 0, total)
+    for m in matrices:
+        weight = m.load()
+        ly = time_matrix(m, weight, batches, dense_names, sparse_names, device=dev, dtype=dtype,
+                         threads=threads, repeats=repeats, min_time=min_time, seed=seed, step=step)
+        del weight
+        ly["target_sparsity"] = m.target
+        for k, why in ly.pop("skipped").items():
+            skipped.setdefault(k, why)
+        layers.append(ly)
+    timed = [k for k in sparse_names if k not in skipped]
+    result: dict[str, Any] = {
+        "bench": SCHEMA, "device": device_info(dev, threads), "dtype": dtype, "source": source,
+        "label": label, "batches": list(batches), "kernels": timed,
+        "dense_kernels": [k for k in dense_names if k not in skipped],
+        "skipped": {k: v for k, v in skipped.items() if k in sparse_names},
+        "options": {"repeats": repeats, "min_time_s": min_time, "seed": seed},
+        "layers": layers,
+        "model": model_summary(layers, batches) if source != "shape" else [],
+        "break_even": break_even(layers, batches, timed),
+        "failed": [{"name": ly["name"], "batch": r["batch"], "kernel": k}
+                   for ly in layers for r in ly["runs"]
+                   for k, e in [("dense", r["dense"]), *r["sparse"].items()] if not e["ok"]],
+    }
+    if source == "shape" and not result["break_even"]:
+        result["model"] = model_summary(layers, batches)
+    result["verdict"] = verdict(result)
+    result["plot"] = None
+    if plot is not None:
+        from sparsetool.bench.plot import plot_bench
+
+        plot_bench(result, plot)
+        result["plot"] = str(plot)
+    return result
