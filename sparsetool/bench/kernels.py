@@ -13,7 +13,8 @@ the faster one). The sparse kernels hold float32 values (scipy has no bfloat16; 
 the same numbers): SciPy's CSR (``scipy-csr``, one thread), the same split into row bands of
 equal non-zero count, one per thread (``scipy-csr-rows``: SciPy's sparse products release the
 GIL), and torch's CSR (``torch-csr``). CUDA: cuBLAS dense, torch's CSR (cuSPARSE) and, for a
-mask that keeps 2 of every 4 along K, 2:4 semi-structured (``torch.sparse.to_sparse_semi_structured``).
+mask that keeps 2 of every 4 along K, 2:4 semi-structured
+(``torch.sparse.to_sparse_semi_structured``).
 """
 
 from __future__ import annotations
@@ -100,8 +101,8 @@ def cpu_kernel(name: str, weight: torch.Tensor, dtype: torch.dtype, threads: int
                       lambda y: y.float())
     if name == "torch-linear-float32":
         w = weight.to(dtype).float()
-        return Kernel(name, lambda x: x.to(dtype).float(), lambda x: torch.nn.functional.linear(x, w),
-                      lambda y: y)
+        return Kernel(name, lambda x: x.to(dtype).float(),
+                      lambda x: torch.nn.functional.linear(x, w), lambda y: y)
     values = weight.to(dtype).float()  # the dtype's numbers, held in float32
     if name == "torch-csr":
         import warnings
@@ -147,7 +148,8 @@ def _banded(name: str, csr: Any, threads: int, take: Callable[[torch.Tensor], An
 
 def cuda_kernel(name: str, weight: torch.Tensor, dtype: torch.dtype, device: torch.device,
                 two_four: bool) -> Kernel:
-    """The CUDA kernel ``name`` on ``device``; thin on torch's API (not run on machines without CUDA)."""
+    """The CUDA kernel ``name`` on ``device``; thin on torch's API (never run on machines
+    without CUDA)."""
     import torch
 
     sync = lambda: torch.cuda.synchronize(device)  # noqa: E731

@@ -42,7 +42,8 @@ class Matrix:
     target: float | None = None
 
 
-def _random_weight(shape: tuple[int, int], sparsity: float, pattern: str, seed: int) -> torch.Tensor:
+def _random_weight(shape: tuple[int, int], sparsity: float, pattern: str,
+                   seed: int) -> torch.Tensor:
     mask = synthetic_mask(shape, sparsity, pattern, seed)
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(shape, generator=g, dtype=torch.float32)
@@ -133,8 +134,10 @@ def _read(path: Path, name: str, shape: tuple[int, int], include: Sequence[str],
 def two_four(weight: torch.Tensor) -> bool:
     """Whether every group of 4 consecutive weights along K keeps at most 2 (the 2:4 pattern).
 
-    >>> two_four(torch.tensor([[1.0, 0.0, 2.0, 0.0]])), two_four(torch.tensor([[1.0, 1.0, 2.0, 0.0]]))
-    (True, False)
+    >>> two_four(torch.tensor([[1.0, 0.0, 2.0, 0.0]]))
+    True
+    >>> two_four(torch.tensor([[1.0, 1.0, 2.0, 0.0]]))
+    False
     """
     from sparsetool.hardware.layers import nm_violation
 

@@ -33,7 +33,8 @@ def bench_figure(result: dict[str, Any]) -> Any:
                     ax.plot(*zip(*pts), marker=_MARKERS[i % len(_MARKERS)], ms=4,
                             label=f"batch {batch}")
             for r in result["break_even"]:
-                if r["kernel"] == "best" and tuple(r["shape"]) == shape and r["sparsity"] is not None:
+                crossed = r["kernel"] == "best" and r["sparsity"] is not None
+                if crossed and tuple(r["shape"]) == shape:
                     ax.plot([r["sparsity"]], [1.0], "k|", ms=12)
             ax.set_xlabel("sparsity (fraction of zero weights)")
             title = f"{shape[0]} x {shape[1]}: fastest sparse kernel"
@@ -60,8 +61,8 @@ def bench_figure(result: dict[str, Any]) -> Any:
     if handles:
         fig.legend(handles, labels, fontsize=8, loc="outside right upper")
     dev = result["device"]
-    fig.suptitle(f"{result['label']} on {dev['name']} ({dev['threads']} threads, {result['dtype']})",
-                 fontsize=10)
+    fig.suptitle(f"{result['label']} on {dev['name']} ({dev['threads']} threads, "
+                 f"{result['dtype']})", fontsize=10)
     return fig
 
 

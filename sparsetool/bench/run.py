@@ -36,7 +36,8 @@ product of the same (dtype-rounded) values. float32 sums in another order differ
 largest output; a kernel whose output is rounded to bfloat16 by ~4e-3."""
 
 
-def kernel_names(device_type: str, dtype: str, chosen: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+def kernel_names(device_type: str, dtype: str,
+                 chosen: Sequence[str] = ()) -> tuple[list[str], list[str]]:
     """The dense candidates and the sparse kernels to time on this kind of device; ``chosen``
     (``--kernel``) keeps only those sparse kernels."""
     if device_type == "cuda":
@@ -112,7 +113,8 @@ def time_matrix(m: Matrix, weight: Any, batches: Sequence[int], dense_names: Seq
         except Unavailable as e:
             skipped[name] = str(e)
     if not any(n in kernels for n in dense_names):
-        raise SparsetoolError(f"{m.name}: no dense kernel could run ({'; '.join(skipped.values())})")
+        why = "; ".join(skipped.values())
+        raise SparsetoolError(f"{m.name}: no dense kernel could run ({why})")
     exact = weight.to(tdtype).float()
     rtol = RTOL[dtype]
     runs = []
@@ -124,8 +126,8 @@ def time_matrix(m: Matrix, weight: Any, batches: Sequence[int], dense_names: Seq
             dense, sparse = None, {}
             for name, k in kernels.items():
                 prepared = k.take(x)
-                timing, out = measure(lambda: k.run(prepared), repeats=repeats, min_time=min_time,
-                                      sync=k.sync)
+                timing, out = measure(lambda k=k, p=prepared: k.run(p), repeats=repeats,
+                                      min_time=min_time, sync=k.sync)
                 err, top = _error(k.result(out), ref)
                 entry = {**timing.as_dict(), "max_abs_error": err,
                          "ok": err <= rtol * max(top, 1e-30)}
@@ -170,9 +172,10 @@ def model_summary(layers: list[dict[str, Any]], batches: Sequence[int]) -> list[
             else:
                 sparse = sum(ly["count"] * ly["runs"][i]["sparse"][b]["median_s"]
                              for ly, b in zip(lys, best))
-            mixed = sum(ly["count"] * min([ly["runs"][i]["dense"]["median_s"],
-                                           *(e["median_s"] for e in ly["runs"][i]["sparse"].values())])
-                        for ly in lys)
+            runs = [ly["runs"][i] for ly in lys]
+            mixed = sum(ly["count"] * min(e["median_s"]
+                                          for e in [r["dense"], *r["sparse"].values()])
+                        for ly, r in zip(lys, runs))
             rows.append({"batch": batch, "dense_s": dense / batch, "sparse_s":
                          None if sparse is None else sparse / batch,
                          "speedup": None if sparse is None else dense / sparse,
@@ -223,7 +226,8 @@ def break_even(layers: list[dict[str, Any]], batches: Sequence[int],
                 pts = []
                 for ly in lys:
                     run = ly["runs"][i]
-                    v = run["best_speedup"] if k == "best" else run["sparse"].get(k, {}).get("speedup")
+                    v = (run["best_speedup"] if k == "best"
+                         else run["sparse"].get(k, {}).get("speedup"))
                     pts.append((ly["sparsity"], v))
                 if all(v is None for _, v in pts):
                     continue
@@ -254,7 +258,8 @@ def verdict(result: dict[str, Any]) -> str:
                 parts.append(f"at no sparsity timed at {b} (best {r['best_speedup']:.2f}x)")
         shape = "x".join(map(str, be[0]["shape"]))
         many = len({tuple(r["shape"]) for r in be}) > 1
-        return (f"on {where} the fastest sparse kernel beats dense{' on ' + shape if not many else ''} "
+        on = "" if many else f" on {shape}"
+        return (f"on {where} the fastest sparse kernel beats dense{on} "
                 + "; ".join(parts[:6]) + ("; ..." if len(parts) > 6 else ""))
     model = result["model"][0] if result["model"] else None
     if model is None:

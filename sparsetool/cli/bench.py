@@ -20,8 +20,8 @@ from sparsetool.cli._output import (
     warn,
 )
 from sparsetool.cli._params import (
-    checkpoint_argument,
     checked,
+    checkpoint_argument,
     choice_option,
     choices,
     compute_dtype_option,
@@ -69,22 +69,27 @@ def bench(
         "break-even sparsity."),
     pattern: Pattern = choice_option(
         Pattern, "random", "--pattern",
-        help="The mask of --shape: random; rows or cols (all pruning in the leading rows/columns); 2:4."),
+        help="The mask of --shape: random; rows or cols (all pruning in the leading "
+             "rows/columns); 2:4."),
     batch: str = typer.Option(
-        "1,8,64,512,2048", "--batch", "-b", metavar="B[,B...]", callback=checked(options.parse_batches),
-        help="Tokens per product (rows of the input): 1 is decoding one token, 2048 a long prompt."),
+        "1,8,64,512,2048", "--batch", "-b", metavar="B[,B...]",
+        callback=checked(options.parse_batches),
+        help="Tokens per product (rows of the input): 1 is decoding one token, 2048 a long "
+             "prompt."),
     kernel: list[str] = typer.Option(
         [], "--kernel", "-k", metavar="NAME",
         help="Only this sparse kernel (repeatable): " + ", ".join(KERNELS) + "."),
-    device: str = device_option("Where to time: auto (a GPU if there is one), cpu, cuda or cuda:N."),
-    dtype: Any = compute_dtype_option("Precision of the weights and inputs (the CPU's sparse kernels "
-                                      "hold bfloat16 values in float32)."),
+    device: str = device_option("Where to time: auto (a GPU if there is one), cpu, cuda or "
+                                "cuda:N."),
+    dtype: Any = compute_dtype_option("Precision of the weights and inputs (the CPU's sparse "
+                                      "kernels hold bfloat16 values in float32)."),
     repeats: int = typer.Option(
         5, "--repeats", "-r", min=1, help="Timed calls per product at least (more while they take "
         "under 0.2 s in all); the median is reported with its spread."),
     seed: int = seed_option("Seed of the inputs and of the synthetic weights and masks."),
     threads: Optional[int] = threads_option(),
-    include: list[str] = include_option("With CHECKPOINT: also time tensors matching this glob (repeatable)."),
+    include: list[str] = include_option("With CHECKPOINT: also time tensors matching this glob "
+                                        "(repeatable)."),
     exclude: list[str] = exclude_option("With CHECKPOINT: leave out tensors matching this glob "
                                         "(repeatable; wins over --include)."),
     default_targets: bool = default_targets_option(),
@@ -113,12 +118,14 @@ def bench(
             note = None
             if checkpoint is not None:
                 counting = (lambda i, n, _: progress("reading", i, n)) if progress else None
-                mats, targeting = matrices.from_checkpoint(checkpoint, include=include, exclude=exclude,
-                                                default_targets=default_targets, progress=counting)
+                mats, targeting = matrices.from_checkpoint(
+                    checkpoint, include=include, exclude=exclude,
+                    default_targets=default_targets, progress=counting)
                 source, label = "checkpoint", str(checkpoint)
                 note = (targeting or {}).get("note")
             elif shape is not None:
-                mats = matrices.from_shape(options.parse_shape(shape), sparsity, value_of(pattern), seed)
+                mats = matrices.from_shape(options.parse_shape(shape), sparsity,
+                                           value_of(pattern), seed)
                 source, label = "shape", f"{shape} layer, {value_of(pattern)} mask"
             else:
                 from sparsetool.flops.config import get_preset
@@ -144,7 +151,8 @@ def _check_usage(checkpoint: Optional[Path], model: Optional[str], shape: Option
                  sparsity: Optional[list[float]], pattern: str, include: list[str],
                  exclude: list[str], default_targets: bool, kernel: list[str]) -> None:
     """How the options combine: exit 2 before anything is read or torch is imported."""
-    given = [n for n, v in (("CHECKPOINT", checkpoint), ("--model", model), ("--shape", shape)) if v]
+    given = [n for n, v in (("CHECKPOINT", checkpoint), ("--model", model), ("--shape", shape))
+             if v]
     if len(given) != 1:
         usage_error("give a CHECKPOINT, --model PRESET --sparsity S or --shape MxK --sparsity S"
                     if not given else f"{given[0]} and {given[1]} both say what to time; give one")
@@ -199,7 +207,8 @@ def _render(res: dict[str, Any], quiet: bool) -> None:
     for m in res["model"]:
         if res["source"] == "shape":
             break
-        rows = [[str(r["batch"]), _t(r["dense_s"]), "-" if r["sparse_s"] is None else _t(r["sparse_s"]),
+        rows = [[str(r["batch"]), _t(r["dense_s"]),
+                 "-" if r["sparse_s"] is None else _t(r["sparse_s"]),
                  "-" if r["speedup"] is None else f"{r['speedup']:.2f}x", _t(r["mixed_s"]),
                  f"{r['mixed_speedup']:.2f}x"] for r in m["batches"]]
         print_table(["batch", "dense", "sparse", "speed-up", "faster of the two", "speed-up"], rows,
@@ -208,7 +217,8 @@ def _render(res: dict[str, Any], quiet: bool) -> None:
                           "the faster of dense and sparse")
     if not quiet:
         for k, why in res["skipped"].items():
-            console.print(f"note: {escape(k)} not timed: {escape(why)}", highlight=False, soft_wrap=True)
+            console.print(f"note: {escape(k)} not timed: {escape(why)}", highlight=False,
+                          soft_wrap=True)
     if res["plot"]:
         console.print(f"plot written to {escape(res['plot'])}", highlight=False, soft_wrap=True)
     console.print(f"[bold]verdict:[/] {escape(res['verdict'])}", highlight=False, soft_wrap=True)
@@ -223,12 +233,14 @@ def _render_sweep(res: dict[str, Any]) -> None:
         rows = []
         for ly in lys:
             rows.append([f"{ly['sparsity']:.3f}", *[
-                "-" if r["best"] is None else f"{r['best_speedup']:.2f}x {r['best']}" for r in ly["runs"]]])
+                "-" if r["best"] is None else f"{r['best_speedup']:.2f}x {r['best']}"
+                for r in ly["runs"]]])
         be = {r["batch"]: r for r in res["break_even"]
               if r["kernel"] == "best" and tuple(r["shape"]) == shape}
         rows.append(["break-even", *[_break_even(be.get(b)) for b in res["batches"]]])
         print_table(["sparsity", *[f"batch {b}" for b in res["batches"]]], rows,
-                    title=f"{shape[0]}x{shape[1]}: speed-up of the fastest sparse kernel over dense")
+                    title=f"{shape[0]}x{shape[1]}: speed-up of the fastest sparse kernel over "
+                          "dense")
 
 
 def _break_even(r: Optional[dict[str, Any]]) -> str:
