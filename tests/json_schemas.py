@@ -166,3 +166,19 @@ TRAIN = obj(run_dir=STR, step=INT, steps=INT, finished=BOOL, loss=NUM, val_loss=
             tokens=INT, elapsed_s=NUM, tokens_per_s=OPT_NUM, params=INT, world_size=INT,
             masks_identical_across_ranks=(BOOL, "null"), mask_updates_that_diverged=(INT, "null"),
             checkpoint=STR, log=STR, plot=STR, huggingface=BOOL, interrupted=OPT_STR)
+
+_TIMING = dict(median_s=NUM, low_s=NUM, high_s=NUM, repeats=INT, max_abs_error=NUM, ok=BOOL)
+BENCH_RUN = obj(batch=INT, dense=obj(kernel=STR, **_TIMING), sparse=mapping(obj(speedup=NUM, **_TIMING)),
+                best=OPT_STR, best_speedup=OPT_NUM)
+BENCH = obj(
+    bench=INT, device=obj(type=STR, name=STR, threads=INT, torch=STR, scipy=OPT_STR), dtype=STR,
+    source=STR, label=STR, batches=arr(INT), kernels=arr(STR), dense_kernels=arr(STR),
+    skipped=mapping(STR), options=obj(repeats=INT, min_time_s=NUM, seed=INT),
+    layers=arr(obj(name=STR, shape=arr(INT), count=INT, roles=arr(STR), nnz=INT, sparsity=NUM,
+                   two_four=BOOL, runs=arr(BENCH_RUN), target_sparsity=OPT_NUM)),
+    model=arr(obj(sparsity=NUM, target_sparsity=OPT_NUM, matrices=INT, batches=arr(obj(
+        batch=INT, dense_s=NUM, sparse_s=OPT_NUM, speedup=OPT_NUM, mixed_s=NUM, mixed_speedup=NUM,
+        kernels=mapping(OPT_STR))))),
+    break_even=arr(obj(shape=arr(INT), batch=INT, kernel=STR, status=STR, sparsity=OPT_NUM,
+                       best_speedup=OPT_NUM)),
+    failed=arr(obj(name=STR, batch=INT, kernel=STR)), verdict=STR, plot=OPT_STR)

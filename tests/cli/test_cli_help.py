@@ -5,7 +5,7 @@ import pytest
 
 from helpers import ROOT, run
 
-COMMANDS = ["prune", "densify", "report", "flops", "train", "simulate", "eval", "diff", "demo"]
+COMMANDS = ["prune", "densify", "report", "flops", "train", "simulate", "bench", "eval", "diff", "demo"]
 README = (ROOT / "README.md").read_text()
 
 

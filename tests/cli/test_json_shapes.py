@@ -105,6 +105,22 @@ def test_simulate_list_hardware_json():
     conforms(as_json("simulate", "--list-hardware"), S.SIMULATE_LIST)
 
 
+# --- bench: one shape, a sweep, a preset, a checkpoint -------------------------------------------
+@pytest.mark.parametrize("args", [
+    ["--shape", "16x32", "-s", "0.5"],
+    ["--shape", "16x32", "-s", "0.5,0.9", "--dtype", "bfloat16"],
+    ["--model", "gpt2-small", "-s", "0.9", "--kernel", "scipy-csr"],
+])
+def test_bench_json_has_one_shape(args):
+    conforms(as_json("bench", *args, "--batch", "1,3", "-r", "1"), S.BENCH)
+
+
+def test_bench_json_from_a_checkpoint(files):
+    d = as_json("bench", str(files["pruned"]), "--batch", "2", "-r", "1")
+    conforms(d, S.BENCH)
+    assert len(d["model"]) == 1
+
+
 # --- prune, densify, report, diff ---------------------------------------------------------------
 def test_checkpoint_commands_keep_one_shape(files, tmp_path):
     dense, pruned = str(files["dense"]), str(files["pruned"])
