@@ -69,7 +69,8 @@ def test_each_cuda_kernel_equals_the_float32_product(name):
     w = masked((128, 128), 0.5)
     if name == "semi-structured-2:4":  # keep the two largest of every four along K
         groups = w.abs().reshape(128, 32, 4)
-        keep = torch.zeros_like(groups, dtype=torch.bool).scatter_(2, groups.topk(2, dim=2).indices, True)
+        top = groups.topk(2, dim=2).indices
+        keep = torch.zeros_like(groups, dtype=torch.bool).scatter_(2, top, True)
         w = torch.randn(128, 128) * keep.reshape(128, 128)
     k = kernels.cuda_kernel(name, w, torch.bfloat16, dev, matrices.two_four(w))
     x = torch.randn(64, 128)
@@ -152,7 +153,8 @@ def test_model_summary_weighs_each_shape_by_its_count_per_token():
     (m,) = model_summary(lys, [1, 8])
     assert m["matrices"] == 4 and m["sparsity"] == pytest.approx(1 - (3 * 8 + 2) / (3 * 16 + 8))
     b1, b8 = m["batches"]
-    assert b1["dense_s"] == 5.0 and b1["sparse_s"] == 5.5 and b1["speedup"] == pytest.approx(5 / 5.5)
+    assert b1["dense_s"] == 5.0 and b1["sparse_s"] == 5.5
+    assert b1["speedup"] == pytest.approx(5 / 5.5)
     assert b1["mixed_s"] == 3 * 0.5 + 2.0
     assert b8["dense_s"] == (24 + 4) / 8 and b8["sparse_s"] == (48 + 2) / 8
     assert b8["mixed_s"] == (24 + 2) / 8
@@ -199,7 +201,8 @@ def test_a_preset_counts_its_matrices_per_shape():
     counts = {m.shape: m.count for m in mats}
     assert counts == {(2304, 768): 12, (768, 768): 12, (3072, 768): 12, (768, 3072): 12}
     w = mats[1].load()
-    assert w.shape == mats[1].shape and float((w == 0).float().mean()) == pytest.approx(0.5, abs=1e-6)
+    assert w.shape == mats[1].shape
+    assert float((w == 0).float().mean()) == pytest.approx(0.5, abs=1e-6)
 
 
 def _pruned(tmp_path, sparsity="0.8"):
