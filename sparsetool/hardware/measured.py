@@ -353,6 +353,39 @@ def fit(m: Measurement, device: Device, kernel: Optional[str] = None,
                unconstrained, srcs)
 
 
+def run_measured(path: str | Path, *, hardware: Optional[Path] = None, device: Optional[str] = None,
+                 kernel: Optional[str] = None, fit_it: bool = False,
+                 output: Optional[Path] = None) -> dict[str, Any]:
+    """``sparsetool simulate --measured PATH``: the measurement against ``device`` (a preset, or
+    one of ``hardware``'s; default :func:`measured_device`'s), and with ``fit_it`` the fitted CPU
+    device, written to ``output`` (TOML, for ``--hardware``) when given. JSON-ready:
+    ``{"measurement", "device", "kernel", "rows", "error", "fit"}`` (see docs/simulate.md)."""
+    from sparsetool.hardware.presets import load_devices, write_hardware_file
+
+    devices, srcs = load_devices(hardware)
+    m = load_measurement(path)
+    dev = measured_device(m, devices, device)
+    out = compare(m, dev, kernel)
+    info = m.data["device"]
+    out = {"measurement": {"file": str(m.path), "device": {"type": info["type"],
+                                                          "name": info.get("name"),
+                                                          "threads": info.get("threads")},
+                           "dtype": m.data["dtype"], "label": m.data.get("label"),
+                           "kernels": m.kernels},
+           **out, "fit": None}
+    if fit_it:
+        f = fit(m, dev, out["kernel"], srcs.get(dev.name))
+        out["fit"] = {"constants": f.constants, "start": f.start, "unconstrained": f.unconstrained,
+                      "error_before": f.before, "error_after": f.after,
+                      "rows": rows(m, f.device, f.kernel), "output": None}
+        if output is not None:
+            write_hardware_file(Path(output), f.device, f.sources, comment=(
+                f"{dev.name} fitted to {m.path} ({f.kernel}) by sparsetool simulate --measured "
+                f"--fit;\nuse it with sparsetool simulate --hardware {Path(output).name}"))
+            out["fit"]["output"] = str(output)
+    return out
+
+
 __all__ = ["BENCH_EXTRA", "FITTED", "INDEX_BYTES", "SCHEMA_VERSION", "VALUE_BYTES", "Fit",
            "Measurement", "choose_kernel", "compare", "errors", "fit", "load_measurement",
-           "measured_device", "rows", "sized_for"]
+           "measured_device", "rows", "run_measured", "sized_for"]

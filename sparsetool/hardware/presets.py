@@ -8,6 +8,7 @@ it and the tests check the two agree) or a stated modelling assumption (``assume
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -300,7 +301,8 @@ def write_hardware_file(path: Path, device: Device, sources: dict[str, str], com
     def toml(v: Any) -> str:  # a JSON string or number is a TOML one; booleans are the same words
         return "true" if v is True else "false" if v is False else json.dumps(v)
 
-    name = json.dumps(device.name)
+    bare = re.fullmatch(r"[A-Za-z0-9_-]+", device.name)  # a TOML bare key, else quoted
+    name = device.name if bare else json.dumps(device.name)
     values = _values(device)
     lines = [f"# {line}" for line in comment.splitlines()]
     lines += [f"[{name}]", f"kind = {toml(device.kind)}"]
