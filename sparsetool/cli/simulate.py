@@ -44,8 +44,7 @@ from sparsetool.errors import ShapeError
 from sparsetool.flops.config import PRESETS
 from sparsetool.util import options
 
-EXAMPLES = (  # the end of --help: each runs as written (given the files named)
-    'sparsetool simulate --shape 12288x12288 --sparsity 0.9 --tokens 2K',
+EXAMPLES = (  # the end of --help (two or three): each runs as written (given the files named)
     'sparsetool simulate --model gpt3-xl --sparsity 0.75',
     'sparsetool simulate --shape 12288x12288 --sweep --plot speedup.png',
     'sparsetool simulate --measured bench.json --fit -o cpu-fitted.toml',

@@ -31,52 +31,10 @@ from sparsetool.hardware.measured import (
 from sparsetool.hardware.presets import load_devices
 
 import json_schemas as S
-from helpers import runner_for
+from helpers import TRUE_CPU, bench_json, runner_for
 
 run = runner_for("simulate")
 DEVICES = builtin_devices()
-
-# a cpu unlike the preset (every rate and overhead differs), whose times the fits must recover
-TRUE = CPU(name="true", dense_flops=80e9, bandwidth=12e9, launch_s=8e-6, sparse_mac_rate=1.5e9,
-           sparse_bandwidth=6e9, sparse_launch_s=25e-6)
-SHAPES = ((64, 64), (512, 512), (2048, 2048), (4096, 1024))
-BATCHES = (1, 8, 64, 512)
-
-
-def timing(t: float) -> dict:
-    return {"median_s": t, "low_s": t * 0.98, "high_s": t * 1.02, "repeats": 7}
-
-
-def bench(times=TRUE, shapes=SHAPES, sparsities=(0.5, 0.9), batches=BATCHES, noise=0.0, seed=0,
-          kernels=("scipy-csr",), slower=None, device_type="cpu", dtype="float32", two_four=False):
-    """A bench JSON whose dense and sparse times are ``times``' modelled forward times (times
-    ``exp(noise * N(0, 1))``, seeded); kernel ``slower[k]`` takes that many times longer."""
-    rng = np.random.default_rng(seed)
-    slower = slower or {}
-    layers = []
-    for m, k in shapes:
-        for s in sparsities:
-            nnz = m * k - round(s * m * k)
-            ly = LayerMask(f"{m}x{k}", "other", m, k, nnz)
-            runs = []
-            for b in batches:
-                d = times.dense_cost(ly, b, "forward").total * math.exp(noise * rng.normal())
-                sp = times.sparse_cost(ly, b, "forward").total * math.exp(noise * rng.normal())
-                took = {kn: sp * slower.get(kn, 1.0) for kn in kernels}
-                sparse = {kn: {**timing(t), "speedup": d / t, "max_abs_error": 1e-6, "ok": True}
-                          for kn, t in took.items()}
-                best = min(sparse, key=lambda kn: sparse[kn]["median_s"])
-                runs.append({"batch": b, "dense": {**timing(d), "kernel": "torch-linear"},
-                             "sparse": sparse, "best": best,
-                             "best_speedup": sparse[best]["speedup"]})
-            layers.append({"name": f"{m}x{k}", "shape": [m, k], "count": 1, "nnz": nnz,
-                           "sparsity": 1 - nnz / (m * k), "two_four": two_four, "runs": runs})
-    return {"bench": 1, "device": {"type": device_type, "name": "Test CPU @ 2.5GHz", "threads": 2,
-                                   "torch": "2.13.0", "scipy": "1.16.0"},
-            "dtype": dtype, "source": "shape", "label": "hand-built", "batches": list(batches),
-            "kernels": list(kernels), "layers": layers, "model": None, "break_even": None,
-            "verdict": "hand-built for the tests"}
-
 
 def write(tmp_path, data, name="bench.json"):
     p = tmp_path / name
@@ -89,7 +47,7 @@ def write(tmp_path, data, name="bench.json"):
 @pytest.mark.parametrize("shape,tokens", [((64, 48), 1), ((768, 3072), 2048), ((1000, 999), 7)])
 def test_cpu_speedup_at_sparsity_zero_is_exactly_one(shape, tokens):
     wl, _ = from_shape(shape, 0.0, tokens, [(32, 32)])
-    for dev in (DEVICES["cpu"], TRUE):
+    for dev in (DEVICES["cpu"], TRUE_CPU):
         d = simulate(wl, [dev])["devices"][0]
         assert d["forward"]["speedup"] == 1.0 and d["train_step"]["speedup"] == 1.0
 
@@ -104,7 +62,7 @@ def test_cpu_sparse_cost_falls_as_non_zeros_fall(pass_, tokens):
 
 
 def test_cpu_costs_follow_the_documented_rooflines():
-    cpu, (m, k, nnz, t) = TRUE, (300, 500, 12_345, 40)
+    cpu, (m, k, nnz, t) = TRUE_CPU, (300, 500, 12_345, 40)
     ly = LayerMask("x", "other", m, k, nnz)
     dense = max(2 * t * m * k / 80e9, (m * k + t * (k + m)) * 4 / 12e9) + 8e-6
     sparse = max(t * nnz / 1.5e9, (nnz * 8 + (m + 1) * 4 + t * (k + m) * 4) / 6e9) + 25e-6
@@ -142,7 +100,8 @@ def test_a_hardware_file_gives_sources_only_for_settings_it_sets(tmp_path):
 # --- compare -----------------------------------------------------------------------------------
 
 def test_compare_gives_each_point_measured_and_modelled(tmp_path):
-    m = load_measurement(write(tmp_path, bench(shapes=((512, 512), (64, 64)), batches=(1, 64))))
+    data = bench_json(shapes=((512, 512), (64, 64)), batches=(1, 64))
+    m = load_measurement(write(tmp_path, data))
     cpu = DEVICES["cpu"]
     res = compare(m, cpu)
     assert res["device"] == {"name": "cpu", "kind": "cpu"} and res["kernel"] == "scipy-csr"
@@ -166,55 +125,56 @@ def test_compare_gives_each_point_measured_and_modelled(tmp_path):
     assert res["error"]["speedup"] == pytest.approx(rms["speedup"])
     assert res["error"]["time"] == pytest.approx(
         math.exp(math.sqrt(np.mean(np.square(logs["dense_s"] + logs["sparse_s"])))))
-    assert res["error"]["points"] == 8 and res["error"]["time"] > 1.1  # the preset is not TRUE
+    assert res["error"]["points"] == 8 and res["error"]["time"] > 1.1  # the preset is not TRUE_CPU
 
 
 def test_compare_against_the_device_that_made_the_times_is_exact(tmp_path):
-    m = load_measurement(write(tmp_path, bench()))
-    e = compare(m, TRUE)["error"]
+    m = load_measurement(write(tmp_path, bench_json()))
+    e = compare(m, TRUE_CPU)["error"]
     assert e["dense"] == pytest.approx(1.0) and e["sparse"] == pytest.approx(1.0)
     assert e["speedup"] == pytest.approx(1.0)
 
 
 def test_the_default_kernel_is_the_fastest_at_most_points_and_one_may_be_named(tmp_path):
-    data = bench(kernels=("torch-csr", "scipy-csr"), slower={"torch-csr": 1.5})
+    data = bench_json(kernels=("torch-csr", "scipy-csr"), slower={"torch-csr": 1.5})
     m = load_measurement(write(tmp_path, data))
     assert choose_kernel(m) == "scipy-csr"
-    assert compare(m, TRUE)["error"]["sparse"] == pytest.approx(1.0)
-    named = compare(m, TRUE, "torch-csr")
+    assert compare(m, TRUE_CPU)["error"]["sparse"] == pytest.approx(1.0)
+    named = compare(m, TRUE_CPU, "torch-csr")
     assert named["kernel"] == "torch-csr" and named["error"]["sparse"] > 1.4  # 64-bit indices, 1.5x
     with pytest.raises(UsageError, match="--kernel mkl: .* timed torch-csr, scipy-csr"):
         choose_kernel(m, "mkl")
 
 
 def test_compare_takes_the_byte_sizes_from_the_measurement(tmp_path):
-    m = load_measurement(write(tmp_path, bench(dtype="bfloat16", kernels=("torch-csr",),
+    m = load_measurement(write(tmp_path, bench_json(dtype="bfloat16", kernels=("torch-csr",),
                                               shapes=((2048, 2048),), batches=(1,))))
-    row = compare(m, TRUE)["rows"][0]
+    row = compare(m, TRUE_CPU)["rows"][0]
     ly = LayerMask("x", "other", 2048, 2048, row["nnz"])
-    sized = replace(TRUE, value_bytes=2.0, index_bytes=8.0)
+    sized = replace(TRUE_CPU, value_bytes=2.0, index_bytes=8.0)
     assert row["modelled"]["sparse_s"] == sized.cost(ly, 1, "forward").total
-    assert row["modelled"]["sparse_s"] != TRUE.cost(ly, 1, "forward").total
+    assert row["modelled"]["sparse_s"] != TRUE_CPU.cost(ly, 1, "forward").total
 
 
 def test_a_wrong_sparse_product_is_left_out_of_the_errors(tmp_path):
-    data = bench(shapes=((512, 512),), sparsities=(0.9,), batches=(1, 8))
+    data = bench_json(shapes=((512, 512),), sparsities=(0.9,), batches=(1, 8))
     data["layers"][0]["runs"][1]["sparse"]["scipy-csr"].update(ok=False, median_s=1e3)
-    res = compare(load_measurement(write(tmp_path, data)), TRUE)
+    res = compare(load_measurement(write(tmp_path, data)), TRUE_CPU)
     assert res["rows"][1]["measured"]["sparse_s"] is None
     assert "wrong product" in res["rows"][1]["note"]
     assert res["error"]["points"] == 1 and res["error"]["sparse"] == pytest.approx(1.0)
 
 
 def test_a_gpu_measurement_needs_a_gpu_device_and_a_cpu_one_a_cpu_device(tmp_path):
-    gpu = load_measurement(write(tmp_path, bench(device_type="cuda", kernels=("cusparse-csr",))))
+    data = bench_json(device_type="cuda", kernels=("cusparse-csr",))
+    gpu = load_measurement(write(tmp_path, data))
     with pytest.raises(UsageError, match="name the device to compare it with, --device NAME; "
                                          "those that fit: a100, h100, a100-2:4"):
         measured_device(gpu, DEVICES)
     with pytest.raises(UsageError, match="--device cpu is a cpu device"):
         measured_device(gpu, DEVICES, "cpu")
     assert measured_device(gpu, DEVICES, "a100-sputnik").name == "a100-sputnik"
-    cpu = load_measurement(write(tmp_path, bench()))
+    cpu = load_measurement(write(tmp_path, bench_json()))
     assert measured_device(cpu, DEVICES) is DEVICES["cpu"]
     with pytest.raises(UsageError, match="--device a100 is a gpu-dense device: .* fits: cpu$"):
         measured_device(cpu, DEVICES, "a100")
@@ -222,7 +182,7 @@ def test_a_gpu_measurement_needs_a_gpu_device_and_a_cpu_one_a_cpu_device(tmp_pat
 
 def test_2_4_cores_refuse_a_mask_that_is_not_2_4_and_model_one_that_is(tmp_path):
     for two_four in (False, True):
-        data = bench(device_type="cuda", kernels=("semi-structured-2:4",), sparsities=(0.5,),
+        data = bench_json(device_type="cuda", kernels=("semi-structured-2:4",), sparsities=(0.5,),
                      shapes=((1024, 1024),), batches=(64,), two_four=two_four)
         row = compare(load_measurement(write(tmp_path, data)), DEVICES["a100-2:4"])["rows"][0]
         if two_four:
@@ -234,11 +194,11 @@ def test_2_4_cores_refuse_a_mask_that_is_not_2_4_and_model_one_that_is(tmp_path)
 # --- fit ---------------------------------------------------------------------------------------
 
 def test_fit_recovers_the_constants_that_made_the_times(tmp_path):
-    m = load_measurement(write(tmp_path, bench()))
+    m = load_measurement(write(tmp_path, bench_json()))
     f = fit(m, DEVICES["cpu"])
     assert f.unconstrained == []
     for k in FITTED:
-        assert f.constants[k] == pytest.approx(getattr(TRUE, k), rel=1e-4), k
+        assert f.constants[k] == pytest.approx(getattr(TRUE_CPU, k), rel=1e-4), k
         assert f.start[k] == getattr(DEVICES["cpu"], k)
     assert f.after["time"] == pytest.approx(1.0, abs=1e-6)
     assert f.before["time"] > 1.1
@@ -247,35 +207,36 @@ def test_fit_recovers_the_constants_that_made_the_times(tmp_path):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_fit_with_noisy_times_comes_close_and_never_does_worse(tmp_path, seed):
-    m = load_measurement(write(tmp_path, bench(noise=0.05, seed=seed)))
+    m = load_measurement(write(tmp_path, bench_json(noise=0.05, seed=seed)))
     f = fit(m, DEVICES["cpu"])
     for k in FITTED:
-        assert f.constants[k] == pytest.approx(getattr(TRUE, k), rel=0.15), k
+        assert f.constants[k] == pytest.approx(getattr(TRUE_CPU, k), rel=0.15), k
     assert f.after["time"] <= f.before["time"]
     assert f.after["time"] < 1.1  # the noise alone is a factor of exp(0.05)
     # the true constants fit the noisy times no better than the fitted ones
-    assert f.after["time"] <= compare(m, TRUE)["error"]["time"] * (1 + 1e-9)
+    assert f.after["time"] <= compare(m, TRUE_CPU)["error"]["time"] * (1 + 1e-9)
 
 
 def test_fit_keeps_what_the_measurement_does_not_constrain(tmp_path):
     # only large batches: the sparse kernel is never memory-bound, so its bandwidth is not seen
-    m = load_measurement(write(tmp_path, bench(shapes=((2048, 2048),), batches=(512, 2048))))
+    m = load_measurement(write(tmp_path, bench_json(shapes=((2048, 2048),), batches=(512, 2048))))
     f = fit(m, DEVICES["cpu"])
     assert "sparse_bandwidth" in f.unconstrained
     assert f.constants["sparse_bandwidth"] == DEVICES["cpu"].sparse_bandwidth
     assert f.sources["sparse_bandwidth"].startswith("not constrained by")
-    assert f.constants["sparse_mac_rate"] == pytest.approx(TRUE.sparse_mac_rate, rel=1e-3)
+    assert f.constants["sparse_mac_rate"] == pytest.approx(TRUE_CPU.sparse_mac_rate, rel=1e-3)
 
 
 def test_fit_refuses_a_gpu_device(tmp_path):
-    gpu = load_measurement(write(tmp_path, bench(device_type="cuda", kernels=("cusparse-csr",))))
+    data = bench_json(device_type="cuda", kernels=("cusparse-csr",))
+    gpu = load_measurement(write(tmp_path, data))
     with pytest.raises(UsageError, match="--fit fits the constants of a cpu device, and "
                                          "a100-sputnik"):
         fit(gpu, DEVICES["a100-sputnik"])
 
 
 def test_fit_without_scipy_names_the_extra(tmp_path):
-    p = write(tmp_path, bench(shapes=((64, 64),), batches=(1,)))
+    p = write(tmp_path, bench_json(shapes=((64, 64),), batches=(1,)))
     code = ("import sys; sys.modules['scipy'] = None\n"  # what an install without scipy sees
             "from sparsetool.hardware.measured import fit, load_measurement\n"
             "from sparsetool.hardware import builtin_devices\n"
@@ -300,7 +261,7 @@ def one_error(r, code: int, *words: str) -> str:
 
 
 def test_measured_table_and_summary(tmp_path):
-    p = write(tmp_path, bench(shapes=((512, 512),), sparsities=(0.9,), batches=(1, 64)))
+    p = write(tmp_path, bench_json(shapes=((512, 512),), sparsities=(0.9,), batches=(1, 64)))
     r = run("--measured", p)
     assert r.exit_code == 0, r.stderr
     head = "Test CPU @ 2.5GHz (cpu, float32), against cpu (cpu), sparse kernel scipy-csr"
@@ -315,7 +276,7 @@ def test_measured_table_and_summary(tmp_path):
 
 
 def test_measured_json_is_the_comparison(tmp_path):
-    p = write(tmp_path, bench(shapes=((512, 512),), batches=(1, 64)))
+    p = write(tmp_path, bench_json(shapes=((512, 512),), batches=(1, 64)))
     r = run("--measured", p, "--json")
     assert r.exit_code == 0 and r.stderr == "", r.stderr
     out = json.loads(r.stdout)
@@ -326,7 +287,7 @@ def test_measured_json_is_the_comparison(tmp_path):
 
 
 def test_fit_json_and_output_round_trip_through_hardware(tmp_path):
-    p = write(tmp_path, bench(noise=0.03))
+    p = write(tmp_path, bench_json(noise=0.03))
     out = tmp_path / "fitted.toml"
     r = run("--measured", p, "--fit", "-o", out, "--json")
     assert r.exit_code == 0, r.stderr
@@ -348,18 +309,18 @@ def test_fit_json_and_output_round_trip_through_hardware(tmp_path):
 
 
 def test_fit_prints_the_constants_and_the_errors_before_and_after(tmp_path):
-    p = write(tmp_path, bench())
+    p = write(tmp_path, bench_json())
     out = tmp_path / "cpu.toml"
     r = run("--measured", p, "--fit", "-o", out)
     assert r.exit_code == 0, r.stderr
     assert "fitted: least squares on ln(modelled / measured)" in r.stdout
-    assert "80.00 GFLOP/s" in r.stdout and "1.500 GMAC/s" in r.stdout  # TRUE's, found again
+    assert "80.00 GFLOP/s" in r.stdout and "1.500 GMAC/s" in r.stdout  # TRUE_CPU's, found again
     assert "measured vs modelled after the fit" in r.stdout
     assert "after the fit: time x1 (before x" in r.stdout
     assert f"fitted device written to {out}" in " ".join(r.stdout.split())
 
 
-SMALL = bench(batches=(1,))
+SMALL = bench_json(batches=(1,))
 
 
 @pytest.mark.parametrize("content, words", [
@@ -375,7 +336,7 @@ def test_a_bad_measurement_file_is_one_error(tmp_path, content, words):
 
 
 def test_a_missing_timing_names_its_place(tmp_path):
-    data = bench(batches=(1, 8))
+    data = bench_json(batches=(1, 8))
     del data["layers"][1]["runs"][1]["dense"]["median_s"]
     p = write(tmp_path, data)
     one_error(run("--measured", p, "--fit"), 1,
@@ -400,10 +361,10 @@ def test_options_that_do_not_combine_are_usage_errors_before_any_file_is_read(ar
 
 
 def test_usage_errors_found_in_the_measurement(tmp_path):
-    p = write(tmp_path, bench(batches=(1,)))
+    p = write(tmp_path, bench_json(batches=(1,)))
     one_error(run("--measured", p, "--kernel", "mkl"), 2, "--kernel mkl:", "timed scipy-csr")
     one_error(run("--measured", p, "--device", "a100"), 2, "--device a100 is a gpu-dense device")
-    gpu = bench(batches=(1,), device_type="cuda", kernels=("cusparse-csr",))
+    gpu = bench_json(batches=(1,), device_type="cuda", kernels=("cusparse-csr",))
     g = write(tmp_path, gpu, "g.json")
     one_error(run("--measured", g), 2, "name the device to compare it with, --device NAME")
     one_error(run("--measured", g, "-d", "a100", "--fit"), 2, "--fit fits the constants of a cpu")
