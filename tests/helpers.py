@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from sparsetool.hardware.devices import CPU
+
 ROOT = Path(__file__).resolve().parents[1]  # the repository: README.md, docs/, fixtures/, sparsetool/
 
 
@@ -214,3 +216,56 @@ def make_corpus(root: Path, files: int = 24, lines: int = 60, seed: int = 0) -> 
             body.append(indent + " ".join(rng.choice(CODE_WORDS) for _ in range(rng.randint(2, 8))))
         (root / f"mod_{f:02d}.py").write_text("\n".join(body) + "\n")
     return root
+
+
+# ----------------------------------------------------------------------------- measurements
+
+# a cpu unlike the preset (every rate and overhead differs), whose times the fits must recover
+TRUE_CPU = CPU(name="true", dense_flops=80e9, bandwidth=12e9, launch_s=8e-6, sparse_mac_rate=1.5e9,
+               sparse_bandwidth=6e9, sparse_launch_s=25e-6)
+BENCH_SHAPES = ((64, 64), (512, 512), (2048, 2048), (4096, 1024))
+BENCH_BATCHES = (1, 8, 64, 512)
+
+
+def bench_timing(t: float) -> dict:
+    return {"median_s": t, "low_s": t * 0.98, "high_s": t * 1.02, "repeats": 7}
+
+
+def bench_json(times=TRUE_CPU, shapes=BENCH_SHAPES, sparsities=(0.5, 0.9), batches=BENCH_BATCHES,
+               noise=0.0, seed=0, kernels=("scipy-csr",), slower=None, device_type="cpu",
+               dtype="float32", two_four=False) -> dict:
+    """A measurement as ``sparsetool bench --json`` writes it (docs: the bench schema), built by
+    hand: its dense and sparse times are ``times``' modelled forward times (a device of the model;
+    each times ``exp(noise * N(0, 1))``, seeded); kernel ``slower[k]`` takes that many times
+    longer."""
+    import math
+
+    import numpy as np
+
+    from sparsetool.hardware.layers import LayerMask
+
+    rng = np.random.default_rng(seed)
+    slower = slower or {}
+    layers = []
+    for m, k in shapes:
+        for s in sparsities:
+            nnz = m * k - round(s * m * k)
+            ly = LayerMask(f"{m}x{k}", "other", m, k, nnz)
+            runs = []
+            for b in batches:
+                d = times.dense_cost(ly, b, "forward").total * math.exp(noise * rng.normal())
+                sp = times.sparse_cost(ly, b, "forward").total * math.exp(noise * rng.normal())
+                took = {kn: sp * slower.get(kn, 1.0) for kn in kernels}
+                sparse = {kn: {**bench_timing(t), "speedup": d / t, "max_abs_error": 1e-6, "ok": True}
+                          for kn, t in took.items()}
+                best = min(sparse, key=lambda kn: sparse[kn]["median_s"])
+                runs.append({"batch": b, "dense": {**bench_timing(d), "kernel": "torch-linear"},
+                             "sparse": sparse, "best": best,
+                             "best_speedup": sparse[best]["speedup"]})
+            layers.append({"name": f"{m}x{k}", "shape": [m, k], "count": 1, "nnz": nnz,
+                           "sparsity": 1 - nnz / (m * k), "two_four": two_four, "runs": runs})
+    return {"bench": 1, "device": {"type": device_type, "name": "Test CPU @ 2.5GHz", "threads": 2,
+                                   "torch": "2.13.0", "scipy": "1.16.0"},
+            "dtype": dtype, "source": "shape", "label": "hand-built", "batches": list(batches),
+            "kernels": list(kernels), "layers": layers, "model": None, "break_even": None,
+            "verdict": "hand-built for the tests"}

@@ -124,6 +124,18 @@ SIMULATE = obj(
     verify=nullable(obj(equal=BOOL, max_abs_error=NUM, axpys=INT, block=arr(INT), core_groups=arr(INT),
                         tokens=INT, axpys_match_tiles=BOOL, nonzero=INT)),
 )
+_TIMES = obj(dense_s=NUM, sparse_s=OPT_NUM, speedup=OPT_NUM)
+MEASURED_ROW = obj(layer=STR, shape=arr(INT), sparsity=NUM, nnz=INT, batch=INT, measured=_TIMES,
+                   modelled=obj(dense_s=NUM, sparse_s=OPT_NUM, speedup=OPT_NUM), note=OPT_STR)
+MEASURED_ERROR = obj(points=INT, dense=OPT_NUM, sparse=OPT_NUM, time=OPT_NUM, speedup=OPT_NUM)
+SIMULATE_MEASURED = obj(
+    measurement=obj(file=STR, device=obj(type=STR, name=OPT_STR, threads=(INT, "null")), dtype=STR,
+                    label=OPT_STR, kernels=arr(STR)),
+    device=obj(name=STR, kind=STR), kernel=STR, rows=arr(MEASURED_ROW), error=MEASURED_ERROR,
+    fit=nullable(obj(constants=mapping(NUM), start=mapping(NUM), unconstrained=arr(STR),
+                     error_before=MEASURED_ERROR, error_after=MEASURED_ERROR, rows=arr(MEASURED_ROW),
+                     output=OPT_STR)),
+)
 SIMULATE_LIST = mapping(obj(kind=STR, constants=mapping(obj(value=("num", "bool"), unit=OPT_STR, source=STR))))
 
 # --- checkpoint commands ----------------------------------------------------------------------

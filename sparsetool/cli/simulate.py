@@ -30,11 +30,13 @@ from sparsetool.cli._params import (
     exclude_option,
     include_option,
     json_option,
+    output_option,
     plot_option,
     quiet_option,
     seed_option,
     sparsities_option,
     tokens_option,
+    usage_error,
     usage_errors,
     value_of,
 )
@@ -42,10 +44,10 @@ from sparsetool.errors import ShapeError
 from sparsetool.flops.config import PRESETS
 from sparsetool.util import options
 
-EXAMPLES = (  # the end of --help: each runs as written (given the files named)
-    'sparsetool simulate --shape 12288x12288 --sparsity 0.9 --tokens 2K',
+EXAMPLES = (  # the end of --help (two or three): each runs as written (given the files named)
     'sparsetool simulate --model gpt3-xl --sparsity 0.75',
     'sparsetool simulate --shape 12288x12288 --sweep --plot speedup.png',
+    'sparsetool simulate --measured bench.json --fit -o cpu-fitted.toml',
 )
 
 
@@ -87,6 +89,17 @@ def simulate(
     include: list[str] = include_option("With CHECKPOINT: also simulate tensors matching this glob (repeatable)."),
     exclude: list[str] = exclude_option("With CHECKPOINT: leave out tensors matching this glob (repeatable; wins over --include)."),
     default_targets: bool = default_targets_option(),
+    measured: Optional[Path] = typer.Option(
+        None, "--measured", metavar="BENCH.json", help="Set the model against the kernel times "
+        "`sparsetool bench --json` measured: per layer and batch, measured vs modelled times and speedups."),
+    fit: bool = typer.Option(
+        False, "--fit", help="With --measured (on a CPU): fit the cpu device's rates to the times and "
+        "show the model after the fit."),
+    kernel: Optional[str] = typer.Option(
+        None, "--kernel", metavar="NAME", help="With --measured: the sparse kernel to compare "
+        "(default: the one fastest at the most points)."),
+    output: Optional[Path] = output_option(
+        "With --fit: write the fitted device to this TOML hardware file (for --hardware)."),
     quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
@@ -94,6 +107,29 @@ def simulate(
     """
     alone("list_hardware", ("hardware", "device", "as_json", "quiet"),
           "--list-hardware lists the devices and simulates nothing", "drop --list-hardware to simulate")
+    if measured is not None or fit or kernel is not None or output is not None:
+        _measured_usage(measured, fit, kernel, output, device)
+        with failing_cleanly():
+            from sparsetool.hardware.presets import load_devices
+            from sparsetool.hardware.request import check_devices
+
+            known, _ = load_devices(hardware)  # a bad --hardware file: exit 1
+        with usage_errors():  # a --device it does not name: exit 2
+            check_devices(known, device)
+        with failing_cleanly():
+            from sparsetool.hardware.measured import run_measured
+
+            if output is not None:
+                from sparsetool.checkpoint.output_files import check_writable
+
+                check_writable(output)
+            res = run_measured(measured, hardware=hardware, device=device[0] if device else None,
+                               kernel=kernel, fit_it=fit, output=output)
+        if as_json:
+            emit_json(res)
+        else:
+            _render_measured(res)
+        return
     if not list_hardware:
         with usage_errors():  # how the options combine: exit 2 before any file is read
             from sparsetool.hardware.request import check_request
@@ -148,6 +184,26 @@ def _conflicts(shape: Optional[str], seq_len: Optional[int], layers: bool, as_js
     conflicting(layers and swept, swept, "--layers",
                 "a sweep prints one speedup per sparsity, not each layer; drop --layers, or give "
                 "one --sparsity")
+
+
+def _measured_usage(measured: Optional[Path], fit: bool, kernel: Optional[str],
+                    output: Optional[Path], device: list[str]) -> None:
+    """How --measured, --fit, --kernel and -o combine with each other and the rest (exit 2)."""
+    if measured is None:
+        given = "--fit" if fit else f"--kernel {kernel}" if kernel is not None else f"-o {output}"
+        usage_error(f"{given} goes with --measured BENCH.json (kernel times to set the model "
+                    f"against): add it, e.g. sparsetool simulate --measured bench.json --fit, or drop {given}")
+    alone("measured", ("fit", "kernel", "output", "hardware", "device", "as_json", "quiet"),
+          "--measured compares the model with the layers and batches the file measured",
+          "drop --measured to simulate")
+    if output is not None and not fit:
+        usage_error(f"-o {output} writes the device --fit fits: add --fit, or drop -o")
+    if output is not None and output.suffix.lower() != ".toml":
+        usage_error(f"-o {output}: the fitted device is written as TOML: give a name ending in "
+                    f".toml, e.g. -o {output.with_suffix('.toml')}")
+    if len(device) > 1:
+        conflicting(True, f"--device {device[0]}", f"--device {device[-1]}",
+                    "--measured compares one device with the measurement; give one --device")
 
 
 @contextlib.contextmanager
@@ -291,3 +347,61 @@ def _render_layers(res: dict[str, Any], show_all: bool) -> None:
                  for r in rows],
                 title=("every layer" if show_all else "the 8 most imbalanced layers (--layers for all)")
                 + ": busiest core group's work over the mean, forward speedup")
+
+
+def _render_measured(res: dict[str, Any]) -> None:
+    m, e = res["measurement"], res["error"]
+    console.print(f"[bold]{escape(m['file'])}[/]: {escape(str(m['device']['name']))} "
+                  f"({m['device']['type']}, {m['dtype']}), against {escape(res['device']['name'])} "
+                  f"({res['device']['kind']}), sparse kernel {escape(res['kernel'])}",
+                  highlight=False, soft_wrap=True)
+    fitted = res["fit"]
+    _measured_table(res["rows"], "measured vs modelled" + (" (before the fit)" if fitted else ""))
+    console.print(_errors_line("model vs measured", e), highlight=False, soft_wrap=True)
+    if not fitted:
+        return
+    from sparsetool.hardware.presets import UNITS
+
+    print_table(("constant", "start", "fitted"),
+                [[k, _value(fitted["start"][k], UNITS.get(k)),
+                  _value(v, UNITS.get(k)) + (" (not constrained)" if k in fitted["unconstrained"] else "")]
+                 for k, v in fitted["constants"].items()],
+                title="fitted: least squares on ln(modelled / measured) of the dense and sparse times")
+    if fitted["unconstrained"]:
+        console.print(f"  not constrained (never sets the pace at the measured points, kept at its "
+                      f"start): {', '.join(fitted['unconstrained'])}", highlight=False, soft_wrap=True)
+    _measured_table(fitted["rows"], "measured vs modelled after the fit")
+    b, a = fitted["error_before"], fitted["error_after"]
+    console.print(f"after the fit: time {_f(a['time'])} (before {_f(b['time'])}), speedup "
+                  f"{_f(a['speedup'])} (before {_f(b['speedup'])})", highlight=False, soft_wrap=True)
+    if fitted["output"]:
+        console.print(f"fitted device written to {escape(fitted['output'])} (use it with --hardware "
+                      f"{escape(fitted['output'])})", highlight=False, soft_wrap=True)
+
+
+def _f(v: float | None) -> str:
+    """An error factor: x1.25 is typically 25% off, either way."""
+    return "-" if v is None else f"x{v:.3g}"
+
+
+def _errors_line(what: str, e: dict[str, Any]) -> str:
+    return (f"{what}, typical factor off (exp of the RMS log ratio) over {e['points']} points: "
+            f"dense {_f(e['dense'])}, sparse {_f(e['sparse'])}, both {_f(e['time'])}, "
+            f"speedup {_f(e['speedup'])}")
+
+
+def _measured_table(rows: list[dict[str, Any]], title: str) -> None:
+    def layer(r: dict[str, Any]) -> str:
+        shape = f"{r['shape'][0]}x{r['shape'][1]}"
+        return shape if r["layer"] == shape else f"{r['layer']} ({shape})"
+
+    body = [[layer(r), f"{r['sparsity']:.3f}", str(r["batch"]),
+             _t(r["measured"]["dense_s"]), _t(r["modelled"]["dense_s"]),
+             _t(r["measured"]["sparse_s"]), _t(r["modelled"]["sparse_s"]),
+             _x(r["measured"]["speedup"]), _x(r["modelled"]["speedup"])] for r in rows]
+    print_table(("layer", "sparsity", "batch", "dense", "model", "sparse", "model", "speedup", "model"),
+                body, title=title + ": forward times and speedups (measured, then modelled)")
+    for r in rows:
+        if r["note"]:
+            console.print(f"  {escape(layer(r))} batch {r['batch']}: {escape(r['note'])}",
+                          highlight=False, soft_wrap=True)

@@ -332,6 +332,71 @@ class FlashLLMGPU(DenseGPU):
         return []
 
 
+@dataclass(frozen=True)
+class CPU(Device):
+    """A multi-core CPU running a BLAS GEMM for dense layers and a CSR-class sparse kernel (a
+    compressed-sparse-row weight times the dense activations: scipy's or torch's CSR product) for
+    pruned ones. Two rooflines with few parameters, each an effective (achieved) rate rather than a
+    peak, so that ``sparsetool simulate --measured BENCH.json --fit`` can fit them to timings:
+
+        dense   = max(2 T M K / dense_flops, (M K + T (K + M)) * value_bytes / bandwidth) + launch_s
+        sparse  = max(T nnz / sparse_mac_rate,
+                      (nnz (value_bytes + index_bytes) + (M + 1) index_bytes + T (K + M) value_bytes)
+                      / sparse_bandwidth) + sparse_launch_s
+
+    ``dense_flops``: FLOP/s the dense GEMM reaches; ``bandwidth``: bytes/s it streams weights and
+    activations at; ``launch_s``: its per-call overhead. ``sparse_mac_rate``: multiply-adds per
+    second of the CSR kernel (each non-zero meets ``T`` activations through its column index);
+    ``sparse_bandwidth``: bytes/s it streams the CSR arrays (values, column indices, row pointers)
+    and the activations at; ``sparse_launch_s``: its per-call overhead (format checks, dispatch).
+    ``value_bytes``/``index_bytes``: the sizes of a weight and of an index (CSR stores one column
+    index per non-zero and ``M + 1`` row pointers).
+
+    With ``sparse_mac_rate <= dense_flops / 2``, ``sparse_bandwidth <= bandwidth`` and
+    ``sparse_launch_s >= launch_s`` (the preset's case) the speedup never exceeds ``1/(1-s)``; a
+    fit to measurements imposes none of these (a measured dense kernel may be the slower one).
+
+    Backward passes (an assumption: CPUs have no sampled dense-dense kernel in common use):
+    backward-data ``dx = dy W`` runs the same CSR kernel on ``W^T`` (``K + 1`` row pointers);
+    backward-weight ``dW = dy^T x`` runs the dense GEMM (the gradient is dense, masked after).
+    """
+
+    kind: ClassVar[str] = "cpu"
+    dense_flops: float = 120e9
+    bandwidth: float = 15e9
+    launch_s: float = 5e-6
+    sparse_mac_rate: float = 2.5e9
+    sparse_bandwidth: float = 8e9
+    sparse_launch_s: float = 5e-6
+    value_bytes: float = 4.0
+    index_bytes: float = 4.0
+
+    def _act_bytes(self, layer: LayerMask, tokens: float) -> float:
+        return tokens * (layer.in_features + layer.out_features) * self.value_bytes
+
+    def dense_cost(self, layer: LayerMask, tokens: float, pass_: str) -> Cost:
+        bytes_ = layer.numel * self.value_bytes + self._act_bytes(layer, tokens)
+        return Cost.roofline(2.0 * tokens * layer.numel / self.dense_flops, bytes_ / self.bandwidth,
+                             self.launch_s)
+
+    def sparse_cost(self, layer: LayerMask, tokens: float, pass_: str) -> Cost:
+        if pass_ == "backward_weight":
+            return self.dense_cost(layer, tokens, pass_)
+        rows = layer.out_features if pass_ == "forward" else layer.in_features
+        bytes_ = (layer.nnz * (self.value_bytes + self.index_bytes) + (rows + 1) * self.index_bytes
+                  + self._act_bytes(layer, tokens))
+        return Cost.roofline(tokens * layer.nnz / self.sparse_mac_rate, bytes_ / self.sparse_bandwidth,
+                             self.sparse_launch_s)
+
+    def untargeted_cost(self, flops: float) -> Cost:
+        return Cost.roofline(flops / self.dense_flops, 0.0, 0.0)
+
+    def notes(self, layers: list[LayerMask], passes: tuple[str, ...]) -> list[str]:
+        if "backward_weight" in passes and any(not ly.is_dense for ly in layers):
+            return ["backward-weight runs dense (the weight gradient is a dense product)"]
+        return []
+
+
 KINDS: dict[str, type[Device]] = {
-    c.kind: c for c in (Dataflow, DenseGPU, Sparse24GPU, SpMMGPU, FlashLLMGPU)
+    c.kind: c for c in (Dataflow, DenseGPU, Sparse24GPU, SpMMGPU, FlashLLMGPU, CPU)
 }

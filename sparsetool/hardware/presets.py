@@ -8,12 +8,14 @@ it and the tests check the two agree) or a stated modelling assumption (``assume
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from sparsetool.errors import ConfigError
 from sparsetool.hardware.devices import (
+    CPU,
     KINDS,
     Dataflow,
     DenseGPU,
@@ -105,6 +107,27 @@ PRESETS: dict[str, tuple[type[Device], dict[str, tuple[Any, str]]]] = {
                          f"1/speedup against density, to {_FLASH}"),
         "slope": (1.19, "fitted: see floor"),
     }),
+    "cpu": (CPU, {
+        "dense_flops": (120e9, "assumed: a generic 2-core AVX2/AVX-512 server CPU: 2 cores x 2.5 GHz x 32 "
+                               "FP32 FLOP/cycle (two 256-bit FMA units, or one 512-bit) = 160 GFLOP/s peak, "
+                               "of which a BLAS SGEMM reaches about 75%"),
+        "bandwidth": (15e9, "assumed: the DRAM bandwidth two cores of a server draw (about 7.5 GB/s each, "
+                            "bound by the requests a core keeps in flight; the socket's total is far higher)"),
+        "launch_s": (5e-6, "assumed: per-call overhead of a dense matmul called from Python (dispatch, "
+                           "output allocation), 5 us"),
+        "sparse_mac_rate": (2.5e9, "assumed: a CSR kernel does about one multiply-add per cycle on one "
+                                   "2.5 GHz core (an index load and an indirect activation load per "
+                                   "non-zero, little SIMD; scipy's CSR product runs on one thread)"),
+        "sparse_bandwidth": (8e9, "assumed: about one core's streaming bandwidth (half of bandwidth): the "
+                                  "CSR kernel's indirect loads keep fewer requests in flight"),
+        "sparse_launch_s": (5e-6, "assumed: as launch_s, a compiled kernel called from Python; a "
+                                  "library's format checks can cost more, which a fit to a measurement "
+                                  "(simulate --measured --fit) finds"),
+        "value_bytes": (4.0, "FP32 weights and activations, 4 bytes (--measured uses the measurement's "
+                             "dtype)"),
+        "index_bytes": (4.0, "CSR with 32-bit column indices and row pointers (scipy's, below 2**31 "
+                             "non-zeros; --measured uses 8 for torch's 64-bit CSR)"),
+    }),
 }
 
 # The unit of each constant, for --list-hardware (None: a plain number, count or switch).
@@ -115,6 +138,8 @@ UNITS: dict[str, str | None] = {
     "partial_sum_bytes": "B", "dense_fallback": None, "peak_flops": "FLOP/s", "bandwidth": "B/s",
     "eta": None, "eta_mem": None, "launch_s": "s", "value_bytes": "B", "math_speedup": "x",
     "metadata_bytes": "B", "break_even_sparsity": None, "floor": None, "slope": None,
+    "dense_flops": "FLOP/s", "sparse_mac_rate": "MAC/s", "sparse_bandwidth": "B/s",
+    "sparse_launch_s": "s",
 }
 CITATIONS = (_CS2, _A100, _H100, _PT24, _FLASH)
 """The publications the constants cite, each named once per device by :func:`cite_once`."""
@@ -146,6 +171,7 @@ _RANGES = {
     "eta": (0.0, 1.0, False), "eta_mem": (0.0, 1.0, False),
     "break_even_sparsity": (0.0, 1.0, True), "math_speedup": (1.0, 2.0, True),
     "fixed_s": (0.0, math.inf, True), "launch_s": (0.0, math.inf, True),
+    "sparse_launch_s": (0.0, math.inf, True),
     "index_bytes": (0.0, math.inf, True), "metadata_bytes": (0.0, math.inf, True),
     "floor": (0.0, math.inf, True),
 }
@@ -218,7 +244,9 @@ def load_devices(path: Path | None = None) -> tuple[dict[str, Device], dict[str,
 
     A table named like a preset changes only the settings it gives. A new name needs
     ``base = "<preset>"`` (start from that preset) or ``kind = "<kind>"`` (start from the kind's
-    defaults; kinds: dataflow, gpu-dense, gpu-2:4, gpu-spmm, gpu-flash-llm).
+    defaults; kinds: dataflow, gpu-dense, gpu-2:4, gpu-spmm, gpu-flash-llm, cpu). A sub-table
+    ``[NAME.sources]`` may say where settings given in the table come from (as
+    :func:`write_hardware_file` does for fitted constants); otherwise their source is the file.
     """
     devices = builtin_devices()
     srcs = {name: sources(name) for name in devices}
@@ -228,6 +256,7 @@ def load_devices(path: Path | None = None) -> tuple[dict[str, Device], dict[str,
     for name, table in read_hardware_file(path).items():
         table = dict(table)
         base, kind = table.pop("base", None), table.pop("kind", None)
+        given = _given_sources(table.pop("sources", {}), table, name, where)
         if name in devices and base is None and kind is None:
             cls, start, src = type(devices[name]), _values(devices[name]), dict(srcs[name])
         elif base is not None:
@@ -243,8 +272,53 @@ def load_devices(path: Path | None = None) -> tuple[dict[str, Device], dict[str,
             raise ConfigError(f"{where}: '{name}' is not a preset; give base = \"<preset>\" or "
                               f"kind = \"<kind>\" (presets: {', '.join(PRESETS)})")
         devices[name] = _build(name, cls, {**start, **table}, where)
-        srcs[name] = {**src, **{k: f"set in {path}" for k in table}}
+        srcs[name] = {**src, **{k: given.get(k, f"set in {path}") for k in table}}
     return devices, srcs
+
+
+def _given_sources(given: Any, table: dict[str, Any], name: str, where: str) -> dict[str, str]:
+    """A table's ``sources`` sub-table, checked: text for settings the table gives."""
+    if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
+        raise ConfigError(f"{where}: '{name}'.sources must be a table of texts, e.g. "
+                          f"[{name}.sources] fixed_s = \"fitted: ...\"")
+    stray = sorted(set(given) - set(table))
+    if stray:
+        raise ConfigError(f"{where}: '{name}'.sources names {', '.join(stray)}, which the table does "
+                          "not set; give each setting beside its source")
+    return given
+
+
+def write_hardware_file(path: Path, device: Device, sources: dict[str, str], comment: str = "") -> None:
+    """Write ``device`` as a TOML hardware file that :func:`load_devices` reads back: a table named
+    after it with ``kind`` and every setting, and a ``sources`` sub-table with ``sources``' text for
+    each (``comment``: lines put first, as TOML comments). Atomic: a temporary file beside
+    ``path``, then renamed over it."""
+    import json
+    import os
+
+    from sparsetool.checkpoint.output_files import remove, temp_beside, write_error
+
+    def toml(v: Any) -> str:  # a JSON string or number is a TOML one; booleans are the same words
+        return "true" if v is True else "false" if v is False else json.dumps(v)
+
+    bare = re.fullmatch(r"[A-Za-z0-9_-]+", device.name)  # a TOML bare key, else quoted
+    name = device.name if bare else json.dumps(device.name)
+    values = _values(device)
+    lines = [f"# {line}" for line in comment.splitlines()]
+    lines += [f"[{name}]", f"kind = {toml(device.kind)}"]
+    lines += [f"{k} = {toml(v)}" for k, v in values.items()]
+    lines += ["", f"[{name}.sources]"]
+    lines += [f"{k} = {toml(sources[k])}" for k in values if k in sources]
+    path = Path(path)
+    tmp = temp_beside(path)
+    try:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:  # read-only, no space, no permission: one clean line
+        raise write_error(e, path, "-o") from None
+    finally:
+        remove(tmp)
 
 
 def _values(d: Device) -> dict[str, Any]:
@@ -258,5 +332,5 @@ def dataflow_grids(devices: list[Device]) -> list[tuple[int, int]]:
 
 
 __all__ = ["CITATIONS", "PRESETS", "UNITS", "builtin_devices", "cite_once", "sources", "load_devices", "read_hardware_file",
-           "dataflow_grids"]
+           "dataflow_grids", "write_hardware_file"]
 

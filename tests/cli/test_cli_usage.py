@@ -152,10 +152,10 @@ def test_a_choice_still_parses_and_model_ignores_case():
     (["simulate", "--shape", "0x8", "--sparsity", "0.5"], "--shape needs positive sizes, got '0x8'"),
     (["simulate", "--shape", "64x64", "--sparsity", "0.5", "--device", "a10"],
      "unknown --device a10 (did you mean a100?); known: cs2, a100, h100, a100-2:4, h100-2:4, "
-     "a100-sputnik, a100-cusparse, a100-flash-llm (sparsetool simulate --list-hardware lists them)"),
+     "a100-sputnik, a100-cusparse, a100-flash-llm, cpu (sparsetool simulate --list-hardware lists them)"),
     (["simulate", "--list-hardware", "--device", "tpu"],
-     "unknown --device tpu; known: cs2, a100, h100, a100-2:4, h100-2:4, a100-sputnik, a100-cusparse, "
-     "a100-flash-llm (sparsetool simulate --list-hardware lists them)"),
+     "unknown --device tpu (did you mean cpu?); known: cs2, a100, h100, a100-2:4, h100-2:4, a100-sputnik, a100-cusparse, "
+     "a100-flash-llm, cpu (sparsetool simulate --list-hardware lists them)"),
     (["report", "{ckpt}", "--plot", "out.jpg"],
      "--plot out.jpg: plots are written as PNG: give a file name ending in .png, e.g. --plot out.png"),
     (["diff", "{ckpt}", "{ckpt}", "--plot", "angular.svg"],

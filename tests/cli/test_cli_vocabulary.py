@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from helpers import ROOT, RUNNER, run
+from helpers import ROOT, RUNNER, bench_json, run
 
 COMMANDS = ["prune", "densify", "report", "flops", "train", "simulate", "eval", "diff"]
 WRITERS = ["prune", "densify", "train"]  # the commands whose main product is a file or directory
@@ -109,10 +109,12 @@ def test_help_ends_with_two_or_three_examples(command):
 
 
 @pytest.mark.parametrize("command", ["flops", "simulate"])
-def test_examples_run_as_written(command):
+def test_examples_run_as_written(command, tmp_path, monkeypatch):
     from sparsetool.cli import flops, simulate
 
     module = {"flops": flops, "simulate": simulate}[command]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bench.json").write_text(json.dumps(bench_json()))  # simulate --measured's file
     for line in module.EXAMPLES:
         if "--plot" in line:
             continue  # a 9-point sweep of a 12288x12288 mask: seconds, and a file; not here

@@ -81,18 +81,18 @@ def test_sweep_and_a_list_name_the_list_given():
 
 
 def test_list_hardware_prints_units_and_cites_once():
-    from sparsetool.hardware.presets import CITATIONS
+    from sparsetool.hardware.presets import CITATIONS, PRESETS
 
     r = run("--list-hardware")
     assert r.exit_code == 0, r.output
     out = r.stdout
     for text in ("1.100 GHz", "312.00 TFLOP/s", "989.00 TFLOP/s", "2.039 TB/s", "20.00 PB/s", "40.00 GB",
-                 "1.280 us", "850,000", "0.25 B"):
+                 "1.280 us", "850,000", "0.25 B", "120.00 GFLOP/s", "2.500 GMAC/s"):
         assert text in out, text
     for raw in ("1100000000.0", "312000000000000.0", "clock_hz = "):
         assert raw not in out
     blocks = out.strip().split("\n\n")
-    assert len(blocks) == 8
+    assert len(blocks) == len(PRESETS)
     for block in blocks:
         text = " ".join(block.split())  # wrapped lines joined again
         for cite in CITATIONS:
