@@ -24,11 +24,12 @@ SPARSITIES = "0.5,0.6,0.7,0.8,0.9,0.95"
 BATCHES = "1,8,64,512,2048"
 
 
-def measure(shape: str, out: Path, repeats: int) -> dict:
+def measure(shape: str, out: Path, repeats: int, threads: int) -> dict:
     path = out / f"bench-{shape}.json"
     if not path.exists():
         cmd = [sys.executable, "-m", "sparsetool", "bench", "--shape", shape, "--sparsity",
-               SPARSITIES, "--batch", BATCHES, "--repeats", str(repeats), "--json", "-q"]
+               SPARSITIES, "--batch", BATCHES, "--repeats", str(repeats), "--threads", str(threads),
+               "--json", "-q"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
@@ -73,13 +74,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="directory for the JSON of each run")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2,
+                    help="torch's threads, and scipy-csr-rows' bands")
     ap.add_argument("--fit", action="store_true", help="also run simulate --measured --fit")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for shape in SHAPES:
-        res = measure(shape, args.out, args.repeats)
+        res = measure(shape, args.out, args.repeats, args.threads)
         d = res["device"]
-        print(f"### {shape}, {d['name']}, {d['threads']} threads, torch {d['torch']}, "
+        print(f"### {shape}, {d['name']}, threads {d['threads']}, torch {d['torch']}, "
               f"SciPy {d['scipy']}, {res['dtype']}\n")
         print("\n".join(table(res)) + "\n")
         print(f"verdict: {res['verdict']}\n")

@@ -368,8 +368,9 @@ def _render_measured(res: dict[str, Any]) -> None:
                  for k, v in fitted["constants"].items()],
                 title="fitted: least squares on ln(modelled / measured) of the dense and sparse times")
     if fitted["unconstrained"]:
-        console.print(f"  not constrained (never sets the pace at the measured points, kept at its "
-                      f"start): {', '.join(fitted['unconstrained'])}", highlight=False, soft_wrap=True)
+        console.print(f"  not constrained (never sets the pace at the measured points; the "
+                      f"smallest value that fits as well is shown): "
+                      f"{', '.join(fitted['unconstrained'])}", highlight=False, soft_wrap=True)
     _measured_table(fitted["rows"], "measured vs modelled after the fit")
     b, a = fitted["error_before"], fitted["error_after"]
     console.print(f"after the fit: time {_f(a['time'])} (before {_f(b['time'])}), speedup "

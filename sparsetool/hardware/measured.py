@@ -331,12 +331,22 @@ def fit(m: Measurement, device: Device, kernel: Optional[str] = None,
         res += [math.log(dev.sparse_cost(ly, b, "forward").total / t) for ly, b, t in sparse_pts]
         return np.array(res)
 
-    sol = least_squares(residuals, x0, bounds=(x0 - 30.0, x0 + 30.0), x_scale=1.0, diff_step=1e-6)
+    # A roofline's max() has kinks, so least squares can stop in a local minimum: it starts from
+    # the device and from the measurement's own bounds (a rate is at least the work over the time
+    # of every point; an overhead at most a tenth of the shortest time), and keeps the better.
+    starts = [x0, np.clip(np.log(_bounds(dev0, dense_pts, sparse_pts)), x0 - 29.0, x0 + 29.0)]
+    sol = min((least_squares(residuals, x, bounds=(x0 - 30.0, x0 + 30.0), x_scale=1.0,
+                             diff_step=1e-6) for x in starts), key=lambda r: r.cost)
     fitted = {k: float(v) for k, v in zip(FITTED, np.exp(sol.x))}
     jac = np.abs(sol.jac).sum(axis=0)
     unconstrained = [k for k, j in zip(FITTED, jac) if j == 0.0]
-    for k in unconstrained:  # no gradient: what least_squares left is the start
-        fitted[k] = float(getattr(dev0, k))
+    # No gradient: the term never sets the pace at the fitted point, and any rate at least as
+    # large fits as well. The smallest such rate is kept (what least_squares left may be huge);
+    # an overhead with no gradient is negligible and stays as fitted.
+    dev = replace(dev0, **fitted)
+    for k, v in _least_rates(dev, dense_pts, sparse_pts).items():
+        if k in unconstrained:
+            fitted[k] = min(fitted[k], v)
     dev = replace(dev0, **fitted)
     before, after = errors(rows(m, dev0, kernel)), errors(rows(m, dev, kernel))
     srcs = dict(start_sources or {})
@@ -344,13 +354,35 @@ def fit(m: Measurement, device: Device, kernel: Optional[str] = None,
             f"{len(sparse_pts)} {kernel} times in {m.path} ({m.data['device'].get('name', '?')}, "
             f"{m.data['dtype']}); time error x{after['time']:.3g} (x{before['time']:.3g} before)")
     for k in FITTED:
-        srcs[k] = (f"not constrained by {m.path} (it never sets the pace there): kept from the "
-                   f"start, {srcs.get(k, 'default')}" if k in unconstrained else note)
+        srcs[k] = (f"not constrained by {m.path} (it never sets the pace there): any value at "
+                   "least this large fits as well; " + note if k in unconstrained else note)
     srcs["value_bytes"] = f"{m.data['dtype']} in {m.path}, {dev.value_bytes:g} bytes"
     if kernel in INDEX_BYTES:
         srcs["index_bytes"] = f"{kernel}'s {int(dev.index_bytes * 8)}-bit indices"
     return Fit(dev, kernel, {k: float(getattr(dev0, k)) for k in FITTED}, fitted, before, after,
                unconstrained, srcs)
+
+
+def _least_rates(dev: CPU, dense_pts: list, sparse_pts: list) -> dict[str, float]:
+    """The smallest bandwidths with which the memory terms still never set the pace (the rate
+    at which memory time equals compute time at the point where that takes most), x1.01."""
+    d = [(dev.dense_cost(ly, b, "forward"), dev.bandwidth) for ly, b, _ in dense_pts]
+    s = [(dev.sparse_cost(ly, b, "forward"), dev.sparse_bandwidth) for ly, b, _ in sparse_pts]
+    return {"bandwidth": 1.01 * max(c.memory * bw / c.compute for c, bw in d),
+            "sparse_bandwidth": 1.01 * max(c.memory * bw / c.compute for c, bw in s)}
+
+
+def _bounds(dev: CPU, dense_pts: list, sparse_pts: list) -> list[float]:
+    """:data:`FITTED` as the measured times bound them: each rate the largest work-over-time of
+    any point (the time of a point is at least each of its roofline terms), each overhead a tenth
+    of the shortest time."""
+    unit = replace(dev, dense_flops=1.0, bandwidth=1.0, launch_s=0.0, sparse_mac_rate=1.0,
+                   sparse_bandwidth=1.0, sparse_launch_s=0.0)
+    dense = [(unit.dense_cost(ly, b, "forward"), t) for ly, b, t in dense_pts]
+    sparse = [(unit.sparse_cost(ly, b, "forward"), t) for ly, b, t in sparse_pts]
+    return [max(c.compute / t for c, t in dense), max(c.memory / t for c, t in dense),
+            min(t for _, t in dense) / 10, max(c.compute / t for c, t in sparse),
+            max(c.memory / t for c, t in sparse), min(t for _, t in sparse) / 10]
 
 
 def run_measured(path: str | Path, *, hardware: Optional[Path] = None, device: Optional[str] = None,
