@@ -47,7 +47,7 @@ from sparsetool.util import options
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     "sparsetool bench pruned.safetensors --batch 1,64,2048",
-    "sparsetool bench --model llama-1.3b --sparsity 0.7 --batch 1,8",
+    "sparsetool bench --model gpt2-small --sparsity 0.9 --batch 1,8",
     "sparsetool bench --shape 4096x4096 --sparsity 0.5,0.7,0.9,0.95 --batch 1,64 --plot bench.png",
 )
 KERNELS = ("scipy-csr", "scipy-csr-rows", "torch-csr", "cusparse-csr", "semi-structured-2:4")

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from helpers import ROOT, RUNNER, bench_json, run
 
-COMMANDS = ["prune", "densify", "report", "flops", "train", "simulate", "eval", "diff"]
+COMMANDS = ["prune", "densify", "report", "flops", "train", "simulate", "bench", "eval", "diff"]
 WRITERS = ["prune", "densify", "train"]  # the commands whose main product is a file or directory
 
 
@@ -39,6 +39,7 @@ def good_args(command: str, ckpt: Path, tmp: Path, corpus: Path | None = None) -
         "report": [ckpt],
         "flops": ["--model", "gpt2-small", "--sparsity", "0.5"],
         "simulate": ["--shape", "64x64", "--sparsity", "0.5"],
+        "bench": [ckpt, "--batch", "1,2", "--repeats", "1"],
         "train": ["-o", tmp / "run", "--data", corpus, "--preset", "tiny", "--steps", "2",
                   "--warmup", "1", "--batch-size", "2", "--eval-every", "1", "--threads", "1"],
         "eval": [tmp / "evalrun", "--text", corpus, "--max-tokens", "300"],
@@ -108,17 +109,18 @@ def test_help_ends_with_two_or_three_examples(command):
     assert all(ln.startswith(f"sparsetool {command} ") for ln in examples), examples
 
 
-@pytest.mark.parametrize("command", ["flops", "simulate"])
-def test_examples_run_as_written(command, tmp_path, monkeypatch):
-    from sparsetool.cli import flops, simulate
+@pytest.mark.parametrize("command", ["flops", "simulate", "bench"])
+def test_examples_run_as_written(command, tmp_path, monkeypatch, gpt2_file):
+    from sparsetool.cli import bench, flops, simulate
 
-    module = {"flops": flops, "simulate": simulate}[command]
+    module = {"flops": flops, "simulate": simulate, "bench": bench}[command]
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bench.json").write_text(json.dumps(bench_json()))  # simulate --measured's file
+    assert run("prune", gpt2_file, "-o", "pruned.safetensors", "-s", "0.9").exit_code == 0
     for line in module.EXAMPLES:
         if "--plot" in line:
-            continue  # a 9-point sweep of a 12288x12288 mask: seconds, and a file; not here
-        r = run(*line.split()[1:], "--json")
+            continue  # simulate: a 9-point sweep of a 12288x12288 mask; bench: 4096x4096 timed
+        r = run(*line.split()[1:], "--json", *(["--repeats", "1"] if command == "bench" else []))
         assert r.exit_code == 0, (line, r.output)
 
 
@@ -181,6 +183,7 @@ BAD_VALUE = {
     "flops": ["--model", "gpt3-xl", "--tokens", "many"],
     "train": ["-o", "run", "--sparsity", "1.5"],
     "simulate": ["--shape", "64x64", "--sparsity", "2"],
+    "bench": ["--shape", "64x64", "--sparsity", "0.5", "--batch", "0"],
     "eval": ["x.safetensors", "--dtype", "float16"],
     "diff": ["a.safetensors", "b.safetensors", "--include", ""],
 }
