@@ -47,6 +47,7 @@ def bench_figure(result: dict[str, Any]) -> Any:
                 if pts:
                     ax.plot(*zip(*pts), marker=_MARKERS[j % len(_MARKERS)], ms=4, label=k)
             ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
             ax.set_xlabel("batch (tokens per product)")
             title = f"{shape[0]} x {shape[1]} at sparsity {ly['sparsity']:.2f}"
             if ly["count"] > 1:
