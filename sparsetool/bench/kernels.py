@@ -128,7 +128,7 @@ def _banded(name: str, csr: Any, threads: int, take: Callable[[torch.Tensor], An
     import numpy as np
 
     bands = [(a, b, csr[a:b]) for a, b in row_bands(csr.indptr, max(1, threads))]
-    pool = ThreadPoolExecutor(len(bands), thread_name_prefix="sparsetool-csr")
+    pool = ThreadPoolExecutor(max(1, len(bands) - 1), thread_name_prefix="sparsetool-csr")
     m = csr.shape[0]
 
     def run(x: Any) -> Any:
@@ -138,9 +138,10 @@ def _banded(name: str, csr: Any, threads: int, take: Callable[[torch.Tensor], An
             a, b, piece = band
             out[a:b] = piece @ x
 
-        for f in [pool.submit(part, band) for band in bands[1:]]:
+        others = [pool.submit(part, band) for band in bands[1:]]
+        part(bands[0])  # the calling thread takes a band meanwhile
+        for f in others:
             f.result()
-        part(bands[0])  # the calling thread takes a band too
         return out
 
     return Kernel(name, take, run, _as_tensor, close=pool.shutdown)
