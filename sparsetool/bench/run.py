@@ -27,8 +27,8 @@ from sparsetool.bench.kernels import (
 from sparsetool.bench.matrices import Matrix, two_four
 from sparsetool.bench.timing import measure
 from sparsetool.errors import ConfigError, SparsetoolError
+from sparsetool.hardware.measured import SCHEMA_VERSION
 
-SCHEMA = 1
 BATCHES = (1, 8, 64, 512, 2048)
 RTOL = {"float32": 1e-4, "bfloat16": 2e-2}
 """A product is correct when ``max |y - y_ref| <= rtol * max |y_ref|``, ``y_ref`` the float32
@@ -313,8 +313,8 @@ def run_bench(matrices: list[Matrix], *, source: str, label: str, batches: Seque
         layers.append(ly)
     timed = [k for k in sparse_names if k not in skipped]
     result: dict[str, Any] = {
-        "bench": SCHEMA, "device": device_info(dev, threads), "dtype": dtype, "source": source,
-        "label": label, "batches": list(batches), "kernels": timed,
+        "bench": SCHEMA_VERSION, "device": device_info(dev, threads), "dtype": dtype,
+        "source": source, "label": label, "batches": list(batches), "kernels": timed,
         "dense_kernels": [k for k in dense_names if k not in skipped],
         "skipped": {k: v for k, v in skipped.items() if k in sparse_names},
         "options": {"repeats": repeats, "min_time_s": min_time, "seed": seed},

@@ -9,6 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
+from sparsetool.bench.kernels import SPARSE as KERNELS
 from sparsetool.cli._output import (
     check_plot_path,
     console,
@@ -50,7 +51,6 @@ EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     "sparsetool bench --model gpt2-small --sparsity 0.9 --batch 1,8",
     "sparsetool bench --shape 4096x4096 --sparsity 0.5,0.7,0.9,0.95 --batch 1,64 --plot bench.png",
 )
-KERNELS = ("scipy-csr", "scipy-csr-rows", "torch-csr", "cusparse-csr", "semi-structured-2:4")
 
 Preset = choices("Preset", PRESETS)
 Pattern = choices("Pattern", ("random", "rows", "cols", "2:4"))
