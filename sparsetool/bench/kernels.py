@@ -57,7 +57,6 @@ class Kernel:
     run: Callable[[Any], Any]
     result: Callable[[Any], torch.Tensor]
     sync: Callable[[], None] | None = None
-    close: Callable[[], None] = lambda: None  # releases what it holds beyond memory (threads)
 
 
 def _scipy() -> Any:
@@ -123,12 +122,13 @@ def cpu_kernel(name: str, weight: torch.Tensor, dtype: torch.dtype, threads: int
 
 
 def _banded(name: str, csr: Any, threads: int, take: Callable[[torch.Tensor], Any]) -> Kernel:
-    from concurrent.futures import ThreadPoolExecutor
-
+    """The bands on sparsetool's one thread pool (:func:`sparsetool.util.workers.run`: Ctrl-C
+    safe), each writing its rows of the output."""
     import numpy as np
 
+    from sparsetool.util import workers
+
     bands = [(a, b, csr[a:b]) for a, b in row_bands(csr.indptr, max(1, threads))]
-    pool = ThreadPoolExecutor(max(1, len(bands) - 1), thread_name_prefix="sparsetool-csr")
     m = csr.shape[0]
 
     def run(x: Any) -> Any:
@@ -138,13 +138,10 @@ def _banded(name: str, csr: Any, threads: int, take: Callable[[torch.Tensor], An
             a, b, piece = band
             out[a:b] = piece @ x
 
-        others = [pool.submit(part, band) for band in bands[1:]]
-        part(bands[0])  # the calling thread takes a band meanwhile
-        for f in others:
-            f.result()
+        workers.run(part, bands)
         return out
 
-    return Kernel(name, take, run, _as_tensor, close=pool.shutdown)
+    return Kernel(name, take, run, _as_tensor)
 
 
 def cuda_kernel(name: str, weight: torch.Tensor, dtype: torch.dtype, device: torch.device,

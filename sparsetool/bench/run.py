@@ -118,34 +118,30 @@ def time_matrix(m: Matrix, weight: Any, batches: Sequence[int], dense_names: Seq
     exact = weight.to(tdtype).float()
     rtol = RTOL[dtype]
     runs = []
-    try:
-        for batch in batches:
-            g = torch.Generator().manual_seed(seed + batch)
-            x = torch.randn(batch, m.shape[1], generator=g)
-            ref = torch.nn.functional.linear(x.to(tdtype).float(), exact)
-            dense, sparse = None, {}
-            for name, k in kernels.items():
-                prepared = k.take(x)
-                timing, out = measure(lambda k=k, p=prepared: k.run(p), repeats=repeats,
-                                      min_time=min_time, sync=k.sync)
-                err, top = _error(k.result(out), ref)
-                entry = {**timing.as_dict(), "max_abs_error": err,
-                         "ok": err <= rtol * max(top, 1e-30)}
-                del out, prepared
-                if name in dense_names:
-                    if dense is None or entry["median_s"] < dense["median_s"]:
-                        dense = {"kernel": name, **entry}
-                else:
-                    sparse[name] = entry
-            for entry in sparse.values():
-                entry["speedup"] = dense["median_s"] / entry["median_s"]
-            best = max(sparse, key=lambda n: sparse[n]["speedup"], default=None)
-            runs.append({"batch": batch, "dense": dense, "sparse": sparse, "best": best,
-                         "best_speedup": sparse[best]["speedup"] if best else None})
-            step()
-    finally:
-        for k in kernels.values():
-            k.close()
+    for batch in batches:
+        g = torch.Generator().manual_seed(seed + batch)
+        x = torch.randn(batch, m.shape[1], generator=g)
+        ref = torch.nn.functional.linear(x.to(tdtype).float(), exact)
+        dense, sparse = None, {}
+        for name, k in kernels.items():
+            prepared = k.take(x)
+            timing, out = measure(lambda k=k, p=prepared: k.run(p), repeats=repeats,
+                                  min_time=min_time, sync=k.sync)
+            err, top = _error(k.result(out), ref)
+            entry = {**timing.as_dict(), "max_abs_error": err,
+                     "ok": err <= rtol * max(top, 1e-30)}
+            del out, prepared
+            if name in dense_names:
+                if dense is None or entry["median_s"] < dense["median_s"]:
+                    dense = {"kernel": name, **entry}
+            else:
+                sparse[name] = entry
+        for entry in sparse.values():
+            entry["speedup"] = dense["median_s"] / entry["median_s"]
+        best = max(sparse, key=lambda n: sparse[n]["speedup"], default=None)
+        runs.append({"batch": batch, "dense": dense, "sparse": sparse, "best": best,
+                     "best_speedup": sparse[best]["speedup"] if best else None})
+        step()
     numel = m.shape[0] * m.shape[1]
     return {"name": m.name, "shape": list(m.shape), "count": m.count, "roles": list(m.roles),
             "nnz": nnz, "sparsity": 1.0 - nnz / numel, "two_four": is_24, "runs": runs,
