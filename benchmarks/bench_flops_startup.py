@@ -28,14 +28,9 @@ def wall(cmd: list[str], repeat: int) -> tuple[float, float]:
 
 
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    from sparsetool.util.machine import cpu_name
+
+    return cpu_name()
 
 
 def main() -> None:

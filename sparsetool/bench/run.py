@@ -10,7 +10,6 @@ is faster.
 from __future__ import annotations
 
 import math
-import platform
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -28,6 +27,7 @@ from sparsetool.bench.matrices import Matrix, two_four
 from sparsetool.bench.timing import measure
 from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.hardware.measured import SCHEMA_VERSION
+from sparsetool.util.machine import cpu_name
 
 BATCHES = (1, 8, 64, 512, 2048)
 RTOL = {"float32": 1e-4, "bfloat16": 2e-2}
@@ -65,20 +65,9 @@ def device_info(device: Any, threads: int) -> dict[str, Any]:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
-        name = _cpu_name()
+        name = cpu_name()
     return {"type": device.type, "name": name, "threads": threads,
             "torch": torch.__version__, "scipy": scipy_version}
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _error(y: Any, ref: Any) -> tuple[float, float]:
