@@ -257,7 +257,8 @@ def verdict(result: dict[str, Any]) -> str:
         return (f"sparsity does not pay on {where}: the sparse kernels make {what} slower at every "
                 f"batch timed ({span}); use dense kernels here")
     if not slow:
-        return f"sparsity pays on {where} at every batch timed: {what} run faster by {span}"
+        run = "runs" if result["source"] == "shape" else "run"
+        return f"sparsity pays on {where} at every batch timed: {what} {run} faster by {span}"
     return (f"sparsity pays on {where} at batch {_span(fast)} and not at batch {_span(slow)} "
             f"({span}): sparse kernels for decoding, dense for large batches")
 

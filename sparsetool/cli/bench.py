@@ -194,7 +194,9 @@ def _render(res: dict[str, Any], quiet: bool) -> None:
     kernels = res["kernels"]
     sweep = bool(res["break_even"])
     for ly in res["layers"]:
-        title = (f"{ly['name']} {ly['shape'][0]}x{ly['shape'][1]}, sparsity {ly['sparsity']:.3f}"
+        shape = f"{ly['shape'][0]}x{ly['shape'][1]}"
+        title = (("" if ly["name"] == shape else f"{ly['name']} ") + f"{shape}, sparsity "
+                 f"{ly['sparsity']:.3f}"
                  + (f", stands for {ly['count']} matrices" if ly["count"] > 1 else "")
                  + ": median time ±half the spread, speed-up over dense")
         rows = [[str(r["batch"]), f"{_t(r['dense']['median_s'])} ({r['dense']['kernel']})",
