@@ -45,6 +45,7 @@ from sparsetool.cli._params import (
 )
 from sparsetool.flops.config import PRESETS
 from sparsetool.util import options
+from sparsetool.util.wording import plural
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     "sparsetool bench pruned.safetensors --batch 1,64,2048",
@@ -97,7 +98,7 @@ def bench(
     quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
-    """Dense against sparse matrix products, timed on this machine: speed-up per shape and batch.
+    """Time dense against sparse matrix products on this machine, per shape and batch.
     """
     batches = value_of(batch)
     with usage_errors():
@@ -197,7 +198,8 @@ def _render(res: dict[str, Any], quiet: bool) -> None:
         shape = f"{ly['shape'][0]}x{ly['shape'][1]}"
         title = (("" if ly["name"] == shape else f"{ly['name']} ") + f"{shape}, sparsity "
                  f"{ly['sparsity']:.3f}"
-                 + (f", stands for {ly['count']} matrices" if ly["count"] > 1 else "")
+                 + (f", stands for {plural(ly['count'], 'matrix', 'matrices')}"
+                    if ly["count"] > 1 else "")
                  + ": median time ±half the spread, speed-up over dense")
         rows = [[str(r["batch"]), f"{_t(r['dense']['median_s'])} ({r['dense']['kernel']})",
                  *[_cell(r["sparse"][k]) if k in r["sparse"] else "-" for k in kernels],

@@ -36,7 +36,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "simulate": ("simulate", "simulate",
                  "Masked-kernel hardware model: time, speedup and breakdown per device."),
     "bench": ("bench", "bench",
-              "Dense against sparse matrix products, timed on this machine: speed-up per shape and batch."),
+              "Time dense against sparse matrix products on this machine, per shape and batch."),
     "eval": ("eval", "eval_command", "Perplexity of each checkpoint on the same held-out text."),
     "diff": ("diff", "diff",
              "Compare the targeted weights of checkpoints A and B (say before and after fine-tuning)."),
