@@ -15,7 +15,7 @@ from sparsetool.bench import kernels, matrices
 from sparsetool.bench.run import crossing, kernel_names, model_summary, run_bench
 from sparsetool.bench.timing import measure, summarise
 from sparsetool.errors import ConfigError
-from tests.helpers import ROOT, run
+from helpers import ROOT, run
 
 
 def masked(shape, sparsity, seed=0):
@@ -220,7 +220,7 @@ def test_a_checkpoint_gives_one_matrix_per_shape_as_y_equals_x_w_transposed(tmp_
 
 
 def test_a_fused_mixture_of_experts_times_one_expert_per_shape(tmp_path):
-    from tests.moe_models import save_moe
+    from moe_models import save_moe
 
     src = save_moe("qwen3_moe", tmp_path / "moe", fused=True)
     out = tmp_path / "pruned"
