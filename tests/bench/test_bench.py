@@ -15,6 +15,7 @@ from sparsetool.bench import kernels, matrices
 from sparsetool.bench.run import crossing, kernel_names, model_summary, run_bench
 from sparsetool.bench.timing import measure, summarise
 from sparsetool.errors import ConfigError
+
 from helpers import ROOT, run
 
 
