@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sparsetool.util.wording import plural
+
 _MARKERS = "os^vDP*Xph<>"
 
 
@@ -58,11 +60,10 @@ def bench_figure(result: dict[str, Any]) -> Any:
         ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("speed-up over the fastest dense kernel")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    if handles:
-        fig.legend(handles, labels, fontsize=8, loc="outside right upper")
+    if axes[0][0].get_legend_handles_labels()[0]:
+        axes[0][0].legend(fontsize=8, loc="best")
     dev = result["device"]
-    fig.suptitle(f"{result['label']} on {dev['name']} ({dev['threads']} threads, "
+    fig.suptitle(f"{result['label']} on {dev['name']} ({plural(dev['threads'], 'thread')}, "
                  f"{result['dtype']})", fontsize=10)
     return fig
 
