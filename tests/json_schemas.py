@@ -134,7 +134,7 @@ SIMULATE_MEASURED = obj(
     device=obj(name=STR, kind=STR), kernel=STR, rows=arr(MEASURED_ROW), error=MEASURED_ERROR,
     fit=nullable(obj(constants=mapping(NUM), start=mapping(NUM), unconstrained=arr(STR),
                      error_before=MEASURED_ERROR, error_after=MEASURED_ERROR, rows=arr(MEASURED_ROW),
-                     output=OPT_STR)),
+                     output=OPT_STR, warnings=arr(STR))),
 )
 SIMULATE_LIST = mapping(obj(kind=STR, constants=mapping(obj(value=("num", "bool"), unit=OPT_STR, source=STR))))
 
@@ -193,4 +193,4 @@ BENCH = obj(
         kernels=mapping(OPT_STR))))),
     break_even=arr(obj(shape=arr(INT), batch=INT, kernel=STR, status=STR, sparsity=OPT_NUM,
                        best_speedup=OPT_NUM)),
-    failed=arr(obj(name=STR, batch=INT, kernel=STR)), verdict=STR, plot=OPT_STR)
+    failed=arr(obj(name=STR, batch=INT, kernel=STR)), verdict=STR, notes=arr(STR), plot=OPT_STR)

@@ -83,13 +83,22 @@ def from_checkpoint(path: Path, *, include: Sequence[str] = (), exclude: Sequenc
 
     The masks are counted as ``simulate`` counts them (every targeted matrix is read once); then
     only the matrices chosen are read again, when they are timed."""
-    from sparsetool.hardware.workload import from_checkpoint as counted
+    from sparsetool.hardware.workload import checkpoint_layers
+    from sparsetool.targets.recorded import targeting_summary
 
     path = Path(path)
-    wl = counted(path, 1, [], progress=progress, include=include, exclude=exclude,
-                 default_targets=default_targets)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint '{path}' not found; pass a .safetensors file or a "
+                              "directory")
+    layers, _, plan, _ = checkpoint_layers(path, [], progress, include=include, exclude=exclude,
+                                           default_targets=default_targets)
+    if not layers:
+        chosen = " (--include/--exclude left none)" if include or exclude else ""
+        raise CheckpointError(f"'{path}' has no targeted weight matrices to time{chosen}; time a "
+                              "preset or one shape instead, e.g. --model gpt2-small --sparsity "
+                              "0.9 or --shape 4096x4096 --sparsity 0.9")
     groups: dict[tuple[int, int], list[Any]] = {}
-    for ly in wl.layers:
+    for ly in layers:
         groups.setdefault((ly.out_features, ly.in_features), []).append(ly)
     out = []
     for shape, lys in groups.items():
@@ -98,7 +107,7 @@ def from_checkpoint(path: Path, *, include: Sequence[str] = (), exclude: Sequenc
                           lambda n=chosen.name, sh=shape: _read(path, n, sh, include, exclude,
                                                                 default_targets),
                           tuple(dict.fromkeys(ly.role for ly in lys))))
-    return out, wl.targeting
+    return out, targeting_summary(plan)
 
 
 def _read(path: Path, name: str, shape: tuple[int, int], include: Sequence[str],

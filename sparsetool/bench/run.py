@@ -28,6 +28,8 @@ from sparsetool.bench.timing import measure
 from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.hardware.measured import SCHEMA_VERSION
 from sparsetool.util.machine import cpu_name
+from sparsetool.util.wording import plural
+from sparsetool.util.workers import usable_cores
 
 BATCHES = (1, 8, 64, 512, 2048)
 RTOL = {"float32": 1e-4, "bfloat16": 2e-2}
@@ -120,14 +122,16 @@ def time_matrix(m: Matrix, weight: Any, batches: Sequence[int], dense_names: Seq
             entry = {**timing.as_dict(), "max_abs_error": err,
                      "ok": err <= rtol * max(top, 1e-30)}
             del out, prepared
-            if name in dense_names:
-                if dense is None or entry["median_s"] < dense["median_s"]:
+            if name in dense_names:  # the fastest correct one (any, if none is)
+                if dense is None or (entry["ok"], -entry["median_s"]) > (dense["ok"],
+                                                                        -dense["median_s"]):
                     dense = {"kernel": name, **entry}
             else:
                 sparse[name] = entry
         for entry in sparse.values():
             entry["speedup"] = dense["median_s"] / entry["median_s"]
-        best = max(sparse, key=lambda n: sparse[n]["speedup"], default=None)
+        correct = [n for n in sparse if sparse[n]["ok"]]
+        best = max(correct, key=lambda n: sparse[n]["speedup"], default=None)
         runs.append({"batch": batch, "dense": dense, "sparse": sparse, "best": best,
                      "best_speedup": sparse[best]["speedup"] if best else None})
         step()
@@ -159,7 +163,7 @@ def model_summary(layers: list[dict[str, Any]], batches: Sequence[int]) -> list[
                              for ly, b in zip(lys, best))
             runs = [ly["runs"][i] for ly in lys]
             mixed = sum(ly["count"] * min(e["median_s"]
-                                          for e in [r["dense"], *r["sparse"].values()])
+                                          for e in [r["dense"], *r["sparse"].values()] if e["ok"])
                         for ly, r in zip(lys, runs))
             rows.append({"batch": batch, "dense_s": dense / batch, "sparse_s":
                          None if sparse is None else sparse / batch,
@@ -223,48 +227,94 @@ def break_even(layers: list[dict[str, Any]], batches: Sequence[int],
     return out
 
 
-def _batches_where(rows: list[tuple[int, float | None]], faster: bool) -> list[int]:
-    return [b for b, v in rows if v is not None and (v > 1) == faster]
+EVEN = 0.05
+"""A speed-up within 5% of 1 is called even: this much moves between runs on a busy machine."""
+
+
+def _listed(batches: list[int]) -> str:
+    """>>> _listed([1]), _listed([1, 64]), _listed([1, 8, 64])
+    ('1', '1 and 64', '1, 8 and 64')
+    """
+    words = [str(b) for b in batches]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
 def verdict(result: dict[str, Any]) -> str:
-    """One line: does sparsity pay on this device, and up to which batch or from which sparsity."""
+    """One line: does sparsity pay on this device, at which batches, from which sparsity."""
     where = "this GPU" if result["device"]["type"] == "cuda" else "this CPU"
-    be = [r for r in result["break_even"] if r["kernel"] == "best"]
-    if be:
-        parts = []
-        for r in be:
-            b = f"batch {r['batch']}"
-            if r["status"] == "crossed":
-                parts.append(f"from {r['sparsity']:.0%} sparsity at {b}")
-            elif r["status"] == "always":
-                parts.append(f"at every sparsity timed at {b}")
-            else:
-                parts.append(f"at no sparsity timed at {b} (best {r['best_speedup']:.2f}x)")
-        shape = "x".join(map(str, be[0]["shape"]))
-        many = len({tuple(r["shape"]) for r in be}) > 1
-        on = "" if many else f" on {shape}"
-        return (f"on {where} the fastest sparse kernel beats dense{on} "
-                + "; ".join(parts[:6]) + ("; ..." if len(parts) > 6 else ""))
-    model = result["model"][0] if result["model"] else None
-    if model is None:
+    what = "this matrix" if result["source"] == "shape" else "the model's targeted matrices"
+    models = result["model"]
+    if not models:
         return "nothing timed"
-    rows = [(r["batch"], r["speedup"]) for r in model["batches"]]
-    fast, slow = _batches_where(rows, True), _batches_where(rows, False)
-    what = "the model's targeted matrices" if result["source"] != "shape" else "this matrix"
+    batches = result["batches"]
+    if len(models) > 1:  # a sweep: where the whole (a shape's) time per token breaks even
+        parts = []
+        for i, b in enumerate(batches):
+            pts = [(m["sparsity"], m["batches"][i]["speedup"]) for m in models]
+            status, s = crossing(pts)
+            best = max((v for _, v in pts if v is not None), default=None)
+            parts.append(f"from {s:.0%} sparsity at batch {b}" if status == "crossed" else
+                         f"at every sparsity timed at batch {b}" if status == "always" else
+                         f"at no sparsity timed at batch {b}"
+                         + ("" if best is None else f" (best {best:.2f}x)"))
+        return f"on {where} the fastest sparse kernels beat dense for {what} " + "; ".join(parts)
+    rows = [(r["batch"], r["speedup"]) for r in models[0]["batches"]]
     span = ", ".join(f"{v:.2f}x at batch {b}" for b, v in rows if v is not None)
+    fast = [b for b, v in rows if v is not None and v > 1 + EVEN]
+    slow = [b for b, v in rows if v is not None and v < 1 - EVEN]
+    even = [b for b, v in rows if v is not None and b not in fast and b not in slow]
     if not fast:
-        return (f"sparsity does not pay on {where}: the sparse kernels make {what} slower at every "
-                f"batch timed ({span}); use dense kernels here")
-    if not slow:
-        run = "runs" if result["source"] == "shape" else "run"
-        return f"sparsity pays on {where} at every batch timed: {what} {run} faster by {span}"
-    return (f"sparsity pays on {where} at batch {_span(fast)} and not at batch {_span(slow)} "
-            f"({span}): sparse kernels for decoding, dense for large batches")
+        tail = f"; about even at batch {_listed(even)}" if even else ""
+        return (f"sparsity does not pay on {where}: the fastest sparse kernels are not faster for "
+                f"{what} at any batch timed ({span}){tail}; use dense kernels here")
+    if not slow and not even:
+        return f"sparsity pays on {where} at every batch timed: {what} ({span})"
+    said = [f"sparsity pays on {where} at batch {_listed(fast)}"]
+    if slow:
+        said.append(f"not at batch {_listed(slow)}")
+    if even:
+        said.append(f"about even at batch {_listed(even)}")
+    advice = ""
+    if slow and max(fast) < min(slow):
+        advice = ": sparse kernels for few tokens (decoding), dense for many"
+    elif slow and min(fast) > max(slow):
+        advice = ": sparse kernels for many tokens, dense for few"
+    elif slow:
+        advice = ": choose the kernel per batch"
+    return "; ".join(said) + f" ({span}){advice}"
 
 
-def _span(batches: list[int]) -> str:
-    return str(batches[0]) if len(batches) == 1 else f"{batches[0]}-{batches[-1]}"
+def notes(result: dict[str, Any], usable: int) -> list[str]:
+    """What the reader should know before trusting the figures."""
+    out = []
+    dev = result["device"]
+    if dev["type"] == "cpu" and dev["threads"] < usable:
+        out.append(f"timed on {plural(dev['threads'], 'thread')} of the {usable} usable cores (the "
+                   f"others are busy); --threads {usable} to use them all")
+    dense = [ly["name"] for ly in result["layers"] if ly["nnz"] == ly["shape"][0] * ly["shape"][1]]
+    if dense:
+        more = "" if len(dense) == 1 else f" (and {len(dense) - 1} more)"
+        out.append(f"{dense[0]} has no zeros{more}: the sparse kernels run it as a dense matrix "
+                   "in sparse storage")
+    if any(ly["nnz"] == 0 for ly in result["layers"]):
+        out.append("a matrix with no non-zero at all is timed: its sparse product only writes "
+                   "zeros")
+    return out
+
+
+def _check_room(m: Matrix, batch: int, kernels: int) -> None:
+    """Refuse, before anything is allocated, a matrix whose copies would not fit in memory: the
+    float32 weight and its reference copy, each kernel's storage (at most 12 bytes per entry for
+    CSR: value, index and row pointers), and a kernel's inputs and outputs."""
+    from sparsetool.util.memory import available_memory, binary_bytes
+
+    rows, cols = m.shape
+    need = rows * cols * (8 + 12 * kernels) + batch * (rows + cols) * 4 * 4
+    room = available_memory()
+    if need > room:
+        raise SparsetoolError(f"{m.name}: timing a {rows} x {cols} matrix at batch {batch} needs "
+                              f"about {binary_bytes(need)} and {binary_bytes(room)} is available; "
+                              "time a smaller --shape or fewer kernels (--kernel)")
 
 
 def run_bench(matrices: list[Matrix], *, source: str, label: str, batches: Sequence[int] = BATCHES,
@@ -289,6 +339,7 @@ def run_bench(matrices: list[Matrix], *, source: str, label: str, batches: Seque
     if progress:
         progress("timing", 0, total)
     for m in matrices:
+        _check_room(m, max(batches), len(dense_names) + len(sparse_names))
         weight = m.load()
         ly = time_matrix(m, weight, batches, dense_names, sparse_names, device=dev, dtype=dtype,
                          threads=threads, repeats=repeats, min_time=min_time, seed=seed, step=step)
@@ -305,15 +356,14 @@ def run_bench(matrices: list[Matrix], *, source: str, label: str, batches: Seque
         "skipped": {k: v for k, v in skipped.items() if k in sparse_names},
         "options": {"repeats": repeats, "min_time_s": min_time, "seed": seed},
         "layers": layers,
-        "model": model_summary(layers, batches) if source != "shape" else [],
+        "model": model_summary(layers, batches),
         "break_even": break_even(layers, batches, timed),
         "failed": [{"name": ly["name"], "batch": r["batch"], "kernel": k}
                    for ly in layers for r in ly["runs"]
                    for k, e in [("dense", r["dense"]), *r["sparse"].items()] if not e["ok"]],
     }
-    if source == "shape" and not result["break_even"]:
-        result["model"] = model_summary(layers, batches)
     result["verdict"] = verdict(result)
+    result["notes"] = notes(result, usable_cores())
     result["plot"] = None
     if plot is not None:
         from sparsetool.bench.plot import plot_bench

@@ -21,6 +21,7 @@ from sparsetool.cli._output import (
     warn,
 )
 from sparsetool.cli._params import (
+    ComputeDType,
     checked,
     checkpoint_argument,
     choice_option,
@@ -82,10 +83,13 @@ def bench(
         help="Only this sparse kernel (repeatable): " + ", ".join(KERNELS) + "."),
     device: str = device_option("Where to time: auto (a GPU if there is one), cpu, cuda or "
                                 "cuda:N."),
-    dtype: Any = compute_dtype_option("Precision of the weights and inputs (the CPU's sparse "
-                                      "kernels hold bfloat16 values in float32)."),
+    dtype: ComputeDType = compute_dtype_option(
+        "Precision of the weights and inputs (the CPU's sparse kernels hold bfloat16 values in "
+        "float32)."),
     repeats: int = typer.Option(
-        5, "--repeats", "-r", min=1, help="Timed calls per product at least (more while they take "
+        5, "--repeats", "-r", metavar="N",
+        callback=checked(options.check_count),
+        help="Timed calls per product at least (more while they take "
         "under 0.2 s in all); the median is reported with its spread."),
     seed: int = seed_option("Seed of the inputs and of the synthetic weights and masks."),
     threads: Optional[int] = threads_option(),
@@ -169,6 +173,13 @@ def _check_usage(checkpoint: Optional[Path], model: Optional[str], shape: Option
             conflicting(bool(v), given[0], what, f"{what} chooses a checkpoint's tensors; drop it")
     conflicting(pattern != "random" and shape is None, given[0], f"--pattern {pattern}",
                 "--pattern shapes the mask of --shape only; drop it")
+    if pattern == "2:4" and shape is not None:
+        k = options.parse_shape(shape)[1]
+        if k % 4:
+            usage_error(f"--pattern 2:4 keeps 2 of every 4 weights along K: --shape {shape} has "
+                        f"K = {k}, not a multiple of 4")
+        if sparsity is not None and any(abs(s - 0.5) > 1e-12 for s in sparsity):
+            usage_error("--pattern 2:4 keeps exactly half the weights: use --sparsity 0.5")
     for k in kernel:
         if k not in KERNELS:
             usage_error(f"--kernel {k}: choose from {', '.join(KERNELS)}")
@@ -184,7 +195,8 @@ def _t(s: float) -> str:
 def _cell(e: dict[str, Any]) -> str:
     spread = (e["high_s"] - e["low_s"]) / 2 / e["median_s"] if e["median_s"] > 0 else 0.0
     x = f"  {e['speedup']:.2f}x" if "speedup" in e else ""
-    return f"{_t(e['median_s'])} ±{spread:.0%}{x}"
+    wrong = "" if e["ok"] else " WRONG"
+    return f"{_t(e['median_s'])} ±{spread:.0%}{x}{wrong}"
 
 
 def _render(res: dict[str, Any], quiet: bool) -> None:
@@ -201,11 +213,11 @@ def _render(res: dict[str, Any], quiet: bool) -> None:
                  + (f", stands for {plural(ly['count'], 'matrix', 'matrices')}"
                     if ly["count"] > 1 else "")
                  + ": median time ±half the spread, speed-up over dense")
-        rows = [[str(r["batch"]), f"{_t(r['dense']['median_s'])} ({r['dense']['kernel']})",
+        rows = [[str(r["batch"]), f"{_cell(r['dense'])} {r['dense']['kernel']}",
                  *[_cell(r["sparse"][k]) if k in r["sparse"] else "-" for k in kernels],
                  r["best"] or "-"] for r in ly["runs"]]
         if not sweep:
-            print_table(["batch", "dense", *kernels, "best"], rows, title=title)
+            print_table(["batch", "dense", *kernels, "fastest sparse"], rows, title=title)
     if sweep:
         _render_sweep(res)
     for m in res["model"]:
@@ -220,6 +232,8 @@ def _render(res: dict[str, Any], quiet: bool) -> None:
                           f"{m['sparsity']:.3f}): dense, the fastest sparse kernel, each shape on "
                           "the faster of dense and sparse")
     if not quiet:
+        for note in res["notes"]:
+            console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
         for k, why in res["skipped"].items():
             console.print(f"note: {escape(k)} not timed: {escape(why)}", highlight=False,
                           soft_wrap=True)
@@ -252,4 +266,4 @@ def _break_even(r: Optional[dict[str, Any]]) -> str:
         return "-"
     if r["status"] == "crossed":
         return f"{r['sparsity']:.1%}"
-    return "below all" if r["status"] == "always" else "above all"
+    return "below all timed" if r["status"] == "always" else "above all timed"

@@ -375,6 +375,8 @@ def _render_measured(res: dict[str, Any]) -> None:
     b, a = fitted["error_before"], fitted["error_after"]
     console.print(f"after the fit: time {_f(a['time'])} (before {_f(b['time'])}), speedup "
                   f"{_f(a['speedup'])} (before {_f(b['speedup'])})", highlight=False, soft_wrap=True)
+    for w in fitted["warnings"]:
+        console.print(f"note: {escape(w)}", highlight=False, soft_wrap=True)
     if fitted["output"]:
         console.print(f"fitted device written to {escape(fitted['output'])} (use it with --hardware "
                       f"{escape(fitted['output'])})", highlight=False, soft_wrap=True)
@@ -382,7 +384,7 @@ def _render_measured(res: dict[str, Any]) -> None:
 
 def _f(v: float | None) -> str:
     """An error factor: x1.25 is typically 25% off, either way."""
-    return "-" if v is None else f"x{v:.3g}"
+    return "-" if v is None else f"x{v:.2f}"
 
 
 def _errors_line(what: str, e: dict[str, Any]) -> str:

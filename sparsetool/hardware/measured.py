@@ -201,11 +201,14 @@ def choose_kernel(m: Measurement, kernel: Optional[str] = None) -> str:
 
 def sized_for(m: Measurement, dev: Device, kernel: str) -> Device:
     """``dev`` with the byte sizes of the measurement: the dtype's value size and, for a kernel of
-    :data:`INDEX_BYTES`, its index size."""
+    :data:`INDEX_BYTES`, its index size. Those (the CPU's CSR kernels) hold float32 values
+    whatever the dtype, so their values count 4 bytes; the CPU device has one value size, so the
+    dense product's then count 4 too (an approximation where it ran in bfloat16)."""
     names = {f.name for f in fields(dev)}
     sizes = {"value_bytes": VALUE_BYTES[m.data["dtype"]]}
     if kernel in INDEX_BYTES:
         sizes["index_bytes"] = INDEX_BYTES[kernel]
+        sizes["value_bytes"] = 4.0
     return replace(dev, **{k: v for k, v in sizes.items() if k in names})
 
 
@@ -298,6 +301,7 @@ class Fit:
     after: dict[str, Any]
     unconstrained: list[str]
     sources: dict[str, str]
+    warnings: list[str]
 
 
 def fit(m: Measurement, device: Device, kernel: Optional[str] = None,
@@ -360,7 +364,22 @@ def fit(m: Measurement, device: Device, kernel: Optional[str] = None,
     if kernel in INDEX_BYTES:
         srcs["index_bytes"] = f"{kernel}'s {int(dev.index_bytes * 8)}-bit indices"
     return Fit(dev, kernel, {k: float(getattr(dev0, k)) for k in FITTED}, fitted, before, after,
-               unconstrained, srcs)
+               unconstrained, srcs, _fit_warnings(m, len(dense_pts) + len(sparse_pts)))
+
+
+def _fit_warnings(m: Measurement, points: int) -> list[str]:
+    """Why the fitted constants may not carry over: too few times, one shape."""
+    out = []
+    if points < 2 * len(FITTED):
+        out.append(f"{points} times for {len(FITTED)} constants: the fit can match them all and "
+                   "still say little about other shapes and batches; time more batches and "
+                   "sparsities")
+    shapes = {tuple(layer["shape"]) for layer in m.data["layers"]}
+    if len(shapes) == 1:
+        (shape,) = shapes
+        out.append(f"one shape measured ({shape[0]}x{shape[1]}): the rates are this shape's, other "
+                   "shapes may run at others; bench a checkpoint or a preset to fit several")
+    return out
 
 
 def _least_rates(dev: CPU, dense_pts: list, sparse_pts: list) -> dict[str, float]:
@@ -408,7 +427,7 @@ def run_measured(path: str | Path, *, hardware: Optional[Path] = None, device: O
     if fit_it:
         f = fit(m, dev, out["kernel"], srcs.get(dev.name))
         out["fit"] = {"constants": f.constants, "start": f.start, "unconstrained": f.unconstrained,
-                      "error_before": f.before, "error_after": f.after,
+                      "error_before": f.before, "error_after": f.after, "warnings": f.warnings,
                       "rows": rows(m, f.device, f.kernel), "output": None}
         if output is not None:
             write_hardware_file(Path(output), f.device, f.sources, comment=(

@@ -137,23 +137,54 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
                     progress: Callable[[int, int, str], None] | None = None, *,
                     include: Sequence[str] = (), exclude: Sequence[str] = (),
                     default_targets: bool = False) -> Workload:
-    """The real mask of every targeted matrix in the checkpoint at ``path``.
+    """The real mask of every targeted matrix in the checkpoint at ``path``
+    (:func:`checkpoint_layers`), and the dense work around them: shapes inferred as ``sparsetool
+    flops --checkpoint`` infers them."""
+    from sparsetool.flops import infer_model, moe_summary
+    from sparsetool.targets.recorded import targeting_summary
 
-    The mask is the encoding's when there is one (True = kept), else ``weight != 0``. Shapes for
-    the dense work are inferred as ``sparsetool flops --checkpoint`` infers them. ``include`` and
-    ``exclude`` choose the targeted tensors as for ``prune`` (:func:`sparsetool.targets.plan_targets`);
-    without them the globs the checkpoint was pruned with, unless ``default_targets``
-    (:func:`sparsetool.targets.recorded.plan_checkpoint_targets`).
+    tokens = _check_tokens(tokens)
+    layers, rows, plan, hf_config = checkpoint_layers(
+        path, grids, progress, include=include, exclude=exclude, default_targets=default_targets)
+    path = Path(path)
+    if not layers:
+        raise CheckpointError(f"'{path}' has no attention or feed-forward weight matrices to simulate; "
+                              "simulate a preset or one layer instead, e.g. --model gpt2-small --sparsity 0.5 "
+                              "or --shape 4096x4096 --sparsity 0.5")
+    inferred = infer_model(rows, name=path.name, hf_config=hf_config or None, seq_len=seq_len)
+    cfg = inferred.config
+    if seq_len is None and cfg.context is not None:
+        # a step runs sequences the model takes: up to its context (flops counts 2048 by default)
+        cfg = replace(cfg, seq_len=cfg.context, seq_len_source="the model's context")
+    flops, seq = untargeted_flops(cfg, tokens)
+    notes = [n for n in inferred.notes if not n.startswith("mixture of experts")]
+    notes += moe_note(cfg, f"the first {cfg.top_k} of each layer, real masks")
+    return Workload(f"{path.name} ({plural(len(layers), 'pruned matrix', 'pruned matrices')}, real masks)", "checkpoint",
+                    tokens, layers, flops, seq, notes, targeting_summary(plan), moe_summary(cfg))
+
+
+def checkpoint_layers(path: Path, grids: list[tuple[int, int]],
+                      progress: Callable[[int, int, str], None] | None = None, *,
+                      include: Sequence[str] = (), exclude: Sequence[str] = (),
+                      default_targets: bool = False,
+                      ) -> tuple[list[LayerMask], list[dict[str, Any]], Any, dict[str, Any]]:
+    """Every targeted matrix a token goes through in the checkpoint at ``path``, counted from its
+    real mask: ``(layers, rows, plan, config)``, ``rows`` every tensor's shape and non-zeros (what
+    shape inference reads), ``plan`` the :class:`~sparsetool.targets.TargetPlan`, ``config`` its
+    ``config.json`` (or ``{}``). Possibly no layers at all.
+
+    The mask is the encoding's when there is one (True = kept), else ``weight != 0``. ``include``
+    and ``exclude`` choose the targeted tensors as for ``prune``
+    (:func:`sparsetool.targets.plan_targets`); without them the globs the checkpoint was pruned
+    with, unless ``default_targets`` (:func:`sparsetool.targets.recorded.plan_checkpoint_targets`).
     """
     from sparsetool.checkpoint import open_checkpoint
     from sparsetool.checkpoint.config import read_model_config
     from sparsetool.checkpoint.encodings import decode
-    from sparsetool.flops import infer_model, moe_summary
     from sparsetool.flops.shapes import beyond_stated_layers, expert_part
     from sparsetool.targets.order import layer_index, tensor_sort_key
-    from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary
+    from sparsetool.targets.recorded import plan_checkpoint_targets
 
-    tokens = _check_tokens(tokens)
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint '{path}' not found; pass a .safetensors file or a directory")
@@ -209,17 +240,4 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
                              targeted=True, numel=numel, nonzero=nnz))
         if progress:
             progress(len(todo), len(todo), "")
-    if not layers:
-        raise CheckpointError(f"'{path}' has no attention or feed-forward weight matrices to simulate; "
-                              "simulate a preset or one layer instead, e.g. --model gpt2-small --sparsity 0.5 "
-                              "or --shape 4096x4096 --sparsity 0.5")
-    inferred = infer_model(rows, name=path.name, hf_config=hf_config or None, seq_len=seq_len)
-    cfg = inferred.config
-    if seq_len is None and cfg.context is not None:
-        # a step runs sequences the model takes: up to its context (flops counts 2048 by default)
-        cfg = replace(cfg, seq_len=cfg.context, seq_len_source="the model's context")
-    flops, seq = untargeted_flops(cfg, tokens)
-    notes = [n for n in inferred.notes if not n.startswith("mixture of experts")]
-    notes += moe_note(cfg, f"the first {cfg.top_k} of each layer, real masks")
-    return Workload(f"{path.name} ({plural(len(layers), 'pruned matrix', 'pruned matrices')}, real masks)", "checkpoint",
-                    tokens, layers, flops, seq, notes, targeting_summary(plan), moe_summary(cfg))
+    return layers, rows, plan, hf_config

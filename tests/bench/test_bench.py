@@ -136,8 +136,9 @@ def test_crossing_interpolates_log_speedup_between_the_points_around_one():
 
 
 def _layer(name, shape, count, nnz, dense, sparse, target=None):
-    runs = [{"batch": b, "dense": {"median_s": d}, "sparse": {"k": {"median_s": s}},
-             "best": "k"} for b, d, s in zip((1, 8), dense, sparse)]
+    runs = [{"batch": b, "dense": {"median_s": d, "ok": True},
+             "sparse": {"k": {"median_s": s, "ok": True}}, "best": "k"}
+            for b, d, s in zip((1, 8), dense, sparse)]
     return {"name": name, "shape": shape, "count": count, "nnz": nnz, "runs": runs,
             "target_sparsity": target}
 
@@ -153,6 +154,48 @@ def test_model_summary_weighs_each_shape_by_its_count_per_token():
     assert b1["mixed_s"] == 3 * 0.5 + 2.0
     assert b8["dense_s"] == (24 + 4) / 8 and b8["sparse_s"] == (48 + 2) / 8
     assert b8["mixed_s"] == (24 + 2) / 8
+
+
+def test_a_wrong_sparse_product_is_never_the_faster_of_the_two():
+    ly = _layer("a", [4, 4], 1, 8, dense=(1.0, 8.0), sparse=(0.5, 4.0))
+    ly["runs"][0]["sparse"]["k"]["ok"] = False
+    (m,) = model_summary([ly], [1, 8])
+    assert m["batches"][0]["mixed_s"] == 1.0 and m["batches"][1]["mixed_s"] == 4.0 / 8
+
+
+def _result(speedups, source="shape"):
+    """A bench result whose one model group has these speed-ups per batch."""
+    batches = list(speedups)
+    return {"device": {"type": "cpu"}, "source": source, "batches": batches,
+            "model": [{"sparsity": 0.9, "batches": [{"batch": b, "speedup": v}
+                                                    for b, v in speedups.items()]}]}
+
+
+@pytest.mark.parametrize("speedups, says", [
+    ({1: 2.0, 8: 1.5, 64: 0.5}, "at batch 1 and 8; not at batch 64 (2.00x at batch 1, 1.50x at "
+                                "batch 8, 0.50x at batch 64): sparse kernels for few tokens"),
+    ({1: 0.5, 8: 1.5, 64: 3.0}, "at batch 8 and 64; not at batch 1 (0.50x at batch 1, 1.50x at "
+                                "batch 8, 3.00x at batch 64): sparse kernels for many tokens"),
+    ({1: 2.0, 8: 0.5, 64: 2.0}, "choose the kernel per batch"),
+    ({1: 1.02, 8: 3.0}, "at batch 8; about even at batch 1"),
+    ({1: 0.5, 8: 0.98}, "does not pay on this CPU"),
+    ({1: 1.5, 8: 2.0}, "pays on this CPU at every batch timed"),
+])
+def test_the_verdict_names_the_batches_where_sparsity_pays(speedups, says):
+    from sparsetool.bench.run import verdict
+
+    assert says in verdict(_result(speedups))
+
+
+def test_over_a_sweep_the_verdict_gives_the_whole_models_break_even_per_batch():
+    from sparsetool.bench.run import verdict
+
+    res = _result({1: 0.5, 8: 2.0}, source="model")
+    res["model"].append({"sparsity": 0.5, "batches": [{"batch": 1, "speedup": 0.25},
+                                                      {"batch": 8, "speedup": 1.5}]})
+    res["model"][0]["batches"][0]["speedup"] = 4.0  # at 0.9: 4x at batch 1
+    line = verdict(res)
+    assert "from 70% sparsity at batch 1" in line and "at every sparsity timed at batch 8" in line
 
 
 def test_kernel_names_follow_the_device_and_dtype():
@@ -185,7 +228,8 @@ def test_a_sweep_times_every_point_checks_it_and_finds_break_even():
     for r in be:
         assert r["status"] in ("crossed", "always", "never")
         assert (r["sparsity"] is not None) == (r["status"] == "crossed")
-    assert res["model"] == [] and res["verdict"].startswith("on this CPU")
+    assert [m["target_sparsity"] for m in res["model"]] == [0.5, 0.95]
+    assert res["verdict"].startswith("on this CPU")
 
 
 def test_a_preset_counts_its_matrices_per_shape():
