@@ -162,8 +162,8 @@ def model_summary(layers: list[dict[str, Any]], batches: Sequence[int]) -> list[
                 sparse = sum(ly["count"] * ly["runs"][i]["sparse"][b]["median_s"]
                              for ly, b in zip(lys, best))
             runs = [ly["runs"][i] for ly in lys]
-            mixed = sum(ly["count"] * min(e["median_s"]
-                                          for e in [r["dense"], *r["sparse"].values()] if e["ok"])
+            mixed = sum(ly["count"] * min([e["median_s"] for e in r["sparse"].values() if e["ok"]]
+                                          + [r["dense"]["median_s"]])
                         for ly, r in zip(lys, runs))
             rows.append({"batch": batch, "dense_s": dense / batch, "sparse_s":
                          None if sparse is None else sparse / batch,
@@ -259,6 +259,8 @@ def verdict(result: dict[str, Any]) -> str:
                          + ("" if best is None else f" (best {best:.2f}x)"))
         return f"on {where} the fastest sparse kernels beat dense for {what} " + "; ".join(parts)
     rows = [(r["batch"], r["speedup"]) for r in models[0]["batches"]]
+    if all(v is None for _, v in rows):
+        return "no sparse kernel gave a correct product: nothing to conclude"
     span = ", ".join(f"{v:.2f}x at batch {b}" for b, v in rows if v is not None)
     fast = [b for b, v in rows if v is not None and v > 1 + EVEN]
     slow = [b for b, v in rows if v is not None and v < 1 - EVEN]
@@ -360,7 +362,8 @@ def run_bench(matrices: list[Matrix], *, source: str, label: str, batches: Seque
         "break_even": break_even(layers, batches, timed),
         "failed": [{"name": ly["name"], "batch": r["batch"], "kernel": k}
                    for ly in layers for r in ly["runs"]
-                   for k, e in [("dense", r["dense"]), *r["sparse"].items()] if not e["ok"]],
+                   for k, e in [(r["dense"]["kernel"], r["dense"]), *r["sparse"].items()]
+                   if not e["ok"]],
     }
     result["verdict"] = verdict(result)
     result["notes"] = notes(result, usable_cores())

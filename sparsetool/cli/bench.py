@@ -14,11 +14,11 @@ from sparsetool.cli._output import (
     check_plot_path,
     console,
     emit_json,
+    fail,
     failing_cleanly,
     print_table,
     progress_bar,
     targeting_note,
-    warn,
 )
 from sparsetool.cli._params import (
     ComputeDType,
@@ -145,11 +145,12 @@ def bench(
         emit_json(result)
     else:
         _render(result, quiet)
-    if result["failed"]:
-        for f in result["failed"]:
-            warn(f"{f['kernel']} on {f['name']} at batch {f['batch']} does not equal the float32 "
-                 "product of the same values")
-        raise typer.Exit(1)
+    if result["failed"]:  # after the output, which shows them: one error line, exit 1
+        f, more = result["failed"][0], len(result["failed"]) - 1
+        with failing_cleanly():
+            fail(f"{f['kernel']} on {f['name']} at batch {f['batch']} does not equal the float32 "
+                 f"product of the same values{f' (and {more} more)' if more else ''}; its times "
+                 "are not a speed-up: leave it out with --kernel, and report it")
 
 
 def _check_usage(checkpoint: Optional[Path], model: Optional[str], shape: Optional[str],

@@ -337,3 +337,16 @@ def test_bench_cuda_without_cuda_is_a_usage_error():
 def test_bench_a_missing_checkpoint_is_one_error_line(tmp_path):
     r = run("bench", tmp_path / "nope", columns=200)
     assert r.exit_code == 1 and r.output.count("error:") == 1 and "not found" in r.output
+
+
+def test_a_product_that_fails_its_check_is_one_error_line_after_the_output(monkeypatch):
+    from sparsetool.bench import run as bench_run
+
+    monkeypatch.setitem(bench_run.RTOL, "float32", -1.0)  # no product can pass: every check fails
+    r = run("bench", "--shape", "16x32", "-s", "0.9", "--batch", "1", "-r", "1", "--json",
+            columns=200)
+    assert r.exit_code == 1
+    d = json.loads(r.stdout)
+    assert len(d["failed"]) == 1 + len(d["kernels"]) and d["layers"][0]["runs"][0]["best"] is None
+    assert r.stderr.count("error:") == 1 and "does not equal the float32 product" in r.stderr
+    assert d["failed"][0]["kernel"] == "torch-linear" and "nothing to conclude" in d["verdict"]
