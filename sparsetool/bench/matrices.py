@@ -87,9 +87,6 @@ def from_checkpoint(path: Path, *, include: Sequence[str] = (), exclude: Sequenc
     from sparsetool.targets.recorded import targeting_summary
 
     path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"checkpoint '{path}' not found; pass a .safetensors file or a "
-                              "directory")
     layers, _, plan, _ = checkpoint_layers(path, [], progress, include=include, exclude=exclude,
                                            default_targets=default_targets)
     if not layers:

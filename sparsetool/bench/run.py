@@ -57,12 +57,13 @@ def kernel_names(device_type: str, dtype: str,
 
 
 def device_info(device: Any, threads: int) -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
     import torch
 
-    try:
-        import scipy
-        scipy_version = scipy.__version__
-    except ImportError:
+    try:  # its version only: no need to import it for that
+        scipy_version = version("scipy")
+    except PackageNotFoundError:
         scipy_version = None
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)

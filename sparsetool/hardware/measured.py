@@ -25,6 +25,7 @@ from typing import Any, Mapping, Optional
 from sparsetool.errors import ConfigError, SparsetoolError, UsageError
 from sparsetool.hardware.devices import CPU, Device, Refused
 from sparsetool.hardware.layers import LayerMask
+from sparsetool.util.configfile import read_text
 
 SCHEMA_VERSION = 1
 """The version of the measurement format this module reads (its ``"bench"`` key)."""
@@ -76,14 +77,7 @@ def load_measurement(path: str | Path) -> Measurement:
     p = Path(path)
     where = f"measurement file '{p}'"
     wrote = "give the JSON `sparsetool bench --json` wrote"
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{where} not found; {wrote}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{where} is a directory; {wrote}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read {where}: {getattr(e, 'strerror', None) or e}") from None
+    text = read_text(p, "measurement file", wrote)
     try:
         data = json.loads(text)
     except ValueError as e:

@@ -15,6 +15,20 @@ from sparsetool.errors import ConfigError
 SUFFIXES = {".toml": "TOML", ".yaml": "YAML", ".yml": "YAML", ".json": "JSON"}
 
 
+def read_text(path: str | Path, what: str, fix: str) -> str:
+    """The text of ``path``; a missing file, a directory or an unreadable file is one
+    :class:`ConfigError` naming ``what`` it is meant to be and, for the first two, the ``fix``."""
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} '{p}' not found; {fix}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} '{p}' is a directory; {fix}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read {what} '{p}': {getattr(e, 'strerror', None) or e}") from None
+
+
 def load_mapping(path: str | Path, *, what: str = "config file", default: str = "JSON") -> dict[str, Any]:
     """Parse ``path`` by its suffix (``default`` format for any other suffix) into a dict.
 
@@ -29,14 +43,7 @@ def load_mapping(path: str | Path, *, what: str = "config file", default: str = 
     {'cs2': {'fixed_s': 2e-06}}
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{what} '{p}' not found; pass an existing TOML, YAML or JSON file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{what} '{p}' is a directory; pass a TOML, YAML or JSON file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read {what} '{p}': {getattr(e, 'strerror', None) or e}") from None
+    text = read_text(p, what, "pass an existing TOML, YAML or JSON file")
     kind = SUFFIXES.get(p.suffix.lower(), default)
     try:
         if kind == "TOML":
