@@ -48,6 +48,7 @@ import torch
 from sparsetool.errors import ConfigError
 from sparsetool.masks.kernel import top_k_mask
 from sparsetool.train.algorithms.maskstate import MaskState
+from sparsetool.train.algorithms.sharding import gathered, is_sharded
 from sparsetool.train.rng import step_generator
 from sparsetool.train.schedules import Wiring, wire
 from sparsetool.util.options import check_sparsity
@@ -240,6 +241,7 @@ class Sparsifier(MaskState):
             self.masks = self._adopt(given)
         else:
             self.masks = self.initial_masks()
+        self._adopt_grown()
         self._apply(self.masks)
 
     def prune_further(self) -> bool:
@@ -250,16 +252,16 @@ class Sparsifier(MaskState):
         if self.densified or not self.masks:
             return False
         total = sum(m.numel() for m in self.masks.values())
-        have = 1.0 - sum(int(m.sum()) for m in self.masks.values()) / total
+        have = 1.0 - sum(self._kept(n) for n in self.masks) / total
         if self.sparsity_at(0) <= have + len(self.masks) / total:
             return False
         keep = self.unit_counts(self.sparsity_at(0))
         for name, p in self._params.items():
-            m = self.masks[name]
-            if int(m.sum()) > sum(keep[name]):
-                scores = self.drop_scores(p.detach(), None)
-                self.masks[name] = self._by_unit(name, lambda u, k: top_k_mask(
-                    u(scores), k, allowed=u(m)), keep[name])
+            if self._kept(name) > sum(keep[name]):  # the same on every rank: gathers agree
+                m = self._whole_mask(name)
+                scores = self.drop_scores(gathered(p.detach()), None)
+                self.masks[name] = self._laid_out(name, self._by_unit(name, lambda u, k: top_k_mask(
+                    u(scores), k, allowed=u(m)), keep[name]))
         self._apply(self.masks)
         return True
 
@@ -293,13 +295,15 @@ class Sparsifier(MaskState):
         masks = {}
         for index, (name, p) in enumerate(self._params.items()):
             if self.init_method == "magnitude":
-                m = self._by_unit(name, lambda u, k: magnitude_mask(u(p.detach()), keep=k), keep[name])
+                w = gathered(p.detach())  # one whole tensor at a time when sharded
+                m = self._by_unit(name, lambda u, k: magnitude_mask(u(w), keep=k), keep[name])
             else:
                 # Step -1: the initial draw never coincides with an update's stream.
                 gen = step_generator(self.seed, -1, index)
-                m = self._by_unit(name, lambda u, k: random_mask(tuple(u(p).shape), keep=k,
+                shape = torch.empty(tuple(p.shape), device="meta")  # the whole tensor's units
+                m = self._by_unit(name, lambda u, k: random_mask(tuple(u(shape).shape), keep=k,
                                                                  generator=gen), keep[name])
-            masks[name] = m.to(device=p.device, dtype=torch.bool)
+            masks[name] = self._laid_out(name, m)
         return masks
 
     # ----------------------------------------------------------------- per-step work
@@ -348,13 +352,16 @@ class Sparsifier(MaskState):
         new_masks: dict[str, torch.Tensor] = {}
         for index, (name, p) in enumerate(self._params.items()):
             gen = step_generator(self.seed, step, index)
-            grow = self.grow_scores(p.detach(), p.grad, gen)
-            drop = self.drop_scores(p.detach(), p.grad)
+            # Whole tensors, one at a time (gathered from every rank's slice under FSDP); the
+            # gradient is the reduced one, the same on every rank.
+            weight, grad = gathered(p.detach()), gathered(p.grad)
+            grow = self.grow_scores(weight, grad, gen)
+            drop = self.drop_scores(weight, grad)
             counts = keep[name] if isinstance(keep[name], list) else [keep[name]]
             tally = {"dropped": 0, "grown": 0}
             grown_parts: list[torch.Tensor] = []
 
-            def choose(unit: Callable, k: int, old=self.masks[name], drop=drop, grow=grow,
+            def choose(unit: Callable, k: int, old=self._whole_mask(name), drop=drop, grow=grow,
                        tally=tally, grown_parts=grown_parts) -> torch.Tensor:
                 mask = unit(old)
                 n, numel = int(mask.sum()), mask.numel()
@@ -367,14 +374,15 @@ class Sparsifier(MaskState):
                 kept = top_k_mask(unit(drop), base - n_swap, allowed=mask)
                 tally["dropped"] += n - (base - n_swap)
                 tally["grown"] += n_swap + n_extra
-                grown = (top_k_mask(unit(grow).to(p.device), n_swap + n_extra, allowed=~mask)
+                grown = (top_k_mask(unit(grow).to(mask.device), n_swap + n_extra, allowed=~mask)
                          if n_swap + n_extra else torch.zeros_like(mask))
                 grown_parts.append(grown)
                 return kept | grown
 
-            new_masks[name] = self._by_unit(name, choose, counts)
+            new_masks[name] = self._laid_out(name, self._by_unit(name, choose, counts))
             if tally["grown"]:
-                self._grown[name] = grown_parts[0] if len(counts) == 1 else torch.stack(grown_parts)
+                grown = grown_parts[0] if len(counts) == 1 else torch.stack(grown_parts)
+                self._grown[name] = self._laid_out_grown(name, grown)
             self.last_update[name] = dict(tally)
         self._finish_update(step, new_masks, fraction)
 
@@ -392,10 +400,9 @@ class Sparsifier(MaskState):
         d: dict[str, Any] = {"algorithm": self.name, "seed": int(self.seed),
                              "densified": bool(self.densified), "updates_done": int(self.updates_done)}
         d.update(self._extra_state())
-        d["masks"] = {n: m.detach().to("cpu", torch.bool).clone() for n, m in self.masks.items()}
+        d["masks"] = {n: _saved(m) for n, m in self.masks.items()}
         if self._grown_before:  # what the next update's survival count compares against
-            d["grown_before"] = {n: g.detach().to("cpu", torch.bool).clone()
-                                 for n, g in self._grown_before.items()}
+            d["grown_before"] = {n: _saved(g) for n, g in self._grown_before.items()}
         return d
 
     def load_state_dict(self, d: Mapping[str, Any]) -> None:
@@ -410,13 +417,25 @@ class Sparsifier(MaskState):
         self.densified = bool(d.get("densified", False))
         self.updates_done = int(d.get("updates_done", 0))
         self._load_extra_state(d)
-        self._grown_before = {n: torch.as_tensor(g).to(torch.bool)
-                              for n, g in dict(d.get("grown_before", {})).items()}
-        masks = {n: torch.as_tensor(m).to(torch.bool) for n, m in dict(d.get("masks", {})).items()}
+        self._grown_before = {n: _loaded(g) for n, g in dict(d.get("grown_before", {})).items()}
+        masks = {n: _loaded(m) for n, m in dict(d.get("masks", {})).items()}
         if self.densified:
             self.masks = {}
         elif self._params:
             self.masks = self._adopt(masks)
+            self._adopt_grown()
             self._apply(self.masks)
         else:
             self.masks = masks
+
+
+def _saved(mask: torch.Tensor) -> torch.Tensor:
+    """A mask as a state dict holds it: a bool copy on the CPU, or a sharded one as it is laid
+    out (a sharded checkpoint saves each rank's slice)."""
+    if is_sharded(mask):
+        return mask.detach().to(torch.bool).clone()
+    return mask.detach().to("cpu", torch.bool).clone()
+
+
+def _loaded(mask) -> torch.Tensor:
+    return mask.to(torch.bool) if is_sharded(mask) else torch.as_tensor(mask).to(torch.bool)

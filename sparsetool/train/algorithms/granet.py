@@ -14,7 +14,7 @@ sparse-to-sparse (e.g. 0.5 -> 0.8 as in the Cerebras runs).
 
 - ``global`` (default, the paper's method): one magnitude threshold across all sparse tensors,
   so layers end up with different sparsities (the selection of ``prune --scope global``,
-  :func:`sparsetool.masks.global_magnitude.global_magnitude_masks`);
+  :mod:`sparsetool.masks.global_magnitude`, read one tensor at a time);
 - ``layer`` (the paper's "uniform" variant): each tensor is pruned to its own count from the
   distribution (uniform or ERK).
 
@@ -28,8 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparsetool.errors import ConfigError
-from sparsetool.masks.global_magnitude import global_magnitude_masks
+from sparsetool.masks.global_magnitude import MagnitudeHistogram, global_threshold_plan
 from sparsetool.train.algorithms.rigl import RigL
+from sparsetool.train.algorithms.sharding import gathered
 
 __all__ = ["GraNet", "SCOPES"]
 
@@ -64,7 +65,16 @@ class GraNet(RigL):
             return super().update_counts(step)
         per_layer = self.keep_counts(self.sparsity_at(step))
         names = list(self._params)
-        chosen = global_magnitude_masks(
-            [self._params[n].detach() for n in names], keep=sum(per_layer.values()),
-            existing=[self.masks[n] for n in names])
-        return {n: int(m.sum()) for n, m in zip(names, chosen)}
+
+        def histogram(name: str, refine: int | None = None) -> MagnitudeHistogram:
+            # one whole tensor at a time (gathered from every rank's slice under FSDP)
+            return MagnitudeHistogram.of(gathered(self._params[name].detach()),
+                                         self._whole_mask(name), refine=refine)
+
+        keep = sum(per_layer.values())
+        hists = [histogram(n) for n in names]
+        plan = global_threshold_plan(hists, keep)
+        if not plan.done:  # the boundary bucket holds distinct values: count inside it
+            fine = {i: histogram(names[i], plan.refine_bucket) for i in plan.refine}
+            plan = global_threshold_plan(hists, keep, refined=fine)
+        return {n: int(t.kept) for n, t in zip(names, plan.tensors)}

@@ -37,6 +37,7 @@ import torch
 from sparsetool.errors import ConfigError
 from sparsetool.masks.kernel import top_k_mask
 from sparsetool.train.algorithms.base import Sparsifier, is_whole
+from sparsetool.train.algorithms.sharding import gathered
 from sparsetool.train.schedules import Periodic
 
 __all__ = ["IMP"]
@@ -137,8 +138,8 @@ class IMP(Sparsifier):
         else:
             assert targets is not None
             rounds = 0
-            for name, mask in self.masks.items():
-                n, r = int(mask.sum()), 0
+            for name in self.masks:
+                n, r = self._kept(name), 0
                 while n > targets[name]:
                     n -= self._prune_count(n, targets[name])
                     r += 1
@@ -177,7 +178,8 @@ class IMP(Sparsifier):
         last_round = self._plan is not None and step >= self._plan[0] * self._plan[1]
         self.last_update = {}
         for name, p in self._params.items():
-            old, scores = self.masks[name], self.drop_scores(p.detach(), p.grad)
+            # whole tensors, one at a time (gathered from every rank's slice under FSDP)
+            old, scores = self._whole_mask(name), self.drop_scores(gathered(p.detach()), gathered(p.grad))
             dropped = [0]
 
             def choose(unit, target, old=old, scores=scores, dropped=dropped):
@@ -190,7 +192,7 @@ class IMP(Sparsifier):
                 return top_k_mask(unit(scores), n - count, allowed=mask)
 
             targets = units[name] if units is not None else [None] * self._parts.get(name, 1)
-            self.masks[name] = self._by_unit(name, choose, targets)
+            self.masks[name] = self._laid_out(name, self._by_unit(name, choose, targets))
             self.last_update[name] = {"dropped": dropped[0], "grown": 0}
         self._finish_update(step, dict(self.masks), 0.0)
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import torch
 
 from sparsetool.errors import ConfigError
+from sparsetool.train.algorithms.sharding import count, gathered, is_sharded, laid_out_like
 
 __all__ = ["MaskState"]
 
@@ -36,10 +37,43 @@ class MaskState:
         self._grown: dict[str, torch.Tensor] = {}
         self._grown_before: dict[str, torch.Tensor] = {}  # regrown by the last update that grew
         self._pruned_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._kept_cache: dict[str, tuple[torch.Tensor, int]] = {}
+
+    def _laid_out(self, name: str, whole: torch.Tensor) -> torch.Tensor:
+        """The whole mask ``whole`` of parameter ``name`` (the same on every rank) in that
+        parameter's layout (:mod:`.sharding`), its count of kept weights noted on the way."""
+        mask = laid_out_like(whole.to(torch.bool), self._params[name])
+        self._kept_cache[name] = (mask, int(whole.sum()))
+        return mask
+
+    def _laid_out_grown(self, name: str, whole: torch.Tensor) -> torch.Tensor:
+        """Weights regrown in parameter ``name`` (a whole bool tensor) in its layout."""
+        return laid_out_like(whole.to(torch.bool), self._params[name])
+
+    def _adopt_grown(self) -> None:
+        """The weights regrown by the last update (a resume's saved state) in their parameters'
+        layouts and devices, as the masks they are compared with."""
+        self._grown_before = {n: g.to(torch.bool) if is_sharded(g) else self._laid_out_grown(n, g)
+                              for n, g in self._grown_before.items() if n in self._params}
+
+    def _whole_mask(self, name: str) -> torch.Tensor:
+        """The whole mask of ``name`` (gathered if it is sharded: a collective)."""
+        return gathered(self.masks[name])
+
+    def _kept(self, name: str) -> int:
+        """Kept weights of mask ``name``: noted when the mask was made, else counted (a
+        collective for a sharded mask) and cached while it is the same tensor object."""
+        mask = self.masks[name]
+        cached = self._kept_cache.get(name)
+        if cached is None or cached[0] is not mask:
+            cached = (mask, count(mask))
+            self._kept_cache[name] = cached
+        return cached[1]
 
     def _adopt(self, given: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``given`` masks checked against the sparse parameters (names and shapes), as bool
-        tensors on the parameters' devices."""
+        tensors in the parameters' layouts (a whole mask given for a sharded parameter keeps
+        this rank's slice; a sharded one is taken as it is)."""
         missing = [n for n in self._params if n not in given]
         extra = [n for n in given if n not in self._params]
         if missing or extra:
@@ -54,7 +88,12 @@ class MaskState:
                 raise ConfigError(
                     f"mask for {name} has shape {tuple(m.shape)}, the parameter {tuple(p.shape)}"
                 )
-            out[name] = m.to(device=p.device, dtype=torch.bool).clone()
+            if is_sharded(m):
+                out[name] = m.to(torch.bool).clone()
+            elif is_sharded(p):
+                out[name] = laid_out_like(m.to(torch.bool), p)
+            else:
+                out[name] = m.to(device=p.device, dtype=torch.bool).clone()
         return out
 
     def _pruned(self, name: str, mask: torch.Tensor) -> torch.Tensor:
@@ -100,11 +139,10 @@ class MaskState:
         dropped and grown over all tensors, the drop fraction used, and the fraction of the
         weights grown at the previous update that this one kept (None when it grew none)."""
         prev = self._grown_before
-        grown_prev = sum(int(g.sum()) for g in prev.values())
+        grown_prev = sum(count(g) for g in prev.values())
         survived = None
         if grown_prev:
-            kept = sum(int((g.to(new_masks[n].device) & new_masks[n]).sum())
-                       for n, g in prev.items() if n in new_masks)
+            kept = sum(count(g & new_masks[n]) for n, g in prev.items() if n in new_masks)
             survived = kept / grown_prev
         self.last_event = {
             "algorithm": getattr(self, "name", ""),
@@ -124,12 +162,12 @@ class MaskState:
         if self.densified or not self.masks:
             return 0.0
         total = sum(m.numel() for m in self.masks.values())
-        kept = sum(int(m.sum()) for m in self.masks.values())
+        kept = sum(self._kept(n) for n in self.masks)
         return 1.0 - kept / total
 
     def layer_sparsity(self) -> dict[str, float]:
         """Sparsity of each sparse tensor, from the masks."""
-        return {n: 1.0 - int(m.sum()) / m.numel() for n, m in self.masks.items()}
+        return {n: 1.0 - self._kept(n) / m.numel() for n, m in self.masks.items()}
 
     # ----------------------------------------------------------------- dropping, sharing
 
@@ -141,6 +179,7 @@ class MaskState:
         self._grown = {}
         self._grown_before = {}
         self._pruned_cache = {}
+        self._kept_cache = {}
         self.densified = True
 
     def broadcast_masks(self) -> None:
@@ -151,7 +190,8 @@ class MaskState:
         if self.densified or not (dist.is_available() and dist.is_initialized()):
             return
         for name in list(self.masks):
-            buf = self.masks[name].to(torch.uint8)  # gloo has no bool broadcast
+            buf = self._whole_mask(name).to(torch.uint8)  # gloo has no bool broadcast
             dist.broadcast(buf, src=0)
-            self.masks[name] = buf.to(torch.bool)
+            self.masks[name] = (self._laid_out(name, buf) if name in self._params
+                                else buf.to(torch.bool))
         self._apply(self.masks)
