@@ -28,7 +28,7 @@ from sparsetool.cli._params import (
     value_of,
 )
 from sparsetool.masks.distributions import DISTRIBUTIONS
-from sparsetool.train.config import ALGORITHMS
+from sparsetool.train.config import ALGORITHMS, STRATEGIES
 from sparsetool.util import options
 from sparsetool.util.wording import plural
 
@@ -43,6 +43,7 @@ Algorithm = choices("Algorithm", ALGORITHMS)
 Distribution = choices("Distribution", DISTRIBUTIONS)
 InitMethod = choices("InitMethod", ("random", "magnitude"))
 DType = choices("DType", ("auto", "float32", "bfloat16"))
+Strategy = choices("Strategy", STRATEGIES)
 Encoding = choices("Encoding", ENCODING_NAMES)
 
 
@@ -87,7 +88,9 @@ def train(
     stop_at: Optional[int] = typer.Option(None, "--stop-at", help="Stop after this step with a checkpoint; continue later with --resume (default: run all --steps)."),
     threads: Optional[int] = threads_option(),
     device: Optional[str] = typer.Option(None, "--device", metavar="<auto|cpu|cuda|cuda:N>", callback=checked(options.check_device), help="Where to train (default auto)."),
-    dtype: Optional[DType] = choice_option(DType, None, "--dtype", help="auto (default: bf16 autocast on capable GPUs), float32 or bfloat16."),
+    dtype: Optional[DType] = choice_option(DType, None, "--dtype", help="auto (default: bf16 autocast on capable GPUs), float32 or bfloat16 (with --distributed fsdp: bf16 parameters, float32 gradient reduction)."),
+    distributed: Optional[Strategy] = choice_option(Strategy, None, "--distributed", help="Under torchrun: ddp (default; a whole model, its gradients and AdamW on every process) or fsdp (each process holds 1/N of them, masks too)."),
+    offload: bool = typer.Option(False, "--offload", help="With --distributed fsdp on GPUs: keep parameter shards, gradients and AdamW in CPU memory."),
     quiet: bool = quiet_option(),
     as_json: bool = json_option("Print the final summary as JSON (no progress bar)."),
 ) -> None:
@@ -162,7 +165,7 @@ _AS_GIVEN = ("n_layer", "n_head", "d_model", "context", "steps", "batch_size", "
              "warmup", "weight_decay", "grad_clip", "seed", "data", "sparsity", "update_freq",
              "update_start", "update_stop", "drop_fraction", "initial_sparsity", "eval_every",
              "save_every", "stop_at", "device", "threads")
-_CHOICES = ("preset", "algorithm", "distribution", "init_method", "encoding", "dtype")
+_CHOICES = ("preset", "algorithm", "distribution", "init_method", "encoding", "dtype", "distributed")
 
 
 def _flags(given: dict, output: Path | None, sparsity_options: dict) -> dict:
@@ -174,7 +177,8 @@ def _flags(given: dict, output: Path | None, sparsity_options: dict) -> dict:
         "out": str(output) if output else None, "init": str(given["init"]) if given["init"] else None,
         "param_filter": list(given["param_filter"]) or None,
         "include": tuple(given["include"]) or None, "exclude": tuple(given["exclude"]) or None,
-        "dense": given["dense"] or None, "stages": list(given["stage"]),
+        "dense": given["dense"] or None, "offload": given["offload"] or None,
+        "stages": list(given["stage"]),
         "sparsity_options": sparsity_options,
     })
     return flags
@@ -240,10 +244,13 @@ class _Progress:
         sp = f", sparsity {info['sparsity']:.1%}" if info["sparsity"] else ""
         self.console.print(
             f"{m.get('model_type', 'GPT')} {m['n_layer']}L d{m['d_model']} h{m['n_head']} ctx {m['context']}: "
-            f"{plural(info['params'], 'parameter')}{sp}; {plural(info['world_size'], 'process', 'processes')}, global batch "
+            f"{plural(info['params'], 'parameter')}{sp}; {plural(info['world_size'], 'process', 'processes')}"
+            f"{' (' + info['distributed'] + ')' if info.get('distributed') else ''}, global batch "
             f"{info['global_batch']} x {m['context']} {per}; {info['device']} {info['precision']}",
             highlight=False, soft_wrap=True,
         )
+        if info.get("distributed") and info.get("memory_plan"):
+            self.console.print(info["memory_plan"], highlight=False, soft_wrap=True)
         d, unit = info["data"], "tokens" if "train_tokens" in info["data"] else "bytes"
         self.console.print(f"data: {self.escape(d['source'])} ({d['train_' + unit]:,} train / "
                            f"{d['val_' + unit]:,} validation {unit})", highlight=False, soft_wrap=True)

@@ -34,6 +34,7 @@ from sparsetool.errors import ConfigError
 from sparsetool.util import options
 
 ALGORITHMS = ("dense", "static", "gmp", "set", "rigl", "granet", "imp")
+STRATEGIES = ("ddp", "fsdp")  # --distributed
 INIT_METHODS = ("random", "magnitude")
 DEFAULT_PRESET = "mini"  # the model of a run without --preset or --init
 
@@ -126,6 +127,8 @@ class TrainConfig:
     device: str = "auto"
     threads: int | None = None  # CPU threads for torch; None: sparsetool.util.threads decides (the command line)
     dtype: str = "auto"  # auto: bf16 autocast on a GPU that has it, float32 otherwise
+    distributed: str = "ddp"  # under torchrun: ddp (a whole copy per rank) or fsdp (sharded, FSDP2)
+    offload: bool = False  # fsdp on a GPU: parameter slices, gradients and AdamW in CPU memory
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -153,7 +156,10 @@ def _globs(option: str, value: Any) -> tuple[str, ...]:
 
 # Options that may differ when a run is resumed; any other change would break exact resumption.
 RESUMABLE_OVERRIDES = {"stop_at", "save_every", "eval_every", "keep_last", "log_every", "device",
-                       "threads"}
+                       "threads", "offload"}
+# May differ on a resume when the global batch (--batch-size x --grad-accum x processes) stays
+# the same: an FSDP run continues on another number of processes (rundir.restore checks it).
+REBATCHABLE = {"batch_size", "grad_accum"}
 
 
 def parse_stage(text: str) -> tuple[float, float]:
@@ -191,6 +197,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     need(cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"),
          f"--device {cfg.device!r}: use cpu, cuda or auto")
     need(cfg.dtype in ("auto", "float32", "bfloat16"), "--dtype must be auto, float32 or bfloat16")
+    need(cfg.distributed in STRATEGIES, f"--distributed {cfg.distributed!r}: choose ddp or fsdp")
+    need(not cfg.offload or cfg.distributed == "fsdp",
+         "--offload moves FSDP's shards to CPU memory; add --distributed fsdp")
+    need(not cfg.offload or cfg.device.startswith("cuda"),
+         "--offload keeps a GPU run's shards in CPU memory; it needs --device cuda (a CPU run "
+         "holds them there already)")
     if cfg.algorithm is not None:
         cfg.algorithm = str(cfg.algorithm).lower()
         need(cfg.algorithm in ALGORITHMS,

@@ -1,5 +1,5 @@
-"""Where a run executes: one process or a torchrun group (DDP over gloo on CPU, nccl on GPU),
-which device, and whether to autocast to bf16."""
+"""Where a run executes: one process or a torchrun group (DDP or FSDP2 over gloo on CPU, nccl on
+GPU), which device, and how bf16 is used (autocast, or FSDP's bf16 parameters)."""
 
 from __future__ import annotations
 
@@ -22,12 +22,16 @@ class Runtime:
     device: torch.device
     autocast: Callable[[], contextlib.AbstractContextManager]
     precision: str
+    sharded: bool = False  # FSDP2: parameters, gradients, AdamW and masks split over the ranks
+    bf16_params: bool = False  # FSDP2 computes with bf16 parameters, reduces in float32
 
 
-def setup_runtime(device: str, dtype: str) -> Runtime:
+def setup_runtime(device: str, dtype: str, strategy: str = "ddp") -> Runtime:
     """Read torchrun's environment (WORLD_SIZE, RANK, LOCAL_RANK), pick the device and join the
     process group. bf16 autocast: asked for, or ``auto`` on a GPU that supports it (on CPU
-    float32 is the default: bf16 matmuls are slow on most CPUs and change the numerics)."""
+    float32 is the default: bf16 matmuls are slow on most CPUs and change the numerics). With
+    ``strategy`` fsdp the group exists even for one process (FSDP2 needs one; without torchrun it
+    is a group of one in memory) and bf16 means FSDP's bf16 parameters instead of autocast."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -42,18 +46,28 @@ def setup_runtime(device: str, dtype: str) -> Runtime:
             torch.cuda.set_device(dev)
     else:
         dev = torch.device("cpu")
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    sharded = strategy == "fsdp"
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    if (world > 1 or sharded) and not dist.is_initialized():
+        if "MASTER_ADDR" in os.environ or world > 1:
+            dist.init_process_group(backend)
+        else:  # one process without torchrun: a group of one, its store in memory
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     use_bf16 = dtype == "bfloat16" or (
         dtype == "auto" and dev.type == "cuda" and torch.cuda.is_bf16_supported()
     )
+    if sharded:
+        precision = "bf16 parameters, float32 reduction" if use_bf16 else "float32"
+        return Runtime(world, rank, dev, contextlib.nullcontext, f"{precision}, FSDP",
+                       sharded=True, bf16_params=use_bf16)
     autocast = ((lambda: torch.autocast(dev.type, dtype=torch.bfloat16))
                 if use_bf16 else contextlib.nullcontext)
     return Runtime(world, rank, dev, autocast, "bf16 autocast" if use_bf16 else "float32")
 
 
-def mask_digest(masks: dict[str, torch.Tensor]) -> str:
-    """SHA-256 over the names and bits of ``masks``.
+def mask_digest(masks: dict[str, torch.Tensor],
+                whole: Callable[[torch.Tensor], torch.Tensor] = lambda m: m) -> str:
+    """SHA-256 over the names and bits of ``masks`` (each read through ``whole``, one at a time).
 
     >>> m = {"w": torch.tensor([True, False])}
     >>> mask_digest(m) == mask_digest({"w": torch.tensor([True, False])}) != mask_digest({"w": torch.tensor([False, True])})
@@ -62,15 +76,18 @@ def mask_digest(masks: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for name in sorted(masks):
         h.update(name.encode())
-        h.update(masks[name].to("cpu", torch.uint8).numpy().tobytes())
+        h.update(whole(masks[name]).to("cpu", torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
 def gather_mask_digests(masks: dict[str, torch.Tensor], world: int) -> list[str]:
     """Every rank's :func:`mask_digest`: equal strings mean the data-parallel mask decisions
-    agreed bit for bit."""
+    agreed bit for bit. Sharded masks (FSDP) are digested whole, gathered one at a time: each
+    rank's digest is that of the masks it decided on."""
+    from sparsetool.train.algorithms.sharding import gathered
+
     out: list = [None] * world
-    dist.all_gather_object(out, mask_digest(masks))
+    dist.all_gather_object(out, mask_digest(masks, gathered))
     return out
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sparsetool.checkpoint import open_checkpoint, write_tensors
+from sparsetool.checkpoint import open_checkpoint
 from sparsetool.checkpoint.codecs import DEFAULT_ENCODING, codec
 from sparsetool.checkpoint.config import (
     bitmask_sparsity_config,
@@ -39,11 +39,14 @@ from sparsetool.models.hf import (
     load_tokenizer,
     match_weights,
 )
+from sparsetool.train.algorithms.sharding import count
+from sparsetool.train.consolidate import write_model
+from sparsetool.train.memplan import check_plan, run_plan
 from sparsetool.util.corpus import Corpus
-from sparsetool.util.memory import fine_tuning_plan
 from sparsetool.util.workers import signals_deferred
 
-__all__ = ["HFModel", "HFModelInfo", "MODEL_DIR", "check_shape_flags", "forward", "is_hf_dir", "open_run_model"]
+__all__ = ["HFModel", "HFModelInfo", "MODEL_DIR", "check_shape_flags", "forward", "is_hf_dir", "open_run_model",
+           "tied_duplicates"]
 
 DEFAULT_CONTEXT = 256  # tokens per training sequence unless --context (or the model) says less
 MODEL_DIR = "model"  # RUN/model/: the latest model as a Hugging Face directory
@@ -86,6 +89,18 @@ class HFModelInfo:
         return asdict(self)
 
 
+def tied_duplicates(model: torch.nn.Module) -> set[str]:
+    """Names of parameters that are another parameter (a head tied to the embeddings): every
+    name of a shared parameter but its first."""
+    seen: set[int] = set()
+    out = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            out.add(name)
+        seen.add(id(p))
+    return out
+
+
 def forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
     """Logits (B, T, V) and the mean cross-entropy of ``y`` (nats per token), as the built-in GPT."""
     logits = model(input_ids=x, use_cache=False).logits
@@ -113,12 +128,11 @@ def open_run_model(cfg, resume_from: Path | None, resumed_model: dict | None):
         check_shape_flags(cfg, Path(cfg.init))  # before the model is read
     hf = HFModel(resume_from if resumed else cfg.init)
     info = hf.info(cfg, resumed_model if resumed else None)
-    # The whole model, its gradients and Adam's moments live in memory: refuse at once what cannot fit.
-    fine_tuning_plan(hf.numel, batch=cfg.batch_size, context=info.context, d_model=info.d_model,
-                     n_layer=info.n_layer, n_head=info.n_head, vocab=info.vocab_size).check(
-        f"train --init {hf.path}",
-        "a smaller --batch-size or --context, or a machine with more memory (torchrun's DDP "
-        "keeps a whole copy on every process, so each needs this much)")
+    # The model, its gradients and Adam's moments live in memory (whole on every process, or
+    # divided among them with --distributed fsdp): refuse at once what cannot fit.
+    hf.plan = check_plan(run_plan(cfg, params=hf.numel, n_layer=info.n_layer, d_model=info.d_model,
+                                  n_head=info.n_head, context=info.context, vocab=info.vocab_size),
+                         f"train --init {hf.path}")
     weights, masks = ({}, {}) if resumed else read_init_checkpoint(cfg.init)[:2]
     return hf, info, weights, masks
 
@@ -128,6 +142,7 @@ class HFModel:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.plan = None  # the run's memory plan, made before the weights are read
         self.transformers = import_transformers("fine-tuning")
         with open_checkpoint(self.path) as ckpt:
             config = ckpt.config
@@ -213,29 +228,29 @@ class HFModel:
             (directory / name).write_bytes(data)
 
     def export(self, run_dir: Path, model: torch.nn.Module, masks: dict[str, torch.Tensor],
-               encoding: str, meta: dict, dtype: str) -> Path:
+               encoding: str, meta: dict, dtype: str, write: bool = True) -> Path:
         """Write ``RUN/model/`` (weights in ``encoding`` and ``dtype``, config, tokenizer)
-        atomically: a temporary directory renamed over the previous one."""
+        atomically: a temporary directory renamed over the previous one. The weights are
+        streamed one tensor at a time (:func:`~sparsetool.train.consolidate.write_model`), so
+        for a model sharded over ranks every rank calls this alike and only ``write`` writes."""
         out = run_dir / MODEL_DIR
         tmp, old = run_dir / f".{MODEL_DIR}.tmp", run_dir / f".{MODEL_DIR}.old"
-        for p in (tmp, old):
-            if p.exists():
-                shutil.rmtree(p)
-        tmp.mkdir()
-        target = getattr(torch, dtype)
-        tensors, seen = {}, set()
-        for name, t in model.state_dict().items():
-            if t.data_ptr() in seen and name not in masks:
-                continue  # a tied head: transformers ties it again on loading
-            seen.add(t.data_ptr())
-            tensors[name] = t.detach().to("cpu", target if t.is_floating_point() else t.dtype)
-        masks = {n: m.to("cpu", torch.bool) for n, m in masks.items()}
+        if write:
+            for p in (tmp, old):
+                if p.exists():
+                    shutil.rmtree(p)
+            tmp.mkdir()
+        tied = tied_duplicates(model)  # a tied head: transformers ties it again on loading
+        tensors = [(n, t) for n, t in model.state_dict().items() if n not in tied or n in masks]
+        kept = sum(count(m) for m in masks.values())  # a collective for sharded masks: all ranks
         meta = {**meta, "encoding": encoding if masks else "plain"}
-        write_tensors(tmp / "model.safetensors", tensors, encoding=encoding, masks=masks,
-                      metadata={"format": "pt", **provenance_metadata(None, meta)})
+        write_model(tmp / "model.safetensors", tensors, masks, encoding=encoding,
+                    metadata={"format": "pt", **provenance_metadata(None, meta)},
+                    dtype=getattr(torch, dtype), write=write)
+        if not write:
+            return out
         config = dict(self.config)
         if codec(encoding).compressed and masks:
-            kept = sum(int(m.sum()) for m in masks.values())
             total = sum(m.numel() for m in masks.values())
             config = bitmask_sparsity_config(config, [n.removesuffix(".weight") for n in masks],
                                              1.0 - kept / total)

@@ -33,9 +33,12 @@ from sparsetool.errors import ConfigError
 from sparsetool.models.gpt import GPT, GPTConfig
 from sparsetool.targets import plan_targets
 from sparsetool.train import hfrun, rundir, runfiles, warmstart
+from sparsetool.train.algorithms.sharding import gathered
 from sparsetool.train.config import TrainConfig
 from sparsetool.train.data import Sampler, eval_batches
 from sparsetool.train.distributed import gather_mask_digests, setup_runtime, wrap_ddp
+from sparsetool.train.fsdp import shard_model
+from sparsetool.train.memplan import check_plan, run_plan
 from sparsetool.train.recipe import lr_at, model_config, param_groups, sparsifier_config, stage_plan
 from sparsetool.train.signals import SIGNALS, StopRequest, signal_name
 from sparsetool.util.corpus import load_corpus
@@ -82,9 +85,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
     def _setup_distributed(self) -> None:
-        rt = setup_runtime(self.cfg.device, self.cfg.dtype)
+        rt = setup_runtime(self.cfg.device, self.cfg.dtype, self.cfg.distributed)
         self.world, self.rank, self.device = rt.world, rt.rank, rt.device
         self.autocast, self.precision = rt.autocast, rt.precision
+        self.sharded, self._bf16_params = rt.sharded, rt.bf16_params
         self.master = self.rank == 0
 
     def _setup_model_and_data(self) -> None:
@@ -104,17 +108,23 @@ class Trainer:
             self.mcfg = warmstart.init_model_config(cfg, init_w, init_meta)
         else:
             self.mcfg = model_config(cfg)
+        self.memory_plan = self.hf.plan if self.hf else self._gpt_memory_plan()
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
-        self.model = (self.hf.build() if self.hf else GPT(self.mcfg)).to(self.device)
+        self.model = self.hf.build() if self.hf else GPT(self.mcfg)
+        if not self.sharded:  # FSDP moves each rank's slices to the device as it shards
+            self.model = self.model.to(self.device)
         if init_w:
             self._load_weights(init_w, cfg.init)
+        loaded, init_w = bool(init_w), None  # the model holds the weights now
+        if self.sharded:  # from here on each rank holds its slice of every parameter
+            shard_model(self.model, self.device, bf16=self._bf16_params, offload=cfg.offload)
         params = dict(self.model.named_parameters())
         # One targeting rule for prune and train: roles, or param_filter, then --include/--exclude.
         self.target_plan = plan_targets(
             ((n, tuple(p.shape), p.dtype) for n, p in params.items()), None, cfg.include,
             cfg.exclude, select=cfg.param_filter or None, source="the model")
         self.targets = {n: params[n] for n in self.target_plan.targeted}
-        self.init_masks = warmstart.masks_from(self.targets, init_m, loaded=bool(init_w))
+        self.init_masks = warmstart.masks_from(self.targets, init_m, loaded=loaded)
         self.init_mask_origin = warmstart.mask_origin(cfg.init, self.init_masks, init_m)
         self.plan = stage_plan(cfg)
         if self.init_masks:
@@ -132,7 +142,16 @@ class Trainer:
             betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
             **({"fused": True} if self.device.type == "cuda" else {}),
         )
-        self.ddp = wrap_ddp(self.model, self.device) if self.world > 1 else None
+        self.ddp = wrap_ddp(self.model, self.device) if self.world > 1 and not self.sharded else None
+
+    def _gpt_memory_plan(self):
+        """The built-in GPT's memory plan per process (:mod:`.memplan`), refused if it cannot fit."""
+        with torch.device("meta"):
+            params = sum(p.numel() for p in GPT(self.mcfg).parameters())
+        m = self.mcfg
+        return check_plan(run_plan(self.cfg, params=params, n_layer=m.n_layer, d_model=m.d_model,
+                                   n_head=m.n_head, context=m.context, vocab=m.vocab_size),
+                          "train")
 
     def _load_weights(self, weights: dict, source) -> None:
         if self.hf:
@@ -266,9 +285,14 @@ class Trainer:
         and the norm is that of what the sparse model really trains. The order does not change
         any mask decision: clipping scales every gradient by one positive factor, and RigL and
         GraNet rank |grad| (scale-invariant) inside ``before_step``."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        # the norm over every rank's slices when sharded (gathered as one number), then the clip
+        norm = gathered(torch.nn.utils.get_total_norm(grads, foreach=True))
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(
+                [p for p in self.model.parameters() if p.grad is not None], self.cfg.grad_clip,
+                norm, foreach=True)
+        return float(norm)
 
     # ------------------------------------------------------------------ run
     def run(self, stop_on_signal: bool = False) -> dict:
@@ -311,7 +335,9 @@ class Trainer:
         keeps its records up to the checkpoint) and the start info handed to the callback."""
         cfg = self.cfg
         run, resume = rundir.RunState(), {}
-        if self.resume_from is not None:
+        if self.resume_from is not None and self.sharded:
+            run, resume = rundir.restore_sharded(self)
+        elif self.resume_from is not None:
             run, resume, weights = rundir.restore(self.resume_from, self.world, cfg)
             self._load_weights(weights, self.resume_from)
             self.optimizer.load_state_dict(resume["optimizer"])
@@ -345,6 +371,8 @@ class Trainer:
             "start_step": run.step, "steps": self.cfg.steps, "stop": run.stop,
             "device": str(self.device), "precision": self.precision,
             "stages": self.plan, "sparsity": self.sparsity(),
+            "distributed": (self.cfg.distributed if self.world > 1 or self.sharded else None),
+            "memory_plan": self.memory_plan.describe() if self.memory_plan else None,
             "sparse_training": self.sp.resolved() if self.sp is not None else None,
             "warnings": self._warnings(),
         }
@@ -470,7 +498,7 @@ class Trainer:
         return summary
 
     def close(self) -> None:
-        if self.world > 1 and dist.is_initialized():
+        if (self.world > 1 or self.sharded) and dist.is_initialized():
             dist.destroy_process_group()
 
 

@@ -20,12 +20,12 @@ import torch
 
 from sparsetool.errors import ConfigError, Interrupted
 from sparsetool.train import hfrun, runfiles
-from sparsetool.train.config import RESUMABLE_OVERRIDES, TrainConfig, setting, validate
+from sparsetool.train.config import REBATCHABLE, RESUMABLE_OVERRIDES, TrainConfig, setting, validate
 from sparsetool.train.signals import signal_number
 from sparsetool.util.wording import plural
 
 __all__ = ["NullLog", "RunState", "check_new_run", "earlier_settings", "interrupted", "meta",
-           "restore", "resume_command", "resumed_config", "save", "save_step", "stopped_by_signal",
+           "restore", "restore_sharded", "resume_command", "resumed_config", "save", "save_step", "stopped_by_signal",
            "summary", "title", "write_run_json"]
 
 
@@ -75,8 +75,8 @@ def resumed_config(run_dir: Path, flags: dict) -> tuple[TrainConfig, dict | None
             k in ("stages", "sparsity_options", "include", "exclude") and not v
         ):
             continue
-        if k in RESUMABLE_OVERRIDES:
-            setattr(stored, k, v)
+        if k in RESUMABLE_OVERRIDES or (k in REBATCHABLE and stored.distributed == "fsdp"):
+            setattr(stored, k, v)  # a new split of the global batch is checked by restore
         elif getattr(stored, k) != v:
             raise ConfigError(
                 f"--resume continues the stored run exactly; {setting(k)} "
@@ -103,17 +103,39 @@ def restore(checkpoint: Path, world: int, cfg: TrainConfig) -> tuple[RunState, d
     state, resume = runfiles.load_resume(checkpoint)
     weights, _, _ = runfiles.read_init_checkpoint(checkpoint / "model.safetensors")
     runfiles.set_rng_state(state["rng"])
-    if int(state.get("world_size", 1)) * cfg.batch_size * cfg.grad_accum != \
-            world * cfg.batch_size * cfg.grad_accum:
+    return _run_state(state, world, cfg), resume, weights
+
+
+def restore_sharded(tr) -> tuple[RunState, dict]:
+    """(run state, resume) of an FSDP run's latest checkpoint (``tr.resume_from``), its weights
+    and AdamW state loaded into the trainer's model and optimizer, resharded to this number of
+    processes; the global RNG state is set back."""
+    from sparsetool.train import shardedckpt
+
+    state = json.loads((tr.resume_from / "state.json").read_text())
+    run = _run_state(state, tr.world, tr.cfg)  # before anything is loaded
+    resume = shardedckpt.restore(tr.resume_from, model=tr.model, optimizer=tr.optimizer,
+                                 params=dict(tr.model.named_parameters()))
+    runfiles.set_rng_state(state["rng"])
+    return run, resume
+
+
+def _run_state(state: dict, world: int, cfg: TrainConfig) -> RunState:
+    """Where the saved ``state`` stands, checked to continue with the same global batch
+    (sequences per step over every process and micro-batch)."""
+    saved_world = int(state.get("world_size", 1))
+    before = int(state.get("global_batch", saved_world * cfg.batch_size * cfg.grad_accum))
+    now = world * cfg.batch_size * cfg.grad_accum
+    if before != now:
+        how = ("with the same number of processes" if cfg.distributed != "fsdp" else
+               "with --batch-size x --grad-accum x processes equal to it")
         raise ConfigError(
-            f"this run was trained on {plural(int(state.get('world_size', 1)), 'process', 'processes')}; "
-            "resume it "
-            f"with the same number (now {world}) so the global batch stays the same"
-        )
-    run = RunState(step=int(state["step"]), position=int(state["data_position"]),
-                   tokens=int(state["tokens"]), elapsed_before=float(state["elapsed_s"]),
-                   stage=int(state["stage"]))
-    return run, resume, weights
+            f"this run was trained on {plural(saved_world, 'process', 'processes')} with a global "
+            f"batch of {before} sequences, now {now} ({world} x --batch-size {cfg.batch_size} x "
+            f"--grad-accum {cfg.grad_accum}); resume it {how} so the global batch stays the same")
+    return RunState(step=int(state["step"]), position=int(state["data_position"]),
+                    tokens=int(state["tokens"]), elapsed_before=float(state["elapsed_s"]),
+                    stage=int(state["stage"]))
 
 
 def save_step(run_dir: Path, step: int, *, model: torch.nn.Module, model_cfg: dict,
@@ -222,10 +244,10 @@ def meta(tr, step: int) -> dict:
 
 
 def save(tr, run: RunState) -> None:
-    """A checkpoint at ``run.step`` (rank 0 only): weights, optimizer, sparsifier, data position
-    and RNG, so that ``--resume`` continues exactly; then RUN/model/ of a Hugging Face run, log.csv
-    and loss.png."""
-    if not tr.master:
+    """A checkpoint at ``run.step`` (rank 0 only; every rank together for an FSDP run): weights,
+    optimizer, sparsifier, data position and RNG, so that ``--resume`` continues exactly; then
+    RUN/model/ of a Hugging Face run, log.csv and loss.png."""
+    if not (tr.master or tr.sharded):
         return
     step = run.step
     state = {
@@ -237,7 +259,13 @@ def save(tr, run: RunState) -> None:
         "sparse": tr.sp is not None,
         "rng": runfiles.rng_state(),
         "world_size": tr.world,
+        "global_batch": tr.global_batch,
     }
+    if tr.sharded:
+        _save_sharded(tr, step, state)
+        if tr.master:
+            _save_plots(tr)
+        return
     save_step(tr.run_dir, step, model=tr.model, model_cfg=tr.mcfg.to_dict(),
               optimizer=tr.optimizer, sparsifier=tr.sp,
               sparsifier_config=tr.sparsifier_config, meta=meta(tr, step),
@@ -246,6 +274,23 @@ def save(tr, run: RunState) -> None:
     if tr.hf:
         tr.hf.export(tr.run_dir, tr.model, dict(tr.sp.masks) if tr.sp else {},
                      tr.cfg.encoding, meta(tr, step), tr.mcfg.dtype)
+    _save_plots(tr)
+
+
+def _save_sharded(tr, step: int, state: dict) -> None:
+    """An FSDP run's checkpoint and RUN/model/, every rank taking part (:mod:`.shardedckpt`)."""
+    from sparsetool.train import shardedckpt
+
+    shardedckpt.save(tr.run_dir, step, model=tr.model, optimizer=tr.optimizer, sparsifier=tr.sp,
+                     sparsifier_config=tr.sparsifier_config, meta=meta(tr, step),
+                     model_cfg=tr.mcfg.to_dict(), state=state, keep_last=tr.cfg.keep_last,
+                     master=tr.master, write_files=tr.hf.write_files if tr.hf else None)
+    if tr.hf:
+        tr.hf.export(tr.run_dir, tr.model, dict(tr.sp.masks) if tr.sp else {},
+                     tr.cfg.encoding, meta(tr, step), tr.mcfg.dtype, write=tr.master)
+
+
+def _save_plots(tr) -> None:
     tr.log.write_csv(tr.run_dir)
     tr.log.plot(tr.run_dir, title(tr.cfg, tr.run_dir, tr.mcfg.n_layer, tr.mcfg.d_model, tr.sp is not None),
                 "token" if tr.hf else "byte")

@@ -9,6 +9,9 @@ Layout::
         model.safetensors                 weights in the ``mask`` encoding (pruned = +0.0, bool <name>_mask)
         config.json                       the model's shape (n_layer, n_head, ...)
         optimizer.pt                      AdamW and sparsifier state (exact resumption)
+        shards/, sparsifier.json          instead of optimizer.pt, an FSDP run's: each rank's slices
+                                          of weights, AdamW and masks (torch.distributed.checkpoint)
+                                          and the sparsifier's other state (:mod:`.shardedckpt`)
         state.json                        step, data position, RNG states
     RUN/latest                            name of the newest complete checkpoint directory
     RUN/model.safetensors, config.json    the final model (a copy of the last checkpoint's)
@@ -62,19 +65,40 @@ def save_checkpoint(run: Path, step: int, model: torch.nn.Module, masks: dict, m
 
     ``write_files`` (a Hugging Face model's config and tokenizer) replaces the built-in GPT's
     config.json; the caller then writes the run's final model itself (not copied to RUN/)."""
+    tmp = begin_checkpoint(run, step)
+    save_model(tmp / "model.safetensors", model, masks, meta)
+    torch.save(resume, tmp / "optimizer.pt")
+    return finish_checkpoint(run, step, model_cfg, state, keep_last, write_files)
+
+
+def checkpoint_temp(run: Path, step: int) -> Path:
+    """Where the checkpoint at ``step`` is written before it is renamed into place."""
+    return run / "checkpoints" / f".{checkpoint_name(step)}.tmp"
+
+
+def begin_checkpoint(run: Path, step: int) -> Path:
+    """The empty temporary directory of the checkpoint at ``step`` (a stale one of a save cut
+    short by a second signal or a crash removed first)."""
     ckdir = run / "checkpoints"
     ckdir.mkdir(parents=True, exist_ok=True)
-    name = checkpoint_name(step)
-    tmp = ckdir / f".{name}.tmp"
-    for stale in ckdir.glob(".step-*.tmp"):  # a save cut short by a second signal or a crash
+    for stale in ckdir.glob(".step-*.tmp"):
         shutil.rmtree(stale, ignore_errors=True)
+    tmp = checkpoint_temp(run, step)
     tmp.mkdir()
-    save_model(tmp / "model.safetensors", model, masks, meta)
+    return tmp
+
+
+def finish_checkpoint(run: Path, step: int, model_cfg: dict, state: dict, keep_last: int,
+                      write_files: Callable[[Path], None] | None = None) -> Path:
+    """The model's files and state.json into the temporary directory, renamed into place; RUN/latest
+    pointed at it; the built-in GPT's model and config copied to RUN/; older checkpoints beyond
+    ``keep_last`` removed."""
+    ckdir, name = run / "checkpoints", checkpoint_name(step)
+    tmp = checkpoint_temp(run, step)
     if write_files is not None:
         write_files(tmp)
     else:
         write_json(tmp / "config.json", {"model_type": "sparsetool-gpt", **model_cfg})
-    torch.save(resume, tmp / "optimizer.pt")
     write_json(tmp / "state.json", state)
     final = ckdir / name
     if final.exists():

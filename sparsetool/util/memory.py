@@ -102,33 +102,38 @@ class MemoryPlan:
     budget_source: str  # "--max-memory" or "available memory"
     held: int | None = None  # eval: windows passing the blocks together
     optimizer: int = 0  # train: gradients and Adam moments
+    masks: int = 0  # train: the sparsifier's masks and a mask update's whole tensors
+    per: str = ""  # "per process" when each process of a torchrun group needs this much
 
     @property
     def peak(self) -> int:
-        return self.fixed + self.weights + self.activations + self.statistics + self.optimizer
+        return (self.fixed + self.weights + self.activations + self.statistics + self.optimizer
+                + self.masks)
 
     def to_json(self) -> dict:
         return {"peak_estimate": self.peak, "fixed": self.fixed, "weights": self.weights,
                 "activations": self.activations, "statistics": self.statistics,
                 **({"optimizer": self.optimizer} if self.optimizer else {}),
+                **({"masks": self.masks} if self.masks else {}),
                 "budget": self.budget, "budget_source": self.budget_source,
                 **({"windows_held": self.held} if self.held is not None else {})}
 
     def _parts(self) -> list[tuple[str, int]]:
         parts = [("weights", self.weights), ("activations", self.activations),
                  ("statistics", self.statistics), ("gradients and Adam moments", self.optimizer),
-                 ("fixed", self.fixed)]
+                 ("masks and a mask update", self.masks), ("fixed", self.fixed)]
         return [(k, v) for k, v in parts if v or k in ("weights", "activations", "fixed")]
 
     def describe(self) -> str:
-        return (f"memory plan: {' + '.join(f'{k} {binary_bytes(v)}' for k, v in self._parts())} = "
+        per = f" {self.per}" if self.per else ""
+        return (f"memory plan{per}: {' + '.join(f'{k} {binary_bytes(v)}' for k, v in self._parts())} = "
                 f"{binary_bytes(self.peak)} of {binary_bytes(self.budget)} {self.budget_source}")
 
     def check(self, what: str, lower: str) -> None:
         """Refuse a plan that does not fit: one line with the figures and the options that lower it."""
         if self.peak > self.budget:
             raise SparsetoolError(
-                f"{what} needs about {binary_bytes(self.peak)} of memory "
+                f"{what} needs about {binary_bytes(self.peak)} of memory{' ' + self.per if self.per else ''} "
                 f"({', '.join(f'{k} {binary_bytes(v)}' for k, v in self._parts())}) "
                 f"but has {binary_bytes(self.budget)} ({self.budget_source}); lower it with {lower}"
             )
@@ -142,27 +147,70 @@ def budget(max_memory: int | None) -> tuple[int, str]:
 
 
 def fine_tuning_plan(params: int, *, batch: int, context: int, d_model: int, n_layer: int,
-                     n_head: int, vocab: int, max_memory: int | None = None) -> MemoryPlan:
-    """The peak of fine-tuning a whole model in float32 with AdamW (``train --init HF_DIR``):
+                     n_head: int, vocab: int, max_memory: int | None = None, targeted: int = 0,
+                     strategy: str = "ddp", world: int = 1, local_world: int = 1,
+                     bf16: bool = False, offload: bool = False,
+                     device_memory: int | None = None) -> MemoryPlan:
+    """The peak of one process fine-tuning a whole model with AdamW (``train --init HF_DIR``), or
+    of each process of a torchrun group of ``world`` (``local_world`` of them on this machine):
 
-    - weights: the model (4 bytes a parameter) and the checkpoint's tensors while they are copied
-      into it (4 more);
-    - gradients and Adam's two moments: 12 bytes a parameter;
     - activations kept for the backward pass: per layer ``34 s b h + 5 a s^2 b`` bytes in 16-bit
       (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
-      eq. 1), twice that in float32, plus the logits and their gradient (``b s V``, float32, 3x).
+      eq. 1), twice that in float32, plus the logits and their gradient (``b s V``, float32, 3x);
+    - one process, or ``strategy`` ddp (a whole copy per process): weights 4 bytes a parameter and
+      the checkpoint's tensors while they are copied into it (4 more); gradients and Adam's two
+      moments 12 bytes a parameter (DDP: 4 more for its gradient buckets); masks 1 byte a
+      targeted weight;
+    - ``strategy`` fsdp: weights, gradients, moments and masks divided by ``world``; the blocks
+      whose whole weights are gathered at a time (the one computing and the next, about
+      ``2 P / n_layer`` weights, 2 bytes each with ``bf16``); a mask update's whole tensor with its
+      gradient and scores (about ``13 P / (3 n_layer)`` bytes); and the whole model while it is
+      read and sharded (8 bytes a parameter, counted when it exceeds the steady state).
+      ``offload`` (a GPU run) keeps the slices in CPU memory: the GPU holds the rest.
+
+    ``device_memory`` (a GPU's) is the budget of a GPU run; else it is this machine's available
+    memory divided among its ``local_world`` processes.
 
     >>> p = fine_tuning_plan(10**9, batch=1, context=512, d_model=2048, n_layer=24, n_head=16,
     ...                      vocab=32000, max_memory=64 * 2**30)
     >>> p.weights, p.optimizer
     (8000000000, 12000000000)
+    >>> f = fine_tuning_plan(10**9, batch=1, context=512, d_model=2048, n_layer=24, n_head=16,
+    ...                      vocab=32000, strategy="fsdp", world=8, device_memory=80 * 2**30)
+    >>> f.optimizer, f.weights - 500_000_000, f.budget_source
+    (1500000000, 333333328, 'GPU memory')
     """
     per_layer = 2 * (34 * context * batch * d_model + 5 * n_head * context * context * batch)
     logits = 3 * batch * context * vocab * 4
-    total, source = budget(max_memory)
-    return MemoryPlan(fixed=process_memory(), weights=8 * params, optimizer=12 * params,
+    if max_memory is not None:
+        total, source = max_memory, "--max-memory"
+    elif device_memory is not None:
+        total, source = device_memory, "GPU memory"
+    else:
+        total, source = available_memory() // max(1, local_world), "available memory"
+        if local_world > 1:
+            source = f"available memory / {local_world} processes"
+    sharded = strategy == "fsdp"
+    ways = world if sharded else 1
+    weights, optimizer = 4 * params // ways, 12 * params // ways
+    masks = targeted // ways
+    if sharded:
+        unit = params // max(1, n_layer)
+        weights += 2 * unit * (2 if bf16 else 4)
+        masks += 13 * unit // 3
+        if offload:  # the slices live in CPU memory between uses
+            weights, optimizer = weights - 4 * params // ways, 0
+        building = 8 * params  # the whole model while it is read and sharded (CPU memory)
+        if device_memory is None:
+            weights = max(weights, building - optimizer - masks)
+    else:
+        weights += 4 * params  # the checkpoint's tensors while copied into the model
+        if world > 1:
+            optimizer += 4 * params  # DDP's gradient buckets
+    fixed = process_memory() if device_memory is None else 0
+    return MemoryPlan(fixed=fixed, weights=weights, optimizer=optimizer,
                       activations=n_layer * per_layer + logits, statistics=0, budget=total,
-                      budget_source=source)
+                      budget_source=source, masks=masks, per="per process" if world > 1 else "")
 
 
 def release_freed_memory() -> None:

@@ -1,0 +1,44 @@
+"""The memory plan of a training run, per process, made before the model is built: what the
+weights, gradients, AdamW moments, masks and activations take as the run divides them (one
+process, DDP's whole copy on every process, or FSDP's 1/N slices), against what each process
+has; a run that cannot fit is refused with the figures and the options that lower them
+(:func:`sparsetool.util.memory.fine_tuning_plan` does the arithmetic)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from sparsetool.util.memory import MemoryPlan, fine_tuning_plan
+
+__all__ = ["LOWER", "check_plan", "run_plan"]
+
+LOWER = ("more processes (torchrun --nproc_per_node N, on one machine or several) with "
+         "--distributed fsdp, which divides weights, gradients, AdamW and masks among them; "
+         "--offload (GPUs); --dtype bfloat16; a smaller --batch-size or --context")
+"""What lowers a training run's memory per process, as a refusal names it."""
+
+
+def run_plan(cfg, *, params: int, n_layer: int, d_model: int, n_head: int, context: int,
+             vocab: int) -> MemoryPlan:
+    """The plan of ``cfg``'s run of a model of ``params`` parameters, for each process of the
+    torchrun group this process belongs to (WORLD_SIZE, LOCAL_WORLD_SIZE)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    device_memory = None
+    if str(cfg.device).startswith("cuda") and torch.cuda.is_available():
+        index = (int(os.environ.get("LOCAL_RANK", "0")) if world > 1
+                 else torch.device(cfg.device).index)
+        device_memory = torch.cuda.get_device_properties(index or 0).total_memory
+    return fine_tuning_plan(
+        params, batch=cfg.batch_size, context=context, d_model=d_model, n_layer=n_layer,
+        n_head=n_head, vocab=vocab, targeted=params, strategy=cfg.distributed, world=world,
+        local_world=local_world, bf16=cfg.dtype == "bfloat16", offload=cfg.offload,
+        device_memory=device_memory)
+
+
+def check_plan(plan: MemoryPlan, what: str) -> MemoryPlan:
+    """``plan``, or the refusal of a run that cannot fit (:data:`LOWER` names the way out)."""
+    plan.check(what, LOWER)
+    return plan
