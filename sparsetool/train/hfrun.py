@@ -39,7 +39,7 @@ from sparsetool.models.hf import (
     load_tokenizer,
     match_weights,
 )
-from sparsetool.train.algorithms.sharding import count
+from sparsetool.train.algorithms.sharding import count_kept
 from sparsetool.train.consolidate import write_model
 from sparsetool.train.memplan import check_plan, run_plan
 from sparsetool.util.corpus import Corpus
@@ -242,7 +242,7 @@ class HFModel:
             tmp.mkdir()
         tied = tied_duplicates(model)  # a tied head: transformers ties it again on loading
         tensors = [(n, t) for n, t in model.state_dict().items() if n not in tied or n in masks]
-        kept = sum(count(m) for m in masks.values())  # a collective for sharded masks: all ranks
+        kept = sum(count_kept(m) for m in masks.values())  # a collective for sharded masks: all ranks
         meta = {**meta, "encoding": encoding if masks else "plain"}
         write_model(tmp / "model.safetensors", tensors, masks, encoding=encoding,
                     metadata={"format": "pt", **provenance_metadata(None, meta)},

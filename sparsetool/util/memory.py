@@ -156,7 +156,8 @@ def fine_tuning_plan(params: int, *, batch: int, context: int, d_model: int, n_l
 
     - activations kept for the backward pass: per layer ``34 s b h + 5 a s^2 b`` bytes in 16-bit
       (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
-      eq. 1), twice that in float32, plus the logits and their gradient (``b s V``, float32, 3x);
+      eq. 1), twice that in float32 (without ``bf16``), plus the logits and their gradient
+      (``b s V``, float32, 3x);
     - one process, or ``strategy`` ddp (a whole copy per process): weights 4 bytes a parameter and
       the checkpoint's tensors while they are copied into it (4 more); gradients and Adam's two
       moments 12 bytes a parameter (DDP: 4 more for its gradient buckets); masks 1 byte a
@@ -180,7 +181,8 @@ def fine_tuning_plan(params: int, *, batch: int, context: int, d_model: int, n_l
     >>> f.optimizer, f.weights - 500_000_000, f.budget_source
     (1500000000, 333333328, 'GPU memory')
     """
-    per_layer = 2 * (34 * context * batch * d_model + 5 * n_head * context * context * batch)
+    per_layer = (1 if bf16 else 2) * (34 * context * batch * d_model
+                                      + 5 * n_head * context * context * batch)
     logits = 3 * batch * context * vocab * 4
     if max_memory is not None:
         total, source = max_memory, "--max-memory"

@@ -336,5 +336,5 @@ def test_fine_tuning_that_cannot_fit_is_refused_at_once(model_dir, tmp_path, mon
     assert r.exit_code == 1, r.output
     line = r.stderr.strip()
     assert line.count("\n") == 0 and line.startswith(f"error: train --init {model_dir} needs about")
-    assert "gradients and Adam moments" in line and "DDP" in line and "--batch-size" in line
+    assert "gradients and Adam moments" in line and "--distributed fsdp" in line and "--batch-size" in line
     assert not (tmp_path / "run").exists()

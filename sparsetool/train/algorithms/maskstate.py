@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import torch
 
 from sparsetool.errors import ConfigError
-from sparsetool.train.algorithms.sharding import count, gathered, is_sharded, laid_out_like
+from sparsetool.train.algorithms.sharding import count_kept, gathered, is_sharded, laid_out_like
 
 __all__ = ["MaskState"]
 
@@ -66,7 +66,7 @@ class MaskState:
         mask = self.masks[name]
         cached = self._kept_cache.get(name)
         if cached is None or cached[0] is not mask:
-            cached = (mask, count(mask))
+            cached = (mask, count_kept(mask))
             self._kept_cache[name] = cached
         return cached[1]
 
@@ -139,10 +139,10 @@ class MaskState:
         dropped and grown over all tensors, the drop fraction used, and the fraction of the
         weights grown at the previous update that this one kept (None when it grew none)."""
         prev = self._grown_before
-        grown_prev = sum(count(g) for g in prev.values())
+        grown_prev = sum(count_kept(g) for g in prev.values())
         survived = None
         if grown_prev:
-            kept = sum(count(g & new_masks[n]) for n, g in prev.items() if n in new_masks)
+            kept = sum(count_kept(g & new_masks[n]) for n, g in prev.items() if n in new_masks)
             survived = kept / grown_prev
         self.last_event = {
             "algorithm": getattr(self, "name", ""),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["count", "gathered", "is_sharded", "laid_out_like", "local", "zeros_like_layout"]
+__all__ = ["count_kept", "gathered", "is_sharded", "laid_out_like", "local", "zeros_like_layout"]
 
 
 def is_sharded(t: torch.Tensor | None) -> bool:
@@ -63,7 +63,7 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if is_sharded(t) else t
 
 
-def count(mask: torch.Tensor) -> int:
+def count_kept(mask: torch.Tensor) -> int:
     """True entries of a bool mask, over every rank's slice if it is sharded (a collective)."""
     if is_sharded(mask):
         return int(mask.sum().full_tensor())
