@@ -150,8 +150,8 @@ class Trainer:
             params = sum(p.numel() for p in GPT(self.mcfg).parameters())
         m = self.mcfg
         return check_plan(run_plan(self.cfg, params=params, n_layer=m.n_layer, d_model=m.d_model,
-                                   n_head=m.n_head, context=m.context, vocab=m.vocab_size),
-                          "train")
+                                   n_head=m.n_head, context=m.context, vocab=m.vocab_size,
+                                   resumed=self.resume_from is not None), "train")
 
     def _load_weights(self, weights: dict, source) -> None:
         if self.hf:

@@ -21,9 +21,10 @@ LOWER = ("more processes (torchrun --nproc_per_node N, on one machine or several
 
 
 def run_plan(cfg, *, params: int, n_layer: int, d_model: int, n_head: int, context: int,
-             vocab: int) -> MemoryPlan:
+             vocab: int, resumed: bool = False) -> MemoryPlan:
     """The plan of ``cfg``'s run of a model of ``params`` parameters, for each process of the
-    torchrun group this process belongs to (WORLD_SIZE, LOCAL_WORLD_SIZE)."""
+    torchrun group this process belongs to (WORLD_SIZE, LOCAL_WORLD_SIZE); the weights are read
+    from a checkpoint with ``--init`` or when ``resumed``."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     device_memory = None
@@ -35,7 +36,7 @@ def run_plan(cfg, *, params: int, n_layer: int, d_model: int, n_head: int, conte
         params, batch=cfg.batch_size, context=context, d_model=d_model, n_layer=n_layer,
         n_head=n_head, vocab=vocab, targeted=params, strategy=cfg.distributed, world=world,
         local_world=local_world, bf16=cfg.dtype == "bfloat16", offload=cfg.offload,
-        device_memory=device_memory)
+        device_memory=device_memory, reading=bool(cfg.init) or resumed)
 
 
 def check_plan(plan: MemoryPlan, what: str) -> MemoryPlan:

@@ -150,7 +150,7 @@ def fine_tuning_plan(params: int, *, batch: int, context: int, d_model: int, n_l
                      n_head: int, vocab: int, max_memory: int | None = None, targeted: int = 0,
                      strategy: str = "ddp", world: int = 1, local_world: int = 1,
                      bf16: bool = False, offload: bool = False,
-                     device_memory: int | None = None) -> MemoryPlan:
+                     device_memory: int | None = None, reading: bool = True) -> MemoryPlan:
     """The peak of one process fine-tuning a whole model with AdamW (``train --init HF_DIR``), or
     of each process of a torchrun group of ``world`` (``local_world`` of them on this machine):
 
@@ -158,15 +158,17 @@ def fine_tuning_plan(params: int, *, batch: int, context: int, d_model: int, n_l
       (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
       eq. 1), twice that in float32 (without ``bf16``), plus the logits and their gradient
       (``b s V``, float32, 3x);
-    - one process, or ``strategy`` ddp (a whole copy per process): weights 4 bytes a parameter and
-      the checkpoint's tensors while they are copied into it (4 more); gradients and Adam's two
+    - one process, or ``strategy`` ddp (a whole copy per process): weights 4 bytes a parameter and,
+      when ``reading`` a checkpoint, its tensors while they are copied into the model (4 more);
+      gradients and Adam's two
       moments 12 bytes a parameter (DDP: 4 more for its gradient buckets); masks 1 byte a
       targeted weight;
     - ``strategy`` fsdp: weights, gradients, moments and masks divided by ``world``; the blocks
       whose whole weights are gathered at a time (the one computing and the next, about
       ``2 P / n_layer`` weights, 2 bytes each with ``bf16``); a mask update's whole tensor with its
       gradient and scores (about ``13 P / (3 n_layer)`` bytes); and the whole model while it is
-      read and sharded (8 bytes a parameter, counted when it exceeds the steady state).
+      built and sharded (4 bytes a parameter, 8 when ``reading``; counted when it exceeds the
+      steady state).
       ``offload`` (a GPU run) keeps the slices in CPU memory: the GPU holds the rest.
 
     ``device_memory`` (a GPU's) is the budget of a GPU run; else it is this machine's available
@@ -202,11 +204,12 @@ def fine_tuning_plan(params: int, *, batch: int, context: int, d_model: int, n_l
         masks += 13 * unit // 3
         if offload:  # the slices live in CPU memory between uses
             weights, optimizer = weights - 4 * params // ways, 0
-        building = 8 * params  # the whole model while it is read and sharded (CPU memory)
+        building = (8 if reading else 4) * params  # the whole model before it is sharded (CPU)
         if device_memory is None:
             weights = max(weights, building - optimizer - masks)
     else:
-        weights += 4 * params  # the checkpoint's tensors while copied into the model
+        if reading:
+            weights += 4 * params  # the checkpoint's tensors while copied into the model
         if world > 1:
             optimizer += 4 * params  # DDP's gradient buckets
     fixed = process_memory() if device_memory is None else 0
