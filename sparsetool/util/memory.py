@@ -160,9 +160,8 @@ def fine_tuning_plan(params: int, *, batch: int, context: int, d_model: int, n_l
       (``b s V``, float32, 3x);
     - one process, or ``strategy`` ddp (a whole copy per process): weights 4 bytes a parameter and,
       when ``reading`` a checkpoint, its tensors while they are copied into the model (4 more);
-      gradients and Adam's two
-      moments 12 bytes a parameter (DDP: 4 more for its gradient buckets); masks 1 byte a
-      targeted weight;
+      gradients, Adam's two moments and the temporary of its step 16 bytes a parameter (DDP: 4
+      more for its gradient buckets); masks 1 byte a targeted weight;
     - ``strategy`` fsdp: weights, gradients, moments and masks divided by ``world``; the blocks
       whose whole weights are gathered at a time (the one computing and the next, about
       ``2 P / n_layer`` weights, 2 bytes each with ``bf16``); a mask update's whole tensor with its
@@ -177,11 +176,11 @@ def fine_tuning_plan(params: int, *, batch: int, context: int, d_model: int, n_l
     >>> p = fine_tuning_plan(10**9, batch=1, context=512, d_model=2048, n_layer=24, n_head=16,
     ...                      vocab=32000, max_memory=64 * 2**30)
     >>> p.weights, p.optimizer
-    (8000000000, 12000000000)
+    (8000000000, 16000000000)
     >>> f = fine_tuning_plan(10**9, batch=1, context=512, d_model=2048, n_layer=24, n_head=16,
     ...                      vocab=32000, strategy="fsdp", world=8, device_memory=80 * 2**30)
     >>> f.optimizer, f.weights - 500_000_000, f.budget_source
-    (1500000000, 333333328, 'GPU memory')
+    (2000000000, 333333328, 'GPU memory')
     """
     per_layer = (1 if bf16 else 2) * (34 * context * batch * d_model
                                       + 5 * n_head * context * context * batch)
@@ -196,7 +195,9 @@ def fine_tuning_plan(params: int, *, batch: int, context: int, d_model: int, n_l
             source = f"available memory / {local_world} processes"
     sharded = strategy == "fsdp"
     ways = world if sharded else 1
-    weights, optimizer = 4 * params // ways, 12 * params // ways
+    # gradients 4, AdamW's two moments 8, and the temporary its step makes (one tensor the size of
+    # the weights: torch's foreach AdamW takes sqrt(v) out of place) 4 bytes a parameter
+    weights, optimizer = 4 * params // ways, 16 * params // ways
     masks = targeted // ways
     if sharded:
         unit = params // max(1, n_layer)

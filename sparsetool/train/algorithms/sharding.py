@@ -43,8 +43,10 @@ def laid_out_like(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         from torch.distributed.tensor import distribute_tensor
 
         local_device = like.to_local().device
+        # The slice is a view of ``whole`` and would keep all of it alive: a copy of the slice
+        # alone is what this rank keeps.
         return distribute_tensor(whole.to(local_device), like.device_mesh, like.placements,
-                                 src_data_rank=None)
+                                 src_data_rank=None).clone()
     return whole.to(like.device)
 
 
