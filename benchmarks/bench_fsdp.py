@@ -1,6 +1,6 @@
 """Benchmark `train --distributed fsdp` against `--distributed ddp`: peak memory per process and
 time per optimizer step, two processes on this machine (gloo, one thread each), for a
-0.5B-parameter built-in GPT (24 layers, width 1280, 20 heads, context 128) trained with static
+0.43B-parameter built-in GPT (22 layers, width 1280, 20 heads, context 128) trained with static
 50% sparsity (so the masks are part of it), one sequence per process per step.
 
 Peak memory is the largest peak RSS of the processes (``/usr/bin/time -f %M`` on torchrun reports
@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-MODEL = ["--preset", "base", "--n-layer", "24", "--d-model", "1280", "--n-head", "20",
+MODEL = ["--preset", "base", "--n-layer", "22", "--d-model", "1280", "--n-head", "20",
          "--context", "128"]
 RUN = ["--steps", "5", "--warmup", "1", "--batch-size", "1", "--algorithm", "static",
        "--sparsity", "0.5", "--eval-every", "0", "--threads", "1"]

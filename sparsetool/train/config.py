@@ -156,7 +156,7 @@ def _globs(option: str, value: Any) -> tuple[str, ...]:
 
 # Options that may differ when a run is resumed; any other change would break exact resumption.
 RESUMABLE_OVERRIDES = {"stop_at", "save_every", "eval_every", "keep_last", "log_every", "device",
-                       "threads", "offload"}
+                       "threads"}
 # May differ on a resume when the global batch (--batch-size x --grad-accum x processes) stays
 # the same: an FSDP run continues on another number of processes (rundir.restore checks it).
 REBATCHABLE = {"batch_size", "grad_accum"}

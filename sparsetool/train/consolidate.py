@@ -1,5 +1,5 @@
 """One safetensors file from a model whose parameters may be sharded over ranks (FSDP2), streamed:
-each tensor is gathered whole (:func:`~sparsetool.train.algorithms.sharding.gathered`), written at
+each tensor is gathered whole (:func:`~sparsetool.train.sharding.gathered`), written at
 its place by the writing rank and dropped before the next, so no rank ever holds the whole model.
 
 Every rank calls :func:`write_model` with the same tensors in the same order (each gather is a
@@ -25,7 +25,7 @@ from sparsetool.checkpoint.encodings import encode, encoded_specs, stored_nonzer
 from sparsetool.checkpoint.format import TensorSpec
 from sparsetool.checkpoint.output_files import remove, temp_beside, write_error
 from sparsetool.checkpoint.writer import ShardWriter
-from sparsetool.train.algorithms.sharding import gathered
+from sparsetool.train.sharding import gathered
 
 __all__ = ["write_model"]
 
@@ -38,18 +38,22 @@ def write_model(out: Path, tensors: Sequence[tuple[str, torch.Tensor]],
     to ``dtype`` if given. A collective: every rank calls it alike, ``write`` on one of them."""
 
     def whole(name: str, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        value = gathered(t.detach())
+        value = gathered(t.detach())  # every rank takes part; only the writer keeps a copy
+        mask = masks.get(name)
+        mask = None if mask is None else gathered(mask)
+        if not write:
+            return value, mask
         if dtype is not None and value.is_floating_point():
             value = value.to(dtype)
-        mask = masks.get(name)
-        return value.cpu(), None if mask is None else gathered(mask).cpu()
+        return value.cpu(), None if mask is None else mask.cpu()
 
     nnz: dict[str, int] = {}
     if codec(encoding).compressed:  # the stored count of each masked tensor, before the header
         for name, t in tensors:
             if name in masks:
-                value, mask = whole(name, t)
-                nnz[name] = stored_nonzeros(value, mask)
+                value, mask = whole(name, t)  # a collective: every rank, writer or not
+                if write:
+                    nnz[name] = stored_nonzeros(value, mask)
     specs: list[TensorSpec] = []
     for name, t in tensors:
         st_dtype = dtype if dtype is not None and t.is_floating_point() else t.dtype

@@ -26,12 +26,13 @@ class Runtime:
     bf16_params: bool = False  # FSDP2 computes with bf16 parameters, reduces in float32
 
 
-def setup_runtime(device: str, dtype: str, strategy: str = "ddp") -> Runtime:
+def setup_runtime(device: str, dtype: str, strategy: str = "ddp", offload: bool = False) -> Runtime:
     """Read torchrun's environment (WORLD_SIZE, RANK, LOCAL_RANK), pick the device and join the
     process group. bf16 autocast: asked for, or ``auto`` on a GPU that supports it (on CPU
     float32 is the default: bf16 matmuls are slow on most CPUs and change the numerics). With
     ``strategy`` fsdp the group exists even for one process (FSDP2 needs one; without torchrun it
-    is a group of one in memory) and bf16 means FSDP's bf16 parameters instead of autocast."""
+    is a group of one in memory) and bf16 means FSDP's bf16 parameters instead of autocast; with
+    ``offload`` the slices FSDP keeps in CPU memory are gathered over gloo beside nccl."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -48,8 +49,10 @@ def setup_runtime(device: str, dtype: str, strategy: str = "ddp") -> Runtime:
         dev = torch.device("cpu")
     sharded = strategy == "fsdp"
     backend = "nccl" if dev.type == "cuda" else "gloo"
+    if dev.type == "cuda" and sharded and offload:
+        backend = "cpu:gloo,cuda:nccl"
     if (world > 1 or sharded) and not dist.is_initialized():
-        if "MASTER_ADDR" in os.environ or world > 1:
+        if "RANK" in os.environ or world > 1:  # under torchrun
             dist.init_process_group(backend)
         else:  # one process without torchrun: a group of one, its store in memory
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
@@ -65,9 +68,8 @@ def setup_runtime(device: str, dtype: str, strategy: str = "ddp") -> Runtime:
     return Runtime(world, rank, dev, autocast, "bf16 autocast" if use_bf16 else "float32")
 
 
-def mask_digest(masks: dict[str, torch.Tensor],
-                whole: Callable[[torch.Tensor], torch.Tensor] = lambda m: m) -> str:
-    """SHA-256 over the names and bits of ``masks`` (each read through ``whole``, one at a time).
+def mask_digest(masks: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over the names and bits of ``masks``.
 
     >>> m = {"w": torch.tensor([True, False])}
     >>> mask_digest(m) == mask_digest({"w": torch.tensor([True, False])}) != mask_digest({"w": torch.tensor([False, True])})
@@ -76,18 +78,20 @@ def mask_digest(masks: dict[str, torch.Tensor],
     h = hashlib.sha256()
     for name in sorted(masks):
         h.update(name.encode())
-        h.update(whole(masks[name]).to("cpu", torch.uint8).numpy().tobytes())
+        h.update(masks[name].to("cpu", torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
 def gather_mask_digests(masks: dict[str, torch.Tensor], world: int) -> list[str]:
     """Every rank's :func:`mask_digest`: equal strings mean the data-parallel mask decisions
-    agreed bit for bit. Sharded masks (FSDP) are digested whole, gathered one at a time: each
-    rank's digest is that of the masks it decided on."""
-    from sparsetool.train.algorithms.sharding import gathered
+    agreed bit for bit."""
+    return gather_digests(mask_digest(masks), world)
 
+
+def gather_digests(digest: str, world: int) -> list[str]:
+    """Every rank's ``digest`` (a collective)."""
     out: list = [None] * world
-    dist.all_gather_object(out, mask_digest(masks, gathered))
+    dist.all_gather_object(out, digest)
     return out
 
 

@@ -39,9 +39,9 @@ from sparsetool.models.hf import (
     load_tokenizer,
     match_weights,
 )
-from sparsetool.train.algorithms.sharding import count_kept
 from sparsetool.train.consolidate import write_model
 from sparsetool.train.memplan import check_plan, run_plan
+from sparsetool.train.sharding import count_kept
 from sparsetool.util.corpus import Corpus
 from sparsetool.util.workers import signals_deferred
 
@@ -108,7 +108,8 @@ def forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
     return logits, loss
 
 
-def open_run_model(cfg, resume_from: Path | None, resumed_model: dict | None):
+def open_run_model(cfg, resume_from: Path | None, resumed_model: dict | None,
+                   device: torch.device | None = None):
     """``(HFModel, HFModelInfo, weights, masks)`` of a run on a Hugging Face model, or Nones.
 
     A resume rebuilds the model from its own latest checkpoint (config and tokenizer are there;
@@ -130,7 +131,7 @@ def open_run_model(cfg, resume_from: Path | None, resumed_model: dict | None):
     info = hf.info(cfg, resumed_model if resumed else None)
     # The model, its gradients and Adam's moments live in memory (whole on every process, or
     # divided among them with --distributed fsdp): refuse at once what cannot fit.
-    hf.plan = check_plan(run_plan(cfg, params=hf.numel, n_layer=info.n_layer, d_model=info.d_model,
+    hf.plan = check_plan(run_plan(cfg, device or torch.device("cpu"), params=hf.numel, n_layer=info.n_layer, d_model=info.d_model,
                                   n_head=info.n_head, context=info.context, vocab=info.vocab_size),
                          f"train --init {hf.path}")
     weights, masks = ({}, {}) if resumed else read_init_checkpoint(cfg.init)[:2]

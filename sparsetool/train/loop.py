@@ -33,13 +33,18 @@ from sparsetool.errors import ConfigError
 from sparsetool.models.gpt import GPT, GPTConfig
 from sparsetool.targets import plan_targets
 from sparsetool.train import hfrun, rundir, runfiles, warmstart
-from sparsetool.train.algorithms.sharding import gathered
 from sparsetool.train.config import TrainConfig
 from sparsetool.train.data import Sampler, eval_batches
-from sparsetool.train.distributed import gather_mask_digests, setup_runtime, wrap_ddp
+from sparsetool.train.distributed import (
+    gather_digests,
+    gather_mask_digests,
+    setup_runtime,
+    wrap_ddp,
+)
 from sparsetool.train.fsdp import shard_model
 from sparsetool.train.memplan import check_plan, run_plan
 from sparsetool.train.recipe import lr_at, model_config, param_groups, sparsifier_config, stage_plan
+from sparsetool.train.sharding import gathered
 from sparsetool.train.signals import SIGNALS, StopRequest, signal_name
 from sparsetool.util.corpus import load_corpus
 
@@ -80,12 +85,17 @@ class Trainer:
         self.cfg = cfg
         if cfg.threads:
             torch.set_num_threads(int(cfg.threads))
-        self._setup_distributed()
-        self._setup_model_and_data()
+        self.world, self.sharded = 1, False  # until the processes are set up
+        try:
+            self._setup_distributed()
+            self._setup_model_and_data()
+        except BaseException:
+            self.close()  # a refused or failed setup leaves no process group behind
+            raise
 
     # ------------------------------------------------------------------ setup
     def _setup_distributed(self) -> None:
-        rt = setup_runtime(self.cfg.device, self.cfg.dtype, self.cfg.distributed)
+        rt = setup_runtime(self.cfg.device, self.cfg.dtype, self.cfg.distributed, self.cfg.offload)
         self.world, self.rank, self.device = rt.world, rt.rank, rt.device
         self.autocast, self.precision = rt.autocast, rt.precision
         self.sharded, self._bf16_params = rt.sharded, rt.bf16_params
@@ -94,7 +104,8 @@ class Trainer:
     def _setup_model_and_data(self) -> None:
         cfg = self.cfg
         # a Hugging Face model (--init HF_DIR, or a resume of such a run), else the built-in GPT
-        self.hf, self.mcfg, init_w, init_m = hfrun.open_run_model(cfg, self.resume_from, self._resumed_model)
+        self.hf, self.mcfg, init_w, init_m = hfrun.open_run_model(cfg, self.resume_from,
+                                                                  self._resumed_model, self.device)
         self.forward = lambda model, x, y: model(x, y)  # token ids, targets -> logits, mean loss
         if self.hf:
             self.forward = hfrun.forward
@@ -116,15 +127,18 @@ class Trainer:
         if init_w:
             self._load_weights(init_w, cfg.init)
         loaded, init_w = bool(init_w), None  # the model holds the weights now
-        if self.sharded:  # from here on each rank holds its slice of every parameter
-            shard_model(self.model, self.device, bf16=self._bf16_params, offload=cfg.offload)
         params = dict(self.model.named_parameters())
         # One targeting rule for prune and train: roles, or param_filter, then --include/--exclude.
         self.target_plan = plan_targets(
             ((n, tuple(p.shape), p.dtype) for n, p in params.items()), None, cfg.include,
             cfg.exclude, select=cfg.param_filter or None, source="the model")
+        # the masks of --init, from the whole weights (laid out like them when attached)
+        self.init_masks = warmstart.masks_from(
+            {n: params[n] for n in self.target_plan.targeted}, init_m, loaded=loaded)
+        if self.sharded:  # from here on each rank holds its slice of every parameter
+            shard_model(self.model, self.device, bf16=self._bf16_params, offload=cfg.offload)
+            params = dict(self.model.named_parameters())
         self.targets = {n: params[n] for n in self.target_plan.targeted}
-        self.init_masks = warmstart.masks_from(self.targets, init_m, loaded=loaded)
         self.init_mask_origin = warmstart.mask_origin(cfg.init, self.init_masks, init_m)
         self.plan = stage_plan(cfg)
         if self.init_masks:
@@ -149,9 +163,10 @@ class Trainer:
         with torch.device("meta"):
             params = sum(p.numel() for p in GPT(self.mcfg).parameters())
         m = self.mcfg
-        return check_plan(run_plan(self.cfg, params=params, n_layer=m.n_layer, d_model=m.d_model,
-                                   n_head=m.n_head, context=m.context, vocab=m.vocab_size,
-                                   resumed=self.resume_from is not None), "train")
+        return check_plan(run_plan(self.cfg, self.device, params=params, n_layer=m.n_layer,
+                                   d_model=m.d_model, n_head=m.n_head, context=m.context,
+                                   vocab=m.vocab_size, resumed=self.resume_from is not None),
+                          "train")
 
     def _load_weights(self, weights: dict, source) -> None:
         if self.hf:
@@ -212,7 +227,9 @@ class Trainer:
         if state is not None:
             sp.load_state_dict(state)
         elif stage_idx == 0 and self.init_masks:
-            sp.init_masks = {n: m.to(self.device) for n, m in self.init_masks.items()}
+            # whole masks: laid out like their sharded weights when attached
+            sp.init_masks = {n: m if self.sharded else m.to(self.device)
+                             for n, m in self.init_masks.items()}
         sp.attach(dict(self.model.named_parameters()), self.optimizer, stage["end"], self.cfg.warmup)
         if state is None and stage_idx == 0 and self.init_masks:
             further = sp.prune_further()  # --init SPARSE --sparsity S: a higher S prunes from its masks
@@ -261,6 +278,8 @@ class Trainer:
         """Every rank's mask digest (None on one process or when dense)."""
         if self.world == 1 or self.sp is None:
             return None
+        if self.sharded:  # each rank keeps a slice: compare the whole masks each decided on
+            return gather_digests(self.sp.decisions_digest(), self.world)
         return gather_mask_digests(self.sp.masks, self.world)
 
     @torch.no_grad()
@@ -468,6 +487,8 @@ class Trainer:
         already rank-identical)."""
         if len(set(self.rank_mask_digests())) > 1:
             self.mask_divergences += 1
+        elif self.sharded:
+            return  # agreed: a broadcast would gather every whole mask for nothing
         self.sp.broadcast_masks()
 
     def _evaluate_and_save(self, run: rundir.RunState) -> None:

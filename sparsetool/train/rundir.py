@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from sparsetool.errors import ConfigError, Interrupted
+from sparsetool.errors import CheckpointError, ConfigError, Interrupted
 from sparsetool.train import hfrun, runfiles
 from sparsetool.train.config import REBATCHABLE, RESUMABLE_OVERRIDES, TrainConfig, setting, validate
 from sparsetool.train.signals import signal_number
@@ -112,7 +112,11 @@ def restore_sharded(tr) -> tuple[RunState, dict]:
     processes; the global RNG state is set back."""
     from sparsetool.train import shardedckpt
 
-    state = json.loads((tr.resume_from / "state.json").read_text())
+    path = tr.resume_from / "state.json"
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} cannot be read ({e}); resume from an earlier checkpoint") from None
     run = _run_state(state, tr.world, tr.cfg)  # before anything is loaded
     resume = shardedckpt.restore(tr.resume_from, model=tr.model, optimizer=tr.optimizer,
                                  params=dict(tr.model.named_parameters()))

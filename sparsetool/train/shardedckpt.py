@@ -25,8 +25,8 @@ import torch.distributed as dist
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.errors import CheckpointError
 from sparsetool.train import runfiles
-from sparsetool.train.algorithms.sharding import zeros_like_layout
 from sparsetool.train.consolidate import write_model
+from sparsetool.train.sharding import zeros_like_layout
 
 __all__ = ["SHARDS", "SPARSIFIER", "restore", "save"]
 
@@ -57,7 +57,10 @@ def save(run_dir: Path, step: int, *, model: torch.nn.Module, optimizer: torch.o
         for key in _MASK_SETS:
             if key in scalars:
                 tensors[key] = scalars.pop(key)
-    dcp_save(tensors, checkpoint_id=str(tmp / SHARDS))
+    try:
+        dcp_save(tensors, checkpoint_id=str(tmp / SHARDS))
+    except Exception as e:  # a full disk on any rank: the OSError, for the run's one error line
+        raise _os_error(e) or e from None
     if master:
         runfiles.write_json(tmp / SPARSIFIER, {
             "state": scalars, "config": sparsifier_config,
@@ -79,7 +82,11 @@ def restore(checkpoint: Path, *, model: torch.nn.Module, optimizer: torch.optim.
         raise CheckpointError(f"{checkpoint} has no {SHARDS}/ and {SPARSIFIER}: it was not saved "
                               "by a --distributed fsdp run; resume it with the options it was "
                               "trained with")
-    saved = json.loads(path.read_text())
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} cannot be read ({e}); resume from an earlier "
+                              "checkpoint") from None
     model_sd, optim_sd = get_state_dict(model, optimizer)  # also makes AdamW's state to load into
     tensors: dict = {"model": model_sd, "optimizer": optim_sd}
     for key, names in saved.get("tensors", {}).items():
@@ -89,7 +96,11 @@ def restore(checkpoint: Path, *, model: torch.nn.Module, optimizer: torch.optim.
                                   "parameter of this model; resume with the model it was "
                                   "trained on")
         tensors[key] = {n: zeros_like_layout(params[n], torch.bool) for n in names}
-    dcp_load(tensors, checkpoint_id=str(checkpoint / SHARDS))
+    try:
+        dcp_load(tensors, checkpoint_id=str(checkpoint / SHARDS))
+    except Exception as e:  # a missing or truncated shard, on any rank
+        raise CheckpointError(f"{checkpoint / SHARDS} cannot be read ({_first_line(e)}); resume "
+                              "from an earlier checkpoint") from None
     set_state_dict(model, optimizer, model_state_dict=tensors["model"],
                    optim_state_dict=tensors["optimizer"])
     state = saved.get("state")
@@ -97,3 +108,24 @@ def restore(checkpoint: Path, *, model: torch.nn.Module, optimizer: torch.optim.
         state = {**state, **{key: tensors[key] for key in _MASK_SETS if key in tensors}}
     config = saved.get("config")
     return {"sparsifier": state, "sparsifier_config": json.dumps(config) if config else None}
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The OSError behind a failed ``torch.distributed.checkpoint`` call (it wraps each rank's
+    failure in a ``CheckpointException``), or None."""
+    if isinstance(e, OSError):
+        return e
+    for failure in getattr(e, "failures", {}).values():
+        cause = failure[0] if isinstance(failure, tuple) else failure
+        if isinstance(cause, OSError):
+            return cause
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    """A failure in a few words: the first line of its message, or of the first rank's."""
+    for failure in getattr(e, "failures", {}).values():
+        e = failure[0] if isinstance(failure, tuple) else failure
+        break
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__

@@ -48,9 +48,9 @@ import torch
 from sparsetool.errors import ConfigError
 from sparsetool.masks.kernel import top_k_mask
 from sparsetool.train.algorithms.maskstate import MaskState
-from sparsetool.train.algorithms.sharding import gathered, is_sharded
 from sparsetool.train.rng import step_generator
 from sparsetool.train.schedules import Wiring, wire
+from sparsetool.train.sharding import gathered, is_sharded
 from sparsetool.util.options import check_sparsity
 
 __all__ = ["Sparsifier", "is_whole"]
@@ -88,6 +88,9 @@ class Sparsifier(MaskState):
     RAMP: ClassVar[bool] = False
     DROP_DECAY: ClassVar[str | None] = None
     REGROW_TO_END: ClassVar[bool] = False
+    # Whether drop_scores or grow_scores read the gradient (RigL, GraNet): only then is a
+    # sharded gradient gathered whole for a mask update.
+    USES_GRADIENT: ClassVar[bool] = False
 
     # The config key ``sparsity``; named apart from the ``sparsity()`` report method.
     sparsity_level: Any = 0.5
@@ -354,7 +357,8 @@ class Sparsifier(MaskState):
             gen = step_generator(self.seed, step, index)
             # Whole tensors, one at a time (gathered from every rank's slice under FSDP); the
             # gradient is the reduced one, the same on every rank.
-            weight, grad = gathered(p.detach()), gathered(p.grad)
+            weight = gathered(p.detach())
+            grad = gathered(p.grad) if self.USES_GRADIENT else None
             grow = self.grow_scores(weight, grad, gen)
             drop = self.drop_scores(weight, grad)
             counts = keep[name] if isinstance(keep[name], list) else [keep[name]]

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from sparsetool.errors import ConfigError
 from sparsetool.masks.global_magnitude import MagnitudeHistogram, global_threshold_plan
 from sparsetool.train.algorithms.rigl import RigL
-from sparsetool.train.algorithms.sharding import gathered
+from sparsetool.train.sharding import gathered
 
 __all__ = ["GraNet", "SCOPES"]
 

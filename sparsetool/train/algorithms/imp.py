@@ -37,8 +37,8 @@ import torch
 from sparsetool.errors import ConfigError
 from sparsetool.masks.kernel import top_k_mask
 from sparsetool.train.algorithms.base import Sparsifier, is_whole
-from sparsetool.train.algorithms.sharding import gathered
 from sparsetool.train.schedules import Periodic
+from sparsetool.train.sharding import gathered
 
 __all__ = ["IMP"]
 
@@ -179,7 +179,7 @@ class IMP(Sparsifier):
         self.last_update = {}
         for name, p in self._params.items():
             # whole tensors, one at a time (gathered from every rank's slice under FSDP)
-            old, scores = self._whole_mask(name), self.drop_scores(gathered(p.detach()), gathered(p.grad))
+            old, scores = self._whole_mask(name), self.drop_scores(gathered(p.detach()), None)
             dropped = [0]
 
             def choose(unit, target, old=old, scores=scores, dropped=dropped):

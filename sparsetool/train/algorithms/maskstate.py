@@ -9,12 +9,13 @@ derives from it.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 
 import torch
 
 from sparsetool.errors import ConfigError
-from sparsetool.train.algorithms.sharding import count_kept, gathered, is_sharded, laid_out_like
+from sparsetool.train.sharding import count_kept, gathered, is_sharded, laid_out_like
 
 __all__ = ["MaskState"]
 
@@ -38,13 +39,30 @@ class MaskState:
         self._grown_before: dict[str, torch.Tensor] = {}  # regrown by the last update that grew
         self._pruned_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._kept_cache: dict[str, tuple[torch.Tensor, int]] = {}
+        self._decisions: dict[str, tuple[torch.Tensor, str]] = {}  # sharded: digest of the whole
 
     def _laid_out(self, name: str, whole: torch.Tensor) -> torch.Tensor:
         """The whole mask ``whole`` of parameter ``name`` (the same on every rank) in that
-        parameter's layout (:mod:`.sharding`), its count of kept weights noted on the way."""
+        parameter's layout (:mod:`sparsetool.train.sharding`), its count of kept weights noted
+        on the way."""
         mask = laid_out_like(whole.to(torch.bool), self._params[name])
         self._kept_cache[name] = (mask, int(whole.sum()))
+        if is_sharded(mask):  # this rank's decision, before it kept only its slice
+            self._decisions[name] = (mask, _digest(whole))
         return mask
+
+    def decisions_digest(self) -> str:
+        """SHA-256 over the names and whole masks this rank decided on: equal on every rank
+        when the ranks' decisions agreed bit for bit. A sharded mask this rank did not decide on
+        itself (one loaded from a checkpoint) is gathered whole (a collective)."""
+        h = hashlib.sha256()
+        for name in sorted(self.masks):
+            mask = self.masks[name]
+            decided = self._decisions.get(name)
+            h.update(name.encode())
+            h.update((decided[1] if decided is not None and decided[0] is mask
+                      else _digest(gathered(mask))).encode())
+        return h.hexdigest()
 
     def _laid_out_grown(self, name: str, whole: torch.Tensor) -> torch.Tensor:
         """Weights regrown in parameter ``name`` (a whole bool tensor) in its layout."""
@@ -180,6 +198,7 @@ class MaskState:
         self._grown_before = {}
         self._pruned_cache = {}
         self._kept_cache = {}
+        self._decisions = {}
         self.densified = True
 
     def broadcast_masks(self) -> None:
@@ -195,3 +214,7 @@ class MaskState:
             self.masks[name] = (self._laid_out(name, buf) if name in self._params
                                 else buf.to(torch.bool))
         self._apply(self.masks)
+
+
+def _digest(whole: torch.Tensor) -> str:
+    return hashlib.sha256(whole.to("cpu", torch.uint8).contiguous().numpy().tobytes()).hexdigest()

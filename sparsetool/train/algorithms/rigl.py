@@ -31,6 +31,7 @@ class RigL(SET):
 
     name = "rigl"
     DROP_DECAY = "cosine"
+    USES_GRADIENT = True
 
     stop_fraction: float = 0.75
 

@@ -37,27 +37,43 @@ def gathered(t: torch.Tensor | None) -> torch.Tensor | None:
 
 def laid_out_like(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """``whole`` (the same on every rank) in the layout of ``like``: this rank's slice as a
-    DTensor of ``like``'s mesh and placements when ``like`` is sharded (no communication), else
-    ``whole`` on ``like``'s device."""
-    if is_sharded(like):
-        from torch.distributed.tensor import distribute_tensor
-
-        local_device = like.to_local().device
-        # The slice is a view of ``whole`` and would keep all of it alive: a copy of the slice
-        # alone is what this rank keeps.
-        return distribute_tensor(whole.to(local_device), like.device_mesh, like.placements,
-                                 src_data_rank=None).clone()
-    return whole.to(like.device)
+    DTensor of ``like``'s mesh and placements when ``like`` is sharded (no communication), on
+    the device of ``like``'s own slice (the CPU when FSDP offloads it), else ``whole`` on
+    ``like``'s device. The slice is a copy: a view would keep the whole tensor alive."""
+    if not is_sharded(like):
+        return whole.to(like.device)
+    local = like.to_local()
+    piece = whole.narrow(0, _offset(like), local.shape[0])
+    return _from_local(piece.to(local.device).clone(), like)
 
 
 def zeros_like_layout(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Zeros of ``like``'s whole shape in its layout (only this rank's slice is allocated)."""
-    if is_sharded(like):
-        from torch.distributed.tensor import zeros
+    if not is_sharded(like):
+        return torch.zeros(like.shape, dtype=dtype, device=like.device)
+    local = like.to_local()
+    return _from_local(torch.zeros(local.shape, dtype=dtype, device=local.device), like)
 
-        return zeros(tuple(like.shape), dtype=dtype, device_mesh=like.device_mesh,
-                     placements=like.placements)
-    return torch.zeros(like.shape, dtype=dtype, device=like.device)
+
+def _offset(like: torch.Tensor) -> int:
+    """Where this rank's slice of ``like`` starts along dimension 0: FSDP2 shards dimension 0
+    over a 1-D mesh in ``torch.chunk``'s pieces (each ``ceil(n / ranks)`` rows, the last ones
+    shorter or empty)."""
+    from torch.distributed.tensor import Shard
+
+    mesh = like.device_mesh
+    if mesh.ndim != 1 or tuple(like.placements) != (Shard(0),):
+        raise ValueError(f"a layout of {like.placements} over a {mesh.ndim}-D mesh is not "
+                         "FSDP2's Shard(0) over one dimension")
+    rows, ranks = like.shape[0], mesh.size()
+    return min(rows, mesh.get_local_rank() * -(-rows // ranks))
+
+
+def _from_local(local: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False,
+                              shape=like.shape, stride=like.stride())
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
