@@ -79,7 +79,7 @@ def runs(tmp_path_factory) -> dict:
     hf_job = {**HF, "data": str(root / "text.txt"), "init": str(root / "llama")}
     jobs = [dict(job(name, WORLD), distributed="fsdp") for name in ALGORITHMS]
     jobs += [dict(job("rigl", WORLD), distributed="fsdp", stop_at=7, out=str(root / f"stop-{x}"))
-             for x in ("a", "b")]
+             for x in ("a", "b", "c")]
     jobs += [{"out": str(root / "stop-a"), "resume": True}]
     jobs += [dict(job("static", WORLD), distributed="fsdp", dtype="bfloat16", steps=6,
                   eval_every=6, save_every=0, out=str(root / "bf16"))]
@@ -154,7 +154,7 @@ def test_a_stopped_run_resumes_bit_for_bit_on_two_processes_and_closely_on_one(r
 @pytest.mark.slow
 def test_a_resume_with_another_global_batch_or_a_damaged_checkpoint_is_refused(runs, tmp_path):
     stopped = tmp_path / "stopped"
-    shutil.copytree(runs["root"] / "stop-b", stopped)
+    shutil.copytree(runs["root"] / "stop-c", stopped)  # a stopped run no other test resumes
     with pytest.raises(ConfigError, match="global batch of 4 sequences, now 2"):
         train(validate(TrainConfig(out=str(stopped))), resume=True,
               flag_overrides={"batch_size": 2})
