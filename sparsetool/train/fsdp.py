@@ -8,15 +8,24 @@ Hugging Face model's ``layers``) as one unit and the rest (embeddings, final nor
 root unit. Options: ``bf16`` computes with bfloat16 copies of the parameters and reduces the
 gradients in float32 into float32 slices (the weights and AdamW stay float32); ``offload`` keeps
 the parameter slices, gradients and optimizer state in CPU memory between uses (a GPU run only).
+
+A run whose weights come from a checkpoint (``--init``, a resume) never holds the whole model:
+the model is built under :func:`parameters_on_meta` (parameters without memory, buffers as
+usual), sharded, given memory for its slices only (``materialize``) and filled by
+:func:`load_slices`, each rank reading its slice of each tensor.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Mapping
+
 import torch
 
 from sparsetool.errors import ConfigError
+from sparsetool.train.sharding import copy_slice
 
-__all__ = ["block_stack", "shard_model"]
+__all__ = ["block_stack", "load_slices", "parameters_on_meta", "shard_model"]
 
 
 def block_stack(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
@@ -53,3 +62,46 @@ def shard_model(model: torch.nn.Module, device: torch.device, *, bf16: bool = Fa
         units.append(f"{name}.{i}")
     fully_shard(model, **policy)
     return units + ["(root)"]
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Build a model inside: each parameter is moved to the meta device as it is registered (one
+    parameter exists in memory at a time), buffers (a rotary embedding's frequencies) are made
+    as usual. A parameter registered again (a tied head) stays the same parameter."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module: torch.nn.Module, name: str, param: torch.nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = torch.nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    torch.nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+def load_slices(model: torch.nn.Module, device: torch.device, weights: Mapping[str, torch.Tensor],
+                *, offload: bool = False) -> None:
+    """Give a model built under :func:`parameters_on_meta` and sharded memory for this rank's
+    slices (on ``device``, or the CPU with ``offload``) and copy into them their part of
+    ``weights`` (model names -> whole tensors; every parameter must be there, a tied one once).
+    Without ``weights`` (a resume) the slices are left for the checkpoint's loader to fill."""
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    model.to_empty(device="cpu" if offload else device)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            b.copy_(buffers[name])
+        if not weights:
+            return
+        filled: set[int] = set()
+        for name, p in model.named_parameters(remove_duplicate=False):
+            if name in weights:
+                copy_slice(p, weights[name])  # converted slice by slice, not whole
+                filled.add(id(p))
+        empty = [n for n, p in model.named_parameters() if id(p) not in filled]
+        if empty:
+            raise ConfigError(f"the weights read leave {empty[:3]} of the model unset; "
+                              "check the checkpoint against the model")

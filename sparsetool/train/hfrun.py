@@ -178,9 +178,14 @@ class HFModel:
         model = self.transformers.AutoModelForCausalLM.from_config(self.hf_cfg, trust_remote_code=False)
         return model.float()
 
+    def matched(self, model: torch.nn.Module, weights: dict[str, torch.Tensor],
+                source) -> dict[str, torch.Tensor]:
+        """A checkpoint's dense tensors under ``model``'s own names (a tied head once), checked."""
+        return match_weights(Path(source), model, weights, "train --init")
+
     def load(self, model: torch.nn.Module, weights: dict[str, torch.Tensor], source) -> None:
         """Copy a checkpoint's dense tensors into ``model`` (Hugging Face names; a tied head once)."""
-        matched = match_weights(Path(source), model, weights, "train --init")
+        matched = self.matched(model, weights, source)
         with torch.no_grad():
             own = model.state_dict()
             for name, t in matched.items():

@@ -41,7 +41,7 @@ from sparsetool.train.distributed import (
     setup_runtime,
     wrap_ddp,
 )
-from sparsetool.train.fsdp import shard_model
+from sparsetool.train.fsdp import load_slices, parameters_on_meta, shard_model
 from sparsetool.train.memplan import check_plan, run_plan
 from sparsetool.train.recipe import lr_at, model_config, param_groups, sparsifier_config, stage_plan
 from sparsetool.train.sharding import gathered
@@ -121,12 +121,20 @@ class Trainer:
             self.mcfg = model_config(cfg)
         self.memory_plan = self.hf.plan if self.hf else self._gpt_memory_plan()
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
-        self.model = self.hf.build() if self.hf else GPT(self.mcfg)
+        # Sharded weights from a checkpoint (--init, a resume): no process holds the whole model;
+        # the parameters are made empty, sharded, then each rank reads its slices (fsdp.py).
+        from_slices = self.sharded and (bool(init_w) or self.resume_from is not None)
+        with parameters_on_meta() if from_slices else contextlib.nullcontext():
+            self.model = self.hf.build() if self.hf else GPT(self.mcfg)
         if not self.sharded:  # FSDP moves each rank's slices to the device as it shards
             self.model = self.model.to(self.device)
-        if init_w:
-            self._load_weights(init_w, cfg.init)
-        loaded, init_w = bool(init_w), None  # the model holds the weights now
+        matched = self._matched_weights(init_w, cfg.init) if init_w else {}
+        if matched and not from_slices:
+            with torch.no_grad():
+                for name, t in self.model.state_dict().items():
+                    if name in matched:
+                        t.copy_(matched[name])
+        loaded, init_w = bool(init_w), None
         params = dict(self.model.named_parameters())
         # One targeting rule for prune and train: roles, or param_filter, then --include/--exclude.
         self.target_plan = plan_targets(
@@ -134,10 +142,14 @@ class Trainer:
             cfg.exclude, select=cfg.param_filter or None, source="the model")
         # the masks of --init, from the whole weights (laid out like them when attached)
         self.init_masks = warmstart.masks_from(
-            {n: params[n] for n in self.target_plan.targeted}, init_m, loaded=loaded)
+            {n: matched.get(n, params[n]) for n in self.target_plan.targeted}, init_m,
+            loaded=loaded)
         if self.sharded:  # from here on each rank holds its slice of every parameter
             shard_model(self.model, self.device, bf16=self._bf16_params, offload=cfg.offload)
+            if from_slices:  # a resume's slices come from its checkpoint (shardedckpt.restore)
+                load_slices(self.model, self.device, matched, offload=cfg.offload)
             params = dict(self.model.named_parameters())
+        del matched
         self.targets = {n: params[n] for n in self.target_plan.targeted}
         self.init_mask_origin = warmstart.mask_origin(cfg.init, self.init_masks, init_m)
         self.plan = stage_plan(cfg)
@@ -167,6 +179,12 @@ class Trainer:
                                    d_model=m.d_model, n_head=m.n_head, context=m.context,
                                    vocab=m.vocab_size, resumed=self.resume_from is not None),
                           "train")
+
+    def _matched_weights(self, weights: dict, source) -> dict:
+        """A checkpoint's tensors under the model's names, checked against it (not yet copied)."""
+        if self.hf:
+            return self.hf.matched(self.model, weights, source)
+        return warmstart.matched_weights(self.model, weights, source)
 
     def _load_weights(self, weights: dict, source) -> None:
         if self.hf:

@@ -26,15 +26,18 @@ def run_plan(cfg, device: torch.device, *, params: int, n_layer: int, d_model: i
     """The plan of ``cfg``'s run of a model of ``params`` parameters on ``device`` (the one the
     run resolved), for each process of the torchrun group this process belongs to (WORLD_SIZE,
     LOCAL_WORLD_SIZE); the weights are read from a checkpoint with ``--init`` or when
-    ``resumed``. On a GPU the budget is the GPU's memory, and this machine's memory must also
-    hold the whole model each of its processes builds before it is sharded (refused here)."""
+    ``resumed``. On a GPU the budget is the GPU's memory, and a sharded run from random weights
+    also needs this machine's memory to hold the whole model each of its processes builds
+    before it is sharded (refused here)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     reading = bool(cfg.init) or resumed
     device_memory = None
     if device.type == "cuda":
         device_memory = torch.cuda.get_device_properties(device.index or 0).total_memory
-        building = (8 if reading else 4) * params * local_world
+        # from random weights each process builds the whole model in CPU memory first (from a
+        # checkpoint it reads only its slices)
+        building = 0 if reading or cfg.distributed != "fsdp" else 4 * params * local_world
         room = available_memory()
         if building > room:
             raise SparsetoolError(

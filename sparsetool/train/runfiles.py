@@ -153,6 +153,8 @@ def read_init_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dic
     """Weights, masks and sparsetool metadata of any checkpoint sparsetool can read.
 
     A targeted tensor pruned without a mask (``zeros`` encoding) gets ``mask = w != 0``.
+    Floating tensors keep their stored type (read through a memory map where nothing had to be
+    decoded, so a sharded run reads only its slices); copying them into a model converts them.
     """
     weights: dict[str, torch.Tensor] = {}
     masks: dict[str, torch.Tensor] = {}
@@ -160,7 +162,7 @@ def read_init_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dic
         meta = model_record(ckpt)
         for lt in ckpt.logical:
             dense, mask = decode(ckpt, lt)
-            weights[lt.name] = dense.float()
+            weights[lt.name] = dense if dense.is_floating_point() else dense.float()
             if mask is not None:
                 masks[lt.name] = mask.bool()
     return weights, masks, meta

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["count_kept", "gathered", "is_sharded", "laid_out_like", "local", "zeros_like_layout"]
+__all__ = ["copy_slice", "count_kept", "gathered", "is_sharded", "laid_out_like", "local",
+           "zeros_like_layout"]
 
 
 def is_sharded(t: torch.Tensor | None) -> bool:
@@ -45,6 +46,16 @@ def laid_out_like(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     local = like.to_local()
     piece = whole.narrow(0, _offset(like), local.shape[0])
     return _from_local(piece.to(local.device).clone(), like)
+
+
+def copy_slice(dest: torch.Tensor, whole: torch.Tensor) -> None:
+    """Copy into ``dest`` (a parameter, sharded or not) its part of ``whole``: this rank's slice
+    only, so a checkpoint read through a memory map is read no further than that slice."""
+    if not is_sharded(dest):
+        dest.copy_(whole)
+        return
+    local = dest.to_local()
+    local.copy_(whole.narrow(0, _offset(dest), local.shape[0]))
 
 
 def zeros_like_layout(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -22,7 +22,7 @@ from sparsetool.models.gpt import PRESETS, GPTConfig, infer_config
 from sparsetool.train.config import DEFAULT_PRESET, TrainConfig
 from sparsetool.util.wording import plural
 
-__all__ = ["check_init_is_a_model", "check_init_sparsity", "init_model_config", "load_weights", "loaded_sparsity", "mask_origin",
+__all__ = ["check_init_is_a_model", "check_init_sparsity", "init_model_config", "load_weights", "matched_weights", "loaded_sparsity", "mask_origin",
            "masks_from"]
 
 
@@ -68,6 +68,15 @@ def init_model_config(cfg: TrainConfig, weights: dict[str, torch.Tensor], meta: 
 
 def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: Any) -> None:
     """Copy ``weights`` into ``model``; every tensor of the model must be there, same shape."""
+    matched = matched_weights(model, weights, source)
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            t.copy_(matched[name])
+
+
+def matched_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor],
+                    source: Any) -> dict[str, torch.Tensor]:
+    """``weights`` for every tensor of ``model``, checked: each there, of the same shape."""
     own = model.state_dict()
     missing = sorted(set(own) - set(weights))
     if missing:
@@ -75,12 +84,11 @@ def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], sourc
             f"--init {source} lacks {plural(len(missing), 'tensor')} of the model, e.g. "
             f"{missing[0]!r}; it must be a checkpoint of sparsetool's GPT"
         )
-    with torch.no_grad():
-        for name, t in own.items():
-            if tuple(weights[name].shape) != tuple(t.shape):
-                raise ConfigError(f"--init: tensor {name!r} has shape {list(weights[name].shape)}, "
-                                  f"the model needs {list(t.shape)}")
-            t.copy_(weights[name])
+    for name, t in own.items():
+        if tuple(weights[name].shape) != tuple(t.shape):
+            raise ConfigError(f"--init: tensor {name!r} has shape {list(weights[name].shape)}, "
+                              f"the model needs {list(t.shape)}")
+    return {name: weights[name] for name in own}
 
 
 def masks_from(targets: dict[str, torch.nn.Parameter], masks: dict[str, torch.Tensor],

@@ -165,9 +165,9 @@ def fine_tuning_plan(params: int, *, batch: int, context: int, d_model: int, n_l
     - ``strategy`` fsdp: weights, gradients, moments and masks divided by ``world``; the blocks
       whose whole weights are gathered at a time (the one computing and the next, about
       ``2 P / n_layer`` weights, 2 bytes each with ``bf16``); a mask update's whole tensor with its
-      gradient and scores (about ``13 P / (3 n_layer)`` bytes); and the whole model while it is
-      built and sharded (4 bytes a parameter, 8 when ``reading``; counted when it exceeds the
-      steady state).
+      gradient and scores (about ``13 P / (3 n_layer)`` bytes); and, unless ``reading`` (then each
+      process reads only its slices), the whole model built from random weights before it is
+      sharded (4 bytes a parameter, counted when it exceeds the steady state).
       ``offload`` (a GPU run) keeps the slices in CPU memory: the GPU holds the rest.
 
     ``device_memory`` (a GPU's) is the budget of a GPU run; else it is this machine's available
@@ -205,7 +205,9 @@ def fine_tuning_plan(params: int, *, batch: int, context: int, d_model: int, n_l
         masks += 13 * unit // 3
         if offload:  # the slices live in CPU memory between uses
             weights, optimizer = weights - 4 * params // ways, 0
-        building = (8 if reading else 4) * params  # the whole model before it is sharded (CPU)
+        # from random weights the whole model exists before it is sharded (CPU memory); from a
+        # checkpoint the parameters are made empty and each process reads only its slices
+        building = 0 if reading else 4 * params
         if device_memory is None:
             weights = max(weights, building - optimizer - masks)
     else:
