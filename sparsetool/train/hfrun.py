@@ -183,14 +183,6 @@ class HFModel:
         """A checkpoint's dense tensors under ``model``'s own names (a tied head once), checked."""
         return match_weights(Path(source), model, weights, "train --init")
 
-    def load(self, model: torch.nn.Module, weights: dict[str, torch.Tensor], source) -> None:
-        """Copy a checkpoint's dense tensors into ``model`` (Hugging Face names; a tied head once)."""
-        matched = self.matched(model, weights, source)
-        with torch.no_grad():
-            own = model.state_dict()
-            for name, t in matched.items():
-                own[name].copy_(t)
-
     # ------------------------------------------------------------------ data
     def tokenize(self, corpus: Corpus, context: int) -> tuple[Corpus, dict]:
         """The byte corpus as token ids of the directory's tokenizer (no special tokens added),

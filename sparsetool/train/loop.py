@@ -130,10 +130,7 @@ class Trainer:
             self.model = self.model.to(self.device)
         matched = self._matched_weights(init_w, cfg.init) if init_w else {}
         if matched and not from_slices:
-            with torch.no_grad():
-                for name, t in self.model.state_dict().items():
-                    if name in matched:
-                        t.copy_(matched[name])
+            self._copy_in(matched)
         loaded, init_w = bool(init_w), None
         params = dict(self.model.named_parameters())
         # One targeting rule for prune and train: roles, or param_filter, then --include/--exclude.
@@ -187,10 +184,14 @@ class Trainer:
         return warmstart.matched_weights(self.model, weights, source)
 
     def _load_weights(self, weights: dict, source) -> None:
-        if self.hf:
-            self.hf.load(self.model, weights, source)
-        else:
-            warmstart.load_weights(self.model, weights, source)
+        self._copy_in(self._matched_weights(weights, source))
+
+    @torch.no_grad()
+    def _copy_in(self, matched: dict) -> None:
+        """Copy checkpoint tensors (under the model's names; a tied head once) into the model."""
+        for name, t in self.model.state_dict().items():
+            if name in matched:
+                t.copy_(matched[name])
 
     def _warnings(self) -> list[str]:
         """What the run will write that is probably not what was meant (the callback's start

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["copy_slice", "count_kept", "gathered", "is_sharded", "laid_out_like", "local",
+__all__ = ["copy_slice", "count_kept", "gathered", "is_sharded", "laid_out_like",
            "zeros_like_layout"]
 
 
@@ -85,11 +85,6 @@ def _from_local(local: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
     return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False,
                               shape=like.shape, stride=like.stride())
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's slice of a sharded tensor, ``t`` itself otherwise."""
-    return t.to_local() if is_sharded(t) else t
 
 
 def count_kept(mask: torch.Tensor) -> int:

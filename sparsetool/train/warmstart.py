@@ -22,7 +22,7 @@ from sparsetool.models.gpt import PRESETS, GPTConfig, infer_config
 from sparsetool.train.config import DEFAULT_PRESET, TrainConfig
 from sparsetool.util.wording import plural
 
-__all__ = ["check_init_is_a_model", "check_init_sparsity", "init_model_config", "load_weights", "matched_weights", "loaded_sparsity", "mask_origin",
+__all__ = ["check_init_is_a_model", "check_init_sparsity", "init_model_config", "matched_weights", "loaded_sparsity", "mask_origin",
            "masks_from"]
 
 
@@ -64,14 +64,6 @@ def init_model_config(cfg: TrainConfig, weights: dict[str, torch.Tensor], meta: 
             "checkpoint"
         )
     return mcfg
-
-
-def load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], source: Any) -> None:
-    """Copy ``weights`` into ``model``; every tensor of the model must be there, same shape."""
-    matched = matched_weights(model, weights, source)
-    with torch.no_grad():
-        for name, t in model.state_dict().items():
-            t.copy_(matched[name])
 
 
 def matched_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor],
