@@ -36,8 +36,12 @@ def sort_top_k(scores, k, allowed=None):
 
 def make(layers: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    shapes = {"attn.qkv": (2304, 768), "attn.proj": (768, 768), "mlp.fc": (3072, 768),
-              "mlp.proj": (768, 3072)}
+    shapes = {
+        "attn.qkv": (2304, 768),
+        "attn.proj": (768, 768),
+        "mlp.fc": (3072, 768),
+        "mlp.proj": (768, 3072),
+    }
     params = {}
     for i in range(layers):
         for leaf, shape in shapes.items():
@@ -45,8 +49,14 @@ def make(layers: int, seed: int = 0):
             p.grad = torch.randn(shape, generator=g)
             params[f"blocks.{i}.{leaf}.weight"] = p
     opt = torch.optim.AdamW(params.values(), lr=1e-4)
-    sp = build_sparsifier({"algorithm": "rigl", "sparsity": 0.75, "drop_fraction": 0.3,
-                           "update": {"freq": 1, "start": 0, "stop": 1000}})
+    sp = build_sparsifier(
+        {
+            "algorithm": "rigl",
+            "sparsity": 0.75,
+            "drop_fraction": 0.3,
+            "update": {"freq": 1, "start": 0, "stop": 1000},
+        }
+    )
     sp.attach(params, opt, 1000)
     return params, opt, sp
 
@@ -90,8 +100,10 @@ def main() -> None:
         results[label] = best(update, args.repeat)
         masks_by[label] = {n: m.clone() for n, m in sp.masks.items()}
     base.top_k_mask = top_k_mask
-    same = all(torch.equal(masks_by["top_k_mask (shipped)"][n], masks_by["stable sort (baseline)"][n])
-               for n in params)
+    same = all(
+        torch.equal(masks_by["top_k_mask (shipped)"][n], masks_by["stable sort (baseline)"][n])
+        for n in params
+    )
 
     def plain_step():
         opt.step()
@@ -108,8 +120,10 @@ def main() -> None:
     t_opt = best(plain_step, args.repeat)
     t_wrapped = best(wrapped_step, args.repeat)
 
-    print(f"{args.layers} GPT-2-small blocks, {len(params)} matrices, {numel / 1e6:.1f}M weights, "
-          f"75% sparse, best of {args.repeat}; identical masks: {same}")
+    print(
+        f"{args.layers} GPT-2-small blocks, {len(params)} matrices, {numel / 1e6:.1f}M weights, "
+        f"75% sparse, best of {args.repeat}; identical masks: {same}"
+    )
     print("| work | seconds | ratio |")
     print("|---|---:|---:|")
     b = results["stable sort (baseline)"]

@@ -44,9 +44,29 @@ print(json.dumps({"seconds": seconds, "peak_rss_mb": resource.getrusage(resource
 
 
 def train(run: Path, steps: int) -> None:
-    cmd = [sys.executable, "-m", "sparsetool", "train", "--out", str(run), "--preset", "tiny",
-           "--n-layer", "4", "--d-model", "64", "--n-head", "4", "--steps", str(steps),
-           "--eval-every", str(steps), "--seed", "0", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sparsetool",
+        "train",
+        "--out",
+        str(run),
+        "--preset",
+        "tiny",
+        "--n-layer",
+        "4",
+        "--d-model",
+        "64",
+        "--n-head",
+        "4",
+        "--steps",
+        str(steps),
+        "--eval-every",
+        str(steps),
+        "--seed",
+        "0",
+        "--json",
+    ]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
 
@@ -57,12 +77,15 @@ def calibration_text(path: Path, size: int = 1 << 20) -> None:
     path.write_text(corpus.train[:size].tobytes().decode("utf-8", errors="replace"))
 
 
-def prune(run: Path, out: Path, method: str, config: dict, calib: Path, samples: int, seq: int) -> dict:
+def prune(
+    run: Path, out: Path, method: str, config: dict, calib: Path, samples: int, seq: int
+) -> dict:
     kw = {"checkpoint": str(run), "output": str(out), "method": method, **config}
     if method in ("wanda", "sparsegpt"):
         kw |= {"calibration": str(calib), "samples": samples, "seq": seq}
-    r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(kw)], check=True,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(kw)], check=True, capture_output=True, text=True
+    )
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -91,12 +114,17 @@ def main() -> None:
             out = WORK / f"{method}-{label.replace(':', 'of').replace('%', '')}"
             stats = prune(args.run, out, method, config, calib, args.samples, args.seq)
             rows.append({"config": label, "method": method, "path": out, **stats})
-            print(f"pruned {label:>4} {method:<9} {stats['seconds']:7.2f} s  "
-                  f"{stats['peak_rss_mb']:6.0f} MB", flush=True)
+            print(
+                f"pruned {label:>4} {method:<9} {stats['seconds']:7.2f} s  "
+                f"{stats['peak_rss_mb']:6.0f} MB",
+                flush=True,
+            )
     result = evaluate([args.run, *[r["path"] for r in rows]], seq=64, max_tokens=args.eval_tokens)
     dense = result.rows[0]
     print(f"\n{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}")
-    print(f"model {args.run}; held-out: {result.text_source[:70]}..., {dense.tokens:,} tokens scored")
+    print(
+        f"model {args.run}; held-out: {result.text_source[:70]}..., {dense.tokens:,} tokens scored"
+    )
     print(f"calibration: {args.samples} x {args.seq} tokens from the training split\n")
     print("| config | method | prune s | peak RSS MB | perplexity | vs dense |")
     print("|---|---|---:|---:|---:|---:|")
@@ -104,14 +132,19 @@ def main() -> None:
     by_config: dict[str, dict[str, float]] = {}
     for r, ev in zip(rows, result.rows[1:]):
         by_config.setdefault(r["config"], {})[r["method"]] = ev.perplexity
-        print(f"| {r['config']} | {r['method']} | {r['seconds']:.2f} | {r['peak_rss_mb']:.0f} | "
-              f"{ev.perplexity:.3f} | {ev.perplexity / dense.perplexity - 1:+.2%} |")
+        print(
+            f"| {r['config']} | {r['method']} | {r['seconds']:.2f} | {r['peak_rss_mb']:.0f} | "
+            f"{ev.perplexity:.3f} | {ev.perplexity / dense.perplexity - 1:+.2%} |"
+        )
     print()
     for label, ppl in by_config.items():
         order = " <= ".join(f"{m} {ppl[m]:.3f}" for m in sorted(ppl, key=ppl.get))
-        held = (ppl["sparsegpt"] <= ppl["wanda"] < ppl["magnitude"]
-                and ppl["magnitude"] < ppl.get("random", float("inf")))
-        print(f"{label}: {order}; sparsegpt <= wanda < magnitude < random: {'held' if held else 'did not hold'}")
+        held = ppl["sparsegpt"] <= ppl["wanda"] < ppl["magnitude"] and ppl["magnitude"] < ppl.get(
+            "random", float("inf")
+        )
+        print(
+            f"{label}: {order}; sparsegpt <= wanda < magnitude < random: {'held' if held else 'did not hold'}"
+        )
 
 
 if __name__ == "__main__":

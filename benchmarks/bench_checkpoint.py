@@ -53,45 +53,74 @@ save_file(state, sys.argv[2], metadata={"format": "pt"})
 
 # The targets: (ratio to cp with sync, ratio without sync or None); peak RSS separately; and the
 # start-up cases (--help, a usage error) in seconds.
-TARGETS = {"prune --scope layer": (1.5, 2.5), "prune --scope global": (2.0, None),
-           "densify": (1.2, None), "report": (0.3, None)}
+TARGETS = {
+    "prune --scope layer": (1.5, 2.5),
+    "prune --scope global": (2.0, None),
+    "densify": (1.2, None),
+    "report": (0.3, None),
+}
 STARTUP_TARGET = 0.3
 BUSY = "import time\nend = time.time() + 3600\nwhile time.time() < end:\n    pass\n"
 
 
-def gpt3xl_shapes(layers: int = 24, d: int = 2048, ffn: int = 8192, vocab: int = 50257,
-                  ctx: int = 2048) -> dict[str, tuple[int, ...]]:
-    shapes: dict[str, tuple[int, ...]] = {"transformer.wte.weight": (vocab, d),
-                                          "transformer.wpe.weight": (ctx, d)}
+def gpt3xl_shapes(
+    layers: int = 24, d: int = 2048, ffn: int = 8192, vocab: int = 50257, ctx: int = 2048
+) -> dict[str, tuple[int, ...]]:
+    shapes: dict[str, tuple[int, ...]] = {
+        "transformer.wte.weight": (vocab, d),
+        "transformer.wpe.weight": (ctx, d),
+    }
     for i in range(layers):
         p = f"transformer.h.{i}."
-        shapes |= {p + "ln_1.weight": (d,), p + "ln_1.bias": (d,),
-                   p + "attn.c_attn.weight": (d, 3 * d), p + "attn.c_attn.bias": (3 * d,),
-                   p + "attn.c_proj.weight": (d, d), p + "attn.c_proj.bias": (d,),
-                   p + "ln_2.weight": (d,), p + "ln_2.bias": (d,),
-                   p + "mlp.c_fc.weight": (d, ffn), p + "mlp.c_fc.bias": (ffn,),
-                   p + "mlp.c_proj.weight": (ffn, d), p + "mlp.c_proj.bias": (d,)}
+        shapes |= {
+            p + "ln_1.weight": (d,),
+            p + "ln_1.bias": (d,),
+            p + "attn.c_attn.weight": (d, 3 * d),
+            p + "attn.c_attn.bias": (3 * d,),
+            p + "attn.c_proj.weight": (d, d),
+            p + "attn.c_proj.bias": (d,),
+            p + "ln_2.weight": (d,),
+            p + "ln_2.bias": (d,),
+            p + "mlp.c_fc.weight": (d, ffn),
+            p + "mlp.c_fc.bias": (ffn,),
+            p + "mlp.c_proj.weight": (ffn, d),
+            p + "mlp.c_proj.bias": (d,),
+        }
     shapes |= {"transformer.ln_f.weight": (d,), "transformer.ln_f.bias": (d,)}
     return shapes
 
 
-def llama_shapes(layers: int = 32, d: int = 4096, ffn: int = 11008,
-                 vocab: int = 32000) -> dict[str, tuple[int, ...]]:
+def llama_shapes(
+    layers: int = 32, d: int = 4096, ffn: int = 11008, vocab: int = 32000
+) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, d)}
     for i in range(layers):
         p = f"model.layers.{i}."
         shapes |= {p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,)}
         shapes |= {p + f"self_attn.{x}_proj.weight": (d, d) for x in "qkvo"}
-        shapes |= {p + "mlp.gate_proj.weight": (ffn, d), p + "mlp.up_proj.weight": (ffn, d),
-                   p + "mlp.down_proj.weight": (d, ffn)}
+        shapes |= {
+            p + "mlp.gate_proj.weight": (ffn, d),
+            p + "mlp.up_proj.weight": (ffn, d),
+            p + "mlp.down_proj.weight": (d, ffn),
+        }
     shapes |= {"model.norm.weight": (d,), "lm_head.weight": (vocab, d)}
     return shapes
 
 
-LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-                "intermediate_size": 11008, "num_attention_heads": 32, "num_hidden_layers": 32,
-                "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
-                "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+LLAMA_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -109,7 +138,11 @@ def write_file(path: Path, names: list[str], shapes: dict[str, tuple[int, ...]],
     offset = 0
     for name in sorted(names):
         n = 2 * _numel(shapes[name])
-        header[name] = {"dtype": "BF16", "shape": list(shapes[name]), "data_offsets": [offset, offset + n]}
+        header[name] = {
+            "dtype": "BF16",
+            "shape": list(shapes[name]),
+            "data_offsets": [offset, offset + n],
+        }
         offset += n
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
@@ -146,14 +179,24 @@ def make_checkpoint(path: Path, layers: int = 24, shape: str = "gpt3xl", shards:
         shard = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
         size += write_file(tmp / shard, group, shapes, gen)
         weight_map |= {name: shard for name in group}
-    (tmp / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": size}, "weight_map": dict(sorted(weight_map.items()))}, indent=2))
-    (tmp / "config.json").write_text(json.dumps({**LLAMA_CONFIG, "num_hidden_layers": layers}, indent=2))
+    (tmp / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {"metadata": {"total_size": size}, "weight_map": dict(sorted(weight_map.items()))},
+            indent=2,
+        )
+    )
+    (tmp / "config.json").write_text(
+        json.dumps({**LLAMA_CONFIG, "num_hidden_layers": layers}, indent=2)
+    )
     os.replace(tmp, path)
 
 
 def _size(p: Path) -> int:
-    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
+    return (
+        sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        if p.is_dir()
+        else p.stat().st_size
+    )
 
 
 def _remove(p: Path) -> None:
@@ -166,16 +209,21 @@ def _remove(p: Path) -> None:
 SETTLE = 3.0
 
 
-def timed(cmd: list[str], clear: list[Path], env: dict | None = None,
-          expect: int = 0) -> tuple[float, float, float]:
+def timed(
+    cmd: list[str], clear: list[Path], env: dict | None = None, expect: int = 0
+) -> tuple[float, float, float]:
     """(wall seconds until exit, wall seconds until a ``sync`` after it, peak RSS in MB)."""
     for p in clear:
         _remove(p)
     os.sync()
     time.sleep(SETTLE)  # this disk is mounted with discard: let the freed blocks' trims finish
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env=None if env is None else {**os.environ, **env})
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=None if env is None else {**os.environ, **env},
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     exited = time.perf_counter() - t0
     os.sync()
@@ -201,7 +249,8 @@ def same_output(a: Path, b: Path) -> bool:
     if a.is_dir():
         names = sorted(p.name for p in a.iterdir())
         return names == sorted(p.name for p in b.iterdir()) and all(
-            filecmp.cmp(a / n, b / n, shallow=False) for n in names)
+            filecmp.cmp(a / n, b / n, shallow=False) for n in names
+        )
     return filecmp.cmp(a, b, shallow=False)
 
 
@@ -213,14 +262,26 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--workers", type=int, default=None, help="pass --workers N to sparsetool")
     ap.add_argument("--naive", action="store_true", help="also time the naive script (gpt3xl)")
-    ap.add_argument("--check-workers", action="store_true",
-                    help="also prune with --workers 1 and compare the output bytes")
-    ap.add_argument("--busy", action="store_true",
-                    help="run one other CPU-bound process (a Python busy loop) during every case")
-    ap.add_argument("--old", type=Path, default=None,
-                    help="also time prune of the sparsetool source tree in this directory (e.g. a "
-                         "git worktree of an earlier commit), in the same run")
-    ap.add_argument("--make", type=Path, help=argparse.SUPPRESS)  # the child that makes the checkpoint
+    ap.add_argument(
+        "--check-workers",
+        action="store_true",
+        help="also prune with --workers 1 and compare the output bytes",
+    )
+    ap.add_argument(
+        "--busy",
+        action="store_true",
+        help="run one other CPU-bound process (a Python busy loop) during every case",
+    )
+    ap.add_argument(
+        "--old",
+        type=Path,
+        default=None,
+        help="also time prune of the sparsetool source tree in this directory (e.g. a "
+        "git worktree of an earlier commit), in the same run",
+    )
+    ap.add_argument(
+        "--make", type=Path, help=argparse.SUPPRESS
+    )  # the child that makes the checkpoint
     args = ap.parse_args()
     layers = args.layers or (24 if args.shape == "gpt3xl" else 32)
     if args.make:
@@ -232,20 +293,51 @@ def main() -> None:
     src = work / f"{args.shape}-{layers}{ext}"
     if not src.exists():
         print(f"making {src} ...", flush=True)
-        subprocess.run([sys.executable, __file__, "--shape", args.shape, "--layers", str(layers),
-                        "--make", str(src)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--shape",
+                args.shape,
+                "--layers",
+                str(layers),
+                "--make",
+                str(src),
+            ],
+            check=True,
+        )
     size = _size(src)
     st = [sys.executable, "-m", "sparsetool"]
     extra = ["--workers", str(args.workers)] if args.workers else []
-    out = {k: work / f"out-{k}{ext}" for k in ("copy", "layer", "global", "dense", "naive", "one", "old")}
+    out = {
+        k: work / f"out-{k}{ext}"
+        for k in ("copy", "layer", "global", "dense", "naive", "one", "old")
+    }
     pruned = work / f"pruned{ext}"  # densify and report read this one
     cases: list[tuple[str, list[str], list[Path]]] = [
         ("cp", ["cp", "-r", str(src), str(out["copy"])], [out["copy"]]),
         ("python -c 'import torch'", [sys.executable, "-c", "import torch"], []),
-        ("prune --scope layer", st + ["prune", str(src), "-o", str(out["layer"]), "--sparsity", "0.75", *extra],
-         [out["layer"]]),
-        ("prune --scope global", st + ["prune", str(src), "-o", str(out["global"]), "--sparsity", "0.75",
-                                       "--scope", "global", *extra], [out["global"]]),
+        (
+            "prune --scope layer",
+            st + ["prune", str(src), "-o", str(out["layer"]), "--sparsity", "0.75", *extra],
+            [out["layer"]],
+        ),
+        (
+            "prune --scope global",
+            st
+            + [
+                "prune",
+                str(src),
+                "-o",
+                str(out["global"]),
+                "--sparsity",
+                "0.75",
+                "--scope",
+                "global",
+                *extra,
+            ],
+            [out["global"]],
+        ),
         ("densify", st + ["densify", str(pruned), "-o", str(out["dense"]), *extra], [out["dense"]]),
         ("report", st + ["report", str(pruned), "--json", *extra], []),
         ("prune --help", st + ["prune", "--help"], []),
@@ -253,18 +345,33 @@ def main() -> None:
     ]
     envs = {label: None for label, _, _ in cases}
     if args.old is not None:
-        old = ("prune --scope layer (old)", st + ["prune", str(src), "-o", str(out["old"]), "--sparsity", "0.75",
-                                                  *extra], [out["old"]])
+        old = (
+            "prune --scope layer (old)",
+            st + ["prune", str(src), "-o", str(out["old"]), "--sparsity", "0.75", *extra],
+            [out["old"]],
+        )
         cases.insert(3, old)
         envs[old[0]] = {"PYTHONPATH": str(args.old.resolve())}
     if args.naive and args.shape == "gpt3xl":
-        cases.insert(2, ("naive load/prune/save", [sys.executable, "-c", NAIVE, str(src), str(out["naive"])],
-                         [out["naive"]]))
+        cases.insert(
+            2,
+            (
+                "naive load/prune/save",
+                [sys.executable, "-c", NAIVE, str(src), str(out["naive"])],
+                [out["naive"]],
+            ),
+        )
     if not pruned.exists():  # the input of densify and report, made once (untimed)
-        subprocess.run(st + ["prune", str(src), "-o", str(pruned), "--sparsity", "0.75", "--quiet"],
-                       check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cat"] + ([str(p) for p in sorted(src.glob("*"))] if src.is_dir() else [str(src)]),
-                   stdout=subprocess.DEVNULL, check=True)  # warm the page cache
+        subprocess.run(
+            st + ["prune", str(src), "-o", str(pruned), "--sparsity", "0.75", "--quiet"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    subprocess.run(
+        ["cat"] + ([str(p) for p in sorted(src.glob("*"))] if src.is_dir() else [str(src)]),
+        stdout=subprocess.DEVNULL,
+        check=True,
+    )  # warm the page cache
     # Round robin (every case once, then again): a disk that is slow for a while after a large
     # write (this one is) then slows some run of every case alike, not all runs of one case.
     runs: dict[str, list[tuple[float, float, float]]] = {label: [] for label, _, _ in cases}
@@ -291,22 +398,36 @@ def _rounds(args, cases, envs, runs) -> None:
             print(f"{label:26s} exit {r[0]:7.2f} s  sync {r[1]:7.2f} s  {r[2]:7.0f} MB", flush=True)
 
 
-def _report(args, runs, src: Path, size: int, layers: int, st: list[str], out: dict[str, Path]) -> None:
-    results = {label: (min(r[0] for r in rs), min(r[1] for r in rs), max(r[2] for r in rs))
-               for label, rs in runs.items()}
+def _report(
+    args, runs, src: Path, size: int, layers: int, st: list[str], out: dict[str, Path]
+) -> None:
+    results = {
+        label: (min(r[0] for r in rs), min(r[1] for r in rs), max(r[2] for r in rs))
+        for label, rs in runs.items()
+    }
     if args.check_workers:
-        timed(st + ["prune", str(src), "-o", str(out["one"]), "--sparsity", "0.75", "--workers", "1"], [out["one"]])
-        print("prune --workers 1 output byte-identical to the default:",
-              same_output(out["layer"], out["one"]), flush=True)
+        timed(
+            st + ["prune", str(src), "-o", str(out["one"]), "--sparsity", "0.75", "--workers", "1"],
+            [out["one"]],
+        )
+        print(
+            "prune --workers 1 output byte-identical to the default:",
+            same_output(out["layer"], out["one"]),
+            flush=True,
+        )
         _remove(out["one"])
         _remove(out["layer"])
     base_exit, base_sync, _ = results["cp"]
     rss_cap = 600 if args.shape == "gpt3xl" else 1024
-    print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()}; "
-          f"{args.shape} checkpoint {size / 1e9:.2f} GB ({layers} layers, bf16"
-          f"{', 3 shards' if src.is_dir() else ''}); workers {args.workers or 'default'}"
-          f"{'; one other CPU-bound process running' if args.busy else ', quiet'}")
-    print("| command | wall, sync (s) | x cp | wall, no sync (s) | x cp | peak RSS (MB) | target | met? |")
+    print(
+        f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()}; "
+        f"{args.shape} checkpoint {size / 1e9:.2f} GB ({layers} layers, bf16"
+        f"{', 3 shards' if src.is_dir() else ''}); workers {args.workers or 'default'}"
+        f"{'; one other CPU-bound process running' if args.busy else ', quiet'}"
+    )
+    print(
+        "| command | wall, sync (s) | x cp | wall, no sync (s) | x cp | peak RSS (MB) | target | met? |"
+    )
     print("|---|---:|---:|---:|---:|---:|---|---|")
     for label, (exited, synced, rss) in results.items():
         goal = TARGETS.get(label)
@@ -316,12 +437,20 @@ def _report(args, runs, src: Path, size: int, layers: int, st: list[str], out: d
         elif goal is not None:
             ok_sync = synced <= goal[0] * base_sync
             ok_nosync = goal[1] is None or exited <= goal[1] * base_exit
-            text = f"<= {goal[0]}x cp" + (f", no sync <= {goal[1]}x" if goal[1] else "") + f", <= {rss_cap} MB"
-            verdict = ", ".join([f"time {'yes' if ok_sync else 'no'}"]
-                                + ([f"no-sync {'yes' if ok_nosync else 'no'}"] if goal[1] else [])
-                                + [f"memory {'yes' if rss <= rss_cap else 'no'}"])
-        print(f"| {label} | {synced:.2f} | {synced / base_sync:.2f} | {exited:.2f} | {exited / base_exit:.2f} "
-              f"| {rss:.0f} | {text} | {verdict} |")
+            text = (
+                f"<= {goal[0]}x cp"
+                + (f", no sync <= {goal[1]}x" if goal[1] else "")
+                + f", <= {rss_cap} MB"
+            )
+            verdict = ", ".join(
+                [f"time {'yes' if ok_sync else 'no'}"]
+                + ([f"no-sync {'yes' if ok_nosync else 'no'}"] if goal[1] else [])
+                + [f"memory {'yes' if rss <= rss_cap else 'no'}"]
+            )
+        print(
+            f"| {label} | {synced:.2f} | {synced / base_sync:.2f} | {exited:.2f} | {exited / base_exit:.2f} "
+            f"| {rss:.0f} | {text} | {verdict} |"
+        )
     for p in out.values():
         _remove(p)
 

@@ -39,7 +39,9 @@ from sparsetool.checkpoint.encodings import decode
 def make(path: Path, layers: int, d: int = 2048, ffn: int = 8192, vocab: int = 50257) -> None:
     g = torch.Generator().manual_seed(0)
     # one save_file per layer group would need the index; write one file, a layer at a time in memory
-    tensors: dict[str, torch.Tensor] = {"wte.weight": torch.randn(vocab, d, generator=g).to(torch.bfloat16)}
+    tensors: dict[str, torch.Tensor] = {
+        "wte.weight": torch.randn(vocab, d, generator=g).to(torch.bfloat16)
+    }
     for i in range(layers):
         p = f"h.{i}."
         tensors |= {
@@ -53,8 +55,14 @@ def make(path: Path, layers: int, d: int = 2048, ffn: int = 8192, vocab: int = 5
 
 
 def machine() -> str:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "unknown CPU")
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        "unknown CPU",
+    )
     return f"{subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores, {platform.machine()}, {cpu}"
 
 
@@ -73,7 +81,9 @@ def main() -> None:
     src = work / f"bf16-{args.layers}.safetensors"
     if not src.exists():
         print("making checkpoint ...", flush=True)
-        subprocess.run([sys.executable, __file__, "--make", str(src), "--layers", str(args.layers)], check=True)
+        subprocess.run(
+            [sys.executable, __file__, "--make", str(src), "--layers", str(args.layers)], check=True
+        )
     size = src.stat().st_size
     subprocess.run(["cat", str(src)], stdout=subprocess.DEVNULL, check=True)  # warm the cache
     ck = open_checkpoint(src)
@@ -127,9 +137,14 @@ def main() -> None:
         for lt in ck.logical:
             decode(ck, lt)
 
-    cases = [("cp", cp), ("copy_stored", copy_stored), ("read + write", read_write),
-             ("read + mask + zeros + write", prune_io),
-             ("read + mask (no output)", mask_only), ("read only", read_only)]
+    cases = [
+        ("cp", cp),
+        ("copy_stored", copy_stored),
+        ("read + write", read_write),
+        ("read + mask + zeros + write", prune_io),
+        ("read + mask (no output)", mask_only),
+        ("read only", read_only),
+    ]
     # Round-robin over the cases so each sees the same (shared, noisy) machine; keep the best.
     results = {label: float("inf") for label, _ in cases}
     for r in range(args.repeat):
@@ -138,11 +153,15 @@ def main() -> None:
             fn()
             results[label] = min(results[label], time.perf_counter() - t0)
             out.unlink(missing_ok=True)
-        print(f"round {r + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in results.items()), flush=True)
+        print(
+            f"round {r + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in results.items()), flush=True
+        )
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     base = results["cp"]
-    print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()}; "
-          f"checkpoint {size / 1e9:.2f} GB bf16 ({args.layers} layers); process peak RSS {rss:.0f} MB")
+    print(
+        f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()}; "
+        f"checkpoint {size / 1e9:.2f} GB bf16 ({args.layers} layers); process peak RSS {rss:.0f} MB"
+    )
     print("| case | wall (s) | x cp |")
     print("|---|---:|---:|")
     for label, t in results.items():

@@ -48,14 +48,29 @@ def build(text: str) -> dict[str, Path]:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([text], trainers.BpeTrainer(
-        vocab_size=4096, special_tokens=["<unk>", "<s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        n_layer=4, n_embd=256, n_head=4, vocab_size=4096, n_positions=256, bos_token_id=1,
-        eos_token_id=1)).save_pretrained(hf)
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                         eos_token="<s>").save_pretrained(hf)
+    tok.train_from_iterator(
+        [text],
+        trainers.BpeTrainer(
+            vocab_size=4096,
+            special_tokens=["<unk>", "<s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            n_layer=4,
+            n_embd=256,
+            n_head=4,
+            vocab_size=4096,
+            n_positions=256,
+            bos_token_id=1,
+            eos_token_id=1,
+        )
+    ).save_pretrained(hf)
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="<s>"
+    ).save_pretrained(hf)
     out = {"gpt dense": gpt, "gpt2 dense": hf}
     for name, src in (("gpt", gpt), ("gpt2", hf)):
         for enc in ("zeros", "bitmask"):
@@ -77,7 +92,7 @@ def plain_loop(directory: Path, text: str, seq: int) -> tuple[float, int, float]
     t0 = time.perf_counter()
     with torch.inference_mode():
         for w in windows(len(ids), seq):
-            x = ids[w.start:w.end][None]
+            x = ids[w.start : w.end][None]
             total += float(model(x, labels=x).loss) * w.scored
             n += w.scored
     return total / n, n, time.perf_counter() - t0
@@ -87,7 +102,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--chars", type=int, default=60_000)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -105,16 +122,22 @@ def main() -> None:
         if "transformers loop" not in best or sec < best["transformers loop"][0]:
             best["transformers loop"] = (sec, (nll, n))
 
-    print(f"- machine: {os.cpu_count()} cpus, {platform.machine()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; text: {len(text):,} chars of the held-out built-in corpus; "
-          f"best of {args.repeat}")
+    print(
+        f"- machine: {os.cpu_count()} cpus, {platform.machine()}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads; text: {len(text):,} chars of the held-out built-in corpus; "
+        f"best of {args.repeat}"
+    )
     print("\n| model | tokens scored | seconds | tokens/s | NLL |\n|---|---:|---:|---:|---:|")
     for name, (sec, row) in best.items():
         if name == "transformers loop":
             nll, n = row
-            print(f"| gpt2 dense, plain transformers loop | {n:,} | {sec:.2f} | {n / sec:,.0f} | {nll:.5f} |")
+            print(
+                f"| gpt2 dense, plain transformers loop | {n:,} | {sec:.2f} | {n / sec:,.0f} | {nll:.5f} |"
+            )
         else:
-            print(f"| {name} (sparsetool eval) | {row.tokens:,} | {sec:.2f} | {row.tokens_per_s:,.0f} | {row.nll:.5f} |")
+            print(
+                f"| {name} (sparsetool eval) | {row.tokens:,} | {sec:.2f} | {row.tokens_per_s:,.0f} | {row.nll:.5f} |"
+            )
 
 
 if __name__ == "__main__":

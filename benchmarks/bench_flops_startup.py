@@ -47,20 +47,26 @@ def main() -> None:
         ("sparsetool --help", [exe, "--help"]),
         ("sparsetool flops --model gpt3-xl --sparsity 0.75", [exe, *flops_args]),
         ("sparsetool flops ... --json", [exe, *flops_args, "--json"]),
-        ("sparsetool flops --model gpt2-small -s 0,0.5,0.75 --breakdown",
-         [exe, "flops", "--model", "gpt2-small", "-s", "0,0.5,0.75", "--breakdown"]),
+        (
+            "sparsetool flops --model gpt2-small -s 0,0.5,0.75 --breakdown",
+            [exe, "flops", "--model", "gpt2-small", "-s", "0,0.5,0.75", "--breakdown"],
+        ),
         ("python -c 'import torch' (what flops avoids)", [py, "-c", "import torch"]),
     ]
     # Does the command load torch or numpy? Run it in-process and look at sys.modules.
-    probe = ("import sys; from sparsetool.cli.main import app\n"
-             "try:\n    app(%r)\nexcept SystemExit:\n    pass\n"
-             "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))" % flops_args)
+    probe = (
+        "import sys; from sparsetool.cli.main import app\n"
+        "try:\n    app(%r)\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))" % flops_args
+    )
     loaded = subprocess.run([py, "-c", probe], capture_output=True, text=True, check=True)
     heavy = loaded.stdout.strip().splitlines()[-1]
 
     print(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    print(f"machine: {os.cpu_count()} cpus ({subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} "
-          f"usable), {platform.machine()}, {cpu_model()}")
+    print(
+        f"machine: {os.cpu_count()} cpus ({subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} "
+        f"usable), {platform.machine()}, {cpu_model()}"
+    )
     print(f"python: {platform.python_version()}; repeat {args.repeat}")
     print(f"command: python benchmarks/bench_flops_startup.py --repeat {args.repeat}")
     print(f"heavy modules loaded by `sparsetool flops`: {heavy}")

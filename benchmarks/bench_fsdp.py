@@ -25,10 +25,34 @@ import subprocess
 import sys
 from pathlib import Path
 
-MODEL = ["--preset", "base", "--n-layer", "22", "--d-model", "1280", "--n-head", "20",
-         "--context", "128"]
-RUN = ["--steps", "5", "--warmup", "1", "--batch-size", "1", "--algorithm", "static",
-       "--sparsity", "0.5", "--eval-every", "0", "--threads", "1"]
+MODEL = [
+    "--preset",
+    "base",
+    "--n-layer",
+    "22",
+    "--d-model",
+    "1280",
+    "--n-head",
+    "20",
+    "--context",
+    "128",
+]
+RUN = [
+    "--steps",
+    "5",
+    "--warmup",
+    "1",
+    "--batch-size",
+    "1",
+    "--algorithm",
+    "static",
+    "--sparsity",
+    "0.5",
+    "--eval-every",
+    "0",
+    "--threads",
+    "1",
+]
 
 
 def measure(strategy: str, out: Path, world: int) -> dict:
@@ -37,9 +61,28 @@ def measure(strategy: str, out: Path, world: int) -> dict:
     config = out / "eval.yaml"
     config.write_text("eval_sequences: 2\n")  # the final validation: two sequences, not 64
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = ["/usr/bin/time", "-f", "peak_rss_kb %M", sys.executable, "-m", "torch.distributed.run",
-           "--standalone", "--nproc_per_node", str(world), "-m", "sparsetool", "train", "-o",
-           str(run_dir), "--config", str(config), "--distributed", strategy, *MODEL, *RUN]
+    cmd = [
+        "/usr/bin/time",
+        "-f",
+        "peak_rss_kb %M",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(world),
+        "-m",
+        "sparsetool",
+        "train",
+        "-o",
+        str(run_dir),
+        "--config",
+        str(config),
+        "--distributed",
+        strategy,
+        *MODEL,
+        *RUN,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode:
         sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
@@ -49,8 +92,14 @@ def measure(strategy: str, out: Path, world: int) -> dict:
     train = [r for r in steps if r["kind"] == "train"]
     tokens = world * 128  # per step: one sequence per process
     times = [tokens / r["tokens_per_s"] for r in train[1:]]
-    summary = {"strategy": strategy, "peak_rss": peak, "step_s": statistics.median(times),
-               "plan": plan, "loss": train[-1]["loss"], "params": None}
+    summary = {
+        "strategy": strategy,
+        "peak_rss": peak,
+        "step_s": statistics.median(times),
+        "plan": plan,
+        "loss": train[-1]["loss"],
+        "params": None,
+    }
     start = done.stdout.splitlines()[0] if done.stdout else ""
     found = re.search(r"([\d,]+) parameters", start)
     summary["params"] = int(found.group(1).replace(",", "")) if found else None
@@ -66,15 +115,19 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     ddp = measure("ddp", args.out, args.world)
     fsdp = measure("fsdp", args.out, args.world)
-    gib = 2 ** 30
+    gib = 2**30
     print(f"model: {ddp['params']:,} parameters; {args.world} processes, one thread each\n")
     print("| | peak RSS per process | step time | final loss |")
     print("|---|---|---|---|")
     for r in (ddp, fsdp):
-        print(f"| {r['strategy']} | {r['peak_rss'] / gib:.2f} GiB | {r['step_s']:.2f} s | "
-              f"{r['loss']:.4f} |")
-    print(f"| fsdp / ddp | {fsdp['peak_rss'] / ddp['peak_rss']:.2f}x | "
-          f"{fsdp['step_s'] / ddp['step_s']:.2f}x | |\n")
+        print(
+            f"| {r['strategy']} | {r['peak_rss'] / gib:.2f} GiB | {r['step_s']:.2f} s | "
+            f"{r['loss']:.4f} |"
+        )
+    print(
+        f"| fsdp / ddp | {fsdp['peak_rss'] / ddp['peak_rss']:.2f}x | "
+        f"{fsdp['step_s'] / ddp['step_s']:.2f}x | |\n"
+    )
     for r in (ddp, fsdp):
         print(f"- {r['strategy']}: {r['plan']}")
 

@@ -27,9 +27,24 @@ BATCHES = "1,8,64,512,2048"
 def measure(shape: str, out: Path, repeats: int, threads: int) -> dict:
     path = out / f"bench-{shape}.json"
     if not path.exists():
-        cmd = [sys.executable, "-m", "sparsetool", "bench", "--shape", shape, "--sparsity",
-               SPARSITIES, "--batch", BATCHES, "--repeats", str(repeats), "--threads", str(threads),
-               "--json", "-q"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "sparsetool",
+            "bench",
+            "--shape",
+            shape,
+            "--sparsity",
+            SPARSITIES,
+            "--batch",
+            BATCHES,
+            "--repeats",
+            str(repeats),
+            "--threads",
+            str(threads),
+            "--json",
+            "-q",
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
@@ -39,8 +54,10 @@ def measure(shape: str, out: Path, repeats: int, threads: int) -> dict:
 
 def table(res: dict) -> list[str]:
     batches = res["batches"]
-    lines = ["| sparsity | " + " | ".join(f"batch {b}" for b in batches) + " |",
-             "|---|" + "---|" * len(batches)]
+    lines = [
+        "| sparsity | " + " | ".join(f"batch {b}" for b in batches) + " |",
+        "|---|" + "---|" * len(batches),
+    ]
     for ly in sorted(res["layers"], key=lambda ly: ly["sparsity"]):
         cells = [f"{r['best_speedup']:.2f}x {r['best']}" for r in ly["runs"]]
         lines.append(f"| {ly['sparsity']:.2f} | " + " | ".join(cells) + " |")
@@ -48,20 +65,36 @@ def table(res: dict) -> list[str]:
     cells = []
     for b in batches:
         r = be[b]
-        cells.append(f"{r['sparsity']:.1%}" if r["status"] == "crossed" else
-                     "below 50%" if r["status"] == "always" else "above 95%")
+        cells.append(
+            f"{r['sparsity']:.1%}"
+            if r["status"] == "crossed"
+            else "below 50%"
+            if r["status"] == "always"
+            else "above 95%"
+        )
     lines.append("| **break-even** | " + " | ".join(cells) + " |")
     dense = {r["batch"]: r["dense"] for r in res["layers"][0]["runs"]}
-    lines.append("| dense time | " + " | ".join(
-        f"{dense[b]['median_s'] * 1e3:.3g} ms" for b in batches) + " |")
+    lines.append(
+        "| dense time | "
+        + " | ".join(f"{dense[b]['median_s'] * 1e3:.3g} ms" for b in batches)
+        + " |"
+    )
     return lines
 
 
 def fit(out: Path) -> None:
     for shape in SHAPES:
         path = out / f"bench-{shape}.json"
-        cmd = [sys.executable, "-m", "sparsetool", "simulate", "--measured", str(path), "--fit",
-               "--json"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "sparsetool",
+            "simulate",
+            "--measured",
+            str(path),
+            "--fit",
+            "--json",
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
@@ -74,16 +107,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="directory for the JSON of each run")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2,
-                    help="torch's threads, and scipy-csr-rows' bands")
+    ap.add_argument(
+        "--threads", type=int, default=2, help="torch's threads, and scipy-csr-rows' bands"
+    )
     ap.add_argument("--fit", action="store_true", help="also run simulate --measured --fit")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for shape in SHAPES:
         res = measure(shape, args.out, args.repeats, args.threads)
         d = res["device"]
-        print(f"### {shape}, {d['name']}, threads {d['threads']}, torch {d['torch']}, "
-              f"SciPy {d['scipy']}, {res['dtype']}\n")
+        print(
+            f"### {shape}, {d['name']}, threads {d['threads']}, torch {d['torch']}, "
+            f"SciPy {d['scipy']}, {res['dtype']}\n"
+        )
         print("\n".join(table(res)) + "\n")
         print(f"verdict: {res['verdict']}\n")
     if args.fit:

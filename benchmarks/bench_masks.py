@@ -83,7 +83,9 @@ def global_masks_streaming(tensors: list[torch.Tensor], keep: int) -> list[torch
     hists = [MagnitudeHistogram.of(t) for t in tensors]
     plan = global_threshold_plan(hists, keep)
     if not plan.done:
-        fine = {i: MagnitudeHistogram.of(tensors[i], refine=plan.refine_bucket) for i in plan.refine}
+        fine = {
+            i: MagnitudeHistogram.of(tensors[i], refine=plan.refine_bucket) for i in plan.refine
+        }
         plan = global_threshold_plan(hists, keep, refined=fine)
     return [apply_threshold(t, p) for t, p in zip(tensors, plan.tensors)]
 
@@ -102,8 +104,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--sparsity", type=float, default=0.5)
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{args.rows}x{args.cols}, sparsity {args.sparsity}, median of {args.repeat}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{args.rows}x{args.cols}, sparsity {args.sparsity}, median of {args.repeat}"
+    )
     print(f"{'dtype':9} {'method':28} {'seconds':>9} {'vs ours':>8}")
     g = torch.Generator().manual_seed(0)
     dense = torch.randn(args.rows, args.cols, generator=g)
@@ -118,24 +122,46 @@ def main() -> None:
         assert int(global_mask(w, keep).sum()) == keep
         rows = [("sparsetool magnitude_mask", ours)]
         rows.append(("torch.topk + scatter", timed(lambda: topk_mask(w, keep), args.repeat)))
-        rows.append(("torch.kthvalue + compare", timed(lambda: kthvalue_mask(w, keep), args.repeat)))
-        rows.append(("sparsetool global (1 tensor)", timed(lambda: global_mask(w, keep), args.repeat)))
+        rows.append(
+            ("torch.kthvalue + compare", timed(lambda: kthvalue_mask(w, keep), args.repeat))
+        )
+        rows.append(
+            ("sparsetool global (1 tensor)", timed(lambda: global_mask(w, keep), args.repeat))
+        )
         for name, seconds in rows:
-            print(f"{str(dtype).replace('torch.', ''):9} {name:28} {seconds:9.4f} {seconds / ours:8.2f}")
+            print(
+                f"{str(dtype).replace('torch.', ''):9} {name:28} {seconds:9.4f} {seconds / ours:8.2f}"
+            )
         # other selections, each against its own usual recipe
         pairs = [
-            ("sparsetool nm_mask 2:4", lambda: nm_mask(w, 2, 4),
-             "torch.topk per group of 4", lambda: topk_nm_mask(w, 2, 4)),
-            ("sparsetool random_mask", lambda: random_mask(w.shape, args.sparsity, seed=0),
-             "torch.randperm", lambda: randperm_mask(w.shape, keep)),
+            (
+                "sparsetool nm_mask 2:4",
+                lambda: nm_mask(w, 2, 4),
+                "torch.topk per group of 4",
+                lambda: topk_nm_mask(w, 2, 4),
+            ),
+            (
+                "sparsetool random_mask",
+                lambda: random_mask(w.shape, args.sparsity, seed=0),
+                "torch.randperm",
+                lambda: randperm_mask(w.shape, keep),
+            ),
         ]
-        tensors = [dense[:, i * 1024:(i + 1) * 1024].to(dtype).contiguous() for i in range(8)]
-        pairs.append(("global, 8 tensors, streamed", lambda: global_masks_streaming(tensors, keep),
-                      "cat + kthvalue in memory", lambda: global_masks_in_memory(tensors, keep)))
+        tensors = [dense[:, i * 1024 : (i + 1) * 1024].to(dtype).contiguous() for i in range(8)]
+        pairs.append(
+            (
+                "global, 8 tensors, streamed",
+                lambda: global_masks_streaming(tensors, keep),
+                "cat + kthvalue in memory",
+                lambda: global_masks_in_memory(tensors, keep),
+            )
+        )
         for name, fn, base_name, base_fn in pairs:
             mine, theirs = timed(fn, args.repeat), timed(base_fn, args.repeat)
             print(f"{str(dtype).replace('torch.', ''):9} {name:28} {mine:9.4f} {1.0:8.2f}")
-            print(f"{str(dtype).replace('torch.', ''):9} {base_name:28} {theirs:9.4f} {theirs / mine:8.2f}")
+            print(
+                f"{str(dtype).replace('torch.', ''):9} {base_name:28} {theirs:9.4f} {theirs / mine:8.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -53,14 +53,34 @@ from bench_checkpoint import machine  # noqa: E402
 from bench_streamed import calibration_text, tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-QWEN3_30B_A3B = dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
-                     moe_intermediate_size=768, intermediate_size=6144, num_experts=128,
-                     num_experts_per_tok=8, vocab_size=151936, tie_word_embeddings=False,
-                     norm_topk_prob=True, max_position_embeddings=4096)
-TINY = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-            moe_intermediate_size=24, intermediate_size=64, num_experts=4, num_experts_per_tok=2,
-            vocab_size=320, tie_word_embeddings=False, norm_topk_prob=True,
-            max_position_embeddings=64)
+QWEN3_30B_A3B = dict(
+    hidden_size=2048,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    moe_intermediate_size=768,
+    intermediate_size=6144,
+    num_experts=128,
+    num_experts_per_tok=8,
+    vocab_size=151936,
+    tie_word_embeddings=False,
+    norm_topk_prob=True,
+    max_position_embeddings=4096,
+)
+TINY = dict(
+    hidden_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    moe_intermediate_size=24,
+    intermediate_size=64,
+    num_experts=4,
+    num_experts_per_tok=2,
+    vocab_size=320,
+    tie_word_embeddings=False,
+    norm_topk_prob=True,
+    max_position_embeddings=64,
+)
 NORMS = ("layernorm.weight", "q_norm.weight", "k_norm.weight", "model.norm.weight")
 
 
@@ -72,15 +92,23 @@ def shapes(c: dict, layers: int) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c["vocab_size"], d)}
     for i in range(layers):
         p = f"model.layers.{i}."
-        out |= {p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
-                p + "self_attn.q_proj.weight": (q, d), p + "self_attn.k_proj.weight": (kv, d),
-                p + "self_attn.v_proj.weight": (kv, d), p + "self_attn.o_proj.weight": (d, q),
-                p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
-                p + "mlp.gate.weight": (e, d)}
+        out |= {
+            p + "input_layernorm.weight": (d,),
+            p + "post_attention_layernorm.weight": (d,),
+            p + "self_attn.q_proj.weight": (q, d),
+            p + "self_attn.k_proj.weight": (kv, d),
+            p + "self_attn.v_proj.weight": (kv, d),
+            p + "self_attn.o_proj.weight": (d, q),
+            p + "self_attn.q_norm.weight": (hd,),
+            p + "self_attn.k_norm.weight": (hd,),
+            p + "mlp.gate.weight": (e, d),
+        }
         for x in range(e):
-            out |= {p + f"mlp.experts.{x}.gate_proj.weight": (f, d),
-                    p + f"mlp.experts.{x}.up_proj.weight": (f, d),
-                    p + f"mlp.experts.{x}.down_proj.weight": (d, f)}
+            out |= {
+                p + f"mlp.experts.{x}.gate_proj.weight": (f, d),
+                p + f"mlp.experts.{x}.up_proj.weight": (f, d),
+                p + f"mlp.experts.{x}.down_proj.weight": (d, f),
+            }
     out |= {"model.norm.weight": (d,), "lm_head.weight": (c["vocab_size"], d)}
     return out
 
@@ -106,8 +134,14 @@ def merged(stored: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
 def config(c: dict, layers: int):
     from transformers import Qwen3MoeConfig
 
-    return Qwen3MoeConfig(**c, num_hidden_layers=layers, bos_token_id=1, eos_token_id=1,
-                          dtype="bfloat16", architectures=["Qwen3MoeForCausalLM"])
+    return Qwen3MoeConfig(
+        **c,
+        num_hidden_layers=layers,
+        bos_token_id=1,
+        eos_token_id=1,
+        dtype="bfloat16",
+        architectures=["Qwen3MoeForCausalLM"],
+    )
 
 
 def verify(work: Path) -> None:
@@ -128,17 +162,23 @@ def verify(work: Path) -> None:
     if saved != ours:
         only_saved, only_ours = sorted(set(saved) - set(ours)), sorted(set(ours) - set(saved))
         other = [k for k in saved.keys() & ours.keys() if saved[k] != ours[k]]
-        raise SystemExit(f"names/shapes differ from save_pretrained: only saved {only_saved[:5]}, "
-                         f"only ours {only_ours[:5]}, shapes {other[:5]}")
+        raise SystemExit(
+            f"names/shapes differ from save_pretrained: only saved {only_saved[:5]}, "
+            f"only ours {only_ours[:5]}, shapes {other[:5]}"
+        )
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config(QWEN3_30B_A3B, 2))
     held = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     ours = merged(shapes(QWEN3_30B_A3B, 2))
     if held != ours:
-        raise SystemExit(f"shapes differ from the model's: {sorted(set(held) ^ set(ours))[:5]} "
-                         f"{[k for k in held.keys() & ours.keys() if held[k] != ours[k]][:5]}")
-    print(f"# checked: {len(saved)} tensor names = save_pretrained's (tiny Qwen3-MoE, 2 blocks); "
-          f"{len(held)} merged shapes = from_config's on the meta device (full width, 2 blocks)")
+        raise SystemExit(
+            f"shapes differ from the model's: {sorted(set(held) ^ set(ours))[:5]} "
+            f"{[k for k in held.keys() & ours.keys() if held[k] != ours[k]][:5]}"
+        )
+    print(
+        f"# checked: {len(saved)} tensor names = save_pretrained's (tiny Qwen3-MoE, 2 blocks); "
+        f"{len(held)} merged shapes = from_config's on the meta device (full width, 2 blocks)"
+    )
 
 
 def write_shard(path: Path, names: list[str], shape: dict[str, tuple[int, ...]], gen) -> int:
@@ -150,8 +190,11 @@ def write_shard(path: Path, names: list[str], shape: dict[str, tuple[int, ...]],
     offset = 0
     for name in names:
         n = 2 * _numel(shape[name])
-        header[name] = {"dtype": "BF16", "shape": list(shape[name]),
-                        "data_offsets": [offset, offset + n]}
+        header[name] = {
+            "dtype": "BF16",
+            "shape": list(shape[name]),
+            "data_offsets": [offset, offset + n],
+        }
         offset += n
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
@@ -204,8 +247,13 @@ def run(cmd: list[str], env: dict) -> tuple[float, float, dict | None, str]:
     times = Path(env["BENCH_TIME_FILE"])
     # Not from the source tree: `python -m` puts the working directory first on sys.path, ahead of
     # PYTHONPATH, and the code measured must be the one PYTHONPATH names.
-    proc = subprocess.run(["/usr/bin/time", "-f", "%e %M", "-o", str(times), *cmd],
-                          capture_output=True, text=True, env=env, cwd="/")
+    proc = subprocess.run(
+        ["/usr/bin/time", "-f", "%e %M", "-o", str(times), *cmd],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+    )
     wall, kb = times.read_text().split()[-2:]
     error = ""
     if proc.returncode != 0:
@@ -223,13 +271,15 @@ def experts_line(label: str, name: str, experts: dict) -> str:
     tokens = experts["routed_tokens"]
     counts = sorted(tokens.values())
     gate = [v for k, v in tokens.items() if k.endswith("gate_proj.weight")]
-    return (f"- {label}, {name}: {len(counts)} expert matrices, routed tokens min {counts[0]}, "
-            f"median {statistics.median(counts):.0f}, max {counts[-1]} (per expert, from "
-            f"gate_proj: {len(gate)} experts, mean {statistics.mean(gate):.0f}, "
-            f"stdev {statistics.pstdev(gate):.0f}, "
-            f"{sum(v == 0 for v in gate)} routed none); by magnitude (< {experts['min_tokens']} "
-            f"tokens): {len(experts['magnitude'])} matrices"
-            + (f", first {experts['magnitude'][0]}" if experts["magnitude"] else ""))
+    return (
+        f"- {label}, {name}: {len(counts)} expert matrices, routed tokens min {counts[0]}, "
+        f"median {statistics.median(counts):.0f}, max {counts[-1]} (per expert, from "
+        f"gate_proj: {len(gate)} experts, mean {statistics.mean(gate):.0f}, "
+        f"stdev {statistics.pstdev(gate):.0f}, "
+        f"{sum(v == 0 for v in gate)} routed none); by magnitude (< {experts['min_tokens']} "
+        f"tokens): {len(experts['magnitude'])} matrices"
+        + (f", first {experts['magnitude'][0]}" if experts["magnitude"] else "")
+    )
 
 
 def main() -> None:
@@ -247,13 +297,23 @@ def main() -> None:
     verify(work)
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
     print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {machine()}, {ram:.0f} GiB RAM", flush=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO),
-           "BENCH_TIME_FILE": str(work / "time.txt")}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(REPO),
+        "BENCH_TIME_FILE": str(work / "time.txt"),
+    }
     py = [sys.executable, "-m", "sparsetool"]
     sizes = [int(x) for x in args.layers.split(",") if x]
     wanted = args.cases.split(",")
-    calibrated = ["--calibration", str(calib), "--samples", str(args.samples),
-                  "--seq", str(args.seq)]
+    calibrated = [
+        "--calibration",
+        str(calib),
+        "--samples",
+        str(args.samples),
+        "--seq",
+        str(args.seq),
+    ]
     rows: list[dict] = []
     notes: list[str] = []
     for layers in sizes:
@@ -267,12 +327,38 @@ def main() -> None:
         out = work / "out"
         commands = {
             "magnitude": ["prune", str(model), "-o", str(out), "--sparsity", "0.5"],
-            "wanda": ["prune", str(model), "-o", str(out), "--sparsity", "0.5", "--method", "wanda",
-                      *calibrated],
-            "sparsegpt": ["prune", str(model), "-o", str(out), "--sparsity", "0.5", "--method",
-                          "sparsegpt", *calibrated],
-            "eval": ["eval", str(model), "--text", str(calib), "--seq", "256",
-                     "--max-tokens", "2048"],
+            "wanda": [
+                "prune",
+                str(model),
+                "-o",
+                str(out),
+                "--sparsity",
+                "0.5",
+                "--method",
+                "wanda",
+                *calibrated,
+            ],
+            "sparsegpt": [
+                "prune",
+                str(model),
+                "-o",
+                str(out),
+                "--sparsity",
+                "0.5",
+                "--method",
+                "sparsegpt",
+                *calibrated,
+            ],
+            "eval": [
+                "eval",
+                str(model),
+                "--text",
+                str(calib),
+                "--seq",
+                "256",
+                "--max-tokens",
+                "2048",
+            ],
         }
         for name in wanted:
             shutil.rmtree(out, ignore_errors=True)
@@ -284,25 +370,44 @@ def main() -> None:
                 first = (result.get("checkpoints") or [{}])[0]
                 memory = result.get("memory") or first.get("memory")
                 experts = result.get("experts")
-            row = {"layers": layers, "label": label, "case": name, "seconds": seconds,
-                   "peak_mib": peak, "error": error,
-                   "plan_mib": memory and memory["peak_estimate"] / 2**20, "memory": memory,
-                   "experts": experts}
+            row = {
+                "layers": layers,
+                "label": label,
+                "case": name,
+                "seconds": seconds,
+                "peak_mib": peak,
+                "error": error,
+                "plan_mib": memory and memory["peak_estimate"] / 2**20,
+                "memory": memory,
+                "experts": experts,
+            }
             if name == "eval" and result:
                 row["perplexity"] = result["checkpoints"][0].get("perplexity")
             with open(work / "results.jsonl", "a") as f:
                 f.write(json.dumps(row) + "\n")
             rows.append(row)
             plan = "-" if row["plan_mib"] is None else f"{row['plan_mib']:,.0f}"
-            print(f"| {label} | {name} | {seconds:,.0f} | {peak:,.0f} | {plan} |"
-                  + (f" failed: {error}" if error else ""), flush=True)
+            print(
+                f"| {label} | {name} | {seconds:,.0f} | {peak:,.0f} | {plan} |"
+                + (f" failed: {error}" if error else ""),
+                flush=True,
+            )
             if experts:
                 notes.append(experts_line(label, name, experts))
             if memory:
                 from sparsetool.util.memory import MemoryPlan
 
-                fields = {k: memory[k] for k in ("fixed", "weights", "activations", "statistics",
-                                                  "budget", "budget_source")}
+                fields = {
+                    k: memory[k]
+                    for k in (
+                        "fixed",
+                        "weights",
+                        "activations",
+                        "statistics",
+                        "budget",
+                        "budget_source",
+                    )
+                }
                 notes.append(f"- {label}, {name}: plan {MemoryPlan(**fields).describe()}")
         if not args.keep:
             shutil.rmtree(model)
@@ -310,8 +415,10 @@ def main() -> None:
     print("|---|---|---:|---:|---:|")
     for r in rows:
         plan = "-" if r["plan_mib"] is None else f"{r['plan_mib']:,.0f}"
-        print(f"| {r['label']} | {r['case']} | {r['seconds']:,.0f} | {r['peak_mib']:,.0f} | "
-              f"{plan} |" + (f" failed: {r['error']}" if r["error"] else ""))
+        print(
+            f"| {r['label']} | {r['case']} | {r['seconds']:,.0f} | {r['peak_mib']:,.0f} | "
+            f"{plan} |" + (f" failed: {r['error']}" if r["error"] else "")
+        )
     if len(sizes) > 1:
         lo, hi = min(sizes), max(sizes)
         print(f"\n| command | peak RSS {hi}/{lo} blocks | wall {hi}/{lo} blocks |")
@@ -320,8 +427,10 @@ def main() -> None:
             a = next((r for r in rows if r["layers"] == lo and r["case"] == name), None)
             b = next((r for r in rows if r["layers"] == hi and r["case"] == name), None)
             if a and b:
-                print(f"| {name} | {b['peak_mib'] / a['peak_mib']:.2f} | "
-                      f"{b['seconds'] / a['seconds']:.2f} |")
+                print(
+                    f"| {name} | {b['peak_mib'] / a['peak_mib']:.2f} | "
+                    f"{b['seconds'] / a['seconds']:.2f} |"
+                )
     print()
     print("\n".join(notes))
 

@@ -45,8 +45,12 @@ from bench_real import (  # noqa: E402  (a sibling script)
     timed,
 )
 
-VARIANTS = {"uniform": [], "owl": ["--allocation", "owl"], "dsnot": ["--refine", "dsnot"],
-            "owl+dsnot": ["--allocation", "owl", "--refine", "dsnot"]}
+VARIANTS = {
+    "uniform": [],
+    "owl": ["--allocation", "owl"],
+    "dsnot": ["--refine", "dsnot"],
+    "owl+dsnot": ["--allocation", "owl", "--refine", "dsnot"],
+}
 METHODS = ("wanda", "sparsegpt")
 
 
@@ -61,8 +65,10 @@ class OwlBench(Bench):
         out = [("dense", self.model)]
         for pattern in self.args.patterns:
             for method in self.args.methods:
-                out += [(n, self.ckpts / n) for n in
-                        (ckpt_name(method, pattern, v) for v in self.args.variants)]
+                out += [
+                    (n, self.ckpts / n)
+                    for n in (ckpt_name(method, pattern, v) for v in self.args.variants)
+                ]
                 if not self.args.no_peer:
                     n = f"llmc-{method}-{tag(pattern)}-owl-lfl"
                     out.append((n, self.ckpts / n))
@@ -73,8 +79,13 @@ class OwlBench(Bench):
             for method in self.args.methods:
                 for variant in self.args.variants if ours else ():
                     name = ckpt_name(method, pattern, variant)
-                    locked(self.results / f"{name}.prune.lock", self._prune_variant, method,
-                           pattern, variant)
+                    locked(
+                        self.results / f"{name}.prune.lock",
+                        self._prune_variant,
+                        method,
+                        pattern,
+                        variant,
+                    )
                 if peer:
                     base = f"llmc-{method}-{tag(pattern)}-owl"
                     locked(self.results / f"{base}.prune.lock", self._peer_owl, method, pattern)
@@ -86,14 +97,33 @@ class OwlBench(Bench):
             return
         out = self.ckpts / name
         shutil.rmtree(out, ignore_errors=True)
-        cmd = ["sparsetool", "prune", str(self.model), "-o", str(out), "--method", method,
-               *PATTERNS[pattern], "--json", *self.threads, "--calibration", str(self.calibration),
-               "--samples", str(SAMPLES), "--seq", str(SEQ), *VARIANTS[variant]]
+        cmd = [
+            "sparsetool",
+            "prune",
+            str(self.model),
+            "-o",
+            str(out),
+            "--method",
+            method,
+            *PATTERNS[pattern],
+            "--json",
+            *self.threads,
+            "--calibration",
+            str(self.calibration),
+            "--samples",
+            str(SAMPLES),
+            "--seq",
+            str(SEQ),
+            *VARIANTS[variant],
+        ]
         run = timed(cmd, self.logs / f"{name}.prune.log", self.env)
         run["result"] = json.loads(run.pop("stdout"))
         save(result, run)
-        print(f"pruned {name}: {run['wall_s']:.1f} s ({run['cpu_s']:.0f} CPU s), "
-              f"{run['peak_rss_mb']:.0f} MB", flush=True)
+        print(
+            f"pruned {name}: {run['wall_s']:.1f} s ({run['cpu_s']:.0f} CPU s), "
+            f"{run['peak_rss_mb']:.0f} MB",
+            flush=True,
+        )
 
     def _peer_owl(self, method: str, pattern: str) -> None:
         self._peer(method, pattern, ("--owl",), "-owl")
@@ -101,20 +131,25 @@ class OwlBench(Bench):
     def pending(self, kind: str):
         todo, missing = super().pending(kind)
         if kind != "ppl":  # tasks only at the chosen patterns (and dense)
-            keep = {"dense"} | {n for n, _ in self.names()
-                                if any(f"-{tag(p)}" in n for p in self.args.tasks_at)}
+            keep = {"dense"} | {
+                n for n, _ in self.names() if any(f"-{tag(p)}" in n for p in self.args.tasks_at)
+            }
             todo = [(n, p) for n, p in todo if n in keep]
             missing = len(todo)
         return todo, missing
 
     def report(self) -> str:
         f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
-        lines = [f"calibration {SAMPLES} x {SEQ} tokens; perplexity on 20K held-out tokens; "
-                 f"tasks zeroshot7 --limit {self.args.limit}", "",
-                 "| method | pattern | variant | ppl | acc | prune s | CPU s | CPU / uniform | "
-                 "peak RSS MB | RSS / uniform |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
-                 f"| dense | - | - | {f(self.ppl('dense'), '.2f')} | {f(self.mean_acc('dense'), '.1f')} |"
-                 " - | - | - | - | - |"]
+        lines = [
+            f"calibration {SAMPLES} x {SEQ} tokens; perplexity on 20K held-out tokens; "
+            f"tasks zeroshot7 --limit {self.args.limit}",
+            "",
+            "| method | pattern | variant | ppl | acc | prune s | CPU s | CPU / uniform | "
+            "peak RSS MB | RSS / uniform |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+            f"| dense | - | - | {f(self.ppl('dense'), '.2f')} | {f(self.mean_acc('dense'), '.1f')} |"
+            " - | - | - | - | - |",
+        ]
         for method in self.args.methods:
             for pattern in self.args.patterns:
                 base = self.load(ckpt_name(method, pattern, "uniform"), "prune")
@@ -129,7 +164,8 @@ class OwlBench(Bench):
                         f"{f(self.mean_acc(name), '.1f')} | {f(pr and pr['wall_s'], '.0f')} | "
                         f"{f(cpu, '.0f')} | {f(cpu / base['cpu_s'] if cpu and base else None, '.2f')} | "
                         f"{f(pr and pr['peak_rss_mb'], '.0f')} | "
-                        f"{f(pr['peak_rss_mb'] / base['peak_rss_mb'] if pr and base else None, '.2f')} |")
+                        f"{f(pr['peak_rss_mb'] / base['peak_rss_mb'] if pr and base else None, '.2f')} |"
+                    )
         text = "\n".join(lines) + "\n"
         (self.work / "report-owl-dsnot.md").write_text(text)
         return text
@@ -164,6 +200,7 @@ def main() -> None:
         if v not in VARIANTS:
             ap.error(f"--variants: {v} is not one of {', '.join(VARIANTS)}")
     run_stages(OwlBench(args), args)
+
 
 if __name__ == "__main__":
     main()

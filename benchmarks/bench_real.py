@@ -50,8 +50,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 WORK = HERE / "work" / "real"
-PATTERNS = {"50%": ["--sparsity", "0.5"], "60%": ["--sparsity", "0.6"],
-            "70%": ["--sparsity", "0.7"], "2:4": ["--nm", "2:4"], "4:8": ["--nm", "4:8"]}
+PATTERNS = {
+    "50%": ["--sparsity", "0.5"],
+    "60%": ["--sparsity", "0.6"],
+    "70%": ["--sparsity", "0.7"],
+    "2:4": ["--nm", "2:4"],
+    "4:8": ["--nm", "4:8"],
+}
 METHODS = ("magnitude", "wanda", "sparsegpt")
 PEER_METHODS = ("wanda", "sparsegpt")
 SAMPLES, SEQ = 32, 512
@@ -75,9 +80,15 @@ def timed(cmd: list[str], log: Path, env: dict | None = None) -> dict:
     wall, rss, user, system = timing.read_text().split()[-4:]
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}); see {log}")
-    return {"stdout": r.stdout, "wall_s": float(wall), "cpu_s": float(user) + float(system),
-            "peak_rss_mb": int(rss) / 1024, "load_before": load, "load_after": os.getloadavg()[0],
-            "command": " ".join(cmd)}
+    return {
+        "stdout": r.stdout,
+        "wall_s": float(wall),
+        "cpu_s": float(user) + float(system),
+        "peak_rss_mb": int(rss) / 1024,
+        "load_before": load,
+        "load_after": os.getloadavg()[0],
+        "command": " ".join(cmd),
+    }
 
 
 def save(path: Path, data: dict) -> None:
@@ -145,10 +156,14 @@ class Bench:
                     self.peer(method, pattern)
 
     def prune(self, method: str, pattern: str) -> None:
-        locked(self.results / f"st-{method}-{tag(pattern)}.prune.lock", self._prune, method, pattern)
+        locked(
+            self.results / f"st-{method}-{tag(pattern)}.prune.lock", self._prune, method, pattern
+        )
 
     def peer(self, method: str, pattern: str) -> None:
-        locked(self.results / f"llmc-{method}-{tag(pattern)}.prune.lock", self._peer, method, pattern)
+        locked(
+            self.results / f"llmc-{method}-{tag(pattern)}.prune.lock", self._peer, method, pattern
+        )
 
     def _prune(self, method: str, pattern: str) -> None:
         name = f"st-{method}-{tag(pattern)}"
@@ -157,17 +172,35 @@ class Bench:
             return
         out = self.ckpts / name
         shutil.rmtree(out, ignore_errors=True)
-        cmd = ["sparsetool", "prune", str(self.model), "-o", str(out), "--method", method,
-               *PATTERNS[pattern], "--json", *self.threads]
+        cmd = [
+            "sparsetool",
+            "prune",
+            str(self.model),
+            "-o",
+            str(out),
+            "--method",
+            method,
+            *PATTERNS[pattern],
+            "--json",
+            *self.threads,
+        ]
         if method != "magnitude":
-            cmd += ["--calibration", str(self.calibration), "--samples", str(SAMPLES),
-                    "--seq", str(SEQ)]
+            cmd += [
+                "--calibration",
+                str(self.calibration),
+                "--samples",
+                str(SAMPLES),
+                "--seq",
+                str(SEQ),
+            ]
         run = timed(cmd, self.logs / f"{name}.prune.log", self.env)
         run["result"] = json.loads(run.pop("stdout"))
         save(result, run)
         print(f"pruned {name}: {run['wall_s']:.1f} s, {run['peak_rss_mb']:.0f} MB", flush=True)
 
-    def _peer(self, method: str, pattern: str, extra: tuple[str, ...] = (), suffix: str = "") -> None:
+    def _peer(
+        self, method: str, pattern: str, extra: tuple[str, ...] = (), suffix: str = ""
+    ) -> None:
         """llm-compressor's prune (``extra``: more options of peer_llmcompressor.py, and
         ``suffix`` in the checkpoints' names), then its output with the dense embedding back."""
         base = f"llmc-{method}-{tag(pattern)}{suffix}"
@@ -177,9 +210,22 @@ class Bench:
         raw, lfl = self.ckpts / f"{base}-raw", self.ckpts / f"{base}-lfl"
         if not result.is_file():
             shutil.rmtree(raw, ignore_errors=True)
-            cmd = [self.args.peer_python, str(HERE / "peer_llmcompressor.py"), str(self.model),
-                   str(raw), "--method", method, "--calibration", str(self.calibration),
-                   "--samples", str(SAMPLES), "--seq", str(SEQ), *PATTERNS[pattern], *extra]
+            cmd = [
+                self.args.peer_python,
+                str(HERE / "peer_llmcompressor.py"),
+                str(self.model),
+                str(raw),
+                "--method",
+                method,
+                "--calibration",
+                str(self.calibration),
+                "--samples",
+                str(SAMPLES),
+                "--seq",
+                str(SEQ),
+                *PATTERNS[pattern],
+                *extra,
+            ]
             env = self.env
             threads = self.args.peer_threads or self.args.threads
             if threads:
@@ -188,8 +234,11 @@ class Bench:
             run = timed(cmd, self.logs / f"{base}.prune.log", env)
             run["result"] = json.loads(run.pop("stdout").strip().splitlines()[-1])
             save(result, run)
-            print(f"pruned {base} (llm-compressor): {run['wall_s']:.1f} s "
-                  f"({run['cpu_s']:.0f} CPU s), {run['peak_rss_mb']:.0f} MB", flush=True)
+            print(
+                f"pruned {base} (llm-compressor): {run['wall_s']:.1f} s "
+                f"({run['cpu_s']:.0f} CPU s), {run['peak_rss_mb']:.0f} MB",
+                flush=True,
+            )
         if (raw / "model.safetensors").is_file() and not (lfl / "model.safetensors").is_file():
             restore_embedding(self.model, raw, lfl)
 
@@ -197,9 +246,15 @@ class Bench:
     def pending(self, kind: str) -> tuple[list[tuple[str, Path]], int]:
         """The evaluations of ``kind`` whose checkpoint exists and result does not, and how many
         lack a result in all."""
-        todo = [(n, p) for n, p in self.names() if not (self.results / f"{n}.{kind}.json").is_file()]
-        return [(n, p) for n, p in todo if (p / "model.safetensors").is_file()
-                and not claimed(self.results / f"{n}.{kind}.lock")], len(todo)
+        todo = [
+            (n, p) for n, p in self.names() if not (self.results / f"{n}.{kind}.json").is_file()
+        ]
+        return [
+            (n, p)
+            for n, p in todo
+            if (p / "model.safetensors").is_file()
+            and not claimed(self.results / f"{n}.{kind}.lock")
+        ], len(todo)
 
     def evaluate_one(self, kind: str, name: str, path: Path) -> None:
         locked(self.results / f"{name}.{kind}.lock", self._evaluate, kind, name, path)
@@ -272,13 +327,22 @@ class Bench:
                         elif w.ndim == 2 and (w == 0).any():
                             others[name] = (w == 0).float().mean().item()
                 values = torch.tensor(list(agree.values()))
-                save(result, {"mask_agreement_mean": values.mean().item(),
-                              "mask_agreement_min": values.min().item(),
-                              "weight_rel_diff_mean": sum(rel.values()) / len(rel),
-                              "peer_zero_fraction_outside_blocks": others,
-                              "mask_agreement": agree, "weight_rel_diff": rel})
-                print(f"compared {method} {pattern}: masks agree on "
-                      f"{100 * values.mean().item():.2f}% of positions", flush=True)
+                save(
+                    result,
+                    {
+                        "mask_agreement_mean": values.mean().item(),
+                        "mask_agreement_min": values.min().item(),
+                        "weight_rel_diff_mean": sum(rel.values()) / len(rel),
+                        "peer_zero_fraction_outside_blocks": others,
+                        "mask_agreement": agree,
+                        "weight_rel_diff": rel,
+                    },
+                )
+                print(
+                    f"compared {method} {pattern}: masks agree on "
+                    f"{100 * values.mean().item():.2f}% of positions",
+                    flush=True,
+                )
 
     # ------------------------------------------------------------------ report
     def load(self, name: str, kind: str) -> dict | None:
@@ -302,14 +366,21 @@ class Bench:
 
     def report(self) -> str:
         f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
-        lines = [f"{platform.machine()}, {os.cpu_count()} CPUs; model {self.model}; "
-                 f"calibration {SAMPLES} x {SEQ} tokens; tasks --limit {self.args.limit}", ""]
-        head = ("| method | pattern | sparsetool ppl | sparsetool acc | prune s (CPU s) | "
-                "prune RSS MB | llmc lfl ppl | llmc lfl acc | llmc raw ppl | llmc raw acc | "
-                "llmc prune s (CPU s) | llmc prune RSS MB | ppl ours/peer | prune time ours/peer |")
+        lines = [
+            f"{platform.machine()}, {os.cpu_count()} CPUs; model {self.model}; "
+            f"calibration {SAMPLES} x {SEQ} tokens; tasks --limit {self.args.limit}",
+            "",
+        ]
+        head = (
+            "| method | pattern | sparsetool ppl | sparsetool acc | prune s (CPU s) | "
+            "prune RSS MB | llmc lfl ppl | llmc lfl acc | llmc raw ppl | llmc raw acc | "
+            "llmc prune s (CPU s) | llmc prune RSS MB | ppl ours/peer | prune time ours/peer |"
+        )
         lines += [head, "|" + "---|" * 2 + "---:|" * 12]
-        lines.append(f"| dense | - | {f(self.ppl('dense'), '.3f')} | {f(self.mean_acc('dense'), '.1f')} |"
-                     + " - |" * 10)
+        lines.append(
+            f"| dense | - | {f(self.ppl('dense'), '.3f')} | {f(self.mean_acc('dense'), '.1f')} |"
+            + " - |" * 10
+        )
 
         def ratio(ours: dict | None, peer: dict | None) -> str:
             if not (ours and peer):
@@ -328,53 +399,89 @@ class Bench:
             for pattern in self.args.patterns:
                 st = f"st-{method}-{tag(pattern)}"
                 pr = self.load(st, "prune")
-                cells = [method, pattern, f(self.ppl(st), ".3f"), f(self.mean_acc(st), ".1f"),
-                         secs(pr), f(pr and pr["peak_rss_mb"], ".0f")]
+                cells = [
+                    method,
+                    pattern,
+                    f(self.ppl(st), ".3f"),
+                    f(self.mean_acc(st), ".1f"),
+                    secs(pr),
+                    f(pr and pr["peak_rss_mb"], ".0f"),
+                ]
                 if method in PEER_METHODS and not self.args.no_peer:
                     base = f"llmc-{method}-{tag(pattern)}"
                     pp = self.load(base, "prune")
                     ours, peer = self.ppl(st), self.ppl(f"{base}-lfl")
-                    cells += [f(peer, ".3f"), f(self.mean_acc(f"{base}-lfl"), ".1f"),
-                              f(self.ppl(f"{base}-raw"), ".3f"),
-                              f(self.mean_acc(f"{base}-raw"), ".1f"),
-                              secs(pp), f(pp and pp["peak_rss_mb"], ".0f"),
-                              f(ours / peer if ours and peer else None, ".3f"),
-                              ratio(pr, pp)]
+                    cells += [
+                        f(peer, ".3f"),
+                        f(self.mean_acc(f"{base}-lfl"), ".1f"),
+                        f(self.ppl(f"{base}-raw"), ".3f"),
+                        f(self.mean_acc(f"{base}-raw"), ".1f"),
+                        secs(pp),
+                        f(pp and pp["peak_rss_mb"], ".0f"),
+                        f(ours / peer if ours and peer else None, ".3f"),
+                        ratio(pr, pp),
+                    ]
                 else:
                     cells += ["-"] * 8
                 lines.append("| " + " | ".join(cells) + " |")
-        lines += ["", "Accuracy per task (%, acc; --limit "
-                  f"{self.args.limit}: standard error up to "
-                  f"{100 * math.sqrt(0.25 / self.args.limit):.1f} points per task)", "",
-                  "| checkpoint | " + " | ".join(TASKS) + " | mean |",
-                  "|---|" + "---:|" * (len(TASKS) + 1)]
+        lines += [
+            "",
+            "Accuracy per task (%, acc; --limit "
+            f"{self.args.limit}: standard error up to "
+            f"{100 * math.sqrt(0.25 / self.args.limit):.1f} points per task)",
+            "",
+            "| checkpoint | " + " | ".join(TASKS) + " | mean |",
+            "|---|" + "---:|" * (len(TASKS) + 1),
+        ]
         for name, _ in self.names():
             a = self.accs(name)
             if a:
-                lines.append(f"| {name} | " + " | ".join(f(a.get(t) and 100 * a[t], ".1f") for t in TASKS)
-                             + f" | {f(self.mean_acc(name), '.1f')} |")
-        lines += ["", "Evaluations (each its own process)", "",
-                  "| checkpoint | ppl s | ppl RSS MB | tasks s | tasks RSS MB |", "|---|---:|---:|---:|---:|"]
+                lines.append(
+                    f"| {name} | "
+                    + " | ".join(f(a.get(t) and 100 * a[t], ".1f") for t in TASKS)
+                    + f" | {f(self.mean_acc(name), '.1f')} |"
+                )
+        lines += [
+            "",
+            "Evaluations (each its own process)",
+            "",
+            "| checkpoint | ppl s | ppl RSS MB | tasks s | tasks RSS MB |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for name, _ in self.names():
             p, t = self.load(name, "ppl"), self.load(name, self.tasks_kind)
             if p or t:
-                lines.append(f"| {name} | {f(p and p['wall_s'], '.0f')} | {f(p and p['peak_rss_mb'], '.0f')}"
-                             f" | {f(t and t['wall_s'], '.0f')} | {f(t and t['peak_rss_mb'], '.0f')} |")
+                lines.append(
+                    f"| {name} | {f(p and p['wall_s'], '.0f')} | {f(p and p['peak_rss_mb'], '.0f')}"
+                    f" | {f(t and t['wall_s'], '.0f')} | {f(t and t['peak_rss_mb'], '.0f')} |"
+                )
         rows = []
         for method in PEER_METHODS:
             for pattern in self.args.patterns:
                 c = self.load(f"llmc-{method}-{tag(pattern)}", "compare")
                 if c:
-                    out = ", ".join(f"{k} {100 * v:.1f}%" for k, v in
-                                    c["peer_zero_fraction_outside_blocks"].items()) or "none"
-                    rows.append(f"| {method} | {pattern} | {100 * c['mask_agreement_mean']:.2f} | "
-                                f"{100 * c['mask_agreement_min']:.2f} | "
-                                f"{c['weight_rel_diff_mean']:.4f} | {out} |")
+                    out = (
+                        ", ".join(
+                            f"{k} {100 * v:.1f}%"
+                            for k, v in c["peer_zero_fraction_outside_blocks"].items()
+                        )
+                        or "none"
+                    )
+                    rows.append(
+                        f"| {method} | {pattern} | {100 * c['mask_agreement_mean']:.2f} | "
+                        f"{100 * c['mask_agreement_min']:.2f} | "
+                        f"{c['weight_rel_diff_mean']:.4f} | {out} |"
+                    )
         if rows:
-            lines += ["", "sparsetool against llm-compressor (raw), block weights", "",
-                      "| method | pattern | mask agreement % (mean) | (worst tensor) | "
-                      "rel. weight diff (mean) | llm-compressor zeros outside the blocks |",
-                      "|---|---|---:|---:|---:|---|", *rows]
+            lines += [
+                "",
+                "sparsetool against llm-compressor (raw), block weights",
+                "",
+                "| method | pattern | mask agreement % (mean) | (worst tensor) | "
+                "rel. weight diff (mean) | llm-compressor zeros outside the blocks |",
+                "|---|---|---:|---:|---:|---|",
+                *rows,
+            ]
         text = "\n".join(lines) + "\n"
         (self.work / "report.md").write_text(text)
         return text
@@ -423,7 +530,9 @@ def restore_embedding(dense: Path, raw: Path, out: Path) -> None:
     tensors = load_file(str(raw / "model.safetensors"))
     for key in ("model.embed_tokens.weight", "lm_head.weight"):
         if key in tensors:
-            tensors[key] = original[key] if key in original else original["model.embed_tokens.weight"]
+            tensors[key] = (
+                original[key] if key in original else original["model.embed_tokens.weight"]
+            )
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(raw, tmp, ignore=shutil.ignore_patterns("*.safetensors"))
@@ -439,16 +548,26 @@ def main() -> None:
     ap.add_argument("--patterns", default=",".join(PATTERNS))
     ap.add_argument("--stages", default="prune,peer,ppl,tasks")
     ap.add_argument("--limit", type=int, default=50, help="documents per task")
-    ap.add_argument("--skip-tasks", action="store_true", help="no task evals (nor waiting for them)")
+    ap.add_argument(
+        "--skip-tasks", action="store_true", help="no task evals (nor waiting for them)"
+    )
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--peer-python", default="/work/venv-llmc/bin/python")
-    ap.add_argument("--threads", type=int, help="torch threads for both tools (default: each its own)")
-    ap.add_argument("--peer-threads", type=int,
-                    help="torch threads for llm-compressor (default: --threads, else torch's)")
+    ap.add_argument(
+        "--threads", type=int, help="torch threads for both tools (default: each its own)"
+    )
+    ap.add_argument(
+        "--peer-threads",
+        type=int,
+        help="torch threads for llm-compressor (default: --threads, else torch's)",
+    )
     ap.add_argument("--only", default="", help="checkpoint names (e.g. dense,st-wanda-50)")
     ap.add_argument("--drop-checkpoints", action="store_true")
-    ap.add_argument("--wait", action="store_true",
-                    help="evaluations wait for checkpoints another run is still pruning")
+    ap.add_argument(
+        "--wait",
+        action="store_true",
+        help="evaluations wait for checkpoints another run is still pruning",
+    )
     args = ap.parse_args()
     args.methods = [m for m in args.methods.split(",") if m]
     args.patterns = [p for p in args.patterns.split(",") if p]
@@ -469,11 +588,13 @@ def run_stages(bench: Bench, args: argparse.Namespace) -> None:
     if "compare" in stages:
         bench.compare()
     kinds = (["ppl"] if "ppl" in stages else []) + (
-        [bench.tasks_kind] if "tasks" in stages and not args.skip_tasks else [])
+        [bench.tasks_kind] if "tasks" in stages and not args.skip_tasks else []
+    )
     if kinds:
         bench.evaluate(kinds, args.wait)
     print(f"\n{time.time() - t0:.0f} s\n")
     print(bench.report())
+
 
 if __name__ == "__main__":
     main()

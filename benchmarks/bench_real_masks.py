@@ -45,9 +45,11 @@ def main() -> None:
         change = np.abs(a[both].astype(np.float64) - b[both]) / np.maximum(np.abs(a[both]), 1e-12)
         worst = max(worst, float(change.max()) if change.size else 0.0)
         rel.append(float(np.median(change)) if change.size else 0.0)
-    print(f"{args.a.name} vs {args.b.name}: {differ:,} of {kept:,} kept weights of A are pruned in B "
-          f"({differ / kept:.2%}); median relative change of the weights kept in both "
-          f"{np.median(rel):.2e}, max {worst:.2e}")
+    print(
+        f"{args.a.name} vs {args.b.name}: {differ:,} of {kept:,} kept weights of A are pruned in B "
+        f"({differ / kept:.2%}); median relative change of the weights kept in both "
+        f"{np.median(rel):.2e}, max {worst:.2e}"
+    )
     for role, (d, k) in per_role.items():
         print(f"  {role:10} {d / k:.2%}")
 

@@ -57,6 +57,7 @@ def main() -> None:
             def hook(m, a, out, name=name):
                 x = a[0].detach().reshape(-1, a[0].shape[-1]).double()
                 sq[name] = sq.get(name, 0) + x.pow(2).sum(0)
+
             mod.register_forward_hook(hook)
     with torch.no_grad():
         for w in windows:
@@ -67,9 +68,15 @@ def main() -> None:
         block = int(name.split(".layers.")[1].split(".")[0])
         norms = s.sqrt()
         mean = float(norms.mean())
-        row = {"block": block, "role": role, "mean": mean, "max/mean": float(norms.max()) / mean,
-               ">5x": int((norms > 5 * mean).sum()), ">20x": int((norms > 20 * mean).sum()),
-               "top": norms.topk(3).indices.tolist()}
+        row = {
+            "block": block,
+            "role": role,
+            "mean": mean,
+            "max/mean": float(norms.max()) / mean,
+            ">5x": int((norms > 5 * mean).sum()),
+            ">20x": int((norms > 20 * mean).sum()),
+            "top": norms.topk(3).indices.tolist(),
+        }
         w = linears[name].weight.detach().double()
         score = w.abs() * norms.unsqueeze(0)
         if args.owl:
@@ -77,19 +84,27 @@ def main() -> None:
         if args.ties:
             keep = w.shape[1] // 2
             srt = score.sort(dim=1, descending=True).values
-            row["wanda_rows_tied_at_cut"] = float((srt[:, keep - 1] == srt[:, keep]).double().mean())
+            row["wanda_rows_tied_at_cut"] = float(
+                (srt[:, keep - 1] == srt[:, keep]).double().mean()
+            )
             a = w.abs().sort(dim=1, descending=True).values
-            row["magnitude_rows_tied_at_cut"] = float((a[:, keep - 1] == a[:, keep]).double().mean())
+            row["magnitude_rows_tied_at_cut"] = float(
+                (a[:, keep - 1] == a[:, keep]).double().mean()
+            )
         rows.append(row)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
-    print(f"{'block':>5} {'input':9} {'mean':>8} {'max/mean':>9} {'>5x':>4} {'>20x':>4}  top channels"
-          + ("  owl" if args.owl else ""))
+    print(
+        f"{'block':>5} {'input':9} {'mean':>8} {'max/mean':>9} {'>5x':>4} {'>20x':>4}  top channels"
+        + ("  owl" if args.owl else "")
+    )
     for r in rows:
         if r["role"] not in INPUTS:
             continue
-        print(f"{r['block']:>5} {INPUTS[r['role']]:9} {r['mean']:8.2f} {r['max/mean']:9.1f} "
-              f"{r['>5x']:>4} {r['>20x']:>4}  {r['top']}" + (f"  {r['owl']:.4f}" if args.owl else ""))
+        print(
+            f"{r['block']:>5} {INPUTS[r['role']]:9} {r['mean']:8.2f} {r['max/mean']:9.1f} "
+            f"{r['>5x']:>4} {r['>20x']:>4}  {r['top']}" + (f"  {r['owl']:.4f}" if args.owl else "")
+        )
     if args.ties:
         for key in ("wanda_rows_tied_at_cut", "magnitude_rows_tied_at_cut"):
             v = [r[key] for r in rows]
@@ -98,8 +113,10 @@ def main() -> None:
         by_block: dict[int, list[float]] = {}
         for r in rows:
             by_block.setdefault(r["block"], []).append(r["owl"])
-        print("owl ratio per block (mean over its layers, %):",
-              " ".join(f"{100 * sum(v) / len(v):.2f}" for _, v in sorted(by_block.items())))
+        print(
+            "owl ratio per block (mean over its layers, %):",
+            " ".join(f"{100 * sum(v) / len(v):.2f}" for _, v in sorted(by_block.items())),
+        )
 
 
 if __name__ == "__main__":

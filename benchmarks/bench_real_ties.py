@@ -42,8 +42,11 @@ TARGET_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 def targeted(names: list[str]) -> list[str]:
-    return [n for n in names if ".layers." in n and n.endswith(".weight")
-            and any(p in n for p in TARGET_PARTS)]
+    return [
+        n
+        for n in names
+        if ".layers." in n and n.endswith(".weight") and any(p in n for p in TARGET_PARTS)
+    ]
 
 
 def tie_order(a: np.ndarray, rule: str, rng: np.random.Generator) -> np.ndarray:
@@ -118,8 +121,13 @@ def main() -> None:
     ap.add_argument("--variants", type=Path, help="write the pruned copies here")
     ap.add_argument("--rules", nargs="*", default=["lower", "upper", "random"])
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--check", type=Path, nargs="*", default=[],
-                    help="sparsetool prune outputs (layer: NAME=DIR) to compare with the lower rule")
+    ap.add_argument(
+        "--check",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="sparsetool prune outputs (layer: NAME=DIR) to compare with the lower rule",
+    )
     ap.add_argument("--mix", type=Path, nargs=2, metavar=("A", "B"))
     ap.add_argument("--from-b", nargs="*", default=[], metavar="ROLE")
     ap.add_argument("--out", type=Path)
@@ -134,9 +142,16 @@ def main() -> None:
     for name in names:
         w = tensors[name]
         role = next(p for p in TARGET_PARTS if p in name)
-        r = per_role.setdefault(role, {"tensors": 0, "numel": 0, "distinct_per_32": [],
-                                       **{f"tied@{s}": [] for s in args.sparsity},
-                                       **{f"nm{n}:{m}": [] for n, m in nms}})
+        r = per_role.setdefault(
+            role,
+            {
+                "tensors": 0,
+                "numel": 0,
+                "distinct_per_32": [],
+                **{f"tied@{s}": [] for s in args.sparsity},
+                **{f"nm{n}:{m}": [] for n, m in nms},
+            },
+        )
         r["tensors"] += 1
         r["numel"] += w.size
         g = np.abs(w.reshape(-1, 32))
@@ -147,12 +162,18 @@ def main() -> None:
             r[f"nm{n}:{m}"].append(nm_tie_fraction(w, n, m))
     rows = []
     for role, r in per_role.items():
-        row = {"role": role, "tensors": r["tensors"], "numel per tensor": r["numel"] // r["tensors"],
-               "distinct |w| per group of 32": round(float(np.mean(r["distinct_per_32"])), 2)}
+        row = {
+            "role": role,
+            "tensors": r["tensors"],
+            "numel per tensor": r["numel"] // r["tensors"],
+            "distinct |w| per group of 32": round(float(np.mean(r["distinct_per_32"])), 2),
+        }
         for s in args.sparsity:
             st = r[f"tied@{s}"]
             row[f"tied at threshold {s:.0%} (median, max)"] = (
-                int(np.median([x["tied"] for x in st])), max(x["tied"] for x in st))
+                int(np.median([x["tied"] for x in st])),
+                max(x["tied"] for x in st),
+            )
             row[f"tie-pruned {s:.0%} (median)"] = int(np.median([x["tied_pruned"] for x in st]))
         for n, m in nms:
             row[f"{n}:{m} groups tied at the cut"] = f"{np.mean(r[f'nm{n}:{m}']):.1%}"
@@ -182,15 +203,18 @@ def main() -> None:
         for rule in args.rules[1:]:
             differ = sum(int(np.count_nonzero(base[k] != masks[rule][k])) for k in names) // 2
             kept = sum(int(np.count_nonzero(base[k])) for k in names)
-            print(f"{label}: {args.rules[0]} vs {rule}: {differ:,} of {kept:,} kept weights differ "
-                  f"({differ / kept:.3%})")
+            print(
+                f"{label}: {args.rules[0]} vs {rule}: {differ:,} of {kept:,} kept weights differ "
+                f"({differ / kept:.3%})"
+            )
         for spec in args.check:
             lab, _, path = str(spec).partition("=")
             if lab != label:
                 continue
             mine = load_file(str(Path(path) / "model.safetensors"))
-            same = all(np.array_equal(mine[k] != 0, masks["lower"][k] & (tensors[k] != 0))
-                       for k in names)
+            same = all(
+                np.array_equal(mine[k] != 0, masks["lower"][k] & (tensors[k] != 0)) for k in names
+            )
             print(f"{label}: sparsetool prune's mask equals the lower rule's: {same}")
 
 

@@ -44,24 +44,51 @@ def cases(work: Path) -> dict[str, list[tuple[str, list[str], bool]]]:
             ("flops --checkpoint (pruned)", ["flops", "--checkpoint", pruned], True),
         ],
         "simulate": [
-            ("simulate --model gpt3-xl --device cs2",
-             ["simulate", "--model", "gpt3-xl", "--device", "cs2", "--sparsity", "0.75"], True),
-            ("simulate --shape 4096x4096 -s 0.9",
-             ["simulate", "--shape", "4096x4096", "--sparsity", "0.9"], True),
+            (
+                "simulate --model gpt3-xl --device cs2",
+                ["simulate", "--model", "gpt3-xl", "--device", "cs2", "--sparsity", "0.75"],
+                True,
+            ),
+            (
+                "simulate --shape 4096x4096 -s 0.9",
+                ["simulate", "--shape", "4096x4096", "--sparsity", "0.9"],
+                True,
+            ),
             ("simulate CHECKPOINT (pruned)", ["simulate", pruned], True),
         ],
         "data": [
             ("prune -s 0.75", ["prune", ck, "-o", "{out}", "--sparsity", "0.75"], True),
-            ("prune -s 0.75 --scope global",
-             ["prune", ck, "-o", "{out}", "--sparsity", "0.75", "--scope", "global"], True),
+            (
+                "prune -s 0.75 --scope global",
+                ["prune", ck, "-o", "{out}", "--sparsity", "0.75", "--scope", "global"],
+                True,
+            ),
             ("prune --nm 2:4", ["prune", ck, "-o", "{out}", "--nm", "2:4"], True),
             ("densify (pruned)", ["densify", pruned, "-o", "{out}"], True),
             ("report (pruned) --json", ["report", pruned, "--json"], True),
         ],
         "train": [
-            ("train --preset tiny --steps 30 rigl",
-             ["train", "--out", "{out}", "--preset", "tiny", "--steps", "30", "--algorithm", "rigl",
-              "--sparsity", "0.75", "--data", corpus, "--seed", "0"], True),
+            (
+                "train --preset tiny --steps 30 rigl",
+                [
+                    "train",
+                    "--out",
+                    "{out}",
+                    "--preset",
+                    "tiny",
+                    "--steps",
+                    "30",
+                    "--algorithm",
+                    "rigl",
+                    "--sparsity",
+                    "0.75",
+                    "--data",
+                    corpus,
+                    "--seed",
+                    "0",
+                ],
+                True,
+            ),
         ],
     }
 
@@ -92,15 +119,30 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/sparsetool-bench-refactor"))
     ap.add_argument("--groups", default="startup,flops,simulate,data,train")
     ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--layers", type=int, default=4, help="layers of the GPT-3-XL-shaped checkpoint")
+    ap.add_argument(
+        "--layers", type=int, default=4, help="layers of the GPT-3-XL-shaped checkpoint"
+    )
     args = ap.parse_args()
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
     if not (work / "model.safetensors").exists():
         make_checkpoint(work / "model.safetensors", args.layers)
-    (work / "corpus.txt").write_text("".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(2000)))
-    subprocess.run([args.new, "prune", str(work / "model.safetensors"), "-o", str(work / "pruned.safetensors"),
-                    "--sparsity", "0.75", "--quiet"], check=True)
+    (work / "corpus.txt").write_text(
+        "".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(2000))
+    )
+    subprocess.run(
+        [
+            args.new,
+            "prune",
+            str(work / "model.safetensors"),
+            "-o",
+            str(work / "pruned.safetensors"),
+            "--sparsity",
+            "0.75",
+            "--quiet",
+        ],
+        check=True,
+    )
     groups = cases(work)
     rows = []
     for group in args.groups.split(","):
@@ -121,16 +163,25 @@ def main() -> None:
             base, new = statistics.median(times["base"]), statistics.median(times["new"])
             cb, cn = statistics.median(cpu["base"]), statistics.median(cpu["new"])
             rows.append((group, label, base, new, cb, cn, same))
-            print(f"{group:9s} {label:40s} wall {base:7.3f} -> {new:7.3f} s x{new / base:5.2f}  "
-                  f"cpu {cb:7.3f} -> {cn:7.3f} s x{cn / cb:5.2f} {same}", flush=True)
-    print(f"\n{time.strftime('%Y-%m-%d', time.gmtime())}; {machine()}; median of {args.repeat} "
-          f"alternating runs per side; checkpoint: GPT-3-XL-shaped, {args.layers} layers, bf16")
-    print("| group | command | wall base (s) | wall new (s) | wall new/base | CPU base (s) | CPU new (s) "
-          "| CPU new/base | output |")
+            print(
+                f"{group:9s} {label:40s} wall {base:7.3f} -> {new:7.3f} s x{new / base:5.2f}  "
+                f"cpu {cb:7.3f} -> {cn:7.3f} s x{cn / cb:5.2f} {same}",
+                flush=True,
+            )
+    print(
+        f"\n{time.strftime('%Y-%m-%d', time.gmtime())}; {machine()}; median of {args.repeat} "
+        f"alternating runs per side; checkpoint: GPT-3-XL-shaped, {args.layers} layers, bf16"
+    )
+    print(
+        "| group | command | wall base (s) | wall new (s) | wall new/base | CPU base (s) | CPU new (s) "
+        "| CPU new/base | output |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     for group, label, base, new, cb, cn, same in rows:
-        print(f"| {group} | `{label}` | {base:.3f} | {new:.3f} | {new / base:.2f} | {cb:.3f} | {cn:.3f} "
-              f"| {cn / cb:.2f} | {same} |")
+        print(
+            f"| {group} | `{label}` | {base:.3f} | {new:.3f} | {new / base:.2f} | {cb:.3f} | {cn:.3f} "
+            f"| {cn / cb:.2f} | {same} |"
+        )
 
 
 if __name__ == "__main__":

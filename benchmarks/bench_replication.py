@@ -47,8 +47,14 @@ FINETUNE = {  # name -> (pre-training run, train options)
     "ft-sparse-from-static": ("static", []),
     "ft-dense-from-vspdf (Variable SPDF)": ("vspdf", ["--dense"]),
 }
-LABELS = {"dense": "dense", "static": "static 75%", "set": "SET 75%", "rigl": "RigL 75%",
-          "granet": "GraNet 50% -> 75%", "vspdf": "Variable SPDF: 90% for 5/6, then dense"}
+LABELS = {
+    "dense": "dense",
+    "static": "static 75%",
+    "set": "SET 75%",
+    "rigl": "RigL 75%",
+    "granet": "GraNet 50% -> 75%",
+    "vspdf": "Variable SPDF: 90% for 5/6, then dense",
+}
 
 
 def run_dir(name: str, seed: int) -> Path:
@@ -64,28 +70,67 @@ def train(name: str, seed: int, argv: list[str], args: argparse.Namespace, log) 
         import shutil
 
         shutil.rmtree(out)
-    cmd = [sys.executable, "-m", "sparsetool", "train", "-o", str(out), "--threads", "1", "--json",
-           "--seed", str(seed), *argv]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sparsetool",
+        "train",
+        "-o",
+        str(out),
+        "--threads",
+        "1",
+        "--json",
+        "--seed",
+        str(seed),
+        *argv,
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"{name} seed {seed} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+        raise SystemExit(
+            f"{name} seed {seed} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}"
+        )
     summary = json.loads(proc.stdout)
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     summary["command"] = " ".join(cmd[2:])
     done.write_text(json.dumps(summary, indent=2))
-    log(f"{name:38s} seed {seed}  val {summary['val_loss']:.4f}  sparsity {summary['sparsity']:.3f}  "
-        f"{summary['wall_s']:.0f} s")
+    log(
+        f"{name:38s} seed {seed}  val {summary['val_loss']:.4f}  sparsity {summary['sparsity']:.3f}  "
+        f"{summary['wall_s']:.0f} s"
+    )
     return summary
 
 
 def run_all(args: argparse.Namespace) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
-    common = ["--preset", args.preset, "--steps", str(args.steps), "--batch-size", "16",
-              "--lr", str(args.lr), "--warmup", str(args.warmup), "--eval-every", str(args.steps)]
-    ft_common = ["--steps", str(args.ft_steps), "--batch-size", "16", "--lr", str(args.ft_lr),
-                 "--warmup", str(args.ft_warmup), "--eval-every", str(args.ft_steps),
-                 "--data", "builtin:english"]
+    common = [
+        "--preset",
+        args.preset,
+        "--steps",
+        str(args.steps),
+        "--batch-size",
+        "16",
+        "--lr",
+        str(args.lr),
+        "--warmup",
+        str(args.warmup),
+        "--eval-every",
+        str(args.steps),
+    ]
+    ft_common = [
+        "--steps",
+        str(args.ft_steps),
+        "--batch-size",
+        "16",
+        "--lr",
+        str(args.ft_lr),
+        "--warmup",
+        str(args.ft_warmup),
+        "--eval-every",
+        str(args.ft_steps),
+        "--data",
+        "builtin:english",
+    ]
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / "settings.json").write_text(json.dumps(vars(args), indent=2))
     t0 = time.perf_counter()
@@ -94,15 +139,30 @@ def run_all(args: argparse.Namespace) -> None:
         print(f"[{time.perf_counter() - t0:6.0f} s] {msg}", flush=True)
 
     with ThreadPoolExecutor(args.jobs) as pool:  # each job is its own process
-        pre = [pool.submit(train, n, s, common + o, args, log) for s in seeds for n, o in PRETRAIN.items()]
+        pre = [
+            pool.submit(train, n, s, common + o, args, log)
+            for s in seeds
+            for n, o in PRETRAIN.items()
+        ]
         for f in pre:
             f.result()
-        fts = [pool.submit(train, n, s, ft_common + ["--init", str(run_dir(p, s) / "model.safetensors")] + o,
-                           args, log) for s in seeds for n, (p, o) in FINETUNE.items()]
+        fts = [
+            pool.submit(
+                train,
+                n,
+                s,
+                ft_common + ["--init", str(run_dir(p, s) / "model.safetensors")] + o,
+                args,
+                log,
+            )
+            for s in seeds
+            for n, (p, o) in FINETUNE.items()
+        ]
         for f in fts:
             f.result()
-    (WORK / "settings.json").write_text(json.dumps({**vars(args), "wall_s": round(time.perf_counter() - t0)},
-                                                   indent=2))
+    (WORK / "settings.json").write_text(
+        json.dumps({**vars(args), "wall_s": round(time.perf_counter() - t0)}, indent=2)
+    )
     write_report()
 
 
@@ -158,21 +218,55 @@ def _claim(res: dict, better: str, worse: str) -> tuple[str, str]:
 
 
 CLAIMS = [  # (claim, source, better run, worse run)
-    ("Dense pre-training ends lower than 75% static sparse pre-training at equal tokens (the cost "
-     "SPDF then recovers)", "SPDF paper, Table 1", "dense", "static"),
-    ("Dynamic sparsity beats static sparsity at the same sparsity: RigL", "Cerebras sparsity-library "
-     "post, Table 3; RigL paper", "rigl", "static"),
-    ("Dynamic sparsity beats static sparsity at the same sparsity: SET", "Cerebras sparsity-library "
-     "post, Table 3; SET paper", "set", "static"),
-    ("RigL's gradient-based growth beats SET's random growth", "RigL paper (Evci et al. 2020)", "rigl", "set"),
-    ("GraNet's gradual ramp beats RigL at the final sparsity", "Cerebras sparsity-library post, Figure 8 "
-     "(GraNet 50% -> 80% vs 80%)", "granet", "rigl"),
-    ("Sparse pre-training then dense fine-tuning (SPDF) beats sparse fine-tuning", "SPDF paper, "
-     "section 3.2, Figure 2", "ft-dense-from-static (SPDF)", "ft-sparse-from-static"),
-    ("Variable SPDF beats SPDF at the same average sparsity, after dense fine-tuning", "Variable SPDF "
-     "post, Tables 1-2", "ft-dense-from-vspdf (Variable SPDF)", "ft-dense-from-static (SPDF)"),
-    ("Variable SPDF pre-training ends lower than static 75% pre-training (same average sparsity)",
-     "Variable SPDF post", "vspdf", "static"),
+    (
+        "Dense pre-training ends lower than 75% static sparse pre-training at equal tokens (the cost "
+        "SPDF then recovers)",
+        "SPDF paper, Table 1",
+        "dense",
+        "static",
+    ),
+    (
+        "Dynamic sparsity beats static sparsity at the same sparsity: RigL",
+        "Cerebras sparsity-library post, Table 3; RigL paper",
+        "rigl",
+        "static",
+    ),
+    (
+        "Dynamic sparsity beats static sparsity at the same sparsity: SET",
+        "Cerebras sparsity-library post, Table 3; SET paper",
+        "set",
+        "static",
+    ),
+    (
+        "RigL's gradient-based growth beats SET's random growth",
+        "RigL paper (Evci et al. 2020)",
+        "rigl",
+        "set",
+    ),
+    (
+        "GraNet's gradual ramp beats RigL at the final sparsity",
+        "Cerebras sparsity-library post, Figure 8 (GraNet 50% -> 80% vs 80%)",
+        "granet",
+        "rigl",
+    ),
+    (
+        "Sparse pre-training then dense fine-tuning (SPDF) beats sparse fine-tuning",
+        "SPDF paper, section 3.2, Figure 2",
+        "ft-dense-from-static (SPDF)",
+        "ft-sparse-from-static",
+    ),
+    (
+        "Variable SPDF beats SPDF at the same average sparsity, after dense fine-tuning",
+        "Variable SPDF post, Tables 1-2",
+        "ft-dense-from-vspdf (Variable SPDF)",
+        "ft-dense-from-static (SPDF)",
+    ),
+    (
+        "Variable SPDF pre-training ends lower than static 75% pre-training (same average sparsity)",
+        "Variable SPDF post",
+        "vspdf",
+        "static",
+    ),
 ]
 
 
@@ -204,21 +298,37 @@ def write_report() -> None:
         "|---|---:|---:|---:|---:|---|",
     ]
     lines += _rows(res, {n: LABELS[n] for n in PRETRAIN})
-    lines += ["", "## Fine-tuning on English text", "",
-              "| run | seeds | sparsity while fine-tuning | val loss, mean | std | min - max |",
-              "|---|---:|---:|---:|---:|---|"]
+    lines += [
+        "",
+        "## Fine-tuning on English text",
+        "",
+        "| run | seeds | sparsity while fine-tuning | val loss, mean | std | min - max |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
     lines += _rows(res, {n: n for n in FINETUNE})
-    lines += ["", "## Claims", "",
-              "Difference = first run's val loss minus the second's (negative: the claim's direction).", "",
-              "| claim | source | runs compared | verdict | difference |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Claims",
+        "",
+        "Difference = first run's val loss minus the second's (negative: the claim's direction).",
+        "",
+        "| claim | source | runs compared | verdict | difference |",
+        "|---|---|---|---|---|",
+    ]
     for text, source, better, worse in CLAIMS:
         verdict, figures = _claim(res, better, worse)
-        lines.append(f"| {text} | {source} | {better.split(' ')[0]} vs {worse.split(' ')[0]} | "
-                     f"**{verdict}** | {figures} |")
-    lines += ["", "Scale: the seeds' claims come from 111M-6.7B-parameter models trained on billions of",
-              f"tokens; these runs train a {_params(res)} model on "
-              f"{int(settings['steps']) * 16 * 128:,} bytes. A claim that does not replicate here says",
-              "nothing about it at scale, only that it does not carry down to this budget.", ""]
+        lines.append(
+            f"| {text} | {source} | {better.split(' ')[0]} vs {worse.split(' ')[0]} | "
+            f"**{verdict}** | {figures} |"
+        )
+    lines += [
+        "",
+        "Scale: the seeds' claims come from 111M-6.7B-parameter models trained on billions of",
+        f"tokens; these runs train a {_params(res)} model on "
+        f"{int(settings['steps']) * 16 * 128:,} bytes. A claim that does not replicate here says",
+        "nothing about it at scale, only that it does not carry down to this budget.",
+        "",
+    ]
     OUT.write_text("\n".join(lines))
     print("\n".join(lines))
 
@@ -245,9 +355,13 @@ def _params(res: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--jobs", type=int, default=2, help="training processes at once (one thread each)")
+    ap.add_argument(
+        "--jobs", type=int, default=2, help="training processes at once (one thread each)"
+    )
     ap.add_argument("--preset", default="mini")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -255,7 +369,9 @@ def main() -> None:
     ap.add_argument("--ft-steps", type=int, default=200)
     ap.add_argument("--ft-lr", type=float, default=5e-4)
     ap.add_argument("--ft-warmup", type=int, default=20)
-    ap.add_argument("--report", action="store_true", help="only rewrite REPLICATION.md from saved runs")
+    ap.add_argument(
+        "--report", action="store_true", help="only rewrite REPLICATION.md from saved runs"
+    )
     args = ap.parse_args()
     if args.report:
         write_report()

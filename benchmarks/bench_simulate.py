@@ -49,9 +49,23 @@ def bench_12k(repeats: int) -> None:
     a_min, a_med = best_of(analysis, repeats)
     b_min, b_med = best_of(naive_mask, repeats)
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "sparsetool", "simulate", "--shape", "12288x12288",
-                    "--sparsity", "0.9", "--tokens", "2048", "--json"], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sparsetool",
+            "simulate",
+            "--shape",
+            "12288x12288",
+            "--sparsity",
+            "0.9",
+            "--tokens",
+            "2048",
+            "--json",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     cli = time.perf_counter() - t
     print(f"12288x12288 at 0.9, 2048 tokens, {len(devices)} devices ({repeats} runs)")
     print(f"  analysis in-process: min {a_min:.2f} s, median {a_med:.2f} s   (target < 3 s)")
@@ -99,8 +113,10 @@ def bench_checkpoint(workdir: Path) -> None:
     path = workdir / "gpt3-xl-75.safetensors"
     t = time.perf_counter()
     make_gpt3_xl(path)
-    print(f"GPT-3 XL checkpoint written in {time.perf_counter() - t:.1f} s, "
-          f"{path.stat().st_size / 1e9:.2f} GB (bf16; in the page cache from here on)")
+    print(
+        f"GPT-3 XL checkpoint written in {time.perf_counter() - t:.1f} s, "
+        f"{path.stat().st_size / 1e9:.2f} GB (bf16; in the page cache from here on)"
+    )
     devices = builtin_devices()
     grids = dataflow_grids(list(devices.values()))
 
@@ -117,12 +133,17 @@ def bench_checkpoint(workdir: Path) -> None:
     a_min, a_med = best_of(analysis, 2)
     b_min, b_med = best_of(read_only, 2)
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "sparsetool", "simulate", str(path), "--tokens", "4096",
-                    "--json"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "sparsetool", "simulate", str(path), "--tokens", "4096", "--json"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     cli = time.perf_counter() - t
     print("GPT-3 XL, 96 targeted matrices (1.2B mask entries), 4096 tokens (2 runs)")
     print(f"  analysis in-process: min {a_min:.2f} s, median {a_med:.2f} s   (target < 30 s)")
-    print(f"  baseline read targeted tensors + count_nonzero: min {b_min:.2f} s, median {b_med:.2f} s")
+    print(
+        f"  baseline read targeted tensors + count_nonzero: min {b_min:.2f} s, median {b_med:.2f} s"
+    )
     print(f"  ratio analysis / baseline (min): {a_min / b_min:.2f}")
     print(f"  CLI end to end: {cli:.2f} s")
 

@@ -31,8 +31,13 @@ def timed(cmd: list[str], env: dict, log: Path) -> tuple[float, float, dict | No
     """(wall seconds, peak RSS in MB, the --json output or None)."""
     timing = log.with_suffix(".time")
     with open(log.with_suffix(".out"), "wb") as out, open(log.with_suffix(".err"), "wb") as err:
-        rc = subprocess.call(["/usr/bin/time", "-f", "%e %M", "-o", str(timing), *cmd],
-                             stdout=out, stderr=err, env=env, cwd="/")
+        rc = subprocess.call(
+            ["/usr/bin/time", "-f", "%e %M", "-o", str(timing), *cmd],
+            stdout=out,
+            stderr=err,
+            env=env,
+            cwd="/",
+        )
     seconds, kib = timing.read_text().split()[-2:]
     result = None
     if rc == 0:
@@ -66,7 +71,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/sgpt-bench"))
     ap.add_argument("--layers", default="2,8")
-    ap.add_argument("--old", type=Path, required=True, help="source checkout of the older sparsetool")
+    ap.add_argument(
+        "--old", type=Path, required=True, help="source checkout of the older sparsetool"
+    )
     ap.add_argument("--peer-python", default=None, help="a Python that has llmcompressor")
     ap.add_argument("--peer-layers", default="2")
     ap.add_argument("--samples", type=int, default=8)
@@ -87,23 +94,56 @@ def main() -> None:
         for code, src in (("before", str(args.old)), ("after", this)):
             out = work / f"out-{code}-{layers}L"
             shutil.rmtree(out, ignore_errors=True)
-            cmd = [sys.executable, "-m", "sparsetool", "prune", str(model), "-o", str(out),
-                   "--method", "sparsegpt", "--sparsity", "0.5", "--calibration", str(calib),
-                   "--samples", str(args.samples), "--seq", str(args.seq), "--json"]
-            seconds, peak, result = timed(cmd, {**base, "PYTHONPATH": src}, logs / f"{code}-{layers}L")
+            cmd = [
+                sys.executable,
+                "-m",
+                "sparsetool",
+                "prune",
+                str(model),
+                "-o",
+                str(out),
+                "--method",
+                "sparsegpt",
+                "--sparsity",
+                "0.5",
+                "--calibration",
+                str(calib),
+                "--samples",
+                str(args.samples),
+                "--seq",
+                str(args.seq),
+                "--json",
+            ]
+            seconds, peak, result = timed(
+                cmd, {**base, "PYTHONPATH": src}, logs / f"{code}-{layers}L"
+            )
             memory = (result or {}).get("memory")
             plan = f"{memory['peak_estimate'] / 2**20:.0f}" if memory else "-"
-            print(f"| {label} | sparsetool {code} | {seconds:.0f} | {peak:.0f} | {plan} |", flush=True)
+            print(
+                f"| {label} | sparsetool {code} | {seconds:.0f} | {peak:.0f} | {plan} |", flush=True
+            )
             outs[code] = out
         a, b = digests(outs["before"]), digests(outs["after"])
         differ = sorted(n for n in a if a[n] != b.get(n))
-        print(f"<!-- {label}: {len(a)} tensors compared, {len(differ)} differ {differ[:5]} -->", flush=True)
+        print(
+            f"<!-- {label}: {len(a)} tensors compared, {len(differ)} differ {differ[:5]} -->",
+            flush=True,
+        )
         for out in outs.values():
             shutil.rmtree(out, ignore_errors=True)
         if args.peer_python and str(layers) in args.peer_layers.split(","):
             out = work / f"out-peer-{layers}L"
-            cmd = [args.peer_python, str(HERE / "peer_sparsegpt.py"), str(model), str(calib), str(out),
-                   "--samples", str(args.samples), "--seq", str(args.seq)]
+            cmd = [
+                args.peer_python,
+                str(HERE / "peer_sparsegpt.py"),
+                str(model),
+                str(calib),
+                str(out),
+                "--samples",
+                str(args.samples),
+                "--seq",
+                str(args.seq),
+            ]
             seconds, peak, _ = timed(cmd, {**base, "PYTHONPATH": this}, logs / f"peer-{layers}L")
             print(f"| {label} | llm-compressor | {seconds:.0f} | {peak:.0f} | - |", flush=True)
             shutil.rmtree(out, ignore_errors=True)

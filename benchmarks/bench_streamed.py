@@ -48,11 +48,18 @@ def tokenizer(directory: Path, text: str) -> None:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([text], trainers.BpeTrainer(
-        vocab_size=8000, special_tokens=["<unk>", "<s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                            eos_token="<s>").save_pretrained(directory)
+    tok.train_from_iterator(
+        [text],
+        trainers.BpeTrainer(
+            vocab_size=8000,
+            special_tokens=["<unk>", "<s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="<s>"
+    ).save_pretrained(directory)
 
 
 def calibration_text(work: Path) -> tuple[str, Path]:
@@ -77,7 +84,9 @@ def run(cmd: list[str], env: dict | None = None) -> tuple[float, float, dict | N
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
-        print(f"  failed ({os.waitstatus_to_exitcode(status)}): {' '.join(cmd)}\n  {err.decode()[-600:]}")
+        print(
+            f"  failed ({os.waitstatus_to_exitcode(status)}): {' '.join(cmd)}\n  {err.decode()[-600:]}"
+        )
         return seconds, usage.ru_maxrss / 2**20, None
     try:
         return seconds, usage.ru_maxrss / 2**20, json.loads(out)
@@ -98,7 +107,9 @@ def main() -> None:
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
     text, calib = calibration_text(work)
-    print(f"# {time.strftime('%Y-%m-%d')}, {machine()}, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB RAM")
+    print(
+        f"# {time.strftime('%Y-%m-%d')}, {machine()}, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB RAM"
+    )
     print("| model | command | code | wall s | peak RSS GiB | plan's estimate GiB |")
     print("|---|---|---|---:|---:|---:|")
     sizes = [int(x) for x in args.layers.split(",") if x]
@@ -113,16 +124,44 @@ def main() -> None:
             tokenizer(model, text)
         size = sum(f.stat().st_size for f in model.iterdir()) / 1e9
         label = f"Llama-7B-shaped, {layers} blocks ({size:.1f} GB bf16)"
-        prune = ["prune", str(model), "--sparsity", "0.5", "--calibration", str(calib),
-                 "--samples", str(args.samples), "--seq", str(args.seq)]
-        evaluate = ["eval", str(model), "--text", str(calib), "--max-tokens", "2048", "--seq", "256"]
+        prune = [
+            "prune",
+            str(model),
+            "--sparsity",
+            "0.5",
+            "--calibration",
+            str(calib),
+            "--samples",
+            str(args.samples),
+            "--seq",
+            str(args.seq),
+        ]
+        evaluate = [
+            "eval",
+            str(model),
+            "--text",
+            str(calib),
+            "--max-tokens",
+            "2048",
+            "--seq",
+            "256",
+        ]
         last = [f"--exclude=model.layers.{i}.*" for i in range(layers - 1)]
         last += [f"--exclude=*{x}*" for x in ("mlp", "q_proj", "k_proj", "v_proj")]
-        cases = [(name, cmd) for key, name, cmd in (
-            ("wanda", "prune --method wanda", prune + ["--method", "wanda"]),
-            ("wanda-last", "prune --method wanda, last block's o_proj only", prune + ["--method", "wanda", *last]),
-            ("sparsegpt", "prune --method sparsegpt", prune + ["--method", "sparsegpt"]),
-            ("eval", "eval", evaluate)) if key in wanted]
+        cases = [
+            (name, cmd)
+            for key, name, cmd in (
+                ("wanda", "prune --method wanda", prune + ["--method", "wanda"]),
+                (
+                    "wanda-last",
+                    "prune --method wanda, last block's o_proj only",
+                    prune + ["--method", "wanda", *last],
+                ),
+                ("sparsegpt", "prune --method sparsegpt", prune + ["--method", "sparsegpt"]),
+                ("eval", "eval", evaluate),
+            )
+            if key in wanted
+        ]
         codes = [("this", base_env)]
         if args.old:
             codes.append(("old", {**base_env, "PYTHONPATH": str(args.old)}))
@@ -137,16 +176,30 @@ def main() -> None:
                 shutil.rmtree(out, ignore_errors=True)
                 plan = None
                 if result:
-                    memory = result.get("memory") or (result.get("checkpoints") or [{}])[0].get("memory")
+                    memory = result.get("memory") or (result.get("checkpoints") or [{}])[0].get(
+                        "memory"
+                    )
                     plan = memory and memory["peak_estimate"] / 2**30
                     if memory:
                         from sparsetool.util.memory import MemoryPlan
 
-                        fields = {k: memory[k] for k in ("fixed", "weights", "activations", "statistics",
-                                                          "budget", "budget_source")}
+                        fields = {
+                            k: memory[k]
+                            for k in (
+                                "fixed",
+                                "weights",
+                                "activations",
+                                "statistics",
+                                "budget",
+                                "budget_source",
+                            )
+                        }
                         print(f"<!-- {label}, {name}: {MemoryPlan(**fields).describe()} -->")
-                print(f"| {label} | {name} | {code} | {seconds:.0f} | {peak:.2f} | "
-                      f"{'-' if plan is None else f'{plan:.2f}'} |", flush=True)
+                print(
+                    f"| {label} | {name} | {code} | {seconds:.0f} | {peak:.2f} | "
+                    f"{'-' if plan is None else f'{plan:.2f}'} |",
+                    flush=True,
+                )
         if layers >= 16:  # the disk holds one 7B at a time
             shutil.rmtree(model)
 

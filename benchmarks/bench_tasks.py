@@ -40,7 +40,9 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--batch", default="1,8")
-    ap.add_argument("--threads", default="0", help="torch threads per round, comma-separated; 0: default")
+    ap.add_argument(
+        "--threads", default="0", help="torch threads per round, comma-separated; 0: default"
+    )
     ap.add_argument("--baseline", type=Path, help="an older harness.py, timed as 'before'")
     args = ap.parse_args()
 
@@ -60,14 +62,26 @@ def main() -> None:
     task_dir = write_tasks(root / "tasks", ending_items(text, args.items))
     model_dir = root / "model"
     torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        n_layer=args.layers, n_embd=args.width, n_head=4, vocab_size=320, n_positions=256,
-        bos_token_id=1, eos_token_id=1)).eval().save_pretrained(model_dir)
+    transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            n_layer=args.layers,
+            n_embd=args.width,
+            n_head=4,
+            vocab_size=320,
+            n_positions=256,
+            bos_token_id=1,
+            eos_token_id=1,
+        )
+    ).eval().save_pretrained(model_dir)
     save_tokenizer(model_dir, text)
     default_threads = torch.get_num_threads()
-    print(f"machine: {machine()}; torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"lm-eval {lm_eval.__version__}; {default_threads} torch threads by default")
-    print(f"model: GPT-2 shape, {args.layers} layers, width {args.width}; task: {args.items} items x 2 choices")
+    print(
+        f"machine: {machine()}; torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"lm-eval {lm_eval.__version__}; {default_threads} torch threads by default"
+    )
+    print(
+        f"model: GPT-2 shape, {args.layers} layers, width {args.width}; task: {args.items} items x 2 choices"
+    )
 
     import sparsetool.ops.harness as harness
 
@@ -82,24 +96,38 @@ def main() -> None:
 
     def ours(batch: int, score=None) -> float:
         harness.score_requests = score or current
-        row = evaluate_tasks([model_dir], ["pick_ending"], include_path=task_dir, batch=batch,
-                             device="cpu").rows[0]
+        row = evaluate_tasks(
+            [model_dir], ["pick_ending"], include_path=task_dir, batch=batch, device="cpu"
+        ).rows[0]
         return row.metric("pick_ending", "acc")
 
     def theirs(batch: int) -> float:
         out = lm_eval.simple_evaluate(
-            model="hf", model_args={"pretrained": str(model_dir), "dtype": "float32",
-                                    "attn_implementation": "eager"},
-            tasks=["pick_ending"], device="cpu", batch_size=batch, log_samples=False,
-            task_manager=TaskManager(include_path=str(task_dir), include_defaults=False))
+            model="hf",
+            model_args={
+                "pretrained": str(model_dir),
+                "dtype": "float32",
+                "attn_implementation": "eager",
+            },
+            tasks=["pick_ending"],
+            device="cpu",
+            batch_size=batch,
+            log_samples=False,
+            task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
+        )
         return out["results"]["pick_ending"]["acc,none"]
 
     contenders = [("ours", ours), ("hf", theirs)]
     if before is not None:
         contenders.insert(0, ("before", lambda b: ours(b, before.score_requests)))
     names = [n for n, _ in contenders]
-    print(f"{'threads':>7}  {'batch':>5}  " + "  ".join(f"{n + ' (s)':>11}" for n in names)
-          + "  ours/hf" + ("  before/hf" if before else "") + "  acc")
+    print(
+        f"{'threads':>7}  {'batch':>5}  "
+        + "  ".join(f"{n + ' (s)':>11}" for n in names)
+        + "  ours/hf"
+        + ("  before/hf" if before else "")
+        + "  acc"
+    )
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads or default_threads)
         for batch in (int(b) for b in args.batch.split(",")):
@@ -112,10 +140,15 @@ def main() -> None:
                     times[name].append(time.perf_counter() - t0)
             med = {n: statistics.median(t) for n, t in times.items()}
             same = "equal" if len(set(accs.values())) == 1 else f"DIFFER {accs}"
-            print(f"{threads or default_threads:>7}  {batch:>5}  " + "  ".join(f"{med[n]:>11.2f}" for n in names)
-                  + f"  {med['ours'] / med['hf']:>7.2f}"
-                  + (f"  {med['before'] / med['hf']:>9.2f}" if before else "")
-                  + f"  {accs['ours']:.3f} ({same})", flush=True)
+            print(
+                f"{threads or default_threads:>7}  {batch:>5}  "
+                + "  ".join(f"{med[n]:>11.2f}" for n in names)
+                + f"  {med['ours'] / med['hf']:>7.2f}"
+                + (f"  {med['before'] / med['hf']:>9.2f}" if before else "")
+                + f"  {accs['ours']:.3f} ({same})",
+                flush=True,
+            )
+
 
 if __name__ == "__main__":
     main()

@@ -73,8 +73,13 @@ def wait_policy(repeat: int, conditions: list[str]) -> None:
         try:
             for _ in range(repeat):
                 for mode, n in (("unset", "2"), ("before", "2"), ("after", "2"), ("unset", "1")):
-                    r = subprocess.run([sys.executable, "-c", WAIT_POLICY, mode, n], env=env,
-                                       check=True, capture_output=True, text=True)
+                    r = subprocess.run(
+                        [sys.executable, "-c", WAIT_POLICY, mode, n],
+                        env=env,
+                        check=True,
+                        capture_output=True,
+                        text=True,
+                    )
                     print(f"{condition:5} {r.stdout.strip()}", flush=True)
         finally:
             if busy is not None:
@@ -90,8 +95,13 @@ def tool(src: Path, args: list[str], env: dict[str, str] | None = None) -> tuple
         if name not in (env or {}):
             full.pop(name, None)
     c0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-    subprocess.run([sys.executable, "-m", "sparsetool", *args], check=True, env=full,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "sparsetool", *args],
+        check=True,
+        env=full,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wall, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime
 
@@ -101,8 +111,21 @@ def build(steps: int, eval_tokens: int) -> dict[str, list[str]]:
     WORK.mkdir(parents=True, exist_ok=True)
     run = WORK / "run"
     if not (run / "model.safetensors").is_file():
-        tool(ROOT, ["train", "-o", str(run), "--preset", "tiny", "--steps", "300", "--json",
-                    "--threads", "1"])
+        tool(
+            ROOT,
+            [
+                "train",
+                "-o",
+                str(run),
+                "--preset",
+                "tiny",
+                "--steps",
+                "300",
+                "--json",
+                "--threads",
+                "1",
+            ],
+        )
     ckpts = [str(run / "model.safetensors")]
     for s in ("0.5", "0.75", "0.9"):
         out = WORK / f"pruned-{s}.safetensors"
@@ -115,8 +138,22 @@ def build(steps: int, eval_tokens: int) -> dict[str, list[str]]:
     return {
         "train": ["train", "--preset", "tiny", "--steps", str(steps), "--json", "-o"],
         "eval": ["eval", *ckpts, "--max-tokens", str(eval_tokens), "--json"],
-        "wanda": ["prune", str(llama), "--sparsity", "0.5", "--method", "wanda", "--calibration",
-                  str(calib), "--samples", "32", "--seq", "128", "-q", "-o"],
+        "wanda": [
+            "prune",
+            str(llama),
+            "--sparsity",
+            "0.5",
+            "--method",
+            "wanda",
+            "--calibration",
+            str(calib),
+            "--samples",
+            "32",
+            "--seq",
+            "128",
+            "-q",
+            "-o",
+        ],
     }
 
 
@@ -132,19 +169,38 @@ def make_llama(path: Path, calib: Path) -> None:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([text], trainers.BpeTrainer(
-        vocab_size=1024, special_tokens=["<unk>", "<s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok.train_from_iterator(
+        [text],
+        trainers.BpeTrainer(
+            vocab_size=1024,
+            special_tokens=["<unk>", "<s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     torch.manual_seed(0)
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        num_hidden_layers=4, hidden_size=128, intermediate_size=256, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=1024, max_position_embeddings=256, bos_token_id=1,
-        eos_token_id=1, pad_token_id=None)).save_pretrained(path)
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                         eos_token="<s>").save_pretrained(path)
+    transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            num_hidden_layers=4,
+            hidden_size=128,
+            intermediate_size=256,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=1024,
+            max_position_embeddings=256,
+            bos_token_id=1,
+            eos_token_id=1,
+            pad_token_id=None,
+        )
+    ).save_pretrained(path)
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="<s>"
+    ).save_pretrained(path)
 
 
-def parse_variant(label: str, spec: str, baseline: Path | None) -> tuple[str, Path, list[str], dict]:
+def parse_variant(
+    label: str, spec: str, baseline: Path | None
+) -> tuple[str, Path, list[str], dict]:
     src, args, env = ROOT, [], {}
     for part in filter(None, spec.split(",")):
         if part == "@":
@@ -164,12 +220,17 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--eval-tokens", type=int, default=20_000)
-    ap.add_argument("--baseline", type=Path, help="a source tree of the code before (variant 'main')")
+    ap.add_argument(
+        "--baseline", type=Path, help="a source tree of the code before (variant 'main')"
+    )
     ap.add_argument("--only", default="train,eval,wanda")
     ap.add_argument("--conditions", default="quiet,busy")
     ap.add_argument("--variant", nargs=2, action="append", default=[], metavar=("LABEL", "SPEC"))
-    ap.add_argument("--wait-policy", action="store_true",
-                    help="only check when OMP_WAIT_POLICY takes effect (before or after torch loads)")
+    ap.add_argument(
+        "--wait-policy",
+        action="store_true",
+        help="only check when OMP_WAIT_POLICY takes effect (before or after torch loads)",
+    )
     args = ap.parse_args()
     if args.wait_policy:
         wait_policy(args.repeat, args.conditions.split(","))
@@ -179,9 +240,12 @@ def main() -> None:
     if args.baseline:
         variants.append(("main", args.baseline, [], {}))
     variants += [parse_variant(label, spec, args.baseline) for label, spec in args.variant]
-    print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()}, {os.cpu_count()} CPUs "
-          f"(usable {len(os.sched_getaffinity(0))}), Python {platform.python_version()}, "
-          f"load average {os.getloadavg()[0]:.2f} at start", flush=True)
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()}, {os.cpu_count()} CPUs "
+        f"(usable {len(os.sched_getaffinity(0))}), Python {platform.python_version()}, "
+        f"load average {os.getloadavg()[0]:.2f} at start",
+        flush=True,
+    )
     results: dict[tuple[str, str, str], list[float]] = {}
     cpus: dict[tuple[str, str, str], list[float]] = {}
     for condition in args.conditions.split(","):
@@ -200,13 +264,20 @@ def main() -> None:
                         seconds, cpu = tool(src, argv + extra, env)
                         results.setdefault((condition, workload, label), []).append(seconds)
                         cpus.setdefault((condition, workload, label), []).append(cpu)
-                        print(f"{condition:5} {workload:5} {label:14} {seconds:7.2f} s wall "
-                              f"{cpu:7.2f} s CPU (load average {load:.1f})", flush=True)
+                        print(
+                            f"{condition:5} {workload:5} {label:14} {seconds:7.2f} s wall "
+                            f"{cpu:7.2f} s CPU (load average {load:.1f})",
+                            flush=True,
+                        )
         finally:
             if busy is not None:
                 busy.kill()
                 busy.wait()
-    print("\n| condition | workload | " + " | ".join(f"{v[0]} s (x threads1)" for v in variants) + " |")
+    print(
+        "\n| condition | workload | "
+        + " | ".join(f"{v[0]} s (x threads1)" for v in variants)
+        + " |"
+    )
     print("|---|---|" + "---|" * len(variants))
     for condition in args.conditions.split(","):
         for workload in args.only.split(","):
@@ -214,9 +285,14 @@ def main() -> None:
             cells = []
             for label, *_ in variants:
                 runs = results[(condition, workload, label)]
-                med, cpu = statistics.median(runs), statistics.median(cpus[(condition, workload, label)])
-                cells.append(f"{med:.2f} ({med / ref:.2f}x; {', '.join(f'{s:.1f}' for s in runs)}; "
-                             f"CPU {cpu:.1f})")
+                med, cpu = (
+                    statistics.median(runs),
+                    statistics.median(cpus[(condition, workload, label)]),
+                )
+                cells.append(
+                    f"{med:.2f} ({med / ref:.2f}x; {', '.join(f'{s:.1f}' for s in runs)}; "
+                    f"CPU {cpu:.1f})"
+                )
             print(f"| {condition} | {workload} | " + " | ".join(cells) + " |")
     print(json.dumps({" ".join(k): [results[k], cpus[k]] for k in results}), file=sys.stderr)
 

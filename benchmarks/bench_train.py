@@ -90,6 +90,7 @@ def _time_sparsifier_hooks(trainer) -> dict[int, float]:
             out = fn(*a, **k)
             spent[current["step"]] = spent.get(current["step"], 0.0) + time.perf_counter() - t
             return out
+
         return wrapper
 
     def build_timed(*a, **k):
@@ -106,9 +107,17 @@ def _time_sparsifier_hooks(trainer) -> dict[int, float]:
 
 
 def overhead(args: argparse.Namespace) -> None:
-    common = dict(preset=args.preset, steps=args.steps, batch_size=args.batch_size, warmup=5,
-                  eval_every=0, eval_sequences=8, update_freq=args.update_freq,
-                  update_start=args.update_freq, update_stop=args.steps - 1)
+    common = dict(
+        preset=args.preset,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        warmup=5,
+        eval_every=0,
+        eval_sequences=8,
+        update_freq=args.update_freq,
+        update_start=args.update_freq,
+        update_stop=args.steps - 1,
+    )
     times: dict[str, list[float]] = {a: [] for a in ALGOS}
     hooks: dict[str, list[float]] = {a: [] for a in ALGOS}
     for rep in range(args.reps):
@@ -121,10 +130,13 @@ def overhead(args: argparse.Namespace) -> None:
                 for k in ("update_start", "update_stop"):
                     o.pop(k)
             s = _train(f"overhead-{algo}-{rep}", time_hooks=True, **o, **opts)
-            times[algo].extend(s["step_times"][args.skip:])
-            hooks[algo].extend(s["hook_s_per_step"][args.skip:])
-            print(f"rep {rep} {algo:7s} median {statistics.median(s['step_times'][args.skip:]) * 1e3:7.1f} ms"
-                  f"  mean {statistics.fmean(s['step_times'][args.skip:]) * 1e3:7.1f} ms", flush=True)
+            times[algo].extend(s["step_times"][args.skip :])
+            hooks[algo].extend(s["hook_s_per_step"][args.skip :])
+            print(
+                f"rep {rep} {algo:7s} median {statistics.median(s['step_times'][args.skip :]) * 1e3:7.1f} ms"
+                f"  mean {statistics.fmean(s['step_times'][args.skip :]) * 1e3:7.1f} ms",
+                flush=True,
+            )
     res = {"args": vars(args), "algos": {}}
     base_med = statistics.median(times["dense"])
     base_mean = statistics.fmean(times["dense"])
@@ -137,7 +149,8 @@ def overhead(args: argparse.Namespace) -> None:
             "n": len(ts),
             # the sparsity work as a fraction of the dense part of the same steps
             "hook_fraction_median": statistics.median(
-                h / max(t - h, 1e-9) for h, t in zip(hooks[algo], ts)),
+                h / max(t - h, 1e-9) for h, t in zip(hooks[algo], ts)
+            ),
             "hook_fraction_amortised": sum(hooks[algo]) / max(sum(ts) - sum(hooks[algo]), 1e-9),
         }
     _save("overhead", res)
@@ -146,14 +159,20 @@ def overhead(args: argparse.Namespace) -> None:
 
 def _print_overhead(res: dict) -> None:
     a = res["args"]
-    print(f"\npreset {a['preset']}, batch {a['batch_size']}, {a['steps']} steps x {a['reps']} reps "
-          f"(first {a['skip']} dropped), mask updates every {a['update_freq']} steps\n")
-    print("| algorithm | median step (ms) | mean step (ms) | median / dense | mean / dense (amortised) "
-          "| sparsity work / rest of step, median | same, amortised |")
+    print(
+        f"\npreset {a['preset']}, batch {a['batch_size']}, {a['steps']} steps x {a['reps']} reps "
+        f"(first {a['skip']} dropped), mask updates every {a['update_freq']} steps\n"
+    )
+    print(
+        "| algorithm | median step (ms) | mean step (ms) | median / dense | mean / dense (amortised) "
+        "| sparsity work / rest of step, median | same, amortised |"
+    )
     print("|---|---|---|---|---|---|---|")
     for algo, r in res["algos"].items():
-        print(f"| {algo} | {r['median_ms']:.1f} | {r['mean_ms']:.1f} | {r['median_ratio']:.3f} | "
-              f"{r['mean_ratio']:.3f} | {r['hook_fraction_median']:.1%} | {r['hook_fraction_amortised']:.1%} |")
+        print(
+            f"| {algo} | {r['median_ms']:.1f} | {r['mean_ms']:.1f} | {r['median_ratio']:.3f} | "
+            f"{r['mean_ratio']:.3f} | {r['hook_fraction_median']:.1%} | {r['hook_fraction_amortised']:.1%} |"
+        )
 
 
 def _finetune_corpus() -> Path:
@@ -166,17 +185,28 @@ def _finetune_corpus() -> Path:
 
 
 def replicate(args: argparse.Namespace) -> None:
-    pre = dict(preset=args.preset, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-               warmup=args.warmup, eval_every=args.eval_every, eval_sequences=args.eval_sequences,
-               seed=args.seed)
+    pre = dict(
+        preset=args.preset,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup=args.warmup,
+        eval_every=args.eval_every,
+        eval_sequences=args.eval_sequences,
+        seed=args.seed,
+    )
     runs = {
         "pre-dense": {},
         "pre-static75": {"algorithm": "static", "sparsity": 0.75},
         "pre-rigl75": {"algorithm": "rigl", "sparsity": 0.75, "update_freq": 50},
         # fewer, later-starting updates (the Cerebras post lowers the update frequency for RigL)
         "pre-rigl75-freq150": {"algorithm": "rigl", "sparsity": 0.75, "update_freq": 150},
-        "pre-granet50-75": {"algorithm": "granet", "sparsity": 0.75, "initial_sparsity": 0.5,
-                            "update_freq": 50},
+        "pre-granet50-75": {
+            "algorithm": "granet",
+            "sparsity": 0.75,
+            "initial_sparsity": 0.5,
+            "update_freq": 50,
+        },
         # Variable SPDF: 90% static sparsity for 5/6 of the steps, then dense: the same 75%
         # average sparsity (0.9 * 5/6) as pre-static75
         "pre-vspdf90-then-dense": {"stages": [(0.9, 5 / 6), (0.0, 1 / 6)]},
@@ -192,23 +222,37 @@ def replicate(args: argparse.Namespace) -> None:
         s = _train(name, **pre, **opts)
         s.pop("step_times")
         results["pretrain"][name] = s
-        print(f"{name:18s} val {s['val_loss']:.4f} train {s['loss']:.4f} sparsity {s['sparsity']:.3f} "
-              f"wall {s['wall_s']:.0f}s", flush=True)
+        print(
+            f"{name:18s} val {s['val_loss']:.4f} train {s['loss']:.4f} sparsity {s['sparsity']:.3f} "
+            f"wall {s['wall_s']:.0f}s",
+            flush=True,
+        )
         _save("replicate", results)
     if args.seed:
         _print_replicate(results)
         return  # fine-tuning starts from the seed-0 pre-trained models only
     data = str(_finetune_corpus())
-    ft = dict(preset=args.preset, steps=args.ft_steps, batch_size=args.batch_size, lr=args.ft_lr,
-              warmup=args.ft_warmup, eval_every=args.ft_eval_every, eval_sequences=args.eval_sequences,
-              seed=args.seed, data=data)
+    ft = dict(
+        preset=args.preset,
+        steps=args.ft_steps,
+        batch_size=args.batch_size,
+        lr=args.ft_lr,
+        warmup=args.ft_warmup,
+        eval_every=args.ft_eval_every,
+        eval_sequences=args.eval_sequences,
+        seed=args.seed,
+        data=data,
+    )
     fts = {
         "ft-dense-from-dense": {"init": str(WORK / "pre-dense" / "model.safetensors")},
-        "ft-dense-from-static75 (SPDF)": {"init": str(WORK / "pre-static75" / "model.safetensors"),
-                                          "dense": True},
+        "ft-dense-from-static75 (SPDF)": {
+            "init": str(WORK / "pre-static75" / "model.safetensors"),
+            "dense": True,
+        },
         "ft-sparse-from-static75": {"init": str(WORK / "pre-static75" / "model.safetensors")},
         "ft-dense-from-vspdf (Variable SPDF)": {
-            "init": str(WORK / "pre-vspdf90-then-dense" / "model.safetensors")},
+            "init": str(WORK / "pre-vspdf90-then-dense" / "model.safetensors")
+        },
     }
     for name, opts in fts.items():
         if only and name.split(" ")[0] not in only:
@@ -218,8 +262,11 @@ def replicate(args: argparse.Namespace) -> None:
         # zero-shot: the pre-trained model on the fine-tuning validation set before any update
         s["zero_shot_val_loss"] = _zero_shot(opts["init"], data, args)
         results["finetune"][name] = s
-        print(f"{name:30s} val {s['val_loss']:.4f} (zero-shot {s['zero_shot_val_loss']:.4f}) "
-              f"sparsity {s['sparsity']:.3f} wall {s['wall_s']:.0f}s", flush=True)
+        print(
+            f"{name:30s} val {s['val_loss']:.4f} (zero-shot {s['zero_shot_val_loss']:.4f}) "
+            f"sparsity {s['sparsity']:.3f} wall {s['wall_s']:.0f}s",
+            flush=True,
+        )
         _save("replicate", results)
     _print_replicate(results)
 
@@ -233,31 +280,52 @@ def _zero_shot(init: str, data: str, args: argparse.Namespace) -> float:
         import shutil
 
         shutil.rmtree(out)
-    cfg = merge({}, {"out": str(out), "init": init, "data": data, "preset": args.preset, "steps": 1,
-                     "eval_sequences": args.eval_sequences, "batch_size": args.batch_size, "threads": 1})
+    cfg = merge(
+        {},
+        {
+            "out": str(out),
+            "init": init,
+            "data": data,
+            "preset": args.preset,
+            "steps": 1,
+            "eval_sequences": args.eval_sequences,
+            "batch_size": args.batch_size,
+            "threads": 1,
+        },
+    )
     return Trainer(cfg).evaluate()
 
 
 def _print_replicate(res: dict) -> None:
     a = res.get("args", {})
-    print(f"\npre-training: preset {a.get('preset')}, {a.get('steps')} steps x batch {a.get('batch_size')}, "
-          f"lr {a.get('lr')}; fine-tuning: {a.get('ft_steps')} steps, lr {a.get('ft_lr')}\n")
+    print(
+        f"\npre-training: preset {a.get('preset')}, {a.get('steps')} steps x batch {a.get('batch_size')}, "
+        f"lr {a.get('lr')}; fine-tuning: {a.get('ft_steps')} steps, lr {a.get('ft_lr')}\n"
+    )
     pre = res["pretrain"]
     base = pre.get("pre-dense", {}).get("val_loss")
-    print("| pre-training run | final sparsity | validation loss (nats/byte) | vs dense | train loss | wall (s) |")
+    print(
+        "| pre-training run | final sparsity | validation loss (nats/byte) | vs dense | train loss | wall (s) |"
+    )
     print("|---|---|---|---|---|---|")
     for name, s in pre.items():
         rel = f"{s['val_loss'] - base:+.4f}" if base else "-"
-        print(f"| {name} | {s['sparsity']:.3f} | {s['val_loss']:.4f} | {rel} | {s['loss']:.4f} | {s['wall_s']:.0f} |")
+        print(
+            f"| {name} | {s['sparsity']:.3f} | {s['val_loss']:.4f} | {rel} | {s['loss']:.4f} | {s['wall_s']:.0f} |"
+        )
     ft = res["finetune"]
     if ft:
         base = ft.get("ft-dense-from-dense", {}).get("val_loss")
-        print("\n| fine-tuning run (second corpus) | sparsity during fine-tuning | zero-shot val loss | "
-              "val loss after fine-tuning | vs dense baseline |")
+        print(
+            "\n| fine-tuning run (second corpus) | sparsity during fine-tuning | zero-shot val loss | "
+            "val loss after fine-tuning | vs dense baseline |"
+        )
         print("|---|---|---|---|---|")
         for name, s in ft.items():
             rel = f"{s['val_loss'] - base:+.4f}" if base else "-"
-            print(f"| {name} | {s['sparsity']:.3f} | {s['zero_shot_val_loss']:.4f} | {s['val_loss']:.4f} | {rel} |")
+            print(
+                f"| {name} | {s['sparsity']:.3f} | {s['zero_shot_val_loss']:.4f} | {s['val_loss']:.4f} | {rel} |"
+            )
 
 
 def _save(name: str, obj: dict) -> None:
@@ -272,7 +340,9 @@ def _load(name: str) -> dict | None:
 
 def main() -> None:
     torch.set_num_threads(1)
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="what", required=True)
     o = sub.add_parser("overhead")
     o.add_argument("--preset", default="mini")

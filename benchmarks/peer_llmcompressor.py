@@ -59,8 +59,11 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int)
-    ap.add_argument("--owl", action="store_true",
-                    help="OWL's per-layer sparsity (sparsity_profile='owl', M 5, lambda 0.08)")
+    ap.add_argument(
+        "--owl",
+        action="store_true",
+        help="OWL's per-layer sparsity (sparsity_profile='owl', M 5, lambda 0.08)",
+    )
     args = ap.parse_args()
     if (args.sparsity is None) == (args.nm is None):
         ap.error("give one of --sparsity or --nm")
@@ -77,8 +80,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     tok, rows = windows(args.model, args.calibration, args.samples, args.seq, args.seed)
     digest = hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
-    data = Dataset.from_dict({"input_ids": rows.tolist(),
-                              "attention_mask": torch.ones_like(rows).tolist()})
+    data = Dataset.from_dict(
+        {"input_ids": rows.tolist(), "attention_mask": torch.ones_like(rows).tolist()}
+    )
     if args.nm:
         n, m = (int(x) for x in args.nm.split(":"))
         sparsity, structure = 1 - n / m, f"{m - n}:{m}"  # llm-compressor counts the pruned ones
@@ -91,15 +95,23 @@ def main() -> None:
     # OWL allots one sparsity per target, so its targets are the decoder layers (their Linear
     # modules are pruned); with targets=["Linear"] it stops, one sparsity short per module.
     targets = [r"re:.*layers\.\d+$"] if args.owl else ["Linear"]
-    modifier = cls(sparsity=sparsity, mask_structure=structure, targets=targets,
-                   ignore=["lm_head"], **owl)
+    modifier = cls(
+        sparsity=sparsity, mask_structure=structure, targets=targets, ignore=["lm_head"], **owl
+    )
 
     t1 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32,
-                                                 local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model, dtype=torch.float32, local_files_only=True
+    )
     t2 = time.perf_counter()
-    oneshot(model=model, dataset=data, recipe=modifier, num_calibration_samples=args.samples,
-            max_seq_length=args.seq, shuffle_calibration_samples=False)
+    oneshot(
+        model=model,
+        dataset=data,
+        recipe=modifier,
+        num_calibration_samples=args.samples,
+        max_seq_length=args.seq,
+        shuffle_calibration_samples=False,
+    )
     t3 = time.perf_counter()
     tmp = Path(args.out + ".partial")  # the output appears only when complete
     shutil.rmtree(tmp, ignore_errors=True)
@@ -113,12 +125,24 @@ def main() -> None:
         z = (p == 0).sum().item()
         if z:
             zeros[name] = z / p.numel()
-    print(json.dumps({"method": args.method, "sparsity": sparsity, "owl": args.owl,
-                      "mask_structure": structure,
-                      "windows_sha256": digest, "windows": list(rows.shape),
-                      "setup_s": t1 - t0, "load_s": t2 - t1, "oneshot_s": t3 - t2,
-                      "save_s": t4 - t3, "torch_threads": torch.get_num_threads(),
-                      "zero_fraction": zeros}))
+    print(
+        json.dumps(
+            {
+                "method": args.method,
+                "sparsity": sparsity,
+                "owl": args.owl,
+                "mask_structure": structure,
+                "windows_sha256": digest,
+                "windows": list(rows.shape),
+                "setup_s": t1 - t0,
+                "load_s": t2 - t1,
+                "oneshot_s": t3 - t2,
+                "save_s": t4 - t3,
+                "torch_threads": torch.get_num_threads(),
+                "zero_fraction": zeros,
+            }
+        )
+    )
 
 
 def let_owl_run_its_statistics_pass() -> None:

@@ -38,16 +38,30 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(args.model)
     ids = list(tok(args.calibration.read_text())["input_ids"])
     windows = calibration_windows(ids, args.samples, args.seq, 0, str(args.calibration))
-    data = Dataset.from_dict({"input_ids": windows.tolist(),
-                              "attention_mask": [[1] * args.seq for _ in range(args.samples)]})
+    data = Dataset.from_dict(
+        {
+            "input_ids": windows.tolist(),
+            "attention_mask": [[1] * args.seq for _ in range(args.samples)],
+        }
+    )
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype="auto")
     t1 = time.perf_counter()
     # the decoder layers, one after the other, their linear layers pruned (the head left, as
     # prune leaves it)
-    recipe = SparseGPTModifier(sparsity=args.sparsity, mask_structure="0:0",
-                               targets=[r"re:model.layers.\d+$"], ignore=["re:.*lm_head"])
-    oneshot(model=model, dataset=data, recipe=recipe, num_calibration_samples=args.samples,
-            max_seq_length=args.seq, shuffle_calibration_samples=False)
+    recipe = SparseGPTModifier(
+        sparsity=args.sparsity,
+        mask_structure="0:0",
+        targets=[r"re:model.layers.\d+$"],
+        ignore=["re:.*lm_head"],
+    )
+    oneshot(
+        model=model,
+        dataset=data,
+        recipe=recipe,
+        num_calibration_samples=args.samples,
+        max_seq_length=args.seq,
+        shuffle_calibration_samples=False,
+    )
     t2 = time.perf_counter()
     model.save_pretrained(args.output)
     t3 = time.perf_counter()

@@ -51,6 +51,7 @@ def pages() -> list[Path]:
 
 # --- tables of contents ------------------------------------------------------------------------
 
+
 def slug(title: str) -> str:
     """GitHub's anchor for a heading."""
     t = re.sub(r"[^\w\- ]", "", title.strip().lower().replace("`", ""))
@@ -68,6 +69,7 @@ def toc(text: str) -> str:
 
 # --- --help excerpts ---------------------------------------------------------------------------
 
+
 def help_text(command: str) -> str:
     from typer.testing import CliRunner
 
@@ -81,6 +83,7 @@ def help_text(command: str) -> str:
 
 # --- examples ----------------------------------------------------------------------------------
 
+
 def split_pipe(line: str) -> tuple[str, str]:
     """``cmd | rest`` -> (cmd, rest) at the first ``|`` outside quotes."""
     quote = None
@@ -90,7 +93,7 @@ def split_pipe(line: str) -> tuple[str, str]:
         elif ch in "'\"":
             quote = ch
         elif ch == "|":
-            return line[:i].strip(), line[i + 1:].strip()
+            return line[:i].strip(), line[i + 1 :].strip()
     return line.strip(), ""
 
 
@@ -125,8 +128,9 @@ class Shell:
                 raise RuntimeError(f"{line}: {r.exception!r}") from r.exception
             if not rest:
                 return r.output
-            p = subprocess.run(["bash", "-c", rest], input=r.stdout, cwd=self.cwd, text=True,
-                               capture_output=True)
+            p = subprocess.run(
+                ["bash", "-c", rest], input=r.stdout, cwd=self.cwd, text=True, capture_output=True
+            )
             return r.stderr + p.stdout + p.stderr
         p = subprocess.run(["bash", "-c", line], cwd=self.cwd, text=True, capture_output=True)
         self.code = p.returncode
@@ -151,7 +155,10 @@ def normal(text: str) -> str:
 
 def matches(shown: str, got: str) -> bool:
     """``shown`` equals ``got``, a line ``...`` standing for any number of lines."""
-    parts = [re.escape(line) if line != "..." else r"(?:[^\n]*\n)*?" for line in normal(shown).split("\n")]
+    parts = [
+        re.escape(line) if line != "..." else r"(?:[^\n]*\n)*?"
+        for line in normal(shown).split("\n")
+    ]
     pattern = "".join(p if p.startswith("(?:") else p + r"\n" for p in parts)
     return re.fullmatch(pattern, normal(got) + "\n") is not None
 
@@ -167,12 +174,13 @@ def render_console(steps: list[tuple[str, str]]) -> str:
 
 # --- one page ----------------------------------------------------------------------------------
 
+
 def build_page(path: Path, slow: bool, log: list[str]) -> str:
     text = path.read_text()
     rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
     m = TOC.search(text)
     if m:
-        text = text[:m.start(2)] + toc(text) + text[m.end(2):]
+        text = text[: m.start(2)] + toc(text) + text[m.end(2) :]
     scratch = None
     pieces, pos = [], 0
     for fence in FENCE.finditer(text):
@@ -183,7 +191,9 @@ def build_page(path: Path, slow: bool, log: list[str]) -> str:
         line_no = text.count("\n", 0, fence.start()) + 1
         new_body = body
         if lang == "console" and not mark:
-            log.append(f"{rel}:{line_no}: a console block without <!-- example: run|slow|not run: WHY -->")
+            log.append(
+                f"{rel}:{line_no}: a console block without <!-- example: run|slow|not run: WHY -->"
+            )
         elif mark and mark.group(1) == "help":
             new_body = help_text(mark.group(2).strip())
         elif mark and mark.group(1) == "example":
@@ -194,7 +204,7 @@ def build_page(path: Path, slow: bool, log: list[str]) -> str:
                 missing = _missing_programs(body)
                 if missing:
                     print(f"{rel}:{line_no}: skipped: {', '.join(missing)} not installed")
-                    pieces.append(text[pos:fence.start(2)] + body)
+                    pieces.append(text[pos : fence.start(2)] + body)
                     pos = fence.end(2)
                     continue
                 if scratch is None:
@@ -211,7 +221,7 @@ def build_page(path: Path, slow: bool, log: list[str]) -> str:
                         log.append(f"{rel}:{line_no}: the output of `{cmd}` changed")
                         steps.append((cmd, STDLIB.sub(_stdlib_shown(shown), got)))
                 new_body = render_console(steps)
-        pieces.append(text[pos:fence.start(2)] + new_body)
+        pieces.append(text[pos : fence.start(2)] + new_body)
         pos = fence.end(2)
         if new_body != body and mark and mark.group(1) == "help":
             log.append(f"{rel}:{line_no}: `sparsetool {mark.group(2).strip()} --help` changed")
@@ -226,7 +236,12 @@ def build_page(path: Path, slow: bool, log: list[str]) -> str:
 
 def _missing_programs(block: str) -> list[str]:
     """Programs a block pipes into that this machine lacks (jq, say)."""
-    wanted = {seg.split()[0] for cmd, _ in parse_console(block) for seg in cmd.split("|")[1:] if seg.split()}
+    wanted = {
+        seg.split()[0]
+        for cmd, _ in parse_console(block)
+        for seg in cmd.split("|")[1:]
+        if seg.split()
+    }
     return sorted(w for w in wanted if w.isidentifier() and shutil.which(w) is None)
 
 

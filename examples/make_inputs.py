@@ -22,12 +22,18 @@ def gpt2_like(n_layer: int = 2, d: int = 16, vocab: int = 64) -> dict[str, torch
     for i in range(n_layer):
         p = f"transformer.h.{i}."
         state |= {
-            p + "ln_1.weight": torch.ones(d), p + "ln_1.bias": torch.zeros(d),
-            p + "attn.c_attn.weight": r(d, 3 * d), p + "attn.c_attn.bias": r(3 * d),
-            p + "attn.c_proj.weight": r(d, d), p + "attn.c_proj.bias": r(d),
-            p + "ln_2.weight": torch.ones(d), p + "ln_2.bias": torch.zeros(d),
-            p + "mlp.c_fc.weight": r(d, 4 * d), p + "mlp.c_fc.bias": r(4 * d),
-            p + "mlp.c_proj.weight": r(4 * d, d), p + "mlp.c_proj.bias": r(d),
+            p + "ln_1.weight": torch.ones(d),
+            p + "ln_1.bias": torch.zeros(d),
+            p + "attn.c_attn.weight": r(d, 3 * d),
+            p + "attn.c_attn.bias": r(3 * d),
+            p + "attn.c_proj.weight": r(d, d),
+            p + "attn.c_proj.bias": r(d),
+            p + "ln_2.weight": torch.ones(d),
+            p + "ln_2.bias": torch.zeros(d),
+            p + "mlp.c_fc.weight": r(d, 4 * d),
+            p + "mlp.c_fc.bias": r(4 * d),
+            p + "mlp.c_proj.weight": r(4 * d, d),
+            p + "mlp.c_proj.bias": r(d),
         }
     state["transformer.ln_f.weight"] = torch.ones(d)
     state["transformer.ln_f.bias"] = torch.zeros(d)
@@ -45,7 +51,9 @@ def quantized(float_except_ffn_in: bool) -> dict[str, torch.Tensor]:
             state[p + "mlp.c_fc.weight"] = torch.randint(-3, 3, (8, 32), generator=g).to(torch.int8)
             state[p + "mlp.c_proj.weight"] = torch.randn(32, 8, generator=g)
         else:
-            state[p + "attn.c_attn.weight"] = torch.randint(-3, 3, (8, 24), generator=g).to(torch.int8)
+            state[p + "attn.c_attn.weight"] = torch.randint(-3, 3, (8, 24), generator=g).to(
+                torch.int8
+            )
             state[p + "attn.c_proj.weight"] = torch.randint(-3, 3, (8, 8), generator=g)  # int64
             state[p + "mlp.c_fc.weight"] = torch.randint(0, 3, (8, 32), generator=g).to(torch.uint8)
             state[p + "mlp.c_proj.weight"] = torch.randint(0, 2, (32, 8), generator=g).bool()

@@ -25,10 +25,26 @@ text = open(sys.argv[1] if len(sys.argv) > 1 else "topics.txt").read()
 bpe = Tokenizer(models.BPE(unk_token="<unk>"))
 bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
 bpe.decoder = decoders.ByteLevel()
-bpe.train_from_iterator([text], trainers.BpeTrainer(
-    vocab_size=2048, special_tokens=["<unk>", "<s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-tok = PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>", bos_token="<s>", eos_token="<s>")
-config = LlamaConfig(num_hidden_layers=4, hidden_size=128, intermediate_size=384, num_attention_heads=4,
-                     vocab_size=len(tok), max_position_embeddings=256, bos_token_id=1, eos_token_id=1)
+bpe.train_from_iterator(
+    [text],
+    trainers.BpeTrainer(
+        vocab_size=2048,
+        special_tokens=["<unk>", "<s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    ),
+)
+tok = PreTrainedTokenizerFast(
+    tokenizer_object=bpe, unk_token="<unk>", bos_token="<s>", eos_token="<s>"
+)
+config = LlamaConfig(
+    num_hidden_layers=4,
+    hidden_size=128,
+    intermediate_size=384,
+    num_attention_heads=4,
+    vocab_size=len(tok),
+    max_position_embeddings=256,
+    bos_token_id=1,
+    eos_token_id=1,
+)
 LlamaForCausalLM(config).save_pretrained("tiny-llama")
 tok.save_pretrained("tiny-llama")

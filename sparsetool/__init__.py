@@ -23,7 +23,8 @@ from sparsetool.util.version import __version__
 
 __all__ = ["__version__", "load", "prune", "densify", "report", "diff", "simulate"]
 
-_WHERE = dict.fromkeys(["load", "prune", "densify", "report", "eval", "diff", "simulate"],
-                       "sparsetool.api")
+_WHERE = dict.fromkeys(
+    ["load", "prune", "densify", "report", "eval", "diff", "simulate"], "sparsetool.api"
+)
 
 __getattr__, __dir__ = lazy_names(__name__, _WHERE)

@@ -33,7 +33,14 @@ from sparsetool.util.options import (
     parse_globs,
 )
 
-__all__ = ["load", "prune", "densify", "report", "diff", "simulate"]  # and eval: not exported by *, see above
+__all__ = [
+    "load",
+    "prune",
+    "densify",
+    "report",
+    "diff",
+    "simulate",
+]  # and eval: not exported by *, see above
 
 
 def prune(
@@ -84,38 +91,57 @@ def prune(
         from sparsetool.errors import ConfigError
 
         raise ConfigError("give an output path (or in_place=True to replace the input)")
-    return prune_checkpoint(checkpoint, checkpoint if output is None else output, opts,
-                            in_place=in_place)
+    return prune_checkpoint(
+        checkpoint, checkpoint if output is None else output, opts, in_place=in_place
+    )
 
 
-def densify(checkpoint: str | Path, output: str | Path | None = None, *,
-            in_place: bool = False) -> DensifyResult:
+def densify(
+    checkpoint: str | Path, output: str | Path | None = None, *, in_place: bool = False
+) -> DensifyResult:
     """``sparsetool densify CHECKPOINT -o OUTPUT``: every encoding back to plain dense tensors."""
     from sparsetool.errors import ConfigError
     from sparsetool.ops.densify import densify_checkpoint
 
     if output is None and not in_place:
         raise ConfigError("give an output path (or in_place=True to replace the input)")
-    return densify_checkpoint(checkpoint, checkpoint if output is None else output,
-                              in_place=in_place)
+    return densify_checkpoint(
+        checkpoint, checkpoint if output is None else output, in_place=in_place
+    )
 
 
-def report(checkpoint: str | Path, *, include: Sequence[str] = (),
-           exclude: Sequence[str] = (), default_targets: bool = False) -> Report:
+def report(
+    checkpoint: str | Path,
+    *,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    default_targets: bool = False,
+) -> Report:
     """``sparsetool report CHECKPOINT``: per-tensor sparsity; ``.to_json()`` gives the CLI's JSON.
     Without globs, a checkpoint pruned with ``include``/``exclude`` uses the recorded ones unless
     ``default_targets``."""
     from sparsetool.ops.report import summarize
 
-    return summarize(checkpoint, include=parse_globs(include, "include"),
-                     exclude=parse_globs(exclude, "exclude"),
-                     default_targets=default_targets)
+    return summarize(
+        checkpoint,
+        include=parse_globs(include, "include"),
+        exclude=parse_globs(exclude, "exclude"),
+        default_targets=default_targets,
+    )
 
 
-def eval(checkpoints: str | Path | Sequence[str | Path], *, text: str | Path | None = None,
-         seq: int | None = None, stride: int | None = None, max_tokens: int | None = None,
-         batch: int = 1, dtype: str = "float32", device: str = "auto",
-         max_memory: int | str | None = None) -> EvalResult:
+def eval(
+    checkpoints: str | Path | Sequence[str | Path],
+    *,
+    text: str | Path | None = None,
+    seq: int | None = None,
+    stride: int | None = None,
+    max_tokens: int | None = None,
+    batch: int = 1,
+    dtype: str = "float32",
+    device: str = "auto",
+    max_memory: int | str | None = None,
+) -> EvalResult:
     """``sparsetool eval CKPT [CKPT ...]``: NLL, perplexity and bits per byte on held-out text.
     ``text`` is a file or directory (a ``Path``, or a ``str`` naming one that exists: read as
     ``--text`` reads it), the text itself (any other ``str``), or None for the held-out split of the
@@ -128,27 +154,49 @@ def eval(checkpoints: str | Path | Sequence[str | Path], *, text: str | Path | N
     paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
     if isinstance(text, str):
         text = _text_or_file(text)
-    return evaluate(paths, text=text, seq=seq, stride=stride, max_tokens=max_tokens, batch=batch,
-                    dtype=dtype, device=check_device(device),
-                    max_memory=None if max_memory is None else parse_size(max_memory))
+    return evaluate(
+        paths,
+        text=text,
+        seq=seq,
+        stride=stride,
+        max_tokens=max_tokens,
+        batch=batch,
+        dtype=dtype,
+        device=check_device(device),
+        max_memory=None if max_memory is None else parse_size(max_memory),
+    )
 
 
-def diff(a: str | Path, b: str | Path, *, include: Sequence[str] = (),
-         exclude: Sequence[str] = ()) -> DiffResult:
+def diff(
+    a: str | Path, b: str | Path, *, include: Sequence[str] = (), exclude: Sequence[str] = ()
+) -> DiffResult:
     """``sparsetool diff A B``: per-matrix mask overlap, revived weights, L2 and angular change."""
     from sparsetool.ops.diff import diff as diff_checkpoints
 
-    return diff_checkpoints(a, b, include=parse_globs(include, "include"),
-                            exclude=parse_globs(exclude, "exclude"))
+    return diff_checkpoints(
+        a, b, include=parse_globs(include, "include"), exclude=parse_globs(exclude, "exclude")
+    )
 
 
-def simulate(checkpoint: str | Path | None = None, *, shape: str | None = None,
-             model: str | None = None, sparsity: float | str | Sequence[float] | None = None,
-             sweep: bool = False, tokens: int | str = 2048, pattern: str = "random", seed: int = 0,
-             hardware: str | Path | None = None, device: str | Sequence[str] = (),
-             seq_len: int | None = None, verify: bool = False, plot: str | Path | None = None,
-             include: str | Sequence[str] = (), exclude: str | Sequence[str] = (),
-             default_targets: bool = False) -> dict:
+def simulate(
+    checkpoint: str | Path | None = None,
+    *,
+    shape: str | None = None,
+    model: str | None = None,
+    sparsity: float | str | Sequence[float] | None = None,
+    sweep: bool = False,
+    tokens: int | str = 2048,
+    pattern: str = "random",
+    seed: int = 0,
+    hardware: str | Path | None = None,
+    device: str | Sequence[str] = (),
+    seq_len: int | None = None,
+    verify: bool = False,
+    plot: str | Path | None = None,
+    include: str | Sequence[str] = (),
+    exclude: str | Sequence[str] = (),
+    default_targets: bool = False,
+) -> dict:
     """``sparsetool simulate``: modelled time and speed-up of exactly one of ``checkpoint`` (its
     real masks), ``shape`` (``"MxK"``, a seeded ``pattern`` mask) or ``model`` (a flops preset) at
     ``sparsity`` (a number, a list or ``"0.5,0.9"``: a sweep; or ``sweep=True``) on each
@@ -157,13 +205,23 @@ def simulate(checkpoint: str | Path | None = None, *, shape: str | None = None,
     from sparsetool.util.options import parse_tokens
 
     return run_simulation(
-        None if checkpoint is None else Path(checkpoint), shape=shape, model=model, sparsity=sparsity,
-        sweep=sweep, tokens=parse_tokens(tokens), pattern=pattern, seed=seed,
+        None if checkpoint is None else Path(checkpoint),
+        shape=shape,
+        model=model,
+        sparsity=sparsity,
+        sweep=sweep,
+        tokens=parse_tokens(tokens),
+        pattern=pattern,
+        seed=seed,
         hardware=None if hardware is None else Path(hardware),
-        devices=(device,) if isinstance(device, str) else tuple(device), seq_len=seq_len,
-        verify=verify, plot=None if plot is None else Path(plot),
-        include=parse_globs(include, "include"), exclude=parse_globs(exclude, "exclude"),
-        default_targets=default_targets)
+        devices=(device,) if isinstance(device, str) else tuple(device),
+        seq_len=seq_len,
+        verify=verify,
+        plot=None if plot is None else Path(plot),
+        include=parse_globs(include, "include"),
+        exclude=parse_globs(exclude, "exclude"),
+        default_targets=default_targets,
+    )
 
 
 def _text_or_file(text: str) -> str | Path:
@@ -177,8 +235,14 @@ def _text_or_file(text: str) -> str | Path:
     if "\n" not in text and len(text) < 4096 and os.path.exists(text):
         return Path(text)
     word = text.strip()
-    if word and not any(c.isspace() for c in word) and (os.sep in word or Path(word).suffix[1:].isalpha()):
-        raise SparsetoolError(f"text={text!r} looks like a file name, but there is no such file or "
-                              "directory; give a file that exists (a str naming one, or a Path), or "
-                              "the text itself")
+    if (
+        word
+        and not any(c.isspace() for c in word)
+        and (os.sep in word or Path(word).suffix[1:].isalpha())
+    ):
+        raise SparsetoolError(
+            f"text={text!r} looks like a file name, but there is no such file or "
+            "directory; give a file that exists (a str naming one, or a Path), or "
+            "the text itself"
+        )
     return text

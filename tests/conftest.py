@@ -31,6 +31,7 @@ def pytest_configure(config):
     if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
+
 @pytest.fixture
 def gpt2_file(tmp_path: Path) -> Path:
     path = tmp_path / "model.safetensors"
@@ -70,8 +71,22 @@ def tiny_run(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("gpt")
     data = make_corpus(root / "corpus", files=6)
-    r = run("train", "-o", root / "run", "--data", data, "--preset", "tiny", "--steps", "2",
-            "--batch-size", "2", "--warmup", "1", "--json")
+    r = run(
+        "train",
+        "-o",
+        root / "run",
+        "--data",
+        data,
+        "--preset",
+        "tiny",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--warmup",
+        "1",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     return root / "run"
 

@@ -21,13 +21,23 @@ import numpy as np
 __all__ = ["write_gpt2_gguf", "convert_gguf"]
 
 _CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
-_NAMES = {"attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output", "mlp.c_fc": "ffn_up",
-          "mlp.c_proj": "ffn_down", "ln_1": "attn_norm", "ln_2": "ffn_norm"}
+_NAMES = {
+    "attn.c_attn": "attn_qkv",
+    "attn.c_proj": "attn_output",
+    "mlp.c_fc": "ffn_up",
+    "mlp.c_proj": "ffn_down",
+    "ln_1": "attn_norm",
+    "ln_2": "ffn_norm",
+}
 
 
 def _gguf_name(name: str) -> str:
-    fixed = {"transformer.wte.weight": "token_embd.weight", "transformer.wpe.weight": "position_embd.weight",
-             "transformer.ln_f.weight": "output_norm.weight", "transformer.ln_f.bias": "output_norm.bias"}
+    fixed = {
+        "transformer.wte.weight": "token_embd.weight",
+        "transformer.wpe.weight": "position_embd.weight",
+        "transformer.ln_f.weight": "output_norm.weight",
+        "transformer.ln_f.bias": "output_norm.bias",
+    }
     if name in fixed:
         return fixed[name]
     _, _, block, rest = name.split(".", 3)  # transformer.h.N.<module>.<param>
@@ -56,16 +66,26 @@ def write_gpt2_gguf(model, tokenizer_dir: Path, out: Path, qtype: str = "F32") -
     w.add_block_count(cfg.n_layer)
     w.add_head_count(cfg.n_head)
     w.add_layer_norm_eps(cfg.layer_norm_epsilon)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == "F32" else getattr(gguf.LlamaFileType, f"MOSTLY_{qtype}"))
+    w.add_file_type(
+        gguf.LlamaFileType.ALL_F32
+        if qtype == "F32"
+        else getattr(gguf.LlamaFileType, f"MOSTLY_{qtype}")
+    )
     w.add_tokenizer_model("gpt2")
     w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.CONTROL if t in specials else gguf.TokenType.NORMAL for t in tokens])
+    w.add_token_types(
+        [gguf.TokenType.CONTROL if t in specials else gguf.TokenType.NORMAL for t in tokens]
+    )
     w.add_token_merges(merges)
     w.add_bos_token_id(cfg.bos_token_id)
     w.add_eos_token_id(cfg.eos_token_id)
     quant = getattr(gguf.GGMLQuantizationType, qtype)
     for name, p in model.state_dict().items():
-        if name == "lm_head.weight" or name.endswith(".attn.bias") or name.endswith(".attn.masked_bias"):
+        if (
+            name == "lm_head.weight"
+            or name.endswith(".attn.bias")
+            or name.endswith(".attn.masked_bias")
+        ):
             continue  # the tied head is the embedding; causal-mask buffers are not weights
         a = p.detach().float().numpy()
         if any(f".{c}.weight" in name for c in _CONV1D):

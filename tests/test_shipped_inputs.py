@@ -31,7 +31,9 @@ def test_the_small_model_is_small_and_has_a_tokenizer_of_one_token_per_byte():
     from tokenizers import Tokenizer
 
     assert sum(p.stat().st_size for p in LM.iterdir()) < 1_000_000
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in LM.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in LM.iterdir()
+    }
     text = "Sparse héllo\n"
     assert Tokenizer.from_file(str(LM / "tokenizer.json")).encode(text).ids == list(text.encode())
     made = _module(ROOT / "fixtures" / "make_tiny_lm.py").tokenizer()  # the script's, unsaved
@@ -41,8 +43,21 @@ def test_the_small_model_is_small_and_has_a_tokenizer_of_one_token_per_byte():
 
 def test_eval_and_calibration_pruning_run_on_it(tmp_path):
     wanda = tmp_path / "lm-wanda-50"
-    r = run("prune", LM, "-o", wanda, "--sparsity", "0.5", "--method", "wanda", "--calibration", HELDOUT,
-            "--samples", "4", "-q")
+    r = run(
+        "prune",
+        LM,
+        "-o",
+        wanda,
+        "--sparsity",
+        "0.5",
+        "--method",
+        "wanda",
+        "--calibration",
+        HELDOUT,
+        "--samples",
+        "4",
+        "-q",
+    )
     assert r.exit_code == 0, r.output
     r = run("eval", LM, wanda, "--text", HELDOUT, "--max-tokens", "3000", "--json")
     assert r.exit_code == 0, r.output
@@ -58,15 +73,31 @@ def test_the_example_tasks_run_from_the_clone(tmp_path, monkeypatch):
     assert [json.loads(x) for x in lines] == _module(tasks / "make_items.py").items()  # regenerable
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(ROOT)  # the YAML files name their data from the directory holding examples/
-    r = run("eval", "fixtures/tiny-lm", "--tasks", "pick_ending,line_nll", "--include-path", "examples/tasks",
-            "--limit", "4", "--offline", "--json", "-q")
+    r = run(
+        "eval",
+        "fixtures/tiny-lm",
+        "--tasks",
+        "pick_ending,line_nll",
+        "--include-path",
+        "examples/tasks",
+        "--limit",
+        "4",
+        "--offline",
+        "--json",
+        "-q",
+    )
     assert r.exit_code == 0, r.output
     assert "pick_ending" in r.stdout and "line_nll" in r.stdout
 
 
 def test_tiny_llama_makes_the_text_it_needs(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "examples" / "tiny_llama.py")], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "tiny_llama.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     assert "wrote topics.txt" in r.stderr
     assert (tmp_path / "topics.txt").stat().st_size > 100_000

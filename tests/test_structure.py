@@ -52,7 +52,11 @@ def _imports(module: str, path: Path, *, everywhere: bool) -> list[tuple[int, st
             if base.split(".")[0] == "sparsetool":
                 found += [(node.lineno, base, a.name) for a in node.names]
         elif isinstance(node, ast.Import):
-            found += [(node.lineno, a.name, "") for a in node.names if a.name.split(".")[0] == "sparsetool"]
+            found += [
+                (node.lineno, a.name, "")
+                for a in node.names
+                if a.name.split(".")[0] == "sparsetool"
+            ]
     return found
 
 
@@ -116,8 +120,12 @@ def test_no_module_reads_a_private_attribute_another_module_defines():
         tree = ast.parse(path.read_text())
         own = _private_attributes_defined(tree)
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in own
-                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+            if (
+                isinstance(node, ast.Attribute)
+                and _private(node.attr)
+                and node.attr not in own
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+            ):
                 reaches.append(f"{module}:{node.lineno} reads {ast.unparse(node)}")
     assert not reaches, "\n".join(reaches)
 
@@ -130,8 +138,9 @@ def _cycles(everywhere: bool) -> list[list[str]]:
             full = f"{base}.{name}" if name else base
             deps.add(full if full in MODULES else base)
         # importing a submodule imports its packages anyway: those edges are not circles
-        graph[module] = {d for d in deps if d in MODULES and d != module
-                         and not module.startswith(d + ".")}
+        graph[module] = {
+            d for d in deps if d in MODULES and d != module and not module.startswith(d + ".")
+        }
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -177,11 +186,15 @@ def test_ops_and_train_meet_only_in_models():
     """A checkpoint as a runnable model lives in ``models``, which ops and train both use: ops
     never imports train (but the demo, which chains the trainer), train never imports ops, and
     models imports neither, even inside functions."""
+
     def part(module: str) -> str:
         return ".".join(module.split(".")[:2])
 
-    forbidden = {"sparsetool.ops": {"sparsetool.train"}, "sparsetool.train": {"sparsetool.ops"},
-                 "sparsetool.models": {"sparsetool.ops", "sparsetool.train"}}
+    forbidden = {
+        "sparsetool.ops": {"sparsetool.train"},
+        "sparsetool.train": {"sparsetool.ops"},
+        "sparsetool.models": {"sparsetool.ops", "sparsetool.train"},
+    }
     crossings = []
     for module, path in MODULES.items():
         if module in CHAINS_THE_TRAINER:
@@ -235,11 +248,13 @@ def test_the_top_level_is_the_public_surface():
 
 
 def test_the_util_helpers_import_without_torch():
-    code = ("import sys; import sparsetool.util.options, sparsetool.util.configfile, "
-            "sparsetool.util.wording, sparsetool.util.workers, sparsetool.util.memory, "
-            "sparsetool.util.progress, sparsetool.util.corpus, sparsetool.checkpoint.reader, "
-            "sparsetool.checkpoint.counting, sparsetool.models; "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; import sparsetool.util.options, sparsetool.util.configfile, "
+        "sparsetool.util.wording, sparsetool.util.workers, sparsetool.util.memory, "
+        "sparsetool.util.progress, sparsetool.util.corpus, sparsetool.checkpoint.reader, "
+        "sparsetool.checkpoint.counting, sparsetool.models; "
+        "print('torch' in sys.modules)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.stdout.strip() == "False", r.stderr
 
@@ -248,8 +263,13 @@ def _top_level_definitions(name: str) -> list[str]:
     where = []
     for module, path in MODULES.items():
         for node in ast.parse(path.read_text()).body:
-            targets = (node.targets if isinstance(node, ast.Assign)
-                       else [node] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else [])
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node]
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+                else []
+            )
             if any(getattr(t, "id", getattr(t, "name", None)) == name for t in targets):
                 where.append(module)
     return where
@@ -264,6 +284,7 @@ def test_one_progress_type_and_no_ambiguous_count_nonzero():
 
 # ------------------------------------------------------------------------ the prune pipeline
 
+
 def test_planners_declare_the_protocol_of_their_write_order(tmp_path):
     from sparsetool.ops.prune import PruneOptions, plan_prune
     from sparsetool.ops.prune.calibrated import CalibratedPlanner
@@ -272,14 +293,24 @@ def test_planners_declare_the_protocol_of_their_write_order(tmp_path):
 
     plan = plan_prune(TINY, PruneOptions(sparsity=0.5))
     assert isinstance(plan.planner, MagnitudePlanner)
-    assert isinstance(plan.planner, FileOrderPlanner) and not isinstance(plan.planner, BlockOrderPlanner)
+    assert isinstance(plan.planner, FileOrderPlanner) and not isinstance(
+        plan.planner, BlockOrderPlanner
+    )
     opts = PruneOptions(sparsity=0.5, method="wanda", calibration=str(tmp_path / "t.txt"))
     calibrated = CalibratedPlanner(plan.ckpt, plan.targets, opts, plan.targeting)
-    assert isinstance(calibrated, BlockOrderPlanner) and not isinstance(calibrated, FileOrderPlanner)
+    assert isinstance(calibrated, BlockOrderPlanner) and not isinstance(
+        calibrated, FileOrderPlanner
+    )
 
 
-@pytest.mark.parametrize("opts", [dict(sparsity=0.6), dict(sparsity=0.6, scope="global"),
-                                  dict(fraction=0.5, encoding="bitmask")])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(sparsity=0.6),
+        dict(sparsity=0.6, scope="global"),
+        dict(fraction=0.5, encoding="bitmask"),
+    ],
+)
 def test_prune_checkpoint_is_plan_then_write(tmp_path, opts):
     from sparsetool.ops.prune import PruneOptions, plan_prune, prune_checkpoint, write_pruned
 
@@ -293,9 +324,16 @@ def test_prune_checkpoint_is_plan_then_write(tmp_path, opts):
 
 
 def test_the_prune_pipeline_has_no_type_ignore():
-    files = [*sorted((PACKAGE / "ops" / "prune").glob("*.py")), *sorted((PACKAGE / "masks").glob("*.py"))]
-    flagged = [f"{p.relative_to(ROOT)}:{i}" for p in files
-               for i, line in enumerate(p.read_text().splitlines(), 1) if "type: ignore" in line]
+    files = [
+        *sorted((PACKAGE / "ops" / "prune").glob("*.py")),
+        *sorted((PACKAGE / "masks").glob("*.py")),
+    ]
+    flagged = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in files
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if "type: ignore" in line
+    ]
     assert not flagged, flagged
 
 
@@ -308,6 +346,7 @@ def test_the_kernel_docstring_opens_with_the_sort_it_equals():
 
 # ------------------------------------------------------------------------ the linter
 
+
 def test_ruff_is_configured_installed_with_the_tests_and_run_by_ci():
     import tomllib
 
@@ -316,7 +355,11 @@ def test_ruff_is_configured_installed_with_the_tests_and_run_by_ci():
     assert "I" in project["tool"]["ruff"]["lint"]["select"]  # import sorting
     assert any(d.startswith("ruff") for d in project["project"]["optional-dependencies"]["test"])
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert "ruff check" in ci and ci.index("ruff check") < ci.index(ci[-1]) and ci[-1].endswith("pytest -q")
+    assert (
+        "ruff check" in ci
+        and ci.index("ruff check") < ci.index(ci[-1])
+        and ci[-1].endswith("pytest -q")
+    )
 
 
 def _ruff() -> str:
@@ -329,7 +372,9 @@ def _ruff() -> str:
 
 
 def test_ruff_check_is_clean():
-    r = subprocess.run([_ruff(), "check", "--no-cache", "."], capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [_ruff(), "check", "--no-cache", "."], capture_output=True, text=True, cwd=ROOT
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -349,14 +394,29 @@ def test_the_long_line_exemptions_only_shrink():
     listed = [f for f, codes in lint["per-file-ignores"].items() if "E501" in codes]
     assert [f for f in listed if not (ROOT / f).is_file()] == []  # paths, not patterns
     assert len(listed) <= LONG_LINE_FILES_AT_MOST
-    r = subprocess.run([_ruff(), "check", "--no-cache", "--select", "E501", "--config",
-                        "lint.per-file-ignores = {}", "--output-format", "concise", *listed],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [
+            _ruff(),
+            "check",
+            "--no-cache",
+            "--select",
+            "E501",
+            "--config",
+            "lint.per-file-ignores = {}",
+            "--output-format",
+            "concise",
+            *listed,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     long = {line.split(":")[0] for line in r.stdout.splitlines() if ": E501 " in line}
     assert [f for f in listed if f not in long] == [], "no line over 100 left: take it off the list"
 
 
 # ------------------------------------------------------------------------ names and their homes
+
 
 def _defined(path: Path) -> set[str]:
     """The names a module defines at its top level, or imports from outside sparsetool (the one
@@ -364,7 +424,11 @@ def _defined(path: Path) -> set[str]:
     from other sparsetool modules."""
     names = set()
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] != "sparsetool":
+        if (
+            isinstance(node, ast.ImportFrom)
+            and not node.level
+            and node.module.split(".")[0] != "sparsetool"
+        ):
             names |= {a.asname or a.name for a in node.names}
         for sub in ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else [node]:
             if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -377,8 +441,11 @@ def _defined(path: Path) -> set[str]:
 
 def _exported(path: Path) -> list[str]:
     for node in ast.parse(path.read_text()).body:
-        if (isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets)
-                and isinstance(node.value, ast.List)):
+        if (
+            isinstance(node, ast.Assign)
+            and any(getattr(t, "id", "") == "__all__" for t in node.targets)
+            and isinstance(node.value, ast.List)
+        ):
             return [e.value for e in node.value.elts if isinstance(e, ast.Constant)]
     return []
 
@@ -394,25 +461,47 @@ def test_names_are_imported_from_the_module_that_defines_them():
     names the module defining ``x``, in the package and in the tests alike."""
     plain = {m: p for m, p in MODULES.items() if p.name != "__init__.py" and m != "sparsetool.api"}
     defined = {m: _defined(p) for m, p in plain.items()}
-    found = [f"{m}.__all__ lists {n}, defined elsewhere"
-             for m, p in plain.items() for n in _exported(p) if n not in defined[m]]
+    found = [
+        f"{m}.__all__ lists {n}, defined elsewhere"
+        for m, p in plain.items()
+        for n in _exported(p)
+        if n not in defined[m]
+    ]
     files = {**MODULES, **{str(p.relative_to(ROOT)): p for p in (ROOT / "tests").rglob("*.py")}}
     for module, path in files.items():
         for line, base, name in _imports(module, path, everywhere=True):
-            if (base in plain and name and f"{base}.{name}" not in MODULES
-                    and name not in defined[base] and (base, name) not in PENDING_REEXPORTS):
-                found.append(f"{module}:{line} imports {name} from {base}, which does not define it")
+            if (
+                base in plain
+                and name
+                and f"{base}.{name}" not in MODULES
+                and name not in defined[base]
+                and (base, name) not in PENDING_REEXPORTS
+            ):
+                found.append(
+                    f"{module}:{line} imports {name} from {base}, which does not define it"
+                )
     assert not found, "\n".join(found)
 
 
 def test_every_package_face_loads_its_names_through_one_helper():
     """``sparsetool.util.lazy.lazy_names`` makes every lazy face's ``__getattr__``/``__dir__``."""
     faces = [p for p in PACKAGE.rglob("__init__.py") if "__getattr__" in p.read_text()]
-    own = [str(p.relative_to(ROOT)) for p in faces
-           if any(isinstance(n, ast.FunctionDef) and n.name in ("__getattr__", "__dir__")
-                  for n in ast.parse(p.read_text()).body)]
+    own = [
+        str(p.relative_to(ROOT))
+        for p in faces
+        if any(
+            isinstance(n, ast.FunctionDef) and n.name in ("__getattr__", "__dir__")
+            for n in ast.parse(p.read_text()).body
+        )
+    ]
     assert not own, own
-    assert {p.parent.name for p in faces} >= {"sparsetool", "checkpoint", "flops", "masks", "hardware"}
+    assert {p.parent.name for p in faces} >= {
+        "sparsetool",
+        "checkpoint",
+        "flops",
+        "masks",
+        "hardware",
+    }
     assert all("lazy_names(__name__, _WHERE)" in p.read_text() for p in faces)
 
 
@@ -443,8 +532,13 @@ def test_typer_private_click_is_imported_in_one_module():
     found = []
     for module, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
-                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
             if any(n == "typer._click" or n.startswith("typer._click.") for n in names):
                 found.append(module)
     assert sorted(set(found)) == ["sparsetool.cli._click"]

@@ -30,8 +30,14 @@ def items(n: int = 24, seed: int = 0) -> list[dict]:
         while other == ending:
             other = " ".join(rng.choice(lines)[3:])
         label = rng.randrange(2)
-        out.append({"context": " ".join(words[:3]), "label": label, "text": " ".join(words),
-                    "choices": [other, ending] if label else [ending, other]})
+        out.append(
+            {
+                "context": " ".join(words[:3]),
+                "label": label,
+                "text": " ".join(words),
+                "choices": [other, ending] if label else [ending, other],
+            }
+        )
     return out
 
 

@@ -96,12 +96,20 @@ def cpu_kernel(name: str, weight: torch.Tensor, dtype: torch.dtype, threads: int
 
     if name == "torch-linear":
         w = weight.to(dtype)
-        return Kernel(name, lambda x: x.to(dtype), lambda x: torch.nn.functional.linear(x, w),
-                      lambda y: y.float())
+        return Kernel(
+            name,
+            lambda x: x.to(dtype),
+            lambda x: torch.nn.functional.linear(x, w),
+            lambda y: y.float(),
+        )
     if name == "torch-linear-float32":
         w = weight.to(dtype).float()
-        return Kernel(name, lambda x: x.to(dtype).float(),
-                      lambda x: torch.nn.functional.linear(x, w), lambda y: y)
+        return Kernel(
+            name,
+            lambda x: x.to(dtype).float(),
+            lambda x: torch.nn.functional.linear(x, w),
+            lambda y: y,
+        )
     values = weight.to(dtype).float()  # the dtype's numbers, held in float32
     if name == "torch-csr":
         import warnings
@@ -109,8 +117,12 @@ def cpu_kernel(name: str, weight: torch.Tensor, dtype: torch.dtype, threads: int
         with warnings.catch_warnings():  # "support is in beta": said once in the docs instead
             warnings.simplefilter("ignore", UserWarning)
             csr = values.to_sparse_csr()
-        return Kernel(name, lambda x: x.to(dtype).float().T.contiguous(),
-                      lambda x: torch.sparse.mm(csr, x), _as_tensor)
+        return Kernel(
+            name,
+            lambda x: x.to(dtype).float().T.contiguous(),
+            lambda x: torch.sparse.mm(csr, x),
+            _as_tensor,
+        )
     if name in ("scipy-csr", "scipy-csr-rows"):
         sp = _scipy()
         csr = sp.csr_matrix(values.numpy())
@@ -144,8 +156,9 @@ def _banded(name: str, csr: Any, threads: int, take: Callable[[torch.Tensor], An
     return Kernel(name, take, run, _as_tensor)
 
 
-def cuda_kernel(name: str, weight: torch.Tensor, dtype: torch.dtype, device: torch.device,
-                two_four: bool) -> Kernel:
+def cuda_kernel(
+    name: str, weight: torch.Tensor, dtype: torch.dtype, device: torch.device, two_four: bool
+) -> Kernel:
     """The CUDA kernel ``name`` on ``device``; thin on torch's API (never run on machines
     without CUDA)."""
     import torch
@@ -154,8 +167,13 @@ def cuda_kernel(name: str, weight: torch.Tensor, dtype: torch.dtype, device: tor
     back = lambda y: y.float().cpu()  # noqa: E731
     w = weight.to(device=device, dtype=dtype)
     if name == "cublas":
-        return Kernel(name, lambda x: x.to(device=device, dtype=dtype),
-                      lambda x: torch.nn.functional.linear(x, w), back, sync)
+        return Kernel(
+            name,
+            lambda x: x.to(device=device, dtype=dtype),
+            lambda x: torch.nn.functional.linear(x, w),
+            back,
+            sync,
+        )
     if name == "cusparse-csr":
         try:
             import warnings
@@ -165,8 +183,13 @@ def cuda_kernel(name: str, weight: torch.Tensor, dtype: torch.dtype, device: tor
                 csr = w.to_sparse_csr()
         except RuntimeError as e:
             raise Unavailable(f"torch cannot build a CUDA CSR tensor in {dtype}: {e}") from None
-        return Kernel(name, lambda x: x.to(device=device, dtype=dtype).T.contiguous(),
-                      lambda x: torch.sparse.mm(csr, x), lambda y: y.T.float().cpu(), sync)
+        return Kernel(
+            name,
+            lambda x: x.to(device=device, dtype=dtype).T.contiguous(),
+            lambda x: torch.sparse.mm(csr, x),
+            lambda y: y.T.float().cpu(),
+            sync,
+        )
     if name == "semi-structured-2:4":
         if not two_four:
             raise Unavailable("the mask does not keep 2 of every 4 weights along K")
@@ -174,6 +197,11 @@ def cuda_kernel(name: str, weight: torch.Tensor, dtype: torch.dtype, device: tor
             ws = torch.sparse.to_sparse_semi_structured(w)
         except (RuntimeError, ValueError, TypeError) as e:
             raise Unavailable(f"torch cannot make this weight 2:4 semi-structured: {e}") from None
-        return Kernel(name, lambda x: x.to(device=device, dtype=dtype),
-                      lambda x: torch.nn.functional.linear(x, ws), back, sync)
+        return Kernel(
+            name,
+            lambda x: x.to(device=device, dtype=dtype),
+            lambda x: torch.nn.functional.linear(x, ws),
+            back,
+            sync,
+        )
     raise Unavailable(f"no CUDA kernel named {name}")

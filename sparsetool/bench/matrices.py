@@ -42,20 +42,24 @@ class Matrix:
     target: float | None = None
 
 
-def _random_weight(shape: tuple[int, int], sparsity: float, pattern: str,
-                   seed: int) -> torch.Tensor:
+def _random_weight(
+    shape: tuple[int, int], sparsity: float, pattern: str, seed: int
+) -> torch.Tensor:
     mask = synthetic_mask(shape, sparsity, pattern, seed)
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(shape, generator=g, dtype=torch.float32)
     return w.mul_(torch.from_numpy(mask))
 
 
-def from_shape(shape: tuple[int, int], sparsities: Sequence[float], pattern: str = "random",
-               seed: int = 0) -> list[Matrix]:
+def from_shape(
+    shape: tuple[int, int], sparsities: Sequence[float], pattern: str = "random", seed: int = 0
+) -> list[Matrix]:
     """One matrix per sparsity (the same seeded weights, masks of the ``pattern``)."""
     name = f"{shape[0]}x{shape[1]}"
-    return [Matrix(name, shape, 1, s, lambda s=s: _random_weight(shape, s, pattern, seed), target=s)
-            for s in sparsities]
+    return [
+        Matrix(name, shape, 1, s, lambda s=s: _random_weight(shape, s, pattern, seed), target=s)
+        for s in sparsities
+    ]
 
 
 def from_model(cfg: Any, sparsities: Sequence[float], seed: int = 0) -> list[Matrix]:
@@ -65,19 +69,32 @@ def from_model(cfg: Any, sparsities: Sequence[float], seed: int = 0) -> list[Mat
     shapes: dict[tuple[int, int], list[str]] = {}
     for _, role, shape in model_layers(cfg):
         shapes.setdefault(tuple(shape), []).append(role)
-    return [Matrix(f"{m}x{k}", (m, k), len(roles), s,
-                   lambda sh=(m, k), s=s: _random_weight(sh, s, "random", seed),
-                   tuple(dict.fromkeys(roles)), target=s)
-            for s in sparsities for (m, k), roles in shapes.items()]
+    return [
+        Matrix(
+            f"{m}x{k}",
+            (m, k),
+            len(roles),
+            s,
+            lambda sh=(m, k), s=s: _random_weight(sh, s, "random", seed),
+            tuple(dict.fromkeys(roles)),
+            target=s,
+        )
+        for s in sparsities
+        for (m, k), roles in shapes.items()
+    ]
 
 
 _EXPERT = re.compile(r"^(.*)\[(\d+)\]$")
 
 
-def from_checkpoint(path: Path, *, include: Sequence[str] = (), exclude: Sequence[str] = (),
-                    default_targets: bool = False,
-                    progress: Callable[[int, int, str], None] | None = None,
-                    ) -> tuple[list[Matrix], dict[str, Any]]:
+def from_checkpoint(
+    path: Path,
+    *,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    default_targets: bool = False,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> tuple[list[Matrix], dict[str, Any]]:
     """One matrix per distinct shape of the checkpoint's targeted matrices, with its real mask,
     and how the tensors were targeted (:func:`sparsetool.targets.recorded.targeting_summary`).
 
@@ -87,28 +104,45 @@ def from_checkpoint(path: Path, *, include: Sequence[str] = (), exclude: Sequenc
     from sparsetool.targets.recorded import targeting_summary
 
     path = Path(path)
-    layers, _, plan, _ = checkpoint_layers(path, [], progress, include=include, exclude=exclude,
-                                           default_targets=default_targets)
+    layers, _, plan, _ = checkpoint_layers(
+        path, [], progress, include=include, exclude=exclude, default_targets=default_targets
+    )
     if not layers:
         chosen = " (--include/--exclude left none)" if include or exclude else ""
-        raise CheckpointError(f"'{path}' has no targeted weight matrices to time{chosen}; time a "
-                              "preset or one shape instead, e.g. --model gpt2-small --sparsity "
-                              "0.9 or --shape 4096x4096 --sparsity 0.9")
+        raise CheckpointError(
+            f"'{path}' has no targeted weight matrices to time{chosen}; time a "
+            "preset or one shape instead, e.g. --model gpt2-small --sparsity "
+            "0.9 or --shape 4096x4096 --sparsity 0.9"
+        )
     groups: dict[tuple[int, int], list[Any]] = {}
     for ly in layers:
         groups.setdefault((ly.out_features, ly.in_features), []).append(ly)
     out = []
     for shape, lys in groups.items():
         chosen = sorted(lys, key=lambda ly: (ly.sparsity, ly.name))[(len(lys) - 1) // 2]
-        out.append(Matrix(chosen.name, shape, len(lys), chosen.sparsity,
-                          lambda n=chosen.name, sh=shape: _read(path, n, sh, include, exclude,
-                                                                default_targets),
-                          tuple(dict.fromkeys(ly.role for ly in lys))))
+        out.append(
+            Matrix(
+                chosen.name,
+                shape,
+                len(lys),
+                chosen.sparsity,
+                lambda n=chosen.name, sh=shape: _read(
+                    path, n, sh, include, exclude, default_targets
+                ),
+                tuple(dict.fromkeys(ly.role for ly in lys)),
+            )
+        )
     return out, targeting_summary(plan)
 
 
-def _read(path: Path, name: str, shape: tuple[int, int], include: Sequence[str],
-          exclude: Sequence[str], default_targets: bool) -> torch.Tensor:
+def _read(
+    path: Path,
+    name: str,
+    shape: tuple[int, int],
+    include: Sequence[str],
+    exclude: Sequence[str],
+    default_targets: bool,
+) -> torch.Tensor:
     """The masked weight ``name`` (``tensor[e]``: expert ``e`` of a fused tensor) as ``(M, K)``."""
     from sparsetool.checkpoint import open_checkpoint
     from sparsetool.checkpoint.encodings import decode
@@ -119,10 +153,19 @@ def _read(path: Path, name: str, shape: tuple[int, int], include: Sequence[str],
     with open_checkpoint(path) as ck:
         lt = next((t for t in ck.logical if t.name == base), None)
         if lt is None:
-            raise CheckpointError(f"{path}: tensor '{base}' is gone; was the checkpoint changed "
-                                  "while bench ran? run it again")
-        plan = plan_checkpoint_targets(ck.logical, ck.config, ck.metadata(), include, exclude,
-                                       default_targets=default_targets, source=path.name)
+            raise CheckpointError(
+                f"{path}: tensor '{base}' is gone; was the checkpoint changed "
+                "while bench ran? run it again"
+            )
+        plan = plan_checkpoint_targets(
+            ck.logical,
+            ck.config,
+            ck.metadata(),
+            include,
+            exclude,
+            default_targets=default_targets,
+            source=path.name,
+        )
         dense, mask = decode(ck, lt)
     w = dense.float() if mask is None else dense.float() * mask
     dim = plan[base].input_dim
@@ -132,8 +175,10 @@ def _read(path: Path, name: str, shape: tuple[int, int], include: Sequence[str],
         w = w.T
     w = w.contiguous()
     if tuple(w.shape) != shape:
-        raise CheckpointError(f"{path}: tensor '{name}' has shape {list(w.shape)}, expected "
-                              f"{list(shape)}; was the checkpoint changed while bench ran?")
+        raise CheckpointError(
+            f"{path}: tensor '{name}' has shape {list(w.shape)}, expected "
+            f"{list(shape)}; was the checkpoint changed while bench ran?"
+        )
     return w
 
 

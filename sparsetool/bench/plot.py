@@ -23,17 +23,28 @@ def bench_figure(result: dict[str, Any]) -> Any:
     for ly in result["layers"]:
         shapes.setdefault(tuple(ly["shape"]), []).append(ly)
     sweep = any(len(lys) > 1 for lys in shapes.values())
-    fig, axes = plt.subplots(1, len(shapes), figsize=(4.6 * len(shapes) + 1.8, 4.2), dpi=110,
-                             squeeze=False, sharey=True, layout="constrained")
+    fig, axes = plt.subplots(
+        1,
+        len(shapes),
+        figsize=(4.6 * len(shapes) + 1.8, 4.2),
+        dpi=110,
+        squeeze=False,
+        sharey=True,
+        layout="constrained",
+    )
     for ax, (shape, lys) in zip(axes[0], shapes.items()):
         if sweep:
             lys = sorted(lys, key=lambda ly: ly["sparsity"])
             for i, batch in enumerate(result["batches"]):
-                pts = [(ly["sparsity"], ly["runs"][i]["best_speedup"]) for ly in lys
-                       if ly["runs"][i]["best_speedup"]]
+                pts = [
+                    (ly["sparsity"], ly["runs"][i]["best_speedup"])
+                    for ly in lys
+                    if ly["runs"][i]["best_speedup"]
+                ]
                 if pts:
-                    ax.plot(*zip(*pts), marker=_MARKERS[i % len(_MARKERS)], ms=4,
-                            label=f"batch {batch}")
+                    ax.plot(
+                        *zip(*pts), marker=_MARKERS[i % len(_MARKERS)], ms=4, label=f"batch {batch}"
+                    )
             for r in result["break_even"]:
                 crossed = r["kernel"] == "best" and r["sparsity"] is not None
                 if crossed and tuple(r["shape"]) == shape:
@@ -44,8 +55,11 @@ def bench_figure(result: dict[str, Any]) -> Any:
             ly = lys[0]
             batches = [r["batch"] for r in ly["runs"]]
             for j, k in enumerate(result["kernels"]):
-                pts = [(b, r["sparse"][k]["speedup"]) for b, r in zip(batches, ly["runs"])
-                       if k in r["sparse"]]
+                pts = [
+                    (b, r["sparse"][k]["speedup"])
+                    for b, r in zip(batches, ly["runs"])
+                    if k in r["sparse"]
+                ]
                 if pts:
                     ax.plot(*zip(*pts), marker=_MARKERS[j % len(_MARKERS)], ms=4, label=k)
             ax.set_xscale("log", base=2)
@@ -63,8 +77,11 @@ def bench_figure(result: dict[str, Any]) -> Any:
     if axes[0][0].get_legend_handles_labels()[0]:
         axes[0][0].legend(fontsize=8, loc="best")
     dev = result["device"]
-    fig.suptitle(f"{result['label']} on {dev['name']} ({plural(dev['threads'], 'thread')}, "
-                 f"{result['dtype']})", fontsize=10)
+    fig.suptitle(
+        f"{result['label']} on {dev['name']} ({plural(dev['threads'], 'thread')}, "
+        f"{result['dtype']})",
+        fontsize=10,
+    )
     return fig
 
 

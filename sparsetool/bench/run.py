@@ -38,8 +38,9 @@ product of the same (dtype-rounded) values. float32 sums in another order differ
 largest output; a kernel whose output is rounded to bfloat16 by ~4e-3."""
 
 
-def kernel_names(device_type: str, dtype: str,
-                 chosen: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+def kernel_names(
+    device_type: str, dtype: str, chosen: Sequence[str] = ()
+) -> tuple[list[str], list[str]]:
     """The dense candidates and the sparse kernels to time on this kind of device; ``chosen``
     (``--kernel``) keeps only those sparse kernels."""
     if device_type == "cuda":
@@ -50,8 +51,9 @@ def kernel_names(device_type: str, dtype: str,
     if chosen:
         wrong = [k for k in chosen if k not in sparse]
         if wrong:
-            raise ConfigError(f"--kernel {wrong[0]}: the sparse kernels on {device_type} are "
-                              f"{', '.join(sparse)}")
+            raise ConfigError(
+                f"--kernel {wrong[0]}: the sparse kernels on {device_type} are {', '.join(sparse)}"
+            )
         sparse = [k for k in sparse if k in chosen]
     return dense, sparse
 
@@ -69,8 +71,13 @@ def device_info(device: Any, threads: int) -> dict[str, Any]:
         name = torch.cuda.get_device_name(device)
     else:
         name = cpu_name()
-    return {"type": device.type, "name": name, "threads": threads,
-            "torch": torch.__version__, "scipy": scipy_version}
+    return {
+        "type": device.type,
+        "name": name,
+        "threads": threads,
+        "torch": torch.__version__,
+        "scipy": scipy_version,
+    }
 
 
 def _error(y: Any, ref: Any) -> tuple[float, float]:
@@ -84,10 +91,21 @@ def _build(name: str, weight: Any, dtype: Any, device: Any, threads: int, is_24:
     return cpu_kernel(name, weight, dtype, threads)
 
 
-def time_matrix(m: Matrix, weight: Any, batches: Sequence[int], dense_names: Sequence[str],
-                sparse_names: Sequence[str], *, device: Any, dtype: str, threads: int,
-                repeats: int, min_time: float, seed: int,
-                step: Callable[[], None] = lambda: None) -> dict[str, Any]:
+def time_matrix(
+    m: Matrix,
+    weight: Any,
+    batches: Sequence[int],
+    dense_names: Sequence[str],
+    sparse_names: Sequence[str],
+    *,
+    device: Any,
+    dtype: str,
+    threads: int,
+    repeats: int,
+    min_time: float,
+    seed: int,
+    step: Callable[[], None] = lambda: None,
+) -> dict[str, Any]:
     """Every batch of one matrix: the fastest dense candidate and each sparse kernel, each
     checked against the float32 product of the same values."""
     import torch
@@ -117,15 +135,17 @@ def time_matrix(m: Matrix, weight: Any, batches: Sequence[int], dense_names: Seq
         dense, sparse = None, {}
         for name, k in kernels.items():
             prepared = k.take(x)
-            timing, out = measure(lambda k=k, p=prepared: k.run(p), repeats=repeats,
-                                  min_time=min_time, sync=k.sync)
+            timing, out = measure(
+                lambda k=k, p=prepared: k.run(p), repeats=repeats, min_time=min_time, sync=k.sync
+            )
             err, top = _error(k.result(out), ref)
-            entry = {**timing.as_dict(), "max_abs_error": err,
-                     "ok": err <= rtol * max(top, 1e-30)}
+            entry = {**timing.as_dict(), "max_abs_error": err, "ok": err <= rtol * max(top, 1e-30)}
             del out, prepared
             if name in dense_names:  # the fastest correct one (any, if none is)
-                if dense is None or (entry["ok"], -entry["median_s"]) > (dense["ok"],
-                                                                        -dense["median_s"]):
+                if dense is None or (entry["ok"], -entry["median_s"]) > (
+                    dense["ok"],
+                    -dense["median_s"],
+                ):
                     dense = {"kernel": name, **entry}
             else:
                 sparse[name] = entry
@@ -133,13 +153,28 @@ def time_matrix(m: Matrix, weight: Any, batches: Sequence[int], dense_names: Seq
             entry["speedup"] = dense["median_s"] / entry["median_s"]
         correct = [n for n in sparse if sparse[n]["ok"]]
         best = max(correct, key=lambda n: sparse[n]["speedup"], default=None)
-        runs.append({"batch": batch, "dense": dense, "sparse": sparse, "best": best,
-                     "best_speedup": sparse[best]["speedup"] if best else None})
+        runs.append(
+            {
+                "batch": batch,
+                "dense": dense,
+                "sparse": sparse,
+                "best": best,
+                "best_speedup": sparse[best]["speedup"] if best else None,
+            }
+        )
         step()
     numel = m.shape[0] * m.shape[1]
-    return {"name": m.name, "shape": list(m.shape), "count": m.count, "roles": list(m.roles),
-            "nnz": nnz, "sparsity": 1.0 - nnz / numel, "two_four": is_24, "runs": runs,
-            "skipped": skipped}
+    return {
+        "name": m.name,
+        "shape": list(m.shape),
+        "count": m.count,
+        "roles": list(m.roles),
+        "nnz": nnz,
+        "sparsity": 1.0 - nnz / numel,
+        "two_four": is_24,
+        "runs": runs,
+        "skipped": skipped,
+    }
 
 
 def model_summary(layers: list[dict[str, Any]], batches: Sequence[int]) -> list[dict[str, Any]]:
@@ -160,19 +195,37 @@ def model_summary(layers: list[dict[str, Any]], batches: Sequence[int]) -> list[
             if any(b is None for b in best):
                 sparse = None
             else:
-                sparse = sum(ly["count"] * ly["runs"][i]["sparse"][b]["median_s"]
-                             for ly, b in zip(lys, best))
+                sparse = sum(
+                    ly["count"] * ly["runs"][i]["sparse"][b]["median_s"] for ly, b in zip(lys, best)
+                )
             runs = [ly["runs"][i] for ly in lys]
-            mixed = sum(ly["count"] * min([e["median_s"] for e in r["sparse"].values() if e["ok"]]
-                                          + [r["dense"]["median_s"]])
-                        for ly, r in zip(lys, runs))
-            rows.append({"batch": batch, "dense_s": dense / batch, "sparse_s":
-                         None if sparse is None else sparse / batch,
-                         "speedup": None if sparse is None else dense / sparse,
-                         "mixed_s": mixed / batch, "mixed_speedup": dense / mixed,
-                         "kernels": {ly["name"]: b for ly, b in zip(lys, best)}})
-        out.append({"sparsity": 1.0 - nnz / numel, "target_sparsity": target,
-                    "matrices": sum(ly["count"] for ly in lys), "batches": rows})
+            mixed = sum(
+                ly["count"]
+                * min(
+                    [e["median_s"] for e in r["sparse"].values() if e["ok"]]
+                    + [r["dense"]["median_s"]]
+                )
+                for ly, r in zip(lys, runs)
+            )
+            rows.append(
+                {
+                    "batch": batch,
+                    "dense_s": dense / batch,
+                    "sparse_s": None if sparse is None else sparse / batch,
+                    "speedup": None if sparse is None else dense / sparse,
+                    "mixed_s": mixed / batch,
+                    "mixed_speedup": dense / mixed,
+                    "kernels": {ly["name"]: b for ly, b in zip(lys, best)},
+                }
+            )
+        out.append(
+            {
+                "sparsity": 1.0 - nnz / numel,
+                "target_sparsity": target,
+                "matrices": sum(ly["count"] for ly in lys),
+                "batches": rows,
+            }
+        )
     return out
 
 
@@ -200,8 +253,9 @@ def crossing(points: Sequence[tuple[float, float]]) -> tuple[str, float | None]:
     return "never", None
 
 
-def break_even(layers: list[dict[str, Any]], batches: Sequence[int],
-               kernels: Sequence[str]) -> list[dict[str, Any]]:
+def break_even(
+    layers: list[dict[str, Any]], batches: Sequence[int], kernels: Sequence[str]
+) -> list[dict[str, Any]]:
     """Break-even sparsity per shape, batch and kernel (and ``best``: the fastest kernel at each
     sparsity), wherever a shape was timed at two sparsities or more."""
     shapes: dict[tuple[int, int], list[dict[str, Any]]] = {}
@@ -216,15 +270,26 @@ def break_even(layers: list[dict[str, Any]], batches: Sequence[int],
                 pts = []
                 for ly in lys:
                     run = ly["runs"][i]
-                    v = (run["best_speedup"] if k == "best"
-                         else run["sparse"].get(k, {}).get("speedup"))
+                    v = (
+                        run["best_speedup"]
+                        if k == "best"
+                        else run["sparse"].get(k, {}).get("speedup")
+                    )
                     pts.append((ly["sparsity"], v))
                 if all(v is None for _, v in pts):
                     continue
                 status, s = crossing(pts)
                 best = max((v for _, v in pts if v is not None), default=None)
-                out.append({"shape": list(shape), "batch": batch, "kernel": k, "status": status,
-                            "sparsity": s, "best_speedup": best})
+                out.append(
+                    {
+                        "shape": list(shape),
+                        "batch": batch,
+                        "kernel": k,
+                        "status": status,
+                        "sparsity": s,
+                        "best_speedup": best,
+                    }
+                )
     return out
 
 
@@ -254,10 +319,14 @@ def verdict(result: dict[str, Any]) -> str:
             pts = [(m["sparsity"], m["batches"][i]["speedup"]) for m in models]
             status, s = crossing(pts)
             best = max((v for _, v in pts if v is not None), default=None)
-            parts.append(f"from {s:.0%} sparsity at batch {b}" if status == "crossed" else
-                         f"at every sparsity timed at batch {b}" if status == "always" else
-                         f"at no sparsity timed at batch {b}"
-                         + ("" if best is None else f" (best {best:.2f}x)"))
+            parts.append(
+                f"from {s:.0%} sparsity at batch {b}"
+                if status == "crossed"
+                else f"at every sparsity timed at batch {b}"
+                if status == "always"
+                else f"at no sparsity timed at batch {b}"
+                + ("" if best is None else f" (best {best:.2f}x)")
+            )
         return f"on {where} the fastest sparse kernels beat dense for {what} " + "; ".join(parts)
     rows = [(r["batch"], r["speedup"]) for r in models[0]["batches"]]
     if all(v is None for _, v in rows):
@@ -268,8 +337,10 @@ def verdict(result: dict[str, Any]) -> str:
     even = [b for b, v in rows if v is not None and b not in fast and b not in slow]
     if not fast:
         tail = f"; about even at batch {_listed(even)}" if even else ""
-        return (f"sparsity does not pay on {where}: the fastest sparse kernels are not faster for "
-                f"{what} at any batch timed ({span}){tail}; use dense kernels here")
+        return (
+            f"sparsity does not pay on {where}: the fastest sparse kernels are not faster for "
+            f"{what} at any batch timed ({span}){tail}; use dense kernels here"
+        )
     if not slow and not even:
         return f"sparsity pays on {where} at every batch timed: {what} ({span})"
     said = [f"sparsity pays on {where} at batch {_listed(fast)}"]
@@ -292,16 +363,21 @@ def notes(result: dict[str, Any], usable: int) -> list[str]:
     out = []
     dev = result["device"]
     if dev["type"] == "cpu" and dev["threads"] < usable:
-        out.append(f"timed on {plural(dev['threads'], 'thread')} of the {usable} usable cores (the "
-                   f"others are busy); --threads {usable} to use them all")
+        out.append(
+            f"timed on {plural(dev['threads'], 'thread')} of the {usable} usable cores (the "
+            f"others are busy); --threads {usable} to use them all"
+        )
     dense = [ly["name"] for ly in result["layers"] if ly["nnz"] == ly["shape"][0] * ly["shape"][1]]
     if dense:
         more = "" if len(dense) == 1 else f" (and {len(dense) - 1} more)"
-        out.append(f"{dense[0]} has no zeros{more}: the sparse kernels run it as a dense matrix "
-                   "in sparse storage")
+        out.append(
+            f"{dense[0]} has no zeros{more}: the sparse kernels run it as a dense matrix "
+            "in sparse storage"
+        )
     if any(ly["nnz"] == 0 for ly in result["layers"]):
-        out.append("a matrix with no non-zero at all is timed: its sparse product only writes "
-                   "zeros")
+        out.append(
+            "a matrix with no non-zero at all is timed: its sparse product only writes zeros"
+        )
     return out
 
 
@@ -315,16 +391,29 @@ def _check_room(m: Matrix, batch: int, kernels: int) -> None:
     need = rows * cols * (8 + 12 * kernels) + batch * (rows + cols) * 4 * 4
     room = available_memory()
     if need > room:
-        raise SparsetoolError(f"{m.name}: timing a {rows} x {cols} matrix at batch {batch} needs "
-                              f"about {binary_bytes(need)} and {binary_bytes(room)} is available; "
-                              "time a smaller --shape or fewer kernels (--kernel)")
+        raise SparsetoolError(
+            f"{m.name}: timing a {rows} x {cols} matrix at batch {batch} needs "
+            f"about {binary_bytes(need)} and {binary_bytes(room)} is available; "
+            "time a smaller --shape or fewer kernels (--kernel)"
+        )
 
 
-def run_bench(matrices: list[Matrix], *, source: str, label: str, batches: Sequence[int] = BATCHES,
-              device: str = "cpu", dtype: str = "float32", kernels: Sequence[str] = (),
-              repeats: int = 5, min_time: float = 0.2, threads: int = 1, seed: int = 0,
-              plot: Path | None = None,
-              progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
+def run_bench(
+    matrices: list[Matrix],
+    *,
+    source: str,
+    label: str,
+    batches: Sequence[int] = BATCHES,
+    device: str = "cpu",
+    dtype: str = "float32",
+    kernels: Sequence[str] = (),
+    repeats: int = 5,
+    min_time: float = 0.2,
+    threads: int = 1,
+    seed: int = 0,
+    plot: Path | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict[str, Any]:
     """Time ``matrices`` (:mod:`sparsetool.bench.matrices`) and return the bench JSON."""
     from sparsetool.models.open import resolve_device
 
@@ -344,8 +433,20 @@ def run_bench(matrices: list[Matrix], *, source: str, label: str, batches: Seque
     for m in matrices:
         _check_room(m, max(batches), len(dense_names) + len(sparse_names))
         weight = m.load()
-        ly = time_matrix(m, weight, batches, dense_names, sparse_names, device=dev, dtype=dtype,
-                         threads=threads, repeats=repeats, min_time=min_time, seed=seed, step=step)
+        ly = time_matrix(
+            m,
+            weight,
+            batches,
+            dense_names,
+            sparse_names,
+            device=dev,
+            dtype=dtype,
+            threads=threads,
+            repeats=repeats,
+            min_time=min_time,
+            seed=seed,
+            step=step,
+        )
         del weight
         ly["target_sparsity"] = m.target
         for k, why in ly.pop("skipped").items():
@@ -353,18 +454,26 @@ def run_bench(matrices: list[Matrix], *, source: str, label: str, batches: Seque
         layers.append(ly)
     timed = [k for k in sparse_names if k not in skipped]
     result: dict[str, Any] = {
-        "bench": SCHEMA_VERSION, "device": device_info(dev, threads), "dtype": dtype,
-        "source": source, "label": label, "batches": list(batches), "kernels": timed,
+        "bench": SCHEMA_VERSION,
+        "device": device_info(dev, threads),
+        "dtype": dtype,
+        "source": source,
+        "label": label,
+        "batches": list(batches),
+        "kernels": timed,
         "dense_kernels": [k for k in dense_names if k not in skipped],
         "skipped": {k: v for k, v in skipped.items() if k in sparse_names},
         "options": {"repeats": repeats, "min_time_s": min_time, "seed": seed},
         "layers": layers,
         "model": model_summary(layers, batches),
         "break_even": break_even(layers, batches, timed),
-        "failed": [{"name": ly["name"], "batch": r["batch"], "kernel": k}
-                   for ly in layers for r in ly["runs"]
-                   for k, e in [(r["dense"]["kernel"], r["dense"]), *r["sparse"].items()]
-                   if not e["ok"]],
+        "failed": [
+            {"name": ly["name"], "batch": r["batch"], "kernel": k}
+            for ly in layers
+            for r in ly["runs"]
+            for k, e in [(r["dense"]["kernel"], r["dense"]), *r["sparse"].items()]
+            if not e["ok"]
+        ],
     }
     result["verdict"] = verdict(result)
     result["notes"] = notes(result, usable_cores())

@@ -38,9 +38,14 @@ def summarise(times: list[float]) -> Timing:
     return Timing(float(q[0]), float(q[1]), float(q[2]), len(times))
 
 
-def measure(call: Callable[[], Any], *, repeats: int = 5, min_time: float = 0.2,
-            sync: Callable[[], None] | None = None,
-            clock: Callable[[], float] = time.perf_counter) -> tuple[Timing, Any]:
+def measure(
+    call: Callable[[], Any],
+    *,
+    repeats: int = 5,
+    min_time: float = 0.2,
+    sync: Callable[[], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[Timing, Any]:
     """Time ``call``; returns the timing and the warm-up call's result."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")

@@ -65,11 +65,18 @@ def scatter(values: np.ndarray, keep: np.ndarray) -> np.ndarray:
     return out.reshape(keep.shape)
 
 
-def check_parts(group: str, shape: list[int], compressed_shape: tuple[int, ...], bitmask_shape: tuple[int, ...],
-                where: str) -> None:
+def check_parts(
+    group: str,
+    shape: list[int],
+    compressed_shape: tuple[int, ...],
+    bitmask_shape: tuple[int, ...],
+    where: str,
+) -> None:
     """Header-level consistency of one bitmask group (data-level checks happen on read)."""
     if len(compressed_shape) != 1:
-        raise CheckpointError(f"{where}: {group}.compressed must be 1-D, got shape {list(compressed_shape)}")
+        raise CheckpointError(
+            f"{where}: {group}.compressed must be 1-D, got shape {list(compressed_shape)}"
+        )
     if not shape:
         raise CheckpointError(f"{where}: {group}.shape is empty")
     expect = tuple(shape[:-1]) + (packed_cols(shape[-1]),)
@@ -78,4 +85,6 @@ def check_parts(group: str, shape: list[int], compressed_shape: tuple[int, ...],
             f"{where}: {group}.bitmask has shape {list(bitmask_shape)} but dense shape {shape} needs {list(expect)}"
         )
     if compressed_shape[0] > math.prod(shape):
-        raise CheckpointError(f"{where}: {group}.compressed holds more values than the dense shape {shape}")
+        raise CheckpointError(
+            f"{where}: {group}.compressed holds more values than the dense shape {shape}"
+        )

@@ -20,7 +20,9 @@ import numpy as np
 from sparsetool.util import workers
 from sparsetool.util.floatbits import FORMATS
 
-FLOAT_KEYS = {st: (f.magnitude, f.inf) for st, f in FORMATS.items() if f.fp8 is None and f.inf is not None}
+FLOAT_KEYS = {
+    st: (f.magnitude, f.inf) for st, f in FORMATS.items() if f.fp8 is None and f.inf is not None
+}
 """(magnitude mask, magnitude of +inf) of the float types whose zeros and NaN are told apart on
 the bits this way (fp8 types are not: some have no inf, and in the FNUZ ones 0x80 is NaN), from
 the one table of float formats (:data:`sparsetool.util.floatbits.FORMATS`)."""
@@ -32,7 +34,9 @@ def _chunks(fn, n: int) -> list:
     return workers.run(lambda a: fn(a, min(a + CHUNK, n)), range(0, n, CHUNK))
 
 
-def count_nonzero_bits(bits: np.ndarray, st_dtype: str | None = None, *, nan_is_zero: bool = False) -> int:
+def count_nonzero_bits(
+    bits: np.ndarray, st_dtype: str | None = None, *, nan_is_zero: bool = False
+) -> int:
     """Entries of a flat float array given by its bits (signed integers of its width) that are
     not zero (-0.0 is zero). With ``nan_is_zero`` (a NaN sentinel; ``st_dtype`` one of
     ``FLOAT_KEYS``) NaN counts as zero too."""
@@ -84,8 +88,11 @@ def holds_nan_or_negative_zero(bits: np.ndarray, st_dtype: str) -> bool:
     def part(a: int, b: int) -> bool:
         if b <= a:
             return False
-        return (int(bits[a:b].max()) > inf or int(bits[a:b].min()) == negative_zero
-                or int(unsigned[a:b].max()) > negative_inf)
+        return (
+            int(bits[a:b].max()) > inf
+            or int(bits[a:b].min()) == negative_zero
+            or int(unsigned[a:b].max()) > negative_inf
+        )
 
     return any(_chunks(part, bits.size))
 

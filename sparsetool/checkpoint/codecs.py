@@ -16,8 +16,17 @@ from dataclasses import dataclass
 
 from sparsetool.errors import SparsetoolError
 
-__all__ = ["Codec", "ZEROS", "MASK", "NAN", "BITMASK", "CODECS", "ENCODINGS", "DEFAULT_ENCODING",
-           "codec"]
+__all__ = [
+    "Codec",
+    "ZEROS",
+    "MASK",
+    "NAN",
+    "BITMASK",
+    "CODECS",
+    "ENCODINGS",
+    "DEFAULT_ENCODING",
+    "codec",
+]
 
 
 @dataclass(frozen=True)
@@ -46,12 +55,23 @@ class Codec:
 
 ZEROS = Codec("zeros", streamed=True)
 MASK = Codec("mask", streamed=True, side_mask=True)
-NAN = Codec("nan", streamed=True, nan_sentinel=True,
-            loader_problem="transformers' from_pretrained loads the nan encoding as a model full of NaN")
-BITMASK = Codec("bitmask", streamed=False, kept_counts_in_header=True, compressed=True,
-                loader_problem=("transformers' from_pretrained cannot load the bitmask encoding (it "
-                                "asks for compressed-tensors, whose current releases dropped "
-                                "sparse-bitmask and re-initialise the pruned weights at random)"))
+NAN = Codec(
+    "nan",
+    streamed=True,
+    nan_sentinel=True,
+    loader_problem="transformers' from_pretrained loads the nan encoding as a model full of NaN",
+)
+BITMASK = Codec(
+    "bitmask",
+    streamed=False,
+    kept_counts_in_header=True,
+    compressed=True,
+    loader_problem=(
+        "transformers' from_pretrained cannot load the bitmask encoding (it "
+        "asks for compressed-tensors, whose current releases dropped "
+        "sparse-bitmask and re-initialise the pruned weights at random)"
+    ),
+)
 
 CODECS: dict[str, Codec] = {c.name: c for c in (ZEROS, MASK, NAN, BITMASK)}
 
@@ -65,4 +85,6 @@ def codec(name: str) -> Codec:
     try:
         return CODECS[name]
     except KeyError:
-        raise SparsetoolError(f"unknown encoding {name!r}; use one of: {', '.join(ENCODINGS)}") from None
+        raise SparsetoolError(
+            f"unknown encoding {name!r}; use one of: {', '.join(ENCODINGS)}"
+        ) from None

@@ -18,7 +18,13 @@ from sparsetool.errors import ConfigError
 
 _BLOCKS = ("quantization_config", "compression_config")
 # Keys that carry no meaning once sparsity_config is gone (bookkeeping of compressed-tensors).
-_BOOKKEEPING = {"version", "quant_method", "format", "quantization_status", "global_compression_ratio"}
+_BOOKKEEPING = {
+    "version",
+    "quant_method",
+    "format",
+    "quantization_status",
+    "global_compression_ratio",
+}
 
 
 def _meaningless(block: dict) -> bool:

@@ -47,8 +47,10 @@ def count_unpruned_parts(ckpt: Checkpoint, lt: LogicalTensor, parts: int) -> lis
     size = lt.numel // parts
     if lt.encoding == "plain" and lt.st_dtype in bits.FLOAT_KEYS:
         flat = ckpt.read_array(lt.stored[0]).reshape(-1)
-        return [bits.count_nonzero_bits(flat[e * size:(e + 1) * size], lt.st_dtype,
-                                        nan_is_zero=True) for e in range(parts)]
+        return [
+            bits.count_nonzero_bits(flat[e * size : (e + 1) * size], lt.st_dtype, nan_is_zero=True)
+            for e in range(parts)
+        ]
     from sparsetool.checkpoint.encodings import decode_array
 
     values, mask = decode_array(ckpt, lt)
@@ -71,18 +73,29 @@ class TensorCount:
     bytes: int
 
 
-def tensor_counts(path: str | os.PathLike, *,
-                  progress: Callable[[str, int, int], None] | None = None,
-                  label: str = "count") -> list[TensorCount]:
+def tensor_counts(
+    path: str | os.PathLike,
+    *,
+    progress: Callable[[str, int, int], None] | None = None,
+    label: str = "count",
+) -> list[TensorCount]:
     """Every logical tensor of the checkpoint at ``path``, read once each, in file order;
     ``progress(label, done, total)`` after each."""
     out: list[TensorCount] = []
     with open_checkpoint(path) as ckpt:
         total = len(ckpt.logical)
         for lt in ckpt.logical:
-            out.append(TensorCount(lt.name, tuple(lt.shape), torch_name(lt.st_dtype), lt.encoding,
-                                   lt.numel, count_unpruned(ckpt, lt), lt.nbytes))
+            out.append(
+                TensorCount(
+                    lt.name,
+                    tuple(lt.shape),
+                    torch_name(lt.st_dtype),
+                    lt.encoding,
+                    lt.numel,
+                    count_unpruned(ckpt, lt),
+                    lt.nbytes,
+                )
+            )
             if progress:
                 progress(label, len(out), total)
     return out
-

@@ -65,8 +65,11 @@ BY_ST = {d.st: d for d in _TABLE}
 
 # Other spellings people (and torch) use for the same types.
 _ALIASES = {"F8_E4M3FN": "F8_E4M3", "DOUBLE": "F64", "FLOAT": "F32", "HALF": "F16"}
-_BY_KEY = {**{d.st: d for d in _TABLE}, **{d.torch_name.upper(): d for d in _TABLE if d.torch_name},
-           **{alias: BY_ST[st] for alias, st in _ALIASES.items()}}
+_BY_KEY = {
+    **{d.st: d for d in _TABLE},
+    **{d.torch_name.upper(): d for d in _TABLE if d.torch_name},
+    **{alias: BY_ST[st] for alias, st in _ALIASES.items()},
+}
 
 INT_VIEW = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
 """Signed integer type of each item size: the bit patterns of a float, where -0.0 (only the sign
@@ -78,7 +81,7 @@ def lookup(dtype: Any) -> DType | None:
     ``torch.dtype``; None if unknown."""
     text = str(dtype).upper()
     if text.startswith("TORCH."):
-        text = text[len("TORCH."):]
+        text = text[len("TORCH.") :]
     return _BY_KEY.get(text)
 
 

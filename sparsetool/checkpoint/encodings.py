@@ -47,9 +47,11 @@ def loader_warning(encoding: str, out: Any, command: str) -> str | None:
     problem = codec(encoding).loader_problem
     if problem is None:
         return None
-    return (f"{problem}; sparsetool.load and `sparsetool eval` read it. For "
-            f"transformers run `sparsetool densify {out} -o DENSE_DIR`, or {command} with "
-            "--encoding zeros or mask")
+    return (
+        f"{problem}; sparsetool.load and `sparsetool eval` read it. For "
+        f"transformers run `sparsetool densify {out} -o DENSE_DIR`, or {command} with "
+        "--encoding zeros or mask"
+    )
 
 
 def bitmask_module(name: str, shape: tuple[int, ...]) -> str:
@@ -67,7 +69,9 @@ def bitmask_module(name: str, shape: tuple[int, ...]) -> str:
     return name[: -len(".weight")]
 
 
-def encoded_specs(lt_name: str, dtype: Any, shape: tuple[int, ...], nnz: int, encoding: str) -> list[TensorSpec]:
+def encoded_specs(
+    lt_name: str, dtype: Any, shape: tuple[int, ...], nnz: int, encoding: str
+) -> list[TensorSpec]:
     """The stored tensors ``encode_array`` will produce, known before the data is (``dtype``: the
     values' type, a safetensors name or a torch dtype).
 
@@ -112,7 +116,9 @@ def nan_bits(st: str) -> int:
     return FORMATS[st].nan
 
 
-def encode_piece(encoding: str, bits: np.ndarray, keep: np.ndarray, nan: int = 0) -> list[np.ndarray]:
+def encode_piece(
+    encoding: str, bits: np.ndarray, keep: np.ndarray, nan: int = 0
+) -> list[np.ndarray]:
     """One piece of each stored tensor of a ``streamed`` encoding (:class:`~sparsetool.checkpoint.codecs.Codec`), from the raw values (a flat
     integer array: a float's bits) and the bool mask (True = kept) of the same positions: the
     values with pruned entries +0.0 (NaN, whose bits ``nan`` gives, for ``nan``), and for ``mask``
@@ -130,15 +136,21 @@ def encode_piece(encoding: str, bits: np.ndarray, keep: np.ndarray, nan: int = 0
     return [values]
 
 
-def check_encodable(name: str, values: np.ndarray, st: str, mask: np.ndarray | None, encoding: str) -> None:
+def check_encodable(
+    name: str, values: np.ndarray, st: str, mask: np.ndarray | None, encoding: str
+) -> None:
     """Refuse what ``encoding`` cannot represent."""
     codec(encoding)  # an unknown name is an error
     if mask is not None and tuple(mask.shape) != tuple(values.shape):
-        raise SparsetoolError(f"tensor {name}: mask shape {list(mask.shape)} differs from weight shape {list(values.shape)}")
+        raise SparsetoolError(
+            f"tensor {name}: mask shape {list(mask.shape)} differs from weight shape {list(values.shape)}"
+        )
     if encoding == "nan":
         if not _floating(st):
-            raise SparsetoolError(f"tensor {name}: the nan encoding needs a floating-point tensor, this one is "
-                                  f"{dtypes.torch_name(st)}; use --encoding zeros or mask")
+            raise SparsetoolError(
+                f"tensor {name}: the nan encoding needs a floating-point tensor, this one is "
+                f"{dtypes.torch_name(st)}; use --encoding zeros or mask"
+            )
         nan = is_nan(values, st)
         if mask is not None:
             nan &= mask
@@ -152,8 +164,9 @@ def check_encodable(name: str, values: np.ndarray, st: str, mask: np.ndarray | N
         bitmask_module(name, tuple(values.shape))
 
 
-def encode_array(name: str, values: np.ndarray, st: str, mask: np.ndarray | None,
-                 encoding: str) -> list[tuple[str, np.ndarray]]:
+def encode_array(
+    name: str, values: np.ndarray, st: str, mask: np.ndarray | None, encoding: str
+) -> list[tuple[str, np.ndarray]]:
     """The stored tensors (name, array of the stored values) of one logical tensor under
     ``encoding``; ``values`` as stored (a float's bits), of type ``st``.
 
@@ -168,7 +181,10 @@ def encode_array(name: str, values: np.ndarray, st: str, mask: np.ndarray | None
         return [(name, masked)]
     if encoding == "mask":
         full = mask if mask is not None else np.ones(values.shape, dtype=bool)
-        return [(name, masked), (name + MASK_SUFFIX, np.ascontiguousarray(full).reshape(full.shape))]
+        return [
+            (name, masked),
+            (name + MASK_SUFFIX, np.ascontiguousarray(full).reshape(full.shape)),
+        ]
     if encoding == "nan":
         if mask is None:
             return [(name, values)]
@@ -183,8 +199,9 @@ def encode_array(name: str, values: np.ndarray, st: str, mask: np.ndarray | None
     ]
 
 
-def decode_array(ckpt: Checkpoint, lt: LogicalTensor, *,
-                 writable: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+def decode_array(
+    ckpt: Checkpoint, lt: LogicalTensor, *, writable: bool = False
+) -> tuple[np.ndarray, np.ndarray | None]:
     """(values, mask) of one logical tensor of an open checkpoint, whatever its encoding: the
     values as stored (a float's bits) in the tensor's shape, pruned entries +0.0 (NaN sentinels
     and pruned -0.0 included); the mask True where kept, or None when the tensor carries no
@@ -227,6 +244,7 @@ def decode_array(ckpt: Checkpoint, lt: LogicalTensor, *,
 
 # ----------------------------------------------------------------- the same codecs for torch
 
+
 def as_array(t: "torch.Tensor") -> tuple[np.ndarray, str]:
     """A CPU torch tensor's values as stored (a float's bits, no copy if contiguous) and its type."""
     st = dtypes.st_name(t.dtype)
@@ -251,15 +269,18 @@ def _as_mask(mask: "torch.Tensor | None", shape: tuple[int, ...], name: str) -> 
     if mask is None:
         return None
     if tuple(mask.shape) != shape:
-        raise SparsetoolError(f"tensor {name}: mask shape {list(mask.shape)} differs from weight shape {list(shape)}")
+        raise SparsetoolError(
+            f"tensor {name}: mask shape {list(mask.shape)} differs from weight shape {list(shape)}"
+        )
     m = mask.detach().cpu()
     if str(m.dtype) != "torch.bool":
         m = m != 0
     return m.contiguous().numpy()
 
 
-def encode(name: str, dense: "torch.Tensor", mask: "torch.Tensor | None",
-           encoding: str) -> list[tuple[str, "torch.Tensor"]]:
+def encode(
+    name: str, dense: "torch.Tensor", mask: "torch.Tensor | None", encoding: str
+) -> list[tuple[str, "torch.Tensor"]]:
     """:func:`encode_array` for a torch tensor and mask: the stored tensors as torch tensors."""
     values, st = as_array(dense)
     stored = encode_array(name, values, st, _as_mask(mask, tuple(values.shape), name), encoding)

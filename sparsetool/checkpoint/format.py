@@ -114,20 +114,28 @@ def read_header(path: Path, shard: str | None = None) -> Header:
                     "truncated or not a safetensors file"
                 )
             if n > MAX_HEADER_BYTES:
-                raise pickled.file_error(path, prefix) or CheckpointError(f"{where}: header of {n} bytes is larger than 100 MB: not a safetensors file")
+                raise pickled.file_error(path, prefix) or CheckpointError(
+                    f"{where}: header of {n} bytes is larger than 100 MB: not a safetensors file"
+                )
             raw = f.read(n)
     except OSError as e:
         raise CheckpointError(f"{where}: cannot read ({e.strerror or e})") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise pickled.file_error(path, prefix) or CheckpointError(f"{where}: header is not UTF-8 text: not a safetensors file") from None
+        raise pickled.file_error(path, prefix) or CheckpointError(
+            f"{where}: header is not UTF-8 text: not a safetensors file"
+        ) from None
     if not text.startswith("{"):
-        raise pickled.file_error(path, prefix) or CheckpointError(f"{where}: header does not start with '{{': not a safetensors file")
+        raise pickled.file_error(path, prefix) or CheckpointError(
+            f"{where}: header does not start with '{{': not a safetensors file"
+        )
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise CheckpointError(f"{where}: header is not valid JSON ({e.msg} at byte {e.pos}): the file is corrupt") from None
+        raise CheckpointError(
+            f"{where}: header is not valid JSON ({e.msg} at byte {e.pos}): the file is corrupt"
+        ) from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{where}: header is not a JSON object: the file is corrupt")
 
@@ -150,8 +158,12 @@ def read_header(path: Path, shard: str | None = None) -> Header:
             raise CheckpointError(f"{where}: tensor {name!r} has no dtype")
         if dt not in _READABLE:
             known = ", ".join(sorted(_READABLE))
-            raise CheckpointError(f"{where}: tensor {name!r} has unknown or unsupported dtype {dt!r} (known: {known})")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise CheckpointError(
+                f"{where}: tensor {name!r} has unknown or unsupported dtype {dt!r} (known: {known})"
+            )
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
             raise CheckpointError(f"{where}: tensor {name!r} has an invalid shape {shape!r}")
         if (
             not isinstance(offs, list)
@@ -173,9 +185,13 @@ def read_header(path: Path, shard: str | None = None) -> Header:
     tensors: list[StoredTensor] = []
     for s, e, name, dtype, shape in entries:
         if s < pos:
-            raise CheckpointError(f"{where}: tensor {name!r} overlaps the previous tensor (starts at {s}, previous ends at {pos}): corrupt header")
+            raise CheckpointError(
+                f"{where}: tensor {name!r} overlaps the previous tensor (starts at {s}, previous ends at {pos}): corrupt header"
+            )
         if s > pos:
-            raise CheckpointError(f"{where}: hole of {s - pos} bytes before tensor {name!r} in the data section: corrupt header")
+            raise CheckpointError(
+                f"{where}: hole of {s - pos} bytes before tensor {name!r} in the data section: corrupt header"
+            )
         pos = e
         tensors.append(StoredTensor(name, dtype, shape, shard, data_start + s, data_start + e))
     data_len = size - data_start
@@ -185,11 +201,15 @@ def read_header(path: Path, shard: str | None = None) -> Header:
             f"{data_len}: the file is truncated"
         )
     if pos < data_len:
-        raise CheckpointError(f"{where}: {data_len - pos} bytes after the last tensor are not described by the header: corrupt file")
+        raise CheckpointError(
+            f"{where}: {data_len - pos} bytes after the last tensor are not described by the header: corrupt file"
+        )
     return Header(metadata, tensors, data_start, size)
 
 
-def layout(specs: list[TensorSpec], metadata: dict[str, str] | None) -> tuple[bytes, dict[str, int]]:
+def layout(
+    specs: list[TensorSpec], metadata: dict[str, str] | None
+) -> tuple[bytes, dict[str, int]]:
     """The header bytes (length prefix included) and each tensor's offset in the data section.
 
     Same bytes as the reference serializer: sort by (descending dtype rank, name), compact JSON

@@ -21,12 +21,27 @@ INDEX_SUFFIX = ".safetensors.index.json"
 # Our own temporary outputs ("<name>.sparsetool-tmp-*") are never carried over.
 TMP_MARK = ".sparsetool-tmp-"
 # Files of a model directory besides its weights: what loaders read, and what its licence needs.
-CARRIED_NAMES = frozenset({
-    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-    "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
-    "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "tiktoken.model",
-    "chat_template.jinja", "chat_template.json", "preprocessor_config.json", "processor_config.json",
-})
+CARRIED_NAMES = frozenset(
+    {
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "vocab.json",
+        "vocab.txt",
+        "merges.txt",
+        "tokenizer.model",
+        "spiece.model",
+        "sentencepiece.bpe.model",
+        "tiktoken.model",
+        "chat_template.jinja",
+        "chat_template.json",
+        "preprocessor_config.json",
+        "processor_config.json",
+    }
+)
 CARRIED_STEMS = ("readme", "license", "licence", "copying", "notice", "use_policy")  # any extension
 
 
@@ -53,7 +68,9 @@ def locate(path: Path) -> Layout:
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a regular file or directory")
 
-    indexes = sorted(p.name for p in path.iterdir() if p.name.endswith(INDEX_SUFFIX) and p.is_file())
+    indexes = sorted(
+        p.name for p in path.iterdir() if p.name.endswith(INDEX_SUFFIX) and p.is_file()
+    )
     if len(indexes) > 1:
         preferred = "model" + INDEX_SUFFIX
         if preferred not in indexes:
@@ -66,10 +83,15 @@ def locate(path: Path) -> Layout:
         shards = sorted(set(weight_map.values()))
         for s in shards:
             if not (path / s).is_file():
-                raise CheckpointError(f"{path / index_name}: names shard {s!r}, which is missing from {path}; "
-                                      "put the shard back, or download the model again")
-        unlisted = sorted(p.name for p in path.iterdir() if p.name.endswith(".safetensors")
-                          and p.name not in shards and TMP_MARK not in p.name)
+                raise CheckpointError(
+                    f"{path / index_name}: names shard {s!r}, which is missing from {path}; "
+                    "put the shard back, or download the model again"
+                )
+        unlisted = sorted(
+            p.name
+            for p in path.iterdir()
+            if p.name.endswith(".safetensors") and p.name not in shards and TMP_MARK not in p.name
+        )
         if unlisted:
             raise CheckpointError(
                 f"{path / unlisted[0]}: a .safetensors file that {index_name} does not list; loaders "
@@ -82,7 +104,9 @@ def locate(path: Path) -> Layout:
     if (path / "model.safetensors").is_file():
         shards = ["model.safetensors"]
     else:
-        found = sorted(p.name for p in path.iterdir() if p.name.endswith(".safetensors") and p.is_file())
+        found = sorted(
+            p.name for p in path.iterdir() if p.name.endswith(".safetensors") and p.is_file()
+        )
         if not found:
             raise pickled.dir_error(path) or CheckpointError(
                 f"{path}: no model.safetensors, no *.safetensors file and no model.safetensors.index.json "
@@ -106,8 +130,10 @@ def is_carried(p: Path) -> bool:
 
 def _others(path: Path, taken: set[str]) -> tuple[list[Path], list[Path]]:
     """(files carried to an output, entries left out), relative to ``path``."""
-    rest = sorted((p for p in path.iterdir() if p.name not in taken and TMP_MARK not in p.name),
-                  key=lambda p: p.name)
+    rest = sorted(
+        (p for p in path.iterdir() if p.name not in taken and TMP_MARK not in p.name),
+        key=lambda p: p.name,
+    )
     carried = [Path(p.name) for p in rest if is_carried(p)]
     return carried, [Path(p.name) for p in rest if not is_carried(p)]
 
@@ -137,10 +163,16 @@ def _read_index(index_path: Path) -> dict:
                 f"{index_path}: weight_map lists tensor {key!r} twice (in {first}, then in {second}); "
                 "keep only the entry naming the shard that holds it"
             )
-        raise CheckpointError(f"{index_path}: key {key!r} appears twice in one object; keep one of them")
+        raise CheckpointError(
+            f"{index_path}: key {key!r} appears twice in one object; keep one of them"
+        )
     wm = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
-        raise CheckpointError(f"{index_path}: no \"weight_map\" object mapping tensor names to shard files")
+    if not isinstance(wm, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in wm.items()
+    ):
+        raise CheckpointError(
+            f'{index_path}: no "weight_map" object mapping tensor names to shard files'
+        )
     for v in set(wm.values()):
         if "/" in v or "\\" in v or v in ("", ".", ".."):
             raise CheckpointError(f"{index_path}: shard name {v!r} is not a plain file name")

@@ -74,8 +74,9 @@ def check_room(directory: Path, needed: int, name: str) -> None:
         )
 
 
-def write_error(e: OSError, out: str | os.PathLike, option: str = "-o",
-                kept: str = "nothing was written") -> CheckpointError:
+def write_error(
+    e: OSError, out: str | os.PathLike, option: str = "-o", kept: str = "nothing was written"
+) -> CheckpointError:
     """One clean error for an OSError met while writing ``out`` (named by ``option``), whatever
     its errno: what the system said, what is left (``kept``: by default nothing, the partial files
     being gone), and what to do."""
@@ -86,8 +87,13 @@ def write_error(e: OSError, out: str | os.PathLike, option: str = "-o",
     return CheckpointError(f"writing {out} failed: {what}; {kept}. {advice[0].upper()}{advice[1:]}")
 
 
-def check_writable(out: str | os.PathLike, option: str = "-o", *, directory: bool = False,
-                   shown: str | os.PathLike | None = None) -> None:
+def check_writable(
+    out: str | os.PathLike,
+    option: str = "-o",
+    *,
+    directory: bool = False,
+    shown: str | os.PathLike | None = None,
+) -> None:
     """Refuse, before any work is done, an output that cannot be written: a file is made (and
     removed) where the output will go, so a read-only or immutable directory, a full quota or a
     path through a file is one clean error (:func:`write_error`) at once, not after the work.
@@ -105,7 +111,10 @@ def check_writable(out: str | os.PathLike, option: str = "-o", *, directory: boo
         where = where.parent
     if not where.is_dir():
         raise write_error(OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)), shown, option)
-    probe = where / f".{out.name or 'probe'}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}-{_host_tag()}"
+    probe = (
+        where
+        / f".{out.name or 'probe'}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}-{_host_tag()}"
+    )
     try:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE))
     except OSError as e:
@@ -168,12 +177,15 @@ def _host_tag() -> str:
 
 
 # .NAME.sparsetool-tmp-PID-HEX-HOST (HOST absent in names written before it was added)
-_TEMP_RE = re.compile(rf"\..+{re.escape(TMP_MARK)}(?P<pid>[0-9]+)-[0-9a-f]+(?:-(?P<host>[A-Za-z0-9_]+))?")
+_TEMP_RE = re.compile(
+    rf"\..+{re.escape(TMP_MARK)}(?P<pid>[0-9]+)-[0-9a-f]+(?:-(?P<host>[A-Za-z0-9_]+))?"
+)
 
 
 @dataclass(frozen=True)
 class Reclaimed:
     """Temporaries of killed runs removed from ``directory``: how many, and the bytes freed."""
+
     directory: Path
     files: int
     bytes: int

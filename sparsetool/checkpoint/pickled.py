@@ -18,9 +18,11 @@ _ZIP_MAGIC = b"PK\x03\x04"
 
 
 def convert_hint(src: str, dst: str) -> str:
-    return ("python -c \"import torch; from safetensors.torch import save_file; "
-            f"save_file({{k: v.clone().contiguous() for k, v in torch.load('{src}', weights_only=True).items()}}, "
-            f"'{dst}')\"")
+    return (
+        'python -c "import torch; from safetensors.torch import save_file; '
+        f"save_file({{k: v.clone().contiguous() for k, v in torch.load('{src}', weights_only=True).items()}}, "
+        f"'{dst}')\""
+    )
 
 
 def kind(path: Path, prefix: bytes) -> str | None:
@@ -60,8 +62,11 @@ def file_error(path: Path, prefix: bytes) -> CheckpointError | None:
 
 def dir_error(path: Path) -> CheckpointError | None:
     """The error for a directory whose weights are PyTorch files only, or None."""
-    found = sorted(p.name for p in path.iterdir()
-                   if p.is_file() and p.suffix.lower() in SUFFIXES and p.name != "training_args.bin")
+    found = sorted(
+        p.name
+        for p in path.iterdir()
+        if p.is_file() and p.suffix.lower() in SUFFIXES and p.name != "training_args.bin"
+    )
     if not found:
         return None
     shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")

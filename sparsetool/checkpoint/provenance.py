@@ -58,8 +58,9 @@ def merged_provenance(metadata: Mapping[str, str] | None) -> dict[str, Any]:
     return merged
 
 
-def provenance_metadata(previous: Mapping[str, str] | None,
-                        record: Mapping[str, Any]) -> dict[str, str]:
+def provenance_metadata(
+    previous: Mapping[str, str] | None, record: Mapping[str, Any]
+) -> dict[str, str]:
     """``{"sparsetool": ...}`` for a new checkpoint: ``record`` plus this tool's version, after
     the steps ``previous`` (the input's metadata, or None for a new model) recorded."""
     old = read_provenance(previous)
@@ -67,7 +68,8 @@ def provenance_metadata(previous: Mapping[str, str] | None,
     if old is not None:
         earlier = old.get("history", [])
         history = (list(earlier) if isinstance(earlier, list) else []) + [
-            {k: v for k, v in old.items() if k != "history"}]
+            {k: v for k, v in old.items() if k != "history"}
+        ]
     entry = {**record, "version": __version__}
     if history:
         entry["history"] = history

@@ -141,7 +141,9 @@ class Checkpoint:
         st = self.entry(name)
         if st.nbytes == 0:
             return torch.empty(st.shape, dtype=st.dtype)
-        return torch.from_numpy(self.read_array(name, writable=True)).view(st.dtype).reshape(st.shape)
+        return (
+            torch.from_numpy(self.read_array(name, writable=True)).view(st.dtype).reshape(st.shape)
+        )
 
     def read_array(self, name: str, *, writable: bool = False) -> np.ndarray:
         """One stored tensor's bytes as a flat numpy array, without torch: floats as signed
@@ -149,13 +151,18 @@ class Checkpoint:
         themselves. Mapped from the page cache, read-only; ``writable`` maps it copy-on-write
         instead (a page is copied only when written). A copy only where mapping is impossible."""
         st = self.entry(name)
-        kind = np.dtype(_NUMPY_VIEW.get(st.st_dtype) or dtypes.INT_VIEW[dtypes.itemsize(st.st_dtype)])
+        kind = np.dtype(
+            _NUMPY_VIEW.get(st.st_dtype) or dtypes.INT_VIEW[dtypes.itemsize(st.st_dtype)]
+        )
         if st.nbytes == 0:
             return np.empty(0, dtype=kind)
         fd = self.shard_fd(st.shard)
         start = st.start - st.start % mmap.ALLOCATIONGRANULARITY
-        flags, prot = ((mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE) if writable
-                       else (mmap.MAP_SHARED, mmap.PROT_READ))
+        flags, prot = (
+            (mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+            if writable
+            else (mmap.MAP_SHARED, mmap.PROT_READ)
+        )
         try:
             mm = mmap.mmap(fd, st.end - start, flags=flags, prot=prot, offset=start)
         except (OSError, ValueError):
@@ -165,7 +172,9 @@ class Checkpoint:
             while got < st.nbytes:
                 n = os.preadv(fd, [view[got:]], st.start + got)
                 if n <= 0:
-                    raise CheckpointError(f"{self.shard_path(st.shard)}: file shrank while reading tensor {name!r}")
+                    raise CheckpointError(
+                        f"{self.shard_path(st.shard)}: file shrank while reading tensor {name!r}"
+                    )
                 got += n
             array = np.frombuffer(data, dtype=kind)
             if not writable:
@@ -183,7 +192,9 @@ class Checkpoint:
             try:
                 fd = os.open(self.shard_path(shard), os.O_RDONLY)
             except OSError as e:
-                raise CheckpointError(f"{self.shard_path(shard)}: cannot open ({e.strerror})") from None
+                raise CheckpointError(
+                    f"{self.shard_path(shard)}: cannot open ({e.strerror})"
+                ) from None
             kept = self._fds.setdefault(shard, fd)  # another thread may have opened it meanwhile
             if kept != fd:
                 os.close(fd)
@@ -212,9 +223,13 @@ class Checkpoint:
         for name, shard in lay.index["weight_map"].items():
             st = self._entries.get(name)
             if st is None:
-                raise CheckpointError(f"{index_path}: names tensor {name!r} in {shard}, but {shard} does not hold it; fix the index")
+                raise CheckpointError(
+                    f"{index_path}: names tensor {name!r} in {shard}, but {shard} does not hold it; fix the index"
+                )
             if st.shard != shard:
-                raise CheckpointError(f"{index_path}: says tensor {name!r} is in {shard}, but it is in {st.shard}")
+                raise CheckpointError(
+                    f"{index_path}: says tensor {name!r} is in {shard}, but it is in {st.shard}"
+                )
         unlisted = [st for st in self._entries.values() if st.name not in lay.index["weight_map"]]
         if unlisted:
             st = unlisted[0]
@@ -243,10 +258,16 @@ class Checkpoint:
             base = name[: -len(MASK_SUFFIX)]
             if base in e and base not in member_of and st.st_dtype in ("BOOL", "U8"):
                 w = e[base]
-                groups[base] = LogicalTensor(base, w.st_dtype, w.shape, "mask", w.shard, (base, name), w.nbytes + st.nbytes)
+                groups[base] = LogicalTensor(
+                    base, w.st_dtype, w.shape, "mask", w.shard, (base, name), w.nbytes + st.nbytes
+                )
                 member_of[base] = base
                 member_of[name] = base
-        pos = {st.name: (si, i) for si, sh in enumerate(self.shards) for i, st in enumerate(self._headers[sh].tensors)}
+        pos = {
+            st.name: (si, i)
+            for si, sh in enumerate(self.shards)
+            for i, st in enumerate(self._headers[sh].tensors)
+        }
 
         def anchor(lt: LogicalTensor) -> tuple[int, int]:
             # file position of the group's first member inside the group's own shard
@@ -255,7 +276,11 @@ class Checkpoint:
         out = list(groups.values())
         for name, st in e.items():
             if name not in member_of:
-                out.append(LogicalTensor(name, st.st_dtype, st.shape, "plain", st.shard, (name,), st.nbytes))
+                out.append(
+                    LogicalTensor(
+                        name, st.st_dtype, st.shape, "plain", st.shard, (name,), st.nbytes
+                    )
+                )
         out.sort(key=anchor)
         seen: dict[str, LogicalTensor] = {}
         for lt in out:
@@ -286,11 +311,22 @@ class Checkpoint:
         # Older compressed-tensors named the parts after the whole parameter ("x.weight.compressed").
         name = prefix if last in ("weight", "bias") else prefix + ".weight"
         nbytes = sum(e[p].nbytes for p in parts)
-        return LogicalTensor(name, comp.st_dtype, tuple(shape), "bitmask", comp.shard, tuple(parts), nbytes)
+        return LogicalTensor(
+            name, comp.st_dtype, tuple(shape), "bitmask", comp.shard, tuple(parts), nbytes
+        )
 
 
-_NUMPY_VIEW = {"BOOL": "uint8", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16",
-               "I32": "int32", "U32": "uint32", "I64": "int64", "U64": "uint64"}
+_NUMPY_VIEW = {
+    "BOOL": "uint8",
+    "U8": "uint8",
+    "I8": "int8",
+    "I16": "int16",
+    "U16": "uint16",
+    "I32": "int32",
+    "U32": "uint32",
+    "I64": "int64",
+    "U64": "uint64",
+}
 
 
 def open_checkpoint(path: str | os.PathLike) -> Checkpoint:

@@ -62,7 +62,7 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     done = 0
     total = len(data)
     while done < total:
-        n = os.pwrite(fd, data[done:done + WRITE_PIECE], offset + done)
+        n = os.pwrite(fd, data[done : done + WRITE_PIECE], offset + done)
         if n <= 0:
             raise OSError("short write")
         done += n
@@ -71,8 +71,15 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 class ShardWriter:
     """Writes one safetensors file whose header is fixed by ``specs``; tensors in any order."""
 
-    def __init__(self, path: Path, shard: str, specs: list[TensorSpec], metadata: dict[str, str] | None,
-                 mode: int | None = None, label: str | None = None):
+    def __init__(
+        self,
+        path: Path,
+        shard: str,
+        specs: list[TensorSpec],
+        metadata: dict[str, str] | None,
+        mode: int | None = None,
+        label: str | None = None,
+    ):
         self.path = path
         self.shard = shard
         self.specs = {s.name: s for s in specs}
@@ -85,8 +92,9 @@ class ShardWriter:
         check_room(path.parent, self._data_start + self.total_size, label or shard)
         # With ``mode`` (an input's permission bits) the file is created owner-only and given
         # exactly that mode, whatever the umask; without, it is an ordinary new file.
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
-                                       0o644 if mode is None else PRIVATE)
+        self._fd: int | None = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644 if mode is None else PRIVATE
+        )
         if mode is not None:
             os.fchmod(self._fd, mode)
         _pwrite_all(self._fd, memoryview(header), 0)
@@ -185,7 +193,9 @@ class ShardWriter:
             missing = sorted(set(self.specs) - self._written)
             if missing:
                 shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-                raise CheckpointError(f"{self.shard}: {plural(len(missing), 'declared tensor')} never written: {shown}")
+                raise CheckpointError(
+                    f"{self.shard}: {plural(len(missing), 'declared tensor')} never written: {shown}"
+                )
 
     def __enter__(self) -> "ShardWriter":
         return self
@@ -223,7 +233,13 @@ def _copy_range(src_fd: int, src_off: int, dst_fd: int, dst_off: int, count: int
 class CheckpointWriter:
     """Hands out one ShardWriter per output shard (same shard file names as the input)."""
 
-    def __init__(self, src: Checkpoint, root: Path, metadata_extra: dict[str, str] | None, out: Path | None = None):
+    def __init__(
+        self,
+        src: Checkpoint,
+        root: Path,
+        metadata_extra: dict[str, str] | None,
+        out: Path | None = None,
+    ):
         self.src = src
         self._out = out  # the final path, for messages
         self._root = root  # temp file (single-file checkpoint) or temp directory
@@ -243,8 +259,12 @@ class CheckpointWriter:
         meta = self.src.metadata(shard)
         meta.update(self._extra)
         path = self._root / shard if self.src.is_dir else self._root
-        label = None if self._out is None else str(self._out / shard if self.src.is_dir else self._out)
-        sw = ShardWriter(path, shard, specs, meta or None, mode=mode_of(self.src.shard_path(shard)), label=label)
+        label = (
+            None if self._out is None else str(self._out / shard if self.src.is_dir else self._out)
+        )
+        sw = ShardWriter(
+            path, shard, specs, meta or None, mode=mode_of(self.src.shard_path(shard)), label=label
+        )
         self.done[shard] = sw
         self._open.append(sw)
         return sw
@@ -257,7 +277,9 @@ class CheckpointWriter:
     def _finish(self) -> None:
         open_ones = [sw.shard for sw in self._open if sw._fd is not None]
         if open_ones:
-            raise CheckpointError(f"shard(s) still open at the end of writing: {', '.join(open_ones)}")
+            raise CheckpointError(
+                f"shard(s) still open at the end of writing: {', '.join(open_ones)}"
+            )
         missing = [s for s in self.src.shards if s not in self.done]
         if missing:
             raise CheckpointError(f"output shard(s) never written: {', '.join(missing)}")
@@ -294,12 +316,18 @@ def write_checkpoint(
         )
     if out.exists() and not same:
         if src.is_dir and not out.is_dir():
-            raise CheckpointError(f"output {out} is an existing file but the input {src.path} is a directory; give a directory path")
+            raise CheckpointError(
+                f"output {out} is an existing file but the input {src.path} is a directory; give a directory path"
+            )
         if not src.is_dir and out.is_dir():
-            raise CheckpointError(f"output {out} is an existing directory but the input {src.path} is a single file; give a file path such as {out / src.path.name}")
+            raise CheckpointError(
+                f"output {out} is an existing directory but the input {src.path} is a single file; give a file path such as {out / src.path.name}"
+            )
         foreign = _foreign_entries(out, src) if out.is_dir() else []
         if foreign:
-            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            shown = ", ".join(foreign[:3]) + (
+                f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+            )
             raise CheckpointError(
                 f"output {out} is an existing directory holding {shown}, which the new checkpoint "
                 "would replace; remove them yourself or choose a new path"
@@ -324,7 +352,11 @@ def write_checkpoint(
         if src.is_dir:
             tmp.mkdir(mode=PRIVATE_DIR)
         writer = CheckpointWriter(src, tmp, metadata_extra, out)
-        writer.left_out = [] if same else [f"{rel}/" if (src.path / rel).is_dir() else str(rel) for rel in src.left_out]
+        writer.left_out = (
+            []
+            if same
+            else [f"{rel}/" if (src.path / rel).is_dir() else str(rel) for rel in src.left_out]
+        )
         yield writer
         writer._finish()
         if src.is_dir:
@@ -341,8 +373,13 @@ def write_checkpoint(
         raise
 
 
-def _carry_over(src: Checkpoint, tmp: Path, writer: CheckpointWriter, config_transform: Callable[[dict], dict] | None,
-                everything: bool = False) -> None:
+def _carry_over(
+    src: Checkpoint,
+    tmp: Path,
+    writer: CheckpointWriter,
+    config_transform: Callable[[dict], dict] | None,
+    everything: bool = False,
+) -> None:
     """Copy the non-tensor files (with ``everything``, those left out too: the output replaces the
     input), transform config.json, rebuild the shard index."""
     for rel in src.other_files + (src.left_out if everything else []):
@@ -358,7 +395,9 @@ def _carry_over(src: Checkpoint, tmp: Path, writer: CheckpointWriter, config_tra
     if src.index_name is not None:
         weight_map = {name: shard for shard, sw in writer.done.items() for name in sw.specs}
         total = sum(sw.total_size for sw in writer.done.values())
-        (tmp / src.index_name).write_text(rebuilt_index(src.index or {}, weight_map, total), encoding="utf-8")
+        (tmp / src.index_name).write_text(
+            rebuilt_index(src.index or {}, weight_map, total), encoding="utf-8"
+        )
         copy_mode(src.path / src.index_name, tmp / src.index_name)
 
 
@@ -380,24 +419,32 @@ def write_tensors(
     masks = dict(masks or {})
     unknown = sorted(set(masks) - set(tensors))
     if unknown:
-        raise CheckpointError(f"masks given for tensors that are not written: {', '.join(unknown[:5])}")
+        raise CheckpointError(
+            f"masks given for tensors that are not written: {', '.join(unknown[:5])}"
+        )
     from sparsetool.checkpoint.encodings import encode
 
     stored: list[tuple[str, "torch.Tensor"]] = []
     for name, t in tensors.items():
         t = t.detach().cpu()
         mask = masks.get(name)
-        stored += encode(name, t, mask.detach().cpu(), encoding) if mask is not None else [(name, t)]
+        stored += (
+            encode(name, t, mask.detach().cpu(), encoding) if mask is not None else [(name, t)]
+        )
     out_abs = Path(os.path.abspath(out))
     if out_abs.is_dir():
-        raise CheckpointError(f"output {out} is an existing directory; give a file path such as {out_abs / 'model.safetensors'}")
+        raise CheckpointError(
+            f"output {out} is an existing directory; give a file path such as {out_abs / 'model.safetensors'}"
+        )
     parent = out_abs.parent
     if not parent.is_dir():
         raise CheckpointError(f"output directory {parent} does not exist; create it first")
     tmp = temp_beside(out_abs)
     specs = [TensorSpec(n, t.dtype, tuple(t.shape)) for n, t in stored]
     try:
-        with ShardWriter(tmp, out_abs.name, specs, dict(metadata) if metadata is not None else None) as sw:
+        with ShardWriter(
+            tmp, out_abs.name, specs, dict(metadata) if metadata is not None else None
+        ) as sw:
             for n, t in stored:
                 sw.write(n, t)
         os.replace(tmp, out_abs)

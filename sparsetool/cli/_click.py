@@ -14,5 +14,10 @@ from typer._click.core import ParameterSource
 from typer._click.exceptions import NoArgsIsHelpError, NoSuchOption, UsageError
 from typer._click.globals import get_current_context
 
-__all__ = ["NoArgsIsHelpError", "NoSuchOption", "ParameterSource", "UsageError",
-           "get_current_context"]
+__all__ = [
+    "NoArgsIsHelpError",
+    "NoSuchOption",
+    "ParameterSource",
+    "UsageError",
+    "get_current_context",
+]

@@ -52,15 +52,21 @@ def note_reclaimed() -> None:
     from sparsetool.checkpoint.output_files import take_reclaimed
 
     for r in take_reclaimed():
-        err_console.print(f"note: removed {plural(r.files, 'stale temporary file')} of killed runs "
-                          f"in {r.directory} ({decimal_bytes(r.bytes)})", highlight=False,
-                          soft_wrap=True, markup=False)
+        err_console.print(
+            f"note: removed {plural(r.files, 'stale temporary file')} of killed runs "
+            f"in {r.directory} ({decimal_bytes(r.bytes)})",
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
+        )
 
 
 def emit_json(obj: Any) -> None:
     """Plain JSON on stdout (never through rich, which would wrap and colour it). JSON has no
     infinity or NaN: such a figure (a perplexity that overflowed, say) is written as null."""
-    sys.stdout.write(json.dumps(_finite(obj), indent=2, default=_json_default, allow_nan=False) + "\n")
+    sys.stdout.write(
+        json.dumps(_finite(obj), indent=2, default=_json_default, allow_nan=False) + "\n"
+    )
     sys.stdout.flush()
 
 
@@ -108,9 +114,16 @@ def progress_bar(enabled: bool = True) -> Iterator[Any]:
         TimeRemainingColumn,
     )
 
-    with Progress(TextColumn("{task.description:>8}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=err_console,
-                  transient=True) as bar:
+    with Progress(
+        TextColumn("{task.description:>8}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+    ) as bar:
         tasks: dict[str, Any] = {}
 
         def update(stage: str, done: int, total: int) -> None:
@@ -130,7 +143,9 @@ def plan_printer(enabled: bool = True) -> Callable[..., None] | None:
     def show(*args: Any) -> None:
         *name, plan = args
         where = f"{name[0]}: " if name else ""
-        err_console.print(f"{escape(where)}{escape(plan.describe())}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"{escape(where)}{escape(plan.describe())}", highlight=False, soft_wrap=True
+        )
 
     return show
 
@@ -138,16 +153,32 @@ def plan_printer(enabled: bool = True) -> Callable[..., None] | None:
 def note_left_out(names: list[str]) -> None:
     """One line naming the input entries an output directory leaves out (none: nothing)."""
     if names:
-        console.print(f"note: left out (not part of a model directory): {escape(', '.join(names))}",
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"note: left out (not part of a model directory): {escape(', '.join(names))}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def percent(x: float, digits: int = 2) -> str:
     return f"{100 * x:.{digits}f}%"
 
 
-_PREFIXES = ((1e24, "Y"), (1e21, "Z"), (1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"),
-             (1e3, "k"), (1.0, ""), (1e-3, "m"), (1e-6, "u"), (1e-9, "n"), (1e-12, "p"))
+_PREFIXES = (
+    (1e24, "Y"),
+    (1e21, "Z"),
+    (1e18, "E"),
+    (1e15, "P"),
+    (1e12, "T"),
+    (1e9, "G"),
+    (1e6, "M"),
+    (1e3, "k"),
+    (1.0, ""),
+    (1e-3, "m"),
+    (1e-6, "u"),
+    (1e-9, "n"),
+    (1e-12, "p"),
+)
 
 
 def si(x: float, unit: str) -> str:
@@ -200,9 +231,15 @@ def check_plot_path(path: Any) -> None:
 TABLE_FORMATS = ("rich", "plain", "markdown", "github")
 
 
-def print_table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], *,
-                title: str | None = None, align: str | None = None, fmt: str = "rich",
-                sections: Collection[int] = ()) -> None:
+def print_table(
+    header: Sequence[str] | None,
+    rows: Sequence[Sequence[str]],
+    *,
+    title: str | None = None,
+    align: str | None = None,
+    fmt: str = "rich",
+    sections: Collection[int] = (),
+) -> None:
     """The one table renderer of every command. Cells are plain text (no markup); a cell is never cut.
 
     ``align`` has one letter per column, ``l`` or ``r`` (default: the first left, the rest right).
@@ -217,21 +254,33 @@ def print_table(header: Sequence[str] | None, rows: Sequence[Sequence[str]], *,
     if fmt == "rich":
         table = _rich_table(header, rows, title, align, sections)
         unbounded = console.options.update_width(1 << 16)  # the width every cell whole needs
-        if console.is_terminal and console.measure(table, options=unbounded).maximum <= console.width:
+        if (
+            console.is_terminal
+            and console.measure(table, options=unbounded).maximum <= console.width
+        ):
             console.print(table)
             return
         fmt = "plain"
     lines = _text_table(header, rows, align, fmt)
     if title:
-        lines = [title if fmt == "plain" else f"**{title}**", *([""] if fmt != "plain" else []), *lines]
+        lines = [
+            title if fmt == "plain" else f"**{title}**",
+            *([""] if fmt != "plain" else []),
+            *lines,
+        ]
     if fmt != "plain":
         lines.append("")  # a pipe table ends at a blank line; text after it would become a row
     sys.stdout.write("".join(line + "\n" for line in lines))
     sys.stdout.flush()
 
 
-def _rich_table(header: Sequence[str] | None, rows: list[list[str]], title: str | None, align: str,
-                sections: Collection[int]) -> Any:
+def _rich_table(
+    header: Sequence[str] | None,
+    rows: list[list[str]],
+    title: str | None,
+    align: str,
+    sections: Collection[int],
+) -> Any:
     from rich.table import Table
 
     if header is None:
@@ -239,15 +288,21 @@ def _rich_table(header: Sequence[str] | None, rows: list[list[str]], title: str 
     else:
         table = Table(title=escape(title) if title else None, title_justify="left")
     for i in range(len(align)):
-        table.add_column(escape(header[i]) if header is not None else None, no_wrap=True,
-                         overflow="fold", justify="right" if align[i] == "r" else "left",
-                         style="bold" if header is None and i == 0 else None)
+        table.add_column(
+            escape(header[i]) if header is not None else None,
+            no_wrap=True,
+            overflow="fold",
+            justify="right" if align[i] == "r" else "left",
+            style="bold" if header is None and i == 0 else None,
+        )
     for i, r in enumerate(rows):
         table.add_row(*[escape(c) for c in r], end_section=i in sections)
     return table
 
 
-def _text_table(header: Sequence[str] | None, rows: list[list[str]], align: str, fmt: str) -> list[str]:
+def _text_table(
+    header: Sequence[str] | None, rows: list[list[str]], align: str, fmt: str
+) -> list[str]:
     from rich.cells import cell_len
 
     pipe = fmt in ("markdown", "github")
@@ -271,8 +326,10 @@ def _text_table(header: Sequence[str] | None, rows: list[list[str]], align: str,
     out = [line(r) for r in body]
     if header is not None:
         if pipe:
-            rules = [("-" * (w - 1) + ":") if align[i] == "r" and fmt == "markdown" else "-" * w
-                     for i, w in enumerate(widths)]
+            rules = [
+                ("-" * (w - 1) + ":") if align[i] == "r" and fmt == "markdown" else "-" * w
+                for i, w in enumerate(widths)
+            ]
             out.insert(1, "| " + " | ".join(rules) + " |")
         else:
             out.insert(1, "  ".join("-" * w for w in widths))
@@ -282,5 +339,8 @@ def _text_table(header: Sequence[str] | None, rows: list[list[str]], align: str,
 def targeting_note(note: str | None, quiet: bool = False) -> None:
     """The one stderr line saying the targets came from the checkpoint's record (not in --quiet)."""
     if note and not quiet:
-        err_console.print(f"note: {escape(note)} (--default-targets for the built-in roles)",
-                          highlight=False, soft_wrap=True)
+        err_console.print(
+            f"note: {escape(note)} (--default-targets for the built-in roles)",
+            highlight=False,
+            soft_wrap=True,
+        )

@@ -30,7 +30,9 @@ def choices(name: str, values: Iterable[str]) -> Any:
     return enum.Enum(name, {v: v for v in values}, type=str)
 
 
-def choice_option(kind: Any, default: Any, *names: str, help: str, case_sensitive: bool = True) -> Any:
+def choice_option(
+    kind: Any, default: Any, *names: str, help: str, case_sensitive: bool = True
+) -> Any:
     """An option taking one of the values of ``kind`` (a :func:`choices` Enum).
 
     A value not among them is a usage error naming the option, every choice and the closest:
@@ -85,7 +87,11 @@ def checked(check: Callable[..., Any], **kw: Any) -> Callable[..., Any]:
     """A click callback running ``check(value, option_name, **kw)``; its error becomes exit 2."""
 
     def callback(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
-        if ctx.resilient_parsing or value is None or (isinstance(value, (list, tuple)) and not value):
+        if (
+            ctx.resilient_parsing
+            or value is None
+            or (isinstance(value, (list, tuple)) and not value)
+        ):
             return value
         name = max(param.opts, key=len)
         try:
@@ -104,7 +110,10 @@ def given(param: str) -> bool:
     from sparsetool.cli._click import ParameterSource, get_current_context
 
     source = get_current_context().get_parameter_source(param)
-    return source is not None and source not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
+    return source is not None and source not in (
+        ParameterSource.DEFAULT,
+        ParameterSource.DEFAULT_MAP,
+    )
 
 
 def conflicting(when: Any, first: str, second: str, why: str) -> None:
@@ -126,9 +135,14 @@ def alone(flag: str, allowed: Iterable[str], does: str, instead: str) -> None:
     params = {p.name: p for p in get_current_context().command.params}
     for name, param in params.items():
         if name != flag and name not in allowed and given(name):
-            shown = (max(param.opts, key=len) if param.param_type_name == "option"
-                     else param.metavar or param.name.upper())
-            conflicting(True, max(params[flag].opts, key=len), shown, f"{does}; drop {shown}, or {instead}")
+            shown = (
+                max(param.opts, key=len)
+                if param.param_type_name == "option"
+                else param.metavar or param.name.upper()
+            )
+            conflicting(
+                True, max(params[flag].opts, key=len), shown, f"{does}; drop {shown}, or {instead}"
+            )
 
 
 def in_place_conflict(checkpoint: Any, output: Any, in_place: bool) -> None:
@@ -136,13 +150,17 @@ def in_place_conflict(checkpoint: Any, output: Any, in_place: bool) -> None:
     would be ignored (prune and densify)."""
     from pathlib import Path
 
-    conflicting(in_place and output is not None and Path(output).resolve() != Path(checkpoint).resolve(),
-                f"-o {output}", "--in-place",
-                f"--in-place replaces {checkpoint} itself; drop -o {output}, or drop --in-place "
-                f"to write {output} and leave {checkpoint} as it is")
+    conflicting(
+        in_place and output is not None and Path(output).resolve() != Path(checkpoint).resolve(),
+        f"-o {output}",
+        "--in-place",
+        f"--in-place replaces {checkpoint} itself; drop -o {output}, or drop --in-place "
+        f"to write {output} and leave {checkpoint} as it is",
+    )
 
 
 # --- output and verbosity ----------------------------------------------------------------------
+
 
 def output_option(help: str = "Where to write (same layout as the input).") -> Any:
     return typer.Option(None, "-o", "--output", help=help)
@@ -153,14 +171,23 @@ def json_option(help: str = "Print the result as JSON on stdout (no progress).")
 
 
 def quiet_option() -> Any:
-    return typer.Option(False, "-q", "--quiet",
-                        help="No progress bars or notes on stderr (the result is still printed).")
+    return typer.Option(
+        False,
+        "-q",
+        "--quiet",
+        help="No progress bars or notes on stderr (the result is still printed).",
+    )
 
 
 def workers_option() -> Any:
-    return typer.Option(None, "--workers", metavar="N", callback=checked(options.check_workers),
-                        help="Threads to work on (default: the usable cores). The output is the "
-                             "same byte for byte whatever N.")
+    return typer.Option(
+        None,
+        "--workers",
+        metavar="N",
+        callback=checked(options.check_workers),
+        help="Threads to work on (default: the usable cores). The output is the "
+        "same byte for byte whatever N.",
+    )
 
 
 def _check_plot(value: Any, option: str) -> Any:
@@ -169,14 +196,18 @@ def _check_plot(value: Any, option: str) -> Any:
     if Path(value).suffix.lower() != ".png":
         from sparsetool.errors import ConfigError
 
-        raise ConfigError(f"{option} {value}: plots are written as PNG: give a file name ending in .png, "
-                          f"e.g. {option} {Path(value).with_suffix('.png')}")
+        raise ConfigError(
+            f"{option} {value}: plots are written as PNG: give a file name ending in .png, "
+            f"e.g. {option} {Path(value).with_suffix('.png')}"
+        )
     return value
 
 
 def plot_option(help: str) -> Any:
     """``--plot FILE.png``: a file name not ending in .png is a usage error."""
-    return typer.Option(None, "--plot", metavar="FILE.png", help=help, callback=checked(_check_plot))
+    return typer.Option(
+        None, "--plot", metavar="FILE.png", help=help, callback=checked(_check_plot)
+    )
 
 
 def use_workers(n: Optional[int]) -> None:
@@ -188,9 +219,14 @@ def use_workers(n: Optional[int]) -> None:
 
 def threads_option(when: str = "") -> Any:
     """``--threads N``; ``when`` says when it applies, for a command that uses torch only sometimes."""
-    return typer.Option(None, "--threads", metavar="N", callback=checked(options.check_workers),
-                        help=f"CPU threads for torch{when} (default: the usable cores that other "
-                             "processes leave free, at least 1).")
+    return typer.Option(
+        None,
+        "--threads",
+        metavar="N",
+        callback=checked(options.check_workers),
+        help=f"CPU threads for torch{when} (default: the usable cores that other "
+        "processes leave free, at least 1).",
+    )
 
 
 def use_threads(n: Optional[int]) -> int:
@@ -203,24 +239,38 @@ def use_threads(n: Optional[int]) -> int:
 
 # --- the shared values -------------------------------------------------------------------------
 
+
 def sparsity_option(help: str) -> Any:
     """One sparsity in [0, 1] (1.0 allowed: every targeted weight zero)."""
-    return typer.Option(None, "--sparsity", "-s", help=help, metavar="S",
-                        callback=checked(options.parse_sparsity))
+    return typer.Option(
+        None, "--sparsity", "-s", help=help, metavar="S", callback=checked(options.parse_sparsity)
+    )
 
 
 def sparsities_option(help: str) -> Any:
     """A comma list of sparsities, each in [0, 1]."""
-    return typer.Option(None, "--sparsity", "-s", help=help, metavar="S[,S...]",
-                        callback=checked(options.parse_sparsities))
+    return typer.Option(
+        None,
+        "--sparsity",
+        "-s",
+        help=help,
+        metavar="S[,S...]",
+        callback=checked(options.parse_sparsities),
+    )
 
 
-def tokens_option(name: str, help: str, *, default: Any = None, minimum: int = 1,
-                  short: Optional[str] = None) -> Any:
+def tokens_option(
+    name: str, help: str, *, default: Any = None, minimum: int = 1, short: Optional[str] = None
+) -> Any:
     """A token count such as 26B, 2.6e10, 300M or 1_000."""
     names = (name,) if short is None else (name, short)
-    return typer.Option(default, *names, help=help, metavar="COUNT",
-                        callback=checked(options.parse_tokens, minimum=minimum))
+    return typer.Option(
+        default,
+        *names,
+        help=help,
+        metavar="COUNT",
+        callback=checked(options.parse_tokens, minimum=minimum),
+    )
 
 
 def seed_option(help: str = "Seed (a whole number from 0 to 2**63 - 1).", default: Any = 0) -> Any:
@@ -228,25 +278,35 @@ def seed_option(help: str = "Seed (a whole number from 0 to 2**63 - 1).", defaul
 
 
 def stage_option(help: str) -> Any:
-    return typer.Option([], "--stage", help=help, metavar="SPARSITY:FRACTION",
-                        callback=checked(options.parse_stage))
+    return typer.Option(
+        [], "--stage", help=help, metavar="SPARSITY:FRACTION", callback=checked(options.parse_stage)
+    )
 
 
-def include_option(help: str = "Also target tensors whose name matches this glob (repeatable).") -> Any:
-    return typer.Option([], "--include", help=help, metavar="GLOB",
-                        callback=checked(options.parse_globs))
+def include_option(
+    help: str = "Also target tensors whose name matches this glob (repeatable).",
+) -> Any:
+    return typer.Option(
+        [], "--include", help=help, metavar="GLOB", callback=checked(options.parse_globs)
+    )
 
 
-def exclude_option(help: str = "Never target tensors whose name matches this glob (repeatable; "
-                                "wins over --include).") -> Any:
-    return typer.Option([], "--exclude", help=help, metavar="GLOB",
-                        callback=checked(options.parse_globs))
+def exclude_option(
+    help: str = "Never target tensors whose name matches this glob (repeatable; "
+    "wins over --include).",
+) -> Any:
+    return typer.Option(
+        [], "--exclude", help=help, metavar="GLOB", callback=checked(options.parse_globs)
+    )
 
 
 def default_targets_option() -> Any:
-    return typer.Option(False, "--default-targets",
-                        help="Target by the built-in roles even if the checkpoint records the "
-                             "--include/--exclude it was pruned with (globs given here win anyway).")
+    return typer.Option(
+        False,
+        "--default-targets",
+        help="Target by the built-in roles even if the checkpoint records the "
+        "--include/--exclude it was pruned with (globs given here win anyway).",
+    )
 
 
 # --- how a model runs (eval, calibration pruning; train has its own --dtype with auto) ------------
@@ -254,20 +314,34 @@ def default_targets_option() -> Any:
 ComputeDType = choices("ComputeDType", options.COMPUTE_DTYPES)
 
 
-def device_option(help: str = "Where the model runs: auto (a GPU if there is one), cpu, cuda or cuda:N.") -> Any:
-    return typer.Option("auto", "--device", metavar="<auto|cpu|cuda|cuda:N>",
-                        callback=checked(options.check_device), help=help)
+def device_option(
+    help: str = "Where the model runs: auto (a GPU if there is one), cpu, cuda or cuda:N.",
+) -> Any:
+    return typer.Option(
+        "auto",
+        "--device",
+        metavar="<auto|cpu|cuda|cuda:N>",
+        callback=checked(options.check_device),
+        help=help,
+    )
 
 
-def compute_dtype_option(help: str = "Precision of the forward passes (bfloat16 halves the "
-                                     "memory of weights and activations).") -> Any:
+def compute_dtype_option(
+    help: str = "Precision of the forward passes (bfloat16 halves the "
+    "memory of weights and activations).",
+) -> Any:
     return choice_option(ComputeDType, "float32", "--dtype", help=help)
 
 
 def max_memory_option() -> Any:
-    return typer.Option(None, "--max-memory", metavar="SIZE", callback=checked(options.parse_size),
-                        help="Memory the run may use, e.g. 12G (default: what is available now); "
-                             "a run that cannot fit stops before the long part.")
+    return typer.Option(
+        None,
+        "--max-memory",
+        metavar="SIZE",
+        callback=checked(options.parse_size),
+        help="Memory the run may use, e.g. 12G (default: what is available now); "
+        "a run that cannot fit stops before the long part.",
+    )
 
 
 def use_device(device: str) -> None:
@@ -281,14 +355,49 @@ def use_device(device: str) -> None:
 
 
 def checkpoint_argument(required: bool = True) -> Any:
-    return typer.Argument(... if required else None, metavar="CHECKPOINT",
-                          help="A .safetensors file or a Hugging Face model directory.",
-                          show_default=False)
+    return typer.Argument(
+        ... if required else None,
+        metavar="CHECKPOINT",
+        help="A .safetensors file or a Hugging Face model directory.",
+        show_default=False,
+    )
 
 
-__all__ = ["ENCODING_NAMES", "TRAIN_PRESETS", "UsageProblem", "choices", "choice_option", "given",
-           "conflicting", "alone", "in_place_conflict", "plot_option", "epilog", "value_of", "usage_error", "usage_errors", "checked", "output_option", "json_option",
-           "quiet_option", "workers_option", "use_workers", "threads_option", "use_threads", "sparsity_option", "sparsities_option", "tokens_option", "seed_option",
-           "stage_option", "include_option", "exclude_option", "default_targets_option",
-           "checkpoint_argument", "ComputeDType", "device_option", "compute_dtype_option",
-           "max_memory_option", "use_device"]
+__all__ = [
+    "ENCODING_NAMES",
+    "TRAIN_PRESETS",
+    "UsageProblem",
+    "choices",
+    "choice_option",
+    "given",
+    "conflicting",
+    "alone",
+    "in_place_conflict",
+    "plot_option",
+    "epilog",
+    "value_of",
+    "usage_error",
+    "usage_errors",
+    "checked",
+    "output_option",
+    "json_option",
+    "quiet_option",
+    "workers_option",
+    "use_workers",
+    "threads_option",
+    "use_threads",
+    "sparsity_option",
+    "sparsities_option",
+    "tokens_option",
+    "seed_option",
+    "stage_option",
+    "include_option",
+    "exclude_option",
+    "default_targets_option",
+    "checkpoint_argument",
+    "ComputeDType",
+    "device_option",
+    "compute_dtype_option",
+    "max_memory_option",
+    "use_device",
+]

@@ -24,15 +24,32 @@ from sparsetool.cli._params import conflicting, usage_error
 SHOWN = ("acc", "acc_norm")
 
 
-def check_options(tasks: Optional[str], include_path: Optional[Path], limit: Optional[int],
-                  num_fewshot: Optional[int], seed: Optional[int], offline: bool, text: Any, plot: Any,
-                  seq: Any, stride: Any, max_tokens: Any) -> list[str] | None:
+def check_options(
+    tasks: Optional[str],
+    include_path: Optional[Path],
+    limit: Optional[int],
+    num_fewshot: Optional[int],
+    seed: Optional[int],
+    offline: bool,
+    text: Any,
+    plot: Any,
+    seq: Any,
+    stride: Any,
+    max_tokens: Any,
+) -> list[str] | None:
     """The task names, or None without --tasks; usage errors for options that would be ignored."""
     if tasks is None:
-        for option, value in (("--include-path", include_path), ("--limit", limit),
-                              ("--num-fewshot", num_fewshot), ("--seed", seed), ("--offline", offline or None)):
+        for option, value in (
+            ("--include-path", include_path),
+            ("--limit", limit),
+            ("--num-fewshot", num_fewshot),
+            ("--seed", seed),
+            ("--offline", offline or None),
+        ):
             if value is not None:
-                usage_error(f"{option} applies to task accuracy only; add --tasks NAME[,NAME...] or drop {option}")
+                usage_error(
+                    f"{option} applies to task accuracy only; add --tasks NAME[,NAME...] or drop {option}"
+                )
         return None
     # the harness's own progress bars (sparsetool draws one): tqdm reads this when it is imported,
     # and torch imports it, so before --device or --threads load torch
@@ -41,32 +58,76 @@ def check_options(tasks: Optional[str], include_path: Optional[Path], limit: Opt
     if not names:
         usage_error("--tasks: give at least one task name, e.g. --tasks arc_easy,hellaswag")
     if text is None:
-        for option, value in (("--plot", plot), ("--seq", seq), ("--stride", stride), ("--max-tokens", max_tokens)):
-            conflicting(value is not None, "--tasks", option,
-                        f"{option} is for perplexity, which --tasks adds only with --text; "
-                        f"add --text FILE or drop {option}")
+        for option, value in (
+            ("--plot", plot),
+            ("--seq", seq),
+            ("--stride", stride),
+            ("--max-tokens", max_tokens),
+        ):
+            conflicting(
+                value is not None,
+                "--tasks",
+                option,
+                f"{option} is for perplexity, which --tasks adds only with --text; "
+                f"add --text FILE or drop {option}",
+            )
     return names
 
 
-def run(checkpoints: list[Path], names: list[str], *, include_path: Optional[Path], limit: Optional[int],
-        num_fewshot: Optional[int], seed: Optional[int], offline: bool, batch: int, dtype: str, device: str,
-        max_memory: Any, text: Optional[Path], seq: Any, stride: Any, max_tokens: Any, plot: Any,
-        as_json: bool, quiet: bool) -> None:
+def run(
+    checkpoints: list[Path],
+    names: list[str],
+    *,
+    include_path: Optional[Path],
+    limit: Optional[int],
+    num_fewshot: Optional[int],
+    seed: Optional[int],
+    offline: bool,
+    batch: int,
+    dtype: str,
+    device: str,
+    max_memory: Any,
+    text: Optional[Path],
+    seq: Any,
+    stride: Any,
+    max_tokens: Any,
+    plot: Any,
+    as_json: bool,
+    quiet: bool,
+) -> None:
     from sparsetool.ops.tasks import evaluate_tasks
 
     with failing_cleanly():
         if plot is not None:
             check_plot_path(plot)
         with progress_bar(not (as_json or quiet)) as progress:
-            result = evaluate_tasks(checkpoints, names, include_path=include_path, limit=limit,
-                                    num_fewshot=num_fewshot, batch=batch, seed=seed, offline=offline, dtype=dtype,
-                                    device=device, max_memory=max_memory, progress=progress,
-                                    on_plan=plan_printer(not (as_json or quiet)), text=text, seq=seq,
-                                    stride=stride, max_tokens=max_tokens)
-    for source in result.sources:  # even with --json or -q: the figures are not the harness's own data
+            result = evaluate_tasks(
+                checkpoints,
+                names,
+                include_path=include_path,
+                limit=limit,
+                num_fewshot=num_fewshot,
+                batch=batch,
+                seed=seed,
+                offline=offline,
+                dtype=dtype,
+                device=device,
+                max_memory=max_memory,
+                progress=progress,
+                on_plan=plan_printer(not (as_json or quiet)),
+                text=text,
+                seq=seq,
+                stride=stride,
+                max_tokens=max_tokens,
+            )
+    for (
+        source
+    ) in result.sources:  # even with --json or -q: the figures are not the harness's own data
         if source.reason:
-            warn(f"--tasks {source.task}: {source.reason}; scored the {source.split} split bundled by "
-                 f"{source.package} instead (--offline goes there at once)")
+            warn(
+                f"--tasks {source.task}: {source.reason}; scored the {source.split} split bundled by "
+                f"{source.package} instead (--offline goes there at once)"
+            )
     if as_json:
         emit_json(result.to_json())
     else:
@@ -75,9 +136,30 @@ def run(checkpoints: list[Path], names: list[str], *, include_path: Optional[Pat
         from sparsetool.ops.eval import EvalResult, EvalRow, plot_eval
 
         with failing_cleanly():
-            plot_eval(EvalResult(result.text_source or "", [
-                EvalRow(r.name, r.kind, r.targeted_sparsity, r.params, r.nonzero_params, 0.0,
-                        r.perplexity or float("nan"), 0.0, 0, 0, 0, 0, r.seconds) for r in result.rows]), plot)
+            plot_eval(
+                EvalResult(
+                    result.text_source or "",
+                    [
+                        EvalRow(
+                            r.name,
+                            r.kind,
+                            r.targeted_sparsity,
+                            r.params,
+                            r.nonzero_params,
+                            0.0,
+                            r.perplexity or float("nan"),
+                            0.0,
+                            0,
+                            0,
+                            0,
+                            0,
+                            r.seconds,
+                        )
+                        for r in result.rows
+                    ],
+                ),
+                plot,
+            )
 
 
 def print_results(result: Any, with_perplexity: bool) -> None:
@@ -87,8 +169,11 @@ def print_results(result: Any, with_perplexity: bool) -> None:
         metrics = result.rows[0].metrics.get(task, {})
         shown = [m for m in SHOWN if f"{m},none" in metrics]
         if not shown:
-            shown = [k.split(",")[0] for k, v in metrics.items()
-                     if isinstance(v, (int, float)) and "_stderr" not in k and k != "sample_len"][:1]
+            shown = [
+                k.split(",")[0]
+                for k, v in metrics.items()
+                if isinstance(v, (int, float)) and "_stderr" not in k and k != "sample_len"
+            ][:1]
         columns += [(task, m) for m in shown]
     header = ["checkpoint", "targeted sparsity"] + (["perplexity"] if with_perplexity else [])
     header += [f"{task} {metric}" for task, metric in columns]
@@ -99,21 +184,36 @@ def print_results(result: Any, with_perplexity: bool) -> None:
             row.append(f"{r.perplexity:.3f}" if r.perplexity is not None else "-")
         for task, metric in columns:
             value, err = r.metric(task, metric), r.metric(task, f"{metric}_stderr")
-            row.append("-" if value is None else f"{value:.4f}" + (f" ± {err:.4f}" if err is not None else ""))
+            row.append(
+                "-"
+                if value is None
+                else f"{value:.4f}" + (f" ± {err:.4f}" if err is not None else "")
+            )
         cells.append(row)
     print_table(header, cells)
     shots = {result.n_shot.get(t, 0) for t in result.tasks}
     docs = {n for r in result.rows[:1] for n in r.samples.values()}
-    typer.echo(f"lm-evaluation-harness {result.harness}; "
-               + ", ".join(f"{t} v{result.versions.get(t, '?')}" for t in result.tasks)
-               + f"; {'/'.join(str(s) for s in sorted(shots))}-shot"
-               + (f"; {'/'.join(str(d) for d in sorted(docs))} documents per task" if docs else "")
-               + (f"; perplexity on {result.text_source}" if with_perplexity else ""))
+    typer.echo(
+        f"lm-evaluation-harness {result.harness}; "
+        + ", ".join(f"{t} v{result.versions.get(t, '?')}" for t in result.tasks)
+        + f"; {'/'.join(str(s) for s in sorted(shots))}-shot"
+        + (f"; {'/'.join(str(d) for d in sorted(docs))} documents per task" if docs else "")
+        + (f"; perplexity on {result.text_source}" if with_perplexity else "")
+    )
     bundled = [s for s in result.sources if s.origin == "bundled"]
     if bundled:
         other = [s.task for s in bundled if s.harness_split != s.split]
-        typer.echo(f"data: the validation splits bundled by {bundled[0].package} for "
-                   + ", ".join(s.task for s in bundled)
-                   + (f" (the harness's own {', '.join(other)} "
-                      + ("task scores its test split)" if len(other) == 1 else "tasks score their test splits)")
-                      if other else ""))
+        typer.echo(
+            f"data: the validation splits bundled by {bundled[0].package} for "
+            + ", ".join(s.task for s in bundled)
+            + (
+                f" (the harness's own {', '.join(other)} "
+                + (
+                    "task scores its test split)"
+                    if len(other) == 1
+                    else "tasks score their test splits)"
+                )
+                if other
+                else ""
+            )
+        )

@@ -61,53 +61,88 @@ Pattern = choices("Pattern", ("random", "rows", "cols", "2:4"))
 def bench(
     checkpoint: Optional[Path] = checkpoint_argument(required=False),
     model: Optional[Preset] = choice_option(
-        Preset, None, "--model", case_sensitive=False,
-        help="A flops preset: its matrix shapes with random weights and masks at --sparsity."),
+        Preset,
+        None,
+        "--model",
+        case_sensitive=False,
+        help="A flops preset: its matrix shapes with random weights and masks at --sparsity.",
+    ),
     shape: Optional[str] = typer.Option(
-        None, "--shape", metavar="MxK", callback=checked(options.check_shape),
-        help="One M x K layer (M outputs, K inputs), e.g. 4096x4096, with a seeded mask."),
+        None,
+        "--shape",
+        metavar="MxK",
+        callback=checked(options.check_shape),
+        help="One M x K layer (M outputs, K inputs), e.g. 4096x4096, with a seeded mask.",
+    ),
     sparsity: Optional[str] = sparsities_option(
         "Fraction of zeros for --model/--shape; a comma list (0.5,0.7,0.9) also finds the "
-        "break-even sparsity."),
+        "break-even sparsity."
+    ),
     pattern: Pattern = choice_option(
-        Pattern, "random", "--pattern",
+        Pattern,
+        "random",
+        "--pattern",
         help="The mask of --shape: random; rows or cols (all pruning in the leading "
-             "rows/columns); 2:4."),
+        "rows/columns); 2:4.",
+    ),
     batch: str = typer.Option(
-        "1,8,64,512,2048", "--batch", "-b", metavar="B[,B...]",
+        "1,8,64,512,2048",
+        "--batch",
+        "-b",
+        metavar="B[,B...]",
         callback=checked(options.parse_batches),
-        help="Tokens per product (rows of the input): 1 is decoding one token, 2048 a long "
-             "prompt."),
+        help="Tokens per product (rows of the input): 1 is decoding one token, 2048 a long prompt.",
+    ),
     kernel: list[str] = typer.Option(
-        [], "--kernel", "-k", metavar="NAME",
-        help="Only this sparse kernel (repeatable): " + ", ".join(KERNELS) + "."),
-    device: str = device_option("Where to time: auto (a GPU if there is one), cpu, cuda or "
-                                "cuda:N."),
+        [],
+        "--kernel",
+        "-k",
+        metavar="NAME",
+        help="Only this sparse kernel (repeatable): " + ", ".join(KERNELS) + ".",
+    ),
+    device: str = device_option(
+        "Where to time: auto (a GPU if there is one), cpu, cuda or cuda:N."
+    ),
     dtype: ComputeDType = compute_dtype_option(
         "Precision of the weights and inputs (the CPU's sparse kernels hold bfloat16 values in "
-        "float32)."),
+        "float32)."
+    ),
     repeats: int = typer.Option(
-        5, "--repeats", "-r", metavar="N",
+        5,
+        "--repeats",
+        "-r",
+        metavar="N",
         callback=checked(options.check_count),
         help="Timed calls per product at least (more while they take "
-        "under 0.2 s in all); the median is reported with its spread."),
+        "under 0.2 s in all); the median is reported with its spread.",
+    ),
     seed: int = seed_option("Seed of the inputs and of the synthetic weights and masks."),
     threads: Optional[int] = threads_option(),
-    include: list[str] = include_option("With CHECKPOINT: also time tensors matching this glob "
-                                        "(repeatable)."),
-    exclude: list[str] = exclude_option("With CHECKPOINT: leave out tensors matching this glob "
-                                        "(repeatable; wins over --include)."),
+    include: list[str] = include_option(
+        "With CHECKPOINT: also time tensors matching this glob (repeatable)."
+    ),
+    exclude: list[str] = exclude_option(
+        "With CHECKPOINT: leave out tensors matching this glob (repeatable; wins over --include)."
+    ),
     default_targets: bool = default_targets_option(),
     plot: Optional[Path] = plot_option("Write speed-up against batch (or sparsity) to this PNG."),
     quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
-    """Time dense against sparse matrix products on this machine, per shape and batch.
-    """
+    """Time dense against sparse matrix products on this machine, per shape and batch."""
     batches = value_of(batch)
     with usage_errors():
-        _check_usage(checkpoint, value_of(model), shape, sparsity, value_of(pattern), include,
-                     exclude, default_targets, kernel)
+        _check_usage(
+            checkpoint,
+            value_of(model),
+            shape,
+            sparsity,
+            value_of(pattern),
+            include,
+            exclude,
+            default_targets,
+            kernel,
+        )
     use_device(device)
     n_threads = use_threads(threads)
     with failing_cleanly():
@@ -124,22 +159,38 @@ def bench(
             if checkpoint is not None:
                 counting = (lambda i, n, _: progress("reading", i, n)) if progress else None
                 mats, targeting = matrices.from_checkpoint(
-                    checkpoint, include=include, exclude=exclude,
-                    default_targets=default_targets, progress=counting)
+                    checkpoint,
+                    include=include,
+                    exclude=exclude,
+                    default_targets=default_targets,
+                    progress=counting,
+                )
                 source, label = "checkpoint", str(checkpoint)
                 note = (targeting or {}).get("note")
             elif shape is not None:
-                mats = matrices.from_shape(options.parse_shape(shape), sparsity,
-                                           value_of(pattern), seed)
+                mats = matrices.from_shape(
+                    options.parse_shape(shape), sparsity, value_of(pattern), seed
+                )
                 source, label = "shape", f"{shape} layer, {value_of(pattern)} mask"
             else:
                 from sparsetool.flops.config import get_preset
 
                 mats = matrices.from_model(get_preset(value_of(model)), sparsity, seed)
                 source, label = "model", f"{value_of(model)}, random masks"
-            result = run_bench(mats, source=source, label=label, batches=batches, device=device,
-                               dtype=value_of(dtype), kernels=kernel, repeats=repeats,
-                               threads=n_threads, seed=seed, plot=plot, progress=progress)
+            result = run_bench(
+                mats,
+                source=source,
+                label=label,
+                batches=batches,
+                device=device,
+                dtype=value_of(dtype),
+                kernels=kernel,
+                repeats=repeats,
+                threads=n_threads,
+                seed=seed,
+                plot=plot,
+                progress=progress,
+            )
         targeting_note(note, quiet)
     if as_json:
         emit_json(result)
@@ -148,37 +199,64 @@ def bench(
     if result["failed"]:  # after the output, which shows them: one error line, exit 1
         f, more = result["failed"][0], len(result["failed"]) - 1
         with failing_cleanly():
-            fail(f"{f['kernel']} on {f['name']} at batch {f['batch']} does not equal the float32 "
-                 f"product of the same values{f' (and {more} more)' if more else ''}; its times "
-                 "are not a speed-up: leave it out with --kernel, and report it")
+            fail(
+                f"{f['kernel']} on {f['name']} at batch {f['batch']} does not equal the float32 "
+                f"product of the same values{f' (and {more} more)' if more else ''}; its times "
+                "are not a speed-up: leave it out with --kernel, and report it"
+            )
 
 
-def _check_usage(checkpoint: Optional[Path], model: Optional[str], shape: Optional[str],
-                 sparsity: Optional[list[float]], pattern: str, include: list[str],
-                 exclude: list[str], default_targets: bool, kernel: list[str]) -> None:
+def _check_usage(
+    checkpoint: Optional[Path],
+    model: Optional[str],
+    shape: Optional[str],
+    sparsity: Optional[list[float]],
+    pattern: str,
+    include: list[str],
+    exclude: list[str],
+    default_targets: bool,
+    kernel: list[str],
+) -> None:
     """How the options combine: exit 2 before anything is read or torch is imported."""
-    given = [n for n, v in (("CHECKPOINT", checkpoint), ("--model", model), ("--shape", shape))
-             if v]
+    given = [
+        n for n, v in (("CHECKPOINT", checkpoint), ("--model", model), ("--shape", shape)) if v
+    ]
     if len(given) != 1:
-        usage_error("give a CHECKPOINT, --model PRESET --sparsity S or --shape MxK --sparsity S"
-                    if not given else f"{given[0]} and {given[1]} both say what to time; give one")
+        usage_error(
+            "give a CHECKPOINT, --model PRESET --sparsity S or --shape MxK --sparsity S"
+            if not given
+            else f"{given[0]} and {given[1]} both say what to time; give one"
+        )
     if checkpoint is not None:
-        conflicting(sparsity is not None, str(checkpoint), "--sparsity",
-                    "a checkpoint is timed with its own masks; drop --sparsity, or time --model "
-                    "or --shape at a sparsity")
+        conflicting(
+            sparsity is not None,
+            str(checkpoint),
+            "--sparsity",
+            "a checkpoint is timed with its own masks; drop --sparsity, or time --model "
+            "or --shape at a sparsity",
+        )
     elif sparsity is None:
         usage_error(f"{given[0]} needs --sparsity, e.g. --sparsity 0.5 or 0.5,0.7,0.9")
     else:
-        for what, v in (("--include", include), ("--exclude", exclude),
-                        ("--default-targets", default_targets)):
+        for what, v in (
+            ("--include", include),
+            ("--exclude", exclude),
+            ("--default-targets", default_targets),
+        ):
             conflicting(bool(v), given[0], what, f"{what} chooses a checkpoint's tensors; drop it")
-    conflicting(pattern != "random" and shape is None, given[0], f"--pattern {pattern}",
-                "--pattern shapes the mask of --shape only; drop it")
+    conflicting(
+        pattern != "random" and shape is None,
+        given[0],
+        f"--pattern {pattern}",
+        "--pattern shapes the mask of --shape only; drop it",
+    )
     if pattern == "2:4" and shape is not None:
         k = options.parse_shape(shape)[1]
         if k % 4:
-            usage_error(f"--pattern 2:4 keeps 2 of every 4 weights along K: --shape {shape} has "
-                        f"K = {k}, not a multiple of 4")
+            usage_error(
+                f"--pattern 2:4 keeps 2 of every 4 weights along K: --shape {shape} has "
+                f"K = {k}, not a multiple of 4"
+            )
         if sparsity is not None and any(abs(s - 0.5) > 1e-12 for s in sparsity):
             usage_error("--pattern 2:4 keeps exactly half the weights: use --sparsity 0.5")
     for k in kernel:
@@ -202,21 +280,35 @@ def _cell(e: dict[str, Any]) -> str:
 
 def _render(res: dict[str, Any], quiet: bool) -> None:
     d = res["device"]
-    console.print(f"[bold]{escape(res['label'])}[/] on {escape(d['name'])}, {d['threads']} "
-                  f"thread{'' if d['threads'] == 1 else 's'}, {res['dtype']}", highlight=False,
-                  soft_wrap=True)
+    console.print(
+        f"[bold]{escape(res['label'])}[/] on {escape(d['name'])}, {d['threads']} "
+        f"thread{'' if d['threads'] == 1 else 's'}, {res['dtype']}",
+        highlight=False,
+        soft_wrap=True,
+    )
     kernels = res["kernels"]
     sweep = bool(res["break_even"])
     for ly in res["layers"]:
         shape = f"{ly['shape'][0]}x{ly['shape'][1]}"
-        title = (("" if ly["name"] == shape else f"{ly['name']} ") + f"{shape}, sparsity "
-                 f"{ly['sparsity']:.3f}"
-                 + (f", stands for {plural(ly['count'], 'matrix', 'matrices')}"
-                    if ly["count"] > 1 else "")
-                 + ": median time ±half the spread, speed-up over dense")
-        rows = [[str(r["batch"]), f"{_cell(r['dense'])} {r['dense']['kernel']}",
-                 *[_cell(r["sparse"][k]) if k in r["sparse"] else "-" for k in kernels],
-                 r["best"] or "-"] for r in ly["runs"]]
+        title = (
+            ("" if ly["name"] == shape else f"{ly['name']} ") + f"{shape}, sparsity "
+            f"{ly['sparsity']:.3f}"
+            + (
+                f", stands for {plural(ly['count'], 'matrix', 'matrices')}"
+                if ly["count"] > 1
+                else ""
+            )
+            + ": median time ±half the spread, speed-up over dense"
+        )
+        rows = [
+            [
+                str(r["batch"]),
+                f"{_cell(r['dense'])} {r['dense']['kernel']}",
+                *[_cell(r["sparse"][k]) if k in r["sparse"] else "-" for k in kernels],
+                r["best"] or "-",
+            ]
+            for r in ly["runs"]
+        ]
         if not sweep:
             print_table(["batch", "dense", *kernels, "fastest sparse"], rows, title=title)
     if sweep:
@@ -224,20 +316,31 @@ def _render(res: dict[str, Any], quiet: bool) -> None:
     for m in res["model"]:
         if res["source"] == "shape":
             break
-        rows = [[str(r["batch"]), _t(r["dense_s"]),
-                 "-" if r["sparse_s"] is None else _t(r["sparse_s"]),
-                 "-" if r["speedup"] is None else f"{r['speedup']:.2f}x", _t(r["mixed_s"]),
-                 f"{r['mixed_speedup']:.2f}x"] for r in m["batches"]]
-        print_table(["batch", "dense", "sparse", "speed-up", "faster of the two", "speed-up"], rows,
-                    title=f"the whole model per token ({m['matrices']} targeted matrices, sparsity "
-                          f"{m['sparsity']:.3f}): dense, the fastest sparse kernel, each shape on "
-                          "the faster of dense and sparse")
+        rows = [
+            [
+                str(r["batch"]),
+                _t(r["dense_s"]),
+                "-" if r["sparse_s"] is None else _t(r["sparse_s"]),
+                "-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
+                _t(r["mixed_s"]),
+                f"{r['mixed_speedup']:.2f}x",
+            ]
+            for r in m["batches"]
+        ]
+        print_table(
+            ["batch", "dense", "sparse", "speed-up", "faster of the two", "speed-up"],
+            rows,
+            title=f"the whole model per token ({m['matrices']} targeted matrices, sparsity "
+            f"{m['sparsity']:.3f}): dense, the fastest sparse kernel, each shape on "
+            "the faster of dense and sparse",
+        )
     if not quiet:
         for note in res["notes"]:
             console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
         for k, why in res["skipped"].items():
-            console.print(f"note: {escape(k)} not timed: {escape(why)}", highlight=False,
-                          soft_wrap=True)
+            console.print(
+                f"note: {escape(k)} not timed: {escape(why)}", highlight=False, soft_wrap=True
+            )
     if res["plot"]:
         console.print(f"plot written to {escape(res['plot'])}", highlight=False, soft_wrap=True)
     console.print(f"[bold]verdict:[/] {escape(res['verdict'])}", highlight=False, soft_wrap=True)
@@ -251,15 +354,26 @@ def _render_sweep(res: dict[str, Any]) -> None:
         lys = sorted(lys, key=lambda ly: ly["sparsity"])
         rows = []
         for ly in lys:
-            rows.append([f"{ly['sparsity']:.3f}", *[
-                "-" if r["best"] is None else f"{r['best_speedup']:.2f}x {r['best']}"
-                for r in ly["runs"]]])
-        be = {r["batch"]: r for r in res["break_even"]
-              if r["kernel"] == "best" and tuple(r["shape"]) == shape}
+            rows.append(
+                [
+                    f"{ly['sparsity']:.3f}",
+                    *[
+                        "-" if r["best"] is None else f"{r['best_speedup']:.2f}x {r['best']}"
+                        for r in ly["runs"]
+                    ],
+                ]
+            )
+        be = {
+            r["batch"]: r
+            for r in res["break_even"]
+            if r["kernel"] == "best" and tuple(r["shape"]) == shape
+        }
         rows.append(["break-even", *[_break_even(be.get(b)) for b in res["batches"]]])
-        print_table(["sparsity", *[f"batch {b}" for b in res["batches"]]], rows,
-                    title=f"{shape[0]}x{shape[1]}: speed-up of the fastest sparse kernel over "
-                          "dense")
+        print_table(
+            ["sparsity", *[f"batch {b}" for b in res["batches"]]],
+            rows,
+            title=f"{shape[0]}x{shape[1]}: speed-up of the fastest sparse kernel over dense",
+        )
 
 
 def _break_even(r: Optional[dict[str, Any]]) -> str:

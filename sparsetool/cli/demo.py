@@ -31,21 +31,53 @@ EXAMPLES = (  # the end of --help: each runs as written
     "sparsetool demo -o demo-seed1 --seed 1 --json",
 )
 
-HEADER = ["model", "targeted sparsity", "train FLOPs vs dense", "perplexity Python",
-          "perplexity English"]
-LABELS = {"dense": "dense", "sparse": f"{SPARSITY:.0%} sparse",
-          "finetuned": "sparse -> dense fine-tuned"}
-KIND_LABELS = {"Q": "Q", "K": "K", "V": "V", "QKV": "QKV", "attn_out": "attention out",
-               "ffn_in": "FFN in", "ffn_out": "FFN out", "other": "other"}
+HEADER = [
+    "model",
+    "targeted sparsity",
+    "train FLOPs vs dense",
+    "perplexity Python",
+    "perplexity English",
+]
+LABELS = {
+    "dense": "dense",
+    "sparse": f"{SPARSITY:.0%} sparse",
+    "finetuned": "sparse -> dense fine-tuned",
+}
+KIND_LABELS = {
+    "Q": "Q",
+    "K": "K",
+    "V": "V",
+    "QKV": "QKV",
+    "attn_out": "attention out",
+    "ffn_in": "FFN in",
+    "ffn_out": "FFN out",
+    "other": "other",
+}
 
 
 def demo(
-    output: Optional[Path] = output_option(f"Directory for the three runs, the plots and summary.json [default: {DEFAULT_OUTPUT}]. It must be new, empty or an earlier demo's output (which is replaced)."),
-    steps: int = typer.Option(DEFAULT_STEPS, "--steps", min=1, metavar="N", help="Pre-training steps of each of the dense and the sparse model."),
-    finetune_steps: int = typer.Option(DEFAULT_FINETUNE_STEPS, "--finetune-steps", min=1, metavar="N", help="Dense fine-tuning steps on the English text."),
+    output: Optional[Path] = output_option(
+        f"Directory for the three runs, the plots and summary.json [default: {DEFAULT_OUTPUT}]. It must be new, empty or an earlier demo's output (which is replaced)."
+    ),
+    steps: int = typer.Option(
+        DEFAULT_STEPS,
+        "--steps",
+        min=1,
+        metavar="N",
+        help="Pre-training steps of each of the dense and the sparse model.",
+    ),
+    finetune_steps: int = typer.Option(
+        DEFAULT_FINETUNE_STEPS,
+        "--finetune-steps",
+        min=1,
+        metavar="N",
+        help="Dense fine-tuning steps on the English text.",
+    ),
     seed: int = seed_option("Seed for weights, masks and data order."),
     quiet: bool = quiet_option(),
-    as_json: bool = json_option("Print the summary as JSON on stdout (as summary.json; no progress)."),
+    as_json: bool = json_option(
+        "Print the summary as JSON on stdout (as summary.json; no progress)."
+    ),
     threads: Optional[int] = threads_option(),
 ) -> None:
     """Run the whole toolkit end to end on built-in data and print one summary table.
@@ -62,8 +94,14 @@ def demo(
     use_threads(threads)
     with failing_cleanly():
         with _Progress(enabled=not (quiet or as_json)) as progress:
-            summary = run_demo(out, steps=steps, finetune_steps=finetune_steps, seed=seed,
-                               threads=threads, progress=progress)
+            summary = run_demo(
+                out,
+                steps=steps,
+                finetune_steps=finetune_steps,
+                seed=seed,
+                threads=threads,
+                progress=progress,
+            )
     if as_json:
         emit_json(summary)
         return
@@ -91,9 +129,14 @@ class _Progress:
                 TimeElapsedColumn,
             )
 
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[note]}"), TimeElapsedColumn(),
-                                console=err_console)
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[note]}"),
+                TimeElapsedColumn(),
+                console=err_console,
+            )
             self.bar.start()
         return self
 
@@ -106,26 +149,41 @@ class _Progress:
         if kind == "phase":
             self.current = info
             if self.bar is not None:
-                self.tasks[key] = self.bar.add_task(f"[{info['index']}/{info['phases']}] {info['title']}",
-                                                    total=info["total"], note="")
+                self.tasks[key] = self.bar.add_task(
+                    f"[{info['index']}/{info['phases']}] {info['title']}",
+                    total=info["total"],
+                    note="",
+                )
         elif kind == "step":
             self.current.update(loss=info.get("loss"), total=info["total"])
             if self.bar is not None:
                 note = f"loss {info['loss']:.3f}" if "loss" in info else ""
-                self.bar.update(self.tasks[key], completed=info["done"], total=info["total"],
-                                note=note)
+                self.bar.update(
+                    self.tasks[key], completed=info["done"], total=info["total"], note=note
+                )
         elif kind == "done" and self.bar is None:
             c = self.current
             loss = f", loss {c['loss']:.4f}" if c.get("loss") is not None else ""
-            err_console.print(f"[{c['index']}/{c['phases']}] {c['title']}: {c['total']:,} "
-                              f"{c['unit']}{loss}, {info['seconds']:.1f} s",
-                              highlight=False, markup=False, soft_wrap=True)
+            err_console.print(
+                f"[{c['index']}/{c['phases']}] {c['title']}: {c['total']:,} "
+                f"{c['unit']}{loss}, {info['seconds']:.1f} s",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
 
 
 def _render(s: dict) -> None:
-    cells = [[LABELS.get(m["name"], m["name"]), percent(m["targeted_sparsity"], 1),
-              f"{m['train_flops_ratio']:.3f}", f"{m['perplexity']['python']:.3f}",
-              f"{m['perplexity']['english']:.3f}"] for m in s["models"]]
+    cells = [
+        [
+            LABELS.get(m["name"], m["name"]),
+            percent(m["targeted_sparsity"], 1),
+            f"{m['train_flops_ratio']:.3f}",
+            f"{m['perplexity']['python']:.3f}",
+            f"{m['perplexity']['english']:.3f}",
+        ]
+        for m in s["models"]
+    ]
     print_table(HEADER, cells)
     d = s["diff"]
     kinds = ", ".join(f"{KIND_LABELS.get(k, k)} {v:.4f}" for k, v in d["by_kind"].items())

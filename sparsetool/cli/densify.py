@@ -21,8 +21,8 @@ from sparsetool.cli._params import (
 from sparsetool.util.wording import plural
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
-    'sparsetool densify model-bitmask/ -o model-dense/',
-    'sparsetool densify model-75.safetensors -o model-75-dense.safetensors --json',
+    "sparsetool densify model-bitmask/ -o model-dense/",
+    "sparsetool densify model-75.safetensors -o model-75-dense.safetensors --json",
 )
 
 
@@ -30,7 +30,8 @@ def densify(
     checkpoint: Path = checkpoint_argument(),
     output: Optional[Path] = output_option(),
     in_place: bool = typer.Option(
-        False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."),
+        False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."
+    ),
     quiet: bool = quiet_option(),
     workers: Optional[int] = workers_option(),
     as_json: bool = json_option(),
@@ -49,8 +50,9 @@ def densify(
     use_workers(workers)
     with failing_cleanly():
         with progress_bar(not (as_json or quiet)) as progress:
-            result = densify_checkpoint(checkpoint, output or checkpoint, in_place=in_place,
-                                        progress=progress)
+            result = densify_checkpoint(
+                checkpoint, output or checkpoint, in_place=in_place, progress=progress
+            )
     if as_json:
         emit_json(result.to_json())
         return
@@ -59,5 +61,9 @@ def densify(
     if not quiet:
         note_left_out(result.left_out)
     decoded = ", ".join(f"{n} {enc}" for enc, n in sorted(result.decoded.items())) or "none"
-    console.print(f"densified {plural(result.tensors, 'tensor')} (decoded: {decoded}); "
-                  f"wrote {escape(str(result.output))}", highlight=False, soft_wrap=True)
+    console.print(
+        f"densified {plural(result.tensors, 'tensor')} (decoded: {decoded}); "
+        f"wrote {escape(str(result.output))}",
+        highlight=False,
+        soft_wrap=True,
+    )

@@ -26,8 +26,18 @@ from sparsetool.cli._params import (
 )
 from sparsetool.util.wording import plural
 
-HEADER = ["matrix", "layer", "kind", "sparsity A", "sparsity B", "mask IoU", "revived", "pruned",
-          "rel L2", "angular"]
+HEADER = [
+    "matrix",
+    "layer",
+    "kind",
+    "sparsity A",
+    "sparsity B",
+    "mask IoU",
+    "revived",
+    "pruned",
+    "rel L2",
+    "angular",
+]
 
 
 def _number(x: float) -> str:
@@ -42,13 +52,26 @@ EXAMPLES = (  # the end of --help: each runs as written (given the checkpoints n
 
 
 def diff(
-    a: Path = typer.Argument(..., metavar="A", help="The first checkpoint (.safetensors file or Hugging Face directory)."),
-    b: Path = typer.Argument(..., metavar="B", help="The second checkpoint, with the same tensor names and shapes."),
-    as_json: bool = json_option("Print {\"tensors\": [...], \"summary\": {...}} on stdout."),
-    plot: Optional[Path] = plot_option("Also draw the angular distance heatmap (layers x matrices) into this PNG."),
+    a: Path = typer.Argument(
+        ..., metavar="A", help="The first checkpoint (.safetensors file or Hugging Face directory)."
+    ),
+    b: Path = typer.Argument(
+        ..., metavar="B", help="The second checkpoint, with the same tensor names and shapes."
+    ),
+    as_json: bool = json_option('Print {"tensors": [...], "summary": {...}} on stdout.'),
+    plot: Optional[Path] = plot_option(
+        "Also draw the angular distance heatmap (layers x matrices) into this PNG."
+    ),
     include: List[str] = include_option("Also compare tensors matching this glob (repeatable)."),
-    exclude: List[str] = exclude_option("Do not compare tensors matching this glob (repeatable; wins over --include)."),
-    quiet: bool = typer.Option(False, "-q", "--quiet", help="Print only the summary line: no table, no progress bar, no notes."),
+    exclude: List[str] = exclude_option(
+        "Do not compare tensors matching this glob (repeatable; wins over --include)."
+    ),
+    quiet: bool = typer.Option(
+        False,
+        "-q",
+        "--quiet",
+        help="Print only the summary line: no table, no progress bar, no notes.",
+    ),
     threads: Optional[int] = threads_option(),
 ) -> None:
     """Compare the targeted weights of checkpoints A and B (say before and after fine-tuning).
@@ -65,7 +88,9 @@ def diff(
         if plot is not None:
             check_plot_path(plot)
         with progress_bar(not (as_json or quiet)) as progress:
-            result = run_diff(a, b, include=tuple(include), exclude=tuple(exclude), progress=progress)
+            result = run_diff(
+                a, b, include=tuple(include), exclude=tuple(exclude), progress=progress
+            )
     for note in [] if quiet else result.notes:
         err_console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)
     if as_json:
@@ -81,14 +106,27 @@ def diff(
 
 def _print(result, a, b, quiet: bool) -> None:
     t = result.total
-    summary = (f"all {plural(t.numel, 'targeted weight')} ({plural(len(result.rows), 'matrix', 'matrices')}): sparsity "
-               f"{percent(t.sparsity_a)} -> {percent(t.sparsity_b)}, mask IoU {t.iou:.4f}, "
-               f"revived {t.revived:,}, newly pruned {t.pruned:,}, rel L2 {_number(t.rel_l2)}, "
-               f"angular distance {_number(t.angular_distance)}")
+    summary = (
+        f"all {plural(t.numel, 'targeted weight')} ({plural(len(result.rows), 'matrix', 'matrices')}): sparsity "
+        f"{percent(t.sparsity_a)} -> {percent(t.sparsity_b)}, mask IoU {t.iou:.4f}, "
+        f"revived {t.revived:,}, newly pruned {t.pruned:,}, rel L2 {_number(t.rel_l2)}, "
+        f"angular distance {_number(t.angular_distance)}"
+    )
     if not quiet:
-        cells = [[r.label, "" if r.layer is None else str(r.layer), r.kind,
-                  percent(r.stats.sparsity_a), percent(r.stats.sparsity_b), f"{r.stats.iou:.4f}",
-                  f"{r.stats.revived:,}", f"{r.stats.pruned:,}", _number(r.stats.rel_l2),
-                  _number(r.stats.angular_distance)] for r in result.rows]
+        cells = [
+            [
+                r.label,
+                "" if r.layer is None else str(r.layer),
+                r.kind,
+                percent(r.stats.sparsity_a),
+                percent(r.stats.sparsity_b),
+                f"{r.stats.iou:.4f}",
+                f"{r.stats.revived:,}",
+                f"{r.stats.pruned:,}",
+                _number(r.stats.rel_l2),
+                _number(r.stats.angular_distance),
+            ]
+            for r in result.rows
+        ]
         print_table(HEADER, cells, title=f"{a} -> {b}", align="lrlrrrrrrr")
     typer.echo(summary)

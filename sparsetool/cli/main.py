@@ -25,22 +25,52 @@ from sparsetool.util.wording import either
 # order of ``sparsetool --help``, which lists the commands from here without importing them
 # (tests/cli/test_cli_help.py checks each line equals the command's own).
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "prune": ("prune", "prune",
-              "Prune CHECKPOINT: zero the smallest (or random) weights of every targeted tensor."),
-    "densify": ("densify", "densify", "Write CHECKPOINT as plain dense tensors: pruned weights become 0.0."),
-    "report": ("report", "report",
-               "Per-tensor sparsity of CHECKPOINT, with each tensor's role and whether prune targets it."),
-    "flops": ("flops", "flops", "Training and inference FLOPs, dense vs sparse, by Chinchilla Appendix F."),
-    "train": ("train", "train",
-              "Train the built-in byte-level GPT, dense or with a sparse-training algorithm."),
-    "simulate": ("simulate", "simulate",
-                 "Masked-kernel hardware model: time, speedup and breakdown per device."),
-    "bench": ("bench", "bench",
-              "Time dense against sparse matrix products on this machine, per shape and batch."),
+    "prune": (
+        "prune",
+        "prune",
+        "Prune CHECKPOINT: zero the smallest (or random) weights of every targeted tensor.",
+    ),
+    "densify": (
+        "densify",
+        "densify",
+        "Write CHECKPOINT as plain dense tensors: pruned weights become 0.0.",
+    ),
+    "report": (
+        "report",
+        "report",
+        "Per-tensor sparsity of CHECKPOINT, with each tensor's role and whether prune targets it.",
+    ),
+    "flops": (
+        "flops",
+        "flops",
+        "Training and inference FLOPs, dense vs sparse, by Chinchilla Appendix F.",
+    ),
+    "train": (
+        "train",
+        "train",
+        "Train the built-in byte-level GPT, dense or with a sparse-training algorithm.",
+    ),
+    "simulate": (
+        "simulate",
+        "simulate",
+        "Masked-kernel hardware model: time, speedup and breakdown per device.",
+    ),
+    "bench": (
+        "bench",
+        "bench",
+        "Time dense against sparse matrix products on this machine, per shape and batch.",
+    ),
     "eval": ("eval", "eval_command", "Perplexity of each checkpoint on the same held-out text."),
-    "diff": ("diff", "diff",
-             "Compare the targeted weights of checkpoints A and B (say before and after fine-tuning)."),
-    "demo": ("demo", "demo", "Run the whole toolkit end to end on built-in data and print one summary table."),
+    "diff": (
+        "diff",
+        "diff",
+        "Compare the targeted weights of checkpoints A and B (say before and after fine-tuning).",
+    ),
+    "demo": (
+        "demo",
+        "demo",
+        "Run the whole toolkit end to end on built-in data and print one summary table.",
+    ),
 }
 
 
@@ -51,7 +81,9 @@ def load_command(name: str) -> Any:
     module_name, function_name, _ = COMMANDS[name]
     module = importlib.import_module(f"sparsetool.cli.{module_name}")
     one = typer.Typer(rich_markup_mode=None, add_completion=False)
-    one.command(name, epilog=epilog(getattr(module, "EXAMPLES", ())))(getattr(module, function_name))
+    one.command(name, epilog=epilog(getattr(module, "EXAMPLES", ())))(
+        getattr(module, function_name)
+    )
     return typer.main.get_command(one)
 
 
@@ -81,7 +113,7 @@ class LazyCommands(TyperGroup):
         except UsageError as e:
             matches = get_close_matches(args[0], list(COMMANDS)) if args else []
             if "Did you mean" in e.message:
-                e.message = e.message[:e.message.index("Did you mean")].rstrip(" .")
+                e.message = e.message[: e.message.index("Did you mean")].rstrip(" .")
             if matches:
                 e.message = e.message.rstrip(".") + f" (did you mean {either(matches)}?)"
             raise
@@ -110,7 +142,8 @@ def _one_line_usage_errors() -> Iterator[None]:
         text = e.format_message().strip()
         if isinstance(e, NoSuchOption):  # click's "Did you mean"/"Possible options" as ours
             text = f"no such option: {e.option_name}" + (
-                f" (did you mean {either(e.possibilities)}?)" if e.possibilities else "")
+                f" (did you mean {either(e.possibilities)}?)" if e.possibilities else ""
+            )
         if not isinstance(e, UsageProblem):  # "No such option: --x" -> "no such option: --x; ..."
             text = (text[:1].lower() if text[1:2].islower() else text[:1]) + text[1:].rstrip(".")
             text = " ".join(text.split())
@@ -135,6 +168,7 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
 
 def _version(value: bool) -> None:
     if value:

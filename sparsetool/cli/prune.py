@@ -59,41 +59,150 @@ Refinement = choices("Refinement", REFINEMENTS)
 
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
-    'sparsetool prune model/ -o model-75/ --sparsity 0.75',
-    'sparsetool prune model.safetensors -o step2.safetensors --fraction 0.2 --encoding mask',
-    'sparsetool prune model/ -o model-70/ --sparsity 0.7 --method wanda --calibration text.txt --allocation owl --refine dsnot',
+    "sparsetool prune model/ -o model-75/ --sparsity 0.75",
+    "sparsetool prune model.safetensors -o step2.safetensors --fraction 0.2 --encoding mask",
+    "sparsetool prune model/ -o model-70/ --sparsity 0.7 --method wanda --calibration text.txt --allocation owl --refine dsnot",
 )
 
 
 def prune(
     checkpoint: Path = checkpoint_argument(),
     output: Optional[Path] = output_option(),
-    sparsity: Optional[str] = sparsity_option("Fraction of zeros wanted in each targeted tensor, from 0 to 1."),
-    fraction: Optional[str] = typer.Option(None, "--fraction", metavar="F", callback=checked(options.parse_fraction), help="Prune this fraction of the REMAINING non-zeros, at least 0 and below 1 (one iterative-pruning step)."),
-    nm: Optional[str] = typer.Option(None, "--nm", metavar="N:M", callback=checked(options.parse_nm), help="Structured N:M: keep N of every M consecutive weights along the input dimension, e.g. 2:4."),
-    method: Method = choice_option(Method, "magnitude", "--method", help="magnitude (keep the largest |w|), random, or with --calibration: wanda (|w| times the input's norm, per output row) or sparsegpt (OBS reconstruction; updates the kept weights)."),
-    scope: Scope = choice_option(Scope, "layer", "--scope", help="layer: the same sparsity in every tensor; global: one magnitude threshold across all targeted tensors."),
-    distribution: Distribution = choice_option(Distribution, "uniform", "--distribution", help="uniform or erk (Erdos-Renyi-Kernel per-tensor sparsities, same total non-zeros)."),
+    sparsity: Optional[str] = sparsity_option(
+        "Fraction of zeros wanted in each targeted tensor, from 0 to 1."
+    ),
+    fraction: Optional[str] = typer.Option(
+        None,
+        "--fraction",
+        metavar="F",
+        callback=checked(options.parse_fraction),
+        help="Prune this fraction of the REMAINING non-zeros, at least 0 and below 1 (one iterative-pruning step).",
+    ),
+    nm: Optional[str] = typer.Option(
+        None,
+        "--nm",
+        metavar="N:M",
+        callback=checked(options.parse_nm),
+        help="Structured N:M: keep N of every M consecutive weights along the input dimension, e.g. 2:4.",
+    ),
+    method: Method = choice_option(
+        Method,
+        "magnitude",
+        "--method",
+        help="magnitude (keep the largest |w|), random, or with --calibration: wanda (|w| times the input's norm, per output row) or sparsegpt (OBS reconstruction; updates the kept weights).",
+    ),
+    scope: Scope = choice_option(
+        Scope,
+        "layer",
+        "--scope",
+        help="layer: the same sparsity in every tensor; global: one magnitude threshold across all targeted tensors.",
+    ),
+    distribution: Distribution = choice_option(
+        Distribution,
+        "uniform",
+        "--distribution",
+        help="uniform or erk (Erdos-Renyi-Kernel per-tensor sparsities, same total non-zeros).",
+    ),
     seed: int = seed_option("Seed for --method random."),
-    encoding: Encoding = choice_option(Encoding, "zeros", "--encoding", help="How pruned weights are stored: zeros, mask (bool <name>_mask tensors), nan (NaN sentinels), bitmask (compressed-tensors sparse-bitmask)."),
+    encoding: Encoding = choice_option(
+        Encoding,
+        "zeros",
+        "--encoding",
+        help="How pruned weights are stored: zeros, mask (bool <name>_mask tensors), nan (NaN sentinels), bitmask (compressed-tensors sparse-bitmask).",
+    ),
     include: List[str] = include_option(),
     exclude: List[str] = exclude_option(),
-    calibration: Optional[Path] = typer.Option(None, "--calibration", metavar="FILE|DIR", help="UTF-8 text (a file, or every file under a directory) run through the model by --method wanda/sparsegpt."),
-    samples: int = typer.Option(128, "--samples", metavar="N", callback=checked(options.check_count), help="Calibration windows (wanda/sparsegpt)."),
-    seq: Optional[int] = typer.Option(None, "--seq", metavar="T", callback=checked(options.check_count, minimum=2), help="Tokens per calibration window (wanda/sparsegpt). Default: 512, or the model's context if shorter."),
-    dampening: str = typer.Option("0.01", "--dampening", metavar="D", callback=checked(options.check_dampening), help="sparsegpt: add D x the mean diagonal of X^T X to its diagonal."),
-    blocksize: int = typer.Option(128, "--blocksize", metavar="B", callback=checked(options.check_count), help="sparsegpt: columns per block (lazy updates, one mask choice per block)."),
-    allocation: Allocation = choice_option(Allocation, "uniform", "--allocation", help="How --sparsity is spread over the transformer blocks: uniform, or owl (each block's sparsity follows its share of outlier Wanda scores, spread over 2 x --owl-lambda around the target; the total stays exact). Needs --calibration; works with magnitude, wanda and sparsegpt."),
-    owl_m: str = typer.Option("5", "--owl-m", metavar="M", callback=checked(options.check_owl_m), help="owl: a score above M times its block's mean is an outlier."),
-    owl_lambda: str = typer.Option("0.08", "--owl-lambda", metavar="L", callback=checked(options.check_owl_lambda), help="owl: the most and the least pruned block lie 2 x L apart (the paper: 'target +- L')."),
-    refine: Refinement = choice_option(Refinement, "none", "--refine", help="dsnot: after the mask is chosen, swap pruned and kept weights row by row while that lowers the row's expected output error (no training; exact counts). Needs --calibration; works with magnitude, wanda and sparsegpt."),
-    dsnot_iterations: int = typer.Option(50, "--dsnot-iterations", metavar="T", callback=checked(options.check_count, minimum=0), help="dsnot: at most T swaps per row."),
-    dsnot_threshold: str = typer.Option("0.1", "--dsnot-threshold", metavar="E", callback=checked(options.check_threshold), help="dsnot: a row stops once its expected error (its output summed over a window) is at most E."),
-    expert_min_tokens: int = typer.Option(32, "--expert-min-tokens", metavar="N", callback=checked(options.check_count, minimum=0), help="wanda/sparsegpt on a Mixture of Experts: each expert's matrices are pruned from the tokens routed to it; one routed fewer than N calibration tokens is pruned by magnitude instead (counted in the output)."),
-    device: str = device_option("wanda/sparsegpt: where the blocks run: auto (a GPU if there is one), cpu, cuda or cuda:N."),
-    dtype: ComputeDType = compute_dtype_option("wanda/sparsegpt: precision of the forward passes; statistics and the SparseGPT solve stay float32."),
+    calibration: Optional[Path] = typer.Option(
+        None,
+        "--calibration",
+        metavar="FILE|DIR",
+        help="UTF-8 text (a file, or every file under a directory) run through the model by --method wanda/sparsegpt.",
+    ),
+    samples: int = typer.Option(
+        128,
+        "--samples",
+        metavar="N",
+        callback=checked(options.check_count),
+        help="Calibration windows (wanda/sparsegpt).",
+    ),
+    seq: Optional[int] = typer.Option(
+        None,
+        "--seq",
+        metavar="T",
+        callback=checked(options.check_count, minimum=2),
+        help="Tokens per calibration window (wanda/sparsegpt). Default: 512, or the model's context if shorter.",
+    ),
+    dampening: str = typer.Option(
+        "0.01",
+        "--dampening",
+        metavar="D",
+        callback=checked(options.check_dampening),
+        help="sparsegpt: add D x the mean diagonal of X^T X to its diagonal.",
+    ),
+    blocksize: int = typer.Option(
+        128,
+        "--blocksize",
+        metavar="B",
+        callback=checked(options.check_count),
+        help="sparsegpt: columns per block (lazy updates, one mask choice per block).",
+    ),
+    allocation: Allocation = choice_option(
+        Allocation,
+        "uniform",
+        "--allocation",
+        help="How --sparsity is spread over the transformer blocks: uniform, or owl (each block's sparsity follows its share of outlier Wanda scores, spread over 2 x --owl-lambda around the target; the total stays exact). Needs --calibration; works with magnitude, wanda and sparsegpt.",
+    ),
+    owl_m: str = typer.Option(
+        "5",
+        "--owl-m",
+        metavar="M",
+        callback=checked(options.check_owl_m),
+        help="owl: a score above M times its block's mean is an outlier.",
+    ),
+    owl_lambda: str = typer.Option(
+        "0.08",
+        "--owl-lambda",
+        metavar="L",
+        callback=checked(options.check_owl_lambda),
+        help="owl: the most and the least pruned block lie 2 x L apart (the paper: 'target +- L').",
+    ),
+    refine: Refinement = choice_option(
+        Refinement,
+        "none",
+        "--refine",
+        help="dsnot: after the mask is chosen, swap pruned and kept weights row by row while that lowers the row's expected output error (no training; exact counts). Needs --calibration; works with magnitude, wanda and sparsegpt.",
+    ),
+    dsnot_iterations: int = typer.Option(
+        50,
+        "--dsnot-iterations",
+        metavar="T",
+        callback=checked(options.check_count, minimum=0),
+        help="dsnot: at most T swaps per row.",
+    ),
+    dsnot_threshold: str = typer.Option(
+        "0.1",
+        "--dsnot-threshold",
+        metavar="E",
+        callback=checked(options.check_threshold),
+        help="dsnot: a row stops once its expected error (its output summed over a window) is at most E.",
+    ),
+    expert_min_tokens: int = typer.Option(
+        32,
+        "--expert-min-tokens",
+        metavar="N",
+        callback=checked(options.check_count, minimum=0),
+        help="wanda/sparsegpt on a Mixture of Experts: each expert's matrices are pruned from the tokens routed to it; one routed fewer than N calibration tokens is pruned by magnitude instead (counted in the output).",
+    ),
+    device: str = device_option(
+        "wanda/sparsegpt: where the blocks run: auto (a GPU if there is one), cpu, cuda or cuda:N."
+    ),
+    dtype: ComputeDType = compute_dtype_option(
+        "wanda/sparsegpt: precision of the forward passes; statistics and the SparseGPT solve stay float32."
+    ),
     max_memory: Optional[str] = max_memory_option(),
-    in_place: bool = typer.Option(False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."),
+    in_place: bool = typer.Option(
+        False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."
+    ),
     quiet: bool = quiet_option(),
     workers: Optional[int] = workers_option(),
     threads: Optional[int] = threads_option(", with --method wanda or sparsegpt"),
@@ -128,8 +237,14 @@ def prune(
         use_threads(threads)
     with failing_cleanly():
         with progress_bar(not (as_json or quiet)) as progress:
-            result = prune_checkpoint(checkpoint, output or checkpoint, opts, in_place=in_place,
-                                      progress=progress, on_plan=plan_printer(not (as_json or quiet)))
+            result = prune_checkpoint(
+                checkpoint,
+                output or checkpoint,
+                opts,
+                in_place=in_place,
+                progress=progress,
+                on_plan=plan_printer(not (as_json or quiet)),
+            )
     for warning in result.warnings:  # printed even with --quiet/--json: the output will mislead
         warn(warning)
     if as_json:
@@ -140,7 +255,8 @@ def prune(
         f"pruned {plural(len(result.tensors), 'tensor')} ({plural(result.numel, 'weight')}): "
         f"targeted sparsity {percent(1 - before / result.numel if result.numel else 0.0)} -> "
         f"[bold]{percent(result.targeted_sparsity)}[/], encoding {opts.encoding}",
-        highlight=False, soft_wrap=True,
+        highlight=False,
+        soft_wrap=True,
     )
     asked = bool(opts.sparsity or opts.fraction or opts.nm)
     untouched = sum(1 for t in result.tensors if t.numel and t.nonzero == t.nonzero_before)
@@ -149,17 +265,24 @@ def prune(
     if result.allocation and not quiet:
         print_allocation(result.allocation)
     if result.refined and not quiet:
-        console.print(f"DSnoT: {plural(result.refined['swaps'], 'swap')} of a pruned weight for a kept one "
-                      f"(at most {result.refined['iterations']} per row)", highlight=False, soft_wrap=True)
+        console.print(
+            f"DSnoT: {plural(result.refined['swaps'], 'swap')} of a pruned weight for a kept one "
+            f"(at most {result.refined['iterations']} per row)",
+            highlight=False,
+            soft_wrap=True,
+        )
     if result.experts and not quiet:
         print_experts(result.experts)
     for note in [] if quiet else result.notes:
         console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
     if untouched:
-        console.print(f"note: {plural(untouched, 'tensor')} {'was' if untouched == 1 else 'were'} "
-                      "already at least as sparse as asked and left as "
-                      f"{'it was' if untouched == 1 else 'they were'} (pruning never revives a weight)",
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"note: {plural(untouched, 'tensor')} {'was' if untouched == 1 else 'were'} "
+            "already at least as sparse as asked and left as "
+            f"{'it was' if untouched == 1 else 'they were'} (pruning never revives a weight)",
+            highlight=False,
+            soft_wrap=True,
+        )
     if not quiet:
         note_left_out(result.left_out)
     console.print(f"wrote {escape(str(result.output))}", highlight=False, soft_wrap=True)
@@ -167,10 +290,20 @@ def prune(
 
 def print_allocation(blocks: list[dict]) -> None:
     """OWL's plan: each block's outlier ratio and the sparsity it was given."""
-    rows = [[str(b["block"]), f"{100 * b['outlier_ratio']:.2f}%", percent(b["sparsity"]),
-             f"{b['kept']:,} of {b['targeted']:,}"] for b in blocks]
-    print_table(["block", "outliers", "sparsity", "kept"], rows,
-                title="OWL allocation (outliers: scores above M x the block's mean)")
+    rows = [
+        [
+            str(b["block"]),
+            f"{100 * b['outlier_ratio']:.2f}%",
+            percent(b["sparsity"]),
+            f"{b['kept']:,} of {b['targeted']:,}",
+        ]
+        for b in blocks
+    ]
+    print_table(
+        ["block", "outliers", "sparsity", "kept"],
+        rows,
+        title="OWL allocation (outliers: scores above M x the block's mean)",
+    )
 
 
 def print_experts(experts: dict) -> None:
@@ -179,11 +312,18 @@ def print_experts(experts: dict) -> None:
     tokens = list(experts["routed_tokens"].values())
     fallback = experts["magnitude"]
     if len(tokens) > len(fallback):
-        console.print(f"experts: {plural(len(tokens) - len(fallback), 'matrix', 'matrices')} pruned "
-                      f"from the tokens routed to their expert ({min(tokens):,} to {max(tokens):,} "
-                      "tokens routed)", highlight=False, soft_wrap=True)
+        console.print(
+            f"experts: {plural(len(tokens) - len(fallback), 'matrix', 'matrices')} pruned "
+            f"from the tokens routed to their expert ({min(tokens):,} to {max(tokens):,} "
+            "tokens routed)",
+            highlight=False,
+            soft_wrap=True,
+        )
     if fallback:
-        console.print(f"note: {plural(len(fallback), 'expert matrix', 'expert matrices')} pruned by "
-                      f"magnitude: their expert was routed fewer than {experts['min_tokens']} "
-                      f"calibration tokens (--expert-min-tokens); first: {escape(fallback[0])}",
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"note: {plural(len(fallback), 'expert matrix', 'expert matrices')} pruned by "
+            f"magnitude: their expert was routed fewer than {experts['min_tokens']} "
+            f"calibration tokens (--expert-min-tokens); first: {escape(fallback[0])}",
+            highlight=False,
+            soft_wrap=True,
+        )

@@ -41,20 +41,33 @@ Format = choices("Format", TABLE_FORMATS)
 
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
-    'sparsetool report model-75/',
-    'sparsetool report model.safetensors --json',
-    'sparsetool report model-75/ --plot sparsity.png',
+    "sparsetool report model-75/",
+    "sparsetool report model.safetensors --json",
+    "sparsetool report model-75/ --plot sparsity.png",
 )
 
 
 def report(
     checkpoint: Path = checkpoint_argument(),
-    as_json: bool = json_option("Print {\"tensors\": [...], \"summary\": {...}} on stdout."),
-    plot: Optional[Path] = plot_option("Also draw the sparsity of the listed tensors into this PNG: one bar each, or a layer x matrix heatmap past 40 tensors."),
-    all_tensors: bool = typer.Option(True, "--all/--targeted", help="Show every tensor (default) or only the targeted ones."),
-    fmt: Format = choice_option(Format, "rich", "--format", help="Table style (rich falls back to plain when piped or narrow)."),
-    include: List[str] = include_option("Count tensors matching this glob as targeted (repeatable)."),
-    exclude: List[str] = exclude_option("Do not count tensors matching this glob as targeted (repeatable; wins over --include)."),
+    as_json: bool = json_option('Print {"tensors": [...], "summary": {...}} on stdout.'),
+    plot: Optional[Path] = plot_option(
+        "Also draw the sparsity of the listed tensors into this PNG: one bar each, or a layer x matrix heatmap past 40 tensors."
+    ),
+    all_tensors: bool = typer.Option(
+        True, "--all/--targeted", help="Show every tensor (default) or only the targeted ones."
+    ),
+    fmt: Format = choice_option(
+        Format,
+        "rich",
+        "--format",
+        help="Table style (rich falls back to plain when piped or narrow).",
+    ),
+    include: List[str] = include_option(
+        "Count tensors matching this glob as targeted (repeatable)."
+    ),
+    exclude: List[str] = exclude_option(
+        "Do not count tensors matching this glob as targeted (repeatable; wins over --include)."
+    ),
     default_targets: bool = default_targets_option(),
     quiet: bool = quiet_option(),
     workers: Optional[int] = workers_option(),
@@ -65,11 +78,19 @@ def report(
     pruned with --include/--exclude counts the tensors prune targeted (see --default-targets).
     """
     fmt = value_of(fmt)
-    conflicting(as_json and given("fmt"), "--json", f"--format {fmt}",
-                "--json prints no table; drop --format, or drop --json to print the table")
-    conflicting(as_json and not all_tensors and plot is None, "--json", "--targeted",
-                "--json lists every tensor, each with \"targeted\" (--targeted filters the table "
-                "and the plot); drop --targeted, or drop --json to print the targeted ones")
+    conflicting(
+        as_json and given("fmt"),
+        "--json",
+        f"--format {fmt}",
+        "--json prints no table; drop --format, or drop --json to print the table",
+    )
+    conflicting(
+        as_json and not all_tensors and plot is None,
+        "--json",
+        "--targeted",
+        '--json lists every tensor, each with "targeted" (--targeted filters the table '
+        "and the plot); drop --targeted, or drop --json to print the targeted ones",
+    )
     from sparsetool.ops.report import plot_report, summarize
 
     use_workers(workers)
@@ -77,8 +98,13 @@ def report(
         if plot is not None:
             check_plot_path(plot)
         with progress_bar(not (as_json or quiet)) as progress:
-            rep = summarize(checkpoint, tuple(include), tuple(exclude),
-                            default_targets=default_targets, progress=progress)
+            rep = summarize(
+                checkpoint,
+                tuple(include),
+                tuple(exclude),
+                default_targets=default_targets,
+                progress=progress,
+            )
         targeting_note(rep.targeting["note"], quiet)
     if as_json:
         emit_json(rep.to_json())
@@ -89,43 +115,78 @@ def report(
             plot_report(rep, plot, all_tensors=all_tensors)
         if not (as_json or quiet):
             drawn = sum(1 for t in rep.tensors if all_tensors or t.targeted)
-            console.print(f"plot: {plot}" + ("" if drawn else " (it says there is no tensor to draw)"),
-                          highlight=False, soft_wrap=True)
+            console.print(
+                f"plot: {plot}" + ("" if drawn else " (it says there is no tensor to draw)"),
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 def _print(rep, checkpoint, all_tensors: bool, fmt: str) -> None:
     rows = [t for t in rep.tensors if all_tensors or t.targeted]
     header = ["name", "shape", "dtype", "role", "targeted", "numel", "non-zero", "sparsity"]
     tied = rep.targeting.get("tied_head")
-    cells = [[t.name, "x".join(map(str, t.shape)) or "scalar", t.dtype,
-              f"{t.role} + tied head" if t.name == tied else t.role,
-              "yes" if t.targeted else "", f"{t.numel:,}", f"{t.nonzero:,}", percent(t.sparsity)]
-             for t in rows]
+    cells = [
+        [
+            t.name,
+            "x".join(map(str, t.shape)) or "scalar",
+            t.dtype,
+            f"{t.role} + tied head" if t.name == tied else t.role,
+            "yes" if t.targeted else "",
+            f"{t.numel:,}",
+            f"{t.nonzero:,}",
+            percent(t.sparsity),
+        ]
+        for t in rows
+    ]
     s = rep.summary
     summary = [
-        ("targeted sparsity", f"{percent(s['targeted_sparsity'])} of "
-                              f"{plural(s['targeted_numel'], 'weight')} in "
-                              f"{plural(s['targeted_tensors'], 'tensor')}"),
-        ("overall sparsity", f"{percent(s['overall_sparsity'])} of {plural(s['numel'], 'parameter')}"),
+        (
+            "targeted sparsity",
+            f"{percent(s['targeted_sparsity'])} of "
+            f"{plural(s['targeted_numel'], 'weight')} in "
+            f"{plural(s['targeted_tensors'], 'tensor')}",
+        ),
+        (
+            "overall sparsity",
+            f"{percent(s['overall_sparsity'])} of {plural(s['numel'], 'parameter')}",
+        ),
         ("non-zero parameters", f"{s['nonzero']:,}"),
         ("bytes on disk", decimal_bytes(s["bytes"])),
     ]
     if s["non_float_tensors"]:  # never targeted, so outside both sparsities above
-        summary.insert(2, ("non-float parameters",
-                           f"{s['non_float_numel']:,} in {plural(s['non_float_tensors'], 'tensor')} "
-                           f"({', '.join(s['non_float_dtypes'])}), never pruned and not in the "
-                           f"sparsities above"))
+        summary.insert(
+            2,
+            (
+                "non-float parameters",
+                f"{s['non_float_numel']:,} in {plural(s['non_float_tensors'], 'tensor')} "
+                f"({', '.join(s['non_float_dtypes'])}), never pruned and not in the "
+                f"sparsities above",
+            ),
+        )
     allocation, refine = s.get("allocation"), s.get("refine")
     if allocation and allocation.get("blocks"):
         spread = [b["sparsity"] for b in allocation["blocks"]]
-        summary.append(("allocation", f"OWL (M {allocation['m']:g}, lambda {allocation['lambda']:g}): "
-                                      f"block sparsities {percent(min(spread))} to {percent(max(spread))} "
-                                      f"over {plural(len(spread), 'block')}"))
+        summary.append(
+            (
+                "allocation",
+                f"OWL (M {allocation['m']:g}, lambda {allocation['lambda']:g}): "
+                f"block sparsities {percent(min(spread))} to {percent(max(spread))} "
+                f"over {plural(len(spread), 'block')}",
+            )
+        )
     if refine:
-        summary.append(("refinement", f"DSnoT (at most {refine['iterations']} swaps per row, "
-                                      f"threshold {refine['threshold']:g})"))
+        summary.append(
+            (
+                "refinement",
+                f"DSnoT (at most {refine['iterations']} swaps per row, "
+                f"threshold {refine['threshold']:g})",
+            )
+        )
     align = "lllllrrr"
-    if any(t.expert is not None or t.experts is not None for t in rep.tensors):  # a mixture of experts
+    if any(
+        t.expert is not None or t.experts is not None for t in rep.tensors
+    ):  # a mixture of experts
         header.insert(4, "expert")
         for t, row in zip(rows, cells):
             row.insert(4, _expert_cell(t))

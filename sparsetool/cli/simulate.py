@@ -45,9 +45,9 @@ from sparsetool.flops.config import PRESETS
 from sparsetool.util import options
 
 EXAMPLES = (  # the end of --help (two or three): each runs as written (given the files named)
-    'sparsetool simulate --model gpt3-xl --sparsity 0.75',
-    'sparsetool simulate --shape 12288x12288 --sweep --plot speedup.png',
-    'sparsetool simulate --measured bench.json --fit -o cpu-fitted.toml',
+    "sparsetool simulate --model gpt3-xl --sparsity 0.75",
+    "sparsetool simulate --shape 12288x12288 --sweep --plot speedup.png",
+    "sparsetool simulate --measured bench.json --fit -o cpu-fitted.toml",
 )
 
 
@@ -57,56 +57,121 @@ Pattern = choices("Pattern", ("random", "rows", "cols", "2:4"))
 
 def simulate(
     checkpoint: Optional[Path] = typer.Argument(
-        None, metavar="CHECKPOINT", show_default=False,
-        help="A .safetensors file or Hugging Face directory: simulate its real masks."),
+        None,
+        metavar="CHECKPOINT",
+        show_default=False,
+        help="A .safetensors file or Hugging Face directory: simulate its real masks.",
+    ),
     shape: Optional[str] = typer.Option(
-        None, "--shape", metavar="MxK", callback=checked(options.check_shape), help="One M x K layer (M outputs, K inputs), e.g. 12288x12288, with a seeded mask."),
+        None,
+        "--shape",
+        metavar="MxK",
+        callback=checked(options.check_shape),
+        help="One M x K layer (M outputs, K inputs), e.g. 12288x12288, with a seeded mask.",
+    ),
     model: Optional[Preset] = choice_option(
-        Preset, None, "--model", case_sensitive=False, help="A flops preset with random masks at --sparsity."),
+        Preset,
+        None,
+        "--model",
+        case_sensitive=False,
+        help="A flops preset with random masks at --sparsity.",
+    ),
     sparsity: Optional[str] = sparsities_option(
-        "Fraction of zeros for --shape/--model; a comma list (0.5,0.75,0.9) runs a sweep."),
+        "Fraction of zeros for --shape/--model; a comma list (0.5,0.75,0.9) runs a sweep."
+    ),
     sweep: bool = typer.Option(
-        False, "--sweep", help="Sweep the SPDF Appendix C sparsities 0, .5, .67, ... .9 (theoretical 1x..10x)."),
-    tokens: str = tokens_option("--tokens", "Tokens per step (batch x sequence length), e.g. 2048 or 4K.",
-                                default="2048", short="-t"),
+        False,
+        "--sweep",
+        help="Sweep the SPDF Appendix C sparsities 0, .5, .67, ... .9 (theoretical 1x..10x).",
+    ),
+    tokens: str = tokens_option(
+        "--tokens",
+        "Tokens per step (batch x sequence length), e.g. 2048 or 4K.",
+        default="2048",
+        short="-t",
+    ),
     pattern: Pattern = choice_option(
-        Pattern, "random", "--pattern", help="Synthetic mask for --shape: random; rows or cols (all pruning in the leading rows/columns); 2:4."),
+        Pattern,
+        "random",
+        "--pattern",
+        help="Synthetic mask for --shape: random; rows or cols (all pruning in the leading rows/columns); 2:4.",
+    ),
     seed: int = seed_option("Seed of the synthetic masks."),
     hardware: Optional[Path] = typer.Option(
-        None, "--hardware", help="TOML/YAML/JSON file overriding any preset constant or adding devices."),
+        None,
+        "--hardware",
+        help="TOML/YAML/JSON file overriding any preset constant or adding devices.",
+    ),
     device: list[str] = typer.Option(
-        [], "--device", "-d", metavar="DEVICE", help="Only this device (repeatable); --list-hardware names them."),
+        [],
+        "--device",
+        "-d",
+        metavar="DEVICE",
+        help="Only this device (repeatable); --list-hardware names them.",
+    ),
     seq_len: Optional[int] = typer.Option(
-        None, "--seq-len", min=1, help="Sequence length for the attention work (default: the model's)."),
+        None,
+        "--seq-len",
+        min=1,
+        help="Sequence length for the attention work (default: the model's).",
+    ),
     verify: bool = typer.Option(
-        False, "--verify", help="Run the zero-skipping AXPY schedule on a small block and check it "
-        "equals the dense masked matmul."),
+        False,
+        "--verify",
+        help="Run the zero-skipping AXPY schedule on a small block and check it "
+        "equals the dense masked matmul.",
+    ),
     plot: Optional[Path] = plot_option(
-        "Write speedup vs sparsity (with the theoretical line) to this PNG."),
-    layers: bool = typer.Option(False, "--layers", help="Show every layer (default: the 8 most imbalanced)."),
+        "Write speedup vs sparsity (with the theoretical line) to this PNG."
+    ),
+    layers: bool = typer.Option(
+        False, "--layers", help="Show every layer (default: the 8 most imbalanced)."
+    ),
     list_hardware: bool = typer.Option(
-        False, "--list-hardware", help="List the devices, their constants and where each comes from."),
-    include: list[str] = include_option("With CHECKPOINT: also simulate tensors matching this glob (repeatable)."),
-    exclude: list[str] = exclude_option("With CHECKPOINT: leave out tensors matching this glob (repeatable; wins over --include)."),
+        False,
+        "--list-hardware",
+        help="List the devices, their constants and where each comes from.",
+    ),
+    include: list[str] = include_option(
+        "With CHECKPOINT: also simulate tensors matching this glob (repeatable)."
+    ),
+    exclude: list[str] = exclude_option(
+        "With CHECKPOINT: leave out tensors matching this glob (repeatable; wins over --include)."
+    ),
     default_targets: bool = default_targets_option(),
     measured: Optional[Path] = typer.Option(
-        None, "--measured", metavar="BENCH.json", help="Set the model against the kernel times "
-        "`sparsetool bench --json` measured: per layer and batch, measured vs modelled times and speedups."),
+        None,
+        "--measured",
+        metavar="BENCH.json",
+        help="Set the model against the kernel times "
+        "`sparsetool bench --json` measured: per layer and batch, measured vs modelled times and speedups.",
+    ),
     fit: bool = typer.Option(
-        False, "--fit", help="With --measured (on a CPU): fit the cpu device's rates to the times and "
-        "show the model after the fit."),
+        False,
+        "--fit",
+        help="With --measured (on a CPU): fit the cpu device's rates to the times and "
+        "show the model after the fit.",
+    ),
     kernel: Optional[str] = typer.Option(
-        None, "--kernel", metavar="NAME", help="With --measured: the sparse kernel to compare "
-        "(default: the one fastest at the most points)."),
+        None,
+        "--kernel",
+        metavar="NAME",
+        help="With --measured: the sparse kernel to compare "
+        "(default: the one fastest at the most points).",
+    ),
     output: Optional[Path] = output_option(
-        "With --fit: write the fitted device to this TOML hardware file (for --hardware)."),
+        "With --fit: write the fitted device to this TOML hardware file (for --hardware)."
+    ),
     quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
-    """Masked-kernel hardware model: time, speedup and breakdown per device.
-    """
-    alone("list_hardware", ("hardware", "device", "as_json", "quiet"),
-          "--list-hardware lists the devices and simulates nothing", "drop --list-hardware to simulate")
+    """Masked-kernel hardware model: time, speedup and breakdown per device."""
+    alone(
+        "list_hardware",
+        ("hardware", "device", "as_json", "quiet"),
+        "--list-hardware lists the devices and simulates nothing",
+        "drop --list-hardware to simulate",
+    )
     if measured is not None or fit or kernel is not None or output is not None:
         _measured_usage(measured, fit, kernel, output, device)
         with failing_cleanly():
@@ -123,8 +188,14 @@ def simulate(
                 from sparsetool.checkpoint.output_files import check_writable
 
                 check_writable(output)
-            res = run_measured(measured, hardware=hardware, device=device[0] if device else None,
-                               kernel=kernel, fit_it=fit, output=output)
+            res = run_measured(
+                measured,
+                hardware=hardware,
+                device=device[0] if device else None,
+                kernel=kernel,
+                fit_it=fit,
+                output=output,
+            )
         if as_json:
             emit_json(res)
         else:
@@ -134,12 +205,29 @@ def simulate(
         with usage_errors():  # how the options combine: exit 2 before any file is read
             from sparsetool.hardware.request import check_request
 
-            runs = check_request(checkpoint, shape=shape, model=value_of(model), sparsity=sparsity,
-                                 sweep=sweep, pattern=value_of(pattern), plot=plot,
-                                 include=tuple(include), exclude=tuple(exclude),
-                                 default_targets=default_targets)
-        swept = ("--sweep" if sweep else "--plot" if sparsity is None else
-                 "--sparsity " + ",".join(f"{x:g}" for x in sparsity)) if len(runs) > 1 else None
+            runs = check_request(
+                checkpoint,
+                shape=shape,
+                model=value_of(model),
+                sparsity=sparsity,
+                sweep=sweep,
+                pattern=value_of(pattern),
+                plot=plot,
+                include=tuple(include),
+                exclude=tuple(exclude),
+                default_targets=default_targets,
+            )
+        swept = (
+            (
+                "--sweep"
+                if sweep
+                else "--plot"
+                if sparsity is None
+                else "--sparsity " + ",".join(f"{x:g}" for x in sparsity)
+            )
+            if len(runs) > 1
+            else None
+        )
         _conflicts(shape, seq_len, layers, as_json, swept)
     with failing_cleanly():
         from sparsetool.hardware.presets import load_devices
@@ -156,11 +244,24 @@ def simulate(
             return
         with progress_bar(enabled=not (as_json or quiet)) as progress, _shape_hint():
             result = run_simulation(
-                checkpoint, shape=shape, model=value_of(model), sparsity=sparsity, sweep=sweep,
-                tokens=tokens, pattern=value_of(pattern), seed=seed, hardware=hardware,
-                devices=device, seq_len=seq_len, verify=verify, plot=plot,
-                include=tuple(include), exclude=tuple(exclude), default_targets=default_targets,
-                progress=progress)
+                checkpoint,
+                shape=shape,
+                model=value_of(model),
+                sparsity=sparsity,
+                sweep=sweep,
+                tokens=tokens,
+                pattern=value_of(pattern),
+                seed=seed,
+                hardware=hardware,
+                devices=device,
+                seq_len=seq_len,
+                verify=verify,
+                plot=plot,
+                include=tuple(include),
+                exclude=tuple(exclude),
+                default_targets=default_targets,
+                progress=progress,
+            )
         targeting_note((result["workload"]["targeting"] or {}).get("note"), quiet)
     if as_json:
         emit_json(result)
@@ -170,40 +271,73 @@ def simulate(
         raise typer.Exit(1)
 
 
-def _conflicts(shape: Optional[str], seq_len: Optional[int], layers: bool, as_json: bool,
-               swept: Optional[str]) -> None:
+def _conflicts(
+    shape: Optional[str], seq_len: Optional[int], layers: bool, as_json: bool, swept: Optional[str]
+) -> None:
     """The options the simulation asked for would silently ignore."""
-    conflicting(shape is not None and seq_len is not None, f"--shape {shape}", f"--seq-len {seq_len}",
-                "one --shape layer has no attention work for a sequence length to set; drop "
-                "--seq-len, or simulate a model, e.g. --model gpt2-small --seq-len "
-                f"{seq_len} --sparsity 0.5")
-    conflicting(layers and as_json, "--json", "--layers",
-                "--json lists every layer (\"layers\"); drop --layers, or drop --json for the table")
-    conflicting(layers and shape is not None, f"--shape {shape}", "--layers",
-                "one --shape layer has no table of layers; drop --layers")
-    conflicting(layers and swept, swept, "--layers",
-                "a sweep prints one speedup per sparsity, not each layer; drop --layers, or give "
-                "one --sparsity")
+    conflicting(
+        shape is not None and seq_len is not None,
+        f"--shape {shape}",
+        f"--seq-len {seq_len}",
+        "one --shape layer has no attention work for a sequence length to set; drop "
+        "--seq-len, or simulate a model, e.g. --model gpt2-small --seq-len "
+        f"{seq_len} --sparsity 0.5",
+    )
+    conflicting(
+        layers and as_json,
+        "--json",
+        "--layers",
+        '--json lists every layer ("layers"); drop --layers, or drop --json for the table',
+    )
+    conflicting(
+        layers and shape is not None,
+        f"--shape {shape}",
+        "--layers",
+        "one --shape layer has no table of layers; drop --layers",
+    )
+    conflicting(
+        layers and swept,
+        swept,
+        "--layers",
+        "a sweep prints one speedup per sparsity, not each layer; drop --layers, or give "
+        "one --sparsity",
+    )
 
 
-def _measured_usage(measured: Optional[Path], fit: bool, kernel: Optional[str],
-                    output: Optional[Path], device: list[str]) -> None:
+def _measured_usage(
+    measured: Optional[Path],
+    fit: bool,
+    kernel: Optional[str],
+    output: Optional[Path],
+    device: list[str],
+) -> None:
     """How --measured, --fit, --kernel and -o combine with each other and the rest (exit 2)."""
     if measured is None:
         given = "--fit" if fit else f"--kernel {kernel}" if kernel is not None else f"-o {output}"
-        usage_error(f"{given} goes with --measured BENCH.json (kernel times to set the model "
-                    f"against): add it, e.g. sparsetool simulate --measured bench.json --fit, or drop {given}")
-    alone("measured", ("fit", "kernel", "output", "hardware", "device", "as_json", "quiet"),
-          "--measured compares the model with the layers and batches the file measured",
-          "drop --measured to simulate")
+        usage_error(
+            f"{given} goes with --measured BENCH.json (kernel times to set the model "
+            f"against): add it, e.g. sparsetool simulate --measured bench.json --fit, or drop {given}"
+        )
+    alone(
+        "measured",
+        ("fit", "kernel", "output", "hardware", "device", "as_json", "quiet"),
+        "--measured compares the model with the layers and batches the file measured",
+        "drop --measured to simulate",
+    )
     if output is not None and not fit:
         usage_error(f"-o {output} writes the device --fit fits: add --fit, or drop -o")
     if output is not None and output.suffix.lower() != ".toml":
-        usage_error(f"-o {output}: the fitted device is written as TOML: give a name ending in "
-                    f".toml, e.g. -o {output.with_suffix('.toml')}")
+        usage_error(
+            f"-o {output}: the fitted device is written as TOML: give a name ending in "
+            f".toml, e.g. -o {output.with_suffix('.toml')}"
+        )
     if len(device) > 1:
-        conflicting(True, f"--device {device[0]}", f"--device {device[-1]}",
-                    "--measured compares one device with the measurement; give one --device")
+        conflicting(
+            True,
+            f"--device {device[0]}",
+            f"--device {device[-1]}",
+            "--measured compares one device with the measurement; give one --device",
+        )
 
 
 @contextlib.contextmanager
@@ -214,8 +348,10 @@ def _shape_hint() -> Iterator[None]:
         yield
     except ShapeError as e:
         extra = "add a config.json with vocab_size beside it, or " if e.missing == "vocab" else ""
-        raise ShapeError(f"{e}; {extra}simulate a preset or one layer instead, e.g. --model gpt2-small "
-                         "--sparsity 0.5 or --shape 4096x4096 --sparsity 0.5") from None
+        raise ShapeError(
+            f"{e}; {extra}simulate a preset or one layer instead, e.g. --model gpt2-small "
+            "--sparsity 0.5 or --shape 4096x4096 --sparsity 0.5"
+        ) from None
 
 
 def _t(s: float | None) -> str:
@@ -260,45 +396,76 @@ def _list(out: dict[str, Any], as_json: bool) -> None:
         details, cited = cite_once({k: c["source"] for k, c in consts.items()})
         values = {k: _value(c["value"], c["unit"]) for k, c in consts.items()}
         kw, vw = max(map(len, consts)), max(map(len, values.values()))
-        console.print(f"[bold]{escape(name)}[/] ({escape(d['kind'])})", highlight=False, soft_wrap=True)
+        console.print(
+            f"[bold]{escape(name)}[/] ({escape(d['kind'])})", highlight=False, soft_wrap=True
+        )
         for key in consts:
             head = f"  {key:<{kw}}  {values[key]:>{vw}}  "
             lines = textwrap.wrap(details[key], width=max(20, width - len(head))) or [""]
             for i, line in enumerate(lines):
-                console.print(escape((head if i == 0 else " " * len(head)) + line),
-                              highlight=False, soft_wrap=True)
+                console.print(
+                    escape((head if i == 0 else " " * len(head)) + line),
+                    highlight=False,
+                    soft_wrap=True,
+                )
         for i, cite in enumerate(cited, 1):
-            for line in textwrap.wrap(cite, width=width - 2, initial_indent=f"  [{i}] ",
-                                      subsequent_indent=" " * (len(str(i)) + 5)):
+            for line in textwrap.wrap(
+                cite,
+                width=width - 2,
+                initial_indent=f"  [{i}] ",
+                subsequent_indent=" " * (len(str(i)) + 5),
+            ):
                 console.print(escape(line), highlight=False, soft_wrap=True)
         console.print()
 
 
 def _render(res: dict[str, Any], show_all: bool) -> None:
     w = res["workload"]
-    head = (f"[bold]{escape(w['label'])}[/]  {w['tokens']:g} token{'' if w['tokens'] == 1 else 's'} per step"
-            + (f" (sequences of {w['seq_len']})" if w.get("seq_len") else "")
-            + ("" if len(res["runs"]) > 1 else f", targeted sparsity {w['targeted_sparsity']:.4f}"))
+    head = (
+        f"[bold]{escape(w['label'])}[/]  {w['tokens']:g} token{'' if w['tokens'] == 1 else 's'} per step"
+        + (f" (sequences of {w['seq_len']})" if w.get("seq_len") else "")
+        + ("" if len(res["runs"]) > 1 else f", targeted sparsity {w['targeted_sparsity']:.4f}")
+    )
     console.print(head, highlight=False, soft_wrap=True)
     if len(res["runs"]) > 1:
         key = "forward_speedup" if w["source"] == "shape" else "train_speedup"
         what = "one forward matmul" if w["source"] == "shape" else "a training step"
-        rows = [["theoretical", *[f"{r['theoretical']:.2f}" if r["theoretical"] else "-"
-                                  for r in res["runs"]]]]
+        rows = [
+            [
+                "theoretical",
+                *[f"{r['theoretical']:.2f}" if r["theoretical"] else "-" for r in res["runs"]],
+            ]
+        ]
         for n in res["runs"][0]["devices"]:
-            rows.append([n, *["n/a" if r["devices"][n][key] is None else f"{r['devices'][n][key]:.2f}"
-                              for r in res["runs"]]])
-        print_table(["device", *[f"{r['sparsity']:.2f}" for r in res["runs"]]], rows,
-                    title=f"speedup of {what} over each device's dense run, by sparsity")
+            rows.append(
+                [
+                    n,
+                    *[
+                        "n/a" if r["devices"][n][key] is None else f"{r['devices'][n][key]:.2f}"
+                        for r in res["runs"]
+                    ],
+                ]
+            )
+        print_table(
+            ["device", *[f"{r['sparsity']:.2f}" for r in res["runs"]]],
+            rows,
+            title=f"speedup of {what} over each device's dense run, by sparsity",
+        )
         if res["nm_point"]:
             for n, d in res["nm_point"]["devices"].items():
-                console.print(f"{escape(n)} on a 2:4 mask of the same shape (sparsity 0.5): "
-                              f"{_x(d[key])}", highlight=False, soft_wrap=True)
+                console.print(
+                    f"{escape(n)} on a 2:4 mask of the same shape (sparsity 0.5): {_x(d[key])}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
         if res["plot"]:
             console.print(f"plot written to {escape(res['plot'])}", highlight=False, soft_wrap=True)
     else:
-        console.print(f"theoretical speedup (dense FLOPs / sparse FLOPs): {_x(w['theoretical'])}",
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"theoretical speedup (dense FLOPs / sparse FLOPs): {_x(w['theoretical'])}",
+            highlight=False,
+            soft_wrap=True,
+        )
         times, parts = [], []
         for d in res["devices"]:
             if not d["applicable"]:
@@ -306,22 +473,41 @@ def _render(res: dict[str, Any], show_all: bool) -> None:
                 continue
             f, s = d["forward"], d["train_step"]
             b = s["breakdown"]
-            times.append([d["name"], _t(f["time_s"]), _x(f["speedup"]), _t(s["time_s"]), _x(s["speedup"])])
-            parts.append([d["name"], _t(b["compute"]), _t(b["memory"]), _t(b["fixed"]), _t(b["imbalance"])])
-        print_table(("device", "forward", "speedup", "train step", "speedup"), times,
-                    title="time, and speedup over the same device's dense run")
-        print_table(("device", "compute", "memory", "fixed", "imbalance"), parts,
-                    title="where the training step's time goes (compute and memory overlap)")
+            times.append(
+                [d["name"], _t(f["time_s"]), _x(f["speedup"]), _t(s["time_s"]), _x(s["speedup"])]
+            )
+            parts.append(
+                [d["name"], _t(b["compute"]), _t(b["memory"]), _t(b["fixed"]), _t(b["imbalance"])]
+            )
+        print_table(
+            ("device", "forward", "speedup", "train step", "speedup"),
+            times,
+            title="time, and speedup over the same device's dense run",
+        )
+        print_table(
+            ("device", "compute", "memory", "fixed", "imbalance"),
+            parts,
+            title="where the training step's time goes (compute and memory overlap)",
+        )
         for d in res["devices"]:
             if not d["applicable"]:
-                console.print(f"  {escape(d['name'])}: refused: {escape(d['reason'])}", highlight=False, soft_wrap=True)
+                console.print(
+                    f"  {escape(d['name'])}: refused: {escape(d['reason'])}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
             if d.get("busiest_over_mean") is not None:
                 console.print(
                     f"  {escape(d['name'])}: busiest core group does {d['busiest_over_mean']:.3f}x the mean "
                     f"work; perfectly balanced it would reach {_x(d['forward']['speedup_if_balanced'])} "
-                    f"forward", highlight=False, soft_wrap=True)
+                    f"forward",
+                    highlight=False,
+                    soft_wrap=True,
+                )
             for note in d["notes"]:
-                console.print(f"  {escape(d['name'])}: {escape(note)}", highlight=False, soft_wrap=True)
+                console.print(
+                    f"  {escape(d['name'])}: {escape(note)}", highlight=False, soft_wrap=True
+                )
         if len(res["layers"]) > 1:
             _render_layers(res, show_all)
     for note in w.get("notes", []):
@@ -333,7 +519,10 @@ def _render(res: dict[str, Any], show_all: bool) -> None:
             f"verify: {v['axpys']} AXPYs (one per non-zero) over a {v['block'][0]}x{v['block'][1]} block, "
             f"{v['core_groups'][0]}x{v['core_groups'][1]} core groups, {v['tokens']} tokens: {ok} to the "
             f"dense masked matmul (max |error| {v['max_abs_error']:.2g}); per-group AXPY counts "
-            f"{'match' if v['axpys_match_tiles'] else 'DO NOT match'} the model's", highlight=False, soft_wrap=True)
+            f"{'match' if v['axpys_match_tiles'] else 'DO NOT match'} the model's",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _render_layers(res: dict[str, Any], show_all: bool) -> None:
@@ -341,20 +530,32 @@ def _render_layers(res: dict[str, Any], show_all: bool) -> None:
     if not show_all:
         rows = sorted(rows, key=lambda r: -(r["busiest_over_mean"] or 1.0))[:8]
     names = [d["name"] for d in res["devices"] if d["applicable"]][:2]
-    print_table(("layer", "shape", "sparsity", "max/mean", *names),  # busiest core group / mean
-                [[r["name"], f"{r['shape'][0]}x{r['shape'][1]}", f"{r['sparsity']:.3f}",
-                  f"{r['busiest_over_mean'] or 1.0:.3f}", *[_x(r["speedup"][n]) for n in names]]
-                 for r in rows],
-                title=("every layer" if show_all else "the 8 most imbalanced layers (--layers for all)")
-                + ": busiest core group's work over the mean, forward speedup")
+    print_table(
+        ("layer", "shape", "sparsity", "max/mean", *names),  # busiest core group / mean
+        [
+            [
+                r["name"],
+                f"{r['shape'][0]}x{r['shape'][1]}",
+                f"{r['sparsity']:.3f}",
+                f"{r['busiest_over_mean'] or 1.0:.3f}",
+                *[_x(r["speedup"][n]) for n in names],
+            ]
+            for r in rows
+        ],
+        title=("every layer" if show_all else "the 8 most imbalanced layers (--layers for all)")
+        + ": busiest core group's work over the mean, forward speedup",
+    )
 
 
 def _render_measured(res: dict[str, Any]) -> None:
     m, e = res["measurement"], res["error"]
-    console.print(f"[bold]{escape(m['file'])}[/]: {escape(str(m['device']['name']))} "
-                  f"({m['device']['type']}, {m['dtype']}), against {escape(res['device']['name'])} "
-                  f"({res['device']['kind']}), sparse kernel {escape(res['kernel'])}",
-                  highlight=False, soft_wrap=True)
+    console.print(
+        f"[bold]{escape(m['file'])}[/]: {escape(str(m['device']['name']))} "
+        f"({m['device']['type']}, {m['dtype']}), against {escape(res['device']['name'])} "
+        f"({res['device']['kind']}), sparse kernel {escape(res['kernel'])}",
+        highlight=False,
+        soft_wrap=True,
+    )
     fitted = res["fit"]
     _measured_table(res["rows"], "measured vs modelled" + (" (before the fit)" if fitted else ""))
     console.print(_errors_line("model vs measured", e), highlight=False, soft_wrap=True)
@@ -362,24 +563,44 @@ def _render_measured(res: dict[str, Any]) -> None:
         return
     from sparsetool.hardware.presets import UNITS
 
-    print_table(("constant", "start", "fitted"),
-                [[k, _value(fitted["start"][k], UNITS.get(k)),
-                  _value(v, UNITS.get(k)) + (" (not constrained)" if k in fitted["unconstrained"] else "")]
-                 for k, v in fitted["constants"].items()],
-                title="fitted: least squares on ln(modelled / measured) of the dense and sparse times")
+    print_table(
+        ("constant", "start", "fitted"),
+        [
+            [
+                k,
+                _value(fitted["start"][k], UNITS.get(k)),
+                _value(v, UNITS.get(k))
+                + (" (not constrained)" if k in fitted["unconstrained"] else ""),
+            ]
+            for k, v in fitted["constants"].items()
+        ],
+        title="fitted: least squares on ln(modelled / measured) of the dense and sparse times",
+    )
     if fitted["unconstrained"]:
-        console.print(f"  not constrained (never sets the pace at the measured points; the "
-                      f"smallest value that fits as well is shown): "
-                      f"{', '.join(fitted['unconstrained'])}", highlight=False, soft_wrap=True)
+        console.print(
+            f"  not constrained (never sets the pace at the measured points; the "
+            f"smallest value that fits as well is shown): "
+            f"{', '.join(fitted['unconstrained'])}",
+            highlight=False,
+            soft_wrap=True,
+        )
     _measured_table(fitted["rows"], "measured vs modelled after the fit")
     b, a = fitted["error_before"], fitted["error_after"]
-    console.print(f"after the fit: time {_f(a['time'])} (before {_f(b['time'])}), speedup "
-                  f"{_f(a['speedup'])} (before {_f(b['speedup'])})", highlight=False, soft_wrap=True)
+    console.print(
+        f"after the fit: time {_f(a['time'])} (before {_f(b['time'])}), speedup "
+        f"{_f(a['speedup'])} (before {_f(b['speedup'])})",
+        highlight=False,
+        soft_wrap=True,
+    )
     for w in fitted["warnings"]:
         console.print(f"note: {escape(w)}", highlight=False, soft_wrap=True)
     if fitted["output"]:
-        console.print(f"fitted device written to {escape(fitted['output'])} (use it with --hardware "
-                      f"{escape(fitted['output'])})", highlight=False, soft_wrap=True)
+        console.print(
+            f"fitted device written to {escape(fitted['output'])} (use it with --hardware "
+            f"{escape(fitted['output'])})",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _f(v: float | None) -> str:
@@ -388,9 +609,11 @@ def _f(v: float | None) -> str:
 
 
 def _errors_line(what: str, e: dict[str, Any]) -> str:
-    return (f"{what}, typical factor off (exp of the RMS log ratio) over {e['points']} points: "
-            f"dense {_f(e['dense'])}, sparse {_f(e['sparse'])}, both {_f(e['time'])}, "
-            f"speedup {_f(e['speedup'])}")
+    return (
+        f"{what}, typical factor off (exp of the RMS log ratio) over {e['points']} points: "
+        f"dense {_f(e['dense'])}, sparse {_f(e['sparse'])}, both {_f(e['time'])}, "
+        f"speedup {_f(e['speedup'])}"
+    )
 
 
 def _measured_table(rows: list[dict[str, Any]], title: str) -> None:
@@ -398,13 +621,29 @@ def _measured_table(rows: list[dict[str, Any]], title: str) -> None:
         shape = f"{r['shape'][0]}x{r['shape'][1]}"
         return shape if r["layer"] == shape else f"{r['layer']} ({shape})"
 
-    body = [[layer(r), f"{r['sparsity']:.3f}", str(r["batch"]),
-             _t(r["measured"]["dense_s"]), _t(r["modelled"]["dense_s"]),
-             _t(r["measured"]["sparse_s"]), _t(r["modelled"]["sparse_s"]),
-             _x(r["measured"]["speedup"]), _x(r["modelled"]["speedup"])] for r in rows]
-    print_table(("layer", "sparsity", "batch", "dense", "model", "sparse", "model", "speedup", "model"),
-                body, title=title + ": forward times and speedups (measured, then modelled)")
+    body = [
+        [
+            layer(r),
+            f"{r['sparsity']:.3f}",
+            str(r["batch"]),
+            _t(r["measured"]["dense_s"]),
+            _t(r["modelled"]["dense_s"]),
+            _t(r["measured"]["sparse_s"]),
+            _t(r["modelled"]["sparse_s"]),
+            _x(r["measured"]["speedup"]),
+            _x(r["modelled"]["speedup"]),
+        ]
+        for r in rows
+    ]
+    print_table(
+        ("layer", "sparsity", "batch", "dense", "model", "sparse", "model", "speedup", "model"),
+        body,
+        title=title + ": forward times and speedups (measured, then modelled)",
+    )
     for r in rows:
         if r["note"]:
-            console.print(f"  {escape(layer(r))} batch {r['batch']}: {escape(r['note'])}",
-                          highlight=False, soft_wrap=True)
+            console.print(
+                f"  {escape(layer(r))} batch {r['batch']}: {escape(r['note'])}",
+                highlight=False,
+                soft_wrap=True,
+            )

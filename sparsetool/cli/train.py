@@ -48,49 +48,186 @@ Encoding = choices("Encoding", ENCODING_NAMES)
 
 
 def train(
-    output: Optional[Path] = output_option("Run directory to create, or to continue with --resume; required (unless the --config file gives 'out'). Holds checkpoints, logs, loss.png."),
-    out: Optional[Path] = typer.Option(None, "--out", hidden=True, help="Old spelling of -o/--output."),
-    config: Optional[Path] = typer.Option(None, "--config", help="YAML/TOML file whose keys are these options' names (batch-size or batch_size; flags override); accepts a Model Zoo 'sparsity:' block (default: none)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in -o/--output from its latest checkpoint, exactly."),
-    preset: Optional[Preset] = choice_option(Preset, None, "--preset", help="Model size: tiny, mini (default, 0.9M), small (4.9M), base (10M); with --init, the checkpoint's shape (a preset must agree with it)."),
-    n_layer: Optional[int] = typer.Option(None, "--n-layer", help="Override the preset's layer count (default: the preset's)."),
-    n_head: Optional[int] = typer.Option(None, "--n-head", help="Override the preset's head count (default: the preset's)."),
-    d_model: Optional[int] = typer.Option(None, "--d-model", help="Override the preset's width (default: the preset's)."),
-    context: Optional[int] = typer.Option(None, "--context", help="Override the preset's context: bytes per sequence (default: the preset's; with --init HF_DIR tokens, default 256)."),
+    output: Optional[Path] = output_option(
+        "Run directory to create, or to continue with --resume; required (unless the --config file gives 'out'). Holds checkpoints, logs, loss.png."
+    ),
+    out: Optional[Path] = typer.Option(
+        None, "--out", hidden=True, help="Old spelling of -o/--output."
+    ),
+    config: Optional[Path] = typer.Option(
+        None,
+        "--config",
+        help="YAML/TOML file whose keys are these options' names (batch-size or batch_size; flags override); accepts a Model Zoo 'sparsity:' block (default: none).",
+    ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue the run in -o/--output from its latest checkpoint, exactly.",
+    ),
+    preset: Optional[Preset] = choice_option(
+        Preset,
+        None,
+        "--preset",
+        help="Model size: tiny, mini (default, 0.9M), small (4.9M), base (10M); with --init, the checkpoint's shape (a preset must agree with it).",
+    ),
+    n_layer: Optional[int] = typer.Option(
+        None, "--n-layer", help="Override the preset's layer count (default: the preset's)."
+    ),
+    n_head: Optional[int] = typer.Option(
+        None, "--n-head", help="Override the preset's head count (default: the preset's)."
+    ),
+    d_model: Optional[int] = typer.Option(
+        None, "--d-model", help="Override the preset's width (default: the preset's)."
+    ),
+    context: Optional[int] = typer.Option(
+        None,
+        "--context",
+        help="Override the preset's context: bytes per sequence (default: the preset's; with --init HF_DIR tokens, default 256).",
+    ),
     steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (default 1000)."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per micro-batch per process (default 16)."),
-    grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Micro-batches per step per process (default 1)."),
+    batch_size: Optional[int] = typer.Option(
+        None, "--batch-size", help="Sequences per micro-batch per process (default 16)."
+    ),
+    grad_accum: Optional[int] = typer.Option(
+        None, "--grad-accum", help="Micro-batches per step per process (default 1)."
+    ),
     lr: Optional[float] = typer.Option(None, "--lr", help="Peak learning rate (default 1e-3)."),
-    warmup: Optional[int] = typer.Option(None, "--warmup", help="Linear warm-up steps (default 100), then cosine to 10%; a warning if that is the whole run (>= --steps)."),
-    weight_decay: Optional[float] = typer.Option(None, "--weight-decay", help="AdamW decay of linear matrices (default 0.1)."),
-    grad_clip: Optional[float] = typer.Option(None, "--grad-clip", help="Global gradient-norm clip (default 1.0; 0 = off)."),
-    seed: Optional[int] = seed_option("Seed for weights, masks and data order (default 0).", default=None),
-    data: Optional[str] = typer.Option(None, "--data", metavar="PATH", help="UTF-8 text file or directory (files that are not text are skipped), or builtin:english (Python's help topics). Default: the Python standard library."),
-    algorithm: Optional[Algorithm] = choice_option(Algorithm, None, "--algorithm", "-a", help="Sparse training algorithm (default: static with --sparsity, else dense)."),
-    sparsity: Optional[str] = sparsity_option("Target sparsity (fraction of zeros, from 0 to 1) of the targeted matrices (default: none, dense; with --init, the checkpoint's)."),
-    distribution: Optional[Distribution] = choice_option(Distribution, None, "--distribution", help="Per-layer sparsity (default uniform)."),
-    init_method: Optional[InitMethod] = choice_option(InitMethod, None, "--init-method", help="Initial mask (default random)."),
-    update_freq: Optional[int] = typer.Option(None, "--update-freq", help="Steps between mask updates of gmp, set, rigl, granet (default 100; a quarter of --steps under 400 steps)."),
-    update_start: Optional[int] = typer.Option(None, "--update-start", help="First mask update / pruning step (default: the end of --warmup or one interval, whichever is later; one interval if that leaves no update)."),
-    update_stop: Optional[int] = typer.Option(None, "--update-stop", help="Mask updates stop before this step; gmp/granet's ramp ends here (default: 75% of --steps; set: all of them; granet keeps regrowing to the end)."),
-    drop_fraction: Optional[float] = typer.Option(None, "--drop-fraction", help="Fraction of each tensor's kept weights dropped and regrown per update (default 0.3; rigl: cosine-decayed to 0 at the update stop, granet: at the end of the run)."),
-    initial_sparsity: Optional[str] = typer.Option(None, "--initial-sparsity", metavar="S", callback=checked(options.parse_sparsity), help="GraNet/GMP: sparsity the cubic ramp starts from, e.g. 0.5 for 50%->75% (default 0: dense start)."),
-    sparsity_option: list[str] = typer.Option([], "--sparsity-option", metavar="KEY=VALUE", help="KEY=VALUE passed to the algorithm (repeatable; default: none), e.g. scope=layer (granet's per-layer pruning), stop_fraction=0.75 (set stops at 75%)."),
-    include: list[str] = include_option("Also sparsify parameters matching this glob (repeatable; default: none)."),
-    exclude: list[str] = exclude_option("Never sparsify parameters matching this glob (repeatable; wins over --include; default: none)."),
-    param_filter: list[str] = typer.Option([], "--param-filter", metavar="GLOB", help="Glob of parameter names to sparsify (repeatable; default: the block matrices)."),
-    init: Optional[Path] = typer.Option(None, "--init", help="Start from this checkpoint (any sparsetool encoding) or a Hugging Face causal-LM directory (fine-tuned with its own tokenizer); keeps its masks (default: random initial weights)."),
-    encoding: Optional[Encoding] = choice_option(Encoding, None, "--encoding", help="With --init HF_DIR: how RUN/model/ stores pruned weights (default zeros, which transformers loads; mask, nan, bitmask)."),
-    dense: bool = typer.Option(False, "--dense", help="With --init: revive pruned weights at 0 and train densely (SPDF fine-tuning)."),
-    stage: list[str] = stage_option("SPARSITY:FRACTION of the steps (repeatable): Variable SPDF, e.g. 0.9:0.8 then 0:0.2 (default: one stage)."),
-    eval_every: Optional[int] = typer.Option(None, "--eval-every", help="Validation every N steps (default 100) and at the end."),
-    save_every: Optional[int] = typer.Option(None, "--save-every", help="Checkpoint every N steps (default: only at the end)."),
-    stop_at: Optional[int] = typer.Option(None, "--stop-at", help="Stop after this step with a checkpoint; continue later with --resume (default: run all --steps)."),
+    warmup: Optional[int] = typer.Option(
+        None,
+        "--warmup",
+        help="Linear warm-up steps (default 100), then cosine to 10%; a warning if that is the whole run (>= --steps).",
+    ),
+    weight_decay: Optional[float] = typer.Option(
+        None, "--weight-decay", help="AdamW decay of linear matrices (default 0.1)."
+    ),
+    grad_clip: Optional[float] = typer.Option(
+        None, "--grad-clip", help="Global gradient-norm clip (default 1.0; 0 = off)."
+    ),
+    seed: Optional[int] = seed_option(
+        "Seed for weights, masks and data order (default 0).", default=None
+    ),
+    data: Optional[str] = typer.Option(
+        None,
+        "--data",
+        metavar="PATH",
+        help="UTF-8 text file or directory (files that are not text are skipped), or builtin:english (Python's help topics). Default: the Python standard library.",
+    ),
+    algorithm: Optional[Algorithm] = choice_option(
+        Algorithm,
+        None,
+        "--algorithm",
+        "-a",
+        help="Sparse training algorithm (default: static with --sparsity, else dense).",
+    ),
+    sparsity: Optional[str] = sparsity_option(
+        "Target sparsity (fraction of zeros, from 0 to 1) of the targeted matrices (default: none, dense; with --init, the checkpoint's)."
+    ),
+    distribution: Optional[Distribution] = choice_option(
+        Distribution, None, "--distribution", help="Per-layer sparsity (default uniform)."
+    ),
+    init_method: Optional[InitMethod] = choice_option(
+        InitMethod, None, "--init-method", help="Initial mask (default random)."
+    ),
+    update_freq: Optional[int] = typer.Option(
+        None,
+        "--update-freq",
+        help="Steps between mask updates of gmp, set, rigl, granet (default 100; a quarter of --steps under 400 steps).",
+    ),
+    update_start: Optional[int] = typer.Option(
+        None,
+        "--update-start",
+        help="First mask update / pruning step (default: the end of --warmup or one interval, whichever is later; one interval if that leaves no update).",
+    ),
+    update_stop: Optional[int] = typer.Option(
+        None,
+        "--update-stop",
+        help="Mask updates stop before this step; gmp/granet's ramp ends here (default: 75% of --steps; set: all of them; granet keeps regrowing to the end).",
+    ),
+    drop_fraction: Optional[float] = typer.Option(
+        None,
+        "--drop-fraction",
+        help="Fraction of each tensor's kept weights dropped and regrown per update (default 0.3; rigl: cosine-decayed to 0 at the update stop, granet: at the end of the run).",
+    ),
+    initial_sparsity: Optional[str] = typer.Option(
+        None,
+        "--initial-sparsity",
+        metavar="S",
+        callback=checked(options.parse_sparsity),
+        help="GraNet/GMP: sparsity the cubic ramp starts from, e.g. 0.5 for 50%->75% (default 0: dense start).",
+    ),
+    sparsity_option: list[str] = typer.Option(
+        [],
+        "--sparsity-option",
+        metavar="KEY=VALUE",
+        help="KEY=VALUE passed to the algorithm (repeatable; default: none), e.g. scope=layer (granet's per-layer pruning), stop_fraction=0.75 (set stops at 75%).",
+    ),
+    include: list[str] = include_option(
+        "Also sparsify parameters matching this glob (repeatable; default: none)."
+    ),
+    exclude: list[str] = exclude_option(
+        "Never sparsify parameters matching this glob (repeatable; wins over --include; default: none)."
+    ),
+    param_filter: list[str] = typer.Option(
+        [],
+        "--param-filter",
+        metavar="GLOB",
+        help="Glob of parameter names to sparsify (repeatable; default: the block matrices).",
+    ),
+    init: Optional[Path] = typer.Option(
+        None,
+        "--init",
+        help="Start from this checkpoint (any sparsetool encoding) or a Hugging Face causal-LM directory (fine-tuned with its own tokenizer); keeps its masks (default: random initial weights).",
+    ),
+    encoding: Optional[Encoding] = choice_option(
+        Encoding,
+        None,
+        "--encoding",
+        help="With --init HF_DIR: how RUN/model/ stores pruned weights (default zeros, which transformers loads; mask, nan, bitmask).",
+    ),
+    dense: bool = typer.Option(
+        False,
+        "--dense",
+        help="With --init: revive pruned weights at 0 and train densely (SPDF fine-tuning).",
+    ),
+    stage: list[str] = stage_option(
+        "SPARSITY:FRACTION of the steps (repeatable): Variable SPDF, e.g. 0.9:0.8 then 0:0.2 (default: one stage)."
+    ),
+    eval_every: Optional[int] = typer.Option(
+        None, "--eval-every", help="Validation every N steps (default 100) and at the end."
+    ),
+    save_every: Optional[int] = typer.Option(
+        None, "--save-every", help="Checkpoint every N steps (default: only at the end)."
+    ),
+    stop_at: Optional[int] = typer.Option(
+        None,
+        "--stop-at",
+        help="Stop after this step with a checkpoint; continue later with --resume (default: run all --steps).",
+    ),
     threads: Optional[int] = threads_option(),
-    device: Optional[str] = typer.Option(None, "--device", metavar="<auto|cpu|cuda|cuda:N>", callback=checked(options.check_device), help="Where to train (default auto)."),
-    dtype: Optional[DType] = choice_option(DType, None, "--dtype", help="auto (default: bf16 autocast on capable GPUs), float32 or bfloat16 (with --distributed fsdp: bf16 parameters, float32 gradient reduction)."),
-    distributed: Optional[Strategy] = choice_option(Strategy, None, "--distributed", help="Under torchrun: ddp (default; a whole model, its gradients and AdamW on every process) or fsdp (each process holds 1/N of them, masks too)."),
-    offload: bool = typer.Option(False, "--offload", help="With --distributed fsdp on GPUs: keep parameter shards, gradients and AdamW in CPU memory."),
+    device: Optional[str] = typer.Option(
+        None,
+        "--device",
+        metavar="<auto|cpu|cuda|cuda:N>",
+        callback=checked(options.check_device),
+        help="Where to train (default auto).",
+    ),
+    dtype: Optional[DType] = choice_option(
+        DType,
+        None,
+        "--dtype",
+        help="auto (default: bf16 autocast on capable GPUs), float32 or bfloat16 (with --distributed fsdp: bf16 parameters, float32 gradient reduction).",
+    ),
+    distributed: Optional[Strategy] = choice_option(
+        Strategy,
+        None,
+        "--distributed",
+        help="Under torchrun: ddp (default; a whole model, its gradients and AdamW on every process) or fsdp (each process holds 1/N of them, masks too).",
+    ),
+    offload: bool = typer.Option(
+        False,
+        "--offload",
+        help="With --distributed fsdp on GPUs: keep parameter shards, gradients and AdamW in CPU memory.",
+    ),
     quiet: bool = quiet_option(),
     as_json: bool = json_option("Print the final summary as JSON (no progress bar)."),
 ) -> None:
@@ -139,7 +276,9 @@ def train(
                 cfg = merge(file_values, flags)
             for text in caveats(cfg):  # legal, but probably not what was meant
                 _warn(text)
-        use_threads(threads)  # a run's recorded --threads (resume, --config) is applied by the trainer
+        use_threads(
+            threads
+        )  # a run's recorded --threads (resume, --config) is applied by the trainer
         from sparsetool.train.loop import train as run_training
 
         overrides = {k: v for k, v in flags.items() if v is not None} if resume else None
@@ -153,19 +292,50 @@ def train(
                     _warn(text)
             output(kind, info)
 
-        summary = run_training(cfg, resume=resume, callback=callback, flag_overrides=overrides,
-                               stop_on_signal=True)
+        summary = run_training(
+            cfg, resume=resume, callback=callback, flag_overrides=overrides, stop_on_signal=True
+        )
         if summary["interrupted"]:
             from sparsetool.train.signals import signal_number
 
             raise typer.Exit(128 + signal_number(summary["interrupted"]))
 
 
-_AS_GIVEN = ("n_layer", "n_head", "d_model", "context", "steps", "batch_size", "grad_accum", "lr",
-             "warmup", "weight_decay", "grad_clip", "seed", "data", "sparsity", "update_freq",
-             "update_start", "update_stop", "drop_fraction", "initial_sparsity", "eval_every",
-             "save_every", "stop_at", "device", "threads")
-_CHOICES = ("preset", "algorithm", "distribution", "init_method", "encoding", "dtype", "distributed")
+_AS_GIVEN = (
+    "n_layer",
+    "n_head",
+    "d_model",
+    "context",
+    "steps",
+    "batch_size",
+    "grad_accum",
+    "lr",
+    "warmup",
+    "weight_decay",
+    "grad_clip",
+    "seed",
+    "data",
+    "sparsity",
+    "update_freq",
+    "update_start",
+    "update_stop",
+    "drop_fraction",
+    "initial_sparsity",
+    "eval_every",
+    "save_every",
+    "stop_at",
+    "device",
+    "threads",
+)
+_CHOICES = (
+    "preset",
+    "algorithm",
+    "distribution",
+    "init_method",
+    "encoding",
+    "dtype",
+    "distributed",
+)
 
 
 def _flags(given: dict, output: Path | None, sparsity_options: dict) -> dict:
@@ -173,14 +343,19 @@ def _flags(given: dict, output: Path | None, sparsity_options: dict) -> dict:
     --config file's value or the default stands then)."""
     flags = {name: given[name] for name in _AS_GIVEN}
     flags.update({name: value_of(given[name]) for name in _CHOICES})
-    flags.update({
-        "out": str(output) if output else None, "init": str(given["init"]) if given["init"] else None,
-        "param_filter": list(given["param_filter"]) or None,
-        "include": tuple(given["include"]) or None, "exclude": tuple(given["exclude"]) or None,
-        "dense": given["dense"] or None, "offload": given["offload"] or None,
-        "stages": list(given["stage"]),
-        "sparsity_options": sparsity_options,
-    })
+    flags.update(
+        {
+            "out": str(output) if output else None,
+            "init": str(given["init"]) if given["init"] else None,
+            "param_filter": list(given["param_filter"]) or None,
+            "include": tuple(given["include"]) or None,
+            "exclude": tuple(given["exclude"]) or None,
+            "dense": given["dense"] or None,
+            "offload": given["offload"] or None,
+            "stages": list(given["stage"]),
+            "sparsity_options": sparsity_options,
+        }
+    )
     return flags
 
 
@@ -201,9 +376,11 @@ def _data_caveats(data: dict) -> list[str]:
     shown = list(data.get("skipped_examples", []))
     more = f" and {skipped - len(shown):,} more" if skipped > len(shown) else ""
     kept = data.get("train_files", 0) + data.get("val_files", 0)
-    return [f"--data '{data['source']}': skipped {plural(skipped, 'file')} that "
-            f"{'is' if skipped == 1 else 'are'} not UTF-8 text ({', '.join(shown)}{more}); "
-            f"training on the other {kept:,}"]
+    return [
+        f"--data '{data['source']}': skipped {plural(skipped, 'file')} that "
+        f"{'is' if skipped == 1 else 'are'} not UTF-8 text ({', '.join(shown)}{more}); "
+        f"training on the other {kept:,}"
+    ]
 
 
 def _is_master() -> bool:
@@ -247,13 +424,18 @@ class _Progress:
             f"{plural(info['params'], 'parameter')}{sp}; {plural(info['world_size'], 'process', 'processes')}"
             f"{' (' + info['distributed'] + ')' if info.get('distributed') else ''}, global batch "
             f"{info['global_batch']} x {m['context']} {per}; {info['device']} {info['precision']}",
-            highlight=False, soft_wrap=True,
+            highlight=False,
+            soft_wrap=True,
         )
         if info.get("distributed") and info.get("memory_plan"):
             self.console.print(info["memory_plan"], highlight=False, soft_wrap=True)
         d, unit = info["data"], "tokens" if "train_tokens" in info["data"] else "bytes"
-        self.console.print(f"data: {self.escape(d['source'])} ({d['train_' + unit]:,} train / "
-                           f"{d['val_' + unit]:,} validation {unit})", highlight=False, soft_wrap=True)
+        self.console.print(
+            f"data: {self.escape(d['source'])} ({d['train_' + unit]:,} train / "
+            f"{d['val_' + unit]:,} validation {unit})",
+            highlight=False,
+            soft_wrap=True,
+        )
         if info.get("sparse_training"):
             from sparsetool.train.algorithms.settings import describe
 
@@ -262,20 +444,38 @@ class _Progress:
         if not self.console.is_terminal:
             return  # piped: no bar (its one final line would be cut to the width); the summary follows
         self.bar = Progress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}  val {task.fields[val]}  sparsity {task.fields[sp]}"
-                       "  {task.fields[tps]} tok/s"),
-            TimeRemainingColumn(), console=self.console, transient=False,
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn(
+                "loss {task.fields[loss]}  val {task.fields[val]}  sparsity {task.fields[sp]}"
+                "  {task.fields[tps]} tok/s"
+            ),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
         )
         self.bar.start()
-        self.task = self.bar.add_task("train", total=info["stop"], completed=info["start_step"],
-                                      loss="-", val="-", sp="-", tps="-")
+        self.task = self.bar.add_task(
+            "train",
+            total=info["stop"],
+            completed=info["start_step"],
+            loss="-",
+            val="-",
+            sp="-",
+            tps="-",
+        )
 
     def _step(self, r: dict) -> None:
         if self.bar is None:
             return
-        self.bar.update(self.task, completed=r["step"], loss=f"{r['loss']:.4f}",
-                        sp=f"{r['sparsity']:.1%}", tps=f"{r['tokens_per_s']:,.0f}")
+        self.bar.update(
+            self.task,
+            completed=r["step"],
+            loss=f"{r['loss']:.4f}",
+            sp=f"{r['sparsity']:.1%}",
+            tps=f"{r['tokens_per_s']:,.0f}",
+        )
 
     def _eval(self, r: dict) -> None:
         if self.bar is None:
@@ -294,12 +494,20 @@ class _Progress:
         lead = "\n" if self.bar is not None else ""
         again = "Ctrl-C again" if r["signal"] == "SIGINT" else "a second signal"
         with contextlib.suppress(OSError):  # stderr closed: the run still stops as asked
-            os.write(2, (f"{lead}{r['signal']}: finishing the step in progress and saving a "
-                         f"checkpoint ({again} stops at once, without it)\n").encode())
+            os.write(
+                2,
+                (
+                    f"{lead}{r['signal']}: finishing the step in progress and saving a "
+                    f"checkpoint ({again} stops at once, without it)\n"
+                ).encode(),
+            )
 
     def _stage(self, r: dict) -> None:
-        self.console.print(f"step {r['step']}: stage {r['stage']}, sparsity now {r['sparsity']:.1%}",
-                           highlight=False, soft_wrap=True)
+        self.console.print(
+            f"step {r['step']}: stage {r['stage']}, sparsity now {r['sparsity']:.1%}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
     def _end(self, s: dict) -> None:
         if self.bar is not None:
@@ -321,12 +529,21 @@ class _Progress:
 
         val = "-" if s["val_loss"] is None else f"{s['val_loss']:.4f}"
         rows = [
-            ("steps", f"{s['step']} / {s['steps']}" + ("" if s["finished"] else " (stopped; --resume continues)")),
-            ("train loss", f"{s['loss']:.4f}"), ("validation loss", val),
-            ("sparsity", f"{s['sparsity']:.1%}"), ("tokens", f"{s['tokens']:,}"),
+            (
+                "steps",
+                f"{s['step']} / {s['steps']}"
+                + ("" if s["finished"] else " (stopped; --resume continues)"),
+            ),
+            ("train loss", f"{s['loss']:.4f}"),
+            ("validation loss", val),
+            ("sparsity", f"{s['sparsity']:.1%}"),
+            ("tokens", f"{s['tokens']:,}"),
             ("throughput", f"{s['tokens_per_s']:,.0f} tokens/s" if s["tokens_per_s"] else "-"),
-            ("model" if s.get("huggingface") else "checkpoint",
-             s["checkpoint"] + (" (Hugging Face directory)" if s.get("huggingface") else "")),
-            ("log", s["log"]), ("loss curve", s["plot"]),
+            (
+                "model" if s.get("huggingface") else "checkpoint",
+                s["checkpoint"] + (" (Hugging Face directory)" if s.get("huggingface") else ""),
+            ),
+            ("log", s["log"]),
+            ("loss curve", s["plot"]),
         ]
         print_table(None, rows, align="ll")

@@ -127,10 +127,14 @@ def account(
         tokens_source = "given"
     tokens = float(tokens)
     if not (tokens > 0 and math.isfinite(tokens)):
-        raise ConfigError(f"--tokens {tokens:g}: give a positive number of tokens, e.g. --tokens 26B")
+        raise ConfigError(
+            f"--tokens {tokens:g}: give a positive number of tokens, e.g. --tokens 26B"
+        )
     if not (finetune_tokens >= 0 and math.isfinite(finetune_tokens)):
-        raise ConfigError(f"--finetune-tokens {finetune_tokens:g}: give zero or more tokens, "
-                          "e.g. --finetune-tokens 64.5M")
+        raise ConfigError(
+            f"--finetune-tokens {finetune_tokens:g}: give zero or more tokens, "
+            "e.g. --finetune-tokens 64.5M"
+        )
     sequences = tokens / s_len
 
     dense_terms = forward_terms(cfg, embeddings=embeddings)
@@ -144,8 +148,14 @@ def account(
         total += flops
         mean_s = _mean_sparsity(cfg, st.sparsity)
         eff_sparsity += st.fraction * mean_s
-        stage_rows.append({"sparsity": mean_s, "fraction": st.fraction,
-                           "tokens": tokens * st.fraction, "train_flops": flops})
+        stage_rows.append(
+            {
+                "sparsity": mean_s,
+                "fraction": st.fraction,
+                "tokens": tokens * st.fraction,
+                "train_flops": flops,
+            }
+        )
     last_terms = forward_terms(cfg, sparsity=stages[-1].sparsity, embeddings=embeddings)
     last_fwd = sum(last_terms.values())
     train_per_seq = total / sequences  # token-weighted mean over stages
@@ -153,7 +163,9 @@ def account(
 
     ft_len = int(finetune_seq_len or s_len)
     if ft_len < 1:
-        raise ConfigError(f"--finetune-seq-len must be a positive integer, got {finetune_seq_len!r}")
+        raise ConfigError(
+            f"--finetune-seq-len must be a positive integer, got {finetune_seq_len!r}"
+        )
     ft_fwd = sum(forward_terms(cfg, seq_len=ft_len, embeddings=embeddings).values())
     ft_flops = TRAIN_FACTOR * ft_fwd * finetune_tokens / ft_len
 
@@ -204,17 +216,25 @@ def input_warnings(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     r = runs[0]
     out = []
     if r["sequences"] < 1:
-        out.append(f"--tokens {r['tokens']:,.0f} is less than one sequence of {r['seq_len']:,} tokens "
-                   f"({r['sequences']:.4g} sequences): give the whole pre-training budget, e.g. "
-                   "--tokens 26B, or a shorter --seq-len")
+        out.append(
+            f"--tokens {r['tokens']:,.0f} is less than one sequence of {r['seq_len']:,} tokens "
+            f"({r['sequences']:.4g} sequences): give the whole pre-training budget, e.g. "
+            "--tokens 26B, or a shorter --seq-len"
+        )
     if 0 < r["finetune_tokens"] < r["finetune_seq_len"]:
-        out.append(f"--finetune-tokens {r['finetune_tokens']:,.0f} is less than one fine-tuning "
-                   f"sequence of {r['finetune_seq_len']:,} tokens")
+        out.append(
+            f"--finetune-tokens {r['finetune_tokens']:,.0f} is less than one fine-tuning "
+            f"sequence of {r['finetune_seq_len']:,} tokens"
+        )
     return out
 
 
-def json_result(cfg: ModelConfig, runs: Sequence[Mapping[str, Any]],
-                measured: Any = None, warnings: Sequence[str] = ()) -> dict[str, Any]:
+def json_result(
+    cfg: ModelConfig,
+    runs: Sequence[Mapping[str, Any]],
+    measured: Any = None,
+    warnings: Sequence[str] = (),
+) -> dict[str, Any]:
     """``sparsetool flops --json``: the same keys for every input, one ``runs`` entry per sparsity
     (or one for a staged run or a checkpoint). ``measured``: the :class:`InferredModel` of a
     checkpoint; without one ``targeted_sparsity`` and ``targeting`` are None and ``notes`` empty.
@@ -239,9 +259,14 @@ def moe_summary(cfg: ModelConfig) -> dict[str, Any] | None:
     ``moe_layers`` and the ``dense_layers`` between them."""
     if not cfg.is_moe:
         return None
-    return {"experts": cfg.n_experts, "top_k": cfg.top_k, "expert_width": cfg.expert_width,
-            "shared_width": cfg.d_shared, "moe_layers": cfg.moe_layers,
-            "dense_layers": list(cfg.dense_layers)}
+    return {
+        "experts": cfg.n_experts,
+        "top_k": cfg.top_k,
+        "expert_width": cfg.expert_width,
+        "shared_width": cfg.d_shared,
+        "moe_layers": cfg.moe_layers,
+        "dense_layers": list(cfg.dense_layers),
+    }
 
 
 def parse_count(text: str | float, what: str = "--tokens") -> int:

@@ -107,7 +107,8 @@ class ModelConfig:
         self._check_experts()
         self._check_latent_attention()
         if self.n_kv_heads is not None and not (
-            isinstance(self.n_kv_heads, int) and 1 <= self.n_kv_heads <= self.n_heads
+            isinstance(self.n_kv_heads, int)
+            and 1 <= self.n_kv_heads <= self.n_heads
             and self.n_heads % self.n_kv_heads == 0
         ):
             raise ConfigError(
@@ -118,50 +119,83 @@ class ModelConfig:
 
     def _check_experts(self) -> None:
         if self.n_experts is None:
-            if self.top_k is not None or self.d_expert is not None or self.d_shared or self.shared_gate \
-                    or self.dense_layers:
-                raise ConfigError(f"model '{self.name}': top_k, d_expert, d_shared, shared_gate and "
-                                  "dense_layers describe experts: give n_experts too, or drop them")
+            if (
+                self.top_k is not None
+                or self.d_expert is not None
+                or self.d_shared
+                or self.shared_gate
+                or self.dense_layers
+            ):
+                raise ConfigError(
+                    f"model '{self.name}': top_k, d_expert, d_shared, shared_gate and "
+                    "dense_layers describe experts: give n_experts too, or drop them"
+                )
             return
         self.check_positive(self.name, "n_experts", self.n_experts)
         self.check_positive(self.name, "top_k", self.top_k)
         if self.top_k > self.n_experts:
-            raise ConfigError(f"model '{self.name}': top_k {self.top_k} is more than its "
-                              f"{self.n_experts} experts; each token goes to at most all of them")
+            raise ConfigError(
+                f"model '{self.name}': top_k {self.top_k} is more than its "
+                f"{self.n_experts} experts; each token goes to at most all of them"
+            )
         if self.d_expert is not None:
             self.check_positive(self.name, "d_expert", self.d_expert)
-        if isinstance(self.d_shared, bool) or not isinstance(self.d_shared, int) or self.d_shared < 0:
-            raise ConfigError(f"model '{self.name}': d_shared must be 0 (no shared expert) or a "
-                              f"positive integer, got {self.d_shared!r}")
-        bad = [i for i in self.dense_layers
-               if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers]
+        if (
+            isinstance(self.d_shared, bool)
+            or not isinstance(self.d_shared, int)
+            or self.d_shared < 0
+        ):
+            raise ConfigError(
+                f"model '{self.name}': d_shared must be 0 (no shared expert) or a "
+                f"positive integer, got {self.d_shared!r}"
+            )
+        bad = [
+            i
+            for i in self.dense_layers
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layers
+        ]
         if bad:
-            raise ConfigError(f"model '{self.name}': dense_layers {bad} are not layer indices 0 to "
-                              f"{self.n_layers - 1}")
+            raise ConfigError(
+                f"model '{self.name}': dense_layers {bad} are not layer indices 0 to "
+                f"{self.n_layers - 1}"
+            )
         if self.shared_gate and not self.d_shared:
-            raise ConfigError(f"model '{self.name}': shared_gate gates a shared expert: give d_shared")
+            raise ConfigError(
+                f"model '{self.name}': shared_gate gates a shared expert: give d_shared"
+            )
 
     def _check_latent_attention(self) -> None:
         if self.kv_rank is None:
             if self.q_rank is not None or self.d_rope or self.d_v is not None:
-                raise ConfigError(f"model '{self.name}': q_rank, d_rope and d_v describe multi-head "
-                                  "latent attention: give kv_rank too, or drop them")
+                raise ConfigError(
+                    f"model '{self.name}': q_rank, d_rope and d_v describe multi-head "
+                    "latent attention: give kv_rank too, or drop them"
+                )
             return
         self.check_positive(self.name, "kv_rank", self.kv_rank)
         for f in ("q_rank", "d_v"):
             if getattr(self, f) is not None:
                 self.check_positive(self.name, f, getattr(self, f))
-        if isinstance(self.d_rope, bool) or not isinstance(self.d_rope, int) \
-                or not 0 <= self.d_rope < self.d_head:
-            raise ConfigError(f"model '{self.name}': d_rope (the rotary part of each {self.d_head}-wide "
-                              f"query/key head) must be 0 to {self.d_head - 1}, got {self.d_rope!r}")
+        if (
+            isinstance(self.d_rope, bool)
+            or not isinstance(self.d_rope, int)
+            or not 0 <= self.d_rope < self.d_head
+        ):
+            raise ConfigError(
+                f"model '{self.name}': d_rope (the rotary part of each {self.d_head}-wide "
+                f"query/key head) must be 0 to {self.d_head - 1}, got {self.d_rope!r}"
+            )
         if self.biases:
-            raise ConfigError(f"model '{self.name}': multi-head latent attention is counted without "
-                              "biases (DeepSeek's attention_bias and mlp_bias are false): set biases "
-                              "to false")
+            raise ConfigError(
+                f"model '{self.name}': multi-head latent attention is counted without "
+                "biases (DeepSeek's attention_bias and mlp_bias are false): set biases "
+                "to false"
+            )
         if self.n_kv_heads is not None:
-            raise ConfigError(f"model '{self.name}': multi-head latent attention has no key/value "
-                              "heads of its own (kv_rank is their latent): drop n_kv_heads")
+            raise ConfigError(
+                f"model '{self.name}': multi-head latent attention has no key/value "
+                "heads of its own (kv_rank is their latent): drop n_kv_heads"
+            )
 
     @property
     def is_mla(self) -> bool:
@@ -229,24 +263,62 @@ PRESETS: dict[str, ModelConfig] = {
     # 5504, vocab 32000, 4096 positions (RoPE; counted at 2048 like the others), untied LM head,
     # no biases, RMSNorm.
     "llama-1.3b": ModelConfig(
-        "llama-1.3b", 24, 2048, 16, 128, 5504, vocab=32000, seq_len=2048, context=4096, ffn_matrices=3,
-        learned_positions=False, tied_embeddings=False, biases=False,
+        "llama-1.3b",
+        24,
+        2048,
+        16,
+        128,
+        5504,
+        vocab=32000,
+        seq_len=2048,
+        context=4096,
+        ffn_matrices=3,
+        learned_positions=False,
+        tied_embeddings=False,
+        biases=False,
     ),
     # Mixture of experts. Mixtral-8x7B (Jiang et al. 2024, "Mixtral of Experts"; its released
     # config.json): 32 layers, hidden 4096, 32 heads of 128 with 8 kv heads, 8 SwiGLU experts of
     # intermediate 14336 per layer, 2 per token, vocab 32000, 32768 positions (RoPE), untied head.
     "mixtral-8x7b": ModelConfig(
-        "mixtral-8x7b", 32, 4096, 32, 128, 14336, vocab=32000, seq_len=2048, context=32768,
-        ffn_matrices=3, n_kv_heads=8, learned_positions=False, tied_embeddings=False, biases=False,
-        n_experts=8, top_k=2,
+        "mixtral-8x7b",
+        32,
+        4096,
+        32,
+        128,
+        14336,
+        vocab=32000,
+        seq_len=2048,
+        context=32768,
+        ffn_matrices=3,
+        n_kv_heads=8,
+        learned_positions=False,
+        tied_embeddings=False,
+        biases=False,
+        n_experts=8,
+        top_k=2,
     ),
     # Qwen3-30B-A3B (Qwen3 technical report, Yang et al. 2025; its released config.json):
     # 48 layers, hidden 2048, 32 heads of 128 with 4 kv heads, 128 SwiGLU experts of
     # moe_intermediate 768, 8 per token, no shared expert, vocab 151936, 40960 positions, untied.
     "qwen3-30b-a3b": ModelConfig(
-        "qwen3-30b-a3b", 48, 2048, 32, 128, 6144, vocab=151936, seq_len=2048, context=40960,
-        ffn_matrices=3, n_kv_heads=4, learned_positions=False, tied_embeddings=False, biases=False,
-        n_experts=128, top_k=8, d_expert=768,
+        "qwen3-30b-a3b",
+        48,
+        2048,
+        32,
+        128,
+        6144,
+        vocab=151936,
+        seq_len=2048,
+        context=40960,
+        ffn_matrices=3,
+        n_kv_heads=4,
+        learned_positions=False,
+        tied_embeddings=False,
+        biases=False,
+        n_experts=128,
+        top_k=8,
+        d_expert=768,
     ),
     # DeepSeek-V3 (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", arXiv 2412.19437, Sec. 4.2;
     # its released config.json): 61 layers, hidden 7168, multi-head latent attention with 128
@@ -255,10 +327,29 @@ PRESETS: dict[str, ModelConfig] = {
     # token, and one shared expert; vocab 129280, 163840 positions (RoPE with YaRN), untied head.
     # Without the multi-token-prediction module (the report's 671B leaves it out too).
     "deepseek-v3": ModelConfig(
-        "deepseek-v3", 61, 7168, 128, 192, 18432, vocab=129280, seq_len=2048, context=163840,
-        ffn_matrices=3, learned_positions=False, tied_embeddings=False, biases=False,
-        n_experts=256, top_k=8, d_expert=2048, d_shared=2048, dense_layers=(0, 1, 2),
-        router_bias=True, kv_rank=512, q_rank=1536, d_rope=64, d_v=128,
+        "deepseek-v3",
+        61,
+        7168,
+        128,
+        192,
+        18432,
+        vocab=129280,
+        seq_len=2048,
+        context=163840,
+        ffn_matrices=3,
+        learned_positions=False,
+        tied_embeddings=False,
+        biases=False,
+        n_experts=256,
+        top_k=8,
+        d_expert=2048,
+        d_shared=2048,
+        dense_layers=(0, 1, 2),
+        router_bias=True,
+        kv_rank=512,
+        q_rank=1536,
+        d_rope=64,
+        d_v=128,
     ),
 }
 
@@ -328,10 +419,31 @@ def default_seq_len(context: int | None) -> tuple[int, str]:
     if context is not None and 0 < context < DEFAULT_SEQ_LEN:
         return int(context), "the model's context"
     return DEFAULT_SEQ_LEN, "default"
+
+
 # model_type values whose MLP is gated (SwiGLU/GeGLU: three matrices) and that use RoPE, no biases.
-_GATED_TYPES = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo",
-                "olmo2", "internlm2", "deepseek", "granite", "cohere",
-                "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "deepseek_v2", "deepseek_v3"}
+_GATED_TYPES = {
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "phi3",
+    "olmo",
+    "olmo2",
+    "internlm2",
+    "deepseek",
+    "granite",
+    "cohere",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "olmoe",
+    "gpt_oss",
+    "deepseek_v2",
+    "deepseek_v3",
+}
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "deepseek_v2", "deepseek_v3")
 """Hugging Face ``model_type`` values of the mixture-of-experts families read from a config.json
 (:func:`from_mapping`); their experts are gated FFNs like their dense relatives'."""
@@ -350,13 +462,15 @@ def _check_hf_family(d: Mapping[str, Any], name: str) -> None:
             f"config '{name}' ({model_type or 'unknown model_type'}) uses multi-head latent attention "
             f"(kv_lora_rank {d['kv_lora_rank']}) in a family sparsetool does not read; the types it "
             f"reads are {', '.join(MLA_TYPES)}; write a model file with kv_rank, q_rank, d_rope and "
-            "d_v instead (docs/flops.md: multi-head latent attention)")
+            "d_v instead (docs/flops.md: multi-head latent attention)"
+        )
     experts = next((d[k] for k in _EXPERT_KEYS if d.get(k)), None)
     if experts and model_type not in MOE_TYPES:
         raise ConfigError(
             f"config '{name}' is a mixture-of-experts model of type '{model_type}' ({experts} experts), "
             f"which sparsetool does not read; the types it reads are {', '.join(MOE_TYPES)}; write a "
-            "model file with n_experts, top_k and d_expert instead (docs/flops.md: mixture of experts)")
+            "model file with n_experts, top_k and d_expert instead (docs/flops.md: mixture of experts)"
+        )
 
 
 def _hf_experts(d: Mapping[str, Any], kw: dict[str, Any], model_type: str) -> None:
@@ -364,17 +478,22 @@ def _hf_experts(d: Mapping[str, Any], kw: dict[str, Any], model_type: str) -> No
     transformers' configuration classes of each family)."""
     name = kw["name"]
     if not kw.get("n_experts"):
-        raise ConfigError(f"config '{name}' of type '{model_type}' gives no expert count "
-                          f"({' / '.join(FIELD_NAMES['n_experts'])}); add it to the file")
+        raise ConfigError(
+            f"config '{name}' of type '{model_type}' gives no expert count "
+            f"({' / '.join(FIELD_NAMES['n_experts'])}); add it to the file"
+        )
     if kw.get("top_k") is None:
-        raise ConfigError(f"config '{name}' gives {kw['n_experts']} experts but not how many each "
-                          "token goes to (num_experts_per_tok); add it to the file")
+        raise ConfigError(
+            f"config '{name}' gives {kw['n_experts']} experts but not how many each "
+            "token goes to (num_experts_per_tok); add it to the file"
+        )
     if model_type in ("qwen2_moe", "qwen3_moe"):
         # a layer is sparse unless listed in mlp_only_layers, and only every decoder_sparse_step-th
         step = int(d.get("decoder_sparse_step") or 1)
         only = set(d.get("mlp_only_layers") or ())
-        kw["dense_layers"] = tuple(i for i in range(int(kw["n_layers"]))
-                                   if i in only or (i + 1) % step)
+        kw["dense_layers"] = tuple(
+            i for i in range(int(kw["n_layers"])) if i in only or (i + 1) % step
+        )
         kw.setdefault("d_expert", 768 if model_type == "qwen3_moe" else 1408)
     elif model_type in MLA_TYPES:
         _deepseek_experts(d, kw, model_type)
@@ -382,8 +501,10 @@ def _hf_experts(d: Mapping[str, Any], kw: dict[str, Any], model_type: str) -> No
         kw.pop("d_expert", None)
     if model_type == "qwen2_moe":
         if kw.get("d_shared") is None:
-            raise ConfigError(f"config '{name}' of type qwen2_moe gives no "
-                              "shared_expert_intermediate_size; add it to the file")
+            raise ConfigError(
+                f"config '{name}' of type qwen2_moe gives no "
+                "shared_expert_intermediate_size; add it to the file"
+            )
         kw["shared_gate"] = bool(kw["d_shared"])
     elif model_type not in MLA_TYPES:  # DeepSeek's shared experts: _deepseek_experts
         kw.pop("d_shared", None)
@@ -402,8 +523,10 @@ def _deepseek_experts(d: Mapping[str, Any], kw: dict[str, Any], model_type: str)
     ``n_shared_experts`` shared experts every token takes (one FFN of their summed width)."""
     name = kw["name"]
     if not kw.get("d_expert"):
-        raise ConfigError(f"config '{name}' of type '{model_type}' gives no moe_intermediate_size "
-                          "(the width of one expert); add it to the file")
+        raise ConfigError(
+            f"config '{name}' of type '{model_type}' gives no moe_intermediate_size "
+            "(the width of one expert); add it to the file"
+        )
     first = int(d.get("first_k_dense_replace") or 0)
     freq = int(d.get("moe_layer_freq") or 1)
     kw["dense_layers"] = tuple(i for i in range(int(kw["n_layers"])) if i < first or i % freq)
@@ -416,15 +539,21 @@ def _hf_latent_attention(d: Mapping[str, Any], kw: dict[str, Any], model_type: s
     is ``qk_nope_head_dim + qk_rope_head_dim`` wide (not ``head_dim``, which DeepSeek-V3's
     configuration sets to the rotary part), a value head ``v_head_dim``."""
     name = kw["name"]
-    missing = [k for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") if d.get(k) is None]
+    missing = [
+        k for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") if d.get(k) is None
+    ]
     if missing:
-        raise ConfigError(f"config '{name}' of type '{model_type}' gives kv_lora_rank but not "
-                          f"{', '.join(missing)}; add {'it' if len(missing) == 1 else 'them'} to the file")
+        raise ConfigError(
+            f"config '{name}' of type '{model_type}' gives kv_lora_rank but not "
+            f"{', '.join(missing)}; add {'it' if len(missing) == 1 else 'them'} to the file"
+        )
     biased = [k for k in ("attention_bias", "mlp_bias") if d.get(k)]
     if biased:
-        raise ConfigError(f"config '{name}' sets {' and '.join(biased)}: sparsetool counts "
-                          "multi-head latent attention without biases, as DeepSeek's released "
-                          "models are; write a model file of the shapes instead")
+        raise ConfigError(
+            f"config '{name}' sets {' and '.join(biased)}: sparsetool counts "
+            "multi-head latent attention without biases, as DeepSeek's released "
+            "models are; write a model file of the shapes instead"
+        )
     kw["d_head"] = int(d["qk_nope_head_dim"]) + int(d["qk_rope_head_dim"])
     kw.pop("n_kv_heads", None)  # the latent replaces key/value heads
 
@@ -441,21 +570,27 @@ def _gather(d: Mapping[str, Any], name: str, strict: bool) -> dict[str, Any]:
         if unknown:
             raise ConfigError(
                 f"config '{name}': unknown key(s) {', '.join(unknown)}; accepted keys (sparsetool's "
-                f"or Hugging Face's): {', '.join(_accepted())}")
+                f"or Hugging Face's): {', '.join(_accepted())}"
+            )
     out: dict[str, Any] = {}
     for own, names in FIELD_NAMES.items():
         given = [(k, d[k]) for k in (own, *names) if d.get(k) is not None]
         if not given:
             continue
         if strict and len({repr(v) for _, v in given}) > 1:
-            raise ConfigError(f"config '{name}' gives {own} twice with different values: "
-                              + ", ".join(f"{k} = {v!r}" for k, v in given) + "; keep one")
+            raise ConfigError(
+                f"config '{name}' gives {own} twice with different values: "
+                + ", ".join(f"{k} = {v!r}" for k, v in given)
+                + "; keep one"
+            )
         out[own] = given[0][1]
     return out
 
 
 def _accepted() -> list[str]:
-    return [own + (f" ({' / '.join(names)})" if names else "") for own, names in FIELD_NAMES.items()]
+    return [
+        own + (f" ({' / '.join(names)})" if names else "") for own, names in FIELD_NAMES.items()
+    ]
 
 
 def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
@@ -486,22 +621,32 @@ def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
     if hf and d.get("use_sliding_window") is False:  # Qwen2 states a window it does not use
         kw.pop("window", None)
     kw["name"] = str(kw.get("name", name))
-    missing = [f + (f" (or {' / '.join(FIELD_NAMES[f])})" if FIELD_NAMES[f] else "")
-               for f in REQUIRED if f not in kw]
+    missing = [
+        f + (f" (or {' / '.join(FIELD_NAMES[f])})" if FIELD_NAMES[f] else "")
+        for f in REQUIRED
+        if f not in kw
+    ]
     if missing:
-        raise ConfigError(f"config '{name}' lacks {', '.join(missing)}; required keys: "
-                          f"{', '.join(REQUIRED)} (docs/flops.md: accepted field names)")
+        raise ConfigError(
+            f"config '{name}' lacks {', '.join(missing)}; required keys: "
+            f"{', '.join(REQUIRED)} (docs/flops.md: accepted field names)"
+        )
     if hf:
         gated = model_type in _GATED_TYPES
         if model_type == "opt":  # its position table keeps 2 rows more than its context
             kw.setdefault("position_rows", kw.get("context", DEFAULT_SEQ_LEN) + 2)
-            kw.setdefault("final_norm", bool(d.get("do_layer_norm_before", True))
-                          and not d.get("_remove_final_layer_norm", False))
+            kw.setdefault(
+                "final_norm",
+                bool(d.get("do_layer_norm_before", True))
+                and not d.get("_remove_final_layer_norm", False),
+            )
         kw.setdefault("ffn_matrices", 3 if gated else 2)
         kw.setdefault("biases", not gated)
         kw.setdefault("tied_embeddings", not gated)
-        kw.setdefault("learned_positions", not gated and str(d.get("model_type", "")).lower()
-                      not in ("gpt_neox", "gptj", "bloom"))
+        kw.setdefault(
+            "learned_positions",
+            not gated and str(d.get("model_type", "")).lower() not in ("gpt_neox", "gptj", "bloom"),
+        )
         if model_type in MLA_TYPES:
             _hf_latent_attention(d, kw, model_type)
         if model_type in MOE_TYPES:
@@ -516,7 +661,8 @@ def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
             raise ConfigError(
                 f"config '{name}': d_model {d_model} does not split into {plural(n_heads, 'head')} "
                 f"({d_model} / {n_heads} = {d_model / n_heads:.4g}); fix hidden size or heads, or "
-                f"give the head size (d_head / head_dim) if the model's heads are not d_model wide")
+                f"give the head size (d_head / head_dim) if the model's heads are not d_model wide"
+            )
         kw["d_head"] = d_model // n_heads
     kw.setdefault("d_ff", 4 * d_model)
     if "seq_len" in kw:
@@ -563,8 +709,9 @@ def seq_len_note(cfg: ModelConfig) -> str:
     return text + ")"
 
 
-def with_overrides(cfg: ModelConfig, *, seq_len: int | None = None,
-                   vocab: int | None = None) -> ModelConfig:
+def with_overrides(
+    cfg: ModelConfig, *, seq_len: int | None = None, vocab: int | None = None
+) -> ModelConfig:
     """``cfg`` with ``--seq-len`` / ``--vocab`` applied."""
     kw: dict[str, Any] = {}
     if seq_len is not None:

@@ -51,8 +51,17 @@ from sparsetool.flops.config import ModelConfig
 from sparsetool.util.options import parse_sparsity
 from sparsetool.util.wording import plural
 
-TERMS = ("qkv", "attn_logits", "softmax", "attn_values", "attn_out", "ffn", "router", "logits",
-         "embeddings")
+TERMS = (
+    "qkv",
+    "attn_logits",
+    "softmax",
+    "attn_values",
+    "attn_out",
+    "ffn",
+    "router",
+    "logits",
+    "embeddings",
+)
 """Keys of :func:`forward_terms`, in the order Appendix F lists them (embeddings last: optional)."""
 TARGETED_TERMS = ("qkv", "attn_out", "ffn")
 """The terms weight sparsity scales; everything else is dense work."""
@@ -86,7 +95,9 @@ def layer_sparsities(cfg: ModelConfig, sparsity: float | LayerSparsity) -> list[
     for i, m in enumerate(sparsity):
         unknown = set(m) - set(ROLES)
         if unknown:
-            raise ConfigError(f"layer {i}: unknown role(s) {sorted(unknown)}; roles: {', '.join(ROLES)}")
+            raise ConfigError(
+                f"layer {i}: unknown role(s) {sorted(unknown)}; roles: {', '.join(ROLES)}"
+            )
         out.append({r: _check_sparsity(m.get(r, 0.0), f"layer {i} {r}") for r in ROLES})
     return out
 
@@ -127,7 +138,13 @@ def forward_terms(
         attn_out += out_dense * (1.0 - ls["attn_out"])
         # the FFN widths one token goes through: up (and gate for SwiGLU), then down
         width = active_ffn_width(cfg, i)
-        ffn += 2.0 * s * d * width * ((cfg.ffn_matrices - 1) * (1.0 - ls["ffn_in"]) + (1.0 - ls["ffn_out"]))
+        ffn += (
+            2.0
+            * s
+            * d
+            * width
+            * ((cfg.ffn_matrices - 1) * (1.0 - ls["ffn_in"]) + (1.0 - ls["ffn_out"]))
+        )
         if cfg.is_moe_layer(i):
             router += 2.0 * s * d * (cfg.n_experts + (1 if cfg.shared_gate else 0))
     L = cfg.n_layers
@@ -161,10 +178,16 @@ def qkv_matrices(cfg: ModelConfig) -> list[tuple[str, tuple[int, int]]]:
     d, h, k = cfg.d_model, cfg.n_heads, cfg.d_head
     if not cfg.is_mla:
         return [("qkv", (k * (h + 2 * cfg.kv_heads), d))]
-    q = [("q_a", (cfg.q_rank, d)), ("q_b", (h * k, cfg.q_rank))] if cfg.q_rank else [("q", (h * k, d))]
+    q = (
+        [("q_a", (cfg.q_rank, d)), ("q_b", (h * k, cfg.q_rank))]
+        if cfg.q_rank
+        else [("q", (h * k, d))]
+    )
     nope = k - cfg.d_rope
-    return q + [("kv_a", (cfg.kv_rank + cfg.d_rope, d)),
-                ("kv_b", (h * (nope + cfg.value_head), cfg.kv_rank))]
+    return q + [
+        ("kv_a", (cfg.kv_rank + cfg.d_rope, d)),
+        ("kv_b", (h * (nope + cfg.value_head), cfg.kv_rank)),
+    ]
 
 
 def active_ffn_width(cfg: ModelConfig, layer: int) -> int:
@@ -277,7 +300,9 @@ def param_counts(cfg: ModelConfig, sparsity: float | LayerSparsity = 0.0) -> dic
                 other += E * expert_biases + E  # every expert's biases and the router's
             idle = E - cfg.top_k
             inactive += idle * (m * d * fe + expert_biases)
-            inactive_nonzero += idle * ((m - 1) * d * fe * in_keep + fe * d * out_keep + expert_biases)
+            inactive_nonzero += idle * (
+                (m - 1) * d * fe * in_keep + fe * d * out_keep + expert_biases
+            )
         else:
             width = cfg.d_ff
             if cfg.biases:
@@ -296,5 +321,11 @@ def param_counts(cfg: ModelConfig, sparsity: float | LayerSparsity = 0.0) -> dic
         other += V * e
     total = float(targeted + other)
     nonzero = total - pruned
-    return {"targeted": float(targeted), "other": float(other), "total": total, "nonzero": nonzero,
-            "active": total - inactive, "active_nonzero": nonzero - inactive_nonzero}
+    return {
+        "targeted": float(targeted),
+        "other": float(other),
+        "total": total,
+        "nonzero": nonzero,
+        "active": total - inactive,
+        "active_nonzero": nonzero - inactive_nonzero,
+    }

@@ -41,7 +41,9 @@ class InferredModel:
     params: dict[str, float]  # {"total", "nonzero"} over floating tensors
     targeted_sparsity: float
     notes: list[str] = field(default_factory=list)
-    targeting: dict[str, Any] = field(default_factory=dict)  # from_checkpoint: targets.recorded summary
+    targeting: dict[str, Any] = field(
+        default_factory=dict
+    )  # from_checkpoint: targets.recorded summary
 
 
 def _get(row: Any, key: str) -> Any:
@@ -116,12 +118,15 @@ def latent_attention_widths(rows: Sequence[Any], d_model: int, what: str) -> tup
     the queries' ``heads * d_head``, ``kv_rank + d_rope``, ``kv_rank`` and
     ``heads * (d_nope + d_v)``."""
     by = {_module(str(_get(r, "name"))): tuple(int(x) for x in _get(r, "shape")) for r in rows}
-    needed = ["kv_a_proj_with_mqa", "kv_b_proj"] + (["q_proj"] if "q_proj" in by else
-                                                    ["q_a_proj", "q_b_proj"])
+    needed = ["kv_a_proj_with_mqa", "kv_b_proj"] + (
+        ["q_proj"] if "q_proj" in by else ["q_a_proj", "q_b_proj"]
+    )
     missing = [n for n in needed if n not in by]
     if missing:
-        raise ShapeError(f"{what} has multi-head latent attention without {', '.join(missing)}, "
-                         "so its shape cannot be inferred; put its config.json beside the weights")
+        raise ShapeError(
+            f"{what} has multi-head latent attention without {', '.join(missing)}, "
+            "so its shape cannot be inferred; put its config.json beside the weights"
+        )
     kv_a = _other_side("kv_a_proj_with_mqa", by["kv_a_proj_with_mqa"], d_model)
     kv_b, kv_rank = by["kv_b_proj"]
     if "q_proj" in by:
@@ -130,9 +135,11 @@ def latent_attention_widths(rows: Sequence[Any], d_model: int, what: str) -> tup
         q_rank = _other_side("q_a_proj", by["q_a_proj"], d_model)
         q_width = by["q_b_proj"][0]
     if kv_a <= kv_rank or by.get("q_b_proj", (0, q_rank))[1] != q_rank:
-        raise ShapeError(f"the latent-attention projections of {what} do not fit together "
-                         f"({', '.join(f'{n} {list(sh)}' for n, sh in by.items())}); describe the "
-                         "model with its config.json beside the weights")
+        raise ShapeError(
+            f"the latent-attention projections of {what} do not fit together "
+            f"({', '.join(f'{n} {list(sh)}' for n, sh in by.items())}); describe the "
+            "model with its config.json beside the weights"
+        )
     return q_rank, q_width, kv_a, kv_rank, kv_b
 
 
@@ -191,8 +198,12 @@ def infer_model(
     def shape_of(r: Any) -> tuple[int, ...]:
         return tuple(int(x) for x in _get(r, "shape"))
 
-    linear = [r for r in floating if _get(r, "role") in ROLES and
-              (len(shape_of(r)) == 2 or (len(shape_of(r)) == 3 and _get(r, "role") in FFN_ROLES))]
+    linear = [
+        r
+        for r in floating
+        if _get(r, "role") in ROLES
+        and (len(shape_of(r)) == 2 or (len(shape_of(r)) == 3 and _get(r, "role") in FFN_ROLES))
+    ]
     if not linear:
         raise ShapeError(
             f"'{name}' has no attention or feed-forward weight matrices that sparsetool recognises"
@@ -203,7 +214,11 @@ def infer_model(
 
     # d_model: the token embedding's width, else config.json, else the side all matrices share.
     tok = max(embeds, key=lambda r: shape_of(r)[0]) if embeds else None
-    d_model = shape_of(tok)[1] if tok is not None else _pick(hf_config, "hidden_size", "n_embd", "d_model")
+    d_model = (
+        shape_of(tok)[1]
+        if tok is not None
+        else _pick(hf_config, "hidden_size", "n_embd", "d_model")
+    )
     if d_model is None:
         common = set(shape_of(linear[0])[-2:])
         for r in linear[1:]:
@@ -224,25 +239,33 @@ def infer_model(
         if index is None:
             continue
         part, expert = expert_part(nm, shape_of(r))
-        layers.setdefault(index, {}).setdefault(part, {}).setdefault(expert, {}) \
-            .setdefault(_get(r, "role"), []).append(r)
+        layers.setdefault(index, {}).setdefault(part, {}).setdefault(expert, {}).setdefault(
+            _get(r, "role"), []
+        ).append(r)
     if not layers:
         raise ShapeError(f"no layer index found in the tensor names of '{name}'")
     extra = beyond_stated_layers(layers, hf_config)
     if extra:
         for i in extra:
             del layers[i]
-        notes.append(f"{plural(len(extra), 'layer')} past config.json's num_hidden_layers "
-                     f"({', '.join(map(str, extra))}: DeepSeek-V3's multi-token prediction module is "
-                     "one) left out of the shapes and FLOPs; their parameters count in the total")
+        notes.append(
+            f"{plural(len(extra), 'layer')} past config.json's num_hidden_layers "
+            f"({', '.join(map(str, extra))}: DeepSeek-V3's multi-token prediction module is "
+            "one) left out of the shapes and FLOPs; their parameters count in the total"
+        )
 
     def widths(by_role: dict[str, list[Any]], what: str) -> tuple[int, int]:
         """(FFN output width, summed FFN input widths) of one FFN, per expert for stacked ones."""
         if "ffn_out" not in by_role:
-            raise ShapeError(f"{what} of '{name}' has no ffn_out weight (the feed-forward output), "
-                             "so its shape cannot be inferred")
-        w = {ro: sum(_other_side(_get(r, "name"), shape_of(r)[-2:], d_model) for r in rs)
-             for ro, rs in by_role.items() if ro in FFN_ROLES}
+            raise ShapeError(
+                f"{what} of '{name}' has no ffn_out weight (the feed-forward output), "
+                "so its shape cannot be inferred"
+            )
+        w = {
+            ro: sum(_other_side(_get(r, "name"), shape_of(r)[-2:], d_model) for r in rs)
+            for ro, rs in by_role.items()
+            if ro in FFN_ROLES
+        }
         return w["ffn_out"], w.get("ffn_in", w["ffn_out"])
 
     attention_seen: set[tuple[int, int]] = set()
@@ -254,17 +277,24 @@ def infer_model(
         parts = layers[idx]
         plain = parts.get("plain", {}).get(None, {})
         if "qkv" not in plain:
-            raise ShapeError(f"layer {idx} of '{name}' has no qkv weight, so its shape cannot be inferred")
+            raise ShapeError(
+                f"layer {idx} of '{name}' has no qkv weight, so its shape cannot be inferred"
+            )
         latent = any(_module(str(_get(r, "name"))) in LATENT_PROJECTIONS for r in plain["qkv"])
         if latent:  # the widths of multi-head latent attention's matrices stand for qkv's
             if "attn_out" not in plain:
-                raise ShapeError(f"layer {idx} of '{name}' has no attention output weight (o_proj), "
-                                 "so its shape cannot be inferred")
+                raise ShapeError(
+                    f"layer {idx} of '{name}' has no attention output weight (o_proj), "
+                    "so its shape cannot be inferred"
+                )
             qkv_w = latent_attention_widths(plain["qkv"], d_model, f"layer {idx} of '{name}'")
         else:
             qkv_w = sum(_other_side(_get(r, "name"), shape_of(r), d_model) for r in plain["qkv"])
-        kh = sum(_other_side(_get(r, "name"), shape_of(r), d_model) for r in plain["attn_out"]) \
-            if "attn_out" in plain else qkv_w // 3
+        kh = (
+            sum(_other_side(_get(r, "name"), shape_of(r), d_model) for r in plain["attn_out"])
+            if "attn_out" in plain
+            else qkv_w // 3
+        )
         attention_seen.add((qkv_w, kh))
         if "expert" in parts or "stacked" in parts:
             if "stacked" in parts:
@@ -273,7 +303,9 @@ def infer_model(
                 fe, fe_in = widths(stacked, f"the experts of layer {idx}")
             else:
                 n_exp = len(parts["expert"])
-                fe, fe_in = widths(parts["expert"][min(parts["expert"])], f"expert 0 of layer {idx}")
+                fe, fe_in = widths(
+                    parts["expert"][min(parts["expert"])], f"expert 0 of layer {idx}"
+                )
             shared = parts.get("shared", {}).get(None)
             fs, fs_in = widths(shared, f"the shared expert of layer {idx}") if shared else (0, 0)
             moe_seen.add((n_exp, fe, fe_in, fs, fs_in))
@@ -281,8 +313,9 @@ def infer_model(
             dense_seen.add(widths(plain, f"layer {idx}"))
             dense_layers.append(pos)
         sp = {}
-        everything = [r for by_key in parts.values() for by_role in by_key.values()
-                      for r in by_role.items()]
+        everything = [
+            r for by_key in parts.values() for by_role in by_key.values() for r in by_role.items()
+        ]
         for ro in ROLES:
             t = [r for role_, rs in everything if role_ == ro for r in rs if _get(r, "targeted")]
             numel = sum(int(_get(r, "numel")) for r in t)
@@ -298,7 +331,11 @@ def infer_model(
     moe = moe_seen.pop() if moe_seen else None
     f, ffn_in_w = dense_seen.pop() if dense_seen else (moe[1], moe[2])
     ratio = ffn_in_w / f
-    ratios = {ratio} | ({moe[2] / moe[1]} if moe else set()) | ({moe[4] / moe[3]} if moe and moe[3] else set())
+    ratios = (
+        {ratio}
+        | ({moe[2] / moe[1]} if moe else set())
+        | ({moe[4] / moe[3]} if moe and moe[3] else set())
+    )
     if len(ratios) != 1 or ratio not in (1.0, 2.0):
         raise ShapeError(
             f"feed-forward input width {ffn_in_w} is not 1x or 2x the output width {f} in "
@@ -310,12 +347,21 @@ def infer_model(
         if top_k is None:
             raise ShapeError(
                 f"'{name}' holds {plural(moe[0], 'expert')} per layer, but no config.json beside it "
-                "says how many each token goes to (num_experts_per_tok)", missing="top_k")
-        moe_fields = dict(n_experts=int(moe[0]), top_k=int(top_k), d_expert=int(moe[1]),
-                          d_shared=int(moe[3]), dense_layers=tuple(dense_layers),
-                          shared_gate=any(is_shared_gate(str(_get(r, "name"))) for r in floating))
-        notes.append(f"mixture of experts: {plural(moe[0], 'expert')} per layer, {int(top_k)} per token "
-                     "(config.json); measured sparsity of a layer's FFN is over all its experts")
+                "says how many each token goes to (num_experts_per_tok)",
+                missing="top_k",
+            )
+        moe_fields = dict(
+            n_experts=int(moe[0]),
+            top_k=int(top_k),
+            d_expert=int(moe[1]),
+            d_shared=int(moe[3]),
+            dense_layers=tuple(dense_layers),
+            shared_gate=any(is_shared_gate(str(_get(r, "name"))) for r in floating),
+        )
+        notes.append(
+            f"mixture of experts: {plural(moe[0], 'expert')} per layer, {int(top_k)} per token "
+            "(config.json); measured sparsity of a layer's FFN is over all its experts"
+        )
 
     # Heads: config.json, else an assumed head size.
     n_heads = _pick(hf_config, "num_attention_heads", "n_head", "n_heads")
@@ -357,44 +403,69 @@ def infer_model(
         else:
             vocab = _pick(hf_config, "vocab_size")
         if vocab is None:
-            raise ShapeError(f"cannot tell the vocabulary size of '{name}' (no token embedding, "
-                             "no LM head, no vocab_size in a config.json)", missing="vocab")
+            raise ShapeError(
+                f"cannot tell the vocabulary size of '{name}' (no token embedding, "
+                "no LM head, no vocab_size in a config.json)",
+                missing="vocab",
+            )
     # The model's context: its position table, else config.json. Counting uses 2048 tokens (as for
     # every model source), or the context when shorter, unless seq_len is given; the output says
     # which and notes the context.
     stated = _pick(hf_config, "max_position_embeddings", "n_positions", "n_ctx")
     context = shape_of(positions[0])[0] if positions else stated
     if context is None and seq_len is None:
-        notes.append("no context length in the checkpoint or a config.json: seq_len assumed 2048 "
-                     "(pass --seq-len)")
-    seq_len, seq_source = (seq_len, "--seq-len") if seq_len is not None else \
-        default_seq_len(stated if stated is not None else context)
+        notes.append(
+            "no context length in the checkpoint or a config.json: seq_len assumed 2048 "
+            "(pass --seq-len)"
+        )
+    seq_len, seq_source = (
+        (seq_len, "--seq-len")
+        if seq_len is not None
+        else default_seq_len(stated if stated is not None else context)
+    )
 
     cfg = ModelConfig(
-        name=name, n_layers=len(layer_sparsity), d_model=d_model, n_heads=n_heads, d_head=d_head,
-        d_ff=int(f), vocab=int(vocab), seq_len=int(seq_len), ffn_matrices=int(1 + ratio),
-        context=int(context) if context is not None else None, seq_len_source=seq_source,
-        n_kv_heads=n_kv, learned_positions=bool(positions), tied_embeddings=not heads,
-        biases=any(_get(r, "role") == "bias" and not is_router_bias(str(_get(r, "name")))
-                   for r in floating),
-        router_bias=bool(moe_fields) and any(is_router_bias(str(_get(r, "name"))) for r in floating),
-        **moe_fields, **mla,
+        name=name,
+        n_layers=len(layer_sparsity),
+        d_model=d_model,
+        n_heads=n_heads,
+        d_head=d_head,
+        d_ff=int(f),
+        vocab=int(vocab),
+        seq_len=int(seq_len),
+        ffn_matrices=int(1 + ratio),
+        context=int(context) if context is not None else None,
+        seq_len_source=seq_source,
+        n_kv_heads=n_kv,
+        learned_positions=bool(positions),
+        tied_embeddings=not heads,
+        biases=any(
+            _get(r, "role") == "bias" and not is_router_bias(str(_get(r, "name"))) for r in floating
+        ),
+        router_bias=bool(moe_fields)
+        and any(is_router_bias(str(_get(r, "name"))) for r in floating),
+        **moe_fields,
+        **mla,
     )
     for r in floating:
         if _get(r, "targeted") and _get(r, "role") not in ROLES:
-            notes.append(f"'{_get(r, 'name')}' is targeted but is not an attention/FFN matmul; "
-                         "its zeros count in the non-zero parameters, not in the FLOPs")
+            notes.append(
+                f"'{_get(r, 'name')}' is targeted but is not an attention/FFN matmul; "
+                "its zeros count in the non-zero parameters, not in the FLOPs"
+            )
     total = sum(int(_get(r, "numel")) for r in floating)
     nonzero = sum(int(_get(r, "nonzero")) for r in floating)
     t_rows = [r for r in linear if _get(r, "targeted")]
     t_numel = sum(int(_get(r, "numel")) for r in t_rows)
     t_sparsity = 1.0 - sum(int(_get(r, "nonzero")) for r in t_rows) / t_numel if t_numel else 0.0
-    return InferredModel(cfg, layer_sparsity, {"total": float(total), "nonzero": float(nonzero)},
-                         t_sparsity, notes)
+    return InferredModel(
+        cfg, layer_sparsity, {"total": float(total), "nonzero": float(nonzero)}, t_sparsity, notes
+    )
 
 
-def _latent_heads(widths: tuple[int, ...], value_width: int, n_heads: Any,
-                  name: str) -> dict[str, Any]:
+def _latent_heads(
+    widths: tuple[int, ...], value_width: int, n_heads: Any, name: str
+) -> dict[str, Any]:
     """Heads and head sizes of multi-head latent attention from its matrices' widths
     (:func:`latent_attention_widths`) and the output projection's ``heads * d_v``: keys expanded
     from the latent are ``heads * d_nope`` wide, so the rotary part of the queries,
@@ -409,9 +480,16 @@ def _latent_heads(widths: tuple[int, ...], value_width: int, n_heads: Any,
             f"the latent-attention widths of '{name}' (queries {q_width}, keys and values "
             f"{kv_b}, output {value_width}, rotary key {d_rope}) do not fit "
             f"{plural(heads, 'head') if heads > 0 else 'whole heads'}; give num_attention_heads in "
-            "a config.json beside it")
-    return dict(n_heads=heads, d_head=q_width // heads, kv_rank=kv_rank, q_rank=q_rank or None,
-                d_rope=d_rope, d_v=value_width // heads)
+            "a config.json beside it"
+        )
+    return dict(
+        n_heads=heads,
+        d_head=q_width // heads,
+        kv_rank=kv_rank,
+        q_rank=q_rank or None,
+        d_rope=d_rope,
+        d_v=value_width // heads,
+    )
 
 
 def from_checkpoint(
@@ -440,16 +518,34 @@ def from_checkpoint(
 
     p = Path(path)
     if not p.exists():
-        raise CheckpointError(f"checkpoint '{path}' not found; pass a .safetensors file or a directory")
+        raise CheckpointError(
+            f"checkpoint '{path}' not found; pass a .safetensors file or a directory"
+        )
     counts = tensor_counts(p, progress=progress, label="report")
     hf_config = read_hf_config(p)
     with open_checkpoint(p) as ck:
         metadata = ck.metadata()
-    plan = plan_checkpoint_targets([(t.name, t.shape, t.dtype) for t in counts], hf_config, metadata,
-                                   include, exclude, default_targets=default_targets, source=p.name)
-    rows = [dict(name=t.name, shape=t.shape, dtype=t.dtype, numel=t.numel, nonzero=t.nonzero,
-                 role=plan[t.name].role, targeted=plan[t.name].targeted)
-            for t in counts]
+    plan = plan_checkpoint_targets(
+        [(t.name, t.shape, t.dtype) for t in counts],
+        hf_config,
+        metadata,
+        include,
+        exclude,
+        default_targets=default_targets,
+        source=p.name,
+    )
+    rows = [
+        dict(
+            name=t.name,
+            shape=t.shape,
+            dtype=t.dtype,
+            numel=t.numel,
+            nonzero=t.nonzero,
+            role=plan[t.name].role,
+            targeted=plan[t.name].targeted,
+        )
+        for t in counts
+    ]
     name = p.name.removesuffix(".safetensors") or str(p)
     inferred = infer_model(rows, name=name, hf_config=hf_config, seq_len=seq_len, vocab=vocab)
     return replace(inferred, targeting=targeting_summary(plan))

@@ -25,7 +25,9 @@ def _flops(wl: Workload) -> tuple[float, float]:
     return dense, sparse
 
 
-def _run(dev: Device, wl: Workload, passes: tuple[str, ...], dense: bool) -> tuple[Cost, dict, list]:
+def _run(
+    dev: Device, wl: Workload, passes: tuple[str, ...], dense: bool
+) -> tuple[Cost, dict, list]:
     """Summed cost over layers and passes, per-pass totals, per-layer forward totals."""
     total, per_pass, per_layer = Cost(), {}, []
     untargeted = dev.untargeted_cost(wl.untargeted_flops)
@@ -73,8 +75,14 @@ def simulate(wl: Workload, devices: Mapping[str, Device] | Iterable[Device]) -> 
     out_devices, layer_speedups = [], {}
     layer_paths: dict[str, list[str]] = {}
     for dev in devs:
-        entry: dict[str, Any] = {"name": dev.name, "kind": dev.kind, "applicable": True,
-                                 "reason": None, "notes": [], "busiest_over_mean": None}
+        entry: dict[str, Any] = {
+            "name": dev.name,
+            "kind": dev.kind,
+            "applicable": True,
+            "reason": None,
+            "notes": [],
+            "busiest_over_mean": None,
+        }
         try:
             results = {}
             for key, passes in (("forward", ("forward",)), ("train_step", PASSES)):
@@ -85,24 +93,33 @@ def simulate(wl: Workload, devices: Mapping[str, Device] | Iterable[Device]) -> 
                 if key == "train_step":
                     results[key]["passes"] = per_pass
                 else:
-                    layer_speedups[dev.name] = [_ratio(d, s) for d, s in zip(dense_layer, per_layer)]
+                    layer_speedups[dev.name] = [
+                        _ratio(d, s) for d, s in zip(dense_layer, per_layer)
+                    ]
                 results[key]["speedup_if_balanced"] = (
-                    _ratio(de.total, _balanced(dev, wl, passes)) if isinstance(dev, Dataflow) else None)
+                    _ratio(de.total, _balanced(dev, wl, passes))
+                    if isinstance(dev, Dataflow)
+                    else None
+                )
             entry.update(results)
             entry["notes"] = dev.notes(wl.layers, PASSES)
             if isinstance(dev, Dataflow):
                 paths = [dev.path(ly, wl.tokens, "forward") for ly in wl.layers]
                 layer_paths[dev.name] = paths
                 sparse_layers = [ly for ly in wl.layers if not ly.is_dense]
-                fell_back = sum(1 for ly, p in zip(wl.layers, paths) if not ly.is_dense and p == "dense")
+                fell_back = sum(
+                    1 for ly, p in zip(wl.layers, paths) if not ly.is_dense and p == "dense"
+                )
                 if fell_back:
                     entry["notes"].append(
                         f"{fell_back} of {plural(len(sparse_layers), 'sparse layer')} run the dense kernel, which is "
                         "faster at their sparsity (each non-zero carries an index; set dense_fallback = "
-                        "false in a --hardware file to force the sparse kernel)")
+                        "false in a --hardware file to force the sparse kernel)"
+                    )
                 b = results["forward"]["breakdown"]
-                entry["busiest_over_mean"] = ((b["compute"] + b["imbalance"]) / b["compute"]
-                                              if b["compute"] > 0 else 1.0)
+                entry["busiest_over_mean"] = (
+                    (b["compute"] + b["imbalance"]) / b["compute"] if b["compute"] > 0 else 1.0
+                )
         except Refused as e:
             entry.update(applicable=False, reason=str(e), forward=None, train_step=None)
             layer_speedups[dev.name] = [None] * len(wl.layers)
@@ -110,26 +127,38 @@ def simulate(wl: Workload, devices: Mapping[str, Device] | Iterable[Device]) -> 
     layers = []
     for i, ly in enumerate(wl.layers):
         row: dict[str, Any] = {
-            "name": ly.name, "role": ly.role, "shape": [ly.out_features, ly.in_features],
-            "sparsity": ly.sparsity, "nonzero": ly.nnz,
-            "nm_violation_in": ly.nm_violation_in, "nm_violation_out": ly.nm_violation_out,
+            "name": ly.name,
+            "role": ly.role,
+            "shape": [ly.out_features, ly.in_features],
+            "sparsity": ly.sparsity,
+            "nonzero": ly.nnz,
+            "nm_violation_in": ly.nm_violation_in,
+            "nm_violation_out": ly.nm_violation_out,
             "measured": ly.measured,
         }
         # The same keys with or without a dataflow device (None without one).
         row["busiest_over_mean"] = ly.busiest_over_mean(grid) if grid is not None else None
         row["core_groups"] = list(grid) if grid is not None else None
         row["speedup"] = {name: sp[i] for name, sp in layer_speedups.items()}
-        row["kernel"] = {name: paths[i] for name, paths in layer_paths.items()} if layer_paths else None
+        row["kernel"] = (
+            {name: paths[i] for name, paths in layer_paths.items()} if layer_paths else None
+        )
         layers.append(row)
     return {
         "workload": {
-            "label": wl.label, "source": wl.source, "tokens": wl.tokens, "seq_len": wl.seq_len,
-            "layers": len(wl.layers), "targeted_sparsity": wl.sparsity,
+            "label": wl.label,
+            "source": wl.source,
+            "tokens": wl.tokens,
+            "seq_len": wl.seq_len,
+            "layers": len(wl.layers),
+            "targeted_sparsity": wl.sparsity,
             "forward_flops": {"dense": dense_flops, "sparse": sparse_flops},
             "train_flops": {"dense": 3 * dense_flops, "sparse": 3 * sparse_flops},
             "untargeted_forward_flops": wl.untargeted_flops,
-            "theoretical": theo, "notes": wl.notes,
-            "targeting": wl.targeting or None, "moe": wl.moe,
+            "theoretical": theo,
+            "notes": wl.notes,
+            "targeting": wl.targeting or None,
+            "moe": wl.moe,
         },
         "devices": out_devices,
         "layers": layers,
@@ -152,12 +181,14 @@ def run_row(sparsity: float, res: Mapping[str, Any]) -> dict[str, Any]:
                 "forward_speedup": d["forward"]["speedup"] if d["applicable"] else None,
                 "train_speedup": d["train_step"]["speedup"] if d["applicable"] else None,
                 "forward_time_s": d["forward"]["time_s"] if d["applicable"] else None,
-            } for d in res["devices"]
+            }
+            for d in res["devices"]
         },
     }
 
 
-def sweep(make: Callable[[float], Workload], sparsities: Iterable[float],
-          devices: Mapping[str, Device]) -> list[dict[str, Any]]:
+def sweep(
+    make: Callable[[float], Workload], sparsities: Iterable[float], devices: Mapping[str, Device]
+) -> list[dict[str, Any]]:
     """Speedups (forward and training step) at each sparsity, one fresh workload per point."""
     return [run_row(s, simulate(make(s), devices)) for s in sparsities]

@@ -172,33 +172,50 @@ class Dataflow(Device):
 
     def dense_cost(self, layer: LayerMask, tokens: float, pass_: str) -> Cost:
         compute = layer.numel * tokens / self.fmac_rate
-        return Cost.roofline(compute, self._weights(layer.numel, True),
-                             self.fixed_s + self._reduction(layer, tokens, pass_))
+        return Cost.roofline(
+            compute,
+            self._weights(layer.numel, True),
+            self.fixed_s + self._reduction(layer, tokens, pass_),
+        )
 
     def sparse_cost(self, layer: LayerMask, tokens: float, pass_: str) -> Cost:
         compute = layer.nnz * tokens / self.fmac_rate
         imbalance = (layer.busiest_over_mean(self.grid) - 1.0) * compute
-        return Cost.roofline(compute, self._weights(layer.nnz, False),
-                             self.fixed_s + self._reduction(layer, tokens, pass_), imbalance)
+        return Cost.roofline(
+            compute,
+            self._weights(layer.nnz, False),
+            self.fixed_s + self._reduction(layer, tokens, pass_),
+            imbalance,
+        )
 
     def untargeted_cost(self, flops: float) -> Cost:
         return Cost.roofline(flops / (2 * self.fmac_rate), 0.0, 0.0)
 
     def notes(self, layers: list[LayerMask], passes: tuple[str, ...]) -> list[str]:
         out = []
-        small = [ly for ly in layers if ly.out_features < self.groups_m or ly.in_features < self.groups_k]
+        small = [
+            ly for ly in layers if ly.out_features < self.groups_m or ly.in_features < self.groups_k
+        ]
         if small:
             ly = small[0]
-            out.append(f"{len(small)} of {plural(len(layers), 'layer')} have fewer rows or columns than the "
-                       f"{self.groups_m} x {self.groups_k} core-group grid (e.g. {ly.name}, "
-                       f"{ly.out_features} x {ly.in_features}): they use only min(grid, shape) groups")
+            out.append(
+                f"{len(small)} of {plural(len(layers), 'layer')} have fewer rows or columns than the "
+                f"{self.groups_m} x {self.groups_k} core-group grid (e.g. {ly.name}, "
+                f"{ly.out_features} x {ly.in_features}): they use only min(grid, shape) groups"
+            )
         if self.weight_streaming:
             return out
-        held = sum(ly.numel * self.weight_bytes if ly.is_dense
-                   else ly.nnz * (self.weight_bytes + self.index_bytes) for ly in layers)
+        held = sum(
+            ly.numel * self.weight_bytes
+            if ly.is_dense
+            else ly.nnz * (self.weight_bytes + self.index_bytes)
+            for ly in layers
+        )
         if held > self.sram_bytes:
-            out.append(f"the pruned weights ({held / 1e9:.1f} GB) do not fit in the {self.sram_bytes / 1e9:g} GB "
-                       "of on-chip SRAM: set weight_streaming = true in a --hardware file")
+            out.append(
+                f"the pruned weights ({held / 1e9:.1f} GB) do not fit in the {self.sram_bytes / 1e9:g} GB "
+                "of on-chip SRAM: set weight_streaming = true in a --hardware file"
+            )
         return out
 
 
@@ -224,8 +241,11 @@ class DenseGPU(Device):
     def dense_cost(self, layer: LayerMask, tokens: float, pass_: str) -> Cost:
         flops = 2.0 * tokens * layer.numel
         bytes_ = self._act_bytes(layer, tokens) + layer.numel * self.value_bytes
-        return Cost.roofline(flops / (self.eta * self.peak_flops),
-                             bytes_ / (self.eta_mem * self.bandwidth), self.launch_s)
+        return Cost.roofline(
+            flops / (self.eta * self.peak_flops),
+            bytes_ / (self.eta_mem * self.bandwidth),
+            self.launch_s,
+        )
 
     def sparse_cost(self, layer: LayerMask, tokens: float, pass_: str) -> Cost:
         return self.dense_cost(layer, tokens, pass_)
@@ -257,15 +277,23 @@ class Sparse24GPU(DenseGPU):
     def sparse_cost(self, layer: LayerMask, tokens: float, pass_: str) -> Cost:
         if pass_ == "forward" and not self._fits(layer, pass_):
             v = layer.nm_violation_in
-            why = ("K is not a multiple of 4" if v is None
-                   else f"{v:.1%} of its groups of 4 along K keep more than 2")
+            why = (
+                "K is not a multiple of 4"
+                if v is None
+                else f"{v:.1%} of its groups of 4 along K keep more than 2"
+            )
             raise Refused(f"{layer.name} is not 2:4 along its input dimension ({why})")
         if pass_ == "backward_weight" or not self._fits(layer, pass_):
             return self.dense_cost(layer, tokens, pass_)
         flops = 2.0 * tokens * layer.numel / self.math_speedup
-        bytes_ = self._act_bytes(layer, tokens) + layer.numel / 2 * (self.value_bytes + self.metadata_bytes)
-        return Cost.roofline(flops / (self.eta * self.peak_flops),
-                             bytes_ / (self.eta_mem * self.bandwidth), self.launch_s)
+        bytes_ = self._act_bytes(layer, tokens) + layer.numel / 2 * (
+            self.value_bytes + self.metadata_bytes
+        )
+        return Cost.roofline(
+            flops / (self.eta * self.peak_flops),
+            bytes_ / (self.eta_mem * self.bandwidth),
+            self.launch_s,
+        )
 
     def notes(self, layers: list[LayerMask], passes: tuple[str, ...]) -> list[str]:
         out = []
@@ -273,8 +301,10 @@ class Sparse24GPU(DenseGPU):
         if "backward_data" in passes:
             bad = [ly for ly in sparse if not self._fits(ly, "backward_data")]
             if bad:
-                out.append(f"backward-data runs dense in {len(bad)} of {plural(len(sparse), 'sparse layer')}: "
-                           "W^T is not 2:4 along the output dimension")
+                out.append(
+                    f"backward-data runs dense in {len(bad)} of {plural(len(sparse), 'sparse layer')}: "
+                    "W^T is not 2:4 along the output dimension"
+                )
         if "backward_weight" in passes and sparse:
             out.append("backward-weight runs dense (the weight gradient is a dense product)")
         return out
@@ -299,13 +329,14 @@ class SpMMGPU(DenseGPU):
     def sparse_cost(self, layer: LayerMask, tokens: float, pass_: str) -> Cost:
         rate = (1.0 - self.break_even_sparsity) * self.eta * self.peak_flops
         bytes_ = self._act_bytes(layer, tokens) + layer.nnz * (self.value_bytes + self.index_bytes)
-        return Cost.roofline(2.0 * tokens * layer.nnz / rate,
-                             bytes_ / (self.eta_mem * self.bandwidth), self.launch_s)
+        return Cost.roofline(
+            2.0 * tokens * layer.nnz / rate, bytes_ / (self.eta_mem * self.bandwidth), self.launch_s
+        )
 
 
 @dataclass(frozen=True)
 class FlashLLMGPU(DenseGPU):
-    """"Load as sparse, compute as dense" (Flash-LLM class, Xia et al., VLDB 2024).
+    """ "Load as sparse, compute as dense" (Flash-LLM class, Xia et al., VLDB 2024).
 
     The weights travel from memory compressed and are expanded on chip; the tensor cores still do
     every multiply-add, so the kernel gains only where memory traffic sets the pace: the skinny
@@ -323,8 +354,11 @@ class FlashLLMGPU(DenseGPU):
             return self.dense_cost(layer, tokens, pass_)
         weights = layer.numel * self.value_bytes * (self.floor + self.slope * layer.density)
         bytes_ = self._act_bytes(layer, tokens) + weights
-        return Cost.roofline(2.0 * tokens * layer.numel / (self.eta * self.peak_flops),
-                             bytes_ / (self.eta_mem * self.bandwidth), self.launch_s)
+        return Cost.roofline(
+            2.0 * tokens * layer.numel / (self.eta * self.peak_flops),
+            bytes_ / (self.eta_mem * self.bandwidth),
+            self.launch_s,
+        )
 
     def notes(self, layers: list[LayerMask], passes: tuple[str, ...]) -> list[str]:
         if set(passes) - {"forward"}:
@@ -376,17 +410,24 @@ class CPU(Device):
 
     def dense_cost(self, layer: LayerMask, tokens: float, pass_: str) -> Cost:
         bytes_ = layer.numel * self.value_bytes + self._act_bytes(layer, tokens)
-        return Cost.roofline(2.0 * tokens * layer.numel / self.dense_flops, bytes_ / self.bandwidth,
-                             self.launch_s)
+        return Cost.roofline(
+            2.0 * tokens * layer.numel / self.dense_flops, bytes_ / self.bandwidth, self.launch_s
+        )
 
     def sparse_cost(self, layer: LayerMask, tokens: float, pass_: str) -> Cost:
         if pass_ == "backward_weight":
             return self.dense_cost(layer, tokens, pass_)
         rows = layer.out_features if pass_ == "forward" else layer.in_features
-        bytes_ = (layer.nnz * (self.value_bytes + self.index_bytes) + (rows + 1) * self.index_bytes
-                  + self._act_bytes(layer, tokens))
-        return Cost.roofline(tokens * layer.nnz / self.sparse_mac_rate, bytes_ / self.sparse_bandwidth,
-                             self.sparse_launch_s)
+        bytes_ = (
+            layer.nnz * (self.value_bytes + self.index_bytes)
+            + (rows + 1) * self.index_bytes
+            + self._act_bytes(layer, tokens)
+        )
+        return Cost.roofline(
+            tokens * layer.nnz / self.sparse_mac_rate,
+            bytes_ / self.sparse_bandwidth,
+            self.sparse_launch_s,
+        )
 
     def untargeted_cost(self, flops: float) -> Cost:
         return Cost.roofline(flops / self.dense_flops, 0.0, 0.0)

@@ -80,8 +80,9 @@ def fit_flash_llm() -> tuple[float, float]:
 
 def appendix_c_layer(sparsity: float, grid: tuple[int, int], seed: int = 0) -> LayerMask:
     """The 12k x 12k layer at ``sparsity`` with tile counts of a uniformly random mask."""
-    return sampled_random("gpt3-12k", "other", APPENDIX_C_SHAPE, sparsity, [grid],
-                          np.random.default_rng(seed))
+    return sampled_random(
+        "gpt3-12k", "other", APPENDIX_C_SHAPE, sparsity, [grid], np.random.default_rng(seed)
+    )
 
 
 def fit_dataflow_fixed(df: Dataflow, seed: int = 0) -> float:

@@ -109,8 +109,9 @@ class LayerMask:
     nm_violation_in: float | None = None  # 2:4 along K (forward, y = x W^T)
     nm_violation_out: float | None = None  # 2:4 along M (backward-data, dx = dy W)
     measured: bool = True
-    _busiest: dict[tuple[int, int], float] = field(default_factory=dict, init=False, repr=False,
-                                                   compare=False)
+    _busiest: dict[tuple[int, int], float] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def numel(self) -> int:
@@ -167,8 +168,12 @@ def stats_from_mask(
         else:
             tiles[(gm, gk)] = tile_counts(mask, (gk, gm)).T
     return LayerMask(
-        name=name, role=role, out_features=m, in_features=k,
-        nnz=int(np.count_nonzero(mask)), tiles=tiles,
+        name=name,
+        role=role,
+        out_features=m,
+        in_features=k,
+        nnz=int(np.count_nonzero(mask)),
+        tiles=tiles,
         nm_violation_in=nm_violation(mask, input_dim),
         nm_violation_out=nm_violation(mask, out_dim),
     )
@@ -185,8 +190,9 @@ def kept_count(numel: int, sparsity: float) -> int:
     return numel - int(round(sparsity * numel))
 
 
-def synthetic_mask(shape: tuple[int, int], sparsity: float, pattern: str = "random",
-                   seed: int = 0) -> np.ndarray:
+def synthetic_mask(
+    shape: tuple[int, int], sparsity: float, pattern: str = "random", seed: int = 0
+) -> np.ndarray:
     """A seeded ``(M, K)`` bool mask with exactly ``round(sparsity * (M * K))`` zeros (:func:`kept_count`).
 
     ``random``: uniform over all masks with that count (i.i.d. draws, then a uniformly chosen set
@@ -219,9 +225,13 @@ def synthetic_mask(shape: tuple[int, int], sparsity: float, pattern: str = "rand
         if k % 4:
             raise ConfigError(f"pattern 2:4 needs the input dimension K={k} to be a multiple of 4")
         if abs(sparsity - 0.5) > 1e-12:
-            raise ConfigError(f"pattern 2:4 keeps exactly half the weights: use --sparsity 0.5, not {sparsity}")
-        table = np.array([[1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 0, 1], [0, 1, 1, 0], [0, 1, 0, 1],
-                          [0, 0, 1, 1]], dtype=bool)
+            raise ConfigError(
+                f"pattern 2:4 keeps exactly half the weights: use --sparsity 0.5, not {sparsity}"
+            )
+        table = np.array(
+            [[1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 0, 1], [0, 1, 1, 0], [0, 1, 0, 1], [0, 0, 1, 1]],
+            dtype=bool,
+        )
         return table[rng.integers(0, 6, size=(m, k // 4), dtype=np.uint8)].reshape(m, k)
     raise ConfigError(f"unknown mask pattern '{pattern}'; choose one of {', '.join(PATTERNS)}")
 
@@ -266,8 +276,14 @@ def _distinct(rng: np.random.Generator, n: int, count: int) -> np.ndarray:
     return picked
 
 
-def sampled_random(name: str, role: str, shape: tuple[int, int], sparsity: float,
-                   grids: list[tuple[int, int]], rng: np.random.Generator) -> LayerMask:
+def sampled_random(
+    name: str,
+    role: str,
+    shape: tuple[int, int],
+    sparsity: float,
+    grids: list[tuple[int, int]],
+    rng: np.random.Generator,
+) -> LayerMask:
     """Tile counts of a uniformly random exact-count mask, drawn without building the mask.
 
     The non-zeros per tile of such a mask follow a multivariate hypergeometric distribution over
@@ -285,7 +301,12 @@ def sampled_random(name: str, role: str, shape: tuple[int, int], sparsity: float
     d = keep / (m * k)
     p_violate = 4 * d**3 * (1 - d) + d**4
     return LayerMask(
-        name=name, role=role, out_features=m, in_features=k, nnz=keep, tiles=tiles,
+        name=name,
+        role=role,
+        out_features=m,
+        in_features=k,
+        nnz=keep,
+        tiles=tiles,
         nm_violation_in=None if k % 4 else p_violate,
         nm_violation_out=None if m % 4 else p_violate,
         measured=False,

@@ -37,8 +37,14 @@ INDEX_BYTES = {"scipy-csr": 4.0, "scipy-csr-rows": 4.0, "torch-csr": 8.0}
 """Bytes per CSR index of the kernels whose index width is known (scipy: 32-bit below 2**31
 non-zeros; torch: 64-bit); other kernels keep the device's ``index_bytes``."""
 
-FITTED = ("dense_flops", "bandwidth", "launch_s", "sparse_mac_rate", "sparse_bandwidth",
-          "sparse_launch_s")
+FITTED = (
+    "dense_flops",
+    "bandwidth",
+    "launch_s",
+    "sparse_mac_rate",
+    "sparse_bandwidth",
+    "sparse_launch_s",
+)
 """The :class:`~sparsetool.hardware.devices.CPU` constants :func:`fit` fits (the byte sizes are
 facts of the measurement, not fitted)."""
 
@@ -65,11 +71,18 @@ class Measurement:
         """The cost model's view of a measured layer: its shape and non-zero count (2:4 along K
         when the measurement says so; whether 2:4 holds along M is not recorded)."""
         m, k = layer["shape"]
-        return LayerMask(layer["name"], "other", out_features=m, in_features=k, nnz=layer["nnz"],
-                         nm_violation_in=0.0 if layer["two_four"] else None)
+        return LayerMask(
+            layer["name"],
+            "other",
+            out_features=m,
+            in_features=k,
+            nnz=layer["nnz"],
+            nm_violation_in=0.0 if layer["two_four"] else None,
+        )
 
 
 # --- reading --------------------------------------------------------------------------------
+
 
 def load_measurement(path: str | Path) -> Measurement:
     """Read and check a measurement file; anything amiss is one :class:`ConfigError` naming the
@@ -83,12 +96,16 @@ def load_measurement(path: str | Path) -> Measurement:
     except ValueError as e:
         raise ConfigError(f"{where} is not JSON ({str(e).splitlines()[0]}); {wrote}") from None
     if not isinstance(data, dict) or "bench" not in data:
-        raise ConfigError(f"{where} is not a `sparsetool bench --json` output (no \"bench\" key "
-                          f"at the top); {wrote}")
+        raise ConfigError(
+            f'{where} is not a `sparsetool bench --json` output (no "bench" key '
+            f"at the top); {wrote}"
+        )
     if data["bench"] != SCHEMA_VERSION:
-        raise ConfigError(f"{where} has schema version {data['bench']!r}; this sparsetool reads "
-                          f"version {SCHEMA_VERSION}: measure again with this version's "
-                          "`sparsetool bench`")
+        raise ConfigError(
+            f"{where} has schema version {data['bench']!r}; this sparsetool reads "
+            f"version {SCHEMA_VERSION}: measure again with this version's "
+            "`sparsetool bench`"
+        )
     _check(data, where)
     return Measurement(p, data)
 
@@ -96,8 +113,10 @@ def load_measurement(path: str | Path) -> Measurement:
 def _get(obj: Any, key: str, kind: str, at: str, where: str) -> Any:
     """``obj[key]``, of ``kind``: str, int (> 0), count (>= 0), seconds (> 0), bool, list, dict."""
     if not isinstance(obj, dict) or key not in obj:
-        raise ConfigError(f"{where}: {at or 'the top'} has no \"{key}\"; is it a complete "
-                          "`sparsetool bench --json` output?")
+        raise ConfigError(
+            f'{where}: {at or "the top"} has no "{key}"; is it a complete '
+            "`sparsetool bench --json` output?"
+        )
     v = obj[key]
     name = f"{at}.{key}" if at else key
     whole = isinstance(v, int) and not isinstance(v, bool)
@@ -112,9 +131,15 @@ def _get(obj: Any, key: str, kind: str, at: str, where: str) -> Any:
         "dict": isinstance(v, dict),
     }[kind]
     if not ok:
-        want = {"int": "a positive whole number", "count": "a whole number >= 0",
-                "seconds": "a positive number of seconds", "str": "a string",
-                "bool": "true or false", "list": "a list", "dict": "an object"}[kind]
+        want = {
+            "int": "a positive whole number",
+            "count": "a whole number >= 0",
+            "seconds": "a positive number of seconds",
+            "str": "a string",
+            "bool": "true or false",
+            "list": "a list",
+            "dict": "an object",
+        }[kind]
         raise ConfigError(f"{where}: {name} must be {want}, got {json.dumps(v)[:60]}")
     return v
 
@@ -122,8 +147,9 @@ def _get(obj: Any, key: str, kind: str, at: str, where: str) -> Any:
 def _check(data: dict[str, Any], where: str) -> None:
     device = _get(data, "device", "dict", "", where)
     if device.get("type") not in ("cpu", "cuda"):
-        raise ConfigError(f"{where}: device.type must be \"cpu\" or \"cuda\", got "
-                          f"{json.dumps(device.get('type'))}")
+        raise ConfigError(
+            f'{where}: device.type must be "cpu" or "cuda", got {json.dumps(device.get("type"))}'
+        )
     dtype = _get(data, "dtype", "str", "", where)
     if dtype not in VALUE_BYTES:
         raise ConfigError(f"{where}: dtype must be one of {', '.join(VALUE_BYTES)}, got {dtype!r}")
@@ -138,12 +164,15 @@ def _check(data: dict[str, Any], where: str) -> None:
         _get(layer, "name", "str", at, where)
         shape = _get(layer, "shape", "list", at, where)
         if len(shape) != 2 or not all(type(n) is int and n > 0 for n in shape):
-            raise ConfigError(f"{where}: {at}.shape must be [M, K], two positive whole numbers, "
-                              f"got {json.dumps(shape)}")
+            raise ConfigError(
+                f"{where}: {at}.shape must be [M, K], two positive whole numbers, "
+                f"got {json.dumps(shape)}"
+            )
         nnz = _get(layer, "nnz", "count", at, where)
         if nnz > shape[0] * shape[1]:
-            raise ConfigError(f"{where}: {at}.nnz is {nnz}, more than the {shape[0]} x {shape[1]} "
-                              "entries")
+            raise ConfigError(
+                f"{where}: {at}.nnz is {nnz}, more than the {shape[0]} x {shape[1]} entries"
+            )
         _get(layer, "two_four", "bool", at, where)
         runs = _get(layer, "runs", "list", at, where)
         for j, run in enumerate(runs):
@@ -158,12 +187,14 @@ def _check(data: dict[str, Any], where: str) -> None:
 
 # --- the device and kernel to compare with ----------------------------------------------------
 
+
 def _fits_kind(m: Measurement, dev: Device) -> bool:
     return dev.kind == "cpu" if m.device_type == "cpu" else dev.kind.startswith("gpu-")
 
 
-def measured_device(m: Measurement, devices: Mapping[str, Device],
-                    name: Optional[str] = None) -> Device:
+def measured_device(
+    m: Measurement, devices: Mapping[str, Device], name: Optional[str] = None
+) -> Device:
     """The device ``m`` is compared with: ``name`` (``--device``), else the ``cpu`` preset for a
     CPU measurement. A GPU measurement needs a name; a device of the other kind is refused
     (:class:`UsageError`, naming the devices that fit)."""
@@ -172,12 +203,16 @@ def measured_device(m: Measurement, devices: Mapping[str, Device],
     if name is None:
         if m.device_type == "cpu" and "cpu" in devices:
             return devices["cpu"]
-        raise UsageError(f"{m.path} was measured on {what}: name the device to compare it with, "
-                         f"--device NAME; those that fit: {', '.join(fitting) or 'none'}")
+        raise UsageError(
+            f"{m.path} was measured on {what}: name the device to compare it with, "
+            f"--device NAME; those that fit: {', '.join(fitting) or 'none'}"
+        )
     dev = devices[name]
     if not _fits_kind(m, dev):
-        raise UsageError(f"{m.path} was measured on {what}, and --device {name} is a {dev.kind} "
-                         f"device: compare it with one that fits: {', '.join(fitting) or 'none'}")
+        raise UsageError(
+            f"{m.path} was measured on {what}, and --device {name} is a {dev.kind} "
+            f"device: compare it with one that fits: {', '.join(fitting) or 'none'}"
+        )
     return dev
 
 
@@ -186,8 +221,9 @@ def choose_kernel(m: Measurement, kernel: Optional[str] = None) -> str:
     kernel fastest at the most points (ties: the first in ``m``'s ``kernels``)."""
     if kernel is not None:
         if kernel not in m.kernels:
-            raise UsageError(f"--kernel {kernel}: {m.path} timed {', '.join(m.kernels)}; name one "
-                             "of them")
+            raise UsageError(
+                f"--kernel {kernel}: {m.path} timed {', '.join(m.kernels)}; name one of them"
+            )
         return kernel
     wins = Counter(run.get("best") for layer in m.data["layers"] for run in layer["runs"])
     return max(m.kernels, key=lambda k: (wins.get(k, 0), -m.kernels.index(k)))
@@ -208,17 +244,20 @@ def sized_for(m: Measurement, dev: Device, kernel: str) -> Device:
 
 # --- the comparison -------------------------------------------------------------------------
 
+
 def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return a / b if a is not None and b else None
 
 
 def _points(m: Measurement) -> list[tuple[dict, LayerMask, dict]]:
-    return [(layer, m.layer_mask(layer), run)
-            for layer in m.data["layers"] for run in layer["runs"]]
+    return [
+        (layer, m.layer_mask(layer), run) for layer in m.data["layers"] for run in layer["runs"]
+    ]
 
 
-def _modelled(dev: Device, ly: LayerMask,
-              batch: int) -> tuple[float, Optional[float], Optional[str]]:
+def _modelled(
+    dev: Device, ly: LayerMask, batch: int
+) -> tuple[float, Optional[float], Optional[str]]:
     dense = dev.dense_cost(ly, batch, "forward").total
     try:
         return dense, dev.cost(ly, batch, "forward").total, None
@@ -239,15 +278,26 @@ def rows(m: Measurement, dev: Device, kernel: str) -> list[dict[str, Any]]:
             note = f"{kernel} was not timed here"
         elif not timing["ok"]:
             note = f"{kernel} gave a wrong product here (left out of the errors)"
-        out.append({
-            "layer": layer["name"], "shape": list(layer["shape"]), "sparsity": ly.sparsity,
-            "nnz": ly.nnz, "batch": run["batch"],
-            "measured": {"dense_s": meas_dense, "sparse_s": meas_sparse,
-                         "speedup": _ratio(meas_dense, meas_sparse)},
-            "modelled": {"dense_s": mod_dense, "sparse_s": mod_sparse,
-                         "speedup": _ratio(mod_dense, mod_sparse)},
-            "note": note,
-        })
+        out.append(
+            {
+                "layer": layer["name"],
+                "shape": list(layer["shape"]),
+                "sparsity": ly.sparsity,
+                "nnz": ly.nnz,
+                "batch": run["batch"],
+                "measured": {
+                    "dense_s": meas_dense,
+                    "sparse_s": meas_sparse,
+                    "speedup": _ratio(meas_dense, meas_sparse),
+                },
+                "modelled": {
+                    "dense_s": mod_dense,
+                    "sparse_s": mod_sparse,
+                    "speedup": _ratio(mod_dense, mod_sparse),
+                },
+                "note": note,
+            }
+        )
     return out
 
 
@@ -259,13 +309,22 @@ def errors(table: list[dict[str, Any]]) -> dict[str, Any]:
     """The summary of :func:`rows`: ``exp(RMS of ln(modelled / measured))`` for the dense times,
     the sparse times, both together (``time``) and the speedups; ``points``: the rows with both a
     measured and a modelled sparse time (None where there are none)."""
+
     def logs(part: str) -> list[float]:
-        return [math.log(r["modelled"][part] / r["measured"][part]) for r in table
-                if r["modelled"][part] is not None and r["measured"][part] is not None]
+        return [
+            math.log(r["modelled"][part] / r["measured"][part])
+            for r in table
+            if r["modelled"][part] is not None and r["measured"][part] is not None
+        ]
 
     dense, sparse, speedup = logs("dense_s"), logs("sparse_s"), logs("speedup")
-    return {"points": len(speedup), "dense": _factor(dense), "sparse": _factor(sparse),
-            "time": _factor(dense + sparse), "speedup": _factor(speedup)}
+    return {
+        "points": len(speedup),
+        "dense": _factor(dense),
+        "sparse": _factor(sparse),
+        "time": _factor(dense + sparse),
+        "speedup": _factor(speedup),
+    }
 
 
 def compare(m: Measurement, device: Device, kernel: Optional[str] = None) -> dict[str, Any]:
@@ -275,11 +334,16 @@ def compare(m: Measurement, device: Device, kernel: Optional[str] = None) -> dic
     kernel = choose_kernel(m, kernel)
     dev = sized_for(m, device, kernel)
     table = rows(m, dev, kernel)
-    return {"device": {"name": dev.name, "kind": dev.kind}, "kernel": kernel, "rows": table,
-            "error": errors(table)}
+    return {
+        "device": {"name": dev.name, "kind": dev.kind},
+        "kernel": kernel,
+        "rows": table,
+        "error": errors(table),
+    }
 
 
 # --- the fit --------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Fit:
@@ -298,16 +362,22 @@ class Fit:
     warnings: list[str]
 
 
-def fit(m: Measurement, device: Device, kernel: Optional[str] = None,
-        start_sources: Optional[Mapping[str, str]] = None) -> Fit:
+def fit(
+    m: Measurement,
+    device: Device,
+    kernel: Optional[str] = None,
+    start_sources: Optional[Mapping[str, str]] = None,
+) -> Fit:
     """Fit ``device``'s (a CPU) :data:`FITTED` rates to ``m``'s dense and ``kernel``'s sparse
     times: ``scipy.optimize.least_squares`` on the residuals ``ln(modelled / measured)``, the
     parameters in log space (positive, scale-free) and started from ``device``. The dense times
     set the dense constants and the sparse times the sparse ones. ``start_sources``: where the
     starting constants come from (kept for those not fitted)."""
     if not isinstance(device, CPU):
-        raise UsageError(f"--fit fits the constants of a cpu device, and {device.name} is a "
-                         f"{device.kind} device; compare {m.path} with it without --fit")
+        raise UsageError(
+            f"--fit fits the constants of a cpu device, and {device.name} is a "
+            f"{device.kind} device; compare {m.path} with it without --fit"
+        )
     try:
         import numpy as np
         from scipy.optimize import least_squares
@@ -315,8 +385,10 @@ def fit(m: Measurement, device: Device, kernel: Optional[str] = None,
         raise SparsetoolError(f"--fit needs scipy, which is not installed: {BENCH_EXTRA}") from None
     kernel = choose_kernel(m, kernel)
     dev0 = sized_for(m, device, kernel)
-    points = [(ly, run["batch"], run["dense"]["median_s"], (run["sparse"].get(kernel) or {}))
-              for _, ly, run in _points(m)]
+    points = [
+        (ly, run["batch"], run["dense"]["median_s"], (run["sparse"].get(kernel) or {}))
+        for _, ly, run in _points(m)
+    ]
     dense_pts = [(ly, b, t) for ly, b, t, _ in points]
     sparse_pts = [(ly, b, s["median_s"]) for ly, b, _, s in points if s.get("ok")]
     if not sparse_pts:
@@ -333,8 +405,13 @@ def fit(m: Measurement, device: Device, kernel: Optional[str] = None,
     # the device and from the measurement's own bounds (a rate is at least the work over the time
     # of every point; an overhead at most a tenth of the shortest time), and keeps the better.
     starts = [x0, np.clip(np.log(_bounds(dev0, dense_pts, sparse_pts)), x0 - 29.0, x0 + 29.0)]
-    sol = min((least_squares(residuals, x, bounds=(x0 - 30.0, x0 + 30.0), x_scale=1.0,
-                             diff_step=1e-6) for x in starts), key=lambda r: r.cost)
+    sol = min(
+        (
+            least_squares(residuals, x, bounds=(x0 - 30.0, x0 + 30.0), x_scale=1.0, diff_step=1e-6)
+            for x in starts
+        ),
+        key=lambda r: r.cost,
+    )
     fitted = {k: float(v) for k, v in zip(FITTED, np.exp(sol.x))}
     jac = np.abs(sol.jac).sum(axis=0)
     unconstrained = [k for k, j in zip(FITTED, jac) if j == 0.0]
@@ -348,31 +425,50 @@ def fit(m: Measurement, device: Device, kernel: Optional[str] = None,
     dev = replace(dev0, **fitted)
     before, after = errors(rows(m, dev0, kernel)), errors(rows(m, dev, kernel))
     srcs = dict(start_sources or {})
-    note = (f"fitted: least squares on ln(modelled/measured) of {len(dense_pts)} dense and "
-            f"{len(sparse_pts)} {kernel} times in {m.path} ({m.data['device'].get('name', '?')}, "
-            f"{m.data['dtype']}); time error x{after['time']:.3g} (x{before['time']:.3g} before)")
+    note = (
+        f"fitted: least squares on ln(modelled/measured) of {len(dense_pts)} dense and "
+        f"{len(sparse_pts)} {kernel} times in {m.path} ({m.data['device'].get('name', '?')}, "
+        f"{m.data['dtype']}); time error x{after['time']:.3g} (x{before['time']:.3g} before)"
+    )
     for k in FITTED:
-        srcs[k] = (f"not constrained by {m.path} (it never sets the pace there): any value at "
-                   "least this large fits as well; " + note if k in unconstrained else note)
+        srcs[k] = (
+            f"not constrained by {m.path} (it never sets the pace there): any value at "
+            "least this large fits as well; " + note
+            if k in unconstrained
+            else note
+        )
     srcs["value_bytes"] = f"{m.data['dtype']} in {m.path}, {dev.value_bytes:g} bytes"
     if kernel in INDEX_BYTES:
         srcs["index_bytes"] = f"{kernel}'s {int(dev.index_bytes * 8)}-bit indices"
-    return Fit(dev, kernel, {k: float(getattr(dev0, k)) for k in FITTED}, fitted, before, after,
-               unconstrained, srcs, _fit_warnings(m, len(dense_pts) + len(sparse_pts)))
+    return Fit(
+        dev,
+        kernel,
+        {k: float(getattr(dev0, k)) for k in FITTED},
+        fitted,
+        before,
+        after,
+        unconstrained,
+        srcs,
+        _fit_warnings(m, len(dense_pts) + len(sparse_pts)),
+    )
 
 
 def _fit_warnings(m: Measurement, points: int) -> list[str]:
     """Why the fitted constants may not carry over: too few times, one shape."""
     out = []
     if points < 2 * len(FITTED):
-        out.append(f"{points} times for {len(FITTED)} constants: the fit can match them all and "
-                   "still say little about other shapes and batches; time more batches and "
-                   "sparsities")
+        out.append(
+            f"{points} times for {len(FITTED)} constants: the fit can match them all and "
+            "still say little about other shapes and batches; time more batches and "
+            "sparsities"
+        )
     shapes = {tuple(layer["shape"]) for layer in m.data["layers"]}
     if len(shapes) == 1:
         (shape,) = shapes
-        out.append(f"one shape measured ({shape[0]}x{shape[1]}): the rates are this shape's, other "
-                   "shapes may run at others; bench a checkpoint or a preset to fit several")
+        out.append(
+            f"one shape measured ({shape[0]}x{shape[1]}): the rates are this shape's, other "
+            "shapes may run at others; bench a checkpoint or a preset to fit several"
+        )
     return out
 
 
@@ -381,26 +477,46 @@ def _least_rates(dev: CPU, dense_pts: list, sparse_pts: list) -> dict[str, float
     at which memory time equals compute time at the point where that takes most), x1.01."""
     d = [(dev.dense_cost(ly, b, "forward"), dev.bandwidth) for ly, b, _ in dense_pts]
     s = [(dev.sparse_cost(ly, b, "forward"), dev.sparse_bandwidth) for ly, b, _ in sparse_pts]
-    return {"bandwidth": 1.01 * max(c.memory * bw / c.compute for c, bw in d),
-            "sparse_bandwidth": 1.01 * max(c.memory * bw / c.compute for c, bw in s)}
+    return {
+        "bandwidth": 1.01 * max(c.memory * bw / c.compute for c, bw in d),
+        "sparse_bandwidth": 1.01 * max(c.memory * bw / c.compute for c, bw in s),
+    }
 
 
 def _bounds(dev: CPU, dense_pts: list, sparse_pts: list) -> list[float]:
     """:data:`FITTED` as the measured times bound them: each rate the largest work-over-time of
     any point (the time of a point is at least each of its roofline terms), each overhead a tenth
     of the shortest time."""
-    unit = replace(dev, dense_flops=1.0, bandwidth=1.0, launch_s=0.0, sparse_mac_rate=1.0,
-                   sparse_bandwidth=1.0, sparse_launch_s=0.0)
+    unit = replace(
+        dev,
+        dense_flops=1.0,
+        bandwidth=1.0,
+        launch_s=0.0,
+        sparse_mac_rate=1.0,
+        sparse_bandwidth=1.0,
+        sparse_launch_s=0.0,
+    )
     dense = [(unit.dense_cost(ly, b, "forward"), t) for ly, b, t in dense_pts]
     sparse = [(unit.sparse_cost(ly, b, "forward"), t) for ly, b, t in sparse_pts]
-    return [max(c.compute / t for c, t in dense), max(c.memory / t for c, t in dense),
-            min(t for _, t in dense) / 10, max(c.compute / t for c, t in sparse),
-            max(c.memory / t for c, t in sparse), min(t for _, t in sparse) / 10]
+    return [
+        max(c.compute / t for c, t in dense),
+        max(c.memory / t for c, t in dense),
+        min(t for _, t in dense) / 10,
+        max(c.compute / t for c, t in sparse),
+        max(c.memory / t for c, t in sparse),
+        min(t for _, t in sparse) / 10,
+    ]
 
 
-def run_measured(path: str | Path, *, hardware: Optional[Path] = None, device: Optional[str] = None,
-                 kernel: Optional[str] = None, fit_it: bool = False,
-                 output: Optional[Path] = None) -> dict[str, Any]:
+def run_measured(
+    path: str | Path,
+    *,
+    hardware: Optional[Path] = None,
+    device: Optional[str] = None,
+    kernel: Optional[str] = None,
+    fit_it: bool = False,
+    output: Optional[Path] = None,
+) -> dict[str, Any]:
     """``sparsetool simulate --measured PATH``: the measurement against ``device`` (a preset, or
     one of ``hardware``'s; default :func:`measured_device`'s), and with ``fit_it`` the fitted CPU
     device, written to ``output`` (TOML, for ``--hardware``) when given. JSON-ready:
@@ -412,25 +528,62 @@ def run_measured(path: str | Path, *, hardware: Optional[Path] = None, device: O
     dev = measured_device(m, devices, device)
     out = compare(m, dev, kernel)
     info = m.data["device"]
-    out = {"measurement": {"file": str(m.path), "device": {"type": info["type"],
-                                                          "name": info.get("name"),
-                                                          "threads": info.get("threads")},
-                           "dtype": m.data["dtype"], "label": m.data.get("label"),
-                           "kernels": m.kernels},
-           **out, "fit": None}
+    out = {
+        "measurement": {
+            "file": str(m.path),
+            "device": {
+                "type": info["type"],
+                "name": info.get("name"),
+                "threads": info.get("threads"),
+            },
+            "dtype": m.data["dtype"],
+            "label": m.data.get("label"),
+            "kernels": m.kernels,
+        },
+        **out,
+        "fit": None,
+    }
     if fit_it:
         f = fit(m, dev, out["kernel"], srcs.get(dev.name))
-        out["fit"] = {"constants": f.constants, "start": f.start, "unconstrained": f.unconstrained,
-                      "error_before": f.before, "error_after": f.after, "warnings": f.warnings,
-                      "rows": rows(m, f.device, f.kernel), "output": None}
+        out["fit"] = {
+            "constants": f.constants,
+            "start": f.start,
+            "unconstrained": f.unconstrained,
+            "error_before": f.before,
+            "error_after": f.after,
+            "warnings": f.warnings,
+            "rows": rows(m, f.device, f.kernel),
+            "output": None,
+        }
         if output is not None:
-            write_hardware_file(Path(output), f.device, f.sources, comment=(
-                f"{dev.name} fitted to {m.path} ({f.kernel}) by sparsetool simulate --measured "
-                f"--fit;\nuse it with sparsetool simulate --hardware {Path(output).name}"))
+            write_hardware_file(
+                Path(output),
+                f.device,
+                f.sources,
+                comment=(
+                    f"{dev.name} fitted to {m.path} ({f.kernel}) by sparsetool simulate --measured "
+                    f"--fit;\nuse it with sparsetool simulate --hardware {Path(output).name}"
+                ),
+            )
             out["fit"]["output"] = str(output)
     return out
 
 
-__all__ = ["BENCH_EXTRA", "FITTED", "INDEX_BYTES", "SCHEMA_VERSION", "VALUE_BYTES", "Fit",
-           "Measurement", "choose_kernel", "compare", "errors", "fit", "load_measurement",
-           "measured_device", "rows", "run_measured", "sized_for"]
+__all__ = [
+    "BENCH_EXTRA",
+    "FITTED",
+    "INDEX_BYTES",
+    "SCHEMA_VERSION",
+    "VALUE_BYTES",
+    "Fit",
+    "Measurement",
+    "choose_kernel",
+    "compare",
+    "errors",
+    "fit",
+    "load_measurement",
+    "measured_device",
+    "rows",
+    "run_measured",
+    "sized_for",
+]

@@ -23,8 +23,9 @@ def theoretical_curve(max_sparsity: float, points: int = 201) -> tuple[list[floa
     return xs, [1.0 / (1.0 - s) for s in xs]
 
 
-def dodge(series: dict[str, list[tuple[float, float]]], width: float = 0.006,
-          tolerance: float = 0.02) -> dict[str, list[tuple[float, float]]]:
+def dodge(
+    series: dict[str, list[tuple[float, float]]], width: float = 0.006, tolerance: float = 0.02
+) -> dict[str, list[tuple[float, float]]]:
     """Points of different series that coincide (same x, y within ``tolerance`` relative) moved
     apart along x by ``width`` each, centred on their x, so that none hides another.
 
@@ -52,11 +53,24 @@ def dodge(series: dict[str, list[tuple[float, float]]], width: float = 0.006,
 
 
 _MARKERS = "os^vDP*Xph<>"
-_DASHES = ["-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2)), (0, (3, 1, 1, 1))]
+_DASHES = [
+    "-",
+    "--",
+    ":",
+    "-.",
+    (0, (5, 1, 1, 1, 1, 1)),
+    (0, (1, 3)),
+    (0, (8, 2)),
+    (0, (3, 1, 1, 1)),
+]
 
 
-def sweep_figure(rows: list[dict[str, Any]], title: str, key: str = "forward_speedup",
-                 nm_point: dict[str, Any] | None = None) -> Any:
+def sweep_figure(
+    rows: list[dict[str, Any]],
+    title: str,
+    key: str = "forward_speedup",
+    nm_point: dict[str, Any] | None = None,
+) -> Any:
     """The matplotlib Figure :func:`plot_sweep` writes: each device its own marker and line style,
     points that coincide (a100 and h100 both at 1x; the two 2:4 devices on a 2:4 mask) moved a
     little apart and drawn half transparent, so that every device stays visible."""
@@ -71,18 +85,42 @@ def sweep_figure(rows: list[dict[str, Any]], title: str, key: str = "forward_spe
     cx, cy = theoretical_curve(max(xs, default=0.9))
     ax.plot(cx, cy, "k-", lw=2.5, alpha=0.35, label="theoretical 1/(1-s)")
     names = list(rows[0]["devices"]) if rows else []
-    series = {name: [(r["sparsity"], r["devices"][name][key]) for r in rows
-                     if r["sparsity"] > 0 and r["devices"][name][key] is not None] for name in names}
+    series = {
+        name: [
+            (r["sparsity"], r["devices"][name][key])
+            for r in rows
+            if r["sparsity"] > 0 and r["devices"][name][key] is not None
+        ]
+        for name in names
+    }
     series = {n: pts for n, pts in series.items() if pts}  # none: refused on every sparse mask
-    nm = {f"{name} (on a 2:4 mask)": [(nm_point["sparsity"], d[key])]
-          for name, d in (nm_point or {}).get("devices", {}).items() if d.get(key) is not None}
+    nm = {
+        f"{name} (on a 2:4 mask)": [(nm_point["sparsity"], d[key])]
+        for name, d in (nm_point or {}).get("devices", {}).items()
+        if d.get(key) is not None
+    }
     moved = dodge({**series, **nm})
     for i, name in enumerate(series):
-        ax.plot(*zip(*moved[name]), marker=_MARKERS[i % len(_MARKERS)], ls=_DASHES[i % len(_DASHES)],
-                ms=5, mfc="none" if i % 2 else None, alpha=0.8, label=name)
+        ax.plot(
+            *zip(*moved[name]),
+            marker=_MARKERS[i % len(_MARKERS)],
+            ls=_DASHES[i % len(_DASHES)],
+            ms=5,
+            mfc="none" if i % 2 else None,
+            alpha=0.8,
+            label=name,
+        )
     for j, name in enumerate(nm):
-        ax.plot(*zip(*moved[name]), marker="D", ls="none", ms=8 - 2 * (j % 2), alpha=0.7,
-                mfc="none" if j % 2 == 0 else None, mew=1.5, label=name)
+        ax.plot(
+            *zip(*moved[name]),
+            marker="D",
+            ls="none",
+            ms=8 - 2 * (j % 2),
+            alpha=0.7,
+            mfc="none" if j % 2 == 0 else None,
+            mew=1.5,
+            label=name,
+        )
     ax.plot([0.0], [1.0], "ko", ms=5, label="sparsity 0: every device's dense run")
     ax.set_xlabel("sparsity (fraction of zero weights)")
     ax.set_ylabel("speedup over the same device's dense run")
@@ -96,8 +134,13 @@ def sweep_figure(rows: list[dict[str, Any]], title: str, key: str = "forward_spe
     return fig
 
 
-def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str, key: str = "forward_speedup",
-               nm_point: dict[str, Any] | None = None) -> None:
+def plot_sweep(
+    rows: list[dict[str, Any]],
+    path: Path,
+    title: str,
+    key: str = "forward_speedup",
+    nm_point: dict[str, Any] | None = None,
+) -> None:
     """Write a PNG of ``rows`` (from :func:`sparsetool.hardware.compare.sweep`) to ``path``,
     atomically (temporary file, then rename). ``nm_point``: the 2:4 devices on a 2:4 mask."""
     path = Path(path)

@@ -30,8 +30,9 @@ from sparsetool.util.wording import did_you_mean
 Sparsities = Union[str, float, Sequence[float], None]
 
 
-def select_devices(hardware: Optional[Path] = None, only: Sequence[str] = ()
-                   ) -> tuple[dict[str, Device], dict[str, dict[str, str]]]:
+def select_devices(
+    hardware: Optional[Path] = None, only: Sequence[str] = ()
+) -> tuple[dict[str, Device], dict[str, dict[str, str]]]:
     """The presets with ``hardware``'s overrides, kept to the names in ``only`` (all if empty),
     and every constant's source."""
     devices, sources = presets.load_devices(hardware)
@@ -46,12 +47,15 @@ def check_devices(devices: Mapping[str, Any], only: Sequence[str]) -> None:
     unknown = [d for d in only if d not in devices]
     if unknown:
         hint = did_you_mean(unknown[0], list(devices))
-        raise ConfigError(f"unknown --device {', '.join(unknown)}{hint}; known: {', '.join(devices)} "
-                          "(sparsetool simulate --list-hardware lists them)")
+        raise ConfigError(
+            f"unknown --device {', '.join(unknown)}{hint}; known: {', '.join(devices)} "
+            "(sparsetool simulate --list-hardware lists them)"
+        )
 
 
-def hardware_constants(hardware: Optional[Path] = None, devices: Sequence[str] = ()
-                       ) -> dict[str, dict[str, Any]]:
+def hardware_constants(
+    hardware: Optional[Path] = None, devices: Sequence[str] = ()
+) -> dict[str, dict[str, Any]]:
     """``{device: {"kind", "constants": {name: {"value", "unit", "source"}}}}``
     (``--list-hardware``; ``unit`` from :data:`sparsetool.hardware.presets.UNITS`).
 
@@ -59,12 +63,21 @@ def hardware_constants(hardware: Optional[Path] = None, devices: Sequence[str] =
     'dataflow'
     """
     chosen, sources = select_devices(hardware, devices)
-    return {name: {"kind": d.kind,
-                   "constants": {f.name: {"value": getattr(d, f.name),
-                                          "unit": presets.UNITS.get(f.name),
-                                          "source": sources[name].get(f.name, "default")}
-                                 for f in fields(d) if f.name != "name"}}
-            for name, d in chosen.items()}
+    return {
+        name: {
+            "kind": d.kind,
+            "constants": {
+                f.name: {
+                    "value": getattr(d, f.name),
+                    "unit": presets.UNITS.get(f.name),
+                    "source": sources[name].get(f.name, "default"),
+                }
+                for f in fields(d)
+                if f.name != "name"
+            },
+        }
+        for name, d in chosen.items()
+    }
 
 
 def parse_sparsities(sparsity: Sparsities, sweep: bool = False) -> list[float]:
@@ -78,10 +91,18 @@ def parse_sparsities(sparsity: Sparsities, sweep: bool = False) -> list[float]:
     """
     if sweep:
         if sparsity is not None:
-            given = sparsity if isinstance(sparsity, str) else ",".join(
-                f"{x:g}" for x in ([sparsity] if isinstance(sparsity, (int, float)) else sparsity))
-            raise ConfigError(f"give either --sweep (the Appendix C sparsities) or --sparsity {given}, "
-                              "not both: drop one")
+            given = (
+                sparsity
+                if isinstance(sparsity, str)
+                else ",".join(
+                    f"{x:g}"
+                    for x in ([sparsity] if isinstance(sparsity, (int, float)) else sparsity)
+                )
+            )
+            raise ConfigError(
+                f"give either --sweep (the Appendix C sparsities) or --sparsity {given}, "
+                "not both: drop one"
+            )
         return list(APPENDIX_C_TICKS)
     if sparsity is None:
         return []
@@ -92,10 +113,19 @@ def parse_sparsities(sparsity: Sparsities, sweep: bool = False) -> list[float]:
     return [options.check_sparsity(v) for v in values]
 
 
-def check_request(checkpoint: Optional[Path] = None, *, shape: Optional[str] = None,
-                  model: Optional[str] = None, sparsity: Sparsities = None, sweep: bool = False,
-                  pattern: str = "random", plot: Optional[Path] = None, include: Sequence[str] = (),
-                  exclude: Sequence[str] = (), default_targets: bool = False) -> list[float]:
+def check_request(
+    checkpoint: Optional[Path] = None,
+    *,
+    shape: Optional[str] = None,
+    model: Optional[str] = None,
+    sparsity: Sparsities = None,
+    sweep: bool = False,
+    pattern: str = "random",
+    plot: Optional[Path] = None,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    default_targets: bool = False,
+) -> list[float]:
     """How the options of a request combine, checked before any file is read (the CLI turns a
     :class:`ConfigError` here into a usage error). Returns the sparsities to run.
 
@@ -103,44 +133,75 @@ def check_request(checkpoint: Optional[Path] = None, *, shape: Optional[str] = N
     [0.5, 0.9]
     """
     if sum(x is not None for x in (checkpoint, shape, model)) != 1:
-        raise ConfigError("give exactly one of CHECKPOINT, --shape MxK or --model NAME, e.g. sparsetool "
-                          "simulate model.safetensors, sparsetool simulate --shape 4096x4096 --sparsity 0.9 "
-                          "or sparsetool simulate --model gpt2-small --sparsity 0.75")
+        raise ConfigError(
+            "give exactly one of CHECKPOINT, --shape MxK or --model NAME, e.g. sparsetool "
+            "simulate model.safetensors, sparsetool simulate --shape 4096x4096 --sparsity 0.9 "
+            "or sparsetool simulate --model gpt2-small --sparsity 0.75"
+        )
     if pattern != "random" and shape is None:
-        raise ConfigError("--pattern draws the synthetic mask of --shape only: drop --pattern, or "
-                          f"simulate one layer, e.g. --shape 4096x4096 --sparsity 0.5 --pattern {pattern}")
+        raise ConfigError(
+            "--pattern draws the synthetic mask of --shape only: drop --pattern, or "
+            f"simulate one layer, e.g. --shape 4096x4096 --sparsity 0.5 --pattern {pattern}"
+        )
     if (include or exclude or default_targets) and checkpoint is None:
-        raise ConfigError("--include/--exclude/--default-targets select a checkpoint's tensors: "
-                          "give CHECKPOINT")
+        raise ConfigError(
+            "--include/--exclude/--default-targets select a checkpoint's tensors: give CHECKPOINT"
+        )
     if checkpoint is not None and (sweep or plot is not None or sparsity is not None):
-        given = [o for o, v in (("--sparsity", sparsity is not None), ("--sweep", sweep),
-                                ("--plot", plot is not None)) if v]
+        given = [
+            o
+            for o, v in (
+                ("--sparsity", sparsity is not None),
+                ("--sweep", sweep),
+                ("--plot", plot is not None),
+            )
+            if v
+        ]
         raise ConfigError(
             f"a checkpoint brings its own masks, at one sparsity: drop {'/'.join(given)} to simulate "
             "them, or sweep synthetic masks of a preset instead, e.g. sparsetool simulate --model "
-            "gpt2-small --sweep --plot speedup.png")
+            "gpt2-small --sweep --plot speedup.png"
+        )
     sps = parse_sparsities(sparsity, sweep or (plot is not None and sparsity is None))
     if checkpoint is None and not sps:
-        raise ConfigError("--shape and --model need a sparsity: add one, a list or --sweep, e.g. "
-                          "--sparsity 0.9, --sparsity 0.5,0.75,0.9 or --sweep")
+        raise ConfigError(
+            "--shape and --model need a sparsity: add one, a list or --sweep, e.g. "
+            "--sparsity 0.9, --sparsity 0.5,0.75,0.9 or --sweep"
+        )
     if pattern == "2:4" and shape is not None and len(sps) > 1:
-        raise ConfigError("--pattern 2:4 keeps exactly half the weights, so it takes one sparsity, "
-                          f"e.g. --shape {shape} --sparsity 0.5 --pattern 2:4")
+        raise ConfigError(
+            "--pattern 2:4 keeps exactly half the weights, so it takes one sparsity, "
+            f"e.g. --shape {shape} --sparsity 0.5 --pattern 2:4"
+        )
     if plot is not None and len(sps) == 1:
-        raise ConfigError(f"--plot draws speedup against sparsity, and --sparsity gives one: "
-                          f"replace --sparsity {sps[0]:g} with --sweep, or give several, e.g. "
-                          f"--sparsity 0.5,0.75,0.9")
+        raise ConfigError(
+            f"--plot draws speedup against sparsity, and --sparsity gives one: "
+            f"replace --sparsity {sps[0]:g} with --sweep, or give several, e.g. "
+            f"--sparsity 0.5,0.75,0.9"
+        )
     return sps
 
 
-def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = None,
-                   model: Optional[str] = None, sparsity: Sparsities = None, sweep: bool = False,
-                   tokens: float = 2048, pattern: str = "random", seed: int = 0,
-                   hardware: Optional[Path] = None, devices: Sequence[str] = (),
-                   seq_len: Optional[int] = None, verify: bool = False, plot: Optional[Path] = None,
-                   include: Sequence[str] = (), exclude: Sequence[str] = (),
-                   default_targets: bool = False,
-                   progress: Optional[Progress] = None) -> dict[str, Any]:
+def run_simulation(
+    checkpoint: Optional[Path] = None,
+    *,
+    shape: Optional[str] = None,
+    model: Optional[str] = None,
+    sparsity: Sparsities = None,
+    sweep: bool = False,
+    tokens: float = 2048,
+    pattern: str = "random",
+    seed: int = 0,
+    hardware: Optional[Path] = None,
+    devices: Sequence[str] = (),
+    seq_len: Optional[int] = None,
+    verify: bool = False,
+    plot: Optional[Path] = None,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    default_targets: bool = False,
+    progress: Optional[Progress] = None,
+) -> dict[str, Any]:
     """Simulate exactly one of ``checkpoint`` (its real masks), ``shape`` (``"MxK"``, a seeded
     ``pattern`` mask) or ``model`` (a flops preset, random masks) on ``devices``.
 
@@ -157,14 +218,24 @@ def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = 
     (:func:`sparsetool.targets.recorded.targeting_summary`).
     """
     chosen, _ = select_devices(hardware, devices)
-    sps = check_request(checkpoint, shape=shape, model=model, sparsity=sparsity, sweep=sweep,
-                        pattern=pattern, plot=plot, include=include, exclude=exclude,
-                        default_targets=default_targets)
+    sps = check_request(
+        checkpoint,
+        shape=shape,
+        model=model,
+        sparsity=sparsity,
+        sweep=sweep,
+        pattern=pattern,
+        plot=plot,
+        include=include,
+        exclude=exclude,
+        default_targets=default_targets,
+    )
     grids = presets.dataflow_grids(list(chosen.values()))
 
     if checkpoint is not None:
-        wl = _from_checkpoint(Path(checkpoint), tokens, grids, seq_len, include, exclude,
-                              default_targets, progress)
+        wl = _from_checkpoint(
+            Path(checkpoint), tokens, grids, seq_len, include, exclude, default_targets, progress
+        )
         make = None
         verify_mask = _checkpoint_mask(Path(checkpoint), wl) if verify else None
     else:
@@ -173,8 +244,13 @@ def run_simulation(checkpoint: Optional[Path] = None, *, shape: Optional[str] = 
         wl, mask = make(sps[-1])
         verify_mask = None
         if verify:
-            verify_mask = mask if mask is not None else synthetic_mask(
-                (wl.layers[0].out_features, wl.layers[0].in_features), sps[-1], "random", seed)
+            verify_mask = (
+                mask
+                if mask is not None
+                else synthetic_mask(
+                    (wl.layers[0].out_features, wl.layers[0].in_features), sps[-1], "random", seed
+                )
+            )
 
     if len(sps) > 1:
         result = _sweep(wl, make, sps, chosen, grids, shape, pattern, tokens, seed, plot)
@@ -198,9 +274,16 @@ Maker = Callable[[float], tuple]
 """``sparsity -> (workload, mask or None)``."""
 
 
-def _synthetic(mk: Optional[tuple[int, int]], model: Optional[str], sps: list[float], tokens: float,
-               grids: list[tuple[int, int]], pattern: str, seed: int,
-               seq_len: Optional[int]) -> Maker:
+def _synthetic(
+    mk: Optional[tuple[int, int]],
+    model: Optional[str],
+    sps: list[float],
+    tokens: float,
+    grids: list[tuple[int, int]],
+    pattern: str,
+    seed: int,
+    seq_len: Optional[int],
+) -> Maker:
     """The :data:`Maker` of the ``mk`` = (M, K) layer, or else of ``model``."""
     if mk is not None:
         return lambda s: wlmod.from_shape(mk, s, tokens, grids, pattern, seed)
@@ -212,9 +295,18 @@ def _synthetic(mk: Optional[tuple[int, int]], model: Optional[str], sps: list[fl
     return lambda s: (wlmod.from_model(cfg, s, tokens, grids, seed), None)
 
 
-def _sweep(wl: Workload, make: Optional[Maker], sps: list[float], devices: dict[str, Device],
-           grids: list[tuple[int, int]], shape: Optional[str], pattern: str, tokens: float,
-           seed: int, plot: Optional[Path]) -> dict[str, Any]:
+def _sweep(
+    wl: Workload,
+    make: Optional[Maker],
+    sps: list[float],
+    devices: dict[str, Device],
+    grids: list[tuple[int, int]],
+    shape: Optional[str],
+    pattern: str,
+    tokens: float,
+    seed: int,
+    plot: Optional[Path],
+) -> dict[str, Any]:
     # The last point is built already (do not draw its mask twice); it is the one shown in detail.
     result = compare.simulate(wl, devices)
     rows = compare.sweep(lambda s: make(s)[0], sps[:-1], devices)
@@ -238,13 +330,29 @@ def _sweep(wl: Workload, make: Optional[Maker], sps: list[float], devices: dict[
     return result
 
 
-def _from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
-                     seq_len: Optional[int], include: Sequence[str], exclude: Sequence[str],
-                     default_targets: bool, progress: Optional[Progress]) -> Workload:
-    report = None if progress is None else (lambda done, total, name: progress("masks", done, total))
-    return wlmod.from_checkpoint(path, tokens, grids, seq_len=seq_len, progress=report,
-                                 include=tuple(include), exclude=tuple(exclude),
-                                 default_targets=default_targets)
+def _from_checkpoint(
+    path: Path,
+    tokens: float,
+    grids: list[tuple[int, int]],
+    seq_len: Optional[int],
+    include: Sequence[str],
+    exclude: Sequence[str],
+    default_targets: bool,
+    progress: Optional[Progress],
+) -> Workload:
+    report = (
+        None if progress is None else (lambda done, total, name: progress("masks", done, total))
+    )
+    return wlmod.from_checkpoint(
+        path,
+        tokens,
+        grids,
+        seq_len=seq_len,
+        progress=report,
+        include=tuple(include),
+        exclude=tuple(exclude),
+        default_targets=default_targets,
+    )
 
 
 def _checkpoint_mask(path: Path, wl: Workload) -> np.ndarray:
@@ -262,4 +370,10 @@ def _checkpoint_mask(path: Path, wl: Workload) -> np.ndarray:
         return m if plan_targets([lt], ck.config)[lt.name].input_dim == 1 else m.T
 
 
-__all__ = ["RESULT_KEYS", "hardware_constants", "parse_sparsities", "run_simulation", "select_devices"]
+__all__ = [
+    "RESULT_KEYS",
+    "hardware_constants",
+    "parse_sparsities",
+    "run_simulation",
+    "select_devices",
+]

@@ -21,8 +21,9 @@ MAX_SIDE = 512
 """Verification runs one Python-level AXPY per non-zero, so it takes at most a 512 x 512 block."""
 
 
-def run_schedule(mask: np.ndarray, grid: tuple[int, int], tokens: int = 8,
-                 seed: int = 0) -> dict[str, Any]:
+def run_schedule(
+    mask: np.ndarray, grid: tuple[int, int], tokens: int = 8, seed: int = 0
+) -> dict[str, Any]:
     """Run the schedule on the leading ``<= 512 x 512`` block of ``mask`` (``(M, K)``, True = kept)
     with random weights and activations; report whether it matches the masked dense product.
 

@@ -57,8 +57,14 @@ def _check_tokens(tokens: float) -> float:
     return float(tokens)
 
 
-def from_shape(shape: tuple[int, int], sparsity: float, tokens: float, grids: list[tuple[int, int]],
-               pattern: str = "random", seed: int = 0) -> tuple[Workload, np.ndarray]:
+def from_shape(
+    shape: tuple[int, int],
+    sparsity: float,
+    tokens: float,
+    grids: list[tuple[int, int]],
+    pattern: str = "random",
+    seed: int = 0,
+) -> tuple[Workload, np.ndarray]:
     """One ``M x K`` layer with a seeded synthetic mask; returns the mask too (for ``--verify``)."""
     mask = synthetic_mask(shape, sparsity, pattern, seed)
     name = f"{shape[0]}x{shape[1]}"
@@ -101,10 +107,12 @@ def moe_note(cfg: Any, source: str) -> list[str]:
     if not cfg.is_moe:
         return []
     shared = " and the shared expert" if cfg.d_shared else ""
-    return [f"mixture of experts: {cfg.top_k} of {cfg.n_experts} experts active per token in each of "
-            f"{cfg.moe_layers} MoE layers; the step multiplies every token by the {cfg.top_k} active "
-            f"experts' matrices{shared} ({source}) and reads only their weights, as a decode step "
-            "does; the router's matmul is dense work"]
+    return [
+        f"mixture of experts: {cfg.top_k} of {cfg.n_experts} experts active per token in each of "
+        f"{cfg.moe_layers} MoE layers; the step multiplies every token by the {cfg.top_k} active "
+        f"experts' matrices{shared} ({source}) and reads only their weights, as a decode step "
+        "does; the router's matmul is dense work"
+    ]
 
 
 def untargeted_flops(cfg: Any, tokens: float) -> tuple[float, int]:
@@ -117,8 +125,9 @@ def untargeted_flops(cfg: Any, tokens: float) -> tuple[float, int]:
     return sum(terms[t] for t in UNTARGETED_TERMS) * tokens / seq, seq
 
 
-def from_model(cfg: Any, sparsity: float, tokens: float, grids: list[tuple[int, int]],
-               seed: int = 0) -> Workload:
+def from_model(
+    cfg: Any, sparsity: float, tokens: float, grids: list[tuple[int, int]], seed: int = 0
+) -> Workload:
     """Every targeted matrix of ``cfg`` at ``sparsity`` with a uniformly random mask (seeded)."""
     tokens = _check_tokens(tokens)
     rng = np.random.default_rng(seed)
@@ -126,17 +135,33 @@ def from_model(cfg: Any, sparsity: float, tokens: float, grids: list[tuple[int, 
     flops, seq = untargeted_flops(cfg, tokens)
     from sparsetool.flops import moe_summary
 
-    return Workload(f"{cfg.name} at sparsity {sparsity:g}, random masks", "model", tokens, layers,
-                    flops, seq, ["masks: uniformly random; per-core-group counts drawn exactly, "
-                                 "2:4 violations are expected values",
-                                 *moe_note(cfg, "random masks")], moe=moe_summary(cfg))
+    return Workload(
+        f"{cfg.name} at sparsity {sparsity:g}, random masks",
+        "model",
+        tokens,
+        layers,
+        flops,
+        seq,
+        [
+            "masks: uniformly random; per-core-group counts drawn exactly, "
+            "2:4 violations are expected values",
+            *moe_note(cfg, "random masks"),
+        ],
+        moe=moe_summary(cfg),
+    )
 
 
-def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
-                    seq_len: int | None = None,
-                    progress: Callable[[int, int, str], None] | None = None, *,
-                    include: Sequence[str] = (), exclude: Sequence[str] = (),
-                    default_targets: bool = False) -> Workload:
+def from_checkpoint(
+    path: Path,
+    tokens: float,
+    grids: list[tuple[int, int]],
+    seq_len: int | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+    *,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    default_targets: bool = False,
+) -> Workload:
     """The real mask of every targeted matrix in the checkpoint at ``path``
     (:func:`checkpoint_layers`), and the dense work around them: shapes inferred as ``sparsetool
     flops --checkpoint`` infers them."""
@@ -145,12 +170,15 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
 
     tokens = _check_tokens(tokens)
     layers, rows, plan, hf_config = checkpoint_layers(
-        path, grids, progress, include=include, exclude=exclude, default_targets=default_targets)
+        path, grids, progress, include=include, exclude=exclude, default_targets=default_targets
+    )
     path = Path(path)
     if not layers:
-        raise CheckpointError(f"'{path}' has no attention or feed-forward weight matrices to simulate; "
-                              "simulate a preset or one layer instead, e.g. --model gpt2-small --sparsity 0.5 "
-                              "or --shape 4096x4096 --sparsity 0.5")
+        raise CheckpointError(
+            f"'{path}' has no attention or feed-forward weight matrices to simulate; "
+            "simulate a preset or one layer instead, e.g. --model gpt2-small --sparsity 0.5 "
+            "or --shape 4096x4096 --sparsity 0.5"
+        )
     inferred = infer_model(rows, name=path.name, hf_config=hf_config or None, seq_len=seq_len)
     cfg = inferred.config
     if seq_len is None and cfg.context is not None:
@@ -159,15 +187,28 @@ def from_checkpoint(path: Path, tokens: float, grids: list[tuple[int, int]],
     flops, seq = untargeted_flops(cfg, tokens)
     notes = [n for n in inferred.notes if not n.startswith("mixture of experts")]
     notes += moe_note(cfg, f"the first {cfg.top_k} of each layer, real masks")
-    return Workload(f"{path.name} ({plural(len(layers), 'pruned matrix', 'pruned matrices')}, real masks)", "checkpoint",
-                    tokens, layers, flops, seq, notes, targeting_summary(plan), moe_summary(cfg))
+    return Workload(
+        f"{path.name} ({plural(len(layers), 'pruned matrix', 'pruned matrices')}, real masks)",
+        "checkpoint",
+        tokens,
+        layers,
+        flops,
+        seq,
+        notes,
+        targeting_summary(plan),
+        moe_summary(cfg),
+    )
 
 
-def checkpoint_layers(path: Path, grids: list[tuple[int, int]],
-                      progress: Callable[[int, int, str], None] | None = None, *,
-                      include: Sequence[str] = (), exclude: Sequence[str] = (),
-                      default_targets: bool = False,
-                      ) -> tuple[list[LayerMask], list[dict[str, Any]], Any, dict[str, Any]]:
+def checkpoint_layers(
+    path: Path,
+    grids: list[tuple[int, int]],
+    progress: Callable[[int, int, str], None] | None = None,
+    *,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    default_targets: bool = False,
+) -> tuple[list[LayerMask], list[dict[str, Any]], Any, dict[str, Any]]:
     """Every targeted matrix a token goes through in the checkpoint at ``path``, counted from its
     real mask: ``(layers, rows, plan, config)``, ``rows`` every tensor's shape and non-zeros (what
     shape inference reads), ``plan`` the :class:`~sparsetool.targets.TargetPlan`, ``config`` its
@@ -187,7 +228,9 @@ def checkpoint_layers(path: Path, grids: list[tuple[int, int]],
 
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"checkpoint '{path}' not found; pass a .safetensors file or a directory")
+        raise CheckpointError(
+            f"checkpoint '{path}' not found; pass a .safetensors file or a directory"
+        )
     layers: list[LayerMask] = []
     rows: list[dict[str, Any]] = []
     hf_config = read_model_config(path) or {}
@@ -204,18 +247,34 @@ def checkpoint_layers(path: Path, grids: list[tuple[int, int]],
         return len(lt.shape) == 2 and (part != "expert" or top_k is None or expert < top_k)
 
     with open_checkpoint(path) as ck:
-        plan = plan_checkpoint_targets(ck.logical, ck.config, ck.metadata(), include, exclude,
-                                       default_targets=default_targets, source=path.name)
-        extra = set(beyond_stated_layers({layer_index(lt.name) for lt in ck.logical} - {None},
-                                         hf_config))
+        plan = plan_checkpoint_targets(
+            ck.logical,
+            ck.config,
+            ck.metadata(),
+            include,
+            exclude,
+            default_targets=default_targets,
+            source=path.name,
+        )
+        extra = set(
+            beyond_stated_layers({layer_index(lt.name) for lt in ck.logical} - {None}, hf_config)
+        )
         todo = [lt for lt in ck.logical if plan[lt.name].targeted and simulated(lt)]
         todo.sort(key=lambda lt: tensor_sort_key(lt.name, plan[lt.name].role))  # layer 2 before 10
         names = {lt.name for lt in todo}
         for lt in ck.logical:
             if lt.name not in names:  # shapes only: nothing to read
-                rows.append(dict(name=lt.name, shape=lt.shape, dtype=str(lt.dtype),
-                                 role=plan[lt.name].role, targeted=False,
-                                 numel=lt.numel, nonzero=lt.numel))
+                rows.append(
+                    dict(
+                        name=lt.name,
+                        shape=lt.shape,
+                        dtype=str(lt.dtype),
+                        role=plan[lt.name].role,
+                        targeted=False,
+                        numel=lt.numel,
+                        nonzero=lt.numel,
+                    )
+                )
         for i, lt in enumerate(todo):
             if progress:
                 progress(i, len(todo), lt.name)
@@ -228,16 +287,28 @@ def checkpoint_layers(path: Path, grids: list[tuple[int, int]],
             del mask
             if m.ndim == 3:  # stacked experts: the first top_k, each a matrix of its own
                 for e in range(min(int(top_k), m.shape[0])):
-                    layers.append(stats_from_mask(f"{lt.name}[{e}]", r, m[e], grids,
-                                                  plan[lt.name].input_dim - 1))
+                    layers.append(
+                        stats_from_mask(
+                            f"{lt.name}[{e}]", r, m[e], grids, plan[lt.name].input_dim - 1
+                        )
+                    )
                 numel, nnz = int(m.size), int(np.count_nonzero(m))
             else:
                 ly = stats_from_mask(lt.name, r, m, grids, plan[lt.name].input_dim)
                 layers.append(ly)
                 numel, nnz = ly.numel, ly.nnz
             del m
-            rows.append(dict(name=lt.name, shape=lt.shape, dtype=str(lt.dtype), role=r,
-                             targeted=True, numel=numel, nonzero=nnz))
+            rows.append(
+                dict(
+                    name=lt.name,
+                    shape=lt.shape,
+                    dtype=str(lt.dtype),
+                    role=r,
+                    targeted=True,
+                    numel=numel,
+                    nonzero=nnz,
+                )
+            )
         if progress:
             progress(len(todo), len(todo), "")
     return layers, rows, plan, hf_config

@@ -12,12 +12,19 @@ from sparsetool.util.lazy import lazy_names
 # Lazy: counts and distributions are torch-free (flops and option checks use them before torch
 # is imported); the tensor functions load torch only when first asked for.
 _WHERE = {
-    "magnitude_mask": ".select", "random_mask": ".select", "nm_mask": ".select",
-    "fraction_keep": ".counts", "sparsity_keep": ".counts",
-    "check_sparsity": "sparsetool.util.options", "check_fraction": "sparsetool.util.options",
-    "MagnitudeHistogram": ".global_magnitude", "TensorPlan": ".global_magnitude",
-    "GlobalPlan": ".global_magnitude", "global_threshold_plan": ".global_magnitude",
-    "apply_threshold": ".global_magnitude", "global_magnitude_masks": ".global_magnitude",
+    "magnitude_mask": ".select",
+    "random_mask": ".select",
+    "nm_mask": ".select",
+    "fraction_keep": ".counts",
+    "sparsity_keep": ".counts",
+    "check_sparsity": "sparsetool.util.options",
+    "check_fraction": "sparsetool.util.options",
+    "MagnitudeHistogram": ".global_magnitude",
+    "TensorPlan": ".global_magnitude",
+    "GlobalPlan": ".global_magnitude",
+    "global_threshold_plan": ".global_magnitude",
+    "apply_threshold": ".global_magnitude",
+    "global_magnitude_masks": ".global_magnitude",
     "top_k_mask": ".kernel",
 }
 

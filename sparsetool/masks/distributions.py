@@ -15,8 +15,14 @@ from collections.abc import Callable, Mapping
 from sparsetool.errors import ConfigError
 from sparsetool.util.options import check_sparsity
 
-__all__ = ["uniform_keep", "erk_keep", "keep_counts", "part_keep_counts", "largest_remainder",
-           "DISTRIBUTIONS"]
+__all__ = [
+    "uniform_keep",
+    "erk_keep",
+    "keep_counts",
+    "part_keep_counts",
+    "largest_remainder",
+    "DISTRIBUTIONS",
+]
 
 
 def uniform_keep(numels: Mapping[str, int], sparsity: float) -> dict[str, int]:
@@ -77,7 +83,9 @@ def erk_keep(
     return largest_remainder(real, numel, target)
 
 
-def largest_remainder(real: Mapping[str, float], cap: Mapping[str, int], target: int) -> dict[str, int]:
+def largest_remainder(
+    real: Mapping[str, float], cap: Mapping[str, int], target: int
+) -> dict[str, int]:
     """Integers near ``real`` summing to ``target``, each within [0, cap]."""
     out = {n: min(cap[n], max(0, math.floor(v))) for n, v in real.items()}
     short = target - sum(out.values())
@@ -133,7 +141,9 @@ def keep_counts(
 
 
 def part_keep_counts(
-    shapes: Mapping[str, tuple[int, ...]], parts: Mapping[str, int], sparsity: float,
+    shapes: Mapping[str, tuple[int, ...]],
+    parts: Mapping[str, int],
+    sparsity: float,
     distribution: str = "uniform",
 ) -> dict[str, list[int]]:
     """Keep counts per part: tensor ``name`` is ``parts[name]`` matrices of shape ``shape[1:]``
@@ -152,8 +162,14 @@ def part_keep_counts(
             units[name] = tuple(shape)
             continue
         if not shape or shape[0] != p:
-            raise ValueError(f"{name}: shape {tuple(shape)} is not {p} parts along its first dimension")
+            raise ValueError(
+                f"{name}: shape {tuple(shape)} is not {p} parts along its first dimension"
+            )
         units.update({f"{name}[{e}]": tuple(shape[1:]) for e in range(p)})
     keep = keep_counts(units, sparsity, distribution)
-    return {name: [keep[name]] if parts.get(name, 1) == 1
-            else [keep[f"{name}[{e}]"] for e in range(parts[name])] for name in shapes}
+    return {
+        name: [keep[name]]
+        if parts.get(name, 1) == 1
+        else [keep[f"{name}[{e}]"] for e in range(parts[name])]
+        for name in shapes
+    }

@@ -44,17 +44,28 @@ __all__ = ["dsnot_refine"]
 _CHUNK = 1 << 21  # weights refined at once: a few sorted index tensors of this size are held
 
 
-def dsnot_refine(w: Tensor, kept: Tensor, *, mean: Tensor, var: Tensor, sq_norms: Tensor,
-                 window: float, alive: Tensor | None = None, iterations: int = DSNOT_ITERATIONS,
-                 threshold: float = DSNOT_THRESHOLD) -> tuple[Tensor, int]:
+def dsnot_refine(
+    w: Tensor,
+    kept: Tensor,
+    *,
+    mean: Tensor,
+    var: Tensor,
+    sq_norms: Tensor,
+    window: float,
+    alive: Tensor | None = None,
+    iterations: int = DSNOT_ITERATIONS,
+    threshold: float = DSNOT_THRESHOLD,
+) -> tuple[Tensor, int]:
     """(the refined mask of ``w`` (out, in), the number of swaps made). ``kept`` is the mask to
     refine (True = kept; it is not changed); ``mean``, ``var`` and ``sq_norms`` hold one value per
     input: its mean and variance over the calibration tokens, and its sum of squares; ``window``
     is the tokens of a calibration window (the threshold's units)."""
     rows, cols = w.shape
     if kept.shape != w.shape or any(t.shape != (cols,) for t in (mean, var, sq_norms)):
-        raise SparsetoolError(f"DSnoT needs a mask like the weight {tuple(w.shape)} and one "
-                              "mean, variance and norm per input")
+        raise SparsetoolError(
+            f"DSnoT needs a mask like the weight {tuple(w.shape)} and one "
+            "mean, variance and norm per input"
+        )
     if iterations < 0 or threshold < 0:
         raise SparsetoolError("DSnoT's iterations and threshold must be at least 0")
     out = kept.clone()
@@ -62,22 +73,38 @@ def dsnot_refine(w: Tensor, kept: Tensor, *, mean: Tensor, var: Tensor, sq_norms
     step = max(1, _CHUNK // max(cols, 1))
     for r in range(0, rows, step):
         part = slice(r, min(r + step, rows))
-        swaps += _refine_rows(w[part].double(), out[part], mean.double(), var.double(),
-                              sq_norms.double(), None if alive is None else alive[part].bool(),
-                              iterations, threshold / window)
+        swaps += _refine_rows(
+            w[part].double(),
+            out[part],
+            mean.double(),
+            var.double(),
+            sq_norms.double(),
+            None if alive is None else alive[part].bool(),
+            iterations,
+            threshold / window,
+        )
     return out, swaps
 
 
 def _ranked(keys: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
     """Per row, the columns of ``allowed`` by ``keys`` from highest (ties: lower column first),
     and how many there are."""
-    order = torch.sort(keys.masked_fill(~allowed, float("-inf")), dim=1, descending=True,
-                       stable=True).indices
+    order = torch.sort(
+        keys.masked_fill(~allowed, float("-inf")), dim=1, descending=True, stable=True
+    ).indices
     return order, allowed.sum(1)
 
 
-def _refine_rows(w: Tensor, kept: Tensor, mean: Tensor, var: Tensor, sq: Tensor,
-                 alive: Tensor | None, iterations: int, threshold: float) -> int:
+def _refine_rows(
+    w: Tensor,
+    kept: Tensor,
+    mean: Tensor,
+    var: Tensor,
+    sq: Tensor,
+    alive: Tensor | None,
+    iterations: int,
+    threshold: float,
+) -> int:
     """Refine ``kept`` (these rows) in place; the number of swaps. ``threshold`` is per token."""
     n = w.shape[0]
     d = w * mean.unsqueeze(0)  # each weight's share of its row's expected output

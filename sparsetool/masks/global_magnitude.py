@@ -48,7 +48,11 @@ from sparsetool.util.floatbits import F32_INF, FORMATS, float_format, fp32_bits
 from sparsetool.util.wording import plural
 
 __all__ = [
-    "MagnitudeHistogram", "TensorPlan", "GlobalPlan", "global_threshold_plan", "apply_threshold",
+    "MagnitudeHistogram",
+    "TensorPlan",
+    "GlobalPlan",
+    "global_threshold_plan",
+    "apply_threshold",
     "global_magnitude_masks",
 ]
 
@@ -122,8 +126,9 @@ class MagnitudeHistogram:
         return cls(fine, int(refine), exact)
 
     @classmethod
-    def of_scan(cls, found: Scan, dtype: Any, *, low: int | None = None,
-                high: int | None = None) -> MagnitudeHistogram:
+    def of_scan(
+        cls, found: Scan, dtype: Any, *, low: int | None = None, high: int | None = None
+    ) -> MagnitudeHistogram:
         """The coarse histogram of a bf16 or fp32 tensor whose zeros are pruned (as if ``of`` were
         given the mask of its non-zeros), from the :func:`~sparsetool.masks.kernel.scan` of its
         magnitude keys: bucket 0, which holds the zero keys, loses them. ``dtype`` is the
@@ -140,8 +145,10 @@ class MagnitudeHistogram:
         except KeyError:
             st = str(dtype)
         if st not in ("BF16", "F32") or found.zeros < 0:
-            raise SparsetoolError(f"of_scan takes the scan of bf16 or fp32 keys with its zeros "
-                                  f"counted (scan(keys, zeros=True)), not {dtype}")
+            raise SparsetoolError(
+                f"of_scan takes the scan of bf16 or fp32 keys with its zeros "
+                f"counted (scan(keys, zeros=True)), not {dtype}"
+            )
         if low or high is not None:
             low = low or 0
             if found.above_inf:
@@ -161,8 +168,12 @@ class MagnitudeHistogram:
     def merge(self, other: MagnitudeHistogram) -> MagnitudeHistogram:
         """The histogram of both tensors' keys together."""
         if self.bucket != other.bucket:
-            raise SparsetoolError(f"cannot merge histograms of buckets {self.bucket} and {other.bucket}")
-        return MagnitudeHistogram(self.counts + other.counts, self.bucket, self.exact and other.exact)
+            raise SparsetoolError(
+                f"cannot merge histograms of buckets {self.bucket} and {other.bucket}"
+            )
+        return MagnitudeHistogram(
+            self.counts + other.counts, self.bucket, self.exact and other.exact
+        )
 
     __add__ = merge
 
@@ -225,7 +236,9 @@ def global_threshold_plan(
     (tensor([ True, False,  True]), tensor([False,  True]))
     """
     if any(h.bucket is not None for h in histograms):
-        raise SparsetoolError("global_threshold_plan takes the coarse histograms (refine=None) first")
+        raise SparsetoolError(
+            "global_threshold_plan takes the coarse histograms (refine=None) first"
+        )
     if isinstance(keep, bool) or int(keep) != keep or keep < 0:
         raise SparsetoolError(f"keep must be a non-negative integer, got {keep!r}")
     if not histograms:
@@ -241,7 +254,7 @@ def global_threshold_plan(
         total += h.counts
     b, above = boundary(total, keep)
     need = keep - above
-    above_each = [int(h.counts[b + 1:].sum()) for h in histograms]
+    above_each = [int(h.counts[b + 1 :].sum()) for h in histograms]
     in_b = [int(h.counts[b]) for h in histograms]
     if need == int(total[b]):  # the whole bucket goes: no tie-breaking inside it
         return GlobalPlan(
@@ -270,14 +283,16 @@ def global_threshold_plan(
     for i in range(len(histograms)):
         if i in inexact:
             counts = fine_of[i].counts
-            above_each[i] += int(counts[low + 1:].sum())
+            above_each[i] += int(counts[low + 1 :].sum())
             at_low.append(int(counts[low]))
         else:
             at_low.append(in_b[i] if low == 0 else 0)
     return GlobalPlan(_share_ties((b << 16) | low, need - above_low, above_each, at_low), keep)
 
 
-def _share_ties(threshold: int, ties: int, above: list[int], at: list[int]) -> tuple[TensorPlan, ...]:
+def _share_ties(
+    threshold: int, ties: int, above: list[int], at: list[int]
+) -> tuple[TensorPlan, ...]:
     plans = []
     for a, c in zip(above, at):
         take = min(c, ties)
@@ -289,8 +304,14 @@ def _share_ties(threshold: int, ties: int, above: list[int], at: list[int]) -> t
     return tuple(plans)
 
 
-def apply_threshold(w: Any, plan: TensorPlan, existing: Any = None, *,
-                    sink: Sink | None = None, dtype: str | None = None) -> Any:
+def apply_threshold(
+    w: Any,
+    plan: TensorPlan,
+    existing: Any = None,
+    *,
+    sink: Sink | None = None,
+    dtype: str | None = None,
+) -> Any:
     """The mask of one tensor under its :class:`TensorPlan` (True = kept); with ``sink``, handed
     over chunk by chunk instead (see :func:`sparsetool.masks.kernel.threshold_mask`).
 
@@ -340,7 +361,9 @@ def global_magnitude_masks(
     [tensor([ True, False,  True]), tensor([False,  True])]
     """
     alive = list(existing) if existing is not None else [None] * len(tensors)
-    k = resolve_keep(sum(int(np.prod(shape_of(t), dtype=np.int64)) for t in tensors), sparsity, keep)
+    k = resolve_keep(
+        sum(int(np.prod(shape_of(t), dtype=np.int64)) for t in tensors), sparsity, keep
+    )
     hists = [MagnitudeHistogram.of(t, e) for t, e in zip(tensors, alive)]
     plan = global_threshold_plan(hists, k)
     if not plan.done:

@@ -34,7 +34,7 @@ def histogram(keys: Keys) -> tuple[np.ndarray, list[np.ndarray]]:
     for part in per_chunk:
         total += part
     idig = keys.inf >> keys.shift
-    total[idig + 1:] = 0
+    total[idig + 1 :] = 0
     if keys.shift and int(total[idig]) > 0:  # keys above inf (NaN) may share its bucket
 
         def alive_in_top(a: int, b: int) -> int:

@@ -123,7 +123,7 @@ def _kth(cand: np.ndarray, need: int) -> tuple[int, int]:
     pos = cand.size - need
     cand.partition(pos)
     t = int(cand[pos])
-    return t, int(np.count_nonzero(cand[pos + 1:] > t))
+    return t, int(np.count_nonzero(cand[pos + 1 :] > t))
 
 
 def _select(bits: np.ndarray, inf: int, keep: int) -> tuple[int, int, int]:
@@ -149,10 +149,14 @@ class Scan:
     first use (the global scope's), which :func:`select_top` does not need.
     """
 
-    def __init__(self, keys: Keys, above_inf: int, zeros: int, dead: int = -1,
-                 copy: np.ndarray | None = None):
+    def __init__(
+        self, keys: Keys, above_inf: int, zeros: int, dead: int = -1, copy: np.ndarray | None = None
+    ):
         self.keys, self.above_inf, self.zeros = keys, above_inf, zeros
-        self.dead, self.copy = dead, copy  # with ``copy``: the keys above inf, and the keys themselves
+        self.dead, self.copy = (
+            dead,
+            copy,
+        )  # with ``copy``: the keys above inf, and the keys themselves
         self._hist: tuple[np.ndarray, list[np.ndarray]] | None = None
 
     @property
@@ -182,8 +186,11 @@ def scan(keys: Keys, *, zeros: bool = False, copy: bool = False) -> Scan:
         found_zeros = (b - a) - int(np.count_nonzero(k)) if zeros or copy else -1
         if b > a and int(k.max()) < edge:  # one pass says: nothing at or above inf
             return 0, found_zeros, 0 if copy else -1
-        return (int(np.count_nonzero(k >= edge)), found_zeros,
-                int(np.count_nonzero(k > inf)) if copy else -1)
+        return (
+            int(np.count_nonzero(k >= edge)),
+            found_zeros,
+            int(np.count_nonzero(k > inf)) if copy else -1,
+        )
 
     parts = map_chunks(part, keys.n)
     above_inf = sum(p[0] for p in parts)
@@ -197,8 +204,13 @@ threads."""
 
 
 def threshold_mask(
-    keys: Keys, threshold: int, ties: int, equal: list[int] | None = None,
-    *, all_available: bool = False, sink: Sink | None = None,
+    keys: Keys,
+    threshold: int,
+    ties: int,
+    equal: list[int] | None = None,
+    *,
+    all_available: bool = False,
+    sink: Sink | None = None,
 ) -> np.ndarray | None:
     """Flat mask: the available keys above ``threshold`` plus the first ``ties`` equal to it.
 
@@ -296,8 +308,9 @@ def _whole(mask: np.ndarray, sink: Sink | None) -> np.ndarray | None:
     return None
 
 
-def select_top(keys: Keys, keep: int, *, found: Scan | None = None,
-               sink: Sink | None = None) -> np.ndarray | None:
+def select_top(
+    keys: Keys, keep: int, *, found: Scan | None = None, sink: Sink | None = None
+) -> np.ndarray | None:
     """Flat numpy bool mask keeping the ``keep`` largest available keys, ties to the lower index.
 
     One pass over the keys in chunks copies them out and counts the zeros and unavailable ones,
@@ -328,7 +341,9 @@ def select_top(keys: Keys, keep: int, *, found: Scan | None = None,
     nonzero = available - zeros
     if keep > nonzero:  # every non-zero key, and the first zeros
         t, above = 0, nonzero
-    elif (zeros + dead) * 4 <= n:  # few repeated keys: partition them all; the dead ones are the largest
+    elif (
+        zeros + dead
+    ) * 4 <= n:  # few repeated keys: partition them all; the dead ones are the largest
         t, above = _kth(cand, keep + dead)
         above -= dead
     elif cand.itemsize <= 2:
@@ -340,12 +355,12 @@ def select_top(keys: Keys, keep: int, *, found: Scan | None = None,
 
         def spread(a: int, b: int) -> None:
             np.left_shift(cand[a:b], 16, out=wide[a:b], dtype=np.int32)
-            wide[a:b] |= low[:b - a]
+            wide[a:b] |= low[: b - a]
 
         map_chunks(spread, n)
         cand = None
         t, above = _kth(wide, keep + dead)
-        above = int(np.count_nonzero(wide[n - keep - dead + 1:] >= (t >> 16) + 1 << 16)) - dead
+        above = int(np.count_nonzero(wide[n - keep - dead + 1 :] >= (t >> 16) + 1 << 16)) - dead
         t >>= 16
         del wide
     else:  # wider keys: leave the zeros and dead keys out of the partition

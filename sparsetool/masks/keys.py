@@ -25,8 +25,19 @@ import numpy as np
 from sparsetool.errors import SparsetoolError
 from sparsetool.util.floatbits import F32_INF, FORMATS, float_format, fp32_bits
 
-__all__ = ["Keys", "int_keys", "magnitude_keys", "flat_existing", "float_int_view", "digit_shifts",
-           "is_torch", "flat_bits", "bool_array", "like", "shape_of"]
+__all__ = [
+    "Keys",
+    "int_keys",
+    "magnitude_keys",
+    "flat_existing",
+    "float_int_view",
+    "digit_shifts",
+    "is_torch",
+    "flat_bits",
+    "bool_array",
+    "like",
+    "shape_of",
+]
 
 _NATIVE = {"float16": "F16", "float32": "F32", "float64": "F64"}
 
@@ -61,8 +72,10 @@ def flat_bits(w: Any, dtype: str | None = None) -> tuple[np.ndarray, str]:
     if dtype is None:
         st = _NATIVE.get(a.dtype.name)
         if st is None:
-            raise SparsetoolError(f"magnitude needs a floating tensor, got dtype {a.dtype} "
-                                  "(give the bit patterns' type as dtype=)")
+            raise SparsetoolError(
+                f"magnitude needs a floating tensor, got dtype {a.dtype} "
+                "(give the bit patterns' type as dtype=)"
+            )
         return np.ascontiguousarray(a).reshape(-1).view(FORMATS[st].view), st
     fmt = float_format(dtype)
     if a.dtype.kind not in "iu" or a.dtype.itemsize != fmt.itemsize:
@@ -84,7 +97,12 @@ def like(mask: np.ndarray, ref: Any) -> Any:
     if not is_torch(ref):
         return mask
     # np.ascontiguousarray makes a 0-d array 1-d: the reshape keeps the shape
-    return sys.modules["torch"].from_numpy(np.ascontiguousarray(mask)).reshape(mask.shape).to(ref.device)
+    return (
+        sys.modules["torch"]
+        .from_numpy(np.ascontiguousarray(mask))
+        .reshape(mask.shape)
+        .to(ref.device)
+    )
 
 
 def flat_existing(existing: Any, shape: tuple[int, ...]) -> np.ndarray | None:

@@ -72,8 +72,9 @@ class OutlierCount:
         return self.above / self.numel if self.numel else 0.0
 
 
-def owl_sparsities(ratios: Sequence[float], sizes: Sequence[int], sparsity: float,
-                   lam: float = OWL_LAMBDA) -> list[float]:
+def owl_sparsities(
+    ratios: Sequence[float], sizes: Sequence[int], sparsity: float, lam: float = OWL_LAMBDA
+) -> list[float]:
     """Each block's sparsity from its outlier ratio: spread over ``2 * lam``, lower where the
     ratio is higher, the mean weighted by ``sizes`` (targeted weights) equal to ``sparsity``.
     Equal ratios (or one block) give the target everywhere."""
@@ -88,14 +89,18 @@ def owl_sparsities(ratios: Sequence[float], sizes: Sequence[int], sparsity: floa
     return [round(sparsity - (s - mean), 12) for s in scaled]
 
 
-def owl_keep(blocks: Sequence[Mapping[str, int]], sparsities: Sequence[float],
-             sparsity: float) -> dict[str, int]:
+def owl_keep(
+    blocks: Sequence[Mapping[str, int]], sparsities: Sequence[float], sparsity: float
+) -> dict[str, int]:
     """Kept counts of each tensor (``blocks[b]``: name -> numel of block b's targets) at its
     block's sparsity, adding up to exactly the uniform total at ``sparsity``."""
     numel = {name: n for block in blocks for name, n in block.items()}
     target = sum(uniform_keep(numel, sparsity).values())
-    real = {name: (1.0 - min(1.0, max(0.0, s))) * n
-            for block, s in zip(blocks, sparsities) for name, n in block.items()}
+    real = {
+        name: (1.0 - min(1.0, max(0.0, s))) * n
+        for block, s in zip(blocks, sparsities)
+        for name, n in block.items()
+    }
     return largest_remainder(real, numel, target)
 
 
@@ -103,4 +108,3 @@ def block_sparsity(keep: Mapping[str, int], block: Mapping[str, int]) -> float:
     """The sparsity a block's kept counts give."""
     n = sum(block.values())
     return 1.0 - sum(keep[name] for name in block) / n if n else 0.0
-

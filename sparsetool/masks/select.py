@@ -145,7 +145,11 @@ def random_mask(
     else:  # the caller's torch stream, drawn as torch draws it
         import torch
 
-        bits = torch.randint(0, 1 << 30, shape, generator=generator, dtype=torch.int32).reshape(-1).numpy()
+        bits = (
+            torch.randint(0, 1 << 30, shape, generator=generator, dtype=torch.int32)
+            .reshape(-1)
+            .numpy()
+        )
     # Random 30-bit keys below the "inf" key 2**30 (room above for the "dead" key); the rare
     # ties among them are broken by index, deterministically.
     alive = flat_existing(existing, shape)
@@ -173,7 +177,8 @@ def nm_kept_count(alive: Any, n: int, m: int, dim: int = -1) -> int:
     if size % m:
         raise SparsetoolError(
             f"N:M {n}:{m}: the size along dimension {dim % a.ndim} is {size}, not divisible by "
-            f"{m}; choose an M that divides it or exclude this tensor")
+            f"{m}; choose an M that divides it or exclude this tensor"
+        )
     groups = np.moveaxis(a, dim, -1).reshape(-1, size // m, m)
     return int(np.minimum(groups.sum(-1), n).sum())
 
@@ -197,7 +202,9 @@ def nm_mask(
         raise SparsetoolError(f"N:M needs integers, got {n!r}:{m!r}")
     n, m = int(n), int(m)
     if m < 1 or not 0 <= n <= m:
-        raise SparsetoolError(f"N:M must have 0 <= N <= M and M >= 1 (keep N of every M), got {n}:{m}")
+        raise SparsetoolError(
+            f"N:M must have 0 <= N <= M and M >= 1 (keep N of every M), got {n}:{m}"
+        )
     shape = shape_of(w)
     ndim = len(shape)
     if ndim == 0:
@@ -214,7 +221,7 @@ def nm_mask(
     full = (1 << nbits) - 1
     alive = flat_existing(existing, shape)
     d = dim % ndim
-    inner = math.prod(shape[d + 1:])
+    inner = math.prod(shape[d + 1 :])
     row = m * inner  # one row = the groups at one (outer, group) position, side by side
     mask = np.empty(src.size, dtype=np.bool_)
 

@@ -30,8 +30,15 @@ from sparsetool.masks.kernel import top_k_mask
 from sparsetool.masks.select import nm_kept_count, nm_mask
 from sparsetool.util.wording import plural
 
-__all__ = ["ROWS", "block_prune_counts", "inverse_hessian_factor", "transpose_square", "sparsegpt_prune",
-           "sparsegpt_update", "sparsegpt_kept_count"]
+__all__ = [
+    "ROWS",
+    "block_prune_counts",
+    "inverse_hessian_factor",
+    "transpose_square",
+    "sparsegpt_prune",
+    "sparsegpt_update",
+    "sparsegpt_kept_count",
+]
 
 
 ROWS = 1024
@@ -58,7 +65,9 @@ def block_prune_counts(rows: int, cols: int, prune: int, blocksize: int) -> list
     return out
 
 
-def inverse_hessian_factor(h: Tensor, dampening: float = 0.01, *, overwrite: bool = False) -> Tensor:
+def inverse_hessian_factor(
+    h: Tensor, dampening: float = 0.01, *, overwrite: bool = False
+) -> Tensor:
     """The upper Cholesky factor of ``(H + d I)^-1``, ``d = dampening * mean(diag H)``, where
     never-active inputs get ``H_jj = 1``. Raises if ``H`` is not positive definite even dampened.
 
@@ -84,7 +93,8 @@ def inverse_hessian_factor(h: Tensor, dampening: float = 0.01, *, overwrite: boo
     except RuntimeError:  # torch.linalg.LinAlgError
         raise SparsetoolError(
             f"X^T X of this layer is not positive definite with dampening {dampening} "
-            "(its inputs are nearly collinear); raise --dampening, e.g. to 0.1") from None
+            "(its inputs are nearly collinear); raise --dampening, e.g. to 0.1"
+        ) from None
     transpose_square(h)  # row-major again, as the solve reads its rows
     return h
 
@@ -103,9 +113,16 @@ def transpose_square(t: Tensor, block: int = 512) -> None:
             t[j:je, i:ie] = upper.mT
 
 
-def sparsegpt_prune(w: Tensor, h: Tensor, *, keep: int | None = None,
-                    nm: tuple[int, int] | None = None, existing: Tensor | None = None,
-                    blocksize: int = 128, dampening: float = 0.01) -> tuple[Tensor, Tensor]:
+def sparsegpt_prune(
+    w: Tensor,
+    h: Tensor,
+    *,
+    keep: int | None = None,
+    nm: tuple[int, int] | None = None,
+    existing: Tensor | None = None,
+    blocksize: int = 128,
+    dampening: float = 0.01,
+) -> tuple[Tensor, Tensor]:
     """(updated weights, kept mask) of ``w`` (out, in) given ``h = X^T X`` (in, in).
 
     The math runs in float64 when ``h`` is float64, else float32; the weights come back in that
@@ -118,15 +135,30 @@ def sparsegpt_prune(w: Tensor, h: Tensor, *, keep: int | None = None,
     dt = torch.float64 if h.dtype == torch.float64 else torch.float32
     h_dt, w_dt = h.to(dt).contiguous(), w.to(dt)
     hinv = inverse_hessian_factor(h_dt, dampening, overwrite=h_dt is not h)  # a copy already
-    return sparsegpt_update(w_dt, hinv, keep=keep, nm=nm, existing=existing, blocksize=blocksize,
-                            overwrite=w_dt is not w)
+    return sparsegpt_update(
+        w_dt,
+        hinv,
+        keep=keep,
+        nm=nm,
+        existing=existing,
+        blocksize=blocksize,
+        overwrite=w_dt is not w,
+    )
 
 
-def _check(w: Tensor, h_shape, keep: int | None, nm: tuple[int, int] | None, blocksize: int,
-           fixed: Tensor | None = None) -> None:
+def _check(
+    w: Tensor,
+    h_shape,
+    keep: int | None,
+    nm: tuple[int, int] | None,
+    blocksize: int,
+    fixed: Tensor | None = None,
+) -> None:
     if fixed is not None:
         if keep is not None or nm is not None or fixed.shape != w.shape:
-            raise SparsetoolError("a fixed mask takes neither keep nor nm, and has the weight's shape")
+            raise SparsetoolError(
+                "a fixed mask takes neither keep nor nm, and has the weight's shape"
+            )
     elif (keep is None) == (nm is None):
         raise SparsetoolError("give exactly one of keep or nm")
     rows, cols = w.shape
@@ -135,14 +167,23 @@ def _check(w: Tensor, h_shape, keep: int | None, nm: tuple[int, int] | None, blo
     if blocksize < 1 or (nm is not None and blocksize % nm[1]):
         raise SparsetoolError(f"blocksize {blocksize} must be a positive multiple of M")
     if nm is not None and cols % nm[1]:
-        raise SparsetoolError(f"N:M {nm[0]}:{nm[1]}: the input size {cols} is not divisible by "
-                              f"{nm[1]}; choose an M that divides it or exclude this tensor")
+        raise SparsetoolError(
+            f"N:M {nm[0]}:{nm[1]}: the input size {cols} is not divisible by "
+            f"{nm[1]}; choose an M that divides it or exclude this tensor"
+        )
 
 
-def sparsegpt_update(w: Tensor, hinv: Tensor, *, keep: int | None = None,
-                     nm: tuple[int, int] | None = None, existing: Tensor | None = None,
-                     blocksize: int = 128, overwrite: bool = False,
-                     fixed: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def sparsegpt_update(
+    w: Tensor,
+    hinv: Tensor,
+    *,
+    keep: int | None = None,
+    nm: tuple[int, int] | None = None,
+    existing: Tensor | None = None,
+    blocksize: int = 128,
+    overwrite: bool = False,
+    fixed: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
     """:func:`sparsegpt_prune` given the factor ``hinv`` (:func:`inverse_hessian_factor`) instead
     of ``H``: the math runs in ``hinv``'s dtype. With ``overwrite`` the updated weights are
     written into ``w`` itself (of that dtype), which is returned, instead of into a copy.
@@ -154,8 +195,11 @@ def sparsegpt_update(w: Tensor, hinv: Tensor, *, keep: int | None = None,
     rows, cols = w.shape
     W = w if overwrite and w.dtype == hinv.dtype else w.to(hinv.dtype).clone()
     kept = torch.zeros((rows, cols), dtype=torch.bool) if fixed is None else fixed.bool().clone()
-    prunes = None if nm is not None or fixed is not None else \
-        block_prune_counts(rows, cols, rows * cols - keep, blocksize)
+    prunes = (
+        None
+        if nm is not None or fixed is not None
+        else block_prune_counts(rows, cols, rows * cols - keep, blocksize)
+    )
     for b, i1 in enumerate(range(0, cols, blocksize)):
         i2 = min(i1 + blocksize, cols)
         w1, hinv1 = W[:, i1:i2].clone(), hinv[i1:i2, i1:i2]
@@ -163,14 +207,15 @@ def sparsegpt_update(w: Tensor, hinv: Tensor, *, keep: int | None = None,
         alive = None if existing is None else existing[:, i1:i2].bool()
         diag = torch.diagonal(hinv1)
         if prunes is not None:
-            score = w1 ** 2 / diag.unsqueeze(0) ** 2
+            score = w1**2 / diag.unsqueeze(0) ** 2
             kept[:, i1:i2] = top_k_mask(score, w1.numel() - prunes[b], alive)
         for i in range(i2 - i1):
             if fixed is None and nm is not None and i % nm[1] == 0:
                 group = slice(i, i + nm[1])
                 score = w1[:, group] ** 2 / diag[group].unsqueeze(0) ** 2
-                kept[:, i1 + i:i1 + i + nm[1]] = nm_mask(
-                    score, nm[0], nm[1], dim=1, existing=None if alive is None else alive[:, group])
+                kept[:, i1 + i : i1 + i + nm[1]] = nm_mask(
+                    score, nm[0], nm[1], dim=1, existing=None if alive is None else alive[:, group]
+                )
             col = w1[:, i]
             q = torch.where(kept[:, i1 + i], col, torch.zeros_like(col))
             err = (col - q) / hinv1[i, i]
@@ -179,12 +224,17 @@ def sparsegpt_update(w: Tensor, hinv: Tensor, *, keep: int | None = None,
             err1[:, i] = err
         W[:, i1:i2] = w1
         for r in range(0, rows, ROWS):  # the product a slice of rows at a time: the same sums
-            W[r:r + ROWS, i2:] -= err1[r:r + ROWS] @ hinv[i1:i2, i2:]
+            W[r : r + ROWS, i2:] -= err1[r : r + ROWS] @ hinv[i1:i2, i2:]
     return W, kept
 
 
-def sparsegpt_kept_count(alive: Tensor, *, keep: int | None = None, nm: tuple[int, int] | None = None,
-                         blocksize: int = 128) -> int:
+def sparsegpt_kept_count(
+    alive: Tensor,
+    *,
+    keep: int | None = None,
+    nm: tuple[int, int] | None = None,
+    blocksize: int = 128,
+) -> int:
     """How many weights :func:`sparsegpt_prune` keeps of a weight whose ``alive`` (out, in)
     positions are not pruned yet, whatever the Hessian: each column block keeps its share or all
     it has alive. Known before any activation is seen, so a writer can size its output up front.
@@ -199,6 +249,6 @@ def sparsegpt_kept_count(alive: Tensor, *, keep: int | None = None, nm: tuple[in
     prunes = block_prune_counts(rows, cols, alive.numel() - keep, blocksize)
     kept = 0
     for b, i1 in enumerate(range(0, cols, blocksize)):
-        block = alive[:, i1:i1 + blocksize]
+        block = alive[:, i1 : i1 + blocksize]
         kept += min(block.numel() - prunes[b], int(block.sum()))
     return kept

@@ -40,8 +40,10 @@ def wanda_scores(w: Tensor, sq_norms: Tensor) -> Tensor:
     """``|W| * sqrt(sq_norms)`` in float32 (float64 for a float64 ``w``): ``w`` is (out, in),
     ``sq_norms`` the sum over calibration tokens of each input feature's square, shape (in,)."""
     if w.ndim != 2 or sq_norms.shape != (w.shape[1],):
-        raise SparsetoolError(f"Wanda needs a weight (out, in) and one norm per input; got "
-                              f"{tuple(w.shape)} and {tuple(sq_norms.shape)}")
+        raise SparsetoolError(
+            f"Wanda needs a weight (out, in) and one norm per input; got "
+            f"{tuple(w.shape)} and {tuple(sq_norms.shape)}"
+        )
     dt = torch.float64 if w.dtype == torch.float64 else torch.float32
     return w.to(dt).abs() * sq_norms.to(dt).clamp_min(0).sqrt().unsqueeze(0)
 
@@ -67,8 +69,14 @@ def row_top_k(scores: Tensor, keeps: list[int], allowed: Tensor | None = None) -
     return out
 
 
-def wanda_mask(w: Tensor, sq_norms: Tensor, *, keep: int | None = None,
-               nm: tuple[int, int] | None = None, existing: Tensor | None = None) -> Tensor:
+def wanda_mask(
+    w: Tensor,
+    sq_norms: Tensor,
+    *,
+    keep: int | None = None,
+    nm: tuple[int, int] | None = None,
+    existing: Tensor | None = None,
+) -> Tensor:
     """The kept positions of ``w`` (out, in): ``keep`` weights in all, or N:M along the input.
 
     ``existing`` (True = alive) positions that are already pruned are never kept again; a row with
@@ -86,7 +94,9 @@ def wanda_mask(w: Tensor, sq_norms: Tensor, *, keep: int | None = None,
     return row_top_k(scores, [cols - p for p in prunes], existing)
 
 
-def wanda_kept_count(alive: Tensor, *, keep: int | None = None, nm: tuple[int, int] | None = None) -> int:
+def wanda_kept_count(
+    alive: Tensor, *, keep: int | None = None, nm: tuple[int, int] | None = None
+) -> int:
     """How many weights :func:`wanda_mask` keeps of a weight whose ``alive`` (out, in) positions
     are not pruned yet, whatever the scores: each row keeps its share or all it has alive. Known
     before any activation is seen, so a writer can size its output up front.

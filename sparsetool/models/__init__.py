@@ -18,14 +18,29 @@ from __future__ import annotations
 from sparsetool.util.lazy import lazy_names
 
 _WHERE = {
-    "BlockModel": ".blocks", "Call": ".blocks", "Encoded": ".blocks", "block_index": ".blocks",
+    "BlockModel": ".blocks",
+    "Call": ".blocks",
+    "Encoded": ".blocks",
+    "block_index": ".blocks",
     "find_blocks": ".blocks",
-    "GPT": ".gpt", "GPTConfig": ".gpt", "PRESETS": ".gpt", "VOCAB_SIZE": ".gpt",
-    "infer_config": ".gpt", "model_record": ".gpt",
-    "HF_EXTRA": ".hf", "MAX_DEFAULT_SEQ": ".hf", "TOKENIZER_FILES": ".hf", "context_of": ".hf",
-    "hf_config": ".hf", "import_transformers": ".hf", "load_tokenizer": ".hf", "match_names": ".hf",
+    "GPT": ".gpt",
+    "GPTConfig": ".gpt",
+    "PRESETS": ".gpt",
+    "VOCAB_SIZE": ".gpt",
+    "infer_config": ".gpt",
+    "model_record": ".gpt",
+    "HF_EXTRA": ".hf",
+    "MAX_DEFAULT_SEQ": ".hf",
+    "TOKENIZER_FILES": ".hf",
+    "context_of": ".hf",
+    "hf_config": ".hf",
+    "import_transformers": ".hf",
+    "load_tokenizer": ".hf",
+    "match_names": ".hf",
     "match_weights": ".hf",
-    "DTYPES": ".open", "open_model": ".open", "resolve_device": ".open",
+    "DTYPES": ".open",
+    "open_model": ".open",
+    "resolve_device": ".open",
 }
 
 __all__ = sorted(_WHERE)

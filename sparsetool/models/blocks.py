@@ -110,10 +110,17 @@ def _differing(call: Call, per_block: list) -> dict[int, tuple[tuple, dict]]:
     """The blocks (after block 0) whose recorded arguments (``per_block``) differ from those
     ``call`` holds for block 0."""
     args, kwargs = call.args, call.kwargs
-    return {j: got for j, got in enumerate(per_block)
-            if j and got is not None and not (
-                _same(got[0], args) and got[1].keys() == kwargs.keys()
-                and all(_same(got[1][k], kwargs[k]) for k in got[1]))}
+    return {
+        j: got
+        for j, got in enumerate(per_block)
+        if j
+        and got is not None
+        and not (
+            _same(got[0], args)
+            and got[1].keys() == kwargs.keys()
+            and all(_same(got[1][k], kwargs[k]) for k in got[1])
+        )
+    }
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -141,10 +148,20 @@ class BlockModel:
     ``outer`` the rest but the head; ``head`` the untied LM head's (empty when tied).
     """
 
-    def __init__(self, path: Path, ckpt: Checkpoint, kind: str, module: torch.nn.Module,
-                 context: int, encode: Callable[[str], Encoded], sources: dict[str, list[Piece]],
-                 dtype: torch.dtype, device: torch.device, head_module: torch.nn.Module,
-                 forward: Callable[[torch.Tensor], Any]):
+    def __init__(
+        self,
+        path: Path,
+        ckpt: Checkpoint,
+        kind: str,
+        module: torch.nn.Module,
+        context: int,
+        encode: Callable[[str], Encoded],
+        sources: dict[str, list[Piece]],
+        dtype: torch.dtype,
+        device: torch.device,
+        head_module: torch.nn.Module,
+        forward: Callable[[torch.Tensor], Any],
+    ):
         self.path, self.ckpt, self.kind, self.module = path, ckpt, kind, module
         self.context, self.encode, self.sources = context, encode, sources
         self.dtype, self.device = dtype, device
@@ -162,8 +179,9 @@ class BlockModel:
                 self._meta[name] = p
                 self._aliases[name] = [name]
         own = list(self._meta)
-        self._by_stored = {piece.stored: (name, piece) for name in reversed(own)
-                           for piece in self.sources[name]}
+        self._by_stored = {
+            piece.stored: (name, piece) for name in reversed(own) for piece in self.sources[name]
+        }
         self.block_prefix, block_list = find_blocks(module, own)
         self.block_list: torch.nn.ModuleList = block_list
         self.blocks: list[list[str]] = [[] for _ in range(len(block_list))]
@@ -171,14 +189,18 @@ class BlockModel:
         for name in own:
             i = block_index(self.block_prefix, name)
             (self.blocks[i] if i is not None else rest).append(name)
-        untied = {id(p) for p in head_module.parameters()} - {id(p) for p in self._input_embeddings().parameters()}
+        untied = {id(p) for p in head_module.parameters()} - {
+            id(p) for p in self._input_embeddings().parameters()
+        }
         self.head = [n for n in rest if id(self._meta[n]) in untied]
         self.outer = [n for n in rest if n not in self.head]
         self._loaded: set[str] = set()
         self._tuple_out = False
         # What each checkpoint tensor holds, counted the first time it is read (eval's table).
         stored = {piece.stored for n in own for piece in self.sources[n]}
-        self.plan = plan_targets([(s, tuple(self._lts[s].shape), self._lts[s].dtype) for s in sorted(stored)])
+        self.plan = plan_targets(
+            [(s, tuple(self._lts[s].shape), self._lts[s].dtype) for s in sorted(stored)]
+        )
         self.counts: dict[str, tuple[int, int]] = {}  # checkpoint name -> (numel, non-zeros)
 
     # ------------------------------------------------------------------ sizes
@@ -214,8 +236,11 @@ class BlockModel:
         expert at a time)."""
         per_token = 0
         for block in self.blocks:
-            outs = [self._meta[n].shape[0] if self._meta[n].ndim == 2 else self._meta[n].shape[1]
-                    for n in block if self._meta[n].ndim in (2, 3)]
+            outs = [
+                self._meta[n].shape[0] if self._meta[n].ndim == 2 else self._meta[n].shape[1]
+                for n in block
+                if self._meta[n].ndim in (2, 3)
+            ]
             per_token = max(per_token, sum(outs) + 2 * max(outs, default=0))
         return batch * (seq * per_token * self.dtype.itemsize + 3 * self._heads() * seq * seq * 4)
 
@@ -305,8 +330,10 @@ class BlockModel:
                         self._forward(ids)
                     except _Captured:
                         continue
-                    raise SparsetoolError(f"{self.path}: the model never ran its first block; "
-                                          "only causal language models built of blocks are supported")
+                    raise SparsetoolError(
+                        f"{self.path}: the model never ran its first block; "
+                        "only causal language models built of blocks are supported"
+                    )
             if len(self.block_list) > 1:
                 self._record_arguments(calls)
         finally:
@@ -343,7 +370,8 @@ class BlockModel:
                         pass
                     seen.append([r.seen for r in recorders])
             fits = len(reached) == len(batch) and all(
-                h.shape == c.hidden.shape for h, c in zip(reached, batch))
+                h.shape == c.hidden.shape for h, c in zip(reached, batch)
+            )
             return seen if fits else None
 
         handle = self._head_module.register_forward_pre_hook(at_head, with_kwargs=True)
@@ -376,7 +404,8 @@ class BlockModel:
             raise SparsetoolError(
                 f"{self.path}: its blocks are of several kinds ({', '.join(sorted(kinds))}) "
                 "and the arguments the model passes each could not be recorded; this "
-                "model cannot run block by block; please report this")
+                "model cannot run block by block; please report this"
+            )
 
     def run_block(self, i: int, call: Call) -> torch.Tensor:
         """Block ``i`` (loaded) applied to one batch: its output hidden states."""
@@ -387,8 +416,9 @@ class BlockModel:
             return out[0]
         return out
 
-    def through_blocks(self, calls: list[Call],
-                       after_block: Callable[[], None] | None = None) -> list[Call]:
+    def through_blocks(
+        self, calls: list[Call], after_block: Callable[[], None] | None = None
+    ) -> list[Call]:
         """``calls`` through every block in turn, each block read once for all of them (the
         inputs of a block are dropped as its outputs are made); ``after_block()`` after each."""
         for i in range(len(self.blocks)):
@@ -406,8 +436,10 @@ class BlockModel:
         cfg = getattr(self.module, "config", None)
         scaled = [k for k in _LOGIT_TRANSFORMS if getattr(cfg, k, None) not in (None, 1, 1.0)]
         if scaled:
-            raise SparsetoolError(f"{self.path}: this model transforms its logits after the head "
-                                  f"({', '.join(scaled)}), which eval does not apply yet")
+            raise SparsetoolError(
+                f"{self.path}: this model transforms its logits after the head "
+                f"({', '.join(scaled)}), which eval does not apply yet"
+            )
         loaded = set(self._loaded)
         self.load(self.outer)
         originals = list(self.block_list)
@@ -462,8 +494,10 @@ def find_blocks(module: torch.nn.Module, params: list[str]) -> tuple[str, torch.
             if inside > best[0]:
                 best = (inside, prefix, m)
     if best[2] is None:
-        raise SparsetoolError("the model has no list of transformer blocks; only causal language "
-                              "models built of blocks are supported")
+        raise SparsetoolError(
+            "the model has no list of transformer blocks; only causal language "
+            "models built of blocks are supported"
+        )
     return best[1], best[2]
 
 
@@ -475,5 +509,5 @@ def block_index(prefix: str, name: str) -> int | None:
     """
     if not name.startswith(prefix + "."):
         return None
-    head = name[len(prefix) + 1:].split(".")[0]
+    head = name[len(prefix) + 1 :].split(".")[0]
     return int(head) if head.isdigit() else None

@@ -77,6 +77,7 @@ PRESETS: dict[str, GPTConfig] = {
     "base": GPTConfig(n_layer=8, n_head=8, d_model=320, context=256),
 }
 
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -151,7 +152,9 @@ class GPT(nn.Module):
         cross-entropy in nats per byte."""
         B, T = idx.shape
         if T > self.cfg.context:
-            raise ConfigError(f"sequence of {T} tokens exceeds the model context {self.cfg.context}")
+            raise ConfigError(
+                f"sequence of {T} tokens exceeds the model context {self.cfg.context}"
+            )
         pos = torch.arange(T, device=idx.device)
         x = self.tok_emb(idx) + self.pos_emb(pos)  # (B, T, d)
         for block in self.blocks:
@@ -210,6 +213,9 @@ def model_record(ckpt) -> dict:
     under "history": the model shape written by train survives them."""
     meta = merged_provenance(ckpt.metadata())
     if ckpt.config and "n_head" in ckpt.config and "model" not in meta:
-        meta["model"] = {k: ckpt.config[k] for k in ("n_layer", "n_head", "d_model", "context")
-                         if k in ckpt.config}
+        meta["model"] = {
+            k: ckpt.config[k]
+            for k in ("n_layer", "n_head", "d_model", "context")
+            if k in ckpt.config
+        }
     return meta

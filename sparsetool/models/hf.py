@@ -21,15 +21,32 @@ import torch
 from sparsetool.checkpoint.config import drop_sparsity_config
 from sparsetool.errors import SparsetoolError
 
-__all__ = ["HF_EXTRA", "MAX_DEFAULT_SEQ", "TOKENIZER_FILES", "Piece", "context_of", "hf_config",
-           "import_transformers", "load_tokenizer", "match_names", "match_weights"]
+__all__ = [
+    "HF_EXTRA",
+    "MAX_DEFAULT_SEQ",
+    "TOKENIZER_FILES",
+    "Piece",
+    "context_of",
+    "hf_config",
+    "import_transformers",
+    "load_tokenizer",
+    "match_names",
+    "match_weights",
+]
 
 MAX_DEFAULT_SEQ = 2048  # default window for models trained on long contexts (CPU memory, time)
 HF_EXTRA = "pip install -e '.[hf]' (source checkout) or pip install 'sparsetool[hf]'"
 # Buffers old GPT-2 checkpoints stored; today's transformers computes them.
 _LEGACY_BUFFERS = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
-                   "sentencepiece.bpe.model", "tiktoken.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tiktoken.model",
+)
 
 
 def import_transformers(doing: str = "evaluating"):
@@ -42,8 +59,9 @@ def import_transformers(doing: str = "evaluating"):
     return transformers
 
 
-def hf_config(path: Path, config: dict | None, transformers, command: str = "eval",
-              needs: str | None = None):
+def hf_config(
+    path: Path, config: dict | None, transformers, command: str = "eval", needs: str | None = None
+):
     """transformers' config object of a causal LM directory; anything else is refused (``needs``,
     if given, ends that error: what the caller does with the model)."""
     from transformers.models.auto.modeling_auto import (
@@ -52,25 +70,35 @@ def hf_config(path: Path, config: dict | None, transformers, command: str = "eva
     )
 
     if config is None:
-        raise SparsetoolError(f"{path}: no config.json; {command} needs a Hugging Face model directory "
-                              "(config.json, weights, tokenizer files) or a checkpoint of sparsetool train")
+        raise SparsetoolError(
+            f"{path}: no config.json; {command} needs a Hugging Face model directory "
+            "(config.json, weights, tokenizer files) or a checkpoint of sparsetool train"
+        )
     # The compressed-tensors block describes how weights are stored, which sparsetool decodes itself.
     config = drop_sparsity_config(config)
-    config = {k: v for k, v in config.items() if k != "auto_map"}  # classes in the directory's .py files
+    config = {
+        k: v for k, v in config.items() if k != "auto_map"
+    }  # classes in the directory's .py files
     model_type = config.get("model_type")
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise SparsetoolError(f"{path}/config.json: model_type {model_type!r} is not a causal language "
-                              f"model transformers knows; {needs or _does(command) + ' next-token prediction only'}")
+        raise SparsetoolError(
+            f"{path}/config.json: model_type {model_type!r} is not a causal language "
+            f"model transformers knows; {needs or _does(command) + ' next-token prediction only'}"
+        )
     rest = {k: v for k, v in config.items() if k != "model_type"}
     try:
         cfg = transformers.AutoConfig.for_model(model_type, **rest)
     except Exception as e:  # transformers raises many types for a bad config
         raise SparsetoolError(f"{path}/config.json: transformers cannot read it ({e})") from None
-    bidirectional = model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(cfg, "is_decoder", False)
+    bidirectional = model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(
+        cfg, "is_decoder", False
+    )
     if getattr(cfg, "is_encoder_decoder", False) or bidirectional:
         arch = ", ".join(config.get("architectures") or [model_type])
-        raise SparsetoolError(f"{path}: {arch} is not a causal language model (an encoder sees the "
-                              f"tokens it should predict); {needs or _does(command) + ' decoder-only models'}")
+        raise SparsetoolError(
+            f"{path}: {arch} is not a causal language model (an encoder sees the "
+            f"tokens it should predict); {needs or _does(command) + ' decoder-only models'}"
+        )
     return cfg
 
 
@@ -80,7 +108,13 @@ def _does(command: str) -> str:
 
 def context_of(cfg) -> int:
     """The longest sequence the model of ``cfg`` takes."""
-    for attr in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length", "max_sequence_length"):
+    for attr in (
+        "max_position_embeddings",
+        "n_positions",
+        "n_ctx",
+        "seq_length",
+        "max_sequence_length",
+    ):
         value = getattr(cfg, attr, None)
         if isinstance(value, int) and value > 0:
             return value
@@ -89,17 +123,20 @@ def context_of(cfg) -> int:
 
 def load_tokenizer(path: Path, transformers):
     """The directory's own tokenizer (local files only)."""
+
     def refuse(why: str) -> SparsetoolError:
         return SparsetoolError(
             f"{path}: no usable tokenizer ({why}); copy the tokenizer files of the original model "
-            "(tokenizer.json or its vocabulary files, tokenizer_config.json) into this directory")
+            "(tokenizer.json or its vocabulary files, tokenizer_config.json) into this directory"
+        )
 
     # transformers 5 builds an empty tokenizer from config.json alone: look for the files first
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         raise refuse(f"none of {', '.join(TOKENIZER_FILES)}")
     try:
-        tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True,
-                                                         trust_remote_code=False)
+        tok = transformers.AutoTokenizer.from_pretrained(
+            str(path), local_files_only=True, trust_remote_code=False
+        )
     except Exception as e:  # broken files surface as OSError, ValueError or TypeError by version
         if "custom code" in str(e):
             raise SparsetoolError(
@@ -107,7 +144,9 @@ def load_tokenizer(path: Path, transformers):
                 "Python files (auto_map), and sparsetool never runs code from a checkpoint; set its "
                 "tokenizer_class to a transformers class (PreTrainedTokenizerFast reads tokenizer.json)"
             ) from None
-        raise refuse(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'cannot load'}") from None
+        raise refuse(
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'cannot load'}"
+        ) from None
     if len(tok) <= len(getattr(tok, "all_special_ids", [])):
         raise refuse("its vocabulary is empty")
     return tok
@@ -165,7 +204,8 @@ class _Conversions:
             raise SparsetoolError(
                 f"{self.path}: tensor {name!r} is stored in a layout transformers converts on "
                 f"loading ({' then '.join(ops) or type(converter).__name__}); {self.command} "
-                "does not support this model's checkpoints yet")
+                "does not support this model's checkpoints yet"
+            )
         members = self.merged.setdefault(target, (converter, []))[1]
         members.append((converter.source_patterns.index(pattern), int(found.group(1)), name, shape))
         return None
@@ -189,7 +229,8 @@ class _Conversions:
             if e >= shape[stack]:
                 raise SparsetoolError(
                     f"{self.path}: tensor {name!r} is expert {e}, but config.json describes "
-                    f"{shape[stack]} experts; the weights and config.json disagree")
+                    f"{shape[stack]} experts; the weights and config.json disagree"
+                )
             index[stack] = e
             if concat is not None:
                 index[concat] = slice(offsets[j], offsets[j] + sizes[j])
@@ -200,21 +241,28 @@ class _Conversions:
                 raise SparsetoolError(
                     f"{self.path}: tensor {name!r} has shape {list(stored_shape)}, but its place in "
                     f"{target!r} {list(shape)} (config.json) is {place}; the weights and "
-                    "config.json disagree")
+                    "config.json disagree"
+                )
             places.add((j, e))
             pieces.append(Piece(name, tuple(index)))
-        missing = [(j, e) for e in range(shape[stack]) for j in range(len(converter.source_patterns))
-                   if (j, e) not in places]
+        missing = [
+            (j, e)
+            for e in range(shape[stack])
+            for j in range(len(converter.source_patterns))
+            if (j, e) not in places
+        ]
         if missing:
             j, e = missing[0]
             raise SparsetoolError(
                 f"{self.path}: no tensor {converter.source_patterns[j].replace('*', str(e))!r} for "
-                f"{target!r}; the checkpoint lacks weights the model of config.json needs")
+                f"{target!r}; the checkpoint lacks weights the model of config.json needs"
+            )
         return pieces
 
 
-def match_names(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, ...]],
-                command: str = "eval") -> dict[str, list[Piece]]:
+def match_names(
+    path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, ...]], command: str = "eval"
+) -> dict[str, list[Piece]]:
     """Each parameter or buffer of ``model`` -> the checkpoint tensors it is loaded from (one
     :class:`Piece` holding the whole parameter, or the pieces of a merged one), given the
     checkpoint's tensor shapes (``shapes``, read from its headers); shapes are checked against
@@ -231,8 +279,9 @@ def match_names(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int,
     return origin
 
 
-def match_weights(path: Path, model: torch.nn.Module, weights: dict[str, torch.Tensor],
-                  command: str = "eval") -> dict[str, torch.Tensor]:
+def match_weights(
+    path: Path, model: torch.nn.Module, weights: dict[str, torch.Tensor], command: str = "eval"
+) -> dict[str, torch.Tensor]:
     """``weights`` (a checkpoint's dense tensors) under the model's own names, checked as
     :func:`match_names` does, merged parameters assembled from their pieces; a tied parameter
     appears once."""
@@ -251,8 +300,9 @@ def match_weights(path: Path, model: torch.nn.Module, weights: dict[str, torch.T
     return out
 
 
-def _match(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, ...]],
-           command: str) -> dict[str, list[Piece]]:
+def _match(
+    path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, ...]], command: str
+) -> dict[str, list[Piece]]:
     own = model.state_dict()
     prefix = getattr(model, "base_model_prefix", "") or ""
     conversions = _Conversions(model, path, command)
@@ -265,8 +315,10 @@ def _match(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, ...]
         if name not in own:
             if name.endswith(_LEGACY_BUFFERS):
                 continue
-            raise SparsetoolError(f"{path}: tensor {name!r} is not part of the {type(model).__name__} "
-                                  "that config.json describes; the weights and config.json disagree")
+            raise SparsetoolError(
+                f"{path}: tensor {name!r} is not part of the {type(model).__name__} "
+                "that config.json describes; the weights and config.json disagree"
+            )
         if tuple(shape) != tuple(own[name].shape):
             raise SparsetoolError(
                 f"{path}: tensor {name!r} has shape {list(shape)} but config.json describes "
@@ -276,9 +328,11 @@ def _match(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, ...]
     for target in conversions.merged:
         name = _with_prefix(target, own, prefix)
         if name not in own:
-            raise SparsetoolError(f"{path}: tensors merged into {name!r} are not part of the "
-                                  f"{type(model).__name__} that config.json describes; the weights "
-                                  "and config.json disagree")
+            raise SparsetoolError(
+                f"{path}: tensors merged into {name!r} are not part of the "
+                f"{type(model).__name__} that config.json describes; the weights "
+                "and config.json disagree"
+            )
         origin[name] = conversions.pieces(target, tuple(own[name].shape))
     # Parameters shared with a loaded one (a head tied to the embedding) need no tensor of their own.
     by_storage: dict[int, list[str]] = {}
@@ -286,8 +340,10 @@ def _match(path: Path, model: torch.nn.Module, shapes: dict[str, tuple[int, ...]
         by_storage.setdefault(id(p), []).append(name)
     for names in by_storage.values():
         if not any(n in origin for n in names):
-            raise SparsetoolError(f"{path}: no tensor {names[0]!r}; the checkpoint lacks weights "
-                                  "the model of config.json needs")
+            raise SparsetoolError(
+                f"{path}: no tensor {names[0]!r}; the checkpoint lacks weights "
+                "the model of config.json needs"
+            )
     return origin
 
 
@@ -296,6 +352,6 @@ def _with_prefix(name: str, own: dict, prefix: str) -> str:
     if name not in own and prefix:
         if f"{prefix}.{name}" in own:
             return f"{prefix}.{name}"
-        if name.startswith(prefix + ".") and name[len(prefix) + 1:] in own:
-            return name[len(prefix) + 1:]
+        if name.startswith(prefix + ".") and name[len(prefix) + 1 :] in own:
+            return name[len(prefix) + 1 :]
     return name

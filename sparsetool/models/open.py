@@ -39,13 +39,17 @@ def resolve_device(device: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ConfigError(f"--device {device}: no CUDA device is visible (this torch "
-                              f"{'has no CUDA support' if torch.version.cuda is None else 'sees no GPU'}); "
-                              "use --device cpu")
+            raise ConfigError(
+                f"--device {device}: no CUDA device is visible (this torch "
+                f"{'has no CUDA support' if torch.version.cuda is None else 'sees no GPU'}); "
+                "use --device cpu"
+            )
         index = int(device[5:]) if device[5:] else 0
         if index >= torch.cuda.device_count():
-            raise ConfigError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) "
-                              "are visible; use cuda:0 or another index")
+            raise ConfigError(
+                f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) "
+                "are visible; use cuda:0 or another index"
+            )
     return torch.device(device)
 
 
@@ -67,8 +71,9 @@ def _params_on_meta() -> Iterator[None]:
         torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
-def open_model(path: str | Path, dtype: str = "float32", device: str = "cpu",
-               needs: str | None = None) -> BlockModel:
+def open_model(
+    path: str | Path, dtype: str = "float32", device: str = "cpu", needs: str | None = None
+) -> BlockModel:
     """The checkpoint at ``path`` as a :class:`BlockModel`: sparsetool's GPT (a file or directory
     written by ``sparsetool train``, or anything pruned from one) or a Hugging Face causal-LM
     directory. ``needs`` ends the error for a checkpoint that is not such a model."""
@@ -79,12 +84,17 @@ def open_model(path: str | Path, dtype: str = "float32", device: str = "cpu",
     ckpt = open_checkpoint(path)
     try:
         names = {lt.name for lt in ckpt.logical}
-        if (ckpt.config or {}).get("model_type") == "sparsetool-gpt" or {"tok_emb.weight", "pos_emb.weight"} <= names:
+        if (ckpt.config or {}).get("model_type") == "sparsetool-gpt" or {
+            "tok_emb.weight",
+            "pos_emb.weight",
+        } <= names:
             return _gpt_model(path, ckpt, DTYPES[dtype], dev)
         if ckpt.config is None and needs is not None:
-            raise SparsetoolError(f"{path}: no config.json, so no model to run; {needs}: give a Hugging "
-                                  "Face model directory (config.json, weights, tokenizer files) or a "
-                                  "checkpoint of sparsetool train")
+            raise SparsetoolError(
+                f"{path}: no config.json, so no model to run; {needs}: give a Hugging "
+                "Face model directory (config.json, weights, tokenizer files) or a "
+                "checkpoint of sparsetool train"
+            )
         return _hf_model(path, ckpt, DTYPES[dtype], dev, needs)
     except BaseException:
         ckpt.close()
@@ -101,31 +111,49 @@ def _settle(module: torch.nn.Module, dtype: torch.dtype, device: torch.device) -
 
 
 # ---------------------------------------------------------------------------- sparsetool's GPT
-def _gpt_model(path: Path, ckpt: Checkpoint, dtype: torch.dtype, device: torch.device) -> BlockModel:
+def _gpt_model(
+    path: Path, ckpt: Checkpoint, dtype: torch.dtype, device: torch.device
+) -> BlockModel:
     shapes = {lt.name: tuple(lt.shape) for lt in ckpt.logical}
     cfg = infer_config(shapes, (model_record(ckpt).get("model") or {}).get("n_head"))
     with _params_on_meta():
         model = GPT(cfg)
     for name, p in model.named_parameters():
         if name not in shapes:
-            raise SparsetoolError(f"{path}: tensor {name!r} of sparsetool's GPT is missing; "
-                                  "it is not a complete checkpoint written by sparsetool train")
+            raise SparsetoolError(
+                f"{path}: tensor {name!r} of sparsetool's GPT is missing; "
+                "it is not a complete checkpoint written by sparsetool train"
+            )
         if shapes[name] != tuple(p.shape):
-            raise SparsetoolError(f"{path}: tensor {name!r} has shape {list(shapes[name])}, "
-                                  f"the model needs {list(p.shape)}")
+            raise SparsetoolError(
+                f"{path}: tensor {name!r} has shape {list(shapes[name])}, "
+                f"the model needs {list(p.shape)}"
+            )
     _settle(model, dtype, device)
 
     def encode(text: str) -> Encoded:
         return Encoded(list(text.encode("utf-8")), lambda k: k)  # bytes are tokens
 
     sources = {n: [Piece(n)] for n, _ in model.named_parameters()}
-    return BlockModel(path, ckpt, "sparsetool-gpt", model, cfg.context, encode, sources, dtype,
-                      device, model.head, lambda ids: model(ids))
+    return BlockModel(
+        path,
+        ckpt,
+        "sparsetool-gpt",
+        model,
+        cfg.context,
+        encode,
+        sources,
+        dtype,
+        device,
+        model.head,
+        lambda ids: model(ids),
+    )
 
 
 # ---------------------------------------------------------------------------- Hugging Face
-def _hf_model(path: Path, ckpt: Checkpoint, dtype: torch.dtype, device: torch.device,
-              needs: str | None) -> BlockModel:
+def _hf_model(
+    path: Path, ckpt: Checkpoint, dtype: torch.dtype, device: torch.device, needs: str | None
+) -> BlockModel:
     transformers = import_transformers()
     cfg = hf_config(path, ckpt.config, transformers, needs=needs)
     tok = load_tokenizer(path, transformers)
@@ -133,7 +161,8 @@ def _hf_model(path: Path, ckpt: Checkpoint, dtype: torch.dtype, device: torch.de
     try:
         with _params_on_meta():
             model = transformers.AutoModelForCausalLM.from_config(
-                cfg, attn_implementation="eager", trust_remote_code=False)
+                cfg, attn_implementation="eager", trust_remote_code=False
+            )
     finally:  # nothing is initialised on meta, but do not disturb the caller's seed either way
         torch.random.set_rng_state(torch_state)
     shapes = {lt.name: tuple(lt.shape) for lt in ckpt.logical}
@@ -141,7 +170,9 @@ def _hf_model(path: Path, ckpt: Checkpoint, dtype: torch.dtype, device: torch.de
     _settle(model, dtype, device)
     head = model.get_output_embeddings()
     if head is None:
-        raise SparsetoolError(f"{path}: the model has no LM head; {needs or 'eval scores next-token prediction only'}")
+        raise SparsetoolError(
+            f"{path}: the model has no LM head; {needs or 'eval scores next-token prediction only'}"
+        )
 
     def encode(text: str) -> Encoded:
         prev = transformers.logging.get_verbosity()
@@ -162,5 +193,16 @@ def _hf_model(path: Path, ckpt: Checkpoint, dtype: torch.dtype, device: torch.de
 
         return Encoded(ids, byte_ends)
 
-    return BlockModel(path, ckpt, "huggingface", model, context_of(cfg), encode, origin, dtype,
-                      device, head, lambda ids: model(input_ids=ids, use_cache=False))
+    return BlockModel(
+        path,
+        ckpt,
+        "huggingface",
+        model,
+        context_of(cfg),
+        encode,
+        origin,
+        dtype,
+        device,
+        head,
+        lambda ids: model(input_ids=ids, use_cache=False),
+    )

@@ -23,8 +23,17 @@ from typing import Any, Callable
 from sparsetool.checkpoint.output_files import check_writable, write_error
 from sparsetool.errors import SparsetoolError
 
-__all__ = ["DEFAULT_OUTPUT", "DEFAULT_STEPS", "DEFAULT_FINETUNE_STEPS", "SPARSITY", "MODEL",
-           "PHASES", "check_output", "run_demo", "plot_perplexity"]
+__all__ = [
+    "DEFAULT_OUTPUT",
+    "DEFAULT_STEPS",
+    "DEFAULT_FINETUNE_STEPS",
+    "SPARSITY",
+    "MODEL",
+    "PHASES",
+    "check_output",
+    "run_demo",
+    "plot_perplexity",
+]
 
 PhaseProgress = Callable[[str, dict], None]  # demo reports phases and steps, not counts
 
@@ -37,8 +46,16 @@ BATCH = 16  # sequences per step, as sparsetool train's default
 EVAL_BYTES = 64 * 1024  # of each held-out split (the English one is smaller: all of it)
 MARKER = ".sparsetool-demo"  # written first: marks a directory a later demo may replace
 # What a demo writes: a later demo removes these (and nothing else) from its directory.
-PRODUCTS = ("dense", "sparse", "finetuned", "heldout", "perplexity.png", "angular-distance.png",
-            "summary.json", MARKER)
+PRODUCTS = (
+    "dense",
+    "sparse",
+    "finetuned",
+    "heldout",
+    "perplexity.png",
+    "angular-distance.png",
+    "summary.json",
+    MARKER,
+)
 PHASES = (  # key, title, what its progress counts
     ("dense", "pre-train dense", "steps"),
     ("sparse", f"pre-train {SPARSITY:.0%} sparse", "steps"),
@@ -52,18 +69,28 @@ def check_output(output: str | Path) -> bool:
     """Refuse a directory that holds anything but an earlier demo's output; True if it is one."""
     out = Path(output)
     if out.exists() and not out.is_dir():
-        raise SparsetoolError(f"-o/--output {out} is a file; give a directory for the demo's output")
+        raise SparsetoolError(
+            f"-o/--output {out} is a file; give a directory for the demo's output"
+        )
     if not out.exists() or not any(out.iterdir()):
         return False
     if not (out / MARKER).exists():
-        raise SparsetoolError(f"-o/--output {out} exists and is not empty (and is not an earlier "
-                              "sparsetool demo output); pick a new directory or empty it")
+        raise SparsetoolError(
+            f"-o/--output {out} exists and is not empty (and is not an earlier "
+            "sparsetool demo output); pick a new directory or empty it"
+        )
     return True
 
 
-def run_demo(output: str | Path = DEFAULT_OUTPUT, *, steps: int = DEFAULT_STEPS,
-             finetune_steps: int = DEFAULT_FINETUNE_STEPS, seed: int = 0,
-             threads: int | None = None, progress: PhaseProgress | None = None) -> dict[str, Any]:
+def run_demo(
+    output: str | Path = DEFAULT_OUTPUT,
+    *,
+    steps: int = DEFAULT_STEPS,
+    finetune_steps: int = DEFAULT_FINETUNE_STEPS,
+    seed: int = 0,
+    threads: int | None = None,
+    progress: PhaseProgress | None = None,
+) -> dict[str, Any]:
     """Run the demo into ``output`` and return its summary (also written to summary.json).
 
     ``output`` must be new, empty, or an earlier demo's output (whose files are replaced). On
@@ -114,8 +141,15 @@ def _remove_products(out: Path) -> None:
 
 
 class _Demo:
-    def __init__(self, out: Path, steps: int, finetune_steps: int, seed: int,
-                 progress: PhaseProgress | None, threads: int = 1) -> None:
+    def __init__(
+        self,
+        out: Path,
+        steps: int,
+        finetune_steps: int,
+        seed: int,
+        progress: PhaseProgress | None,
+        threads: int = 1,
+    ) -> None:
         self.out, self.steps, self.finetune_steps, self.seed = out, steps, finetune_steps, seed
         self.threads = threads
         self.report = progress or (lambda kind, info: None)
@@ -124,8 +158,17 @@ class _Demo:
     # ---------------------------------------------------------------- phases
     def _phase(self, key: str, total: int) -> None:
         index = [k for k, _, _ in PHASES].index(key)
-        self.report("phase", {"phase": key, "title": PHASES[index][1], "unit": PHASES[index][2],
-                              "index": index + 1, "phases": len(PHASES), "total": total})
+        self.report(
+            "phase",
+            {
+                "phase": key,
+                "title": PHASES[index][1],
+                "unit": PHASES[index][2],
+                "index": index + 1,
+                "phases": len(PHASES),
+                "total": total,
+            },
+        )
         self._t0 = time.perf_counter()
 
     def _step(self, key: str, done: int, total: int, **extra: Any) -> None:
@@ -139,9 +182,19 @@ class _Demo:
         from sparsetool.train.configkeys import merge
         from sparsetool.train.loop import train
 
-        cfg = merge({}, {**MODEL, "out": str(self.out / key), "steps": steps, "seed": self.seed,
-                         "batch_size": BATCH, "threads": self.threads, "eval_every": max(1, steps // 5),
-                         **options})
+        cfg = merge(
+            {},
+            {
+                **MODEL,
+                "out": str(self.out / key),
+                "steps": steps,
+                "seed": self.seed,
+                "batch_size": BATCH,
+                "threads": self.threads,
+                "eval_every": max(1, steps // 5),
+                **options,
+            },
+        )
 
         def callback(kind: str, info: dict) -> None:
             if kind == "step":
@@ -157,14 +210,21 @@ class _Demo:
         t_start = time.perf_counter()
         runs = {
             "dense": self._train("dense", self.steps, warmup=max(1, self.steps // 10)),
-            "sparse": self._train("sparse", self.steps, warmup=max(1, self.steps // 10),
-                                  sparsity=SPARSITY),
+            "sparse": self._train(
+                "sparse", self.steps, warmup=max(1, self.steps // 10), sparsity=SPARSITY
+            ),
         }
         from sparsetool.util.corpus import ENGLISH
 
         runs["finetuned"] = self._train(
-            "finetuned", self.finetune_steps, init=str(self.out / "sparse" / "model.safetensors"),
-            dense=True, data=ENGLISH, lr=5e-4, warmup=max(1, self.finetune_steps // 10))
+            "finetuned",
+            self.finetune_steps,
+            init=str(self.out / "sparse" / "model.safetensors"),
+            dense=True,
+            data=ENGLISH,
+            lr=5e-4,
+            warmup=max(1, self.finetune_steps // 10),
+        )
         texts = self._heldout_texts()
         evals = self._evaluate(texts)
         diff_result = self._diff()
@@ -177,19 +237,29 @@ class _Demo:
             "output": str(self.out),
             "seconds": round(time.perf_counter() - t_start, 3),
             "phase_seconds": dict(self.seconds),
-            "settings": {"steps": self.steps, "finetune_steps": self.finetune_steps,
-                         "seed": self.seed, "sparsity": SPARSITY, "model": dict(MODEL),
-                         "batch_size": BATCH, "pretrain_data": _source(self.out / "dense"),
-                         "finetune_data": _source(self.out / "finetuned")},
+            "settings": {
+                "steps": self.steps,
+                "finetune_steps": self.finetune_steps,
+                "seed": self.seed,
+                "sparsity": SPARSITY,
+                "model": dict(MODEL),
+                "batch_size": BATCH,
+                "pretrain_data": _source(self.out / "dense"),
+                "finetune_data": _source(self.out / "finetuned"),
+            },
             "models": models,
             "heldout": {k: {"file": str(p), "bytes": p.stat().st_size} for k, p in texts.items()},
             "eval": {k: r.to_json() for k, r in evals.items()},
-            "diff": {**diff_result.summary, "by_kind": {
-                kind: s.angular_distance for kind, s in _by_kind(diff_result).items()}},
-            "files": {"summary": str(self.out / "summary.json"),
-                      "perplexity_plot": str(self.out / "perplexity.png"),
-                      "angular_distance_plot": str(self.out / "angular-distance.png"),
-                      "loss_curves": [str(self.out / k / "loss.png") for k in runs]},
+            "diff": {
+                **diff_result.summary,
+                "by_kind": {kind: s.angular_distance for kind, s in _by_kind(diff_result).items()},
+            },
+            "files": {
+                "summary": str(self.out / "summary.json"),
+                "perplexity_plot": str(self.out / "perplexity.png"),
+                "angular_distance_plot": str(self.out / "angular-distance.png"),
+                "loss_curves": [str(self.out / k / "loss.png") for k in runs],
+            },
         }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
@@ -214,6 +284,7 @@ class _Demo:
         self._phase("eval", 2 * len(dirs))
         results, done = {}, 0
         for key, path in texts.items():
+
             def progress(name: str, d: int, t: int, _base: int = done) -> None:
                 if d == t:
                     self._step("eval", _base + dirs.index(Path(name)) + 1, 2 * len(dirs))
@@ -229,12 +300,18 @@ class _Demo:
         from sparsetool.ops.report import summarize
 
         self._phase("diff", summarize(self.out / "sparse").summary["targeted_tensors"])
-        result = diff(self.out / "sparse", self.out / "finetuned",
-                      progress=lambda stage, d, t: self._step("diff", d, t))
+        result = diff(
+            self.out / "sparse",
+            self.out / "finetuned",
+            progress=lambda stage, d, t: self._step("diff", d, t),
+        )
         t = result.total
-        plot_diff(result, self.out / "angular-distance.png",
-                  title=f"sparse pre-trained ({SPARSITY:.0%}) -> dense fine-tuned on English\n"
-                        f"angular distance {t.angular_distance:.4g} over all targeted weights")
+        plot_diff(
+            result,
+            self.out / "angular-distance.png",
+            title=f"sparse pre-trained ({SPARSITY:.0%}) -> dense fine-tuned on English\n"
+            f"angular distance {t.angular_distance:.4g} over all targeted weights",
+        )
         self._done("diff")
         return result
 
@@ -244,19 +321,25 @@ class _Demo:
         models = []
         for i, (name, run) in enumerate(runs.items()):
             counts = summarize(self.out / name).summary
-            models.append({
-                "name": name, "run_dir": str(self.out / name),
-                "checkpoint": run["checkpoint"], "loss_curve": run["plot"],
-                "steps": run["steps"], "tokens": run["tokens"], "train_seconds": run["elapsed_s"],
-                "val_loss": run["val_loss"],
-                "targeted_sparsity": counts["targeted_sparsity"],
-                "targeted_numel": counts["targeted_numel"],
-                "targeted_nonzero": counts["targeted_nonzero"],
-                "targeted_tensors": counts["targeted_tensors"],
-                "params": evals["python"].rows[i].params,
-                "perplexity": {k: r.rows[i].perplexity for k, r in evals.items()},
-                "bits_per_byte": {k: r.rows[i].bits_per_byte for k, r in evals.items()},
-            })
+            models.append(
+                {
+                    "name": name,
+                    "run_dir": str(self.out / name),
+                    "checkpoint": run["checkpoint"],
+                    "loss_curve": run["plot"],
+                    "steps": run["steps"],
+                    "tokens": run["tokens"],
+                    "train_seconds": run["elapsed_s"],
+                    "val_loss": run["val_loss"],
+                    "targeted_sparsity": counts["targeted_sparsity"],
+                    "targeted_numel": counts["targeted_numel"],
+                    "targeted_nonzero": counts["targeted_nonzero"],
+                    "targeted_tensors": counts["targeted_tensors"],
+                    "params": evals["python"].rows[i].params,
+                    "perplexity": {k: r.rows[i].perplexity for k, r in evals.items()},
+                    "bits_per_byte": {k: r.rows[i].bits_per_byte for k, r in evals.items()},
+                }
+            )
         return models
 
     def _flops(self, runs: dict[str, dict]) -> dict[str, dict]:
@@ -269,20 +352,29 @@ class _Demo:
         acc = {}
         for name in ("dense", "sparse"):
             m = F.from_checkpoint(self.out / name, seq_len=context)
-            acc[name] = F.account(m.config, sparsity=m.layer_sparsity, params=m.params,
-                                  tokens=runs[name]["tokens"], finetune_tokens=ft_tokens,
-                                  finetune_seq_len=context)
+            acc[name] = F.account(
+                m.config,
+                sparsity=m.layer_sparsity,
+                params=m.params,
+                tokens=runs[name]["tokens"],
+                finetune_tokens=ft_tokens,
+                finetune_seq_len=context,
+            )
         dense = acc["dense"]["total_train_flops"]
         sparse = acc["sparse"]
         return {
             "dense": {"train_flops": dense, "train_flops_ratio": dense / dense},
-            "sparse": {"train_flops": sparse["total_train_flops"],
-                       "train_flops_ratio": sparse["total_train_flops"] / dense},
+            "sparse": {
+                "train_flops": sparse["total_train_flops"],
+                "train_flops_ratio": sparse["total_train_flops"] / dense,
+            },
             # SPDF Table 2: sparse pre-training + dense fine-tuning against dense pre-training +
             # the same fine-tuning
-            "finetuned": {"train_flops": sparse["end_to_end_flops"],
-                          "finetune_flops": sparse["finetune_flops"],
-                          "train_flops_ratio": sparse["end_to_end_ratio"]},
+            "finetuned": {
+                "train_flops": sparse["end_to_end_flops"],
+                "finetune_flops": sparse["finetune_flops"],
+                "train_flops_ratio": sparse["end_to_end_ratio"],
+            },
         }
 
 
@@ -307,8 +399,11 @@ def plot_perplexity(results: dict[str, Any], out: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = {"dense": "dense", "sparse": f"{SPARSITY:.0%} sparse",
-              "finetuned": "sparse ->\ndense fine-tuned"}
+    labels = {
+        "dense": "dense",
+        "sparse": f"{SPARSITY:.0%} sparse",
+        "finetuned": "sparse ->\ndense fine-tuned",
+    }
     texts = list(results)
     names = [Path(r.name).name for r in results[texts[0]].rows]
     width = 0.8 / len(texts)

@@ -41,20 +41,30 @@ class DensifyResult:
     left_out: list[str] = field(default_factory=list)  # input entries not part of a model directory
 
     def to_json(self) -> dict:
-        return {"output": str(self.output), "tensors": self.tensors,
-                "decoded": self.decoded, "negative_zeros_fixed": self.negative_zeros,
-                "left_out": list(self.left_out)}
+        return {
+            "output": str(self.output),
+            "tensors": self.tensors,
+            "decoded": self.decoded,
+            "negative_zeros_fixed": self.negative_zeros,
+            "left_out": list(self.left_out),
+        }
 
 
-def densify_checkpoint(src: str | Path, out: str | Path, *, in_place: bool = False,
-                       progress: Progress | None = None) -> DensifyResult:
+def densify_checkpoint(
+    src: str | Path, out: str | Path, *, in_place: bool = False, progress: Progress | None = None
+) -> DensifyResult:
     """Write checkpoint ``src`` to ``out`` (same layout) with every tensor plain and dense."""
     ckpt = open_checkpoint(src)
     result = DensifyResult(output=Path(out))
     metadata = provenance_metadata(ckpt.metadata(), {"command": "densify"})
     total, done = len(ckpt.logical), 0
-    with write_checkpoint(ckpt, Path(out), in_place=in_place, metadata_extra=metadata,
-                          config_transform=drop_sparsity_config) as writer:
+    with write_checkpoint(
+        ckpt,
+        Path(out),
+        in_place=in_place,
+        metadata_extra=metadata,
+        config_transform=drop_sparsity_config,
+    ) as writer:
         result.left_out = list(writer.left_out)
         for shard in ckpt.shards:
             tensors = ckpt.logical_in(shard)
@@ -69,7 +79,9 @@ def densify_checkpoint(src: str | Path, out: str | Path, *, in_place: bool = Fal
                     else:
                         # decode_array gives pruned entries as +0.0 whatever the encoding
                         values, mask = decode_array(ckpt, lt)
-                        encoding = lt.encoding if lt.encoding != "plain" or mask is None else NAN.name
+                        encoding = (
+                            lt.encoding if lt.encoding != "plain" or mask is None else NAN.name
+                        )
                         if encoding != "plain":
                             result.decoded[encoding] = result.decoded.get(encoding, 0) + 1
                         negative = None

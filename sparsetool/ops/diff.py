@@ -34,8 +34,16 @@ from sparsetool.targets.order import SEPARATE_QKV, layer_index, tensor_sort_key
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural
 
-__all__ = ["KINDS", "Stats", "DiffRow", "DiffResult", "diff", "split_parts", "matrix_kind",
-           "plot_diff"]
+__all__ = [
+    "KINDS",
+    "Stats",
+    "DiffRow",
+    "DiffResult",
+    "diff",
+    "split_parts",
+    "matrix_kind",
+    "plot_diff",
+]
 
 
 KINDS = ("Q", "K", "V", "QKV", "attn_out", "ffn_in", "ffn_out", "other")
@@ -124,7 +132,15 @@ class Stats:
 
     def to_json(self) -> dict[str, Any]:
         d = {f: getattr(self, f) for f in self.__dataclass_fields__}
-        for p in ("sparsity_a", "sparsity_b", "iou", "revived", "pruned", "rel_l2", "angular_distance"):
+        for p in (
+            "sparsity_a",
+            "sparsity_b",
+            "iou",
+            "revived",
+            "pruned",
+            "rel_l2",
+            "angular_distance",
+        ):
             d[p] = getattr(self, p)
         d["rel_l2"] = d["rel_l2"] if math.isfinite(d["rel_l2"]) else None  # JSON has no inf
         return d
@@ -146,8 +162,14 @@ class DiffRow:
         return f"{self.name}[{self.part}]" if self.part else self.name
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "part": self.part, "layer": self.layer, "kind": self.kind,
-                "shape": list(self.shape), **self.stats.to_json()}
+        return {
+            "name": self.name,
+            "part": self.part,
+            "layer": self.layer,
+            "kind": self.kind,
+            "shape": list(self.shape),
+            **self.stats.to_json(),
+        }
 
 
 @dataclass
@@ -176,8 +198,14 @@ class DiffResult:
 
     @property
     def summary(self) -> dict[str, Any]:
-        return {"a": str(self.a), "b": str(self.b), "tensors": len({r.name for r in self.rows}),
-                "matrices": len(self.rows), **self.total.to_json(), "notes": list(self.notes)}
+        return {
+            "a": str(self.a),
+            "b": str(self.b),
+            "tensors": len({r.name for r in self.rows}),
+            "matrices": len(self.rows),
+            **self.total.to_json(),
+            "notes": list(self.notes),
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {"tensors": [r.to_json() for r in self.rows], "summary": self.summary}
@@ -203,7 +231,9 @@ def matrix_kind(name: str, shape: Sequence[int]) -> str:
 Take = Callable[[torch.Tensor], torch.Tensor]
 
 
-def split_parts(name: str, shape: Sequence[int], config: Mapping | None = None) -> tuple[list[tuple[str, str | None, Take]], str | None]:
+def split_parts(
+    name: str, shape: Sequence[int], config: Mapping | None = None
+) -> tuple[list[tuple[str, str | None, Take]], str | None]:
     """How to cut tensor ``name`` into matrices: ([(kind, part, take)], note or None).
 
     ``take`` maps the full tensor to the part. Fused Q/K/V layouts: GPT-2 ``c_attn`` Conv1D
@@ -222,7 +252,9 @@ def split_parts(name: str, shape: Sequence[int], config: Mapping | None = None) 
     """
     shape = tuple(shape)
     r = role(name, shape)
-    whole: list[tuple[str, str | None, Take]] = [(r if r in LINEAR_ROLES else "other", None, lambda t: t)]
+    whole: list[tuple[str, str | None, Take]] = [
+        (r if r in LINEAR_ROLES else "other", None, lambda t: t)
+    ]
     if r != "qkv":
         return whole, None
     leaf = _leaf(name)
@@ -236,15 +268,23 @@ def split_parts(name: str, shape: Sequence[int], config: Mapping | None = None) 
     if low == "query_key_value":
         heads = (config or {}).get("num_attention_heads") or (config or {}).get("n_head")
         if model_type not in _INTERLEAVED_TYPES or not heads:
-            why = (f"model_type {model_type!r} has no known query_key_value layout" if model_type
-                   else "no config.json num_attention_heads to split it by")
+            why = (
+                f"model_type {model_type!r} has no known query_key_value layout"
+                if model_type
+                else "no config.json num_attention_heads to split it by"
+            )
             return fused, f"{name}: not split into Q, K, V ({why})"
         rows, cols = shape
         if rows % (3 * heads):
-            return fused, f"{name}: {plural(rows, 'row')} do not split into {plural(heads, 'head')} of q, k, v"
+            return (
+                fused,
+                f"{name}: {plural(rows, 'row')} do not split into {plural(heads, 'head')} of q, k, v",
+            )
         hd = rows // (3 * heads)
-        return [(k, k, (lambda t, i=i: t.reshape(heads, 3, hd, cols)[:, i].reshape(heads * hd, cols)))
-                for i, k in enumerate("QKV")], None
+        return [
+            (k, k, (lambda t, i=i: t.reshape(heads, 3, hd, cols)[:, i].reshape(heads * hd, cols)))
+            for i, k in enumerate("QKV")
+        ], None
     if low not in _CONCATENATED:
         return fused, f"{name}: layout of fused {leaf!r} not known; not split into Q, K, V"
     dim_in = input_dim(name, shape, conv1d=conv1d_layout(config))
@@ -254,8 +294,10 @@ def split_parts(name: str, shape: Sequence[int], config: Mapping | None = None) 
         return fused, f"{name}: {f} outputs do not split as Q ({d}) plus equal K and V"
     kv = (f - d) // 2
     bounds = {"Q": (0, d), "K": (d, d + kv), "V": (d + kv, f)}
-    return [(k, k, (lambda t, lo=lo, hi=hi: t.narrow(dim_out, lo, hi - lo)))
-            for k, (lo, hi) in bounds.items()], None
+    return [
+        (k, k, (lambda t, lo=lo, hi=hi: t.narrow(dim_out, lo, hi - lo)))
+        for k, (lo, hi) in bounds.items()
+    ], None
 
 
 def pair_stats(a: torch.Tensor, b: torch.Tensor) -> Stats:
@@ -271,7 +313,7 @@ def pair_stats(a: torch.Tensor, b: torch.Tensor) -> Stats:
     a2, b2 = a.reshape(a.shape[0], -1), b.reshape(b.shape[0], -1)
     step = max(1, _CHUNK // a2.shape[1])
     for i in range(0, a2.shape[0], step):
-        x, y = a2[i:i + step].to(torch.float64), b2[i:i + step].to(torch.float64)
+        x, y = a2[i : i + step].to(torch.float64), b2[i : i + step].to(torch.float64)
         nx, ny = x != 0, y != 0  # -0.0 is a zero too
         s.nonzero_a += int(nx.sum())
         s.nonzero_b += int(ny.sum())
@@ -284,8 +326,14 @@ def pair_stats(a: torch.Tensor, b: torch.Tensor) -> Stats:
     return s
 
 
-def diff(a: str | Path, b: str | Path, *, include: Sequence[str] = (), exclude: Sequence[str] = (),
-         progress: Progress | None = None) -> DiffResult:
+def diff(
+    a: str | Path,
+    b: str | Path,
+    *,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    progress: Progress | None = None,
+) -> DiffResult:
     """Compare every targeted weight of checkpoint ``a`` with the same weight of ``b``.
 
     Both are ``.safetensors`` files or Hugging Face directories in any encoding, with the same
@@ -301,7 +349,9 @@ def diff(a: str | Path, b: str | Path, *, include: Sequence[str] = (), exclude: 
         plan = plan_targets(ca.logical, config, include, exclude, source=Path(a).name)
         todo = [lt for lt in ca.logical if plan[lt.name].targeted]
         if not todo:
-            raise SparsetoolError(f"{a}: no tensor is targeted; name the weights to compare with --include GLOB")
+            raise SparsetoolError(
+                f"{a}: no tensor is targeted; name the weights to compare with --include GLOB"
+            )
         result = DiffResult(Path(a), Path(b))
         for i, lt in enumerate(todo):
             parts, note = split_parts(lt.name, lt.shape, config)
@@ -311,8 +361,16 @@ def diff(a: str | Path, b: str | Path, *, include: Sequence[str] = (), exclude: 
             tb, _ = decode(cb, bmap[lt.name])
             for kind, part, take in parts:
                 pa, pb = take(ta), take(tb)
-                result.rows.append(DiffRow(lt.name, part, layer_index(lt.name), kind, tuple(pa.shape),
-                                           pair_stats(pa, pb)))
+                result.rows.append(
+                    DiffRow(
+                        lt.name,
+                        part,
+                        layer_index(lt.name),
+                        kind,
+                        tuple(pa.shape),
+                        pair_stats(pa, pb),
+                    )
+                )
             del ta, tb
             if progress:
                 progress("diff", i + 1, len(todo))
@@ -327,19 +385,27 @@ def _check_same(ca, cb) -> None:
     for lt in ca.logical:
         other = bmap.get(lt.name)
         if other is None:
-            raise SparsetoolError(f"tensor {lt.name!r} is in {ca.path} but not in {cb.path}; "
-                                  "diff compares two checkpoints with the same tensor names")
+            raise SparsetoolError(
+                f"tensor {lt.name!r} is in {ca.path} but not in {cb.path}; "
+                "diff compares two checkpoints with the same tensor names"
+            )
         if tuple(other.shape) != tuple(lt.shape):
-            raise SparsetoolError(f"tensor {lt.name!r} has shape {list(lt.shape)} in {ca.path} but "
-                                  f"{list(other.shape)} in {cb.path}; diff needs the same shapes")
+            raise SparsetoolError(
+                f"tensor {lt.name!r} has shape {list(lt.shape)} in {ca.path} but "
+                f"{list(other.shape)} in {cb.path}; diff needs the same shapes"
+            )
         if is_floating(lt.dtype) != is_floating(other.dtype):
-            raise SparsetoolError(f"tensor {lt.name!r} is {lt.dtype} in {ca.path} but {other.dtype} "
-                                  f"in {cb.path}; diff needs floating weights on both sides")
+            raise SparsetoolError(
+                f"tensor {lt.name!r} is {lt.dtype} in {ca.path} but {other.dtype} "
+                f"in {cb.path}; diff needs floating weights on both sides"
+            )
     names = {lt.name for lt in ca.logical}
     extra = next((lt.name for lt in cb.logical if lt.name not in names), None)
     if extra is not None:
-        raise SparsetoolError(f"tensor {extra!r} is in {cb.path} but not in {ca.path}; "
-                              "diff compares two checkpoints with the same tensor names")
+        raise SparsetoolError(
+            f"tensor {extra!r} is in {cb.path} but not in {ca.path}; "
+            "diff compares two checkpoints with the same tensor names"
+        )
 
 
 def plot_diff(result: DiffResult, out: str | Path, title: str | None = None) -> Path:
@@ -352,6 +418,9 @@ def plot_diff(result: DiffResult, out: str | Path, title: str | None = None) -> 
     t = result.total
     a, b = unique_suffixes([str(result.a), str(result.b)])  # two run/model directories told apart
     return layer_heatmap(
-        {key: s.angular_distance for key, s in cells.items()}, out,
-        title=title or f"{a} -> {b}\nangular distance {t.angular_distance:.4g} over all targeted weights",
-        colour_label="angular distance 1 - cos(A, B)")
+        {key: s.angular_distance for key, s in cells.items()},
+        out,
+        title=title
+        or f"{a} -> {b}\nangular distance {t.angular_distance:.4g} over all targeted weights",
+        colour_label="angular distance 1 - cos(A, B)",
+    )

@@ -33,7 +33,16 @@ from sparsetool.util.memory import MemoryPlan, budget, process_memory
 from sparsetool.util.progress import Progress, Steps
 from sparsetool.util.wording import plural
 
-__all__ = ["Window", "windows", "score", "EvalRow", "EvalResult", "evaluate", "plot_eval", "pruned_by"]
+__all__ = [
+    "Window",
+    "windows",
+    "score",
+    "EvalRow",
+    "EvalResult",
+    "evaluate",
+    "plot_eval",
+    "pruned_by",
+]
 
 
 @dataclass(frozen=True)
@@ -71,8 +80,11 @@ def windows(n_tokens: int, seq: int, stride: int | None = None) -> list[Window]:
     if stride is not None and not 1 <= stride <= seq:
         raise UsageError(f"--stride {stride}: must be between 1 and --seq ({seq})")
     if stride is None or stride == seq:
-        return [Window(s, min(s + seq, n_tokens), s + 1)
-                for s in range(0, n_tokens, seq) if min(s + seq, n_tokens) - s >= 2]
+        return [
+            Window(s, min(s + seq, n_tokens), s + 1)
+            for s in range(0, n_tokens, seq)
+            if min(s + seq, n_tokens) - s >= 2
+        ]
     out: list[Window] = []
     prev_end = 0
     for begin in range(0, n_tokens, stride):
@@ -89,25 +101,33 @@ def windows(n_tokens: int, seq: int, stride: int | None = None) -> list[Window]:
 LOGITS_BYTES = 256 * 2**20  # one chunk of float32 logits: never a full tokens x vocabulary tensor
 
 
-def score(model: BlockModel, ids: torch.Tensor, wins: Sequence[Window], batch: int = 1,
-          held: int | None = None,
-          progress: Callable[[int, int], None] | None = None) -> tuple[float, float]:
+def score(
+    model: BlockModel,
+    ids: torch.Tensor,
+    wins: Sequence[Window],
+    batch: int = 1,
+    held: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[float, float]:
     """Sum of the NLL (nats) of every scored token, and the sum of their squares. Windows of equal length run ``batch`` at a
     time; ``held`` windows (a multiple of ``batch``; default all) pass the blocks together, so
     each block is read once per ``held`` windows. Logits are made a chunk of rows at a time."""
     by_length: dict[int, list[Window]] = {}
     for w in wins:
         by_length.setdefault(w.end - w.start, []).append(w)
-    groups = [group[i:i + (held or len(group))] for group in by_length.values()
-              for i in range(0, len(group), held or len(group))]
+    groups = [
+        group[i : i + (held or len(group))]
+        for group in by_length.values()
+        for i in range(0, len(group), held or len(group))
+    ]
     tick = Steps(len(groups) * (len(model.blocks) + 1), progress)
     rows = max(1, LOGITS_BYTES // (4 * model.vocab_size))
     total = squares = 0.0
 
     with torch.inference_mode():
         for group in groups:
-            batches = [group[i:i + batch] for i in range(0, len(group), batch)]
-            calls = model.capture([torch.stack([ids[w.start:w.end] for w in b]) for b in batches])
+            batches = [group[i : i + batch] for i in range(0, len(group), batch)]
+            calls = model.capture([torch.stack([ids[w.start : w.end] for w in b]) for b in batches])
             calls = model.through_blocks(calls, tick)
             model.load_head()
             for chunk, call in zip(batches, calls):
@@ -118,7 +138,7 @@ def score(model: BlockModel, ids: torch.Tensor, wins: Sequence[Window], batch: i
                     # hidden at position j predicts token j + 1
                     for lo in range(w.first - w.start, w.end - w.start, rows):
                         hi = min(lo + rows, w.end - w.start)
-                        logits = model.logits(hidden[b, lo - 1:hi - 1]).float()
+                        logits = model.logits(hidden[b, lo - 1 : hi - 1]).float()
                         nll = F.cross_entropy(logits, x[b, lo:hi], reduction="none")
                         total += float(nll.sum())
                         squares += float(nll.double().pow(2).sum())
@@ -127,8 +147,9 @@ def score(model: BlockModel, ids: torch.Tensor, wins: Sequence[Window], batch: i
     return total, squares
 
 
-def held_windows(model: BlockModel, seq: int, batch: int, n_windows: int,
-                 max_memory: int | None) -> MemoryPlan:
+def held_windows(
+    model: BlockModel, seq: int, batch: int, n_windows: int, max_memory: int | None
+) -> MemoryPlan:
     """The memory plan of scoring ``n_windows`` windows: as many windows as the budget leaves
     room for pass the blocks together (``held``, a multiple of ``batch``, at least one batch)."""
     total, source = budget(max_memory)
@@ -139,8 +160,15 @@ def held_windows(model: BlockModel, seq: int, batch: int, n_windows: int,
     fixed = process_memory()
     room = total - fixed - weights - work
     held = min(n_windows, max(batch, room // per_window // batch * batch))
-    return MemoryPlan(fixed=fixed, weights=weights, activations=held * per_window + work,
-                      statistics=0, budget=total, budget_source=source, held=held)
+    return MemoryPlan(
+        fixed=fixed,
+        weights=weights,
+        activations=held * per_window + work,
+        statistics=0,
+        budget=total,
+        budget_source=source,
+        held=held,
+    )
 
 
 @dataclass
@@ -160,7 +188,9 @@ class EvalRow:
     seconds: float
     change: float = 0.0  # perplexity relative to the first checkpoint's, minus 1
     nll_stderr: float = 0.0  # standard error of ``nll``: the perplexity's relative uncertainty
-    tokenizer: str = ""  # fingerprint of the text's token ids: equal when the tokenizers agree on it
+    tokenizer: str = (
+        ""  # fingerprint of the text's token ids: equal when the tokenizers agree on it
+    )
     memory: dict | None = None  # the memory plan (memory.py), in bytes
 
     @property
@@ -181,23 +211,37 @@ class EvalResult:
     warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"text": self.text_source, "checkpoints": [r.to_json() for r in self.rows],
-                "compare_by": self.compare_by, "warnings": list(self.warnings)}
+        return {
+            "text": self.text_source,
+            "checkpoints": [r.to_json() for r in self.rows],
+            "compare_by": self.compare_by,
+            "warnings": list(self.warnings),
+        }
 
 
 def _default_text() -> tuple[str, str]:
     from sparsetool.util.corpus import load_corpus
 
     corpus = load_corpus(None)
-    return (corpus.val.tobytes().decode("utf-8", errors="replace"),
-            f"held-out split of the built-in corpus, {corpus.source}")
+    return (
+        corpus.val.tobytes().decode("utf-8", errors="replace"),
+        f"held-out split of the built-in corpus, {corpus.source}",
+    )
 
 
-def evaluate(paths: Sequence[str | Path], text: str | Path | None = None, seq: int | None = None,
-             stride: int | None = None, max_tokens: int | None = None, batch: int = 1,
-             dtype: str = "float32", device: str = "auto", max_memory: int | None = None,
-             progress: Progress | None = None,
-             on_plan: Callable[[str, MemoryPlan], None] | None = None) -> EvalResult:
+def evaluate(
+    paths: Sequence[str | Path],
+    text: str | Path | None = None,
+    seq: int | None = None,
+    stride: int | None = None,
+    max_tokens: int | None = None,
+    batch: int = 1,
+    dtype: str = "float32",
+    device: str = "auto",
+    max_memory: int | None = None,
+    progress: Progress | None = None,
+    on_plan: Callable[[str, MemoryPlan], None] | None = None,
+) -> EvalResult:
     """Score every checkpoint of ``paths`` on the same text; one :class:`EvalRow` each, in order.
 
     ``text`` is the text itself (a ``str``), a file or directory to read (a ``Path``), or None for
@@ -209,8 +253,12 @@ def evaluate(paths: Sequence[str | Path], text: str | Path | None = None, seq: i
     """
     if not paths:
         raise SparsetoolError("give at least one checkpoint to evaluate")
-    for opt, value, least in (("--seq", seq, 2), ("--stride", stride, 1),
-                              ("--max-tokens", max_tokens, 2), ("--batch", batch, 1)):
+    for opt, value, least in (
+        ("--seq", seq, 2),
+        ("--stride", stride, 1),
+        ("--max-tokens", max_tokens, 2),
+        ("--batch", batch, 1),
+    ):
         if value is not None and value < least:
             raise UsageError(f"{opt} {value}: must be at least {least}")
     if seq is not None and stride is not None and stride > seq:
@@ -226,8 +274,18 @@ def evaluate(paths: Sequence[str | Path], text: str | Path | None = None, seq: i
     for path in paths:
         model = open_model(path, dtype, device)
         try:
-            row, whole = _evaluate_one(model, str(path), text, seq, stride, max_tokens, batch,
-                                       max_memory, progress, on_plan)
+            row, whole = _evaluate_one(
+                model,
+                str(path),
+                text,
+                seq,
+                stride,
+                max_tokens,
+                batch,
+                max_memory,
+                progress,
+                on_plan,
+            )
             result.rows.append(row)
             text_tokens.append(whole)
         finally:
@@ -246,8 +304,9 @@ def evaluate(paths: Sequence[str | Path], text: str | Path | None = None, seq: i
 PRECISION = 0.02  # eval warns when a perplexity is known to no better than +-2% (95% interval)
 
 
-def few_tokens_warning(rows: Sequence[EvalRow], text_tokens: Sequence[int] = (),
-                       max_tokens: int | None = None) -> str | None:
+def few_tokens_warning(
+    rows: Sequence[EvalRow], text_tokens: Sequence[int] = (), max_tokens: int | None = None
+) -> str | None:
     """One warning for the perplexities measured on too few tokens to mean much: a 95% interval
     (``1.96 x`` the standard error of the mean NLL) wider than +-2%, the widest said once for every
     such checkpoint, with the tokens that would do and the way to get them: a higher
@@ -261,8 +320,11 @@ def few_tokens_warning(rows: Sequence[EvalRow], text_tokens: Sequence[int] = (),
     >>> few_tokens_warning([r, replace(r, name="m-50")], [90_000] * 2, max_tokens=51)
     'm, m-50: perplexity from 50 scored tokens is known only to +-80% (95% interval); score at least 43,218 tokens for +-2% (--max-tokens 43,218 or more, or drop --max-tokens)'
     """
-    wide = [(r, t) for r, t in itertools.zip_longest(rows, text_tokens[:len(rows)])
-            if 1.96 * r.nll_stderr > PRECISION]
+    wide = [
+        (r, t)
+        for r, t in itertools.zip_longest(rows, text_tokens[: len(rows)])
+        if 1.96 * r.nll_stderr > PRECISION
+    ]
     if not wide:
         return None
     row, whole = max(wide, key=lambda p: p[0].nll_stderr)
@@ -272,40 +334,59 @@ def few_tokens_warning(rows: Sequence[EvalRow], text_tokens: Sequence[int] = (),
     if cut and whole > need:
         advice = f"--max-tokens {need:,} or more, or drop --max-tokens"
     elif whole is not None:
-        advice = ("drop --max-tokens and give a longer --text" if cut else "a longer --text") + \
-            f": this one is {whole:,} tokens"
+        advice = (
+            "drop --max-tokens and give a longer --text" if cut else "a longer --text"
+        ) + f": this one is {whole:,} tokens"
     else:
         advice = "a longer --text"
     names = ", ".join(r.name for r, _ in wide)
     spread = math.expm1(half)  # one decimal near the 2% it is compared with
     shown = f"{spread:.0%}" if spread >= 0.1 else f"{spread:.1%}"
-    return (f"{names}: perplexity from {row.tokens:,} scored tokens is known only to +-{shown} "
-            f"(95% interval); score at least {need:,} tokens for +-{PRECISION:.0%} ({advice})")
+    return (
+        f"{names}: perplexity from {row.tokens:,} scored tokens is known only to +-{shown} "
+        f"(95% interval); score at least {need:,} tokens for +-{PRECISION:.0%} ({advice})"
+    )
 
 
-def _evaluate_one(model: BlockModel, name: str, text: str, seq: int | None, stride: int | None,
-                  max_tokens: int | None, batch: int, max_memory: int | None,
-                  progress: Progress | None,
-                  on_plan: Callable[[str, MemoryPlan], None] | None) -> tuple[EvalRow, int]:
+def _evaluate_one(
+    model: BlockModel,
+    name: str,
+    text: str,
+    seq: int | None,
+    stride: int | None,
+    max_tokens: int | None,
+    batch: int,
+    max_memory: int | None,
+    progress: Progress | None,
+    on_plan: Callable[[str, MemoryPlan], None] | None,
+) -> tuple[EvalRow, int]:
     """One checkpoint's row, and the whole text's length in its tokens."""
     enc = model.encode(text)
     ids = enc.ids[:max_tokens] if max_tokens else enc.ids
     if len(ids) < 2:
-        raise SparsetoolError(f"{name}: the text is {plural(len(ids), 'token')} long for this model's "
-                              "tokenizer; give a text of at least two tokens")
+        raise SparsetoolError(
+            f"{name}: the text is {plural(len(ids), 'token')} long for this model's "
+            "tokenizer; give a text of at least two tokens"
+        )
     n_seq = seq or min(model.context, MAX_DEFAULT_SEQ)
     if n_seq > model.context:
-        raise UsageError(f"--seq {n_seq}: {name} takes at most {model.context} tokens at once; "
-                              f"use --seq {model.context} or less")
+        raise UsageError(
+            f"--seq {n_seq}: {name} takes at most {model.context} tokens at once; "
+            f"use --seq {model.context} or less"
+        )
     wins = windows(len(ids), n_seq, stride)
     plan = held_windows(model, min(n_seq, len(ids)), batch, len(wins), max_memory)
-    plan.check(f"eval of {name}", "--batch, --seq, --dtype bfloat16, or --max-memory if more is "
-               "free than detected")
+    plan.check(
+        f"eval of {name}",
+        "--batch, --seq, --dtype bfloat16, or --max-memory if more is free than detected",
+    )
     if on_plan:
         on_plan(name, plan)
     report = (lambda d, t: progress(name, d, t)) if progress else None
     t0 = time.perf_counter()
-    total, squares = score(model, torch.tensor(ids, dtype=torch.long), wins, batch, plan.held, report)
+    total, squares = score(
+        model, torch.tensor(ids, dtype=torch.long), wins, batch, plan.held, report
+    )
     seconds = time.perf_counter() - t0
     n = sum(w.scored for w in wins)
     nll = total / n
@@ -318,13 +399,23 @@ def _evaluate_one(model: BlockModel, name: str, text: str, seq: int | None, stri
         if model.plan[stored].targeted:
             targeted_numel, targeted_nonzero = targeted_numel + count, targeted_nonzero + nz
     row = EvalRow(
-        name=name, kind=model.kind,
+        name=name,
+        kind=model.kind,
         targeted_sparsity=1.0 - targeted_nonzero / targeted_numel if targeted_numel else 0.0,
-        params=numel, nonzero_params=nonzero, nll=nll, perplexity=math.exp(nll),
+        params=numel,
+        nonzero_params=nonzero,
+        nll=nll,
+        perplexity=math.exp(nll),
         bits_per_byte=total / math.log(2) / n_bytes if n_bytes else float("nan"),
-        tokens=n, bytes=n_bytes, seq=n_seq, stride=stride or n_seq, seconds=seconds,
-        nll_stderr=stderr, tokenizer=hashlib.sha256(str(enc.ids).encode()).hexdigest()[:16],
-        memory=plan.to_json())
+        tokens=n,
+        bytes=n_bytes,
+        seq=n_seq,
+        stride=stride or n_seq,
+        seconds=seconds,
+        nll_stderr=stderr,
+        tokenizer=hashlib.sha256(str(enc.ids).encode()).hexdigest()[:16],
+        memory=plan.to_json(),
+    )
     return row, len(enc.ids)
 
 
@@ -359,29 +450,46 @@ def plot_eval(result: EvalResult, out: str | Path) -> Path:
 
     plt = plots.pyplot()
     rows = sorted(result.rows, key=lambda r: r.targeted_sparsity)
-    labels = dict(zip([r.name for r in result.rows], plots.unique_suffixes([r.name for r in result.rows])))
+    labels = dict(
+        zip([r.name for r in result.rows], plots.unique_suffixes([r.name for r in result.rows]))
+    )
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     series: dict[str | None, list[EvalRow]] = {}
     for r in rows:
         series.setdefault(pruned_by(r.name), []).append(r)
-    for i, (method, members) in enumerate(sorted(series.items(), key=lambda kv: (kv[0] is None, kv[0] or ""))):
+    for i, (method, members) in enumerate(
+        sorted(series.items(), key=lambda kv: (kv[0] is None, kv[0] or ""))
+    ):
         sx = [100 * r.targeted_sparsity for r in members]
         joined = len(set(sx)) == len(sx)
-        ax.plot(sx, [r.perplexity for r in members], linestyle="-" if joined else "none",
-                marker="*" if method is None else MARKERS[i % len(MARKERS)],
-                markersize=10 if method is None else 7, label=method or "no prune record")
+        ax.plot(
+            sx,
+            [r.perplexity for r in members],
+            linestyle="-" if joined else "none",
+            marker="*" if method is None else MARKERS[i % len(MARKERS)],
+            markersize=10 if method is None else 7,
+            label=method or "no prune record",
+        )
     if len(series) > 1:
         ax.legend(fontsize=7, title="pruned with", title_fontsize=7)
     xs = [100 * r.targeted_sparsity for r in rows]
     middle = (min(xs, default=0) + max(xs, default=0)) / 2
     for x, r in zip(xs, rows):
         right = x > middle and len(rows) > 1  # a label on the right half points left: never cut off
-        ax.annotate(labels[r.name], (x, r.perplexity), textcoords="offset points",
-                    xytext=(-5 if right else 5, 4), ha="right" if right else "left", fontsize=7)
+        ax.annotate(
+            labels[r.name],
+            (x, r.perplexity),
+            textcoords="offset points",
+            xytext=(-5 if right else 5, 4),
+            ha="right" if right else "left",
+            fontsize=7,
+        )
     ax.margins(x=0.08, y=0.12)
     ax.set_xlabel("targeted sparsity (%)")
     ax.set_ylabel("perplexity")
-    ax.set_title(f"perplexity vs sparsity\ntext: {plots.shorten_path(result.text_source, 70)}", fontsize=9)
+    ax.set_title(
+        f"perplexity vs sparsity\ntext: {plots.shorten_path(result.text_source, 70)}", fontsize=9
+    )
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return plots.save_png(fig, out, dpi=110)

@@ -35,9 +35,14 @@ __all__ = ["SparsetoolLM", "score_requests", "GPT_PREFIX"]
 GPT_PREFIX = 10  # sparsetool's GPT reads bytes: a newline stands for "start of text"
 
 
-def score_requests(model: BlockModel, pairs: list[tuple[list[int], list[int]]], max_length: int,
-                   batch: int = 1, held: int | None = None,
-                   progress: Callable[[int, int], None] | None = None) -> list[tuple[float, bool]]:
+def score_requests(
+    model: BlockModel,
+    pairs: list[tuple[list[int], list[int]]],
+    max_length: int,
+    batch: int = 1,
+    held: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[tuple[float, bool]]:
     """``(log P(continuation | context), every continuation token the argmax)`` for each
     ``(context ids, continuation ids)``. The model reads ``(context + continuation)[-(max_length
     + 1):][:-1]`` (the harness's left truncation); equal inputs run once, inputs of equal length
@@ -50,9 +55,11 @@ def score_requests(model: BlockModel, pairs: list[tuple[list[int], list[int]]], 
         if not ctx or not cont:
             raise SparsetoolError("a request has an empty context or continuation after tokenizing")
         if len(cont) > max_length:
-            raise SparsetoolError(f"a continuation of {len(cont)} tokens is longer than the model's "
-                                  f"context ({max_length} tokens)")
-        key = tuple((ctx + cont)[-(max_length + 1):][:-1])
+            raise SparsetoolError(
+                f"a continuation of {len(cont)} tokens is longer than the model's "
+                f"context ({max_length} tokens)"
+            )
+        key = tuple((ctx + cont)[-(max_length + 1) :][:-1])
         if key not in inputs:
             inputs[key] = len(wants)
             wants.append([])
@@ -66,7 +73,9 @@ def score_requests(model: BlockModel, pairs: list[tuple[list[int], list[int]]], 
 
     with torch.inference_mode():
         for batches in passes:
-            calls = model.capture([torch.tensor([seqs[u] for u in b], dtype=torch.long) for b in batches])
+            calls = model.capture(
+                [torch.tensor([seqs[u] for u in b], dtype=torch.long) for b in batches]
+            )
             calls = model.through_blocks(calls, tick)
             model.load_head()
             finals = model.final_hidden(calls)  # (B, T, d) each, after the final norm; one set-up
@@ -74,7 +83,9 @@ def score_requests(model: BlockModel, pairs: list[tuple[list[int], list[int]]], 
                 call.hidden = None  # type: ignore[assignment]
             for b, hidden in enumerate(finals):
                 finals[b] = None  # type: ignore[call-overload]  (freed as the scoring goes on)
-                _score_batch(model, hidden, [(seqs[u], wants[u]) for u in batches[b]], rows, logprob, greedy)
+                _score_batch(
+                    model, hidden, [(seqs[u], wants[u]) for u in batches[b]], rows, logprob, greedy
+                )
             model.release_head()
             tick()
     return list(zip(logprob, greedy))
@@ -87,7 +98,7 @@ def _passes(seqs: list[tuple[int, ...]], batch: int, held: int | None) -> list[l
     by_length: dict[int, list[int]] = {}
     for u, s in enumerate(seqs):
         by_length.setdefault(len(s), []).append(u)
-    batches = [g[i:i + batch] for g in by_length.values() for i in range(0, len(g), batch)]
+    batches = [g[i : i + batch] for g in by_length.values() for i in range(0, len(g), batch)]
     room = None if held is None else held * max(by_length, default=1)
     passes: list[list[list[int]]] = []
     tokens = 0
@@ -101,9 +112,14 @@ def _passes(seqs: list[tuple[int, ...]], batch: int, held: int | None) -> list[l
     return passes
 
 
-def _score_batch(model: BlockModel, hidden: torch.Tensor,
-                 inputs: list[tuple[tuple[int, ...], list[tuple[int, list[int]]]]], rows: int,
-                 logprob: list[float], greedy: list[bool]) -> None:
+def _score_batch(
+    model: BlockModel,
+    hidden: torch.Tensor,
+    inputs: list[tuple[tuple[int, ...], list[tuple[int, list[int]]]]],
+    rows: int,
+    logprob: list[float],
+    greedy: list[bool],
+) -> None:
     """Add the continuations' log-probabilities (and argmax checks) of one batch's inputs: the
     rows each input scores (hidden at position j predicts token j + 1), cut into spans of at most
     ``rows`` per input as always, and spans of several inputs packed into one logits chunk of
@@ -124,8 +140,14 @@ def _score_batch(model: BlockModel, hidden: torch.Tensor,
         _score_chunk(model, flat, chunk, n, logprob, greedy)
 
 
-def _score_chunk(model: BlockModel, flat: torch.Tensor, chunk: list, n: int,
-                 logprob: list[float], greedy: list[bool]) -> None:
+def _score_chunk(
+    model: BlockModel,
+    flat: torch.Tensor,
+    chunk: list,
+    n: int,
+    logprob: list[float],
+    greedy: list[bool],
+) -> None:
     index: list[int] = []
     picks: list[tuple[int, int]] = []  # (chunk row, target token), request by request
     owners: list[tuple[int, int, int]] = []  # (request, first pick, picks)
@@ -137,9 +159,11 @@ def _score_chunk(model: BlockModel, flat: torch.Tensor, chunk: list, n: int,
             if begin >= lo + count:
                 continue
             owners.append((r, len(picks), lo + count - begin))
-            picks.extend((base + j - lo, cont[j - (n - len(cont))]) for j in range(begin, lo + count))
+            picks.extend(
+                (base + j - lo, cont[j - (n - len(cont))]) for j in range(begin, lo + count)
+            )
     contiguous = index[-1] - index[0] + 1 == len(index)
-    rows = flat[index[0]:index[-1] + 1] if contiguous else flat[index]
+    rows = flat[index[0] : index[-1] + 1] if contiguous else flat[index]
     lsm = F.log_softmax(model.logits(rows).float(), dim=-1)
     at = torch.tensor([p[0] for p in picks], dtype=torch.long, device=lsm.device)
     target = torch.tensor([p[1] for p in picks], dtype=torch.long, device=lsm.device)
@@ -148,8 +172,8 @@ def _score_chunk(model: BlockModel, flat: torch.Tensor, chunk: list, n: int,
     values = picked.tolist()
     for r, first, k in owners:
         # a continuation of several tokens: summed in float32 as one piece, as the harness does
-        logprob[r] += values[first] if k == 1 else float(picked[first:first + k].sum())
-        greedy[r] = greedy[r] and all(hits[first:first + k])
+        logprob[r] += values[first] if k == 1 else float(picked[first : first + k].sum())
+        greedy[r] = greedy[r] and all(hits[first : first + k])
 
 
 class SparsetoolLM(TemplateLM):
@@ -161,9 +185,15 @@ class SparsetoolLM(TemplateLM):
     hears each block of each group.
     """
 
-    def __init__(self, model: BlockModel, tokenizer: Any, max_length: int, batch: int = 1,
-                 plan: Callable[[int, int], MemoryPlan] | None = None,
-                 progress: Callable[[int, int], None] | None = None):
+    def __init__(
+        self,
+        model: BlockModel,
+        tokenizer: Any,
+        max_length: int,
+        batch: int = 1,
+        plan: Callable[[int, int], MemoryPlan] | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ):
         super().__init__()
         self.model, self.tokenizer, self.max_length = model, tokenizer, max_length
         self.batch, self._plan, self._progress = batch, plan, progress
@@ -182,14 +212,24 @@ class SparsetoolLM(TemplateLM):
         bos = self.tokenizer.bos_token_id
         return bos if bos is not None else self.tokenizer.eos_token_id
 
-    def tok_encode(self, string: str, add_special_tokens: bool | None = None,
-                   left_truncate_len: int | None = None, **kwargs: Any) -> list[int]:
+    def tok_encode(
+        self,
+        string: str,
+        add_special_tokens: bool | None = None,
+        left_truncate_len: int | None = None,
+        **kwargs: Any,
+    ) -> list[int]:
         if self.tokenizer is None:
             ids = list(string.encode("utf-8"))
         else:  # as the harness's hf model: the tokenizer's default, but no second BOS
-            special = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
-            if add_special_tokens is None and self.prefix_token_id is not None \
-                    and string.startswith(self.tokenizer.decode(self.prefix_token_id)):
+            special = (
+                {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
+            )
+            if (
+                add_special_tokens is None
+                and self.prefix_token_id is not None
+                and string.startswith(self.tokenizer.decode(self.prefix_token_id))
+            ):
                 special["add_special_tokens"] = False
             ids = list(self.tokenizer.encode(string, **special))
         return ids[-left_truncate_len:] if left_truncate_len else ids
@@ -213,7 +253,9 @@ class SparsetoolLM(TemplateLM):
             plan = self._plan(len(pairs), longest)
             self.plans.append(plan)
             held = plan.held
-        results = score_requests(self.model, pairs, self.max_length, self.batch, held, self._progress)
+        results = score_requests(
+            self.model, pairs, self.max_length, self.batch, held, self._progress
+        )
         for (key, _, _), answer in zip(requests, results):
             if key is not None:
                 self.cache_hook.add_partial("loglikelihood", key, answer)
@@ -222,9 +264,15 @@ class SparsetoolLM(TemplateLM):
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         pairs, owner = [], []
         for r, (string,) in enumerate(req.args for req in requests):
-            for ctx, cont in map(make_disjoint_window, get_rolling_token_windows(
-                    token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
-                    max_seq_len=self.max_length, context_len=1)):
+            for ctx, cont in map(
+                make_disjoint_window,
+                get_rolling_token_windows(
+                    token_list=self.tok_encode(string),
+                    prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length,
+                    context_len=1,
+                ),
+            ):
                 pairs.append((None, ctx, cont))
                 owner.append(r)
         totals = [0.0] * len(requests)
@@ -236,6 +284,8 @@ class SparsetoolLM(TemplateLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         names = sorted({getattr(r, "task_name", None) or "?" for r in requests})
-        raise SparsetoolError(f"task {', '.join(names)} generates text (generate_until); only "
-                              "log-likelihood tasks (multiple_choice, loglikelihood, "
-                              "loglikelihood_rolling) are supported; leave it out of --tasks")
+        raise SparsetoolError(
+            f"task {', '.join(names)} generates text (generate_until); only "
+            "log-likelihood tasks (multiple_choice, loglikelihood, "
+            "loglikelihood_rolling) are supported; leave it out of --tasks"
+        )

@@ -10,11 +10,25 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 
 from sparsetool.checkpoint.output_files import remove, temp_beside, write_error
 
-__all__ = ["MATRIX_LABELS", "pyplot", "layer_heatmap", "message_figure", "save_png", "shorten_path",
-           "unique_suffixes"]
+__all__ = [
+    "MATRIX_LABELS",
+    "pyplot",
+    "layer_heatmap",
+    "message_figure",
+    "save_png",
+    "shorten_path",
+    "unique_suffixes",
+]
 
-MATRIX_LABELS = {"Q": "Q", "K": "K", "V": "V", "QKV": "QKV (fused)", "attn_out": "attention out",
-                 "ffn_in": "FFN in", "ffn_out": "FFN out"}
+MATRIX_LABELS = {
+    "Q": "Q",
+    "K": "K",
+    "V": "V",
+    "QKV": "QKV (fused)",
+    "attn_out": "attention out",
+    "ffn_in": "FFN in",
+    "ffn_out": "FFN out",
+}
 """Heatmap rows, top to bottom: matrix kind -> label."""
 
 
@@ -28,12 +42,20 @@ def pyplot() -> Any:
     return plt
 
 
-def layer_heatmap(values: Mapping[tuple[int, str], float], out: str | Path, *, title: str,
-                  colour_label: str, labels: Mapping[str, str] = MATRIX_LABELS,
-                  vmin: float = 0.0, vmax: float | None = None,
-                  cell_text: Callable[[float], str] = lambda v: f"{v:.3g}",
-                  hatched: Collection[tuple[int, str]] = (), hatch_label: str = "",
-                  cell_texts: Mapping[tuple[int, str], str] | None = None) -> Path:
+def layer_heatmap(
+    values: Mapping[tuple[int, str], float],
+    out: str | Path,
+    *,
+    title: str,
+    colour_label: str,
+    labels: Mapping[str, str] = MATRIX_LABELS,
+    vmin: float = 0.0,
+    vmax: float | None = None,
+    cell_text: Callable[[float], str] = lambda v: f"{v:.3g}",
+    hatched: Collection[tuple[int, str]] = (),
+    hatch_label: str = "",
+    cell_texts: Mapping[tuple[int, str], str] | None = None,
+) -> Path:
     """Layers across, matrices down (in the order of ``labels``), ``values[(layer, kind)]`` as colour.
 
     A cell a layer lacks is light grey. ``vmax`` None: the largest value (1.0 if all are 0).
@@ -58,8 +80,14 @@ def layer_heatmap(values: Mapping[tuple[int, str], float], out: str | Path, *, t
     width = min(18.0, max(6.0, 0.42 * len(layers) + 2.8))
     fig, ax = plt.subplots(figsize=(width, 0.5 * len(kinds) + 1.9), layout="constrained")
     cmap = plt.get_cmap("viridis").with_extremes(bad="lightgray")
-    img = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax,
-                    interpolation="nearest")
+    img = ax.imshow(
+        np.ma.masked_invalid(grid),
+        aspect="auto",
+        cmap=cmap,
+        vmin=vmin,
+        vmax=vmax,
+        interpolation="nearest",
+    )
     every = max(1, math.ceil(len(layers) / 32))
     ticks = list(range(0, len(layers), every))
     ax.set_xticks(ticks, [str(layers[i]) for i in ticks], fontsize=8)
@@ -70,15 +98,37 @@ def layer_heatmap(values: Mapping[tuple[int, str], float], out: str | Path, *, t
             if not np.isnan(v):
                 dark = (v - vmin) < 0.6 * (vmax - vmin)  # viridis is dark at the low end
                 text = (cell_texts or {}).get((layers[c], kinds[r])) or cell_text(float(v))
-                ax.text(c, r, text, ha="center", va="center", fontsize=7,
-                        color="white" if dark else "black")
+                ax.text(
+                    c,
+                    r,
+                    text,
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if dark else "black",
+                )
     marked = [(kinds.index(k), layers.index(layer)) for layer, k in hatched if k in kinds]
     for r, c in marked:
-        ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, hatch="//",
-                                   edgecolor="0.85", linewidth=0, gid="hatched"))
+        ax.add_patch(
+            plt.Rectangle(
+                (c - 0.5, r - 0.5),
+                1,
+                1,
+                fill=False,
+                hatch="//",
+                edgecolor="0.85",
+                linewidth=0,
+                gid="hatched",
+            )
+        )
     if marked and hatch_label:
-        fig.legend([plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="0.45", hatch="////")],
-                   [hatch_label], loc="outside lower left", fontsize=7, frameon=False)
+        fig.legend(
+            [plt.Rectangle((0, 0), 1, 1, facecolor="white", edgecolor="0.45", hatch="////")],
+            [hatch_label],
+            loc="outside lower left",
+            fontsize=7,
+            frameon=False,
+        )
     bar = fig.colorbar(img, ax=ax, pad=0.01)
     bar.set_label(colour_label, fontsize=8)
     ax.set_title(title, fontsize=9)
@@ -158,4 +208,4 @@ def shorten_path(text: str, width: int = 60) -> str:
                 break
             kept = f"{q}/{kept}"
         return f".../{kept}"
-    return text[:width - 3].rsplit(" ", 1)[0] + "..."
+    return text[: width - 3].rsplit(" ", 1)[0] + "..."

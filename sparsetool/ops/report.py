@@ -38,8 +38,14 @@ class ExpertSpread:
 
     def to_json(self) -> dict:
         spread = self.sparsity
-        return {"count": len(self.nonzero), "numel": self.numel, "nonzero": list(self.nonzero),
-                "sparsity": spread, "min_sparsity": min(spread), "max_sparsity": max(spread)}
+        return {
+            "count": len(self.nonzero),
+            "numel": self.numel,
+            "nonzero": list(self.nonzero),
+            "sparsity": spread,
+            "min_sparsity": min(spread),
+            "max_sparsity": max(spread),
+        }
 
 
 @dataclass
@@ -77,8 +83,11 @@ class Report:
     beyond_uniform: dict = field(default_factory=dict)  # the last prune's OWL plan, DSnoT settings
 
     def _sum(self, attr: str, targeted_only: bool) -> int:
-        return sum(getattr(t, attr) for t in self.tensors
-                   if is_floating(t.dtype) and (t.targeted or not targeted_only))
+        return sum(
+            getattr(t, attr)
+            for t in self.tensors
+            if is_floating(t.dtype) and (t.targeted or not targeted_only)
+        )
 
     @property
     def summary(self) -> dict:
@@ -87,10 +96,21 @@ class Report:
         mixture of experts adds ``experts``: per layer and kind (``in``: gate and up pooled,
         ``out``: down), the lowest and highest sparsity of one expert's matrices there."""
         spread = expert_spread(self.tensors)
-        experts = {"experts": [
-            {"layer": layer, "kind": kind.removeprefix("experts_"), "min_sparsity": lo / 100,
-             "max_sparsity": hi / 100} for (layer, kind), (lo, hi) in sorted(spread.items())]
-        } if spread else {}
+        experts = (
+            {
+                "experts": [
+                    {
+                        "layer": layer,
+                        "kind": kind.removeprefix("experts_"),
+                        "min_sparsity": lo / 100,
+                        "max_sparsity": hi / 100,
+                    }
+                    for (layer, kind), (lo, hi) in sorted(spread.items())
+                ]
+            }
+            if spread
+            else {}
+        )
         numel, nonzero = self._sum("numel", False), self._sum("nonzero", False)
         other = [t for t in self.tensors if not is_floating(t.dtype)]
         t_numel, t_nonzero = self._sum("numel", True), self._sum("nonzero", True)
@@ -117,8 +137,14 @@ class Report:
         return {"tensors": [t.to_json() for t in self.tensors], "summary": self.summary}
 
 
-def summarize(path: str | Path, include: Sequence[str] = (), exclude: Sequence[str] = (), *,
-              default_targets: bool = False, progress: Progress | None = None) -> Report:
+def summarize(
+    path: str | Path,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    *,
+    default_targets: bool = False,
+    progress: Progress | None = None,
+) -> Report:
     """Read every tensor of the checkpoint at ``path`` once and count its non-zeros.
 
     ``include``/``exclude`` change which tensors count as targeted, as for ``prune`` (see
@@ -127,21 +153,40 @@ def summarize(path: str | Path, include: Sequence[str] = (), exclude: Sequence[s
     ``default_targets`` (see :func:`sparsetool.targets.recorded.plan_checkpoint_targets`).
     """
     ckpt = open_checkpoint(path)
-    plan = plan_checkpoint_targets(ckpt.logical, ckpt.config, ckpt.metadata(), include, exclude,
-                                   default_targets=default_targets, source=ckpt.path.name)
-    report = Report(path=Path(path), bytes_on_disk=ckpt.nbytes_on_disk,
-                    targeting=targeting_summary(plan), beyond_uniform=recorded_refinements(ckpt.metadata()))
+    plan = plan_checkpoint_targets(
+        ckpt.logical,
+        ckpt.config,
+        ckpt.metadata(),
+        include,
+        exclude,
+        default_targets=default_targets,
+        source=ckpt.path.name,
+    )
+    report = Report(
+        path=Path(path),
+        bytes_on_disk=ckpt.nbytes_on_disk,
+        targeting=targeting_summary(plan),
+        beyond_uniform=recorded_refinements(ckpt.metadata()),
+    )
     total = len(ckpt.logical)
     for i, lt in enumerate(ckpt.logical):
         entry = plan[lt.name]
         counts = count_unpruned_parts(ckpt, lt, entry.experts)
-        report.tensors.append(TensorRow(
-            name=lt.name, shape=entry.shape, dtype=torch_name(lt.st_dtype), role=entry.role,
-            targeted=entry.targeted,
-            numel=lt.numel, nonzero=sum(counts), encoding=lt.encoding,
-            bytes=lt.nbytes, expert=entry.expert,
-            experts=ExpertSpread(lt.numel // len(counts), counts) if entry.experts else None,
-        ))
+        report.tensors.append(
+            TensorRow(
+                name=lt.name,
+                shape=entry.shape,
+                dtype=torch_name(lt.st_dtype),
+                role=entry.role,
+                targeted=entry.targeted,
+                numel=lt.numel,
+                nonzero=sum(counts),
+                encoding=lt.encoding,
+                bytes=lt.nbytes,
+                expert=entry.expert,
+                experts=ExpertSpread(lt.numel // len(counts), counts) if entry.experts else None,
+            )
+        )
         if progress:
             progress("report", i + 1, total)
     # listed by layer as a number, then role (files keep names in lexicographic order)
@@ -161,11 +206,23 @@ def recorded_refinements(metadata) -> dict:
 BARS_UP_TO = 40
 """``report --plot`` draws one bar per tensor up to this many tensors, a layer x matrix heatmap past it."""
 
-_ROLE_COLOURS = {"qkv": "tab:blue", "attn_out": "tab:cyan", "ffn_in": "tab:orange", "ffn_out": "tab:red"}
+_ROLE_COLOURS = {
+    "qkv": "tab:blue",
+    "attn_out": "tab:cyan",
+    "ffn_in": "tab:orange",
+    "ffn_out": "tab:red",
+}
 EXPERT_ROWS = {"experts_in": "experts in (gate/up)", "experts_out": "experts out (down)"}
 """Heatmap rows of the routed experts (every expert of the layer pooled), below the dense FFN's."""
-_LAYER_ROWS = {"router": "routers", "norm": "norms", "bias": "biases", "position": "positions", "embedding": "embeddings",
-               "head": "heads", "other": "other"}
+_LAYER_ROWS = {
+    "router": "routers",
+    "norm": "norms",
+    "bias": "biases",
+    "position": "positions",
+    "embedding": "embeddings",
+    "head": "heads",
+    "other": "other",
+}
 
 
 def plot_report(report: Report, out: str | Path, *, all_tensors: bool = True) -> Path:
@@ -183,10 +240,14 @@ def plot_report(report: Report, out: str | Path, *, all_tensors: bool = True) ->
 
     rows = [t for t in report.tensors if all_tensors or t.targeted]
     s = report.summary
-    title = (f"{report.path.name}: targeted {100 * s['targeted_sparsity']:.2f}%, "
-             f"overall {100 * s['overall_sparsity']:.2f}%")
+    title = (
+        f"{report.path.name}: targeted {100 * s['targeted_sparsity']:.2f}%, "
+        f"overall {100 * s['overall_sparsity']:.2f}%"
+    )
     if not rows:
-        what = "no tensors" if not report.tensors else "no targeted tensors (--all draws every tensor)"
+        what = (
+            "no tensors" if not report.tensors else "no targeted tensors (--all draws every tensor)"
+        )
         return message_figure(f"{report.path.name}: {what}", out)
     if len(rows) > BARS_UP_TO:
         drawn = _heatmap(rows, out, title)
@@ -219,8 +280,16 @@ def _bars(rows: list[TensorRow], out: str | Path, title: str) -> Path:
             bar.set(facecolor="0.93", edgecolor="0.45", hatch="////", linewidth=0.6)
     dense = [i for i, t in enumerate(rows) if t.numel and t.nonzero == t.numel]
     if dense:  # a bar of length 0 looks missing: a short tick at 0 in the role's colour
-        ax.scatter([0.7] * len(dense), dense, marker="|", s=60, linewidths=2.5, zorder=3,
-                   c=[colour[i] for i in dense], gid="dense-markers")
+        ax.scatter(
+            [0.7] * len(dense),
+            dense,
+            marker="|",
+            s=60,
+            linewidths=2.5,
+            zorder=3,
+            c=[colour[i] for i in dense],
+            gid="dense-markers",
+        )
         for i in dense:
             ax.text(1.5, i, "0%", va="center", fontsize=6, color="0.3")
     ax.set_yticks(range(len(rows)), [t.name for t in rows], fontsize=6)
@@ -236,13 +305,22 @@ def _bars(rows: list[TensorRow], out: str | Path, title: str) -> Path:
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for _, c in legend]
     labels = [r for r, _ in legend]
     if any(zero_input):
-        handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="0.93", edgecolor="0.45", hatch="////"))
+        handles.append(
+            plt.Rectangle((0, 0), 1, 1, facecolor="0.93", edgecolor="0.45", hatch="////")
+        )
         labels.append(ZERO_INPUT)
     if dense:
         handles.append(Line2D([], [], marker="|", ls="none", ms=8, mew=2.5, color="0.3"))
         labels.append(DENSE)
-    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7,
-              title="role", title_fontsize=7)
+    ax.legend(
+        handles,
+        labels,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=7,
+        title="role",
+        title_fontsize=7,
+    )
     fig.tight_layout()
     return save_png(fig, out)
 
@@ -262,7 +340,9 @@ def _expert_kind(t: TensorRow) -> str | None:
     return None
 
 
-def layer_cells(rows: Sequence[TensorRow]) -> tuple[dict[tuple[int, str], float], tuple[int, int, int]]:
+def layer_cells(
+    rows: Sequence[TensorRow],
+) -> tuple[dict[tuple[int, str], float], tuple[int, int, int]]:
     """((layer, matrix kind) -> pooled sparsity in %, (tensors, numel, non-zeros) outside the layers).
 
     Kinds are those of :func:`layer_kind`: Q, K, V, QKV (fused), attn_out, ffn_in (gate and up
@@ -295,8 +375,11 @@ def expert_spread(rows: Sequence[TensorRow]) -> dict[tuple[int, str], tuple[floa
         if layer is None or kind is None:
             continue
         experts = pooled.setdefault((layer, kind), {})
-        parts = ([(t.expert, t.numel, t.nonzero)] if t.experts is None else
-                 [(e, t.experts.numel, n) for e, n in enumerate(t.experts.nonzero)])
+        parts = (
+            [(t.expert, t.numel, t.nonzero)]
+            if t.experts is None
+            else [(e, t.experts.numel, n) for e, n in enumerate(t.experts.nonzero)]
+        )
         for e, numel, nonzero in parts:
             if e is None:
                 continue
@@ -319,14 +402,28 @@ def _heatmap(rows: list[TensorRow], out: str | Path, title: str) -> Path | None:
     if not cells:
         return None
     if n:
-        title += (f"\n{n} tensor{'s' if n != 1 else ''} outside the layers, not drawn: "
-                  f"{100 * (1 - nonzero / numel) if numel else 0.0:.2f}% sparse")
+        title += (
+            f"\n{n} tensor{'s' if n != 1 else ''} outside the layers, not drawn: "
+            f"{100 * (1 - nonzero / numel) if numel else 0.0:.2f}% sparse"
+        )
     from sparsetool.targets.order import layer_index
 
     pruned = {(layer_index(t.name), layer_kind(t)) for t in rows if t.targeted}
-    texts = {key: f"{lo:.0f}-{hi:.0f}" for key, (lo, hi) in expert_spread(rows).items()
-             if hi - lo >= 0.05}  # the experts differ: the range, not the pooled value
-    return layer_heatmap(cells, out, title=title, colour_label="sparsity (% zeros)",
-                         labels={**MATRIX_LABELS, **EXPERT_ROWS, **_LAYER_ROWS}, vmin=0.0,
-                         vmax=100.0, cell_text=lambda v: f"{v:.1f}", hatched=set(cells) - pruned,
-                         hatch_label=UNTOUCHED, cell_texts=texts)
+    texts = {
+        key: f"{lo:.0f}-{hi:.0f}"
+        for key, (lo, hi) in expert_spread(rows).items()
+        if hi - lo >= 0.05
+    }  # the experts differ: the range, not the pooled value
+    return layer_heatmap(
+        cells,
+        out,
+        title=title,
+        colour_label="sparsity (% zeros)",
+        labels={**MATRIX_LABELS, **EXPERT_ROWS, **_LAYER_ROWS},
+        vmin=0.0,
+        vmax=100.0,
+        cell_text=lambda v: f"{v:.1f}",
+        hatched=set(cells) - pruned,
+        hatch_label=UNTOUCHED,
+        cell_texts=texts,
+    )

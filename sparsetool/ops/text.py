@@ -16,8 +16,11 @@ def read_text(path: str | Path, option: str = "--text") -> str:
     if p.is_file():
         files = [p]
     elif p.is_dir():
-        files = sorted(q for q in p.rglob("*") if q.is_file()
-                       and not any(s.startswith(".") for s in q.relative_to(p).parts))
+        files = sorted(
+            q
+            for q in p.rglob("*")
+            if q.is_file() and not any(s.startswith(".") for s in q.relative_to(p).parts)
+        )
         if not files:
             raise SparsetoolError(f"{option} {p}: directory holds no files; point it at text files")
     else:
@@ -27,8 +30,9 @@ def read_text(path: str | Path, option: str = "--text") -> str:
         try:
             parts.append(f.read_bytes().decode("utf-8"))
         except UnicodeDecodeError as e:
-            raise SparsetoolError(f"{option} {f}: not UTF-8 text (byte {e.start}); "
-                                  "convert it or leave it out") from None
+            raise SparsetoolError(
+                f"{option} {f}: not UTF-8 text (byte {e.start}); convert it or leave it out"
+            ) from None
         except OSError as e:
             raise SparsetoolError(f"{option} {f}: cannot read ({e.strerror})") from None
     return "\n".join(parts)

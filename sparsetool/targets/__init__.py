@@ -31,18 +31,38 @@ from sparsetool.targets.roles import (
 )
 from sparsetool.util.options import parse_globs
 
-__all__ = ["ROLES", "LINEAR_ROLES", "TargetEntry", "TargetPlan", "plan_targets", "role",
-           "is_targeted", "is_floating", "input_dim", "conv1d_layout", "experts_in_out",
-           "expert_index", "is_routed_expert", "STACKED_LAYOUTS", "tied_embedding",
-           "tied_head_warning"]
+__all__ = [
+    "ROLES",
+    "LINEAR_ROLES",
+    "TargetEntry",
+    "TargetPlan",
+    "plan_targets",
+    "role",
+    "is_targeted",
+    "is_floating",
+    "input_dim",
+    "conv1d_layout",
+    "experts_in_out",
+    "expert_index",
+    "is_routed_expert",
+    "STACKED_LAYOUTS",
+    "tied_embedding",
+    "tied_head_warning",
+]
 
 STACKED_LAYOUTS = ("stacked", "stacked_t")
 """The layouts of a fused experts tensor: one matrix per index of its first dimension."""
 
 
-def _decide(name: str, shape: tuple[int, ...], dtype: Any, found_role: str,
-            include: Sequence[str], exclude: Sequence[str],
-            select: Sequence[str] | None) -> tuple[bool, str]:
+def _decide(
+    name: str,
+    shape: tuple[int, ...],
+    dtype: Any,
+    found_role: str,
+    include: Sequence[str],
+    exclude: Sequence[str],
+    select: Sequence[str] | None,
+) -> tuple[bool, str]:
     """(targeted, why): the one targeting rule, given the tensor's role."""
     if name.endswith("_mask"):
         return False, "a _mask side tensor"
@@ -145,7 +165,9 @@ class TargetPlan:
     conv1d: bool | None = None
     targeted: list[str] = field(init=False)
     recorded_by: str | None = None  # the command whose recorded globs these are (targets.recorded)
-    dtype_skipped: list[str] = field(default_factory=list)  # targeted but for their (integer, bool) dtype
+    dtype_skipped: list[str] = field(
+        default_factory=list
+    )  # targeted but for their (integer, bool) dtype
     tied_head: str | None = None  # the token embedding that is also the LM head (tied_embedding)
     experts_in_out: bool = False  # fused experts stored (experts, in, out) (experts_in_out)
 
@@ -203,8 +225,9 @@ def _examples(names: Sequence[str], roles: Mapping[str, str]) -> list[str]:
     return sorted(picked)
 
 
-def tied_embedding(shapes: Mapping[str, tuple[int, ...]], roles: Mapping[str, str],
-                   config: Mapping | None) -> str | None:
+def tied_embedding(
+    shapes: Mapping[str, tuple[int, ...]], roles: Mapping[str, str], config: Mapping | None
+) -> str | None:
     """The token embedding that is also the LM head, or None.
 
     A causal LM whose ``config.json`` ties the head to the input embedding
@@ -224,13 +247,18 @@ def tied_embedding(shapes: Mapping[str, tuple[int, ...]], roles: Mapping[str, st
     if not isinstance(config, Mapping):
         return None
     text = config.get("text_config")
-    tie = config.get("tie_word_embeddings",
-                     text.get("tie_word_embeddings", True) if isinstance(text, Mapping) else True)
+    tie = config.get(
+        "tie_word_embeddings",
+        text.get("tie_word_embeddings", True) if isinstance(text, Mapping) else True,
+    )
     if not tie or any(r == "head" for r in roles.values()):
         return None
     arch = config.get("architectures")
-    if isinstance(arch, list) and arch and all(
-            isinstance(a, str) and a.endswith("Model") and "LMHead" not in a for a in arch):
+    if (
+        isinstance(arch, list)
+        and arch
+        and all(isinstance(a, str) and a.endswith("Model") and "LMHead" not in a for a in arch)
+    ):
         return None  # a bare encoder or decoder ("BertModel", "LlamaModel"): no head at all
     embeddings = [n for n, r in roles.items() if r == "embedding" and len(shapes[n]) == 2]
     vocab = config.get("vocab_size", text.get("vocab_size") if isinstance(text, Mapping) else None)
@@ -247,10 +275,12 @@ def tied_head_warning(plan: TargetPlan) -> str | None:
     name = plan.tied_head
     if name is None or not plan.is_targeted(name):
         return None
-    return (f"{name} is also the LM head (config.json ties them: tie_word_embeddings): pruning "
-            "it prunes the output layer as well, and every loader (transformers, sparsetool "
-            f"eval) computes the logits with the pruned matrix; leave it out with --exclude '{name}' "
-            "to prune the blocks only")
+    return (
+        f"{name} is also the LM head (config.json ties them: tie_word_embeddings): pruning "
+        "it prunes the output layer as well, and every loader (transformers, sparsetool "
+        f"eval) computes the logits with the pruned matrix; leave it out with --exclude '{name}' "
+        "to prune the blocks only"
+    )
 
 
 def plan_targets(
@@ -291,11 +321,17 @@ def plan_targets(
         for glob in globs:
             if not any(fnmatch.fnmatchcase(n, glob) for n in names):
                 looks = ", ".join(_examples(names, roles)) if names else "(it holds no tensors)"
-                head = (f"; the LM head has no tensor of its own: config.json ties it to {tied} "
-                        f"(tie_word_embeddings), which --{option} '{tied}' names, head and "
-                        "embedding alike" if tied and ("head" in glob.lower() or "embed_out" in glob) else "")
-                raise ConfigError(f"--{option} '{glob}' matches no tensor in {source}; "
-                                  f"tensor names look like: {looks}{head}")
+                head = (
+                    f"; the LM head has no tensor of its own: config.json ties it to {tied} "
+                    f"(tie_word_embeddings), which --{option} '{tied}' names, head and "
+                    "embedding alike"
+                    if tied and ("head" in glob.lower() or "embed_out" in glob)
+                    else ""
+                )
+                raise ConfigError(
+                    f"--{option} '{glob}' matches no tensor in {source}; "
+                    f"tensor names look like: {looks}{head}"
+                )
     conv1d = conv1d_layout(config)
     transposed = experts_in_out(config)
     entries: dict[str, TargetEntry] = {}
@@ -303,13 +339,30 @@ def plan_targets(
     for name, shape, dtype in items:
         found = roles[name]
         targeted, reason = _decide(name, shape, dtype, found, include, exclude, select)
-        dim = input_dim(name, shape, conv1d=conv1d, known_role=found,
-                        experts_transposed=transposed)
-        entries[name] = TargetEntry(name, shape, str(dtype).removeprefix("torch."), found,
-                                    targeted, reason, dim, _layout(shape, dim, found),
-                                    expert_index(name))
-        if (not targeted and not is_floating(dtype)
-                and _decide(name, shape, "F32", found, include, exclude, select)[0]):
+        dim = input_dim(name, shape, conv1d=conv1d, known_role=found, experts_transposed=transposed)
+        entries[name] = TargetEntry(
+            name,
+            shape,
+            str(dtype).removeprefix("torch."),
+            found,
+            targeted,
+            reason,
+            dim,
+            _layout(shape, dim, found),
+            expert_index(name),
+        )
+        if (
+            not targeted
+            and not is_floating(dtype)
+            and _decide(name, shape, "F32", found, include, exclude, select)[0]
+        ):
             dtype_skipped.append(name)
-    return TargetPlan(entries, include, exclude, conv1d, dtype_skipped=dtype_skipped, tied_head=tied,
-                      experts_in_out=transposed)
+    return TargetPlan(
+        entries,
+        include,
+        exclude,
+        conv1d,
+        dtype_skipped=dtype_skipped,
+        tied_head=tied,
+        experts_in_out=transposed,
+    )

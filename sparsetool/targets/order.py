@@ -27,14 +27,37 @@ from collections.abc import Iterable, Sequence
 
 from sparsetool.targets.roles import role as _role
 
-ROLE_ORDER = ("qkv", "attn_out", "ffn_in", "ffn_out", "router", "norm", "bias", "embedding", "position",
-              "head", "other")
+ROLE_ORDER = (
+    "qkv",
+    "attn_out",
+    "ffn_in",
+    "ffn_out",
+    "router",
+    "norm",
+    "bias",
+    "embedding",
+    "position",
+    "head",
+    "other",
+)
 """Roles within one layer, in listing order (every value of :func:`sparsetool.targets.role`)."""
 
 _BEFORE_BLOCKS = {"embedding", "position"}
 SEPARATE_QKV = {
-    **dict.fromkeys(["q_proj", "query", "wq", "q_lin", "q", "q_attn", "proj_q_dense_layer",
-                     "q_a_proj", "q_b_proj"], "Q"),  # DeepSeek MLA: the query path, both factors
+    **dict.fromkeys(
+        [
+            "q_proj",
+            "query",
+            "wq",
+            "q_lin",
+            "q",
+            "q_attn",
+            "proj_q_dense_layer",
+            "q_a_proj",
+            "q_b_proj",
+        ],
+        "Q",
+    ),  # DeepSeek MLA: the query path, both factors
     **dict.fromkeys(["k_proj", "key", "wk", "k_lin", "k", "proj_k_dense_layer"], "K"),
     **dict.fromkeys(["v_proj", "value", "wv", "v_lin", "v", "proj_v_dense_layer"], "V"),
 }
@@ -97,4 +120,12 @@ def sort_names(names: Iterable[str]) -> list[str]:
     return sorted(names, key=tensor_sort_key)
 
 
-__all__ = ["ROLE_ORDER", "SEPARATE_QKV", "qkv_leaf", "layer_index", "natural_key", "tensor_sort_key", "sort_names"]
+__all__ = [
+    "ROLE_ORDER",
+    "SEPARATE_QKV",
+    "qkv_leaf",
+    "layer_index",
+    "natural_key",
+    "tensor_sort_key",
+    "sort_names",
+]

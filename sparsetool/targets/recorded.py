@@ -28,7 +28,9 @@ RECORDING_COMMANDS = ("prune",)
 """Commands whose recorded ``include``/``exclude`` are the checkpoint's targeting."""
 
 
-def recorded_globs(metadata: Mapping[str, str] | None) -> tuple[str, tuple[str, ...], tuple[str, ...]] | None:
+def recorded_globs(
+    metadata: Mapping[str, str] | None,
+) -> tuple[str, tuple[str, ...], tuple[str, ...]] | None:
     """``(command, include, exclude)`` of the newest recorded step that targeted with globs, or
     None (no entry, or the newest prune used the built-in roles).
 
@@ -92,9 +94,11 @@ def plan_checkpoint_targets(
     try:
         plan = plan_targets(tensors, config, rec_include, rec_exclude, source=source)
     except ConfigError as e:
-        raise ConfigError(f"the targeting {command} recorded in {source} no longer fits it: {e}; "
-                          "pass your own --include/--exclude, or --default-targets for the "
-                          "built-in roles") from None
+        raise ConfigError(
+            f"the targeting {command} recorded in {source} no longer fits it: {e}; "
+            "pass your own --include/--exclude, or --default-targets for the "
+            "built-in roles"
+        ) from None
     plan.recorded_by = command
     return plan
 
@@ -112,8 +116,13 @@ def targeting_summary(plan: TargetPlan) -> dict[str, Any]:
         rule = f"recorded by {plan.recorded_by}"
     else:
         rule = "given" if plan.include or plan.exclude else "default"
-    return {"rule": rule, "include": list(plan.include), "exclude": list(plan.exclude),
-            "note": recorded_note(plan), "tied_head": plan.tied_head}
+    return {
+        "rule": rule,
+        "include": list(plan.include),
+        "exclude": list(plan.exclude),
+        "note": recorded_note(plan),
+        "tied_head": plan.tied_head,
+    }
 
 
 def recorded_note(plan: TargetPlan) -> str | None:
@@ -131,5 +140,10 @@ def recorded_note(plan: TargetPlan) -> str | None:
     return f"targets as recorded by {plan.recorded_by}: {' '.join(globs)}"
 
 
-__all__ = ["RECORDING_COMMANDS", "recorded_globs", "plan_checkpoint_targets", "targeting_summary",
-           "recorded_note"]
+__all__ = [
+    "RECORDING_COMMANDS",
+    "recorded_globs",
+    "plan_checkpoint_targets",
+    "targeting_summary",
+    "recorded_note",
+]

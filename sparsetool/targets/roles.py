@@ -20,11 +20,29 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-__all__ = ["ROLES", "LINEAR_ROLES", "EXPERTS_IN_OUT_TYPES", "role", "input_dim", "conv1d_layout",
-           "experts_in_out", "expert_index", "is_routed_expert"]
+__all__ = [
+    "ROLES",
+    "LINEAR_ROLES",
+    "EXPERTS_IN_OUT_TYPES",
+    "role",
+    "input_dim",
+    "conv1d_layout",
+    "experts_in_out",
+    "expert_index",
+    "is_routed_expert",
+]
 
 ROLES = (
-    "qkv", "attn_out", "ffn_in", "ffn_out", "router", "embedding", "position", "norm", "bias", "head",
+    "qkv",
+    "attn_out",
+    "ffn_in",
+    "ffn_out",
+    "router",
+    "embedding",
+    "position",
+    "norm",
+    "bias",
+    "head",
     "other",
 )
 """Every value :func:`role` returns."""
@@ -34,21 +52,53 @@ LINEAR_ROLES = ("qkv", "attn_out", "ffn_in", "ffn_out")
 
 # Trailing components that name a parameter of a module rather than the module itself.
 _PARAM_NAMES = {
-    "weight", "bias", "gamma", "beta", "g", "b", "scale", "kernel", "embedding",
-    "in_proj_weight", "in_proj_bias", "weight_orig",
+    "weight",
+    "bias",
+    "gamma",
+    "beta",
+    "g",
+    "b",
+    "scale",
+    "kernel",
+    "embedding",
+    "in_proj_weight",
+    "in_proj_bias",
+    "weight_orig",
     # compressed-tensors "sparse-bitmask" parts: the role is the module's
-    "compressed", "bitmask", "shape", "row_offsets",
+    "compressed",
+    "bitmask",
+    "shape",
+    "row_offsets",
 }
 _BIAS_PARAMS = {"bias", "beta", "b", "in_proj_bias"}
 
 _POSITION = {
-    "wpe", "pos_emb", "pos_embed", "pos_embedding", "embed_positions", "position_embeddings",
-    "position_embedding", "rotary_emb", "rotary_embedding", "relative_attention_bias",
-    "embed_pos", "positional_embedding",
+    "wpe",
+    "pos_emb",
+    "pos_embed",
+    "pos_embedding",
+    "embed_positions",
+    "position_embeddings",
+    "position_embedding",
+    "rotary_emb",
+    "rotary_embedding",
+    "relative_attention_bias",
+    "embed_pos",
+    "positional_embedding",
 }
 _EMBEDDING = {
-    "wte", "tok_emb", "tok_embeddings", "token_embedding", "embed_tokens", "word_embeddings",
-    "token_type_embeddings", "embed_in", "embeddings", "embedding", "shared", "embedding_layer",
+    "wte",
+    "tok_emb",
+    "tok_embeddings",
+    "token_embedding",
+    "embed_tokens",
+    "word_embeddings",
+    "token_type_embeddings",
+    "embed_in",
+    "embeddings",
+    "embedding",
+    "shared",
+    "embedding_layer",
     "word_embedding",
 }
 _HEAD = {"lm_head", "embed_out", "head", "classifier", "score", "qa_outputs", "output_layer"}
@@ -57,18 +107,65 @@ _HEAD = {"lm_head", "embed_out", "head", "classifier", "score", "qa_outputs", "o
 _LEAF_ROLES = {
     # fused or separate query/key/value
     **dict.fromkeys(
-        ["q_proj", "k_proj", "v_proj", "query", "key", "value", "query_key_value", "c_attn",
-         "qkv", "qkv_proj", "wqkv", "w_pack", "wq", "wk", "wv", "q_lin", "k_lin", "v_lin",
-         "proj_q_dense_layer", "proj_k_dense_layer", "proj_v_dense_layer", "q", "k", "v",
-         "q_attn", "in_proj",
-         # DeepSeek-V2/V3 multi-head latent attention: the low-rank query and key/value factors
-         "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"], "qkv"),
+        [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "query",
+            "key",
+            "value",
+            "query_key_value",
+            "c_attn",
+            "qkv",
+            "qkv_proj",
+            "wqkv",
+            "w_pack",
+            "wq",
+            "wk",
+            "wv",
+            "q_lin",
+            "k_lin",
+            "v_lin",
+            "proj_q_dense_layer",
+            "proj_k_dense_layer",
+            "proj_v_dense_layer",
+            "q",
+            "k",
+            "v",
+            "q_attn",
+            "in_proj",
+            # DeepSeek-V2/V3 multi-head latent attention: the low-rank query and key/value factors
+            "q_a_proj",
+            "q_b_proj",
+            "kv_a_proj_with_mqa",
+            "kv_b_proj",
+        ],
+        "qkv",
+    ),
     # attention output
     **dict.fromkeys(["o_proj", "out_proj", "out_lin", "o", "proj_output_dense_layer"], "attn_out"),
     # feed-forward in (up, gate, fc1)
     **dict.fromkeys(
-        ["gate_proj", "up_proj", "gate_up_proj", "c_fc", "c_fc2", "fc1", "fc_in", "dense_h_to_4h",
-         "w1", "w3", "wi", "wi_0", "wi_1", "lin1", "linear_layer_for_glu", "fc"], "ffn_in"),
+        [
+            "gate_proj",
+            "up_proj",
+            "gate_up_proj",
+            "c_fc",
+            "c_fc2",
+            "fc1",
+            "fc_in",
+            "dense_h_to_4h",
+            "w1",
+            "w3",
+            "wi",
+            "wi_0",
+            "wi_1",
+            "lin1",
+            "linear_layer_for_glu",
+            "fc",
+        ],
+        "ffn_in",
+    ),
     # feed-forward out (down, fc2)
     **dict.fromkeys(["down_proj", "fc2", "fc_out", "dense_4h_to_h", "w2", "lin2"], "ffn_out"),
 }
@@ -85,7 +182,12 @@ _CONTEXTUAL_OUT = {"c_proj", "proj", "dense", "wo"}
 
 # sparsetool's own GPT (models/gpt.py): exact names, so its contract does not rest on context rules.
 _OWN_GPT_RE = re.compile(r"^blocks\.\d+\.(attn\.qkv|attn\.proj|mlp\.fc|mlp\.proj)\.weight$")
-_OWN_GPT_ROLES = {"attn.qkv": "qkv", "attn.proj": "attn_out", "mlp.fc": "ffn_in", "mlp.proj": "ffn_out"}
+_OWN_GPT_ROLES = {
+    "attn.qkv": "qkv",
+    "attn.proj": "attn_out",
+    "mlp.fc": "ffn_in",
+    "mlp.proj": "ffn_out",
+}
 
 _ATTN_RE = re.compile(r"attn|attention", re.IGNORECASE)
 _NORM_RE = re.compile(r"norm|^ln(_?[0-9a-z]*)?$", re.IGNORECASE)
@@ -94,7 +196,6 @@ _CONV1D_RE = re.compile(
     r"(^|\.)h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj|"
     r"crossattention\.c_attn|crossattention\.q_attn|crossattention\.c_proj)\.weight$"
 )
-
 
 
 def _split(name: str) -> tuple[list[str], str | None]:
@@ -196,8 +297,12 @@ def _linear_role(modules: list[str], param: str | None) -> str | None:
 
 
 def input_dim(
-    name: str, shape: tuple[int, ...] | Sequence[int], *, conv1d: bool | None = None,
-    known_role: str | None = None, experts_transposed: bool = False,
+    name: str,
+    shape: tuple[int, ...] | Sequence[int],
+    *,
+    conv1d: bool | None = None,
+    known_role: str | None = None,
+    experts_transposed: bool = False,
 ) -> int:
     """The dimension of ``shape`` that indexes input features (the one N:M groups run along).
 
@@ -267,7 +372,10 @@ def experts_in_out(config: Mapping | None) -> bool:
     """
     config = config or {}
     text = config.get("text_config")
-    types = {config.get("model_type"), text.get("model_type") if isinstance(text, Mapping) else None}
+    types = {
+        config.get("model_type"),
+        text.get("model_type") if isinstance(text, Mapping) else None,
+    }
     return any(t in EXPERTS_IN_OUT_TYPES for t in types)
 
 

@@ -38,8 +38,16 @@ STRATEGIES = ("ddp", "fsdp")  # --distributed
 INIT_METHODS = ("random", "magnitude")
 DEFAULT_PRESET = "mini"  # the model of a run without --preset or --init
 
-FILE_ONLY = ("dropout", "min_lr_ratio", "beta1", "beta2", "eps", "eval_sequences", "keep_last",
-             "log_every")
+FILE_ONLY = (
+    "dropout",
+    "min_lr_ratio",
+    "beta1",
+    "beta2",
+    "eps",
+    "eval_sequences",
+    "keep_last",
+    "log_every",
+)
 """Settings a ``--config`` file (or the Python API) gives that have no command-line flag."""
 
 FLAGS = {"stages": "--stage", "sparsity_options": "--sparsity-option", "out": "--output"}
@@ -68,8 +76,13 @@ def setting(key: str) -> str:
 
 
 SECTIONS = ("model", "optimizer", "data", "train", "run")
-SECTION_EXAMPLE = {"model": "preset: tiny", "optimizer": "lr: 0.001", "data": "data: corpus.txt",
-                    "train": "steps: 1000", "run": "device: cpu"}
+SECTION_EXAMPLE = {
+    "model": "preset: tiny",
+    "optimizer": "lr: 0.001",
+    "data": "data: corpus.txt",
+    "train": "steps: 1000",
+    "run": "device: cpu",
+}
 
 
 @dataclass
@@ -125,7 +138,9 @@ class TrainConfig:
     log_every: int = 1
     stop_at: int | None = None  # stop (with a checkpoint) after this many steps; resume later
     device: str = "auto"
-    threads: int | None = None  # CPU threads for torch; None: sparsetool.util.threads decides (the command line)
+    threads: int | None = (
+        None  # CPU threads for torch; None: sparsetool.util.threads decides (the command line)
+    )
     dtype: str = "auto"  # auto: bf16 autocast on a GPU that has it, float32 otherwise
     distributed: str = "ddp"  # under torchrun: ddp (a whole copy per rank) or fsdp (sharded, FSDP2)
     offload: bool = False  # fsdp on a GPU: parameter slices, gradients and AdamW in CPU memory
@@ -145,8 +160,11 @@ class TrainConfig:
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))
-DEFAULTS = {f.name: f.default for f in dataclasses.fields(TrainConfig)
-             if f.default is not dataclasses.MISSING}
+DEFAULTS = {
+    f.name: f.default
+    for f in dataclasses.fields(TrainConfig)
+    if f.default is not dataclasses.MISSING
+}
 
 
 def _globs(option: str, value: Any) -> tuple[str, ...]:
@@ -155,8 +173,15 @@ def _globs(option: str, value: Any) -> tuple[str, ...]:
 
 
 # Options that may differ when a run is resumed; any other change would break exact resumption.
-RESUMABLE_OVERRIDES = {"stop_at", "save_every", "eval_every", "keep_last", "log_every", "device",
-                       "threads"}
+RESUMABLE_OVERRIDES = {
+    "stop_at",
+    "save_every",
+    "eval_every",
+    "keep_last",
+    "log_every",
+    "device",
+    "threads",
+}
 # May differ on a resume when the global batch (--batch-size x --grad-accum x processes) stays
 # the same: an FSDP run continues on another number of processes (rundir.restore checks it).
 REBATCHABLE = {"batch_size", "grad_accum"}
@@ -180,8 +205,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
     if cfg.preset is None and cfg.init is None:
         cfg.preset = DEFAULT_PRESET  # with --init the checkpoint has the shape
-    need(cfg.preset is None or cfg.preset in PRESETS,
-         f"unknown --preset {cfg.preset!r}; choose one of {', '.join(PRESETS)}")
+    need(
+        cfg.preset is None or cfg.preset in PRESETS,
+        f"unknown --preset {cfg.preset!r}; choose one of {', '.join(PRESETS)}",
+    )
     for name in ("steps", "batch_size", "grad_accum", "eval_sequences", "log_every"):
         need(int(getattr(cfg, name)) >= 1, f"{setting(name)} must be >= 1")
     for name in ("warmup", "eval_every", "save_every", "keep_last"):
@@ -194,24 +221,34 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     for name in ("beta1", "beta2"):
         need(0 <= getattr(cfg, name) < 1, f"{setting(name)} must be in [0, 1) (an AdamW beta)")
     need(cfg.eps > 0, f"{setting('eps')} must be > 0")
-    need(cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"),
-         f"--device {cfg.device!r}: use cpu, cuda or auto")
+    need(
+        cfg.device in ("auto", "cpu", "cuda") or cfg.device.startswith("cuda:"),
+        f"--device {cfg.device!r}: use cpu, cuda or auto",
+    )
     need(cfg.dtype in ("auto", "float32", "bfloat16"), "--dtype must be auto, float32 or bfloat16")
     need(cfg.distributed in STRATEGIES, f"--distributed {cfg.distributed!r}: choose ddp or fsdp")
-    need(not cfg.offload or cfg.distributed == "fsdp",
-         "--offload moves FSDP's shards to CPU memory; add --distributed fsdp")
-    need(not cfg.offload or cfg.device.startswith("cuda"),
-         "--offload keeps a GPU run's shards in CPU memory; it needs --device cuda (a CPU run "
-         "holds them there already)")
+    need(
+        not cfg.offload or cfg.distributed == "fsdp",
+        "--offload moves FSDP's shards to CPU memory; add --distributed fsdp",
+    )
+    need(
+        not cfg.offload or cfg.device.startswith("cuda"),
+        "--offload keeps a GPU run's shards in CPU memory; it needs --device cuda (a CPU run "
+        "holds them there already)",
+    )
     if cfg.algorithm is not None:
         cfg.algorithm = str(cfg.algorithm).lower()
-        need(cfg.algorithm in ALGORITHMS,
-             f"unknown --algorithm {cfg.algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+        need(
+            cfg.algorithm in ALGORITHMS,
+            f"unknown --algorithm {cfg.algorithm!r}; choose one of {', '.join(ALGORITHMS)}",
+        )
     if cfg.distribution is not None:
         from sparsetool.masks.distributions import DISTRIBUTIONS
 
-        need(cfg.distribution in DISTRIBUTIONS,
-             f"--distribution {cfg.distribution!r}: choose one of {', '.join(DISTRIBUTIONS)}")
+        need(
+            cfg.distribution in DISTRIBUTIONS,
+            f"--distribution {cfg.distribution!r}: choose one of {', '.join(DISTRIBUTIONS)}",
+        )
     if isinstance(cfg.sparsity, (int, float)) and not isinstance(cfg.sparsity, bool):
         cfg.sparsity = options.check_sparsity(cfg.sparsity)
     if cfg.initial_sparsity is not None:
@@ -221,21 +258,32 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         need(cfg.init is None or not cfg.dense, "--stage and --dense cannot be combined")
         cfg.stages = [options.parse_stage(f"{s}:{f}") for s, f in cfg.stages]
         total = sum(f for _, f in cfg.stages)
-        need(abs(total - 1.0) < 1e-6,
-             f"--stage fractions must add up to 1 (they add up to {total:g}), e.g. "
-             "--stage 0.9:0.8 --stage 0:0.2")
+        need(
+            abs(total - 1.0) < 1e-6,
+            f"--stage fractions must add up to 1 (they add up to {total:g}), e.g. "
+            "--stage 0.9:0.8 --stage 0:0.2",
+        )
         need(cfg.sparsity is None, "give either --sparsity or --stage, not both")
     if cfg.dense:
         need(cfg.init is not None, "--dense needs --init CHECKPOINT (it densifies that checkpoint)")
-        need(cfg.algorithm in (None, "dense") and cfg.sparsity is None,
-             "--dense trains every weight; drop --algorithm/--sparsity")
+        need(
+            cfg.algorithm in (None, "dense") and cfg.sparsity is None,
+            "--dense trains every weight; drop --algorithm/--sparsity",
+        )
     if cfg.algorithm == "dense":
-        need(cfg.sparsity in (None, 0, 0.0) and not cfg.stages,
-             "--algorithm dense takes no --sparsity or --stage")
+        need(
+            cfg.sparsity in (None, 0, 0.0) and not cfg.stages,
+            "--algorithm dense takes no --sparsity or --stage",
+        )
     if cfg.algorithm not in (None, "dense") and cfg.sparsity is None and not cfg.stages:
-        need(cfg.init is not None or "sparsity" in cfg.sparsity_options,
-             f"--algorithm {cfg.algorithm} needs --sparsity (e.g. --sparsity 0.75)")
-    need(cfg.encoding in ENCODINGS, f"--encoding {cfg.encoding!r}: choose one of {', '.join(ENCODINGS)}")
+        need(
+            cfg.init is not None or "sparsity" in cfg.sparsity_options,
+            f"--algorithm {cfg.algorithm} needs --sparsity (e.g. --sparsity 0.75)",
+        )
+    need(
+        cfg.encoding in ENCODINGS,
+        f"--encoding {cfg.encoding!r}: choose one of {', '.join(ENCODINGS)}",
+    )
     if cfg.threads is not None:
         need(int(cfg.threads) >= 1, "--threads must be >= 1")
     if cfg.stop_at is not None:
@@ -254,8 +302,13 @@ def caveats(cfg: TrainConfig) -> list[str]:
     """
     out = []
     if cfg.warmup >= cfg.steps:
-        end = ("reaches --lr only at the last step" if cfg.warmup == cfg.steps
-               else f"ends at {math.floor(100 * cfg.steps / cfg.warmup)}% of --lr")
-        out.append(f"--warmup {cfg.warmup} >= --steps {cfg.steps}: the whole run is warm-up, so the "
-                   f"learning rate {end} and never decays; give a --warmup below --steps")
+        end = (
+            "reaches --lr only at the last step"
+            if cfg.warmup == cfg.steps
+            else f"ends at {math.floor(100 * cfg.steps / cfg.warmup)}% of --lr"
+        )
+        out.append(
+            f"--warmup {cfg.warmup} >= --steps {cfg.steps}: the whole run is warm-up, so the "
+            f"learning rate {end} and never decays; give a --warmup below --steps"
+        )
     return out

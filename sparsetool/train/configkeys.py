@@ -74,11 +74,14 @@ def _flatten(raw: Mapping, prefix: str, flat: dict, names: dict, unknown: list) 
         elif k == "sparsity" and isinstance(value, Mapping) and _is_block(value):
             _sparsity_block(value, f"{spelled}.", flat, names)
         elif k in SECTIONS and k not in FIELDS:
-            raise ConfigError(f"'{spelled}' is a section: give it keys, e.g. {spelled}: "
-                              f"{{{SECTION_EXAMPLE[k]}}}")
+            raise ConfigError(
+                f"'{spelled}' is a section: give it keys, e.g. {spelled}: {{{SECTION_EXAMPLE[k]}}}"
+            )
         elif k in COMMAND_LINE_ONLY:
-            raise ConfigError(f"'{spelled}' is a command-line flag, not a config key; give --{k} on "
-                              "the command line")
+            raise ConfigError(
+                f"'{spelled}' is a command-line flag, not a config key; give --{k} on "
+                "the command line"
+            )
         elif k not in FIELDS:
             unknown.append(spelled)
         else:
@@ -87,7 +90,11 @@ def _flatten(raw: Mapping, prefix: str, flat: dict, names: dict, unknown: list) 
 
 def _put(flat: dict, names: dict, key: str, value: Any, spelled: str) -> None:
     if key in flat:
-        if key == "sparsity_options" and isinstance(value, Mapping) and isinstance(flat[key], Mapping):
+        if (
+            key == "sparsity_options"
+            and isinstance(value, Mapping)
+            and isinstance(flat[key], Mapping)
+        ):
             both = sorted(set(map(str, value)) & set(map(str, flat[key])))
             if not both:  # the block's extra keys and a sparsity_options mapping: one set
                 flat[key] = {**flat[key], **value}
@@ -115,8 +122,10 @@ def _unknown_keys(unknown: list[str]) -> str:
         head = f"unknown key {listed}"
     else:
         head = f"unknown keys {', '.join(one(k) for k in unknown)}"
-    keys = (f"he keys are the options of sparsetool train --help (batch-size or batch_size) and "
-            f"{', '.join(FILE_ONLY)}; docs/train.md's table of train --config keys lists them all")
+    keys = (
+        f"he keys are the options of sparsetool train --help (batch-size or batch_size) and "
+        f"{', '.join(FILE_ONLY)}; docs/train.md's table of train --config keys lists them all"
+    )
     return f"{head} T{keys}" if head.endswith("?") else f"{head}; t{keys}"
 
 
@@ -129,18 +138,36 @@ def _is_block(d: Mapping) -> bool:
 # Keys of a Model Zoo ``sparsity:`` block that are TrainConfig settings (the rest are passed to the
 # algorithm, as --sparsity-option); the same spellings build_sparsifier reads.
 _BLOCK_KEYS = {
-    "algorithm": "algorithm", "sparsity": "sparsity", "init_method": "init_method",
-    "distribution": "distribution", "drop_fraction": "drop_fraction",
-    "initial_sparsity": "initial_sparsity", "init_sparsity": "initial_sparsity",
-    "param_filter": "param_filter", "param_name_patterns": "param_filter",
-    "update_freq": "update_freq", "freq": "update_freq",
-    "update_start": "update_start", "start": "update_start", "begin": "update_start",
+    "algorithm": "algorithm",
+    "sparsity": "sparsity",
+    "init_method": "init_method",
+    "distribution": "distribution",
+    "drop_fraction": "drop_fraction",
+    "initial_sparsity": "initial_sparsity",
+    "init_sparsity": "initial_sparsity",
+    "param_filter": "param_filter",
+    "param_name_patterns": "param_filter",
+    "update_freq": "update_freq",
+    "freq": "update_freq",
+    "update_start": "update_start",
+    "start": "update_start",
+    "begin": "update_start",
     "update_begin": "update_start",
-    "update_stop": "update_stop", "stop": "update_stop", "end": "update_stop", "update_end": "update_stop",
+    "update_stop": "update_stop",
+    "stop": "update_stop",
+    "end": "update_stop",
+    "update_end": "update_stop",
 }
-_UPDATE_KEYS = {"freq": "update_freq", "every": "update_freq", "start": "update_start",
-                "begin": "update_start", "begin_step": "update_start", "stop": "update_stop",
-                "end": "update_stop", "end_step": "update_stop"}
+_UPDATE_KEYS = {
+    "freq": "update_freq",
+    "every": "update_freq",
+    "start": "update_start",
+    "begin": "update_start",
+    "begin_step": "update_start",
+    "stop": "update_stop",
+    "end": "update_stop",
+    "end_step": "update_stop",
+}
 
 
 def _sparsity_block(block: Mapping, prefix: str, flat: dict, names: dict) -> None:
@@ -155,8 +182,9 @@ def _sparsity_block(block: Mapping, prefix: str, flat: dict, names: dict) -> Non
                 if str(part) == "type" and str(v).lower() == "periodic":
                     continue
                 if str(part) not in _UPDATE_KEYS:
-                    raise ConfigError(f"{spelled}: unknown key '{part}'; valid: freq, start, stop "
-                                      "(or begin, end)")
+                    raise ConfigError(
+                        f"{spelled}: unknown key '{part}'; valid: freq, start, stop (or begin, end)"
+                    )
                 _put(flat, names, _UPDATE_KEYS[str(part)], v, f"{spelled}.{part}")
         elif k in _BLOCK_KEYS:
             _put(flat, names, _BLOCK_KEYS[k], value, spelled)
@@ -169,15 +197,33 @@ def _sparsity_block(block: Mapping, prefix: str, flat: dict, names: dict) -> Non
 # --- the type of every value, from its TrainConfig field ----------------------------------------
 
 _EXAMPLES = {  # for the settings whose default is no example (None, empty)
-    "out": "runs/rigl", "preset": "tiny", "n_layer": 4, "n_head": 4, "d_model": 128, "context": 128,
-    "data": "corpus.txt", "algorithm": "rigl", "distribution": "erk", "init_method": "magnitude",
-    "update_freq": 100, "update_start": 100, "update_stop": 750, "drop_fraction": 0.3,
-    "initial_sparsity": 0.5, "init": "runs/pre/model.safetensors", "stop_at": 500, "threads": 1,
+    "out": "runs/rigl",
+    "preset": "tiny",
+    "n_layer": 4,
+    "n_head": 4,
+    "d_model": 128,
+    "context": 128,
+    "data": "corpus.txt",
+    "algorithm": "rigl",
+    "distribution": "erk",
+    "init_method": "magnitude",
+    "update_freq": 100,
+    "update_start": 100,
+    "update_stop": 750,
+    "drop_fraction": 0.3,
+    "initial_sparsity": 0.5,
+    "init": "runs/pre/model.safetensors",
+    "stop_at": 500,
+    "threads": 1,
     "dense": True,
 }
 # what a value of each type is called: (in "is not ...", in "give ...")
-_WHAT = {int: ("an integer", "a whole number"), float: ("a number", "a number"),
-         bool: ("true or false", "true or false"), str: ("a string", "text")}
+_WHAT = {
+    int: ("an integer", "a whole number"),
+    float: ("a number", "a number"),
+    bool: ("true or false", "true or false"),
+    str: ("a string", "text"),
+}
 
 
 def _field_types() -> dict[str, tuple[Any, bool]]:
@@ -221,13 +267,16 @@ class _Value:
 
     def bad(self, value: Any, what: str, give: str) -> ConfigError:
         head = f"{self.name}:" if self.name is not None else setting(self.key)
-        return ConfigError(f"{head} {_show(value)} is not {what}; give {give}, e.g. {self.example()}")
+        return ConfigError(
+            f"{head} {_show(value)} is not {what}; give {give}, e.g. {self.example()}"
+        )
 
     def missing(self, give: str) -> ConfigError:
         label = self.name or setting(self.key)
         leave = "drop the key" if self.name is not None else "leave it out"
-        return ConfigError(f"{label} has no value; give {give}, e.g. {self.example()}, or {leave} "
-                           "for the default")
+        return ConfigError(
+            f"{label} has no value; give {give}, e.g. {self.example()}, or {leave} for the default"
+        )
 
     def check(self, value: Any) -> Any:
         kind, optional = _TYPES[self.key]
@@ -261,8 +310,12 @@ class _Value:
                 x = int(x.strip())  # as --steps reads its text: "12" yes, "1e3" and "3.0" no
             except ValueError:
                 raise self.bad(value, *_WHAT[int]) from None
-        if isinstance(x, numbers.Real) and not isinstance(x, numbers.Integral) and math.isfinite(x) \
-                and x == int(x):
+        if (
+            isinstance(x, numbers.Real)
+            and not isinstance(x, numbers.Integral)
+            and math.isfinite(x)
+            and x == int(x)
+        ):
             x = int(x)  # 3.0 is 3 steps; 3.7 is not a step count
         if isinstance(x, bool) or not isinstance(x, numbers.Integral):
             raise self.bad(value, *_WHAT[int])
@@ -298,7 +351,9 @@ class _Value:
         v = value.strip().lower() if isinstance(value, str) else value
         v = VALUE_ALIASES["init_method"].get(v, v) if isinstance(v, str) else v
         if v not in INIT_METHODS:
-            raise self.bad(value, "a known init method", "random or magnitude (the Model Zoo's topk)")
+            raise self.bad(
+                value, "a known init method", "random or magnitude (the Model Zoo's topk)"
+            )
         return v
 
     def _stages(self, value: Any) -> list[tuple[float, float]]:
@@ -307,10 +362,14 @@ class _Value:
         example = f"{self.short}: ['0.9:0.8', '0:0.2']" if self.name is not None else None
         if not isinstance(value, (list, tuple)):
             if self.name is None:
-                raise ConfigError(f"--stage {_show(value)}: give SPARSITY:FRACTION stages, e.g. "
-                                  "--stage 0.9:0.8 --stage 0:0.2")
-            raise ConfigError(f"{self.name}: {_show(value)} is not a list of SPARSITY:FRACTION "
-                              f"stages; give e.g. {example}")
+                raise ConfigError(
+                    f"--stage {_show(value)}: give SPARSITY:FRACTION stages, e.g. "
+                    "--stage 0.9:0.8 --stage 0:0.2"
+                )
+            raise ConfigError(
+                f"{self.name}: {_show(value)} is not a list of SPARSITY:FRACTION "
+                f"stages; give e.g. {example}"
+            )
         out = []
         for s in value:
             if isinstance(s, (list, tuple)) and len(s) == 2:
@@ -322,8 +381,11 @@ class _Value:
         if isinstance(value, str):
             value = [value]
         if isinstance(value, (list, tuple)):
-            example = (f"{self.short}: ['scope=layer'] or {self.short}: {{scope: layer}}"
-                       if self.name is not None else None)
+            example = (
+                f"{self.short}: ['scope=layer'] or {self.short}: {{scope: layer}}"
+                if self.name is not None
+                else None
+            )
             return parse_sparsity_options(value, self.label, example)
         if not isinstance(value, Mapping):
             raise self.bad(value, "a mapping", "KEY: VALUE pairs")
@@ -338,8 +400,9 @@ class _Value:
     _exclude = _include
 
 
-def parse_sparsity_options(items: Any, option: str = "--sparsity-option",
-                           example: str | None = None) -> dict:
+def parse_sparsity_options(
+    items: Any, option: str = "--sparsity-option", example: str | None = None
+) -> dict:
     """``["scope=layer", "stop_fraction=0.75"]`` -> ``{"scope": "layer", "stop_fraction": 0.75}``
     (each value read as YAML), as ``--sparsity-option`` and a config file's list give them;
     ``example`` replaces the ``--sparsity-option scope=layer`` a bad item is answered with.
@@ -352,8 +415,9 @@ def parse_sparsity_options(items: Any, option: str = "--sparsity-option",
     out: dict[str, Any] = {}
     for item in items:
         if not isinstance(item, str) or "=" not in item or not item.split("=", 1)[0].strip():
-            raise ConfigError(f"{option} {item!r} is not KEY=VALUE, e.g. "
-                              f"{example or f'{option} scope=layer'}")
+            raise ConfigError(
+                f"{option} {item!r} is not KEY=VALUE, e.g. {example or f'{option} scope=layer'}"
+            )
         k, v = item.split("=", 1)
         try:
             out[k.strip()] = yaml.safe_load(v)
@@ -381,7 +445,9 @@ def check_values(values: Mapping[str, Any], names: Mapping[str, str] | None = No
         if key not in _TYPES:
             close = difflib.get_close_matches(key, FIELDS, n=1)
             guess = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown setting {key!r}{guess} (the settings are TrainConfig's fields)")
+            raise ConfigError(
+                f"unknown setting {key!r}{guess} (the settings are TrainConfig's fields)"
+            )
         out[key] = _Value(key, (names or {}).get(key)).check(value)
     return out
 

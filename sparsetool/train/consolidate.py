@@ -30,9 +30,16 @@ from sparsetool.train.sharding import gathered
 __all__ = ["write_model"]
 
 
-def write_model(out: Path, tensors: Sequence[tuple[str, torch.Tensor]],
-                masks: Mapping[str, torch.Tensor], *, encoding: str, metadata: Mapping[str, str],
-                dtype: torch.dtype | None = None, write: bool = True) -> None:
+def write_model(
+    out: Path,
+    tensors: Sequence[tuple[str, torch.Tensor]],
+    masks: Mapping[str, torch.Tensor],
+    *,
+    encoding: str,
+    metadata: Mapping[str, str],
+    dtype: torch.dtype | None = None,
+    write: bool = True,
+) -> None:
     """Write ``tensors`` (name, tensor; sharded or not) to ``out``, those with an entry in
     ``masks`` (True = kept, laid out like their tensor) in ``encoding``; floating tensors cast
     to ``dtype`` if given. A collective: every rank calls it alike, ``write`` on one of them."""
@@ -63,13 +70,17 @@ def write_model(out: Path, tensors: Sequence[tuple[str, torch.Tensor]],
             specs.append(TensorSpec(name, st_dtype, tuple(t.shape)))
     tmp = temp_beside(out) if write else None
     try:
-        with (ShardWriter(tmp, out.name, specs, dict(metadata)) if tmp is not None
-              else contextlib.nullcontext()) as writer:
+        with (
+            ShardWriter(tmp, out.name, specs, dict(metadata))
+            if tmp is not None
+            else contextlib.nullcontext()
+        ) as writer:
             for name, t in tensors:
                 value, mask = whole(name, t)  # every rank takes part in the gather
                 if writer is not None:
-                    stored = ([(name, value)] if mask is None
-                              else encode(name, value, mask, encoding))
+                    stored = (
+                        [(name, value)] if mask is None else encode(name, value, mask, encoding)
+                    )
                     for stored_name, stored_value in stored:
                         writer.write(stored_name, stored_value)
                     del stored

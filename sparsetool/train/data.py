@@ -66,8 +66,9 @@ class Sampler:
         return seq[:, :-1], seq[:, 1:]
 
 
-def eval_batches(data: np.ndarray, context: int,
-                 n_sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
+def eval_batches(
+    data: np.ndarray, context: int, n_sequences: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed validation set: ``n_sequences`` windows spread evenly over the stream (no seed,
     so every run and every algorithm is measured on the same bytes)."""
     last = data.size - context - 1

@@ -61,10 +61,20 @@ def setup_runtime(device: str, dtype: str, strategy: str = "ddp", offload: bool 
     )
     if sharded:
         precision = "bf16 parameters, float32 reduction" if use_bf16 else "float32"
-        return Runtime(world, rank, dev, contextlib.nullcontext, f"{precision}, FSDP",
-                       sharded=True, bf16_params=use_bf16)
-    autocast = ((lambda: torch.autocast(dev.type, dtype=torch.bfloat16))
-                if use_bf16 else contextlib.nullcontext)
+        return Runtime(
+            world,
+            rank,
+            dev,
+            contextlib.nullcontext,
+            f"{precision}, FSDP",
+            sharded=True,
+            bf16_params=use_bf16,
+        )
+    autocast = (
+        (lambda: torch.autocast(dev.type, dtype=torch.bfloat16))
+        if use_bf16
+        else contextlib.nullcontext
+    )
     return Runtime(world, rank, dev, autocast, "bf16 autocast" if use_bf16 else "float32")
 
 
@@ -103,7 +113,11 @@ def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 
     # Masks live in the sparsifier, not in module buffers; and the built-in model has no buffers.
     # broadcast_buffers=False guarantees DDP never overwrites anything between steps.
-    no_buffer_sync = ({"forward_sync_buffers": False}
-                      if "forward_sync_buffers" in inspect.signature(DDP).parameters
-                      else {"broadcast_buffers": False})
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None, **no_buffer_sync)
+    no_buffer_sync = (
+        {"forward_sync_buffers": False}
+        if "forward_sync_buffers" in inspect.signature(DDP).parameters
+        else {"broadcast_buffers": False}
+    )
+    return DDP(
+        model, device_ids=[device.index] if device.type == "cuda" else None, **no_buffer_sync
+    )

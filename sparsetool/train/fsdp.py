@@ -31,17 +31,23 @@ __all__ = ["block_stack", "load_slices", "parameters_on_meta", "shard_model"]
 def block_stack(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
     """The model's stack of transformer blocks: the shallowest ``ModuleList`` (the longest of
     those at that depth), and its name. A mixture of experts' expert lists lie deeper."""
-    found = [(name.count("."), -len(m), name, m) for name, m in model.named_modules()
-             if isinstance(m, torch.nn.ModuleList) and len(m) and name]
+    found = [
+        (name.count("."), -len(m), name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.ModuleList) and len(m) and name
+    ]
     if not found:
-        raise ConfigError(f"{type(model).__name__} has no stack of blocks (a ModuleList) to shard "
-                          "with --distributed fsdp; use --distributed ddp")
+        raise ConfigError(
+            f"{type(model).__name__} has no stack of blocks (a ModuleList) to shard "
+            "with --distributed fsdp; use --distributed ddp"
+        )
     _, _, name, stack = min(found, key=lambda f: f[:3])
     return name, stack
 
 
-def shard_model(model: torch.nn.Module, device: torch.device, *, bf16: bool = False,
-                offload: bool = False) -> list[str]:
+def shard_model(
+    model: torch.nn.Module, device: torch.device, *, bf16: bool = False, offload: bool = False
+) -> list[str]:
     """Shard ``model`` in place over all ranks: its parameters become DTensors whose slices
     FSDP moves to ``device`` (or keeps in CPU memory with ``offload``); the names of the units,
     blocks first, the root last."""
@@ -49,10 +55,12 @@ def shard_model(model: torch.nn.Module, device: torch.device, *, bf16: bool = Fa
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    mixed = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-             if bf16 else MixedPrecisionPolicy())
-    policy = {"mp_policy": mixed,
-              "mesh": init_device_mesh(device.type, (dist.get_world_size(),))}
+    mixed = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if bf16
+        else MixedPrecisionPolicy()
+    )
+    policy = {"mp_policy": mixed, "mesh": init_device_mesh(device.type, (dist.get_world_size(),))}
     if offload:
         policy["offload_policy"] = CPUOffloadPolicy()
     name, stack = block_stack(model)
@@ -83,8 +91,13 @@ def parameters_on_meta() -> Iterator[None]:
         torch.nn.Module.register_parameter = register
 
 
-def load_slices(model: torch.nn.Module, device: torch.device, weights: Mapping[str, torch.Tensor],
-                *, offload: bool = False) -> None:
+def load_slices(
+    model: torch.nn.Module,
+    device: torch.device,
+    weights: Mapping[str, torch.Tensor],
+    *,
+    offload: bool = False,
+) -> None:
     """Give a model built under :func:`parameters_on_meta` and sharded memory for this rank's
     slices (on ``device``, or the CPU with ``offload``) and copy into them their part of
     ``weights`` (model names -> whole tensors; every parameter must be there, a tied one once).
@@ -103,5 +116,7 @@ def load_slices(model: torch.nn.Module, device: torch.device, weights: Mapping[s
                 filled.add(id(p))
         empty = [n for n, p in model.named_parameters() if id(p) not in filled]
         if empty:
-            raise ConfigError(f"the weights read leave {empty[:3]} of the model unset; "
-                              "check the checkpoint against the model")
+            raise ConfigError(
+                f"the weights read leave {empty[:3]} of the model unset; "
+                "check the checkpoint against the model"
+            )

@@ -45,14 +45,28 @@ from sparsetool.train.sharding import count_kept
 from sparsetool.util.corpus import Corpus
 from sparsetool.util.workers import signals_deferred
 
-__all__ = ["HFModel", "HFModelInfo", "MODEL_DIR", "check_shape_flags", "forward", "is_hf_dir", "open_run_model",
-           "tied_duplicates"]
+__all__ = [
+    "HFModel",
+    "HFModelInfo",
+    "MODEL_DIR",
+    "check_shape_flags",
+    "forward",
+    "is_hf_dir",
+    "open_run_model",
+    "tied_duplicates",
+]
 
 DEFAULT_CONTEXT = 256  # tokens per training sequence unless --context (or the model) says less
 MODEL_DIR = "model"  # RUN/model/: the latest model as a Hugging Face directory
 _COMPANIONS = set(TOKENIZER_FILES) | {
-    "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "merges.txt",
-    "chat_template.jinja", "chat_template.json", "generation_config.json"}
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+}
 _TOKENIZE_CHUNK = 1 << 20  # characters per tokenizer call (cut at a newline)
 
 
@@ -68,8 +82,10 @@ def check_shape_flags(cfg, path: Path) -> None:
     """Refuse a shape flag with ``--init HF_DIR``: the shape is the model's (a usage error)."""
     for k in ("preset", "n_layer", "n_head", "d_model"):
         if getattr(cfg, k) is not None:
-            raise UsageError(f"--{k.replace('_', '-')} cannot change a Hugging Face model; "
-                             f"its shape comes from {Path(path) / 'config.json'}")
+            raise UsageError(
+                f"--{k.replace('_', '-')} cannot change a Hugging Face model; "
+                f"its shape comes from {Path(path) / 'config.json'}"
+            )
 
 
 @dataclass(frozen=True)
@@ -108,8 +124,9 @@ def forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
     return logits, loss
 
 
-def open_run_model(cfg, resume_from: Path | None, resumed_model: dict | None,
-                   device: torch.device | None = None):
+def open_run_model(
+    cfg, resume_from: Path | None, resumed_model: dict | None, device: torch.device | None = None
+):
     """``(HFModel, HFModelInfo, weights, masks)`` of a run on a Hugging Face model, or Nones.
 
     A resume rebuilds the model from its own latest checkpoint (config and tokenizer are there;
@@ -117,13 +134,22 @@ def open_run_model(cfg, resume_from: Path | None, resumed_model: dict | None,
     from sparsetool.train.runfiles import read_init_checkpoint
 
     resumed = resume_from is not None and "model_type" in (resumed_model or {})
-    if resume_from is None and cfg.init and Path(cfg.init).is_file() and is_hf_dir(Path(cfg.init).parent):
-        raise ConfigError(f"--init {cfg.init} is a file of the Hugging Face directory "
-                          f"{Path(cfg.init).parent}; give the directory (its config and tokenizer are needed)")
+    if (
+        resume_from is None
+        and cfg.init
+        and Path(cfg.init).is_file()
+        and is_hf_dir(Path(cfg.init).parent)
+    ):
+        raise ConfigError(
+            f"--init {cfg.init} is a file of the Hugging Face directory "
+            f"{Path(cfg.init).parent}; give the directory (its config and tokenizer are needed)"
+        )
     if not resumed and not (resume_from is None and is_hf_dir(cfg.init)):
         if cfg.encoding != DEFAULT_ENCODING:
-            raise UsageError(f"--encoding {cfg.encoding} applies to the Hugging Face directory a "
-                              "--init HF_DIR run writes; the built-in GPT's checkpoints use the mask encoding")
+            raise UsageError(
+                f"--encoding {cfg.encoding} applies to the Hugging Face directory a "
+                "--init HF_DIR run writes; the built-in GPT's checkpoints use the mask encoding"
+            )
         return None, None, {}, {}
     if not resumed:
         check_shape_flags(cfg, Path(cfg.init))  # before the model is read
@@ -131,9 +157,19 @@ def open_run_model(cfg, resume_from: Path | None, resumed_model: dict | None,
     info = hf.info(cfg, resumed_model if resumed else None)
     # The model, its gradients and Adam's moments live in memory (whole on every process, or
     # divided among them with --distributed fsdp): refuse at once what cannot fit.
-    hf.plan = check_plan(run_plan(cfg, device or torch.device("cpu"), params=hf.numel, n_layer=info.n_layer, d_model=info.d_model,
-                                  n_head=info.n_head, context=info.context, vocab=info.vocab_size),
-                         f"train --init {hf.path}")
+    hf.plan = check_plan(
+        run_plan(
+            cfg,
+            device or torch.device("cpu"),
+            params=hf.numel,
+            n_layer=info.n_layer,
+            d_model=info.d_model,
+            n_head=info.n_head,
+            context=info.context,
+            vocab=info.vocab_size,
+        ),
+        f"train --init {hf.path}",
+    )
     weights, masks = ({}, {}) if resumed else read_init_checkpoint(cfg.init)[:2]
     return hf, info, weights, masks
 
@@ -147,15 +183,20 @@ class HFModel:
         self.transformers = import_transformers("fine-tuning")
         with open_checkpoint(self.path) as ckpt:
             config = ckpt.config
-            dtypes = collections.Counter(lt.dtype for lt in ckpt.logical if lt.dtype.is_floating_point)
+            dtypes = collections.Counter(
+                lt.dtype for lt in ckpt.logical if lt.dtype.is_floating_point
+            )
             self.numel = sum(lt.numel for lt in ckpt.logical if lt.dtype.is_floating_point)
         self.hf_cfg = hf_config(self.path, config, self.transformers, "train --init")
         self.config = drop_sparsity_config(config)  # weights are re-encoded on every write
         self.tokenizer = load_tokenizer(self.path, self.transformers)
         self.dtype = dtypes.most_common(1)[0][0] if dtypes else torch.float32
         # read now: a resumed run's source checkpoint is deleted once newer ones are kept
-        self.files = {f.name: f.read_bytes() for f in sorted(self.path.iterdir())
-                      if f.is_file() and (f.name in _COMPANIONS or f.name.startswith("tokenizer"))}
+        self.files = {
+            f.name: f.read_bytes()
+            for f in sorted(self.path.iterdir())
+            if f.is_file() and (f.name in _COMPANIONS or f.name.startswith("tokenizer"))
+        }
 
     def info(self, cfg, saved: dict | None = None) -> HFModelInfo:
         """The run's model shape; a shape flag is an error, ``--context`` at most the model's."""
@@ -164,22 +205,32 @@ class HFModel:
         check_shape_flags(cfg, self.path)
         longest = context_of(self.hf_cfg)
         if cfg.context is not None and cfg.context > longest:
-            raise UsageError(f"--context {cfg.context} is longer than the {longest} positions of "
-                              f"{self.path / 'config.json'}; give at most {longest}")
+            raise UsageError(
+                f"--context {cfg.context} is longer than the {longest} positions of "
+                f"{self.path / 'config.json'}; give at most {longest}"
+            )
         c = self.hf_cfg
         return HFModelInfo(
-            model_type=c.model_type, n_layer=int(c.num_hidden_layers), n_head=int(c.num_attention_heads),
-            d_model=int(c.hidden_size), context=int(cfg.context or min(longest, DEFAULT_CONTEXT)),
-            vocab_size=int(c.vocab_size), dtype=str(self.dtype).removeprefix("torch."),
-            source=str(self.path))
+            model_type=c.model_type,
+            n_layer=int(c.num_hidden_layers),
+            n_head=int(c.num_attention_heads),
+            d_model=int(c.hidden_size),
+            context=int(cfg.context or min(longest, DEFAULT_CONTEXT)),
+            vocab_size=int(c.vocab_size),
+            dtype=str(self.dtype).removeprefix("torch."),
+            source=str(self.path),
+        )
 
     def build(self) -> torch.nn.Module:
         """The model of config.json in float32, randomly initialised (the caller loads weights)."""
-        model = self.transformers.AutoModelForCausalLM.from_config(self.hf_cfg, trust_remote_code=False)
+        model = self.transformers.AutoModelForCausalLM.from_config(
+            self.hf_cfg, trust_remote_code=False
+        )
         return model.float()
 
-    def matched(self, model: torch.nn.Module, weights: dict[str, torch.Tensor],
-                source) -> dict[str, torch.Tensor]:
+    def matched(
+        self, model: torch.nn.Module, weights: dict[str, torch.Tensor], source
+    ) -> dict[str, torch.Tensor]:
         """A checkpoint's dense tensors under ``model``'s own names (a tied head once), checked."""
         return match_weights(Path(source), model, weights, "train --init")
 
@@ -194,10 +245,17 @@ class HFModel:
             if sides[side].size < context + 1:
                 raise ConfigError(
                     f"the {side} split of {corpus.source} is {sides[side].size} tokens long, fewer "
-                    f"than the {context + 1} one sequence needs; use more text or a smaller --context")
-        info = {**corpus.describe(), "train_tokens": int(sides["train"].size),
-                "val_tokens": int(sides["val"].size), "tokenizer": str(self.path)}
-        return Corpus(sides["train"], sides["val"], corpus.source, corpus.train_files, corpus.val_files), info
+                    f"than the {context + 1} one sequence needs; use more text or a smaller --context"
+                )
+        info = {
+            **corpus.describe(),
+            "train_tokens": int(sides["train"].size),
+            "val_tokens": int(sides["val"].size),
+            "tokenizer": str(self.path),
+        }
+        return Corpus(
+            sides["train"], sides["val"], corpus.source, corpus.train_files, corpus.val_files
+        ), info
 
     def _ids(self, text: str) -> np.ndarray:
         pieces, start = [], 0
@@ -221,12 +279,21 @@ class HFModel:
     def write_files(self, directory: Path, config: dict | None = None) -> None:
         """config.json, the tokenizer files and generation_config.json of the source, into ``directory``."""
         (directory / "config.json").write_text(
-            json.dumps(config or self.config, indent=2, sort_keys=True) + "\n")
+            json.dumps(config or self.config, indent=2, sort_keys=True) + "\n"
+        )
         for name, data in self.files.items():
             (directory / name).write_bytes(data)
 
-    def export(self, run_dir: Path, model: torch.nn.Module, masks: dict[str, torch.Tensor],
-               encoding: str, meta: dict, dtype: str, write: bool = True) -> Path:
+    def export(
+        self,
+        run_dir: Path,
+        model: torch.nn.Module,
+        masks: dict[str, torch.Tensor],
+        encoding: str,
+        meta: dict,
+        dtype: str,
+        write: bool = True,
+    ) -> Path:
         """Write ``RUN/model/`` (weights in ``encoding`` and ``dtype``, config, tokenizer)
         atomically: a temporary directory renamed over the previous one. The weights are
         streamed one tensor at a time (:func:`~sparsetool.train.consolidate.write_model`), so
@@ -240,18 +307,27 @@ class HFModel:
             tmp.mkdir()
         tied = tied_duplicates(model)  # a tied head: transformers ties it again on loading
         tensors = [(n, t) for n, t in model.state_dict().items() if n not in tied or n in masks]
-        kept = sum(count_kept(m) for m in masks.values())  # a collective for sharded masks: all ranks
+        kept = sum(
+            count_kept(m) for m in masks.values()
+        )  # a collective for sharded masks: all ranks
         meta = {**meta, "encoding": encoding if masks else "plain"}
-        write_model(tmp / "model.safetensors", tensors, masks, encoding=encoding,
-                    metadata={"format": "pt", **provenance_metadata(None, meta)},
-                    dtype=getattr(torch, dtype), write=write)
+        write_model(
+            tmp / "model.safetensors",
+            tensors,
+            masks,
+            encoding=encoding,
+            metadata={"format": "pt", **provenance_metadata(None, meta)},
+            dtype=getattr(torch, dtype),
+            write=write,
+        )
         if not write:
             return out
         config = dict(self.config)
         if codec(encoding).compressed and masks:
             total = sum(m.numel() for m in masks.values())
-            config = bitmask_sparsity_config(config, [n.removesuffix(".weight") for n in masks],
-                                             1.0 - kept / total)
+            config = bitmask_sparsity_config(
+                config, [n.removesuffix(".weight") for n in masks], 1.0 - kept / total
+            )
         self.write_files(tmp, config)
         with signals_deferred():  # a signal between the two renames would leave no RUN/model/
             if out.exists():

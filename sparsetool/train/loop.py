@@ -61,8 +61,13 @@ class Trainer:
     :meth:`rank_mask_digests`. Where the run stands (step, data position, tokens, stage, losses)
     is a :class:`~sparsetool.train.rundir.RunState`, advanced by :meth:`_train_step`."""
 
-    def __init__(self, cfg: TrainConfig, resume: bool = False, callback: Callback | None = None,
-                 flag_overrides: dict | None = None) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        resume: bool = False,
+        callback: Callback | None = None,
+        flag_overrides: dict | None = None,
+    ) -> None:
         self.callback = callback or (lambda kind, info: None)
         self.run_dir = Path(cfg.out)
         self.resume_from: Path | None = None
@@ -70,15 +75,20 @@ class Trainer:
         # The sparsity state, all declared here: ``sp`` is set when the run and each stage start
         # (_start_run, _enter_stage), the rest where a sparsifier is built or the ranks' masks checked.
         self.sp = None  # the stage's sparsifier, None while dense
-        self.sparsifier_config: dict | None = None  # the mapping it was built from (resumes rebuild it)
+        self.sparsifier_config: dict | None = (
+            None  # the mapping it was built from (resumes rebuild it)
+        )
         self.resolved_settings: dict[int, dict] = {}  # stage (1-based) -> resolved sparse settings
         self.mask_divergences = 0  # mask updates after which the ranks' masks differed (DDP)
         self._sp_generation = 0  # one more for each sparsifier built: the cached sparsity is stale
-        self._sparsity_cache: tuple[tuple[int, int], float] | None = None  # (generation, updates), sparsity
+        self._sparsity_cache: tuple[tuple[int, int], float] | None = (
+            None  # (generation, updates), sparsity
+        )
         self.log = rundir.NullLog()  # the run's log.jsonl on rank 0, from the start of the run
         if resume:
             cfg, self._resumed_model, self.resume_from = rundir.resumed_config(
-                self.run_dir, flag_overrides or {})
+                self.run_dir, flag_overrides or {}
+            )
         else:
             rundir.check_new_run(self.run_dir)
         check_writable(self.run_dir, "-o", directory=True)  # before the model and data are read
@@ -104,8 +114,9 @@ class Trainer:
     def _setup_model_and_data(self) -> None:
         cfg = self.cfg
         # a Hugging Face model (--init HF_DIR, or a resume of such a run), else the built-in GPT
-        self.hf, self.mcfg, init_w, init_m = hfrun.open_run_model(cfg, self.resume_from,
-                                                                  self._resumed_model, self.device)
+        self.hf, self.mcfg, init_w, init_m = hfrun.open_run_model(
+            cfg, self.resume_from, self._resumed_model, self.device
+        )
         self.forward = lambda model, x, y: model(x, y)  # token ids, targets -> logits, mean loss
         if self.hf:
             self.forward = hfrun.forward
@@ -135,12 +146,17 @@ class Trainer:
         params = dict(self.model.named_parameters())
         # One targeting rule for prune and train: roles, or param_filter, then --include/--exclude.
         self.target_plan = plan_targets(
-            ((n, tuple(p.shape), p.dtype) for n, p in params.items()), None, cfg.include,
-            cfg.exclude, select=cfg.param_filter or None, source="the model")
+            ((n, tuple(p.shape), p.dtype) for n, p in params.items()),
+            None,
+            cfg.include,
+            cfg.exclude,
+            select=cfg.param_filter or None,
+            source="the model",
+        )
         # the masks of --init, from the whole weights (laid out like them when attached)
         self.init_masks = warmstart.masks_from(
-            {n: matched.get(n, params[n]) for n in self.target_plan.targeted}, init_m,
-            loaded=loaded)
+            {n: matched.get(n, params[n]) for n in self.target_plan.targeted}, init_m, loaded=loaded
+        )
         if self.sharded:  # from here on each rank holds its slice of every parameter
             shard_model(self.model, self.device, bf16=self._bf16_params, offload=cfg.offload)
             if from_slices:  # a resume's slices come from its checkpoint (shardedckpt.restore)
@@ -161,21 +177,35 @@ class Trainer:
         self.sampler = Sampler(corpus.train, self.mcfg.context, cfg.seed)
         self.val_x, self.val_y = eval_batches(corpus.val, self.mcfg.context, cfg.eval_sequences)
         self.optimizer = torch.optim.AdamW(
-            param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
-            betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+            param_groups(self.model, cfg.weight_decay),
+            lr=cfg.lr,
+            betas=(cfg.beta1, cfg.beta2),
+            eps=cfg.eps,
             **({"fused": True} if self.device.type == "cuda" else {}),
         )
-        self.ddp = wrap_ddp(self.model, self.device) if self.world > 1 and not self.sharded else None
+        self.ddp = (
+            wrap_ddp(self.model, self.device) if self.world > 1 and not self.sharded else None
+        )
 
     def _gpt_memory_plan(self):
         """The built-in GPT's memory plan per process (:mod:`.memplan`), refused if it cannot fit."""
         with torch.device("meta"):
             params = sum(p.numel() for p in GPT(self.mcfg).parameters())
         m = self.mcfg
-        return check_plan(run_plan(self.cfg, self.device, params=params, n_layer=m.n_layer,
-                                   d_model=m.d_model, n_head=m.n_head, context=m.context,
-                                   vocab=m.vocab_size, resumed=self.resume_from is not None),
-                          "train")
+        return check_plan(
+            run_plan(
+                self.cfg,
+                self.device,
+                params=params,
+                n_layer=m.n_layer,
+                d_model=m.d_model,
+                n_head=m.n_head,
+                context=m.context,
+                vocab=m.vocab_size,
+                resumed=self.resume_from is not None,
+            ),
+            "train",
+        )
 
     def _matched_weights(self, weights: dict, source) -> dict:
         """A checkpoint's tensors under the model's names, checked against it (not yet copied)."""
@@ -197,8 +227,11 @@ class Trainer:
         """What the run will write that is probably not what was meant (the callback's start
         info carries them; the command line prints each as a warning)."""
         sparse = self.sp is not None or any(st["sparsity"] for st in self.plan)
-        warning = loader_warning(self.cfg.encoding, self.run_dir / hfrun.MODEL_DIR, "train") \
-            if self.hf and sparse and self.resume_from is None else None
+        warning = (
+            loader_warning(self.cfg.encoding, self.run_dir / hfrun.MODEL_DIR, "train")
+            if self.hf and sparse and self.resume_from is None
+            else None
+        )
         return [warning] if warning else []
 
     @property
@@ -241,21 +274,31 @@ class Trainer:
         try:
             from sparsetool.train.algorithms import build_sparsifier
         except ImportError as e:
-            raise ConfigError(f"sparse training is unavailable in this installation ({e})") from None
+            raise ConfigError(
+                f"sparse training is unavailable in this installation ({e})"
+            ) from None
         sp = build_sparsifier(spc)
         if state is not None:
             sp.load_state_dict(state)
         elif stage_idx == 0 and self.init_masks:
             # whole masks: laid out like their sharded weights when attached
-            sp.init_masks = {n: m if self.sharded else m.to(self.device)
-                             for n, m in self.init_masks.items()}
-        sp.attach(dict(self.model.named_parameters()), self.optimizer, stage["end"], self.cfg.warmup)
+            sp.init_masks = {
+                n: m if self.sharded else m.to(self.device) for n, m in self.init_masks.items()
+            }
+        sp.attach(
+            dict(self.model.named_parameters()), self.optimizer, stage["end"], self.cfg.warmup
+        )
         if state is None and stage_idx == 0 and self.init_masks:
-            further = sp.prune_further()  # --init SPARSE --sparsity S: a higher S prunes from its masks
+            further = (
+                sp.prune_further()
+            )  # --init SPARSE --sparsity S: a higher S prunes from its masks
             sp.mask_origin = self.init_mask_origin + (", pruned further" if further else ", kept")
         elif state is not None:  # a resume: where the masks first came from, as run.json says
-            sp.mask_origin = rundir.earlier_settings(self.run_dir, stage_idx + 1, self.resume_from) \
-                .get(stage_idx + 1, {}).get("initial_mask")
+            sp.mask_origin = (
+                rundir.earlier_settings(self.run_dir, stage_idx + 1, self.resume_from)
+                .get(stage_idx + 1, {})
+                .get("initial_mask")
+            )
         if set(sp.masks) != set(self.targets):
             raise ConfigError(
                 f"the sparsifier masks {sorted(sp.masks)[:3]}..., expected the targeted "
@@ -287,7 +330,9 @@ class Trainer:
         if self.world == 1:
             return float(loss), own and signal_name(own)
         seen = [float(own == s) for s in SIGNALS]
-        values = torch.cat([loss.reshape(1), torch.tensor(seen, dtype=loss.dtype, device=loss.device)])
+        values = torch.cat(
+            [loss.reshape(1), torch.tensor(seen, dtype=loss.dtype, device=loss.device)]
+        )
         dist.all_reduce(values)
         values /= self.world
         came = [s for s, v in zip(SIGNALS, values[1:].tolist()) if v > 0]
@@ -307,8 +352,8 @@ class Trainer:
         total, n = 0.0, 0
         bs = self.cfg.batch_size
         for i in range(0, self.val_x.size(0), bs):
-            x = self.val_x[i:i + bs].to(self.device)
-            y = self.val_y[i:i + bs].to(self.device)
+            x = self.val_x[i : i + bs].to(self.device)
+            y = self.val_y[i : i + bs].to(self.device)
             with self.autocast():
                 _, loss = self.forward(self.model, x, y)
             total += float(loss) * x.size(0)
@@ -328,8 +373,11 @@ class Trainer:
         norm = gathered(torch.nn.utils.get_total_norm(grads, foreach=True))
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grads_with_norm_(
-                [p for p in self.model.parameters() if p.grad is not None], self.cfg.grad_clip,
-                norm, foreach=True)
+                [p for p in self.model.parameters() if p.grad is not None],
+                self.cfg.grad_clip,
+                norm,
+                foreach=True,
+            )
         return float(norm)
 
     # ------------------------------------------------------------------ run
@@ -343,8 +391,11 @@ class Trainer:
             try:
                 return self._run(stop_request)
             except OSError as e:  # a save that failed (no space, read-only, ...): one clean line
-                kept = ("the run stopped; its checkpoints saved before stay (--resume continues)"
-                        if (self.run_dir / "latest").exists() else "the run stopped before its first checkpoint")
+                kept = (
+                    "the run stopped; its checkpoints saved before stay (--resume continues)"
+                    if (self.run_dir / "latest").exists()
+                    else "the run stopped before its first checkpoint"
+                )
                 raise write_error(e, self.run_dir, "-o", kept) from None
 
     def _notice(self, name: str) -> None:
@@ -365,7 +416,9 @@ class Trainer:
         except KeyboardInterrupt:
             self.log.close()
             second = signal_name(stop_request.second) if stop_request.second else None
-            raise rundir.interrupted(self.run_dir, step, self.world, stop_request.name, second) from None
+            raise rundir.interrupted(
+                self.run_dir, step, self.world, stop_request.name, second
+            ) from None
 
     def _start_run(self) -> rundir.RunState:
         """Where the run starts: a resume's checkpoint restored (weights, optimizer, RNG, data
@@ -383,13 +436,17 @@ class Trainer:
         self.sp = None  # a resume of a dense stage stays dense
         if self.resume_from is None or resume.get("sparsifier") is not None:
             saved_spc = resume.get("sparsifier_config")
-            self.sp = self._build_sparsifier(run.stage, resume.get("sparsifier"),
-                                             json.loads(saved_spc) if saved_spc else None)
+            self.sp = self._build_sparsifier(
+                run.stage, resume.get("sparsifier"), json.loads(saved_spc) if saved_spc else None
+            )
         if self.master:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             rundir.write_run_json(self)
-        self.log = runfiles.Log(self.run_dir, keep_until=run.step if self.resume_from else None) \
-            if self.master else rundir.NullLog()
+        self.log = (
+            runfiles.Log(self.run_dir, keep_until=run.step if self.resume_from else None)
+            if self.master
+            else rundir.NullLog()
+        )
         run.stop = cfg.stop_at or cfg.steps
         self.callback("start", self._start_info(run))
         self.model.train()
@@ -403,12 +460,20 @@ class Trainer:
     def _start_info(self, run: rundir.RunState) -> dict:
         """The callback's ``start`` info: the run's shape, data, devices, stages and warnings."""
         return {
-            "run_dir": str(self.run_dir), "params": self.num_params,
-            "model": self.mcfg.to_dict(), "data": self.corpus_info, "world_size": self.world,
-            "global_batch": self.global_batch, "tokens_per_step": self.tokens_per_step,
-            "start_step": run.step, "steps": self.cfg.steps, "stop": run.stop,
-            "device": str(self.device), "precision": self.precision,
-            "stages": self.plan, "sparsity": self.sparsity(),
+            "run_dir": str(self.run_dir),
+            "params": self.num_params,
+            "model": self.mcfg.to_dict(),
+            "data": self.corpus_info,
+            "world_size": self.world,
+            "global_batch": self.global_batch,
+            "tokens_per_step": self.tokens_per_step,
+            "start_step": run.step,
+            "steps": self.cfg.steps,
+            "stop": run.stop,
+            "device": str(self.device),
+            "precision": self.precision,
+            "stages": self.plan,
+            "sparsity": self.sparsity(),
             "distributed": (self.cfg.distributed if self.world > 1 or self.sharded else None),
             "memory_plan": self.memory_plan.describe() if self.memory_plan else None,
             "sparse_training": self.sp.resolved() if self.sp is not None else None,
@@ -425,8 +490,12 @@ class Trainer:
             self.sp = None
         run.stage = idx
         self.sp = self._build_sparsifier(idx, None)
-        rec = {"kind": "stage", "step": step, "stage": idx + 1,  # 1-based, as printed
-               "sparsity": self.sparsity()}
+        rec = {
+            "kind": "stage",
+            "step": step,
+            "stage": idx + 1,  # 1-based, as printed
+            "sparsity": self.sparsity(),
+        }
         self.log.write(rec)
         if self.master:
             rundir.write_run_json(self)
@@ -446,11 +515,19 @@ class Trainer:
         run.tokens += self.tokens_per_step
         run.step = done = step + 1
         if signalled and done < run.stop:
-            run.interrupted, run.stop = signalled, done  # the step is complete: end as --stop-at does
+            run.interrupted, run.stop = (
+                signalled,
+                done,
+            )  # the step is complete: end as --stop-at does
         rec = {
-            "kind": "train", "step": done, "loss": round(run.loss, 6), "lr": lr,
-            "sparsity": round(self.sparsity(), 6), "grad_norm": round(grad_norm, 6),
-            "tokens_per_s": round(self.tokens_per_step / dt, 1), "tokens": run.tokens,
+            "kind": "train",
+            "step": done,
+            "loss": round(run.loss, 6),
+            "lr": lr,
+            "sparsity": round(self.sparsity(), 6),
+            "grad_norm": round(grad_norm, 6),
+            "tokens_per_s": round(self.tokens_per_step / dt, 1),
+            "tokens": run.tokens,
             "elapsed_s": round(run.elapsed(), 3),
         }
         if done % cfg.log_every == 0 or done == run.stop or updated:
@@ -470,7 +547,7 @@ class Trainer:
             x, y = self.sampler.batch(first, cfg.batch_size)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             sync = self.ddp is None or micro == cfg.grad_accum - 1
-            with (contextlib.nullcontext() if sync else self.ddp.no_sync()), self.autocast():
+            with contextlib.nullcontext() if sync else self.ddp.no_sync(), self.autocast():
                 _, loss = self.forward(model, x, y)
             (loss / cfg.grad_accum).backward()
             loss_sum += loss.detach()
@@ -496,8 +573,14 @@ class Trainer:
             self._agree_on_masks()
         self.optimizer.zero_grad(set_to_none=True)
         if updated:
-            self.log.write({"kind": "mask_update", "step": step + 1, **self.sp.last_event,
-                            "sparsity": round(self.sparsity(), 6)})
+            self.log.write(
+                {
+                    "kind": "mask_update",
+                    "step": step + 1,
+                    **self.sp.last_event,
+                    "sparsity": round(self.sparsity(), 6),
+                }
+            )
         return grad_norm, lr, updated
 
     def _agree_on_masks(self) -> None:
@@ -523,8 +606,14 @@ class Trainer:
         if (cfg.save_every and done % cfg.save_every == 0) or done == run.stop:
             rundir.save(self, run)
         if run.interrupted:
-            self.log.write({"kind": "interrupt", "step": done, "signal": run.interrupted,
-                            "checkpoint": runfiles.checkpoint_name(done)})
+            self.log.write(
+                {
+                    "kind": "interrupt",
+                    "step": done,
+                    "signal": run.interrupted,
+                    "checkpoint": runfiles.checkpoint_name(done),
+                }
+            )
 
     def _end_run(self, run: rundir.RunState) -> dict:
         """The summary, the log closed, the callback's ``end``; the summary."""
@@ -542,8 +631,13 @@ class Trainer:
             dist.destroy_process_group()
 
 
-def train(cfg: TrainConfig, resume: bool = False, callback: Callback | None = None,
-          flag_overrides: dict | None = None, stop_on_signal: bool = False) -> dict:
+def train(
+    cfg: TrainConfig,
+    resume: bool = False,
+    callback: Callback | None = None,
+    flag_overrides: dict | None = None,
+    stop_on_signal: bool = False,
+) -> dict:
     """Train as ``cfg`` says (or continue the run in ``cfg.out`` with ``resume``); the summary.
 
     ``stop_on_signal`` (what the command line does): the first SIGINT/SIGTERM stops the run after

@@ -15,14 +15,26 @@ from sparsetool.util.memory import MemoryPlan, available_memory, binary_bytes, f
 
 __all__ = ["LOWER", "check_plan", "run_plan"]
 
-LOWER = ("more processes (torchrun --nproc_per_node N, on one machine or several) with "
-         "--distributed fsdp, which divides weights, gradients, AdamW and masks among them; "
-         "--offload (GPUs); --dtype bfloat16; a smaller --batch-size or --context")
+LOWER = (
+    "more processes (torchrun --nproc_per_node N, on one machine or several) with "
+    "--distributed fsdp, which divides weights, gradients, AdamW and masks among them; "
+    "--offload (GPUs); --dtype bfloat16; a smaller --batch-size or --context"
+)
 """What lowers a training run's memory per process, as a refusal names it."""
 
 
-def run_plan(cfg, device: torch.device, *, params: int, n_layer: int, d_model: int, n_head: int,
-             context: int, vocab: int, resumed: bool = False) -> MemoryPlan:
+def run_plan(
+    cfg,
+    device: torch.device,
+    *,
+    params: int,
+    n_layer: int,
+    d_model: int,
+    n_head: int,
+    context: int,
+    vocab: int,
+    resumed: bool = False,
+) -> MemoryPlan:
     """The plan of ``cfg``'s run of a model of ``params`` parameters on ``device`` (the one the
     run resolved), for each process of the torchrun group this process belongs to (WORLD_SIZE,
     LOCAL_WORLD_SIZE); the weights are read from a checkpoint with ``--init`` or when
@@ -44,13 +56,25 @@ def run_plan(cfg, device: torch.device, *, params: int, n_layer: int, d_model: i
                 f"train: each of the {local_world} processes on this machine builds the whole "
                 f"model in CPU memory before it is sharded, {binary_bytes(building)} in all, but "
                 f"the machine has {binary_bytes(room)} available; run fewer processes per machine "
-                "(torchrun --nproc_per_node) over more machines")
+                "(torchrun --nproc_per_node) over more machines"
+            )
     return fine_tuning_plan(
-        params, batch=cfg.batch_size, context=context, d_model=d_model, n_layer=n_layer,
-        n_head=n_head, vocab=vocab, targeted=params, strategy=cfg.distributed, world=world,
-        local_world=local_world, bf16=cfg.dtype == "bfloat16" or (
-            cfg.dtype == "auto" and device.type == "cuda"), offload=cfg.offload,
-        device_memory=device_memory, reading=reading)
+        params,
+        batch=cfg.batch_size,
+        context=context,
+        d_model=d_model,
+        n_layer=n_layer,
+        n_head=n_head,
+        vocab=vocab,
+        targeted=params,
+        strategy=cfg.distributed,
+        world=world,
+        local_world=local_world,
+        bf16=cfg.dtype == "bfloat16" or (cfg.dtype == "auto" and device.type == "cuda"),
+        offload=cfg.offload,
+        device_memory=device_memory,
+        reading=reading,
+    )
 
 
 def check_plan(plan: MemoryPlan, what: str) -> MemoryPlan:

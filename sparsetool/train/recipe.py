@@ -35,7 +35,9 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 def model_config(cfg: TrainConfig) -> GPTConfig:
     base = PRESETS[cfg.preset or DEFAULT_PRESET]
-    over = {k: getattr(cfg, k) for k in ("n_layer", "n_head", "d_model", "context") if getattr(cfg, k)}
+    over = {
+        k: getattr(cfg, k) for k in ("n_layer", "n_head", "d_model", "context") if getattr(cfg, k)
+    }
     return replace(base, dropout=cfg.dropout, **over)
 
 
@@ -73,7 +75,9 @@ def stage_plan(cfg: TrainConfig) -> list[dict]:
     return out
 
 
-def sparsifier_config(cfg: TrainConfig, sparsity, init_masks: dict, later_stage: bool) -> dict | None:
+def sparsifier_config(
+    cfg: TrainConfig, sparsity, init_masks: dict, later_stage: bool
+) -> dict | None:
     """The ``build_sparsifier`` mapping for one stage of a run, or None when it trains densely.
 
     Without an explicit sparsity, a run started from a masked checkpoint keeps that checkpoint's

@@ -24,9 +24,24 @@ from sparsetool.train.config import REBATCHABLE, RESUMABLE_OVERRIDES, TrainConfi
 from sparsetool.train.signals import signal_number
 from sparsetool.util.wording import plural
 
-__all__ = ["NullLog", "RunState", "check_new_run", "earlier_settings", "interrupted", "meta",
-           "restore", "restore_sharded", "resume_command", "resumed_config", "save", "save_step", "stopped_by_signal",
-           "summary", "title", "write_run_json"]
+__all__ = [
+    "NullLog",
+    "RunState",
+    "check_new_run",
+    "earlier_settings",
+    "interrupted",
+    "meta",
+    "restore",
+    "restore_sharded",
+    "resume_command",
+    "resumed_config",
+    "save",
+    "save_step",
+    "stopped_by_signal",
+    "summary",
+    "title",
+    "write_run_json",
+]
 
 
 @dataclass
@@ -55,8 +70,10 @@ def check_new_run(run_dir: Path) -> None:
     if (run_dir / "run.json").exists():
         # A run stopped before its first checkpoint left nothing to keep: it starts again.
         if (run_dir / "latest").exists():
-            raise ConfigError(f"{run_dir} already holds a run; add --resume to continue "
-                              "it or pick another -o/--output")
+            raise ConfigError(
+                f"{run_dir} already holds a run; add --resume to continue "
+                "it or pick another -o/--output"
+            )
     elif run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(f"-o/--output {run_dir} exists and is not empty; pick a new directory")
 
@@ -71,8 +88,10 @@ def resumed_config(run_dir: Path, flags: dict) -> tuple[TrainConfig, dict | None
     stored = TrainConfig.from_dict(saved["config"])
     stored.stop_at = None  # the interruption point is not part of the run; runs to the end
     for k, v in flags.items():
-        if v is None or k in ("out",) or (
-            k in ("stages", "sparsity_options", "include", "exclude") and not v
+        if (
+            v is None
+            or k in ("out",)
+            or (k in ("stages", "sparsity_options", "include", "exclude") and not v)
         ):
             continue
         if k in RESUMABLE_OVERRIDES or (k in REBATCHABLE and stored.distributed == "fsdp"):
@@ -116,10 +135,16 @@ def restore_sharded(tr) -> tuple[RunState, dict]:
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path} cannot be read ({e}); resume from an earlier checkpoint") from None
+        raise CheckpointError(
+            f"{path} cannot be read ({e}); resume from an earlier checkpoint"
+        ) from None
     run = _run_state(state, tr.world, tr.cfg)  # before anything is loaded
-    resume = shardedckpt.restore(tr.resume_from, model=tr.model, optimizer=tr.optimizer,
-                                 params=dict(tr.model.named_parameters()))
+    resume = shardedckpt.restore(
+        tr.resume_from,
+        model=tr.model,
+        optimizer=tr.optimizer,
+        params=dict(tr.model.named_parameters()),
+    )
     runfiles.set_rng_state(state["rng"])
     return run, resume
 
@@ -131,20 +156,39 @@ def _run_state(state: dict, world: int, cfg: TrainConfig) -> RunState:
     before = int(state.get("global_batch", saved_world * cfg.batch_size * cfg.grad_accum))
     now = world * cfg.batch_size * cfg.grad_accum
     if before != now:
-        how = ("with the same number of processes" if cfg.distributed != "fsdp" else
-               "with --batch-size x --grad-accum x processes equal to it")
+        how = (
+            "with the same number of processes"
+            if cfg.distributed != "fsdp"
+            else "with --batch-size x --grad-accum x processes equal to it"
+        )
         raise ConfigError(
             f"this run was trained on {plural(saved_world, 'process', 'processes')} with a global "
             f"batch of {before} sequences, now {now} ({world} x --batch-size {cfg.batch_size} x "
-            f"--grad-accum {cfg.grad_accum}); resume it {how} so the global batch stays the same")
-    return RunState(step=int(state["step"]), position=int(state["data_position"]),
-                    tokens=int(state["tokens"]), elapsed_before=float(state["elapsed_s"]),
-                    stage=int(state["stage"]))
+            f"--grad-accum {cfg.grad_accum}); resume it {how} so the global batch stays the same"
+        )
+    return RunState(
+        step=int(state["step"]),
+        position=int(state["data_position"]),
+        tokens=int(state["tokens"]),
+        elapsed_before=float(state["elapsed_s"]),
+        stage=int(state["stage"]),
+    )
 
 
-def save_step(run_dir: Path, step: int, *, model: torch.nn.Module, model_cfg: dict,
-              optimizer: torch.optim.Optimizer, sparsifier: Any, sparsifier_config: dict | None,
-              meta: dict, state: dict, keep_last: int, write_files=None) -> None:
+def save_step(
+    run_dir: Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    model_cfg: dict,
+    optimizer: torch.optim.Optimizer,
+    sparsifier: Any,
+    sparsifier_config: dict | None,
+    meta: dict,
+    state: dict,
+    keep_last: int,
+    write_files=None,
+) -> None:
     """One checkpoint: the model (masks in the ``mask`` encoding), the optimizer and sparsifier
     state for an exact resume, and ``state`` (step, data position, RNG...)."""
     resume = {
@@ -153,8 +197,9 @@ def save_step(run_dir: Path, step: int, *, model: torch.nn.Module, model_cfg: di
         "sparsifier_config": json.dumps(sparsifier_config) if sparsifier is not None else None,
     }
     masks = dict(sparsifier.masks) if sparsifier is not None else {}
-    runfiles.save_checkpoint(run_dir, step, model, masks, meta, model_cfg, resume, state, keep_last,
-                             write_files)
+    runfiles.save_checkpoint(
+        run_dir, step, model, masks, meta, model_cfg, resume, state, keep_last, write_files
+    )
 
 
 def title(cfg: TrainConfig, run_dir: Path, n_layer: int, d_model: int, sparse: bool) -> str:
@@ -171,8 +216,10 @@ def title(cfg: TrainConfig, run_dir: Path, n_layer: int, d_model: int, sparse: b
     elif sparse or cfg.algorithm not in (None, "dense"):
         level = cfg.sparsity
         what = f"{cfg.algorithm or 'static'}" + (
-            f", sparsity {float(level):.0%}" if isinstance(level, (int, float, str))
-            and _is_number(level) else "")
+            f", sparsity {float(level):.0%}"
+            if isinstance(level, (int, float, str)) and _is_number(level)
+            else ""
+        )
     return f"{what}, {n_layer}L d{d_model}, {cfg.steps} steps (run {run_dir.name})"
 
 
@@ -194,13 +241,16 @@ def stopped_by_signal(summary: dict) -> str:
     """The line after a signal stopped a run (``summary["interrupted"]`` names it) with a
     checkpoint at the step it had reached."""
     run_dir, step = Path(summary["run_dir"]), summary["step"]
-    return (f"interrupted by {summary['interrupted']} at step {step} of {summary['steps']}: saved a "
-            f"checkpoint ({run_dir / 'checkpoints' / runfiles.checkpoint_name(step)}); continue with: "
-            f"{resume_command(run_dir, summary['world_size'])}")
+    return (
+        f"interrupted by {summary['interrupted']} at step {step} of {summary['steps']}: saved a "
+        f"checkpoint ({run_dir / 'checkpoints' / runfiles.checkpoint_name(step)}); continue with: "
+        f"{resume_command(run_dir, summary['world_size'])}"
+    )
 
 
-def interrupted(run_dir: Path, step: int, world: int = 1, first: str | None = None,
-                second: str | None = None) -> Interrupted:
+def interrupted(
+    run_dir: Path, step: int, world: int = 1, first: str | None = None, second: str | None = None
+) -> Interrupted:
     """The error for a stop during ``step`` (0-based) without a checkpoint of it: Ctrl-C where no
     handler of the loop's was installed, or the ``second`` signal after the ``first`` (names);
     it names the checkpoint to resume from. Exit code: 128 + the first signal's number."""
@@ -211,11 +261,15 @@ def interrupted(run_dir: Path, step: int, world: int = 1, first: str | None = No
     else:
         cause = f"stopped at once by {second} after {first}"
     pointer = run_dir / "latest"
-    where = (f"the last checkpoint ({pointer.read_text().strip()}) is in {run_dir}; continue with: "
-             f"{resume_command(run_dir, world)}" if pointer.exists()
-             else "no checkpoint had been written yet; the same command starts the run again")
-    return Interrupted(f"{cause} during step {step + 1}; {where}",
-                       exit_code=128 + signal_number(first or "SIGINT"))
+    where = (
+        f"the last checkpoint ({pointer.read_text().strip()}) is in {run_dir}; continue with: "
+        f"{resume_command(run_dir, world)}"
+        if pointer.exists()
+        else "no checkpoint had been written yet; the same command starts the run again"
+    )
+    return Interrupted(
+        f"{cause} during step {step + 1}; {where}", exit_code=128 + signal_number(first or "SIGINT")
+    )
 
 
 class NullLog:
@@ -232,6 +286,7 @@ class NullLog:
 
 # ---------------------------------------------------------------- what a trainer writes and returns
 # ``tr`` is a :class:`sparsetool.train.loop.Trainer`; these read its public state and never change it.
+
 
 def meta(tr, step: int) -> dict:
     """The ``sparsetool`` metadata entry of a checkpoint saved at ``step``."""
@@ -270,14 +325,28 @@ def save(tr, run: RunState) -> None:
         if tr.master:
             _save_plots(tr)
         return
-    save_step(tr.run_dir, step, model=tr.model, model_cfg=tr.mcfg.to_dict(),
-              optimizer=tr.optimizer, sparsifier=tr.sp,
-              sparsifier_config=tr.sparsifier_config, meta=meta(tr, step),
-              state=state, keep_last=tr.cfg.keep_last,
-              write_files=tr.hf.write_files if tr.hf else None)
+    save_step(
+        tr.run_dir,
+        step,
+        model=tr.model,
+        model_cfg=tr.mcfg.to_dict(),
+        optimizer=tr.optimizer,
+        sparsifier=tr.sp,
+        sparsifier_config=tr.sparsifier_config,
+        meta=meta(tr, step),
+        state=state,
+        keep_last=tr.cfg.keep_last,
+        write_files=tr.hf.write_files if tr.hf else None,
+    )
     if tr.hf:
-        tr.hf.export(tr.run_dir, tr.model, dict(tr.sp.masks) if tr.sp else {},
-                     tr.cfg.encoding, meta(tr, step), tr.mcfg.dtype)
+        tr.hf.export(
+            tr.run_dir,
+            tr.model,
+            dict(tr.sp.masks) if tr.sp else {},
+            tr.cfg.encoding,
+            meta(tr, step),
+            tr.mcfg.dtype,
+        )
     _save_plots(tr)
 
 
@@ -285,26 +354,52 @@ def _save_sharded(tr, step: int, state: dict) -> None:
     """An FSDP run's checkpoint and RUN/model/, every rank taking part (:mod:`.shardedckpt`)."""
     from sparsetool.train import shardedckpt
 
-    shardedckpt.save(tr.run_dir, step, model=tr.model, optimizer=tr.optimizer, sparsifier=tr.sp,
-                     sparsifier_config=tr.sparsifier_config, meta=meta(tr, step),
-                     model_cfg=tr.mcfg.to_dict(), state=state, keep_last=tr.cfg.keep_last,
-                     master=tr.master, write_files=tr.hf.write_files if tr.hf else None)
+    shardedckpt.save(
+        tr.run_dir,
+        step,
+        model=tr.model,
+        optimizer=tr.optimizer,
+        sparsifier=tr.sp,
+        sparsifier_config=tr.sparsifier_config,
+        meta=meta(tr, step),
+        model_cfg=tr.mcfg.to_dict(),
+        state=state,
+        keep_last=tr.cfg.keep_last,
+        master=tr.master,
+        write_files=tr.hf.write_files if tr.hf else None,
+    )
     if tr.hf:
-        tr.hf.export(tr.run_dir, tr.model, dict(tr.sp.masks) if tr.sp else {},
-                     tr.cfg.encoding, meta(tr, step), tr.mcfg.dtype, write=tr.master)
+        tr.hf.export(
+            tr.run_dir,
+            tr.model,
+            dict(tr.sp.masks) if tr.sp else {},
+            tr.cfg.encoding,
+            meta(tr, step),
+            tr.mcfg.dtype,
+            write=tr.master,
+        )
 
 
 def _save_plots(tr) -> None:
     tr.log.write_csv(tr.run_dir)
-    tr.log.plot(tr.run_dir, title(tr.cfg, tr.run_dir, tr.mcfg.n_layer, tr.mcfg.d_model, tr.sp is not None),
-                "token" if tr.hf else "byte")
+    tr.log.plot(
+        tr.run_dir,
+        title(tr.cfg, tr.run_dir, tr.mcfg.n_layer, tr.mcfg.d_model, tr.sp is not None),
+        "token" if tr.hf else "byte",
+    )
 
 
 def write_run_json(tr) -> None:
     """run.json: options as given, model, data; each stage's resolved sparse settings."""
-    runfiles.write_json(tr.run_dir / "run.json", {
-        "config": tr.cfg.to_dict(), "model": tr.mcfg.to_dict(), "data": tr.corpus_info,
-        "sparse_training": {str(k): v for k, v in sorted(tr.resolved_settings.items())}})
+    runfiles.write_json(
+        tr.run_dir / "run.json",
+        {
+            "config": tr.cfg.to_dict(),
+            "model": tr.mcfg.to_dict(),
+            "data": tr.corpus_info,
+            "sparse_training": {str(k): v for k, v in sorted(tr.resolved_settings.items())},
+        },
+    )
 
 
 def summary(tr, run: RunState) -> dict:
@@ -313,15 +408,23 @@ def summary(tr, run: RunState) -> dict:
     cfg, stop, elapsed = tr.cfg, run.stop, run.elapsed()
     digests = tr.rank_mask_digests()
     return {
-        "run_dir": str(tr.run_dir), "step": stop, "steps": cfg.steps, "finished": stop == cfg.steps,
-        "loss": round(run.loss, 6), "val_loss": None if run.val_loss is None else round(run.val_loss, 6),
-        "sparsity": round(tr.sparsity(), 6), "tokens": run.tokens, "elapsed_s": round(elapsed, 3),
+        "run_dir": str(tr.run_dir),
+        "step": stop,
+        "steps": cfg.steps,
+        "finished": stop == cfg.steps,
+        "loss": round(run.loss, 6),
+        "val_loss": None if run.val_loss is None else round(run.val_loss, 6),
+        "sparsity": round(tr.sparsity(), 6),
+        "tokens": run.tokens,
+        "elapsed_s": round(elapsed, 3),
         "tokens_per_s": round(run.tokens / elapsed, 1) if elapsed > 0 else None,
-        "params": tr.num_params, "world_size": tr.world,
+        "params": tr.num_params,
+        "world_size": tr.world,
         "masks_identical_across_ranks": None if digests is None else len(set(digests)) == 1,
         "mask_updates_that_diverged": tr.mask_divergences if tr.world > 1 else None,
         "checkpoint": str(tr.run_dir / (hfrun.MODEL_DIR if tr.hf else "model.safetensors")),
         "huggingface": tr.hf is not None,
-        "log": str(tr.run_dir / "log.jsonl"), "plot": str(tr.run_dir / "loss.png"),
+        "log": str(tr.run_dir / "log.jsonl"),
+        "plot": str(tr.run_dir / "loss.png"),
         "interrupted": run.interrupted,
     }

@@ -45,12 +45,19 @@ def write_json(path: Path, obj: object) -> None:
     os.replace(tmp, path)
 
 
-def save_model(path: Path, model: torch.nn.Module, masks: dict[str, torch.Tensor], meta: dict) -> None:
+def save_model(
+    path: Path, model: torch.nn.Module, masks: dict[str, torch.Tensor], meta: dict
+) -> None:
     """Write float32 weights, the masked ones in the ``mask`` encoding, atomically; ``meta`` is
     this run's provenance record."""
     tensors = {name: t.detach().to("cpu", torch.float32) for name, t in model.state_dict().items()}
-    write_tensors(path, tensors, encoding="mask", masks={n: m.to(torch.bool) for n, m in masks.items()},
-                  metadata={"format": "pt", **provenance_metadata(None, meta)})
+    write_tensors(
+        path,
+        tensors,
+        encoding="mask",
+        masks={n: m.to(torch.bool) for n, m in masks.items()},
+        metadata={"format": "pt", **provenance_metadata(None, meta)},
+    )
 
 
 def checkpoint_name(step: int) -> str:
@@ -58,9 +65,18 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:06d}"
 
 
-def save_checkpoint(run: Path, step: int, model: torch.nn.Module, masks: dict, meta: dict,
-                    model_cfg: dict, resume: dict, state: dict, keep_last: int,
-                    write_files: Callable[[Path], None] | None = None) -> Path:
+def save_checkpoint(
+    run: Path,
+    step: int,
+    model: torch.nn.Module,
+    masks: dict,
+    meta: dict,
+    model_cfg: dict,
+    resume: dict,
+    state: dict,
+    keep_last: int,
+    write_files: Callable[[Path], None] | None = None,
+) -> Path:
     """Write checkpoints/step-NNNNNN atomically (a temp dir renamed), then point RUN/latest at it.
 
     ``write_files`` (a Hugging Face model's config and tokenizer) replaces the built-in GPT's
@@ -88,8 +104,14 @@ def begin_checkpoint(run: Path, step: int) -> Path:
     return tmp
 
 
-def finish_checkpoint(run: Path, step: int, model_cfg: dict, state: dict, keep_last: int,
-                      write_files: Callable[[Path], None] | None = None) -> Path:
+def finish_checkpoint(
+    run: Path,
+    step: int,
+    model_cfg: dict,
+    state: dict,
+    keep_last: int,
+    write_files: Callable[[Path], None] | None = None,
+) -> Path:
     """The model's files and state.json into the temporary directory, renamed into place; RUN/latest
     pointed at it; the built-in GPT's model and config copied to RUN/; older checkpoints beyond
     ``keep_last`` removed."""
@@ -119,7 +141,9 @@ def finish_checkpoint(run: Path, step: int, model_cfg: dict, state: dict, keep_l
 def latest_checkpoint(run: Path) -> Path:
     pointer = run / "latest"
     if not pointer.exists():
-        raise ConfigError(f"{run} has no checkpoint to resume from (no {pointer}); start it without --resume")
+        raise ConfigError(
+            f"{run} has no checkpoint to resume from (no {pointer}); start it without --resume"
+        )
     path = run / "checkpoints" / pointer.read_text().strip()
     if not (path / "state.json").exists():
         raise CheckpointError(f"{pointer} names {path}, which is missing or incomplete")
@@ -131,7 +155,9 @@ def load_resume(path: Path) -> tuple[dict, dict]:
     try:
         resume = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
     except Exception as e:  # a truncated or foreign file: say which one
-        raise CheckpointError(f"{path / 'optimizer.pt'} cannot be read ({e}); resume from an earlier checkpoint") from None
+        raise CheckpointError(
+            f"{path / 'optimizer.pt'} cannot be read ({e}); resume from an earlier checkpoint"
+        ) from None
     return state, resume
 
 
@@ -146,10 +172,14 @@ def set_rng_state(state: dict) -> None:
     raw = base64.b64decode(state["torch"])
     torch.set_rng_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["cuda"])), dtype=torch.uint8))
+        torch.cuda.set_rng_state(
+            torch.frombuffer(bytearray(base64.b64decode(state["cuda"])), dtype=torch.uint8)
+        )
 
 
-def read_init_checkpoint(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict]:
+def read_init_checkpoint(
+    path: str | Path,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict]:
     """Weights, masks and sparsetool metadata of any checkpoint sparsetool can read.
 
     A targeted tensor pruned without a mask (``zeros`` encoding) gets ``mask = w != 0``.
@@ -194,13 +224,31 @@ class Log:
         self._fh.close()
 
     def write_csv(self, run: Path) -> None:
-        cols = ["step", "loss", "val_loss", "lr", "sparsity", "tokens_per_s", "tokens", "elapsed_s",
-                "mask_dropped", "mask_grown", "drop_fraction", "grown_survived"]
+        cols = [
+            "step",
+            "loss",
+            "val_loss",
+            "lr",
+            "sparsity",
+            "tokens_per_s",
+            "tokens",
+            "elapsed_s",
+            "mask_dropped",
+            "mask_grown",
+            "drop_fraction",
+            "grown_survived",
+        ]
         val = {r["step"]: r["val_loss"] for r in self.records if r.get("kind") == "eval"}
-        upd = {r["step"]: {"mask_dropped": r["dropped"], "mask_grown": r["grown"],
-                           "drop_fraction": r["drop_fraction"],
-                           "grown_survived": "" if r["grown_survived"] is None else r["grown_survived"]}
-               for r in self.records if r.get("kind") == "mask_update"}
+        upd = {
+            r["step"]: {
+                "mask_dropped": r["dropped"],
+                "mask_grown": r["grown"],
+                "drop_fraction": r["drop_fraction"],
+                "grown_survived": "" if r["grown_survived"] is None else r["grown_survived"],
+            }
+            for r in self.records
+            if r.get("kind") == "mask_update"
+        }
         tmp = run / "log.csv.tmp"
         with tmp.open("w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
@@ -238,16 +286,27 @@ class Log:
                 ax.plot(steps, loss, lw=1.0, color="tab:blue", label="train")
             else:
                 ax.plot(steps, loss, lw=0.6, alpha=0.3, color="tab:blue", label="train (each step)")
-                ax.plot(steps, smoothed(loss, weight), lw=1.8, color="tab:blue",
-                        label=f"train, smoothed (EMA {weight:g}, forward and back)")
+                ax.plot(
+                    steps,
+                    smoothed(loss, weight),
+                    lw=1.8,
+                    color="tab:blue",
+                    label=f"train, smoothed (EMA {weight:g}, forward and back)",
+                )
         if val:
             ax.plot(*zip(*val), "o-", ms=3, color="tab:orange", label="validation")
         for r in self.records:
             if r.get("kind") == "stage":
                 ax.axvline(r["step"], color="grey", ls=":", lw=1)
-                ax.annotate(f"stage {r['stage']}: {r['sparsity']:.0%} sparse", (r["step"], 1.0),
-                            xycoords=("data", "axes fraction"), xytext=(3, -10),
-                            textcoords="offset points", fontsize=7, color="grey")
+                ax.annotate(
+                    f"stage {r['stage']}: {r['sparsity']:.0%} sparse",
+                    (r["step"], 1.0),
+                    xycoords=("data", "axes fraction"),
+                    xytext=(3, -10),
+                    textcoords="offset points",
+                    fontsize=7,
+                    color="grey",
+                )
         ax.set_xlabel("step")
         ax.set_ylabel(f"cross-entropy (nats/{unit})")
         ax.set_title(title, fontsize=9)

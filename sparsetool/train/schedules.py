@@ -151,7 +151,9 @@ class Periodic:
 
     def __post_init__(self) -> None:
         if int(self.every) != self.every or self.every < 1:
-            raise ConfigError(f"periodic schedule: every (freq) must be an integer >= 1, got {self.every}")
+            raise ConfigError(
+                f"periodic schedule: every (freq) must be an integer >= 1, got {self.every}"
+            )
         if self.begin_step < 0:
             raise ConfigError(f"periodic schedule: begin_step must be >= 0, got {self.begin_step}")
 
@@ -177,13 +179,32 @@ SCHEDULES: dict[str, type] = {
 # keys, and the short forms people type). Mapped onto the dataclass field names.
 _ALIASES: dict[str, dict[str, str]] = {
     "constant": {},
-    "cosine": {"init": "start", "initial": "start", "minimum": "end", "final": "end",
-               "begin": "begin_step", "half_period": "end_step", "end_step": "end_step"},
-    "polynomial": {"init": "initial", "init_sparsity": "initial", "end": "final",
-                   "end_sparsity": "final", "begin": "begin_step", "start": "begin_step",
-                   "stop": "end_step", "exponent": "power"},
-    "periodic": {"freq": "every", "start": "begin_step", "begin": "begin_step",
-                 "stop": "end_step", "end": "end_step"},
+    "cosine": {
+        "init": "start",
+        "initial": "start",
+        "minimum": "end",
+        "final": "end",
+        "begin": "begin_step",
+        "half_period": "end_step",
+        "end_step": "end_step",
+    },
+    "polynomial": {
+        "init": "initial",
+        "init_sparsity": "initial",
+        "end": "final",
+        "end_sparsity": "final",
+        "begin": "begin_step",
+        "start": "begin_step",
+        "stop": "end_step",
+        "exponent": "power",
+    },
+    "periodic": {
+        "freq": "every",
+        "start": "begin_step",
+        "begin": "begin_step",
+        "stop": "end_step",
+        "end": "end_step",
+    },
 }
 
 
@@ -246,7 +267,9 @@ def build_schedule(spec: Schedule | Mapping[str, Any] | str | float | int) -> Sc
         kwargs.setdefault("initial", 0.0)
         kwargs.setdefault("begin_step", 0)
         if kind == "cubic" and kwargs.setdefault("power", 3) != 3:
-            raise ConfigError("schedule 'cubic' has power 3; use type 'polynomial' for another power")
+            raise ConfigError(
+                "schedule 'cubic' has power 3; use type 'polynomial' for another power"
+            )
     missing = [f.name for f in fields(cls) if f.name not in kwargs and f.default is MISSING]
     if missing:
         raise ConfigError(f"schedule {kind!r}: missing {', '.join(missing)}")
@@ -276,9 +299,15 @@ def default_interval(total_steps: int) -> int:
     return max(1, min(DEFAULT_INTERVAL, int(total_steps) // 4))
 
 
-def update_window(total_steps: int, freq: int | None = None, start: int | None = None,
-                  stop: int | None = None, *, warmup: int = 0,
-                  stop_fraction: float = 0.75) -> tuple[int, int, int]:
+def update_window(
+    total_steps: int,
+    freq: int | None = None,
+    start: int | None = None,
+    stop: int | None = None,
+    *,
+    warmup: int = 0,
+    stop_fraction: float = 0.75,
+) -> tuple[int, int, int]:
     """(freq, start, stop) of mask updates, each given value kept. Defaults:
 
     - ``freq``: :func:`default_interval` (100 steps; a quarter of the run under 400 steps);
@@ -338,11 +367,22 @@ def _drop_schedule(spec: Any, stop: int, decay: str) -> Schedule:
     return build_schedule(spec)
 
 
-def wire(name: str, total_steps: int, sparsity: Any, *, updates: bool = False,
-         ramp_from: float | None = None, drop_fraction: Any = None, drop_decay: str = "constant",
-         update_freq: int | None = None, update_start: int | None = None,
-         update_stop: int | None = None, warmup: int = 0, stop_fraction: float = 0.75,
-         regrow_to_end: bool = False) -> Wiring:
+def wire(
+    name: str,
+    total_steps: int,
+    sparsity: Any,
+    *,
+    updates: bool = False,
+    ramp_from: float | None = None,
+    drop_fraction: Any = None,
+    drop_decay: str = "constant",
+    update_freq: int | None = None,
+    update_start: int | None = None,
+    update_stop: int | None = None,
+    warmup: int = 0,
+    stop_fraction: float = 0.75,
+    regrow_to_end: bool = False,
+) -> Wiring:
     """The one place where an algorithm's declarations become schedules, once ``total_steps`` is
     known. ``name`` is the algorithm (for messages).
 
@@ -367,8 +407,14 @@ def wire(name: str, total_steps: int, sparsity: Any, *, updates: bool = False,
     """
     if not updates:
         return Wiring(build_schedule(sparsity))
-    freq, start, stop = update_window(total_steps, update_freq, update_start, update_stop,
-                                      warmup=warmup, stop_fraction=stop_fraction)
+    freq, start, stop = update_window(
+        total_steps,
+        update_freq,
+        update_start,
+        update_stop,
+        warmup=warmup,
+        stop_fraction=stop_fraction,
+    )
     if stop <= start:
         raise ConfigError(
             f"{name}: update stop ({stop}) must be after start ({start}); "
@@ -388,7 +434,10 @@ def wire(name: str, total_steps: int, sparsity: Any, *, updates: bool = False,
     return Wiring(
         sparsity=level,
         updates=Periodic(freq, start, update_end),
-        drop_fraction=(Constant(0.0) if drop_fraction is None
-                       else _drop_schedule(drop_fraction, update_end, drop_decay)),
+        drop_fraction=(
+            Constant(0.0)
+            if drop_fraction is None
+            else _drop_schedule(drop_fraction, update_end, drop_decay)
+        ),
         final_update=stop if ramp_from is not None else None,
     )

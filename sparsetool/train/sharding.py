@@ -15,8 +15,14 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["copy_slice", "count_kept", "gathered", "is_sharded", "laid_out_like",
-           "zeros_like_layout"]
+__all__ = [
+    "copy_slice",
+    "count_kept",
+    "gathered",
+    "is_sharded",
+    "laid_out_like",
+    "zeros_like_layout",
+]
 
 
 def is_sharded(t: torch.Tensor | None) -> bool:
@@ -74,8 +80,10 @@ def _offset(like: torch.Tensor) -> int:
 
     mesh = like.device_mesh
     if mesh.ndim != 1 or tuple(like.placements) != (Shard(0),):
-        raise ValueError(f"a layout of {like.placements} over a {mesh.ndim}-D mesh is not "
-                         "FSDP2's Shard(0) over one dimension")
+        raise ValueError(
+            f"a layout of {like.placements} over a {mesh.ndim}-D mesh is not "
+            "FSDP2's Shard(0) over one dimension"
+        )
     rows, ranks = like.shape[0], mesh.size()
     return min(rows, mesh.get_local_rank() * -(-rows // ranks))
 
@@ -83,8 +91,14 @@ def _offset(like: torch.Tensor) -> int:
 def _from_local(local: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
-    return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False,
-                              shape=like.shape, stride=like.stride())
+    return DTensor.from_local(
+        local,
+        like.device_mesh,
+        like.placements,
+        run_check=False,
+        shape=like.shape,
+        stride=like.stride(),
+    )
 
 
 def count_kept(mask: torch.Tensor) -> int:

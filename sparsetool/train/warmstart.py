@@ -22,8 +22,15 @@ from sparsetool.models.gpt import PRESETS, GPTConfig, infer_config
 from sparsetool.train.config import DEFAULT_PRESET, TrainConfig
 from sparsetool.util.wording import plural
 
-__all__ = ["check_init_is_a_model", "check_init_sparsity", "init_model_config", "matched_weights", "loaded_sparsity", "mask_origin",
-           "masks_from"]
+__all__ = [
+    "check_init_is_a_model",
+    "check_init_sparsity",
+    "init_model_config",
+    "matched_weights",
+    "loaded_sparsity",
+    "mask_origin",
+    "masks_from",
+]
 
 
 SHAPE = ("n_layer", "n_head", "d_model", "context")
@@ -34,9 +41,13 @@ def check_init_is_a_model(path: str | Path) -> None:
     GPT nor a Hugging Face model: without config.json the message says so, as eval's and prune's
     do (a Hugging Face directory has already been taken as one)."""
     with open_checkpoint(path) as ckpt:
-        if ckpt.config is None and not {"tok_emb.weight", "pos_emb.weight"} <= {lt.name for lt in ckpt.logical}:
-            raise ConfigError(f"{path}: no config.json; train --init needs a Hugging Face model directory "
-                              "(config.json, weights, tokenizer files) or a checkpoint of sparsetool train")
+        if ckpt.config is None and not {"tok_emb.weight", "pos_emb.weight"} <= {
+            lt.name for lt in ckpt.logical
+        }:
+            raise ConfigError(
+                f"{path}: no config.json; train --init needs a Hugging Face model directory "
+                "(config.json, weights, tokenizer files) or a checkpoint of sparsetool train"
+            )
 
 
 def init_model_config(cfg: TrainConfig, weights: dict[str, torch.Tensor], meta: dict) -> GPTConfig:
@@ -66,8 +77,9 @@ def init_model_config(cfg: TrainConfig, weights: dict[str, torch.Tensor], meta: 
     return mcfg
 
 
-def matched_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor],
-                    source: Any) -> dict[str, torch.Tensor]:
+def matched_weights(
+    model: torch.nn.Module, weights: dict[str, torch.Tensor], source: Any
+) -> dict[str, torch.Tensor]:
     """``weights`` for every tensor of ``model``, checked: each there, of the same shape."""
     own = model.state_dict()
     missing = sorted(set(own) - set(weights))
@@ -78,13 +90,16 @@ def matched_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor],
         )
     for name, t in own.items():
         if tuple(weights[name].shape) != tuple(t.shape):
-            raise ConfigError(f"--init: tensor {name!r} has shape {list(weights[name].shape)}, "
-                              f"the model needs {list(t.shape)}")
+            raise ConfigError(
+                f"--init: tensor {name!r} has shape {list(weights[name].shape)}, "
+                f"the model needs {list(t.shape)}"
+            )
     return {name: weights[name] for name in own}
 
 
-def masks_from(targets: dict[str, torch.nn.Parameter], masks: dict[str, torch.Tensor],
-               loaded: bool) -> dict[str, torch.Tensor]:
+def masks_from(
+    targets: dict[str, torch.nn.Parameter], masks: dict[str, torch.Tensor], loaded: bool
+) -> dict[str, torch.Tensor]:
     """The targeted tensors' masks of a loaded checkpoint: its stored masks, or, in a ``zeros``
     encoded one (no masks), ``w != 0`` for every targeted tensor that holds an exact zero."""
     out = {n: m for n, m in masks.items() if n in targets}
@@ -96,7 +111,9 @@ def masks_from(targets: dict[str, torch.nn.Parameter], masks: dict[str, torch.Te
     return out
 
 
-def mask_origin(init: Any, masks: dict[str, torch.Tensor], stored: dict[str, torch.Tensor]) -> str | None:
+def mask_origin(
+    init: Any, masks: dict[str, torch.Tensor], stored: dict[str, torch.Tensor]
+) -> str | None:
     """Where the initial masks of a run from ``--init`` come from, as the start of a run says it
     (None: the checkpoint carries none and the sparsifier makes them).
 

@@ -26,10 +26,14 @@ def read_text(path: str | Path, what: str, fix: str) -> str:
     except IsADirectoryError:
         raise ConfigError(f"{what} '{p}' is a directory; {fix}") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read {what} '{p}': {getattr(e, 'strerror', None) or e}") from None
+        raise ConfigError(
+            f"cannot read {what} '{p}': {getattr(e, 'strerror', None) or e}"
+        ) from None
 
 
-def load_mapping(path: str | Path, *, what: str = "config file", default: str = "JSON") -> dict[str, Any]:
+def load_mapping(
+    path: str | Path, *, what: str = "config file", default: str = "JSON"
+) -> dict[str, Any]:
     """Parse ``path`` by its suffix (``default`` format for any other suffix) into a dict.
 
     ``what`` names the file in errors ("hardware file", "config file"...). An empty YAML file is

@@ -101,7 +101,7 @@ def not_text(data: bytes) -> str | None:
     decoder = codecs.getincrementaldecoder("utf-8")()
     chunk = 1 << 20  # no whole-file str: a corpus may be large
     for start in range(0, len(data), chunk):
-        part = data[start:start + chunk]
+        part = data[start : start + chunk]
         try:
             decoder.decode(part, final=start + chunk >= len(data))
         except UnicodeDecodeError as e:  # e.object: the bytes held back from before, then part
@@ -117,8 +117,12 @@ def _what_is(p: Path) -> str:
     if not p.exists():
         return "does not exist"
     mode = p.stat().st_mode
-    for test, kind in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket")):
+    for test, kind in (
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return f"is not a regular file ({kind})"
     return "is not a regular file"
@@ -163,9 +167,11 @@ def _user_directory(p: Path) -> Corpus:
     if not texts:
         rel, reason = skipped[0]
         more = f"; and {len(skipped) - 1} more" if len(skipped) > 1 else ""
-        raise ConfigError(f"--data '{p}' holds no text files: {len(skipped)} "
-                          f"{'file is' if len(skipped) == 1 else 'files are'} not UTF-8 text "
-                          f"({rel}: {reason}{more}); {TEXT_ADVICE}")
+        raise ConfigError(
+            f"--data '{p}' holds no text files: {len(skipped)} "
+            f"{'file is' if len(skipped) == 1 else 'files are'} not UTF-8 text "
+            f"({rel}: {reason}{more}); {TEXT_ADVICE}"
+        )
     corpus = _split_files(texts, str(p))
     corpus.skipped = [rel for rel, _ in skipped]
     return corpus
@@ -181,8 +187,10 @@ def english_topics() -> list[tuple[str, bytes]]:
     try:
         from pydoc_data.topics import topics
     except ImportError:
-        raise ConfigError(f"--data {ENGLISH}: this Python installation lacks pydoc_data (its "
-                          "English help topics); give --data PATH with text files instead") from None
+        raise ConfigError(
+            f"--data {ENGLISH}: this Python installation lacks pydoc_data (its "
+            "English help topics); give --data PATH with text files instead"
+        ) from None
     return [(name, topics[name].encode("utf-8")) for name in sorted(topics)]
 
 
@@ -240,8 +248,13 @@ def _split_files(texts: dict[str, bytes], source: str) -> Corpus:
     train = [r for r in texts if not is_validation(r)]
     if not val or not train:
         return _split_tail(_join(list(texts.values())), source, len(texts))
-    return Corpus(_join([texts[r] for r in train]), _join([texts[r] for r in val]), source,
-                  len(train), len(val))
+    return Corpus(
+        _join([texts[r] for r in train]),
+        _join([texts[r] for r in val]),
+        source,
+        len(train),
+        len(val),
+    )
 
 
 def _split_tail(data: np.ndarray, source: str, files: int) -> Corpus:

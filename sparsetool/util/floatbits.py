@@ -49,21 +49,36 @@ class FloatFormat:
         return np.dtype(self.view).itemsize
 
 
-FORMATS = {f.st: f for f in (
-    FloatFormat("BF16", "int16", 0x7FFF, 0x7F80, 0x7FC0),
-    FloatFormat("F16", "int16", 0x7FFF, 0x7C00, 0x7E00),
-    FloatFormat("F32", "int32", 0x7FFF_FFFF, F32_INF, F32_NAN),
-    FloatFormat("F64", "int64", 0x7FFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0000, 0x7FF8_0000_0000_0000),
-    FloatFormat("F8_E4M3", "int8", 0x7F, None, 0x7F, (4, 3, 7, False)),
-    FloatFormat("F8_E5M2", "int8", 0x7F, 0x7C, 0x7F, (5, 2, 15, False)),
-    FloatFormat("F8_E4M3FNUZ", "int8", 0x7F, None, -0x80, (4, 3, 8, True)),
-    FloatFormat("F8_E5M2FNUZ", "int8", 0x7F, None, -0x80, (5, 2, 16, True)),
-)}
+FORMATS = {
+    f.st: f
+    for f in (
+        FloatFormat("BF16", "int16", 0x7FFF, 0x7F80, 0x7FC0),
+        FloatFormat("F16", "int16", 0x7FFF, 0x7C00, 0x7E00),
+        FloatFormat("F32", "int32", 0x7FFF_FFFF, F32_INF, F32_NAN),
+        FloatFormat(
+            "F64", "int64", 0x7FFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0000, 0x7FF8_0000_0000_0000
+        ),
+        FloatFormat("F8_E4M3", "int8", 0x7F, None, 0x7F, (4, 3, 7, False)),
+        FloatFormat("F8_E5M2", "int8", 0x7F, 0x7C, 0x7F, (5, 2, 15, False)),
+        FloatFormat("F8_E4M3FNUZ", "int8", 0x7F, None, -0x80, (4, 3, 8, True)),
+        FloatFormat("F8_E5M2FNUZ", "int8", 0x7F, None, -0x80, (5, 2, 16, True)),
+    )
+}
 """Every float type sparsetool prunes, by safetensors name."""
 
-_TORCH_NAMES = {"bfloat16": "BF16", "float16": "F16", "half": "F16", "float32": "F32", "float": "F32",
-                "float64": "F64", "double": "F64", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
-                "float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2fnuz": "F8_E5M2FNUZ"}
+_TORCH_NAMES = {
+    "bfloat16": "BF16",
+    "float16": "F16",
+    "half": "F16",
+    "float32": "F32",
+    "float": "F32",
+    "float64": "F64",
+    "double": "F64",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "float8_e4m3fnuz": "F8_E4M3FNUZ",
+    "float8_e5m2fnuz": "F8_E5M2FNUZ",
+}
 
 
 def float_format(dtype: Any) -> FloatFormat:
@@ -83,8 +98,11 @@ def _fp8_table(fmt: FloatFormat) -> np.ndarray:
     sign = np.where(byte >> 7, -1.0, 1.0)
     exp = (byte >> mbits) & ((1 << ebits) - 1)
     mant = byte & ((1 << mbits) - 1)
-    value = np.where(exp == 0, mant / (1 << mbits) * 2.0 ** (1 - bias),
-                     (1 + mant / (1 << mbits)) * 2.0 ** (exp - bias))
+    value = np.where(
+        exp == 0,
+        mant / (1 << mbits) * 2.0 ** (1 - bias),
+        (1 + mant / (1 << mbits)) * 2.0 ** (exp - bias),
+    )
     value = sign * value
     if fnuz:
         nan = byte == 0x80

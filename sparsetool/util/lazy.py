@@ -21,8 +21,9 @@ from collections.abc import Callable, Mapping
 __all__ = ["lazy_names"]
 
 
-def lazy_names(package: str, where: Mapping[str, str]) -> tuple[Callable[[str], object],
-                                                                 Callable[[], list[str]]]:
+def lazy_names(
+    package: str, where: Mapping[str, str]
+) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
     """The module ``__getattr__`` and ``__dir__`` of the package ``package`` whose names
     ``where`` maps to their modules. A name is imported on first use and kept in the package,
     so the second use is a plain attribute; any other name raises AttributeError as usual."""

@@ -31,8 +31,15 @@ from pathlib import Path
 
 from sparsetool.errors import SparsetoolError
 
-__all__ = ["MemoryPlan", "available_memory", "budget", "fine_tuning_plan", "process_memory", "binary_bytes",
-           "release_freed_memory"]
+__all__ = [
+    "MemoryPlan",
+    "available_memory",
+    "budget",
+    "fine_tuning_plan",
+    "process_memory",
+    "binary_bytes",
+    "release_freed_memory",
+]
 
 
 def binary_bytes(n: float) -> str:
@@ -44,7 +51,13 @@ def binary_bytes(n: float) -> str:
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
             v = n / size
-            return f"{v:.0f} {unit}" if v >= 100 else f"{v:.1f} {unit}" if v >= 10 else f"{v:.2f} {unit}"
+            return (
+                f"{v:.0f} {unit}"
+                if v >= 100
+                else f"{v:.1f} {unit}"
+                if v >= 10
+                else f"{v:.2f} {unit}"
+            )
     return f"{int(n)} B"
 
 
@@ -59,9 +72,13 @@ def process_memory() -> int:
 
 def _cgroup_room() -> int | None:
     """Bytes the memory cgroup still allows (v2 or v1), None without a limit."""
-    for limit, used in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                        ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                         "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+    for limit, used in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
         try:
             text = Path(limit).read_text().strip()
             if text == "max" or int(text) >= 2**60:
@@ -107,27 +124,46 @@ class MemoryPlan:
 
     @property
     def peak(self) -> int:
-        return (self.fixed + self.weights + self.activations + self.statistics + self.optimizer
-                + self.masks)
+        return (
+            self.fixed
+            + self.weights
+            + self.activations
+            + self.statistics
+            + self.optimizer
+            + self.masks
+        )
 
     def to_json(self) -> dict:
-        return {"peak_estimate": self.peak, "fixed": self.fixed, "weights": self.weights,
-                "activations": self.activations, "statistics": self.statistics,
-                **({"optimizer": self.optimizer} if self.optimizer else {}),
-                **({"masks": self.masks} if self.masks else {}),
-                "budget": self.budget, "budget_source": self.budget_source,
-                **({"windows_held": self.held} if self.held is not None else {})}
+        return {
+            "peak_estimate": self.peak,
+            "fixed": self.fixed,
+            "weights": self.weights,
+            "activations": self.activations,
+            "statistics": self.statistics,
+            **({"optimizer": self.optimizer} if self.optimizer else {}),
+            **({"masks": self.masks} if self.masks else {}),
+            "budget": self.budget,
+            "budget_source": self.budget_source,
+            **({"windows_held": self.held} if self.held is not None else {}),
+        }
 
     def _parts(self) -> list[tuple[str, int]]:
-        parts = [("weights", self.weights), ("activations", self.activations),
-                 ("statistics", self.statistics), ("gradients and Adam moments", self.optimizer),
-                 ("masks and a mask update", self.masks), ("fixed", self.fixed)]
+        parts = [
+            ("weights", self.weights),
+            ("activations", self.activations),
+            ("statistics", self.statistics),
+            ("gradients and Adam moments", self.optimizer),
+            ("masks and a mask update", self.masks),
+            ("fixed", self.fixed),
+        ]
         return [(k, v) for k, v in parts if v or k in ("weights", "activations", "fixed")]
 
     def describe(self) -> str:
         per = f" {self.per}" if self.per else ""
-        return (f"memory plan{per}: {' + '.join(f'{k} {binary_bytes(v)}' for k, v in self._parts())} = "
-                f"{binary_bytes(self.peak)} of {binary_bytes(self.budget)} {self.budget_source}")
+        return (
+            f"memory plan{per}: {' + '.join(f'{k} {binary_bytes(v)}' for k, v in self._parts())} = "
+            f"{binary_bytes(self.peak)} of {binary_bytes(self.budget)} {self.budget_source}"
+        )
 
     def check(self, what: str, lower: str) -> None:
         """Refuse a plan that does not fit: one line with the figures and the options that lower it."""
@@ -146,11 +182,25 @@ def budget(max_memory: int | None) -> tuple[int, str]:
     return available_memory(), "available memory"
 
 
-def fine_tuning_plan(params: int, *, batch: int, context: int, d_model: int, n_layer: int,
-                     n_head: int, vocab: int, max_memory: int | None = None, targeted: int = 0,
-                     strategy: str = "ddp", world: int = 1, local_world: int = 1,
-                     bf16: bool = False, offload: bool = False,
-                     device_memory: int | None = None, reading: bool = True) -> MemoryPlan:
+def fine_tuning_plan(
+    params: int,
+    *,
+    batch: int,
+    context: int,
+    d_model: int,
+    n_layer: int,
+    n_head: int,
+    vocab: int,
+    max_memory: int | None = None,
+    targeted: int = 0,
+    strategy: str = "ddp",
+    world: int = 1,
+    local_world: int = 1,
+    bf16: bool = False,
+    offload: bool = False,
+    device_memory: int | None = None,
+    reading: bool = True,
+) -> MemoryPlan:
     """The peak of one process fine-tuning a whole model with AdamW (``train --init HF_DIR``), or
     of each process of a torchrun group of ``world`` (``local_world`` of them on this machine):
 
@@ -182,8 +232,9 @@ def fine_tuning_plan(params: int, *, batch: int, context: int, d_model: int, n_l
     >>> f.optimizer, f.weights - 500_000_000, f.budget_source
     (2000000000, 333333328, 'GPU memory')
     """
-    per_layer = (1 if bf16 else 2) * (34 * context * batch * d_model
-                                      + 5 * n_head * context * context * batch)
+    per_layer = (1 if bf16 else 2) * (
+        34 * context * batch * d_model + 5 * n_head * context * context * batch
+    )
     logits = 3 * batch * context * vocab * 4
     if max_memory is not None:
         total, source = max_memory, "--max-memory"
@@ -216,9 +267,17 @@ def fine_tuning_plan(params: int, *, batch: int, context: int, d_model: int, n_l
         if world > 1:
             optimizer += 4 * params  # DDP's gradient buckets
     fixed = process_memory() if device_memory is None else 0
-    return MemoryPlan(fixed=fixed, weights=weights, optimizer=optimizer,
-                      activations=n_layer * per_layer + logits, statistics=0, budget=total,
-                      budget_source=source, masks=masks, per="per process" if world > 1 else "")
+    return MemoryPlan(
+        fixed=fixed,
+        weights=weights,
+        optimizer=optimizer,
+        activations=n_layer * per_layer + logits,
+        statistics=0,
+        budget=total,
+        budget_source=source,
+        masks=masks,
+        per="per process" if world > 1 else "",
+    )
 
 
 def release_freed_memory() -> None:

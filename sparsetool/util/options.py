@@ -26,13 +26,40 @@ from sparsetool.errors import ConfigError
 from sparsetool.util.wording import did_you_mean, plural
 
 __all__ = [
-    "METHODS", "SCOPES", "CALIBRATION_METHODS", "ALLOCATIONS", "REFINEMENTS", "OWL_M", "OWL_LAMBDA",
-    "DSNOT_ITERATIONS", "DSNOT_THRESHOLD", "EXPERT_MIN_TOKENS", "check_count",
-    "check_dampening", "check_owl_m", "check_owl_lambda", "check_threshold",
-    "check_sparsity", "check_fraction", "check_seed", "parse_sparsity", "parse_sparsities",
-    "parse_fraction", "parse_nm", "parse_tokens", "parse_seed", "parse_stage", "parse_globs",
-    "parse_size", "check_device", "DEVICE_CHOICES", "COMPUTE_DTYPES",
-    "check_choice", "parse_shape", "check_shape", "MAX_SHAPE_ENTRIES",
+    "METHODS",
+    "SCOPES",
+    "CALIBRATION_METHODS",
+    "ALLOCATIONS",
+    "REFINEMENTS",
+    "OWL_M",
+    "OWL_LAMBDA",
+    "DSNOT_ITERATIONS",
+    "DSNOT_THRESHOLD",
+    "EXPERT_MIN_TOKENS",
+    "check_count",
+    "check_dampening",
+    "check_owl_m",
+    "check_owl_lambda",
+    "check_threshold",
+    "check_sparsity",
+    "check_fraction",
+    "check_seed",
+    "parse_sparsity",
+    "parse_sparsities",
+    "parse_fraction",
+    "parse_nm",
+    "parse_tokens",
+    "parse_seed",
+    "parse_stage",
+    "parse_globs",
+    "parse_size",
+    "check_device",
+    "DEVICE_CHOICES",
+    "COMPUTE_DTYPES",
+    "check_choice",
+    "parse_shape",
+    "check_shape",
+    "MAX_SHAPE_ENTRIES",
 ]
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
@@ -85,7 +112,9 @@ def check_sparsity(value: float, option: str = "--sparsity") -> float:
     x = None if isinstance(value, str) else _number(value)
     if x is None or not (0 <= x <= 1):
         hint = f" (write {x:g}% as {x / 100:g})" if x is not None and 2 <= x <= 100 else ""
-        example = f"; for example {option} 0.75" if option.startswith("--") and " " not in option else ""
+        example = (
+            f"; for example {option} 0.75" if option.startswith("--") and " " not in option else ""
+        )
         raise ConfigError(
             f"{option} must be a number from 0 to 1 (the fraction of weights set to zero), "
             f"got {value!r}{hint}{example}"
@@ -108,7 +137,9 @@ def check_fraction(value: float, option: str = "--fraction") -> float:
     """
     x = None if isinstance(value, str) else _number(value)
     if x is None or not (0 <= x < 1):
-        example = f"; for example {option} 0.2" if option.startswith("--") and " " not in option else ""
+        example = (
+            f"; for example {option} 0.2" if option.startswith("--") and " " not in option else ""
+        )
         raise ConfigError(
             f"{option} must be at least 0 and below 1 (the fraction of the remaining non-zeros "
             f"to prune), got {value!r}{example}"
@@ -151,8 +182,10 @@ def parse_sparsities(text: str, option: str = "--sparsity") -> list[float]:
         try:
             float(part)
         except ValueError:
-            raise ConfigError(f"{option} '{text}': '{part.strip()}' is not a number; "
-                              "give fractions of zeros like 0.75 or 0,0.5,0.75")
+            raise ConfigError(
+                f"{option} '{text}': '{part.strip()}' is not a number; "
+                "give fractions of zeros like 0.75 or 0,0.5,0.75"
+            )
         out.append(parse_sparsity(part, option))
     return out
 
@@ -170,8 +203,9 @@ def parse_nm(text: str, option: str = "--nm") -> tuple[int, int]:
     try:
         n, m = (int(x) for x in str(text).split(":"))
     except ValueError:
-        raise ConfigError(f"{option} {text!r}: expected N:M with integers, e.g. 2:4 "
-                          "(keep 2 of every 4 weights)") from None
+        raise ConfigError(
+            f"{option} {text!r}: expected N:M with integers, e.g. 2:4 (keep 2 of every 4 weights)"
+        ) from None
     if not (0 < n <= m):
         raise ConfigError(f"{option} {text}: need 0 < N <= M (keep N of every M weights)")
     return n, m
@@ -196,8 +230,10 @@ def parse_tokens(text: str | int | float, option: str = "--tokens", minimum: int
         text = "bad"
     value = _scaled(str(text).strip().replace(",", "").replace("_", ""), _SUFFIX)
     if not value.is_finite():
-        raise ConfigError(f"{option} {str(text)!r} is not a number of tokens; write e.g. 26B, 2.6e10, "
-                          "300M or 1_000")
+        raise ConfigError(
+            f"{option} {str(text)!r} is not a number of tokens; write e.g. 26B, 2.6e10, "
+            "300M or 1_000"
+        )
     if value != value.to_integral_value():
         raise ConfigError(f"{option} {text}: a token count is a whole number, got {value:f}")
     if value < minimum:
@@ -222,8 +258,10 @@ def parse_batches(text: str, option: str = "--batch") -> list[int]:
         try:
             value = parse_tokens(part, option)
         except ConfigError:
-            raise ConfigError(f"{option} '{text}': each batch is a whole number of at least 1, "
-                              "e.g. 1,8,64,512,2048") from None
+            raise ConfigError(
+                f"{option} '{text}': each batch is a whole number of at least 1, "
+                "e.g. 1,8,64,512,2048"
+            ) from None
         if value in out:
             raise ConfigError(f"{option} '{text}': batch {value} is given twice")
         out.append(value)
@@ -256,11 +294,13 @@ def parse_size(text: str | int, option: str = "--max-memory") -> int:
     """
     t = str(text).strip().lower().replace("_", "")
     for unit in ("ib", "b"):
-        if t.endswith(unit) and t[:-len(unit)][-1:] in _BYTES:
-            t = t[:-len(unit)]
+        if t.endswith(unit) and t[: -len(unit)][-1:] in _BYTES:
+            t = t[: -len(unit)]
     value = _scaled(t, _BYTES)
     if isinstance(text, bool) or not value.is_finite():
-        raise ConfigError(f"{option} {str(text)!r} is not a memory size; write e.g. 12G, 512M or 1.5T")
+        raise ConfigError(
+            f"{option} {str(text)!r} is not a memory size; write e.g. 12G, 512M or 1.5T"
+        )
     if value < 2**20:
         raise ConfigError(f"{option} {text}: give at least 1M (a model needs more than that)")
     return int(value)
@@ -326,7 +366,9 @@ def parse_seed(text: str | int, option: str = "--seed") -> int:
     return check_seed(text, option)  # type: ignore[arg-type]
 
 
-def parse_stage(text: str, option: str = "--stage", example: str | None = None) -> tuple[float, float]:
+def parse_stage(
+    text: str, option: str = "--stage", example: str | None = None
+) -> tuple[float, float]:
     """``"0.9:0.8"`` -> (sparsity 0.9, fraction 0.8 of the run); the sparsity as ``--sparsity``,
     the fraction in (0, 1]. ``example`` replaces the ``--stage 0.9:0.8 --stage 0:0.2`` a bad
     form is answered with (a config file writes a list).
@@ -340,12 +382,16 @@ def parse_stage(text: str, option: str = "--stage", example: str | None = None) 
     """
     parts = str(text).split(":")
     if len(parts) != 2 or _number(parts[0]) is None or _number(parts[1]) is None:
-        raise ConfigError(f"{option} {text!r} is not SPARSITY:FRACTION, e.g. "
-                          f"{example or f'{option} 0.9:0.8 {option} 0:0.2'}")
+        raise ConfigError(
+            f"{option} {text!r} is not SPARSITY:FRACTION, e.g. "
+            f"{example or f'{option} 0.9:0.8 {option} 0:0.2'}"
+        )
     s = parse_sparsity(parts[0], f"{option} {text!r}: sparsity")
     f = float(parts[1])
     if not 0.0 < f <= 1.0:
-        raise ConfigError(f"{option} {text!r}: the fraction of the run must be in (0, 1], got {f:g}")
+        raise ConfigError(
+            f"{option} {text!r}: the fraction of the run must be in (0, 1], got {f:g}"
+        )
     return s, f
 
 
@@ -368,8 +414,9 @@ def parse_globs(patterns: Iterable[str] | str | None, option: str = "--include")
         if not isinstance(p, str):
             raise ConfigError(f"{option} takes a glob or a list of globs, got {p!r}")
         if not p.strip():
-            raise ConfigError(f"{option} needs a glob over tensor names, e.g. {option} '*.mlp.*', "
-                              f"got {p!r}")
+            raise ConfigError(
+                f"{option} needs a glob over tensor names, e.g. {option} '*.mlp.*', got {p!r}"
+            )
         out.append(p.strip())
     return tuple(out)
 
@@ -402,8 +449,12 @@ def check_dampening(value: float, option: str = "--dampening") -> float:
     >>> check_dampening("0.01")
     0.01
     """
-    return _number_in(value, option, lambda x: 0 < x <= 1, "a number above 0 and at most 1 (a "
-                      "fraction of the mean diagonal of X^T X, e.g. 0.01)")
+    return _number_in(
+        value,
+        option,
+        lambda x: 0 < x <= 1,
+        "a number above 0 and at most 1 (a fraction of the mean diagonal of X^T X, e.g. 0.01)",
+    )
 
 
 def check_owl_m(value: float, option: str = "--owl-m") -> float:
@@ -412,8 +463,12 @@ def check_owl_m(value: float, option: str = "--owl-m") -> float:
     >>> check_owl_m("5")
     5.0
     """
-    return _number_in(value, option, lambda x: 0 < x < math.inf, "a number above 0 (a score "
-                      "above M times the block's mean is an outlier; the paper uses 5)")
+    return _number_in(
+        value,
+        option,
+        lambda x: 0 < x < math.inf,
+        "a number above 0 (a score above M times the block's mean is an outlier; the paper uses 5)",
+    )
 
 
 def check_owl_lambda(value: float, option: str = "--owl-lambda") -> float:
@@ -422,8 +477,13 @@ def check_owl_lambda(value: float, option: str = "--owl-lambda") -> float:
     >>> check_owl_lambda("0.08")
     0.08
     """
-    return _number_in(value, option, lambda x: 0 <= x <= 0.5, "a number from 0 to 0.5 (block "
-                      "sparsities spread over 2 x lambda around the target; the paper uses 0.08)")
+    return _number_in(
+        value,
+        option,
+        lambda x: 0 <= x <= 0.5,
+        "a number from 0 to 0.5 (block "
+        "sparsities spread over 2 x lambda around the target; the paper uses 0.08)",
+    )
 
 
 def check_threshold(value: float, option: str = "--dsnot-threshold") -> float:
@@ -435,7 +495,9 @@ def check_threshold(value: float, option: str = "--dsnot-threshold") -> float:
     return _number_in(value, option, lambda x: 0 <= x < math.inf, "a number of at least 0")
 
 
-def check_choice(value: str, option: str, choices: Sequence[str], case_sensitive: bool = True) -> str:
+def check_choice(
+    value: str, option: str, choices: Sequence[str], case_sensitive: bool = True
+) -> str:
     """``value`` if it is one of ``choices`` (in the choice's own spelling), else an error listing
     them and naming the closest.
 
@@ -449,8 +511,9 @@ def check_choice(value: str, option: str, choices: Sequence[str], case_sensitive
     for choice in choices:
         if value == choice or (not case_sensitive and value.casefold() == choice.casefold()):
             return choice
-    raise ConfigError(f"{option} {value!r} is not one of: {', '.join(choices)}"
-                      f"{did_you_mean(value, choices)}")
+    raise ConfigError(
+        f"{option} {value!r} is not one of: {', '.join(choices)}{did_you_mean(value, choices)}"
+    )
 
 
 MAX_SHAPE_ENTRIES = 2**32  # 4 GiB of mask bytes: beyond this the machine runs out of memory

@@ -9,7 +9,6 @@ Progress = Callable[[str, int, int], None]
 block, a batch); the CLI draws it as a bar, the Python API leaves it out."""
 
 
-
 class Steps:
     """Counts the steps of one job and reports each to ``report(done, total)`` (if given): the
     ``tick`` a loop calls after each unit of work.

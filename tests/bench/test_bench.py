@@ -31,6 +31,7 @@ def product(k, x):
 
 # --- every kernel equals the dense product -----------------------------------------------------
 
+
 @pytest.mark.parametrize("name", [*kernels.CPU_DENSE, *kernels.CPU_SPARSE])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("batch", [1, 7])
@@ -95,11 +96,17 @@ def test_two_four_reads_the_pattern_along_the_input_dimension():
 
 # --- timing: structure, not speed --------------------------------------------------------------
 
+
 def test_measure_warms_up_then_times_at_least_repeats_calls_and_reports_the_median():
     ticks = iter(range(0, 10_000, 1))  # a clock that advances one second per reading
     calls, syncs = [], []
-    timing, out = measure(lambda: calls.append(1) or len(calls), repeats=4, min_time=0.0,
-                          sync=lambda: syncs.append(1), clock=lambda: next(ticks))
+    timing, out = measure(
+        lambda: calls.append(1) or len(calls),
+        repeats=4,
+        min_time=0.0,
+        sync=lambda: syncs.append(1),
+        clock=lambda: next(ticks),
+    )
     assert out == 1  # the warm-up call's result
     assert timing.repeats == 4 and len(calls) == 5
     assert timing.median_s == timing.low_s == timing.high_s == 1.0
@@ -128,6 +135,7 @@ def test_summarise_gives_median_and_quartiles():
 
 # --- what the times mean -----------------------------------------------------------------------
 
+
 def test_crossing_interpolates_log_speedup_between_the_points_around_one():
     status, s = crossing([(0.9, 4.0), (0.5, 0.25), (0.7, 0.5)])  # unsorted on purpose
     assert status == "crossed" and s == pytest.approx(0.7 + 0.2 * np.log(2) / np.log(8))
@@ -136,16 +144,30 @@ def test_crossing_interpolates_log_speedup_between_the_points_around_one():
 
 
 def _layer(name, shape, count, nnz, dense, sparse, target=None):
-    runs = [{"batch": b, "dense": {"median_s": d, "ok": True},
-             "sparse": {"k": {"median_s": s, "ok": True}}, "best": "k"}
-            for b, d, s in zip((1, 8), dense, sparse)]
-    return {"name": name, "shape": shape, "count": count, "nnz": nnz, "runs": runs,
-            "target_sparsity": target}
+    runs = [
+        {
+            "batch": b,
+            "dense": {"median_s": d, "ok": True},
+            "sparse": {"k": {"median_s": s, "ok": True}},
+            "best": "k",
+        }
+        for b, d, s in zip((1, 8), dense, sparse)
+    ]
+    return {
+        "name": name,
+        "shape": shape,
+        "count": count,
+        "nnz": nnz,
+        "runs": runs,
+        "target_sparsity": target,
+    }
 
 
 def test_model_summary_weighs_each_shape_by_its_count_per_token():
-    lys = [_layer("a", [4, 4], 3, 8, dense=(1.0, 8.0), sparse=(0.5, 16.0)),
-           _layer("b", [2, 4], 1, 2, dense=(2.0, 4.0), sparse=(4.0, 2.0))]
+    lys = [
+        _layer("a", [4, 4], 3, 8, dense=(1.0, 8.0), sparse=(0.5, 16.0)),
+        _layer("b", [2, 4], 1, 2, dense=(2.0, 4.0), sparse=(4.0, 2.0)),
+    ]
     (m,) = model_summary(lys, [1, 8])
     assert m["matrices"] == 4 and m["sparsity"] == pytest.approx(1 - (3 * 8 + 2) / (3 * 16 + 8))
     b1, b8 = m["batches"]
@@ -166,21 +188,35 @@ def test_a_wrong_sparse_product_is_never_the_faster_of_the_two():
 def _result(speedups, source="shape"):
     """A bench result whose one model group has these speed-ups per batch."""
     batches = list(speedups)
-    return {"device": {"type": "cpu"}, "source": source, "batches": batches,
-            "model": [{"sparsity": 0.9, "batches": [{"batch": b, "speedup": v}
-                                                    for b, v in speedups.items()]}]}
+    return {
+        "device": {"type": "cpu"},
+        "source": source,
+        "batches": batches,
+        "model": [
+            {"sparsity": 0.9, "batches": [{"batch": b, "speedup": v} for b, v in speedups.items()]}
+        ],
+    }
 
 
-@pytest.mark.parametrize("speedups, says", [
-    ({1: 2.0, 8: 1.5, 64: 0.5}, "at batch 1 and 8; not at batch 64 (2.00x at batch 1, 1.50x at "
-                                "batch 8, 0.50x at batch 64): sparse kernels for few tokens"),
-    ({1: 0.5, 8: 1.5, 64: 3.0}, "at batch 8 and 64; not at batch 1 (0.50x at batch 1, 1.50x at "
-                                "batch 8, 3.00x at batch 64): sparse kernels for many tokens"),
-    ({1: 2.0, 8: 0.5, 64: 2.0}, "choose the kernel per batch"),
-    ({1: 1.02, 8: 3.0}, "at batch 8; about even at batch 1"),
-    ({1: 0.5, 8: 0.98}, "does not pay on this CPU"),
-    ({1: 1.5, 8: 2.0}, "pays on this CPU at every batch timed"),
-])
+@pytest.mark.parametrize(
+    "speedups, says",
+    [
+        (
+            {1: 2.0, 8: 1.5, 64: 0.5},
+            "at batch 1 and 8; not at batch 64 (2.00x at batch 1, 1.50x at "
+            "batch 8, 0.50x at batch 64): sparse kernels for few tokens",
+        ),
+        (
+            {1: 0.5, 8: 1.5, 64: 3.0},
+            "at batch 8 and 64; not at batch 1 (0.50x at batch 1, 1.50x at "
+            "batch 8, 3.00x at batch 64): sparse kernels for many tokens",
+        ),
+        ({1: 2.0, 8: 0.5, 64: 2.0}, "choose the kernel per batch"),
+        ({1: 1.02, 8: 3.0}, "at batch 8; about even at batch 1"),
+        ({1: 0.5, 8: 0.98}, "does not pay on this CPU"),
+        ({1: 1.5, 8: 2.0}, "pays on this CPU at every batch timed"),
+    ],
+)
 def test_the_verdict_names_the_batches_where_sparsity_pays(speedups, says):
     from sparsetool.bench.run import verdict
 
@@ -191,8 +227,9 @@ def test_over_a_sweep_the_verdict_gives_the_whole_models_break_even_per_batch():
     from sparsetool.bench.run import verdict
 
     res = _result({1: 0.5, 8: 2.0}, source="model")
-    res["model"].append({"sparsity": 0.5, "batches": [{"batch": 1, "speedup": 0.25},
-                                                      {"batch": 8, "speedup": 1.5}]})
+    res["model"].append(
+        {"sparsity": 0.5, "batches": [{"batch": 1, "speedup": 0.25}, {"batch": 8, "speedup": 1.5}]}
+    )
     res["model"][0]["batches"][0]["speedup"] = 4.0  # at 0.9: 4x at batch 1
     line = verdict(res)
     assert "from 70% sparsity at batch 1" in line and "at every sparsity timed at batch 8" in line
@@ -209,8 +246,9 @@ def test_kernel_names_follow_the_device_and_dtype():
 
 def test_a_sweep_times_every_point_checks_it_and_finds_break_even():
     mats = matrices.from_shape((48, 64), [0.5, 0.95], "random", seed=3)
-    res = run_bench(mats, source="shape", label="48x64", batches=[1, 4], repeats=2, min_time=0.0,
-                    threads=2)
+    res = run_bench(
+        mats, source="shape", label="48x64", batches=[1, 4], repeats=2, min_time=0.0, threads=2
+    )
     assert res["bench"] == 1 and res["kernels"] == list(kernels.CPU_SPARSE)
     assert [ly["sparsity"] for ly in res["layers"]] == pytest.approx([0.5, 0.95], abs=1e-3)
     assert res["failed"] == []
@@ -224,7 +262,8 @@ def test_a_sweep_times_every_point_checks_it_and_finds_break_even():
             assert r["best"] == max(r["sparse"], key=lambda n: r["sparse"][n]["speedup"])
     be = res["break_even"]
     assert {(r["batch"], r["kernel"]) for r in be} == {
-        (b, k) for b in (1, 4) for k in [*kernels.CPU_SPARSE, "best"]}
+        (b, k) for b in (1, 4) for k in [*kernels.CPU_SPARSE, "best"]
+    }
     for r in be:
         assert r["status"] in ("crossed", "always", "never")
         assert (r["sparsity"] is not None) == (r["status"] == "crossed")
@@ -284,11 +323,13 @@ def test_a_fused_mixture_of_experts_times_one_expert_per_shape(tmp_path):
 
 # --- the command -------------------------------------------------------------------------------
 
+
 def test_bench_a_checkpoint_json_model_summary_and_plot(tmp_path):
     out = _pruned(tmp_path, "0.9")
     png = tmp_path / "b.png"
-    r = run("bench", out, "--batch", "1,16", "--repeats", "2", "--threads", "2", "--json",
-            "--plot", png)
+    r = run(
+        "bench", out, "--batch", "1,16", "--repeats", "2", "--threads", "2", "--json", "--plot", png
+    )
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["source"] == "checkpoint" and d["batches"] == [1, 16]
@@ -301,25 +342,40 @@ def test_bench_a_checkpoint_json_model_summary_and_plot(tmp_path):
 
 
 def test_bench_prints_a_table_per_matrix_and_a_verdict(tmp_path):
-    r = run("bench", "--shape", "32x64", "--sparsity", "0.9", "--batch", "1,2", "-r", "1",
-            "--kernel", "scipy-csr", columns=160)
+    r = run(
+        "bench",
+        "--shape",
+        "32x64",
+        "--sparsity",
+        "0.9",
+        "--batch",
+        "1,2",
+        "-r",
+        "1",
+        "--kernel",
+        "scipy-csr",
+        columns=160,
+    )
     assert r.exit_code == 0, r.output
     assert "32x64" in r.stdout and "scipy-csr" in r.stdout and "torch-csr" not in r.stdout
     assert "verdict:" in r.stdout
 
 
-@pytest.mark.parametrize("args, says", [
-    ([], "give a CHECKPOINT"),
-    (["--shape", "8x8", "--model", "gpt2-small", "-s", "0.5"], "give one"),
-    (["--shape", "8x8"], "needs --sparsity"),
-    (["{ckpt}", "--sparsity", "0.5"], "its own masks"),
-    (["--model", "gpt2-small", "-s", "0.5", "--pattern", "2:4"], "--shape only"),
-    (["--shape", "8x8", "-s", "0.5", "--include", "*"], "a checkpoint's tensors"),
-    (["--shape", "8x8", "-s", "0.5", "--kernel", "fast"], "choose from"),
-    (["--shape", "8x8", "-s", "0.5", "--kernel", "cusparse-csr", "--device", "cpu"], "on cpu"),
-    (["--shape", "8x8", "-s", "0.5", "--batch", "1,0"], "at least 1"),
-    (["--shape", "8x8", "-s", "0.5", "--batch", "4,4"], "twice"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        ([], "give a CHECKPOINT"),
+        (["--shape", "8x8", "--model", "gpt2-small", "-s", "0.5"], "give one"),
+        (["--shape", "8x8"], "needs --sparsity"),
+        (["{ckpt}", "--sparsity", "0.5"], "its own masks"),
+        (["--model", "gpt2-small", "-s", "0.5", "--pattern", "2:4"], "--shape only"),
+        (["--shape", "8x8", "-s", "0.5", "--include", "*"], "a checkpoint's tensors"),
+        (["--shape", "8x8", "-s", "0.5", "--kernel", "fast"], "choose from"),
+        (["--shape", "8x8", "-s", "0.5", "--kernel", "cusparse-csr", "--device", "cpu"], "on cpu"),
+        (["--shape", "8x8", "-s", "0.5", "--batch", "1,0"], "at least 1"),
+        (["--shape", "8x8", "-s", "0.5", "--batch", "4,4"], "twice"),
+    ],
+)
 def test_bench_usage_errors_exit_2_with_one_line(args, says, tmp_path):
     args = [str(tmp_path) if a == "{ckpt}" else a for a in args]
     r = run("bench", *args, columns=200)
@@ -343,8 +399,9 @@ def test_a_product_that_fails_its_check_is_one_error_line_after_the_output(monke
     from sparsetool.bench import run as bench_run
 
     monkeypatch.setitem(bench_run.RTOL, "float32", -1.0)  # no product can pass: every check fails
-    r = run("bench", "--shape", "16x32", "-s", "0.9", "--batch", "1", "-r", "1", "--json",
-            columns=200)
+    r = run(
+        "bench", "--shape", "16x32", "-s", "0.9", "--batch", "1", "-r", "1", "--json", columns=200
+    )
     assert r.exit_code == 1
     d = json.loads(r.stdout)
     assert len(d["failed"]) == 1 + len(d["kernels"]) and d["layers"][0]["runs"][0]["best"] is None

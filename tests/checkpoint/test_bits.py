@@ -33,8 +33,12 @@ def _values(st_dtype: str, seed: int, n: int, specials: bool) -> torch.Tensor:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st_dtype=st.sampled_from(sorted(TYPES)), seed=st.integers(0, 10_000), n=st.integers(1, 300),
-       specials=st.booleans())
+@given(
+    st_dtype=st.sampled_from(sorted(TYPES)),
+    seed=st.integers(0, 10_000),
+    n=st.integers(1, 300),
+    specials=st.booleans(),
+)
 def test_bit_counts_agree_with_float_semantics(st_dtype, seed, n, specials):
     t = _values(st_dtype, seed, n, specials)
     if specials and seed % 3 == 0:  # only one kind of special at a time, too

@@ -73,7 +73,12 @@ def test_logical_order_is_file_order(tmp_path):
     # save_file stores by descending dtype size then name: int64, f32, bf16, f16
     save_file(small_tensors(), tmp_path / "m.safetensors")
     ck = open_checkpoint(tmp_path / "m.safetensors")
-    assert [lt.name for lt in ck.logical] == ["ids", "h.0.attn.bias", "h.0.attn.weight", "h.0.ln.weight"]
+    assert [lt.name for lt in ck.logical] == [
+        "ids",
+        "h.0.attn.bias",
+        "h.0.attn.weight",
+        "h.0.ln.weight",
+    ]
 
 
 def test_nan_sentinel_read_as_pruned(tmp_path):
@@ -101,7 +106,10 @@ def test_mask_encoding_read(tmp_path):
 
 
 def test_mask_shape_mismatch_names_both_tensors(tmp_path):
-    save_file({"l.weight": torch.ones(2, 3), "l.weight_mask": torch.ones(3, 2, dtype=torch.bool)}, tmp_path / "m.safetensors")
+    save_file(
+        {"l.weight": torch.ones(2, 3), "l.weight_mask": torch.ones(3, 2, dtype=torch.bool)},
+        tmp_path / "m.safetensors",
+    )
     ck = open_checkpoint(tmp_path / "m.safetensors")
     with pytest.raises(CheckpointError, match=r"l\.weight_mask.*\[3, 2\].*l\.weight.*\[2, 3\]"):
         decode(ck, ck.logical[0])
@@ -116,7 +124,9 @@ def test_lone_mask_like_name_is_plain(tmp_path):
 # ---------------------------------------------------------------- corrupt input
 
 
-def _header_file(path: Path, header: dict | bytes, data: bytes = b"", length: int | None = None) -> Path:
+def _header_file(
+    path: Path, header: dict | bytes, data: bytes = b"", length: int | None = None
+) -> Path:
     raw = header if isinstance(header, bytes) else json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(raw) if length is None else length) + raw + data)
     return path
@@ -126,23 +136,41 @@ CORRUPT = {
     "empty": lambda p: p.write_bytes(b""),
     "short": lambda p: p.write_bytes(b"\x01\x02\x03"),
     "not safetensors": lambda p: p.write_bytes(b"PK\x03\x04 this is a zip file, not tensors" * 4),
-    "header too long": lambda p: _header_file(p, {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, length=10_000),
+    "header too long": lambda p: _header_file(
+        p, {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, length=10_000
+    ),
     "invalid json": lambda p: _header_file(p, b'{"a": {"dtype": "F32", "shape": [1], "data_of'),
-    "unknown dtype": lambda p: _header_file(p, {"a": {"dtype": "F33", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4),
-    "size mismatch": lambda p: _header_file(p, {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4),
+    "unknown dtype": lambda p: _header_file(
+        p, {"a": {"dtype": "F33", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4
+    ),
+    "size mismatch": lambda p: _header_file(
+        p, {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4
+    ),
     "overlap": lambda p: _header_file(
         p,
-        {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}},
+        {
+            "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]},
+        },
         b"\0" * 8,
     ),
     "hole": lambda p: _header_file(
         p,
-        {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}},
+        {
+            "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+            "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]},
+        },
         b"\0" * 12,
     ),
-    "exceeds file": lambda p: _header_file(p, {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8),
-    "trailing bytes": lambda p: _header_file(p, {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 9),
-    "negative shape": lambda p: _header_file(p, {"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}}),
+    "exceeds file": lambda p: _header_file(
+        p, {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8
+    ),
+    "trailing bytes": lambda p: _header_file(
+        p, {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 9
+    ),
+    "negative shape": lambda p: _header_file(
+        p, {"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}}
+    ),
     "bad metadata": lambda p: _header_file(p, {"__metadata__": {"k": 1}}),
 }
 
@@ -176,7 +204,13 @@ def test_index_naming_missing_shard_or_tensor(tmp_path):
     d = tmp_path / "m"
     d.mkdir()
     save_file({"a": torch.ones(2)}, d / "model-00001-of-00002.safetensors")
-    index = {"metadata": {"total_size": 8}, "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    index = {
+        "metadata": {"total_size": 8},
+        "weight_map": {
+            "a": "model-00001-of-00002.safetensors",
+            "b": "model-00002-of-00002.safetensors",
+        },
+    }
     (d / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors.*missing"):
         open_checkpoint(d)
@@ -215,7 +249,10 @@ def test_copy_stored_raw_and_metadata_extra(tmp_path):
     assert all(torch.equal(got[n], ts[n]) for n in ts)
     # the data section is the input's, byte for byte
     a, b = (tmp_path / "m.safetensors").read_bytes(), (tmp_path / "o.safetensors").read_bytes()
-    assert a[-sum(t.numel() * t.element_size() for t in ts.values()):] == b[-sum(t.numel() * t.element_size() for t in ts.values()):]
+    assert (
+        a[-sum(t.numel() * t.element_size() for t in ts.values()) :]
+        == b[-sum(t.numel() * t.element_size() for t in ts.values()) :]
+    )
 
 
 def test_writer_checks_dtype_shape_and_completeness(tmp_path):
@@ -227,7 +264,10 @@ def test_writer_checks_dtype_shape_and_completeness(tmp_path):
                 sw.write("a", torch.ones(3))
     with pytest.raises(CheckpointError, match="never written: b"):
         with write_checkpoint(ck, tmp_path / "o.safetensors") as w:
-            with w.shard(ck.shards[0], [TensorSpec("a", torch.float32, (2,)), TensorSpec("b", torch.float32, (1,))]) as sw:
+            with w.shard(
+                ck.shards[0],
+                [TensorSpec("a", torch.float32, (2,)), TensorSpec("b", torch.float32, (1,))],
+            ) as sw:
                 sw.write("a", torch.ones(2))
     with pytest.raises(CheckpointError, match="not declared"):
         with write_checkpoint(ck, tmp_path / "o.safetensors") as w:
@@ -243,7 +283,9 @@ def test_failure_inside_with_leaves_nothing(tmp_path, exc):
     ck = open_checkpoint(tmp_path / "m.safetensors")
     with pytest.raises(exc):
         with write_checkpoint(ck, tmp_path / "o.safetensors") as w:
-            with w.shard(ck.shards[0], [TensorSpec(e.name, e.dtype, e.shape) for e in ck.entries()]) as sw:
+            with w.shard(
+                ck.shards[0], [TensorSpec(e.name, e.dtype, e.shape) for e in ck.entries()]
+            ) as sw:
                 sw.write("ids", torch.arange(5))
                 raise exc()
     assert os.listdir(tmp_path) == ["m.safetensors"]
@@ -301,15 +343,37 @@ def test_file_vs_directory_output_clash(tmp_path):
 def _sharded_dir(d: Path) -> dict[str, torch.Tensor]:
     d.mkdir()
     g = torch.Generator().manual_seed(1)
-    s1 = {"h.0.mlp.weight": torch.randn(8, 5, generator=g), "wte.weight": torch.randn(10, 4, generator=g)}
-    s2 = {"h.1.mlp.weight": torch.randn(8, 5, generator=g), "h.1.mlp.bias": torch.randn(8, generator=g)}
+    s1 = {
+        "h.0.mlp.weight": torch.randn(8, 5, generator=g),
+        "wte.weight": torch.randn(10, 4, generator=g),
+    }
+    s2 = {
+        "h.1.mlp.weight": torch.randn(8, 5, generator=g),
+        "h.1.mlp.bias": torch.randn(8, generator=g),
+    }
     save_file(s1, d / "model-00001-of-00002.safetensors", metadata={"format": "pt"})
     save_file(s2, d / "model-00002-of-00002.safetensors", metadata={"format": "pt"})
-    wm = {n: "model-00001-of-00002.safetensors" for n in s1} | {n: "model-00002-of-00002.safetensors" for n in s2}
+    wm = {n: "model-00001-of-00002.safetensors" for n in s1} | {
+        n: "model-00002-of-00002.safetensors" for n in s2
+    }
     total = sum(t.numel() * 4 for t in (s1 | s2).values())
-    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total, "note": "kept"}, "weight_map": wm}))
-    (d / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "quantization_config": {
-        "quant_method": "compressed-tensors", "version": "0.14.0.1", "sparsity_config": {"format": "sparse-bitmask"}, "transform_config": {}}}))
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total, "note": "kept"}, "weight_map": wm})
+    )
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "gpt2",
+                "n_layer": 2,
+                "quantization_config": {
+                    "quant_method": "compressed-tensors",
+                    "version": "0.14.0.1",
+                    "sparsity_config": {"format": "sparse-bitmask"},
+                    "transform_config": {},
+                },
+            }
+        )
+    )
     (d / "tokenizer.json").write_text('{"version": "1.0"}')
     (d / "sub").mkdir()
     (d / "sub" / "notes.txt").write_text("carried")
@@ -319,13 +383,18 @@ def _sharded_dir(d: Path) -> dict[str, torch.Tensor]:
 def test_sharded_directory_round_trip(tmp_path):
     ts = _sharded_dir(tmp_path / "in")
     ck = open_checkpoint(tmp_path / "in")
-    assert ck.is_dir and ck.shards == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    assert ck.is_dir and ck.shards == [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ]
     assert ck.other_files == [Path("config.json"), Path("tokenizer.json")]
     assert ck.left_out == [Path("sub")]  # not part of a model directory
     assert ck.config["model_type"] == "gpt2"
     assert [lt.shard for lt in ck.logical] == [ck.shards[0]] * 2 + [ck.shards[1]] * 2
     # prune the mlp weights to mask encoding, drop the sparsity config from config.json
-    with write_checkpoint(ck, tmp_path / "out", config_transform=drop_sparsity_config, metadata_extra={"k": "v"}) as w:
+    with write_checkpoint(
+        ck, tmp_path / "out", config_transform=drop_sparsity_config, metadata_extra={"k": "v"}
+    ) as w:
         for shard in ck.shards:
             plan = []
             for lt in ck.logical_in(shard):
@@ -337,7 +406,11 @@ def test_sharded_directory_round_trip(tmp_path):
                     plan.append((lt, None, None, None))
             specs = []
             for lt, enc, dense, mask in plan:
-                specs += encoded_specs(lt.name, lt.dtype, lt.shape, 0, enc) if enc else [TensorSpec(lt.name, lt.dtype, lt.shape)]
+                specs += (
+                    encoded_specs(lt.name, lt.dtype, lt.shape, 0, enc)
+                    if enc
+                    else [TensorSpec(lt.name, lt.dtype, lt.shape)]
+                )
             with w.shard(shard, specs) as sw:
                 for lt, enc, dense, mask in plan:
                     if enc:
@@ -367,7 +440,9 @@ def test_sharded_directory_round_trip(tmp_path):
 
 def test_directory_in_place_and_interrupt(tmp_path):
     _sharded_dir(tmp_path / "in")
-    snapshot = {p: (tmp_path / "in" / p).read_bytes() for p in os.listdir(tmp_path / "in") if p != "sub"}
+    snapshot = {
+        p: (tmp_path / "in" / p).read_bytes() for p in os.listdir(tmp_path / "in") if p != "sub"
+    }
     ck = open_checkpoint(tmp_path / "in")
     with pytest.raises(KeyboardInterrupt):
         with write_checkpoint(ck, tmp_path / "in", in_place=True) as w:
@@ -382,7 +457,10 @@ def test_directory_in_place_and_interrupt(tmp_path):
     for p in snapshot:
         if p.endswith(".safetensors"):
             assert after[p] == snapshot[p]
-    assert json.loads(after["model.safetensors.index.json"])["weight_map"] == json.loads(snapshot["model.safetensors.index.json"])["weight_map"]
+    assert (
+        json.loads(after["model.safetensors.index.json"])["weight_map"]
+        == json.loads(snapshot["model.safetensors.index.json"])["weight_map"]
+    )
 
 
 def test_unwritten_shard_is_an_error(tmp_path):
@@ -407,12 +485,19 @@ def test_tiny_gpt2_fixture():
 
 def test_drop_sparsity_config_variants():
     assert drop_sparsity_config({"a": 1}) == {"a": 1}
-    old = {"compression_config": {"sparsity_config": {"format": "sparse-bitmask"}, "version": "0.4.0"}}
+    old = {
+        "compression_config": {"sparsity_config": {"format": "sparse-bitmask"}, "version": "0.4.0"}
+    }
     assert drop_sparsity_config(old) == {}
     top = {"sparsity_config": {"format": "x"}, "b": 2}
     assert drop_sparsity_config(top) == {"b": 2}
-    keep = {"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"]}},
-                                    "sparsity_config": {"format": "sparse-bitmask"}}}
+    keep = {
+        "quantization_config": {
+            "quant_method": "compressed-tensors",
+            "config_groups": {"g": {"targets": ["Linear"]}},
+            "sparsity_config": {"format": "sparse-bitmask"},
+        }
+    }
     assert "config_groups" in drop_sparsity_config(keep)["quantization_config"]
     assert "sparsity_config" in keep["quantization_config"]  # input not modified
 
@@ -475,7 +560,9 @@ def test_mask_in_another_shard_than_its_weight(tmp_path):
     (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
     ck = open_checkpoint(d)
     assert [(lt.name, lt.shard, lt.encoding) for lt in ck.logical] == [
-        ("l.weight", "a.safetensors", "mask"), ("z", "b.safetensors", "plain")]
+        ("l.weight", "a.safetensors", "mask"),
+        ("z", "b.safetensors", "plain"),
+    ]
     assert [lt.name for lt in ck.logical_in("b.safetensors")] == ["z"]
     dense, mask = decode(ck, ck.logical[0])
     assert dense.tolist() == [[1.0, 0.0], [0.0, -4.0]] and torch.equal(mask, m)
@@ -486,19 +573,33 @@ def test_directory_layout_errors(tmp_path):
     d.mkdir()
     save_file({"a": torch.ones(1)}, d / "x.safetensors")
     save_file({"b": torch.ones(1)}, d / "y.safetensors")
-    with pytest.raises(CheckpointError, match="2 .safetensors files but no model.safetensors.index.json"):
+    with pytest.raises(
+        CheckpointError, match="2 .safetensors files but no model.safetensors.index.json"
+    ):
         open_checkpoint(d)
-    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../x.safetensors"}}))
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "../x.safetensors"}})
+    )
     with pytest.raises(CheckpointError, match="not a plain file name"):
         open_checkpoint(d)
-    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "x.safetensors", "b": "x.safetensors"}}))
-    with pytest.raises(CheckpointError, match="y.safetensors: a .safetensors file that model.safetensors.index.json does not list"):
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "x.safetensors", "b": "x.safetensors"}})
+    )
+    with pytest.raises(
+        CheckpointError,
+        match="y.safetensors: a .safetensors file that model.safetensors.index.json does not list",
+    ):
         open_checkpoint(d)
     (d / "y.safetensors").rename(tmp_path / "y.safetensors")
-    with pytest.raises(CheckpointError, match="names tensor 'b' in x.safetensors, but x.safetensors does not hold it"):
+    with pytest.raises(
+        CheckpointError,
+        match="names tensor 'b' in x.safetensors, but x.safetensors does not hold it",
+    ):
         open_checkpoint(d)
     (tmp_path / "y.safetensors").rename(d / "y.safetensors")
-    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "x.safetensors", "b": "y.safetensors"}}))
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "x.safetensors", "b": "y.safetensors"}})
+    )
     assert open_checkpoint(d).shards == ["x.safetensors", "y.safetensors"]
     (d / "config.json").write_text("{broken")
     with pytest.raises(CheckpointError, match="config.json: not valid JSON"):
@@ -525,13 +626,14 @@ def test_huge_header_length_is_refused_without_reading_it(tmp_path):
         open_checkpoint(p)
 
 
-
 def test_stale_temp_of_a_killed_run_is_removed(tmp_path):
     import subprocess
     import sys
 
     save_file({"a": torch.ones(2)}, tmp_path / "m.safetensors")
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     stale = tmp_path / f".o.safetensors.sparsetool-tmp-{int(dead.stdout)}-abcd"
     stale.write_bytes(b"half written")
     alive = tmp_path / f".o.safetensors.sparsetool-tmp-{os.getppid()}-beef"  # a running process

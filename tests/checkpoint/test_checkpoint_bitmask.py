@@ -42,8 +42,15 @@ def compress_like_reference(src_path: Path, out: Path) -> None:
             for lt in ck.logical_in(shard):
                 if lt.name.endswith(".weight") and len(lt.shape) == 2:
                     dense, mask = decode(ck, lt)
-                    plan.append((lt, encode(lt.name, dense, mask, "bitmask"),
-                                 encoded_specs(lt.name, lt.dtype, lt.shape, stored_nonzeros(dense, mask), "bitmask")))
+                    plan.append(
+                        (
+                            lt,
+                            encode(lt.name, dense, mask, "bitmask"),
+                            encoded_specs(
+                                lt.name, lt.dtype, lt.shape, stored_nonzeros(dense, mask), "bitmask"
+                            ),
+                        )
+                    )
                 else:
                     plan.append((lt, None, [TensorSpec(lt.name, lt.dtype, lt.shape)]))
             with w.shard(shard, [s for _, _, specs in plan for s in specs]) as sw:
@@ -117,7 +124,9 @@ def test_corrupt_bitmask_group(tmp_path):
     ck = open_checkpoint(tmp_path / "b.safetensors")
     with pytest.raises(CheckpointError, match="marks 2 non-zeros"):
         decode(ck, ck.logical[0])
-    bad = dict(parts, **{"a.bitmask": torch.zeros(1, 2, dtype=torch.uint8)})  # 3 columns need 1 byte
+    bad = dict(
+        parts, **{"a.bitmask": torch.zeros(1, 2, dtype=torch.uint8)}
+    )  # 3 columns need 1 byte
     save_file(bad, tmp_path / "c.safetensors")
     with pytest.raises(CheckpointError, match="c.safetensors.*a.bitmask"):
         open_checkpoint(tmp_path / "c.safetensors")
@@ -130,13 +139,20 @@ def test_pack_unpack_inverse():
         values, bits, _ = bm.compress(keep.astype(np.float32).view(np.int32), floating=True)
         assert bits.shape == (3, (cols + 7) // 8)
         assert np.array_equal(bm.unpack(bits, [3, cols]), keep)
-        assert np.array_equal(bm.unpack(bits.reshape(-1), [3, cols]), keep)  # as a file maps it: flat
+        assert np.array_equal(
+            bm.unpack(bits.reshape(-1), [3, cols]), keep
+        )  # as a file maps it: flat
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int32])
+@pytest.mark.parametrize(
+    "dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int32]
+)
 def test_stored_values_are_the_nonzeros_of_a_float_comparison(dtype):
-    t = torch.tensor([[0.0, -0.0, 1.0, -2.0], [float("nan"), 0.5, 0.0, -0.0]]).to(dtype) if dtype.is_floating_point \
+    t = (
+        torch.tensor([[0.0, -0.0, 1.0, -2.0], [float("nan"), 0.5, 0.0, -0.0]]).to(dtype)
+        if dtype.is_floating_point
         else torch.tensor([[0, 3, -1, 0]], dtype=dtype)
+    )
     bits = t.view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()]).numpy()
     values, packed, offsets = bm.compress(bits, floating=dtype.is_floating_point)
     assert np.array_equal(bm.unpack(packed, list(t.shape)), (t != 0).numpy())
@@ -154,14 +170,20 @@ def test_plain_and_bitmask_forms_of_one_weight_conflict(tmp_path):
 def test_bitmask_sparsity_config_matches_reference_shape():
     from sparsetool.checkpoint import bitmask_sparsity_config, drop_sparsity_config
 
-    quant = {"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {}}}}
+    quant = {
+        "quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {}}}
+    }
     cfg = bitmask_sparsity_config(quant, ["b.fc", "a.fc"], 0.75)
     block = cfg["quantization_config"]
     # keys and values as compressed-tensors 0.14.0.1's update_config writes them (model_dump of
     # its sparse-bitmask config, checked against that release)
     assert block["sparsity_config"] == {
-        "format": "sparse-bitmask", "global_sparsity": 0.75, "ignore": None,
-        "registry_requires_subclass": False, "sparsity_structure": "unstructured", "targets": ["a.fc", "b.fc"],
+        "format": "sparse-bitmask",
+        "global_sparsity": 0.75,
+        "ignore": None,
+        "registry_requires_subclass": False,
+        "sparsity_structure": "unstructured",
+        "targets": ["a.fc", "b.fc"],
     }
     assert block["config_groups"] == {"g": {}} and block["version"] == "0.14.0.1"
     assert "config_groups" in drop_sparsity_config(cfg)["quantization_config"]
@@ -183,4 +205,7 @@ def test_zero_dimensional_tensors_keep_their_shape():
     for encoding in ("zeros", "mask", "nan"):
         parts = encode("x", torch.tensor(1.5), torch.tensor(True), encoding)
         assert [tuple(t.shape) for _, t in parts] == [()] * len(parts)
-    assert top_k_mask(torch.tensor(1.5), 1).shape == () and magnitude_mask(torch.tensor(1.5), keep=1).shape == ()
+    assert (
+        top_k_mask(torch.tensor(1.5), 1).shape == ()
+        and magnitude_mask(torch.tensor(1.5), keep=1).shape == ()
+    )

@@ -36,8 +36,20 @@ def test_dtype_table_agrees_with_torch(row):
 
 
 def test_dtype_table_matches_header_of_reference_writer(tmp_path):
-    tensors = {n: torch.zeros(2, dtype=getattr(torch, n))
-               for n in ("bool", "uint8", "int8", "float16", "bfloat16", "int32", "float32", "float64", "int64")}
+    tensors = {
+        n: torch.zeros(2, dtype=getattr(torch, n))
+        for n in (
+            "bool",
+            "uint8",
+            "int8",
+            "float16",
+            "bfloat16",
+            "int32",
+            "float32",
+            "float64",
+            "int64",
+        )
+    }
     save_file(tensors, str(tmp_path / "a.st"))
     header = json.loads((tmp_path / "a.st").read_bytes()[8:].split(b"}}")[0] + b"}}")
     for name, info in header.items():
@@ -46,16 +58,23 @@ def test_dtype_table_matches_header_of_reference_writer(tmp_path):
 
 
 def test_format_and_dtypes_load_without_torch_or_numpy():
-    code = ("import sys, sparsetool.checkpoint.format, sparsetool.checkpoint.provenance, "
-            "sparsetool.checkpoint.config, sparsetool.targets; "
-            "sys.exit(1 if {'torch', 'numpy'} & set(sys.modules) else 0)")
+    code = (
+        "import sys, sparsetool.checkpoint.format, sparsetool.checkpoint.provenance, "
+        "sparsetool.checkpoint.config, sparsetool.targets; "
+        "sys.exit(1 if {'torch', 'numpy'} & set(sys.modules) else 0)"
+    )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 def test_header_entries_give_torch_dtypes(tmp_path):
     save_file({"a": torch.ones(3, dtype=torch.bfloat16)}, str(tmp_path / "a.st"))
     (entry,) = read_header(tmp_path / "a.st").tensors
-    assert (entry.st_dtype, entry.dtype, entry.shape, entry.nbytes) == ("BF16", torch.bfloat16, (3,), 6)
+    assert (entry.st_dtype, entry.dtype, entry.shape, entry.nbytes) == (
+        "BF16",
+        torch.bfloat16,
+        (3,),
+        6,
+    )
 
 
 # ----------------------------------------------------------------------------- provenance
@@ -65,7 +84,10 @@ def test_provenance_keeps_history_oldest_first():
     c = provenance_metadata({"format": "pt", **b}, {"command": "densify"})
     entry = read_provenance(c)
     assert entry["command"] == "densify" and "version" in entry
-    assert [h.get("command", h.get("producer")) for h in entry["history"]] == ["sparsetool train", "prune"]
+    assert [h.get("command", h.get("producer")) for h in entry["history"]] == [
+        "sparsetool train",
+        "prune",
+    ]
     assert merged_provenance(c)["model"] == {"n_head": 2}
     assert list(c) == ["sparsetool"] and isinstance(c["sparsetool"], str)
 
@@ -74,7 +96,9 @@ def test_provenance_keeps_history_oldest_first():
 def test_foreign_provenance_is_ignored(raw):
     assert read_provenance({"sparsetool": raw}) is None
     assert merged_provenance({"sparsetool": raw}) == {}
-    assert "history" not in read_provenance(provenance_metadata({"sparsetool": raw}, {"command": "prune"}))
+    assert "history" not in read_provenance(
+        provenance_metadata({"sparsetool": raw}, {"command": "prune"})
+    )
 
 
 # ----------------------------------------------------------------------------- write_tensors
@@ -114,7 +138,9 @@ def test_write_tensors_encodes_masked_tensors_through_the_codec(tmp_path, encodi
 def test_mask_encoding_stores_bool_mask_beside_weight(tmp_path):
     t = _tensors()
     mask = t["l.weight"] > 0
-    write_tensors(tmp_path / "m.st", t, encoding="mask", masks={"l.weight": mask}, metadata={"a": "b"})
+    write_tensors(
+        tmp_path / "m.st", t, encoding="mask", masks={"l.weight": mask}, metadata={"a": "b"}
+    )
     back = load_file(tmp_path / "m.st")
     assert set(back) == {"l.weight", "l.weight_mask", "l.bias", "step"}
     assert torch.equal(back["l.weight_mask"], mask)
@@ -130,7 +156,9 @@ def test_write_tensors_is_atomic_and_checks_its_input(tmp_path):
     with pytest.raises(Exception, match="metadata"):
         write_tensors(out, _tensors(), metadata={"a": 1})  # type: ignore[dict-item]
     with pytest.raises(SparsetoolError, match="bitmask"):
-        write_tensors(out, _tensors(), encoding="bitmask", masks={"l.bias": torch.ones(4, dtype=torch.bool)})
+        write_tensors(
+            out, _tensors(), encoding="bitmask", masks={"l.bias": torch.ones(4, dtype=torch.bool)}
+        )
     assert out.read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.st"]
     with pytest.raises(CheckpointError, match="directory"):
@@ -140,9 +168,17 @@ def test_write_tensors_is_atomic_and_checks_its_input(tmp_path):
 def test_tensor_counts_reads_every_encoding(tmp_path):
     w = torch.tensor([[1.0, -0.0, 0.0, 2.0], [3.0, 4.0, -5.0, 0.0]])
     keep = torch.tensor([[True, True, False, False], [True, True, True, True]])
-    write_tensors(tmp_path / "c.st", {"x.weight": w, "y.weight": w.clone(), "z": torch.tensor([0, 7])},
-                  encoding="nan", masks={"x.weight": keep})
+    write_tensors(
+        tmp_path / "c.st",
+        {"x.weight": w, "y.weight": w.clone(), "z": torch.tensor([0, 7])},
+        encoding="nan",
+        masks={"x.weight": keep},
+    )
     rows = {r.name: r for r in tensor_counts(tmp_path / "c.st")}
-    assert (rows["x.weight"].nonzero, rows["x.weight"].numel, rows["x.weight"].dtype) == (4, 8, "float32")
+    assert (rows["x.weight"].nonzero, rows["x.weight"].numel, rows["x.weight"].dtype) == (
+        4,
+        8,
+        "float32",
+    )
     assert rows["y.weight"].nonzero == 5  # -0.0 is zero
     assert (rows["z"].nonzero, rows["z"].dtype, rows["z"].encoding) == (1, "int64", "plain")

@@ -33,18 +33,39 @@ from sparsetool.checkpoint.encodings import decode
 from sparsetool.checkpoint.format import layout
 from sparsetool.errors import SparsetoolError
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
-          torch.int8, torch.uint8, torch.bool, torch.uint16, torch.uint32, torch.uint64, torch.complex64]
+DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.complex64,
+]
 FLOATS = [torch.bfloat16, torch.float16, torch.float32]
 
-names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=0, max_size=12).filter(lambda s: s != "__metadata__")
+names = st.text(st.characters(blacklist_categories=("Cs",)), min_size=0, max_size=12).filter(
+    lambda s: s != "__metadata__"
+)
 shapes = st.lists(st.integers(0, 5), min_size=0, max_size=3).map(tuple)
 
 
 def _tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    raw = torch.randint(0, 256, (int(torch.tensor(shape).prod()) * torch.empty((), dtype=dtype).element_size(),),
-                        generator=g, dtype=torch.uint8)
+    raw = torch.randint(
+        0,
+        256,
+        (int(torch.tensor(shape).prod()) * torch.empty((), dtype=dtype).element_size(),),
+        generator=g,
+        dtype=torch.uint8,
+    )
     if dtype == torch.bool:
         return (raw % 2).to(torch.bool).reshape(shape)
     return raw.view(dtype).reshape(shape)  # arbitrary bit patterns, NaNs and -0.0 included
@@ -52,12 +73,17 @@ def _tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tens
 
 def _header(raw: bytes) -> tuple[int, dict]:
     (n,) = struct.unpack("<Q", raw[:8])
-    return n, json.loads(raw[8:8 + n])
+    return n, json.loads(raw[8 : 8 + n])
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    st.dictionaries(names, st.tuples(st.sampled_from(DTYPES), shapes, st.integers(0, 2**16)), min_size=0, max_size=6),
+    st.dictionaries(
+        names,
+        st.tuples(st.sampled_from(DTYPES), shapes, st.integers(0, 2**16)),
+        min_size=0,
+        max_size=6,
+    ),
     st.one_of(st.none(), st.dictionaries(names, st.text(max_size=6), max_size=3)),
 )
 def test_writer_bytes_equal_save_file(spec, metadata):
@@ -87,17 +113,21 @@ def test_writer_bytes_equal_save_file(spec, metadata):
         n_ref, h_ref = _header(ref)
         assert n_ours == n_ref and h_ours == h_ref
         assert list(h_ours)[1:] == list(h_ref)[1:]  # tensor order identical
-        assert ours[8 + n_ours:] == ref[8 + n_ref:]
+        assert ours[8 + n_ours :] == ref[8 + n_ref :]
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.dictionaries(names, st.tuples(st.sampled_from(DTYPES), shapes), max_size=5),
-       st.one_of(st.none(), st.dictionaries(names, st.text(max_size=4), max_size=1)))
+@given(
+    st.dictionaries(names, st.tuples(st.sampled_from(DTYPES), shapes), max_size=5),
+    st.one_of(st.none(), st.dictionaries(names, st.text(max_size=4), max_size=1)),
+)
 def test_header_equals_reference_header(spec, metadata):
     if not spec and metadata == {}:
         metadata = None  # the reference writes invalid JSON for no tensors + empty metadata
     tensors = {n: torch.zeros(shape, dtype=dt) for n, (dt, shape) in spec.items()}
-    header, _ = layout([TensorSpec(n, t.dtype, tuple(t.shape)) for n, t in tensors.items()], metadata)
+    header, _ = layout(
+        [TensorSpec(n, t.dtype, tuple(t.shape)) for n, t in tensors.items()], metadata
+    )
     assert save(tensors, metadata=metadata)[: len(header)] == header
 
 
@@ -110,8 +140,15 @@ def _masked_case(dtype, rows, cols, seed, density):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(ENCODINGS), st.sampled_from(FLOATS), st.integers(1, 6), st.integers(1, 19),
-       st.integers(0, 2**16), st.sampled_from([0.0, 0.3, 0.7, 1.0]), st.booleans())
+@given(
+    st.sampled_from(ENCODINGS),
+    st.sampled_from(FLOATS),
+    st.integers(1, 6),
+    st.integers(1, 19),
+    st.integers(0, 2**16),
+    st.sampled_from([0.0, 0.3, 0.7, 1.0]),
+    st.booleans(),
+)
 def test_encode_write_read_round_trip(encoding, dtype, rows, cols, seed, density, premasked):
     w, mask = _masked_case(dtype, rows, cols, seed, density)
     # masked by the caller (pruned entries may be -0.0: negative weights times 0) or not at all
@@ -124,7 +161,9 @@ def test_encode_write_read_round_trip(encoding, dtype, rows, cols, seed, density
         ck = open_checkpoint(d / "in.safetensors")
         nnz = stored_nonzeros(dense, mask)
         with write_checkpoint(ck, d / "out.safetensors") as wr:
-            with wr.shard(ck.shards[0], encoded_specs("blk.fc.weight", dtype, (rows, cols), nnz, encoding)) as sw:
+            with wr.shard(
+                ck.shards[0], encoded_specs("blk.fc.weight", dtype, (rows, cols), nnz, encoding)
+            ) as sw:
                 for name, t in encode("blk.fc.weight", dense, mask, encoding):
                     sw.write(name, t)
         assert torch.equal(dense.view(torch.uint8), before.view(torch.uint8))  # input untouched
@@ -138,10 +177,14 @@ def test_encode_write_read_round_trip(encoding, dtype, rows, cols, seed, density
     if encoding == "zeros":
         assert got_mask is None
         # kept entries keep their exact bits, -0.0 included
-        assert torch.equal(got.view(torch.int16 if dtype != torch.float32 else torch.int32)[mask],
-                           w.view(torch.int16 if dtype != torch.float32 else torch.int32)[mask])
+        assert torch.equal(
+            got.view(torch.int16 if dtype != torch.float32 else torch.int32)[mask],
+            w.view(torch.int16 if dtype != torch.float32 else torch.int32)[mask],
+        )
     elif encoding == "bitmask":
-        assert torch.equal(got_mask, mask & (w != 0))  # kept zeros are not stored, as in compressed-tensors
+        assert torch.equal(
+            got_mask, mask & (w != 0)
+        )  # kept zeros are not stored, as in compressed-tensors
     elif encoding == "nan" and mask.all():
         assert got_mask is None  # nothing pruned: no NaN, so nothing marks it as nan-encoded
     else:
@@ -149,7 +192,13 @@ def test_encode_write_read_round_trip(encoding, dtype, rows, cols, seed, density
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.sampled_from(ENCODINGS), st.sampled_from(FLOATS), st.integers(1, 4), st.integers(1, 9), st.integers(0, 999))
+@given(
+    st.sampled_from(ENCODINGS),
+    st.sampled_from(FLOATS),
+    st.integers(1, 4),
+    st.integers(1, 9),
+    st.integers(0, 999),
+)
 def test_no_mask_means_nothing_pruned(encoding, dtype, rows, cols, seed):
     w, _ = _masked_case(dtype, rows, cols, seed, 1.0)
     parts = dict(encode("m.weight", w, None, encoding))
@@ -172,7 +221,7 @@ def test_nan_encoding_refuses_kept_nan():
     else:
         raise AssertionError("kept NaN was accepted")
     # a NaN at a pruned position is fine: it is pruned anyway
-    (name, t), = encode("x.weight", w, torch.tensor([[True, False], [True, True]]), "nan")
+    ((name, t),) = encode("x.weight", w, torch.tensor([[True, False], [True, True]]), "nan")
     assert torch.isnan(t).tolist() == [[False, True], [False, False]]
 
 

@@ -46,14 +46,18 @@ def test_sparsetool_load_reads_every_encoding(pruned, encoding):
 
 def test_transformers_reads_zeros_correctly(pruned):
     root, reference = pruned
-    model, info = transformers.GPT2LMHeadModel.from_pretrained(root / "zeros", output_loading_info=True)
+    model, info = transformers.GPT2LMHeadModel.from_pretrained(
+        root / "zeros", output_loading_info=True
+    )
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert torch.equal(_attn(model), reference["transformer.h.0.attn.c_attn.weight"])
 
 
 def test_transformers_reads_mask_weights_and_ignores_the_masks(pruned):
     root, reference = pruned
-    model, info = transformers.GPT2LMHeadModel.from_pretrained(root / "mask", output_loading_info=True)
+    model, info = transformers.GPT2LMHeadModel.from_pretrained(
+        root / "mask", output_loading_info=True
+    )
     assert not info["missing_keys"]
     assert info["unexpected_keys"] and all(k.endswith("_mask") for k in info["unexpected_keys"])
     assert torch.equal(_attn(model), reference["transformer.h.0.attn.c_attn.weight"])
@@ -86,15 +90,28 @@ def test_prune_warns_when_a_hf_directory_will_not_load_in_transformers(pruned, t
     else:
         assert result.warnings == []
     # a single file is not a model directory: nothing to warn about
-    single = sparsetool.prune(root / "src" / "model.safetensors", tmp_path / "x.safetensors",
-                              sparsity=0.5, encoding=encoding)
+    single = sparsetool.prune(
+        root / "src" / "model.safetensors",
+        tmp_path / "x.safetensors",
+        sparsity=0.5,
+        encoding=encoding,
+    )
     assert single.warnings == []
 
 
 def test_prune_command_prints_one_warning_line_for_a_misleading_encoding(pruned, tmp_path):
     root, _ = pruned
-    r = run("prune", str(root / "src"), "-o", str(tmp_path / "nan"),
-            "--sparsity", "0.5", "--encoding", "nan", "--json")
+    r = run(
+        "prune",
+        str(root / "src"),
+        "-o",
+        str(tmp_path / "nan"),
+        "--sparsity",
+        "0.5",
+        "--encoding",
+        "nan",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "densify" in r.stderr

@@ -43,8 +43,9 @@ WRITER = textwrap.dedent("""
 
 def start_writer(out: Path, kind: str = "file") -> tuple[subprocess.Popen, Path]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(out), kind], stdout=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(out), kind], stdout=subprocess.PIPE, text=True, env=env
+    )
     tmp = Path(proc.stdout.readline().strip())
     assert tmp.exists(), tmp
     return proc, tmp
@@ -72,39 +73,54 @@ def test_the_next_prune_into_the_directory_removes_what_killed_runs_left(tmp_pat
     live, live_tmp = start_writer(out_dir / "running.safetensors")  # a run still writing
     try:
         # both start before either dies (a writer starting later would remove the first itself)
-        big, sharded = start_writer(out_dir / "big.safetensors"), start_writer(out_dir / "sharded", "dir")
+        big, sharded = (
+            start_writer(out_dir / "big.safetensors"),
+            start_writer(out_dir / "sharded", "dir"),
+        )
         file_tmp, dir_tmp = kill(*big), kill(*sharded)  # other names than the next run's output
         # not ours, or not decidable here: names we never make, another machine's temporary
         dead_pid = int(file_tmp.name.split("sparsetool-tmp-")[1].split("-")[0])
-        keep = [out_dir / "notes.txt", out_dir / ".notes.sparsetool-tmp-draft",
-                out_dir / f"x.sparsetool-tmp-{dead_pid}-abcd1234",
-                out_dir / f".y.safetensors.sparsetool-tmp-{dead_pid}-abcd1234-othermachine"]
+        keep = [
+            out_dir / "notes.txt",
+            out_dir / ".notes.sparsetool-tmp-draft",
+            out_dir / f"x.sparsetool-tmp-{dead_pid}-abcd1234",
+            out_dir / f".y.safetensors.sparsetool-tmp-{dead_pid}-abcd1234-othermachine",
+        ]
         for p in keep:
             p.write_text("mine")
-        res = run("prune", str(checkpoint), "-o", str(out_dir / "p.safetensors"),
-                  "--sparsity", "0.5", "-q")
+        res = run(
+            "prune",
+            str(checkpoint),
+            "-o",
+            str(out_dir / "p.safetensors"),
+            "--sparsity",
+            "0.5",
+            "-q",
+        )
         assert res.exit_code == 0, res.output
         assert not file_tmp.exists() and not dir_tmp.exists()
         assert live_tmp.exists() and all(p.exists() for p in keep)
         freed = (3 << 20) + (2 << 20)
         notes = [line for line in res.stderr.splitlines() if line.startswith("note: removed")]
-        assert notes == [f"note: removed 2 stale temporary files of killed runs in {out_dir} "
-                         f"({freed / 1e6:.2f} MB)"], res.stderr
+        assert notes == [
+            f"note: removed 2 stale temporary files of killed runs in {out_dir} "
+            f"({freed / 1e6:.2f} MB)"
+        ], res.stderr
         assert (out_dir / "p.safetensors").exists()
     finally:
         live.kill()
         live.wait()
     # the live run's temporary is removed by the next write once that run is gone
-    again = run("report", str(out_dir / "p.safetensors"), "--plot",
-                str(out_dir / "r.png"), "-q")
+    again = run("report", str(out_dir / "p.safetensors"), "--plot", str(out_dir / "r.png"), "-q")
     assert again.exit_code == 0, again.output
     assert not live_tmp.exists() and (out_dir / "r.png").exists()
     assert "note: removed 1 stale temporary file of killed runs" in again.stderr
 
 
 def test_the_library_returns_what_it_freed_and_keeps_live_temporaries(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     mine = temp_beside(tmp_path / "q.safetensors")  # this process's own
     mine.write_bytes(b"writing")
     stale = tmp_path / f".o.safetensors.sparsetool-tmp-{int(dead.stdout)}-abcd1234"

@@ -21,20 +21,56 @@ from helpers import run  # noqa: E402
 def _models():
     t = transformers
     return {
-        "gpt2": (t.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=128, n_positions=64),
-                 t.GPT2LMHeadModel),
-        "llama": (t.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
-                                num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
-                                max_position_embeddings=64), t.LlamaForCausalLM),
-        "bert": (t.BertConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
-                              num_attention_heads=4, vocab_size=128, max_position_embeddings=64),
-                 t.BertForMaskedLM),
-        "opt": (t.OPTConfig(num_hidden_layers=2, hidden_size=32, ffn_dim=64, num_attention_heads=4,
-                            vocab_size=128, max_position_embeddings=64, word_embed_proj_dim=32),
-                t.OPTForCausalLM),
-        "gpt_neox": (t.GPTNeoXConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
-                                     num_attention_heads=4, vocab_size=128,
-                                     max_position_embeddings=64), t.GPTNeoXForCausalLM),
+        "gpt2": (
+            t.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=128, n_positions=64),
+            t.GPT2LMHeadModel,
+        ),
+        "llama": (
+            t.LlamaConfig(
+                num_hidden_layers=2,
+                hidden_size=32,
+                intermediate_size=64,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                vocab_size=128,
+                max_position_embeddings=64,
+            ),
+            t.LlamaForCausalLM,
+        ),
+        "bert": (
+            t.BertConfig(
+                num_hidden_layers=2,
+                hidden_size=32,
+                intermediate_size=64,
+                num_attention_heads=4,
+                vocab_size=128,
+                max_position_embeddings=64,
+            ),
+            t.BertForMaskedLM,
+        ),
+        "opt": (
+            t.OPTConfig(
+                num_hidden_layers=2,
+                hidden_size=32,
+                ffn_dim=64,
+                num_attention_heads=4,
+                vocab_size=128,
+                max_position_embeddings=64,
+                word_embed_proj_dim=32,
+            ),
+            t.OPTForCausalLM,
+        ),
+        "gpt_neox": (
+            t.GPTNeoXConfig(
+                num_hidden_layers=2,
+                hidden_size=32,
+                intermediate_size=64,
+                num_attention_heads=4,
+                vocab_size=128,
+                max_position_embeddings=64,
+            ),
+            t.GPTNeoXForCausalLM,
+        ),
     }
 
 

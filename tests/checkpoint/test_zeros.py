@@ -12,8 +12,10 @@ VALUES = st.sampled_from([0.0, -0.0, 1.0, -2.5, 1e-3, float("nan"), float("inf")
 
 
 @settings(max_examples=60, deadline=None)
-@given(values=st.lists(VALUES, min_size=0, max_size=40),
-       dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32, torch.float64]))
+@given(
+    values=st.lists(VALUES, min_size=0, max_size=40),
+    dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32, torch.float64]),
+)
 def test_agrees_with_float_comparison(values, dtype):
     t = torch.tensor(values, dtype=dtype)
     assert count_nonzero(t) == int((t != 0).sum())

@@ -1,11 +1,21 @@
 """Every command has --help with an example, and is documented in the README."""
 
-
 import pytest
 
 from helpers import ROOT, run
 
-COMMANDS = ["prune", "densify", "report", "flops", "train", "simulate", "bench", "eval", "diff", "demo"]
+COMMANDS = [
+    "prune",
+    "densify",
+    "report",
+    "flops",
+    "train",
+    "simulate",
+    "bench",
+    "eval",
+    "diff",
+    "demo",
+]
 README = (ROOT / "README.md").read_text()
 
 
@@ -51,10 +61,12 @@ def test_root_help_imports_no_command_module():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom sparsetool.cli.main import app\n"
-            "try:\n    app(['--help'], prog_name='sparsetool')\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in sys.modules if m.startswith('sparsetool.cli.')\n"
-            "             and m not in ('sparsetool.cli.main', 'sparsetool.cli._click')))")
+    code = (
+        "import sys\nfrom sparsetool.cli.main import app\n"
+        "try:\n    app(['--help'], prog_name='sparsetool')\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.startswith('sparsetool.cli.')\n"
+        "             and m not in ('sparsetool.cli.main', 'sparsetool.cli._click')))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
@@ -67,8 +79,14 @@ def test_the_command_runs_numpy_blas_on_one_thread_unless_told(monkeypatch):
     import sparsetool.cli.main as cli_main
 
     seen = []
-    monkeypatch.setattr(cli_main, "_run_interruptibly", lambda app: seen.append(os.environ.get("OPENBLAS_NUM_THREADS")))
-    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "0")  # recorded, so the test leaves the variable as it found it
+    monkeypatch.setattr(
+        cli_main,
+        "_run_interruptibly",
+        lambda app: seen.append(os.environ.get("OPENBLAS_NUM_THREADS")),
+    )
+    monkeypatch.setenv(
+        "OPENBLAS_NUM_THREADS", "0"
+    )  # recorded, so the test leaves the variable as it found it
     monkeypatch.delenv("OPENBLAS_NUM_THREADS")
     cli_main.main()
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "4")

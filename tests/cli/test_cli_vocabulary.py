@@ -40,8 +40,24 @@ def good_args(command: str, ckpt: Path, tmp: Path, corpus: Path | None = None) -
         "flops": ["--model", "gpt2-small", "--sparsity", "0.5"],
         "simulate": ["--shape", "64x64", "--sparsity", "0.5"],
         "bench": [ckpt, "--batch", "1,2", "--repeats", "1"],
-        "train": ["-o", tmp / "run", "--data", corpus, "--preset", "tiny", "--steps", "2",
-                  "--warmup", "1", "--batch-size", "2", "--eval-every", "1", "--threads", "1"],
+        "train": [
+            "-o",
+            tmp / "run",
+            "--data",
+            corpus,
+            "--preset",
+            "tiny",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--batch-size",
+            "2",
+            "--eval-every",
+            "1",
+            "--threads",
+            "1",
+        ],
         "eval": [tmp / "evalrun", "--text", corpus, "--max-tokens", "300"],
         "diff": [ckpt, ckpt],
     }[command]
@@ -50,7 +66,9 @@ def good_args(command: str, ckpt: Path, tmp: Path, corpus: Path | None = None) -
 def prepare(command: str, ckpt: Path, tmp: Path, corpus: Path) -> None:
     """What a command's good_args need besides the checkpoint: eval scores a trained run."""
     if command == "eval":
-        r = run("train", *good_args("train", ckpt, tmp, corpus)[2:], "-o", tmp / "evalrun", "--json")
+        r = run(
+            "train", *good_args("train", ckpt, tmp, corpus)[2:], "-o", tmp / "evalrun", "--json"
+        )
         assert r.exit_code == 0, r.output
 
 
@@ -81,21 +99,24 @@ def test_choices_are_listed_no_bare_strings(command):
     assert "<str>" not in text and "TEXT" not in text
 
 
-@pytest.mark.parametrize("command, option, shown", [
-    ("prune", "--method", "<magnitude|random|wanda|sparsegpt>"),
-    ("prune", "--scope", "<layer|global>"),
-    ("prune", "--distribution", "<uniform|erk>"),
-    ("prune", "--encoding", "<zeros|mask|nan|bitmask>"),
-    ("report", "--format", "<rich|plain|markdown|github>"),
-    ("train", "--algorithm", "<dense|static|gmp|set|rigl|granet|imp>"),
-    ("train", "--preset", "<tiny|mini|small|base>"),
-    ("train", "--distribution", "<uniform|erk>"),
-    ("train", "--init-method", "<random|magnitude>"),
-    ("train", "--dtype", "<auto|float32|bfloat16>"),
-    ("train", "--device", "<auto|cpu|cuda|cuda:N>"),
-    ("flops", "--model", "<gpt2-small|gpt3-xl|"),
-    ("simulate", "--pattern", "<random|rows|cols|2:4>"),
-])
+@pytest.mark.parametrize(
+    "command, option, shown",
+    [
+        ("prune", "--method", "<magnitude|random|wanda|sparsegpt>"),
+        ("prune", "--scope", "<layer|global>"),
+        ("prune", "--distribution", "<uniform|erk>"),
+        ("prune", "--encoding", "<zeros|mask|nan|bitmask>"),
+        ("report", "--format", "<rich|plain|markdown|github>"),
+        ("train", "--algorithm", "<dense|static|gmp|set|rigl|granet|imp>"),
+        ("train", "--preset", "<tiny|mini|small|base>"),
+        ("train", "--distribution", "<uniform|erk>"),
+        ("train", "--init-method", "<random|magnitude>"),
+        ("train", "--dtype", "<auto|float32|bfloat16>"),
+        ("train", "--device", "<auto|cpu|cuda|cuda:N>"),
+        ("flops", "--model", "<gpt2-small|gpt3-xl|"),
+        ("simulate", "--pattern", "<random|rows|cols|2:4>"),
+    ],
+)
 def test_choice_options_show_their_choices(command, option, shown):
     assert re.search(re.escape(option) + r"\s+" + re.escape(shown), help_text(command))
 
@@ -104,7 +125,7 @@ def test_choice_options_show_their_choices(command, option, shown):
 def test_help_ends_with_two_or_three_examples(command):
     lines = [ln.strip() for ln in help_text(command).rstrip().splitlines()]
     start = max(i for i, ln in enumerate(lines) if ln == "Examples:")
-    examples = [ln for ln in lines[start + 1:] if ln]
+    examples = [ln for ln in lines[start + 1 :] if ln]
     assert 2 <= len(examples) <= 3, examples
     assert all(ln.startswith(f"sparsetool {command} ") for ln in examples), examples
 
@@ -201,21 +222,29 @@ def test_bad_value_and_unknown_option_exit_2(command):
 
 @pytest.mark.parametrize("command", ["prune", "report", "flops"])
 def test_missing_file_is_a_runtime_error_exit_1(command, tmp_path):
-    args = {"prune": [tmp_path / "no.safetensors", "-o", tmp_path / "o.safetensors", "-s", "0.5"],
-            "report": [tmp_path / "no.safetensors"],
-            "flops": ["--checkpoint", tmp_path / "no.safetensors"]}[command]
+    args = {
+        "prune": [tmp_path / "no.safetensors", "-o", tmp_path / "o.safetensors", "-s", "0.5"],
+        "report": [tmp_path / "no.safetensors"],
+        "flops": ["--checkpoint", tmp_path / "no.safetensors"],
+    }[command]
     r = run(command, *args)
     assert r.exit_code == 1 and r.stderr.startswith("error: ")
 
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_usage_errors_do_not_import_torch(command, tmp_path):
-    r = subprocess.run([sys.executable, "-c", RUNNER, command, *BAD_VALUE[command]],
-                       capture_output=True, text=True, cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run(
+        [sys.executable, "-c", RUNNER, command, *BAD_VALUE[command]],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert r.stdout.strip().splitlines()[-1] == "exit=2 torch=False", r.stdout + r.stderr
     # Only the command that runs is imported (startup time does not grow with the command count).
-    assert r.stdout.strip().splitlines()[-2] == "loaded=" + ",".join(sorted(["main", command])), r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-2] == "loaded=" + ",".join(sorted(["main", command])), (
+        r.stdout + r.stderr
+    )
 
 
 def test_a_mistyped_command_suggests_the_real_one():
@@ -238,16 +267,28 @@ def test_sparsity_one_is_accepted_everywhere(gpt2_file, tmp_path, corpus):
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["workload"]["targeted_sparsity"] == 1.0
     # train refused 1.0 before the options were unified; every algorithm now trains at it
-    r = run("train", *good_args("train", gpt2_file, tmp_path, corpus), "--algorithm", "static",
-            "--sparsity", "1.0", "--json")
+    r = run(
+        "train",
+        *good_args("train", gpt2_file, tmp_path, corpus),
+        "--algorithm",
+        "static",
+        "--sparsity",
+        "1.0",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["sparsity"] == 1.0
 
 
-@pytest.mark.parametrize("command, args", [
-    ("prune", ["x", "-o", "y"]), ("flops", ["--model", "gpt2-small"]),
-    ("simulate", ["--shape", "64x64"]), ("train", ["-o", "run"]),
-])
+@pytest.mark.parametrize(
+    "command, args",
+    [
+        ("prune", ["x", "-o", "y"]),
+        ("flops", ["--model", "gpt2-small"]),
+        ("simulate", ["--shape", "64x64"]),
+        ("train", ["-o", "run"]),
+    ],
+)
 @pytest.mark.parametrize("bad", ["1.01", "-0.1", "nan", "half"])
 def test_sparsity_out_of_range_is_refused_the_same_way(command, args, bad):
     r = run(command, *args, "--sparsity", bad)
@@ -257,10 +298,13 @@ def test_sparsity_out_of_range_is_refused_the_same_way(command, args, bad):
         assert "must be a number from 0 to 1" in r.stderr
 
 
-@pytest.mark.parametrize("command, args, key", [
-    ("flops", ["--model", "gpt2-small", "--sparsity", "0.5"], lambda d: d["runs"][0]["tokens"]),
-    ("simulate", ["--shape", "64x64", "--sparsity", "0.5"], lambda d: d["workload"]["tokens"]),
-])
+@pytest.mark.parametrize(
+    "command, args, key",
+    [
+        ("flops", ["--model", "gpt2-small", "--sparsity", "0.5"], lambda d: d["runs"][0]["tokens"]),
+        ("simulate", ["--shape", "64x64", "--sparsity", "0.5"], lambda d: d["workload"]["tokens"]),
+    ],
+)
 def test_tokens_spellings_mean_the_same(command, args, key):
     got = []
     for spelling in ("2.6e10", "26B", "26_000_000_000", "26,000,000,000"):
@@ -274,10 +318,14 @@ def test_tokens_spellings_mean_the_same(command, args, key):
 
 @pytest.mark.parametrize("command", ["prune", "report", "flops", "simulate", "diff", "train"])
 def test_include_exclude_are_checked_the_same_way(command, gpt2_file, tmp_path, corpus):
-    args = {"prune": [gpt2_file, "-o", tmp_path / "p.safetensors", "-s", "0.5"],
-            "report": [gpt2_file], "flops": ["--checkpoint", gpt2_file], "simulate": [gpt2_file],
-            "diff": [gpt2_file, gpt2_file],
-            "train": good_args("train", gpt2_file, tmp_path, corpus)}[command]
+    args = {
+        "prune": [gpt2_file, "-o", tmp_path / "p.safetensors", "-s", "0.5"],
+        "report": [gpt2_file],
+        "flops": ["--checkpoint", gpt2_file],
+        "simulate": [gpt2_file],
+        "diff": [gpt2_file, gpt2_file],
+        "train": good_args("train", gpt2_file, tmp_path, corpus),
+    }[command]
     for option in ("--include", "--exclude"):
         r = run(command, *args, option, "")
         assert r.exit_code == 2 and f"{option} needs a glob" in r.stderr
@@ -293,10 +341,14 @@ def test_include_exclude_are_checked_the_same_way(command, gpt2_file, tmp_path, 
     assert r.exit_code == 1 and "no.such.*" in r.stderr
 
 
-@pytest.mark.parametrize("command, args", [
-    ("prune", ["x", "-o", "y", "-s", "0.5", "--method", "random"]),
-    ("simulate", ["--shape", "64x64", "-s", "0.5"]), ("train", ["-o", "run"]),
-])
+@pytest.mark.parametrize(
+    "command, args",
+    [
+        ("prune", ["x", "-o", "y", "-s", "0.5", "--method", "random"]),
+        ("simulate", ["--shape", "64x64", "-s", "0.5"]),
+        ("train", ["-o", "run"]),
+    ],
+)
 def test_seed_is_checked_the_same_way(command, args):
     r = run(command, *args, "--seed", "-1")
     assert r.exit_code == 2 and "--seed must be a whole number" in r.stderr

@@ -30,8 +30,13 @@ def test_every_file_is_written(demo):
     for name in NAMES:
         for f in ("model.safetensors", "config.json", "log.jsonl", "loss.png", "run.json"):
             assert (out / name / f).is_file(), f"{name}/{f}"
-    for f in ("perplexity.png", "angular-distance.png", "summary.json", "heldout/python.txt",
-              "heldout/english.txt"):
+    for f in (
+        "perplexity.png",
+        "angular-distance.png",
+        "summary.json",
+        "heldout/python.txt",
+        "heldout/english.txt",
+    ):
         assert (out / f).is_file(), f
     for png in [out / "perplexity.png", out / "angular-distance.png"]:
         data = png.read_bytes()
@@ -76,8 +81,18 @@ def test_flops_ratios_are_ordered_and_match_the_flops_command(demo):
     assert 0 < sparse["train_flops_ratio"] < ft["train_flops_ratio"] < 1
     assert ft["train_flops"] == pytest.approx(sparse["train_flops"] + ft["finetune_flops"])
     context = s["settings"]["model"]["context"]
-    r = run("flops", "--checkpoint", out / "sparse", "--seq-len", context, "--tokens", sparse["tokens"],
-            "--finetune-tokens", ft["tokens"], "--json")
+    r = run(
+        "flops",
+        "--checkpoint",
+        out / "sparse",
+        "--seq-len",
+        context,
+        "--tokens",
+        sparse["tokens"],
+        "--finetune-tokens",
+        ft["tokens"],
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     f = json.loads(r.stdout)["runs"][0]  # flops --json: one shape, the runs in a list
     assert f["total_train_flops"] == pytest.approx(sparse["train_flops"], rel=1e-12)
@@ -89,8 +104,15 @@ def test_flops_ratios_are_ordered_and_match_the_flops_command(demo):
 @pytest.mark.parametrize("text", ["python", "english"])
 def test_perplexities_are_those_of_sparsetool_eval(demo, text):
     out, s = demo
-    r = run("eval", *[out / n for n in NAMES], "--text", out / "heldout" / f"{text}.txt",
-            "--batch", 32, "--json")
+    r = run(
+        "eval",
+        *[out / n for n in NAMES],
+        "--text",
+        out / "heldout" / f"{text}.txt",
+        "--batch",
+        32,
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     got = [row["perplexity"] for row in json.loads(r.stdout)["checkpoints"]]
     assert got == pytest.approx([m["perplexity"][text] for m in s["models"]], rel=1e-9)
@@ -130,7 +152,9 @@ def test_a_foreign_non_empty_directory_is_refused_untouched(tmp_path):
     r = run("demo", "-o", out, "--steps", 1, "--finetune-steps", 1)
     assert r.exit_code == 1
     assert r.stderr.startswith("error: ") and str(out) in r.stderr and "not empty" in r.stderr
-    assert [p.name for p in out.iterdir()] == ["data.txt"] and (out / "data.txt").read_text() == "keep"
+    assert [p.name for p in out.iterdir()] == ["data.txt"] and (
+        out / "data.txt"
+    ).read_text() == "keep"
     (tmp_path / "file").write_text("x")
     r = run("demo", "-o", tmp_path / "file")
     assert r.exit_code == 1 and "is a file" in r.stderr
@@ -155,11 +179,23 @@ def test_an_interrupted_demo_leaves_nothing(tmp_path):
     assert list(kept.iterdir()) == []
 
 
-@pytest.mark.parametrize("args", [["--steps", "0"], ["--steps", "many"], ["--finetune-steps", "-1"],
-                                  ["--seed", "-1"], ["--no-such-option"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--steps", "0"],
+        ["--steps", "many"],
+        ["--finetune-steps", "-1"],
+        ["--seed", "-1"],
+        ["--no-such-option"],
+    ],
+)
 def test_bad_values_are_usage_errors_before_torch(args, tmp_path):
-    r = subprocess.run([sys.executable, "-c", RUNNER, "demo", "-o", str(tmp_path / "d"), *args],
-                       capture_output=True, text=True, cwd=tmp_path,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run(
+        [sys.executable, "-c", RUNNER, "demo", "-o", str(tmp_path / "d"), *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert r.stdout.strip().splitlines()[-1] == "exit=2 torch=False", r.stdout + r.stderr
     assert "error: " in r.stderr and not (tmp_path / "d").exists()

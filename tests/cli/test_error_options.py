@@ -27,7 +27,9 @@ OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]+")  # two letters at least: "--
 
 def options_of(command: str) -> set[str]:
     cmd = typer.main.get_command(app).get_command(None, command)  # commands load lazily
-    return {o for p in cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")} | {"--help"}
+    return {o for p in cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")} | {
+        "--help"
+    }
 
 
 TORCHRUN = re.compile(r"\btorchrun(?: --[\w-]+(?:[ =](?!-)\S+)?)*")  # the launcher's own options
@@ -48,14 +50,21 @@ def files(tmp_path: Path) -> dict[str, Path]:
         save_file(state, str(out[name]), **kw)
 
     save("gpt2", gpt2_like_state(), metadata={"format": "pt"})
-    save("noshape", {"h.0.attn.c_attn.weight": torch.randn(8, 24, generator=g),
-                     "h.0.mlp.c_fc.weight": torch.randn(8, 32, generator=g)})
+    save(
+        "noshape",
+        {
+            "h.0.attn.c_attn.weight": torch.randn(8, 24, generator=g),
+            "h.0.mlp.c_fc.weight": torch.randn(8, 32, generator=g),
+        },
+    )
     novocab = {}
     for i in range(2):
-        novocab |= {f"h.{i}.attn.c_attn.weight": torch.randn(16, 48, generator=g),
-                    f"h.{i}.attn.c_proj.weight": torch.randn(16, 16, generator=g),
-                    f"h.{i}.mlp.c_fc.weight": torch.randn(16, 64, generator=g),
-                    f"h.{i}.mlp.c_proj.weight": torch.randn(64, 16, generator=g)}
+        novocab |= {
+            f"h.{i}.attn.c_attn.weight": torch.randn(16, 48, generator=g),
+            f"h.{i}.attn.c_proj.weight": torch.randn(16, 16, generator=g),
+            f"h.{i}.mlp.c_fc.weight": torch.randn(16, 64, generator=g),
+            f"h.{i}.mlp.c_proj.weight": torch.randn(64, 16, generator=g),
+        }
     save("novocab", novocab)
     save("ints", {"h.0.mlp.c_fc.weight": torch.ones(8, 8, dtype=torch.int8)})
     save("norms", {"ln_f.weight": torch.ones(8), "wte.weight": torch.ones(16, 8)})
@@ -75,8 +84,18 @@ def files(tmp_path: Path) -> dict[str, Path]:
     out["keep"] = keep
     (tmp_path / "moe").mkdir()
     moe = tmp_path / "moe" / "config.json"
-    moe.write_text(json.dumps({"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 8,
-                               "num_attention_heads": 2, "vocab_size": 10, "num_local_experts": 4}))
+    moe.write_text(
+        json.dumps(
+            {
+                "model_type": "mixtral",
+                "num_hidden_layers": 2,
+                "hidden_size": 8,
+                "num_attention_heads": 2,
+                "vocab_size": 10,
+                "num_local_experts": 4,
+            }
+        )
+    )
     out["moe"] = moe
     out["tmp"] = tmp_path
     return out
@@ -117,10 +136,31 @@ def error_cases(f: dict[str, Path]) -> list[tuple[str, list]]:
         ("train", ["--config", f["bad_lr"], "-o", t / "r1"]),
         ("train", ["--config", f["keep"], "-o", t / "r2"]),
         ("train", ["-o", t / "r3", "--data", f["corpus"], "--preset", "tiny", "--dense"]),
-        ("train", ["-o", t / "r4", "--data", f["corpus"], "--preset", "tiny", "--algorithm", "rigl"]),
-        ("train", ["-o", t / "r5", "--data", f["corpus"], "--preset", "tiny", "--stage", "0.5:0.5"]),
-        ("train", ["-o", t / "r6", "--data", f["corpus"], "--preset", "tiny", "--steps", "1",
-                   "--sparsity", "0.5", "--exclude", "nope*"]),
+        (
+            "train",
+            ["-o", t / "r4", "--data", f["corpus"], "--preset", "tiny", "--algorithm", "rigl"],
+        ),
+        (
+            "train",
+            ["-o", t / "r5", "--data", f["corpus"], "--preset", "tiny", "--stage", "0.5:0.5"],
+        ),
+        (
+            "train",
+            [
+                "-o",
+                t / "r6",
+                "--data",
+                f["corpus"],
+                "--preset",
+                "tiny",
+                "--steps",
+                "1",
+                "--sparsity",
+                "0.5",
+                "--exclude",
+                "nope*",
+            ],
+        ),
         ("train", ["-o", t / "r7", "--resume"]),
         ("eval", [t / "missing"]),
         ("eval", [f["norms"], "--text", f["corpus"]]),
@@ -143,10 +183,14 @@ def test_error_messages_name_only_options_their_command_has(files):
 def test_shape_errors_get_each_commands_own_way_out(files):
     r = run("simulate", files["noshape"])
     assert r.exit_code == 1 and "--config" not in r.stderr
-    assert r.stderr.strip().endswith("simulate a preset or one layer instead, e.g. --model gpt2-small "
-                                     "--sparsity 0.5 or --shape 4096x4096 --sparsity 0.5")
+    assert r.stderr.strip().endswith(
+        "simulate a preset or one layer instead, e.g. --model gpt2-small "
+        "--sparsity 0.5 or --shape 4096x4096 --sparsity 0.5"
+    )
     r = run("flops", "--checkpoint", files["noshape"])
-    assert r.stderr.strip().endswith("describe the model with --config FILE instead of --checkpoint")
+    assert r.stderr.strip().endswith(
+        "describe the model with --config FILE instead of --checkpoint"
+    )
     r = run("simulate", files["novocab"])
     assert "--vocab" not in r.stderr and "add a config.json with vocab_size beside it" in r.stderr
     r = run("flops", "--checkpoint", files["novocab"])
@@ -189,8 +233,11 @@ def message_strings(path: Path) -> list[str]:
             body = node.body
             if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
                 docstrings.add(id(body[0].value))
-    return [n.value for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+    return [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+    ]
 
 
 def test_library_messages_name_existing_options():
@@ -203,5 +250,6 @@ def test_library_messages_name_existing_options():
         assert named <= every, f"{rel} names options no command has: {sorted(named - every)}"
         if rel in SHARED:
             common = set.intersection(*(options_of(c) for c in SHARED[rel]))
-            assert named <= common, (f"{rel} is reached by {', '.join(SHARED[rel])} but names "
-                                     f"{sorted(named - common)}")
+            assert named <= common, (
+                f"{rel} is reached by {', '.join(SHARED[rel])} but names {sorted(named - common)}"
+            )

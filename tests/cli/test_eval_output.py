@@ -66,7 +66,8 @@ def test_max_tokens_that_cut_a_text_still_too_short(hf_dir, tmp_path):
     warned = warnings_of(run("eval", dense, "--text", text, "--max-tokens", n // 2, "-q"))
     assert len(warned) == 1, warned
     assert warned[0].endswith(
-        f"(drop --max-tokens and give a longer --text: this one is {n:,} tokens)"), warned[0]
+        f"(drop --max-tokens and give a longer --text: this one is {n:,} tokens)"
+    ), warned[0]
 
 
 def test_no_warning_when_the_text_is_long_enough(tiny_run, tmp_path):

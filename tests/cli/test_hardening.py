@@ -26,14 +26,17 @@ def sharded_dir(root: Path, n_layer: int = 2) -> Path:
     state = gpt2_like_state(n_layer=n_layer)
     names = sorted(state)
     half = len(names) // 2
-    parts = {"model-00001-of-00002.safetensors": names[:half],
-             "model-00002-of-00002.safetensors": names[half:]}
+    parts = {
+        "model-00001-of-00002.safetensors": names[:half],
+        "model-00002-of-00002.safetensors": names[half:],
+    }
     weight_map = {}
     for shard, keys in parts.items():
         save_file({k: state[k] for k in keys}, str(root / shard), metadata={"format": "pt"})
         weight_map |= {k: shard for k in keys}
-    (root / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    (root / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map})
+    )
     (root / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": n_layer}))
     (root / "tokenizer.json").write_text("{}")
     return root
@@ -109,8 +112,9 @@ def _python(code: str, timeout: float = 60):
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -133,7 +137,8 @@ def test_a_sigterm_during_exit_keeps_the_exit_code():
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    time.sleep(0.2)\n"
         "    print('exit finished')\n"
-        "_run_interruptibly(lambda: atexit.register(late))\n")
+        "_run_interruptibly(lambda: atexit.register(late))\n"
+    )
     assert (code, out.strip()) == (0, "exit finished"), err
     assert "KeyboardInterrupt" not in err
 
@@ -156,7 +161,11 @@ def _pickled_files(root: Path) -> dict[str, Path]:
 
     marker = root / "UNPICKLED"
     weights = {"transformer.h.0.attn.c_attn.weight": torch.randn(4, 4), "x": _Touch(marker)}
-    files = {"zip": root / "pytorch_model.bin", "legacy": root / "model.pt", "pickle": root / "m.ckpt"}
+    files = {
+        "zip": root / "pytorch_model.bin",
+        "legacy": root / "model.pt",
+        "pickle": root / "m.ckpt",
+    }
     torch.save(weights, files["zip"])
     torch.save(weights, files["legacy"], _use_new_zipfile_serialization=False)
     files["pickle"].write_bytes(pickle.dumps(_Touch(marker), protocol=4))
@@ -170,9 +179,15 @@ def _pickled_files(root: Path) -> dict[str, Path]:
 
 
 def _commands(path: Path, tmp: Path) -> list[list[object]]:
-    return [["report", path], ["prune", path, "-o", tmp / "o", "--sparsity", "0.5"],
-            ["densify", path, "-o", tmp / "d"], ["diff", path, path], ["eval", path],
-            ["flops", "--checkpoint", path], ["simulate", path]]
+    return [
+        ["report", path],
+        ["prune", path, "-o", tmp / "o", "--sparsity", "0.5"],
+        ["densify", path, "-o", tmp / "d"],
+        ["diff", path, path],
+        ["eval", path],
+        ["flops", "--checkpoint", path],
+        ["simulate", path],
+    ]
 
 
 def test_pickled_checkpoints_are_named_and_never_unpickled(tmp_path):
@@ -187,7 +202,8 @@ def test_pickled_checkpoints_are_named_and_never_unpickled(tmp_path):
             assert "header length" not in err
     assert not (tmp_path / "UNPICKLED").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["pytorch_model.bin", "model.pt", "m.ckpt", "hf"])
+        ["pytorch_model.bin", "model.pt", "m.ckpt", "hf"]
+    )
 
 
 def test_the_conversion_hint_converts(tmp_path):
@@ -199,7 +215,7 @@ def test_the_conversion_hint_converts(tmp_path):
     src = tmp_path / "pytorch_model.bin"
     torch.save({"transformer.h.0.mlp.c_fc.weight": torch.randn(8, 8)}, src)
     err = " ".join(run("report", src).stderr.split())
-    hint = err[err.index("python -c ") + len("python -c "):]
+    hint = err[err.index("python -c ") + len("python -c ") :]
     subprocess.run([sys.executable, "-c", hint.strip().strip('"')], check=True)
     r = run("report", tmp_path / "pytorch_model.safetensors")
     assert r.exit_code == 0 and "c_fc.weight" in r.stdout
@@ -209,7 +225,9 @@ def test_a_safetensors_header_of_640_bytes_is_not_taken_for_a_pickle(tmp_path):
     # 640 = 0x280: the length prefix starts with the bytes of a protocol-2 pickle
     src = tmp_path / "m.safetensors"
     for n in range(700):
-        save_file({"w": gpt2_like_state()["transformer.wte.weight"]}, str(src), metadata={"pad": "x" * n})
+        save_file(
+            {"w": gpt2_like_state()["transformer.wte.weight"]}, str(src), metadata={"pad": "x" * n}
+        )
         if src.read_bytes()[:3] == b"\x80\x02\x00":
             break
     else:
@@ -224,9 +242,28 @@ def train_run(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("run")
     data = make_corpus(root / "corpus")
-    r = run("train", "--out", root / "run", "--data", data, "--preset", "tiny", "--steps", "4",
-            "--batch-size", "2", "--warmup", "1", "--seed", "0", "--sparsity", "0.5",
-            "--algorithm", "static", "--json")
+    r = run(
+        "train",
+        "--out",
+        root / "run",
+        "--data",
+        data,
+        "--preset",
+        "tiny",
+        "--steps",
+        "4",
+        "--batch-size",
+        "2",
+        "--warmup",
+        "1",
+        "--seed",
+        "0",
+        "--sparsity",
+        "0.5",
+        "--algorithm",
+        "static",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     return root / "run"
 
@@ -237,8 +274,10 @@ def test_pruning_a_train_run_leaves_out_checkpoints_and_optimizer_state(train_ru
     (train_run / "tokenizer.json").write_text("{}")
     step = next((train_run / "checkpoints").iterdir())
     assert (step / "optimizer.pt").is_file()
-    for src, expect_out in ((train_run, {"checkpoints/", "run.json", "latest"}),
-                            (step, {"optimizer.pt", "state.json"})):
+    for src, expect_out in (
+        (train_run, {"checkpoints/", "run.json", "latest"}),
+        (step, {"optimizer.pt", "state.json"}),
+    ):
         out = tmp_path / src.name
         r = run("prune", src, "-o", out, "--sparsity", "0.75")
         assert r.exit_code == 0, r.output
@@ -252,7 +291,9 @@ def test_pruning_a_train_run_leaves_out_checkpoints_and_optimizer_state(train_ru
         assert "model.safetensors" in kept and "config.json" in kept
         if src == train_run:
             assert {"README.md", "LICENSE", "tokenizer.json"} <= kept
-        j = json.loads(run("prune", src, "-o", tmp_path / "j", "--sparsity", "0.75", "--json").stdout)
+        j = json.loads(
+            run("prune", src, "-o", tmp_path / "j", "--sparsity", "0.75", "--json").stdout
+        )
         assert set(j["left_out"]) == named
         d = json.loads(run("densify", out, "-o", tmp_path / "dense", "--json").stdout)
         assert d["left_out"] == []
@@ -281,8 +322,11 @@ def _write_index(d: Path, text: str) -> None:
 
 
 def _refused_everywhere(src: Path, tmp: Path, *needles: str) -> None:
-    for args in (["report", src], ["prune", src, "-o", tmp / "o", "--sparsity", "0.5"],
-                 ["densify", src, "-o", tmp / "d"]):
+    for args in (
+        ["report", src],
+        ["prune", src, "-o", tmp / "o", "--sparsity", "0.5"],
+        ["densify", src, "-o", tmp / "d"],
+    ):
         r = run(*args)
         err = " ".join(r.stderr.split())
         assert r.exit_code == 1 and err.startswith("error: "), (args, r.output)
@@ -297,8 +341,9 @@ def test_a_shard_the_index_leaves_out_is_an_error(tmp_path):
     idx = _index(src)
     idx["weight_map"] = {k: v for k, v in idx["weight_map"].items() if v.startswith("model-00001")}
     _write_index(src, json.dumps(idx))
-    _refused_everywhere(src, tmp_path, "model-00002-of-00002.safetensors", "does not list",
-                        "Move it out")
+    _refused_everywhere(
+        src, tmp_path, "model-00002-of-00002.safetensors", "does not list", "Move it out"
+    )
 
 
 def test_a_tensor_the_index_leaves_out_is_an_error(tmp_path):
@@ -351,16 +396,25 @@ def test_no_room_is_refused_before_the_first_byte(tmp_path, monkeypatch, layout)
     assert r.exit_code == 1, r.output
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: no room for "), r.stderr
-    assert "8,192 are free on that disk" in lines[0] and "bytes" in lines[0] and "choose another -o" in lines[0]
+    assert (
+        "8,192 are free on that disk" in lines[0]
+        and "bytes" in lines[0]
+        and "choose another -o" in lines[0]
+    )
     needed = int(lines[0].split("it needs ")[1].split(" bytes")[0].replace(",", ""))
     assert needed > 8192
     assert not wrote  # refused before the first byte
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
-@pytest.mark.parametrize("code, words", [("ENOSPC", "No space left on device [ENOSPC]"),
-                                         ("EIO", "Input/output error [EIO]"),
-                                         ("EACCES", "Permission denied [EACCES]")])
+@pytest.mark.parametrize(
+    "code, words",
+    [
+        ("ENOSPC", "No space left on device [ENOSPC]"),
+        ("EIO", "Input/output error [EIO]"),
+        ("EACCES", "Permission denied [EACCES]"),
+    ],
+)
 @pytest.mark.parametrize("command", ["prune", "densify"])
 def test_write_errors_are_one_line_and_leave_nothing(tmp_path, monkeypatch, code, words, command):
     import errno
@@ -376,13 +430,19 @@ def test_write_errors_are_one_line_and_leave_nothing(tmp_path, monkeypatch, code
 
     _real_pwrite = os.pwrite
     monkeypatch.setattr(os, "pwrite", failing_pwrite)
-    monkeypatch.setattr(os, "copy_file_range", lambda *a: (_ for _ in ()).throw(OSError(errno.EXDEV, "x")),
-                        raising=False)  # copies go through pwrite too
+    monkeypatch.setattr(
+        os,
+        "copy_file_range",
+        lambda *a: (_ for _ in ()).throw(OSError(errno.EXDEV, "x")),
+        raising=False,
+    )  # copies go through pwrite too
     extra = ["--sparsity", "0.5"] if command == "prune" else []
     r = run(command, src, "-o", tmp_path / "o", *extra)
     assert r.exit_code == 1, r.output
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: writing {tmp_path / 'o'} failed: {words}"), r.stderr
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: writing {tmp_path / 'o'} failed: {words}"
+    ), r.stderr
     assert "nothing was written" in lines[0] and "Traceback" not in r.output
     assert len(calls) > 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
@@ -405,11 +465,18 @@ def _code_dir(root: Path) -> tuple[Path, Path]:
         (d / f"{module}.py").write_text(
             "from pathlib import Path\n"
             f"Path({str(marker)!r}).write_text(__name__)\n"
-            "class Evil:\n    pass\nEvilConfig = EvilModel = EvilTok = Evil\n")
+            "class Evil:\n    pass\nEvilConfig = EvilModel = EvilTok = Evil\n"
+        )
     cfg = json.loads((d / "config.json").read_text())
-    cfg["auto_map"] = {"AutoConfig": "evil_config.EvilConfig", "AutoModelForCausalLM": "evil_model.EvilModel"}
-    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "format": "evil_format",
-                                  "sparsity_config": {"format": "evil_format"}}
+    cfg["auto_map"] = {
+        "AutoConfig": "evil_config.EvilConfig",
+        "AutoModelForCausalLM": "evil_model.EvilModel",
+    }
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": "evil_format",
+        "sparsity_config": {"format": "evil_format"},
+    }
     (d / "config.json").write_text(json.dumps(cfg))
     tc = json.loads((d / "tokenizer_config.json").read_text())
     tc |= {"tokenizer_class": "EvilTok", "auto_map": {"AutoTokenizer": ["evil_tok.EvilTok", None]}}
@@ -423,8 +490,14 @@ def _cli(cwd: Path, *args: object):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "sparsetool", *map(str, args)], cwd=cwd, input="y\n",
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "sparsetool", *map(str, args)],
+        cwd=cwd,
+        input="y\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -435,15 +508,22 @@ def test_no_command_runs_code_named_by_a_checkpoint_directory(tmp_path):
     r = _cli(d, "eval", ".", "--text", text)
     assert not marker.exists(), r.stdout + r.stderr
     assert r.returncode == 1 and "never runs code from a checkpoint" in r.stderr, r.stderr
-    for args in (["report", "."], ["prune", ".", "-o", tmp_path / "p", "--sparsity", "0.5"],
-                 ["densify", ".", "-o", tmp_path / "dd"], ["diff", ".", "."],
-                 ["flops", "--checkpoint", "."], ["simulate", "."]):
+    for args in (
+        ["report", "."],
+        ["prune", ".", "-o", tmp_path / "p", "--sparsity", "0.5"],
+        ["densify", ".", "-o", tmp_path / "dd"],
+        ["diff", ".", "."],
+        ["flops", "--checkpoint", "."],
+        ["simulate", "."],
+    ):
         r = _cli(d, *args)
         assert r.returncode == 0, (args, r.stderr)
         assert not marker.exists(), args
     # with a tokenizer class of transformers' own, eval scores; the config's auto_map stays unused
     tc = json.loads((d / "tokenizer_config.json").read_text())
-    (d / "tokenizer_config.json").write_text(json.dumps(tc | {"tokenizer_class": "PreTrainedTokenizerFast"}))
+    (d / "tokenizer_config.json").write_text(
+        json.dumps(tc | {"tokenizer_class": "PreTrainedTokenizerFast"})
+    )
     r = _cli(d, "eval", ".", "--text", text)
     assert r.returncode == 0, r.stderr
     assert not marker.exists()

@@ -29,8 +29,12 @@ def test_the_checker_finds_what_differs():
     assert S.problems({"a": 1, "b": [{"c": None}, {"c": 2.5}], "d": None}, schema) == []
     assert S.problems([{"a": 1}], schema) == ["$: expected an object, got list"]
     found = S.problems({"a": True, "b": [{"c": "x"}], "d": {"k": 3}, "e": 0}, schema)
-    assert found == ["$: unexpected key 'e'", "$.a: expected int, got True",
-                     "$.b[0].c: expected num or null, got 'x'", "$.d.k: expected str, got 3"]
+    assert found == [
+        "$: unexpected key 'e'",
+        "$.a: expected int, got True",
+        "$.b[0].c: expected num or null, got 'x'",
+        "$.d.k: expected str, got 3",
+    ]
     assert S.problems({"b": []}, schema) == ["$: missing key 'a'", "$: missing key 'd'"]
 
 
@@ -45,15 +49,33 @@ def files(tmp_path_factory) -> dict[str, Path]:
 
 
 # --- flops: one sparsity, several, none given, stages, a config file, a checkpoint -------------
-@pytest.mark.parametrize("args,runs", [
-    (("-m", "gpt2-small", "-s", "0.5"), 1),
-    (("-m", "gpt2-small", "-s", "0,0.5,0.75"), 3),
-    (("-m", "gpt2-small"), 3),  # no --sparsity: the default three
-    (("-m", "cerebras-gpt-256m", "--stage", "0.9:0.8333", "--stage", "0:0.1667"), 1),
-    (("-m", "gpt3-xl", "-s", "0.75", "--finetune-tokens", "64.512M", "--finetune-seq-len", "512"), 1),
-    (("-m", "llama-1.3b", "-s", "0.5", "--embeddings"), 1),  # --breakdown: the terms are always there
-    (("-m", "mixtral-8x7b", "-s", "0,0.5"), 2),  # a mixture of experts: "moe" and active_params
-])
+@pytest.mark.parametrize(
+    "args,runs",
+    [
+        (("-m", "gpt2-small", "-s", "0.5"), 1),
+        (("-m", "gpt2-small", "-s", "0,0.5,0.75"), 3),
+        (("-m", "gpt2-small"), 3),  # no --sparsity: the default three
+        (("-m", "cerebras-gpt-256m", "--stage", "0.9:0.8333", "--stage", "0:0.1667"), 1),
+        (
+            (
+                "-m",
+                "gpt3-xl",
+                "-s",
+                "0.75",
+                "--finetune-tokens",
+                "64.512M",
+                "--finetune-seq-len",
+                "512",
+            ),
+            1,
+        ),
+        (
+            ("-m", "llama-1.3b", "-s", "0.5", "--embeddings"),
+            1,
+        ),  # --breakdown: the terms are always there
+        (("-m", "mixtral-8x7b", "-s", "0,0.5"), 2),  # a mixture of experts: "moe" and active_params
+    ],
+)
 def test_flops_json_has_one_shape(args, runs):
     d = as_json("flops", *args)
     conforms(d, S.FLOPS)
@@ -75,15 +97,24 @@ def test_flops_list_json():
 
 
 # --- simulate: one sparsity, a list, --sweep, a preset, a checkpoint, --verify, --plot --------
-@pytest.mark.parametrize("args,runs", [
-    (("--shape", "64x64", "-s", "0.5", "--tokens", "64"), 1),
-    (("--shape", "64x64", "-s", "0.5,0.9", "--tokens", "64"), 2),
-    (("--shape", "64x64", "--sweep", "--tokens", "64"), 10),
-    (("--shape", "64x64", "-s", "0.5", "--pattern", "2:4", "--tokens", "64", "--verify"), 1),
-    (("--model", "gpt2-small", "-s", "0.75", "--tokens", "2048"), 1),
-    (("--model", "mixtral-8x7b", "-s", "0.5", "--tokens", "1"), 1),  # a mixture of experts: "moe"
-    (("--shape", "64x64", "-s", "0.5", "--device", "a100", "--tokens", "64"), 1),  # no dataflow device
-])
+@pytest.mark.parametrize(
+    "args,runs",
+    [
+        (("--shape", "64x64", "-s", "0.5", "--tokens", "64"), 1),
+        (("--shape", "64x64", "-s", "0.5,0.9", "--tokens", "64"), 2),
+        (("--shape", "64x64", "--sweep", "--tokens", "64"), 10),
+        (("--shape", "64x64", "-s", "0.5", "--pattern", "2:4", "--tokens", "64", "--verify"), 1),
+        (("--model", "gpt2-small", "-s", "0.75", "--tokens", "2048"), 1),
+        (
+            ("--model", "mixtral-8x7b", "-s", "0.5", "--tokens", "1"),
+            1,
+        ),  # a mixture of experts: "moe"
+        (
+            ("--shape", "64x64", "-s", "0.5", "--device", "a100", "--tokens", "64"),
+            1,
+        ),  # no dataflow device
+    ],
+)
 def test_simulate_json_has_one_shape(args, runs):
     d = as_json("simulate", *args)
     conforms(d, S.SIMULATE)
@@ -96,7 +127,9 @@ def test_simulate_json_from_a_checkpoint_and_with_a_plot(files, tmp_path):
     conforms(d, S.SIMULATE)
     assert len(d["runs"]) == 1 and d["runs"][0]["sparsity"] == d["workload"]["targeted_sparsity"]
     png = tmp_path / "s.png"
-    d = as_json("simulate", "--shape", "64x64", "-s", "0.5,0.9", "--tokens", "64", "--plot", str(png))
+    d = as_json(
+        "simulate", "--shape", "64x64", "-s", "0.5,0.9", "--tokens", "64", "--plot", str(png)
+    )
     conforms(d, S.SIMULATE)
     assert d["plot"] == str(png) and png.is_file()
 
@@ -106,11 +139,14 @@ def test_simulate_list_hardware_json():
 
 
 # --- bench: one shape, a sweep, a preset, a checkpoint -------------------------------------------
-@pytest.mark.parametrize("args", [
-    ["--shape", "16x32", "-s", "0.5"],
-    ["--shape", "16x32", "-s", "0.5,0.9", "--dtype", "bfloat16"],
-    ["--model", "gpt2-small", "-s", "0.9", "--kernel", "scipy-csr"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--shape", "16x32", "-s", "0.5"],
+        ["--shape", "16x32", "-s", "0.5,0.9", "--dtype", "bfloat16"],
+        ["--model", "gpt2-small", "-s", "0.9", "--kernel", "scipy-csr"],
+    ],
+)
 def test_bench_json_has_one_shape(args):
     conforms(as_json("bench", *args, "--batch", "1,3", "-r", "1"), S.BENCH)
 
@@ -124,8 +160,11 @@ def test_bench_json_from_a_checkpoint(files):
 # --- prune, densify, report, diff ---------------------------------------------------------------
 def test_checkpoint_commands_keep_one_shape(files, tmp_path):
     dense, pruned = str(files["dense"]), str(files["pruned"])
-    for extra in (("--sparsity", "0.5"), ("--nm", "2:4", "--encoding", "mask"),
-                  ("--fraction", "0.2", "--scope", "global", "--include", "*wte*")):
+    for extra in (
+        ("--sparsity", "0.5"),
+        ("--nm", "2:4", "--encoding", "mask"),
+        ("--fraction", "0.2", "--scope", "global", "--include", "*wte*"),
+    ):
         out = tmp_path / f"p{len(list(tmp_path.iterdir()))}.safetensors"
         conforms(as_json("prune", dense, "-o", str(out), *extra), S.PRUNE)
     conforms(as_json("densify", pruned, "-o", str(tmp_path / "d.safetensors")), S.DENSIFY)
@@ -140,16 +179,32 @@ def test_train_and_eval_keep_one_shape(tmp_path):
     from helpers import make_corpus
 
     data = make_corpus(tmp_path / "corpus")
-    base = ["train", "--data", str(data), "--preset", "tiny", "--steps", "4", "--batch-size", "2",
-            "--warmup", "1", "--seed", "0"]
+    base = [
+        "train",
+        "--data",
+        str(data),
+        "--preset",
+        "tiny",
+        "--steps",
+        "4",
+        "--batch-size",
+        "2",
+        "--warmup",
+        "1",
+        "--seed",
+        "0",
+    ]
     conforms(as_json(*base, "-o", str(tmp_path / "a")), S.TRAIN)
-    conforms(as_json(*base, "-o", str(tmp_path / "b"), "--sparsity", "0.5", "--algorithm", "static"),
-             S.TRAIN)
+    conforms(
+        as_json(*base, "-o", str(tmp_path / "b"), "--sparsity", "0.5", "--algorithm", "static"),
+        S.TRAIN,
+    )
     text = tmp_path / "t.txt"
     text.write_text("the quick brown fox jumps over the lazy dog\n" * 20)
     one = as_json("eval", str(tmp_path / "a"), "--text", str(text), "--max-tokens", "200")
     conforms(one, S.EVAL)
-    two = as_json("eval", str(tmp_path / "a"), str(tmp_path / "b"), "--text", str(text),
-                  "--max-tokens", "200")
+    two = as_json(
+        "eval", str(tmp_path / "a"), str(tmp_path / "b"), "--text", str(text), "--max-tokens", "200"
+    )
     conforms(two, S.EVAL)
     assert len(two["checkpoints"]) == 2

@@ -40,13 +40,21 @@ def assert_whole(out: str, figures: list[str]) -> None:
 
 def llama_state(n_layer: int, d: int = 16, ff: int = 32, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    st = {"language_model.model.embed_tokens.weight": torch.randn(64, d, generator=g),
-          "language_model.model.norm.weight": torch.ones(d)}
+    st = {
+        "language_model.model.embed_tokens.weight": torch.randn(64, d, generator=g),
+        "language_model.model.norm.weight": torch.ones(d),
+    }
     for i in range(n_layer):
         p = f"{PREFIX}.{i}."
-        for m, shape in (("self_attn.q_proj", (d, d)), ("self_attn.k_proj", (d, d)),
-                         ("self_attn.v_proj", (d, d)), ("self_attn.o_proj", (d, d)),
-                         ("mlp.gate_proj", (ff, d)), ("mlp.up_proj", (ff, d)), ("mlp.down_proj", (d, ff))):
+        for m, shape in (
+            ("self_attn.q_proj", (d, d)),
+            ("self_attn.k_proj", (d, d)),
+            ("self_attn.v_proj", (d, d)),
+            ("self_attn.o_proj", (d, d)),
+            ("mlp.gate_proj", (ff, d)),
+            ("mlp.up_proj", (ff, d)),
+            ("mlp.down_proj", (d, ff)),
+        ):
             st[p + m + ".weight"] = torch.randn(*shape, generator=g)
         st[p + "input_layernorm.weight"] = torch.ones(d)
     return st
@@ -69,14 +77,26 @@ def test_flops_tables_keep_every_figure(width):
     one = as_json(["flops", "--model", "gpt3-xl", "--sparsity", "0.75"])["runs"][0]
     out = run(["flops", "--model", "gpt3-xl", "--sparsity", "0.75", "--breakdown"], width)
     # the parameters rows of the issue: "1,315,723…" and "409,753,…" before
-    assert_whole(out, [f"{one['params']:,.0f}", f"{one['nonzero_params']:,.0f}", "1,315,723,264",
-                       "409,753,600", "3 x forward (backward = 2 x forward)"])
+    assert_whole(
+        out,
+        [
+            f"{one['params']:,.0f}",
+            f"{one['nonzero_params']:,.0f}",
+            "1,315,723,264",
+            "409,753,600",
+            "3 x forward (backward = 2 x forward)",
+        ],
+    )
     from sparsetool.flops import get_preset, term_formulas
 
     assert_whole(out, list(term_formulas(get_preset("gpt3-xl")).values()))
-    out = run(["flops", "--model", "gpt3-xl", "--sparsity", "0,0.5,0.75", "--finetune-tokens", "64.5M"],
-              width)
-    rows = as_json(["flops", "--model", "gpt3-xl", "--sparsity", "0,0.5,0.75", "--finetune-tokens", "64.5M"])["runs"]
+    out = run(
+        ["flops", "--model", "gpt3-xl", "--sparsity", "0,0.5,0.75", "--finetune-tokens", "64.5M"],
+        width,
+    )
+    rows = as_json(
+        ["flops", "--model", "gpt3-xl", "--sparsity", "0,0.5,0.75", "--finetune-tokens", "64.5M"]
+    )["runs"]
     from sparsetool.cli._output import si
 
     assert_whole(out, ["e2e speed-up", *[si(r["train_flops_per_seq"], "FLOP") for r in rows]])
@@ -96,7 +116,9 @@ def test_simulate_tables_keep_tensor_and_device_names(files, width):
     assert_whole(out, names + [d["name"] for d in data["devices"]])
     sweep = as_json(["simulate", "--shape", "4096x4096", "--sweep"])
     out = run(["simulate", "--shape", "4096x4096", "--sweep"], width)
-    assert_whole(out, list(sweep["runs"][0]["devices"]) + [f"{r['sparsity']:.2f}" for r in sweep["runs"]])
+    assert_whole(
+        out, list(sweep["runs"][0]["devices"]) + [f"{r['sparsity']:.2f}" for r in sweep["runs"]]
+    )
     out = run(["simulate", "--model", "gpt3-xl", "--sparsity", "0.75"], width)
     assert_whole(out, ["where the training step's time goes"])
 
@@ -105,15 +127,26 @@ def test_simulate_tables_keep_tensor_and_device_names(files, width):
 def test_report_diff_prune_densify_keep_names_and_counts(files, width):
     data = as_json(["report", files["sparse"]])
     out = run(["report", files["sparse"]], width)
-    assert_whole(out, [t["name"] for t in data["tensors"]] + [f"{t['numel']:,}" for t in data["tensors"]]
-                 + [f"{t['nonzero']:,}" for t in data["tensors"]])
+    assert_whole(
+        out,
+        [t["name"] for t in data["tensors"]]
+        + [f"{t['numel']:,}" for t in data["tensors"]]
+        + [f"{t['nonzero']:,}" for t in data["tensors"]],
+    )
     data = as_json(["diff", files["dense"], files["other"]])
     out = run(["diff", files["dense"], files["other"]], width)
-    assert_whole(out, [t["name"] for t in data["tensors"]] + [f"{t['revived']:,}" for t in data["tensors"]])
-    target = files["root"] / f"a-rather-long-output-name-for-the-pruned-checkpoint-{width}.safetensors"
+    assert_whole(
+        out, [t["name"] for t in data["tensors"]] + [f"{t['revived']:,}" for t in data["tensors"]]
+    )
+    target = (
+        files["root"] / f"a-rather-long-output-name-for-the-pruned-checkpoint-{width}.safetensors"
+    )
     out = run(["prune", files["dense"], "-o", target, "--sparsity", "0.5"], width)
     assert_whole(out, [str(target)])
-    dense = files["root"] / f"a-rather-long-output-name-for-the-densified-checkpoint-{width}.safetensors"
+    dense = (
+        files["root"]
+        / f"a-rather-long-output-name-for-the-densified-checkpoint-{width}.safetensors"
+    )
     out = run(["densify", target, "-o", dense], width)
     assert_whole(out, [str(dense)])
 
@@ -126,9 +159,30 @@ def gpt_run(tmp_path_factory) -> tuple[Path, dict[int, str]]:
     data = make_corpus(root / "corpus", files=4)
     outputs = {}
     for width in WIDTHS:  # the summary table at the end of training
-        outputs[width] = run(["train", "--out", root / f"run-{width}", "--data", data, "--preset", "tiny",
-                              "--steps", "4", "--batch-size", "2", "--warmup", "1", "--seed", "0",
-                              "--sparsity", "0.5", "--algorithm", "static"], width)
+        outputs[width] = run(
+            [
+                "train",
+                "--out",
+                root / f"run-{width}",
+                "--data",
+                data,
+                "--preset",
+                "tiny",
+                "--steps",
+                "4",
+                "--batch-size",
+                "2",
+                "--warmup",
+                "1",
+                "--seed",
+                "0",
+                "--sparsity",
+                "0.5",
+                "--algorithm",
+                "static",
+            ],
+            width,
+        )
     return root, outputs
 
 
@@ -136,8 +190,10 @@ def gpt_run(tmp_path_factory) -> tuple[Path, dict[int, str]]:
 def test_train_summary_and_eval_keep_paths_and_counts(gpt_run, width):
     root, outputs = gpt_run
     run_dir = root / f"run-{width}"
-    assert_whole(outputs[width], [str(run_dir / "model.safetensors"), str(run_dir / "log.jsonl"),
-                                  str(run_dir / "loss.png")])
+    assert_whole(
+        outputs[width],
+        [str(run_dir / "model.safetensors"), str(run_dir / "log.jsonl"), str(run_dir / "loss.png")],
+    )
     data = as_json(["eval", run_dir, "--max-tokens", "300"])
     out = run(["eval", run_dir, "--max-tokens", "300"], width)
     row = data["checkpoints"][0]
@@ -147,8 +203,14 @@ def test_train_summary_and_eval_keep_paths_and_counts(gpt_run, width):
 def test_wide_characters_line_up(tmp_path):
     """Column positions count display cells: an emoji or a CJK character takes two."""
     path = tmp_path / "wide.safetensors"
-    save_file({"blocks.0.注意力.weight": torch.zeros(4, 4), "blocks.0.🙂.weight": torch.ones(2, 2),
-               "blocks.0.plain.weight": torch.ones(3)}, str(path))
+    save_file(
+        {
+            "blocks.0.注意力.weight": torch.zeros(4, 4),
+            "blocks.0.🙂.weight": torch.ones(2, 2),
+            "blocks.0.plain.weight": torch.ones(3),
+        },
+        str(path),
+    )
     out = run(["report", path], 80)
     lines = out.splitlines()[1:6]  # after the title: header, rule and three rows
     assert sum("blocks.0." in line for line in lines) == 3
@@ -160,8 +222,11 @@ def test_terminal_gets_a_rich_table_only_when_every_cell_fits(monkeypatch):
     rows = [["transformer.h.11.mlp.c_proj.weight", "2,359,296"], ["wte", "38,597,376"]]
     for width, boxed in ((100, True), (30, False)):
         buf = io.StringIO()
-        monkeypatch.setattr(_output, "console", Console(file=buf, force_terminal=True, width=width,
-                                                        color_system=None))
+        monkeypatch.setattr(
+            _output,
+            "console",
+            Console(file=buf, force_terminal=True, width=width, color_system=None),
+        )
         plain = io.StringIO()
         monkeypatch.setattr(_output.sys, "stdout", plain)
         _output.print_table(header, rows, title="t")
@@ -185,7 +250,9 @@ def test_json_output_is_strict_json_with_null_for_infinite_figures(capsys):
     parser reads."""
     import json as _json
 
-    _output.emit_json({"perplexity": float("inf"), "nll": float("nan"), "runs": [1.5, float("-inf")]})
+    _output.emit_json(
+        {"perplexity": float("inf"), "nll": float("nan"), "runs": [1.5, float("-inf")]}
+    )
     out = capsys.readouterr().out
     assert "Infinity" not in out and "NaN" not in out
     assert _json.loads(out) == {"perplexity": None, "nll": None, "runs": [1.5, None]}

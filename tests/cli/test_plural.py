@@ -16,21 +16,37 @@ SRC = ROOT / "sparsetool"
 
 
 def test_plural():
-    assert [plural(n, "tensor") for n in (0, 1, 2, 1234)] == ["0 tensors", "1 tensor", "2 tensors",
-                                                              "1,234 tensors"]
-    assert plural(1, "matrix", "matrices") == "1 matrix" and plural(3, "matrix", "matrices") == "3 matrices"
+    assert [plural(n, "tensor") for n in (0, 1, 2, 1234)] == [
+        "0 tensors",
+        "1 tensor",
+        "2 tensors",
+        "1,234 tensors",
+    ]
+    assert (
+        plural(1, "matrix", "matrices") == "1 matrix"
+        and plural(3, "matrix", "matrices") == "3 matrices"
+    )
 
 
 def test_no_count_is_printed_before_a_fixed_plural():
     """f"{n} tensors" prints "1 tensors"; every such count goes through plural()."""
-    fixed = re.compile(r"\{[^}]*\} (tensors|heads|layers|shards|files|matrices|weights|parameters)\b")
-    found = [f"{p.relative_to(SRC)}:{i}: {line.strip()}"
-             for p in sorted(SRC.rglob("*.py"))
-             for i, line in enumerate(p.read_text().splitlines(), 1) if fixed.search(line)]
+    fixed = re.compile(
+        r"\{[^}]*\} (tensors|heads|layers|shards|files|matrices|weights|parameters)\b"
+    )
+    found = [
+        f"{p.relative_to(SRC)}:{i}: {line.strip()}"
+        for p in sorted(SRC.rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if fixed.search(line)
+    ]
     assert not found, "\n".join(found)
     also = re.compile(r"\} (tensor|token|process|value|shard|file)\(e?s\)")
-    found = [f"{p.relative_to(SRC)}:{i}" for p in sorted(SRC.rglob("*.py"))
-             for i, line in enumerate(p.read_text().splitlines(), 1) if also.search(line)]
+    found = [
+        f"{p.relative_to(SRC)}:{i}"
+        for p in sorted(SRC.rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if also.search(line)
+    ]
     assert not found, found
 
 
@@ -39,9 +55,14 @@ def test_one_of_everything_reads_singular(tmp_path):
     flops and simulate all say "1 tensor", "1 layer", "1 head", "1 matrix"."""
     g = torch.Generator().manual_seed(0)
     src = tmp_path / "one.safetensors"
-    save_file({"wte.weight": torch.randn(32, 16, generator=g),
-               "h.0.attn.c_attn.weight": torch.randn(16, 48, generator=g),
-               "h.0.mlp.c_proj.weight": torch.randn(64, 16, generator=g)}, str(src))
+    save_file(
+        {
+            "wte.weight": torch.randn(32, 16, generator=g),
+            "h.0.attn.c_attn.weight": torch.randn(16, 48, generator=g),
+            "h.0.mlp.c_proj.weight": torch.randn(64, 16, generator=g),
+        },
+        str(src),
+    )
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_head": 1}))
     out = tmp_path / "p.safetensors"
     r = run("prune", src, "-o", out, "-s", "0.5", "--exclude", "*c_proj*")

@@ -44,8 +44,10 @@ def locked(request, tmp_path, monkeypatch) -> tuple[Path, str]:
     def refuse(path):
         raise OSError(code, os.strerror(code), os.fsdecode(path))
 
-    real = {name: getattr(os, name) for name in ("open", "mkdir", "unlink", "remove", "rmdir",
-                                                  "rename", "replace")}
+    real = {
+        name: getattr(os, name)
+        for name in ("open", "mkdir", "unlink", "remove", "rmdir", "rename", "replace")
+    }
     real_open = builtins.open
 
     def os_open(path, flags, *a, **kw):
@@ -58,6 +60,7 @@ def locked(request, tmp_path, monkeypatch) -> tuple[Path, str]:
             if inside(path):
                 refuse(path)
             return real[name](path, *a, **kw)
+
         return call
 
     def two_paths(name):
@@ -65,6 +68,7 @@ def locked(request, tmp_path, monkeypatch) -> tuple[Path, str]:
             if inside(src) or inside(dst):
                 refuse(dst)
             return real[name](src, dst, *a, **kw)
+
         return call
 
     def file_open(file, mode="r", *a, **kw):
@@ -88,7 +92,9 @@ def one_error(r, path: Path, code: str, option: str = "-o") -> str:
     assert "Traceback" not in r.output, r.output
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
-    assert lines[0].startswith(f"error: writing {path} failed: {os.strerror(getattr(errno, code))} [{code}]; "), lines[0]
+    assert lines[0].startswith(
+        f"error: writing {path} failed: {os.strerror(getattr(errno, code))} [{code}]; "
+    ), lines[0]
     assert lines[0].endswith(ADVICE[code].format(option=option)), lines[0]
     return lines[0]
 
@@ -106,8 +112,10 @@ def test_prune_and_densify_into_a_locked_directory(locked, command):
     assert left_in(d) == []
 
 
-@pytest.mark.parametrize("command", [("report", TINY), ("diff", TINY, TINY),
-                                     ("simulate", "--model", "gpt2-small", "--sweep")])
+@pytest.mark.parametrize(
+    "command",
+    [("report", TINY), ("diff", TINY, TINY), ("simulate", "--model", "gpt2-small", "--sweep")],
+)
 def test_a_plot_into_a_locked_directory(locked, command):
     d, code = locked
     r = run(*command, "--plot", d / "out.png")
@@ -126,7 +134,9 @@ def test_eval_refuses_a_locked_plot_before_it_evaluates(locked, monkeypatch):
     assert not called
 
 
-@pytest.mark.parametrize("command", [("train", "--preset", "tiny", "--steps", "1", "--warmup", "0"), ("demo",)])
+@pytest.mark.parametrize(
+    "command", [("train", "--preset", "tiny", "--steps", "1", "--warmup", "0"), ("demo",)]
+)
 def test_train_and_demo_into_a_locked_directory(locked, command):
     d, code = locked
     r = run(*command, "-o", d / "run")
@@ -134,8 +144,15 @@ def test_train_and_demo_into_a_locked_directory(locked, command):
     assert left_in(d) == []
 
 
-@pytest.mark.parametrize("command", [("train", "--preset", "tiny", "--steps", "1", "--warmup", "0"), ("demo",),
-                                     ("prune", TINY, "--sparsity", "0.5"), ("densify", TINY)])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("train", "--preset", "tiny", "--steps", "1", "--warmup", "0"),
+        ("demo",),
+        ("prune", TINY, "--sparsity", "0.5"),
+        ("densify", TINY),
+    ],
+)
 def test_an_output_under_a_file(tmp_path, command):
     (tmp_path / "afile").write_text("not a directory")
     out = tmp_path / "afile" / "out"
@@ -167,7 +184,9 @@ def test_eval_prints_its_results_before_a_plot_that_fails(tiny_run, tmp_path, mo
 
     monkeypatch.setattr(ops_eval, "plot_eval", full_disk)
     png = tmp_path / "ppl.png"
-    r = run("eval", tiny_run, "--max-tokens", "300", "--plot", png, *(["--json"] if as_json else []))
+    r = run(
+        "eval", tiny_run, "--max-tokens", "300", "--plot", png, *(["--json"] if as_json else [])
+    )
     one_error(r, png, "ENOSPC", "--plot")
     if as_json:
         assert json.loads(r.stdout)["checkpoints"][0]["tokens"] > 0
@@ -175,12 +194,16 @@ def test_eval_prints_its_results_before_a_plot_that_fails(tiny_run, tmp_path, mo
         assert "perplexity" in r.stdout and "baseline" in r.stdout
 
 
-@pytest.mark.parametrize("command, module, function, printed", [
-    (("report", TINY), "sparsetool.ops.report", "plot_report", "targeted sparsity: "),
-    (("diff", TINY, TINY), "sparsetool.ops.diff", "plot_diff", "all 98,304 targeted weights"),
-])
-def test_report_and_diff_print_their_results_before_a_plot_that_fails(tmp_path, monkeypatch, command, module,
-                                                                       function, printed):
+@pytest.mark.parametrize(
+    "command, module, function, printed",
+    [
+        (("report", TINY), "sparsetool.ops.report", "plot_report", "targeted sparsity: "),
+        (("diff", TINY, TINY), "sparsetool.ops.diff", "plot_diff", "all 98,304 targeted weights"),
+    ],
+)
+def test_report_and_diff_print_their_results_before_a_plot_that_fails(
+    tmp_path, monkeypatch, command, module, function, printed
+):
     import importlib
 
     from sparsetool.checkpoint.output_files import write_error

@@ -31,14 +31,23 @@ from sparsetool.flops import (
     term_formulas,
 )
 
-TERMS = ["qkv", "attn_logits", "softmax", "attn_values", "attn_out", "ffn", "router", "logits",
-         "embeddings"]
+TERMS = [
+    "qkv",
+    "attn_logits",
+    "softmax",
+    "attn_values",
+    "attn_out",
+    "ffn",
+    "router",
+    "logits",
+    "embeddings",
+]
 
 
 def half_unit(printed: str) -> float:
     """Half a unit of the last digit of a printed number: "1.86e13" -> 0.005e13."""
     exp = Decimal(printed).as_tuple().exponent
-    return 0.5 * 10.0 ** exp
+    return 0.5 * 10.0**exp
 
 
 def assert_printed(value: float, printed: str, slack: float = 1e-9) -> None:
@@ -121,23 +130,34 @@ def test_spdf_appendix_table2_gpt3_xl_dense_total():
 APPENDIX_TABLE_3 = {  # dataset: (sequences, {model: (FLOPs/seq, total FLOPs, exaFLOPs)})
     # E2E / GPT-3 XL prints 5.27e17 but 0.524 exaFLOPs, DART's figure: 5.27e17 is 0.527, and
     # SPDF Table 2's 95.29 (= 94.758 + 0.527; 94.758 + 0.524 = 95.28) confirms 0.527 was used.
-    "E2E": ("1.26e5", {"gpt2-small": ("1.36e11", "5.15e16", "0.052"),
-                       "gpt3-xl": ("1.39e12", "5.27e17", "0.527")}),
-    "WebNLG": ("0.54e5", {"gpt2-small": ("1.36e11", "2.21e16", "0.022"),
-                          "gpt3-xl": ("1.39e12", "2.26e17", "0.226")}),
-    "DART": ("1.25e5", {"gpt2-small": ("1.36e11", "5.12e16", "0.051"),
-                        "gpt3-xl": ("1.39e12", "5.24e17", "0.524")}),
-    "Curation": ("0.34e5", {"gpt2-small": ("1.36e11", "1.38e16", "0.014"),
-                            "gpt3-xl": ("1.39e12", "1.41e17", "0.141")}),
+    "E2E": (
+        "1.26e5",
+        {"gpt2-small": ("1.36e11", "5.15e16", "0.052"), "gpt3-xl": ("1.39e12", "5.27e17", "0.527")},
+    ),
+    "WebNLG": (
+        "0.54e5",
+        {"gpt2-small": ("1.36e11", "2.21e16", "0.022"), "gpt3-xl": ("1.39e12", "2.26e17", "0.226")},
+    ),
+    "DART": (
+        "1.25e5",
+        {"gpt2-small": ("1.36e11", "5.12e16", "0.051"), "gpt3-xl": ("1.39e12", "5.24e17", "0.524")},
+    ),
+    "Curation": (
+        "0.34e5",
+        {"gpt2-small": ("1.36e11", "1.38e16", "0.014"), "gpt3-xl": ("1.39e12", "1.41e17", "0.141")},
+    ),
 }
 
 
 def finetune_fwd(model: str) -> float:
     return account(get_preset(model), finetune_tokens=512, finetune_seq_len=512)[
-        "finetune_forward_flops_per_seq"]
+        "finetune_forward_flops_per_seq"
+    ]
 
 
-def sequence_interval(dataset: str, extra: list[tuple[float, str, float]] = ()) -> tuple[float, float]:
+def sequence_interval(
+    dataset: str, extra: list[tuple[float, str, float]] = ()
+) -> tuple[float, float]:
     """The fine-tuning sequence counts consistent with every printed figure of ``dataset``.
 
     The paper prints the count rounded (1.25e5) but computed totals from the exact one, so each
@@ -194,8 +214,10 @@ def test_spdf_table2_end_to_end_gpt3_xl_e2e():
     # n >= 1.2602e5 while Table 3's 5.27e17 needs n <= 1.2612e5; the interval is non-empty.
     cfg = get_preset("gpt3-xl")
     train_ft = 3 * finetune_fwd("gpt3-xl")
-    extra = [(account(cfg, sparsity=s)["total_train_flops"], printed, train_ft / 1.0)
-             for s, (printed, _) in SPDF_TABLE_2_XL_E2E.items()]
+    extra = [
+        (account(cfg, sparsity=s)["total_train_flops"], printed, train_ft / 1.0)
+        for s, (printed, _) in SPDF_TABLE_2_XL_E2E.items()
+    ]
     extra = [(off / 1e18, p, sc / 1e18) for off, p, sc in extra]
     lo, hi = sequence_interval("E2E", extra)
     assert lo <= hi
@@ -205,7 +227,8 @@ def test_spdf_table2_end_to_end_gpt3_xl_e2e():
         assert_printed(r["end_to_end_flops"] / 1e18, total)
         assert_printed(1 / r["end_to_end_ratio"], speedup)
         assert r["dense_end_to_end_flops"] == pytest.approx(
-            r["dense_total_train_flops"] + r["finetune_flops"])
+            r["dense_total_train_flops"] + r["finetune_flops"]
+        )
     # The headline: "GPT-3 XL 75% SPDF provides ~2.5x FLOP reduction" (Table 2 caption).
     r = account(cfg, sparsity=0.75, finetune_tokens=1.26e5 * 512, finetune_seq_len=512)
     assert f"{1 / r['end_to_end_ratio']:.2f}" == "2.48"
@@ -328,7 +351,10 @@ def test_grouped_query_attention_shrinks_k_and_v():
     gqa = replace(TINY, n_kv_heads=1)
     assert forward_terms(gqa)["qkv"] == 2 * 2 * 4 * 8 * 4 * (2 + 2 * 1)
     assert forward_terms(gqa)["attn_logits"] == forward_terms(TINY)["attn_logits"]
-    assert "4+2*1" in term_formulas(gqa)["qkv"].replace(" ", "") or "(2+2*1)" in term_formulas(gqa)["qkv"]
+    assert (
+        "4+2*1" in term_formulas(gqa)["qkv"].replace(" ", "")
+        or "(2+2*1)" in term_formulas(gqa)["qkv"]
+    )
 
 
 def test_term_formulas_evaluate_to_the_terms():
@@ -341,9 +367,12 @@ def test_term_formulas_evaluate_to_the_terms():
 # ---------------------------------------------------------------------------------------------
 # Presets and config files.
 CEREBRAS = {  # the issue's table, from Dey et al. 2023 (Cerebras-GPT), Table 1
-    "cerebras-gpt-111m": (10, 768, 12, 3072), "cerebras-gpt-256m": (14, 1088, 17, 4352),
-    "cerebras-gpt-590m": (18, 1536, 12, 6144), "cerebras-gpt-1.3b": (24, 2048, 16, 8192),
-    "cerebras-gpt-2.7b": (32, 2560, 32, 10240), "cerebras-gpt-6.7b": (32, 4096, 32, 16384),
+    "cerebras-gpt-111m": (10, 768, 12, 3072),
+    "cerebras-gpt-256m": (14, 1088, 17, 4352),
+    "cerebras-gpt-590m": (18, 1536, 12, 6144),
+    "cerebras-gpt-1.3b": (24, 2048, 16, 8192),
+    "cerebras-gpt-2.7b": (32, 2560, 32, 10240),
+    "cerebras-gpt-6.7b": (32, 4096, 32, 16384),
     "cerebras-gpt-13b": (40, 5120, 40, 20480),
 }
 
@@ -373,8 +402,17 @@ def test_chinchilla_default_tokens_use_counted_params_without_a_nominal_size():
 def test_config_files_in_three_formats(tmp_path, suffix):
     body = {
         "toml": 'name = "mine"\nn_layers = 2\nd_model = 8\nn_heads = 2\nd_ff = 32\nvocab = 10\nseq_len = 4\n',
-        "json": json.dumps({"name": "mine", "n_layers": 2, "d_model": 8, "n_heads": 2, "d_ff": 32,
-                            "vocab": 10, "seq_len": 4}),
+        "json": json.dumps(
+            {
+                "name": "mine",
+                "n_layers": 2,
+                "d_model": 8,
+                "n_heads": 2,
+                "d_ff": 32,
+                "vocab": 10,
+                "seq_len": 4,
+            }
+        ),
         "yaml": "name: mine\nn_layers: 2\nd_model: 8\nn_heads: 2\nd_ff: 32\nvocab: 10\nseq_len: 4\n",
     }[suffix]
     p = tmp_path / f"m.{suffix}"
@@ -385,38 +423,94 @@ def test_config_files_in_three_formats(tmp_path, suffix):
 def test_hugging_face_config_json(tmp_path):
     d = tmp_path / "my-llama"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({
-        "model_type": "llama", "hidden_size": 2048, "intermediate_size": 5504,
-        "num_attention_heads": 16, "num_hidden_layers": 24, "num_key_value_heads": 4,
-        "vocab_size": 32000, "max_position_embeddings": 4096, "tie_word_embeddings": False,
-    }))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 2048,
+                "intermediate_size": 5504,
+                "num_attention_heads": 16,
+                "num_hidden_layers": 24,
+                "num_key_value_heads": 4,
+                "vocab_size": 32000,
+                "max_position_embeddings": 4096,
+                "tie_word_embeddings": False,
+            }
+        )
+    )
     c = load_config(d / "config.json")
-    assert (c.name, c.n_layers, c.d_model, c.n_heads, c.d_head, c.d_ff) == ("my-llama", 24, 2048, 16, 128, 5504)
+    assert (c.name, c.n_layers, c.d_model, c.n_heads, c.d_head, c.d_ff) == (
+        "my-llama",
+        24,
+        2048,
+        16,
+        128,
+        5504,
+    )
     # counted at 2048 tokens like every source (it used to be the 4096-token context)
-    assert (c.ffn_matrices, c.n_kv_heads, c.seq_len, c.context, c.learned_positions) == (3, 4, 2048, 4096, False)
-    gpt2 = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_inner": None,
-            "vocab_size": 50257, "n_positions": 1024}
+    assert (c.ffn_matrices, c.n_kv_heads, c.seq_len, c.context, c.learned_positions) == (
+        3,
+        4,
+        2048,
+        4096,
+        False,
+    )
+    gpt2 = {
+        "model_type": "gpt2",
+        "n_layer": 12,
+        "n_embd": 768,
+        "n_head": 12,
+        "n_inner": None,
+        "vocab_size": 50257,
+        "n_positions": 1024,
+    }
     (tmp_path / "config.json").write_text(json.dumps(gpt2))
     c = load_config(tmp_path / "config.json")
     # GPT-2 takes 1024 tokens: counted at its context, not at a 2048 it cannot take
-    assert (c.d_ff, c.seq_len, c.context, c.ffn_matrices, c.n_kv_heads) == (3072, 1024, 1024, 2, None)
+    assert (c.d_ff, c.seq_len, c.context, c.ffn_matrices, c.n_kv_heads) == (
+        3072,
+        1024,
+        1024,
+        2,
+        None,
+    )
 
 
-@pytest.mark.parametrize("body,match", [
-    ('{"n_layers": 2}', "required keys"),
-    ('{"n_layers": 2, "d_model": 8, "n_heads": 2, "d_ff": 32, "vocab": 10, "seq_len": 4, "x": 1}', "unknown key"),
-    ('{"n_layers": 0, "d_model": 8, "n_heads": 2, "d_ff": 32, "vocab": 10, "seq_len": 4}', "positive integer"),
-    ("{not json", "not valid"),
-    ("[1, 2]", "mapping"),
-    ('{"model_type": "gpt2", "n_embd": 8}', "lacks"),
-    ('{"model_type": "dbrx", "hidden_size": 8, "num_experts": 8}', "mixture-of-experts model of type 'dbrx'"),
-    ('{"model_type": "kimi_k2", "kv_lora_rank": 512}', "latent attention.*deepseek_v2, deepseek_v3"),
-    ('{"model_type": "deepseek_v3", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, '
-     '"vocab_size": 100, "kv_lora_rank": 16, "qk_rope_head_dim": 8}',
-     "gives kv_lora_rank but not qk_nope_head_dim, v_head_dim"),
-    ('{"model_type": "mixtral", "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2, '
-     '"vocab_size": 10, "num_local_experts": 8}', "not how many each token goes to"),
-])
+@pytest.mark.parametrize(
+    "body,match",
+    [
+        ('{"n_layers": 2}', "required keys"),
+        (
+            '{"n_layers": 2, "d_model": 8, "n_heads": 2, "d_ff": 32, "vocab": 10, "seq_len": 4, "x": 1}',
+            "unknown key",
+        ),
+        (
+            '{"n_layers": 0, "d_model": 8, "n_heads": 2, "d_ff": 32, "vocab": 10, "seq_len": 4}',
+            "positive integer",
+        ),
+        ("{not json", "not valid"),
+        ("[1, 2]", "mapping"),
+        ('{"model_type": "gpt2", "n_embd": 8}', "lacks"),
+        (
+            '{"model_type": "dbrx", "hidden_size": 8, "num_experts": 8}',
+            "mixture-of-experts model of type 'dbrx'",
+        ),
+        (
+            '{"model_type": "kimi_k2", "kv_lora_rank": 512}',
+            "latent attention.*deepseek_v2, deepseek_v3",
+        ),
+        (
+            '{"model_type": "deepseek_v3", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, '
+            '"vocab_size": 100, "kv_lora_rank": 16, "qk_rope_head_dim": 8}',
+            "gives kv_lora_rank but not qk_nope_head_dim, v_head_dim",
+        ),
+        (
+            '{"model_type": "mixtral", "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2, '
+            '"vocab_size": 10, "num_local_experts": 8}',
+            "not how many each token goes to",
+        ),
+    ],
+)
 def test_bad_config_files(tmp_path, body, match):
     p = tmp_path / "bad.json"
     p.write_text(body)
@@ -456,19 +550,24 @@ def test_variable_spdf_6p7b_against_the_posts_64_percent():
     vspdf = [parse_stage("0.9:0.8333"), parse_stage("0:0.1667")]
     saved = 1 - account(cfg, stages=vspdf)["train_flops_ratio"]
     assert saved == pytest.approx(0.672, abs=5e-4)
-    assert 1 - account(cfg, stages=vspdf, embeddings=True)["train_flops_ratio"] == pytest.approx(0.653, abs=5e-4)
+    assert 1 - account(cfg, stages=vspdf, embeddings=True)["train_flops_ratio"] == pytest.approx(
+        0.653, abs=5e-4
+    )
     shorter = [parse_stage("0.9:0.8"), parse_stage("0:0.2")]
     assert 1 - account(cfg, stages=shorter)["train_flops_ratio"] == pytest.approx(0.645, abs=5e-4)
 
 
-@pytest.mark.parametrize("stages,match", [
-    (["0.9:0.5"], "sum to 0.5"),
-    (["0.9:0.5", "0:0.6"], "sum to 1.1"),
-    (["1.2:1"], "sparsity must be a number from 0 to 1"),  # the one sparsity check's words
-    (["0.5"], "SPARSITY:FRACTION"),
-    (["a:b"], "SPARSITY:FRACTION"),
-    (["0.5:0"], r"\(0, 1\]"),
-])
+@pytest.mark.parametrize(
+    "stages,match",
+    [
+        (["0.9:0.5"], "sum to 0.5"),
+        (["0.9:0.5", "0:0.6"], "sum to 1.1"),
+        (["1.2:1"], "sparsity must be a number from 0 to 1"),  # the one sparsity check's words
+        (["0.5"], "SPARSITY:FRACTION"),
+        (["a:b"], "SPARSITY:FRACTION"),
+        (["0.5:0"], r"\(0, 1\]"),
+    ],
+)
 def test_bad_stages(stages, match):
     with pytest.raises(ConfigError, match=match):
         account(get_preset("gpt2-small"), stages=[parse_stage(s) for s in stages])
@@ -479,7 +578,9 @@ def test_finetuning_adds_the_same_dense_flops_to_both_runs():
     fwd512 = sum(forward_terms(get_preset("gpt2-small"), seq_len=512).values())
     assert r["finetune_flops"] == pytest.approx(3 * fwd512 * 1e6 / 512)
     assert r["end_to_end_flops"] - r["total_train_flops"] == pytest.approx(r["finetune_flops"])
-    assert r["dense_end_to_end_flops"] - r["dense_total_train_flops"] == pytest.approx(r["finetune_flops"])
+    assert r["dense_end_to_end_flops"] - r["dense_total_train_flops"] == pytest.approx(
+        r["finetune_flops"]
+    )
     assert r["train_flops_ratio"] < r["end_to_end_ratio"] < 1
 
 
@@ -498,18 +599,26 @@ def test_no_torch_on_import():
     import subprocess
     import sys
 
-    code = ("import sys, sparsetool.flops; "
-            "sys.exit(1 if {'torch', 'numpy', 'typer', 'rich'} & set(sys.modules) else 0)")
+    code = (
+        "import sys, sparsetool.flops; "
+        "sys.exit(1 if {'torch', 'numpy', 'typer', 'rich'} & set(sys.modules) else 0)"
+    )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
 # ---------------------------------------------------------------------------------------------
 # Properties.
 configs = st.builds(
-    lambda L, d_head, h, mult, V, s, m: ModelConfig("p", L, d_head * h, h, d_head, mult * d_head * h,
-                                                    V, s, ffn_matrices=m),
-    st.integers(1, 8), st.sampled_from([4, 8, 64]), st.integers(1, 8), st.integers(1, 6),
-    st.integers(2, 60000), st.integers(1, 4096), st.sampled_from([2, 3]),
+    lambda L, d_head, h, mult, V, s, m: ModelConfig(
+        "p", L, d_head * h, h, d_head, mult * d_head * h, V, s, ffn_matrices=m
+    ),
+    st.integers(1, 8),
+    st.sampled_from([4, 8, 64]),
+    st.integers(1, 8),
+    st.integers(1, 6),
+    st.integers(2, 60000),
+    st.integers(1, 4096),
+    st.sampled_from([2, 3]),
 )
 fractions = st.floats(0, 1, allow_nan=False)
 
@@ -531,8 +640,13 @@ def test_flops_fall_monotonically_with_sparsity(cfg, a, b):
 def test_one_stage_equals_the_plain_run(cfg, s, tokens):
     staged = account(cfg, stages=[Stage(s, 1.0)], tokens=tokens)
     plain = account(cfg, sparsity=s, tokens=tokens)
-    for key in ("total_train_flops", "train_flops_per_seq", "inference_flops_per_token",
-                "nonzero_params", "effective_sparsity"):
+    for key in (
+        "total_train_flops",
+        "train_flops_per_seq",
+        "inference_flops_per_token",
+        "nonzero_params",
+        "effective_sparsity",
+    ):
         assert staged[key] == pytest.approx(plain[key], rel=1e-12), key
 
 

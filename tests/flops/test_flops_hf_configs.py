@@ -18,25 +18,74 @@ transformers = pytest.importorskip("transformers")
 
 # The published config.json numbers of each model (shapes only; everything else is the default).
 PUBLISHED = {
-    "gpt2": ("GPT2Config", dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)),
-    "opt-350m": ("OPTConfig", dict(vocab_size=50272, hidden_size=1024, num_hidden_layers=24, ffn_dim=4096,
-                                   num_attention_heads=16, max_position_embeddings=2048,
-                                   word_embed_proj_dim=512, do_layer_norm_before=False, enable_bias=True)),
-    "llama-3.2-1b": ("LlamaConfig", dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                                         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                                         head_dim=64, max_position_embeddings=131072, tie_word_embeddings=True)),
-    "mistral-7b": ("MistralConfig", dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
-                                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                                         max_position_embeddings=32768, sliding_window=4096,
-                                         tie_word_embeddings=False)),
-    "pythia-410m": ("GPTNeoXConfig", dict(vocab_size=50304, hidden_size=1024, num_hidden_layers=24,
-                                          num_attention_heads=16, intermediate_size=4096,
-                                          max_position_embeddings=2048, rotary_pct=0.25,
-                                          tie_word_embeddings=False)),
+    "gpt2": (
+        "GPT2Config",
+        dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12),
+    ),
+    "opt-350m": (
+        "OPTConfig",
+        dict(
+            vocab_size=50272,
+            hidden_size=1024,
+            num_hidden_layers=24,
+            ffn_dim=4096,
+            num_attention_heads=16,
+            max_position_embeddings=2048,
+            word_embed_proj_dim=512,
+            do_layer_norm_before=False,
+            enable_bias=True,
+        ),
+    ),
+    "llama-3.2-1b": (
+        "LlamaConfig",
+        dict(
+            vocab_size=128256,
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=64,
+            max_position_embeddings=131072,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "mistral-7b": (
+        "MistralConfig",
+        dict(
+            vocab_size=32000,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            max_position_embeddings=32768,
+            sliding_window=4096,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "pythia-410m": (
+        "GPTNeoXConfig",
+        dict(
+            vocab_size=50304,
+            hidden_size=1024,
+            num_hidden_layers=24,
+            num_attention_heads=16,
+            intermediate_size=4096,
+            max_position_embeddings=2048,
+            rotary_pct=0.25,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
 # transformers' own counts of these models (also asserted from the meta-device build below)
-PARAMS = {"gpt2": 124_439_808, "opt-350m": 331_196_416, "llama-3.2-1b": 1_235_814_400,
-          "mistral-7b": 7_241_732_096, "pythia-410m": 405_334_016}
+PARAMS = {
+    "gpt2": 124_439_808,
+    "opt-350m": 331_196_416,
+    "llama-3.2-1b": 1_235_814_400,
+    "mistral-7b": 7_241_732_096,
+    "pythia-410m": 405_334_016,
+}
 
 
 def hf_config(name: str):
@@ -103,13 +152,25 @@ def test_opt_embedding_projection_is_counted():
     assert t["logits"] == 2 * 2048 * 512 * 50272 + 2 * 2048 * 1024 * 512
 
 
-@pytest.mark.parametrize("change,match", [
-    (dict(hidden_size=770), r"d_model 770 does not split into 12 heads \(770 / 12 = 64\.17\)"),
-    (dict(num_key_value_heads=5), r"12 query heads cannot share 5 key/value heads.*1, 2, 3, 4, 6, 12"),
-])
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(hidden_size=770), r"d_model 770 does not split into 12 heads \(770 / 12 = 64\.17\)"),
+        (
+            dict(num_key_value_heads=5),
+            r"12 query heads cannot share 5 key/value heads.*1, 2, 3, 4, 6, 12",
+        ),
+    ],
+)
 def test_inconsistent_shapes_are_refused_with_the_numbers(change, match):
-    d = {"model_type": "llama", "hidden_size": 768, "num_attention_heads": 12, "num_hidden_layers": 2,
-         "vocab_size": 100, **change}
+    d = {
+        "model_type": "llama",
+        "hidden_size": 768,
+        "num_attention_heads": 12,
+        "num_hidden_layers": 2,
+        "vocab_size": 100,
+        **change,
+    }
     with pytest.raises(ConfigError, match=match):
         from_mapping(d)
     fixed = from_mapping({**d, "hidden_size": 768, "num_key_value_heads": 4})

@@ -59,8 +59,16 @@ def test_own_and_hugging_face_names_follow_one_rule_for_defaults(tmp_path):
     own = tmp_path / "own.toml"
     own.write_text("n_layers = 12\nd_model = 768\nn_heads = 12\nvocab = 50257\n")
     hf = tmp_path / "hf.json"
-    hf.write_text(json.dumps({"num_hidden_layers": 12, "hidden_size": 768, "num_attention_heads": 12,
-                              "vocab_size": 50257}))
+    hf.write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 12,
+                "hidden_size": 768,
+                "num_attention_heads": 12,
+                "vocab_size": 50257,
+            }
+        )
+    )
     a, b = load_config(own), load_config(hf)
     assert (a.d_ff, a.d_head, a.seq_len) == (3072, 64, 2048)
     assert (b.d_ff, b.d_head, b.seq_len) == (3072, 64, 2048)
@@ -76,8 +84,12 @@ def test_hugging_face_names_are_accepted_in_our_own_files(tmp_path):
     with pytest.raises(ConfigError) as e:
         from_mapping({"n_layers": 2, "d_model": 8, "n_heads": 2, "vocab": 10, "layers": 3})
     # every name the message offers is one the reader takes
-    assert "unknown key(s) layers" in str(e.value) and "n_layers (num_hidden_layers / n_layer" in str(e.value)
-    with pytest.raises(ConfigError, match="n_layers twice with different values: n_layers = 2, n_layer = 3"):
+    assert "unknown key(s) layers" in str(
+        e.value
+    ) and "n_layers (num_hidden_layers / n_layer" in str(e.value)
+    with pytest.raises(
+        ConfigError, match="n_layers twice with different values: n_layers = 2, n_layer = 3"
+    ):
         from_mapping({"n_layers": 2, "n_layer": 3, "d_model": 8, "n_heads": 2, "vocab": 10})
 
 

@@ -116,25 +116,53 @@ def test_deepseek_v3_forward_flops_term_by_term():
     half = forward_terms(cfg, sparsity=[{"qkv": 0.5, "attn_out": 0.75}] * L)
     assert half["qkv"] == t["qkv"] / 2 and half["attn_out"] == t["attn_out"] / 4
     assert (half["attn_logits"], half["attn_values"], half["ffn"]) == (
-        t["attn_logits"], t["attn_values"], t["ffn"])
+        t["attn_logits"],
+        t["attn_values"],
+        t["ffn"],
+    )
     p = param_counts(cfg, [{"qkv": 0.5}] * L)
     assert p["total"] - p["nonzero"] == L * (n["q"] + n["kv"]) / 2
 
 
 # DeepSeek-V2-Lite's shapes: no query latent (a plain q_proj), two shared experts, one dense layer.
 DEEPSEEK_V2_LITE = dict(
-    vocab_size=102400, hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
-    num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16, q_lora_rank=None,
-    kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-    n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=1,
+    vocab_size=102400,
+    hidden_size=2048,
+    intermediate_size=10944,
+    moe_intermediate_size=1408,
+    num_hidden_layers=27,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    q_lora_rank=None,
+    kv_lora_rank=512,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    n_routed_experts=64,
+    n_shared_experts=2,
+    num_experts_per_tok=6,
+    first_k_dense_replace=1,
     max_position_embeddings=163840,
 )
 # a small DeepSeek-V3 without a query latent, two shared experts, two dense layers
 SMALL_V3 = dict(
-    vocab_size=300, hidden_size=64, intermediate_size=96, moe_intermediate_size=16,
-    num_hidden_layers=4, num_attention_heads=4, q_lora_rank=None, kv_lora_rank=24,
-    qk_nope_head_dim=12, qk_rope_head_dim=4, v_head_dim=10, n_routed_experts=8,
-    n_shared_experts=2, num_experts_per_tok=3, n_group=2, topk_group=1, first_k_dense_replace=2,
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=16,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    q_lora_rank=None,
+    kv_lora_rank=24,
+    qk_nope_head_dim=12,
+    qk_rope_head_dim=4,
+    v_head_dim=10,
+    n_routed_experts=8,
+    n_shared_experts=2,
+    num_experts_per_tok=3,
+    n_group=2,
+    topk_group=1,
+    first_k_dense_replace=2,
     max_position_embeddings=128,
 )
 
@@ -144,12 +172,21 @@ def meta_model(hf):
         return transformers.AutoModelForCausalLM.from_config(hf)
 
 
-@pytest.mark.parametrize("family,kw", [
-    ("deepseek_v3", {k: v for k, v in DEEPSEEK_V3.items()
-                     if k not in ("model_type", "architectures", "moe_layer_freq")}),
-    ("deepseek_v3", SMALL_V3),
-    ("deepseek_v2", DEEPSEEK_V2_LITE),
-])
+@pytest.mark.parametrize(
+    "family,kw",
+    [
+        (
+            "deepseek_v3",
+            {
+                k: v
+                for k, v in DEEPSEEK_V3.items()
+                if k not in ("model_type", "architectures", "moe_layer_freq")
+            },
+        ),
+        ("deepseek_v3", SMALL_V3),
+        ("deepseek_v2", DEEPSEEK_V2_LITE),
+    ],
+)
 def test_parameter_counts_match_transformers(family, kw):
     hf = transformers.AutoConfig.for_model(family, **kw)
     ours = from_mapping(hf.to_dict(), name=family)
@@ -168,10 +205,22 @@ def test_deepseek_v2_lands_on_its_published_totals():
     # (+ 64 rotary), key/value rank 512, query rank 1536, every FFN but the first an MoE layer of
     # 2 shared and 160 routed experts of 1536, 6 routed per token; 236B parameters, 21B activated.
     hf = transformers.DeepseekV2Config(
-        vocab_size=102400, hidden_size=5120, intermediate_size=12288, moe_intermediate_size=1536,
-        num_hidden_layers=60, num_attention_heads=128, q_lora_rank=1536, kv_lora_rank=512,
-        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=160,
-        n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=1)
+        vocab_size=102400,
+        hidden_size=5120,
+        intermediate_size=12288,
+        moe_intermediate_size=1536,
+        num_hidden_layers=60,
+        num_attention_heads=128,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        n_routed_experts=160,
+        n_shared_experts=2,
+        num_experts_per_tok=6,
+        first_k_dense_replace=1,
+    )
     cfg = from_mapping(hf.to_dict(), name="DeepSeek-V2")
     assert not cfg.router_bias  # V3's score-correction bias is new in V3
     p = param_counts(cfg)
@@ -179,12 +228,15 @@ def test_deepseek_v2_lands_on_its_published_totals():
     assert p["active"] == pytest.approx(21e9, rel=0.02)
 
 
-@pytest.mark.parametrize("fields,match", [
-    (dict(q_rank=16), "give kv_rank too"),
-    (dict(kv_rank=16, d_rope=8, d_head=16, biases=True), "without biases"),
-    (dict(kv_rank=16, d_rope=8, d_head=16, n_kv_heads=1), "drop n_kv_heads"),
-    (dict(kv_rank=16, d_rope=8, d_head=8), "d_rope .* must be 0 to 7, got 8"),
-])
+@pytest.mark.parametrize(
+    "fields,match",
+    [
+        (dict(q_rank=16), "give kv_rank too"),
+        (dict(kv_rank=16, d_rope=8, d_head=16, biases=True), "without biases"),
+        (dict(kv_rank=16, d_rope=8, d_head=16, n_kv_heads=1), "drop n_kv_heads"),
+        (dict(kv_rank=16, d_rope=8, d_head=8), "d_rope .* must be 0 to 7, got 8"),
+    ],
+)
 def test_own_model_files_with_latent_attention_are_checked(fields, match):
     with pytest.raises(ConfigError, match=match):
         from_mapping({"n_layers": 2, "d_model": 16, "n_heads": 2, "vocab": 50, **fields})
@@ -192,10 +244,27 @@ def test_own_model_files_with_latent_attention_are_checked(fields, match):
 
 def test_an_own_model_file_counts_latent_attention_like_the_config_json(tmp_path):
     hf = transformers.DeepseekV3Config(**SMALL_V3)
-    own = {"n_layers": 4, "d_model": 64, "n_heads": 4, "d_head": 16, "d_ff": 96, "vocab": 300,
-           "context": 128, "ffn_matrices": 3, "learned_positions": False, "tied_embeddings": False,
-           "n_experts": 8, "top_k": 3, "d_expert": 16, "d_shared": 32, "dense_layers": [0, 1],
-           "router_bias": True, "kv_rank": 24, "d_rope": 4, "d_v": 10}
+    own = {
+        "n_layers": 4,
+        "d_model": 64,
+        "n_heads": 4,
+        "d_head": 16,
+        "d_ff": 96,
+        "vocab": 300,
+        "context": 128,
+        "ffn_matrices": 3,
+        "learned_positions": False,
+        "tied_embeddings": False,
+        "n_experts": 8,
+        "top_k": 3,
+        "d_expert": 16,
+        "d_shared": 32,
+        "dense_layers": [0, 1],
+        "router_bias": True,
+        "kv_rank": 24,
+        "d_rope": 4,
+        "d_v": 10,
+    }
     (tmp_path / "small.json").write_text(json.dumps(own))
     cfg = load_config(tmp_path / "small.json")
     assert not cfg.biases  # the default with latent attention
@@ -223,8 +292,7 @@ def test_a_tiny_deepseek_v3_checkpoint(tmp_path, fused):
     assert out["config"]["kv_rank"] == 16 and out["moe"]["shared_width"] == 24
     r = flops("--checkpoint", path, "--breakdown")
     assert r.exit_code == 0, r.output
-    assert ("4 heads x 16 (latent attention: q rank 16, kv rank 16, rotary 8, values 8)"
-            in r.stdout)
+    assert "4 heads x 16 (latent attention: q rank 16, kv rank 16, rotary 8, values 8)" in r.stdout
     assert "qkv = latent attention's q_a, q_b, kv_a, kv_b matrices" in r.stdout
 
 
@@ -252,8 +320,11 @@ def test_a_multi_token_prediction_layer_past_num_hidden_layers_is_left_out(tmp_p
     checkpoint's, its layer is not the model's."""
     path = save_moe("deepseek_v3", tmp_path / "mtp")
     state = load_file(str(path / "model.safetensors"))
-    extra = {k.replace("layers.1.", "layers.2."): v.clone() for k, v in state.items()
-             if k.startswith("model.layers.1.")}
+    extra = {
+        k.replace("layers.1.", "layers.2."): v.clone()
+        for k, v in state.items()
+        if k.startswith("model.layers.1.")
+    }
     extra["model.layers.2.eh_proj.weight"] = torch.zeros(32, 64)
     save_file({**state, **extra}, str(path / "model.safetensors"), metadata={"format": "pt"})
     m = from_checkpoint(path)

@@ -32,12 +32,15 @@ def row(name, shape, role, sparsity=0.0, targeted=None, dtype="float32"):
 
 def gpt2_rows(L=3, d=16, f=64, V=50, s=32, sparsity=(0.5, 0.25, 0.75, 0.0)):
     """Conv1D layout (in, out), fused c_attn, tied head, learned positions, biases."""
-    rows = [row("transformer.wte.weight", (V, d), "embedding"),
-            row("transformer.wpe.weight", (s, d), "position")]
+    rows = [
+        row("transformer.wte.weight", (V, d), "embedding"),
+        row("transformer.wpe.weight", (s, d), "position"),
+    ]
     for i in range(L):
         p = f"transformer.h.{i}."
         rows += [
-            row(p + "ln_1.weight", (d,), "norm"), row(p + "ln_1.bias", (d,), "bias"),
+            row(p + "ln_1.weight", (d,), "norm"),
+            row(p + "ln_1.bias", (d,), "bias"),
             row(p + "attn.c_attn.weight", (d, 3 * d), "qkv", sparsity[0]),
             row(p + "attn.c_attn.bias", (3 * d,), "bias"),
             row(p + "attn.c_proj.weight", (d, d), "attn_out", sparsity[1]),
@@ -50,37 +53,61 @@ def gpt2_rows(L=3, d=16, f=64, V=50, s=32, sparsity=(0.5, 0.25, 0.75, 0.0)):
 def llama_rows(L=2, d=32, heads=4, kv=2, f=48, V=40, sparsity=0.5, fused=False):
     """nn.Linear layout (out, in), separate q/k/v with GQA, SwiGLU, untied head, no biases."""
     k = d // heads
-    rows = [row("model.embed_tokens.weight", (V, d), "embedding"),
-            row("lm_head.weight", (V, d), "head"), row("model.norm.weight", (d,), "norm")]
+    rows = [
+        row("model.embed_tokens.weight", (V, d), "embedding"),
+        row("lm_head.weight", (V, d), "head"),
+        row("model.norm.weight", (d,), "norm"),
+    ]
     for i in range(L):
         p = f"model.layers.{i}."
-        rows += [row(p + "self_attn.q_proj.weight", (heads * k, d), "qkv", sparsity),
-                 row(p + "self_attn.k_proj.weight", (kv * k, d), "qkv", sparsity),
-                 row(p + "self_attn.v_proj.weight", (kv * k, d), "qkv", sparsity),
-                 row(p + "self_attn.o_proj.weight", (d, heads * k), "attn_out", sparsity),
-                 row(p + "mlp.down_proj.weight", (d, f), "ffn_out", sparsity),
-                 row(p + "input_layernorm.weight", (d,), "norm")]
+        rows += [
+            row(p + "self_attn.q_proj.weight", (heads * k, d), "qkv", sparsity),
+            row(p + "self_attn.k_proj.weight", (kv * k, d), "qkv", sparsity),
+            row(p + "self_attn.v_proj.weight", (kv * k, d), "qkv", sparsity),
+            row(p + "self_attn.o_proj.weight", (d, heads * k), "attn_out", sparsity),
+            row(p + "mlp.down_proj.weight", (d, f), "ffn_out", sparsity),
+            row(p + "input_layernorm.weight", (d,), "norm"),
+        ]
         if fused:
             rows.append(row(p + "mlp.gate_up_proj.weight", (2 * f, d), "ffn_in", sparsity))
         else:
-            rows += [row(p + "mlp.gate_proj.weight", (f, d), "ffn_in", sparsity),
-                     row(p + "mlp.up_proj.weight", (f, d), "ffn_in", sparsity)]
+            rows += [
+                row(p + "mlp.gate_proj.weight", (f, d), "ffn_in", sparsity),
+                row(p + "mlp.up_proj.weight", (f, d), "ffn_in", sparsity),
+            ]
     return rows
 
 
 def test_gpt2_layout_with_config_json_heads():
     m = infer_model(gpt2_rows(), name="g", hf_config={"n_head": 4})
     c = m.config
-    assert (c.n_layers, c.d_model, c.n_heads, c.d_head, c.d_ff, c.vocab, c.context) == (3, 16, 4, 4, 64, 50, 32)
+    assert (c.n_layers, c.d_model, c.n_heads, c.d_head, c.d_ff, c.vocab, c.context) == (
+        3,
+        16,
+        4,
+        4,
+        64,
+        50,
+        32,
+    )
     # counted at the model's context, shorter than the 2048 of other sources (issue 31, item 9)
     assert (c.seq_len, c.seq_len_source) == (32, "the model's context")
-    assert (c.ffn_matrices, c.n_kv_heads, c.learned_positions, c.tied_embeddings, c.biases) == (2, None, True, True, True)
+    assert (c.ffn_matrices, c.n_kv_heads, c.learned_positions, c.tied_embeddings, c.biases) == (
+        2,
+        None,
+        True,
+        True,
+        True,
+    )
     assert m.notes == []
     assert m.layer_sparsity == [{"qkv": 0.5, "attn_out": 0.25, "ffn_in": 0.75, "ffn_out": 0.0}] * 3
     # numel-weighted over the targeted matrices: (768*.5 + 256*.25 + 1024*.75) / 3072
     assert m.targeted_sparsity == pytest.approx((768 * 0.5 + 256 * 0.25 + 1024 * 0.75) / 3072)
     rows = gpt2_rows()
-    assert m.params == {"total": sum(r.numel for r in rows), "nonzero": sum(r.nonzero for r in rows)}
+    assert m.params == {
+        "total": sum(r.numel for r in rows),
+        "nonzero": sum(r.nonzero for r in rows),
+    }
     # The per-layer sparsities scale each term as prune made them.
     t, dense = forward_terms(c, sparsity=m.layer_sparsity), forward_terms(c)
     assert t["qkv"] == dense["qkv"] * 0.5 and t["attn_out"] == dense["attn_out"] * 0.75
@@ -96,13 +123,32 @@ def test_heads_assumed_without_config_json_and_said_so():
 
 
 def test_llama_layout_gqa_swiglu_and_measured_params():
-    m = infer_model(llama_rows(), name="l", hf_config={"num_attention_heads": 4,
-                                                       "num_key_value_heads": 2,
-                                                       "max_position_embeddings": 128})
+    m = infer_model(
+        llama_rows(),
+        name="l",
+        hf_config={
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 128,
+        },
+    )
     c = m.config
-    assert (c.n_layers, c.d_model, c.n_heads, c.d_head, c.n_kv_heads, c.d_ff) == (2, 32, 4, 8, 2, 48)
-    assert (c.ffn_matrices, c.vocab, c.context, c.learned_positions, c.tied_embeddings, c.biases) == (
-        3, 40, 128, False, False, False)
+    assert (c.n_layers, c.d_model, c.n_heads, c.d_head, c.n_kv_heads, c.d_ff) == (
+        2,
+        32,
+        4,
+        8,
+        2,
+        48,
+    )
+    assert (
+        c.ffn_matrices,
+        c.vocab,
+        c.context,
+        c.learned_positions,
+        c.tied_embeddings,
+        c.biases,
+    ) == (3, 40, 128, False, False, False)
     assert m.targeted_sparsity == pytest.approx(0.5)
     r = account(c, sparsity=m.layer_sparsity, params=m.params)
     assert r["nonzero_params"] == m.params["nonzero"]
@@ -142,16 +188,36 @@ def test_sequence_length_defaults_with_a_note():
     assert m.config.seq_len == 2048 and any("assumed 2048" in n for n in m.notes)
 
 
-@pytest.mark.parametrize("mutate,match", [
-    (lambda rows: [r for r in rows if r.role not in ("qkv", "attn_out", "ffn_in", "ffn_out")],
-     "no attention or feed-forward"),
-    (lambda rows: [r for r in rows if not r.name.endswith("h.2.mlp.c_proj.weight")], "no ffn_out"),
-    (lambda rows: rows + [row(f"transformer.h.{i}.mlp.c_fc2.weight", (16, 32), "ffn_in")
-                          for i in range(3)], "1x or 2x"),
-    (lambda rows: [r if not r.name.endswith("h.0.mlp.c_fc.weight")
-                   else row(r.name, (17, 64), "ffn_in") for r in rows], "neither side"),
-    (lambda rows: rows[:0] + [row("x", (3,), "other", dtype="int64")], "no floating"),
-])
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (
+            lambda rows: [
+                r for r in rows if r.role not in ("qkv", "attn_out", "ffn_in", "ffn_out")
+            ],
+            "no attention or feed-forward",
+        ),
+        (
+            lambda rows: [r for r in rows if not r.name.endswith("h.2.mlp.c_proj.weight")],
+            "no ffn_out",
+        ),
+        (
+            lambda rows: (
+                rows
+                + [row(f"transformer.h.{i}.mlp.c_fc2.weight", (16, 32), "ffn_in") for i in range(3)]
+            ),
+            "1x or 2x",
+        ),
+        (
+            lambda rows: [
+                r if not r.name.endswith("h.0.mlp.c_fc.weight") else row(r.name, (17, 64), "ffn_in")
+                for r in rows
+            ],
+            "neither side",
+        ),
+        (lambda rows: rows[:0] + [row("x", (3,), "other", dtype="int64")], "no floating"),
+    ],
+)
 def test_unusable_rows_raise_clear_errors(mutate, match):
     with pytest.raises(CheckpointError, match=match):
         infer_model(mutate(gpt2_rows()), name="g", hf_config={"n_head": 4})
@@ -159,9 +225,13 @@ def test_unusable_rows_raise_clear_errors(mutate, match):
 
 def test_layers_of_different_shapes_are_refused():
     rows = gpt2_rows()
-    rows = [r if not r.name.endswith("h.2.mlp.c_fc.weight") else row(r.name, (16, 32), "ffn_in")
-            for r in rows]
-    rows = [r if not r.name.endswith("h.2.mlp.c_proj.weight") else row(r.name, (32, 16), "ffn_out")
-            for r in rows]
+    rows = [
+        r if not r.name.endswith("h.2.mlp.c_fc.weight") else row(r.name, (16, 32), "ffn_in")
+        for r in rows
+    ]
+    rows = [
+        r if not r.name.endswith("h.2.mlp.c_proj.weight") else row(r.name, (32, 16), "ffn_out")
+        for r in rows
+    ]
     with pytest.raises(CheckpointError, match="differ in shape"):
         infer_model(rows, name="g", hf_config={"n_head": 4})

@@ -37,6 +37,7 @@ def speedups(res, key="forward"):
 
 # --- Must hold: speedup at sparsity 0 is exactly 1 ---------------------------------------------
 
+
 @pytest.mark.parametrize("shape,tokens", [((64, 48), 16), ((768, 3072), 2048), ((1000, 999), 7)])
 def test_speedup_at_sparsity_zero_is_exactly_one(shape, tokens):
     wl, _ = from_shape(shape, 0.0, tokens, GRIDS)
@@ -57,11 +58,15 @@ def test_whole_model_at_sparsity_zero_is_exactly_one():
 
 # --- Must hold: never above the theoretical 1 / (1 - s) -----------------------------------------
 
+
 @settings(max_examples=40, deadline=None)
 @given(
-    m=st.integers(1, 96), k=st.integers(1, 96), s=st.floats(0.0, 0.99),
+    m=st.integers(1, 96),
+    k=st.integers(1, 96),
+    s=st.floats(0.0, 0.99),
     tokens=st.sampled_from([1, 3, 64, 2048, 1e6]),
-    pattern=st.sampled_from(["random", "rows", "cols"]), seed=st.integers(0, 2**16),
+    pattern=st.sampled_from(["random", "rows", "cols"]),
+    seed=st.integers(0, 2**16),
 )
 def test_never_above_theoretical(m, k, s, tokens, pattern, seed):
     wl, _ = from_shape((m, k), s, tokens, GRIDS, pattern, seed)
@@ -91,6 +96,7 @@ def test_whole_model_never_above_its_flop_ratio(s):
 
 # --- Must hold: dense GPU is exactly 1.0 for any unstructured mask ------------------------------
 
+
 @pytest.mark.parametrize("pattern", ["random", "rows", "cols"])
 @pytest.mark.parametrize("s", [0.1, 0.5, 0.9, 0.999])
 def test_dense_gpu_speedup_is_one_for_unstructured_masks(pattern, s):
@@ -100,6 +106,7 @@ def test_dense_gpu_speedup_is_one_for_unstructured_masks(pattern, s):
 
 
 # --- Must hold: 2:4 never above 2; refused (never silently counted) on other masks --------------
+
 
 @pytest.mark.parametrize("tokens", [1, 16, 2048, 65536])
 def test_24_on_a_24_mask_is_between_one_and_two(tokens):
@@ -157,6 +164,7 @@ def test_24_on_a_mask_whose_inputs_are_not_a_multiple_of_four():
 
 # --- Must hold: the dataflow curve of the GPT-3 12k x 12k matmul (SPDF Appendix C) --------------
 
+
 def _appendix_c(df: Dataflow, s: float):
     layer = fits.appendix_c_layer(s, df.grid)
     wl = Workload("12k", "shape", fits.APPENDIX_C_TOKENS, [layer])
@@ -203,6 +211,7 @@ def test_appendix_c_with_a_real_144m_entry_mask_matches_the_sampled_counts():
 
 # --- Must hold: imbalance from the real mask ----------------------------------------------------
 
+
 @pytest.mark.parametrize("pattern", ["rows", "cols"])
 def test_concentrated_pruning_shows_imbalance_and_lower_speedup_than_random(pattern):
     shape, s = (2048, 2048), 0.75
@@ -238,6 +247,7 @@ def test_imbalance_equals_busiest_tile_over_mean_by_hand():
 
 # --- Published figures the GPU models reproduce -------------------------------------------------
 
+
 def test_24_reproduces_the_pytorch_gemm_timings():
     # PyTorch blog (2024): 13008x4096x1024 on A100, 538 us dense, 387 us 2:4.
     m, n, k = fits.PT24_SHAPE
@@ -267,19 +277,29 @@ def test_spmm_breaks_even_at_the_published_sparsity(name, break_even):
     layer = sampled_random("x", "other", (8192, 8192), break_even, GRIDS, np.random.default_rng(0))
     wl = Workload("x", "model", 8192, [layer])
     assert simulate(wl, [dev])["devices"][0]["forward"]["speedup"] == pytest.approx(1.0, rel=0.02)
-    lower = sampled_random("x", "other", (8192, 8192), break_even - 0.1, GRIDS, np.random.default_rng(0))
-    assert simulate(Workload("x", "model", 8192, [lower]), [dev])["devices"][0]["forward"]["speedup"] < 0.9
+    lower = sampled_random(
+        "x", "other", (8192, 8192), break_even - 0.1, GRIDS, np.random.default_rng(0)
+    )
+    assert (
+        simulate(Workload("x", "model", 8192, [lower]), [dev])["devices"][0]["forward"]["speedup"]
+        < 0.9
+    )
 
 
 # --- Fitted constants agree with their fits; every constant has a source -----------------------
 
+
 def test_fitted_constants_match_their_fits():
     assert DEVICES["a100"].eta == pytest.approx(fits.fit_gpu_eta(DEVICES["a100"]), rel=0.005)
-    assert DEVICES["a100-2:4"].math_speedup == pytest.approx(fits.fit_24_speedup(DEVICES["a100-2:4"]), rel=0.005)
+    assert DEVICES["a100-2:4"].math_speedup == pytest.approx(
+        fits.fit_24_speedup(DEVICES["a100-2:4"]), rel=0.005
+    )
     floor, slope = fits.fit_flash_llm()
     assert DEVICES["a100-flash-llm"].floor == pytest.approx(floor, rel=0.005)
     assert DEVICES["a100-flash-llm"].slope == pytest.approx(slope, rel=0.005)
-    assert DEVICES["cs2"].fixed_s == pytest.approx(fits.fit_dataflow_fixed(DEVICES["cs2"]), rel=0.01)
+    assert DEVICES["cs2"].fixed_s == pytest.approx(
+        fits.fit_dataflow_fixed(DEVICES["cs2"]), rel=0.01
+    )
 
 
 def test_every_constant_is_cited_fitted_or_assumed():
@@ -303,6 +323,7 @@ def test_cs2_preset_peak_is_the_published_seven_and_a_half_petaflops():
 
 # --- Whole model: targeted layers plus the dense Appendix-F work --------------------------------
 
+
 def test_model_workload_uses_the_flops_split():
     from sparsetool.flops import forward_terms, get_preset
 
@@ -311,11 +332,15 @@ def test_model_workload_uses_the_flops_split():
     terms = forward_terms(cfg, sparsity=0.75)
     per_seq = 4096 / cfg.seq_len
     targeted = sum(2.0 * wl.tokens * ly.nnz for ly in wl.layers)
-    assert targeted == pytest.approx((terms["qkv"] + terms["attn_out"] + terms["ffn"]) * per_seq, rel=1e-6)
+    assert targeted == pytest.approx(
+        (terms["qkv"] + terms["attn_out"] + terms["ffn"]) * per_seq, rel=1e-6
+    )
     dense_rest = terms["attn_logits"] + terms["softmax"] + terms["attn_values"] + terms["logits"]
     assert wl.untargeted_flops == pytest.approx(dense_rest * per_seq)
     res = simulate(wl, DEVICES)
-    assert res["workload"]["theoretical"] == pytest.approx(sum(forward_terms(cfg).values()) / sum(terms.values()))
+    assert res["workload"]["theoretical"] == pytest.approx(
+        sum(forward_terms(cfg).values()) / sum(terms.values())
+    )
 
 
 def test_dense_work_dilutes_the_dataflow_speedup():
@@ -341,9 +366,15 @@ def test_training_step_is_three_passes():
 
 # --- Mask statistics ---------------------------------------------------------------------------
 
+
 @settings(max_examples=30, deadline=None)
-@given(m=st.integers(1, 40), k=st.integers(1, 40), gm=st.integers(1, 9), gk=st.integers(1, 9),
-       seed=st.integers(0, 1000))
+@given(
+    m=st.integers(1, 40),
+    k=st.integers(1, 40),
+    gm=st.integers(1, 9),
+    gk=st.integers(1, 9),
+    seed=st.integers(0, 1000),
+)
 def test_tile_counts_match_a_loop(m, k, gm, gk, seed):
     mask = np.random.default_rng(seed).random((m, k)) < 0.3
     got = tile_counts(mask, (gm, gk))
@@ -351,22 +382,27 @@ def test_tile_counts_match_a_loop(m, k, gm, gk, seed):
     e1 = [(j * k) // min(gk, k) for j in range(min(gk, k) + 1)]
     for i in range(len(e0) - 1):
         for j in range(len(e1) - 1):
-            assert got[i, j] == mask[e0[i]:e0[i + 1], e1[j]:e1[j + 1]].sum()
+            assert got[i, j] == mask[e0[i] : e0[i + 1], e1[j] : e1[j + 1]].sum()
 
 
 @settings(max_examples=30, deadline=None)
 @given(rows=st.integers(1, 12), groups=st.integers(1, 12), seed=st.integers(0, 1000))
 def test_nm_violation_matches_a_loop(rows, groups, seed):
     mask = np.random.default_rng(seed).random((rows, 4 * groups)) < 0.5
-    bad = sum(mask[r, 4 * g:4 * g + 4].sum() > 2 for r in range(rows) for g in range(groups))
+    bad = sum(mask[r, 4 * g : 4 * g + 4].sum() > 2 for r in range(rows) for g in range(groups))
     assert nm_violation(mask, axis=1) == bad / (rows * groups)
     t = np.ascontiguousarray(mask.T)
     assert nm_violation(t, axis=0) == bad / (rows * groups)
 
 
 @settings(max_examples=30, deadline=None)
-@given(m=st.integers(1, 60), k=st.integers(1, 60), s=st.floats(0, 1),
-       pattern=st.sampled_from(["random", "rows", "cols"]), seed=st.integers(0, 10_000))
+@given(
+    m=st.integers(1, 60),
+    k=st.integers(1, 60),
+    s=st.floats(0, 1),
+    pattern=st.sampled_from(["random", "rows", "cols"]),
+    seed=st.integers(0, 10_000),
+)
 @example(m=45, k=18, s=0.35, pattern="random", seed=0)
 def test_synthetic_masks_have_exact_counts(m, k, s, pattern, seed):
     mask = synthetic_mask((m, k), s, pattern, seed)
@@ -439,9 +475,18 @@ def test_sparse24_type():
 def test_dataflow_says_when_resident_weights_do_not_fit_on_chip():
     from sparsetool.flops import get_preset
 
-    big = simulate(from_model(get_preset("gpt3-175b"), 0.5, 2048, GRIDS), [DEVICES["cs2"]])["devices"][0]
+    big = simulate(from_model(get_preset("gpt3-175b"), 0.5, 2048, GRIDS), [DEVICES["cs2"]])[
+        "devices"
+    ][0]
     assert any("do not fit" in n for n in big["notes"])  # 87.5B non-zeros x 4 bytes > 40 GB
-    small = simulate(from_model(get_preset("gpt3-xl"), 0.5, 2048, GRIDS), [DEVICES["cs2"]])["devices"][0]
+    small = simulate(from_model(get_preset("gpt3-xl"), 0.5, 2048, GRIDS), [DEVICES["cs2"]])[
+        "devices"
+    ][0]
     assert small["notes"] == []
     streamed = replace(DEVICES["cs2"], weight_streaming=True)
-    assert simulate(from_model(get_preset("gpt3-175b"), 0.5, 2048, GRIDS), [streamed])["devices"][0]["notes"] == []
+    assert (
+        simulate(from_model(get_preset("gpt3-175b"), 0.5, 2048, GRIDS), [streamed])["devices"][0][
+            "notes"
+        ]
+        == []
+    )

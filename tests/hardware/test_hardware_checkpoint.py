@@ -39,8 +39,9 @@ def test_checkpoint_whole_step_adds_the_dense_appendix_f_work(tmp_path):
 
     path, _ = pruned_gpt2(tmp_path, 0.5, n_layer=2, d=32)
     wl = from_checkpoint(path, 256, GRIDS, seq_len=64)
-    cfg = ModelConfig("t", n_layers=2, d_model=32, n_heads=1, d_head=32,
-                      d_ff=128, vocab=96, seq_len=64)
+    cfg = ModelConfig(
+        "t", n_layers=2, d_model=32, n_heads=1, d_head=32, d_ff=128, vocab=96, seq_len=64
+    )
     terms = forward_terms(cfg)
     # heads only enter the softmax term 3*h*s*s; the checkpoint has no config.json, so compare
     # the head-independent part exactly and the whole within the softmax term
@@ -48,9 +49,14 @@ def test_checkpoint_whole_step_adds_the_dense_appendix_f_work(tmp_path):
     softmax_one_head = terms["softmax"] * 256 / 64
     assert no_softmax < wl.untargeted_flops < no_softmax + 32 * softmax_one_head
     res = simulate(wl, DEVICES)
-    dense, sparse = res["workload"]["forward_flops"]["dense"], res["workload"]["forward_flops"]["sparse"]
+    dense, sparse = (
+        res["workload"]["forward_flops"]["dense"],
+        res["workload"]["forward_flops"]["sparse"],
+    )
     assert res["workload"]["theoretical"] == pytest.approx(dense / sparse)
-    assert 1.0 < res["workload"]["theoretical"] < 2.0  # dense attention dilutes the 2x of the matmuls
+    assert (
+        1.0 < res["workload"]["theoretical"] < 2.0
+    )  # dense attention dilutes the 2x of the matmuls
     assert len(res["layers"]) == 8
 
 
@@ -60,15 +66,20 @@ def test_checkpoint_with_config_json_uses_its_heads(tmp_path):
     d = tmp_path / "ckpt"
     d.mkdir()
     pruned_gpt2(d, 0.5)
-    (d / "config.json").write_text(json.dumps({"n_head": 4, "n_positions": 64, "n_embd": 32,
-                                               "n_layer": 2, "vocab_size": 96}))
+    (d / "config.json").write_text(
+        json.dumps({"n_head": 4, "n_positions": 64, "n_embd": 32, "n_layer": 2, "vocab_size": 96})
+    )
     from sparsetool.flops import ModelConfig, forward_terms
 
     wl = from_checkpoint(d, 128, GRIDS)
     # the sequence length is the learned position table's (32 rows), as `flops --checkpoint` reads it
     cfg = ModelConfig("t", 2, 32, 4, 8, 128, 96, 32)
     terms = forward_terms(cfg)
-    want = (terms["attn_logits"] + terms["softmax"] + terms["attn_values"] + terms["logits"]) * 128 / 32
+    want = (
+        (terms["attn_logits"] + terms["softmax"] + terms["attn_values"] + terms["logits"])
+        * 128
+        / 32
+    )
     assert wl.untargeted_flops == pytest.approx(want)
     assert wl.seq_len == 32
 
@@ -94,13 +105,17 @@ def test_checkpoint_without_targets_is_a_clean_error(tmp_path):
 
 # --- the zero-skipping schedule, executed -------------------------------------------------------
 
-@pytest.mark.parametrize("shape,s,grid,pattern", [
-    ((64, 48), 0.9, (4, 4), "random"),
-    ((100, 77), 0.5, (8, 3), "random"),
-    ((128, 128), 0.75, (32, 32), "rows"),
-    ((16, 32), 0.5, (2, 2), "2:4"),
-    ((700, 600), 0.95, (32, 32), "random"),  # larger than one block: the leading 512 x 512 runs
-])
+
+@pytest.mark.parametrize(
+    "shape,s,grid,pattern",
+    [
+        ((64, 48), 0.9, (4, 4), "random"),
+        ((100, 77), 0.5, (8, 3), "random"),
+        ((128, 128), 0.75, (32, 32), "rows"),
+        ((16, 32), 0.5, (2, 2), "2:4"),
+        ((700, 600), 0.95, (32, 32), "random"),  # larger than one block: the leading 512 x 512 runs
+    ],
+)
 def test_schedule_equals_the_dense_masked_matmul(shape, s, grid, pattern):
     mask = synthetic_mask(shape, s, pattern, seed=5)
     r = run_schedule(mask, grid, tokens=6)

@@ -57,8 +57,12 @@ def tiny_mixtral(tmp_path, per_expert: bool):
         for name, p in model.named_parameters():
             if ".experts." in name:
                 p.view(-1)[: p.numel() // 2] = 0
-    out = save_moe("mixtral", tmp_path / ("per-expert" if per_expert else "stacked"),
-                   fused=not per_expert, model=model)
+    out = save_moe(
+        "mixtral",
+        tmp_path / ("per-expert" if per_expert else "stacked"),
+        fused=not per_expert,
+        model=model,
+    )
     return out, load_file(str(out / "model.safetensors"))
 
 
@@ -122,17 +126,30 @@ def test_square_experts_stored_in_out_keep_their_n_m_axis(tmp_path):
     from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 
     hf = transformers.GptOssConfig(
-        intermediate_size=32, hidden_size=32, num_local_experts=4, num_experts_per_tok=2,
-        head_dim=8, sliding_window=16, layer_types=["sliding_attention", "full_attention"],
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
-        max_position_embeddings=16)
+        intermediate_size=32,
+        hidden_size=32,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        head_dim=8,
+        sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"],
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        max_position_embeddings=16,
+    )
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(hf).save_pretrained(tmp_path / "dense")
     prune_checkpoint(tmp_path / "dense", tmp_path / "nm", PruneOptions(nm=(2, 4)))
     layers = from_checkpoint(tmp_path / "nm", 1, GRIDS).layers
     experts = [ly for ly in layers if "experts" in ly.name]
-    assert {ly.name.rsplit(".", 1)[1] for ly in experts} == {"gate_up_proj[0]", "gate_up_proj[1]",
-                                                              "down_proj[0]", "down_proj[1]"}
+    assert {ly.name.rsplit(".", 1)[1] for ly in experts} == {
+        "gate_up_proj[0]",
+        "gate_up_proj[1]",
+        "down_proj[0]",
+        "down_proj[1]",
+    }
     for ly in experts:
         assert ly.nm_violation_in == 0.0, ly.name  # 2:4 holds along the input
         assert ly.nm_violation_out > 0.0, ly.name  # and not along the output
@@ -142,8 +159,13 @@ def test_a_deepseek_v3_preset_holds_its_latent_attention_matrices():
     cfg = get_preset("deepseek-v3")
     layers = model_layers(cfg)
     shapes = {n: s for n, _, s in layers if n.startswith("layers.3.")}
-    assert list(shapes)[:5] == ["layers.3.q_a", "layers.3.q_b", "layers.3.kv_a", "layers.3.kv_b",
-                                "layers.3.attn_out"]
+    assert list(shapes)[:5] == [
+        "layers.3.q_a",
+        "layers.3.q_b",
+        "layers.3.kv_a",
+        "layers.3.kv_b",
+        "layers.3.attn_out",
+    ]
     assert shapes["layers.3.kv_a"] == (512 + 64, 7168)
     assert shapes["layers.3.attn_out"] == (7168, 128 * 128)  # 128 value heads of 128
     assert len([n for n in shapes if ".experts." in n]) == 8 * 3  # 8 active experts, 3 matrices
@@ -174,7 +196,9 @@ def test_simulate_a_tiny_deepseek_v3_checkpoint(tmp_path):
     out = json.loads(r.stdout)
     assert S.problems(out, S.SIMULATE) == []
     assert out["workload"]["forward_flops"]["dense"] == pytest.approx(
-        2 * 64 * targeted + out["workload"]["untargeted_forward_flops"])
+        2 * 64 * targeted + out["workload"]["untargeted_forward_flops"]
+    )
     t = forward_terms(load_config(path), seq_len=64)  # attention over 64 keys, values 8 wide
     assert out["workload"]["untargeted_forward_flops"] == pytest.approx(
-        t["attn_logits"] + t["softmax"] + t["attn_values"] + t["router"] + t["logits"])
+        t["attn_logits"] + t["softmax"] + t["attn_values"] + t["router"] + t["logits"]
+    )

@@ -30,8 +30,9 @@ def test_shape_request_matches_the_command():
     assert res["workload"]["theoretical"] == pytest.approx(5.0, rel=1e-9)  # 1 / (1 - 0.8)
     assert res["verify"]["equal"] and res["verify"]["nonzero"] == 12000  # 300 * 200 * 0.2
     assert res["layers"][0]["nonzero"] == 12000
-    assert as_json(res) == cli_json("--shape", "300x200", "--sparsity", "0.8", "--tokens", "512",
-                                    "--verify")
+    assert as_json(res) == cli_json(
+        "--shape", "300x200", "--sparsity", "0.8", "--tokens", "512", "--verify"
+    )
 
 
 def test_model_request_matches_the_command():
@@ -40,19 +41,35 @@ def test_model_request_matches_the_command():
     assert [d["name"] for d in res["devices"]] == ["cs2", "a100"]
     cs2 = res["devices"][0]
     assert 1.0 < cs2["train_step"]["speedup"] < res["workload"]["theoretical"] < 2.0
-    assert as_json(res) == cli_json("--model", "gpt2-small", "--sparsity", "0.5",
-                                    "--tokens", "1024", "--device", "cs2", "--device", "a100")
+    assert as_json(res) == cli_json(
+        "--model",
+        "gpt2-small",
+        "--sparsity",
+        "0.5",
+        "--tokens",
+        "1024",
+        "--device",
+        "cs2",
+        "--device",
+        "a100",
+    )
 
 
 def test_checkpoint_request_matches_the_command_and_reports_progress(tmp_path):
     path, masks = pruned_gpt2(tmp_path, 0.8, "mask")
     calls = []
-    res = run_simulation(path, tokens=128, seq_len=32, verify=True,
-                         progress=lambda stage, done, total: calls.append((stage, done, total)))
+    res = run_simulation(
+        path,
+        tokens=128,
+        seq_len=32,
+        verify=True,
+        progress=lambda stage, done, total: calls.append((stage, done, total)),
+    )
     n = len(masks)
     assert calls[0] == ("masks", 0, n) and calls[-1] == ("masks", n, n)
     assert {row["name"]: row["nonzero"] for row in res["layers"]} == {
-        name: int(m.sum()) for name, m in masks.items()}
+        name: int(m.sum()) for name, m in masks.items()
+    }
     assert res["verify"]["equal"] and res["verify"]["axpys_match_tiles"]
     assert as_json(res) == cli_json(str(path), "--tokens", "128", "--seq-len", "32", "--verify")
 
@@ -73,17 +90,20 @@ def test_hardware_constants_is_the_list_hardware_table():
     assert table == cli_json("--list-hardware", "--device", "cs2", "--device", "h100")
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(), "exactly one"),
-    (dict(shape="64x64", model="gpt2-small", sparsity=0.5), "exactly one"),
-    (dict(shape="64x64"), "--sparsity"),
-    (dict(shape="64x64", sparsity=1.5), "from 0 to 1"),  # the one rule: sparsetool.util.options
-    (dict(shape="64x64", sparsity="0.5,x"), "'x' is not a number"),
-    (dict(shape="64x64", sparsity=0.5, sweep=True), "not both"),
-    (dict(shape="64x64", sparsity=0.5, devices=["tpu"]), "tpu"),
-    (dict(model="gpt2-small", sparsity=0.5, pattern="2:4"), "--shape only"),
-    (dict(shape="64x64", sparsity=0.5, include=["*.c_fc.*"]), "CHECKPOINT"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(), "exactly one"),
+        (dict(shape="64x64", model="gpt2-small", sparsity=0.5), "exactly one"),
+        (dict(shape="64x64"), "--sparsity"),
+        (dict(shape="64x64", sparsity=1.5), "from 0 to 1"),  # the one rule: sparsetool.util.options
+        (dict(shape="64x64", sparsity="0.5,x"), "'x' is not a number"),
+        (dict(shape="64x64", sparsity=0.5, sweep=True), "not both"),
+        (dict(shape="64x64", sparsity=0.5, devices=["tpu"]), "tpu"),
+        (dict(model="gpt2-small", sparsity=0.5, pattern="2:4"), "--shape only"),
+        (dict(shape="64x64", sparsity=0.5, include=["*.c_fc.*"]), "CHECKPOINT"),
+    ],
+)
 def test_bad_requests_raise_one_clean_error(kwargs, match):
     with pytest.raises(SparsetoolError, match=match.replace("[", r"\[").replace("]", r"\]")):
         run_simulation(**kwargs)

@@ -36,6 +36,7 @@ from helpers import TRUE_CPU, bench_json, runner_for
 run = runner_for("simulate")
 DEVICES = builtin_devices()
 
+
 def write(tmp_path, data, name="bench.json"):
     p = tmp_path / name
     p.write_text(json.dumps(data) if not isinstance(data, str) else data)
@@ -43,6 +44,7 @@ def write(tmp_path, data, name="bench.json"):
 
 
 # --- the cpu device ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("shape,tokens", [((64, 48), 1), ((768, 3072), 2048), ((1000, 999), 7)])
 def test_cpu_speedup_at_sparsity_zero_is_exactly_one(shape, tokens):
@@ -56,8 +58,10 @@ def test_cpu_speedup_at_sparsity_zero_is_exactly_one(shape, tokens):
 @pytest.mark.parametrize("tokens", [1, 64, 4096])
 def test_cpu_sparse_cost_falls_as_non_zeros_fall(pass_, tokens):
     cpu = DEVICES["cpu"]
-    costs = [cpu.cost(LayerMask("x", "other", 1024, 4096, nnz), tokens, pass_).total
-             for nnz in (4_000_000, 2_000_000, 400_000, 40_000, 0)]
+    costs = [
+        cpu.cost(LayerMask("x", "other", 1024, 4096, nnz), tokens, pass_).total
+        for nnz in (4_000_000, 2_000_000, 400_000, 40_000, 0)
+    ]
     assert all(a > b for a, b in zip(costs, costs[1:])), costs
 
 
@@ -99,6 +103,7 @@ def test_a_hardware_file_gives_sources_only_for_settings_it_sets(tmp_path):
 
 # --- compare -----------------------------------------------------------------------------------
 
+
 def test_compare_gives_each_point_measured_and_modelled(tmp_path):
     data = bench_json(shapes=((512, 512), (64, 64)), batches=(1, 64))
     m = load_measurement(write(tmp_path, data))
@@ -124,7 +129,8 @@ def test_compare_gives_each_point_measured_and_modelled(tmp_path):
     assert res["error"]["sparse"] == pytest.approx(rms["sparse_s"])
     assert res["error"]["speedup"] == pytest.approx(rms["speedup"])
     assert res["error"]["time"] == pytest.approx(
-        math.exp(math.sqrt(np.mean(np.square(logs["dense_s"] + logs["sparse_s"])))))
+        math.exp(math.sqrt(np.mean(np.square(logs["dense_s"] + logs["sparse_s"]))))
+    )
     assert res["error"]["points"] == 8 and res["error"]["time"] > 1.1  # the preset is not TRUE_CPU
 
 
@@ -147,8 +153,14 @@ def test_the_default_kernel_is_the_fastest_at_most_points_and_one_may_be_named(t
 
 
 def test_compare_takes_the_byte_sizes_from_the_measurement(tmp_path):
-    m = load_measurement(write(tmp_path, bench_json(dtype="bfloat16", kernels=("torch-csr",),
-                                              shapes=((2048, 2048),), batches=(1,))))
+    m = load_measurement(
+        write(
+            tmp_path,
+            bench_json(
+                dtype="bfloat16", kernels=("torch-csr",), shapes=((2048, 2048),), batches=(1,)
+            ),
+        )
+    )
     row = compare(m, TRUE_CPU)["rows"][0]
     ly = LayerMask("x", "other", 2048, 2048, row["nnz"])
     # torch's CSR holds 64-bit indices, and float32 values even for a bfloat16 run
@@ -169,8 +181,11 @@ def test_a_wrong_sparse_product_is_left_out_of_the_errors(tmp_path):
 def test_a_gpu_measurement_needs_a_gpu_device_and_a_cpu_one_a_cpu_device(tmp_path):
     data = bench_json(device_type="cuda", kernels=("cusparse-csr",))
     gpu = load_measurement(write(tmp_path, data))
-    with pytest.raises(UsageError, match="name the device to compare it with, --device NAME; "
-                                         "those that fit: a100, h100, a100-2:4"):
+    with pytest.raises(
+        UsageError,
+        match="name the device to compare it with, --device NAME; "
+        "those that fit: a100, h100, a100-2:4",
+    ):
         measured_device(gpu, DEVICES)
     with pytest.raises(UsageError, match="--device cpu is a cpu device"):
         measured_device(gpu, DEVICES, "cpu")
@@ -183,8 +198,14 @@ def test_a_gpu_measurement_needs_a_gpu_device_and_a_cpu_one_a_cpu_device(tmp_pat
 
 def test_2_4_cores_refuse_a_mask_that_is_not_2_4_and_model_one_that_is(tmp_path):
     for two_four in (False, True):
-        data = bench_json(device_type="cuda", kernels=("semi-structured-2:4",), sparsities=(0.5,),
-                     shapes=((1024, 1024),), batches=(64,), two_four=two_four)
+        data = bench_json(
+            device_type="cuda",
+            kernels=("semi-structured-2:4",),
+            sparsities=(0.5,),
+            shapes=((1024, 1024),),
+            batches=(64,),
+            two_four=two_four,
+        )
         row = compare(load_measurement(write(tmp_path, data)), DEVICES["a100-2:4"])["rows"][0]
         if two_four:
             assert 1.0 < row["modelled"]["speedup"] < 2.0 and row["note"] is None
@@ -193,6 +214,7 @@ def test_2_4_cores_refuse_a_mask_that_is_not_2_4_and_model_one_that_is(tmp_path)
 
 
 # --- fit ---------------------------------------------------------------------------------------
+
 
 def test_fit_recovers_the_constants_that_made_the_times(tmp_path):
     m = load_measurement(write(tmp_path, bench_json()))
@@ -236,24 +258,30 @@ def test_fit_keeps_what_the_measurement_does_not_constrain(tmp_path):
 def test_fit_refuses_a_gpu_device(tmp_path):
     data = bench_json(device_type="cuda", kernels=("cusparse-csr",))
     gpu = load_measurement(write(tmp_path, data))
-    with pytest.raises(UsageError, match="--fit fits the constants of a cpu device, and "
-                                         "a100-sputnik"):
+    with pytest.raises(
+        UsageError, match="--fit fits the constants of a cpu device, and a100-sputnik"
+    ):
         fit(gpu, DEVICES["a100-sputnik"])
 
 
 def test_fit_without_scipy_names_the_extra(tmp_path):
     p = write(tmp_path, bench_json(shapes=((64, 64),), batches=(1,)))
-    code = ("import sys; sys.modules['scipy'] = None\n"  # what an install without scipy sees
-            "from sparsetool.hardware.measured import fit, load_measurement\n"
-            "from sparsetool.hardware import builtin_devices\n"
-            f"fit(load_measurement({str(p)!r}), builtin_devices()['cpu'])\n")
+    code = (
+        "import sys; sys.modules['scipy'] = None\n"  # what an install without scipy sees
+        "from sparsetool.hardware.measured import fit, load_measurement\n"
+        "from sparsetool.hardware import builtin_devices\n"
+        f"fit(load_measurement({str(p)!r}), builtin_devices()['cpu'])\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 1
-    assert ("SparsetoolError: --fit needs scipy, which is not installed: pip install "
-            "'sparsetool[bench]'") in r.stderr
+    assert (
+        "SparsetoolError: --fit needs scipy, which is not installed: pip install "
+        "'sparsetool[bench]'"
+    ) in r.stderr
 
 
 # --- the command -------------------------------------------------------------------------------
+
 
 def one_error(r, code: int, *words: str) -> str:
     assert r.exit_code == code, (r.stdout, r.stderr)
@@ -275,8 +303,10 @@ def test_measured_table_and_summary(tmp_path):
     res = compare(load_measurement(p), DEVICES["cpu"])
     rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("512x512")]
     assert [row[:3] for row in rows] == [["512x512", "0.900", "1"], ["512x512", "0.900", "64"]]
-    assert rows[0][-2:] == [f"{res['rows'][0]['measured']['speedup']:.2f}x",
-                            f"{res['rows'][0]['modelled']['speedup']:.2f}x"]
+    assert rows[0][-2:] == [
+        f"{res['rows'][0]['measured']['speedup']:.2f}x",
+        f"{res['rows'][0]['modelled']['speedup']:.2f}x",
+    ]
     e = res["error"]
     assert f"over 2 points: dense x{e['dense']:.2f}, sparse x{e['sparse']:.2f}" in r.stdout
 
@@ -329,13 +359,25 @@ def test_fit_prints_the_constants_and_the_errors_before_and_after(tmp_path):
 SMALL = bench_json(batches=(1,))
 
 
-@pytest.mark.parametrize("content, words", [
-    ("{not json", ["is not JSON"]),
-    (json.dumps({"devices": []}), ['is not a `sparsetool bench --json` output (no "bench" key']),
-    (json.dumps({**SMALL, "bench": 2}), ["has schema version 2; this sparsetool reads version 1"]),
-    (json.dumps({k: v for k, v in SMALL.items() if k != "layers"}), ['the top has no "layers"']),
-    (json.dumps({**SMALL, "dtype": "int8"}), ["dtype must be one of float32, bfloat16"]),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ("{not json", ["is not JSON"]),
+        (
+            json.dumps({"devices": []}),
+            ['is not a `sparsetool bench --json` output (no "bench" key'],
+        ),
+        (
+            json.dumps({**SMALL, "bench": 2}),
+            ["has schema version 2; this sparsetool reads version 1"],
+        ),
+        (
+            json.dumps({k: v for k, v in SMALL.items() if k != "layers"}),
+            ['the top has no "layers"'],
+        ),
+        (json.dumps({**SMALL, "dtype": "int8"}), ["dtype must be one of float32, bfloat16"]),
+    ],
+)
 def test_a_bad_measurement_file_is_one_error(tmp_path, content, words):
     p = write(tmp_path, content)
     one_error(run("--measured", p), 1, f"measurement file '{p}'", *words)
@@ -345,23 +387,35 @@ def test_a_missing_timing_names_its_place(tmp_path):
     data = bench_json(batches=(1, 8))
     del data["layers"][1]["runs"][1]["dense"]["median_s"]
     p = write(tmp_path, data)
-    one_error(run("--measured", p, "--fit"), 1,
-              f"measurement file '{p}': layers[1].runs[1].dense has no \"median_s\"")
+    one_error(
+        run("--measured", p, "--fit"),
+        1,
+        f"measurement file '{p}': layers[1].runs[1].dense has no \"median_s\"",
+    )
     one_error(run("--measured", tmp_path / "absent.json"), 1, "not found")
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--measured", "b.json", "--shape", "64x64"], ["--measured and --shape do not go together"]),
-    (["--measured", "b.json", "--model", "gpt2-small"], ["--measured and --model do not go"]),
-    (["--measured", "b.json", "--sweep"], ["--measured and --sweep do not go together"]),
-    (["ckpt.safetensors", "--measured", "b.json"], ["--measured and CHECKPOINT do not go"]),
-    (["--measured", "b.json", "--list-hardware"], ["--list-hardware and --measured do not go"]),
-    (["--fit"], ["--fit goes with --measured BENCH.json"]),
-    (["--shape", "64x64", "-s", "0.5", "--kernel", "torch-csr"], ["--kernel torch-csr goes with"]),
-    (["--measured", "b.json", "-o", "x.toml"], ["-o x.toml writes the device --fit fits"]),
-    (["--measured", "b.json", "--fit", "-o", "x.yaml"], ["ending in .toml, e.g. -o x.toml"]),
-    (["--measured", "b.json", "-d", "cpu", "-d", "a100"], ["--measured compares one device"]),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (
+            ["--measured", "b.json", "--shape", "64x64"],
+            ["--measured and --shape do not go together"],
+        ),
+        (["--measured", "b.json", "--model", "gpt2-small"], ["--measured and --model do not go"]),
+        (["--measured", "b.json", "--sweep"], ["--measured and --sweep do not go together"]),
+        (["ckpt.safetensors", "--measured", "b.json"], ["--measured and CHECKPOINT do not go"]),
+        (["--measured", "b.json", "--list-hardware"], ["--list-hardware and --measured do not go"]),
+        (["--fit"], ["--fit goes with --measured BENCH.json"]),
+        (
+            ["--shape", "64x64", "-s", "0.5", "--kernel", "torch-csr"],
+            ["--kernel torch-csr goes with"],
+        ),
+        (["--measured", "b.json", "-o", "x.toml"], ["-o x.toml writes the device --fit fits"]),
+        (["--measured", "b.json", "--fit", "-o", "x.yaml"], ["ending in .toml, e.g. -o x.toml"]),
+        (["--measured", "b.json", "-d", "cpu", "-d", "a100"], ["--measured compares one device"]),
+    ],
+)
 def test_options_that_do_not_combine_are_usage_errors_before_any_file_is_read(args, words):
     one_error(run(*args), 2, *words)  # b.json does not exist: nothing was read
 

@@ -110,7 +110,9 @@ def test_sparsity_list_is_a_sweep_and_plot_needs_one():
 
 
 def test_pattern_24_runs_on_24_cores():
-    res = ok_json("--shape", "256x512", "--sparsity", "0.5", "--pattern", "2:4", "--device", "a100-2:4")
+    res = ok_json(
+        "--shape", "256x512", "--sparsity", "0.5", "--pattern", "2:4", "--device", "a100-2:4"
+    )
     d = res["devices"][0]
     assert d["applicable"] and 1.0 < d["forward"]["speedup"] <= 2.0
 
@@ -123,10 +125,24 @@ def test_random_mask_on_24_cores_is_refused_not_counted():
 
 def test_hardware_file_overrides_and_adds(tmp_path):
     f = tmp_path / "hw.toml"
-    f.write_text('[cs2]\nfixed_s = 0.0\ngroups_m = 8\ngroups_k = 8\n\n'
-                 '[b200]\nbase = "h100"\npeak_flops = 2.25e15\n')
-    res = ok_json("--shape", "1024x1024", "--sparsity", "0.5", "--hardware", str(f),
-                  "--device", "cs2", "--device", "b200", "--device", "h100")
+    f.write_text(
+        "[cs2]\nfixed_s = 0.0\ngroups_m = 8\ngroups_k = 8\n\n"
+        '[b200]\nbase = "h100"\npeak_flops = 2.25e15\n'
+    )
+    res = ok_json(
+        "--shape",
+        "1024x1024",
+        "--sparsity",
+        "0.5",
+        "--hardware",
+        str(f),
+        "--device",
+        "cs2",
+        "--device",
+        "b200",
+        "--device",
+        "h100",
+    )
     by = {d["name"]: d for d in res["devices"]}
     assert by["b200"]["forward"]["dense_time_s"] < by["h100"]["forward"]["dense_time_s"]
     assert res["layers"][0]["core_groups"] == [8, 8]
@@ -143,35 +159,44 @@ def test_list_hardware_cites_every_constant():
             assert c["source"] and c["source"] != "default"
 
 
-@pytest.mark.parametrize("args,match", [
-    (("--shape", "64x64"), "--sparsity"),
-    (("--shape", "64x64", "--model", "gpt3-xl", "--sparsity", "0.5"), "exactly one"),
-    ((), "exactly one"),
-    (("--model", "gpt2-small", "--sparsity", "0.5", "--pattern", "rows"), "--pattern draws"),
-    (("--model", "gpt2-small", "--sparsity", "0.5", "--include", "*h.0*"), "give CHECKPOINT"),
-    (("--model", "gpt2-small", "--sweep", "--sparsity", "0.5"), "not both"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (("--shape", "64x64"), "--sparsity"),
+        (("--shape", "64x64", "--model", "gpt3-xl", "--sparsity", "0.5"), "exactly one"),
+        ((), "exactly one"),
+        (("--model", "gpt2-small", "--sparsity", "0.5", "--pattern", "rows"), "--pattern draws"),
+        (("--model", "gpt2-small", "--sparsity", "0.5", "--include", "*h.0*"), "give CHECKPOINT"),
+        (("--model", "gpt2-small", "--sweep", "--sparsity", "0.5"), "not both"),
+    ],
+)
 def test_options_that_do_not_combine_are_usage_errors(args, match):
     """These exited 1 like a bad file; how options combine is usage (exit 2), as in every command."""
     usage_bad(*args, match=match)
 
 
-@pytest.mark.parametrize("args,match", [  # a bad --shape or --device: tests/cli/test_cli_usage.py
-    (("--shape", "64x64", "--sparsity", "0.75", "--pattern", "2:4"), "0.5"),
-    (("missing.safetensors",), "not found"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [  # a bad --shape or --device: tests/cli/test_cli_usage.py
+        (("--shape", "64x64", "--sparsity", "0.75", "--pattern", "2:4"), "0.5"),
+        (("missing.safetensors",), "not found"),
+    ],
+)
 def test_bad_input_is_one_clean_error(args, match):
     bad(*args, match=match)
 
 
 # A bad option value is a usage error, exit 2, found while parsing (these exited 1 before the
 # shared vocabulary).
-@pytest.mark.parametrize("args,match", [
-    (("--shape", "64x64", "--sparsity", "1.5"), "--sparsity must be a number from 0 to 1"),
-    (("--model", "gpt9", "--sparsity", "0.5"), "gpt9"),
-    (("--shape", "64x64", "--sparsity", "0.5", "--tokens", "0"), "--tokens"),
-    (("--shape", "64x64", "--sparsity", "0.5", "--pattern", "zigzag"), "zigzag"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (("--shape", "64x64", "--sparsity", "1.5"), "--sparsity must be a number from 0 to 1"),
+        (("--model", "gpt9", "--sparsity", "0.5"), "gpt9"),
+        (("--shape", "64x64", "--sparsity", "0.5", "--tokens", "0"), "--tokens"),
+        (("--shape", "64x64", "--sparsity", "0.5", "--pattern", "zigzag"), "zigzag"),
+    ],
+)
 def test_bad_option_value_is_a_usage_error(args, match):
     r = run(*args)
     assert r.exit_code == 2, r.stdout
@@ -183,13 +208,16 @@ def test_checkpoint_with_sweep_is_refused(tmp_path):
     usage_bad(str(path), "--sweep", match="brings its own masks")
 
 
-@pytest.mark.parametrize("text,match", [
-    ('{"cs2": {"warp_drive": 1}}', "warp_drive"),
-    ('{"cs2": {"cores": -3}}', "cores"),
-    ('{"x": {"peak_flops": 1}}', "base"),
-    ('{"cs2": 3}', "tables"),
-    ('{not json', "is not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ('{"cs2": {"warp_drive": 1}}', "warp_drive"),
+        ('{"cs2": {"cores": -3}}', "cores"),
+        ('{"x": {"peak_flops": 1}}', "base"),
+        ('{"cs2": 3}', "tables"),
+        ("{not json", "is not valid JSON"),
+    ],
+)
 def test_bad_hardware_file_is_one_clean_error(tmp_path, text, match):
     f = tmp_path / "hw.json"
     f.write_text(text)
@@ -197,7 +225,14 @@ def test_bad_hardware_file_is_one_clean_error(tmp_path, text, match):
 
 
 def test_bad_plot_directory_writes_nothing(tmp_path):
-    bad("--shape", "64x64", "--sweep", "--plot", str(tmp_path / "no" / "x.png"), match="does not exist")
+    bad(
+        "--shape",
+        "64x64",
+        "--sweep",
+        "--plot",
+        str(tmp_path / "no" / "x.png"),
+        match="does not exist",
+    )
 
 
 def test_model_verify_runs_on_a_mask_of_its_first_layer():
@@ -220,9 +255,21 @@ def test_library_loads_neither_the_cli_nor_torch_nor_matplotlib():
 
 def test_yaml_hardware_file(tmp_path):
     f = tmp_path / "hw.yaml"
-    f.write_text("a100:\n  launch_s: 0.0\nmy-spmm:\n  kind: gpu-spmm\n  break_even_sparsity: 0.5\n  launch_s: 0.0\n")
-    res = ok_json("--shape", "2048x2048", "--sparsity", "0.75", "--hardware", str(f),
-                  "--device", "a100", "--device", "my-spmm")
+    f.write_text(
+        "a100:\n  launch_s: 0.0\nmy-spmm:\n  kind: gpu-spmm\n  break_even_sparsity: 0.5\n  launch_s: 0.0\n"
+    )
+    res = ok_json(
+        "--shape",
+        "2048x2048",
+        "--sparsity",
+        "0.75",
+        "--hardware",
+        str(f),
+        "--device",
+        "a100",
+        "--device",
+        "my-spmm",
+    )
     by = {d["name"]: d for d in res["devices"]}
     assert by["a100"]["forward"]["breakdown"]["fixed"] == 0.0
     # break-even at 50%: at 75% sparsity the compute-bound kernel is twice as fast as dense
@@ -241,8 +288,18 @@ def test_weight_streaming_falls_back_to_the_dense_kernel_where_it_is_faster(tmp_
     1.8x the dense weight bytes (0.56x of dense speed): a compiler runs that layer dense."""
     f = tmp_path / "hw.toml"
     f.write_text(f"[cs2]\nweight_streaming = true\ndense_fallback = {str(fallback).lower()}\n")
-    low = ok_json("--shape", "4096x4096", "--sparsity", "0.1", "--tokens", "2048",
-                  "--hardware", str(f), "--device", "cs2")
+    low = ok_json(
+        "--shape",
+        "4096x4096",
+        "--sparsity",
+        "0.1",
+        "--tokens",
+        "2048",
+        "--hardware",
+        str(f),
+        "--device",
+        "cs2",
+    )
     cs2 = low["devices"][0]
     kernel = low["layers"][0]["kernel"]["cs2"]
     if fallback:
@@ -252,8 +309,18 @@ def test_weight_streaming_falls_back_to_the_dense_kernel_where_it_is_faster(tmp_
         assert kernel == "sparse" and cs2["forward"]["speedup"] == pytest.approx(0.56, abs=0.01)
         assert not any("dense kernel" in n for n in cs2["notes"])
     # At 90% the sparse kernel wins either way.
-    high = ok_json("--shape", "4096x4096", "--sparsity", "0.9", "--tokens", "2048",
-                   "--hardware", str(f), "--device", "cs2")
+    high = ok_json(
+        "--shape",
+        "4096x4096",
+        "--sparsity",
+        "0.9",
+        "--tokens",
+        "2048",
+        "--hardware",
+        str(f),
+        "--device",
+        "cs2",
+    )
     assert high["layers"][0]["kernel"]["cs2"] == "sparse"
     assert high["devices"][0]["forward"]["speedup"] > 4
 
@@ -261,15 +328,27 @@ def test_weight_streaming_falls_back_to_the_dense_kernel_where_it_is_faster(tmp_
 def test_more_core_groups_than_cores_is_refused(tmp_path):
     f = tmp_path / "hw.toml"
     f.write_text("[cs2]\ngroups_m = 100000\ngroups_k = 32\n")
-    bad("--shape", "64x64", "--sparsity", "0.5", "--hardware", str(f), match="3,200,000 core groups but only 850,000 cores")
+    bad(
+        "--shape",
+        "64x64",
+        "--sparsity",
+        "0.5",
+        "--hardware",
+        str(f),
+        match="3,200,000 core groups but only 850,000 cores",
+    )
 
 
 def test_layers_smaller_than_the_core_group_grid_are_named(tmp_path):
     f = tmp_path / "hw.toml"
     f.write_text("[cs2]\ngroups_m = 128\ngroups_k = 128\n")
-    res = ok_json("--shape", "64x4096", "--sparsity", "0.5", "--hardware", str(f), "--device", "cs2")
-    assert any("fewer rows or columns than the 128 x 128 core-group grid" in n and "64 x 4096" in n
-               for n in res["devices"][0]["notes"])
+    res = ok_json(
+        "--shape", "64x4096", "--sparsity", "0.5", "--hardware", str(f), "--device", "cs2"
+    )
+    assert any(
+        "fewer rows or columns than the 128 x 128 core-group grid" in n and "64 x 4096" in n
+        for n in res["devices"][0]["notes"]
+    )
     res = ok_json("--shape", "4096x4096", "--sparsity", "0.5", "--device", "cs2")
     assert not any("core-group grid" in n for n in res["devices"][0]["notes"])
 
@@ -283,8 +362,7 @@ def test_sweep_plot_draws_the_theoretical_curve_not_segments(tmp_path, monkeypat
     kept = []
     monkeypatch.setattr(plt, "close", lambda fig: kept.append(fig))
     out = tmp_path / "s.png"
-    r = run("--shape", "256x256", "--sparsity", "0.5,0.9",
-            "--plot", str(out), "--quiet")
+    r = run("--shape", "256x256", "--sparsity", "0.5,0.9", "--plot", str(out), "--quiet")
     assert r.exit_code == 0 and out.exists(), r.output
     ax = kept[0].axes[0]
     (line,) = [ln for ln in ax.get_lines() if ln.get_label() == "theoretical 1/(1-s)"]

@@ -35,7 +35,9 @@ def ckpt(tmp_path):
 
 
 @pytest.mark.parametrize("extra", [("--plot", "x.png"), ("--sweep",), ("--sparsity", "0.5,0.9")])
-def test_a_checkpoint_with_a_sweep_or_plot_offers_a_command_that_runs(ckpt, extra, tmp_path, monkeypatch):
+def test_a_checkpoint_with_a_sweep_or_plot_offers_a_command_that_runs(
+    ckpt, extra, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     r = run(ckpt, *extra)
     assert r.exit_code == 2 and r.stdout == ""  # a usage error: how the options combine
@@ -50,13 +52,16 @@ def test_a_checkpoint_with_a_sweep_or_plot_offers_a_command_that_runs(ckpt, extr
     assert run(ckpt, "--tokens", "64").exit_code == 0  # and dropping the option works too
 
 
-@pytest.mark.parametrize("args", [
-    (),  # no source
-    ("--shape", "64x64"),  # no sparsity
-    ("--model", "gpt2-small", "--sparsity", "0.5", "--pattern", "rows"),
-    ("--shape", "64x64", "--sparsity", "0.5", "--plot", "x.png"),
-    ("--shape", "64x64", "--sparsity", "0.5,0.75", "--pattern", "2:4"),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        (),  # no source
+        ("--shape", "64x64"),  # no sparsity
+        ("--model", "gpt2-small", "--sparsity", "0.5", "--pattern", "rows"),
+        ("--shape", "64x64", "--sparsity", "0.5", "--plot", "x.png"),
+        ("--shape", "64x64", "--sparsity", "0.5,0.75", "--pattern", "2:4"),
+    ],
+)
 def test_every_suggestion_runs_as_written(args, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = run(*args)
@@ -75,7 +80,9 @@ def test_every_suggestion_runs_as_written(args, tmp_path, monkeypatch):
 def test_sweep_and_a_list_name_the_list_given():
     r = run("--shape", "64x64", "--sparsity", "0.5,0.9", "--sweep")
     assert r.exit_code == 2
-    assert "--sweep (the Appendix C sparsities) or --sparsity 0.5,0.9, not both: drop one" in r.stderr
+    assert (
+        "--sweep (the Appendix C sparsities) or --sparsity 0.5,0.9, not both: drop one" in r.stderr
+    )
     assert run("--shape", "64x64", "--sparsity", "0.5,0.9").exit_code == 0
     assert run("--shape", "64x64", "--sweep", "--tokens", "64").exit_code == 0
 
@@ -86,8 +93,19 @@ def test_list_hardware_prints_units_and_cites_once():
     r = run("--list-hardware")
     assert r.exit_code == 0, r.output
     out = r.stdout
-    for text in ("1.100 GHz", "312.00 TFLOP/s", "989.00 TFLOP/s", "2.039 TB/s", "20.00 PB/s", "40.00 GB",
-                 "1.280 us", "850,000", "0.25 B", "120.00 GFLOP/s", "2.500 GMAC/s"):
+    for text in (
+        "1.100 GHz",
+        "312.00 TFLOP/s",
+        "989.00 TFLOP/s",
+        "2.039 TB/s",
+        "20.00 PB/s",
+        "40.00 GB",
+        "1.280 us",
+        "850,000",
+        "0.25 B",
+        "120.00 GFLOP/s",
+        "2.500 GMAC/s",
+    ):
         assert text in out, text
     for raw in ("1100000000.0", "312000000000000.0", "clock_hz = "):
         assert raw not in out

@@ -28,13 +28,13 @@ def test_wanda_score_is_weight_magnitude_times_input_column_norm():
     for i in range(w.shape[0]):
         for j in range(w.shape[1]):
             direct[i, j] = abs(w[i, j]) * torch.sqrt(sum(x[t, j] ** 2 for t in range(x.shape[0])))
-    assert torch.allclose(wanda_scores(w, (x ** 2).sum(0)), direct, rtol=1e-5)
+    assert torch.allclose(wanda_scores(w, (x**2).sum(0)), direct, rtol=1e-5)
 
 
 @pytest.mark.parametrize("keep", [0, 1, 37, 64, 100, 128])
 def test_wanda_keeps_each_rows_top_scores_with_an_exact_total(keep):
     w, x = layer(1)
-    mask = wanda_mask(w, (x ** 2).sum(0), keep=keep)
+    mask = wanda_mask(w, (x**2).sum(0), keep=keep)
     assert int(mask.sum()) == keep
     score = w.abs() * x.norm(dim=0)
     prunes = row_prune_counts(*w.shape, w.numel() - keep)
@@ -52,22 +52,25 @@ def test_wanda_keeps_each_rows_top_scores_with_an_exact_total(keep):
 def test_wanda_is_not_magnitude_when_inputs_differ_in_scale():
     w = torch.tensor([[1.0, -2.0, 3.0, 0.5], [4.0, 1.0, -1.0, 2.0]])
     sq = torch.tensor([100.0, 1.0, 1.0, 100.0])
-    assert wanda_mask(w, sq, keep=4).tolist() == [[True, False, False, True], [True, False, False, True]]
+    assert wanda_mask(w, sq, keep=4).tolist() == [
+        [True, False, False, True],
+        [True, False, False, True],
+    ]
     assert magnitude_mask(w, keep=4).tolist() != wanda_mask(w, sq, keep=4).tolist()
 
 
 def test_wanda_never_revives_a_pruned_weight():
     w, x = layer(2)
     alive = torch.rand(w.shape, generator=torch.Generator().manual_seed(0)) > 0.3
-    mask = wanda_mask(w, (x ** 2).sum(0), keep=w.numel(), existing=alive)
+    mask = wanda_mask(w, (x**2).sum(0), keep=w.numel(), existing=alive)
     assert torch.equal(mask, alive)
-    mask = wanda_mask(w, (x ** 2).sum(0), keep=40, existing=alive)
+    mask = wanda_mask(w, (x**2).sum(0), keep=40, existing=alive)
     assert not bool((mask & ~alive).any()) and int(mask.sum()) == 40
 
 
 def test_wanda_nm_keeps_the_top_n_scores_of_every_m_inputs():
     w, x = layer(3)
-    mask = wanda_mask(w, (x ** 2).sum(0), nm=(2, 4))
+    mask = wanda_mask(w, (x**2).sum(0), nm=(2, 4))
     score = (w.abs() * x.norm(dim=0)).view(8, 4, 4)
     top = torch.argsort(score, dim=2, descending=True, stable=True)[..., :2]
     expect = torch.zeros(8, 4, 4, dtype=torch.bool).scatter_(2, top, True).view(8, 16)
@@ -150,7 +153,12 @@ def test_sparsegpt_nm_pattern_and_never_reviving():
 
 
 def test_sparsegpt_block_shares_add_up_and_bad_shapes_are_refused():
-    for rows, cols, prune, bs in [(3, 10, 7, 4), (5, 128, 321, 128), (7, 300, 1000, 128), (2, 9, 18, 2)]:
+    for rows, cols, prune, bs in [
+        (3, 10, 7, 4),
+        (5, 128, 321, 128),
+        (7, 300, 1000, 128),
+        (2, 9, 18, 2),
+    ]:
         counts = block_prune_counts(rows, cols, prune, bs)
         assert sum(counts) == prune and len(counts) == -(-cols // bs)
         assert all(0 <= c <= rows * min(bs, cols - i * bs) for i, c in enumerate(counts))

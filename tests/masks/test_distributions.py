@@ -17,7 +17,11 @@ from sparsetool.masks.distributions import (
 
 
 def test_uniform_hand_computed():
-    assert uniform_keep({"a": 10, "b": 3, "c": 0}, 0.5) == {"a": 5, "b": 1, "c": 0}  # round(1.5) = 2
+    assert uniform_keep({"a": 10, "b": 3, "c": 0}, 0.5) == {
+        "a": 5,
+        "b": 1,
+        "c": 0,
+    }  # round(1.5) = 2
     assert uniform_keep({"a": 10}, 0.0) == {"a": 10}
     assert uniform_keep({"a": 10}, 1.0) == {"a": 0}
 
@@ -54,7 +58,9 @@ def test_registry_and_unknown_name():
     assert set(DISTRIBUTIONS) == {"uniform", "erk"}
     assert keep_counts(shapes, 0.5, "uniform") == {"a": 12, "b": 12}
     assert keep_counts(shapes, 0.5, "erk") == erk_keep(shapes, 0.5)
-    with pytest.raises(ConfigError, match="unknown distribution 'erdos'; choose one of: uniform, erk"):
+    with pytest.raises(
+        ConfigError, match="unknown distribution 'erdos'; choose one of: uniform, erk"
+    ):
         keep_counts(shapes, 0.5, "erdos")
     with pytest.raises(SparsetoolError, match="sparsity must be"):
         keep_counts(shapes, 1.5, "erk")
@@ -87,8 +93,10 @@ def test_distributions_targets_and_counts_load_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys, sparsetool.masks.distributions, sparsetool.targets, sparsetool.masks.counts; "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys, sparsetool.masks.distributions, sparsetool.targets, sparsetool.masks.counts; "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -99,7 +107,9 @@ def test_docstring_examples():
 
     import sparsetool.masks.distributions
 
-    result = doctest.testmod(sparsetool.masks.distributions, optionflags=doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(
+        sparsetool.masks.distributions, optionflags=doctest.NORMALIZE_WHITESPACE
+    )
     assert result.attempted > 0 and result.failed == 0
 
 
@@ -108,7 +118,10 @@ def test_docstring_examples():
 def test_a_fused_tensors_experts_count_as_if_stored_apart(distribution, sparsity):
     """Parts of a fused experts tensor are units of the distribution, like separate tensors."""
     fused = {"up": (3, 12, 20), "down": (3, 20, 12), "q": (20, 20)}
-    apart = {"q": (20, 20), **{f"{n}.{e}": s[1:] for n, s in fused.items() if n != "q" for e in range(3)}}
+    apart = {
+        "q": (20, 20),
+        **{f"{n}.{e}": s[1:] for n, s in fused.items() if n != "q" for e in range(3)},
+    }
     got = part_keep_counts(fused, {"up": 3, "down": 3}, sparsity, distribution)
     want = keep_counts(apart, sparsity, distribution)
     assert got["q"] == [want["q"]]

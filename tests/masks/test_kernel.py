@@ -24,10 +24,26 @@ def specials(dtype):
     """Values that stress the bit patterns: both zeros, subnormals, the extremes, inf, NaN, ties."""
     info = torch.finfo(dtype)
     tiny = info.tiny
-    return [0.0, -0.0, tiny, -tiny, tiny / 2, -tiny / 4, info.max, -info.max, 1.0, -1.0, 0.5, -0.5,
-            2.0, -2.0, 1.0 + info.eps, float("inf"), float("-inf"), float("nan")]
-
-
+    return [
+        0.0,
+        -0.0,
+        tiny,
+        -tiny,
+        tiny / 2,
+        -tiny / 4,
+        info.max,
+        -info.max,
+        1.0,
+        -1.0,
+        0.5,
+        -0.5,
+        2.0,
+        -2.0,
+        1.0 + info.eps,
+        float("inf"),
+        float("-inf"),
+        float("nan"),
+    ]
 
 
 def ref_top_k(scores, k, allowed=None, magnitude=False):
@@ -37,8 +53,10 @@ def ref_top_k(scores, k, allowed=None, magnitude=False):
         values = values.abs()
     values = values.tolist()
     ok = [True] * len(values) if allowed is None else allowed.reshape(-1).tolist()
-    order = sorted((i for i, v in enumerate(values) if ok[i] and not math.isnan(v)),
-                   key=lambda i: (-values[i], i))
+    order = sorted(
+        (i for i, v in enumerate(values) if ok[i] and not math.isnan(v)),
+        key=lambda i: (-values[i], i),
+    )
     mask = torch.zeros(len(values), dtype=torch.bool)
     mask[order[:k]] = True
     return mask.reshape(scores.shape)
@@ -49,14 +67,17 @@ def cases(draw):
     dtype = draw(st.sampled_from(DTYPES))
     n = draw(st.integers(0, 60))
     pool = specials(dtype)
-    values = draw(st.lists(st.sampled_from(pool) | st.floats(-4, 4, width=16), min_size=n, max_size=n))
+    values = draw(
+        st.lists(st.sampled_from(pool) | st.floats(-4, 4, width=16), min_size=n, max_size=n)
+    )
     scores = torch.tensor(values, dtype=torch.float64).to(dtype)
     if draw(st.booleans()) and n % 2 == 0 and n:
         scores = scores.reshape(2, n // 2)
     allowed = None
     if draw(st.booleans()):
-        allowed = torch.tensor(draw(st.lists(st.booleans(), min_size=n, max_size=n)),
-                               dtype=torch.bool).reshape(scores.shape)
+        allowed = torch.tensor(
+            draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=torch.bool
+        ).reshape(scores.shape)
     k = draw(st.integers(0, n))
     return scores, k, allowed
 
@@ -91,8 +112,16 @@ def test_top_k_never_selects_nan():
     it to fill k; the one kernel never selects NaN (as magnitude pruning never kept it), and with
     fewer than k candidates selects them all instead of raising."""
     nan = torch.tensor([float("nan"), 0.0, 1.0])
-    assert top_k_mask(nan, 2, allowed=torch.tensor([True, False, True])).tolist() == [False, False, True]
-    assert top_k_mask(nan, 3, allowed=torch.tensor([True, False, True])).tolist() == [False, False, True]
+    assert top_k_mask(nan, 2, allowed=torch.tensor([True, False, True])).tolist() == [
+        False,
+        False,
+        True,
+    ]
+    assert top_k_mask(nan, 3, allowed=torch.tensor([True, False, True])).tolist() == [
+        False,
+        False,
+        True,
+    ]
     assert top_k_mask(-nan, 3).tolist() == [False, True, True]  # NaN with the sign bit, too
     with pytest.raises(SparsetoolError):
         top_k_mask(nan, 4)
@@ -103,14 +132,18 @@ def test_top_k_signed_order():
     assert top_k_mask(s, 4).tolist() == [True, False, True, True, False, True]
     assert top_k_mask(s, 5).tolist() == [True, False, True, True, True, True]
     big = torch.randn(3000, 1000, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(top_k_mask(big, 2_000_000), big >= big.reshape(-1).kthvalue(1_000_001).values)
+    assert torch.equal(
+        top_k_mask(big, 2_000_000), big >= big.reshape(-1).kthvalue(1_000_001).values
+    )
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(-3, 3), min_size=1, max_size=40), st.data())
 def test_top_k_exact_count_within_allowed(values, data):
     scores = torch.tensor(values, dtype=torch.float32)
-    allowed = torch.tensor(data.draw(st.lists(st.booleans(), min_size=len(values), max_size=len(values))))
+    allowed = torch.tensor(
+        data.draw(st.lists(st.booleans(), min_size=len(values), max_size=len(values)))
+    )
     k = data.draw(st.integers(0, int(allowed.sum())))
     m = top_k_mask(scores, k, allowed=allowed)
     assert int(m.sum()) == k and not (m & ~allowed).any()
@@ -137,8 +170,12 @@ def test_histograms_count_available_keys_only():
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10_000), n=st.integers(1, 5000), low=st.integers(0, 40000),
-       width=st.integers(0, 40))
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(1, 5000),
+    low=st.integers(0, 40000),
+    width=st.integers(0, 40),
+)
 def test_histogram_from_is_the_histogram_with_the_outside_summed(seed, n, low, width):
     """Exact counts for the digits in [low, high], the keys below in low - 1 and above in
     high + 1: one comparison per digit for a narrow range, a compress and bincount for a wide one."""
@@ -153,9 +190,9 @@ def test_histogram_from_is_the_histogram_with_the_outside_summed(seed, n, low, w
     high = min(low + width, 0x7FFF)
     full = histogram(keys)[0]
     got = histogram_from(keys, low, high)
-    assert np.array_equal(got[low:high + 1], full[low:high + 1])
+    assert np.array_equal(got[low : high + 1], full[low : high + 1])
     if low:
-        assert got[low - 1] == full[:low].sum() and not got[:low - 1].any()
+        assert got[low - 1] == full[:low].sum() and not got[: low - 1].any()
     if high < 0x7FFF:
-        assert got[high + 1] == full[high + 1:].sum() and not got[high + 2:].any()
+        assert got[high + 1] == full[high + 1 :].sum() and not got[high + 2 :].any()
     assert got.sum() == n

@@ -23,8 +23,27 @@ from helpers import tiny_chunks
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
 # Few distinct magnitudes so ties are common; both zeros; values that share one bf16 / coarse bucket.
-POOL = [0.0, -0.0, 1.0, -1.0, 0.5, 2.0, -2.0, 3.0, 1.0 + 2**-20, 1.0 + 2**-10, 1e-30, -1e-30, 65504.0,
-        float("inf"), float("-inf"), float("nan"), 1e-8, 7.25, -7.25]
+POOL = [
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    0.5,
+    2.0,
+    -2.0,
+    3.0,
+    1.0 + 2**-20,
+    1.0 + 2**-10,
+    1e-30,
+    -1e-30,
+    65504.0,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+    1e-8,
+    7.25,
+    -7.25,
+]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -35,8 +54,10 @@ def ref_magnitude(w: torch.Tensor, keep: int, existing=None) -> torch.Tensor:
     """Sort-based reference: largest |w| first, ties by flat index, NaN and dead excluded."""
     values = w.double().abs().reshape(-1).tolist()
     alive = [True] * len(values) if existing is None else existing.reshape(-1).tolist()
-    order = sorted((i for i, v in enumerate(values) if alive[i] and not math.isnan(v)),
-                   key=lambda i: (-values[i], i))
+    order = sorted(
+        (i for i, v in enumerate(values) if alive[i] and not math.isnan(v)),
+        key=lambda i: (-values[i], i),
+    )
     mask = torch.zeros(len(values), dtype=torch.bool)
     mask[order[:keep]] = True
     return mask.reshape(w.shape)
@@ -54,8 +75,6 @@ def ref_global(tensors, keep, existing):
     for _, t, i in entries[:keep]:
         masks[t][i] = True
     return [m.reshape(w.shape) for m, w in zip(masks, tensors)]
-
-
 
 
 @st.composite
@@ -103,7 +122,10 @@ def test_keep_counts_round_half_to_even():
 def test_magnitude_hand_computed():
     w = torch.tensor([[0.5, -2.0, 0.0, 1.0], [1.0, 3.0, -0.5, 0.25]])
     # keep 4: 3.0, -2.0, then the two 1.0 (indices 3 and 4)
-    assert magnitude_mask(w, 0.5).tolist() == [[False, True, False, True], [True, True, False, False]]
+    assert magnitude_mask(w, 0.5).tolist() == [
+        [False, True, False, True],
+        [True, True, False, False],
+    ]
     # keep 3: the tie between the 1.0s goes to the lower flat index
     assert magnitude_mask(w, keep=3).reshape(-1).nonzero().reshape(-1).tolist() == [1, 3, 5]
     # keep 5: 0.5 and -0.5 tie, lower index first
@@ -247,7 +269,9 @@ def test_magnitude_on_a_multi_chunk_tensor_with_ties_nan_and_dead_weights(dtype)
     # the tie group straddles the boundary: keep exactly up to the middle of it
     above = int((w.double().abs() > 0.5).logical_and(alive).sum())
     keep = above + int(((w == 0.5) & alive).sum()) // 2
-    assert torch.equal(magnitude_mask(w, keep=keep, existing=alive).reshape(-1), torch_reference(w, keep, alive))
+    assert torch.equal(
+        magnitude_mask(w, keep=keep, existing=alive).reshape(-1), torch_reference(w, keep, alive)
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -288,7 +312,9 @@ def test_keys_just_below_the_top_key_are_counted():
 
 def test_random_generator_gives_a_different_mask_per_call():
     g = torch.Generator().manual_seed(0)
-    assert not torch.equal(random_mask((32, 32), 0.5, generator=g), random_mask((32, 32), 0.5, generator=g))
+    assert not torch.equal(
+        random_mask((32, 32), 0.5, generator=g), random_mask((32, 32), 0.5, generator=g)
+    )
 
 
 def test_random_is_roughly_uniform():
@@ -331,13 +357,20 @@ def test_nm_hand_computed_and_ties():
 
 def test_nm_along_dim_0_for_conv1d_layout():
     w = torch.tensor([[1.0, 9.0], [3.0, 2.0], [0.0, 0.0], [-5.0, 1.0]])  # (in=4, out=2)
-    assert nm_mask(w, 1, 2, dim=0).tolist() == [[False, True], [True, False], [False, False], [True, True]]
+    assert nm_mask(w, 1, 2, dim=0).tolist() == [
+        [False, True],
+        [True, False],
+        [False, False],
+        [True, True],
+    ]
 
 
 def test_nm_composes_and_skips_nan():
     w = torch.tensor([[4.0, 3.0, 2.0, 1.0, float("nan"), 1.0, 2.0, 3.0]])
     alive = torch.tensor([[False, True, True, True, True, True, True, False]])
-    assert nm_mask(w, 2, 4, existing=alive).tolist() == [[False, True, True, False, False, True, True, False]]
+    assert nm_mask(w, 2, 4, existing=alive).tolist() == [
+        [False, True, True, False, False, True, True, False]
+    ]
 
 
 def test_nm_errors_name_the_problem():
@@ -352,8 +385,15 @@ def test_nm_errors_name_the_problem():
         nm_mask(w, 1, 2, dim=2)
 
 
-@pytest.mark.parametrize("dtype,dim,n,m", [(torch.bfloat16, -1, 2, 4), (torch.float32, 0, 2, 4),
-                                           (torch.float16, 1, 3, 8), (torch.float32, -1, 5, 32)])
+@pytest.mark.parametrize(
+    "dtype,dim,n,m",
+    [
+        (torch.bfloat16, -1, 2, 4),
+        (torch.float32, 0, 2, 4),
+        (torch.float16, 1, 3, 8),
+        (torch.float32, -1, 5, 32),
+    ],
+)
 def test_nm_on_a_multi_chunk_tensor(dtype, dim, n, m):
     g = torch.Generator().manual_seed(3)
     w = torch.randn(1024, 1536, generator=g).to(dtype)
@@ -378,7 +418,9 @@ def test_nm_pattern_holds(w, data):
     n = data.draw(st.integers(0, m))
     alive = None
     if data.draw(st.booleans()):
-        alive = torch.tensor(data.draw(st.lists(st.booleans(), min_size=w.numel(), max_size=w.numel()))).reshape(w.shape)
+        alive = torch.tensor(
+            data.draw(st.lists(st.booleans(), min_size=w.numel(), max_size=w.numel()))
+        ).reshape(w.shape)
     with tiny_chunks(data.draw(st.booleans())):
         mask = nm_mask(w, n, m, dim=dim, existing=alive)
     groups_w = w.movedim(dim, -1).reshape(-1, m)
@@ -436,8 +478,11 @@ def test_global_detects_a_tensor_that_changed_between_passes():
     a = torch.tensor([1.0, 1.0 + 2**-20])
     plan = global_threshold_plan([MagnitudeHistogram.of(a)], 1)
     with pytest.raises(SparsetoolError, match="change between passes"):
-        global_threshold_plan([MagnitudeHistogram.of(a)], 1,
-                              refined={0: MagnitudeHistogram.of(a[:1], refine=plan.refine_bucket)})
+        global_threshold_plan(
+            [MagnitudeHistogram.of(a)],
+            1,
+            refined={0: MagnitudeHistogram.of(a[:1], refine=plan.refine_bucket)},
+        )
 
 
 def test_histogram_merge_and_total():
@@ -456,15 +501,21 @@ def test_plan_types_are_small_and_plain():
 
 def test_global_on_multi_chunk_tensors_of_mixed_dtypes():
     g = torch.Generator().manual_seed(11)
-    tensors = [torch.randn(1200, 1000, generator=g).to(dt)
-               for dt in (torch.float32, torch.bfloat16, torch.float16)]
+    tensors = [
+        torch.randn(1200, 1000, generator=g).to(dt)
+        for dt in (torch.float32, torch.bfloat16, torch.float16)
+    ]
     for t in tensors:
         t.view(-1)[::89] = 0.75  # exactly representable in all three: one big cross-tensor tie
         t.view(-1)[5::7919] = float("nan")
     alive = [None, torch.rand(1200, 1000, generator=g) > 0.2, None]
     values = torch.cat([t.float().abs().reshape(-1) for t in tensors]).double()
-    dead = torch.cat([torch.isnan(t.float().reshape(-1)) | (False if a is None else ~a.reshape(-1))
-                      for t, a in zip(tensors, alive)])
+    dead = torch.cat(
+        [
+            torch.isnan(t.float().reshape(-1)) | (False if a is None else ~a.reshape(-1))
+            for t, a in zip(tensors, alive)
+        ]
+    )
     order = torch.sort(values.masked_fill(dead, -1.0), descending=True, stable=True).indices
     above = int(((values > 0.75) & ~dead).sum())
     at = int(((values == 0.75) & ~dead).sum())
@@ -508,7 +559,9 @@ def test_empty_scalar_and_non_contiguous_inputs():
     assert magnitude_mask(torch.empty(0, 4), 0.5).shape == (0, 4)
     assert nm_mask(torch.empty(3, 0), 2, 4).shape == (3, 0)
     assert random_mask((), keep=1).item() is True
-    assert global_magnitude_masks([torch.empty(0), torch.tensor([1.0, 2.0])], keep=1)[1].tolist() == [False, True]
+    assert global_magnitude_masks([torch.empty(0), torch.tensor([1.0, 2.0])], keep=1)[
+        1
+    ].tolist() == [False, True]
     w = torch.randn(64, 48, generator=torch.Generator().manual_seed(2))
     assert torch.equal(magnitude_mask(w.t(), 0.7), magnitude_mask(w.t().contiguous(), 0.7))
     assert torch.equal(nm_mask(w.t(), 2, 4), nm_mask(w.t().contiguous(), 2, 4))
@@ -519,7 +572,13 @@ def test_fp8_needs_no_refinement_pass():
         pytest.skip("no float8 in this torch")
     t = torch.tensor([0.5, -4.0, 2.0, 1.0, 2.0]).to(torch.float8_e4m3fn)
     plan = global_threshold_plan([MagnitudeHistogram.of(t)], 2)
-    assert plan.done and apply_threshold(t, plan.tensors[0]).tolist() == [False, True, True, False, False]
+    assert plan.done and apply_threshold(t, plan.tensors[0]).tolist() == [
+        False,
+        True,
+        True,
+        False,
+        False,
+    ]
 
 
 def test_a_pool_inherited_through_fork_is_replaced():
@@ -539,11 +598,21 @@ def test_a_pool_inherited_through_fork_is_replaced():
         pool_module.set_workers(None)
 
 
-@pytest.mark.parametrize("module", ["sparsetool.masks.select", "sparsetool.masks.global_magnitude", "sparsetool.masks.counts", "sparsetool.masks.kernel"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "sparsetool.masks.select",
+        "sparsetool.masks.global_magnitude",
+        "sparsetool.masks.counts",
+        "sparsetool.masks.kernel",
+    ],
+)
 def test_docstring_examples(module):
     """The examples in the docstrings run and print what they say (CI collects tests/ only)."""
     import doctest
     import importlib
 
-    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(
+        importlib.import_module(module), optionflags=doctest.NORMALIZE_WHITESPACE
+    )
     assert result.attempted > 0 and result.failed == 0

@@ -18,8 +18,14 @@ from sparsetool.masks.kernel import top_k_mask
 from sparsetool.masks.select import magnitude_mask, nm_mask, random_keys, random_mask
 from sparsetool.util.floatbits import float_format
 
-DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.float8_e4m3fn,
-          torch.float8_e5m2]
+DTYPES = [
+    torch.bfloat16,
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+]
 
 
 def bits(w: torch.Tensor) -> tuple[np.ndarray, str]:
@@ -44,7 +50,9 @@ def stress(shape, dtype, seed):
 SIZES = [(40, 64), (1100, 1024)]  # one small tensor, one of more than 2**20 entries
 
 
-CASES = [(dtype, SIZES[0]) for dtype in DTYPES] + [(dtype, SIZES[1]) for dtype in (torch.bfloat16, torch.float32)]
+CASES = [(dtype, SIZES[0]) for dtype in DTYPES] + [
+    (dtype, SIZES[1]) for dtype in (torch.bfloat16, torch.float32)
+]
 
 
 @pytest.mark.parametrize("dtype,shape", CASES)  # multi-chunk sizes: bf16 and fp32
@@ -74,10 +82,12 @@ def test_numpy_and_torch_entries_give_the_same_masks(dtype, shape):
     got = apply_threshold(b, plan.tensors[0], a, dtype=st)
     assert np.array_equal(got, t.numpy()) and int(got.sum()) == plan.kept
     pieces = []
-    apply_threshold(b, plan.tensors[0], a, dtype=st, sink=lambda lo, hi, m: pieces.append((lo, m.copy())))
+    apply_threshold(
+        b, plan.tensors[0], a, dtype=st, sink=lambda lo, hi, m: pieces.append((lo, m.copy()))
+    )
     streamed = np.zeros(n, dtype=bool)
     for lo, m in pieces:
-        streamed[lo:lo + m.size] = m
+        streamed[lo : lo + m.size] = m
     assert np.array_equal(streamed, got.reshape(-1))
 
 
@@ -85,7 +95,9 @@ def test_numpy_and_torch_entries_give_the_same_masks(dtype, shape):
 @pytest.mark.parametrize("shape", [(50, 30), (1100, 1024)])
 def test_top_k_signed_scores_numpy_equals_torch(dtype, shape):
     g = torch.Generator().manual_seed(2)
-    s = torch.randn(shape, generator=g, dtype=torch.float64).to(getattr(torch, np.dtype(dtype).name))
+    s = torch.randn(shape, generator=g, dtype=torch.float64).to(
+        getattr(torch, np.dtype(dtype).name)
+    )
     flat = s.view(-1)
     flat[::9] = 0.25
     flat[1::9] = -0.25
@@ -112,16 +124,19 @@ def test_global_masks_and_random_masks_numpy_equal_torch():
         nm = random_mask((1100, 1024), 0.6, existing=alive.numpy(), seed=seed)
         assert isinstance(tm, torch.Tensor) and isinstance(nm, np.ndarray)
         assert np.array_equal(nm, tm.numpy())
-        assert np.array_equal(random_mask((30, 7), keep=50, seed=seed, as_numpy=True),
-                              random_mask((30, 7), keep=50, seed=seed).numpy())
+        assert np.array_equal(
+            random_mask((30, 7), keep=50, seed=seed, as_numpy=True),
+            random_mask((30, 7), keep=50, seed=seed).numpy(),
+        )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 12345, 2**32 - 1, 2**32, 2**32 + 5, 2**62 + 17, 2**63 - 2])
 def test_seeded_draws_equal_torch_randint(seed):
     """The seeded draws are made in numpy, bit for bit torch's (ops/prune gives 63-bit seeds)."""
     for n in (1, 5, (1 << 20) + 3):
-        expected = torch.randint(0, 1 << 30, (n,), generator=torch.Generator().manual_seed(seed),
-                                 dtype=torch.int32).numpy()
+        expected = torch.randint(
+            0, 1 << 30, (n,), generator=torch.Generator().manual_seed(seed), dtype=torch.int32
+        ).numpy()
         assert np.array_equal(random_keys(n, seed), expected), (seed, n)
 
 
@@ -134,13 +149,15 @@ def test_torch_results_come_back_on_the_input_device_and_shape():
 
 
 def test_the_mask_modules_do_not_import_torch():
-    code = ("import sparsetool.masks, sparsetool.masks.select, sparsetool.masks.kernel, "
-            "sparsetool.masks.keys, sparsetool.masks.global_magnitude, sparsetool.masks.counts, "
-            "sparsetool.masks.distributions, sys\n"
-            "import numpy as np\n"
-            "from sparsetool.masks import magnitude_mask\n"
-            "m = magnitude_mask(np.array([0x3F80, 0x4000, 0, -0x4080], dtype=np.int16), keep=2, dtype='BF16')\n"
-            "assert m.tolist() == [True, True, False, False], m\n"
-            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    code = (
+        "import sparsetool.masks, sparsetool.masks.select, sparsetool.masks.kernel, "
+        "sparsetool.masks.keys, sparsetool.masks.global_magnitude, sparsetool.masks.counts, "
+        "sparsetool.masks.distributions, sys\n"
+        "import numpy as np\n"
+        "from sparsetool.masks import magnitude_mask\n"
+        "m = magnitude_mask(np.array([0x3F80, 0x4000, 0, -0x4080], dtype=np.int16), keep=2, dtype='BF16')\n"
+        "assert m.tolist() == [True, True, False, False], m\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

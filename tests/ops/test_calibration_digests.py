@@ -26,8 +26,12 @@ import pytest
 import torch
 
 DIGESTS = Path(__file__).with_name("calibration_digests.json")
-VARIANTS = {f"{model}/{method}-{how}": (model, method, how)
-            for model in ("gpt2", "llama") for method in ("wanda", "sparsegpt") for how in ("s0.5", "nm2:4")}
+VARIANTS = {
+    f"{model}/{method}-{how}": (model, method, how)
+    for model in ("gpt2", "llama")
+    for method in ("wanda", "sparsegpt")
+    for how in ("s0.5", "nm2:4")
+}
 
 
 def digests_of(model: str, method: str, how: str, work: Path) -> dict[str, str]:
@@ -47,8 +51,9 @@ def digests_of(model: str, method: str, how: str, work: Path) -> dict[str, str]:
         save_tokenizer(src, text)
     calib.write_text(text)
     amount = dict(sparsity=0.5) if how == "s0.5" else dict(nm=(2, 4))
-    result = prune_checkpoint(src, out, PruneOptions(method=method, calibration=str(calib),
-                                                     **amount, **CALIB))
+    result = prune_checkpoint(
+        src, out, PruneOptions(method=method, calibration=str(calib), **amount, **CALIB)
+    )
     names = {t.name for t in result.tensors}
     table = {}
     for f in sorted(out.glob("*.safetensors")):
@@ -89,12 +94,15 @@ def regenerate() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         table = {v: digests_of(*VARIANTS[v], Path(tmp)) for v in sorted(VARIANTS)}
-    DIGESTS.write_text(json.dumps({"torch": torch.__version__, "variants": table}, indent=1,
-                                  sort_keys=True) + "\n")
+    DIGESTS.write_text(
+        json.dumps({"torch": torch.__version__, "variants": table}, indent=1, sort_keys=True) + "\n"
+    )
     print(f"wrote {len(table)} variants to {DIGESTS}")
 
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--regenerate"]:
-        sys.exit(f"usage: python {sys.argv[0]} --regenerate  (only for an intended change of values)")
+        sys.exit(
+            f"usage: python {sys.argv[0]} --regenerate  (only for an intended change of values)"
+        )
     regenerate()

@@ -43,7 +43,11 @@ def hand_pair(tmp_path):
     # proj: A = (3, 0, 0, 4), B = (3, 1, 0, 0); fc is the same in both.
     fc = torch.tensor([[1.0, 2.0], [0.0, 0.0]])
     a = {PROJ: torch.tensor([[3.0, 0.0], [0.0, 4.0]]), FC: fc, "head.weight": torch.ones(2, 2)}
-    b = {PROJ: torch.tensor([[3.0, 1.0], [0.0, 0.0]]), FC: fc.clone(), "head.weight": torch.zeros(2, 2)}
+    b = {
+        PROJ: torch.tensor([[3.0, 1.0], [0.0, 0.0]]),
+        FC: fc.clone(),
+        "head.weight": torch.zeros(2, 2),
+    }
     return save(tmp_path / "a.safetensors", a), save(tmp_path / "b.safetensors", b)
 
 
@@ -58,8 +62,18 @@ def test_hand_computed_tensor_numbers(hand_pair):
     assert s.rel_l2 == pytest.approx(math.sqrt(17) / 5, abs=1e-15)  # B-A = (0, 1, 0, -4)
     assert s.angular_distance == pytest.approx(1 - 9 / (5 * math.sqrt(10)), abs=1e-15)
     same = result.rows[1].stats
-    assert (same.iou, same.revived, same.pruned, same.rel_l2, same.angular_distance) == (1.0, 0, 0, 0.0, 0.0)
-    assert (result.rows[0].layer, result.rows[0].kind, result.rows[1].kind) == (0, "attn_out", "ffn_in")
+    assert (same.iou, same.revived, same.pruned, same.rel_l2, same.angular_distance) == (
+        1.0,
+        0,
+        0,
+        0.0,
+        0.0,
+    )
+    assert (result.rows[0].layer, result.rows[0].kind, result.rows[1].kind) == (
+        0,
+        "attn_out",
+        "ffn_in",
+    )
 
 
 def test_summary_pools_sums_not_per_tensor_ratios(hand_pair):
@@ -79,7 +93,12 @@ def test_zero_vectors_and_opposite_directions():
     both_zero = pair_stats(z, z)
     assert (both_zero.iou, both_zero.rel_l2, both_zero.angular_distance) == (1.0, 0.0, 0.0)
     a_zero = pair_stats(z, one)
-    assert (a_zero.iou, a_zero.revived, a_zero.rel_l2, a_zero.angular_distance) == (0.0, 3, math.inf, 1.0)
+    assert (a_zero.iou, a_zero.revived, a_zero.rel_l2, a_zero.angular_distance) == (
+        0.0,
+        3,
+        math.inf,
+        1.0,
+    )
     assert a_zero.to_json()["rel_l2"] is None  # JSON has no infinity
     b_zero = pair_stats(one, z)
     assert (b_zero.pruned, b_zero.rel_l2, b_zero.angular_distance) == (3, 1.0, 1.0)
@@ -117,14 +136,17 @@ def test_gpt2_conv1d_c_attn_splits_columns(tmp_path):
     g = torch.Generator().manual_seed(1)
     a = torch.randn(d, 3 * d, generator=g)  # Conv1D (in, out): output columns are q | k | v
     b = a.clone()
-    b[:, d:2 * d] += torch.randn(d, d, generator=g)  # only K moves
+    b[:, d : 2 * d] += torch.randn(d, d, generator=g)  # only K moves
     b[0, 2 * d] = 0.0  # one V weight pruned
-    src, dst = save(tmp_path / "a.safetensors", {name: a}), save(tmp_path / "b.safetensors", {name: b})
+    src, dst = (
+        save(tmp_path / "a.safetensors", {name: a}),
+        save(tmp_path / "b.safetensors", {name: b}),
+    )
     rows = rows_by(diff(src, dst), name)
     assert [rows[k].kind for k in "QKV"] == ["Q", "K", "V"]
     assert all(rows[k].shape == (d, d) for k in "QKV")
     assert rows["Q"].stats.angular_distance == 0.0 and rows["Q"].stats.rel_l2 == 0.0
-    assert rows["K"].stats == pair_stats(a[:, d:2 * d], b[:, d:2 * d])
+    assert rows["K"].stats == pair_stats(a[:, d : 2 * d], b[:, d : 2 * d])
     assert rows["K"].stats.angular_distance > 0
     assert (rows["V"].stats.pruned, rows["K"].stats.pruned, rows["Q"].stats.pruned) == (1, 0, 0)
 
@@ -135,14 +157,18 @@ def test_gpt2_config_decides_conv1d_or_linear(tmp_path):
     a = torch.arange(3.0 * d * d).reshape(d, 3 * d) + 1
     b = a.clone()
     b[:, 0:d] *= -1  # Conv1D Q columns flipped
-    gpt2 = diff(save_dir(tmp_path / "a", {name: a}, {"model_type": "gpt2"}),
-                save_dir(tmp_path / "b", {name: b}, {"model_type": "gpt2"}))
+    gpt2 = diff(
+        save_dir(tmp_path / "a", {name: a}, {"model_type": "gpt2"}),
+        save_dir(tmp_path / "b", {name: b}, {"model_type": "gpt2"}),
+    )
     rows = rows_by(gpt2, name)
     assert rows["Q"].stats.angular_distance == pytest.approx(2.0, abs=1e-15)
     assert rows["K"].stats.angular_distance == 0.0
     lin_a, lin_b = a.T.contiguous(), b.T.contiguous()  # Linear (3d, d): Q rows flipped
-    big = diff(save_dir(tmp_path / "c", {name: lin_a}, {"model_type": "gpt_bigcode"}),
-               save_dir(tmp_path / "e", {name: lin_b}, {"model_type": "gpt_bigcode"}))
+    big = diff(
+        save_dir(tmp_path / "c", {name: lin_a}, {"model_type": "gpt_bigcode"}),
+        save_dir(tmp_path / "e", {name: lin_b}, {"model_type": "gpt_bigcode"}),
+    )
     rows = rows_by(big, name)
     assert (rows["Q"].shape, rows["V"].stats.angular_distance) == ((d, d), 0.0)
     assert rows["Q"].stats.angular_distance == pytest.approx(2.0, abs=1e-15)
@@ -153,9 +179,18 @@ def test_builtin_gpt_qkv_splits_rows(tmp_path):
     g = torch.Generator().manual_seed(2)
     a = torch.randn(3 * d, d, generator=g)  # nn.Linear (3d, d): rows q | k | v
     b = a.clone()
-    b[2 * d:] = 0.0  # V pruned away entirely
-    rows = rows_by(diff(save(tmp_path / "a.safetensors", {name: a}), save(tmp_path / "b.safetensors", {name: b})), name)
-    assert (rows["V"].layer, rows["V"].stats.sparsity_b, rows["V"].stats.angular_distance) == (1, 1.0, 1.0)
+    b[2 * d :] = 0.0  # V pruned away entirely
+    rows = rows_by(
+        diff(
+            save(tmp_path / "a.safetensors", {name: a}), save(tmp_path / "b.safetensors", {name: b})
+        ),
+        name,
+    )
+    assert (rows["V"].layer, rows["V"].stats.sparsity_b, rows["V"].stats.angular_distance) == (
+        1,
+        1.0,
+        1.0,
+    )
     assert rows["V"].stats.pruned == d * d
     assert rows["Q"].stats.angular_distance == rows["K"].stats.angular_distance == 0.0
 
@@ -169,26 +204,39 @@ def test_neox_query_key_value_is_interleaved_per_head(tmp_path):
     k_rows = [2, 3, 8, 9]
     b[k_rows] += torch.randn(len(k_rows), d, generator=g)
     cfg = {"model_type": "gpt_neox", "num_attention_heads": heads}
-    result = diff(save_dir(tmp_path / "a", {name: a}, cfg), save_dir(tmp_path / "b", {name: b}, cfg))
+    result = diff(
+        save_dir(tmp_path / "a", {name: a}, cfg), save_dir(tmp_path / "b", {name: b}, cfg)
+    )
     rows = rows_by(result, name)
     assert rows["Q"].stats.angular_distance == rows["V"].stats.angular_distance == 0.0
     assert rows["K"].stats == pair_stats(a[k_rows], b[k_rows])
     assert rows["K"].shape == (d, d) and not result.notes
     # without the head count the tensor is compared whole, and the user is told why
-    bare = diff(save(tmp_path / "a.safetensors", {name: a}), save(tmp_path / "b.safetensors", {name: b}))
+    bare = diff(
+        save(tmp_path / "a.safetensors", {name: a}), save(tmp_path / "b.safetensors", {name: b})
+    )
     assert [(r.kind, r.part) for r in bare.rows] == [("QKV", None)]
     assert "num_attention_heads" in bare.notes[0]
 
 
 def test_separate_projections_and_gate_up(tmp_path):
-    names = [f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkvo"] + \
-            [f"model.layers.0.mlp.{p}_proj.weight" for p in ("gate", "up", "down")]
+    names = [f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkvo"] + [
+        f"model.layers.0.mlp.{p}_proj.weight" for p in ("gate", "up", "down")
+    ]
     g = torch.Generator().manual_seed(4)
     a = {n: torch.randn(4, 4, generator=g) for n in names}
     b = {n: t * (2 if "gate" in n else 1) for n, t in a.items()}
     b[names[-2]] = -a[names[-2]]  # up flipped
     result = diff(save(tmp_path / "a.safetensors", a), save(tmp_path / "b.safetensors", b))
-    assert [r.kind for r in result.rows] == ["Q", "K", "V", "attn_out", "ffn_in", "ffn_in", "ffn_out"]
+    assert [r.kind for r in result.rows] == [
+        "Q",
+        "K",
+        "V",
+        "attn_out",
+        "ffn_in",
+        "ffn_in",
+        "ffn_out",
+    ]
     assert all(r.part is None for r in result.rows)
     cell = result.cells()[(0, "ffn_in")]  # gate (same direction) and up (flipped) pooled
     assert cell == result.rows[4].stats + result.rows[5].stats
@@ -218,8 +266,16 @@ def encoded(state: dict[str, torch.Tensor], encoding: str) -> dict[str, torch.Te
     return out
 
 
-@pytest.mark.parametrize("enc_a,enc_b", [("zeros", "mask"), ("zeros", "nan"), ("zeros", "bitmask"),
-                                         ("bitmask", "nan"), ("mask", "bitmask")])
+@pytest.mark.parametrize(
+    "enc_a,enc_b",
+    [
+        ("zeros", "mask"),
+        ("zeros", "nan"),
+        ("zeros", "bitmask"),
+        ("bitmask", "nan"),
+        ("mask", "bitmask"),
+    ],
+)
 def test_encodings_give_the_same_numbers_as_zeros(tmp_path, enc_a, enc_b):
     dense = gpt2_like_state(seed=5)
     a, b = {}, {}
@@ -227,7 +283,9 @@ def test_encodings_give_the_same_numbers_as_zeros(tmp_path, enc_a, enc_b):
         g = torch.Generator().manual_seed(len(name))
         a[name] = t * (torch.rand(t.shape, generator=g) > 0.5) if t.dim() == 2 else t
         b[name] = t * (torch.rand(t.shape, generator=g) > 0.7) if t.dim() == 2 else t
-    reference = diff(save(tmp_path / "za.safetensors", a), save(tmp_path / "zb.safetensors", b)).to_json()
+    reference = diff(
+        save(tmp_path / "za.safetensors", a), save(tmp_path / "zb.safetensors", b)
+    ).to_json()
     ea = save(tmp_path / f"a-{enc_a}.safetensors", encoded(a, enc_a))
     eb = save(tmp_path / f"b-{enc_b}.safetensors", encoded(b, enc_b))
     for path, enc in ((ea, enc_a), (eb, enc_b)):  # the files really hold these encodings
@@ -249,7 +307,10 @@ def test_mismatched_checkpoints_name_the_first_differing_tensor(tmp_path):
     with pytest.raises(SparsetoolError, match=r"h\.0\.mlp\.c_fc\.weight.*\[16, 64\].*\[16, 32\]"):
         diff(a, save(tmp_path / "b.safetensors", wrong))
     fewer = {k: v for k, v in state.items() if k != "transformer.h.0.attn.c_proj.weight"}
-    with pytest.raises(SparsetoolError, match=r"'transformer\.h\.0\.attn\.c_proj\.weight' is in .*a\.safetensors but not in"):
+    with pytest.raises(
+        SparsetoolError,
+        match=r"'transformer\.h\.0\.attn\.c_proj\.weight' is in .*a\.safetensors but not in",
+    ):
         diff(a, save(tmp_path / "c.safetensors", fewer))
     more = {**state, "extra.weight": torch.zeros(2, 2)}
     with pytest.raises(SparsetoolError, match=r"'extra\.weight' is in .*d\.safetensors but not in"):

@@ -98,7 +98,9 @@ def hf_dir(request, tmp_path_factory, text) -> Path:
     return d
 
 
-def reference_nll(directory: Path, text: str, seq: int, stride: int | None, max_tokens: int) -> float:
+def reference_nll(
+    directory: Path, text: str, seq: int, stride: int | None, max_tokens: int
+) -> float:
     """transformers' own loss (model(ids, labels=ids)) on the same windows, token-weighted."""
     model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
     ids = transformers.AutoTokenizer.from_pretrained(directory)(text)["input_ids"][:max_tokens]
@@ -106,9 +108,9 @@ def reference_nll(directory: Path, text: str, seq: int, stride: int | None, max_
     total, n = 0.0, 0
     with torch.no_grad():
         for w in windows(len(ids), seq, stride):
-            x = ids[w.start:w.end][None]
+            x = ids[w.start : w.end][None]
             labels = x.clone()
-            labels[:, :w.first - w.start] = -100  # context only: scored by an earlier window
+            labels[:, : w.first - w.start] = -100  # context only: scored by an earlier window
             loss = model(x, labels=labels).loss
             total += float(loss) * w.scored
             n += w.scored
@@ -191,8 +193,15 @@ def test_text_shorter_than_two_tokens_is_refused(gpt2_dir):
 def test_encoder_model_is_not_a_causal_lm(tmp_path, text):
     t = transformers
     d = tmp_path / "bert"
-    t.BertForMaskedLM(t.BertConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64,
-                                   num_attention_heads=4, vocab_size=320)).save_pretrained(d)
+    t.BertForMaskedLM(
+        t.BertConfig(
+            num_hidden_layers=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=4,
+            vocab_size=320,
+        )
+    ).save_pretrained(d)
     save_tokenizer(d, text)
     with pytest.raises(SparsetoolError, match="not a causal language model"):
         evaluate([d], text=text)
@@ -225,9 +234,28 @@ def gpt_run(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("gpt")
     data = make_corpus(root / "corpus")
-    r = run("train", "--out", str(root / "run"), "--data", str(data), "--preset", "tiny",
-            "--steps", "8", "--batch-size", "4", "--warmup", "2", "--seed", "0",
-            "--sparsity", "0.5", "--algorithm", "static", "--json")
+    r = run(
+        "train",
+        "--out",
+        str(root / "run"),
+        "--data",
+        str(data),
+        "--preset",
+        "tiny",
+        "--steps",
+        "8",
+        "--batch-size",
+        "4",
+        "--warmup",
+        "2",
+        "--seed",
+        "0",
+        "--sparsity",
+        "0.5",
+        "--algorithm",
+        "static",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     return root / "run"
 
@@ -238,17 +266,21 @@ def test_builtin_gpt_nll_equals_its_own_loss(gpt_run, text):
 
     row = evaluate([gpt_run], text=text, stride=40).rows[0]
     weights, _, meta = read_init_checkpoint(gpt_run)
-    model = GPT(infer_config({k: tuple(v.shape) for k, v in weights.items()}, meta["model"]["n_head"]))
+    model = GPT(
+        infer_config({k: tuple(v.shape) for k, v in weights.items()}, meta["model"]["n_head"])
+    )
     model.load_state_dict(weights)
     model.eval()
     ids = torch.tensor(list(text.encode()))
     total = 0.0
     with torch.no_grad():
         for w in windows(len(ids), 64, 40):
-            x = ids[w.start:w.end]
+            x = ids[w.start : w.end]
             lo = w.first - w.start
             logits, _ = model(x[None, :-1])
-            total += float(torch.nn.functional.cross_entropy(logits[0, lo - 1:], x[lo:], reduction="sum"))
+            total += float(
+                torch.nn.functional.cross_entropy(logits[0, lo - 1 :], x[lo:], reduction="sum")
+            )
     n = len(ids) - 1
     assert row.kind == "sparsetool-gpt" and row.tokens == n and row.seq == 64
     assert row.nll == pytest.approx(total / n, abs=1e-5)
@@ -259,18 +291,27 @@ def test_builtin_gpt_nll_equals_its_own_loss(gpt_run, text):
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_builtin_gpt_pruned_with_any_encoding_scores_alike(gpt_run, text, encoding, tmp_path):
     out = tmp_path / f"{encoding}.safetensors"
-    prune_checkpoint(gpt_run / "model.safetensors", out, PruneOptions(sparsity=0.75, encoding=encoding))
+    prune_checkpoint(
+        gpt_run / "model.safetensors", out, PruneOptions(sparsity=0.75, encoding=encoding)
+    )
     rows = evaluate([gpt_run, out], text=text, max_tokens=2000).rows
     ref = tmp_path / "ref.safetensors"
-    prune_checkpoint(gpt_run / "model.safetensors", ref, PruneOptions(sparsity=0.75, encoding="mask"))
-    assert rows[1].nll == pytest.approx(evaluate([ref], text=text, max_tokens=2000).rows[0].nll, abs=1e-6)
+    prune_checkpoint(
+        gpt_run / "model.safetensors", ref, PruneOptions(sparsity=0.75, encoding="mask")
+    )
+    assert rows[1].nll == pytest.approx(
+        evaluate([ref], text=text, max_tokens=2000).rows[0].nll, abs=1e-6
+    )
     assert rows[1].targeted_sparsity == pytest.approx(0.75, abs=1e-3)
     assert rows[1].nll > rows[0].nll
 
 
 def test_default_text_is_the_held_out_builtin_corpus(gpt_run):
     row = evaluate([gpt_run], max_tokens=500).rows[0]
-    assert row.tokens == sum(w.scored for w in windows(500, 64)) and "held-out" in evaluate([gpt_run], max_tokens=100).text_source
+    assert (
+        row.tokens == sum(w.scored for w in windows(500, 64))
+        and "held-out" in evaluate([gpt_run], max_tokens=100).text_source
+    )
 
 
 # ----------------------------------------------------------------------------- command
@@ -278,8 +319,19 @@ def test_cli_table_json_and_plot(gpt_run, gpt2_dir, tmp_path, text):
     f = tmp_path / "text.txt"
     f.write_text(text)
     png = tmp_path / "ppl.png"
-    r = run("eval", str(gpt_run), str(gpt2_dir), "--text", str(f), "--seq", "32",
-            "--max-tokens", "400", "--plot", str(png))
+    r = run(
+        "eval",
+        str(gpt_run),
+        str(gpt2_dir),
+        "--text",
+        str(f),
+        "--seq",
+        "32",
+        "--max-tokens",
+        "400",
+        "--plot",
+        str(png),
+    )
     assert r.exit_code == 0, r.output
     assert "perplexity" in r.stdout and "baseline" in r.stdout and "bits/byte" in r.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -294,7 +346,9 @@ def test_cli_bad_input_is_one_error_line(gpt2_dir, tmp_path):
     f.write_text("a")
     r = run("eval", str(gpt2_dir), "--text", str(f))
     assert r.exit_code == 1
-    assert r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1 and not r.stdout
+    assert (
+        r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1 and not r.stdout
+    )
     r = run("eval", str(gpt2_dir), "--dtype", "float16")
     assert r.exit_code == 2
 
@@ -303,4 +357,7 @@ def test_cli_help_shows_choices_and_examples():
     r = run("eval", "--help")
     assert r.exit_code == 0
     # choices are listed as the option's metavar, as in every command's --help
-    assert "--dtype <float32|bfloat16>" in r.output and "sparsetool eval runs/dense runs/static75" in r.output
+    assert (
+        "--dtype <float32|bfloat16>" in r.output
+        and "sparsetool eval runs/dense runs/static75" in r.output
+    )

@@ -36,9 +36,17 @@ def gguf_dir(tmp_path_factory) -> tuple[Path, Path]:
     torch.manual_seed(0)
     # n_positions 1024: transformers reads GPT-2's context_length as n_ctx only, so a file of
     # another position count fails to load (its position embedding does not fit the default)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        n_layer=2, n_embd=64, n_head=4, vocab_size=vocab, n_positions=1024, bos_token_id=1,
-        eos_token_id=1)).eval()
+    model = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            n_layer=2,
+            n_embd=64,
+            n_head=4,
+            vocab_size=vocab,
+            n_positions=1024,
+            bos_token_id=1,
+            eos_token_id=1,
+        )
+    ).eval()
     write_gpt2_gguf(model, root / "tok", root / "tiny.gguf", "Q4_1")
     return root, convert_gguf(root / "tiny.gguf", root / "hf")
 
@@ -49,24 +57,36 @@ def test_the_conversion_is_the_gguf_model_and_keeps_its_4_bit_groups(gguf_dir):
     assert rep.targeting["tied_head"] == "transformer.wte.weight"
     targeted = [t.name for t in rep.tensors if t.targeted]
     assert len(targeted) == 8 and all("transformer.h." in n for n in targeted)
-    w = load_file(str(hf / "model.safetensors"))["transformer.h.0.mlp.c_fc.weight"]  # Conv1D (in, out)
+    w = load_file(str(hf / "model.safetensors"))[
+        "transformer.h.0.mlp.c_fc.weight"
+    ]  # Conv1D (in, out)
     groups = np.abs(w.T.reshape(-1, 32))  # the file's groups of 32 run along the input
     assert max(np.unique(g).size for g in groups) <= 16
     text = make_text(200, 3)
     ids = torch.tensor(transformers.AutoTokenizer.from_pretrained(hf)(text)["input_ids"][:300])
-    gguf_model = transformers.AutoModelForCausalLM.from_pretrained(root, gguf_file="tiny.gguf").eval()
+    gguf_model = transformers.AutoModelForCausalLM.from_pretrained(
+        root, gguf_file="tiny.gguf"
+    ).eval()
     total, n = 0.0, 0
     with torch.no_grad():
         for win in windows(len(ids), 32):
-            x = ids[win.start:win.end][None]
+            x = ids[win.start : win.end][None]
             total += float(gguf_model(x, labels=x).loss) * win.scored
             n += win.scored
     row = evaluate([hf], text=text, seq=32, max_tokens=300).rows[0]
     assert row.nll == pytest.approx(total / n, abs=1e-4)
 
 
-@pytest.mark.parametrize("method,nm", [("magnitude", None), ("magnitude", (2, 4)),
-                                       ("wanda", None), ("sparsegpt", None), ("wanda", (2, 4))])
+@pytest.mark.parametrize(
+    "method,nm",
+    [
+        ("magnitude", None),
+        ("magnitude", (2, 4)),
+        ("wanda", None),
+        ("sparsegpt", None),
+        ("wanda", (2, 4)),
+    ],
+)
 def test_every_method_prunes_and_evaluates_the_converted_gpt2(gguf_dir, tmp_path, method, nm):
     _, hf = gguf_dir
     calib = tmp_path / "calib.txt"

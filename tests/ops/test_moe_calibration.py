@@ -51,8 +51,16 @@ def _routed_inputs(src, text) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def wanda_args(calib_file) -> list:
-    return ["--method", "wanda", "--calibration", calib_file, "--samples", CALIB["samples"],
-            "--seq", CALIB["seq"]]
+    return [
+        "--method",
+        "wanda",
+        "--calibration",
+        calib_file,
+        "--samples",
+        CALIB["samples"],
+        "--seq",
+        CALIB["seq"],
+    ]
 
 
 def _expert(dense: dict, e: int, w: str) -> torch.Tensor:
@@ -271,9 +279,7 @@ def test_experts_fused_on_disk_prune_as_experts_stored_apart(method, text, calib
     assert len(result.experts["routed_tokens"]) == 2 * 2 * EXPERTS
 
 
-def test_experts_called_with_routed_tokens_are_refused_in_one_line(
-    text, calib_file, tmp_path
-):
+def test_experts_called_with_routed_tokens_are_refused_in_one_line(text, calib_file, tmp_path):
     """Llama 4's experts module takes tokens sorted per expert, not the routing: no statistics
     per expert can be told from its call; magnitude still prunes its experts."""
     src = save_moe("llama4", tmp_path / "l4", text)
@@ -287,8 +293,9 @@ def test_experts_called_with_routed_tokens_are_refused_in_one_line(
     assert run("prune", src, "-o", tmp_path / "mag", "--sparsity", "0.5").exit_code == 0
 
 
-def test_statistics_that_do_not_fit_at_once_are_gathered_in_passes(mixtral, calib_file, tmp_path,
-                                                                   monkeypatch):
+def test_statistics_that_do_not_fit_at_once_are_gathered_in_passes(
+    mixtral, calib_file, tmp_path, monkeypatch
+):
     """SparseGPT holds an in x in matrix per expert and input; when a block's do not fit in the
     budget, the block is calibrated in passes, each holding some of them."""
     from sparsetool.ops.prune import calibrated
@@ -299,8 +306,9 @@ def test_statistics_that_do_not_fit_at_once_are_gathered_in_passes(mixtral, cali
     memory = one.memory
     assert not any("passes" in note for note in one.notes)
     tight = memory["weights"] + memory["activations"] + memory["statistics"] - 1
-    several = prune_checkpoint(mixtral, tmp_path / "several",
-                               PruneOptions(max_memory=tight, **opts))
+    several = prune_checkpoint(
+        mixtral, tmp_path / "several", PruneOptions(max_memory=tight, **opts)
+    )
     assert several.memory["statistics"] < memory["statistics"]
     assert any("calibrated in up to" in note and "passes" in note for note in several.notes)
     for t in several.tensors:
@@ -314,18 +322,25 @@ def test_statistics_that_do_not_fit_at_once_are_gathered_in_passes(mixtral, cali
     with torch.no_grad():
         assert torch.isfinite(model(torch.arange(2, 30)[None]).logits).all()
     with pytest.raises(SparsetoolError, match="lower it with"):  # not even one input fits
-        prune_checkpoint(mixtral, tmp_path / "none", PruneOptions(
-            max_memory=memory["weights"] + memory["activations"] + 1000, **opts))
+        prune_checkpoint(
+            mixtral,
+            tmp_path / "none",
+            PruneOptions(max_memory=memory["weights"] + memory["activations"] + 1000, **opts),
+        )
 
 
-def test_gpt_oss_experts_stored_in_out_are_pruned_from_their_routed_tokens(text, calib_file,
-                                                                            tmp_path):
+def test_gpt_oss_experts_stored_in_out_are_pruned_from_their_routed_tokens(
+    text, calib_file, tmp_path
+):
     """gpt-oss stores every expert in one tensor (experts, in, out), with biases and its own
     clamped SwiGLU; each expert's Wanda mask comes from its routed tokens, scaled by the router."""
     src = save_moe("gpt_oss", tmp_path / "oss", text)
     out = tmp_path / "out"
-    prune_checkpoint(src, out, PruneOptions(
-        sparsity=0.5, method="wanda", calibration=str(calib_file), seed=SEED, **CALIB))
+    prune_checkpoint(
+        src,
+        out,
+        PruneOptions(sparsity=0.5, method="wanda", calibration=str(calib_file), seed=SEED, **CALIB),
+    )
     model = transformers.AutoModelForCausalLM.from_pretrained(src).eval()
     experts = model.model.layers[0].mlp.experts
     seen = {}

@@ -64,6 +64,9 @@ def test_a_missing_expert_is_one_clear_error(tmp_path, text):
     state = load_file(directory / "model.safetensors")
     del state["model.layers.1.mlp.experts.3.up_proj.weight"]
     save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(SparsetoolError, match=r"no tensor 'mlp\.experts\.3\.up_proj\.weight' for "
-                       r"'model\.layers\.1\.mlp\.experts\.gate_up_proj'"):
+    with pytest.raises(
+        SparsetoolError,
+        match=r"no tensor 'mlp\.experts\.3\.up_proj\.weight' for "
+        r"'model\.layers\.1\.mlp\.experts\.gate_up_proj'",
+    ):
         open_model(directory)

@@ -212,8 +212,10 @@ def test_report_rows_json_and_heatmap_cells(saved, kind, tmp_path):
     assert {rows[n].role for n in routers} == {"router"}
     data = json.loads(run("report", out, "--json").stdout)
     assert not S.problems(data, S.REPORT_EXPERTS)
-    summary = {(s["layer"], s["kind"]): (s["min_sparsity"], s["max_sparsity"])
-               for s in data["summary"]["experts"]}
+    summary = {
+        (s["layer"], s["kind"]): (s["min_sparsity"], s["max_sparsity"])
+        for s in data["summary"]["experts"]
+    }
     assert set(summary) == {(0, "in"), (0, "out"), (1, "in"), (1, "out")}
     by_name = {t["name"]: t for t in data["tensors"]}
     for name, w in after.items():
@@ -247,16 +249,22 @@ def test_report_of_a_dense_model_has_no_expert_column(tmp_path):
     save_file(gpt2_like_state(), str(src))
     header = run("report", src, "--format", "plain", columns=250).stdout.splitlines()[1]
     assert "role" in header and "expert" not in header
-    assert np.all([t["expert"] is None and t["experts"] is None
-                   for t in json.loads(run("report", src, "--json").stdout)["tensors"]])
+    assert np.all(
+        [
+            t["expert"] is None and t["experts"] is None
+            for t in json.loads(run("report", src, "--json").stdout)["tensors"]
+        ]
+    )
 
 
 def test_a_nan_in_one_fused_expert_is_refused_before_anything_is_written(tmp_path):
     name = "model.layers.0.mlp.experts.gate_up_proj"
     w = torch.randn(4, 8, 16)
     w[2, 3, 5] = float("nan")  # the fast path scans every expert before writing any
-    save_file({name: w, "model.layers.0.self_attn.q_proj.weight": torch.randn(8, 16)},
-              str(tmp_path / "m.safetensors"))
+    save_file(
+        {name: w, "model.layers.0.self_attn.q_proj.weight": torch.randn(8, 16)},
+        str(tmp_path / "m.safetensors"),
+    )
     r = run("prune", tmp_path / "m.safetensors", "-o", tmp_path / "o.safetensors", "-s", "0.5")
     assert r.exit_code == 1 and name in r.stderr and "NaN" in r.stderr
     assert not (tmp_path / "o.safetensors").exists()

@@ -19,7 +19,7 @@ def _write(tmp_path: Path, nan: int = 0, inf: int = 0) -> Path:
     state = gpt2_like_state()
     flat = state[BAD].view(-1)
     flat[:nan] = float("nan")
-    flat[nan:nan + inf] = float("inf")
+    flat[nan : nan + inf] = float("inf")
     if inf > 1:
         flat[nan + inf - 1] = -float("inf")
     path = tmp_path / "bad.safetensors"
@@ -27,11 +27,25 @@ def _write(tmp_path: Path, nan: int = 0, inf: int = 0) -> Path:
     return path
 
 
-@pytest.mark.parametrize("how", [["-s", "0.5"], ["-s", "0.5", "--scope", "global"], ["--nm", "2:4"],
-                                 ["--fraction", "0.5"], ["-s", "0.5", "--method", "random"],
-                                 ["-s", "0.5", "--encoding", "mask"]])
-@pytest.mark.parametrize("nan, inf, said", [(3, 0, "3 NaN values"), (0, 1, "1 infinite value"),
-                                            (1, 2, "1 NaN value and 2 infinite values")])
+@pytest.mark.parametrize(
+    "how",
+    [
+        ["-s", "0.5"],
+        ["-s", "0.5", "--scope", "global"],
+        ["--nm", "2:4"],
+        ["--fraction", "0.5"],
+        ["-s", "0.5", "--method", "random"],
+        ["-s", "0.5", "--encoding", "mask"],
+    ],
+)
+@pytest.mark.parametrize(
+    "nan, inf, said",
+    [
+        (3, 0, "3 NaN values"),
+        (0, 1, "1 infinite value"),
+        (1, 2, "1 NaN value and 2 infinite values"),
+    ],
+)
 def test_prune_refuses_nonfinite_weights_naming_the_tensor(tmp_path, how, nan, inf, said):
     src = _write(tmp_path, nan, inf)
     before = hashlib.sha256(src.read_bytes()).hexdigest()

@@ -16,8 +16,11 @@ def _quantized(tmp_path: Path, float_attn: bool = False) -> Path:
     state = {}
     for i in range(2):
         p = f"h.{i}."
-        state[p + "attn.c_attn.weight"] = (torch.randn(8, 24, generator=g) if float_attn
-                                           else torch.randint(-3, 3, (8, 24), generator=g).to(torch.int8))
+        state[p + "attn.c_attn.weight"] = (
+            torch.randn(8, 24, generator=g)
+            if float_attn
+            else torch.randint(-3, 3, (8, 24), generator=g).to(torch.int8)
+        )
         state[p + "attn.c_proj.weight"] = torch.randint(-3, 3, (8, 8), generator=g)  # int64
         state[p + "mlp.c_fc.weight"] = torch.randint(0, 3, (8, 32), generator=g).to(torch.uint8)
         state[p + "mlp.c_proj.weight"] = torch.randint(0, 2, (32, 8), generator=g).bool()
@@ -35,11 +38,17 @@ def test_report_counts_integer_and_bool_parameters_in_the_summary(tmp_path):
     assert r.exit_code == 0, r.output
     s = json.loads(r.stdout)["summary"]
     assert (s["numel"], s["non_float_numel"], s["non_float_nonzero"], s["non_float_tensors"]) == (
-        0, numel, nonzero, 8)
+        0,
+        numel,
+        nonzero,
+        8,
+    )
     assert s["non_float_dtypes"] == ["bool", "int64", "int8", "uint8"]
     r = run("report", src, "--format", "plain")
-    assert (f"non-float parameters: {numel:,} in 8 tensors (bool, int64, int8, uint8), never "
-            "pruned and not in the sparsities above") in r.stdout
+    assert (
+        f"non-float parameters: {numel:,} in 8 tensors (bool, int64, int8, uint8), never "
+        "pruned and not in the sparsities above"
+    ) in r.stdout
     # a floating checkpoint has no such line
     f = tmp_path / "f.safetensors"
     save_file({"h.0.mlp.c_fc.weight": torch.ones(4, 4)}, str(f))
@@ -56,7 +65,8 @@ def test_prune_names_the_dtype_when_nothing_is_targeted(tmp_path):
     assert r.stderr.startswith(
         f"error: {src}: no tensor is targeted: 8 tensors that would be (h.0.attn.c_attn.weight, "
         "h.0.attn.c_proj.weight, h.0.mlp.c_fc.weight and 5 more) are bool/int64/int8/uint8, not "
-        "floating-point")
+        "floating-point"
+    )
     assert not out.exists()
 
 
@@ -65,10 +75,15 @@ def test_prune_says_which_tensors_it_skipped_for_their_dtype(tmp_path):
     out = tmp_path / "o.safetensors"
     r = run("prune", src, "-o", out, "-s", "0.5")
     assert r.exit_code == 0, r.output
-    note = ("note: 6 tensors left unpruned for their bool/int64/uint8 dtype (only floating-point "
-            "weights are pruned): h.0.attn.c_proj.weight, h.0.mlp.c_fc.weight, h.0.mlp.c_proj.weight "
-            "and 3 more")
+    note = (
+        "note: 6 tensors left unpruned for their bool/int64/uint8 dtype (only floating-point "
+        "weights are pruned): h.0.attn.c_proj.weight, h.0.mlp.c_fc.weight, h.0.mlp.c_proj.weight "
+        "and 3 more"
+    )
     assert note in r.stdout.replace("\n", " ")
     r = run("prune", src, "-o", tmp_path / "o2.safetensors", "-s", "0.5", "--json")
     assert json.loads(r.stdout)["notes"] == [note.removeprefix("note: ")]
-    assert "note:" not in run("prune", src, "-o", tmp_path / "o3.safetensors", "-s", "0.5", "-q").stdout
+    assert (
+        "note:"
+        not in run("prune", src, "-o", tmp_path / "o3.safetensors", "-s", "0.5", "-q").stdout
+    )

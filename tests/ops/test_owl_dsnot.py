@@ -31,10 +31,21 @@ def llama4(tmp_path_factory, text):
     """A 4-block Llama whose block 2 reads a few inputs with much larger weights (outliers)."""
     d = tmp_path_factory.mktemp("llama4") / "dense"
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        num_hidden_layers=4, hidden_size=32, intermediate_size=64, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=320, max_position_embeddings=64, bos_token_id=1,
-        eos_token_id=1, pad_token_id=None, tie_word_embeddings=False)).eval()
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            num_hidden_layers=4,
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=320,
+            max_position_embeddings=64,
+            bos_token_id=1,
+            eos_token_id=1,
+            pad_token_id=None,
+            tie_word_embeddings=False,
+        )
+    ).eval()
     with torch.no_grad():
         for name in ("q_proj", "k_proj", "v_proj"):
             getattr(model.model.layers[2].self_attn, name).weight[:, :3] *= 30
@@ -58,8 +69,13 @@ def _linear_inputs(src, text) -> dict[tuple[int, str], torch.Tensor]:
         for name, module in layer.named_modules():
             short = name.rpartition(".")[2]
             if short in LINEARS:
-                hooks.append(module.register_forward_hook(
-                    lambda m, args, out, key=(i, short): seen.__setitem__(key, args[0].reshape(-1, args[0].shape[-1]).double())))
+                hooks.append(
+                    module.register_forward_hook(
+                        lambda m, args, out, key=(i, short): seen.__setitem__(
+                            key, args[0].reshape(-1, args[0].shape[-1]).double()
+                        )
+                    )
+                )
     with torch.no_grad():
         model(input_ids=_windows(src, text))
     for h in hooks:
@@ -74,13 +90,27 @@ def _weight(dense: dict, i: int, short: str) -> torch.Tensor:
 
 def test_owl_ratios_and_sparsities_equal_a_direct_computation(llama4, text, calib_file, tmp_path):
     out = tmp_path / "owl"
-    result = prune_checkpoint(llama4, out, PruneOptions(
-        sparsity=0.7, method="wanda", calibration=str(calib_file), seed=SEED, allocation="owl", **CALIB))
+    result = prune_checkpoint(
+        llama4,
+        out,
+        PruneOptions(
+            sparsity=0.7,
+            method="wanda",
+            calibration=str(calib_file),
+            seed=SEED,
+            allocation="owl",
+            **CALIB,
+        ),
+    )
     dense, inputs = tensors(llama4), _linear_inputs(llama4, text)
     ratios = []
     for i in range(4):
-        scores = torch.cat([(_weight(dense, i, s).abs() * inputs[i, s].pow(2).sum(0).sqrt()).flatten()
-                            for s in LINEARS])
+        scores = torch.cat(
+            [
+                (_weight(dense, i, s).abs() * inputs[i, s].pow(2).sum(0).sqrt()).flatten()
+                for s in LINEARS
+            ]
+        )
         ratios.append(float((scores > 5 * scores.mean()).double().mean()))
         numel = scores.numel()
     lo, hi = min(ratios), max(ratios)
@@ -102,7 +132,9 @@ def test_owl_ratios_and_sparsities_equal_a_direct_computation(llama4, text, cali
     for t in result.tensors:
         assert int((after[t.name] != 0).sum()) == t.nonzero
     for b in plan:
-        kept = sum(t.nonzero for t in result.tensors if t.name.startswith(f"model.layers.{b['block']}."))
+        kept = sum(
+            t.nonzero for t in result.tensors if t.name.startswith(f"model.layers.{b['block']}.")
+        )
         assert kept == b["kept"]
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         record = json.loads(f.metadata()["sparsetool"])
@@ -137,7 +169,9 @@ def _squared_errors(w: torch.Tensor, kept: torch.Tensor, x: torch.Tensor) -> tor
 def test_dsnot_keeps_row_counts_never_revives_and_never_raises_a_rows_error():
     g = torch.Generator().manual_seed(0)
     w = torch.randn(48, 96, generator=g, dtype=torch.float64)
-    x = torch.randn(400, 96, generator=g, dtype=torch.float64) + 2 * torch.randn(96, generator=g, dtype=torch.float64)
+    x = torch.randn(400, 96, generator=g, dtype=torch.float64) + 2 * torch.randn(
+        96, generator=g, dtype=torch.float64
+    )
     alive = torch.rand(48, 96, generator=g) < 0.9
     sq = x.pow(2).sum(0)
     kept = wanda_mask(w, sq, keep=48 * 30, existing=alive)
@@ -160,13 +194,17 @@ def test_dsnot_keeps_row_counts_never_revives_and_never_raises_a_rows_error():
     assert torch.equal(loose, kept)  # every row already within the threshold
 
 
-def test_dsnot_in_the_block_pass_lowers_block0_errors_on_the_calibration_inputs(llama4, text, calib_file, tmp_path):
+def test_dsnot_in_the_block_pass_lowers_block0_errors_on_the_calibration_inputs(
+    llama4, text, calib_file, tmp_path
+):
     """Block 0's inputs do not depend on pruning, so transformers' dense forward gives them."""
     opts = dict(sparsity=0.7, method="wanda", calibration=str(calib_file), seed=SEED, **CALIB)
     plain = prune_checkpoint(llama4, tmp_path / "w", PruneOptions(**opts))
     refined = prune_checkpoint(llama4, tmp_path / "d", PruneOptions(**opts, refine="dsnot"))
     assert refined.refined["swaps"] > 0 and plain.refined is None
-    assert [(t.name, t.nonzero) for t in plain.tensors] == [(t.name, t.nonzero) for t in refined.tensors]
+    assert [(t.name, t.nonzero) for t in plain.tensors] == [
+        (t.name, t.nonzero) for t in refined.tensors
+    ]
     dense, inputs = tensors(llama4), _linear_inputs(llama4, text)
     a, b = tensors(tmp_path / "w"), tensors(tmp_path / "d")
     changed = 0
@@ -182,12 +220,16 @@ def test_dsnot_in_the_block_pass_lowers_block0_errors_on_the_calibration_inputs(
 
 
 @pytest.mark.parametrize("method", ["magnitude", "sparsegpt"])
-def test_dsnot_and_owl_after_every_method_keep_exact_counts_and_load(llama4, calib_file, method, tmp_path):
+def test_dsnot_and_owl_after_every_method_keep_exact_counts_and_load(
+    llama4, calib_file, method, tmp_path
+):
     opts = dict(sparsity=0.6, method=method, calibration=str(calib_file), allocation="owl", **CALIB)
     one = prune_checkpoint(llama4, tmp_path / "a", PruneOptions(**opts, refine="dsnot"))
     prune_checkpoint(llama4, tmp_path / "b", PruneOptions(**opts, refine="dsnot"))
     owl_only = prune_checkpoint(llama4, tmp_path / "c", PruneOptions(**opts))
-    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (
+        tmp_path / "b" / "model.safetensors"
+    ).read_bytes()
     assert [t.nonzero for t in one.tensors] == [t.nonzero for t in owl_only.tensors]
     assert one.allocation == owl_only.allocation and one.refined["swaps"] > 0
     after = tensors(tmp_path / "a")
@@ -198,20 +240,56 @@ def test_dsnot_and_owl_after_every_method_keep_exact_counts_and_load(llama4, cal
 
 def test_cli_prints_and_records_the_plan_and_report_shows_it(llama4, calib_file, tmp_path):
     out = tmp_path / "o"
-    r = run("prune", llama4, "-o", out, "--sparsity", "0.7", "--method", "wanda",
-            "--calibration", calib_file, "--samples", "6", "--seq", "32",
-            "--allocation", "owl", "--refine", "dsnot", "--json")
+    r = run(
+        "prune",
+        llama4,
+        "-o",
+        out,
+        "--sparsity",
+        "0.7",
+        "--method",
+        "wanda",
+        "--calibration",
+        calib_file,
+        "--samples",
+        "6",
+        "--seq",
+        "32",
+        "--allocation",
+        "owl",
+        "--refine",
+        "dsnot",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert [b["block"] for b in data["options"]["allocation"]["blocks"]] == [0, 1, 2, 3]
     assert data["refined"]["method"] == "dsnot" and data["refined"]["swaps"] > 0
-    r = run("prune", llama4, "-o", tmp_path / "p", "--sparsity", "0.7", "--method", "wanda",
-            "--calibration", calib_file, "--samples", "6", "--seq", "32", "--allocation", "owl",
-            columns=120)
+    r = run(
+        "prune",
+        llama4,
+        "-o",
+        tmp_path / "p",
+        "--sparsity",
+        "0.7",
+        "--method",
+        "wanda",
+        "--calibration",
+        calib_file,
+        "--samples",
+        "6",
+        "--seq",
+        "32",
+        "--allocation",
+        "owl",
+        columns=120,
+    )
     assert r.exit_code == 0, r.output
     block2 = data["options"]["allocation"]["blocks"][2]
     assert "OWL allocation" in r.stdout
-    assert f"{100 * block2['sparsity']:.2f}%  {block2['kept']:,} of {block2['targeted']:,}" in r.stdout
+    assert (
+        f"{100 * block2['sparsity']:.2f}%  {block2['kept']:,} of {block2['targeted']:,}" in r.stdout
+    )
     r = run("report", out, "--targeted", columns=200)
     assert r.exit_code == 0, r.output
     assert "allocation: OWL (M 5, lambda 0.08): block sparsities" in r.stdout
@@ -220,19 +298,52 @@ def test_cli_prints_and_records_the_plan_and_report_shows_it(llama4, calib_file,
     assert summary["allocation"]["blocks"] == data["options"]["allocation"]["blocks"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--sparsity", "0.7", "--refine", "dsnot"], "--refine dsnot needs calibration text"),
-    (["--nm", "2:4", "--method", "wanda", "--allocation", "owl", "--calibration", "C"],
-     "--allocation owl takes --sparsity"),
-    (["--sparsity", "0.5", "--owl-m", "3"], "--owl-m is read by --allocation owl only"),
-    (["--sparsity", "0.5", "--dsnot-iterations", "3"], "--dsnot-iterations is read by --refine dsnot only"),
-    (["--sparsity", "0.5", "--method", "random", "--allocation", "owl", "--calibration", "C"],
-     "not --method random"),
-    (["--sparsity", "0.5", "--allocation", "owl", "--distribution", "erk", "--calibration", "C"],
-     "neither --distribution erk"),
-    (["--sparsity", "0.5", "--allocation", "owl", "--owl-lambda", "0.7"], "--owl-lambda 0.7: must be"),
-    (["--sparsity", "0.5", "--method", "magnitude", "--calibration", "C"], "magnitude alone"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--sparsity", "0.7", "--refine", "dsnot"], "--refine dsnot needs calibration text"),
+        (
+            ["--nm", "2:4", "--method", "wanda", "--allocation", "owl", "--calibration", "C"],
+            "--allocation owl takes --sparsity",
+        ),
+        (["--sparsity", "0.5", "--owl-m", "3"], "--owl-m is read by --allocation owl only"),
+        (
+            ["--sparsity", "0.5", "--dsnot-iterations", "3"],
+            "--dsnot-iterations is read by --refine dsnot only",
+        ),
+        (
+            [
+                "--sparsity",
+                "0.5",
+                "--method",
+                "random",
+                "--allocation",
+                "owl",
+                "--calibration",
+                "C",
+            ],
+            "not --method random",
+        ),
+        (
+            [
+                "--sparsity",
+                "0.5",
+                "--allocation",
+                "owl",
+                "--distribution",
+                "erk",
+                "--calibration",
+                "C",
+            ],
+            "neither --distribution erk",
+        ),
+        (
+            ["--sparsity", "0.5", "--allocation", "owl", "--owl-lambda", "0.7"],
+            "--owl-lambda 0.7: must be",
+        ),
+        (["--sparsity", "0.5", "--method", "magnitude", "--calibration", "C"], "magnitude alone"),
+    ],
+)
 def test_usage_errors_exit_2_before_anything_runs(llama4, calib_file, tmp_path, args, message):
     args = [calib_file if a == "C" else a for a in args]
     r = run("prune", llama4, "-o", tmp_path / "x", *args, columns=300)

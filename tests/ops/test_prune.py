@@ -118,7 +118,8 @@ def test_every_encoding_densifies_to_zeros_encoding(gpt2_bf16_file, tmp_path, en
     prune_checkpoint(gpt2_bf16_file, plain, PruneOptions(sparsity=0.7))
     prune_checkpoint(gpt2_bf16_file, enc, PruneOptions(sparsity=0.7, encoding=encoding))
     assert summarize(enc).summary["targeted_sparsity"] == pytest.approx(
-        summarize(plain).summary["targeted_sparsity"])
+        summarize(plain).summary["targeted_sparsity"]
+    )
     densify_checkpoint(enc, back)
     a, b = load_file(plain), load_file(back)
     assert set(a) == set(b)
@@ -174,8 +175,12 @@ def test_cli_prune_then_report_json(gpt2_file, tmp_path):
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert set(doc) == {"tensors", "summary"}
-    assert {"name", "shape", "dtype", "role", "targeted", "numel", "nonzero", "sparsity"} <= set(doc["tensors"][0])
-    assert {"targeted_sparsity", "overall_sparsity", "numel", "nonzero", "bytes"} <= set(doc["summary"])
+    assert {"name", "shape", "dtype", "role", "targeted", "numel", "nonzero", "sparsity"} <= set(
+        doc["tensors"][0]
+    )
+    assert {"targeted_sparsity", "overall_sparsity", "numel", "nonzero", "bytes"} <= set(
+        doc["summary"]
+    )
 
 
 def test_cli_report_table_and_plot(gpt2_file, tmp_path):
@@ -191,15 +196,18 @@ def test_cli_report_table_and_plot(gpt2_file, tmp_path):
 
 # Bad option values and combinations are usage errors (exit 2, one "error: ..." line); a value that only the checkpoint shows to be wrong (--nm 2:5 on rows of 768) is a
 # runtime error (exit 1, "error: ..."). Until the one-vocabulary change all of these exited 1.
-@pytest.mark.parametrize("args, needle, code", [
-    (["--sparsity", "1.5"], "--sparsity", 2),
-    (["--sparsity", "-0.1"], "--sparsity", 2),
-    (["--fraction", "1.0"], "--fraction", 2),
-    (["--nm", "2:5"], "5", 1),
-    (["--sparsity", "0.5", "--fraction", "0.5"], "exactly one", 2),
-    (["--sparsity", "0.5", "--encoding", "sparse24"], "--encoding", 2),
-    (["--sparsity", "0.5", "--scope", "global", "--method", "random"], "magnitude", 2),
-])
+@pytest.mark.parametrize(
+    "args, needle, code",
+    [
+        (["--sparsity", "1.5"], "--sparsity", 2),
+        (["--sparsity", "-0.1"], "--sparsity", 2),
+        (["--fraction", "1.0"], "--fraction", 2),
+        (["--nm", "2:5"], "5", 1),
+        (["--sparsity", "0.5", "--fraction", "0.5"], "exactly one", 2),
+        (["--sparsity", "0.5", "--encoding", "sparse24"], "--encoding", 2),
+        (["--sparsity", "0.5", "--scope", "global", "--method", "random"], "magnitude", 2),
+    ],
+)
 def test_cli_bad_options_exit_clean(gpt2_file, tmp_path, args, needle, code):
     out = tmp_path / "o.st"
     before = sha(gpt2_file)
@@ -233,8 +241,11 @@ def test_truncated_input_clean_error(gpt2_file, tmp_path):
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(gpt2_file.read_bytes()[:-100])
     out = tmp_path / "o.st"
-    for cmd in (["prune", bad, "-o", out, "--sparsity", "0.5"], ["densify", bad, "-o", out],
-                ["report", bad]):
+    for cmd in (
+        ["prune", bad, "-o", out, "--sparsity", "0.5"],
+        ["densify", bad, "-o", out],
+        ["report", bad],
+    ):
         r = run(*cmd)
         assert r.exit_code == 1, (cmd, r.output)
         assert r.stderr.startswith("error:") and "bad.safetensors" in r.stderr
@@ -315,7 +326,8 @@ def test_bitmask_output_announces_itself_in_config_json(tmp_path):
     densify_checkpoint(bm, back)
     assert "quantization_config" not in json.loads((back / "config.json").read_text())
     assert json.loads((fixture / "config.json").read_text()) == json.loads(
-        (back / "config.json").read_text())
+        (back / "config.json").read_text()
+    )
 
 
 @pytest.mark.slow
@@ -332,11 +344,28 @@ def test_interrupted_prune_leaves_nothing(tmp_path, sig):
     save_file(state, str(src))
     before = sha(src)
     out = tmp_path / "out.safetensors"
-    proc = subprocess.Popen([sys.executable, "-m", "sparsetool", "prune", str(src), "-o", str(out),
-                             "--sparsity", "0.5", "--encoding", "mask"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sparsetool",
+            "prune",
+            str(src),
+            "-o",
+            str(out),
+            "--sparsity",
+            "0.5",
+            "--encoding",
+            "mask",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any(p.name.startswith(".out") for p in tmp_path.iterdir()):
+    while time.monotonic() < deadline and not any(
+        p.name.startswith(".out") for p in tmp_path.iterdir()
+    ):
         time.sleep(0.02)
     proc.send_signal(getattr(signal, sig))
     _, err = proc.communicate(timeout=60)
@@ -372,8 +401,10 @@ def test_nm_follows_config_model_type_for_gpt2_names(tmp_path):
     src = tmp_path / "bc"
     src.mkdir()
     name = "transformer.h.0.attn.c_proj.weight"
-    save_file({name: torch.randn(8, 8, generator=torch.Generator().manual_seed(1))},
-              str(src / "model.safetensors"))
+    save_file(
+        {name: torch.randn(8, 8, generator=torch.Generator().manual_seed(1))},
+        str(src / "model.safetensors"),
+    )
     (src / "config.json").write_text(json.dumps({"model_type": "gpt_bigcode"}))
     prune_checkpoint(src, tmp_path / "o", PruneOptions(nm=(2, 4)))
     kept = load_file(tmp_path / "o" / "model.safetensors")[name] != 0
@@ -398,8 +429,18 @@ def test_prune_of_empty_targets_prints_cleanly(tmp_path):
 
 
 def test_include_matching_only_vectors_says_so(gpt2_file, tmp_path):
-    r = run("prune", gpt2_file, "-o", tmp_path / "o.st", "--sparsity", "0.5",
-            "--include", "*ln_1*", "--exclude", "*.weight")
+    r = run(
+        "prune",
+        gpt2_file,
+        "-o",
+        tmp_path / "o.st",
+        "--sparsity",
+        "0.5",
+        "--include",
+        "*ln_1*",
+        "--exclude",
+        "*.weight",
+    )
     assert r.exit_code == 1
     assert "--include *ln_1*" in r.stderr and "1-D" in r.stderr
 
@@ -414,8 +455,10 @@ def test_in_place_keeps_file_permissions(gpt2_file):
 def test_nm_runs_along_each_stacked_experts_input_axis_and_refuses_a_kernel(tmp_path):
     src = tmp_path / "moe.st"
     name = "model.layers.0.mlp.experts.gate_up_proj"  # no config.json: (experts, out, in)
-    save_file({name: torch.randn(2, 8, 16), "model.layers.0.self_attn.q_proj.weight": torch.randn(8, 8)},
-              str(src))
+    save_file(
+        {name: torch.randn(2, 8, 16), "model.layers.0.self_attn.q_proj.weight": torch.randn(8, 8)},
+        str(src),
+    )
     r = run("prune", src, "-o", tmp_path / "o.st", "--nm", "2:4")
     assert r.exit_code == 0, r.stderr
     w = load_file(str(tmp_path / "o.st"))[name]

@@ -37,13 +37,20 @@ DTYPES = ("BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_
 BIG = ("BF16", "F32")  # these inputs hold one targeted tensor of 1024 x 1200 (> 2**20 keys)
 _SIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8} | {dt: 1 for dt in DTYPES if dt.startswith("F8")}
 # fp8 patterns that are NaN or inf (the FNUZ types have one NaN, 0x80, where -0.0 would be)
-_FP8_BAD = {"F8_E4M3": {0x7F, 0xFF}, "F8_E5M2": set(range(0x7C, 0x80)) | set(range(0xFC, 0x100)),
-            "F8_E4M3FNUZ": {0x80}, "F8_E5M2FNUZ": {0x80}}
+_FP8_BAD = {
+    "F8_E4M3": {0x7F, 0xFF},
+    "F8_E5M2": set(range(0x7C, 0x80)) | set(range(0xFC, 0x100)),
+    "F8_E4M3FNUZ": {0x80},
+    "F8_E5M2FNUZ": {0x80},
+}
 _EXPONENT = {"BF16": 0x7F80, "F16": 0x7C00, "F32": 0x7F800000, "F64": 0x7FF0000000000000}
 
 
-def write_safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], np.ndarray]],
-                      metadata: dict[str, str] | None = None) -> None:
+def write_safetensors(
+    path: Path,
+    tensors: dict[str, tuple[str, tuple[int, ...], np.ndarray]],
+    metadata: dict[str, str] | None = None,
+) -> None:
     """A safetensors file from ``name -> (dtype, shape, bits)``, the bits an unsigned integer array
     of the dtype's item size; tensors stored in the given order, offsets contiguous."""
     header: dict = {"__metadata__": metadata} if metadata else {}
@@ -51,7 +58,11 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...],
     for name, (dtype, shape, bits) in tensors.items():
         blob = np.ascontiguousarray(bits).astype(bits.dtype.newbyteorder("<"), copy=False).tobytes()
         assert len(blob) == int(np.prod(shape, dtype=np.int64)) * _SIZE[dtype], name
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(blob)]}
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(shape),
+            "data_offsets": [offset, offset + len(blob)],
+        }
         blobs.append(blob)
         offset += len(blob)
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -143,8 +154,9 @@ def make_input(key: str, root: Path) -> Path:
         (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
         return path
     path = root / f"{key}.safetensors"
-    write_safetensors(path, gpt2_tensors(key, seed=DTYPES.index(key), big=key in BIG),
-                      {"format": "pt"})
+    write_safetensors(
+        path, gpt2_tensors(key, seed=DTYPES.index(key), big=key in BIG), {"format": "pt"}
+    )
     return path
 
 
@@ -156,18 +168,26 @@ def _variants() -> dict[str, tuple[str, tuple[str, ...]]]:
         for enc in ("zeros", "mask", "nan", "bitmask"):
             v[f"{dt}/s0.75-{enc}"] = (dt, ("--sparsity", "0.75", "--encoding", enc))
         for enc in ("zeros", "bitmask"):
-            v[f"{dt}/global-s0.6-{enc}"] = (dt, ("--scope", "global", "--sparsity", "0.6",
-                                                  "--encoding", enc))
+            v[f"{dt}/global-s0.6-{enc}"] = (
+                dt,
+                ("--scope", "global", "--sparsity", "0.6", "--encoding", enc),
+            )
         v[f"{dt}/nm2:4"] = (dt, ("--nm", "2:4"))
         v[f"{dt}/fraction0.5"] = (dt, ("--fraction", "0.5"))
-        v[f"{dt}/random-s0.75-seed3"] = (dt, ("--method", "random", "--sparsity", "0.75",
-                                              "--seed", "3"))
+        v[f"{dt}/random-s0.75-seed3"] = (
+            dt,
+            ("--method", "random", "--sparsity", "0.75", "--seed", "3"),
+        )
         v[f"{dt}/erk-s0.7"] = (dt, ("--distribution", "erk", "--sparsity", "0.7"))
         for enc in ("mask", "nan", "bitmask"):
-            v[f"{dt}/s0.75-{enc}+fraction0.5"] = (f"{dt}/s0.75-{enc}",
-                                                  ("--fraction", "0.5", "--encoding", enc))
+            v[f"{dt}/s0.75-{enc}+fraction0.5"] = (
+                f"{dt}/s0.75-{enc}",
+                ("--fraction", "0.5", "--encoding", enc),
+            )
             v[f"{dt}/s0.75-{enc}+global-fraction0.3"] = (
-                f"{dt}/s0.75-{enc}", ("--scope", "global", "--fraction", "0.3", "--encoding", enc))
+                f"{dt}/s0.75-{enc}",
+                ("--scope", "global", "--fraction", "0.3", "--encoding", enc),
+            )
     v["sharded-BF16/s0.5"] = ("sharded", ("--sparsity", "0.5"))
     return v
 
@@ -216,8 +236,8 @@ def _without_version(entry):
 def _hash_file(h, path: Path) -> None:
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    data = raw[8 + n:]
+    header = json.loads(raw[8 : 8 + n])
+    data = raw[8 + n :]
     meta = dict(header.pop("__metadata__", None) or {})
     if "sparsetool" in meta:
         meta["sparsetool"] = _without_version(json.loads(meta["sparsetool"]))
@@ -241,7 +261,9 @@ def digest(path: Path) -> str:
             _hash_file(h, f)
         elif f.name.endswith(".index.json"):
             index = json.loads(f.read_text())
-            h.update(json.dumps([index.get("metadata"), index["weight_map"]], sort_keys=True).encode())
+            h.update(
+                json.dumps([index.get("metadata"), index["weight_map"]], sort_keys=True).encode()
+            )
         else:
             h.update(f.read_bytes())
     return h.hexdigest()

@@ -43,8 +43,25 @@ def default_workers():
 def pool_of(dtype: torch.dtype) -> list[float]:
     """Values with many ties, both zeros, subnormals and the extremes of ``dtype``."""
     info = torch.finfo(dtype)
-    return [0.0, -0.0, info.tiny, -info.tiny, info.tiny / 2, -info.tiny / 4, info.max, -info.max,
-            1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 1.0 + info.eps, 3.0, -0.25]
+    return [
+        0.0,
+        -0.0,
+        info.tiny,
+        -info.tiny,
+        info.tiny / 2,
+        -info.tiny / 4,
+        info.max,
+        -info.max,
+        1.0,
+        -1.0,
+        0.5,
+        -0.5,
+        2.0,
+        -2.0,
+        1.0 + info.eps,
+        3.0,
+        -0.25,
+    ]
 
 
 def general_path(monkeypatch) -> None:
@@ -61,7 +78,7 @@ def reference(tensors: list[torch.Tensor], keep: int) -> list[torch.Tensor]:
     flat[order[:keep]] = True
     out, start = [], 0
     for t in tensors:
-        out.append(flat[start:start + t.numel()].reshape(t.shape))
+        out.append(flat[start : start + t.numel()].reshape(t.shape))
         start += t.numel()
     return out
 
@@ -110,7 +127,9 @@ def test_fast_path_equals_the_general_path_and_a_sort_reference(tmp_path_factory
     out = load_file(tmp / "fast.safetensors")
     names = ["a", "b"]
     if scope == "layer":
-        expected = {n: reference([tensors[n]], keep_of([tensors[n]], how, amount))[0] for n in names}
+        expected = {
+            n: reference([tensors[n]], keep_of([tensors[n]], how, amount))[0] for n in names
+        }
     else:
         if tensors["a"].dtype == torch.float64:  # global scope ranks fp64 at fp32 precision
             return
@@ -119,7 +138,9 @@ def test_fast_path_equals_the_general_path_and_a_sort_reference(tmp_path_factory
     for n in names:
         kept = expected[n]
         got = out[n]
-        bits = got.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[got.element_size()])
+        bits = got.view(
+            {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[got.element_size()]
+        )
         want = tensors[n].view(bits.dtype)
         assert torch.equal(bits[kept], want[kept]), n  # kept bits unchanged, -0.0 never kept
         if encoding == "nan":
@@ -143,7 +164,9 @@ def test_inf_and_nan_are_refused_by_both_paths(tmp_path, monkeypatch, bad, dtype
         if general:
             general_path(monkeypatch)
         with pytest.raises(SparsetoolError) as e:
-            prune_checkpoint(src, tmp_path / "out.safetensors", PruneOptions(sparsity=0.5, include=("w",)))
+            prune_checkpoint(
+                src, tmp_path / "out.safetensors", PruneOptions(sparsity=0.5, include=("w",))
+            )
         messages.append(str(e.value))
     assert messages[0] == messages[1] and "'w'" in messages[0]
     assert src.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["in.safetensors"]
@@ -153,8 +176,10 @@ def _big_state() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(3)
     state = gpt2_like_state(n_layer=2, d=32, dtype=torch.bfloat16)
     # coarse values: many ties at every threshold
-    state = {n: (torch.randint(-8, 9, t.shape, generator=g) / 4).to(t.dtype) if t.ndim == 2 else t
-             for n, t in state.items()}
+    state = {
+        n: (torch.randint(-8, 9, t.shape, generator=g) / 4).to(t.dtype) if t.ndim == 2 else t
+        for n, t in state.items()
+    }
     return state
 
 
@@ -180,16 +205,35 @@ def test_cli_workers_option_gives_identical_files(tmp_path):
     files = []
     for n in ("1", "2"):
         out = tmp_path / f"out{n}.safetensors"
-        proc = subprocess.run([sys.executable, "-m", "sparsetool", "prune", str(src), "-o", str(out),
-                               "-s", "0.5", "--workers", n, "--quiet"], capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sparsetool",
+                "prune",
+                str(src),
+                "-o",
+                str(out),
+                "-s",
+                "0.5",
+                "--workers",
+                n,
+                "--quiet",
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == 0, proc.stderr
         files.append(out.read_bytes())
     assert files[0] == files[1]
 
 
 def _imports_torch(*args: str) -> tuple[bool, subprocess.CompletedProcess]:
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "sparsetool", *args],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "sparsetool", *args],
+        capture_output=True,
+        text=True,
+    )
     loaded = any(re.search(r"\|\s+torch$", line.rstrip()) for line in proc.stderr.splitlines())
     return loaded, proc
 
@@ -207,7 +251,9 @@ def test_report_and_densify_of_plain_tensors_never_import_torch(tmp_path):
     # what needs decoding is decoded in numpy too: the mask encoding, to the same dense values
     masked = tmp_path / "masked.safetensors"
     prune_checkpoint(src, masked, PruneOptions(sparsity=0.5, encoding="mask"))
-    loaded, proc = _imports_torch("densify", str(masked), "-o", str(tmp_path / "dense2.safetensors"))
+    loaded, proc = _imports_torch(
+        "densify", str(masked), "-o", str(tmp_path / "dense2.safetensors")
+    )
     assert proc.returncode == 0 and not loaded
     one, two = load_file(tmp_path / "dense.safetensors"), load_file(tmp_path / "dense2.safetensors")
     assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
@@ -225,8 +271,9 @@ def _three_shards(root: Path, bad_in_second: bool) -> Path:
         shards.setdefault(f"model-0000{int(layer) + 1}-of-00003.safetensors", {})[name] = t
     for shard, tensors in shards.items():
         save_file(tensors, str(d / shard), metadata={"format": "pt"})
-    (d / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": {n: s for s, ts in shards.items() for n in ts}}))
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {n: s for s, ts in shards.items() for n in ts}})
+    )
     (d / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 3, "n_embd": 16}))
     return d
 
@@ -308,7 +355,9 @@ def test_imap_waits_for_running_items_when_the_caller_stops():
 
 
 @pytest.mark.parametrize("misleading", [False, True])
-def test_global_scope_finds_the_exact_threshold_whatever_the_samples_say(tmp_path, monkeypatch, misleading):
+def test_global_scope_finds_the_exact_threshold_whatever_the_samples_say(
+    tmp_path, monkeypatch, misleading
+):
     """Global scope counts each plain tensor's buckets one by one only around where samples (one
     block of 4096 weights in 64) put the threshold. When the samples mislead (the sampled blocks
     hold the large weights, the rest is small), every bucket is counted after all: the masks are
@@ -319,7 +368,7 @@ def test_global_scope_finds_the_exact_threshold_whatever_the_samples_say(tmp_pat
     big = torch.rand(n, generator=g) * 1e-3 + 1e-4
     if misleading:
         for start in (0, 64 * 4096):
-            big[start:start + 4096] = 1.0 + torch.rand(4096, generator=g)
+            big[start : start + 4096] = 1.0 + torch.rand(4096, generator=g)
     state["transformer.h.0.mlp.c_fc.weight"] = big.reshape(512, 1024)
     src, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
     save_file({k: v.to(torch.bfloat16) for k, v in state.items()}, str(src))
@@ -344,14 +393,18 @@ def test_global_scope_finds_the_exact_threshold_whatever_the_samples_say(tmp_pat
 
 
 @pytest.mark.parametrize("sparsity,seed", [(0.01, 0), (0.01, 1), (0.005, 2), (0.02, 3), (0.98, 0)])
-def test_global_scope_near_nothing_or_everything_pruned_on_sampled_tensors(tmp_path, sparsity, seed):
+def test_global_scope_near_nothing_or_everything_pruned_on_sampled_tensors(
+    tmp_path, sparsity, seed
+):
     """Tensors of more than 262,144 weights are sampled (their estimated counts are not whole
     numbers, and their sum and running sum round differently); asking to keep nearly all or
     nearly none of the weights still finds the exact threshold."""
     g = torch.Generator().manual_seed(seed)
     state = {k: v for k, v in gpt2_like_state(n_layer=2, d=16).items()}
     for i in range(2):
-        state[f"transformer.h.{i}.mlp.c_fc.weight"] = (torch.randn(700, 1000, generator=g) * 0.02 * (i + 1)).bfloat16()
+        state[f"transformer.h.{i}.mlp.c_fc.weight"] = (
+            torch.randn(700, 1000, generator=g) * 0.02 * (i + 1)
+        ).bfloat16()
         state[f"transformer.h.{i}.attn.c_proj.weight"] = torch.randn(300, 300, generator=g) * 0.05
     src, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
     save_file(state, str(src))

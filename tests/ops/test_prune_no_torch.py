@@ -34,8 +34,13 @@ print(json.dumps({"codes": codes, "torch": "torch" in sys.modules}))
 
 
 def _run_all(cases: list[list[str]]) -> dict:
-    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(cases)], capture_output=True,
-                          text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNNER, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -50,30 +55,113 @@ def test_checkpoint_commands_never_import_torch(tmp_path: Path):
     bf16 = files[torch.bfloat16]
     out = tmp_path / "out"
     out.mkdir()
-    cases = [["prune", "--help"], ["prune", str(bf16), "-o", str(out / "bad.safetensors")]]  # usage: exit 2
+    cases = [
+        ["prune", "--help"],
+        ["prune", str(bf16), "-o", str(out / "bad.safetensors")],
+    ]  # usage: exit 2
     for dtype, path in files.items():
         name = str(dtype).removeprefix("torch.")
         for encoding in ("zeros", "mask", "nan", "bitmask"):
-            cases.append(["prune", str(path), "-o", str(out / f"{name}-{encoding}.safetensors"),
-                          "--sparsity", "0.75", "--encoding", encoding, "-q"])
+            cases.append(
+                [
+                    "prune",
+                    str(path),
+                    "-o",
+                    str(out / f"{name}-{encoding}.safetensors"),
+                    "--sparsity",
+                    "0.75",
+                    "--encoding",
+                    encoding,
+                    "-q",
+                ]
+            )
     o = str(out)
     cases += [
-        ["prune", str(bf16), "-o", f"{o}/global.safetensors", "--sparsity", "0.6", "--scope", "global", "-q"],
-        ["prune", str(files[torch.float32]), "-o", f"{o}/global32.safetensors", "--sparsity", "0.6",
-         "--scope", "global", "--encoding", "bitmask", "-q"],
+        [
+            "prune",
+            str(bf16),
+            "-o",
+            f"{o}/global.safetensors",
+            "--sparsity",
+            "0.6",
+            "--scope",
+            "global",
+            "-q",
+        ],
+        [
+            "prune",
+            str(files[torch.float32]),
+            "-o",
+            f"{o}/global32.safetensors",
+            "--sparsity",
+            "0.6",
+            "--scope",
+            "global",
+            "--encoding",
+            "bitmask",
+            "-q",
+        ],
         ["prune", str(bf16), "-o", f"{o}/nm.safetensors", "--nm", "2:4", "-q"],
         ["prune", str(bf16), "-o", f"{o}/fraction.safetensors", "--fraction", "0.5", "-q"],
-        ["prune", str(bf16), "-o", f"{o}/random.safetensors", "--sparsity", "0.5", "--method", "random", "-q"],
-        ["prune", str(bf16), "-o", f"{o}/erk.safetensors", "--sparsity", "0.7", "--distribution", "erk",
-         "--json"],
+        [
+            "prune",
+            str(bf16),
+            "-o",
+            f"{o}/random.safetensors",
+            "--sparsity",
+            "0.5",
+            "--method",
+            "random",
+            "-q",
+        ],
+        [
+            "prune",
+            str(bf16),
+            "-o",
+            f"{o}/erk.safetensors",
+            "--sparsity",
+            "0.7",
+            "--distribution",
+            "erk",
+            "--json",
+        ],
     ]
     for encoding in ("mask", "nan", "bitmask"):  # an encoded input pruned again
-        cases.append(["prune", f"{o}/bfloat16-{encoding}.safetensors", "-o", f"{o}/again-{encoding}.safetensors",
-                      "--fraction", "0.5", "--encoding", encoding, "-q"])
-    cases.append(["prune", f"{o}/bfloat16-bitmask.safetensors", "-o", f"{o}/again-global.safetensors",
-                  "--fraction", "0.3", "--scope", "global", "-q"])
-    for name in ("float8_e4m3fn-nan", "bfloat16-mask", "bfloat16-bitmask", "float16-nan"):  # and back
-        cases.append(["densify", f"{o}/{name}.safetensors", "-o", f"{o}/dense-{name}.safetensors", "-q"])
+        cases.append(
+            [
+                "prune",
+                f"{o}/bfloat16-{encoding}.safetensors",
+                "-o",
+                f"{o}/again-{encoding}.safetensors",
+                "--fraction",
+                "0.5",
+                "--encoding",
+                encoding,
+                "-q",
+            ]
+        )
+    cases.append(
+        [
+            "prune",
+            f"{o}/bfloat16-bitmask.safetensors",
+            "-o",
+            f"{o}/again-global.safetensors",
+            "--fraction",
+            "0.3",
+            "--scope",
+            "global",
+            "-q",
+        ]
+    )
+    for name in (
+        "float8_e4m3fn-nan",
+        "bfloat16-mask",
+        "bfloat16-bitmask",
+        "float16-nan",
+    ):  # and back
+        cases.append(
+            ["densify", f"{o}/{name}.safetensors", "-o", f"{o}/dense-{name}.safetensors", "-q"]
+        )
         cases.append(["report", f"{o}/{name}.safetensors", "--json"])
     found = _run_all(cases)
     assert found["codes"][:2] == [0, 2]

@@ -22,8 +22,11 @@ import real_model  # noqa: E402
 
 from helpers import run  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("datasets_cache"),
-              pytest.mark.skipif(real_model.skip_reason() is not None, reason=str(real_model.skip_reason()))]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.usefixtures("datasets_cache"),
+    pytest.mark.skipif(real_model.skip_reason() is not None, reason=str(real_model.skip_reason())),
+]
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +51,18 @@ def test_tasks_on_the_real_model_equal_the_harness_hf_model(smollm2):
     workdir = smollm2.parent / "tasks"
     check_tasks(["arc_easy", "boolq"], workdir, offline=True)  # the same task files
     theirs = lm_eval.simple_evaluate(
-        model="hf", model_args={"pretrained": str(smollm2), "dtype": "float32", "attn_implementation": "eager"},
-        tasks=["arc_easy", "boolq"], limit=20, device="cpu", log_samples=False,
-        task_manager=TaskManager(include_path=str(workdir), include_defaults=False))["results"]
+        model="hf",
+        model_args={"pretrained": str(smollm2), "dtype": "float32", "attn_implementation": "eager"},
+        tasks=["arc_easy", "boolq"],
+        limit=20,
+        device="cpu",
+        log_samples=False,
+        task_manager=TaskManager(include_path=str(workdir), include_defaults=False),
+    )["results"]
     for task, metric in (("arc_easy", "acc"), ("arc_easy", "acc_norm"), ("boolq", "acc")):
-        assert abs(ours[task][f"{metric},none"] - theirs[task][f"{metric},none"]) <= 1 / 20 + 1e-9, (task, metric)
+        assert (
+            abs(ours[task][f"{metric},none"] - theirs[task][f"{metric},none"]) <= 1 / 20 + 1e-9
+        ), (task, metric)
     # a real model, not a random one: better than chance on ARC-Easy's four choices
     assert ours["arc_easy"]["acc_norm,none"] > 0.3
 
@@ -61,12 +71,25 @@ def test_wanda_keeps_the_real_model_far_better_than_magnitude(smollm2, texts, tm
     """At 50% magnitude pruning wrecks SmolLM2 (perplexity x30 in the benchmark); Wanda, with a
     little calibration text disjoint from the held-out text, does not."""
     calibration, heldout = texts
-    for args in (["--method", "magnitude"],
-                 ["--method", "wanda", "--calibration", calibration, "--samples", "8", "--seq", "128"]):
+    for args in (
+        ["--method", "magnitude"],
+        ["--method", "wanda", "--calibration", calibration, "--samples", "8", "--seq", "128"],
+    ):
         r = run("prune", smollm2, "-o", tmp_path / args[1], "--sparsity", "0.5", "-q", *args)
         assert r.exit_code == 0, r.output
-    r = run("eval", smollm2, tmp_path / "magnitude", tmp_path / "wanda", "--text", heldout, "--seq", "256",
-            "--max-tokens", "2K", "--json")
+    r = run(
+        "eval",
+        smollm2,
+        tmp_path / "magnitude",
+        tmp_path / "wanda",
+        "--text",
+        heldout,
+        "--seq",
+        "256",
+        "--max-tokens",
+        "2K",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     dense, magnitude, wanda = (c["perplexity"] for c in json.loads(r.stdout)["checkpoints"])
     assert 5 < dense < 40  # a trained model on science text

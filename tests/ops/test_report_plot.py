@@ -24,9 +24,15 @@ from sparsetool.ops.report import (
 
 from helpers import gpt2_like_state, run
 
-MATRICES = {"self_attn.q_proj": (16, 16), "self_attn.k_proj": (8, 16), "self_attn.v_proj": (8, 16),
-            "self_attn.o_proj": (16, 16), "mlp.gate_proj": (32, 16), "mlp.up_proj": (32, 16),
-            "mlp.down_proj": (16, 32)}
+MATRICES = {
+    "self_attn.q_proj": (16, 16),
+    "self_attn.k_proj": (8, 16),
+    "self_attn.v_proj": (8, 16),
+    "self_attn.o_proj": (16, 16),
+    "mlp.gate_proj": (32, 16),
+    "mlp.up_proj": (32, 16),
+    "mlp.down_proj": (16, 32),
+}
 
 
 def seven_b_shaped(path: Path, n_layer: int = 32) -> Path:
@@ -34,8 +40,11 @@ def seven_b_shaped(path: Path, n_layer: int = 32) -> Path:
     Layer i keeps every weight of its q_proj but zeroes the first i of 32 rows of gate_proj, so the
     sparsities differ along both axes and are known exactly."""
     g = torch.Generator().manual_seed(0)
-    st = {"model.embed_tokens.weight": torch.randn(64, 16, generator=g), "model.norm.weight": torch.ones(16),
-          "lm_head.weight": torch.randn(64, 16, generator=g)}
+    st = {
+        "model.embed_tokens.weight": torch.randn(64, 16, generator=g),
+        "model.norm.weight": torch.ones(16),
+        "lm_head.weight": torch.randn(64, 16, generator=g),
+    }
     for i in range(n_layer):
         for m, shape in MATRICES.items():
             w = torch.randn(*shape, generator=g) + 10.0  # no accidental zeros
@@ -55,7 +64,9 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def legend_labels(fig) -> list[str]:
-    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None] + list(fig.legends)
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None] + list(
+        fig.legends
+    )
     return [t.get_text() for lg in legends for t in lg.get_texts()]
 
 
@@ -66,7 +77,14 @@ def test_32_layer_model_draws_a_readable_heatmap(tmp_path, figures):
     w, h = png_size(out)
     assert w > h and h < 800 and w <= 18 * 120  # not a 1080 x 5018 strip of labels
     ax = figures[-1].axes[0]
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["Q", "K", "V", "attention out", "FFN in", "FFN out"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "Q",
+        "K",
+        "V",
+        "attention out",
+        "FFN in",
+        "FFN out",
+    ]
     assert [t.get_text() for t in ax.get_xticklabels()] == [str(i) for i in range(32)]
     cells, outside = layer_cells([t for t in rep.tensors if t.targeted])
     assert outside == (0, 0, 0)
@@ -86,11 +104,21 @@ def test_2_layer_model_keeps_the_bar_chart_and_honours_all(tmp_path, figures):
     rep = summarize(path)
     targeted = plot_report(rep, tmp_path / "t.png", all_tensors=False)
     every = plot_report(rep, tmp_path / "a.png", all_tensors=True)
-    assert len(figures[0].axes[0].patches) == 8 and len(figures[1].axes[0].patches) == len(rep.tensors) == 28
+    assert (
+        len(figures[0].axes[0].patches) == 8
+        and len(figures[1].axes[0].patches) == len(rep.tensors) == 28
+    )
     assert png_size(every)[1] > png_size(targeted)[1]
     assert legend_labels(figures[0]) == ["qkv", "attn_out", "ffn_in", "ffn_out", DENSE]
-    assert legend_labels(figures[1]) == ["qkv", "attn_out", "ffn_in", "ffn_out",
-                                         "bias, embedding, norm, position", ZERO_INPUT, DENSE]
+    assert legend_labels(figures[1]) == [
+        "qkv",
+        "attn_out",
+        "ffn_in",
+        "ffn_out",
+        "bias, embedding, norm, position",
+        ZERO_INPUT,
+        DENSE,
+    ]
 
 
 def test_dense_tensors_get_a_marker_and_zero_biases_their_own_hatched_bar(tmp_path, figures):
@@ -106,8 +134,9 @@ def test_dense_tensors_get_a_marker_and_zero_biases_their_own_hatched_bar(tmp_pa
     bars = ax.patches
     assert len(bars) == 28
     zero = [t.name for t in rep.tensors if t.nonzero == 0]
-    assert sorted(zero) == sorted(f"transformer.h.{i}.ln_{j}.bias" for i in (0, 1) for j in (1, 2)) \
-        + ["transformer.ln_f.bias"]
+    assert sorted(zero) == sorted(
+        f"transformer.h.{i}.ln_{j}.bias" for i in (0, 1) for j in (1, 2)
+    ) + ["transformer.ln_f.bias"]
     hatched = [t.name for t, b in zip(rep.tensors, bars) if b.get_hatch()]
     assert hatched == [t.name for t in rep.tensors if t.nonzero == 0]
     dense = [t for t in rep.tensors if t.nonzero == t.numel]
@@ -128,7 +157,9 @@ def test_dense_tensors_get_a_marker_and_zero_biases_their_own_hatched_bar(tmp_pa
 
 def test_legend_names_only_the_roles_drawn(tmp_path, figures):
     path = tmp_path / "bias.safetensors"
-    save_file({"h.0.attn.c_attn.bias": torch.zeros(6), "h.0.mlp.c_fc.bias": torch.ones(8)}, str(path))
+    save_file(
+        {"h.0.attn.c_attn.bias": torch.zeros(6), "h.0.mlp.c_fc.bias": torch.ones(8)}, str(path)
+    )
     plot_report(summarize(path), tmp_path / "b.png")
     assert legend_labels(figures[-1]) == ["bias", ZERO_INPUT, DENSE]  # the grey bar has its entry
 
@@ -170,5 +201,7 @@ def test_cli_plot_follows_the_table_flag(tmp_path):
         png = tmp_path / f"{flag[2:]}.png"
         res = run("report", str(path), flag, "--plot", str(png), "-q")
         assert res.exit_code == 0, res.output
-    assert png_size(tmp_path / "all.png")[1] > png_size(tmp_path / "targeted.png")[1]  # one more row: norms
+    assert (
+        png_size(tmp_path / "all.png")[1] > png_size(tmp_path / "targeted.png")[1]
+    )  # one more row: norms
     assert not list(tmp_path.glob(".*sparsetool-tmp-*"))  # no temporary left behind

@@ -45,15 +45,23 @@ def test_kept_counts_known_before_pruning_equal_the_masks(seed):
         _, kept = sparsegpt_prune(w, x.T @ x, keep=keep, existing=alive, blocksize=4)
         assert int(kept.sum()) == sparsegpt_kept_count(alive, keep=keep, blocksize=4)
     for nm in ((2, 4), (1, 8), (3, 4)):
-        assert int(wanda_mask(w, x_sq, nm=nm, existing=alive).sum()) == wanda_kept_count(alive, nm=nm)
+        assert int(wanda_mask(w, x_sq, nm=nm, existing=alive).sum()) == wanda_kept_count(
+            alive, nm=nm
+        )
         _, kept = sparsegpt_prune(w, x.T @ x, nm=nm, existing=alive, blocksize=8)
         assert int(kept.sum()) == sparsegpt_kept_count(alive, nm=nm, blocksize=8)
 
 
 # ----------------------------------------------------------------------------- a whole-model reference
-def reference_sparsegpt(model_dir: Path, calib_file: Path, sparsity: float) -> dict[str, torch.Tensor]:
+def reference_sparsegpt(
+    model_dir: Path, calib_file: Path, sparsity: float
+) -> dict[str, torch.Tensor]:
     """SparseGPT the whole-model way: the transformers model in memory, hooks on each block in turn."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").float().eval()
+    model = (
+        transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager")
+        .float()
+        .eval()
+    )
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
     windows = calibration_windows(tok(calib_file.read_text())["input_ids"], 6, 32, 0, "calib")
     blocks = model.transformer.h if hasattr(model, "transformer") else model.model.layers
@@ -75,15 +83,32 @@ def reference_sparsegpt(model_dir: Path, calib_file: Path, sparsity: float) -> d
     out = {}
     with torch.no_grad():
         for i, block in enumerate(blocks):
-            linears = {n: m for n, m in block.named_modules() if n.endswith(
-                ("c_attn", "attn.c_proj", "c_fc", "mlp.c_proj", "q_proj", "k_proj", "v_proj", "o_proj",
-                 "gate_proj", "up_proj", "down_proj"))}
+            linears = {
+                n: m
+                for n, m in block.named_modules()
+                if n.endswith(
+                    (
+                        "c_attn",
+                        "attn.c_proj",
+                        "c_fc",
+                        "mlp.c_proj",
+                        "q_proj",
+                        "k_proj",
+                        "v_proj",
+                        "o_proj",
+                        "gate_proj",
+                        "up_proj",
+                        "down_proj",
+                    )
+                )
+            }
             hs = {n: 0 for n in linears}
 
             def hook(name):
                 def f(module, args, output):
                     x = args[0].reshape(-1, args[0].shape[-1]).float()
                     hs[name] = hs[name] + x.T @ x
+
                 return f
 
             handles = [m.register_forward_hook(hook(n)) for n, m in linears.items()]
@@ -93,22 +118,32 @@ def reference_sparsegpt(model_dir: Path, calib_file: Path, sparsity: float) -> d
                 handle.remove()
             for n, m in linears.items():
                 w = m.weight.T if conv else m.weight
-                new, kept = sparsegpt_prune(w, hs[n], keep=w.numel() - round(sparsity * w.numel()),
-                                            existing=w != 0)
+                new, kept = sparsegpt_prune(
+                    w, hs[n], keep=w.numel() - round(sparsity * w.numel()), existing=w != 0
+                )
                 new = torch.where(kept, new, 0.0)
                 m.weight.copy_(new.T if conv else new)
                 prefix = "transformer.h" if conv else "model.layers"
                 out[f"{prefix}.{i}.{n}.weight"] = m.weight.detach().clone()
-            captured = [(block(x, *args, **{k: v for k, v in kwargs.items() if k != "hidden_states"}), args, kwargs)
-                        for x, args, kwargs in captured]
+            captured = [
+                (
+                    block(x, *args, **{k: v for k, v in kwargs.items() if k != "hidden_states"}),
+                    args,
+                    kwargs,
+                )
+                for x, args, kwargs in captured
+            ]
             captured = [(y[0] if isinstance(y, tuple) else y, a, k) for y, a, k in captured]
     return out
 
 
 def test_streamed_sparsegpt_equals_the_whole_model_computation(model_dir, calib_file, tmp_path):
     out = tmp_path / "out"
-    prune_checkpoint(model_dir, out, PruneOptions(sparsity=0.5, method="sparsegpt",
-                                                  calibration=str(calib_file), **CALIB))
+    prune_checkpoint(
+        model_dir,
+        out,
+        PruneOptions(sparsity=0.5, method="sparsegpt", calibration=str(calib_file), **CALIB),
+    )
     got, want = tensors(out), reference_sparsegpt(model_dir, calib_file, 0.5)
     assert want
     for name, w in want.items():
@@ -120,10 +155,20 @@ def test_streamed_sparsegpt_equals_the_whole_model_computation(model_dir, calib_
 def _deep(tmp_path: Path, layers: int, text: str) -> Path:
     d = tmp_path / f"llama{layers}"
     torch.manual_seed(0)
-    transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        num_hidden_layers=layers, hidden_size=768, intermediate_size=2048, num_attention_heads=8,
-        num_key_value_heads=8, vocab_size=320, max_position_embeddings=128, bos_token_id=1,
-        eos_token_id=1, pad_token_id=None)).eval().save_pretrained(d)
+    transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            num_hidden_layers=layers,
+            hidden_size=768,
+            intermediate_size=2048,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            vocab_size=320,
+            max_position_embeddings=128,
+            bos_token_id=1,
+            eos_token_id=1,
+            pad_token_id=None,
+        )
+    ).eval().save_pretrained(d)
     save_tokenizer(d, text)
     return d
 
@@ -141,8 +186,12 @@ print("PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, file=sy
 
 
 def _peak(*args: str) -> int:
-    done = subprocess.run([sys.executable, "-c", PEAK, *args], capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr
     return int(done.stderr.split("PEAK")[-1])
 
@@ -152,8 +201,22 @@ def test_peak_memory_does_not_grow_with_depth(tmp_path, text, calib_file):
     """2 and 8 blocks of 18 MiB (float32) each: the whole-model way holds 4x more weights (twice:
     the model and its state dict) for the deeper one; block by block, the peaks differ by little."""
     shallow, deep = _deep(tmp_path, 2, text), _deep(tmp_path, 8, text)
-    for cmd in (["prune", "--method", "sparsegpt", "--sparsity", "0.5", "--calibration", str(calib_file),
-                 "--samples", "8", "--seq", "64", "-q"],):
+    for cmd in (
+        [
+            "prune",
+            "--method",
+            "sparsegpt",
+            "--sparsity",
+            "0.5",
+            "--calibration",
+            str(calib_file),
+            "--samples",
+            "8",
+            "--seq",
+            "64",
+            "-q",
+        ],
+    ):
         a = _peak(*cmd[:1], str(shallow), "-o", str(tmp_path / "p2"), *cmd[1:])
         b = _peak(*cmd[:1], str(deep), "-o", str(tmp_path / "p8"), *cmd[1:])
         assert b < 1.3 * a, (a, b)
@@ -164,25 +227,47 @@ def test_peak_memory_does_not_grow_with_depth(tmp_path, text, calib_file):
 
 
 # ----------------------------------------------------------------------------- eval's memory budget
-def test_eval_with_little_memory_holds_fewer_windows_and_scores_the_same(model_dir, text, monkeypatch):
+def test_eval_with_little_memory_holds_fewer_windows_and_scores_the_same(
+    model_dir, text, monkeypatch
+):
     import sparsetool.ops.eval as ev
     from sparsetool.util.memory import process_memory
 
     full = evaluate([model_dir], text=text, seq=16, batch=2).rows[0]
     assert full.memory["windows_held"] >= 20
     monkeypatch.setattr(ev, "LOGITS_BYTES", 3 * 4 * 320)  # three rows of logits at a time
-    small = evaluate([model_dir], text=text, seq=16, batch=2,
-                     max_memory=process_memory() + 2**20).rows[0]
+    small = evaluate(
+        [model_dir], text=text, seq=16, batch=2, max_memory=process_memory() + 2**20
+    ).rows[0]
     assert 2 <= small.memory["windows_held"] < full.memory["windows_held"]
     assert small.memory["windows_held"] % 2 == 0
     assert abs(small.nll - full.nll) <= 1e-6 * full.nll
-    assert (small.tokens, small.params, small.nonzero_params) == (full.tokens, full.params, full.nonzero_params)
+    assert (small.tokens, small.params, small.nonzero_params) == (
+        full.tokens,
+        full.params,
+        full.nonzero_params,
+    )
 
 
 def test_a_run_that_cannot_fit_stops_before_the_long_part(model_dir, calib_file, tmp_path):
-    r = cli("prune", str(model_dir), "-o", str(tmp_path / "o"), "--method", "wanda",
-            "--sparsity", "0.5", "--calibration", str(calib_file), "--samples", "6",
-            "--seq", "32", "--max-memory", "5M")
+    r = cli(
+        "prune",
+        str(model_dir),
+        "-o",
+        str(tmp_path / "o"),
+        "--method",
+        "wanda",
+        "--sparsity",
+        "0.5",
+        "--calibration",
+        str(calib_file),
+        "--samples",
+        "6",
+        "--seq",
+        "32",
+        "--max-memory",
+        "5M",
+    )
     assert r.exit_code == 1
     line = r.stderr.strip()
     assert line.count("\n") == 0 and line.startswith("error: prune --method wanda needs about")
@@ -193,9 +278,23 @@ def test_a_run_that_cannot_fit_stops_before_the_long_part(model_dir, calib_file,
 
 
 def test_json_records_the_memory_plan(model_dir, calib_file, tmp_path):
-    r = cli("prune", str(model_dir), "-o", str(tmp_path / "o"), "--method", "sparsegpt",
-            "--sparsity", "0.5", "--calibration", str(calib_file), "--samples", "6",
-            "--seq", "32", "--json")
+    r = cli(
+        "prune",
+        str(model_dir),
+        "-o",
+        str(tmp_path / "o"),
+        "--method",
+        "sparsegpt",
+        "--sparsity",
+        "0.5",
+        "--calibration",
+        str(calib_file),
+        "--samples",
+        "6",
+        "--seq",
+        "32",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     memory = json.loads(r.stdout)["memory"]
     assert not S.problems(memory, S.obj(**S.MEMORY_KEYS))
@@ -205,12 +304,30 @@ def test_json_records_the_memory_plan(model_dir, calib_file, tmp_path):
 
 
 # ----------------------------------------------------------------------------- device and precision
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA"
+)
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])
-def test_cuda_without_cuda_is_a_usage_error_before_anything_is_read(model_dir, calib_file, tmp_path, device):
-    for args in (["prune", str(model_dir), "-o", str(tmp_path / "o"), "--method", "wanda", "--sparsity",
-                  "0.5", "--calibration", str(calib_file), "--device", device],
-                 ["eval", str(tmp_path / "missing"), "--device", device]):
+def test_cuda_without_cuda_is_a_usage_error_before_anything_is_read(
+    model_dir, calib_file, tmp_path, device
+):
+    for args in (
+        [
+            "prune",
+            str(model_dir),
+            "-o",
+            str(tmp_path / "o"),
+            "--method",
+            "wanda",
+            "--sparsity",
+            "0.5",
+            "--calibration",
+            str(calib_file),
+            "--device",
+            device,
+        ],
+        ["eval", str(tmp_path / "missing"), "--device", device],
+    ):
         r = cli(*args)
         assert r.exit_code == 2, r.output
         assert "CUDA" in r.stderr and r.stderr.strip().count("\n") == 0
@@ -218,19 +335,36 @@ def test_cuda_without_cuda_is_a_usage_error_before_anything_is_read(model_dir, c
 
 
 def test_device_and_dtype_are_usage_errors_with_other_methods(model_dir, tmp_path):
-    r = cli("prune", str(model_dir), "-o", str(tmp_path / "o"), "--sparsity", "0.5",
-            "--dtype", "bfloat16")
+    r = cli(
+        "prune",
+        str(model_dir),
+        "-o",
+        str(tmp_path / "o"),
+        "--sparsity",
+        "0.5",
+        "--dtype",
+        "bfloat16",
+    )
     assert r.exit_code == 2 and "--dtype" in r.stderr and "wanda or sparsegpt" in r.stderr
     r = cli("eval", str(model_dir), "--device", "gpu")
     assert r.exit_code == 2 and "--device 'gpu'" in r.stderr
 
 
-def test_bfloat16_forward_passes_prune_to_the_same_counts_and_nearly_the_same_masks(model_dir, calib_file, tmp_path):
-    f32 = prune_checkpoint(model_dir, tmp_path / "a", PruneOptions(sparsity=0.5, method="wanda",
-                                                                   calibration=str(calib_file), **CALIB))
-    bf16 = prune_checkpoint(model_dir, tmp_path / "b", PruneOptions(sparsity=0.5, method="wanda",
-                                                                    calibration=str(calib_file), dtype="bfloat16",
-                                                                    **CALIB))
+def test_bfloat16_forward_passes_prune_to_the_same_counts_and_nearly_the_same_masks(
+    model_dir, calib_file, tmp_path
+):
+    f32 = prune_checkpoint(
+        model_dir,
+        tmp_path / "a",
+        PruneOptions(sparsity=0.5, method="wanda", calibration=str(calib_file), **CALIB),
+    )
+    bf16 = prune_checkpoint(
+        model_dir,
+        tmp_path / "b",
+        PruneOptions(
+            sparsity=0.5, method="wanda", calibration=str(calib_file), dtype="bfloat16", **CALIB
+        ),
+    )
     assert [t.nonzero for t in f32.tensors] == [t.nonzero for t in bf16.tensors]
     a, b = tensors(tmp_path / "a"), tensors(tmp_path / "b")
     same = sum(int(((a[t.name] != 0) == (b[t.name] != 0)).sum()) for t in f32.tensors)
@@ -241,12 +375,17 @@ def test_bfloat16_forward_passes_prune_to_the_same_counts_and_nearly_the_same_ma
 
 
 # ----------------------------------------------------------------------------- progress and failure
-def test_progress_goes_block_by_block_and_a_failure_leaves_nothing(model_dir, calib_file, tmp_path, monkeypatch):
+def test_progress_goes_block_by_block_and_a_failure_leaves_nothing(
+    model_dir, calib_file, tmp_path, monkeypatch
+):
     seen = []
-    prune_checkpoint(model_dir, tmp_path / "ok", PruneOptions(sparsity=0.5, method="wanda",
-                                                              calibration=str(calib_file), **CALIB),
-                     progress=lambda stage, done, total: seen.append((stage, done, total)),
-                     on_plan=lambda plan: seen.append(("plan", plan.peak, plan.budget)))
+    prune_checkpoint(
+        model_dir,
+        tmp_path / "ok",
+        PruneOptions(sparsity=0.5, method="wanda", calibration=str(calib_file), **CALIB),
+        progress=lambda stage, done, total: seen.append((stage, done, total)),
+        on_plan=lambda plan: seen.append(("plan", plan.peak, plan.budget)),
+    )
     assert seen[0][0] == "plan" and 0 < seen[0][1] < seen[0][2]  # before any tensor is read
     assert [s for s in seen if s[0] == "calibrate"] == [("calibrate", 1, 2), ("calibrate", 2, 2)]
     import sparsetool.ops.prune.calibrated as cal
@@ -261,8 +400,11 @@ def test_progress_goes_block_by_block_and_a_failure_leaves_nothing(model_dir, ca
 
     monkeypatch.setattr(cal, "wanda_mask", failing)
     with pytest.raises(KeyboardInterrupt):
-        prune_checkpoint(model_dir, tmp_path / "out", PruneOptions(sparsity=0.5, method="wanda",
-                                                                   calibration=str(calib_file), **CALIB))
+        prune_checkpoint(
+            model_dir,
+            tmp_path / "out",
+            PruneOptions(sparsity=0.5, method="wanda", calibration=str(calib_file), **CALIB),
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ok"]
 
 
@@ -270,9 +412,21 @@ def test_gpt_of_train_prunes_with_the_default_seq_and_says_so(tmp_path, calib_fi
     run = tmp_path / "run"
     r = cli("train", "-o", str(run), "--preset", "tiny", "--steps", "2", "-q")
     assert r.exit_code == 0, r.output
-    r = cli("prune", str(run / "model.safetensors"), "-o", str(tmp_path / "p.safetensors"),
-            "--method", "wanda", "--sparsity", "0.5", "--calibration", str(calib_file),
-            "--samples", "4", "--json")
+    r = cli(
+        "prune",
+        str(run / "model.safetensors"),
+        "-o",
+        str(tmp_path / "p.safetensors"),
+        "--method",
+        "wanda",
+        "--sparsity",
+        "0.5",
+        "--calibration",
+        str(calib_file),
+        "--samples",
+        "4",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["options"]["calibration"]["seq"] == 64
@@ -283,10 +437,21 @@ def test_a_model_with_logit_scaling_is_refused_by_eval_not_miscored(tmp_path, te
     """The chunked head would skip a transform some models apply to logits after it."""
     d = tmp_path / "cohere"
     torch.manual_seed(0)
-    transformers.CohereForCausalLM(transformers.CohereConfig(
-        num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=4,
-        vocab_size=320, max_position_embeddings=64, logit_scale=0.5, bos_token_id=1, eos_token_id=1,
-        pad_token_id=0)).save_pretrained(d)
+    transformers.CohereForCausalLM(
+        transformers.CohereConfig(
+            num_hidden_layers=1,
+            hidden_size=32,
+            intermediate_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            vocab_size=320,
+            max_position_embeddings=64,
+            logit_scale=0.5,
+            bos_token_id=1,
+            eos_token_id=1,
+            pad_token_id=0,
+        )
+    ).save_pretrained(d)
     save_tokenizer(d, text)
     with pytest.raises(SparsetoolError, match="logit_scale"):
         evaluate([d], text=text, seq=16)
@@ -312,14 +477,19 @@ def test_models_with_different_tokenizers_are_compared_by_bits_per_byte(model_di
     shutil.copytree(model_dir, other)
     for f in other.glob("tokenizer*"):
         f.unlink()
-    save_tokenizer(other, make_text(400, seed=7)[::-1])  # other merges: other tokens for the same text
+    save_tokenizer(
+        other, make_text(400, seed=7)[::-1]
+    )  # other merges: other tokens for the same text
     result = evaluate([model_dir, other], text=text, seq=32)
     a, b = result.rows
     assert a.tokenizer != b.tokenizer and a.tokens != b.tokens
     assert result.compare_by == "bits_per_byte"
     assert b.change == pytest.approx(b.bits_per_byte / a.bits_per_byte - 1)
-    r = cli("eval", str(model_dir), str(other), "--text", str(tmp_path / "t.txt")) \
-        if (tmp_path / "t.txt").write_text(text) else None
+    r = (
+        cli("eval", str(model_dir), str(other), "--text", str(tmp_path / "t.txt"))
+        if (tmp_path / "t.txt").write_text(text)
+        else None
+    )
     assert r.exit_code == 0, r.output
     assert "change (bits/byte)" in r.stdout and "different tokens" in r.stdout
     same = evaluate([model_dir, model_dir], text=text, seq=32)
@@ -331,10 +501,24 @@ def test_fine_tuning_that_cannot_fit_is_refused_at_once(model_dir, tmp_path, mon
     import sparsetool.util.memory as memory
 
     monkeypatch.setattr(memory, "available_memory", lambda: memory.process_memory() + 2**20)
-    r = cli("train", "--init", str(model_dir), "-o", str(tmp_path / "run"),
-            "--steps", "2", "--warmup", "1", "-q")
+    r = cli(
+        "train",
+        "--init",
+        str(model_dir),
+        "-o",
+        str(tmp_path / "run"),
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "-q",
+    )
     assert r.exit_code == 1, r.output
     line = r.stderr.strip()
     assert line.count("\n") == 0 and line.startswith(f"error: train --init {model_dir} needs about")
-    assert "gradients and Adam moments" in line and "--distributed fsdp" in line and "--batch-size" in line
+    assert (
+        "gradients and Adam moments" in line
+        and "--distributed fsdp" in line
+        and "--batch-size" in line
+    )
     assert not (tmp_path / "run").exists()

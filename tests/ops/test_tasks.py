@@ -41,13 +41,25 @@ doc_to_target: "{doc_to_target}"
 {extra}metadata:
   version: 1.0
 """
-CHOICE = dict(output_type="multiple_choice", doc_to_text="{{context}}", doc_to_target="{{label}}",
-              extra='doc_to_choice: "{{choices}}"\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n')
-ROLLING = dict(output_type="loglikelihood_rolling", doc_to_text="", doc_to_target="{{text}}",
-               extra="metric_list:\n  - metric: word_perplexity\n  - metric: byte_perplexity\n"
-                     "  - metric: bits_per_byte\n")
-GENERATE = dict(output_type="generate_until", doc_to_text="{{context}}", doc_to_target="{{text}}",
-                extra="generation_kwargs:\n  until: [\"\\n\"]\nmetric_list:\n  - metric: exact_match\n")
+CHOICE = dict(
+    output_type="multiple_choice",
+    doc_to_text="{{context}}",
+    doc_to_target="{{label}}",
+    extra='doc_to_choice: "{{choices}}"\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n',
+)
+ROLLING = dict(
+    output_type="loglikelihood_rolling",
+    doc_to_text="",
+    doc_to_target="{{text}}",
+    extra="metric_list:\n  - metric: word_perplexity\n  - metric: byte_perplexity\n"
+    "  - metric: bits_per_byte\n",
+)
+GENERATE = dict(
+    output_type="generate_until",
+    doc_to_text="{{context}}",
+    doc_to_target="{{text}}",
+    extra='generation_kwargs:\n  until: ["\\n"]\nmetric_list:\n  - metric: exact_match\n',
+)
 
 
 NOUNS = "model weight mask layer token text tensor matrix head block kernel row".split()
@@ -75,8 +87,14 @@ def ending_items(text: str, n: int, seed: int = 0) -> list[dict]:
         while other == ending:
             other = " ".join(rng.choice(lines)[3:])
         label = rng.randrange(2)
-        items.append({"context": " ".join(words[:3]), "label": label, "text": " ".join(words),
-                      "choices": [other, ending] if label else [ending, other]})
+        items.append(
+            {
+                "context": " ".join(words[:3]),
+                "label": label,
+                "text": " ".join(words),
+                "choices": [other, ending] if label else [ending, other],
+            }
+        )
     return items
 
 
@@ -115,9 +133,26 @@ def gpt_run(tmp_path_factory, text) -> Path:
     """sparsetool's GPT trained on the text long enough to know its sentences."""
     root = tmp_path_factory.mktemp("gpt")
     (root / "corpus.txt").write_text(text)
-    r = run("train", "--out", str(root / "run"), "--data", str(root / "corpus.txt"),
-            "--preset", "tiny", "--steps", "200", "--batch-size", "8", "--warmup", "10",
-            "--lr", "0.01", "--seed", "0", "--json")
+    r = run(
+        "train",
+        "--out",
+        str(root / "run"),
+        "--data",
+        str(root / "corpus.txt"),
+        "--preset",
+        "tiny",
+        "--steps",
+        "200",
+        "--batch-size",
+        "8",
+        "--warmup",
+        "10",
+        "--lr",
+        "0.01",
+        "--seed",
+        "0",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     return root / "run"
 
@@ -127,10 +162,17 @@ def harness_hf(directory: Path, task_dir: Path, tasks: list[str]) -> dict:
     from lm_eval.tasks import TaskManager
 
     out = lm_eval.simple_evaluate(
-        model="hf", model_args={"pretrained": str(directory), "dtype": "float32",
-                                "attn_implementation": "eager"},
-        tasks=tasks, device="cpu", log_samples=False,
-        task_manager=TaskManager(include_path=str(task_dir), include_defaults=False))
+        model="hf",
+        model_args={
+            "pretrained": str(directory),
+            "dtype": "float32",
+            "attn_implementation": "eager",
+        },
+        tasks=tasks,
+        device="cpu",
+        log_samples=False,
+        task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
+    )
     return out["results"]
 
 
@@ -142,18 +184,24 @@ def run_cli(*args: str) -> tuple[int, str, str]:
 # ----------------------------------------------------------------------------- agreement
 @pytest.mark.slow
 def test_accuracies_equal_the_harness_own_hf_model(gpt2_dir, task_dir):
-    ours = evaluate_tasks([gpt2_dir], ["pick_ending", "line_nll"], include_path=task_dir, device="cpu").rows[0]
+    ours = evaluate_tasks(
+        [gpt2_dir], ["pick_ending", "line_nll"], include_path=task_dir, device="cpu"
+    ).rows[0]
     theirs = harness_hf(gpt2_dir, task_dir, ["pick_ending", "line_nll"])
     for metric in ("acc", "acc_norm", "acc_stderr", "acc_norm_stderr"):
         assert ours.metric("pick_ending", metric) == theirs["pick_ending"][f"{metric},none"]
     assert 0.0 < ours.metric("pick_ending", "acc") < 1.0  # not a task every model gets right
     for metric in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
-        assert ours.metric("line_nll", metric) == pytest.approx(theirs["line_nll"][f"{metric},none"], rel=1e-5)
+        assert ours.metric("line_nll", metric) == pytest.approx(
+            theirs["line_nll"][f"{metric},none"], rel=1e-5
+        )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["qwen3_moe", "gpt_oss"])
-def test_mixture_of_experts_accuracies_equal_the_harness_own_hf_model(kind, task_dir, text, tmp_path):
+def test_mixture_of_experts_accuracies_equal_the_harness_own_hf_model(
+    kind, task_dir, text, tmp_path
+):
     """Experts stored apart (Qwen3-MoE) and fused on disk beside mixed attention (gpt-oss)."""
     from moe_models import save_moe
 
@@ -169,7 +217,9 @@ def test_accuracy_by_hand_from_the_model_log_probabilities(gpt2_dir, tmp_path, t
     items = ending_items(text, 2)
     task_dir = write_tasks(tmp_path / "two", items)
     tok = transformers.AutoTokenizer.from_pretrained(gpt2_dir)
-    model = transformers.AutoModelForCausalLM.from_pretrained(gpt2_dir, attn_implementation="eager").eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        gpt2_dir, attn_implementation="eager"
+    ).eval()
     right = right_norm = 0
     for item in items:
         scores = []
@@ -195,8 +245,15 @@ def test_every_length_passes_the_blocks_together_each_block_read_once(gpt2_dir):
     from sparsetool.models.open import open_model
     from sparsetool.ops.harness import _passes, score_requests
 
-    pairs = [([5, 6, 7], [8]), ([5, 6, 7], [9]), ([5, 6], [9, 10]), ([1] * 10, [2]), ([3, 4], [7, 7, 7]),
-             ([2] * 30, [4]), ([8, 9, 10, 11], [12])]
+    pairs = [
+        ([5, 6, 7], [8]),
+        ([5, 6, 7], [9]),
+        ([5, 6], [9, 10]),
+        ([1] * 10, [2]),
+        ([3, 4], [7, 7, 7]),
+        ([2] * 30, [4]),
+        ([8, 9, 10, 11], [12]),
+    ]
     model = open_model(gpt2_dir, "float32", "cpu")
     reads, finals = [], []
     read, final_hidden = model.read, model.final_hidden
@@ -205,7 +262,9 @@ def test_every_length_passes_the_blocks_together_each_block_read_once(gpt2_dir):
     try:
         together = score_requests(model, pairs, 64, batch=2)
         block = [p.stored for names in model.blocks for n in names for p in model.sources[n]]
-        assert sorted(r for r in reads if r in block) == sorted(block) and finals == [4]  # 4 batches
+        assert sorted(r for r in reads if r in block) == sorted(block) and finals == [
+            4
+        ]  # 4 batches
         alone = [score_requests(model, [p], 64)[0] for p in pairs]
     finally:
         model.close()
@@ -222,11 +281,22 @@ def test_every_length_passes_the_blocks_together_each_block_read_once(gpt2_dir):
 def test_dense_gpt_beats_its_90_percent_random_pruned_copy(gpt_run, task_dir, tmp_path):
     pruned = tmp_path / "p90"
     prune_checkpoint(gpt_run, pruned, PruneOptions(sparsity=0.9, method="random", encoding="zeros"))
-    code, out, err = run_cli(str(gpt_run), str(pruned), "--tasks", "pick_ending", "--include-path",
-                             str(task_dir), "--json", "--batch", "4")
+    code, out, err = run_cli(
+        str(gpt_run),
+        str(pruned),
+        "--tasks",
+        "pick_ending",
+        "--include-path",
+        str(task_dir),
+        "--json",
+        "--batch",
+        "4",
+    )
     assert code == 0, err
     dense, sparse = json.loads(out)["checkpoints"]
-    assert dense["kind"] == "sparsetool-gpt" and sparse["targeted_sparsity"] == pytest.approx(0.9, abs=0.01)
+    assert dense["kind"] == "sparsetool-gpt" and sparse["targeted_sparsity"] == pytest.approx(
+        0.9, abs=0.01
+    )
     acc = [r["metrics"]["pick_ending"]["acc,none"] for r in (dense, sparse)]
     assert acc[0] >= 0.8 and acc[0] > acc[1] + 0.15
 
@@ -235,9 +305,15 @@ def test_dense_gpt_beats_its_90_percent_random_pruned_copy(gpt_run, task_dir, tm
 def test_nan_and_bitmask_outputs_score_like_zeros(gpt2_dir, task_dir, tmp_path):
     outs = {}
     for encoding in ("zeros", "nan", "bitmask"):
-        prune_checkpoint(gpt2_dir, tmp_path / encoding, PruneOptions(sparsity=0.5, encoding=encoding))
-    rows = evaluate_tasks([tmp_path / e for e in ("zeros", "nan", "bitmask")], ["pick_ending", "line_nll"],
-                          include_path=task_dir, device="cpu").rows
+        prune_checkpoint(
+            gpt2_dir, tmp_path / encoding, PruneOptions(sparsity=0.5, encoding=encoding)
+        )
+    rows = evaluate_tasks(
+        [tmp_path / e for e in ("zeros", "nan", "bitmask")],
+        ["pick_ending", "line_nll"],
+        include_path=task_dir,
+        device="cpu",
+    ).rows
     for row in rows:
         outs[row.name] = row.metrics
         assert row.targeted_sparsity == pytest.approx(0.5, abs=0.01)
@@ -248,17 +324,42 @@ def test_nan_and_bitmask_outputs_score_like_zeros(gpt2_dir, task_dir, tmp_path):
 # ----------------------------------------------------------------------------- the command
 def test_cli_table_with_perplexity_and_json_versions(gpt_run, task_dir, text, tmp_path):
     (tmp_path / "t.txt").write_text(text[:3000])
-    code, out, err = run_cli(str(gpt_run), "--tasks", "pick_ending", "--include-path", str(task_dir),
-                             "--limit", "6", "--text", str(tmp_path / "t.txt"), "--seed", "3")
+    code, out, err = run_cli(
+        str(gpt_run),
+        "--tasks",
+        "pick_ending",
+        "--include-path",
+        str(task_dir),
+        "--limit",
+        "6",
+        "--text",
+        str(tmp_path / "t.txt"),
+        "--seed",
+        "3",
+    )
     assert code == 0, err
     header, _, row, footer = out.splitlines()[:4]
-    for col in ("checkpoint", "targeted sparsity", "perplexity", "pick_ending acc", "pick_ending acc_norm"):
+    for col in (
+        "checkpoint",
+        "targeted sparsity",
+        "perplexity",
+        "pick_ending acc",
+        "pick_ending acc_norm",
+    ):
         assert col in header
     assert "±" in row and str(gpt_run) in row
     assert f"lm-evaluation-harness {lm_eval_version()}" in footer and "pick_ending v1.0" in footer
     assert "6 documents" in footer
-    code, out, err = run_cli(str(gpt_run), "--tasks", "pick_ending", "--include-path", str(task_dir),
-                             "--limit", "6", "--json")
+    code, out, err = run_cli(
+        str(gpt_run),
+        "--tasks",
+        "pick_ending",
+        "--include-path",
+        str(task_dir),
+        "--limit",
+        "6",
+        "--json",
+    )
     data = json.loads(out)
     assert data["harness"] == {"name": "lm-evaluation-harness", "version": lm_eval_version()}
     assert data["tasks"]["pick_ending"] == {"version": 1.0, "n_shot": 0}
@@ -273,11 +374,14 @@ def lm_eval_version() -> str:
 
 
 def test_generating_task_is_refused_in_one_line(gpt_run, task_dir):
-    code, out, err = run_cli(str(gpt_run), "--tasks", "pick_ending,write_ending", "--include-path", str(task_dir))
+    code, out, err = run_cli(
+        str(gpt_run), "--tasks", "pick_ending,write_ending", "--include-path", str(task_dir)
+    )
     assert code == 1
     assert err.strip().splitlines() == [
         "error: task write_ending generates text (generate_until); only log-likelihood tasks "
-        "(multiple_choice, loglikelihood, loglikelihood_rolling) are supported; leave it out of --tasks"]
+        "(multiple_choice, loglikelihood, loglikelihood_rolling) are supported; leave it out of --tasks"
+    ]
 
 
 def test_unknown_task_names_the_closest(gpt_run, task_dir):
@@ -285,13 +389,16 @@ def test_unknown_task_names_the_closest(gpt_run, task_dir):
     assert code == 1 and "did you mean pick_ending?" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--limit", "3"], "--limit applies to task accuracy only"),
-    (["--include-path", "."], "--include-path applies to task accuracy only"),
-    (["--tasks", "x", "--seq", "8"], "--tasks and --seq do not go together"),
-    (["--tasks", "x", "--plot", "p.png"], "--tasks and --plot do not go together"),
-    (["--tasks", " , "], "--tasks: give at least one task name"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--limit", "3"], "--limit applies to task accuracy only"),
+        (["--include-path", "."], "--include-path applies to task accuracy only"),
+        (["--tasks", "x", "--seq", "8"], "--tasks and --seq do not go together"),
+        (["--tasks", "x", "--plot", "p.png"], "--tasks and --plot do not go together"),
+        (["--tasks", " , "], "--tasks: give at least one task name"),
+    ],
+)
 def test_task_options_misused_are_usage_errors(args, message, gpt_run):
     code, _, err = run_cli(str(gpt_run), *args)
     assert code == 2 and message in err
@@ -301,6 +408,8 @@ def test_without_the_harness_the_error_names_the_extra(gpt_run, monkeypatch):
     monkeypatch.setitem(sys.modules, "lm_eval", None)
     code, _, err = run_cli(str(gpt_run), "--tasks", "arc_easy")
     assert code == 1
-    assert err.strip() == ("error: --tasks runs EleutherAI's lm-evaluation-harness (lm-eval), which is not "
-                           "installed: pip install 'sparsetool[eval]' (or pip install -e '.[eval]' in a "
-                           "source checkout)")
+    assert err.strip() == (
+        "error: --tasks runs EleutherAI's lm-evaluation-harness (lm-eval), which is not "
+        "installed: pip install 'sparsetool[eval]' (or pip install -e '.[eval]' in a "
+        "source checkout)"
+    )

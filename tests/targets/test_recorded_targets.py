@@ -51,7 +51,9 @@ def test_report_uses_the_recorded_targeting_by_default(pruned):
     # globs on the command line win over the record, and nothing is said about the record
     r = run("report", out, "--json", "--include", "*wpe*")
     rep = json.loads(r.stdout)
-    assert "transformer.wpe.weight" in _targeted(rep) and "transformer.wte.weight" not in _targeted(rep)
+    assert "transformer.wpe.weight" in _targeted(rep) and "transformer.wte.weight" not in _targeted(
+        rep
+    )
     assert rep["summary"]["targeting"]["rule"] == "given" and "recorded" not in r.stderr
     # --quiet drops the line, the plain table keeps the same numbers
     r = run("report", out, "--format", "plain", "--quiet")
@@ -93,8 +95,10 @@ def test_the_newest_prune_step_is_the_record_and_densify_keeps_it(pruned, tmp_pa
     assert run("prune", out, "-o", again, "-s", "0.6").exit_code == 0
     r = run("report", again, "--json")
     assert json.loads(r.stdout)["summary"]["targeting"]["rule"] == "default"
-    md = provenance_metadata(provenance_metadata(None, {"command": "prune", "include": [],
-                                                        "exclude": ["a*"]}), {"command": "densify"})
+    md = provenance_metadata(
+        provenance_metadata(None, {"command": "prune", "include": [], "exclude": ["a*"]}),
+        {"command": "densify"},
+    )
     assert recorded_globs(md) == ("prune", (), ("a*",))
     assert recorded_globs({"sparsetool": "not json"}) is None and recorded_globs(None) is None
 
@@ -108,11 +112,15 @@ def test_a_recorded_glob_that_no_longer_fits_is_an_error_naming_the_record(prune
 
     with safe_open(str(out), "pt") as f:
         metadata = f.metadata()
-    save_file({k.replace("wte", "embed"): v for k, v in tensors.items()}, str(renamed), metadata=metadata)
+    save_file(
+        {k.replace("wte", "embed"): v for k, v in tensors.items()}, str(renamed), metadata=metadata
+    )
     r = run("report", renamed)
     assert r.exit_code == 1
-    assert ("error: the targeting prune recorded in renamed.safetensors no longer fits it: "
-            "--include '*wte*' matches no tensor") in r.stderr
+    assert (
+        "error: the targeting prune recorded in renamed.safetensors no longer fits it: "
+        "--include '*wte*' matches no tensor"
+    ) in r.stderr
     assert "--default-targets" in r.stderr
     assert run("report", renamed, "--default-targets").exit_code == 0
     with pytest.raises(ConfigError, match="the targeting prune recorded"):
@@ -126,10 +134,28 @@ def test_every_command_refuses_a_glob_that_matches_nothing(command, option, tmp_
     save_file(gpt2_like_state(), str(src), metadata={"format": "pt"})
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"def f{i}(x):\n    return x * {i}\n\n" for i in range(300)))
-    args = {"prune": [src, "-o", tmp_path / "p.safetensors", "-s", "0.5"], "report": [src],
-            "flops": ["--checkpoint", src], "simulate": [src],
-            "train": ["-o", tmp_path / "run", "--data", corpus, "--preset", "tiny", "--steps", "1",
-                      "--batch-size", "2", "--threads", "1", "--sparsity", "0.5"]}[command]
+    args = {
+        "prune": [src, "-o", tmp_path / "p.safetensors", "-s", "0.5"],
+        "report": [src],
+        "flops": ["--checkpoint", src],
+        "simulate": [src],
+        "train": [
+            "-o",
+            tmp_path / "run",
+            "--data",
+            corpus,
+            "--preset",
+            "tiny",
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--threads",
+            "1",
+            "--sparsity",
+            "0.5",
+        ],
+    }[command]
     r = run(command, *args, option, "no.such.*")
     assert r.exit_code == 1, r.output
     assert f"error: {option} 'no.such.*' matches no tensor in " in r.stderr

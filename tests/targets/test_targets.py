@@ -126,9 +126,19 @@ TABLE = [
     ("transformer_decoder.layers.0.self_attn.proj_q_dense_layer.weight", (768, 768), "qkv", 1),
     ("transformer_decoder.layers.0.self_attn.proj_k_dense_layer.weight", (768, 768), "qkv", 1),
     ("transformer_decoder.layers.0.self_attn.proj_v_dense_layer.weight", (768, 768), "qkv", 1),
-    ("transformer_decoder.layers.0.self_attn.proj_output_dense_layer.weight", (768, 768), "attn_out", 1),
+    (
+        "transformer_decoder.layers.0.self_attn.proj_output_dense_layer.weight",
+        (768, 768),
+        "attn_out",
+        1,
+    ),
     ("transformer_decoder.layers.0.ffn.ffn.0.linear_layer.weight", (3072, 768), "ffn_in", 1),
-    ("transformer_decoder.layers.0.ffn.ffn.0.linear_layer_for_glu.weight", (3072, 768), "ffn_in", 1),
+    (
+        "transformer_decoder.layers.0.ffn.ffn.0.linear_layer_for_glu.weight",
+        (3072, 768),
+        "ffn_in",
+        1,
+    ),
     ("transformer_decoder.layers.0.ffn.ffn.1.linear_layer.weight", (768, 3072), "ffn_out", 1),
     ("transformer_decoder.layers.0.norm1.weight", (768,), "norm", 0),
     ("transformer_decoder.layers.0.norm3.bias", (768,), "bias", 0),
@@ -159,7 +169,12 @@ TABLE = [
     ("model.final_layernorm.weight", (2560,), "norm", 0),
     ("encoder.block.0.layer.0.SelfAttention.q.weight", (512, 512), "qkv", 1),
     ("encoder.block.0.layer.0.SelfAttention.o.weight", (512, 512), "attn_out", 1),
-    ("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", (32, 8), "position", 1),
+    (
+        "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+        (32, 8),
+        "position",
+        1,
+    ),
     ("encoder.block.0.layer.1.DenseReluDense.wi.weight", (2048, 512), "ffn_in", 1),
     ("encoder.block.0.layer.1.DenseReluDense.wo.weight", (512, 2048), "ffn_out", 1),
     ("shared.weight", (32128, 512), "embedding", 1),
@@ -192,9 +207,22 @@ def test_every_role_is_exercised_by_the_table():
 
 @pytest.mark.parametrize(
     "dtype,floating",
-    [("F32", True), ("BF16", True), ("F16", True), ("F64", True), ("F8_E4M3", True),
-     ("I64", False), ("I8", False), ("U8", False), ("BOOL", False), ("float16", True),
-     ("torch.bfloat16", True), (torch.float32, True), (torch.int32, False), (torch.bool, False)],
+    [
+        ("F32", True),
+        ("BF16", True),
+        ("F16", True),
+        ("F64", True),
+        ("F8_E4M3", True),
+        ("I64", False),
+        ("I8", False),
+        ("U8", False),
+        ("BOOL", False),
+        ("float16", True),
+        ("torch.bfloat16", True),
+        (torch.float32, True),
+        (torch.int32, False),
+        (torch.bool, False),
+    ],
 )
 def test_only_floating_tensors_are_targeted(dtype, floating):
     assert is_floating(dtype) == floating
@@ -248,25 +276,72 @@ def _tiny_models():
     small = dict(vocab_size=16)
     return {
         "gpt2": transformers.GPT2LMHeadModel(
-            transformers.GPT2Config(n_layer=2, n_embd=8, n_head=2, n_inner=16, n_positions=8, **small)),
-        "gpt_neox": transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
-            num_hidden_layers=2, hidden_size=8, num_attention_heads=2, intermediate_size=16,
-            max_position_embeddings=8, **small)),
-        "llama": transformers.LlamaForCausalLM(transformers.LlamaConfig(
-            num_hidden_layers=2, hidden_size=8, num_attention_heads=2, num_key_value_heads=1,
-            intermediate_size=16, **small)),
-        "mistral": transformers.MistralForCausalLM(transformers.MistralConfig(
-            num_hidden_layers=2, hidden_size=8, num_attention_heads=2, num_key_value_heads=1,
-            intermediate_size=16, **small)),
-        "opt": transformers.OPTForCausalLM(transformers.OPTConfig(
-            num_hidden_layers=2, hidden_size=8, num_attention_heads=2, ffn_dim=16,
-            max_position_embeddings=8, word_embed_proj_dim=8, **small)),
-        "mixtral": transformers.MixtralForCausalLM(transformers.MixtralConfig(
-            num_hidden_layers=2, hidden_size=8, num_attention_heads=2, num_key_value_heads=1,
-            intermediate_size=16, num_local_experts=2, **small)),
-        "bert": transformers.BertForMaskedLM(transformers.BertConfig(
-            num_hidden_layers=2, hidden_size=8, num_attention_heads=2, intermediate_size=16,
-            max_position_embeddings=8, **small)),
+            transformers.GPT2Config(
+                n_layer=2, n_embd=8, n_head=2, n_inner=16, n_positions=8, **small
+            )
+        ),
+        "gpt_neox": transformers.GPTNeoXForCausalLM(
+            transformers.GPTNeoXConfig(
+                num_hidden_layers=2,
+                hidden_size=8,
+                num_attention_heads=2,
+                intermediate_size=16,
+                max_position_embeddings=8,
+                **small,
+            )
+        ),
+        "llama": transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(
+                num_hidden_layers=2,
+                hidden_size=8,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                intermediate_size=16,
+                **small,
+            )
+        ),
+        "mistral": transformers.MistralForCausalLM(
+            transformers.MistralConfig(
+                num_hidden_layers=2,
+                hidden_size=8,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                intermediate_size=16,
+                **small,
+            )
+        ),
+        "opt": transformers.OPTForCausalLM(
+            transformers.OPTConfig(
+                num_hidden_layers=2,
+                hidden_size=8,
+                num_attention_heads=2,
+                ffn_dim=16,
+                max_position_embeddings=8,
+                word_embed_proj_dim=8,
+                **small,
+            )
+        ),
+        "mixtral": transformers.MixtralForCausalLM(
+            transformers.MixtralConfig(
+                num_hidden_layers=2,
+                hidden_size=8,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                intermediate_size=16,
+                num_local_experts=2,
+                **small,
+            )
+        ),
+        "bert": transformers.BertForMaskedLM(
+            transformers.BertConfig(
+                num_hidden_layers=2,
+                hidden_size=8,
+                num_attention_heads=2,
+                intermediate_size=16,
+                max_position_embeddings=8,
+                **small,
+            )
+        ),
     }
 
 
@@ -278,7 +353,12 @@ PER_LAYER = {
     "mistral": {"qkv": 3, "attn_out": 1, "ffn_in": 2, "ffn_out": 1},
     "opt": {"qkv": 3, "attn_out": 1, "ffn_in": 1, "ffn_out": 1},
     "bert": {"qkv": 3, "attn_out": 1, "ffn_in": 1, "ffn_out": 1},
-    "mixtral": {"qkv": 3, "attn_out": 1, "ffn_in": 1, "ffn_out": 1},  # experts stacked in one tensor
+    "mixtral": {
+        "qkv": 3,
+        "attn_out": 1,
+        "ffn_in": 1,
+        "ffn_out": 1,
+    },  # experts stacked in one tensor
 }
 
 
@@ -310,7 +390,9 @@ def test_the_caller_can_say_which_layout_gpt2_names_hold():
     assert input_dim(square, (16, 16)) == 0
     assert input_dim(square, (16, 16), conv1d=False) == 1
     assert input_dim("transformer.h.0.attn.c_attn.weight", (32, 16), conv1d=True) == 0
-    assert input_dim("model.layers.0.mlp.up_proj.weight", (64, 16), conv1d=True) == 1  # not a GPT-2 name
+    assert (
+        input_dim("model.layers.0.mlp.up_proj.weight", (64, 16), conv1d=True) == 1
+    )  # not a GPT-2 name
 
 
 def test_docstring_examples():
@@ -323,4 +405,3 @@ def test_docstring_examples():
     for module in (sparsetool.targets, sparsetool.targets.roles):
         result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
         assert result.attempted > 0 and result.failed == 0, module.__name__
-

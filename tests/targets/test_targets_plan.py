@@ -61,7 +61,10 @@ FAMILIES = {
     "model_zoo": {
         "embedding_layer.word_embeddings.weight": ((64, 16), "embedding"),
         "transformer_decoder.layers.0.self_attn.proj_q_dense_layer.weight": ((16, 16), "qkv"),
-        "transformer_decoder.layers.0.self_attn.proj_output_dense_layer.weight": ((16, 16), "attn_out"),
+        "transformer_decoder.layers.0.self_attn.proj_output_dense_layer.weight": (
+            (16, 16),
+            "attn_out",
+        ),
         "transformer_decoder.layers.0.ffn.ffn.0.linear_layer.weight": ((64, 16), "ffn_in"),
         "transformer_decoder.layers.0.ffn.ffn.1.linear_layer.weight": ((16, 64), "ffn_out"),
     },
@@ -90,9 +93,13 @@ def test_plan_gives_role_target_reason_and_layout_per_family(family):
         entry = plan[name]
         assert (entry.role, entry.shape, entry.dtype) == (expected, shape, "F32")
         assert entry.targeted == (expected in LINEAR_ROLES) == plan.is_targeted(name)
-        assert entry.reason == (f"role {expected}" if entry.targeted else
-                                "fewer than 2 dimensions" if len(shape) < 2 else
-                                f"role {expected} is not an attention/FFN matrix")
+        assert entry.reason == (
+            f"role {expected}"
+            if entry.targeted
+            else "fewer than 2 dimensions"
+            if len(shape) < 2
+            else f"role {expected} is not an attention/FFN matrix"
+        )
         if entry.targeted:  # the input dimension holds d_model (16), or d_ff (64) for ffn_out
             assert shape[entry.input_dim] == (64 if expected == "ffn_out" else 16), name
             conv1d = family == "gpt2"
@@ -106,31 +113,41 @@ def test_plan_agrees_with_the_built_in_gpt_and_the_trainer():
     model = GPT(PRESETS["tiny"])
     plan = plan_targets((n, tuple(p.shape), p.dtype) for n, p in model.named_parameters())
     suffixes = ("attn.qkv.weight", "attn.proj.weight", "mlp.fc.weight", "mlp.proj.weight")
-    assert plan.targeted == [n for n, _ in model.named_parameters()
-                             if n.startswith("blocks.") and n.endswith(suffixes)]
+    assert plan.targeted == [
+        n for n, _ in model.named_parameters() if n.startswith("blocks.") and n.endswith(suffixes)
+    ]
     assert len(plan.targeted) == 4 * PRESETS["tiny"].n_layer
     assert list(model.targeted_parameters()) == plan.targeted
     assert plan["blocks.1.attn.qkv.weight"].dtype == "float32"
-    assert [plan[f"blocks.0.{m}.weight"].role for m in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")] \
-        == ["qkv", "attn_out", "ffn_in", "ffn_out"]
+    assert [
+        plan[f"blocks.0.{m}.weight"].role for m in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")
+    ] == ["qkv", "attn_out", "ffn_in", "ffn_out"]
 
 
 def test_plan_reasons_for_dtype_mask_include_and_exclude():
-    tensors = [("model.layers.0.mlp.up_proj.weight", (8, 4), "I8"),
-               ("model.layers.0.mlp.up_proj.weight_mask", (8, 4), "BOOL"),
-               ("model.layers.0.mlp.down_proj.weight", (4, 8), "BF16"),
-               ("model.layers.1.mlp.down_proj.weight", (4, 8), "BF16"),
-               ("model.embed_tokens.weight", (32, 4), "BF16")]
+    tensors = [
+        ("model.layers.0.mlp.up_proj.weight", (8, 4), "I8"),
+        ("model.layers.0.mlp.up_proj.weight_mask", (8, 4), "BOOL"),
+        ("model.layers.0.mlp.down_proj.weight", (4, 8), "BF16"),
+        ("model.layers.1.mlp.down_proj.weight", (4, 8), "BF16"),
+        ("model.embed_tokens.weight", (32, 4), "BF16"),
+    ]
     plan = plan_targets(tensors, include=["model.embed_*", "*up_proj*"], exclude=["*.layers.1.*"])
     assert plan.targeted == ["model.layers.0.mlp.down_proj.weight", "model.embed_tokens.weight"]
     assert [e.reason for e in plan] == [
-        "dtype I8 is not floating-point", "a _mask side tensor", "role ffn_out",
-        "--exclude '*.layers.1.*'", "--include 'model.embed_*'"]
+        "dtype I8 is not floating-point",
+        "a _mask side tensor",
+        "role ffn_out",
+        "--exclude '*.layers.1.*'",
+        "--include 'model.embed_*'",
+    ]
     # exclude wins over include; a single glob given as a string is one glob, not its letters
     plan = plan_targets(tensors, include="model.embed_*", exclude=("*embed*",))
     assert plan.include == ("model.embed_*",) and plan.exclude == ("*embed*",)
-    assert plan.targeted == ["model.layers.0.mlp.down_proj.weight",
-                             "model.layers.1.mlp.down_proj.weight"]
+    assert plan.targeted == [
+        "model.layers.0.mlp.down_proj.weight",
+        "model.layers.1.mlp.down_proj.weight",
+    ]
 
 
 def test_plan_reads_the_config_for_gpt2_names_on_linear_weights():
@@ -138,25 +155,34 @@ def test_plan_reads_the_config_for_gpt2_names_on_linear_weights():
     assert plan_targets(shapes)["transformer.h.0.attn.c_proj.weight"].layout == "conv1d"
     plan = plan_targets(shapes, {"model_type": "gpt_bigcode"})
     assert plan.conv1d is False
-    assert (plan["transformer.h.0.attn.c_proj.weight"].input_dim,
-            plan["transformer.h.0.attn.c_proj.weight"].layout) == (1, "linear")
+    assert (
+        plan["transformer.h.0.attn.c_proj.weight"].input_dim,
+        plan["transformer.h.0.attn.c_proj.weight"].layout,
+    ) == (1, "linear")
     stacked = plan_targets({"model.layers.0.mlp.experts.down_proj": ((2, 16, 64), "BF16")})
-    assert (stacked["model.layers.0.mlp.experts.down_proj"].layout,
-            stacked["model.layers.0.mlp.experts.down_proj"].input_dim) == ("stacked", 2)
+    assert (
+        stacked["model.layers.0.mlp.experts.down_proj"].layout,
+        stacked["model.layers.0.mlp.experts.down_proj"].input_dim,
+    ) == ("stacked", 2)
 
 
-@pytest.mark.parametrize("config,layout,dim", [
-    (None, "stacked", 2),
-    ({"model_type": "mixtral"}, "stacked", 2),
-    ({"model_type": "gpt_oss"}, "stacked_t", 1),
-    ({"model_type": "llama4", "text_config": {"model_type": "llama4_text"}}, "stacked_t", 1),
-    ({"model_type": "llama4_text"}, "stacked_t", 1),
-])
+@pytest.mark.parametrize(
+    "config,layout,dim",
+    [
+        (None, "stacked", 2),
+        ({"model_type": "mixtral"}, "stacked", 2),
+        ({"model_type": "gpt_oss"}, "stacked_t", 1),
+        ({"model_type": "llama4", "text_config": {"model_type": "llama4_text"}}, "stacked_t", 1),
+        ({"model_type": "llama4_text"}, "stacked_t", 1),
+    ],
+)
 def test_fused_experts_orientation_comes_from_the_config(config, layout, dim):
-    names = {"model.layers.0.mlp.experts.gate_up_proj": ((4, 16, 64), "BF16"),
-             "model.layers.0.mlp.experts.5.down_proj.weight": ((16, 32), "BF16"),
-             "model.layers.0.mlp.router.weight": ((4, 16), "BF16"),
-             "model.layers.0.conv.weight": ((4, 8, 3, 3), "BF16")}
+    names = {
+        "model.layers.0.mlp.experts.gate_up_proj": ((4, 16, 64), "BF16"),
+        "model.layers.0.mlp.experts.5.down_proj.weight": ((16, 32), "BF16"),
+        "model.layers.0.mlp.router.weight": ((4, 16), "BF16"),
+        "model.layers.0.conv.weight": ((4, 8, 3, 3), "BF16"),
+    }
     plan = plan_targets(names, config, include=["*.conv.*"])
     fused = plan["model.layers.0.mlp.experts.gate_up_proj"]
     assert (fused.layout, fused.input_dim, fused.experts, fused.expert) == (layout, dim, 4, None)
@@ -165,7 +191,10 @@ def test_fused_experts_orientation_comes_from_the_config(config, layout, dim):
     assert (one.layout, one.input_dim, one.experts, one.expert) == ("linear", 1, 0, 5)
     router = plan["model.layers.0.mlp.router.weight"]
     assert (router.role, router.targeted, router.reason) == (
-        "router", False, "role router is not an attention/FFN matrix")
+        "router",
+        False,
+        "role router is not an attention/FFN matrix",
+    )
     kernel = plan["model.layers.0.conv.weight"]  # not an expert stack, whatever the config
     assert (kernel.layout, kernel.input_dim, kernel.experts) == ("kernel", 1, 0)
 
@@ -181,12 +210,15 @@ def test_select_replaces_the_default_roles_like_param_filter():
 
 @pytest.mark.parametrize("option", ["include", "exclude"])
 def test_a_glob_that_matches_no_tensor_is_an_error_with_example_names(option):
-    gpt2 = {n.removeprefix("transformer."): (shape, "F32") for n, (shape, _) in FAMILIES["gpt2"].items()}
+    gpt2 = {
+        n.removeprefix("transformer."): (shape, "F32") for n, (shape, _) in FAMILIES["gpt2"].items()
+    }
     with pytest.raises(ConfigError) as e:
         plan_targets(gpt2, **{option: ["h.0.*", "nomatch*"]}, source="model.safetensors")
     assert str(e.value) == (
         f"--{option} 'nomatch*' matches no tensor in model.safetensors; tensor names look like: "
-        "h.0.attn.c_attn.weight, h.0.mlp.c_fc.weight, wte.weight")
+        "h.0.attn.c_attn.weight, h.0.mlp.c_fc.weight, wte.weight"
+    )
     # a glob that names tensors which can never be pruned is not "no match": prune reports that
     assert plan_targets(gpt2, **{option: ["*ln_1*"]}).targeted
 
@@ -206,16 +238,21 @@ def test_every_checkpoint_reader_refuses_a_glob_that_matches_nothing(tmp_path):
 
     src = _gpt2_files(tmp_path)
     calls = {
-        "prune": lambda **kw: prune_checkpoint(src, tmp_path / "o.st", PruneOptions(sparsity=0.5, **kw)),
+        "prune": lambda **kw: prune_checkpoint(
+            src, tmp_path / "o.st", PruneOptions(sparsity=0.5, **kw)
+        ),
         "report": lambda **kw: summarize(src, **kw),
         "flops": lambda **kw: flops_from_checkpoint(src, **kw),
         "simulate": lambda **kw: workload_from_checkpoint(src, 1e3, [(1, 1)], **kw),
     }
     for what, call in calls.items():
         for option in ("include", "exclude"):
-            with pytest.raises(ConfigError, match=rf"^--{option} 'nomatch\*' matches no tensor in "
-                                                  r"model\.safetensors; tensor names look like: "
-                                                  r"transformer\.h\.0\.attn\.c_attn\.weight, "):
+            with pytest.raises(
+                ConfigError,
+                match=rf"^--{option} 'nomatch\*' matches no tensor in "
+                r"model\.safetensors; tensor names look like: "
+                r"transformer\.h\.0\.attn\.c_attn\.weight, ",
+            ):
                 call(**{option: ("nomatch*",)})
         assert not (tmp_path / "o.st").exists(), what
     # and the same globs select the same tensors everywhere
@@ -223,16 +260,31 @@ def test_every_checkpoint_reader_refuses_a_glob_that_matches_nothing(tmp_path):
     pruned = prune_checkpoint(src, tmp_path / "o.st", PruneOptions(sparsity=0.5, **kw))
     reported = [t.name for t in summarize(src, **kw).tensors if t.targeted]
     simulated = [ly.name for ly in workload_from_checkpoint(src, 1e3, [(1, 1)], **kw).layers]
-    assert [t.name for t in pruned.tensors] == reported == simulated == [  # listing order
-        "transformer.wte.weight", "transformer.h.0.attn.c_attn.weight",
-        "transformer.h.0.attn.c_proj.weight", "transformer.h.0.mlp.c_fc.weight",
-        "transformer.h.0.mlp.c_proj.weight"]
+    assert (
+        [t.name for t in pruned.tensors]
+        == reported
+        == simulated
+        == [  # listing order
+            "transformer.wte.weight",
+            "transformer.h.0.attn.c_attn.weight",
+            "transformer.h.0.attn.c_proj.weight",
+            "transformer.h.0.mlp.c_fc.weight",
+            "transformer.h.0.mlp.c_proj.weight",
+        ]
+    )
 
 
-@pytest.mark.parametrize("opts", [
-    dict(sparsity=0.5), dict(fraction=0.5), dict(nm=(2, 4)), dict(sparsity=0.5, scope="global"),
-    dict(sparsity=0.5, encoding="bitmask"), dict(sparsity=0.5, distribution="erk"),
-])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(sparsity=0.5),
+        dict(fraction=0.5),
+        dict(nm=(2, 4)),
+        dict(sparsity=0.5, scope="global"),
+        dict(sparsity=0.5, encoding="bitmask"),
+        dict(sparsity=0.5, distribution="erk"),
+    ],
+)
 def test_prune_plans_the_targeting_once_per_checkpoint(tmp_path, monkeypatch, opts):
     """One plan per checkpoint: each tensor's role is read once, whatever the passes."""
     import sparsetool.ops.prune.plan as prune_mod
@@ -262,8 +314,9 @@ def test_prune_plans_the_targeting_once_per_checkpoint(tmp_path, monkeypatch, op
 def _corpus(root: Path) -> Path:
     root.mkdir(parents=True)
     for i in range(6):
-        (root / f"m{i}.py").write_text("".join(f"def f{j}(x):\n    return x + {i * j}\n"
-                                               for j in range(40)))
+        (root / f"m{i}.py").write_text(
+            "".join(f"def f{j}(x):\n    return x + {i * j}\n" for j in range(40))
+        )
     return root
 
 
@@ -273,14 +326,33 @@ def test_train_include_exclude_choose_the_sparse_matrices(tmp_path, one_thread):
     from sparsetool.train.configkeys import merge
     from sparsetool.train.loop import Trainer
 
-    base = {"data": str(_corpus(tmp_path / "data")), "preset": "tiny", "steps": 2,
-            "batch_size": 2, "warmup": 1, "eval_sequences": 2}
-    cfg = merge({"include": ["head.*"]}, {**base, "out": str(tmp_path / "run"), "sparsity": 0.5,
-                                          "exclude": ("blocks.1.*",), "include": ()})
+    base = {
+        "data": str(_corpus(tmp_path / "data")),
+        "preset": "tiny",
+        "steps": 2,
+        "batch_size": 2,
+        "warmup": 1,
+        "eval_sequences": 2,
+    }
+    cfg = merge(
+        {"include": ["head.*"]},
+        {
+            **base,
+            "out": str(tmp_path / "run"),
+            "sparsity": 0.5,
+            "exclude": ("blocks.1.*",),
+            "include": (),
+        },
+    )
     assert cfg.include == ("head.*",) and cfg.exclude == ("blocks.1.*",)
     trainer = Trainer(cfg)
-    want = ["blocks.0.attn.qkv.weight", "blocks.0.attn.proj.weight", "blocks.0.mlp.fc.weight",
-            "blocks.0.mlp.proj.weight", "head.weight"]
+    want = [
+        "blocks.0.attn.qkv.weight",
+        "blocks.0.attn.proj.weight",
+        "blocks.0.mlp.fc.weight",
+        "blocks.0.mlp.proj.weight",
+        "head.weight",
+    ]
     assert list(trainer.targets) == trainer.target_plan.targeted == want
     trainer.run()
     saved = load_file(tmp_path / "run" / "model.safetensors")
@@ -288,8 +360,11 @@ def test_train_include_exclude_choose_the_sparse_matrices(tmp_path, one_thread):
     for name in want:
         assert saved[name + "_mask"].float().mean().item() == 0.5
 
-    with pytest.raises(ConfigError, match=r"^--exclude 'blocks\.9\.\*' matches no tensor in the "
-                                          r"model; tensor names look like: blocks\.0\.attn\.qkv"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^--exclude 'blocks\.9\.\*' matches no tensor in the "
+        r"model; tensor names look like: blocks\.0\.attn\.qkv",
+    ):
         Trainer(merge({}, {**base, "out": str(tmp_path / "bad"), "exclude": ("blocks.9.*",)}))
     with pytest.raises(ConfigError, match="--include takes a glob or a list of globs"):
         merge({}, {**base, "out": str(tmp_path / "bad2"), "include": [3]})
@@ -300,6 +375,8 @@ def test_targets_import_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, sparsetool.targets; "
-            "sys.exit(1 if {'torch', 'numpy', 'typer', 'rich'} & set(sys.modules) else 0)")
+    code = (
+        "import sys, sparsetool.targets; "
+        "sys.exit(1 if {'torch', 'numpy', 'typer', 'rich'} & set(sys.modules) else 0)"
+    )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -34,17 +34,29 @@ class MLP(torch.nn.Module):
         return self.head(x)
 
 
-SPARSE = ["blocks.0.mlp.fc.weight", "blocks.0.mlp.proj.weight",
-          "blocks.1.mlp.fc.weight", "blocks.1.mlp.proj.weight"]
+SPARSE = [
+    "blocks.0.mlp.fc.weight",
+    "blocks.0.mlp.proj.weight",
+    "blocks.1.mlp.fc.weight",
+    "blocks.1.mlp.proj.weight",
+]
 
 CONFIGS = {
     "static": {"algorithm": "static", "sparsity": 0.75},
     "gmp": {"algorithm": "gmp", "sparsity": 0.75, "update": {"freq": 5, "start": 0, "stop": 30}},
     "set": {"algorithm": "set", "sparsity": 0.75, "update": {"freq": 5, "stop": 30}},
-    "rigl": {"algorithm": "rigl", "sparsity": 0.75, "drop_fraction": 0.5,
-             "update": {"freq": 5, "stop": 30}},
-    "granet": {"algorithm": "granet", "initial_sparsity": 0.5, "sparsity": 0.75,
-               "update": {"freq": 5, "start": 5, "stop": 30}},
+    "rigl": {
+        "algorithm": "rigl",
+        "sparsity": 0.75,
+        "drop_fraction": 0.5,
+        "update": {"freq": 5, "stop": 30},
+    },
+    "granet": {
+        "algorithm": "granet",
+        "initial_sparsity": 0.5,
+        "sparsity": 0.75,
+        "update": {"freq": 5, "start": 5, "stop": 30},
+    },
     "imp": {"algorithm": "imp", "sparsity": 0.75, "fraction": 0.3, "rewind_step": 2},
 }
 
@@ -268,8 +280,10 @@ def test_gmp_follows_the_cubic_and_is_exact_at_the_end_step():
                 assert int((~m).sum()) == round(s_t * numel[n])
     assert updated == [2, 9, 16, 23, 30]
     assert [round(sp.sparsity_at(t), 6) for t in (9, 16, 23)] == [
-        round(0.75 * (1 - (1 - 7 / 28) ** 3), 6), round(0.75 * (1 - 0.5**3), 6),
-        round(0.75 * (1 - 0.25**3), 6)]
+        round(0.75 * (1 - (1 - 7 / 28) ** 3), 6),
+        round(0.75 * (1 - 0.5**3), 6),
+        round(0.75 * (1 - 0.25**3), 6),
+    ]
     assert all(int((~m).sum()) == round(0.75 * numel[n]) for n, m in sp.masks.items())
 
 
@@ -345,7 +359,9 @@ def test_imp_every_round_ends_at_the_schedule_minimum(rounds, rewind):
     from sparsetool.train.recipe import lr_at
 
     cfg = TrainConfig(steps=1000, warmup=100, lr=1e-3, min_lr_ratio=0.1)
-    sp = build_sparsifier({"algorithm": "imp", "sparsity": 0.75, "rounds": rounds, "rewind_step": rewind})
+    sp = build_sparsifier(
+        {"algorithm": "imp", "sparsity": 0.75, "rounds": rounds, "rewind_step": rewind}
+    )
     net = MLP()
     sp.attach(net.named_parameters(), torch.optim.AdamW(net.parameters()), cfg.steps)
     n_rounds, period = sp.plan
@@ -437,8 +453,11 @@ def test_erk_distribution_keeps_the_total():
 def test_prune_further_prunes_init_masks_to_the_sparsity_and_never_revives():
     torch.manual_seed(0)
     net = MLP()
-    given = {n: torch.arange(p.numel()).reshape(p.shape) % 2 == 0
-             for n, p in net.named_parameters() if n in SPARSE}  # 50% sparse
+    given = {
+        n: torch.arange(p.numel()).reshape(p.shape) % 2 == 0
+        for n, p in net.named_parameters()
+        if n in SPARSE
+    }  # 50% sparse
     same = build_sparsifier({"algorithm": "static", "sparsity": 0.5})
     same.init_masks = given
     same.attach(net.named_parameters(), None, 10)

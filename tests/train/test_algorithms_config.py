@@ -54,18 +54,26 @@ sparsity:
 
 def zoo_params():
     g = torch.Generator().manual_seed(0)
-    names = ["gpt2_decoder.layers.0.self_attn.proj_q_dense_layer.weight",
-             "gpt2_decoder.layers.0.self_attn.proj_output_dense_layer.weight",
-             "gpt2_decoder.layers.0.ffn.ffn.0.linear_layer.weight",
-             "gpt2_decoder.layers.0.ffn.ffn.0.linear_layer.bias",
-             "embedding_layer.word_embeddings.weight"]
+    names = [
+        "gpt2_decoder.layers.0.self_attn.proj_q_dense_layer.weight",
+        "gpt2_decoder.layers.0.self_attn.proj_output_dense_layer.weight",
+        "gpt2_decoder.layers.0.ffn.ffn.0.linear_layer.weight",
+        "gpt2_decoder.layers.0.ffn.ffn.0.linear_layer.bias",
+        "embedding_layer.word_embeddings.weight",
+    ]
     shapes = [(16, 16), (16, 16), (32, 16), (32,), (50, 16)]
     return {n: torch.nn.Parameter(torch.randn(s, generator=g)) for n, s in zip(names, shapes)}
 
 
 def test_registry():
-    assert ALGORITHMS == {"static": Static, "gmp": GMP, "set": SET, "rigl": RigL,
-                          "granet": GraNet, "imp": IMP}
+    assert ALGORITHMS == {
+        "static": Static,
+        "gmp": GMP,
+        "set": SET,
+        "rigl": RigL,
+        "granet": GraNet,
+        "imp": IMP,
+    }
 
 
 def test_model_zoo_rigl_block():
@@ -83,7 +91,11 @@ def test_model_zoo_static_block_defaults_to_static():
     sp = build_sparsifier(yaml.safe_load(MODEL_ZOO_STATIC)["sparsity"])
     assert type(sp) is Static
     sp.attach(zoo_params(), None, 100)
-    assert [int(m.sum()) for m in sp.masks.values()] == [26, 26, 51]  # 256 - round(230.4), 512 - 461
+    assert [int(m.sum()) for m in sp.masks.values()] == [
+        26,
+        26,
+        51,
+    ]  # 256 - round(230.4), 512 - 461
 
 
 def test_flat_update_keys_and_schedule_alias():
@@ -111,11 +123,19 @@ def test_runs_under_400_steps_update_every_quarter_of_training():
 
 
 def test_gmp_and_granet_schedules():
-    g = build_sparsifier({"algorithm": "gmp", "sparsity": 0.8, "update": {"freq": 10, "start": 0, "stop": 100}})
+    g = build_sparsifier(
+        {"algorithm": "gmp", "sparsity": 0.8, "update": {"freq": 10, "start": 0, "stop": 100}}
+    )
     g.attach(zoo_params(), None, 200)
     assert g.schedules.sparsity == Polynomial(0.0, 0.8, 0, 100, 3)
-    gr = build_sparsifier({"algorithm": "granet", "init_sparsity": 0.5, "sparsity": 0.8,
-                           "update": {"freq": 10, "stop": 100}})
+    gr = build_sparsifier(
+        {
+            "algorithm": "granet",
+            "init_sparsity": 0.5,
+            "sparsity": 0.8,
+            "update": {"freq": 10, "stop": 100},
+        }
+    )
     gr.attach(zoo_params(), None, 200)
     assert gr.schedules.sparsity == Polynomial(0.5, 0.8, 10, 100, 3)
     assert gr.sparsity() == pytest.approx(0.5, abs=0.01)
@@ -124,12 +144,27 @@ def test_gmp_and_granet_schedules():
 @pytest.mark.parametrize(
     "config, message",
     [
-        ({"algorithm": "lottery"}, "unknown algorithm 'lottery'; valid: static, gmp, set, rigl, granet, imp"),
-        ({"algorithm": "static", "drop_fraction": 0.3}, "key 'drop_fraction' is not used by algorithm 'static'; valid keys: algorithm, distribution, init_method, param_filter, seed, sparsity"),
+        (
+            {"algorithm": "lottery"},
+            "unknown algorithm 'lottery'; valid: static, gmp, set, rigl, granet, imp",
+        ),
+        (
+            {"algorithm": "static", "drop_fraction": 0.3},
+            "key 'drop_fraction' is not used by algorithm 'static'; valid keys: algorithm, distribution, init_method, param_filter, seed, sparsity",
+        ),
         ({"algorithm": "static", "update": {"freq": 3}}, "static has no mask updates"),
-        ({"algorithm": "rigl", "update": {"every_other": 3}}, "unknown key 'every_other' in 'update'"),
-        ({"algorithm": "rigl", "sparsity": 1.5}, "sparsity must be a number from 0 to 1"),  # 1.0 now allowed
-        ({"algorithm": "rigl", "init_method": "snip"}, "init_method 'snip' is not known; valid: magnitude, random"),
+        (
+            {"algorithm": "rigl", "update": {"every_other": 3}},
+            "unknown key 'every_other' in 'update'",
+        ),
+        (
+            {"algorithm": "rigl", "sparsity": 1.5},
+            "sparsity must be a number from 0 to 1",
+        ),  # 1.0 now allowed
+        (
+            {"algorithm": "rigl", "init_method": "snip"},
+            "init_method 'snip' is not known; valid: magnitude, random",
+        ),
         ({"algorithm": "rigl", "distribution": "dense"}, "valid: erk, uniform"),
         ({"algorithm": "rigl", "drop_fraction": 2}, r"drop_fraction must be in \[0, 1\]"),
         ({"algorithm": "rigl", "seed": "x"}, "seed must be an integer"),
@@ -137,7 +172,10 @@ def test_gmp_and_granet_schedules():
         ({"algorithm": "rigl", "freq": 5, "update_freq": 6}, "given twice"),
         ({"algorithm": "imp"}, "give a target sparsity or a number of rounds"),
         ({"algorithm": "imp", "sparsity": 0.5, "fraction": 1.0}, r"fraction must be in \(0, 1\)"),
-        ({"algorithm": "gmp", "initial_sparsity": -0.1}, "initial_sparsity must be a number from 0 to 1"),
+        (
+            {"algorithm": "gmp", "initial_sparsity": -0.1},
+            "initial_sparsity must be a number from 0 to 1",
+        ),
         ({"algorithm": "rigl", "update": {"freq": 0}}, "freq must be >= 1"),
     ],
 )
@@ -151,27 +189,43 @@ def test_attach_errors():
         build_sparsifier({"param_filter": ["*nothing*"]}).attach(zoo_params(), None, 10)
     with pytest.raises(ConfigError, match="below initial_sparsity"):
         build_sparsifier({"algorithm": "gmp", "initial_sparsity": 0.5, "sparsity": 0.3}).attach(
-            zoo_params(), None, 1000)
+            zoo_params(), None, 1000
+        )
     with pytest.raises(ConfigError, match="must be after start"):
         build_sparsifier({"algorithm": "rigl", "update": {"freq": 100}}).attach(
-            zoo_params(), None, 50)  # default stop 37 < start 100
+            zoo_params(), None, 50
+        )  # default stop 37 < start 100
 
 
 def test_default_targets_with_a_ddp_prefix():
     g = torch.Generator().manual_seed(0)
-    names = ["module.blocks.0.attn.qkv.weight", "module.blocks.0.attn.proj.weight",
-             "module.blocks.0.mlp.fc.weight", "module.blocks.0.mlp.proj.weight",
-             "module.blocks.0.mlp.fc.bias", "module.wte.weight", "module.lm_head.weight"]
-    params = {n: torch.nn.Parameter(torch.randn(8, 8, generator=g) if n.endswith("weight")
-                                    else torch.randn(8, generator=g)) for n in names}
+    names = [
+        "module.blocks.0.attn.qkv.weight",
+        "module.blocks.0.attn.proj.weight",
+        "module.blocks.0.mlp.fc.weight",
+        "module.blocks.0.mlp.proj.weight",
+        "module.blocks.0.mlp.fc.bias",
+        "module.wte.weight",
+        "module.lm_head.weight",
+    ]
+    params = {
+        n: torch.nn.Parameter(
+            torch.randn(8, 8, generator=g) if n.endswith("weight") else torch.randn(8, generator=g)
+        )
+        for n in names
+    }
     sp = build_sparsifier({"sparsity": 0.5})
     sp.attach(params, None, 10)
     assert sorted(sp.masks) == sorted(names[:4])
 
 
 def test_step_generator_depends_on_all_three():
-    draws = {(s, t, i): torch.rand(4, generator=step_generator(s, t, i)).tolist()
-             for s in (0, 1) for t in (0, 1) for i in (0, 1)}
+    draws = {
+        (s, t, i): torch.rand(4, generator=step_generator(s, t, i)).tolist()
+        for s in (0, 1)
+        for t in (0, 1)
+        for i in (0, 1)
+    }
     assert len({tuple(v) for v in draws.values()}) == 8
     assert torch.rand(4, generator=step_generator(1, 1, 1)).tolist() == draws[(1, 1, 1)]
 
@@ -196,9 +250,15 @@ def _fake_model(shapes, seed):
 )
 def test_drop_and_grow_invariants(algo, shapes, sparsity, drop, seed):
     params = _fake_model(shapes, seed)
-    sp = build_sparsifier({"algorithm": algo, "sparsity": sparsity, "seed": seed,
-                           "drop_fraction": {"type": "constant", "value": drop},
-                           "update": {"freq": 1, "start": 0, "stop": 10}})
+    sp = build_sparsifier(
+        {
+            "algorithm": algo,
+            "sparsity": sparsity,
+            "seed": seed,
+            "drop_fraction": {"type": "constant", "value": drop},
+            "update": {"freq": 1, "start": 0, "stop": 10},
+        }
+    )
     sp.attach(params, None, 10)
     old = {n: m.clone() for n, m in sp.masks.items()}
     sp.before_step(0)
@@ -218,10 +278,26 @@ def test_equal_magnitudes_drop_the_higher_indices():
     w.grad = torch.zeros(4, 4)
     mask = torch.zeros(4, 4, dtype=torch.bool)
     mask[:2] = True  # 8 kept, all |w| = 1
-    sp = build_sparsifier({"algorithm": "rigl", "sparsity": 0.5, "drop_fraction": 0.25,
-                           "update": {"freq": 1, "start": 0, "stop": 10}})
+    sp = build_sparsifier(
+        {
+            "algorithm": "rigl",
+            "sparsity": 0.5,
+            "drop_fraction": 0.25,
+            "update": {"freq": 1, "start": 0, "stop": 10},
+        }
+    )
     sp.masks = {"blocks.0.mlp.fc.weight": mask}
     sp.attach({"blocks.0.mlp.fc.weight": w}, None, 10)
-    sp.before_step(0)  # drop round(0.25 * 1.0 * 8) = 2: flat 6 and 7; grow the two lowest pruned: 8, 9
+    sp.before_step(
+        0
+    )  # drop round(0.25 * 1.0 * 8) = 2: flat 6 and 7; grow the two lowest pruned: 8, 9
     assert torch.nonzero(sp.masks["blocks.0.mlp.fc.weight"].flatten()).flatten().tolist() == [
-        0, 1, 2, 3, 4, 5, 8, 9]
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+        8,
+        9,
+    ]

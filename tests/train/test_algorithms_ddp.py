@@ -29,9 +29,15 @@ def _worker(rank, world, init_file, out_dir):
         net = _net()
         ddp = torch.nn.parallel.DistributedDataParallel(net)
         opt = torch.optim.AdamW(net.parameters(), lr=3e-2)
-        sp = build_sparsifier({"algorithm": "rigl", "sparsity": 0.8, "drop_fraction": 0.5,
-                               "param_filter": ["fc.weight", "proj.weight"],
-                               "update": {"freq": 3, "stop": 12}})
+        sp = build_sparsifier(
+            {
+                "algorithm": "rigl",
+                "sparsity": 0.8,
+                "drop_fraction": 0.5,
+                "param_filter": ["fc.weight", "proj.weight"],
+                "update": {"freq": 3, "stop": 12},
+            }
+        )
         sp.attach(net.named_parameters(), opt, STEPS)
         # Each rank its own data and its own global-RNG history: only the all-reduced gradients
         # and the (seed, step) generators may drive the masks.
@@ -58,8 +64,13 @@ def _worker(rank, world, init_file, out_dir):
             sp.masks["fc.weight"] = ~sp.masks["fc.weight"]
         sp.broadcast_masks()
         w = dict(net.named_parameters())["fc.weight"].detach()
-        repaired = torch.equal(sp.masks["fc.weight"], rank0["fc.weight"]) and not w[~sp.masks["fc.weight"]].any()
-        torch.save({"agreed": agreed, "repaired": repaired}, os.path.join(out_dir, f"rank{rank}.pt"))
+        repaired = (
+            torch.equal(sp.masks["fc.weight"], rank0["fc.weight"])
+            and not w[~sp.masks["fc.weight"]].any()
+        )
+        torch.save(
+            {"agreed": agreed, "repaired": repaired}, os.path.join(out_dir, f"rank{rank}.pt")
+        )
     finally:
         dist.destroy_process_group()
     # The results are saved and the group is gone: leave without the interpreter's teardown, in
@@ -73,8 +84,13 @@ def _worker(rank, world, init_file, out_dir):
 @pytest.mark.slow
 def test_masks_identical_across_ranks_and_broadcast_repairs(tmp_path):
     # spawn, not fork: a forked child of a process whose OpenMP pool already ran can deadlock.
-    ctx = mp.start_processes(_worker, args=(2, str(tmp_path / "store"), str(tmp_path)), nprocs=2,
-                             join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        _worker,
+        args=(2, str(tmp_path / "store"), str(tmp_path)),
+        nprocs=2,
+        join=False,
+        start_method="spawn",
+    )
     deadline = time.monotonic() + 300
     while not ctx.join(timeout=5):
         if time.monotonic() > deadline:

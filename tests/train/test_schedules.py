@@ -28,7 +28,7 @@ def test_cosine_is_rigl_drop_fraction_decay():
     # Evci et al. 2020, Eq. 1: f(t) = alpha/2 * (1 + cos(pi t / T_end)); alpha = 0.3, T_end = 1000.
     f = Cosine(start=0.3, end=0.0, begin_step=0, end_step=1000)
     assert f(0) == 0.3
-    assert f(500) == pytest.approx(0.15, abs=1e-15)            # cos(pi/2) = 0
+    assert f(500) == pytest.approx(0.15, abs=1e-15)  # cos(pi/2) = 0
     assert f(250) == pytest.approx(0.15 * (1 + math.sqrt(0.5)))  # cos(pi/4) = 1/sqrt(2)
     assert f(750) == pytest.approx(0.15 * (1 - math.sqrt(0.5)))
     assert f(1000) == 0.0
@@ -48,9 +48,9 @@ def test_cubic_is_zhu_gupta_gmp():
     assert s(0) == 0.0 and s(100) == 0.0
     assert s(200) == pytest.approx(0.8 * (1 - 0.75**3))  # 0.4625
     assert s(200) == pytest.approx(0.4625)
-    assert s(300) == pytest.approx(0.7)                   # 0.8 - 0.8 * 0.125
-    assert s(400) == pytest.approx(0.8 - 0.8 / 64)        # 0.7875
-    assert s(500) == 0.8 and s(10_000) == 0.8              # exactly the final value at the end
+    assert s(300) == pytest.approx(0.7)  # 0.8 - 0.8 * 0.125
+    assert s(400) == pytest.approx(0.8 - 0.8 / 64)  # 0.7875
+    assert s(500) == 0.8 and s(10_000) == 0.8  # exactly the final value at the end
 
 
 def test_polynomial_sparse_to_sparse_and_other_power():
@@ -70,8 +70,12 @@ def test_periodic_window_excludes_stop():
 
 @pytest.mark.parametrize(
     "bad",
-    [lambda: Periodic(every=0), lambda: Cosine(1, 0, 5, 5), lambda: Polynomial(0, 1, 10, 3),
-     lambda: Polynomial(0, 1, 0, 10, power=0)],
+    [
+        lambda: Periodic(every=0),
+        lambda: Cosine(1, 0, 5, 5),
+        lambda: Polynomial(0, 1, 10, 3),
+        lambda: Polynomial(0, 1, 0, 10, power=0),
+    ],
 )
 def test_bad_arguments(bad):
     with pytest.raises(ConfigError):
@@ -100,7 +104,9 @@ def test_build_schedule_cubic_and_periodic_aliases():
 
 
 def test_build_schedule_errors_name_the_valid_choices():
-    with pytest.raises(ConfigError, match="valid types: constant, cosine, cubic, periodic, polynomial"):
+    with pytest.raises(
+        ConfigError, match="valid types: constant, cosine, cubic, periodic, polynomial"
+    ):
         build_schedule({"type": "exp"})
     with pytest.raises(ConfigError, match="unknown key 'gamma'.*valid keys"):
         build_schedule({"type": "cosine", "init": 0.3, "half_period": 10, "gamma": 2})
@@ -131,23 +137,28 @@ def test_wire_set_and_rigl_differ_only_in_the_drop_decay():
 
 
 def test_wire_ramp_ends_with_an_update_off_the_grid():
-    w = wire("gmp", 100, 0.8, updates=True, ramp_from=0.2, update_freq=7, update_start=3,
-             update_stop=40)
+    w = wire(
+        "gmp", 100, 0.8, updates=True, ramp_from=0.2, update_freq=7, update_start=3, update_stop=40
+    )
     assert w.sparsity == Polynomial(0.2, 0.8, 3, 40, 3)
     assert [t for t in range(100) if w.is_update_step(t)] == [3, 10, 17, 24, 31, 38, 40]
     assert w.drop_fraction(10) == 0.0  # no drop-and-grow
 
 
 def test_wire_cosine_drop_mapping_defaults_its_end_to_the_update_stop():
-    w = wire("set", 100, 0.5, updates=True, drop_fraction={"type": "cosine", "init": 0.5},
-             update_stop=60)
+    w = wire(
+        "set", 100, 0.5, updates=True, drop_fraction={"type": "cosine", "init": 0.5}, update_stop=60
+    )
     assert w.drop_fraction == Cosine(0.5, 0.0, 0, 60)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"update_start": 50, "update_stop": 50}, "stop (50) must be after start (50)"),
-    ({"ramp_from": 0.9}, "below initial_sparsity 0.9"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"update_start": 50, "update_stop": 50}, "stop (50) must be after start (50)"),
+        ({"ramp_from": 0.9}, "below initial_sparsity 0.9"),
+    ],
+)
 def test_wire_errors_name_the_algorithm(kwargs, message):
     with pytest.raises(ConfigError, match=re.escape(message)) as e:
         wire("granet", 100, 0.8, updates=True, **kwargs)

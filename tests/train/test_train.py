@@ -18,9 +18,28 @@ from helpers import run as cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
+
 def base_args(out: Path, data: Path, steps: int = 6) -> list[str]:
-    return ["train", "--out", str(out), "--data", str(data), "--preset", "tiny", "--steps", str(steps),
-            "--batch-size", "4", "--warmup", "2", "--eval-every", "3", "--seed", "0", "--json"]
+    return [
+        "train",
+        "--out",
+        str(out),
+        "--data",
+        str(data),
+        "--preset",
+        "tiny",
+        "--steps",
+        str(steps),
+        "--batch-size",
+        "4",
+        "--warmup",
+        "2",
+        "--eval-every",
+        "3",
+        "--seed",
+        "0",
+        "--json",
+    ]
 
 
 def run_cli(args: list[str]) -> dict:
@@ -30,8 +49,11 @@ def run_cli(args: list[str]) -> dict:
 
 
 def losses(run: Path) -> list[float]:
-    return [r["loss"] for r in map(json.loads, (run / "log.jsonl").read_text().splitlines())
-            if r["kind"] == "train"]
+    return [
+        r["loss"]
+        for r in map(json.loads, (run / "log.jsonl").read_text().splitlines())
+        if r["kind"] == "train"
+    ]
 
 
 def records(run: Path) -> list[dict]:
@@ -58,14 +80,20 @@ def test_seeded_static_run_matches_stored_losses(tmp_path, corpus):
 
 
 def test_checkpoint_is_mask_encoded_and_masked_weights_are_positive_zero(tmp_path, corpus):
-    run_cli(base_args(tmp_path / "run", corpus) + ["--algorithm", "rigl", "--sparsity", "0.75",
-                                                   "--update-freq", "2", "--update-stop", "5"])
+    run_cli(
+        base_args(tmp_path / "run", corpus)
+        + ["--algorithm", "rigl", "--sparsity", "0.75", "--update-freq", "2", "--update-stop", "5"]
+    )
     path = tmp_path / "run" / "model.safetensors"
     t = load_file(path)
     with safe_open(path, "pt") as f:
         meta = json.loads(f.metadata()["sparsetool"])
     assert meta["encoding"] == "mask" and meta["model"]["n_head"] == 2 and meta["step"] == 6
-    targeted = [n for n in t if n.endswith(("qkv.weight", "attn.proj.weight", "fc.weight", "mlp.proj.weight"))]
+    targeted = [
+        n
+        for n in t
+        if n.endswith(("qkv.weight", "attn.proj.weight", "fc.weight", "mlp.proj.weight"))
+    ]
     assert len(targeted) == 8
     for n in targeted:
         m = t[n + "_mask"]
@@ -78,8 +106,18 @@ def test_checkpoint_is_mask_encoded_and_masked_weights_are_positive_zero(tmp_pat
 
 
 def test_resume_equals_uninterrupted_run(tmp_path, corpus):
-    args = ["--algorithm", "rigl", "--sparsity", "0.8", "--update-freq", "2", "--update-stop", "7",
-            "--grad-accum", "2"]
+    args = [
+        "--algorithm",
+        "rigl",
+        "--sparsity",
+        "0.8",
+        "--update-freq",
+        "2",
+        "--update-stop",
+        "7",
+        "--grad-accum",
+        "2",
+    ]
     full = tmp_path / "full"
     run_cli(base_args(full, corpus, steps=8) + args)
     part = tmp_path / "part"
@@ -88,8 +126,14 @@ def test_resume_equals_uninterrupted_run(tmp_path, corpus):
     state = json.loads((part / "checkpoints" / "step-000004" / "state.json").read_text())
     assert state["step"] == 4 and state["data_position"] == 4 * 4 * 2
     run_cli(["train", "--out", str(part), "--resume", "--json"])
-    strip = [{k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")} for r in records(full)]
-    assert [{k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")} for r in records(part)] == strip
+    strip = [
+        {k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")}
+        for r in records(full)
+    ]
+    assert [
+        {k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")}
+        for r in records(part)
+    ] == strip
     a, b = load_file(full / "model.safetensors"), load_file(part / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -103,8 +147,10 @@ def test_resume_refuses_a_changed_option(tmp_path, corpus):
 def test_init_from_mask_checkpoint_keeps_masks(tmp_path, corpus):
     run_cli(base_args(tmp_path / "pre", corpus) + ["--algorithm", "static", "--sparsity", "0.75"])
     pre = load_file(tmp_path / "pre" / "model.safetensors")
-    summary = run_cli(base_args(tmp_path / "ft", corpus, steps=3)
-                      + ["--init", str(tmp_path / "pre" / "model.safetensors")])
+    summary = run_cli(
+        base_args(tmp_path / "ft", corpus, steps=3)
+        + ["--init", str(tmp_path / "pre" / "model.safetensors")]
+    )
     assert summary["sparsity"] == pytest.approx(0.75, abs=1e-3)
     ft = load_file(tmp_path / "ft" / "model.safetensors")
     masks = [n for n in pre if n.endswith("_mask")]
@@ -120,8 +166,16 @@ def test_init_from_mask_checkpoint_keeps_masks(tmp_path, corpus):
 def test_init_accepts_a_checkpoint_pruned_by_sparsetool_prune(tmp_path, corpus, encoding):
     run_cli(base_args(tmp_path / "dense", corpus))
     pruned = tmp_path / "pruned.safetensors"
-    result = cli("prune", str(tmp_path / "dense" / "model.safetensors"), "-o",
-                 str(pruned), "--sparsity", "0.5", "--encoding", encoding)
+    result = cli(
+        "prune",
+        str(tmp_path / "dense" / "model.safetensors"),
+        "-o",
+        str(pruned),
+        "--sparsity",
+        "0.5",
+        "--encoding",
+        encoding,
+    )
     assert result.exit_code == 0, result.output
     kept = {}
     from sparsetool.checkpoint import open_checkpoint
@@ -143,9 +197,19 @@ def test_init_accepts_a_checkpoint_pruned_by_sparsetool_prune(tmp_path, corpus, 
 def test_dense_init_revives_pruned_weights_at_zero(tmp_path, corpus):
     run_cli(base_args(tmp_path / "pre", corpus) + ["--algorithm", "static", "--sparsity", "0.75"])
     pre = load_file(tmp_path / "pre" / "model.safetensors")
-    cfg = merge({}, {"out": str(tmp_path / "ft"), "data": str(corpus), "preset": "tiny", "steps": 2,
-                     "batch_size": 4, "warmup": 1, "init": str(tmp_path / "pre" / "model.safetensors"),
-                     "dense": True})
+    cfg = merge(
+        {},
+        {
+            "out": str(tmp_path / "ft"),
+            "data": str(corpus),
+            "preset": "tiny",
+            "steps": 2,
+            "batch_size": 4,
+            "warmup": 1,
+            "init": str(tmp_path / "pre" / "model.safetensors"),
+            "dense": True,
+        },
+    )
     trainer = Trainer(cfg)
     name = "blocks.0.mlp.fc.weight"
     mask = pre[name + "_mask"]
@@ -159,7 +223,9 @@ def test_dense_init_revives_pruned_weights_at_zero(tmp_path, corpus):
 
 
 def test_variable_spdf_stages_switch_from_sparse_to_dense(tmp_path, corpus):
-    run_cli(base_args(tmp_path / "run", corpus, steps=8) + ["--stage", "0.9:0.5", "--stage", "0:0.5"])
+    run_cli(
+        base_args(tmp_path / "run", corpus, steps=8) + ["--stage", "0.9:0.5", "--stage", "0:0.5"]
+    )
     recs = records(tmp_path / "run")
     sp = {r["step"]: r["sparsity"] for r in recs if r["kind"] == "train"}
     assert all(abs(sp[s] - 0.9) < 1e-3 for s in range(1, 5))
@@ -198,13 +264,16 @@ def test_human_output_has_summary(tmp_path, corpus):
 
 # Usage errors (exit 2; before the one-vocabulary change these exited 1, and --sparsity refused
 # 1.0 in train only: now 0 <= S <= 1 everywhere).
-@pytest.mark.parametrize("extra, message", [
-    (["--stage", "0.9:0.5"], "add up to 1"),
-    (["--dense"], "--dense needs --init"),
-    (["--algorithm", "nope"], "'nope' is not one of"),
-    (["--sparsity", "1.5"], "--sparsity must be a number from 0 to 1"),
-    (["--preset", "huge"], "'huge' is not one of"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--stage", "0.9:0.5"], "add up to 1"),
+        (["--dense"], "--dense needs --init"),
+        (["--algorithm", "nope"], "'nope' is not one of"),
+        (["--sparsity", "1.5"], "--sparsity must be a number from 0 to 1"),
+        (["--preset", "huge"], "'huge' is not one of"),
+    ],
+)
 def test_bad_options_fail_cleanly_without_output(tmp_path, corpus, extra, message):
     out = tmp_path / "run"
     result = cli(*base_args(out, corpus), *extra)
@@ -230,8 +299,18 @@ def test_config_file_with_model_zoo_sparsity_block(tmp_path, corpus):
         "  update: {freq: 2, start: 2, stop: 3}\n  drop_fraction: 0.25\n"
         "  param_filter: ['*mlp*']\n"
     )
-    summary = run_cli(["train", "--config", str(cfg_file), "--out", str(tmp_path / "run"), "--steps", "3",
-                       "--json"])
+    summary = run_cli(
+        [
+            "train",
+            "--config",
+            str(cfg_file),
+            "--out",
+            str(tmp_path / "run"),
+            "--steps",
+            "3",
+            "--json",
+        ]
+    )
     assert summary["steps"] == 3  # the flag overrides the file
     stored = json.loads((tmp_path / "run" / "run.json").read_text())["config"]
     assert stored["algorithm"] == "rigl" and stored["sparsity"] == 0.6
@@ -242,15 +321,29 @@ def test_config_file_with_model_zoo_sparsity_block(tmp_path, corpus):
 
 def test_toml_config_file(tmp_path, corpus):
     cfg_file = tmp_path / "run.toml"
-    cfg_file.write_text(f'preset = "tiny"\nsteps = 2\nbatch_size = 4\ndata = "{corpus}"\n'
-                        'stages = ["0.5:0.5", "0:0.5"]\n')
+    cfg_file.write_text(
+        f'preset = "tiny"\nsteps = 2\nbatch_size = 4\ndata = "{corpus}"\n'
+        'stages = ["0.5:0.5", "0:0.5"]\n'
+    )
     run_cli(["train", "--config", str(cfg_file), "--out", str(tmp_path / "run"), "--json"])
-    assert json.loads((tmp_path / "run" / "run.json").read_text())["config"]["stages"] == [[0.5, 0.5], [0.0, 0.5]]
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["config"]["stages"] == [
+        [0.5, 0.5],
+        [0.0, 0.5],
+    ]
 
 
 def test_library_call_returns_summary(tmp_path, corpus):
-    cfg = merge({}, {"out": str(tmp_path / "run"), "data": str(corpus), "preset": "tiny", "steps": 2,
-                     "batch_size": 2, "warmup": 1})
+    cfg = merge(
+        {},
+        {
+            "out": str(tmp_path / "run"),
+            "data": str(corpus),
+            "preset": "tiny",
+            "steps": 2,
+            "batch_size": 2,
+            "warmup": 1,
+        },
+    )
     seen = []
     summary = train(cfg, callback=lambda kind, info: seen.append(kind))
     assert seen[0] == "start" and seen[-1] == "end" and seen.count("step") == 2
@@ -261,15 +354,23 @@ def test_library_call_returns_summary(tmp_path, corpus):
 def test_interrupt_names_the_checkpoint_and_resume_still_matches(tmp_path, corpus):
     from sparsetool.errors import SparsetoolError
 
-    opts = {"data": str(corpus), "preset": "tiny", "steps": 6, "batch_size": 4, "warmup": 2,
-            "save_every": 2}
+    opts = {
+        "data": str(corpus),
+        "preset": "tiny",
+        "steps": 6,
+        "batch_size": 4,
+        "warmup": 2,
+        "save_every": 2,
+    }
     full = train(merge({}, {"out": str(tmp_path / "full"), **opts}))
 
     def interrupt(kind, info):
         if kind == "step" and info["step"] == 3:
             raise KeyboardInterrupt
 
-    with pytest.raises(SparsetoolError, match=r"interrupted during step 3; .*step-000002.*--resume"):
+    with pytest.raises(
+        SparsetoolError, match=r"interrupted during step 3; .*step-000002.*--resume"
+    ):
         train(merge({}, {"out": str(tmp_path / "part"), **opts}), callback=interrupt)
     resumed = train(TrainConfig(out=str(tmp_path / "part")), resume=True)
     assert resumed["loss"] == full["loss"] and resumed["val_loss"] == full["val_loss"]
@@ -278,8 +379,13 @@ def test_interrupt_names_the_checkpoint_and_resume_still_matches(tmp_path, corpu
 
 def test_init_refuses_a_shape_flag_that_disagrees(tmp_path, corpus):
     run_cli(base_args(tmp_path / "pre", corpus, steps=1))
-    result = cli(*base_args(tmp_path / "ft", corpus),
-                 "--init", str(tmp_path / "pre" / "model.safetensors"), "--d-model", "64")
+    result = cli(
+        *base_args(tmp_path / "ft", corpus),
+        "--init",
+        str(tmp_path / "pre" / "model.safetensors"),
+        "--d-model",
+        "64",
+    )
     assert result.exit_code == 1 and "--d-model 64 disagrees" in result.stderr
     assert not (tmp_path / "ft").exists()
 
@@ -293,9 +399,11 @@ def test_model_zoo_block_spellings_map_to_options(tmp_path):
     from sparsetool.train.configkeys import read_config_file
 
     f = tmp_path / "c.yaml"
-    f.write_text("sparsity:\n  type: gmp\n  init_sparsity: 0.0\n"
-                 "  sparsity: {type: cubic, init: 0.0, end: 0.8}\n"
-                 "  schedule: {freq: 10, start: 5, stop: 50}\n  param_name_patterns: '*fc*'\n")
+    f.write_text(
+        "sparsity:\n  type: gmp\n  init_sparsity: 0.0\n"
+        "  sparsity: {type: cubic, init: 0.0, end: 0.8}\n"
+        "  schedule: {freq: 10, start: 5, stop: 50}\n  param_name_patterns: '*fc*'\n"
+    )
     got = read_config_file(f)
     assert got["algorithm"] == "gmp" and got["initial_sparsity"] == 0.0
     assert got["sparsity"] == {"type": "cubic", "init": 0.0, "end": 0.8}  # a schedule, passed on
@@ -307,7 +415,10 @@ def test_model_zoo_block_spellings_map_to_options(tmp_path):
 
 
 def test_resume_does_not_need_the_init_checkpoint_any_more(tmp_path, corpus):
-    run_cli(base_args(tmp_path / "pre", corpus, steps=2) + ["--algorithm", "static", "--sparsity", "0.5"])
+    run_cli(
+        base_args(tmp_path / "pre", corpus, steps=2)
+        + ["--algorithm", "static", "--sparsity", "0.5"]
+    )
     init = tmp_path / "pre" / "model.safetensors"
     full = run_cli(base_args(tmp_path / "full", corpus, steps=4) + ["--init", str(init)])
     run_cli(base_args(tmp_path / "part", corpus, steps=4) + ["--init", str(init), "--stop-at", "2"])
@@ -320,12 +431,29 @@ def test_init_from_a_pruned_file_keeps_the_model_shape(tmp_path, corpus):
     """prune keeps train's metadata under "history"; --init must still find the head count."""
     run_cli(base_args(tmp_path / "pre", corpus, steps=2))
     pruned = tmp_path / "pruned.safetensors"
-    result = cli("prune", str(tmp_path / "pre" / "model.safetensors"), "-o",
-                 str(pruned), "--sparsity", "0.8")
+    result = cli(
+        "prune", str(tmp_path / "pre" / "model.safetensors"), "-o", str(pruned), "--sparsity", "0.8"
+    )
     assert result.exit_code == 0, result.output
     # no --preset: every shape setting must come from the checkpoint
-    run_cli(["train", "--out", str(tmp_path / "ft"), "--data", str(corpus), "--steps", "2",
-             "--batch-size", "4", "--warmup", "1", "--json", "--init", str(pruned)])
+    run_cli(
+        [
+            "train",
+            "--out",
+            str(tmp_path / "ft"),
+            "--data",
+            str(corpus),
+            "--steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--warmup",
+            "1",
+            "--json",
+            "--init",
+            str(pruned),
+        ]
+    )
     pre = json.loads((tmp_path / "pre" / "config.json").read_text())
     ft = json.loads((tmp_path / "ft" / "config.json").read_text())
     for key in ("n_layer", "n_head", "d_model", "context"):
@@ -335,8 +463,14 @@ def test_init_from_a_pruned_file_keeps_the_model_shape(tmp_path, corpus):
 def test_a_run_stopped_before_its_first_checkpoint_can_start_again(tmp_path, corpus):
     from sparsetool.errors import SparsetoolError
 
-    opts = {"data": str(corpus), "preset": "tiny", "steps": 4, "batch_size": 4, "warmup": 1,
-            "save_every": 100}
+    opts = {
+        "data": str(corpus),
+        "preset": "tiny",
+        "steps": 4,
+        "batch_size": 4,
+        "warmup": 1,
+        "save_every": 100,
+    }
 
     def interrupt(kind, info):
         if kind == "step" and info["step"] == 1:

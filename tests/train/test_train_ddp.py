@@ -14,8 +14,25 @@ from safetensors.torch import load_file
 
 from helpers import make_corpus
 
-ARGS = ["--preset", "tiny", "--steps", "6", "--warmup", "2", "--eval-every", "3", "--algorithm", "rigl",
-        "--sparsity", "0.75", "--update-freq", "2", "--update-stop", "5", "--json"]
+ARGS = [
+    "--preset",
+    "tiny",
+    "--steps",
+    "6",
+    "--warmup",
+    "2",
+    "--eval-every",
+    "3",
+    "--algorithm",
+    "rigl",
+    "--sparsity",
+    "0.75",
+    "--update-freq",
+    "2",
+    "--update-stop",
+    "5",
+    "--json",
+]
 
 
 def _env() -> dict:
@@ -31,9 +48,28 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     data = make_corpus(tmp_path / "corpus")
     two, one = tmp_path / "two", tmp_path / "one"
     ddp = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "sparsetool", "train", "--out", str(two), "--data", str(data), "--batch-size", "2", *ARGS],
-        capture_output=True, text=True, env=_env(), timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "sparsetool",
+            "train",
+            "--out",
+            str(two),
+            "--data",
+            str(data),
+            "--batch-size",
+            "2",
+            *ARGS,
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
     )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     summary = json.loads(ddp.stdout)  # only rank 0 prints
@@ -41,9 +77,23 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     assert summary["masks_identical_across_ranks"] is True
     assert summary["mask_updates_that_diverged"] == 0
     single = subprocess.run(
-        [sys.executable, "-m", "sparsetool", "train", "--out", str(one), "--data", str(data),
-         "--batch-size", "4", *ARGS],
-        capture_output=True, text=True, env=_env(), timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "sparsetool",
+            "train",
+            "--out",
+            str(one),
+            "--data",
+            str(data),
+            "--batch-size",
+            "4",
+            *ARGS,
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
     )
     assert single.returncode == 0, single.stderr[-3000:]
 

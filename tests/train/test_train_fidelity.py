@@ -21,8 +21,12 @@ from helpers import run as cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
-SHAPES = {"blocks.0.mlp.fc.weight": (32, 16), "blocks.0.mlp.proj.weight": (16, 32),
-          "blocks.1.mlp.fc.weight": (48, 16), "blocks.1.mlp.proj.weight": (16, 48)}
+SHAPES = {
+    "blocks.0.mlp.fc.weight": (32, 16),
+    "blocks.0.mlp.proj.weight": (16, 32),
+    "blocks.1.mlp.fc.weight": (48, 16),
+    "blocks.1.mlp.proj.weight": (16, 48),
+}
 
 
 def params(seed: int = 0, spread: bool = False) -> dict[str, torch.nn.Parameter]:
@@ -75,9 +79,17 @@ def test_resolved_settings_have_no_missing_defaults():
     sp = build_sparsifier({"algorithm": "rigl", "sparsity": 0.75})
     sp.attach(params(), None, 600, warmup=100)
     got = sp.resolved()
-    assert got == {"algorithm": "rigl", "distribution": "uniform", "init_method": "random",
-                   "sparsity": 0.75, "update_freq": 100, "update_start": 100, "update_stop": 450,
-                   "drop_fraction": 0.3, "drop_decay": "cosine to 0 at step 450"}
+    assert got == {
+        "algorithm": "rigl",
+        "distribution": "uniform",
+        "init_method": "random",
+        "sparsity": 0.75,
+        "update_freq": 100,
+        "update_start": 100,
+        "update_stop": 450,
+        "drop_fraction": 0.3,
+        "drop_decay": "cosine to 0 at step 450",
+    }
 
 
 # ---------------------------------------------------------------- mask-update events
@@ -85,8 +97,14 @@ def test_resolved_settings_have_no_missing_defaults():
 
 def test_update_event_counts_drops_grows_and_survivors():
     ps = params()
-    sp = build_sparsifier({"algorithm": "rigl", "sparsity": 0.75, "drop_fraction": 0.4,
-                           "update": {"freq": 2, "start": 2, "stop": 9}})
+    sp = build_sparsifier(
+        {
+            "algorithm": "rigl",
+            "sparsity": 0.75,
+            "drop_fraction": 0.4,
+            "update": {"freq": 2, "start": 2, "stop": 9},
+        }
+    )
     sp.attach(ps, None, 10)
     gen = torch.Generator().manual_seed(1)
     events, grown_at = [], {}
@@ -97,7 +115,9 @@ def test_update_event_counts_drops_grows_and_survivors():
             ev = dict(sp.last_event)
             grown = {n: sp.masks[n] & ~before[n] for n in before}
             dropped = sum(int((before[n] & ~sp.masks[n]).sum()) for n in before)
-            assert ev["dropped"] == dropped and ev["grown"] == sum(int(g.sum()) for g in grown.values())
+            assert ev["dropped"] == dropped and ev["grown"] == sum(
+                int(g.sum()) for g in grown.values()
+            )
             assert ev["grown"] > 0 and ev["algorithm"] == "rigl"
             assert ev["drop_fraction"] == pytest.approx(sp.drop_fraction_at(step), abs=1e-6)
             if grown_at:
@@ -135,8 +155,14 @@ def test_survival_counts_carry_over_a_state_dict_round_trip():
 
 def test_granet_prunes_with_one_global_magnitude_threshold():
     ps = params(spread=True)
-    sp = build_sparsifier({"algorithm": "granet", "sparsity": 0.8, "drop_fraction": 0.0,
-                           "update": {"freq": 2, "start": 2, "stop": 8}})
+    sp = build_sparsifier(
+        {
+            "algorithm": "granet",
+            "sparsity": 0.8,
+            "drop_fraction": 0.0,
+            "update": {"freq": 2, "start": 2, "stop": 8},
+        }
+    )
     sp.attach(ps, None, 12)
     gen = torch.Generator().manual_seed(3)
     checked = 0
@@ -147,8 +173,9 @@ def test_granet_prunes_with_one_global_magnitude_threshold():
             names = list(ps)
             before = [sp.masks[n].clone() for n in names]
             target = sum(sp.keep_counts(sp.sparsity_at(step)).values())
-            expected = global_magnitude_masks([ps[n].detach() for n in names], keep=target,
-                                              existing=before)
+            expected = global_magnitude_masks(
+                [ps[n].detach() for n in names], keep=target, existing=before
+            )
             sp.before_step(step)
             assert all(torch.equal(sp.masks[n], e) for n, e in zip(names, expected))
             checked += 1
@@ -167,8 +194,14 @@ def test_granet_prunes_with_one_global_magnitude_threshold():
 
 def test_granet_layer_scope_prunes_each_tensor_to_its_own_count():
     ps = params(spread=True)
-    sp = build_sparsifier({"algorithm": "granet", "sparsity": 0.8, "scope": "layer",
-                           "update": {"freq": 2, "start": 2, "stop": 8}})
+    sp = build_sparsifier(
+        {
+            "algorithm": "granet",
+            "sparsity": 0.8,
+            "scope": "layer",
+            "update": {"freq": 2, "start": 2, "stop": 8},
+        }
+    )
     sp.attach(ps, None, 12)
     gen = torch.Generator().manual_seed(3)
     for step in range(9):
@@ -179,8 +212,14 @@ def test_granet_layer_scope_prunes_each_tensor_to_its_own_count():
 @pytest.mark.parametrize("scope", ["global", "layer"])
 def test_granet_keeps_regrowing_after_the_ramp(scope):
     ps = params()
-    sp = build_sparsifier({"algorithm": "granet", "sparsity": 0.8, "scope": scope,
-                           "update": {"freq": 2, "start": 2, "stop": 8}})
+    sp = build_sparsifier(
+        {
+            "algorithm": "granet",
+            "sparsity": 0.8,
+            "scope": scope,
+            "update": {"freq": 2, "start": 2, "stop": 8},
+        }
+    )
     sp.attach(ps, None, 16)
     gen = torch.Generator().manual_seed(3)
     late = []
@@ -215,8 +254,26 @@ def make_corpus(root: Path) -> Path:
 
 
 def train_args(out: Path, data: Path, steps: int, *extra: str) -> list[str]:
-    return ["train", "-o", str(out), "--data", str(data), "--preset", "tiny", "--steps", str(steps),
-            "--batch-size", "2", "--warmup", "2", "--eval-every", "100", "--seed", "0", *extra]
+    return [
+        "train",
+        "-o",
+        str(out),
+        "--data",
+        str(data),
+        "--preset",
+        "tiny",
+        "--steps",
+        str(steps),
+        "--batch-size",
+        "2",
+        "--warmup",
+        "2",
+        "--eval-every",
+        "100",
+        "--seed",
+        "0",
+        *extra,
+    ]
 
 
 def test_a_run_logs_every_mask_update_and_records_resolved_settings(tmp_path):
@@ -228,8 +285,16 @@ def test_a_run_logs_every_mask_update_and_records_resolved_settings(tmp_path):
     events = [r for r in recs if r["kind"] == "mask_update"]
     # 12 steps: interval 12 // 4 = 3, after the 2-step warm-up, until 75% (step 9)
     assert [e["step"] for e in events] == [4, 7]  # 0-based update steps 3 and 6, logged 1-based
-    assert set(events[0]) == {"kind", "step", "algorithm", "dropped", "grown", "drop_fraction",
-                              "grown_survived", "sparsity"}
+    assert set(events[0]) == {
+        "kind",
+        "step",
+        "algorithm",
+        "dropped",
+        "grown",
+        "drop_fraction",
+        "grown_survived",
+        "sparsity",
+    }
     assert events[0]["grown_survived"] is None and 0 <= events[1]["grown_survived"] <= 1
     assert all(e["dropped"] == e["grown"] > 0 for e in events)
     with (run / "log.csv").open() as fh:
@@ -237,19 +302,26 @@ def test_a_run_logs_every_mask_update_and_records_resolved_settings(tmp_path):
     assert int(rows[4]["mask_grown"]) == events[0]["grown"] and rows[5]["mask_grown"] == ""
     assert float(rows[7]["grown_survived"]) == events[1]["grown_survived"]
     saved = json.loads((run / "run.json").read_text())["sparse_training"]["1"]
-    assert {k: saved[k] for k in ("update_freq", "update_start", "update_stop", "drop_fraction")} \
-        == {"update_freq": 3, "update_start": 3, "update_stop": 9, "drop_fraction": 0.3}
+    assert {
+        k: saved[k] for k in ("update_freq", "update_start", "update_stop", "drop_fraction")
+    } == {"update_freq": 3, "update_start": 3, "update_stop": 9, "drop_fraction": 0.3}
     assert None not in saved.values()
 
 
 def test_the_start_of_a_run_prints_the_resolved_settings(tmp_path):
     data = make_corpus(tmp_path / "data")
-    result = cli(*train_args(tmp_path / "run", data, 8, "--algorithm", "granet", "--sparsity", "0.5"))
+    result = cli(
+        *train_args(tmp_path / "run", data, 8, "--algorithm", "granet", "--sparsity", "0.5")
+    )
     assert result.exit_code == 0, result.output
-    assert "sparse training: granet, sparsity 0% -> 50% (uniform, global pruning), random initial mask" \
+    assert (
+        "sparse training: granet, sparsity 0% -> 50% (uniform, global pruning), random initial mask"
         in result.stdout
-    assert "mask updates: every 2 steps from step 2 until step 6, then drop-and-grow until step 8; " \
+    )
+    assert (
+        "mask updates: every 2 steps from step 2 until step 6, then drop-and-grow until step 8; "
         "drop fraction 0.3, cosine to 0 at step 8" in result.stdout
+    )
 
 
 def test_stage_numbers_agree_between_log_console_and_plot(tmp_path, monkeypatch):
@@ -259,11 +331,15 @@ def test_stage_numbers_agree_between_log_console_and_plot(tmp_path, monkeypatch)
     monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))
     data = make_corpus(tmp_path / "data")
     run = tmp_path / "rigl"
-    result = cli(*train_args(run, data, 8, "--algorithm", "rigl", "--stage", "0.75:0.5",
-                             "--stage", "0:0.5"))
+    result = cli(
+        *train_args(run, data, 8, "--algorithm", "rigl", "--stage", "0.75:0.5", "--stage", "0:0.5")
+    )
     assert result.exit_code == 0, result.output
-    stage = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()
-             if '"stage"' in line]
+    stage = [
+        json.loads(line)
+        for line in (run / "log.jsonl").read_text().splitlines()
+        if '"stage"' in line
+    ]
     assert [r["stage"] for r in stage] == [2]
     assert "step 4: stage 2, sparsity now 0.0%" in result.stdout
     ax = figures[-1].axes[0]
@@ -276,7 +352,9 @@ def test_title_names_the_algorithm_once_with_its_sparsity():
     from sparsetool.train.config import TrainConfig
     from sparsetool.train.rundir import title
 
-    got = title(TrainConfig(algorithm="rigl", sparsity=0.75, steps=600), Path("runs/rigl"), 4, 128, True)
+    got = title(
+        TrainConfig(algorithm="rigl", sparsity=0.75, steps=600), Path("runs/rigl"), 4, 128, True
+    )
     assert got == "rigl, sparsity 75%, 4L d128, 600 steps (run rigl)"
 
 
@@ -307,8 +385,11 @@ def test_a_resumed_run_logs_the_same_mask_updates(tmp_path):
     assert result.exit_code == 0, result.output
 
     def events(run):
-        return [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()
-                if '"mask_update"' in line]
+        return [
+            json.loads(line)
+            for line in (run / "log.jsonl").read_text().splitlines()
+            if '"mask_update"' in line
+        ]
 
     full = events(tmp_path / "full")
     assert [e["step"] for e in full] == [3, 5, 7, 9, 11]  # set updates until the end

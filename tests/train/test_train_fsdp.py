@@ -37,8 +37,19 @@ ALGORITHMS = {  # job name -> its settings beyond COMMON
     "spdf": dict(dense=True),  # init: the pre-trained sparse checkpoint, set below
     "vspdf": dict(stages=[(0.75, 0.5), (0.0, 0.5)], init_method="magnitude"),
 }
-HF = dict(steps=12, warmup=2, eval_every=6, save_every=6, lr=3e-3, seed=0, context=32,
-          algorithm="rigl", sparsity=0.5, update_freq=4, update_stop=10)
+HF = dict(
+    steps=12,
+    warmup=2,
+    eval_every=6,
+    save_every=6,
+    lr=3e-3,
+    seed=0,
+    context=32,
+    algorithm="rigl",
+    sparsity=0.5,
+    update_freq=4,
+    update_stop=10,
+)
 PER_RANK, WORLD = 2, 2
 
 
@@ -60,8 +71,17 @@ def runs(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("fsdp")
     data = str(make_corpus(root / "corpus"))
     # the sparse checkpoint SPDF densifies: a short static run on one process
-    train(validate(TrainConfig(out=str(root / "pre"), data=data, algorithm="static", sparsity=0.75,
-                               **{**COMMON, "steps": 4, "eval_every": 4})))
+    train(
+        validate(
+            TrainConfig(
+                out=str(root / "pre"),
+                data=data,
+                algorithm="static",
+                sparsity=0.75,
+                **{**COMMON, "steps": 4, "eval_every": 4},
+            )
+        )
+    )
     init = str(root / "pre" / "model.safetensors")
     text = make_text(600)
     (root / "text.txt").write_text(text)
@@ -73,29 +93,60 @@ def runs(tmp_path_factory) -> dict:
         settings = {**COMMON, "data": data, **ALGORITHMS.get(name, {}), **kw}
         if name == "spdf":
             settings["init"] = init
-        return {**settings, "out": str(root / f"{name}-{world}"),
-                "batch_size": PER_RANK * WORLD // world}
+        return {
+            **settings,
+            "out": str(root / f"{name}-{world}"),
+            "batch_size": PER_RANK * WORLD // world,
+        }
 
     hf_job = {**HF, "data": str(root / "text.txt"), "init": str(root / "llama")}
     jobs = [dict(job(name, WORLD), distributed="fsdp") for name in ALGORITHMS]
-    jobs += [dict(job("rigl", WORLD), distributed="fsdp", stop_at=7, out=str(root / f"stop-{x}"))
-             for x in ("a", "b", "c")]
+    jobs += [
+        dict(job("rigl", WORLD), distributed="fsdp", stop_at=7, out=str(root / f"stop-{x}"))
+        for x in ("a", "b", "c")
+    ]
     jobs += [{"out": str(root / "stop-a"), "resume": True}]
-    jobs += [dict(job("static", WORLD), distributed="fsdp", dtype="bfloat16", steps=6,
-                  eval_every=6, save_every=0, out=str(root / "bf16"))]
+    jobs += [
+        dict(
+            job("static", WORLD),
+            distributed="fsdp",
+            dtype="bfloat16",
+            steps=6,
+            eval_every=6,
+            save_every=0,
+            out=str(root / "bf16"),
+        )
+    ]
     jobs += [{**hf_job, "distributed": "fsdp", "batch_size": PER_RANK, "out": str(root / "hf-2")}]
     spec = root / "jobs.json"
     spec.write_text(json.dumps(jobs))
     launched = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-         str(WORLD), str(Path(__file__).with_name("fsdp_runs.py")), str(spec)],
-        capture_output=True, text=True, env=_env(), timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(WORLD),
+            str(Path(__file__).with_name("fsdp_runs.py")),
+            str(spec),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=600,
+    )
     assert launched.returncode == 0, launched.stderr[-4000:]
     summaries = json.loads(Path(str(spec) + ".out").read_text())
     for name in ALGORITHMS:  # the same global batch on one process
         train(validate(TrainConfig.from_dict(job(name, 1))))
-    train(validate(TrainConfig.from_dict({**hf_job, "batch_size": PER_RANK * WORLD,
-                                          "out": str(root / "hf-1")})))
+    train(
+        validate(
+            TrainConfig.from_dict(
+                {**hf_job, "batch_size": PER_RANK * WORLD, "out": str(root / "hf-1")}
+            )
+        )
+    )
     return {"root": root, "summaries": summaries}
 
 
@@ -137,11 +188,15 @@ def test_a_stopped_run_resumes_bit_for_bit_on_two_processes_and_closely_on_one(r
     whole = load_file(root / "rigl-2" / "model.safetensors")
     resumed = load_file(root / "stop-a" / "model.safetensors")
     assert all(torch.equal(whole[n], resumed[n]) for n in whole)
-    assert [r["loss"] for r in _log(root / "stop-a") if r["kind"] == "train"] == \
-        [r["loss"] for r in _log(root / "rigl-2") if r["kind"] == "train"]
+    assert [r["loss"] for r in _log(root / "stop-a") if r["kind"] == "train"] == [
+        r["loss"] for r in _log(root / "rigl-2") if r["kind"] == "train"
+    ]
     # the same run continued on one process: the global batch kept by --batch-size 4
-    summary = train(validate(TrainConfig(out=str(root / "stop-b"))), resume=True,
-                    flag_overrides={"batch_size": 4})
+    summary = train(
+        validate(TrainConfig(out=str(root / "stop-b"))),
+        resume=True,
+        flag_overrides={"batch_size": 4},
+    )
     assert summary["step"] == 20 and summary["world_size"] == 1
     one = load_file(root / "stop-b" / "model.safetensors")
     for n in whole:
@@ -156,8 +211,9 @@ def test_a_resume_with_another_global_batch_or_a_damaged_checkpoint_is_refused(r
     stopped = tmp_path / "stopped"
     shutil.copytree(runs["root"] / "stop-c", stopped)  # a stopped run no other test resumes
     with pytest.raises(ConfigError, match="global batch of 4 sequences, now 2"):
-        train(validate(TrainConfig(out=str(stopped))), resume=True,
-              flag_overrides={"batch_size": 2})
+        train(
+            validate(TrainConfig(out=str(stopped))), resume=True, flag_overrides={"batch_size": 2}
+        )
     assert not torch.distributed.is_initialized()  # the refused run left no process group
     saved = stopped / "checkpoints" / "step-000007" / "sparsifier.json"
     saved.write_text(saved.read_text()[:40])
@@ -199,16 +255,32 @@ def test_a_hugging_face_model_is_written_whole_and_loads_in_transformers(runs):
 def test_offload_and_the_strategy_are_checked_as_usage(tmp_path):
     r = run("train", "-o", str(tmp_path / "a"), "--offload", "--steps", "1")
     assert r.exit_code == 2 and "--offload" in r.output and "--distributed fsdp" in r.output
-    r = run("train", "-o", str(tmp_path / "b"), "--offload", "--distributed", "fsdp",
-            "--device", "cpu")
+    r = run(
+        "train", "-o", str(tmp_path / "b"), "--offload", "--distributed", "fsdp", "--device", "cpu"
+    )
     assert r.exit_code == 2 and "--device cuda" in r.output
     r = run("train", "-o", str(tmp_path / "c"), "--distributed", "zero3")
     assert r.exit_code == 2 and "fsdp" in r.output
 
 
 def test_a_model_that_cannot_fit_is_refused_with_the_plan(tmp_path):
-    r = run("train", "-o", str(tmp_path / "big"), "--distributed", "fsdp", "--preset", "base",
-            "--d-model", "8192", "--n-layer", "48", "--n-head", "64", "--steps", "1")
+    r = run(
+        "train",
+        "-o",
+        str(tmp_path / "big"),
+        "--distributed",
+        "fsdp",
+        "--preset",
+        "base",
+        "--d-model",
+        "8192",
+        "--n-layer",
+        "48",
+        "--n-head",
+        "64",
+        "--steps",
+        "1",
+    )
     assert r.exit_code == 1
     line = r.output.strip().splitlines()[-1]
     assert line.startswith("error: train needs about") and "gradients and Adam moments" in line
@@ -220,10 +292,11 @@ def test_the_docs_table_of_gpus_is_the_plans_arithmetic():
     page = (Path(__file__).parents[2] / "docs" / "train.md").read_text()
     table = page.split("| model: parameters, blocks, width, heads, vocabulary |", 1)[1]
     header, rows = table.splitlines()[0], table.splitlines()[2:]
-    columns = [(int(re.search(r"(\d+) GiB", c).group(1)),
-                int(re.search(r"(\d+)$", c.strip()).group(1)))
-               for c in header.strip(" |").split("|")]
-    rows = rows[:rows.index("")]
+    columns = [
+        (int(re.search(r"(\d+) GiB", c).group(1)), int(re.search(r"(\d+)$", c.strip()).group(1)))
+        for c in header.strip(" |").split("|")
+    ]
+    rows = rows[: rows.index("")]
     assert len(rows) == 4
     for row in rows:
         model, *cells = [c.strip() for c in row.strip("|").split("|")]
@@ -231,10 +304,19 @@ def test_the_docs_table_of_gpus_is_the_plans_arithmetic():
         for (gib, context), cell in zip(columns, cells):
             fewest = None
             for n in (1, 2, 4, 8, 16, 32, 64, 128):
-                plan = fine_tuning_plan(int(params), batch=1, context=context, d_model=int(d_model),
-                                        n_layer=int(n_layer), n_head=int(n_head), vocab=int(vocab),
-                                        strategy="fsdp" if n > 1 else "ddp", world=n, bf16=True,
-                                        device_memory=gib * 2**30)
+                plan = fine_tuning_plan(
+                    int(params),
+                    batch=1,
+                    context=context,
+                    d_model=int(d_model),
+                    n_layer=int(n_layer),
+                    n_head=int(n_head),
+                    vocab=int(vocab),
+                    strategy="fsdp" if n > 1 else "ddp",
+                    world=n,
+                    bf16=True,
+                    device_memory=gib * 2**30,
+                )
                 if plan.peak <= plan.budget:
                     fewest = n
                     break

@@ -23,8 +23,22 @@ from helpers import run as cli  # noqa: E402
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-FAST = ["--steps", "20", "--batch-size", "8", "--context", "32", "--warmup", "2", "--lr", "3e-3",
-        "--eval-every", "10", "--seed", "0"]
+FAST = [
+    "--steps",
+    "20",
+    "--batch-size",
+    "8",
+    "--context",
+    "32",
+    "--warmup",
+    "2",
+    "--lr",
+    "3e-3",
+    "--eval-every",
+    "10",
+    "--seed",
+    "0",
+]
 
 
 def run(*args: str) -> dict:
@@ -56,15 +70,19 @@ def targeted(weights: dict[str, torch.Tensor]) -> list[str]:
 
 def losses(run_dir: Path, kind: str = "train") -> list[float]:
     key = "loss" if kind == "train" else "val_loss"
-    return [r[key] for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines())
-            if r["kind"] == kind]
+    return [
+        r[key]
+        for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines())
+        if r["kind"] == kind
+    ]
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_loss_goes_down_and_the_output_is_a_hugging_face_directory(root, kind, tmp_path):
     out = tmp_path / "run"
-    summary = train_json("-o", out, "--init", root / kind, "--data", root / "data.txt",
-                         "--steps", "30")
+    summary = train_json(
+        "-o", out, "--init", root / kind, "--data", root / "data.txt", "--steps", "30"
+    )
     train = losses(out)
     assert len(train) == 30
     # random weights start near ln(320) = 5.77 nats; 30 steps on a small text learn a lot of it
@@ -73,8 +91,13 @@ def test_loss_goes_down_and_the_output_is_a_hugging_face_directory(root, kind, t
     assert val[-1] < val[0] and summary["val_loss"] == pytest.approx(val[-1])
     assert summary["huggingface"] and summary["checkpoint"] == str(out / "model")
     names = {p.name for p in (out / "model").iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-            "generation_config.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    } <= names
     # transformers loads it as the fine-tuned model: its own loss agrees with the run's weights
     model = transformers.AutoModelForCausalLM.from_pretrained(out / "model").eval()
     weights = load(out / "model")
@@ -82,10 +105,14 @@ def test_loss_goes_down_and_the_output_is_a_hugging_face_directory(root, kind, t
         if name in weights:
             assert torch.equal(p, weights[name]), name
     tok = transformers.AutoTokenizer.from_pretrained(out / "model")
-    ids = torch.tensor([tok((root / "data.txt").read_text()[:400], add_special_tokens=False)["input_ids"][:32]])
+    ids = torch.tensor(
+        [tok((root / "data.txt").read_text()[:400], add_special_tokens=False)["input_ids"][:32]]
+    )
     with torch.no_grad():
         trained = float(model(ids, labels=ids).loss)
-        start = float(transformers.AutoModelForCausalLM.from_pretrained(root / kind)(ids, labels=ids).loss)
+        start = float(
+            transformers.AutoModelForCausalLM.from_pretrained(root / kind)(ids, labels=ids).loss
+        )
     assert trained < start - 1.0
 
 
@@ -112,7 +139,9 @@ def test_static_masks_of_a_pruned_directory_hold(root, kind, encoding, tmp_path)
     own = model.state_dict()
     for name in names:
         assert torch.equal(own[name] == 0, before[name] == 0), name
-    r = run("eval", pruned, out / "model", "--text", root / "data.txt", "--max-tokens", "2000", "--json")
+    r = run(
+        "eval", pruned, out / "model", "--text", root / "data.txt", "--max-tokens", "2000", "--json"
+    )
     rows = json.loads(r.stdout)["checkpoints"]
     assert rows[0]["targeted_sparsity"] == pytest.approx(0.5, abs=1e-3)
     assert rows[1]["targeted_sparsity"] == pytest.approx(0.5, abs=1e-3)
@@ -138,9 +167,26 @@ def test_rigl_keeps_the_exact_count_while_masks_move(root, tmp_path):
     cfg = tmp_path / "keep.yaml"
     cfg.write_text("keep_last: 0\n")  # keep every checkpoint
     out = tmp_path / "run"
-    train_json("-o", out, "--init", root / "gpt2", "--data", root / "data.txt", "--algorithm", "rigl",
-               "--sparsity", "0.7", "--update-freq", "4", "--save-every", "4", "--config", cfg,
-               "--encoding", "mask")
+    train_json(
+        "-o",
+        out,
+        "--init",
+        root / "gpt2",
+        "--data",
+        root / "data.txt",
+        "--algorithm",
+        "rigl",
+        "--sparsity",
+        "0.7",
+        "--update-freq",
+        "4",
+        "--save-every",
+        "4",
+        "--config",
+        cfg,
+        "--encoding",
+        "mask",
+    )
     from sparsetool.masks.distributions import keep_counts
     from sparsetool.train.runfiles import read_init_checkpoint
 
@@ -163,8 +209,20 @@ def test_rigl_keeps_the_exact_count_while_masks_move(root, tmp_path):
 
 
 def test_resume_is_bit_identical(root, tmp_path):
-    common = ("--init", root / "llama", "--data", root / "data.txt", "--algorithm", "rigl",
-              "--sparsity", "0.5", "--update-freq", "3", "--save-every", "6")
+    common = (
+        "--init",
+        root / "llama",
+        "--data",
+        root / "data.txt",
+        "--algorithm",
+        "rigl",
+        "--sparsity",
+        "0.5",
+        "--update-freq",
+        "3",
+        "--save-every",
+        "6",
+    )
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train_json("-o", whole, *common)
     first = train_json("-o", parts, *common, "--stop-at", "9")
@@ -181,15 +239,29 @@ def test_resume_is_bit_identical(root, tmp_path):
 
 def test_bad_input_is_one_error_line(root, tmp_path):
     # a shape flag, a longer context, --encoding without a model directory: usage errors (exit 2)
-    r = cli("train", "-o", str(tmp_path / "a"), "--init", str(root / "gpt2"),
-            "--n-layer", "4", *FAST)
+    r = cli(
+        "train", "-o", str(tmp_path / "a"), "--init", str(root / "gpt2"), "--n-layer", "4", *FAST
+    )
     assert r.exit_code == 2 and "--n-layer cannot change a Hugging Face model" in r.output
-    r = cli("train", "-o", str(tmp_path / "a"), "--init", str(root / "gpt2"),
-            "--preset", "tiny", *FAST)
-    assert r.exit_code == 2 and r.stderr == ("error: --preset cannot change a Hugging Face model; its "
-                                             f"shape comes from {root / 'gpt2' / 'config.json'}\n")
-    r = cli("train", "-o", str(tmp_path / "b"), "--init", str(root / "gpt2"),
-            "--data", str(root / "data.txt"), "--context", "100", *FAST[:2])
+    r = cli(
+        "train", "-o", str(tmp_path / "a"), "--init", str(root / "gpt2"), "--preset", "tiny", *FAST
+    )
+    assert r.exit_code == 2 and r.stderr == (
+        "error: --preset cannot change a Hugging Face model; its "
+        f"shape comes from {root / 'gpt2' / 'config.json'}\n"
+    )
+    r = cli(
+        "train",
+        "-o",
+        str(tmp_path / "b"),
+        "--init",
+        str(root / "gpt2"),
+        "--data",
+        str(root / "data.txt"),
+        "--context",
+        "100",
+        *FAST[:2],
+    )
     assert r.exit_code == 2 and "--context 100 is longer than the 64 positions" in r.output
     bare = tmp_path / "bare"
     bare.mkdir()
@@ -198,12 +270,19 @@ def test_bad_input_is_one_error_line(root, tmp_path):
     r = cli("train", "-o", str(tmp_path / "c"), "--init", str(bare), *FAST)
     assert r.exit_code == 1 and "no usable tokenizer" in r.output
     assert not (tmp_path / "c").exists()
-    r = cli("train", "-o", str(tmp_path / "e"), "--init",
-            str(root / "gpt2" / "model.safetensors"), *FAST)
+    r = cli(
+        "train",
+        "-o",
+        str(tmp_path / "e"),
+        "--init",
+        str(root / "gpt2" / "model.safetensors"),
+        *FAST,
+    )
     assert r.exit_code == 1 and "give the directory" in r.output
-    r = cli("train", "-o", str(tmp_path / "d"), "--preset", "tiny",
-            "--encoding", "bitmask", *FAST)
-    assert r.exit_code == 2 and "--encoding bitmask applies to the Hugging Face directory" in r.output
+    r = cli("train", "-o", str(tmp_path / "d"), "--preset", "tiny", "--encoding", "bitmask", *FAST)
+    assert (
+        r.exit_code == 2 and "--encoding bitmask applies to the Hugging Face directory" in r.output
+    )
 
 
 @pytest.mark.parametrize("encoding", ["bitmask", "nan", "zeros"])
@@ -211,18 +290,36 @@ def test_an_encoding_transformers_cannot_load_is_warned_of(root, tmp_path, encod
     """As `prune --encoding bitmask` does: RUN/model in bitmask (or nan) is read by sparsetool,
     not by transformers' from_pretrained; the run says so before it starts (issue 31, item 5)."""
     out = tmp_path / "run"
-    r = cli("train", "-o", str(out), "--init", str(root / "gpt2"), "--data",
-            str(root / "data.txt"), "--sparsity", "0.5", "--encoding", encoding,
-            *FAST, "--steps", "3", "--json")
+    r = cli(
+        "train",
+        "-o",
+        str(out),
+        "--init",
+        str(root / "gpt2"),
+        "--data",
+        str(root / "data.txt"),
+        "--sparsity",
+        "0.5",
+        "--encoding",
+        encoding,
+        *FAST,
+        "--steps",
+        "3",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: ")]
     if encoding == "zeros":
         assert warnings == []
         return
     said = "cannot load the bitmask encoding" if encoding == "bitmask" else "loads the nan encoding"
-    assert len(warnings) == 1 and warnings[0].startswith(f"warning: transformers' from_pretrained {said}"), r.stderr
-    assert warnings[0].endswith(f"For transformers run `sparsetool densify {out / 'model'} -o DENSE_DIR`, "
-                                "or train with --encoding zeros or mask")
+    assert len(warnings) == 1 and warnings[0].startswith(
+        f"warning: transformers' from_pretrained {said}"
+    ), r.stderr
+    assert warnings[0].endswith(
+        f"For transformers run `sparsetool densify {out / 'model'} -o DENSE_DIR`, "
+        "or train with --encoding zeros or mask"
+    )
     assert json.loads(r.stdout)["finished"]
 
 
@@ -252,8 +349,9 @@ def test_a_mixture_of_experts_keeps_each_experts_mask_and_trains_its_router(root
         assert bool((before[router] != 0).all()) and not torch.equal(after[router], before[router])
 
 
-@pytest.mark.parametrize("algorithm", [["gmp"], ["rigl"], ["imp"],
-                                       ["granet", "--sparsity-option", "scope=layer"]])
+@pytest.mark.parametrize(
+    "algorithm", [["gmp"], ["rigl"], ["imp"], ["granet", "--sparsity-option", "scope=layer"]]
+)
 def test_moving_masks_keep_each_experts_count(root, tmp_path, algorithm):
     """A mixture of experts' merged experts: each expert's matrix is a unit of its own when
     masks move, exactly as in prune (counts per expert, not per merged tensor)."""
@@ -261,8 +359,20 @@ def test_moving_masks_keep_each_experts_count(root, tmp_path, algorithm):
 
     src = save_moe("mixtral", tmp_path / "mixtral", (root / "data.txt").read_text())
     out = tmp_path / "run"
-    summary = train_json("-o", out, "--init", src, "--data", root / "data.txt", "--algorithm",
-                         *algorithm, "--sparsity", "0.75", "--update-freq", "4")
+    summary = train_json(
+        "-o",
+        out,
+        "--init",
+        src,
+        "--data",
+        root / "data.txt",
+        "--algorithm",
+        *algorithm,
+        "--sparsity",
+        "0.75",
+        "--update-freq",
+        "4",
+    )
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert any(r["kind"] == "mask_update" for r in log)
     reached = summary["sparsity"] == pytest.approx(0.75, abs=1e-3)

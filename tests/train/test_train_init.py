@@ -22,8 +22,26 @@ TARGETED = ("qkv.weight", "attn.proj.weight", "fc.weight", "mlp.proj.weight")
 
 
 def args(out: Path, data: Path, steps: int) -> list[str]:
-    return ["train", "--out", str(out), "--data", str(data), "--preset", "tiny", "--steps", str(steps),
-            "--batch-size", "4", "--warmup", "1", "--eval-every", "0", "--seed", "0", "--json"]
+    return [
+        "train",
+        "--out",
+        str(out),
+        "--data",
+        str(data),
+        "--preset",
+        "tiny",
+        "--steps",
+        str(steps),
+        "--batch-size",
+        "4",
+        "--warmup",
+        "1",
+        "--eval-every",
+        "0",
+        "--seed",
+        "0",
+        "--json",
+    ]
 
 
 def run_cli(argv: list[str]) -> dict:
@@ -48,8 +66,9 @@ def masks_of(path: Path) -> dict[str, torch.Tensor]:
 def test_higher_sparsity_prunes_further_and_never_revives(tmp_path, corpus, half_sparse):
     before = masks_of(half_sparse)
     assert len(before) == 8
-    summary = run_cli(args(tmp_path / "ft", corpus, 2) + ["--init", str(half_sparse),
-                                                          "--sparsity", "0.75"])
+    summary = run_cli(
+        args(tmp_path / "ft", corpus, 2) + ["--init", str(half_sparse), "--sparsity", "0.75"]
+    )
     assert summary["sparsity"] == pytest.approx(0.75, abs=1e-3)
     after = masks_of(tmp_path / "ft" / "model.safetensors")
     assert after.keys() == before.keys()
@@ -59,9 +78,20 @@ def test_higher_sparsity_prunes_further_and_never_revives(tmp_path, corpus, half
 
 
 def test_higher_sparsity_keeps_the_largest_loaded_weights(tmp_path, corpus, half_sparse):
-    cfg = merge({}, {"out": str(tmp_path / "ft"), "data": str(corpus), "preset": "tiny", "steps": 1,
-                     "batch_size": 4, "warmup": 1, "eval_every": 0, "init": str(half_sparse),
-                     "sparsity": 0.75})
+    cfg = merge(
+        {},
+        {
+            "out": str(tmp_path / "ft"),
+            "data": str(corpus),
+            "preset": "tiny",
+            "steps": 1,
+            "batch_size": 4,
+            "warmup": 1,
+            "eval_every": 0,
+            "init": str(half_sparse),
+            "sparsity": 0.75,
+        },
+    )
     trainer = Trainer(cfg)
     sp = trainer._build_sparsifier(0, None)
     loaded = load_file(half_sparse)
@@ -78,10 +108,19 @@ def test_the_checkpoints_own_sparsity_keeps_its_masks_exactly(tmp_path, corpus, 
 
 
 @pytest.mark.parametrize("algorithm", ["static", "rigl", "gmp"])
-def test_lower_sparsity_is_an_error_that_names_the_way_out(tmp_path, corpus, half_sparse, algorithm):
+def test_lower_sparsity_is_an_error_that_names_the_way_out(
+    tmp_path, corpus, half_sparse, algorithm
+):
     out = tmp_path / "ft"
-    result = cli(*args(out, corpus, 2), "--init", str(half_sparse), "--sparsity", "0.25",
-                 "--algorithm", algorithm)
+    result = cli(
+        *args(out, corpus, 2),
+        "--init",
+        str(half_sparse),
+        "--sparsity",
+        "0.25",
+        "--algorithm",
+        algorithm,
+    )
     assert result.exit_code in (1, 2), result.output
     message = result.stderr
     assert "--sparsity 0.25 is below the sparsity of --init" in message
@@ -90,8 +129,17 @@ def test_lower_sparsity_is_an_error_that_names_the_way_out(tmp_path, corpus, hal
 
 
 def test_lower_sparsity_from_the_library_raises_config_error(tmp_path, corpus, half_sparse):
-    cfg = merge({}, {"out": str(tmp_path / "ft"), "data": str(corpus), "preset": "tiny", "steps": 1,
-                     "init": str(half_sparse), "sparsity": 0.3})
+    cfg = merge(
+        {},
+        {
+            "out": str(tmp_path / "ft"),
+            "data": str(corpus),
+            "preset": "tiny",
+            "steps": 1,
+            "init": str(half_sparse),
+            "sparsity": 0.3,
+        },
+    )
     with pytest.raises(ConfigError, match="would revive pruned weights"):
         Trainer(cfg)
 
@@ -110,14 +158,17 @@ def printed(argv: list[str]) -> str:
 def test_the_start_of_the_run_says_the_masks_come_from_init(tmp_path, corpus, half_sparse):
     """Not "random initial mask": the checkpoint's masks are kept (or pruned further), and a
     resume of such a run says the same."""
-    out = printed(args(tmp_path / "ft", corpus, 2) + ["--init", str(half_sparse), "--stop-at", "1",
-                                                       "--save-every", "1"])
+    out = printed(
+        args(tmp_path / "ft", corpus, 2)
+        + ["--init", str(half_sparse), "--stop-at", "1", "--save-every", "1"]
+    )
     assert f"initial mask from --init {half_sparse} (its stored masks), kept" in out
     assert "random initial mask" not in out
     run = json.loads((tmp_path / "ft" / "run.json").read_text())
     assert run["sparse_training"]["1"]["initial_mask"].endswith("(its stored masks), kept")
     resumed = printed(["train", "--out", str(tmp_path / "ft"), "--resume"])
     assert f"initial mask from --init {half_sparse} (its stored masks), kept" in resumed
-    further = printed(args(tmp_path / "ft2", corpus, 1) + ["--init", str(half_sparse),
-                                                           "--sparsity", "0.75"])
+    further = printed(
+        args(tmp_path / "ft2", corpus, 1) + ["--init", str(half_sparse), "--sparsity", "0.75"]
+    )
     assert "(its stored masks), pruned further" in further and "random initial mask" not in further

@@ -28,8 +28,18 @@ from helpers import run as cli
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 STEPS = 300  # long enough that a signal sent at step 30 lands well before the end
-SPARSE = ["--algorithm", "rigl", "--sparsity", "0.75", "--update-freq", "10", "--update-stop", "250",
-          "--grad-accum", "2"]
+SPARSE = [
+    "--algorithm",
+    "rigl",
+    "--sparsity",
+    "0.75",
+    "--update-freq",
+    "10",
+    "--update-stop",
+    "250",
+    "--grad-accum",
+    "2",
+]
 
 
 def _env() -> dict:
@@ -41,9 +51,30 @@ def _env() -> dict:
 
 
 def args(run: Path, data: Path, *extra: str) -> list[str]:
-    return ["train", "-o", str(run), "--data", str(data), "--preset", "tiny", "--steps", str(STEPS),
-            "--batch-size", "4", "--warmup", "2", "--eval-every", "25", "--save-every", "40",
-            "--threads", "1", "--seed", "0", *extra]
+    return [
+        "train",
+        "-o",
+        str(run),
+        "--data",
+        str(data),
+        "--preset",
+        "tiny",
+        "--steps",
+        str(STEPS),
+        "--batch-size",
+        "4",
+        "--warmup",
+        "2",
+        "--eval-every",
+        "25",
+        "--save-every",
+        "40",
+        "--threads",
+        "1",
+        "--seed",
+        "0",
+        *extra,
+    ]
 
 
 def records(run: Path) -> list[dict]:
@@ -52,7 +83,7 @@ def records(run: Path) -> list[dict]:
     if not path.exists():
         return []
     text = path.read_text()
-    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines()]
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
 
 def train_steps(run: Path) -> list[int]:
@@ -60,8 +91,13 @@ def train_steps(run: Path) -> list[int]:
 
 
 def start(cmd: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "sparsetool", *cmd], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env())
+    return subprocess.Popen(
+        [sys.executable, "-m", "sparsetool", *cmd],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
 
 
 def wait_for_step(proc: subprocess.Popen, run: Path, step: int, timeout: float = 60.0) -> None:
@@ -72,15 +108,20 @@ def wait_for_step(proc: subprocess.Popen, run: Path, step: int, timeout: float =
             return
         if proc.poll() is not None:
             out, err = proc.communicate()
-            pytest.fail(f"the run ended (exit {proc.returncode}) before step {step}:\n{err[-3000:]}")
+            pytest.fail(
+                f"the run ended (exit {proc.returncode}) before step {step}:\n{err[-3000:]}"
+            )
         time.sleep(0.01)
     proc.kill()
     pytest.fail(f"no step {step} in {run / 'log.jsonl'} after {timeout} s")
 
 
 def comparable(run: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")}
-            for r in records(run) if r["kind"] != "interrupt"]
+    return [
+        {k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")}
+        for r in records(run)
+        if r["kind"] != "interrupt"
+    ]
 
 
 def same_weights(a: Path, b: Path) -> bool:
@@ -106,16 +147,22 @@ def test_sigint_saves_the_step_and_resume_matches_an_uninterrupted_run(tmp_path,
     summary = json.loads(out)
     at = summary["step"]
     assert 30 <= at < STEPS and summary["interrupted"] == "SIGINT" and not summary["finished"]
-    assert (f"interrupted by SIGINT at step {at} of {STEPS}: saved a checkpoint "
-            f"({part / 'checkpoints' / f'step-{at:06d}'}); continue with: sparsetool train -o {part} "
-            "--resume") in err
+    assert (
+        f"interrupted by SIGINT at step {at} of {STEPS}: saved a checkpoint "
+        f"({part / 'checkpoints' / f'step-{at:06d}'}); continue with: sparsetool train -o {part} "
+        "--resume"
+    ) in err
     # the step it reached is saved exactly as --stop-at saves it, and the log says why it stopped
     assert checkpoint_step(part) == at
     state = json.loads((part / "checkpoints" / f"step-{at:06d}" / "state.json").read_text())
     assert state["data_position"] == at * 4 * 2 and state["tokens"] == at * 4 * 2 * 64
     assert max(train_steps(part)) == at
-    assert records(part)[-1] == {"kind": "interrupt", "step": at, "signal": "SIGINT",
-                                 "checkpoint": f"step-{at:06d}"}
+    assert records(part)[-1] == {
+        "kind": "interrupt",
+        "step": at,
+        "signal": "SIGINT",
+        "checkpoint": f"step-{at:06d}",
+    }
 
     resumed = cli("train", "-o", str(part), "--resume", "--json")
     assert resumed.exit_code == 0, resumed.output
@@ -171,8 +218,18 @@ def test_a_second_signal_stops_at_once_and_the_last_checkpoint_stays_usable(tmp_
 
 
 # ---------------------------------------------------------------- the library, real signals
-OPTS = {"preset": "tiny", "steps": 6, "batch_size": 4, "warmup": 2, "save_every": 2, "seed": 0,
-        "algorithm": "rigl", "sparsity": 0.75, "update_freq": 2, "update_stop": 5}
+OPTS = {
+    "preset": "tiny",
+    "steps": 6,
+    "batch_size": 4,
+    "warmup": 2,
+    "save_every": 2,
+    "seed": 0,
+    "algorithm": "rigl",
+    "sparsity": 0.75,
+    "update_freq": 2,
+    "update_stop": 5,
+}
 
 
 def _raise(signum: int, times: int, at: int):
@@ -180,6 +237,7 @@ def _raise(signum: int, times: int, at: int):
         if kind == "step" and info["step"] == at:
             for _ in range(times):
                 signal.raise_signal(signum)  # delivered (and handled) before it returns
+
     return callback
 
 
@@ -189,8 +247,11 @@ def test_library_signal_stops_with_a_checkpoint_and_restores_the_handlers(tmp_pa
     part = tmp_path / "part"
     # raised once step 2's loss is in (its eval and save still to come): step 3 is the one in
     # progress when the loop next looks
-    summary = train(merge({}, {"out": str(part), "data": str(corpus), **OPTS}),
-                    callback=_raise(signal.SIGINT, 1, 2), stop_on_signal=True)
+    summary = train(
+        merge({}, {"out": str(part), "data": str(corpus), **OPTS}),
+        callback=_raise(signal.SIGINT, 1, 2),
+        stop_on_signal=True,
+    )
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
     assert summary["interrupted"] == "SIGINT" and summary["step"] == 3 and not summary["finished"]
     assert checkpoint_step(part) == 3  # save_every 2: step 3 saved for the signal alone
@@ -202,10 +263,16 @@ def test_library_signal_stops_with_a_checkpoint_and_restores_the_handlers(tmp_pa
 
 def test_library_second_signal_raises_with_the_exit_code(tmp_path, corpus):
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    with pytest.raises(SparsetoolError, match=r"stopped at once by a second SIGINT during step 3; the last "
-                       r"checkpoint \(step-000002\)") as e:
-        train(merge({}, {"out": str(tmp_path / "run"), "data": str(corpus), **OPTS}),
-              callback=_raise(signal.SIGINT, 2, 3), stop_on_signal=True)
+    with pytest.raises(
+        SparsetoolError,
+        match=r"stopped at once by a second SIGINT during step 3; the last "
+        r"checkpoint \(step-000002\)",
+    ) as e:
+        train(
+            merge({}, {"out": str(tmp_path / "run"), "data": str(corpus), **OPTS}),
+            callback=_raise(signal.SIGINT, 2, 3),
+            stop_on_signal=True,
+        )
     assert e.value.exit_code == 130
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
     assert checkpoint_step(tmp_path / "run") == 2
@@ -213,22 +280,60 @@ def test_library_second_signal_raises_with_the_exit_code(tmp_path, corpus):
 
 def test_library_default_leaves_signals_alone(tmp_path, corpus):
     """Without stop_on_signal (the demo, scripts) Ctrl-C interrupts as Python does."""
-    with pytest.raises(SparsetoolError, match=r"interrupted during step 3; the last checkpoint "
-                       r"\(step-000002\)") as e:
-        train(merge({}, {"out": str(tmp_path / "run"), "data": str(corpus), **OPTS}),
-              callback=_raise(signal.SIGINT, 1, 3))
+    with pytest.raises(
+        SparsetoolError,
+        match=r"interrupted during step 3; the last checkpoint "
+        r"\(step-000002\)",
+    ) as e:
+        train(
+            merge({}, {"out": str(tmp_path / "run"), "data": str(corpus), **OPTS}),
+            callback=_raise(signal.SIGINT, 1, 3),
+        )
     assert e.value.exit_code == 130
 
 
 # ---------------------------------------------------------------- torchrun: every rank stops together
-DDP = ["--preset", "tiny", "--steps", "100", "--batch-size", "2", "--warmup", "2", "--eval-every", "25",
-       "--save-every", "40", "--threads", "1", "--seed", "0", "--algorithm", "rigl", "--sparsity", "0.75",
-       "--update-freq", "10", "--update-stop", "80", "--json"]
+DDP = [
+    "--preset",
+    "tiny",
+    "--steps",
+    "100",
+    "--batch-size",
+    "2",
+    "--warmup",
+    "2",
+    "--eval-every",
+    "25",
+    "--save-every",
+    "40",
+    "--threads",
+    "1",
+    "--seed",
+    "0",
+    "--algorithm",
+    "rigl",
+    "--sparsity",
+    "0.75",
+    "--update-freq",
+    "10",
+    "--update-stop",
+    "80",
+    "--json",
+]
 
 
 def torchrun(*cmd: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            "-m", "sparsetool", *cmd]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "sparsetool",
+        *cmd,
+    ]
 
 
 def rank_pid(agent: subprocess.Popen, rank: int) -> int:
@@ -245,28 +350,50 @@ def test_torchrun_ctrl_c_stops_every_rank_after_one_step_and_resumes_exactly(tmp
     """Ctrl-C reaches torchrun, which passes SIGINT on to each rank (maybe in different steps)."""
     part, whole = tmp_path / "part", tmp_path / "whole"
     # the uninterrupted run to compare with, alongside (its start-up is most of its time)
-    full = subprocess.Popen(torchrun("train", "-o", str(whole), "--data", str(corpus), *DDP),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
-    proc = subprocess.Popen(torchrun("train", "-o", str(part), "--data", str(corpus), *DDP),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    full = subprocess.Popen(
+        torchrun("train", "-o", str(whole), "--data", str(corpus), *DDP),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    proc = subprocess.Popen(
+        torchrun("train", "-o", str(part), "--data", str(corpus), *DDP),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
     wait_for_step(proc, part, 20, timeout=120)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     summary = json.loads(out)  # rank 0's; torchrun itself exits 1 after a signal
     at = summary["step"]
     assert summary["interrupted"] == "SIGINT" and 20 <= at < 100, err[-3000:]
-    assert f"continue with: torchrun --nproc_per_node 2 -m sparsetool train -o {part} --resume" in err
+    assert (
+        f"continue with: torchrun --nproc_per_node 2 -m sparsetool train -o {part} --resume" in err
+    )
     assert checkpoint_step(part) == at and max(train_steps(part)) == at
     state = json.loads((part / "checkpoints" / f"step-{at:06d}" / "state.json").read_text())
     assert state["world_size"] == 2 and state["data_position"] == at * 4
-    resumed = subprocess.run(torchrun("train", "-o", str(part), "--resume", "--json"),
-                             capture_output=True, text=True, env=_env(), timeout=300)
+    resumed = subprocess.run(
+        torchrun("train", "-o", str(part), "--resume", "--json"),
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+    )
     if resumed.returncode != 0 and "terminate called without an active exception" in resumed.stderr:
         # Seen once in about ten runs, only inside the full suite on a loaded machine: rank 0 of
         # the resumed run aborted in C++ (SIGABRT) and torchrun exited 1; not reproduced alone.
         # Resuming again from whatever checkpoint it left must still end equal to the whole run.
-        resumed = subprocess.run(torchrun("train", "-o", str(part), "--resume", "--json"),
-                                 capture_output=True, text=True, env=_env(), timeout=300)
+        resumed = subprocess.run(
+            torchrun("train", "-o", str(part), "--resume", "--json"),
+            capture_output=True,
+            text=True,
+            env=_env(),
+            timeout=300,
+        )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     full_err = full.communicate(timeout=300)[1]
     assert full.returncode == 0, full_err[-3000:]
@@ -277,8 +404,13 @@ def test_torchrun_ctrl_c_stops_every_rank_after_one_step_and_resumes_exactly(tmp
 @pytest.mark.slow
 def test_torchrun_a_signal_to_one_rank_stops_them_all_at_the_same_step(tmp_path, corpus):
     run = tmp_path / "run"
-    proc = subprocess.Popen(torchrun("train", "-o", str(run), "--data", str(corpus), *DDP),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    proc = subprocess.Popen(
+        torchrun("train", "-o", str(run), "--data", str(corpus), *DDP),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
     wait_for_step(proc, run, 20, timeout=120)
     os.kill(rank_pid(proc, 1), signal.SIGTERM)  # rank 0 never sees a signal
     out, err = proc.communicate(timeout=120)
@@ -302,13 +434,28 @@ def test_hugging_face_run_stops_with_its_model_directory_and_resumes_exactly(tmp
     torch.manual_seed(0)
     hf_model("llama").save_pretrained(tmp_path / "llama")
     save_tokenizer(tmp_path / "llama", text)
-    opts = {"init": str(tmp_path / "llama"), "data": str(tmp_path / "data.txt"), "steps": 8,
-            "batch_size": 8, "context": 32, "warmup": 2, "lr": 3e-3, "eval_every": 4, "seed": 0,
-            "algorithm": "rigl", "sparsity": 0.5, "update_freq": 3, "save_every": 3}
+    opts = {
+        "init": str(tmp_path / "llama"),
+        "data": str(tmp_path / "data.txt"),
+        "steps": 8,
+        "batch_size": 8,
+        "context": 32,
+        "warmup": 2,
+        "lr": 3e-3,
+        "eval_every": 4,
+        "seed": 0,
+        "algorithm": "rigl",
+        "sparsity": 0.5,
+        "update_freq": 3,
+        "save_every": 3,
+    }
     whole, part = tmp_path / "whole", tmp_path / "part"
     train(merge({}, {"out": str(whole), **opts}))
-    summary = train(merge({}, {"out": str(part), **opts}), callback=_raise(signal.SIGTERM, 1, 4),
-                    stop_on_signal=True)
+    summary = train(
+        merge({}, {"out": str(part), **opts}),
+        callback=_raise(signal.SIGTERM, 1, 4),
+        stop_on_signal=True,
+    )
     assert summary["interrupted"] == "SIGTERM" and summary["step"] == 5
     assert checkpoint_step(part) == 5 and (part / "model" / "model.safetensors").exists()
     assert not (part / ".model.tmp").exists() and not (part / ".model.old").exists()
@@ -330,8 +477,11 @@ def test_an_ignored_signal_stays_ignored(tmp_path, corpus):
 
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        summary = train(merge({}, {"out": str(tmp_path / "run"), "data": str(corpus), **OPTS, "steps": 3}),
-                        callback=callback, stop_on_signal=True)
+        summary = train(
+            merge({}, {"out": str(tmp_path / "run"), "data": str(corpus), **OPTS, "steps": 3}),
+            callback=callback,
+            stop_on_signal=True,
+        )
         assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, before)

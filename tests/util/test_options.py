@@ -113,29 +113,54 @@ def test_flops_and_train_parse_stages_with_the_one_parser():
     from sparsetool.train.config import parse_stage as train_stage
 
     for text in ("0.9:0.8", "1:1", "0:0.2"):
-        assert flops_stage(text) == Stage(*parse_stage(text)) and train_stage(text) == parse_stage(text)
+        assert flops_stage(text) == Stage(*parse_stage(text)) and train_stage(text) == parse_stage(
+            text
+        )
 
 
 # ----------------------------------------------------------------------------------------------
 # token counts
 
 
-@pytest.mark.parametrize("text, value", [
-    ("26B", 26_000_000_000), ("26b", 26_000_000_000), ("26G", 26_000_000_000),
-    ("2.6e10", 26_000_000_000), ("300M", 300_000_000), ("1_000", 1000), ("64,512", 64512),
-    ("64.512M", 64_512_000), ("2.5B", 2_500_000_000), ("1.5K", 1500), ("1T", 10**12),
-    (" 2048 ", 2048), (2048, 2048), (2.6e10, 26_000_000_000),
-])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("26B", 26_000_000_000),
+        ("26b", 26_000_000_000),
+        ("26G", 26_000_000_000),
+        ("2.6e10", 26_000_000_000),
+        ("300M", 300_000_000),
+        ("1_000", 1000),
+        ("64,512", 64512),
+        ("64.512M", 64_512_000),
+        ("2.5B", 2_500_000_000),
+        ("1.5K", 1500),
+        ("1T", 10**12),
+        (" 2048 ", 2048),
+        (2048, 2048),
+        (2.6e10, 26_000_000_000),
+    ],
+)
 def test_parse_tokens(text, value):
     got = parse_tokens(text)
     assert got == value and type(got) is int
 
 
-@pytest.mark.parametrize("text, match", [
-    ("lots", "not a number of tokens"), ("", "not a number of tokens"), ("B", "not a number"),
-    ("inf", "not a number"), ("nan", "not a number"), ("1.5", "whole number"),
-    ("0.0001K", "whole number"), ("0", "positive"), ("-5", "positive"), (True, "not a number"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("lots", "not a number of tokens"),
+        ("", "not a number of tokens"),
+        ("B", "not a number"),
+        ("inf", "not a number"),
+        ("nan", "not a number"),
+        ("1.5", "whole number"),
+        ("0.0001K", "whole number"),
+        ("0", "positive"),
+        ("-5", "positive"),
+        (True, "not a number"),
+    ],
+)
 def test_parse_tokens_refuses(text, match):
     with pytest.raises(ConfigError, match=match):
         parse_tokens(text)
@@ -169,7 +194,11 @@ def test_seeds():
 
 def test_globs():
     assert parse_globs(("*.mlp.*", "lm_head.weight")) == ("*.mlp.*", "lm_head.weight")
-    assert parse_globs("*.attn.*") == ("*.attn.*",) and parse_globs([]) == () and parse_globs(None) == ()
+    assert (
+        parse_globs("*.attn.*") == ("*.attn.*",)
+        and parse_globs([]) == ()
+        and parse_globs(None) == ()
+    )
     for bad in ([""], ["  "]):
         with pytest.raises(ConfigError, match="^--exclude needs a glob"):
             parse_globs(bad, "--exclude")
@@ -210,8 +239,10 @@ def test_prune_options_use_the_one_check():
 
 
 def test_options_module_is_light():
-    code = ("import sys, sparsetool.util.options; "
-            "bad = [m for m in ('torch', 'typer', 'rich', 'numpy') if m in sys.modules]; "
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, sparsetool.util.options; "
+        "bad = [m for m in ('torch', 'typer', 'rich', 'numpy') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout

@@ -18,16 +18,19 @@ from sparsetool.util import threads
 from helpers import ROOT, run
 
 
-@pytest.mark.parametrize("usable, busy, expected", [
-    (2, 0.0, 2),   # a quiet machine: every core
-    (2, 1.0, 1),   # one other CPU-bound process: the core it leaves
-    (2, 3.0, 1),   # more busy than there are cores: still one thread
-    (1, 0.0, 1),
-    (8, 2.6, 5),   # free cores rounded to the nearest whole one
-    (8, 2.4, 6),
-    (4, -1.0, 4),  # never more than the usable cores
-    (0, 0.0, 1),
-])
+@pytest.mark.parametrize(
+    "usable, busy, expected",
+    [
+        (2, 0.0, 2),  # a quiet machine: every core
+        (2, 1.0, 1),  # one other CPU-bound process: the core it leaves
+        (2, 3.0, 1),  # more busy than there are cores: still one thread
+        (1, 0.0, 1),
+        (8, 2.6, 5),  # free cores rounded to the nearest whole one
+        (8, 2.4, 6),
+        (4, -1.0, 4),  # never more than the usable cores
+        (0, 0.0, 1),
+    ],
+)
 def test_default_threads_are_the_free_usable_cores(usable, busy, expected):
     assert threads.default_threads(usable, busy) == expected
 
@@ -48,20 +51,40 @@ def test_a_task_that_ran_for_a_moment_is_not_a_busy_core(tmp_path, monkeypatch):
     readings = iter(["2/120", "3/120"])  # what the file says after each pause
     loadavg.write_text("1.00 1.00 1.00 3/120 4242\n")
     monkeypatch.setattr(threads, "_LOADAVG", str(loadavg))
-    monkeypatch.setattr(threads.time, "sleep",
-                        lambda s: loadavg.write_text(f"1.00 1.00 1.00 {next(readings)} 4242\n"))
+    monkeypatch.setattr(
+        threads.time,
+        "sleep",
+        lambda s: loadavg.write_text(f"1.00 1.00 1.00 {next(readings)} 4242\n"),
+    )
     assert threads.busy_elsewhere() == 1.0  # 3, 2, 3 runnable: the fewest, less this process
 
 
 # each command, and the library function it computes in (replaced by a spy that records the
 # threads torch runs on and stops the command)
 COMMANDS = {
-    "train": (["train", "-o", "{tmp}/run", "--preset", "tiny", "--steps", "2"], "sparsetool.train.loop", "train"),
+    "train": (
+        ["train", "-o", "{tmp}/run", "--preset", "tiny", "--steps", "2"],
+        "sparsetool.train.loop",
+        "train",
+    ),
     "eval": (["eval", "{tmp}/a.safetensors"], "sparsetool.ops.eval", "evaluate"),
     # only the calibration methods compute with torch (magnitude prune never imports it)
-    "prune": (["prune", "{tmp}/a.safetensors", "-o", "{tmp}/b.safetensors", "--sparsity", "0.5",
-               "--method", "wanda", "--calibration", "{tmp}/a.safetensors"],
-              "sparsetool.ops.prune", "prune_checkpoint"),
+    "prune": (
+        [
+            "prune",
+            "{tmp}/a.safetensors",
+            "-o",
+            "{tmp}/b.safetensors",
+            "--sparsity",
+            "0.5",
+            "--method",
+            "wanda",
+            "--calibration",
+            "{tmp}/a.safetensors",
+        ],
+        "sparsetool.ops.prune",
+        "prune_checkpoint",
+    ),
     "diff": (["diff", "{tmp}/a.safetensors", "{tmp}/b.safetensors"], "sparsetool.ops.diff", "diff"),
     "demo": (["demo", "-o", "{tmp}/demo"], "sparsetool.ops.demo", "run_demo"),
 }
@@ -100,7 +123,9 @@ def test_each_command_computes_on_the_threads_asked(command, tmp_path, monkeypat
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert run_recording(command, ["--threads", "1"], tmp_path, monkeypatch) == 1
     assert run_recording(command, ["--threads", "2"], tmp_path, monkeypatch) == 2
-    assert run_recording(command, [], tmp_path, monkeypatch) == 1  # the default leaves the busy core
+    assert (
+        run_recording(command, [], tmp_path, monkeypatch) == 1
+    )  # the default leaves the busy core
     monkeypatch.setattr(threads, "busy_elsewhere", lambda: 0.0)
     assert run_recording(command, [], tmp_path, monkeypatch) == 2  # a quiet machine: both cores
 
@@ -139,7 +164,13 @@ def test_every_command_has_the_same_threads_help():
         out = run(command, "--help", terminal_width=200).output
         line = next(row for row in out.splitlines() if "--threads" in row)
         # a command that uses torch only sometimes says when (prune: its calibration methods)
-        helps.add(re.sub(r"CPU threads for torch, with [^(]*\(", "CPU threads for torch (", " ".join(line.split())))
+        helps.add(
+            re.sub(
+                r"CPU threads for torch, with [^(]*\(",
+                "CPU threads for torch (",
+                " ".join(line.split()),
+            )
+        )
     assert len(helps) == 1, helps
 
 
@@ -179,6 +210,10 @@ def test_the_command_makes_idle_openmp_workers_sleep_before_torch_loads(given, e
     env["PYTHONPATH"] = str(ROOT)
     if given:
         env["OMP_WAIT_POLICY"] = given
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
-                         check=True).stdout.splitlines()
-    assert out[-1].split() == [expected, "False"]  # set before torch was imported: OpenMP reads it on load
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out[-1].split() == [
+        expected,
+        "False",
+    ]  # set before torch was imported: OpenMP reads it on load

@@ -42,13 +42,28 @@ from sparsetool.ops.prune.write import write_pruned
 from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.progress import Progress
 
-__all__ = ["PruneOptions", "PruneResult", "TensorResult", "PrunePlan", "prune_checkpoint",
-           "plan_prune", "write_pruned", "targeted_tensors", "checkpoint_plan"]
+__all__ = [
+    "PruneOptions",
+    "PruneResult",
+    "TensorResult",
+    "PrunePlan",
+    "prune_checkpoint",
+    "plan_prune",
+    "write_pruned",
+    "targeted_tensors",
+    "checkpoint_plan",
+]
 
 
-def prune_checkpoint(src: str | Path, out: str | Path, opts: PruneOptions, *,
-                     in_place: bool = False, progress: Progress | None = None,
-                     on_plan: Callable[[MemoryPlan], None] | None = None) -> PruneResult:
+def prune_checkpoint(
+    src: str | Path,
+    out: str | Path,
+    opts: PruneOptions,
+    *,
+    in_place: bool = False,
+    progress: Progress | None = None,
+    on_plan: Callable[[MemoryPlan], None] | None = None,
+) -> PruneResult:
     """Prune the targeted tensors of checkpoint ``src`` into ``out`` (same layout), streaming.
 
     With a calibration method, ``on_plan`` is called with the memory plan once it is made,

@@ -72,7 +72,9 @@ NEEDS = "calibration pruning (--method wanda or sparsegpt) runs causal language 
 LOWER_MEMORY = "--samples, --seq, --dtype bfloat16, or --max-memory if more is free than detected"
 
 
-def calibration_windows(ids: list[int], samples: int, seq: int, seed: int, source: str) -> torch.Tensor:
+def calibration_windows(
+    ids: list[int], samples: int, seq: int, seed: int, source: str
+) -> torch.Tensor:
     """``samples`` windows (rows) of ``seq`` tokens: distinct non-overlapping windows of the text,
     picked at random by ``seed`` and kept in text order."""
     need = samples * seq
@@ -80,7 +82,8 @@ def calibration_windows(ids: list[int], samples: int, seq: int, seed: int, sourc
         raise SparsetoolError(
             f"--calibration {source}: {plural(len(ids), 'token')} for this model's tokenizer, but "
             f"--samples {samples} x --seq {seq} needs {need:,}; give more text or lower "
-            "--samples or --seq")
+            "--samples or --seq"
+        )
     n = len(ids) // seq
     pick = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:samples].sort().values
     t = torch.tensor(ids[: n * seq], dtype=torch.long).view(n, seq)
@@ -105,7 +108,9 @@ class _Place:
 
 def _is_experts(module: torch.nn.Module) -> bool:
     """transformers' fused experts: 3-D parameters, one matrix per expert, and a down projection."""
-    return hasattr(module, "down_proj") and any(p.ndim == 3 for p in module.parameters(recurse=False))
+    return hasattr(module, "down_proj") and any(
+        p.ndim == 3 for p in module.parameters(recurse=False)
+    )
 
 
 class CalibratedPlanner:
@@ -114,9 +119,17 @@ class CalibratedPlanner:
     output's header needs (``nonzero_after``) before the long part; :meth:`run` prunes and hands
     each tensor to a sink as its block finishes."""
 
-    def __init__(self, ckpt: Checkpoint, targets: list[LogicalTensor], opts: PruneOptions,
-                 plan: TargetPlan, *, nan_ok: bool = False, progress: Progress | None = None,
-                 on_plan: Callable[[MemoryPlan], None] | None = None):
+    def __init__(
+        self,
+        ckpt: Checkpoint,
+        targets: list[LogicalTensor],
+        opts: PruneOptions,
+        plan: TargetPlan,
+        *,
+        nan_ok: bool = False,
+        progress: Progress | None = None,
+        on_plan: Callable[[MemoryPlan], None] | None = None,
+    ):
         self.ckpt, self.targets, self.opts, self.progress = ckpt, targets, opts, progress
         self.on_plan = on_plan
         self.target_plan, self.nan_ok = plan, nan_ok
@@ -126,7 +139,9 @@ class CalibratedPlanner:
             self._part_keep = part_keep_counts(
                 {lt.name: tuple(lt.shape) for lt in targets},
                 {lt.name: plan[lt.name].experts for lt in targets if plan[lt.name].experts},
-                opts.sparsity, opts.distribution)
+                opts.sparsity,
+                opts.distribution,
+            )
             self.keep = {name: sum(parts) for name, parts in self._part_keep.items()}
         self.nonzero_before: dict[str, int] = {}
         self.nonzero_after: dict[str, int] = {}  # kept counts, known before pruning
@@ -143,7 +158,9 @@ class CalibratedPlanner:
         self.fallback: list[str] = []  # experts' matrices pruned by magnitude: too few tokens
         self.routed: dict[str, int] = {}  # expert's matrix -> calibration tokens routed to it
         self._windows: torch.Tensor | None = None
-        self.shared: dict[int, list[list[str]]] = {}  # block -> the targeted tensors of each distinct input
+        self.shared: dict[
+            int, list[list[str]]
+        ] = {}  # block -> the targeted tensors of each distinct input
 
     # ------------------------------------------------------------------ before the long part
     def prepare(self) -> None:
@@ -152,7 +169,8 @@ class CalibratedPlanner:
             if self.target_plan[lt.name].layout not in ("linear", "conv1d") + STACKED_LAYOUTS:
                 raise SparsetoolError(
                     f"tensor {lt.name!r} {list(lt.shape)}: --method {o.method} prunes "
-                    "linear layers (2-D weights) only; leave it out with --exclude")
+                    "linear layers (2-D weights) only; leave it out with --exclude"
+                )
         text = read_text(o.calibration, "--calibration")  # a bad file fails before the model loads
         self.model = model = open_model(self.ckpt.path, o.dtype, o.device, needs=NEEDS)
         self._place_targets(model)
@@ -160,14 +178,19 @@ class CalibratedPlanner:
         if seq is None:
             seq = min(DEFAULT_SEQ, model.context)
             if seq < DEFAULT_SEQ:
-                self.notes.append(f"calibration windows of {seq} tokens, the model's context "
-                                  f"(shorter than the default --seq {DEFAULT_SEQ})")
+                self.notes.append(
+                    f"calibration windows of {seq} tokens, the model's context "
+                    f"(shorter than the default --seq {DEFAULT_SEQ})"
+                )
         elif seq > model.context:
-            raise SparsetoolError(f"--seq {seq}: {self.ckpt.path} takes at most {model.context} "
-                                  f"tokens at once; use --seq {model.context} or less")
+            raise SparsetoolError(
+                f"--seq {seq}: {self.ckpt.path} takes at most {model.context} "
+                f"tokens at once; use --seq {model.context} or less"
+            )
         self.opts = dataclasses.replace(o, seq=seq)
-        self._windows = calibration_windows(model.encode(text).ids, o.samples, seq, o.seed,
-                                            o.calibration)
+        self._windows = calibration_windows(
+            model.encode(text).ids, o.samples, seq, o.seed, o.calibration
+        )
         self.memory = self._memory_plan(model, seq)
         self.memory.check(f"prune --method {o.method}", LOWER_MEMORY)
         if self.on_plan is not None:
@@ -230,14 +253,17 @@ class CalibratedPlanner:
         for lt in self.targets:
             found = model.piece_of(lt.name)
             if found is None:
-                raise SparsetoolError(f"tensor {lt.name!r} is not a parameter of the {model.kind} "
-                                      "model; leave it out with --exclude")
+                raise SparsetoolError(
+                    f"tensor {lt.name!r} is not a parameter of the {model.kind} "
+                    "model; leave it out with --exclude"
+                )
             own, piece = found
             i = next((j for j, names in enumerate(model.blocks) if own in names), None)
             if i is None:
                 raise SparsetoolError(
                     f"tensor {lt.name!r} is outside the transformer blocks ({model.block_prefix}.N); "
-                    f"--method {self.opts.method} prunes block weights only: leave it out with --exclude")
+                    f"--method {self.opts.method} prunes block weights only: leave it out with --exclude"
+                )
             owner, _, attr = own.rpartition(".")
             module = model.module.get_submodule(owner)
             if not _is_experts(module):
@@ -249,13 +275,16 @@ class CalibratedPlanner:
                     f"tensor {lt.name!r} {list(lt.shape)}: the experts of {type(module).__name__} "
                     "are not called with each token's chosen experts and routing weights, so "
                     f"--method {self.opts.method} cannot tell which tokens each expert sees; prune "
-                    "them by magnitude, or leave them out with --exclude '*.experts.*'")
+                    "them by magnitude, or leave them out with --exclude '*.experts.*'"
+                )
             part = "out" if attr.startswith("down") else "in"
             transposed = bool(module.is_transposed)
             if piece.index and not transposed:  # one expert's matrix
                 self._where[lt.name] = _Place(lt, own, piece, module, int(piece.index[0]), part)
                 self._by_block.setdefault(i, []).append((lt.name, lt))
-            elif not piece.index and transposed == (self.target_plan[lt.name].layout == "stacked_t"):
+            elif not piece.index and transposed == (
+                self.target_plan[lt.name].layout == "stacked_t"
+            ):
                 for e in range(lt.shape[0]):  # every expert's matrix, each a unit of its own
                     key = f"{lt.name}[{e}]"
                     self._where[key] = _Place(lt, own, piece, module, e, part, slot=True)
@@ -265,7 +294,8 @@ class CalibratedPlanner:
                     f"tensor {lt.name!r} {list(lt.shape)}: its experts are stored "
                     f"{'(in, out)' if self.target_plan[lt.name].layout == 'stacked_t' else '(out, in)'}"
                     f" but the model reads them the other way; --method {self.opts.method} cannot "
-                    "prune it: prune it by magnitude, or leave it out with --exclude")
+                    "prune it: prune it by magnitude, or leave it out with --exclude"
+                )
 
     def expected_inputs(self, block: int) -> list[list[str]]:
         """The plan's guess, before anything runs, of which targeted tensors of ``block`` read one
@@ -273,11 +303,14 @@ class CalibratedPlanner:
         projections (gate, up) of one module, when they take as many inputs; every other layer its
         own. :class:`BlockStatistics` sees the real sharing when the block runs (``shared``); this
         is for the memory plan."""
-        return [[lt.name for _key, lt in group]
-                for group in self._expected_groups(self._by_block.get(block, []))]
+        return [
+            [lt.name for _key, lt in group]
+            for group in self._expected_groups(self._by_block.get(block, []))
+        ]
 
-    def _expected_groups(self, pairs: list[tuple[str, LogicalTensor]]
-                         ) -> list[list[tuple[str, LogicalTensor]]]:
+    def _expected_groups(
+        self, pairs: list[tuple[str, LogicalTensor]]
+    ) -> list[list[tuple[str, LogicalTensor]]]:
         groups: dict[tuple, list[tuple[str, LogicalTensor]]] = {}
         for key, lt in pairs:
             place = self._where[key]
@@ -300,10 +333,14 @@ class CalibratedPlanner:
         o = self.opts
         hidden = o.samples * seq * model.width * model.dtype.itemsize
         total, source = budget(o.max_memory)
-        plan = MemoryPlan(fixed=process_memory(),
-                          weights=max(model.largest_block_bytes, model.bytes_of(model.outer)),
-                          activations=2 * hidden + model.block_work_bytes(1, seq) + self._routed_bytes(seq),
-                          statistics=0, budget=total, budget_source=source)
+        plan = MemoryPlan(
+            fixed=process_memory(),
+            weights=max(model.largest_block_bytes, model.bytes_of(model.outer)),
+            activations=2 * hidden + model.block_work_bytes(1, seq) + self._routed_bytes(seq),
+            statistics=0,
+            budget=total,
+            budget_source=source,
+        )
         room = total - plan.peak
         most = 1
         for i, pairs in self._by_block.items():
@@ -320,7 +357,8 @@ class CalibratedPlanner:
             self.notes.append(
                 f"a block's statistics do not fit in memory at once: blocks are calibrated in up "
                 f"to {most} passes of the windows, each pruning some of the block's layers from "
-                "the block as the earlier passes left it (more memory: one pass, and sooner)")
+                "the block as the earlier passes left it (more memory: one pass, and sooner)"
+            )
         return plan
 
     def _routed_bytes(self, seq: int) -> int:
@@ -419,8 +457,12 @@ class CalibratedPlanner:
         o = self.opts
         if o.refine != "dsnot":
             return None
-        return {"method": "dsnot", "iterations": o.dsnot_iterations,
-                "threshold": o.dsnot_threshold, "swaps": self.swaps}
+        return {
+            "method": "dsnot",
+            "iterations": o.dsnot_iterations,
+            "threshold": o.dsnot_threshold,
+            "swaps": self.swaps,
+        }
 
     @property
     def has_experts(self) -> bool:
@@ -433,34 +475,51 @@ class CalibratedPlanner:
         by magnitude for having fewer than ``--expert-min-tokens`` (None: no experts targeted)."""
         if not self.has_experts:
             return None
-        return {"min_tokens": self.opts.expert_min_tokens, "magnitude": list(self.fallback),
-                "routed_tokens": dict(self.routed)}
+        return {
+            "min_tokens": self.opts.expert_min_tokens,
+            "magnitude": list(self.fallback),
+            "routed_tokens": dict(self.routed),
+        }
 
     @property
     def _reads_inputs(self) -> bool:
         """Whether the masks need each layer's inputs (all but magnitude without DSnoT)."""
         return self.opts.method != "magnitude" or self.opts.refine != "none"
 
-    def _gather(self, i: int, layers: dict[str, LogicalTensor], calls: list[Call], *,
-                hessian: bool, moments: bool, outputs: list | None = None) -> BlockStatistics:
+    def _gather(
+        self,
+        i: int,
+        layers: dict[str, LogicalTensor],
+        calls: list[Call],
+        *,
+        hessian: bool,
+        moments: bool,
+        outputs: list | None = None,
+    ) -> BlockStatistics:
         """Run every window through block ``i`` (loaded) with hooks on its targeted ``layers``;
         the block's outputs go into ``outputs`` when it is given (the block as it is now)."""
         model = self.model
-        stats = BlockStatistics({key: self._n_in(lt) for key, lt in layers.items()}, hessian,
-                                model.device, moments)
+        stats = BlockStatistics(
+            {key: self._n_in(lt) for key, lt in layers.items()}, hessian, model.device, moments
+        )
         hooks = []
         experts: dict[str, tuple[torch.nn.Module, dict[int, dict[str, list[str]]]]] = {}
         for key in layers:
             place = self._where[key]
             owner = place.own.rpartition(".")[0]
             if place.experts is None:
-                hooks.append(model.module.get_submodule(owner).register_forward_hook(stats.hook(key)))
+                hooks.append(
+                    model.module.get_submodule(owner).register_forward_hook(stats.hook(key))
+                )
             else:
                 units = experts.setdefault(owner, (place.experts, {}))[1]
                 units.setdefault(place.expert, {}).setdefault(place.part, []).append(key)
         for module, units in experts.values():
-            hooks.append(module.register_forward_pre_hook(stats.experts_hook(module, units),
-                                                          with_kwargs=True))
+            hooks.append(
+                module.register_forward_pre_hook(
+                    stats.experts_hook(module, units), with_kwargs=True
+                )
+            )
         try:
             for call in calls:
                 out = model.run_block(i, call)
@@ -487,8 +546,14 @@ class CalibratedPlanner:
                 outputs: list[Call] = []  # the dense block's outputs: the next block's inputs
                 if pairs:
                     layers = dict(pairs)
-                    stats = self._gather(i, layers, calls, hessian=False, moments=False,
-                                         outputs=outputs if i < last else None)
+                    stats = self._gather(
+                        i,
+                        layers,
+                        calls,
+                        hessian=False,
+                        moments=False,
+                        outputs=outputs if i < last else None,
+                    )
                     count = OutlierCount(o.owl_m)
                     by_tensor: dict[str, tuple[LogicalTensor, list[str]]] = {}
                     for key, lt in layers.items():  # a tensor of every expert: read once
@@ -498,7 +563,10 @@ class CalibratedPlanner:
                             dense = self._dense(lt)
                             for key in keys:
                                 place = self._where[key]
-                                add(dense[place.expert] if place.slot else dense, stats.of(key).sq.cpu())
+                                add(
+                                    dense[place.expert] if place.slot else dense,
+                                    stats.of(key).sq.cpu(),
+                                )
                             del dense
                     ratios.append(count.ratio)
                     blocks.append({lt.name: lt.numel for lt in layers.values()})
@@ -508,12 +576,20 @@ class CalibratedPlanner:
                 if self.progress:
                     self.progress("outliers", i + 1, last + 1)
         del calls
-        sparsities = owl_sparsities(ratios, [sum(b.values()) for b in blocks], o.sparsity, o.owl_lambda)
+        sparsities = owl_sparsities(
+            ratios, [sum(b.values()) for b in blocks], o.sparsity, o.owl_lambda
+        )
         self.keep = owl_keep(blocks, sparsities, o.sparsity)
         self.allocation = [
-            {"block": b, "outlier_ratio": r, "sparsity": block_sparsity(self.keep, block),
-             "targeted": sum(block.values()), "kept": sum(self.keep[n] for n in block)}
-            for b, r, block in zip(sorted(self._by_block), ratios, blocks)]
+            {
+                "block": b,
+                "outlier_ratio": r,
+                "sparsity": block_sparsity(self.keep, block),
+                "targeted": sum(block.values()),
+                "kept": sum(self.keep[n] for n in block),
+            }
+            for b, r, block in zip(sorted(self._by_block), ratios, blocks)
+        ]
 
     def _dense(self, lt: LogicalTensor) -> torch.Tensor:
         """A targeted weight as stored, (out, in) (or (experts, out, in)), in float32 (pruned
@@ -521,8 +597,9 @@ class CalibratedPlanner:
         dense, _alive = read_alive_tensors(self.ckpt, lt, nan_means_pruned=self.nan_ok)
         return self._oriented(lt, dense).float()
 
-    def _prune_block(self, i: int, layers: dict[str, LogicalTensor], calls: list[Call],
-                     sink: Sink) -> None:
+    def _prune_block(
+        self, i: int, layers: dict[str, LogicalTensor], calls: list[Call], sink: Sink
+    ) -> None:
         """Prune block ``i``'s targeted ``layers`` (key -> tensor) in the passes the memory plan
         chose (one, unless the statistics do not fit at once): each gathers its layers'
         statistics over every window, then prunes them, dropping an input's statistics after its
@@ -533,11 +610,13 @@ class CalibratedPlanner:
         for keys in passes:
             self._prune_pass(i, {k: layers[k] for k in keys}, calls, sink)
 
-    def _prune_pass(self, i: int, layers: dict[str, LogicalTensor], calls: list[Call],
-                    sink: Sink) -> None:
+    def _prune_pass(
+        self, i: int, layers: dict[str, LogicalTensor], calls: list[Call], sink: Sink
+    ) -> None:
         o = self.opts
-        stats = self._gather(i, layers, calls, hessian=o.method == "sparsegpt",
-                             moments=o.refine == "dsnot")
+        stats = self._gather(
+            i, layers, calls, hessian=o.method == "sparsegpt", moments=o.refine == "dsnot"
+        )
         self.shared[i] += [[layers[key].name for key in group] for group in stats.groups()]
         slots: dict[str, list[str]] = {}
         for key, lt in layers.items():
@@ -554,8 +633,9 @@ class CalibratedPlanner:
                 stats.release(k)
             done.add(lt.name)
 
-    def _prune(self, lt: LogicalTensor, units: list[tuple[str | None, InputStatistics | None]],
-               sink: Sink) -> None:
+    def _prune(
+        self, lt: LogicalTensor, units: list[tuple[str | None, InputStatistics | None]], sink: Sink
+    ) -> None:
         """Prune one tensor from its stored values (float32 math), write it, put it back into
         the block. ``units`` are its matrices (key, statistics): one, or each expert's of a
         tensor of every expert; (None, None) when no block runs."""
@@ -586,17 +666,28 @@ class CalibratedPlanner:
         if place is not None and place.piece.index:  # one expert's matrix
             self.model.set_piece(place.own, place.piece, stored_new)
         elif place is not None:
-            self.model.set_weight(place.own, stored_new)  # the next inputs come from the pruned block
+            self.model.set_weight(
+                place.own, stored_new
+            )  # the next inputs come from the pruned block
         kept = self._oriented(lt, kept).contiguous()
         if count_nonzero_values(kept) != self.nonzero_after[lt.name]:
-            raise CheckpointError(f"tensor {lt.name!r}: kept {plural(count_nonzero_values(kept), 'weight')} "
-                                  f"where {self.nonzero_after[lt.name]:,} were planned; please report this")
+            raise CheckpointError(
+                f"tensor {lt.name!r}: kept {plural(count_nonzero_values(kept), 'weight')} "
+                f"where {self.nonzero_after[lt.name]:,} were planned; please report this"
+            )
         values = stored_new.to(stored).contiguous() if o.method == "sparsegpt" else dense
         sink(lt, values, kept)
 
-    def _select(self, key: str | None, lt: LogicalTensor, w: torch.Tensor, alive: torch.Tensor,
-                stats: InputStatistics | None, expert: int | None, copied: bool
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _select(
+        self,
+        key: str | None,
+        lt: LogicalTensor,
+        w: torch.Tensor,
+        alive: torch.Tensor,
+        stats: InputStatistics | None,
+        expert: int | None,
+        copied: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One matrix (out, in) of ``lt``: (its new values, its kept mask) by the method; ``w`` may
         be overwritten when ``copied`` (it is a float32 copy of the stored values).
 
@@ -617,15 +708,29 @@ class CalibratedPlanner:
         refine = o.refine == "dsnot" and not few
         if o.method == "sparsegpt" and few:
             identity = inverse_hessian_factor(torch.eye(w.shape[1]), o.dampening, overwrite=True)
-            return sparsegpt_update(w, identity, keep=keep, nm=o.nm, existing=alive,
-                                    blocksize=o.blocksize, overwrite=copied)
+            return sparsegpt_update(
+                w,
+                identity,
+                keep=keep,
+                nm=o.nm,
+                existing=alive,
+                blocksize=o.blocksize,
+                overwrite=copied,
+            )
         if o.method == "sparsegpt":
             if stats.factor is None:  # the first layer of this input: X^T X becomes the factor
                 h, stats.h = stats.h.cpu(), None  # from a GPU: a copy, and the GPU's is dropped
                 stats.factor = inverse_hessian_factor(h, o.dampening, overwrite=True)
                 del h
-            new, kept = sparsegpt_update(w, stats.factor, keep=keep, nm=o.nm, existing=alive,
-                                         blocksize=o.blocksize, overwrite=copied and not refine)
+            new, kept = sparsegpt_update(
+                w,
+                stats.factor,
+                keep=keep,
+                nm=o.nm,
+                existing=alive,
+                blocksize=o.blocksize,
+                overwrite=copied and not refine,
+            )
         elif o.method == "wanda":
             norms = torch.ones(w.shape[1], dtype=torch.float64) if few else stats.sq.cpu()
             kept = wanda_mask(w, norms, keep=keep, nm=o.nm, existing=alive)
@@ -633,14 +738,23 @@ class CalibratedPlanner:
             kept = magnitude_mask(w, keep=keep, existing=alive)
         if refine:
             mean, var = stats.moments()
-            kept, swaps = dsnot_refine(w, kept, mean=mean, var=var, sq_norms=stats.sq.cpu(),
-                                       window=self.opts.seq, alive=alive,
-                                       iterations=o.dsnot_iterations, threshold=o.dsnot_threshold)
+            kept, swaps = dsnot_refine(
+                w,
+                kept,
+                mean=mean,
+                var=var,
+                sq_norms=stats.sq.cpu(),
+                window=self.opts.seq,
+                alive=alive,
+                iterations=o.dsnot_iterations,
+                threshold=o.dsnot_threshold,
+            )
             self.swaps += swaps
             if o.method == "sparsegpt":  # the refined mask's pruned weights, compensated
                 del new
-                new, kept = sparsegpt_update(w, stats.factor, fixed=kept, blocksize=o.blocksize,
-                                             overwrite=copied)
+                new, kept = sparsegpt_update(
+                    w, stats.factor, fixed=kept, blocksize=o.blocksize, overwrite=copied
+                )
         if o.method != "sparsegpt":
             new = w * kept
         return new, kept

@@ -47,8 +47,15 @@ class MagnitudePlanner:
     """Decides each targeted tensor's mask in file order (a
     :class:`~sparsetool.ops.prune.planner.FileOrderPlanner`)."""
 
-    def __init__(self, ckpt: Checkpoint, targets: list[LogicalTensor], opts: PruneOptions,
-                 plan: TargetPlan, *, progress: Progress | None = None):
+    def __init__(
+        self,
+        ckpt: Checkpoint,
+        targets: list[LogicalTensor],
+        opts: PruneOptions,
+        plan: TargetPlan,
+        *,
+        progress: Progress | None = None,
+    ):
         self.ckpt, self.targets, self.opts, self.progress = ckpt, targets, opts, progress
         self.target_plan = plan
         self._index = {lt.name: i for i, lt in enumerate(targets)}
@@ -73,7 +80,9 @@ class MagnitudePlanner:
     @property
     def needs_first_pass(self) -> bool:
         o = self.opts
-        return o.fraction is not None or o.scope == "global" or codec(o.encoding).kept_counts_in_header
+        return (
+            o.fraction is not None or o.scope == "global" or codec(o.encoding).kept_counts_in_header
+        )
 
     def prepare(self) -> None:
         """The first pass, when one is needed: non-zeros, histograms, kept counts."""
@@ -109,7 +118,9 @@ class MagnitudePlanner:
                 estimate = counts if estimate is None else estimate + counts
             elif o.fraction is not None:
                 alive = existing.reshape(self._parts(lt), -1)
-                self.keep[lt.name] = [fraction_keep(int(np.count_nonzero(row)), o.fraction) for row in alive]
+                self.keep[lt.name] = [
+                    fraction_keep(int(np.count_nonzero(row)), o.fraction) for row in alive
+                ]
             if codec(o.encoding).kept_counts_in_header and o.scope == "layer":
                 # The compressed size goes into the header, so count the result now.
                 self.nonzero_after[lt.name] = int(np.count_nonzero(self._mask(lt, dense, existing)))
@@ -122,15 +133,19 @@ class MagnitudePlanner:
                 assert o.sparsity is not None  # validate(): --nm takes no --scope global
                 numel = sum(lt.numel for lt in self.targets)
                 total_keep = numel - round(o.sparsity * numel)
-            self.global_plan = self._global_plan(self._plain_histograms(hists, estimate, total_keep),
-                                                 total_keep)
+            self.global_plan = self._global_plan(
+                self._plain_histograms(hists, estimate, total_keep), total_keep
+            )
             if codec(o.encoding).kept_counts_in_header:
                 for lt in self.targets:
                     dense, existing = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
-                    self.nonzero_after[lt.name] = int(np.count_nonzero(self._mask(lt, dense, existing)))
+                    self.nonzero_after[lt.name] = int(
+                        np.count_nonzero(self._mask(lt, dense, existing))
+                    )
 
-    def _plain_histograms(self, hists: list[MagnitudeHistogram | None], estimate: np.ndarray | None,
-                          keep: int) -> list[MagnitudeHistogram]:
+    def _plain_histograms(
+        self, hists: list[MagnitudeHistogram | None], estimate: np.ndarray | None, keep: int
+    ) -> list[MagnitudeHistogram]:
         """The histograms of the plain tensors the first pass left for later. The threshold lies
         near where the samples put it: each tensor's buckets are counted one by one only around
         that place (a few comparisons per weight instead of a whole histogram), the rest in two
@@ -154,8 +169,9 @@ class MagnitudePlanner:
                 if h is None:  # a finite plain tensor: its keys, and its zeros counted before
                     lt = self.targets[i]
                     keys = magnitude_keys(self.ckpt.read_array(lt.stored[0]), dtype=lt.st_dtype)
-                    h = MagnitudeHistogram.of_scan(Scan(keys, 0, self._zeros[lt.name]), lt.st_dtype,
-                                                   low=low, high=high)
+                    h = MagnitudeHistogram.of_scan(
+                        Scan(keys, 0, self._zeros[lt.name]), lt.st_dtype, low=low, high=high
+                    )
                     if self.progress:
                         self.progress("histogram", i + 1, len(hists))
                 out.append(h)
@@ -165,7 +181,7 @@ class MagnitudePlanner:
         if low or high is not None:
             total = sum(h.counts for h in done)
             last = len(total) - 1 if high is None else min(high, len(total) - 1)
-            if not int(total[last + 1:].sum()) < keep <= int(total[low:].sum()):
+            if not int(total[last + 1 :].sum()) < keep <= int(total[low:].sum()):
                 done = fill(0, None)  # the samples misled (a rare, skewed file): count every bucket
         return done
 
@@ -178,7 +194,9 @@ class MagnitudePlanner:
             for i in plan.refine:
                 lt = self.targets[i]
                 dense, existing = read_alive(self.ckpt, lt, nan_means_pruned=self.nan_ok)
-                fine[i] = MagnitudeHistogram.of(dense, existing, refine=plan.refine_bucket, dtype=lt.st_dtype)
+                fine[i] = MagnitudeHistogram.of(
+                    dense, existing, refine=plan.refine_bucket, dtype=lt.st_dtype
+                )
                 if self.progress:
                     self.progress("refine", len(fine), len(plan.refine))
             plan = global_threshold_plan(hists, total_keep, refined=fine)
@@ -197,13 +215,16 @@ class MagnitudePlanner:
                     f"out with --exclude '{lt.name}' or prune it without --nm"
                 )
             try:  # a fused experts tensor: its groups run along each expert's input axis
-                return nm_mask(dense, n, m, dim=entry.input_dim, existing=existing, dtype=lt.st_dtype)
+                return nm_mask(
+                    dense, n, m, dim=entry.input_dim, existing=existing, dtype=lt.st_dtype
+                )
             except SparsetoolError as e:
                 raise SparsetoolError(f"tensor {lt.name!r} {list(lt.shape)}: {e}") from None
         if o.scope == "global":
             assert self.global_plan is not None, "prepare() first"
-            return apply_threshold(dense, self.global_plan.tensors[self._index[lt.name]], existing,
-                                   dtype=lt.st_dtype)
+            return apply_threshold(
+                dense, self.global_plan.tensors[self._index[lt.name]], existing, dtype=lt.st_dtype
+            )
         keeps = self._layer_keep(lt)
         if len(keeps) == 1:
             return self._select(lt, dense, existing, keeps[0], lt.name)
@@ -213,12 +234,14 @@ class MagnitudePlanner:
             mask[e] = self._select(lt, values[e], alive[e], keep, f"{lt.name}[{e}]")
         return mask.reshape(tuple(lt.shape))
 
-    def _select(self, lt: LogicalTensor, dense: np.ndarray, existing: np.ndarray, keep: int,
-                unit: str) -> np.ndarray:
+    def _select(
+        self, lt: LogicalTensor, dense: np.ndarray, existing: np.ndarray, keep: int, unit: str
+    ) -> np.ndarray:
         """Layer scope: the mask keeping ``keep`` of one unit (a tensor, or one expert's matrix)."""
         if self.opts.method == "random":
-            return random_mask(dense.shape, keep=keep, existing=existing,
-                               seed=tensor_seed(self.opts.seed, unit))
+            return random_mask(
+                dense.shape, keep=keep, existing=existing, seed=tensor_seed(self.opts.seed, unit)
+            )
         return magnitude_mask(dense, keep=keep, existing=existing, dtype=lt.st_dtype)
 
     def _streams(self, lt: LogicalTensor) -> bool:

@@ -109,11 +109,19 @@ class PruneOptions:
         """Whether the run takes the model block by block with calibration text: Wanda and
         SparseGPT always, magnitude with OWL's allocation or DSnoT's refinement."""
         return self.method in CALIBRATION_METHODS or (
-            self.method == "magnitude" and (self.allocation != "uniform" or self.refine != "none"))
+            self.method == "magnitude" and (self.allocation != "uniform" or self.refine != "none")
+        )
 
     def validate(self) -> None:
-        given = [o for o, v in (("--sparsity", self.sparsity), ("--fraction", self.fraction),
-                                ("--nm", self.nm)) if v is not None]
+        given = [
+            o
+            for o, v in (
+                ("--sparsity", self.sparsity),
+                ("--fraction", self.fraction),
+                ("--nm", self.nm),
+            )
+            if v is not None
+        ]
         if len(given) != 1:
             raise ConfigError(
                 "give exactly one of --sparsity S, --fraction F or --nm N:M "
@@ -124,12 +132,14 @@ class PruneOptions:
         if self.fraction is not None:
             check_fraction(self.fraction)
         check_seed(self.seed)
-        for opt, value, allowed in (("--method", self.method, METHODS),
-                                    ("--scope", self.scope, SCOPES),
-                                    ("--distribution", self.distribution, DISTRIBUTIONS),
-                                    ("--encoding", self.encoding, ENCODINGS),
-                                    ("--allocation", self.allocation, ALLOCATIONS),
-                                    ("--refine", self.refine, REFINEMENTS)):
+        for opt, value, allowed in (
+            ("--method", self.method, METHODS),
+            ("--scope", self.scope, SCOPES),
+            ("--distribution", self.distribution, DISTRIBUTIONS),
+            ("--encoding", self.encoding, ENCODINGS),
+            ("--allocation", self.allocation, ALLOCATIONS),
+            ("--refine", self.refine, REFINEMENTS),
+        ):
             if value not in allowed:
                 raise ConfigError(f"{opt} {value!r} is not one of: {', '.join(allowed)}")
         self._validate_beyond_uniform()
@@ -137,29 +147,39 @@ class PruneOptions:
         if self.scope == "global" and self.method != "magnitude":
             raise ConfigError("--scope global ranks weights by magnitude: use --method magnitude")
         if self.scope == "global" and self.distribution != "uniform":
-            raise ConfigError("--scope global sets each tensor's sparsity itself: "
-                              "drop --distribution erk or use --scope layer")
+            raise ConfigError(
+                "--scope global sets each tensor's sparsity itself: "
+                "drop --distribution erk or use --scope layer"
+            )
         if self.nm is not None:
             n, m = self.nm
             if not (0 < n <= m):
                 raise ConfigError(f"--nm {n}:{m}: need 0 < N <= M (keep N of every M weights)")
             if self.scope == "global" or self.distribution != "uniform":
-                raise ConfigError("--nm N:M is a per-tensor pattern: it takes neither "
-                                  "--scope global nor --distribution erk")
+                raise ConfigError(
+                    "--nm N:M is a per-tensor pattern: it takes neither "
+                    "--scope global nor --distribution erk"
+                )
             if self.method == "random":
-                raise ConfigError("--nm N:M keeps the largest N of every M: use --method "
-                                  "magnitude, wanda or sparsegpt")
+                raise ConfigError(
+                    "--nm N:M keeps the largest N of every M: use --method "
+                    "magnitude, wanda or sparsegpt"
+                )
         if self.fraction is not None and self.distribution != "uniform":
-            raise ConfigError("--fraction prunes a share of each tensor's remaining weights: "
-                              "it takes no --distribution")
+            raise ConfigError(
+                "--fraction prunes a share of each tensor's remaining weights: "
+                "it takes no --distribution"
+            )
 
     def _validate_beyond_uniform(self) -> None:
         defaults = PruneOptions()
         owl, dsnot = self.allocation == "owl", self.refine == "dsnot"
-        for opt, attr, needs, on in (("--owl-m", "owl_m", "--allocation owl", owl),
-                                      ("--owl-lambda", "owl_lambda", "--allocation owl", owl),
-                                      ("--dsnot-iterations", "dsnot_iterations", "--refine dsnot", dsnot),
-                                      ("--dsnot-threshold", "dsnot_threshold", "--refine dsnot", dsnot)):
+        for opt, attr, needs, on in (
+            ("--owl-m", "owl_m", "--allocation owl", owl),
+            ("--owl-lambda", "owl_lambda", "--allocation owl", owl),
+            ("--dsnot-iterations", "dsnot_iterations", "--refine dsnot", dsnot),
+            ("--dsnot-threshold", "dsnot_threshold", "--refine dsnot", dsnot),
+        ):
             if getattr(self, attr) != getattr(defaults, attr) and not on:
                 raise ConfigError(f"{opt} is read by {needs} only: add {needs} or drop {opt}")
         check_owl_m(self.owl_m)
@@ -167,52 +187,92 @@ class PruneOptions:
         check_count(self.dsnot_iterations, "--dsnot-iterations", minimum=0)
         check_threshold(self.dsnot_threshold)
         check_count(self.expert_min_tokens, "--expert-min-tokens", minimum=0)
-        asked = [o for o, on in ((f"--allocation {self.allocation}", self.allocation != "uniform"),
-                                 (f"--refine {self.refine}", self.refine != "none")) if on]
+        asked = [
+            o
+            for o, on in (
+                (f"--allocation {self.allocation}", self.allocation != "uniform"),
+                (f"--refine {self.refine}", self.refine != "none"),
+            )
+            if on
+        ]
         if not asked:
             return
         if self.method not in ("magnitude",) + CALIBRATION_METHODS:
-            raise ConfigError(f"{asked[0]} works on magnitude, wanda or sparsegpt masks, not "
-                              f"--method {self.method}")
+            raise ConfigError(
+                f"{asked[0]} works on magnitude, wanda or sparsegpt masks, not "
+                f"--method {self.method}"
+            )
         if self.sparsity is None:
-            raise ConfigError(f"{asked[0]} takes --sparsity S (unstructured sparsity; N:M and "
-                              "--fraction keep their own fixed counts)")
-        if self.allocation != "uniform" and (self.distribution != "uniform" or self.scope != "layer"):
-            raise ConfigError("--allocation owl sets each block's sparsity itself: it takes "
-                              "neither --distribution erk nor --scope global")
+            raise ConfigError(
+                f"{asked[0]} takes --sparsity S (unstructured sparsity; N:M and "
+                "--fraction keep their own fixed counts)"
+            )
+        if self.allocation != "uniform" and (
+            self.distribution != "uniform" or self.scope != "layer"
+        ):
+            raise ConfigError(
+                "--allocation owl sets each block's sparsity itself: it takes "
+                "neither --distribution erk nor --scope global"
+            )
         if self.refine != "none" and self.scope != "layer":
-            raise ConfigError("--refine dsnot refines each layer's mask: it takes no --scope global")
+            raise ConfigError(
+                "--refine dsnot refines each layer's mask: it takes no --scope global"
+            )
         if self.calibration is None:
-            raise ConfigError(f"{asked[0]} needs calibration text: give --calibration FILE|DIR "
-                              "(UTF-8 text the model's tokenizer reads)")
+            raise ConfigError(
+                f"{asked[0]} needs calibration text: give --calibration FILE|DIR "
+                "(UTF-8 text the model's tokenizer reads)"
+            )
 
     def _validate_calibration(self) -> None:
         defaults = PruneOptions()
-        changed = [opt for opt, field in (("--calibration", "calibration"), ("--samples", "samples"),
-                                          ("--seq", "seq"), ("--dampening", "dampening"),
-                                          ("--blocksize", "blocksize"), ("--device", "device"),
-                                          ("--dtype", "dtype"), ("--max-memory", "max_memory"))
-                   if getattr(self, field) != getattr(defaults, field)]
+        changed = [
+            opt
+            for opt, field in (
+                ("--calibration", "calibration"),
+                ("--samples", "samples"),
+                ("--seq", "seq"),
+                ("--dampening", "dampening"),
+                ("--blocksize", "blocksize"),
+                ("--device", "device"),
+                ("--dtype", "dtype"),
+                ("--max-memory", "max_memory"),
+            )
+            if getattr(self, field) != getattr(defaults, field)
+        ]
         if not self.calibrated:
             if changed:
-                extra = (" (or, for magnitude, with --allocation owl or --refine dsnot)"
-                         if self.method == "magnitude" else "")
-                raise ConfigError(f"{changed[0]} is read by --method wanda or sparsegpt{extra}, not "
-                                  f"{self.method} alone: drop it or change the method")
+                extra = (
+                    " (or, for magnitude, with --allocation owl or --refine dsnot)"
+                    if self.method == "magnitude"
+                    else ""
+                )
+                raise ConfigError(
+                    f"{changed[0]} is read by --method wanda or sparsegpt{extra}, not "
+                    f"{self.method} alone: drop it or change the method"
+                )
             return
         sgpt_only = [opt for opt in changed if opt in ("--dampening", "--blocksize")]
         if self.method != "sparsegpt" and sgpt_only:
-            raise ConfigError(f"{sgpt_only[0]} is read by --method sparsegpt only; "
-                              f"{self.method.capitalize()} changes no weight and has no Hessian: drop it")
+            raise ConfigError(
+                f"{sgpt_only[0]} is read by --method sparsegpt only; "
+                f"{self.method.capitalize()} changes no weight and has no Hessian: drop it"
+            )
         if self.calibration is None:
-            raise ConfigError(f"--method {self.method} needs calibration text: give "
-                              "--calibration FILE|DIR (UTF-8 text the model's tokenizer reads)")
+            raise ConfigError(
+                f"--method {self.method} needs calibration text: give "
+                "--calibration FILE|DIR (UTF-8 text the model's tokenizer reads)"
+            )
         if self.scope == "global":
-            raise ConfigError(f"--method {self.method} prunes each layer against its own "
-                              "calibration inputs (layer-wise): it takes no --scope global; use "
-                              "--scope layer, or --method magnitude for one global threshold")
+            raise ConfigError(
+                f"--method {self.method} prunes each layer against its own "
+                "calibration inputs (layer-wise): it takes no --scope global; use "
+                "--scope layer, or --method magnitude for one global threshold"
+            )
         if self.fraction is not None and self.method in CALIBRATION_METHODS:
-            raise ConfigError(f"--method {self.method} takes --sparsity S or --nm N:M, not --fraction")
+            raise ConfigError(
+                f"--method {self.method} takes --sparsity S or --nm N:M, not --fraction"
+            )
         check_count(self.samples, "--samples")
         if self.seq is not None:
             check_count(self.seq, "--seq", minimum=2)
@@ -221,10 +281,16 @@ class PruneOptions:
             raise ConfigError(f"--dtype {self.dtype!r} is not one of: {', '.join(COMPUTE_DTYPES)}")
         check_dampening(self.dampening)
         check_count(self.blocksize, "--blocksize")
-        if (self.nm is not None and self.method == "sparsegpt" and self.nm[1] > 0
-                and self.blocksize % self.nm[1]):
-            raise ConfigError(f"--blocksize {self.blocksize} must be a multiple of M in --nm "
-                              f"{self.nm[0]}:{self.nm[1]} (each N:M group lies inside one block)")
+        if (
+            self.nm is not None
+            and self.method == "sparsegpt"
+            and self.nm[1] > 0
+            and self.blocksize % self.nm[1]
+        ):
+            raise ConfigError(
+                f"--blocksize {self.blocksize} must be a multiple of M in --nm "
+                f"{self.nm[0]}:{self.nm[1]} (each N:M group lies inside one block)"
+            )
 
 
 @dataclass
@@ -270,14 +336,22 @@ class PruneResult:
             "output": str(self.output),
             "options": options_record(self.options, self.allocation, self.experts is not None),
             "tensors": [
-                {"name": t.name, "shape": list(t.shape), "numel": t.numel,
-                 "nonzero_before": t.nonzero_before, "nonzero": t.nonzero,
-                 "sparsity": t.sparsity}
+                {
+                    "name": t.name,
+                    "shape": list(t.shape),
+                    "numel": t.numel,
+                    "nonzero_before": t.nonzero_before,
+                    "nonzero": t.nonzero,
+                    "sparsity": t.sparsity,
+                }
                 for t in self.tensors
             ],
-            "summary": {"targeted_tensors": len(self.tensors), "targeted_numel": self.numel,
-                        "targeted_nonzero": self.nonzero,
-                        "targeted_sparsity": self.targeted_sparsity},
+            "summary": {
+                "targeted_tensors": len(self.tensors),
+                "targeted_numel": self.numel,
+                "targeted_nonzero": self.nonzero,
+                "targeted_sparsity": self.targeted_sparsity,
+            },
             "warnings": list(self.warnings),
             "notes": list(self.notes),
             "left_out": list(self.left_out),
@@ -288,11 +362,14 @@ class PruneResult:
 
 
 _CALIBRATION_FIELDS = ("calibration", "samples", "seq", "dtype", "dampening", "blocksize")
-DEFAULT_SEQ = 512  # tokens per calibration window, as the Wanda and SparseGPT papers' C4 samples use 2048
+DEFAULT_SEQ = (
+    512  # tokens per calibration window, as the Wanda and SparseGPT papers' C4 samples use 2048
+)
 
 
-def options_record(opts: PruneOptions, allocation: list[dict] | None = None,
-                   experts: bool = False) -> dict:
+def options_record(
+    opts: PruneOptions, allocation: list[dict] | None = None, experts: bool = False
+) -> dict:
     """The options as recorded in provenance and ``--json``; calibration settings only for the
     methods that read them (SparseGPT's with ``updates_weights``: it changes the kept weights);
     OWL's settings with each block's plan (``allocation``), DSnoT's settings; with ``experts``
@@ -315,8 +392,12 @@ def options_record(opts: PruneOptions, allocation: list[dict] | None = None,
         rec["calibration"] = calib
         rec["updates_weights"] = opts.method == "sparsegpt"
     if opts.allocation == "owl":
-        rec["allocation"] = {"method": "owl", "m": owl["owl_m"], "lambda": owl["owl_lambda"],
-                             "blocks": list(allocation or [])}
+        rec["allocation"] = {
+            "method": "owl",
+            "m": owl["owl_m"],
+            "lambda": owl["owl_lambda"],
+            "blocks": list(allocation or []),
+        }
     if opts.refine == "dsnot":
         rec["refine"] = {"method": "dsnot", **dsnot}
     return rec

@@ -40,7 +40,9 @@ class PrunePlan:
     planner: FileOrderPlanner | BlockOrderPlanner
     notes: list[str] = field(default_factory=list)
     memory: MemoryPlan | None = None  # calibration methods: the memory plan, checked to fit
-    allocation: list[dict] | None = None  # --allocation owl: each block's outlier ratio and sparsity
+    allocation: list[dict] | None = (
+        None  # --allocation owl: each block's outlier ratio and sparsity
+    )
     experts: bool = False  # a mixture of experts' matrices pruned from their routed tokens
 
     @property
@@ -48,22 +50,33 @@ class PrunePlan:
         return {lt.name for lt in self.targets}
 
 
-def checkpoint_plan(ckpt: Checkpoint, include: Sequence[str] = (),
-                    exclude: Sequence[str] = ()) -> TargetPlan:
+def checkpoint_plan(
+    ckpt: Checkpoint, include: Sequence[str] = (), exclude: Sequence[str] = ()
+) -> TargetPlan:
     """The targeting plan of an open checkpoint (its logical tensors and ``config.json``)."""
     return plan_targets(ckpt.logical, ckpt.config, include, exclude, source=ckpt.path.name)
 
 
-def targeted_tensors(ckpt: Checkpoint, include: Sequence[str] = (), exclude: Sequence[str] = (),
-                     *, plan: TargetPlan | None = None) -> list[LogicalTensor]:
+def targeted_tensors(
+    ckpt: Checkpoint,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    *,
+    plan: TargetPlan | None = None,
+) -> list[LogicalTensor]:
     """The logical tensors ``prune`` would change, in file order."""
     if plan is None:
         plan = checkpoint_plan(ckpt, include, exclude)
     return [lt for lt in ckpt.logical if plan[lt.name].targeted]
 
 
-def plan_prune(src: str | Path, opts: PruneOptions, *, progress: Progress | None = None,
-               on_plan: Callable[[MemoryPlan], None] | None = None) -> PrunePlan:
+def plan_prune(
+    src: str | Path,
+    opts: PruneOptions,
+    *,
+    progress: Progress | None = None,
+    on_plan: Callable[[MemoryPlan], None] | None = None,
+) -> PrunePlan:
     """Open ``src``, decide its targets and prepare the planner (the first passes, or for a
     calibration method the checks, the model and the memory plan, which ``on_plan`` hears before
     the read of every targeted tensor)."""
@@ -81,9 +94,15 @@ def plan_prune(src: str | Path, opts: PruneOptions, *, progress: Progress | None
     if opts.calibrated:  # Wanda, SparseGPT, OWL, DSnoT: block by block (calibrated.py)
         from sparsetool.ops.prune.calibrated import CalibratedPlanner
 
-        calibrated = CalibratedPlanner(ckpt, targets, opts, targeting,
-                                       nan_ok=recorded_nan_encoding(ckpt), progress=progress,
-                                       on_plan=on_plan)
+        calibrated = CalibratedPlanner(
+            ckpt,
+            targets,
+            opts,
+            targeting,
+            nan_ok=recorded_nan_encoding(ckpt),
+            progress=progress,
+            on_plan=on_plan,
+        )
         calibrated.prepare()
         opts = calibrated.opts  # with the window length used
         notes += calibrated.notes
@@ -109,9 +128,11 @@ def dtype_skipped_note(plan: TargetPlan) -> str | None:
     skipped = sort_names(plan.dtype_skipped)
     if not skipped:
         return None
-    return (f"{plural(len(skipped), 'tensor')} left unpruned for {'its' if len(skipped) == 1 else 'their'} "
-            f"{_dtypes(plan, skipped)} dtype (only floating-point weights are pruned): "
-            f"{some_names(skipped)}")
+    return (
+        f"{plural(len(skipped), 'tensor')} left unpruned for {'its' if len(skipped) == 1 else 'their'} "
+        f"{_dtypes(plan, skipped)} dtype (only floating-point weights are pruned): "
+        f"{some_names(skipped)}"
+    )
 
 
 def _nothing_targeted(src: str | Path, opts: PruneOptions, plan: TargetPlan) -> SparsetoolError:

@@ -38,8 +38,13 @@ def nonfinite_counts(values: np.ndarray, st: str) -> tuple[int, int]:
     return int(np.count_nonzero(magnitude > inf)), int(np.count_nonzero(magnitude == inf))
 
 
-def _check_finite(ckpt: Checkpoint, lt: LogicalTensor, values: np.ndarray,
-                  mask: np.ndarray | None, nan_means_pruned: bool) -> None:
+def _check_finite(
+    ckpt: Checkpoint,
+    lt: LogicalTensor,
+    values: np.ndarray,
+    mask: np.ndarray | None,
+    nan_means_pruned: bool,
+) -> None:
     """Refuse a targeted tensor holding NaN or +-inf: no magnitude ranks them (a NaN is neither
     large nor small, an inf would always be kept) and a mask would carry them into the output.
 
@@ -47,11 +52,14 @@ def _check_finite(ckpt: Checkpoint, lt: LogicalTensor, values: np.ndarray,
     """
     nan = 0
     if mask is not None and lt.encoding == "plain" and not nan_means_pruned:
-        nan = lt.numel - int(np.count_nonzero(mask))  # the reader took this tensor's NaNs for pruned weights
+        nan = lt.numel - int(
+            np.count_nonzero(mask)
+        )  # the reader took this tensor's NaNs for pruned weights
     inf = nonfinite_counts(values, lt.st_dtype)[1] if lt.floating else 0
     if nan or inf:
-        found = " and ".join(plural(n, what) for n, what in ((nan, "NaN value"), (inf, "infinite value"))
-                             if n)
+        found = " and ".join(
+            plural(n, what) for n, what in ((nan, "NaN value"), (inf, "infinite value")) if n
+        )
         raise SparsetoolError(
             f"{ckpt.path}: tensor {lt.name!r} holds {found}; prune refuses them (no "
             "magnitude ranks a NaN, an inf would always be kept): fix or re-export the weights, "
@@ -61,8 +69,9 @@ def _check_finite(ckpt: Checkpoint, lt: LogicalTensor, values: np.ndarray,
         )
 
 
-def read_alive(ckpt: Checkpoint, lt: LogicalTensor, *, nan_means_pruned: bool = False,
-               writable: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def read_alive(
+    ckpt: Checkpoint, lt: LogicalTensor, *, nan_means_pruned: bool = False, writable: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """(values as stored, a float's bits, in the tensor's shape; the bool mask of the weights
     still alive). Without an encoding, a zero already counts as pruned.
 
@@ -80,8 +89,9 @@ def read_alive(ckpt: Checkpoint, lt: LogicalTensor, *, nan_means_pruned: bool = 
     return values, alive if mask is None else mask & alive
 
 
-def read_alive_tensors(ckpt: Checkpoint, lt: LogicalTensor, *,
-                       nan_means_pruned: bool = False) -> tuple["torch.Tensor", "torch.Tensor"]:
+def read_alive_tensors(
+    ckpt: Checkpoint, lt: LogicalTensor, *, nan_means_pruned: bool = False
+) -> tuple["torch.Tensor", "torch.Tensor"]:
     """:func:`read_alive` as torch tensors (the values in their own dtype), for the calibration
     methods."""
     values, alive = read_alive(ckpt, lt, nan_means_pruned=nan_means_pruned, writable=True)

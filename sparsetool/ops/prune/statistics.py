@@ -37,7 +37,7 @@ class InputStatistics:
         if self.h is not None:
             xt = x.T
             for r in range(0, self.n_in, ROWS):  # not the whole in x in product beside h
-                self.h[r:r + ROWS] += xt[r:r + ROWS] @ x
+                self.h[r : r + ROWS] += xt[r : r + ROWS] @ x
         if self.sq is not None:
             self.sq += x.double().pow(2).sum(0)
         if self.sum is not None:
@@ -66,8 +66,9 @@ class BlockStatistics:
     is the same, bit for bit, as each layer's own would be; :meth:`release` drops it when the
     last of its layers is pruned."""
 
-    def __init__(self, n_in: dict[str, int], hessian: bool, device: torch.device,
-                 moments: bool = False):
+    def __init__(
+        self, n_in: dict[str, int], hessian: bool, device: torch.device, moments: bool = False
+    ):
         self.n_in, self.hessian, self.device, self.moments = n_in, hessian, device, moments
         self.inputs: list[InputStatistics] = []  # in the order they were first seen
         self._of: dict[str, InputStatistics] = {}
@@ -78,10 +79,12 @@ class BlockStatistics:
     def hook(self, own: str) -> Callable:
         def see(module, args, output) -> None:
             self.see(own, args[0])
+
         return see
 
-    def experts_hook(self, experts: torch.nn.Module,
-                     units: dict[int, dict[str, list[str]]]) -> Callable:
+    def experts_hook(
+        self, experts: torch.nn.Module, units: dict[int, dict[str, list[str]]]
+    ) -> Callable:
         """A forward pre-hook for a Mixture of Experts' ``experts`` module (transformers' fused
         experts: called with the block's hidden states, each token's chosen experts and their
         routing weights) that feeds the statistics of each expert's targeted matrices
@@ -94,6 +97,7 @@ class BlockStatistics:
         (gate and up) read the hidden states; ``"out"`` (down) reads the gated product, computed
         with the expert's weights as they are now and the module's own gate
         (:func:`routed_inputs`)."""
+
         def see(module, args, kwargs) -> None:
             hidden, index, weights = _routing(args, kwargs)
             for e, parts in units.items():
@@ -106,22 +110,27 @@ class BlockStatistics:
                     hw = gated_product(experts, e, x) * w[:, None]
                     for key in parts["out"]:
                         self.see(key, hw)
+
         return see
 
     def see(self, own: str, x: torch.Tensor) -> None:
         """Add input ``x`` (..., features) of the targeted layer ``own`` to its statistics."""
         if x.shape[-1] != self.n_in[own]:
-            raise SparsetoolError(f"a targeted layer takes {x.shape[-1]} inputs but its weight has "
-                                  f"{self.n_in[own]}; the input dimension of this model is not "
-                                  "known")
+            raise SparsetoolError(
+                f"a targeted layer takes {x.shape[-1]} inputs but its weight has "
+                f"{self.n_in[own]}; the input dimension of this model is not "
+                "known"
+            )
         seen = self._window.get(id(x))
         if seen is not None and seen[0] is not x:
             seen = None  # the id of a tensor that is gone
         stats = self._of.get(own)
         if stats is None:  # the layer's first run: it joins the statistics of the tensor it reads
             if self._windows:
-                raise CheckpointError(f"layer {own!r} ran in a later calibration window but not "
-                                      "in the first; please report this")
+                raise CheckpointError(
+                    f"layer {own!r} ran in a later calibration window but not "
+                    "in the first; please report this"
+                )
             if seen is not None:
                 stats = seen[1]
             else:
@@ -130,8 +139,10 @@ class BlockStatistics:
             self._of[own] = stats
             stats.users.append(own)
         if seen is not None and seen[1] is not stats or seen is None and stats.users[0] != own:
-            raise CheckpointError(f"layer {own!r} shares its input differently from one "
-                                  "calibration window to the next; please report this")
+            raise CheckpointError(
+                f"layer {own!r} shares its input differently from one "
+                "calibration window to the next; please report this"
+            )
         if seen is not None and own not in seen[2]:  # this window's tensor is in already
             seen[2].add(own)
             return
@@ -184,8 +195,13 @@ def _routing(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, tor
     return hidden.reshape(tokens, -1), index.reshape(tokens, -1), weights.reshape(tokens, -1)
 
 
-def routed_inputs(experts: torch.nn.Module, e: int, hidden: torch.Tensor, index: torch.Tensor,
-                  weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def routed_inputs(
+    experts: torch.nn.Module,
+    e: int,
+    hidden: torch.Tensor,
+    index: torch.Tensor,
+    weights: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The hidden states (tokens, d) routed to expert ``e`` and their routing weights (tokens,),
     from a block's hidden states, chosen experts (tokens, k) and weights (tokens, k)."""
     tokens, slot = (index == e).nonzero(as_tuple=True)

@@ -39,7 +39,9 @@ def streams(lt: LogicalTensor, encoding: str) -> bool:
     return lt.encoding == "plain" and lt.floating and codec(encoding).streamed
 
 
-def _sink(put: Callable[[int, int, memoryview], None], encoding: str, bits: np.ndarray, st: str) -> Sink:
+def _sink(
+    put: Callable[[int, int, memoryview], None], encoding: str, bits: np.ndarray, st: str
+) -> Sink:
     """Encode positions [a, b) of the flat values ``bits`` under a chunk's mask and write them."""
     size = bits.itemsize
     nan = nan_bits(st) if codec(encoding).nan_sentinel else 0
@@ -56,8 +58,14 @@ def _sink(put: Callable[[int, int, memoryview], None], encoding: str, bits: np.n
 class Scanned:
     """A plain float tensor read once: its raw values (flat bits), magnitude keys and :class:`Scan`."""
 
-    def __init__(self, ckpt: Checkpoint | None, lt: LogicalTensor, *, copy: bool = False,
-                 bits: np.ndarray | None = None):
+    def __init__(
+        self,
+        ckpt: Checkpoint | None,
+        lt: LogicalTensor,
+        *,
+        copy: bool = False,
+        bits: np.ndarray | None = None,
+    ):
         self.lt = lt
         self.bits = ckpt.read_array(lt.stored[0]) if bits is None else bits
         self.keys: Keys = magnitude_keys(self.bits, dtype=lt.st_dtype)
@@ -82,16 +90,18 @@ class Scanned:
 
 
 @contextlib.contextmanager
-def _chunk_writer(sw: ShardWriter, lt: LogicalTensor, bits: np.ndarray,
-                  encoding: str) -> Iterator[Sink]:
+def _chunk_writer(
+    sw: ShardWriter, lt: LogicalTensor, bits: np.ndarray, encoding: str
+) -> Iterator[Sink]:
     """A kernel sink that writes ``lt``'s encoded tensors into ``sw`` chunk by chunk."""
     names = [s.name for s in encoded_specs(lt.name, lt.st_dtype, tuple(lt.shape), 0, encoding)]
     with sw.parts(*names) as put:
         yield _sink(put, encoding, bits, lt.st_dtype)
 
 
-def stream_top(ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, keep: int,
-               encoding: str) -> tuple[int, int] | None:
+def stream_top(
+    ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, keep: int, encoding: str
+) -> tuple[int, int] | None:
     """Prune ``lt`` to its ``keep`` largest |w| straight into ``sw``: (non-zeros before, kept),
     or None, having written nothing, when the tensor holds inf or NaN."""
     scanned = Scanned(ckpt, lt, copy=True)
@@ -104,16 +114,18 @@ def stream_top(ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, keep: int,
     return before, keep
 
 
-def stream_top_parts(ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, keeps: list[int],
-                     encoding: str) -> tuple[int, int] | None:
+def stream_top_parts(
+    ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, keeps: list[int], encoding: str
+) -> tuple[int, int] | None:
     """:func:`stream_top` for a tensor cut along its first dimension into ``len(keeps)`` equal
     parts (a fused experts tensor, one matrix per expert): part ``e`` keeps its ``keeps[e]``
     largest |w|, chosen among its own weights only. Every part is scanned before anything is
     written, so a tensor holding inf or NaN anywhere is handed back (None) untouched."""
     bits = ckpt.read_array(lt.stored[0])
     size = lt.numel // len(keeps)
-    parts: list[Scanned | None] = [Scanned.of_bits(lt, bits[e * size:(e + 1) * size], copy=True)
-                                   for e in range(len(keeps))]
+    parts: list[Scanned | None] = [
+        Scanned.of_bits(lt, bits[e * size : (e + 1) * size], copy=True) for e in range(len(keeps))
+    ]
     if not all(p is not None and p.finite for p in parts):
         return None
     before = kept = 0
@@ -132,8 +144,9 @@ def _shifted(sink: Sink, offset: int) -> Sink:
     return lambda a, b, mask: sink(a + offset, b + offset, mask)
 
 
-def stream_plan(ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, plan: TensorPlan,
-                encoding: str) -> int:
+def stream_plan(
+    ckpt: Checkpoint, lt: LogicalTensor, sw: ShardWriter, plan: TensorPlan, encoding: str
+) -> int:
     """Write ``lt`` under its share of a global threshold (a tensor :class:`Scanned` finite in
     the first pass, whose histogram left its zeros out); the count kept."""
     if plan.threshold < 0:  # "keep every available weight": its zeros are not available

@@ -36,25 +36,35 @@ if TYPE_CHECKING:
 __all__ = ["write_pruned"]
 
 
-def write_pruned(plan: PrunePlan, out: str | Path, *, in_place: bool = False,
-                 progress: Progress | None = None) -> PruneResult:
+def write_pruned(
+    plan: PrunePlan, out: str | Path, *, in_place: bool = False, progress: Progress | None = None
+) -> PruneResult:
     """Write the pruned checkpoint ``out`` (or over the input, ``in_place``); what was done."""
     ckpt, opts = plan.ckpt, plan.opts
     result = PruneResult(output=Path(out), options=opts, notes=list(plan.notes))
     if plan.memory is not None:
         result.memory = plan.memory.to_json()
     result.allocation = plan.allocation
-    metadata = provenance_metadata(ckpt.metadata(),
-                                   {"command": "prune",
-                                    **options_record(opts, plan.allocation, plan.experts)})
-    with write_checkpoint(ckpt, Path(out), in_place=in_place, metadata_extra=metadata,
-                          config_transform=functools.partial(_config, plan, result)) as writer:
+    metadata = provenance_metadata(
+        ckpt.metadata(), {"command": "prune", **options_record(opts, plan.allocation, plan.experts)}
+    )
+    with write_checkpoint(
+        ckpt,
+        Path(out),
+        in_place=in_place,
+        metadata_extra=metadata,
+        config_transform=functools.partial(_config, plan, result),
+    ) as writer:
         result.left_out = list(writer.left_out)
         if isinstance(plan.planner, BlockOrderPlanner):
             _write_in_block_order(plan, plan.planner, writer, result)
         else:
             _write_in_file_order(plan, plan.planner, writer, result, progress)
-    warning = loader_warning(opts.encoding, out, "prune") if ckpt.is_dir and ckpt.config is not None else None
+    warning = (
+        loader_warning(opts.encoding, out, "prune")
+        if ckpt.is_dir and ckpt.config is not None
+        else None
+    )
     if warning:
         result.warnings.append(warning)
     tied = tied_head_warning(plan.targeting)
@@ -69,8 +79,9 @@ def _config(plan: PrunePlan, result: PruneResult, config: dict) -> dict:
     so exactly when the output holds bitmask groups (transformers otherwise re-initialises them
     silently)."""
     target_names = plan.target_names
-    untouched_bitmask = [lt.name for lt in plan.ckpt.logical
-                         if lt.compressed and lt.name not in target_names]
+    untouched_bitmask = [
+        lt.name for lt in plan.ckpt.logical if lt.compressed and lt.name not in target_names
+    ]
     if codec(plan.opts.encoding).compressed:
         modules = [t.name.removesuffix(".weight") for t in result.tensors]
         modules += [name.removesuffix(".weight") for name in untouched_bitmask]
@@ -85,8 +96,13 @@ def _shard_specs(plan: PrunePlan, shard: str) -> list[TensorSpec]:
     specs: list[TensorSpec] = []
     for lt in ckpt.logical_in(shard):
         if lt.name in target_names:
-            specs += encoded_specs(lt.name, lt.st_dtype, tuple(lt.shape),
-                                   nonzero_after.get(lt.name, 0), plan.opts.encoding)
+            specs += encoded_specs(
+                lt.name,
+                lt.st_dtype,
+                tuple(lt.shape),
+                nonzero_after.get(lt.name, 0),
+                plan.opts.encoding,
+            )
         else:
             for name in lt.stored:
                 e = ckpt.entry(name)
@@ -94,8 +110,13 @@ def _shard_specs(plan: PrunePlan, shard: str) -> list[TensorSpec]:
     return specs
 
 
-def _write_in_file_order(plan: PrunePlan, planner: FileOrderPlanner, writer: CheckpointWriter,
-                         result: PruneResult, progress: Progress | None) -> None:
+def _write_in_file_order(
+    plan: PrunePlan,
+    planner: FileOrderPlanner,
+    writer: CheckpointWriter,
+    result: PruneResult,
+    progress: Progress | None,
+) -> None:
     """Magnitude and random pruning: shard after shard, each tensor in file order."""
     ckpt, target_names, encoding = plan.ckpt, plan.target_names, plan.opts.encoding
     done = 0
@@ -111,24 +132,31 @@ def _write_in_file_order(plan: PrunePlan, planner: FileOrderPlanner, writer: Che
                     before, nonzero = streamed
                 else:
                     dense, mask, before = planner.mask(lt)
-                    nonzero = int(np.count_nonzero(mask))  # the mask keeps only alive, non-zero weights
+                    nonzero = int(
+                        np.count_nonzero(mask)
+                    )  # the mask keeps only alive, non-zero weights
                     for name, array in encode_array(lt.name, dense, lt.st_dtype, mask, encoding):
                         sw.write_array(name, array)
                     del dense, mask
-                result.tensors.append(TensorResult(lt.name, tuple(lt.shape), lt.numel, before, nonzero))
+                result.tensors.append(
+                    TensorResult(lt.name, tuple(lt.shape), lt.numel, before, nonzero)
+                )
                 done += 1
                 if progress:
                     progress("prune", done, len(target_names))
 
 
-def _write_in_block_order(plan: PrunePlan, planner: BlockOrderPlanner, writer: CheckpointWriter,
-                          result: PruneResult) -> None:
+def _write_in_block_order(
+    plan: PrunePlan, planner: BlockOrderPlanner, writer: CheckpointWriter, result: PruneResult
+) -> None:
     """Calibration pruning: every output shard open at once (their headers are fixed up front),
     untouched tensors copied first, each pruned tensor written at its place as its block ends."""
     ckpt, target_names, encoding = plan.ckpt, plan.target_names, plan.opts.encoding
     with contextlib.ExitStack() as stack:
-        writers = {shard: stack.enter_context(writer.shard(shard, _shard_specs(plan, shard)))
-                   for shard in ckpt.shards}
+        writers = {
+            shard: stack.enter_context(writer.shard(shard, _shard_specs(plan, shard)))
+            for shard in ckpt.shards
+        }
         for lt in ckpt.logical:
             if lt.name not in target_names:
                 for name in lt.stored:
@@ -139,8 +167,15 @@ def _write_in_block_order(plan: PrunePlan, planner: BlockOrderPlanner, writer: C
             mask = kept.detach().cpu().contiguous().numpy()
             for name, array in encode_array(lt.name, stored, st, mask, encoding):
                 writers[lt.shard].write_array(name, array)
-            result.tensors.append(TensorResult(lt.name, tuple(lt.shape), lt.numel,
-                                               planner.nonzero_before[lt.name], int(np.count_nonzero(mask))))
+            result.tensors.append(
+                TensorResult(
+                    lt.name,
+                    tuple(lt.shape),
+                    lt.numel,
+                    planner.nonzero_before[lt.name],
+                    int(np.count_nonzero(mask)),
+                )
+            )
 
         planner.run(sink)
     result.refined = planner.refined

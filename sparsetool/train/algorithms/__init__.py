@@ -55,9 +55,16 @@ _ALIASES = {
     "stop": "update_stop",
     "update_end": "update_stop",
 }
-_UPDATE_KEYS = {"freq": "update_freq", "start": "update_start", "begin": "update_start",
-                "stop": "update_stop", "end": "update_stop", "every": "update_freq",
-                "begin_step": "update_start", "end_step": "update_stop"}
+_UPDATE_KEYS = {
+    "freq": "update_freq",
+    "start": "update_start",
+    "begin": "update_start",
+    "stop": "update_stop",
+    "end": "update_stop",
+    "every": "update_freq",
+    "begin_step": "update_start",
+    "end_step": "update_stop",
+}
 _FIELDS = {"sparsity": "sparsity_level"}
 
 

@@ -57,7 +57,11 @@ __all__ = ["Sparsifier", "is_whole"]
 
 
 def is_whole(value: Any, low: int) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == int(value) >= low
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and value == int(value) >= low
+    )
 
 
 @dataclass(eq=False)
@@ -76,8 +80,13 @@ class Sparsifier(MaskState):
 
     name: ClassVar[str] = "static"
     # Config keys this algorithm accepts (besides ``algorithm``); see ``build_sparsifier``.
-    KEYS: ClassVar[tuple[str, ...]] = ("sparsity", "init_method", "distribution", "seed",
-                                       "param_filter")
+    KEYS: ClassVar[tuple[str, ...]] = (
+        "sparsity",
+        "init_method",
+        "distribution",
+        "seed",
+        "param_filter",
+    )
     DEFAULT_INIT: ClassVar[str] = "random"
     # Schedule declarations, turned into schedules in one place (:func:`schedules.wire`):
     # UPDATES: the masks update every update_freq steps in [update_start, update_stop);
@@ -155,11 +164,17 @@ class Sparsifier(MaskState):
     def _wire(self, total_steps: int) -> Wiring:
         """This algorithm's schedules for a run of ``total_steps``, from its declarations."""
         return wire(
-            self.name, total_steps, self.sparsity_spec(), updates=self.UPDATES,
+            self.name,
+            total_steps,
+            self.sparsity_spec(),
+            updates=self.UPDATES,
             ramp_from=float(getattr(self, "initial_sparsity")) if self.RAMP else None,
             drop_fraction=getattr(self, "drop_fraction") if self.DROP_DECAY else None,
-            drop_decay=self.DROP_DECAY or "constant", update_freq=self.update_freq,
-            update_start=self.update_start, update_stop=self.update_stop, warmup=self.warmup,
+            drop_decay=self.DROP_DECAY or "constant",
+            update_freq=self.update_freq,
+            update_start=self.update_start,
+            update_stop=self.update_stop,
+            warmup=self.warmup,
             stop_fraction=float(getattr(self, "stop_fraction", 0.75)),
             regrow_to_end=self.REGROW_TO_END,
         )
@@ -167,6 +182,7 @@ class Sparsifier(MaskState):
     def resolved(self) -> dict[str, Any]:
         """Every setting, defaults filled in (after :meth:`attach`): :func:`.settings.resolved`."""
         from sparsetool.train.algorithms.settings import resolved
+
         return resolved(self)
 
     def sparsity_at(self, step: int) -> float:
@@ -180,7 +196,9 @@ class Sparsifier(MaskState):
         assert self.schedules is not None, "attach() first"
         value = float(self.schedules.drop_fraction(step))
         if not 0.0 <= value <= 1.0:
-            raise ConfigError(f"the drop_fraction schedule gives {value} at step {step}; it must stay in [0, 1]")
+            raise ConfigError(
+                f"the drop_fraction schedule gives {value} at step {step}; it must stay in [0, 1]"
+            )
         return value
 
     def is_update_step(self, step: int) -> bool:
@@ -199,12 +217,16 @@ class Sparsifier(MaskState):
 
     # ----------------------------------------------------------------- attaching
 
-    def select(self, named_params: Mapping[str, torch.nn.Parameter]) -> dict[str, torch.nn.Parameter]:
+    def select(
+        self, named_params: Mapping[str, torch.nn.Parameter]
+    ) -> dict[str, torch.nn.Parameter]:
         """The parameters this sparsifier masks, in the model's order."""
         from sparsetool.targets import plan_targets
 
-        plan = plan_targets(((n, tuple(p.shape), p.dtype) for n, p in named_params.items()),
-                            select=self.param_filter)
+        plan = plan_targets(
+            ((n, tuple(p.shape), p.dtype) for n, p in named_params.items()),
+            select=self.param_filter,
+        )
         # a mixture of experts' merged experts: each expert's matrix is a unit of its own
         self._parts = {name: plan[name].experts for name in plan.targeted if plan[name].experts}
         return {name: named_params[name] for name in plan.targeted}
@@ -226,8 +248,11 @@ class Sparsifier(MaskState):
         named = dict(named_params.items() if isinstance(named_params, Mapping) else named_params)
         self._params = self.select(named)
         if not self._params:
-            how = (f"param_filter {list(self.param_filter)}" if self.param_filter is not None
-                   else "the default targets (attention and FFN weight matrices)")
+            how = (
+                f"param_filter {list(self.param_filter)}"
+                if self.param_filter is not None
+                else "the default targets (attention and FFN weight matrices)"
+            )
             raise ConfigError(
                 f"no parameter matches {how}; names seen: {', '.join(list(named)[:6])}"
                 f"{'...' if len(named) > 6 else ''}. Set param_filter to globs of the weights to sparsify"
@@ -263,8 +288,12 @@ class Sparsifier(MaskState):
             if self._kept(name) > sum(keep[name]):  # the same on every rank: gathers agree
                 m = self._whole_mask(name)
                 scores = self.drop_scores(gathered(p.detach()), None)
-                self.masks[name] = self._laid_out(name, self._by_unit(name, lambda u, k: top_k_mask(
-                    u(scores), k, allowed=u(m)), keep[name]))
+                self.masks[name] = self._laid_out(
+                    name,
+                    self._by_unit(
+                        name, lambda u, k: top_k_mask(u(scores), k, allowed=u(m)), keep[name]
+                    ),
+                )
         self._apply(self.masks)
         return True
 
@@ -275,11 +304,14 @@ class Sparsifier(MaskState):
 
         shapes = {n: tuple(p.shape) for n, p in self._params.items()}
         parts = getattr(self, "_parts", {})
-        return {n: [int(k) for k in ks]
-                for n, ks in part_keep_counts(shapes, parts, sparsity, self.distribution).items()}
+        return {
+            n: [int(k) for k in ks]
+            for n, ks in part_keep_counts(shapes, parts, sparsity, self.distribution).items()
+        }
 
-    def _by_unit(self, name: str, choose: Callable[[Callable, int], torch.Tensor],
-                 counts: list[int]) -> torch.Tensor:
+    def _by_unit(
+        self, name: str, choose: Callable[[Callable, int], torch.Tensor], counts: list[int]
+    ) -> torch.Tensor:
         """``choose(unit, count)`` for each unit of tensor ``name`` (``unit(t)``: that unit's part
         of a tensor shaped like it), put together: the mask of the whole tensor."""
         if len(counts) == 1:
@@ -304,8 +336,11 @@ class Sparsifier(MaskState):
                 # Step -1: the initial draw never coincides with an update's stream.
                 gen = step_generator(self.seed, -1, index)
                 shape = torch.empty(tuple(p.shape), device="meta")  # the whole tensor's units
-                m = self._by_unit(name, lambda u, k: random_mask(tuple(u(shape).shape), keep=k,
-                                                                 generator=gen), keep[name])
+                m = self._by_unit(
+                    name,
+                    lambda u, k: random_mask(tuple(u(shape).shape), keep=k, generator=gen),
+                    keep[name],
+                )
             masks[name] = self._laid_out(name, m)
         return masks
 
@@ -365,8 +400,15 @@ class Sparsifier(MaskState):
             tally = {"dropped": 0, "grown": 0}
             grown_parts: list[torch.Tensor] = []
 
-            def choose(unit: Callable, k: int, old=self._whole_mask(name), drop=drop, grow=grow,
-                       tally=tally, grown_parts=grown_parts) -> torch.Tensor:
+            def choose(
+                unit: Callable,
+                k: int,
+                old=self._whole_mask(name),
+                drop=drop,
+                grow=grow,
+                tally=tally,
+                grown_parts=grown_parts,
+            ) -> torch.Tensor:
                 mask = unit(old)
                 n, numel = int(mask.sum()), mask.numel()
                 base = min(n, k)
@@ -378,8 +420,11 @@ class Sparsifier(MaskState):
                 kept = top_k_mask(unit(drop), base - n_swap, allowed=mask)
                 tally["dropped"] += n - (base - n_swap)
                 tally["grown"] += n_swap + n_extra
-                grown = (top_k_mask(unit(grow).to(mask.device), n_swap + n_extra, allowed=~mask)
-                         if n_swap + n_extra else torch.zeros_like(mask))
+                grown = (
+                    top_k_mask(unit(grow).to(mask.device), n_swap + n_extra, allowed=~mask)
+                    if n_swap + n_extra
+                    else torch.zeros_like(mask)
+                )
                 grown_parts.append(grown)
                 return kept | grown
 
@@ -401,8 +446,12 @@ class Sparsifier(MaskState):
     def state_dict(self) -> dict[str, Any]:
         """``{"algorithm", "seed", "densified", "updates_done", ..., "masks": {name: bool
         tensor}}``: every entry but ``masks`` and ``grown_before`` (bool tensors) is a JSON scalar."""
-        d: dict[str, Any] = {"algorithm": self.name, "seed": int(self.seed),
-                             "densified": bool(self.densified), "updates_done": int(self.updates_done)}
+        d: dict[str, Any] = {
+            "algorithm": self.name,
+            "seed": int(self.seed),
+            "densified": bool(self.densified),
+            "updates_done": int(self.updates_done),
+        }
         d.update(self._extra_state())
         d["masks"] = {n: _saved(m) for n, m in self.masks.items()}
         if self._grown_before:  # what the next update's survival count compares against

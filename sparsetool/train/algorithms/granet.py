@@ -68,8 +68,9 @@ class GraNet(RigL):
 
         def histogram(name: str, refine: int | None = None) -> MagnitudeHistogram:
             # one whole tensor at a time (gathered from every rank's slice under FSDP)
-            return MagnitudeHistogram.of(gathered(self._params[name].detach()),
-                                         self._whole_mask(name), refine=refine)
+            return MagnitudeHistogram.of(
+                gathered(self._params[name].detach()), self._whole_mask(name), refine=refine
+            )
 
         keep = sum(per_layer.values())
         hists = [histogram(n) for n in names]

@@ -55,8 +55,16 @@ class IMP(Sparsifier):
     """
 
     name = "imp"
-    KEYS = ("sparsity", "fraction", "period", "rewind_step", "rounds", "distribution", "seed",
-            "param_filter")
+    KEYS = (
+        "sparsity",
+        "fraction",
+        "period",
+        "rewind_step",
+        "rounds",
+        "distribution",
+        "seed",
+        "param_filter",
+    )
     DEFAULT_INIT = "magnitude"
 
     sparsity_level: Any = None  # target sparsity, optional
@@ -114,8 +122,9 @@ class IMP(Sparsifier):
         """Prune at steps ``period, 2 * period, ..., rounds * period``, as one more schedule."""
         if self._plan is not None and self.schedules is not None:
             rounds, period = self._plan
-            self.schedules = replace(self.schedules,
-                                     updates=Periodic(period, period, rounds * period + 1))
+            self.schedules = replace(
+                self.schedules, updates=Periodic(period, period, rounds * period + 1)
+            )
 
     def _targets(self) -> dict[str, int] | None:
         if self.sparsity_level is None:
@@ -144,7 +153,9 @@ class IMP(Sparsifier):
                     n -= self._prune_count(n, targets[name])
                     r += 1
                     if r > _MAX_ROUNDS:
-                        raise ConfigError("imp: the target sparsity needs too many rounds; raise fraction")
+                        raise ConfigError(
+                            "imp: the target sparsity needs too many rounds; raise fraction"
+                        )
                 rounds = max(rounds, r)
         period = int(self.period) if self.period is not None else total_steps // (rounds + 1)
         if period < 1:
@@ -174,7 +185,9 @@ class IMP(Sparsifier):
     def update(self, step: int) -> None:
         """One round: each unit (a tensor, or each expert's matrix of a mixture of experts'
         merged experts) prunes ``fraction`` of its kept weights, the last round onto its target."""
-        units = None if self.sparsity_level is None else self.unit_counts(float(self.sparsity_level))
+        units = (
+            None if self.sparsity_level is None else self.unit_counts(float(self.sparsity_level))
+        )
         last_round = self._plan is not None and step >= self._plan[0] * self._plan[1]
         self.last_update = {}
         for name, p in self._params.items():

@@ -60,8 +60,13 @@ class MaskState:
             mask = self.masks[name]
             decided = self._decisions.get(name)
             h.update(name.encode())
-            h.update((decided[1] if decided is not None and decided[0] is mask
-                      else _digest(gathered(mask))).encode())
+            h.update(
+                (
+                    decided[1]
+                    if decided is not None and decided[0] is mask
+                    else _digest(gathered(mask))
+                ).encode()
+            )
         return h.hexdigest()
 
     def _laid_out_grown(self, name: str, whole: torch.Tensor) -> torch.Tensor:
@@ -71,8 +76,11 @@ class MaskState:
     def _adopt_grown(self) -> None:
         """The weights regrown by the last update (a resume's saved state) in their parameters'
         layouts and devices, as the masks they are compared with."""
-        self._grown_before = {n: g.to(torch.bool) if is_sharded(g) else self._laid_out_grown(n, g)
-                              for n, g in self._grown_before.items() if n in self._params}
+        self._grown_before = {
+            n: g.to(torch.bool) if is_sharded(g) else self._laid_out_grown(n, g)
+            for n, g in self._grown_before.items()
+            if n in self._params
+        }
 
     def _whole_mask(self, name: str) -> torch.Tensor:
         """The whole mask of ``name`` (gathered if it is sharded: a collective)."""
@@ -124,8 +132,9 @@ class MaskState:
         return cached[1]
 
     @torch.no_grad()
-    def _apply(self, masks: Mapping[str, torch.Tensor],
-               also_zero: Mapping[str, torch.Tensor] | None = None) -> None:
+    def _apply(
+        self, masks: Mapping[str, torch.Tensor], also_zero: Mapping[str, torch.Tensor] | None = None
+    ) -> None:
         """Pruned weights, and every same-shaped optimizer state tensor (AdamW ``exp_avg``,
         ``exp_avg_sq``, ``max_exp_avg_sq``; SGD ``momentum_buffer``) to +0.0 at pruned positions.
         ``masked_fill_`` rather than multiply: ``-w * 0`` is -0.0 and ``nan * 0`` is NaN."""
@@ -151,8 +160,9 @@ class MaskState:
                 frozen = frozen | grown
             p.grad.masked_fill_(frozen, 0.0)
 
-    def _finish_update(self, step: int, new_masks: dict[str, torch.Tensor],
-                       fraction: float) -> None:
+    def _finish_update(
+        self, step: int, new_masks: dict[str, torch.Tensor], fraction: float
+    ) -> None:
         """Install ``new_masks`` and record the update's totals in :attr:`last_event`: weights
         dropped and grown over all tensors, the drop fraction used, and the fraction of the
         weights grown at the previous update that this one kept (None when it grew none)."""
@@ -211,8 +221,9 @@ class MaskState:
         for name in list(self.masks):
             buf = self._whole_mask(name).to(torch.uint8)  # gloo has no bool broadcast
             dist.broadcast(buf, src=0)
-            self.masks[name] = (self._laid_out(name, buf) if name in self._params
-                                else buf.to(torch.bool))
+            self.masks[name] = (
+                self._laid_out(name, buf) if name in self._params else buf.to(torch.bool)
+            )
         self._apply(self.masks)
 
 

@@ -35,8 +35,9 @@ class RigL(SET):
 
     stop_fraction: float = 0.75
 
-    def grow_scores(self, weight: torch.Tensor, grad: torch.Tensor | None,
-                    gen: torch.Generator) -> torch.Tensor:
+    def grow_scores(
+        self, weight: torch.Tensor, grad: torch.Tensor | None, gen: torch.Generator
+    ) -> torch.Tensor:
         if grad is None:  # a tensor that took no part in the loss: no preference, lowest index
             return torch.zeros_like(weight)
         return grad.detach().abs()

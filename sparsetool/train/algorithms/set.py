@@ -32,8 +32,13 @@ class SET(Sparsifier):
     """
 
     name = "set"
-    KEYS = Sparsifier.KEYS + ("drop_fraction", "update_freq", "update_start", "update_stop",
-                              "stop_fraction")
+    KEYS = Sparsifier.KEYS + (
+        "drop_fraction",
+        "update_freq",
+        "update_start",
+        "update_stop",
+        "stop_fraction",
+    )
     UPDATES = True
     DROP_DECAY = "constant"
 
@@ -49,6 +54,7 @@ class SET(Sparsifier):
             if not 0.0 <= float(self.drop_fraction) <= 1.0:
                 raise ConfigError(f"drop_fraction must be in [0, 1], got {self.drop_fraction}")
 
-    def grow_scores(self, weight: torch.Tensor, grad: torch.Tensor | None,
-                    gen: torch.Generator) -> torch.Tensor:
+    def grow_scores(
+        self, weight: torch.Tensor, grad: torch.Tensor | None, gen: torch.Generator
+    ) -> torch.Tensor:
         return torch.rand(weight.shape, generator=gen)

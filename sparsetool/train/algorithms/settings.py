@@ -13,8 +13,11 @@ __all__ = ["resolved", "describe"]
 def resolved(sp: Any) -> dict[str, Any]:
     """Every setting of this sparsifier with its defaults filled in, as ``run.json`` and the
     start of a run show them (after :meth:`~.base.Sparsifier.attach`)."""
-    out: dict[str, Any] = {"algorithm": sp.name, "distribution": sp.distribution,
-                           "init_method": sp.init_method}
+    out: dict[str, Any] = {
+        "algorithm": sp.name,
+        "distribution": sp.distribution,
+        "init_method": sp.init_method,
+    }
     if getattr(sp, "mask_origin", None):  # set by the trainer: --init's masks, not made here
         out["initial_mask"] = sp.mask_origin
     out["sparsity"] = sp.sparsity_level  # a number or the schedule mapping as given
@@ -32,8 +35,13 @@ def resolved(sp: Any) -> dict[str, Any]:
     if sp.DROP_DECAY and w is not None:
         d = w.drop_fraction
         out["drop_fraction"] = float(d(0))
-        out["drop_decay"] = (f"cosine to {d.end:g} at step {d.end_step}" if isinstance(d, Cosine)
-                             else "constant" if isinstance(d, Constant) else repr(d))
+        out["drop_decay"] = (
+            f"cosine to {d.end:g} at step {d.end_step}"
+            if isinstance(d, Cosine)
+            else "constant"
+            if isinstance(d, Constant)
+            else repr(d)
+        )
     return out
 
 
@@ -52,13 +60,20 @@ def describe(settings: dict[str, Any]) -> list[str]:
     what = f"{level:.0%}" if isinstance(level, (int, float)) else str(level)
     if "initial_sparsity" in settings:
         what = f"{settings['initial_sparsity']:.0%} -> {what}"
-    lines = [f"sparse training: {settings['algorithm']}, sparsity {what} "
-             f"({settings['distribution']}{', ' + settings['scope'] + ' pruning' if 'scope' in settings else ''}), "
-             + (f"initial mask {settings['initial_mask']}" if settings.get("initial_mask")
-                else f"{settings['init_method']} initial mask")]
+    lines = [
+        f"sparse training: {settings['algorithm']}, sparsity {what} "
+        f"({settings['distribution']}{', ' + settings['scope'] + ' pruning' if 'scope' in settings else ''}), "
+        + (
+            f"initial mask {settings['initial_mask']}"
+            if settings.get("initial_mask")
+            else f"{settings['init_method']} initial mask"
+        )
+    ]
     if "update_freq" in settings:
-        line = (f"mask updates: every {settings['update_freq']} steps from step "
-                f"{settings['update_start']} until step {settings['update_stop']}")
+        line = (
+            f"mask updates: every {settings['update_freq']} steps from step "
+            f"{settings['update_start']} until step {settings['update_stop']}"
+        )
         if "regrow_stop" in settings:
             line += f", then drop-and-grow until step {settings['regrow_stop']}"
         if "drop_fraction" in settings:
