@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from sparsetool.masks.select import (
+from sparsetool.masks import (
     MagnitudeHistogram,
     apply_threshold,
     global_threshold_plan,
