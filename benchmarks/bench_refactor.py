@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import argparse
 import filecmp
-import os
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_checkpoint import machine, make_checkpoint  # noqa: E402
+from bench_checkpoint import make_checkpoint
+from measure import machine, run_measured
 
 
 def cases(work: Path) -> dict[str, list[tuple[str, list[str], bool]]]:
@@ -101,15 +99,10 @@ def run(exe: str, args: list[str], out: Path, ok: bool) -> tuple[float, float]:
     elif out.exists():
         out.unlink()
     argv = [exe] + [a.replace("{out}", str(out)) for a in args]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    code = os.waitstatus_to_exitcode(status)
-    if (code == 0) != ok:
-        raise SystemExit(f"unexpected exit {code}: {' '.join(argv)}\n{err.decode()}")
-    return wall, usage.ru_utime + usage.ru_stime
+    m = run_measured(argv)
+    if m.ok != ok:
+        raise SystemExit(f"unexpected exit {m.returncode}: {' '.join(argv)}\n{m.stderr}")
+    return m.wall_s, m.cpu_s
 
 
 def main() -> None:

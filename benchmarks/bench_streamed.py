@@ -18,27 +18,33 @@ first 400 KB of the built-in corpus' training split). For each model:
   a block on the CPU: minutes a block here);
 * ``eval --text TEXT --max-tokens 2048 --seq 256``.
 
-Each command runs in its own process; the wall time and the peak RSS of that process
-(``os.wait4``: what ``/usr/bin/time -f %M`` reports) are printed, with the memory plan's estimate
-from ``--json`` (and the plan's own line). ``--old SRC_DIR`` runs the same commands with
-``PYTHONPATH=SRC_DIR`` (a checkout of an older sparsetool, e.g. one that builds the whole model in
-float32).
+Each command runs in its own process (``measure.run_measured``); the wall time and the peak RSS
+of that process in MiB (what ``/usr/bin/time -f %M`` reports, / 1024) are printed, with the memory
+plan's estimate from ``--json`` (and the plan's own line). ``--old SRC_DIR`` runs the same commands
+with ``PYTHONPATH=SRC_DIR`` (a checkout of an older sparsetool, e.g. one that builds the whole model
+in float32) and compares the two prunes' outputs tensor by tensor (bytes). ``--peer-python PY``
+also runs llm-compressor's SparseGPT (``peer_sparsegpt.py``, under an interpreter that has
+llmcompressor) on the ``--peer-layers`` models. (This takes in what ``bench_sparsegpt_memory.py``
+did: ``--cases sparsegpt --old SRC --peer-python PY``.)
 Outputs are deleted as soon as they are measured (the disk holds one 7B at a time).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
-import subprocess
+import struct
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_checkpoint import machine, make_checkpoint  # noqa: E402
+from bench_checkpoint import make_checkpoint
+from measure import machine, ram_gib, run_measured
+
+HERE = Path(__file__).resolve().parent
 
 
 def tokenizer(directory: Path, text: str) -> None:
@@ -74,24 +80,28 @@ def calibration_text(work: Path) -> tuple[str, Path]:
 
 
 def run(cmd: list[str], env: dict | None = None) -> tuple[float, float, dict | None]:
-    """(wall seconds, peak RSS in GiB, the --json output or None)."""
-    t0 = time.perf_counter()
+    """(wall seconds, peak RSS in MiB, the --json output or None)."""
     # Not from the source tree: `python -m` puts the working directory first on sys.path, ahead of
     # PYTHONPATH, and the code measured must be the one PYTHONPATH (or the install) names.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd="/")
-    out = proc.stdout.read()
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        print(
-            f"  failed ({os.waitstatus_to_exitcode(status)}): {' '.join(cmd)}\n  {err.decode()[-600:]}"
-        )
-        return seconds, usage.ru_maxrss / 2**20, None
-    try:
-        return seconds, usage.ru_maxrss / 2**20, json.loads(out)
-    except json.JSONDecodeError:
-        return seconds, usage.ru_maxrss / 2**20, None
+    m = run_measured(cmd, env=env, cwd="/")
+    if not m.ok:
+        print(f"  failed ({m.returncode}): {' '.join(cmd)}\n  {m.stderr[-600:]}")
+    return m.wall_s, m.peak_rss_mib, m.json()
+
+
+def digests(directory: Path) -> dict[str, str]:
+    """Every stored tensor's SHA-256, read straight from the files (bf16 has no numpy type)."""
+    table = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+            for name, entry in header.items():
+                if name != "__metadata__":
+                    start, end = entry["data_offsets"]
+                    f.seek(8 + n + start)
+                    table[name] = hashlib.sha256(f.read(end - start)).hexdigest()
+    return table
 
 
 def main() -> None:
@@ -101,16 +111,20 @@ def main() -> None:
     ap.add_argument("--cases", default="wanda,eval", help="of wanda, wanda-last, sparsegpt, eval")
     ap.add_argument("--old", type=Path, default=None, help="source checkout of an older sparsetool")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of the runs")
+    ap.add_argument(
+        "--peer-python",
+        default=None,
+        help="a Python that has llmcompressor: runs peer_sparsegpt.py",
+    )
+    ap.add_argument("--peer-layers", default="2", help="the --layers the peer runs on")
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
     args = ap.parse_args()
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
     text, calib = calibration_text(work)
-    print(
-        f"# {time.strftime('%Y-%m-%d')}, {machine()}, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB RAM"
-    )
-    print("| model | command | code | wall s | peak RSS GiB | plan's estimate GiB |")
+    print(f"# {time.strftime('%Y-%m-%d')}, {machine()}, {ram_gib():.0f} GiB RAM")
+    print("| model | command | code | wall s | peak RSS MiB | plan's estimate MiB |")
     print("|---|---|---|---:|---:|---:|")
     sizes = [int(x) for x in args.layers.split(",") if x]
     wanted = set(args.cases.split(","))
@@ -166,20 +180,21 @@ def main() -> None:
         if args.old:
             codes.append(("old", {**base_env, "PYTHONPATH": str(args.old)}))
         for name, cmd in cases:
+            outs = {}
             for code, env in codes:
-                out = work / "out"
+                out = work / f"out-{code}"
                 shutil.rmtree(out, ignore_errors=True)
                 full = [sys.executable, "-m", "sparsetool", *cmd[:2]]
                 full += ["-o", str(out)] if cmd[0] == "prune" else []
                 full += [*cmd[2:], "--json"]
                 seconds, peak, result = run(full, env)
-                shutil.rmtree(out, ignore_errors=True)
+                outs[code] = out
                 plan = None
                 if result:
                     memory = result.get("memory") or (result.get("checkpoints") or [{}])[0].get(
                         "memory"
                     )
-                    plan = memory and memory["peak_estimate"] / 2**30
+                    plan = memory and memory["peak_estimate"] / 2**20
                     if memory:
                         from sparsetool.util.memory import MemoryPlan
 
@@ -196,10 +211,25 @@ def main() -> None:
                         }
                         print(f"<!-- {label}, {name}: {MemoryPlan(**fields).describe()} -->")
                 print(
-                    f"| {label} | {name} | {code} | {seconds:.0f} | {peak:.2f} | "
-                    f"{'-' if plan is None else f'{plan:.2f}'} |",
+                    f"| {label} | {name} | {code} | {seconds:.0f} | {peak:,.0f} | "
+                    f"{'-' if plan is None else f'{plan:,.0f}'} |",
                     flush=True,
                 )
+            if len(outs) == 2 and all(o.is_dir() for o in outs.values()):
+                a, b = digests(outs["this"]), digests(outs["old"])
+                differ = sorted(n for n in a if a[n] != b.get(n))
+                print(f"<!-- {label}, {name}: {len(a)} tensors compared, {len(differ)} differ -->")
+            for out in outs.values():
+                shutil.rmtree(out, ignore_errors=True)
+        if args.peer_python and str(layers) in args.peer_layers.split(","):
+            out = work / "out-peer"
+            peer = [args.peer_python, str(HERE / "peer_sparsegpt.py"), str(model), str(calib)]
+            peer += [str(out), "--samples", str(args.samples), "--seq", str(args.seq)]
+            seconds, peak, _ = run(peer, {**base_env, "PYTHONPATH": str(HERE.parent)})
+            print(
+                f"| {label} | llm-compressor SparseGPT | peer | {seconds:.0f} | {peak:,.0f} | - |"
+            )
+            shutil.rmtree(out, ignore_errors=True)
         if layers >= 16:  # the disk holds one 7B at a time
             shutil.rmtree(model)
 
