@@ -26,20 +26,21 @@ import time
 from pathlib import Path
 
 import torch
+from measure import run_measured
 
 WORK = Path(__file__).resolve().parent / "work" / "calibration"
 METHODS = ("random", "magnitude", "wanda", "sparsegpt")
 CONFIGS = (("50%", {"sparsity": 0.5}), ("60%", {"sparsity": 0.6}), ("2:4", {"nm": "2:4"}))
 
 CHILD = """
-import json, resource, sys, time
+import json, sys, time
 import sparsetool
 import sparsetool.ops.prune.calibrated, sparsetool.ops.prune  # torch and the library loaded before the clock starts
 kw = json.loads(sys.argv[1])
 t0 = time.perf_counter()
 sparsetool.prune(**kw)
 seconds = time.perf_counter() - t0
-print(json.dumps({"seconds": seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+print(json.dumps({"seconds": seconds}))
 """
 
 
@@ -83,10 +84,11 @@ def prune(
     kw = {"checkpoint": str(run), "output": str(out), "method": method, **config}
     if method in ("wanda", "sparsegpt"):
         kw |= {"calibration": str(calib), "samples": samples, "seq": seq}
-    r = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(kw)], check=True, capture_output=True, text=True
-    )
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    r = run_measured([sys.executable, "-c", CHILD, json.dumps(kw)])
+    if not r.ok:
+        raise SystemExit(f"prune {kw} failed:\n{r.stderr[-2000:]}")
+    # the prune's own seconds (the child times it after its imports), its process's peak RSS
+    return {**json.loads(r.stdout.strip().splitlines()[-1]), "peak_rss_mib": r.peak_rss_mib}
 
 
 def main() -> None:
@@ -116,7 +118,7 @@ def main() -> None:
             rows.append({"config": label, "method": method, "path": out, **stats})
             print(
                 f"pruned {label:>4} {method:<9} {stats['seconds']:7.2f} s  "
-                f"{stats['peak_rss_mb']:6.0f} MB",
+                f"{stats['peak_rss_mib']:6.0f} MiB",
                 flush=True,
             )
     result = evaluate([args.run, *[r["path"] for r in rows]], seq=64, max_tokens=args.eval_tokens)
@@ -126,14 +128,14 @@ def main() -> None:
         f"model {args.run}; held-out: {result.text_source[:70]}..., {dense.tokens:,} tokens scored"
     )
     print(f"calibration: {args.samples} x {args.seq} tokens from the training split\n")
-    print("| config | method | prune s | peak RSS MB | perplexity | vs dense |")
+    print("| config | method | prune s | peak RSS MiB | perplexity | vs dense |")
     print("|---|---|---:|---:|---:|---:|")
     print(f"| dense | - | - | - | {dense.perplexity:.3f} | - |")
     by_config: dict[str, dict[str, float]] = {}
     for r, ev in zip(rows, result.rows[1:]):
         by_config.setdefault(r["config"], {})[r["method"]] = ev.perplexity
         print(
-            f"| {r['config']} | {r['method']} | {r['seconds']:.2f} | {r['peak_rss_mb']:.0f} | "
+            f"| {r['config']} | {r['method']} | {r['seconds']:.2f} | {r['peak_rss_mib']:.0f} | "
             f"{ev.perplexity:.3f} | {ev.perplexity / dense.perplexity - 1:+.2%} |"
         )
     print()

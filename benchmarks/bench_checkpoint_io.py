@@ -21,8 +21,6 @@ every case run in it.
 from __future__ import annotations
 
 import argparse
-import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -30,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from measure import machine, self_peak_rss_mib
 from safetensors.torch import save_file
 
 from sparsetool.checkpoint import TensorSpec, encode, open_checkpoint, write_checkpoint
@@ -52,18 +51,6 @@ def make(path: Path, layers: int, d: int = 2048, ffn: int = 8192, vocab: int = 5
             p + "ln_1.weight": torch.ones(d, dtype=torch.bfloat16),
         }
     save_file(tensors, path, metadata={"format": "pt"})
-
-
-def machine() -> str:
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ),
-        "unknown CPU",
-    )
-    return f"{subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} cores, {platform.machine()}, {cpu}"
 
 
 def main() -> None:
@@ -156,11 +143,11 @@ def main() -> None:
         print(
             f"round {r + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in results.items()), flush=True
         )
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss_mib = self_peak_rss_mib()
     base = results["cp"]
     print(
         f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()}; "
-        f"checkpoint {size / 1e9:.2f} GB bf16 ({args.layers} layers); process peak RSS {rss:.0f} MB"
+        f"checkpoint {size / 1e9:.2f} GB bf16 ({args.layers} layers); process peak RSS {rss_mib:.0f} MiB"
     )
     print("| case | wall (s) | x cp |")
     print("|---|---:|---:|")

@@ -17,24 +17,21 @@ import subprocess
 import sys
 import time
 
+from measure import machine, run_measured
+
 
 def wall(cmd: list[str], repeat: int) -> tuple[float, float]:
     times = []
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        times.append(time.perf_counter() - t0)
+        m = run_measured(cmd, keep_output=False)
+        if not m.ok:
+            raise SystemExit(f"{' '.join(cmd)} failed ({m.returncode})")
+        times.append(m.wall_s)
     return statistics.median(times), min(times)
 
 
-def cpu_model() -> str:
-    from sparsetool.util.machine import cpu_name
-
-    return cpu_name()
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=10)
     args = ap.parse_args()
     py = sys.executable
@@ -63,10 +60,7 @@ def main() -> None:
     heavy = loaded.stdout.strip().splitlines()[-1]
 
     print(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    print(
-        f"machine: {os.cpu_count()} cpus ({subprocess.run(['nproc'], capture_output=True, text=True).stdout.strip()} "
-        f"usable), {platform.machine()}, {cpu_model()}"
-    )
+    print(f"machine: {machine()} ({len(os.sched_getaffinity(0))} usable)")
     print(f"python: {platform.python_version()}; repeat {args.repeat}")
     print(f"command: python benchmarks/bench_flops_startup.py --repeat {args.repeat}")
     print(f"heavy modules loaded by `sparsetool flops`: {heavy}")

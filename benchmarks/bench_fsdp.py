@@ -3,10 +3,11 @@ time per optimizer step, two processes on this machine (gloo, one thread each), 
 0.43B-parameter built-in GPT (22 layers, width 1280, 20 heads, context 128) trained with static
 50% sparsity (so the masks are part of it), one sequence per process per step.
 
-Peak memory is the largest peak RSS of the processes (``/usr/bin/time -f %M`` on torchrun reports
-the largest of its children); the step time is the median over the steps after the first (the log's
-tokens/s). Both runs save their checkpoint at the end, which is part of what is measured. The
-memory plan each run prints (and refuses by) is reported beside the measurement.
+Peak memory is the largest peak RSS of the processes (``measure.run_measured`` on torchrun: as
+``/usr/bin/time -f %M``, the largest of torchrun and its children); the step time is the median
+over the steps after the first (the log's tokens/s). Both runs save their checkpoint at the end,
+which is part of what is measured. The memory plan each run prints (and refuses by) is reported
+beside the measurement.
 
 Prints the Markdown for benchmarks/RESULTS.md (~6 min, ~20 GB of RAM at the DDP run's peak):
 
@@ -21,9 +22,10 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+from measure import run_measured
 
 MODEL = [
     "--preset",
@@ -62,9 +64,6 @@ def measure(strategy: str, out: Path, world: int) -> dict:
     config.write_text("eval_sequences: 2\n")  # the final validation: two sequences, not 64
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [
-        "/usr/bin/time",
-        "-f",
-        "peak_rss_kb %M",
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -83,10 +82,9 @@ def measure(strategy: str, out: Path, world: int) -> dict:
         *MODEL,
         *RUN,
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if done.returncode:
+    done = run_measured(cmd, env=env)
+    if not done.ok:
         sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
-    peak = int(re.search(r"peak_rss_kb (\d+)", done.stderr).group(1)) * 1024
     plan = next((line for line in done.stdout.splitlines() if line.startswith("memory plan")), "")
     steps = [json.loads(x) for x in (run_dir / "log.jsonl").read_text().splitlines()]
     train = [r for r in steps if r["kind"] == "train"]
@@ -94,7 +92,7 @@ def measure(strategy: str, out: Path, world: int) -> dict:
     times = [tokens / r["tokens_per_s"] for r in train[1:]]
     summary = {
         "strategy": strategy,
-        "peak_rss": peak,
+        "peak_rss_mib": done.peak_rss_mib,
         "step_s": statistics.median(times),
         "plan": plan,
         "loss": train[-1]["loss"],
@@ -115,17 +113,16 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     ddp = measure("ddp", args.out, args.world)
     fsdp = measure("fsdp", args.out, args.world)
-    gib = 2**30
     print(f"model: {ddp['params']:,} parameters; {args.world} processes, one thread each\n")
     print("| | peak RSS per process | step time | final loss |")
     print("|---|---|---|---|")
     for r in (ddp, fsdp):
         print(
-            f"| {r['strategy']} | {r['peak_rss'] / gib:.2f} GiB | {r['step_s']:.2f} s | "
+            f"| {r['strategy']} | {r['peak_rss_mib'] / 1024:.2f} GiB | {r['step_s']:.2f} s | "
             f"{r['loss']:.4f} |"
         )
     print(
-        f"| fsdp / ddp | {fsdp['peak_rss'] / ddp['peak_rss']:.2f}x | "
+        f"| fsdp / ddp | {fsdp['peak_rss_mib'] / ddp['peak_rss_mib']:.2f}x | "
         f"{fsdp['step_s'] / ddp['step_s']:.2f}x | |\n"
     )
     for r in (ddp, fsdp):

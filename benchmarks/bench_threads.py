@@ -34,12 +34,13 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from measure import run_measured
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "benchmarks" / "work" / "threads"
@@ -94,16 +95,10 @@ def tool(src: Path, args: list[str], env: dict[str, str] | None = None) -> tuple
     for name in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS"):
         if name not in (env or {}):
             full.pop(name, None)
-    c0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "sparsetool", *args],
-        check=True,
-        env=full,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    wall, c1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime
+    m = run_measured([sys.executable, "-m", "sparsetool", *args], env=full, keep_output=False)
+    if not m.ok:
+        raise SystemExit(f"sparsetool {' '.join(args)} failed ({m.returncode})")
+    return m.wall_s, m.cpu_s
 
 
 def build(steps: int, eval_tokens: int) -> dict[str, list[str]]:
