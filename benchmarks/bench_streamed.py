@@ -47,7 +47,8 @@ from measure import machine, ram_gib, run_measured
 HERE = Path(__file__).resolve().parent
 
 
-def tokenizer(directory: Path, text: str) -> None:
+def tokenizer(directory: Path, text: str, vocab_size: int = 8000) -> None:
+    """A byte-level BPE of ``vocab_size`` tokens trained on ``text``, saved in ``directory``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -57,7 +58,7 @@ def tokenizer(directory: Path, text: str) -> None:
     tok.train_from_iterator(
         [text],
         trainers.BpeTrainer(
-            vocab_size=8000,
+            vocab_size=vocab_size,
             special_tokens=["<unk>", "<s>"],
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,

@@ -19,18 +19,78 @@ under the same load.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# The task's inputs, as tests/ops/test_tasks.py makes them (copied: the benchmarks do not import
+# the tests): lines of twelve fixed six-word sentences, each line's true ending against another's.
+NOUNS = "model weight mask layer token text tensor matrix head block kernel row".split()
+VERBS = "prunes keeps drops reads writes masks scores sorts ranks packs loads counts".split()
+ADJS = "sparse dense small large quiet bright early late empty full plain round".split()
+TASK_YAML = """\
+task: pick_ending
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_target: "{{{{label}}}}"
+doc_to_choice: "{{{{choices}}}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+metadata:
+  version: 1.0
+"""
+
+
+def sentences(lines: int, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    fixed = [f"the {ADJS[i]} {NOUNS[i]} {VERBS[i]} every {NOUNS[(i + 5) % 12]}" for i in range(12)]
+    return "\n".join(rng.choice(fixed) for _ in range(lines))
+
+
+def ending_items(text: str, n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    lines = [ln.split() for ln in text.splitlines()]
+    items = []
+    for words in lines[:n]:
+        ending = " ".join(words[3:])
+        other = ending
+        while other == ending:
+            other = " ".join(rng.choice(lines)[3:])
+        label = rng.randrange(2)
+        choices = [other, ending] if label else [ending, other]
+        items.append(
+            {
+                "context": " ".join(words[:3]),
+                "label": label,
+                "text": " ".join(words),
+                "choices": choices,
+            }
+        )
+    return items
+
+
+def write_task(root: Path, items: list[dict]) -> Path:
+    """The multiple-choice task ``pick_ending`` over ``items``, a YAML beside its JSON lines."""
+    root.mkdir(parents=True, exist_ok=True)
+    data = root / "items.jsonl"
+    data.write_text("".join(json.dumps(i) + "\n" for i in items))
+    (root / "pick_ending.yaml").write_text(TASK_YAML.format(data=data))
+    return root
 
 
 def main() -> None:
@@ -49,17 +109,16 @@ def main() -> None:
     import lm_eval
     import torch
     import transformers
-    from bench_checkpoint import machine
+    from bench_streamed import tokenizer
     from lm_eval.tasks import TaskManager
-    from test_eval import save_tokenizer
-    from test_tasks import ending_items, sentences, write_tasks
+    from measure import machine
 
     from sparsetool.ops.tasks import evaluate_tasks
 
     root = Path(tempfile.mkdtemp(prefix="bench_tasks_"))
     os.environ["HF_DATASETS_CACHE"] = str(root / "cache")
     text = sentences(4 * args.items)
-    task_dir = write_tasks(root / "tasks", ending_items(text, args.items))
+    task_dir = write_task(root / "tasks", ending_items(text, args.items))
     model_dir = root / "model"
     torch.manual_seed(0)
     transformers.GPT2LMHeadModel(
@@ -73,7 +132,7 @@ def main() -> None:
             eos_token_id=1,
         )
     ).eval().save_pretrained(model_dir)
-    save_tokenizer(model_dir, text)
+    tokenizer(model_dir, text, vocab_size=300)
     default_threads = torch.get_num_threads()
     print(
         f"machine: {machine()}; torch {torch.__version__}, transformers {transformers.__version__}, "
@@ -95,10 +154,12 @@ def main() -> None:
         spec.loader.exec_module(before)
 
     def ours(batch: int, score=None) -> float:
-        harness.score_requests = score or current
-        row = evaluate_tasks(
-            [model_dir], ["pick_ending"], include_path=task_dir, batch=batch, device="cpu"
-        ).rows[0]
+        # evaluate_tasks takes no scorer: the older one (--baseline) replaces the module's
+        # score_requests for this call only
+        with mock.patch.object(harness, "score_requests", score or current):
+            row = evaluate_tasks(
+                [model_dir], ["pick_ending"], include_path=task_dir, batch=batch, device="cpu"
+            ).rows[0]
         return row.metric("pick_ending", "acc")
 
     def theirs(batch: int) -> float:
