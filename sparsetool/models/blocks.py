@@ -202,6 +202,18 @@ class BlockModel:
             [(s, tuple(self._lts[s].shape), self._lts[s].dtype) for s in sorted(stored)]
         )
         self.counts: dict[str, tuple[int, int]] = {}  # checkpoint name -> (numel, non-zeros)
+        self._load_buffers()
+
+    def _load_buffers(self) -> None:
+        """Buffers the checkpoint stores (DeepSeek-V3's ``e_score_correction_bias``) take its
+        values, in the buffer's own type: the model builds them as zeros. They are small."""
+        for name, buf in list(self.module.named_buffers()):
+            pieces = self.sources.get(name)
+            if name in self._meta or not pieces or len(pieces) != 1 or pieces[0].index:
+                continue
+            value, _mask = decode(self.ckpt, self._lts[pieces[0].stored])
+            owner, _, attr = name.rpartition(".")
+            setattr(self.module.get_submodule(owner), attr, value.to(buf.device, buf.dtype))
 
     # ------------------------------------------------------------------ sizes
     def numel(self, names: list[str]) -> int:

@@ -1,0 +1,220 @@
+"""What ``sparsetool shrink`` is asked to do, checked without torch, and what it did.
+
+:class:`ShrinkOptions` holds the options of the command and of :func:`sparsetool.shrink`, their
+defaults and their checks in one place; :func:`plan_experts` turns ``--experts F`` or
+``--experts-keep N`` into the number of experts each Mixture-of-Experts layer keeps, refusing a
+request the model's router cannot serve before any weight is read. :class:`ShrinkResult` is what
+was done (``to_json()`` is ``shrink --json``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparsetool.errors import ConfigError, UsageError
+from sparsetool.util.options import check_count, check_seed
+
+__all__ = [
+    "CRITERIA",
+    "DEFAULT_SAMPLES",
+    "DEFAULT_SEQ",
+    "ShrinkOptions",
+    "ExpertPlan",
+    "ShrinkResult",
+    "plan_experts",
+]
+
+CRITERIA = ("reap", "frequency", "ean", "random")
+"""How the experts of a layer are ranked (docs/shrink.md gives each formula)."""
+DEFAULT_SAMPLES = 128  # calibration windows, as prune's --samples
+DEFAULT_SEQ = 512  # tokens per calibration window, as prune's --seq
+
+
+@dataclass(frozen=True)
+class ShrinkOptions:
+    """The options of ``sparsetool shrink`` (CLI names in the comments)."""
+
+    experts: float | None = None  # --experts F: fraction of each layer's routed experts removed
+    experts_keep: int | None = None  # --experts-keep N: routed experts each layer keeps
+    criterion: str = "reap"  # --criterion
+    merge: bool = False  # --merge: fold each removed expert into its most similar kept one
+    calibration: Path | None = None  # --calibration FILE|DIR
+    samples: int = DEFAULT_SAMPLES  # --samples
+    seq: int | None = None  # --seq; None: DEFAULT_SEQ, or the model's context when shorter
+    seed: int = 0  # --seed: the windows picked from the text, and --criterion random
+    dtype: str = "float32"  # --dtype: precision of the forward passes
+    device: str = "cpu"  # --device
+
+    @property
+    def reads_text(self) -> bool:
+        """Whether the calibration text runs through the model (every criterion but random
+        without --merge)."""
+        return self.criterion != "random" or self.merge
+
+    def validate(self) -> None:
+        """Raise :class:`~sparsetool.errors.ConfigError` for options that cannot work together,
+        before anything is read."""
+        if (self.experts is None) == (self.experts_keep is None):
+            raise ConfigError(
+                "say how many experts to remove: --experts F (the fraction of each layer's "
+                "routed experts removed) or --experts-keep N (the experts each layer keeps)"
+            )
+        if self.experts is not None:
+            f = self.experts
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1:
+                raise ConfigError(
+                    f"--experts must be a fraction between 0 and 1 (exclusive), got {f!r}; "
+                    "0.5 removes half of each layer's routed experts"
+                )
+        if self.experts_keep is not None:
+            check_count(self.experts_keep, "--experts-keep")
+        if self.criterion not in CRITERIA:
+            raise ConfigError(f"--criterion {self.criterion!r}: use {', '.join(CRITERIA)}")
+        check_count(self.samples, "--samples")
+        if self.seq is not None:
+            check_count(self.seq, "--seq", minimum=2)
+        check_seed(self.seed)
+        if self.reads_text and self.calibration is None:
+            why = (
+                "--merge compares experts' outputs"
+                if self.merge
+                else (f"--criterion {self.criterion} scores experts")
+            )
+            raise ConfigError(
+                f"{why} on calibration text: give --calibration FILE|DIR "
+                "(or --criterion random, which needs none)"
+            )
+
+    def record(self) -> dict[str, Any]:
+        """The options as provenance and ``--json`` record them (the text only when read)."""
+        rec = asdict(self)
+        rec["calibration"] = str(self.calibration) if self.calibration is not None else None
+        if not self.reads_text:
+            for k in ("calibration", "samples", "seq", "dtype"):
+                del rec[k]
+        del rec["device"]
+        return rec
+
+
+@dataclass(frozen=True)
+class ExpertPlan:
+    """How many routed experts each Mixture-of-Experts layer keeps, per router group."""
+
+    experts: int  # routed experts per layer in the input
+    keep: int  # routed experts per layer in the output
+    top_k: int  # experts each token is routed to
+    groups: int = 1  # router groups (DeepSeek-V3's n_group): each loses as many experts
+    topk_group: int = 1  # groups a token may choose from
+
+    @property
+    def removed(self) -> int:
+        return self.experts - self.keep
+
+    @property
+    def keep_per_group(self) -> int:
+        return self.keep // self.groups
+
+
+def plan_experts(
+    opts: ShrinkOptions,
+    experts: int,
+    top_k: int,
+    *,
+    groups: int = 1,
+    topk_group: int = 1,
+    group_top: int = 0,
+    model: str = "the model",
+) -> ExpertPlan:
+    """The experts each layer keeps, from ``--experts F`` (rounded to the nearest whole number of
+    experts per group) or ``--experts-keep N``; a :class:`~sparsetool.errors.UsageError` when
+    that removes none, or leaves fewer experts a token can reach than it is routed to.
+
+    ``groups``/``topk_group``: a group-limited router (each token chooses among the experts of
+    its ``topk_group`` best groups) loses the same number in every group. ``group_top``: experts
+    a group must keep because the router ranks groups by the sum of their best ``group_top``.
+
+    >>> plan_experts(ShrinkOptions(experts=0.5), 8, 2).keep
+    4
+    >>> plan_experts(ShrinkOptions(experts=0.25), 8, 2, groups=2, topk_group=1).keep_per_group
+    3
+    >>> plan_experts(ShrinkOptions(experts_keep=1), 8, 2)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    sparsetool.errors.UsageError: --experts-keep 1 leaves 1 routed expert per layer, ...
+    """
+    per_group = experts // groups
+    if opts.experts_keep is not None:
+        keep = opts.experts_keep
+        asked = f"--experts-keep {keep}"
+        if keep % groups:
+            raise UsageError(
+                f"{asked}: {model}'s router has {groups} expert groups, which keep alike; "
+                f"give a multiple of {groups}"
+            )
+    else:
+        assert opts.experts is not None
+        removed_per_group = round(opts.experts * per_group)
+        keep = (per_group - removed_per_group) * groups
+        asked = f"--experts {opts.experts:g}"
+    if keep >= experts:
+        raise UsageError(
+            f"{asked} removes no expert of {model}'s {experts} per layer"
+            + (f" ({groups} groups of {per_group})" if groups > 1 else "")
+            + "; ask for more"
+        )
+    reachable = keep if groups == 1 else (keep // groups) * topk_group
+    if reachable < top_k:
+        where = (
+            f"leaves {keep} routed expert{'s' if keep != 1 else ''} per layer"
+            if groups == 1
+            else f"leaves {keep // groups} per group, {reachable} within the {topk_group} "
+            f"group{'s' if topk_group != 1 else ''} a token chooses from"
+        )
+        least = top_k if groups == 1 else -(-top_k // topk_group) * groups
+        raise UsageError(
+            f"{asked} {where}, but {model} routes each token to {top_k}; keep at least {least}"
+        )
+    if groups > 1 and keep // groups < group_top:
+        raise UsageError(
+            f"{asked} leaves {keep // groups} experts per group, but {model}'s router ranks "
+            f"its groups by their best {group_top}; keep at least {group_top * groups}"
+        )
+    return ExpertPlan(experts, keep, top_k, groups, topk_group)
+
+
+@dataclass
+class ShrinkResult:
+    """What ``shrink`` did: per Mixture-of-Experts layer, the experts kept (their indices in the
+    input, in their new order) with every expert's saliency, and the sizes before and after."""
+
+    output: Path
+    options: ShrinkOptions
+    plan: ExpertPlan
+    layers: list[dict] = field(default_factory=list)
+    parameters_before: int = 0
+    parameters_after: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    tokens: int = 0  # calibration tokens run through the model
+    notes: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "output": str(self.output),
+            "options": self.options.record(),
+            "experts": {
+                "before": self.plan.experts,
+                "after": self.plan.keep,
+                "top_k": self.plan.top_k,
+                "groups": self.plan.groups,
+            },
+            "calibration_tokens": self.tokens,
+            "parameters": {"before": self.parameters_before, "after": self.parameters_after},
+            "bytes": {"before": self.bytes_before, "after": self.bytes_after},
+            "layers": self.layers,
+            "notes": list(self.notes),
+            "left_out": list(self.left_out),
+        }
