@@ -1,5 +1,6 @@
-"""The benchmarks cannot rot unseen: every ``benchmarks/*.py`` imports, and every script among them
-(a file with a ``__main__`` block) answers ``--help``, each in its own process."""
+"""The benchmarks cannot rot unseen: each of ``benchmarks/*.py`` and ``investigations/*.py`` there
+imports, and every script among them (a file with a ``__main__`` block) answers ``--help``, each
+in its own process."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
-FILES = sorted(p for p in BENCHMARKS.glob("*.py"))
+FILES = sorted([*BENCHMARKS.glob("*.py"), *BENCHMARKS.glob("investigations/*.py")])
 
 
-def _env() -> dict[str, str]:
+def _env(path: Path) -> dict[str, str]:
     # a script imports its siblings as top-level modules (Python puts its folder first on sys.path)
-    path = os.pathsep.join(filter(None, [str(BENCHMARKS), os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join(filter(None, [str(path.parent), os.environ.get("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
 
 
@@ -30,12 +31,12 @@ def test_there_are_benchmarks_and_a_measuring_helper():
     assert "measure.py" in names and sum(_is_script(p) for p in FILES) >= 10
 
 
-@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(BENCHMARKS)))
 def test_every_benchmark_imports_and_answers_help(path):
     r = subprocess.run(
         [sys.executable, "-c", f"import {path.stem}"],
         cwd=ROOT,
-        env=_env(),
+        env=_env(path),
         capture_output=True,
         text=True,
         timeout=120,
@@ -46,7 +47,7 @@ def test_every_benchmark_imports_and_answers_help(path):
     r = subprocess.run(
         [sys.executable, str(path), "--help"],
         cwd=ROOT,
-        env=_env(),
+        env=_env(path),
         capture_output=True,
         text=True,
         timeout=120,

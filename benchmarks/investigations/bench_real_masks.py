@@ -5,7 +5,8 @@ bit). Zeros are read as pruned (the zeros encoding).
 
 Usage::
 
-    PYTHONPATH=. python benchmarks/bench_real_masks.py /tmp/wanda-float32 /tmp/wanda-bfloat16
+    PYTHONPATH=. python benchmarks/investigations/bench_real_masks.py \
+        /tmp/wanda-float32 /tmp/wanda-bfloat16
 """
 
 from __future__ import annotations

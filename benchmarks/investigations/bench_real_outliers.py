@@ -12,7 +12,7 @@ sparsity by), and ``--ties`` the Wanda score ties at each row's cut at 50% spars
 
 Usage::
 
-    PYTHONPATH=. python benchmarks/bench_real_outliers.py /work/real/smollm2 \
+    PYTHONPATH=. python benchmarks/investigations/bench_real_outliers.py /work/real/smollm2 \
         --calibration /work/real/text/sciq-calibration.txt --samples 16 --seq 256 --owl 5 --ties
 """
 

@@ -17,12 +17,12 @@ tensor (the q/k/v/o/gate/up/down weights of the blocks):
 - ``--mix A B --from-b ROLE ... --out DIR``: a copy of pruned checkpoint A whose tensors of the
   given roles come from B (where a tie rule's effect sits), for ``sparsetool eval``.
 
-Usage::
+Usage (``TIES=benchmarks/investigations/bench_real_ties.py``)::
 
-    PYTHONPATH=. python benchmarks/bench_real_ties.py /work/real/smollm2 --sparsity 0.5 0.7 --nm 2:4
-    PYTHONPATH=. python benchmarks/bench_real_ties.py /work/real/smollm2 --nm 2:4 --variants /tmp/ties
+    PYTHONPATH=. python $TIES /work/real/smollm2 --sparsity 0.5 0.7 --nm 2:4
+    PYTHONPATH=. python $TIES /work/real/smollm2 --nm 2:4 --variants /tmp/ties
     sparsetool eval /tmp/ties/nm2-4-lower /tmp/ties/nm2-4-random ... --max-tokens 10K
-    PYTHONPATH=. python benchmarks/bench_real_ties.py /work/real/smollm2 --mix /tmp/ties/nm2-4-lower \
+    PYTHONPATH=. python $TIES /work/real/smollm2 --mix /tmp/ties/nm2-4-lower \
         /tmp/ties/nm2-4-upper --from-b q_proj k_proj v_proj --out /tmp/ties/upper-qkv-only
 """
 
