@@ -30,6 +30,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "prune",
         "Prune CHECKPOINT: zero the smallest (or random) weights of every targeted tensor.",
     ),
+    "shrink": (
+        "shrink",
+        "shrink",
+        "Remove whole routed experts of a Mixture-of-Experts model into a smaller dense model.",
+    ),
     "densify": (
         "densify",
         "densify",

@@ -6,6 +6,7 @@ from helpers import ROOT, run
 
 COMMANDS = [
     "prune",
+    "shrink",
     "densify",
     "report",
     "flops",

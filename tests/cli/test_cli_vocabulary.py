@@ -19,8 +19,15 @@ from safetensors.torch import load_file
 
 from helpers import ROOT, RUNNER, bench_json, run
 
-COMMANDS = ["prune", "densify", "report", "flops", "train", "simulate", "bench", "eval", "diff"]
-WRITERS = ["prune", "densify", "train"]  # the commands whose main product is a file or directory
+COMMANDS = [
+    "prune", "shrink", "densify", "report", "flops", "train", "simulate", "bench", "eval", "diff"
+]  # fmt: skip
+WRITERS = [
+    "prune",
+    "shrink",
+    "densify",
+    "train",
+]  # the commands whose main product is a file or directory
 
 
 @pytest.fixture
@@ -36,6 +43,7 @@ def good_args(command: str, ckpt: Path, tmp: Path, corpus: Path | None = None) -
     return {
         "prune": [ckpt, "-o", tmp / "p.safetensors", "--sparsity", "0.5"],
         "densify": [ckpt, "-o", tmp / "d.safetensors"],
+        "shrink": [tmp / "moe", "-o", tmp / "shrunk", "--experts", "0.5", "--criterion", "random"],
         "report": [ckpt],
         "flops": ["--model", "gpt2-small", "--sparsity", "0.5"],
         "simulate": ["--shape", "64x64", "--sparsity", "0.5"],
@@ -65,6 +73,10 @@ def good_args(command: str, ckpt: Path, tmp: Path, corpus: Path | None = None) -
 
 def prepare(command: str, ckpt: Path, tmp: Path, corpus: Path) -> None:
     """What a command's good_args need besides the checkpoint: eval scores a trained run."""
+    if command == "shrink":
+        from moe_models import save_moe
+
+        save_moe("mixtral", tmp / "moe", corpus.read_text())
     if command == "eval":
         r = run(
             "train", *good_args("train", ckpt, tmp, corpus)[2:], "-o", tmp / "evalrun", "--json"
@@ -165,7 +177,7 @@ def test_json_parses_and_quiet_is_accepted(command, gpt2_file, tmp_path, corpus)
     assert r.exit_code == 0, r.output
     assert isinstance(json.loads(r.stdout), (dict, list))
     for p in tmp_path.iterdir():  # fresh outputs for the second run
-        if p not in (gpt2_file, corpus, tmp_path / "evalrun"):
+        if p not in (gpt2_file, corpus, tmp_path / "evalrun", tmp_path / "moe"):
             subprocess.run(["rm", "-rf", str(p)], check=True)
     r = run(command, *args, "--quiet")
     assert r.exit_code == 0, r.output
@@ -199,6 +211,7 @@ def test_train_output_and_its_hidden_old_spelling(tmp_path, corpus):
 
 BAD_VALUE = {
     "prune": ["x.safetensors", "-o", "y.safetensors", "--sparsity", "2"],
+    "shrink": ["x", "-o", "y", "--experts", "2"],
     "densify": ["x.safetensors"],  # no -o: densify has no other value to get wrong
     "report": ["x.safetensors", "--format", "pretty"],
     "flops": ["--model", "gpt3-xl", "--tokens", "many"],

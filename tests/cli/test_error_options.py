@@ -211,7 +211,18 @@ def test_an_unknown_preset_names_no_option_of_another_command():
 
 # --- the library's message strings ---------------------------------------------------------------
 
-COMMANDS = ("prune", "densify", "report", "flops", "train", "simulate", "eval", "diff", "demo")
+COMMANDS = (
+    "prune",
+    "shrink",
+    "densify",
+    "report",
+    "flops",
+    "train",
+    "simulate",
+    "eval",
+    "diff",
+    "demo",
+)
 # library modules shared by several commands: every option they name must exist in all of them
 SHARED = {
     "flops/shapes.py": ("flops", "simulate"),

@@ -1,0 +1,186 @@
+"""``sparsetool shrink``: structured compression into a smaller dense model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from sparsetool.cli._output import (
+    console,
+    emit_json,
+    failing_cleanly,
+    note_left_out,
+    print_table,
+    progress_bar,
+)
+from sparsetool.cli._params import (
+    ComputeDType,
+    checked,
+    checkpoint_argument,
+    choice_option,
+    choices,
+    compute_dtype_option,
+    device_option,
+    json_option,
+    output_option,
+    quiet_option,
+    seed_option,
+    threads_option,
+    usage_error,
+    usage_errors,
+    use_device,
+    use_threads,
+    value_of,
+)
+from sparsetool.ops.shrink.options import CRITERIA, DEFAULT_SAMPLES, ShrinkOptions
+from sparsetool.util import options
+from sparsetool.util.wording import plural
+
+Criterion = choices("Criterion", CRITERIA)
+
+EXAMPLES = (  # the end of --help: each runs as written (given the files named)
+    "sparsetool shrink qwen3-moe/ -o qwen3-moe-half/ --experts 0.5 --calibration text.txt",
+    "sparsetool shrink mixtral/ -o mixtral-6/ --experts-keep 6 --merge --calibration text.txt",
+    "sparsetool shrink olmoe/ -o olmoe-random/ --experts 0.25 --criterion random",
+)
+
+
+def shrink(
+    checkpoint: Path = checkpoint_argument(),
+    output: Optional[Path] = output_option("Where to write the smaller model (a new directory)."),
+    experts: Optional[float] = typer.Option(
+        None,
+        "--experts",
+        metavar="F",
+        help="Remove this fraction of each Mixture-of-Experts layer's routed experts (0.5: half).",
+    ),
+    experts_keep: Optional[int] = typer.Option(
+        None,
+        "--experts-keep",
+        metavar="N",
+        help="Instead of --experts: the routed experts each layer keeps.",
+    ),
+    criterion: Criterion = choice_option(
+        Criterion,
+        "reap",
+        "--criterion",
+        help="How experts are ranked on the calibration tokens (the lowest go): reap (mean of "
+        "routing weight x output norm over the tokens routed to it), frequency (tokens routed), "
+        "ean (summed output norm), or random (seeded; needs no text).",
+    ),
+    merge: bool = typer.Option(
+        False,
+        "--merge",
+        help="Fold each removed expert into the kept expert of most similar output (a "
+        "routed-frequency-weighted average of their weights) instead of dropping it.",
+    ),
+    calibration: Optional[Path] = typer.Option(
+        None,
+        "--calibration",
+        metavar="FILE|DIR",
+        help="UTF-8 text (a file, or every file under a directory) the experts are scored on.",
+    ),
+    samples: int = typer.Option(
+        DEFAULT_SAMPLES,
+        "--samples",
+        metavar="N",
+        callback=checked(options.check_count),
+        help="Calibration windows.",
+    ),
+    seq: Optional[int] = typer.Option(
+        None,
+        "--seq",
+        metavar="T",
+        callback=checked(options.check_count, minimum=2),
+        help="Tokens per calibration window. Default: 512, or the model's context if shorter.",
+    ),
+    seed: int = seed_option("Seed of the windows picked from the text and of --criterion random."),
+    device: str = device_option(
+        "Where the blocks run: auto (a GPU if there is one), cpu, cuda or cuda:N."
+    ),
+    dtype: ComputeDType = compute_dtype_option(
+        "Precision of the forward passes (the statistics stay float64)."
+    ),
+    quiet: bool = quiet_option(),
+    threads: Optional[int] = threads_option(),
+    as_json: bool = json_option(),
+) -> None:
+    """Remove whole routed experts of a Mixture-of-Experts model into a smaller dense model.
+
+    Each layer's experts are scored on the calibration text block by block (one block in memory;
+    each block sees what the already-shrunk earlier blocks feed it) and the lowest-scoring go, the
+    same number in every layer (and in every router group). The output is a Hugging Face
+    directory of the same architecture that transformers loads as it is: the kept experts
+    renumbered, the router's rows of the removed ones gone, config.json's expert count lowered,
+    every other tensor and the tokenizer copied. Its logits are the input's with the removed
+    experts' router logits at -inf. Kept experts and every saliency are recorded in the output's
+    provenance and --json. The input is never modified; the output appears only when complete.
+    """
+    if output is None:
+        usage_error("give -o OUTPUT, a new directory for the smaller model")
+    with usage_errors():
+        opts = ShrinkOptions(
+            experts=experts,
+            experts_keep=experts_keep,
+            criterion=value_of(criterion),
+            merge=merge,
+            calibration=calibration,
+            samples=samples,
+            seq=seq,
+            seed=seed,
+            dtype=value_of(dtype),
+            device=device,
+        )
+        opts.validate()
+    use_device(device)
+    use_threads(threads)
+    from sparsetool.ops.shrink import shrink_experts
+
+    with failing_cleanly():
+        with progress_bar(not (as_json or quiet)) as progress:
+            result = shrink_experts(checkpoint, output, opts, progress=progress)
+    if as_json:
+        emit_json(result.to_json())
+        return
+    plan = result.plan
+    if not quiet:
+        print_layers(result.layers, plan.experts)
+    console.print(
+        f"shrank {plural(len(result.layers), 'layer')}: {plan.experts} -> {plan.keep} routed "
+        f"experts each ({opts.criterion}{', merged' if opts.merge else ''}); parameters "
+        f"{result.parameters_before:,} -> {result.parameters_after:,}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if not quiet:
+        note_left_out(result.left_out)
+        for note in result.notes:
+            console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
+    console.print(f"wrote {escape(str(result.output))}", highlight=False, soft_wrap=True)
+
+
+def print_layers(layers: list[dict], experts: int) -> None:
+    """Per layer: the experts removed and the saliencies on either side of the cut."""
+    rows = []
+    for layer in layers:
+        scores = layer["scores"]
+        kept_low = min(scores[e] for e in layer["kept"])
+        removed_high = max(scores[e] for e in layer["removed"])
+        shown = ", ".join(str(e) for e in layer["removed"][:8])
+        more = len(layer["removed"]) - 8
+        rows.append(
+            [
+                str(layer["block"]),
+                shown + (f" (+{more})" if more > 0 else ""),
+                f"{kept_low:.4g}",
+                f"{removed_high:.4g}",
+            ]
+        )
+    print_table(
+        ["block", "removed", "lowest kept", "highest removed"],
+        rows,
+        title=f"experts removed per layer (of {experts}; saliency on either side of the cut)",
+    )
