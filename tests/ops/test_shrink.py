@@ -273,3 +273,25 @@ def test_the_cli_prints_what_it_kept_and_json_holds_it(tmp_path, text, calib_fil
             "--calibration", calib_file, "--samples", "4", "--seq", "16")  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "4 -> 2 routed experts" in r.output and "wrote" in r.output
+
+
+def test_the_output_composes_with_prune_flops_and_eval(tmp_path, text, calib_file):
+    src = save_moe("olmoe", tmp_path / "in", text)
+    out = tmp_path / "half"
+    shrink_experts(src, out, ShrinkOptions(experts=0.5, calibration=calib_file, **CALIB))
+    calib = ["--calibration", calib_file, "--samples", "4", "--seq", "16"]
+    r = run("prune", out, "-o", tmp_path / "pruned", "--method", "wanda", "--sparsity", "0.5",
+            *calib, "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["summary"]["targeted_sparsity"] == pytest.approx(0.5, abs=0.01)
+    flops = {}
+    for name, path in (("in", src), ("half", out)):
+        r = run("flops", "--checkpoint", path, "--json")
+        assert r.exit_code == 0, r.output
+        flops[name] = json.loads(r.stdout)["config"]
+    assert (flops["in"]["n_experts"], flops["half"]["n_experts"]) == (4, 2)
+    assert flops["in"]["top_k"] == flops["half"]["top_k"] == 2
+    r = run("eval", src, out, tmp_path / "pruned", "--text", calib_file, "--seq", "16", "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)["checkpoints"]
+    assert got[0]["params"] > got[1]["params"] == got[2]["params"]

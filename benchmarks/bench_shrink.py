@@ -1,0 +1,302 @@
+"""``sparsetool shrink --experts``: what removing experts costs and takes, beside llm-compressor.
+
+Two measurements:
+
+  python benchmarks/bench_shrink.py quality MOE_DIR --heldout H.txt --calibration C.txt
+      [--fractions 0.25,0.5] [--criteria reap,frequency,ean,random] [--samples 64] [--seq 256]
+      [--limit 100] [--peer-python /path/to/llmc-env/bin/python] [--work DIR] [--json OUT]
+
+On a trained Mixture-of-Experts model (``benchmarks/make_moe.py``): for each fraction and
+criterion, with and without ``--merge``, the shrink's wall time and peak RSS and the output's bytes
+on disk; then one ``sparsetool eval`` of the dense model and every output over the held-out text
+(perplexity, tokens/s) and, with ``--limit``, one over the seven standard tasks offline. With
+``--peer-python``, llm-compressor's ``REAPPruningModifier`` (``benchmarks/peer_reap.py``, run in
+that environment) on the same windows at each fraction: its time, peak RSS, perplexity and the
+retained experts compared layer by layer with ``--criterion reap``.
+
+  python benchmarks/bench_shrink.py depth --tokenizer DIR [--blocks 2,8] [--work DIR]
+
+Peak RSS of ``shrink --experts 0.5 --criterion reap --dtype bfloat16`` on random models of
+Qwen3-30B-A3B's width (hidden 2048, 128 experts of 768, top 8; bfloat16, experts fused on disk)
+with each number of blocks: flat in depth when one block is in memory at a time. ``DIR`` gives
+the tokenizer (any whose ids fit the vocabulary: the trained MoE's).
+
+Peak memory is the process's peak RSS (``measure.run_measured``: ``/usr/bin/time -f %M``'s
+figure). Prints Markdown tables for RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from measure import machine, run_measured
+
+ST = [sys.executable, "-m", "sparsetool"]
+HERE = Path(__file__).resolve().parent
+
+
+def shrink_cmd(src: Path, out: Path, args, fraction: float, criterion: str, merge: bool) -> list:
+    cmd = [*ST, "shrink", str(src), "-o", str(out), "--experts", str(fraction), "--json", "-q"]
+    cmd += ["--criterion", criterion, "--calibration", str(args.calibration)]
+    cmd += ["--samples", str(args.samples), "--seq", str(args.seq)]
+    return cmd + (["--merge"] if merge else [])
+
+
+def quality(args) -> dict:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    src = Path(args.model)
+    rows, outputs, kept = [], [src], {}
+    for fraction in args.fractions:
+        for criterion in args.criteria:
+            for merge in (False, True):
+                name = f"{criterion}-{int(fraction * 100)}{'-merge' if merge else ''}"
+                out = work / name
+                shutil.rmtree(out, ignore_errors=True)
+                m = run_measured(shrink_cmd(src, out, args, fraction, criterion, merge))
+                if not m.ok:
+                    raise SystemExit(f"{name}: {m.error_line()}")
+                got = m.json()
+                kept[name] = [layer["kept"] for layer in got["layers"]]
+                rows.append(
+                    {
+                        "name": name,
+                        "tool": "sparsetool",
+                        "fraction": fraction,
+                        "criterion": criterion,
+                        "merge": merge,
+                        "wall_s": m.wall_s,
+                        "peak_rss_mib": m.peak_rss_mib,
+                        "bytes": got["bytes"]["after"],
+                        "parameters": got["parameters"]["after"],
+                    }
+                )
+                outputs.append(out)
+                print(f"{name}: {m.wall_s:.1f} s, {m.peak_rss_mib:.0f} MiB", flush=True)
+    if args.peer_python:
+        for fraction in args.fractions:
+            name = f"llmc-reap-{int(fraction * 100)}"
+            out = work / name
+            shutil.rmtree(out, ignore_errors=True)
+            cmd = [args.peer_python, str(HERE / "peer_reap.py"), str(src), str(out)]
+            cmd += ["--experts", str(fraction), "--calibration", str(args.calibration)]
+            cmd += ["--samples", str(args.samples), "--seq", str(args.seq)]
+            m = run_measured(cmd)
+            if not m.ok:
+                raise SystemExit(f"{name}: {m.error_line()}")
+            got = json.loads(m.stdout.strip().splitlines()[-1])
+            peer_kept = [sorted(v) for _, v in sorted(got["retained"].items(), key=_layer_key)]
+            ours = kept[f"reap-{int(fraction * 100)}"]
+            rows.append(
+                {
+                    "name": name,
+                    "tool": "llm-compressor",
+                    "fraction": fraction,
+                    "criterion": "reap",
+                    "merge": False,
+                    "wall_s": m.wall_s,
+                    "peak_rss_mib": m.peak_rss_mib,
+                    "bytes": sum(f.stat().st_size for f in out.glob("*.safetensors")),
+                    "oneshot_s": got["oneshot_s"],
+                    "same_layers": sum(a == b for a, b in zip(ours, peer_kept)),
+                    "layers": len(ours),
+                    "differences": [
+                        {"layer": i, "sparsetool": a, "llm-compressor": b}
+                        for i, (a, b) in enumerate(zip(ours, peer_kept))
+                        if a != b
+                    ],
+                }
+            )
+            outputs.append(out)
+            print(f"{name}: {m.wall_s:.1f} s, {m.peak_rss_mib:.0f} MiB", flush=True)
+    ev = run_measured(
+        [*ST, "eval", *map(str, outputs), "--text", str(args.heldout), "--seq", str(args.seq)]
+        + ["--json", "-q"]
+    )
+    if not ev.ok:
+        raise SystemExit(f"eval: {ev.error_line()}")
+    by_name = {Path(c["name"]).name: c for c in ev.json()["checkpoints"]}
+    dense = by_name[src.name]
+    tasks = {}
+    if args.limit:
+        tv = run_measured(
+            [*ST, "eval", *map(str, outputs), "--tasks", "zeroshot7", "--offline"]
+            + ["--limit", str(args.limit), "--json", "-q"]
+        )
+        if not tv.ok:
+            raise SystemExit(f"eval --tasks: {tv.error_line()}")
+        for c in tv.json()["checkpoints"]:
+            accs = {t: r.get("acc,none") for t, r in c["tasks"].items()}
+            tasks[Path(c["name"]).name] = accs
+    for r in [{"name": src.name, "tool": "dense", "bytes": _bytes(src)}] + rows:
+        c = by_name[r["name"]]
+        r["perplexity"] = c["perplexity"]
+        r["tokens_per_s"] = c["tokens_per_s"]
+        r["tasks"] = tasks.get(r["name"])
+    record = {
+        "machine": machine(),
+        "command": " ".join(sys.argv),
+        "dense": {
+            "perplexity": dense["perplexity"],
+            "tokens_per_s": dense["tokens_per_s"],
+            "bytes": _bytes(src),
+            "tasks": tasks.get(src.name),
+        },
+        "rows": rows,
+    }
+    print_quality(record)
+    return record
+
+
+def _layer_key(item) -> int:
+    """llm-compressor names a layer ``model.layers.N.mlp``: its block number."""
+    return int(next(p for p in item[0].split(".") if p.isdigit()))
+
+
+def _bytes(d: Path) -> int:
+    return sum(f.stat().st_size for f in d.glob("*.safetensors"))
+
+
+def print_quality(record: dict) -> None:
+    dense = record["dense"]
+    task_names = sorted(dense["tasks"] or {})
+    head = ["model", "removed", "criterion", "merge", "perplexity", "time s", "peak RSS MiB"]
+    head += ["MB on disk", "tokens/s"] + task_names + (["task mean"] if task_names else [])
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+
+    def cells(r: dict, name: str, removed: str, crit: str, merge: str) -> list[str]:
+        out = [name, removed, crit, merge, f"{r['perplexity']:.2f}"]
+        out += [f"{r['wall_s']:.1f}" if "wall_s" in r else "-"]
+        out += [f"{r['peak_rss_mib']:.0f}" if "peak_rss_mib" in r else "-"]
+        out += [f"{r['bytes'] / 1e6:.1f}", f"{r['tokens_per_s']:.0f}"]
+        accs = r.get("tasks") or {}
+        out += [f"{accs[t]:.3f}" if accs.get(t) is not None else "-" for t in task_names]
+        if task_names:
+            vals = [accs[t] for t in task_names if accs.get(t) is not None]
+            out += [f"{sum(vals) / len(vals):.3f}" if vals else "-"]
+        return out
+
+    print("| " + " | ".join(cells(dense, "dense", "0%", "-", "-")) + " |")
+    for r in record["rows"]:
+        name = r["tool"]
+        merge = "yes" if r["merge"] else "no"
+        print("| " + " | ".join(cells(r, name, f"{r['fraction']:.0%}", r["criterion"], merge)))
+    for r in record["rows"]:
+        if r["tool"] == "llm-compressor":
+            print(
+                f"\nllm-compressor REAP {r['fraction']:.0%}: retained experts equal to "
+                f"sparsetool's --criterion reap in {r['same_layers']} of {r['layers']} layers"
+            )
+            for d in r["differences"]:
+                print(f"  layer {d['layer']}: sparsetool {d['sparsetool']}, "
+                      f"llm-compressor {d['llm-compressor']}")  # fmt: skip
+
+
+def depth(args) -> dict:
+    import torch
+    import transformers as t
+
+    from sparsetool.checkpoint.format import TensorSpec
+    from sparsetool.checkpoint.writer import ShardWriter
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    text = work / "calib.txt"
+    text.write_text(" ".join(["the experts of a mixture are routed by the gate"] * 400))
+    rows = []
+    for blocks in args.blocks:
+        src = work / f"qwen3-30b-a3b-width-{blocks}"
+        if not (src / "model.safetensors").exists():
+            shutil.rmtree(src, ignore_errors=True)
+            src.mkdir()
+            config = t.Qwen3MoeConfig(
+                hidden_size=2048, num_hidden_layers=blocks, num_attention_heads=32,
+                num_key_value_heads=4, head_dim=128, moe_intermediate_size=768,
+                intermediate_size=6144, num_experts=128, num_experts_per_tok=8,
+                vocab_size=151936, max_position_embeddings=4096, dtype="bfloat16",
+            )  # fmt: skip
+            with torch.device("meta"):
+                model = t.Qwen3MoeForCausalLM(config)
+            shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+            specs = [TensorSpec(k, "BF16", s) for k, s in shapes.items()]
+            g = torch.Generator().manual_seed(0)
+            with ShardWriter(src / "model.safetensors", "model.safetensors", specs, None) as sw:
+                for k, s in shapes.items():
+                    if k.endswith("norm.weight"):
+                        value = torch.ones(s, dtype=torch.bfloat16)
+                    else:
+                        value = (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16)
+                    sw.write(k, value)
+                    del value
+            config.save_pretrained(src)
+            for f in Path(args.tokenizer).iterdir():
+                if f.name.startswith(("tokenizer", "special_tokens")):
+                    shutil.copy2(f, src / f.name)
+        out = work / f"shrunk-{blocks}"
+        shutil.rmtree(out, ignore_errors=True)
+        cmd = [*ST, "shrink", str(src), "-o", str(out), "--experts", "0.5", "--json", "-q"]
+        cmd += ["--calibration", str(text), "--samples", "4", "--seq", "128"]
+        cmd += ["--dtype", "bfloat16"]
+        m = run_measured(cmd)
+        if not m.ok:
+            raise SystemExit(f"depth {blocks}: {m.error_line()}")
+        rows.append(
+            {
+                "blocks": blocks,
+                "bytes_in": _bytes(src),
+                "bytes_out": _bytes(out),
+                "wall_s": m.wall_s,
+                "peak_rss_mib": m.peak_rss_mib,
+            }
+        )
+        shutil.rmtree(out)
+        print(f"{blocks} blocks: {m.wall_s:.1f} s, {m.peak_rss_mib:.0f} MiB", flush=True)
+    print("| blocks | input GB | output GB | time s | peak RSS MiB |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['blocks']} | {r['bytes_in'] / 1e9:.2f} | {r['bytes_out'] / 1e9:.2f} | "
+            f"{r['wall_s']:.1f} | {r['peak_rss_mib']:.0f} |"
+        )
+    return {"machine": machine(), "command": " ".join(sys.argv), "rows": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    q = sub.add_parser("quality", help="criteria, merging and the peer on a trained MoE")
+    q.add_argument("model")
+    q.add_argument("--heldout", required=True)
+    q.add_argument("--calibration", required=True)
+    q.add_argument("--fractions", default="0.25,0.5")
+    q.add_argument("--criteria", default="reap,frequency,ean,random")
+    q.add_argument("--samples", type=int, default=64)
+    q.add_argument("--seq", type=int, default=256)
+    q.add_argument("--limit", type=int, default=0, help="documents per task (0: no tasks)")
+    q.add_argument("--peer-python", help="python of an environment with llm-compressor 0.14")
+    q.add_argument("--work", default="/tmp/bench-shrink")
+    q.add_argument("--json", help="write the record here")
+    d = sub.add_parser("depth", help="peak RSS against depth at Qwen3-30B-A3B's width")
+    d.add_argument("--tokenizer", required=True, help="a directory with tokenizer files")
+    d.add_argument("--blocks", default="2,8")
+    d.add_argument("--work", default="/tmp/bench-shrink-depth")
+    d.add_argument("--json", help="write the record here")
+    args = ap.parse_args()
+    if args.what == "quality":
+        args.fractions = [float(x) for x in args.fractions.split(",")]
+        args.criteria = args.criteria.split(",")
+        record = quality(args)
+    else:
+        args.blocks = [int(x) for x in args.blocks.split(",")]
+        record = depth(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()
