@@ -120,8 +120,10 @@ def figures(monkeypatch) -> list:
 
     monkeypatch.setattr(plots, "save_png", keep)
     yield kept
+    from sparsetool.util.plotting import pyplot
+
     for fig in kept:
-        plots.pyplot().close(fig)
+        pyplot().close(fig)
 
 
 # ----------------------------------------------------------------------------- calibration

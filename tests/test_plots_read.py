@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-import sparsetool.ops.plots as plots
 from sparsetool.hardware.plot import sweep_figure
 from sparsetool.ops.eval import EvalResult, EvalRow, plot_eval
 from sparsetool.train.runfiles import Log, smoothed
+from sparsetool.util.plotting import pyplot
 
 from helpers import run
 
@@ -140,7 +140,7 @@ def test_simulate_sweep_keeps_every_device_visible(tmp_path):
     nm = [n for n in devices if "(on a 2:4 mask)" in n]
     assert len(nm) == 2 and lines[nm[0]].get_xdata()[0] != lines[nm[1]].get_xdata()[0]
     assert all(lines[n].get_alpha() < 1 for n in devices)
-    plots.pyplot().close(fig)
+    pyplot().close(fig)
 
 
 def test_loss_curve_has_a_smoothed_line_over_the_faint_raw_one(tmp_path):
@@ -165,4 +165,4 @@ def test_loss_curve_has_a_smoothed_line_over_the_faint_raw_one(tmp_path):
         == 0
     )
     assert max(abs(y - (5.0 - 0.01 * i)) for i, y in zip(range(1, 201), ys) if 20 < i < 180) < 0.05
-    plots.pyplot().close(fig)
+    pyplot().close(fig)

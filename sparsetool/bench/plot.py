@@ -14,11 +14,11 @@ _MARKERS = "os^vDP*Xph<>"
 
 def bench_figure(result: dict[str, Any]) -> Any:
     """The matplotlib Figure :func:`plot_bench` writes."""
-    import matplotlib.ticker
-
-    from sparsetool.ops.plots import pyplot
+    from sparsetool.util.plotting import pyplot
 
     plt = pyplot()
+    import matplotlib.ticker
+
     shapes: dict[tuple[int, ...], list[dict[str, Any]]] = {}
     for ly in result["layers"]:
         shapes.setdefault(tuple(ly["shape"]), []).append(ly)

@@ -74,11 +74,10 @@ def sweep_figure(
     """The matplotlib Figure :func:`plot_sweep` writes: each device its own marker and line style,
     points that coincide (a100 and h100 both at 1x; the two 2:4 devices on a 2:4 mask) moved a
     little apart and drawn half transparent, so that every device stays visible."""
-    import matplotlib
-    import matplotlib.ticker
+    from sparsetool.util.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    import matplotlib.ticker
 
     xs = [r["sparsity"] for r in rows]
     fig, ax = plt.subplots(figsize=(9.5, 4.8), dpi=110)
@@ -146,7 +145,9 @@ def plot_sweep(
     path = Path(path)
     if not path.parent.is_dir():
         raise SparsetoolError(f"--plot: directory '{path.parent}' does not exist; create it first")
-    import matplotlib.pyplot as plt
+    from sparsetool.util.plotting import pyplot
+
+    plt = pyplot()
 
     fig = sweep_figure(rows, title, key, nm_point)
     tmp = temp_beside(path)  # named after this process: a kill -9 leaves nothing for long

@@ -394,10 +394,9 @@ def _by_kind(result: Any) -> dict[str, Any]:
 
 def plot_perplexity(results: dict[str, Any], out: str | Path) -> Path:
     """Bars: perplexity of each model (groups) on each held-out text (colours), values on top."""
-    import matplotlib
+    from sparsetool.util.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     labels = {
         "dense": "dense",

@@ -447,8 +447,9 @@ def plot_eval(result: EvalResult, out: str | Path) -> Path:
     (two ``model`` directories become ``ft/model`` and ``dense/model``); the text's name is
     shortened to fit the title."""
     from sparsetool.ops import plots
+    from sparsetool.util.plotting import pyplot
 
-    plt = plots.pyplot()
+    plt = pyplot()
     rows = sorted(result.rows, key=lambda r: r.targeted_sparsity)
     labels = dict(
         zip([r.name for r in result.rows], plots.unique_suffixes([r.name for r in result.rows]))

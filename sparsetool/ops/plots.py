@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Sequence
 
 from sparsetool.checkpoint.output_files import remove, temp_beside, write_error
+from sparsetool.util.plotting import pyplot
 
 __all__ = [
     "MATRIX_LABELS",
-    "pyplot",
     "layer_heatmap",
     "message_figure",
     "save_png",
@@ -30,16 +30,6 @@ MATRIX_LABELS = {
     "ffn_out": "FFN out",
 }
 """Heatmap rows, top to bottom: matrix kind -> label."""
-
-
-def pyplot() -> Any:
-    """matplotlib.pyplot on the file-only Agg backend."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def layer_heatmap(

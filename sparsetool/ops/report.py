@@ -266,11 +266,12 @@ DENSE = "0% (no zeros)"
 
 
 def _bars(rows: list[TensorRow], out: str | Path, title: str) -> Path:
-    from matplotlib.lines import Line2D
-
-    from sparsetool.ops.plots import pyplot, save_png
+    from sparsetool.ops.plots import save_png
+    from sparsetool.util.plotting import pyplot
 
     plt = pyplot()
+    from matplotlib.lines import Line2D
+
     fig, ax = plt.subplots(figsize=(10, max(3.0, 0.18 * len(rows) + 1.5)))
     colour = [_ROLE_COLOURS.get(t.role, "tab:gray") for t in rows]
     bars = ax.barh(range(len(rows)), [100 * t.sparsity for t in rows], color=colour)

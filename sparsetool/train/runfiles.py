@@ -260,8 +260,9 @@ class Log:
 
     def plot(self, run: Path, title: str, unit: str = "byte") -> None:
         """RUN/loss.png, atomically (:meth:`loss_figure`)."""
-        import matplotlib.pyplot as plt
+        from sparsetool.util.plotting import pyplot
 
+        plt = pyplot("writing the run's loss.png")
         fig = self.loss_figure(title, unit)
         tmp = run / "loss.tmp.png"
         fig.savefig(tmp, dpi=110)
@@ -271,11 +272,9 @@ class Log:
     def loss_figure(self, title: str, unit: str = "byte"):
         """The loss curve: the raw training loss as a faint line under its moving average
         (:func:`smoothed`), validation as points, stages as dotted lines; a legend names each."""
-        import matplotlib
+        from sparsetool.util.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+        plt = pyplot("writing the run's loss.png")
         train = [(r["step"], r["loss"]) for r in self.records if r.get("kind") == "train"]
         val = [(r["step"], r["val_loss"]) for r in self.records if r.get("kind") == "eval"]
         fig, ax = plt.subplots(figsize=(7, 4))
