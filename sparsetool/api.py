@@ -24,14 +24,8 @@ if TYPE_CHECKING:  # torch stays unimported until a function is called
     from sparsetool.ops.report import Report
 
 from sparsetool.ops.load import load
-from sparsetool.util.options import (
-    DSNOT_ITERATIONS,
-    DSNOT_THRESHOLD,
-    EXPERT_MIN_TOKENS,
-    OWL_LAMBDA,
-    OWL_M,
-    parse_globs,
-)
+from sparsetool.ops.prune.options import PruneOptions
+from sparsetool.util.options import parse_globs
 
 __all__ = [
     "load",
@@ -42,37 +36,39 @@ __all__ = [
     "simulate",
 ]  # and eval: not exported by *, see above
 
+_PRUNE = PruneOptions.defaults()  # prune's defaults, declared once with the options (no torch)
+
 
 def prune(
     checkpoint: str | Path,
     output: str | Path | None = None,
     *,
-    sparsity: float | None = None,
-    fraction: float | None = None,
-    nm: str | tuple[int, int] | None = None,
-    method: str = "magnitude",
-    scope: str = "layer",
-    distribution: str = "uniform",
-    seed: int = 0,
-    encoding: str = "zeros",
-    include: Sequence[str] = (),
-    exclude: Sequence[str] = (),
+    sparsity: float | None = _PRUNE["sparsity"],
+    fraction: float | None = _PRUNE["fraction"],
+    nm: str | tuple[int, int] | None = _PRUNE["nm"],
+    method: str = _PRUNE["method"],
+    scope: str = _PRUNE["scope"],
+    distribution: str = _PRUNE["distribution"],
+    seed: int = _PRUNE["seed"],
+    encoding: str = _PRUNE["encoding"],
+    include: Sequence[str] = _PRUNE["include"],
+    exclude: Sequence[str] = _PRUNE["exclude"],
     in_place: bool = False,
-    calibration: str | Path | None = None,
-    samples: int = 128,
-    seq: int | None = None,
-    dampening: float = 0.01,
-    blocksize: int = 128,
-    allocation: str = "uniform",
-    owl_m: float = OWL_M,
-    owl_lambda: float = OWL_LAMBDA,
-    refine: str = "none",
-    dsnot_iterations: int = DSNOT_ITERATIONS,
-    dsnot_threshold: float = DSNOT_THRESHOLD,
-    expert_min_tokens: int = EXPERT_MIN_TOKENS,
-    device: str = "auto",
-    dtype: str = "float32",
-    max_memory: int | str | None = None,
+    calibration: str | Path | None = _PRUNE["calibration"],
+    samples: int = _PRUNE["samples"],
+    seq: int | None = _PRUNE["seq"],
+    dampening: float = _PRUNE["dampening"],
+    blocksize: int = _PRUNE["blocksize"],
+    allocation: str = _PRUNE["allocation"],
+    owl_m: float = _PRUNE["owl_m"],
+    owl_lambda: float = _PRUNE["owl_lambda"],
+    refine: str = _PRUNE["refine"],
+    dsnot_iterations: int = _PRUNE["dsnot_iterations"],
+    dsnot_threshold: float = _PRUNE["dsnot_threshold"],
+    expert_min_tokens: int = _PRUNE["expert_min_tokens"],
+    device: str = _PRUNE["device"],
+    dtype: str = _PRUNE["dtype"],
+    max_memory: int | str | None = _PRUNE["max_memory"],
 ) -> PruneResult:
     """``sparsetool prune CHECKPOINT -o OUTPUT ...``: exactly one of ``sparsity``, ``fraction``,
     ``nm`` (``"2:4"`` or ``(2, 4)``, N kept of every M). ``output=None`` needs ``in_place=True``.
@@ -83,8 +79,10 @@ def prune(
     blocks by their outlier ratios (``owl_m``, ``owl_lambda``), ``refine="dsnot"`` refines each
     mask (``dsnot_iterations``, ``dsnot_threshold``); both need ``calibration`` and work with
     magnitude, wanda and sparsegpt. In a Mixture of Experts, an expert routed fewer than
-    ``expert_min_tokens`` calibration tokens is pruned by magnitude (``result.experts``). Raises :class:`sparsetool.errors.SparsetoolError` on bad input; nothing is written then."""
-    from sparsetool.ops.prune import PruneOptions, prune_checkpoint
+    ``expert_min_tokens`` calibration tokens is pruned by magnitude (``result.experts``). Each
+    default is :class:`~sparsetool.ops.prune.options.PruneOptions`' own. Raises
+    :class:`sparsetool.errors.SparsetoolError` on bad input; nothing is written then."""
+    from sparsetool.ops.prune.pipeline import prune_checkpoint
 
     opts = PruneOptions.from_values(**PruneOptions.pick(locals()))  # the CLI's construction too
     if output is None and not in_place:

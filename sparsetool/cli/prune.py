@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 from rich.markup import escape
@@ -46,7 +46,7 @@ from sparsetool.cli._params import (
     workers_option,
 )
 from sparsetool.masks.distributions import DISTRIBUTIONS
-from sparsetool.util import options
+from sparsetool.ops.prune.options import OptionFace, PruneOptions
 from sparsetool.util.options import ALLOCATIONS, METHODS, REFINEMENTS, SCOPES
 from sparsetool.util.wording import plural
 
@@ -56,6 +56,31 @@ Distribution = choices("Distribution", DISTRIBUTIONS)
 Encoding = choices("Encoding", ENCODING_NAMES)
 Allocation = choices("Allocation", ALLOCATIONS)
 Refinement = choices("Refinement", REFINEMENTS)
+
+
+def face(name: str) -> OptionFace:
+    """How the option ``name`` of :class:`PruneOptions` shows on the command line."""
+    return PruneOptions.face(name)[1]
+
+
+def default(name: str) -> Any:
+    """The default of the option ``name``, as :class:`PruneOptions` declares it."""
+    return PruneOptions.face(name)[0]
+
+
+def record_option(name: str) -> Any:
+    """A typer option made from :class:`PruneOptions`' field ``name``: its default, flag, metavar,
+    help and the check run while parsing (a bad value: a usage error before torch loads)."""
+    value, shown = PruneOptions.face(name)
+    parse = None if shown.parse is None else checked(shown.parse, **shown.limits)
+    if isinstance(value, float):  # taken as text, which its check reads: --help shows 5, not 5.0
+        value = f"{value:g}"
+    return typer.Option(value, shown.flag, metavar=shown.metavar, callback=parse, help=shown.help)
+
+
+def record_choice(kind: Any, name: str) -> Any:
+    """A choice option (``kind``, a :func:`choices` Enum) from :class:`PruneOptions`' field."""
+    return choice_option(kind, default(name), face(name).flag, help=face(name).help)
 
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
@@ -68,137 +93,30 @@ EXAMPLES = (  # the end of --help: each runs as written (given the files named)
 def prune(
     checkpoint: Path = checkpoint_argument(),
     output: Optional[Path] = output_option(),
-    sparsity: Optional[str] = sparsity_option(
-        "Fraction of zeros wanted in each targeted tensor, from 0 to 1."
-    ),
-    fraction: Optional[str] = typer.Option(
-        None,
-        "--fraction",
-        metavar="F",
-        callback=checked(options.parse_fraction),
-        help="Prune this fraction of the REMAINING non-zeros, at least 0 and below 1 (one iterative-pruning step).",
-    ),
-    nm: Optional[str] = typer.Option(
-        None,
-        "--nm",
-        metavar="N:M",
-        callback=checked(options.parse_nm),
-        help="Structured N:M: keep N of every M consecutive weights along the input dimension, e.g. 2:4.",
-    ),
-    method: Method = choice_option(
-        Method,
-        "magnitude",
-        "--method",
-        help="magnitude (keep the largest |w|), random, or with --calibration: wanda (|w| times the input's norm, per output row) or sparsegpt (OBS reconstruction; updates the kept weights).",
-    ),
-    scope: Scope = choice_option(
-        Scope,
-        "layer",
-        "--scope",
-        help="layer: the same sparsity in every tensor; global: one magnitude threshold across all targeted tensors.",
-    ),
-    distribution: Distribution = choice_option(
-        Distribution,
-        "uniform",
-        "--distribution",
-        help="uniform or erk (Erdos-Renyi-Kernel per-tensor sparsities, same total non-zeros).",
-    ),
-    seed: int = seed_option("Seed for --method random."),
-    encoding: Encoding = choice_option(
-        Encoding,
-        "zeros",
-        "--encoding",
-        help="How pruned weights are stored: zeros, mask (bool <name>_mask tensors), nan (NaN sentinels), bitmask (compressed-tensors sparse-bitmask).",
-    ),
+    sparsity: Optional[str] = sparsity_option(face("sparsity").help),
+    fraction: Optional[str] = record_option("fraction"),
+    nm: Optional[str] = record_option("nm"),
+    method: Method = record_choice(Method, "method"),
+    scope: Scope = record_choice(Scope, "scope"),
+    distribution: Distribution = record_choice(Distribution, "distribution"),
+    seed: int = seed_option(face("seed").help, default=default("seed")),
+    encoding: Encoding = record_choice(Encoding, "encoding"),
     include: List[str] = include_option(),
     exclude: List[str] = exclude_option(),
-    calibration: Optional[Path] = typer.Option(
-        None,
-        "--calibration",
-        metavar="FILE|DIR",
-        help="UTF-8 text (a file, or every file under a directory) run through the model by --method wanda/sparsegpt.",
-    ),
-    samples: int = typer.Option(
-        128,
-        "--samples",
-        metavar="N",
-        callback=checked(options.check_count),
-        help="Calibration windows (wanda/sparsegpt).",
-    ),
-    seq: Optional[int] = typer.Option(
-        None,
-        "--seq",
-        metavar="T",
-        callback=checked(options.check_count, minimum=2),
-        help="Tokens per calibration window (wanda/sparsegpt). Default: 512, or the model's context if shorter.",
-    ),
-    dampening: str = typer.Option(
-        "0.01",
-        "--dampening",
-        metavar="D",
-        callback=checked(options.check_dampening),
-        help="sparsegpt: add D x the mean diagonal of X^T X to its diagonal.",
-    ),
-    blocksize: int = typer.Option(
-        128,
-        "--blocksize",
-        metavar="B",
-        callback=checked(options.check_count),
-        help="sparsegpt: columns per block (lazy updates, one mask choice per block).",
-    ),
-    allocation: Allocation = choice_option(
-        Allocation,
-        "uniform",
-        "--allocation",
-        help="How --sparsity is spread over the transformer blocks: uniform, or owl (each block's sparsity follows its share of outlier Wanda scores, spread over 2 x --owl-lambda around the target; the total stays exact). Needs --calibration; works with magnitude, wanda and sparsegpt.",
-    ),
-    owl_m: str = typer.Option(
-        "5",
-        "--owl-m",
-        metavar="M",
-        callback=checked(options.check_owl_m),
-        help="owl: a score above M times its block's mean is an outlier.",
-    ),
-    owl_lambda: str = typer.Option(
-        "0.08",
-        "--owl-lambda",
-        metavar="L",
-        callback=checked(options.check_owl_lambda),
-        help="owl: the most and the least pruned block lie 2 x L apart (the paper: 'target +- L').",
-    ),
-    refine: Refinement = choice_option(
-        Refinement,
-        "none",
-        "--refine",
-        help="dsnot: after the mask is chosen, swap pruned and kept weights row by row while that lowers the row's expected output error (no training; exact counts). Needs --calibration; works with magnitude, wanda and sparsegpt.",
-    ),
-    dsnot_iterations: int = typer.Option(
-        50,
-        "--dsnot-iterations",
-        metavar="T",
-        callback=checked(options.check_count, minimum=0),
-        help="dsnot: at most T swaps per row.",
-    ),
-    dsnot_threshold: str = typer.Option(
-        "0.1",
-        "--dsnot-threshold",
-        metavar="E",
-        callback=checked(options.check_threshold),
-        help="dsnot: a row stops once its expected error (its output summed over a window) is at most E.",
-    ),
-    expert_min_tokens: int = typer.Option(
-        32,
-        "--expert-min-tokens",
-        metavar="N",
-        callback=checked(options.check_count, minimum=0),
-        help="wanda/sparsegpt on a Mixture of Experts: each expert's matrices are pruned from the tokens routed to it; one routed fewer than N calibration tokens is pruned by magnitude instead (counted in the output).",
-    ),
-    device: str = device_option(
-        "wanda/sparsegpt: where the blocks run: auto (a GPU if there is one), cpu, cuda or cuda:N."
-    ),
-    dtype: ComputeDType = compute_dtype_option(
-        "wanda/sparsegpt: precision of the forward passes; statistics and the SparseGPT solve stay float32."
-    ),
+    calibration: Optional[Path] = record_option("calibration"),
+    samples: int = record_option("samples"),
+    seq: Optional[int] = record_option("seq"),
+    dampening: str = record_option("dampening"),
+    blocksize: int = record_option("blocksize"),
+    allocation: Allocation = record_choice(Allocation, "allocation"),
+    owl_m: str = record_option("owl_m"),
+    owl_lambda: str = record_option("owl_lambda"),
+    refine: Refinement = record_choice(Refinement, "refine"),
+    dsnot_iterations: int = record_option("dsnot_iterations"),
+    dsnot_threshold: str = record_option("dsnot_threshold"),
+    expert_min_tokens: int = record_option("expert_min_tokens"),
+    device: str = device_option(face("device").help),
+    dtype: ComputeDType = compute_dtype_option(face("dtype").help),
     max_memory: Optional[str] = max_memory_option(),
     in_place: bool = typer.Option(
         False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."
@@ -222,7 +140,7 @@ def prune(
     A targeted tensor holding NaN or inf is refused (except NaN in a nan-encoded input, which
     means pruned). The input is never modified; the output appears only when complete.
     """
-    from sparsetool.ops.prune import PruneOptions, prune_checkpoint
+    from sparsetool.ops.prune.pipeline import prune_checkpoint
 
     values = PruneOptions.pick(locals())
     if output is None and not in_place:

@@ -32,42 +32,19 @@ done.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
+from sparsetool.util.lazy import lazy_names
 
-from sparsetool.checkpoint.output_files import check_writable
-from sparsetool.ops.prune.options import PruneOptions, PruneResult, TensorResult
-from sparsetool.ops.prune.plan import PrunePlan, checkpoint_plan, plan_prune, targeted_tensors
-from sparsetool.ops.prune.write import write_pruned
-from sparsetool.util.memory import MemoryPlan
-from sparsetool.util.progress import Progress
-
-__all__ = [
-    "PruneOptions",
-    "PruneResult",
-    "TensorResult",
-    "PrunePlan",
-    "prune_checkpoint",
-    "plan_prune",
-    "write_pruned",
-    "targeted_tensors",
-    "checkpoint_plan",
-]
-
-
-def prune_checkpoint(
-    src: str | Path,
-    out: str | Path,
-    opts: PruneOptions,
-    *,
-    in_place: bool = False,
-    progress: Progress | None = None,
-    on_plan: Callable[[MemoryPlan], None] | None = None,
-) -> PruneResult:
-    """Prune the targeted tensors of checkpoint ``src`` into ``out`` (same layout), streaming.
-
-    With a calibration method, ``on_plan`` is called with the memory plan once it is made,
-    before the long part (a plan that cannot fit raises instead)."""
-    check_writable(out, "-o")  # before the plan, which may load a model and its calibration text
-    plan = plan_prune(src, opts, progress=progress, on_plan=on_plan)
-    return write_pruned(plan, out, in_place=in_place, progress=progress)
+# loaded on first use, so that the options (``options.py``, no numpy, no torch) import alone
+_WHERE = {
+    "PruneOptions": ".options",
+    "PruneResult": ".options",
+    "TensorResult": ".options",
+    "PrunePlan": ".plan",
+    "prune_checkpoint": ".pipeline",
+    "plan_prune": ".plan",
+    "write_pruned": ".write",
+    "targeted_tensors": ".plan",
+    "checkpoint_plan": ".plan",
+}
+__all__ = sorted(_WHERE)
+__getattr__, __dir__ = lazy_names(__name__, _WHERE)

@@ -1,10 +1,16 @@
 """What ``sparsetool prune`` is asked (:class:`PruneOptions`, with its checks) and what it
-answers (:class:`PruneResult`, whose ``to_json()`` is ``prune --json``)."""
+answers (:class:`PruneResult`, whose ``to_json()`` is ``prune --json``).
+
+:class:`PruneOptions` is the one declaration of prune's options: each field holds its default and,
+in its metadata, how it shows on the command line (:class:`OptionFace`: the flag, its help, the
+metavar and the parse ``sparsetool prune`` runs while reading the command line). The CLI and
+``sparsetool.prune`` take their defaults from here (:meth:`PruneOptions.face`);
+``tests/ops/test_option_defaults.py`` checks the three agree."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -32,48 +38,227 @@ from sparsetool.util.options import (
     check_seed,
     check_sparsity,
     check_threshold,
+    parse_fraction,
     parse_globs,
     parse_nm,
     parse_size,
+    parse_sparsity,
 )
 
-__all__ = ["PruneOptions", "TensorResult", "PruneResult", "DEFAULT_SEQ", "options_record"]
+__all__ = [
+    "PruneOptions",
+    "OptionFace",
+    "TensorResult",
+    "PruneResult",
+    "DEFAULT_SEQ",
+    "options_record",
+]
+
+DEFAULT_SEQ = 512  # tokens per calibration window (the Wanda and SparseGPT papers' C4 use 2048)
+
+
+@dataclass(frozen=True)
+class OptionFace:
+    """How one option of :class:`PruneOptions` shows on the command line: ``flag`` (``--owl-m``),
+    its ``help``, its ``metavar``, and ``parse``, the check of :mod:`sparsetool.util.options` the
+    CLI runs on it while parsing (called as ``parse(value, flag, **limits)``), if any."""
+
+    flag: str
+    help: str = ""
+    metavar: str | None = None
+    parse: Callable[..., Any] | None = None
+    limits: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _option(
+    default: Any,
+    flag: str,
+    help: str = "",
+    *,
+    metavar: str | None = None,
+    parse: Callable[..., Any] | None = None,
+    **limits: Any,
+) -> Any:
+    """A field of :class:`PruneOptions`: its default, and its :class:`OptionFace` as metadata."""
+    return field(default=default, metadata={"face": OptionFace(flag, help, metavar, parse, limits)})
 
 
 @dataclass(frozen=True)
 class PruneOptions:
     """What ``prune`` does; exactly one of ``sparsity``, ``fraction``, ``nm`` sets how much."""
 
-    sparsity: float | None = None
-    fraction: float | None = None
-    nm: tuple[int, int] | None = None
-    method: str = "magnitude"
-    scope: str = "layer"
-    distribution: str = "uniform"
-    seed: int = 0
-    encoding: str = "zeros"
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    # --method wanda/sparsegpt only (calibrated.py): the text, how much of it, SparseGPT's knobs
-    calibration: str | None = None
-    samples: int = 128
-    seq: int | None = None  # None: DEFAULT_SEQ, or the model's context when that is shorter
-    dampening: float = 0.01
-    blocksize: int = 128
+    sparsity: float | None = _option(
+        None,
+        "--sparsity",
+        "Fraction of zeros wanted in each targeted tensor, from 0 to 1.",
+        metavar="S",
+        parse=parse_sparsity,
+    )
+    fraction: float | None = _option(
+        None,
+        "--fraction",
+        "Prune this fraction of the REMAINING non-zeros, at least 0 and below 1 (one "
+        "iterative-pruning step).",
+        metavar="F",
+        parse=parse_fraction,
+    )
+    nm: tuple[int, int] | None = _option(
+        None,
+        "--nm",
+        "Structured N:M: keep N of every M consecutive weights along the input dimension, "
+        "e.g. 2:4.",
+        metavar="N:M",
+        parse=parse_nm,
+    )
+    method: str = _option(
+        "magnitude",
+        "--method",
+        "magnitude (keep the largest |w|), random, or with --calibration: wanda (|w| times the "
+        "input's norm, per output row) or sparsegpt (OBS reconstruction; updates the kept "
+        "weights).",
+    )
+    scope: str = _option(
+        "layer",
+        "--scope",
+        "layer: the same sparsity in every tensor; global: one magnitude threshold across all "
+        "targeted tensors.",
+    )
+    distribution: str = _option(
+        "uniform",
+        "--distribution",
+        "uniform or erk (Erdos-Renyi-Kernel per-tensor sparsities, same total non-zeros).",
+    )
+    seed: int = _option(0, "--seed", "Seed for --method random.", parse=check_seed)
+    encoding: str = _option(
+        "zeros",
+        "--encoding",
+        "How pruned weights are stored: zeros, mask (bool <name>_mask tensors), nan (NaN "
+        "sentinels), bitmask (compressed-tensors sparse-bitmask).",
+    )
+    # the CLI's shared --include/--exclude (cli/_params.py) say what they do
+    include: tuple[str, ...] = _option((), "--include", metavar="GLOB", parse=parse_globs)
+    exclude: tuple[str, ...] = _option((), "--exclude", metavar="GLOB", parse=parse_globs)
+    # --method wanda/sparsegpt (calibrated.py): the text, how much of it, SparseGPT's knobs
+    calibration: str | None = _option(
+        None,
+        "--calibration",
+        "UTF-8 text (a file, or every file under a directory) run through the model by "
+        "--method wanda/sparsegpt.",
+        metavar="FILE|DIR",
+    )
+    samples: int = _option(
+        128, "--samples", "Calibration windows (wanda/sparsegpt).", metavar="N", parse=check_count
+    )
+    seq: int | None = _option(  # None: DEFAULT_SEQ, or the model's context when that is shorter
+        None,
+        "--seq",
+        f"Tokens per calibration window (wanda/sparsegpt). Default: {DEFAULT_SEQ}, or the "
+        "model's context if shorter.",
+        metavar="T",
+        parse=check_count,
+        minimum=2,
+    )
+    dampening: float = _option(
+        0.01,
+        "--dampening",
+        "sparsegpt: add D x the mean diagonal of X^T X to its diagonal.",
+        metavar="D",
+        parse=check_dampening,
+    )
+    blocksize: int = _option(
+        128,
+        "--blocksize",
+        "sparsegpt: columns per block (lazy updates, one mask choice per block).",
+        metavar="B",
+        parse=check_count,
+    )
     # beyond one sparsity everywhere (with calibration text; magnitude too): OWL's per-block
     # sparsities (masks/owl.py), DSnoT's refinement of each mask (masks/dsnot.py)
-    allocation: str = "uniform"
-    owl_m: float = OWL_M
-    owl_lambda: float = OWL_LAMBDA
-    refine: str = "none"
-    dsnot_iterations: int = DSNOT_ITERATIONS
-    dsnot_threshold: float = DSNOT_THRESHOLD
+    allocation: str = _option(
+        "uniform",
+        "--allocation",
+        "How --sparsity is spread over the transformer blocks: uniform, or owl (each block's "
+        "sparsity follows its share of outlier Wanda scores, spread over 2 x --owl-lambda around "
+        "the target; the total stays exact). Needs --calibration; works with magnitude, wanda "
+        "and sparsegpt.",
+    )
+    owl_m: float = _option(
+        OWL_M,
+        "--owl-m",
+        "owl: a score above M times its block's mean is an outlier.",
+        metavar="M",
+        parse=check_owl_m,
+    )
+    owl_lambda: float = _option(
+        OWL_LAMBDA,
+        "--owl-lambda",
+        "owl: the most and the least pruned block lie 2 x L apart (the paper: 'target +- L').",
+        metavar="L",
+        parse=check_owl_lambda,
+    )
+    refine: str = _option(
+        "none",
+        "--refine",
+        "dsnot: after the mask is chosen, swap pruned and kept weights row by row while that "
+        "lowers the row's expected output error (no training; exact counts). Needs "
+        "--calibration; works with magnitude, wanda and sparsegpt.",
+    )
+    dsnot_iterations: int = _option(
+        DSNOT_ITERATIONS,
+        "--dsnot-iterations",
+        "dsnot: at most T swaps per row.",
+        metavar="T",
+        parse=check_count,
+        minimum=0,
+    )
+    dsnot_threshold: float = _option(
+        DSNOT_THRESHOLD,
+        "--dsnot-threshold",
+        "dsnot: a row stops once its expected error (its output summed over a window) is at "
+        "most E.",
+        metavar="E",
+        parse=check_threshold,
+    )
     # Mixture of Experts: fewer calibration tokens routed to an expert than this -> magnitude
-    expert_min_tokens: int = EXPERT_MIN_TOKENS
+    expert_min_tokens: int = _option(
+        EXPERT_MIN_TOKENS,
+        "--expert-min-tokens",
+        "wanda/sparsegpt on a Mixture of Experts: each expert's matrices are pruned from the "
+        "tokens routed to it; one routed fewer than N calibration tokens is pruned by magnitude "
+        "instead (counted in the output).",
+        metavar="N",
+        parse=check_count,
+        minimum=0,
+    )
     # how the model runs (not recorded: the masks do not depend on them but for --dtype)
-    device: str = "auto"
-    dtype: str = "float32"
-    max_memory: int | None = None
+    device: str = _option(
+        "auto",
+        "--device",
+        "wanda/sparsegpt: where the blocks run: auto (a GPU if there is one), cpu, cuda or cuda:N.",
+        parse=check_device,
+    )
+    dtype: str = _option(
+        "float32",
+        "--dtype",
+        "wanda/sparsegpt: precision of the forward passes; statistics and the SparseGPT solve "
+        "stay float32.",
+    )
+    # the CLI's shared --max-memory (cli/_params.py) says what it does
+    max_memory: int | None = _option(None, "--max-memory", metavar="SIZE", parse=parse_size)
+
+    @classmethod
+    def face(cls, name: str) -> tuple[Any, OptionFace]:
+        """Option ``name``'s default and how it shows on the command line."""
+        for f in fields(cls):
+            if f.name == name:
+                assert f.default is not MISSING, name
+                return f.default, f.metadata["face"]
+        raise KeyError(f"not an option of prune: {name}")
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Every option's default, by field name."""
+        return {f.name: f.default for f in fields(cls)}
 
     @classmethod
     def pick(cls, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -86,7 +271,8 @@ class PruneOptions:
         """The options from values in the forms the Python API and the command line take them:
         a choice as its name or an ``Enum`` of it, ``nm`` as ``"2:4"`` or ``(2, 4)``,
         ``include``/``exclude`` one glob or several, ``calibration`` a path, ``max_memory`` bytes
-        or ``"12G"``. Not yet checked: :meth:`validate` does that (``prune_checkpoint`` calls it)."""
+        or ``"12G"``. Not yet checked: :meth:`validate` does that (``prune_checkpoint`` calls
+        it)."""
         unknown = sorted(set(values) - set(cls.pick(values)))
         if unknown:
             raise TypeError(f"not an option of prune: {', '.join(unknown)}")
@@ -174,12 +360,13 @@ class PruneOptions:
     def _validate_beyond_uniform(self) -> None:
         defaults = PruneOptions()
         owl, dsnot = self.allocation == "owl", self.refine == "dsnot"
-        for opt, attr, needs, on in (
-            ("--owl-m", "owl_m", "--allocation owl", owl),
-            ("--owl-lambda", "owl_lambda", "--allocation owl", owl),
-            ("--dsnot-iterations", "dsnot_iterations", "--refine dsnot", dsnot),
-            ("--dsnot-threshold", "dsnot_threshold", "--refine dsnot", dsnot),
+        for attr, needs, on in (
+            ("owl_m", "--allocation owl", owl),
+            ("owl_lambda", "--allocation owl", owl),
+            ("dsnot_iterations", "--refine dsnot", dsnot),
+            ("dsnot_threshold", "--refine dsnot", dsnot),
         ):
+            opt = self.face(attr)[1].flag
             if getattr(self, attr) != getattr(defaults, attr) and not on:
                 raise ConfigError(f"{opt} is read by {needs} only: add {needs} or drop {opt}")
         check_owl_m(self.owl_m)
@@ -227,18 +414,18 @@ class PruneOptions:
     def _validate_calibration(self) -> None:
         defaults = PruneOptions()
         changed = [
-            opt
-            for opt, field in (
-                ("--calibration", "calibration"),
-                ("--samples", "samples"),
-                ("--seq", "seq"),
-                ("--dampening", "dampening"),
-                ("--blocksize", "blocksize"),
-                ("--device", "device"),
-                ("--dtype", "dtype"),
-                ("--max-memory", "max_memory"),
+            self.face(name)[1].flag
+            for name in (
+                "calibration",
+                "samples",
+                "seq",
+                "dampening",
+                "blocksize",
+                "device",
+                "dtype",
+                "max_memory",
             )
-            if getattr(self, field) != getattr(defaults, field)
+            if getattr(self, name) != getattr(defaults, name)
         ]
         if not self.calibrated:
             if changed:
@@ -362,9 +549,6 @@ class PruneResult:
 
 
 _CALIBRATION_FIELDS = ("calibration", "samples", "seq", "dtype", "dampening", "blocksize")
-DEFAULT_SEQ = (
-    512  # tokens per calibration window, as the Wanda and SparseGPT papers' C4 samples use 2048
-)
 
 
 def options_record(

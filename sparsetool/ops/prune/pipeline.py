@@ -1,0 +1,34 @@
+"""``prune`` end to end: :func:`prune_checkpoint` is plan (``plan.py``), then write
+(``write.py``); the package's docstring tells the whole pipeline."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from sparsetool.checkpoint.output_files import check_writable
+from sparsetool.ops.prune.options import PruneOptions, PruneResult
+from sparsetool.ops.prune.plan import plan_prune
+from sparsetool.ops.prune.write import write_pruned
+from sparsetool.util.memory import MemoryPlan
+from sparsetool.util.progress import Progress
+
+__all__ = ["prune_checkpoint"]
+
+
+def prune_checkpoint(
+    src: str | Path,
+    out: str | Path,
+    opts: PruneOptions,
+    *,
+    in_place: bool = False,
+    progress: Progress | None = None,
+    on_plan: Callable[[MemoryPlan], None] | None = None,
+) -> PruneResult:
+    """Prune the targeted tensors of checkpoint ``src`` into ``out`` (same layout), streaming.
+
+    With a calibration method, ``on_plan`` is called with the memory plan once it is made,
+    before the long part (a plan that cannot fit raises instead)."""
+    check_writable(out, "-o")  # before the plan, which may load a model and its calibration text
+    plan = plan_prune(src, opts, progress=progress, on_plan=on_plan)
+    return write_pruned(plan, out, in_place=in_place, progress=progress)
