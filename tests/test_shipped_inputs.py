@@ -13,9 +13,6 @@ import pytest
 
 from helpers import ROOT, run
 
-pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
-
 LM = ROOT / "fixtures" / "tiny-lm"
 HELDOUT = ROOT / "fixtures" / "heldout.txt"
 
@@ -67,7 +64,6 @@ def test_eval_and_calibration_pruning_run_on_it(tmp_path):
 
 
 def test_the_example_tasks_run_from_the_clone(tmp_path, monkeypatch):
-    pytest.importorskip("lm_eval")
     tasks = ROOT / "examples" / "tasks"
     lines = (tasks / "items.jsonl").read_text().splitlines()
     assert [json.loads(x) for x in lines] == _module(tasks / "make_items.py").items()  # regenerable

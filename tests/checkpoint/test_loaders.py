@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 import sparsetool
 
 from helpers import run
-
-transformers = pytest.importorskip("transformers")
 
 ENCODINGS = ("zeros", "mask", "nan", "bitmask")
 

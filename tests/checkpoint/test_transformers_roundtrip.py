@@ -10,8 +10,7 @@ import json
 
 import pytest
 import torch
-
-transformers = pytest.importorskip("transformers")
+import transformers
 
 from sparsetool.targets import is_targeted  # noqa: E402
 

@@ -5,12 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from helpers import make_text, run
-
-pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
 
 
 def tokens_of(model: Path, text: Path) -> int:

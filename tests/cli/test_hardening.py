@@ -451,8 +451,6 @@ def test_write_errors_are_one_line_and_leave_nothing(tmp_path, monkeypatch, code
 # ------------------------------------------------------------------ 10. no code from inputs runs
 def _code_dir(root: Path) -> tuple[Path, Path]:
     """A Llama directory whose config and tokenizer config name classes in its own .py files."""
-    pytest.importorskip("transformers")
-    pytest.importorskip("tokenizers")
     import torch
 
     from helpers import hf_model, make_text, save_tokenizer

@@ -8,9 +8,6 @@ import pytest
 
 from helpers import run
 
-pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
-
 
 def one_usage_error(r, *words: str) -> str:
     assert r.exit_code == 2, r.output

@@ -8,13 +8,12 @@ import json
 
 import pytest
 import torch
+import transformers
 
 from sparsetool.errors import ConfigError
 from sparsetool.flops import forward_terms, from_mapping, param_counts
 
 from helpers import run
-
-transformers = pytest.importorskip("transformers")
 
 # The published config.json numbers of each model (shapes only; everything else is the default).
 PUBLISHED = {

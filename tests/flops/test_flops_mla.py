@@ -10,6 +10,8 @@ from dataclasses import replace
 
 import pytest
 import torch
+import transformers
+from moe_models import build, save_moe  # noqa: E402 (needs transformers)
 from safetensors.torch import load_file, save_file
 
 from sparsetool.errors import ConfigError
@@ -29,9 +31,6 @@ from sparsetool.hardware.presets import dataflow_grids
 
 import json_schemas as S
 from helpers import run, runner_for
-
-transformers = pytest.importorskip("transformers")
-from moe_models import build, save_moe  # noqa: E402 (needs transformers)
 
 flops = runner_for("flops", columns=240)
 

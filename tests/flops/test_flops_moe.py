@@ -10,6 +10,8 @@ from dataclasses import replace
 
 import pytest
 import torch
+import transformers
+from moe_models import EXPERT_FFN, build  # noqa: E402
 from safetensors.torch import save_file
 
 from sparsetool.errors import ConfigError, ShapeError
@@ -25,9 +27,6 @@ from sparsetool.flops import (
 
 import json_schemas as S
 from helpers import runner_for
-
-transformers = pytest.importorskip("transformers")
-from moe_models import EXPERT_FFN, build  # noqa: E402
 
 run = runner_for("flops", columns=240)
 

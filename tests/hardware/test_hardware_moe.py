@@ -9,6 +9,8 @@ import json
 import numpy as np
 import pytest
 import torch
+import transformers
+from moe_models import build, save_moe  # noqa: E402
 from safetensors.torch import load_file
 
 from sparsetool.flops import forward_terms, get_preset, load_config, param_counts
@@ -18,9 +20,6 @@ from sparsetool.hardware.workload import from_model, model_layers
 
 import json_schemas as S
 from helpers import run
-
-transformers = pytest.importorskip("transformers")
-from moe_models import build, save_moe  # noqa: E402
 
 GRIDS = dataflow_grids(list(builtin_devices().values()))
 

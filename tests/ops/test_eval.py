@@ -20,6 +20,8 @@ from helpers import hf_model, make_text, run, save_tokenizer, tiny_causal_lm
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
+import transformers  # noqa: E402  (after the offline switches above)
+
 ENCODINGS = ("zeros", "mask", "nan", "bitmask")
 
 
@@ -66,8 +68,6 @@ def test_windows_refuse_bad_sizes():
 
 
 # ----------------------------------------------------------------------------- Hugging Face
-transformers = pytest.importorskip("transformers")
-tokenizers = pytest.importorskip("tokenizers")
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import transformers
 from gguf_models import convert_gguf, write_gpt2_gguf
 from safetensors.numpy import load_file
 
@@ -21,8 +22,6 @@ from sparsetool.ops.report import summarize
 
 from helpers import CALIB, make_text, save_tokenizer
 
-pytest.importorskip("gguf")
-transformers = pytest.importorskip("transformers")
 os.environ["HF_HUB_OFFLINE"] = "1"
 pytestmark = pytest.mark.slow
 

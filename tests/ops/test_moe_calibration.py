@@ -8,6 +8,8 @@ import json
 
 import pytest
 import torch
+import transformers
+from moe_models import EXPERTS, save_moe  # noqa: E402
 from safetensors import safe_open
 
 from sparsetool.errors import SparsetoolError
@@ -18,10 +20,6 @@ from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 from sparsetool.ops.prune.calibrated import calibration_windows
 
 from helpers import CALIB, run, tensors
-
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
-from moe_models import EXPERTS, save_moe  # noqa: E402
 
 SEED = 3
 

@@ -4,11 +4,8 @@ runs): both storage layouts, every family, equal to transformers' own forward pa
 from __future__ import annotations
 
 import pytest
-
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
-
 import torch  # noqa: E402
+import transformers
 from moe_models import EXPERTS, STORED, save_moe  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from test_eval import reference_nll  # noqa: E402

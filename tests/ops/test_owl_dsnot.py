@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+import transformers
 from safetensors import safe_open
 
 from sparsetool.masks.distributions import uniform_keep
@@ -19,7 +20,6 @@ from sparsetool.ops.prune.calibrated import calibration_windows
 
 from helpers import CALIB, run, save_tokenizer, tensors
 
-transformers = pytest.importorskip("transformers")
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 SEED = 3

@@ -15,9 +15,7 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
-lm_eval = pytest.importorskip("lm_eval")
-pytest.importorskip("transformers")
-
+import lm_eval  # noqa: E402  (after the offline switches above)
 import real_model  # noqa: E402
 
 from helpers import run  # noqa: E402

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.sparsegpt import sparsegpt_kept_count, sparsegpt_prune
@@ -20,7 +21,6 @@ from sparsetool.ops.eval import evaluate
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 from sparsetool.ops.prune.calibrated import calibration_windows
 
-transformers = pytest.importorskip("transformers")
 import json_schemas as S  # noqa: E402
 from helpers import CALIB, make_text, save_tokenizer, tensors  # noqa: E402
 from helpers import run as cli  # noqa: E402

@@ -19,8 +19,8 @@ from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
-lm_eval = pytest.importorskip("lm_eval")
-transformers = pytest.importorskip("transformers")
+import lm_eval  # noqa: E402  (after the offline switches above)
+import transformers  # noqa: E402  (after the offline switches above)
 
 from sparsetool.ops.tasks import evaluate_tasks  # noqa: E402
 

@@ -16,9 +16,8 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
-lm_eval = pytest.importorskip("lm_eval")
-datasets = pytest.importorskip("datasets")
-transformers = pytest.importorskip("transformers")
+import datasets  # noqa: E402  (after the offline switches above)
+import lm_eval  # noqa: E402  (after the offline switches above)
 
 from sparsetool.ops import taskdata  # noqa: E402
 from sparsetool.ops.tasks import check_tasks, evaluate_tasks  # noqa: E402

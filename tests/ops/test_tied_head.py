@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import transformers
 from safetensors.numpy import load_file
 
 from sparsetool.errors import ConfigError
@@ -21,7 +22,6 @@ from sparsetool.targets import plan_targets, tied_embedding
 
 from helpers import hf_model, make_text, run, save_tokenizer
 
-transformers = pytest.importorskip("transformers")
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 EMBED = "model.embed_tokens.weight"

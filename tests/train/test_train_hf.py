@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file
 
 from sparsetool.ops.load import load
 from sparsetool.targets import plan_targets
 
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
 from helpers import hf_model, make_text, save_tokenizer  # noqa: E402
 from helpers import run as cli  # noqa: E402
 

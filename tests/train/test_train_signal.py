@@ -425,8 +425,6 @@ def test_torchrun_a_signal_to_one_rank_stops_them_all_at_the_same_step(tmp_path,
 
 # ---------------------------------------------------------------- --init HF_DIR runs
 def test_hugging_face_run_stops_with_its_model_directory_and_resumes_exactly(tmp_path):
-    pytest.importorskip("transformers")
-    pytest.importorskip("tokenizers")
     from helpers import hf_model, make_text, save_tokenizer
 
     text = make_text(600)
