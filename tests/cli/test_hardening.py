@@ -236,36 +236,13 @@ def test_a_safetensors_header_of_640_bytes_is_not_taken_for_a_pickle(tmp_path):
 
 
 # ------------------------------------------------------------------ 6. what an output carries
-@pytest.fixture(scope="module")
-def train_run(tmp_path_factory) -> Path:
-    from helpers import make_corpus
+@pytest.fixture
+def train_run(tiny_run, tmp_path) -> Path:
+    """A copy of conftest's run directory (its checkpoints and optimizer state included), which
+    the test adds files to."""
+    import shutil
 
-    root = tmp_path_factory.mktemp("run")
-    data = make_corpus(root / "corpus")
-    r = run(
-        "train",
-        "--out",
-        root / "run",
-        "--data",
-        data,
-        "--preset",
-        "tiny",
-        "--steps",
-        "4",
-        "--batch-size",
-        "2",
-        "--warmup",
-        "1",
-        "--seed",
-        "0",
-        "--sparsity",
-        "0.5",
-        "--algorithm",
-        "static",
-        "--json",
-    )
-    assert r.exit_code == 0, r.output
-    return root / "run"
+    return Path(shutil.copytree(tiny_run, tmp_path / "input" / "run"))
 
 
 def test_pruning_a_train_run_leaves_out_checkpoints_and_optimizer_state(train_run, tmp_path):

@@ -408,13 +408,10 @@ def test_progress_goes_block_by_block_and_a_failure_leaves_nothing(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ok"]
 
 
-def test_gpt_of_train_prunes_with_the_default_seq_and_says_so(tmp_path, calib_file):
-    run = tmp_path / "run"
-    r = cli("train", "-o", str(run), "--preset", "tiny", "--steps", "2", "-q")
-    assert r.exit_code == 0, r.output
+def test_gpt_of_train_prunes_with_the_default_seq_and_says_so(tiny_run, tmp_path, calib_file):
     r = cli(
         "prune",
-        str(run / "model.safetensors"),
+        str(tiny_run / "model.safetensors"),
         "-o",
         str(tmp_path / "p.safetensors"),
         "--method",
