@@ -5,6 +5,7 @@ stays light and does not import torch)::
 
     sparsetool.load(path) -> dict[str, torch.Tensor]       # dense tensors from any sparse encoding
     sparsetool.prune(path, output, sparsity=0.75, ...)    # -> PruneResult
+    sparsetool.shrink(path, output, experts=0.5, calibration="text.txt")  # -> ShrinkResult
     sparsetool.densify(path, output)                      # -> DensifyResult
     sparsetool.report(path) -> Report                     # .to_json() is `report --json`
     sparsetool.eval([path, ...], text=None) -> EvalResult  # NLL, perplexity, bits per byte
@@ -21,10 +22,10 @@ stays light and does not import torch)::
 from sparsetool.util.lazy import lazy_names
 from sparsetool.util.version import __version__
 
-__all__ = ["__version__", "load", "prune", "densify", "report", "diff", "simulate"]
+__all__ = ["__version__", "load", "prune", "shrink", "densify", "report", "diff", "simulate"]
 
 _WHERE = dict.fromkeys(
-    ["load", "prune", "densify", "report", "eval", "diff", "simulate"], "sparsetool.api"
+    ["load", "prune", "shrink", "densify", "report", "eval", "diff", "simulate"], "sparsetool.api"
 )
 
 __getattr__, __dir__ = lazy_names(__name__, _WHERE)

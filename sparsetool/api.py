@@ -2,7 +2,7 @@
 
 >>> import sparsetool
 >>> sorted(n for n in sparsetool.__all__ if not n.startswith("_"))
-['densify', 'diff', 'load', 'prune', 'report', 'simulate']
+['densify', 'diff', 'load', 'prune', 'report', 'shrink', 'simulate']
 >>> sparsetool.eval.__name__
 'eval'
 
@@ -22,14 +22,17 @@ if TYPE_CHECKING:  # torch stays unimported until a function is called
     from sparsetool.ops.eval import EvalResult
     from sparsetool.ops.prune import PruneResult
     from sparsetool.ops.report import Report
+    from sparsetool.ops.shrink import ShrinkResult
 
 from sparsetool.ops.load import load
 from sparsetool.ops.prune.options import PruneOptions
+from sparsetool.ops.shrink.options import ShrinkOptions
 from sparsetool.util.options import parse_globs
 
 __all__ = [
     "load",
     "prune",
+    "shrink",
     "densify",
     "report",
     "diff",
@@ -92,6 +95,44 @@ def prune(
     return prune_checkpoint(
         checkpoint, checkpoint if output is None else output, opts, in_place=in_place
     )
+
+
+_SHRINK = ShrinkOptions()  # shrink's defaults, declared once with its options (no torch)
+
+
+def shrink(
+    checkpoint: str | Path,
+    output: str | Path,
+    *,
+    experts: float | None = _SHRINK.experts,
+    experts_keep: int | None = _SHRINK.experts_keep,
+    criterion: str = _SHRINK.criterion,
+    merge: bool = _SHRINK.merge,
+    calibration: str | Path | None = _SHRINK.calibration,
+    samples: int = _SHRINK.samples,
+    seq: int | None = _SHRINK.seq,
+    seed: int = _SHRINK.seed,
+    dtype: str = _SHRINK.dtype,
+    device: str = _SHRINK.device,
+) -> ShrinkResult:
+    """``sparsetool shrink CHECKPOINT -o OUTPUT --experts F``: remove that fraction (or keep
+    ``experts_keep``) of every Mixture-of-Experts layer's routed experts into a smaller model;
+    ``criterion`` reap, frequency, ean (scored on ``calibration`` text) or random."""
+    from sparsetool.ops.shrink import shrink_experts
+
+    opts = ShrinkOptions(
+        experts=experts,
+        experts_keep=experts_keep,
+        criterion=criterion,
+        merge=merge,
+        calibration=None if calibration is None else Path(calibration),
+        samples=samples,
+        seq=seq,
+        seed=seed,
+        dtype=dtype,
+        device=device,
+    )
+    return shrink_experts(checkpoint, output, opts)
 
 
 def densify(

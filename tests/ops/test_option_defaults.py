@@ -15,8 +15,9 @@ import typer
 import sparsetool.api as api
 from sparsetool.cli.main import COMMANDS
 from sparsetool.ops.prune.options import OptionFace, PruneOptions
+from sparsetool.ops.shrink.options import ShrinkOptions
 
-BOTH_FACES = ["prune", "densify", "report", "diff", "eval", "simulate"]
+BOTH_FACES = ["prune", "shrink", "densify", "report", "diff", "eval", "simulate"]
 
 
 def cli_params(name: str) -> dict[str, Any]:
@@ -84,6 +85,14 @@ def test_the_cli_and_the_api_agree_on_every_default_they_share(name):
     assert shared, name
     differ = {k: (cli[k].default, python[k]) for k in shared if not same(cli[k].default, python[k])}
     assert not differ, differ
+
+
+def test_shrink_takes_every_default_from_its_options_record():
+    record = dataclasses.asdict(ShrinkOptions())
+    cli, python = cli_params("shrink"), api_defaults("shrink")
+    for name, default in record.items():
+        assert python[name] == default, name
+        assert same(cli[name].default, default), (name, cli[name].default, default)
 
 
 def test_options_given_with_their_defaults_are_the_defaults():

@@ -295,3 +295,15 @@ def test_the_output_composes_with_prune_flops_and_eval(tmp_path, text, calib_fil
     assert r.exit_code == 0, r.output
     got = json.loads(r.stdout)["checkpoints"]
     assert got[0]["params"] > got[1]["params"] == got[2]["params"]
+
+
+def test_the_python_api_takes_the_cli_names(tmp_path, text, calib_file):
+    import sparsetool
+
+    src = save_moe("mixtral", tmp_path / "in", text)
+    got = sparsetool.shrink(src, tmp_path / "out", experts_keep=3, calibration=str(calib_file),
+                            samples=4, seq=16, criterion="ean")  # fmt: skip
+    assert got.plan.keep == 3 and got.to_json()["options"]["criterion"] == "ean"
+    with pytest.raises(SparsetoolError, match="--experts F"):
+        sparsetool.shrink(src, tmp_path / "other", criterion="random")
+    assert not (tmp_path / "other").exists()

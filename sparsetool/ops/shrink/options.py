@@ -45,7 +45,7 @@ class ShrinkOptions:
     seq: int | None = None  # --seq; None: DEFAULT_SEQ, or the model's context when shorter
     seed: int = 0  # --seed: the windows picked from the text, and --criterion random
     dtype: str = "float32"  # --dtype: precision of the forward passes
-    device: str = "cpu"  # --device
+    device: str = "auto"  # --device: auto (a GPU if there is one), cpu, cuda or cuda:N
 
     @property
     def reads_text(self) -> bool:
