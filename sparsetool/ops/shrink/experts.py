@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from sparsetool.checkpoint import Checkpoint, open_checkpoint
+from sparsetool.checkpoint.output_files import check_writable
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.checkpoint.writer import write_checkpoint
 from sparsetool.errors import SparsetoolError, UsageError
@@ -99,6 +100,7 @@ def shrink_experts(
         raise UsageError(
             f"-o {out} is the input itself; shrink writes a new model: choose another path"
         )
+    check_writable(out, "-o")  # a locked or full output is refused before the long part
     text = read_text(opts.calibration, "--calibration") if opts.reads_text else None
     model = open_model(path, opts.dtype, opts.device, needs=NEEDS)
     result = ShrinkResult(output=out, options=opts, plan=plan)
