@@ -14,11 +14,11 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import typer
 
-from sparsetool.checkpoint.codecs import ENCODINGS
+from sparsetool.checkpoint import ENCODINGS
 from sparsetool.errors import SparsetoolError
 from sparsetool.util import options
 
-ENCODING_NAMES = ENCODINGS  # the choices of --encoding
+ENCODING_NAMES = ENCODINGS  # the choices of --encoding: the checkpoint package's public names
 
 # Names the library defines in torch-importing modules, repeated here so --help lists them without
 # loading torch; tests/cli/test_cli_vocabulary.py checks they equal the library's own.

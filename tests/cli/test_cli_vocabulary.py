@@ -158,11 +158,16 @@ def test_examples_run_as_written(command, tmp_path, monkeypatch, gpt2_file):
 
 
 def test_choice_names_match_the_library():
-    from sparsetool.checkpoint.codecs import ENCODINGS
-    from sparsetool.cli._params import ENCODING_NAMES, TRAIN_PRESETS
+    """--encoding offers every codec the writer knows, in the library's order (prune's and
+    train's option alike), and --preset the GPT presets."""
+    from sparsetool.checkpoint.codecs import CODECS
+    from sparsetool.cli import prune, train
+    from sparsetool.cli._params import TRAIN_PRESETS
     from sparsetool.models.gpt import PRESETS
 
-    assert tuple(ENCODINGS) == ENCODING_NAMES and tuple(PRESETS) == TRAIN_PRESETS
+    offered = [[e.value for e in module.Encoding] for module in (prune, train)]
+    assert offered == [[c.name for c in CODECS.values()]] * 2
+    assert tuple(PRESETS) == TRAIN_PRESETS
 
 
 # ----------------------------------------------------------------------------------------------
