@@ -104,7 +104,7 @@ def plan_prune(
             on_plan=on_plan,
         )
         calibrated.prepare()
-        opts = calibrated.opts  # with the window length used
+        opts = calibrated.options  # with the window length used
         notes += calibrated.notes
         memory = calibrated.memory
         allocation = calibrated.allocation

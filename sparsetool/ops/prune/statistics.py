@@ -2,7 +2,9 @@
 calibration windows run through the block: one set per distinct input tensor (layers that read
 the same tensor share it), holding what the methods need: Wanda's and OWL's sum of squares of each
 input feature, SparseGPT's ``X^T X`` (which becomes its inverse factor in place), DSnoT's mean and
-variance. :class:`~sparsetool.ops.prune.calibrated.CalibratedPlanner` makes one per block."""
+variance. :func:`gather_statistics` runs a block's windows with the hooks on and returns them; the
+block loop (:class:`~sparsetool.ops.prune.calibrated.CalibratedPlanner`) and OWL's pass
+(``owl_pass.py``) make one per block."""
 
 from __future__ import annotations
 
@@ -10,10 +12,19 @@ from collections.abc import Callable
 
 import torch
 
+from sparsetool.checkpoint import LogicalTensor
 from sparsetool.errors import CheckpointError, SparsetoolError
 from sparsetool.masks.sparsegpt import ROWS
+from sparsetool.models.blocks import BlockModel, Call
+from sparsetool.ops.prune.placement import Placement
 
-__all__ = ["InputStatistics", "BlockStatistics", "routed_inputs", "gated_product"]
+__all__ = [
+    "InputStatistics",
+    "BlockStatistics",
+    "gather_statistics",
+    "routed_inputs",
+    "gated_product",
+]
 
 
 class InputStatistics:
@@ -185,6 +196,50 @@ class BlockStatistics:
         if stats.left == 0:
             stats.drop()
             self.inputs.remove(stats)
+
+
+def gather_statistics(
+    model: BlockModel,
+    i: int,
+    layers: dict[str, LogicalTensor],
+    calls: list[Call],
+    placement: Placement,
+    *,
+    hessian: bool,
+    moments: bool,
+    outputs: list | None = None,
+) -> BlockStatistics:
+    """Run every window (``calls``) through block ``i`` of ``model`` (loaded) with hooks on its
+    targeted ``layers`` (key -> tensor, placed by ``placement``): their input statistics, with
+    ``X^T X`` when ``hessian``, DSnoT's moments when ``moments``. The block's outputs go into
+    ``outputs`` when it is given (the block as it is now)."""
+    stats = BlockStatistics(
+        {key: placement.n_in(lt) for key, lt in layers.items()}, hessian, model.device, moments
+    )
+    hooks = []
+    experts: dict[str, tuple[torch.nn.Module, dict[int, dict[str, list[str]]]]] = {}
+    for key in layers:
+        place = placement.where[key]
+        owner = place.own.rpartition(".")[0]
+        if place.experts is None:
+            hooks.append(model.module.get_submodule(owner).register_forward_hook(stats.hook(key)))
+        else:
+            units = experts.setdefault(owner, (place.experts, {}))[1]
+            units.setdefault(place.expert, {}).setdefault(place.part, []).append(key)
+    for module, units in experts.values():
+        hooks.append(
+            module.register_forward_pre_hook(stats.experts_hook(module, units), with_kwargs=True)
+        )
+    try:
+        for call in calls:
+            out = model.run_block(i, call)
+            if outputs is not None:
+                outputs.append(call.passed(out))
+            stats.window_done()
+    finally:
+        for h in hooks:
+            h.remove()
+    return stats
 
 
 def _routing(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
