@@ -118,12 +118,6 @@ class Checkpoint:
     def logical_in(self, shard: str) -> list[LogicalTensor]:
         return [lt for lt in self.logical if lt.shard == shard]
 
-    def total_nbytes(self, lt: LogicalTensor | None = None) -> int:
-        """Bytes of tensor data: of one logical tensor, or of the whole checkpoint."""
-        if lt is not None:
-            return lt.nbytes
-        return sum(st.nbytes for st in self._entries.values())
-
     @property
     def nbytes_on_disk(self) -> int:
         return sum(self._headers[s].file_size for s in self.shards)

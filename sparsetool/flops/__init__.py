@@ -26,7 +26,6 @@ _WHERE = {
     "forward_flops": "sparsetool.flops.formula",
     "forward_terms": "sparsetool.flops.formula",
     "from_checkpoint": "sparsetool.flops.shapes",
-    "from_hf_config": "sparsetool.flops.config",
     "from_mapping": "sparsetool.flops.config",
     "get_preset": "sparsetool.flops.config",
     "infer_model": "sparsetool.flops.shapes",

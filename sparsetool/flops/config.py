@@ -676,18 +676,6 @@ def from_mapping(d: Mapping[str, Any], name: str = "model") -> ModelConfig:
     return ModelConfig(**kw)
 
 
-def from_hf_config(d: Mapping[str, Any], name: str = "hf-model") -> ModelConfig:
-    """Shapes from a Hugging Face ``config.json`` dictionary (:func:`from_mapping`'s rules).
-
-    >>> from_hf_config({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
-    ...                 "vocab_size": 50257, "n_positions": 1024}).d_ff
-    3072
-    """
-    if not _is_hf(d):
-        d = {**d, "model_type": "unknown"}
-    return from_mapping(d, name=name)
-
-
 def load_config(path: str | Path) -> ModelConfig:
     """Read a model description from a TOML, JSON or YAML file (a HF ``config.json`` works too)."""
     p = Path(path)

@@ -187,15 +187,6 @@ RESUMABLE_OVERRIDES = {
 REBATCHABLE = {"batch_size", "grad_accum"}
 
 
-def parse_stage(text: str) -> tuple[float, float]:
-    """``"0.9:0.8"`` -> (sparsity 0.9, fraction of steps 0.8): :func:`sparsetool.util.options.parse_stage`.
-
-    >>> parse_stage("0.9:0.8")
-    (0.9, 0.8)
-    """
-    return options.parse_stage(text)
-
-
 def validate(cfg: TrainConfig) -> TrainConfig:
     from sparsetool.models.gpt import PRESETS
 

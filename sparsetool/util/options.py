@@ -49,7 +49,6 @@ __all__ = [
     "parse_fraction",
     "parse_nm",
     "parse_tokens",
-    "parse_seed",
     "parse_stage",
     "parse_globs",
     "parse_size",
@@ -350,20 +349,6 @@ def check_workers(value: int, option: str = "--workers") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{option} must be a whole number of 1 or more, got {value!r}")
     return value
-
-
-def parse_seed(text: str | int, option: str = "--seed") -> int:
-    """A seed from text (or an int).
-
-    >>> parse_seed("42")
-    42
-    """
-    if isinstance(text, str):
-        try:
-            text = int(text.strip())
-        except ValueError:
-            pass
-    return check_seed(text, option)  # type: ignore[arg-type]
 
 
 def parse_stage(

@@ -16,7 +16,6 @@ from sparsetool.util.options import (
     parse_fraction,
     parse_globs,
     parse_nm,
-    parse_seed,
     parse_sparsities,
     parse_sparsity,
     parse_stage,
@@ -110,12 +109,12 @@ def test_parse_stage():
 def test_flops_and_train_parse_stages_with_the_one_parser():
     from sparsetool.flops import Stage
     from sparsetool.flops import parse_stage as flops_stage
-    from sparsetool.train.config import parse_stage as train_stage
+    from sparsetool.train.configkeys import merge
 
     for text in ("0.9:0.8", "1:1", "0:0.2"):
-        assert flops_stage(text) == Stage(*parse_stage(text)) and train_stage(text) == parse_stage(
-            text
-        )
+        assert flops_stage(text) == Stage(*parse_stage(text))
+    for text in ("0.9:1", "1:1", "0:1"):  # a run's stages add up to the whole run
+        assert merge({}, {"stages": [text]}).stages == [parse_stage(text)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -186,10 +185,10 @@ def test_flops_parses_counts_with_the_one_parser():
 
 
 def test_seeds():
-    assert check_seed(0) == 0 and check_seed(2**63 - 1) == 2**63 - 1 and parse_seed(" 7 ") == 7
+    assert check_seed(0) == 0 and check_seed(2**63 - 1) == 2**63 - 1
     for bad in (-1, 2**63, 1.5, True, "x", None):
         with pytest.raises(ConfigError, match="--seed must be a whole number"):
-            check_seed(bad) if not isinstance(bad, str) else parse_seed(bad)
+            check_seed(bad)
 
 
 def test_globs():
