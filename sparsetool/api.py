@@ -107,6 +107,8 @@ def shrink(
     experts: float | None = _SHRINK.experts,
     experts_keep: int | None = _SHRINK.experts_keep,
     criterion: str = _SHRINK.criterion,
+    blocks: float | None = _SHRINK.blocks,
+    block_criterion: str = _SHRINK.block_criterion,
     merge: bool = _SHRINK.merge,
     calibration: str | Path | None = _SHRINK.calibration,
     samples: int = _SHRINK.samples,
@@ -117,13 +119,16 @@ def shrink(
 ) -> ShrinkResult:
     """``sparsetool shrink CHECKPOINT -o OUTPUT --experts F``: remove that fraction (or keep
     ``experts_keep``) of every Mixture-of-Experts layer's routed experts into a smaller model;
-    ``criterion`` reap, frequency, ean (scored on ``calibration`` text) or random."""
-    from sparsetool.ops.shrink import shrink_experts
+    ``criterion`` reap, frequency, ean (scored on ``calibration`` text) or random. ``blocks=N``
+    instead removes N whole blocks (``block_criterion`` bi or angular)."""
+    from sparsetool.ops.shrink import shrink_checkpoint
 
     opts = ShrinkOptions(
         experts=experts,
         experts_keep=experts_keep,
         criterion=criterion,
+        blocks=blocks,
+        block_criterion=block_criterion,
         merge=merge,
         calibration=None if calibration is None else Path(calibration),
         samples=samples,
@@ -132,7 +137,7 @@ def shrink(
         dtype=dtype,
         device=device,
     )
-    return shrink_experts(checkpoint, output, opts)
+    return shrink_checkpoint(checkpoint, output, opts)
 
 
 def densify(

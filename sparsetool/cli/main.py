@@ -33,7 +33,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "shrink": (
         "shrink",
         "shrink",
-        "Remove whole routed experts of a Mixture-of-Experts model into a smaller dense model.",
+        "Remove whole experts (Mixture of Experts) or whole blocks into a smaller model.",
     ),
     "densify": (
         "densify",

@@ -35,16 +35,17 @@ from sparsetool.cli._params import (
     use_threads,
     value_of,
 )
-from sparsetool.ops.shrink.options import CRITERIA, DEFAULT_SAMPLES, ShrinkOptions
+from sparsetool.ops.shrink.options import BLOCK_CRITERIA, CRITERIA, DEFAULT_SAMPLES, ShrinkOptions
 from sparsetool.util import options
 from sparsetool.util.wording import plural
 
 Criterion = choices("Criterion", CRITERIA)
+BlockCriterion = choices("BlockCriterion", BLOCK_CRITERIA)
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     "sparsetool shrink qwen3-moe/ -o qwen3-moe-half/ --experts 0.5 --calibration text.txt",
     "sparsetool shrink mixtral/ -o mixtral-6/ --experts-keep 6 --merge --calibration text.txt",
-    "sparsetool shrink olmoe/ -o olmoe-random/ --experts 0.25 --criterion random",
+    "sparsetool shrink llama/ -o llama-minus-4/ --blocks 4 --calibration text.txt",
 )
 
 
@@ -70,6 +71,20 @@ def shrink(
         help="How experts are ranked on the calibration tokens (the lowest go): reap (mean of "
         "routing weight x output norm over the tokens routed to it), frequency (tokens routed), "
         "ean (summed output norm), or random (seeded; needs no text).",
+    ),
+    blocks: Optional[float] = typer.Option(
+        None,
+        "--blocks",
+        metavar="N",
+        help="Instead: remove N whole transformer blocks (a fraction below 1: of the blocks).",
+    ),
+    block_criterion: BlockCriterion = choice_option(
+        BlockCriterion,
+        "bi",
+        "--block-criterion",
+        help="Which blocks --blocks removes: bi (the N of least influence, 1 - mean cosine of "
+        "each block's input and output) or angular (the run of N consecutive blocks whose input "
+        "and output lie closest in angle).",
     ),
     merge: bool = typer.Option(
         False,
@@ -108,7 +123,7 @@ def shrink(
     threads: Optional[int] = threads_option(),
     as_json: bool = json_option(),
 ) -> None:
-    """Remove whole routed experts of a Mixture-of-Experts model into a smaller dense model.
+    """Remove whole experts (Mixture of Experts) or whole blocks into a smaller model.
 
     Each layer's experts are scored on the calibration text block by block (one block in memory;
     each block sees what the already-shrunk earlier blocks feed it) and the lowest-scoring go, the
@@ -117,7 +132,11 @@ def shrink(
     renumbered, the router's rows of the removed ones gone, config.json's expert count lowered,
     every other tensor and the tokenizer copied. Its logits are the input's with the removed
     experts' router logits at -inf. Kept experts and every saliency are recorded in the output's
-    provenance and --json. The input is never modified; the output appears only when complete.
+    provenance and --json.
+
+    --blocks N removes N whole transformer blocks of any causal LM (the blocks scored on the
+    calibration text the same way), renumbers the rest and lowers config.json's layer count.
+    The input is never modified; the output appears only when complete.
     """
     if output is None:
         usage_error("give -o OUTPUT, a new directory for the smaller model")
@@ -126,6 +145,8 @@ def shrink(
             experts=experts,
             experts_keep=experts_keep,
             criterion=value_of(criterion),
+            blocks=blocks,
+            block_criterion=value_of(block_criterion),
             merge=merge,
             calibration=calibration,
             samples=samples,
@@ -137,24 +158,35 @@ def shrink(
         opts.validate()
     use_device(device)
     use_threads(threads)
-    from sparsetool.ops.shrink import shrink_experts
+    from sparsetool.ops.shrink import shrink_checkpoint
 
     with failing_cleanly():
         with progress_bar(not (as_json or quiet)) as progress:
-            result = shrink_experts(checkpoint, output, opts, progress=progress)
+            result = shrink_checkpoint(checkpoint, output, opts, progress=progress)
     if as_json:
         emit_json(result.to_json())
         return
     plan = result.plan
-    if not quiet:
-        print_layers(result.layers, plan.experts)
-    console.print(
-        f"shrank {plural(len(result.layers), 'layer')}: {plan.experts} -> {plan.keep} routed "
-        f"experts each ({opts.criterion}{', merged' if opts.merge else ''}); parameters "
-        f"{result.parameters_before:,} -> {result.parameters_after:,}",
-        highlight=False,
-        soft_wrap=True,
-    )
+    if result.blocks is not None:
+        b = result.blocks
+        console.print(
+            f"removed {plural(len(b['removed']), 'block')} of {b['before']} ({b['criterion']}): "
+            f"{', '.join(map(str, b['removed']))}; parameters {result.parameters_before:,} -> "
+            f"{result.parameters_after:,}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    else:
+        assert plan is not None
+        if not quiet:
+            print_layers(result.layers, plan.experts)
+        console.print(
+            f"shrank {plural(len(result.layers), 'layer')}: {plan.experts} -> {plan.keep} routed "
+            f"experts each ({opts.criterion}{', merged' if opts.merge else ''}); parameters "
+            f"{result.parameters_before:,} -> {result.parameters_after:,}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if not quiet:
         note_left_out(result.left_out)
         for note in result.notes:

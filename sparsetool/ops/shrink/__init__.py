@@ -7,6 +7,10 @@ lowest go or are merged into their most similar kept expert, and the output is s
 input's layout with renumbered experts and a lowered expert count
 (:mod:`~sparsetool.ops.shrink.write`, :mod:`~sparsetool.ops.shrink.layers`). The options and
 their checks are torch-free (:mod:`~sparsetool.ops.shrink.options`).
+
+``--blocks N`` removes whole transformer blocks (:mod:`~sparsetool.ops.shrink.blocks`: block
+influence or angular distance on calibration text); :func:`shrink_checkpoint` (``run.py``) runs
+whichever is asked.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ _WHERE = {
     "ShrinkResult": ".options",
     "plan_experts": ".options",
     "plan_shrink": ".experts",
+    "plan_blocks": ".blocks",
+    "shrink_blocks": ".blocks",
+    "shrink_checkpoint": ".run",
     "shrink_experts": ".experts",
 }
 __all__ = sorted(_WHERE)

@@ -17,6 +17,7 @@ from sparsetool.errors import ConfigError, UsageError
 from sparsetool.util.options import check_count, check_seed
 
 __all__ = [
+    "BLOCK_CRITERIA",
     "CRITERIA",
     "DEFAULT_SAMPLES",
     "DEFAULT_SEQ",
@@ -28,6 +29,9 @@ __all__ = [
 
 CRITERIA = ("reap", "frequency", "ean", "random")
 """How the experts of a layer are ranked (docs/shrink.md gives each formula)."""
+BLOCK_CRITERIA = ("bi", "angular")
+"""How whole blocks are chosen: each block's influence (ShortGPT), or the contiguous run whose
+input and output lie closest in angle (Gromov et al.)."""
 DEFAULT_SAMPLES = 128  # calibration windows, as prune's --samples
 DEFAULT_SEQ = 512  # tokens per calibration window, as prune's --seq
 
@@ -39,6 +43,8 @@ class ShrinkOptions:
     experts: float | None = None  # --experts F: fraction of each layer's routed experts removed
     experts_keep: int | None = None  # --experts-keep N: routed experts each layer keeps
     criterion: str = "reap"  # --criterion
+    blocks: float | None = None  # --blocks N (whole blocks removed) or a fraction of them
+    block_criterion: str = "bi"  # --block-criterion
     merge: bool = False  # --merge: fold each removed expert into its most similar kept one
     calibration: Path | None = None  # --calibration FILE|DIR
     samples: int = DEFAULT_SAMPLES  # --samples
@@ -49,17 +55,36 @@ class ShrinkOptions:
 
     @property
     def reads_text(self) -> bool:
-        """Whether the calibration text runs through the model (every criterion but random
-        without --merge)."""
-        return self.criterion != "random" or self.merge
+        """Whether the calibration text runs through the model (blocks, and every expert
+        criterion but random without --merge)."""
+        return self.blocks is not None or self.criterion != "random" or self.merge
 
     def validate(self) -> None:
         """Raise :class:`~sparsetool.errors.ConfigError` for options that cannot work together,
         before anything is read."""
-        if (self.experts is None) == (self.experts_keep is None):
+        asked = [x is not None for x in (self.experts, self.experts_keep, self.blocks)]
+        if sum(asked) != 1:
             raise ConfigError(
-                "say how many experts to remove: --experts F (the fraction of each layer's "
-                "routed experts removed) or --experts-keep N (the experts each layer keeps)"
+                "say what to remove, one of: --experts F (the fraction of each layer's routed "
+                "experts), --experts-keep N (the experts each layer keeps) or --blocks N (whole "
+                "blocks; a fraction below 1 of them)"
+                + ("; run shrink once for each" if sum(asked) > 1 else "")
+            )
+        if self.blocks is not None:
+            b = self.blocks
+            if (
+                isinstance(b, bool)
+                or not isinstance(b, (int, float))
+                or not (0 < b < 1 or (b >= 1 and float(b).is_integer()))
+            ):
+                raise ConfigError(
+                    f"--blocks must be a whole number of blocks or a fraction below 1, got {b!r}"
+                )
+            if self.merge:
+                raise ConfigError("--merge merges experts; it does not go with --blocks")
+        if self.block_criterion not in BLOCK_CRITERIA:
+            raise ConfigError(
+                f"--block-criterion {self.block_criterion!r}: use {', '.join(BLOCK_CRITERIA)}"
             )
         if self.experts is not None:
             f = self.experts
@@ -77,10 +102,15 @@ class ShrinkOptions:
             check_count(self.seq, "--seq", minimum=2)
         check_seed(self.seed)
         if self.reads_text and self.calibration is None:
+            if self.blocks is not None:
+                raise ConfigError(
+                    f"--blocks scores the blocks ({self.block_criterion}) on calibration text: "
+                    "give --calibration FILE|DIR"
+                )
             why = (
                 "--merge compares experts' outputs"
                 if self.merge
-                else (f"--criterion {self.criterion} scores experts")
+                else f"--criterion {self.criterion} scores experts"
             )
             raise ConfigError(
                 f"{why} on calibration text: give --calibration FILE|DIR "
@@ -91,6 +121,10 @@ class ShrinkOptions:
         """The options as provenance and ``--json`` record them (the text only when read)."""
         rec = asdict(self)
         rec["calibration"] = str(self.calibration) if self.calibration is not None else None
+        for k in ("experts", "experts_keep", "criterion", "merge") if self.blocks else ():
+            del rec[k]
+        for k in ("blocks", "block_criterion") if self.blocks is None else ():
+            del rec[k]
         if not self.reads_text:
             for k in ("calibration", "samples", "seq", "dtype"):
                 del rec[k]
@@ -191,8 +225,9 @@ class ShrinkResult:
 
     output: Path
     options: ShrinkOptions
-    plan: ExpertPlan
+    plan: ExpertPlan | None = None  # --experts
     layers: list[dict] = field(default_factory=list)
+    blocks: dict | None = None  # --blocks: before, after, removed, scores
     parameters_before: int = 0
     parameters_after: int = 0
     bytes_before: int = 0
@@ -202,19 +237,24 @@ class ShrinkResult:
     left_out: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "output": str(self.output),
-            "options": self.options.record(),
-            "experts": {
+        removed: dict[str, Any] = {}
+        if self.plan is not None:
+            removed["experts"] = {
                 "before": self.plan.experts,
                 "after": self.plan.keep,
                 "top_k": self.plan.top_k,
                 "groups": self.plan.groups,
-            },
+            }
+        if self.blocks is not None:
+            removed["blocks"] = self.blocks
+        return {
+            "output": str(self.output),
+            "options": self.options.record(),
+            **removed,
             "calibration_tokens": self.tokens,
             "parameters": {"before": self.parameters_before, "after": self.parameters_after},
             "bytes": {"before": self.bytes_before, "after": self.bytes_after},
-            "layers": self.layers,
+            **({"layers": self.layers} if self.plan is not None else {}),
             "notes": list(self.notes),
             "left_out": list(self.left_out),
         }
