@@ -33,8 +33,8 @@ from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.models.hf import hf_config, import_transformers
 from sparsetool.models.open import open_model
-from sparsetool.ops.prune.calibrated import calibration_windows
-from sparsetool.ops.shrink.options import DEFAULT_SEQ, ShrinkOptions, ShrinkResult
+from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
+from sparsetool.ops.shrink.windows import shrink_windows
 from sparsetool.ops.text import read_text
 from sparsetool.util.progress import Progress
 
@@ -144,16 +144,7 @@ def _scores(
     progress: Progress | None,
 ) -> tuple[list[float], list[float]]:
     """Every block's influence, and every run of ``n`` blocks' angular distance."""
-    seq = opts.seq if opts.seq is not None else min(DEFAULT_SEQ, model.context)
-    if seq > model.context:
-        raise UsageError(
-            f"--seq {seq}: {model.path} takes at most {model.context} tokens at once; "
-            f"use --seq {model.context} or less"
-        )
-    windows = calibration_windows(
-        model.encode(text).ids, opts.samples, seq, opts.seed, str(opts.calibration)
-    )
-    result.tokens = windows.numel()
+    windows = shrink_windows(model, opts, text, result)
     total = len(model.blocks)
     bi: list[float] = []
     angular: list[float] = []

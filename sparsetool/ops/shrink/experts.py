@@ -33,10 +33,8 @@ from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.models.hf import hf_config, import_transformers
 from sparsetool.models.open import open_model
-from sparsetool.ops.prune.calibrated import calibration_windows
 from sparsetool.ops.shrink.layers import EXPERT_COUNT_KEYS, ExpertLayer, expert_count, expert_layers
 from sparsetool.ops.shrink.options import (
-    DEFAULT_SEQ,
     ExpertPlan,
     ShrinkOptions,
     ShrinkResult,
@@ -48,6 +46,7 @@ from sparsetool.ops.shrink.saliency import (
     merge_clusters,
     random_scores,
 )
+from sparsetool.ops.shrink.windows import shrink_windows
 from sparsetool.ops.shrink.write import Averaged, ExpertWriter, averaged
 from sparsetool.ops.text import read_text
 from sparsetool.util.progress import Progress
@@ -163,18 +162,7 @@ def _choose(
             scores = random_scores(plan.experts, opts.seed, i)
             choices[i] = _Choice(choose_kept(scores, plan), scores, None, None)
         return choices
-    seq = opts.seq
-    if seq is None:
-        seq = min(DEFAULT_SEQ, model.context)
-    elif seq > model.context:
-        raise UsageError(
-            f"--seq {seq}: {model.path} takes at most {model.context} tokens at once; "
-            f"use --seq {model.context} or less"
-        )
-    windows = calibration_windows(
-        model.encode(text).ids, opts.samples, seq, opts.seed, str(opts.calibration)
-    )
-    result.tokens = windows.numel()
+    windows = shrink_windows(model, opts, text, result)
     last = max(layers)
     with torch.no_grad():
         calls = model.capture([row.unsqueeze(0) for row in windows])

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from sparsetool.errors import ConfigError, UsageError
+from sparsetool.ops.prune.options import PruneOptions
 from sparsetool.util.options import check_count, check_seed
 
 __all__ = [
     "BLOCK_CRITERIA",
     "CRITERIA",
     "DEFAULT_SAMPLES",
-    "DEFAULT_SEQ",
     "ShrinkOptions",
     "ExpertPlan",
     "ShrinkResult",
@@ -32,8 +32,7 @@ CRITERIA = ("reap", "frequency", "ean", "random")
 BLOCK_CRITERIA = ("bi", "angular")
 """How whole blocks are chosen: each block's influence (ShortGPT), or the contiguous run whose
 input and output lie closest in angle (Gromov et al.)."""
-DEFAULT_SAMPLES = 128  # calibration windows, as prune's --samples
-DEFAULT_SEQ = 512  # tokens per calibration window, as prune's --seq
+DEFAULT_SAMPLES = PruneOptions.defaults()["samples"]  # calibration windows, as prune's
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,7 @@ class ShrinkOptions:
     merge: bool = False  # --merge: fold each removed expert into its most similar kept one
     calibration: Path | None = None  # --calibration FILE|DIR
     samples: int = DEFAULT_SAMPLES  # --samples
-    seq: int | None = None  # --seq; None: DEFAULT_SEQ, or the model's context when shorter
+    seq: int | None = None  # --seq; None: prune's default (512), or the context when shorter
     seed: int = 0  # --seed: the windows picked from the text, and --criterion random
     dtype: str = "float32"  # --dtype: precision of the forward passes
     device: str = "auto"  # --device: auto (a GPU if there is one), cpu, cuda or cuda:N
