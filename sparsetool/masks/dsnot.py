@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from sparsetool.errors import SparsetoolError
-from sparsetool.util.options import DSNOT_ITERATIONS, DSNOT_THRESHOLD
+from sparsetool.masks.calibration_defaults import DSNOT_ITERATIONS, DSNOT_THRESHOLD
 
 __all__ = ["dsnot_refine"]
 

@@ -30,9 +30,9 @@ from collections.abc import Mapping, Sequence
 from torch import Tensor
 
 from sparsetool.errors import SparsetoolError
+from sparsetool.masks.calibration_defaults import OWL_LAMBDA, OWL_M
 from sparsetool.masks.distributions import largest_remainder, uniform_keep
 from sparsetool.masks.wanda import wanda_scores
-from sparsetool.util.options import OWL_LAMBDA, OWL_M
 
 __all__ = ["OutlierCount", "owl_sparsities", "owl_keep", "block_sparsity"]
 

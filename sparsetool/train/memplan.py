@@ -2,7 +2,7 @@
 weights, gradients, AdamW moments, masks and activations take as the run divides them (one
 process, DDP's whole copy on every process, or FSDP's 1/N slices), against what each process
 has; a run that cannot fit is refused with the figures and the options that lower them
-(:func:`sparsetool.util.memory.fine_tuning_plan` does the arithmetic)."""
+(:func:`fine_tuning_plan` does the arithmetic)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import os
 import torch
 
 from sparsetool.errors import SparsetoolError
-from sparsetool.util.memory import MemoryPlan, available_memory, binary_bytes, fine_tuning_plan
+from sparsetool.util.memory import MemoryPlan, available_memory, binary_bytes, process_memory
 
-__all__ = ["LOWER", "check_plan", "run_plan"]
+__all__ = ["LOWER", "check_plan", "fine_tuning_plan", "run_plan"]
 
 LOWER = (
     "more processes (torchrun --nproc_per_node N, on one machine or several) with "
@@ -74,6 +74,104 @@ def run_plan(
         offload=cfg.offload,
         device_memory=device_memory,
         reading=reading,
+    )
+
+
+def fine_tuning_plan(
+    params: int,
+    *,
+    batch: int,
+    context: int,
+    d_model: int,
+    n_layer: int,
+    n_head: int,
+    vocab: int,
+    max_memory: int | None = None,
+    targeted: int = 0,
+    strategy: str = "ddp",
+    world: int = 1,
+    local_world: int = 1,
+    bf16: bool = False,
+    offload: bool = False,
+    device_memory: int | None = None,
+    reading: bool = True,
+) -> MemoryPlan:
+    """The peak of one process fine-tuning a whole model with AdamW (``train --init HF_DIR``), or
+    of each process of a torchrun group of ``world`` (``local_world`` of them on this machine):
+
+    - activations kept for the backward pass: per layer ``34 s b h + 5 a s^2 b`` bytes in 16-bit
+      (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+      eq. 1), twice that in float32 (without ``bf16``), plus the logits and their gradient
+      (``b s V``, float32, 3x);
+    - one process, or ``strategy`` ddp (a whole copy per process): weights 4 bytes a parameter and,
+      when ``reading`` a checkpoint, its tensors while they are copied into the model (4 more);
+      gradients, Adam's two moments and the temporary of its step 16 bytes a parameter (DDP: 4
+      more for its gradient buckets); masks 1 byte a targeted weight;
+    - ``strategy`` fsdp: weights, gradients, moments and masks divided by ``world``; the blocks
+      whose whole weights are gathered at a time (the one computing and the next, about
+      ``2 P / n_layer`` weights, 2 bytes each with ``bf16``); a mask update's whole tensor with its
+      gradient and scores (about ``13 P / (3 n_layer)`` bytes); and, unless ``reading`` (then each
+      process reads only its slices), the whole model built from random weights before it is
+      sharded (4 bytes a parameter, counted when it exceeds the steady state).
+      ``offload`` (a GPU run) keeps the slices in CPU memory: the GPU holds the rest.
+
+    ``device_memory`` (a GPU's) is the budget of a GPU run; else it is this machine's available
+    memory divided among its ``local_world`` processes.
+
+    >>> p = fine_tuning_plan(10**9, batch=1, context=512, d_model=2048, n_layer=24, n_head=16,
+    ...                      vocab=32000, max_memory=64 * 2**30)
+    >>> p.weights, p.optimizer
+    (8000000000, 16000000000)
+    >>> f = fine_tuning_plan(10**9, batch=1, context=512, d_model=2048, n_layer=24, n_head=16,
+    ...                      vocab=32000, strategy="fsdp", world=8, device_memory=80 * 2**30)
+    >>> f.optimizer, f.weights - 500_000_000, f.budget_source
+    (2000000000, 333333328, 'GPU memory')
+    """
+    per_layer = (1 if bf16 else 2) * (
+        34 * context * batch * d_model + 5 * n_head * context * context * batch
+    )
+    logits = 3 * batch * context * vocab * 4
+    if max_memory is not None:
+        total, source = max_memory, "--max-memory"
+    elif device_memory is not None:
+        total, source = device_memory, "GPU memory"
+    else:
+        total, source = available_memory() // max(1, local_world), "available memory"
+        if local_world > 1:
+            source = f"available memory / {local_world} processes"
+    sharded = strategy == "fsdp"
+    ways = world if sharded else 1
+    # gradients 4, AdamW's two moments 8, and the temporary its step makes (one tensor the size of
+    # the weights: torch's foreach AdamW takes sqrt(v) out of place) 4 bytes a parameter
+    weights, optimizer = 4 * params // ways, 16 * params // ways
+    masks = targeted // ways
+    if sharded:
+        unit = params // max(1, n_layer)
+        weights += 2 * unit * (2 if bf16 else 4)
+        masks += 13 * unit // 3
+        if offload:  # the slices live in CPU memory between uses
+            weights, optimizer = weights - 4 * params // ways, 0
+        # from random weights the whole model exists before it is sharded (CPU memory); from a
+        # checkpoint the parameters are made empty and each process reads only its slices
+        building = 0 if reading else 4 * params
+        if device_memory is None:
+            weights = max(weights, building - optimizer - masks)
+    else:
+        if reading:
+            weights += 4 * params  # the checkpoint's tensors while copied into the model
+        if world > 1:
+            optimizer += 4 * params  # DDP's gradient buckets
+    fixed = process_memory() if device_memory is None else 0
+    return MemoryPlan(
+        fixed=fixed,
+        weights=weights,
+        optimizer=optimizer,
+        activations=n_layer * per_layer + logits,
+        statistics=0,
+        budget=total,
+        budget_source=source,
+        masks=masks,
+        per="per process" if world > 1 else "",
     )
 
 

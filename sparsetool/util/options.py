@@ -31,11 +31,6 @@ __all__ = [
     "CALIBRATION_METHODS",
     "ALLOCATIONS",
     "REFINEMENTS",
-    "OWL_M",
-    "OWL_LAMBDA",
-    "DSNOT_ITERATIONS",
-    "DSNOT_THRESHOLD",
-    "EXPERT_MIN_TOKENS",
     "check_count",
     "check_dampening",
     "check_owl_m",
@@ -71,14 +66,6 @@ CALIBRATION_METHODS = ("wanda", "sparsegpt")
 SCOPES = ("layer", "global")
 ALLOCATIONS = ("uniform", "owl")  # how --sparsity is spread over the blocks (masks/owl.py)
 REFINEMENTS = ("none", "dsnot")  # what refines a calibrated mask (masks/dsnot.py)
-# The papers' settings, the defaults (here, so that checking options never imports torch):
-OWL_M = 5.0  # OWL: a score above M times its block's mean is an outlier
-OWL_LAMBDA = 0.08  # OWL: the block sparsities spread over 2 x lambda
-DSNOT_ITERATIONS = 50  # DSnoT: at most this many swaps per row
-DSNOT_THRESHOLD = 0.1  # DSnoT: a row whose expected error is this small is left alone
-# Mixture of Experts: an expert routed fewer calibration tokens than this is pruned by magnitude
-# (its inputs' statistics would rest on too few tokens to stand for what it sees).
-EXPERT_MIN_TOKENS = 32
 
 _SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 MAX_SEED = 2**63

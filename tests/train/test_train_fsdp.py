@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from sparsetool.errors import ConfigError
 from sparsetool.train.config import TrainConfig, validate
 from sparsetool.train.loop import train
-from sparsetool.util.memory import fine_tuning_plan
+from sparsetool.train.memplan import fine_tuning_plan
 
 from helpers import hf_model, make_corpus, make_text, run, save_tokenizer
 
@@ -288,7 +288,7 @@ def test_a_model_that_cannot_fit_is_refused_with_the_plan(tmp_path):
 
 
 # docs/train.md's per-process arithmetic (bf16, batch 1, every parameter targeted), written out
-# here rather than taken from util/memory.py: P parameters, L blocks, width h, heads a, vocabulary
+# here rather than taken from train/memplan.py: P parameters, L blocks, width h, heads a, vocabulary
 # V, context s, N processes.
 def _activations(L, h, a, V, s):
     return L * (34 * s * h + 5 * a * s * s) + 12 * s * V  # Korthikanti eq. 1 (16-bit), logits
@@ -340,7 +340,7 @@ def test_the_docs_table_of_gpus_follows_the_arithmetic_it_states():
 
 @pytest.mark.parametrize("N", [1, 4, 32])
 def test_the_plan_counts_what_the_docs_state(N):
-    """util/memory.fine_tuning_plan, for 13B on N processes at context 2048, equals the formulas
+    """train/memplan.fine_tuning_plan, for 13B on N processes at context 2048, equals the formulas
     above (up to its whole-byte rounding)."""
     P, L, h, a, V = 13_000_000_000, 40, 5120, 40, 32000
     plan = fine_tuning_plan(

@@ -16,17 +16,19 @@ from typing import Any
 
 from sparsetool.checkpoint.codecs import ENCODINGS
 from sparsetool.errors import ConfigError
+from sparsetool.masks.calibration_defaults import (
+    DSNOT_ITERATIONS,
+    DSNOT_THRESHOLD,
+    EXPERT_MIN_TOKENS,
+    OWL_LAMBDA,
+    OWL_M,
+)
 from sparsetool.masks.distributions import DISTRIBUTIONS
 from sparsetool.util.options import (
     ALLOCATIONS,
     CALIBRATION_METHODS,
     COMPUTE_DTYPES,
-    DSNOT_ITERATIONS,
-    DSNOT_THRESHOLD,
-    EXPERT_MIN_TOKENS,
     METHODS,
-    OWL_LAMBDA,
-    OWL_M,
     REFINEMENTS,
     SCOPES,
     check_count,
