@@ -44,7 +44,7 @@ from sparsetool.cli._params import (
     use_threads,
     value_of,
 )
-from sparsetool.flops.config import PRESETS
+from sparsetool.flops.presets import PRESETS
 from sparsetool.util import options
 from sparsetool.util.wording import plural
 
@@ -173,7 +173,7 @@ def bench(
                 )
                 source, label = "shape", f"{shape} layer, {value_of(pattern)} mask"
             else:
-                from sparsetool.flops.config import get_preset
+                from sparsetool.flops.presets import get_preset
 
                 mats = matrices.from_model(get_preset(value_of(model)), sparsity, seed)
                 source, label = "model", f"{value_of(model)}, random masks"

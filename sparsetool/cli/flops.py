@@ -35,7 +35,7 @@ from sparsetool.cli._params import (
     value_of,
 )
 from sparsetool.errors import ShapeError
-from sparsetool.flops.config import PRESETS
+from sparsetool.flops.presets import PRESETS
 from sparsetool.util.wording import plural
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)

@@ -41,7 +41,7 @@ from sparsetool.cli._params import (
     value_of,
 )
 from sparsetool.errors import ShapeError
-from sparsetool.flops.config import PRESETS
+from sparsetool.flops.presets import PRESETS
 from sparsetool.util import options
 
 EXAMPLES = (  # the end of --help (two or three): each runs as written (given the files named)

@@ -6,15 +6,15 @@ Pure arithmetic: no torch, no numpy, so ``sparsetool flops`` starts fast. (Only
 
 from sparsetool.util.lazy import lazy_names
 
-# Each name is imported from its module on first use, so ``import sparsetool.flops.config`` (all
-# that ``sparsetool flops --model ...`` needs) does not load the checkpoint-shape reader.
+# Each name is imported from its module on first use, so the shape record and the presets (all
+# that ``sparsetool flops --model ...`` needs) do not load the checkpoint-shape reader.
 _WHERE = {
     "BACKWARD_FACTOR": "sparsetool.flops.accounting",
-    "CHINCHILLA_TOKENS_PER_PARAM": "sparsetool.flops.config",
+    "CHINCHILLA_TOKENS_PER_PARAM": "sparsetool.flops.modelconfig",
     "ConfigError": "sparsetool.errors",
     "InferredModel": "sparsetool.flops.shapes",
-    "ModelConfig": "sparsetool.flops.config",
-    "PRESETS": "sparsetool.flops.config",
+    "ModelConfig": "sparsetool.flops.modelconfig",
+    "PRESETS": "sparsetool.flops.presets",
     "ROLES": "sparsetool.flops.formula",
     "Stage": "sparsetool.flops.accounting",
     "TARGETED_TERMS": "sparsetool.flops.formula",
@@ -26,18 +26,18 @@ _WHERE = {
     "forward_flops": "sparsetool.flops.formula",
     "forward_terms": "sparsetool.flops.formula",
     "from_checkpoint": "sparsetool.flops.shapes",
-    "from_mapping": "sparsetool.flops.config",
-    "get_preset": "sparsetool.flops.config",
+    "from_mapping": "sparsetool.flops.modelfile",
+    "get_preset": "sparsetool.flops.presets",
     "infer_model": "sparsetool.flops.shapes",
     "input_warnings": "sparsetool.flops.accounting",
     "json_result": "sparsetool.flops.accounting",
     "keys_per_query": "sparsetool.flops.formula",
-    "MLA_TYPES": "sparsetool.flops.config",
-    "MOE_TYPES": "sparsetool.flops.config",
+    "MLA_TYPES": "sparsetool.flops.modelfile",
+    "MOE_TYPES": "sparsetool.flops.modelfile",
     "active_ffn_width": "sparsetool.flops.formula",
-    "seq_len_note": "sparsetool.flops.config",
+    "seq_len_note": "sparsetool.flops.modelconfig",
     "layer_sparsities": "sparsetool.flops.formula",
-    "load_config": "sparsetool.flops.config",
+    "load_config": "sparsetool.flops.modelfile",
     "param_counts": "sparsetool.flops.formula",
     "moe_summary": "sparsetool.flops.accounting",
     "parse_count": "sparsetool.flops.accounting",
@@ -46,7 +46,7 @@ _WHERE = {
     "qkv_matrices": "sparsetool.flops.formula",
     "read_hf_config": "sparsetool.flops.shapes",
     "term_formulas": "sparsetool.flops.formula",
-    "with_overrides": "sparsetool.flops.config",
+    "with_overrides": "sparsetool.flops.modelconfig",
 }
 
 

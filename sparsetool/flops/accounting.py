@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from sparsetool.errors import ConfigError
-from sparsetool.flops.config import CHINCHILLA_TOKENS_PER_PARAM, ModelConfig
 from sparsetool.flops.formula import LayerSparsity, forward_terms, layer_sparsities, param_counts
+from sparsetool.flops.modelconfig import CHINCHILLA_TOKENS_PER_PARAM, ModelConfig
 from sparsetool.util import options
 
 BACKWARD_FACTOR = 2.0
@@ -98,7 +98,7 @@ def account(
     overrides the counted parameters with measured ones (a checkpoint's). Plain keys describe
     the sparse run, ``dense_``-prefixed keys the dense baseline; ratios are sparse / dense.
 
-    >>> from sparsetool.flops.config import get_preset
+    >>> from sparsetool.flops.presets import get_preset
     >>> r = account(get_preset("gpt3-xl"), sparsity=0.75)
     >>> round(r["total_train_flops"] / 1e18, 2), round(r["train_flops_ratio"], 3)
     (94.76, 0.401)

@@ -47,7 +47,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from sparsetool.errors import ConfigError
-from sparsetool.flops.config import ModelConfig
+from sparsetool.flops.modelconfig import ModelConfig
 from sparsetool.util.options import parse_sparsity
 from sparsetool.util.wording import plural
 
@@ -117,7 +117,7 @@ def forward_terms(
     GPT-3 XL at 2048 tokens, dense: 3 x this sum is the SPDF appendix Table 2's 1.86e13 FLOPs
     per sequence.
 
-    >>> from sparsetool.flops.config import get_preset
+    >>> from sparsetool.flops.presets import get_preset
     >>> t = forward_terms(get_preset("gpt3-xl"))
     >>> f"{3 * sum(t.values()):.3g}", t["embeddings"]
     ('1.86e+13', 0.0)
@@ -169,7 +169,7 @@ def qkv_matrices(cfg: ModelConfig) -> list[tuple[str, tuple[int, int]]]:
     (``d_head * (n_heads + 2 * kv_heads)`` by ``d_model``), or multi-head latent attention's four
     (``q_a``/``q_b``, or ``q`` without a query latent; ``kv_a``, ``kv_b``).
 
-    >>> from sparsetool.flops.config import get_preset
+    >>> from sparsetool.flops.presets import get_preset
     >>> qkv_matrices(get_preset("gpt2-small"))
     [('qkv', (2304, 768))]
     >>> [n for n, _ in qkv_matrices(get_preset("deepseek-v3"))]
@@ -266,7 +266,7 @@ def param_counts(cfg: ModelConfig, sparsity: float | LayerSparsity = 0.0) -> dic
     the experts its router does not pick (``n_experts - top_k`` per MoE layer; the non-zeros of
     those experts at their layer's sparsity). A dense model's are its total and non-zeros.
 
-    >>> from sparsetool.flops.config import get_preset
+    >>> from sparsetool.flops.presets import get_preset
     >>> round(param_counts(get_preset("cerebras-gpt-111m"))["total"] / 1e6)
     111
     >>> p = param_counts(get_preset("mixtral-8x7b"))

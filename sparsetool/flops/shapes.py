@@ -26,8 +26,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from sparsetool.checkpoint.config import read_model_config as read_hf_config
 from sparsetool.errors import CheckpointError, ShapeError
-from sparsetool.flops.config import ModelConfig, default_seq_len
 from sparsetool.flops.formula import ROLES
+from sparsetool.flops.modelconfig import ModelConfig, default_seq_len
 from sparsetool.targets.order import layer_index
 from sparsetool.util.wording import plural
 

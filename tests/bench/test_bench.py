@@ -272,7 +272,7 @@ def test_a_sweep_times_every_point_checks_it_and_finds_break_even():
 
 
 def test_a_preset_counts_its_matrices_per_shape():
-    from sparsetool.flops.config import get_preset
+    from sparsetool.flops.presets import get_preset
 
     cfg = get_preset("gpt2-small")
     mats = matrices.from_model(cfg, [0.5])

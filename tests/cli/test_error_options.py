@@ -226,7 +226,9 @@ COMMANDS = (
 # library modules shared by several commands: every option they name must exist in all of them
 SHARED = {
     "flops/shapes.py": ("flops", "simulate"),
-    "flops/config.py": ("flops", "simulate"),
+    "flops/modelconfig.py": ("flops", "simulate"),
+    "flops/presets.py": ("flops", "simulate"),
+    "flops/modelfile.py": ("flops", "simulate"),
     "flops/formula.py": ("flops", "simulate"),
     "targets/__init__.py": ("prune", "report", "flops", "simulate", "train", "diff"),
     "targets/roles.py": ("prune", "report", "flops", "simulate", "train", "diff"),

@@ -8,7 +8,8 @@ from dataclasses import fields
 import pytest
 
 from sparsetool.errors import ConfigError
-from sparsetool.flops.config import ModelConfig, from_mapping, load_config
+from sparsetool.flops.modelconfig import ModelConfig
+from sparsetool.flops.modelfile import from_mapping, load_config
 
 from helpers import runner_for
 
@@ -94,6 +95,6 @@ def test_hugging_face_names_are_accepted_in_our_own_files(tmp_path):
 
 
 def test_the_field_table_covers_every_model_field():
-    from sparsetool.flops.config import FIELD_NAMES
+    from sparsetool.flops.modelfile import FIELD_NAMES
 
     assert set(FIELD_NAMES) == {f.name for f in fields(ModelConfig) if f.compare}
