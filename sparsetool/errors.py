@@ -7,7 +7,13 @@ number).
 
 
 class SparsetoolError(Exception):
-    """A clean, expected failure (bad input, bad option value). Message is shown to the user."""
+    """A clean, expected failure (bad input, bad option value). Message is shown to the user.
+
+    ``reclaimed``: the temporaries of killed runs removed before the failure (a list of
+    ``sparsetool.checkpoint.output_files.Reclaimed``, set by its ``reclaiming`` block; a
+    KeyboardInterrupt that ends the work carries the same attribute)."""
+
+    reclaimed: tuple = ()
 
 
 class Interrupted(SparsetoolError):

@@ -113,10 +113,12 @@ def figures(monkeypatch) -> list:
 
     kept: list = []
 
+    from sparsetool.checkpoint.output_files import Written
+
     def keep(fig, out, dpi=120):
         kept.append(fig)
         fig.savefig(out, format="png", dpi=dpi)
-        return Path(out)
+        return Written(Path(out), [])
 
     monkeypatch.setattr(plots, "save_png", keep)
     yield kept

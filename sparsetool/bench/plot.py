@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sparsetool.checkpoint.output_files import Written
 from sparsetool.util.wording import plural
 
 _MARKERS = "os^vDP*Xph<>"
@@ -85,7 +86,7 @@ def bench_figure(result: dict[str, Any]) -> Any:
     return fig
 
 
-def plot_bench(result: dict[str, Any], path: Path) -> Path:
+def plot_bench(result: dict[str, Any], path: Path) -> Written:
     """Write the PNG of a bench result to ``path`` atomically."""
     from sparsetool.ops.plots import save_png
 

@@ -25,6 +25,7 @@ from sparsetool.bench.kernels import (
 )
 from sparsetool.bench.matrices import Matrix, two_four
 from sparsetool.bench.timing import measure
+from sparsetool.checkpoint.output_files import ResultDict, check_png
 from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.hardware.measured import SCHEMA_VERSION
 from sparsetool.util.machine import cpu_name
@@ -414,8 +415,13 @@ def run_bench(
     plot: Path | None = None,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Time ``matrices`` (:mod:`sparsetool.bench.matrices`) and return the bench JSON."""
+    """Time ``matrices`` (:mod:`sparsetool.bench.matrices`) and return the bench JSON (its
+    ``reclaimed``: the temporaries of killed runs removed beside ``plot``, a PNG checked before
+    the timing and drawn after it)."""
     from sparsetool.models.open import resolve_device
+
+    if plot is not None:
+        check_png(plot)
 
     dev = resolve_device(device)
     dense_names, sparse_names = kernel_names(dev.type, dtype, kernels)
@@ -478,9 +484,10 @@ def run_bench(
     result["verdict"] = verdict(result)
     result["notes"] = notes(result, usable_cores())
     result["plot"] = None
+    reclaimed = []
     if plot is not None:
         from sparsetool.bench.plot import plot_bench
 
-        plot_bench(result, plot)
+        reclaimed = plot_bench(result, plot).reclaimed
         result["plot"] = str(plot)
-    return result
+    return ResultDict(result, reclaimed)

@@ -12,6 +12,7 @@ then, and any OSError while writing (no space, I/O error, permission) becomes on
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import errno
 import os
@@ -20,13 +21,13 @@ import secrets
 import shutil
 import socket
 import stat
-import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from sparsetool.checkpoint.layout import TMP_MARK
-from sparsetool.errors import CheckpointError
+from sparsetool.errors import CheckpointError, SparsetoolError
 
 PRIVATE = 0o600  # the mode a file is created with, before it gets its input's mode
 PRIVATE_DIR = 0o700
@@ -123,6 +124,21 @@ def check_writable(
         os.unlink(probe)
 
 
+def check_png(path: str | os.PathLike, option: str = "--plot") -> Path:
+    """Refuse a PNG output (``option``'s) that cannot be written, before any work is done: a
+    name ending in .png, in a directory that exists and takes a new file (:func:`check_writable`:
+    a read-only or full disk is said at once, not after the work)."""
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise SparsetoolError(f"{option} {path}: give a file name ending in .png")
+    check_writable(path, option)
+    if not path.parent.is_dir():
+        raise SparsetoolError(
+            f"{option} {path}: directory '{path.parent}' does not exist; create it first"
+        )
+    return path
+
+
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
@@ -191,17 +207,46 @@ class Reclaimed:
     bytes: int
 
 
-_reclaimed: list[Reclaimed] = []
-_reclaimed_lock = threading.Lock()
+@dataclass(frozen=True)
+class Written:
+    """An output file written (a plot, say) and what was reclaimed beside it
+    (:func:`reclaiming`)."""
+
+    path: Path
+    reclaimed: list[Reclaimed]
 
 
-def take_reclaimed() -> list[Reclaimed]:
-    """What :func:`remove_stale_temps` removed in this process since the last call (for a
-    command to report once it ends)."""
-    with _reclaimed_lock:
-        out = list(_reclaimed)
-        _reclaimed.clear()
-    return out
+class ResultDict(dict):
+    """A JSON-ready result (the dict a command's --json prints) that also carries ``reclaimed``:
+    the temporaries of killed runs removed beside what it wrote, which its JSON leaves out."""
+
+    def __init__(self, data: dict, reclaimed: list[Reclaimed]) -> None:
+        super().__init__(data)
+        self.reclaimed = reclaimed
+
+
+# The lists of the reclaiming() blocks open in this context, innermost last.
+_collecting: contextvars.ContextVar[tuple[list[Reclaimed], ...]] = contextvars.ContextVar(
+    "sparsetool_reclaiming", default=()
+)
+
+
+@contextlib.contextmanager
+def reclaiming() -> Iterator[list[Reclaimed]]:
+    """What :func:`remove_stale_temps` frees inside the block (in this thread or task), for the
+    result a library function returns: the list it yields, filled as the block runs. An exception
+    leaving the block (an error, Ctrl-C's KeyboardInterrupt) carries it as its ``reclaimed``
+    attribute, so what was freed is said however the work ends. Blocks nest: an outer one also
+    gets what an inner one collected."""
+    mine: list[Reclaimed] = []
+    token = _collecting.set((*_collecting.get(), mine))
+    try:
+        yield mine
+    except BaseException as e:
+        e.reclaimed = list(mine)  # type: ignore[attr-defined]  # an outer block: a superset
+        raise
+    finally:
+        _collecting.reset(token)
 
 
 def _pid_is_gone(pid: int) -> bool:
@@ -231,8 +276,8 @@ def remove_stale_temps(directory: str | os.PathLike) -> Reclaimed | None:
     """Remove from ``directory`` the temporary outputs of sparsetool runs that were killed (a
     ``kill -9`` mid-write leaves one as big as the output): only names of the form
     :func:`temp_beside` gives, owned by this user, made on this machine by a process that no longer
-    exists (``os.kill(pid, 0)``). Returns what was freed (also kept for :func:`take_reclaimed`),
-    None when nothing was."""
+    exists (``os.kill(pid, 0)``). Returns what was freed (also added to the lists of the
+    :func:`reclaiming` blocks open), None when nothing was."""
     directory = Path(directory)
     files = freed = 0
     try:
@@ -259,8 +304,8 @@ def remove_stale_temps(directory: str | os.PathLike) -> Reclaimed | None:
     if not files:
         return None
     done = Reclaimed(Path(os.path.abspath(directory)), files, freed)
-    with _reclaimed_lock:
-        _reclaimed.append(done)
+    for collected in _collecting.get():
+        collected.append(done)
     return done
 
 

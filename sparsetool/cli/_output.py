@@ -6,7 +6,7 @@ import contextlib
 import json
 import math
 import sys
-from typing import Any, Callable, Collection, Iterator, Sequence
+from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
 
 import typer
 from rich.console import Console
@@ -22,36 +22,28 @@ err_console = Console(stderr=True)
 @contextlib.contextmanager
 def failing_cleanly() -> Iterator[None]:
     """Turn a SparsetoolError into one ``error: ...`` line on stderr and exit code 1 (an
-    :class:`~sparsetool.errors.Interrupted` one: its own code, 130 for Ctrl-C).
+    :class:`~sparsetool.errors.Interrupted` one: its own code, 130 for Ctrl-C), after the note of
+    what the work reclaimed before it stopped (the error's ``reclaimed``, Ctrl-C's too).
 
     Only SparsetoolError is caught: typer.Exit and real bugs pass through untouched.
     """
-    from sparsetool.checkpoint.output_files import take_reclaimed
-
-    take_reclaimed()  # only what this command removes is reported (not earlier in-process calls)
     try:
         yield
     except SparsetoolError as e:
-        note_reclaimed()
+        note_reclaimed(e.reclaimed)
         err_console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True, highlight=False)
         raise typer.Exit(getattr(e, "exit_code", 1)) from None
-    except KeyboardInterrupt:
-        note_reclaimed()
+    except KeyboardInterrupt as e:
+        note_reclaimed(getattr(e, "reclaimed", ()))
         err_console.print("error: interrupted; no output was written", highlight=False)
         raise typer.Exit(130) from None
-    except BaseException:  # typer.Exit and the like
-        note_reclaimed()
-        raise
-    else:
-        note_reclaimed()
 
 
-def note_reclaimed() -> None:
-    """One stderr line per directory where the command removed temporaries of killed runs (files
-    were deleted: said even in --quiet; stdout and --json are untouched)."""
-    from sparsetool.checkpoint.output_files import take_reclaimed
-
-    for r in take_reclaimed():
+def note_reclaimed(reclaimed: Iterable[Any]) -> None:
+    """One stderr line per directory where the library removed temporaries of killed runs (the
+    ``reclaimed`` of its result or error; files were deleted: said even in --quiet; stdout and
+    --json are untouched)."""
+    for r in reclaimed:
         err_console.print(
             f"note: removed {plural(r.files, 'stale temporary file')} of killed runs "
             f"in {r.directory} ({decimal_bytes(r.bytes)})",
@@ -211,21 +203,6 @@ def decimal_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1000
     return f"{n} B"
-
-
-def check_plot_path(path: Any) -> None:
-    """Refuse a --plot path that cannot be written, before any work is done: a file is made
-    (and removed) beside it, so a read-only or full disk is said at once, not after the work."""
-    from pathlib import Path
-
-    from sparsetool.checkpoint.output_files import check_writable
-
-    path = Path(path)
-    if path.suffix.lower() != ".png":
-        fail(f"--plot {path}: give a file name ending in .png")
-    check_writable(path, "--plot")
-    if not path.parent.is_dir():
-        fail(f"--plot {path}: directory '{path.parent}' does not exist; create it first")
 
 
 TABLE_FORMATS = ("rich", "plain", "markdown", "github")

@@ -9,9 +9,9 @@ from typing import Any, Optional
 import typer
 
 from sparsetool.cli._output import (
-    check_plot_path,
     emit_json,
     failing_cleanly,
+    note_reclaimed,
     percent,
     plan_printer,
     print_table,
@@ -98,8 +98,6 @@ def run(
     from sparsetool.ops.tasks import evaluate_tasks
 
     with failing_cleanly():
-        if plot is not None:
-            check_plot_path(plot)
         with progress_bar(not (as_json or quiet)) as progress:
             result = evaluate_tasks(
                 checkpoints,
@@ -119,6 +117,7 @@ def run(
                 seq=seq,
                 stride=stride,
                 max_tokens=max_tokens,
+                plot=plot,
             )
     for (
         source
@@ -136,7 +135,7 @@ def run(
         from sparsetool.ops.eval import EvalResult, EvalRow, plot_eval
 
         with failing_cleanly():
-            plot_eval(
+            written = plot_eval(
                 EvalResult(
                     result.text_source or "",
                     [
@@ -160,6 +159,7 @@ def run(
                 ),
                 plot,
             )
+        note_reclaimed(written.reclaimed)
 
 
 def print_results(result: Any, with_perplexity: bool) -> None:

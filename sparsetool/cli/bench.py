@@ -11,11 +11,11 @@ from rich.markup import escape
 
 from sparsetool.bench.kernels import SPARSE as KERNELS
 from sparsetool.cli._output import (
-    check_plot_path,
     console,
     emit_json,
     fail,
     failing_cleanly,
+    note_reclaimed,
     print_table,
     progress_bar,
     targeting_note,
@@ -146,8 +146,6 @@ def bench(
     use_device(device)
     n_threads = use_threads(threads)
     with failing_cleanly():
-        if plot is not None:
-            check_plot_path(plot)
         from sparsetool.bench import matrices
         from sparsetool.bench.run import kernel_names, run_bench
         from sparsetool.models.open import resolve_device
@@ -192,6 +190,7 @@ def bench(
                 progress=progress,
             )
         targeting_note(note, quiet)
+    note_reclaimed(result.reclaimed)
     if as_json:
         emit_json(result)
     else:

@@ -11,6 +11,7 @@ from sparsetool.cli._output import (
     emit_json,
     err_console,
     failing_cleanly,
+    note_reclaimed,
     percent,
     print_table,
 )
@@ -102,6 +103,7 @@ def demo(
                 threads=threads,
                 progress=progress,
             )
+    note_reclaimed(summary.reclaimed)
     if as_json:
         emit_json(summary)
         return

@@ -7,7 +7,14 @@ from typing import Optional
 
 import typer
 
-from sparsetool.cli._output import console, emit_json, failing_cleanly, note_left_out, progress_bar
+from sparsetool.cli._output import (
+    console,
+    emit_json,
+    failing_cleanly,
+    note_left_out,
+    note_reclaimed,
+    progress_bar,
+)
 from sparsetool.cli._params import (
     checkpoint_argument,
     in_place_conflict,
@@ -53,6 +60,7 @@ def densify(
             result = densify_checkpoint(
                 checkpoint, output or checkpoint, in_place=in_place, progress=progress
             )
+    note_reclaimed(result.reclaimed)
     if as_json:
         emit_json(result.to_json())
         return

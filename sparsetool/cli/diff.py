@@ -8,10 +8,10 @@ from typing import List, Optional
 import typer
 
 from sparsetool.cli._output import (
-    check_plot_path,
     emit_json,
     err_console,
     failing_cleanly,
+    note_reclaimed,
     percent,
     print_table,
     progress_bar,
@@ -85,11 +85,9 @@ def diff(
 
     use_threads(threads)
     with failing_cleanly():
-        if plot is not None:
-            check_plot_path(plot)
         with progress_bar(not (as_json or quiet)) as progress:
             result = run_diff(
-                a, b, include=tuple(include), exclude=tuple(exclude), progress=progress
+                a, b, include=tuple(include), exclude=tuple(exclude), progress=progress, plot=plot
             )
     for note in [] if quiet else result.notes:
         err_console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)
@@ -99,7 +97,8 @@ def diff(
         _print(result, a, b, quiet)
     if plot is not None:  # after the results: a plot that fails to be written does not lose them
         with failing_cleanly():
-            plot_diff(result, plot)
+            written = plot_diff(result, plot)
+        note_reclaimed(written.reclaimed)
         if not as_json:
             typer.echo(f"plot: {plot}")
 

@@ -8,10 +8,10 @@ from typing import List, Optional
 import typer
 
 from sparsetool.cli._output import (
-    check_plot_path,
     console,
     emit_json,
     failing_cleanly,
+    note_reclaimed,
     percent,
     plan_printer,
     print_table,
@@ -142,8 +142,6 @@ def eval_command(
     from sparsetool.ops.eval import evaluate, plot_eval
 
     with failing_cleanly():
-        if plot is not None:
-            check_plot_path(plot)
         with progress_bar(not (as_json or quiet)) as progress:
             result = evaluate(
                 checkpoints,
@@ -157,6 +155,7 @@ def eval_command(
                 max_memory=max_memory,
                 progress=progress,
                 on_plan=plan_printer(not (as_json or quiet)),
+                plot=plot,
             )
     for warning in result.warnings:  # even with --json or -q: the figure may mislead
         warn(warning)
@@ -166,7 +165,8 @@ def eval_command(
         _print(result)
     if plot is not None:  # after the results: a plot that fails to be written does not lose them
         with failing_cleanly():
-            plot_eval(result, plot)
+            written = plot_eval(result, plot)
+        note_reclaimed(written.reclaimed)
         if not (quiet or as_json):
             console.print(f"plot: {plot}", highlight=False, soft_wrap=True)
 

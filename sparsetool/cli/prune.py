@@ -13,6 +13,7 @@ from sparsetool.cli._output import (
     emit_json,
     failing_cleanly,
     note_left_out,
+    note_reclaimed,
     percent,
     plan_printer,
     print_table,
@@ -163,6 +164,7 @@ def prune(
                 progress=progress,
                 on_plan=plan_printer(not (as_json or quiet)),
             )
+    note_reclaimed(result.reclaimed)
     for warning in result.warnings:  # printed even with --quiet/--json: the output will mislead
         warn(warning)
     if as_json:

@@ -9,11 +9,11 @@ import typer
 
 from sparsetool.cli._output import (
     TABLE_FORMATS,
-    check_plot_path,
     console,
     decimal_bytes,
     emit_json,
     failing_cleanly,
+    note_reclaimed,
     percent,
     print_table,
     progress_bar,
@@ -95,8 +95,6 @@ def report(
 
     use_workers(workers)
     with failing_cleanly():
-        if plot is not None:
-            check_plot_path(plot)
         with progress_bar(not (as_json or quiet)) as progress:
             rep = summarize(
                 checkpoint,
@@ -104,6 +102,7 @@ def report(
                 tuple(exclude),
                 default_targets=default_targets,
                 progress=progress,
+                plot=plot,
             )
         targeting_note(rep.targeting["note"], quiet)
     if as_json:
@@ -112,7 +111,8 @@ def report(
         _print(rep, checkpoint, all_tensors, fmt)
     if plot is not None:  # after the results: a plot that fails to be written does not lose them
         with failing_cleanly():
-            plot_report(rep, plot, all_tensors=all_tensors)
+            written = plot_report(rep, plot, all_tensors=all_tensors)
+        note_reclaimed(written.reclaimed)
         if not (as_json or quiet):
             drawn = sum(1 for t in rep.tensors if all_tensors or t.targeted)
             console.print(

@@ -11,10 +11,10 @@ import typer
 from rich.markup import escape
 
 from sparsetool.cli._output import (
-    check_plot_path,
     console,
     emit_json,
     failing_cleanly,
+    note_reclaimed,
     print_table,
     progress_bar,
     si,
@@ -184,10 +184,6 @@ def simulate(
         with failing_cleanly():
             from sparsetool.hardware.measured import run_measured
 
-            if output is not None:
-                from sparsetool.checkpoint.output_files import check_writable
-
-                check_writable(output)
             res = run_measured(
                 measured,
                 hardware=hardware,
@@ -196,6 +192,7 @@ def simulate(
                 fit_it=fit,
                 output=output,
             )
+        note_reclaimed(res.reclaimed)
         if as_json:
             emit_json(res)
         else:
@@ -237,8 +234,6 @@ def simulate(
     with usage_errors():  # a --device it does not name: exit 2
         check_devices(known, device)
     with failing_cleanly():
-        if plot is not None:
-            check_plot_path(plot)
         if list_hardware:
             _list(hardware_constants(hardware, device), as_json)
             return
@@ -263,6 +258,7 @@ def simulate(
                 progress=progress,
             )
         targeting_note((result["workload"]["targeting"] or {}).get("note"), quiet)
+    note_reclaimed(result.reclaimed)
     if as_json:
         emit_json(result)
     else:

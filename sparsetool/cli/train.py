@@ -251,7 +251,7 @@ def train(
     """
     from rich.markup import escape
 
-    from sparsetool.cli._output import console, failing_cleanly
+    from sparsetool.cli._output import console, failing_cleanly, note_reclaimed
 
     if out is not None:
         if output is not None and output != out:
@@ -295,6 +295,7 @@ def train(
         summary = run_training(
             cfg, resume=resume, callback=callback, flag_overrides=overrides, stop_on_signal=True
         )
+        note_reclaimed(summary.reclaimed)
         if summary["interrupted"]:
             from sparsetool.train.signals import signal_number
 

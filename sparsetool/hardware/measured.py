@@ -520,8 +520,14 @@ def run_measured(
     """``sparsetool simulate --measured PATH``: the measurement against ``device`` (a preset, or
     one of ``hardware``'s; default :func:`measured_device`'s), and with ``fit_it`` the fitted CPU
     device, written to ``output`` (TOML, for ``--hardware``) when given. JSON-ready:
-    ``{"measurement", "device", "kernel", "rows", "error", "fit"}`` (see docs/simulate.md)."""
+    ``{"measurement", "device", "kernel", "rows", "error", "fit"}`` (see docs/simulate.md); its
+    ``reclaimed`` (not a key): the temporaries of killed runs removed beside ``output``, which is
+    checked before the measurement is read (an error carries them too)."""
+    from sparsetool.checkpoint.output_files import ResultDict, check_writable, reclaiming
     from sparsetool.hardware.presets import load_devices, write_hardware_file
+
+    if output is not None:
+        check_writable(output)
 
     devices, srcs = load_devices(hardware)
     m = load_measurement(path)
@@ -556,17 +562,20 @@ def run_measured(
             "output": None,
         }
         if output is not None:
-            write_hardware_file(
-                Path(output),
-                f.device,
-                f.sources,
-                comment=(
-                    f"{dev.name} fitted to {m.path} ({f.kernel}) by sparsetool simulate --measured "
-                    f"--fit;\nuse it with sparsetool simulate --hardware {Path(output).name}"
-                ),
-            )
+            with reclaiming() as reclaimed:
+                write_hardware_file(
+                    Path(output),
+                    f.device,
+                    f.sources,
+                    comment=(
+                        f"{dev.name} fitted to {m.path} ({f.kernel}) by sparsetool simulate "
+                        f"--measured --fit;\nuse it with sparsetool simulate --hardware "
+                        f"{Path(output).name}"
+                    ),
+                )
             out["fit"]["output"] = str(output)
-    return out
+            return ResultDict(out, reclaimed)
+    return ResultDict(out, [])
 
 
 __all__ = [

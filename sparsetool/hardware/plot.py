@@ -7,7 +7,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sparsetool.checkpoint.output_files import remove, temp_beside, write_error
+from sparsetool.checkpoint.output_files import (
+    Written,
+    reclaiming,
+    remove,
+    temp_beside,
+    write_error,
+)
 from sparsetool.errors import SparsetoolError
 
 
@@ -139,9 +145,10 @@ def plot_sweep(
     title: str,
     key: str = "forward_speedup",
     nm_point: dict[str, Any] | None = None,
-) -> None:
+) -> Written:
     """Write a PNG of ``rows`` (from :func:`sparsetool.hardware.compare.sweep`) to ``path``,
-    atomically (temporary file, then rename). ``nm_point``: the 2:4 devices on a 2:4 mask."""
+    atomically (temporary file, then rename). ``nm_point``: the 2:4 devices on a 2:4 mask.
+    Returns the path and the temporaries of killed runs removed beside it."""
     path = Path(path)
     if not path.parent.is_dir():
         raise SparsetoolError(f"--plot: directory '{path.parent}' does not exist; create it first")
@@ -150,13 +157,15 @@ def plot_sweep(
     plt = pyplot()
 
     fig = sweep_figure(rows, title, key, nm_point)
-    tmp = temp_beside(path)  # named after this process: a kill -9 leaves nothing for long
-    try:
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
-            fig.savefig(f, format="png")  # an ordinary file: the umask's mode
-        os.replace(tmp, path)
-    except OSError as e:  # read-only, no space, no permission: one clean line
-        raise write_error(e, path, "--plot") from None
-    finally:
-        plt.close(fig)
-        remove(tmp)
+    with reclaiming() as reclaimed:
+        tmp = temp_beside(path)  # named after this process: a kill -9 leaves nothing for long
+        try:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
+                fig.savefig(f, format="png")  # an ordinary file: the umask's mode
+            os.replace(tmp, path)
+        except OSError as e:  # read-only, no space, no permission: one clean line
+            raise write_error(e, path, "--plot") from None
+        finally:
+            plt.close(fig)
+            remove(tmp)
+    return Written(path, reclaimed)

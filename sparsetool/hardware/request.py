@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from sparsetool.checkpoint.output_files import ResultDict, check_png, reclaiming
 from sparsetool.errors import ConfigError
 from sparsetool.hardware import compare, presets
 from sparsetool.hardware import workload as wlmod
@@ -215,7 +216,9 @@ def run_simulation(
     tensor globs of :func:`sparsetool.targets.plan_targets`, for a checkpoint only; without them a
     checkpoint pruned with globs is simulated on the tensors prune targeted, unless
     ``default_targets``. With a checkpoint the workload holds ``"targeting"``
-    (:func:`sparsetool.targets.recorded.targeting_summary`).
+    (:func:`sparsetool.targets.recorded.targeting_summary`). The result's ``reclaimed`` (not a
+    key): the temporaries of killed runs removed beside ``plot``, which is checked before the
+    work (an error carries them too).
     """
     chosen, _ = select_devices(hardware, devices)
     sps = check_request(
@@ -230,6 +233,8 @@ def run_simulation(
         exclude=exclude,
         default_targets=default_targets,
     )
+    if plot is not None:
+        check_png(plot)
     grids = presets.dataflow_grids(list(chosen.values()))
 
     if checkpoint is not None:
@@ -252,8 +257,10 @@ def run_simulation(
                 )
             )
 
+    reclaimed = []
     if len(sps) > 1:
-        result = _sweep(wl, make, sps, chosen, grids, shape, pattern, tokens, seed, plot)
+        with reclaiming() as reclaimed:
+            result = _sweep(wl, make, sps, chosen, grids, shape, pattern, tokens, seed, plot)
     else:
         result = compare.simulate(wl, chosen)
         result["runs"] = [compare.run_row(sps[0] if sps else wl.sparsity, result)]
@@ -261,7 +268,7 @@ def run_simulation(
         from sparsetool.hardware.verify import run_schedule
 
         result["verify"] = run_schedule(verify_mask, grids[0])
-    return {key: result.get(key) for key in RESULT_KEYS}
+    return ResultDict({key: result.get(key) for key in RESULT_KEYS}, reclaimed)
 
 
 RESULT_KEYS = ("workload", "runs", "devices", "layers", "nm_point", "plot", "verify")

@@ -20,7 +20,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from sparsetool.checkpoint.output_files import check_writable, write_error
+from sparsetool.checkpoint.output_files import (
+    ResultDict,
+    Written,
+    check_writable,
+    reclaiming,
+    write_error,
+)
 from sparsetool.errors import SparsetoolError
 
 __all__ = [
@@ -95,12 +101,26 @@ def run_demo(
 
     ``output`` must be new, empty, or an earlier demo's output (whose files are replaced). On
     any failure or interruption nothing the demo wrote is left behind. The three trainings run
-    torch on ``threads`` threads (default 1: the fastest for models this small).
+    torch on ``threads`` threads (default 1: the fastest for models this small). The summary's
+    ``reclaimed`` (not a key): the temporaries of killed runs its writes removed (an error
+    carries them too).
     """
     for name, value in (("--steps", steps), ("--finetune-steps", finetune_steps)):
         if int(value) < 1:
             raise SparsetoolError(f"{name} {value}: must be at least 1")
-    out = Path(output)
+    with reclaiming() as reclaimed:
+        summary = _demo_into(Path(output), steps, finetune_steps, seed, threads, progress)
+    return ResultDict(summary, reclaimed)
+
+
+def _demo_into(
+    out: Path,
+    steps: int,
+    finetune_steps: int,
+    seed: int,
+    threads: int | None,
+    progress: PhaseProgress | None,
+) -> dict[str, Any]:
     earlier = check_output(out)
     check_writable(out, "-o", directory=True)
     created = out  # the outermost directory this run creates (None: out exists)
@@ -392,7 +412,7 @@ def _by_kind(result: Any) -> dict[str, Any]:
     return {k: pooled[k] for k in KINDS if k in pooled}
 
 
-def plot_perplexity(results: dict[str, Any], out: str | Path) -> Path:
+def plot_perplexity(results: dict[str, Any], out: str | Path) -> Written:
     """Bars: perplexity of each model (groups) on each held-out text (colours), values on top."""
     from sparsetool.util.plotting import pyplot
 

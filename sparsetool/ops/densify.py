@@ -27,6 +27,7 @@ from sparsetool.checkpoint import (
 )
 from sparsetool.checkpoint.codecs import NAN
 from sparsetool.checkpoint.encodings import decode_array
+from sparsetool.checkpoint.output_files import Reclaimed, reclaiming
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.util import workers
 from sparsetool.util.progress import Progress
@@ -39,6 +40,7 @@ class DensifyResult:
     negative_zeros: int = 0  # tensors in which -0.0 became +0.0
     tensors: int = 0
     left_out: list[str] = field(default_factory=list)  # input entries not part of a model directory
+    reclaimed: list[Reclaimed] = field(default_factory=list)  # stale temporaries removed
 
     def to_json(self) -> dict:
         return {
@@ -53,18 +55,23 @@ class DensifyResult:
 def densify_checkpoint(
     src: str | Path, out: str | Path, *, in_place: bool = False, progress: Progress | None = None
 ) -> DensifyResult:
-    """Write checkpoint ``src`` to ``out`` (same layout) with every tensor plain and dense."""
+    """Write checkpoint ``src`` to ``out`` (same layout) with every tensor plain and dense. The
+    temporaries of killed runs removed beside ``out`` are the result's ``reclaimed`` (an
+    error's, if it fails)."""
     ckpt = open_checkpoint(src)
     result = DensifyResult(output=Path(out))
     metadata = provenance_metadata(ckpt.metadata(), {"command": "densify"})
     total, done = len(ckpt.logical), 0
-    with write_checkpoint(
-        ckpt,
-        Path(out),
-        in_place=in_place,
-        metadata_extra=metadata,
-        config_transform=drop_sparsity_config,
-    ) as writer:
+    with (
+        reclaiming() as result.reclaimed,
+        write_checkpoint(
+            ckpt,
+            Path(out),
+            in_place=in_place,
+            metadata_extra=metadata,
+            config_transform=drop_sparsity_config,
+        ) as writer,
+    ):
         result.left_out = list(writer.left_out)
         for shard in ckpt.shards:
             tensors = ckpt.logical_in(shard)

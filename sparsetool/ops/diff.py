@@ -21,6 +21,7 @@ import torch
 
 from sparsetool.checkpoint import open_checkpoint
 from sparsetool.checkpoint.encodings import decode
+from sparsetool.checkpoint.output_files import Written, check_png
 from sparsetool.errors import SparsetoolError
 from sparsetool.targets import (
     LINEAR_ROLES,
@@ -333,14 +334,18 @@ def diff(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     progress: Progress | None = None,
+    plot: str | Path | None = None,
 ) -> DiffResult:
     """Compare every targeted weight of checkpoint ``a`` with the same weight of ``b``.
 
     Both are ``.safetensors`` files or Hugging Face directories in any encoding, with the same
     tensor names and shapes. Targets are chosen on ``a`` by :func:`sparsetool.targets.plan_targets`
     with ``include``/``exclude`` globs; the Q/K/V layout comes from ``a``'s ``config.json`` (or
-    ``b``'s). One tensor pair is in memory at a time.
+    ``b``'s). One tensor pair is in memory at a time. ``plot``: the PNG :func:`plot_diff` will
+    draw, refused before any work if it cannot be written.
     """
+    if plot is not None:
+        check_png(plot)
     ca, cb = open_checkpoint(a), open_checkpoint(b)
     with ca, cb:
         _check_same(ca, cb)
@@ -408,7 +413,7 @@ def _check_same(ca, cb) -> None:
         )
 
 
-def plot_diff(result: DiffResult, out: str | Path, title: str | None = None) -> Path:
+def plot_diff(result: DiffResult, out: str | Path, title: str | None = None) -> Written:
     """SPDF-style heatmap (Figures 3-4): layers across, matrices down, angular distance as colour."""
     cells = result.cells()
     if not cells:

@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from sparsetool.checkpoint.output_files import Written, check_png
 from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.models.hf import MAX_DEFAULT_SEQ
@@ -241,6 +242,7 @@ def evaluate(
     max_memory: int | None = None,
     progress: Progress | None = None,
     on_plan: Callable[[str, MemoryPlan], None] | None = None,
+    plot: str | Path | None = None,
 ) -> EvalResult:
     """Score every checkpoint of ``paths`` on the same text; one :class:`EvalRow` each, in order.
 
@@ -250,7 +252,11 @@ def evaluate(
     block by block (:mod:`sparsetool.models.blocks`) on ``device`` in ``dtype``; as many windows
     pass the blocks together as ``max_memory`` bytes (default: the memory available) leave room
     for, and ``on_plan(checkpoint, plan)`` hears the memory plan before the long part.
+    ``plot``: the PNG :func:`plot_eval` will draw, refused before any work if it cannot be
+    written.
     """
+    if plot is not None:
+        check_png(plot)
     if not paths:
         raise SparsetoolError("give at least one checkpoint to evaluate")
     for opt, value, least in (
@@ -439,7 +445,7 @@ def pruned_by(path: str | Path) -> str | None:
 MARKERS = "osD^vPX<>h"  # one per pruning method in eval's plot; checkpoints of no method: "*"
 
 
-def plot_eval(result: EvalResult, out: str | Path) -> Path:
+def plot_eval(result: EvalResult, out: str | Path) -> Written:
     """Perplexity against targeted sparsity, one labelled point per checkpoint, as a PNG. Each
     pruning method (:func:`pruned_by`) is a series of its own marker, joined by a line when its
     sparsities differ (never a vertical line through checkpoints of one sparsity); the legend

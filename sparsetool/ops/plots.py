@@ -8,7 +8,13 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Sequence
 
-from sparsetool.checkpoint.output_files import remove, temp_beside, write_error
+from sparsetool.checkpoint.output_files import (
+    Written,
+    reclaiming,
+    remove,
+    temp_beside,
+    write_error,
+)
 from sparsetool.util.plotting import pyplot
 
 __all__ = [
@@ -45,7 +51,7 @@ def layer_heatmap(
     hatched: Collection[tuple[int, str]] = (),
     hatch_label: str = "",
     cell_texts: Mapping[tuple[int, str], str] | None = None,
-) -> Path:
+) -> Written:
     """Layers across, matrices down (in the order of ``labels``), ``values[(layer, kind)]`` as colour.
 
     A cell a layer lacks is light grey. ``vmax`` None: the largest value (1.0 if all are 0).
@@ -125,7 +131,7 @@ def layer_heatmap(
     return save_png(fig, out)
 
 
-def message_figure(message: str, out: str | Path, title: str | None = None) -> Path:
+def message_figure(message: str, out: str | Path, title: str | None = None) -> Written:
     """A small PNG that only says ``message`` (nothing to draw): no axes, no legend."""
     plt = pyplot()
     fig = plt.figure(figsize=(6, 2))
@@ -135,11 +141,18 @@ def message_figure(message: str, out: str | Path, title: str | None = None) -> P
     return save_png(fig, out)
 
 
-def save_png(fig: Any, out: str | Path, dpi: int = 120) -> Path:
+def save_png(fig: Any, out: str | Path, dpi: int = 120) -> Written:
     """Write ``fig`` to ``out`` through a temporary file in the same directory, renamed at the end,
-    so a failed write leaves nothing behind; then close it."""
+    so a failed write leaves nothing behind; then close it. Returns the path and the temporaries
+    of killed runs removed beside it (an error carries those as its ``reclaimed``)."""
     plt = pyplot()
     out = Path(out)
+    with reclaiming() as reclaimed:
+        _write_png(fig, out, dpi, plt)
+    return Written(out, reclaimed)
+
+
+def _write_png(fig: Any, out: Path, dpi: int, plt: Any) -> None:
     tmp = temp_beside(out)  # named after this process: a kill -9 leaves nothing for long
     try:
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
@@ -152,7 +165,6 @@ def save_png(fig: Any, out: str | Path, dpi: int = 120) -> Path:
         raise
     finally:
         plt.close(fig)
-    return out
 
 
 def unique_suffixes(paths: Sequence[str]) -> list[str]:

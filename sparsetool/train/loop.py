@@ -28,7 +28,12 @@ import torch
 import torch.distributed as dist
 
 from sparsetool.checkpoint.encodings import loader_warning
-from sparsetool.checkpoint.output_files import check_writable, write_error
+from sparsetool.checkpoint.output_files import (
+    ResultDict,
+    check_writable,
+    reclaiming,
+    write_error,
+)
 from sparsetool.errors import ConfigError
 from sparsetool.models.gpt import GPT, GPTConfig
 from sparsetool.targets import plan_targets
@@ -643,9 +648,13 @@ def train(
     ``stop_on_signal`` (what the command line does): the first SIGINT/SIGTERM stops the run after
     the step in progress with a checkpoint, and the summary's ``interrupted`` names the signal;
     a second one raises :class:`~sparsetool.errors.Interrupted`. Without it the handlers are left
-    alone and Ctrl-C raises ``Interrupted`` naming the last checkpoint."""
-    trainer = Trainer(cfg, resume=resume, callback=callback, flag_overrides=flag_overrides)
-    try:
-        return trainer.run(stop_on_signal)
-    finally:
-        trainer.close()
+    alone and Ctrl-C raises ``Interrupted`` naming the last checkpoint. The summary's
+    ``reclaimed`` (not a key): the temporaries of killed runs its writes removed (an error
+    carries them too)."""
+    with reclaiming() as reclaimed:
+        trainer = Trainer(cfg, resume=resume, callback=callback, flag_overrides=flag_overrides)
+        try:
+            summary = trainer.run(stop_on_signal)
+        finally:
+            trainer.close()
+    return ResultDict(summary, reclaimed)

@@ -1,6 +1,8 @@
 """A run killed with SIGKILL mid-write leaves its temporary output beside the output; the next
 command writing into that directory (any command, any output name) removes the temporaries of dead
-processes there, never a live one's nor anything not ours, and says how much it freed."""
+processes there, never a live one's nor anything not ours, and says how much it freed: the library
+returns it on its result (``reclaimed``), or on the error that stopped the work (Ctrl-C too), and
+the command prints it from there."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from pathlib import Path
 import pytest
 from safetensors.torch import save_file
 
-from sparsetool.checkpoint.output_files import remove_stale_temps, take_reclaimed, temp_beside
+import sparsetool
+from sparsetool.checkpoint.output_files import reclaiming, remove_stale_temps, temp_beside
+from sparsetool.errors import CheckpointError
 
 from helpers import ROOT, gpt2_like_state, run
 
@@ -69,7 +73,6 @@ def checkpoint(tmp_path) -> Path:
 def test_the_next_prune_into_the_directory_removes_what_killed_runs_left(tmp_path, checkpoint):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    take_reclaimed()
     live, live_tmp = start_writer(out_dir / "running.safetensors")  # a run still writing
     try:
         # both start before either dies (a writer starting later would remove the first itself)
@@ -117,20 +120,89 @@ def test_the_next_prune_into_the_directory_removes_what_killed_runs_left(tmp_pat
     assert "note: removed 1 stale temporary file of killed runs" in again.stderr
 
 
-def test_the_library_returns_what_it_freed_and_keeps_live_temporaries(tmp_path):
-    dead = subprocess.run(
+def dead_pid() -> int:
+    done = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
+    return int(done.stdout)
+
+
+def stale(directory: Path, size: int = 10000) -> Path:
+    """A temporary a killed run left in ``directory`` (its process is gone)."""
+    p = directory / f".o.safetensors.sparsetool-tmp-{dead_pid()}-abcd1234"
+    p.write_bytes(b"x" * size)
+    return p
+
+
+def test_the_library_returns_what_it_freed_and_keeps_live_temporaries(tmp_path):
     mine = temp_beside(tmp_path / "q.safetensors")  # this process's own
     mine.write_bytes(b"writing")
-    stale = tmp_path / f".o.safetensors.sparsetool-tmp-{int(dead.stdout)}-abcd1234"
-    stale.write_bytes(b"x" * 10000)
+    old = stale(tmp_path)
     alive = tmp_path / f".o.safetensors.sparsetool-tmp-{os.getppid()}-beefbeef"
     alive.write_bytes(b"in progress")
-    take_reclaimed()
-    done = remove_stale_temps(tmp_path)
+    with reclaiming() as outer:
+        with reclaiming() as inner:
+            done = remove_stale_temps(tmp_path)
     assert done is not None and done.files == 1 and done.bytes >= 10000
     assert done.directory == tmp_path
-    assert not stale.exists() and alive.exists() and mine.exists()
-    assert take_reclaimed() == [done] and take_reclaimed() == []
+    assert not old.exists() and alive.exists() and mine.exists()
+    assert inner == outer == [done]  # a block gets what the blocks inside it collected
     assert remove_stale_temps(tmp_path) is None  # nothing left to free
+    stale(tmp_path)
+    assert remove_stale_temps(tmp_path) is not None and outer == [done]  # closed: not collected
+
+
+@pytest.mark.parametrize("error", [CheckpointError("disk trouble"), KeyboardInterrupt()])
+def test_an_error_leaving_the_block_carries_what_was_freed(tmp_path, error):
+    stale(tmp_path)
+    with pytest.raises(type(error)) as raised, reclaiming():
+        remove_stale_temps(tmp_path)
+        raise error
+    [done] = raised.value.reclaimed
+    assert done.directory == tmp_path and done.files == 1
+
+
+def test_a_result_says_what_was_freed_beside_its_output(tmp_path, checkpoint):
+    out = tmp_path / "out"
+    out.mkdir()
+    old = stale(out, 5000)
+    result = sparsetool.prune(checkpoint, out / "p.safetensors", sparsity=0.5)
+    [done] = result.reclaimed
+    assert (done.directory, done.files) == (out, 1) and done.bytes >= 5000 and not old.exists()
+    assert sparsetool.prune(checkpoint, out / "q.safetensors", sparsity=0.5).reclaimed == []
+
+
+def test_a_failed_command_still_says_what_it_freed(tmp_path):
+    src = tmp_path / "nan.safetensors"
+    state = gpt2_like_state()
+    state["transformer.h.0.mlp.c_fc.weight"][0, 0] = float(
+        "nan"
+    )  # refused as the tensor is written
+    save_file(state, str(src), metadata={"format": "pt"})
+    out = tmp_path / "out"
+    out.mkdir()
+    old = stale(out)
+    res = run("prune", src, "-o", out / "p.safetensors", "--sparsity", "0.5", "-q")
+    assert res.exit_code == 1 and not old.exists(), res.output
+    lines = res.stderr.splitlines()
+    assert lines[0].startswith("note: removed 1 stale temporary file of killed runs in ")
+    assert lines[1].startswith("error: ") and len(lines) == 2, res.stderr
+    assert os.listdir(out) == []
+
+
+def test_ctrl_c_still_says_what_was_freed(tmp_path, checkpoint, monkeypatch):
+    from sparsetool.checkpoint import writer
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(writer.ShardWriter, "__enter__", interrupted)
+    out = tmp_path / "out"
+    out.mkdir()
+    stale(out)
+    res = run("densify", checkpoint, "-o", out / "d.safetensors")
+    assert res.exit_code == 130, res.output
+    note, error = res.stderr.splitlines()
+    assert note.startswith(f"note: removed 1 stale temporary file of killed runs in {out} (")
+    assert error == "error: interrupted; no output was written"
+    assert os.listdir(out) == []

@@ -142,7 +142,7 @@ def test_eval_refuses_a_locked_plot_before_it_evaluates(locked, monkeypatch):
 
     d, code = locked
     called = []
-    monkeypatch.setattr(ops_eval, "evaluate", lambda *a, **kw: called.append(1))
+    monkeypatch.setattr(ops_eval, "open_model", lambda *a, **kw: called.append(1))
     r = run("eval", TINY, "--plot", d / "ppl.png")
     one_error(r, d / "ppl.png", code, "--plot")
     assert not called

@@ -328,7 +328,7 @@ def test_no_targeted_tensor_is_an_error(tmp_path):
 def test_plot_for_many_layers(tmp_path):
     a = save(tmp_path / "a.safetensors", gpt2_like_state(n_layer=24, d=8, seed=6))
     b = save(tmp_path / "b.safetensors", gpt2_like_state(n_layer=24, d=8, seed=7))
-    out = plot_diff(diff(a, b), tmp_path / "p.png")
+    out = plot_diff(diff(a, b), tmp_path / "p.png").path
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(SparsetoolError, match="nothing to plot"):
         lm = save(tmp_path / "h.safetensors", {"lm_head.weight": torch.ones(2, 2)})

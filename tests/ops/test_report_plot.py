@@ -73,7 +73,7 @@ def legend_labels(fig) -> list[str]:
 def test_32_layer_model_draws_a_readable_heatmap(tmp_path, figures):
     rep = summarize(seven_b_shaped(tmp_path / "l32.safetensors"))
     assert sum(t.targeted for t in rep.tensors) == 224 > BARS_UP_TO
-    out = plot_report(rep, tmp_path / "t.png", all_tensors=False)
+    out = plot_report(rep, tmp_path / "t.png", all_tensors=False).path
     w, h = png_size(out)
     assert w > h and h < 800 and w <= 18 * 120  # not a 1080 x 5018 strip of labels
     ax = figures[-1].axes[0]
@@ -102,8 +102,8 @@ def test_2_layer_model_keeps_the_bar_chart_and_honours_all(tmp_path, figures):
     path = tmp_path / "g2.safetensors"
     save_file(gpt2_like_state(n_layer=2), str(path))
     rep = summarize(path)
-    targeted = plot_report(rep, tmp_path / "t.png", all_tensors=False)
-    every = plot_report(rep, tmp_path / "a.png", all_tensors=True)
+    targeted = plot_report(rep, tmp_path / "t.png", all_tensors=False).path
+    every = plot_report(rep, tmp_path / "a.png", all_tensors=True).path
     assert (
         len(figures[0].axes[0].patches) == 8
         and len(figures[1].axes[0].patches) == len(rep.tensors) == 28

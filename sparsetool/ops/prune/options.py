@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sparsetool.checkpoint.codecs import ENCODINGS
+from sparsetool.checkpoint.output_files import Reclaimed
 from sparsetool.errors import ConfigError
 from sparsetool.masks.calibration_defaults import (
     DSNOT_ITERATIONS,
@@ -507,6 +508,7 @@ class PruneResult:
     allocation: list[dict] | None = None  # --allocation owl: per block, outlier ratio and sparsity
     refined: dict | None = None  # --refine dsnot: its settings and the swaps made
     experts: dict | None = None  # a Mixture of Experts: tokens routed to each expert's matrices
+    reclaimed: list[Reclaimed] = field(default_factory=list)  # stale temporaries removed
 
     @property
     def numel(self) -> int:

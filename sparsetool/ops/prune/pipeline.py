@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from sparsetool.checkpoint.output_files import check_writable
+from sparsetool.checkpoint.output_files import check_writable, reclaiming
 from sparsetool.ops.prune.options import PruneOptions, PruneResult
 from sparsetool.ops.prune.plan import plan_prune
 from sparsetool.ops.prune.write import write_pruned
@@ -28,7 +28,11 @@ def prune_checkpoint(
     """Prune the targeted tensors of checkpoint ``src`` into ``out`` (same layout), streaming.
 
     With a calibration method, ``on_plan`` is called with the memory plan once it is made,
-    before the long part (a plan that cannot fit raises instead)."""
-    check_writable(out, "-o")  # before the plan, which may load a model and its calibration text
-    plan = plan_prune(src, opts, progress=progress, on_plan=on_plan)
-    return write_pruned(plan, out, in_place=in_place, progress=progress)
+    before the long part (a plan that cannot fit raises instead). The temporaries of killed runs
+    removed beside ``out`` are the result's ``reclaimed`` (an error's, if it fails)."""
+    with reclaiming() as reclaimed:
+        check_writable(out, "-o")  # before the plan, which may load a model and calibration text
+        plan = plan_prune(src, opts, progress=progress, on_plan=on_plan)
+        result = write_pruned(plan, out, in_place=in_place, progress=progress)
+    result.reclaimed = reclaimed
+    return result
