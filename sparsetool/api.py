@@ -109,6 +109,8 @@ def shrink(
     criterion: str = _SHRINK.criterion,
     blocks: float | None = _SHRINK.blocks,
     block_criterion: str = _SHRINK.block_criterion,
+    ffn: float | None = _SHRINK.ffn,
+    heads: float | None = _SHRINK.heads,
     merge: bool = _SHRINK.merge,
     calibration: str | Path | None = _SHRINK.calibration,
     samples: int = _SHRINK.samples,
@@ -120,7 +122,8 @@ def shrink(
     """``sparsetool shrink CHECKPOINT -o OUTPUT --experts F``: remove that fraction (or keep
     ``experts_keep``) of every Mixture-of-Experts layer's routed experts into a smaller model;
     ``criterion`` reap, frequency, ean (scored on ``calibration`` text) or random. ``blocks=N``
-    instead removes N whole blocks (``block_criterion`` bi or angular)."""
+    instead removes N whole blocks (``block_criterion`` bi or angular); ``ffn=F`` / ``heads=F`` keep
+    that fraction of every layer's FFN channels / attention heads."""
     from sparsetool.ops.shrink import shrink_checkpoint
 
     opts = ShrinkOptions(
@@ -129,6 +132,8 @@ def shrink(
         criterion=criterion,
         blocks=blocks,
         block_criterion=block_criterion,
+        ffn=ffn,
+        heads=heads,
         merge=merge,
         calibration=None if calibration is None else Path(calibration),
         samples=samples,

@@ -13,6 +13,7 @@ from sparsetool.cli._output import (
     emit_json,
     failing_cleanly,
     note_left_out,
+    note_reclaimed,
     print_table,
     progress_bar,
 )
@@ -86,6 +87,19 @@ def shrink(
         "each block's input and output) or angular (the run of N consecutive blocks whose input "
         "and output lie closest in angle).",
     ),
+    ffn: Optional[float] = typer.Option(
+        None,
+        "--ffn",
+        metavar="F",
+        help="Instead: keep this fraction of every FFN's channels (ranked by mean |activation|).",
+    ),
+    heads: Optional[float] = typer.Option(
+        None,
+        "--heads",
+        metavar="F",
+        help="Keep this fraction of every layer's attention heads (ranked by their output "
+        "norm): whole key/value groups when F x kv-heads is whole, else query heads in each.",
+    ),
     merge: bool = typer.Option(
         False,
         "--merge",
@@ -136,6 +150,8 @@ def shrink(
 
     --blocks N removes N whole transformer blocks of any causal LM (the blocks scored on the
     calibration text the same way), renumbers the rest and lowers config.json's layer count.
+    --ffn F and --heads F narrow every layer alike (channels and heads ranked by their
+    activations on the calibration text) and write the new widths into config.json.
     The input is never modified; the output appears only when complete.
     """
     if output is None:
@@ -147,6 +163,8 @@ def shrink(
             criterion=value_of(criterion),
             blocks=blocks,
             block_criterion=value_of(block_criterion),
+            ffn=ffn,
+            heads=heads,
             merge=merge,
             calibration=calibration,
             samples=samples,
@@ -163,11 +181,29 @@ def shrink(
     with failing_cleanly():
         with progress_bar(not (as_json or quiet)) as progress:
             result = shrink_checkpoint(checkpoint, output, opts, progress=progress)
+    note_reclaimed(result.reclaimed)
     if as_json:
         emit_json(result.to_json())
         return
     plan = result.plan
-    if result.blocks is not None:
+    if result.widths is not None:
+        w = result.widths
+        done = []
+        if "ffn" in w:
+            done.append(f"FFN channels {w['ffn']['before']:,} -> {w['ffn']['after']:,}")
+        if "heads" in w:
+            h = w["heads"]
+            done.append(
+                f"attention heads {h['before']['heads']} -> {h['after']['heads']} (key/value "
+                f"heads {h['before']['kv_heads']} -> {h['after']['kv_heads']}; {h['mode']})"
+            )
+        console.print(
+            f"narrowed {plural(len(w['layers']), 'layer')}: {'; '.join(done)}; parameters "
+            f"{result.parameters_before:,} -> {result.parameters_after:,}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    elif result.blocks is not None:
         b = result.blocks
         console.print(
             f"removed {plural(len(b['removed']), 'block')} of {b['before']} ({b['criterion']}): "

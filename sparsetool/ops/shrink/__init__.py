@@ -10,7 +10,8 @@ their checks are torch-free (:mod:`~sparsetool.ops.shrink.options`).
 
 ``--blocks N`` removes whole transformer blocks (:mod:`~sparsetool.ops.shrink.blocks`: block
 influence or angular distance on calibration text); :func:`shrink_checkpoint` (``run.py``) runs
-whichever is asked.
+whichever is asked; ``--ffn F`` / ``--heads F`` narrow every layer alike
+(:mod:`~sparsetool.ops.shrink.widths`: channels and heads ranked by their activations).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _WHERE = {
     "shrink_blocks": ".blocks",
     "shrink_checkpoint": ".run",
     "shrink_experts": ".experts",
+    "shrink_widths": ".widths",
 }
 __all__ = sorted(_WHERE)
 __getattr__, __dir__ = lazy_names(__name__, _WHERE)

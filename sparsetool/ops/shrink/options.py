@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparsetool.checkpoint.output_files import Reclaimed
 from sparsetool.errors import ConfigError, UsageError
 from sparsetool.ops.prune.options import PruneOptions
 from sparsetool.util.options import check_count, check_seed
@@ -44,6 +45,8 @@ class ShrinkOptions:
     criterion: str = "reap"  # --criterion
     blocks: float | None = None  # --blocks N (whole blocks removed) or a fraction of them
     block_criterion: str = "bi"  # --block-criterion
+    ffn: float | None = None  # --ffn F: the fraction of each FFN's channels kept
+    heads: float | None = None  # --heads F: the fraction of each layer's attention heads kept
     merge: bool = False  # --merge: fold each removed expert into its most similar kept one
     calibration: Path | None = None  # --calibration FILE|DIR
     samples: int = DEFAULT_SAMPLES  # --samples
@@ -56,19 +59,37 @@ class ShrinkOptions:
     def reads_text(self) -> bool:
         """Whether the calibration text runs through the model (blocks, and every expert
         criterion but random without --merge)."""
-        return self.blocks is not None or self.criterion != "random" or self.merge
+        return self.removes != "experts" or self.criterion != "random" or self.merge
+
+    @property
+    def removes(self) -> str:
+        """What is removed: ``experts``, ``blocks`` or ``widths`` (FFN channels, heads)."""
+        if self.blocks is not None:
+            return "blocks"
+        if self.ffn is not None or self.heads is not None:
+            return "widths"
+        return "experts"
 
     def validate(self) -> None:
         """Raise :class:`~sparsetool.errors.ConfigError` for options that cannot work together,
         before anything is read."""
-        asked = [x is not None for x in (self.experts, self.experts_keep, self.blocks)]
+        widths = self.ffn is not None or self.heads is not None
+        asked = [x is not None for x in (self.experts, self.experts_keep, self.blocks)] + [widths]
         if sum(asked) != 1:
             raise ConfigError(
                 "say what to remove, one of: --experts F (the fraction of each layer's routed "
-                "experts), --experts-keep N (the experts each layer keeps) or --blocks N (whole "
-                "blocks; a fraction below 1 of them)"
+                "experts), --experts-keep N (the experts each layer keeps), --blocks N (whole "
+                "blocks; a fraction below 1 of them), or --ffn F / --heads F (the fraction of "
+                "FFN channels / attention heads kept)"
                 + ("; run shrink once for each" if sum(asked) > 1 else "")
             )
+        for flag, f in (("--ffn", self.ffn), ("--heads", self.heads)):
+            if f is not None and (
+                isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1
+            ):
+                raise ConfigError(f"{flag} must be the fraction kept, between 0 and 1, got {f!r}")
+        if widths and self.merge:
+            raise ConfigError("--merge merges experts; it does not go with --ffn or --heads")
         if self.blocks is not None:
             b = self.blocks
             if (
@@ -106,6 +127,11 @@ class ShrinkOptions:
                     f"--blocks scores the blocks ({self.block_criterion}) on calibration text: "
                     "give --calibration FILE|DIR"
                 )
+            if widths:
+                raise ConfigError(
+                    "--ffn and --heads rank channels and heads by their activations on "
+                    "calibration text: give --calibration FILE|DIR"
+                )
             why = (
                 "--merge compares experts' outputs"
                 if self.merge
@@ -120,10 +146,15 @@ class ShrinkOptions:
         """The options as provenance and ``--json`` record them (the text only when read)."""
         rec = asdict(self)
         rec["calibration"] = str(self.calibration) if self.calibration is not None else None
-        for k in ("experts", "experts_keep", "criterion", "merge") if self.blocks else ():
-            del rec[k]
-        for k in ("blocks", "block_criterion") if self.blocks is None else ():
-            del rec[k]
+        for k in ("experts", "experts_keep", "criterion", "merge"):
+            if self.removes != "experts":
+                del rec[k]
+        for k in ("blocks", "block_criterion"):
+            if self.removes != "blocks":
+                del rec[k]
+        for k in ("ffn", "heads"):
+            if self.removes != "widths":
+                del rec[k]
         if not self.reads_text:
             for k in ("calibration", "samples", "seq", "dtype"):
                 del rec[k]
@@ -227,6 +258,7 @@ class ShrinkResult:
     plan: ExpertPlan | None = None  # --experts
     layers: list[dict] = field(default_factory=list)
     blocks: dict | None = None  # --blocks: before, after, removed, scores
+    widths: dict | None = None  # --ffn, --heads: before, after, kept per layer
     parameters_before: int = 0
     parameters_after: int = 0
     bytes_before: int = 0
@@ -234,6 +266,7 @@ class ShrinkResult:
     tokens: int = 0  # calibration tokens run through the model
     notes: list[str] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)
+    reclaimed: list[Reclaimed] = field(default_factory=list)  # stale temporaries removed
 
     def to_json(self) -> dict[str, Any]:
         removed: dict[str, Any] = {}
@@ -246,6 +279,8 @@ class ShrinkResult:
             }
         if self.blocks is not None:
             removed["blocks"] = self.blocks
+        if self.widths is not None:
+            removed["widths"] = self.widths
         return {
             "output": str(self.output),
             "options": self.options.record(),

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sparsetool.checkpoint.output_files import reclaiming
 from sparsetool.ops.shrink.blocks import shrink_blocks
 from sparsetool.ops.shrink.experts import shrink_experts
 from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
+from sparsetool.ops.shrink.widths import shrink_widths
 from sparsetool.util.progress import Progress
 
 __all__ = ["shrink_checkpoint"]
@@ -15,9 +17,13 @@ __all__ = ["shrink_checkpoint"]
 def shrink_checkpoint(
     path: str | Path, out: str | Path, opts: ShrinkOptions, *, progress: Progress | None = None
 ) -> ShrinkResult:
-    """Write the smaller model ``opts`` asks for: whole blocks removed (``opts.blocks``), else
-    routed experts (``opts.experts`` or ``opts.experts_keep``)."""
+    """Write the smaller model ``opts`` asks for: whole blocks removed (``opts.blocks``), FFN
+    channels or attention heads (``opts.ffn``, ``opts.heads``), else routed experts
+    (``opts.experts`` or ``opts.experts_keep``). The temporaries of killed runs
+    removed beside ``out`` are the result's ``reclaimed`` (an error's, if it fails)."""
     opts.validate()
-    if opts.blocks is not None:
-        return shrink_blocks(path, out, opts, progress=progress)
-    return shrink_experts(path, out, opts, progress=progress)
+    shrink = {"blocks": shrink_blocks, "widths": shrink_widths}.get(opts.removes, shrink_experts)
+    with reclaiming() as reclaimed:
+        result = shrink(path, out, opts, progress=progress)
+    result.reclaimed = reclaimed
+    return result

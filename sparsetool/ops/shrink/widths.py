@@ -1,0 +1,363 @@
+"""``shrink --ffn F`` and ``--heads F``: narrower feed-forward layers and fewer attention heads,
+ranked by their activations on calibration text (Minitron's criterion), every layer to the same
+width so the config holds it.
+
+The calibration windows run through the model block by block (one block in memory). In each
+block a hook on the FFN's down projection reads its input, one value per channel and token, and
+a hook on the attention's output projection reads its input, one ``head_dim`` slice per query
+head:
+
+- a channel's score is ``mean_t |a_c(t)|``; each layer keeps its ``round(F x d_ff)`` best;
+- a query head's score is ``mean_t ||o_h(t)||_2``. Under grouped-query attention (several query
+  heads share a key/value head) whole key/value groups go when ``F x n_kv_heads`` is a whole
+  number (a group scores the sum of its heads), else the same number of query heads in every
+  group (``round(F x heads per group)``): both are what ``num_attention_heads`` /
+  ``num_key_value_heads`` express, and the result says which was done.
+
+The output keeps the input's layout: gate/up rows (and biases) and down columns of the kept
+channels; q rows, k/v rows of the kept groups and o columns of the kept heads; ``config.json``'s
+``intermediate_size`` (GPT-2: ``n_inner``), ``num_attention_heads``, ``num_key_value_heads``
+lowered and ``head_dim`` written out. Everything else is copied byte for byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from sparsetool.checkpoint import Checkpoint
+from sparsetool.checkpoint.format import TensorSpec
+from sparsetool.checkpoint.output_files import check_writable
+from sparsetool.checkpoint.provenance import provenance_metadata
+from sparsetool.checkpoint.writer import write_checkpoint
+from sparsetool.errors import SparsetoolError, UsageError
+from sparsetool.models.blocks import BlockModel
+from sparsetool.models.open import open_model
+from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
+from sparsetool.ops.shrink.windows import shrink_windows
+from sparsetool.ops.text import read_text
+from sparsetool.util.progress import Progress
+
+__all__ = ["shrink_widths"]
+
+NEEDS = "shrink narrows causal language models (Hugging Face directories)"
+FFN_IN = ("gate_proj", "up_proj", "c_fc")  # read the block's input; rows = channels
+FFN_OUT = ("down_proj", "c_proj")  # reads the channels
+
+
+@dataclass
+class Cut:
+    """One stored tensor cut along one axis to the rows ``keep`` (stored orientation)."""
+
+    axis: int
+    keep: list[int]
+
+
+@dataclass
+class _Layer:
+    """One block's FFN and attention modules (model paths) and their scores."""
+
+    ffn_in: list[str] = field(default_factory=list)  # gate/up (or c_fc) module paths
+    ffn_out: str = ""
+    q: str = ""
+    k: str = ""
+    v: str = ""
+    o: str = ""
+    channels: torch.Tensor | None = None
+    heads: torch.Tensor | None = None
+    tokens: int = 0
+
+
+def shrink_widths(
+    path: str | Path, out: str | Path, opts: ShrinkOptions, *, progress: Progress | None = None
+) -> ShrinkResult:
+    """Narrow the FFNs (``opts.ffn``) and/or the attention (``opts.heads``) of the model at
+    ``path`` into ``out``; see the module docstring."""
+    opts.validate()
+    path, out = Path(path), Path(out)
+    if out.exists() and out.resolve() == path.resolve():
+        raise UsageError(
+            f"-o {out} is the input itself; shrink writes a new model: choose another path"
+        )
+    check_writable(out, "-o")
+    assert opts.calibration is not None
+    text = read_text(opts.calibration, "--calibration")
+    model = open_model(path, opts.dtype, opts.device, needs=NEEDS)
+    result = ShrinkResult(output=out, options=opts)
+    try:
+        cfg = model.module.config
+        layers = [_find(model, i, opts) for i in range(len(model.blocks))]
+        geometry = _geometry(model, cfg, opts)
+        _score(model, layers, opts, text, result, progress)
+        cuts, record = _choose(model, layers, geometry, opts)
+        result.widths = record
+        metadata = provenance_metadata(
+            model.ckpt.metadata(), {"command": "shrink", **opts.record(), "widths": record}
+        )
+        with write_checkpoint(
+            model.ckpt,
+            out,
+            metadata_extra=metadata,
+            config_transform=lambda config: _config(config, cfg, record),
+        ) as cw:
+            result.left_out = list(cw.left_out)
+            _write(model.ckpt, cw, cuts)
+        ckpt = model.ckpt
+        result.parameters_before = sum(lt.numel for lt in ckpt.logical)
+        result.parameters_after = result.parameters_before - sum(
+            _removed(ckpt, name, cut) for name, cut in cuts.items()
+        )
+        result.bytes_before = ckpt.nbytes_on_disk
+        result.bytes_after = sum((out / s).stat().st_size for s in ckpt.shards)
+    finally:
+        model.close()
+    return result
+
+
+def _find(model: BlockModel, i: int, opts: ShrinkOptions) -> _Layer:
+    """Block ``i``'s FFN and attention projections, by the names transformers gives them."""
+    block = model.block_list[i]
+    base = f"{model.block_prefix}.{i}"
+    layer = _Layer()
+    names = dict(block.named_modules())
+    if opts.ffn is not None:
+        mlp = next((n for n in ("mlp", "feed_forward") if n in names), None)
+        found_in = [f"{mlp}.{p}" for p in FFN_IN if f"{mlp}.{p}" in names] if mlp else []
+        found_out = [f"{mlp}.{p}" for p in FFN_OUT if f"{mlp}.{p}" in names] if mlp else []
+        if not found_in or len(found_out) != 1:
+            raise SparsetoolError(
+                f"{model.path}: block {i} has no feed-forward layer shrink knows (gate_proj/"
+                "up_proj/down_proj or c_fc/c_proj under mlp); --ffn cannot narrow it"
+            )
+        layer.ffn_in = [f"{base}.{n}" for n in found_in]
+        layer.ffn_out = f"{base}.{found_out[0]}"
+    if opts.heads is not None:
+        attn = next((n for n in ("self_attn", "attn") if n in names), None)
+        parts = {p: f"{attn}.{p}_proj" for p in "qkvo"} if attn else {}
+        if not parts or any(n not in names for n in parts.values()):
+            raise SparsetoolError(
+                f"{model.path}: block {i}'s attention has no separate q_proj, k_proj, v_proj and "
+                "o_proj (a fused projection, GPT-2's c_attn, holds every head in one matrix whose "
+                "width the config ties to the hidden size); --heads cannot remove heads of it"
+            )
+        layer.q, layer.k, layer.v, layer.o = (f"{base}.{parts[p]}" for p in "qkvo")
+    return layer
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+
+
+def _geometry(model: BlockModel, cfg, opts: ShrinkOptions) -> _Geometry:
+    heads = int(getattr(cfg, "num_attention_heads", 0) or getattr(cfg, "n_head", 0) or 0)
+    kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or (model.width // max(heads, 1)))
+    ffn = int(getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 0)
+    if opts.ffn is not None and not ffn:
+        ffn = 4 * model.width  # GPT-2's default n_inner
+    return _Geometry(heads, kv, head_dim, ffn)
+
+
+def _score(
+    model: BlockModel,
+    layers: list[_Layer],
+    opts: ShrinkOptions,
+    text: str,
+    result: ShrinkResult,
+    progress: Progress | None,
+) -> None:
+    """Each layer's channel and head scores from the calibration windows (the original model)."""
+    windows = shrink_windows(model, opts, text, result)
+    with torch.no_grad():
+        calls = model.capture([row.unsqueeze(0) for row in windows])
+        for i, layer in enumerate(layers):
+            model.load_block(i)
+            handles = []
+            if layer.ffn_out:
+                handles.append(_hook(model, layer.ffn_out, layer, "channels", None))
+            if layer.o:
+                handles.append(_hook(model, layer.o, layer, "heads", _head_dim(model, layer)))
+            try:
+                calls = [c.passed(model.run_block(i, c)) for c in calls]
+            finally:
+                for h in handles:
+                    h.remove()
+            model.release_block(i)
+            if progress:
+                progress("score", i + 1, len(layers))
+
+
+def _head_dim(model: BlockModel, layer: _Layer) -> int:
+    cfg = model.module.config
+    return int(getattr(cfg, "head_dim", None) or model.width // int(cfg.num_attention_heads))
+
+
+def _hook(model: BlockModel, path: str, layer: _Layer, what: str, head_dim: int | None):
+    """A forward pre-hook on ``path`` adding its input's per-channel mean |x| (or per-head mean
+    L2 norm, ``head_dim`` wide slices) into ``layer``."""
+
+    def see(module, args, kwargs) -> None:
+        x = args[0] if args else next(iter(kwargs.values()))
+        x = x.reshape(-1, x.shape[-1]).float()
+        if head_dim is None:
+            add = x.abs().double().sum(0)
+        else:
+            add = x.view(x.shape[0], -1, head_dim).norm(dim=-1).double().sum(0)
+        old = getattr(layer, what)
+        setattr(layer, what, add.cpu() if old is None else old + add.cpu())
+        if what == "channels" or not layer.ffn_out:
+            layer.tokens += x.shape[0]
+
+    return model.module.get_submodule(path).register_forward_pre_hook(see, with_kwargs=True)
+
+
+def _choose(
+    model: BlockModel, layers: list[_Layer], g: _Geometry, opts: ShrinkOptions
+) -> tuple[dict[str, Cut], dict]:
+    """The stored tensors to cut and how, and the record of what was kept."""
+    cuts: dict[str, Cut] = {}
+    record: dict = {"layers": []}
+    keep_ffn = round((opts.ffn or 0) * g.ffn) if opts.ffn is not None else None
+    if keep_ffn is not None:
+        if not 1 <= keep_ffn < g.ffn:
+            raise UsageError(f"--ffn {opts.ffn:g} keeps {keep_ffn} of {g.ffn} channels; "
+                             "keep at least one and fewer than all")  # fmt: skip
+        record["ffn"] = {"before": g.ffn, "after": keep_ffn}
+    mode, kept_groups, per_group = None, g.kv_heads, g.heads // max(g.kv_heads, 1)
+    if opts.heads is not None:
+        group = g.heads // g.kv_heads
+        if g.kv_heads > 1 and float(opts.heads * g.kv_heads).is_integer():
+            mode, kept_groups = "groups", int(opts.heads * g.kv_heads)
+        else:
+            mode, per_group = "query heads per group", round(opts.heads * group)
+        if kept_groups < 1 or per_group < 1 or kept_groups * per_group >= g.heads:
+            raise UsageError(
+                f"--heads {opts.heads:g} keeps {kept_groups * per_group} of {g.heads} heads; "
+                "keep at least one and fewer than all"
+            )
+        record["heads"] = {
+            "mode": mode,
+            "before": {"heads": g.heads, "kv_heads": g.kv_heads},
+            "after": {"heads": kept_groups * per_group, "kv_heads": kept_groups},
+            "head_dim": g.head_dim,
+        }
+    for i, layer in enumerate(layers):
+        rec: dict = {"block": i}
+        if keep_ffn is not None:
+            assert layer.channels is not None, f"block {i}'s FFN never ran"
+            score = layer.channels / max(layer.tokens, 1)
+            kept = sorted(sorted(range(len(score)), key=lambda c: (-float(score[c]), c))[:keep_ffn])
+            rec["ffn_kept"] = kept
+            for p in layer.ffn_in:
+                _cut_rows(model, p, kept, cuts, conv1d=p.endswith("c_fc"))
+            _cut_cols(model, layer.ffn_out, kept, cuts, conv1d=layer.ffn_out.endswith("c_proj"))
+        if mode is not None:
+            assert layer.heads is not None, f"block {i}'s attention never ran"
+            score = layer.heads / max(layer.tokens, 1)
+            group = g.heads // g.kv_heads
+            if mode == "groups":
+                sums = score.view(g.kv_heads, group).sum(1)
+                groups = sorted(
+                    sorted(range(g.kv_heads), key=lambda k: (-float(sums[k]), k))[:kept_groups]
+                )
+                heads = [k * group + j for k in groups for j in range(group)]
+            else:
+                groups = list(range(g.kv_heads))
+                heads = []
+                for k in groups:
+                    members = range(k * group, (k + 1) * group)
+                    best = sorted(members, key=lambda h: (-float(score[h]), h))[:per_group]
+                    heads += sorted(best)
+            rec["heads_kept"], rec["kv_kept"] = heads, groups
+            rows = [h * g.head_dim + d for h in heads for d in range(g.head_dim)]
+            kv_rows = [k * g.head_dim + d for k in groups for d in range(g.head_dim)]
+            _cut_rows(model, layer.q, rows, cuts)
+            if mode == "groups":
+                _cut_rows(model, layer.k, kv_rows, cuts)
+                _cut_rows(model, layer.v, kv_rows, cuts)
+            _cut_cols(model, layer.o, rows, cuts)
+        record["layers"].append(rec)
+    return cuts, record
+
+
+def _stored(model: BlockModel, param: str) -> str | None:
+    pieces = model.sources.get(param)
+    if not pieces:
+        return None
+    if len(pieces) != 1 or pieces[0].index:
+        raise SparsetoolError(f"{model.path}: {param} is merged from several tensors; "
+                              "shrink cannot cut it")  # fmt: skip
+    return pieces[0].stored
+
+
+def _cut_rows(model, module: str, rows: list[int], cuts: dict, conv1d: bool = False) -> None:
+    """The output rows ``rows`` of a linear layer: weight rows (a Conv1D's columns) and bias."""
+    w = _stored(model, f"{module}.weight")
+    if w is not None:
+        cuts[w] = Cut(1 if conv1d else 0, rows)
+    b = _stored(model, f"{module}.bias")
+    if b is not None:
+        cuts[b] = Cut(0, rows)
+
+
+def _cut_cols(model, module: str, cols: list[int], cuts: dict, conv1d: bool = False) -> None:
+    """The input columns ``cols`` of a linear layer (a Conv1D's rows); its bias stays."""
+    w = _stored(model, f"{module}.weight")
+    if w is not None:
+        cuts[w] = Cut(0 if conv1d else 1, cols)
+
+
+def _write(ckpt: Checkpoint, cw, cuts: dict[str, Cut]) -> None:
+    lts = {lt.name: lt for lt in ckpt.logical}
+    for name in cuts:
+        lt = lts[name]
+        if len(lt.stored) != 1 or lt.stored[0] != name:
+            raise SparsetoolError(
+                f"tensor {name!r} is stored in a sparse encoding ({', '.join(lt.stored)}); "
+                "shrink cuts it as a plain tensor: run sparsetool densify on the model first"
+            )
+    for shard in ckpt.shards:
+        specs = []
+        for lt in ckpt.logical_in(shard):
+            for part in lt.stored:
+                e = ckpt.entry(part)
+                shape = list(e.shape)
+                if part in cuts:
+                    shape[cuts[part].axis] = len(cuts[part].keep)
+                specs.append(TensorSpec(part, e.st_dtype, tuple(shape)))
+        with cw.shard(shard, specs) as sw:
+            for spec in specs:
+                cut = cuts.get(spec.name)
+                if cut is None:
+                    sw.copy_stored(spec.name, ckpt, spec.name)
+                    continue
+                t = ckpt.read_stored(spec.name)
+                sw.write(spec.name, t.index_select(cut.axis, torch.tensor(cut.keep)).contiguous())
+
+
+def _removed(ckpt: Checkpoint, name: str, cut: Cut) -> int:
+    e = ckpt.entry(name)
+    n = 1
+    for d in e.shape:
+        n *= d
+    return n - n // e.shape[cut.axis] * len(cut.keep)
+
+
+def _config(config: dict, cfg, record: dict) -> dict:
+    """config.json with the new widths (the family's own keys), ``head_dim`` written out."""
+    if "ffn" in record:
+        key = "n_inner" if "n_inner" in config or "n_layer" in config else "intermediate_size"
+        config[key] = record["ffn"]["after"]
+    if "heads" in record:
+        after = record["heads"]["after"]
+        config["num_attention_heads"] = after["heads"]
+        if "num_key_value_heads" in config or getattr(cfg, "num_key_value_heads", None):
+            config["num_key_value_heads"] = after["kv_heads"]
+        config["head_dim"] = record["heads"]["head_dim"]
+    return config

@@ -1,0 +1,164 @@
+"""shrink --ffn / --heads: the written model equals the input narrowed by hand in transformers
+(the same rows and columns sliced into a model of the new config) for Llama with grouped-query
+attention (whole key/value groups, or query heads per group), Qwen3, Gemma-3 and GPT-2's FFN;
+channels and heads are ranked by their activations; a fused attention is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers as t
+
+from sparsetool.errors import SparsetoolError
+from sparsetool.ops.shrink import ShrinkOptions, shrink_checkpoint
+
+from helpers import CALIB, run, save_tokenizer
+
+_SMALL = dict(vocab_size=320, max_position_embeddings=64, bos_token_id=1, eos_token_id=1)
+
+
+def build(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "llama":  # 8 query heads in 4 key/value groups of 2
+        cfg = t.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=48,
+                            num_attention_heads=8, num_key_value_heads=4, **_SMALL)  # fmt: skip
+        return t.LlamaForCausalLM(cfg).eval()
+    if kind == "qwen3":
+        cfg = t.Qwen3Config(num_hidden_layers=2, hidden_size=32, intermediate_size=48, head_dim=8,
+                            num_attention_heads=4, num_key_value_heads=2, **_SMALL)  # fmt: skip
+        return t.Qwen3ForCausalLM(cfg).eval()
+    if kind == "gemma3":
+        cfg = t.Gemma3TextConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=48,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                 sliding_window=8, **_SMALL)  # fmt: skip
+        return t.Gemma3ForCausalLM(cfg).eval()
+    if kind == "gpt2":
+        cfg = t.GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64, vocab_size=320,
+                           bos_token_id=1, eos_token_id=1)  # fmt: skip
+        return t.GPT2LMHeadModel(cfg).eval()
+    raise ValueError(kind)
+
+
+def narrowed_by_hand(model: torch.nn.Module, widths: dict) -> torch.nn.Module:
+    """A model of the narrower config holding the input's weights, the kept rows and columns
+    sliced in transformers' own orientation."""
+    cfg = model.config.to_dict()
+    gpt2 = model.config.model_type == "gpt2"
+    if "ffn" in widths:
+        cfg["n_inner" if gpt2 else "intermediate_size"] = widths["ffn"]["after"]
+    if "heads" in widths:
+        cfg["num_attention_heads"] = widths["heads"]["after"]["heads"]
+        cfg["num_key_value_heads"] = widths["heads"]["after"]["kv_heads"]
+        cfg["head_dim"] = widths["heads"]["head_dim"]
+    small = type(model)(type(model.config).from_dict(cfg)).eval()
+    state = model.state_dict()
+    hd = widths.get("heads", {}).get("head_dim", 0)
+    for i, layer in enumerate(widths["layers"]):
+        p = f"transformer.h.{i}" if gpt2 else f"model.layers.{i}"
+        if "ffn_kept" in layer:
+            c = torch.tensor(layer["ffn_kept"])
+            if gpt2:
+                state[f"{p}.mlp.c_fc.weight"] = state[f"{p}.mlp.c_fc.weight"][:, c]
+                state[f"{p}.mlp.c_fc.bias"] = state[f"{p}.mlp.c_fc.bias"][c]
+                state[f"{p}.mlp.c_proj.weight"] = state[f"{p}.mlp.c_proj.weight"][c]
+            else:
+                for n in ("gate_proj", "up_proj"):
+                    state[f"{p}.mlp.{n}.weight"] = state[f"{p}.mlp.{n}.weight"][c]
+                state[f"{p}.mlp.down_proj.weight"] = state[f"{p}.mlp.down_proj.weight"][:, c]
+        if "heads_kept" in layer:
+            rows = torch.tensor([h * hd + d for h in layer["heads_kept"] for d in range(hd)])
+            kv = torch.tensor([k * hd + d for k in layer["kv_kept"] for d in range(hd)])
+            a = f"{p}.self_attn"
+            state[f"{a}.q_proj.weight"] = state[f"{a}.q_proj.weight"][rows]
+            state[f"{a}.k_proj.weight"] = state[f"{a}.k_proj.weight"][kv]
+            state[f"{a}.v_proj.weight"] = state[f"{a}.v_proj.weight"][kv]
+            state[f"{a}.o_proj.weight"] = state[f"{a}.o_proj.weight"][:, rows]
+    small.load_state_dict(state)
+    return small
+
+
+def save(kind, directory, text) -> torch.nn.Module:
+    model = build(kind)
+    model.save_pretrained(directory)
+    save_tokenizer(directory, text)
+    return model
+
+
+CASES = [
+    ("llama", dict(ffn=0.5, heads=0.5), "groups"),
+    ("llama", dict(heads=0.6), "query heads per group"),  # 4 x 0.6 is no whole number of groups
+    ("qwen3", dict(ffn=0.75, heads=0.5), "groups"),
+    ("gemma3", dict(ffn=0.5, heads=0.5), "groups"),
+    ("gpt2", dict(ffn=0.25), None),
+]
+
+
+@pytest.mark.parametrize("kind, asked, mode", CASES)
+def test_the_written_model_is_the_input_narrowed_by_hand(kind, asked, mode, tmp_path, text,
+                                                         calib_file):  # fmt: skip
+    model = save(kind, tmp_path / "in", text)
+    opts = ShrinkOptions(calibration=calib_file, **asked, **CALIB)
+    result = shrink_checkpoint(tmp_path / "in", tmp_path / "out", opts)
+    widths = result.widths
+    if mode:
+        assert widths["heads"]["mode"] == mode
+    out = t.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    ids = torch.randint(2, 300, (2, 24), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        want = narrowed_by_hand(model, widths)(ids, use_cache=False).logits
+        got = out(ids, use_cache=False).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert result.parameters_after == sum(p.numel() for p in out.parameters())
+    assert result.parameters_after < result.parameters_before
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    if "ffn" in asked:
+        assert cfg["n_inner" if kind == "gpt2" else "intermediate_size"] == widths["ffn"]["after"]
+
+
+def test_channels_are_ranked_by_mean_absolute_activation(tmp_path, text, calib_file):
+    """The kept FFN channels are those whose down-projection inputs, hooked in transformers on the
+    same windows, have the largest mean |a|."""
+    from sparsetool.ops.prune.calibrated import calibration_windows
+
+    model = save("llama", tmp_path / "in", text)
+    opts = ShrinkOptions(ffn=0.5, calibration=calib_file, **CALIB)
+    result = shrink_checkpoint(tmp_path / "in", tmp_path / "out", opts)
+    tok = t.AutoTokenizer.from_pretrained(tmp_path / "in")
+    windows = calibration_windows(tok(text)["input_ids"], CALIB["samples"], CALIB["seq"], 0, "x")
+    sums = [torch.zeros(48, dtype=torch.float64) for _ in range(2)]
+
+    def hook(i: int):
+        def see(module, args) -> None:  # a pre-hook that returns nothing leaves the input alone
+            sums[i].add_(args[0].reshape(-1, 48).abs().double().sum(0))
+
+        return see
+
+    handles = [
+        layer.mlp.down_proj.register_forward_pre_hook(hook(i))
+        for i, layer in enumerate(model.model.layers)
+    ]
+    with torch.no_grad():
+        for row in windows:
+            model(row.unsqueeze(0), use_cache=False)
+    for h in handles:
+        h.remove()
+    for i in range(2):
+        want = sorted(sorted(range(48), key=lambda c: (-float(sums[i][c]), c))[:24])
+        assert result.widths["layers"][i]["ffn_kept"] == want
+
+
+def test_fused_attention_and_bad_fractions_are_refused(tmp_path, text, calib_file):
+    save("gpt2", tmp_path / "in", text)
+    with pytest.raises(SparsetoolError, match="fused projection"):
+        shrink_checkpoint(tmp_path / "in", tmp_path / "out",
+                          ShrinkOptions(heads=0.5, calibration=calib_file, **CALIB))  # fmt: skip
+    assert not (tmp_path / "out").exists()
+    for args, says in [
+        (["--ffn", "1.0"], "between 0 and 1"),
+        (["--ffn", "0.5", "--blocks", "1"], "one of"),
+        (["--heads", "0.5"], "give --calibration"),
+    ]:
+        r = run("shrink", tmp_path / "in", "-o", tmp_path / "out", *args)
+        assert r.exit_code == 2 and says in r.output and r.output.count("error:") == 1, r.output
