@@ -28,7 +28,7 @@ from sparsetool.cli._params import (
     value_of,
 )
 from sparsetool.masks.distributions import DISTRIBUTIONS
-from sparsetool.train.config import ALGORITHMS, STRATEGIES
+from sparsetool.train.trainconfig import ALGORITHMS, STRATEGIES
 from sparsetool.util import options
 from sparsetool.util.wording import plural
 
@@ -258,8 +258,8 @@ def train(
             usage_error("give the run directory once: -o/--output (--out is its old spelling)")
         output = out
     with failing_cleanly():
-        from sparsetool.train.config import caveats
         from sparsetool.train.configkeys import merge, parse_sparsity_options, read_config_file
+        from sparsetool.train.trainconfig import caveats
 
         file_values = read_config_file(config) if config else {}
         with usage_errors():
@@ -268,7 +268,7 @@ def train(
         if "out" not in file_values and output is None:
             usage_error("give -o/--output RUN_DIR: a run directory to create or resume is required")
         if resume:
-            from sparsetool.train.config import TrainConfig
+            from sparsetool.train.trainconfig import TrainConfig
 
             cfg = TrainConfig(out=str(output) if output else file_values["out"])
         else:
@@ -521,7 +521,7 @@ class _Progress:
             self._summary(s)
         if s["interrupted"]:
             from sparsetool.cli._output import err_console
-            from sparsetool.train.rundir import stopped_by_signal
+            from sparsetool.train.runstate import stopped_by_signal
 
             err_console.print(self.escape(stopped_by_signal(s)), highlight=False, soft_wrap=True)
 

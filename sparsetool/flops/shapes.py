@@ -312,15 +312,15 @@ def infer_model(
         else:
             dense_seen.add(widths(plain, f"layer {idx}"))
             dense_layers.append(pos)
-        sp = {}
+        sparsities = {}
         everything = [
             r for by_key in parts.values() for by_role in by_key.values() for r in by_role.items()
         ]
         for ro in ROLES:
             t = [r for role_, rs in everything if role_ == ro for r in rs if _get(r, "targeted")]
             numel = sum(int(_get(r, "numel")) for r in t)
-            sp[ro] = 1.0 - sum(int(_get(r, "nonzero")) for r in t) / numel if numel else 0.0
-        layer_sparsity.append(sp)
+            sparsities[ro] = 1.0 - sum(int(_get(r, "nonzero")) for r in t) / numel if numel else 0.0
+        layer_sparsity.append(sparsities)
     if len(attention_seen) != 1 or len(dense_seen) > 1 or len(moe_seen) > 1:
         raise ShapeError(
             f"the layers of '{name}' differ in shape ({len(attention_seen)} attention, "

@@ -1,5 +1,5 @@
 """A ``train --config`` file's keys and every setting's type: reading a file into
-:class:`~sparsetool.train.config.TrainConfig` keys (sections flattened, dashes, aliases, a Cerebras
+:class:`~sparsetool.train.trainconfig.TrainConfig` keys (sections flattened, dashes, aliases, a Cerebras
 Model Zoo ``sparsity:`` block and its spellings) and :func:`check_values`, the one type check of
 config files, flags and Python callers; :func:`merge`: defaults < file < flags, then
 ``config.validate`` (how settings combine).
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sparsetool.errors import ConfigError
-from sparsetool.train.config import (
+from sparsetool.train.trainconfig import (
     ALGORITHMS,
     COMMAND_LINE_ONLY,
     DEFAULTS,

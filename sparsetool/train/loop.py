@@ -3,10 +3,11 @@
 One optimizer step (the order the sparsity library expects)::
 
     for each micro-batch: loss.backward()         # DDP all-reduces on the last one
-    sparsifier.before_step(step)                  # RigL reads the gradients, then they are masked
+    sparsifier.before_step(step)                  # updates masks when due (RigL reads the
+                                                  # gradients), then masks the gradients
     clip the global gradient norm                 # so over kept weights only
     optimizer.step()                              # AdamW
-    sparsifier.after_step(step)                   # re-masks weights; updates masks when due
+    sparsifier.after_step(step)                   # re-masks weights (pruned ones back to 0)
 
 Runs under ``torchrun --nproc_per_node N``: every rank builds the same model from the same seed,
 reads its slice of the same global batch, and the sparsifier takes mask decisions from
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -37,8 +39,7 @@ from sparsetool.checkpoint.output_files import (
 from sparsetool.errors import ConfigError
 from sparsetool.models.gpt import GPT, GPTConfig
 from sparsetool.targets import plan_targets
-from sparsetool.train import hfrun, rundir, runfiles, warmstart
-from sparsetool.train.config import TrainConfig
+from sparsetool.train import hfrun, runfiles, runstate, warmstart
 from sparsetool.train.data import Sampler, eval_batches
 from sparsetool.train.distributed import (
     gather_digests,
@@ -48,9 +49,17 @@ from sparsetool.train.distributed import (
 )
 from sparsetool.train.fsdp import load_slices, parameters_on_meta, shard_model
 from sparsetool.train.memplan import check_plan, run_plan
-from sparsetool.train.recipe import lr_at, model_config, param_groups, sparsifier_config, stage_plan
+from sparsetool.train.recipe import (
+    Stage,
+    lr_at,
+    model_config,
+    param_groups,
+    sparsifier_config,
+    stage_plan,
+)
 from sparsetool.train.sharding import gathered
 from sparsetool.train.signals import SIGNALS, StopRequest, signal_name
+from sparsetool.train.trainconfig import TrainConfig
 from sparsetool.util.corpus import load_corpus
 
 Callback = Callable[[str, dict], None]
@@ -59,12 +68,13 @@ Callback = Callable[[str, dict], None]
 class Trainer:
     """Set up from a TrainConfig; :meth:`run` trains and returns the summary.
 
-    What :mod:`.rundir` reads to save a checkpoint, write run.json and make the summary is
-    public: the settings (``cfg``, ``run_dir``, ``mcfg``, ``hf``, ``corpus_info``), the parts
-    (``model``, ``optimizer``, ``targets``, ``log``), the sparsity state below, the processes
-    (``world``, ``master``) and the derived :meth:`sparsity`, :attr:`num_params` and
+    What :mod:`.runstate` reads to restore and save a checkpoint, write run.json and make the
+    summary is public and typed there (:class:`~sparsetool.train.runstate.TrainerView`): the
+    settings (``cfg``, ``run_dir``, ``model_cfg``, ``hf``, ``corpus_info``), the parts (``model``,
+    ``optimizer``, ``targets``, ``log``), the sparsity state below, the processes (``world``,
+    ``master``, ``sharded``) and the derived :meth:`sparsity`, :attr:`num_params` and
     :meth:`rank_mask_digests`. Where the run stands (step, data position, tokens, stage, losses)
-    is a :class:`~sparsetool.train.rundir.RunState`, advanced by :meth:`_train_step`."""
+    is a :class:`~sparsetool.train.runstate.RunState`, advanced by :meth:`_train_step`."""
 
     def __init__(
         self,
@@ -77,25 +87,27 @@ class Trainer:
         self.run_dir = Path(cfg.out)
         self.resume_from: Path | None = None
         self._resumed_model: dict | None = None
-        # The sparsity state, all declared here: ``sp`` is set when the run and each stage start
+        # The sparsity state, all declared here: ``sparsifier`` is set when the run and each stage start
         # (_start_run, _enter_stage), the rest where a sparsifier is built or the ranks' masks checked.
-        self.sp = None  # the stage's sparsifier, None while dense
+        self.sparsifier = None  # the stage's sparsifier, None while dense
         self.sparsifier_config: dict | None = (
             None  # the mapping it was built from (resumes rebuild it)
         )
         self.resolved_settings: dict[int, dict] = {}  # stage (1-based) -> resolved sparse settings
         self.mask_divergences = 0  # mask updates after which the ranks' masks differed (DDP)
-        self._sp_generation = 0  # one more for each sparsifier built: the cached sparsity is stale
+        self._sparsifier_generation = (
+            0  # one more for each sparsifier built: the cached sparsity is stale
+        )
         self._sparsity_cache: tuple[tuple[int, int], float] | None = (
             None  # (generation, updates), sparsity
         )
-        self.log = rundir.NullLog()  # the run's log.jsonl on rank 0, from the start of the run
+        self.log = runstate.NullLog()  # the run's log.jsonl on rank 0, from the start of the run
         if resume:
-            cfg, self._resumed_model, self.resume_from = rundir.resumed_config(
+            cfg, self._resumed_model, self.resume_from = runstate.resumed_config(
                 self.run_dir, flag_overrides or {}
             )
         else:
-            rundir.check_new_run(self.run_dir)
+            runstate.check_new_run(self.run_dir)
         check_writable(self.run_dir, "-o", directory=True)  # before the model and data are read
         self.cfg = cfg
         if cfg.threads:
@@ -117,9 +129,29 @@ class Trainer:
         self.master = self.rank == 0
 
     def _setup_model_and_data(self) -> None:
+        """The model (its shape, weights and targets), the stages, the data and the optimizer."""
+        init_weights, init_masks = self._open_model()
+        matched, from_slices = self._build_model(init_weights)
+        loaded = bool(init_weights)
+        del init_weights  # the checkpoint's tensors live on only as ``matched``
+        self._plan_targets(matched, init_masks, loaded=loaded)
+        if self.sharded:  # from here on each rank holds its slice of every parameter
+            shard_model(self.model, self.device, bf16=self._bf16_params, offload=self.cfg.offload)
+            if from_slices:  # a resume's slices come from its checkpoint (shardedckpt.restore)
+                load_slices(self.model, self.device, matched, offload=self.cfg.offload)
+        del matched
+        params = dict(self.model.named_parameters())
+        self.targets = {n: params[n] for n in self.target_plan.targeted}
+        self._plan_stages()
+        self._load_data()
+        self._make_optimizer()
+
+    def _open_model(self) -> tuple[dict, dict]:
+        """The model's shape (``model_cfg``), forward and memory plan: a Hugging Face model
+        (--init HF_DIR, or a resume of such a run), else the built-in GPT of the resumed run,
+        of --init or of the preset; the (weights, masks) of --init to start from."""
         cfg = self.cfg
-        # a Hugging Face model (--init HF_DIR, or a resume of such a run), else the built-in GPT
-        self.hf, self.mcfg, init_w, init_m = hfrun.open_run_model(
+        self.hf, self.model_cfg, init_weights, init_masks = hfrun.open_run_model(
             cfg, self.resume_from, self._resumed_model, self.device
         )
         self.forward = lambda model, x, y: model(x, y)  # token ids, targets -> logits, mean loss
@@ -128,26 +160,37 @@ class Trainer:
         elif self.resume_from is not None and self._resumed_model:
             # the weights come from the run's own checkpoint; --init is not read again (it may
             # have been moved since)
-            self.mcfg = GPTConfig(**self._resumed_model)
+            self.model_cfg = GPTConfig(**self._resumed_model)
         elif cfg.init:
             warmstart.check_init_is_a_model(cfg.init)
-            init_w, init_m, init_meta = runfiles.read_init_checkpoint(cfg.init)
-            self.mcfg = warmstart.init_model_config(cfg, init_w, init_meta)
+            init_weights, init_masks, init_meta = runfiles.read_init_checkpoint(cfg.init)
+            self.model_cfg = warmstart.init_model_config(cfg, init_weights, init_meta)
         else:
-            self.mcfg = model_config(cfg)
+            self.model_cfg = model_config(cfg)
         self.memory_plan = self.hf.plan if self.hf else self._gpt_memory_plan()
-        torch.manual_seed(cfg.seed)  # same initial weights on every rank
+        return init_weights, init_masks
+
+    def _build_model(self, init_weights: dict) -> tuple[dict, bool]:
+        """The model on its device, seeded alike on every rank, with --init's weights copied in
+        unless they are read as slices; (the weights under the model's names, whether each rank
+        reads its slices of them after sharding)."""
+        torch.manual_seed(self.cfg.seed)  # same initial weights on every rank
         # Sharded weights from a checkpoint (--init, a resume): no process holds the whole model;
         # the parameters are made empty, sharded, then each rank reads its slices (fsdp.py).
-        from_slices = self.sharded and (bool(init_w) or self.resume_from is not None)
+        from_slices = self.sharded and (bool(init_weights) or self.resume_from is not None)
         with parameters_on_meta() if from_slices else contextlib.nullcontext():
-            self.model = self.hf.build() if self.hf else GPT(self.mcfg)
+            self.model = self.hf.build() if self.hf else GPT(self.model_cfg)
         if not self.sharded:  # FSDP moves each rank's slices to the device as it shards
             self.model = self.model.to(self.device)
-        matched = self._matched_weights(init_w, cfg.init) if init_w else {}
+        matched = self._matched_weights(init_weights, self.cfg.init) if init_weights else {}
         if matched and not from_slices:
             self._copy_in(matched)
-        loaded, init_w = bool(init_w), None
+        return matched, from_slices
+
+    def _plan_targets(self, matched: dict, init_masks: dict, *, loaded: bool) -> None:
+        """Which parameters are pruned (``target_plan``) and the masks of --init over them, from
+        the whole weights (before any sharding)."""
+        cfg = self.cfg
         params = dict(self.model.named_parameters())
         # One targeting rule for prune and train: roles, or param_filter, then --include/--exclude.
         self.target_plan = plan_targets(
@@ -160,27 +203,35 @@ class Trainer:
         )
         # the masks of --init, from the whole weights (laid out like them when attached)
         self.init_masks = warmstart.masks_from(
-            {n: matched.get(n, params[n]) for n in self.target_plan.targeted}, init_m, loaded=loaded
+            {n: matched.get(n, params[n]) for n in self.target_plan.targeted},
+            init_masks,
+            loaded=loaded,
         )
-        if self.sharded:  # from here on each rank holds its slice of every parameter
-            shard_model(self.model, self.device, bf16=self._bf16_params, offload=cfg.offload)
-            if from_slices:  # a resume's slices come from its checkpoint (shardedckpt.restore)
-                load_slices(self.model, self.device, matched, offload=cfg.offload)
-            params = dict(self.model.named_parameters())
-        del matched
-        self.targets = {n: params[n] for n in self.target_plan.targeted}
-        self.init_mask_origin = warmstart.mask_origin(cfg.init, self.init_masks, init_m)
-        self.plan = stage_plan(cfg)
+        self.init_mask_origin = warmstart.mask_origin(cfg.init, self.init_masks, init_masks)
+
+    def _plan_stages(self) -> None:
+        """The stages of the run over its steps, checked against --init's masks."""
+        self.plan = stage_plan(self.cfg)
         if self.init_masks:
             # --init SPARSE --sparsity S: S below the checkpoint's sparsity would revive weights
-            spc = self._sparsifier_config(self.plan[0], later_stage=False)
-            warmstart.check_init_sparsity((spc or {}).get("sparsity"), self.init_masks, cfg.init)
-        corpus = load_corpus(cfg.data, min_bytes=0 if self.hf else self.mcfg.context + 1)
+            first = self._sparsifier_config(self.plan[0], later_stage=False)
+            warmstart.check_init_sparsity(
+                (first or {}).get("sparsity"), self.init_masks, self.cfg.init
+            )
+
+    def _load_data(self) -> None:
+        """The training sampler and the validation batches (a Hugging Face run's tokens)."""
+        cfg, context = self.cfg, self.model_cfg.context
+        corpus = load_corpus(cfg.data, min_bytes=0 if self.hf else context + 1)
         self.corpus_info = corpus.describe()
         if self.hf:
-            corpus, self.corpus_info = self.hf.tokenize(corpus, self.mcfg.context)
-        self.sampler = Sampler(corpus.train, self.mcfg.context, cfg.seed)
-        self.val_x, self.val_y = eval_batches(corpus.val, self.mcfg.context, cfg.eval_sequences)
+            corpus, self.corpus_info = self.hf.tokenize(corpus, context)
+        self.sampler = Sampler(corpus.train, context, cfg.seed)
+        self.val_x, self.val_y = eval_batches(corpus.val, context, cfg.eval_sequences)
+
+    def _make_optimizer(self) -> None:
+        """AdamW over the model's parameter groups, and the DDP wrapper of a multi-process run."""
+        cfg = self.cfg
         self.optimizer = torch.optim.AdamW(
             param_groups(self.model, cfg.weight_decay),
             lr=cfg.lr,
@@ -195,8 +246,8 @@ class Trainer:
     def _gpt_memory_plan(self):
         """The built-in GPT's memory plan per process (:mod:`.memplan`), refused if it cannot fit."""
         with torch.device("meta"):
-            params = sum(p.numel() for p in GPT(self.mcfg).parameters())
-        m = self.mcfg
+            params = sum(p.numel() for p in GPT(self.model_cfg).parameters())
+        m = self.model_cfg
         return check_plan(
             run_plan(
                 self.cfg,
@@ -231,7 +282,7 @@ class Trainer:
     def _warnings(self) -> list[str]:
         """What the run will write that is probably not what was meant (the callback's start
         info carries them; the command line prints each as a warning)."""
-        sparse = self.sp is not None or any(st["sparsity"] for st in self.plan)
+        sparse = self.sparsifier is not None or any(stage.sparsity for stage in self.plan)
         warning = (
             loader_warning(self.cfg.encoding, self.run_dir / hfrun.MODEL_DIR, "train")
             if self.hf and sparse and self.resume_from is None
@@ -251,30 +302,30 @@ class Trainer:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.global_batch * self.mcfg.context
+        return self.global_batch * self.model_cfg.context
 
     # ------------------------------------------------------------------ sparsity
     def stage_at(self, step: int) -> int:
         """The stage (0-based) that trains ``step`` (0-based); past the plan, the last."""
-        for i, st in enumerate(self.plan):
-            if st["start"] <= step < st["end"]:
+        for i, stage in enumerate(self.plan):
+            if stage.start <= step < stage.end:
                 return i
         return len(self.plan) - 1
 
-    def _sparsifier_config(self, stage: dict, later_stage: bool) -> dict | None:
-        spc = sparsifier_config(self.cfg, stage["sparsity"], self.init_masks, later_stage)
-        if spc is not None and (self.cfg.include or self.cfg.exclude):
+    def _sparsifier_config(self, stage: Stage, later_stage: bool) -> dict | None:
+        config = sparsifier_config(self.cfg, stage.sparsity, self.init_masks, later_stage)
+        if config is not None and (self.cfg.include or self.cfg.exclude):
             # The sparsifier selects by param_filter globs: hand it the planned names exactly.
-            spc["param_filter"] = list(self.target_plan.targeted)
-        return spc
+            config["param_filter"] = list(self.target_plan.targeted)
+        return config
 
-    def _build_sparsifier(self, stage_idx: int, state: dict | None, spc: dict | None = None):
-        """The stage's sparsifier, attached; ``spc`` (a resumed run's saved mapping) wins over
+    def _build_sparsifier(self, stage_idx: int, state: dict | None, config: dict | None = None):
+        """The stage's sparsifier, attached; ``config`` (a resumed run's saved mapping) wins over
         the one derived from the options, so a resume never depends on re-reading --init."""
         stage = self.plan[stage_idx]
-        if spc is None:
-            spc = self._sparsifier_config(stage, later_stage=stage_idx > 0)
-        if spc is None:
+        if config is None:
+            config = self._sparsifier_config(stage, later_stage=stage_idx > 0)
+        if config is None:
             return None
         try:
             from sparsetool.train.algorithms import build_sparsifier
@@ -282,46 +333,50 @@ class Trainer:
             raise ConfigError(
                 f"sparse training is unavailable in this installation ({e})"
             ) from None
-        sp = build_sparsifier(spc)
+        sparsifier = build_sparsifier(config)
         if state is not None:
-            sp.load_state_dict(state)
+            sparsifier.load_state_dict(state)
         elif stage_idx == 0 and self.init_masks:
             # whole masks: laid out like their sharded weights when attached
-            sp.init_masks = {
+            sparsifier.init_masks = {
                 n: m if self.sharded else m.to(self.device) for n, m in self.init_masks.items()
             }
-        sp.attach(
-            dict(self.model.named_parameters()), self.optimizer, stage["end"], self.cfg.warmup
+        sparsifier.attach(
+            dict(self.model.named_parameters()), self.optimizer, stage.end, self.cfg.warmup
         )
         if state is None and stage_idx == 0 and self.init_masks:
             further = (
-                sp.prune_further()
+                sparsifier.prune_further()
             )  # --init SPARSE --sparsity S: a higher S prunes from its masks
-            sp.mask_origin = self.init_mask_origin + (", pruned further" if further else ", kept")
+            sparsifier.mask_origin = self.init_mask_origin + (
+                ", pruned further" if further else ", kept"
+            )
         elif state is not None:  # a resume: where the masks first came from, as run.json says
-            sp.mask_origin = (
-                rundir.earlier_settings(self.run_dir, stage_idx + 1, self.resume_from)
+            sparsifier.mask_origin = (
+                runstate.earlier_settings(self.run_dir, stage_idx + 1, self.resume_from)
                 .get(stage_idx + 1, {})
                 .get("initial_mask")
             )
-        if set(sp.masks) != set(self.targets):
+        if set(sparsifier.masks) != set(self.targets):
             raise ConfigError(
-                f"the sparsifier masks {sorted(sp.masks)[:3]}..., expected the targeted "
+                f"the sparsifier masks {sorted(sparsifier.masks)[:3]}..., expected the targeted "
                 f"{sorted(self.targets)[:3]}...; check --param-filter"
             )
-        self.sparsifier_config = spc
-        self.resolved_settings[stage_idx + 1] = sp.resolved()  # run.json, keyed by 1-based stage
-        self._sp_generation += 1  # invalidates the cached sparsity
-        return sp
+        self.sparsifier_config = config
+        self.resolved_settings[stage_idx + 1] = (
+            sparsifier.resolved()
+        )  # run.json, keyed by 1-based stage
+        self._sparsifier_generation += 1  # invalidates the cached sparsity
+        return sparsifier
 
     def sparsity(self) -> float:
         """Sparsity of the targeted weights (0.0 while dense); recounted only when the masks may
         have changed (a new sparsifier, or a mask update)."""
-        if self.sp is None:
+        if self.sparsifier is None:
             return 0.0
-        key = (self._sp_generation, self.sp.updates_done)
+        key = (self._sparsifier_generation, self.sparsifier.updates_done)
         if self._sparsity_cache is None or self._sparsity_cache[0] != key:
-            self._sparsity_cache = key, float(self.sp.sparsity())
+            self._sparsity_cache = key, float(self.sparsifier.sparsity())
         return self._sparsity_cache[1]
 
     # ------------------------------------------------------------------ helpers
@@ -345,11 +400,11 @@ class Trainer:
 
     def rank_mask_digests(self) -> list[str] | None:
         """Every rank's mask digest (None on one process or when dense)."""
-        if self.world == 1 or self.sp is None:
+        if self.world == 1 or self.sparsifier is None:
             return None
         if self.sharded:  # each rank keeps a slice: compare the whole masks each decided on
-            return gather_digests(self.sp.decisions_digest(), self.world)
-        return gather_mask_digests(self.sp.masks, self.world)
+            return gather_digests(self.sparsifier.decisions_digest(), self.world)
+        return gather_mask_digests(self.sparsifier.masks, self.world)
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -421,36 +476,40 @@ class Trainer:
         except KeyboardInterrupt:
             self.log.close()
             second = signal_name(stop_request.second) if stop_request.second else None
-            raise rundir.interrupted(
+            raise runstate.interrupted(
                 self.run_dir, step, self.world, stop_request.name, second
             ) from None
 
-    def _start_run(self) -> rundir.RunState:
+    def _start_run(self) -> runstate.RunState:
         """Where the run starts: a resume's checkpoint restored (weights, optimizer, RNG, data
         position), the stage's sparsifier attached, run.json written, the log opened (a resume
         keeps its records up to the checkpoint) and the start info handed to the callback."""
         cfg = self.cfg
-        run, resume = rundir.RunState(), {}
+        run, resume = runstate.RunState(), {}
         if self.resume_from is not None and self.sharded:
-            run, resume = rundir.restore_sharded(self)
+            run, resume = runstate.restore_sharded(self)
         elif self.resume_from is not None:
-            run, resume, weights = rundir.restore(self.resume_from, self.world, cfg)
+            run, resume, weights = runstate.restore(self.resume_from, self.world, cfg)
             self._load_weights(weights, self.resume_from)
             self.optimizer.load_state_dict(resume["optimizer"])
-        self.resolved_settings = rundir.earlier_settings(self.run_dir, run.stage, self.resume_from)
-        self.sp = None  # a resume of a dense stage stays dense
+        self.resolved_settings = runstate.earlier_settings(
+            self.run_dir, run.stage, self.resume_from
+        )
+        self.sparsifier = None  # a resume of a dense stage stays dense
         if self.resume_from is None or resume.get("sparsifier") is not None:
-            saved_spc = resume.get("sparsifier_config")
-            self.sp = self._build_sparsifier(
-                run.stage, resume.get("sparsifier"), json.loads(saved_spc) if saved_spc else None
+            saved_config = resume.get("sparsifier_config")
+            self.sparsifier = self._build_sparsifier(
+                run.stage,
+                resume.get("sparsifier"),
+                json.loads(saved_config) if saved_config else None,
             )
         if self.master:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            rundir.write_run_json(self)
+            runstate.write_run_json(self)
         self.log = (
             runfiles.Log(self.run_dir, keep_until=run.step if self.resume_from else None)
             if self.master
-            else rundir.NullLog()
+            else runstate.NullLog()
         )
         run.stop = cfg.stop_at or cfg.steps
         self.callback("start", self._start_info(run))
@@ -462,12 +521,12 @@ class Trainer:
         run.started = time.perf_counter()
         return run
 
-    def _start_info(self, run: rundir.RunState) -> dict:
+    def _start_info(self, run: runstate.RunState) -> dict:
         """The callback's ``start`` info: the run's shape, data, devices, stages and warnings."""
         return {
             "run_dir": str(self.run_dir),
             "params": self.num_params,
-            "model": self.mcfg.to_dict(),
+            "model": self.model_cfg.to_dict(),
             "data": self.corpus_info,
             "world_size": self.world,
             "global_batch": self.global_batch,
@@ -477,24 +536,24 @@ class Trainer:
             "stop": run.stop,
             "device": str(self.device),
             "precision": self.precision,
-            "stages": self.plan,
+            "stages": [asdict(stage) for stage in self.plan],
             "sparsity": self.sparsity(),
             "distributed": (self.cfg.distributed if self.world > 1 or self.sharded else None),
             "memory_plan": self.memory_plan.describe() if self.memory_plan else None,
-            "sparse_training": self.sp.resolved() if self.sp is not None else None,
+            "sparse_training": self.sparsifier.resolved() if self.sparsifier is not None else None,
             "warnings": self._warnings(),
         }
 
-    def _enter_stage(self, step: int, run: rundir.RunState) -> None:
+    def _enter_stage(self, step: int, run: runstate.RunState) -> None:
         """At a stage's first step (Variable SPDF): densify, or re-sparsify at the new level."""
         idx = self.stage_at(step)
         if idx == run.stage:
             return
-        if self.sp is not None:
-            self.sp.densify()
-            self.sp = None
+        if self.sparsifier is not None:
+            self.sparsifier.densify()
+            self.sparsifier = None
         run.stage = idx
-        self.sp = self._build_sparsifier(idx, None)
+        self.sparsifier = self._build_sparsifier(idx, None)
         rec = {
             "kind": "stage",
             "step": step,
@@ -503,10 +562,10 @@ class Trainer:
         }
         self.log.write(rec)
         if self.master:
-            rundir.write_run_json(self)
+            runstate.write_run_json(self)
         self.callback("stage", rec)
 
-    def _train_step(self, step: int, run: rundir.RunState, stop_request: StopRequest) -> None:
+    def _train_step(self, step: int, run: runstate.RunState, stop_request: StopRequest) -> None:
         """One optimizer step (0-based ``step``), ``run`` advanced past it; its record logged
         (every --log-every steps, at the stop and after a mask update) and handed to the
         callback. A signal that came during it makes it the last."""
@@ -562,18 +621,18 @@ class Trainer:
         """The sparsifier's hooks around clipping and AdamW (the order in the module docstring),
         then a mask update checked across ranks and logged; (gradient norm, learning rate,
         whether the masks were updated)."""
-        updates_before = self.sp.updates_done if self.sp is not None else 0
-        if self.sp is not None:
-            self.sp.before_step(step)
+        updates_before = self.sparsifier.updates_done if self.sparsifier is not None else 0
+        if self.sparsifier is not None:
+            self.sparsifier.before_step(step)
         grad_norm = self._clip()
         # after before_step: an IMP pruning step rewinds the schedule it reports
-        lr = lr_at(self.sp.lr_step(step) if self.sp is not None else step, self.cfg)
+        lr = lr_at(self.sparsifier.lr_step(step) if self.sparsifier is not None else step, self.cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
-        if self.sp is not None:
-            self.sp.after_step(step)
-        updated = self.sp is not None and self.sp.updates_done != updates_before
+        if self.sparsifier is not None:
+            self.sparsifier.after_step(step)
+        updated = self.sparsifier is not None and self.sparsifier.updates_done != updates_before
         if updated and self.world > 1:
             self._agree_on_masks()
         self.optimizer.zero_grad(set_to_none=True)
@@ -582,7 +641,7 @@ class Trainer:
                 {
                     "kind": "mask_update",
                     "step": step + 1,
-                    **self.sp.last_event,
+                    **self.sparsifier.last_event,
                     "sparsity": round(self.sparsity(), 6),
                 }
             )
@@ -596,9 +655,9 @@ class Trainer:
             self.mask_divergences += 1
         elif self.sharded:
             return  # agreed: a broadcast would gather every whole mask for nothing
-        self.sp.broadcast_masks()
+        self.sparsifier.broadcast_masks()
 
-    def _evaluate_and_save(self, run: rundir.RunState) -> None:
+    def _evaluate_and_save(self, run: runstate.RunState) -> None:
         """After a step: the validation loss every --eval-every steps and at --steps, a
         checkpoint every --save-every steps and at the stop; a stop by a signal logged after
         its checkpoint."""
@@ -609,7 +668,7 @@ class Trainer:
             self.log.write(ev)
             self.callback("eval", ev)
         if (cfg.save_every and done % cfg.save_every == 0) or done == run.stop:
-            rundir.save(self, run)
+            runstate.save(self, run)
         if run.interrupted:
             self.log.write(
                 {
@@ -620,9 +679,9 @@ class Trainer:
                 }
             )
 
-    def _end_run(self, run: rundir.RunState) -> dict:
+    def _end_run(self, run: runstate.RunState) -> dict:
         """The summary, the log closed, the callback's ``end``; the summary."""
-        summary = rundir.summary(self, run)
+        summary = runstate.summary(self, run)
         self.log.close()
         self.callback("end", summary)
         if run.interrupted and self.world > 1:

@@ -1,16 +1,16 @@
 """The recipe pieces of a run that are pure functions of its options: the LR schedule, the
-AdamW parameter groups, the model size and the Variable SPDF stage plan."""
+AdamW parameter groups, the model size and the Variable SPDF stage plan (:class:`Stage`)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from sparsetool.models.gpt import PRESETS, GPTConfig
-from sparsetool.train.config import DEFAULT_PRESET, TrainConfig
+from sparsetool.train.trainconfig import DEFAULT_PRESET, TrainConfig
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -58,20 +58,32 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def stage_plan(cfg: TrainConfig) -> list[dict]:
-    """Stages as [{sparsity, start, end}] over steps; one stage without --stage.
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a run (Variable SPDF): its sparsity over steps ``start`` to ``end`` (0-based,
+    ``end`` excluded). ``sparsity`` is as --sparsity gives it: a number, a schedule mapping or
+    None (dense, or --init's masks)."""
+
+    sparsity: Any
+    start: int
+    end: int
+
+
+def stage_plan(cfg: TrainConfig) -> list[Stage]:
+    """The stages over steps; one stage without --stage.
 
     >>> stage_plan(TrainConfig(steps=100, stages=[(0.9, 0.8), (0.0, 0.2)]))
-    [{'sparsity': 0.9, 'start': 0, 'end': 80}, {'sparsity': 0.0, 'start': 80, 'end': 100}]
+    [Stage(sparsity=0.9, start=0, end=80), Stage(sparsity=0.0, start=80, end=100)]
     """
     if not cfg.stages:
-        return [{"sparsity": cfg.sparsity, "start": 0, "end": cfg.steps}]
-    out, acc = [], 0.0
+        return [Stage(cfg.sparsity, 0, cfg.steps)]
+    out: list[Stage] = []
+    acc = 0.0
     for s, f in cfg.stages:
-        start = out[-1]["end"] if out else 0
+        start = out[-1].end if out else 0
         acc += f
         end = cfg.steps if len(out) == len(cfg.stages) - 1 else int(round(acc * cfg.steps))
-        out.append({"sparsity": s, "start": start, "end": end})
+        out.append(Stage(s, start, end))
     return out
 
 

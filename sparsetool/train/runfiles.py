@@ -1,6 +1,6 @@
 """The run directory's files, each written and read here: run.json, the checkpoints (safetensors,
 ``mask`` encoding) and their resume state, the log and the plot. What a run does with them (start,
-resume, save, stop) is :mod:`sparsetool.train.rundir`.
+resume, save, stop) is :mod:`sparsetool.train.runstate`.
 
 Layout::
 

@@ -19,7 +19,7 @@ import torch
 from sparsetool.checkpoint import open_checkpoint
 from sparsetool.errors import ConfigError
 from sparsetool.models.gpt import PRESETS, GPTConfig, infer_config
-from sparsetool.train.config import DEFAULT_PRESET, TrainConfig
+from sparsetool.train.trainconfig import DEFAULT_PRESET, TrainConfig
 from sparsetool.util.wording import plural
 
 __all__ = [
@@ -57,24 +57,24 @@ def init_model_config(cfg: TrainConfig, weights: dict[str, torch.Tensor], meta: 
     preset = PRESETS[cfg.preset or DEFAULT_PRESET]
     head = meta.get("model", {}).get("n_head") or cfg.n_head or preset.n_head
     shapes = {k: tuple(v.shape) for k, v in weights.items()}
-    mcfg = replace(infer_config(shapes, head), dropout=cfg.dropout)
+    model_cfg = replace(infer_config(shapes, head), dropout=cfg.dropout)
     for k in SHAPE:
         given = getattr(cfg, k)
-        if given is not None and given != getattr(mcfg, k):
+        if given is not None and given != getattr(model_cfg, k):
             raise ConfigError(
                 f"--{k.replace('_', '-')} {given} disagrees with --init {cfg.init} "
-                f"({k} {getattr(mcfg, k)}); the model's shape comes from the checkpoint"
+                f"({k} {getattr(model_cfg, k)}); the model's shape comes from the checkpoint"
             )
     # the preset's sizes that no shape flag replaces must be the checkpoint's
     own = [k for k in SHAPE if getattr(cfg, k) is None]
-    if cfg.preset is not None and any(getattr(preset, k) != getattr(mcfg, k) for k in own):
-        has = ", ".join(f"{k} {getattr(mcfg, k)}" for k in own)
+    if cfg.preset is not None and any(getattr(preset, k) != getattr(model_cfg, k) for k in own):
+        has = ", ".join(f"{k} {getattr(model_cfg, k)}" for k in own)
         raise ConfigError(
             f"--preset {cfg.preset} disagrees with --init {cfg.init} ({has}; {cfg.preset} has "
             f"{', '.join(str(getattr(preset, k)) for k in own)}); the model's shape comes from the "
             "checkpoint"
         )
-    return mcfg
+    return model_cfg
 
 
 def matched_weights(

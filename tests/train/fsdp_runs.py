@@ -9,8 +9,8 @@ import sys
 
 import torch.distributed as dist
 
-from sparsetool.train.config import TrainConfig, validate
 from sparsetool.train.loop import Trainer
+from sparsetool.train.trainconfig import TrainConfig, validate
 
 
 def main() -> None:

@@ -355,8 +355,8 @@ def test_imp_every_round_ends_at_the_schedule_minimum(rounds, rewind):
     """Each round is a full training run with the schedule rewound: warm-up, then the cosine
     decay down to its minimum, as a dense run of the whole length ends (the run that used one
     cosine over all steps ended every round near the peak, 9.98e-4 of 1e-3)."""
-    from sparsetool.train.config import TrainConfig
     from sparsetool.train.recipe import lr_at
+    from sparsetool.train.trainconfig import TrainConfig
 
     cfg = TrainConfig(steps=1000, warmup=100, lr=1e-3, min_lr_ratio=0.1)
     sp = build_sparsifier(

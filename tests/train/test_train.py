@@ -10,9 +10,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from sparsetool.train.config import TrainConfig
 from sparsetool.train.configkeys import merge
 from sparsetool.train.loop import Trainer, train
+from sparsetool.train.trainconfig import TrainConfig
 
 from helpers import run as cli
 

@@ -296,7 +296,7 @@ def test_the_docs_table_lists_every_key_and_alias():
     import dataclasses
     import re
 
-    from sparsetool.train.config import KEY_ALIASES, TrainConfig
+    from sparsetool.train.trainconfig import KEY_ALIASES, TrainConfig
 
     page = (ROOT / "docs" / "train.md").read_text()
     section = page.split("## `train --config` keys", 1)[1].split("\n## ", 1)[0]

@@ -71,7 +71,7 @@ def test_a_warm_up_as_long_as_the_run_is_warned_about(tmp_path, corpus, flag):
 
 
 def test_the_warm_up_caveat_is_there_for_library_callers_too(tmp_path):
-    from sparsetool.train.config import caveats
+    from sparsetool.train.trainconfig import caveats
 
     cfg = merge({}, {"out": str(tmp_path / "r"), "steps": 50})  # the default warm-up is 100 steps
     assert caveats(cfg) == [

@@ -349,8 +349,8 @@ def test_stage_numbers_agree_between_log_console_and_plot(tmp_path, monkeypatch)
 
 
 def test_title_names_the_algorithm_once_with_its_sparsity():
-    from sparsetool.train.config import TrainConfig
-    from sparsetool.train.rundir import title
+    from sparsetool.train.runstate import title
+    from sparsetool.train.trainconfig import TrainConfig
 
     got = title(
         TrainConfig(algorithm="rigl", sparsity=0.75, steps=600), Path("runs/rigl"), 4, 128, True

@@ -19,9 +19,9 @@ import torch
 from safetensors.torch import load_file
 
 from sparsetool.errors import ConfigError
-from sparsetool.train.config import TrainConfig, validate
 from sparsetool.train.loop import train
 from sparsetool.train.memplan import fine_tuning_plan
+from sparsetool.train.trainconfig import TrainConfig, validate
 
 from helpers import hf_model, make_corpus, make_text, run, save_tokenizer
 

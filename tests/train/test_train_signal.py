@@ -19,9 +19,9 @@ import torch
 from safetensors.torch import load_file
 
 from sparsetool.errors import SparsetoolError
-from sparsetool.train.config import TrainConfig
 from sparsetool.train.configkeys import merge
 from sparsetool.train.loop import train
+from sparsetool.train.trainconfig import TrainConfig
 
 from helpers import run as cli
 

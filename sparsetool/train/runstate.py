@@ -2,7 +2,7 @@
 options a ``--resume`` continues with, the state restored from the latest checkpoint, what one
 save writes (:func:`save`, :func:`write_run_json`), the summary a run returns, and the messages
 after an interruption; :class:`RunState`, where a run stands (what state.json saves and a resume
-restores). The files themselves (their layout and formats) are written and read by
+restores); :class:`TrainerView`, what these read from the trainer. The files themselves (their layout and formats) are written and read by
 :mod:`sparsetool.train.runfiles`.
 """
 
@@ -14,19 +14,26 @@ import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from sparsetool.errors import CheckpointError, ConfigError, Interrupted
 from sparsetool.train import hfrun, runfiles
-from sparsetool.train.config import REBATCHABLE, RESUMABLE_OVERRIDES, TrainConfig, setting, validate
 from sparsetool.train.signals import signal_number
+from sparsetool.train.trainconfig import (
+    REBATCHABLE,
+    RESUMABLE_OVERRIDES,
+    TrainConfig,
+    setting,
+    validate,
+)
 from sparsetool.util.wording import plural
 
 __all__ = [
     "NullLog",
     "RunState",
+    "TrainerView",
     "check_new_run",
     "earlier_settings",
     "interrupted",
@@ -63,6 +70,39 @@ class RunState:
     def elapsed(self) -> float:
         """Seconds of training: this process's and those before a resume."""
         return self.elapsed_before + time.perf_counter() - self.started
+
+
+class TrainerView(Protocol):
+    """What the run directory reads from the trainer (:class:`sparsetool.train.loop.Trainer`) to
+    restore a checkpoint, save one, write run.json and make the summary; it changes none of it."""
+
+    cfg: TrainConfig
+    run_dir: Path
+    resume_from: Path | None  # the checkpoint a resume continues from
+    model_cfg: Any  # the model's shape: a GPTConfig, or a Hugging Face run's HFModelInfo
+    hf: hfrun.HFModel | None  # a Hugging Face run's model directory, None for sparsetool's GPT
+    corpus_info: dict  # what the data is (run.json's "data")
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    targets: dict[str, torch.Tensor]  # the targeted parameters
+    log: Any  # runfiles.Log on rank 0, NullLog elsewhere
+    sparsifier: Any  # the stage's sparsifier, None while dense
+    sparsifier_config: dict | None  # the mapping it was built from
+    resolved_settings: dict[int, dict]  # stage (1-based) -> resolved sparse settings
+    mask_divergences: int
+    world: int
+    master: bool
+    sharded: bool
+
+    @property
+    def global_batch(self) -> int: ...
+
+    @property
+    def num_params(self) -> int: ...
+
+    def sparsity(self) -> float: ...
+
+    def rank_mask_digests(self) -> list[str] | None: ...
 
 
 def check_new_run(run_dir: Path) -> None:
@@ -125,25 +165,25 @@ def restore(checkpoint: Path, world: int, cfg: TrainConfig) -> tuple[RunState, d
     return _run_state(state, world, cfg), resume, weights
 
 
-def restore_sharded(tr) -> tuple[RunState, dict]:
-    """(run state, resume) of an FSDP run's latest checkpoint (``tr.resume_from``), its weights
+def restore_sharded(trainer: TrainerView) -> tuple[RunState, dict]:
+    """(run state, resume) of an FSDP run's latest checkpoint (``trainer.resume_from``), its weights
     and AdamW state loaded into the trainer's model and optimizer, resharded to this number of
     processes; the global RNG state is set back."""
     from sparsetool.train import shardedckpt
 
-    path = tr.resume_from / "state.json"
+    path = trainer.resume_from / "state.json"
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(
             f"{path} cannot be read ({e}); resume from an earlier checkpoint"
         ) from None
-    run = _run_state(state, tr.world, tr.cfg)  # before anything is loaded
+    run = _run_state(state, trainer.world, trainer.cfg)  # before anything is loaded
     resume = shardedckpt.restore(
-        tr.resume_from,
-        model=tr.model,
-        optimizer=tr.optimizer,
-        params=dict(tr.model.named_parameters()),
+        trainer.resume_from,
+        model=trainer.model,
+        optimizer=trainer.optimizer,
+        params=dict(trainer.model.named_parameters()),
     )
     runfiles.set_rng_state(state["rng"])
     return run, resume
@@ -285,28 +325,30 @@ class NullLog:
 
 
 # ---------------------------------------------------------------- what a trainer writes and returns
-# ``tr`` is a :class:`sparsetool.train.loop.Trainer`; these read its public state and never change it.
+# These read the trainer's public state (:class:`TrainerView`) and never change it.
 
 
-def meta(tr, step: int) -> dict:
+def meta(trainer: TrainerView, step: int) -> dict:
     """The ``sparsetool`` metadata entry of a checkpoint saved at ``step``."""
     return {
         "producer": "sparsetool train",
         "format_version": runfiles.FORMAT_VERSION,
-        "encoding": "mask" if tr.sp is not None else "plain",
+        "encoding": "mask" if trainer.sparsifier is not None else "plain",
         "step": step,
-        "model": tr.mcfg.to_dict(),
-        "algorithm": (tr.sparsifier_config or {}).get("algorithm") if tr.sp else "dense",
-        "sparsity": round(tr.sparsity(), 6),
-        "targeted": sorted(tr.targets),
+        "model": trainer.model_cfg.to_dict(),
+        "algorithm": (trainer.sparsifier_config or {}).get("algorithm")
+        if trainer.sparsifier
+        else "dense",
+        "sparsity": round(trainer.sparsity(), 6),
+        "targeted": sorted(trainer.targets),
     }
 
 
-def save(tr, run: RunState) -> None:
+def save(trainer: TrainerView, run: RunState) -> None:
     """A checkpoint at ``run.step`` (rank 0 only; every rank together for an FSDP run): weights,
     optimizer, sparsifier, data position and RNG, so that ``--resume`` continues exactly; then
     RUN/model/ of a Hugging Face run, log.csv and loss.png."""
-    if not (tr.master or tr.sharded):
+    if not (trainer.master or trainer.sharded):
         return
     step = run.step
     state = {
@@ -315,116 +357,124 @@ def save(tr, run: RunState) -> None:
         "tokens": run.tokens,
         "elapsed_s": run.elapsed(),
         "stage": run.stage,  # the stage whose sparsifier state is saved
-        "sparse": tr.sp is not None,
+        "sparse": trainer.sparsifier is not None,
         "rng": runfiles.rng_state(),
-        "world_size": tr.world,
-        "global_batch": tr.global_batch,
+        "world_size": trainer.world,
+        "global_batch": trainer.global_batch,
     }
-    if tr.sharded:
-        _save_sharded(tr, step, state)
-        if tr.master:
-            _save_plots(tr)
+    if trainer.sharded:
+        _save_sharded(trainer, step, state)
+        if trainer.master:
+            _save_plots(trainer)
         return
     save_step(
-        tr.run_dir,
+        trainer.run_dir,
         step,
-        model=tr.model,
-        model_cfg=tr.mcfg.to_dict(),
-        optimizer=tr.optimizer,
-        sparsifier=tr.sp,
-        sparsifier_config=tr.sparsifier_config,
-        meta=meta(tr, step),
+        model=trainer.model,
+        model_cfg=trainer.model_cfg.to_dict(),
+        optimizer=trainer.optimizer,
+        sparsifier=trainer.sparsifier,
+        sparsifier_config=trainer.sparsifier_config,
+        meta=meta(trainer, step),
         state=state,
-        keep_last=tr.cfg.keep_last,
-        write_files=tr.hf.write_files if tr.hf else None,
+        keep_last=trainer.cfg.keep_last,
+        write_files=trainer.hf.write_files if trainer.hf else None,
     )
-    if tr.hf:
-        tr.hf.export(
-            tr.run_dir,
-            tr.model,
-            dict(tr.sp.masks) if tr.sp else {},
-            tr.cfg.encoding,
-            meta(tr, step),
-            tr.mcfg.dtype,
+    if trainer.hf:
+        trainer.hf.export(
+            trainer.run_dir,
+            trainer.model,
+            dict(trainer.sparsifier.masks) if trainer.sparsifier else {},
+            trainer.cfg.encoding,
+            meta(trainer, step),
+            trainer.model_cfg.dtype,
         )
-    _save_plots(tr)
+    _save_plots(trainer)
 
 
-def _save_sharded(tr, step: int, state: dict) -> None:
+def _save_sharded(trainer: TrainerView, step: int, state: dict) -> None:
     """An FSDP run's checkpoint and RUN/model/, every rank taking part (:mod:`.shardedckpt`)."""
     from sparsetool.train import shardedckpt
 
     shardedckpt.save(
-        tr.run_dir,
+        trainer.run_dir,
         step,
-        model=tr.model,
-        optimizer=tr.optimizer,
-        sparsifier=tr.sp,
-        sparsifier_config=tr.sparsifier_config,
-        meta=meta(tr, step),
-        model_cfg=tr.mcfg.to_dict(),
+        model=trainer.model,
+        optimizer=trainer.optimizer,
+        sparsifier=trainer.sparsifier,
+        sparsifier_config=trainer.sparsifier_config,
+        meta=meta(trainer, step),
+        model_cfg=trainer.model_cfg.to_dict(),
         state=state,
-        keep_last=tr.cfg.keep_last,
-        master=tr.master,
-        write_files=tr.hf.write_files if tr.hf else None,
+        keep_last=trainer.cfg.keep_last,
+        master=trainer.master,
+        write_files=trainer.hf.write_files if trainer.hf else None,
     )
-    if tr.hf:
-        tr.hf.export(
-            tr.run_dir,
-            tr.model,
-            dict(tr.sp.masks) if tr.sp else {},
-            tr.cfg.encoding,
-            meta(tr, step),
-            tr.mcfg.dtype,
-            write=tr.master,
+    if trainer.hf:
+        trainer.hf.export(
+            trainer.run_dir,
+            trainer.model,
+            dict(trainer.sparsifier.masks) if trainer.sparsifier else {},
+            trainer.cfg.encoding,
+            meta(trainer, step),
+            trainer.model_cfg.dtype,
+            write=trainer.master,
         )
 
 
-def _save_plots(tr) -> None:
-    tr.log.write_csv(tr.run_dir)
-    tr.log.plot(
-        tr.run_dir,
-        title(tr.cfg, tr.run_dir, tr.mcfg.n_layer, tr.mcfg.d_model, tr.sp is not None),
-        "token" if tr.hf else "byte",
+def _save_plots(trainer: TrainerView) -> None:
+    trainer.log.write_csv(trainer.run_dir)
+    trainer.log.plot(
+        trainer.run_dir,
+        title(
+            trainer.cfg,
+            trainer.run_dir,
+            trainer.model_cfg.n_layer,
+            trainer.model_cfg.d_model,
+            trainer.sparsifier is not None,
+        ),
+        "token" if trainer.hf else "byte",
     )
 
 
-def write_run_json(tr) -> None:
+def write_run_json(trainer: TrainerView) -> None:
     """run.json: options as given, model, data; each stage's resolved sparse settings."""
     runfiles.write_json(
-        tr.run_dir / "run.json",
+        trainer.run_dir / "run.json",
         {
-            "config": tr.cfg.to_dict(),
-            "model": tr.mcfg.to_dict(),
-            "data": tr.corpus_info,
-            "sparse_training": {str(k): v for k, v in sorted(tr.resolved_settings.items())},
+            "config": trainer.cfg.to_dict(),
+            "model": trainer.model_cfg.to_dict(),
+            "data": trainer.corpus_info,
+            "sparse_training": {str(k): v for k, v in sorted(trainer.resolved_settings.items())},
         },
     )
 
 
-def summary(tr, run: RunState) -> dict:
+def summary(trainer: TrainerView, run: RunState) -> dict:
     """What ``train`` returns (and prints as --json) at the end of ``run``; ``interrupted``: the
     signal that ended the run at ``run.stop`` with a checkpoint, or None."""
-    cfg, stop, elapsed = tr.cfg, run.stop, run.elapsed()
-    digests = tr.rank_mask_digests()
+    cfg, stop, elapsed = trainer.cfg, run.stop, run.elapsed()
+    digests = trainer.rank_mask_digests()
     return {
-        "run_dir": str(tr.run_dir),
+        "run_dir": str(trainer.run_dir),
         "step": stop,
         "steps": cfg.steps,
         "finished": stop == cfg.steps,
         "loss": round(run.loss, 6),
         "val_loss": None if run.val_loss is None else round(run.val_loss, 6),
-        "sparsity": round(tr.sparsity(), 6),
+        "sparsity": round(trainer.sparsity(), 6),
         "tokens": run.tokens,
         "elapsed_s": round(elapsed, 3),
         "tokens_per_s": round(run.tokens / elapsed, 1) if elapsed > 0 else None,
-        "params": tr.num_params,
-        "world_size": tr.world,
+        "params": trainer.num_params,
+        "world_size": trainer.world,
         "masks_identical_across_ranks": None if digests is None else len(set(digests)) == 1,
-        "mask_updates_that_diverged": tr.mask_divergences if tr.world > 1 else None,
-        "checkpoint": str(tr.run_dir / (hfrun.MODEL_DIR if tr.hf else "model.safetensors")),
-        "huggingface": tr.hf is not None,
-        "log": str(tr.run_dir / "log.jsonl"),
-        "plot": str(tr.run_dir / "loss.png"),
+        "mask_updates_that_diverged": trainer.mask_divergences if trainer.world > 1 else None,
+        "checkpoint": str(
+            trainer.run_dir / (hfrun.MODEL_DIR if trainer.hf else "model.safetensors")
+        ),
+        "huggingface": trainer.hf is not None,
+        "log": str(trainer.run_dir / "log.jsonl"),
+        "plot": str(trainer.run_dir / "loss.png"),
         "interrupted": run.interrupted,
     }

@@ -183,7 +183,7 @@ RESUMABLE_OVERRIDES = {
     "threads",
 }
 # May differ on a resume when the global batch (--batch-size x --grad-accum x processes) stays
-# the same: an FSDP run continues on another number of processes (rundir.restore checks it).
+# the same: an FSDP run continues on another number of processes (runstate.restore checks it).
 REBATCHABLE = {"batch_size", "grad_accum"}
 
 
