@@ -189,6 +189,25 @@ def train(
         "--dense",
         help="With --init: revive pruned weights at 0 and train densely (SPDF fine-tuning).",
     ),
+    distill_from: Optional[Path] = typer.Option(
+        None,
+        "--distill-from",
+        metavar="TEACHER_DIR",
+        help="With --init STUDENT_DIR: learn this Hugging Face model's next-token distribution "
+        "(KL divergence; same tokenizer required). The teacher runs forward only, frozen.",
+    ),
+    distill_temperature: Optional[float] = typer.Option(
+        None,
+        "--distill-temperature",
+        metavar="T",
+        help="Softmax temperature of both distributions (default 1; the loss is scaled by T^2).",
+    ),
+    distill_alpha: Optional[float] = typer.Option(
+        None,
+        "--distill-alpha",
+        metavar="A",
+        help="Weight of the distillation loss; 1 - A goes to the next-token loss (default 1).",
+    ),
     stage: list[str] = stage_option(
         "SPARSITY:FRACTION of the steps (repeatable): Variable SPDF, e.g. 0.9:0.8 then 0:0.2 (default: one stage)."
     ),
@@ -327,6 +346,8 @@ _AS_GIVEN = (
     "stop_at",
     "device",
     "threads",
+    "distill_temperature",
+    "distill_alpha",
 )
 _CHOICES = (
     "preset",
@@ -348,6 +369,7 @@ def _flags(given: dict, output: Path | None, sparsity_options: dict) -> dict:
         {
             "out": str(output) if output else None,
             "init": str(given["init"]) if given["init"] else None,
+            "distill_from": str(given["distill_from"]) if given["distill_from"] else None,
             "param_filter": list(given["param_filter"]) or None,
             "include": tuple(given["include"]) or None,
             "exclude": tuple(given["exclude"]) or None,

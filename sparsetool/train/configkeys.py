@@ -216,6 +216,7 @@ _EXAMPLES = {  # for the settings whose default is no example (None, empty)
     "stop_at": 500,
     "threads": 1,
     "dense": True,
+    "distill_from": "models/teacher",
 }
 # what a value of each type is called: (in "is not ...", in "give ...")
 _WHAT = {
@@ -296,7 +297,12 @@ class _Value:
                 raise self.bad(value, *_WHAT[bool])
             return value
         if kind is str:
-            if isinstance(value, os.PathLike) and self.key in ("out", "data", "init"):
+            if isinstance(value, os.PathLike) and self.key in (
+                "out",
+                "data",
+                "init",
+                "distill_from",
+            ):
                 value = os.fspath(value)
             if not isinstance(value, str):
                 raise self.bad(value, *_WHAT[str])

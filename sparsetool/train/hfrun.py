@@ -167,11 +167,18 @@ def open_run_model(
             n_head=info.n_head,
             context=info.context,
             vocab=info.vocab_size,
+            teacher_params=_float_params(cfg.distill_from) if cfg.distill_from else 0,
         ),
         f"train --init {hf.path}",
     )
     weights, masks = ({}, {}) if resumed else read_init_checkpoint(cfg.init)[:2]
     return hf, info, weights, masks
+
+
+def _float_params(path: str | Path) -> int:
+    """The floating-point parameters a checkpoint stores (its headers alone)."""
+    with open_checkpoint(Path(path)) as ckpt:
+        return sum(lt.numel for lt in ckpt.logical if lt.floating)
 
 
 class HFModel:

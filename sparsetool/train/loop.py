@@ -39,7 +39,7 @@ from sparsetool.checkpoint.output_files import (
 from sparsetool.errors import ConfigError
 from sparsetool.models.gpt import GPT, GPTConfig
 from sparsetool.targets import plan_targets
-from sparsetool.train import hfrun, runfiles, runstate, warmstart
+from sparsetool.train import distill, hfrun, runfiles, runstate, warmstart
 from sparsetool.train.data import Sampler, eval_batches
 from sparsetool.train.distributed import (
     gather_digests,
@@ -167,6 +167,19 @@ class Trainer:
             self.model_cfg = warmstart.init_model_config(cfg, init_weights, init_meta)
         else:
             self.model_cfg = model_config(cfg)
+        self.lm_forward = self.forward  # the validation loss: always the next-token loss
+        if cfg.distill_from:
+            if not self.hf:
+                raise ConfigError(
+                    f"--distill-from {cfg.distill_from}: the student must be a Hugging Face "
+                    "directory too (--init STUDENT_DIR), with the teacher's tokenizer"
+                )
+            self.teacher = distill.Teacher(
+                cfg.distill_from, self.hf.tokenizer, self.model_cfg.vocab_size, self.device
+            )
+            self.forward = distill.distilling(
+                self.forward, self.teacher, cfg.distill_temperature, cfg.distill_alpha
+            )
         self.memory_plan = self.hf.plan if self.hf else self._gpt_memory_plan()
         return init_weights, init_masks
 
@@ -415,7 +428,7 @@ class Trainer:
             x = self.val_x[i : i + bs].to(self.device)
             y = self.val_y[i : i + bs].to(self.device)
             with self.autocast():
-                _, loss = self.forward(self.model, x, y)
+                _, loss = self.lm_forward(self.model, x, y)
             total += float(loss) * x.size(0)
             n += x.size(0)
         self.model.train()

@@ -6,6 +6,7 @@ has; a run that cannot fit is refused with the figures and the options that lowe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -34,13 +35,15 @@ def run_plan(
     context: int,
     vocab: int,
     resumed: bool = False,
+    teacher_params: int = 0,
 ) -> MemoryPlan:
     """The plan of ``cfg``'s run of a model of ``params`` parameters on ``device`` (the one the
     run resolved), for each process of the torchrun group this process belongs to (WORLD_SIZE,
     LOCAL_WORLD_SIZE); the weights are read from a checkpoint with ``--init`` or when
     ``resumed``. On a GPU the budget is the GPU's memory, and a sharded run from random weights
     also needs this machine's memory to hold the whole model each of its processes builds
-    before it is sharded (refused here)."""
+    before it is sharded (refused here). ``teacher_params``: the parameters of a
+    ``--distill-from`` teacher, which every process holds whole in float32 beside its logits."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     reading = bool(cfg.init) or resumed
@@ -58,7 +61,7 @@ def run_plan(
                 f"the machine has {binary_bytes(room)} available; run fewer processes per machine "
                 "(torchrun --nproc_per_node) over more machines"
             )
-    return fine_tuning_plan(
+    plan = fine_tuning_plan(
         params,
         batch=cfg.batch_size,
         context=context,
@@ -75,6 +78,13 @@ def run_plan(
         device_memory=device_memory,
         reading=reading,
     )
+    if teacher_params:  # --distill-from: a whole float32 teacher per process, and its logits
+        plan = dataclasses.replace(
+            plan,
+            weights=plan.weights + 4 * teacher_params,
+            activations=plan.activations + 4 * cfg.batch_size * context * vocab,
+        )
+    return plan
 
 
 def fine_tuning_plan(

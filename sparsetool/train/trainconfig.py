@@ -130,6 +130,10 @@ class TrainConfig:
     dense: bool = False  # with init: revive every pruned weight at 0 and train densely (SPDF)
     stages: list[tuple[float, float]] = field(default_factory=list)  # (sparsity, fraction)
     encoding: str = DEFAULT_ENCODING  # how RUN/model/ of a --init HF_DIR run stores pruned weights
+    # knowledge distillation (train/distill.py): a Hugging Face teacher with the student's tokenizer
+    distill_from: str | None = None
+    distill_temperature: float = 1.0  # T: both distributions at softmax(logits / T); loss x T^2
+    distill_alpha: float = 1.0  # weight of the distillation loss; 1 - alpha: the next-token loss
     # bookkeeping
     eval_every: int = 100
     eval_sequences: int = 64
@@ -271,6 +275,20 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             cfg.init is not None or "sparsity" in cfg.sparsity_options,
             f"--algorithm {cfg.algorithm} needs --sparsity (e.g. --sparsity 0.75)",
         )
+    need(
+        cfg.distill_temperature > 0,
+        f"--distill-temperature must be > 0, got {cfg.distill_temperature}",
+    )
+    need(
+        0 <= cfg.distill_alpha <= 1,
+        f"--distill-alpha must be in [0, 1] (the distillation loss's weight), got "
+        f"{cfg.distill_alpha}",
+    )
+    need(
+        cfg.distill_from is None or cfg.init is not None,
+        "--distill-from TEACHER trains a student: give it with --init STUDENT_DIR (a Hugging "
+        "Face directory with the teacher's tokenizer)",
+    )
     need(
         cfg.encoding in ENCODINGS,
         f"--encoding {cfg.encoding!r}: choose one of {', '.join(ENCODINGS)}",

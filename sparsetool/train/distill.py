@@ -1,0 +1,105 @@
+"""``train --init STUDENT --distill-from TEACHER``: recovery by knowledge distillation.
+
+The student (a Hugging Face directory: a shrunk, pruned or smaller model) learns the teacher's
+next-token distribution. At each micro-batch the teacher, in eval mode and without gradients,
+runs forward on the same token ids, and the loss is
+
+    alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + (1 - alpha) * CE(student, y)
+
+averaged over tokens (``T``: ``--distill-temperature``, Hinton et al.'s ``T^2`` keeps the
+gradient's scale across temperatures; ``alpha``: ``--distill-alpha``, 1 by default: the
+distillation loss alone). The validation loss stays the plain next-token loss, comparable with
+any other run. The student keeps its masks: the sparsifier masks weights and gradients whatever
+the loss. Each process holds a whole teacher (also under ``--distributed fsdp``, where only the
+student is sharded); the memory plan counts it.
+
+Student and teacher must share the tokenizer (the same vocabulary and special tokens) and the
+logits' width; anything else is refused in one line before a weight is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from sparsetool.errors import ConfigError
+from sparsetool.models.hf import hf_config, import_transformers, load_tokenizer
+from sparsetool.train.runfiles import read_init_checkpoint
+
+__all__ = ["Teacher", "distillation_loss", "distilling"]
+
+Forward = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def distillation_loss(
+    student: torch.Tensor, teacher: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """``T^2 * KL(p_teacher || p_student)`` at temperature ``T``, the mean over tokens of logits
+    ``(..., V)`` (float32)."""
+    t = temperature
+    s_log = F.log_softmax(student.float() / t, dim=-1)
+    t_log = F.log_softmax(teacher.float() / t, dim=-1)
+    kl = (t_log.exp() * (t_log - s_log)).sum(-1)
+    return kl.mean() * (t * t)
+
+
+class Teacher:
+    """The teacher model of a run: read once (any encoding sparsetool reads), frozen, in eval
+    mode, on the run's device."""
+
+    def __init__(self, path: str | Path, student_tokenizer, vocab_size: int, device) -> None:
+        from sparsetool.models.hf import match_weights
+
+        self.path = Path(path)
+        transformers = import_transformers("distilling from")
+        from sparsetool.checkpoint import open_checkpoint
+
+        if not (self.path / "config.json").is_file():
+            raise ConfigError(
+                f"--distill-from {self.path}: not a Hugging Face model directory (config.json, "
+                "weights, tokenizer files); the teacher must be one"
+            )
+        with open_checkpoint(self.path) as ckpt:
+            config = ckpt.config
+        cfg = hf_config(self.path, config, transformers, "train --distill-from")
+        tok = load_tokenizer(self.path, transformers)
+        if tok.get_vocab() != student_tokenizer.get_vocab() or sorted(
+            tok.all_special_tokens
+        ) != sorted(student_tokenizer.all_special_tokens):
+            raise ConfigError(
+                f"--distill-from {self.path}: its tokenizer differs from the student's (another "
+                "vocabulary or special tokens); distillation compares next-token distributions "
+                "over one vocabulary: give a teacher with the student's tokenizer"
+            )
+        if int(cfg.vocab_size) != vocab_size:
+            raise ConfigError(
+                f"--distill-from {self.path}: its logits have {cfg.vocab_size} entries, the "
+                f"student's {vocab_size}; give a teacher whose vocab_size is the student's"
+            )
+        model = transformers.AutoModelForCausalLM.from_config(cfg, trust_remote_code=False)
+        weights = read_init_checkpoint(self.path)[0]
+        matched = match_weights(self.path, model, weights, "train --distill-from")
+        model.load_state_dict(matched, strict=False)
+        self.model = model.float().to(device).eval().requires_grad_(False)
+        self.numel = sum(p.numel() for p in self.model.parameters())
+
+    @torch.no_grad()
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=x, use_cache=False).logits
+
+
+def distilling(forward: Forward, teacher: Teacher, temperature: float, alpha: float) -> Forward:
+    """``forward`` (student logits and next-token loss) with its loss replaced by the mix of the
+    distillation loss and the next-token loss (see the module docstring)."""
+
+    def distilled(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
+        logits, lm = forward(model, x, y)
+        kd = distillation_loss(logits, teacher.logits(x), temperature)
+        if alpha >= 1:
+            return logits, kd
+        return logits, alpha * kd + (1 - alpha) * lm
+
+    return distilled
