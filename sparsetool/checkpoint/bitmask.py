@@ -59,7 +59,8 @@ def unpack(bits: np.ndarray, shape: list[int]) -> np.ndarray:
 
 
 def scatter(values: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    """Zeros of ``keep``'s shape with ``values`` placed, in row-major order, where ``keep`` is set."""
+    """Zeros of ``keep``'s shape with ``values`` placed, in row-major order, where ``keep`` is
+    set."""
     out = np.zeros(keep.size, dtype=values.dtype)
     out[np.flatnonzero(keep)] = values
     return out.reshape(keep.shape)
@@ -82,7 +83,8 @@ def check_parts(
     expect = tuple(shape[:-1]) + (packed_cols(shape[-1]),)
     if tuple(bitmask_shape) != expect:
         raise CheckpointError(
-            f"{where}: {group}.bitmask has shape {list(bitmask_shape)} but dense shape {shape} needs {list(expect)}"
+            f"{where}: {group}.bitmask has shape {list(bitmask_shape)} but dense shape {shape} "
+            f"needs {list(expect)}"
         )
     if compressed_shape[0] > math.prod(shape):
         raise CheckpointError(

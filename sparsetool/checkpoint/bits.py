@@ -6,7 +6,8 @@ one count per element, and "NaN" one comparison, over the raw values a checkpoin
 (:meth:`sparsetool.checkpoint.Checkpoint.read_array`), chunk by chunk on the worker pool.
 
 >>> import numpy as np
->>> bits = np.array([0x3F80, -0x8000, 0x0000, 0x7FC0, -0x4080], dtype=np.int16)  # bf16 1, -0, 0, NaN, -1
+>>> # bf16 1, -0, 0, NaN, -1:
+>>> bits = np.array([0x3F80, -0x8000, 0x0000, 0x7FC0, -0x4080], dtype=np.int16)
 >>> count_nonzero_bits(bits), count_nonzero_bits(bits, "BF16", nan_is_zero=True)
 (3, 2)
 >>> holds_nan_or_negative_zero(bits, "BF16")
@@ -77,7 +78,10 @@ def holds_nan_or_negative_zero(bits: np.ndarray, st_dtype: str) -> bool:
 
     >>> holds_nan_or_negative_zero(np.array([0x3F80, -0x4080, 0], dtype=np.int16), "BF16")
     False
-    >>> [holds_nan_or_negative_zero(np.array([0x3F80, x], dtype=np.int16), "BF16") for x in (-0x8000, 0x7FC0, -0x40)]
+    >>> [
+    ...     holds_nan_or_negative_zero(np.array([0x3F80, x], dtype=np.int16), "BF16")
+    ...     for x in (-0x8000, 0x7FC0, -0x40)
+    ... ]
     [True, True, True]
     """
     inf = FLOAT_KEYS[st_dtype][1]

@@ -37,12 +37,24 @@ def drop_sparsity_config(config: dict) -> dict:
     A containing block left with only bookkeeping keys (or empty values) is dropped too; a block
     that still describes quantization is kept.
 
-    >>> cfg = {"model_type": "gpt2", "quantization_config": {"quant_method": "compressed-tensors",
-    ...        "version": "0.14.0.1", "sparsity_config": {"format": "sparse-bitmask"}, "transform_config": {}}}
+    >>> cfg = {
+    ...     "model_type": "gpt2",
+    ...     "quantization_config": {
+    ...         "quant_method": "compressed-tensors",
+    ...         "version": "0.14.0.1",
+    ...         "sparsity_config": {"format": "sparse-bitmask"},
+    ...         "transform_config": {},
+    ...     },
+    ... }
     >>> drop_sparsity_config(cfg)
     {'model_type': 'gpt2'}
-    >>> q = {"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"g": {}},
-    ...      "sparsity_config": {"format": "sparse-bitmask"}}}
+    >>> q = {
+    ...     "quantization_config": {
+    ...         "quant_method": "compressed-tensors",
+    ...         "config_groups": {"g": {}},
+    ...         "sparsity_config": {"format": "sparse-bitmask"},
+    ...     }
+    ... }
     >>> drop_sparsity_config(q)
     {'quantization_config': {'quant_method': 'compressed-tensors', 'config_groups': {'g': {}}}}
     """
@@ -70,7 +82,10 @@ def bitmask_sparsity_config(config: dict, modules: list[str], global_sparsity: f
     An existing sparsity config is replaced; a quantization config is kept.
 
     >>> cfg = bitmask_sparsity_config({"model_type": "gpt2"}, ["h.0.mlp.c_fc"], 0.5)
-    >>> cfg["quantization_config"]["sparsity_config"]["format"], cfg["quantization_config"]["quant_method"]
+    >>> (
+    ...     cfg["quantization_config"]["sparsity_config"]["format"],
+    ...     cfg["quantization_config"]["quant_method"],
+    ... )
     ('sparse-bitmask', 'compressed-tensors')
     >>> drop_sparsity_config(cfg)
     {'model_type': 'gpt2'}

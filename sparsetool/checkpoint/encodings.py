@@ -1,12 +1,13 @@
 """Sparse encodings: how a pruned weight looks on disk (:func:`encode_array`), and back
 (:func:`decode_array`).
 
-| encoding | stored tensors |
-|---|---|
-| ``zeros``   | ``<name>``: pruned entries +0.0 (never -0.0) |
-| ``mask``    | ``<name>`` as zeros, plus bool ``<name>_mask`` (True = kept), Cerebras Model Zoo 2.2+ |
-| ``nan``     | ``<name>``: pruned entries NaN (the "sparse sentinel" of Cerebras Model Zoo 1.7-1.9) |
-| ``bitmask`` | compressed-tensors sparse-bitmask: ``<module>.shape/.compressed/.bitmask/.row_offsets`` |
+Each encoding and its stored tensors:
+
+- ``zeros``: ``<name>``: pruned entries +0.0 (never -0.0)
+- ``mask``: ``<name>`` as zeros, plus bool ``<name>_mask`` (True = kept), Cerebras Model Zoo 2.2+
+- ``nan``: ``<name>``: pruned entries NaN (the "sparse sentinel" of Cerebras Model Zoo 1.7-1.9)
+- ``bitmask``: compressed-tensors sparse-bitmask:
+  ``<module>.shape/.compressed/.bitmask/.row_offsets``
 
 The codecs work in numpy on the values as stored (floats as the signed integers of their bit
 patterns, :mod:`sparsetool.util.floatbits`), so ``prune`` never imports torch. :func:`encode` and
@@ -55,7 +56,8 @@ def loader_warning(encoding: str, out: Any, command: str) -> str | None:
 
 
 def bitmask_module(name: str, shape: tuple[int, ...]) -> str:
-    """Module prefix of a weight for the bitmask layout; errors for what compressed-tensors would not compress."""
+    """Module prefix of a weight for the bitmask layout; errors for what compressed-tensors would
+    not compress."""
     if not name.endswith(".weight"):
         raise SparsetoolError(
             f"tensor {name}: the bitmask encoding applies only to tensors named '<module>.weight' "
@@ -78,8 +80,12 @@ def encoded_specs(
     For ``bitmask``, ``nnz`` must be the number of entries that are non-zero *after* masking
     (:func:`stored_count`): a kept weight that is exactly 0 is not stored, as in compressed-tensors.
 
-    >>> [(s.name, s.dtype, s.shape) for s in encoded_specs("l.weight", "BF16", (3, 10), 7, "bitmask")]
-    [('l.shape', 'I64', (2,)), ('l.compressed', 'BF16', (7,)), ('l.bitmask', 'U8', (3, 2)), ('l.row_offsets', 'I64', (3,))]
+    >>> [
+    ...     (s.name, s.dtype, s.shape)
+    ...     for s in encoded_specs("l.weight", "BF16", (3, 10), 7, "bitmask")
+    ... ]
+    [('l.shape', 'I64', (2,)), ('l.compressed', 'BF16', (7,)), ('l.bitmask', 'U8', (3, 2)),
+    ('l.row_offsets', 'I64', (3,))]
     """
     codec(encoding)  # an unknown name is an error
     st = dtypes.st_name(dtype)
@@ -119,10 +125,11 @@ def nan_bits(st: str) -> int:
 def encode_piece(
     encoding: str, bits: np.ndarray, keep: np.ndarray, nan: int = 0
 ) -> list[np.ndarray]:
-    """One piece of each stored tensor of a ``streamed`` encoding (:class:`~sparsetool.checkpoint.codecs.Codec`), from the raw values (a flat
-    integer array: a float's bits) and the bool mask (True = kept) of the same positions: the
-    values with pruned entries +0.0 (NaN, whose bits ``nan`` gives, for ``nan``), and for ``mask``
-    the mask bytes too. The same bytes :func:`encode_array` writes for those positions.
+    """One piece of each stored tensor of a ``streamed`` encoding
+    (:class:`~sparsetool.checkpoint.codecs.Codec`), from the raw values (a flat integer array: a
+    float's bits) and the bool mask (True = kept) of the same positions: the values with pruned
+    entries +0.0 (NaN, whose bits ``nan`` gives, for ``nan``), and for ``mask`` the mask bytes too.
+    The same bytes :func:`encode_array` writes for those positions.
 
     >>> bits = np.array([0x3F80, -0x4080, -0x8000], dtype=np.int16)  # 1.0, -1.0, -0.0 in bf16
     >>> [p.tolist() for p in encode_piece("mask", bits, np.array([True, False, True]))]
@@ -143,7 +150,8 @@ def check_encodable(
     codec(encoding)  # an unknown name is an error
     if mask is not None and tuple(mask.shape) != tuple(values.shape):
         raise SparsetoolError(
-            f"tensor {name}: mask shape {list(mask.shape)} differs from weight shape {list(values.shape)}"
+            f"tensor {name}: mask shape {list(mask.shape)} differs from weight shape "
+            f"{list(values.shape)}"
         )
     if encoding == "nan":
         if not _floating(st):
@@ -158,7 +166,8 @@ def check_encodable(
         if found:
             raise SparsetoolError(
                 f"tensor {name} already holds {plural(found, 'NaN value')} at kept positions; "
-                "the nan encoding would make them look pruned. Use --encoding zeros, mask or bitmask"
+                "the nan encoding would make them look pruned. Use --encoding zeros, mask or "
+                "bitmask"
             )
     if encoding == "bitmask":
         bitmask_module(name, tuple(values.shape))
@@ -245,8 +254,9 @@ def decode_array(
 # ----------------------------------------------------------------- the same codecs for torch
 
 
-def as_array(t: "torch.Tensor") -> tuple[np.ndarray, str]:
-    """A CPU torch tensor's values as stored (a float's bits, no copy if contiguous) and its type."""
+def as_array(t: torch.Tensor) -> tuple[np.ndarray, str]:
+    """A CPU torch tensor's values as stored (a float's bits, no copy if contiguous) and its
+    type."""
     st = dtypes.st_name(t.dtype)
     t = t.detach().cpu().contiguous()
     if t.dtype.is_floating_point or t.dtype.is_complex:
@@ -254,7 +264,7 @@ def as_array(t: "torch.Tensor") -> tuple[np.ndarray, str]:
     return t.numpy(), st
 
 
-def as_tensor(values: np.ndarray, st: str) -> "torch.Tensor":
+def as_tensor(values: np.ndarray, st: str) -> torch.Tensor:
     """A numpy array of stored values of type ``st`` as a torch tensor of that type (no copy if
     contiguous)."""
     import torch
@@ -265,7 +275,7 @@ def as_tensor(values: np.ndarray, st: str) -> "torch.Tensor":
     return out if out.dtype == target else out.view(target)
 
 
-def _as_mask(mask: "torch.Tensor | None", shape: tuple[int, ...], name: str) -> np.ndarray | None:
+def _as_mask(mask: torch.Tensor | None, shape: tuple[int, ...], name: str) -> np.ndarray | None:
     if mask is None:
         return None
     if tuple(mask.shape) != shape:
@@ -279,8 +289,8 @@ def _as_mask(mask: "torch.Tensor | None", shape: tuple[int, ...], name: str) -> 
 
 
 def encode(
-    name: str, dense: "torch.Tensor", mask: "torch.Tensor | None", encoding: str
-) -> list[tuple[str, "torch.Tensor"]]:
+    name: str, dense: torch.Tensor, mask: torch.Tensor | None, encoding: str
+) -> list[tuple[str, torch.Tensor]]:
     """:func:`encode_array` for a torch tensor and mask: the stored tensors as torch tensors."""
     values, st = as_array(dense)
     stored = encode_array(name, values, st, _as_mask(mask, tuple(values.shape), name), encoding)
@@ -288,13 +298,13 @@ def encode(
     return [(n, as_tensor(a, spec.dtype)) for (n, a), spec in zip(stored, specs)]
 
 
-def stored_nonzeros(dense: "torch.Tensor", mask: "torch.Tensor | None") -> int:
+def stored_nonzeros(dense: torch.Tensor, mask: torch.Tensor | None) -> int:
     """:func:`stored_count` of a torch tensor and mask."""
     values, st = as_array(dense)
     return stored_count(values, st, _as_mask(mask, tuple(values.shape), "tensor"))
 
 
-def decode(ckpt: Checkpoint, lt: LogicalTensor) -> tuple["torch.Tensor", "torch.Tensor | None"]:
+def decode(ckpt: Checkpoint, lt: LogicalTensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`decode_array` as torch tensors (writable: mapped copy-on-write where nothing was
     decoded)."""
     values, mask = decode_array(ckpt, lt, writable=True)

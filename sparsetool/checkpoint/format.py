@@ -40,7 +40,7 @@ class TensorSpec:
     """What the writer needs to know about a stored tensor before any data is written."""
 
     name: str
-    dtype: "torch.dtype"
+    dtype: torch.dtype
     shape: tuple[int, ...]
 
     @property
@@ -60,7 +60,7 @@ class StoredTensor:
     end: int  # absolute file offset one past the last byte
 
     @property
-    def dtype(self) -> "torch.dtype":
+    def dtype(self) -> torch.dtype:
         """The torch dtype (imports torch; header validation made sure it exists)."""
         return dtypes.to_torch(self.st_dtype)
 
@@ -81,7 +81,7 @@ class Header:
     file_size: int
 
 
-def st_dtype_name(dtype: "torch.dtype") -> str:
+def st_dtype_name(dtype: torch.dtype) -> str:
     """safetensors name of a torch dtype, e.g. ``torch.bfloat16 -> "BF16"``."""
     try:
         return dtypes.st_name(dtype)
@@ -186,11 +186,13 @@ def read_header(path: Path, shard: str | None = None) -> Header:
     for s, e, name, dtype, shape in entries:
         if s < pos:
             raise CheckpointError(
-                f"{where}: tensor {name!r} overlaps the previous tensor (starts at {s}, previous ends at {pos}): corrupt header"
+                f"{where}: tensor {name!r} overlaps the previous tensor (starts at {s}, previous "
+                f"ends at {pos}): corrupt header"
             )
         if s > pos:
             raise CheckpointError(
-                f"{where}: hole of {s - pos} bytes before tensor {name!r} in the data section: corrupt header"
+                f"{where}: hole of {s - pos} bytes before tensor {name!r} in the data section: "
+                "corrupt header"
             )
         pos = e
         tensors.append(StoredTensor(name, dtype, shape, shard, data_start + s, data_start + e))
@@ -202,7 +204,8 @@ def read_header(path: Path, shard: str | None = None) -> Header:
         )
     if pos < data_len:
         raise CheckpointError(
-            f"{where}: {data_len - pos} bytes after the last tensor are not described by the header: corrupt file"
+            f"{where}: {data_len - pos} bytes after the last tensor are not described by the "
+            "header: corrupt file"
         )
     return Header(metadata, tensors, data_start, size)
 
@@ -216,9 +219,13 @@ def layout(
     with ``__metadata__`` first, space padding to a multiple of 8.
 
     >>> import torch
-    >>> h, offs = layout([TensorSpec("b", torch.float32, (2,)), TensorSpec("a", torch.bool, (3,))], None)
-    >>> h[8:].decode()
-    '{"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"BOOL","shape":[3],"data_offsets":[8,11]}}      '
+    >>> h, offs = layout(
+    ...     [TensorSpec("b", torch.float32, (2,)), TensorSpec("a", torch.bool, (3,))], None
+    ... )
+    >>> header = h[8:].decode()
+    >>> header[:54], header[54:]
+    ('{"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},',
+     '"a":{"dtype":"BOOL","shape":[3],"data_offsets":[8,11]}}      ')
     >>> offs
     {'b': 0, 'a': 8}
     """
@@ -240,7 +247,8 @@ def layout(
         offsets[s.name] = pos
         shape = "[" + ",".join(str(int(d)) for d in s.shape) + "]"
         parts.append(
-            f'{_dumps(s.name)}:{{"dtype":"{st_dtype_name(s.dtype)}","shape":{shape},"data_offsets":[{pos},{pos + n}]}}'
+            f'{_dumps(s.name)}:{{"dtype":"{st_dtype_name(s.dtype)}","shape":{shape},'
+            f'"data_offsets":[{pos},{pos + n}]}}'
         )
         pos += n
     body = ("{" + ",".join(parts) + "}").encode("utf-8")

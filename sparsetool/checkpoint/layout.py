@@ -57,7 +57,8 @@ class Layout:
 
 
 def locate(path: Path) -> Layout:
-    """Find the shards of ``path`` (file or directory) or raise CheckpointError saying what was expected."""
+    """Find the shards of ``path`` (file or directory) or raise CheckpointError saying what was
+    expected."""
     if not path.exists():
         raise CheckpointError(
             f"{path}: no such file or directory (expected a .safetensors file or a directory "
@@ -94,9 +95,10 @@ def locate(path: Path) -> Layout:
         )
         if unlisted:
             raise CheckpointError(
-                f"{path / unlisted[0]}: a .safetensors file that {index_name} does not list; loaders "
-                "ignore its tensors and sparsetool would leave them unpruned. Move it out of "
-                f"{path} if it is not part of the model, or list its tensors in the index's weight_map"
+                f"{path / unlisted[0]}: a .safetensors file that {index_name} does not list; "
+                "loaders ignore its tensors and sparsetool would leave them unpruned. Move it "
+                f"out of {path} if it is not part of the model, or list its tensors in the index's "
+                "weight_map"
             )
         taken = set(shards) | {index_name}
         return Layout(path, True, shards, index_name, index, *_others(path, taken))
@@ -109,13 +111,14 @@ def locate(path: Path) -> Layout:
         )
         if not found:
             raise pickled.dir_error(path) or CheckpointError(
-                f"{path}: no model.safetensors, no *.safetensors file and no model.safetensors.index.json "
-                "in this directory (expected a Hugging Face model directory or a .safetensors file)"
+                f"{path}: no model.safetensors, no *.safetensors file and no "
+                "model.safetensors.index.json in this directory (expected a Hugging Face model "
+                "directory or a .safetensors file)"
             )
         if len(found) > 1:
             raise CheckpointError(
-                f"{path}: {len(found)} .safetensors files but no model.safetensors.index.json to say "
-                "which belong to the model; add the index or pass one file"
+                f"{path}: {len(found)} .safetensors files but no model.safetensors.index.json to "
+                "say which belong to the model; add the index or pass one file"
             )
         shards = found
     return Layout(path, True, shards, None, None, *_others(path, set(shards)))
@@ -160,7 +163,8 @@ def _read_index(index_path: Path) -> dict:
         wm = index.get("weight_map") if isinstance(index, dict) else None
         if isinstance(wm, dict) and key in wm and isinstance(first, str):
             raise CheckpointError(
-                f"{index_path}: weight_map lists tensor {key!r} twice (in {first}, then in {second}); "
+                f"{index_path}: weight_map lists tensor {key!r} twice (in {first}, then in "
+                f"{second}); "
                 "keep only the entry naming the shard that holds it"
             )
         raise CheckpointError(
@@ -180,7 +184,8 @@ def _read_index(index_path: Path) -> dict:
 
 
 def rebuilt_index(old: dict, weight_map: dict[str, str], total_size: int) -> str:
-    """Index JSON text with a new weight_map and total_size; other keys kept (sorted, like transformers)."""
+    """Index JSON text with a new weight_map and total_size; other keys kept (sorted, like
+    transformers)."""
     new = dict(old)
     meta = dict(new.get("metadata") or {})
     meta["total_size"] = total_size

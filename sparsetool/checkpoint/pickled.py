@@ -20,8 +20,8 @@ _ZIP_MAGIC = b"PK\x03\x04"
 def convert_hint(src: str, dst: str) -> str:
     return (
         'python -c "import torch; from safetensors.torch import save_file; '
-        f"save_file({{k: v.clone().contiguous() for k, v in torch.load('{src}', weights_only=True).items()}}, "
-        f"'{dst}')\""
+        f"save_file({{k: v.clone().contiguous() for k, v in torch.load('{src}', "
+        f"weights_only=True).items()}}, '{dst}')\""
     )
 
 
@@ -70,10 +70,13 @@ def dir_error(path: Path) -> CheckpointError | None:
     if not found:
         return None
     shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    hint = convert_hint(
+        str(path / found[0]), str(path / Path(found[0]).with_suffix(".safetensors").name)
+    )
     return CheckpointError(
         f"{path}: holds PyTorch weight files ({shown}) and no .safetensors file. sparsetool reads "
         "safetensors only and never unpickles a file (loading a pickle can run code). Convert "
         "each file once (weights_only=True loads tensors only), e.g. "
-        f"{convert_hint(str(path / found[0]), str(path / Path(found[0]).with_suffix('.safetensors').name))}; a sharded "
-        "model also needs model.safetensors.index.json (transformers' save_pretrained writes both)"
+        f"{hint}; a sharded model also needs model.safetensors.index.json (transformers' "
+        "save_pretrained writes both)"
     )

@@ -10,6 +10,7 @@ load it. ``read_stored`` (a torch tensor) does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import mmap
@@ -51,7 +52,7 @@ class LogicalTensor:
         return math.prod(self.shape)
 
     @property
-    def dtype(self) -> "torch.dtype":
+    def dtype(self) -> torch.dtype:
         """The torch dtype of the values (imports torch)."""
         return dtypes.to_torch(self.st_dtype)
 
@@ -62,7 +63,8 @@ class LogicalTensor:
 
     @property
     def compressed(self) -> bool:
-        """Stored as compressed-tensors groups (the bitmask encoding), which config.json declares."""
+        """Stored as compressed-tensors groups (the bitmask encoding), which config.json
+        declares."""
         return self.encoding == "bitmask"
 
 
@@ -84,7 +86,8 @@ class Checkpoint:
             for st in headers[shard].tensors:
                 if st.name in self._entries:
                     raise CheckpointError(
-                        f"{self.path}: tensor {st.name!r} is stored in both {self._entries[st.name].shard} and {shard}"
+                        f"{self.path}: tensor {st.name!r} is stored in both "
+                        f"{self._entries[st.name].shard} and {shard}"
                     )
                 self._entries[st.name] = st
         if lay.index is not None:
@@ -168,7 +171,7 @@ class Checkpoint:
                 if n <= 0:
                     raise CheckpointError(
                         f"{self.shard_path(st.shard)}: file shrank while reading tensor {name!r}"
-                    )
+                    ) from None
                 got += n
             array = np.frombuffer(data, dtype=kind)
             if not writable:
@@ -200,17 +203,15 @@ class Checkpoint:
             os.close(fd)
         self._fds.clear()
 
-    def __enter__(self) -> "Checkpoint":
+    def __enter__(self) -> Checkpoint:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
     def _check_index(self, lay: Layout) -> None:
         index_path = self.path / (lay.index_name or "")
@@ -218,7 +219,8 @@ class Checkpoint:
             st = self._entries.get(name)
             if st is None:
                 raise CheckpointError(
-                    f"{index_path}: names tensor {name!r} in {shard}, but {shard} does not hold it; fix the index"
+                    f"{index_path}: names tensor {name!r} in {shard}, but {shard} does not hold "
+                    "it; fix the index"
                 )
             if st.shard != shard:
                 raise CheckpointError(
@@ -229,8 +231,9 @@ class Checkpoint:
             st = unlisted[0]
             more = f" (and {len(unlisted) - 1} more)" if len(unlisted) > 1 else ""
             raise CheckpointError(
-                f"{index_path}: does not list tensor {st.name!r}{more}, which {st.shard} holds; loaders "
-                f"would skip it. Add it to the index's weight_map, or drop it from {st.shard}"
+                f"{index_path}: does not list tensor {st.name!r}{more}, which {st.shard} holds; "
+                "loaders would skip it. Add it to the index's weight_map, or drop it from "
+                f"{st.shard}"
             )
 
     def _group(self) -> list[LogicalTensor]:
@@ -238,7 +241,7 @@ class Checkpoint:
         e = self._entries
         member_of: dict[str, str] = {}  # stored name -> owning logical key
         groups: dict[str, LogicalTensor] = {}
-        for name, st in e.items():
+        for name in e:
             if name.endswith(".compressed"):
                 prefix = name[: -len(".compressed")]
                 parts = [f"{prefix}.{p}" for p in BITMASK_PARTS]
@@ -302,7 +305,8 @@ class Checkpoint:
         if bits.st_dtype != "U8":
             raise CheckpointError(f"{where}: {prefix}.bitmask must be uint8, got {bits.dtype}")
         last = prefix.rsplit(".", 1)[-1]
-        # Older compressed-tensors named the parts after the whole parameter ("x.weight.compressed").
+        # Older compressed-tensors named the parts after the whole parameter
+        # ("x.weight.compressed").
         name = prefix if last in ("weight", "bias") else prefix + ".weight"
         nbytes = sum(e[p].nbytes for p in parts)
         return LogicalTensor(

@@ -125,7 +125,7 @@ class ShardWriter:
             _pwrite_all(self._fd, memoryview(raw).cast("B"), self._data_start + self._offsets[name])
         self._written.add(name)
 
-    def write(self, name: str, tensor: "torch.Tensor") -> None:
+    def write(self, name: str, tensor: torch.Tensor) -> None:
         """Write one torch tensor at its place; dtype and shape must match its spec."""
         import torch
 
@@ -172,13 +172,14 @@ class ShardWriter:
         self._written.update(names)
 
     def copy_stored(self, name: str, src: Checkpoint, stored_name: str) -> None:
-        """Copy a stored tensor's bytes from ``src`` unchanged, chunk by chunk (never loaded as a tensor)."""
+        """Copy a stored tensor's bytes from ``src`` unchanged, chunk by chunk (never loaded as a
+        tensor)."""
         spec = self._claim(name)
         st = src.entry(stored_name)
         if not _same_dtype(st.st_dtype, spec.dtype) or st.shape != spec.shape:
             raise CheckpointError(
-                f"{self.shard}: cannot copy {stored_name!r} ({st.dtype} {list(st.shape)}) into {name!r} "
-                f"declared {spec.dtype} {list(spec.shape)}"
+                f"{self.shard}: cannot copy {stored_name!r} ({st.dtype} {list(st.shape)}) into "
+                f"{name!r} declared {spec.dtype} {list(spec.shape)}"
             )
         src_fd = src.shard_fd(st.shard)
         _copy_range(src_fd, st.start, self._fd, self._data_start + self._offsets[name], st.nbytes)
@@ -194,10 +195,11 @@ class ShardWriter:
             if missing:
                 shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
                 raise CheckpointError(
-                    f"{self.shard}: {plural(len(missing), 'declared tensor')} never written: {shown}"
+                    f"{self.shard}: {plural(len(missing), 'declared tensor')} never written: "
+                    f"{shown}"
                 )
 
-    def __enter__(self) -> "ShardWriter":
+    def __enter__(self) -> ShardWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -317,11 +319,13 @@ def write_checkpoint(
     if out.exists() and not same:
         if src.is_dir and not out.is_dir():
             raise CheckpointError(
-                f"output {out} is an existing file but the input {src.path} is a directory; give a directory path"
+                f"output {out} is an existing file but the input {src.path} is a directory; give "
+                "a directory path"
             )
         if not src.is_dir and out.is_dir():
             raise CheckpointError(
-                f"output {out} is an existing directory but the input {src.path} is a single file; give a file path such as {out / src.path.name}"
+                f"output {out} is an existing directory but the input {src.path} is a single "
+                f"file; give a file path such as {out / src.path.name}"
             )
         foreign = _foreign_entries(out, src) if out.is_dir() else []
         if foreign:
@@ -403,11 +407,11 @@ def _carry_over(
 
 def write_tensors(
     out: str | os.PathLike,
-    tensors: Mapping[str, "torch.Tensor"],
+    tensors: Mapping[str, torch.Tensor],
     *,
     metadata: Mapping[str, str] | None = None,
     encoding: str = "zeros",
-    masks: Mapping[str, "torch.Tensor"] | None = None,
+    masks: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write ``tensors`` (name -> tensor, any device) as one new safetensors file at ``out``.
 
@@ -424,7 +428,7 @@ def write_tensors(
         )
     from sparsetool.checkpoint.encodings import encode
 
-    stored: list[tuple[str, "torch.Tensor"]] = []
+    stored: list[tuple[str, torch.Tensor]] = []
     for name, t in tensors.items():
         t = t.detach().cpu()
         mask = masks.get(name)
@@ -434,7 +438,8 @@ def write_tensors(
     out_abs = Path(os.path.abspath(out))
     if out_abs.is_dir():
         raise CheckpointError(
-            f"output {out} is an existing directory; give a file path such as {out_abs / 'model.safetensors'}"
+            f"output {out} is an existing directory; give a file path such as "
+            f"{out_abs / 'model.safetensors'}"
         )
     parent = out_abs.parent
     if not parent.is_dir():

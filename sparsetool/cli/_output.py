@@ -6,7 +6,8 @@ import contextlib
 import json
 import math
 import sys
-from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -217,7 +218,8 @@ def print_table(
     fmt: str = "rich",
     sections: Collection[int] = (),
 ) -> None:
-    """The one table renderer of every command. Cells are plain text (no markup); a cell is never cut.
+    """The one table renderer of every command. Cells are plain text (no markup); a cell is never
+    cut.
 
     ``align`` has one letter per column, ``l`` or ``r`` (default: the first left, the rest right).
     ``fmt`` ``rich`` draws a rich table on a terminal wide enough for every cell whole, and falls

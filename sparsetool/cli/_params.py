@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from typing import Any, Callable, Iterable, Iterator, Optional
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import typer
 
@@ -70,7 +71,8 @@ class UsageProblem(typer.BadParameter):
 
 
 def usage_error(message: str) -> None:
-    """Stop with a usage error: the message on stderr, exit code 2 (for checks that combine options)."""
+    """Stop with a usage error: the message on stderr, exit code 2 (for checks that combine
+    options)."""
     raise UsageProblem(message)
 
 
@@ -210,7 +212,7 @@ def plot_option(help: str) -> Any:
     )
 
 
-def use_workers(n: Optional[int]) -> None:
+def use_workers(n: int | None) -> None:
     """Run the command's work on ``n`` threads (None: the default, see sparsetool.util.workers)."""
     from sparsetool.util import workers
 
@@ -218,7 +220,8 @@ def use_workers(n: Optional[int]) -> None:
 
 
 def threads_option(when: str = "") -> Any:
-    """``--threads N``; ``when`` says when it applies, for a command that uses torch only sometimes."""
+    """``--threads N``; ``when`` says when it applies, for a command that uses torch only
+    sometimes."""
     return typer.Option(
         None,
         "--threads",
@@ -229,7 +232,7 @@ def threads_option(when: str = "") -> Any:
     )
 
 
-def use_threads(n: Optional[int]) -> int:
+def use_threads(n: int | None) -> int:
     """Compute with torch on ``n`` threads (None: the default, see sparsetool.util.threads); imports
     torch. Returns the number in force."""
     from sparsetool.util import threads
@@ -260,7 +263,7 @@ def sparsities_option(help: str) -> Any:
 
 
 def tokens_option(
-    name: str, help: str, *, default: Any = None, minimum: int = 1, short: Optional[str] = None
+    name: str, help: str, *, default: Any = None, minimum: int = 1, short: str | None = None
 ) -> Any:
     """A token count such as 26B, 2.6e10, 300M or 1_000."""
     names = (name,) if short is None else (name, short)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -25,11 +25,11 @@ SHOWN = ("acc", "acc_norm")
 
 
 def check_options(
-    tasks: Optional[str],
-    include_path: Optional[Path],
-    limit: Optional[int],
-    num_fewshot: Optional[int],
-    seed: Optional[int],
+    tasks: str | None,
+    include_path: Path | None,
+    limit: int | None,
+    num_fewshot: int | None,
+    seed: int | None,
     offline: bool,
     text: Any,
     plot: Any,
@@ -48,7 +48,8 @@ def check_options(
         ):
             if value is not None:
                 usage_error(
-                    f"{option} applies to task accuracy only; add --tasks NAME[,NAME...] or drop {option}"
+                    f"{option} applies to task accuracy only; add --tasks NAME[,NAME...] or drop "
+                    f"{option}"
                 )
         return None
     # the harness's own progress bars (sparsetool draws one): tqdm reads this when it is imported,
@@ -78,16 +79,16 @@ def run(
     checkpoints: list[Path],
     names: list[str],
     *,
-    include_path: Optional[Path],
-    limit: Optional[int],
-    num_fewshot: Optional[int],
-    seed: Optional[int],
+    include_path: Path | None,
+    limit: int | None,
+    num_fewshot: int | None,
+    seed: int | None,
     offline: bool,
     batch: int,
     dtype: str,
     device: str,
     max_memory: Any,
-    text: Optional[Path],
+    text: Path | None,
     seq: Any,
     stride: Any,
     max_tokens: Any,
@@ -97,35 +98,34 @@ def run(
 ) -> None:
     from sparsetool.ops.tasks import evaluate_tasks
 
-    with failing_cleanly():
-        with progress_bar(not (as_json or quiet)) as progress:
-            result = evaluate_tasks(
-                checkpoints,
-                names,
-                include_path=include_path,
-                limit=limit,
-                num_fewshot=num_fewshot,
-                batch=batch,
-                seed=seed,
-                offline=offline,
-                dtype=dtype,
-                device=device,
-                max_memory=max_memory,
-                progress=progress,
-                on_plan=plan_printer(not (as_json or quiet)),
-                text=text,
-                seq=seq,
-                stride=stride,
-                max_tokens=max_tokens,
-                plot=plot,
-            )
+    with failing_cleanly(), progress_bar(not (as_json or quiet)) as progress:
+        result = evaluate_tasks(
+            checkpoints,
+            names,
+            include_path=include_path,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            batch=batch,
+            seed=seed,
+            offline=offline,
+            dtype=dtype,
+            device=device,
+            max_memory=max_memory,
+            progress=progress,
+            on_plan=plan_printer(not (as_json or quiet)),
+            text=text,
+            seq=seq,
+            stride=stride,
+            max_tokens=max_tokens,
+            plot=plot,
+        )
     for (
         source
     ) in result.sources:  # even with --json or -q: the figures are not the harness's own data
         if source.reason:
             warn(
-                f"--tasks {source.task}: {source.reason}; scored the {source.split} split bundled by "
-                f"{source.package} instead (--offline goes there at once)"
+                f"--tasks {source.task}: {source.reason}; scored the {source.split} split bundled "
+                f"by {source.package} instead (--offline goes there at once)"
             )
     if as_json:
         emit_json(result.to_json())

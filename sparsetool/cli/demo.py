@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -57,8 +57,9 @@ KIND_LABELS = {
 
 
 def demo(
-    output: Optional[Path] = output_option(
-        f"Directory for the three runs, the plots and summary.json [default: {DEFAULT_OUTPUT}]. It must be new, empty or an earlier demo's output (which is replaced)."
+    output: Path | None = output_option(
+        f"Directory for the three runs, the plots and summary.json [default: {DEFAULT_OUTPUT}]. "
+        "It must be new, empty or an earlier demo's output (which is replaced)."
     ),
     steps: int = typer.Option(
         DEFAULT_STEPS,
@@ -79,7 +80,7 @@ def demo(
     as_json: bool = json_option(
         "Print the summary as JSON on stdout (as summary.json; no progress)."
     ),
-    threads: Optional[int] = threads_option(),
+    threads: int | None = threads_option(),
 ) -> None:
     """Run the whole toolkit end to end on built-in data and print one summary table.
 
@@ -93,16 +94,15 @@ def demo(
 
     out = output if output is not None else Path(DEFAULT_OUTPUT)
     use_threads(threads)
-    with failing_cleanly():
-        with _Progress(enabled=not (quiet or as_json)) as progress:
-            summary = run_demo(
-                out,
-                steps=steps,
-                finetune_steps=finetune_steps,
-                seed=seed,
-                threads=threads,
-                progress=progress,
-            )
+    with failing_cleanly(), _Progress(enabled=not (quiet or as_json)) as progress:
+        summary = run_demo(
+            out,
+            steps=steps,
+            finetune_steps=finetune_steps,
+            seed=seed,
+            threads=threads,
+            progress=progress,
+        )
     note_reclaimed(summary.reclaimed)
     if as_json:
         emit_json(summary)
@@ -119,7 +119,7 @@ class _Progress:
         self.tasks: dict[str, Any] = {}
         self.current: dict = {}
 
-    def __enter__(self) -> "_Progress | None":
+    def __enter__(self) -> _Progress | None:
         if not self.enabled:
             return None
         if err_console.is_terminal:
@@ -198,8 +198,8 @@ def _render(s: dict) -> None:
         "(sparse pre-training + dense fine-tuning) / (dense pre-training + the same fine-tuning)",
         f"perplexity per byte on held-out text: Python {held['python']['bytes']:,} bytes, English "
         f"{held['english']['bytes']:,} bytes ({Path(held['python']['file']).parent})",
-        f"{s['settings']['steps']:,} pre-training and {s['settings']['finetune_steps']:,} fine-tuning "
-        f"steps; {s['seconds']:.1f} s; plots: {s['files']['perplexity_plot']}, "
+        f"{s['settings']['steps']:,} pre-training and {s['settings']['finetune_steps']:,} "
+        f"fine-tuning steps; {s['seconds']:.1f} s; plots: {s['files']['perplexity_plot']}, "
         f"{s['files']['angular_distance_plot']}, */loss.png; summary: {s['files']['summary']}",
     ]
     for line in lines:

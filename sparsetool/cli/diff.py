@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -59,11 +58,11 @@ def diff(
         ..., metavar="B", help="The second checkpoint, with the same tensor names and shapes."
     ),
     as_json: bool = json_option('Print {"tensors": [...], "summary": {...}} on stdout.'),
-    plot: Optional[Path] = plot_option(
+    plot: Path | None = plot_option(
         "Also draw the angular distance heatmap (layers x matrices) into this PNG."
     ),
-    include: List[str] = include_option("Also compare tensors matching this glob (repeatable)."),
-    exclude: List[str] = exclude_option(
+    include: list[str] = include_option("Also compare tensors matching this glob (repeatable)."),
+    exclude: list[str] = exclude_option(
         "Do not compare tensors matching this glob (repeatable; wins over --include)."
     ),
     quiet: bool = typer.Option(
@@ -72,7 +71,7 @@ def diff(
         "--quiet",
         help="Print only the summary line: no table, no progress bar, no notes.",
     ),
-    threads: Optional[int] = threads_option(),
+    threads: int | None = threads_option(),
 ) -> None:
     """Compare the targeted weights of checkpoints A and B (say before and after fine-tuning).
 
@@ -84,11 +83,10 @@ def diff(
     from sparsetool.ops.diff import plot_diff
 
     use_threads(threads)
-    with failing_cleanly():
-        with progress_bar(not (as_json or quiet)) as progress:
-            result = run_diff(
-                a, b, include=tuple(include), exclude=tuple(exclude), progress=progress, plot=plot
-            )
+    with failing_cleanly(), progress_bar(not (as_json or quiet)) as progress:
+        result = run_diff(
+            a, b, include=tuple(include), exclude=tuple(exclude), progress=progress, plot=plot
+        )
     for note in [] if quiet else result.notes:
         err_console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)
     if as_json:
@@ -106,10 +104,10 @@ def diff(
 def _print(result, a, b, quiet: bool) -> None:
     t = result.total
     summary = (
-        f"all {plural(t.numel, 'targeted weight')} ({plural(len(result.rows), 'matrix', 'matrices')}): sparsity "
-        f"{percent(t.sparsity_a)} -> {percent(t.sparsity_b)}, mask IoU {t.iou:.4f}, "
-        f"revived {t.revived:,}, newly pruned {t.pruned:,}, rel L2 {_number(t.rel_l2)}, "
-        f"angular distance {_number(t.angular_distance)}"
+        f"all {plural(t.numel, 'targeted weight')} "
+        f"({plural(len(result.rows), 'matrix', 'matrices')}): sparsity {percent(t.sparsity_a)} -> "
+        f"{percent(t.sparsity_b)}, mask IoU {t.iou:.4f}, revived {t.revived:,}, newly pruned "
+        f"{t.pruned:,}, rel L2 {_number(t.rel_l2)}, angular distance {_number(t.angular_distance)}"
     )
     if not quiet:
         cells = [

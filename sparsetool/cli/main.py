@@ -11,8 +11,9 @@ import contextlib
 import importlib
 import os
 import signal
+from collections.abc import Callable, Iterator
 from difflib import get_close_matches
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import typer
 from typer.core import TyperGroup
@@ -218,5 +219,6 @@ def main() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from sparsetool.util.threads import before_torch
 
-    before_torch()  # torch's idle OpenMP workers sleep rather than spin (see sparsetool/util/threads.py)
+    # torch's idle OpenMP workers sleep rather than spin (see sparsetool/util/threads.py)
+    before_torch()
     _run_interruptibly(app)

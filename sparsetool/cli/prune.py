@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -87,26 +87,27 @@ def record_choice(kind: Any, name: str) -> Any:
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     "sparsetool prune model/ -o model-75/ --sparsity 0.75",
     "sparsetool prune model.safetensors -o step2.safetensors --fraction 0.2 --encoding mask",
-    "sparsetool prune model/ -o model-70/ --sparsity 0.7 --method wanda --calibration text.txt --allocation owl --refine dsnot",
+    "sparsetool prune model/ -o model-70/ --sparsity 0.7 --method wanda --calibration text.txt "
+    "--allocation owl --refine dsnot",
 )
 
 
 def prune(
     checkpoint: Path = checkpoint_argument(),
-    output: Optional[Path] = output_option(),
-    sparsity: Optional[str] = sparsity_option(face("sparsity").help),
-    fraction: Optional[str] = record_option("fraction"),
-    nm: Optional[str] = record_option("nm"),
+    output: Path | None = output_option(),
+    sparsity: str | None = sparsity_option(face("sparsity").help),
+    fraction: str | None = record_option("fraction"),
+    nm: str | None = record_option("nm"),
     method: Method = record_choice(Method, "method"),
     scope: Scope = record_choice(Scope, "scope"),
     distribution: Distribution = record_choice(Distribution, "distribution"),
     seed: int = seed_option(face("seed").help, default=default("seed")),
     encoding: Encoding = record_choice(Encoding, "encoding"),
-    include: List[str] = include_option(),
-    exclude: List[str] = exclude_option(),
-    calibration: Optional[Path] = record_option("calibration"),
+    include: list[str] = include_option(),
+    exclude: list[str] = exclude_option(),
+    calibration: Path | None = record_option("calibration"),
     samples: int = record_option("samples"),
-    seq: Optional[int] = record_option("seq"),
+    seq: int | None = record_option("seq"),
     dampening: str = record_option("dampening"),
     blocksize: int = record_option("blocksize"),
     allocation: Allocation = record_choice(Allocation, "allocation"),
@@ -118,13 +119,13 @@ def prune(
     expert_min_tokens: int = record_option("expert_min_tokens"),
     device: str = device_option(face("device").help),
     dtype: ComputeDType = compute_dtype_option(face("dtype").help),
-    max_memory: Optional[str] = max_memory_option(),
+    max_memory: str | None = max_memory_option(),
     in_place: bool = typer.Option(
         False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."
     ),
     quiet: bool = quiet_option(),
-    workers: Optional[int] = workers_option(),
-    threads: Optional[int] = threads_option(", with --method wanda or sparsegpt"),
+    workers: int | None = workers_option(),
+    threads: int | None = threads_option(", with --method wanda or sparsegpt"),
     as_json: bool = json_option(),
 ) -> None:
     """Prune CHECKPOINT: zero the smallest (or random) weights of every targeted tensor.
@@ -154,16 +155,15 @@ def prune(
     use_workers(workers)
     if opts.calibrated:  # only the calibration methods compute with torch
         use_threads(threads)
-    with failing_cleanly():
-        with progress_bar(not (as_json or quiet)) as progress:
-            result = prune_checkpoint(
-                checkpoint,
-                output or checkpoint,
-                opts,
-                in_place=in_place,
-                progress=progress,
-                on_plan=plan_printer(not (as_json or quiet)),
-            )
+    with failing_cleanly(), progress_bar(not (as_json or quiet)) as progress:
+        result = prune_checkpoint(
+            checkpoint,
+            output or checkpoint,
+            opts,
+            in_place=in_place,
+            progress=progress,
+            on_plan=plan_printer(not (as_json or quiet)),
+        )
     note_reclaimed(result.reclaimed)
     for warning in result.warnings:  # printed even with --quiet/--json: the output will mislead
         warn(warning)

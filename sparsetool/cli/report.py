@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -50,8 +49,9 @@ EXAMPLES = (  # the end of --help: each runs as written (given the files named)
 def report(
     checkpoint: Path = checkpoint_argument(),
     as_json: bool = json_option('Print {"tensors": [...], "summary": {...}} on stdout.'),
-    plot: Optional[Path] = plot_option(
-        "Also draw the sparsity of the listed tensors into this PNG: one bar each, or a layer x matrix heatmap past 40 tensors."
+    plot: Path | None = plot_option(
+        "Also draw the sparsity of the listed tensors into this PNG: one bar each, or a layer x "
+        "matrix heatmap past 40 tensors."
     ),
     all_tensors: bool = typer.Option(
         True, "--all/--targeted", help="Show every tensor (default) or only the targeted ones."
@@ -62,15 +62,15 @@ def report(
         "--format",
         help="Table style (rich falls back to plain when piped or narrow).",
     ),
-    include: List[str] = include_option(
+    include: list[str] = include_option(
         "Count tensors matching this glob as targeted (repeatable)."
     ),
-    exclude: List[str] = exclude_option(
+    exclude: list[str] = exclude_option(
         "Do not count tensors matching this glob as targeted (repeatable; wins over --include)."
     ),
     default_targets: bool = default_targets_option(),
     quiet: bool = quiet_option(),
-    workers: Optional[int] = workers_option(),
+    workers: int | None = workers_option(),
 ) -> None:
     """Per-tensor sparsity of CHECKPOINT, with each tensor's role and whether prune targets it.
 

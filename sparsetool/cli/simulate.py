@@ -4,8 +4,9 @@ versus GPUs, from real masks (the model: sparsetool.hardware)."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -56,27 +57,27 @@ Pattern = choices("Pattern", ("random", "rows", "cols", "2:4"))
 
 
 def simulate(
-    checkpoint: Optional[Path] = typer.Argument(
+    checkpoint: Path | None = typer.Argument(
         None,
         metavar="CHECKPOINT",
         show_default=False,
         help="A .safetensors file or Hugging Face directory: simulate its real masks.",
     ),
-    shape: Optional[str] = typer.Option(
+    shape: str | None = typer.Option(
         None,
         "--shape",
         metavar="MxK",
         callback=checked(options.check_shape),
         help="One M x K layer (M outputs, K inputs), e.g. 12288x12288, with a seeded mask.",
     ),
-    model: Optional[Preset] = choice_option(
+    model: Preset | None = choice_option(
         Preset,
         None,
         "--model",
         case_sensitive=False,
         help="A flops preset with random masks at --sparsity.",
     ),
-    sparsity: Optional[str] = sparsities_option(
+    sparsity: str | None = sparsities_option(
         "Fraction of zeros for --shape/--model; a comma list (0.5,0.75,0.9) runs a sweep."
     ),
     sweep: bool = typer.Option(
@@ -94,10 +95,11 @@ def simulate(
         Pattern,
         "random",
         "--pattern",
-        help="Synthetic mask for --shape: random; rows or cols (all pruning in the leading rows/columns); 2:4.",
+        help="Synthetic mask for --shape: random; rows or cols (all pruning in the leading "
+        "rows/columns); 2:4.",
     ),
     seed: int = seed_option("Seed of the synthetic masks."),
-    hardware: Optional[Path] = typer.Option(
+    hardware: Path | None = typer.Option(
         None,
         "--hardware",
         help="TOML/YAML/JSON file overriding any preset constant or adding devices.",
@@ -109,7 +111,7 @@ def simulate(
         metavar="DEVICE",
         help="Only this device (repeatable); --list-hardware names them.",
     ),
-    seq_len: Optional[int] = typer.Option(
+    seq_len: int | None = typer.Option(
         None,
         "--seq-len",
         min=1,
@@ -121,7 +123,7 @@ def simulate(
         help="Run the zero-skipping AXPY schedule on a small block and check it "
         "equals the dense masked matmul.",
     ),
-    plot: Optional[Path] = plot_option(
+    plot: Path | None = plot_option(
         "Write speedup vs sparsity (with the theoretical line) to this PNG."
     ),
     layers: bool = typer.Option(
@@ -139,12 +141,13 @@ def simulate(
         "With CHECKPOINT: leave out tensors matching this glob (repeatable; wins over --include)."
     ),
     default_targets: bool = default_targets_option(),
-    measured: Optional[Path] = typer.Option(
+    measured: Path | None = typer.Option(
         None,
         "--measured",
         metavar="BENCH.json",
         help="Set the model against the kernel times "
-        "`sparsetool bench --json` measured: per layer and batch, measured vs modelled times and speedups.",
+        "`sparsetool bench --json` measured: per layer and batch, measured vs modelled times and "
+        "speedups.",
     ),
     fit: bool = typer.Option(
         False,
@@ -152,14 +155,14 @@ def simulate(
         help="With --measured (on a CPU): fit the cpu device's rates to the times and "
         "show the model after the fit.",
     ),
-    kernel: Optional[str] = typer.Option(
+    kernel: str | None = typer.Option(
         None,
         "--kernel",
         metavar="NAME",
         help="With --measured: the sparse kernel to compare "
         "(default: the one fastest at the most points).",
     ),
-    output: Optional[Path] = output_option(
+    output: Path | None = output_option(
         "With --fit: write the fitted device to this TOML hardware file (for --hardware)."
     ),
     quiet: bool = quiet_option(),
@@ -268,7 +271,7 @@ def simulate(
 
 
 def _conflicts(
-    shape: Optional[str], seq_len: Optional[int], layers: bool, as_json: bool, swept: Optional[str]
+    shape: str | None, seq_len: int | None, layers: bool, as_json: bool, swept: str | None
 ) -> None:
     """The options the simulation asked for would silently ignore."""
     conflicting(
@@ -301,10 +304,10 @@ def _conflicts(
 
 
 def _measured_usage(
-    measured: Optional[Path],
+    measured: Path | None,
     fit: bool,
-    kernel: Optional[str],
-    output: Optional[Path],
+    kernel: str | None,
+    output: Path | None,
     device: list[str],
 ) -> None:
     """How --measured, --fit, --kernel and -o combine with each other and the rest (exit 2)."""
@@ -312,7 +315,8 @@ def _measured_usage(
         given = "--fit" if fit else f"--kernel {kernel}" if kernel is not None else f"-o {output}"
         usage_error(
             f"{given} goes with --measured BENCH.json (kernel times to set the model "
-            f"against): add it, e.g. sparsetool simulate --measured bench.json --fit, or drop {given}"
+            "against): add it, e.g. sparsetool simulate --measured bench.json --fit, or drop "
+            f"{given}"
         )
     alone(
         "measured",
@@ -363,8 +367,9 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
-def _value(value: Any, unit: Optional[str]) -> str:
-    """A constant for people: ``1.100 GHz``, ``312.00 TFLOP/s``, ``2 B``, ``1.395x``, ``850,000``."""
+def _value(value: Any, unit: str | None) -> str:
+    """A constant for people: ``1.100 GHz``, ``312.00 TFLOP/s``, ``2 B``, ``1.395x``,
+    ``850,000``."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if unit == "x":
@@ -418,7 +423,8 @@ def _list(out: dict[str, Any], as_json: bool) -> None:
 def _render(res: dict[str, Any], show_all: bool) -> None:
     w = res["workload"]
     head = (
-        f"[bold]{escape(w['label'])}[/]  {w['tokens']:g} token{'' if w['tokens'] == 1 else 's'} per step"
+        f"[bold]{escape(w['label'])}[/]  {w['tokens']:g} token{'' if w['tokens'] == 1 else 's'} "
+        "per step"
         + (f" (sequences of {w['seq_len']})" if w.get("seq_len") else "")
         + ("" if len(res["runs"]) > 1 else f", targeted sparsity {w['targeted_sparsity']:.4f}")
     )
@@ -494,9 +500,10 @@ def _render(res: dict[str, Any], show_all: bool) -> None:
                 )
             if d.get("busiest_over_mean") is not None:
                 console.print(
-                    f"  {escape(d['name'])}: busiest core group does {d['busiest_over_mean']:.3f}x the mean "
-                    f"work; perfectly balanced it would reach {_x(d['forward']['speedup_if_balanced'])} "
-                    f"forward",
+                    f"  {escape(d['name'])}: busiest core group does "
+                    f"{d['busiest_over_mean']:.3f}x the mean "
+                    "work; perfectly balanced it would reach "
+                    f"{_x(d['forward']['speedup_if_balanced'])} forward",
                     highlight=False,
                     soft_wrap=True,
                 )
@@ -512,10 +519,11 @@ def _render(res: dict[str, Any], show_all: bool) -> None:
         v = res["verify"]
         ok = "[green]equal[/]" if v["equal"] else "[red]NOT equal[/]"
         console.print(
-            f"verify: {v['axpys']} AXPYs (one per non-zero) over a {v['block'][0]}x{v['block'][1]} block, "
-            f"{v['core_groups'][0]}x{v['core_groups'][1]} core groups, {v['tokens']} tokens: {ok} to the "
-            f"dense masked matmul (max |error| {v['max_abs_error']:.2g}); per-group AXPY counts "
-            f"{'match' if v['axpys_match_tiles'] else 'DO NOT match'} the model's",
+            f"verify: {v['axpys']} AXPYs (one per non-zero) over a "
+            f"{v['block'][0]}x{v['block'][1]} block, "
+            f"{v['core_groups'][0]}x{v['core_groups'][1]} core groups, {v['tokens']} tokens: {ok} "
+            f"to the dense masked matmul (max |error| {v['max_abs_error']:.2g}); per-group AXPY "
+            f"counts {'match' if v['axpys_match_tiles'] else 'DO NOT match'} the model's",
             highlight=False,
             soft_wrap=True,
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -48,124 +47,139 @@ Encoding = choices("Encoding", ENCODING_NAMES)
 
 
 def train(
-    output: Optional[Path] = output_option(
-        "Run directory to create, or to continue with --resume; required (unless the --config file gives 'out'). Holds checkpoints, logs, loss.png."
+    output: Path | None = output_option(
+        "Run directory to create, or to continue with --resume; required (unless the --config "
+        "file gives 'out'). Holds checkpoints, logs, loss.png."
     ),
-    out: Optional[Path] = typer.Option(
+    out: Path | None = typer.Option(
         None, "--out", hidden=True, help="Old spelling of -o/--output."
     ),
-    config: Optional[Path] = typer.Option(
+    config: Path | None = typer.Option(
         None,
         "--config",
-        help="YAML/TOML file whose keys are these options' names (batch-size or batch_size; flags override); accepts a Model Zoo 'sparsity:' block (default: none).",
+        help="YAML/TOML file whose keys are these options' names (batch-size or batch_size; "
+        "flags override); accepts a Model Zoo 'sparsity:' block (default: none).",
     ),
     resume: bool = typer.Option(
         False,
         "--resume",
         help="Continue the run in -o/--output from its latest checkpoint, exactly.",
     ),
-    preset: Optional[Preset] = choice_option(
+    preset: Preset | None = choice_option(
         Preset,
         None,
         "--preset",
-        help="Model size: tiny, mini (default, 0.9M), small (4.9M), base (10M); with --init, the checkpoint's shape (a preset must agree with it).",
+        help="Model size: tiny, mini (default, 0.9M), small (4.9M), base (10M); with --init, the "
+        "checkpoint's shape (a preset must agree with it).",
     ),
-    n_layer: Optional[int] = typer.Option(
+    n_layer: int | None = typer.Option(
         None, "--n-layer", help="Override the preset's layer count (default: the preset's)."
     ),
-    n_head: Optional[int] = typer.Option(
+    n_head: int | None = typer.Option(
         None, "--n-head", help="Override the preset's head count (default: the preset's)."
     ),
-    d_model: Optional[int] = typer.Option(
+    d_model: int | None = typer.Option(
         None, "--d-model", help="Override the preset's width (default: the preset's)."
     ),
-    context: Optional[int] = typer.Option(
+    context: int | None = typer.Option(
         None,
         "--context",
-        help="Override the preset's context: bytes per sequence (default: the preset's; with --init HF_DIR tokens, default 256).",
+        help="Override the preset's context: bytes per sequence (default: the preset's; with "
+        "--init HF_DIR tokens, default 256).",
     ),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps (default 1000)."),
-    batch_size: Optional[int] = typer.Option(
+    steps: int | None = typer.Option(None, "--steps", help="Optimizer steps (default 1000)."),
+    batch_size: int | None = typer.Option(
         None, "--batch-size", help="Sequences per micro-batch per process (default 16)."
     ),
-    grad_accum: Optional[int] = typer.Option(
+    grad_accum: int | None = typer.Option(
         None, "--grad-accum", help="Micro-batches per step per process (default 1)."
     ),
-    lr: Optional[float] = typer.Option(None, "--lr", help="Peak learning rate (default 1e-3)."),
-    warmup: Optional[int] = typer.Option(
+    lr: float | None = typer.Option(None, "--lr", help="Peak learning rate (default 1e-3)."),
+    warmup: int | None = typer.Option(
         None,
         "--warmup",
-        help="Linear warm-up steps (default 100), then cosine to 10%; a warning if that is the whole run (>= --steps).",
+        help="Linear warm-up steps (default 100), then cosine to 10%; a warning if that is the "
+        "whole run (>= --steps).",
     ),
-    weight_decay: Optional[float] = typer.Option(
+    weight_decay: float | None = typer.Option(
         None, "--weight-decay", help="AdamW decay of linear matrices (default 0.1)."
     ),
-    grad_clip: Optional[float] = typer.Option(
+    grad_clip: float | None = typer.Option(
         None, "--grad-clip", help="Global gradient-norm clip (default 1.0; 0 = off)."
     ),
-    seed: Optional[int] = seed_option(
+    seed: int | None = seed_option(
         "Seed for weights, masks and data order (default 0).", default=None
     ),
-    data: Optional[str] = typer.Option(
+    data: str | None = typer.Option(
         None,
         "--data",
         metavar="PATH",
-        help="UTF-8 text file or directory (files that are not text are skipped), or builtin:english (Python's help topics). Default: the Python standard library.",
+        help="UTF-8 text file or directory (files that are not text are skipped), or "
+        "builtin:english (Python's help topics). Default: the Python standard library.",
     ),
-    algorithm: Optional[Algorithm] = choice_option(
+    algorithm: Algorithm | None = choice_option(
         Algorithm,
         None,
         "--algorithm",
         "-a",
         help="Sparse training algorithm (default: static with --sparsity, else dense).",
     ),
-    sparsity: Optional[str] = sparsity_option(
-        "Target sparsity (fraction of zeros, from 0 to 1) of the targeted matrices (default: none, dense; with --init, the checkpoint's)."
+    sparsity: str | None = sparsity_option(
+        "Target sparsity (fraction of zeros, from 0 to 1) of the targeted matrices (default: "
+        "none, dense; with --init, the checkpoint's)."
     ),
-    distribution: Optional[Distribution] = choice_option(
+    distribution: Distribution | None = choice_option(
         Distribution, None, "--distribution", help="Per-layer sparsity (default uniform)."
     ),
-    init_method: Optional[InitMethod] = choice_option(
+    init_method: InitMethod | None = choice_option(
         InitMethod, None, "--init-method", help="Initial mask (default random)."
     ),
-    update_freq: Optional[int] = typer.Option(
+    update_freq: int | None = typer.Option(
         None,
         "--update-freq",
-        help="Steps between mask updates of gmp, set, rigl, granet (default 100; a quarter of --steps under 400 steps).",
+        help="Steps between mask updates of gmp, set, rigl, granet (default 100; a quarter of "
+        "--steps under 400 steps).",
     ),
-    update_start: Optional[int] = typer.Option(
+    update_start: int | None = typer.Option(
         None,
         "--update-start",
-        help="First mask update / pruning step (default: the end of --warmup or one interval, whichever is later; one interval if that leaves no update).",
+        help="First mask update / pruning step (default: the end of --warmup or one interval, "
+        "whichever is later; one interval if that leaves no update).",
     ),
-    update_stop: Optional[int] = typer.Option(
+    update_stop: int | None = typer.Option(
         None,
         "--update-stop",
-        help="Mask updates stop before this step; gmp/granet's ramp ends here (default: 75% of --steps; set: all of them; granet keeps regrowing to the end).",
+        help="Mask updates stop before this step; gmp/granet's ramp ends here (default: 75% of "
+        "--steps; set: all of them; granet keeps regrowing to the end).",
     ),
-    drop_fraction: Optional[float] = typer.Option(
+    drop_fraction: float | None = typer.Option(
         None,
         "--drop-fraction",
-        help="Fraction of each tensor's kept weights dropped and regrown per update (default 0.3; rigl: cosine-decayed to 0 at the update stop, granet: at the end of the run).",
+        help="Fraction of each tensor's kept weights dropped and regrown per update (default "
+        "0.3; rigl: cosine-decayed to 0 at the update stop, granet: at the end of the "
+        "run).",
     ),
-    initial_sparsity: Optional[str] = typer.Option(
+    initial_sparsity: str | None = typer.Option(
         None,
         "--initial-sparsity",
         metavar="S",
         callback=checked(options.parse_sparsity),
-        help="GraNet/GMP: sparsity the cubic ramp starts from, e.g. 0.5 for 50%->75% (default 0: dense start).",
+        help="GraNet/GMP: sparsity the cubic ramp starts from, e.g. 0.5 for 50%->75% (default 0: "
+        "dense start).",
     ),
     sparsity_option: list[str] = typer.Option(
         [],
         "--sparsity-option",
         metavar="KEY=VALUE",
-        help="KEY=VALUE passed to the algorithm (repeatable; default: none), e.g. scope=layer (granet's per-layer pruning), stop_fraction=0.75 (set stops at 75%).",
+        help="KEY=VALUE passed to the algorithm (repeatable; default: none), e.g. scope=layer "
+        "(granet's per-layer pruning), stop_fraction=0.75 (set stops at 75%).",
     ),
     include: list[str] = include_option(
         "Also sparsify parameters matching this glob (repeatable; default: none)."
     ),
     exclude: list[str] = exclude_option(
-        "Never sparsify parameters matching this glob (repeatable; wins over --include; default: none)."
+        "Never sparsify parameters matching this glob (repeatable; wins over --include; default: "
+        "none)."
     ),
     param_filter: list[str] = typer.Option(
         [],
@@ -173,79 +187,87 @@ def train(
         metavar="GLOB",
         help="Glob of parameter names to sparsify (repeatable; default: the block matrices).",
     ),
-    init: Optional[Path] = typer.Option(
+    init: Path | None = typer.Option(
         None,
         "--init",
-        help="Start from this checkpoint (any sparsetool encoding) or a Hugging Face causal-LM directory (fine-tuned with its own tokenizer); keeps its masks (default: random initial weights).",
+        help="Start from this checkpoint (any sparsetool encoding) or a Hugging Face causal-LM "
+        "directory (fine-tuned with its own tokenizer); keeps its masks (default: random "
+        "initial weights).",
     ),
-    encoding: Optional[Encoding] = choice_option(
+    encoding: Encoding | None = choice_option(
         Encoding,
         None,
         "--encoding",
-        help="With --init HF_DIR: how RUN/model/ stores pruned weights (default zeros, which transformers loads; mask, nan, bitmask).",
+        help="With --init HF_DIR: how RUN/model/ stores pruned weights (default zeros, which "
+        "transformers loads; mask, nan, bitmask).",
     ),
     dense: bool = typer.Option(
         False,
         "--dense",
         help="With --init: revive pruned weights at 0 and train densely (SPDF fine-tuning).",
     ),
-    distill_from: Optional[Path] = typer.Option(
+    distill_from: Path | None = typer.Option(
         None,
         "--distill-from",
         metavar="TEACHER_DIR",
         help="With --init STUDENT_DIR: learn this Hugging Face model's next-token distribution "
         "(KL divergence; same tokenizer required). The teacher runs forward only, frozen.",
     ),
-    distill_temperature: Optional[float] = typer.Option(
+    distill_temperature: float | None = typer.Option(
         None,
         "--distill-temperature",
         metavar="T",
         help="Softmax temperature of both distributions (default 1; the loss is scaled by T^2).",
     ),
-    distill_alpha: Optional[float] = typer.Option(
+    distill_alpha: float | None = typer.Option(
         None,
         "--distill-alpha",
         metavar="A",
         help="Weight of the distillation loss; 1 - A goes to the next-token loss (default 1).",
     ),
     stage: list[str] = stage_option(
-        "SPARSITY:FRACTION of the steps (repeatable): Variable SPDF, e.g. 0.9:0.8 then 0:0.2 (default: one stage)."
+        "SPARSITY:FRACTION of the steps (repeatable): Variable SPDF, e.g. 0.9:0.8 then 0:0.2 "
+        "(default: one stage)."
     ),
-    eval_every: Optional[int] = typer.Option(
+    eval_every: int | None = typer.Option(
         None, "--eval-every", help="Validation every N steps (default 100) and at the end."
     ),
-    save_every: Optional[int] = typer.Option(
+    save_every: int | None = typer.Option(
         None, "--save-every", help="Checkpoint every N steps (default: only at the end)."
     ),
-    stop_at: Optional[int] = typer.Option(
+    stop_at: int | None = typer.Option(
         None,
         "--stop-at",
-        help="Stop after this step with a checkpoint; continue later with --resume (default: run all --steps).",
+        help="Stop after this step with a checkpoint; continue later with --resume (default: run "
+        "all --steps).",
     ),
-    threads: Optional[int] = threads_option(),
-    device: Optional[str] = typer.Option(
+    threads: int | None = threads_option(),
+    device: str | None = typer.Option(
         None,
         "--device",
         metavar="<auto|cpu|cuda|cuda:N>",
         callback=checked(options.check_device),
         help="Where to train (default auto).",
     ),
-    dtype: Optional[DType] = choice_option(
+    dtype: DType | None = choice_option(
         DType,
         None,
         "--dtype",
-        help="auto (default: bf16 autocast on capable GPUs), float32 or bfloat16 (with --distributed fsdp: bf16 parameters, float32 gradient reduction).",
+        help="auto (default: bf16 autocast on capable GPUs), float32 or bfloat16 (with "
+        "--distributed fsdp: bf16 parameters, float32 gradient reduction).",
     ),
-    distributed: Optional[Strategy] = choice_option(
+    distributed: Strategy | None = choice_option(
         Strategy,
         None,
         "--distributed",
-        help="Under torchrun: ddp (default; a whole model, its gradients and AdamW on every process) or fsdp (each process holds 1/N of them, masks too).",
+        help="Under torchrun: ddp (default; a whole model, its gradients and AdamW on every "
+        "process) or fsdp (each process holds 1/N of them, masks too).",
     ),
     offload: bool = typer.Option(
         False,
         "--offload",
-        help="With --distributed fsdp on GPUs: keep parameter shards, gradients and AdamW in CPU memory.",
+        help="With --distributed fsdp on GPUs: keep parameter shards, gradients and AdamW in CPU "
+        "memory.",
     ),
     quiet: bool = quiet_option(),
     as_json: bool = json_option("Print the final summary as JSON (no progress bar)."),
@@ -443,8 +465,10 @@ class _Progress:
         m, per = info["model"], "tokens" if "model_type" in info["model"] else "bytes"
         sp = f", sparsity {info['sparsity']:.1%}" if info["sparsity"] else ""
         self.console.print(
-            f"{m.get('model_type', 'GPT')} {m['n_layer']}L d{m['d_model']} h{m['n_head']} ctx {m['context']}: "
-            f"{plural(info['params'], 'parameter')}{sp}; {plural(info['world_size'], 'process', 'processes')}"
+            f"{m.get('model_type', 'GPT')} {m['n_layer']}L d{m['d_model']} h{m['n_head']} ctx "
+            f"{m['context']}: "
+            f"{plural(info['params'], 'parameter')}{sp}; "
+            f"{plural(info['world_size'], 'process', 'processes')}"
             f"{' (' + info['distributed'] + ')' if info.get('distributed') else ''}, global batch "
             f"{info['global_batch']} x {m['context']} {per}; {info['device']} {info['precision']}",
             highlight=False,
@@ -465,7 +489,8 @@ class _Progress:
             for line in describe(info["sparse_training"]):
                 self.console.print(self.escape(line), highlight=False, soft_wrap=True)
         if not self.console.is_terminal:
-            return  # piped: no bar (its one final line would be cut to the width); the summary follows
+            # piped: no bar (its one final line would be cut to the width); the summary follows
+            return
         self.bar = Progress(
             TextColumn("[bold]train"),
             BarColumn(),

@@ -1,7 +1,8 @@
 """Chinchilla Appendix-F forward FLOPs, term by term, with weight sparsity on the targeted matmuls.
 
 Hoffmann et al. 2022 ("Training Compute-Optimal Large Language Models"), Appendix F, for one
-sequence of length ``s``, width ``d``, ``h`` heads of size ``k``, FFN width ``f``, vocabulary ``V``::
+sequence of length ``s``, width ``d``, ``h`` heads of size ``k``, FFN width ``f``, vocabulary
+``V``::
 
     embeddings      2*s*V*d                      (excluded by default, as in the SPDF tables)
     per layer:
@@ -44,7 +45,7 @@ stay dense.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from sparsetool.errors import ConfigError
 from sparsetool.flops.modelconfig import ModelConfig

@@ -8,9 +8,9 @@ nonzero`` (plain dicts or any object with those attributes) and rebuilds the App
 - per layer (index = first integer in the name): ``k*h`` = the non-``d_model`` side of the
   attention output; a mixture of experts' FFN is its experts' (:func:`expert_part`: one matrix per
   expert, or all in one 3-D tensor), each counted once with the expert count beside it, and a
-  shared expert's; ``top_k`` comes from ``config.json`` (``num_experts_per_tok``); q+k+v (fused or separate) = ``k*h + 2*k*h_kv``; ``d_ff`` = the FFN output
-  matrix's other side; FFN matrices = 1 + (sum of FFN-in widths) / ``d_ff`` (3 for SwiGLU, also
-  when gate and up are fused);
+  shared expert's; ``top_k`` comes from ``config.json`` (``num_experts_per_tok``); q+k+v (fused or
+  separate) = ``k*h + 2*k*h_kv``; ``d_ff`` = the FFN output matrix's other side; FFN matrices = 1 +
+  (sum of FFN-in widths) / ``d_ff`` (3 for SwiGLU, also when gate and up are fused);
 - heads from ``config.json`` (``num_attention_heads``/``n_head``); without one, a d_head of
   128 (k*h >= 2048) or 64 is assumed and said so; heads only enter the softmax term 3*h*s*s;
 - sparsity per layer and role = 1 - sum(non-zeros) / sum(elements) over the *targeted* tensors of
@@ -20,9 +20,10 @@ nonzero`` (plain dicts or any object with those attributes) and rebuilds the App
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from sparsetool.checkpoint.config import read_model_config as read_hf_config
 from sparsetool.errors import CheckpointError, ShapeError
@@ -346,8 +347,8 @@ def infer_model(
         top_k = _pick(hf_config, "num_experts_per_tok", "moe_topk", "top_k")
         if top_k is None:
             raise ShapeError(
-                f"'{name}' holds {plural(moe[0], 'expert')} per layer, but no config.json beside it "
-                "says how many each token goes to (num_experts_per_tok)",
+                f"'{name}' holds {plural(moe[0], 'expert')} per layer, but no config.json beside "
+                "it says how many each token goes to (num_experts_per_tok)",
                 missing="top_k",
             )
         moe_fields = dict(

@@ -8,7 +8,8 @@ the device's dense rate and added to both the sparse and the dense run.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from sparsetool.hardware.devices import PASSES, Cost, Dataflow, Device, Refused
 from sparsetool.hardware.workload import Workload
@@ -112,9 +113,10 @@ def simulate(wl: Workload, devices: Mapping[str, Device] | Iterable[Device]) -> 
                 )
                 if fell_back:
                     entry["notes"].append(
-                        f"{fell_back} of {plural(len(sparse_layers), 'sparse layer')} run the dense kernel, which is "
-                        "faster at their sparsity (each non-zero carries an index; set dense_fallback = "
-                        "false in a --hardware file to force the sparse kernel)"
+                        f"{fell_back} of {plural(len(sparse_layers), 'sparse layer')} run the "
+                        "dense kernel, which is "
+                        "faster at their sparsity (each non-zero carries an index; set "
+                        "dense_fallback = false in a --hardware file to force the sparse kernel)"
                     )
                 b = results["forward"]["breakdown"]
                 entry["busiest_over_mean"] = (

@@ -11,7 +11,8 @@ the busiest core group needs beyond the mean), ``memory`` (moving the weights an
 ``total = max(compute + imbalance, memory) + fixed`` (roofline; Williams, Waterman and Patterson,
 "Roofline", CACM 2009).
 
-Every device runs a layer with no zeros on its dense path, so the speedup at sparsity 0 is exactly 1.
+Every device runs a layer with no zeros on its dense path, so the speedup at sparsity 0 is
+exactly 1.
 """
 
 from __future__ import annotations
@@ -36,13 +37,13 @@ class Cost:
     total: float = 0.0
 
     @staticmethod
-    def roofline(compute: float, memory: float, fixed: float, imbalance: float = 0.0) -> "Cost":
+    def roofline(compute: float, memory: float, fixed: float, imbalance: float = 0.0) -> Cost:
         return Cost(compute, memory, fixed, imbalance, max(compute + imbalance, memory) + fixed)
 
-    def __add__(self, o: "Cost") -> "Cost":
+    def __add__(self, o: Cost) -> Cost:
         return Cost(*(getattr(self, f.name) + getattr(o, f.name) for f in fields(Cost)))
 
-    def scaled(self, c: float) -> "Cost":
+    def scaled(self, c: float) -> Cost:
         return Cost(*(getattr(self, f.name) * c for f in fields(Cost)))
 
     def as_dict(self) -> dict[str, float]:
@@ -199,8 +200,8 @@ class Dataflow(Device):
         if small:
             ly = small[0]
             out.append(
-                f"{len(small)} of {plural(len(layers), 'layer')} have fewer rows or columns than the "
-                f"{self.groups_m} x {self.groups_k} core-group grid (e.g. {ly.name}, "
+                f"{len(small)} of {plural(len(layers), 'layer')} have fewer rows or columns than "
+                f"the {self.groups_m} x {self.groups_k} core-group grid (e.g. {ly.name}, "
                 f"{ly.out_features} x {ly.in_features}): they use only min(grid, shape) groups"
             )
         if self.weight_streaming:
@@ -213,7 +214,8 @@ class Dataflow(Device):
         )
         if held > self.sram_bytes:
             out.append(
-                f"the pruned weights ({held / 1e9:.1f} GB) do not fit in the {self.sram_bytes / 1e9:g} GB "
+                f"the pruned weights ({held / 1e9:.1f} GB) do not fit in the "
+                f"{self.sram_bytes / 1e9:g} GB "
                 "of on-chip SRAM: set weight_streaming = true in a --hardware file"
             )
         return out
@@ -302,7 +304,8 @@ class Sparse24GPU(DenseGPU):
             bad = [ly for ly in sparse if not self._fits(ly, "backward_data")]
             if bad:
                 out.append(
-                    f"backward-data runs dense in {len(bad)} of {plural(len(sparse), 'sparse layer')}: "
+                    f"backward-data runs dense in {len(bad)} of "
+                    f"{plural(len(sparse), 'sparse layer')}: "
                     "W^T is not 2:4 along the output dimension"
                 )
         if "backward_weight" in passes and sparse:
@@ -375,8 +378,8 @@ class CPU(Device):
 
         dense   = max(2 T M K / dense_flops, (M K + T (K + M)) * value_bytes / bandwidth) + launch_s
         sparse  = max(T nnz / sparse_mac_rate,
-                      (nnz (value_bytes + index_bytes) + (M + 1) index_bytes + T (K + M) value_bytes)
-                      / sparse_bandwidth) + sparse_launch_s
+                      (nnz (value_bytes + index_bytes) + (M + 1) index_bytes
+                       + T (K + M) value_bytes) / sparse_bandwidth) + sparse_launch_s
 
     ``dense_flops``: FLOP/s the dense GEMM reaches; ``bandwidth``: bytes/s it streams weights and
     activations at; ``launch_s``: its per-call overhead. ``sparse_mac_rate``: multiply-adds per

@@ -193,13 +193,14 @@ def kept_count(numel: int, sparsity: float) -> int:
 def synthetic_mask(
     shape: tuple[int, int], sparsity: float, pattern: str = "random", seed: int = 0
 ) -> np.ndarray:
-    """A seeded ``(M, K)`` bool mask with exactly ``round(sparsity * (M * K))`` zeros (:func:`kept_count`).
+    """A seeded ``(M, K)`` bool mask with exactly ``round(sparsity * (M * K))`` zeros
+    (:func:`kept_count`).
 
     ``random``: uniform over all masks with that count (i.i.d. draws, then a uniformly chosen set
-    of surplus entries flipped, which keeps the result uniform by symmetry; SFC64 generator). ``rows``/``cols``:
-    all the pruning concentrated in the leading output rows (input columns): whole rows pruned from
-    the top, the remainder at random in the next row. ``2:4``: two of every four consecutive weights along K kept, pattern chosen uniformly
-    (sparsity must be 0.5).
+    of surplus entries flipped, which keeps the result uniform by symmetry; SFC64 generator).
+    ``rows``/``cols``: all the pruning concentrated in the leading output rows (input columns):
+    whole rows pruned from the top, the remainder at random in the next row. ``2:4``: two of every
+    four consecutive weights along K kept, pattern chosen uniformly (sparsity must be 0.5).
 
     >>> mk = synthetic_mask((8, 8), 0.75, seed=1)
     >>> int(mk.sum())

@@ -35,8 +35,15 @@ def dodge(
     """Points of different series that coincide (same x, y within ``tolerance`` relative) moved
     apart along x by ``width`` each, centred on their x, so that none hides another.
 
-    >>> dodge({"a100": [(0.5, 1.0), (0.9, 1.0)], "h100": [(0.5, 1.0), (0.9, 1.0)], "cs2": [(0.5, 2.0)]})
-    {'a100': [(0.497, 1.0), (0.897, 1.0)], 'h100': [(0.503, 1.0), (0.903, 1.0)], 'cs2': [(0.5, 2.0)]}
+    >>> dodge(
+    ...     {
+    ...         "a100": [(0.5, 1.0), (0.9, 1.0)],
+    ...         "h100": [(0.5, 1.0), (0.9, 1.0)],
+    ...         "cs2": [(0.5, 2.0)],
+    ...     }
+    ... )
+    {'a100': [(0.497, 1.0), (0.897, 1.0)], 'h100': [(0.503, 1.0), (0.903, 1.0)], 'cs2': [(0.5,
+    2.0)]}
     """
     at: dict[float, list[tuple[str, int, float]]] = {}
     for name, pts in series.items():

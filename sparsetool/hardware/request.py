@@ -10,9 +10,10 @@ checkpoint, matplotlib only to plot.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any
 
 import numpy as np
 
@@ -28,11 +29,11 @@ from sparsetool.util import options
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import did_you_mean
 
-Sparsities = Union[str, float, Sequence[float], None]
+Sparsities = str | float | Sequence[float] | None
 
 
 def select_devices(
-    hardware: Optional[Path] = None, only: Sequence[str] = ()
+    hardware: Path | None = None, only: Sequence[str] = ()
 ) -> tuple[dict[str, Device], dict[str, dict[str, str]]]:
     """The presets with ``hardware``'s overrides, kept to the names in ``only`` (all if empty),
     and every constant's source."""
@@ -55,7 +56,7 @@ def check_devices(devices: Mapping[str, Any], only: Sequence[str]) -> None:
 
 
 def hardware_constants(
-    hardware: Optional[Path] = None, devices: Sequence[str] = ()
+    hardware: Path | None = None, devices: Sequence[str] = ()
 ) -> dict[str, dict[str, Any]]:
     """``{device: {"kind", "constants": {name: {"value", "unit", "source"}}}}``
     (``--list-hardware``; ``unit`` from :data:`sparsetool.hardware.presets.UNITS`).
@@ -115,14 +116,14 @@ def parse_sparsities(sparsity: Sparsities, sweep: bool = False) -> list[float]:
 
 
 def check_request(
-    checkpoint: Optional[Path] = None,
+    checkpoint: Path | None = None,
     *,
-    shape: Optional[str] = None,
-    model: Optional[str] = None,
+    shape: str | None = None,
+    model: str | None = None,
     sparsity: Sparsities = None,
     sweep: bool = False,
     pattern: str = "random",
-    plot: Optional[Path] = None,
+    plot: Path | None = None,
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     default_targets: bool = False,
@@ -159,9 +160,9 @@ def check_request(
             if v
         ]
         raise ConfigError(
-            f"a checkpoint brings its own masks, at one sparsity: drop {'/'.join(given)} to simulate "
-            "them, or sweep synthetic masks of a preset instead, e.g. sparsetool simulate --model "
-            "gpt2-small --sweep --plot speedup.png"
+            f"a checkpoint brings its own masks, at one sparsity: drop {'/'.join(given)} to "
+            "simulate them, or sweep synthetic masks of a preset instead, e.g. sparsetool "
+            "simulate --model gpt2-small --sweep --plot speedup.png"
         )
     sps = parse_sparsities(sparsity, sweep or (plot is not None and sparsity is None))
     if checkpoint is None and not sps:
@@ -184,24 +185,24 @@ def check_request(
 
 
 def run_simulation(
-    checkpoint: Optional[Path] = None,
+    checkpoint: Path | None = None,
     *,
-    shape: Optional[str] = None,
-    model: Optional[str] = None,
+    shape: str | None = None,
+    model: str | None = None,
     sparsity: Sparsities = None,
     sweep: bool = False,
     tokens: float = 2048,
     pattern: str = "random",
     seed: int = 0,
-    hardware: Optional[Path] = None,
+    hardware: Path | None = None,
     devices: Sequence[str] = (),
-    seq_len: Optional[int] = None,
+    seq_len: int | None = None,
     verify: bool = False,
-    plot: Optional[Path] = None,
+    plot: Path | None = None,
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     default_targets: bool = False,
-    progress: Optional[Progress] = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Simulate exactly one of ``checkpoint`` (its real masks), ``shape`` (``"MxK"``, a seeded
     ``pattern`` mask) or ``model`` (a flops preset, random masks) on ``devices``.
@@ -212,13 +213,13 @@ def run_simulation(
     (the 2:4 cores on a 2:4 mask of a random ``shape`` in a sweep) and ``plot`` (the PNG written),
     else None. ``verify`` adds ``"verify"``: the
     zero-skipping schedule executed on one mask (the checkpoint's smallest pruned matrix, else
-    the last point's) and compared with the dense masked matmul (else None). ``include``/``exclude`` are the
-    tensor globs of :func:`sparsetool.targets.plan_targets`, for a checkpoint only; without them a
-    checkpoint pruned with globs is simulated on the tensors prune targeted, unless
+    the last point's) and compared with the dense masked matmul (else None). ``include``/``exclude``
+    are the tensor globs of :func:`sparsetool.targets.plan_targets`, for a checkpoint only; without
+    them a checkpoint pruned with globs is simulated on the tensors prune targeted, unless
     ``default_targets``. With a checkpoint the workload holds ``"targeting"``
-    (:func:`sparsetool.targets.recorded.targeting_summary`). The result's ``reclaimed`` (not a
-    key): the temporaries of killed runs removed beside ``plot``, which is checked before the
-    work (an error carries them too).
+    (:func:`sparsetool.targets.recorded.targeting_summary`). The result's ``reclaimed`` (not a key):
+    the temporaries of killed runs removed beside ``plot``, which is checked before the work (an
+    error carries them too).
     """
     chosen, _ = select_devices(hardware, devices)
     sps = check_request(
@@ -282,14 +283,14 @@ Maker = Callable[[float], tuple]
 
 
 def _synthetic(
-    mk: Optional[tuple[int, int]],
-    model: Optional[str],
+    mk: tuple[int, int] | None,
+    model: str | None,
     sps: list[float],
     tokens: float,
     grids: list[tuple[int, int]],
     pattern: str,
     seed: int,
-    seq_len: Optional[int],
+    seq_len: int | None,
 ) -> Maker:
     """The :data:`Maker` of the ``mk`` = (M, K) layer, or else of ``model``."""
     if mk is not None:
@@ -304,15 +305,15 @@ def _synthetic(
 
 def _sweep(
     wl: Workload,
-    make: Optional[Maker],
+    make: Maker | None,
     sps: list[float],
     devices: dict[str, Device],
     grids: list[tuple[int, int]],
-    shape: Optional[str],
+    shape: str | None,
     pattern: str,
     tokens: float,
     seed: int,
-    plot: Optional[Path],
+    plot: Path | None,
 ) -> dict[str, Any]:
     # The last point is built already (do not draw its mask twice); it is the one shown in detail.
     result = compare.simulate(wl, devices)
@@ -341,11 +342,11 @@ def _from_checkpoint(
     path: Path,
     tokens: float,
     grids: list[tuple[int, int]],
-    seq_len: Optional[int],
+    seq_len: int | None,
     include: Sequence[str],
     exclude: Sequence[str],
     default_targets: bool,
-    progress: Optional[Progress],
+    progress: Progress | None,
 ) -> Workload:
     report = (
         None if progress is None else (lambda done, total, name: progress("masks", done, total))

@@ -99,7 +99,9 @@ class MagnitudeHistogram:
     ``exact`` means every counted key has zero low bits (bf16, fp8), so a coarse bucket holds one
     value and needs no refinement.
 
-    >>> h = MagnitudeHistogram.of(np.array([0x3F80, -0x4080, 0x4000, 0x7FC0], dtype=np.int16), dtype="BF16")
+    >>> h = MagnitudeHistogram.of(
+    ...     np.array([0x3F80, -0x4080, 0x4000, 0x7FC0], dtype=np.int16), dtype="BF16"
+    ... )
     >>> h.total, h.exact, int(h.counts[0x3F80]), int(h.counts[0x4000])
     (3, True, 2, 1)
     """
@@ -339,7 +341,8 @@ def apply_threshold(
     kept = sum(counted) if out is None else count_true(out)
     if kept != plan.kept or (plan.ties and not can_tie):
         raise SparsetoolError(
-            f"the plan keeps {plural(plan.kept, 'weight')} of this tensor but its threshold keeps {kept}; "
+            f"the plan keeps {plural(plan.kept, 'weight')} of this tensor but its threshold keeps "
+            f"{kept}; "
             "did the tensor change between passes?"
         )
     return None if out is None else like(out.reshape(shape), w)

@@ -58,8 +58,9 @@ selection analogue of radix sorting (Knuth, TAOCP vol. 3, section 5.2.5). Either
 :func:`threshold_mask`, writes the mask: the keys above the threshold, plus the first ties equal
 to it. Signed scores are two selections on magnitude keys: the non-negative scores first, then, if
 ``k`` is not reached, the negative ones with the key ``inf - |x|`` (smaller magnitude = higher
-score). Passes run in chunks of ``chunks.CHUNK`` keys (:mod:`sparsetool.masks.chunks`) on a small thread pool (numpy releases the GIL in
-its loops), so temporaries stay in cache and every core works.
+score). Passes run in chunks of ``chunks.CHUNK`` keys (:mod:`sparsetool.masks.chunks`) on a small
+thread pool (numpy releases the GIL in its loops), so temporaries stay in cache and every core
+works.
 
 >>> top_k_mask(torch.tensor([0.5, -0.9, 0.5, float("nan"), -0.1]), 3)
 tensor([ True, False,  True, False,  True])
@@ -278,7 +279,8 @@ def _held_ties(keys: Keys, threshold: int, ties: int, all_available: bool, sink:
     """:func:`threshold_mask` into a sink when ties must be placed and their counts per chunk are
     not known: one pass makes each chunk's "> threshold" mask and finds its keys equal to the
     threshold, the ties go to the first of those in flat order, then the chunks go to the sink
-    (each chunk's mask is held meanwhile: one byte per key, instead of a second read of every key)."""
+    (each chunk's mask is held meanwhile: one byte per key, instead of a second read of every key).
+    """
     n = keys.n
 
     def first(a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -348,8 +350,9 @@ def select_top(
         above -= dead
     elif cand.itemsize <= 2:
         # A partition crawls on one value repeated over much of the array (the zeros of a pruned
-        # tensor, the dead keys: 100x slower at half the array, measured): spread every value by the low 16 bits of its index, below the
-        # key's own bits, and select the (keep + dead)-th largest; its high half is the threshold.
+        # tensor, the dead keys: 100x slower at half the array, measured): spread every value by the
+        # low 16 bits of its index, below the key's own bits, and select the (keep + dead)-th
+        # largest; its high half is the threshold.
         wide = np.empty(n, dtype=np.int32)
         low = _low_index()
 
@@ -387,7 +390,9 @@ def top_k_mask(scores: Any, k: int, allowed: Any = None) -> Any:
     >>> import torch
     >>> top_k_mask(torch.tensor([0.5, 0.9, 0.5, 0.5]), 2)
     tensor([ True,  True, False, False])
-    >>> top_k_mask(torch.tensor([0.5, 0.9, 0.5, 0.5]), 2, allowed=torch.tensor([True, False, False, True]))
+    >>> top_k_mask(
+    ...     torch.tensor([0.5, 0.9, 0.5, 0.5]), 2, allowed=torch.tensor([True, False, False, True])
+    ... )
     tensor([ True, False, False,  True])
     >>> top_k_mask(np.array([-2.0, -1.0, -0.0, 3.0]), 3)
     array([False,  True,  True,  True])

@@ -110,7 +110,8 @@ def flat_existing(existing: Any, shape: tuple[int, ...]) -> np.ndarray | None:
         return None
     if shape_of(existing) != tuple(shape):
         raise SparsetoolError(
-            f"existing mask has shape {shape_of(existing)} but the weight has shape {tuple(shape)}; "
+            f"existing mask has shape {shape_of(existing)} but the weight has shape "
+            f"{tuple(shape)}; "
             "a mask must match its weight"
         )
     return bool_array(existing).reshape(-1)

@@ -23,8 +23,8 @@ threshold key. Then every key above the threshold is kept, plus the first ``keep
 equal to it.
 
 Global scope (one magnitude threshold across many tensors, streamed) lives in
-:mod:`sparsetool.masks.global_magnitude` and is re-exported here; its module docstring gives the pass
-protocol.
+:mod:`sparsetool.masks.global_magnitude` and is re-exported here; its module docstring gives the
+pass protocol.
 
 >>> import torch
 >>> w = torch.tensor([[0.5, -2.0, 0.0, 1.0], [1.0, 3.0, -0.5, 0.25]])

@@ -1,19 +1,19 @@
 """SparseGPT: prune a linear layer and update its surviving weights to reconstruct its output.
 
 Frantar and Alistarh 2023, "SparseGPT: Massive Language Models Can Be Accurately Pruned in
-One-Shot". For ``y = W x`` with ``W`` (out, in) and calibration inputs ``X`` (tokens, in), the layer's
-squared reconstruction error ``||W X^T - W' X^T||^2`` has Hessian ``H = X^T X`` (one for every row).
-Columns are visited left to right in blocks of ``blocksize``; inside a block the weights of column
-``j`` that are pruned are set to zero and their error ``(w - q) / [H^-1]_jj`` is spread over the
-columns after ``j`` by the optimal brain surgeon update ``W[:, j:] -= err [H^-1]_{j, j:}``, using the
-upper Cholesky factor of ``H^-1`` (so each column sees the inverse Hessian of the columns not yet
-visited). The mask of a block is chosen when the block starts, from the weights as updated so far,
-by the score ``w^2 / [chol(H^-1)]_jj^2`` (adaptive mask selection); with N:M, every ``M`` columns
-choose their pattern when the first of them is reached.
+One-Shot". For ``y = W x`` with ``W`` (out, in) and calibration inputs ``X`` (tokens, in), the
+layer's squared reconstruction error ``||W X^T - W' X^T||^2`` has Hessian ``H = X^T X`` (one for
+every row). Columns are visited left to right in blocks of ``blocksize``; inside a block the weights
+of column ``j`` that are pruned are set to zero and their error ``(w - q) / [H^-1]_jj`` is spread
+over the columns after ``j`` by the optimal brain surgeon update ``W[:, j:] -= err [H^-1]_{j, j:}``,
+using the upper Cholesky factor of ``H^-1`` (so each column sees the inverse Hessian of the columns
+not yet visited). The mask of a block is chosen when the block starts, from the weights as updated
+so far, by the score ``w^2 / [chol(H^-1)]_jj^2`` (adaptive mask selection); with N:M, every ``M``
+columns choose their pattern when the first of them is reached.
 
 ``H`` is dampened by ``dampening * mean(diag H)`` on its diagonal before inversion; inputs that were
-always zero (``H_jj = 0``) get ``H_jj = 1`` so the inverse exists. With sparsity 0 nothing is pruned,
-so no error is spread and the weights come back unchanged.
+always zero (``H_jj = 0``) get ``H_jj = 1`` so the inverse exists. With sparsity 0 nothing is
+pruned, so no error is spread and the weights come back unchanged.
 
 Counts are exact: the tensor prunes ``P = numel - keep``, block ``b`` prunes
 ``floor(P * end_b / numel + 1/2) - floor(P * start_b / numel + 1/2)`` (the shares add up to P), and

@@ -102,7 +102,10 @@ def wanda_kept_count(
     before any activation is seen, so a writer can size its output up front.
 
     >>> alive = torch.tensor([[True, True, True, True], [True, False, False, False]])
-    >>> wanda_kept_count(alive, keep=4), int(wanda_mask(torch.ones(2, 4), torch.ones(4), keep=4, existing=alive).sum())
+    >>> (
+    ...     wanda_kept_count(alive, keep=4),
+    ...     int(wanda_mask(torch.ones(2, 4), torch.ones(4), keep=4, existing=alive).sum()),
+    ... )
     (3, 3)
     """
     if nm is not None:

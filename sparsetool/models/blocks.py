@@ -8,9 +8,10 @@ the checkpoint by sparsetool's own reader when their turn comes (any encoding, a
 
 - the *outer* weights (embeddings, position table, final norm) for the first pass, which turns
   token ids into the first block's inputs (:meth:`BlockModel.capture`), and again for the last;
-- block ``i``'s weights while the hidden states pass through block ``i`` (:meth:`BlockModel.load_block`,
-  :meth:`BlockModel.run_block`, :meth:`BlockModel.release_block`);
-- the LM head for the last pass only (:meth:`BlockModel.final_hidden` and :meth:`BlockModel.logits`).
+- block ``i``'s weights while the hidden states pass through block ``i``
+  (:meth:`BlockModel.load_block`, :meth:`BlockModel.run_block`, :meth:`BlockModel.release_block`);
+- the LM head for the last pass only (:meth:`BlockModel.final_hidden` and
+  :meth:`BlockModel.logits`).
 
 Nothing that grows with depth stays resident. The first block's inputs are captured by a hook on
 it: the model's own forward pass runs the embeddings, positions and masks, so every model family
@@ -23,10 +24,12 @@ norm (and anything else the model does after its blocks) is the model's own code
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -144,8 +147,8 @@ class BlockModel:
 
     ``sources`` maps each parameter of ``module`` to the checkpoint tensors it is read from: one
     :class:`~sparsetool.models.hf.Piece` holding all of it, or the pieces of a Mixture of Experts'
-    merged experts (a tied head shares its embedding's). ``blocks[i]`` holds the parameter names of block ``i``;
-    ``outer`` the rest but the head; ``head`` the untied LM head's (empty when tied).
+    merged experts (a tied head shares its embedding's). ``blocks[i]`` holds the parameter names of
+    block ``i``; ``outer`` the rest but the head; ``head`` the untied LM head's (empty when tied).
     """
 
     def __init__(
@@ -277,7 +280,8 @@ class BlockModel:
         return dense
 
     def set_weight(self, name: str, value: torch.Tensor) -> None:
-        """Give parameter ``name`` (and its aliases) ``value``, in compute precision on the device."""
+        """Give parameter ``name`` (and its aliases) ``value``, in compute precision on the
+        device."""
         p = torch.nn.Parameter(value.to(self.device, self.dtype), requires_grad=False)
         for alias in self._aliases[name]:
             owner, _, attr = alias.rpartition(".")
@@ -298,7 +302,8 @@ class BlockModel:
             self.set_weight(name, merged)
 
     def set_piece(self, name: str, piece: Piece, value: torch.Tensor) -> None:
-        """Give the place of ``piece`` in loaded parameter ``name`` ``value`` (one expert's matrix)."""
+        """Give the place of ``piece`` in loaded parameter ``name`` ``value`` (one expert's
+        matrix)."""
         assert name in self._loaded, f"{name} is not loaded"
         self.module.get_parameter(name).data[piece.index] = value.to(self.device, self.dtype)
 
@@ -376,10 +381,8 @@ class BlockModel:
             reached.clear()
             with torch.inference_mode():
                 for call in batch:
-                    try:
+                    with contextlib.suppress(_Captured):
                         self._forward(call.ids)
-                    except _Captured:
-                        pass
                     seen.append([r.seen for r in recorders])
             fits = len(reached) == len(batch) and all(
                 h.shape == c.hidden.shape for h, c in zip(reached, batch)
@@ -483,7 +486,8 @@ class BlockModel:
         return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The head applied to some of :meth:`final_hidden`'s rows (load it with :meth:`load_head`)."""
+        """The head applied to some of :meth:`final_hidden`'s rows (load it with
+        :meth:`load_head`)."""
         return self._head_module(hidden)
 
     def load_head(self) -> None:
@@ -498,7 +502,8 @@ class BlockModel:
 
 
 def find_blocks(module: torch.nn.Module, params: list[str]) -> tuple[str, torch.nn.ModuleList]:
-    """The ModuleList of transformer blocks: the one holding the most of ``params`` (model names)."""
+    """The ModuleList of transformer blocks: the one holding the most of ``params`` (model
+    names)."""
     best: tuple[int, str, Any] = (0, "", None)
     for prefix, m in module.named_modules():
         if isinstance(m, torch.nn.ModuleList) and len(m):
@@ -516,7 +521,10 @@ def find_blocks(module: torch.nn.Module, params: list[str]) -> tuple[str, torch.
 def block_index(prefix: str, name: str) -> int | None:
     """The block a parameter name belongs to (``prefix.N.``), or None.
 
-    >>> block_index("model.layers", "model.layers.12.mlp.up_proj.weight"), block_index("h", "wte.weight")
+    >>> (
+    ...     block_index("model.layers", "model.layers.12.mlp.up_proj.weight"),
+    ...     block_index("h", "wte.weight"),
+    ... )
     (12, None)
     """
     if not name.startswith(prefix + "."):

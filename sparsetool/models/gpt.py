@@ -151,7 +151,7 @@ class GPT(nn.Module):
         """``idx``: (B, T) int64 bytes. Returns logits (B, T, V) and, with targets, the mean
         cross-entropy in nats per byte."""
         B, T = idx.shape
-        if T > self.cfg.context:
+        if self.cfg.context < T:
             raise ConfigError(
                 f"sequence of {T} tokens exceeds the model context {self.cfg.context}"
             )
@@ -169,7 +169,8 @@ class GPT(nn.Module):
         """The four weight matrices of each block (:func:`sparsetool.targets.plan_targets`).
 
         >>> list(GPT(PRESETS["tiny"]).targeted_parameters())[:4]
-        ['blocks.0.attn.qkv.weight', 'blocks.0.attn.proj.weight', 'blocks.0.mlp.fc.weight', 'blocks.0.mlp.proj.weight']
+        ['blocks.0.attn.qkv.weight', 'blocks.0.attn.proj.weight', 'blocks.0.mlp.fc.weight',
+        'blocks.0.mlp.proj.weight']
         """
         params = dict(self.named_parameters())
         plan = plan_targets((n, tuple(p.shape), p.dtype) for n, p in params.items())

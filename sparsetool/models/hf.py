@@ -1,9 +1,10 @@
 """A Hugging Face causal-LM directory as a PyTorch model: its config, its tokenizer, its weights.
 
 Shared by the streamed model of eval and calibration pruning (:mod:`sparsetool.models.open`) and
-``sparsetool train --init HF_DIR`` (:mod:`sparsetool.train.hfrun`). The model is built from ``config.json`` (never with remote code)
-and its weights are decoded by sparsetool, so every encoding (zeros, mask, nan, bitmask) loads
-alike. transformers is imported only here, and only when a Hugging Face directory is used.
+``sparsetool train --init HF_DIR`` (:mod:`sparsetool.train.hfrun`). The model is built from
+``config.json`` (never with remote code) and its weights are decoded by sparsetool, so every
+encoding (zeros, mask, nan, bitmask) loads alike. transformers is imported only here, and only when
+a Hugging Face directory is used.
 
 No code from the checkpoint directory ever runs: the config's ``auto_map`` (classes in ``.py``
 files beside the weights) is dropped, transformers is told ``trust_remote_code=False`` (without it,
@@ -74,7 +75,8 @@ def hf_config(
             f"{path}: no config.json; {command} needs a Hugging Face model directory "
             "(config.json, weights, tokenizer files) or a checkpoint of sparsetool train"
         )
-    # The compressed-tensors block describes how weights are stored, which sparsetool decodes itself.
+    # The compressed-tensors block describes how weights are stored, which sparsetool decodes
+    # itself.
     config = drop_sparsity_config(config)
     config = {
         k: v for k, v in config.items() if k != "auto_map"
@@ -141,8 +143,10 @@ def load_tokenizer(path: Path, transformers):
         if "custom code" in str(e):
             raise SparsetoolError(
                 f"{path}/tokenizer_config.json asks for a tokenizer class from the directory's own "
-                "Python files (auto_map), and sparsetool never runs code from a checkpoint; set its "
-                "tokenizer_class to a transformers class (PreTrainedTokenizerFast reads tokenizer.json)"
+                "Python files (auto_map), and sparsetool never runs code from a checkpoint; set "
+                "its "
+                "tokenizer_class to a transformers class (PreTrainedTokenizerFast reads "
+                "tokenizer.json)"
             ) from None
         raise refuse(
             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'cannot load'}"
@@ -239,8 +243,8 @@ class _Conversions:
                 place[along] = sizes[j]
             if list(stored_shape) != place or (concat is not None and at != shape[concat]):
                 raise SparsetoolError(
-                    f"{self.path}: tensor {name!r} has shape {list(stored_shape)}, but its place in "
-                    f"{target!r} {list(shape)} (config.json) is {place}; the weights and "
+                    f"{self.path}: tensor {name!r} has shape {list(stored_shape)}, but its place "
+                    f"in {target!r} {list(shape)} (config.json) is {place}; the weights and "
                     "config.json disagree"
                 )
             places.add((j, e))
@@ -334,7 +338,8 @@ def _match(
                 "and config.json disagree"
             )
         origin[name] = conversions.pieces(target, tuple(own[name].shape))
-    # Parameters shared with a loaded one (a head tied to the embedding) need no tensor of their own.
+    # Parameters shared with a loaded one (a head tied to the embedding) need no tensor of their
+    # own.
     by_storage: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         by_storage.setdefault(id(p), []).append(name)
@@ -348,7 +353,8 @@ def _match(
 
 
 def _with_prefix(name: str, own: dict, prefix: str) -> str:
-    """``name`` as the model has it: saved from the bare model (no LM-head wrapper) or the reverse."""
+    """``name`` as the model has it: saved from the bare model (no LM-head wrapper) or the
+    reverse."""
     if name not in own and prefix:
         if f"{prefix}.{name}" in own:
             return f"{prefix}.{name}"

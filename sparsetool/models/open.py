@@ -34,7 +34,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def resolve_device(device: str) -> torch.device:
     """``auto`` (CUDA if there is one, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``; asking for
-    CUDA where there is none is a :class:`ConfigError` (a usage error), raised before anything is read."""
+    CUDA where there is none is a :class:`ConfigError` (a usage error), raised before anything is
+    read."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda"):

@@ -2,11 +2,12 @@
 
 Plain tensors without NaN or -0.0 (all of them, in a checkpoint of the zeros encoding) are
 screened on their bits in numpy and copied byte for byte; the others are decoded in numpy
-(:func:`~sparsetool.checkpoint.encodings.decode_array`): densify never imports torch. Every encoding sparsetool knows (zeros, ``_mask`` tensors, NaN sentinels, compressed-tensors
-bitmask, and mixtures of them in one file) becomes plain tensors with pruned entries +0.0.
-``_mask`` tensors are dropped, and a ``sparsity_config`` in a carried ``config.json`` is removed:
-a loader that still saw it would expect compressed weights (transformers 5 re-initialises
-bitmask-described weights at random, without an error).
+(:func:`~sparsetool.checkpoint.encodings.decode_array`): densify never imports torch. Every encoding
+sparsetool knows (zeros, ``_mask`` tensors, NaN sentinels, compressed-tensors bitmask, and mixtures
+of them in one file) becomes plain tensors with pruned entries +0.0. ``_mask`` tensors are dropped,
+and a ``sparsity_config`` in a carried ``config.json`` is removed: a loader that still saw it would
+expect compressed weights (transformers 5 re-initialises bitmask-described weights at random,
+without an error).
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ vector, never by averaging per-tensor ratios. Reading streams one tensor pair at
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -74,7 +75,7 @@ class Stats:
     sq_b: float = 0.0  # sum b^2
     sq_diff: float = 0.0  # sum (b - a)^2, accumulated directly: exact for tiny changes
 
-    def __add__(self, o: "Stats") -> "Stats":
+    def __add__(self, o: Stats) -> Stats:
         return Stats(*(getattr(self, f) + getattr(o, f) for f in self.__dataclass_fields__))
 
     @property
@@ -97,7 +98,8 @@ class Stats:
 
     @property
     def iou(self) -> float:
-        """Jaccard index |nz(A) & nz(B)| / |nz(A) | nz(B)| of the non-zero sets; 1.0 if both are empty.
+        """Jaccard index |nz(A) & nz(B)| / |nz(A) | nz(B)| of the non-zero sets; 1.0 if both are
+        empty.
 
         >>> Stats(numel=4, nonzero_a=2, nonzero_b=2, nonzero_both=1).iou
         0.3333333333333333
@@ -222,7 +224,10 @@ def matrix_kind(name: str, shape: Sequence[int]) -> str:
     """What a whole tensor is in the layer x matrix picture: ``Q``, ``K`` or ``V`` for a separate
     projection, ``QKV`` for a fused one, else its role (``attn_out``, ``ffn_in``, ``norm``...).
 
-    >>> matrix_kind("model.layers.0.self_attn.k_proj.weight", (8, 32)), matrix_kind("h.0.attn.c_attn.weight", (4, 12))
+    >>> (
+    ...     matrix_kind("model.layers.0.self_attn.k_proj.weight", (8, 32)),
+    ...     matrix_kind("h.0.attn.c_attn.weight", (4, 12)),
+    ... )
     ('K', 'QKV')
     """
     r = role(name, tuple(shape))
@@ -279,7 +284,8 @@ def split_parts(
         if rows % (3 * heads):
             return (
                 fused,
-                f"{name}: {plural(rows, 'row')} do not split into {plural(heads, 'head')} of q, k, v",
+                f"{name}: {plural(rows, 'row')} do not split into {plural(heads, 'head')} of q, "
+                "k, v",
             )
         hd = rows // (3 * heads)
         return [
@@ -304,7 +310,9 @@ def split_parts(
 def pair_stats(a: torch.Tensor, b: torch.Tensor) -> Stats:
     """Sums over two same-shape tensors, in float64 chunks of rows (pruned entries are zeros).
 
-    >>> s = pair_stats(torch.tensor([[1.0, 0.0], [2.0, 0.0]]), torch.tensor([[1.0, 3.0], [0.0, 0.0]]))
+    >>> s = pair_stats(
+    ...     torch.tensor([[1.0, 0.0], [2.0, 0.0]]), torch.tensor([[1.0, 3.0], [0.0, 0.0]])
+    ... )
     >>> s.nonzero_a, s.nonzero_b, s.nonzero_both, s.revived, s.pruned, s.dot, s.sq_diff
     (2, 2, 1, 1, 1, 1.0, 13.0)
     """
@@ -414,7 +422,8 @@ def _check_same(ca, cb) -> None:
 
 
 def plot_diff(result: DiffResult, out: str | Path, title: str | None = None) -> Written:
-    """SPDF-style heatmap (Figures 3-4): layers across, matrices down, angular distance as colour."""
+    """SPDF-style heatmap (Figures 3-4): layers across, matrices down, angular distance as
+    colour."""
     cells = result.cells()
     if not cells:
         raise SparsetoolError("nothing to plot: no targeted weight has a layer index in its name")

@@ -1,4 +1,5 @@
-"""What sparsity costs: perplexity of one or more checkpoints on the same text (``sparsetool eval``).
+"""What sparsity costs: perplexity of one or more checkpoints on the same text (``sparsetool
+eval``).
 
 The text is tokenized once per model with its own tokenizer (bytes for sparsetool's GPT) and cut
 into windows of ``seq`` tokens; within a window every token but the first is predicted. With a
@@ -17,9 +18,9 @@ import hashlib
 import itertools
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -110,9 +111,10 @@ def score(
     held: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[float, float]:
-    """Sum of the NLL (nats) of every scored token, and the sum of their squares. Windows of equal length run ``batch`` at a
-    time; ``held`` windows (a multiple of ``batch``; default all) pass the blocks together, so
-    each block is read once per ``held`` windows. Logits are made a chunk of rows at a time."""
+    """Sum of the NLL (nats) of every scored token, and the sum of their squares. Windows of equal
+    length run ``batch`` at a time; ``held`` windows (a multiple of ``batch``; default all) pass the
+    blocks together, so each block is read once per ``held`` windows. Logits are made a chunk of
+    rows at a time."""
     by_length: dict[int, list[Window]] = {}
     for w in wins:
         by_length.setdefault(w.end - w.start, []).append(w)
@@ -319,12 +321,16 @@ def few_tokens_warning(
     ``--max-tokens`` when the text has them (``text_tokens``: each checkpoint's count of the whole
     text), else a longer text.
 
-    >>> r = EvalRow("m", "huggingface", 0, 1, 1, 3.0, 20.1, 1.0, 50, 200, 64, 64, 0.1, nll_stderr=0.3)
+    >>> r = EvalRow(
+    ...     "m", "huggingface", 0, 1, 1, 3.0, 20.1, 1.0, 50, 200, 64, 64, 0.1, nll_stderr=0.3
+    ... )
     >>> few_tokens_warning([r], [51])
-    'm: perplexity from 50 scored tokens is known only to +-80% (95% interval); score at least 43,218 tokens for +-2% (a longer --text: this one is 51 tokens)'
+    'm: perplexity from 50 scored tokens is known only to +-80% (95% interval); score at least
+    43,218 tokens for +-2% (a longer --text: this one is 51 tokens)'
     >>> from dataclasses import replace
     >>> few_tokens_warning([r, replace(r, name="m-50")], [90_000] * 2, max_tokens=51)
-    'm, m-50: perplexity from 50 scored tokens is known only to +-80% (95% interval); score at least 43,218 tokens for +-2% (--max-tokens 43,218 or more, or drop --max-tokens)'
+    'm, m-50: perplexity from 50 scored tokens is known only to +-80% (95% interval); score at least
+    43,218 tokens for +-2% (--max-tokens 43,218 or more, or drop --max-tokens)'
     """
     wide = [
         (r, t)

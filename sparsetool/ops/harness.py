@@ -12,12 +12,14 @@ whether each was the argmax come from the final hidden states a chunk of rows at
 call for the rows of several inputs). The weights are those sparsetool decodes, so every
 encoding (zeros, mask, nan, bitmask) and sparsetool's own GPT score alike.
 
-Imported only once ``lm_eval`` is known to be installed (:func:`sparsetool.ops.tasks.import_lm_eval`).
+Imported only once ``lm_eval`` is known to be installed
+(:func:`sparsetool.ops.tasks.import_lm_eval`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -127,7 +129,7 @@ def _score_batch(
     n = hidden.shape[1]
     flat = hidden.reshape(-1, hidden.shape[-1])
     spans = []  # (first flat row, row count, position of the first row, the input's wants)
-    for b, (seq, wants) in enumerate(inputs):
+    for b, (_seq, wants) in enumerate(inputs):
         first = n - max(len(cont) for _, cont in wants)
         spans += [(b * n + lo, min(lo + rows, n) - lo, lo, wants) for lo in range(first, n, rows)]
     chunk: list = []

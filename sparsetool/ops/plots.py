@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any
 
 from sparsetool.checkpoint.output_files import (
     Written,
@@ -52,7 +53,8 @@ def layer_heatmap(
     hatch_label: str = "",
     cell_texts: Mapping[tuple[int, str], str] | None = None,
 ) -> Written:
-    """Layers across, matrices down (in the order of ``labels``), ``values[(layer, kind)]`` as colour.
+    """Layers across, matrices down (in the order of ``labels``), ``values[(layer, kind)]`` as
+    colour.
 
     A cell a layer lacks is light grey. ``vmax`` None: the largest value (1.0 if all are 0).
     With at most 12 layers every cell also prints its value through ``cell_text`` (or the text
@@ -171,7 +173,9 @@ def unique_suffixes(paths: Sequence[str]) -> list[str]:
     """Each path as its shortest run of trailing parts that no other path ends with: labels that
     tell two ``model.safetensors`` apart without printing whole paths.
 
-    >>> unique_suffixes(["runs/a/model.safetensors", "runs/b/model.safetensors", "x/pruned.safetensors"])
+    >>> unique_suffixes(
+    ...     ["runs/a/model.safetensors", "runs/b/model.safetensors", "x/pruned.safetensors"]
+    ... )
     ['a/model.safetensors', 'b/model.safetensors', 'pruned.safetensors']
     >>> unique_suffixes(["/m/ft/model", "/n/ft/model", "/m/dense"])
     ['m/ft/model', 'n/ft/model', 'dense']

@@ -6,14 +6,15 @@ the head dilute it). Reading is streaming: one tensor at a time.
 
 Mixture-of-experts checkpoints: a tensor of one routed expert (``experts.5.w1``) is a row of its
 own with its ``expert`` index; a fused experts tensor (all experts in one 3-D tensor) is one row
-whose ``experts`` gives each expert's non-zeros and sparsity and their spread (:class:`ExpertSpread`).
+whose ``experts`` gives each expert's non-zeros and sparsity and their spread
+(:class:`ExpertSpread`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from sparsetool.checkpoint import open_checkpoint
 from sparsetool.checkpoint.counting import count_unpruned_parts
@@ -210,7 +211,8 @@ def recorded_refinements(metadata) -> dict:
 
 
 BARS_UP_TO = 40
-"""``report --plot`` draws one bar per tensor up to this many tensors, a layer x matrix heatmap past it."""
+"""``report --plot`` draws one bar per tensor up to this many tensors, a layer x matrix heatmap
+past it."""
 
 _ROLE_COLOURS = {
     "qkv": "tab:blue",
@@ -334,7 +336,8 @@ def _bars(rows: list[TensorRow], out: str | Path, title: str) -> Written:
 
 def layer_kind(t: TensorRow) -> str:
     """A row's matrix kind in the heatmap: ``experts_in``/``experts_out`` for a routed expert's
-    FFN matrix (one expert's or all experts' fused), else :func:`sparsetool.ops.diff.matrix_kind`."""
+    FFN matrix (one expert's or all experts' fused), else :func:`sparsetool.ops.diff.matrix_kind`.
+    """
     from sparsetool.ops.diff import matrix_kind  # torch: for the heatmap only
 
     return _expert_kind(t) or matrix_kind(t.name, t.shape)
@@ -350,7 +353,8 @@ def _expert_kind(t: TensorRow) -> str | None:
 def layer_cells(
     rows: Sequence[TensorRow],
 ) -> tuple[dict[tuple[int, str], float], tuple[int, int, int]]:
-    """((layer, matrix kind) -> pooled sparsity in %, (tensors, numel, non-zeros) outside the layers).
+    """((layer, matrix kind) -> pooled sparsity in %, (tensors, numel, non-zeros) outside the
+    layers).
 
     Kinds are those of :func:`layer_kind`: Q, K, V, QKV (fused), attn_out, ffn_in (gate and up
     pool into one cell), ffn_out, experts_in, experts_out, or a tensor's role (norm, bias...).

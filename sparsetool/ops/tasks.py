@@ -23,9 +23,10 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from sparsetool.checkpoint.output_files import check_png
 from sparsetool.errors import ConfigError, SparsetoolError
@@ -93,7 +94,8 @@ class TaskRow:
     memory: list[dict] = field(default_factory=list)  # one memory plan per pass
 
     def metric(self, task: str, name: str) -> float | None:
-        """The harness's value of ``name`` (``acc``, ``acc_stderr``, ...) under its default filter."""
+        """The harness's value of ``name`` (``acc``, ``acc_stderr``, ...) under its default
+        filter."""
         value = self.metrics.get(task, {}).get(f"{name},none")
         return value if isinstance(value, (int, float)) else None
 
@@ -169,8 +171,8 @@ def _data_error(name: str, error: BaseException, offline: bool) -> SparsetoolErr
         )
     else:
         todo = (
-            "run once with network access (the harness caches the data set), or give a task of your "
-            "own over local files with --include-path DIR"
+            "run once with network access (the harness caches the data set), or give a task of "
+            "your own over local files with --include-path DIR"
         )
     where = "the harness's cache (--offline)" if offline else "its data set"
     return SparsetoolError(
@@ -348,7 +350,7 @@ def evaluate_tasks(
                     else load_tokenizer(Path(path), import_transformers())
                 )
 
-                def plan(n: int, longest: int, name: str = name) -> Any:
+                def plan(n: int, longest: int, name: str = name, model: Any = model) -> Any:
                     p = held_windows(model, longest, batch, n, max_memory)
                     p.check(
                         f"eval --tasks of {name}",

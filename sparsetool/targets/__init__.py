@@ -91,7 +91,8 @@ def is_targeted(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
 ) -> bool:
-    """True if tensor ``name`` should be pruned (one tensor; for a checkpoint use :func:`plan_targets`).
+    """True if tensor ``name`` should be pruned (one tensor; for a checkpoint use
+    :func:`plan_targets`).
 
     Default: floating tensors with at least two dimensions whose :func:`role` is one of
     :data:`LINEAR_ROLES` (q/k/v or fused qkv, attention output, FFN in/up/gate, FFN out/down).
@@ -154,7 +155,9 @@ class TargetEntry:
 class TargetPlan:
     """Every tensor of one checkpoint (or model) with its :class:`TargetEntry`, in the given order.
 
-    >>> plan = plan_targets({"h.0.attn.c_attn.weight": ((8, 24), "F32"), "wte.weight": ((50, 8), "F32")})
+    >>> plan = plan_targets(
+    ...     {"h.0.attn.c_attn.weight": ((8, 24), "F32"), "wte.weight": ((50, 8), "F32")}
+    ... )
     >>> plan.targeted, plan["wte.weight"].reason
     (['h.0.attn.c_attn.weight'], 'role embedding is not an attention/FFN matrix')
     """
@@ -208,7 +211,8 @@ def _items(tensors: Any) -> Iterator[tuple[str, tuple[int, ...], Any]]:
     for t in tensors:
         if isinstance(t, tuple):
             name, shape, dtype = t
-        else:  # anything with .name, .shape and .st_dtype or .dtype (a checkpoint's logical tensors)
+        else:
+            # anything with .name, .shape and .st_dtype or .dtype (a checkpoint's logical tensors)
             name, shape = t.name, t.shape
             dtype = torch_name(t.st_dtype) if hasattr(t, "st_dtype") else t.dtype
         yield str(name), tuple(int(x) for x in shape), dtype
@@ -302,14 +306,16 @@ def plan_targets(
     :func:`fnmatch.fnmatchcase` globs over the full name and may be repeated (see
     :func:`is_targeted` for what is never targeted). ``select`` (the Model Zoo ``param_filter``)
     replaces the default roles by globs. The plan's ``dtype_skipped`` lists the tensors that would
-    be targeted were they floating-point (quantized integer or bool weights). An ``include`` or ``exclude`` glob that matches no tensor
-    name at all is a :class:`~sparsetool.errors.ConfigError` naming ``source``: it is almost
-    always a typo, and silently pruning the default set instead would hide it.
+    be targeted were they floating-point (quantized integer or bool weights). An ``include`` or
+    ``exclude`` glob that matches no tensor name at all is a :class:`~sparsetool.errors.ConfigError`
+    naming ``source``: it is almost always a typo, and silently pruning the default set instead
+    would hide it.
 
     >>> plan_targets({"wte.weight": ((50, 8), "F32")}, include=["nomatch*"], source="m.safetensors")
     Traceback (most recent call last):
     ...
-    sparsetool.errors.ConfigError: --include 'nomatch*' matches no tensor in m.safetensors; tensor names look like: wte.weight
+    sparsetool.errors.ConfigError: --include 'nomatch*' matches no tensor in m.safetensors; tensor
+    names look like: wte.weight
     """
     include, exclude = parse_globs(include, "--include"), parse_globs(exclude, "--exclude")
     select = None if select is None else parse_globs(select, "select")

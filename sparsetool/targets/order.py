@@ -8,7 +8,8 @@ sorts with :func:`tensor_sort_key` instead:
   first, then the blocks by layer index (the first all-digit name component, compared as a
   number), then everything else outside the blocks (final norm, LM head);
 - within a layer, roles in the fixed order of :data:`ROLE_ORDER` (q/k/v, attention output, FFN
-  in, FFN out, router, then norms, biases, anything else), separate q, k and v projections as Q, K, V;
+  in, FFN out, router, then norms, biases, anything else), separate q, k and v projections as
+  Q, K, V;
 - then the name in natural order (``experts.2`` before ``experts.10``).
 
 Torch-free, like the rest of :mod:`sparsetool.targets`.
@@ -106,10 +107,7 @@ def tensor_sort_key(name: str, role: str | None = None, shape: Sequence[int] = (
     if role is None:
         role = _role(name, tuple(shape))
     layer = layer_index(name)
-    if layer is None:
-        group = 0 if role in _BEFORE_BLOCKS else 2
-    else:
-        group = 1
+    group = (0 if role in _BEFORE_BLOCKS else 2) if layer is None else 1
     rank = ROLE_ORDER.index(role) if role in ROLE_ORDER else len(ROLE_ORDER)
     sub = _qkv_rank(name) if role == "qkv" else 0
     return (group, layer if layer is not None else -1, rank, sub, natural_key(name))

@@ -129,7 +129,9 @@ def recorded_note(plan: TargetPlan) -> str | None:
     """One line saying the targets came from the checkpoint's record, or None when they did not.
 
     >>> from sparsetool.checkpoint.provenance import provenance_metadata
-    >>> md = provenance_metadata(None, {"command": "prune", "include": ["wte.*"], "exclude": ["h.1.*"]})
+    >>> md = provenance_metadata(
+    ...     None, {"command": "prune", "include": ["wte.*"], "exclude": ["h.1.*"]}
+    ... )
     >>> tensors = {"wte.weight": ((50, 8), "F32"), "h.1.mlp.c_fc.weight": ((8, 32), "F32")}
     >>> recorded_note(plan_checkpoint_targets(tensors, None, md))
     "targets as recorded by prune: --include 'wte.*' --exclude 'h.1.*'"

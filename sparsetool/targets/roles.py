@@ -221,14 +221,14 @@ def role(name: str, shape: tuple[int, ...] | Sequence[int] = ()) -> str:
     embeddings (``wte``, ``embed_tokens``, ``word_embeddings``, ``embed_in``...) are ``embedding``;
     a mixture-of-experts router inside a block (``block_sparse_moe.gate``, ``mlp.gate``,
     ``mlp.router``, ``shared_expert_gate``, anything under a ``router`` module) is ``router``;
-    the output layer (``lm_head``, ``embed_out``, ``head``, ``cls.predictions.decoder``) is ``head``.
-    Linear roles need a layer index in the name (``h.0``, ``layers.0``, ``layer.0``, ``blocks.0``),
-    so a BERT pooler or a stray projection is ``other``. Names that mean different things in
-    different places are read in context: ``c_proj``/``proj``/``dense``/``wo`` are ``attn_out``
-    under an attention module and ``ffn_out`` elsewhere; BERT's ``intermediate.dense`` is
-    ``ffn_in``; the Cerebras Model Zoo ``ffn.ffn.0.linear_layer`` is ``ffn_in`` and
-    ``ffn.ffn.K.linear_layer`` (K > 0) is ``ffn_out``. A linear role on a tensor with fewer than
-    two dimensions (a per-channel scale, say) is ``other``.
+    the output layer (``lm_head``, ``embed_out``, ``head``, ``cls.predictions.decoder``) is
+    ``head``. Linear roles need a layer index in the name (``h.0``, ``layers.0``, ``layer.0``,
+    ``blocks.0``), so a BERT pooler or a stray projection is ``other``. Names that mean different
+    things in different places are read in context: ``c_proj``/``proj``/``dense``/``wo`` are
+    ``attn_out`` under an attention module and ``ffn_out`` elsewhere; BERT's ``intermediate.dense``
+    is ``ffn_in``; the Cerebras Model Zoo ``ffn.ffn.0.linear_layer`` is ``ffn_in`` and
+    ``ffn.ffn.K.linear_layer`` (K > 0) is ``ffn_out``. A linear role on a tensor with fewer than two
+    dimensions (a per-channel scale, say) is ``other``.
 
     >>> role("transformer.h.0.attn.c_attn.weight", (768, 2304))
     'qkv'
@@ -251,9 +251,10 @@ def role(name: str, shape: tuple[int, ...] | Sequence[int] = ()) -> str:
     leaf = modules[-1]
     if leaf.endswith("_mask") or (param is None and name.endswith("_mask")):
         return "other"
-    if param in _BIAS_PARAMS or (param is None and (leaf == "bias" or leaf.endswith("_bias"))):
-        if leaf != "relative_attention_bias":
-            return "bias"
+    if (
+        param in _BIAS_PARAMS or (param is None and (leaf == "bias" or leaf.endswith("_bias")))
+    ) and leaf != "relative_attention_bias":
+        return "bias"
     if _NORM_RE.search(leaf):
         return "norm"
     lower = [p.lower() for p in modules]
@@ -350,7 +351,11 @@ def conv1d_layout(config: Mapping | None) -> bool | None:
     GPT-2 stores them as Conv1D; GPT-BigCode and Qwen-1 reuse the names on ``nn.Linear``. Without
     a config the names decide (None), which is right for GPT-2 itself.
 
-    >>> conv1d_layout({"model_type": "gpt2"}), conv1d_layout({"model_type": "gpt_bigcode"}), conv1d_layout(None)
+    >>> (
+    ...     conv1d_layout({"model_type": "gpt2"}),
+    ...     conv1d_layout({"model_type": "gpt_bigcode"}),
+    ...     conv1d_layout(None),
+    ... )
     (True, False, None)
     """
     model_type = (config or {}).get("model_type")
@@ -367,7 +372,11 @@ def experts_in_out(config: Mapping | None) -> bool:
     do; transformers 5's in-memory layout, and any checkpoint saved from it, is (experts, out, in).
     The model type is read at the top level or under ``text_config``; without a config, False.
 
-    >>> experts_in_out({"model_type": "gpt_oss"}), experts_in_out({"model_type": "mixtral"}), experts_in_out(None)
+    >>> (
+    ...     experts_in_out({"model_type": "gpt_oss"}),
+    ...     experts_in_out({"model_type": "mixtral"}),
+    ...     experts_in_out(None),
+    ... )
     (True, False, False)
     """
     config = config or {}
@@ -401,7 +410,10 @@ def is_routed_expert(name: str) -> bool:
     expert's fused (``experts.gate_up_proj``); a shared expert (``shared_expert``,
     ``shared_experts``) is an ordinary FFN.
 
-    >>> is_routed_expert("model.layers.0.mlp.experts.down_proj"), is_routed_expert("model.layers.0.mlp.down_proj.weight")
+    >>> (
+    ...     is_routed_expert("model.layers.0.mlp.experts.down_proj"),
+    ...     is_routed_expert("model.layers.0.mlp.down_proj.weight"),
+    ... )
     (True, False)
     """
     return _EXPERTS in name.split(".")[:-1]

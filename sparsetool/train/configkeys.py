@@ -1,7 +1,7 @@
 """A ``train --config`` file's keys and every setting's type: reading a file into
-:class:`~sparsetool.train.trainconfig.TrainConfig` keys (sections flattened, dashes, aliases, a Cerebras
-Model Zoo ``sparsity:`` block and its spellings) and :func:`check_values`, the one type check of
-config files, flags and Python callers; :func:`merge`: defaults < file < flags, then
+:class:`~sparsetool.train.trainconfig.TrainConfig` keys (sections flattened, dashes, aliases, a
+Cerebras Model Zoo ``sparsity:`` block and its spellings) and :func:`check_values`, the one type
+check of config files, flags and Python callers; :func:`merge`: defaults < file < flags, then
 ``config.validate`` (how settings combine).
 """
 
@@ -442,7 +442,8 @@ def check_values(values: Mapping[str, Any], names: Mapping[str, str] | None = No
     >>> check_values({"steps": 3.7})
     Traceback (most recent call last):
     ...
-    sparsetool.errors.ConfigError: --steps 3.7 is not an integer; give a whole number, e.g. --steps 1000
+    sparsetool.errors.ConfigError: --steps 3.7 is not an integer; give a whole number, e.g. --steps
+    1000
     """
     out = {}
     for key, value in values.items():

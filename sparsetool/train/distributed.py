@@ -6,8 +6,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -82,7 +82,9 @@ def mask_digest(masks: dict[str, torch.Tensor]) -> str:
     """SHA-256 over the names and bits of ``masks``.
 
     >>> m = {"w": torch.tensor([True, False])}
-    >>> mask_digest(m) == mask_digest({"w": torch.tensor([True, False])}) != mask_digest({"w": torch.tensor([False, True])})
+    >>> mask_digest(m) == mask_digest({"w": torch.tensor([True, False])}) != mask_digest(
+    ...     {"w": torch.tensor([False, True])}
+    ... )
     True
     """
     h = hashlib.sha256()

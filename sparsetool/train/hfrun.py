@@ -71,7 +71,8 @@ _TOKENIZE_CHUNK = 1 << 20  # characters per tokenizer call (cut at a newline)
 
 
 def is_hf_dir(path: str | Path | None) -> bool:
-    """Whether ``--init path`` is a Hugging Face directory (config.json of another model than ours)."""
+    """Whether ``--init path`` is a Hugging Face directory (config.json of another model than
+    ours)."""
     if path is None or not Path(path).is_dir():
         return False
     config = read_model_config(path)
@@ -118,7 +119,8 @@ def tied_duplicates(model: torch.nn.Module) -> set[str]:
 
 
 def forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
-    """Logits (B, T, V) and the mean cross-entropy of ``y`` (nats per token), as the built-in GPT."""
+    """Logits (B, T, V) and the mean cross-entropy of ``y`` (nats per token), as the built-in
+    GPT."""
     logits = model(input_ids=x, use_cache=False).logits
     loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
     return logits, loss
@@ -252,7 +254,8 @@ class HFModel:
             if sides[side].size < context + 1:
                 raise ConfigError(
                     f"the {side} split of {corpus.source} is {sides[side].size} tokens long, fewer "
-                    f"than the {context + 1} one sequence needs; use more text or a smaller --context"
+                    f"than the {context + 1} one sequence needs; use more text or a smaller "
+                    "--context"
                 )
         info = {
             **corpus.describe(),
@@ -284,7 +287,8 @@ class HFModel:
 
     # ------------------------------------------------------------------ files
     def write_files(self, directory: Path, config: dict | None = None) -> None:
-        """config.json, the tokenizer files and generation_config.json of the source, into ``directory``."""
+        """config.json, the tokenizer files and generation_config.json of the source, into
+        ``directory``."""
         (directory / "config.json").write_text(
             json.dumps(config or self.config, indent=2, sort_keys=True) + "\n"
         )

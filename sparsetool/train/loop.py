@@ -22,9 +22,9 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -87,8 +87,10 @@ class Trainer:
         self.run_dir = Path(cfg.out)
         self.resume_from: Path | None = None
         self._resumed_model: dict | None = None
-        # The sparsity state, all declared here: ``sparsifier`` is set when the run and each stage start
-        # (_start_run, _enter_stage), the rest where a sparsifier is built or the ranks' masks checked.
+        # The sparsity state, all declared here: ``sparsifier`` is set when the run and each stage
+        # start (_start_run, _enter_stage), the rest where a sparsifier is built or the ranks' masks
+        # checked.
+        # checked.
         self.sparsifier = None  # the stage's sparsifier, None while dense
         self.sparsifier_config: dict | None = (
             None  # the mapping it was built from (resumes rebuild it)
@@ -257,7 +259,8 @@ class Trainer:
         )
 
     def _gpt_memory_plan(self):
-        """The built-in GPT's memory plan per process (:mod:`.memplan`), refused if it cannot fit."""
+        """The built-in GPT's memory plan per process (:mod:`.memplan`), refused if it cannot
+        fit."""
         with torch.device("meta"):
             params = sum(p.numel() for p in GPT(self.model_cfg).parameters())
         m = self.model_cfg

@@ -6,7 +6,8 @@ Layout::
 
     RUN/run.json                          the resolved options (what --resume re-reads)
     RUN/checkpoints/step-000500/          one directory per save, written then renamed
-        model.safetensors                 weights in the ``mask`` encoding (pruned = +0.0, bool <name>_mask)
+        model.safetensors                 weights in the ``mask`` encoding (pruned = +0.0,
+                                          bool <name>_mask)
         config.json                       the model's shape (n_layer, n_head, ...)
         optimizer.pt                      AdamW and sparsifier state (exact resumption)
         shards/, sparsifier.json          instead of optimizer.pt, an FSDP run's: each rank's slices
@@ -25,8 +26,8 @@ import csv
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -343,7 +344,8 @@ def smoothed(values, weight: float) -> list[float]:
     [3.479, 2.884, 3.175, 2.667]
     >>> smoothed([1.0, 3.0], 0.0)
     [1.0, 3.0]
-    >>> round(smoothed([5.0 - 0.01 * i for i in range(200)], 0.9)[100], 4)  # no lag on a straight line
+    >>> # no lag on a straight line:
+    >>> round(smoothed([5.0 - 0.01 * i for i in range(200)], 0.9)[100], 4)
     4.0
     """
     return _ema(_ema(values, weight)[::-1], weight)[::-1]

@@ -2,8 +2,8 @@
 options a ``--resume`` continues with, the state restored from the latest checkpoint, what one
 save writes (:func:`save`, :func:`write_run_json`), the summary a run returns, and the messages
 after an interruption; :class:`RunState`, where a run stands (what state.json saves and a resume
-restores); :class:`TrainerView`, what these read from the trainer. The files themselves (their layout and formats) are written and read by
-:mod:`sparsetool.train.runfiles`.
+restores); :class:`TrainerView`, what these read from the trainer. The files themselves (their
+layout and formats) are written and read by :mod:`sparsetool.train.runfiles`.
 """
 
 from __future__ import annotations
@@ -245,7 +245,9 @@ def save_step(
 def title(cfg: TrainConfig, run_dir: Path, n_layer: int, d_model: int, sparse: bool) -> str:
     """The loss plot's title: what it trains, the model size and the run directory's name.
 
-    >>> title(TrainConfig(algorithm="rigl", sparsity=0.75, steps=600), Path("runs/rigl"), 4, 128, True)
+    >>> title(
+    ...     TrainConfig(algorithm="rigl", sparsity=0.75, steps=600), Path("runs/rigl"), 4, 128, True
+    ... )
     'rigl, sparsity 75%, 4L d128, 600 steps (run rigl)'
     """
     what = "dense"
@@ -272,7 +274,8 @@ def _is_number(value: Any) -> bool:
 
 
 def resume_command(run_dir: Path, world: int = 1) -> str:
-    """The command that continues the run in ``run_dir`` (under torchrun with ``world`` processes)."""
+    """The command that continues the run in ``run_dir`` (under torchrun with ``world``
+    processes)."""
     launch = "sparsetool" if world == 1 else f"torchrun --nproc_per_node {world} -m sparsetool"
     return f"{launch} train -o {shlex.quote(str(run_dir))} --resume"
 

@@ -22,7 +22,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 from numbers import Real
-from typing import Any, Union
+from typing import Any
 
 from sparsetool.errors import ConfigError
 
@@ -64,9 +64,9 @@ class Cosine:
     held at ``start`` before ``begin_step`` and at ``end`` from ``end_step`` on.
 
     With ``start = alpha``, ``end = 0`` and ``begin_step = 0`` this is the drop-fraction decay of
-    RigL (Evci et al. 2020, Eq. 1): ``f_decay(t; alpha, T_end) = alpha/2 * (1 + cos(t * pi / T_end))``.
-    The Cerebras Model Zoo writes the same schedule as ``{type: cosine, init: alpha, half_period:
-    T_end}`` (its ``minimum`` is our ``end``).
+    RigL (Evci et al. 2020, Eq. 1): ``f_decay(t; alpha, T_end) = alpha/2 * (1 + cos(t * pi /
+    T_end))``. The Cerebras Model Zoo writes the same schedule as ``{type: cosine, init: alpha,
+    half_period: T_end}`` (its ``minimum`` is our ``end``).
 
     >>> f = Cosine(start=0.3, end=0.0, begin_step=0, end_step=1000)
     >>> [round(f(t), 6) for t in (0, 250, 500, 1000, 5000)]
@@ -165,7 +165,7 @@ class Periodic:
         return (step - self.begin_step) % self.every == 0
 
 
-Schedule = Union[Constant, Cosine, Polynomial, Periodic]
+Schedule = Constant | Cosine | Polynomial | Periodic
 
 SCHEDULES: dict[str, type] = {
     "constant": Constant,
@@ -221,7 +221,9 @@ def build_schedule(spec: Schedule | Mapping[str, Any] | str | float | int) -> Sc
     Constant(value=0.8)
     >>> build_schedule({"type": "cosine", "init": 0.3, "half_period": 3584})
     Cosine(start=0.3, end=0.0, begin_step=0, end_step=3584)
-    >>> build_schedule({"type": "cubic", "initial": 0.0, "final": 0.9, "begin_step": 0, "end_step": 10})
+    >>> build_schedule(
+    ...     {"type": "cubic", "initial": 0.0, "final": 0.9, "begin_step": 0, "end_step": 10}
+    ... )
     Polynomial(initial=0.0, final=0.9, begin_step=0, end_step=10, power=3)
     """
     if isinstance(spec, (Constant, Cosine, Polynomial, Periodic)):
@@ -279,7 +281,7 @@ def build_schedule(spec: Schedule | Mapping[str, Any] | str | float | int) -> Sc
     return cls(**kwargs)
 
 
-# ------------------------------------------------------------------ wiring one sparsifier's schedules
+# ---------------------------------------------------------------- wiring one sparsifier's schedules
 
 
 DEFAULT_INTERVAL = 100
@@ -356,14 +358,18 @@ class Wiring:
 def _drop_schedule(spec: Any, stop: int, decay: str) -> Schedule:
     """A number is SET's constant zeta (``decay="constant"``) or RigL's alpha, cosine-decayed to 0
     at the update stop (``decay="cosine"``); a schedule mapping is built as given, except that a
-    cosine without an end defaults to the update stop (Model Zoo configs give half_period = stop)."""
+    cosine without an end defaults to the update stop (Model Zoo configs give half_period = stop).
+    """
     if isinstance(spec, Real) and not isinstance(spec, bool):
         if decay == "cosine":
             return Cosine(start=float(spec), end=0.0, begin_step=0, end_step=stop)
         return Constant(float(spec))
-    if isinstance(spec, Mapping) and str(spec.get("type", "")).lower() == "cosine":
-        if not {"end_step", "half_period"} & set(spec):
-            spec = {**spec, "end_step": stop}
+    if (
+        isinstance(spec, Mapping)
+        and str(spec.get("type", "")).lower() == "cosine"
+        and not {"end_step", "half_period"} & set(spec)
+    ):
+        spec = {**spec, "end_step": stop}
     return build_schedule(spec)
 
 
@@ -386,8 +392,8 @@ def wire(
     """The one place where an algorithm's declarations become schedules, once ``total_steps`` is
     known. ``name`` is the algorithm (for messages).
 
-    - ``updates``: the masks update every ``freq`` steps in ``[start, stop)`` (:func:`update_window`,
-      which reads ``warmup`` and ``stop_fraction`` for the defaults).
+    - ``updates``: the masks update every ``freq`` steps in ``[start, stop)``
+      (:func:`update_window`, which reads ``warmup`` and ``stop_fraction`` for the defaults).
     - ``ramp_from``: with a number ``sparsity``, it rises on Zhu & Gupta's cubic from ``ramp_from``
       at ``start`` to ``sparsity`` at ``stop`` (GMP, GraNet), with a last update at ``stop``.
       A ``sparsity`` schedule is used as given (the last update at ``stop`` stays).
@@ -397,7 +403,8 @@ def wire(
       ``freq`` steps to the end of the run, the drop fraction decaying over the whole run.
 
     >>> wire("rigl", 10_000, 0.9, updates=True, drop_fraction=0.3, drop_decay="cosine")
-    Wiring(sparsity=Constant(value=0.9), updates=Periodic(every=100, begin_step=100, end_step=7500), drop_fraction=Cosine(start=0.3, end=0.0, begin_step=0, end_step=7500), final_update=None)
+    Wiring(sparsity=Constant(value=0.9), updates=Periodic(every=100, begin_step=100, end_step=7500),
+    drop_fraction=Cosine(start=0.3, end=0.0, begin_step=0, end_step=7500), final_update=None)
     >>> wire("gmp", 200, 0.8, updates=True, ramp_from=0.0, update_start=0, update_stop=100).sparsity
     Polynomial(initial=0.0, final=0.8, begin_step=0, end_step=100, power=3)
     >>> w = wire("granet", 1000, 0.8, updates=True, ramp_from=0.0, drop_fraction=0.3,

@@ -155,7 +155,7 @@ class TrainConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
+    def from_dict(cls, d: dict) -> TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         cfg = cls(**{k: v for k, v in d.items() if k in known})
         cfg.stages = [tuple(s) for s in cfg.stages]
@@ -307,7 +307,8 @@ def caveats(cfg: TrainConfig) -> list[str]:
     an error instead).
 
     >>> caveats(TrainConfig(steps=300, warmup=400))
-    ['--warmup 400 >= --steps 300: the whole run is warm-up, so the learning rate ends at 75% of --lr and never decays; give a --warmup below --steps']
+    ['--warmup 400 >= --steps 300: the whole run is warm-up, so the learning rate ends at 75% of
+    --lr and never decays; give a --warmup below --steps']
     """
     out = []
     if cfg.warmup >= cfg.steps:

@@ -117,7 +117,9 @@ def mask_origin(
     """Where the initial masks of a run from ``--init`` come from, as the start of a run says it
     (None: the checkpoint carries none and the sparsifier makes them).
 
-    >>> mask_origin("ckpt", {"w": torch.ones(2, dtype=torch.bool)}, {"w": torch.ones(2, dtype=torch.bool)})
+    >>> mask_origin(
+    ...     "ckpt", {"w": torch.ones(2, dtype=torch.bool)}, {"w": torch.ones(2, dtype=torch.bool)}
+    ... )
     'from --init ckpt (its stored masks)'
     >>> mask_origin("ckpt", {"w": torch.ones(2, dtype=torch.bool)}, {})
     'from --init ckpt (its zero weights)'
@@ -145,7 +147,10 @@ def check_init_sparsity(requested: Any, masks: dict[str, torch.Tensor], init: An
     >>> check_init_sparsity(0.5, m, "a.safetensors")
     Traceback (most recent call last):
     ...
-    sparsetool.errors.ConfigError: --sparsity 0.5 is below the sparsity of --init a.safetensors (0.75): training would revive pruned weights. To make every pruned weight trainable (from 0), use --dense without --sparsity; to keep the checkpoint's masks, use --sparsity 0.75 or leave --sparsity out; a higher --sparsity prunes further
+    sparsetool.errors.ConfigError: --sparsity 0.5 is below the sparsity of --init a.safetensors
+    (0.75): training would revive pruned weights. To make every pruned weight trainable (from 0),
+    use --dense without --sparsity; to keep the checkpoint's masks, use --sparsity 0.75 or leave
+    --sparsity out; a higher --sparsity prunes further
     """
     if not masks or not isinstance(requested, Real) or isinstance(requested, bool):
         return

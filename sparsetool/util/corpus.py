@@ -1,9 +1,10 @@
 """The built-in text corpora and user text, as train and validation byte streams.
 
 Default corpus: the Python standard library's own ``.py`` source files (present wherever Python
-is; ~12 MB without its test suites and the generated ``pydoc_data``). Files are taken in sorted relative-path order and assigned
-to train or validation by a hash of that path, so the split is deterministic, independent of
-the file system's listing order, and no file contributes to both sides.
+is; ~12 MB without its test suites and the generated ``pydoc_data``). Files are taken in sorted
+relative-path order and assigned to train or validation by a hash of that path, so the split is
+deterministic, independent of the file system's listing order, and no file contributes to both
+sides.
 
 A second built-in corpus, ``--data builtin:english``, is English prose present wherever Python is:
 the interactive help topics of ``pydoc_data`` (~465 KB), split by a hash of each topic's name.

@@ -12,7 +12,10 @@ fp32 exactly through a table (:func:`fp32_bits`).
 [1.0, -1.0, -0.0]
 >>> is_nan(bits, "BF16").tolist()
 [False, False, False, True]
->>> hex(FORMATS["F8_E4M3"].nan), float(fp32_bits(np.array([0x7E], dtype=np.int8), "F8_E4M3").view(np.float32)[0])
+>>> (
+...     hex(FORMATS["F8_E4M3"].nan),
+...     float(fp32_bits(np.array([0x7E], dtype=np.int8), "F8_E4M3").view(np.float32)[0]),
+... )
 ('0x7f', 448.0)
 """
 

@@ -1,7 +1,8 @@
 """How much memory a model-level command (``eval``, ``prune --method wanda|sparsegpt``) needs, and
 whether this machine has it, decided before the long part.
 
-Both hold one transformer block at a time (:mod:`sparsetool.models.blocks`), so the peak is the sum of
+Both hold one transformer block at a time (:mod:`sparsetool.models.blocks`), so the peak is the sum
+of
 
 - ``fixed``: the process as it stands when the plan is made (interpreter, torch, transformers, the
   tokenized text), measured;
@@ -165,12 +166,15 @@ class MemoryPlan:
         )
 
     def check(self, what: str, lower: str) -> None:
-        """Refuse a plan that does not fit: one line with the figures and the options that lower it."""
+        """Refuse a plan that does not fit: one line with the figures and the options that lower
+        it."""
         if self.peak > self.budget:
             raise SparsetoolError(
-                f"{what} needs about {binary_bytes(self.peak)} of memory{' ' + self.per if self.per else ''} "
-                f"({', '.join(f'{k} {binary_bytes(v)}' for k, v in self._parts())}) "
-                f"but has {binary_bytes(self.budget)} ({self.budget_source}); lower it with {lower}"
+                f"{what} needs about {binary_bytes(self.peak)} of "
+                f"memory{' ' + self.per if self.per else ''} "
+                f"({', '.join(f'{k} {binary_bytes(v)}' for k, v in self._parts())}) but has "
+                f"{binary_bytes(self.budget)} ({self.budget_source}); lower it with "
+                f"{lower}"
             )
 
 

@@ -19,8 +19,8 @@ The rules, the same in prune, flops, simulate and train:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal, InvalidOperation
-from typing import Callable, Iterable, Sequence
 
 from sparsetool.errors import ConfigError
 from sparsetool.util.wording import did_you_mean, plural
@@ -59,7 +59,8 @@ __all__ = [
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
 COMPUTE_DTYPES = ("float32", "bfloat16")  # --dtype of eval and calibration pruning
 
-# The words prune's --method and --scope accept (the CLI lists them in --help without importing torch).
+# The words prune's --method and --scope accept (the CLI lists them in --help without importing
+# torch).
 METHODS = ("magnitude", "random", "wanda", "sparsegpt")
 # The methods that run calibration text through the model, block by block (ops/prune/calibrated.py).
 CALIBRATION_METHODS = ("wanda", "sparsegpt")
@@ -93,7 +94,8 @@ def check_sparsity(value: float, option: str = "--sparsity") -> float:
     >>> check_sparsity(1.5)
     Traceback (most recent call last):
     ...
-    sparsetool.errors.ConfigError: --sparsity must be a number from 0 to 1 (the fraction of weights set to zero), got 1.5; for example --sparsity 0.75
+    sparsetool.errors.ConfigError: --sparsity must be a number from 0 to 1 (the fraction of weights
+    set to zero), got 1.5; for example --sparsity 0.75
     """
     x = None if isinstance(value, str) else _number(value)
     if x is None or not (0 <= x <= 1):
@@ -119,7 +121,8 @@ def check_fraction(value: float, option: str = "--fraction") -> float:
     >>> check_fraction(1.0)
     Traceback (most recent call last):
     ...
-    sparsetool.errors.ConfigError: --fraction must be at least 0 and below 1 (the fraction of the remaining non-zeros to prune), got 1.0; for example --fraction 0.2
+    sparsetool.errors.ConfigError: --fraction must be at least 0 and below 1 (the fraction of the
+    remaining non-zeros to prune), got 1.0; for example --fraction 0.2
     """
     x = None if isinstance(value, str) else _number(value)
     if x is None or not (0 <= x < 1):
@@ -161,7 +164,8 @@ def parse_sparsities(text: str, option: str = "--sparsity") -> list[float]:
     >>> parse_sparsities("0.5,,0.7")
     Traceback (most recent call last):
     ...
-    sparsetool.errors.ConfigError: --sparsity '0.5,,0.7': '' is not a number; give fractions of zeros like 0.75 or 0,0.5,0.75
+    sparsetool.errors.ConfigError: --sparsity '0.5,,0.7': '' is not a number; give fractions of
+    zeros like 0.75 or 0,0.5,0.75
     """
     out = []
     for part in str(text).split(","):
@@ -171,7 +175,7 @@ def parse_sparsities(text: str, option: str = "--sparsity") -> list[float]:
             raise ConfigError(
                 f"{option} '{text}': '{part.strip()}' is not a number; "
                 "give fractions of zeros like 0.75 or 0,0.5,0.75"
-            )
+            ) from None
         out.append(parse_sparsity(part, option))
     return out
 
@@ -210,7 +214,8 @@ def parse_tokens(text: str | int | float, option: str = "--tokens", minimum: int
     >>> parse_tokens("lots")
     Traceback (most recent call last):
     ...
-    sparsetool.errors.ConfigError: --tokens 'lots' is not a number of tokens; write e.g. 26B, 2.6e10, 300M or 1_000
+    sparsetool.errors.ConfigError: --tokens 'lots' is not a number of tokens; write e.g. 26B,
+    2.6e10, 300M or 1_000
     """
     if isinstance(text, bool):
         text = "bad"
@@ -237,7 +242,8 @@ def parse_batches(text: str, option: str = "--batch") -> list[int]:
     >>> parse_batches("1,0")
     Traceback (most recent call last):
     ...
-    sparsetool.errors.ConfigError: --batch '1,0': each batch is a whole number of at least 1, e.g. 1,8,64,512,2048
+    sparsetool.errors.ConfigError: --batch '1,0': each batch is a whole number of at least 1, e.g.
+    1,8,64,512,2048
     """
     out = []
     for part in str(text).split(","):
@@ -271,12 +277,19 @@ def parse_size(text: str | int, option: str = "--max-memory") -> int:
 
     K, M, G, T are powers of 1024 (as ``free -h`` and the kernel count memory).
 
-    >>> parse_size("12G"), parse_size("512M"), parse_size("1.5g"), parse_size("8GiB"), parse_size(2**21)
+    >>> (
+    ...     parse_size("12G"),
+    ...     parse_size("512M"),
+    ...     parse_size("1.5g"),
+    ...     parse_size("8GiB"),
+    ...     parse_size(2**21),
+    ... )
     (12884901888, 536870912, 1610612736, 8589934592, 2097152)
     >>> parse_size("lots")
     Traceback (most recent call last):
     ...
-    sparsetool.errors.ConfigError: --max-memory 'lots' is not a memory size; write e.g. 12G, 512M or 1.5T
+    sparsetool.errors.ConfigError: --max-memory 'lots' is not a memory size; write e.g. 12G, 512M or
+    1.5T
     """
     t = str(text).strip().lower().replace("_", "")
     for unit in ("ib", "b"):
@@ -324,7 +337,8 @@ def check_seed(value: int, option: str = "--seed") -> int:
 
 
 def check_workers(value: int, option: str = "--workers") -> int:
-    """Return ``value`` if it is a number of worker threads (a whole number, at least 1), else raise.
+    """Return ``value`` if it is a number of worker threads (a whole number, at least 1), else
+    raise.
 
     >>> check_workers(2)
     2
@@ -350,7 +364,8 @@ def parse_stage(
     >>> parse_stage("0.9")
     Traceback (most recent call last):
     ...
-    sparsetool.errors.ConfigError: --stage '0.9' is not SPARSITY:FRACTION, e.g. --stage 0.9:0.8 --stage 0:0.2
+    sparsetool.errors.ConfigError: --stage '0.9' is not SPARSITY:FRACTION, e.g. --stage 0.9:0.8
+    --stage 0:0.2
     """
     parts = str(text).split(":")
     if len(parts) != 2 or _number(parts[0]) is None or _number(parts[1]) is None:
@@ -478,7 +493,8 @@ def check_choice(
     >>> check_choice("gpt3xl", "--model", ["gpt2-small", "gpt3-xl"])
     Traceback (most recent call last):
     ...
-    sparsetool.errors.ConfigError: --model 'gpt3xl' is not one of: gpt2-small, gpt3-xl (did you mean gpt3-xl?)
+    sparsetool.errors.ConfigError: --model 'gpt3xl' is not one of: gpt2-small, gpt3-xl (did you mean
+    gpt3-xl?)
     """
     for choice in choices:
         if value == choice or (not case_sensitive and value.casefold() == choice.casefold()):
@@ -506,9 +522,9 @@ def parse_shape(text: str, option: str = "--shape") -> tuple[int, int]:
         raise ConfigError(f"{option} needs positive sizes, got '{text}'")
     if m * k > MAX_SHAPE_ENTRIES:
         raise ConfigError(
-            f"{option} {text} has {plural(m * k, 'weight')}; a synthetic mask that large does not fit in "
-            f"memory here (limit {MAX_SHAPE_ENTRIES:,}): use --model NAME for whole models, e.g. "
-            f"--model gpt3-175b --sparsity 0.9"
+            f"{option} {text} has {plural(m * k, 'weight')}; a synthetic mask that large does not "
+            f"fit in memory here (limit {MAX_SHAPE_ENTRIES:,}): use --model NAME for whole "
+            f"models, e.g. --model gpt3-175b --sparsity 0.9"
         )
     return m, k
 

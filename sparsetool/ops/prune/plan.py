@@ -129,9 +129,9 @@ def dtype_skipped_note(plan: TargetPlan) -> str | None:
     if not skipped:
         return None
     return (
-        f"{plural(len(skipped), 'tensor')} left unpruned for {'its' if len(skipped) == 1 else 'their'} "
-        f"{_dtypes(plan, skipped)} dtype (only floating-point weights are pruned): "
-        f"{some_names(skipped)}"
+        f"{plural(len(skipped), 'tensor')} left unpruned for "
+        f"{'its' if len(skipped) == 1 else 'their'} {_dtypes(plan, skipped)} dtype (only "
+        f"floating-point weights are pruned): {some_names(skipped)}"
     )
 
 
@@ -171,5 +171,6 @@ def _check_name_clashes(ckpt: Checkpoint, targets: list[LogicalTensor], encoding
                 raise SparsetoolError(
                     f"{ckpt.path}: encoding {encoding!r} of {lt.name!r} would write "
                     f"{spec.name!r}, but the checkpoint already holds a tensor of that name; "
-                    "rename or drop it, exclude the weight with --exclude, or pick another --encoding"
+                    "rename or drop it, exclude the weight with --exclude, or pick another "
+                    "--encoding"
                 )

@@ -56,7 +56,8 @@ def _sink(
 
 
 class Scanned:
-    """A plain float tensor read once: its raw values (flat bits), magnitude keys and :class:`Scan`."""
+    """A plain float tensor read once: its raw values (flat bits), magnitude keys and
+    :class:`Scan`."""
 
     def __init__(
         self,
@@ -74,7 +75,7 @@ class Scanned:
         self.found: Scan = scan(self.keys, zeros=True, copy=copy)
 
     @classmethod
-    def of_bits(cls, lt: LogicalTensor, bits: np.ndarray, *, copy: bool = False) -> "Scanned":
+    def of_bits(cls, lt: LogicalTensor, bits: np.ndarray, *, copy: bool = False) -> Scanned:
         """The scan of ``bits``, a part of ``lt``'s flat values (one expert of a fused tensor)."""
         return cls(None, lt, copy=copy, bits=bits)
 

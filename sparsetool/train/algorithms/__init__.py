@@ -3,7 +3,9 @@
 Zoo ``sparsity:`` block).
 
 >>> build_sparsifier({"algorithm": "rigl", "sparsity": 0.8, "update": {"freq": 50, "stop": 750}})
-RigL(sparsity_level=0.8, init_method='random', distribution='uniform', seed=0, param_filter=None, update_freq=50, update_start=None, update_stop=750, densified=False, total_steps=0, updates_done=0, drop_fraction=0.3, stop_fraction=0.75)
+RigL(sparsity_level=0.8, init_method='random', distribution='uniform', seed=0, param_filter=None,
+update_freq=50, update_start=None, update_stop=750, densified=False, total_steps=0, updates_done=0,
+drop_fraction=0.3, stop_fraction=0.75)
 """
 
 from __future__ import annotations

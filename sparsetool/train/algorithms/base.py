@@ -147,7 +147,7 @@ class Sparsifier(MaskState):
             raise ConfigError(f"update freq must be >= 1, got {self.update_freq}")
         self._check_sparsity_value(self.sparsity_level, "sparsity")
         if self.RAMP:
-            self._check_sparsity_value(getattr(self, "initial_sparsity"), "initial_sparsity")
+            self._check_sparsity_value(self.initial_sparsity, "initial_sparsity")
 
     # ----------------------------------------------------------------- configuration hooks
 
@@ -168,8 +168,8 @@ class Sparsifier(MaskState):
             total_steps,
             self.sparsity_spec(),
             updates=self.UPDATES,
-            ramp_from=float(getattr(self, "initial_sparsity")) if self.RAMP else None,
-            drop_fraction=getattr(self, "drop_fraction") if self.DROP_DECAY else None,
+            ramp_from=float(self.initial_sparsity) if self.RAMP else None,
+            drop_fraction=self.drop_fraction if self.DROP_DECAY else None,
             drop_decay=self.DROP_DECAY or "constant",
             update_freq=self.update_freq,
             update_start=self.update_start,
@@ -255,7 +255,8 @@ class Sparsifier(MaskState):
             )
             raise ConfigError(
                 f"no parameter matches {how}; names seen: {', '.join(list(named)[:6])}"
-                f"{'...' if len(named) > 6 else ''}. Set param_filter to globs of the weights to sparsify"
+                f"{'...' if len(named) > 6 else ''}. Set param_filter to globs of the weights to "
+                "sparsify"
             )
         self._optimizer = optimizer
         self.total_steps = int(total_steps)
@@ -291,7 +292,9 @@ class Sparsifier(MaskState):
                 self.masks[name] = self._laid_out(
                     name,
                     self._by_unit(
-                        name, lambda u, k: top_k_mask(u(scores), k, allowed=u(m)), keep[name]
+                        name,
+                        lambda u, k, s=scores, m=m: top_k_mask(u(s), k, allowed=u(m)),
+                        keep[name],
                     ),
                 )
         self._apply(self.masks)
@@ -331,14 +334,16 @@ class Sparsifier(MaskState):
         for index, (name, p) in enumerate(self._params.items()):
             if self.init_method == "magnitude":
                 w = gathered(p.detach())  # one whole tensor at a time when sharded
-                m = self._by_unit(name, lambda u, k: magnitude_mask(u(w), keep=k), keep[name])
+                m = self._by_unit(name, lambda u, k, w=w: magnitude_mask(u(w), keep=k), keep[name])
             else:
                 # Step -1: the initial draw never coincides with an update's stream.
                 gen = step_generator(self.seed, -1, index)
                 shape = torch.empty(tuple(p.shape), device="meta")  # the whole tensor's units
                 m = self._by_unit(
                     name,
-                    lambda u, k: random_mask(tuple(u(shape).shape), keep=k, generator=gen),
+                    lambda u, k, shape=shape, gen=gen: random_mask(
+                        tuple(u(shape).shape), keep=k, generator=gen
+                    ),
                     keep[name],
                 )
             masks[name] = self._laid_out(name, m)
@@ -400,10 +405,12 @@ class Sparsifier(MaskState):
             tally = {"dropped": 0, "grown": 0}
             grown_parts: list[torch.Tensor] = []
 
+            whole = self._whole_mask(name)
+
             def choose(
                 unit: Callable,
                 k: int,
-                old=self._whole_mask(name),
+                old=whole,
                 drop=drop,
                 grow=grow,
                 tally=tally,
@@ -445,7 +452,8 @@ class Sparsifier(MaskState):
 
     def state_dict(self) -> dict[str, Any]:
         """``{"algorithm", "seed", "densified", "updates_done", ..., "masks": {name: bool
-        tensor}}``: every entry but ``masks`` and ``grown_before`` (bool tensors) is a JSON scalar."""
+        tensor}}``: every entry but ``masks`` and ``grown_before`` (bool tensors) is a JSON scalar.
+        """
         d: dict[str, Any] = {
             "algorithm": self.name,
             "seed": int(self.seed),

@@ -92,8 +92,10 @@ class IMP(Sparsifier):
         if self.sparsity_level is not None and self.rounds is not None:
             if self.fraction is not None:
                 raise ConfigError(
-                    f"imp: sparsity {self.sparsity_level} with rounds={self.rounds} fixes the fraction "
-                    f"pruned per round ({1 - (1 - float(self.sparsity_level)) ** (1 / int(self.rounds)):.4f}); "
+                    f"imp: sparsity {self.sparsity_level} with rounds={self.rounds} fixes the "
+                    "fraction "
+                    "pruned per round "
+                    f"({1 - (1 - float(self.sparsity_level)) ** (1 / int(self.rounds)):.4f}); "
                     "give two of sparsity, rounds and fraction, not all three"
                 )
             # rounds rounds of fraction p leave (1 - p) ** rounds: reach the target exactly.
@@ -160,7 +162,8 @@ class IMP(Sparsifier):
         period = int(self.period) if self.period is not None else total_steps // (rounds + 1)
         if period < 1:
             raise ConfigError(
-                f"imp: {rounds} rounds do not fit in {total_steps} steps; set period or train longer"
+                f"imp: {rounds} rounds do not fit in {total_steps} steps; set period or train "
+                "longer"
             )
         return rounds, period
 

@@ -48,13 +48,25 @@ def resolved(sp: Any) -> dict[str, Any]:
 def describe(settings: dict[str, Any]) -> list[str]:
     """The lines the start of a run prints for :func:`resolved` settings.
 
-    >>> describe({"algorithm": "rigl", "sparsity": 0.75, "distribution": "uniform",
-    ...           "init_method": "random", "update_freq": 100, "update_start": 100,
-    ...           "update_stop": 450, "drop_fraction": 0.3, "drop_decay": "cosine to 0 at step 450"})
-    ['sparse training: rigl, sparsity 75% (uniform), random initial mask', 'mask updates: every 100 steps from step 100 until step 450; drop fraction 0.3, cosine to 0 at step 450']
+    >>> describe(
+    ...     {
+    ...         "algorithm": "rigl",
+    ...         "sparsity": 0.75,
+    ...         "distribution": "uniform",
+    ...         "init_method": "random",
+    ...         "update_freq": 100,
+    ...         "update_start": 100,
+    ...         "update_stop": 450,
+    ...         "drop_fraction": 0.3,
+    ...         "drop_decay": "cosine to 0 at step 450",
+    ...     }
+    ... )
+    ['sparse training: rigl, sparsity 75% (uniform), random initial mask', 'mask updates: every 100
+    steps from step 100 until step 450; drop fraction 0.3, cosine to 0 at step 450']
     >>> describe({"algorithm": "static", "sparsity": 0.5, "distribution": "uniform", "init_method":
     ...           "random", "initial_mask": "from --init m.safetensors (its stored masks), kept"})
-    ['sparse training: static, sparsity 50% (uniform), initial mask from --init m.safetensors (its stored masks), kept']
+    ['sparse training: static, sparsity 50% (uniform), initial mask from --init m.safetensors (its
+    stored masks), kept']
     """
     level = settings.get("sparsity")
     what = f"{level:.0%}" if isinstance(level, (int, float)) else str(level)
@@ -62,7 +74,8 @@ def describe(settings: dict[str, Any]) -> list[str]:
         what = f"{settings['initial_sparsity']:.0%} -> {what}"
     lines = [
         f"sparse training: {settings['algorithm']}, sparsity {what} "
-        f"({settings['distribution']}{', ' + settings['scope'] + ' pruning' if 'scope' in settings else ''}), "
+        f"({settings['distribution']}"
+        f"{', ' + settings['scope'] + ' pruning' if 'scope' in settings else ''}), "
         + (
             f"initial mask {settings['initial_mask']}"
             if settings.get("initial_mask")
