@@ -118,7 +118,7 @@ def main() -> None:
         for lt in ck.logical:
             dense, _ = decode(ck, lt)
             if len(lt.shape) == 2:
-                dense.abs() >= 1.15
+                _ = dense.abs() >= 1.15  # the comparison is what is timed
 
     def read_only() -> None:
         for lt in ck.logical:

@@ -53,8 +53,8 @@ def main() -> None:
     # Does the command load torch or numpy? Run it in-process and look at sys.modules.
     probe = (
         "import sys; from sparsetool.cli.main import app\n"
-        "try:\n    app(%r)\nexcept SystemExit:\n    pass\n"
-        "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))" % flops_args
+        f"try:\n    app({flops_args!r})\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))"
     )
     loaded = subprocess.run([py, "-c", probe], capture_output=True, text=True, check=True)
     heavy = loaded.stdout.strip().splitlines()[-1]

@@ -114,19 +114,27 @@ def main() -> None:
     for dtype in (torch.bfloat16, torch.float32):
         w = dense.to(dtype)
         keep = sparsity_keep(w.numel(), args.sparsity)
-        ours = timed(lambda: magnitude_mask(w, args.sparsity), args.repeat)
+        ours = timed(lambda w=w: magnitude_mask(w, args.sparsity), args.repeat)
         mask = magnitude_mask(w, args.sparsity)
         assert int(mask.sum()) == keep
         assert int(random_mask(w.shape, args.sparsity, seed=0).sum()) == keep
         assert int(nm_mask(w, 2, 4).sum()) == w.numel() // 2
         assert int(global_mask(w, keep).sum()) == keep
         rows = [("sparsetool magnitude_mask", ours)]
-        rows.append(("torch.topk + scatter", timed(lambda: topk_mask(w, keep), args.repeat)))
         rows.append(
-            ("torch.kthvalue + compare", timed(lambda: kthvalue_mask(w, keep), args.repeat))
+            ("torch.topk + scatter", timed(lambda w=w, keep=keep: topk_mask(w, keep), args.repeat))
         )
         rows.append(
-            ("sparsetool global (1 tensor)", timed(lambda: global_mask(w, keep), args.repeat))
+            (
+                "torch.kthvalue + compare",
+                timed(lambda w=w, keep=keep: kthvalue_mask(w, keep), args.repeat),
+            )
+        )
+        rows.append(
+            (
+                "sparsetool global (1 tensor)",
+                timed(lambda w=w, keep=keep: global_mask(w, keep), args.repeat),
+            )
         )
         for name, seconds in rows:
             print(
@@ -136,24 +144,24 @@ def main() -> None:
         pairs = [
             (
                 "sparsetool nm_mask 2:4",
-                lambda: nm_mask(w, 2, 4),
+                lambda w=w: nm_mask(w, 2, 4),
                 "torch.topk per group of 4",
-                lambda: topk_nm_mask(w, 2, 4),
+                lambda w=w: topk_nm_mask(w, 2, 4),
             ),
             (
                 "sparsetool random_mask",
-                lambda: random_mask(w.shape, args.sparsity, seed=0),
+                lambda w=w: random_mask(w.shape, args.sparsity, seed=0),
                 "torch.randperm",
-                lambda: randperm_mask(w.shape, keep),
+                lambda w=w, keep=keep: randperm_mask(w.shape, keep),
             ),
         ]
         tensors = [dense[:, i * 1024 : (i + 1) * 1024].to(dtype).contiguous() for i in range(8)]
         pairs.append(
             (
                 "global, 8 tensors, streamed",
-                lambda: global_masks_streaming(tensors, keep),
+                lambda tensors=tensors, keep=keep: global_masks_streaming(tensors, keep),
                 "cat + kthvalue in memory",
-                lambda: global_masks_in_memory(tensors, keep),
+                lambda tensors=tensors, keep=keep: global_masks_in_memory(tensors, keep),
             )
         )
         for name, fn, base_name, base_fn in pairs:

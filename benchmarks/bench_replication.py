@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -280,7 +280,7 @@ def write_report() -> None:
         "file is edited by hand. Validation loss is the trainer's mean cross-entropy in nats per byte on",
         "its fixed validation sequences (lower is better).",
         "",
-        f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; machine: {os.cpu_count()} CPUs, "
+        f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; machine: {os.cpu_count()} CPUs, "
         f"{platform.machine()}, shared with other jobs; python {platform.python_version()}",
         f"- command: `python benchmarks/bench_replication.py --seeds {seeds} --jobs {settings['jobs']} "
         f"--steps {settings['steps']}` ({settings.get('wall_s', '?')} s wall in all)",

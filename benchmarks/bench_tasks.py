@@ -34,9 +34,48 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 # The task's inputs, as tests/ops/test_tasks.py makes them (copied: the benchmarks do not import
 # the tests): lines of twelve fixed six-word sentences, each line's true ending against another's.
-NOUNS = "model weight mask layer token text tensor matrix head block kernel row".split()
-VERBS = "prunes keeps drops reads writes masks scores sorts ranks packs loads counts".split()
-ADJS = "sparse dense small large quiet bright early late empty full plain round".split()
+NOUNS = [
+    "model",
+    "weight",
+    "mask",
+    "layer",
+    "token",
+    "text",
+    "tensor",
+    "matrix",
+    "head",
+    "block",
+    "kernel",
+    "row",
+]
+VERBS = [
+    "prunes",
+    "keeps",
+    "drops",
+    "reads",
+    "writes",
+    "masks",
+    "scores",
+    "sorts",
+    "ranks",
+    "packs",
+    "loads",
+    "counts",
+]
+ADJS = [
+    "sparse",
+    "dense",
+    "small",
+    "large",
+    "quiet",
+    "bright",
+    "early",
+    "late",
+    "empty",
+    "full",
+    "plain",
+    "round",
+]
 TASK_YAML = """\
 task: pick_ending
 dataset_path: json

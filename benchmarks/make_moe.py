@@ -268,10 +268,28 @@ def data_files(root: Path) -> list[tuple[str, int]]:
     )
 
 
-SETTINGS = (
-    "seed layers hidden experts top_k moe_intermediate heads kv_heads head_dim positions seq "
-    "batch micro_batch lr min_lr_ratio warmup weight_decay aux_coef minutes steps"
-).split()
+SETTINGS = [
+    "seed",
+    "layers",
+    "hidden",
+    "experts",
+    "top_k",
+    "moe_intermediate",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "positions",
+    "seq",
+    "batch",
+    "micro_batch",
+    "lr",
+    "min_lr_ratio",
+    "warmup",
+    "weight_decay",
+    "aux_coef",
+    "minutes",
+    "steps",
+]
 
 
 def cache_key(args: argparse.Namespace, root: Path) -> str:

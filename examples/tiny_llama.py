@@ -21,7 +21,8 @@ if len(sys.argv) < 2 and not os.path.exists("topics.txt"):
     with open("topics.txt", "w") as f:
         f.write("\n\n".join(topics[k] for k in sorted(topics)))
     print("wrote topics.txt (Python's help topics)", file=sys.stderr)
-text = open(sys.argv[1] if len(sys.argv) > 1 else "topics.txt").read()
+with open(sys.argv[1] if len(sys.argv) > 1 else "topics.txt") as f:
+    text = f.read()
 bpe = Tokenizer(models.BPE(unk_token="<unk>"))
 bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
 bpe.decoder = decoders.ByteLevel()

@@ -118,7 +118,8 @@ def is_gpt2_target(name: str) -> bool:
 
 
 def pruned_gpt2(tmp_path, sparsity=0.75, encoding="zeros", n_layer=2, d=32, seed=0):
-    """A GPT-2-like checkpoint with seeded random masks on the targeted (Conv1D, (in, out)) weights."""
+    """A GPT-2-like checkpoint with seeded random masks on the targeted (Conv1D, (in, out))
+    weights."""
     from sparsetool.hardware import synthetic_mask
 
     state = gpt2_like_state(n_layer=n_layer, d=d, vocab=96, seed=seed)
@@ -158,7 +159,7 @@ def tiny_chunks(on: bool = True):
         chunks.CHUNK, kernel._SMALL = saved
 
 
-# ----------------------------------------------------------------------------- models, texts, corpora
+# --------------------------------------------------------------------------- models, texts, corpora
 def tiny_causal_lm(kind: str):
     """A small random transformers causal LM of ``kind`` ("opt", "gpt_neox" or "mistral"):
     2 layers, width 32, vocabulary 320, context 64 (tests that build one need transformers)."""
@@ -243,7 +244,24 @@ def hf_model(kind: str):
     )
 
 
-TEXT_WORDS = "the a sparse dense model weight mask prune layer token text of to and is in".split()
+TEXT_WORDS = [
+    "the",
+    "a",
+    "sparse",
+    "dense",
+    "model",
+    "weight",
+    "mask",
+    "prune",
+    "layer",
+    "token",
+    "text",
+    "of",
+    "to",
+    "and",
+    "is",
+    "in",
+]
 CALIB = dict(samples=6, seq=32)  # calibration windows small enough for the tiny models
 
 
@@ -278,10 +296,34 @@ def save_tokenizer(directory: Path, text: str) -> None:
     fast.save_pretrained(directory)
 
 
-CODE_WORDS = (
-    "def class return import self value index sparse dense mask weight layer train "
-    "loss step for in if else while print range len None True False"
-).split()
+CODE_WORDS = [
+    "def",
+    "class",
+    "return",
+    "import",
+    "self",
+    "value",
+    "index",
+    "sparse",
+    "dense",
+    "mask",
+    "weight",
+    "layer",
+    "train",
+    "loss",
+    "step",
+    "for",
+    "in",
+    "if",
+    "else",
+    "while",
+    "print",
+    "range",
+    "len",
+    "None",
+    "True",
+    "False",
+]
 
 
 def make_corpus(root: Path, files: int = 24, lines: int = 60, seed: int = 0) -> Path:

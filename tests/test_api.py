@@ -115,7 +115,8 @@ def test_eval_and_diff_api(tmp_path):
 
 def test_eval_reads_a_str_naming_a_file_as_the_cli_reads_text(tmp_path, monkeypatch):
     """sparsetool.eval(..., text="heldout.txt") scores the file, not the 11 characters of its
-    name; a file name that names nothing is refused; other strings are the text (issue 31, item 3)."""
+    name; a file name that names nothing is refused; other strings are the text (issue 31, item 3).
+    """
     from pathlib import Path
 
     from sparsetool.errors import SparsetoolError

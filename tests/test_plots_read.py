@@ -46,7 +46,8 @@ def test_eval_points_are_told_apart_and_the_title_keeps_the_file_name(tmp_path, 
 
 def test_eval_draws_each_pruning_method_apart_never_a_vertical_line(tmp_path, figures):
     """Magnitude and random at 50% are two markers of two series, not one line up through 50%;
-    a checkpoint without a prune record is a star; the legend names the methods (issue 31, item 10)."""
+    a checkpoint without a prune record is a star; the legend names the methods (issue 31, item 10).
+    """
     from helpers import ROOT
 
     tiny = ROOT / "fixtures" / "tiny-gpt2"

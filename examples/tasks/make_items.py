@@ -14,9 +14,48 @@ import json
 import random
 from pathlib import Path
 
-NOUNS = "model weight mask layer token text tensor matrix head block kernel row".split()
-VERBS = "prunes keeps drops reads writes masks scores sorts ranks packs loads counts".split()
-ADJS = "sparse dense small large quiet bright early late empty full plain round".split()
+NOUNS = [
+    "model",
+    "weight",
+    "mask",
+    "layer",
+    "token",
+    "text",
+    "tensor",
+    "matrix",
+    "head",
+    "block",
+    "kernel",
+    "row",
+]
+VERBS = [
+    "prunes",
+    "keeps",
+    "drops",
+    "reads",
+    "writes",
+    "masks",
+    "scores",
+    "sorts",
+    "ranks",
+    "packs",
+    "loads",
+    "counts",
+]
+ADJS = [
+    "sparse",
+    "dense",
+    "small",
+    "large",
+    "quiet",
+    "bright",
+    "early",
+    "late",
+    "empty",
+    "full",
+    "plain",
+    "round",
+]
 
 
 def items(n: int = 24, seed: int = 0) -> list[dict]:

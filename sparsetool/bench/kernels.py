@@ -19,8 +19,9 @@ mask that keeps 2 of every 4 along K, 2:4 semi-structured
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names need no torch: options are checked before torch is imported
     import torch

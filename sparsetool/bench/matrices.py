@@ -16,9 +16,10 @@ matrix of each distinct ``M x K`` shape is timed and stands for every matrix of 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch

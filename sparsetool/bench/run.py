@@ -10,8 +10,9 @@ is faster.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from sparsetool.bench.kernels import (
     CPU_DENSE,
@@ -68,10 +69,7 @@ def device_info(device: Any, threads: int) -> dict[str, Any]:
         scipy_version = version("scipy")
     except PackageNotFoundError:
         scipy_version = None
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = cpu_name()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     return {
         "type": device.type,
         "name": name,

@@ -9,8 +9,9 @@ the runs so far took less than ``min_time`` seconds in all (short calls are nois
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -22,9 +22,9 @@ import shutil
 import socket
 import stat
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from sparsetool.checkpoint.layout import TMP_MARK
 from sparsetool.errors import CheckpointError, SparsetoolError

@@ -4,7 +4,7 @@ checkpoint's real masks, a preset's shapes or one shape (the library: sparsetool
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -48,6 +48,8 @@ from sparsetool.flops.presets import PRESETS
 from sparsetool.util import options
 from sparsetool.util.wording import plural
 
+KERNEL_NAMES = ", ".join(KERNELS)
+
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     "sparsetool bench pruned.safetensors --batch 1,64,2048",
     "sparsetool bench --model gpt2-small --sparsity 0.9 --batch 1,8",
@@ -59,22 +61,22 @@ Pattern = choices("Pattern", ("random", "rows", "cols", "2:4"))
 
 
 def bench(
-    checkpoint: Optional[Path] = checkpoint_argument(required=False),
-    model: Optional[Preset] = choice_option(
+    checkpoint: Path | None = checkpoint_argument(required=False),
+    model: Preset | None = choice_option(
         Preset,
         None,
         "--model",
         case_sensitive=False,
         help="A flops preset: its matrix shapes with random weights and masks at --sparsity.",
     ),
-    shape: Optional[str] = typer.Option(
+    shape: str | None = typer.Option(
         None,
         "--shape",
         metavar="MxK",
         callback=checked(options.check_shape),
         help="One M x K layer (M outputs, K inputs), e.g. 4096x4096, with a seeded mask.",
     ),
-    sparsity: Optional[str] = sparsities_option(
+    sparsity: str | None = sparsities_option(
         "Fraction of zeros for --model/--shape; a comma list (0.5,0.7,0.9) also finds the "
         "break-even sparsity."
     ),
@@ -98,7 +100,7 @@ def bench(
         "--kernel",
         "-k",
         metavar="NAME",
-        help="Only this sparse kernel (repeatable): " + ", ".join(KERNELS) + ".",
+        help=f"Only this sparse kernel (repeatable): {KERNEL_NAMES}.",
     ),
     device: str = device_option(
         "Where to time: auto (a GPU if there is one), cpu, cuda or cuda:N."
@@ -117,7 +119,7 @@ def bench(
         "under 0.2 s in all); the median is reported with its spread.",
     ),
     seed: int = seed_option("Seed of the inputs and of the synthetic weights and masks."),
-    threads: Optional[int] = threads_option(),
+    threads: int | None = threads_option(),
     include: list[str] = include_option(
         "With CHECKPOINT: also time tensors matching this glob (repeatable)."
     ),
@@ -125,7 +127,7 @@ def bench(
         "With CHECKPOINT: leave out tensors matching this glob (repeatable; wins over --include)."
     ),
     default_targets: bool = default_targets_option(),
-    plot: Optional[Path] = plot_option("Write speed-up against batch (or sparsity) to this PNG."),
+    plot: Path | None = plot_option("Write speed-up against batch (or sparsity) to this PNG."),
     quiet: bool = quiet_option(),
     as_json: bool = json_option(),
 ) -> None:
@@ -206,10 +208,10 @@ def bench(
 
 
 def _check_usage(
-    checkpoint: Optional[Path],
-    model: Optional[str],
-    shape: Optional[str],
-    sparsity: Optional[list[float]],
+    checkpoint: Path | None,
+    model: str | None,
+    shape: str | None,
+    sparsity: list[float] | None,
     pattern: str,
     include: list[str],
     exclude: list[str],
@@ -375,7 +377,7 @@ def _render_sweep(res: dict[str, Any]) -> None:
         )
 
 
-def _break_even(r: Optional[dict[str, Any]]) -> str:
+def _break_even(r: dict[str, Any] | None) -> str:
     if r is None:
         return "-"
     if r["status"] == "crossed":

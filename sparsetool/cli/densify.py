@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -35,12 +34,12 @@ EXAMPLES = (  # the end of --help: each runs as written (given the files named)
 
 def densify(
     checkpoint: Path = checkpoint_argument(),
-    output: Optional[Path] = output_option(),
+    output: Path | None = output_option(),
     in_place: bool = typer.Option(
         False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."
     ),
     quiet: bool = quiet_option(),
-    workers: Optional[int] = workers_option(),
+    workers: int | None = workers_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Write CHECKPOINT as plain dense tensors: pruned weights become 0.0.
@@ -55,11 +54,10 @@ def densify(
     from sparsetool.ops.densify import densify_checkpoint
 
     use_workers(workers)
-    with failing_cleanly():
-        with progress_bar(not (as_json or quiet)) as progress:
-            result = densify_checkpoint(
-                checkpoint, output or checkpoint, in_place=in_place, progress=progress
-            )
+    with failing_cleanly(), progress_bar(not (as_json or quiet)) as progress:
+        result = densify_checkpoint(
+            checkpoint, output or checkpoint, in_place=in_place, progress=progress
+        )
     note_reclaimed(result.reclaimed)
     if as_json:
         emit_json(result.to_json())

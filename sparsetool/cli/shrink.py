@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -52,14 +51,14 @@ EXAMPLES = (  # the end of --help: each runs as written (given the files named)
 
 def shrink(
     checkpoint: Path = checkpoint_argument(),
-    output: Optional[Path] = output_option("Where to write the smaller model (a new directory)."),
-    experts: Optional[float] = typer.Option(
+    output: Path | None = output_option("Where to write the smaller model (a new directory)."),
+    experts: float | None = typer.Option(
         None,
         "--experts",
         metavar="F",
         help="Remove this fraction of each Mixture-of-Experts layer's routed experts (0.5: half).",
     ),
-    experts_keep: Optional[int] = typer.Option(
+    experts_keep: int | None = typer.Option(
         None,
         "--experts-keep",
         metavar="N",
@@ -73,7 +72,7 @@ def shrink(
         "routing weight x output norm over the tokens routed to it), frequency (tokens routed), "
         "ean (summed output norm), or random (seeded; needs no text).",
     ),
-    blocks: Optional[float] = typer.Option(
+    blocks: float | None = typer.Option(
         None,
         "--blocks",
         metavar="N",
@@ -87,13 +86,13 @@ def shrink(
         "each block's input and output) or angular (the run of N consecutive blocks whose input "
         "and output lie closest in angle).",
     ),
-    ffn: Optional[float] = typer.Option(
+    ffn: float | None = typer.Option(
         None,
         "--ffn",
         metavar="F",
         help="Instead: keep this fraction of every FFN's channels (ranked by mean |activation|).",
     ),
-    heads: Optional[float] = typer.Option(
+    heads: float | None = typer.Option(
         None,
         "--heads",
         metavar="F",
@@ -106,7 +105,7 @@ def shrink(
         help="Fold each removed expert into the kept expert of most similar output (a "
         "routed-frequency-weighted average of their weights) instead of dropping it.",
     ),
-    calibration: Optional[Path] = typer.Option(
+    calibration: Path | None = typer.Option(
         None,
         "--calibration",
         metavar="FILE|DIR",
@@ -119,7 +118,7 @@ def shrink(
         callback=checked(options.check_count),
         help="Calibration windows.",
     ),
-    seq: Optional[int] = typer.Option(
+    seq: int | None = typer.Option(
         None,
         "--seq",
         metavar="T",
@@ -134,7 +133,7 @@ def shrink(
         "Precision of the forward passes (the statistics stay float64)."
     ),
     quiet: bool = quiet_option(),
-    threads: Optional[int] = threads_option(),
+    threads: int | None = threads_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Remove whole experts (Mixture of Experts) or whole blocks into a smaller model.
@@ -178,9 +177,8 @@ def shrink(
     use_threads(threads)
     from sparsetool.ops.shrink import shrink_checkpoint
 
-    with failing_cleanly():
-        with progress_bar(not (as_json or quiet)) as progress:
-            result = shrink_checkpoint(checkpoint, output, opts, progress=progress)
+    with failing_cleanly(), progress_bar(not (as_json or quiet)) as progress:
+        result = shrink_checkpoint(checkpoint, output, opts, progress=progress)
     note_reclaimed(result.reclaimed)
     if as_json:
         emit_json(result.to_json())

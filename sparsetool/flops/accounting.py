@@ -24,8 +24,9 @@ Ratios are sparse / dense (the paper's "0.401x"); the CLI also shows dense / spa
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from sparsetool.errors import ConfigError
 from sparsetool.flops.formula import LayerSparsity, forward_terms, layer_sparsities, param_counts

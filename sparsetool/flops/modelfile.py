@@ -8,8 +8,9 @@ Nothing here imports torch (or numpy): ``sparsetool flops`` must start fast.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from sparsetool.errors import ConfigError
 from sparsetool.flops.modelconfig import DEFAULT_SEQ_LEN, ModelConfig, default_seq_len

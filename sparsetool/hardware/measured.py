@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from sparsetool.errors import ConfigError, SparsetoolError, UsageError
 from sparsetool.hardware.devices import CPU, Device, Refused
@@ -193,7 +194,7 @@ def _fits_kind(m: Measurement, dev: Device) -> bool:
 
 
 def measured_device(
-    m: Measurement, devices: Mapping[str, Device], name: Optional[str] = None
+    m: Measurement, devices: Mapping[str, Device], name: str | None = None
 ) -> Device:
     """The device ``m`` is compared with: ``name`` (``--device``), else the ``cpu`` preset for a
     CPU measurement. A GPU measurement needs a name; a device of the other kind is refused
@@ -216,7 +217,7 @@ def measured_device(
     return dev
 
 
-def choose_kernel(m: Measurement, kernel: Optional[str] = None) -> str:
+def choose_kernel(m: Measurement, kernel: str | None = None) -> str:
     """``kernel`` if ``m`` timed it (else a :class:`UsageError` listing those it did), or else the
     kernel fastest at the most points (ties: the first in ``m``'s ``kernels``)."""
     if kernel is not None:
@@ -245,7 +246,7 @@ def sized_for(m: Measurement, dev: Device, kernel: str) -> Device:
 # --- the comparison -------------------------------------------------------------------------
 
 
-def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
@@ -255,9 +256,7 @@ def _points(m: Measurement) -> list[tuple[dict, LayerMask, dict]]:
     ]
 
 
-def _modelled(
-    dev: Device, ly: LayerMask, batch: int
-) -> tuple[float, Optional[float], Optional[str]]:
+def _modelled(dev: Device, ly: LayerMask, batch: int) -> tuple[float, float | None, str | None]:
     dense = dev.dense_cost(ly, batch, "forward").total
     try:
         return dense, dev.cost(ly, batch, "forward").total, None
@@ -301,7 +300,7 @@ def rows(m: Measurement, dev: Device, kernel: str) -> list[dict[str, Any]]:
     return out
 
 
-def _factor(logs: list[float]) -> Optional[float]:
+def _factor(logs: list[float]) -> float | None:
     return math.exp(math.sqrt(sum(x * x for x in logs) / len(logs))) if logs else None
 
 
@@ -327,7 +326,7 @@ def errors(table: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def compare(m: Measurement, device: Device, kernel: Optional[str] = None) -> dict[str, Any]:
+def compare(m: Measurement, device: Device, kernel: str | None = None) -> dict[str, Any]:
     """``m`` against ``device`` for ``kernel`` (default :func:`choose_kernel`'s):
     ``{"device": {"name", "kind"}, "kernel", "rows": rows(...), "error": errors(...)}``.
     The device's byte sizes are the measurement's (:func:`sized_for`)."""
@@ -365,8 +364,8 @@ class Fit:
 def fit(
     m: Measurement,
     device: Device,
-    kernel: Optional[str] = None,
-    start_sources: Optional[Mapping[str, str]] = None,
+    kernel: str | None = None,
+    start_sources: Mapping[str, str] | None = None,
 ) -> Fit:
     """Fit ``device``'s (a CPU) :data:`FITTED` rates to ``m``'s dense and ``kernel``'s sparse
     times: ``scipy.optimize.least_squares`` on the residuals ``ln(modelled / measured)``, the
@@ -511,11 +510,11 @@ def _bounds(dev: CPU, dense_pts: list, sparse_pts: list) -> list[float]:
 def run_measured(
     path: str | Path,
     *,
-    hardware: Optional[Path] = None,
-    device: Optional[str] = None,
-    kernel: Optional[str] = None,
+    hardware: Path | None = None,
+    device: str | None = None,
+    kernel: str | None = None,
     fit_it: bool = False,
-    output: Optional[Path] = None,
+    output: Path | None = None,
 ) -> dict[str, Any]:
     """``sparsetool simulate --measured PATH``: the measurement against ``device`` (a preset, or
     one of ``hardware``'s; default :func:`measured_device`'s), and with ``fit_it`` the fitted CPU

@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sparsetool.checkpoint.output_files import (
     ResultDict,

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable
 
 __all__ = [
     "BUNDLED",

@@ -25,8 +25,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 _HELD = {signal.SIGINT, signal.SIGTERM}
 _PREFIX = "sparsetool-worker"
@@ -95,8 +96,8 @@ def signals_deferred() -> Iterator[None]:
 def _pool(workers: int) -> ThreadPoolExecutor:
     """The pool of ``workers`` threads (call with signals deferred)."""
     global _POOL, _POOL_PID, _POOL_SIZE
-    if _POOL is None or _POOL_PID != os.getpid() or _POOL_SIZE != workers:
-        if _POOL is not None and _POOL_PID == os.getpid():
+    if _POOL is None or os.getpid() != _POOL_PID or workers != _POOL_SIZE:
+        if _POOL is not None and os.getpid() == _POOL_PID:
             _POOL.shutdown(wait=False)
         _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=_PREFIX)
         _POOL_PID, _POOL_SIZE = os.getpid(), workers

@@ -256,7 +256,7 @@ def test_a_sweep_times_every_point_checks_it_and_finds_break_even():
         assert [r["batch"] for r in ly["runs"]] == [1, 4]
         for r in ly["runs"]:
             assert r["dense"]["ok"] and r["dense"]["kernel"] == "torch-linear"
-            for name, e in r["sparse"].items():
+            for e in r["sparse"].values():
                 assert e["ok"] and e["repeats"] >= 2 and e["low_s"] <= e["median_s"] <= e["high_s"]
                 assert e["speedup"] == pytest.approx(r["dense"]["median_s"] / e["median_s"])
             assert r["best"] == max(r["sparse"], key=lambda n: r["sparse"][n]["speedup"])

@@ -237,12 +237,14 @@ def test_copy_stored_raw_and_metadata_extra(tmp_path):
     ts = small_tensors()
     save_file(ts, tmp_path / "m.safetensors", metadata={"format": "pt"})
     ck = open_checkpoint(tmp_path / "m.safetensors")
-    with write_checkpoint(ck, tmp_path / "o.safetensors", metadata_extra={"sparsetool": "x"}) as w:
-        with w.shard(ck.shards[0], specs_of(ts)) as sw:
-            for name in ["ids", "h.0.ln.weight"]:  # int tensor and 1-D tensor: raw copies
-                sw.copy_stored(name, ck, name)
-            for name in ["h.0.attn.bias", "h.0.attn.weight"]:
-                sw.write(name, ts[name])
+    with (
+        write_checkpoint(ck, tmp_path / "o.safetensors", metadata_extra={"sparsetool": "x"}) as w,
+        w.shard(ck.shards[0], specs_of(ts)) as sw,
+    ):
+        for name in ["ids", "h.0.ln.weight"]:  # int tensor and 1-D tensor: raw copies
+            sw.copy_stored(name, ck, name)
+        for name in ["h.0.attn.bias", "h.0.attn.weight"]:
+            sw.write(name, ts[name])
     out = open_checkpoint(tmp_path / "o.safetensors")
     assert out.metadata(out.shards[0]) == {"format": "pt", "sparsetool": "x"}
     got = load_file(tmp_path / "o.safetensors")
@@ -258,21 +260,27 @@ def test_copy_stored_raw_and_metadata_extra(tmp_path):
 def test_writer_checks_dtype_shape_and_completeness(tmp_path):
     save_file({"a": torch.ones(2)}, tmp_path / "m.safetensors")
     ck = open_checkpoint(tmp_path / "m.safetensors")
-    with pytest.raises(CheckpointError, match="declared"):
-        with write_checkpoint(ck, tmp_path / "o.safetensors") as w:
-            with w.shard(ck.shards[0], [TensorSpec("a", torch.float32, (2,))]) as sw:
-                sw.write("a", torch.ones(3))
-    with pytest.raises(CheckpointError, match="never written: b"):
-        with write_checkpoint(ck, tmp_path / "o.safetensors") as w:
-            with w.shard(
-                ck.shards[0],
-                [TensorSpec("a", torch.float32, (2,)), TensorSpec("b", torch.float32, (1,))],
-            ) as sw:
-                sw.write("a", torch.ones(2))
-    with pytest.raises(CheckpointError, match="not declared"):
-        with write_checkpoint(ck, tmp_path / "o.safetensors") as w:
-            with w.shard(ck.shards[0], [TensorSpec("a", torch.float32, (2,))]) as sw:
-                sw.write("zz", torch.ones(2))
+    with (
+        pytest.raises(CheckpointError, match="declared"),
+        write_checkpoint(ck, tmp_path / "o.safetensors") as w,
+        w.shard(ck.shards[0], [TensorSpec("a", torch.float32, (2,))]) as sw,
+    ):
+        sw.write("a", torch.ones(3))
+    with (
+        pytest.raises(CheckpointError, match="never written: b"),
+        write_checkpoint(ck, tmp_path / "o.safetensors") as w,
+        w.shard(
+            ck.shards[0],
+            [TensorSpec("a", torch.float32, (2,)), TensorSpec("b", torch.float32, (1,))],
+        ) as sw,
+    ):
+        sw.write("a", torch.ones(2))
+    with (
+        pytest.raises(CheckpointError, match="not declared"),
+        write_checkpoint(ck, tmp_path / "o.safetensors") as w,
+        w.shard(ck.shards[0], [TensorSpec("a", torch.float32, (2,))]) as sw,
+    ):
+        sw.write("zz", torch.ones(2))
     assert os.listdir(tmp_path) == ["m.safetensors"]
 
 
@@ -281,13 +289,13 @@ def test_failure_inside_with_leaves_nothing(tmp_path, exc):
     save_file(small_tensors(), tmp_path / "m.safetensors")
     before = (tmp_path / "m.safetensors").read_bytes()
     ck = open_checkpoint(tmp_path / "m.safetensors")
-    with pytest.raises(exc):
-        with write_checkpoint(ck, tmp_path / "o.safetensors") as w:
-            with w.shard(
-                ck.shards[0], [TensorSpec(e.name, e.dtype, e.shape) for e in ck.entries()]
-            ) as sw:
-                sw.write("ids", torch.arange(5))
-                raise exc()
+    with (
+        pytest.raises(exc),
+        write_checkpoint(ck, tmp_path / "o.safetensors") as w,
+        w.shard(ck.shards[0], [TensorSpec(e.name, e.dtype, e.shape) for e in ck.entries()]) as sw,
+    ):
+        sw.write("ids", torch.arange(5))
+        raise exc()
     assert os.listdir(tmp_path) == ["m.safetensors"]
     assert (tmp_path / "m.safetensors").read_bytes() == before
 
@@ -296,9 +304,8 @@ def test_failure_keeps_existing_output(tmp_path):
     save_file(small_tensors(), tmp_path / "m.safetensors")
     (tmp_path / "o.safetensors").write_bytes(b"old output")
     ck = open_checkpoint(tmp_path / "m.safetensors")
-    with pytest.raises(KeyboardInterrupt):
-        with write_checkpoint(ck, tmp_path / "o.safetensors"):
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), write_checkpoint(ck, tmp_path / "o.safetensors"):
+        raise KeyboardInterrupt
     assert (tmp_path / "o.safetensors").read_bytes() == b"old output"
     assert sorted(os.listdir(tmp_path)) == ["m.safetensors", "o.safetensors"]
     copy_all(ck, tmp_path / "o.safetensors")  # replaces an existing file like cp
@@ -310,18 +317,22 @@ def test_out_equal_to_in_needs_in_place(tmp_path):
     save_file(ts, tmp_path / "m.safetensors")
     before = (tmp_path / "m.safetensors").read_bytes()
     ck = open_checkpoint(tmp_path / "m.safetensors")
-    with pytest.raises(CheckpointError, match="--in-place"):
-        with write_checkpoint(ck, tmp_path / "." / "m.safetensors"):
-            pass
+    with (
+        pytest.raises(CheckpointError, match="--in-place"),
+        write_checkpoint(ck, tmp_path / "." / "m.safetensors"),
+    ):
+        pass
     assert (tmp_path / "m.safetensors").read_bytes() == before
     # in place: zero the bf16 weight, everything else copied from the file being replaced
-    with write_checkpoint(ck, tmp_path / "m.safetensors", in_place=True) as w:
-        with w.shard(ck.shards[0], specs_of(ts)) as sw:
-            for n in ts:
-                if n == "h.0.attn.weight":
-                    sw.write(n, torch.zeros_like(ts[n]))
-                else:
-                    sw.copy_stored(n, ck, n)
+    with (
+        write_checkpoint(ck, tmp_path / "m.safetensors", in_place=True) as w,
+        w.shard(ck.shards[0], specs_of(ts)) as sw,
+    ):
+        for n in ts:
+            if n == "h.0.attn.weight":
+                sw.write(n, torch.zeros_like(ts[n]))
+            else:
+                sw.copy_stored(n, ck, n)
     got = load_file(tmp_path / "m.safetensors")
     assert torch.equal(got["h.0.attn.weight"], torch.zeros(4, 6, dtype=torch.bfloat16))
     assert torch.equal(got["h.0.attn.bias"], ts["h.0.attn.bias"])
@@ -332,12 +343,16 @@ def test_file_vs_directory_output_clash(tmp_path):
     save_file({"a": torch.ones(2)}, tmp_path / "m.safetensors")
     ck = open_checkpoint(tmp_path / "m.safetensors")
     (tmp_path / "adir").mkdir()
-    with pytest.raises(CheckpointError, match="existing directory"):
-        with write_checkpoint(ck, tmp_path / "adir"):
-            pass
-    with pytest.raises(CheckpointError, match="does not exist"):
-        with write_checkpoint(ck, tmp_path / "no" / "o.safetensors"):
-            pass
+    with (
+        pytest.raises(CheckpointError, match="existing directory"),
+        write_checkpoint(ck, tmp_path / "adir"),
+    ):
+        pass
+    with (
+        pytest.raises(CheckpointError, match="does not exist"),
+        write_checkpoint(ck, tmp_path / "no" / "o.safetensors"),
+    ):
+        pass
 
 
 def _sharded_dir(d: Path) -> dict[str, torch.Tensor]:
@@ -405,7 +420,7 @@ def test_sharded_directory_round_trip(tmp_path):
                 else:
                     plan.append((lt, None, None, None))
             specs = []
-            for lt, enc, dense, mask in plan:
+            for lt, enc, _dense, _mask in plan:
                 specs += (
                     encoded_specs(lt.name, lt.dtype, lt.shape, 0, enc)
                     if enc
@@ -444,11 +459,13 @@ def test_directory_in_place_and_interrupt(tmp_path):
         p: (tmp_path / "in" / p).read_bytes() for p in os.listdir(tmp_path / "in") if p != "sub"
     }
     ck = open_checkpoint(tmp_path / "in")
-    with pytest.raises(KeyboardInterrupt):
-        with write_checkpoint(ck, tmp_path / "in", in_place=True) as w:
-            with w.shard(ck.shards[0], []):
-                pass
-            raise KeyboardInterrupt
+    with (
+        pytest.raises(KeyboardInterrupt),
+        write_checkpoint(ck, tmp_path / "in", in_place=True) as w,
+    ):
+        with w.shard(ck.shards[0], []):
+            pass
+        raise KeyboardInterrupt
     assert {p: (tmp_path / "in" / p).read_bytes() for p in snapshot} == snapshot
     assert os.listdir(tmp_path) == ["in"]
     copy_all(ck, tmp_path / "in", in_place=True)
@@ -466,10 +483,12 @@ def test_directory_in_place_and_interrupt(tmp_path):
 def test_unwritten_shard_is_an_error(tmp_path):
     _sharded_dir(tmp_path / "in")
     ck = open_checkpoint(tmp_path / "in")
-    with pytest.raises(CheckpointError, match="never written: model-00002"):
-        with write_checkpoint(ck, tmp_path / "out") as w:
-            with w.shard(ck.shards[0], []):
-                pass
+    with (
+        pytest.raises(CheckpointError, match="never written: model-00002"),
+        write_checkpoint(ck, tmp_path / "out") as w,
+        w.shard(ck.shards[0], []),
+    ):
+        pass
     assert os.listdir(tmp_path) == ["in"]
 
 

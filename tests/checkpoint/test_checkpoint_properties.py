@@ -100,10 +100,12 @@ def test_writer_bytes_equal_save_file(spec, metadata):
         if metadata is not None and not metadata:
             # the reader cannot tell "__metadata__": {} from no metadata
             ref = save(tensors)
-        with write_checkpoint(ck, d / "out.safetensors") as w:
-            with w.shard(ck.shards[0], list(reversed(specs))) as sw:
-                for n in reversed(list(tensors)):  # any write order gives the same file
-                    sw.write(n, tensors[n])
+        with (
+            write_checkpoint(ck, d / "out.safetensors") as w,
+            w.shard(ck.shards[0], list(reversed(specs))) as sw,
+        ):
+            for n in reversed(list(tensors)):  # any write order gives the same file
+                sw.write(n, tensors[n])
         ours = (d / "out.safetensors").read_bytes()
         ck.close()
     if metadata is None or len(metadata) <= 1:
@@ -160,12 +162,14 @@ def test_encode_write_read_round_trip(encoding, dtype, rows, cols, seed, density
         save_file({"blk.fc.weight": torch.zeros(rows, cols, dtype=dtype)}, d / "in.safetensors")
         ck = open_checkpoint(d / "in.safetensors")
         nnz = stored_nonzeros(dense, mask)
-        with write_checkpoint(ck, d / "out.safetensors") as wr:
-            with wr.shard(
+        with (
+            write_checkpoint(ck, d / "out.safetensors") as wr,
+            wr.shard(
                 ck.shards[0], encoded_specs("blk.fc.weight", dtype, (rows, cols), nnz, encoding)
-            ) as sw:
-                for name, t in encode("blk.fc.weight", dense, mask, encoding):
-                    sw.write(name, t)
+            ) as sw,
+        ):
+            for name, t in encode("blk.fc.weight", dense, mask, encoding):
+                sw.write(name, t)
         assert torch.equal(dense.view(torch.uint8), before.view(torch.uint8))  # input untouched
         out = open_checkpoint(d / "out.safetensors")
         (lt,) = out.logical

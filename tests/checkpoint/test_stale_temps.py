@@ -23,7 +23,8 @@ from sparsetool.errors import CheckpointError
 from helpers import ROOT, gpt2_like_state, run
 
 # A writer as the checkpoint writer makes one: a temporary from temp_beside, written in part, then
-# the process waits (to be killed, or to stay alive). A directory temporary stands for a sharded output.
+# the process waits (to be killed, or to stay alive). A directory temporary stands for a sharded
+# output.
 WRITER = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
@@ -140,9 +141,8 @@ def test_the_library_returns_what_it_freed_and_keeps_live_temporaries(tmp_path):
     old = stale(tmp_path)
     alive = tmp_path / f".o.safetensors.sparsetool-tmp-{os.getppid()}-beefbeef"
     alive.write_bytes(b"in progress")
-    with reclaiming() as outer:
-        with reclaiming() as inner:
-            done = remove_stale_temps(tmp_path)
+    with reclaiming() as outer, reclaiming() as inner:
+        done = remove_stale_temps(tmp_path)
     assert done is not None and done.files == 1 and done.bytes >= 10000
     assert done.directory == tmp_path
     assert not old.exists() and alive.exists() and mine.exists()

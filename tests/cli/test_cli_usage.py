@@ -26,23 +26,23 @@ def refused(r, message: str) -> None:
 CONFLICTS = [  # (arguments, where {ckpt} and {out} are filled in, the exact message)
     (
         ["prune", "{ckpt}", "-o", "{out}", "--in-place", "--sparsity", "0.5"],
-        "-o {out} and --in-place do not go together: --in-place replaces {ckpt} itself; drop -o {out}, "
-        "or drop --in-place to write {out} and leave {ckpt} as it is",
+        "-o {out} and --in-place do not go together: --in-place replaces {ckpt} itself; drop -o "
+        "{out}, or drop --in-place to write {out} and leave {ckpt} as it is",
     ),
     (
         ["densify", "{ckpt}", "-o", "{out}", "--in-place"],
-        "-o {out} and --in-place do not go together: --in-place replaces {ckpt} itself; drop -o {out}, "
-        "or drop --in-place to write {out} and leave {ckpt} as it is",
+        "-o {out} and --in-place do not go together: --in-place replaces {ckpt} itself; drop -o "
+        "{out}, or drop --in-place to write {out} and leave {ckpt} as it is",
     ),
     (
         ["report", "{ckpt}", "--json", "--format", "plain"],
-        "--json and --format plain do not go together: --json prints no table; drop --format, or drop "
-        "--json to print the table",
+        "--json and --format plain do not go together: --json prints no table; drop --format, or "
+        "drop --json to print the table",
     ),
     (
         ["report", "{ckpt}", "--json", "--format", "rich"],  # the default, but asked for
-        "--json and --format rich do not go together: --json prints no table; drop --format, or drop "
-        "--json to print the table",
+        "--json and --format rich do not go together: --json prints no table; drop --format, or "
+        "drop --json to print the table",
     ),
     (
         ["report", "{ckpt}", "--json", "--targeted"],
@@ -57,13 +57,15 @@ CONFLICTS = [  # (arguments, where {ckpt} and {out} are filled in, the exact mes
     ),
     (
         ["flops", "--list", "--tokens", "26B"],
-        "--list and --tokens do not go together: --list prints the presets and counts nothing; drop "
-        "--tokens, or drop --list to count FLOPs",
+        "--list and --tokens do not go together: --list prints the presets and counts nothing; "
+        "drop --tokens, or drop --list to count FLOPs",
     ),
     (
         ["flops", "--model", "gpt3-xl", "--json", "--breakdown"],
-        '--json and --breakdown do not go together: --json always holds every term ("forward_terms", '
-        '"dense_forward_terms" of each run); drop --breakdown, or drop --json for the table of terms '
+        "--json and --breakdown do not go together: --json always holds every term "
+        '("forward_terms", '
+        '"dense_forward_terms" of each run); drop --breakdown, or drop --json for the table of '
+        "terms "
         "with their formulas",
     ),
     (
@@ -78,13 +80,15 @@ CONFLICTS = [  # (arguments, where {ckpt} and {out} are filled in, the exact mes
     ),
     (
         ["simulate", "--shape", "64x64", "--sparsity", "0.5", "--seq-len", "128"],
-        "--shape 64x64 and --seq-len 128 do not go together: one --shape layer has no attention work "
-        "for a sequence length to set; drop --seq-len, or simulate a model, e.g. --model gpt2-small "
-        "--seq-len 128 --sparsity 0.5",
+        "--shape 64x64 and --seq-len 128 do not go together: one --shape layer has no attention "
+        "work "
+        "for a sequence length to set; drop --seq-len, or simulate a model, e.g. --model "
+        "gpt2-small --seq-len 128 --sparsity 0.5",
     ),
     (
         ["simulate", "--model", "gpt2-small", "--sparsity", "0.5", "--json", "--layers"],
-        '--json and --layers do not go together: --json lists every layer ("layers"); drop --layers, '
+        '--json and --layers do not go together: --json lists every layer ("layers"); drop '
+        "--layers, "
         "or drop --json for the table",
     ),
     (
@@ -94,13 +98,13 @@ CONFLICTS = [  # (arguments, where {ckpt} and {out} are filled in, the exact mes
     ),
     (
         ["simulate", "--model", "gpt2-small", "--sparsity", "0.5,0.9", "--layers"],
-        "--sparsity 0.5,0.9 and --layers do not go together: a sweep prints one speedup per sparsity, "
-        "not each layer; drop --layers, or give one --sparsity",
+        "--sparsity 0.5,0.9 and --layers do not go together: a sweep prints one speedup per "
+        "sparsity, not each layer; drop --layers, or give one --sparsity",
     ),
     (
         ["simulate", "--model", "gpt2-small", "--sweep", "--layers"],
-        "--sweep and --layers do not go together: a sweep prints one speedup per sparsity, not each "
-        "layer; drop --layers, or give one --sparsity",
+        "--sweep and --layers do not go together: a sweep prints one speedup per sparsity, not "
+        "each layer; drop --layers, or give one --sparsity",
     ),
 ]
 
@@ -154,18 +158,23 @@ def test_options_that_do_combine_still_run(gpt2_file, tmp_path, args):
         (
             ["simulate", "--model", "gpt3xl", "--sparsity", "0.5"],
             "--model 'gpt3xl' is not one of: gpt2-small, gpt3-xl, gpt3-175b, cerebras-gpt-111m, "
-            "cerebras-gpt-256m, cerebras-gpt-590m, cerebras-gpt-1.3b, cerebras-gpt-2.7b, cerebras-gpt-6.7b, "
-            "cerebras-gpt-13b, llama-1.3b, mixtral-8x7b, qwen3-30b-a3b, deepseek-v3 (did you mean gpt3-xl?)",
+            "cerebras-gpt-256m, cerebras-gpt-590m, cerebras-gpt-1.3b, cerebras-gpt-2.7b, "
+            "cerebras-gpt-6.7b, "
+            "cerebras-gpt-13b, llama-1.3b, mixtral-8x7b, qwen3-30b-a3b, deepseek-v3 (did you "
+            "mean gpt3-xl?)",
         ),
         (
             ["flops", "-m", "gpt3xl"],
             "--model 'gpt3xl' is not one of: gpt2-small, gpt3-xl, gpt3-175b, cerebras-gpt-111m, "
-            "cerebras-gpt-256m, cerebras-gpt-590m, cerebras-gpt-1.3b, cerebras-gpt-2.7b, cerebras-gpt-6.7b, "
-            "cerebras-gpt-13b, llama-1.3b, mixtral-8x7b, qwen3-30b-a3b, deepseek-v3 (did you mean gpt3-xl?)",
+            "cerebras-gpt-256m, cerebras-gpt-590m, cerebras-gpt-1.3b, cerebras-gpt-2.7b, "
+            "cerebras-gpt-6.7b, "
+            "cerebras-gpt-13b, llama-1.3b, mixtral-8x7b, qwen3-30b-a3b, deepseek-v3 (did you "
+            "mean gpt3-xl?)",
         ),
         (
             ["prune", "x.safetensors", "-o", "y.safetensors", "-s", "0.5", "--method", "magnitud"],
-            "--method 'magnitud' is not one of: magnitude, random, wanda, sparsegpt (did you mean magnitude?)",
+            "--method 'magnitud' is not one of: magnitude, random, wanda, sparsegpt (did you "
+            "mean magnitude?)",
         ),
         (
             [
@@ -190,7 +199,8 @@ def test_options_that_do_combine_still_run(gpt2_file, tmp_path, args):
         ),
         (
             ["report", "x.safetensors", "--format", "markdow"],
-            "--format 'markdow' is not one of: rich, plain, markdown, github (did you mean markdown?)",
+            "--format 'markdow' is not one of: rich, plain, markdown, github (did you mean "
+            "markdown?)",
         ),
         (
             ["simulate", "--shape", "64x64", "--sparsity", "0.5", "--pattern", "rowz"],
@@ -202,7 +212,8 @@ def test_options_that_do_combine_still_run(gpt2_file, tmp_path, args):
         ),
         (
             ["train", "-o", "run", "--algorithm", "rigll"],
-            "--algorithm 'rigll' is not one of: dense, static, gmp, set, rigl, granet, imp (did you mean rigl?)",
+            "--algorithm 'rigll' is not one of: dense, static, gmp, set, rigl, granet, imp (did "
+            "you mean rigl?)",
         ),
         (
             ["train", "-o", "run", "--preset", "huge"],
@@ -239,31 +250,36 @@ def test_a_choice_still_parses_and_model_ignores_case():
         ),
         (
             ["simulate", "--shape", "64x64", "--sparsity", "0.5", "--device", "a10"],
-            "unknown --device a10 (did you mean a100?); known: cs2, a100, h100, a100-2:4, h100-2:4, "
-            "a100-sputnik, a100-cusparse, a100-flash-llm, cpu (sparsetool simulate --list-hardware lists them)",
+            "unknown --device a10 (did you mean a100?); known: cs2, a100, h100, a100-2:4, "
+            "h100-2:4, "
+            "a100-sputnik, a100-cusparse, a100-flash-llm, cpu (sparsetool simulate "
+            "--list-hardware lists them)",
         ),
         (
             ["simulate", "--list-hardware", "--device", "tpu"],
-            "unknown --device tpu (did you mean cpu?); known: cs2, a100, h100, a100-2:4, h100-2:4, a100-sputnik, a100-cusparse, "
-            "a100-flash-llm, cpu (sparsetool simulate --list-hardware lists them)",
+            "unknown --device tpu (did you mean cpu?); known: cs2, a100, h100, a100-2:4, "
+            "h100-2:4, a100-sputnik, a100-cusparse, a100-flash-llm, cpu (sparsetool simulate "
+            "--list-hardware lists them)",
         ),
         (
             ["report", "{ckpt}", "--plot", "out.jpg"],
-            "--plot out.jpg: plots are written as PNG: give a file name ending in .png, e.g. --plot out.png",
+            "--plot out.jpg: plots are written as PNG: give a file name ending in .png, e.g. "
+            "--plot out.png",
         ),
         (
             ["diff", "{ckpt}", "{ckpt}", "--plot", "angular.svg"],
-            "--plot angular.svg: plots are written as PNG: give a file name ending in .png, e.g. --plot "
-            "angular.png",
+            "--plot angular.svg: plots are written as PNG: give a file name ending in .png, e.g. "
+            "--plot angular.png",
         ),
         (
             ["eval", "{ckpt}", "--plot", "ppl"],
-            "--plot ppl: plots are written as PNG: give a file name ending in .png, e.g. --plot ppl.png",
+            "--plot ppl: plots are written as PNG: give a file name ending in .png, e.g. --plot "
+            "ppl.png",
         ),
         (
             ["simulate", "--shape", "64x64", "--sweep", "--plot", "speedup.jpg"],
-            "--plot speedup.jpg: plots are written as PNG: give a file name ending in .png, e.g. --plot "
-            "speedup.png",
+            "--plot speedup.jpg: plots are written as PNG: give a file name ending in .png, e.g. "
+            "--plot speedup.png",
         ),
     ],
 )

@@ -87,7 +87,7 @@ def test_directory_outputs_keep_every_input_mode(tmp_path, umask_022, bits):
         assert modes["model.safetensors.index.json"] == bits
 
 
-# ------------------------------------------------------------------ 7. SIGTERM while the pool starts
+# ----------------------------------------------------------------- 7. SIGTERM while the pool starts
 _SIGNAL_DURING_THREAD_START = r"""
 import os, signal, threading, torch
 import sparsetool.masks.chunks as chunks

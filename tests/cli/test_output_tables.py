@@ -240,7 +240,8 @@ def test_markdown_and_github_formats(tmp_path, gpt2_file):
         out = run(["report", gpt2_file, "--format", fmt], 40)
         lines = [ln for ln in out.splitlines() if ln.startswith("|")]
         assert lines[1].replace(" ", "").endswith(rule) and len({cell_len(ln) for ln in lines}) == 1
-        # The summary after a pipe table is separated by a blank line (else Markdown reads it as a row).
+        # The summary after a pipe table is separated by a blank line (else Markdown reads it as a
+        # row).
         after = out.splitlines()[out.splitlines().index(lines[-1]) + 1]
         assert after == "", out
 

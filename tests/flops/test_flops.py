@@ -401,7 +401,8 @@ def test_chinchilla_default_tokens_use_counted_params_without_a_nominal_size():
 @pytest.mark.parametrize("suffix", ["toml", "json", "yaml"])
 def test_config_files_in_three_formats(tmp_path, suffix):
     body = {
-        "toml": 'name = "mine"\nn_layers = 2\nd_model = 8\nn_heads = 2\nd_ff = 32\nvocab = 10\nseq_len = 4\n',
+        "toml": 'name = "mine"\nn_layers = 2\nd_model = 8\nn_heads = 2\nd_ff = 32\nvocab = '
+        "10\nseq_len = 4\n",
         "json": json.dumps(
             {
                 "name": "mine",
@@ -413,7 +414,8 @@ def test_config_files_in_three_formats(tmp_path, suffix):
                 "seq_len": 4,
             }
         ),
-        "yaml": "name: mine\nn_layers: 2\nd_model: 8\nn_heads: 2\nd_ff: 32\nvocab: 10\nseq_len: 4\n",
+        "yaml": "name: mine\nn_layers: 2\nd_model: 8\nn_heads: 2\nd_ff: 32\nvocab: 10\nseq_len: "
+        "4\n",
     }[suffix]
     p = tmp_path / f"m.{suffix}"
     p.write_text(body)
@@ -481,7 +483,8 @@ def test_hugging_face_config_json(tmp_path):
     [
         ('{"n_layers": 2}', "required keys"),
         (
-            '{"n_layers": 2, "d_model": 8, "n_heads": 2, "d_ff": 32, "vocab": 10, "seq_len": 4, "x": 1}',
+            '{"n_layers": 2, "d_model": 8, "n_heads": 2, "d_ff": 32, "vocab": 10, "seq_len": 4, '
+            '"x": 1}',
             "unknown key",
         ),
         (
@@ -500,13 +503,14 @@ def test_hugging_face_config_json(tmp_path):
             "latent attention.*deepseek_v2, deepseek_v3",
         ),
         (
-            '{"model_type": "deepseek_v3", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, '
-            '"vocab_size": 100, "kv_lora_rank": 16, "qk_rope_head_dim": 8}',
+            '{"model_type": "deepseek_v3", "num_hidden_layers": 2, "hidden_size": 64, '
+            '"num_attention_heads": 4, "vocab_size": 100, "kv_lora_rank": 16, '
+            '"qk_rope_head_dim": 8}',
             "gives kv_lora_rank but not qk_nope_head_dim, v_head_dim",
         ),
         (
-            '{"model_type": "mixtral", "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2, '
-            '"vocab_size": 10, "num_local_experts": 8}',
+            '{"model_type": "mixtral", "hidden_size": 8, "num_hidden_layers": 2, '
+            '"num_attention_heads": 2, "vocab_size": 10, "num_local_experts": 8}',
             "not how many each token goes to",
         ),
     ],
@@ -545,7 +549,8 @@ def test_variable_spdf_6p7b_against_the_posts_64_percent():
     # (90% for Stage-1, then dense) "uses 64% fewer FLOPs" in pre-training. Appendix F as the SPDF
     # tables count it (no embedding term) gives 67.2% fewer, the same as a plain 75% run; the
     # embedding term brings it to 65.3%; 90% for 80% of the tokens (72% effective) gives 64.5%.
-    # The post does not list the terms it counts, so the gap is documented in docs/flops.md, not fitted.
+    # The post does not list the terms it counts, so the gap is documented in docs/flops.md, not
+    # fitted.
     cfg = get_preset("cerebras-gpt-6.7b")
     vspdf = [parse_stage("0.9:0.8333"), parse_stage("0:0.1667")]
     saved = 1 - account(cfg, stages=vspdf)["train_flops_ratio"]

@@ -1,4 +1,5 @@
-"""`sparsetool flops`: every input gets a clear answer, one rule for defaults, numbers for people."""
+"""`sparsetool flops`: every input gets a clear answer, one rule for defaults, numbers for
+people."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The hardware cost model: every "Must hold" rule of the design, the fitted constants, the masks."""
+"""The hardware cost model: every "Must hold" rule of the design, the fitted constants, the
+masks."""
 
 from __future__ import annotations
 
@@ -193,7 +194,8 @@ def test_dataflow_gap_is_the_fixed_and_imbalance_terms():
     balanced = r["speedup_if_balanced"]
     assert r["speedup"] < balanced < 10
     # with the fitted overhead removed as well, only the partial-sum reduction is left in the gap:
-    # balanced speedup = (dense compute + reduction) / (sparse compute + reduction), dense = 10 x sparse
+    # balanced speedup = (dense compute + reduction) / (sparse compute + reduction), dense = 10 x
+    # sparse
     free = _appendix_c(replace(df, fixed_s=0.0), 0.9)
     c, red = free["breakdown"]["compute"], free["breakdown"]["fixed"]
     assert red < 0.02 * c
@@ -407,7 +409,8 @@ def test_nm_violation_matches_a_loop(rows, groups, seed):
 def test_synthetic_masks_have_exact_counts(m, k, s, pattern, seed):
     mask = synthetic_mask((m, k), s, pattern, seed)
     assert mask.shape == (m, k) and mask.dtype == np.bool_
-    # round(s * (m * k)), as prune counts; round(s * m * k) differs where s * m rounds (0.35 * 45 * 18)
+    # round(s * (m * k)), as prune counts; round(s * m * k) differs where s * m rounds (0.35 * 45 *
+    # 18)
     assert int((~mask).sum()) == round(s * (m * k))
     assert np.array_equal(mask, synthetic_mask((m, k), s, pattern, seed))  # seeded
 

@@ -72,7 +72,8 @@ def test_checkpoint_with_config_json_uses_its_heads(tmp_path):
     from sparsetool.flops import ModelConfig, forward_terms
 
     wl = from_checkpoint(d, 128, GRIDS)
-    # the sequence length is the learned position table's (32 rows), as `flops --checkpoint` reads it
+    # the sequence length is the learned position table's (32 rows), as `flops --checkpoint` reads
+    # it
     cfg = ModelConfig("t", 2, 32, 4, 8, 128, 96, 32)
     terms = forward_terms(cfg)
     want = (

@@ -171,7 +171,8 @@ def test_list_hardware_cites_every_constant():
     ],
 )
 def test_options_that_do_not_combine_are_usage_errors(args, match):
-    """These exited 1 like a bad file; how options combine is usage (exit 2), as in every command."""
+    """These exited 1 like a bad file; how options combine is usage (exit 2), as in every
+    command."""
     usage_bad(*args, match=match)
 
 
@@ -246,8 +247,8 @@ def test_library_loads_neither_the_cli_nor_torch_nor_matplotlib():
 
     code = (
         "import sys, sparsetool.hardware; "
-        "bad = [m for m in ('typer', 'rich', 'sparsetool.cli', 'torch', 'matplotlib') if m in sys.modules]; "
-        "print(bad); sys.exit(1 if bad else 0)"
+        "bad = [m for m in ('typer', 'rich', 'sparsetool.cli', 'torch', 'matplotlib') if m in "
+        "sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout
@@ -256,7 +257,8 @@ def test_library_loads_neither_the_cli_nor_torch_nor_matplotlib():
 def test_yaml_hardware_file(tmp_path):
     f = tmp_path / "hw.yaml"
     f.write_text(
-        "a100:\n  launch_s: 0.0\nmy-spmm:\n  kind: gpu-spmm\n  break_even_sparsity: 0.5\n  launch_s: 0.0\n"
+        "a100:\n  launch_s: 0.0\nmy-spmm:\n  kind: gpu-spmm\n  break_even_sparsity: 0.5\n  "
+        "launch_s: 0.0\n"
     )
     res = ok_json(
         "--shape",

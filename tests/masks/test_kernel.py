@@ -178,7 +178,8 @@ def test_histograms_count_available_keys_only():
 )
 def test_histogram_from_is_the_histogram_with_the_outside_summed(seed, n, low, width):
     """Exact counts for the digits in [low, high], the keys below in low - 1 and above in
-    high + 1: one comparison per digit for a narrow range, a compress and bincount for a wide one."""
+    high + 1: one comparison per digit for a narrow range, a compress and bincount for a wide one.
+    """
     from sparsetool.masks.histograms import histogram, histogram_from
     from sparsetool.masks.keys import int_keys
 

@@ -22,7 +22,8 @@ from sparsetool.masks.select import magnitude_mask, nm_mask, random_mask
 from helpers import tiny_chunks
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64]
-# Few distinct magnitudes so ties are common; both zeros; values that share one bf16 / coarse bucket.
+# Few distinct magnitudes so ties are common; both zeros; values that share one bf16 / coarse
+# bucket.
 POOL = [
     0.0,
     -0.0,
@@ -112,7 +113,8 @@ def test_keep_counts_round_half_to_even():
     assert fraction_keep(100, 0.2) == 80 and fraction_keep(0, 0.5) == 0
 
 
-# (the sparsity and fraction checks are tested with the other shared options: tests/util/test_options.py)
+# (the sparsity and fraction checks are tested with the other shared options:
+# tests/util/test_options.py)
 
 
 # ----------------------------------------------------------------------------------------------

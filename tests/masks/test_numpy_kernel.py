@@ -155,8 +155,8 @@ def test_the_mask_modules_do_not_import_torch():
         "sparsetool.masks.distributions, sys\n"
         "import numpy as np\n"
         "from sparsetool.masks import magnitude_mask\n"
-        "m = magnitude_mask(np.array([0x3F80, 0x4000, 0, -0x4080], dtype=np.int16), keep=2, dtype='BF16')\n"
-        "assert m.tolist() == [True, True, False, False], m\n"
+        "m = magnitude_mask(np.array([0x3F80, 0x4000, 0, -0x4080], dtype=np.int16), keep=2, "
+        "dtype='BF16')\nassert m.tolist() == [True, True, False, False], m\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

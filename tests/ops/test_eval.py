@@ -1,5 +1,6 @@
 """sparsetool eval: windows, agreement with transformers' own loss for every encoding, the built-in
-GPT, bad input, the command. Small random models and a tokenizer trained here (nothing is downloaded)."""
+GPT, bad input, the command. Small random models and a tokenizer trained here (nothing is
+downloaded)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Integer and bool tensors: report counts them apart, prune says they were skipped for their dtype."""
+"""Integer and bool tensors: report counts them apart, prune says they were skipped for their
+dtype."""
 
 from __future__ import annotations
 

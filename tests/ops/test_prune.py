@@ -194,8 +194,9 @@ def test_cli_report_table_and_plot(gpt2_file, tmp_path):
     assert "wte" not in r.stdout
 
 
-# Bad option values and combinations are usage errors (exit 2, one "error: ..." line); a value that only the checkpoint shows to be wrong (--nm 2:5 on rows of 768) is a
-# runtime error (exit 1, "error: ..."). Until the one-vocabulary change all of these exited 1.
+# Bad option values and combinations are usage errors (exit 2, one "error: ..." line); a value that
+# only the checkpoint shows to be wrong (--nm 2:5 on rows of 768) is a runtime error (exit 1,
+# "error: ..."). Until the one-vocabulary change all of these exited 1.
 @pytest.mark.parametrize(
     "args, needle, code",
     [

@@ -137,7 +137,8 @@ def gpt2_tensors(dtype: str, seed: int, *, big: bool = False, d: int = 64, vocab
 
 
 def make_input(key: str, root: Path) -> Path:
-    """The input ``key`` names: one file per dtype, or ``sharded`` (a BF16 directory in 2 shards)."""
+    """The input ``key`` names: one file per dtype, or ``sharded`` (a BF16 directory in 2
+    shards)."""
     if key == "sharded":
         path = root / "sharded"
         path.mkdir()

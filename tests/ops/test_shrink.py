@@ -43,7 +43,7 @@ def _model(kind: str) -> torch.nn.Module:
     model = _deepseek() if kind == "deepseek_v3" else build(kind)
     torch.manual_seed(1)  # routers of random models barely differ: spread their rows
     with torch.no_grad():
-        for name, m in model.named_modules():
+        for m in model.modules():
             if "router" in type(m).__name__.lower():
                 m.weight.normal_(0, 1.0)
                 if kind == "deepseek_v3":

@@ -4,6 +4,7 @@ before the long part and refuse what cannot fit, and take --device/--dtype/--max
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -52,11 +53,12 @@ def test_kept_counts_known_before_pruning_equal_the_masks(seed):
         assert int(kept.sum()) == sparsegpt_kept_count(alive, nm=nm, blocksize=8)
 
 
-# ----------------------------------------------------------------------------- a whole-model reference
+# -------------------------------------------------------------------------- a whole-model reference
 def reference_sparsegpt(
     model_dir: Path, calib_file: Path, sparsity: float
 ) -> dict[str, torch.Tensor]:
-    """SparseGPT the whole-model way: the transformers model in memory, hooks on each block in turn."""
+    """SparseGPT the whole-model way: the transformers model in memory, hooks on each block in
+    turn."""
     model = (
         transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager")
         .float()
@@ -75,10 +77,8 @@ def reference_sparsegpt(
     h = blocks[0].register_forward_pre_hook(grab, with_kwargs=True)
     with torch.no_grad():
         for row in windows:
-            try:
+            with contextlib.suppress(RuntimeError):
                 model(input_ids=row.unsqueeze(0), use_cache=False)
-            except RuntimeError:
-                pass
     h.remove()
     out = {}
     with torch.no_grad():
@@ -104,9 +104,9 @@ def reference_sparsegpt(
             }
             hs = {n: 0 for n in linears}
 
-            def hook(name):
-                def f(module, args, output):
-                    x = args[0].reshape(-1, args[0].shape[-1]).float()
+            def hook(name, hs=hs):
+                def f(module, inputs, output):
+                    x = inputs[0].reshape(-1, inputs[0].shape[-1]).float()
                     hs[name] = hs[name] + x.T @ x
 
                 return f
@@ -151,7 +151,7 @@ def test_streamed_sparsegpt_equals_the_whole_model_computation(model_dir, calib_
         assert torch.allclose(got[name], w, atol=1e-5, rtol=1e-4), name
 
 
-# ----------------------------------------------------------------------------- memory independent of depth
+# ---------------------------------------------------------------------- memory independent of depth
 def _deep(tmp_path: Path, layers: int, text: str) -> Path:
     d = tmp_path / f"llama{layers}"
     torch.manual_seed(0)
@@ -531,7 +531,8 @@ def test_models_with_different_tokenizers_are_compared_by_bits_per_byte(model_di
 
 
 def test_fine_tuning_that_cannot_fit_is_refused_at_once(model_dir, tmp_path, monkeypatch):
-    """train --init holds the whole model with gradients and Adam moments: refused with the figures."""
+    """train --init holds the whole model with gradients and Adam moments: refused with the
+    figures."""
     import sparsetool.util.memory as memory
 
     monkeypatch.setattr(memory, "available_memory", lambda: memory.process_memory() + 2**20)

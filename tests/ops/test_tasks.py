@@ -62,9 +62,48 @@ GENERATE = dict(
 )
 
 
-NOUNS = "model weight mask layer token text tensor matrix head block kernel row".split()
-VERBS = "prunes keeps drops reads writes masks scores sorts ranks packs loads counts".split()
-ADJS = "sparse dense small large quiet bright early late empty full plain round".split()
+NOUNS = [
+    "model",
+    "weight",
+    "mask",
+    "layer",
+    "token",
+    "text",
+    "tensor",
+    "matrix",
+    "head",
+    "block",
+    "kernel",
+    "row",
+]
+VERBS = [
+    "prunes",
+    "keeps",
+    "drops",
+    "reads",
+    "writes",
+    "masks",
+    "scores",
+    "sorts",
+    "ranks",
+    "packs",
+    "loads",
+    "counts",
+]
+ADJS = [
+    "sparse",
+    "dense",
+    "small",
+    "large",
+    "quiet",
+    "bright",
+    "early",
+    "late",
+    "empty",
+    "full",
+    "plain",
+    "round",
+]
 
 
 def sentences(lines: int = 1500, seed: int = 0) -> str:
@@ -158,7 +197,8 @@ def gpt_run(tmp_path_factory, text) -> Path:
 
 
 def harness_hf(directory: Path, task_dir: Path, tasks: list[str]) -> dict:
-    """The harness's own ``hf`` model on ``directory``: float32, eager attention as sparsetool runs."""
+    """The harness's own ``hf`` model on ``directory``: float32, eager attention as sparsetool
+    runs."""
     from lm_eval.tasks import TaskManager
 
     out = lm_eval.simple_evaluate(
@@ -276,7 +316,7 @@ def test_every_length_passes_the_blocks_together_each_block_read_once(gpt2_dir):
     assert _passes(seqs, 2, None) == [[[0, 1], [2, 3], [4], [5]]]
 
 
-# ----------------------------------------------------------------------------- sparsity, encodings, the GPT
+# --------------------------------------------------------------------- sparsity, encodings, the GPT
 @pytest.mark.slow
 def test_dense_gpt_beats_its_90_percent_random_pruned_copy(gpt_run, task_dir, tmp_path):
     pruned = tmp_path / "p90"
@@ -380,7 +420,8 @@ def test_generating_task_is_refused_in_one_line(gpt_run, task_dir):
     assert code == 1
     assert err.strip().splitlines() == [
         "error: task write_ending generates text (generate_until); only log-likelihood tasks "
-        "(multiple_choice, loglikelihood, loglikelihood_rolling) are supported; leave it out of --tasks"
+        "(multiple_choice, loglikelihood, loglikelihood_rolling) are supported; leave it out of "
+        "--tasks"
     ]
 
 

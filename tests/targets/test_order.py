@@ -1,4 +1,5 @@
-"""Tensors are listed by layer as a number, then role: one key (sparsetool.targets.order) everywhere."""
+"""Tensors are listed by layer as a number, then role: one key (sparsetool.targets.order)
+everywhere."""
 
 from __future__ import annotations
 

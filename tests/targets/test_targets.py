@@ -374,7 +374,8 @@ def test_real_transformers_models_are_read_right():
             assert targeted == (r in LINEAR_ROLES), (arch, name)
             if targeted:
                 assert ".0." in name or ".1." in name, (arch, name)
-                # the input dimension is the model's hidden size for q/k/v/out/ffn_in, 16 for ffn_out
+                # the input dimension is the model's hidden size for q/k/v/out/ffn_in, 16 for
+                # ffn_out
                 width = 16 if r == "ffn_out" else 8
                 assert t.shape[input_dim(name, tuple(t.shape))] == width, (arch, name)
             elif t.ndim >= 2:

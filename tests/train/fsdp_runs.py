@@ -14,7 +14,8 @@ from sparsetool.train.trainconfig import TrainConfig, validate
 
 
 def main() -> None:
-    jobs = json.loads(open(sys.argv[1]).read())
+    with open(sys.argv[1]) as f:
+        jobs = json.loads(f.read())
     summaries = {}
     for job in jobs:
         resume = bool(job.pop("resume", False))

@@ -274,7 +274,8 @@ def test_gmp_follows_the_cubic_and_is_exact_at_the_end_step():
             assert not (m & ~before[n]).any()  # a pruned weight never comes back
         if sp.is_update_step(step):
             updated.append(step)
-            # Zhu & Gupta: s_t = s_f + (s_i - s_f) (1 - (t - t0)/(n dt))^3, s_i = 0, t0 = 2, n dt = 28
+            # Zhu & Gupta: s_t = s_f + (s_i - s_f) (1 - (t - t0)/(n dt))^3, s_i = 0, t0 = 2, n dt =
+            # 28
             s_t = 0.75 * (1 - (1 - (step - 2) / 28) ** 3)
             for n, m in sp.masks.items():
                 assert int((~m).sum()) == round(s_t * numel[n])

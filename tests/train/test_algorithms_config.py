@@ -21,7 +21,8 @@ from sparsetool.train.algorithms import (
 from sparsetool.train.rng import step_generator
 from sparsetool.train.schedules import Constant, Cosine, Periodic, Polynomial
 
-# The sparsity block of the Cerebras Model Zoo GPT-3 125M RigL config (params_gpt3_125m_rigl75.yaml).
+# The sparsity block of the Cerebras Model Zoo GPT-3 125M RigL config
+# (params_gpt3_125m_rigl75.yaml).
 MODEL_ZOO_RIGL = """
 sparsity:
     sparsity: 0.75
@@ -66,14 +67,14 @@ def zoo_params():
 
 
 def test_registry():
-    assert ALGORITHMS == {
+    assert {
         "static": Static,
         "gmp": GMP,
         "set": SET,
         "rigl": RigL,
         "granet": GraNet,
         "imp": IMP,
-    }
+    } == ALGORITHMS
 
 
 def test_model_zoo_rigl_block():
@@ -150,7 +151,8 @@ def test_gmp_and_granet_schedules():
         ),
         (
             {"algorithm": "static", "drop_fraction": 0.3},
-            "key 'drop_fraction' is not used by algorithm 'static'; valid keys: algorithm, distribution, init_method, param_filter, seed, sparsity",
+            "key 'drop_fraction' is not used by algorithm 'static'; valid keys: algorithm, "
+            "distribution, init_method, param_filter, seed, sparsity",
         ),
         ({"algorithm": "static", "update": {"freq": 3}}, "static has no mask updates"),
         (

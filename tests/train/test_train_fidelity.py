@@ -245,7 +245,19 @@ def test_granet_refuses_an_unknown_scope():
 
 def make_corpus(root: Path) -> Path:
     rng = random.Random(0)
-    words = "def class return import self value sparse dense mask weight layer".split()
+    words = [
+        "def",
+        "class",
+        "return",
+        "import",
+        "self",
+        "value",
+        "sparse",
+        "dense",
+        "mask",
+        "weight",
+        "layer",
+    ]
     root.mkdir(parents=True)
     for f in range(8):
         lines = [" ".join(rng.choice(words) for _ in range(6)) for _ in range(60)]

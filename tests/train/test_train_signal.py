@@ -292,7 +292,7 @@ def test_library_default_leaves_signals_alone(tmp_path, corpus):
     assert e.value.exit_code == 130
 
 
-# ---------------------------------------------------------------- torchrun: every rank stops together
+# -------------------------------------------------------------- torchrun: every rank stops together
 DDP = [
     "--preset",
     "tiny",

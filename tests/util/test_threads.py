@@ -82,7 +82,7 @@ COMMANDS = {
             "--calibration",
             "{tmp}/a.safetensors",
         ],
-        "sparsetool.ops.prune",
+        "sparsetool.ops.prune.pipeline",  # where the command imports it from
         "prune_checkpoint",
     ),
     "diff": (["diff", "{tmp}/a.safetensors", "{tmp}/b.safetensors"], "sparsetool.ops.diff", "diff"),

@@ -91,7 +91,7 @@ def read_alive(
 
 def read_alive_tensors(
     ckpt: Checkpoint, lt: LogicalTensor, *, nan_means_pruned: bool = False
-) -> tuple["torch.Tensor", "torch.Tensor"]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`read_alive` as torch tensors (the values in their own dtype), for the calibration
     methods."""
     values, alive = read_alive(ckpt, lt, nan_means_pruned=nan_means_pruned, writable=True)

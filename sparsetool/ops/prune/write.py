@@ -162,7 +162,7 @@ def _write_in_block_order(
                 for name in lt.stored:
                     writers[lt.shard].copy_stored(name, ckpt, name)
 
-        def sink(lt: LogicalTensor, values: "torch.Tensor", kept: "torch.Tensor") -> None:
+        def sink(lt: LogicalTensor, values: torch.Tensor, kept: torch.Tensor) -> None:
             stored, st = as_array(values)
             mask = kept.detach().cpu().contiguous().numpy()
             for name, array in encode_array(lt.name, stored, st, mask, encoding):

@@ -39,6 +39,7 @@ from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
 from sparsetool.ops.shrink.windows import shrink_windows
 from sparsetool.ops.text import read_text
 from sparsetool.util.progress import Progress
+from sparsetool.util.wording import plural
 
 __all__ = ["shrink_widths"]
 
@@ -226,8 +227,10 @@ def _choose(
     keep_ffn = round((opts.ffn or 0) * g.ffn) if opts.ffn is not None else None
     if keep_ffn is not None:
         if not 1 <= keep_ffn < g.ffn:
-            raise UsageError(f"--ffn {opts.ffn:g} keeps {keep_ffn} of {g.ffn} channels; "
-                             "keep at least one and fewer than all")  # fmt: skip
+            raise UsageError(
+                f"--ffn {opts.ffn:g} keeps {plural(keep_ffn, 'channel')} of {g.ffn:,}; "
+                "keep at least one and fewer than all"
+            )
         record["ffn"] = {"before": g.ffn, "after": keep_ffn}
     mode, kept_groups, per_group = None, g.kv_heads, g.heads // max(g.kv_heads, 1)
     if opts.heads is not None:
@@ -238,7 +241,8 @@ def _choose(
             mode, per_group = "query heads per group", round(opts.heads * group)
         if kept_groups < 1 or per_group < 1 or kept_groups * per_group >= g.heads:
             raise UsageError(
-                f"--heads {opts.heads:g} keeps {kept_groups * per_group} of {g.heads} heads; "
+                f"--heads {opts.heads:g} keeps {plural(kept_groups * per_group, 'head')} of "
+                f"{g.heads}; "
                 "keep at least one and fewer than all"
             )
         record["heads"] = {

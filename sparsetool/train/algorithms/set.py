@@ -50,9 +50,12 @@ class SET(Sparsifier):
         f = self.stop_fraction
         if isinstance(f, bool) or not isinstance(f, Real) or not 0.0 < float(f) <= 1.0:
             raise ConfigError(f"stop_fraction must be a number in (0, 1], got {f!r}")
-        if isinstance(self.drop_fraction, Real) and not isinstance(self.drop_fraction, bool):
-            if not 0.0 <= float(self.drop_fraction) <= 1.0:
-                raise ConfigError(f"drop_fraction must be in [0, 1], got {self.drop_fraction}")
+        if (
+            isinstance(self.drop_fraction, Real)
+            and not isinstance(self.drop_fraction, bool)
+            and not 0.0 <= float(self.drop_fraction) <= 1.0
+        ):
+            raise ConfigError(f"drop_fraction must be in [0, 1], got {self.drop_fraction}")
 
     def grow_scores(
         self, weight: torch.Tensor, grad: torch.Tensor | None, gen: torch.Generator
