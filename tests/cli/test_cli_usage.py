@@ -63,10 +63,8 @@ CONFLICTS = [  # (arguments, where {ckpt} and {out} are filled in, the exact mes
     (
         ["flops", "--model", "gpt3-xl", "--json", "--breakdown"],
         "--json and --breakdown do not go together: --json always holds every term "
-        '("forward_terms", '
-        '"dense_forward_terms" of each run); drop --breakdown, or drop --json for the table of '
-        "terms "
-        "with their formulas",
+        '("forward_terms", "dense_forward_terms" of each run); drop --breakdown, or drop --json '
+        "for the table of terms with their formulas",
     ),
     (
         ["simulate", "--list-hardware", "--shape", "64x64"],
@@ -81,15 +79,13 @@ CONFLICTS = [  # (arguments, where {ckpt} and {out} are filled in, the exact mes
     (
         ["simulate", "--shape", "64x64", "--sparsity", "0.5", "--seq-len", "128"],
         "--shape 64x64 and --seq-len 128 do not go together: one --shape layer has no attention "
-        "work "
-        "for a sequence length to set; drop --seq-len, or simulate a model, e.g. --model "
+        "work for a sequence length to set; drop --seq-len, or simulate a model, e.g. --model "
         "gpt2-small --seq-len 128 --sparsity 0.5",
     ),
     (
         ["simulate", "--model", "gpt2-small", "--sparsity", "0.5", "--json", "--layers"],
         '--json and --layers do not go together: --json lists every layer ("layers"); drop '
-        "--layers, "
-        "or drop --json for the table",
+        "--layers, or drop --json for the table",
     ),
     (
         ["simulate", "--shape", "64x64", "--sparsity", "0.5", "--layers"],
@@ -159,17 +155,15 @@ def test_options_that_do_combine_still_run(gpt2_file, tmp_path, args):
             ["simulate", "--model", "gpt3xl", "--sparsity", "0.5"],
             "--model 'gpt3xl' is not one of: gpt2-small, gpt3-xl, gpt3-175b, cerebras-gpt-111m, "
             "cerebras-gpt-256m, cerebras-gpt-590m, cerebras-gpt-1.3b, cerebras-gpt-2.7b, "
-            "cerebras-gpt-6.7b, "
-            "cerebras-gpt-13b, llama-1.3b, mixtral-8x7b, qwen3-30b-a3b, deepseek-v3 (did you "
-            "mean gpt3-xl?)",
+            "cerebras-gpt-6.7b, cerebras-gpt-13b, llama-1.3b, mixtral-8x7b, qwen3-30b-a3b, "
+            "deepseek-v3 (did you mean gpt3-xl?)",
         ),
         (
             ["flops", "-m", "gpt3xl"],
             "--model 'gpt3xl' is not one of: gpt2-small, gpt3-xl, gpt3-175b, cerebras-gpt-111m, "
             "cerebras-gpt-256m, cerebras-gpt-590m, cerebras-gpt-1.3b, cerebras-gpt-2.7b, "
-            "cerebras-gpt-6.7b, "
-            "cerebras-gpt-13b, llama-1.3b, mixtral-8x7b, qwen3-30b-a3b, deepseek-v3 (did you "
-            "mean gpt3-xl?)",
+            "cerebras-gpt-6.7b, cerebras-gpt-13b, llama-1.3b, mixtral-8x7b, qwen3-30b-a3b, "
+            "deepseek-v3 (did you mean gpt3-xl?)",
         ),
         (
             ["prune", "x.safetensors", "-o", "y.safetensors", "-s", "0.5", "--method", "magnitud"],
@@ -251,8 +245,7 @@ def test_a_choice_still_parses_and_model_ignores_case():
         (
             ["simulate", "--shape", "64x64", "--sparsity", "0.5", "--device", "a10"],
             "unknown --device a10 (did you mean a100?); known: cs2, a100, h100, a100-2:4, "
-            "h100-2:4, "
-            "a100-sputnik, a100-cusparse, a100-flash-llm, cpu (sparsetool simulate "
+            "h100-2:4, a100-sputnik, a100-cusparse, a100-flash-llm, cpu (sparsetool simulate "
             "--list-hardware lists them)",
         ),
         (

@@ -246,9 +246,8 @@ def test_library_loads_neither_the_cli_nor_torch_nor_matplotlib():
     import sys
 
     code = (
-        "import sys, sparsetool.hardware; "
-        "bad = [m for m in ('typer', 'rich', 'sparsetool.cli', 'torch', 'matplotlib') if m in "
-        "sys.modules]; print(bad); sys.exit(1 if bad else 0)"
+        "import sys, sparsetool.hardware; bad = [m for m in ('typer', 'rich', 'sparsetool.cli', "
+        "'torch', 'matplotlib') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout
