@@ -19,6 +19,8 @@ stays light and does not import torch)::
 ``eval`` alone.
 """
 
+from typing import TYPE_CHECKING
+
 from sparsetool.util.lazy import lazy_names
 from sparsetool.util.version import __version__
 
@@ -27,5 +29,15 @@ __all__ = ["__version__", "load", "prune", "shrink", "densify", "report", "diff"
 _WHERE = dict.fromkeys(
     ["load", "prune", "shrink", "densify", "report", "eval", "diff", "simulate"], "sparsetool.api"
 )
+
+if TYPE_CHECKING:  # what a type checker sees; at run time each name loads on first use
+    from sparsetool.api import densify as densify
+    from sparsetool.api import diff as diff
+    from sparsetool.api import eval as eval
+    from sparsetool.api import load as load
+    from sparsetool.api import prune as prune
+    from sparsetool.api import report as report
+    from sparsetool.api import shrink as shrink
+    from sparsetool.api import simulate as simulate
 
 __getattr__, __dir__ = lazy_names(__name__, _WHERE)

@@ -22,6 +22,8 @@ arrays of the stored values.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sparsetool.util.lazy import lazy_names
 
 _WHERE = {
@@ -57,5 +59,36 @@ _WHERE = {
 }
 
 __all__ = sorted(_WHERE)
+
+if TYPE_CHECKING:  # what a type checker sees; at run time each name loads on first use
+    from .codecs import ENCODINGS as ENCODINGS
+    from .codecs import Codec as Codec
+    from .codecs import codec as codec
+    from .config import bitmask_sparsity_config as bitmask_sparsity_config
+    from .config import drop_sparsity_config as drop_sparsity_config
+    from .counting import TensorCount as TensorCount
+    from .counting import count_unpruned as count_unpruned
+    from .counting import tensor_counts as tensor_counts
+    from .encodings import decode as decode
+    from .encodings import decode_array as decode_array
+    from .encodings import encode as encode
+    from .encodings import encode_array as encode_array
+    from .encodings import encoded_specs as encoded_specs
+    from .encodings import loader_warning as loader_warning
+    from .encodings import stored_count as stored_count
+    from .encodings import stored_nonzeros as stored_nonzeros
+    from .format import StoredTensor as StoredTensor
+    from .format import TensorSpec as TensorSpec
+    from .provenance import PROVENANCE_KEY as PROVENANCE_KEY
+    from .provenance import provenance_metadata as provenance_metadata
+    from .provenance import read_provenance as read_provenance
+    from .reader import MASK_SUFFIX as MASK_SUFFIX
+    from .reader import Checkpoint as Checkpoint
+    from .reader import LogicalTensor as LogicalTensor
+    from .reader import open_checkpoint as open_checkpoint
+    from .writer import CheckpointWriter as CheckpointWriter
+    from .writer import ShardWriter as ShardWriter
+    from .writer import write_checkpoint as write_checkpoint
+    from .writer import write_tensors as write_tensors
 
 __getattr__, __dir__ = lazy_names(__name__, _WHERE)

@@ -11,6 +11,8 @@ breakdown), :mod:`verify` (the zero-skipping schedule, executed), :mod:`plot`, :
 No CLI imports; numpy only (torch only to read a checkpoint, matplotlib only to plot).
 """
 
+from typing import TYPE_CHECKING
+
 from sparsetool.util.lazy import lazy_names
 
 _WHERE = {
@@ -45,5 +47,36 @@ _WHERE = {
 }
 
 __all__ = sorted(_WHERE)
+
+if TYPE_CHECKING:  # what a type checker sees; at run time each name loads on first use
+    from sparsetool.util.options import parse_shape as parse_shape
+
+    from .compare import APPENDIX_C_TICKS as APPENDIX_C_TICKS
+    from .compare import simulate as simulate
+    from .compare import sweep as sweep
+    from .devices import CPU as CPU
+    from .devices import PASSES as PASSES
+    from .devices import Cost as Cost
+    from .devices import Dataflow as Dataflow
+    from .devices import DenseGPU as DenseGPU
+    from .devices import Device as Device
+    from .devices import FlashLLMGPU as FlashLLMGPU
+    from .devices import Refused as Refused
+    from .devices import Sparse24GPU as Sparse24GPU
+    from .devices import SpMMGPU as SpMMGPU
+    from .layers import LayerMask as LayerMask
+    from .layers import stats_from_mask as stats_from_mask
+    from .layers import synthetic_mask as synthetic_mask
+    from .measured import load_measurement as load_measurement
+    from .presets import PRESETS as PRESETS
+    from .presets import builtin_devices as builtin_devices
+    from .presets import load_devices as load_devices
+    from .presets import sources as sources
+    from .request import hardware_constants as hardware_constants
+    from .request import run_simulation as run_simulation
+    from .workload import Workload as Workload
+    from .workload import from_checkpoint as from_checkpoint
+    from .workload import from_model as from_model
+    from .workload import from_shape as from_shape
 
 __getattr__, __dir__ = lazy_names(__name__, _WHERE)

@@ -7,6 +7,8 @@ tensor on the input's device for torch input (the selection runs in numpy either
 compute in torch and import it; the others do not. Nothing here reads or writes files.
 """
 
+from typing import TYPE_CHECKING
+
 from sparsetool.util.lazy import lazy_names
 
 # Lazy: counts and distributions are torch-free (flops and option checks use them before torch
@@ -29,5 +31,22 @@ _WHERE = {
 }
 
 __all__ = sorted(_WHERE)
+
+if TYPE_CHECKING:  # what a type checker sees; at run time each name loads on first use
+    from sparsetool.util.options import check_fraction as check_fraction
+    from sparsetool.util.options import check_sparsity as check_sparsity
+
+    from .counts import fraction_keep as fraction_keep
+    from .counts import sparsity_keep as sparsity_keep
+    from .global_magnitude import GlobalPlan as GlobalPlan
+    from .global_magnitude import MagnitudeHistogram as MagnitudeHistogram
+    from .global_magnitude import TensorPlan as TensorPlan
+    from .global_magnitude import apply_threshold as apply_threshold
+    from .global_magnitude import global_magnitude_masks as global_magnitude_masks
+    from .global_magnitude import global_threshold_plan as global_threshold_plan
+    from .kernel import top_k_mask as top_k_mask
+    from .select import magnitude_mask as magnitude_mask
+    from .select import nm_mask as nm_mask
+    from .select import random_mask as random_mask
 
 __getattr__, __dir__ = lazy_names(__name__, _WHERE)

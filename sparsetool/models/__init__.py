@@ -15,6 +15,8 @@ so ``import sparsetool.models`` imports neither torch nor transformers.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sparsetool.util.lazy import lazy_names
 
 _WHERE = {
@@ -44,5 +46,30 @@ _WHERE = {
 }
 
 __all__ = sorted(_WHERE)
+
+if TYPE_CHECKING:  # what a type checker sees; at run time each name loads on first use
+    from .blocks import BlockModel as BlockModel
+    from .blocks import Call as Call
+    from .blocks import Encoded as Encoded
+    from .blocks import block_index as block_index
+    from .blocks import find_blocks as find_blocks
+    from .gpt import GPT as GPT
+    from .gpt import PRESETS as PRESETS
+    from .gpt import VOCAB_SIZE as VOCAB_SIZE
+    from .gpt import GPTConfig as GPTConfig
+    from .gpt import infer_config as infer_config
+    from .gpt import model_record as model_record
+    from .hf import HF_EXTRA as HF_EXTRA
+    from .hf import MAX_DEFAULT_SEQ as MAX_DEFAULT_SEQ
+    from .hf import TOKENIZER_FILES as TOKENIZER_FILES
+    from .hf import context_of as context_of
+    from .hf import hf_config as hf_config
+    from .hf import import_transformers as import_transformers
+    from .hf import load_tokenizer as load_tokenizer
+    from .hf import match_names as match_names
+    from .hf import match_weights as match_weights
+    from .open import DTYPES as DTYPES
+    from .open import open_model as open_model
+    from .open import resolve_device as resolve_device
 
 __getattr__, __dir__ = lazy_names(__name__, _WHERE)

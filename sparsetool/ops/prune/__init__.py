@@ -32,6 +32,8 @@ done.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sparsetool.util.lazy import lazy_names
 
 # loaded on first use, so that the options (``options.py``, no numpy, no torch) import alone
@@ -47,4 +49,15 @@ _WHERE = {
     "checkpoint_plan": ".plan",
 }
 __all__ = sorted(_WHERE)
+if TYPE_CHECKING:  # what a type checker sees; at run time each name loads on first use
+    from .options import PruneOptions as PruneOptions
+    from .options import PruneResult as PruneResult
+    from .options import TensorResult as TensorResult
+    from .pipeline import prune_checkpoint as prune_checkpoint
+    from .plan import PrunePlan as PrunePlan
+    from .plan import checkpoint_plan as checkpoint_plan
+    from .plan import plan_prune as plan_prune
+    from .plan import targeted_tensors as targeted_tensors
+    from .write import write_pruned as write_pruned
+
 __getattr__, __dir__ = lazy_names(__name__, _WHERE)

@@ -16,6 +16,8 @@ whichever is asked; ``--ffn F`` / ``--heads F`` narrow every layer alike
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sparsetool.util.lazy import lazy_names
 
 _WHERE = {
@@ -31,4 +33,16 @@ _WHERE = {
     "shrink_widths": ".widths",
 }
 __all__ = sorted(_WHERE)
+if TYPE_CHECKING:  # what a type checker sees; at run time each name loads on first use
+    from .blocks import plan_blocks as plan_blocks
+    from .blocks import shrink_blocks as shrink_blocks
+    from .experts import plan_shrink as plan_shrink
+    from .experts import shrink_experts as shrink_experts
+    from .options import ExpertPlan as ExpertPlan
+    from .options import ShrinkOptions as ShrinkOptions
+    from .options import ShrinkResult as ShrinkResult
+    from .options import plan_experts as plan_experts
+    from .run import shrink_checkpoint as shrink_checkpoint
+    from .widths import shrink_widths as shrink_widths
+
 __getattr__, __dir__ = lazy_names(__name__, _WHERE)
