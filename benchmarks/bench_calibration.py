@@ -10,8 +10,8 @@ with ``--method`` random, magnitude, wanda and sparsegpt (random takes no ``--nm
 text: the first MB of the corpus' training split; held-out perplexity: ``sparsetool eval``'s
 library on the first ``--eval-tokens`` bytes of the validation split (files the model never saw).
 Each prune runs in its own process; its seconds (the prune call only, torch already imported) and
-peak RSS (the whole process, Python and torch included) are printed. Work files go to benchmarks/work/calibration/
-(git-ignored).
+peak RSS (the whole process, Python and torch included) are printed. Work files go to
+benchmarks/work/calibration/ (git-ignored).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ CONFIGS = (("50%", {"sparsity": 0.5}), ("60%", {"sparsity": 0.6}), ("2:4", {"nm"
 CHILD = """
 import json, sys, time
 import sparsetool
-import sparsetool.ops.prune.calibrated, sparsetool.ops.prune  # torch and the library loaded before the clock starts
+# torch and the library loaded before the clock starts
+import sparsetool.ops.prune.calibrated, sparsetool.ops.prune
 kw = json.loads(sys.argv[1])
 t0 = time.perf_counter()
 sparsetool.prune(**kw)
@@ -145,7 +146,8 @@ def main() -> None:
             "random", float("inf")
         )
         print(
-            f"{label}: {order}; sparsegpt <= wanda < magnitude < random: {'held' if held else 'did not hold'}"
+            f"{label}: {order}; sparsegpt <= wanda < magnitude < random: "
+            f"{'held' if held else 'did not hold'}"
         )
 
 

@@ -46,7 +46,9 @@ import sys, torch
 from safetensors.torch import load_file, save_file
 state = load_file(sys.argv[1])
 for name, w in state.items():
-    if name.endswith(("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")):
+    if name.endswith(
+        ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+    ):
         k = round(0.75 * w.numel())
         thr = w.abs().float().flatten().kthvalue(k).values
         state[name] = torch.where(w.abs().float() > thr, w, torch.zeros_like(w))
@@ -410,7 +412,8 @@ def _report(
         f"{'; one other CPU-bound process running' if args.busy else ', quiet'}"
     )
     print(
-        "| command | wall, sync (s) | x cp | wall, no sync (s) | x cp | peak RSS (MiB) | target | met? |"
+        "| command | wall, sync (s) | x cp | wall, no sync (s) | x cp | peak RSS (MiB) | target "
+        "| met? |"
     )
     print("|---|---:|---:|---:|---:|---:|---|---|")
     for label, (exited, synced, rss) in results.items():
@@ -432,8 +435,8 @@ def _report(
                 + [f"memory {'yes' if rss <= rss_cap else 'no'}"]
             )
         print(
-            f"| {label} | {synced:.2f} | {synced / base_sync:.2f} | {exited:.2f} | {exited / base_exit:.2f} "
-            f"| {rss:.0f} | {text} | {verdict} |"
+            f"| {label} | {synced:.2f} | {synced / base_sync:.2f} | {exited:.2f} | "
+            f"{exited / base_exit:.2f} | {rss:.0f} | {text} | {verdict} |"
         )
     for p in out.values():
         _remove(p)

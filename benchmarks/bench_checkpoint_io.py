@@ -37,7 +37,8 @@ from sparsetool.checkpoint.encodings import decode
 
 def make(path: Path, layers: int, d: int = 2048, ffn: int = 8192, vocab: int = 50257) -> None:
     g = torch.Generator().manual_seed(0)
-    # one save_file per layer group would need the index; write one file, a layer at a time in memory
+    # one save_file per layer group would need the index; write one file, a layer at a time in
+    # memory
     tensors: dict[str, torch.Tensor] = {
         "wte.weight": torch.randn(vocab, d, generator=g).to(torch.bfloat16)
     }
@@ -147,7 +148,8 @@ def main() -> None:
     base = results["cp"]
     print(
         f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()}; "
-        f"checkpoint {size / 1e9:.2f} GB bf16 ({args.layers} layers); process peak RSS {rss_mib:.0f} MiB"
+        f"checkpoint {size / 1e9:.2f} GB bf16 ({args.layers} layers); process peak RSS "
+        f"{rss_mib:.0f} MiB"
     )
     print("| case | wall (s) | x cp |")
     print("|---|---:|---:|")

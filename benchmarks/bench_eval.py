@@ -81,7 +81,8 @@ def build(text: str) -> dict[str, Path]:
 
 
 def plain_loop(directory: Path, text: str, seq: int) -> tuple[float, int, float]:
-    """(NLL per token, scored tokens, seconds): transformers alone, batch 1, same windows as eval."""
+    """(NLL per token, scored tokens, seconds): transformers alone, batch 1, same windows as
+    eval."""
     import transformers
 
     from sparsetool.ops.eval import windows
@@ -126,19 +127,21 @@ def main() -> None:
 
     print(
         f"- machine: {os.cpu_count()} cpus, {platform.machine()}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads; text: {len(text):,} chars of the held-out built-in corpus; "
-        f"best of {args.repeat}"
+        f"{torch.get_num_threads()} threads; text: {len(text):,} chars of the held-out built-in "
+        f"corpus; best of {args.repeat}"
     )
     print("\n| model | tokens scored | seconds | tokens/s | NLL |\n|---|---:|---:|---:|---:|")
     for name, (sec, row) in best.items():
         if name == "transformers loop":
             nll, n = row
             print(
-                f"| gpt2 dense, plain transformers loop | {n:,} | {sec:.2f} | {n / sec:,.0f} | {nll:.5f} |"
+                f"| gpt2 dense, plain transformers loop | {n:,} | {sec:.2f} | {n / sec:,.0f} | "
+                f"{nll:.5f} |"
             )
         else:
             print(
-                f"| {name} (sparsetool eval) | {row.tokens:,} | {sec:.2f} | {row.tokens_per_s:,.0f} | {row.nll:.5f} |"
+                f"| {name} (sparsetool eval) | {row.tokens:,} | {sec:.2f} | "
+                f"{row.tokens_per_s:,.0f} | {row.nll:.5f} |"
             )
 
 

@@ -138,7 +138,8 @@ def main() -> None:
         )
         for name, seconds in rows:
             print(
-                f"{str(dtype).replace('torch.', ''):9} {name:28} {seconds:9.4f} {seconds / ours:8.2f}"
+                f"{str(dtype).replace('torch.', ''):9} {name:28} {seconds:9.4f} "
+                f"{seconds / ours:8.2f}"
             )
         # other selections, each against its own usual recipe
         pairs = [
@@ -168,7 +169,8 @@ def main() -> None:
             mine, theirs = timed(fn, args.repeat), timed(base_fn, args.repeat)
             print(f"{str(dtype).replace('torch.', ''):9} {name:28} {mine:9.4f} {1.0:8.2f}")
             print(
-                f"{str(dtype).replace('torch.', ''):9} {base_name:28} {theirs:9.4f} {theirs / mine:8.2f}"
+                f"{str(dtype).replace('torch.', ''):9} {base_name:28} {theirs:9.4f} "
+                f"{theirs / mine:8.2f}"
             )
 
 

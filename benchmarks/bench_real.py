@@ -1,8 +1,9 @@
 """Pruning a real pretrained model, side by side with llm-compressor (a script, not a test).
 
   python benchmarks/bench_real.py [--work DIR] [--model DIR] [--methods magnitude,wanda,sparsegpt]
-                                  [--patterns 50%,60%,70%,2:4,4:8] [--stages prune,peer,compare,ppl,tasks]
-                                  [--limit 50] [--peer-python /path/to/python] [--threads N] [--peer-threads N]
+                                  [--patterns 50%,60%,70%,2:4,4:8]
+                                  [--stages prune,peer,compare,ppl,tasks] [--limit 50]
+                                  [--peer-python /path/to/python] [--threads N] [--peer-threads N]
                                   [--only NAME,...] [--drop-checkpoints] [--wait]
 
 Model: SmolLM2-135M-Instruct (Llama architecture, 30 blocks, tied embeddings) as float32
@@ -455,8 +456,9 @@ class Bench:
             p, t = self.load(name, "ppl"), self.load(name, self.tasks_kind)
             if p or t:
                 lines.append(
-                    f"| {name} | {f(p and p['wall_s'], '.0f')} | {f(p and p['peak_rss_mib'], '.0f')}"
-                    f" | {f(t and t['wall_s'], '.0f')} | {f(t and t['peak_rss_mib'], '.0f')} |"
+                    f"| {name} | {f(p and p['wall_s'], '.0f')} | "
+                    f"{f(p and p['peak_rss_mib'], '.0f')} | {f(t and t['wall_s'], '.0f')} | "
+                    f"{f(t and t['peak_rss_mib'], '.0f')} |"
                 )
         rows = []
         for method in PEER_METHODS:

@@ -166,14 +166,14 @@ def main() -> None:
         f"alternating runs per side; checkpoint: GPT-3-XL-shaped, {args.layers} layers, bf16"
     )
     print(
-        "| group | command | wall base (s) | wall new (s) | wall new/base | CPU base (s) | CPU new (s) "
-        "| CPU new/base | output |"
+        "| group | command | wall base (s) | wall new (s) | wall new/base | CPU base (s) | CPU "
+        "new (s) | CPU new/base | output |"
     )
     print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     for group, label, base, new, cb, cn, same in rows:
         print(
-            f"| {group} | `{label}` | {base:.3f} | {new:.3f} | {new / base:.2f} | {cb:.3f} | {cn:.3f} "
-            f"| {cn / cb:.2f} | {same} |"
+            f"| {group} | `{label}` | {base:.3f} | {new:.3f} | {new / base:.2f} | {cb:.3f} | "
+            f"{cn:.3f} | {cn / cb:.2f} | {same} |"
         )
 
 

@@ -12,7 +12,8 @@ post's GraNet run ramps 50% -> 80%), and Variable SPDF (90% for 5/6 of the steps
 excludes): dense from dense (the baseline), dense from static 75% (SPDF), sparse from static 75%,
 and dense from Variable SPDF. A claim "replicates" when it holds for the mean over seeds and in
 every seed; "mixed" when the mean agrees but some seed does not; otherwise "does not replicate".
-Runs already finished (their summary.json exists) are not run again. Work: benchmarks/work/replication/.
+Runs already finished (their summary.json exists) are not run again. \
+Work: benchmarks/work/replication/.
 """
 
 from __future__ import annotations
@@ -95,8 +96,8 @@ def train(name: str, seed: int, argv: list[str], args: argparse.Namespace, log) 
     summary["command"] = " ".join(cmd[2:])
     done.write_text(json.dumps(summary, indent=2))
     log(
-        f"{name:38s} seed {seed}  val {summary['val_loss']:.4f}  sparsity {summary['sparsity']:.3f}  "
-        f"{summary['wall_s']:.0f} s"
+        f"{name:38s} seed {seed}  val {summary['val_loss']:.4f}  sparsity "
+        f"{summary['sparsity']:.3f}  {summary['wall_s']:.0f} s"
     )
     return summary
 
@@ -181,7 +182,10 @@ def _results() -> tuple[dict, dict[str, dict[int, dict]]]:
 def _stats(values: list[float]) -> str:
     if len(values) == 1:
         return f"{values[0]:.4f} | - | {values[0]:.4f} - {values[0]:.4f}"
-    return f"{statistics.fmean(values):.4f} | {statistics.stdev(values):.4f} | {min(values):.4f} - {max(values):.4f}"
+    return (
+        f"{statistics.fmean(values):.4f} | {statistics.stdev(values):.4f} | {min(values):.4f} "
+        f"- {max(values):.4f}"
+    )
 
 
 def _rows(res: dict, labels: dict[str, str]) -> list[str]:
@@ -219,8 +223,8 @@ def _claim(res: dict, better: str, worse: str) -> tuple[str, str]:
 
 CLAIMS = [  # (claim, source, better run, worse run)
     (
-        "Dense pre-training ends lower than 75% static sparse pre-training at equal tokens (the cost "
-        "SPDF then recovers)",
+        "Dense pre-training ends lower than 75% static sparse pre-training at equal tokens (the "
+        "cost SPDF then recovers)",
         "SPDF paper, Table 1",
         "dense",
         "static",
@@ -262,7 +266,8 @@ CLAIMS = [  # (claim, source, better run, worse run)
         "ft-dense-from-static (SPDF)",
     ),
     (
-        "Variable SPDF pre-training ends lower than static 75% pre-training (same average sparsity)",
+        "Variable SPDF pre-training ends lower than static 75% pre-training (same average "
+        "sparsity)",
         "Variable SPDF post",
         "vspdf",
         "static",
@@ -276,18 +281,21 @@ def write_report() -> None:
     lines = [
         "# Replication of the seeds' training claims at CPU scale",
         "",
-        "Written by `benchmarks/bench_replication.py` from real `sparsetool train` runs; nothing in this",
-        "file is edited by hand. Validation loss is the trainer's mean cross-entropy in nats per byte on",
+        "Written by `benchmarks/bench_replication.py` from real `sparsetool train` runs; nothing "
+        "in this",
+        "file is edited by hand. Validation loss is the trainer's mean cross-entropy in nats per "
+        "byte on",
         "its fixed validation sequences (lower is better).",
         "",
         f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; machine: {os.cpu_count()} CPUs, "
         f"{platform.machine()}, shared with other jobs; python {platform.python_version()}",
-        f"- command: `python benchmarks/bench_replication.py --seeds {seeds} --jobs {settings['jobs']} "
-        f"--steps {settings['steps']}` ({settings.get('wall_s', '?')} s wall in all)",
-        f"- pre-training: preset `{settings['preset']}`, {settings['steps']} steps x 16 sequences, lr "
-        f"{settings['lr']} (warm-up {settings['warmup']}, cosine to 10%), the built-in corpus (Python's "
-        "own source); every other setting is `sparsetool train`'s default (uniform distribution, "
-        f"random initial masks; {_resolved(settings)})",
+        f"- command: `python benchmarks/bench_replication.py --seeds {seeds} --jobs "
+        f"{settings['jobs']} --steps {settings['steps']}` ({settings.get('wall_s', '?')} s wall "
+        "in all)",
+        f"- pre-training: preset `{settings['preset']}`, {settings['steps']} steps x 16 "
+        f"sequences, lr {settings['lr']} (warm-up {settings['warmup']}, cosine to 10%), the "
+        "built-in corpus (Python's own source); every other setting is `sparsetool train`'s "
+        f"default (uniform distribution, random initial masks; {_resolved(settings)})",
         f"- fine-tuning: {settings['ft_steps']} steps, lr {settings['ft_lr']} (warm-up "
         f"{settings['ft_warmup']}) on `builtin:english`; `--dense` revives pruned weights at 0",
         f"- seeds: {seeds} (each changes initial weights, masks and data order)",

@@ -4,7 +4,8 @@ Targets: the 12288 x 12288 analysis (144M mask entries: draw the mask, count non
 group, check 2:4, time every device) under 3 s; a whole GPT-3 XL checkpoint (1.3B parameters,
 bf16, 75% sparse, real masks read from disk) under 30 s. Baselines in the same run: drawing the
 same mask the naive way (``torch.rand(...) < density``), and only reading every targeted tensor
-of the checkpoint (``safetensors.safe_open``) and counting its non-zeros, so the ratios say what the analysis costs on top.
+of the checkpoint (``safetensors.safe_open``) and counting its non-zeros, so the ratios say what the
+analysis costs on top.
 
     python benchmarks/bench_simulate.py            # both
     python benchmarks/bench_simulate.py --skip-checkpoint

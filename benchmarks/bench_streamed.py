@@ -7,10 +7,11 @@ block, against depth and (optionally) against an older sparsetool that loads the
 
 Models: Llama-2-7B-shaped (d_model 4096, FFN 11008, 32 heads, vocabulary 32000, bf16, random
 weights; ``bench_checkpoint.make_checkpoint``) with ``--layers`` blocks each (32: the whole 13.5 GB
-model, deleted after its runs). Each gets a byte-level BPE tokenizer trained here on the calibration text (the
-first 400 KB of the built-in corpus' training split). For each model:
+model, deleted after its runs). Each gets a byte-level BPE tokenizer trained here on the calibration
+text (the first 400 KB of the built-in corpus' training split). For each model:
 
-* ``prune --method wanda --sparsity 0.5 --calibration TEXT --samples N --seq T`` (float32 forward passes);
+* ``prune --method wanda --sparsity 0.5 --calibration TEXT --samples N --seq T`` (float32 forward
+  passes);
 * ``wanda-last``: the same with ``--exclude`` leaving one tensor (the last block's attention output
   projection): every block is read and run, but the mask selection (Wanda's per-row kernel calls,
   ~14 s for an 11008 x 4096 layer on one core here) is done once instead of 224 times;

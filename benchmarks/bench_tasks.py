@@ -1,19 +1,20 @@
 """Task accuracy: ``sparsetool eval --tasks`` (sparsetool as lm-evaluation-harness's model) against
 the harness's own ``hf`` model, on the same small model and task, in the same process.
 
-  python benchmarks/bench_tasks.py [--items 200] [--layers 4] [--width 256] [--repeat 3] [--batch 1,8]
+  python benchmarks/bench_tasks.py [--items 200] [--layers 4] [--width 256] [--repeat 3] [--batch
+  1,8]
                                   [--threads 1,0] [--baseline OLD_HARNESS.py]
 
 Model: a random GPT-2-shaped transformers model (``--layers`` blocks, ``--width``, 4 heads,
 context 256) with a byte-level BPE tokenizer trained here; task: the multiple-choice task of
-``tests/ops/test_tasks.py`` (pick the true ending of a line, two choices) over ``--items`` lines, a task
-YAML over a local JSON file (nothing is downloaded). Both backends run float32 with eager attention
-on the CPU at the same batch size; runs alternate, the median wall time of ``simple_evaluate`` is
-reported with the ratio ours / hf, and the accuracies are checked equal. ``--threads`` sets torch's
-threads for each round (0: torch's default), in the same process. ``--baseline`` times another
-version of ``sparsetool/ops/harness.py`` as a third contender in the same alternation (e.g.
-``git show REV:sparsetool/ops/harness.py > /tmp/old.py``), so a change is measured before/after
-under the same load.
+``tests/ops/test_tasks.py`` (pick the true ending of a line, two choices) over ``--items`` lines, a
+task YAML over a local JSON file (nothing is downloaded). Both backends run float32 with eager
+attention on the CPU at the same batch size; runs alternate, the median wall time of
+``simple_evaluate`` is reported with the ratio ours / hf, and the accuracies are checked equal.
+``--threads`` sets torch's threads for each round (0: torch's default), in the same process.
+``--baseline`` times another version of ``sparsetool/ops/harness.py`` as a third contender in the
+same alternation (e.g. ``git show REV:sparsetool/ops/harness.py > /tmp/old.py``), so a change is
+measured before/after under the same load.
 """
 
 from __future__ import annotations
@@ -174,11 +175,13 @@ def main() -> None:
     tokenizer(model_dir, text, vocab_size=300)
     default_threads = torch.get_num_threads()
     print(
-        f"machine: {machine()}; torch {torch.__version__}, transformers {transformers.__version__}, "
-        f"lm-eval {lm_eval.__version__}; {default_threads} torch threads by default"
+        f"machine: {machine()}; torch {torch.__version__}, transformers "
+        f"{transformers.__version__}, lm-eval {lm_eval.__version__}; {default_threads} torch "
+        "threads by default"
     )
     print(
-        f"model: GPT-2 shape, {args.layers} layers, width {args.width}; task: {args.items} items x 2 choices"
+        f"model: GPT-2 shape, {args.layers} layers, width {args.width}; task: {args.items} items "
+        "x 2 choices"
     )
 
     import sparsetool.ops.harness as harness

@@ -1,4 +1,5 @@
-"""torch's threads on a quiet and on a busy machine: train, eval and a Wanda prune (a script, not a test).
+"""torch's threads on a quiet and on a busy machine: train, eval and a Wanda prune \
+(a script, not a test).
 
   python benchmarks/bench_threads.py [--repeat 2] [--baseline SRC] [--steps 300]
                                      [--only train,eval,wanda] [--variant LABEL SPEC ...]
@@ -63,7 +64,10 @@ for _ in range(3000):
     y = torch.nn.functional.gelu(x @ w)
 c1 = resource.getrusage(resource.RUSAGE_SELF)
 cpu = c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime
-print(f"PASSIVE {mode:6} threads {sys.argv[2]}: wall {time.perf_counter() - t0:6.2f} s, CPU {cpu:6.2f} s")
+print(
+    f"PASSIVE {mode:6} threads {sys.argv[2]}: wall {time.perf_counter() - t0:6.2f} s, "
+    f"CPU {cpu:6.2f} s"
+)
 """
 
 

@@ -15,7 +15,8 @@ tokens: dense, static 75% (random masks, as SPDF), RigL 75%, GraNet 50% -> 75%, 
 on a second corpus (the English help topics of ``pydoc_data``, which the built-in corpus
 excludes): dense pre-train + dense fine-tune (baseline), static-75% pre-train + dense fine-tune
 (SPDF, revived weights at 0), static-75% pre-train + sparse fine-tune (the paper's sparse-to-sparse
-comparison), Variable SPDF pre-train + dense fine-tune. Validation loss = mean cross-entropy in nats/byte on a fixed validation set.
+comparison), Variable SPDF pre-train + dense fine-tune. Validation loss = mean cross-entropy \
+in nats/byte on a fixed validation set.
 
 Everything runs with one CPU thread (on a shared 2-core machine, more threads were ~10x slower
 for these model sizes). Results go to benchmarks/work/train/ (git-ignored).
@@ -133,8 +134,9 @@ def overhead(args: argparse.Namespace) -> None:
             times[algo].extend(s["step_times"][args.skip :])
             hooks[algo].extend(s["hook_s_per_step"][args.skip :])
             print(
-                f"rep {rep} {algo:7s} median {statistics.median(s['step_times'][args.skip :]) * 1e3:7.1f} ms"
-                f"  mean {statistics.fmean(s['step_times'][args.skip :]) * 1e3:7.1f} ms",
+                f"rep {rep} {algo:7s} median "
+                f"{statistics.median(s['step_times'][args.skip :]) * 1e3:7.1f} ms  mean "
+                f"{statistics.fmean(s['step_times'][args.skip :]) * 1e3:7.1f} ms",
                 flush=True,
             )
     res = {"args": vars(args), "algos": {}}
@@ -164,14 +166,15 @@ def _print_overhead(res: dict) -> None:
         f"(first {a['skip']} dropped), mask updates every {a['update_freq']} steps\n"
     )
     print(
-        "| algorithm | median step (ms) | mean step (ms) | median / dense | mean / dense (amortised) "
-        "| sparsity work / rest of step, median | same, amortised |"
+        "| algorithm | median step (ms) | mean step (ms) | median / dense | mean / dense "
+        "(amortised) | sparsity work / rest of step, median | same, amortised |"
     )
     print("|---|---|---|---|---|---|---|")
     for algo, r in res["algos"].items():
         print(
             f"| {algo} | {r['median_ms']:.1f} | {r['mean_ms']:.1f} | {r['median_ratio']:.3f} | "
-            f"{r['mean_ratio']:.3f} | {r['hook_fraction_median']:.1%} | {r['hook_fraction_amortised']:.1%} |"
+            f"{r['mean_ratio']:.3f} | {r['hook_fraction_median']:.1%} | "
+            f"{r['hook_fraction_amortised']:.1%} |"
         )
 
 
@@ -223,8 +226,8 @@ def replicate(args: argparse.Namespace) -> None:
         s.pop("step_times")
         results["pretrain"][name] = s
         print(
-            f"{name:18s} val {s['val_loss']:.4f} train {s['loss']:.4f} sparsity {s['sparsity']:.3f} "
-            f"wall {s['wall_s']:.0f}s",
+            f"{name:18s} val {s['val_loss']:.4f} train {s['loss']:.4f} sparsity "
+            f"{s['sparsity']:.3f} wall {s['wall_s']:.0f}s",
             flush=True,
         )
         _save("replicate", results)
@@ -299,32 +302,36 @@ def _zero_shot(init: str, data: str, args: argparse.Namespace) -> float:
 def _print_replicate(res: dict) -> None:
     a = res.get("args", {})
     print(
-        f"\npre-training: preset {a.get('preset')}, {a.get('steps')} steps x batch {a.get('batch_size')}, "
-        f"lr {a.get('lr')}; fine-tuning: {a.get('ft_steps')} steps, lr {a.get('ft_lr')}\n"
+        f"\npre-training: preset {a.get('preset')}, {a.get('steps')} steps x batch "
+        f"{a.get('batch_size')}, lr {a.get('lr')}; fine-tuning: {a.get('ft_steps')} steps, lr "
+        f"{a.get('ft_lr')}\n"
     )
     pre = res["pretrain"]
     base = pre.get("pre-dense", {}).get("val_loss")
     print(
-        "| pre-training run | final sparsity | validation loss (nats/byte) | vs dense | train loss | wall (s) |"
+        "| pre-training run | final sparsity | validation loss (nats/byte) | vs dense | train "
+        "loss | wall (s) |"
     )
     print("|---|---|---|---|---|---|")
     for name, s in pre.items():
         rel = f"{s['val_loss'] - base:+.4f}" if base else "-"
         print(
-            f"| {name} | {s['sparsity']:.3f} | {s['val_loss']:.4f} | {rel} | {s['loss']:.4f} | {s['wall_s']:.0f} |"
+            f"| {name} | {s['sparsity']:.3f} | {s['val_loss']:.4f} | {rel} | {s['loss']:.4f} | "
+            f"{s['wall_s']:.0f} |"
         )
     ft = res["finetune"]
     if ft:
         base = ft.get("ft-dense-from-dense", {}).get("val_loss")
         print(
-            "\n| fine-tuning run (second corpus) | sparsity during fine-tuning | zero-shot val loss | "
-            "val loss after fine-tuning | vs dense baseline |"
+            "\n| fine-tuning run (second corpus) | sparsity during fine-tuning | zero-shot val "
+            "loss | val loss after fine-tuning | vs dense baseline |"
         )
         print("|---|---|---|---|---|")
         for name, s in ft.items():
             rel = f"{s['val_loss'] - base:+.4f}" if base else "-"
             print(
-                f"| {name} | {s['sparsity']:.3f} | {s['zero_shot_val_loss']:.4f} | {s['val_loss']:.4f} | {rel} |"
+                f"| {name} | {s['sparsity']:.3f} | {s['zero_shot_val_loss']:.4f} | "
+                f"{s['val_loss']:.4f} | {rel} |"
             )
 
 
