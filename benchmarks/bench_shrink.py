@@ -4,7 +4,8 @@ Two measurements:
 
   python benchmarks/bench_shrink.py quality MOE_DIR --heldout H.txt --calibration C.txt
       [--fractions 0.25,0.5] [--criteria reap,frequency,ean,random] [--samples 64] [--seq 256]
-      [--limit 100] [--peer-python /path/to/llmc-env/bin/python] [--work DIR] [--json OUT]
+      [--limit 100] [--max-tokens 32768] [--peer-python /path/to/llmc-env/bin/python]
+      [--work DIR] [--json OUT]
 
 On a trained Mixture-of-Experts model (``benchmarks/make_moe.py``): for each fraction and
 criterion, with and without ``--merge``, the shrink's wall time and peak RSS and the output's bytes
@@ -115,7 +116,7 @@ def quality(args) -> dict:
             print(f"{name}: {m.wall_s:.1f} s, {m.peak_rss_mib:.0f} MiB", flush=True)
     ev = run_measured(
         [*ST, "eval", *map(str, outputs), "--text", str(args.heldout), "--seq", str(args.seq)]
-        + ["--json", "-q"]
+        + ["--max-tokens", str(args.max_tokens), "--json", "-q"]
     )
     if not ev.ok:
         raise SystemExit(f"eval: {ev.error_line()}")
@@ -278,6 +279,7 @@ def main() -> None:
     q.add_argument("--samples", type=int, default=64)
     q.add_argument("--seq", type=int, default=256)
     q.add_argument("--limit", type=int, default=0, help="documents per task (0: no tasks)")
+    q.add_argument("--max-tokens", type=int, default=32768, help="held-out tokens scored")
     q.add_argument("--peer-python", help="python of an environment with llm-compressor 0.14")
     q.add_argument("--work", default="/tmp/bench-shrink")
     q.add_argument("--json", help="write the record here")
