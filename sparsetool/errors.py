@@ -13,7 +13,7 @@ class SparsetoolError(Exception):
     ``sparsetool.checkpoint.output_files.Reclaimed``, set by its ``reclaiming`` block; a
     KeyboardInterrupt that ends the work carries the same attribute)."""
 
-    reclaimed: tuple = ()
+    reclaimed: tuple[object, ...] = ()
 
 
 class Interrupted(SparsetoolError):

@@ -230,7 +230,9 @@ def _examples(names: Sequence[str], roles: Mapping[str, str]) -> list[str]:
 
 
 def tied_embedding(
-    shapes: Mapping[str, tuple[int, ...]], roles: Mapping[str, str], config: Mapping | None
+    shapes: Mapping[str, tuple[int, ...]],
+    roles: Mapping[str, str],
+    config: Mapping[str, Any] | None,
 ) -> str | None:
     """The token embedding that is also the LM head, or None.
 
@@ -289,7 +291,7 @@ def tied_head_warning(plan: TargetPlan) -> str | None:
 
 def plan_targets(
     tensors: Mapping[str, tuple[Sequence[int], Any]] | Iterable[Any],
-    config: Mapping | None = None,
+    config: Mapping[str, Any] | None = None,
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     *,

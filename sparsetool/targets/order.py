@@ -75,7 +75,7 @@ def layer_index(name: str) -> int | None:
     return next((int(p) for p in name.split(".") if p.isdigit()), None)
 
 
-def natural_key(name: str) -> tuple:
+def natural_key(name: str) -> tuple[str | int, ...]:
     """``name`` with its digit runs compared as numbers: ``"a.10"`` sorts after ``"a.2"``.
 
     >>> sorted(["x.10", "x.2", "x.1"], key=natural_key)
@@ -101,7 +101,9 @@ def _qkv_rank(name: str) -> int:
     return "QKV".find(qkv_leaf(name) or "-") % 4
 
 
-def tensor_sort_key(name: str, role: str | None = None, shape: Sequence[int] = ()) -> tuple:
+def tensor_sort_key(
+    name: str, role: str | None = None, shape: Sequence[int] = ()
+) -> tuple[object, ...]:
     """The listing key of tensor ``name`` (``role`` as :func:`sparsetool.targets.role` gives it;
     computed from ``name`` and ``shape`` when None)."""
     if role is None:

@@ -62,7 +62,7 @@ def recorded_globs(
 
 def plan_checkpoint_targets(
     tensors: Mapping[str, tuple[Sequence[int], Any]] | Iterable[Any],
-    config: Mapping | None,
+    config: Mapping[str, Any] | None,
     metadata: Mapping[str, str] | None,
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),

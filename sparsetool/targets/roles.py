@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 __all__ = [
     "ROLES",
@@ -345,7 +346,7 @@ def input_dim(
     return 1
 
 
-def conv1d_layout(config: Mapping | None) -> bool | None:
+def conv1d_layout(config: Mapping[str, Any] | None) -> bool | None:
     """Whether GPT-2 style names hold Conv1D (in, out) weights, from a ``config.json``.
 
     GPT-2 stores them as Conv1D; GPT-BigCode and Qwen-1 reuse the names on ``nn.Linear``. Without
@@ -366,7 +367,7 @@ EXPERTS_IN_OUT_TYPES = ("gpt_oss", "llama4", "llama4_text")
 """``config.json`` model types whose checkpoints store fused expert weights (experts, in, out)."""
 
 
-def experts_in_out(config: Mapping | None) -> bool:
+def experts_in_out(config: Mapping[str, Any] | None) -> bool:
     """Whether the checkpoint stores its fused (3-D) expert weights (experts, in, out), from a
     ``config.json``: gpt-oss (``mlp.experts.gate_up_proj`` [experts, hidden, 2 * ffn]) and Llama 4
     do; transformers 5's in-memory layout, and any checkpoint saved from it, is (experts, out, in).

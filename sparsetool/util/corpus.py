@@ -49,7 +49,7 @@ class Corpus:
     val_files: int
     skipped: list[str] = field(default_factory=list)  # files of a directory that are not text
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, object]:
         return {
             "source": self.source,
             "train_bytes": int(self.train.size),

@@ -146,4 +146,5 @@ def is_nan(bits: np.ndarray, st: str) -> np.ndarray:
     if fmt.fp8 is not None:
         return (fp32_bits(bits, st) & 0x7FFF_FFFF) > F32_INF
     assert fmt.inf is not None
-    return (bits & np.array(fmt.magnitude).astype(bits.dtype)) > fmt.inf
+    nan: np.ndarray = (bits & np.array(fmt.magnitude).astype(bits.dtype)) > fmt.inf
+    return nan

@@ -133,7 +133,7 @@ class MemoryPlan:
             + self.masks
         )
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {
             "peak_estimate": self.peak,
             "fixed": self.fixed,

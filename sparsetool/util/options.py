@@ -86,7 +86,7 @@ def _number(value: object) -> float | None:
     return float(value)
 
 
-def check_sparsity(value: float, option: str = "--sparsity") -> float:
+def check_sparsity(value: float | str, option: str = "--sparsity") -> float:
     """Return ``value`` if it is a sparsity (a fraction of zeros, 0 <= S <= 1), else raise.
 
     >>> check_sparsity(0.75), check_sparsity(1)
@@ -110,7 +110,7 @@ def check_sparsity(value: float, option: str = "--sparsity") -> float:
     return x
 
 
-def check_fraction(value: float, option: str = "--fraction") -> float:
+def check_fraction(value: float | str, option: str = "--fraction") -> float:
     """Return ``value`` if it is a pruning fraction (0 <= F < 1), else raise.
 
     F is the fraction of the *remaining* non-zeros to prune in one iterative step; F = 1 would

@@ -83,8 +83,8 @@ def signals_deferred() -> Iterator[None]:
                 saved[signum] = signal.signal(signum, lambda s, _frame: came.append(s))
         yield
     finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)
+        for held, handler in saved.items():
+            signal.signal(held, handler)
     if came:
         handler = saved[came[0]]
         if callable(handler):
@@ -114,7 +114,7 @@ def run(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
     workers = worker_count()
     if len(items) < 2 or _serial(workers):
         return [fn(x) for x in items]
-    futures: list[Future] = []
+    futures: list[Future[Any]] = []
     try:
         with signals_deferred():
             pool = _pool(workers)
@@ -135,7 +135,7 @@ def imap(fn: Callable[[Any], Any], items: Iterable[Any], ahead: int = 1) -> Iter
     if _serial(workers):
         yield from map(fn, items)
         return
-    pending: collections.deque[Future] = collections.deque()
+    pending: collections.deque[Future[Any]] = collections.deque()
     source = iter(items)
 
     def submit() -> None:
