@@ -120,6 +120,7 @@ def quality(args) -> dict:
     )
     if not ev.ok:
         raise SystemExit(f"eval: {ev.error_line()}")
+    (work / "eval.json").write_text(ev.stdout)  # kept, should a later step fail
     by_name = {Path(c["name"]).name: c for c in ev.json()["checkpoints"]}
     dense = by_name[src.name]
     tasks = {}
@@ -131,7 +132,7 @@ def quality(args) -> dict:
         if not tv.ok:
             raise SystemExit(f"eval --tasks: {tv.error_line()}")
         for c in tv.json()["checkpoints"]:
-            accs = {t: r.get("acc,none") for t, r in c["tasks"].items()}
+            accs = {t: r.get("acc,none") for t, r in c["metrics"].items()}
             tasks[Path(c["name"]).name] = accs
     for r in [{"name": src.name, "tool": "dense", "bytes": _bytes(src)}] + rows:
         c = by_name[r["name"]]
