@@ -12,7 +12,8 @@ import os
 import torch
 
 from sparsetool.errors import SparsetoolError
-from sparsetool.util.memory import MemoryPlan, available_memory, binary_bytes, process_memory
+from sparsetool.util import memory
+from sparsetool.util.memory import MemoryPlan, binary_bytes, process_memory
 
 __all__ = ["LOWER", "check_plan", "fine_tuning_plan", "run_plan"]
 
@@ -53,7 +54,7 @@ def run_plan(
         # from random weights each process builds the whole model in CPU memory first (from a
         # checkpoint it reads only its slices)
         building = 0 if reading or cfg.distributed != "fsdp" else 4 * params * local_world
-        room = available_memory()
+        room = memory.available_memory()  # looked up at call: one reading of the machine
         if building > room:
             raise SparsetoolError(
                 f"train: each of the {local_world} processes on this machine builds the whole "
@@ -146,7 +147,7 @@ def fine_tuning_plan(
     elif device_memory is not None:
         total, source = device_memory, "GPU memory"
     else:
-        total, source = available_memory() // max(1, local_world), "available memory"
+        total, source = memory.available_memory() // max(1, local_world), "available memory"
         if local_world > 1:
             source = f"available memory / {local_world} processes"
     sharded = strategy == "fsdp"
