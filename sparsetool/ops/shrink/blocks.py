@@ -26,13 +26,12 @@ import torch
 
 from sparsetool.checkpoint import Checkpoint
 from sparsetool.checkpoint.format import TensorSpec
-from sparsetool.checkpoint.output_files import check_writable
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.checkpoint.writer import write_checkpoint
 from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.blocks import BlockModel
-from sparsetool.models.hf import hf_config, import_transformers
 from sparsetool.models.open import open_model
+from sparsetool.ops.shrink.inputs import check_output, model_config
 from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
 from sparsetool.ops.shrink.windows import shrink_windows
 from sparsetool.ops.text import read_text
@@ -49,16 +48,7 @@ def plan_blocks(path: str | Path, opts: ShrinkOptions) -> tuple[int, int]:
     removes none or every one."""
     opts.validate()
     path = Path(path)
-    from sparsetool.checkpoint import open_checkpoint
-
-    with open_checkpoint(path) as ckpt:
-        config = ckpt.config
-    if config is None:
-        raise SparsetoolError(
-            f"{path}: no config.json; shrink needs a Hugging Face model directory "
-            "(config.json, weights, tokenizer files)"
-        )
-    cfg = hf_config(path, config, import_transformers("shrinking"), command="shrink", needs=NEEDS)
+    _config, cfg = model_config(path, NEEDS)
     total = next((v for k in LAYER_COUNT_KEYS if isinstance(v := getattr(cfg, k, None), int)), None)
     if not total:
         raise SparsetoolError(f"{path}/config.json: no layer count ({', '.join(LAYER_COUNT_KEYS)})")
@@ -81,11 +71,7 @@ def shrink_blocks(
     docstring."""
     path, out = Path(path), Path(out)
     total, n = plan_blocks(path, opts)
-    if out.exists() and out.resolve() == path.resolve():
-        raise UsageError(
-            f"-o {out} is the input itself; shrink writes a new model: choose another path"
-        )
-    check_writable(out, "-o")
+    check_output(path, out)
     assert opts.calibration is not None
     text = read_text(opts.calibration, "--calibration")
     model = open_model(path, opts.dtype, opts.device, needs=NEEDS)

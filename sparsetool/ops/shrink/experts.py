@@ -25,14 +25,13 @@ from pathlib import Path
 
 import torch
 
-from sparsetool.checkpoint import Checkpoint, open_checkpoint
-from sparsetool.checkpoint.output_files import check_writable
+from sparsetool.checkpoint import Checkpoint
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.checkpoint.writer import write_checkpoint
-from sparsetool.errors import SparsetoolError, UsageError
+from sparsetool.errors import UsageError
 from sparsetool.models.blocks import BlockModel
-from sparsetool.models.hf import hf_config, import_transformers
 from sparsetool.models.open import open_model
+from sparsetool.ops.shrink.inputs import check_output, model_config
 from sparsetool.ops.shrink.layers import EXPERT_COUNT_KEYS, ExpertLayer, expert_count, expert_layers
 from sparsetool.ops.shrink.options import (
     ExpertPlan,
@@ -61,15 +60,7 @@ def plan_shrink(path: str | Path, opts: ShrinkOptions) -> ExpertPlan:
     routed experts, a request that removes none or leaves too few) before a weight is read."""
     opts.validate()
     path = Path(path)
-    with open_checkpoint(path) as ckpt:
-        config = ckpt.config
-    if config is None:
-        raise SparsetoolError(
-            f"{path}: no config.json; shrink needs a Hugging Face model directory "
-            "(config.json, weights, tokenizer files)"
-        )
-    transformers = import_transformers("shrinking")
-    cfg = hf_config(path, config, transformers, command="shrink", needs=NEEDS)
+    config, cfg = model_config(path, NEEDS)
     experts, top_k = expert_count(cfg, config, path)
     groups = int(getattr(cfg, "n_group", None) or 1)
     return plan_experts(
@@ -95,11 +86,7 @@ def shrink_experts(
     ``path`` and write the smaller model at ``out``; see the module docstring."""
     path, out = Path(path), Path(out)
     plan = plan_shrink(path, opts)
-    if out.exists() and out.resolve() == path.resolve():
-        raise UsageError(
-            f"-o {out} is the input itself; shrink writes a new model: choose another path"
-        )
-    check_writable(out, "-o")  # a locked or full output is refused before the long part
+    check_output(path, out)  # a locked or full output is refused before the long part
     text = read_text(opts.calibration, "--calibration") if opts.reads_text else None
     model = open_model(path, opts.dtype, opts.device, needs=NEEDS)
     result = ShrinkResult(output=out, options=opts, plan=plan)

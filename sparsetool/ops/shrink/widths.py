@@ -29,12 +29,12 @@ import torch
 
 from sparsetool.checkpoint import Checkpoint
 from sparsetool.checkpoint.format import TensorSpec
-from sparsetool.checkpoint.output_files import check_writable
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.checkpoint.writer import write_checkpoint
 from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.models.open import open_model
+from sparsetool.ops.shrink.inputs import check_output
 from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
 from sparsetool.ops.shrink.windows import shrink_windows
 from sparsetool.ops.text import read_text
@@ -78,11 +78,7 @@ def shrink_widths(
     ``path`` into ``out``; see the module docstring."""
     opts.validate()
     path, out = Path(path), Path(out)
-    if out.exists() and out.resolve() == path.resolve():
-        raise UsageError(
-            f"-o {out} is the input itself; shrink writes a new model: choose another path"
-        )
-    check_writable(out, "-o")
+    check_output(path, out)
     assert opts.calibration is not None
     text = read_text(opts.calibration, "--calibration")
     model = open_model(path, opts.dtype, opts.device, needs=NEEDS)
