@@ -162,3 +162,18 @@ def test_fused_attention_and_bad_fractions_are_refused(tmp_path, text, calib_fil
     ]:
         r = run("shrink", tmp_path / "in", "-o", tmp_path / "out", *args)
         assert r.exit_code == 2 and says in r.output and r.output.count("error:") == 1, r.output
+
+
+def test_flops_and_eval_read_the_narrowed_model(tmp_path, text, calib_file):
+    save("llama", tmp_path / "in", text)
+    opts = ShrinkOptions(ffn=0.5, heads=0.5, calibration=calib_file, **CALIB)
+    shrink_checkpoint(tmp_path / "in", tmp_path / "out", opts)
+    r = run("flops", "--config", tmp_path / "out" / "config.json", "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)["config"]
+    assert (got["d_ff"], got["n_heads"], got["n_kv_heads"], got["d_head"]) == (24, 4, 2, 4)
+    r = run("eval", tmp_path / "in", tmp_path / "out", "--text", calib_file, "--seq", "16",
+            "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["checkpoints"]
+    assert rows[1]["params"] < rows[0]["params"] and rows[1]["perplexity"] > 1
