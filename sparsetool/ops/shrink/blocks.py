@@ -31,7 +31,7 @@ from sparsetool.checkpoint.writer import write_checkpoint
 from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.models.open import open_model
-from sparsetool.ops.shrink.inputs import check_output, model_config
+from sparsetool.ops.shrink.inputs import check_output, model_config, record_sizes
 from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
 from sparsetool.ops.shrink.windows import shrink_windows
 from sparsetool.ops.text import read_text
@@ -110,12 +110,8 @@ def shrink_blocks(
             result.left_out = list(cw.left_out)
             _write(model.ckpt, cw, renames)
         ckpt = model.ckpt
-        result.parameters_before = sum(lt.numel for lt in ckpt.logical)
-        result.parameters_after = sum(
-            lt.numel for lt in ckpt.logical if renames.get(lt.name, lt.name) is not None
-        )
-        result.bytes_before = ckpt.nbytes_on_disk
-        result.bytes_after = sum((out / s).stat().st_size for s in ckpt.shards)
+        gone = sum(lt.numel for lt in ckpt.logical if renames.get(lt.name, lt.name) is None)
+        record_sizes(result, ckpt, out, gone)
     finally:
         model.close()
     return result

@@ -31,7 +31,7 @@ from sparsetool.checkpoint.writer import write_checkpoint
 from sparsetool.errors import UsageError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.models.open import open_model
-from sparsetool.ops.shrink.inputs import check_output, model_config
+from sparsetool.ops.shrink.inputs import check_output, model_config, record_sizes
 from sparsetool.ops.shrink.layers import EXPERT_COUNT_KEYS, ExpertLayer, expert_count, expert_layers
 from sparsetool.ops.shrink.options import (
     ExpertPlan,
@@ -270,7 +270,6 @@ def _sizes(
 ) -> None:
     """Parameters and bytes on disk before and after."""
     lts = {lt.name: lt for lt in ckpt.logical}
-    before = sum(lt.numel for lt in ckpt.logical)
     removed = 0
     for layer in layers.values():
         for role in layer.roles:
@@ -278,8 +277,4 @@ def _sizes(
                 removed += lts[role.fused].numel * plan.removed // plan.experts
             removed += sum(lts[p.stored].numel for e, p in role.pieces.items() if e >= plan.keep)
         removed += sum(lts[s].numel * plan.removed // plan.experts for s in layer.router.values())
-    result.parameters_before, result.parameters_after = before, before - removed
-    result.bytes_before = ckpt.nbytes_on_disk
-    result.bytes_after = (
-        sum((out / s).stat().st_size for s in ckpt.shards) if ckpt.is_dir else (out.stat().st_size)
-    )
+    record_sizes(result, ckpt, out, removed)

@@ -19,6 +19,7 @@ import torch
 from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.models.hf import Piece
+from sparsetool.ops.prune.placement import is_experts
 
 __all__ = [
     "EXPERT_COUNT_KEYS",
@@ -26,7 +27,6 @@ __all__ = [
     "Role",
     "expert_count",
     "expert_layers",
-    "is_experts",
     "routing_of",
 ]
 
@@ -55,13 +55,6 @@ def expert_count(cfg, config: dict, path) -> tuple[int, int]:
             "Mixture-of-Experts models"
         )
     return experts, top_k
-
-
-def is_experts(module: torch.nn.Module) -> bool:
-    """transformers' fused experts: 3-D parameters, one matrix per expert, and a down projection."""
-    return hasattr(module, "down_proj") and any(
-        p.ndim == 3 for p in module.parameters(recurse=False)
-    )
 
 
 def routing_of(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

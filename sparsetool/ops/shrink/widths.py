@@ -34,7 +34,7 @@ from sparsetool.checkpoint.writer import write_checkpoint
 from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.models.open import open_model
-from sparsetool.ops.shrink.inputs import check_output
+from sparsetool.ops.shrink.inputs import check_output, record_sizes
 from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
 from sparsetool.ops.shrink.windows import shrink_windows
 from sparsetool.ops.text import read_text
@@ -102,12 +102,7 @@ def shrink_widths(
             result.left_out = list(cw.left_out)
             _write(model.ckpt, cw, cuts)
         ckpt = model.ckpt
-        result.parameters_before = sum(lt.numel for lt in ckpt.logical)
-        result.parameters_after = result.parameters_before - sum(
-            _removed(ckpt, name, cut) for name, cut in cuts.items()
-        )
-        result.bytes_before = ckpt.nbytes_on_disk
-        result.bytes_after = sum((out / s).stat().st_size for s in ckpt.shards)
+        record_sizes(result, ckpt, out, sum(_removed(ckpt, n, cut) for n, cut in cuts.items()))
     finally:
         model.close()
     return result
