@@ -92,11 +92,52 @@ def fail(message: str) -> None:
     raise SparsetoolError(message)
 
 
+PROGRESS_INTERVAL_ENV = "SPARSETOOL_PROGRESS_INTERVAL"
+"""Seconds between two progress lines when stderr is not a terminal (default 30; 0: a line for
+every unit of work)."""
+
+
+def progress_interval() -> float:
+    """The seconds between two progress lines: ``SPARSETOOL_PROGRESS_INTERVAL`` or 30 (a value
+    that is not a number of seconds >= 0 is said once, as a warning, and the default used)."""
+    import os
+
+    from sparsetool.util.progress import DEFAULT_INTERVAL
+
+    given = os.environ.get(PROGRESS_INTERVAL_ENV, "").strip()
+    if not given:
+        return DEFAULT_INTERVAL
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = -1.0
+    if not (seconds >= 0 and math.isfinite(seconds)):
+        warn(
+            f"{PROGRESS_INTERVAL_ENV}={given!r} is not a number of seconds >= 0; progress lines "
+            f"come every {DEFAULT_INTERVAL:g} s"
+        )
+        return DEFAULT_INTERVAL
+    return seconds
+
+
+def log_line(text: str) -> None:
+    """One plain line on stderr, as it is (no markup, never wrapped), written at once."""
+    err_console.print(text, highlight=False, soft_wrap=True, markup=False)
+
+
 @contextlib.contextmanager
 def progress_bar(enabled: bool = True) -> Iterator[Any]:
-    """A ``progress(stage, done, total)`` callback drawing a rich bar on stderr (terminals only)."""
-    if not enabled or not err_console.is_terminal:
+    """A ``progress(stage, done, total)`` callback for a command's long work (None when not
+    ``enabled``: --quiet, --json). On a terminal it draws a rich bar on stderr; otherwise (a
+    pipe, a file, CI) it prints plain throttled lines there (:class:`ProgressLines`: nothing in
+    the first 30 s, then one line at most every 30 s and one at each stage's end)."""
+    if not enabled:
         yield None
+        return
+    if not err_console.is_terminal:
+        from sparsetool.util.progress import ProgressLines
+
+        yield ProgressLines(log_line, progress_interval())
         return
     from rich.progress import (
         BarColumn,
@@ -128,17 +169,16 @@ def progress_bar(enabled: bool = True) -> Iterator[Any]:
 
 
 def plan_printer(enabled: bool = True) -> Callable[..., None] | None:
-    """A callback printing a model-level run's memory plan on stderr (terminals only): the
-    figures a user needs before the long part starts. ``plan(plan)`` or ``plan(name, plan)``."""
-    if not enabled or not err_console.is_terminal:
+    """A callback printing a model-level run's memory plan on stderr (a terminal or a log; not
+    with --quiet or --json): the figures a user needs before the long part starts. ``plan(plan)``
+    or ``plan(name, plan)``."""
+    if not enabled:
         return None
 
     def show(*args: Any) -> None:
         *name, plan = args
         where = f"{name[0]}: " if name else ""
-        err_console.print(
-            f"{escape(where)}{escape(plan.describe())}", highlight=False, soft_wrap=True
-        )
+        log_line(f"{where}{plan.describe()}")
 
     return show
 

@@ -1,7 +1,10 @@
-"""The one progress callback type of the library's long operations."""
+"""The one progress callback type of the library's long operations, and its plain-text form for
+a log (:class:`ProgressLines`: what the command line prints when stderr is not a terminal)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 
 Progress = Callable[[str, int, int], None]
@@ -26,4 +29,96 @@ class Steps:
             self.report(self.done, self.total)
 
 
-__all__ = ["Progress", "Steps"]
+DEFAULT_INTERVAL = 30.0
+"""Seconds between two progress lines of :class:`ProgressLines` (stage ends aside)."""
+
+
+class ProgressLines:
+    """A :data:`Progress` callback that writes plain lines for a log, throttled.
+
+    Nothing in the first ``interval`` seconds (a short command prints no progress at all); after
+    that a line at each stage's end and at most one every ``interval`` seconds in between, e.g.
+    ``progress: calibrate 12/30 (40%), 1m48s elapsed, about 2m42s left``. Elapsed and remaining
+    time are the stage's, from the work done since its first report (a resumed run's earlier
+    steps do not count as fast). ``write`` gets each line (without its newline); ``clock`` is
+    ``time.monotonic`` unless a test injects one. Safe to call from several threads.
+
+    >>> now = [0.0]; lines = []
+    >>> p = ProgressLines(lines.append, interval=30, clock=lambda: now[0])
+    >>> for step in range(1, 7):
+    ...     now[0] = 20.0 * step
+    ...     p("scan", step, 6)
+    >>> lines
+    ['progress: scan 2/6 (33%), 40s elapsed, about 1m20s left', \
+'progress: scan 4/6 (67%), 1m20s elapsed, about 40s left', 'progress: scan 6/6 done in 2m00s']
+    """
+
+    def __init__(
+        self,
+        write: Callable[[str], None],
+        interval: float = DEFAULT_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.write, self.interval, self.clock = write, interval, clock
+        self.started = self.last_line = self.last_call = clock()
+        self.stages: dict[str, tuple[float, int, int]] = {}  # stage -> (start, done then, latest)
+        self.ended: set[str] = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, stage: str, done: int, total: int, detail: str = "") -> None:
+        """Report ``done`` of ``total`` units of ``stage``; ``detail`` (a loss, say) follows the
+        counts of a line printed between stage ends."""
+        with self.lock:
+            now = self.clock()
+            known = self.stages.get(stage)
+            if known is None or done < known[2]:  # a new stage, or the same name started again
+                # it began when the previous unit of work ended; the first report follows its
+                # first unit (or says 0 done when it begins)
+                known = (self.last_call if done else now, max(0, done - 1) if done else 0, done)
+                self.ended.discard(stage)
+            self.stages[stage] = (known[0], known[1], done)
+            self.last_call = now
+            if now - self.started < self.interval:
+                return
+            if total and done >= total:
+                if stage not in self.ended:
+                    self.ended.add(stage)
+                    took = duration(now - known[0])
+                    self._line(f"{stage} {done:,}/{total:,} done in {took}", now)
+            elif now - self.last_line >= self.interval and done > known[1]:
+                elapsed, units = now - known[0], done - known[1]
+                self._line(self._middle(stage, done, total, elapsed, units, detail), now)
+
+    def _middle(
+        self, stage: str, done: int, total: int, elapsed: float, units: int, detail: str
+    ) -> str:
+        text = f"{stage} {done:,}/{total:,}" if total else f"{stage} {done:,}"
+        if total:
+            text += f" ({done / total:.0%})"
+        if detail:
+            text += f", {detail}"
+        if not total:
+            return f"{text}, {duration(elapsed)} elapsed"
+        left = elapsed / units * (total - done)
+        return f"{text}, {duration(elapsed)} elapsed, about {duration(left)} left"
+
+    def _line(self, text: str, now: float) -> None:
+        self.last_line = now
+        self.write(f"progress: {text}")
+
+
+def duration(seconds: float) -> str:
+    """A duration for a progress line: seconds, then minutes and seconds, then hours.
+
+    >>> duration(4.4), duration(65), duration(3600 * 2 + 61)
+    ('4s', '1m05s', '2h01m')
+    """
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+__all__ = ["DEFAULT_INTERVAL", "Progress", "ProgressLines", "Steps", "duration"]
