@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -308,6 +309,7 @@ def train(
         flags = _flags(locals(), output, options)
         if "out" not in file_values and output is None:
             usage_error("give -o/--output RUN_DIR: a run directory to create or resume is required")
+        caveat_lines: list[str] = []
         if resume:
             from sparsetool.train.trainconfig import TrainConfig
 
@@ -315,8 +317,9 @@ def train(
         else:
             with usage_errors():  # options that do not fit together: exit 2, as a bad value
                 cfg = merge(file_values, flags)
-            for text in caveats(cfg):  # legal, but probably not what was meant
-                _warn(text)
+            # legal, but probably not what was meant: said when the run starts, after every check
+            # that can refuse it (--init, the run directory, memory, disk), never before an error
+            caveat_lines = caveats(cfg)
         use_threads(
             threads
         )  # a run's recorded --threads (resume, --config) is applied by the trainer
@@ -329,7 +332,7 @@ def train(
 
         def callback(kind: str, info: dict) -> None:
             if kind == "start" and _is_master():
-                for text in _data_caveats(info["data"]) + info["warnings"]:
+                for text in caveat_lines + _data_caveats(info["data"]) + info["warnings"]:
                     _warn(text)
             output(kind, info)
 
@@ -435,7 +438,9 @@ def _is_master() -> bool:
 
 
 class _Progress:
-    """Rich progress bar with loss and tokens/s; one summary table at the end (rank 0 only).
+    """Rich progress bar with loss and tokens/s, or plain progress lines on stderr when stdout is
+    not a terminal (:class:`~sparsetool.util.progress.ProgressLines`); one summary table at the end
+    (rank 0 only).
 
     ``only_end`` "json" or "quiet": nothing while training (but the line a signal prints), then the
     summary as JSON or as the table."""
@@ -446,6 +451,8 @@ class _Progress:
         self.only_end = only_end
         self.bar = None
         self.task = None
+        self.lines: Any = None  # a log's progress lines (stdout not a terminal)
+        self.stop = 0
         self.master = _is_master()
 
     def __call__(self, kind: str, info: dict) -> None:
@@ -476,6 +483,12 @@ class _Progress:
         )
         if info.get("distributed") and info.get("memory_plan"):
             self.console.print(info["memory_plan"], highlight=False, soft_wrap=True)
+        for note in info.get("notes", []):
+            from sparsetool.cli._output import log_line
+
+            log_line(f"note: {note}")
+        if info.get("disk_plan"):
+            self.console.print(self.escape(info["disk_plan"]), highlight=False, soft_wrap=True)
         d, unit = info["data"], "tokens" if "train_tokens" in info["data"] else "bytes"
         self.console.print(
             f"data: {self.escape(d['source'])} ({d['train_' + unit]:,} train / "
@@ -489,7 +502,13 @@ class _Progress:
             for line in describe(info["sparse_training"]):
                 self.console.print(self.escape(line), highlight=False, soft_wrap=True)
         if not self.console.is_terminal:
-            # piped: no bar (its one final line would be cut to the width); the summary follows
+            # piped: no bar (its one final line would be cut to the width) but plain progress
+            # lines on stderr, throttled as every command's; the summary follows
+            from sparsetool.cli._output import log_line, progress_interval
+            from sparsetool.util.progress import ProgressLines
+
+            self.lines = ProgressLines(log_line, progress_interval())
+            self.stop = info["stop"]
             return
         self.bar = Progress(
             TextColumn("[bold]train"),
@@ -515,6 +534,8 @@ class _Progress:
         )
 
     def _step(self, r: dict) -> None:
+        if self.lines is not None:
+            self.lines("train", r["step"], self.stop, f"loss {r['loss']:.4f}")
         if self.bar is None:
             return
         self.bar.update(
@@ -592,6 +613,6 @@ class _Progress:
                 s["checkpoint"] + (" (Hugging Face directory)" if s.get("huggingface") else ""),
             ),
             ("log", s["log"]),
-            ("loss curve", s["plot"]),
+            ("loss curve", s["plot"] or "none (matplotlib is not installed)"),
         ]
         print_table(None, rows, align="ll")

@@ -295,6 +295,27 @@ class HFModel:
         for name, data in self.files.items():
             (directory / name).write_bytes(data)
 
+    def export_bytes(
+        self, model: torch.nn.Module, targeted: list[tuple[str, int]], encoding: str
+    ) -> int:
+        """About the bytes of ``RUN/model/model.safetensors`` (:meth:`export`): the weights in
+        the source's dtype (a tied head once), in ``encoding`` for the ``targeted`` (name, numel)
+        of a sparse run (bitmask: counted as if nothing were pruned, an upper bound)."""
+        tied = tied_duplicates(model)
+        masked = {name for name, _ in targeted}
+        size = torch.empty((), dtype=self.dtype).element_size()
+        total = sum(
+            t.numel() * size + len(n) + 96
+            for n, t in model.state_dict().items()
+            if n not in tied or n in masked
+        )
+        kept = sum(numel for _, numel in targeted)
+        if codec(encoding).side_mask:
+            total += kept
+        elif codec(encoding).compressed:
+            total += kept // 8 + 1
+        return total + 4096
+
     def export(
         self,
         run_dir: Path,

@@ -39,7 +39,7 @@ from sparsetool.checkpoint.output_files import (
 from sparsetool.errors import ConfigError
 from sparsetool.models.gpt import GPT, GPTConfig
 from sparsetool.targets import plan_targets
-from sparsetool.train import distill, hfrun, runfiles, runstate, warmstart
+from sparsetool.train import diskplan, distill, hfrun, runfiles, runstate, warmstart
 from sparsetool.train.data import Sampler, eval_batches
 from sparsetool.train.distributed import (
     gather_digests,
@@ -61,6 +61,7 @@ from sparsetool.train.sharding import gathered
 from sparsetool.train.signals import SIGNALS, StopRequest, signal_name
 from sparsetool.train.trainconfig import TrainConfig
 from sparsetool.util.corpus import load_corpus
+from sparsetool.util.plotting import PLOT_EXTRA
 
 Callback = Callable[[str, dict], None]
 
@@ -104,6 +105,8 @@ class Trainer:
             None  # (generation, updates), sparsity
         )
         self.log = runstate.NullLog()  # the run's log.jsonl on rank 0, from the start of the run
+        self.disk_plan: diskplan.DiskPlan | None = None  # made when the run starts
+        self.plots = runfiles.can_plot()  # loss.png needs matplotlib; without it, a note
         if resume:
             cfg, self._resumed_model, self.resume_from = runstate.resumed_config(
                 self.run_dir, flag_overrides or {}
@@ -304,7 +307,37 @@ class Trainer:
             if self.hf and sparse and self.resume_from is None
             else None
         )
-        return [warning] if warning else []
+        short = self.disk_plan.shortfall() if self.disk_plan else None
+        return [w for w in (warning, short) if w]
+
+    def _disk_plan(self, run: runstate.RunState) -> diskplan.DiskPlan:
+        """What the checkpoints of ``run`` (from its step to its stop) take on disk
+        (:mod:`.diskplan`): the model's state-dict entries in float32, AdamW's moments for each
+        parameter, the masks when the run is sparse at some stage."""
+        cfg = self.cfg
+        entries = [(n, t.numel()) for n, t in self.model.state_dict().items()]
+        targeted = [(n, self.targets[n].numel()) for n in self.target_plan.targeted]
+        sparse = self.sparsifier is not None or any(stage.sparsity for stage in self.plan)
+        algorithm = (self.sparsifier_config or {}).get("algorithm") or cfg.algorithm
+        other, final, name = 512, None, "model.safetensors"  # config.json; a copy of the model
+        if self.hf:
+            other = sum(len(b) for b in self.hf.files.values()) + 4096  # tokenizer, config
+            final = self.hf.export_bytes(self.model, targeted if sparse else [], cfg.encoding)
+            final, name = final + other, f"{hfrun.MODEL_DIR}/"
+        return diskplan.estimate(
+            entries=entries,
+            params=[p.numel() for p in self.model.parameters()],
+            targeted=targeted,
+            sparse=sparse,
+            algorithm=algorithm,
+            sharded=self.sharded,
+            other=other,
+            final=final,
+            final_name=name,
+            saves=diskplan.checkpoint_steps(run.step, run.stop, cfg.save_every),
+            keep_last=cfg.keep_last,
+            free=diskplan.free_bytes(self.run_dir),
+        )
 
     @property
     def num_params(self) -> int:
@@ -519,6 +552,10 @@ class Trainer:
                 resume.get("sparsifier"),
                 json.loads(saved_config) if saved_config else None,
             )
+        run.stop = cfg.stop_at or cfg.steps
+        # the disk its checkpoints take: refused now if the first cannot be written
+        self.disk_plan = self._disk_plan(run)
+        self.disk_plan.check(self.run_dir)
         if self.master:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             runstate.write_run_json(self)
@@ -527,7 +564,6 @@ class Trainer:
             if self.master
             else runstate.NullLog()
         )
-        run.stop = cfg.stop_at or cfg.steps
         self.callback("start", self._start_info(run))
         self.model.train()
         done_train = [r for r in self.log.records if r.get("kind") == "train"]
@@ -556,8 +592,11 @@ class Trainer:
             "sparsity": self.sparsity(),
             "distributed": (self.cfg.distributed if self.world > 1 or self.sharded else None),
             "memory_plan": self.memory_plan.describe() if self.memory_plan else None,
+            "disk_plan": self.disk_plan.describe() if self.disk_plan else None,
+            "disk": self.disk_plan.to_json() if self.disk_plan else None,
             "sparse_training": self.sparsifier.resolved() if self.sparsifier is not None else None,
             "warnings": self._warnings(),
+            "notes": [] if self.plots else [runfiles.NO_PLOT.format(extra=PLOT_EXTRA)],
         }
 
     def _enter_stage(self, step: int, run: runstate.RunState) -> None:

@@ -16,7 +16,8 @@ Layout::
         state.json                        step, data position, RNG states
     RUN/latest                            name of the newest complete checkpoint directory
     RUN/model.safetensors, config.json    the final model (a copy of the last checkpoint's)
-    RUN/log.jsonl, log.csv, loss.png      loss, LR, sparsity, tokens/s; the loss curve
+    RUN/log.jsonl, log.csv, loss.png      loss, LR, sparsity, tokens/s; the loss curve (drawn
+                                          when matplotlib, the ``plot`` extra, is installed)
 """
 
 from __future__ import annotations
@@ -197,6 +198,24 @@ def read_init_checkpoint(
             if mask is not None:
                 masks[lt.name] = mask.bool()
     return weights, masks, meta
+
+
+NO_PLOT = (
+    "matplotlib is not installed: the run writes no loss.png (log.csv holds the same figures); "
+    "{extra}"
+)
+"""The note a run without matplotlib gives at its start (``{extra}``: how to install it)."""
+
+
+def can_plot() -> bool:
+    """Whether matplotlib (the ``plot`` extra) can be imported to draw loss.png; looked up
+    without importing it."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):  # a module entry set to None, or a broken installation
+        return False
 
 
 class Log:

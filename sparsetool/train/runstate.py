@@ -93,6 +93,7 @@ class TrainerView(Protocol):
     world: int
     master: bool
     sharded: bool
+    plots: bool  # matplotlib is there: loss.png is drawn at each save
 
     @property
     def global_batch(self) -> int: ...
@@ -426,7 +427,11 @@ def _save_sharded(trainer: TrainerView, step: int, state: dict) -> None:
 
 
 def _save_plots(trainer: TrainerView) -> None:
+    """log.csv, and loss.png when matplotlib (the ``plot`` extra) is installed: the run's results
+    never depend on the optional picture."""
     trainer.log.write_csv(trainer.run_dir)
+    if not trainer.plots:
+        return
     trainer.log.plot(
         trainer.run_dir,
         title(
@@ -478,6 +483,6 @@ def summary(trainer: TrainerView, run: RunState) -> dict:
         ),
         "huggingface": trainer.hf is not None,
         "log": str(trainer.run_dir / "log.jsonl"),
-        "plot": str(trainer.run_dir / "loss.png"),
+        "plot": str(trainer.run_dir / "loss.png") if trainer.plots else None,
         "interrupted": run.interrupted,
     }
