@@ -481,7 +481,8 @@ class _Progress:
             highlight=False,
             soft_wrap=True,
         )
-        if info.get("distributed") and info.get("memory_plan"):
+        if (info.get("distributed") or "model_type" in m) and info.get("memory_plan"):
+            # a Hugging Face model or several processes: the figures that decide what fits
             self.console.print(info["memory_plan"], highlight=False, soft_wrap=True)
         for note in info.get("notes", []):
             from sparsetool.cli._output import log_line

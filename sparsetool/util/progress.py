@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 Progress = Callable[[str, int, int], None]
 """Called as ``progress(stage, done, total)`` after each unit of work of a stage (a tensor, a
@@ -29,6 +30,18 @@ class Steps:
             self.report(self.done, self.total)
 
 
+@dataclass
+class _Stage:
+    """Where one stage of a :class:`ProgressLines` stands."""
+
+    start: float  # when it began (the end of the previous unit of work)
+    start_done: int  # the units done before it began (a resumed run's earlier steps)
+    first_time: float  # its first report
+    first_done: int  # the units done at that report
+    latest: int = 0  # the units done at the latest report
+    ended: bool = False  # its end has been printed
+
+
 DEFAULT_INTERVAL = 30.0
 """Seconds between two progress lines of :class:`ProgressLines` (stage ends aside)."""
 
@@ -38,10 +51,11 @@ class ProgressLines:
 
     Nothing in the first ``interval`` seconds (a short command prints no progress at all); after
     that a line at each stage's end and at most one every ``interval`` seconds in between, e.g.
-    ``progress: calibrate 12/30 (40%), 1m48s elapsed, about 2m42s left``. Elapsed and remaining
-    time are the stage's, from the work done since its first report (a resumed run's earlier
-    steps do not count as fast). ``write`` gets each line (without its newline); ``clock`` is
-    ``time.monotonic`` unless a test injects one. Safe to call from several threads.
+    ``progress: calibrate 12/30 (40%), 1m48s elapsed, about 2m42s left``. The elapsed time is the
+    stage's; the time left follows the pace since the stage's first report (so neither the set-up
+    before its first unit nor a resumed run's earlier steps skew it). ``write`` gets each line
+    (without its newline); ``clock`` is ``time.monotonic`` unless a test injects one. Safe to
+    call from several threads.
 
     >>> now = [0.0]; lines = []
     >>> p = ProgressLines(lines.append, interval=30, clock=lambda: now[0])
@@ -61,8 +75,7 @@ class ProgressLines:
     ) -> None:
         self.write, self.interval, self.clock = write, interval, clock
         self.started = self.last_line = self.last_call = clock()
-        self.stages: dict[str, tuple[float, int, int]] = {}  # stage -> (start, done then, latest)
-        self.ended: set[str] = set()
+        self.stages: dict[str, _Stage] = {}
         self.lock = threading.Lock()
 
     def __call__(self, stage: str, done: int, total: int, detail: str = "") -> None:
@@ -70,37 +83,41 @@ class ProgressLines:
         counts of a line printed between stage ends."""
         with self.lock:
             now = self.clock()
-            known = self.stages.get(stage)
-            if known is None or done < known[2]:  # a new stage, or the same name started again
-                # it began when the previous unit of work ended; the first report follows its
-                # first unit (or says 0 done when it begins)
-                known = (self.last_call if done else now, max(0, done - 1) if done else 0, done)
-                self.ended.discard(stage)
-            self.stages[stage] = (known[0], known[1], done)
+            s = self.stages.get(stage)
+            if s is None or done < s.latest:  # a new stage, or the same name started again
+                # it began when the previous unit of work ended (the first report follows its
+                # first unit), or now if it says 0 done
+                s = _Stage(self.last_call if done else now, max(0, done - 1), now, done)
+                self.stages[stage] = s
+            s.latest = done
             self.last_call = now
             if now - self.started < self.interval:
                 return
             if total and done >= total:
-                if stage not in self.ended:
-                    self.ended.add(stage)
-                    took = duration(now - known[0])
+                if not s.ended:
+                    s.ended = True
+                    took = duration(now - s.start)
                     self._line(f"{stage} {done:,}/{total:,} done in {took}", now)
-            elif now - self.last_line >= self.interval and done > known[1]:
-                elapsed, units = now - known[0], done - known[1]
-                self._line(self._middle(stage, done, total, elapsed, units, detail), now)
+            elif now - self.last_line >= self.interval and done > s.start_done:
+                self._line(self._middle(stage, done, total, detail, s, now), now)
 
-    def _middle(
-        self, stage: str, done: int, total: int, elapsed: float, units: int, detail: str
-    ) -> str:
+    @staticmethod
+    def _middle(stage: str, done: int, total: int, detail: str, s: _Stage, now: float) -> str:
         text = f"{stage} {done:,}/{total:,}" if total else f"{stage} {done:,}"
         if total:
             text += f" ({done / total:.0%})"
         if detail:
             text += f", {detail}"
+        text += f", {duration(now - s.start)} elapsed"
         if not total:
-            return f"{text}, {duration(elapsed)} elapsed"
-        left = elapsed / units * (total - done)
-        return f"{text}, {duration(elapsed)} elapsed, about {duration(left)} left"
+            return text
+        # the pace since the first report, once there is one to measure from: the time before
+        # the first unit ended (a model loading, say) does not stretch the estimate
+        if done > s.first_done:
+            pace = (now - s.first_time) / (done - s.first_done)
+        else:
+            pace = (now - s.start) / (done - s.start_done)
+        return f"{text}, about {duration(pace * (total - done))} left"
 
     def _line(self, text: str, now: float) -> None:
         self.last_line = now

@@ -157,6 +157,13 @@ def test_progress_lines_when_the_output_is_not_a_terminal_and_quiet_silences_the
     assert r.exit_code == 0 and r.stderr == "", r.stderr
 
 
+def test_a_hugging_face_run_says_its_memory_plan_and_its_disk_before_it_starts(tmp_path):
+    r = run("train", "--init", TINY_LM, "-o", tmp_path / "run", *TINY_RUN[2:], "--context", "32")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[1].startswith("memory plan: weights ") and lines[2].startswith("disk: "), lines
+
+
 def test_without_matplotlib_the_run_writes_no_picture_and_says_so_once(tmp_path):
     """The run's results never depend on the optional picture: a note line, then the same run
     (a second one with --json, in the same process: no note, the summary's plot is null)."""

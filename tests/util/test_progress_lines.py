@@ -87,6 +87,17 @@ def test_a_stage_reported_from_zero_and_restarted_and_a_resumed_count():
     )
 
 
+def test_the_set_up_before_the_first_unit_does_not_stretch_the_time_left():
+    p, out, clock = _lines()
+    clock.now += 100  # a model loads: 100 s before the first of 10 blocks is done
+    p("calibrate", 1, 10)
+    assert out == ["progress: calibrate 1/10 (10%), 1m40s elapsed, about 15m00s left"]
+    for done in (2, 3, 4):  # then 10 s a block
+        clock.now += 10
+        p("calibrate", done, 10)
+    assert out[-1] == "progress: calibrate 4/10 (40%), 2m10s elapsed, about 1m00s left"
+
+
 def test_an_interval_of_zero_prints_every_report():
     p, out, clock = _lines(interval=0)
     for i in range(1, 4):
