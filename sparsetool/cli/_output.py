@@ -125,19 +125,29 @@ def log_line(text: str) -> None:
     err_console.print(text, highlight=False, soft_wrap=True, markup=False)
 
 
+_log_progress: Any = None  # the ProgressLines of the command's work while stderr is a log
+
+
 @contextlib.contextmanager
 def progress_bar(enabled: bool = True) -> Iterator[Any]:
     """A ``progress(stage, done, total)`` callback for a command's long work (None when not
     ``enabled``: --quiet, --json). On a terminal it draws a rich bar on stderr; otherwise (a
     pipe, a file, CI) it prints plain throttled lines there (:class:`ProgressLines`: nothing in
-    the first 30 s, then one line at most every 30 s and one at each stage's end)."""
+    the first 30 s, then one line at most every 30 s and one at each stage's end), and the memory
+    plan :func:`plan_printer` hands it."""
     if not enabled:
         yield None
         return
     if not err_console.is_terminal:
         from sparsetool.util.progress import ProgressLines
 
-        yield ProgressLines(log_line, progress_interval())
+        global _log_progress
+        lines = _log_progress = ProgressLines(log_line, progress_interval())
+        try:
+            yield lines
+        finally:
+            _log_progress = None
+            lines.close()
         return
     from rich.progress import (
         BarColumn,
@@ -169,16 +179,23 @@ def progress_bar(enabled: bool = True) -> Iterator[Any]:
 
 
 def plan_printer(enabled: bool = True) -> Callable[..., None] | None:
-    """A callback printing a model-level run's memory plan on stderr (a terminal or a log; not
-    with --quiet or --json): the figures a user needs before the long part starts. ``plan(plan)``
-    or ``plan(name, plan)``."""
+    """A callback printing a model-level run's memory plan on stderr (not with --quiet or --json):
+    the figures a user needs before the long part starts. ``plan(plan)`` or ``plan(name, plan)``.
+
+    On a terminal it is printed at once; in a log it goes with the progress lines of the work in
+    progress (:meth:`ProgressLines.hold`): once the first 30 s have passed, before the first
+    progress line, so a short run adds nothing to the log."""
     if not enabled:
         return None
 
     def show(*args: Any) -> None:
         *name, plan = args
         where = f"{name[0]}: " if name else ""
-        log_line(f"{where}{plan.describe()}")
+        text = f"{where}{plan.describe()}"
+        if _log_progress is not None and not err_console.is_terminal:
+            _log_progress.hold(text)
+        else:
+            log_line(text)
 
     return show
 

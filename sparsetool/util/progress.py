@@ -76,7 +76,29 @@ class ProgressLines:
         self.write, self.interval, self.clock = write, interval, clock
         self.started = self.last_line = self.last_call = clock()
         self.stages: dict[str, _Stage] = {}
+        self.held: list[str] = []  # lines for the log once it gets any (:meth:`hold`)
         self.lock = threading.Lock()
+
+    def hold(self, text: str) -> None:
+        """A line (a memory plan, say) for a log that gets progress: written now once the first
+        ``interval`` has passed, else kept and written before the first progress line (or at
+        :meth:`close` of a run that lasted that long); a short run writes none of it."""
+        with self.lock:
+            self.held.append(text)
+            if self.clock() - self.started >= self.interval:
+                self._release()
+
+    def close(self) -> None:
+        """The end of the work: held lines are written if the run lasted ``interval``."""
+        with self.lock:
+            if self.clock() - self.started >= self.interval:
+                self._release()
+            self.held.clear()
+
+    def _release(self) -> None:
+        for text in self.held:
+            self.write(text)
+        self.held.clear()
 
     def __call__(self, stage: str, done: int, total: int, detail: str = "") -> None:
         """Report ``done`` of ``total`` units of ``stage``; ``detail`` (a loss, say) follows the
@@ -120,6 +142,7 @@ class ProgressLines:
         return f"{text}, about {duration(pace * (total - done))} left"
 
     def _line(self, text: str, now: float) -> None:
+        self._release()
         self.last_line = now
         self.write(f"progress: {text}")
 

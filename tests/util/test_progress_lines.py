@@ -1,7 +1,7 @@
 """Progress for a log: when stderr is not a terminal (a pipe, a file, CI) every command's progress
-callback prints plain throttled lines there (``ProgressLines``), and a model-level run prints its
-memory plan; ``-q`` silences both. The throttling is tested with an injected clock, the command
-line with real subprocesses whose stderr is a file."""
+callback prints plain throttled lines there (``ProgressLines``), and a model-level run's memory
+plan comes with them; ``-q`` silences both. The throttling is tested with an injected clock, the
+command line with real subprocesses whose stderr is a file."""
 
 from __future__ import annotations
 
@@ -96,6 +96,30 @@ def test_the_set_up_before_the_first_unit_does_not_stretch_the_time_left():
         clock.now += 10
         p("calibrate", done, 10)
     assert out[-1] == "progress: calibrate 4/10 (40%), 2m10s elapsed, about 1m00s left"
+
+
+def test_a_held_line_comes_before_the_first_progress_line_or_not_at_all():
+    p, out, clock = _lines()
+    p.hold("memory plan: 1 GiB")  # in the first 30 s: kept
+    clock.now += 29
+    p("calibrate", 1, 30)
+    assert out == []
+    clock.now += 1
+    p("calibrate", 2, 30)
+    assert out[0] == "memory plan: 1 GiB" and out[1].startswith("progress: calibrate 2/30")
+    p.hold("second: memory plan: 2 GiB")  # past the first 30 s: at once
+    assert out[-1] == "second: memory plan: 2 GiB"
+    short, out, clock = _lines()
+    short.hold("memory plan: 1 GiB")
+    clock.now += 5
+    short("calibrate", 1, 1)
+    short.close()  # a run of 5 s: its log gets nothing
+    assert out == []
+    long, out, clock = _lines()
+    long.hold("memory plan: 1 GiB")
+    clock.now += 40  # no progress reported, but the run lasted: the plan at its end
+    long.close()
+    assert out == ["memory plan: 1 GiB"]
 
 
 def test_an_interval_of_zero_prints_every_report():
