@@ -397,6 +397,10 @@ MEMORY_KEYS = dict(
     budget=INT,
     budget_source=STR,
 )
+# a difference (or ratio) to the first checkpoint with its paired 95% interval (ops/paired.py)
+INTERVAL = obj(estimate=NUM, low=NUM, high=NUM, items=INT, inside_noise=BOOL)
+_METHOD = dict(method=STR, confidence=NUM, resamples=INT, seed=INT, over=STR)
+COMPARISON_METHOD = obj(estimate=STR, **_METHOD)
 EVAL = obj(
     text=STR,
     checkpoints=arr(
@@ -419,9 +423,11 @@ EVAL = obj(
             nll_stderr=NUM,
             tokenizer=STR,
             memory=obj(windows_held=INT, **MEMORY_KEYS),
+            comparison=nullable(INTERVAL),
         )
     ),
     compare_by=STR,
+    comparison=COMPARISON_METHOD,
     warnings=arr(STR),
 )
 TRAIN = obj(
@@ -510,4 +516,38 @@ BENCH = obj(
     verdict=STR,
     notes=arr(STR),
     plot=OPT_STR,
+)
+
+# eval --tasks
+TASKS = obj(
+    harness=obj(name=STR, version=STR),
+    tasks=mapping(obj(version="any", n_shot=(INT, "null"))),
+    data=arr("dict"),
+    limit=(INT, "null"),
+    seed=(INT, "null"),
+    text=OPT_STR,
+    checkpoints=arr(
+        obj(
+            name=STR,
+            kind=STR,
+            targeted_sparsity=NUM,
+            params=INT,
+            nonzero_params=INT,
+            metrics=mapping(mapping("any")),
+            samples=mapping(INT),
+            requests=INT,
+            seconds=NUM,
+            perplexity=OPT_NUM,
+            memory=arr("dict"),
+            items=mapping(arr("dict")),
+            comparison=nullable(
+                obj(
+                    tasks=mapping(mapping(INTERVAL)),
+                    mean=nullable(obj(metric=STR, **INTERVAL)),
+                    perplexity=nullable(INTERVAL),
+                )
+            ),
+        )
+    ),
+    comparison=obj(mean=STR, **_METHOD),
 )

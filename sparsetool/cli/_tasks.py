@@ -20,9 +20,6 @@ from sparsetool.cli._output import (
 )
 from sparsetool.cli._params import conflicting, usage_error
 
-# Shown per task, in this order, when the harness reports them; else the task's first metric.
-SHOWN = ("acc", "acc_norm")
-
 
 def check_options(
     tasks: str | None,
@@ -164,19 +161,15 @@ def run(
 
 def print_results(result: Any, with_perplexity: bool) -> None:
     """The table of task metrics (and perplexity), its footer, and where the data came from."""
+    from sparsetool.ops.tasks import shown_metrics
+
     columns = []  # (task, metric)
     for task in result.tasks:
-        metrics = result.rows[0].metrics.get(task, {})
-        shown = [m for m in SHOWN if f"{m},none" in metrics]
-        if not shown:
-            shown = [
-                k.split(",")[0]
-                for k, v in metrics.items()
-                if isinstance(v, (int, float)) and "_stderr" not in k and k != "sample_len"
-            ][:1]
-        columns += [(task, m) for m in shown]
+        columns += [(task, m) for m in shown_metrics(result.rows[0].metrics.get(task, {}))]
+    mean = _mean_metric(result)
     header = ["checkpoint", "targeted sparsity"] + (["perplexity"] if with_perplexity else [])
     header += [f"{task} {metric}" for task, metric in columns]
+    header += [f"mean {mean}"] if mean else []
     cells = []
     for r in result.rows:
         row = [r.name, percent(r.targeted_sparsity, 1)]
@@ -189,6 +182,9 @@ def print_results(result: Any, with_perplexity: bool) -> None:
                 if value is None
                 else f"{value:.4f}" + (f" ± {err:.4f}" if err is not None else "")
             )
+        if mean:
+            values = [r.metric(t, shown_metrics(r.metrics.get(t, {}))[0]) for t in result.tasks]
+            row.append(f"{sum(values) / len(values):.4f}" if None not in values else "-")
         cells.append(row)
     print_table(header, cells)
     shots = {result.n_shot.get(t, 0) for t in result.tasks}
@@ -217,3 +213,64 @@ def print_results(result: Any, with_perplexity: bool) -> None:
                 else ""
             )
         )
+    if len(result.rows) > 1:
+        print_differences(result, columns, mean, with_perplexity)
+
+
+def _mean_metric(result: Any) -> str | None:
+    """The name of the mean column (the mean over tasks of each task's first shown metric), or
+    None with one task."""
+    from sparsetool.ops.tasks import shown_metrics
+
+    if len(result.tasks) < 2:
+        return None
+    first = [shown_metrics(result.rows[0].metrics.get(t, {}))[:1] for t in result.tasks]
+    if not all(first):
+        return None
+    names = sorted({f[0] for f in first})
+    return names[0] if len(names) == 1 else "/".join(names)
+
+
+def _difference(interval: dict[str, Any] | None, digits: int = 4) -> str:
+    """``-0.0833 [-0.2500, +0.0833] ~``: a difference, its paired 95% interval, the noise mark."""
+    from sparsetool.cli.eval import NOISE
+
+    if interval is None:
+        return "-"
+    e, lo, hi = interval["estimate"], interval["low"], interval["high"]
+    mark = f" {NOISE}" if interval["inside_noise"] else ""
+    return f"{e:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]{mark}"
+
+
+def print_differences(
+    result: Any, columns: list[tuple[str, str]], mean: str | None, with_perplexity: bool
+) -> None:
+    """Each checkpoint after the first against the first: per task and metric the difference with
+    its paired 95% interval over the documents, the mean over tasks, the perplexity change over
+    the windows, and the legend of the noise mark."""
+    from sparsetool.cli.eval import NOISE, change_interval, noise_legend
+
+    header = ["difference to " + result.rows[0].name]
+    header += ["perplexity change"] if with_perplexity else []
+    header += [f"{task} {metric}" for task, metric in columns]
+    header += [f"mean {mean}"] if mean else []
+    cells = []
+    for r in result.rows[1:]:
+        comparison = r.comparison or {}
+        row = [r.name]
+        if with_perplexity:
+            ppl = comparison.get("perplexity")
+            row.append(
+                "-"
+                if ppl is None
+                else f"{100 * (ppl['estimate'] - 1):+.2f}% ({change_interval(ppl)})"
+                + (f" {NOISE}" if ppl["inside_noise"] else "")
+            )
+        per_task = comparison.get("tasks", {})
+        row += [_difference(per_task.get(task, {}).get(metric)) for task, metric in columns]
+        if mean:
+            row.append(_difference(comparison.get("mean")))
+        cells.append(row)
+    typer.echo("")
+    print_table(header, cells)
+    typer.echo(noise_legend("documents of each task (windows for perplexity)", None))

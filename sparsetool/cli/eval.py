@@ -185,7 +185,28 @@ def eval_command(
             console.print(f"plot: {plot}", highlight=False, soft_wrap=True)
 
 
+NOISE = "~"  # marks a difference whose paired 95% interval holds no change
+
+
+def change_interval(comparison: dict | None) -> str:
+    """A perplexity ratio's paired interval as a change in percent: ``-0.12% .. +0.31%``."""
+    if comparison is None:
+        return "-"
+    return f"{100 * (comparison['low'] - 1):+.2f}% .. {100 * (comparison['high'] - 1):+.2f}%"
+
+
+def noise_legend(over: str, items: int | None) -> str:
+    """The line under a table with paired intervals, saying what they are and what ``~`` means."""
+    count = f" the {items:,}" if items else ""
+    return (
+        f"95% interval: paired with the first checkpoint over{count} {over} (bootstrap, "
+        f"10,000 resamples); {NOISE} marks a difference inside the noise (its interval holds no "
+        "change)"
+    )
+
+
 def _print(result) -> None:
+    paired = len(result.rows) > 1
     header = [
         "checkpoint",
         "targeted sparsity",
@@ -195,7 +216,7 @@ def _print(result) -> None:
         "bits/byte",
         "tokens",
         "change" if result.compare_by == "perplexity" else "change (bits/byte)",
-    ]
+    ] + (["95% interval"] if paired else [])
     cells = [
         [
             r.name,
@@ -205,8 +226,12 @@ def _print(result) -> None:
             f"{r.perplexity:.3f}",
             f"{r.bits_per_byte:.4f}",
             f"{r.tokens:,}",
-            "baseline" if i == 0 else f"{100 * r.change:+.2f}%",
+            "baseline"
+            if i == 0
+            else f"{100 * r.change:+.2f}%"
+            + (f" {NOISE}" if r.comparison and r.comparison["inside_noise"] else ""),
         ]
+        + ([("" if i == 0 else change_interval(r.comparison))] if paired else [])
         for i, r in enumerate(result.rows)
     ]
     shapes = sorted({(r.seq, r.stride) for r in result.rows})
@@ -220,3 +245,6 @@ def _print(result) -> None:
         )
     print_table(header, cells)
     typer.echo(footer)
+    compared = [r.comparison for r in result.rows[1:] if r.comparison]
+    if compared:
+        typer.echo(noise_legend("windows", compared[0]["items"]))

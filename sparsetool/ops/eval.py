@@ -44,6 +44,7 @@ __all__ = [
     "evaluate",
     "plot_eval",
     "pruned_by",
+    "compare_windows",
 ]
 
 
@@ -110,14 +111,17 @@ def score(
     batch: int = 1,
     held: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    per_window: list[float] | None = None,
 ) -> tuple[float, float]:
-    """Sum of the NLL (nats) of every scored token, and the sum of their squares. Windows of equal
+    """Sum of the NLL (nats) of every scored token, and the sum of their squares; ``per_window``
+    (a list) receives each window's sum, in the order of ``wins``. Windows of equal
     length run ``batch`` at a time; ``held`` windows (a multiple of ``batch``; default all) pass the
     blocks together, so each block is read once per ``held`` windows. Logits are made a chunk of
     rows at a time."""
     by_length: dict[int, list[Window]] = {}
     for w in wins:
         by_length.setdefault(w.end - w.start, []).append(w)
+    sums: dict[int, float] = {}  # id of a window -> its NLL sum (equal windows are one object)
     groups = [
         group[i : i + (held or len(group))]
         for group in by_length.values()
@@ -138,15 +142,20 @@ def score(
                 call.hidden = None  # type: ignore[assignment]  (freed as the tail goes on)
                 x = call.ids
                 for b, w in enumerate(chunk):
+                    window = 0.0
                     # hidden at position j predicts token j + 1
                     for lo in range(w.first - w.start, w.end - w.start, rows):
                         hi = min(lo + rows, w.end - w.start)
                         logits = model.logits(hidden[b, lo - 1 : hi - 1]).float()
                         nll = F.cross_entropy(logits, x[b, lo:hi], reduction="none")
-                        total += float(nll.sum())
+                        window += float(nll.sum())
                         squares += float(nll.double().pow(2).sum())
+                    total += window
+                    sums[id(w)] = window
             model.release_head()
             tick()
+    if per_window is not None:
+        per_window.extend(sums[id(w)] for w in wins)
     return total, squares
 
 
@@ -195,13 +204,21 @@ class EvalRow:
         ""  # fingerprint of the text's token ids: equal when the tokenizers agree on it
     )
     memory: dict | None = None  # the memory plan (memory.py), in bytes
+    # the perplexity ratio to the first checkpoint with its paired 95% interval over the windows
+    # (sparsetool.ops.paired.loss_ratio); None for the first, or when the windows differ
+    comparison: dict | None = None
+    # each window's summed NLL (nats) and scored tokens, in text order: what comparison pairs
+    window_nll: list[float] = field(default_factory=list, repr=False)
+    window_tokens: list[int] = field(default_factory=list, repr=False)
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else float("inf")
 
     def to_json(self) -> dict:
-        return {**asdict(self), "tokens_per_s": self.tokens_per_s}
+        out = {**asdict(self), "tokens_per_s": self.tokens_per_s}
+        del out["window_nll"], out["window_tokens"]
+        return out
 
 
 @dataclass
@@ -214,12 +231,38 @@ class EvalResult:
     warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
+        from sparsetool.ops.paired import method
+
         return {
             "text": self.text_source,
             "checkpoints": [r.to_json() for r in self.rows],
             "compare_by": self.compare_by,
+            "comparison": {**method(), "over": "windows", "estimate": "perplexity ratio"},
             "warnings": list(self.warnings),
         }
+
+
+def compare_windows(rows: Sequence[EvalRow]) -> None:
+    """Set each row's ``comparison`` to the first row: the perplexity ratio with its paired
+    interval over the windows (:func:`sparsetool.ops.paired.loss_ratio`), when both scored the
+    same windows of the same tokens (same tokenizer fingerprint, ``seq`` and ``stride``); else
+    None (perplexities over different tokens do not pair)."""
+    from sparsetool.ops.paired import loss_ratio
+
+    first = rows[0] if rows else None
+    for row in rows[1:]:
+        assert first is not None
+        same = (row.tokenizer, row.seq, row.stride, row.window_tokens) == (
+            first.tokenizer,
+            first.seq,
+            first.stride,
+            first.window_tokens,
+        )
+        row.comparison = (
+            loss_ratio(first.window_nll, row.window_nll, row.window_tokens).to_json()
+            if same and row.window_tokens
+            else None
+        )
 
 
 def _default_text() -> tuple[str, str]:
@@ -303,6 +346,7 @@ def evaluate(
     first = getattr(result.rows[0], result.compare_by)
     for row in result.rows:
         row.change = getattr(row, result.compare_by) / first - 1.0
+    compare_windows(result.rows)
     few = few_tokens_warning(result.rows, text_tokens, max_tokens)
     if few:
         result.warnings.append(few)
@@ -396,8 +440,9 @@ def _evaluate_one(
         on_plan(name, plan)
     report = (lambda d, t: progress(name, d, t)) if progress else None
     t0 = time.perf_counter()
+    per_window: list[float] = []
     total, squares = score(
-        model, torch.tensor(ids, dtype=torch.long), wins, batch, plan.held, report
+        model, torch.tensor(ids, dtype=torch.long), wins, batch, plan.held, report, per_window
     )
     seconds = time.perf_counter() - t0
     n = sum(w.scored for w in wins)
@@ -427,6 +472,8 @@ def _evaluate_one(
         nll_stderr=stderr,
         tokenizer=hashlib.sha256(str(enc.ids).encode()).hexdigest()[:16],
         memory=plan.to_json(),
+        window_nll=per_window,
+        window_tokens=[w.scored for w in wins],
     )
     return row, len(enc.ids)
 

@@ -92,6 +92,13 @@ class TaskRow:
     seconds: float
     perplexity: float | None = None  # with --text
     memory: list[dict] = field(default_factory=list)  # one memory plan per pass
+    # task -> one record per document, in document order: its id and the metrics the task
+    # reports for it (acc, acc_norm: 0 or 1; a rolling log-likelihood's [log-likelihood, count])
+    items: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # the difference to the first checkpoint with its paired interval (:func:`compare_rows`):
+    # {"tasks": {task: {metric: interval}}, "mean": {metric, interval} | None,
+    #  "perplexity": interval of the ratio | None}; None for the first checkpoint
+    comparison: dict[str, Any] | None = None
 
     def metric(self, task: str, name: str) -> float | None:
         """The harness's value of ``name`` (``acc``, ``acc_stderr``, ...) under its default
@@ -116,6 +123,8 @@ class TasksResult:
     sources: list[TaskSource] = field(default_factory=list)  # where each task's data came from
 
     def to_json(self) -> dict:
+        from sparsetool.ops.paired import method
+
         return {
             "harness": {"name": "lm-evaluation-harness", "version": self.harness},
             "tasks": {
@@ -127,7 +136,69 @@ class TasksResult:
             "seed": self.seed,
             "text": self.text_source,
             "checkpoints": [r.to_json() for r in self.rows],
+            "comparison": {
+                **method(),
+                "over": "documents (tasks), windows (perplexity)",
+                "mean": "of each task's first shown metric, each task resampled on its own",
+            },
         }
+
+
+# Shown per task, in this order, when the harness reports them; else the task's first metric.
+SHOWN = ("acc", "acc_norm")
+
+
+def shown_metrics(metrics: dict[str, Any]) -> list[str]:
+    """The metrics a table shows of a task's results (the harness's ``name,filter`` keys):
+    acc and acc_norm when reported, else its first number that is not a standard error."""
+    shown = [m for m in SHOWN if f"{m},none" in metrics]
+    if not shown:
+        shown = [
+            k.split(",")[0]
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and "_stderr" not in k and k != "sample_len"
+        ][:1]
+    return shown
+
+
+def _per_item(items: list[dict[str, Any]], metric: str) -> dict[Any, float]:
+    """doc id -> the item's value of ``metric``, for the items where it is one number."""
+    return {i["doc_id"]: float(i[metric]) for i in items if isinstance(i.get(metric), (int, float))}
+
+
+def compare_rows(rows: Sequence[TaskRow], tasks: Sequence[str]) -> None:
+    """Each row after the first gets ``comparison``: per task and metric with a number per
+    document (acc, acc_norm), the difference of the means to the first row with its paired 95%
+    interval over the documents both scored; ``mean``, the mean over tasks of each task's first
+    shown metric (:func:`shown_metrics`) with the tasks resampled apart; ``perplexity`` stays
+    None here (:func:`evaluate_tasks` sets it from the windows)."""
+    from sparsetool.ops.paired import mean_difference, mean_of_differences
+
+    if not rows:
+        return
+    first = rows[0]
+    for row in rows[1:]:
+        per_task: dict[str, dict[str, Any]] = {}
+        headline = []
+        for task in tasks:
+            for k, metric in enumerate(shown_metrics(first.metrics.get(task, {}))):
+                a = _per_item(first.items.get(task, []), metric)
+                b = _per_item(row.items.get(task, []), metric)
+                common = sorted(set(a) & set(b), key=str)
+                if not common:
+                    continue
+                pair = ([a[d] for d in common], [b[d] for d in common])
+                per_task.setdefault(task, {})[metric] = mean_difference(*pair).to_json()
+                if k == 0:
+                    headline.append((metric, pair))
+        mean = None
+        if len(headline) > 1 and len(headline) == len(tasks):
+            names = sorted({m for m, _ in headline})
+            mean = {
+                "metric": names[0] if len(names) == 1 else "/".join(names),
+                **mean_of_differences([p for _, p in headline]).to_json(),
+            }
+        row.comparison = {"tasks": per_task, "mean": mean, "perplexity": None}
 
 
 def _task_manager(names: list[str], paths: list[Path]):
@@ -373,7 +444,7 @@ def evaluate_tasks(
                         num_fewshot=num_fewshot,
                         limit=limit,
                         task_manager=manager,
-                        log_samples=False,
+                        log_samples=True,  # each document's metrics: the paired comparison
                         random_seed=seeds[0],
                         numpy_random_seed=seeds[1],
                         torch_random_seed=seeds[2],
@@ -402,6 +473,7 @@ def evaluate_tasks(
                     requests=lm.sequences,
                     seconds=seconds,
                     memory=[p.to_json() for p in lm.plans],
+                    items={t: _items(e) for t, e in out.get("samples", {}).items()},
                 )
             )
             if result is None:
@@ -416,6 +488,7 @@ def evaluate_tasks(
                 )
     assert result is not None
     result.rows = rows
+    compare_rows(rows, result.tasks)
     if text is not None:
         from sparsetool.ops.eval import evaluate
 
@@ -434,12 +507,31 @@ def evaluate_tasks(
         result.text_source = ppl.text_source
         for row, p in zip(rows, ppl.rows):
             row.perplexity = p.perplexity
+            if row.comparison is not None:
+                row.comparison["perplexity"] = p.comparison
     if not any(rows[0].metrics.values()):
         raise SparsetoolError(
             f"the harness scored nothing on {plural(len(names), 'task')} "
             f"{', '.join(names)}; check the task's data set and --limit"
         )
     return result
+
+
+def _plain(value: Any) -> Any:
+    """A per-document metric as JSON has it (a rolling log-likelihood's tuple as a list)."""
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value.item() if hasattr(value, "item") else value
+
+
+def _items(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The harness's logged samples of one task as one record per document, in id order: its
+    ``doc_id`` and the metrics the task reported for it."""
+    records = [
+        {"doc_id": e["doc_id"], **{m: _plain(e[m]) for m in e.get("metrics", []) if m in e}}
+        for e in examples
+    ]
+    return sorted(records, key=lambda r: (str(type(r["doc_id"])), r["doc_id"]))
 
 
 def _quiet_harness() -> None:
