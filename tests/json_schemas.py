@@ -540,6 +540,7 @@ TASKS = obj(
             perplexity=OPT_NUM,
             memory=arr("dict"),
             items=mapping(arr("dict")),
+            logged=mapping(STR),
             comparison=nullable(
                 obj(
                     tasks=mapping(mapping(INTERVAL)),

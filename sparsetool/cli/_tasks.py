@@ -33,11 +33,13 @@ def check_options(
     seq: Any,
     stride: Any,
     max_tokens: Any,
+    log_samples: Path | None = None,
 ) -> list[str] | None:
     """The task names, or None without --tasks; usage errors for options that would be ignored."""
     if tasks is None:
         for option, value in (
             ("--include-path", include_path),
+            ("--log-samples", log_samples),
             ("--limit", limit),
             ("--num-fewshot", num_fewshot),
             ("--seed", seed),
@@ -92,6 +94,7 @@ def run(
     plot: Any,
     as_json: bool,
     quiet: bool,
+    log_samples: Path | None = None,
 ) -> None:
     from sparsetool.ops.tasks import evaluate_tasks
 
@@ -115,6 +118,7 @@ def run(
             stride=stride,
             max_tokens=max_tokens,
             plot=plot,
+            log_samples=log_samples,
         )
     for (
         source
@@ -128,6 +132,9 @@ def run(
         emit_json(result.to_json())
     else:
         print_results(result, text is not None)
+        if log_samples is not None:
+            files = sum(len(r.logged) for r in result.rows)
+            typer.echo(f"samples: {files} JSON-lines files in {log_samples}")
     if plot is not None:  # after the results: a plot that fails loses nothing
         from sparsetool.ops.eval import EvalResult, EvalRow, plot_eval
 

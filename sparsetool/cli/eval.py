@@ -108,6 +108,14 @@ def eval_command(
         min=0,
         help="--tasks: K solved examples in each prompt. Default: the task's own (mostly 0).",
     ),
+    log_samples: Path | None = typer.Option(
+        None,
+        "--log-samples",
+        metavar="DIR",
+        help="--tasks: write each document the harness scored into DIR/CHECKPOINT/TASK.jsonl "
+        "(its id, the document, the target, the requests, each one's log-likelihood, the "
+        "metrics), as lm-eval's --log_samples does.",
+    ),
     seed: int | None = seed_option(
         "--tasks: seed of the few-shot examples and of the harness's sampling. Default: the "
         "harness's own seeds.",
@@ -129,7 +137,18 @@ def eval_command(
     from sparsetool.cli._tasks import check_options, run
 
     names = check_options(
-        tasks, include_path, limit, num_fewshot, seed, offline, text, plot, seq, stride, max_tokens
+        tasks,
+        include_path,
+        limit,
+        num_fewshot,
+        seed,
+        offline,
+        text,
+        plot,
+        seq,
+        stride,
+        max_tokens,
+        log_samples,
     )
     use_device(device)
     use_threads(threads)
@@ -153,6 +172,7 @@ def eval_command(
             plot=plot,
             as_json=as_json,
             quiet=quiet,
+            log_samples=log_samples,
         )
     from sparsetool.ops.eval import evaluate, plot_eval
 

