@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # torch stays unimported until a function is called
     from sparsetool.ops.prune import PruneResult
     from sparsetool.ops.report import Report
     from sparsetool.ops.shrink import ShrinkResult
+    from sparsetool.ops.tasks import TasksResult
 
 from sparsetool.ops.load import load
 from sparsetool.ops.prune.options import PruneOptions
@@ -190,19 +191,71 @@ def eval(
     dtype: str = "float32",
     device: str = "auto",
     max_memory: int | str | None = None,
-) -> EvalResult:
+    tasks: str | Sequence[str] | None = None,
+    include_path: str | Path | None = None,
+    limit: int | None = None,
+    num_fewshot: int | None = None,
+    seed: int | None = None,
+    offline: bool = False,
+    log_samples: str | Path | None = None,
+) -> EvalResult | TasksResult:
     """``sparsetool eval CKPT [CKPT ...]``: NLL, perplexity and bits per byte on held-out text.
     ``text`` is a file or directory (a ``Path``, or a ``str`` naming one that exists: read as
     ``--text`` reads it), the text itself (any other ``str``), or None for the held-out split of the
     built-in corpus; a one-word ``str`` that looks like a file name but names none is refused.
     Models run block by block on ``device`` in ``dtype``, holding as many windows as
-    ``max_memory`` (bytes or ``"12G"``; default: what is available) leaves room for."""
-    from sparsetool.ops.eval import evaluate
-    from sparsetool.util.options import check_device, parse_size
+    ``max_memory`` (bytes or ``"12G"``; default: what is available) leaves room for. Returns an
+    :class:`~sparsetool.ops.eval.EvalResult`.
+
+    With ``tasks`` (``"arc_easy,hellaswag"`` or a list; ``"zeroshot7"``) it is ``eval --tasks``:
+    task accuracy through lm-evaluation-harness (the eval extra), with ``include_path``,
+    ``limit``, ``num_fewshot``, ``seed``, ``offline`` and ``log_samples`` as the CLI's
+    ``--include-path``, ``--limit``, ``--num-fewshot``, ``--seed``, ``--offline`` and
+    ``--log-samples``, and perplexity on ``text`` only when ``text`` is given. Returns a
+    :class:`~sparsetool.ops.tasks.TasksResult` (``.rows``: per checkpoint its metrics, each
+    document's ``items`` and the ``comparison`` with the first; ``.to_json()`` = ``--json``)."""
+    from sparsetool.ops.tasks import task_names
+    from sparsetool.util.options import check_device, check_seed, parse_size
 
     paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
+    names = task_names(
+        tasks,
+        include_path=include_path,
+        limit=limit,
+        num_fewshot=num_fewshot,
+        seed=seed,
+        offline=offline,
+        log_samples=log_samples,
+        text=text,
+        seq=seq,
+        stride=stride,
+        max_tokens=max_tokens,
+    )
     if isinstance(text, str):
         text = _text_or_file(text)
+    if names is not None:
+        from sparsetool.ops.tasks import evaluate_tasks
+
+        return evaluate_tasks(
+            paths,
+            names,
+            include_path=include_path,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            batch=batch,
+            seed=None if seed is None else check_seed(seed),
+            dtype=dtype,
+            device=check_device(device),
+            max_memory=None if max_memory is None else parse_size(max_memory),
+            text=text,
+            seq=seq,
+            stride=stride,
+            max_tokens=max_tokens,
+            offline=offline,
+            log_samples=log_samples,
+        )
+    from sparsetool.ops.eval import evaluate
+
     return evaluate(
         paths,
         text=text,

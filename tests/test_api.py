@@ -194,3 +194,86 @@ def test_readme_python_example_runs(tmp_path, monkeypatch):
     assert printed[1].startswith("8 ")
     assert printed[2] == "torch.Size([64, 192]) " + str(round(0.75 * 64 * 192))
     assert 0 < float(printed[3]) < 1
+
+
+TASK = """\
+task: tail_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_target: "{{{{label}}}}"
+doc_to_choice: "{{{{choices}}}}"
+metric_list:
+  - metric: acc
+metadata:
+  version: 1.0
+"""
+
+
+def test_eval_with_tasks_is_eval_tasks_of_the_cli(tmp_path, monkeypatch):
+    """sparsetool.eval(..., tasks=[...]) returns what `eval --tasks ... --json` prints, with the
+    CLI's task options under their parameter names (real lm-evaluation-harness, a task over a
+    local JSON file, fixtures/tiny-lm)."""
+    import json
+
+    from helpers import ROOT, run
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    lines = (ROOT / "fixtures" / "heldout.txt").read_text().split()
+    items = [
+        {
+            "context": " ".join(lines[i : i + 6]),
+            "label": i % 2,
+            "choices": [lines[i + 6], lines[i + 40]][:: 1 if i % 2 == 0 else -1],
+        }
+        for i in range(0, 400, 20)
+    ]
+    (tmp_path / "items.jsonl").write_text("".join(json.dumps(x) + "\n" for x in items))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "tail_choice.yaml").write_text(TASK.format(data=tmp_path / "items.jsonl"))
+    lm = ROOT / "fixtures" / "tiny-lm"
+    pruned = tmp_path / "lm-75"
+    sparsetool.prune(lm, pruned, sparsity=0.75)
+    got = sparsetool.eval(
+        [lm, pruned],
+        tasks=["tail_choice"],
+        include_path=tasks,
+        limit=12,
+        seed=3,
+        device="cpu",
+        log_samples=tmp_path / "samples",
+    )
+    r = run(
+        "eval",
+        lm,
+        pruned,
+        "--tasks",
+        "tail_choice",
+        "--include-path",
+        tasks,
+        "--limit",
+        "12",
+        "--seed",
+        "3",
+        "--device",
+        "cpu",
+        "--json",
+    )
+    assert r.exit_code == 0, r.stderr
+    cli, api = json.loads(r.stdout), json.loads(json.dumps(got.to_json()))
+    for row in cli["checkpoints"] + api["checkpoints"]:
+        del row["seconds"], row["memory"], row["logged"]
+    assert api == cli
+    assert got.rows[1].comparison["tasks"]["tail_choice"]["acc"]["items"] == 12
+    logged = (tmp_path / "samples" / "lm-75" / "tail_choice.jsonl").read_text()
+    assert len(logged.splitlines()) == 12
+    with_text = sparsetool.eval(
+        lm, tasks="tail_choice", include_path=tasks, limit=2, text=" ".join(lines[:300]), seq=32
+    )
+    assert with_text.rows[0].perplexity > 1 and with_text.text_source == "given text"

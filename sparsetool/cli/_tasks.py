@@ -18,7 +18,7 @@ from sparsetool.cli._output import (
     progress_bar,
     warn,
 )
-from sparsetool.cli._params import conflicting, usage_error
+from sparsetool.cli._params import usage_errors
 
 
 def check_options(
@@ -35,43 +35,29 @@ def check_options(
     max_tokens: Any,
     log_samples: Path | None = None,
 ) -> list[str] | None:
-    """The task names, or None without --tasks; usage errors for options that would be ignored."""
-    if tasks is None:
-        for option, value in (
-            ("--include-path", include_path),
-            ("--log-samples", log_samples),
-            ("--limit", limit),
-            ("--num-fewshot", num_fewshot),
-            ("--seed", seed),
-            ("--offline", offline or None),
-        ):
-            if value is not None:
-                usage_error(
-                    f"{option} applies to task accuracy only; add --tasks NAME[,NAME...] or drop "
-                    f"{option}"
-                )
-        return None
-    # the harness's own progress bars (sparsetool draws one): tqdm reads this when it is imported,
-    # and torch imports it, so before --device or --threads load torch
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    names = [n.strip() for n in tasks.split(",") if n.strip()]
-    if not names:
-        usage_error("--tasks: give at least one task name, e.g. --tasks arc_easy,hellaswag")
-    if text is None:
-        for option, value in (
-            ("--plot", plot),
-            ("--seq", seq),
-            ("--stride", stride),
-            ("--max-tokens", max_tokens),
-        ):
-            conflicting(
-                value is not None,
-                "--tasks",
-                option,
-                f"{option} is for perplexity, which --tasks adds only with --text; "
-                f"add --text FILE or drop {option}",
-            )
-    return names
+    """The task names, or None without --tasks; usage errors for options that would be ignored
+    (:func:`sparsetool.ops.tasks.task_names`, the Python API's checks too)."""
+    from sparsetool.ops.tasks import task_names
+
+    if tasks is not None:
+        # the harness's own progress bars (sparsetool draws one): tqdm reads this when it is
+        # imported, and torch imports it, so before --device or --threads load torch
+        os.environ.setdefault("TQDM_DISABLE", "1")
+    with usage_errors():
+        return task_names(
+            tasks,
+            include_path=include_path,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            seed=seed,
+            offline=offline,
+            log_samples=log_samples,
+            text=text,
+            plot=plot,
+            seq=seq,
+            stride=stride,
+            max_tokens=max_tokens,
+        )
 
 
 def run(

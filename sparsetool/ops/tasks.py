@@ -48,6 +48,7 @@ __all__ = [
     "check_tasks",
     "evaluate_tasks",
     "sample_dirs",
+    "task_names",
     "sample_record",
     "write_samples",
     "import_lm_eval",
@@ -203,6 +204,59 @@ def compare_rows(rows: Sequence[TaskRow], tasks: Sequence[str]) -> None:
                 **mean_of_differences([p for _, p in headline]).to_json(),
             }
         row.comparison = {"tasks": per_task, "mean": mean, "perplexity": None}
+
+
+def task_names(
+    tasks: str | Sequence[str] | None,
+    *,
+    include_path: Any = None,
+    limit: Any = None,
+    num_fewshot: Any = None,
+    seed: Any = None,
+    offline: bool = False,
+    log_samples: Any = None,
+    text: Any = None,
+    plot: Any = None,
+    seq: Any = None,
+    stride: Any = None,
+    max_tokens: Any = None,
+) -> list[str] | None:
+    """The task names asked for (``"arc_easy,hellaswag"`` or a list), or None without tasks; one
+    :class:`ConfigError` for an option that would be ignored: a task option without tasks, or a
+    perplexity option (``plot``, ``seq``, ``stride``, ``max_tokens``) with tasks but no text.
+    The checks of ``eval`` whether it is called from the command line or from Python."""
+    if tasks is None:
+        for option, value in (
+            ("--include-path", include_path),
+            ("--log-samples", log_samples),
+            ("--limit", limit),
+            ("--num-fewshot", num_fewshot),
+            ("--seed", seed),
+            ("--offline", offline or None),
+        ):
+            if value is not None:
+                raise ConfigError(
+                    f"{option} applies to task accuracy only; add --tasks NAME[,NAME...] or drop "
+                    f"{option}"
+                )
+        return None
+    parts = tasks.split(",") if isinstance(tasks, str) else list(tasks)
+    names = [n.strip() for n in parts if isinstance(n, str) and n.strip()]
+    if not names or len(names) != len([p for p in parts if not isinstance(p, str) or p.strip()]):
+        raise ConfigError("--tasks: give at least one task name, e.g. --tasks arc_easy,hellaswag")
+    if text is None:
+        for option, value in (
+            ("--plot", plot),
+            ("--seq", seq),
+            ("--stride", stride),
+            ("--max-tokens", max_tokens),
+        ):
+            if value is not None:
+                raise ConfigError(
+                    f"--tasks and {option} do not go together: {option} is for perplexity, "
+                    f"which --tasks adds only with --text; add --text FILE or drop {option}"
+                )
+    return names
 
 
 def _task_manager(names: list[str], paths: list[Path]):
