@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparsetool.checkpoint import dtypes, pickled
+from sparsetool.checkpoint import dtypes, gguf_file, pickled
 from sparsetool.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -102,6 +102,9 @@ def read_header(path: Path, shard: str | None = None) -> Header:
         size = path.stat().st_size
         with open(path, "rb") as f:
             prefix = f.read(8)
+            gguf = gguf_file.file_error(path, prefix)  # never a valid safetensors start
+            if gguf is not None:
+                raise gguf
             if len(prefix) < 8:
                 raise pickled.file_error(path, prefix) or CheckpointError(
                     f"{where}: not a safetensors file (only {size} bytes; a safetensors file "

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparsetool.checkpoint import pickled
+from sparsetool.checkpoint import gguf_file, pickled
 from sparsetool.errors import CheckpointError
 
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -110,10 +110,14 @@ def locate(path: Path) -> Layout:
             p.name for p in path.iterdir() if p.name.endswith(".safetensors") and p.is_file()
         )
         if not found:
-            raise pickled.dir_error(path) or CheckpointError(
-                f"{path}: no model.safetensors, no *.safetensors file and no "
-                "model.safetensors.index.json in this directory (expected a Hugging Face model "
-                "directory or a .safetensors file)"
+            raise (
+                pickled.dir_error(path)
+                or gguf_file.dir_error(path)
+                or CheckpointError(
+                    f"{path}: no model.safetensors, no *.safetensors file and no "
+                    "model.safetensors.index.json in this directory (expected a Hugging Face model "
+                    "directory or a .safetensors file)"
+                )
             )
         if len(found) > 1:
             raise CheckpointError(
