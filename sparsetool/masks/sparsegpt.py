@@ -18,6 +18,11 @@ pruned, so no error is spread and the weights come back unchanged.
 Counts are exact: the tensor prunes ``P = numel - keep``, block ``b`` prunes
 ``floor(P * end_b / numel + 1/2) - floor(P * start_b / numel + 1/2)`` (the shares add up to P), and
 each block's selection runs in the one kernel (:func:`sparsetool.masks.kernel.top_k_mask`).
+
+The factor and the sweep run on one torch thread whatever the caller's count
+(:func:`sparsetool.util.threads.torch_threads`): MKL's products and LAPACK's Cholesky round
+differently on one thread and on two, and the masks chosen after them diverged, so the same
+weights and ``X^T X`` give the same bits whatever ``--threads`` says.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from torch import Tensor
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.kernel import top_k_mask
 from sparsetool.masks.select import nm_kept_count, nm_mask
+from sparsetool.util.threads import torch_threads
 from sparsetool.util.wording import plural
 
 __all__ = [
@@ -65,6 +71,7 @@ def block_prune_counts(rows: int, cols: int, prune: int, blocksize: int) -> list
     return out
 
 
+@torch_threads(1)
 def inverse_hessian_factor(
     h: Tensor, dampening: float = 0.01, *, overwrite: bool = False
 ) -> Tensor:
@@ -173,6 +180,7 @@ def _check(
         )
 
 
+@torch_threads(1)
 def sparsegpt_update(
     w: Tensor,
     hinv: Tensor,

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from sparsetool.util.workers import usable_cores
 
@@ -78,4 +80,26 @@ def use_threads(n: int | None = None) -> int:
     return int(n)
 
 
-__all__ = ["before_torch", "busy_elsewhere", "default_threads", "use_threads"]
+@contextmanager
+def torch_threads(n: int = 1) -> Iterator[None]:
+    """Run the block's torch operators on exactly ``n`` threads (one by default), then restore the
+    count in force before.
+
+    For results that must not depend on ``--threads``: MKL splits a matrix product's inner sums,
+    and LAPACK's Cholesky its panels, differently on one thread and on two, so SparseGPT's ``X^T
+    X``, its inverse factor and its column updates differed in their last bits from one thread
+    count to another, and the mask choices after them diverged (benchmarks/RESULTS.md,
+    "reproducible calibration pruning"). On one fixed count they are the same bits every time."""
+    import torch
+
+    before = torch.get_num_threads()
+    if before != n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+__all__ = ["before_torch", "busy_elsewhere", "default_threads", "torch_threads", "use_threads"]

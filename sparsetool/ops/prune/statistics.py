@@ -17,6 +17,7 @@ from sparsetool.errors import CheckpointError, SparsetoolError
 from sparsetool.masks.sparsegpt import ROWS
 from sparsetool.models.blocks import BlockModel, Call
 from sparsetool.ops.prune.placement import Placement
+from sparsetool.util.threads import torch_threads
 
 __all__ = [
     "InputStatistics",
@@ -31,7 +32,8 @@ class InputStatistics:
     """The statistics of one distinct input of a block, shared by every targeted layer that reads
     that tensor (Llama's q/k/v projections read one, its gate/up projections another): Wanda's sum
     of squares of each feature (float64), SparseGPT's ``X^T X`` (float32), which becomes its
-    inverse's factor, in place, when the first of its layers is solved."""
+    inverse's factor, in place, when the first of its layers is solved. They are added up on one
+    torch thread: MKL rounds ``X^T X`` differently on one thread and on two."""
 
     def __init__(self, n_in: int, hessian: bool, device: torch.device, moments: bool = False):
         self.n_in = n_in
@@ -44,6 +46,7 @@ class InputStatistics:
         self.users: list[str] = []  # the layers (model names) that read it, in forward order
         self.left = 0  # users not pruned yet
 
+    @torch_threads(1)  # the same sums, bit for bit, whatever --threads (util/threads.py)
     def add(self, x: torch.Tensor) -> None:
         if self.h is not None:
             xt = x.T
