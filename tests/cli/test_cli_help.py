@@ -8,6 +8,7 @@ COMMANDS = [
     "prune",
     "shrink",
     "densify",
+    "convert",
     "report",
     "flops",
     "train",

@@ -20,12 +20,14 @@ from safetensors.torch import load_file
 from helpers import ROOT, RUNNER, bench_json, run
 
 COMMANDS = [
-    "prune", "shrink", "densify", "report", "flops", "train", "simulate", "bench", "eval", "diff"
+    "prune", "shrink", "densify", "convert", "report", "flops", "train", "simulate", "bench",
+    "eval", "diff",
 ]  # fmt: skip
 WRITERS = [
     "prune",
     "shrink",
     "densify",
+    "convert",
     "train",
 ]  # the commands whose main product is a file or directory
 
@@ -43,6 +45,7 @@ def good_args(command: str, ckpt: Path, tmp: Path, corpus: Path | None = None) -
     return {
         "prune": [ckpt, "-o", tmp / "p.safetensors", "--sparsity", "0.5"],
         "densify": [ckpt, "-o", tmp / "d.safetensors"],
+        "convert": [tmp / "gguf" / "tiny-F32.gguf", "-o", tmp / "converted"],
         "shrink": [tmp / "moe", "-o", tmp / "shrunk", "--experts", "0.5", "--criterion", "random"],
         "report": [ckpt],
         "flops": ["--model", "gpt2-small", "--sparsity", "0.5"],
@@ -72,7 +75,12 @@ def good_args(command: str, ckpt: Path, tmp: Path, corpus: Path | None = None) -
 
 
 def prepare(command: str, ckpt: Path, tmp: Path, corpus: Path) -> None:
-    """What a command's good_args need besides the checkpoint: eval scores a trained run."""
+    """What a command's good_args need besides the checkpoint: eval scores a trained run, convert
+    reads a GGUF file."""
+    if command == "convert":
+        from gguf_models import tiny_gpt2_gguf
+
+        tiny_gpt2_gguf(tmp / "gguf", "F32")
     if command == "shrink":
         from moe_models import save_moe
 
@@ -124,6 +132,7 @@ def test_choices_are_listed_no_bare_strings(command):
         ("train", "--distribution", "<uniform|erk>"),
         ("train", "--init-method", "<random|magnitude>"),
         ("train", "--dtype", "<auto|float32|bfloat16>"),
+        ("convert", "--dtype", "<float32|bfloat16>"),
         ("train", "--device", "<auto|cpu|cuda|cuda:N>"),
         ("flops", "--model", "<gpt2-small|gpt3-xl|"),
         ("simulate", "--pattern", "<random|rows|cols|2:4>"),
@@ -182,7 +191,7 @@ def test_json_parses_and_quiet_is_accepted(command, gpt2_file, tmp_path, corpus)
     assert r.exit_code == 0, r.output
     assert isinstance(json.loads(r.stdout), (dict, list))
     for p in tmp_path.iterdir():  # fresh outputs for the second run
-        if p not in (gpt2_file, corpus, tmp_path / "evalrun", tmp_path / "moe"):
+        if p not in (gpt2_file, corpus, tmp_path / "evalrun", tmp_path / "moe", tmp_path / "gguf"):
             subprocess.run(["rm", "-rf", str(p)], check=True)
     r = run(command, *args, "--quiet")
     assert r.exit_code == 0, r.output
@@ -218,6 +227,7 @@ BAD_VALUE = {
     "prune": ["x.safetensors", "-o", "y.safetensors", "--sparsity", "2"],
     "shrink": ["x", "-o", "y", "--experts", "2"],
     "densify": ["x.safetensors"],  # no -o: densify has no other value to get wrong
+    "convert": ["x.gguf", "-o", "y", "--dtype", "float16"],
     "report": ["x.safetensors", "--format", "pretty"],
     "flops": ["--model", "gpt3-xl", "--tokens", "many"],
     "train": ["-o", "run", "--sparsity", "1.5"],

@@ -215,6 +215,7 @@ COMMANDS = (
     "prune",
     "shrink",
     "densify",
+    "convert",
     "report",
     "flops",
     "train",
