@@ -13,7 +13,16 @@ the checkpoint by sparsetool's own reader when their turn comes (any encoding, a
 - the LM head for the last pass only (:meth:`BlockModel.final_hidden` and
   :meth:`BlockModel.logits`).
 
-Nothing that grows with depth stays resident. The first block's inputs are captured by a hook on
+Nothing that grows with depth stays resident.
+
+A batch may be *packed* (:meth:`BlockModel.capture` with ``layouts``): several sequences that
+share a prefix laid out as one row, the prefix once and each sequence's own tokens behind it, with
+position ids restarting after the prefix for each and a segment id per token (0 for the prefix).
+The model's own forward pass makes the position embeddings from those position ids; the attention
+mask it passes each block (causal, sliding-window, chunked: whatever the model builds for a plain
+sequence) is read at the tokens' positions and cut so a sequence's tokens see the prefix and
+themselves only (:meth:`BlockModel.pack_masks`). Each token then gets what it would get in its own
+sequence run alone. The first block's inputs are captured by a hook on
 it: the model's own forward pass runs the embeddings, positions and masks, so every model family
 transformers knows is handled by its own code. The last pass runs the model's forward again with
 each block replaced by a stand-in that hands back the hidden states already computed, so the final
@@ -40,7 +49,7 @@ from sparsetool.errors import SparsetoolError
 from sparsetool.models.hf import Piece
 from sparsetool.targets import is_floating, plan_targets
 
-__all__ = ["BlockModel", "Call", "Encoded", "find_blocks", "block_index"]
+__all__ = ["BlockModel", "Call", "Encoded", "Unpackable", "find_blocks", "block_index"]
 
 # Config keys of models that transform logits after the head (the chunked head would miss it).
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
@@ -67,6 +76,8 @@ class Call:
     # The blocks the model passes other arguments than block 0's (a full-attention block's mask
     # among sliding-window ones): block -> (args, kwargs).
     others: dict[int, tuple[tuple, dict]] = field(default_factory=dict)
+    # A packed batch's position ids (B, T) (None: 0 .. T-1 in every row, the model's default).
+    positions: torch.Tensor | None = None
 
     def arguments(self, block: int) -> tuple[tuple, dict]:
         """What the model passes block ``block`` beside the hidden states."""
@@ -75,6 +86,11 @@ class Call:
     def passed(self, hidden: torch.Tensor) -> Call:
         """This batch, entering the next block with ``hidden``."""
         return dataclasses.replace(self, hidden=hidden)
+
+
+class Unpackable(SparsetoolError):
+    """The model passes its blocks no attention mask a packed batch could be given through (a
+    model that builds the causal mask inside its attention): sequences run one by one instead."""
 
 
 class _Captured(Exception):
@@ -326,25 +342,37 @@ class BlockModel:
         self.release(self.blocks[i])
 
     # ------------------------------------------------------------------ passes
-    def capture(self, batches: list[torch.Tensor]) -> list[Call]:
+    def capture(
+        self,
+        batches: list[torch.Tensor],
+        layouts: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
+    ) -> list[Call]:
         """The first block's inputs for each batch of token ids (B, T), with the arguments the
-        model passes its blocks: the model's own forward pass, stopped at the first block."""
+        model passes its blocks: the model's own forward pass, stopped at the first block.
+
+        ``layouts[k]``: batch ``k`` packed, as its position ids and segment ids (both (B, T); see
+        the module doc), or None (plain sequences). A model whose blocks take no attention mask
+        to pack with raises :class:`Unpackable`."""
         self.load(self.outer)
         calls: list[Call] = []
+        layouts = layouts or [None] * len(batches)
 
         def hook(module, args, kwargs):
             hidden = args[0] if args else kwargs["hidden_states"]
             rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
-            calls.append(Call(ids, hidden.detach(), tuple(args[1:]) if args else (), rest))
+            calls.append(
+                Call(ids, hidden.detach(), tuple(args[1:]) if args else (), rest, {}, positions)
+            )
             raise _Captured
 
         handle = self.block_list[0].register_forward_pre_hook(hook, with_kwargs=True)
         try:
             with torch.inference_mode():
-                for ids in batches:
+                for ids, layout in zip(batches, layouts):
                     ids = ids.to(self.device)
+                    positions = None if layout is None else layout[0].to(self.device)
                     try:
-                        self._forward(ids)
+                        self._run(ids, positions)
                     except _Captured:
                         continue
                     raise SparsetoolError(
@@ -356,7 +384,75 @@ class BlockModel:
         finally:
             handle.remove()
             self.release(self.outer)
+        for call, layout in zip(calls, layouts):
+            if layout is not None:
+                self.pack_masks(call, layout[1].to(self.device))
         return calls
+
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor | None) -> Any:
+        """The model's forward pass on ``ids`` (with position ids ``positions``, when given)."""
+        if positions is None:
+            return self._forward(ids)
+        if self.kind == "sparsetool-gpt":
+            return self.module(ids, positions=positions)
+        # An all-ones padding mask: the model builds its mask for positions 0 .. T-1 (what
+        # pack_masks reads), not the one it would guess for sequences packed back to back.
+        return self.module(
+            input_ids=ids,
+            position_ids=positions,
+            attention_mask=torch.ones_like(ids),
+            use_cache=False,
+        )
+
+    def pack_masks(self, call: Call, segments: torch.Tensor) -> None:
+        """Give the blocks of packed ``call`` the masks of its layout: a token sees the tokens the
+        model's own mask lets its position see, among the prefix's (segment 0) and its own
+        segment's. The model's mask was built for positions 0 .. T-1, so it holds every pair of
+        positions the layout has; it is read at the tokens' positions."""
+        pos = call.positions
+        assert pos is not None
+        seg = segments
+        allowed = (seg[:, None, :] == 0) | (seg[:, None, :] == seg[:, :, None])  # (B, Tq, Tk)
+        if self.kind == "sparsetool-gpt":  # its blocks take a boolean mask (True: attend)
+            causal = pos[:, None, :] <= pos[:, :, None]
+            call.kwargs = {**call.kwargs, "attn_mask": (allowed & causal)[:, None]}
+            return
+        T = call.ids.shape[1]
+        made: dict[int, torch.Tensor] = {}
+
+        def is_mask(value: Any) -> bool:
+            return (
+                isinstance(value, torch.Tensor)
+                and value.ndim == 4
+                and tuple(value.shape[-2:]) == (T, T)
+                and (value.dtype == torch.bool or value.is_floating_point())
+            )
+
+        def adapted(mask: torch.Tensor) -> torch.Tensor:
+            if id(mask) not in made:
+                rows = []
+                for b in range(pos.shape[0]):
+                    m = mask[min(b, mask.shape[0] - 1)]  # (heads or 1, T, T)
+                    m = m[:, pos[b][:, None], pos[b][None, :]]
+                    if m.dtype == torch.bool:
+                        rows.append(m & allowed[b])
+                    else:
+                        low = torch.finfo(m.dtype).min
+                        rows.append(torch.where(allowed[b], m, torch.full_like(m, low)))
+                made[id(mask)] = torch.stack(rows)
+            return made[id(mask)]
+
+        def packed(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            """The mask passed by name (``attention_mask``) or, failing that, by position."""
+            if is_mask(kwargs.get("attention_mask")):
+                return args, {**kwargs, "attention_mask": adapted(kwargs["attention_mask"])}
+            at = [j for j, a in enumerate(args) if is_mask(a)]
+            if len(at) != 1:
+                raise Unpackable(f"{self.path}: its blocks take no attention mask to pack with")
+            return tuple(adapted(a) if j == at[0] else a for j, a in enumerate(args)), kwargs
+
+        call.args, call.kwargs = packed(call.args, call.kwargs)
+        call.others = {i: packed(a, k) for i, (a, k) in call.others.items()}
 
     def _record_arguments(self, calls: list[Call]) -> None:
         """The arguments the model passes each block, where they differ from block 0's (models
@@ -382,7 +478,7 @@ class BlockModel:
             with torch.inference_mode():
                 for call in batch:
                     with contextlib.suppress(_Captured):
-                        self._forward(call.ids)
+                        self._run(call.ids, call.positions)
                     seen.append([r.seen for r in recorders])
             fits = len(reached) == len(batch) and all(
                 h.shape == c.hidden.shape for h, c in zip(reached, batch)
@@ -473,7 +569,7 @@ class BlockModel:
                 for call in calls:
                     replays[0].value = call.hidden
                     try:
-                        self._forward(call.ids)
+                        self._run(call.ids, call.positions)
                     except _Captured:
                         continue
                     raise SparsetoolError(f"{self.path}: the model never reached its head")

@@ -86,14 +86,21 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``attn_mask``: which tokens each token sees (bool, (B, 1, T, T), True: seen), for
+        sequences packed behind a shared prefix; causal without it."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
         # (B, nh, T, hs)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         # No mask buffer: is_causal lets the kernel build it, so DDP has no buffers to broadcast.
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            is_causal=attn_mask is None,
+            dropout_p=self.dropout if self.training else 0.0,
         )
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return F.dropout(self.proj(y), self.dropout, self.training)
@@ -118,8 +125,8 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))  # pre-LN, as GPT-2
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), attn_mask)  # pre-LN, as GPT-2
         return x + self.mlp(self.ln2(x))
 
 
@@ -147,15 +154,21 @@ class GPT(nn.Module):
             else:
                 nn.init.ones_(p)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ):
         """``idx``: (B, T) int64 bytes. Returns logits (B, T, V) and, with targets, the mean
-        cross-entropy in nats per byte."""
+        cross-entropy in nats per byte. ``positions``: each token's position (B, T) where it is
+        not its index (sequences packed behind a shared prefix)."""
         B, T = idx.shape
         if self.cfg.context < T:
             raise ConfigError(
                 f"sequence of {T} tokens exceeds the model context {self.cfg.context}"
             )
-        pos = torch.arange(T, device=idx.device)
+        pos = torch.arange(T, device=idx.device) if positions is None else positions
         x = self.tok_emb(idx) + self.pos_emb(pos)  # (B, T, d)
         for block in self.blocks:
             x = block(x)

@@ -5,7 +5,10 @@ turns ``(context, continuation)`` strings into token ids with :meth:`SparsetoolL
 harness's own conventions: trailing spaces of a context move to its continuation, the pair is
 encoded whole and split, an empty context is the prefix token). It scores every request of a task
 in one streamed pass (:func:`score_requests`): each input sequence is cut to the model's context
-from the left as the harness's ``hf`` model does, equal inputs are run once, inputs of every
+from the left as the harness's ``hf`` model does, equal inputs are run once, the choices of an
+item run behind one copy of their shared context (packed: the context, then each choice's tokens
+with its own positions, seeing the context and itself only; :func:`layout_requests`, and
+:mod:`sparsetool.models.blocks` for the masks), inputs of every
 length pass the blocks together in memory-bounded passes (each block read once per pass; inputs of
 equal length ``batch`` per forward call), and the log-probabilities of the continuation tokens and
 whether each was the argmax come from the final hidden states a chunk of rows at a time (one head
@@ -18,7 +21,10 @@ Imported only once ``lm_eval`` is known to be installed
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,14 +33,131 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from sparsetool.errors import SparsetoolError
-from sparsetool.models.blocks import BlockModel
+from sparsetool.models.blocks import BlockModel, Unpackable
 from sparsetool.ops.eval import LOGITS_BYTES
 from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.progress import Steps
+from sparsetool.util.wording import plural
 
-__all__ = ["SparsetoolLM", "score_requests", "GPT_PREFIX"]
+__all__ = [
+    "SparsetoolLM",
+    "Layout",
+    "Sequence",
+    "layout_requests",
+    "score_layout",
+    "score_requests",
+    "GPT_PREFIX",
+]
 
 GPT_PREFIX = 10  # sparsetool's GPT reads bytes: a newline stands for "start of text"
+
+
+@dataclass
+class Sequence:
+    """One input the model runs: its token ids, and for a packed input (several requests' inputs
+    sharing a prefix) each token's position and segment (0: the prefix; None: a plain input);
+    ``wants``: each request it scores, as (request, continuation ids, the row predicting each
+    continuation token)."""
+
+    ids: tuple[int, ...]
+    positions: tuple[int, ...] | None = None
+    segments: tuple[int, ...] | None = None
+    wants: list[tuple[int, list[int], list[int]]] = field(default_factory=list)
+
+
+@dataclass
+class Layout:
+    """The requests as the inputs the model runs (:func:`layout_requests`): ``done`` holds the
+    answers known without running (empty continuations); ``cut_contexts`` and ``cut_continuations``
+    the requests whose context was cut to the model's window, and whose continuation was."""
+
+    sequences: list[Sequence]
+    done: dict[int, tuple[float, bool]]
+    cut_contexts: list[int]
+    cut_continuations: list[int]
+    packed: bool = True  # False once the model turned out to take no mask to pack with
+
+    @property
+    def longest(self) -> int:
+        return max((len(s.ids) for s in self.sequences), default=1)
+
+
+def layout_requests(
+    pairs: list[tuple[list[int], list[int]]], max_length: int, share: bool = True
+) -> Layout:
+    """The model's inputs for ``(context ids, continuation ids)`` pairs, as the harness's ``hf``
+    model reads them: the input is ``(context + continuation)[-(max_length + 1):][:-1]`` (the
+    context cut from the left). Where the hf model stops on an assertion: a continuation longer
+    than the model's context is scored on its last ``max_length`` tokens (those before it read as
+    context), and an empty continuation scores 0.0 and greedy (log 1, nothing to miss) unrun.
+
+    Equal inputs run once. With ``share``, requests whose inputs share everything but their
+    continuation's tokens (the choices of one item) are one packed input: that prefix once, then
+    each continuation's tokens but its last (equal ones once), their positions continuing the
+    prefix's; as many continuations as fit in ``max_length`` tokens behind one copy of the prefix.
+    Without ``share`` every distinct input is its own sequence (the harness's ``hf`` model)."""
+    done: dict[int, tuple[float, bool]] = {}
+    cut_contexts: list[int] = []
+    cut_continuations: list[int] = []
+    plain: dict[tuple[int, ...], Sequence] = {}
+    groups: dict[tuple[int, ...], dict[tuple[int, ...], list[tuple[int, list[int]]]]] = {}
+    for r, (ctx, cont) in enumerate(pairs):
+        if not ctx:
+            raise SparsetoolError("a request has an empty context after tokenizing")
+        if not cont:
+            done[r] = (0.0, True)  # nothing to predict: log 1, and greedy
+            continue
+        if len(cont) > max_length:  # its first tokens become context: the input stays the text
+            ctx, cont = ctx + cont[:-max_length], cont[-max_length:]
+            cut_continuations.append(r)
+        elif len(ctx) + len(cont) > max_length + 1:
+            cut_contexts.append(r)
+        inp = (ctx + cont)[-(max_length + 1) :][:-1]
+        first = len(inp) - len(cont)  # the row predicting the continuation's first token
+        if not share:
+            seq = plain.setdefault(tuple(inp), Sequence(tuple(inp)))
+            seq.wants.append((r, cont, list(range(first, len(inp)))))
+            continue
+        tails = groups.setdefault(tuple(inp[: first + 1]), {})
+        tails.setdefault(tuple(cont[:-1]), []).append((r, cont))
+    sequences = list(plain.values())
+    for prefix, tails in groups.items():
+        sequences += _pack(prefix, tails, max_length)
+    return Layout(sequences, done, cut_contexts, cut_continuations)
+
+
+def _pack(
+    prefix: tuple[int, ...],
+    tails: dict[tuple[int, ...], list[tuple[int, list[int]]]],
+    max_length: int,
+) -> list[Sequence]:
+    """``prefix`` once, then the continuations' tokens in the model (``tails``), in sequences of
+    at most ``max_length`` tokens (a sequence of one tail is a plain input)."""
+    out: list[Sequence] = []
+    ids, pos, seg = list(prefix), list(range(len(prefix))), [0] * len(prefix)
+    wants: list[tuple[int, list[int], list[int]]] = []
+    last = len(prefix) - 1
+    for tail, requests in tails.items():
+        if seg[-1] and len(ids) + len(tail) > max_length:  # full: another copy of the prefix
+            out.append(_sequence(ids, pos, seg, wants))
+            ids, pos, seg = list(prefix), list(range(len(prefix))), [0] * len(prefix)
+            wants = []
+        start, k = len(ids), max(seg) + 1
+        ids += tail
+        pos += range(len(prefix), len(prefix) + len(tail))
+        seg += [k] * len(tail)
+        rows = [last] + list(range(start, start + len(tail)))
+        wants += [(r, cont, rows) for r, cont in requests]
+    out.append(_sequence(ids, pos, seg, wants))
+    return out
+
+
+def _sequence(
+    ids: list[int], pos: list[int], seg: list[int], wants: list[tuple[int, list[int], list[int]]]
+) -> Sequence:
+    if max(seg) <= 1:  # the prefix and at most one continuation: a plain input
+        return Sequence(tuple(ids), None, None, wants)
+    return Sequence(tuple(ids), tuple(pos), tuple(seg), wants)
 
 
 def score_requests(
@@ -44,40 +167,49 @@ def score_requests(
     batch: int = 1,
     held: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    share: bool = False,
 ) -> list[tuple[float, bool]]:
     """``(log P(continuation | context), every continuation token the argmax)`` for each
-    ``(context ids, continuation ids)``. The model reads ``(context + continuation)[-(max_length
-    + 1):][:-1]`` (the harness's left truncation); equal inputs run once, inputs of equal length
-    ``batch`` per forward call. ``held`` is how many inputs of the longest length the memory plan
-    leaves room for (default all): every length passes the blocks together in passes of at most
-    that many tokens, so each block is read once per pass, not once per length."""
-    inputs: dict[tuple[int, ...], int] = {}
-    wants: list[list[tuple[int, list[int]]]] = []  # per unique input: (request, continuation)
-    for r, (ctx, cont) in enumerate(pairs):
-        if not ctx or not cont:
-            raise SparsetoolError("a request has an empty context or continuation after tokenizing")
-        if len(cont) > max_length:
-            raise SparsetoolError(
-                f"a continuation of {len(cont)} tokens is longer than the model's "
-                f"context ({max_length} tokens)"
-            )
-        key = tuple((ctx + cont)[-(max_length + 1) :][:-1])
-        if key not in inputs:
-            inputs[key] = len(wants)
-            wants.append([])
-        wants[inputs[key]].append((r, cont))
-    seqs = list(inputs)
-    passes = _passes(seqs, batch, held)
+    ``(context ids, continuation ids)``: :func:`layout_requests` (``share``: the choices of an
+    item behind one copy of their context), then :func:`score_layout`."""
+    layout = layout_requests(pairs, max_length, share)
+    return score_layout(model, layout, len(pairs), batch, held, progress)
+
+
+def score_layout(
+    model: BlockModel,
+    layout: Layout,
+    n_requests: int,
+    batch: int = 1,
+    held: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[tuple[float, bool]]:
+    """Run ``layout``'s sequences and score its ``n_requests`` requests. Sequences of equal length
+    ``batch`` per forward call; ``held`` is how many sequences of the longest length the memory
+    plan leaves room for (default all): every length passes the blocks together in passes of at
+    most that many tokens, so each block is read once per pass, not once per length. A model
+    whose blocks take no mask to pack with (:class:`~sparsetool.models.blocks.Unpackable`) runs
+    each request's own input instead."""
+    seqs = layout.sequences
+    passes = _passes([s.ids for s in seqs], batch, held)
     tick = Steps(len(passes) * (len(model.blocks) + 1), progress)
     rows = max(1, LOGITS_BYTES // (4 * model.vocab_size))
-    logprob = [0.0] * len(pairs)
-    greedy = [True] * len(pairs)
+    logprob = [0.0] * n_requests
+    greedy = [True] * n_requests
+    for r, (lp, g) in layout.done.items():
+        logprob[r], greedy[r] = lp, g
 
     with torch.inference_mode():
         for batches in passes:
-            calls = model.capture(
-                [torch.tensor([seqs[u] for u in b], dtype=torch.long) for b in batches]
-            )
+            layouts = [_batch_layout([seqs[u] for u in b]) for b in batches]
+            try:
+                calls = model.capture(
+                    [torch.tensor([seqs[u].ids for u in b], dtype=torch.long) for b in batches],
+                    layouts,
+                )
+            except Unpackable:
+                layout.packed = False
+                return score_layout(model, _unpacked(layout), n_requests, batch, held, progress)
             calls = model.through_blocks(calls, tick)
             model.load_head()
             finals = model.final_hidden(calls)  # (B, T, d) each, after the final norm; one set-up
@@ -85,12 +217,34 @@ def score_requests(
                 call.hidden = None  # type: ignore[assignment]
             for b, hidden in enumerate(finals):
                 finals[b] = None  # type: ignore[call-overload]  (freed as the scoring goes on)
-                _score_batch(
-                    model, hidden, [(seqs[u], wants[u]) for u in batches[b]], rows, logprob, greedy
-                )
+                _score_batch(model, hidden, [seqs[u] for u in batches[b]], rows, logprob, greedy)
             model.release_head()
             tick()
     return list(zip(logprob, greedy))
+
+
+def _batch_layout(batch: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The position and segment ids of a batch holding a packed sequence (None: all plain)."""
+    if all(s.positions is None for s in batch):
+        return None
+    n = len(batch[0].ids)
+    pos = [s.positions or tuple(range(n)) for s in batch]
+    seg = [s.segments or (0,) * n for s in batch]
+    return torch.tensor(pos, dtype=torch.long), torch.tensor(seg, dtype=torch.long)
+
+
+def _unpacked(layout: Layout) -> Layout:
+    """``layout`` with every packed sequence's requests run on their own inputs."""
+    plain: dict[tuple[int, ...], Sequence] = {}
+    sequences = [s for s in layout.sequences if s.positions is None]
+    for s in layout.sequences:
+        if s.positions is None:
+            continue
+        for r, cont, rows in s.wants:  # the prefix, then the continuation's own tokens
+            inp = s.ids[: rows[0] + 1] + tuple(s.ids[j] for j in rows[1:])
+            seq = plain.setdefault(inp, Sequence(inp))
+            seq.wants.append((r, cont, list(range(len(inp) - len(cont), len(inp)))))
+    return dataclasses.replace(layout, sequences=sequences + list(plain.values()))
 
 
 def _passes(seqs: list[tuple[int, ...]], batch: int, held: int | None) -> list[list[list[int]]]:
@@ -117,65 +271,48 @@ def _passes(seqs: list[tuple[int, ...]], batch: int, held: int | None) -> list[l
 def _score_batch(
     model: BlockModel,
     hidden: torch.Tensor,
-    inputs: list[tuple[tuple[int, ...], list[tuple[int, list[int]]]]],
-    rows: int,
+    seqs: list[Sequence],
+    limit: int,
     logprob: list[float],
     greedy: list[bool],
 ) -> None:
-    """Add the continuations' log-probabilities (and argmax checks) of one batch's inputs: the
-    rows each input scores (hidden at position j predicts token j + 1), cut into spans of at most
-    ``rows`` per input as always, and spans of several inputs packed into one logits chunk of
-    at most ``rows`` rows: one head, log-softmax and gather per chunk, not per request."""
+    """Set the log-probabilities (and argmax checks) of the requests one batch scores: the rows
+    they read (hidden at a row predicts the token after it; a row several requests read is run
+    once), at most ``limit`` rows per head call, log-softmax and gather."""
     n = hidden.shape[1]
     flat = hidden.reshape(-1, hidden.shape[-1])
-    spans = []  # (first flat row, row count, position of the first row, the input's wants)
-    for b, (_seq, wants) in enumerate(inputs):
-        first = n - max(len(cont) for _, cont in wants)
-        spans += [(b * n + lo, min(lo + rows, n) - lo, lo, wants) for lo in range(first, n, rows)]
-    chunk: list = []
-    for span in spans:
-        if chunk and sum(s[1] for s in chunk) + span[1] > rows:
-            _score_chunk(model, flat, chunk, n, logprob, greedy)
-            chunk = []
-        chunk.append(span)
-    if chunk:
-        _score_chunk(model, flat, chunk, n, logprob, greedy)
-
-
-def _score_chunk(
-    model: BlockModel,
-    flat: torch.Tensor,
-    chunk: list,
-    n: int,
-    logprob: list[float],
-    greedy: list[bool],
-) -> None:
-    index: list[int] = []
-    picks: list[tuple[int, int]] = []  # (chunk row, target token), request by request
+    slot: dict[int, int] = {}  # flat row -> its place among the rows run
+    at: list[int] = []
+    target: list[int] = []
     owners: list[tuple[int, int, int]] = []  # (request, first pick, picks)
-    for start, count, lo, wants in chunk:
-        base = len(index)
-        index.extend(range(start, start + count))
-        for r, cont in wants:
-            begin = max(lo, n - len(cont))
-            if begin >= lo + count:
-                continue
-            owners.append((r, len(picks), lo + count - begin))
-            picks.extend(
-                (base + j - lo, cont[j - (n - len(cont))]) for j in range(begin, lo + count)
-            )
-    contiguous = index[-1] - index[0] + 1 == len(index)
-    rows = flat[index[0] : index[-1] + 1] if contiguous else flat[index]
-    lsm = F.log_softmax(model.logits(rows).float(), dim=-1)
-    at = torch.tensor([p[0] for p in picks], dtype=torch.long, device=lsm.device)
-    target = torch.tensor([p[1] for p in picks], dtype=torch.long, device=lsm.device)
-    picked = lsm[at, target]
-    hits = (lsm.argmax(dim=-1)[at] == target).tolist()
-    values = picked.tolist()
+    for b, seq in enumerate(seqs):
+        for r, cont, rows in seq.wants:
+            owners.append((r, len(at), len(cont)))
+            at.extend(slot.setdefault(b * n + row, len(slot)) for row in rows)
+            target.extend(cont)
+    order = list(slot)
+    at_t = torch.tensor(at, dtype=torch.long, device=flat.device)
+    target_t = torch.tensor(target, dtype=torch.long, device=flat.device)
+    values = torch.empty(len(at), dtype=torch.float32, device=flat.device)
+    hits = torch.empty(len(at), dtype=torch.bool, device=flat.device)
+    for lo in range(0, len(order), limit):
+        index = order[lo : lo + limit]
+        contiguous = index[-1] - index[0] + 1 == len(index)
+        chunk = flat[index[0] : index[-1] + 1] if contiguous else flat[index]
+        lsm = F.log_softmax(model.logits(chunk).float(), dim=-1)
+        mine = (at_t >= lo) & (at_t < lo + len(index))
+        k, t = at_t[mine] - lo, target_t[mine]
+        values[mine] = lsm[k, t]
+        hits[mine] = lsm.argmax(dim=-1)[k] == t
+    hit = hits.tolist()
     for r, first, k in owners:
         # a continuation of several tokens: summed in float32 as one piece, as the harness does
-        logprob[r] += values[first] if k == 1 else float(picked[first : first + k].sum())
-        greedy[r] = greedy[r] and all(hits[first : first + k])
+        logprob[r] = float(values[first]) if k == 1 else float(values[first : first + k].sum())
+        greedy[r] = all(hit[first : first + k])
+
+
+def _python_warning(message: str) -> None:
+    warnings.warn(message, UserWarning, stacklevel=3)
 
 
 class SparsetoolLM(TemplateLM):
@@ -184,7 +321,10 @@ class SparsetoolLM(TemplateLM):
     ``tokenizer`` is the checkpoint's own (a Hugging Face model) or None (sparsetool's GPT, whose
     tokens are UTF-8 bytes and whose prefix token is a newline). ``plan(n_sequences, longest)``
     returns the memory plan a pass needs (checked by the caller); ``progress(done, total)``
-    hears each block of each group.
+    hears each block of each group. ``share``: the choices of an item run behind one copy of
+    their context (:func:`layout_requests`); without it every request runs its whole input, as
+    the harness's ``hf`` model does. ``warn(message)`` hears what was cut to the model's
+    context, once per kind and call (default: a Python warning).
     """
 
     def __init__(
@@ -195,12 +335,17 @@ class SparsetoolLM(TemplateLM):
         batch: int = 1,
         plan: Callable[[int, int], MemoryPlan] | None = None,
         progress: Callable[[int, int], None] | None = None,
+        share: bool = True,
+        warn: Callable[[str], None] | None = None,
     ):
         super().__init__()
         self.model, self.tokenizer, self.max_length = model, tokenizer, max_length
         self.batch, self._plan, self._progress = batch, plan, progress
+        self.share, self._warn = share, warn
         self.plans: list[MemoryPlan] = []
         self.sequences = 0  # (context, continuation) pairs scored
+        self.warnings: list[str] = []  # said once each (``warn``; a Python warning without it)
+        self._instances: list[Any] = []
 
     # ------------------------------------------------------------------ tokens
     @property
@@ -242,26 +387,58 @@ class SparsetoolLM(TemplateLM):
 
     # ------------------------------------------------------------------ requests
     def loglikelihood(self, requests, disable_tqdm: bool = False):
-        return super().loglikelihood(requests, disable_tqdm=True)  # progress is sparsetool's own
+        self._instances = list(requests)  # their task names and documents, for the warnings
+        try:
+            return super().loglikelihood(requests, disable_tqdm=True)  # progress is our own
+        finally:
+            self._instances = []
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any):
         pairs = [(ctx, cont) for _, ctx, cont in requests]
         if not pairs:
             return []
         self.sequences += len(pairs)
+        layout = layout_requests(pairs, self.max_length, self.share)
+        self._warn_cut(layout)
         held = None
-        if self._plan is not None:
-            longest = max(min(len(c) + len(t), self.max_length + 1) - 1 for c, t in pairs)
-            plan = self._plan(len(pairs), longest)
+        if self._plan is not None and layout.sequences:
+            plan = self._plan(len(layout.sequences), layout.longest)
             self.plans.append(plan)
             held = plan.held
-        results = score_requests(
-            self.model, pairs, self.max_length, self.batch, held, self._progress
-        )
+        results = score_layout(self.model, layout, len(pairs), self.batch, held, self._progress)
         for (key, _, _), answer in zip(requests, results):
             if key is not None:
                 self.cache_hook.add_partial("loglikelihood", key, answer)
         return results
+
+    def _warn_cut(self, layout: Layout) -> None:
+        """One warning for the requests whose continuation was cut to the model's context (the
+        harness's ``hf`` model refuses them), one for those whose context was (it cuts those
+        the same way, warning once per request)."""
+        n = self.max_length
+        for cut, what in (
+            (
+                layout.cut_continuations,
+                f"whose continuation is longer than the model's context ({n} tokens): each "
+                f"scored on its last {n} tokens",
+            ),
+            (
+                layout.cut_contexts,
+                f"longer than the model's context ({n} tokens): their context cut from the "
+                "left, as the harness's hf model does",
+            ),
+        ):
+            if not cut:
+                continue
+            docs: dict[str, set] = {}
+            for r in cut:
+                inst = self._instances[r] if r < len(self._instances) else None
+                name = getattr(inst, "task_name", None) or "?"
+                docs.setdefault(name, set()).add(getattr(inst, "doc_id", r))
+            where = ", ".join(f"{name} ({plural(len(d), 'document')})" for name, d in docs.items())
+            message = f"task {where}: {plural(len(cut), 'request')} {what}"
+            self.warnings.append(message)
+            (self._warn or _python_warning)(message)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         pairs, owner = [], []
