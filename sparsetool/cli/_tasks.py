@@ -1,4 +1,5 @@
-"""``sparsetool eval --tasks``: its option checks (before torch loads) and its table."""
+"""``sparsetool eval --tasks``: its option checks (before torch loads) and its tables; the paired
+interval cells and legend ``eval``'s perplexity table shares."""
 
 from __future__ import annotations
 
@@ -19,6 +20,25 @@ from sparsetool.cli._output import (
     warn,
 )
 from sparsetool.cli._params import usage_errors
+
+NOISE = "~"  # marks a difference whose paired 95% interval holds no change
+
+
+def change_interval(comparison: dict | None) -> str:
+    """A perplexity ratio's paired interval as a change in percent: ``-0.12% .. +0.31%``."""
+    if comparison is None:
+        return "-"
+    return f"{100 * (comparison['low'] - 1):+.2f}% .. {100 * (comparison['high'] - 1):+.2f}%"
+
+
+def noise_legend(over: str, items: int | None) -> str:
+    """The line under a table with paired intervals, saying what they are and what ``~`` means."""
+    count = f" the {items:,}" if items else ""
+    return (
+        f"95% interval: paired with the first checkpoint over{count} {over} (bootstrap, "
+        f"10,000 resamples); {NOISE} marks a difference inside the noise (its interval holds no "
+        "change)"
+    )
 
 
 def check_options(
@@ -226,8 +246,6 @@ def _mean_metric(result: Any) -> str | None:
 
 def _difference(interval: dict[str, Any] | None, digits: int = 4) -> str:
     """``-0.0833 [-0.2500, +0.0833] ~``: a difference, its paired 95% interval, the noise mark."""
-    from sparsetool.cli.eval import NOISE
-
     if interval is None:
         return "-"
     e, lo, hi = interval["estimate"], interval["low"], interval["high"]
@@ -241,8 +259,6 @@ def print_differences(
     """Each checkpoint after the first against the first: per task and metric the difference with
     its paired 95% interval over the documents, the mean over tasks, the perplexity change over
     the windows, and the legend of the noise mark."""
-    from sparsetool.cli.eval import NOISE, change_interval, noise_legend
-
     header = ["difference to " + result.rows[0].name]
     header += ["perplexity change"] if with_perplexity else []
     header += [f"{task} {metric}" for task, metric in columns]

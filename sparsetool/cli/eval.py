@@ -205,27 +205,9 @@ def eval_command(
             console.print(f"plot: {plot}", highlight=False, soft_wrap=True)
 
 
-NOISE = "~"  # marks a difference whose paired 95% interval holds no change
-
-
-def change_interval(comparison: dict | None) -> str:
-    """A perplexity ratio's paired interval as a change in percent: ``-0.12% .. +0.31%``."""
-    if comparison is None:
-        return "-"
-    return f"{100 * (comparison['low'] - 1):+.2f}% .. {100 * (comparison['high'] - 1):+.2f}%"
-
-
-def noise_legend(over: str, items: int | None) -> str:
-    """The line under a table with paired intervals, saying what they are and what ``~`` means."""
-    count = f" the {items:,}" if items else ""
-    return (
-        f"95% interval: paired with the first checkpoint over{count} {over} (bootstrap, "
-        f"10,000 resamples); {NOISE} marks a difference inside the noise (its interval holds no "
-        "change)"
-    )
-
-
 def _print(result) -> None:
+    from sparsetool.cli._tasks import NOISE, change_interval, noise_legend
+
     paired = len(result.rows) > 1
     header = [
         "checkpoint",
