@@ -8,13 +8,23 @@
 
 ``eval`` is named after the command but left out of ``__all__``: ``from sparsetool import *``
 must not replace Python's builtin ``eval`` in the importing module. Call it as ``sparsetool.eval``.
+
+An option's error names the argument as the caller gave it, where the CLI names its flag:
+
+>>> sparsetool.prune("model.safetensors", "out.safetensors", sparsity=1.5)
+Traceback (most recent call last):
+...
+sparsetool.errors.ConfigError: sparsity=1.5: must be a number from 0 to 1 (the fraction of weights
+set to zero)
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import inspect
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:  # torch stays unimported until a function is called
     from sparsetool.ops.densify import DensifyResult
@@ -28,7 +38,7 @@ if TYPE_CHECKING:  # torch stays unimported until a function is called
 from sparsetool.ops.load import load
 from sparsetool.ops.prune.options import PruneOptions
 from sparsetool.ops.shrink.options import ShrinkOptions
-from sparsetool.util.options import parse_globs
+from sparsetool.util.options import named_as_given, parse_globs
 
 __all__ = [
     "load",
@@ -40,9 +50,32 @@ __all__ = [
     "simulate",
 ]  # and eval: not exported by *, see above
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _as_given(function: F) -> F:
+    """``function`` with its option errors worded in its own parameters' terms
+    (:func:`sparsetool.util.options.named_as_given`): ``sparsity=1.5: must be ...`` where the
+    CLI says ``--sparsity must be ...``."""
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return function(*args, **kwargs)  # Python's own error for a wrong call
+        bound.apply_defaults()
+        with named_as_given(bound.arguments):
+            return function(*args, **kwargs)
+
+    return call  # type: ignore[return-value]
+
+
 _PRUNE = PruneOptions.defaults()  # prune's defaults, declared once with the options (no torch)
 
 
+@_as_given
 def prune(
     checkpoint: str | Path,
     output: str | Path | None = None,
@@ -101,6 +134,7 @@ def prune(
 _SHRINK = ShrinkOptions()  # shrink's defaults, declared once with its options (no torch)
 
 
+@_as_given
 def shrink(
     checkpoint: str | Path,
     output: str | Path,
@@ -146,6 +180,7 @@ def shrink(
     return shrink_checkpoint(checkpoint, output, opts)
 
 
+@_as_given
 def densify(
     checkpoint: str | Path, output: str | Path | None = None, *, in_place: bool = False
 ) -> DensifyResult:
@@ -160,6 +195,7 @@ def densify(
     )
 
 
+@_as_given
 def report(
     checkpoint: str | Path,
     *,
@@ -174,12 +210,13 @@ def report(
 
     return summarize(
         checkpoint,
-        include=parse_globs(include, "include"),
-        exclude=parse_globs(exclude, "exclude"),
+        include=parse_globs(include, "--include"),
+        exclude=parse_globs(exclude, "--exclude"),
         default_targets=default_targets,
     )
 
 
+@_as_given
 def eval(
     checkpoints: str | Path | Sequence[str | Path],
     *,
@@ -269,6 +306,7 @@ def eval(
     )
 
 
+@_as_given
 def diff(
     a: str | Path, b: str | Path, *, include: Sequence[str] = (), exclude: Sequence[str] = ()
 ) -> DiffResult:
@@ -276,10 +314,11 @@ def diff(
     from sparsetool.ops.diff import diff as diff_checkpoints
 
     return diff_checkpoints(
-        a, b, include=parse_globs(include, "include"), exclude=parse_globs(exclude, "exclude")
+        a, b, include=parse_globs(include, "--include"), exclude=parse_globs(exclude, "--exclude")
     )
 
 
+@_as_given
 def simulate(
     checkpoint: str | Path | None = None,
     *,
@@ -320,8 +359,8 @@ def simulate(
         seq_len=seq_len,
         verify=verify,
         plot=None if plot is None else Path(plot),
-        include=parse_globs(include, "include"),
-        exclude=parse_globs(exclude, "exclude"),
+        include=parse_globs(include, "--include"),
+        exclude=parse_globs(exclude, "--exclude"),
         default_targets=default_targets,
     )
 

@@ -331,7 +331,7 @@ def check_tasks(
     if not names:
         raise ConfigError("--tasks: give at least one task name, e.g. --tasks arc_easy,hellaswag")
     if include_path is not None and not Path(include_path).is_dir():
-        raise SparsetoolError(
+        raise ConfigError(
             f"--include-path {include_path}: not a directory; give the directory "
             "holding your task YAML files"
         )
@@ -361,7 +361,7 @@ def check_tasks(
         if not manager.match_tasks([name]):
             close = difflib.get_close_matches(name, manager.all_tasks, n=1)
             hint = f"did you mean {close[0]}? " if close else ""
-            raise SparsetoolError(
+            raise ConfigError(
                 f"--tasks {name}: no such task in lm-evaluation-harness "
                 f"{harness_version()}{' or --include-path' if include_path else ''}; "
                 f"{hint}lm-eval ls tasks lists them"

@@ -14,18 +14,30 @@ The rules, the same in prune, flops, simulate and train:
   decimal, not binary); must come out a whole number.
 - seeds: whole numbers ``0 <= seed < 2**63``.
 - include/exclude: glob patterns over tensor names, each non-empty.
+
+Messages name options as the command line spells them (``--sparsity``). The Python API runs its
+functions inside :func:`named_as_given`, which rewords a :class:`ConfigError` in the caller's
+terms: ``sparsity=1.5: must be a number from 0 to 1 ...``. A check here records the option, the
+value and the problem apart (:func:`option_error`), so the rewording is exact; any other
+message naming options is reworded by their names (:func:`in_python_terms`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Iterable, Sequence
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 
 from sparsetool.errors import ConfigError
 from sparsetool.util.wording import did_you_mean, plural
 
 __all__ = [
+    "option_error",
+    "python_name",
+    "in_python_terms",
+    "named_as_given",
     "METHODS",
     "SCOPES",
     "CALIBRATION_METHODS",
@@ -72,6 +84,103 @@ _SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 MAX_SEED = 2**63
 
 
+def option_error(message: str, option: str, value: object, problem: str) -> ConfigError:
+    """A :class:`ConfigError` with the command line's ``message``, recording ``option`` (its
+    flag), the ``value`` it was given and the ``problem`` in words that need neither (``must be a
+    number from 0 to 1``), from which :func:`in_python_terms` words it for a Python caller."""
+    error = ConfigError(message)
+    vars(error).update(option=option, value=value, problem=problem)
+    return error
+
+
+_FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+# a flag and the value or metavar it is shown with: --sparsity 0.75, --calibration FILE|DIR
+_FLAG_VALUE = re.compile(
+    _FLAG.pattern + r"(?: ('[^']*'|[A-Z][A-Z_|\[\],.]*|[-+]?\d[\w.,:]*(?<![.,:])))?"
+)
+
+
+def _named(text: str) -> str:
+    """Every option ``text`` mentions by its parameter name (``name=VALUE`` when a value or a
+    metavar follows it)."""
+    return _FLAG_VALUE.sub(
+        lambda m: python_name(m.group(0).split(" ")[0]) + (f"={m.group(2)}" if m.group(2) else ""),
+        text,
+    )
+
+
+def python_name(option: str) -> str:
+    """The Python API's parameter for a command-line option.
+
+    >>> python_name("--max-memory"), python_name("-o"), python_name("--sparsity")
+    ('max_memory', 'output', 'sparsity')
+    """
+    if option in ("-o", "--output"):
+        return "output"
+    return option.lstrip("-").replace("-", "_")
+
+
+def in_python_terms(error: ConfigError, given: Mapping[str, object]) -> str:
+    """``error``'s message for a caller of the Python API, whose arguments were ``given``: the
+    option at fault as ``name=value`` (the value the caller gave), every other option by its
+    parameter name.
+
+    >>> try:
+    ...     check_sparsity(1.5)
+    ... except ConfigError as e:
+    ...     print(in_python_terms(e, {"sparsity": 1.5}))
+    sparsity=1.5: must be a number from 0 to 1 (the fraction of weights set to zero)
+    >>> print(in_python_terms(ConfigError("--seq 1: must be at least 2"), {"seq": 1}))
+    seq=1: must be at least 2
+    >>> e = ConfigError("--scope global ranks weights by magnitude: use --method magnitude")
+    >>> print(in_python_terms(e, {"scope": "global"}))
+    scope='global': ranks weights by magnitude: use method magnitude
+    >>> e = ConfigError("--tasks and --seq do not go together: add --text FILE or drop --seq")
+    >>> print(in_python_terms(e, {"tasks": "x", "seq": 8}))
+    tasks and seq do not go together: add text=FILE or drop seq
+    """
+    message = str(error)
+    option = getattr(error, "option", None)
+    if option is not None and (_FLAG.fullmatch(option) or option == "-o"):
+        name = python_name(option)
+        value = given.get(name, getattr(error, "value", None))
+        return f"{name}={value!r}: {_named(getattr(error, 'problem', ''))}"
+    lead = _FLAG.match(message)
+    if lead and python_name(lead.group(0)) in given:
+        name = python_name(lead.group(0))
+        value = given[name]
+        rest = message[lead.end() :]
+        for shown in dict.fromkeys((repr(value), str(value), f"'{value}'")):
+            if rest.startswith(f" {shown}") and rest[len(shown) + 1 : len(shown) + 2] in (
+                "",
+                " ",
+                ":",
+                ";",
+                ",",
+            ):
+                rest = rest[len(shown) + 1 :]
+                break
+        else:
+            if rest.startswith((" and ", " or ", ",")):  # options together: named, no value
+                return _named(message)
+        rest = rest.lstrip(":").strip()
+        rest = rest[3:] if rest.startswith("is ") else rest
+        return f"{name}={value!r}: {_named(rest)}"
+    return _named(message)
+
+
+@contextlib.contextmanager
+def named_as_given(given: Mapping[str, object]) -> Iterator[None]:
+    """Inside, a :class:`ConfigError` (an option's problem) leaves worded for a Python caller
+    whose arguments were ``given`` (:func:`in_python_terms`); the same error, its message
+    changed."""
+    try:
+        yield
+    except ConfigError as e:
+        e.args = (in_python_terms(e, given),)
+        raise
+
+
 def _number(value: object) -> float | None:
     """``value`` as a float if it is a real number (not a bool, not NaN), else None."""
     if isinstance(value, bool):
@@ -103,9 +212,9 @@ def check_sparsity(value: float | str, option: str = "--sparsity") -> float:
         example = (
             f"; for example {option} 0.75" if option.startswith("--") and " " not in option else ""
         )
-        raise ConfigError(
-            f"{option} must be a number from 0 to 1 (the fraction of weights set to zero), "
-            f"got {value!r}{hint}{example}"
+        problem = "must be a number from 0 to 1 (the fraction of weights set to zero)"
+        raise option_error(
+            f"{option} {problem}, got {value!r}{hint}{example}", option, value, problem + hint
         )
     return x
 
@@ -129,10 +238,10 @@ def check_fraction(value: float | str, option: str = "--fraction") -> float:
         example = (
             f"; for example {option} 0.2" if option.startswith("--") and " " not in option else ""
         )
-        raise ConfigError(
-            f"{option} must be at least 0 and below 1 (the fraction of the remaining non-zeros "
-            f"to prune), got {value!r}{example}"
+        problem = (
+            "must be at least 0 and below 1 (the fraction of the remaining non-zeros to prune)"
         )
+        raise option_error(f"{option} {problem}, got {value!r}{example}", option, value, problem)
     return x
 
 
@@ -172,10 +281,10 @@ def parse_sparsities(text: str, option: str = "--sparsity") -> list[float]:
         try:
             float(part)
         except ValueError:
-            raise ConfigError(
-                f"{option} '{text}': '{part.strip()}' is not a number; "
-                "give fractions of zeros like 0.75 or 0,0.5,0.75"
-            ) from None
+            problem = (
+                f"'{part.strip()}' is not a number; give fractions of zeros like 0.75 or 0,0.5,0.75"
+            )
+            raise option_error(f"{option} '{text}': {problem}", option, text, problem) from None
         out.append(parse_sparsity(part, option))
     return out
 
@@ -193,11 +302,11 @@ def parse_nm(text: str, option: str = "--nm") -> tuple[int, int]:
     try:
         n, m = (int(x) for x in str(text).split(":"))
     except ValueError:
-        raise ConfigError(
-            f"{option} {text!r}: expected N:M with integers, e.g. 2:4 (keep 2 of every 4 weights)"
-        ) from None
+        problem = "expected N:M with integers, e.g. 2:4 (keep 2 of every 4 weights)"
+        raise option_error(f"{option} {text!r}: {problem}", option, text, problem) from None
     if not (0 < n <= m):
-        raise ConfigError(f"{option} {text}: need 0 < N <= M (keep N of every M weights)")
+        problem = "need 0 < N <= M (keep N of every M weights)"
+        raise option_error(f"{option} {text}: {problem}", option, text, problem)
     return n, m
 
 
@@ -221,15 +330,16 @@ def parse_tokens(text: str | int | float, option: str = "--tokens", minimum: int
         text = "bad"
     value = _scaled(str(text).strip().replace(",", "").replace("_", ""), _SUFFIX)
     if not value.is_finite():
-        raise ConfigError(
-            f"{option} {str(text)!r} is not a number of tokens; write e.g. 26B, 2.6e10, "
-            "300M or 1_000"
-        )
+        problem = "not a number of tokens; write e.g. 26B, 2.6e10, 300M or 1_000"
+        raise option_error(f"{option} {str(text)!r} is {problem}", option, text, problem)
     if value != value.to_integral_value():
-        raise ConfigError(f"{option} {text}: a token count is a whole number, got {value:f}")
+        problem = f"a token count is a whole number, got {value:f}"
+        raise option_error(f"{option} {text}: {problem}", option, text, problem)
     if value < minimum:
         least = {0: "zero or more", 1: "a positive number of"}.get(minimum, f"at least {minimum}")
-        raise ConfigError(f"{option} {text}: give {least} tokens")
+        raise option_error(
+            f"{option} {text}: give {least} tokens", option, text, f"give {least} tokens"
+        )
     return int(value)
 
 
@@ -297,11 +407,11 @@ def parse_size(text: str | int, option: str = "--max-memory") -> int:
             t = t[: -len(unit)]
     value = _scaled(t, _BYTES)
     if isinstance(text, bool) or not value.is_finite():
-        raise ConfigError(
-            f"{option} {str(text)!r} is not a memory size; write e.g. 12G, 512M or 1.5T"
-        )
+        problem = "not a memory size; write e.g. 12G, 512M or 1.5T"
+        raise option_error(f"{option} {str(text)!r} is {problem}", option, text, problem)
     if value < 2**20:
-        raise ConfigError(f"{option} {text}: give at least 1M (a model needs more than that)")
+        problem = "give at least 1M (a model needs more than that)"
+        raise option_error(f"{option} {text}: {problem}", option, text, problem)
     return int(value)
 
 
@@ -318,7 +428,8 @@ def check_device(value: str, option: str = "--device") -> str:
     """
     if value in ("auto", "cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
         return value
-    raise ConfigError(f"{option} {value!r}: use {DEVICE_CHOICES}")
+    problem = f"use {DEVICE_CHOICES}"
+    raise option_error(f"{option} {value!r}: {problem}", option, value, problem)
 
 
 def check_seed(value: int, option: str = "--seed") -> int:
@@ -332,7 +443,8 @@ def check_seed(value: int, option: str = "--seed") -> int:
     sparsetool.errors.ConfigError: --seed must be a whole number from 0 to 2**63 - 1, got -1
     """
     if isinstance(value, bool) or not isinstance(value, int) or not (0 <= value < MAX_SEED):
-        raise ConfigError(f"{option} must be a whole number from 0 to 2**63 - 1, got {value!r}")
+        problem = "must be a whole number from 0 to 2**63 - 1"
+        raise option_error(f"{option} {problem}, got {value!r}", option, value, problem)
     return value
 
 
@@ -348,7 +460,8 @@ def check_workers(value: int, option: str = "--workers") -> int:
     sparsetool.errors.ConfigError: --workers must be a whole number of 1 or more, got 0
     """
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{option} must be a whole number of 1 or more, got {value!r}")
+        problem = "must be a whole number of 1 or more"
+        raise option_error(f"{option} {problem}, got {value!r}", option, value, problem)
     return value
 
 
@@ -394,15 +507,19 @@ def parse_globs(patterns: Iterable[str] | str | None, option: str = "--include")
         return ()
     if isinstance(patterns, str):
         patterns = (patterns,)
+    takes = "takes a glob or a list of globs"
     if not isinstance(patterns, (list, tuple)):
-        raise ConfigError(f"{option} takes a glob or a list of globs, got {patterns!r}")
+        raise option_error(f"{option} {takes}, got {patterns!r}", option, patterns, takes)
     out = []
     for p in patterns:
         if not isinstance(p, str):
-            raise ConfigError(f"{option} takes a glob or a list of globs, got {p!r}")
+            raise option_error(f"{option} {takes}, got {p!r}", option, patterns, takes)
         if not p.strip():
-            raise ConfigError(
-                f"{option} needs a glob over tensor names, e.g. {option} '*.mlp.*', got {p!r}"
+            raise option_error(
+                f"{option} needs a glob over tensor names, e.g. {option} '*.mlp.*', got {p!r}",
+                option,
+                patterns,
+                "needs a glob over tensor names, e.g. '*.mlp.*'",
             )
         out.append(p.strip())
     return tuple(out)
@@ -419,14 +536,15 @@ def check_count(value: int, option: str, minimum: int = 1) -> int:
     sparsetool.errors.ConfigError: --seq 0: must be a whole number of at least 1
     """
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{option} {value}: must be a whole number of at least {minimum}")
+        problem = f"must be a whole number of at least {minimum}"
+        raise option_error(f"{option} {value}: {problem}", option, value, problem)
     return value
 
 
 def _number_in(value: object, option: str, ok: Callable[[float], bool], what: str) -> float:
     x = _number(value)
     if x is None or not ok(x):
-        raise ConfigError(f"{option} {value}: must be {what}")
+        raise option_error(f"{option} {value}: must be {what}", option, value, f"must be {what}")
     return x
 
 
@@ -499,9 +617,8 @@ def check_choice(
     for choice in choices:
         if value == choice or (not case_sensitive and value.casefold() == choice.casefold()):
             return choice
-    raise ConfigError(
-        f"{option} {value!r} is not one of: {', '.join(choices)}{did_you_mean(value, choices)}"
-    )
+    problem = f"not one of: {', '.join(choices)}{did_you_mean(value, choices)}"
+    raise option_error(f"{option} {value!r} is {problem}", option, value, problem)
 
 
 MAX_SHAPE_ENTRIES = 2**32  # 4 GiB of mask bytes: beyond this the machine runs out of memory
