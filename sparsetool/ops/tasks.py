@@ -45,7 +45,10 @@ __all__ = [
     "EVAL_EXTRA",
     "TaskRow",
     "TasksResult",
+    "RUNS",
+    "check_runs",
     "check_tasks",
+    "declared_kinds",
     "evaluate_tasks",
     "sample_dirs",
     "task_names",
@@ -55,7 +58,9 @@ __all__ = [
 ]
 
 EVAL_EXTRA = "pip install 'sparsetool[eval]' (or pip install -e '.[eval]' in a source checkout)"
-LOGLIKELIHOOD = ("loglikelihood", "loglikelihood_rolling", "multiple_choice")
+# The kinds of task sparsetool's model answers (its SparsetoolLM scores log-likelihoods): the one
+# place that says which run; every other kind (generate_until) is refused by check_runs.
+RUNS = ("multiple_choice", "loglikelihood", "loglikelihood_rolling")
 # The harness's own seeds when none is given (random, numpy, torch, few-shot sampler).
 HARNESS_SEEDS = (0, 1234, 1234, 1234)
 
@@ -287,6 +292,51 @@ def go_offline() -> None:
                 setattr(loaded, name, True)
 
 
+def check_runs(task: str, kind: str | None) -> None:
+    """Refuse a task whose kind (its ``output_type``) is not one of :data:`RUNS`, in one line
+    naming it and the kinds that run; None (a kind not known yet) passes."""
+    if kind is None or kind in RUNS:
+        return
+    does = "generates text" if kind == "generate_until" else "is not scored by log-likelihood"
+    raise ConfigError(
+        f"task {task} {does} ({kind}); only log-likelihood tasks ({', '.join(RUNS)}) are "
+        "supported; leave it out of --tasks"
+    )
+
+
+def declared_kinds(manager: Any, name: str, seen: set[str] | None = None) -> list[tuple[str, Any]]:
+    """(task, output_type) of every task ``name`` stands for (itself, a group's members, a tag's
+    tasks) as the harness's index declares them, read from its task files without loading any
+    data set; output_type None where the index does not say (a task defined in Python)."""
+    seen = set() if seen is None else seen
+    if name in seen:
+        return []
+    seen.add(name)
+    index = getattr(manager, "task_index", {})
+    entry = index.get(name)
+    if entry is None:
+        return []
+    kind = getattr(getattr(entry, "kind", None), "name", "")
+    cfg = getattr(entry, "cfg", None) or {}
+    if kind == "GROUP":
+        members = cfg.get("task", [])
+        members = [members] if isinstance(members, (str, dict)) else list(members)
+    elif kind == "TAG":
+        members = [n for n, e in index.items() if name in (getattr(e, "tags", None) or ())]
+    else:
+        return [(name, cfg.get("output_type"))]
+    out: list[tuple[str, Any]] = []
+    for member in members:
+        if isinstance(member, dict):
+            if "output_type" in member:
+                out.append((str(member.get("task", name)), member["output_type"]))
+            elif isinstance(member.get("task"), str):
+                out += declared_kinds(manager, member["task"], seen)
+        elif isinstance(member, str):
+            out += declared_kinds(manager, member, seen)
+    return out
+
+
 def _data_error(name: str, error: BaseException, offline: bool) -> SparsetoolError:
     """One line: the harness could not get ``name``'s data, and what to do."""
     detail = " ".join(str(error).split())
@@ -366,6 +416,9 @@ def check_tasks(
                 f"{harness_version()}{' or --include-path' if include_path else ''}; "
                 f"{hint}lm-eval ls tasks lists them"
             )
+    for name in names:  # before any data set (and any model) is read, online or not
+        for task, kind in declared_kinds(manager, name):
+            check_runs(task, kind)
     fell_back = False
     for name in names:
         if name in sources:
@@ -382,14 +435,9 @@ def check_tasks(
         sources[name] = TaskSource(name, "harness")
     if fell_back:
         manager = manager_now()
-    for task in manager.load(names)["tasks"].values():  # a group's tasks one by one
+    for task in manager.load(names)["tasks"].values():  # what the index did not declare
         kind = task.get_config("output_type") if hasattr(task, "get_config") else task.OUTPUT_TYPE
-        if kind not in LOGLIKELIHOOD:
-            raise SparsetoolError(
-                f"task {task.task_name} generates text ({kind}); only log-likelihood "
-                "tasks (multiple_choice, loglikelihood, loglikelihood_rolling) are "
-                "supported; leave it out of --tasks"
-            )
+        check_runs(task.task_name, kind or "unknown")
     return manager, names, [sources[n] for n in names]
 
 
