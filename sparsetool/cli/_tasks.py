@@ -33,11 +33,13 @@ def change_interval(comparison: dict | None) -> str:
 
 def noise_legend(over: str, items: int | None) -> str:
     """The line under a table with paired intervals, saying what they are and what ``~`` means."""
+    from sparsetool.ops.paired import RESAMPLES
+
     count = f" the {items:,}" if items else ""
     return (
         f"95% interval: paired with the first checkpoint over{count} {over} (bootstrap, "
-        f"10,000 resamples); {NOISE} marks a difference inside the noise (its interval holds no "
-        "change)"
+        f"{RESAMPLES:,} resamples); {NOISE} marks a difference inside the noise (its interval "
+        "holds no change)"
     )
 
 
@@ -174,12 +176,12 @@ def run(
 
 def print_results(result: Any, with_perplexity: bool) -> None:
     """The table of task metrics (and perplexity), its footer, and where the data came from."""
-    from sparsetool.ops.tasks import shown_metrics
+    from sparsetool.ops.tasks import mean_metric, shown_metrics
 
     columns = []  # (task, metric)
     for task in result.tasks:
         columns += [(task, m) for m in shown_metrics(result.rows[0].metrics.get(task, {}))]
-    mean = _mean_metric(result)
+    mean = mean_metric(result.rows[0], result.tasks)
     header = ["checkpoint", "targeted sparsity"] + (["perplexity"] if with_perplexity else [])
     header += [f"{task} {metric}" for task, metric in columns]
     header += [f"mean {mean}"] if mean else []
@@ -196,7 +198,7 @@ def print_results(result: Any, with_perplexity: bool) -> None:
                 else f"{value:.4f}" + (f" ± {err:.4f}" if err is not None else "")
             )
         if mean:
-            values = [r.metric(t, shown_metrics(r.metrics.get(t, {}))[0]) for t in result.tasks]
+            values = [r.metric(t, mean) for t in result.tasks]
             row.append(f"{sum(values) / len(values):.4f}" if None not in values else "-")
         cells.append(row)
     print_table(header, cells)
@@ -228,20 +230,6 @@ def print_results(result: Any, with_perplexity: bool) -> None:
         )
     if len(result.rows) > 1:
         print_differences(result, columns, mean, with_perplexity)
-
-
-def _mean_metric(result: Any) -> str | None:
-    """The name of the mean column (the mean over tasks of each task's first shown metric), or
-    None with one task."""
-    from sparsetool.ops.tasks import shown_metrics
-
-    if len(result.tasks) < 2:
-        return None
-    first = [shown_metrics(result.rows[0].metrics.get(t, {}))[:1] for t in result.tasks]
-    if not all(first):
-        return None
-    names = sorted({f[0] for f in first})
-    return names[0] if len(names) == 1 else "/".join(names)
 
 
 def _difference(interval: dict[str, Any] | None, digits: int = 4) -> str:

@@ -50,6 +50,7 @@ __all__ = [
     "check_tasks",
     "declared_kinds",
     "evaluate_tasks",
+    "mean_metric",
     "sample_dirs",
     "task_names",
     "sample_record",
@@ -149,7 +150,8 @@ class TasksResult:
             "comparison": {
                 **method(),
                 "over": "documents (tasks), windows (perplexity)",
-                "mean": "of each task's first shown metric, each task resampled on its own",
+                "mean": "of each task's first shown metric (when the same for all), each task "
+                "resampled on its own",
             },
         }
 
@@ -171,6 +173,16 @@ def shown_metrics(metrics: dict[str, Any]) -> list[str]:
     return shown
 
 
+def mean_metric(row: TaskRow, tasks: Sequence[str]) -> str | None:
+    """The metric a mean over ``tasks`` is taken of: each task's first shown metric
+    (:func:`shown_metrics`) when it is the same for all of two or more tasks (``acc``), else None
+    (a mean of accuracies and perplexities would mean nothing)."""
+    first = {tuple(shown_metrics(row.metrics.get(t, {}))[:1]) for t in tasks}
+    if len(tasks) < 2 or len(first) != 1 or first == {()}:
+        return None
+    return first.pop()[0]
+
+
 def _per_item(items: list[dict[str, Any]], metric: str) -> dict[Any, float]:
     """doc id -> the item's value of ``metric``, for the items where it is one number."""
     return {i["doc_id"]: float(i[metric]) for i in items if isinstance(i.get(metric), (int, float))}
@@ -180,8 +192,8 @@ def compare_rows(rows: Sequence[TaskRow], tasks: Sequence[str]) -> None:
     """Each row after the first gets ``comparison``: per task and metric with a number per
     document (acc, acc_norm), the difference of the means to the first row with its paired 95%
     interval over the documents both scored; ``mean``, the mean over tasks of each task's first
-    shown metric (:func:`shown_metrics`) with the tasks resampled apart; ``perplexity`` stays
-    None here (:func:`evaluate_tasks` sets it from the windows)."""
+    shown metric when it is the same for all (:func:`mean_metric`), the tasks resampled apart;
+    ``perplexity`` stays None here (:func:`evaluate_tasks` sets it from the windows)."""
     from sparsetool.ops.paired import mean_difference, mean_of_differences
 
     if not rows:
@@ -190,8 +202,9 @@ def compare_rows(rows: Sequence[TaskRow], tasks: Sequence[str]) -> None:
     for row in rows[1:]:
         per_task: dict[str, dict[str, Any]] = {}
         headline = []
+        averaged = mean_metric(first, tasks)
         for task in tasks:
-            for k, metric in enumerate(shown_metrics(first.metrics.get(task, {}))):
+            for metric in shown_metrics(first.metrics.get(task, {})):
                 a = _per_item(first.items.get(task, []), metric)
                 b = _per_item(row.items.get(task, []), metric)
                 common = sorted(set(a) & set(b), key=str)
@@ -199,15 +212,11 @@ def compare_rows(rows: Sequence[TaskRow], tasks: Sequence[str]) -> None:
                     continue
                 pair = ([a[d] for d in common], [b[d] for d in common])
                 per_task.setdefault(task, {})[metric] = mean_difference(*pair).to_json()
-                if k == 0:
-                    headline.append((metric, pair))
+                if metric == averaged:
+                    headline.append(pair)
         mean = None
-        if len(headline) > 1 and len(headline) == len(tasks):
-            names = sorted({m for m, _ in headline})
-            mean = {
-                "metric": names[0] if len(names) == 1 else "/".join(names),
-                **mean_of_differences([p for _, p in headline]).to_json(),
-            }
+        if averaged is not None and len(headline) == len(tasks):
+            mean = {"metric": averaged, **mean_of_differences(headline).to_json()}
         row.comparison = {"tasks": per_task, "mean": mean, "perplexity": None}
 
 
