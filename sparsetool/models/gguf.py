@@ -65,17 +65,18 @@ class GGUFModel:
         """Write the model (config.json, generation_config.json, model.safetensors) and then the
         tokenizer's files into the existing ``directory``; ``step`` after each."""
         tick = step or (lambda: None)
-        with _silenced(self.transformers):
-            try:
+        try:
+            with _silenced(self.transformers):
                 self.model.save_pretrained(directory)
-            except Exception as e:  # safetensors' writer reports the system's error as its own
-                code = re.search(r"\(os error (\d+)\)", str(e))
-                if code is None or isinstance(e, OSError):
-                    raise
-                raise OSError(int(code[1]), os.strerror(int(code[1]))) from None
-            tick()
+        except Exception as e:  # safetensors' writer reports the system's error as its own
+            code = re.search(r"\(os error (\d+)\)", str(e))
+            if code is None or isinstance(e, OSError):
+                raise
+            raise OSError(int(code[1]), os.strerror(int(code[1]))) from None
+        tick()
+        with _silenced(self.transformers):
             self.tokenizer.save_pretrained(directory)
-            tick()
+        tick()
 
 
 # What transformers needs to read a GGUF file (the convert extra); gguf and accelerate are
@@ -154,51 +155,53 @@ def load_gguf(
     folder, name = str(path.parent.resolve()), path.name
     where = dict(gguf_file=name, local_files_only=True)
     tick = step or (lambda: None)
-    with _silenced(transformers):
-        try:
+    try:
+        with _silenced(transformers):
             config = transformers.AutoConfig.from_pretrained(folder, **where)
-        except Exception as e:  # transformers raises ValueError, KeyError, ... by architecture
-            known = mapped_architectures()
-            if arch not in known and (not known or "not supported" in str(e)):
-                listed = f" (it maps {', '.join(known)})" if known else ""
-                raise SparsetoolError(
-                    f"{path}: GGUF architecture {arch!r} is not one transformers "
-                    f"{transformers.__version__} can map to a model{listed}; convert reads only "
-                    "what transformers can load"
-                ) from None
+    except Exception as e:  # transformers raises ValueError, KeyError, ... by architecture
+        known = mapped_architectures()
+        if arch not in known and (not known or "not supported" in str(e)):
+            listed = f" (it maps {', '.join(known)})" if known else ""
             raise SparsetoolError(
-                f"{path}: transformers cannot read the GGUF metadata of this {arch!r} file "
-                f"({_first_line(e)})"
+                f"{path}: GGUF architecture {arch!r} is not one transformers "
+                f"{transformers.__version__} can map to a model{listed}; convert reads only "
+                "what transformers can load"
             ) from None
-        tick()
-        causal = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-        if config.model_type not in causal:
-            raise SparsetoolError(
-                f"{path}: GGUF architecture {arch!r} is transformers' {config.model_type!r}, not "
-                "a causal language model; sparsetool works on causal (decoder-only) models only"
-            )
-        gguf_config = getattr(transformers, "GgufConfig", None)
-        # the config read once: parsing a large vocabulary's metadata takes seconds
-        options: dict[str, Any] = dict(where, config=copy.deepcopy(config), dtype=DTYPES[dtype])
-        if gguf_config is not None:  # every weight unpacked, whatever kernels are installed
-            options["quantization_config"] = gguf_config(dequantize=True)
-        try:
+        raise SparsetoolError(
+            f"{path}: transformers cannot read the GGUF metadata of this {arch!r} file "
+            f"({_first_line(e)})"
+        ) from None
+    tick()  # outside the silenced blocks: the progress goes to stderr
+    causal = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if config.model_type not in causal:
+        raise SparsetoolError(
+            f"{path}: GGUF architecture {arch!r} is transformers' {config.model_type!r}, not "
+            "a causal language model; sparsetool works on causal (decoder-only) models only"
+        )
+    gguf_config = getattr(transformers, "GgufConfig", None)
+    # the config read once: parsing a large vocabulary's metadata takes seconds
+    options: dict[str, Any] = dict(where, config=copy.deepcopy(config), dtype=DTYPES[dtype])
+    if gguf_config is not None:  # every weight unpacked, whatever kernels are installed
+        options["quantization_config"] = gguf_config(dequantize=True)
+    try:
+        with _silenced(transformers):
             quantized = transformers.AutoModelForCausalLM.from_pretrained(folder, **options)
-        except Exception as e:
-            raise SparsetoolError(
-                f"{path}: transformers cannot load the weights of this {arch!r} file (ggml types "
-                f"{', '.join(header.ggml_types())}; {_first_line(e)})"
-            ) from None
-        tick()
-        try:
+    except Exception as e:
+        raise SparsetoolError(
+            f"{path}: transformers cannot load the weights of this {arch!r} file (ggml types "
+            f"{', '.join(header.ggml_types())}; {_first_line(e)})"
+        ) from None
+    tick()
+    try:
+        with _silenced(transformers):
             tokenizer = transformers.AutoTokenizer.from_pretrained(folder, **where)
-        except Exception as e:
-            model = header.metadata.get("tokenizer.ggml.model")
-            raise SparsetoolError(
-                f"{path}: transformers cannot build the tokenizer from the file's metadata "
-                f"(tokenizer.ggml.model {model!r}; {_first_line(e)})"
-            ) from None
-        tick()
+    except Exception as e:
+        model = header.metadata.get("tokenizer.ggml.model")
+        raise SparsetoolError(
+            f"{path}: transformers cannot build the tokenizer from the file's metadata "
+            f"(tokenizer.ggml.model {model!r}; {_first_line(e)})"
+        ) from None
+    tick()
     plain_config = copy.deepcopy(config)
     for key in _FILE_KEYS:
         if hasattr(plain_config, key):

@@ -104,6 +104,23 @@ def test_the_command_writes_bfloat16_and_says_what_it_did(files, tmp_path):
     assert out["bytes"] == sum(p.stat().st_size for p in (tmp_path / "j").iterdir())
 
 
+def test_progress_goes_to_a_log_and_transformers_says_nothing(files, tmp_path, monkeypatch):
+    """Not a terminal: plain progress lines (every step with an interval of 0), one per step of
+    the load and the write, and none of transformers' own bars or notes."""
+    monkeypatch.setenv("SPARSETOOL_PROGRESS_INTERVAL", "0")
+    r = run("convert", files["Q8_0"], "-o", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    steps = [line.split(" (")[0].split(" done in ")[0] for line in r.stderr.splitlines()]
+    assert steps == [
+        "progress: load 1/3",
+        "progress: load 2/3",
+        "progress: load 3/3",
+        "progress: write 1/2",
+        "progress: write 2/2",
+    ], r.stderr
+    assert r.stderr.count(" done in ") == 2  # each stage's end
+
+
 def test_an_architecture_transformers_cannot_map_is_one_line(tmp_path):
     source = write_gguf_of(tmp_path / "rwkv.gguf", "rwkv6")
     r = run("convert", source, "-o", tmp_path / "out")
