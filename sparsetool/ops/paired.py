@@ -44,8 +44,9 @@ CONFIDENCE = 0.95
 # Draws are made this many numbers at a time at most (resamples x items), whatever the sizes.
 CHUNK = 2**22
 # At most this many distinct items are drawn as counts of each (a multinomial draw per resample,
-# exact and fast for 0/1 accuracies); more are drawn item by item.
-DISTINCT = 256
+# exact and fast for 0/1 accuracies, whose differences take three values); more are drawn item by
+# item.
+DISTINCT = 16
 
 
 @dataclass(frozen=True)
@@ -100,10 +101,12 @@ def _resampled_sums(rows: np.ndarray, resamples: int, rng: np.random.Generator) 
             out[lo:hi] = rng.multinomial(n, p, size=hi - lo) @ distinct
         return out
     step = max(1, CHUNK // n)
+    columns = [np.ascontiguousarray(rows[:, k]) for k in range(rows.shape[1])]
     for lo in range(0, resamples, step):
         hi = min(resamples, lo + step)
-        picks = rng.integers(0, n, size=(hi - lo, n))
-        out[lo:hi] = rows[picks].sum(axis=1)
+        picks = rng.integers(0, n, size=(hi - lo, n), dtype=np.int32 if n < 2**31 else np.int64)
+        for k, column in enumerate(columns):
+            out[lo:hi, k] = np.take(column, picks).sum(axis=1)
     return out
 
 
