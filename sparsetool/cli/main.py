@@ -60,7 +60,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "train": (
         "train",
         "train",
-        "Train the built-in byte-level GPT, dense or with a sparse-training algorithm.",
+        "Train the built-in byte-level GPT or fine-tune a Hugging Face model, dense or sparse.",
     ),
     "simulate": (
         "simulate",

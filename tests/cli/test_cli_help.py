@@ -59,6 +59,16 @@ def test_root_help_lines_are_each_commands_own_first_line():
         assert summary == own, name
 
 
+def test_root_help_says_train_fine_tunes_hugging_face_models_too():
+    """train --init fine-tunes a Hugging Face causal LM; the command list said the built-in GPT
+    only."""
+    r = run("--help")
+    text = " ".join(r.stdout.split())  # the summaries wrap under their column
+    assert "train Train the built-in byte-level GPT or fine-tune a Hugging Face model," in text, (
+        r.stdout
+    )
+
+
 def test_root_help_imports_no_command_module():
     import subprocess
     import sys
