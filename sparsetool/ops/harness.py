@@ -324,7 +324,8 @@ class SparsetoolLM(TemplateLM):
     hears each block of each group. ``share``: the choices of an item run behind one copy of
     their context (:func:`layout_requests`); without it every request runs its whole input, as
     the harness's ``hf`` model does. ``warn(message)`` hears what was cut to the model's
-    context, once per kind and call (default: a Python warning).
+    context, once per kind and call (default: a Python warning). ``max_memory``: the budget text
+    generation (the whole model resident) must fit in (default: the memory available).
     """
 
     def __init__(
@@ -337,11 +338,12 @@ class SparsetoolLM(TemplateLM):
         progress: Callable[[int, int], None] | None = None,
         share: bool = True,
         warn: Callable[[str], None] | None = None,
+        max_memory: int | None = None,
     ):
         super().__init__()
         self.model, self.tokenizer, self.max_length = model, tokenizer, max_length
         self.batch, self._plan, self._progress = batch, plan, progress
-        self.share, self._warn = share, warn
+        self.share, self._warn, self._max_memory = share, warn, max_memory
         self.plans: list[MemoryPlan] = []
         self.sequences = 0  # (context, continuation) pairs scored
         self.warnings: list[str] = []  # said once each (``warn``; a Python warning without it)
@@ -462,9 +464,112 @@ class SparsetoolLM(TemplateLM):
         return totals
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        names = sorted({getattr(r, "task_name", None) or "?" for r in requests})
-        raise SparsetoolError(
-            f"task {', '.join(names)} generates text (generate_until); only "
-            "log-likelihood tasks (multiple_choice, loglikelihood, "
-            "loglikelihood_rolling) are supported; leave it out of --tasks"
+        """Greedy text until a stop sequence (``until``, and the end-of-text token's text) or
+        ``max_gen_toks`` tokens, as the harness's ``hf`` model at batch size 1: the context cut
+        from the left to the model's context less ``max_gen_toks``, the text decoded without
+        special tokens and cut at the first stop sequence. The whole model is read once and stays
+        resident with a key/value cache; refused in one line where the memory would not hold it."""
+        from lm_eval.models.utils import (
+            handle_stop_sequences,
+            normalize_gen_kwargs,
+            postprocess_generated_text,
         )
+
+        if not requests:
+            return []
+        names = sorted({getattr(r, "task_name", None) or "?" for r in requests})
+        settings = []
+        for req in requests:
+            context, gen_kwargs = req.args
+            kwargs = normalize_gen_kwargs(dict(gen_kwargs), 256)
+            if kwargs.get("do_sample"):
+                raise SparsetoolError(
+                    f"task {', '.join(names)} samples its generations (do_sample); only greedy "
+                    "generation is supported; leave it out of --tasks"
+                )
+            until = handle_stop_sequences(kwargs.pop("until", None), eos=self._eot_text())
+            settings.append((context, until, int(kwargs.pop("max_gen_toks"))))
+        longest = max(m for _, _, m in settings)
+        if longest >= self.max_length:
+            raise SparsetoolError(
+                f"task {', '.join(names)}: {longest} tokens to generate, the model's context is "
+                f"{self.max_length} tokens"
+            )
+        everything = [n for block in self.model.blocks for n in block] + self.model.outer
+        everything += self.model.head
+        self._check_resident(names, everything)
+        self.model.load(everything)
+        self.sequences += len(requests)
+        out = []
+        try:
+            for done, (context, until, max_gen) in enumerate(settings):
+                ids = self.tok_encode(context)[-(self.max_length - max_gen) :]
+                tokens = self._greedy(ids, until, max_gen)
+                text = (
+                    bytes(tokens).decode("utf-8", errors="replace")
+                    if self.tokenizer is None
+                    else self.tokenizer.decode(tokens, skip_special_tokens=True)
+                )
+                out.append(postprocess_generated_text(text, until, None))
+                self.cache_hook.add_partial("generate_until", requests[done].args, out[-1])
+                if self._progress:
+                    self._progress(done + 1, len(settings))
+        finally:
+            self.model.release(everything)
+        return out
+
+    def _eot_text(self) -> str:
+        if self.tokenizer is None:
+            return chr(GPT_PREFIX)
+        return self.tokenizer.decode([self.eot_token_id], skip_special_tokens=False)
+
+    def _greedy(self, ids: list[int], until: list[str], max_gen: int) -> list[int]:
+        """The greedy continuation of ``ids`` (every block resident), stopped once its text
+        holds a stop sequence or after ``max_gen`` tokens."""
+        x = torch.tensor([ids], dtype=torch.long, device=self.model.device)
+        module = self.model.module
+        with torch.inference_mode():
+            if self.tokenizer is not None:  # the model's own generate, with its key/value cache
+                from lm_eval.models.utils_hf import stop_sequences_criteria
+
+                got = module.generate(
+                    input_ids=x,
+                    attention_mask=torch.ones_like(x),
+                    max_length=x.shape[1] + max_gen,
+                    stopping_criteria=stop_sequences_criteria(self.tokenizer, until, x.shape[1], 1),
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    do_sample=False,
+                    use_cache=True,
+                )
+                return got[0, x.shape[1] :].tolist()
+            new: list[int] = []  # sparsetool's GPT: no cache, its context at a time
+            for _ in range(max_gen):
+                logits, _ = module(x[:, -self.model.context :])
+                token = int(logits[0, -1].float().argmax())
+                new.append(token)
+                x = torch.cat([x, x.new_tensor([[token]])], dim=1)
+                text = bytes(new).decode("utf-8", errors="replace")
+                if any(stop and stop in text for stop in until):
+                    break
+            return new
+
+    def _check_resident(self, names: list[str], everything: list[str]) -> None:
+        """Refuse generation (one line, naming the memory) where the whole model and a
+        key/value cache over its context would not fit in the memory budget."""
+        from sparsetool.util.memory import binary_bytes, budget, process_memory
+
+        model = self.model
+        weights = model.bytes_of(everything)
+        cache = 2 * len(model.blocks) * self.max_length * model.width * model.dtype.itemsize
+        work = model.block_work_bytes(1, self.max_length)
+        fixed = process_memory()
+        need = fixed + weights + cache + work
+        total, source = budget(self._max_memory)
+        if need > total:
+            raise SparsetoolError(
+                f"task {', '.join(names)} generates text, which needs the whole model resident: "
+                f"{binary_bytes(weights)} of weights, {binary_bytes(cache + work)} of cache and "
+                f"work and the process's {binary_bytes(fixed)}, {binary_bytes(need)} in all, more "
+                f"than the {binary_bytes(total)} of {source}; leave it out of --tasks or give "
+                "more --max-memory"
+            )
