@@ -283,30 +283,29 @@ def _example(name: str):
 smollm2 = _example("smollm2")
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(real_model.sciq_passages(1) is None, reason=real_model.REAL_PACKAGES)
-def test_the_example_writes_the_model_and_the_tests_own_two_texts(files, tmp_path):
-    """The script as the README runs it, with the small GGUF file in place of SmolLM2's (its
-    conversion is the real-model tests'): the texts are byte for byte the tests' own."""
-    r = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "smollm2.py"), "out", "--gguf", str(files["F32"])],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr
+def test_the_example_writes_the_model_and_the_tests_own_two_texts(
+    files, tmp_path, monkeypatch, capsys
+):
+    """The script's main() as the README runs it, with the small GGUF file in place of
+    SmolLM2's (its conversion is the real-model tests'): the texts are byte for byte the tests'
+    own, and a second run keeps the model."""
+    monkeypatch.chdir(tmp_path)
+    assert smollm2.main(["out", "--gguf", str(files["F32"])]) == 0
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == ["calib.txt", "heldout.txt", "smollm2"]
-    assert (out / "smollm2" / "model.safetensors").is_file()
+    assert transformers.AutoConfig.from_pretrained(out / "smollm2").model_type == "gpt2"
     calibration, heldout = real_model.split_text(tmp_path / "tests")
     assert (out / "calib.txt").read_bytes() == calibration.read_bytes()
     assert (out / "heldout.txt").read_bytes() == heldout.read_bytes()
-    assert r.stdout.splitlines()[-1] == (
-        f"wrote out/calib.txt ({len(real_model.sciq_passages()) - 400} passages) and "
-        "out/heldout.txt (400 passages)"
-    )
+    passages = len(real_model.sciq_passages())
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [
+        "wrote out/smollm2 (184,832 parameters, float32)",
+        f"wrote out/calib.txt ({passages - 400} passages) and out/heldout.txt (400 passages)",
+    ]
+    assert smollm2.main(["out", "--gguf", str(files["Q8_0"])]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "kept out/smollm2"
 
 
 def test_the_example_splits_the_passages_held_out_first(tmp_path):
