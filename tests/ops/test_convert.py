@@ -100,7 +100,17 @@ def test_the_command_writes_bfloat16_and_says_what_it_did(files, tmp_path):
     r = run("convert", files["F32"], "-o", tmp_path / "j", "--json")
     assert r.exit_code == 0 and r.stderr == "", r.output
     out = json.loads(r.stdout)
-    assert out["ggml_types"] == {"F32": 28} and out["parameters"] == 184_832
+    assert out == {
+        "input": str(files["F32"]),
+        "output": str(tmp_path / "j"),
+        "architecture": "gpt2",
+        "model_class": "GPT2LMHeadModel",
+        "dtype": "float32",
+        "parameters": 184_832,
+        "ggml_types": {"F32": 28},
+        "files": sorted(p.name for p in (tmp_path / "j").iterdir()),
+        "bytes": out["bytes"],
+    }
     assert out["bytes"] == sum(p.stat().st_size for p in (tmp_path / "j").iterdir())
 
 
