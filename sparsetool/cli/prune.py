@@ -106,6 +106,7 @@ def prune(
     include: list[str] = include_option(),
     exclude: list[str] = exclude_option(),
     calibration: Path | None = record_option("calibration"),
+    text_field: str = record_option("text_field"),
     samples: int = record_option("samples"),
     seq: int | None = record_option("seq"),
     dampening: str = record_option("dampening"),

@@ -35,12 +35,15 @@ from sparsetool.cli._params import (
     use_threads,
     value_of,
 )
+from sparsetool.ops.prune.options import PruneOptions
 from sparsetool.ops.shrink.options import BLOCK_CRITERIA, CRITERIA, DEFAULT_SAMPLES, ShrinkOptions
 from sparsetool.util import options
 from sparsetool.util.wording import plural
 
 Criterion = choices("Criterion", CRITERIA)
 BlockCriterion = choices("BlockCriterion", BLOCK_CRITERIA)
+
+TEXT_FIELD = PruneOptions.face("text_field")  # prune's --text-field, as shrink takes it
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     "sparsetool shrink qwen3-moe/ -o qwen3-moe-half/ --experts 0.5 --calibration text.txt",
@@ -109,7 +112,11 @@ def shrink(
         None,
         "--calibration",
         metavar="FILE|DIR",
-        help="UTF-8 text (a file, or every file under a directory) the experts are scored on.",
+        help="UTF-8 text (a file, or every file under a directory), or records (.jsonl, "
+        ".parquet, .arrow: see --text-field), the model is scored on.",
+    ),
+    text_field: str = typer.Option(
+        TEXT_FIELD[0], TEXT_FIELD[1].flag, metavar=TEXT_FIELD[1].metavar, help=TEXT_FIELD[1].help
     ),
     samples: int = typer.Option(
         DEFAULT_SAMPLES,
@@ -166,6 +173,7 @@ def shrink(
             heads=heads,
             merge=merge,
             calibration=calibration,
+            text_field=text_field,
             samples=samples,
             seq=seq,
             seed=seed,

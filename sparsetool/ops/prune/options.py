@@ -10,7 +10,7 @@ metavar and the parse ``sparsetool prune`` runs while reading the command line).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from sparsetool.masks.calibration_defaults import (
     OWL_M,
 )
 from sparsetool.masks.distributions import DISTRIBUTIONS
+from sparsetool.ops.text import DEFAULT_FIELD, TextSource, is_records
 from sparsetool.util.options import (
     ALLOCATIONS,
     CALIBRATION_METHODS,
@@ -55,6 +56,7 @@ __all__ = [
     "PruneResult",
     "DEFAULT_SEQ",
     "options_record",
+    "check_text_field",
 ]
 
 DEFAULT_SEQ = 512  # tokens per calibration window (the Wanda and SparseGPT papers' C4 use 2048)
@@ -145,9 +147,16 @@ class PruneOptions:
     calibration: str | None = _option(
         None,
         "--calibration",
-        "UTF-8 text (a file, or every file under a directory) run through the model by "
-        "--method wanda/sparsegpt.",
+        "UTF-8 text (a file, or every file under a directory), or records (.jsonl, .parquet, "
+        ".arrow: see --text-field), run through the model by --method wanda/sparsegpt.",
         metavar="FILE|DIR",
+    )
+    text_field: str = _option(
+        DEFAULT_FIELD,
+        "--text-field",
+        "The field of each --calibration record (.jsonl, .parquet, .arrow) holding its text, "
+        "or a list of chat messages the model's chat template renders.",
+        metavar="NAME",
     )
     samples: int = _option(
         128, "--samples", "Calibration windows (wanda/sparsegpt).", metavar="N", parse=check_count
@@ -293,6 +302,13 @@ class PruneOptions:
             v["max_memory"] = parse_size(v["max_memory"])
         return cls(**v)
 
+    def reading(self, checkpoint: str | Path) -> PruneOptions:
+        """The options with ``calibration`` a :class:`~sparsetool.ops.text.TextSource`: its records'
+        ``text_field``, and ``checkpoint``'s chat template for chat messages."""
+        if self.calibration is None:
+            return self
+        return replace(self, calibration=TextSource(self.calibration, self.text_field, checkpoint))
+
     @property
     def calibrated(self) -> bool:
         """Whether the run takes the model block by block with calibration text: Wanda and
@@ -420,6 +436,7 @@ class PruneOptions:
             self.face(name)[1].flag
             for name in (
                 "calibration",
+                "text_field",
                 "samples",
                 "seq",
                 "dampening",
@@ -453,6 +470,7 @@ class PruneOptions:
                 f"--method {self.method} needs calibration text: give "
                 "--calibration FILE|DIR (UTF-8 text the model's tokenizer reads)"
             )
+        check_text_field(self.text_field, self.calibration)
         if self.scope == "global":
             raise ConfigError(
                 f"--method {self.method} prunes each layer against its own "
@@ -566,8 +584,15 @@ def options_record(
     rec["nm"] = f"{opts.nm[0]}:{opts.nm[1]}" if opts.nm else None
     rec["include"], rec["exclude"] = list(opts.include), list(opts.exclude)
     del rec["device"], rec["max_memory"]
-    calib = {k: rec.pop(k) for k in _CALIBRATION_FIELDS}
-    calib["text"] = calib.pop("calibration")
+    calib = {k: rec.pop(k) for k in _CALIBRATION_FIELDS if k != "calibration"}
+    del rec["calibration"]
+    calib["text"] = None if opts.calibration is None else str(opts.calibration)
+    text_field = rec.pop("text_field")
+    if opts.calibration is not None and (is_records(opts.calibration) or text_field != "text"):
+        calib["text_field"] = text_field
+    digest = getattr(opts.calibration, "digest", None)
+    if digest:  # the text as read: the SHA-256 of its UTF-8
+        calib["sha256"] = digest
     del rec["allocation"], rec["refine"]  # recorded below as what was done, when it was asked
     owl = {k: rec.pop(k) for k in ("owl_m", "owl_lambda")}
     dsnot = {k.removeprefix("dsnot_"): rec.pop(k) for k in ("dsnot_iterations", "dsnot_threshold")}
@@ -589,3 +614,21 @@ def options_record(
     if opts.refine == "dsnot":
         rec["refine"] = {"method": "dsnot", **dsnot}
     return rec
+
+
+def check_text_field(text_field: str, calibration: str | Path | None) -> None:
+    """``--text-field``: a name, and read only from records (a directory may hold some).
+
+    >>> check_text_field("text", "calib.txt"), check_text_field("messages", "chat.jsonl")
+    (None, None)
+    """
+    if not text_field:
+        raise ConfigError("--text-field: give the name of the field holding each record's text")
+    if text_field == DEFAULT_FIELD or calibration is None:
+        return
+    if Path(calibration).is_file() and not is_records(calibration):
+        raise ConfigError(
+            f"--text-field {text_field} names a field of records, and --calibration "
+            f"{calibration} is a text file: give a .jsonl, .parquet or .arrow file, or drop "
+            "--text-field"
+        )

@@ -32,7 +32,8 @@ def prune_checkpoint(
     removed beside ``out`` are the result's ``reclaimed`` (an error's, if it fails)."""
     with reclaiming() as reclaimed:
         check_writable(out, "-o")  # before the plan, which may load a model and calibration text
-        plan = plan_prune(src, opts, progress=progress, on_plan=on_plan)
+        # calibration records: their text field, and src's chat template for chat messages
+        plan = plan_prune(src, opts.reading(src), progress=progress, on_plan=on_plan)
         result = write_pruned(plan, out, in_place=in_place, progress=progress)
     result.reclaimed = reclaimed
     return result

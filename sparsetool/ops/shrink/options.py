@@ -9,13 +9,14 @@ was done (``to_json()`` is ``shrink --json``).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from sparsetool.checkpoint.output_files import Reclaimed
 from sparsetool.errors import ConfigError, UsageError
-from sparsetool.ops.prune.options import PruneOptions
+from sparsetool.ops.prune.options import PruneOptions, check_text_field
+from sparsetool.ops.text import DEFAULT_FIELD, TextSource, is_records
 from sparsetool.util.options import check_count, check_seed
 
 __all__ = [
@@ -48,7 +49,8 @@ class ShrinkOptions:
     ffn: float | None = None  # --ffn F: the fraction of each FFN's channels kept
     heads: float | None = None  # --heads F: the fraction of each layer's attention heads kept
     merge: bool = False  # --merge: fold each removed expert into its most similar kept one
-    calibration: Path | None = None  # --calibration FILE|DIR
+    calibration: str | Path | None = None  # --calibration FILE|DIR (a TextSource once reading)
+    text_field: str = DEFAULT_FIELD  # --text-field NAME: a calibration record's text field
     samples: int = DEFAULT_SAMPLES  # --samples
     seq: int | None = None  # --seq; None: prune's default (512), or the context when shorter
     seed: int = 0  # --seed: the windows picked from the text, and --criterion random
@@ -69,6 +71,13 @@ class ShrinkOptions:
         if self.ffn is not None or self.heads is not None:
             return "widths"
         return "experts"
+
+    def reading(self, checkpoint: str | Path) -> ShrinkOptions:
+        """The options with ``calibration`` a :class:`~sparsetool.ops.text.TextSource`: its records'
+        ``text_field``, and ``checkpoint``'s chat template for chat messages."""
+        if self.calibration is None:
+            return self
+        return replace(self, calibration=TextSource(self.calibration, self.text_field, checkpoint))
 
     def validate(self) -> None:
         """Raise :class:`~sparsetool.errors.ConfigError` for options that cannot work together,
@@ -121,6 +130,12 @@ class ShrinkOptions:
         if self.seq is not None:
             check_count(self.seq, "--seq", minimum=2)
         check_seed(self.seed)
+        check_text_field(self.text_field, self.calibration)
+        if self.text_field != DEFAULT_FIELD and (self.calibration is None or not self.reads_text):
+            raise ConfigError(
+                "--text-field names the text field of --calibration records; it is read only "
+                "with calibration text: drop it or give --calibration"
+            )
         if self.reads_text and self.calibration is None:
             if self.blocks is not None:
                 raise ConfigError(
@@ -146,6 +161,13 @@ class ShrinkOptions:
         """The options as provenance and ``--json`` record them (the text only when read)."""
         rec = asdict(self)
         rec["calibration"] = str(self.calibration) if self.calibration is not None else None
+        if self.calibration is None or (
+            self.text_field == DEFAULT_FIELD and not is_records(self.calibration)
+        ):
+            del rec["text_field"]
+        digest = getattr(self.calibration, "digest", None)
+        if digest:  # the text as read: the SHA-256 of its UTF-8
+            rec["calibration_sha256"] = digest
         for k in ("experts", "experts_keep", "criterion", "merge"):
             if self.removes != "experts":
                 del rec[k]
@@ -156,8 +178,8 @@ class ShrinkOptions:
             if self.removes != "widths":
                 del rec[k]
         if not self.reads_text:
-            for k in ("calibration", "samples", "seq", "dtype"):
-                del rec[k]
+            for k in ("calibration", "text_field", "samples", "seq", "dtype"):
+                rec.pop(k, None)
         del rec["device"]
         return rec
 

@@ -22,6 +22,7 @@ def shrink_checkpoint(
     (``opts.experts`` or ``opts.experts_keep``). The temporaries of killed runs
     removed beside ``out`` are the result's ``reclaimed`` (an error's, if it fails)."""
     opts.validate()
+    opts = opts.reading(path)  # calibration records: their text field, path's chat template
     shrink = {"blocks": shrink_blocks, "widths": shrink_widths}.get(opts.removes, shrink_experts)
     with reclaiming() as reclaimed:
         result = shrink(path, out, opts, progress=progress)
