@@ -11,6 +11,7 @@ from rich.markup import escape
 from sparsetool.cli._output import (
     console,
     emit_json,
+    err_console,
     failing_cleanly,
     note_left_out,
     note_reclaimed,
@@ -166,6 +167,10 @@ def prune(
             on_plan=plan_printer(not (as_json or quiet)),
         )
     note_reclaimed(result.reclaimed)
+    if result.not_a_model and not quiet:  # on stderr: --json's output stays whole
+        err_console.print(
+            f"note: {result.not_a_model}", highlight=False, soft_wrap=True, markup=False
+        )
     for warning in result.warnings:  # printed even with --quiet/--json: the output will mislead
         warn(warning)
     if as_json:

@@ -527,6 +527,8 @@ class PruneResult:
     refined: dict | None = None  # --refine dsnot: its settings and the swaps made
     experts: dict | None = None  # a Mixture of Experts: tokens routed to each expert's matrices
     reclaimed: list[Reclaimed] = field(default_factory=list)  # stale temporaries removed
+    # an output directory no model loader reads (no config.json): why, and what to do
+    not_a_model: str | None = None
 
     @property
     def numel(self) -> int:

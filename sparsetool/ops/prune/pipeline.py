@@ -13,7 +13,9 @@ from sparsetool.ops.prune.write import write_pruned
 from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.progress import Progress
 
-__all__ = ["prune_checkpoint"]
+__all__ = ["prune_checkpoint", "not_a_model"]
+
+GPT_EMB, GPT_POS = "tok_emb.weight", "pos_emb.weight"  # sparsetool's GPT: no config.json needed
 
 
 def prune_checkpoint(
@@ -36,4 +38,19 @@ def prune_checkpoint(
         plan = plan_prune(src, opts.reading(src), progress=progress, on_plan=on_plan)
         result = write_pruned(plan, out, in_place=in_place, progress=progress)
     result.reclaimed = reclaimed
+    result.not_a_model = not_a_model(src, result.output, {t.name for t in plan.ckpt.logical})
     return result
+
+
+def not_a_model(src: str | Path, out: str | Path, names: set[str]) -> str | None:
+    """Why the directory ``out`` pruned from the directory ``src`` is no model that ``eval`` or
+    transformers loads (it has no ``config.json``), with what to do; None when it is one (or a
+    checkpoint of sparsetool's GPT, which needs none, or a file)."""
+    src, out = Path(src), Path(out)
+    if not src.is_dir() or (out / "config.json").is_file() or {GPT_EMB, GPT_POS} <= names:
+        return None
+    return (
+        f"{out} has no config.json ({src} had none), so eval, transformers and the other model "
+        "loaders cannot load it; copy the original model's config.json and tokenizer files "
+        f"into {out}, or prune the model's own directory"
+    )
