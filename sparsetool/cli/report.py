@@ -191,6 +191,8 @@ def _print(rep, checkpoint, all_tensors: bool, fmt: str) -> None:
         for t, row in zip(rows, cells):
             row.insert(4, _expert_cell(t))
         align = "llllllrrr"
+    if rep.made_by:  # how the checkpoint was made, from its provenance
+        typer.echo(f"made by: {rep.made_by}")
     print_table(header, cells, title=str(checkpoint), align=align, fmt=fmt)
     for k, v in summary:
         typer.echo(f"{k}: {v}")

@@ -20,7 +20,7 @@ from sparsetool.checkpoint import open_checkpoint
 from sparsetool.checkpoint.counting import count_unpruned_parts
 from sparsetool.checkpoint.dtypes import is_floating, torch_name
 from sparsetool.checkpoint.output_files import Written, check_png
-from sparsetool.checkpoint.provenance import read_provenance
+from sparsetool.checkpoint.provenance import provenance_line, read_provenance
 from sparsetool.targets.order import tensor_sort_key
 from sparsetool.targets.recorded import plan_checkpoint_targets, targeting_summary
 from sparsetool.targets.roles import is_routed_expert
@@ -83,6 +83,12 @@ class Report:
     bytes_on_disk: int = 0
     targeting: dict = field(default_factory=dict)  # targets.recorded.targeting_summary
     beyond_uniform: dict = field(default_factory=dict)  # the last prune's OWL plan, DSnoT settings
+    provenance: dict | None = None  # what made it, as recorded (checkpoint.provenance), or None
+
+    @property
+    def made_by(self) -> str | None:
+        """How the checkpoint was made, in one line (None when it records nothing)."""
+        return provenance_line(self.provenance)
 
     def _sum(self, attr: str, targeted_only: bool) -> int:
         return sum(
@@ -136,7 +142,11 @@ class Report:
         }
 
     def to_json(self) -> dict:
-        return {"tensors": [t.to_json() for t in self.tensors], "summary": self.summary}
+        return {
+            "tensors": [t.to_json() for t in self.tensors],
+            "summary": self.summary,
+            "provenance": self.provenance,
+        }
 
 
 def summarize(
@@ -174,6 +184,7 @@ def summarize(
         bytes_on_disk=ckpt.nbytes_on_disk,
         targeting=targeting_summary(plan),
         beyond_uniform=recorded_refinements(ckpt.metadata()),
+        provenance=read_provenance(ckpt.metadata()),
     )
     total = len(ckpt.logical)
     for i, lt in enumerate(ckpt.logical):
