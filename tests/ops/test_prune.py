@@ -174,7 +174,8 @@ def test_cli_prune_then_report_json(gpt2_file, tmp_path):
     r = run("report", out, "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert set(doc) == {"tensors", "summary"}
+    assert set(doc) == {"tensors", "summary", "provenance"}
+    assert doc["provenance"]["command"] == "prune" and doc["provenance"]["sparsity"] == 0.5
     assert {"name", "shape", "dtype", "role", "targeted", "numel", "nonzero", "sparsity"} <= set(
         doc["tensors"][0]
     )
