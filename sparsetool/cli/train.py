@@ -273,7 +273,7 @@ def train(
     quiet: bool = quiet_option(),
     as_json: bool = json_option("Print the final summary as JSON (no progress bar)."),
 ) -> None:
-    """Train the built-in byte-level GPT, dense or with a sparse-training algorithm.
+    """Train the built-in byte-level GPT or fine-tune a Hugging Face model, dense or sparse.
 
     Writes checkpoints (safetensors, mask encoding), a JSONL/CSV log and loss.png into the run
     directory -o/--output. Without --data the corpus is the Python standard library's own source.
