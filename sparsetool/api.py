@@ -92,6 +92,7 @@ def prune(
     exclude: Sequence[str] = _PRUNE["exclude"],
     in_place: bool = False,
     calibration: str | Path | None = _PRUNE["calibration"],
+    text_field: str = _PRUNE["text_field"],
     samples: int = _PRUNE["samples"],
     seq: int | None = _PRUNE["seq"],
     dampening: float = _PRUNE["dampening"],
@@ -117,7 +118,9 @@ def prune(
     mask (``dsnot_iterations``, ``dsnot_threshold``); both need ``calibration`` and work with
     magnitude, wanda and sparsegpt. In a Mixture of Experts, an expert routed fewer than
     ``expert_min_tokens`` calibration tokens is pruned by magnitude (``result.experts``). Each
-    default is :class:`~sparsetool.ops.prune.options.PruneOptions`' own. Raises
+    default is :class:`~sparsetool.ops.prune.options.PruneOptions`' own. ``calibration`` records
+    (``.jsonl``, ``.parquet``, ``.arrow``) give each one's ``text_field`` (chat messages go
+    through the model's chat template). Raises
     :class:`sparsetool.errors.SparsetoolError` on bad input; nothing is written then."""
     from sparsetool.ops.prune.pipeline import prune_checkpoint
 
@@ -148,6 +151,7 @@ def shrink(
     heads: float | None = _SHRINK.heads,
     merge: bool = _SHRINK.merge,
     calibration: str | Path | None = _SHRINK.calibration,
+    text_field: str = _SHRINK.text_field,
     samples: int = _SHRINK.samples,
     seq: int | None = _SHRINK.seq,
     seed: int = _SHRINK.seed,
@@ -171,6 +175,7 @@ def shrink(
         heads=heads,
         merge=merge,
         calibration=None if calibration is None else Path(calibration),
+        text_field=text_field,
         samples=samples,
         seq=seq,
         seed=seed,

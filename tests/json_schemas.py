@@ -355,6 +355,7 @@ REPORT = obj(
         non_float_tensors=INT,
         non_float_dtypes=arr(STR),
     ),
+    provenance=("dict", "null"),  # what made the checkpoint, as recorded; null: nothing recorded
 )
 # a mixture of experts' report: the spread of its experts' sparsities, per layer and kind
 REPORT_EXPERTS = obj(
@@ -363,6 +364,7 @@ REPORT_EXPERTS = obj(
         **REPORT["summary"],
         experts=arr(obj(layer=INT, kind=STR, min_sparsity=NUM, max_sparsity=NUM)),
     ),
+    provenance=REPORT["provenance"],
 )
 _STATS = dict(
     numel=INT,
@@ -447,7 +449,7 @@ TRAIN = obj(
     mask_updates_that_diverged=(INT, "null"),
     checkpoint=STR,
     log=STR,
-    plot=STR,
+    plot=OPT_STR,  # null without matplotlib
     huggingface=BOOL,
     interrupted=OPT_STR,
 )
