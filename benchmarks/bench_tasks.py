@@ -226,17 +226,19 @@ def real(args) -> None:
         return out
 
     times = {}
-    for name, fn in (
-        ("ours", lambda: ours("ours", True)),
-        ("alone", lambda: ours("alone", False)),
-        ("hf", theirs),
-    ):
+    runs = {
+        "ours": lambda: ours("ours", True),
+        "alone": lambda: ours("alone", False),
+        "hf": theirs,
+    }
+    order = args.order.split(",")
+    for name, fn in ((n, runs[n]) for n in order):
         _, wall, cpu = timed(fn)
         times[name] = (wall, cpu)
         print(f"  {name:>5}: {wall:8.1f} s wall, {cpu:8.1f} s CPU", flush=True)
     hf = per_item(logged["hf"])
     print(f"{'contender':>9}  {'wall (s)':>9}  {'CPU (s)':>8}  {'hf/wall':>7}  {'hf/CPU':>6}")
-    for name in ("ours", "alone", "hf"):
+    for name in order:
         wall, cpu = times[name]
         got = per_item(logged[name])
         same = sum(got[k][:2] == hf[k][:2] for k in hf)
@@ -309,6 +311,9 @@ def main() -> None:
     ap.add_argument("--text", type=Path, help="with --real: also the perplexity eval on it")
     ap.add_argument("--max-tokens", type=int, default=16384)
     ap.add_argument("--seq", type=int, default=None)
+    ap.add_argument(
+        "--order", default="ours,alone,hf", help="with --real: the contenders run, in this order"
+    )
     ap.add_argument("--items", type=int, default=200)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--width", type=int, default=256)
