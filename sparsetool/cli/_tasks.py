@@ -270,4 +270,5 @@ def print_differences(
         cells.append(row)
     typer.echo("")
     print_table(header, cells)
-    typer.echo(noise_legend("documents of each task (windows for perplexity)", None))
+    over = "documents of each task" + (" (windows for perplexity)" if with_perplexity else "")
+    typer.echo(noise_legend(over, None))
