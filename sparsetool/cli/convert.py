@@ -24,6 +24,7 @@ from sparsetool.cli._params import (
     usage_error,
     value_of,
 )
+from sparsetool.util.wording import plural
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     "sparsetool convert SmolLM2-135M-Instruct.Q4_1.gguf -o smollm2/",
@@ -68,7 +69,7 @@ def convert(
     types = ", ".join(f"{n} {t}" for t, n in result.ggml_types.items())
     console.print(
         f"converted {escape(result.source.name)} ({result.architecture}; {types}) into "
-        f"{result.model_class}: {result.parameters:,} parameters in {result.dtype}, "
+        f"{result.model_class}: {plural(result.parameters, 'parameter')} in {result.dtype}, "
         f"{decimal_bytes(result.bytes)}",
         highlight=False,
         soft_wrap=True,

@@ -153,8 +153,9 @@ def _arrow_table(f: Path, option: str) -> Any:
         import pyarrow.parquet as pq  # type: ignore[import-untyped]
     except ImportError:
         raise SparsetoolError(
-            f"{option} {f}: reading {f.suffix.lower()} files needs pyarrow, which is not "
-            "installed: pip install pyarrow"
+            f"{option} {f}: reading a {f.suffix.lower()} file needs pyarrow, which is not "
+            "installed: pip install 'sparsetool[records]' (or pip install -e '.[records]' in a "
+            "source checkout)"
         ) from None
     try:
         if f.suffix.lower() == ".parquet":

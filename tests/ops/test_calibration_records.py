@@ -216,7 +216,10 @@ def test_reading_parquet_without_pyarrow_names_the_package(files, monkeypatch):
     for module in [m for m in sys.modules if m == "pyarrow" or m.startswith("pyarrow.")]:
         monkeypatch.delitem(sys.modules, module)
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if not installed
-    with pytest.raises(SparsetoolError, match=r"needs pyarrow, which is not installed: pip"):
+    with pytest.raises(
+        SparsetoolError,
+        match=r"needs pyarrow, which is not installed: pip install .sparsetool\[records\].",
+    ):
         read_text(TextSource(files["dir"] / "calib.parquet", "body"), "--calibration")
     # JSON lines need no pyarrow
     assert read_text(TextSource(files["dir"] / "calib.jsonl", "body")).startswith(files["docs"][0])
