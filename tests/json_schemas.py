@@ -553,4 +553,5 @@ TASKS = obj(
         )
     ),
     comparison=obj(mean=STR, **_METHOD),
+    warnings=arr(STR),
 )

@@ -136,6 +136,8 @@ def run(
                 f"--tasks {source.task}: {source.reason}; scored the {source.split} split bundled "
                 f"by {source.package} instead (--offline goes there at once)"
             )
+    for message in result.warnings:  # even with --json or -q: inputs were cut to the context
+        warn(message)
     if as_json:
         emit_json(result.to_json())
     else:

