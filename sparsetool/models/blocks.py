@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,6 +109,19 @@ class _Replay(torch.nn.Module):
     def forward(self, hidden, *args, **kwargs):
         out = self.value if self.first else hidden
         return (out,) if self.as_tuple else out
+
+
+def _skipped_mask(block: torch.nn.Module, args: tuple, kwargs: dict) -> str | int | None:
+    """Where ``block`` was passed ``attention_mask=None`` (by name: the name; by position: the
+    index in ``args``, which follow the hidden states), or None if it was not."""
+    if "attention_mask" in kwargs:
+        return "attention_mask" if kwargs["attention_mask"] is None else None
+    try:
+        names = list(inspect.signature(block.forward).parameters)
+    except (TypeError, ValueError):
+        return None
+    at = names.index("attention_mask") - 1 if "attention_mask" in names else -1
+    return at if 0 <= at < len(args) and args[at] is None else None
 
 
 class _Recorder(torch.nn.Module):
@@ -262,7 +276,8 @@ class BlockModel:
     def block_work_bytes(self, batch: int, seq: int) -> int:
         """What one forward pass through a block makes for ``batch`` windows of ``seq`` tokens:
         the outputs of its largest layer and of all its layers side by side (an estimate), and
-        the attention scores with their softmax (float32, eager attention). The largest block
+        the attention scores with their softmax (float32, as eager attention makes them: an upper
+        bound for fused attention, which calibration does not use). The largest block
         counts; a mixture of experts' merged experts count as one expert's matrix (they run one
         expert at a time)."""
         per_token = 0
@@ -442,17 +457,28 @@ class BlockModel:
                 made[id(mask)] = torch.stack(rows)
             return made[id(mask)]
 
-        def packed(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-            """The mask passed by name (``attention_mask``) or, failing that, by position."""
+        def packed(block: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            """The mask ``block`` is passed by name (``attention_mask``) or, failing that, by
+            position; or the one fused attention was not given."""
             if is_mask(kwargs.get("attention_mask")):
                 return args, {**kwargs, "attention_mask": adapted(kwargs["attention_mask"])}
             at = [j for j, a in enumerate(args) if is_mask(a)]
-            if len(at) != 1:
-                raise Unpackable(f"{self.path}: its blocks take no attention mask to pack with")
-            return tuple(adapted(a) if j == at[0] else a for j, a in enumerate(args)), kwargs
+            if len(at) == 1:
+                return tuple(adapted(a) if j == at[0] else a for j, a in enumerate(args)), kwargs
+            if not at:
+                skipped = _skipped_mask(block, args, kwargs)
+                if skipped is not None:
+                    # Fused attention (sdpa) is given no mask where the model's own is plain
+                    # causal over 0 .. T-1 (no padding, any window longer than T): it is causal
+                    # at the tokens' positions.
+                    mask = (allowed & (pos[:, None, :] <= pos[:, :, None]))[:, None]
+                    if isinstance(skipped, str):
+                        return args, {**kwargs, skipped: mask}
+                    return tuple(mask if j == skipped else a for j, a in enumerate(args)), kwargs
+            raise Unpackable(f"{self.path}: its blocks take no attention mask to pack with")
 
-        call.args, call.kwargs = packed(call.args, call.kwargs)
-        call.others = {i: packed(a, k) for i, (a, k) in call.others.items()}
+        call.args, call.kwargs = packed(self.block_list[0], call.args, call.kwargs)
+        call.others = {i: packed(self.block_list[i], a, k) for i, (a, k) in call.others.items()}
 
     def _record_arguments(self, calls: list[Call]) -> None:
         """The arguments the model passes each block, where they differ from block 0's (models

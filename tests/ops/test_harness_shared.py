@@ -4,7 +4,8 @@ request scores as it does run alone (the per-sequence path, and the harness's ow
 the same log-likelihood to float32 rounding (1e-5 relative; the differences seen are ~1e-7) and
 the same greedy flag, for learned positions (GPT-2, sparsetool's GPT), rotary embeddings (Llama,
 Qwen3), sliding-window attention (Mistral, Gemma-3 mixing sliding and full blocks) and mixtures
-of experts (Qwen3-MoE, Mixtral). Small random models and a tokenizer trained here."""
+of experts (Qwen3-MoE, Mixtral), with fused (sdpa) and eager attention. Small random models and
+a tokenizer trained here."""
 
 from __future__ import annotations
 
@@ -107,9 +108,13 @@ def shared_and_alone(model, pairs, **kw):
 
 
 # ----------------------------------------------------------------------------- equality
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("kind", list(MODELS))
-def test_shared_context_scores_as_each_sequence_alone(kind, text, tmp_path):
-    model = open_model(save(kind, tmp_path / kind, text), "float32", "cpu")
+def test_shared_context_scores_as_each_sequence_alone(kind, attention, text, tmp_path):
+    """Under fused attention the model passes no mask where its own is plain causal; the packed
+    one is made at the tokens' positions instead (and eager's is read at them)."""
+    model = open_model(save(kind, tmp_path / kind, text), "float32", "cpu", attention=attention)
+    assert model.module.config._attn_implementation == attention
     try:
         shared, alone = shared_and_alone(model, items())
     finally:

@@ -175,7 +175,9 @@ class CalibratedPlanner:
         o = self.opts
         check_layouts(self.targets, self.target_plan, o.method)
         text = read_text(o.calibration, "--calibration")  # a bad file fails before the model loads
-        self.model = model = open_model(self.ckpt.path, o.dtype, o.device, needs=NEEDS)
+        self.model = model = open_model(
+            self.ckpt.path, o.dtype, o.device, needs=NEEDS, attention="eager"
+        )
         self.placement = place_targets(model, self.targets, self.target_plan, o.method)
         self.seq, note = window_length(o.seq, model.context, self.ckpt.path)
         if note:

@@ -74,7 +74,7 @@ def shrink_blocks(
     check_output(path, out)
     assert opts.calibration is not None
     text = read_text(opts.calibration, "--calibration")
-    model = open_model(path, opts.dtype, opts.device, needs=NEEDS)
+    model = open_model(path, opts.dtype, opts.device, needs=NEEDS, attention="eager")
     result = ShrinkResult(output=out, options=opts)
     try:
         if len(model.blocks) != total:

@@ -88,7 +88,7 @@ def shrink_experts(
     plan = plan_shrink(path, opts)
     check_output(path, out)  # a locked or full output is refused before the long part
     text = read_text(opts.calibration, "--calibration") if opts.reads_text else None
-    model = open_model(path, opts.dtype, opts.device, needs=NEEDS)
+    model = open_model(path, opts.dtype, opts.device, needs=NEEDS, attention="eager")
     result = ShrinkResult(output=out, options=opts, plan=plan)
     try:
         layers = expert_layers(model, plan.experts)
