@@ -426,6 +426,7 @@ EVAL = obj(
             tokenizer=STR,
             memory=obj(windows_held=INT, **MEMORY_KEYS),
             comparison=nullable(INTERVAL),
+            windows=obj(nll=arr(NUM), tokens=arr(INT)),
         )
     ),
     compare_by=STR,

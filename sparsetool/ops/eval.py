@@ -217,7 +217,8 @@ class EvalRow:
 
     def to_json(self) -> dict:
         out = {**asdict(self), "tokens_per_s": self.tokens_per_s}
-        del out["window_nll"], out["window_tokens"]
+        # kept per window, as tasks keep theirs per document: runs apart can still be paired
+        out["windows"] = {"nll": out.pop("window_nll"), "tokens": out.pop("window_tokens")}
         return out
 
 

@@ -65,6 +65,11 @@ def test_table_and_json(pruned):
     assert S.problems(data, S.EVAL) == []
     assert data["comparison"]["over"] == "windows" and data["checkpoints"][0]["comparison"] is None
     assert data["checkpoints"][2]["comparison"]["inside_noise"] is True
+    # each window's NLL is kept, so runs made apart pair the same way
+    first, second = (c["windows"] for c in data["checkpoints"][:2])
+    assert len(first["nll"]) == len(first["tokens"]) == 63
+    again = loss_ratio(first["nll"], second["nll"], second["tokens"]).to_json()
+    assert again == data["checkpoints"][1]["comparison"]
 
 
 def test_one_checkpoint_table_is_unchanged():
