@@ -194,7 +194,7 @@ def main() -> None:
     args.patterns = [p for p in args.patterns.split(",") if p]
     args.variants = [v for v in args.variants.split(",") if v]
     args.tasks_at = [p for p in args.tasks_at.split(",") if p]
-    args.only, args.peer_threads = set(), None
+    args.only, args.peer_threads, args.owl, args.raw_ppl_only = set(), None, False, False
     for p in args.patterns:
         if p not in PATTERNS or ":" in p:
             ap.error(f"--patterns: {p} is not one of 50%, 60%, 70%")

@@ -138,6 +138,12 @@ class Bench:
                 if method in self.args.methods and not self.args.no_peer:
                     first.append(f"llmc-{method}-{tag(pattern)}-lfl")
                     then.append(f"llmc-{method}-{tag(pattern)}-raw")
+        if self.args.owl and "70%" in self.args.patterns:  # OWL's allocation at 70%
+            for method in PEER_METHODS:
+                if method in self.args.methods:
+                    first.append(f"st-{method}-70-owl")
+                    if not self.args.no_peer:
+                        first.append(f"llmc-{method}-70-owl-lfl")
         out = [("dense", self.model)] + [(n, self.ckpts / n) for n in first + then]
         if self.args.only:
             out = [(n, p) for n, p in out if n in self.args.only]
@@ -246,7 +252,10 @@ class Bench:
         """The evaluations of ``kind`` whose checkpoint exists and result does not, and how many
         lack a result in all."""
         todo = [
-            (n, p) for n, p in self.names() if not (self.results / f"{n}.{kind}.json").is_file()
+            (n, p)
+            for n, p in self.names()
+            if not (self.results / f"{n}.{kind}.json").is_file()
+            and not (kind != "ppl" and self.args.raw_ppl_only and n.endswith("-raw"))
         ]
         return [
             (n, p)
@@ -368,6 +377,90 @@ class Bench:
         a = self.accs(name)
         return 100 * sum(a.values()) / len(a) if a and len(a) == len(TASKS) else None
 
+    # ------------------------------------------------------------------ paired intervals
+    def windows(self, name: str) -> dict | None:
+        """The perplexity eval's per-window NLL sums and tokens (``eval --json``'s windows)."""
+        r = self.load(name, "ppl")
+        return r and r["result"]["checkpoints"][0].get("windows")
+
+    def items(self, name: str) -> dict[str, dict] | None:
+        """Per task: doc id -> acc, from ``eval --tasks --json``'s per-document records."""
+        r = self.load(name, self.tasks_kind)
+        if not r:
+            return None
+        per_task = r["result"]["checkpoints"][0].get("items") or {}
+        return {t: {i["doc_id"]: float(i["acc"]) for i in per_task.get(t, [])} for t in TASKS}
+
+    def paired(self, a: str, b: str) -> tuple[str, str]:
+        """B against A: the perplexity ratio B/A with its paired 95% interval over the windows,
+        and B's mean accuracy minus A's (points) with its interval, each task's documents
+        resampled on their own (``sparsetool.ops.paired``); ``~``: inside the noise."""
+        from sparsetool.ops.paired import loss_ratio, mean_of_differences
+
+        def cell(iv, scale: float, fmt: str) -> str:
+            mark = " ~" if iv.inside_noise else ""
+            return (
+                f"{format(scale * iv.estimate, fmt)} [{format(scale * iv.low, fmt)}, "
+                f"{format(scale * iv.high, fmt)}]{mark}"
+            )
+
+        ppl = acc = "-"
+        wa, wb = self.windows(a), self.windows(b)
+        if wa and wb and wa["tokens"] == wb["tokens"]:
+            ppl = cell(loss_ratio(wa["nll"], wb["nll"], wb["tokens"]), 1.0, ".3f")
+        ia, ib = self.items(a), self.items(b)
+        if ia and ib:
+            groups = []
+            for t in TASKS:
+                common = sorted(set(ia[t]) & set(ib[t]), key=str)
+                if common:
+                    groups.append(([ia[t][d] for d in common], [ib[t][d] for d in common]))
+            if len(groups) == len(TASKS):
+                acc = cell(mean_of_differences(groups), 100.0, "+.1f")
+        return ppl, acc
+
+    def paired_tables(self) -> list[str]:
+        """Every checkpoint against dense, and sparsetool against llm-compressor (like for
+        like) per method and pattern."""
+        lines = [
+            "",
+            "Paired against dense (95% bootstrap intervals, 10,000 resamples, seed 0: perplexity "
+            "over the windows, mean accuracy over each task's documents; ~ inside the noise)",
+            "",
+            "| checkpoint | ppl / dense ppl | mean acc - dense (points) |",
+            "|---|---:|---:|",
+        ]
+        for name, _ in self.names():
+            if name != "dense":
+                ppl, acc = self.paired("dense", name)
+                if (ppl, acc) != ("-", "-"):
+                    lines.append(f"| {name} | {ppl} | {acc} |")
+        lines += [
+            "",
+            "sparsetool against llm-compressor like for like (the same intervals)",
+            "",
+            "| method | pattern | ppl sparsetool / llm-compressor | mean acc sparsetool - "
+            "llm-compressor (points) |",
+            "|---|---|---:|---:|",
+        ]
+        pairs = [
+            (m, p, f"st-{m}-{tag(p)}", f"llmc-{m}-{tag(p)}-lfl")
+            for p in self.args.patterns
+            for m in PEER_METHODS
+            if m in self.args.methods
+        ]
+        if self.args.owl and "70%" in self.args.patterns:
+            pairs += [
+                (m, "70% OWL", f"st-{m}-70-owl", f"llmc-{m}-70-owl-lfl")
+                for m in PEER_METHODS
+                if m in self.args.methods
+            ]
+        for method, pattern, ours, peer in pairs:
+            ppl, acc = self.paired(peer, ours)
+            if (ppl, acc) != ("-", "-"):
+                lines.append(f"| {method} | {pattern} | {ppl} | {acc} |")
+        return lines
+
     def report(self) -> str:
         f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
         lines = [
@@ -399,35 +492,43 @@ class Bench:
                 return "-"
             return f"{run['wall_s']:.0f}" + (f" ({run['cpu_s']:.0f})" if "cpu_s" in run else "")
 
-        for method in self.args.methods:
-            for pattern in self.args.patterns:
-                st = f"st-{method}-{tag(pattern)}"
-                pr = self.load(st, "prune")
-                cells = [
-                    method,
-                    pattern,
-                    f(self.ppl(st), ".3f"),
-                    f(self.mean_acc(st), ".1f"),
-                    secs(pr),
-                    f(pr and pr["peak_rss_mib"], ".0f"),
+        rows = [
+            (method, pattern, f"st-{method}-{tag(pattern)}", f"llmc-{method}-{tag(pattern)}")
+            for method in self.args.methods
+            for pattern in self.args.patterns
+        ]
+        if self.args.owl and "70%" in self.args.patterns:
+            rows += [
+                (m, "70% OWL", f"st-{m}-70-owl", f"llmc-{m}-70-owl")
+                for m in PEER_METHODS
+                if m in self.args.methods
+            ]
+        for method, pattern, st, base in rows:
+            pr = self.load(st, "prune")
+            cells = [
+                method,
+                pattern,
+                f(self.ppl(st), ".3f"),
+                f(self.mean_acc(st), ".1f"),
+                secs(pr),
+                f(pr and pr["peak_rss_mib"], ".0f"),
+            ]
+            if method in PEER_METHODS and not self.args.no_peer:
+                pp = self.load(base, "prune")
+                ours, peer = self.ppl(st), self.ppl(f"{base}-lfl")
+                cells += [
+                    f(peer, ".3f"),
+                    f(self.mean_acc(f"{base}-lfl"), ".1f"),
+                    f(self.ppl(f"{base}-raw"), ".3f"),
+                    f(self.mean_acc(f"{base}-raw"), ".1f"),
+                    secs(pp),
+                    f(pp and pp["peak_rss_mib"], ".0f"),
+                    f(ours / peer if ours and peer else None, ".3f"),
+                    ratio(pr, pp),
                 ]
-                if method in PEER_METHODS and not self.args.no_peer:
-                    base = f"llmc-{method}-{tag(pattern)}"
-                    pp = self.load(base, "prune")
-                    ours, peer = self.ppl(st), self.ppl(f"{base}-lfl")
-                    cells += [
-                        f(peer, ".3f"),
-                        f(self.mean_acc(f"{base}-lfl"), ".1f"),
-                        f(self.ppl(f"{base}-raw"), ".3f"),
-                        f(self.mean_acc(f"{base}-raw"), ".1f"),
-                        secs(pp),
-                        f(pp and pp["peak_rss_mib"], ".0f"),
-                        f(ours / peer if ours and peer else None, ".3f"),
-                        ratio(pr, pp),
-                    ]
-                else:
-                    cells += ["-"] * 8
-                lines.append("| " + " | ".join(cells) + " |")
+            else:
+                cells += ["-"] * 8
+            lines.append("| " + " | ".join(cells) + " |")
         lines += [
             "",
             "Accuracy per task (%, acc; --limit "
@@ -487,6 +588,7 @@ class Bench:
                 "|---|---|---:|---:|---:|---|",
                 *rows,
             ]
+        lines += self.paired_tables()
         text = "\n".join(lines) + "\n"
         (self.work / "report.md").write_text(text)
         return text
@@ -567,6 +669,17 @@ def main() -> None:
         help="torch threads for llm-compressor (default: --threads, else torch's)",
     )
     ap.add_argument("--only", default="", help="checkpoint names (e.g. dense,st-wanda-50)")
+    ap.add_argument(
+        "--owl",
+        action="store_true",
+        help="also evaluate and report Wanda and SparseGPT at 70%% with OWL's allocation "
+        "(pruned by bench_owl_dsnot.py --variants owl --patterns 70%% into the same --work)",
+    )
+    ap.add_argument(
+        "--raw-ppl-only",
+        action="store_true",
+        help="llm-compressor's raw outputs get a perplexity but no task evaluation",
+    )
     ap.add_argument("--drop-checkpoints", action="store_true")
     ap.add_argument(
         "--wait",

