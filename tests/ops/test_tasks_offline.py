@@ -150,7 +150,6 @@ def test_offline_accuracies_equal_the_harness_hf_model_on_the_same_data(llama_di
         model_args={
             "pretrained": str(llama_dir),
             "dtype": "float32",
-            "attn_implementation": "eager",
         },
         tasks=["local_arc_easy", "local_boolq"],
         limit=20,
