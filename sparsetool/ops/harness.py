@@ -493,7 +493,8 @@ class SparsetoolLM(TemplateLM):
         if longest >= self.max_length:
             raise SparsetoolError(
                 f"task {', '.join(names)}: {longest} tokens to generate, the model's context is "
-                f"{self.max_length} tokens"
+                f"{self.max_length} tokens, which leaves no room for the prompt; leave it out "
+                "of --tasks"
             )
         everything = [n for block in self.model.blocks for n in block] + self.model.outer
         everything += self.model.head

@@ -266,3 +266,17 @@ def test_generation_the_memory_cannot_hold_is_one_error_line(llama_dir, generate
     assert line.endswith(
         "more than the 1.00 MiB of --max-memory; leave it out of --tasks or give more --max-memory"
     )
+
+
+@needs_bundle
+def test_more_tokens_to_generate_than_the_context_holds_is_one_error_line(tmp_path):
+    """nq_open generates up to 256 tokens; a model of 64 tokens' context cannot."""
+    d = tmp_path / "short"
+    hf_model("llama").save_pretrained(d)
+    save_tokenizer(d, make_text(200))
+    r = run("eval", d, "--tasks", "nq_open", "--offline", "--limit", "1", columns=400)
+    assert r.exit_code == 1
+    assert r.stderr.strip().splitlines()[-1] == (
+        "error: task nq_open: 256 tokens to generate, the model's context is 64 tokens, which "
+        "leaves no room for the prompt; leave it out of --tasks"
+    )
