@@ -118,12 +118,24 @@ def tied_duplicates(model: torch.nn.Module) -> set[str]:
     return out
 
 
-def forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
+def forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, balance: bool = True):
     """Logits (B, T, V) and the mean cross-entropy of ``y`` (nats per token), as the built-in
-    GPT."""
-    logits = model(input_ids=x, use_cache=False).logits
+    GPT. A mixture of experts whose config asks for its routers' load-balancing loss
+    (``output_router_logits``) gets it added with its ``router_aux_loss_coef``, as transformers
+    adds it to the loss it trains on; ``balance=False`` leaves it out (the validation loss)."""
+    out = model(input_ids=x, use_cache=False)
+    logits = out.logits
     loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+    aux = getattr(out, "aux_loss", None)
+    if balance and aux is not None:
+        config = getattr(getattr(model, "module", model), "config", None)  # DDP holds .module
+        loss = loss + float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0) * aux.float()
     return logits, loss
+
+
+def next_token_forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
+    """:func:`forward` without the routers' load-balancing loss: the next-token loss only."""
+    return forward(model, x, y, balance=False)
 
 
 def open_run_model(

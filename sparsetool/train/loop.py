@@ -172,7 +172,8 @@ class Trainer:
             self.model_cfg = warmstart.init_model_config(cfg, init_weights, init_meta)
         else:
             self.model_cfg = model_config(cfg)
-        self.lm_forward = self.forward  # the validation loss: always the next-token loss
+        # the validation loss: always the next-token loss (no routers' balancing loss)
+        self.lm_forward = hfrun.next_token_forward if self.hf else self.forward
         if cfg.distill_from:
             if not self.hf:
                 raise ConfigError(

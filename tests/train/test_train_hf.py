@@ -384,3 +384,27 @@ def test_moving_masks_keep_each_experts_count(root, tmp_path, algorithm):
             assert len(set(kept)) == 1, (i, part, kept)  # every expert pruned as a unit alike
             assert kept[0] == w[0].numel() // 4 or not reached, (i, part, kept)
             assert kept[0] < 0.5 * w[0].numel()
+
+
+def test_the_routers_balancing_loss_is_trained_when_the_config_asks_for_it():
+    """A mixture of experts whose config sets ``output_router_logits`` trains on the next-token
+    loss plus ``router_aux_loss_coef`` times its routers' load-balancing loss, as transformers
+    trains it; the validation loss and a config without it are the next-token loss alone."""
+    from moe_models import build
+
+    from sparsetool.train import hfrun
+
+    model = build("mixtral").train()
+    model.config.output_router_logits, model.config.router_aux_loss_coef = True, 0.5
+    torch.manual_seed(1)
+    x, y = torch.randint(0, 320, (2, 16)), torch.randint(0, 320, (2, 16))
+    _, trained = hfrun.forward(model, x, y)
+    _, plain = hfrun.next_token_forward(model, x, y)
+    aux = model(input_ids=x, use_cache=False).aux_loss.detach()
+    assert float(aux) > 0
+    assert float((trained - plain).detach()) == pytest.approx(0.5 * float(aux), rel=1e-5)
+    (trained - plain).backward()  # the balancing term alone reaches the routers
+    assert float(model.model.layers[0].mlp.gate.weight.grad.abs().sum()) > 0
+    model.config.output_router_logits = False
+    with torch.no_grad():
+        assert float(hfrun.forward(model, x, y)[1]) == pytest.approx(float(plain), rel=1e-6)
