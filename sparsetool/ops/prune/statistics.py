@@ -25,6 +25,7 @@ __all__ = [
     "gather_statistics",
     "routed_inputs",
     "gated_product",
+    "routing_of",
 ]
 
 
@@ -113,7 +114,7 @@ class BlockStatistics:
         (:func:`routed_inputs`)."""
 
         def see(module, args, kwargs) -> None:
-            hidden, index, weights = _routing(args, kwargs)
+            hidden, index, weights = routing_of(args, kwargs)
             for e, parts in units.items():
                 x, w = routed_inputs(experts, e, hidden, index, weights)
                 if "in" in parts:
@@ -245,7 +246,7 @@ def gather_statistics(
     return stats
 
 
-def _routing(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def routing_of(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(hidden states, chosen experts, routing weights) of a call of an experts module, passed by
     position or by name (each family names them its own way), each with one row per token."""
     hidden, index, weights = (list(args) + list(kwargs.values()))[:3]

@@ -27,7 +27,6 @@ __all__ = [
     "Role",
     "expert_count",
     "expert_layers",
-    "routing_of",
 ]
 
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
@@ -55,14 +54,6 @@ def expert_count(cfg, config: dict, path) -> tuple[int, int]:
             "Mixture-of-Experts models"
         )
     return experts, top_k
-
-
-def routing_of(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(hidden states, chosen experts, routing weights) of a call of a fused experts module, by
-    position or by name (families name them their own way), one row per token."""
-    hidden, index, weights = (list(args) + list(kwargs.values()))[:3]
-    tokens = hidden.numel() // hidden.shape[-1]
-    return hidden.reshape(tokens, -1), index.reshape(tokens, -1), weights.reshape(tokens, -1)
 
 
 @dataclass

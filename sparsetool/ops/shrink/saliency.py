@@ -20,8 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from sparsetool.ops.prune.statistics import gated_product
-from sparsetool.ops.shrink.layers import routing_of
+from sparsetool.ops.prune.statistics import gated_product, routing_of
 from sparsetool.ops.shrink.options import ExpertPlan
 
 __all__ = ["ExpertStatistics", "expert_output", "choose_kept", "merge_clusters", "random_scores"]
