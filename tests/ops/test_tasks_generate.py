@@ -70,7 +70,9 @@ def write_generate_task(root: Path, items: list[dict]) -> Path:
     data = root / "items.jsonl"
     data.write_text("".join(json.dumps(i) + "\n" for i in items))
     kind = dict(GENERATE, doc_to_target="{{target}}")
-    kind["extra"] = kind["extra"].replace('until: ["\\n"]', 'until: ["\\n", "mask"]')
+    kind["extra"] = kind["extra"].replace(
+        'until: ["\\n"]', 'until: ["\\n", "mask"]\n  max_gen_toks: 12'
+    )
     (root / "write_ending.yaml").write_text(
         TASK_YAML.format(name="write_ending", data=data, **kind)
     )
@@ -79,9 +81,10 @@ def write_generate_task(root: Path, items: list[dict]) -> Path:
 
 @pytest.fixture(scope="module")
 def generate_task(llama_dir, tmp_path_factory) -> tuple[Path, dict]:
-    """write_ending: a line's first three words, generate until a newline or "mask". The
-    targets: what the harness's hf model generates for the even documents (exact_match 1), a
-    line's true ending for the odd ones (0 for a random model), so both values occur."""
+    """write_ending: a line's first three words, generate until a newline or "mask" (at most 12
+    tokens). The targets: what the harness's hf model generates for the even documents
+    (exact_match 1), a line's true ending for the odd ones (0 for a random model), so both values
+    occur."""
     items = ending_items(sentences(), 10)
     root = tmp_path_factory.mktemp("generate")
     draft = write_generate_task(root / "draft", [dict(i, target="") for i in items])
