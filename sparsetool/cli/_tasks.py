@@ -215,7 +215,7 @@ def print_results(result: Any, with_perplexity: bool) -> None:
     )
     bundled = [s for s in result.sources if s.origin == "bundled"]
     if bundled:
-        parts = []
+        parts: list[str] = []
         for split in dict.fromkeys(s.split for s in bundled):
             mine = [s for s in bundled if s.split == split]
             other = [s for s in mine if s.harness_split != s.split]
