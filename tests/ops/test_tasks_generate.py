@@ -231,6 +231,7 @@ def test_an_mmlu_subject_offline_equals_the_harness_hf_model_per_document(llama_
 
 
 @needs_bundle
+@pytest.mark.slow
 def test_the_mmlu_group_offline_is_one_column_paired_over_its_subjects(llama_dir, tmp_path):
     pruned = tmp_path / "p50"
     prune_checkpoint(llama_dir, pruned, PruneOptions(sparsity=0.5, encoding="zeros"))
@@ -285,3 +286,32 @@ def test_more_tokens_to_generate_than_the_context_holds_is_one_error_line(tmp_pa
         "error: task nq_open: 256 tokens to generate, the model's context is 64 tokens, which "
         "leaves no room for the prompt; leave it out of --tasks"
     )
+
+
+@needs_bundle
+@pytest.mark.slow
+def test_every_new_bundled_task_reads_its_whole_split(tmp_path):
+    """nq_open, triviaqa and every MMLU subject (through the mmlu group) over every row of the
+    bundled files: the scored split, and MMLU's few-shot examples from its dev split."""
+    from sparsetool.ops.tasks import check_tasks
+
+    manager, names, sources = check_tasks(["nq_open", "triviaqa", "mmlu"], tmp_path, offline=True)
+    tasks = manager.load(names)["tasks"]
+    subjects = {f"mmlu_{s}" for s in taskdata.MMLU_SUBJECTS}
+    assert subjects <= set(tasks) and len(taskdata.MMLU_SUBJECTS) == 57
+    for name, task in tasks.items():
+        if not hasattr(task, "eval_docs"):
+            continue  # a group
+        entry = taskdata.OFFLINE[name]
+        rows = datasets.load_from_disk(str(BUNDLE / entry.folder))
+        assert len(list(task.eval_docs)) == len(rows), name
+        if entry.fewshot_folder is not None:
+            dev = datasets.load_from_disk(str(BUNDLE / entry.fewshot_folder))
+            assert len(list(task.fewshot_docs())) == len(dev) == 5, name
+            doc = next(iter(task.eval_docs))
+            assert task.doc_to_target(doc) in range(4) and task.config.test_split == "test"
+    assert [(s.task, s.split, s.harness_split) for s in sources] == [
+        ("nq_open", "validation", "validation"),
+        ("triviaqa", "validation", "validation"),
+        ("mmlu", "test", "test"),
+    ]
