@@ -204,13 +204,17 @@ def print_results(result: Any, with_perplexity: bool) -> None:
             row.append(f"{sum(values) / len(values):.4f}" if None not in values else "-")
         cells.append(row)
     print_table(header, cells)
-    shots = {result.n_shot.get(t, 0) for t in result.tasks}
+    shots = {result.n_shot.get(t, 0) for t in result.scored()}
     docs = {n for r in result.rows[:1] for n in r.samples.values()}
+    counts = "/".join(str(d) for d in sorted(docs)) + " documents per task"
+    if len(docs) > 3:  # MMLU's 57 subjects: not 40 counts
+        total = sum(n for r in result.rows[:1] for n in r.samples.values())
+        counts = f"{min(docs)} to {max(docs)} documents per task, {total:,} in all"
     typer.echo(
         f"lm-evaluation-harness {result.harness}; "
         + ", ".join(f"{t} v{result.versions.get(t, '?')}" for t in result.tasks)
         + f"; {'/'.join(str(s) for s in sorted(shots))}-shot"
-        + (f"; {'/'.join(str(d) for d in sorted(docs))} documents per task" if docs else "")
+        + (f"; {counts}" if docs else "")
         + (f"; perplexity on {result.text_source}" if with_perplexity else "")
     )
     bundled = [s for s in result.sources if s.origin == "bundled"]

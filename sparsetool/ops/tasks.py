@@ -142,6 +142,11 @@ class TasksResult:
     # what the harness model cut to the model's context, said once each (the CLI's warning lines)
     warnings: list[str] = field(default_factory=list)
 
+    def scored(self) -> list[str]:
+        """The tasks whose documents were scored: :attr:`tasks` with each group replaced by its
+        tasks (their few-shot counts and documents are the group's)."""
+        return [m for t in self.tasks for m in self.groups.get(t, [t])]
+
     def to_json(self) -> dict:
         from sparsetool.ops.paired import method
 

