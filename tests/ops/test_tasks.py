@@ -410,18 +410,6 @@ def lm_eval_version() -> str:
     return version("lm_eval")
 
 
-def test_generating_task_is_refused_in_one_line(gpt_run, task_dir):
-    code, out, err = run_cli(
-        str(gpt_run), "--tasks", "pick_ending,write_ending", "--include-path", str(task_dir)
-    )
-    assert code == 1
-    assert err.strip().splitlines() == [
-        "error: task write_ending generates text (generate_until); only log-likelihood tasks "
-        "(multiple_choice, loglikelihood, loglikelihood_rolling) are supported; leave it out of "
-        "--tasks"
-    ]
-
-
 def test_unknown_task_names_the_closest(gpt_run, task_dir):
     code, _, err = run_cli(str(gpt_run), "--tasks", "pick_endin", "--include-path", str(task_dir))
     assert code == 1 and "did you mean pick_ending?" in err and len(err.strip().splitlines()) == 1
