@@ -290,6 +290,18 @@ class BlockModel:
             per_token = max(per_token, sum(outs) + 2 * max(outs, default=0))
         return batch * (seq * per_token * self.dtype.itemsize + 3 * self._heads() * seq * seq * 4)
 
+    @property
+    def kv_width(self) -> int:
+        """Numbers a block's key/value cache keeps per token for keys (as many for values): its
+        key/value heads times the head width (fewer than the model's width under grouped-query
+        attention); the model's width when its config does not say."""
+        cfg = getattr(self.module, "config", None)
+        heads = getattr(cfg, "num_key_value_heads", None)
+        head_dim = getattr(cfg, "head_dim", None) or (self.width // max(1, self._heads()))
+        if isinstance(heads, int) and heads > 0 and isinstance(head_dim, int) and head_dim > 0:
+            return heads * head_dim
+        return self.width
+
     def _heads(self) -> int:
         cfg = getattr(self.module, "config", None) or getattr(self.module, "cfg", None)
         for attr in ("num_attention_heads", "n_head", "num_heads"):

@@ -561,7 +561,7 @@ class SparsetoolLM(TemplateLM):
 
         model = self.model
         weights = model.bytes_of(everything)
-        cache = 2 * len(model.blocks) * self.max_length * model.width * model.dtype.itemsize
+        cache = 2 * len(model.blocks) * self.max_length * model.kv_width * model.dtype.itemsize
         work = model.block_work_bytes(1, self.max_length)
         fixed = process_memory()
         need = fixed + weights + cache + work

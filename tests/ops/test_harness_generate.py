@@ -49,7 +49,7 @@ def test_generated_texts_equal_the_harness_hf_model(llama_dir):
     from lm_eval.models.huggingface import HFLM
 
     reqs = requests(make_text())
-    hf = HFLM(pretrained=str(llama_dir), dtype="float32", attn_implementation="eager", device="cpu")
+    hf = HFLM(pretrained=str(llama_dir), dtype="float32", device="cpu")
     theirs = hf.generate_until(reqs, disable_tqdm=True)
     model = open_model(llama_dir, "float32", "cpu")
     try:
@@ -93,3 +93,16 @@ def test_sparsetool_gpt_generates_greedily_until_a_stop(tiny_run):
         model.close()
     want = bytes(x[0, 16:].tolist()).decode("utf-8", errors="replace").split("\n")[0]
     assert first == second == want
+
+
+def test_the_key_value_cache_is_sized_by_the_key_value_heads(llama_dir):
+    """Grouped-query attention (the test Llama: 4 heads, 2 of keys and values) keeps fewer
+    numbers per token than the model's width: the cache generation plans for is sized by the
+    key/value heads."""
+    model = open_model(llama_dir, "float32", "cpu")
+    try:
+        cfg = model.module.config
+        assert (cfg.num_attention_heads, cfg.num_key_value_heads) == (4, 2)
+        assert model.kv_width == 2 * (cfg.hidden_size // 4) == model.width // 2
+    finally:
+        model.close()
