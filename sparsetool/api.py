@@ -149,6 +149,7 @@ def shrink(
     block_criterion: str = _SHRINK.block_criterion,
     ffn: float | None = _SHRINK.ffn,
     heads: float | None = _SHRINK.heads,
+    hidden: float | None = _SHRINK.hidden,
     merge: bool = _SHRINK.merge,
     calibration: str | Path | None = _SHRINK.calibration,
     text_field: str = _SHRINK.text_field,
@@ -161,8 +162,9 @@ def shrink(
     """``sparsetool shrink CHECKPOINT -o OUTPUT --experts F``: remove that fraction (or keep
     ``experts_keep``) of every Mixture-of-Experts layer's routed experts into a smaller model;
     ``criterion`` reap, frequency, ean (scored on ``calibration`` text) or random. ``blocks=N``
-    instead removes N whole blocks (``block_criterion`` bi or angular); ``ffn=F`` / ``heads=F`` keep
-    that fraction of every layer's FFN channels / attention heads."""
+    instead removes N whole blocks (``block_criterion`` bi or angular); ``ffn=F`` / ``heads=F`` /
+    ``hidden=F`` keep that fraction of every layer's FFN channels / attention heads / the
+    embedding channels."""
     from sparsetool.ops.shrink import shrink_checkpoint
 
     opts = ShrinkOptions(
@@ -173,6 +175,7 @@ def shrink(
         block_criterion=block_criterion,
         ffn=ffn,
         heads=heads,
+        hidden=hidden,
         merge=merge,
         calibration=None if calibration is None else Path(calibration),
         text_field=text_field,

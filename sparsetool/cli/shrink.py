@@ -47,8 +47,8 @@ TEXT_FIELD = PruneOptions.face("text_field")  # prune's --text-field, as shrink 
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     "sparsetool shrink qwen3-moe/ -o qwen3-moe-half/ --experts 0.5 --calibration text.txt",
-    "sparsetool shrink mixtral/ -o mixtral-6/ --experts-keep 6 --merge --calibration text.txt",
     "sparsetool shrink llama/ -o llama-minus-4/ --blocks 4 --calibration text.txt",
+    "sparsetool shrink llama/ -o llama-narrow/ --ffn 0.75 --hidden 0.75 --calibration text.txt",
 )
 
 
@@ -101,6 +101,13 @@ def shrink(
         metavar="F",
         help="Keep this fraction of every layer's attention heads (ranked by their output "
         "norm): whole key/value groups when F x kv-heads is whole, else query heads in each.",
+    ),
+    hidden: float | None = typer.Option(
+        None,
+        "--hidden",
+        metavar="F",
+        help="Keep this fraction of the embedding channels (the hidden size; ranked by mean "
+        "|activation| after every norm): embeddings, norms, head and every projection's side.",
     ),
     merge: bool = typer.Option(
         False,
@@ -156,8 +163,8 @@ def shrink(
 
     --blocks N removes N whole transformer blocks of any causal LM (the blocks scored on the
     calibration text the same way), renumbers the rest and lowers config.json's layer count.
-    --ffn F and --heads F narrow every layer alike (channels and heads ranked by their
-    activations on the calibration text) and write the new widths into config.json.
+    --ffn F, --heads F and --hidden F narrow every layer alike (channels and heads ranked by
+    their activations on the calibration text) and write the new widths into config.json.
     The input is never modified; the output appears only when complete.
     """
     if output is None:
@@ -171,6 +178,7 @@ def shrink(
             block_criterion=value_of(block_criterion),
             ffn=ffn,
             heads=heads,
+            hidden=hidden,
             merge=merge,
             calibration=calibration,
             text_field=text_field,
@@ -203,6 +211,8 @@ def shrink(
                 f"attention heads {h['before']['heads']} -> {h['after']['heads']} (key/value "
                 f"heads {h['before']['kv_heads']} -> {h['after']['kv_heads']}; {h['mode']})"
             )
+        if "hidden" in w:
+            done.append(f"hidden size {w['hidden']['before']:,} -> {w['hidden']['after']:,}")
         console.print(
             f"narrowed {plural(len(w['layers']), 'layer')}: {'; '.join(done)}; parameters "
             f"{result.parameters_before:,} -> {result.parameters_after:,}",

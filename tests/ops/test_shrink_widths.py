@@ -1,7 +1,8 @@
-"""shrink --ffn / --heads: the written model equals the input narrowed by hand in transformers
-(the same rows and columns sliced into a model of the new config) for Llama with grouped-query
-attention (whole key/value groups, or query heads per group), Qwen3, Gemma-3 and GPT-2's FFN;
-channels and heads are ranked by their activations; a fused attention is refused."""
+"""shrink --ffn / --heads / --hidden: the written model equals the input narrowed by hand in
+transformers (the same rows and columns sliced into a model of the new config) for Llama with
+grouped-query attention (whole key/value groups, or query heads per group), Qwen2 (attention
+biases), Qwen3, Gemma-3 and GPT-2's FFN, tied and untied heads; channels and heads are ranked by
+their activations; a fused attention, and for --hidden a Mixture of Experts, are refused."""
 
 from __future__ import annotations
 
@@ -29,6 +30,11 @@ def build(kind: str) -> torch.nn.Module:
         cfg = t.Qwen3Config(num_hidden_layers=2, hidden_size=32, intermediate_size=48, head_dim=8,
                             num_attention_heads=4, num_key_value_heads=2, **_SMALL)  # fmt: skip
         return t.Qwen3ForCausalLM(cfg).eval()
+    if kind == "qwen2":  # q/k/v biases, untied head
+        cfg = t.Qwen2Config(num_hidden_layers=2, hidden_size=32, intermediate_size=48,
+                            num_attention_heads=4, num_key_value_heads=2,
+                            tie_word_embeddings=False, **_SMALL)  # fmt: skip
+        return t.Qwen2ForCausalLM(cfg).eval()
     if kind == "gemma3":
         cfg = t.Gemma3TextConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=48,
                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8,
@@ -52,9 +58,14 @@ def narrowed_by_hand(model: torch.nn.Module, widths: dict) -> torch.nn.Module:
         cfg["num_attention_heads"] = widths["heads"]["after"]["heads"]
         cfg["num_key_value_heads"] = widths["heads"]["after"]["kv_heads"]
         cfg["head_dim"] = widths["heads"]["head_dim"]
+    if "hidden" in widths:
+        cfg["hidden_size"] = widths["hidden"]["after"]
+        cfg["head_dim"] = widths["hidden"]["head_dim"]
     small = type(model)(type(model.config).from_dict(cfg)).eval()
     state = model.state_dict()
     hd = widths.get("heads", {}).get("head_dim", 0)
+    if "hidden" in widths:
+        state = hidden_sliced(model, state, torch.tensor(widths["hidden"]["kept"]))
     for i, layer in enumerate(widths["layers"]):
         p = f"transformer.h.{i}" if gpt2 else f"model.layers.{i}"
         if "ffn_kept" in layer:
@@ -79,6 +90,26 @@ def narrowed_by_hand(model: torch.nn.Module, widths: dict) -> torch.nn.Module:
     return small
 
 
+def hidden_sliced(model: torch.nn.Module, state: dict, c: torch.Tensor) -> dict:
+    """``state`` with the embedding channels ``c`` kept: embedding and head columns, q/k/v and
+    gate/up columns, o and down rows, and every norm over the hidden size (not q_norm/k_norm)."""
+    d = model.config.hidden_size
+    out = {}
+    for name, w in state.items():
+        leaf = name.rsplit(".", 2)[-2] if name.count(".") >= 1 else name
+        if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
+            w = w[:, c]
+        elif leaf in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"):
+            w = w[:, c] if name.endswith("weight") else w
+        elif leaf in ("o_proj", "down_proj"):
+            w = w[c]
+        elif "norm" in leaf and leaf not in ("q_norm", "k_norm"):
+            assert w.shape == (d,), name
+            w = w[c]
+        out[name] = w
+    return out
+
+
 def save(kind, directory, text) -> torch.nn.Module:
     model = build(kind)
     model.save_pretrained(directory)
@@ -92,6 +123,11 @@ CASES = [
     ("qwen3", dict(ffn=0.75, heads=0.5), "groups"),
     ("gemma3", dict(ffn=0.5, heads=0.5), "groups"),
     ("gpt2", dict(ffn=0.25), None),
+    ("llama", dict(hidden=0.75), None),  # untied head
+    ("llama", dict(ffn=0.5, heads=0.5, hidden=0.5), "groups"),  # q/k/v/o cut on both axes
+    ("qwen2", dict(hidden=0.5), None),
+    ("qwen3", dict(hidden=0.5, heads=0.6), "query heads per group"),
+    ("gemma3", dict(hidden=0.75), None),  # tied head, its embedding scale follows the config
 ]
 
 
@@ -115,6 +151,14 @@ def test_the_written_model_is_the_input_narrowed_by_hand(kind, asked, mode, tmp_
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     if "ffn" in asked:
         assert cfg["n_inner" if kind == "gpt2" else "intermediate_size"] == widths["ffn"]["after"]
+    if "hidden" in asked:
+        d = model.config.hidden_size
+        assert (widths["hidden"]["before"], widths["hidden"]["after"]) == (
+            d,
+            round(asked["hidden"] * d),
+        )
+        assert cfg["hidden_size"] == widths["hidden"]["after"] == len(widths["hidden"]["kept"])
+        assert ("sqrt" in " ".join(result.notes)) == (kind == "gemma3")
 
 
 def test_channels_are_ranked_by_mean_absolute_activation(tmp_path, text, calib_file):
@@ -177,3 +221,53 @@ def test_flops_and_eval_read_the_narrowed_model(tmp_path, text, calib_file):
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)["checkpoints"]
     assert rows[1]["params"] < rows[0]["params"] and rows[1]["perplexity"] > 1
+
+
+def test_embedding_channels_are_ranked_by_every_norm_output(tmp_path, text, calib_file):
+    """--hidden keeps the channels of largest summed mean |y| over the outputs of every norm over
+    the hidden size (each block's two and the final one), hooked in transformers on the same
+    windows."""
+    from sparsetool.ops.prune.calibrated import calibration_windows
+
+    model = save("llama", tmp_path / "in", text)
+    opts = ShrinkOptions(hidden=0.5, calibration=calib_file, **CALIB)
+    result = shrink_checkpoint(tmp_path / "in", tmp_path / "out", opts)
+    tok = t.AutoTokenizer.from_pretrained(tmp_path / "in")
+    windows = calibration_windows(tok(text)["input_ids"], CALIB["samples"], CALIB["seq"], 0, "x")
+    sums = torch.zeros(32, dtype=torch.float64)
+
+    def see(module, args, output) -> None:
+        sums.add_(output.reshape(-1, 32).abs().double().sum(0))
+
+    norms = [m for n, m in model.named_modules() if n.endswith("norm")]
+    assert len(norms) == 5  # two per block, the final one
+    handles = [m.register_forward_hook(see) for m in norms]
+    with torch.no_grad():
+        for row in windows:
+            model(row.unsqueeze(0), use_cache=False)
+    for h in handles:
+        h.remove()
+    want = sorted(sorted(range(32), key=lambda c: (-float(sums[c]), c))[:16])
+    assert result.widths["hidden"]["kept"] == want
+
+
+def test_hidden_refuses_fused_attention_experts_and_empty_widths(tmp_path, text, calib_file):
+    from moe_models import save_moe
+
+    save("gpt2", tmp_path / "gpt2", text)
+    save_moe("qwen3_moe", tmp_path / "moe", text)
+    for src, says in [(tmp_path / "gpt2", "--hidden cannot narrow it"),
+                      (tmp_path / "moe", "Mixture-of-Experts")]:  # fmt: skip
+        with pytest.raises(SparsetoolError, match=says):
+            opts = ShrinkOptions(hidden=0.5, calibration=calib_file, **CALIB)
+            shrink_checkpoint(src, tmp_path / "out", opts)
+        assert not (tmp_path / "out").exists()
+    save("llama", tmp_path / "in", text)
+    for flag, says in [("--hidden", "keeps 0 channels of 32"), ("--ffn", "keeps 0 channels of 48"),
+                       ("--heads", "keeps 0 heads of 8")]:  # fmt: skip
+        r = run("shrink", tmp_path / "in", "-o", tmp_path / "out", flag, "0.01",
+                "--calibration", calib_file, "--samples", "2", "--seq", "16")  # fmt: skip
+        assert r.exit_code == 2 and says in r.output, r.output
+        assert r.output.count("error:") == 1 and not (tmp_path / "out").exists()
+    r = run("shrink", tmp_path / "in", "-o", tmp_path / "out", "--hidden", "1")
+    assert r.exit_code == 2 and "--hidden must be the fraction kept" in r.output, r.output

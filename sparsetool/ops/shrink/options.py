@@ -48,6 +48,7 @@ class ShrinkOptions:
     block_criterion: str = "bi"  # --block-criterion
     ffn: float | None = None  # --ffn F: the fraction of each FFN's channels kept
     heads: float | None = None  # --heads F: the fraction of each layer's attention heads kept
+    hidden: float | None = None  # --hidden F: the fraction of the embedding channels kept
     merge: bool = False  # --merge: fold each removed expert into its most similar kept one
     calibration: str | Path | None = None  # --calibration FILE|DIR (a TextSource once reading)
     text_field: str = DEFAULT_FIELD  # --text-field NAME: a calibration record's text field
@@ -65,12 +66,18 @@ class ShrinkOptions:
 
     @property
     def removes(self) -> str:
-        """What is removed: ``experts``, ``blocks`` or ``widths`` (FFN channels, heads)."""
+        """What is removed: ``experts``, ``blocks`` or ``widths`` (FFN channels, heads, embedding
+        channels)."""
         if self.blocks is not None:
             return "blocks"
-        if self.ffn is not None or self.heads is not None:
+        if self.widths:
             return "widths"
         return "experts"
+
+    @property
+    def widths(self) -> bool:
+        """Whether a width is narrowed (``--ffn``, ``--heads``, ``--hidden``)."""
+        return any(f is not None for f in (self.ffn, self.heads, self.hidden))
 
     def reading(self, checkpoint: str | Path) -> ShrinkOptions:
         """The options with ``calibration`` a :class:`~sparsetool.ops.text.TextSource`: its records'
@@ -82,23 +89,25 @@ class ShrinkOptions:
     def validate(self) -> None:
         """Raise :class:`~sparsetool.errors.ConfigError` for options that cannot work together,
         before anything is read."""
-        widths = self.ffn is not None or self.heads is not None
+        widths = self.widths
         asked = [x is not None for x in (self.experts, self.experts_keep, self.blocks)] + [widths]
         if sum(asked) != 1:
             raise ConfigError(
                 "say what to remove, one of: --experts F (the fraction of each layer's routed "
                 "experts), --experts-keep N (the experts each layer keeps), --blocks N (whole "
-                "blocks; a fraction below 1 of them), or --ffn F / --heads F (the fraction of "
-                "FFN channels / attention heads kept)"
+                "blocks; a fraction below 1 of them), or --ffn F / --heads F / --hidden F (the "
+                "fraction of FFN channels / attention heads / embedding channels kept)"
                 + ("; run shrink once for each" if sum(asked) > 1 else "")
             )
-        for flag, f in (("--ffn", self.ffn), ("--heads", self.heads)):
+        for flag, f in (("--ffn", self.ffn), ("--heads", self.heads), ("--hidden", self.hidden)):
             if f is not None and (
                 isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1
             ):
                 raise ConfigError(f"{flag} must be the fraction kept, between 0 and 1, got {f!r}")
         if widths and self.merge:
-            raise ConfigError("--merge merges experts; it does not go with --ffn or --heads")
+            raise ConfigError(
+                "--merge merges experts; it does not go with --ffn, --heads or --hidden"
+            )
         if self.blocks is not None:
             b = self.blocks
             if (
@@ -144,8 +153,8 @@ class ShrinkOptions:
                 )
             if widths:
                 raise ConfigError(
-                    "--ffn and --heads rank channels and heads by their activations on "
-                    "calibration text: give --calibration FILE|DIR"
+                    "--ffn, --heads and --hidden rank channels and heads by their "
+                    "activations on calibration text: give --calibration FILE|DIR"
                 )
             why = (
                 "--merge compares experts' outputs"
@@ -174,7 +183,7 @@ class ShrinkOptions:
         for k in ("blocks", "block_criterion"):
             if self.removes != "blocks":
                 del rec[k]
-        for k in ("ffn", "heads"):
+        for k in ("ffn", "heads", "hidden"):
             if self.removes != "widths":
                 del rec[k]
         if not self.reads_text:
@@ -280,7 +289,7 @@ class ShrinkResult:
     plan: ExpertPlan | None = None  # --experts
     layers: list[dict] = field(default_factory=list)
     blocks: dict | None = None  # --blocks: before, after, removed, scores
-    widths: dict | None = None  # --ffn, --heads: before, after, kept per layer
+    widths: dict | None = None  # --ffn, --heads, --hidden: before, after, kept per layer
     parameters_before: int = 0
     parameters_after: int = 0
     bytes_before: int = 0

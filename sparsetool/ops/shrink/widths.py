@@ -1,6 +1,6 @@
-"""``shrink --ffn F`` and ``--heads F``: narrower feed-forward layers and fewer attention heads,
-ranked by their activations on calibration text (Minitron's criterion), every layer to the same
-width so the config holds it.
+"""``shrink --ffn F``, ``--heads F`` and ``--hidden F``: narrower feed-forward layers, fewer
+attention heads and fewer embedding channels, ranked by their activations on calibration text
+(Minitron's criterion), every layer to the same width so the config holds it.
 
 The calibration windows run through the model block by block (one block in memory). In each
 block a hook on the FFN's down projection reads its input, one value per channel and token, and
@@ -12,12 +12,20 @@ head:
   heads share a key/value head) whole key/value groups go when ``F x n_kv_heads`` is a whole
   number (a group scores the sum of its heads), else the same number of query heads in every
   group (``round(F x heads per group)``): both are what ``num_attention_heads`` /
-  ``num_key_value_heads`` express, and the result says which was done.
+  ``num_key_value_heads`` express, and the result says which was done;
+- an embedding channel (one dimension of the hidden size, which every block reads and adds to)
+  scores ``sum_n mean_t |y_n,c(t)|`` over the outputs ``y_n`` of every norm the hidden size runs
+  through (each block's and the final one); the model keeps its ``round(F x hidden)`` best, the
+  same channels everywhere.
 
 The output keeps the input's layout: gate/up rows (and biases) and down columns of the kept
 channels; q rows, k/v rows of the kept groups and o columns of the kept heads; ``config.json``'s
 ``intermediate_size`` (GPT-2: ``n_inner``), ``num_attention_heads``, ``num_key_value_heads``
-lowered and ``head_dim`` written out. Everything else is copied byte for byte.
+lowered and ``head_dim`` written out. ``--hidden``: the embedding's and the head's columns, the
+columns of every projection that reads the hidden states (q/k/v, gate/up), the rows (and biases)
+of those that write them (o, down) and the norms' entries of the kept channels, ``hidden_size``
+lowered; a tensor whose use of the hidden size is not one of these is refused before anything is
+written. Everything else is copied byte for byte.
 """
 
 from __future__ import annotations
@@ -46,14 +54,17 @@ __all__ = ["shrink_widths"]
 NEEDS = "shrink narrows causal language models (Hugging Face directories)"
 FFN_IN = ("gate_proj", "up_proj", "c_fc")  # read the block's input; rows = channels
 FFN_OUT = ("down_proj", "c_proj")  # reads the channels
+READS_HIDDEN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # columns: the hidden size
+WRITES_HIDDEN = ("o_proj", "down_proj")  # rows (and bias): the hidden size
+PER_HEAD_NORMS = ("q_norm", "k_norm")  # over heads' widths, not the hidden size
 
 
 @dataclass
 class Cut:
-    """One stored tensor cut along one axis to the rows ``keep`` (stored orientation)."""
+    """One stored tensor cut to the indices ``axes[axis]`` along each of its cut axes (stored
+    orientation): a query projection loses rows to ``--heads`` and columns to ``--hidden``."""
 
-    axis: int
-    keep: list[int]
+    axes: dict[int, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -66,9 +77,19 @@ class _Layer:
     k: str = ""
     v: str = ""
     o: str = ""
+    norms: list[str] = field(default_factory=list)  # --hidden: norms over the hidden size
     channels: torch.Tensor | None = None
     heads: torch.Tensor | None = None
     tokens: int = 0
+
+
+@dataclass
+class _Hidden:
+    """``--hidden``: each embedding channel's summed |norm output| and the tokens seen."""
+
+    sums: torch.Tensor | None = None
+    tokens: int = 0
+    keep: int = 0  # channels kept
 
 
 def shrink_widths(
@@ -87,8 +108,16 @@ def shrink_widths(
         cfg = model.module.config
         layers = [_find(model, i, opts) for i in range(len(model.blocks))]
         geometry = _geometry(model, cfg, opts)
-        _score(model, layers, opts, text, result, progress)
-        cuts, record = _choose(model, layers, geometry, opts)
+        plan = _plan(geometry, opts)  # refuse widths of none or all before any text is run
+        hidden = _Hidden() if opts.hidden is not None else None
+        if hidden is not None:  # refuse what --hidden cannot narrow before any text is run
+            _hidden_axes(model)
+            hidden.keep = _hidden_keep(model, opts)
+        _score(model, layers, opts, text, result, progress, hidden)
+        cuts, record = _choose(model, layers, geometry, plan)
+        if hidden is not None:
+            record["hidden"] = _cut_hidden(model, hidden, opts, cuts, result)
+            record["hidden"]["head_dim"] = geometry.head_dim  # no longer hidden / heads
         result.widths = record
         metadata = provenance_metadata(
             model.ckpt.metadata(), {"command": "shrink", **opts.record(), "widths": record}
@@ -125,17 +154,38 @@ def _find(model: BlockModel, i: int, opts: ShrinkOptions) -> _Layer:
             )
         layer.ffn_in = [f"{base}.{n}" for n in found_in]
         layer.ffn_out = f"{base}.{found_out[0]}"
-    if opts.heads is not None:
+    if opts.heads is not None or opts.hidden is not None:
         attn = next((n for n in ("self_attn", "attn") if n in names), None)
         parts = {p: f"{attn}.{p}_proj" for p in "qkvo"} if attn else {}
         if not parts or any(n not in names for n in parts.values()):
+            what = (
+                "--heads cannot remove heads of it"
+                if opts.heads is not None
+                else "--hidden cannot narrow it"
+            )
             raise SparsetoolError(
                 f"{model.path}: block {i}'s attention has no separate q_proj, k_proj, v_proj and "
                 "o_proj (a fused projection, GPT-2's c_attn, holds every head in one matrix whose "
-                "width the config ties to the hidden size); --heads cannot remove heads of it"
+                f"width the config ties to the hidden size); {what}"
             )
-        layer.q, layer.k, layer.v, layer.o = (f"{base}.{parts[p]}" for p in "qkvo")
+        if opts.heads is not None:
+            layer.q, layer.k, layer.v, layer.o = (f"{base}.{parts[p]}" for p in "qkvo")
+    if opts.hidden is not None:
+        layer.norms = [f"{base}.{n}" for n, m in names.items() if _is_norm(model, m, n)]
     return layer
+
+
+def _is_norm(model: BlockModel, module: torch.nn.Module, name: str) -> bool:
+    """Whether ``module`` (``name`` in its block or model) normalises over the hidden size."""
+    weight = getattr(module, "weight", None)
+    leaf = name.rsplit(".", 1)[-1]
+    return (
+        "norm" in leaf.lower()
+        and leaf not in PER_HEAD_NORMS
+        and isinstance(weight, torch.Tensor)
+        and weight.ndim == 1
+        and weight.shape[0] == model.width
+    )
 
 
 @dataclass(frozen=True)
@@ -163,8 +213,10 @@ def _score(
     text: str,
     result: ShrinkResult,
     progress: Progress | None,
+    hidden: _Hidden | None = None,
 ) -> None:
-    """Each layer's channel and head scores from the calibration windows (the original model)."""
+    """Each layer's channel and head scores, and the embedding channels' (``hidden``), from the
+    calibration windows (the original model)."""
     windows = shrink_windows(model, opts, text, result)
     with torch.no_grad():
         calls = model.capture([row.unsqueeze(0) for row in windows])
@@ -175,6 +227,8 @@ def _score(
                 handles.append(_hook(model, layer.ffn_out, layer, "channels", None))
             if layer.o:
                 handles.append(_hook(model, layer.o, layer, "heads", _head_dim(model, layer)))
+            if hidden is not None:
+                handles += [_norm_hook(model, n, hidden) for n in layer.norms]
             try:
                 calls = [c.passed(model.run_block(i, c)) for c in calls]
             finally:
@@ -183,6 +237,38 @@ def _score(
             model.release_block(i)
             if progress:
                 progress("score", i + 1, len(layers))
+        if hidden is not None:
+            hidden.tokens = sum(int(row.numel()) for row in windows)
+            _final_norm_scores(model, calls, hidden)
+
+
+def _norm_hook(model: BlockModel, path: str, hidden: _Hidden):
+    """A forward hook on the norm ``path`` adding its output's per-channel sum of |y|."""
+
+    def see(module, args, output) -> None:
+        _add_abs(hidden, output[0] if isinstance(output, tuple) else output)
+
+    return model.module.get_submodule(path).register_forward_hook(see)
+
+
+def _add_abs(hidden: _Hidden, y: torch.Tensor) -> None:
+    add = y.reshape(-1, y.shape[-1]).float().abs().double().sum(0).cpu()
+    hidden.sums = add if hidden.sums is None else hidden.sums + add
+
+
+def _final_norm_scores(model: BlockModel, calls: list, hidden: _Hidden) -> None:
+    """The final norms' outputs (the head's input) on the last block's outputs ``calls``."""
+    norms = {n.rsplit(".", 1)[0] for n in model.outer} - {""}
+    found = [n for n in sorted(norms) if _is_norm(model, model.module.get_submodule(n), n)]
+    names = [p for p in model.outer if p.rsplit(".", 1)[0] in found]
+    model.load(names)
+    try:
+        for n in found:
+            norm = model.module.get_submodule(n)
+            for call in calls:
+                _add_abs(hidden, norm(call.hidden))
+    finally:
+        model.release(names)
 
 
 def _head_dim(model: BlockModel, layer: _Layer) -> int:
@@ -209,12 +295,20 @@ def _hook(model: BlockModel, path: str, layer: _Layer, what: str, head_dim: int 
     return model.module.get_submodule(path).register_forward_pre_hook(see, with_kwargs=True)
 
 
-def _choose(
-    model: BlockModel, layers: list[_Layer], g: _Geometry, opts: ShrinkOptions
-) -> tuple[dict[str, Cut], dict]:
-    """The stored tensors to cut and how, and the record of what was kept."""
-    cuts: dict[str, Cut] = {}
-    record: dict = {"layers": []}
+@dataclass(frozen=True)
+class _Plan:
+    """What ``--ffn`` and ``--heads`` keep per layer, checked before any text runs."""
+
+    keep_ffn: int | None
+    mode: str | None  # "groups", "query heads per group", or None: heads kept
+    kept_groups: int
+    per_group: int
+    record: dict
+
+
+def _plan(g: _Geometry, opts: ShrinkOptions) -> _Plan:
+    """The widths ``opts`` asks for on geometry ``g``; a :class:`UsageError` for none or all."""
+    record: dict = {}
     keep_ffn = round((opts.ffn or 0) * g.ffn) if opts.ffn is not None else None
     if keep_ffn is not None:
         if not 1 <= keep_ffn < g.ffn:
@@ -242,6 +336,21 @@ def _choose(
             "after": {"heads": kept_groups * per_group, "kv_heads": kept_groups},
             "head_dim": g.head_dim,
         }
+    return _Plan(keep_ffn, mode, kept_groups, per_group, record)
+
+
+def _choose(
+    model: BlockModel, layers: list[_Layer], g: _Geometry, plan: _Plan
+) -> tuple[dict[str, Cut], dict]:
+    """The stored tensors to cut and how, and the record of what was kept."""
+    cuts: dict[str, Cut] = {}
+    record: dict = {**plan.record, "layers": []}
+    keep_ffn, mode, kept_groups, per_group = (
+        plan.keep_ffn,
+        plan.mode,
+        plan.kept_groups,
+        plan.per_group,
+    )
     for i, layer in enumerate(layers):
         rec: dict = {"block": i}
         if keep_ffn is not None:
@@ -295,17 +404,81 @@ def _cut_rows(model, module: str, rows: list[int], cuts: dict, conv1d: bool = Fa
     """The output rows ``rows`` of a linear layer: weight rows (a Conv1D's columns) and bias."""
     w = _stored(model, f"{module}.weight")
     if w is not None:
-        cuts[w] = Cut(1 if conv1d else 0, rows)
+        _cut(cuts, w, 1 if conv1d else 0, rows)
     b = _stored(model, f"{module}.bias")
     if b is not None:
-        cuts[b] = Cut(0, rows)
+        _cut(cuts, b, 0, rows)
 
 
 def _cut_cols(model, module: str, cols: list[int], cuts: dict, conv1d: bool = False) -> None:
     """The input columns ``cols`` of a linear layer (a Conv1D's rows); its bias stays."""
     w = _stored(model, f"{module}.weight")
     if w is not None:
-        cuts[w] = Cut(0 if conv1d else 1, cols)
+        _cut(cuts, w, 0 if conv1d else 1, cols)
+
+
+def _cut(cuts: dict[str, Cut], stored: str, axis: int, keep: list[int]) -> None:
+    cuts.setdefault(stored, Cut()).axes[axis] = keep
+
+
+def _hidden_axes(model: BlockModel) -> dict[str, int | None]:
+    """Each parameter's axis that spans the hidden size (None: none does), by what reads or
+    writes the hidden states; a parameter used otherwise is a :class:`SparsetoolError`."""
+    axes: dict[str, int | None] = {}
+    params = [n for block in model.blocks for n in block] + model.outer + model.head
+    for name in params:
+        path, kind = name.rsplit(".", 1) if "." in name else ("", name)
+        leaf = path.rsplit(".", 1)[-1]
+        module = model.module.get_submodule(path)
+        shape = tuple(model.module.get_parameter(name).shape)
+        if isinstance(module, torch.nn.Embedding) or name in model.head or leaf in READS_HIDDEN:
+            axis = 1 if kind == "weight" else None
+        elif leaf in WRITES_HIDDEN or _is_norm(model, module, path):
+            axis = 0
+        elif leaf in PER_HEAD_NORMS:
+            axis = None
+        else:
+            axis = -1
+        if axis == -1 or (axis is not None and (len(shape) <= axis or shape[axis] != model.width)):
+            raise SparsetoolError(
+                f"{model.path}: --hidden narrows embeddings, norms, the head and the q/k/v/o and "
+                f"gate/up/down projections; {name} (shape {list(shape)}) is none of these: the "
+                "hidden size cannot be cut through it (Mixture-of-Experts and fused layouts are "
+                "not narrowed)"
+            )
+        axes[name] = axis
+    return axes
+
+
+def _hidden_keep(model: BlockModel, opts: ShrinkOptions) -> int:
+    """The embedding channels ``--hidden`` keeps; a :class:`UsageError` for none or all."""
+    keep = round((opts.hidden or 0) * model.width)
+    if not 1 <= keep < model.width:
+        raise UsageError(
+            f"--hidden {opts.hidden:g} keeps {plural(keep, 'channel')} of {model.width:,}; "
+            "keep at least one and fewer than all"
+        )
+    return keep
+
+
+def _cut_hidden(
+    model: BlockModel, hidden: _Hidden, opts: ShrinkOptions, cuts: dict, result: ShrinkResult
+) -> dict:
+    """The cuts of the embedding channels ``--hidden`` keeps, and their record."""
+    width, keep = model.width, hidden.keep
+    assert hidden.sums is not None, "no norm over the hidden size ran"
+    score = hidden.sums / max(hidden.tokens, 1)
+    kept = sorted(sorted(range(width), key=lambda c: (-float(score[c]), c))[:keep])
+    for name, axis in _hidden_axes(model).items():
+        stored = _stored(model, name) if axis is not None else None
+        if stored is not None:
+            _cut(cuts, stored, axis, kept)
+    if hasattr(model.module.get_input_embeddings(), "embed_scale"):
+        result.notes.append(
+            "the model scales its embeddings by sqrt(hidden_size) (Gemma); the narrower model "
+            f"scales them by sqrt({keep}), not sqrt({width})"
+        )
+    return {"before": width, "after": keep, "kept": kept}
 
 
 def _write(ckpt: Checkpoint, cw, cuts: dict[str, Cut]) -> None:
@@ -323,8 +496,8 @@ def _write(ckpt: Checkpoint, cw, cuts: dict[str, Cut]) -> None:
             for part in lt.stored:
                 e = ckpt.entry(part)
                 shape = list(e.shape)
-                if part in cuts:
-                    shape[cuts[part].axis] = len(cuts[part].keep)
+                for axis, keep in cuts[part].axes.items() if part in cuts else ():
+                    shape[axis] = len(keep)
                 specs.append(TensorSpec(part, e.st_dtype, tuple(shape)))
         with cw.shard(shard, specs) as sw:
             for spec in specs:
@@ -333,15 +506,18 @@ def _write(ckpt: Checkpoint, cw, cuts: dict[str, Cut]) -> None:
                     sw.copy_stored(spec.name, ckpt, spec.name)
                     continue
                 t = ckpt.read_stored(spec.name)
-                sw.write(spec.name, t.index_select(cut.axis, torch.tensor(cut.keep)).contiguous())
+                for axis, keep in cut.axes.items():
+                    t = t.index_select(axis, torch.tensor(keep))
+                sw.write(spec.name, t.contiguous())
 
 
 def _removed(ckpt: Checkpoint, name: str, cut: Cut) -> int:
     e = ckpt.entry(name)
-    n = 1
-    for d in e.shape:
-        n *= d
-    return n - n // e.shape[cut.axis] * len(cut.keep)
+    before = after = 1
+    for axis, d in enumerate(e.shape):
+        before *= d
+        after *= len(cut.axes[axis]) if axis in cut.axes else d
+    return before - after
 
 
 def _config(config: dict, cfg, record: dict) -> dict:
@@ -355,4 +531,7 @@ def _config(config: dict, cfg, record: dict) -> dict:
         if "num_key_value_heads" in config or getattr(cfg, "num_key_value_heads", None):
             config["num_key_value_heads"] = after["kv_heads"]
         config["head_dim"] = record["heads"]["head_dim"]
+    if "hidden" in record:
+        config["hidden_size"] = record["hidden"]["after"]
+        config["head_dim"] = record["hidden"]["head_dim"]
     return config
