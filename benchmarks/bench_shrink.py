@@ -22,6 +22,15 @@ Qwen3-30B-A3B's width (hidden 2048, 128 experts of 768, top 8; bfloat16, experts
 with each number of blocks: flat in depth when one block is in memory at a time. ``DIR`` gives
 the tokenizer (any whose ids fit the vocabulary: the trained MoE's).
 
+  python benchmarks/bench_shrink.py widths MODEL --heldout H.txt --calibration C.txt
+      [--specs ffn=0.75/hidden=0.75/ffn=0.75,hidden=0.75] [--samples 32] [--seq 512]
+      [--max-tokens 20000] [--threads 1] [--work DIR] [--json OUT]
+
+On a dense model (the real-model benchmark's SmolLM2-135M): for each spec, ``shrink --ffn`` /
+``--hidden`` (channels ranked by their activations) and the same shapes kept by index (the first
+channels of every narrowed axis: the baseline the ranking must beat); then one ``sparsetool eval``
+per checkpoint over the held-out text (perplexity, tokens/s against the dense model's, parameters).
+
 Peak memory is the process's peak RSS (``measure.run_measured``: ``/usr/bin/time -f %M``'s
 figure). Prints Markdown tables for RESULTS.md.
 """
@@ -268,6 +277,79 @@ def depth(args) -> dict:
     return {"machine": machine(), "command": " ".join(sys.argv), "rows": rows}
 
 
+def by_index(dense: Path, ranked: Path, out: Path) -> None:
+    """``ranked``'s shapes filled from ``dense`` by index: every axis it narrowed keeps the first
+    entries (config, tokenizer and the rest copied from ``ranked``)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(ranked, out, ignore=shutil.ignore_patterns("*.safetensors"))
+    tensors = {}
+    with (
+        safe_open(ranked / "model.safetensors", "pt") as r,
+        safe_open(dense / "model.safetensors", "pt") as d,
+    ):
+        for name in r.keys():
+            t = d.get_tensor(name)
+            for axis, size in enumerate(r.get_slice(name).get_shape()):
+                t = t.narrow(axis, 0, size)
+            tensors[name] = t.contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def widths(args) -> dict:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    src = Path(args.model)
+
+    def evaluate(ckpt: Path) -> dict:
+        cmd = [*ST, "eval", str(ckpt), "--text", args.heldout, "--seq", "512", "--json", "-q"]
+        cmd += ["--max-tokens", str(args.max_tokens), "--threads", str(args.threads)]
+        m = run_measured(cmd)
+        if not m.ok:
+            raise SystemExit(f"eval {ckpt}: {m.error_line()}")
+        row = json.loads(m.stdout)["checkpoints"][0]
+        keys = ("perplexity", "params", "tokens", "tokens_per_s", "seconds")
+        return {k: row[k] for k in keys} | {"bytes": _bytes(ckpt)}
+
+    rows = [{"spec": "dense", "ranked": evaluate(src)}]
+    print(f"dense: {rows[0]['ranked']}", flush=True)
+    for spec in args.specs:
+        flags = [f"--{kv.replace('=', ' ')}" for kv in spec.split(",")]
+        name = spec.replace("=", "").replace(",", "-")
+        out = work / name
+        shutil.rmtree(out, ignore_errors=True)
+        cmd = [*ST, "shrink", str(src), "-o", str(out), "--json", "-q"]
+        cmd += [part for f in flags for part in f.split()]
+        cmd += ["--calibration", args.calibration, "--samples", str(args.samples)]
+        cmd += ["--seq", str(args.seq), "--threads", str(args.threads)]
+        m = run_measured(cmd)
+        if not m.ok:
+            raise SystemExit(f"shrink {spec}: {m.error_line()}")
+        index = work / f"{name}-index"
+        by_index(src, out, index)
+        row = {"spec": spec, "shrink_s": m.wall_s, "shrink_rss_mib": m.peak_rss_mib}
+        row |= {"ranked": evaluate(out), "index": evaluate(index)}
+        rows.append(row)
+        print(f"{spec}: {row}", flush=True)
+        shutil.rmtree(out)
+        shutil.rmtree(index)
+    dense = rows[0]["ranked"]
+    print(
+        "| kept | parameters | ppl, ranked | ppl, first by index | tokens/s vs dense | shrink s |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        a, b = r["ranked"], r.get("index")
+        print(
+            f"| {r['spec']} | {a['params'] / 1e6:.1f}M ({a['params'] / dense['params']:.2f}) | "
+            f"{a['perplexity']:.2f} | {b['perplexity'] if b else float('nan'):.2f} | "
+            f"{a['tokens_per_s'] / dense['tokens_per_s']:.2f}x | {r.get('shrink_s', 0):.0f} |"
+        )
+    return {"machine": machine(), "command": " ".join(sys.argv), "rows": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -284,6 +366,17 @@ def main() -> None:
     q.add_argument("--peer-python", help="python of an environment with llm-compressor 0.14")
     q.add_argument("--work", default="/tmp/bench-shrink")
     q.add_argument("--json", help="write the record here")
+    w = sub.add_parser("widths", help="--ffn/--hidden ranked against by index, on a dense model")
+    w.add_argument("model")
+    w.add_argument("--heldout", required=True)
+    w.add_argument("--calibration", required=True)
+    w.add_argument("--specs", default="ffn=0.75/hidden=0.75/ffn=0.75,hidden=0.75")
+    w.add_argument("--samples", type=int, default=32)
+    w.add_argument("--seq", type=int, default=512)
+    w.add_argument("--max-tokens", type=int, default=20000, help="held-out tokens scored")
+    w.add_argument("--threads", type=int, default=1)
+    w.add_argument("--work", default="/tmp/bench-shrink-widths")
+    w.add_argument("--json", help="write the record here")
     d = sub.add_parser("depth", help="peak RSS against depth at Qwen3-30B-A3B's width")
     d.add_argument("--tokenizer", required=True, help="a directory with tokenizer files")
     d.add_argument("--blocks", default="2,8")
@@ -294,6 +387,9 @@ def main() -> None:
         args.fractions = [float(x) for x in args.fractions.split(",")]
         args.criteria = args.criteria.split(",")
         record = quality(args)
+    elif args.what == "widths":
+        args.specs = args.specs.split("/")
+        record = widths(args)
     else:
         args.blocks = [int(x) for x in args.blocks.split(",")]
         record = depth(args)

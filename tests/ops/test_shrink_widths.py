@@ -210,17 +210,24 @@ def test_fused_attention_and_bad_fractions_are_refused(tmp_path, text, calib_fil
 
 def test_flops_and_eval_read_the_narrowed_model(tmp_path, text, calib_file):
     save("llama", tmp_path / "in", text)
-    opts = ShrinkOptions(ffn=0.5, heads=0.5, calibration=calib_file, **CALIB)
+    opts = ShrinkOptions(ffn=0.5, heads=0.5, hidden=0.75, calibration=calib_file, **CALIB)
     shrink_checkpoint(tmp_path / "in", tmp_path / "out", opts)
     r = run("flops", "--config", tmp_path / "out" / "config.json", "--json")
     assert r.exit_code == 0, r.output
     got = json.loads(r.stdout)["config"]
-    assert (got["d_ff"], got["n_heads"], got["n_kv_heads"], got["d_head"]) == (24, 4, 2, 4)
+    assert (got["d_model"], got["d_ff"], got["n_heads"], got["n_kv_heads"], got["d_head"]) == (
+        24, 24, 4, 2, 4)  # fmt: skip
     r = run("eval", tmp_path / "in", tmp_path / "out", "--text", calib_file, "--seq", "16",
             "--json")  # fmt: skip
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)["checkpoints"]
     assert rows[1]["params"] < rows[0]["params"] and rows[1]["perplexity"] > 1
+    r = run("prune", tmp_path / "out", "-o", tmp_path / "pruned", "--method", "wanda", "-s",
+            "0.5", "--calibration", calib_file, "--samples", "2", "--seq", "16")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    pruned = t.AutoModelForCausalLM.from_pretrained(tmp_path / "pruned")
+    q = pruned.model.layers[0].self_attn.q_proj.weight
+    assert q.shape == (16, 24) and float((q == 0).float().mean()) == 0.5
 
 
 def test_embedding_channels_are_ranked_by_every_norm_output(tmp_path, text, calib_file):
