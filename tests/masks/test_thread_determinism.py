@@ -104,15 +104,29 @@ def model_and_text(tmp_path_factory):
 
 
 @pytest.mark.usefixtures("restore_threads")
-@pytest.mark.parametrize("method", ["wanda", "sparsegpt"])
+@pytest.mark.parametrize(
+    "method, more",
+    [
+        ("wanda", {}),
+        ("sparsegpt", {}),
+        ("wanda", {"refine": "dsnot"}),  # DSnoT's swaps read each layer's outputs' statistics
+        ("sparsegpt", {"allocation": "owl", "refine": "dsnot"}),
+    ],
+)
 def test_a_calibrated_prune_writes_the_same_bytes_on_one_thread_and_on_two(
-    method, model_and_text, tmp_path
+    method, more, model_and_text, tmp_path
 ):
     from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 
     src, calib = model_and_text
     opts = PruneOptions(
-        method=method, calibration=str(calib), sparsity=0.5, samples=4, seq=256, device="cpu"
+        method=method,
+        calibration=str(calib),
+        sparsity=0.5,
+        samples=4,
+        seq=256,
+        device="cpu",
+        **more,
     )
     out = {}
     for n in (1, 2):
