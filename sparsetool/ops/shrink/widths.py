@@ -117,7 +117,8 @@ def shrink_widths(
         cuts, record = _choose(model, layers, geometry, plan)
         if hidden is not None:
             record["hidden"] = _cut_hidden(model, hidden, opts, cuts, result)
-            record["hidden"]["head_dim"] = geometry.head_dim  # no longer hidden / heads
+            # written out: the config's default, hidden size / heads, no longer holds
+            record["hidden"]["head_dim"] = geometry.head_dim
         result.widths = record
         metadata = provenance_metadata(
             model.ckpt.metadata(), {"command": "shrink", **opts.record(), "widths": record}
@@ -466,7 +467,11 @@ def _cut_hidden(
 ) -> dict:
     """The cuts of the embedding channels ``--hidden`` keeps, and their record."""
     width, keep = model.width, hidden.keep
-    assert hidden.sums is not None, "no norm over the hidden size ran"
+    if hidden.sums is None:
+        raise SparsetoolError(
+            f"{model.path}: no norm with weights over the hidden size ran (norms without weights, "
+            "as OLMo's, are not ranked); --hidden cannot rank the channels of this model"
+        )
     score = hidden.sums / max(hidden.tokens, 1)
     kept = sorted(sorted(range(width), key=lambda c: (-float(score[c]), c))[:keep])
     for name, axis in _hidden_axes(model).items():
