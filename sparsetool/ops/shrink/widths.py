@@ -113,6 +113,11 @@ def shrink_widths(
         if hidden is not None:  # refuse what --hidden cannot narrow before any text is run
             _hidden_axes(model)
             hidden.keep = _hidden_keep(model, opts)
+            if not any(layer.norms for layer in layers):
+                raise SparsetoolError(
+                    f"{model.path}: its blocks have no norm with weights over the hidden size "
+                    "(as OLMo's, without weights), whose outputs --hidden ranks channels by"
+                )
         _score(model, layers, opts, text, result, progress, hidden)
         cuts, record = _choose(model, layers, geometry, plan)
         if hidden is not None:
@@ -467,11 +472,7 @@ def _cut_hidden(
 ) -> dict:
     """The cuts of the embedding channels ``--hidden`` keeps, and their record."""
     width, keep = model.width, hidden.keep
-    if hidden.sums is None:
-        raise SparsetoolError(
-            f"{model.path}: no norm with weights over the hidden size ran (norms without weights, "
-            "as OLMo's, are not ranked); --hidden cannot rank the channels of this model"
-        )
+    assert hidden.sums is not None, "no norm over the hidden size ran"
     score = hidden.sums / max(hidden.tokens, 1)
     kept = sorted(sorted(range(width), key=lambda c: (-float(score[c]), c))[:keep])
     for name, axis in _hidden_axes(model).items():
