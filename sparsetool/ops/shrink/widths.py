@@ -90,6 +90,7 @@ class _Hidden:
     sums: torch.Tensor | None = None
     tokens: int = 0
     keep: int = 0  # channels kept
+    axes: dict[str, int | None] = field(default_factory=dict)  # parameter -> its hidden axis
 
 
 def shrink_widths(
@@ -111,7 +112,7 @@ def shrink_widths(
         plan = _plan(geometry, opts)  # refuse widths of none or all before any text is run
         hidden = _Hidden() if opts.hidden is not None else None
         if hidden is not None:  # refuse what --hidden cannot narrow before any text is run
-            _hidden_axes(model)
+            hidden.axes = _hidden_axes(model)
             hidden.keep = _hidden_keep(model, opts)
             if not any(layer.norms for layer in layers):
                 raise SparsetoolError(
@@ -475,7 +476,7 @@ def _cut_hidden(
     assert hidden.sums is not None, "no norm over the hidden size ran"
     score = hidden.sums / max(hidden.tokens, 1)
     kept = sorted(sorted(range(width), key=lambda c: (-float(score[c]), c))[:keep])
-    for name, axis in _hidden_axes(model).items():
+    for name, axis in hidden.axes.items():
         stored = _stored(model, name) if axis is not None else None
         if stored is not None:
             _cut(cuts, stored, axis, kept)
