@@ -28,14 +28,18 @@ from sparsetool.cli._params import (
     value_of,
 )
 from sparsetool.masks.distributions import DISTRIBUTIONS
-from sparsetool.train.trainconfig import ALGORITHMS, STRATEGIES
+from sparsetool.train.trainconfig import ALGORITHMS, STRATEGIES, setting
 from sparsetool.util import options
 from sparsetool.util.wording import plural
 
-EXAMPLES = (  # the end of --help: each runs as written (the corpus is Python's own source)
+EXAMPLES = (  # the end of --help: each runs as written (given the directories and text named;
+    # the built-in GPT's corpus is Python's own source)
     "sparsetool train -o runs/rigl --steps 500 --algorithm rigl --sparsity 0.75",
     "sparsetool train -o runs/ft --init runs/rigl/model.safetensors --dense --steps 200",
     "sparsetool train -o runs/vspdf --stage 0.9:0.8 --stage 0:0.2",
+    "sparsetool train -o runs/llama-ft --init llama/ --data text.txt --steps 100",
+    "sparsetool train -o runs/heal --init llama-minus-4/ --distill-from llama/ --data text.txt "
+    "--steps 30",
 )
 
 Preset = choices("Preset", TRAIN_PRESETS)
@@ -90,17 +94,21 @@ def train(
     ),
     steps: int | None = typer.Option(None, "--steps", help="Optimizer steps (default 1000)."),
     batch_size: int | None = typer.Option(
-        None, "--batch-size", help="Sequences per micro-batch per process (default 16)."
+        None,
+        "--batch-size",
+        help="Sequences per micro-batch per process (default 16; with --init HF_DIR 4).",
     ),
     grad_accum: int | None = typer.Option(
         None, "--grad-accum", help="Micro-batches per step per process (default 1)."
     ),
-    lr: float | None = typer.Option(None, "--lr", help="Peak learning rate (default 1e-3)."),
+    lr: float | None = typer.Option(
+        None, "--lr", help="Peak learning rate (default 1e-3; with --init HF_DIR 2e-4)."
+    ),
     warmup: int | None = typer.Option(
         None,
         "--warmup",
-        help="Linear warm-up steps (default 100), then cosine to 10%; a warning if that is the "
-        "whole run (>= --steps).",
+        help="Linear warm-up steps (default 100; with --init HF_DIR 10% of --steps), then "
+        "cosine to 10%; a warning if that is the whole run (>= --steps).",
     ),
     weight_decay: float | None = typer.Option(
         None, "--weight-decay", help="AdamW decay of linear matrices (default 0.1)."
@@ -278,7 +286,11 @@ def train(
     Writes checkpoints (safetensors, mask encoding), a JSONL/CSV log and loss.png into the run
     directory -o/--output. Without --data the corpus is the Python standard library's own source.
     --init HF_DIR fine-tunes a Hugging Face causal LM with its own tokenizer instead and writes
-    RUN/model/, a Hugging Face directory (--encoding).
+    RUN/model/, a Hugging Face directory (--encoding); --distill-from TEACHER_DIR trains it on
+    a teacher's next-token distribution (a shrunk or pruned model healed by its dense parent).
+    The defaults below are the built-in GPT's, trained from random weights; with --init HF_DIR
+    (a pretrained model) --lr, --batch-size and --warmup default to 2e-4, 4 and 10% of --steps,
+    --context to 256 tokens, and the run says which of them it took.
 
     SPDF: sparse pre-training, then dense fine-tuning (--init CHECKPOINT --dense; revived weights
     start at 0). Variable SPDF: --stage SPARSITY:FRACTION, repeated. --resume continues an
@@ -300,7 +312,11 @@ def train(
             usage_error("give the run directory once: -o/--output (--out is its old spelling)")
         output = out
     with failing_cleanly():
-        from sparsetool.train.configkeys import merge, parse_sparsity_options, read_config_file
+        from sparsetool.train.configkeys import (
+            merge_explained,
+            parse_sparsity_options,
+            read_config_file,
+        )
         from sparsetool.train.trainconfig import caveats
 
         file_values = read_config_file(config) if config else {}
@@ -310,13 +326,14 @@ def train(
         if "out" not in file_values and output is None:
             usage_error("give -o/--output RUN_DIR: a run directory to create or resume is required")
         caveat_lines: list[str] = []
+        applied: dict[str, Any] = {}
         if resume:
             from sparsetool.train.trainconfig import TrainConfig
 
             cfg = TrainConfig(out=str(output) if output else file_values["out"])
         else:
             with usage_errors():  # options that do not fit together: exit 2, as a bad value
-                cfg = merge(file_values, flags)
+                cfg, applied = merge_explained(file_values, flags)
             # legal, but probably not what was meant: said when the run starts, after every check
             # that can refuse it (--init, the run directory, memory, disk), never before an error
             caveat_lines = caveats(cfg)
@@ -334,6 +351,7 @@ def train(
             if kind == "start" and _is_master():
                 for text in caveat_lines + _data_caveats(info["data"]) + info["warnings"]:
                     _warn(text)
+                info = {**info, "notes": [*info.get("notes", []), *_start_notes(info, applied)]}
             output(kind, info)
 
         summary = run_training(
@@ -405,6 +423,30 @@ def _flags(given: dict, output: Path | None, sparsity_options: dict) -> dict:
         }
     )
     return flags
+
+
+def _start_notes(info: dict, applied: dict[str, Any]) -> list[str]:
+    """The ``note:`` lines a run starts with: the defaults of a pretrained student it took
+    (``--init HF_DIR``), and how many times over its steps read the training text when that is
+    many."""
+    from sparsetool.train.trainconfig import DEFAULTS, PRETRAINED_WARMUP, passes_note
+
+    out = []
+    if applied:
+        shown = [
+            f"{setting(k)} {v:g}"
+            + (f" ({PRETRAINED_WARMUP:.0%} of --steps)" if k == "warmup" else "")
+            for k, v in applied.items()
+        ]
+        builtin = ", ".join(f"{setting(k)} {DEFAULTS[k]:g}" for k in applied)
+        out.append(
+            f"--init HF_DIR (a pretrained model): {', '.join(shown)} by default; the built-in "
+            f"GPT's ({builtin}) suit random weights"
+        )
+    data = info["data"]
+    unit = "tokens" if "train_tokens" in data else "bytes"
+    passes = passes_note(info["steps"], info["tokens_per_step"], data.get(f"train_{unit}", 0), unit)
+    return out if passes is None else [*out, passes]
 
 
 def _warn(text: str) -> None:

@@ -30,6 +30,7 @@ from sparsetool.train.trainconfig import (
     SECTIONS,
     VALUE_ALIASES,
     TrainConfig,
+    pretrained_defaults,
     setting,
     validate,
 )
@@ -461,6 +462,13 @@ def check_values(values: Mapping[str, Any], names: Mapping[str, str] | None = No
 
 def merge(file_values: dict, flag_values: dict) -> TrainConfig:
     """Defaults, then the config file, then flags that were actually given (not None)."""
+    return merge_explained(file_values, flag_values)[0]
+
+
+def merge_explained(file_values: dict, flag_values: dict) -> tuple[TrainConfig, dict[str, Any]]:
+    """:func:`merge`, and the defaults of a pretrained student it applied (with ``--init
+    HF_DIR``, :func:`~sparsetool.train.trainconfig.pretrained_defaults`: the settings neither the
+    file nor a flag gave that differ from the built-in GPT's)."""
     values = dict(file_values)
     for k, v in flag_values.items():
         if v is None or (k in ("stages", "sparsity_options", "include", "exclude") and not v):
@@ -469,4 +477,6 @@ def merge(file_values: dict, flag_values: dict) -> TrainConfig:
             values[k] = {**values.get(k, {}), **v}
         else:
             values[k] = v
-    return validate(TrainConfig.from_dict(check_values(values)))
+    values = check_values(values)
+    applied = pretrained_defaults(values)
+    return validate(TrainConfig.from_dict({**values, **applied})), applied

@@ -27,9 +27,11 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sparsetool.checkpoint.codecs import DEFAULT_ENCODING, ENCODINGS
+from sparsetool.checkpoint.config import read_model_config
 from sparsetool.errors import ConfigError
 from sparsetool.util import options
 
@@ -169,6 +171,66 @@ DEFAULTS = {
     for f in dataclasses.fields(TrainConfig)
     if f.default is not dataclasses.MISSING
 }
+
+
+PRETRAINED_DEFAULTS = {"lr": 2e-4, "batch_size": 4}
+"""The defaults of a run whose ``--init`` is a Hugging Face directory (a pretrained student,
+fine-tuned or distilled), where a setting was given neither as a flag nor in the config file:
+the built-in GPT's ``lr`` 1e-3 and ``batch_size`` 16 suit training from random weights, not a
+pretrained model on a CPU (``--context`` already defaults to 256 tokens there)."""
+PRETRAINED_WARMUP = 0.1
+"""With ``--init HF_DIR`` and no ``--warmup``: this fraction of ``--steps`` (rounded down), not the
+built-in GPT's 100 steps, which would be a short heal's whole run."""
+PASSES_NOTE = 4.0
+"""A run that reads its training text more than this many times over gets a note saying so."""
+
+
+def is_pretrained(init: Any) -> bool:
+    """Whether ``--init`` names a Hugging Face directory (a ``config.json`` of another model than
+    sparsetool's GPT), read without torch; :func:`sparsetool.train.hfrun.is_hf_dir` decides
+    the same for the run."""
+    if init is None or not Path(init).is_dir():
+        return False
+    config = read_model_config(init)
+    return config is not None and config.get("model_type") != "sparsetool-gpt"
+
+
+def pretrained_defaults(given: dict[str, Any]) -> dict[str, Any]:
+    """The settings :data:`PRETRAINED_DEFAULTS` and :data:`PRETRAINED_WARMUP` add to ``given``
+    (the values of the config file and the flags, by key) when its ``init`` is a Hugging Face
+    directory: only those it does not hold; nothing for the built-in GPT.
+
+    >>> pretrained_defaults({"init": None})
+    {}
+    """
+    if not is_pretrained(given.get("init")):
+        return {}
+    out = {k: v for k, v in PRETRAINED_DEFAULTS.items() if k not in given}
+    if "warmup" not in given:
+        out["warmup"] = int(int(given.get("steps", DEFAULTS["steps"])) * PRETRAINED_WARMUP)
+    return out
+
+
+def passes_note(steps: int, per_step: int, train_size: int, unit: str = "tokens") -> str | None:
+    """One sentence when ``steps`` of ``per_step`` tokens (the built-in GPT: bytes) read the
+    ``train_size`` of the training text more than :data:`PASSES_NOTE` times over (a small text is
+    learnt by heart long before the end), else None.
+
+    >>> passes_note(30, 4 * 256, 40_000) is None
+    True
+    >>> passes_note(2000, 16 * 256, 40_000)[:68]
+    '2000 steps of 4,096 tokens read the 40,000 training tokens about 205'
+    """
+    if train_size <= 0:
+        return None
+    passes = steps * per_step / train_size
+    if passes <= PASSES_NOTE:
+        return None
+    return (
+        f"{steps} steps of {per_step:,} {unit} read the {train_size:,} training {unit} about "
+        f"{passes:,.0f} times over; a model learns such a text by heart long before the end "
+        "(fewer --steps, or more --data)"
+    )
 
 
 def _globs(option: str, value: Any) -> tuple[str, ...]:
