@@ -165,7 +165,8 @@ def shrink(
     calibration text the same way), renumbers the rest and lowers config.json's layer count.
     --ffn F, --heads F and --hidden F narrow every layer alike (channels and heads ranked by
     their activations on the calibration text) and write the new widths into config.json.
-    The input is never modified; the output appears only when complete.
+    The input is a Hugging Face directory (a checkpoint of sparsetool train is refused) and is
+    never modified; the output appears only when complete.
     """
     if output is None:
         usage_error("give -o OUTPUT, a new directory for the smaller model")

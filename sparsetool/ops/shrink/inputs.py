@@ -1,6 +1,12 @@
 """What every kind of shrink checks before the long part (the model's config, read alone so usage
-errors come before a weight; an output that is not the input and can be written), and the sizes
-its result reports after."""
+errors come before a weight; sparsetool's own GPT refused; an output that is not the input and
+can be written), and the sizes its result reports after.
+
+sparsetool's GPT (``sparsetool train``) is refused by every kind, before any text is read: its
+code fixes the FFN at four times the width and the attention at the width (no config of it holds
+a narrower layer), and it has no experts. Only ``--blocks`` could apply; it is refused too, so
+that every kind of shrink reads and writes one kind of model, a Hugging Face directory.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +20,22 @@ from sparsetool.models.hf import hf_config, import_transformers
 
 __all__ = ["check_output", "model_config", "record_sizes"]
 
+GPT_NAMES = {"tok_emb.weight", "pos_emb.weight"}  # sparsetool's GPT, with or without config.json
+
 
 def model_config(path: Path, needs: str) -> tuple[dict, Any]:
-    """``path``'s config.json and transformers' config object of it (no weight is read)."""
+    """``path``'s config.json and transformers' config object of it (no weight is read); a
+    checkpoint of sparsetool's GPT is refused in one line, whatever shrink was asked."""
     with open_checkpoint(path) as ckpt:
         config = ckpt.config
+        names = {lt.name for lt in ckpt.logical}
+        gpt = (config or {}).get("model_type") == "sparsetool-gpt" or GPT_NAMES.issubset(names)
+    if gpt:
+        raise SparsetoolError(
+            f"{path}: a checkpoint of sparsetool's GPT; shrink rewrites Hugging Face model "
+            "directories only: for a smaller GPT train one (sparsetool train --n-layer N "
+            "--n-head H --d-model D), or prune this one (sparsetool prune)"
+        )
     if config is None:
         raise SparsetoolError(
             f"{path}: no config.json; shrink needs a Hugging Face model directory "

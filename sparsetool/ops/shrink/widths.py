@@ -42,7 +42,7 @@ from sparsetool.checkpoint.writer import write_checkpoint
 from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.models.open import open_model
-from sparsetool.ops.shrink.inputs import check_output, record_sizes
+from sparsetool.ops.shrink.inputs import check_output, model_config, record_sizes
 from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
 from sparsetool.ops.shrink.windows import shrink_windows
 from sparsetool.ops.text import read_text
@@ -100,6 +100,7 @@ def shrink_widths(
     ``path`` into ``out``; see the module docstring."""
     opts.validate()
     path, out = Path(path), Path(out)
+    model_config(path, NEEDS)  # sparsetool's GPT, a file without config.json: refused here
     check_output(path, out)
     assert opts.calibration is not None
     text = read_text(opts.calibration, "--calibration")
