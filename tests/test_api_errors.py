@@ -40,7 +40,8 @@ TINY = ROOT / "fixtures" / "tiny-gpt2"
         ),
         (
             lambda out: sparsetool.shrink(TINY, out, experts=1.5),
-            "experts=1.5: must be a fraction between 0 and 1 (exclusive)",
+            "experts=1.5: must be strictly between 0 and 1 (the fraction of each layer's "
+            "routed experts removed)",
         ),
         (
             lambda out: sparsetool.shrink(TINY, out, experts=0.5, samples=0),
@@ -96,7 +97,7 @@ def test_usage_errors_stay_usage_errors():
             "1.5; for example --sparsity 0.75",
         ),
         (["eval", TINY, "--limit", "3"], "--limit applies to task accuracy only"),
-        (["shrink", TINY, "-o", "x", "--experts", "1.5"], "--experts must be a fraction"),
+        (["shrink", TINY, "-o", "x", "--experts", "1.5"], "--experts must be strictly between"),
         (
             ["simulate", "--model", "gpt2-small", "-s", "0.5", "--tokens", "lots"],
             "--tokens 'lots' is not a number of tokens",

@@ -219,10 +219,25 @@ def test_usage_errors_before_the_text_or_weights_are_read(tmp_path, text):
     src = save_moe("mixtral", tmp_path / "in", text)
     missing = tmp_path / "no-such-text.txt"
     for args, says in [
-        (["--experts", "0.1"], "removes no expert"),
+        (
+            ["--experts", "0.1"],
+            f"--experts 0.1 removes none of {src}'s 4 routed experts per "
+            "layer (round(0.1 x 4) = 0); ask for a larger fraction",
+        ),
         (["--experts-keep", "1"], "routes each token to 2"),
-        (["--experts-keep", "4"], "removes no expert"),
-        (["--experts", "1.5"], "between 0 and 1"),
+        (
+            ["--experts-keep", "4"],
+            f"--experts-keep 4 keeps all of {src}'s 4 routed experts per layer; keep at most 3",
+        ),
+        (
+            ["--experts-keep", "5"],
+            f"--experts-keep 5: {src} has only 4 routed experts per layer; keep at most 3",
+        ),
+        (
+            ["--experts", "1.5"],
+            "--experts must be strictly between 0 and 1 (the fraction of "
+            "each layer's routed experts removed), got 1.5",
+        ),
         (["--experts", "0.5", "--experts-keep", "2"], "--experts F"),
         ([], "--experts F"),
     ]:

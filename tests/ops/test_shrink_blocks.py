@@ -130,10 +130,25 @@ def test_block_influence_is_measured_as_transformers_runs_the_blocks(tmp_path, t
 
 def test_blocks_usage_errors(tmp_path, text, calib_file):
     save("llama", tmp_path / "in", text)
+    src = tmp_path / "in"
     for args, says in [
-        (["--blocks", "5"], "leaves none"),
-        (["--blocks", "0.05"], "removes none"),
-        (["--blocks", "1.5"], "whole number"),
+        (["--blocks", "6"], f"--blocks 6: {src} has only 5 blocks; remove at most 4"),
+        (["--blocks", "5"], f"--blocks 5 removes all of {src}'s 5 blocks; remove at most 4"),
+        (
+            ["--blocks", "0.95"],
+            f"removes all of {src}'s 5 blocks (round(0.95 x 5) = 5); remove at most 4",
+        ),  # fmt: skip
+        (
+            ["--blocks", "0.05"],
+            f"--blocks 0.05 removes none of {src}'s 5 blocks "
+            "(round(0.05 x 5) = 0); remove at least 1 (--blocks 1)",
+        ),
+        (
+            ["--blocks", "1.5"],
+            "--blocks must be a whole number of blocks (1 or more) or "
+            "strictly between 0 and 1 (the fraction of the blocks removed), "
+            "got 1.5",
+        ),  # fmt: skip
         (["--blocks", "1", "--experts", "0.5"], "one of"),
         (["--blocks", "1", "--merge"], "does not go with --blocks"),
     ]:
@@ -146,3 +161,17 @@ def test_blocks_usage_errors(tmp_path, text, calib_file):
             "--calibration", calib_file, "--samples", "4", "--seq", "16")  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "removed 2 blocks of 5 (bi)" in r.output
+
+
+def test_more_blocks_than_a_two_block_model_has(tmp_path, text, calib_file):
+    """The report's case: --blocks 3 of a 2-block model says how many it has and may lose."""
+    torch.manual_seed(0)
+    cfg = t.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
+                        num_attention_heads=4, num_key_value_heads=2, **_SMALL)  # fmt: skip
+    t.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "in")
+    save_tokenizer(tmp_path / "in", text)
+    r = run("shrink", tmp_path / "in", "-o", tmp_path / "out", "--blocks", "3",
+            "--calibration", calib_file)  # fmt: skip
+    assert r.exit_code == 2 and r.output.count("error:") == 1, r.output
+    assert f"error: --blocks 3: {tmp_path / 'in'} has only 2 blocks; remove at most 1" in r.output
+    assert not (tmp_path / "out").exists()

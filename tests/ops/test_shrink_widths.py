@@ -200,7 +200,7 @@ def test_fused_attention_and_bad_fractions_are_refused(tmp_path, text, calib_fil
                           ShrinkOptions(heads=0.5, calibration=calib_file, **CALIB))  # fmt: skip
     assert not (tmp_path / "out").exists()
     for args, says in [
-        (["--ffn", "1.0"], "between 0 and 1"),
+        (["--ffn", "1"], "--ffn must be strictly between 0 and 1 (the fraction kept), got 1.0"),
         (["--ffn", "0.5", "--blocks", "1"], "one of"),
         (["--heads", "0.5"], "give --calibration"),
     ]:
@@ -277,4 +277,5 @@ def test_hidden_refuses_fused_attention_experts_and_empty_widths(tmp_path, text,
         assert r.exit_code == 2 and says in r.output, r.output
         assert r.output.count("error:") == 1 and not (tmp_path / "out").exists()
     r = run("shrink", tmp_path / "in", "-o", tmp_path / "out", "--hidden", "1")
-    assert r.exit_code == 2 and "--hidden must be the fraction kept" in r.output, r.output
+    assert r.exit_code == 2, r.output
+    assert "--hidden must be strictly between 0 and 1 (the fraction kept), got 1.0" in r.output

@@ -53,13 +53,28 @@ def plan_blocks(path: str | Path, opts: ShrinkOptions) -> tuple[int, int]:
     if not total:
         raise SparsetoolError(f"{path}/config.json: no layer count ({', '.join(LAYER_COUNT_KEYS)})")
     assert opts.blocks is not None
-    removed = int(opts.blocks) if opts.blocks >= 1 else round(opts.blocks * total)
-    if removed < 1:
-        raise UsageError(f"--blocks {opts.blocks:g} removes none of {path}'s {total} blocks")
-    if removed >= total:
+    b = opts.blocks
+    whole = b >= 1
+    removed = int(b) if whole else round(b * total)
+    rule = "" if whole else f" (round({b:g} x {total}) = {removed})"
+    if total == 1:
         raise UsageError(
-            f"--blocks {opts.blocks:g} leaves none of {path}'s {total} blocks; "
-            f"remove at most {total - 1}"
+            f"--blocks {b:g}: {path} has only 1 block, which shrink keeps; --blocks cannot "
+            "shrink it (--ffn, --heads or --hidden can)"
+        )
+    if removed < 1:
+        raise UsageError(
+            f"--blocks {b:g} removes none of {path}'s {total} blocks{rule}; remove at least 1 "
+            "(--blocks 1)"
+        )
+    if removed > total:
+        raise UsageError(
+            f"--blocks {b:g}: {path} has only {total} blocks; remove at most {total - 1}"
+        )
+    if removed == total:
+        raise UsageError(
+            f"--blocks {b:g} removes all of {path}'s {total} blocks{rule}; remove at most "
+            f"{total - 1}"
         )
     return total, removed
 

@@ -17,7 +17,7 @@ from sparsetool.checkpoint.output_files import Reclaimed
 from sparsetool.errors import ConfigError, UsageError
 from sparsetool.ops.prune.options import PruneOptions, check_text_field
 from sparsetool.ops.text import DEFAULT_FIELD, TextSource, is_records
-from sparsetool.util.options import check_count, check_seed
+from sparsetool.util.options import check_count, check_seed, option_error
 
 __all__ = [
     "BLOCK_CRITERIA",
@@ -35,6 +35,15 @@ BLOCK_CRITERIA = ("bi", "angular")
 """How whole blocks are chosen: each block's influence (ShortGPT), or the contiguous run whose
 input and output lie closest in angle (Gromov et al.)."""
 DEFAULT_SAMPLES = PruneOptions.defaults()["samples"]  # calibration windows, as prune's
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # not NaN
+
+
+def _fraction(x: object) -> bool:
+    """Whether ``x`` is a number strictly between 0 and 1."""
+    return _number(x) and 0 < x < 1  # type: ignore[operator]
 
 
 @dataclass(frozen=True)
@@ -100,24 +109,21 @@ class ShrinkOptions:
                 + ("; run shrink once for each" if sum(asked) > 1 else "")
             )
         for flag, f in (("--ffn", self.ffn), ("--heads", self.heads), ("--hidden", self.hidden)):
-            if f is not None and (
-                isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1
-            ):
-                raise ConfigError(f"{flag} must be the fraction kept, between 0 and 1, got {f!r}")
+            if f is not None and not _fraction(f):
+                problem = "must be strictly between 0 and 1 (the fraction kept)"
+                raise option_error(f"{flag} {problem}, got {f!r}", flag, f, problem)
         if widths and self.merge:
             raise ConfigError(
                 "--merge merges experts; it does not go with --ffn, --heads or --hidden"
             )
         if self.blocks is not None:
             b = self.blocks
-            if (
-                isinstance(b, bool)
-                or not isinstance(b, (int, float))
-                or not (0 < b < 1 or (b >= 1 and float(b).is_integer()))
-            ):
-                raise ConfigError(
-                    f"--blocks must be a whole number of blocks or a fraction below 1, got {b!r}"
+            if not _fraction(b) and not (_number(b) and b >= 1 and float(b).is_integer()):
+                problem = (
+                    "must be a whole number of blocks (1 or more) or strictly between 0 and 1 "
+                    "(the fraction of the blocks removed)"
                 )
+                raise option_error(f"--blocks {problem}, got {b!r}", "--blocks", b, problem)
             if self.merge:
                 raise ConfigError("--merge merges experts; it does not go with --blocks")
         if self.block_criterion not in BLOCK_CRITERIA:
@@ -126,10 +132,16 @@ class ShrinkOptions:
             )
         if self.experts is not None:
             f = self.experts
-            if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1:
-                raise ConfigError(
-                    f"--experts must be a fraction between 0 and 1 (exclusive), got {f!r}; "
-                    "0.5 removes half of each layer's routed experts"
+            if not _fraction(f):
+                problem = (
+                    "must be strictly between 0 and 1 (the fraction of each layer's routed "
+                    "experts removed)"
+                )
+                raise option_error(
+                    f"--experts {problem}, got {f!r}; 0.5 removes half of them",
+                    "--experts",
+                    f,
+                    problem,
                 )
         if self.experts_keep is not None:
             check_count(self.experts_keep, "--experts-keep")
@@ -248,17 +260,25 @@ def plan_experts(
                 f"{asked}: {model}'s router has {groups} expert groups, which keep alike; "
                 f"give a multiple of {groups}"
             )
+        if keep >= experts:
+            said = (
+                f"{asked}: {model} has only {experts} routed experts per layer"
+                if keep > experts
+                else f"{asked} keeps all of {model}'s {experts} routed experts per layer"
+            )
+            raise UsageError(f"{said}; keep at most {experts - groups}")
     else:
         assert opts.experts is not None
         removed_per_group = round(opts.experts * per_group)
         keep = (per_group - removed_per_group) * groups
         asked = f"--experts {opts.experts:g}"
-    if keep >= experts:
-        raise UsageError(
-            f"{asked} removes no expert of {model}'s {experts} per layer"
-            + (f" ({groups} groups of {per_group})" if groups > 1 else "")
-            + "; ask for more"
-        )
+        if keep >= experts:
+            rule = f"round({opts.experts:g} x {per_group}) = 0"
+            raise UsageError(
+                f"{asked} removes none of {model}'s {experts} routed experts per layer ("
+                + (f"{groups} groups of {per_group}: {rule} of each" if groups > 1 else rule)
+                + "); ask for a larger fraction"
+            )
     reachable = keep if groups == 1 else (keep // groups) * topk_group
     if reachable < top_k:
         where = (
