@@ -93,21 +93,25 @@ def shrink(
         None,
         "--ffn",
         metavar="F",
-        help="Instead: keep this fraction of every FFN's channels (ranked by mean |activation|).",
+        help="Instead: keep this fraction of every FFN's channels, round(F x d_ff) of them "
+        "(ranked by mean |activation|).",
     ),
     heads: float | None = typer.Option(
         None,
         "--heads",
         metavar="F",
         help="Keep this fraction of every layer's attention heads (ranked by their output "
-        "norm): whole key/value groups when F x kv-heads is whole, else query heads in each.",
+        "norm): round(F x kv-heads) whole key/value groups when F x kv-heads is whole or each "
+        "group is one head, else round(F x group size) query heads of every group (a note says "
+        "when that is not F of the heads: 0.5 of 9 heads in groups of 3 keeps 6).",
     ),
     hidden: float | None = typer.Option(
         None,
         "--hidden",
         metavar="F",
-        help="Keep this fraction of the embedding channels (the hidden size; ranked by mean "
-        "|activation| after every norm): embeddings, norms, head and every projection's side.",
+        help="Keep this fraction of the embedding channels, round(F x hidden size) of them "
+        "(ranked by mean |activation| after every norm): embeddings, norms, head and every "
+        "projection's side.",
     ),
     merge: bool = typer.Option(
         False,

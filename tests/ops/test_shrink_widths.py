@@ -26,6 +26,14 @@ def build(kind: str) -> torch.nn.Module:
         cfg = t.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=48,
                             num_attention_heads=8, num_key_value_heads=4, **_SMALL)  # fmt: skip
         return t.LlamaForCausalLM(cfg).eval()
+    if kind == "llama9":  # SmolLM2-135M's attention: 9 query heads in 3 groups of 3
+        cfg = t.LlamaConfig(num_hidden_layers=2, hidden_size=36, intermediate_size=48,
+                            num_attention_heads=9, num_key_value_heads=3, **_SMALL)  # fmt: skip
+        return t.LlamaForCausalLM(cfg).eval()
+    if kind == "llama_mha":  # plain multi-head attention: each head its own key/value head
+        cfg = t.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=48,
+                            num_attention_heads=4, num_key_value_heads=4, **_SMALL)  # fmt: skip
+        return t.LlamaForCausalLM(cfg).eval()
     if kind == "qwen3":
         cfg = t.Qwen3Config(num_hidden_layers=2, hidden_size=32, intermediate_size=48, head_dim=8,
                             num_attention_heads=4, num_key_value_heads=2, **_SMALL)  # fmt: skip
@@ -120,6 +128,8 @@ def save(kind, directory, text) -> torch.nn.Module:
 CASES = [
     ("llama", dict(ffn=0.5, heads=0.5), "groups"),
     ("llama", dict(heads=0.6), "query heads per group"),  # 4 x 0.6 is no whole number of groups
+    ("llama9", dict(heads=0.5), "query heads per group"),  # round(0.5 x 3) = 2 of each group
+    ("llama_mha", dict(heads=0.6), "groups"),  # round(0.6 x 4) = 2 heads, not 1 of each of 4
     ("qwen3", dict(ffn=0.75, heads=0.5), "groups"),
     ("gemma3", dict(ffn=0.5, heads=0.5), "groups"),
     ("gpt2", dict(ffn=0.25), None),
@@ -270,12 +280,59 @@ def test_hidden_refuses_fused_attention_experts_and_empty_widths(tmp_path, text,
             shrink_checkpoint(src, tmp_path / "out", opts)
         assert not (tmp_path / "out").exists()
     save("llama", tmp_path / "in", text)
-    for flag, says in [("--hidden", "keeps 0 channels of 32"), ("--ffn", "keeps 0 channels of 48"),
-                       ("--heads", "keeps 0 heads of 8")]:  # fmt: skip
-        r = run("shrink", tmp_path / "in", "-o", tmp_path / "out", flag, "0.01",
+    src = tmp_path / "in"
+    for flag, says in [
+        ("--hidden", f"--hidden 0.01 keeps none of {src}'s 32 embedding channels "
+                     "(round(0.01 x 32) = 0); ask for a larger fraction"),
+        ("--ffn", f"--ffn 0.01 keeps none of {src}'s 48 FFN channels per layer "
+                  "(round(0.01 x 48) = 0); ask for a larger fraction"),
+        ("--heads", f"--heads 0.01 keeps none of {src}'s 8 attention heads per layer (heads are "
+                    "kept per key/value group of 2: round(0.01 x 2) = 0); ask for a larger "
+                    "fraction"),
+    ]:  # fmt: skip
+        r = run("shrink", src, "-o", tmp_path / "out", flag, "0.01",
                 "--calibration", calib_file, "--samples", "2", "--seq", "16")  # fmt: skip
         assert r.exit_code == 2 and says in r.output, r.output
         assert r.output.count("error:") == 1 and not (tmp_path / "out").exists()
-    r = run("shrink", tmp_path / "in", "-o", tmp_path / "out", "--hidden", "1")
+    r = run("shrink", src, "-o", tmp_path / "out", "--ffn", "0.999",
+            "--calibration", calib_file)  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert "--ffn 0.999 keeps all of" in r.output and "ask for a smaller fraction" in r.output
+    r = run("shrink", src, "-o", tmp_path / "out", "--hidden", "1")
     assert r.exit_code == 2, r.output
     assert "--hidden must be strictly between 0 and 1 (the fraction kept), got 1.0" in r.output
+
+
+def test_heads_rounded_per_group_say_so_in_a_note(tmp_path, text, calib_file):
+    """SmolLM2's case: 0.5 of 9 heads in groups of 3 keeps 2 of each, 6 of 9, which the result
+    says in a note (printed and in --json); a fraction kept as asked gets none."""
+    save("llama9", tmp_path / "in", text)
+    calib = ["--calibration", calib_file, "--samples", "2", "--seq", "16"]
+    note = ("--heads 0.5 keeps 6 of 9 heads (0.67): heads are kept per key/value group, "
+            "round(0.5 x 3) = 2 of each group of 3")  # fmt: skip
+    r = run("shrink", tmp_path / "in", "-o", tmp_path / "out", "--heads", "0.5", *calib,
+            columns=300)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert f"note: {note}" in r.output, r.output
+    r = run("shrink", tmp_path / "in", "-o", tmp_path / "json", "--heads", "0.5", *calib,
+            "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert note in got["notes"] and got["widths"]["heads"]["after"]["heads"] == 6
+    for asked in (["--heads", "0.6667"], ["--ffn", "0.3"]):  # 6 of 9 heads; 14 of 48 channels
+        r = run("shrink", tmp_path / "in", "-o", tmp_path / asked[1], *asked, *calib, "--json")
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["notes"] == [], r.output
+    r = run("shrink", tmp_path / "in", "-o", tmp_path / "all", "--heads", "0.9", *calib)
+    assert r.exit_code == 2, r.output
+    assert "(heads are kept per key/value group of 3: round(0.9 x 3) = 3); ask for a smaller " \
+        "fraction" in r.output, r.output  # fmt: skip
+
+
+def test_the_help_gives_the_rounding_rules():
+    r = run("shrink", "--help", columns=400)
+    assert r.exit_code == 0
+    flat = " ".join(r.output.split())
+    assert "round(F x kv-heads) whole key/value groups" in flat
+    assert "round(F x group size) query heads of every group" in flat
+    assert "round(F x d_ff)" in flat and "round(F x hidden size)" in flat

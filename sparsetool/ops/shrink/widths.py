@@ -9,10 +9,12 @@ head:
 
 - a channel's score is ``mean_t |a_c(t)|``; each layer keeps its ``round(F x d_ff)`` best;
 - a query head's score is ``mean_t ||o_h(t)||_2``. Under grouped-query attention (several query
-  heads share a key/value head) whole key/value groups go when ``F x n_kv_heads`` is a whole
-  number (a group scores the sum of its heads), else the same number of query heads in every
-  group (``round(F x heads per group)``): both are what ``num_attention_heads`` /
-  ``num_key_value_heads`` express, and the result says which was done;
+  heads share a key/value head) whole key/value groups go, ``round(F x n_kv_heads)`` of them,
+  when ``F x n_kv_heads`` is a whole number (a group scores the sum of its heads) or each group
+  is one head (plain multi-head attention), else the same number of query heads in every group
+  (``round(F x heads per group)``): both are what ``num_attention_heads`` /
+  ``num_key_value_heads`` express, and the result says which was done, with a note when the
+  heads kept are not the whole number nearest ``F x heads`` (0.5 of 9 heads in 3 groups: 6);
 - an embedding channel (one dimension of the hidden size, which every block reads and adds to)
   scores ``sum_n mean_t |y_n,c(t)|`` over the outputs ``y_n`` of every norm the hidden size runs
   through (each block's and the final one); the model keeps its ``round(F x hidden)`` best, the
@@ -47,7 +49,6 @@ from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
 from sparsetool.ops.shrink.windows import shrink_windows
 from sparsetool.ops.text import read_text
 from sparsetool.util.progress import Progress
-from sparsetool.util.wording import plural
 
 __all__ = ["shrink_widths"]
 
@@ -110,7 +111,8 @@ def shrink_widths(
         cfg = model.module.config
         layers = [_find(model, i, opts) for i in range(len(model.blocks))]
         geometry = _geometry(model, cfg, opts)
-        plan = _plan(geometry, opts)  # refuse widths of none or all before any text is run
+        plan = _plan(geometry, opts, str(model.path))  # none or all: refused before any text
+        result.notes += plan.notes
         hidden = _Hidden() if opts.hidden is not None else None
         if hidden is not None:  # refuse what --hidden cannot narrow before any text is run
             hidden.axes = _hidden_axes(model)
@@ -312,39 +314,74 @@ class _Plan:
     kept_groups: int
     per_group: int
     record: dict
+    notes: list[str] = field(default_factory=list)  # a kept fraction not the one asked
 
 
-def _plan(g: _Geometry, opts: ShrinkOptions) -> _Plan:
-    """The widths ``opts`` asks for on geometry ``g``; a :class:`UsageError` for none or all."""
+def _check_kept(flag: str, f: float, kept: int, total: int, what: str, rule: str) -> None:
+    """A :class:`UsageError` when ``flag f`` keeps none or all of ``total`` ``what`` (``rule``:
+    how ``kept`` was counted, shown in the message)."""
+    if 1 <= kept < total:
+        return
+    if kept < 1:
+        raise UsageError(
+            f"{flag} {f:g} keeps none of {what} ({rule} = 0); ask for a larger fraction"
+        )
+    raise UsageError(
+        f"{flag} {f:g} keeps all of {what} ({rule} = {kept:,}); ask for a smaller fraction"
+    )
+
+
+def _rounded_away(f: float, kept: int, total: int) -> bool:
+    """Whether ``kept`` of ``total`` is not the whole number nearest ``f x total`` (a tie is
+    either neighbour): the fraction made is then not the fraction asked.
+
+    >>> _rounded_away(0.5, 6, 9), _rounded_away(0.5, 4, 9), _rounded_away(0.6, 4, 8)
+    (True, False, True)
+    """
+    return abs(kept - f * total) > 0.5 + 1e-9
+
+
+def _plan(g: _Geometry, opts: ShrinkOptions, model: str = "the model") -> _Plan:
+    """The widths ``opts`` asks for on geometry ``g``; a :class:`UsageError` for none or all.
+
+    Heads: whole key/value groups (``round(F x kv-heads)`` of them) when ``F x kv-heads`` is
+    whole or every group is one head (plain multi-head attention), else ``round(F x group)``
+    query heads of every group; a note when that is not the fraction asked."""
     record: dict = {}
-    keep_ffn = round((opts.ffn or 0) * g.ffn) if opts.ffn is not None else None
-    if keep_ffn is not None:
-        if not 1 <= keep_ffn < g.ffn:
-            raise UsageError(
-                f"--ffn {opts.ffn:g} keeps {plural(keep_ffn, 'channel')} of {g.ffn:,}; "
-                "keep at least one and fewer than all"
-            )
+    notes: list[str] = []
+    keep_ffn = None
+    if opts.ffn is not None:
+        keep_ffn = round(opts.ffn * g.ffn)
+        _check_kept("--ffn", opts.ffn, keep_ffn, g.ffn, f"{model}'s {g.ffn:,} FFN channels per "
+                   "layer", f"round({opts.ffn:g} x {g.ffn:,})")  # fmt: skip
         record["ffn"] = {"before": g.ffn, "after": keep_ffn}
     mode, kept_groups, per_group = None, g.kv_heads, g.heads // max(g.kv_heads, 1)
     if opts.heads is not None:
-        group = g.heads // g.kv_heads
-        if g.kv_heads > 1 and float(opts.heads * g.kv_heads).is_integer():
-            mode, kept_groups = "groups", int(opts.heads * g.kv_heads)
+        f, group = opts.heads, g.heads // g.kv_heads
+        what = f"{model}'s {g.heads} attention heads per layer"
+        if g.kv_heads > 1 and (group == 1 or float(f * g.kv_heads).is_integer()):
+            mode, kept_groups = "groups", round(f * g.kv_heads)
+            rule = f"whole key/value groups: round({f:g} x {g.kv_heads})"
+            _check_kept("--heads", f, kept_groups, g.kv_heads, what, rule)
         else:
-            mode, per_group = "query heads per group", round(opts.heads * group)
-        if kept_groups < 1 or per_group < 1 or kept_groups * per_group >= g.heads:
-            raise UsageError(
-                f"--heads {opts.heads:g} keeps {plural(kept_groups * per_group, 'head')} of "
-                f"{g.heads}; "
-                "keep at least one and fewer than all"
-            )
+            mode, per_group = "query heads per group", round(f * group)
+            rule = f"heads are kept per key/value group of {group}: round({f:g} x {group})"
+            _check_kept("--heads", f, per_group, group, what, rule)
+            kept = kept_groups * per_group
+            if _rounded_away(f, kept, g.heads):
+                notes.append(
+                    f"--heads {f:g} keeps {kept} of {g.heads} heads ({kept / g.heads:.2f}): "
+                    f"heads are kept per key/value group, round({f:g} x {group}) = {per_group} "
+                    f"of each group of {group}"
+                )
+        kept = kept_groups * per_group
         record["heads"] = {
             "mode": mode,
             "before": {"heads": g.heads, "kv_heads": g.kv_heads},
-            "after": {"heads": kept_groups * per_group, "kv_heads": kept_groups},
+            "after": {"heads": kept, "kv_heads": kept_groups},
             "head_dim": g.head_dim,
         }
-    return _Plan(keep_ffn, mode, kept_groups, per_group, record)
+    return _Plan(keep_ffn, mode, kept_groups, per_group, record, notes)
 
 
 def _choose(
@@ -460,12 +497,11 @@ def _hidden_axes(model: BlockModel) -> dict[str, int | None]:
 
 def _hidden_keep(model: BlockModel, opts: ShrinkOptions) -> int:
     """The embedding channels ``--hidden`` keeps; a :class:`UsageError` for none or all."""
-    keep = round((opts.hidden or 0) * model.width)
-    if not 1 <= keep < model.width:
-        raise UsageError(
-            f"--hidden {opts.hidden:g} keeps {plural(keep, 'channel')} of {model.width:,}; "
-            "keep at least one and fewer than all"
-        )
+    assert opts.hidden is not None
+    keep = round(opts.hidden * model.width)
+    _check_kept("--hidden", opts.hidden, keep, model.width,
+               f"{model.path}'s {model.width:,} embedding channels",
+               f"round({opts.hidden:g} x {model.width:,})")  # fmt: skip
     return keep
 
 
