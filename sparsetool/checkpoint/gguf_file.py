@@ -9,12 +9,16 @@ the tensors and their ggml types) before anything heavy is imported.
 The layout, all little-endian: ``b"GGUF"``, u32 version (2 or 3), u64 tensor count, u64 key count;
 then each key (u64 length + UTF-8), its u32 value type and the value (a string is u64 length +
 bytes, an array is u32 element type + u64 count + the elements); then each tensor's name, u32
-dimension count, u64 dimensions (innermost first), u32 ggml type and u64 data offset.
+dimension count, u64 dimensions (innermost first), u32 ggml type and u64 data offset. The tensor
+data follows, from the next multiple of ``general.alignment`` (default 32); each offset counts from
+there, and each type's size is fixed by its blocks (:data:`GGML_BLOCKS`), so the header alone says
+how long the file must be: a file cut inside its tensor data is refused before any is read.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +37,7 @@ _SCALARS = {
     **{10: "Q", 11: "q", 12: "d"},
 }
 _STRING, _ARRAY = 8, 9
+DEFAULT_ALIGNMENT = 32  # where the tensor data starts when the file names no general.alignment
 
 # ggml tensor types by number (the ones files are found in; another is shown as its number)
 GGML_TYPES = {
@@ -70,16 +75,35 @@ GGML_TYPES = {
     39: "MXFP4",
 }
 
+# ggml type -> (values per block, bytes per block): what a tensor of that type occupies
+GGML_BLOCKS = {
+    **{"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "F64": (1, 8)},
+    **{"I8": (1, 1), "I16": (1, 2), "I32": (1, 4), "I64": (1, 8)},
+    **{"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24)},
+    **{"Q8_0": (32, 34), "Q8_1": (32, 40), "IQ4_NL": (32, 18), "MXFP4": (32, 17)},
+    **{"Q2_K": (256, 84), "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176)},
+    **{"Q6_K": (256, 210), "Q8_K": (256, 292), "IQ2_XXS": (256, 66), "IQ2_XS": (256, 74)},
+    **{"IQ3_XXS": (256, 98), "IQ1_S": (256, 50), "IQ3_S": (256, 110), "IQ2_S": (256, 82)},
+    **{"IQ4_XS": (256, 136), "IQ1_M": (256, 56), "TQ1_0": (256, 54), "TQ2_0": (256, 66)},
+}
+
 
 @dataclass(frozen=True)
 class GGUFTensor:
     name: str
     shape: tuple[int, ...]  # as stored: innermost dimension first
     ggml_type: str
+    offset: int = 0  # where its data starts, from the start of the file's tensor data
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int | None:
+        """Bytes of its data (None: a ggml type whose block size is not known here)."""
+        block = GGML_BLOCKS.get(self.ggml_type)
+        return None if block is None else -(-self.numel // block[0]) * block[1]
 
 
 @dataclass
@@ -91,6 +115,14 @@ class GGUFHeader:
     version: int
     metadata: dict[str, object] = field(default_factory=dict)
     tensors: list[GGUFTensor] = field(default_factory=list)
+    data_start: int = 0  # the byte where the tensor data begins
+
+    @property
+    def data_end(self) -> int:
+        """The byte where the last tensor's data ends: the least size of the whole file (its
+        tensors of unknown ggml types aside)."""
+        ends = [self.data_start + t.offset + (t.nbytes or 0) for t in self.tensors]
+        return max(ends, default=self.data_start)
 
     @property
     def architecture(self) -> str | None:
@@ -160,7 +192,9 @@ def dir_error(path: Path) -> CheckpointError | None:
 
 def read_header(path: str | Path) -> GGUFHeader:
     """The header of the GGUF file ``path``; CheckpointError naming the file when it is not one
-    (a directory, another format, a version this reader does not know, a truncated header)."""
+    (a directory, another format, a version this reader does not know, a truncated header) or
+    when it is shorter than its header says (cut inside the tensor data: a download that
+    stopped), before any tensor is read."""
     path = Path(path)
     if path.is_dir():
         ggufs = sorted(p.name for p in path.iterdir() if p.suffix.lower() == SUFFIX)
@@ -175,13 +209,21 @@ def read_header(path: str | Path) -> GGUFHeader:
                     "convert reads llama.cpp's GGUF files: a safetensors checkpoint or a Hugging "
                     "Face directory is read by every command as it is"
                 )
-            return _parse(path, f)
+            header = _parse(path, f)
+            size = os.fstat(f.fileno()).st_size
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
     except (struct.error, UnicodeDecodeError, EOFError, ValueError):
         raise CheckpointError(
             f"{path}: the GGUF header is truncated or corrupt; download the file again"
         ) from None
+    if size < header.data_end:
+        raise CheckpointError(
+            f"{path}: truncated: {size:,} of {header.data_end:,} bytes (the header places "
+            f"{len(header.tensors)} tensors' data up to byte {header.data_end:,}); download the "
+            "file again"
+        )
+    return header
 
 
 def _parse(path: Path, f: BinaryIO) -> GGUFHeader:
@@ -201,8 +243,14 @@ def _parse(path: Path, f: BinaryIO) -> GGUFHeader:
         name = _string(f)
         (dims,) = _unpack(f, "I")
         shape = _unpack(f, "Q" * dims) if dims else ()
-        ggml, _offset = _unpack(f, "IQ")
-        header.tensors.append(GGUFTensor(name, tuple(shape), GGML_TYPES.get(ggml, str(ggml))))
+        ggml, offset = _unpack(f, "IQ")
+        header.tensors.append(
+            GGUFTensor(name, tuple(shape), GGML_TYPES.get(ggml, str(ggml)), offset)
+        )
+    alignment = header.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0:
+        raise ValueError(f"general.alignment {alignment!r}")
+    header.data_start = -(-f.tell() // alignment) * alignment
     return header
 
 

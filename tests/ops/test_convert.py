@@ -155,6 +155,26 @@ def test_what_is_not_a_gguf_file_is_refused_before_anything_loads(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.gguf"]
 
 
+def test_a_file_cut_inside_its_tensor_data_is_refused_from_its_header(files, tmp_path):
+    """The header places every tensor's data, so a download that stopped partway is said at
+    once, in bytes, before transformers reads a tensor and before anything is written."""
+    from sparsetool.checkpoint.gguf_file import read_header
+
+    whole = files["Q8_0"].read_bytes()
+    header = read_header(files["Q8_0"])
+    assert header.data_end == len(whole) and header.data_start % 32 == 0
+    for size in ((header.data_start + len(whole)) // 2, len(whole) - 1):
+        cut = tmp_path / "cut.gguf"
+        cut.write_bytes(whole[:size])
+        line = one_line(run("convert", cut, "-o", tmp_path / "out"))
+        assert line == (
+            f"error: {cut}: truncated: {size:,} of {len(whole):,} bytes (the header places 28 "
+            f"tensors' data up to byte {len(whole):,}); download the file again\n"
+        )
+        assert cut.read_bytes() == whole[:size]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.gguf"]
+
+
 def test_the_header_is_read_without_the_gguf_package_or_torch(files):
     code = (
         "import sys; from sparsetool.checkpoint.gguf_file import read_header; "
