@@ -2,8 +2,13 @@
 the atomic rename into place, permission bits, room, errors.
 
 An output keeps its input's permission bits, as ``cp -p`` does for the mode: a private (0600)
-checkpoint stays private whatever the umask. Files are created owner-only and given their final
-mode before they are renamed into place.
+checkpoint stays private whatever the umask, a 0644 one gives 0644 outputs. Files are created
+owner-only and given their final mode before they are renamed into place. An output directory
+filled by another library (``convert``'s, written by transformers, whose safetensors writer makes
+model.safetensors as a private temporary file) gets the same from :func:`put_in_place`
+(``like``): every file the input file's bits, every directory those bits with search allowed
+wherever reading is. An output made from no input file (a plot, a training run's checkpoint) is
+an ordinary new file: ``0o666`` less the umask, as ``open()`` makes it.
 
 Each output file's size is known from its header before its first byte: the free space is checked
 then, and any OSError while writing (no space, I/O error, permission) becomes one clean error.
@@ -31,6 +36,7 @@ from sparsetool.errors import CheckpointError, SparsetoolError
 
 PRIVATE = 0o600  # the mode a file is created with, before it gets its input's mode
 PRIVATE_DIR = 0o700
+ORDINARY = 0o666  # the mode open() asks for (the umask then takes its bits away)
 
 
 def mode_of(path: str | os.PathLike) -> int:
@@ -41,6 +47,33 @@ def mode_of(path: str | os.PathLike) -> int:
 def copy_mode(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     """Give ``dst`` the permission bits of ``src``."""
     os.chmod(dst, mode_of(src))
+
+
+def directory_mode(file_mode: int) -> int:
+    """The mode of a directory holding files of ``file_mode``: search allowed wherever reading is.
+
+    >>> oct(directory_mode(0o644)), oct(directory_mode(0o600)), oct(directory_mode(0o640))
+    ('0o755', '0o700', '0o750')
+    """
+    return file_mode | (file_mode & 0o444) >> 2
+
+
+def give_mode(tree: Path, mode: int) -> None:
+    """Give ``tree`` (a file, or a directory and everything under it) the file mode ``mode``:
+    files exactly that, directories :func:`directory_mode`; symlinks are left as they are."""
+    if tree.is_symlink():
+        return
+    if not tree.is_dir():
+        os.chmod(tree, mode)
+        return
+    for root, dirs, files in os.walk(tree):
+        for name in files:
+            if not os.path.islink(os.path.join(root, name)):
+                os.chmod(os.path.join(root, name), mode)
+        for name in dirs:
+            if not os.path.islink(os.path.join(root, name)):
+                os.chmod(os.path.join(root, name), directory_mode(mode))
+    os.chmod(tree, directory_mode(mode))
 
 
 # What to do about an error the filesystem reports while an output is written ({option}: the
@@ -166,9 +199,13 @@ def remove(p: Path) -> None:
             p.unlink()
 
 
-def put_in_place(tmp: Path, out: Path) -> None:
+def put_in_place(tmp: Path, out: Path, like: str | os.PathLike | None = None) -> None:
     """Rename the finished ``tmp`` to ``out``, atomically where the system can (a directory that
-    exists is swapped with renameat2, then the old one removed)."""
+    exists is swapped with renameat2, then the old one removed). ``like``: the input file whose
+    permission bits every file of ``tmp`` gets first (:func:`give_mode`), whatever modes the
+    writer left them."""
+    if like is not None:
+        give_mode(tmp, mode_of(like))
     if not out.is_dir() or out.is_symlink():
         os.replace(tmp, out)  # atomic for files (and for a directory when out does not exist)
         return

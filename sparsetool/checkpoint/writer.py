@@ -30,6 +30,7 @@ from sparsetool.checkpoint import dtypes
 from sparsetool.checkpoint.format import TensorSpec, layout
 from sparsetool.checkpoint.layout import rebuilt_index
 from sparsetool.checkpoint.output_files import (
+    ORDINARY,
     PRIVATE,
     PRIVATE_DIR,
     check_room,
@@ -91,9 +92,10 @@ class ShardWriter:
         self.total_size = sum(s.nbytes for s in specs)  # tensor bytes, for the index
         check_room(path.parent, self._data_start + self.total_size, label or shard)
         # With ``mode`` (an input's permission bits) the file is created owner-only and given
-        # exactly that mode, whatever the umask; without, it is an ordinary new file.
+        # exactly that mode, whatever the umask; without, it is an ordinary new file (0o666 less
+        # the umask, as open() makes it).
         self._fd: int | None = os.open(
-            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644 if mode is None else PRIVATE
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, ORDINARY if mode is None else PRIVATE
         )
         if mode is not None:
             os.fchmod(self._fd, mode)

@@ -7,7 +7,9 @@ Then transformers reads the file (:func:`sparsetool.models.gguf.load_gguf`: conf
 from its metadata, every weight dequantized to ``dtype``) and ``save_pretrained`` writes
 config.json, generation_config.json, model.safetensors and the tokenizer's files into a temporary
 directory beside the output, renamed into place only when complete: an error, a full disk or
-Ctrl-C leaves nothing behind, and an existing output is replaced whole or not at all.
+Ctrl-C leaves nothing behind, and an existing output is replaced whole or not at all. Every file
+written gets the GGUF file's permission bits (the directory: those with search allowed), as the
+other commands' outputs keep their input's.
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ def convert_gguf(
             loaded.save(tmp, report("write", 2))
             result.files = sorted(p.name for p in tmp.iterdir())
             result.bytes = sum(p.stat().st_size for p in tmp.iterdir() if p.is_file())
-            put_in_place(tmp, out_abs)
+            put_in_place(tmp, out_abs, like=source)  # every file the GGUF file's mode
         except BaseException as e:
             remove(tmp)
             if isinstance(e, OSError):  # no space, I/O error, permission: one clean line

@@ -213,6 +213,42 @@ def test_outputs_that_must_not_be_written_are_refused(files, tmp_path):
     assert "--dtype" in one_line(r, code=2)
 
 
+def modes(directory) -> dict[str, int]:
+    """The permission bits of a directory and of each file in it (the directory as ".")."""
+    return {".": directory.stat().st_mode & 0o777} | {
+        p.name: p.stat().st_mode & 0o777 for p in directory.iterdir()
+    }
+
+
+@pytest.mark.parametrize("bits", [0o644, 0o600])
+def test_every_output_file_has_the_input_files_mode(files, tmp_path, bits):
+    """transformers writes model.safetensors through a private (0600) temporary; convert gives
+    every file the GGUF file's mode (the directory: with search where reading is allowed), and
+    prune and shrink of that directory keep each input file's mode (umask 022 throughout)."""
+    source = tmp_path / "model.gguf"
+    source.write_bytes(files["F32"].read_bytes())
+    source.chmod(bits)
+    text = tmp_path / "text.txt"
+    text.write_text(make_text(600))
+    old = os.umask(0o022)
+    try:
+        convert_gguf(source, tmp_path / "hf")
+        for command in (
+            ["prune", tmp_path / "hf", "-o", tmp_path / "pruned", "--sparsity", "0.5"],
+            ["shrink", tmp_path / "hf", "-o", tmp_path / "shrunk", "--blocks", "1"]
+            + ["--calibration", text, "--samples", "4", "--seq", "64"],
+        ):
+            r = run(*command, "--quiet")
+            assert r.exit_code == 0, r.output
+    finally:
+        os.umask(old)
+    directory = 0o755 if bits == 0o644 else 0o700
+    for out in ("hf", "pruned", "shrunk"):
+        found = modes(tmp_path / out)
+        assert "model.safetensors" in found and "tokenizer.json" in found, found
+        assert found == {".": directory} | {name: bits for name in found if name != "."}, out
+
+
 def test_an_earlier_conversion_is_replaced_whole(files, tmp_path):
     out = tmp_path / "out"
     convert_gguf(files["F32"], out, dtype="bfloat16")
