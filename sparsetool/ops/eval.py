@@ -32,7 +32,7 @@ from sparsetool.models.hf import MAX_DEFAULT_SEQ
 from sparsetool.models.open import open_model
 from sparsetool.ops.text import read_text
 from sparsetool.util.memory import MemoryPlan, budget, process_memory
-from sparsetool.util.progress import Progress, Steps
+from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural
 
 __all__ = [
@@ -104,6 +104,41 @@ def windows(n_tokens: int, seq: int, stride: int | None = None) -> list[Window]:
 LOGITS_BYTES = 256 * 2**20  # one chunk of float32 logits: never a full tokens x vocabulary tensor
 
 
+class _Work:
+    """Scoring's progress in tokens through the model: ``progress(done, total)`` after each pass
+    (a block, then the head) over a group of windows, ``total`` the tokens of every window, a pass
+    worth its group's tokens times its share of the work per token (a block's weights, the head's
+    vocabulary x width; a mixture of experts' blocks count every expert). A group of other
+    windows (the text's short last one) or the head then moves the count as much as the time it
+    takes, so the time left said from the pace so far holds: counted in passes, the short last
+    window's passes were worth as many as the full windows' and the estimate was a whole pass
+    over the text too long just before the end. ``0`` is reported first, when scoring starts
+    (the model's loading is not in its pace)."""
+
+    def __init__(
+        self, model: BlockModel, tokens: Sequence[int], report: Callable[[int, int], None] | None
+    ) -> None:
+        costs = [model.numel(b) for b in model.blocks] + [model.vocab_size * model.width]
+        whole = sum(costs) or 1
+        self.shares = [c / whole for c in itertools.accumulate(costs)]
+        self.tokens, self.report = list(tokens), report
+        self.total = sum(self.tokens)
+        self.group = self.passes = self.before = 0
+        if report:  # 0 first: the pace is measured from here, not from the first pass's count
+            report(0, self.total)
+
+    def __call__(self) -> None:
+        self.passes += 1
+        if self.passes == len(self.shares):  # the head: the group is done
+            self.before += self.tokens[self.group]
+            self.group, self.passes = self.group + 1, 0
+            done = self.before
+        else:
+            done = self.before + round(self.tokens[self.group] * self.shares[self.passes - 1])
+        if self.report:
+            self.report(done, self.total)
+
+
 def score(
     model: BlockModel,
     ids: torch.Tensor,
@@ -114,10 +149,11 @@ def score(
     per_window: list[float] | None = None,
 ) -> tuple[float, float]:
     """Sum of the NLL (nats) of every scored token, and the sum of their squares; ``per_window``
-    (a list) receives each window's sum, in the order of ``wins``. Windows of equal
-    length run ``batch`` at a time; ``held`` windows (a multiple of ``batch``; default all) pass the
-    blocks together, so each block is read once per ``held`` windows. Logits are made a chunk of
-    rows at a time."""
+    (a list) receives each window's sum, in the order of ``wins``; ``progress(done, total)``
+    counts tokens through the model, each pass weighted by its work (:class:`_Work`). Windows of
+    equal length run ``batch`` at a time; ``held`` windows (a multiple of ``batch``; default all)
+    pass the blocks together, so each block is read once per ``held`` windows. Logits are made a
+    chunk of rows at a time."""
     by_length: dict[int, list[Window]] = {}
     for w in wins:
         by_length.setdefault(w.end - w.start, []).append(w)
@@ -127,7 +163,7 @@ def score(
         for group in by_length.values()
         for i in range(0, len(group), held or len(group))
     ]
-    tick = Steps(len(groups) * (len(model.blocks) + 1), progress)
+    tick = _Work(model, [sum(w.end - w.start for w in group) for group in groups], progress)
     rows = max(1, LOGITS_BYTES // (4 * model.vocab_size))
     total = squares = 0.0
 

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 Progress = Callable[[str, int, int], None]
 """Called as ``progress(stage, done, total)`` after each unit of work of a stage (a tensor, a
-block, a batch); the CLI draws it as a bar, the Python API leaves it out."""
+block, a batch); the CLI draws it as a bar, the Python API leaves it out. A stage that counts in
+steps of many units (eval's tokens) reports ``done=0`` when it starts: a first report above 0 is
+read as one unit after a resumed run's earlier ones, and the time left is measured from there."""
 
 
 class Steps:

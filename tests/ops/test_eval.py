@@ -162,6 +162,30 @@ def test_bfloat16_is_close_to_float32(hf_dir, text):
     assert bf16.nll == pytest.approx(f32.nll, rel=0.02)
 
 
+def test_progress_counts_tokens_so_a_short_last_window_is_a_small_part(gpt2_dir, text):
+    """Four windows of 32 tokens and a last one of 10: progress counts tokens through the
+    model, each block and the head a share of a window's tokens, so the four full windows' end
+    is 128 of 138 (93%). Counted in passes it was half, and the time left said there was the
+    time the first half took, although only the short window remained."""
+    seen: list[tuple[str, int, int]] = []
+    row = evaluate(
+        [gpt2_dir],
+        text=text,
+        seq=32,
+        max_tokens=4 * 32 + 10,
+        progress=lambda *report: seen.append(report),
+    ).rows[0]
+    assert row.tokens == 138 - 5  # every token but each window's first
+    assert {(name, total) for name, _, total in seen} == {(str(gpt2_dir), 138)}
+    done = [d for _, d, _ in seen]
+    assert done[0] == 0  # when scoring starts: a log's pace is measured from there
+    done = done[1:]
+    assert done == sorted(done) and done[-1] == 138 and 4 * 32 in done
+    assert len(done) == 2 * (2 + 1)  # two groups (the full windows, the short one) x 3 passes
+    # two equal blocks move the count alike; the head its vocabulary x width's share
+    assert 0 < done[0] < done[1] < 128 and abs(done[1] - 2 * done[0]) <= 1
+
+
 # ----------------------------------------------------------------------------- bad input
 @pytest.fixture(scope="module")
 def gpt2_dir(tmp_path_factory, text) -> Path:
