@@ -127,8 +127,9 @@ def eval_command(
     """Perplexity of each checkpoint on the same held-out text.
 
     Mean NLL per predicted token (nats), perplexity = exp(NLL), bits per byte (total NLL in bits /
-    UTF-8 bytes of the text), and perplexity change vs the first (bits-per-byte change when the
-    checkpoints' tokenizers differ). A perplexity from too few tokens to mean much gets a warning.
+    UTF-8 bytes of the text), tokens/s (scored tokens over the seconds of scoring, on this machine
+    now), and perplexity change vs the first (bits-per-byte change when the checkpoints'
+    tokenizers differ). A perplexity from too few tokens to mean much gets a warning.
 
     Hugging Face models need the hf extra (pip install 'sparsetool[hf]'); their weights are decoded
     by sparsetool, so every encoding (zeros, mask, nan, bitmask) evaluates correctly. Models run
@@ -218,6 +219,7 @@ def _print(result) -> None:
         "perplexity",
         "bits/byte",
         "tokens",
+        "tokens/s",
         "change" if result.compare_by == "perplexity" else "change (bits/byte)",
     ] + (["95% interval"] if paired else [])
     cells = [
@@ -229,6 +231,7 @@ def _print(result) -> None:
             f"{r.perplexity:.3f}",
             f"{r.bits_per_byte:.4f}",
             f"{r.tokens:,}",
+            f"{r.tokens_per_s:,.0f}",
             "baseline"
             if i == 0
             else f"{100 * r.change:+.2f}%"

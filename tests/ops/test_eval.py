@@ -360,6 +360,12 @@ def test_cli_table_json_and_plot(gpt_run, gpt2_dir, tmp_path, text):
     assert r.exit_code == 0, r.output
     assert "perplexity" in r.stdout and "baseline" in r.stdout and "bits/byte" in r.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the speed beside the figures: tokens/s after the token count, a whole number in each row
+    header, _, *rows = r.stdout.splitlines()[:4]
+    assert header.split()[header.split().index("tokens") + 1] == "tokens/s"
+    edge = header.index("tokens/s") + len("tokens/s")  # right-aligned: the cell ends there
+    speeds = [row[:edge].split()[-1] for row in rows]
+    assert all(int(s.replace(",", "")) > 0 for s in speeds), speeds
     r = run("eval", str(gpt_run), "--text", str(f), "--max-tokens", "400", "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
