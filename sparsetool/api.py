@@ -150,6 +150,7 @@ def shrink(
     ffn: float | None = _SHRINK.ffn,
     heads: float | None = _SHRINK.heads,
     hidden: float | None = _SHRINK.hidden,
+    reconstruct: bool = _SHRINK.reconstruct,
     merge: bool = _SHRINK.merge,
     calibration: str | Path | None = _SHRINK.calibration,
     text_field: str = _SHRINK.text_field,
@@ -164,7 +165,8 @@ def shrink(
     ``criterion`` reap, frequency, ean (scored on ``calibration`` text) or random. ``blocks=N``
     instead removes N whole blocks (``block_criterion`` bi or angular); ``ffn=F`` / ``heads=F`` /
     ``hidden=F`` keep that fraction of every layer's FFN channels / attention heads / the
-    embedding channels."""
+    embedding channels, the FFN's and attention's output projections refit by least squares
+    unless ``reconstruct=False``."""
     from sparsetool.ops.shrink import shrink_checkpoint
 
     opts = ShrinkOptions(
@@ -176,6 +178,7 @@ def shrink(
         ffn=ffn,
         heads=heads,
         hidden=hidden,
+        reconstruct=reconstruct,
         merge=merge,
         calibration=None if calibration is None else Path(calibration),
         text_field=text_field,

@@ -113,6 +113,14 @@ def shrink(
         "(ranked by mean |activation| after every norm): embeddings, norms, head and every "
         "projection's side.",
     ),
+    reconstruct: bool = typer.Option(
+        True,
+        "--reconstruct/--no-reconstruct",
+        help="--ffn/--heads: refit the projection that reads the kept channels or heads (the "
+        "FFN's down projection, attention's output projection) by least squares on the "
+        "calibration activations, block after block on what the shrunk blocks before feed it; "
+        "--no-reconstruct writes the plain slices.",
+    ),
     merge: bool = typer.Option(
         False,
         "--merge",
@@ -184,6 +192,7 @@ def shrink(
             ffn=ffn,
             heads=heads,
             hidden=hidden,
+            reconstruct=reconstruct,
             merge=merge,
             calibration=calibration,
             text_field=text_field,
@@ -218,6 +227,12 @@ def shrink(
             )
         if "hidden" in w:
             done.append(f"hidden size {w['hidden']['before']:,} -> {w['hidden']['after']:,}")
+        if "refit" in w:
+            r = w["refit"]
+            done.append(
+                f"refit by least squares: {', '.join(r['projections'])} (calibration error "
+                f"{r['error_before']:.3g} -> {r['error_after']:.3g}, mean over layers)"
+            )
         console.print(
             f"narrowed {plural(len(w['layers']), 'layer')}: {'; '.join(done)}; parameters "
             f"{result.parameters_before:,} -> {result.parameters_after:,}",

@@ -1,8 +1,9 @@
-"""shrink --ffn / --heads / --hidden: the written model equals the input narrowed by hand in
-transformers (the same rows and columns sliced into a model of the new config) for Llama with
-grouped-query attention (whole key/value groups, or query heads per group), Qwen2 (attention
-biases), Qwen3, Gemma-3 and GPT-2's FFN, tied and untied heads; channels and heads are ranked by
-their activations; a fused attention, and for --hidden a Mixture of Experts, are refused."""
+"""shrink --ffn / --heads / --hidden: with --no-reconstruct the written model equals the input
+narrowed by hand in transformers (the same rows and columns sliced into a model of the new config)
+for Llama with grouped-query attention (whole key/value groups, or query heads per group), Qwen2
+(attention biases), Qwen3, Gemma-3 and GPT-2's FFN, tied and untied heads; channels and heads
+are ranked by their activations; a fused attention, and for --hidden a Mixture of Experts, are
+refused. Reconstruction (the default): test_shrink_refit.py."""
 
 from __future__ import annotations
 
@@ -142,10 +143,11 @@ CASES = [
 
 
 @pytest.mark.parametrize("kind, asked, mode", CASES)
-def test_the_written_model_is_the_input_narrowed_by_hand(kind, asked, mode, tmp_path, text,
-                                                         calib_file):  # fmt: skip
+def test_without_reconstruction_the_model_is_the_input_narrowed_by_hand(
+    kind, asked, mode, tmp_path, text, calib_file
+):
     model = save(kind, tmp_path / "in", text)
-    opts = ShrinkOptions(calibration=calib_file, **asked, **CALIB)
+    opts = ShrinkOptions(calibration=calib_file, reconstruct=False, **asked, **CALIB)
     result = shrink_checkpoint(tmp_path / "in", tmp_path / "out", opts)
     widths = result.widths
     if mode:
@@ -173,11 +175,12 @@ def test_the_written_model_is_the_input_narrowed_by_hand(kind, asked, mode, tmp_
 
 def test_channels_are_ranked_by_mean_absolute_activation(tmp_path, text, calib_file):
     """The kept FFN channels are those whose down-projection inputs, hooked in transformers on the
-    same windows, have the largest mean |a|."""
+    same windows, have the largest mean |a| (without reconstruction every block is scored on the
+    original model)."""
     from sparsetool.ops.prune.calibrated import calibration_windows
 
     model = save("llama", tmp_path / "in", text)
-    opts = ShrinkOptions(ffn=0.5, calibration=calib_file, **CALIB)
+    opts = ShrinkOptions(ffn=0.5, calibration=calib_file, reconstruct=False, **CALIB)
     result = shrink_checkpoint(tmp_path / "in", tmp_path / "out", opts)
     tok = t.AutoTokenizer.from_pretrained(tmp_path / "in")
     windows = calibration_windows(tok(text)["input_ids"], CALIB["samples"], CALIB["seq"], 0, "x")

@@ -46,9 +46,11 @@ from sparsetool.models.blocks import BlockModel
 from sparsetool.models.open import open_model
 from sparsetool.ops.shrink.inputs import check_output, model_config, record_sizes
 from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
+from sparsetool.ops.shrink.refit import DAMPENING, Gram, refit_columns
 from sparsetool.ops.shrink.windows import shrink_windows
 from sparsetool.ops.text import read_text
 from sparsetool.util.progress import Progress
+from sparsetool.util.wording import plural
 
 __all__ = ["shrink_widths"]
 
@@ -82,6 +84,8 @@ class _Layer:
     channels: torch.Tensor | None = None
     heads: torch.Tensor | None = None
     tokens: int = 0
+    gram_ffn: Gram | None = None  # the down projection's inputs (reconstruction)
+    gram_o: Gram | None = None  # the output projection's inputs (reconstruction)
 
 
 @dataclass
@@ -122,8 +126,18 @@ def shrink_widths(
                     f"{model.path}: its blocks have no norm with weights over the hidden size "
                     "(as OLMo's, without weights), whose outputs --hidden ranks channels by"
                 )
-        _score(model, layers, opts, text, result, progress, hidden)
-        cuts, record = _choose(model, layers, geometry, plan)
+        refit = _Refitter(model, layers, geometry, plan) if _refits(opts) else None
+        _score(model, layers, opts, text, result, progress, hidden, refit)
+        if refit is None:
+            cuts, record, values = *_choose(model, layers, geometry, plan), {}
+        else:
+            cuts, record, values = refit.cuts, refit.record(), refit.values
+            if hidden is not None:
+                result.notes.append(
+                    "--hidden is not refit: its channels are sliced out of every tensor that "
+                    "reads or writes them (the FFN's and attention's refits are computed at the "
+                    "full hidden size, their rows then cut)"
+                )
         if hidden is not None:
             record["hidden"] = _cut_hidden(model, hidden, opts, cuts, result)
             # written out: the config's default, hidden size / heads, no longer holds
@@ -139,7 +153,7 @@ def shrink_widths(
             config_transform=lambda config: _config(config, cfg, record),
         ) as cw:
             result.left_out = list(cw.left_out)
-            _write(model.ckpt, cw, cuts)
+            _write(model.ckpt, cw, cuts, values)
         ckpt = model.ckpt
         record_sizes(result, ckpt, out, sum(_removed(ckpt, n, cut) for n, cut in cuts.items()))
     finally:
@@ -224,9 +238,11 @@ def _score(
     result: ShrinkResult,
     progress: Progress | None,
     hidden: _Hidden | None = None,
+    refit: _Refitter | None = None,
 ) -> None:
     """Each layer's channel and head scores, and the embedding channels' (``hidden``), from the
-    calibration windows (the original model)."""
+    calibration windows: of the original model, or with ``refit`` of the model as shrunk so far
+    (each block cut and refit once scored, then run again for the next block's inputs)."""
     windows = shrink_windows(model, opts, text, result)
     with torch.no_grad():
         calls = model.capture([row.unsqueeze(0) for row in windows])
@@ -239,11 +255,17 @@ def _score(
                 handles.append(_hook(model, layer.o, layer, "heads", _head_dim(model, layer)))
             if hidden is not None:
                 handles += [_norm_hook(model, n, hidden) for n in layer.norms]
+            if refit is not None:
+                handles += refit.hooks(layer)
             try:
-                calls = [c.passed(model.run_block(i, c)) for c in calls]
+                outs = [c.passed(model.run_block(i, c)) for c in calls]
             finally:
                 for h in handles:
                     h.remove()
+            if refit is not None:
+                refit.block(i)  # this block cut and refit in memory: run it again
+                outs = [c.passed(model.run_block(i, c)) for c in calls]
+            calls = outs
             model.release_block(i)
             if progress:
                 progress("score", i + 1, len(layers))
@@ -370,7 +392,8 @@ def _plan(g: _Geometry, opts: ShrinkOptions, model: str = "the model") -> _Plan:
             kept = kept_groups * per_group
             if _rounded_away(f, kept, g.heads):
                 notes.append(
-                    f"--heads {f:g} keeps {kept} of {g.heads} heads ({kept / g.heads:.2f}): "
+                    f"--heads {f:g} keeps {kept} of {plural(g.heads, 'head')} "
+                    f"({kept / g.heads:.2f}): "
                     f"heads are kept per key/value group, round({f:g} x {group}) = {per_group} "
                     f"of each group of {group}"
                 )
@@ -390,49 +413,151 @@ def _choose(
     """The stored tensors to cut and how, and the record of what was kept."""
     cuts: dict[str, Cut] = {}
     record: dict = {**plan.record, "layers": []}
+    for i, layer in enumerate(layers):
+        record["layers"].append(_choose_layer(model, i, layer, g, plan, cuts))
+    return cuts, record
+
+
+def _choose_layer(
+    model: BlockModel, i: int, layer: _Layer, g: _Geometry, plan: _Plan, cuts: dict[str, Cut]
+) -> dict:
+    """Block ``i``'s kept channels and heads by its scores, their cuts added to ``cuts``; its
+    record."""
     keep_ffn, mode, kept_groups, per_group = (
         plan.keep_ffn,
         plan.mode,
         plan.kept_groups,
         plan.per_group,
     )
-    for i, layer in enumerate(layers):
-        rec: dict = {"block": i}
-        if keep_ffn is not None:
-            assert layer.channels is not None, f"block {i}'s FFN never ran"
-            score = layer.channels / max(layer.tokens, 1)
-            kept = sorted(sorted(range(len(score)), key=lambda c: (-float(score[c]), c))[:keep_ffn])
-            rec["ffn_kept"] = kept
-            for p in layer.ffn_in:
-                _cut_rows(model, p, kept, cuts, conv1d=p.endswith("c_fc"))
-            _cut_cols(model, layer.ffn_out, kept, cuts, conv1d=layer.ffn_out.endswith("c_proj"))
-        if mode is not None:
-            assert layer.heads is not None, f"block {i}'s attention never ran"
-            score = layer.heads / max(layer.tokens, 1)
-            group = g.heads // g.kv_heads
-            if mode == "groups":
-                sums = score.view(g.kv_heads, group).sum(1)
-                groups = sorted(
-                    sorted(range(g.kv_heads), key=lambda k: (-float(sums[k]), k))[:kept_groups]
-                )
-                heads = [k * group + j for k in groups for j in range(group)]
-            else:
-                groups = list(range(g.kv_heads))
-                heads = []
-                for k in groups:
-                    members = range(k * group, (k + 1) * group)
-                    best = sorted(members, key=lambda h: (-float(score[h]), h))[:per_group]
-                    heads += sorted(best)
-            rec["heads_kept"], rec["kv_kept"] = heads, groups
-            rows = [h * g.head_dim + d for h in heads for d in range(g.head_dim)]
-            kv_rows = [k * g.head_dim + d for k in groups for d in range(g.head_dim)]
-            _cut_rows(model, layer.q, rows, cuts)
-            if mode == "groups":
-                _cut_rows(model, layer.k, kv_rows, cuts)
-                _cut_rows(model, layer.v, kv_rows, cuts)
-            _cut_cols(model, layer.o, rows, cuts)
-        record["layers"].append(rec)
-    return cuts, record
+    rec: dict = {"block": i}
+    if keep_ffn is not None:
+        assert layer.channels is not None, f"block {i}'s FFN never ran"
+        score = layer.channels / max(layer.tokens, 1)
+        kept = sorted(sorted(range(len(score)), key=lambda c: (-float(score[c]), c))[:keep_ffn])
+        rec["ffn_kept"] = kept
+        for p in layer.ffn_in:
+            _cut_rows(model, p, kept, cuts, conv1d=p.endswith("c_fc"))
+        _cut_cols(model, layer.ffn_out, kept, cuts, conv1d=layer.ffn_out.endswith("c_proj"))
+    if mode is not None:
+        assert layer.heads is not None, f"block {i}'s attention never ran"
+        score = layer.heads / max(layer.tokens, 1)
+        group = g.heads // g.kv_heads
+        if mode == "groups":
+            sums = score.view(g.kv_heads, group).sum(1)
+            groups = sorted(
+                sorted(range(g.kv_heads), key=lambda k: (-float(sums[k]), k))[:kept_groups]
+            )
+            heads = [k * group + j for k in groups for j in range(group)]
+        else:
+            groups = list(range(g.kv_heads))
+            heads = []
+            for k in groups:
+                members = range(k * group, (k + 1) * group)
+                best = sorted(members, key=lambda h: (-float(score[h]), h))[:per_group]
+                heads += sorted(best)
+        rec["heads_kept"], rec["kv_kept"] = heads, groups
+        rows = [h * g.head_dim + d for h in heads for d in range(g.head_dim)]
+        kv_rows = [k * g.head_dim + d for k in groups for d in range(g.head_dim)]
+        _cut_rows(model, layer.q, rows, cuts)
+        if mode == "groups":
+            _cut_rows(model, layer.k, kv_rows, cuts)
+            _cut_rows(model, layer.v, kv_rows, cuts)
+        _cut_cols(model, layer.o, rows, cuts)
+    return rec
+
+
+def _refits(opts: ShrinkOptions) -> bool:
+    """Whether the run refits: ``--ffn`` or ``--heads`` without ``--no-reconstruct``."""
+    return opts.reconstruct and (opts.ffn is not None or opts.heads is not None)
+
+
+class _Refitter:
+    """``--ffn``/``--heads`` with reconstruction. Each block's kept channels and heads are chosen
+    as soon as it is scored (on what the shrunk blocks before it feed it); the projections that
+    read them (the FFN's down projection, attention's output projection) are refit by least
+    squares on the block's calibration inputs (:mod:`sparsetool.ops.shrink.refit`) and put into
+    the block in memory, the removed inputs' columns at zero (which computes what the narrower
+    block computes), before the block runs again for the next one's inputs. The refit weights,
+    in the stored dtype and orientation, wait for the writer; the ``X^T X`` of a block is freed
+    once it is refit."""
+
+    def __init__(self, model: BlockModel, layers: list[_Layer], g: _Geometry, plan: _Plan):
+        self.model, self.layers, self.geometry, self.plan = model, layers, g, plan
+        self.cuts: dict[str, Cut] = {}
+        # stored name -> (refit tensor, the axis already cut to the kept inputs; None: a bias)
+        self.values: dict[str, tuple[torch.Tensor, int | None]] = {}
+        self.layer_records: list[dict] = []
+
+    def hooks(self, layer: _Layer) -> list:
+        """Forward pre-hooks gathering ``X^T X`` of the inputs of ``layer``'s projections."""
+        handles = []
+        if layer.ffn_out:
+            layer.gram_ffn = Gram()
+            handles.append(_gram_hook(self.model, layer.ffn_out, layer.gram_ffn))
+        if layer.o:
+            layer.gram_o = Gram()
+            handles.append(_gram_hook(self.model, layer.o, layer.gram_o))
+        return handles
+
+    def block(self, i: int) -> None:
+        """Choose block ``i``'s kept channels and heads, refit its projections (in memory)."""
+        layer = self.layers[i]
+        rec = _choose_layer(self.model, i, layer, self.geometry, self.plan, self.cuts)
+        if layer.ffn_out and layer.gram_ffn is not None:
+            conv1d = layer.ffn_out.endswith("c_proj")
+            rec["ffn_refit"] = self._refit(layer.ffn_out, layer.gram_ffn, rec["ffn_kept"], conv1d)
+        if layer.o and layer.gram_o is not None:
+            hd = self.geometry.head_dim
+            rows = [h * hd + d for h in rec["heads_kept"] for d in range(hd)]
+            rec["o_refit"] = self._refit(layer.o, layer.gram_o, rows, False)
+        layer.gram_ffn = layer.gram_o = None
+        self.layer_records.append(rec)
+
+    def _refit(self, path: str, gram: Gram, kept: list[int], conv1d: bool) -> dict:
+        model = self.model
+        module = model.module.get_submodule(path)
+        stored_w = _stored(model, f"{path}.weight")
+        stored_b = _stored(model, f"{path}.bias")
+        if stored_w is None:
+            raise SparsetoolError(f"{model.path}: {path}.weight is not stored; cannot refit it")
+        w = model.ckpt.read_stored(stored_w)  # the stored precision, not the compute dtype's
+        b = model.ckpt.read_stored(stored_b) if stored_b is not None else None
+        fit = refit_columns(w.T if conv1d else w, gram, kept, bias=b)
+        k = torch.tensor(kept, dtype=torch.long)
+        full = torch.zeros((w.shape[1], w.shape[0]) if conv1d else w.shape, dtype=torch.float64)
+        full[:, k] = fit.weight  # (out, in), the removed inputs' columns at zero
+        weight = module.weight
+        weight.copy_((full.T if conv1d else full).to(weight.dtype))
+        kept_w = fit.weight.T if conv1d else fit.weight
+        self.values[stored_w] = (kept_w.to(w.dtype).contiguous(), 0 if conv1d else 1)
+        if b is not None and stored_b is not None and fit.bias is not None:
+            module.bias.copy_(fit.bias.to(module.bias.dtype))
+            self.values[stored_b] = (fit.bias.to(b.dtype).contiguous(), None)
+        return fit.record()
+
+    def record(self) -> dict:
+        """The widths' record with each layer's refit errors and their summary."""
+        rec: dict = {**self.plan.record, "layers": self.layer_records}
+        kinds = [k for k in ("ffn_refit", "o_refit") if any(k in r for r in self.layer_records)]
+        fits = [r[k] for r in self.layer_records for k in kinds if k in r]
+        names = {"ffn_refit": self.layers[0].ffn_out, "o_refit": self.layers[0].o}
+        rec["refit"] = {
+            "projections": [names[k].rsplit(".", 1)[-1] for k in kinds],
+            "method": "least squares on the kept inputs' X^T X (float64), sequential",
+            "dampening": DAMPENING,
+            "error_before": sum(f["error_before"] for f in fits) / max(len(fits), 1),
+            "error_after": sum(f["error_after"] for f in fits) / max(len(fits), 1),
+        }
+        return rec
+
+
+def _gram_hook(model: BlockModel, path: str, gram: Gram):
+    """A forward pre-hook on ``path`` adding its input into ``gram``."""
+
+    def see(module, args, kwargs) -> None:
+        gram.add(args[0] if args else next(iter(kwargs.values())))
+
+    return model.module.get_submodule(path).register_forward_pre_hook(see, with_kwargs=True)
 
 
 def _stored(model: BlockModel, param: str) -> str | None:
@@ -525,7 +650,15 @@ def _cut_hidden(
     return {"before": width, "after": keep, "kept": kept}
 
 
-def _write(ckpt: Checkpoint, cw, cuts: dict[str, Cut]) -> None:
+def _write(
+    ckpt: Checkpoint,
+    cw,
+    cuts: dict[str, Cut],
+    values: dict[str, tuple[torch.Tensor, int | None]] | None = None,
+) -> None:
+    """Every stored tensor, cut by ``cuts`` (a refit one from ``values``: already cut along its
+    input axis, the other cuts still applied)."""
+    values = values or {}
     lts = {lt.name: lt for lt in ckpt.logical}
     for name in cuts:
         lt = lts[name]
@@ -546,12 +679,16 @@ def _write(ckpt: Checkpoint, cw, cuts: dict[str, Cut]) -> None:
         with cw.shard(shard, specs) as sw:
             for spec in specs:
                 cut = cuts.get(spec.name)
-                if cut is None:
+                if cut is None and spec.name not in values:
                     sw.copy_stored(spec.name, ckpt, spec.name)
                     continue
-                t = ckpt.read_stored(spec.name)
-                for axis, keep in cut.axes.items():
-                    t = t.index_select(axis, torch.tensor(keep))
+                if spec.name in values:
+                    t, done = values[spec.name]
+                else:
+                    t, done = ckpt.read_stored(spec.name), None
+                for axis, keep in cut.axes.items() if cut is not None else ():
+                    if axis != done:
+                        t = t.index_select(axis, torch.tensor(keep))
                 sw.write(spec.name, t.contiguous())
 
 

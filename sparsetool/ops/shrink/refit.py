@@ -1,0 +1,116 @@
+"""Least-squares reconstruction of a projection whose input lost channels (``shrink --ffn`` and
+``--heads``): the weights on the kept inputs refit to reproduce the full layer's output on the
+calibration activations.
+
+For ``y = W x (+ b)`` with ``W`` (out, in), calibration inputs ``x(t)`` and ``K`` the kept input
+channels, the plain slice keeps ``W[:, K]``; the least-squares weights on ``K`` are
+
+    W_K = W H[:, K] (H[K, K] + lambda I)^-1,    H = sum_t x(t) x(t)^T
+
+(the rule SparseGPT applies to the weights it keeps, here to whole columns: ZipLM, SlimGPT), in
+float64, with ``lambda = dampening * mean(diag H[K, K])`` as SparseGPT dampens. A layer with a bias
+(GPT-2's FFN output) refits it too: the input gains a constant 1 that is always kept, so the bias
+absorbs the removed channels' mean contribution and the kept weights are fitted to what is left
+around it. The error of either choice is a quadratic form of ``H``, no activation is kept:
+
+    err(W') = sum_t ||W x(t) + b - W' x_K(t) - b'||^2 = tr(D H D^T),  D = [W - W'_K, b - b']
+
+over the input with its constant; :func:`refit_columns` reports it relative to the output's
+``sum_t ||W x(t) + b||^2`` for the plain slice and for the refit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["DAMPENING", "Gram", "Refit", "refit_columns"]
+
+DAMPENING = 0.01
+"""``lambda`` as a fraction of the mean diagonal of ``H[K, K]`` (SparseGPT's default)."""
+
+
+@dataclass
+class Gram:
+    """``H = sum_t x x^T``, ``sum_t x`` and the token count of a layer's inputs, in float64."""
+
+    h: Tensor | None = None
+    sums: Tensor | None = None
+    tokens: int = 0
+
+    def add(self, x: Tensor) -> None:
+        """Add inputs ``x`` (..., in)."""
+        x = x.reshape(-1, x.shape[-1]).to(torch.float64)
+        h, s = x.T @ x, x.sum(0)
+        self.h = h.cpu() if self.h is None else self.h + h.cpu()
+        self.sums = s.cpu() if self.sums is None else self.sums + s.cpu()
+        self.tokens += x.shape[0]
+
+    def augmented(self) -> Tensor:
+        """``H`` of the input with a constant 1 appended (its last row and column)."""
+        assert self.h is not None and self.sums is not None
+        n = self.h.shape[0]
+        out = torch.empty((n + 1, n + 1), dtype=torch.float64)
+        out[:n, :n] = self.h
+        out[:n, n] = out[n, :n] = self.sums
+        out[n, n] = self.tokens
+        return out
+
+
+@dataclass
+class Refit:
+    """A refit layer: its kept columns' weights (out, len(kept)), its bias (None without one) and
+    the relative calibration error of the plain slice and of the refit."""
+
+    weight: Tensor
+    bias: Tensor | None
+    error_before: float
+    error_after: float
+
+    def record(self) -> dict:
+        return {"error_before": self.error_before, "error_after": self.error_after}
+
+
+def refit_columns(
+    w: Tensor,
+    gram: Gram,
+    kept: list[int],
+    *,
+    bias: Tensor | None = None,
+    dampening: float = DAMPENING,
+) -> Refit:
+    """The least-squares weights of ``w`` (out, in) on the input columns ``kept``, given the
+    inputs' :class:`Gram` (see the module docstring); ``bias`` (out,) is refit alongside."""
+    assert gram.h is not None, "the layer saw no calibration input"
+    n = w.shape[1]
+    if bias is None:
+        h = gram.h
+        full = w.to(torch.float64)
+        cols = list(kept)
+    else:
+        h = gram.augmented()
+        full = torch.cat([w.to(torch.float64), bias.to(torch.float64).unsqueeze(1)], 1)
+        cols = [*kept, n]  # the constant input is always kept
+    k = torch.tensor(cols, dtype=torch.long)
+    hkk = h.index_select(0, k).index_select(1, k)
+    damp = dampening * float(torch.diagonal(hkk).mean())
+    hkk.diagonal().add_(damp)
+    rhs = full @ h.index_select(1, k)  # (out, |K|): W H[:, K]
+    # W_K (H[K, K] + lambda I) = W H[:, K]; H[K, K] + lambda I is symmetric positive definite
+    fitted = torch.linalg.solve(hkk, rhs.T).T
+    scale = float(torch.einsum("ij,jk,ik->", full, h, full))
+    plain = full.index_select(1, k)
+    if bias is not None:
+        plain[:, -1] = full[:, -1]  # the plain slice keeps the bias as it is
+    before, after = (_error(full, h, k, v) / max(scale, 1e-300) for v in (plain, fitted))
+    weight, new_bias = (fitted[:, :-1], fitted[:, -1]) if bias is not None else (fitted, None)
+    return Refit(weight.contiguous(), new_bias, before, after)
+
+
+def _error(full: Tensor, h: Tensor, k: Tensor, kept_weights: Tensor) -> float:
+    """``tr(D H D^T)``, ``D = full`` less ``kept_weights`` put back in the columns ``k``."""
+    d = full.clone()
+    d.index_add_(1, k, kept_weights, alpha=-1.0)
+    return float(torch.einsum("ij,jk,ik->", d, h, d))
