@@ -27,8 +27,10 @@ the tokenizer (any whose ids fit the vocabulary: the trained MoE's).
       [--max-tokens 20000] [--threads 1] [--work DIR] [--json OUT]
 
 On a dense model (the real-model benchmark's SmolLM2-135M): for each spec, ``shrink --ffn`` /
-``--hidden`` (channels ranked by their activations) and the same shapes kept by index (the first
-channels of every narrowed axis: the baseline the ranking must beat); then one ``sparsetool eval``
+``--heads`` / ``--hidden`` (channels ranked by their activations; --ffn and --heads refit by least
+squares), the same ranking sliced without the refit (``--no-reconstruct``, for --ffn and --heads)
+and the same shapes kept by index (the first channels of every narrowed axis: the baseline the
+ranking must beat); then one ``sparsetool eval``
 per checkpoint over the held-out text (perplexity, tokens/s against the dense model's, parameters).
 
 Peak memory is the process's peak RSS (``measure.run_measured``: ``/usr/bin/time -f %M``'s
@@ -331,20 +333,31 @@ def widths(args) -> dict:
         by_index(src, out, index)
         row = {"spec": spec, "shrink_s": m.wall_s, "shrink_rss_mib": m.peak_rss_mib}
         row |= {"ranked": evaluate(out), "index": evaluate(index)}
+        if any(kv.split("=")[0] in ("ffn", "heads") for kv in spec.split(",")):
+            sliced = work / f"{name}-sliced"  # the same ranking's cut without the refit
+            shutil.rmtree(sliced, ignore_errors=True)
+            m = run_measured([*cmd[:6], str(sliced), *cmd[7:], "--no-reconstruct"])
+            if not m.ok:
+                raise SystemExit(f"shrink {spec} --no-reconstruct: {m.error_line()}")
+            row |= {"sliced": evaluate(sliced), "sliced_shrink_s": m.wall_s}
+            shutil.rmtree(sliced)
         rows.append(row)
         print(f"{spec}: {row}", flush=True)
         shutil.rmtree(out)
         shutil.rmtree(index)
     dense = rows[0]["ranked"]
     print(
-        "| kept | parameters | ppl, ranked | ppl, first by index | tokens/s vs dense | shrink s |"
+        "| kept | parameters | ppl, ranked and refit | ppl, ranked, sliced (--no-reconstruct) | "
+        "ppl, first by index | tokens/s vs dense | shrink s |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    nan = float("nan")
     for r in rows:
-        a, b = r["ranked"], r.get("index")
+        a, b, c = r["ranked"], r.get("index"), r.get("sliced")
         print(
             f"| {r['spec']} | {a['params'] / 1e6:.1f}M ({a['params'] / dense['params']:.2f}) | "
-            f"{a['perplexity']:.2f} | {b['perplexity'] if b else float('nan'):.2f} | "
+            f"{a['perplexity']:.2f} | {c['perplexity'] if c else nan:.2f} | "
+            f"{b['perplexity'] if b else nan:.2f} | "
             f"{a['tokens_per_s'] / dense['tokens_per_s']:.2f}x | {r.get('shrink_s', 0):.0f} |"
         )
     return {"machine": machine(), "command": " ".join(sys.argv), "rows": rows}
