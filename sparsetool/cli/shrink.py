@@ -119,7 +119,9 @@ def shrink(
         help="--ffn/--heads: refit the projection that reads the kept channels or heads (the "
         "FFN's down projection, attention's output projection) by least squares on the "
         "calibration activations, block after block on what the shrunk blocks before feed it; "
-        "--no-reconstruct writes the plain slices.",
+        "--blocks: replace each removed run by a least-squares linear map folded into the down "
+        "projection of the block before it (ReplaceMe). --no-reconstruct writes the plain "
+        "slices and removals.",
     ),
     merge: bool = typer.Option(
         False,
@@ -241,10 +243,17 @@ def shrink(
         )
     elif result.blocks is not None:
         b = result.blocks
+        maps = (b.get("reconstruct") or {}).get("maps", [])
+        mapped = "".join(
+            f"; blocks {m['run'][0]}-{m['run'][-1]} replaced by a least-squares map folded into "
+            f"block {m['folded_into']}'s down projection (calibration error "
+            f"{m['error_before']:.3g} -> {m['error_after']:.3g})"
+            for m in maps
+        )
         console.print(
             f"removed {plural(len(b['removed']), 'block')} of {b['before']} ({b['criterion']}): "
-            f"{', '.join(map(str, b['removed']))}; parameters {result.parameters_before:,} -> "
-            f"{result.parameters_after:,}",
+            f"{', '.join(map(str, b['removed']))}{mapped}; parameters "
+            f"{result.parameters_before:,} -> {result.parameters_after:,}",
             highlight=False,
             soft_wrap=True,
         )

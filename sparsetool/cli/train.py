@@ -595,9 +595,10 @@ class _Progress:
         self.bar.update(self.task, val=f"{r['val_loss']:.4f}")
 
     def _signal(self, r: dict) -> None:
-        """The line the first SIGINT/SIGTERM prints at once (the step may take a while).
+        """The line the first SIGINT/SIGTERM prints at once (the step may take a while), or,
+        with ``error``, the error line of a second one that ends the process during a step.
 
-        Called from the signal handler, between two Python instructions: written straight to
+        Called from the signal handler or the thread that counts signals: written straight to
         the file descriptor, not through a stream whose write the signal may have interrupted;
         under a progress bar, on a line of its own below the bar's."""
         import contextlib
@@ -605,14 +606,14 @@ class _Progress:
 
         lead = "\n" if self.bar is not None else ""
         again = "Ctrl-C again" if r["signal"] == "SIGINT" else "a second signal"
+        text = (
+            f"error: {r['error']}"
+            if r.get("error")
+            else f"{r['signal']}: finishing the step in progress and saving a checkpoint "
+            f"({again} stops at once, without it)"
+        )
         with contextlib.suppress(OSError):  # stderr closed: the run still stops as asked
-            os.write(
-                2,
-                (
-                    f"{lead}{r['signal']}: finishing the step in progress and saving a "
-                    f"checkpoint ({again} stops at once, without it)\n"
-                ).encode(),
-            )
+            os.write(2, f"{lead}{text}\n".encode())
 
     def _stage(self, r: dict) -> None:
         self.console.print(

@@ -14,7 +14,9 @@ reads its slice of the same global batch, and the sparsifier takes mask decision
 all-reduced scores and a shared (seed, step) generator, then broadcasts them as a safety net.
 
 With ``stop_on_signal`` (the command line) the first SIGINT/SIGTERM ends the run after the step in
-progress, with a checkpoint at it (:mod:`.signals`); every rank stops after the same step.
+progress, with a checkpoint at it (:mod:`.signals`); every rank stops after the same step. A second
+one stops at once: during the computation of a step or an evaluation (``StopRequest.at_once``) it
+ends the process there, even inside a backward pass, with nothing written.
 """
 
 from __future__ import annotations
@@ -105,6 +107,8 @@ class Trainer:
             None  # (generation, updates), sparsity
         )
         self.log = runstate.NullLog()  # the run's log.jsonl on rank 0, from the start of the run
+        self.stop_request = StopRequest(enabled=False)  # the signal handlers while run() runs
+        self.step_in_progress = 0  # 0-based: the step a second signal names
         self.disk_plan: diskplan.DiskPlan | None = None  # made when the run starts
         self.plots = runfiles.can_plot()  # loss.png needs matplotlib; without it, a note
         if resume:
@@ -458,6 +462,12 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
+        """The validation loss (the next-token loss over the held-out batches); a second signal
+        during it ends the process at once, as during a step."""
+        with self.stop_request.at_once():
+            return self._validation_loss()
+
+    def _validation_loss(self) -> float:
         self.model.eval()
         total, n = 0.0, 0
         bs = self.cfg.batch_size
@@ -496,7 +506,10 @@ class Trainer:
         SIGINT/SIGTERM during the loop stop it after the step in progress with a checkpoint
         (the summary's ``interrupted`` names the signal); a second one raises
         :class:`~sparsetool.errors.Interrupted` at once."""
-        stop_request = StopRequest(stop_on_signal, notice=self._notice)
+        stop_request = StopRequest(
+            stop_on_signal, notice=self._notice, on_second=self._stopped_at_once
+        )
+        self.stop_request = stop_request
         with stop_request:
             try:
                 return self._run(stop_request)
@@ -512,11 +525,25 @@ class Trainer:
         if self.master:
             self.callback("signal", {"signal": name})
 
+    def _stopped_at_once(self, first: int, second: int) -> None:
+        """Just before a second signal ends the process during a step's computation: the
+        callback's ``signal`` info carries the error it stops with (``error``)."""
+        if self.master:
+            error = runstate.interrupted(
+                self.run_dir,
+                self.step_in_progress,
+                self.world,
+                signal_name(first),
+                signal_name(second),
+            )
+            self.callback("signal", {"signal": signal_name(second), "error": str(error)})
+
     def _run(self, stop_request: StopRequest) -> dict:
         run = self._start_run()
         step = run.step  # the step in progress (0-based), named if a second signal stops it
         try:
             for step in range(run.step, run.stop):
+                self.step_in_progress = step
                 self._enter_stage(step, run)
                 self._train_step(step, run, stop_request)
                 self._evaluate_and_save(run)
@@ -627,9 +654,13 @@ class Trainer:
         callback. A signal that came during it makes it the last."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        loss = self._accumulate_gradients(run.position)
+        with stop_request.at_once():  # computation only: a second signal ends the process here
+            loss = self._accumulate_gradients(run.position)
+            grad_norm, lr, update = self._optimizer_step(step)
         run.position += self.global_batch
-        grad_norm, lr, updated = self._optimizer_step(step)
+        updated = update is not None
+        if update is not None:
+            self.log.write(update)
         run.loss, signalled = self._sync_step(loss, stop_request)
         dt = time.perf_counter() - t0
         run.tokens += self.tokens_per_step
@@ -673,10 +704,10 @@ class Trainer:
             loss_sum += loss.detach()
         return loss_sum / cfg.grad_accum
 
-    def _optimizer_step(self, step: int) -> tuple[float, float, bool]:
+    def _optimizer_step(self, step: int) -> tuple[float, float, dict | None]:
         """The sparsifier's hooks around clipping and AdamW (the order in the module docstring),
-        then a mask update checked across ranks and logged; (gradient norm, learning rate,
-        whether the masks were updated)."""
+        then a mask update checked across ranks; (gradient norm, learning rate, the record of
+        the mask update to log, None without one)."""
         updates_before = self.sparsifier.updates_done if self.sparsifier is not None else 0
         if self.sparsifier is not None:
             self.sparsifier.before_step(step)
@@ -692,16 +723,18 @@ class Trainer:
         if updated and self.world > 1:
             self._agree_on_masks()
         self.optimizer.zero_grad(set_to_none=True)
-        if updated:
-            self.log.write(
-                {
-                    "kind": "mask_update",
-                    "step": step + 1,
-                    **self.sparsifier.last_event,
-                    "sparsity": round(self.sparsity(), 6),
-                }
-            )
-        return grad_norm, lr, updated
+        if not updated:
+            return grad_norm, lr, None
+        return (
+            grad_norm,
+            lr,
+            {
+                "kind": "mask_update",
+                "step": step + 1,
+                **self.sparsifier.last_event,
+                "sparsity": round(self.sparsity(), 6),
+            },
+        )
 
     def _agree_on_masks(self) -> None:
         """After a mask update under DDP: count it if the ranks' masks differ (reported: the

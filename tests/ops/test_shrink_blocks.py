@@ -1,7 +1,8 @@
-"""shrink --blocks: the written model equals the input with the same blocks removed by hand in
-transformers (Llama, Qwen3, Gemma-3 with its sliding and full attention, GPT-2); the block
-influence is each block's 1 - mean cosine of its input and output, measured in transformers; the
-angular criterion removes the run whose ends lie closest; usage errors come first."""
+"""shrink --blocks: with --no-reconstruct the written model equals the input with the same blocks
+removed by hand in transformers (Llama, Qwen3, Gemma-3 with its sliding and full attention,
+GPT-2); the block influence is each block's 1 - mean cosine of its input and output, measured in
+transformers; the angular criterion removes the run whose ends lie closest; usage errors come
+first. ReplaceMe's maps (the default): test_shrink_refit.py."""
 
 from __future__ import annotations
 
@@ -79,9 +80,11 @@ def test_the_written_model_is_the_input_with_those_blocks_removed(
     kind, criterion, tmp_path, text, calib_file
 ):
     model = save(kind, tmp_path / "in", text)
-    opts = ShrinkOptions(blocks=2, block_criterion=criterion, calibration=calib_file, **CALIB)
+    opts = ShrinkOptions(blocks=2, block_criterion=criterion, calibration=calib_file,
+                         reconstruct=False, **CALIB)  # fmt: skip
     result = shrink_checkpoint(tmp_path / "in", tmp_path / "out", opts)
     removed = result.blocks["removed"]
+    assert "reconstruct" not in result.blocks
     assert len(removed) == 2 and result.blocks["after"] == result.blocks["before"] - 2
     if criterion == "angular":
         assert removed[1] == removed[0] + 1

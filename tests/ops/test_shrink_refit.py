@@ -8,7 +8,11 @@ channels or heads is refit by least squares on the calibration activations.
   with its bias;
 - the refit model is closer to the input model than the plain slice on held-out windows;
 - ``--no-reconstruct`` writes the plain slices bit for bit; the refit's errors are in the record,
-  the provenance, ``--json`` and the result line.
+  the provenance, ``--json`` and the result line;
+- ``--blocks``: each removed run's ReplaceMe map is the float64 least-squares answer from
+  activations hooked in transformers, folded into the down projection (and bias) of the block
+  before it; the mapped model is closer to the input than the blocks just removed; a run from
+  block 0 and a block with a post-FFN norm are said, not refit.
 """
 
 from __future__ import annotations
@@ -216,3 +220,140 @@ def test_the_refit_is_recorded_and_said(tmp_path, text, calib_file):
     r = run("shrink", tmp_path / "in", "-o", tmp_path / "hidden", "--ffn", "0.5", "--hidden",
             "0.75", *calib)  # fmt: skip
     assert r.exit_code == 0 and "--hidden is not refit" in r.output, r.output
+
+
+# ----------------------------------------------------------------------------- --blocks
+def _deep(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        cfg = t.GPT2Config(n_layer=6, n_embd=32, n_head=4, n_positions=64, vocab_size=320,
+                           bos_token_id=1, eos_token_id=1)  # fmt: skip
+        return t.GPT2LMHeadModel(cfg).eval()
+    if kind == "gemma3":
+        cfg = t.Gemma3TextConfig(num_hidden_layers=6, hidden_size=32, intermediate_size=48,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                 sliding_window=8, **_SMALL)  # fmt: skip
+        return t.Gemma3ForCausalLM(cfg).eval()
+    cfg = t.LlamaConfig(num_hidden_layers=6, hidden_size=32, intermediate_size=64,
+                        num_attention_heads=4, num_key_value_heads=2, **_SMALL)  # fmt: skip
+    return t.LlamaForCausalLM(cfg).eval()
+
+
+def _outputs_of(model, modules: dict[str, torch.nn.Module], windows) -> dict[str, torch.Tensor]:
+    """The outputs of ``modules`` (name -> module), float64, over the windows."""
+    seen: dict[str, list] = {n: [] for n in modules}
+
+    def hook(n):
+        def see(_m, _args, out):
+            y = out[0] if isinstance(out, tuple) else out
+            seen[n].append(y.reshape(-1, y.shape[-1]).double())
+
+        return see
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in modules.items()]
+    with torch.no_grad():
+        for row in windows:
+            model(row.unsqueeze(0), use_cache=False)
+    for h in handles:
+        h.remove()
+    return {n: torch.cat(v) for n, v in seen.items()}
+
+
+def test_a_removed_run_is_replaced_by_its_least_squares_map(tmp_path, text, calib_file):
+    from sparsetool.ops.prune.calibrated import calibration_windows
+
+    model = _deep("gpt2")
+    model.save_pretrained(tmp_path / "in")
+    save_tokenizer(tmp_path / "in", text)
+    opts = ShrinkOptions(blocks=2, block_criterion="angular", calibration=calib_file, **CALIB)
+    result = shrink_checkpoint(tmp_path / "in", tmp_path / "out", opts)
+    run = result.blocks["removed"]
+    assert run[0] > 0, "this model's angular run must leave a block before it"
+    (fit,) = result.blocks["reconstruct"]["maps"]
+    before = run[0] - 1
+    assert fit["run"] == run and fit["folded_into"] == before
+    assert 0 <= fit["error_after"] < fit["error_before"]
+    tok = t.AutoTokenizer.from_pretrained(tmp_path / "in")
+    windows = calibration_windows(tok(text)["input_ids"], CALIB["samples"], CALIB["seq"], 0, "x")
+    h = model.transformer.h
+    got = _outputs_of(model, {"m": h[before].mlp.c_proj, "a": h[before], "b": h[run[-1]]}, windows)
+    m, y = got["m"].numpy(), (got["b"] - got["a"] + got["m"]).numpy()
+    a = m.T @ m
+    a += DAMPENING * np.mean(np.diag(a)) * np.eye(len(a))
+    tmap = np.linalg.solve(a, m.T @ y)
+    src = h[before].mlp.c_proj
+    out = t.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    dst = out.transformer.h[before].mlp.c_proj  # blocks before the run keep their numbers
+    w = src.weight.detach().double().numpy()  # Conv1D: (d_ff, d), y = x W + b
+    np.testing.assert_allclose(dst.weight.detach().double().numpy(), w @ tmap, rtol=1e-4,
+                               atol=1e-5)  # fmt: skip
+    b = src.bias.detach().double().numpy()
+    np.testing.assert_allclose(dst.bias.detach().double().numpy(), b @ tmap, rtol=1e-4, atol=1e-5)
+    # every other kept tensor is the input's
+    for i in range(len(out.transformer.h)):
+        for name, p in out.transformer.h[i].named_parameters():
+            if i != before or "c_proj" not in name or "mlp" not in name:
+                j = i if i < run[0] else i + len(run)
+                assert torch.equal(p, model.transformer.h[j].get_parameter(name)), (i, name)
+
+
+@pytest.mark.parametrize("kind, criterion", [("gpt2", "bi"), ("llama", "bi")])
+def test_mapped_blocks_are_closer_to_the_input_than_blocks_just_removed(
+    kind, criterion, tmp_path, text, calib_file
+):
+    from helpers import make_text
+
+    model = _deep(kind)
+    model.save_pretrained(tmp_path / "in")
+    save_tokenizer(tmp_path / "in", text)
+    for rec in (True, False):
+        opts = ShrinkOptions(blocks=2, block_criterion=criterion, calibration=calib_file,
+                             reconstruct=rec, **CALIB)  # fmt: skip
+        result = shrink_checkpoint(tmp_path / "in", tmp_path / f"out-{rec}", opts)
+        if rec:
+            assert result.blocks["reconstruct"]["maps"], result.blocks
+    tok = t.AutoTokenizer.from_pretrained(tmp_path / "in")
+    ids = torch.tensor(tok(make_text(60, seed=7))["input_ids"][:192]).view(4, 48)  # held out
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+        err = {}
+        for rec in (True, False):
+            out = t.AutoModelForCausalLM.from_pretrained(tmp_path / f"out-{rec}").eval()
+            err[rec] = float(((out(ids, use_cache=False).logits - want) ** 2).mean())
+    assert err[True] < err[False], err
+
+
+def test_runs_that_cannot_take_a_map_are_said(tmp_path, text, calib_file):
+    _deep("gemma3").save_pretrained(tmp_path / "gemma")  # a norm after every FFN
+    save_tokenizer(tmp_path / "gemma", text)
+    calib = ["--calibration", calib_file, "--samples", "6", "--seq", "32"]
+    r = run("shrink", tmp_path / "gemma", "-o", tmp_path / "g", "--blocks", "2", *calib, "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    rec = got["blocks"]["reconstruct"]
+    assert rec["maps"] == [] and len(rec["not_refit"]) >= 1
+    assert all(n["run"][0] == 0 or "norm" in n["why"] for n in rec["not_refit"])
+    r = run("shrink", tmp_path / "gemma", "-o", tmp_path / "g2", "--blocks", "2", *calib)
+    assert r.exit_code == 0 and "note: removed blocks" in r.output, r.output
+    assert any("are not refit" in note for note in got["notes"])
+    _deep("llama").save_pretrained(tmp_path / "llama")
+    save_tokenizer(tmp_path / "llama", text)
+    r = run("shrink", tmp_path / "llama", "-o", tmp_path / "l", "--blocks", "1",
+            "--block-criterion", "angular", *calib, "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    rec = json.loads(r.stdout)["blocks"]["reconstruct"]
+    for n in rec["not_refit"]:
+        assert n["run"][0] == 0 and "block 0" in n["why"]
+
+
+def test_the_map_is_said_in_the_result_line(tmp_path, text, calib_file):
+    _deep("gpt2").save_pretrained(tmp_path / "in")
+    save_tokenizer(tmp_path / "in", text)
+    calib = ["--calibration", calib_file, "--samples", "6", "--seq", "32"]
+    r = run("shrink", tmp_path / "in", "-o", tmp_path / "out", "--blocks", "2",
+            "--block-criterion", "angular", *calib)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "replaced by a least-squares map folded into block" in r.output, r.output
+    r = run("shrink", tmp_path / "in", "-o", tmp_path / "plain", "--blocks", "2",
+            "--block-criterion", "angular", *calib, "--no-reconstruct")  # fmt: skip
+    assert r.exit_code == 0 and "least-squares map" not in r.output, r.output

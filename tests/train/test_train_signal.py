@@ -217,6 +217,39 @@ def test_a_second_signal_stops_at_once_and_the_last_checkpoint_stays_usable(tmp_
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.endswith(".tmp")]
 
 
+def test_a_second_sigterm_inside_one_backward_pass_ends_the_process_at_once(tmp_path, corpus):
+    """Two SIGTERMs within one backward pass (one call into torch, where Python runs no handler,
+    and where two signals of one kind would merge into one run of it): the second still ends
+    the process there, with its error line and exit 143, and no checkpoint of the step."""
+    run = tmp_path / "run"
+    proc = start([
+        "train", "-o", str(run), "--data", str(corpus), "--preset", "small", "--batch-size", "8",
+        "--steps", "200", "--warmup", "1", "--eval-every", "1000", "--threads", "1", "--json",
+    ])  # fmt: skip
+    wait_for_step(proc, run, 2, timeout=300)
+    took = [r["elapsed_s"] for r in records(run) if r["kind"] == "train"]
+    step = took[1] - took[0]  # seconds a step takes; its backward pass is its larger part
+    wait_for_step(proc, run, 3, timeout=300)  # step 4 has just begun: forward, then backward
+    time.sleep(0.55 * step)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05 * step)
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    out, err = proc.communicate(timeout=120)
+    seconds = time.monotonic() - t0
+    assert proc.returncode == 143, err[-3000:]
+    assert err.splitlines()[-2:] == [
+        "SIGTERM: finishing the step in progress and saving a checkpoint (a second signal stops "
+        "at once, without it)",
+        "error: stopped at once by a second SIGTERM during step 4; no checkpoint had been written "
+        "yet; the same command starts the run again",
+    ], err[-3000:]
+    assert out == "" and "Traceback" not in err
+    assert seconds < min(5.0, 0.3 * step + 2.0), (seconds, step)
+    assert max(train_steps(run)) == 3 and not (run / "latest").exists()
+    assert not list((run / "checkpoints").iterdir()) if (run / "checkpoints").exists() else True
+
+
 # ---------------------------------------------------------------- the library, real signals
 OPTS = {
     "preset": "tiny",

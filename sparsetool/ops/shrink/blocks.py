@@ -11,10 +11,18 @@ over every calibration token:
   pi``; the run of the smallest goes (the paper takes each sequence's last token; here every
   token counts). The inputs of the last ``N`` blocks are held for it.
 
+Reconstruction (the default; ``--no-reconstruct`` leaves it out): each removed run of consecutive
+blocks gets ReplaceMe's linear map, fitted by least squares in a second pass of the text through
+the original model (:class:`sparsetool.ops.shrink.refit.RunMap`) and folded into the down
+projection of the kept block before the run. A run that starts at block 0 has no block before it
+to fold into, and a block whose MLP output passes a norm before the residual (Gemma-3's
+``post_feedforward_layernorm``) cannot take the fold: both are left as removed, and the result
+says so.
+
 The output keeps the input's layout: the removed blocks' tensors gone, the others renumbered
-``0 .. L-N-1`` and copied byte for byte, ``config.json``'s layer count lowered and its per-layer
-lists (``layer_types``, written out in full when transformers derives it from a pattern) cut to
-the blocks kept.
+``0 .. L-N-1`` and copied byte for byte (a folded down projection written anew),
+``config.json``'s layer count lowered and its per-layer lists (``layer_types``, written out in
+full when transformers derives it from a pattern) cut to the blocks kept.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from sparsetool.models.blocks import BlockModel
 from sparsetool.models.open import open_model
 from sparsetool.ops.shrink.inputs import check_output, model_config, record_sizes
 from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
+from sparsetool.ops.shrink.refit import DAMPENING, RunMap
 from sparsetool.ops.shrink.windows import shrink_windows
 from sparsetool.ops.text import read_text
 from sparsetool.util.progress import Progress
@@ -112,6 +121,11 @@ def shrink_blocks(
             "angular": [round(x, 6) for x in angular],
         }
         renames = _renames(model, kept)
+        values: dict[str, torch.Tensor] = {}
+        if opts.reconstruct:
+            result.blocks["reconstruct"] = _replace_runs(
+                model, opts, text, removed, values, result, progress
+            )
         metadata = provenance_metadata(
             model.ckpt.metadata(), {"command": "shrink", **opts.record(), "blocks": result.blocks}
         )
@@ -123,7 +137,7 @@ def shrink_blocks(
             config_transform=lambda config: _config(config, cfg, total, kept),
         ) as cw:
             result.left_out = list(cw.left_out)
-            _write(model.ckpt, cw, renames)
+            _write(model.ckpt, cw, renames, values)
         ckpt = model.ckpt
         gone = sum(lt.numel for lt in ckpt.logical if renames.get(lt.name, lt.name) is None)
         record_sizes(result, ckpt, out, gone)
@@ -164,6 +178,134 @@ def _scores(
             if progress:
                 progress("score", i + 1, total)
     return bi, angular
+
+
+def _runs(removed: list[int]) -> list[list[int]]:
+    """``removed`` (sorted) as runs of consecutive blocks.
+
+    >>> _runs([2, 3, 7, 9, 10])
+    [[2, 3], [7], [9, 10]]
+    """
+    runs: list[list[int]] = []
+    for i in removed:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+def _down_projection(model: BlockModel, i: int) -> tuple[str, bool] | None:
+    """Block ``i``'s FFN down projection (module path, whether a GPT-2 Conv1D), or None when its
+    output reaches the residual through anything but the identity (a post-FFN norm)."""
+    block = model.block_list[i]
+    names = dict(block.named_modules())
+    if any("post_feedforward" in n for n in names):
+        return None
+    for path, conv1d in (("mlp.down_proj", False), ("mlp.c_proj", True)):
+        if path in names:
+            return f"{model.block_prefix}.{i}.{path}", conv1d
+    return None
+
+
+def _replace_runs(
+    model: BlockModel,
+    opts: ShrinkOptions,
+    text: str,
+    removed: list[int],
+    values: dict[str, torch.Tensor],
+    result: ShrinkResult,
+    progress: Progress | None,
+) -> dict:
+    """ReplaceMe's map for each removed run, fitted in one more pass of the calibration windows
+    through the original model (up to the last removed block) and folded into the down
+    projection before the run (``values``: stored name -> its new tensor); the record."""
+    runs = _runs(removed)
+    targets: dict[int, tuple[list[int], str, bool]] = {}  # block before a run -> its fold
+    record: dict = {"method": "ReplaceMe: least squares, folded into the down projection",
+                    "dampening": DAMPENING, "maps": [], "not_refit": []}  # fmt: skip
+    for run in runs:
+        before = run[0] - 1
+        found = _down_projection(model, before) if before >= 0 else None
+        if found is None:
+            why = (
+                "it starts at block 0: no block before it to fold a map into"
+                if before < 0
+                else f"block {before}'s MLP output passes a norm before the residual"
+            )
+            record["not_refit"].append({"run": run, "why": why})
+            result.notes.append(f"removed blocks {_span(run)} are not refit: {why}")
+            continue
+        targets[before] = (run, *found)
+    if not targets:
+        return record
+    windows = shrink_windows(model, opts, text, ShrinkResult(output=result.output, options=opts))
+    maps: dict[int, RunMap] = {b: RunMap() for b in targets}
+    open_: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # run end -> (m, h)
+    ends = {run[-1]: before for before, (run, _p, _c) in targets.items()}
+    last = max(ends)
+    with torch.no_grad():
+        calls = model.capture([row.unsqueeze(0) for row in windows])
+        for i in range(last + 1):
+            model.load_block(i)
+            seen: list[torch.Tensor] = []
+            handle = None
+            if i in targets:
+                handle = model.module.get_submodule(targets[i][1]).register_forward_hook(
+                    _keeper(seen)
+                )
+            try:
+                outs = [model.run_block(i, c) for c in calls]
+            finally:
+                if handle is not None:
+                    handle.remove()
+            model.release_block(i)
+            if i in targets:
+                open_[targets[i][0][-1]] = (seen, outs)
+            if i in open_:
+                (ms, hs), fit = open_.pop(i), maps[ends[i]]
+                for m, h, after in zip(ms, hs, outs):
+                    fit.add(m, h, after)
+            calls = [c.passed(h) for c, h in zip(calls, outs)]
+            if progress:
+                progress("fit", i + 1, last + 1)
+    for before, (run, path, conv1d) in targets.items():
+        t, err0, err1 = maps[before].solve()
+        _fold(model, path, conv1d, t, values)
+        record["maps"].append({"run": run, "folded_into": before, "error_before": err0,
+                               "error_after": err1})  # fmt: skip
+    return record
+
+
+def _fold(
+    model: BlockModel, path: str, conv1d: bool, t: torch.Tensor, values: dict[str, torch.Tensor]
+) -> None:
+    """``W_down <- T^T W_down`` (a Conv1D stores ``W^T``: ``W^T T``), ``b <- T^T b``."""
+    for kind in ("weight", "bias"):
+        pieces = model.sources.get(f"{path}.{kind}")
+        if not pieces:
+            continue
+        if len(pieces) != 1 or pieces[0].index:
+            raise SparsetoolError(f"{model.path}: {path}.{kind} is merged from several tensors; "
+                                  "shrink cannot fold a map into it")  # fmt: skip
+        stored = pieces[0].stored
+        w = model.ckpt.read_stored(stored)
+        x = w.to(torch.float64)
+        new = x @ t if conv1d and kind == "weight" else t.T @ x
+        values[stored] = new.to(w.dtype).contiguous()
+
+
+def _keeper(into: list[torch.Tensor]):
+    """A forward hook appending its module's output to ``into``."""
+
+    def keep(_module, _args, out) -> None:
+        into.append(out.detach())
+
+    return keep
+
+
+def _span(run: list[int]) -> str:
+    return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
 
 
 def _mean_cos(a: list[torch.Tensor], b: list[torch.Tensor], angle: bool) -> float:
@@ -215,7 +357,14 @@ def _stored_prefix(model: BlockModel) -> tuple[str, int]:
     return ".".join(parts[:position]), position
 
 
-def _write(ckpt: Checkpoint, cw, renames: dict[str, str | None]) -> None:
+def _write(
+    ckpt: Checkpoint,
+    cw,
+    renames: dict[str, str | None],
+    values: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """The kept blocks' tensors renamed and copied byte for byte; a folded one from ``values``."""
+    values = values or {}
     for shard in ckpt.shards:
         specs, copies = [], []
         for lt in ckpt.logical_in(shard):
@@ -228,7 +377,10 @@ def _write(ckpt: Checkpoint, cw, renames: dict[str, str | None]) -> None:
                 copies.append((target, part))
         with cw.shard(shard, specs) as sw:
             for target, part in copies:
-                sw.copy_stored(target, ckpt, part)
+                if part in values:
+                    sw.write(target, values[part])
+                else:
+                    sw.copy_stored(target, ckpt, part)
 
 
 def _config(config: dict, cfg, total: int, kept: list[int]) -> dict:

@@ -58,7 +58,7 @@ class ShrinkOptions:
     ffn: float | None = None  # --ffn F: the fraction of each FFN's channels kept
     heads: float | None = None  # --heads F: the fraction of each layer's attention heads kept
     hidden: float | None = None  # --hidden F: the fraction of the embedding channels kept
-    reconstruct: bool = True  # --reconstruct/--no-reconstruct: --ffn/--heads refit by least squares
+    reconstruct: bool = True  # --reconstruct/--no-reconstruct: least-squares refits
     merge: bool = False  # --merge: fold each removed expert into its most similar kept one
     calibration: str | Path | None = None  # --calibration FILE|DIR (a TextSource once reading)
     text_field: str = DEFAULT_FIELD  # --text-field NAME: a calibration record's text field
@@ -199,8 +199,8 @@ class ShrinkOptions:
         for k in ("ffn", "heads", "hidden"):
             if self.removes != "widths":
                 del rec[k]
-        if self.ffn is None and self.heads is None:
-            del rec["reconstruct"]  # only a cut FFN or attention is refit
+        if self.ffn is None and self.heads is None and self.blocks is None:
+            del rec["reconstruct"]  # a cut FFN or attention is refit, removed blocks mapped
         if not self.reads_text:
             for k in ("calibration", "text_field", "samples", "seq", "dtype"):
                 rec.pop(k, None)

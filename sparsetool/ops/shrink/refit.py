@@ -17,6 +17,13 @@ around it. The error of either choice is a quadratic form of ``H``, no activatio
 
 over the input with its constant; :func:`refit_columns` reports it relative to the output's
 ``sum_t ||W x(t) + b||^2`` for the plain slice and for the refit.
+
+``shrink --blocks``: a removed run of blocks is replaced by one linear map ``T`` (d x d) on the
+MLP output ``m`` of the kept block before it (ReplaceMe, arXiv 2505.02819): least squares of
+``m T ~= h_after_run - h_before_run + m`` over the calibration tokens (:class:`RunMap`), so that
+the kept block's output ``h_before_run - m + m T`` approximates what the run would have given.
+``m = W_down a (+ b)``, so ``T`` folds into the down projection: ``W_down <- T^T W_down`` (and
+``b <- T^T b``): no new parameters.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["DAMPENING", "Gram", "Refit", "refit_columns"]
+__all__ = ["DAMPENING", "Gram", "Refit", "RunMap", "refit_columns"]
 
 DAMPENING = 0.01
 """``lambda`` as a fraction of the mean diagonal of ``H[K, K]`` (SparseGPT's default)."""
@@ -114,3 +121,43 @@ def _error(full: Tensor, h: Tensor, k: Tensor, kept_weights: Tensor) -> float:
     d = full.clone()
     d.index_add_(1, k, kept_weights, alpha=-1.0)
     return float(torch.einsum("ij,jk,ik->", d, h, d))
+
+
+@dataclass
+class RunMap:
+    """ReplaceMe's map of a removed run of blocks, from sums over the calibration tokens of the
+    last kept block's MLP output ``m`` (row vectors, width d) and of the target ``y = h_after_run
+    - h_before_run + m``: ``M^T M``, ``M^T Y``, ``||Y||^2`` and ``||h_after||^2``."""
+
+    mtm: Tensor | None = None
+    mty: Tensor | None = None
+    yty: float = 0.0
+    target: float = 0.0
+
+    def add(self, m: Tensor, before: Tensor, after: Tensor) -> None:
+        m, before, after = (
+            t.reshape(-1, t.shape[-1]).to(torch.float64) for t in (m, before, after)
+        )
+        y = after - before + m
+        mtm, mty = (m.T @ m).cpu(), (m.T @ y).cpu()
+        self.mtm = mtm if self.mtm is None else self.mtm + mtm
+        self.mty = mty if self.mty is None else self.mty + mty
+        self.yty += float((y * y).sum())
+        self.target += float((after * after).sum())
+
+    def solve(self, dampening: float = DAMPENING) -> tuple[Tensor, float, float]:
+        """``T`` (d, d) minimising ``||M T - Y||^2`` (dampened as :func:`refit_columns`), and the
+        run's output error relative to ``||h_after||^2`` without the map (``T = I``: the blocks
+        just removed) and with it."""
+        assert self.mtm is not None and self.mty is not None, "the run saw no calibration token"
+        a = self.mtm.clone()
+        a.diagonal().add_(dampening * float(torch.diagonal(a).mean()))
+        t = torch.linalg.solve(a, self.mty)
+        eye = torch.eye(a.shape[0], dtype=torch.float64)
+        scale = max(self.target, 1e-300)
+        return t, self._residual(eye) / scale, self._residual(t) / scale
+
+    def _residual(self, t: Tensor) -> float:
+        """``||Y - M T||^2 = ||Y||^2 - 2 tr(T^T M^T Y) + tr(T^T M^T M T)``."""
+        assert self.mtm is not None and self.mty is not None
+        return self.yty - 2 * float((t * self.mty).sum()) + float((t * (self.mtm @ t)).sum())
