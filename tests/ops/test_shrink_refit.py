@@ -153,24 +153,28 @@ def test_block_0_is_refit_to_the_float64_least_squares_answer(kind, tmp_path, te
                 assert 0 <= rec[key]["error_after"] < rec[key]["error_before"]
 
 
+def _logit_error(model, tmp_path, rec: bool) -> float:
+    """The mean squared difference of ``out-{rec}``'s logits from ``model``'s, on held-out text."""
+    from helpers import make_text
+
+    tok = t.AutoTokenizer.from_pretrained(tmp_path / "in")
+    ids = torch.tensor(tok(make_text(60, seed=7))["input_ids"][:192]).view(4, 48)
+    out = t.AutoModelForCausalLM.from_pretrained(tmp_path / f"out-{rec}").eval()
+    with torch.no_grad():
+        return float(
+            ((out(ids, use_cache=False).logits - model(ids, use_cache=False).logits) ** 2).mean()
+        )
+
+
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_the_refit_model_is_closer_to_the_input_than_the_plain_slice(kind, tmp_path, text,
                                                                      calib_file):  # fmt: skip
-    from helpers import make_text
-
     model = save(kind, tmp_path / "in", text)
     asked = dict(ffn=0.5, heads=0.5) if kind == "llama" else dict(ffn=0.5)
     for rec in (True, False):
         opts = ShrinkOptions(calibration=calib_file, reconstruct=rec, **asked, **CALIB)
         shrink_checkpoint(tmp_path / "in", tmp_path / f"out-{rec}", opts)
-    tok = t.AutoTokenizer.from_pretrained(tmp_path / "in")
-    ids = torch.tensor(tok(make_text(60, seed=7))["input_ids"][:192]).view(4, 48)  # held out
-    with torch.no_grad():
-        want = model(ids, use_cache=False).logits
-        err = {}
-        for rec in (True, False):
-            out = t.AutoModelForCausalLM.from_pretrained(tmp_path / f"out-{rec}").eval()
-            err[rec] = float(((out(ids, use_cache=False).logits - want) ** 2).mean())
+    err = {rec: _logit_error(model, tmp_path, rec) for rec in (True, False)}
     assert err[True] < 0.8 * err[False], err
 
 
@@ -178,9 +182,10 @@ def test_no_reconstruct_writes_the_plain_slices_bit_for_bit(tmp_path, text, cali
     save("llama", tmp_path / "in", text)
     opts = ShrinkOptions(ffn=0.5, heads=0.5, calibration=calib_file, reconstruct=False, **CALIB)
     result = shrink_checkpoint(tmp_path / "in", tmp_path / "out", opts)
-    with safe_open(str(tmp_path / "in" / "model.safetensors"), "pt") as src, safe_open(
-        str(tmp_path / "out" / "model.safetensors"), "pt"
-    ) as dst:
+    with (
+        safe_open(str(tmp_path / "in" / "model.safetensors"), "pt") as src,
+        safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as dst,
+    ):
         for i, layer in enumerate(result.widths["layers"]):
             c = torch.tensor(layer["ffn_kept"])
             rows = torch.tensor([h * 4 + d for h in layer["heads_kept"] for d in range(4)])
@@ -301,8 +306,6 @@ def test_a_removed_run_is_replaced_by_its_least_squares_map(tmp_path, text, cali
 def test_mapped_blocks_are_closer_to_the_input_than_blocks_just_removed(
     kind, criterion, tmp_path, text, calib_file
 ):
-    from helpers import make_text
-
     model = _deep(kind)
     model.save_pretrained(tmp_path / "in")
     save_tokenizer(tmp_path / "in", text)
@@ -312,14 +315,7 @@ def test_mapped_blocks_are_closer_to_the_input_than_blocks_just_removed(
         result = shrink_checkpoint(tmp_path / "in", tmp_path / f"out-{rec}", opts)
         if rec:
             assert result.blocks["reconstruct"]["maps"], result.blocks
-    tok = t.AutoTokenizer.from_pretrained(tmp_path / "in")
-    ids = torch.tensor(tok(make_text(60, seed=7))["input_ids"][:192]).view(4, 48)  # held out
-    with torch.no_grad():
-        want = model(ids, use_cache=False).logits
-        err = {}
-        for rec in (True, False):
-            out = t.AutoModelForCausalLM.from_pretrained(tmp_path / f"out-{rec}").eval()
-            err[rec] = float(((out(ids, use_cache=False).logits - want) ** 2).mean())
+    err = {rec: _logit_error(model, tmp_path, rec) for rec in (True, False)}
     assert err[True] < err[False], err
 
 
