@@ -25,6 +25,7 @@ import torch
 import transformers as t
 from safetensors import safe_open
 
+from sparsetool.errors import SparsetoolError
 from sparsetool.ops.shrink import ShrinkOptions, shrink_checkpoint
 from sparsetool.ops.shrink.refit import DAMPENING, Gram, refit_columns
 
@@ -200,6 +201,20 @@ def test_no_reconstruct_writes_the_plain_slices_bit_for_bit(tmp_path, text, cali
                 assert torch.equal(dst.get_tensor(name), want), name
     assert "refit" not in result.widths
     assert all("ffn_refit" not in rec for rec in result.widths["layers"])
+
+
+def test_the_refit_tensors_wait_on_disk_and_nothing_is_left_beside_the_output(
+    tmp_path, text, calib_file
+):
+    save("llama", tmp_path / "in", text)
+    opts = ShrinkOptions(ffn=0.5, heads=0.5, calibration=calib_file, **CALIB)
+    shrink_checkpoint(tmp_path / "in", tmp_path / "out", opts)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out"]
+    with pytest.raises(SparsetoolError):  # fails after the spill is made: nothing is left
+        shrink_checkpoint(tmp_path / "in", tmp_path / "bad",
+                          ShrinkOptions(ffn=0.5, calibration=tmp_path / "in" / "config.json",
+                                        samples=2000, seq=32))  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out"]
 
 
 def test_the_refit_is_recorded_and_said(tmp_path, text, calib_file):

@@ -32,13 +32,16 @@ written. Everything else is copied byte for byte.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from sparsetool.checkpoint import Checkpoint
 from sparsetool.checkpoint.format import TensorSpec
+from sparsetool.checkpoint.output_files import temp_beside
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.checkpoint.writer import write_checkpoint
 from sparsetool.errors import SparsetoolError, UsageError
@@ -111,6 +114,7 @@ def shrink_widths(
     text = read_text(opts.calibration, "--calibration")
     model = open_model(path, opts.dtype, opts.device, needs=NEEDS, attention="eager")
     result = ShrinkResult(output=out, options=opts)
+    spill: Path | None = None
     try:
         cfg = model.module.config
         layers = [_find(model, i, opts) for i in range(len(model.blocks))]
@@ -126,7 +130,10 @@ def shrink_widths(
                     f"{model.path}: its blocks have no norm with weights over the hidden size "
                     "(as OLMo's, without weights), whose outputs --hidden ranks channels by"
                 )
-        refit = _Refitter(model, layers, geometry, plan) if _refits(opts) else None
+        if _refits(opts):  # the refit tensors wait on disk beside the output, not in memory
+            spill = temp_beside(out)
+            spill.mkdir()
+        refit = _Refitter(model, layers, geometry, plan, spill) if spill is not None else None
         _score(model, layers, opts, text, result, progress, hidden, refit)
         if refit is None:
             cuts, record, values = *_choose(model, layers, geometry, plan), {}
@@ -158,6 +165,8 @@ def shrink_widths(
         record_sizes(result, ckpt, out, sum(_removed(ckpt, n, cut) for n, cut in cuts.items()))
     finally:
         model.close()
+        if spill is not None:
+            shutil.rmtree(spill, ignore_errors=True)
     return result
 
 
@@ -481,11 +490,15 @@ class _Refitter:
     in the stored dtype and orientation, wait for the writer; the ``X^T X`` of a block is freed
     once it is refit."""
 
-    def __init__(self, model: BlockModel, layers: list[_Layer], g: _Geometry, plan: _Plan):
+    def __init__(
+        self, model: BlockModel, layers: list[_Layer], g: _Geometry, plan: _Plan, spill: Path
+    ):
         self.model, self.layers, self.geometry, self.plan = model, layers, g, plan
         self.cuts: dict[str, Cut] = {}
-        # stored name -> (refit tensor, the axis already cut to the kept inputs; None: a bias)
-        self.values: dict[str, tuple[torch.Tensor, int | None]] = {}
+        # stored name -> (its refit tensor's file in ``spill``, the axis already cut to the kept
+        # inputs; None: a bias): one tensor in memory at a time, whatever the depth
+        self.values: dict[str, tuple[Path, int | None]] = {}
+        self.spill = spill
         self.layer_records: list[dict] = []
 
     def hooks(self, layer: _Layer) -> list:
@@ -529,11 +542,16 @@ class _Refitter:
         weight = module.weight
         weight.copy_((full.T if conv1d else full).to(weight.dtype))
         kept_w = fit.weight.T if conv1d else fit.weight
-        self.values[stored_w] = (kept_w.to(w.dtype).contiguous(), 0 if conv1d else 1)
+        self._keep(stored_w, kept_w.to(w.dtype), 0 if conv1d else 1)
         if b is not None and stored_b is not None and fit.bias is not None:
             module.bias.copy_(fit.bias.to(module.bias.dtype))
-            self.values[stored_b] = (fit.bias.to(b.dtype).contiguous(), None)
+            self._keep(stored_b, fit.bias.to(b.dtype), None)
         return fit.record()
+
+    def _keep(self, name: str, t: torch.Tensor, axis: int | None) -> None:
+        path = self.spill / f"{len(self.values)}.safetensors"
+        save_file({name: t.contiguous()}, str(path))
+        self.values[name] = (path, axis)
 
     def record(self) -> dict:
         """The widths' record with each layer's refit errors and their summary."""
@@ -654,7 +672,7 @@ def _write(
     ckpt: Checkpoint,
     cw,
     cuts: dict[str, Cut],
-    values: dict[str, tuple[torch.Tensor, int | None]] | None = None,
+    values: dict[str, tuple[Path, int | None]] | None = None,
 ) -> None:
     """Every stored tensor, cut by ``cuts`` (a refit one from ``values``: already cut along its
     input axis, the other cuts still applied)."""
@@ -683,7 +701,8 @@ def _write(
                     sw.copy_stored(spec.name, ckpt, spec.name)
                     continue
                 if spec.name in values:
-                    t, done = values[spec.name]
+                    spilled, done = values[spec.name]
+                    t = load_file(str(spilled))[spec.name]
                 else:
                     t, done = ckpt.read_stored(spec.name), None
                 for axis, keep in cut.axes.items() if cut is not None else ():
