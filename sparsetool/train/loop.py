@@ -110,6 +110,7 @@ class Trainer:
         self.stop_request = StopRequest(enabled=False)  # the signal handlers while run() runs
         self.step_in_progress = 0  # 0-based: the step a second signal names
         self.disk_plan: diskplan.DiskPlan | None = None  # made when the run starts
+        self.init_note: str | None = None  # why --init's zero weights are not masks (dense)
         self.plots = runfiles.can_plot()  # loss.png needs matplotlib; without it, a note
         if resume:
             cfg, self._resumed_model, self.resume_from = runstate.resumed_config(
@@ -230,7 +231,16 @@ class Trainer:
             init_masks,
             loaded=loaded,
         )
-        self.init_mask_origin = warmstart.mask_origin(cfg.init, self.init_masks, init_masks)
+        zeros = ""
+        if self.init_masks and not cfg.dense and not any(n in init_masks for n in self.init_masks):
+            # masks from zero weights alone: a prune's, or what a conversion left (dense)
+            self.init_masks, zeros, self.init_note = warmstart.zero_weight_masks(
+                cfg.init,
+                self.init_masks,
+                asked=warmstart.sparse_training_asked(cfg),
+                pruned=warmstart.recorded_prune(cfg.init),
+            )
+        self.init_mask_origin = warmstart.mask_origin(cfg.init, self.init_masks, init_masks, zeros)
 
     def _plan_stages(self) -> None:
         """The stages of the run over its steps, checked against --init's masks."""
@@ -624,7 +634,8 @@ class Trainer:
             "disk": self.disk_plan.to_json() if self.disk_plan else None,
             "sparse_training": self.sparsifier.resolved() if self.sparsifier is not None else None,
             "warnings": self._warnings(),
-            "notes": [] if self.plots else [runfiles.NO_PLOT.format(extra=PLOT_EXTRA)],
+            "notes": [self.init_note] * bool(self.init_note)
+            + ([] if self.plots else [runfiles.NO_PLOT.format(extra=PLOT_EXTRA)]),
         }
 
     def _enter_stage(self, step: int, run: runstate.RunState) -> None:

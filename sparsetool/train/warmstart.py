@@ -5,6 +5,15 @@ The rule for ``--init SPARSE --sparsity S`` (``s0`` the checkpoint's sparsity ov
 tensors): ``S == s0`` (to within one weight per tensor) keeps the masks; ``S > s0`` prunes further
 from them by magnitude, never reviving a pruned weight (the sparsifier does it at ``attach``);
 ``S < s0`` is an error unless ``--dense`` revives every weight on purpose.
+
+A checkpoint without stored masks (the ``zeros`` encoding, or any dense model) has only its zero
+weights to say what was pruned, and a model that was never pruned has some too: dequantizing a
+4-bit GGUF leaves 0.03% of SmolLM2-135M's targeted weights at exactly 0 and 4.55% of Gemma-3's.
+So its zeros become masks only when the run asks for sparse training (``--algorithm``,
+``--sparsity``, ``--stage``), when its provenance records a prune (``sparsetool prune``, or a
+sparse ``sparsetool train`` run) or when at least :data:`ZEROS_ARE_MASKS` of its targeted weights
+are 0 (a prune made elsewhere); otherwise the run trains densely, and its start says so and how
+to keep the zeros (:func:`zero_weight_masks`).
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from typing import Any
 import torch
 
 from sparsetool.checkpoint import open_checkpoint
+from sparsetool.checkpoint.provenance import read_provenance
 from sparsetool.errors import ConfigError
 from sparsetool.models.gpt import PRESETS, GPTConfig, infer_config
 from sparsetool.train.trainconfig import DEFAULT_PRESET, TrainConfig
@@ -26,6 +36,9 @@ __all__ = [
     "check_init_is_a_model",
     "check_init_sparsity",
     "init_model_config",
+    "recorded_prune",
+    "sparse_training_asked",
+    "zero_weight_masks",
     "matched_weights",
     "loaded_sparsity",
     "mask_origin",
@@ -34,6 +47,12 @@ __all__ = [
 
 
 SHAPE = ("n_layer", "n_head", "d_model", "context")
+
+ZEROS_ARE_MASKS = 0.10
+"""The share of exact zeros among the targeted weights of an ``--init`` from which they are taken
+for a prune's masks without a prune in its provenance; below it they are what a conversion left
+and the run trains densely. Above the 4.55% a 4-bit GGUF of Gemma-3 leaves, below any prune
+worth training sparsely."""
 
 
 def check_init_is_a_model(path: str | Path) -> None:
@@ -101,21 +120,94 @@ def masks_from(
     targets: dict[str, torch.nn.Parameter], masks: dict[str, torch.Tensor], loaded: bool
 ) -> dict[str, torch.Tensor]:
     """The targeted tensors' masks of a loaded checkpoint: its stored masks, or, in a ``zeros``
-    encoded one (no masks), ``w != 0`` for every targeted tensor that holds an exact zero."""
+    encoded one (no masks), ``w != 0`` for every targeted tensor once one holds an exact zero
+    (a tensor without a zero keeps all its weights: the sparsifier needs a mask for each)."""
     out = {n: m for n, m in masks.items() if n in targets}
     if not out and loaded:
         for n, p in targets.items():
-            zero = p.detach() == 0
-            if bool(zero.any()):
-                out[n] = ~zero.cpu()
+            out[n] = (p.detach() != 0).cpu()
+        if all(bool(m.all()) for m in out.values()):
+            return {}
     return out
 
 
+def recorded_prune(path: Any) -> bool:
+    """Whether the provenance of the checkpoint ``path`` records a prune in any of its steps:
+    ``sparsetool prune``, or a ``sparsetool train`` run that was sparse (a later ``densify`` or
+    ``shrink`` keeps the steps before it)."""
+    with open_checkpoint(path) as ckpt:
+        entry = read_provenance(ckpt.metadata()) or {}
+    steps = [entry, *(h for h in entry.get("history", []) if isinstance(h, dict))]
+    for step in steps:
+        if step.get("command") == "prune":
+            return True
+        sparsity = step.get("sparsity")
+        trained = step.get("producer") == "sparsetool train"
+        if trained and isinstance(sparsity, Real) and float(sparsity) > 0:
+            return True
+    return False
+
+
+def sparse_training_asked(cfg: TrainConfig) -> bool:
+    """Whether the settings ask for sparse training themselves: an ``--algorithm`` other than
+    dense, a ``--sparsity`` (or the ``sparsity`` of ``--sparsity-option``) or a ``--stage``."""
+    return (
+        cfg.algorithm not in (None, "dense")
+        or cfg.sparsity is not None
+        or bool(cfg.stages)
+        or "sparsity" in cfg.sparsity_options
+    )
+
+
+def zero_weight_masks(
+    init: Any, masks: dict[str, torch.Tensor], *, asked: bool, pruned: bool
+) -> tuple[dict[str, torch.Tensor], str, str | None]:
+    """What becomes of masks made from the zero weights of ``--init`` (none stored): ``(masks,
+    how, note)``. They stay when sparse training is ``asked`` for, when the checkpoint's
+    provenance records a prune (``pruned``) or when at least :data:`ZEROS_ARE_MASKS` of the
+    targeted weights are 0; ``how`` then says why, in the words of the initial mask's origin.
+    Otherwise they are dropped, the run trains densely and ``note`` says so in one line, with how
+    to keep them.
+
+    >>> m = {"w": torch.arange(10_000) >= 3}                      # 0.03% zeros
+    >>> kept, how, note = zero_weight_masks("s-blocks4", m, asked=False, pruned=False)
+    >>> kept, how
+    ({}, '')
+    >>> print(note)
+    --init s-blocks4: trained densely: 0.03% of its targeted weights are exactly 0 and no prune
+    made it (its zeros count as masks from 10%, or after sparsetool prune); to keep them at 0 as
+    masks, add --algorithm static
+    >>> zero_weight_masks("p", m, asked=False, pruned=True)[1:]
+    ('its zero weights: a sparsetool prune; --dense revives them', None)
+    >>> zero_weight_masks("p", {"w": torch.arange(100) >= 50}, asked=False, pruned=False)[1:]
+    ('its zero weights: 50.00% of the targeted weights; --dense revives them', None)
+    """
+    share = loaded_sparsity(masks)
+    if asked:
+        return masks, "its zero weights", None
+    if pruned:
+        return masks, "its zero weights: a sparsetool prune; --dense revives them", None
+    if share >= ZEROS_ARE_MASKS:
+        return (
+            masks,
+            f"its zero weights: {share:.2%} of the targeted weights; --dense revives them",
+            None,
+        )
+    return (
+        {},
+        "",
+        f"--init {init}: trained densely: {share:.2%} of its targeted weights are exactly 0 and "
+        f"no prune made it (its zeros count as masks from {ZEROS_ARE_MASKS:.0%}, or after "
+        "sparsetool prune); to keep them at 0 as masks, add --algorithm static",
+    )
+
+
 def mask_origin(
-    init: Any, masks: dict[str, torch.Tensor], stored: dict[str, torch.Tensor]
+    init: Any, masks: dict[str, torch.Tensor], stored: dict[str, torch.Tensor], zeros: str = ""
 ) -> str | None:
     """Where the initial masks of a run from ``--init`` come from, as the start of a run says it
-    (None: the checkpoint carries none and the sparsifier makes them).
+    (None: the checkpoint carries none and the sparsifier makes them); ``zeros``: what
+    :func:`zero_weight_masks` says of masks made from zero weights.
 
     >>> mask_origin(
     ...     "ckpt", {"w": torch.ones(2, dtype=torch.bool)}, {"w": torch.ones(2, dtype=torch.bool)}
@@ -126,7 +218,7 @@ def mask_origin(
     """
     if not masks:
         return None
-    how = "its stored masks" if any(n in stored for n in masks) else "its zero weights"
+    how = "its stored masks" if any(n in stored for n in masks) else zeros or "its zero weights"
     return f"from --init {init} ({how})"
 
 

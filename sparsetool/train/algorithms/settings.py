@@ -67,9 +67,14 @@ def describe(settings: dict[str, Any]) -> list[str]:
     ...           "random", "initial_mask": "from --init m.safetensors (its stored masks), kept"})
     ['sparse training: static, sparsity 50% (uniform), initial mask from --init m.safetensors (its
     stored masks), kept']
+    >>> describe({"algorithm": "static", "sparsity": 0.0003, "distribution": "uniform",
+    ...           "init_method": "random"})
+    ['sparse training: static, sparsity 0.03% (uniform), random initial mask']
     """
     level = settings.get("sparsity")
     what = f"{level:.0%}" if isinstance(level, (int, float)) else str(level)
+    if isinstance(level, (int, float)) and 0 < level < 0.01:  # a few zeros: not "0%"
+        what = f"{level:.2%}"
     if "initial_sparsity" in settings:
         what = f"{settings['initial_sparsity']:.0%} -> {what}"
     lines = [
