@@ -544,6 +544,8 @@ class _Progress:
 
             for line in describe(info["sparse_training"]):
                 self.console.print(self.escape(line), highlight=False, soft_wrap=True)
+        if info.get("distillation"):  # the teacher, T and alpha
+            self.console.print(self.escape(info["distillation"]), highlight=False, soft_wrap=True)
         if not self.console.is_terminal:
             # piped: no bar (its one final line would be cut to the width) but plain progress
             # lines on stderr, throttled as every command's; the summary follows

@@ -28,8 +28,9 @@ import torch.nn.functional as F
 from sparsetool.errors import ConfigError
 from sparsetool.models.hf import hf_config, import_transformers, load_tokenizer
 from sparsetool.train.runfiles import read_init_checkpoint
+from sparsetool.util.wording import plural
 
-__all__ = ["Teacher", "distillation_loss", "distilling"]
+__all__ = ["Teacher", "check_teacher", "distillation_loss", "distilling", "describe"]
 
 Forward = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -46,40 +47,58 @@ def distillation_loss(
     return kl.mean() * (t * t)
 
 
+def check_teacher(path: str | Path, student_tokenizer, vocab_size: int):
+    """transformers' config of the ``--distill-from`` directory, once everything sparsetool
+    checks holds (config.json, a tokenizer equal to the student's, logits of the student's width);
+    anything else is one error. Cheap checks first, and the tokenizer before transformers reads
+    the config: what it would warn of in a directory that is refused anyway never prints before
+    the error."""
+    path = Path(path)
+    transformers = import_transformers("distilling from")
+    from sparsetool.checkpoint import open_checkpoint
+
+    if not (path / "config.json").is_file():
+        raise ConfigError(
+            f"--distill-from {path}: not a Hugging Face model directory (config.json, "
+            "weights, tokenizer files); the teacher must be one"
+        )
+    with open_checkpoint(path) as ckpt:
+        config = ckpt.config
+    tok = load_tokenizer(path, transformers)
+    if tok.get_vocab() != student_tokenizer.get_vocab() or sorted(tok.all_special_tokens) != sorted(
+        student_tokenizer.all_special_tokens
+    ):
+        raise ConfigError(
+            f"--distill-from {path}: its tokenizer differs from the student's (another "
+            "vocabulary or special tokens); distillation compares next-token distributions "
+            "over one vocabulary: give a teacher with the student's tokenizer"
+        )
+    raw = (config or {}).get("vocab_size")
+    if isinstance(raw, int) and raw != vocab_size:
+        _refuse_vocab(path, raw, vocab_size)
+    cfg = hf_config(path, config, transformers, "train --distill-from")
+    if int(cfg.vocab_size) != vocab_size:
+        _refuse_vocab(path, int(cfg.vocab_size), vocab_size)
+    return cfg
+
+
+def _refuse_vocab(path: Path, teacher: int, student: int):
+    raise ConfigError(
+        f"--distill-from {path}: its logits have {teacher} entries, the student's {student}; "
+        "give a teacher whose vocab_size is the student's"
+    )
+
+
 class Teacher:
     """The teacher model of a run: read once (any encoding sparsetool reads), frozen, in eval
-    mode, on the run's device."""
+    mode, on the run's device; ``config`` is :func:`check_teacher`'s."""
 
-    def __init__(self, path: str | Path, student_tokenizer, vocab_size: int, device) -> None:
+    def __init__(self, path: str | Path, config, device) -> None:
         from sparsetool.models.hf import match_weights
 
         self.path = Path(path)
         transformers = import_transformers("distilling from")
-        from sparsetool.checkpoint import open_checkpoint
-
-        if not (self.path / "config.json").is_file():
-            raise ConfigError(
-                f"--distill-from {self.path}: not a Hugging Face model directory (config.json, "
-                "weights, tokenizer files); the teacher must be one"
-            )
-        with open_checkpoint(self.path) as ckpt:
-            config = ckpt.config
-        cfg = hf_config(self.path, config, transformers, "train --distill-from")
-        tok = load_tokenizer(self.path, transformers)
-        if tok.get_vocab() != student_tokenizer.get_vocab() or sorted(
-            tok.all_special_tokens
-        ) != sorted(student_tokenizer.all_special_tokens):
-            raise ConfigError(
-                f"--distill-from {self.path}: its tokenizer differs from the student's (another "
-                "vocabulary or special tokens); distillation compares next-token distributions "
-                "over one vocabulary: give a teacher with the student's tokenizer"
-            )
-        if int(cfg.vocab_size) != vocab_size:
-            raise ConfigError(
-                f"--distill-from {self.path}: its logits have {cfg.vocab_size} entries, the "
-                f"student's {vocab_size}; give a teacher whose vocab_size is the student's"
-            )
-        model = transformers.AutoModelForCausalLM.from_config(cfg, trust_remote_code=False)
+        model = transformers.AutoModelForCausalLM.from_config(config, trust_remote_code=False)
         weights = read_init_checkpoint(self.path)[0]
         matched = match_weights(self.path, model, weights, "train --distill-from")
         model.load_state_dict(matched, strict=False)
@@ -103,3 +122,27 @@ def distilling(forward: Forward, teacher: Teacher, temperature: float, alpha: fl
         return logits, alpha * kd + (1 - alpha) * lm
 
     return distilled
+
+
+def describe(teacher: Teacher, temperature: float, alpha: float) -> str:
+    """The line the start of a run prints: the teacher, the temperature and alpha, and the loss
+    they make.
+
+    >>> class T:
+    ...     path, numel = "smollm2", 134_515_008
+    >>> describe(T(), 1.0, 1.0)
+    'distillation: teacher smollm2 (134,515,008 parameters), temperature 1, alpha 1: the KL
+    divergence to the teacher alone'
+    >>> describe(T(), 2.0, 0.5)[-62:]
+    'alpha 0.5: 0.5 x T^2 KL to the teacher + 0.5 x next-token loss'
+    """
+    if alpha >= 1:
+        loss = "the KL divergence to the teacher alone"
+    elif alpha <= 0:
+        loss = "the next-token loss alone (the teacher runs, unused)"
+    else:
+        loss = f"{alpha:g} x T^2 KL to the teacher + {1 - alpha:g} x next-token loss"
+    return (
+        f"distillation: teacher {teacher.path} ({plural(teacher.numel, 'parameter')}), "
+        f"temperature {temperature:g}, alpha {alpha:g}: {loss}"
+    )

@@ -40,6 +40,7 @@ from sparsetool.models.hf import (
     match_weights,
 )
 from sparsetool.train.consolidate import write_model
+from sparsetool.train.distill import check_teacher
 from sparsetool.train.memplan import check_plan, run_plan
 from sparsetool.train.sharding import count_kept
 from sparsetool.util.corpus import Corpus
@@ -169,6 +170,8 @@ def open_run_model(
         check_shape_flags(cfg, Path(cfg.init))  # before the model is read
     hf = HFModel(resume_from if resumed else cfg.init)
     info = hf.info(cfg, resumed_model if resumed else None)
+    if cfg.distill_from:  # the teacher's refusals come before any weight is read
+        hf.teacher_config = check_teacher(cfg.distill_from, hf.tokenizer, info.vocab_size)
     # The model, its gradients and Adam's moments live in memory (whole on every process, or
     # divided among them with --distributed fsdp): refuse at once what cannot fit.
     hf.plan = check_plan(
@@ -201,6 +204,7 @@ class HFModel:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.plan = None  # the run's memory plan, made before the weights are read
+        self.teacher_config = None  # a --distill-from teacher's, checked before them too
         self.transformers = import_transformers("fine-tuning")
         with open_checkpoint(self.path) as ckpt:
             config = ckpt.config
@@ -208,9 +212,10 @@ class HFModel:
                 lt.dtype for lt in ckpt.logical if lt.dtype.is_floating_point
             )
             self.numel = sum(lt.numel for lt in ckpt.logical if lt.dtype.is_floating_point)
+        # the tokenizer first: transformers' remarks on a config never precede its refusal
+        self.tokenizer = load_tokenizer(self.path, self.transformers)
         self.hf_cfg = hf_config(self.path, config, self.transformers, "train --init")
         self.config = drop_sparsity_config(config)  # weights are re-encoded on every write
-        self.tokenizer = load_tokenizer(self.path, self.transformers)
         self.dtype = dtypes.most_common(1)[0][0] if dtypes else torch.float32
         # read now: a resumed run's source checkpoint is deleted once newer ones are kept
         self.files = {

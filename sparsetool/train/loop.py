@@ -179,17 +179,19 @@ class Trainer:
             self.model_cfg = model_config(cfg)
         # the validation loss: always the next-token loss (no routers' balancing loss)
         self.lm_forward = hfrun.next_token_forward if self.hf else self.forward
+        self.teacher: distill.Teacher | None = None
         if cfg.distill_from:
             if not self.hf:
                 raise ConfigError(
                     f"--distill-from {cfg.distill_from}: the student must be a Hugging Face "
                     "directory too (--init STUDENT_DIR), with the teacher's tokenizer"
                 )
-            self.teacher = distill.Teacher(
-                cfg.distill_from, self.hf.tokenizer, self.model_cfg.vocab_size, self.device
-            )
+            self.teacher = distill.Teacher(cfg.distill_from, self.hf.teacher_config, self.device)
             self.forward = distill.distilling(
-                self.forward, self.teacher, cfg.distill_temperature, cfg.distill_alpha
+                self.forward,
+                self.teacher,
+                cfg.distill_temperature,
+                cfg.distill_alpha,
             )
         self.memory_plan = self.hf.plan if self.hf else self._gpt_memory_plan()
         return init_weights, init_masks
@@ -633,6 +635,11 @@ class Trainer:
             "disk_plan": self.disk_plan.describe() if self.disk_plan else None,
             "disk": self.disk_plan.to_json() if self.disk_plan else None,
             "sparse_training": self.sparsifier.resolved() if self.sparsifier is not None else None,
+            "distillation": distill.describe(
+                self.teacher, self.cfg.distill_temperature, self.cfg.distill_alpha
+            )
+            if self.teacher is not None
+            else None,
             "warnings": self._warnings(),
             "notes": [self.init_note] * bool(self.init_note)
             + ([] if self.plots else [runfiles.NO_PLOT.format(extra=PLOT_EXTRA)]),

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from sparsetool.train.distill import distillation_loss
 
-from helpers import hf_model, make_text, save_tokenizer
+from helpers import ROOT, hf_model, make_text, save_tokenizer
 from helpers import run as cli
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -152,3 +152,38 @@ def test_another_tokenizer_or_vocabulary_is_refused_in_one_line(models, tmp_path
     r = cli("train", *FAST, "-o", tmp_path / "s", "--data", models / "data.txt",
             "--distill-from", models / "teacher")  # fmt: skip
     assert r.exit_code in (1, 2) and "--init STUDENT_DIR" in r.stderr
+
+
+def test_the_start_names_the_teacher_the_temperature_and_alpha(models, tmp_path):
+    r = cli("train", *FAST, "--steps", "2", "-o", tmp_path / "run", "--init", models / "student",
+            "--data", models / "data.txt", "--distill-from", models / "teacher",
+            "--distill-temperature", "2", "--distill-alpha", "0.5")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    params = sum(
+        t.numel() for t in load_file(str(models / "teacher" / "model.safetensors")).values()
+    )
+    assert (
+        f"distillation: teacher {models / 'teacher'} ({params:,} parameters), temperature 2, "
+        "alpha 0.5: 0.5 x T^2 KL to the teacher + 0.5 x next-token loss"
+    ) in r.stdout.splitlines()
+
+
+def test_a_teacher_without_a_tokenizer_is_refused_in_one_line_of_its_own(models, tmp_path):
+    """fixtures/tiny-gpt2 has no tokenizer files, and a config transformers warns about: the
+    refusal comes before transformers reads that config, so it is all stderr holds."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    teacher = ROOT / "fixtures" / "tiny-gpt2"
+    r = subprocess.run(
+        [sys.executable, "-m", "sparsetool", "train", *FAST, "-o", str(tmp_path / "run"),
+         "--init", str(models / "student"), "--data", str(models / "data.txt"),
+         "--distill-from", str(teacher)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines() == [
+        f"error: {teacher}: no usable tokenizer (none of tokenizer.json, tokenizer.model, "
+        "vocab.json, vocab.txt, spiece.model, sentencepiece.bpe.model, tiktoken.model); copy the "
+        "tokenizer files of the original model (tokenizer.json or its vocabulary files, "
+        "tokenizer_config.json) into this directory"
+    ]
+    assert not (tmp_path / "run").exists()
