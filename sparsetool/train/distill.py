@@ -8,10 +8,15 @@ runs forward on the same token ids, and the loss is
 
 averaged over tokens (``T``: ``--distill-temperature``, Hinton et al.'s ``T^2`` keeps the
 gradient's scale across temperatures; ``alpha``: ``--distill-alpha``, 1 by default: the
-distillation loss alone). The validation loss stays the plain next-token loss, comparable with
-any other run. The student keeps its masks: the sparsifier masks weights and gradients whatever
-the loss. Each process holds a whole teacher (also under ``--distributed fsdp``, where only the
-student is sharded); the memory plan counts it.
+distillation loss alone, and the next-token loss is then not computed). The validation loss stays
+the plain next-token loss, comparable with any other run. A sparse student keeps its masks: the
+sparsifier masks weights and gradients whatever the loss. Each process holds a whole teacher
+(also under ``--distributed fsdp``, where only the student is sharded); the memory plan counts it.
+
+The logits dominate the memory of a step: ``batch x context x vocabulary`` floats each (16 x 256
+x 49,152 are 768 MiB). The KL divergence is computed a few rows of tokens at a time
+(:func:`distillation_loss`), so a step holds the student's logits, the teacher's and the
+gradient of the student's, not the half-dozen temporaries of that size autograd would keep.
 
 Student and teacher must share the tokenizer (the same vocabulary and special tokens) and the
 logits' width; anything else is refused in one line before a weight is read.
@@ -30,21 +35,61 @@ from sparsetool.models.hf import hf_config, import_transformers, load_tokenizer
 from sparsetool.train.runfiles import read_init_checkpoint
 from sparsetool.util.wording import plural
 
-__all__ = ["Teacher", "check_teacher", "distillation_loss", "distilling", "describe"]
+__all__ = ["CHUNK", "Teacher", "check_teacher", "distillation_loss", "distilling", "describe"]
 
 Forward = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+CHUNK = 1 << 22
+"""Logits (floats) the KL divergence works on at a time: a few rows of tokens, 16 MiB a
+temporary in float32."""
 
 
 def distillation_loss(
     student: torch.Tensor, teacher: torch.Tensor, temperature: float
 ) -> torch.Tensor:
     """``T^2 * KL(p_teacher || p_student)`` at temperature ``T``, the mean over tokens of logits
-    ``(..., V)`` (float32)."""
-    t = temperature
-    s_log = F.log_softmax(student.float() / t, dim=-1)
-    t_log = F.log_softmax(teacher.float() / t, dim=-1)
-    kl = (t_log.exp() * (t_log - s_log)).sum(-1)
-    return kl.mean() * (t * t)
+    ``(..., V)`` (in float32), differentiable in ``student``.
+
+    Computed over rows of tokens :data:`CHUNK` logits at a time, forward and backward alike: the
+    gradient, ``T (p_student - p_teacher) / tokens`` for each token, is the one tensor of the
+    logits' size it makes; it keeps only references to the two inputs."""
+    return _ChunkedKL.apply(student, teacher.detach(), float(temperature))
+
+
+def _rows(logits: torch.Tensor) -> int:
+    return max(1, CHUNK // max(1, logits.size(-1)))
+
+
+class _ChunkedKL(torch.autograd.Function):
+    """:func:`distillation_loss` and its gradient, a chunk of rows at a time."""
+
+    @staticmethod
+    def forward(ctx, student: torch.Tensor, teacher: torch.Tensor, t: float) -> torch.Tensor:
+        s2, t2 = student.reshape(-1, student.size(-1)), teacher.reshape(-1, teacher.size(-1))
+        total = torch.zeros((), dtype=torch.float32, device=student.device)
+        step = _rows(s2)
+        for i in range(0, s2.size(0), step):
+            s_log = F.log_softmax(s2[i : i + step].float() / t, dim=-1)
+            t_log = F.log_softmax(t2[i : i + step].float() / t, dim=-1)
+            total += (t_log.exp() * (t_log - s_log)).sum()
+        ctx.save_for_backward(student, teacher)
+        ctx.t = t
+        return total / max(1, s2.size(0)) * (t * t)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        student, teacher = ctx.saved_tensors
+        t = ctx.t
+        s2, t2 = student.reshape(-1, student.size(-1)), teacher.reshape(-1, teacher.size(-1))
+        out = torch.empty_like(s2)
+        scale = grad.float() * (t / max(1, s2.size(0)))
+        step = _rows(s2)
+        for i in range(0, s2.size(0), step):
+            p_s = F.softmax(s2[i : i + step].float() / t, dim=-1)
+            p_t = F.softmax(t2[i : i + step].float() / t, dim=-1)
+            out[i : i + step] = ((p_s - p_t) * scale).to(out.dtype)
+        return out.view_as(student), None, None
 
 
 def check_teacher(path: str | Path, student_tokenizer, vocab_size: int):
@@ -110,16 +155,27 @@ class Teacher:
         return self.model(input_ids=x, use_cache=False).logits
 
 
-def distilling(forward: Forward, teacher: Teacher, temperature: float, alpha: float) -> Forward:
+def distilling(
+    forward: Forward,
+    teacher: Teacher,
+    temperature: float,
+    alpha: float,
+    logits: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] | None = None,
+) -> Forward:
     """``forward`` (student logits and next-token loss) with its loss replaced by the mix of the
-    distillation loss and the next-token loss (see the module docstring)."""
+    distillation loss and the next-token loss (see the module docstring); with ``alpha`` 1 and
+    ``logits`` (the student's logits alone) the next-token loss is not computed: its
+    log-probabilities would be one more tensor of the logits' size."""
 
     def distilled(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
-        logits, lm = forward(model, x, y)
-        kd = distillation_loss(logits, teacher.logits(x), temperature)
+        if alpha >= 1 and logits is not None:
+            out = logits(model, x)
+            return out, distillation_loss(out, teacher.logits(x), temperature)
+        out, lm = forward(model, x, y)
+        kd = distillation_loss(out, teacher.logits(x), temperature)
         if alpha >= 1:
-            return logits, kd
-        return logits, alpha * kd + (1 - alpha) * lm
+            return out, kd
+        return out, alpha * kd + (1 - alpha) * lm
 
     return distilled
 

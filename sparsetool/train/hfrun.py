@@ -53,6 +53,7 @@ __all__ = [
     "check_shape_flags",
     "forward",
     "is_hf_dir",
+    "logits_only",
     "open_run_model",
     "tied_duplicates",
 ]
@@ -139,6 +140,11 @@ def next_token_forward(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor)
     return forward(model, x, y, balance=False)
 
 
+def logits_only(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The logits (B, T, V) of token ids ``x``, no loss: what distillation alone needs."""
+    return model(input_ids=x, use_cache=False).logits
+
+
 def open_run_model(
     cfg, resume_from: Path | None, resumed_model: dict | None, device: torch.device | None = None
 ):
@@ -185,6 +191,7 @@ def open_run_model(
             context=info.context,
             vocab=info.vocab_size,
             teacher_params=_float_params(cfg.distill_from) if cfg.distill_from else 0,
+            attention_scores=not hf.fused_attention,
         ),
         f"train --init {hf.path}",
     )
@@ -223,6 +230,18 @@ class HFModel:
             for f in sorted(self.path.iterdir())
             if f.is_file() and (f.name in _COMPANIONS or f.name.startswith("tokenizer"))
         }
+
+    @property
+    def fused_attention(self) -> bool:
+        """Whether the model computes attention in a fused kernel (sdpa, transformers' default for
+        a model class that has it; flash attention), which keeps no attention scores for the
+        backward pass; eager attention keeps them (the memory plan counts them then)."""
+        asked = getattr(self.hf_cfg, "_attn_implementation", None)
+        if asked is not None:
+            return asked != "eager"
+        names = self.transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        name = names.get(self.hf_cfg.model_type)
+        return bool(getattr(getattr(self.transformers, name or "", None), "_supports_sdpa", False))
 
     def info(self, cfg, saved: dict | None = None) -> HFModelInfo:
         """The run's model shape; a shape flag is an error, ``--context`` at most the model's."""

@@ -192,6 +192,7 @@ class Trainer:
                 self.teacher,
                 cfg.distill_temperature,
                 cfg.distill_alpha,
+                logits=hfrun.logits_only,
             )
         self.memory_plan = self.hf.plan if self.hf else self._gpt_memory_plan()
         return init_weights, init_masks

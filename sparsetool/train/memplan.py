@@ -15,7 +15,14 @@ from sparsetool.errors import SparsetoolError
 from sparsetool.util import memory
 from sparsetool.util.memory import MemoryPlan, binary_bytes, process_memory
 
-__all__ = ["LOWER", "check_plan", "fine_tuning_plan", "run_plan"]
+__all__ = [
+    "LOWER",
+    "TrainingPlan",
+    "check_plan",
+    "distillation_logits",
+    "fine_tuning_plan",
+    "run_plan",
+]
 
 LOWER = (
     "more processes (torchrun --nproc_per_node N, on one machine or several) with "
@@ -23,6 +30,45 @@ LOWER = (
     "--offload (GPUs); --dtype bfloat16; a smaller --batch-size or --context"
 )
 """What lowers a training run's memory per process, as a refusal names it."""
+
+
+@dataclasses.dataclass
+class TrainingPlan(MemoryPlan):
+    """A training run's :class:`~sparsetool.util.memory.MemoryPlan`, whose description also
+    names what the logits take of its activations (``logits`` bytes, ``logits_what`` says which
+    tensors of ``batch x context x vocabulary`` floats): with a large vocabulary, and above all
+    when distilling, they are most of it."""
+
+    logits: int = 0
+    logits_what: str = ""
+
+    def describe(self) -> str:
+        line = super().describe()
+        if not self.logits_what:
+            return line
+        return line.replace(
+            f"activations {binary_bytes(self.activations)}",
+            f"activations {binary_bytes(self.activations)} (the logits {binary_bytes(self.logits)}"
+            f" of it: {self.logits_what})",
+            1,
+        )
+
+
+def distillation_logits(alpha: float) -> tuple[int, str]:
+    """How many tensors of the logits' size a distillation step holds at its peak, and what they
+    are. The KL divergence is computed a chunk of rows at a time
+    (:func:`sparsetool.train.distill.distillation_loss`): the student's logits, the teacher's and
+    the gradient of the student's, and what the loss's temporaries and the allocator keep beside
+    them, measured at 0.3 more (counted as one); with ``alpha`` below 1 the next-token loss adds
+    its log-probabilities and two gradients (5.2 measured, counted as 6). Measured as the peak
+    RSS of distilling a 2-block Llama of SmolLM2-135M's widths and vocabulary at 16 x 256 tokens,
+    less the rest of the plan (docs/train.md)."""
+    if alpha >= 1:
+        return 4, "the student's and the teacher's for the KL, their gradient and temporaries"
+    return 6, (
+        "the student's and the teacher's for the KL, the next-token loss's log-probabilities, "
+        "the gradients and temporaries"
+    )
 
 
 def run_plan(
@@ -37,14 +83,18 @@ def run_plan(
     vocab: int,
     resumed: bool = False,
     teacher_params: int = 0,
-) -> MemoryPlan:
+    attention_scores: bool = True,
+) -> TrainingPlan:
     """The plan of ``cfg``'s run of a model of ``params`` parameters on ``device`` (the one the
     run resolved), for each process of the torchrun group this process belongs to (WORLD_SIZE,
     LOCAL_WORLD_SIZE); the weights are read from a checkpoint with ``--init`` or when
     ``resumed``. On a GPU the budget is the GPU's memory, and a sharded run from random weights
     also needs this machine's memory to hold the whole model each of its processes builds
     before it is sharded (refused here). ``teacher_params``: the parameters of a
-    ``--distill-from`` teacher, which every process holds whole in float32 beside its logits."""
+    ``--distill-from`` teacher, which every process holds whole in float32, with the logits of
+    :func:`distillation_logits` in place of a plain run's. ``attention_scores``: whether the
+    model's attention keeps its ``a s^2 b`` scores (eager attention), not a fused kernel's
+    (sdpa, which transformers runs by default)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     reading = bool(cfg.init) or resumed
@@ -78,13 +128,20 @@ def run_plan(
         offload=cfg.offload,
         device_memory=device_memory,
         reading=reading,
+        attention_scores=attention_scores,
     )
-    if teacher_params:  # --distill-from: a whole float32 teacher per process, and its logits
+    if teacher_params:  # --distill-from: a whole float32 teacher per process, and the logits
+        copies, what = distillation_logits(cfg.distill_alpha)
+        logits = copies * 4 * cfg.batch_size * context * vocab
         plan = dataclasses.replace(
             plan,
             weights=plan.weights + 4 * teacher_params,
-            activations=plan.activations + 4 * cfg.batch_size * context * vocab,
+            activations=plan.activations - plan.logits + logits,
+            logits=logits,
         )
+    else:
+        copies, what = 3, "the logits, their log-probabilities and their gradient"
+    plan.logits_what = f"{copies} x {cfg.batch_size} x {context} x {vocab:,} floats: {what}"
     return plan
 
 
@@ -106,14 +163,17 @@ def fine_tuning_plan(
     offload: bool = False,
     device_memory: int | None = None,
     reading: bool = True,
-) -> MemoryPlan:
+    attention_scores: bool = True,
+) -> TrainingPlan:
     """The peak of one process fine-tuning a whole model with AdamW (``train --init HF_DIR``), or
     of each process of a torchrun group of ``world`` (``local_world`` of them on this machine):
 
     - activations kept for the backward pass: per layer ``34 s b h + 5 a s^2 b`` bytes in 16-bit
       (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
-      eq. 1), twice that in float32 (without ``bf16``), plus the logits and their gradient
-      (``b s V``, float32, 3x);
+      eq. 1), twice that in float32 (without ``bf16``), the attention scores ``5 a s^2 b`` left
+      out without ``attention_scores`` (a fused kernel keeps none: a Llama of SmolLM2's widths
+      measured 0.81 x ``68 s b h`` a layer in float32 on a CPU), plus the logits, their
+      log-probabilities and gradient (``b s V``, float32, 3x);
     - one process, or ``strategy`` ddp (a whole copy per process): weights 4 bytes a parameter and,
       when ``reading`` a checkpoint, its tensors while they are copied into the model (4 more);
       gradients, Adam's two moments and the temporary of its step 16 bytes a parameter (DDP: 4
@@ -138,9 +198,8 @@ def fine_tuning_plan(
     >>> f.optimizer, f.weights - 500_000_000, f.budget_source
     (2000000000, 333333328, 'GPU memory')
     """
-    per_layer = (1 if bf16 else 2) * (
-        34 * context * batch * d_model + 5 * n_head * context * context * batch
-    )
+    scores = 5 * n_head * context * context * batch if attention_scores else 0
+    per_layer = (1 if bf16 else 2) * (34 * context * batch * d_model + scores)
     logits = 3 * batch * context * vocab * 4
     if max_memory is not None:
         total, source = max_memory, "--max-memory"
@@ -173,7 +232,7 @@ def fine_tuning_plan(
         if world > 1:
             optimizer += 4 * params  # DDP's gradient buckets
     fixed = process_memory() if device_memory is None else 0
-    return MemoryPlan(
+    return TrainingPlan(
         fixed=fixed,
         weights=weights,
         optimizer=optimizer,
@@ -183,10 +242,11 @@ def fine_tuning_plan(
         budget_source=source,
         masks=masks,
         per="per process" if world > 1 else "",
+        logits=logits,
     )
 
 
-def check_plan(plan: MemoryPlan, what: str) -> MemoryPlan:
+def check_plan(plan: TrainingPlan, what: str) -> TrainingPlan:
     """``plan``, or the refusal of a run that cannot fit (:data:`LOWER` names the way out)."""
     plan.check(what, LOWER)
     return plan

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import transformers as t
 from safetensors.torch import load_file
 
+from sparsetool.train import distill
 from sparsetool.train.distill import distillation_loss
 
 from helpers import ROOT, hf_model, make_text, save_tokenizer
@@ -64,17 +65,24 @@ def kl_to_teacher(root: Path, student: Path) -> float:
         return float(distillation_loss(model(ids).logits, teacher(ids).logits, 1.0))
 
 
-def test_the_loss_is_the_scaled_kl_divergence_of_torch():
+@pytest.mark.parametrize("chunk", [distill.CHUNK, 3 * 11])  # one chunk; 3 rows at a time
+def test_the_loss_and_its_gradient_are_those_of_torchs_kl_divergence(monkeypatch, chunk):
+    monkeypatch.setattr(distill, "CHUNK", chunk)
     g = torch.Generator().manual_seed(0)
     s, te = torch.randn(2, 5, 11, generator=g), torch.randn(2, 5, 11, generator=g)
     for temp in (1.0, 2.0):
+        s1, s2 = s.clone().requires_grad_(), s.clone().requires_grad_()
         want = F.kl_div(
-            F.log_softmax(s.view(-1, 11) / temp, -1),
+            F.log_softmax(s1.view(-1, 11) / temp, -1),
             F.log_softmax(te.view(-1, 11) / temp, -1),
             log_target=True,
             reduction="batchmean",
         ) * (temp * temp)
-        torch.testing.assert_close(distillation_loss(s, te, temp), want)
+        got = distillation_loss(s2, te, temp)
+        torch.testing.assert_close(got, want)
+        (3 * want).backward()
+        (3 * got).backward()
+        torch.testing.assert_close(s2.grad, s1.grad)
     assert float(distillation_loss(te, te, 2.0)) == pytest.approx(0.0, abs=1e-6)
 
 
