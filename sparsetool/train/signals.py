@@ -5,7 +5,8 @@ records itself: the loop finishes the optimizer step in progress (never a half-u
 saves a checkpoint at it and stops, so ``--resume`` continues exactly. A second signal stops at
 once: nothing more is saved, and the last complete checkpoint stays (checkpoints are written to a
 temporary directory and renamed). The handlers in place before the loop are put back when it
-ends, and after a second signal.
+ends; between a second signal and then, more signals change nothing (two signals that came
+together run the handler twice, and the second run must not reach the handler put back).
 
 Python runs a signal's handler only between two of its own instructions, in the main thread: not
 during one long call into torch, such as a backward pass, and two signals of one kind that land
@@ -58,6 +59,7 @@ class StopRequest:
         self._handled = 0  # times the Python handler ran (signals of one kind may merge)
         self._counted = 0  # signals the thread read (every one, a little later)
         self._noticed = False
+        self._raised = False  # the handler raised the second signal's KeyboardInterrupt
         self._kinds: list[int] = []  # the kinds that came, in the order they were seen
         self._computing = False  # inside at_once(): a second signal ends the process
         self._pipe: tuple[int, int] | None = None
@@ -130,7 +132,7 @@ class StopRequest:
         """A block of computation only (no file written): a second signal during it ends the
         process at once, even inside one long call into torch."""
         if self.second is not None:  # counted while no block ran: stop here, at once
-            self.restore()
+            self._raised = True
             raise KeyboardInterrupt
         with self._lock:
             self._computing = True
@@ -183,14 +185,14 @@ class StopRequest:
             self._unraisable(unraisable)
 
     def restore(self) -> None:
-        """Put back the handlers that were in place before (a third signal acts as they say)."""
+        """Put back the handlers that were in place before (a later signal acts as they say)."""
         saved, self._saved = self._saved, {}
         for signum, handler in saved.items():
             signal.signal(signum, handler)
 
     def _handle(self, signum: int, frame: object) -> None:
-        if self._came(signum, counted=False):
-            self.restore()
+        if self._came(signum, counted=False) and not self._raised:
+            self._raised = True
             raise KeyboardInterrupt
 
     def pending(self) -> int | None:
@@ -200,7 +202,7 @@ class StopRequest:
         have reached the handler: either is raised here, so the run still stops at once rather
         than saving a checkpoint."""
         if self.second is not None:
-            self.restore()
+            self._raised = True
             raise KeyboardInterrupt
         return self.signum
 

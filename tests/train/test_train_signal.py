@@ -556,3 +556,38 @@ def test_a_second_signal_swallowed_in_a_finalizer_still_stops_at_the_next_step()
         assert stop.second == signal.SIGTERM
         with pytest.raises(KeyboardInterrupt):
             stop.pending()
+
+
+def test_two_signals_counted_during_one_call_into_torch_raise_once():
+    """SIGINT and SIGTERM sent while the main thread is inside one long torch call: the counting
+    thread sees both, so the handler's first run (SIGINT's) already raises the second signal's
+    KeyboardInterrupt; SIGTERM's run, still due, must not reach the handler put back afterwards
+    (the command line's raised a KeyboardInterrupt of its own over the run's error)."""
+    import threading
+
+    from sparsetool.train.signals import StopRequest
+
+    outside: list[int] = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: outside.append(signum))
+    a = torch.randn(1500, 1500)
+    try:
+        with StopRequest() as stop:
+
+            def send() -> None:
+                time.sleep(0.05)  # the main thread is inside the products by then
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+            sender = threading.Thread(target=send)
+            sender.start()
+            with pytest.raises(KeyboardInterrupt):
+                for _ in range(40):  # one call into torch after another, a second or more
+                    a = torch.tanh(a @ a)
+            sender.join()
+            for _ in range(1000):  # Python instructions: a signal still due runs its handler
+                pass
+            assert stop.second is not None
+        assert outside == []
+        assert signal.getsignal(signal.SIGTERM) is not None  # put back when the block ended
+    finally:
+        signal.signal(signal.SIGTERM, before)
