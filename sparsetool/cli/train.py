@@ -35,8 +35,6 @@ from sparsetool.util.wording import plural
 EXAMPLES = (  # the end of --help: each runs as written (given the directories and text named;
     # the built-in GPT's corpus is Python's own source)
     "sparsetool train -o runs/rigl --steps 500 --algorithm rigl --sparsity 0.75",
-    "sparsetool train -o runs/ft --init runs/rigl/model.safetensors --dense --steps 200",
-    "sparsetool train -o runs/vspdf --stage 0.9:0.8 --stage 0:0.2",
     "sparsetool train -o runs/llama-ft --init llama/ --data text.txt --steps 100",
     "sparsetool train -o runs/heal --init llama-minus-4/ --distill-from llama/ --data text.txt "
     "--steps 30",
