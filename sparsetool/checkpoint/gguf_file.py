@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from sparsetool.errors import CheckpointError
-from sparsetool.util.wording import some_names
+from sparsetool.util.wording import plural, some_names
 
 MAGIC = b"GGUF"
 SUFFIX = ".gguf"
@@ -219,9 +219,9 @@ def read_header(path: str | Path) -> GGUFHeader:
         ) from None
     if size < header.data_end:
         raise CheckpointError(
-            f"{path}: truncated: {size:,} of {header.data_end:,} bytes (the header places "
-            f"{len(header.tensors)} tensors' data up to byte {header.data_end:,}); download the "
-            "file again"
+            f"{path}: truncated: {size:,} of {header.data_end:,} bytes (the header places the "
+            f"data of {plural(len(header.tensors), 'tensor')} up to byte {header.data_end:,}); "
+            "download the file again"
         )
     return header
 

@@ -168,8 +168,8 @@ def test_a_file_cut_inside_its_tensor_data_is_refused_from_its_header(files, tmp
         cut.write_bytes(whole[:size])
         line = one_line(run("convert", cut, "-o", tmp_path / "out"))
         assert line == (
-            f"error: {cut}: truncated: {size:,} of {len(whole):,} bytes (the header places 28 "
-            f"tensors' data up to byte {len(whole):,}); download the file again\n"
+            f"error: {cut}: truncated: {size:,} of {len(whole):,} bytes (the header places the "
+            f"data of 28 tensors up to byte {len(whole):,}); download the file again\n"
         )
         assert cut.read_bytes() == whole[:size]
         assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.gguf"]
