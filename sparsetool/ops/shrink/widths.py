@@ -32,17 +32,15 @@ written. Everything else is copied byte for byte.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from sparsetool.checkpoint import Checkpoint
 from sparsetool.checkpoint.format import TensorSpec
-from sparsetool.checkpoint.output_files import temp_beside
 from sparsetool.checkpoint.provenance import provenance_metadata
+from sparsetool.checkpoint.spill import TensorSpill
 from sparsetool.checkpoint.writer import write_checkpoint
 from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.blocks import BlockModel
@@ -114,7 +112,7 @@ def shrink_widths(
     text = read_text(opts.calibration, "--calibration")
     model = open_model(path, opts.dtype, opts.device, needs=NEEDS, attention="eager")
     result = ShrinkResult(output=out, options=opts)
-    spill: Path | None = None
+    spill: TensorSpill | None = None
     try:
         cfg = model.module.config
         layers = [_find(model, i, opts) for i in range(len(model.blocks))]
@@ -131,14 +129,13 @@ def shrink_widths(
                     "(as OLMo's, without weights), whose outputs --hidden ranks channels by"
                 )
         if _refits(opts):  # the refit tensors wait on disk beside the output, not in memory
-            spill = temp_beside(out)
-            spill.mkdir()
+            spill = TensorSpill(out)
         refit = _Refitter(model, layers, geometry, plan, spill) if spill is not None else None
         _score(model, layers, opts, text, result, progress, hidden, refit)
         if refit is None:
-            cuts, record, values = *_choose(model, layers, geometry, plan), {}
+            cuts, record = _choose(model, layers, geometry, plan)
         else:
-            cuts, record, values = refit.cuts, refit.record(), refit.values
+            cuts, record = refit.cuts, refit.record()
             if hidden is not None:
                 result.notes.append(
                     "--hidden is not refit: its channels are sliced out of every tensor that "
@@ -160,13 +157,13 @@ def shrink_widths(
             config_transform=lambda config: _config(config, cfg, record),
         ) as cw:
             result.left_out = list(cw.left_out)
-            _write(model.ckpt, cw, cuts, values)
+            _write(model.ckpt, cw, cuts, refit)
         ckpt = model.ckpt
         record_sizes(result, ckpt, out, sum(_removed(ckpt, n, cut) for n, cut in cuts.items()))
     finally:
         model.close()
         if spill is not None:
-            shutil.rmtree(spill, ignore_errors=True)
+            spill.close()
     return result
 
 
@@ -491,13 +488,13 @@ class _Refitter:
     once it is refit."""
 
     def __init__(
-        self, model: BlockModel, layers: list[_Layer], g: _Geometry, plan: _Plan, spill: Path
+        self, model: BlockModel, layers: list[_Layer], g: _Geometry, plan: _Plan, spill: TensorSpill
     ):
         self.model, self.layers, self.geometry, self.plan = model, layers, g, plan
         self.cuts: dict[str, Cut] = {}
-        # stored name -> (its refit tensor's file in ``spill``, the axis already cut to the kept
-        # inputs; None: a bias): one tensor in memory at a time, whatever the depth
-        self.values: dict[str, tuple[Path, int | None]] = {}
+        # stored name -> the axis its refit tensor (in ``spill``: one tensor in memory at a time,
+        # whatever the depth) is already cut along to the kept inputs; None: a bias
+        self.values: dict[str, int | None] = {}
         self.spill = spill
         self.layer_records: list[dict] = []
 
@@ -549,9 +546,8 @@ class _Refitter:
         return fit.record()
 
     def _keep(self, name: str, t: torch.Tensor, axis: int | None) -> None:
-        path = self.spill / f"{len(self.values)}.safetensors"
-        save_file({name: t.contiguous()}, str(path))
-        self.values[name] = (path, axis)
+        self.spill.put(name, t)
+        self.values[name] = axis
 
     def record(self) -> dict:
         """The widths' record with each layer's refit errors and their summary."""
@@ -672,11 +668,11 @@ def _write(
     ckpt: Checkpoint,
     cw,
     cuts: dict[str, Cut],
-    values: dict[str, tuple[Path, int | None]] | None = None,
+    refit: _Refitter | None = None,
 ) -> None:
-    """Every stored tensor, cut by ``cuts`` (a refit one from ``values``: already cut along its
+    """Every stored tensor, cut by ``cuts`` (a refit one from ``refit``: already cut along its
     input axis, the other cuts still applied)."""
-    values = values or {}
+    values = refit.values if refit is not None else {}
     lts = {lt.name: lt for lt in ckpt.logical}
     for name in cuts:
         lt = lts[name]
@@ -700,9 +696,8 @@ def _write(
                 if cut is None and spec.name not in values:
                     sw.copy_stored(spec.name, ckpt, spec.name)
                     continue
-                if spec.name in values:
-                    spilled, done = values[spec.name]
-                    t = load_file(str(spilled))[spec.name]
+                if refit is not None and spec.name in values:
+                    t, done = refit.spill.get(spec.name), values[spec.name]
                 else:
                     t, done = ckpt.read_stored(spec.name), None
                 for axis, keep in cut.axes.items() if cut is not None else ():
