@@ -104,7 +104,8 @@ def shrink_blocks(
         if len(model.blocks) != total:
             raise SparsetoolError(f"{path}: config.json says {total} blocks, the model has "
                                   f"{len(model.blocks)}")  # fmt: skip
-        bi, angular = _scores(model, opts, text, n, result, progress)
+        windows = shrink_windows(model, opts, text, result)
+        bi, angular = _scores(model, opts, windows, n, progress)
         if opts.block_criterion == "bi":
             removed = sorted(sorted(range(total), key=lambda i: (bi[i], -i))[:n])
         else:
@@ -124,7 +125,7 @@ def shrink_blocks(
         values: dict[str, torch.Tensor] = {}
         if opts.reconstruct:
             result.blocks["reconstruct"] = _replace_runs(
-                model, opts, text, removed, values, result, progress
+                model, windows, removed, values, result, progress
             )
         metadata = provenance_metadata(
             model.ckpt.metadata(), {"command": "shrink", **opts.record(), "blocks": result.blocks}
@@ -149,13 +150,11 @@ def shrink_blocks(
 def _scores(
     model: BlockModel,
     opts: ShrinkOptions,
-    text: str,
+    windows: torch.Tensor,
     n: int,
-    result: ShrinkResult,
     progress: Progress | None,
 ) -> tuple[list[float], list[float]]:
     """Every block's influence, and every run of ``n`` blocks' angular distance."""
-    windows = shrink_windows(model, opts, text, result)
     total = len(model.blocks)
     bi: list[float] = []
     angular: list[float] = []
@@ -210,8 +209,7 @@ def _down_projection(model: BlockModel, i: int) -> tuple[str, bool] | None:
 
 def _replace_runs(
     model: BlockModel,
-    opts: ShrinkOptions,
-    text: str,
+    windows: torch.Tensor,
     removed: list[int],
     values: dict[str, torch.Tensor],
     result: ShrinkResult,
@@ -239,7 +237,6 @@ def _replace_runs(
         targets[before] = (run, *found)
     if not targets:
         return record
-    windows = shrink_windows(model, opts, text, ShrinkResult(output=result.output, options=opts))
     maps: dict[int, RunMap] = {b: RunMap() for b in targets}
     open_: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # run end -> (m, h)
     ends = {run[-1]: before for before, (run, _p, _c) in targets.items()}
