@@ -17,7 +17,10 @@ text (the first 400 KB of the built-in corpus' training split). For each model:
   ~14 s for an 11008 x 4096 layer on one core here) is done once instead of 224 times;
 * ``prune --method sparsegpt ...`` (its solve of the 11008-wide down projection costs ~1.3 TFLOP
   a block on the CPU: minutes a block here);
-* ``eval --text TEXT --max-tokens 2048 --seq 256``.
+* ``eval --text TEXT --max-tokens 2048 --seq 256``;
+* ``shrink-ffn``, ``shrink-heads``, ``shrink-blocks``: ``shrink --ffn 0.75``, ``--heads 0.5``,
+  ``--blocks 1`` with their least-squares reconstruction (the down projection's 11008-wide
+  ``X^T X`` in float64, 0.97 GB, is the largest thing a refit holds).
 
 Each command runs in its own process (``measure.run_measured``); the wall time and the peak RSS
 of that process in MiB (what ``/usr/bin/time -f %M`` reports, / 1024) are printed, with the memory
@@ -110,7 +113,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/sparsetool-streamed"))
     ap.add_argument("--layers", default="2,8")
-    ap.add_argument("--cases", default="wanda,eval", help="of wanda, wanda-last, sparsegpt, eval")
+    ap.add_argument(
+        "--cases",
+        default="wanda,eval",
+        help="of wanda, wanda-last, sparsegpt, eval, shrink-ffn, shrink-heads, shrink-blocks",
+    )
     ap.add_argument("--old", type=Path, default=None, help="source checkout of an older sparsetool")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of the runs")
     ap.add_argument(
@@ -162,6 +169,8 @@ def main() -> None:
             "--seq",
             "256",
         ]
+        shrink = ["shrink", str(model), "--calibration", str(calib)]
+        shrink += ["--samples", str(args.samples), "--seq", str(args.seq)]
         last = [f"--exclude=model.layers.{i}.*" for i in range(layers - 1)]
         last += [f"--exclude=*{x}*" for x in ("mlp", "q_proj", "k_proj", "v_proj")]
         cases = [
@@ -175,6 +184,9 @@ def main() -> None:
                 ),
                 ("sparsegpt", "prune --method sparsegpt", prune + ["--method", "sparsegpt"]),
                 ("eval", "eval", evaluate),
+                ("shrink-ffn", "shrink --ffn 0.75 (refit)", shrink + ["--ffn", "0.75"]),
+                ("shrink-heads", "shrink --heads 0.5 (refit)", shrink + ["--heads", "0.5"]),
+                ("shrink-blocks", "shrink --blocks 1 (ReplaceMe)", shrink + ["--blocks", "1"]),
             )
             if key in wanted
         ]
@@ -187,7 +199,7 @@ def main() -> None:
                 out = work / f"out-{code}"
                 shutil.rmtree(out, ignore_errors=True)
                 full = [sys.executable, "-m", "sparsetool", *cmd[:2]]
-                full += ["-o", str(out)] if cmd[0] == "prune" else []
+                full += ["-o", str(out)] if cmd[0] in ("prune", "shrink") else []
                 full += [*cmd[2:], "--json"]
                 seconds, peak, result = run(full, env)
                 outs[code] = out

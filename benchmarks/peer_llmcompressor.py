@@ -8,7 +8,7 @@ Runs in an environment with llm-compressor (0.14) and sparsetool installed. Cali
 exactly the windows ``sparsetool prune`` uses: the text read as sparsetool reads it
 (``sparsetool.ops.text.read_text``), encoded by the model's tokenizer as sparsetool encodes it (one
 call on the whole text, the tokenizer's default special tokens), cut by
-``sparsetool.ops.prune.calibrated.calibration_windows``, and handed to ``oneshot`` as a tokenized
+``sparsetool.ops.calibration.calibration_windows``, and handed to ``oneshot`` as a tokenized
 ``datasets.Dataset`` (``input_ids``, ``attention_mask``). The modifier is ``WandaPruningModifier``
 or ``SparseGPTModifier`` with its defaults (SparseGPT: dampening 0.01, block size 128) apart from
 sparsity, ``mask_structure`` ("0:0" unstructured; llm-compressor's "N:M" prunes N of every M,
@@ -38,7 +38,7 @@ def windows(model: str, calibration: str, samples: int, seq: int, seed: int):
     """sparsetool's calibration windows for this model and text, as a (samples, seq) tensor."""
     from transformers import AutoTokenizer
 
-    from sparsetool.ops.prune.calibrated import calibration_windows
+    from sparsetool.ops.calibration import calibration_windows
     from sparsetool.ops.text import read_text
 
     tok = AutoTokenizer.from_pretrained(model, local_files_only=True)

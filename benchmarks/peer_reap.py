@@ -6,7 +6,7 @@
 Runs in an environment with llm-compressor (0.14.0.1) and sparsetool installed. Calibration uses
 exactly the windows ``sparsetool shrink`` uses (the text read by ``sparsetool.ops.text.read_text``,
 encoded in one call by the model's tokenizer, cut by
-``sparsetool.ops.prune.calibrated.calibration_windows``), handed to ``oneshot`` as a tokenized
+``sparsetool.ops.calibration.calibration_windows``), handed to ``oneshot`` as a tokenized
 ``datasets.Dataset``. The modifier is ``REAPPruningModifier(sparsity=F)`` with its defaults; its
 report of the retained experts per layer is printed. The model is saved as float32 safetensors
 with its tokenizer.
@@ -49,7 +49,7 @@ def main() -> None:
     from llmcompressor.modifiers.pruning.reap import REAPPruningModifier
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sparsetool.ops.prune.calibrated import calibration_windows
+    from sparsetool.ops.calibration import calibration_windows
     from sparsetool.ops.text import read_text
 
     if args.threads:

@@ -5,7 +5,7 @@ has ``llmcompressor``, with sparsetool importable for the windows):
   /usr/bin/time -f "%e %M" python benchmarks/peer_sparsegpt.py MODEL_DIR CALIB.txt OUT_DIR \
       [--samples 8] [--seq 128] [--sparsity 0.5]
 
-The windows are ``sparsetool.ops.prune.calibrated.calibration_windows`` of the text tokenized by the
+The windows are ``sparsetool.ops.calibration.calibration_windows`` of the text tokenized by the
 model's own tokenizer, with sparsetool's default seed (0): the ones ``prune`` picks. The model is
 loaded in its stored precision (``dtype="auto"``), as llm-compressor's examples do; its pruned
 weights are saved to OUT_DIR (``prune`` writes its output too). The phases' seconds are printed.
@@ -33,7 +33,7 @@ def main() -> None:
     from llmcompressor.modifiers.pruning import SparseGPTModifier
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from sparsetool.ops.prune.calibrated import calibration_windows
+    from sparsetool.ops.calibration import calibration_windows
 
     tok = AutoTokenizer.from_pretrained(args.model)
     ids = list(tok(args.calibration.read_text())["input_ids"])

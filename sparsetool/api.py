@@ -159,6 +159,7 @@ def shrink(
     seed: int = _SHRINK.seed,
     dtype: str = _SHRINK.dtype,
     device: str = _SHRINK.device,
+    max_memory: int | str | None = _SHRINK.max_memory,
 ) -> ShrinkResult:
     """``sparsetool shrink CHECKPOINT -o OUTPUT --experts F``: remove that fraction (or keep
     ``experts_keep``) of every Mixture-of-Experts layer's routed experts into a smaller model;
@@ -166,8 +167,10 @@ def shrink(
     instead removes N whole blocks (``block_criterion`` bi or angular); ``ffn=F`` / ``heads=F`` /
     ``hidden=F`` keep that fraction of every layer's FFN channels / attention heads / the
     embedding channels, the FFN's and attention's output projections refit by least squares
-    unless ``reconstruct=False``."""
+    unless ``reconstruct=False``. A run whose memory plan does not fit ``max_memory`` (bytes or
+    ``"12G"``; default: what is available) is refused before any text runs."""
     from sparsetool.ops.shrink import shrink_checkpoint
+    from sparsetool.util.options import parse_size
 
     opts = ShrinkOptions(
         experts=experts,
@@ -187,6 +190,7 @@ def shrink(
         seed=seed,
         dtype=dtype,
         device=device,
+        max_memory=None if max_memory is None else parse_size(max_memory),
     )
     return shrink_checkpoint(checkpoint, output, opts)
 

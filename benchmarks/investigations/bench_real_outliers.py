@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from sparsetool.ops.prune.calibrated import calibration_windows
+from sparsetool.ops.calibration import calibration_windows
 
 INPUTS = {"q_proj": "attn_in", "o_proj": "attn_out", "gate_proj": "mlp_in", "down_proj": "mlp_mid"}
 

@@ -13,6 +13,7 @@ from sparsetool.cli._output import (
     failing_cleanly,
     note_left_out,
     note_reclaimed,
+    plan_printer,
     print_table,
     progress_bar,
 )
@@ -25,6 +26,7 @@ from sparsetool.cli._params import (
     compute_dtype_option,
     device_option,
     json_option,
+    max_memory_option,
     output_option,
     quiet_option,
     seed_option,
@@ -160,6 +162,7 @@ def shrink(
     dtype: ComputeDType = compute_dtype_option(
         "Precision of the forward passes (the statistics stay float64)."
     ),
+    max_memory: str | None = max_memory_option(),
     quiet: bool = quiet_option(),
     threads: int | None = threads_option(),
     as_json: bool = json_option(),
@@ -203,6 +206,7 @@ def shrink(
             seed=seed,
             dtype=value_of(dtype),
             device=device,
+            max_memory=None if max_memory is None else options.parse_size(max_memory),
         )
         opts.validate()
     use_device(device)
@@ -210,7 +214,13 @@ def shrink(
     from sparsetool.ops.shrink import shrink_checkpoint
 
     with failing_cleanly(), progress_bar(not (as_json or quiet)) as progress:
-        result = shrink_checkpoint(checkpoint, output, opts, progress=progress)
+        result = shrink_checkpoint(
+            checkpoint,
+            output,
+            opts,
+            progress=progress,
+            on_plan=plan_printer(not (as_json or quiet)),
+        )
     note_reclaimed(result.reclaimed)
     if as_json:
         emit_json(result.to_json())

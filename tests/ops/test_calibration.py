@@ -12,9 +12,9 @@ from safetensors import safe_open
 
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.wanda import wanda_mask
+from sparsetool.ops.calibration import calibration_windows
 from sparsetool.ops.eval import evaluate
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
-from sparsetool.ops.prune.calibrated import calibration_windows
 
 from helpers import (
     CALIB,

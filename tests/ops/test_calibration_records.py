@@ -13,8 +13,8 @@ import torch
 from safetensors import safe_open
 
 from sparsetool.errors import SparsetoolError
+from sparsetool.ops.calibration import calibration_windows
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
-from sparsetool.ops.prune.calibrated import calibration_windows
 from sparsetool.ops.text import TextSource, read_text
 
 from helpers import CALIB, hf_model, make_text, run, save_tokenizer, tensors

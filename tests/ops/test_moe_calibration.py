@@ -16,8 +16,8 @@ from sparsetool.errors import SparsetoolError
 from sparsetool.masks.distributions import uniform_keep
 from sparsetool.masks.sparsegpt import inverse_hessian_factor, sparsegpt_update
 from sparsetool.masks.wanda import wanda_mask
+from sparsetool.ops.calibration import calibration_windows
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
-from sparsetool.ops.prune.calibrated import calibration_windows
 
 from helpers import CALIB, run, tensors
 
@@ -296,9 +296,9 @@ def test_statistics_that_do_not_fit_at_once_are_gathered_in_passes(
 ):
     """SparseGPT holds an in x in matrix per expert and input; when a block's do not fit in the
     budget, the block is calibrated in passes, each holding some of them."""
-    from sparsetool.ops.prune import calibrated
+    from sparsetool.ops import calibration
 
-    monkeypatch.setattr(calibrated, "process_memory", lambda: 0)  # the budget, to the byte
+    monkeypatch.setattr(calibration, "process_memory", lambda: 0)  # the budget, to the byte
     opts = dict(sparsity=0.5, method="sparsegpt", calibration=str(calib_file), seed=SEED, **CALIB)
     one = prune_checkpoint(mixtral, tmp_path / "one", PruneOptions(max_memory=1 << 40, **opts))
     memory = one.memory

@@ -15,8 +15,8 @@ from sparsetool.masks.distributions import uniform_keep
 from sparsetool.masks.dsnot import dsnot_refine
 from sparsetool.masks.owl import owl_keep, owl_sparsities
 from sparsetool.masks.wanda import wanda_mask
+from sparsetool.ops.calibration import calibration_windows
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
-from sparsetool.ops.prune.calibrated import calibration_windows
 
 from helpers import CALIB, run, save_tokenizer, tensors
 

@@ -15,7 +15,7 @@ from moe_models import build, save_moe
 from safetensors import safe_open
 
 from sparsetool.errors import SparsetoolError, UsageError
-from sparsetool.ops.prune.calibrated import calibration_windows
+from sparsetool.ops.calibration import calibration_windows
 from sparsetool.ops.shrink import ShrinkOptions, plan_experts, shrink_experts
 
 from helpers import CALIB, run, save_tokenizer

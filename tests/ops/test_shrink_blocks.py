@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers as t
 
-from sparsetool.ops.prune.calibrated import calibration_windows
+from sparsetool.ops.calibration import calibration_windows
 from sparsetool.ops.shrink import ShrinkOptions, shrink_checkpoint
 
 from helpers import CALIB, run, save_tokenizer

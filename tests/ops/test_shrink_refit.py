@@ -116,7 +116,7 @@ def _least_squares(w: np.ndarray, x: np.ndarray, kept: list[int], bias=None):
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_block_0_is_refit_to_the_float64_least_squares_answer(kind, tmp_path, text, calib_file):
-    from sparsetool.ops.prune.calibrated import calibration_windows
+    from sparsetool.ops.calibration import calibration_windows
 
     model = save(kind, tmp_path / "in", text)
     asked = dict(ffn=0.5, heads=0.5) if kind == "llama" else dict(ffn=0.5)
@@ -280,7 +280,7 @@ def _outputs_of(model, modules: dict[str, torch.nn.Module], windows) -> dict[str
 
 
 def test_a_removed_run_is_replaced_by_its_least_squares_map(tmp_path, text, calib_file):
-    from sparsetool.ops.prune.calibrated import calibration_windows
+    from sparsetool.ops.calibration import calibration_windows
 
     model = _deep("gpt2")
     model.save_pretrained(tmp_path / "in")

@@ -177,7 +177,7 @@ def test_channels_are_ranked_by_mean_absolute_activation(tmp_path, text, calib_f
     """The kept FFN channels are those whose down-projection inputs, hooked in transformers on the
     same windows, have the largest mean |a| (without reconstruction every block is scored on the
     original model)."""
-    from sparsetool.ops.prune.calibrated import calibration_windows
+    from sparsetool.ops.calibration import calibration_windows
 
     model = save("llama", tmp_path / "in", text)
     opts = ShrinkOptions(ffn=0.5, calibration=calib_file, reconstruct=False, **CALIB)
@@ -247,7 +247,7 @@ def test_embedding_channels_are_ranked_by_every_norm_output(tmp_path, text, cali
     """--hidden keeps the channels of largest summed mean |y| over the outputs of every norm over
     the hidden size (each block's two and the final one), hooked in transformers on the same
     windows."""
-    from sparsetool.ops.prune.calibrated import calibration_windows
+    from sparsetool.ops.calibration import calibration_windows
 
     model = save("llama", tmp_path / "in", text)
     opts = ShrinkOptions(hidden=0.5, calibration=calib_file, **CALIB)

@@ -18,9 +18,9 @@ import transformers
 from sparsetool.errors import SparsetoolError
 from sparsetool.masks.sparsegpt import sparsegpt_kept_count, sparsegpt_prune
 from sparsetool.masks.wanda import wanda_kept_count, wanda_mask
+from sparsetool.ops.calibration import calibration_windows
 from sparsetool.ops.eval import evaluate
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint
-from sparsetool.ops.prune.calibrated import calibration_windows
 
 import json_schemas as S  # noqa: E402
 from helpers import CALIB, make_text, save_tokenizer, tensors  # noqa: E402

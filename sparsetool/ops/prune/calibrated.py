@@ -33,8 +33,8 @@ Wanda writes the input's weights under the new mask, SparseGPT its updated weigh
 This module is the block loop; its parts live beside it: where each target sits in the model
 (``placement.py``), the statistics hooks (``statistics.py``), the memory arithmetic
 (``memory_plan.py``), OWL's pass (``owl_pass.py``) and each method's choice of a matrix's kept
-weights (``selectors.py``). :func:`calibration_windows` cuts calibration text's tokens into the
-windows, :func:`window_length` settles their length.
+weights (``selectors.py``). The windows, the block iterator and the pass's memory are the
+calibration pass prune and shrink share (:mod:`sparsetool.ops.calibration`).
 """
 
 from __future__ import annotations
@@ -51,17 +51,22 @@ from sparsetool.masks.distributions import part_keep_counts
 from sparsetool.masks.wanda import wanda_mask
 from sparsetool.models.blocks import BlockModel, Call
 from sparsetool.models.open import open_model
+from sparsetool.ops.calibration import (
+    BlockPass,
+    calibration_windows,
+    pass_memory,
+    routed_bytes,
+    window_length,
+)
 from sparsetool.ops.prune.memory_plan import (
     Atom,
-    activation_bytes,
     feature_statistics_bytes,
     input_statistics_bytes,
-    routed_bytes,
     solve_bytes,
     split_passes,
     statistics_peak,
 )
-from sparsetool.ops.prune.options import DEFAULT_SEQ, PruneOptions
+from sparsetool.ops.prune.options import PruneOptions
 from sparsetool.ops.prune.owl_pass import owl_allocation
 from sparsetool.ops.prune.placement import Placement, check_layouts, place_targets
 from sparsetool.ops.prune.planner import Sink
@@ -70,51 +75,14 @@ from sparsetool.ops.prune.selectors import Refinement, select_matrix, selector_f
 from sparsetool.ops.prune.statistics import InputStatistics, gather_statistics
 from sparsetool.ops.text import read_text
 from sparsetool.targets import TargetPlan
-from sparsetool.util.memory import MemoryPlan, budget, process_memory, release_freed_memory
+from sparsetool.util.memory import MemoryPlan, release_freed_memory
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural
 
-__all__ = ["CalibratedPlanner", "calibration_windows", "window_length", "NEEDS", "LOWER_MEMORY"]
+__all__ = ["CalibratedPlanner", "NEEDS", "LOWER_MEMORY"]
 
 NEEDS = "calibration pruning (--method wanda or sparsegpt) runs causal language models only"
 LOWER_MEMORY = "--samples, --seq, --dtype bfloat16, or --max-memory if more is free than detected"
-
-
-def calibration_windows(
-    ids: list[int], samples: int, seq: int, seed: int, source: str
-) -> torch.Tensor:
-    """``samples`` windows (rows) of ``seq`` tokens: distinct non-overlapping windows of the text,
-    picked at random by ``seed`` and kept in text order."""
-    need = samples * seq
-    if len(ids) < need:
-        raise SparsetoolError(
-            f"--calibration {source}: {plural(len(ids), 'token')} for this model's tokenizer, but "
-            f"--samples {samples} x --seq {seq} needs {need:,}; give more text or lower "
-            "--samples or --seq"
-        )
-    n = len(ids) // seq
-    pick = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:samples].sort().values
-    t = torch.tensor(ids[: n * seq], dtype=torch.long).view(n, seq)
-    return t[pick]
-
-
-def window_length(seq: int | None, context: int, source: object) -> tuple[int, str | None]:
-    """The calibration windows' length: ``seq`` as asked (refused beyond the model's
-    ``context``), or None: :data:`DEFAULT_SEQ`, or the context when shorter (with a note)."""
-    if seq is None:
-        seq = min(DEFAULT_SEQ, context)
-        if seq < DEFAULT_SEQ:
-            return seq, (
-                f"calibration windows of {seq} tokens, the model's context "
-                f"(shorter than the default --seq {DEFAULT_SEQ})"
-            )
-        return seq, None
-    if seq > context:
-        raise SparsetoolError(
-            f"--seq {seq}: {source} takes at most {context} "
-            f"tokens at once; use --seq {context} or less"
-        )
-    return seq, None
 
 
 class CalibratedPlanner:
@@ -255,23 +223,8 @@ class CalibratedPlanner:
             config = getattr(model.module, "config", None)
             k = int(getattr(config, "num_experts_per_tok", 1) or 1)
             routed = routed_bytes(seq, k, model.width, max(widths))
-        total, source = budget(o.max_memory)
-        plan = MemoryPlan(
-            fixed=process_memory(),
-            weights=max(model.largest_block_bytes, model.bytes_of(model.outer)),
-            activations=activation_bytes(
-                o.samples,
-                seq,
-                model.width,
-                model.dtype.itemsize,
-                model.block_work_bytes(1, seq),
-                routed,
-            ),
-            statistics=0,
-            budget=total,
-            budget_source=source,
-        )
-        room = total - plan.peak
+        plan = pass_memory(model, o.samples, seq, o.max_memory, routed=routed)
+        room = plan.budget - plan.peak
         most = 1
         for i in placement.by_block:
             passes = split_passes(self._atoms(i), room, self._statistics_peak)
@@ -335,20 +288,12 @@ class CalibratedPlanner:
                 model.close()
             return
         by_block = self.placement.by_block
+        blocks = BlockPass(model, self.windows, "calibrate", self.progress, last=max(by_block))
         try:
-            with torch.no_grad():
-                calls = model.capture([row.unsqueeze(0) for row in self.windows])
-                last = max(by_block)
-                for i in range(last + 1):
-                    model.load_block(i)
-                    pairs = by_block.get(i, [])
-                    if pairs:
-                        self._prune_block(i, dict(pairs), calls, sink)
-                    if i < last:
-                        calls = [c.passed(model.run_block(i, c)) for c in calls]
-                    model.release_block(i)
-                    if self.progress:
-                        self.progress("calibrate", i + 1, last + 1)
+            for step in blocks:
+                pairs = by_block.get(step.index, [])
+                if pairs:
+                    self._prune_block(step.index, dict(pairs), step.calls, sink)
         finally:
             model.close()
 

@@ -1,8 +1,9 @@
 """The memory arithmetic of calibration pruning, as pure functions of sizes in bytes.
 
 :class:`~sparsetool.ops.prune.calibrated.CalibratedPlanner` adds these up into the run's
-:class:`~sparsetool.util.memory.MemoryPlan` before the long part: the activations of the
-calibration windows, each block input's statistics, what one tensor's solve holds beside them,
+:class:`~sparsetool.util.memory.MemoryPlan` before the long part (the activations of the
+calibration windows are the shared pass's, :func:`sparsetool.ops.calibration.pass_memory`): each
+block input's statistics, what one tensor's solve holds beside them,
 and, when a block's statistics do not fit at once, the passes they are gathered in
 (:func:`split_passes`). Each constant below names what it counts.
 """
@@ -16,10 +17,8 @@ from sparsetool.masks.sparsegpt import ROWS
 
 __all__ = [
     "Atom",
-    "activation_bytes",
     "feature_statistics_bytes",
     "input_statistics_bytes",
-    "routed_bytes",
     "solve_bytes",
     "split_passes",
     "statistics_peak",
@@ -27,8 +26,6 @@ __all__ = [
 
 FLOAT32 = 4  # bytes of a float32: X^T X, the weights being solved, products
 FLOAT64 = 8  # bytes of a float64: the per-feature sums (sum of squares, DSnoT's sum)
-BLOCK_ENDS = 2  # a block's inputs and its outputs are held at once
-ROUTED_COPIES = 2  # a token's routed inputs, as they are and scaled by their routing weight
 # SparseGPT's solve, per weight: the alive mask (bool), the weight (float32, updated in place) and
 # the kept mask (bool) ...
 SOLVE_PER_WEIGHT = 1 + 4 + 1
@@ -47,22 +44,6 @@ class Atom(NamedTuple):
     keys: list[str]
     size: int
     cost: int
-
-
-def activation_bytes(
-    samples: int, seq: int, width: int, itemsize: int, block_work: int, routed: int
-) -> int:
-    """The calibration windows' hidden states entering and leaving a block, the block's own
-    working memory (``block_work``) and the experts' routed inputs (``routed``)."""
-    hidden = samples * seq * width * itemsize
-    return BLOCK_ENDS * hidden + block_work + routed
-
-
-def routed_bytes(seq: int, experts_per_token: int, width: int, widest_input: int) -> int:
-    """A window's routed inputs of every expert, held while their statistics are added: the
-    hidden states each token's experts read and their gated products (``widest_input`` wide),
-    as they are and scaled by the routing weights (float32 at most)."""
-    return ROUTED_COPIES * seq * experts_per_token * (width + widest_input) * FLOAT32
 
 
 def feature_statistics_bytes(norms: bool, moments: bool) -> int:

@@ -25,6 +25,7 @@ from sparsetool.masks.calibration_defaults import (
     OWL_M,
 )
 from sparsetool.masks.distributions import DISTRIBUTIONS
+from sparsetool.ops.calibration import DEFAULT_SEQ
 from sparsetool.ops.text import DEFAULT_FIELD, TextSource, is_records
 from sparsetool.util.options import (
     ALLOCATIONS,
@@ -54,12 +55,9 @@ __all__ = [
     "OptionFace",
     "TensorResult",
     "PruneResult",
-    "DEFAULT_SEQ",
     "options_record",
     "check_text_field",
 ]
-
-DEFAULT_SEQ = 512  # tokens per calibration window (the Wanda and SparseGPT papers' C4 use 2048)
 
 
 @dataclass(frozen=True)

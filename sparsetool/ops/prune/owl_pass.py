@@ -12,6 +12,7 @@ import torch
 from sparsetool.checkpoint import LogicalTensor
 from sparsetool.masks.owl import OutlierCount, block_sparsity, owl_keep, owl_sparsities
 from sparsetool.models.blocks import BlockModel, Call
+from sparsetool.ops.calibration import BlockPass
 from sparsetool.ops.prune.placement import Placement
 from sparsetool.ops.prune.statistics import gather_statistics
 from sparsetool.util.progress import Progress
@@ -38,46 +39,40 @@ def owl_allocation(
     last = max(by_block)
     ratios: list[float] = []
     blocks: list[dict[str, int]] = []
-    with torch.no_grad():
-        calls = model.capture([row.unsqueeze(0) for row in windows])
-        for i in range(last + 1):
-            pairs = by_block.get(i, [])
-            model.load_block(i)
+    for step in BlockPass(model, windows, "outliers", progress, last=last):
+        i, calls = step.index, step.calls
+        pairs = by_block.get(i, [])
+        if pairs:
             outputs: list[Call] = []  # the dense block's outputs: the next block's inputs
-            if pairs:
-                layers = dict(pairs)
-                stats = gather_statistics(
-                    model,
-                    i,
-                    layers,
-                    calls,
-                    placement,
-                    hessian=False,
-                    moments=False,
-                    outputs=outputs if i < last else None,
-                )
-                count = OutlierCount(m)
-                by_tensor: dict[str, tuple[LogicalTensor, list[str]]] = {}
-                for key, lt in layers.items():  # a tensor of every expert: read once
-                    by_tensor.setdefault(lt.name, (lt, []))[1].append(key)
-                for add in (count.add_sum, count.add_count):
-                    for lt, keys in by_tensor.values():
-                        weight = dense(lt)
-                        for key in keys:
-                            place = placement.where[key]
-                            add(
-                                weight[place.expert] if place.slot else weight,
-                                stats.of(key).sq.cpu(),
-                            )
-                        del weight
-                ratios.append(count.ratio)
-                blocks.append({lt.name: lt.numel for lt in layers.values()})
-            if i < last:
-                calls = outputs or [c.passed(model.run_block(i, c)) for c in calls]
-            model.release_block(i)
-            if progress:
-                progress("outliers", i + 1, last + 1)
-    del calls
+            layers = dict(pairs)
+            stats = gather_statistics(
+                model,
+                i,
+                layers,
+                calls,
+                placement,
+                hessian=False,
+                moments=False,
+                outputs=outputs if i < last else None,
+            )
+            count = OutlierCount(m)
+            by_tensor: dict[str, tuple[LogicalTensor, list[str]]] = {}
+            for key, lt in layers.items():  # a tensor of every expert: read once
+                by_tensor.setdefault(lt.name, (lt, []))[1].append(key)
+            for add in (count.add_sum, count.add_count):
+                for lt, keys in by_tensor.values():
+                    weight = dense(lt)
+                    for key in keys:
+                        place = placement.where[key]
+                        add(
+                            weight[place.expert] if place.slot else weight,
+                            stats.of(key).sq.cpu(),
+                        )
+                    del weight
+            ratios.append(count.ratio)
+            blocks.append({lt.name: lt.numel for lt in layers.values()})
+            if outputs:
+                step.outputs = outputs
     sparsities = owl_sparsities(ratios, [sum(b.values()) for b in blocks], sparsity, lam)
     keep = owl_keep(blocks, sparsities, sparsity)
     allocation = [

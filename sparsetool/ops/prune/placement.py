@@ -18,9 +18,10 @@ from sparsetool.checkpoint import LogicalTensor
 from sparsetool.errors import SparsetoolError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.models.hf import Piece
+from sparsetool.ops.calibration import is_experts
 from sparsetool.targets import STACKED_LAYOUTS, TargetPlan
 
-__all__ = ["Place", "Placement", "check_layouts", "is_experts", "oriented", "place_targets"]
+__all__ = ["Place", "Placement", "check_layouts", "oriented", "place_targets"]
 
 LAYOUTS = ("linear", "conv1d") + STACKED_LAYOUTS  # the weights calibration pruning takes
 
@@ -39,13 +40,6 @@ class Place:
     expert: int | None = None
     part: str = ""
     slot: bool = False  # the checkpoint tensor holds every expert: this is its ``[expert]``
-
-
-def is_experts(module: torch.nn.Module) -> bool:
-    """transformers' fused experts: 3-D parameters, one matrix per expert, and a down projection."""
-    return hasattr(module, "down_proj") and any(
-        p.ndim == 3 for p in module.parameters(recurse=False)
-    )
 
 
 def oriented(t: torch.Tensor, layout: str) -> torch.Tensor:

@@ -16,6 +16,7 @@ from sparsetool.checkpoint import LogicalTensor
 from sparsetool.errors import CheckpointError, SparsetoolError
 from sparsetool.masks.sparsegpt import ROWS
 from sparsetool.models.blocks import BlockModel, Call
+from sparsetool.ops.calibration import gated_product, routed_inputs, routing_of
 from sparsetool.ops.prune.placement import Placement
 from sparsetool.util.threads import torch_threads
 
@@ -23,9 +24,6 @@ __all__ = [
     "InputStatistics",
     "BlockStatistics",
     "gather_statistics",
-    "routed_inputs",
-    "gated_product",
-    "routing_of",
 ]
 
 
@@ -111,7 +109,7 @@ class BlockStatistics:
         ``X^T X`` weigh each token's squared error as the model weighs it. ``"in"`` matrices
         (gate and up) read the hidden states; ``"out"`` (down) reads the gated product, computed
         with the expert's weights as they are now and the module's own gate
-        (:func:`routed_inputs`)."""
+        (:func:`~sparsetool.ops.calibration.routed_inputs`)."""
 
         def see(module, args, kwargs) -> None:
             hidden, index, weights = routing_of(args, kwargs)
@@ -244,36 +242,3 @@ def gather_statistics(
         for h in hooks:
             h.remove()
     return stats
-
-
-def routing_of(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(hidden states, chosen experts, routing weights) of a call of an experts module, passed by
-    position or by name (each family names them its own way), each with one row per token."""
-    hidden, index, weights = (list(args) + list(kwargs.values()))[:3]
-    tokens = hidden.numel() // hidden.shape[-1]
-    return hidden.reshape(tokens, -1), index.reshape(tokens, -1), weights.reshape(tokens, -1)
-
-
-def routed_inputs(
-    experts: torch.nn.Module,
-    e: int,
-    hidden: torch.Tensor,
-    index: torch.Tensor,
-    weights: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The hidden states (tokens, d) routed to expert ``e`` and their routing weights (tokens,),
-    from a block's hidden states, chosen experts (tokens, k) and weights (tokens, k)."""
-    tokens, slot = (index == e).nonzero(as_tuple=True)
-    return hidden[tokens], weights[tokens, slot].to(hidden.dtype)
-
-
-def gated_product(experts: torch.nn.Module, e: int, x: torch.Tensor) -> torch.Tensor:
-    """What expert ``e`` of transformers' fused ``experts`` module hands its down projection for
-    inputs ``x``: its gate and up projections (with their biases, in the module's orientation)
-    through the module's own gate (``_apply_gate``) or activation."""
-    gate = getattr(experts, "has_gate", True)
-    weight = (experts.gate_up_proj if gate else experts.up_proj)[e]
-    out = x @ weight if getattr(experts, "is_transposed", False) else x @ weight.T
-    if getattr(experts, "has_bias", False):
-        out = out + (experts.gate_up_proj_bias if gate else experts.up_proj_bias)[e]
-    return experts._apply_gate(out) if gate else experts.act_fn(out)

@@ -28,6 +28,7 @@ full when transformers derives it from a pattern) cut to the blocks kept.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -39,11 +40,14 @@ from sparsetool.checkpoint.writer import write_checkpoint
 from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.models.open import open_model
+from sparsetool.ops.calibration import BlockPass
 from sparsetool.ops.shrink.inputs import check_output, model_config, record_sizes
+from sparsetool.ops.shrink.memory import blocks_held, blocks_statistics
 from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
 from sparsetool.ops.shrink.refit import DAMPENING, RunMap
 from sparsetool.ops.shrink.windows import shrink_windows
 from sparsetool.ops.text import read_text
+from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.progress import Progress
 
 __all__ = ["LAYER_COUNT_KEYS", "plan_blocks", "shrink_blocks"]
@@ -89,7 +93,12 @@ def plan_blocks(path: str | Path, opts: ShrinkOptions) -> tuple[int, int]:
 
 
 def shrink_blocks(
-    path: str | Path, out: str | Path, opts: ShrinkOptions, *, progress: Progress | None = None
+    path: str | Path,
+    out: str | Path,
+    opts: ShrinkOptions,
+    *,
+    progress: Progress | None = None,
+    on_plan: Callable[[MemoryPlan], None] | None = None,
 ) -> ShrinkResult:
     """Remove ``opts.blocks`` whole blocks of the model at ``path`` into ``out``; see the module
     docstring."""
@@ -104,7 +113,16 @@ def shrink_blocks(
         if len(model.blocks) != total:
             raise SparsetoolError(f"{path}: config.json says {total} blocks, the model has "
                                   f"{len(model.blocks)}")  # fmt: skip
-        windows = shrink_windows(model, opts, text, result)
+        angular = opts.block_criterion == "angular"
+        windows = shrink_windows(
+            model,
+            opts,
+            text,
+            result,
+            statistics=_statistics(model, opts, n) if opts.reconstruct else 0,
+            held=blocks_held(n, angular, opts.reconstruct),
+            on_plan=on_plan,
+        )
         bi, angular = _scores(model, opts, windows, n, progress)
         if opts.block_criterion == "bi":
             removed = sorted(sorted(range(total), key=lambda i: (bi[i], -i))[:n])
@@ -147,6 +165,18 @@ def shrink_blocks(
     return result
 
 
+def _statistics(model: BlockModel, opts: ShrinkOptions, n: int) -> int:
+    """ReplaceMe's maps at their most (:func:`~sparsetool.ops.shrink.memory.blocks_statistics`):
+    as many runs as ``n`` removed blocks can make (one, for angular distance), each folding into
+    a down projection of the largest FFN."""
+    runs = 1 if opts.block_criterion == "angular" else n  # each map is solved as its run ends
+    ends = ("mlp.down_proj.weight", "mlp.c_proj.weight")
+    downs = [lt for lt in model.ckpt.logical if lt.name.endswith(ends)]
+    widest = max((lt.numel // model.width for lt in downs), default=0)
+    stored = max((lt.dtype.itemsize for lt in downs), default=4)
+    return blocks_statistics(width=model.width, ffn=widest, runs=runs, stored=stored)
+
+
 def _scores(
     model: BlockModel,
     opts: ShrinkOptions,
@@ -155,27 +185,20 @@ def _scores(
     progress: Progress | None,
 ) -> tuple[list[float], list[float]]:
     """Every block's influence, and every run of ``n`` blocks' angular distance."""
-    total = len(model.blocks)
     bi: list[float] = []
     angular: list[float] = []
     held: list[list[torch.Tensor]] = []  # the inputs of the last n blocks (angular)
-    with torch.no_grad():
-        calls = model.capture([row.unsqueeze(0) for row in windows])
-        for i in range(total):
-            model.load_block(i)
-            outs = [model.run_block(i, c) for c in calls]
-            model.release_block(i)
-            ins = [c.hidden for c in calls]
-            bi.append(1.0 - _mean_cos(ins, outs, angle=False))
-            if opts.block_criterion == "angular":
-                held.append(ins)
-                if len(held) > n:
-                    held.pop(0)
-                if i + 1 >= n:
-                    angular.append(_mean_cos(held[0], outs, angle=True))
-            calls = [c.passed(h) for c, h in zip(calls, outs)]
-            if progress:
-                progress("score", i + 1, total)
+    for step in BlockPass(model, windows, "score", progress):
+        i = step.index
+        ins = [c.hidden for c in step.calls]
+        outs = step.hidden
+        bi.append(1.0 - _mean_cos(ins, outs, angle=False))
+        if opts.block_criterion == "angular":
+            held.append(ins)
+            if len(held) > n:
+                held.pop(0)
+            if i + 1 >= n:
+                angular.append(_mean_cos(held[0], outs, angle=True))
     return bi, angular
 
 
@@ -241,36 +264,32 @@ def _replace_runs(
     open_: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # run end -> (m, h)
     ends = {run[-1]: before for before, (run, _p, _c) in targets.items()}
     last = max(ends)
-    with torch.no_grad():
-        calls = model.capture([row.unsqueeze(0) for row in windows])
-        for i in range(last + 1):
-            model.load_block(i)
-            seen: list[torch.Tensor] = []
-            handle = None
-            if i in targets:
-                handle = model.module.get_submodule(targets[i][1]).register_forward_hook(
-                    _keeper(seen)
-                )
-            try:
-                outs = [model.run_block(i, c) for c in calls]
-            finally:
-                if handle is not None:
-                    handle.remove()
-            model.release_block(i)
-            if i in targets:
-                open_[targets[i][0][-1]] = (seen, outs)
-            if i in open_:
-                (ms, hs), fit = open_.pop(i), maps[ends[i]]
-                for m, h, after in zip(ms, hs, outs):
-                    fit.add(m, h, after)
-            calls = [c.passed(h) for c, h in zip(calls, outs)]
-            if progress:
-                progress("fit", i + 1, last + 1)
-    for before, (run, path, conv1d) in targets.items():
-        t, err0, err1 = maps[before].solve()
-        _fold(model, path, conv1d, t, values)
-        record["maps"].append({"run": run, "folded_into": before, "error_before": err0,
-                               "error_after": err1})  # fmt: skip
+    for step in BlockPass(model, windows, "fit", progress, last=last):
+        i = step.index
+        seen: list[torch.Tensor] = []
+        handle = None
+        if i in targets:
+            handle = model.module.get_submodule(targets[i][1]).register_forward_hook(_keeper(seen))
+        try:
+            outs = step.hidden
+        finally:
+            if handle is not None:
+                handle.remove()
+        if i in targets:
+            open_[targets[i][0][-1]] = (seen, outs)
+        if i in open_:  # the run ends here: its map is fitted, solved and folded at once
+            (ms, hs), before = open_.pop(i), ends[i]
+            fit = maps.pop(before)
+            for m, h, after in zip(ms, hs, outs):
+                fit.add(m, h, after)
+            del ms, hs
+            run, path, conv1d = targets[before]
+            t, err0, err1 = fit.solve()
+            del fit
+            _fold(model, path, conv1d, t, values)
+            record["maps"].append({"run": run, "folded_into": before, "error_before": err0,
+                                   "error_after": err1})  # fmt: skip
+        del outs
     return record
 
 

@@ -31,6 +31,7 @@ from sparsetool.checkpoint.writer import write_checkpoint
 from sparsetool.errors import UsageError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.models.open import open_model
+from sparsetool.ops.calibration import BlockPass
 from sparsetool.ops.shrink.inputs import check_output, model_config, record_sizes
 from sparsetool.ops.shrink.layers import EXPERT_COUNT_KEYS, ExpertLayer, expert_count, expert_layers
 from sparsetool.ops.shrink.options import (
@@ -48,6 +49,7 @@ from sparsetool.ops.shrink.saliency import (
 from sparsetool.ops.shrink.windows import shrink_windows
 from sparsetool.ops.shrink.write import Averaged, ExpertWriter, averaged
 from sparsetool.ops.text import read_text
+from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.progress import Progress
 
 __all__ = ["NEEDS", "plan_shrink", "shrink_experts"]
@@ -81,6 +83,7 @@ def shrink_experts(
     opts: ShrinkOptions,
     *,
     progress: Progress | None = None,
+    on_plan: Callable[[MemoryPlan], None] | None = None,
 ) -> ShrinkResult:
     """Remove ``opts``' share of every Mixture-of-Experts layer's routed experts of the model at
     ``path`` and write the smaller model at ``out``; see the module docstring."""
@@ -95,7 +98,7 @@ def shrink_experts(
         if not layers:
             raise UsageError(f"{path}: no block has routed experts; nothing for shrink to remove")
         writer = ExpertWriter(model.ckpt, layers, plan.experts, plan.keep)
-        choices = _choose(model, layers, plan, opts, text, result, progress)
+        choices = _choose(model, layers, plan, opts, text, result, progress, on_plan)
         result.layers = [_layer_record(layers[i], c, plan) for i, c in sorted(choices.items())]
         metadata = provenance_metadata(
             model.ckpt.metadata(),
@@ -141,6 +144,7 @@ def _choose(
     text: str | None,
     result: ShrinkResult,
     progress: Progress | None,
+    on_plan: Callable[[MemoryPlan], None] | None = None,
 ) -> dict[int, _Choice]:
     """Phase 1: every layer's kept experts (see the module docstring)."""
     choices: dict[int, _Choice] = {}
@@ -149,24 +153,35 @@ def _choose(
             scores = random_scores(plan.experts, opts.seed, i)
             choices[i] = _Choice(choose_kept(scores, plan), scores, None, None)
         return choices
-    windows = shrink_windows(model, opts, text, result)
+    cfg = model.module.config
+    widest = (
+        getattr(cfg, "moe_intermediate_size", None)
+        or getattr(cfg, "intermediate_size", None)
+        or 4 * model.width
+    )
+    # the kept experts' copy of a block's experts (and with --merge their averages)
+    copies = model.largest_block_bytes * plan.keep // plan.experts * (2 if opts.merge else 1)
+    windows = shrink_windows(
+        model,
+        opts,
+        text,
+        result,
+        statistics=copies,
+        routed=(plan.top_k, int(widest)),
+        on_plan=on_plan,
+    )
     last = max(layers)
-    with torch.no_grad():
-        calls = model.capture([row.unsqueeze(0) for row in windows])
-        for i in range(last + 1):
-            model.load_block(i)
-            restore: Callable[[], None] = lambda: None  # noqa: E731
-            if i in layers:
-                layer = layers[i]
-                choices[i] = choice = _score(model, layer, plan, opts, calls)
-                shrunk = averaged(layer, choice.kept, choice.clusters, model.read)
-                restore = _shrink_in_memory(model, layer, plan, choice.kept, shrunk)
-            if i < last:
-                calls = [c.passed(model.run_block(i, c)) for c in calls]
-            restore()
-            model.release_block(i)
-            if progress:
-                progress("shrink", i + 1, last + 1)
+    for step in BlockPass(model, windows, "shrink", progress, last=last):
+        i = step.index
+        restore: Callable[[], None] = lambda: None  # noqa: E731
+        if i in layers:
+            layer = layers[i]
+            choices[i] = choice = _score(model, layer, plan, opts, step.calls)
+            shrunk = averaged(layer, choice.kept, choice.clusters, model.read)
+            restore = _shrink_in_memory(model, layer, plan, choice.kept, shrunk)
+        if i < last:
+            step.run()  # the next inputs come from the shrunk block
+        restore()
     return choices
 
 

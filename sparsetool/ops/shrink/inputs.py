@@ -15,7 +15,7 @@ from typing import Any
 
 from sparsetool.checkpoint import Checkpoint, open_checkpoint
 from sparsetool.checkpoint.output_files import check_writable
-from sparsetool.errors import SparsetoolError, UsageError
+from sparsetool.errors import CheckpointError, SparsetoolError, UsageError
 from sparsetool.models.hf import hf_config, import_transformers
 
 __all__ = ["check_output", "model_config", "record_sizes"]
@@ -46,11 +46,15 @@ def model_config(path: Path, needs: str) -> tuple[dict, Any]:
 
 
 def check_output(path: Path, out: Path) -> None:
-    """Refuse ``out`` when it is the input, or cannot be written (before the long part)."""
+    """Refuse ``out`` when it is the input, its directory does not exist, or it cannot be written
+    (before the long part)."""
     if out.exists() and out.resolve() == path.resolve():
         raise UsageError(
             f"-o {out} is the input itself; shrink writes a new model: choose another path"
         )
+    parent = Path(out).absolute().parent
+    if not parent.is_dir():  # said now, not by the writer after the calibration pass
+        raise CheckpointError(f"output directory {parent} does not exist; create it first")
     check_writable(out, "-o")
 
 

@@ -19,7 +19,7 @@ import torch
 from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.models.hf import Piece
-from sparsetool.ops.prune.placement import is_experts
+from sparsetool.ops.calibration import is_experts
 
 __all__ = [
     "EXPERT_COUNT_KEYS",

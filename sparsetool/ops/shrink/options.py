@@ -17,6 +17,7 @@ from sparsetool.checkpoint.output_files import Reclaimed
 from sparsetool.errors import ConfigError, UsageError
 from sparsetool.ops.prune.options import PruneOptions, check_text_field
 from sparsetool.ops.text import DEFAULT_FIELD, TextSource, is_records
+from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.options import check_count, check_seed, option_error
 
 __all__ = [
@@ -67,6 +68,7 @@ class ShrinkOptions:
     seed: int = 0  # --seed: the windows picked from the text, and --criterion random
     dtype: str = "float32"  # --dtype: precision of the forward passes
     device: str = "auto"  # --device: auto (a GPU if there is one), cpu, cuda or cuda:N
+    max_memory: int | None = None  # --max-memory SIZE (bytes): default, what is available
 
     @property
     def reads_text(self) -> bool:
@@ -83,6 +85,16 @@ class ShrinkOptions:
         if self.widths:
             return "widths"
         return "experts"
+
+    @property
+    def asked(self) -> str:
+        """The options that say what is removed, as typed (``--ffn 0.75 --hidden 0.75``)."""
+        flags = {"experts": self.experts, "experts-keep": self.experts_keep}
+        if self.removes == "blocks":
+            flags = {"blocks": self.blocks}
+        elif self.removes == "widths":
+            flags = {"ffn": self.ffn, "heads": self.heads, "hidden": self.hidden}
+        return " ".join(f"--{k} {v:g}" for k, v in flags.items() if v is not None)
 
     @property
     def widths(self) -> bool:
@@ -152,6 +164,8 @@ class ShrinkOptions:
         if self.seq is not None:
             check_count(self.seq, "--seq", minimum=2)
         check_seed(self.seed)
+        if self.max_memory is not None:
+            check_count(self.max_memory, "--max-memory")
         check_text_field(self.text_field, self.calibration)
         if self.text_field != DEFAULT_FIELD and (self.calibration is None or not self.reads_text):
             raise ConfigError(
@@ -204,7 +218,7 @@ class ShrinkOptions:
         if not self.reads_text:
             for k in ("calibration", "text_field", "samples", "seq", "dtype"):
                 rec.pop(k, None)
-        del rec["device"]
+        del rec["device"], rec["max_memory"]  # where and within what it ran, not what was made
         return rec
 
 
@@ -318,6 +332,7 @@ class ShrinkResult:
     bytes_before: int = 0
     bytes_after: int = 0
     tokens: int = 0  # calibration tokens run through the model
+    memory: MemoryPlan | None = None  # the plan checked before the calibration text ran
     notes: list[str] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)
     reclaimed: list[Reclaimed] = field(default_factory=list)  # stale temporaries removed
@@ -340,6 +355,7 @@ class ShrinkResult:
             "options": self.options.record(),
             **removed,
             "calibration_tokens": self.tokens,
+            **({"memory": self.memory.to_json()} if self.memory is not None else {}),
             "parameters": {"before": self.parameters_before, "after": self.parameters_after},
             "bytes": {"before": self.bytes_before, "after": self.bytes_after},
             **({"layers": self.layers} if self.plan is not None else {}),

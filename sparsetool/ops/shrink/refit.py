@@ -50,9 +50,12 @@ class Gram:
     def add(self, x: Tensor) -> None:
         """Add inputs ``x`` (..., in)."""
         x = x.reshape(-1, x.shape[-1]).to(torch.float64)
-        h, s = x.T @ x, x.sum(0)
-        self.h = h.cpu() if self.h is None else self.h + h.cpu()
-        self.sums = s.cpu() if self.sums is None else self.sums + s.cpu()
+        h, s = (x.T @ x).cpu(), x.sum(0).cpu()
+        if self.h is None or self.sums is None:
+            self.h, self.sums = h, s
+        else:  # in place: the sum and one window's product, never a third copy
+            self.h.add_(h)
+            self.sums.add_(s)
         self.tokens += x.shape[0]
 
     def augmented(self) -> Tensor:
@@ -140,8 +143,11 @@ class RunMap:
         )
         y = after - before + m
         mtm, mty = (m.T @ m).cpu(), (m.T @ y).cpu()
-        self.mtm = mtm if self.mtm is None else self.mtm + mtm
-        self.mty = mty if self.mty is None else self.mty + mty
+        if self.mtm is None or self.mty is None:
+            self.mtm, self.mty = mtm, mty
+        else:  # in place, as Gram.add
+            self.mtm.add_(mtm)
+            self.mty.add_(mty)
         self.yty += float((y * y).sum())
         self.target += float((after * after).sum())
 

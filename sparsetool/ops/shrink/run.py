@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from sparsetool.checkpoint.output_files import reclaiming
@@ -9,22 +10,29 @@ from sparsetool.ops.shrink.blocks import shrink_blocks
 from sparsetool.ops.shrink.experts import shrink_experts
 from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
 from sparsetool.ops.shrink.widths import shrink_widths
+from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.progress import Progress
 
 __all__ = ["shrink_checkpoint"]
 
 
 def shrink_checkpoint(
-    path: str | Path, out: str | Path, opts: ShrinkOptions, *, progress: Progress | None = None
+    path: str | Path,
+    out: str | Path,
+    opts: ShrinkOptions,
+    *,
+    progress: Progress | None = None,
+    on_plan: Callable[[MemoryPlan], None] | None = None,
 ) -> ShrinkResult:
     """Write the smaller model ``opts`` asks for: whole blocks removed (``opts.blocks``), FFN
     channels or attention heads (``opts.ffn``, ``opts.heads``), else routed experts
     (``opts.experts`` or ``opts.experts_keep``). The temporaries of killed runs
-    removed beside ``out`` are the result's ``reclaimed`` (an error's, if it fails)."""
+    removed beside ``out`` are the result's ``reclaimed`` (an error's, if it fails). When text
+    runs, ``on_plan`` hears the memory plan (checked against ``opts.max_memory``) before it does."""
     opts.validate()
     opts = opts.reading(path)  # calibration records: their text field, path's chat template
     shrink = {"blocks": shrink_blocks, "widths": shrink_widths}.get(opts.removes, shrink_experts)
     with reclaiming() as reclaimed:
-        result = shrink(path, out, opts, progress=progress)
+        result = shrink(path, out, opts, progress=progress, on_plan=on_plan)
     result.reclaimed = reclaimed
     return result

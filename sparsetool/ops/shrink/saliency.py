@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from sparsetool.ops.prune.statistics import gated_product, routing_of
+from sparsetool.ops.calibration import gated_product, routing_of
 from sparsetool.ops.shrink.options import ExpertPlan
 
 __all__ = ["ExpertStatistics", "expert_output", "choose_kept", "merge_clusters", "random_scores"]

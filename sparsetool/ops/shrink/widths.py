@@ -32,6 +32,7 @@ written. Everything else is copied byte for byte.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,11 +46,14 @@ from sparsetool.checkpoint.writer import write_checkpoint
 from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.models.open import open_model
+from sparsetool.ops.calibration import BlockPass
 from sparsetool.ops.shrink.inputs import check_output, model_config, record_sizes
+from sparsetool.ops.shrink.memory import widths_statistics
 from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
 from sparsetool.ops.shrink.refit import DAMPENING, Gram, refit_columns
 from sparsetool.ops.shrink.windows import shrink_windows
 from sparsetool.ops.text import read_text
+from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural
 
@@ -100,7 +104,12 @@ class _Hidden:
 
 
 def shrink_widths(
-    path: str | Path, out: str | Path, opts: ShrinkOptions, *, progress: Progress | None = None
+    path: str | Path,
+    out: str | Path,
+    opts: ShrinkOptions,
+    *,
+    progress: Progress | None = None,
+    on_plan: Callable[[MemoryPlan], None] | None = None,
 ) -> ShrinkResult:
     """Narrow the FFNs (``opts.ffn``) and/or the attention (``opts.heads``) of the model at
     ``path`` into ``out``; see the module docstring."""
@@ -131,7 +140,9 @@ def shrink_widths(
         if _refits(opts):  # the refit tensors wait on disk beside the output, not in memory
             spill = TensorSpill(out)
         refit = _Refitter(model, layers, geometry, plan, spill) if spill is not None else None
-        _score(model, layers, opts, text, result, progress, hidden, refit)
+        statistics = _statistics(model, layers, geometry, plan) if refit is not None else 0
+        windows = shrink_windows(model, opts, text, result, statistics=statistics, on_plan=on_plan)
+        _score(model, layers, windows, progress, hidden, refit)
         if refit is None:
             cuts, record = _choose(model, layers, geometry, plan)
         else:
@@ -236,12 +247,21 @@ def _geometry(model: BlockModel, cfg, opts: ShrinkOptions) -> _Geometry:
     return _Geometry(heads, kv, head_dim, ffn)
 
 
+def _statistics(model: BlockModel, layers: list[_Layer], g: _Geometry, plan: _Plan) -> int:
+    """The most a block's refits hold (:func:`~sparsetool.ops.shrink.memory.widths_statistics`)."""
+    layer = layers[0]
+    ffn = (g.ffn, plan.keep_ffn) if layer.ffn_out and plan.keep_ffn is not None else None
+    heads = None
+    if layer.o:
+        heads = (g.heads * g.head_dim, plan.kept_groups * plan.per_group * g.head_dim)
+    bias = bool(layer.ffn_out) and _stored(model, f"{layer.ffn_out}.bias") is not None
+    return widths_statistics(width=model.width, ffn=ffn, heads=heads, bias=bias)
+
+
 def _score(
     model: BlockModel,
     layers: list[_Layer],
-    opts: ShrinkOptions,
-    text: str,
-    result: ShrinkResult,
+    windows: torch.Tensor,
     progress: Progress | None,
     hidden: _Hidden | None = None,
     refit: _Refitter | None = None,
@@ -249,35 +269,30 @@ def _score(
     """Each layer's channel and head scores, and the embedding channels' (``hidden``), from the
     calibration windows: of the original model, or with ``refit`` of the model as shrunk so far
     (each block cut and refit once scored, then run again for the next block's inputs)."""
-    windows = shrink_windows(model, opts, text, result)
-    with torch.no_grad():
-        calls = model.capture([row.unsqueeze(0) for row in windows])
-        for i, layer in enumerate(layers):
-            model.load_block(i)
-            handles = []
-            if layer.ffn_out:
-                handles.append(_hook(model, layer.ffn_out, layer, "channels", None))
-            if layer.o:
-                handles.append(_hook(model, layer.o, layer, "heads", _head_dim(model, layer)))
-            if hidden is not None:
-                handles += [_norm_hook(model, n, hidden) for n in layer.norms]
-            if refit is not None:
-                handles += refit.hooks(layer)
-            try:
-                outs = [c.passed(model.run_block(i, c)) for c in calls]
-            finally:
-                for h in handles:
-                    h.remove()
-            if refit is not None:
-                refit.block(i)  # this block cut and refit in memory: run it again
-                outs = [c.passed(model.run_block(i, c)) for c in calls]
-            calls = outs
-            model.release_block(i)
-            if progress:
-                progress("score", i + 1, len(layers))
+    blocks = BlockPass(model, windows, "score", progress, final=hidden is not None)
+    for step in blocks:
+        i, layer = step.index, layers[step.index]
+        handles = []
+        if layer.ffn_out:
+            handles.append(_hook(model, layer.ffn_out, layer, "channels", None))
+        if layer.o:
+            handles.append(_hook(model, layer.o, layer, "heads", _head_dim(model, layer)))
         if hidden is not None:
+            handles += [_norm_hook(model, n, hidden) for n in layer.norms]
+        if refit is not None:
+            handles += refit.hooks(layer)
+        try:
+            step.run()
+        finally:
+            for h in handles:
+                h.remove()
+        if refit is not None:
+            refit.block(i)  # this block cut and refit in memory: run it again
+            step.run()
+    if hidden is not None:
+        with torch.no_grad():
             hidden.tokens = sum(int(row.numel()) for row in windows)
-            _final_norm_scores(model, calls, hidden)
+            _final_norm_scores(model, blocks.calls, hidden)
 
 
 def _norm_hook(model: BlockModel, path: str, hidden: _Hidden):

@@ -1,0 +1,97 @@
+"""What a shrink run holds beside the calibration pass, in bytes, planned before any text runs.
+
+The pass's part (the process, one block, the windows' hidden states at both ends of a block) is
+:func:`sparsetool.ops.calibration.pass_memory`; each kind of shrink adds what it gathers:
+
+- ``--ffn``/``--heads`` with reconstruction (:func:`widths_statistics`): a block's ``X^T X`` of
+  the down projection's inputs (``d_ff x d_ff``, float64) and of the output projection's
+  (``heads x head_dim`` square), held together while the windows run, with one window's product
+  being added; then each refit beside them (:func:`refit_solve_bytes`). Without reconstruction
+  the scores are a few numbers per channel.
+- ``--blocks`` (:func:`blocks_statistics`, :func:`blocks_held`): angular distance keeps the
+  inputs of the last N blocks; ReplaceMe's fit keeps the MLP output and the hidden states before
+  the run being replaced, and each run's map sums (``M^T M``, ``M^T Y``: ``d x d`` float64) until
+  they are solved and folded into a down projection.
+- ``--experts``: the experts' routed inputs (:func:`sparsetool.ops.calibration.routed_bytes`)
+  and the kept experts' copy of a block's experts.
+
+Each constant names what it counts; ``benchmarks/RESULTS.md`` compares the plan with the peak.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "blocks_held",
+    "blocks_statistics",
+    "gram_bytes",
+    "refit_solve_bytes",
+    "widths_statistics",
+]
+
+FLOAT64 = 8  # the refits' sums and solves are float64
+GRAM_ADDING = 1  # one window's x^T x beside the sum it is added to (in place)
+SOLVE_SQUARES = 2  # H[K, K] (dampened) and the solver's factor of it
+SOLVE_FULL = 4  # (out, in) float64: the weights with their bias, their error's difference and
+# product, the refit written back at full width
+SOLVE_KEPT = 4  # (out, kept) float64: W H[:, K], its solution, the plain slice, a transpose
+REPLACEME_HELD = 2  # hidden-state sets: the MLP output before the run, and its block's output
+MAP_SUMS = 2  # a run's M^T M and M^T Y (d x d float64)
+MAP_SOLVE = 4  # solving a map: the dampened copy, T, the identity, M^T M T (d x d float64)
+FOLD_COPIES = 2  # folding a map: the down projection in float64, and its product
+
+
+def gram_bytes(n: int) -> int:
+    """A :class:`~sparsetool.ops.shrink.refit.Gram` of ``n`` inputs: ``H`` and the sums."""
+    return n * n * FLOAT64 + n * FLOAT64
+
+
+def refit_solve_bytes(out: int, n: int, kept: int, bias: bool) -> int:
+    """What :func:`~sparsetool.ops.shrink.refit.refit_columns` of a projection (``out`` x ``n``
+    inputs, ``kept`` of them kept) holds beside its Gram: the squares of the kept inputs, the
+    full-width and kept-width matrices, and ``H`` with its constant input (``bias``)."""
+    squares = SOLVE_SQUARES * (kept + bias) ** 2 * FLOAT64
+    augmented = (n + 1) ** 2 * FLOAT64 if bias else 0
+    return squares + augmented + (SOLVE_FULL * n + SOLVE_KEPT * kept) * out * FLOAT64
+
+
+def widths_statistics(
+    *,
+    width: int,
+    ffn: tuple[int, int] | None,
+    heads: tuple[int, int] | None,
+    bias: bool,
+) -> int:
+    """The most a block's refits hold at once: ``ffn`` (channels, kept) of the down projection
+    and ``heads`` (inputs, kept) of the output projection (None: not refit), both writing
+    ``width`` outputs; ``bias``: the down projection has one (GPT-2)."""
+    grams = [gram_bytes(n) for n, _k in (p for p in (ffn, heads) if p is not None)]
+    if not grams:
+        return 0
+    held = sum(grams)
+    adding = max(n for n, _k in (p for p in (ffn, heads) if p is not None)) ** 2 * FLOAT64
+    peak = held + GRAM_ADDING * adding
+    if ffn is not None:
+        peak = max(peak, held + refit_solve_bytes(width, ffn[0], ffn[1], bias))
+    if heads is not None:  # the FFN's Gram is gone by then
+        rest = held - (gram_bytes(ffn[0]) if ffn is not None else 0)
+        peak = max(peak, rest + refit_solve_bytes(width, heads[0], heads[1], False))
+    return peak
+
+
+def blocks_statistics(*, width: int, ffn: int, runs: int, stored: int) -> int:
+    """ReplaceMe's maps of up to ``runs`` removed runs (``width`` square each) held until they are
+    solved, with one being solved and folded into a down projection (``ffn`` x ``width``) and
+    the folded projections (``stored`` bytes per weight) waiting for the writer."""
+    if runs == 0:
+        return 0
+    square = width * width * FLOAT64
+    sums = runs * MAP_SUMS * square
+    fold = FOLD_COPIES * ffn * width * FLOAT64
+    waiting = runs * ffn * width * stored
+    return sums + max(MAP_SUMS * square, MAP_SOLVE * square + fold) + waiting
+
+
+def blocks_held(n: int, angular: bool, reconstruct: bool) -> int:
+    """Hidden-state sets ``--blocks N`` keeps beside a block's two ends: the inputs of the last
+    ``n`` blocks (angular distance), or ReplaceMe's two (the passes do not overlap)."""
+    return max(n if angular else 0, REPLACEME_HELD if reconstruct else 0)
