@@ -121,6 +121,8 @@ def shrink(
         help="--ffn/--heads: refit the projection that reads the kept channels or heads (the "
         "FFN's down projection, attention's output projection) by least squares on the "
         "calibration activations, block after block on what the shrunk blocks before feed it; "
+        "--hidden: refit what reads each RMS norm (q/k/v, gate/up) to the kept channels as the "
+        "narrower norm gives them; "
         "--blocks: replace each removed run by a least-squares linear map folded into the down "
         "projection of the block before it (ReplaceMe). --no-reconstruct writes the plain "
         "slices and removals.",
@@ -244,6 +246,12 @@ def shrink(
             done.append(
                 f"refit by least squares: {', '.join(r['projections'])} (calibration error "
                 f"{r['error_before']:.3g} -> {r['error_after']:.3g}, mean over layers)"
+            )
+        if "refit" in w.get("hidden", {}):
+            r = w["hidden"]["refit"]
+            done.append(
+                f"readers of the narrower norms refit: {', '.join(r['readers'])} (calibration "
+                f"error {r['error_before']:.3g} -> {r['error_after']:.3g}, mean over layers)"
             )
         console.print(
             f"narrowed {plural(len(w['layers']), 'layer')}: {'; '.join(done)}; parameters "

@@ -22,7 +22,12 @@ from sparsetool.errors import SparsetoolError
 from sparsetool.models.open import open_model
 from sparsetool.ops.calibration import BlockPass, calibration_windows, hidden_bytes
 from sparsetool.ops.shrink import ShrinkOptions, shrink_checkpoint
-from sparsetool.ops.shrink.memory import blocks_held, blocks_statistics, widths_statistics
+from sparsetool.ops.shrink.memory import (
+    blocks_held,
+    blocks_statistics,
+    renorm_bytes,
+    widths_statistics,
+)
 
 from helpers import CALIB, run, save_tokenizer
 
@@ -91,6 +96,9 @@ def test_the_plan_holds_the_refits_asked_for(llama, tmp_path):
     heads = _shrink(llama, tmp_path / "h", heads=0.5).memory
     assert heads is not None
     assert heads.statistics == widths_statistics(width=32, ffn=None, heads=(32, 16), bias=False)
+    hidden = _shrink(llama, tmp_path / "d", hidden=0.5).memory
+    assert hidden is not None and hidden.statistics == renorm_bytes(32, 16, 48)
+    assert _shrink(llama, tmp_path / "dp", hidden=0.5, reconstruct=False).memory.statistics == 0
     blocks = _shrink(llama, tmp_path / "b", blocks=1).memory
     assert blocks is not None
     assert blocks.statistics == blocks_statistics(width=32, ffn=48, runs=1, stored=4)

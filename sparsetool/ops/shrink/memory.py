@@ -8,6 +8,9 @@ The pass's part (the process, one block, the windows' hidden states at both ends
   (``heads x head_dim`` square), held together while the windows run, with one window's product
   being added; then each refit beside them (:func:`refit_solve_bytes`). Without reconstruction
   the scores are a few numbers per channel.
+- ``--hidden`` with reconstruction (:func:`renorm_bytes`): in its own pass, the sums of the two
+  norms whose outputs the block's layers read (``H``, ``X``, ``H'``: ``d^2``, ``d x kept``,
+  ``kept^2`` float64) and the refit of its widest reader beside them.
 - ``--blocks`` (:func:`blocks_statistics`, :func:`blocks_held`): angular distance keeps the
   inputs of the last N blocks; ReplaceMe's fit keeps the MLP output and the hidden states before
   the run being replaced, and each run's map sums (``M^T M``, ``M^T Y``: ``d x d`` float64) until
@@ -25,6 +28,7 @@ __all__ = [
     "blocks_statistics",
     "gram_bytes",
     "refit_solve_bytes",
+    "renorm_bytes",
     "widths_statistics",
 ]
 
@@ -38,6 +42,9 @@ REPLACEME_HELD = 2  # hidden-state sets: the MLP output before the run, and its 
 MAP_SUMS = 2  # a run's M^T M and M^T Y (d x d float64)
 MAP_SOLVE = 4  # solving a map: the dampened copy, T, the identity, M^T M T (d x d float64)
 FOLD_COPIES = 2  # folding a map: the down projection in float64, and its product
+READ_NORMS = 2  # norms a block's layers read: attention's and the FFN's
+RENORM_FULL = 2  # (out, d) float64 of a reader's refit: its weights, and their product with H
+RENORM_KEPT = 4  # (out, kept) float64: W X, the solution, the plain slice, a product
 
 
 def gram_bytes(n: int) -> int:
@@ -76,6 +83,16 @@ def widths_statistics(
         rest = held - (gram_bytes(ffn[0]) if ffn is not None else 0)
         peak = max(peak, rest + refit_solve_bytes(width, heads[0], heads[1], False))
     return peak
+
+
+def renorm_bytes(width: int, kept: int, widest: int) -> int:
+    """``--hidden``'s refit pass: the sums of :data:`READ_NORMS` norms over ``width`` channels
+    (``kept`` kept), one window's products being added, or the refit of a reader of ``widest``
+    outputs beside them (its dampened ``H'`` and the solver's factor)."""
+    sums = (width * width + width * kept + kept * kept) * FLOAT64
+    solve = SOLVE_SQUARES * kept * kept * FLOAT64
+    solve += (RENORM_FULL * width + RENORM_KEPT * kept) * widest * FLOAT64
+    return READ_NORMS * sums + max(sums, solve)
 
 
 def blocks_statistics(*, width: int, ffn: int, runs: int, stored: int) -> int:

@@ -48,9 +48,10 @@ from sparsetool.models.blocks import BlockModel
 from sparsetool.models.open import open_model
 from sparsetool.ops.calibration import BlockPass
 from sparsetool.ops.shrink.inputs import check_output, model_config, record_sizes
-from sparsetool.ops.shrink.memory import widths_statistics
+from sparsetool.ops.shrink.memory import renorm_bytes, widths_statistics
 from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
 from sparsetool.ops.shrink.refit import DAMPENING, Gram, refit_columns
+from sparsetool.ops.shrink.renorm import refit_readers
 from sparsetool.ops.shrink.windows import shrink_windows
 from sparsetool.ops.text import read_text
 from sparsetool.util.memory import MemoryPlan
@@ -137,26 +138,39 @@ def shrink_widths(
                     f"{model.path}: its blocks have no norm with weights over the hidden size "
                     "(as OLMo's, without weights), whose outputs --hidden ranks channels by"
                 )
-        if _refits(opts):  # the refit tensors wait on disk beside the output, not in memory
+        renorm = opts.reconstruct and opts.hidden is not None
+        if _refits(opts) or renorm:  # the refit tensors wait on disk beside the output
             spill = TensorSpill(out)
         refit = _Refitter(model, layers, geometry, plan, spill) if spill is not None else None
         statistics = _statistics(model, layers, geometry, plan) if refit is not None else 0
+        if renorm and hidden is not None:  # its own pass, after the first
+            widest = max(geometry.ffn, geometry.heads * geometry.head_dim)
+            statistics = max(statistics, renorm_bytes(model.width, hidden.keep, widest))
         windows = shrink_windows(model, opts, text, result, statistics=statistics, on_plan=on_plan)
         _score(model, layers, windows, progress, hidden, refit)
         if refit is None:
             cuts, record = _choose(model, layers, geometry, plan)
         else:
             cuts, record = refit.cuts, refit.record()
-            if hidden is not None:
-                result.notes.append(
-                    "--hidden is not refit: its channels are sliced out of every tensor that "
-                    "reads or writes them (the FFN's and attention's refits are computed at the "
-                    "full hidden size, their rows then cut)"
-                )
+        values: dict[str, int | None] = refit.values if refit is not None else {}
         if hidden is not None:
             record["hidden"] = _cut_hidden(model, hidden, opts, cuts, result)
             # written out: the config's default, hidden size / heads, no longer holds
             record["hidden"]["head_dim"] = geometry.head_dim
+            if renorm and spill is not None:
+                kept = record["hidden"]["kept"]
+                found = refit_readers(model, windows, kept, spill, values, progress)
+                record["hidden"]["refit"] = found
+                result.notes.append(
+                    "--hidden: the residual stream's removed channels are sliced out of the "
+                    "embeddings, the head and the rows of what writes them (no least-squares "
+                    "answer brings them back); what reads each RMS norm is refit"
+                    + (
+                        f" (not: {', '.join(found['not_refit'])}, not RMS norms)"
+                        if found["not_refit"]
+                        else ""
+                    )  # fmt: skip
+                )
         result.widths = record
         metadata = provenance_metadata(
             model.ckpt.metadata(), {"command": "shrink", **opts.record(), "widths": record}
@@ -168,7 +182,7 @@ def shrink_widths(
             config_transform=lambda config: _config(config, cfg, record),
         ) as cw:
             result.left_out = list(cw.left_out)
-            _write(model.ckpt, cw, cuts, refit)
+            _write(model.ckpt, cw, cuts, values, spill)
         ckpt = model.ckpt
         record_sizes(result, ckpt, out, sum(_removed(ckpt, n, cut) for n, cut in cuts.items()))
     finally:
@@ -683,11 +697,11 @@ def _write(
     ckpt: Checkpoint,
     cw,
     cuts: dict[str, Cut],
-    refit: _Refitter | None = None,
+    values: dict[str, int | None],
+    spill: TensorSpill | None,
 ) -> None:
-    """Every stored tensor, cut by ``cuts`` (a refit one from ``refit``: already cut along its
-    input axis, the other cuts still applied)."""
-    values = refit.values if refit is not None else {}
+    """Every stored tensor, cut by ``cuts`` (a refit one from ``spill``: ``values`` names the
+    axis it is already cut along, the other cuts still applied)."""
     lts = {lt.name: lt for lt in ckpt.logical}
     for name in cuts:
         lt = lts[name]
@@ -711,8 +725,8 @@ def _write(
                 if cut is None and spec.name not in values:
                     sw.copy_stored(spec.name, ckpt, spec.name)
                     continue
-                if refit is not None and spec.name in values:
-                    t, done = refit.spill.get(spec.name), values[spec.name]
+                if spill is not None and spec.name in values:
+                    t, done = spill.get(spec.name), values[spec.name]
                 else:
                     t, done = ckpt.read_stored(spec.name), None
                 for axis, keep in cut.axes.items() if cut is not None else ():
