@@ -222,6 +222,27 @@ def test_ops_and_train_meet_only_in_models():
     assert not crossings, "\n".join(crossings)
 
 
+def test_prune_and_shrink_are_peers_on_one_calibration_pass():
+    """Neither of ops/prune and ops/shrink imports the other (inside functions too): what both
+    need (the text's options, the windows, the block iterator, the pass's memory, experts'
+    routing) is ops/calibration.py's, which imports neither."""
+    peers = {"sparsetool.ops.prune", "sparsetool.ops.shrink"}
+
+    def peer(module: str) -> str | None:
+        return next((p for p in peers if module == p or module.startswith(p + ".")), None)
+
+    crossings = []
+    for module, path in MODULES.items():
+        own = peer(module)
+        if own is None and module != "sparsetool.ops.calibration":
+            continue
+        for line, base, _name in _imports(module, path, everywhere=True):
+            target = peer(base)
+            if target is not None and target != own:
+                crossings.append(f"{module}:{line} imports {base}")
+    assert not crossings, "\n".join(crossings)
+
+
 # docs/ARCHITECTURE.md's package table, its "imports" column: each part of sparsetool imports only
 # these parts (inside functions too). "sparsetool" is the package face (cli: its __version__).
 LAYERS = {

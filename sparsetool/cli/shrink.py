@@ -37,15 +37,15 @@ from sparsetool.cli._params import (
     use_threads,
     value_of,
 )
-from sparsetool.ops.prune.options import PruneOptions
-from sparsetool.ops.shrink.options import BLOCK_CRITERIA, CRITERIA, DEFAULT_SAMPLES, ShrinkOptions
+from sparsetool.ops.calibration import DEFAULT_SAMPLES, TEXT_FIELD_HELP
+from sparsetool.ops.shrink.options import BLOCK_CRITERIA, CRITERIA, ShrinkOptions
+from sparsetool.ops.text import DEFAULT_FIELD
 from sparsetool.util import options
 from sparsetool.util.wording import plural
 
 Criterion = choices("Criterion", CRITERIA)
 BlockCriterion = choices("BlockCriterion", BLOCK_CRITERIA)
 
-TEXT_FIELD = PruneOptions.face("text_field")  # prune's --text-field, as shrink takes it
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     "sparsetool shrink qwen3-moe/ -o qwen3-moe-half/ --experts 0.5 --calibration text.txt",
@@ -141,7 +141,7 @@ def shrink(
         ".parquet, .arrow: see --text-field), the model is scored on.",
     ),
     text_field: str = typer.Option(
-        TEXT_FIELD[0], TEXT_FIELD[1].flag, metavar=TEXT_FIELD[1].metavar, help=TEXT_FIELD[1].help
+        DEFAULT_FIELD, "--text-field", metavar="NAME", help=TEXT_FIELD_HELP
     ),
     samples: int = typer.Option(
         DEFAULT_SAMPLES,

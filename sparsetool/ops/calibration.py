@@ -1,5 +1,5 @@
-"""The calibration pass prune and shrink share: the text's windows, the blocks run one at a time,
-the routing of a Mixture of Experts, and the memory the pass holds.
+"""The calibration pass prune and shrink share: the text's options and windows, the blocks run
+one at a time, the routing of a Mixture of Experts, and the memory the pass holds.
 
 ``prune --method wanda|sparsegpt`` (with OWL's outlier pass) and every kind of ``shrink`` run the
 same pass: calibration text is cut into windows (:func:`calibration_windows`, their length by
@@ -18,9 +18,11 @@ and :func:`gated_product`.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparsetool.errors import SparsetoolError
+from sparsetool.errors import ConfigError, SparsetoolError
+from sparsetool.ops.text import DEFAULT_FIELD, is_records
 from sparsetool.util.memory import MemoryPlan, budget, process_memory
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural
@@ -31,7 +33,10 @@ if TYPE_CHECKING:  # torch loads when a pass runs: the options import DEFAULT_SE
     from sparsetool.models.blocks import BlockModel, Call
 
 __all__ = [
+    "DEFAULT_SAMPLES",
     "DEFAULT_SEQ",
+    "TEXT_FIELD_HELP",
+    "check_text_field",
     "BlockPass",
     "Step",
     "activation_bytes",
@@ -47,12 +52,35 @@ __all__ = [
 ]
 
 DEFAULT_SEQ = 512  # tokens per calibration window (the Wanda and SparseGPT papers' C4 use 2048)
+DEFAULT_SAMPLES = 128  # calibration windows
+TEXT_FIELD_HELP = (
+    "The field of each --calibration record (.jsonl, .parquet, .arrow) holding its text, "
+    "or a list of chat messages the model's chat template renders."
+)
 FLOAT32 = 4  # bytes of a float32
 BLOCK_ENDS = 2  # a block's inputs and its outputs are held at once
 ROUTED_COPIES = 2  # a token's routed inputs, as they are and scaled by their routing weight
 
 
-# ---------------------------------------------------------------------------------- the windows
+# ---------------------------------------------------------------------------------- the text
+def check_text_field(text_field: str, calibration: str | Path | None) -> None:
+    """``--text-field``: a name, and read only from records (a directory may hold some).
+
+    >>> check_text_field("text", "calib.txt"), check_text_field("messages", "chat.jsonl")
+    (None, None)
+    """
+    if not text_field:
+        raise ConfigError("--text-field: give the name of the field holding each record's text")
+    if text_field == DEFAULT_FIELD or calibration is None:
+        return
+    if Path(calibration).is_file() and not is_records(calibration):
+        raise ConfigError(
+            f"--text-field {text_field} names a field of records, and --calibration "
+            f"{calibration} is a text file: give a .jsonl, .parquet or .arrow file, or drop "
+            "--text-field"
+        )
+
+
 def calibration_windows(
     ids: list[int], samples: int, seq: int, seed: int, source: str
 ) -> torch.Tensor:

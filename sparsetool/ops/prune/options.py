@@ -25,7 +25,12 @@ from sparsetool.masks.calibration_defaults import (
     OWL_M,
 )
 from sparsetool.masks.distributions import DISTRIBUTIONS
-from sparsetool.ops.calibration import DEFAULT_SEQ
+from sparsetool.ops.calibration import (
+    DEFAULT_SAMPLES,
+    DEFAULT_SEQ,
+    TEXT_FIELD_HELP,
+    check_text_field,
+)
 from sparsetool.ops.text import DEFAULT_FIELD, TextSource, is_records
 from sparsetool.util.options import (
     ALLOCATIONS,
@@ -56,7 +61,6 @@ __all__ = [
     "TensorResult",
     "PruneResult",
     "options_record",
-    "check_text_field",
 ]
 
 
@@ -152,12 +156,15 @@ class PruneOptions:
     text_field: str = _option(
         DEFAULT_FIELD,
         "--text-field",
-        "The field of each --calibration record (.jsonl, .parquet, .arrow) holding its text, "
-        "or a list of chat messages the model's chat template renders.",
+        TEXT_FIELD_HELP,
         metavar="NAME",
     )
     samples: int = _option(
-        128, "--samples", "Calibration windows (wanda/sparsegpt).", metavar="N", parse=check_count
+        DEFAULT_SAMPLES,
+        "--samples",
+        "Calibration windows (wanda/sparsegpt).",
+        metavar="N",
+        parse=check_count,
     )
     seq: int | None = _option(  # None: DEFAULT_SEQ, or the model's context when that is shorter
         None,
@@ -614,21 +621,3 @@ def options_record(
     if opts.refine == "dsnot":
         rec["refine"] = {"method": "dsnot", **dsnot}
     return rec
-
-
-def check_text_field(text_field: str, calibration: str | Path | None) -> None:
-    """``--text-field``: a name, and read only from records (a directory may hold some).
-
-    >>> check_text_field("text", "calib.txt"), check_text_field("messages", "chat.jsonl")
-    (None, None)
-    """
-    if not text_field:
-        raise ConfigError("--text-field: give the name of the field holding each record's text")
-    if text_field == DEFAULT_FIELD or calibration is None:
-        return
-    if Path(calibration).is_file() and not is_records(calibration):
-        raise ConfigError(
-            f"--text-field {text_field} names a field of records, and --calibration "
-            f"{calibration} is a text file: give a .jsonl, .parquet or .arrow file, or drop "
-            "--text-field"
-        )

@@ -15,7 +15,7 @@ from typing import Any
 
 from sparsetool.checkpoint.output_files import Reclaimed
 from sparsetool.errors import ConfigError, UsageError
-from sparsetool.ops.prune.options import PruneOptions, check_text_field
+from sparsetool.ops.calibration import DEFAULT_SAMPLES, check_text_field
 from sparsetool.ops.text import DEFAULT_FIELD, TextSource, is_records
 from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.options import check_count, check_seed, option_error
@@ -23,7 +23,6 @@ from sparsetool.util.options import check_count, check_seed, option_error
 __all__ = [
     "BLOCK_CRITERIA",
     "CRITERIA",
-    "DEFAULT_SAMPLES",
     "ShrinkOptions",
     "ExpertPlan",
     "ShrinkResult",
@@ -35,7 +34,6 @@ CRITERIA = ("reap", "frequency", "ean", "random")
 BLOCK_CRITERIA = ("bi", "angular")
 """How whole blocks are chosen: each block's influence (ShortGPT), or the contiguous run whose
 input and output lie closest in angle (Gromov et al.)."""
-DEFAULT_SAMPLES = PruneOptions.defaults()["samples"]  # calibration windows, as prune's
 
 
 def _number(x: object) -> bool:
