@@ -56,7 +56,14 @@ def _model_and_windows(llama):
 def test_block_pass_runs_each_block_once_and_hands_outputs_on(llama):
     model, windows = _model_and_windows(llama)
     try:
-        seen, ticks = [], []
+        seen, ticks, ran = [], [], []
+        run_block = model.run_block
+
+        def counted(i, call):
+            ran.append(i)
+            return run_block(i, call)
+
+        model.run_block = counted  # type: ignore[method-assign]
         blocks = BlockPass(model, windows, "x", lambda *a: ticks.append(a), final=True)
         for step in blocks:
             seen.append(step.index)
@@ -64,6 +71,13 @@ def test_block_pass_runs_each_block_once_and_hands_outputs_on(llama):
             if step.index == 0:
                 step.run()  # run by the caller: not run again
         assert seen == [0, 1, 2] and ticks == [("x", 1, 3), ("x", 2, 3), ("x", 3, 3)]
+        n = len(windows)
+        assert ran == [0] * n + [1] * n + [2] * n  # each block once for every window
+        ran.clear()
+        for _step in BlockPass(model, windows, "x"):  # not final: the last block is not run
+            pass
+        assert ran == [0] * n + [1] * n
+        model.run_block = run_block  # type: ignore[method-assign]
         with torch.no_grad():
             calls = model.through_blocks(model.capture([r.unsqueeze(0) for r in windows]))
         for a, b in zip(blocks.calls, calls):
@@ -96,6 +110,12 @@ def test_the_plan_holds_the_refits_asked_for(llama, tmp_path):
     heads = _shrink(llama, tmp_path / "h", heads=0.5).memory
     assert heads is not None
     assert heads.statistics == widths_statistics(width=32, ffn=None, heads=(32, 16), bias=False)
+    # ReplaceMe: one run's d x d sums whatever the number of runs; only the folds waiting add up
+    assert (
+        blocks_statistics(width=4096, ffn=11008, runs=8, stored=2)
+        - blocks_statistics(width=4096, ffn=11008, runs=1, stored=2)
+        == 7 * 11008 * 4096 * 2
+    )
     hidden = _shrink(llama, tmp_path / "d", hidden=0.5).memory
     assert hidden is not None and hidden.statistics == renorm_bytes(32, 16, 48)
     assert _shrink(llama, tmp_path / "dp", hidden=0.5, reconstruct=False).memory.statistics == 0

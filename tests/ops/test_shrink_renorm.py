@@ -165,10 +165,12 @@ def test_the_refit_is_recorded_and_said_and_no_reconstruct_slices(tmp_path, text
     assert "readers of the narrower norms refit: q_proj, k_proj, v_proj, gate_proj, up_proj" in (
         r.stdout
     )
-    assert "what reads each RMS norm is refit" in r.stdout
+    assert "what reads each RMS norm is refit" in r.stdout and "not RMS norms" not in r.stdout
+    assert "refit by least squares" not in r.stdout  # no --ffn/--heads: nothing else refit
     with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as f:
         prov = json.loads(f.metadata()["sparsetool"])
     assert prov["widths"]["hidden"]["refit"]["error_after"] > 0
+    assert "refit" not in prov["widths"]  # the FFN's and attention's: not asked
     r = run(*args, "-o", tmp_path / "plain", "--no-reconstruct", "--json")
     assert r.exit_code == 0, r.output
     kept = torch.tensor(json.loads(r.stdout)["widths"]["hidden"]["kept"])
@@ -179,3 +181,20 @@ def test_the_refit_is_recorded_and_said_and_no_reconstruct_slices(tmp_path, text
     ):
         name = "model.layers.1.self_attn.q_proj.weight"
         assert torch.equal(dst.get_tensor(name), src.get_tensor(name).index_select(1, kept))
+
+
+def test_per_head_norms_are_not_counted_as_norms_left_unrefit(tmp_path, text, calib_file):
+    """Qwen3's q/k norms run over a head's width, not the hidden size: --hidden neither cuts nor
+    reports them; every RMS norm over the hidden size has its readers refit."""
+    torch.manual_seed(0)
+    cfg = t.Qwen3Config(num_hidden_layers=2, hidden_size=32, intermediate_size=48,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=320,
+                        max_position_embeddings=64, bos_token_id=1, eos_token_id=1)  # fmt: skip
+    t.Qwen3ForCausalLM(cfg).eval().save_pretrained(tmp_path / "in")
+    save_tokenizer(tmp_path / "in", text)
+    opts = ShrinkOptions(hidden=0.5, calibration=calib_file, **CALIB)
+    result = shrink_checkpoint(tmp_path / "in", tmp_path / "out", opts)
+    refit = result.widths["hidden"]["refit"]
+    assert refit["not_refit"] == [] and not any("not RMS" in n for n in result.notes)
+    assert refit["readers"] == ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"]
+    t.AutoModelForCausalLM.from_pretrained(tmp_path / "out")  # loads as it is

@@ -13,8 +13,8 @@ The pass's part (the process, one block, the windows' hidden states at both ends
   ``kept^2`` float64) and the refit of its widest reader beside them.
 - ``--blocks`` (:func:`blocks_statistics`, :func:`blocks_held`): angular distance keeps the
   inputs of the last N blocks; ReplaceMe's fit keeps the MLP output and the hidden states before
-  the run being replaced, and each run's map sums (``M^T M``, ``M^T Y``: ``d x d`` float64) until
-  they are solved and folded into a down projection.
+  the run being replaced, and that run's map sums (``M^T M``, ``M^T Y``: ``d x d`` float64) until
+  it ends and its map is solved and folded into a down projection.
 - ``--experts``: the experts' routed inputs (:func:`sparsetool.ops.calibration.routed_bytes`)
   and the kept experts' copy of a block's experts.
 
@@ -96,16 +96,16 @@ def renorm_bytes(width: int, kept: int, widest: int) -> int:
 
 
 def blocks_statistics(*, width: int, ffn: int, runs: int, stored: int) -> int:
-    """ReplaceMe's maps of up to ``runs`` removed runs (``width`` square each) held until they are
-    solved, with one being solved and folded into a down projection (``ffn`` x ``width``) and
-    the folded projections (``stored`` bytes per weight) waiting for the writer."""
+    """ReplaceMe's map of one removed run (its sums, ``width`` square; a run's map is solved as
+    the run ends), one window's sums being added or the map being solved and folded into a down
+    projection (``ffn`` x ``width``), and the folded projections of up to ``runs`` runs
+    (``stored`` bytes per weight) waiting for the writer."""
     if runs == 0:
         return 0
     square = width * width * FLOAT64
-    sums = runs * MAP_SUMS * square
     fold = FOLD_COPIES * ffn * width * FLOAT64
     waiting = runs * ffn * width * stored
-    return sums + max(MAP_SUMS * square, MAP_SOLVE * square + fold) + waiting
+    return MAP_SUMS * square + max(MAP_SUMS * square, MAP_SOLVE * square + fold) + waiting
 
 
 def blocks_held(n: int, angular: bool, reconstruct: bool) -> int:

@@ -130,8 +130,8 @@ def refit_readers(
                 assert eps is not None
                 stats[prefix + name] = RenormStats(index, eps)
                 handles.append(module.register_forward_hook(_norm(prefix + name, state)))
-            elif "norm" in leaf.lower() and getattr(module, "weight", None) is not None:
-                skipped.add(type(module).__name__)
+            elif _over(module, model.width) and "norm" in leaf.lower():
+                skipped.add(type(module).__name__)  # a norm over the hidden size, not RMS
         outs = []
         try:
             for call in step.calls:
@@ -171,12 +171,16 @@ def refit_readers(
     }
 
 
+def _over(module: torch.nn.Module, width: int) -> bool:
+    """Whether ``module`` has one weight per channel of ``width`` (a norm over the hidden size,
+    not a per-head one)."""
+    weight = getattr(module, "weight", None)
+    return isinstance(weight, Tensor) and weight.ndim == 1 and weight.shape[0] == width
+
+
 def _rms_eps(module: torch.nn.Module, width: int) -> float | None:
     """An RMS norm over ``width`` channels: its epsilon (None: not one)."""
-    weight = getattr(module, "weight", None)
-    if "RMSNorm" not in type(module).__name__ or not isinstance(weight, Tensor):
-        return None
-    if weight.ndim != 1 or weight.shape[0] != width:
+    if "RMSNorm" not in type(module).__name__ or not _over(module, width):
         return None
     eps = getattr(module, "variance_epsilon", None)
     eps = getattr(module, "eps", None) if eps is None else eps
@@ -186,7 +190,7 @@ def _rms_eps(module: torch.nn.Module, width: int) -> float | None:
 def _norm(path: str, state: _Block):
     def see(module, args, output) -> None:
         out = output[0] if isinstance(output, tuple) else output
-        state.seen[id(out)] = (path, args[0].detach(), out.detach())
+        state.seen[id(out)] = (path, args[0], out)  # held: its id is not reused in the window
 
     return see
 

@@ -141,7 +141,9 @@ def shrink_widths(
         renorm = opts.reconstruct and opts.hidden is not None
         if _refits(opts) or renorm:  # the refit tensors wait on disk beside the output
             spill = TensorSpill(out)
-        refit = _Refitter(model, layers, geometry, plan, spill) if spill is not None else None
+        refit = None  # --ffn/--heads refit in the scoring pass; --hidden's readers after it
+        if _refits(opts) and spill is not None:
+            refit = _Refitter(model, layers, geometry, plan, spill)
         statistics = _statistics(model, layers, geometry, plan) if refit is not None else 0
         if renorm and hidden is not None:  # its own pass, after the first
             widest = max(geometry.ffn, geometry.heads * geometry.head_dim)
