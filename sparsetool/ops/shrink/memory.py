@@ -44,7 +44,7 @@ MAP_SOLVE = 4  # solving a map: the dampened copy, T, the identity, M^T M T (d x
 FOLD_COPIES = 2  # folding a map: the down projection in float64, and its product
 READ_NORMS = 2  # norms a block's layers read: attention's and the FFN's
 RENORM_FULL = 2  # (out, d) float64 of a reader's refit: its weights, and their product with H
-RENORM_KEPT = 4  # (out, kept) float64: W X, the solution, the plain slice, a product
+RENORM_KEPT = 5  # (out, kept) float64: W X, the solution, the plain slice, the error's products
 
 
 def gram_bytes(n: int) -> int:

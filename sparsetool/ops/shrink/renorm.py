@@ -156,6 +156,7 @@ def refit_readers(
             spill.put(stored, fit.weight.to(w.dtype))
             values[stored] = 1
             record[reader.rsplit(".", 1)[-1]] = fit.record()
+            del fit, w  # before the next reader's refit
         stats.clear()
         layers.append(record)
     fits = [r[k] for r in layers for k in READERS if k in r]
