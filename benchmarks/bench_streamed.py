@@ -18,9 +18,10 @@ text (the first 400 KB of the built-in corpus' training split). For each model:
 * ``prune --method sparsegpt ...`` (its solve of the 11008-wide down projection costs ~1.3 TFLOP
   a block on the CPU: minutes a block here);
 * ``eval --text TEXT --max-tokens 2048 --seq 256``;
-* ``shrink-ffn``, ``shrink-heads``, ``shrink-blocks``: ``shrink --ffn 0.75``, ``--heads 0.5``,
-  ``--blocks 1`` with their least-squares reconstruction (the down projection's 11008-wide
-  ``X^T X`` in float64, 0.97 GB, is the largest thing a refit holds).
+* ``shrink-ffn``, ``shrink-heads``, ``shrink-hidden``, ``shrink-blocks``: ``shrink --ffn 0.75``,
+  ``--heads 0.5``, ``--hidden 0.75``, ``--blocks 2`` with their least-squares reconstruction
+  (the down projection's 11008-wide ``X^T X`` in float64, 0.97 GB, is the largest thing a
+  refit holds).
 
 Each command runs in its own process (``measure.run_measured``); the wall time and the peak RSS
 of that process in MiB (what ``/usr/bin/time -f %M`` reports, / 1024) are printed, with the memory
@@ -116,7 +117,8 @@ def main() -> None:
     ap.add_argument(
         "--cases",
         default="wanda,eval",
-        help="of wanda, wanda-last, sparsegpt, eval, shrink-ffn, shrink-heads, shrink-blocks",
+        help="of wanda, wanda-last, sparsegpt, eval, shrink-ffn, shrink-heads, shrink-hidden, "
+        "shrink-blocks",
     )
     ap.add_argument("--old", type=Path, default=None, help="source checkout of an older sparsetool")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of the runs")
@@ -186,7 +188,10 @@ def main() -> None:
                 ("eval", "eval", evaluate),
                 ("shrink-ffn", "shrink --ffn 0.75 (refit)", shrink + ["--ffn", "0.75"]),
                 ("shrink-heads", "shrink --heads 0.5 (refit)", shrink + ["--heads", "0.5"]),
-                ("shrink-blocks", "shrink --blocks 1 (ReplaceMe)", shrink + ["--blocks", "1"]),
+                ("shrink-hidden", "shrink --hidden 0.75 (refit)", shrink + ["--hidden", "0.75"]),
+                # two blocks: bi removes block 0 of these random models first, which has no block
+                # before it to fold a map into; the second gets one (at least 3 blocks)
+                ("shrink-blocks", "shrink --blocks 2 (ReplaceMe)", shrink + ["--blocks", "2"]),
             )
             if key in wanted
         ]
