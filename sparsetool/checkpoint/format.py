@@ -263,3 +263,24 @@ def _dumps(obj: object) -> str:
     # Escapes exactly what serde_json escapes: '"', '\\' and control characters below 0x20
     # (short forms \b \t \n \f \r, else \u00xx lower-case); everything else stays raw UTF-8.
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def add_metadata(path: Path, extra: dict[str, str]) -> None:
+    """Rewrite the safetensors file ``path`` with ``extra`` added to its ``__metadata__`` (the
+    tensors' bytes copied as they are, the header rebuilt and padded to 8 bytes): into a file
+    beside it, then renamed over it. For a file the caller has just written and owns."""
+    import os
+    import shutil
+
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        header["__metadata__"] = {**(header.get("__metadata__") or {}), **extra}
+        meta = header.pop("__metadata__")
+        body = _dumps({"__metadata__": meta, **header}).encode("utf-8")
+        body += b" " * (-len(body) % 8)
+        tmp = path.with_name(path.name + ".metadata")
+        with open(tmp, "wb") as out:
+            out.write(struct.pack("<Q", len(body)) + body)
+            shutil.copyfileobj(f, out, 1 << 24)
+    os.replace(tmp, path)

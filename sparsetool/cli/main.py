@@ -44,8 +44,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "convert": (
         "convert",
         "convert",
-        "Convert a GGUF file into a Hugging Face directory: weights dequantized, config, "
-        "tokenizer.",
+        "Convert a GGUF file into a Hugging Face directory, or a directory into a GGUF file.",
     ),
     "report": (
         "report",

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparsetool.checkpoint.format import add_metadata
 from sparsetool.checkpoint.gguf_file import read_header
 from sparsetool.checkpoint.layout import CARRIED_NAMES, INDEX_SUFFIX
 from sparsetool.checkpoint.output_files import (
@@ -30,12 +31,17 @@ from sparsetool.checkpoint.output_files import (
     temp_beside,
     write_error,
 )
+from sparsetool.checkpoint.provenance import PROVENANCE_KEY
 from sparsetool.errors import CheckpointError, UsageError
 from sparsetool.util import options
 from sparsetool.util.progress import Progress, Steps
 from sparsetool.util.wording import some_names
 
-__all__ = ["ConvertResult", "DTYPES", "check_output", "convert_gguf"]
+__all__ = ["ConvertResult", "DTYPES", "GGUF_PROVENANCE", "check_output", "convert_gguf"]
+
+GGUF_PROVENANCE = "sparsetool.provenance"
+"""The GGUF key sparsetool's provenance is written under (``convert DIR -o FILE.gguf``) and
+restored from (``convert FILE.gguf -o DIR``)."""
 
 DTYPES = ("float32", "bfloat16")
 """The types the dequantized weights can be written in (float32: exactly the dequantized values;
@@ -142,6 +148,9 @@ def convert_gguf(
             if progress:
                 progress("write", 0, 2)
             loaded.save(tmp, report("write", 2))
+            provenance = header.metadata.get(GGUF_PROVENANCE)
+            if isinstance(provenance, str):  # a file sparsetool wrote: how the model was made
+                add_metadata(tmp / "model.safetensors", {PROVENANCE_KEY: provenance})
             result.files = sorted(p.name for p in tmp.iterdir())
             result.bytes = sum(p.stat().st_size for p in tmp.iterdir() if p.is_file())
             put_in_place(tmp, out_abs, like=source)  # every file the GGUF file's mode

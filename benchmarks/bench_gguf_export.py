@@ -1,0 +1,86 @@
+"""convert DIR -o FILE.gguf on a real model: each --type's file size, time and peak RSS of the
+export, and how close transformers' own GGUF reader of the file comes to the source directory's
+next-token predictions on held-out text.
+
+  python benchmarks/bench_gguf_export.py SMOLLM2 --heldout HELDOUT [--types f16,q8_0,q4_0]
+                                         [--tokens 2048] [--work /tmp/bench-gguf]
+
+For each type: ``sparsetool convert SMOLLM2 -o WORK/model.TYPE.gguf --type TYPE --json`` in its
+own process (``measure.run_measured``: wall seconds, peak RSS), then both models score the same
+windows of 256 held-out tokens in float32: top-1 agreement of the next-token predictions, and the
+largest and mean absolute difference of the log-probabilities of the tokens that follow.
+llama.cpp's own reading of the files is ``bench_llamacpp.py``'s (not here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from measure import machine, run_measured
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--heldout", type=Path, required=True)
+    ap.add_argument("--types", default="f16,q8_0,q4_0")
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/bench-gguf"))
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    # The exports first, from a small process: a child forked from one holding the models would
+    # count the parent's pages in its peak RSS.
+    measured = {}
+    for ty in args.types.split(","):
+        out = args.work / f"model.{ty}.gguf"
+        out.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "sparsetool", "convert", str(args.model), "-o", str(out)]
+        m = run_measured([*cmd, "--type", ty, "--json"], cwd="/")
+        if not m.ok:
+            print(f"failed: {m.stderr[-400:]}")
+            continue
+        measured[ty] = (m, out.stat().st_size)
+    import torch
+    import transformers as t
+
+    tok = t.AutoTokenizer.from_pretrained(args.model)
+    ids = tok(args.heldout.read_text())["input_ids"][: args.tokens // 256 * 256]
+    windows = torch.tensor(ids).view(-1, 256)
+    src = t.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+
+    def logprobs(model) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.cat([model(w[None], use_cache=False).logits[0].log_softmax(-1)
+                              for w in windows])  # fmt: skip
+
+    want = logprobs(src)
+    keep = torch.ones(len(want), dtype=torch.bool)
+    keep[255::256] = False  # the last position of each window has no next token here
+    follow = windows[:, 1:].reshape(-1)
+    print(f"# {time.strftime('%Y-%m-%d')}, {machine()}; {len(ids)} held-out tokens")
+    print("| type | file MB | of f16 | export wall s | peak RSS MiB | top-1 agreement | "
+          "max abs d logprob | mean abs d logprob |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for ty, (m, size) in measured.items():
+        out = args.work / f"model.{ty}.gguf"
+        model = t.AutoModelForCausalLM.from_pretrained(
+            args.work, gguf_file=out.name, dtype=torch.float32
+        ).eval()
+        got = logprobs(model)
+        agree = float((got.argmax(-1)[keep] == want.argmax(-1)[keep]).float().mean())
+        pick = torch.arange(len(follow))
+        d = (got[keep][pick, follow] - want[keep][pick, follow]).abs()
+        f16 = measured.get("f16")
+        ratio = size / f16[1] if f16 else float("nan")
+        print(f"| {ty} | {size / 1e6:.1f} | {ratio:.3f} | {m.wall_s:.1f} | "
+              f"{m.peak_rss_mib:,.0f} | {agree:.4f} | {float(d.max()):.3f} | "
+              f"{float(d.mean()):.4f} |", flush=True)  # fmt: skip
+        del model
+        out.unlink()
+
+
+if __name__ == "__main__":
+    main()
