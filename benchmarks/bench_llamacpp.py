@@ -1,0 +1,122 @@
+"""llama.cpp itself on what ``sparsetool convert DIR -o FILE.gguf`` writes: its next-token
+predictions against transformers' on the source directories, and its speed, file size and peak
+RSS, for dense, shrunk and pruned models side by side.
+
+  python benchmarks/bench_llamacpp.py --model dense=SMOLLM2 --model ffn075=DIR ... \\
+      --heldout HELDOUT [--types f16,q8_0,q4_0] [--tokens 256] [--gen 64] [--threads 1,2]
+
+Needs llama-cpp-python (the ``llamacpp`` extra: a source distribution that compiles llama.cpp;
+see the README). For each model and type: ``sparsetool convert DIR -o WORK/NAME.TYPE.gguf --type
+TYPE``; then, each in its own process (``measure.run_measured``: wall time, peak RSS), llama.cpp
+loads the file, evaluates ``--tokens`` held-out tokens in one batch (prompt tokens/s; its
+log-probabilities of every next token saved) and generates ``--gen`` tokens greedily
+(generation tokens/s), with each of ``--threads``. transformers scores the same tokens from the
+directory in float32: top-1 agreement and the largest and mean |difference| of the
+log-probabilities of the tokens that follow. A pruned model is as large and as fast as the dense
+one in llama.cpp (GGUF holds it dense): said in its row, not hidden.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from measure import machine, run_measured
+
+CHILD = """
+import json, sys, time
+import numpy as np
+import llama_cpp
+path, ids_file, threads, gen, out = sys.argv[1:6]
+ids = json.load(open(ids_file))
+llm = llama_cpp.Llama(model_path=path, n_ctx=len(ids) + int(gen) + 8, n_batch=len(ids),
+                      logits_all=True, verbose=False, n_threads=int(threads))
+t0 = time.perf_counter(); llm.eval(ids); prompt_s = time.perf_counter() - t0
+lg = np.array(llm.scores[: len(ids)], dtype=np.float64)
+m = lg.max(-1, keepdims=True)
+np.save(out, lg - m - np.log(np.exp(lg - m).sum(-1, keepdims=True)))
+llm.reset()
+t0 = time.perf_counter(); n = 0
+for tok in llm.generate(ids[:16], temp=0.0):
+    n += 1
+    if n >= int(gen):
+        break
+gen_s = time.perf_counter() - t0
+print(json.dumps({"prompt_tok_s": len(ids) / prompt_s, "gen_tok_s": n / gen_s}))
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", action="append", required=True, help="NAME=DIR (repeat)")
+    ap.add_argument("--heldout", type=Path, required=True)
+    ap.add_argument("--types", default="f16,q8_0,q4_0")
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--threads", default=f"1,{os.cpu_count()}")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/bench-llamacpp"))
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    models = [m.split("=", 1) for m in args.model]
+    print(f"# {time.strftime('%Y-%m-%d')}, {machine()}; {args.tokens} held-out tokens scored, "
+          f"{args.gen} generated")  # fmt: skip
+    print("| model | type | file MB | threads | prompt tok/s | gen tok/s | peak RSS MiB | "
+          "top-1 agreement | max abs d logprob | mean abs d logprob |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, directory in models:
+        ids, want = _reference(Path(directory), args.heldout, args.tokens)
+        ids_file = args.work / f"{name}.ids.json"
+        ids_file.write_text(json.dumps(ids))
+        for ty in args.types.split(","):
+            gguf = args.work / f"{name}.{ty}.gguf"
+            gguf.unlink(missing_ok=True)
+            cmd = [sys.executable, "-m", "sparsetool", "convert", directory, "-o", str(gguf)]
+            m = run_measured([*cmd, "--type", ty, "-q"], cwd="/")
+            if not m.ok:
+                print(f"| {name} | {ty} | convert failed: {m.stderr.strip()[-200:]} |")
+                continue
+            for threads in args.threads.split(","):
+                out = args.work / f"{name}.{ty}.{threads}.npy"
+                child = [sys.executable, "-c", CHILD, str(gguf), str(ids_file), threads]
+                r = run_measured([*child, str(args.gen), str(out)], cwd="/")
+                if not r.ok:
+                    print(f"| {name} | {ty} | llama.cpp failed ({r.returncode}) | {threads} |")
+                    continue
+                speed = json.loads(r.stdout.strip().splitlines()[-1])
+                agree, worst, mean = _compare(out, want, ids)
+                print(f"| {name} | {ty} | {gguf.stat().st_size / 1e6:.1f} | {threads} | "
+                      f"{speed['prompt_tok_s']:.1f} | {speed['gen_tok_s']:.1f} | "
+                      f"{r.peak_rss_mib:,.0f} | {agree:.4f} | {worst:.3f} | {mean:.4f} |",
+                      flush=True)  # fmt: skip
+            gguf.unlink()
+
+
+def _reference(directory: Path, heldout: Path, tokens: int):
+    """The held-out token ids and transformers' log-probabilities of them (float32)."""
+    import torch
+    import transformers as t
+
+    tok = t.AutoTokenizer.from_pretrained(directory)
+    ids = tok(heldout.read_text())["input_ids"][:tokens]
+    model = t.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]), use_cache=False).logits[0]
+    return ids, logits.double().log_softmax(-1).numpy()
+
+
+def _compare(out: Path, want, ids) -> tuple[float, float, float]:
+    import numpy as np
+
+    got = np.load(out)
+    agree = float((got.argmax(-1) == want.argmax(-1)).mean())
+    rows, nxt = np.arange(len(ids) - 1), np.array(ids[1:])
+    d = np.abs(got[rows, nxt] - want[rows, nxt])
+    return agree, float(d.max()), float(d.mean())
+
+
+if __name__ == "__main__":
+    main()
