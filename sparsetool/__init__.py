@@ -7,6 +7,7 @@ stays light and does not import torch)::
     sparsetool.prune(path, output, sparsity=0.75, ...)    # -> PruneResult
     sparsetool.shrink(path, output, experts=0.5, calibration="text.txt")  # -> ShrinkResult
     sparsetool.densify(path, output)                      # -> DensifyResult
+    sparsetool.convert(gguf_or_dir, output, gguf_type="q8_0")  # a GGUF file <-> a directory
     sparsetool.report(path) -> Report                     # .to_json() is `report --json`
     sparsetool.eval([path, ...], text=None) -> EvalResult  # NLL, perplexity, bits per byte
     sparsetool.diff(a, b) -> DiffResult                   # per-matrix change between checkpoints
@@ -24,13 +25,25 @@ from typing import TYPE_CHECKING
 from sparsetool.util.lazy import lazy_names
 from sparsetool.util.version import __version__
 
-__all__ = ["__version__", "load", "prune", "shrink", "densify", "report", "diff", "simulate"]
+__all__ = [
+    "__version__",
+    "load",
+    "prune",
+    "shrink",
+    "densify",
+    "convert",
+    "report",
+    "diff",
+    "simulate",
+]
 
 _WHERE = dict.fromkeys(
-    ["load", "prune", "shrink", "densify", "report", "eval", "diff", "simulate"], "sparsetool.api"
+    ["load", "prune", "shrink", "densify", "convert", "report", "eval", "diff", "simulate"],
+    "sparsetool.api",
 )
 
 if TYPE_CHECKING:  # what a type checker sees; at run time each name loads on first use
+    from sparsetool.api import convert as convert
     from sparsetool.api import densify as densify
     from sparsetool.api import diff as diff
     from sparsetool.api import eval as eval

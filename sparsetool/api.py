@@ -2,7 +2,7 @@
 
 >>> import sparsetool
 >>> sorted(n for n in sparsetool.__all__ if not n.startswith("_"))
-['densify', 'diff', 'load', 'prune', 'report', 'shrink', 'simulate']
+['convert', 'densify', 'diff', 'load', 'prune', 'report', 'shrink', 'simulate']
 >>> sparsetool.eval.__name__
 'eval'
 
@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:  # torch stays unimported until a function is called
+    from sparsetool.ops.convert import ConvertResult
     from sparsetool.ops.densify import DensifyResult
     from sparsetool.ops.diff import DiffResult
     from sparsetool.ops.eval import EvalResult
+    from sparsetool.ops.gguf_export import ExportResult
     from sparsetool.ops.prune import PruneResult
     from sparsetool.ops.report import Report
     from sparsetool.ops.shrink import ShrinkResult
@@ -193,6 +195,33 @@ def shrink(
         max_memory=None if max_memory is None else parse_size(max_memory),
     )
     return shrink_checkpoint(checkpoint, output, opts)
+
+
+@_as_given
+def convert(
+    source: str | Path,
+    output: str | Path,
+    *,
+    dtype: str = "float32",
+    gguf_type: str | None = None,
+) -> ConvertResult | ExportResult:
+    """``sparsetool convert SOURCE -o OUTPUT``: a GGUF file into a Hugging Face directory, its
+    weights dequantized to ``dtype`` (float32 or bfloat16) -> ``ConvertResult``; or a directory
+    into a GGUF file whose matrices are ``gguf_type`` (``--type``: f32, f16 (the default),
+    bf16, q8_0 or q4_0) -> ``ExportResult``. The direction follows ``source``."""
+    from sparsetool.errors import ConfigError
+
+    if Path(source).is_dir():
+        if dtype != "float32":
+            raise ConfigError("dtype is for a GGUF file in; a directory into GGUF takes gguf_type")
+        from sparsetool.ops.gguf_export import export_gguf
+
+        return export_gguf(source, output, gguf_type=gguf_type or "f16")
+    if gguf_type is not None:
+        raise ConfigError("gguf_type is for a directory into GGUF; a GGUF file in takes dtype")
+    from sparsetool.ops.convert import convert_gguf
+
+    return convert_gguf(source, output, dtype=dtype)
 
 
 @_as_given

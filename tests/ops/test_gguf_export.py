@@ -236,3 +236,18 @@ def test_pruned_zeros_are_written_as_zeros_and_an_encoding_is_refused(tmp_path, 
     r = run("convert", tmp_path / "bits", "-o", tmp_path / "b.gguf")
     assert r.exit_code == 1 and "sparsetool densify" in r.output
     assert not (tmp_path / "b.gguf").exists()
+
+
+def test_the_python_function_converts_both_ways(tmp_path, text):
+    import sparsetool
+    from sparsetool.errors import SparsetoolError
+
+    _save("llama", tmp_path / "in", text)
+    out = sparsetool.convert(tmp_path / "in", tmp_path / "m.gguf", gguf_type="q8_0")
+    assert out.tensors["q8_0"] > 0 and out.to_json()["type"] == "q8_0"
+    back = sparsetool.convert(tmp_path / "m.gguf", tmp_path / "back")
+    assert back.dtype == "float32" and (tmp_path / "back" / "model.safetensors").is_file()
+    with pytest.raises(SparsetoolError, match="gguf_type is for a directory"):
+        sparsetool.convert(tmp_path / "m.gguf", tmp_path / "x", gguf_type="f16")
+    with pytest.raises(SparsetoolError, match="dtype is for a GGUF file"):
+        sparsetool.convert(tmp_path / "in", tmp_path / "y.gguf", dtype="bfloat16")

@@ -17,7 +17,7 @@ from sparsetool.cli.main import COMMANDS
 from sparsetool.ops.prune.options import OptionFace, PruneOptions
 from sparsetool.ops.shrink.options import ShrinkOptions
 
-BOTH_FACES = ["prune", "shrink", "densify", "report", "diff", "eval", "simulate"]
+BOTH_FACES = ["prune", "shrink", "densify", "convert", "report", "diff", "eval", "simulate"]
 
 
 def cli_params(name: str) -> dict[str, Any]:
