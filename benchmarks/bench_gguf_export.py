@@ -10,6 +10,13 @@ own process (``measure.run_measured``: wall seconds, peak RSS), then both models
 windows of 256 held-out tokens in float32: top-1 agreement of the next-token predictions, and the
 largest and mean absolute difference of the log-probabilities of the tokens that follow.
 llama.cpp's own reading of the files is ``bench_llamacpp.py``'s (not here).
+
+``--peer LLAMA_CPP --peer-python PY``: llama.cpp's own converter
+(``LLAMA_CPP/convert_hf_to_gguf.py``, as the llama-cpp-python source distribution vendors it,
+run by ``PY``, which has its needs:
+torch, transformers, sentencepiece) on the same directory and types (f16, bf16, q8_0), each run
+right after sparsetool's: wall time, peak RSS, and whether every tensor's bytes equal
+sparsetool's file (the metadata keys that differ are listed).
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ def main() -> None:
     ap.add_argument("--types", default="f16,q8_0,q4_0")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench-gguf"))
+    ap.add_argument("--peer", type=Path, help="a llama.cpp source tree (convert_hf_to_gguf.py)")
+    ap.add_argument("--peer-python", help="the Python that runs the peer's converter")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     # The exports first, from a small process: a child forked from one holding the models would
@@ -43,6 +52,8 @@ def main() -> None:
             print(f"failed: {m.stderr[-400:]}")
             continue
         measured[ty] = (m, out.stat().st_size)
+        if args.peer and args.peer_python and ty in ("f16", "bf16", "q8_0"):
+            _peer(args, ty, out, m)
     import torch
     import transformers as t
 
@@ -80,6 +91,44 @@ def main() -> None:
               f"{float(d.mean()):.4f} |", flush=True)  # fmt: skip
         del model
         out.unlink()
+
+
+def _peer(args, ty: str, ours: Path, mine) -> None:
+    """llama.cpp's converter on the same directory and type, beside sparsetool's run."""
+    import os
+
+    import gguf
+    import numpy as np
+
+    out = args.work / f"peer.{ty}.gguf"
+    out.unlink(missing_ok=True)
+    script = args.peer / "convert_hf_to_gguf.py"
+    env = {**os.environ, "PYTHONPATH": f"{args.peer / 'gguf-py'}:{args.peer}"}
+    cmd = [args.peer_python, str(script), str(args.model), "--outfile", str(out)]
+    m = run_measured([*cmd, "--outtype", ty], cwd=str(args.peer), env=env)
+    if not m.ok:
+        print(f"peer {ty} failed: {m.stderr[-300:]}")
+        return
+    a, b = gguf.GGUFReader(ours), gguf.GGUFReader(out)
+    ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
+    same = ta.keys() == tb.keys() and all(
+        np.array_equal(np.asarray(ta[n].data), np.asarray(tb[n].data)) for n in ta
+    )
+    keys = sorted(
+        k
+        for k in set(a.fields) | set(b.fields)
+        if not k.startswith("GGUF.")
+        and (
+            k not in a.fields
+            or k not in b.fields
+            or a.fields[k].contents() != b.fields[k].contents()
+        )
+    )
+    print(f"<!-- {ty}: sparsetool {mine.wall_s:.1f} s {mine.peak_rss_mib:,.0f} MiB; "
+          f"llama.cpp's converter {m.wall_s:.1f} s {m.peak_rss_mib:,.0f} MiB; "
+          f"{len(ta)} tensors, {'every one equal' if same else 'some differ'}; "
+          f"metadata that differs: {', '.join(keys) or 'none'} -->", flush=True)  # fmt: skip
+    out.unlink()
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ What is written, for the ``llama`` (Llama, SmolLM2, Mistral without sliding wind
   merges, the special tokens' ids, ``add_bos_token``, the chat template; ``tokenizer.ggml.pre``
   named from its pre-tokenizer when it is one llama.cpp knows, else left out, which llama.cpp
   reads as its default split and says so);
-- every tensor under llama.cpp's name, one at a time (read, converted, written, dropped: the
-  largest tensor in memory, never the model), in ``--type``: ``f32``, ``f16``, ``bf16``, or the
-  block formats ``q8_0`` and ``q4_0`` (32 weights a block; a matrix whose rows are not a multiple
-  of 32 is written f16, as llama.cpp does, and said). Norms and biases stay f32. ``llama``'s
-  query and key rows are reordered for llama.cpp's rotary layout (what transformers' reader
+- every tensor under llama.cpp's name, one at a time (read without torch, converted, written,
+  dropped: the largest tensor in memory, never the model), in ``--type``: ``f32``, ``f16``,
+  ``bf16``, or the block formats ``q8_0`` and ``q4_0`` (32 weights a block; a matrix whose rows
+  are not a multiple of 32 is written f16, as llama.cpp does, and said). Norms and biases stay
+  f32. ``llama``'s query and key rows are reordered for llama.cpp's rotary layout (what transformers' reader
   undoes); ``qwen2``/``qwen3`` rotate as stored.
 - sparsetool's provenance (how the model was pruned or shrunk) as ``sparsetool.provenance``.
 
@@ -442,23 +442,20 @@ def _logical(shape: tuple[int, ...], qtype: str) -> tuple[int, ...]:
 
 
 def _converted(ckpt: Checkpoint, t: _Tensor) -> np.ndarray:
-    """One tensor as written: read, in float32, reordered for llama's rotary layout, converted."""
+    """One tensor as written: read (numpy, no torch), in float32, reordered for llama's rotary
+    layout, converted; a bf16 tensor written bf16 keeps its stored bits."""
     import gguf
-    import torch
 
-    x = ckpt.read_stored(t.stored)
-    if t.qtype == "bf16" and x.dtype == torch.bfloat16:  # as stored, bit for bit
-        data = x.contiguous().view(torch.int16).numpy().view(np.uint8)
-        data = data.reshape(*x.shape[:-1], -1)
-    else:
-        data = None
-    w = x.float().numpy()
+    st = ckpt.entry(t.stored)
+    raw = ckpt.read_array(t.stored).reshape(st.shape)  # the stored bit patterns
+    if t.qtype == "bf16" and st.st_dtype == "BF16":  # as stored, bit for bit
+        data = raw.view(np.uint8).reshape(*st.shape[:-1], -1)
+        if t.permute_heads:
+            data = _rotary_order(data, t.permute_heads)
+        return np.ascontiguousarray(data)
+    w = _float32(raw, st.st_dtype, t.stored)
     if t.permute_heads:
         w = _rotary_order(w, t.permute_heads)
-        if data is not None:
-            data = _rotary_order(data.reshape(x.shape[0], -1), t.permute_heads)
-    if data is not None:
-        return np.ascontiguousarray(data)
     if t.qtype == "f32":
         return np.ascontiguousarray(w, dtype=np.float32)
     if t.qtype == "f16":
@@ -467,6 +464,21 @@ def _converted(ckpt: Checkpoint, t: _Tensor) -> np.ndarray:
         return gguf.quants.quantize(np.ascontiguousarray(w), _gguf_type(t.qtype))
     except Exception as e:  # the quantizer's own complaint, named
         raise SparsetoolError(f"tensor {t.stored!r}: {t.qtype}: {e}") from None
+
+
+def _float32(raw: np.ndarray, st_dtype: str, name: str) -> np.ndarray:
+    """Stored bit patterns (``raw``, signed integers of the type's width) as float32 values."""
+    if st_dtype == "F32":
+        return raw.view(np.float32)
+    if st_dtype == "F16":
+        return raw.view(np.float16).astype(np.float32)
+    if st_dtype == "BF16":  # the upper half of a float32
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    if st_dtype == "F64":
+        return raw.view(np.float64).astype(np.float32)
+    raise CheckpointError(
+        f"tensor {name!r} is {st_dtype}; a GGUF file is written from floating-point weights"
+    )
 
 
 def _rotary_order(w: np.ndarray, heads: int) -> np.ndarray:
