@@ -16,8 +16,8 @@ What is written, for the ``llama`` (Llama, SmolLM2, Mistral without sliding wind
   dropped: the largest tensor in memory, never the model), in ``--type``: ``f32``, ``f16``,
   ``bf16``, or the block formats ``q8_0`` and ``q4_0`` (32 weights a block; a matrix whose rows
   are not a multiple of 32 is written f16, as llama.cpp does, and said). Norms and biases stay
-  f32. ``llama``'s query and key rows are reordered for llama.cpp's rotary layout (what transformers' reader
-  undoes); ``qwen2``/``qwen3`` rotate as stored.
+  f32. ``llama``'s query and key rows are reordered for llama.cpp's rotary layout (what
+  transformers' reader undoes); ``qwen2``/``qwen3`` rotate as stored.
 - sparsetool's provenance (how the model was pruned or shrunk) as ``sparsetool.provenance``.
 
 GGUF holds every matrix dense: a pruned model's zeros are written as zeros, the file as large as
