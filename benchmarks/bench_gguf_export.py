@@ -43,6 +43,7 @@ def main() -> None:
     # The exports first, from a small process: a child forked from one holding the models would
     # count the parent's pages in its peak RSS.
     measured = {}
+    peers: dict = {}
     for ty in args.types.split(","):
         out = args.work / f"model.{ty}.gguf"
         out.unlink(missing_ok=True)
@@ -53,7 +54,10 @@ def main() -> None:
             continue
         measured[ty] = (m, out.stat().st_size)
         if args.peer and args.peer_python and ty in ("f16", "bf16", "q8_0"):
-            _peer(args, ty, out, m)
+            peers[ty] = _peer(args, ty)
+    for ty, peer in peers.items():  # compared once every process is measured
+        if peer is not None:
+            _compare_peer(ty, args.work / f"model.{ty}.gguf", measured[ty][0], *peer)
     import torch
     import transformers as t
 
@@ -93,12 +97,10 @@ def main() -> None:
         out.unlink()
 
 
-def _peer(args, ty: str, ours: Path, mine) -> None:
-    """llama.cpp's converter on the same directory and type, beside sparsetool's run."""
+def _peer(args, ty: str):
+    """llama.cpp's converter on the same directory and type, right after sparsetool's run: its
+    output and measurement (None if it failed)."""
     import os
-
-    import gguf
-    import numpy as np
 
     out = args.work / f"peer.{ty}.gguf"
     out.unlink(missing_ok=True)
@@ -108,21 +110,28 @@ def _peer(args, ty: str, ours: Path, mine) -> None:
     m = run_measured([*cmd, "--outtype", ty], cwd=str(args.peer), env=env)
     if not m.ok:
         print(f"peer {ty} failed: {m.stderr[-300:]}")
-        return
+        return None
+    return out, m
+
+
+def _compare_peer(ty: str, ours: Path, mine, out: Path, m) -> None:
+    """Whether every tensor of the two files has the same bytes; the metadata keys that differ."""
+    import gguf
+    import numpy as np
+
     a, b = gguf.GGUFReader(ours), gguf.GGUFReader(out)
     ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
     same = ta.keys() == tb.keys() and all(
         np.array_equal(np.asarray(ta[n].data), np.asarray(tb[n].data)) for n in ta
     )
+
+    def value(reader, k):
+        return reader.fields[k].contents() if k in reader.fields else None
+
     keys = sorted(
         k
         for k in set(a.fields) | set(b.fields)
-        if not k.startswith("GGUF.")
-        and (
-            k not in a.fields
-            or k not in b.fields
-            or a.fields[k].contents() != b.fields[k].contents()
-        )
+        if not k.startswith("GGUF.") and value(a, k) != value(b, k)
     )
     print(f"<!-- {ty}: sparsetool {mine.wall_s:.1f} s {mine.peak_rss_mib:,.0f} MiB; "
           f"llama.cpp's converter {m.wall_s:.1f} s {m.peak_rss_mib:,.0f} MiB; "
