@@ -346,9 +346,25 @@ def _tokenizer(source: Path, rows: int) -> dict:
         "eos": token_id("eos_token"),
         "unk": token_id("unk_token"),
         "pad": token_id("pad_token"),
-        "add_bos": cfg.get("add_bos_token"),
+        "add_bos": _adds_bos(cfg, data, token_id("bos_token"), vocab),
         "template": template if isinstance(template, str) else None,
     }
+
+
+def _adds_bos(cfg: dict, data: dict, bos: int | None, vocab: dict[str, int]) -> bool:
+    """Whether encoding puts the BOS token first: tokenizer_config.json's ``add_bos_token``, else
+    whether tokenizer.json's post-processor template starts a text with it (so llama.cpp, which
+    reads ``tokenizer.ggml.add_bos_token``, does as transformers does)."""
+    if isinstance(cfg.get("add_bos_token"), bool):
+        return bool(cfg["add_bos_token"])
+    post = data.get("post_processor") or {}
+    steps = post.get("processors", [post]) if post.get("type") == "Sequence" else [post]
+    for step in steps:
+        single = step.get("single") if step.get("type") == "TemplateProcessing" else None
+        first = (single or [{}])[0].get("SpecialToken", {}).get("id")
+        if first is not None and bos is not None and vocab.get(first) == bos:
+            return True
+    return False
 
 
 def _byte_level(data: dict) -> bool:
@@ -400,8 +416,7 @@ def _tokenizer_metadata(writer: Any, tok: dict) -> None:
     ):
         if tok[key] is not None:
             add(tok[key])
-    if tok["add_bos"] is not None:
-        writer.add_add_bos_token(bool(tok["add_bos"]))
+    writer.add_add_bos_token(bool(tok["add_bos"]))
     if tok["template"]:
         writer.add_chat_template(tok["template"])
 

@@ -103,6 +103,8 @@ def test_the_tokenizer_encodes_as_the_sources(tmp_path, text):
     assert len(tokens) == 320 and tokens[:300] == src.convert_ids_to_tokens(list(range(300)))
     assert reader.fields["tokenizer.ggml.bos_token_id"].contents() == 1
     assert reader.fields["tokenizer.ggml.pre"].contents() == "gpt-2"
+    adds_bos = src("word")["input_ids"][0] == src.bos_token_id
+    assert reader.fields["tokenizer.ggml.add_bos_token"].contents() is adds_bos
 
 
 def test_bf16_comes_back_bit_for_bit_with_its_provenance(tmp_path, text, calib_file):
