@@ -67,8 +67,10 @@ def main() -> None:
     print("| model | type | file MB | threads | prompt tok/s | gen tok/s | peak RSS MiB | "
           "top-1 agreement | max abs d logprob | mean abs d logprob |")  # fmt: skip
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rows = []  # llama.cpp runs first, from this small process (a child forked from one holding
+    # a model would count its pages in its own peak RSS); transformers' references after
     for name, directory in models:
-        ids, want = _reference(Path(directory), args.heldout, args.tokens)
+        ids = _held_out_ids(Path(directory), args.heldout, args.tokens)
         ids_file = args.work / f"{name}.ids.json"
         ids_file.write_text(json.dumps(ids))
         for ty in args.types.split(","):
@@ -79,6 +81,7 @@ def main() -> None:
             if not m.ok:
                 print(f"| {name} | {ty} | convert failed: {m.stderr.strip()[-200:]} |")
                 continue
+            size = gguf.stat().st_size
             for threads in args.threads.split(","):
                 out = args.work / f"{name}.{ty}.{threads}.npy"
                 child = [sys.executable, "-c", CHILD, str(gguf), str(ids_file), threads]
@@ -87,25 +90,40 @@ def main() -> None:
                     print(f"| {name} | {ty} | llama.cpp failed ({r.returncode}) | {threads} |")
                     continue
                 speed = json.loads(r.stdout.strip().splitlines()[-1])
-                agree, worst, mean = _compare(out, want, ids)
-                print(f"| {name} | {ty} | {gguf.stat().st_size / 1e6:.1f} | {threads} | "
-                      f"{speed['prompt_tok_s']:.1f} | {speed['gen_tok_s']:.1f} | "
-                      f"{r.peak_rss_mib:,.0f} | {agree:.4f} | {worst:.3f} | {mean:.4f} |",
-                      flush=True)  # fmt: skip
+                rows.append((name, directory, ty, size, threads, speed, r.peak_rss_mib, out))
             gguf.unlink()
+    wanted: dict[str, tuple] = {}
+    for name, directory, ty, size, threads, speed, rss, out in rows:
+        if name not in wanted:
+            ids = json.loads((args.work / f"{name}.ids.json").read_text())
+            wanted[name] = (ids, _reference(Path(directory), ids))
+        ids, want = wanted[name]
+        agree, worst, mean = _compare(out, want, ids)
+        print(f"| {name} | {ty} | {size / 1e6:.1f} | {threads} | "
+              f"{speed['prompt_tok_s']:.1f} | {speed['gen_tok_s']:.1f} | "
+              f"{rss:,.0f} | {agree:.4f} | {worst:.3f} | {mean:.4f} |", flush=True)  # fmt: skip
 
 
-def _reference(directory: Path, heldout: Path, tokens: int):
-    """The held-out token ids and transformers' log-probabilities of them (float32)."""
+def _held_out_ids(directory: Path, heldout: Path, tokens: int) -> list[int]:
+    """The first ``tokens`` held-out token ids, by the directory's tokenizer (tokenizers only)."""
+    from tokenizers import Tokenizer
+
+    return (
+        Tokenizer.from_file(str(directory / "tokenizer.json"))
+        .encode(heldout.read_text(), add_special_tokens=False)
+        .ids[:tokens]
+    )
+
+
+def _reference(directory: Path, ids: list[int]):
+    """transformers' log-probabilities (float32 model) of every next token of ``ids``."""
     import torch
     import transformers as t
 
-    tok = t.AutoTokenizer.from_pretrained(directory)
-    ids = tok(heldout.read_text())["input_ids"][:tokens]
     model = t.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     with torch.no_grad():
         logits = model(torch.tensor([ids]), use_cache=False).logits[0]
-    return ids, logits.double().log_softmax(-1).numpy()
+    return logits.double().log_softmax(-1).numpy()
 
 
 def _compare(out: Path, want, ids) -> tuple[float, float, float]:
