@@ -150,7 +150,9 @@ def convert_gguf(
             loaded.save(tmp, report("write", 2))
             provenance = header.metadata.get(GGUF_PROVENANCE)
             if isinstance(provenance, str):  # a file sparsetool wrote: how the model was made
-                add_metadata(tmp / "model.safetensors", {PROVENANCE_KEY: provenance})
+                shards = sorted(tmp.glob("*.safetensors"))  # the first, where it is read from
+                check_room(out_abs.parent, shards[0].stat().st_size, str(out))
+                add_metadata(shards[0], {PROVENANCE_KEY: provenance})
             result.files = sorted(p.name for p in tmp.iterdir())
             result.bytes = sum(p.stat().st_size for p in tmp.iterdir() if p.is_file())
             put_in_place(tmp, out_abs, like=source)  # every file the GGUF file's mode

@@ -1,7 +1,7 @@
 """A Hugging Face directory out to a GGUF file (llama.cpp's format): ``sparsetool convert DIR -o
 FILE.gguf``.
 
-What is written, for the ``llama`` (Llama, SmolLM2, Mistral without sliding windows), ``qwen2``
+What is written, for the ``llama`` (Llama, SmolLM2; RoPE without scaling), ``qwen2``
 (attention biases) and ``qwen3`` (q/k norms) architectures, with any widths and depth
 ``shrink`` writes (an explicit ``head_dim``, any FFN width, fewer blocks):
 
@@ -24,13 +24,16 @@ GGUF holds every matrix dense: a pruned model's zeros are written as zeros, the 
 the dense one; ``q8_0``/``q4_0`` keep a zero exactly (each block's scale times 0) but round the
 weights beside it.
 
-The file is written beside the output and renamed into place at the end: Ctrl-C, a kill or a
-full disk leave nothing. What cannot be mapped (an architecture, a tensor, a tokenizer that is not
-a byte-level BPE, a sparse encoding) is one error before anything is written.
+The file is written beside the output (owner-only until complete) and renamed into place at the
+end: an error, Ctrl-C or a full disk leave nothing, and a kill leaves a temporary the next run in
+that directory removes. What cannot be mapped (an architecture, RoPE scaling, a tensor, a type
+that is not floating point, a tokenizer that is not a byte-level BPE or is longer than the
+embeddings, a sparse encoding) is one error before anything is written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -41,6 +44,7 @@ import numpy as np
 
 from sparsetool.checkpoint import Checkpoint, open_checkpoint
 from sparsetool.checkpoint.output_files import (
+    PRIVATE,
     Reclaimed,
     check_room,
     check_writable,
@@ -58,10 +62,11 @@ from sparsetool.util.wording import plural, some_names
 
 __all__ = ["ARCHITECTURES", "GGUF_TYPES", "ExportResult", "export_gguf"]
 
-ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 """config.json's ``model_type`` -> the GGUF architecture written."""
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 BLOCK = 32  # weights in a q8_0 / q4_0 block
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")  # the stored types a GGUF file is written from
 FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}  # llama.cpp's general.file_type
 
 _BLOCK_NAMES = {  # a block's tensor, after "model.layers.N.", -> llama.cpp's, after "blk.N."
@@ -179,7 +184,16 @@ def export_gguf(
                 f"{source}: model_type {config.get('model_type')!r} is not one convert writes "
                 f"as GGUF yet; it writes {', '.join(sorted(ARCHITECTURES))}"
             )
-        tokenizer = _tokenizer(source, int(config.get("vocab_size") or 0))
+        rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+        scaling = rope.get("rope_type") or rope.get("type") or "default"
+        if scaling != "default":
+            raise CheckpointError(
+                f"{source}: RoPE scaling {scaling!r} (config.json), which convert does not write "
+                "into GGUF yet (llama.cpp would run the model without it)"
+            )
+        if not config.get("vocab_size"):
+            raise CheckpointError(f"{source}: config.json has no vocab_size")
+        tokenizer = _tokenizer(source, int(config["vocab_size"]), config)
         plan = _plan(ckpt, config, arch, gguf_type)
         result = ExportResult(source, out, arch, gguf_type)
         result.kept_f16 = [t.stored for t in plan if t.qtype == "f16" and gguf_type[0] == "q"]
@@ -196,11 +210,14 @@ def export_gguf(
         provenance = (ckpt.metadata() or {}).get(PROVENANCE_KEY)
         with reclaiming() as result.reclaimed:
             tmp = temp_beside(out_abs)
+            writer = None
             try:
                 needed = sum(_nbytes(t.shape, t.qtype) for t in plan)
                 check_room(out_abs.parent, needed, str(out))
+                # owner-only until complete: the writer's open("wb") keeps the mode made here
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE))
                 writer = gguf.GGUFWriter(tmp, arch)
-                _metadata(writer, config, arch, gguf_type, source.name)
+                _metadata(writer, config, arch, gguf_type, source.resolve().name)
                 _tokenizer_metadata(writer, tokenizer)
                 if provenance:
                     writer.add_string(GGUF_PROVENANCE, provenance)
@@ -220,6 +237,9 @@ def export_gguf(
                 writer.close()
                 put_in_place(tmp, out_abs, like=_weights_file(ckpt))
             except BaseException as e:
+                if writer is not None:
+                    with contextlib.suppress(Exception):  # its file handle, before the file
+                        writer.close()
                 remove(tmp)
                 if isinstance(e, OSError):
                     raise write_error(e, out) from None
@@ -256,6 +276,12 @@ def _plan(ckpt: Checkpoint, config: dict, arch: str, gguf_type: str) -> list[_Te
         if name is None:
             unknown.append(lt.name)
             continue
+        st_dtype = ckpt.entry(lt.name).st_dtype
+        if st_dtype not in FLOAT_TYPES:
+            raise CheckpointError(
+                f"tensor {lt.name!r} is {st_dtype}; a GGUF file is written from floating-point "
+                "weights"
+            )
         shape = tuple(int(d) for d in lt.shape)
         qtype = "f32" if len(shape) == 1 else gguf_type
         if qtype in ("q8_0", "q4_0") and shape[-1] % BLOCK:
@@ -292,10 +318,10 @@ def _metadata(writer: Any, config: dict, arch: str, gguf_type: str, name: str) -
     writer.add_rope_dimension_count(head_dim)
     writer.add_rope_freq_base(float(theta))
     writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps") or 1e-6))
-    writer.add_vocab_size(int(config["vocab_size"]))
+    writer.add_vocab_size(int(config["vocab_size"]))  # checked before
 
 
-def _tokenizer(source: Path, rows: int) -> dict:
+def _tokenizer(source: Path, rows: int, config: dict) -> dict:
     """The tokenizer's tokens (id order, padded with unused ones to the embedding's ``rows``),
     types, merges, special ids, flags and chat template, from ``tokenizer.json`` and
     ``tokenizer_config.json``; a tokenizer that is not a byte-level BPE refused."""
@@ -316,7 +342,13 @@ def _tokenizer(source: Path, rows: int) -> dict:
     added = {a["content"]: a for a in data.get("added_tokens", [])}
     for content, a in added.items():
         vocab[content] = a["id"]
-    size = max(max(vocab.values()) + 1, rows)
+    if max(vocab.values()) + 1 > rows:
+        raise CheckpointError(
+            f"{path}: {plural(max(vocab.values()) + 1, 'token')}, more than the "
+            f"{rows:,} rows of the embeddings (config.json's vocab_size); llama.cpp would refuse "
+            "the file"
+        )
+    size = rows
     tokens = [f"[PAD{i}]" for i in range(size)]
     types = [5] * size  # unused
     for token, i in vocab.items():
@@ -335,7 +367,10 @@ def _tokenizer(source: Path, rows: int) -> dict:
         value = cfg.get(key)
         if isinstance(value, dict):
             value = value.get("content")
-        return vocab.get(value) if isinstance(value, str) else None
+        if isinstance(value, str) and value in vocab:
+            return vocab[value]
+        fallback = config.get(f"{key}_id")  # config.json's bos_token_id, eos_token_id, ...
+        return fallback if isinstance(fallback, int) else None
 
     return {
         "tokens": tokens,
@@ -386,7 +421,7 @@ def _pre_name(pre: Any) -> str | None:
     if not isinstance(pre, dict):
         return None
     if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
-        return "gpt-2"
+        return None if pre.get("add_prefix_space") else "gpt-2"
     steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
     if not steps:
         return None

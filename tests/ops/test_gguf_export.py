@@ -253,3 +253,81 @@ def test_the_python_function_converts_both_ways(tmp_path, text):
         sparsetool.convert(tmp_path / "m.gguf", tmp_path / "x", gguf_type="f16")
     with pytest.raises(SparsetoolError, match="dtype is for a GGUF file"):
         sparsetool.convert(tmp_path / "in", tmp_path / "y.gguf", dtype="bfloat16")
+
+
+def test_a_failure_mid_write_leaves_nothing_and_the_temporary_is_owner_only(
+    tmp_path, text, monkeypatch
+):
+    import os
+    import stat
+
+    import sparsetool.ops.gguf_export as export
+
+    _save("llama", tmp_path / "in", text)
+    convert, seen = export._converted, []
+
+    def failing(ckpt, t):
+        temps = [p for p in tmp_path.iterdir() if TMP_MARK in p.name]
+        seen.append(stat.S_IMODE(os.stat(temps[0]).st_mode))
+        if len(seen) == 3:
+            raise KeyboardInterrupt  # Ctrl-C in the middle of the tensors
+        return convert(ckpt, t)
+
+    monkeypatch.setattr(export, "_converted", failing)
+    with pytest.raises(KeyboardInterrupt):
+        export_gguf(tmp_path / "in", tmp_path / "m.gguf")
+    assert seen == [0o600] * 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+def test_what_llama_cpp_would_misread_is_refused_before_writing(tmp_path, text):
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    _save("llama", tmp_path / "in", text)
+    cases = {}
+    scaled = tmp_path / "scaled"  # Llama 3.1's RoPE scaling
+    scaled.mkdir()
+    for f in (tmp_path / "in").iterdir():
+        (scaled / f.name).write_bytes(f.read_bytes())
+    config = json.loads((scaled / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
+    (scaled / "config.json").write_text(json.dumps(config))
+    cases[scaled] = "RoPE scaling 'llama3'"
+    small = tmp_path / "small"  # more tokens than embedding rows
+    small.mkdir()
+    for f in (tmp_path / "in").iterdir():
+        (small / f.name).write_bytes(f.read_bytes())
+    config = json.loads((small / "config.json").read_text())
+    config["vocab_size"] = 200
+    (small / "config.json").write_text(json.dumps(config))
+    cases[small] = "more than the 200 rows"
+    ints = tmp_path / "ints"  # a weight stored as integers
+    ints.mkdir()
+    for f in (tmp_path / "in").iterdir():
+        (ints / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(ints / "model.safetensors")
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].to(torch.int32)
+    save_file(tensors, ints / "model.safetensors", metadata={"format": "pt"})
+    cases[ints] = "is I32"
+    for source, said in cases.items():
+        r = run("convert", source, "-o", tmp_path / "o.gguf")
+        assert r.exit_code == 1 and said in r.output, (source, r.output)
+        assert not (tmp_path / "o.gguf").exists()
+    assert not [p for p in tmp_path.iterdir() if TMP_MARK in p.name]
+
+
+def test_add_bos_follows_the_tokenizers_template(tmp_path, text):
+    from tokenizers import processors
+
+    _save("llama", tmp_path / "in", text)
+    tok = t.AutoTokenizer.from_pretrained(tmp_path / "in")
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tok.bos_token_id)]
+    )
+    tok.save_pretrained(tmp_path / "in")
+    assert tok("word")["input_ids"][0] == tok.bos_token_id
+    export_gguf(tmp_path / "in", tmp_path / "m.gguf", gguf_type="f32")
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    assert reader.fields["tokenizer.ggml.add_bos_token"].contents() is True
