@@ -25,6 +25,7 @@ from sparsetool.cli._params import (
     usage_error,
     value_of,
 )
+from sparsetool.ops.convert import GGUF_TYPES
 from sparsetool.util.wording import plural
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
@@ -32,7 +33,6 @@ EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     "sparsetool convert model.Q8_0.gguf -o model-bf16/ --dtype bfloat16 --json",
     "sparsetool convert smollm2-narrow/ -o smollm2-narrow.q8_0.gguf --type q8_0",
 )
-GGUF_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")  # ops/gguf_export.py's, without importing it
 
 
 def convert(

@@ -37,8 +37,17 @@ from sparsetool.util import options
 from sparsetool.util.progress import Progress, Steps
 from sparsetool.util.wording import some_names
 
-__all__ = ["ConvertResult", "DTYPES", "GGUF_PROVENANCE", "check_output", "convert_gguf"]
+__all__ = [
+    "ConvertResult",
+    "DTYPES",
+    "GGUF_PROVENANCE",
+    "GGUF_TYPES",
+    "check_output",
+    "convert_gguf",
+]
 
+GGUF_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
+"""The types ``convert DIR -o FILE.gguf --type`` writes matrices in (``ops/gguf_export.py``)."""
 GGUF_PROVENANCE = "sparsetool.provenance"
 """The GGUF key sparsetool's provenance is written under (``convert DIR -o FILE.gguf``) and
 restored from (``convert FILE.gguf -o DIR``)."""

@@ -56,15 +56,14 @@ from sparsetool.checkpoint.output_files import (
 )
 from sparsetool.checkpoint.provenance import PROVENANCE_KEY
 from sparsetool.errors import CheckpointError, SparsetoolError, UsageError
-from sparsetool.ops.convert import GGUF_PROVENANCE
+from sparsetool.ops.convert import GGUF_PROVENANCE, GGUF_TYPES
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural, some_names
 
-__all__ = ["ARCHITECTURES", "GGUF_TYPES", "ExportResult", "export_gguf"]
+__all__ = ["ARCHITECTURES", "ExportResult", "export_gguf"]
 
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 """config.json's ``model_type`` -> the GGUF architecture written."""
-GGUF_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 BLOCK = 32  # weights in a q8_0 / q4_0 block
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")  # the stored types a GGUF file is written from
 FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}  # llama.cpp's general.file_type

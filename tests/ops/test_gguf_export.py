@@ -13,6 +13,8 @@ transformers' own GGUF reader (``from_pretrained(DIR, gguf_file=...)``).
 
 from __future__ import annotations
 
+import shutil
+
 import gguf
 import numpy as np
 import pytest
@@ -288,25 +290,19 @@ def test_what_llama_cpp_would_misread_is_refused_before_writing(tmp_path, text):
     _save("llama", tmp_path / "in", text)
     cases = {}
     scaled = tmp_path / "scaled"  # Llama 3.1's RoPE scaling
-    scaled.mkdir()
-    for f in (tmp_path / "in").iterdir():
-        (scaled / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(tmp_path / "in", scaled)
     config = json.loads((scaled / "config.json").read_text())
     config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
     (scaled / "config.json").write_text(json.dumps(config))
     cases[scaled] = "RoPE scaling 'llama3'"
     small = tmp_path / "small"  # more tokens than embedding rows
-    small.mkdir()
-    for f in (tmp_path / "in").iterdir():
-        (small / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(tmp_path / "in", small)
     config = json.loads((small / "config.json").read_text())
     config["vocab_size"] = 200
     (small / "config.json").write_text(json.dumps(config))
     cases[small] = "more than the 200 rows"
     ints = tmp_path / "ints"  # a weight stored as integers
-    ints.mkdir()
-    for f in (tmp_path / "in").iterdir():
-        (ints / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(tmp_path / "in", ints)
     tensors = load_file(ints / "model.safetensors")
     tensors["model.norm.weight"] = tensors["model.norm.weight"].to(torch.int32)
     save_file(tensors, ints / "model.safetensors", metadata={"format": "pt"})
