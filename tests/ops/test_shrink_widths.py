@@ -339,3 +339,28 @@ def test_the_help_gives_the_rounding_rules():
     assert "round(F x kv-heads) whole key/value groups" in flat
     assert "round(F x group size) query heads of every group" in flat
     assert "round(F x d_ff)" in flat and "round(F x hidden size)" in flat
+
+
+def test_hidden_not_divided_by_the_heads_is_refused_where_transformers_refuses_it(
+    tmp_path, text, calib_file
+):
+    """Llama's config (as Gemma-3's) refuses a hidden size its heads do not divide, even with
+    head_dim written out: refused before any text, naming the nearest widths that load; Qwen3's
+    config takes it, and the shrunk model loads."""
+    calib = ["--calibration", calib_file, "--samples", "2", "--seq", "16"]
+    save("llama9", tmp_path / "llama", text)  # hidden 36, 9 heads: 0.6 keeps 22
+    r = run("shrink", tmp_path / "llama", "-o", tmp_path / "out", "--hidden", "0.6", *calib,
+            columns=400)  # fmt: skip
+    assert r.exit_code == 2 and r.output.count("error:") == 1, r.output
+    assert "--hidden 0.6 keeps 22 embedding channels, not a multiple of the 9 attention heads" in (
+        r.output
+    )
+    assert "ask for --hidden 0.5 (18) or --hidden 0.75 (27)" in r.output
+    assert not (tmp_path / "out").exists()
+    r = run("shrink", tmp_path / "llama", "-o", tmp_path / "out", "--hidden", "0.75", *calib)
+    assert r.exit_code == 0, r.output
+    assert t.AutoConfig.from_pretrained(tmp_path / "out").hidden_size == 27
+    save("qwen3", tmp_path / "qwen", text)  # hidden 32, 4 heads of 8: 0.6 keeps 19
+    r = run("shrink", tmp_path / "qwen", "-o", tmp_path / "q", "--hidden", "0.6", *calib)
+    assert r.exit_code == 0, r.output
+    assert t.AutoModelForCausalLM.from_pretrained(tmp_path / "q").config.hidden_size == 19

@@ -133,11 +133,12 @@ def shrink_widths(
         if hidden is not None:  # refuse what --hidden cannot narrow before any text is run
             hidden.axes = _hidden_axes(model)
             hidden.keep = _hidden_keep(model, opts)
-            if not any(layer.norms for layer in layers):
-                raise SparsetoolError(
-                    f"{model.path}: its blocks have no norm with weights over the hidden size "
-                    "(as OLMo's, without weights), whose outputs --hidden ranks channels by"
-                )
+        _check_divides(cfg, plan, geometry, model.width, hidden.keep if hidden else None, opts)
+        if hidden is not None and not any(layer.norms for layer in layers):
+            raise SparsetoolError(
+                f"{model.path}: its blocks have no norm with weights over the hidden size "
+                "(as OLMo's, without weights), whose outputs --hidden ranks channels by"
+            )
         renorm = opts.reconstruct and opts.hidden is not None
         if _refits(opts) or renorm:  # the refit tensors wait on disk beside the output
             spill = TensorSpill(out)
@@ -663,6 +664,41 @@ def _hidden_axes(model: BlockModel) -> dict[str, int | None]:
             )
         axes[name] = axis
     return axes
+
+
+def _check_divides(
+    cfg, plan: _Plan, g: _Geometry, before: int, keep: int | None, opts: ShrinkOptions
+) -> None:
+    """A :class:`UsageError` when the kept attention heads do not divide the kept hidden size
+    and the model's transformers config refuses that (Llama's and Gemma-3's do, even with
+    ``head_dim`` written out; Qwen's do not): the output would load nowhere."""
+    heads = plan.record["heads"]["after"]["heads"] if "heads" in plan.record else g.heads
+    width = before if keep is None else keep
+    if not heads or width % heads == 0:
+        return
+    try:
+        values = {**cfg.to_dict(), "hidden_size": width, "num_attention_heads": heads,
+                  "head_dim": g.head_dim}  # fmt: skip
+        type(cfg).from_dict(values)
+        return
+    except Exception as e:  # the config's own validation, quoted
+        reason = str(e).strip().splitlines()[-1].strip()
+    said = f"transformers refuses such a {type(cfg).__name__} ({reason})"
+    if opts.hidden is None:
+        raise UsageError(
+            f"--heads {opts.heads:g} keeps {plural(heads, 'attention head')}, which do not "
+            f"divide the hidden size {width:,}: {said}; ask for another --heads fraction"
+        )
+    lower = width // heads * heads
+    near = [m for m in (lower, lower + heads) if 0 < m < before]
+    offers = " or ".join(
+        f"--hidden {m / before:.6g} ({m:,}{', a multiple of 32' if m % 32 == 0 else ''})"
+        for m in near
+    )
+    raise UsageError(
+        f"--hidden {opts.hidden:g} keeps {width:,} embedding channels, not a multiple of the "
+        f"{plural(heads, 'attention head')} kept: {said}; ask for {offers or 'another fraction'}"
+    )
 
 
 def _hidden_keep(model: BlockModel, opts: ShrinkOptions) -> int:
