@@ -68,11 +68,11 @@ def convert(
     config.json, generation_config.json, model.safetensors and the tokenizer's files, which
     every other command (and transformers' from_pretrained) reads.
 
-    A directory in (Llama, SmolLM2, Qwen2, Qwen3, with whatever shrink made of them) makes a
-    GGUF file llama.cpp runs: config, tokenizer (byte-level BPE) and provenance in its
-    metadata, every tensor streamed in --type. GGUF stores pruned weights dense (zeros as
-    zeros). Needs the convert extra (transformers and gguf). The input is never modified; the
-    output appears only when complete.
+    A directory in (Llama, SmolLM2, Qwen2, Qwen3, Qwen3-MoE, Mixtral, Gemma-3, with whatever
+    shrink made of them) makes a GGUF file llama.cpp runs: config, tokenizer (byte-level BPE)
+    and provenance in its metadata, every tensor streamed in --type. GGUF stores pruned weights
+    dense (zeros as zeros). Needs the convert extra (transformers and gguf). The input is never
+    modified; the output appears only when complete.
     """
     if output is None:
         usage_error("give -o OUTPUT: a new directory (from a GGUF file) or a new .gguf file")
