@@ -296,6 +296,30 @@ def save_tokenizer(directory: Path, text: str) -> None:
     fast.save_pretrained(directory)
 
 
+def save_sentencepiece_tokenizer(directory: Path, text: str, kind: str = "gemma") -> int:
+    """A SentencePiece-style BPE (spaces as ``▁``, 256 ``<0xXX>`` byte tokens for byte fallback)
+    trained on ``text`` and saved as transformers' own ``GemmaTokenizer`` (no leading ``▁``) or
+    ``LlamaTokenizer`` (Llama 2's: a leading ``▁``) builds it; its size (the vocabulary and the
+    tokens the class adds)."""
+    import transformers
+    from tokenizers import Tokenizer, models, normalizers, trainers
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"] if kind == "gemma" else ["<unk>", "<s>", "</s>"]
+    tok.train_from_iterator(
+        [text],
+        trainers.BpeTrainer(vocab_size=600, show_progress=False,
+                            special_tokens=specials + [f"<0x{b:02X}>" for b in range(256)]),
+    )  # fmt: skip
+    data = json.loads(tok.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in data["merges"]]
+    cls = transformers.GemmaTokenizer if kind == "gemma" else transformers.LlamaTokenizer
+    built = cls(vocab=data["vocab"], merges=merges)
+    built.save_pretrained(directory)
+    return len(built)
+
+
 CODE_WORDS = [
     "def",
     "class",

@@ -69,7 +69,7 @@ def convert(
     every other command (and transformers' from_pretrained) reads.
 
     A directory in (Llama, SmolLM2, Qwen2, Qwen3, Qwen3-MoE, Mixtral, Gemma-3, with whatever
-    shrink made of them) makes a GGUF file llama.cpp runs: config, tokenizer (byte-level BPE)
+    shrink made of them) makes a GGUF file llama.cpp runs: config, tokenizer (a BPE's)
     and provenance in its metadata, every tensor streamed in --type. GGUF stores pruned weights
     dense (zeros as zeros). Needs the convert extra (transformers and gguf). The input is never
     modified; the output appears only when complete.

@@ -8,8 +8,8 @@ explicit ``head_dim``, any FFN width, fewer blocks, fewer experts):
 - the config as llama.cpp's keys (``{arch}.block_count``, ``embedding_length``,
   ``feed_forward_length``, ``attention.head_count[_kv]``, ``attention.key_length`` and
   ``value_length``, RoPE's, the experts', the sliding layers', the norm's epsilon, the context);
-- the tokenizer (``ops/gguf_vocab.py``: a byte-level BPE's tokens, merges, special tokens,
-  ``add_bos_token`` and chat template);
+- the tokenizer (``ops/gguf_vocab.py``: a byte-level or SentencePiece-style BPE's tokens,
+  scores, merges, special tokens, ``add_bos_token`` and chat template);
 - every tensor under llama.cpp's name, one at a time (read without torch, converted, written,
   dropped: the largest tensor in memory, never the model; a block's experts are stacked into
   one tensor per projection, so one block's experts of one projection), in ``--type``: ``f32``,
@@ -27,9 +27,9 @@ weights beside it.
 The file is written beside the output (owner-only until complete) and renamed into place at the
 end: an error, Ctrl-C or a full disk leave nothing, and a kill leaves a temporary the next run in
 that directory removes. What cannot be mapped (an architecture, a setting llama.cpp would run
-otherwise, a tensor, a type that is not floating point, a tokenizer that is not a byte-level BPE
-or is longer than the embeddings, a sparse encoding, missing experts) is one error before
-anything is written.
+otherwise, a tensor, a type that is not floating point, a tokenizer that is not a BPE, byte-level
+or with byte fallback, or is longer than the embeddings, a sparse encoding, missing experts) is
+one error before anything is written.
 """
 
 from __future__ import annotations

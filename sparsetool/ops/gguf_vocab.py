@@ -1,16 +1,26 @@
 """A Hugging Face tokenizer as GGUF metadata, for ``convert DIR -o FILE.gguf``.
 
-A byte-level BPE (GPT-2's kind: Llama 3, SmolLM2, Qwen) from ``tokenizer.json`` and
-``tokenizer_config.json``: the tokens in id order with their types (normal, control, user
-defined, unused), the merges, the special tokens' ids, ``add_bos_token`` (so llama.cpp adds BOS
-where transformers does), the chat template, and ``tokenizer.ggml.pre`` named from the
-pre-tokenizer when it is a split llama.cpp knows (else left out: llama.cpp splits its default way
-and warns). Any other kind is refused in one error naming the file.
+Two kinds, from ``tokenizer.json`` and ``tokenizer_config.json``:
+
+- a byte-level BPE (GPT-2's kind: Llama 3, SmolLM2, Qwen), as llama.cpp's ``gpt2`` tokenizer:
+  ``tokenizer.ggml.pre`` named from the pre-tokenizer when it is a split llama.cpp knows (else
+  left out: llama.cpp splits its default way and warns);
+- a SentencePiece-style BPE (spaces as ``▁``, unknown characters as ``<0xXX>`` byte tokens:
+  Gemma, Llama 2), as llama.cpp's ``llama`` tokenizer. llama.cpp merges the adjacent pair whose
+  token scores highest, so each token's score is minus the rank of the merge that makes it (the
+  BPE's own order); byte tokens are typed ``byte``; ``add_space_prefix`` says whether a text
+  starts with ``▁`` (a ``Prepend`` normalizer or a ``Metaspace`` that prepends).
+
+Both carry the tokens in id order with their types (normal, control, user defined, unused), the
+merges (transformers' GGUF reader builds its tokenizer from them), the special tokens' ids,
+``add_bos_token`` (so llama.cpp adds BOS where transformers does) and the chat template. Any
+other kind (WordPiece, Unigram) is refused in one error naming the file.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +28,8 @@ from sparsetool.errors import CheckpointError
 from sparsetool.util.wording import plural
 
 __all__ = ["read_tokenizer", "write_tokenizer"]
+
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
 
 # pre-tokenizer regexes llama.cpp names (tokenizer.json's Split pattern -> tokenizer.ggml.pre)
 _GPT2_SPLIT = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
@@ -43,10 +55,13 @@ def read_tokenizer(source: Path, rows: int, config: dict) -> dict:
         )
     data = json.loads(path.read_text())
     model = data.get("model") or {}
-    if model.get("type") != "BPE" or not _byte_level(data):
+    byte_level = model.get("type") == "BPE" and _byte_level(data)
+    pieces = model.get("type") == "BPE" and bool(model.get("byte_fallback")) and not byte_level
+    if not (byte_level or pieces):
         raise CheckpointError(
-            f"{path}: a {model.get('type')} tokenizer; convert writes byte-level BPE tokenizers "
-            "(GPT-2's kind: Llama 3, SmolLM2, Qwen) into GGUF"
+            f"{path}: a {model.get('type')} tokenizer; convert writes BPE tokenizers into GGUF, "
+            "byte-level (GPT-2's kind: Llama 3, SmolLM2, Qwen) or with byte fallback "
+            "(SentencePiece's kind: Gemma, Llama 2)"
         )
     vocab: dict[str, int] = dict(model["vocab"])
     added = {a["content"]: a for a in data.get("added_tokens", [])}
@@ -66,6 +81,12 @@ def read_tokenizer(source: Path, rows: int, config: dict) -> dict:
         a = added.get(token)
         types[i] = 1 if a is None else (3 if a.get("special") else 4)  # normal, control, user
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    scores: list[float] = []
+    if pieces:
+        for i, token in enumerate(tokens):
+            if _BYTE_TOKEN.fullmatch(token) and token not in added:
+                types[i] = 6  # a byte, for byte fallback
+        scores = _merge_scores(tokens, merges)
     cfg_path = source / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
     template = cfg.get("chat_template")
@@ -82,14 +103,20 @@ def read_tokenizer(source: Path, rows: int, config: dict) -> dict:
         fallback = config.get(f"{key}_id")  # config.json's bos_token_id, eos_token_id, ...
         return fallback if isinstance(fallback, int) else None
 
+    unk = token_id("unk_token")
+    if pieces and unk is not None:
+        types[unk] = 2  # unknown
     return {
+        "model": "gpt2" if byte_level else "llama",
         "tokens": tokens,
         "types": types,
+        "scores": scores,
+        "space_prefix": _space_prefix(data),
         "merges": merges,
-        "pre": _pre_name(data.get("pre_tokenizer")),
+        "pre": _pre_name(data.get("pre_tokenizer")) if byte_level else None,
         "bos": token_id("bos_token"),
         "eos": token_id("eos_token"),
-        "unk": token_id("unk_token"),
+        "unk": unk,
         "pad": token_id("pad_token"),
         "add_bos": _adds_bos(cfg, data, token_id("bos_token"), vocab),
         "template": template if isinstance(template, str) else None,
@@ -110,6 +137,37 @@ def _adds_bos(cfg: dict, data: dict, bos: int | None, vocab: dict[str, int]) -> 
         if first is not None and bos is not None and vocab.get(first) == bos:
             return True
     return False
+
+
+def _merge_scores(tokens: list[str], merges: list[str]) -> list[float]:
+    """Each token's score for llama.cpp's SentencePiece tokenizer, which merges the adjacent pair
+    whose joined token scores highest: minus the rank of the merge that makes the token (0 for a
+    token no merge makes: characters, bytes, special tokens)."""
+    rank: dict[str, int] = {}
+    for r, merge in enumerate(merges):
+        left, _, right = merge.partition(" ")
+        rank.setdefault(left + right, r + 1)
+    return [-float(rank.get(token, 0)) for token in tokens]
+
+
+def _space_prefix(data: dict) -> bool:
+    """Whether the tokenizer puts a ``▁`` before a text: a ``Prepend`` normalizer, or a
+    ``Metaspace`` pre-tokenizer that prepends (Llama 2's; Gemma's does not)."""
+
+    def found(node: Any) -> bool:
+        if isinstance(node, dict):
+            if node.get("type") == "Prepend":
+                return True
+            if node.get("type") == "Metaspace":
+                return node.get("prepend_scheme", "always") != "never" and bool(
+                    node.get("add_prefix_space", True)
+                )
+            return any(found(v) for v in node.values())
+        if isinstance(node, list):
+            return any(found(v) for v in node)
+        return False
+
+    return found(data.get("normalizer")) or found(data.get("pre_tokenizer"))
 
 
 def _byte_level(data: dict) -> bool:
@@ -147,11 +205,15 @@ def _pre_name(pre: Any) -> str | None:
 
 
 def write_tokenizer(writer: Any, tok: dict) -> None:
-    writer.add_tokenizer_model("gpt2")
+    """``tok`` (:func:`read_tokenizer`'s) as ``tokenizer.ggml.*`` keys."""
+    writer.add_tokenizer_model(tok["model"])
     if tok["pre"]:
         writer.add_tokenizer_pre(tok["pre"])
     writer.add_token_list(tok["tokens"])
     writer.add_token_types(tok["types"])
+    if tok["model"] == "llama":
+        writer.add_token_scores(tok["scores"])
+        writer.add_add_space_prefix(bool(tok["space_prefix"]))
     writer.add_token_merges(tok["merges"])
     for key, add in (
         ("bos", writer.add_bos_token_id),

@@ -3,7 +3,9 @@ block written as the ``1 + w`` they apply, sliding and full layers) and Qwen3-Mo
 stacked per block) load in transformers' own GGUF reader with the source's logits; Mixtral, which
 transformers' reader does not map (llama.cpp holds it as ``llama`` with experts), is checked
 tensor by tensor against the layout llama.cpp reads; shrunk ones (fewer experts, fewer blocks)
-carry their counts and pattern; what llama.cpp would run otherwise is refused before writing.
+carry their counts and pattern; a SentencePiece-style tokenizer (Gemma's, Llama 2's) is written
+as llama.cpp's ``llama`` tokenizer and encodes as the source's; what llama.cpp would run
+otherwise is refused before writing.
 
 llama.cpp itself on these families is measured in benchmarks/bench_llamacpp.py (RESULTS.md).
 """
@@ -24,7 +26,7 @@ from sparsetool.checkpoint.layout import TMP_MARK
 from sparsetool.ops.gguf_export import export_gguf
 from sparsetool.ops.shrink import ShrinkOptions, shrink_checkpoint
 
-from helpers import CALIB, make_text, run, save_tokenizer
+from helpers import CALIB, make_text, run, save_sentencepiece_tokenizer, save_tokenizer
 
 _SMALL = dict(vocab_size=320, max_position_embeddings=64, bos_token_id=1, eos_token_id=1)
 
@@ -206,7 +208,14 @@ def test_what_llama_cpp_would_run_otherwise_is_refused(tmp_path, text):
     for w in ("w1", "w2", "w3"):
         del tensors[f"model.layers.1.block_sparse_moe.experts.3.{w}.weight"]
     save_file(tensors, missing / "model.safetensors", metadata={"format": "pt"})
+    from tokenizers import Tokenizer, models
+
+    words = tmp_path / "words"  # a word-level tokenizer: neither kind of BPE
+    shutil.copytree(tmp_path / "mixtral", words)
+    vocab = {"<unk>": 0, **{w: i + 1 for i, w in enumerate(sorted(set(text.split())))}}
+    Tokenizer(models.WordLevel(vocab, unk_token="<unk>")).save(str(words / "tokenizer.json"))
     cases = {
+        words: "a WordLevel tokenizer; convert writes BPE tokenizers",
         _edited(tmp_path, tmp_path / "moe", "topk", norm_topk_prob=False): "norm_topk_prob",
         _edited(tmp_path, tmp_path / "moe", "dense", mlp_only_layers=[1]): "mlp_only_layers",
         _edited(tmp_path, tmp_path / "gemma", "scalar", query_pre_attn_scalar=144):
@@ -224,3 +233,41 @@ def test_what_llama_cpp_would_run_otherwise_is_refused(tmp_path, text):
         assert len([x for x in r.output.splitlines() if x.startswith("error:")]) == 1
         assert not (tmp_path / "o.gguf").exists()
     assert not [p for p in tmp_path.iterdir() if TMP_MARK in p.name]
+
+
+@pytest.mark.parametrize("kind", ["gemma", "llama"])
+def test_a_sentencepiece_tokenizer_encodes_as_the_sources(kind, tmp_path, text):
+    """Gemma's and Llama 2's kind: spaces as ▁, unknown characters as byte tokens. transformers'
+    reader rebuilds it from the merges; llama.cpp merges by the scores written (checked in
+    llama.cpp itself by benchmarks/bench_llamacpp.py)."""
+    size = save_sentencepiece_tokenizer(tmp_path / "in", text, kind)
+    torch.manual_seed(0)
+    small = dict(_SMALL, vocab_size=size + 4)
+    if kind == "gemma":
+        cfg = t.Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=1, head_dim=256,
+                                 **small)  # fmt: skip
+    else:
+        cfg = t.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, **small)  # fmt: skip
+    t.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "in")
+    out = tmp_path / "m.gguf"
+    export_gguf(tmp_path / "in", out, gguf_type="f32")
+    src = t.AutoTokenizer.from_pretrained(tmp_path / "in")
+    got = t.AutoTokenizer.from_pretrained(tmp_path, gguf_file=out.name)
+    sample = make_text(20, seed=11) + "  12345 e=mc^2\n\tend \u00e9 \u6f22\u5b57"
+    want = src(sample)["input_ids"]
+    assert got(sample)["input_ids"] == want
+    assert any(tok.startswith("<0x") for tok in src.convert_ids_to_tokens(want))  # byte fallback
+    fields = gguf.GGUFReader(out).fields
+    assert fields["tokenizer.ggml.model"].contents() == "llama"
+    assert fields["tokenizer.ggml.add_space_prefix"].contents() is (kind == "llama")
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    types = fields["tokenizer.ggml.token_type"].contents()
+    scores = fields["tokenizer.ggml.scores"].contents()
+    assert len(tokens) == len(types) == len(scores) == size + 4
+    assert types[tokens.index("<0x41>")] == 6 and types[tokens.index("<unk>")] == 2
+    merges = fields["tokenizer.ggml.merges"].contents()
+    first = merges[0].replace(" ", "")  # the first merge's token scores highest of the merged
+    assert scores[tokens.index(first)] == -1.0 and max(scores) == 0.0
+    assert sorted(scores)[0] >= -len(merges)
