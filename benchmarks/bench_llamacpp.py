@@ -14,8 +14,10 @@ log-probabilities of every next token saved) and generates ``--gen`` tokens gree
 (generation tokens/s, its 16-token prompt evaluated before the clock starts), with each of
 ``--threads``, ``--repeat`` times in the one process (the speeds: the medians). transformers
 scores the same tokens from the directory in float32: top-1 agreement and the largest and mean
-|difference| of the log-probabilities of the tokens that follow. A pruned model is as large and
-as fast as the dense one in llama.cpp (GGUF holds it dense): said in its row, not hidden.
+|difference| of the log-probabilities of the tokens that follow; and llama.cpp's tokenization of
+the held-out text's first 3,000 characters against transformers' (tokens equal, position by
+position). A pruned model is as large and as fast as the dense one in llama.cpp (GGUF holds it
+dense): said in its row, not hidden.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ CHILD = """
 import json, statistics, sys, time
 import numpy as np
 import llama_cpp
-path, ids_file, threads, gen, out, repeat = sys.argv[1:7]
+path, ids_file, threads, gen, out, repeat, text_file = sys.argv[1:8]
 ids = json.load(open(ids_file))
 llm = llama_cpp.Llama(model_path=path, n_ctx=len(ids) + int(gen) + 8, n_batch=len(ids),
                       logits_all=True, verbose=False, n_threads=int(threads))
@@ -53,8 +55,10 @@ for r in range(int(repeat)):
         if n >= int(gen):
             break
     generated.append(n / (time.perf_counter() - t0))
+text = open(text_file, encoding="utf-8").read()[:3000]
+tokens = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
 print(json.dumps({"prompt_tok_s": statistics.median(prompt),
-                  "gen_tok_s": statistics.median(generated)}))
+                  "gen_tok_s": statistics.median(generated), "tokens": tokens}))
 """
 
 
@@ -75,8 +79,9 @@ def main() -> None:
     print(f"# {time.strftime('%Y-%m-%d')}, {machine()}; {args.tokens} held-out tokens scored, "
           f"{args.gen} generated; speeds the median of {args.repeat}")  # fmt: skip
     print("| model | type | file MB | threads | prompt tok/s | gen tok/s | peak RSS MiB | "
-          "top-1 agreement | max abs d logprob | mean abs d logprob |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "top-1 agreement | max abs d logprob | mean abs d logprob | "
+          "tokens as transformers |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = []  # llama.cpp runs first, from this small process (a child forked from one holding
     # a model would count its pages in its own peak RSS); transformers' references after
     for name, directory in models:
@@ -95,7 +100,8 @@ def main() -> None:
             for threads in args.threads.split(","):
                 out = args.work / f"{name}.{ty}.{threads}.npy"
                 child = [sys.executable, "-c", CHILD, str(gguf), str(ids_file), threads]
-                r = run_measured([*child, str(args.gen), str(out), str(args.repeat)], cwd="/")
+                extra = [str(args.gen), str(out), str(args.repeat), str(args.heldout.resolve())]
+                r = run_measured([*child, *extra], cwd="/")
                 if not r.ok:
                     print(f"| {name} | {ty} | llama.cpp failed ({r.returncode}) | {threads} |")
                     continue
@@ -117,20 +123,28 @@ def main() -> None:
                   f"{want} | | |", flush=True)  # fmt: skip
             continue
         agree, worst, mean = _compare(out, want, ids)
+        theirs = _held_out_ids(Path(directory), args.heldout, None, chars=3000)
+        same = sum(a == b for a, b in zip(speed["tokens"], theirs))
+        tokens = f"{same} of {len(theirs)}" + ("" if len(speed["tokens"]) == len(theirs) else
+                                                f" ({len(speed['tokens'])} there)")  # fmt: skip
         print(f"| {name} | {ty} | {size / 1e6:.1f} | {threads} | "
               f"{speed['prompt_tok_s']:.1f} | {speed['gen_tok_s']:.1f} | "
-              f"{rss:,.0f} | {agree:.4f} | {worst:.3f} | {mean:.4f} |", flush=True)  # fmt: skip
+              f"{rss:,.0f} | {agree:.4f} | {worst:.3f} | {mean:.4f} | {tokens} |",
+              flush=True)  # fmt: skip
 
 
-def _held_out_ids(directory: Path, heldout: Path, tokens: int) -> list[int]:
-    """The first ``tokens`` held-out token ids, by the directory's tokenizer (tokenizers only)."""
+def _held_out_ids(
+    directory: Path, heldout: Path, tokens: int | None, chars: int | None = None
+) -> list[int]:
+    """The first ``tokens`` token ids of the held-out text (its first ``chars`` characters), by
+    the directory's tokenizer (tokenizers only)."""
     from tokenizers import Tokenizer
 
-    return (
-        Tokenizer.from_file(str(directory / "tokenizer.json"))
-        .encode(heldout.read_text(), add_special_tokens=False)
-        .ids[:tokens]
+    text = heldout.read_text(encoding="utf-8")[:chars]
+    ids = Tokenizer.from_file(str(directory / "tokenizer.json")).encode(
+        text, add_special_tokens=False
     )
+    return ids.ids[:tokens]
 
 
 def _reference(directory: Path, ids: list[int]):

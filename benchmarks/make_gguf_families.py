@@ -15,6 +15,8 @@ weights drawn at 0.08 so the next token is not a coin toss, norms away from thei
 - ``gemma3lin``: the full layers' RoPE scaled linearly (factor 8), as Gemma-3 4B and larger;
 - ``qwen3moe``: 4 blocks of 8 experts of width 128, 2 routed, the top-k weights renormalised;
 - ``mixtral``: 4 blocks of 8 experts of width 256, 2 routed;
+- ``gemma3spm`` and ``llamaspm``: Gemma-3 and Llama with a SentencePiece-style BPE (spaces as
+  ``▁``, byte fallback) as transformers' ``GemmaTokenizer`` and ``LlamaTokenizer`` build it;
 
 and from them, by ``sparsetool shrink`` on the calibration text: ``gemma3-b1`` (a block
 removed), ``gemma3-ffn`` (``--ffn 0.5``), ``qwen3moe-e4`` and ``mixtral-e4`` (``--experts
@@ -45,6 +47,25 @@ def _tokenizer(directory: Path, text: str) -> None:
     fast.save_pretrained(directory)
 
 
+def _pieces(directory: Path, text: str, kind: str) -> None:
+    """A SentencePiece-style BPE of 1,024 tokens, as transformers' Gemma or Llama tokenizer."""
+    import json
+
+    import transformers as t
+    from tokenizers import Tokenizer, models, normalizers, trainers
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    names = ["<pad>", "<eos>", "<bos>", "<unk>"] if kind == "gemma" else ["<unk>", "<s>", "</s>"]
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=names + byte_tokens)
+    tok.train_from_iterator([text], trainer)
+    model = json.loads(tok.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    cls = t.GemmaTokenizer if kind == "gemma" else t.LlamaTokenizer
+    cls(vocab=model["vocab"], merges=merges).save_pretrained(directory)
+
+
 def _configs() -> dict:
     import transformers as t
 
@@ -72,6 +93,14 @@ def _configs() -> dict:
             head_dim=64,
             **heads,
             **small,
+        ),  # fmt: skip
+        "gemma3spm": t.Gemma3TextConfig(**{**gemma, "vocab_size": 1032, "bos_token_id": 2}),
+        "llamaspm": t.LlamaConfig(
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=4,
+            **heads,
+            **{**small, "vocab_size": 1032},
         ),  # fmt: skip
         "mixtral": t.MixtralConfig(
             hidden_size=256,
@@ -111,7 +140,10 @@ def main() -> None:
                 elif p.dim() == 2:
                     p.normal_(0, 0.08)
         model.save_pretrained(args.out / name)
-        _tokenizer(args.out / name, text[:cut])
+        if name.endswith("spm"):
+            _pieces(args.out / name, text[:cut], "gemma" if name.startswith("gemma") else "llama")
+        else:
+            _tokenizer(args.out / name, text[:cut])
         print(f"{name}={args.out / name}")
     calib = dict(calibration=str(args.out / "calib.txt"), samples=8, seq=128)
     for name, source, asked in (
