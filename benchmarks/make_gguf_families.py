@@ -15,6 +15,8 @@ weights drawn at 0.08 so the next token is not a coin toss, norms away from thei
 - ``gemma3lin``: the full layers' RoPE scaled linearly (factor 8), as Gemma-3 4B and larger;
 - ``qwen3moe``: 4 blocks of 8 experts of width 128, 2 routed, the top-k weights renormalised;
 - ``mixtral``: 4 blocks of 8 experts of width 256, 2 routed;
+- ``llama31``: Llama with Llama 3.1's RoPE scaling (``llama3``, factor 8, an original context
+  of 64 positions, so the 256 scored reach past it);
 - ``gemma3spm`` and ``llamaspm``: Gemma-3 and Llama with a SentencePiece-style BPE (spaces as
   ``▁``, byte fallback) as transformers' ``GemmaTokenizer`` and ``LlamaTokenizer`` build it;
 
@@ -76,6 +78,9 @@ def _configs() -> dict:
     full, sliding = "full_attention", "sliding_attention"
     linear = {full: {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
               sliding: {"rope_type": "default", "rope_theta": 1e4}}  # fmt: skip
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+              "rope_theta": 500000.0}  # fmt: skip
     return {
         "gemma3": t.Gemma3TextConfig(**gemma),
         "gemma3mix": t.Gemma3TextConfig(
@@ -101,6 +106,14 @@ def _configs() -> dict:
             num_hidden_layers=4,
             **heads,
             **{**small, "vocab_size": 1032},
+        ),  # fmt: skip
+        "llama31": t.LlamaConfig(
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=4,
+            rope_parameters=llama3,
+            **heads,
+            **small,
         ),  # fmt: skip
         "mixtral": t.MixtralConfig(
             hidden_size=256,

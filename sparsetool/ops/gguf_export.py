@@ -61,6 +61,7 @@ from sparsetool.ops.gguf_families import (
     FAMILIES,
     Family,
     expert_count,
+    extra_tensors,
     family_of,
     gguf_name,
     write_config,
@@ -115,12 +116,13 @@ class _Tensor:
     qtype: str  # what it is written as
     permute_heads: int = 0  # llama's q/k: reordered for the rotary layout, in this many heads
     shift: float = 0.0  # added to every weight (Gemma's norms, applied as 1 + w)
+    values: np.ndarray | None = None  # computed here, not stored (Llama 3.1's rope_freqs)
 
     @property
     def label(self) -> str:
         """The checkpoint's name for it (a block's experts: with ``*`` for the expert)."""
-        if len(self.stored) == 1:
-            return self.stored[0]
+        if len(self.stored) <= 1:
+            return self.stored[0] if self.stored else self.name
         first = self.stored[0].split(".")
         i = next(i for i in range(len(first)) if self.stored[1].split(".")[i] != first[i])
         return ".".join([*first[:i], "*", *first[i + 1 :]])
@@ -224,7 +226,8 @@ def export_gguf(
                 raise
         for t in plan:
             result.tensors[t.qtype] = result.tensors.get(t.qtype, 0) + 1
-            result.parameters += int(np.prod(t.shape))
+            if t.values is None:  # stored, not computed here
+                result.parameters += int(np.prod(t.shape))
         result.bytes = out_abs.stat().st_size
     return result
 
@@ -281,6 +284,8 @@ def _plan(ckpt: Checkpoint, config: dict, family: Family, gguf_type: str) -> lis
             t.stored = _experts(ckpt, config, family, stacks[t.name], t.name)
             t.shape = (len(t.stored), *t.shape)
             t.qtype = _fitted(gguf_type, t.shape)
+    for name, values in extra_tensors(config, family).items():
+        plan.append(_Tensor((), name, values.shape, "f32", values=values))
     return plan
 
 
@@ -350,6 +355,8 @@ def _logical(shape: tuple[int, ...], qtype: str) -> tuple[int, ...]:
 
 def _converted(ckpt: Checkpoint, t: _Tensor) -> np.ndarray:
     """One tensor as written (a block's experts stacked, each converted on its own)."""
+    if t.values is not None:
+        return t.values
     if len(t.stored) == 1:
         return _converted_one(ckpt, t.stored[0], t)
     first = _converted_one(ckpt, t.stored[0], t)

@@ -5,7 +5,7 @@ than transformers does (refused before anything is written).
 By config.json's ``model_type`` (the GGUF architecture written, then what is particular):
 
 - ``llama`` (Llama, SmolLM2): ``llama``; query and key rows reordered for llama.cpp's rotary
-  layout.
+  layout; Llama 3.1's RoPE scaling (``llama3``) as the ``rope_freqs.weight`` llama.cpp reads.
 - ``mixtral``: ``llama``; each block's experts stacked into ``ffn_{gate,up,down}_exps``, the
   router as ``ffn_gate_inp``.
 - ``qwen2``: ``qwen2``; attention biases. ``qwen3``: ``qwen3``; query and key norms.
@@ -23,13 +23,24 @@ sixth. Gemma-3's embedding scale (the square root of the width) is applied by ll
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from sparsetool.errors import CheckpointError
 
-__all__ = ["FAMILIES", "Family", "expert_count", "family_of", "gguf_name", "write_config"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "expert_count",
+    "extra_tensors",
+    "family_of",
+    "gguf_name",
+    "write_config",
+]
 
 _ATTENTION_NAMES = {  # a block's tensor, after "model.layers.N.", -> llama.cpp's, after "blk.N."
     "input_layernorm.weight": "attn_norm.weight",
@@ -162,6 +173,8 @@ def _problems(config: dict, family: Family) -> list[str]:
     for kind in kinds:
         scaling, _, _ = rope(config, kind)
         allowed = ("default", "linear") if kind == "full_attention" else ("default",)
+        if arch == "llama":
+            allowed = ("default", "llama3")  # Llama 3.1's, as llama.cpp's rope_freqs
         if scaling not in allowed:
             found.append(f"RoPE scaling {scaling!r}, which llama.cpp would run the model without")
     window = config.get("sliding_window")
@@ -244,6 +257,30 @@ def rope(config: dict, kind: str | None = None) -> tuple[str, float, float]:
     base = params.get("rope_theta") or config.get("rope_theta") or 10000.0
     factor = params.get("factor") or legacy.get("factor") or 1.0
     return str(scaling), float(base), float(factor)
+
+
+def extra_tensors(config: dict, family: Family) -> dict[str, np.ndarray]:
+    """Tensors llama.cpp reads that the checkpoint does not store: Llama 3.1's RoPE scaling as
+    ``rope_freqs.weight``, each rotary frequency's divisor (1 for the high frequencies, ``factor``
+    for the low, smoothed between), as llama.cpp's converter computes it."""
+    scaling, base, factor = rope(config, None)
+    if family.arch != "llama" or scaling != "llama3":
+        return {}
+    params = config.get("rope_parameters") or {}
+    params = {**(config.get("rope_scaling") or {}), **params}
+    low = float(params.get("low_freq_factor", 1.0))
+    high = float(params.get("high_freq_factor", 4.0))
+    context = float(params.get("original_max_position_embeddings", 8192))
+    dim = head_dim(config)
+    freqs = 1.0 / np.float32(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+    wavelen = 2 * math.pi / freqs.astype(np.float64)
+    smooth = (context / wavelen - low) / (high - low)
+    divisor = np.where(
+        wavelen < context / high,
+        1.0,
+        np.where(wavelen > context / low, factor, 1 / ((1 - smooth) / factor + smooth)),
+    )
+    return {"rope_freqs.weight": divisor.astype(np.float32)}
 
 
 def write_config(writer: Any, config: dict, family: Family) -> None:

@@ -289,12 +289,12 @@ def test_what_llama_cpp_would_misread_is_refused_before_writing(tmp_path, text):
 
     _save("llama", tmp_path / "in", text)
     cases = {}
-    scaled = tmp_path / "scaled"  # Llama 3.1's RoPE scaling
+    scaled = tmp_path / "scaled"  # YaRN's RoPE scaling
     shutil.copytree(tmp_path / "in", scaled)
     config = json.loads((scaled / "config.json").read_text())
-    config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
+    config["rope_scaling"] = {"rope_type": "yarn", "factor": 8.0}
     (scaled / "config.json").write_text(json.dumps(config))
-    cases[scaled] = "RoPE scaling 'llama3'"
+    cases[scaled] = "RoPE scaling 'yarn'"
     small = tmp_path / "small"  # more tokens than embedding rows
     shutil.copytree(tmp_path / "in", small)
     config = json.loads((small / "config.json").read_text())
@@ -327,3 +327,27 @@ def test_add_bos_follows_the_tokenizers_template(tmp_path, text):
     export_gguf(tmp_path / "in", tmp_path / "m.gguf", gguf_type="f32")
     reader = gguf.GGUFReader(tmp_path / "m.gguf")
     assert reader.fields["tokenizer.ggml.add_bos_token"].contents() is True
+
+
+def test_llama_3_1_rope_scaling_is_written_as_llama_cpps_rope_freqs(tmp_path, text):
+    """llama.cpp divides each rotary frequency by ``rope_freqs.weight``: the ratio of the plain
+    frequencies to the ones transformers' own ``llama3`` RoPE computes."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32, "rope_theta": 500000.0}  # fmt: skip
+    torch.manual_seed(0)
+    cfg = t.LlamaConfig(num_attention_heads=2, num_key_value_heads=1, rope_parameters=rope,
+                        **_WIDTHS, **_SMALL)  # fmt: skip
+    t.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "in")
+    save_tokenizer(tmp_path / "in", text)
+    result = export_gguf(tmp_path / "in", tmp_path / "m.gguf", gguf_type="f16")
+    got = {r.name: np.asarray(r.data) for r in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](t.LlamaConfig.from_pretrained(tmp_path / "in"), "cpu")
+    dim = 32  # 64 / 2 heads
+    plain = 1.0 / (500000.0 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    want = (plain / scaled).numpy()
+    assert got["rope_freqs.weight"].dtype == np.float32
+    np.testing.assert_allclose(got["rope_freqs.weight"], want, rtol=1e-5)
+    assert want.min() == 1.0 and want.max() == 8.0 and len(set(want.round(4))) > 2  # all 3 kinds
+    assert result.parameters == sum(p.numel() for p in t.LlamaForCausalLM(cfg).parameters())
