@@ -46,6 +46,7 @@ __all__ = [
     "load",
     "prune",
     "shrink",
+    "convert",
     "densify",
     "report",
     "diff",
