@@ -12,7 +12,8 @@ TYPE``; then, each in its own process (``measure.run_measured``: wall time, peak
 loads the file, evaluates ``--tokens`` held-out tokens in one batch (prompt tokens/s; its
 log-probabilities of every next token saved) and generates ``--gen`` tokens greedily
 (generation tokens/s, its 16-token prompt evaluated before the clock starts), with each of
-``--threads``, ``--repeat`` times in the one process (the speeds: the medians). transformers
+``--threads``; ``--repeat`` rounds of all of them, one after the other (the speeds: the
+medians, each model's runs spread over the whole benchmark). transformers
 scores the same tokens from the directory in float32: top-1 agreement and the largest and mean
 |difference| of the log-probabilities of the tokens that follow; and llama.cpp's tokenization of
 the held-out text's first 3,000 characters against transformers' (tokens equal, position by
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -70,8 +72,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--threads", default=f"1,{os.cpu_count()}")
-    ap.add_argument("--repeat", type=int, default=1, help="runs per model, type and threads; "
-                    "the speeds are their medians")  # fmt: skip
+    ap.add_argument("--repeat", type=int, default=1, help="rounds over every model, type and "
+                    "threads, each run its own process; the speeds are their medians")  # fmt: skip
     ap.add_argument("--work", type=Path, default=Path("/tmp/bench-llamacpp"))
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -82,8 +84,11 @@ def main() -> None:
           "top-1 agreement | max abs d logprob | mean abs d logprob | "
           "tokens as transformers |")  # fmt: skip
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    rows = []  # llama.cpp runs first, from this small process (a child forked from one holding
-    # a model would count its pages in its own peak RSS); transformers' references after
+    # llama.cpp runs first, from this small process (a child forked from one holding a model
+    # would count its pages in its own peak RSS); transformers' references after. The runs go
+    # round-robin (every model and type once, then again): a box that slows during the run slows
+    # every model alike, where model after model would charge the drift to the later ones.
+    files = []
     for name, directory in models:
         ids = _held_out_ids(Path(directory), args.heldout, args.tokens)
         ids_file = args.work / f"{name}.ids.json"
@@ -96,18 +101,31 @@ def main() -> None:
             if not m.ok:
                 print(f"| {name} | {ty} | convert failed: {m.stderr.strip()[-200:]} |")
                 continue
-            size = gguf.stat().st_size
+            files.append((name, directory, ty, gguf, ids_file))
+    runs: dict[tuple, list] = {}
+    for _ in range(args.repeat):
+        for name, directory, ty, gguf, ids_file in files:
             for threads in args.threads.split(","):
                 out = args.work / f"{name}.{ty}.{threads}.npy"
                 child = [sys.executable, "-c", CHILD, str(gguf), str(ids_file), threads]
-                extra = [str(args.gen), str(out), str(args.repeat), str(args.heldout.resolve())]
+                extra = [str(args.gen), str(out), "1", str(args.heldout.resolve())]
                 r = run_measured([*child, *extra], cwd="/")
                 if not r.ok:
                     print(f"| {name} | {ty} | llama.cpp failed ({r.returncode}) | {threads} |")
                     continue
                 speed = json.loads(r.stdout.strip().splitlines()[-1])
-                rows.append((name, directory, ty, size, threads, speed, r.peak_rss_mib, out))
-            gguf.unlink()
+                runs.setdefault((name, directory, ty, gguf, threads, out), []).append(
+                    (speed, r.peak_rss_mib)
+                )
+    rows = []
+    for (name, directory, ty, gguf, threads, out), done in runs.items():
+        speed = dict(done[0][0])
+        for key in ("prompt_tok_s", "gen_tok_s"):
+            speed[key] = statistics.median(s[key] for s, _ in done)
+        rss = max(r for _, r in done)
+        rows.append((name, directory, ty, gguf.stat().st_size, threads, speed, rss, out))
+    for _name, _directory, _ty, gguf, _ids in files:
+        gguf.unlink()
     wanted: dict[str, tuple] = {}
     for name, directory, ty, size, threads, speed, rss, out in rows:
         if name not in wanted:
