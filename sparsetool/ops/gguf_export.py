@@ -61,6 +61,7 @@ from sparsetool.ops.gguf_families import (
     FAMILIES,
     Family,
     expert_count,
+    expert_key,
     extra_tensors,
     family_of,
     gguf_name,
@@ -300,7 +301,7 @@ def _experts(
     """A block's experts' tensors of one projection, in expert order: all of config.json's
     count, of one shape, else refused."""
     count = expert_count(config, family)
-    key = family.expert_count[0]
+    key = expert_key(config, family)
     if sorted(found) != list(range(count)):
         raise CheckpointError(
             f"{ckpt.path}: {plural(len(found), 'expert')} stored for {name} (experts "

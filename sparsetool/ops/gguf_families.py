@@ -36,6 +36,7 @@ __all__ = [
     "FAMILIES",
     "Family",
     "expert_count",
+    "expert_key",
     "extra_tensors",
     "family_of",
     "gguf_name",
@@ -183,7 +184,14 @@ def _problems(config: dict, family: Family) -> list[str]:
     if arch != "gemma3" and windowed:
         found.append(f"sliding_window {window}, where llama.cpp's {arch} attends to every "
                      "earlier token")  # fmt: skip
+    if family.expert_count:
+        if not expert_count(config, family):
+            found.append(f"{' or '.join(family.expert_count)} missing (the experts a block has)")
+        if not config.get("num_experts_per_tok"):
+            found.append("num_experts_per_tok missing (the experts a token is routed to)")
     if arch == "qwen3moe":
+        if not config.get("moe_intermediate_size"):
+            found.append("moe_intermediate_size missing (the experts' width)")
         if not config.get("norm_topk_prob"):
             found.append("norm_topk_prob false, where llama.cpp renormalises the chosen "
                          "experts' weights")  # fmt: skip
@@ -209,6 +217,8 @@ def _gemma3_problems(config: dict) -> list[str]:
     if scalar is not None and float(scalar) != float(width):
         found.append(f"query_pre_attn_scalar {scalar}, where llama.cpp scales this model's "
                      f"queries by 1/sqrt({width})")  # fmt: skip
+    if "sliding_attention" in layer_types(config) and not config.get("sliding_window"):
+        found.append("sliding_window missing, with sliding layers in layer_types")
     kinds = set(layer_types(config)) - {"sliding_attention", "full_attention"}
     if kinds:
         found.append(f"layer_types {', '.join(sorted(kinds))}, which llama.cpp's gemma3 has not")
@@ -217,8 +227,14 @@ def _gemma3_problems(config: dict) -> list[str]:
 
 def expert_count(config: dict, family: Family) -> int:
     """The experts a block holds, by config.json (0: not an experts' family)."""
-    found = [config[k] for k in family.expert_count if config.get(k) is not None]
-    return int(found[0]) if found else 0
+    key = expert_key(config, family)
+    return int(config[key]) if key in config and config[key] is not None else 0
+
+
+def expert_key(config: dict, family: Family) -> str:
+    """config.json's key for the experts a block holds: the first of the family's it has."""
+    found = [k for k in family.expert_count if config.get(k) is not None]
+    return found[0] if found else (family.expert_count or ("",))[0]
 
 
 def head_dim(config: dict) -> int:
@@ -246,12 +262,12 @@ def rope(config: dict, kind: str | None = None) -> tuple[str, float, float]:
     params = config.get("rope_parameters")
     if not isinstance(params, dict):
         params = {}
+    legacy = config.get("rope_scaling") or {}
     if kind is not None and isinstance(params.get(kind), dict):
-        params = params[kind]
+        params, legacy = params[kind], {}  # per layer kind: rope_scaling left over is not read
     elif kind == "sliding_attention":  # older Gemma-3 configs: the local base, unscaled
         base = config.get("rope_local_base_freq") or 10000.0
         return "default", float(base), 1.0
-    legacy = config.get("rope_scaling") or {}
     named = (params.get("rope_type"), legacy.get("rope_type"), legacy.get("type"))
     scaling = next((t for t in named if t and t != "default"), "default")  # either key's scaling
     base = params.get("rope_theta") or config.get("rope_theta") or 10000.0

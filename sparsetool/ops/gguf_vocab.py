@@ -46,7 +46,8 @@ _LLAMA3_SPLIT = (
 def read_tokenizer(source: Path, rows: int, config: dict) -> dict:
     """The tokenizer's tokens (id order, padded with unused ones to the embedding's ``rows``),
     types, merges, special ids, flags and chat template, from ``tokenizer.json`` and
-    ``tokenizer_config.json``; a tokenizer that is not a byte-level BPE refused."""
+    ``tokenizer_config.json``; a tokenizer that is not a BPE, byte-level or with byte fallback,
+    refused."""
     path = source / "tokenizer.json"
     if not path.is_file():
         raise CheckpointError(
@@ -59,9 +60,10 @@ def read_tokenizer(source: Path, rows: int, config: dict) -> dict:
     pieces = model.get("type") == "BPE" and bool(model.get("byte_fallback")) and not byte_level
     if not (byte_level or pieces):
         raise CheckpointError(
-            f"{path}: a {model.get('type')} tokenizer; convert writes BPE tokenizers into GGUF, "
-            "byte-level (GPT-2's kind: Llama 3, SmolLM2, Qwen) or with byte fallback "
-            "(SentencePiece's kind: Gemma, Llama 2)"
+            f"{path}: a {model.get('type')} tokenizer"
+            + (" neither byte-level nor with byte_fallback" if model.get("type") == "BPE" else "")
+            + "; convert writes BPE tokenizers into GGUF, byte-level (GPT-2's kind: Llama 3, "
+            "SmolLM2, Qwen) or with byte fallback (SentencePiece's kind: Gemma, Llama 2)"
         )
     vocab: dict[str, int] = dict(model["vocab"])
     added = {a["content"]: a for a in data.get("added_tokens", [])}
@@ -84,7 +86,7 @@ def read_tokenizer(source: Path, rows: int, config: dict) -> dict:
     scores: list[float] = []
     if pieces:
         for i, token in enumerate(tokens):
-            if _BYTE_TOKEN.fullmatch(token) and token not in added:
+            if _BYTE_TOKEN.fullmatch(token):  # also when listed as added, as llama.cpp types them
                 types[i] = 6  # a byte, for byte fallback
         scores = _merge_scores(tokens, merges)
     cfg_path = source / "tokenizer_config.json"

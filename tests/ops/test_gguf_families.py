@@ -218,6 +218,8 @@ def test_what_llama_cpp_would_run_otherwise_is_refused(tmp_path, text):
         words: "a WordLevel tokenizer; convert writes BPE tokenizers",
         _edited(tmp_path, tmp_path / "moe", "topk", norm_topk_prob=False): "norm_topk_prob",
         _edited(tmp_path, tmp_path / "moe", "dense", mlp_only_layers=[1]): "mlp_only_layers",
+        _edited(tmp_path, tmp_path / "moe", "routed", num_experts_per_tok=None):
+            "num_experts_per_tok missing",
         _edited(tmp_path, tmp_path / "gemma", "scalar", query_pre_attn_scalar=144):
             "query_pre_attn_scalar 144",
         _edited(tmp_path, tmp_path / "gemma", "cap", attn_logit_softcapping=50.0):

@@ -672,13 +672,21 @@ def _check_divides(
     """A :class:`UsageError` when the kept attention heads do not divide the kept hidden size
     and the model's transformers config refuses that (Llama's and Gemma-3's do, even with
     ``head_dim`` written out; Qwen's do not): the output would load nowhere."""
+    if opts.heads is None and opts.hidden is None:
+        return
     heads = plan.record["heads"]["after"]["heads"] if "heads" in plan.record else g.heads
     width = before if keep is None else keep
     if not heads or width % heads == 0:
         return
+    values = cfg.to_dict()
     try:
-        values = {**cfg.to_dict(), "hidden_size": width, "num_attention_heads": heads,
-                  "head_dim": g.head_dim}  # fmt: skip
+        type(cfg).from_dict(values)
+    except Exception:  # the config does not round-trip as it is: a changed copy says nothing
+        return
+    values.update(hidden_size=width, num_attention_heads=heads)
+    if "head_dim" in values:
+        values["head_dim"] = g.head_dim
+    try:
         type(cfg).from_dict(values)
         return
     except Exception as e:  # the config's own validation, quoted
