@@ -17,7 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["convert_gguf", "tiny_gpt2_gguf", "write_gguf_of", "write_gpt2_gguf"]
+__all__ = [
+    "convert_gguf",
+    "load_gguf_model",
+    "logits_of",
+    "sample_ids",
+    "tiny_gpt2_gguf",
+    "write_gguf_of",
+    "write_gpt2_gguf",
+]
 
 _CONV1D = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 _NAMES = {
@@ -153,3 +161,32 @@ def convert_gguf(source: Path, out: Path) -> Path:
     from sparsetool.ops.convert import convert_gguf as convert
 
     return convert(source, out).output
+
+
+def sample_ids(directory: Path):
+    """Two rows of 64 token ids of a held-out sample, by the directory's tokenizer."""
+    import torch
+    import transformers
+
+    from helpers import make_text
+
+    tok = transformers.AutoTokenizer.from_pretrained(directory)
+    return torch.tensor(tok(make_text(40, seed=3))["input_ids"][:128]).view(2, 64)
+
+
+def logits_of(model, ids):
+    """``model``'s logits of ``ids``, without the cache."""
+    import torch
+
+    with torch.no_grad():
+        return model(ids, use_cache=False).logits
+
+
+def load_gguf_model(path: Path):
+    """The GGUF file ``path`` as transformers' own GGUF reader loads it, in float32."""
+    import torch
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    ).eval()

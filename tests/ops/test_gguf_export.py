@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as t
+from gguf_models import load_gguf_model, logits_of, sample_ids
 
 from sparsetool.checkpoint.layout import TMP_MARK
 from sparsetool.ops.gguf_export import export_gguf
@@ -54,38 +55,22 @@ def _save(kind: str, directory, text, dtype=torch.float32):
     return model.float()
 
 
-def _ids(directory) -> torch.Tensor:
-    tok = t.AutoTokenizer.from_pretrained(directory)
-    return torch.tensor(tok(make_text(40, seed=3))["input_ids"][:128]).view(2, 64)
-
-
-def _logits(model, ids) -> torch.Tensor:
-    with torch.no_grad():
-        return model(ids, use_cache=False).logits
-
-
-def _load(path):
-    return t.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
-
-
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
 def test_each_family_loads_with_the_sources_logits(kind, tmp_path, text):
     model = _save(kind, tmp_path / "in", text)
-    ids = _ids(tmp_path / "in")
-    want = _logits(model, ids)
+    ids = sample_ids(tmp_path / "in")
+    want = logits_of(model, ids)
     for gguf_type, atol in (("f32", 1e-4), ("f16", 2e-2), ("bf16", 1e-1)):
         out = tmp_path / f"m.{gguf_type}.gguf"
         export_gguf(tmp_path / "in", out, gguf_type=gguf_type)
-        got = _logits(_load(out), ids)
+        got = logits_of(load_gguf_model(out), ids)
         assert torch.allclose(got, want, atol=atol), (gguf_type, float((got - want).abs().max()))
     scale = float(want.abs().max())
     for gguf_type, worst, agree in (("q8_0", 0.05, 0.95), ("q4_0", 0.5, 0.5)):
         out = tmp_path / f"m.{gguf_type}.gguf"
         result = export_gguf(tmp_path / "in", out, gguf_type=gguf_type)
         assert result.tensors[gguf_type] > 0 and result.kept_f16 == []
-        got = _logits(_load(out), ids)
+        got = logits_of(load_gguf_model(out), ids)
         assert float((got - want).abs().max()) < worst * scale, gguf_type
         assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= agree, gguf_type
     sizes = {ty: (tmp_path / f"m.{ty}.gguf").stat().st_size for ty in ("f16", "q8_0")}
@@ -146,8 +131,8 @@ def test_shrunk_models_load_with_their_logits(tmp_path, text, calib_file):
         shrunk = t.AutoModelForCausalLM.from_pretrained(tmp_path / name).eval()
         out = tmp_path / f"{name}.gguf"
         export_gguf(tmp_path / name, out, gguf_type="f32")
-        ids = _ids(tmp_path / name)
-        got, want = _logits(_load(out), ids), _logits(shrunk, ids)
+        ids = sample_ids(tmp_path / name)
+        got, want = logits_of(load_gguf_model(out), ids), logits_of(shrunk, ids)
         assert torch.allclose(got, want, atol=1e-4), name
 
 
@@ -227,7 +212,7 @@ def test_pruned_zeros_are_written_as_zeros_and_an_encoding_is_refused(tmp_path, 
     _save("llama", tmp_path / "in", text)
     prune_checkpoint(tmp_path / "in", tmp_path / "zeros", PruneOptions(sparsity=0.5))
     export_gguf(tmp_path / "zeros", tmp_path / "z.gguf", gguf_type="q8_0")
-    back = _load(tmp_path / "z.gguf").state_dict()
+    back = load_gguf_model(tmp_path / "z.gguf").state_dict()
     with safe_open(str(tmp_path / "zeros" / "model.safetensors"), "pt") as f:
         for name in (
             "model.layers.0.mlp.down_proj.weight",

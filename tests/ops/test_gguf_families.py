@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 import transformers as t
+from gguf_models import load_gguf_model, logits_of, sample_ids
 from safetensors import safe_open
 
 from sparsetool.checkpoint.layout import TMP_MARK
@@ -64,22 +65,6 @@ def _save(kind: str, directory, text, **changes):
     return model
 
 
-def _ids(directory) -> torch.Tensor:
-    tok = t.AutoTokenizer.from_pretrained(directory)
-    return torch.tensor(tok(make_text(40, seed=3))["input_ids"][:128]).view(2, 64)
-
-
-def _logits(model, ids) -> torch.Tensor:
-    with torch.no_grad():
-        return model(ids, use_cache=False).logits
-
-
-def _load(path):
-    return t.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
-
-
 def _tensors(path) -> dict[str, np.ndarray]:
     return {r.name: np.asarray(r.data) for r in gguf.GGUFReader(path).tensors}
 
@@ -87,14 +72,14 @@ def _tensors(path) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("kind", ["gemma3", "qwen3_moe"])
 def test_gemma3_and_qwen3_moe_load_with_the_sources_logits(kind, tmp_path, text):
     model = _save(kind, tmp_path / "in", text)
-    ids = _ids(tmp_path / "in")
-    want = _logits(model, ids)
+    ids = sample_ids(tmp_path / "in")
+    want = logits_of(model, ids)
     scale = float(want.abs().max())
     for gguf_type, worst, agree in (("f32", 1e-4, 1.0), ("f16", 0.02, 0.95), ("q8_0", 0.1, 0.9)):
         out = tmp_path / f"m.{gguf_type}.gguf"
         result = export_gguf(tmp_path / "in", out, gguf_type=gguf_type)
         assert result.kept_f16 == []
-        got = _logits(_load(out), ids)
+        got = logits_of(load_gguf_model(out), ids)
         assert float((got - want).abs().max()) < worst * scale, (gguf_type, got - want)
         assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= agree, gguf_type
     fields = gguf.GGUFReader(tmp_path / "m.f32.gguf").fields
