@@ -7,7 +7,7 @@ run from the directory that holds examples/ (the YAML files name their data rela
 Each item is a line of six words drawn from twelve fixed sentences (the second half follows from
 the first): "context" is its first three words, "choices" its true ending and another line's, in a
 random order, "label" the index of the true one, and "text" the whole line. Seeded: the same file
-every time. The tests build tasks the same way (tests/ops/test_tasks.py).
+every time. The tests build tasks the same way (tests/ops/eval/test_tasks.py).
 """
 
 import json

@@ -20,7 +20,7 @@ and Llama of the tests), checked two ways that hold on any CPU.
    are pinned for one torch build (recorded in the file; another torch, or a CPU without MKL such
    as an ARM one, skips this part and keeps part 1).
 
-Regenerate with ``python tests/ops/test_calibration_digests.py --regenerate`` ONLY when a change of
+Regenerate with ``python tests/ops/prune/test_calibration_digests.py --regenerate`` ONLY when a change of
 the pruned values is intended, and say in the commit which variants changed and why.
 """
 
@@ -195,7 +195,7 @@ def portable_digests(work: Path) -> dict:
 
 
 def _print(work: Path) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for helpers
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for helpers
     torch.set_num_threads(1)
     table = {v: digests_of(*VARIANTS[v], work) for v in sorted(VARIANTS)}
     print(json.dumps(table, sort_keys=True))

@@ -16,7 +16,7 @@ from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 import json_schemas as S
 from helpers import run
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
 LM, TEXT = FIXTURES / "tiny-lm", FIXTURES / "heldout.txt"
 
 
