@@ -7,10 +7,10 @@ the harness's own ``hf`` model, on the same small model and task, in the same pr
 
 Model: a random GPT-2-shaped transformers model (``--layers`` blocks, ``--width``, 4 heads,
 context 256) with a byte-level BPE tokenizer trained here; task: the multiple-choice task of
-``tests/ops/eval/test_tasks.py`` (pick the true ending of a line, two choices) over ``--items`` lines, a
-task YAML over a local JSON file (nothing is downloaded). Both backends run float32 with the
-model's default attention (sdpa, which ``sparsetool eval`` builds too; eager before 2026-11-28) on
-the CPU at the same batch size; runs alternate, the median wall time of
+``tests/ops/eval/test_tasks.py`` (pick the true ending of a line, two choices) over ``--items``
+lines, a task YAML over a local JSON file (nothing is downloaded). Both backends run float32 with
+the model's default attention (sdpa, which ``sparsetool eval`` builds too; eager before
+2026-11-28) on the CPU at the same batch size; runs alternate, the median wall time of
 ``simple_evaluate`` is reported with the ratio ours / hf, and the accuracies are checked equal.
 ``--threads`` sets torch's threads for each round (0: torch's default), in the same process.
 ``--baseline`` times another version of ``sparsetool/ops/harness.py`` as a third contender in the
@@ -51,8 +51,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-# The task's inputs, as tests/ops/eval/test_tasks.py makes them (copied: the benchmarks do not import
-# the tests): lines of twelve fixed six-word sentences, each line's true ending against another's.
+# The task's inputs, as tests/ops/eval/test_tasks.py makes them (copied: the benchmarks do not
+# import the tests): lines of twelve fixed six-word sentences, each line's true ending against
+# another's.
 NOUNS = [
     "model",
     "weight",

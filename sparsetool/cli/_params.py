@@ -18,6 +18,7 @@ import typer
 from sparsetool.checkpoint import ENCODINGS
 from sparsetool.errors import SparsetoolError
 from sparsetool.util import options
+from sparsetool.util.faces import OptionsRecord
 
 ENCODING_NAMES = ENCODINGS  # the choices of --encoding: the checkpoint package's public names
 
@@ -162,6 +163,23 @@ def in_place_conflict(checkpoint: Any, output: Any, in_place: bool) -> None:
 
 
 # --- output and verbosity ----------------------------------------------------------------------
+
+
+def face_option(record: type[OptionsRecord], name: str) -> Any:
+    """A typer option made from the field ``name`` of an options record
+    (:mod:`sparsetool.util.faces`): its default, flag, metavar, help and the check run while
+    parsing (a bad value: a usage error before torch loads)."""
+    value, shown = record.face(name)
+    parse = None if shown.parse is None else checked(shown.parse, **shown.limits)
+    if isinstance(value, float):  # taken as text, which its check reads: --help shows 5, not 5.0
+        value = f"{value:g}"
+    return typer.Option(value, shown.flag, metavar=shown.metavar, callback=parse, help=shown.help)
+
+
+def face_choice(record: type[OptionsRecord], kind: Any, name: str) -> Any:
+    """A choice option (``kind``, a :func:`choices` Enum) from the field ``name`` of a record."""
+    value, shown = record.face(name)
+    return choice_option(kind, value, shown.flag, help=shown.help)
 
 
 def output_option(help: str = "Where to write (same layout as the input).") -> Any:

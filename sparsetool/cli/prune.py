@@ -24,13 +24,13 @@ from sparsetool.cli._output import (
 from sparsetool.cli._params import (
     ENCODING_NAMES,
     ComputeDType,
-    checked,
     checkpoint_argument,
-    choice_option,
     choices,
     compute_dtype_option,
     device_option,
     exclude_option,
+    face_choice,
+    face_option,
     in_place_conflict,
     include_option,
     json_option,
@@ -48,7 +48,8 @@ from sparsetool.cli._params import (
     workers_option,
 )
 from sparsetool.masks.distributions import DISTRIBUTIONS
-from sparsetool.ops.prune.options import OptionFace, PruneOptions
+from sparsetool.ops.prune.options import PruneOptions
+from sparsetool.util.faces import OptionFace
 from sparsetool.util.options import ALLOCATIONS, METHODS, REFINEMENTS, SCOPES
 from sparsetool.util.wording import plural
 
@@ -71,18 +72,13 @@ def default(name: str) -> Any:
 
 
 def record_option(name: str) -> Any:
-    """A typer option made from :class:`PruneOptions`' field ``name``: its default, flag, metavar,
-    help and the check run while parsing (a bad value: a usage error before torch loads)."""
-    value, shown = PruneOptions.face(name)
-    parse = None if shown.parse is None else checked(shown.parse, **shown.limits)
-    if isinstance(value, float):  # taken as text, which its check reads: --help shows 5, not 5.0
-        value = f"{value:g}"
-    return typer.Option(value, shown.flag, metavar=shown.metavar, callback=parse, help=shown.help)
+    """A typer option made from :class:`PruneOptions`' field ``name``."""
+    return face_option(PruneOptions, name)
 
 
 def record_choice(kind: Any, name: str) -> Any:
     """A choice option (``kind``, a :func:`choices` Enum) from :class:`PruneOptions`' field."""
-    return choice_option(kind, default(name), face(name).flag, help=face(name).help)
+    return face_choice(PruneOptions, kind, name)
 
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)

@@ -14,8 +14,9 @@ import typer
 
 import sparsetool.api as api
 from sparsetool.cli.main import COMMANDS
-from sparsetool.ops.prune.options import OptionFace, PruneOptions
+from sparsetool.ops.prune.options import PruneOptions
 from sparsetool.ops.shrink.options import ShrinkOptions
+from sparsetool.util.faces import OptionFace
 
 BOTH_FACES = ["prune", "shrink", "densify", "convert", "report", "diff", "eval", "simulate"]
 

@@ -2,15 +2,14 @@
 answers (:class:`PruneResult`, whose ``to_json()`` is ``prune --json``).
 
 :class:`PruneOptions` is the one declaration of prune's options: each field holds its default and,
-in its metadata, how it shows on the command line (:class:`OptionFace`: the flag, its help, the
-metavar and the parse ``sparsetool prune`` runs while reading the command line). The CLI and
-``sparsetool.prune`` take their defaults from here (:meth:`PruneOptions.face`);
+in its metadata, how it shows on the command line (an :class:`~sparsetool.util.faces.OptionFace`:
+the flag, its help, the metavar and the parse ``sparsetool prune`` runs while reading the command
+line). The CLI and ``sparsetool.prune`` take their defaults from here (:meth:`PruneOptions.face`);
 ``tests/ops/test_option_defaults.py`` checks the three agree."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from sparsetool.ops.calibration import (
     check_text_field,
 )
 from sparsetool.ops.text import DEFAULT_FIELD, TextSource, is_records
+from sparsetool.util.faces import OptionsRecord, option
 from sparsetool.util.options import (
     ALLOCATIONS,
     CALIBRATION_METHODS,
@@ -57,7 +57,6 @@ from sparsetool.util.options import (
 
 __all__ = [
     "PruneOptions",
-    "OptionFace",
     "TensorResult",
     "PruneResult",
     "options_record",
@@ -65,43 +64,19 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class OptionFace:
-    """How one option of :class:`PruneOptions` shows on the command line: ``flag`` (``--owl-m``),
-    its ``help``, its ``metavar``, and ``parse``, the check of :mod:`sparsetool.util.options` the
-    CLI runs on it while parsing (called as ``parse(value, flag, **limits)``), if any."""
-
-    flag: str
-    help: str = ""
-    metavar: str | None = None
-    parse: Callable[..., Any] | None = None
-    limits: Mapping[str, Any] = field(default_factory=dict)
-
-
-def _option(
-    default: Any,
-    flag: str,
-    help: str = "",
-    *,
-    metavar: str | None = None,
-    parse: Callable[..., Any] | None = None,
-    **limits: Any,
-) -> Any:
-    """A field of :class:`PruneOptions`: its default, and its :class:`OptionFace` as metadata."""
-    return field(default=default, metadata={"face": OptionFace(flag, help, metavar, parse, limits)})
-
-
-@dataclass(frozen=True)
-class PruneOptions:
+class PruneOptions(OptionsRecord):
     """What ``prune`` does; exactly one of ``sparsity``, ``fraction``, ``nm`` sets how much."""
 
-    sparsity: float | None = _option(
+    command = "prune"
+
+    sparsity: float | None = option(
         None,
         "--sparsity",
         "Fraction of zeros wanted in each targeted tensor, from 0 to 1.",
         metavar="S",
         parse=parse_sparsity,
     )
-    fraction: float | None = _option(
+    fraction: float | None = option(
         None,
         "--fraction",
         "Prune this fraction of the REMAINING non-zeros, at least 0 and below 1 (one "
@@ -109,7 +84,7 @@ class PruneOptions:
         metavar="F",
         parse=parse_fraction,
     )
-    nm: tuple[int, int] | None = _option(
+    nm: tuple[int, int] | None = option(
         None,
         "--nm",
         "Structured N:M: keep N of every M consecutive weights along the input dimension, "
@@ -117,56 +92,56 @@ class PruneOptions:
         metavar="N:M",
         parse=parse_nm,
     )
-    method: str = _option(
+    method: str = option(
         "magnitude",
         "--method",
         "magnitude (keep the largest |w|), random, or with --calibration: wanda (|w| times the "
         "input's norm, per output row) or sparsegpt (OBS reconstruction; updates the kept "
         "weights).",
     )
-    scope: str = _option(
+    scope: str = option(
         "layer",
         "--scope",
         "layer: the same sparsity in every tensor; global: one magnitude threshold across all "
         "targeted tensors.",
     )
-    distribution: str = _option(
+    distribution: str = option(
         "uniform",
         "--distribution",
         "uniform or erk (Erdos-Renyi-Kernel per-tensor sparsities, same total non-zeros).",
     )
-    seed: int = _option(0, "--seed", "Seed for --method random.", parse=check_seed)
-    encoding: str = _option(
+    seed: int = option(0, "--seed", "Seed for --method random.", parse=check_seed)
+    encoding: str = option(
         "zeros",
         "--encoding",
         "How pruned weights are stored: zeros, mask (bool <name>_mask tensors), nan (NaN "
         "sentinels), bitmask (compressed-tensors sparse-bitmask).",
     )
     # the CLI's shared --include/--exclude (cli/_params.py) say what they do
-    include: tuple[str, ...] = _option((), "--include", metavar="GLOB", parse=parse_globs)
-    exclude: tuple[str, ...] = _option((), "--exclude", metavar="GLOB", parse=parse_globs)
+    include: tuple[str, ...] = option((), "--include", metavar="GLOB", parse=parse_globs)
+    exclude: tuple[str, ...] = option((), "--exclude", metavar="GLOB", parse=parse_globs)
     # --method wanda/sparsegpt (calibrated.py): the text, how much of it, SparseGPT's knobs
-    calibration: str | None = _option(
+    calibration: str | None = option(
         None,
         "--calibration",
         "UTF-8 text (a file, or every file under a directory), or records (.jsonl, .parquet, "
         ".arrow: see --text-field), run through the model by --method wanda/sparsegpt.",
         metavar="FILE|DIR",
     )
-    text_field: str = _option(
+    text_field: str = option(
         DEFAULT_FIELD,
         "--text-field",
         TEXT_FIELD_HELP,
         metavar="NAME",
     )
-    samples: int = _option(
+    samples: int = option(
         DEFAULT_SAMPLES,
         "--samples",
         "Calibration windows (wanda/sparsegpt).",
         metavar="N",
         parse=check_count,
     )
-    seq: int | None = _option(  # None: DEFAULT_SEQ, or the model's context when that is shorter
+    seq: int | None = option(  # None: DEFAULT_SEQ, or the model's context when that is shorter
         None,
         "--seq",
         f"Tokens per calibration window (wanda/sparsegpt). Default: {DEFAULT_SEQ}, or the "
@@ -175,14 +150,14 @@ class PruneOptions:
         parse=check_count,
         minimum=2,
     )
-    dampening: float = _option(
+    dampening: float = option(
         0.01,
         "--dampening",
         "sparsegpt: add D x the mean diagonal of X^T X to its diagonal.",
         metavar="D",
         parse=check_dampening,
     )
-    blocksize: int = _option(
+    blocksize: int = option(
         128,
         "--blocksize",
         "sparsegpt: columns per block (lazy updates, one mask choice per block).",
@@ -191,7 +166,7 @@ class PruneOptions:
     )
     # beyond one sparsity everywhere (with calibration text; magnitude too): OWL's per-block
     # sparsities (masks/owl.py), DSnoT's refinement of each mask (masks/dsnot.py)
-    allocation: str = _option(
+    allocation: str = option(
         "uniform",
         "--allocation",
         "How --sparsity is spread over the transformer blocks: uniform, or owl (each block's "
@@ -199,28 +174,28 @@ class PruneOptions:
         "the target; the total stays exact). Needs --calibration; works with magnitude, wanda "
         "and sparsegpt.",
     )
-    owl_m: float = _option(
+    owl_m: float = option(
         OWL_M,
         "--owl-m",
         "owl: a score above M times its block's mean is an outlier.",
         metavar="M",
         parse=check_owl_m,
     )
-    owl_lambda: float = _option(
+    owl_lambda: float = option(
         OWL_LAMBDA,
         "--owl-lambda",
         "owl: the most and the least pruned block lie 2 x L apart (the paper: 'target +- L').",
         metavar="L",
         parse=check_owl_lambda,
     )
-    refine: str = _option(
+    refine: str = option(
         "none",
         "--refine",
         "dsnot: after the mask is chosen, swap pruned and kept weights row by row while that "
         "lowers the row's expected output error (no training; exact counts). Needs "
         "--calibration; works with magnitude, wanda and sparsegpt.",
     )
-    dsnot_iterations: int = _option(
+    dsnot_iterations: int = option(
         DSNOT_ITERATIONS,
         "--dsnot-iterations",
         "dsnot: at most T swaps per row.",
@@ -228,7 +203,7 @@ class PruneOptions:
         parse=check_count,
         minimum=0,
     )
-    dsnot_threshold: float = _option(
+    dsnot_threshold: float = option(
         DSNOT_THRESHOLD,
         "--dsnot-threshold",
         "dsnot: a row stops once its expected error (its output summed over a window) is at "
@@ -237,7 +212,7 @@ class PruneOptions:
         parse=check_threshold,
     )
     # Mixture of Experts: fewer calibration tokens routed to an expert than this -> magnitude
-    expert_min_tokens: int = _option(
+    expert_min_tokens: int = option(
         EXPERT_MIN_TOKENS,
         "--expert-min-tokens",
         "wanda/sparsegpt on a Mixture of Experts: each expert's matrices are pruned from the "
@@ -248,40 +223,20 @@ class PruneOptions:
         minimum=0,
     )
     # how the model runs (not recorded: the masks do not depend on them but for --dtype)
-    device: str = _option(
+    device: str = option(
         "auto",
         "--device",
         "wanda/sparsegpt: where the blocks run: auto (a GPU if there is one), cpu, cuda or cuda:N.",
         parse=check_device,
     )
-    dtype: str = _option(
+    dtype: str = option(
         "float32",
         "--dtype",
         "wanda/sparsegpt: precision of the forward passes; statistics and the SparseGPT solve "
         "stay float32.",
     )
     # the CLI's shared --max-memory (cli/_params.py) says what it does
-    max_memory: int | None = _option(None, "--max-memory", metavar="SIZE", parse=parse_size)
-
-    @classmethod
-    def face(cls, name: str) -> tuple[Any, OptionFace]:
-        """Option ``name``'s default and how it shows on the command line."""
-        for f in fields(cls):
-            if f.name == name:
-                assert f.default is not MISSING, name
-                return f.default, f.metadata["face"]
-        raise KeyError(f"not an option of prune: {name}")
-
-    @classmethod
-    def defaults(cls) -> dict[str, Any]:
-        """Every option's default, by field name."""
-        return {f.name: f.default for f in fields(cls)}
-
-    @classmethod
-    def pick(cls, values: Mapping[str, Any]) -> dict[str, Any]:
-        """The entries of ``values`` that name an option (a caller's locals, say)."""
-        names = {f.name for f in fields(cls)}
-        return {k: v for k, v in values.items() if k in names}
+    max_memory: int | None = option(None, "--max-memory", metavar="SIZE", parse=parse_size)
 
     @classmethod
     def from_values(cls, **values: Any) -> PruneOptions:

@@ -14,8 +14,8 @@ Two phases, one block in memory at a time:
    the choices recorded in its provenance and ``config.json``'s expert count lowered.
 
 Removal means what setting the removed experts' router logits to -inf means: the router's
-normalisation runs over the kept experts only (tests/ops/shrink/test_shrink.py checks the written model
-against that definition in transformers for each family).
+normalisation runs over the kept experts only (tests/ops/shrink/test_shrink.py checks the written
+model against that definition in transformers for each family).
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ and Llama of the tests), checked two ways that hold on any CPU.
    are pinned for one torch build (recorded in the file; another torch, or a CPU without MKL such
    as an ARM one, skips this part and keeps part 1).
 
-Regenerate with ``python tests/ops/prune/test_calibration_digests.py --regenerate`` ONLY when a change of
-the pruned values is intended, and say in the commit which variants changed and why.
+Regenerate with ``python tests/ops/prune/test_calibration_digests.py --regenerate`` ONLY when a
+change of the pruned values is intended, and say in the commit which variants changed and why.
 """
 
 from __future__ import annotations

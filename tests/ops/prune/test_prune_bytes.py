@@ -14,9 +14,9 @@ F8_E5M2FNUZ): sparsity 0.75 in each encoding, global scope (zeros, bitmask), N:M
 The BF16 and F32 inputs hold one tensor above 2**20 entries, so the kernel's chunked paths run.
 Inputs hold ties, +0.0 and -0.0, and never NaN or inf.
 
-Regenerate with ``python tests/ops/prune/test_prune_bytes.py --regenerate`` ONLY when a change of prune's
-output bytes is intended, and say in the commit which variants changed and why. A rewrite of prune's
-engine must leave this file untouched.
+Regenerate with ``python tests/ops/prune/test_prune_bytes.py --regenerate`` ONLY when a change of
+prune's output bytes is intended, and say in the commit which variants changed and why. A rewrite
+of prune's engine must leave this file untouched.
 """
 
 from __future__ import annotations
