@@ -94,6 +94,40 @@ def test_the_tests_import_only_what_the_test_extra_installs():
     assert missing == {}
 
 
+def _skipped_imports(root: Path) -> list[tuple[str, str]]:
+    """(module, file:line) of every ``pytest.importorskip("module")`` under ``root``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "importorskip"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                found.append((node.args[0].value, f"{path.relative_to(root.parent)}:{node.lineno}"))
+    return found
+
+
+def test_no_test_skips_over_a_package_the_test_extra_installs():
+    """A test extra's package missing is a broken install, not a reason to skip: such a test
+    imports it plainly and fails. importorskip is for packages outside the test extra."""
+    brought = _names(RUNTIME) | _with_own_extras("test")
+    skipping = [
+        (module, where)
+        for module, where in _skipped_imports(ROOT / "tests")
+        if _distribution(module.split(".")[0]) in brought
+    ]
+    assert skipping == []
+
+
+def test_the_importorskip_check_finds_a_skip(tmp_path):
+    (tmp_path / "test_x.py").write_text('import pytest\nnp = pytest.importorskip("numpy")\n')
+    found = [(m, w.rsplit("/", 1)[-1]) for m, w in _skipped_imports(tmp_path)]
+    assert found == [("numpy", "test_x.py:2")]
+
+
 def _pins() -> dict[str, str]:
     pins = {}
     for line in (ROOT / "constraints.txt").read_text().splitlines():

@@ -14,8 +14,6 @@ from sparsetool.util.version import __version__
 
 from helpers import hf_model, make_text, run, save_tokenizer
 
-pytest.importorskip("transformers")
-
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+import transformers
 from safetensors import safe_open
 
 from sparsetool.errors import SparsetoolError
@@ -25,8 +26,6 @@ from helpers import (
     tensors,
     tiny_causal_lm,
 )
-
-transformers = pytest.importorskip("transformers")
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 

@@ -8,8 +8,11 @@ import json
 import os
 import sys
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
+import transformers
 from safetensors import safe_open
 
 from sparsetool.errors import SparsetoolError
@@ -18,10 +21,6 @@ from sparsetool.ops.prune import PruneOptions, prune_checkpoint
 from sparsetool.ops.text import TextSource, read_text
 
 from helpers import CALIB, hf_model, make_text, run, save_tokenizer, tensors
-
-transformers = pytest.importorskip("transformers")
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 

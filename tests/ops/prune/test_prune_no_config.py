@@ -12,8 +12,6 @@ from sparsetool.ops.prune.pipeline import not_a_model
 
 from helpers import hf_model, run
 
-pytest.importorskip("transformers")
-
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
