@@ -173,28 +173,8 @@ def shrink(
     unless ``reconstruct=False``. A run whose memory plan does not fit ``max_memory`` (bytes or
     ``"12G"``; default: what is available) is refused before any text runs."""
     from sparsetool.ops.shrink import shrink_checkpoint
-    from sparsetool.util.options import parse_size
 
-    opts = ShrinkOptions(
-        experts=experts,
-        experts_keep=experts_keep,
-        criterion=criterion,
-        blocks=blocks,
-        block_criterion=block_criterion,
-        ffn=ffn,
-        heads=heads,
-        hidden=hidden,
-        reconstruct=reconstruct,
-        merge=merge,
-        calibration=None if calibration is None else Path(calibration),
-        text_field=text_field,
-        samples=samples,
-        seq=seq,
-        seed=seed,
-        dtype=dtype,
-        device=device,
-        max_memory=None if max_memory is None else parse_size(max_memory),
-    )
+    opts = ShrinkOptions.from_values(**ShrinkOptions.pick(locals()))  # the CLI's construction too
     return shrink_checkpoint(checkpoint, output, opts)
 
 

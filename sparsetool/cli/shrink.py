@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-import typer
 from rich.markup import escape
 
 from sparsetool.cli._output import (
@@ -19,12 +19,12 @@ from sparsetool.cli._output import (
 )
 from sparsetool.cli._params import (
     ComputeDType,
-    checked,
     checkpoint_argument,
-    choice_option,
     choices,
     compute_dtype_option,
     device_option,
+    face_choice,
+    face_option,
     json_option,
     max_memory_option,
     output_option,
@@ -35,12 +35,8 @@ from sparsetool.cli._params import (
     usage_errors,
     use_device,
     use_threads,
-    value_of,
 )
-from sparsetool.ops.calibration import DEFAULT_SAMPLES, TEXT_FIELD_HELP
 from sparsetool.ops.shrink.options import BLOCK_CRITERIA, CRITERIA, ShrinkOptions
-from sparsetool.ops.text import DEFAULT_FIELD
-from sparsetool.util import options
 from sparsetool.util.wording import plural
 
 Criterion = choices("Criterion", CRITERIA)
@@ -54,117 +50,50 @@ EXAMPLES = (  # the end of --help: each runs as written (given the files named)
 )
 
 
+def _option(name: str) -> Any:
+    """The typer option of :class:`ShrinkOptions`' field ``name``: its default, flag, metavar,
+    help and check from the record (seed, device, dtype and max-memory are the shared options of
+    cli/_params.py, with the record's help and default)."""
+    value, face = ShrinkOptions.face(name)
+    if name in CHOICES:
+        return face_choice(ShrinkOptions, CHOICES[name], name)
+    if name == "seed":
+        return seed_option(face.help, default=value)
+    if name == "device":
+        return device_option(face.help)
+    if name == "dtype":
+        return compute_dtype_option(face.help)
+    if name == "max_memory":
+        return max_memory_option()
+    return face_option(ShrinkOptions, name)
+
+
+CHOICES = {"criterion": Criterion, "block_criterion": BlockCriterion}
+OPTION = {name: _option(name) for name in ShrinkOptions.defaults()}
+"""Each option of the command, made once from the record's fields."""
+
+
 def shrink(
     checkpoint: Path = checkpoint_argument(),
     output: Path | None = output_option("Where to write the smaller model (a new directory)."),
-    experts: float | None = typer.Option(
-        None,
-        "--experts",
-        metavar="F",
-        help="Remove this fraction of each Mixture-of-Experts layer's routed experts (0.5: half).",
-    ),
-    experts_keep: int | None = typer.Option(
-        None,
-        "--experts-keep",
-        metavar="N",
-        help="Instead of --experts: the routed experts each layer keeps.",
-    ),
-    criterion: Criterion = choice_option(
-        Criterion,
-        "reap",
-        "--criterion",
-        help="How experts are ranked on the calibration tokens (the lowest go): reap (mean of "
-        "routing weight x output norm over the tokens routed to it), frequency (tokens routed), "
-        "ean (summed output norm), or random (seeded; needs no text).",
-    ),
-    blocks: float | None = typer.Option(
-        None,
-        "--blocks",
-        metavar="N",
-        help="Instead: remove N whole transformer blocks (a fraction below 1: of the blocks).",
-    ),
-    block_criterion: BlockCriterion = choice_option(
-        BlockCriterion,
-        "bi",
-        "--block-criterion",
-        help="Which blocks --blocks removes: bi (the N of least influence, 1 - mean cosine of "
-        "each block's input and output) or angular (the run of N consecutive blocks whose input "
-        "and output lie closest in angle).",
-    ),
-    ffn: float | None = typer.Option(
-        None,
-        "--ffn",
-        metavar="F",
-        help="Instead: keep this fraction of every FFN's channels, round(F x d_ff) of them "
-        "(ranked by mean |activation|).",
-    ),
-    heads: float | None = typer.Option(
-        None,
-        "--heads",
-        metavar="F",
-        help="Keep this fraction of every layer's attention heads (ranked by their output "
-        "norm): round(F x kv-heads) whole key/value groups when F x kv-heads is whole or each "
-        "group is one head, else round(F x group size) query heads of every group (a note says "
-        "when that is not F of the heads: 0.5 of 9 heads in groups of 3 keeps 6).",
-    ),
-    hidden: float | None = typer.Option(
-        None,
-        "--hidden",
-        metavar="F",
-        help="Keep this fraction of the embedding channels, round(F x hidden size) of them "
-        "(ranked by mean |activation| after every norm): embeddings, norms, head and every "
-        "projection's side.",
-    ),
-    reconstruct: bool = typer.Option(
-        True,
-        "--reconstruct/--no-reconstruct",
-        help="--ffn/--heads: refit the projection that reads the kept channels or heads (the "
-        "FFN's down projection, attention's output projection) by least squares on the "
-        "calibration activations, block after block on what the shrunk blocks before feed it; "
-        "--hidden: refit what reads each RMS norm (q/k/v, gate/up) to the kept channels as the "
-        "narrower norm gives them; "
-        "--blocks: replace each removed run by a least-squares linear map folded into the down "
-        "projection of the block before it (ReplaceMe). --no-reconstruct writes the plain "
-        "slices and removals.",
-    ),
-    merge: bool = typer.Option(
-        False,
-        "--merge",
-        help="Fold each removed expert into the kept expert of most similar output (a "
-        "routed-frequency-weighted average of their weights) instead of dropping it.",
-    ),
-    calibration: Path | None = typer.Option(
-        None,
-        "--calibration",
-        metavar="FILE|DIR",
-        help="UTF-8 text (a file, or every file under a directory), or records (.jsonl, "
-        ".parquet, .arrow: see --text-field), the model is scored on.",
-    ),
-    text_field: str = typer.Option(
-        DEFAULT_FIELD, "--text-field", metavar="NAME", help=TEXT_FIELD_HELP
-    ),
-    samples: int = typer.Option(
-        DEFAULT_SAMPLES,
-        "--samples",
-        metavar="N",
-        callback=checked(options.check_count),
-        help="Calibration windows.",
-    ),
-    seq: int | None = typer.Option(
-        None,
-        "--seq",
-        metavar="T",
-        callback=checked(options.check_count, minimum=2),
-        help="Tokens per calibration window. Default: 512, or the model's context if shorter.",
-    ),
-    seed: int = seed_option("Seed of the windows picked from the text and of --criterion random."),
-    device: str = device_option(
-        "Where the blocks run: auto (a GPU if there is one), cpu, cuda or cuda:N."
-    ),
-    dtype: ComputeDType = compute_dtype_option(
-        "Precision of the forward passes (the statistics stay float64)."
-    ),
-    max_memory: str | None = max_memory_option(),
+    experts: float | None = OPTION["experts"],
+    experts_keep: int | None = OPTION["experts_keep"],
+    criterion: Criterion = OPTION["criterion"],
+    blocks: float | None = OPTION["blocks"],
+    block_criterion: BlockCriterion = OPTION["block_criterion"],
+    ffn: float | None = OPTION["ffn"],
+    heads: float | None = OPTION["heads"],
+    hidden: float | None = OPTION["hidden"],
+    reconstruct: bool = OPTION["reconstruct"],
+    merge: bool = OPTION["merge"],
+    calibration: Path | None = OPTION["calibration"],
+    text_field: str = OPTION["text_field"],
+    samples: int = OPTION["samples"],
+    seq: int | None = OPTION["seq"],
+    seed: int = OPTION["seed"],
+    device: str = OPTION["device"],
+    dtype: ComputeDType = OPTION["dtype"],
+    max_memory: str | None = OPTION["max_memory"],
     quiet: bool = quiet_option(),
     threads: int | None = threads_option(),
     as_json: bool = json_option(),
@@ -190,26 +119,7 @@ def shrink(
     if output is None:
         usage_error("give -o OUTPUT, a new directory for the smaller model")
     with usage_errors():
-        opts = ShrinkOptions(
-            experts=experts,
-            experts_keep=experts_keep,
-            criterion=value_of(criterion),
-            blocks=blocks,
-            block_criterion=value_of(block_criterion),
-            ffn=ffn,
-            heads=heads,
-            hidden=hidden,
-            reconstruct=reconstruct,
-            merge=merge,
-            calibration=calibration,
-            text_field=text_field,
-            samples=samples,
-            seq=seq,
-            seed=seed,
-            dtype=value_of(dtype),
-            device=device,
-            max_memory=None if max_memory is None else options.parse_size(max_memory),
-        )
+        opts = ShrinkOptions.from_values(**ShrinkOptions.pick(locals()))  # as the API does
         opts.validate()
     use_device(device)
     use_threads(threads)

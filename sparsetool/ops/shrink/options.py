@@ -15,10 +15,22 @@ from typing import Any
 
 from sparsetool.checkpoint.output_files import Reclaimed
 from sparsetool.errors import ConfigError, UsageError
-from sparsetool.ops.calibration import DEFAULT_SAMPLES, check_text_field
+from sparsetool.ops.calibration import (
+    DEFAULT_SAMPLES,
+    DEFAULT_SEQ,
+    TEXT_FIELD_HELP,
+    check_text_field,
+)
 from sparsetool.ops.text import DEFAULT_FIELD, TextSource, is_records
+from sparsetool.util.faces import OptionsRecord, option
 from sparsetool.util.memory import MemoryPlan
-from sparsetool.util.options import check_count, check_seed, option_error
+from sparsetool.util.options import (
+    check_count,
+    check_device,
+    check_seed,
+    option_error,
+    parse_size,
+)
 
 __all__ = [
     "BLOCK_CRITERIA",
@@ -46,27 +58,139 @@ def _fraction(x: object) -> bool:
 
 
 @dataclass(frozen=True)
-class ShrinkOptions:
-    """The options of ``sparsetool shrink`` (CLI names in the comments)."""
+class ShrinkOptions(OptionsRecord):
+    """The options of ``sparsetool shrink``: each field's default and, in its metadata, how it
+    shows on the command line (an :class:`~sparsetool.util.faces.OptionFace`), declared once for
+    the CLI, ``sparsetool.shrink`` and the provenance."""
 
-    experts: float | None = None  # --experts F: fraction of each layer's routed experts removed
-    experts_keep: int | None = None  # --experts-keep N: routed experts each layer keeps
-    criterion: str = "reap"  # --criterion
-    blocks: float | None = None  # --blocks N (whole blocks removed) or a fraction of them
-    block_criterion: str = "bi"  # --block-criterion
-    ffn: float | None = None  # --ffn F: the fraction of each FFN's channels kept
-    heads: float | None = None  # --heads F: the fraction of each layer's attention heads kept
-    hidden: float | None = None  # --hidden F: the fraction of the embedding channels kept
-    reconstruct: bool = True  # --reconstruct/--no-reconstruct: least-squares refits
-    merge: bool = False  # --merge: fold each removed expert into its most similar kept one
-    calibration: str | Path | None = None  # --calibration FILE|DIR (a TextSource once reading)
-    text_field: str = DEFAULT_FIELD  # --text-field NAME: a calibration record's text field
-    samples: int = DEFAULT_SAMPLES  # --samples
-    seq: int | None = None  # --seq; None: prune's default (512), or the context when shorter
-    seed: int = 0  # --seed: the windows picked from the text, and --criterion random
-    dtype: str = "float32"  # --dtype: precision of the forward passes
-    device: str = "auto"  # --device: auto (a GPU if there is one), cpu, cuda or cuda:N
-    max_memory: int | None = None  # --max-memory SIZE (bytes): default, what is available
+    command = "shrink"
+
+    experts: float | None = option(
+        None,
+        "--experts",
+        "Remove this fraction of each Mixture-of-Experts layer's routed experts (0.5: half).",
+        metavar="F",
+    )
+    experts_keep: int | None = option(
+        None,
+        "--experts-keep",
+        "Instead of --experts: the routed experts each layer keeps.",
+        metavar="N",
+    )
+    criterion: str = option(
+        "reap",
+        "--criterion",
+        "How experts are ranked on the calibration tokens (the lowest go): reap (mean of "
+        "routing weight x output norm over the tokens routed to it), frequency (tokens routed), "
+        "ean (summed output norm), or random (seeded; needs no text).",
+    )
+    blocks: float | None = option(  # whole blocks removed, or a fraction of them
+        None,
+        "--blocks",
+        "Instead: remove N whole transformer blocks (a fraction below 1: of the blocks).",
+        metavar="N",
+    )
+    block_criterion: str = option(
+        "bi",
+        "--block-criterion",
+        "Which blocks --blocks removes: bi (the N of least influence, 1 - mean cosine of "
+        "each block's input and output) or angular (the run of N consecutive blocks whose input "
+        "and output lie closest in angle).",
+    )
+    ffn: float | None = option(
+        None,
+        "--ffn",
+        "Instead: keep this fraction of every FFN's channels, round(F x d_ff) of them "
+        "(ranked by mean |activation|).",
+        metavar="F",
+    )
+    heads: float | None = option(
+        None,
+        "--heads",
+        "Keep this fraction of every layer's attention heads (ranked by their output "
+        "norm): round(F x kv-heads) whole key/value groups when F x kv-heads is whole or each "
+        "group is one head, else round(F x group size) query heads of every group (a note says "
+        "when that is not F of the heads: 0.5 of 9 heads in groups of 3 keeps 6).",
+        metavar="F",
+    )
+    hidden: float | None = option(
+        None,
+        "--hidden",
+        "Keep this fraction of the embedding channels, round(F x hidden size) of them "
+        "(ranked by mean |activation| after every norm): embeddings, norms, head and every "
+        "projection's side.",
+        metavar="F",
+    )
+    reconstruct: bool = option(  # least-squares refits
+        True,
+        "--reconstruct/--no-reconstruct",
+        "--ffn/--heads: refit the projection that reads the kept channels or heads (the "
+        "FFN's down projection, attention's output projection) by least squares on the "
+        "calibration activations, block after block on what the shrunk blocks before feed it; "
+        "--hidden: refit what reads each RMS norm (q/k/v, gate/up) to the kept channels as the "
+        "narrower norm gives them; "
+        "--blocks: replace each removed run by a least-squares linear map folded into the down "
+        "projection of the block before it (ReplaceMe). --no-reconstruct writes the plain "
+        "slices and removals.",
+    )
+    merge: bool = option(
+        False,
+        "--merge",
+        "Fold each removed expert into the kept expert of most similar output (a "
+        "routed-frequency-weighted average of their weights) instead of dropping it.",
+    )
+    calibration: str | Path | None = option(  # a TextSource once reading
+        None,
+        "--calibration",
+        "UTF-8 text (a file, or every file under a directory), or records (.jsonl, "
+        ".parquet, .arrow: see --text-field), the model is scored on.",
+        metavar="FILE|DIR",
+    )
+    text_field: str = option(DEFAULT_FIELD, "--text-field", TEXT_FIELD_HELP, metavar="NAME")
+    samples: int = option(
+        DEFAULT_SAMPLES, "--samples", "Calibration windows.", metavar="N", parse=check_count
+    )
+    seq: int | None = option(  # None: DEFAULT_SEQ, or the model's context when that is shorter
+        None,
+        "--seq",
+        f"Tokens per calibration window. Default: {DEFAULT_SEQ}, or the model's context if "
+        "shorter.",
+        metavar="T",
+        parse=check_count,
+        minimum=2,
+    )
+    seed: int = option(
+        0,
+        "--seed",
+        "Seed of the windows picked from the text and of --criterion random.",
+        parse=check_seed,
+    )
+    dtype: str = option(
+        "float32", "--dtype", "Precision of the forward passes (the statistics stay float64)."
+    )
+    device: str = option(
+        "auto",
+        "--device",
+        "Where the blocks run: auto (a GPU if there is one), cpu, cuda or cuda:N.",
+        parse=check_device,
+    )
+    # the CLI's shared --max-memory (cli/_params.py) says what it does; here in bytes
+    max_memory: int | None = option(None, "--max-memory", metavar="SIZE", parse=parse_size)
+
+    @classmethod
+    def from_values(cls, **values: Any) -> ShrinkOptions:
+        """The options from values in the forms the Python API and the command line take them:
+        a choice as its name or an ``Enum`` of it, ``calibration`` a path, ``max_memory`` bytes or
+        ``"12G"``. Not yet checked: :meth:`validate` does that."""
+        unknown = sorted(set(values) - set(cls.pick(values)))
+        if unknown:
+            raise TypeError(f"not an option of shrink: {', '.join(unknown)}")
+        v = {k: getattr(x, "value", x) for k, x in values.items()}  # an Enum: its name
+        if v.get("calibration") is not None:
+            v["calibration"] = Path(v["calibration"])
+        if isinstance(v.get("max_memory"), str):
+            v["max_memory"] = parse_size(v["max_memory"])
+        return cls(**v)
 
     @property
     def reads_text(self) -> bool:
