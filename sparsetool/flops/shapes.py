@@ -184,250 +184,27 @@ def infer_model(
     >>> m.layer_sparsity[1]["ffn_in"], m.targeted_sparsity
     (0.5, 0.5)
     """
-    from sparsetool.targets import is_floating  # same dtype rule as prune/report
-
     notes: list[str] = []
-    floating = []
-    for r in rows:
-        nm = str(_get(r, "name"))
-        if nm.endswith("_mask") or not is_floating(_get(r, "dtype")):
-            continue
-        floating.append(r)
-    if not floating:
-        raise ShapeError(f"'{name}' holds no floating-point tensors to account")
-
-    def shape_of(r: Any) -> tuple[int, ...]:
-        return tuple(int(x) for x in _get(r, "shape"))
-
-    linear = [
-        r
-        for r in floating
-        if _get(r, "role") in ROLES
-        and (len(shape_of(r)) == 2 or (len(shape_of(r)) == 3 and _get(r, "role") in FFN_ROLES))
-    ]
-    if not linear:
-        raise ShapeError(
-            f"'{name}' has no attention or feed-forward weight matrices that sparsetool recognises"
-        )
-    embeds = [r for r in floating if _get(r, "role") == "embedding" and len(shape_of(r)) == 2]
-    heads = [r for r in floating if _get(r, "role") == "head" and len(shape_of(r)) == 2]
-    positions = [r for r in floating if _get(r, "role") == "position" and len(shape_of(r)) == 2]
-
-    # d_model: the token embedding's width, else config.json, else the side all matrices share.
-    tok = max(embeds, key=lambda r: shape_of(r)[0]) if embeds else None
-    d_model = (
-        shape_of(tok)[1]
-        if tok is not None
-        else _pick(hf_config, "hidden_size", "n_embd", "d_model")
+    floating = _floating_rows(rows, name)
+    linear = _linear_rows(floating, name)
+    embeds, heads, positions = (_matrices(floating, ro) for ro in ("embedding", "head", "position"))
+    tok = max(embeds, key=lambda r: _shape(r)[0]) if embeds else None
+    d_model = _d_model(tok, linear, hf_config, name)
+    layers = _group_layers(linear, hf_config, name, notes)
+    shapes = _layer_shapes(layers, d_model, name)
+    qkv_w, kh, moe, f, ratio = _uniform_shapes(shapes, name)
+    moe_fields = (
+        _moe_fields(moe, shapes.dense_layers, floating, hf_config, name, notes)
+        if moe is not None
+        else {}
     )
-    if d_model is None:
-        common = set(shape_of(linear[0])[-2:])
-        for r in linear[1:]:
-            common &= set(shape_of(r)[-2:])
-        if len(common) != 1:
-            raise ShapeError(
-                f"cannot tell d_model of '{name}' (no token embedding, no config.json)"
-            )
-        d_model = common.pop()
-    d_model = int(d_model)
-
-    # Group matrices by layer index, by part (attention and a dense FFN; routed experts; the
-    # shared expert) and by role.
-    layers: dict[int, dict[str, dict[Any, dict[str, list[Any]]]]] = {}
-    for r in linear:
-        nm = str(_get(r, "name"))
-        index = layer_index(nm)
-        if index is None:
-            continue
-        part, expert = expert_part(nm, shape_of(r))
-        layers.setdefault(index, {}).setdefault(part, {}).setdefault(expert, {}).setdefault(
-            _get(r, "role"), []
-        ).append(r)
-    if not layers:
-        raise ShapeError(f"no layer index found in the tensor names of '{name}'")
-    extra = beyond_stated_layers(layers, hf_config)
-    if extra:
-        for i in extra:
-            del layers[i]
-        notes.append(
-            f"{plural(len(extra), 'layer')} past config.json's num_hidden_layers "
-            f"({', '.join(map(str, extra))}: DeepSeek-V3's multi-token prediction module is "
-            "one) left out of the shapes and FLOPs; their parameters count in the total"
-        )
-
-    def widths(by_role: dict[str, list[Any]], what: str) -> tuple[int, int]:
-        """(FFN output width, summed FFN input widths) of one FFN, per expert for stacked ones."""
-        if "ffn_out" not in by_role:
-            raise ShapeError(
-                f"{what} of '{name}' has no ffn_out weight (the feed-forward output), "
-                "so its shape cannot be inferred"
-            )
-        w = {
-            ro: sum(_other_side(_get(r, "name"), shape_of(r)[-2:], d_model) for r in rs)
-            for ro, rs in by_role.items()
-            if ro in FFN_ROLES
-        }
-        return w["ffn_out"], w.get("ffn_in", w["ffn_out"])
-
-    attention_seen: set[tuple[int, int]] = set()
-    dense_seen: set[tuple[int, int]] = set()
-    moe_seen: set[tuple[int, int, int, int, int]] = set()
-    dense_layers: list[int] = []
-    layer_sparsity: list[dict[str, float]] = []
-    for pos, idx in enumerate(sorted(layers)):
-        parts = layers[idx]
-        plain = parts.get("plain", {}).get(None, {})
-        if "qkv" not in plain:
-            raise ShapeError(
-                f"layer {idx} of '{name}' has no qkv weight, so its shape cannot be inferred"
-            )
-        latent = any(_module(str(_get(r, "name"))) in LATENT_PROJECTIONS for r in plain["qkv"])
-        if latent:  # the widths of multi-head latent attention's matrices stand for qkv's
-            if "attn_out" not in plain:
-                raise ShapeError(
-                    f"layer {idx} of '{name}' has no attention output weight (o_proj), "
-                    "so its shape cannot be inferred"
-                )
-            qkv_w = latent_attention_widths(plain["qkv"], d_model, f"layer {idx} of '{name}'")
-        else:
-            qkv_w = sum(_other_side(_get(r, "name"), shape_of(r), d_model) for r in plain["qkv"])
-        kh = (
-            sum(_other_side(_get(r, "name"), shape_of(r), d_model) for r in plain["attn_out"])
-            if "attn_out" in plain
-            else qkv_w // 3
-        )
-        attention_seen.add((qkv_w, kh))
-        if "expert" in parts or "stacked" in parts:
-            if "stacked" in parts:
-                stacked = parts["stacked"][None]
-                n_exp = shape_of(stacked.get("ffn_out", next(iter(stacked.values())))[0])[0]
-                fe, fe_in = widths(stacked, f"the experts of layer {idx}")
-            else:
-                n_exp = len(parts["expert"])
-                fe, fe_in = widths(
-                    parts["expert"][min(parts["expert"])], f"expert 0 of layer {idx}"
-                )
-            shared = parts.get("shared", {}).get(None)
-            fs, fs_in = widths(shared, f"the shared expert of layer {idx}") if shared else (0, 0)
-            moe_seen.add((n_exp, fe, fe_in, fs, fs_in))
-        else:
-            dense_seen.add(widths(plain, f"layer {idx}"))
-            dense_layers.append(pos)
-        sparsities = {}
-        everything = [
-            r for by_key in parts.values() for by_role in by_key.values() for r in by_role.items()
-        ]
-        for ro in ROLES:
-            t = [r for role_, rs in everything if role_ == ro for r in rs if _get(r, "targeted")]
-            numel = sum(int(_get(r, "numel")) for r in t)
-            sparsities[ro] = 1.0 - sum(int(_get(r, "nonzero")) for r in t) / numel if numel else 0.0
-        layer_sparsity.append(sparsities)
-    if len(attention_seen) != 1 or len(dense_seen) > 1 or len(moe_seen) > 1:
-        raise ShapeError(
-            f"the layers of '{name}' differ in shape ({len(attention_seen)} attention, "
-            f"{len(dense_seen)} dense FFN and {len(moe_seen)} expert variants); the Appendix-F "
-            "count assumes identical layers (dense and expert layers may alternate)"
-        )
-    qkv_w, kh = attention_seen.pop()
-    moe = moe_seen.pop() if moe_seen else None
-    f, ffn_in_w = dense_seen.pop() if dense_seen else (moe[1], moe[2])
-    ratio = ffn_in_w / f
-    ratios = (
-        {ratio}
-        | ({moe[2] / moe[1]} if moe else set())
-        | ({moe[4] / moe[3]} if moe and moe[3] else set())
-    )
-    if len(ratios) != 1 or ratio not in (1.0, 2.0):
-        raise ShapeError(
-            f"feed-forward input width {ffn_in_w} is not 1x or 2x the output width {f} in "
-            f"'{name}'" + (" in every expert and dense layer" if moe else "")
-        )
-    moe_fields: dict[str, Any] = {}
-    if moe is not None:
-        top_k = _pick(hf_config, "num_experts_per_tok", "moe_topk", "top_k")
-        if top_k is None:
-            raise ShapeError(
-                f"'{name}' holds {plural(moe[0], 'expert')} per layer, but no config.json beside "
-                "it says how many each token goes to (num_experts_per_tok)",
-                missing="top_k",
-            )
-        moe_fields = dict(
-            n_experts=int(moe[0]),
-            top_k=int(top_k),
-            d_expert=int(moe[1]),
-            d_shared=int(moe[3]),
-            dense_layers=tuple(dense_layers),
-            shared_gate=any(is_shared_gate(str(_get(r, "name"))) for r in floating),
-        )
-        notes.append(
-            f"mixture of experts: {plural(moe[0], 'expert')} per layer, {int(top_k)} per token "
-            "(config.json); measured sparsity of a layer's FFN is over all its experts"
-        )
-
-    # Heads: config.json, else an assumed head size.
-    n_heads = _pick(hf_config, "num_attention_heads", "n_head", "n_heads")
-    d_head = _pick(hf_config, "head_dim")
-    if isinstance(qkv_w, tuple):
-        mla = _latent_heads(qkv_w, kh, n_heads, name)
-        n_heads, d_head = mla.pop("n_heads"), mla.pop("d_head")
-    else:
-        mla = {}
-    if mla:
-        n_kv = None  # the latent stands for key/value heads
-    elif n_heads is not None:
-        n_heads = int(n_heads)
-        d_head = int(d_head) if d_head else kh // n_heads
-    else:
-        d_head = 128 if kh >= 2048 and kh % 128 == 0 else 64 if kh % 64 == 0 else kh
-        n_heads = kh // d_head
-        notes.append(
-            f"no head count in a config.json beside the checkpoint: assumed d_head={d_head}, "
-            f"so {plural(n_heads, 'head')} (this only changes the softmax term 3*h*s*s)"
-        )
-    if not mla:
-        kv_w = (qkv_w - kh) / 2
-        n_kv = _pick(hf_config, "num_key_value_heads")
-        if n_kv is None and kv_w != kh:
-            n_kv = kv_w / d_head
-        if n_kv is not None and (int(n_kv) != n_kv or int(n_kv) * d_head != kv_w):
-            raise ShapeError(
-                f"q/k/v widths of '{name}' ({qkv_w} in all, attention output {kh}) do not fit "
-                f"{plural(n_heads, 'head')} of {d_head}; give the heads in a config.json beside it"
-            )
-        n_kv = int(n_kv) if n_kv is not None and int(n_kv) != n_heads else None
-
+    n_heads, d_head, n_kv, mla = _heads(qkv_w, kh, hf_config, name, notes)
     if vocab is None:
-        if tok is not None:
-            vocab = shape_of(tok)[0]
-        elif heads:
-            vocab = max(shape_of(r)[0] for r in heads)
-        else:
-            vocab = _pick(hf_config, "vocab_size")
-        if vocab is None:
-            raise ShapeError(
-                f"cannot tell the vocabulary size of '{name}' (no token embedding, "
-                "no LM head, no vocab_size in a config.json)",
-                missing="vocab",
-            )
-    # The model's context: its position table, else config.json. Counting uses 2048 tokens (as for
-    # every model source), or the context when shorter, unless seq_len is given; the output says
-    # which and notes the context.
-    stated = _pick(hf_config, "max_position_embeddings", "n_positions", "n_ctx")
-    context = shape_of(positions[0])[0] if positions else stated
-    if context is None and seq_len is None:
-        notes.append(
-            "no context length in the checkpoint or a config.json: seq_len assumed 2048 "
-            "(pass --seq-len)"
-        )
-    seq_len, seq_source = (
-        (seq_len, "--seq-len")
-        if seq_len is not None
-        else default_seq_len(stated if stated is not None else context)
-    )
-
+        vocab = _vocab(tok, heads, hf_config, name)
+    context, seq_len, seq_source = _context(positions, hf_config, seq_len, notes)
     cfg = ModelConfig(
         name=name,
-        n_layers=len(layer_sparsity),
+        n_layers=len(shapes.layer_sparsity),
         d_model=d_model,
         n_heads=n_heads,
         d_head=d_head,
@@ -456,12 +233,355 @@ def infer_model(
             )
     total = sum(int(_get(r, "numel")) for r in floating)
     nonzero = sum(int(_get(r, "nonzero")) for r in floating)
-    t_rows = [r for r in linear if _get(r, "targeted")]
-    t_numel = sum(int(_get(r, "numel")) for r in t_rows)
-    t_sparsity = 1.0 - sum(int(_get(r, "nonzero")) for r in t_rows) / t_numel if t_numel else 0.0
+    t_sparsity = _sparsity([r for r in linear if _get(r, "targeted")])
     return InferredModel(
-        cfg, layer_sparsity, {"total": float(total), "nonzero": float(nonzero)}, t_sparsity, notes
+        cfg,
+        shapes.layer_sparsity,
+        {"total": float(total), "nonzero": float(nonzero)},
+        t_sparsity,
+        notes,
     )
+
+
+# ------------------------------------------------------------------ infer_model's parts, in order
+
+
+def _shape(r: Any) -> tuple[int, ...]:
+    return tuple(int(x) for x in _get(r, "shape"))
+
+
+def _sparsity(rows: Sequence[Any]) -> float:
+    """1 - non-zeros / elements over ``rows`` (0 for none)."""
+    numel = sum(int(_get(r, "numel")) for r in rows)
+    return 1.0 - sum(int(_get(r, "nonzero")) for r in rows) / numel if numel else 0.0
+
+
+def _floating_rows(rows: Iterable[Any], name: str) -> list[Any]:
+    """The floating-point tensors (same dtype rule as prune and report), masks left out."""
+    from sparsetool.targets import is_floating
+
+    floating = [
+        r
+        for r in rows
+        if not str(_get(r, "name")).endswith("_mask") and is_floating(_get(r, "dtype"))
+    ]
+    if not floating:
+        raise ShapeError(f"'{name}' holds no floating-point tensors to account")
+    return floating
+
+
+def _linear_rows(floating: Sequence[Any], name: str) -> list[Any]:
+    """The attention and FFN matrices (an FFN's experts may be one 3-D tensor)."""
+    linear = [
+        r
+        for r in floating
+        if _get(r, "role") in ROLES
+        and (len(_shape(r)) == 2 or (len(_shape(r)) == 3 and _get(r, "role") in FFN_ROLES))
+    ]
+    if not linear:
+        raise ShapeError(
+            f"'{name}' has no attention or feed-forward weight matrices that sparsetool recognises"
+        )
+    return linear
+
+
+def _matrices(floating: Sequence[Any], role: str) -> list[Any]:
+    return [r for r in floating if _get(r, "role") == role and len(_shape(r)) == 2]
+
+
+def _d_model(
+    tok: Any, linear: Sequence[Any], hf_config: Mapping[str, Any] | None, name: str
+) -> int:
+    """The token embedding's width, else config.json's, else the side all matrices share."""
+    d_model = (
+        _shape(tok)[1] if tok is not None else _pick(hf_config, "hidden_size", "n_embd", "d_model")
+    )
+    if d_model is None:
+        common = set(_shape(linear[0])[-2:])
+        for r in linear[1:]:
+            common &= set(_shape(r)[-2:])
+        if len(common) != 1:
+            raise ShapeError(
+                f"cannot tell d_model of '{name}' (no token embedding, no config.json)"
+            )
+        d_model = common.pop()
+    return int(d_model)
+
+
+# layer index -> part ("plain": attention and a dense FFN; "expert", "stacked", "shared") ->
+# expert number (None but for "expert") -> role -> rows
+_Layers = dict[int, dict[str, dict[Any, dict[str, list[Any]]]]]
+
+
+def _group_layers(
+    linear: Sequence[Any], hf_config: Mapping[str, Any] | None, name: str, notes: list[str]
+) -> _Layers:
+    """Matrices by layer index, by part and by role; layers past config.json's count left out."""
+    layers: _Layers = {}
+    for r in linear:
+        nm = str(_get(r, "name"))
+        index = layer_index(nm)
+        if index is None:
+            continue
+        part, expert = expert_part(nm, _shape(r))
+        layers.setdefault(index, {}).setdefault(part, {}).setdefault(expert, {}).setdefault(
+            _get(r, "role"), []
+        ).append(r)
+    if not layers:
+        raise ShapeError(f"no layer index found in the tensor names of '{name}'")
+    extra = beyond_stated_layers(layers, hf_config)
+    if extra:
+        for i in extra:
+            del layers[i]
+        notes.append(
+            f"{plural(len(extra), 'layer')} past config.json's num_hidden_layers "
+            f"({', '.join(map(str, extra))}: DeepSeek-V3's multi-token prediction module is "
+            "one) left out of the shapes and FLOPs; their parameters count in the total"
+        )
+    return layers
+
+
+@dataclass
+class _LayerShapes:
+    """What the layers measured: each distinct attention (q+k+v widths or latent attention's,
+    k*h), dense FFN (d_ff, FFN-in widths) and experts' FFN (experts, d_expert, its FFN-in widths,
+    d_shared, its FFN-in widths); the dense layers' positions; each layer's role sparsities."""
+
+    attention: set[tuple[int | tuple[int, ...], int]] = field(default_factory=set)
+    dense: set[tuple[int, int]] = field(default_factory=set)
+    moe: set[tuple[int, int, int, int, int]] = field(default_factory=set)
+    dense_layers: list[int] = field(default_factory=list)
+    layer_sparsity: list[dict[str, float]] = field(default_factory=list)
+
+
+def _layer_shapes(layers: _Layers, d_model: int, name: str) -> _LayerShapes:
+    shapes = _LayerShapes()
+    for pos, idx in enumerate(sorted(layers)):
+        parts = layers[idx]
+        plain = parts.get("plain", {}).get(None, {})
+        shapes.attention.add(_attention_widths(idx, plain, d_model, name))
+        if "expert" in parts or "stacked" in parts:
+            shapes.moe.add(_experts_widths(idx, parts, d_model, name))
+        else:
+            shapes.dense.add(_ffn_widths(plain, f"layer {idx}", d_model, name))
+            shapes.dense_layers.append(pos)
+        everything = [
+            r for by_key in parts.values() for by_role in by_key.values() for r in by_role.items()
+        ]
+        shapes.layer_sparsity.append(
+            {
+                ro: _sparsity(
+                    [
+                        r
+                        for role_, rs in everything
+                        if role_ == ro
+                        for r in rs
+                        if _get(r, "targeted")
+                    ]
+                )
+                for ro in ROLES
+            }
+        )
+    return shapes
+
+
+def _side_sum(rows: Sequence[Any], d_model: int) -> int:
+    """The summed non-``d_model`` sides of ``rows`` (per expert for stacked ones)."""
+    return sum(_other_side(_get(r, "name"), _shape(r)[-2:], d_model) for r in rows)
+
+
+def _attention_widths(
+    idx: int, plain: dict[str, list[Any]], d_model: int, name: str
+) -> tuple[int | tuple[int, ...], int]:
+    """(q+k+v width, or latent attention's widths; k*h) of layer ``idx``."""
+    if "qkv" not in plain:
+        raise ShapeError(
+            f"layer {idx} of '{name}' has no qkv weight, so its shape cannot be inferred"
+        )
+    if any(_module(str(_get(r, "name"))) in LATENT_PROJECTIONS for r in plain["qkv"]):
+        # the widths of multi-head latent attention's matrices stand for qkv's
+        if "attn_out" not in plain:
+            raise ShapeError(
+                f"layer {idx} of '{name}' has no attention output weight (o_proj), "
+                "so its shape cannot be inferred"
+            )
+        latent = latent_attention_widths(plain["qkv"], d_model, f"layer {idx} of '{name}'")
+        return latent, _side_sum(plain["attn_out"], d_model)
+    qkv_w = _side_sum(plain["qkv"], d_model)
+    kh = _side_sum(plain["attn_out"], d_model) if "attn_out" in plain else qkv_w // 3
+    return qkv_w, kh
+
+
+def _ffn_widths(
+    by_role: dict[str, list[Any]], what: str, d_model: int, name: str
+) -> tuple[int, int]:
+    """(FFN output width, summed FFN input widths) of one FFN, per expert for stacked ones."""
+    if "ffn_out" not in by_role:
+        raise ShapeError(
+            f"{what} of '{name}' has no ffn_out weight (the feed-forward output), "
+            "so its shape cannot be inferred"
+        )
+    w = {ro: _side_sum(rs, d_model) for ro, rs in by_role.items() if ro in FFN_ROLES}
+    return w["ffn_out"], w.get("ffn_in", w["ffn_out"])
+
+
+def _experts_widths(
+    idx: int, parts: dict[str, dict[Any, dict[str, list[Any]]]], d_model: int, name: str
+) -> tuple[int, int, int, int, int]:
+    """(experts, d_expert, its FFN-in widths, d_shared, its FFN-in widths) of layer ``idx``."""
+    if "stacked" in parts:
+        stacked = parts["stacked"][None]
+        n_exp = _shape(stacked.get("ffn_out", next(iter(stacked.values())))[0])[0]
+        fe, fe_in = _ffn_widths(stacked, f"the experts of layer {idx}", d_model, name)
+    else:
+        n_exp = len(parts["expert"])
+        first = parts["expert"][min(parts["expert"])]
+        fe, fe_in = _ffn_widths(first, f"expert 0 of layer {idx}", d_model, name)
+    shared = parts.get("shared", {}).get(None)
+    fs, fs_in = (
+        _ffn_widths(shared, f"the shared expert of layer {idx}", d_model, name)
+        if shared
+        else (0, 0)
+    )
+    return n_exp, fe, fe_in, fs, fs_in
+
+
+def _uniform_shapes(
+    shapes: _LayerShapes, name: str
+) -> tuple[int | tuple[int, ...], int, tuple[int, int, int, int, int] | None, int, float]:
+    """The one attention, experts' FFN (or None) and FFN shape every layer has:
+    ``(qkv widths, k*h, experts, d_ff, FFN-in / d_ff)``; refused when the layers differ."""
+    if len(shapes.attention) != 1 or len(shapes.dense) > 1 or len(shapes.moe) > 1:
+        raise ShapeError(
+            f"the layers of '{name}' differ in shape ({len(shapes.attention)} attention, "
+            f"{len(shapes.dense)} dense FFN and {len(shapes.moe)} expert variants); the Appendix-F "
+            "count assumes identical layers (dense and expert layers may alternate)"
+        )
+    qkv_w, kh = next(iter(shapes.attention))
+    moe = next(iter(shapes.moe)) if shapes.moe else None
+    if shapes.dense:
+        f, ffn_in_w = next(iter(shapes.dense))
+    else:
+        assert moe is not None  # every layer is dense or of experts
+        f, ffn_in_w = moe[1], moe[2]
+    ratio = ffn_in_w / f
+    ratios = (
+        {ratio}
+        | ({moe[2] / moe[1]} if moe else set())
+        | ({moe[4] / moe[3]} if moe and moe[3] else set())
+    )
+    if len(ratios) != 1 or ratio not in (1.0, 2.0):
+        raise ShapeError(
+            f"feed-forward input width {ffn_in_w} is not 1x or 2x the output width {f} in "
+            f"'{name}'" + (" in every expert and dense layer" if moe else "")
+        )
+    return qkv_w, kh, moe, f, ratio
+
+
+def _moe_fields(
+    moe: tuple[int, int, int, int, int],
+    dense_layers: list[int],
+    floating: Sequence[Any],
+    hf_config: Mapping[str, Any] | None,
+    name: str,
+    notes: list[str],
+) -> dict[str, Any]:
+    """A mixture of experts' :class:`ModelConfig` fields; top_k from config.json."""
+    top_k = _pick(hf_config, "num_experts_per_tok", "moe_topk", "top_k")
+    if top_k is None:
+        raise ShapeError(
+            f"'{name}' holds {plural(moe[0], 'expert')} per layer, but no config.json beside "
+            "it says how many each token goes to (num_experts_per_tok)",
+            missing="top_k",
+        )
+    notes.append(
+        f"mixture of experts: {plural(moe[0], 'expert')} per layer, {int(top_k)} per token "
+        "(config.json); measured sparsity of a layer's FFN is over all its experts"
+    )
+    return dict(
+        n_experts=int(moe[0]),
+        top_k=int(top_k),
+        d_expert=int(moe[1]),
+        d_shared=int(moe[3]),
+        dense_layers=tuple(dense_layers),
+        shared_gate=any(is_shared_gate(str(_get(r, "name"))) for r in floating),
+    )
+
+
+def _heads(
+    qkv_w: int | tuple[int, ...],
+    kh: int,
+    hf_config: Mapping[str, Any] | None,
+    name: str,
+    notes: list[str],
+) -> tuple[int, int, int | None, dict[str, Any]]:
+    """``(n_heads, d_head, n_kv_heads, latent attention's fields)``: config.json's heads, else
+    an assumed head size; key/value heads from the q+k+v width (None: as many as the heads, or
+    latent attention's latent)."""
+    n_heads = _pick(hf_config, "num_attention_heads", "n_head", "n_heads")
+    d_head = _pick(hf_config, "head_dim")
+    if isinstance(qkv_w, tuple):
+        mla = _latent_heads(qkv_w, kh, n_heads, name)
+        return mla.pop("n_heads"), mla.pop("d_head"), None, mla
+    if n_heads is not None:
+        n_heads = int(n_heads)
+        d_head = int(d_head) if d_head else kh // n_heads
+    else:
+        d_head = 128 if kh >= 2048 and kh % 128 == 0 else 64 if kh % 64 == 0 else kh
+        n_heads = kh // d_head
+        notes.append(
+            f"no head count in a config.json beside the checkpoint: assumed d_head={d_head}, "
+            f"so {plural(n_heads, 'head')} (this only changes the softmax term 3*h*s*s)"
+        )
+    kv_w = (qkv_w - kh) / 2
+    n_kv = _pick(hf_config, "num_key_value_heads")
+    if n_kv is None and kv_w != kh:
+        n_kv = kv_w / d_head
+    if n_kv is not None and (int(n_kv) != n_kv or int(n_kv) * d_head != kv_w):
+        raise ShapeError(
+            f"q/k/v widths of '{name}' ({qkv_w} in all, attention output {kh}) do not fit "
+            f"{plural(n_heads, 'head')} of {d_head}; give the heads in a config.json beside it"
+        )
+    n_kv = int(n_kv) if n_kv is not None and int(n_kv) != n_heads else None
+    return n_heads, d_head, n_kv, {}
+
+
+def _vocab(tok: Any, heads: Sequence[Any], hf_config: Mapping[str, Any] | None, name: str) -> int:
+    """The token embedding's rows, else the LM head's, else config.json's ``vocab_size``."""
+    if tok is not None:
+        vocab = _shape(tok)[0]
+    elif heads:
+        vocab = max(_shape(r)[0] for r in heads)
+    else:
+        vocab = _pick(hf_config, "vocab_size")
+    if vocab is None:
+        raise ShapeError(
+            f"cannot tell the vocabulary size of '{name}' (no token embedding, "
+            "no LM head, no vocab_size in a config.json)",
+            missing="vocab",
+        )
+    return int(vocab)
+
+
+def _context(
+    positions: Sequence[Any],
+    hf_config: Mapping[str, Any] | None,
+    seq_len: int | None,
+    notes: list[str],
+) -> tuple[int | None, int, str]:
+    """``(context, seq_len, where seq_len came from)``. The context: the model's position table,
+    else config.json. Counting uses 2048 tokens (as for every model source), or the context when
+    shorter, unless ``seq_len`` is given; the output says which and notes the context."""
+    stated = _pick(hf_config, "max_position_embeddings", "n_positions", "n_ctx")
+    context = _shape(positions[0])[0] if positions else stated
+    if context is None and seq_len is None:
+        notes.append(
+            "no context length in the checkpoint or a config.json: seq_len assumed 2048 "
+            "(pass --seq-len)"
+        )
+    if seq_len is not None:
+        return context, seq_len, "--seq-len"
+    return context, *default_seq_len(stated if stated is not None else context)
 
 
 def _latent_heads(
