@@ -171,8 +171,9 @@ def _one_line_usage_errors() -> Iterator[None]:
 app = typer.Typer(
     cls=LazyCommands,
     name="sparsetool",
-    help="Prune, mask, densify and report unstructured-sparse checkpoints; account FLOPs; "
-    "train sparse GPTs; model sparse hardware.",
+    help="Prune checkpoints (magnitude, N:M, Wanda, SparseGPT) and shrink them (experts, blocks, "
+    "widths); convert GGUF in and out; measure perplexity and task accuracy; account FLOPs; train "
+    "sparse; model and measure sparse hardware.",
     no_args_is_help=True,
     add_completion=False,
     # Help text is plain: "N:M:" must not become an emoji, "[default: ...]" must stay visible.
