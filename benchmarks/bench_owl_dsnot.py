@@ -185,7 +185,10 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=50, help="documents per task")
     ap.add_argument("--skip-tasks", action="store_true")
     ap.add_argument("--no-peer", action="store_true")
-    ap.add_argument("--peer-python", default="/work/venv-llmc/bin/python")
+    ap.add_argument(
+        "--peer-python",
+        help="the Python of an environment with llm-compressor 0.14 (required for the peer stage)",
+    )
     ap.add_argument("--threads", type=int, help="torch threads for both tools")
     ap.add_argument("--drop-checkpoints", action="store_true")
     ap.add_argument("--wait", action="store_true")
@@ -194,6 +197,11 @@ def main() -> None:
     args.patterns = [p for p in args.patterns.split(",") if p]
     args.variants = [v for v in args.variants.split(",") if v]
     args.tasks_at = [p for p in args.tasks_at.split(",") if p]
+    if "peer" in args.stages.split(",") and not args.no_peer and not args.peer_python:
+        ap.error(
+            "--peer-python PY is required for the peer stage: the Python of an environment "
+            "with llm-compressor 0.14 (or give --no-peer, or leave peer out of --stages)"
+        )
     args.only, args.peer_threads, args.owl, args.raw_ppl_only = set(), None, False, False
     for p in args.patterns:
         if p not in PATTERNS or ":" in p:

@@ -656,7 +656,10 @@ def main() -> None:
         "--skip-tasks", action="store_true", help="no task evals (nor waiting for them)"
     )
     ap.add_argument("--no-peer", action="store_true")
-    ap.add_argument("--peer-python", default="/work/venv-llmc/bin/python")
+    ap.add_argument(
+        "--peer-python",
+        help="the Python of an environment with llm-compressor 0.14 (required for the peer stage)",
+    )
     ap.add_argument(
         "--threads", type=int, help="torch threads for both tools (default: each its own)"
     )
@@ -687,6 +690,11 @@ def main() -> None:
     args.methods = [m for m in args.methods.split(",") if m]
     args.patterns = [p for p in args.patterns.split(",") if p]
     args.only = {n for n in args.only.split(",") if n}
+    if "peer" in args.stages.split(",") and not args.no_peer and not args.peer_python:
+        ap.error(
+            "--peer-python PY is required for the peer stage: the Python of an environment "
+            "with llm-compressor 0.14 (or give --no-peer, or leave peer out of --stages)"
+        )
     for p in args.patterns:
         if p not in PATTERNS:
             ap.error(f"--patterns: {p} is not one of {', '.join(PATTERNS)}")
