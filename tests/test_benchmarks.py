@@ -1,10 +1,11 @@
 """The benchmarks cannot rot unseen: each of ``benchmarks/*.py`` and ``investigations/*.py`` there
 imports, and every script among them (a file with a ``__main__`` block) answers ``--help``, each
-in its own process."""
+in its own process; and the results' index and commands stay readable."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,3 +79,29 @@ def test_the_measuring_helper_reports_a_child_s_peak_rss_and_json():
     assert m.wall_s > 0 and m.cpu_s >= 0
     failed = run_measured([sys.executable, "-c", "import sys; sys.exit('error: no')"])
     assert not failed.ok and failed.json() is None and failed.error_line() == "error: no"
+
+
+RESULTS = [BENCHMARKS / "RESULTS.md", BENCHMARKS / "archive" / "RESULTS-archive.md"]
+
+
+def _anchor(title: str) -> str:
+    """GitHub's anchor for a heading (docs/build.py's slug)."""
+    return re.sub(r"[^\w\- ]", "", title.strip().lower().replace("`", "")).replace(" ", "-")
+
+
+@pytest.mark.parametrize("path", RESULTS, ids=lambda p: p.name)
+def test_the_results_index_lists_every_section_in_the_file_s_order(path):
+    text = path.read_text()
+    body = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    headings = re.findall(r"^## (.+)$", body, re.M)
+    top = text.split("\n## ", 1)[0]
+    index = re.findall(r"^- \d{4}-\d\d-\d\d: \[(.+)\]\(#([^)]+)\)$", top, re.M)
+    assert len(headings) >= 3
+    assert [title for title, _ in index] == headings
+    assert [anchor for _, anchor in index] == [_anchor(h) for h in headings]
+
+
+def test_the_results_name_their_inputs_not_a_machine_s_paths():
+    text = (BENCHMARKS / "RESULTS.md").read_text()
+    assert re.findall(r"(?<![\w.])/(?:work|tmp|home|root|mnt)/\S*", text) == []
+    assert "| SMOLLM2 |" in text and "| HELDOUT |" in text and "| PEER_PYTHON |" in text
