@@ -42,7 +42,11 @@ def count_nonzero_bits(
     not zero (-0.0 is zero). With ``nan_is_zero`` (a NaN sentinel; ``st_dtype`` one of
     ``FLOAT_KEYS``) NaN counts as zero too."""
     mag = np.iinfo(bits.dtype).max  # every bit but the sign
-    inf = FLOAT_KEYS[st_dtype][1] if nan_is_zero else None
+    inf: int | None = None
+    if nan_is_zero:
+        if st_dtype is None:
+            raise AssertionError("nan_is_zero needs the tensor's st_dtype")
+        inf = FLOAT_KEYS[st_dtype][1]
 
     def part(a: int, b: int) -> int:
         k = bits[a:b] & mag

@@ -23,7 +23,7 @@ patterns, :mod:`sparsetool.util.floatbits`), so ``prune`` never imports torch. :
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -295,7 +295,8 @@ def encode(
     values, st = as_array(dense)
     stored = encode_array(name, values, st, _as_mask(mask, tuple(values.shape), name), encoding)
     specs = encoded_specs(name, st, tuple(values.shape), 0, encoding)  # the stored types
-    return [(n, as_tensor(a, spec.dtype)) for (n, a), spec in zip(stored, specs)]
+    # encoded_specs gives every spec a safetensors name ("BF16"), never a torch dtype
+    return [(n, as_tensor(a, cast(str, spec.dtype))) for (n, a), spec in zip(stored, specs)]
 
 
 def stored_nonzeros(dense: torch.Tensor, mask: torch.Tensor | None) -> int:

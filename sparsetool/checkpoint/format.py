@@ -40,7 +40,7 @@ class TensorSpec:
     """What the writer needs to know about a stored tensor before any data is written."""
 
     name: str
-    dtype: torch.dtype
+    dtype: torch.dtype | str  # a torch dtype or a safetensors name ("BF16")
     shape: tuple[int, ...]
 
     @property
@@ -81,7 +81,7 @@ class Header:
     file_size: int
 
 
-def st_dtype_name(dtype: torch.dtype) -> str:
+def st_dtype_name(dtype: torch.dtype | str) -> str:
     """safetensors name of a torch dtype, e.g. ``torch.bfloat16 -> "BF16"``."""
     try:
         return dtypes.st_name(dtype)
@@ -186,7 +186,7 @@ def read_header(path: Path, shard: str | None = None) -> Header:
     entries.sort(key=lambda e: (e[0], e[1]))
     pos = 0
     tensors: list[StoredTensor] = []
-    for s, e, name, dtype, shape in entries:
+    for s, end, name, dtype, shape in entries:
         if s < pos:
             raise CheckpointError(
                 f"{where}: tensor {name!r} overlaps the previous tensor (starts at {s}, previous "
@@ -197,8 +197,8 @@ def read_header(path: Path, shard: str | None = None) -> Header:
                 f"{where}: hole of {s - pos} bytes before tensor {name!r} in the data section: "
                 "corrupt header"
             )
-        pos = e
-        tensors.append(StoredTensor(name, dtype, shape, shard, data_start + s, data_start + e))
+        pos = end
+        tensors.append(StoredTensor(name, dtype, shape, shard, data_start + s, data_start + end))
     data_len = size - data_start
     if pos > data_len:
         raise CheckpointError(

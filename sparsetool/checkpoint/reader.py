@@ -91,7 +91,7 @@ class Checkpoint:
                     )
                 self._entries[st.name] = st
         if lay.index is not None:
-            self._check_index(lay)
+            self._check_index(lay, lay.index)
         self._fds: dict[str, int] = {}
         self.logical: list[LogicalTensor] = self._group()
 
@@ -213,9 +213,9 @@ class Checkpoint:
         with contextlib.suppress(Exception):
             self.close()
 
-    def _check_index(self, lay: Layout) -> None:
+    def _check_index(self, lay: Layout, index: dict) -> None:
         index_path = self.path / (lay.index_name or "")
-        for name, shard in lay.index["weight_map"].items():
+        for name, shard in index["weight_map"].items():
             st = self._entries.get(name)
             if st is None:
                 raise CheckpointError(
@@ -226,7 +226,7 @@ class Checkpoint:
                 raise CheckpointError(
                     f"{index_path}: says tensor {name!r} is in {shard}, but it is in {st.shard}"
                 )
-        unlisted = [st for st in self._entries.values() if st.name not in lay.index["weight_map"]]
+        unlisted = [st for st in self._entries.values() if st.name not in index["weight_map"]]
         if unlisted:
             st = unlisted[0]
             more = f" (and {len(unlisted) - 1} more)" if len(unlisted) > 1 else ""

@@ -103,20 +103,22 @@ class ShardWriter:
         # Fix the final size now: a tensor written out of order never leaves the file short.
         os.ftruncate(self._fd, self._data_start + self.total_size)
 
-    def _claim(self, name: str) -> TensorSpec:
-        if self._fd is None:
+    def _claim(self, name: str) -> tuple[TensorSpec, int]:
+        """The spec of tensor ``name``, not written yet, and the open file to write it into."""
+        fd = self._fd
+        if fd is None:
             raise CheckpointError(f"{self.shard}: shard writer is closed")
         spec = self.specs.get(name)
         if spec is None:
             raise CheckpointError(f"{self.shard}: tensor {name!r} was not declared for this shard")
         if name in self._written:
             raise CheckpointError(f"{self.shard}: tensor {name!r} written twice")
-        return spec
+        return spec, fd
 
     def write_array(self, name: str, values: np.ndarray) -> None:
         """Write one tensor, given as a numpy array of its stored values (a float's bits), at its
         place; its item size and shape must match its spec."""
-        spec = self._claim(name)
+        spec, fd = self._claim(name)
         if values.itemsize != dtypes.itemsize(spec.dtype) or tuple(values.shape) != spec.shape:
             raise CheckpointError(
                 f"{self.shard}: tensor {name!r} is {values.dtype} {list(values.shape)} but was "
@@ -124,14 +126,16 @@ class ShardWriter:
             )
         if spec.nbytes:
             raw = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
-            _pwrite_all(self._fd, memoryview(raw).cast("B"), self._data_start + self._offsets[name])
+            # numpy's stubs give ndarray __buffer__ only from Python 3.12 on
+            view = memoryview(raw)  # type: ignore[arg-type]
+            _pwrite_all(fd, view.cast("B"), self._data_start + self._offsets[name])
         self._written.add(name)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         """Write one torch tensor at its place; dtype and shape must match its spec."""
         import torch
 
-        spec = self._claim(name)
+        spec, fd = self._claim(name)
         if not _same_dtype(tensor.dtype, spec.dtype) or tuple(tensor.shape) != spec.shape:
             raise CheckpointError(
                 f"{self.shard}: tensor {name!r} is {tensor.dtype} {list(tensor.shape)} but was "
@@ -144,7 +148,9 @@ class ShardWriter:
             t = t.resolve_conj().resolve_neg().contiguous()
             # A uint8 view of the tensor's own memory: no copy between torch and the file.
             raw = t.reshape(-1).view(torch.uint8).numpy()
-            _pwrite_all(self._fd, memoryview(raw).cast("B"), self._data_start + self._offsets[name])
+            # numpy's stubs give ndarray __buffer__ only from Python 3.12 on
+            view = memoryview(raw)  # type: ignore[arg-type]
+            _pwrite_all(fd, view.cast("B"), self._data_start + self._offsets[name])
         self._written.add(name)
 
     @contextlib.contextmanager
@@ -154,7 +160,7 @@ class ShardWriter:
         threads at once (each piece is one ``pwrite`` at its own place). The tensors count as
         written when the block ends without an error; the caller writes every byte of them.
         """
-        specs = [self._claim(name) for name in names]
+        specs = [self._claim(name)[0] for name in names]
         starts = [self._data_start + self._offsets[name] for name in names]
         fd = self._fd
 
@@ -167,6 +173,8 @@ class ShardWriter:
             # One write at a time: the filesystem serialises writes to a file anyway (ext4 takes
             # the inode lock), and a thread waiting here sleeps instead of spinning on that lock,
             # so the other core keeps computing the next piece.
+            if fd is None:  # a closed writer claims nothing: there is no specs[i]
+                raise AssertionError("parts() of a closed shard writer")
             with self._put_lock:
                 _pwrite_all(fd, data, starts[i] + offset)
 
@@ -176,7 +184,7 @@ class ShardWriter:
     def copy_stored(self, name: str, src: Checkpoint, stored_name: str) -> None:
         """Copy a stored tensor's bytes from ``src`` unchanged, chunk by chunk (never loaded as a
         tensor)."""
-        spec = self._claim(name)
+        spec, fd = self._claim(name)
         st = src.entry(stored_name)
         if not _same_dtype(st.st_dtype, spec.dtype) or st.shape != spec.shape:
             raise CheckpointError(
@@ -184,7 +192,7 @@ class ShardWriter:
                 f"{name!r} declared {spec.dtype} {list(spec.shape)}"
             )
         src_fd = src.shard_fd(st.shard)
-        _copy_range(src_fd, st.start, self._fd, self._data_start + self._offsets[name], st.nbytes)
+        _copy_range(src_fd, st.start, fd, self._data_start + self._offsets[name], st.nbytes)
         self._written.add(name)
 
     def close(self, ok: bool) -> None:
