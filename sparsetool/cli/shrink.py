@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 
@@ -37,7 +37,9 @@ from sparsetool.cli._params import (
     use_threads,
 )
 from sparsetool.ops.shrink.options import BLOCK_CRITERIA, CRITERIA, ShrinkOptions
-from sparsetool.util.wording import plural
+
+if TYPE_CHECKING:
+    from sparsetool.ops.shrink.results import ShrinkResult
 
 Criterion = choices("Criterion", CRITERIA)
 BlockCriterion = choices("BlockCriterion", BLOCK_CRITERIA)
@@ -137,91 +139,21 @@ def shrink(
     if as_json:
         emit_json(result.to_json())
         return
-    plan = result.plan
-    if result.widths is not None:
-        w = result.widths
-        done = []
-        if "ffn" in w:
-            done.append(f"FFN channels {w['ffn']['before']:,} -> {w['ffn']['after']:,}")
-        if "heads" in w:
-            h = w["heads"]
-            done.append(
-                f"attention heads {h['before']['heads']} -> {h['after']['heads']} (key/value "
-                f"heads {h['before']['kv_heads']} -> {h['after']['kv_heads']}; {h['mode']})"
-            )
-        if "hidden" in w:
-            done.append(f"hidden size {w['hidden']['before']:,} -> {w['hidden']['after']:,}")
-        if "refit" in w:
-            r = w["refit"]
-            done.append(
-                f"refit by least squares: {', '.join(r['projections'])} (calibration error "
-                f"{r['error_before']:.3g} -> {r['error_after']:.3g}, mean over layers)"
-            )
-        if "refit" in w.get("hidden", {}):
-            r = w["hidden"]["refit"]
-            done.append(
-                f"readers of the narrower norms refit: {', '.join(r['readers'])} (calibration "
-                f"error {r['error_before']:.3g} -> {r['error_after']:.3g}, mean over layers)"
-            )
-        console.print(
-            f"narrowed {plural(len(w['layers']), 'layer')}: {'; '.join(done)}; parameters "
-            f"{result.parameters_before:,} -> {result.parameters_after:,}",
-            highlight=False,
-            soft_wrap=True,
+    print_result(result, quiet)
+
+
+def print_result(result: ShrinkResult, quiet: bool) -> None:
+    """What was removed (with --experts, per layer unless ``quiet``), the notes, the output."""
+    if result.plan is not None and not quiet:
+        print_table(
+            ["block", "removed", "lowest kept", "highest removed"],
+            result.expert_rows(),
+            title=f"experts removed per layer (of {result.plan.experts}; saliency on either side "
+            "of the cut)",
         )
-    elif result.blocks is not None:
-        b = result.blocks
-        maps = (b.get("reconstruct") or {}).get("maps", [])
-        mapped = "".join(
-            f"; blocks {m['run'][0]}-{m['run'][-1]} replaced by a least-squares map folded into "
-            f"block {m['folded_into']}'s down projection (calibration error "
-            f"{m['error_before']:.3g} -> {m['error_after']:.3g})"
-            for m in maps
-        )
-        console.print(
-            f"removed {plural(len(b['removed']), 'block')} of {b['before']} ({b['criterion']}): "
-            f"{', '.join(map(str, b['removed']))}{mapped}; parameters "
-            f"{result.parameters_before:,} -> {result.parameters_after:,}",
-            highlight=False,
-            soft_wrap=True,
-        )
-    else:
-        assert plan is not None
-        if not quiet:
-            print_layers(result.layers, plan.experts)
-        console.print(
-            f"shrank {plural(len(result.layers), 'layer')}: {plan.experts} -> {plan.keep} routed "
-            f"experts each ({opts.criterion}{', merged' if opts.merge else ''}); parameters "
-            f"{result.parameters_before:,} -> {result.parameters_after:,}",
-            highlight=False,
-            soft_wrap=True,
-        )
+    console.print(result.summary(), highlight=False, soft_wrap=True)
     if not quiet:
         note_left_out(result.left_out)
         for note in result.notes:
             console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
     console.print(f"wrote {escape(str(result.output))}", highlight=False, soft_wrap=True)
-
-
-def print_layers(layers: list[dict], experts: int) -> None:
-    """Per layer: the experts removed and the saliencies on either side of the cut."""
-    rows = []
-    for layer in layers:
-        scores = layer["scores"]
-        kept_low = min(scores[e] for e in layer["kept"])
-        removed_high = max(scores[e] for e in layer["removed"])
-        shown = ", ".join(str(e) for e in layer["removed"][:8])
-        more = len(layer["removed"]) - 8
-        rows.append(
-            [
-                str(layer["block"]),
-                shown + (f" (+{more})" if more > 0 else ""),
-                f"{kept_low:.4g}",
-                f"{removed_high:.4g}",
-            ]
-        )
-    print_table(
-        ["block", "removed", "lowest kept", "highest removed"],
-        rows,
-        title=f"experts removed per layer (of {experts}; saliency on either side of the cut)",
-    )

@@ -23,7 +23,7 @@ from sparsetool.util.lazy import lazy_names
 _WHERE = {
     "ExpertPlan": ".options",
     "ShrinkOptions": ".options",
-    "ShrinkResult": ".options",
+    "ShrinkResult": ".results",
     "plan_experts": ".options",
     "plan_shrink": ".experts",
     "plan_blocks": ".blocks",
@@ -40,8 +40,8 @@ if TYPE_CHECKING:  # what a type checker sees; at run time each name loads on fi
     from .experts import shrink_experts as shrink_experts
     from .options import ExpertPlan as ExpertPlan
     from .options import ShrinkOptions as ShrinkOptions
-    from .options import ShrinkResult as ShrinkResult
     from .options import plan_experts as plan_experts
+    from .results import ShrinkResult as ShrinkResult
     from .run import shrink_checkpoint as shrink_checkpoint
     from .widths import shrink_widths as shrink_widths
 

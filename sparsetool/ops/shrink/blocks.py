@@ -27,30 +27,32 @@ full when transformers derives it from a pattern) cut to the blocks kept.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from sparsetool.checkpoint import Checkpoint
 from sparsetool.checkpoint.format import TensorSpec
-from sparsetool.checkpoint.provenance import provenance_metadata
-from sparsetool.checkpoint.writer import write_checkpoint
+from sparsetool.checkpoint.writer import CheckpointWriter
 from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.models.open import open_model
 from sparsetool.ops.calibration import BlockPass
-from sparsetool.ops.shrink.inputs import check_output, model_config, record_sizes
+from sparsetool.ops.shrink.inputs import model_config
+from sparsetool.ops.shrink.kind import Shrinking, run_kind
 from sparsetool.ops.shrink.memory import blocks_held, blocks_statistics
-from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
+from sparsetool.ops.shrink.options import ShrinkOptions
 from sparsetool.ops.shrink.refit import DAMPENING, RunMap
+from sparsetool.ops.shrink.results import BlockMaps, BlocksRemoved, FoldedMap, ShrinkResult
 from sparsetool.ops.shrink.windows import shrink_windows
-from sparsetool.ops.text import read_text
 from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.progress import Progress
 
-__all__ = ["LAYER_COUNT_KEYS", "plan_blocks", "shrink_blocks"]
+__all__ = ["LAYER_COUNT_KEYS", "BlocksKind", "plan_blocks", "shrink_blocks"]
 
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 NEEDS = "shrink removes blocks of causal language models (Hugging Face directories)"
@@ -62,6 +64,10 @@ def plan_blocks(path: str | Path, opts: ShrinkOptions) -> tuple[int, int]:
     opts.validate()
     path = Path(path)
     _config, cfg = model_config(path, NEEDS)
+    return _counts(opts, path, cfg)
+
+
+def _counts(opts: ShrinkOptions, path: Path, cfg: Any) -> tuple[int, int]:
     total = next((v for k in LAYER_COUNT_KEYS if isinstance(v := getattr(cfg, k, None), int)), None)
     if not total:
         raise SparsetoolError(f"{path}/config.json: no layer count ({', '.join(LAYER_COUNT_KEYS)})")
@@ -102,25 +108,48 @@ def shrink_blocks(
 ) -> ShrinkResult:
     """Remove ``opts.blocks`` whole blocks of the model at ``path`` into ``out``; see the module
     docstring."""
-    path, out = Path(path), Path(out)
-    total, n = plan_blocks(path, opts)
-    check_output(path, out)
-    assert opts.calibration is not None
-    text = read_text(opts.calibration, "--calibration")
-    model = open_model(path, opts.dtype, opts.device, needs=NEEDS, attention="eager")
-    result = ShrinkResult(output=out, options=opts)
-    try:
+    return run_kind(BlocksKind(opts), path, out, opts, progress=progress, on_plan=on_plan)
+
+
+class BlocksKind:
+    """``--blocks`` as a :class:`~sparsetool.ops.shrink.kind.ShrinkKind`."""
+
+    key = "blocks"
+    needs = NEEDS
+
+    def __init__(self, opts: ShrinkOptions):
+        self.opts = opts
+        self.path = Path()
+        self.total = self.n = 0
+
+    def plan(self, path: Path, config: dict[str, Any], cfg: Any) -> None:
+        self.path = path
+        self.total, self.n = _counts(self.opts, path, cfg)
+
+    def open(self, path: Path) -> BlockModel:
+        return open_model(path, self.opts.dtype, self.opts.device, needs=NEEDS, attention="eager")
+
+    def choose(
+        self,
+        model: BlockModel,
+        text: str | None,
+        result: ShrinkResult,
+        held: contextlib.ExitStack,
+        progress: Progress | None,
+        on_plan: Callable[[MemoryPlan], None] | None,
+    ) -> Shrinking:
+        opts, total, n = self.opts, self.total, self.n
+        assert text is not None
         if len(model.blocks) != total:
-            raise SparsetoolError(f"{path}: config.json says {total} blocks, the model has "
+            raise SparsetoolError(f"{self.path}: config.json says {total} blocks, the model has "
                                   f"{len(model.blocks)}")  # fmt: skip
-        angular = opts.block_criterion == "angular"
         windows = shrink_windows(
             model,
             opts,
             text,
             result,
             statistics=_statistics(model, opts, n) if opts.reconstruct else 0,
-            held=blocks_held(n, angular, opts.reconstruct),
+            held=blocks_held(n, opts.block_criterion == "angular", opts.reconstruct),
             on_plan=on_plan,
         )
         bi, angular = _scores(model, opts, windows, n, progress)
@@ -130,39 +159,29 @@ def shrink_blocks(
             start = min(range(len(angular)), key=lambda s: (angular[s], -s))
             removed = list(range(start, start + n))
         kept = [i for i in range(total) if i not in removed]
-        result.blocks = {
-            "before": total,
-            "after": total - n,
-            "criterion": opts.block_criterion,
-            "removed": removed,
-            "kept": kept,
-            "bi": [round(x, 6) for x in bi],
-            "angular": [round(x, 6) for x in angular],
-        }
+        result.blocks = record = BlocksRemoved(
+            before=total,
+            after=total - n,
+            criterion=opts.block_criterion,
+            removed=removed,
+            kept=kept,
+            bi=[round(x, 6) for x in bi],
+            angular=[round(x, 6) for x in angular],
+        )
         renames = _renames(model, kept)
         values: dict[str, torch.Tensor] = {}
         if opts.reconstruct:
-            result.blocks["reconstruct"] = _replace_runs(
-                model, windows, removed, values, result, progress
-            )
-        metadata = provenance_metadata(
-            model.ckpt.metadata(), {"command": "shrink", **opts.record(), "blocks": result.blocks}
-        )
+            record.reconstruct = _replace_runs(model, windows, removed, values, result, progress)
         cfg = model.module.config
-        with write_checkpoint(
-            model.ckpt,
-            out,
-            metadata_extra=metadata,
-            config_transform=lambda config: _config(config, cfg, total, kept),
-        ) as cw:
-            result.left_out = list(cw.left_out)
-            _write(model.ckpt, cw, renames, values)
         ckpt = model.ckpt
-        gone = sum(lt.numel for lt in ckpt.logical if renames.get(lt.name, lt.name) is None)
-        record_sizes(result, ckpt, out, gone)
-    finally:
-        model.close()
-    return result
+        return Shrinking(
+            record=record.to_json(),
+            config=lambda config: _config(config, cfg, total, kept),
+            write=lambda cw: _write(ckpt, cw, renames, values),
+            removed=lambda: sum(
+                lt.numel for lt in ckpt.logical if renames.get(lt.name, lt.name) is None
+            ),
+        )
 
 
 def _statistics(model: BlockModel, opts: ShrinkOptions, n: int) -> int:
@@ -237,14 +256,13 @@ def _replace_runs(
     values: dict[str, torch.Tensor],
     result: ShrinkResult,
     progress: Progress | None,
-) -> dict:
+) -> BlockMaps:
     """ReplaceMe's map for each removed run, fitted in one more pass of the calibration windows
     through the original model (up to the last removed block) and folded into the down
     projection before the run (``values``: stored name -> its new tensor); the record."""
     runs = _runs(removed)
     targets: dict[int, tuple[list[int], str, bool]] = {}  # block before a run -> its fold
-    record: dict = {"method": "ReplaceMe: least squares, folded into the down projection",
-                    "dampening": DAMPENING, "maps": [], "not_refit": []}  # fmt: skip
+    record = BlockMaps("ReplaceMe: least squares, folded into the down projection", DAMPENING)
     for run in runs:
         before = run[0] - 1
         found = _down_projection(model, before) if before >= 0 else None
@@ -254,7 +272,7 @@ def _replace_runs(
                 if before < 0
                 else f"block {before}'s MLP output passes a norm before the residual"
             )
-            record["not_refit"].append({"run": run, "why": why})
+            record.not_refit.append({"run": run, "why": why})
             result.notes.append(f"removed blocks {_span(run)} are not refit: {why}")
             continue
         targets[before] = (run, *found)
@@ -287,8 +305,7 @@ def _replace_runs(
             t, err0, err1 = fit.solve()
             del fit
             _fold(model, path, conv1d, t, values)
-            record["maps"].append({"run": run, "folded_into": before, "error_before": err0,
-                                   "error_after": err1})  # fmt: skip
+            record.maps.append(FoldedMap(run, before, err0, err1))
         del outs
     return record
 
@@ -375,7 +392,7 @@ def _stored_prefix(model: BlockModel) -> tuple[str, int]:
 
 def _write(
     ckpt: Checkpoint,
-    cw,
+    cw: CheckpointWriter,
     renames: dict[str, str | None],
     values: dict[str, torch.Tensor] | None = None,
 ) -> None:

@@ -20,26 +20,24 @@ model against that definition in transformers for each family).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from sparsetool.checkpoint import Checkpoint
-from sparsetool.checkpoint.provenance import provenance_metadata
-from sparsetool.checkpoint.writer import write_checkpoint
+from sparsetool.checkpoint.writer import CheckpointWriter
 from sparsetool.errors import UsageError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.models.open import open_model
 from sparsetool.ops.calibration import BlockPass
-from sparsetool.ops.shrink.inputs import check_output, model_config, record_sizes
+from sparsetool.ops.shrink.inputs import model_config
+from sparsetool.ops.shrink.kind import Shrinking, run_kind
 from sparsetool.ops.shrink.layers import EXPERT_COUNT_KEYS, ExpertLayer, expert_count, expert_layers
-from sparsetool.ops.shrink.options import (
-    ExpertPlan,
-    ShrinkOptions,
-    ShrinkResult,
-    plan_experts,
-)
+from sparsetool.ops.shrink.options import ExpertPlan, ShrinkOptions, plan_experts
+from sparsetool.ops.shrink.results import ShrinkResult
 from sparsetool.ops.shrink.saliency import (
     ExpertStatistics,
     choose_kept,
@@ -48,11 +46,10 @@ from sparsetool.ops.shrink.saliency import (
 )
 from sparsetool.ops.shrink.windows import shrink_windows
 from sparsetool.ops.shrink.write import Averaged, ExpertWriter, averaged
-from sparsetool.ops.text import read_text
 from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.progress import Progress
 
-__all__ = ["NEEDS", "plan_shrink", "shrink_experts"]
+__all__ = ["NEEDS", "ExpertsKind", "plan_shrink", "shrink_experts"]
 
 NEEDS = "shrink removes experts of causal language models (Hugging Face directories)"
 
@@ -63,6 +60,10 @@ def plan_shrink(path: str | Path, opts: ShrinkOptions) -> ExpertPlan:
     opts.validate()
     path = Path(path)
     config, cfg = model_config(path, NEEDS)
+    return _plan(opts, path, config, cfg)
+
+
+def _plan(opts: ShrinkOptions, path: Path, config: dict[str, Any], cfg: Any) -> ExpertPlan:
     experts, top_k = expert_count(cfg, config, path)
     groups = int(getattr(cfg, "n_group", None) or 1)
     return plan_experts(
@@ -87,39 +88,61 @@ def shrink_experts(
 ) -> ShrinkResult:
     """Remove ``opts``' share of every Mixture-of-Experts layer's routed experts of the model at
     ``path`` and write the smaller model at ``out``; see the module docstring."""
-    path, out = Path(path), Path(out)
-    plan = plan_shrink(path, opts)
-    check_output(path, out)  # a locked or full output is refused before the long part
-    text = read_text(opts.calibration, "--calibration") if opts.reads_text else None
-    model = open_model(path, opts.dtype, opts.device, needs=NEEDS, attention="eager")
-    result = ShrinkResult(output=out, options=opts, plan=plan)
-    try:
+    return run_kind(ExpertsKind(opts), path, out, opts, progress=progress, on_plan=on_plan)
+
+
+class ExpertsKind:
+    """``--experts`` / ``--experts-keep`` as a :class:`~sparsetool.ops.shrink.kind.ShrinkKind`."""
+
+    key = "experts"
+    needs = NEEDS
+
+    def __init__(self, opts: ShrinkOptions):
+        self.opts = opts
+        self.expert_plan: ExpertPlan | None = None
+        self.path = Path()
+
+    def plan(self, path: Path, config: dict[str, Any], cfg: Any) -> None:
+        self.path = path
+        self.expert_plan = _plan(self.opts, path, config, cfg)
+
+    def open(self, path: Path) -> BlockModel:
+        return open_model(path, self.opts.dtype, self.opts.device, needs=NEEDS, attention="eager")
+
+    def choose(
+        self,
+        model: BlockModel,
+        text: str | None,
+        result: ShrinkResult,
+        held: contextlib.ExitStack,
+        progress: Progress | None,
+        on_plan: Callable[[MemoryPlan], None] | None,
+    ) -> Shrinking:
+        plan, opts = self.expert_plan, self.opts
+        assert plan is not None, "plan() runs first"
+        result.plan = plan
         layers = expert_layers(model, plan.experts)
         if not layers:
-            raise UsageError(f"{path}: no block has routed experts; nothing for shrink to remove")
+            raise UsageError(
+                f"{model.path}: no block has routed experts; nothing for shrink to remove"
+            )
         writer = ExpertWriter(model.ckpt, layers, plan.experts, plan.keep)
         choices = _choose(model, layers, plan, opts, text, result, progress, on_plan)
         result.layers = [_layer_record(layers[i], c, plan) for i, c in sorted(choices.items())]
-        metadata = provenance_metadata(
-            model.ckpt.metadata(),
-            {"command": "shrink", **opts.record(), "experts": _experts_record(plan, result)},
-        )
-        with write_checkpoint(
-            model.ckpt,
-            out,
-            metadata_extra=metadata,
-            config_transform=lambda config: _config(config, plan),
-        ) as cw:
-            result.left_out = list(cw.left_out)
+
+        def write(cw: CheckpointWriter) -> None:
             with writer.open(cw):
                 for n, (i, choice) in enumerate(sorted(choices.items())):
                     writer.layer(layers[i], choice.kept, choice.clusters, model.read)
                     if progress:
                         progress("write", n + 1, len(choices))
-        _sizes(model.ckpt, layers, plan, out, result)
-    finally:
-        model.close()
-    return result
+
+        return Shrinking(
+            record=_experts_record(plan, result),
+            config=lambda config: _config(config, plan),
+            write=write,
+            removed=lambda: _removed(model.ckpt, layers, plan),
+        )
 
 
 class _Choice:
@@ -280,10 +303,9 @@ def _experts_record(plan: ExpertPlan, result: ShrinkResult) -> dict:
     }
 
 
-def _sizes(
-    ckpt: Checkpoint, layers: dict[int, ExpertLayer], plan: ExpertPlan, out: Path, result
-) -> None:
-    """Parameters and bytes on disk before and after."""
+def _removed(ckpt: Checkpoint, layers: dict[int, ExpertLayer], plan: ExpertPlan) -> int:
+    """The parameters the removed experts held (their pieces, their share of fused tensors and of
+    the router)."""
     lts = {lt.name: lt for lt in ckpt.logical}
     removed = 0
     for layer in layers.values():
@@ -292,4 +314,4 @@ def _sizes(
                 removed += lts[role.fused].numel * plan.removed // plan.experts
             removed += sum(lts[p.stored].numel for e, p in role.pieces.items() if e >= plan.keep)
         removed += sum(lts[s].numel * plan.removed // plan.experts for s in layer.router.values())
-    record_sizes(result, ckpt, out, removed)
+    return removed

@@ -3,17 +3,16 @@
 :class:`ShrinkOptions` holds the options of the command and of :func:`sparsetool.shrink`, their
 defaults and their checks in one place; :func:`plan_experts` turns ``--experts F`` or
 ``--experts-keep N`` into the number of experts each Mixture-of-Experts layer keeps, refusing a
-request the model's router cannot serve before any weight is read. :class:`ShrinkResult` is what
-was done (``to_json()`` is ``shrink --json``).
+request the model's router cannot serve before any weight is read. What was done is a
+:class:`~sparsetool.ops.shrink.results.ShrinkResult`.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sparsetool.checkpoint.output_files import Reclaimed
 from sparsetool.errors import ConfigError, UsageError
 from sparsetool.ops.calibration import (
     DEFAULT_SAMPLES,
@@ -23,7 +22,6 @@ from sparsetool.ops.calibration import (
 )
 from sparsetool.ops.text import DEFAULT_FIELD, TextSource, is_records
 from sparsetool.util.faces import OptionsRecord, option
-from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.options import (
     check_count,
     check_device,
@@ -37,7 +35,6 @@ __all__ = [
     "CRITERIA",
     "ShrinkOptions",
     "ExpertPlan",
-    "ShrinkResult",
     "plan_experts",
 ]
 
@@ -436,51 +433,3 @@ def plan_experts(
             f"its groups by their best {group_top}; keep at least {group_top * groups}"
         )
     return ExpertPlan(experts, keep, top_k, groups, topk_group)
-
-
-@dataclass
-class ShrinkResult:
-    """What ``shrink`` did: per Mixture-of-Experts layer, the experts kept (their indices in the
-    input, in their new order) with every expert's saliency, and the sizes before and after."""
-
-    output: Path
-    options: ShrinkOptions
-    plan: ExpertPlan | None = None  # --experts
-    layers: list[dict] = field(default_factory=list)
-    blocks: dict | None = None  # --blocks: before, after, removed, scores
-    widths: dict | None = None  # --ffn, --heads, --hidden: before, after, kept per layer
-    parameters_before: int = 0
-    parameters_after: int = 0
-    bytes_before: int = 0
-    bytes_after: int = 0
-    tokens: int = 0  # calibration tokens run through the model
-    memory: MemoryPlan | None = None  # the plan checked before the calibration text ran
-    notes: list[str] = field(default_factory=list)
-    left_out: list[str] = field(default_factory=list)
-    reclaimed: list[Reclaimed] = field(default_factory=list)  # stale temporaries removed
-
-    def to_json(self) -> dict[str, Any]:
-        removed: dict[str, Any] = {}
-        if self.plan is not None:
-            removed["experts"] = {
-                "before": self.plan.experts,
-                "after": self.plan.keep,
-                "top_k": self.plan.top_k,
-                "groups": self.plan.groups,
-            }
-        if self.blocks is not None:
-            removed["blocks"] = self.blocks
-        if self.widths is not None:
-            removed["widths"] = self.widths
-        return {
-            "output": str(self.output),
-            "options": self.options.record(),
-            **removed,
-            "calibration_tokens": self.tokens,
-            **({"memory": self.memory.to_json()} if self.memory is not None else {}),
-            "parameters": {"before": self.parameters_before, "after": self.parameters_after},
-            "bytes": {"before": self.bytes_before, "after": self.bytes_after},
-            **({"layers": self.layers} if self.plan is not None else {}),
-            "notes": list(self.notes),
-            "left_out": list(self.left_out),
-        }

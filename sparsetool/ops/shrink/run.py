@@ -8,7 +8,8 @@ from pathlib import Path
 from sparsetool.checkpoint.output_files import reclaiming
 from sparsetool.ops.shrink.blocks import shrink_blocks
 from sparsetool.ops.shrink.experts import shrink_experts
-from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
+from sparsetool.ops.shrink.options import ShrinkOptions
+from sparsetool.ops.shrink.results import ShrinkResult
 from sparsetool.ops.shrink.widths import shrink_widths
 from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.progress import Progress

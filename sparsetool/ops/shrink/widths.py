@@ -32,28 +32,36 @@ written. Everything else is copied byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from sparsetool.checkpoint import Checkpoint
 from sparsetool.checkpoint.format import TensorSpec
-from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.checkpoint.spill import TensorSpill
-from sparsetool.checkpoint.writer import write_checkpoint
+from sparsetool.checkpoint.writer import CheckpointWriter
 from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.models.open import open_model
 from sparsetool.ops.calibration import BlockPass
-from sparsetool.ops.shrink.inputs import check_output, model_config, record_sizes
+from sparsetool.ops.shrink.kind import Shrinking, run_kind
 from sparsetool.ops.shrink.memory import renorm_bytes, widths_statistics
-from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
+from sparsetool.ops.shrink.options import ShrinkOptions
 from sparsetool.ops.shrink.refit import DAMPENING, Gram, refit_columns
 from sparsetool.ops.shrink.renorm import refit_readers
+from sparsetool.ops.shrink.results import (
+    HeadsKept,
+    HiddenKept,
+    LeastSquares,
+    ShrinkResult,
+    Width,
+    WidthsNarrowed,
+)
 from sparsetool.ops.shrink.windows import shrink_windows
-from sparsetool.ops.text import read_text
 from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural
@@ -112,18 +120,39 @@ def shrink_widths(
     progress: Progress | None = None,
     on_plan: Callable[[MemoryPlan], None] | None = None,
 ) -> ShrinkResult:
-    """Narrow the FFNs (``opts.ffn``) and/or the attention (``opts.heads``) of the model at
-    ``path`` into ``out``; see the module docstring."""
-    opts.validate()
-    path, out = Path(path), Path(out)
-    model_config(path, NEEDS)  # sparsetool's GPT, a file without config.json: refused here
-    check_output(path, out)
-    assert opts.calibration is not None
-    text = read_text(opts.calibration, "--calibration")
-    model = open_model(path, opts.dtype, opts.device, needs=NEEDS, attention="eager")
-    result = ShrinkResult(output=out, options=opts)
-    spill: TensorSpill | None = None
-    try:
+    """Narrow the FFNs (``opts.ffn``), the attention (``opts.heads``) and/or the embedding
+    channels (``opts.hidden``) of the model at ``path`` into ``out``; see the module docstring."""
+    return run_kind(WidthsKind(opts), path, out, opts, progress=progress, on_plan=on_plan)
+
+
+class WidthsKind:
+    """``--ffn``, ``--heads``, ``--hidden`` as a :class:`~sparsetool.ops.shrink.kind.ShrinkKind`:
+    every check needs the opened model (its blocks and widths)."""
+
+    key = "widths"
+    needs = NEEDS
+
+    def __init__(self, opts: ShrinkOptions):
+        self.opts = opts
+
+    def plan(self, path: Path, config: dict[str, Any], cfg: Any) -> None:
+        """Nothing before the model opens (sparsetool's GPT, a file without config.json: refused
+        by the skeleton's read of the config)."""
+
+    def open(self, path: Path) -> BlockModel:
+        return open_model(path, self.opts.dtype, self.opts.device, needs=NEEDS, attention="eager")
+
+    def choose(
+        self,
+        model: BlockModel,
+        text: str | None,
+        result: ShrinkResult,
+        held: contextlib.ExitStack,
+        progress: Progress | None,
+        on_plan: Callable[[MemoryPlan], None] | None,
+    ) -> Shrinking:
+        opts = self.opts
+        assert text is not None
         cfg = model.module.config
         layers = [_find(model, i, opts) for i in range(len(model.blocks))]
         geometry = _geometry(model, cfg, opts)
@@ -140,8 +169,10 @@ def shrink_widths(
                 "(as OLMo's, without weights), whose outputs --hidden ranks channels by"
             )
         renorm = opts.reconstruct and opts.hidden is not None
+        spill: TensorSpill | None = None
         if _refits(opts) or renorm:  # the refit tensors wait on disk beside the output
-            spill = TensorSpill(out)
+            spill = TensorSpill(result.output)
+            held.callback(spill.close)
         refit = None  # --ffn/--heads refit in the scoring pass; --hidden's readers after it
         if _refits(opts) and spill is not None:
             refit = _Refitter(model, layers, geometry, plan, spill)
@@ -157,13 +188,11 @@ def shrink_widths(
             cuts, record = refit.cuts, refit.record()
         values: dict[str, int | None] = refit.values if refit is not None else {}
         if hidden is not None:
-            record["hidden"] = _cut_hidden(model, hidden, opts, cuts, result)
-            # written out: the config's default, hidden size / heads, no longer holds
-            record["hidden"]["head_dim"] = geometry.head_dim
+            # head_dim written out: the config's default, hidden size / heads, no longer holds
+            record.hidden = _cut_hidden(model, hidden, geometry.head_dim, cuts, result)
             if renorm and spill is not None:
-                kept = record["hidden"]["kept"]
-                found = refit_readers(model, windows, kept, spill, values, progress)
-                record["hidden"]["refit"] = found
+                found = refit_readers(model, windows, record.hidden.kept, spill, values, progress)
+                record.hidden.refit = LeastSquares.of_readers(found)
                 result.notes.append(
                     "--hidden: the residual stream's removed channels are sliced out of the "
                     "embeddings, the head and the rows of what writes them (no least-squares "
@@ -175,24 +204,13 @@ def shrink_widths(
                     )  # fmt: skip
                 )
         result.widths = record
-        metadata = provenance_metadata(
-            model.ckpt.metadata(), {"command": "shrink", **opts.record(), "widths": record}
-        )
-        with write_checkpoint(
-            model.ckpt,
-            out,
-            metadata_extra=metadata,
-            config_transform=lambda config: _config(config, cfg, record),
-        ) as cw:
-            result.left_out = list(cw.left_out)
-            _write(model.ckpt, cw, cuts, values, spill)
         ckpt = model.ckpt
-        record_sizes(result, ckpt, out, sum(_removed(ckpt, n, cut) for n, cut in cuts.items()))
-    finally:
-        model.close()
-        if spill is not None:
-            spill.close()
-    return result
+        return Shrinking(
+            record=record.to_json(),
+            config=lambda config: _config(config, cfg, record),
+            write=lambda cw: _write(ckpt, cw, cuts, values, spill),
+            removed=lambda: sum(_removed(ckpt, n, cut) for n, cut in cuts.items()),
+        )
 
 
 def _find(model: BlockModel, i: int, opts: ShrinkOptions) -> _Layer:
@@ -373,7 +391,8 @@ class _Plan:
     mode: str | None  # "groups", "query heads per group", or None: heads kept
     kept_groups: int
     per_group: int
-    record: dict
+    ffn: Width | None  # --ffn: the channels per layer before and after
+    heads: HeadsKept | None  # --heads
     notes: list[str] = field(default_factory=list)  # a kept fraction not the one asked
 
 
@@ -407,14 +426,15 @@ def _plan(g: _Geometry, opts: ShrinkOptions, model: str = "the model") -> _Plan:
     Heads: whole key/value groups (``round(F x kv-heads)`` of them) when ``F x kv-heads`` is
     whole or every group is one head (plain multi-head attention), else ``round(F x group)``
     query heads of every group; a note when that is not the fraction asked."""
-    record: dict = {}
+    ffn: Width | None = None
+    heads: HeadsKept | None = None
     notes: list[str] = []
     keep_ffn = None
     if opts.ffn is not None:
         keep_ffn = round(opts.ffn * g.ffn)
         _check_kept("--ffn", opts.ffn, keep_ffn, g.ffn, f"{model}'s {g.ffn:,} FFN channels per "
                    "layer", f"round({opts.ffn:g} x {g.ffn:,})")  # fmt: skip
-        record["ffn"] = {"before": g.ffn, "after": keep_ffn}
+        ffn = Width(g.ffn, keep_ffn)
     mode, kept_groups, per_group = None, g.kv_heads, g.heads // max(g.kv_heads, 1)
     if opts.heads is not None:
         f, group = opts.heads, g.heads // g.kv_heads
@@ -436,23 +456,18 @@ def _plan(g: _Geometry, opts: ShrinkOptions, model: str = "the model") -> _Plan:
                     f"of each group of {group}"
                 )
         kept = kept_groups * per_group
-        record["heads"] = {
-            "mode": mode,
-            "before": {"heads": g.heads, "kv_heads": g.kv_heads},
-            "after": {"heads": kept, "kv_heads": kept_groups},
-            "head_dim": g.head_dim,
-        }
-    return _Plan(keep_ffn, mode, kept_groups, per_group, record, notes)
+        heads = HeadsKept(mode, g.heads, g.kv_heads, kept, kept_groups, g.head_dim)
+    return _Plan(keep_ffn, mode, kept_groups, per_group, ffn, heads, notes)
 
 
 def _choose(
     model: BlockModel, layers: list[_Layer], g: _Geometry, plan: _Plan
-) -> tuple[dict[str, Cut], dict]:
+) -> tuple[dict[str, Cut], WidthsNarrowed]:
     """The stored tensors to cut and how, and the record of what was kept."""
     cuts: dict[str, Cut] = {}
-    record: dict = {**plan.record, "layers": []}
+    record = WidthsNarrowed(ffn=plan.ffn, heads=plan.heads)
     for i, layer in enumerate(layers):
-        record["layers"].append(_choose_layer(model, i, layer, g, plan, cuts))
+        record.layers.append(_choose_layer(model, i, layer, g, plan, cuts))
     return cuts, record
 
 
@@ -581,20 +596,19 @@ class _Refitter:
         self.spill.put(name, t)
         self.values[name] = axis
 
-    def record(self) -> dict:
+    def record(self) -> WidthsNarrowed:
         """The widths' record with each layer's refit errors and their summary."""
-        rec: dict = {**self.plan.record, "layers": self.layer_records}
         kinds = [k for k in ("ffn_refit", "o_refit") if any(k in r for r in self.layer_records)]
         fits = [r[k] for r in self.layer_records for k in kinds if k in r]
         names = {"ffn_refit": self.layers[0].ffn_out, "o_refit": self.layers[0].o}
-        rec["refit"] = {
-            "projections": [names[k].rsplit(".", 1)[-1] for k in kinds],
-            "method": "least squares on the kept inputs' X^T X (float64), sequential",
-            "dampening": DAMPENING,
-            "error_before": sum(f["error_before"] for f in fits) / max(len(fits), 1),
-            "error_after": sum(f["error_after"] for f in fits) / max(len(fits), 1),
-        }
-        return rec
+        refit = LeastSquares(
+            [names[k].rsplit(".", 1)[-1] for k in kinds],
+            "least squares on the kept inputs' X^T X (float64), sequential",
+            DAMPENING,
+            sum(f["error_before"] for f in fits) / max(len(fits), 1),
+            sum(f["error_after"] for f in fits) / max(len(fits), 1),
+        )
+        return WidthsNarrowed(self.plan.ffn, self.plan.heads, self.layer_records, refit)
 
 
 def _gram_hook(model: BlockModel, path: str, gram: Gram):
@@ -674,7 +688,7 @@ def _check_divides(
     ``head_dim`` written out; Qwen's do not): the output would load nowhere."""
     if opts.heads is None and opts.hidden is None:
         return
-    heads = plan.record["heads"]["after"]["heads"] if "heads" in plan.record else g.heads
+    heads = plan.heads.heads_after if plan.heads is not None else g.heads
     width = before if keep is None else keep
     if not heads or width % heads == 0:
         return
@@ -720,8 +734,8 @@ def _hidden_keep(model: BlockModel, opts: ShrinkOptions) -> int:
 
 
 def _cut_hidden(
-    model: BlockModel, hidden: _Hidden, opts: ShrinkOptions, cuts: dict, result: ShrinkResult
-) -> dict:
+    model: BlockModel, hidden: _Hidden, head_dim: int, cuts: dict[str, Cut], result: ShrinkResult
+) -> HiddenKept:
     """The cuts of the embedding channels ``--hidden`` keeps, and their record."""
     width, keep = model.width, hidden.keep
     assert hidden.sums is not None, "no norm over the hidden size ran"
@@ -736,12 +750,12 @@ def _cut_hidden(
             "the model scales its embeddings by sqrt(hidden_size) (Gemma); the narrower model "
             f"scales them by sqrt({keep}), not sqrt({width})"
         )
-    return {"before": width, "after": keep, "kept": kept}
+    return HiddenKept(width, keep, kept, head_dim)
 
 
 def _write(
     ckpt: Checkpoint,
-    cw,
+    cw: CheckpointWriter,
     cuts: dict[str, Cut],
     values: dict[str, int | None],
     spill: TensorSpill | None,
@@ -790,18 +804,17 @@ def _removed(ckpt: Checkpoint, name: str, cut: Cut) -> int:
     return before - after
 
 
-def _config(config: dict, cfg, record: dict) -> dict:
+def _config(config: dict[str, Any], cfg: Any, record: WidthsNarrowed) -> dict[str, Any]:
     """config.json with the new widths (the family's own keys), ``head_dim`` written out."""
-    if "ffn" in record:
+    if record.ffn is not None:
         key = "n_inner" if "n_inner" in config or "n_layer" in config else "intermediate_size"
-        config[key] = record["ffn"]["after"]
-    if "heads" in record:
-        after = record["heads"]["after"]
-        config["num_attention_heads"] = after["heads"]
+        config[key] = record.ffn.after
+    if record.heads is not None:
+        config["num_attention_heads"] = record.heads.heads_after
         if "num_key_value_heads" in config or getattr(cfg, "num_key_value_heads", None):
-            config["num_key_value_heads"] = after["kv_heads"]
-        config["head_dim"] = record["heads"]["head_dim"]
-    if "hidden" in record:
-        config["hidden_size"] = record["hidden"]["after"]
-        config["head_dim"] = record["hidden"]["head_dim"]
+            config["num_key_value_heads"] = record.heads.kv_after
+        config["head_dim"] = record.heads.head_dim
+    if record.hidden is not None:
+        config["hidden_size"] = record.hidden.after
+        config["head_dim"] = record.hidden.head_dim
     return config

@@ -16,7 +16,8 @@ from sparsetool.ops.calibration import (
     routed_bytes,
     window_length,
 )
-from sparsetool.ops.shrink.options import ShrinkOptions, ShrinkResult
+from sparsetool.ops.shrink.options import ShrinkOptions
+from sparsetool.ops.shrink.results import ShrinkResult
 from sparsetool.util.memory import MemoryPlan
 
 __all__ = ["LOWER_MEMORY", "shrink_windows"]

@@ -83,12 +83,12 @@ def test_the_written_model_is_the_input_with_those_blocks_removed(
     opts = ShrinkOptions(blocks=2, block_criterion=criterion, calibration=calib_file,
                          reconstruct=False, **CALIB)  # fmt: skip
     result = shrink_checkpoint(tmp_path / "in", tmp_path / "out", opts)
-    removed = result.blocks["removed"]
-    assert "reconstruct" not in result.blocks
-    assert len(removed) == 2 and result.blocks["after"] == result.blocks["before"] - 2
+    removed = result.blocks.removed
+    assert result.blocks.reconstruct is None
+    assert len(removed) == 2 and result.blocks.after == result.blocks.before - 2
     if criterion == "angular":
         assert removed[1] == removed[0] + 1
-        assert result.blocks["angular"][removed[0]] == min(result.blocks["angular"])
+        assert result.blocks.angular[removed[0]] == min(result.blocks.angular)
     out = t.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     ids = torch.randint(2, 300, (2, 24), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
@@ -96,7 +96,7 @@ def test_the_written_model_is_the_input_with_those_blocks_removed(
         got = out(ids, use_cache=False).logits
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert cfg.get("num_hidden_layers", cfg.get("n_layer")) == result.blocks["after"]
+    assert cfg.get("num_hidden_layers", cfg.get("n_layer")) == result.blocks.after
     if kind == "gemma3":
         assert cfg["layer_types"] == model.config.layer_types
     assert result.parameters_after == sum(p.numel() for p in out.parameters())
@@ -125,10 +125,10 @@ def test_block_influence_is_measured_as_transformers_runs_the_blocks(tmp_path, t
     for h in handles:
         h.remove()
     want = [1 - s / windows.numel() for s in sums]
-    assert result.blocks["bi"] == pytest.approx(want, abs=1e-5)
-    assert result.blocks["removed"] == [min(range(5), key=lambda i: want[i])]
-    assert all(0 <= a <= 1 for a in result.blocks["angular"] or [0])
-    assert math.isclose(sum(result.blocks["bi"]), sum(want), abs_tol=1e-4)
+    assert result.blocks.bi == pytest.approx(want, abs=1e-5)
+    assert result.blocks.removed == [min(range(5), key=lambda i: want[i])]
+    assert all(0 <= a <= 1 for a in result.blocks.angular or [0])
+    assert math.isclose(sum(result.blocks.bi), sum(want), abs_tol=1e-4)
 
 
 def test_blocks_usage_errors(tmp_path, text, calib_file):

@@ -123,7 +123,7 @@ def test_block_0_is_refit_to_the_float64_least_squares_answer(kind, tmp_path, te
     result = shrink_checkpoint(
         tmp_path / "in", tmp_path / "out", ShrinkOptions(calibration=calib_file, **asked, **CALIB)
     )
-    layer = result.widths["layers"][0]
+    layer = result.widths.layers[0]
     tok = t.AutoTokenizer.from_pretrained(tmp_path / "in")
     windows = calibration_windows(tok(text)["input_ids"], CALIB["samples"], CALIB["seq"], 0, "x")
     out = t.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
@@ -148,7 +148,7 @@ def test_block_0_is_refit_to_the_float64_least_squares_answer(kind, tmp_path, te
                                    rtol=1e-4, atol=1e-5)  # fmt: skip
         np.testing.assert_allclose(got.bias.detach().double().numpy(), want[:, -1],
                                    rtol=1e-4, atol=1e-5)  # fmt: skip
-    for rec in result.widths["layers"]:
+    for rec in result.widths.layers:
         for key in ("ffn_refit", "o_refit"):
             if key in rec:
                 assert 0 <= rec[key]["error_after"] < rec[key]["error_before"]
@@ -187,7 +187,7 @@ def test_no_reconstruct_writes_the_plain_slices_bit_for_bit(tmp_path, text, cali
         safe_open(str(tmp_path / "in" / "model.safetensors"), "pt") as src,
         safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as dst,
     ):
-        for i, layer in enumerate(result.widths["layers"]):
+        for i, layer in enumerate(result.widths.layers):
             c = torch.tensor(layer["ffn_kept"])
             rows = torch.tensor([h * 4 + d for h in layer["heads_kept"] for d in range(4)])
             p = f"model.layers.{i}"
@@ -199,8 +199,8 @@ def test_no_reconstruct_writes_the_plain_slices_bit_for_bit(tmp_path, text, cali
             ]:
                 want = src.get_tensor(name).index_select(axis, keep)
                 assert torch.equal(dst.get_tensor(name), want), name
-    assert "refit" not in result.widths
-    assert all("ffn_refit" not in rec for rec in result.widths["layers"])
+    assert result.widths.refit is None
+    assert all("ffn_refit" not in rec for rec in result.widths.layers)
 
 
 def test_the_refit_tensors_wait_on_disk_and_nothing_is_left_beside_the_output(
@@ -287,12 +287,12 @@ def test_a_removed_run_is_replaced_by_its_least_squares_map(tmp_path, text, cali
     save_tokenizer(tmp_path / "in", text)
     opts = ShrinkOptions(blocks=2, block_criterion="angular", calibration=calib_file, **CALIB)
     result = shrink_checkpoint(tmp_path / "in", tmp_path / "out", opts)
-    run = result.blocks["removed"]
+    run = result.blocks.removed
     assert run[0] > 0, "this model's angular run must leave a block before it"
-    (fit,) = result.blocks["reconstruct"]["maps"]
+    (fit,) = result.blocks.reconstruct.maps
     before = run[0] - 1
-    assert fit["run"] == run and fit["folded_into"] == before
-    assert 0 <= fit["error_after"] < fit["error_before"]
+    assert fit.run == run and fit.folded_into == before
+    assert 0 <= fit.error_after < fit.error_before
     tok = t.AutoTokenizer.from_pretrained(tmp_path / "in")
     windows = calibration_windows(tok(text)["input_ids"], CALIB["samples"], CALIB["seq"], 0, "x")
     h = model.transformer.h
@@ -329,7 +329,7 @@ def test_mapped_blocks_are_closer_to_the_input_than_blocks_just_removed(
                              reconstruct=rec, **CALIB)  # fmt: skip
         result = shrink_checkpoint(tmp_path / "in", tmp_path / f"out-{rec}", opts)
         if rec:
-            assert result.blocks["reconstruct"]["maps"], result.blocks
+            assert result.blocks.reconstruct.maps, result.blocks
     err = {rec: _logit_error(model, tmp_path, rec) for rec in (True, False)}
     assert err[True] < err[False], err
 

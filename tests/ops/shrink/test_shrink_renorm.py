@@ -109,7 +109,7 @@ def test_the_readers_are_refit_to_the_float64_answer(tmp_path, text, calib_file)
     model = _llama(tmp_path / "in", text)
     opts = ShrinkOptions(hidden=0.5, calibration=calib_file, **CALIB)
     result = shrink_checkpoint(tmp_path / "in", tmp_path / "out", opts)
-    kept = result.widths["hidden"]["kept"]
+    kept = result.widths.hidden.kept
     tok = t.AutoTokenizer.from_pretrained(tmp_path / "in")
     windows = calibration_windows(tok(text)["input_ids"], CALIB["samples"], CALIB["seq"], 0, "x")
     out = t.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
@@ -126,7 +126,7 @@ def test_the_readers_are_refit_to_the_float64_answer(tmp_path, text, calib_file)
                 w = model.get_submodule(f"{p}.{r}").weight.detach().double().numpy()
                 got = out.get_submodule(f"{p}.{r}").weight.detach().double().numpy()
                 np.testing.assert_allclose(got, _solve(w, x, xn, DAMPENING), rtol=1e-4, atol=1e-5)
-    refit = result.widths["hidden"]["refit"]
+    refit = result.widths.hidden.refit.to_json()
     assert refit["readers"] == ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"]
     for layer in refit["layers"]:
         for r in refit["readers"]:
@@ -194,7 +194,7 @@ def test_per_head_norms_are_not_counted_as_norms_left_unrefit(tmp_path, text, ca
     save_tokenizer(tmp_path / "in", text)
     opts = ShrinkOptions(hidden=0.5, calibration=calib_file, **CALIB)
     result = shrink_checkpoint(tmp_path / "in", tmp_path / "out", opts)
-    refit = result.widths["hidden"]["refit"]
+    refit = result.widths.hidden.refit.to_json()
     assert refit["not_refit"] == [] and not any("not RMS" in n for n in result.notes)
     assert refit["readers"] == ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"]
     t.AutoModelForCausalLM.from_pretrained(tmp_path / "out")  # loads as it is

@@ -149,7 +149,7 @@ def test_without_reconstruction_the_model_is_the_input_narrowed_by_hand(
     model = save(kind, tmp_path / "in", text)
     opts = ShrinkOptions(calibration=calib_file, reconstruct=False, **asked, **CALIB)
     result = shrink_checkpoint(tmp_path / "in", tmp_path / "out", opts)
-    widths = result.widths
+    widths = result.widths.to_json()
     if mode:
         assert widths["heads"]["mode"] == mode
     out = t.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
@@ -203,7 +203,7 @@ def test_channels_are_ranked_by_mean_absolute_activation(tmp_path, text, calib_f
         h.remove()
     for i in range(2):
         want = sorted(sorted(range(48), key=lambda c: (-float(sums[i][c]), c))[:24])
-        assert result.widths["layers"][i]["ffn_kept"] == want
+        assert result.widths.layers[i]["ffn_kept"] == want
 
 
 def test_fused_attention_and_bad_fractions_are_refused(tmp_path, text, calib_file):
@@ -268,7 +268,7 @@ def test_embedding_channels_are_ranked_by_every_norm_output(tmp_path, text, cali
     for h in handles:
         h.remove()
     want = sorted(sorted(range(32), key=lambda c: (-float(sums[c]), c))[:16])
-    assert result.widths["hidden"]["kept"] == want
+    assert result.widths.hidden.kept == want
 
 
 def test_hidden_refuses_fused_attention_experts_and_empty_widths(tmp_path, text, calib_file):

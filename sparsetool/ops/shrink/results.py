@@ -1,0 +1,353 @@
+"""What ``sparsetool shrink`` did: :class:`ShrinkResult`, with the record of what each kind removed
+(:class:`BlocksRemoved` for ``--blocks``, :class:`WidthsNarrowed` for ``--ffn``, ``--heads`` and
+``--hidden``; ``--experts``: the :class:`~sparsetool.ops.shrink.options.ExpertPlan` and each
+layer's record). Each ``to_json()`` is its part of ``shrink --json`` (and of the output's
+provenance); :meth:`ShrinkResult.summary` is the line the command prints. Per-layer records stay
+JSON objects: they are the data the output's provenance records, read by key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparsetool.checkpoint.output_files import Reclaimed
+from sparsetool.ops.shrink.options import ExpertPlan, ShrinkOptions
+from sparsetool.util.memory import MemoryPlan
+from sparsetool.util.wording import plural
+
+__all__ = [
+    "BlockMaps",
+    "BlocksRemoved",
+    "FoldedMap",
+    "HeadsKept",
+    "HiddenKept",
+    "LeastSquares",
+    "ShrinkResult",
+    "Width",
+    "WidthsNarrowed",
+]
+
+
+@dataclass
+class FoldedMap:
+    """``--blocks``: ReplaceMe's map of one removed run, folded into the block before it."""
+
+    run: list[int]
+    folded_into: int
+    error_before: float
+    error_after: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "folded_into": self.folded_into,
+            "error_before": self.error_before,
+            "error_after": self.error_after,
+        }
+
+    def summary(self) -> str:
+        return (
+            f"blocks {self.run[0]}-{self.run[-1]} replaced by a least-squares map folded into "
+            f"block {self.folded_into}'s down projection (calibration error "
+            f"{self.error_before:.3g} -> {self.error_after:.3g})"
+        )
+
+
+@dataclass
+class BlockMaps:
+    """``--blocks`` with reconstruction: the maps fitted, and the runs left as removed (why)."""
+
+    method: str
+    dampening: float
+    maps: list[FoldedMap] = field(default_factory=list)
+    not_refit: list[dict[str, Any]] = field(default_factory=list)  # {"run": [...], "why": ...}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "dampening": self.dampening,
+            "maps": [m.to_json() for m in self.maps],
+            "not_refit": self.not_refit,
+        }
+
+
+@dataclass
+class BlocksRemoved:
+    """``--blocks``: the blocks before and after, which went by which criterion, every block's
+    influence and every run's angular distance."""
+
+    before: int
+    after: int
+    criterion: str
+    removed: list[int]
+    kept: list[int]
+    bi: list[float]
+    angular: list[float]
+    reconstruct: BlockMaps | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "before": self.before,
+            "after": self.after,
+            "criterion": self.criterion,
+            "removed": self.removed,
+            "kept": self.kept,
+            "bi": self.bi,
+            "angular": self.angular,
+        }
+        if self.reconstruct is not None:
+            rec["reconstruct"] = self.reconstruct.to_json()
+        return rec
+
+    def summary(self) -> str:
+        maps = self.reconstruct.maps if self.reconstruct is not None else []
+        return (
+            f"removed {plural(len(self.removed), 'block')} of {self.before} ({self.criterion}): "
+            f"{', '.join(map(str, self.removed))}" + "".join(f"; {m.summary()}" for m in maps)
+        )
+
+
+@dataclass
+class Width:
+    """A width before and after (``--ffn``: the FFN channels per layer)."""
+
+    before: int
+    after: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"before": self.before, "after": self.after}
+
+
+@dataclass
+class HeadsKept:
+    """``--heads``: the attention heads and key/value heads per layer before and after, and how
+    they were kept (``groups`` or ``query heads per group``)."""
+
+    mode: str
+    heads_before: int
+    kv_before: int
+    heads_after: int
+    kv_after: int
+    head_dim: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "before": {"heads": self.heads_before, "kv_heads": self.kv_before},
+            "after": {"heads": self.heads_after, "kv_heads": self.kv_after},
+            "head_dim": self.head_dim,
+        }
+
+
+@dataclass
+class LeastSquares:
+    """A least-squares refit summed up: what was refit (``names``: the projections, or the
+    readers of the narrower norms), how, and the calibration error before and after (the mean
+    over layers). ``extra``: the rest of its record, as recorded."""
+
+    names: list[str]
+    method: str
+    dampening: float
+    error_before: float
+    error_after: float
+    key: str = "projections"  # the names' key in the record
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of_readers(cls, found: dict[str, Any]) -> LeastSquares:
+        """``--hidden``'s refit of the norms' readers, from its record."""
+        rest = {
+            k: v
+            for k, v in found.items()
+            if k not in ("readers", "method", "dampening", "error_before", "error_after")
+        }
+        return cls(
+            list(found["readers"]),
+            found["method"],
+            found["dampening"],
+            found["error_before"],
+            found["error_after"],
+            key="readers",
+            extra=rest,
+        )
+
+    @property
+    def not_refit(self) -> list[str]:
+        return list(self.extra.get("not_refit", []))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            self.key: self.names,
+            "method": self.method,
+            "dampening": self.dampening,
+            "error_before": self.error_before,
+            "error_after": self.error_after,
+            **self.extra,
+        }
+
+    def errors(self) -> str:
+        return (
+            f"(calibration error {self.error_before:.3g} -> {self.error_after:.3g}, "
+            "mean over layers)"
+        )
+
+
+@dataclass
+class HiddenKept:
+    """``--hidden``: the embedding channels before and after, which were kept, the head width
+    written out, and the refit of the norms' readers (with reconstruction)."""
+
+    before: int
+    after: int
+    kept: list[int]
+    head_dim: int
+    refit: LeastSquares | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "before": self.before,
+            "after": self.after,
+            "kept": self.kept,
+            "head_dim": self.head_dim,
+        }
+        if self.refit is not None:
+            rec["refit"] = self.refit.to_json()
+        return rec
+
+
+@dataclass
+class WidthsNarrowed:
+    """``--ffn``, ``--heads``, ``--hidden``: the widths before and after, each layer's kept
+    channels and heads (``layers``: one record per block), and the refits."""
+
+    ffn: Width | None = None
+    heads: HeadsKept | None = None
+    layers: list[dict[str, Any]] = field(default_factory=list)
+    refit: LeastSquares | None = None  # --ffn/--heads with reconstruction
+    hidden: HiddenKept | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {}
+        if self.ffn is not None:
+            rec["ffn"] = self.ffn.to_json()
+        if self.heads is not None:
+            rec["heads"] = self.heads.to_json()
+        rec["layers"] = self.layers
+        if self.refit is not None:
+            rec["refit"] = self.refit.to_json()
+        if self.hidden is not None:
+            rec["hidden"] = self.hidden.to_json()
+        return rec
+
+    def summary(self) -> str:
+        done = []
+        if self.ffn is not None:
+            done.append(f"FFN channels {self.ffn.before:,} -> {self.ffn.after:,}")
+        if self.heads is not None:
+            h = self.heads
+            done.append(
+                f"attention heads {h.heads_before} -> {h.heads_after} (key/value "
+                f"heads {h.kv_before} -> {h.kv_after}; {h.mode})"
+            )
+        if self.hidden is not None:
+            done.append(f"hidden size {self.hidden.before:,} -> {self.hidden.after:,}")
+        if self.refit is not None:
+            done.append(
+                f"refit by least squares: {', '.join(self.refit.names)} {self.refit.errors()}"
+            )
+        if self.hidden is not None and self.hidden.refit is not None:
+            r = self.hidden.refit
+            done.append(f"readers of the narrower norms refit: {', '.join(r.names)} {r.errors()}")
+        return f"narrowed {plural(len(self.layers), 'layer')}: {'; '.join(done)}"
+
+
+@dataclass
+class ShrinkResult:
+    """What ``shrink`` did: per Mixture-of-Experts layer, the experts kept (their indices in the
+    input, in their new order) with every expert's saliency (``plan``, ``layers``); or the blocks
+    removed (``blocks``); or the widths narrowed (``widths``); and the sizes before and after."""
+
+    output: Path
+    options: ShrinkOptions
+    plan: ExpertPlan | None = None  # --experts
+    layers: list[dict[str, Any]] = field(default_factory=list)  # --experts: one per layer
+    blocks: BlocksRemoved | None = None  # --blocks
+    widths: WidthsNarrowed | None = None  # --ffn, --heads, --hidden
+    parameters_before: int = 0
+    parameters_after: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    tokens: int = 0  # calibration tokens run through the model
+    memory: MemoryPlan | None = None  # the plan checked before the calibration text ran
+    notes: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
+    reclaimed: list[Reclaimed] = field(default_factory=list)  # stale temporaries removed
+
+    def experts_json(self) -> dict[str, Any]:
+        """``--experts``: the routed experts per layer before and after (``shrink --json``'s
+        ``experts``)."""
+        assert self.plan is not None
+        return {
+            "before": self.plan.experts,
+            "after": self.plan.keep,
+            "top_k": self.plan.top_k,
+            "groups": self.plan.groups,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        removed: dict[str, Any] = {}
+        if self.plan is not None:
+            removed["experts"] = self.experts_json()
+        if self.blocks is not None:
+            removed["blocks"] = self.blocks.to_json()
+        if self.widths is not None:
+            removed["widths"] = self.widths.to_json()
+        return {
+            "output": str(self.output),
+            "options": self.options.record(),
+            **removed,
+            "calibration_tokens": self.tokens,
+            **({"memory": self.memory.to_json()} if self.memory is not None else {}),
+            "parameters": {"before": self.parameters_before, "after": self.parameters_after},
+            "bytes": {"before": self.bytes_before, "after": self.bytes_after},
+            **({"layers": self.layers} if self.plan is not None else {}),
+            "notes": list(self.notes),
+            "left_out": list(self.left_out),
+        }
+
+    def summary(self) -> str:
+        """What was removed and the parameters before and after, in one line."""
+        if self.widths is not None:
+            done = self.widths.summary()
+        elif self.blocks is not None:
+            done = self.blocks.summary()
+        else:
+            assert self.plan is not None
+            o = self.options
+            done = (
+                f"shrank {plural(len(self.layers), 'layer')}: {self.plan.experts} -> "
+                f"{self.plan.keep} routed experts each ({o.criterion}"
+                f"{', merged' if o.merge else ''})"
+            )
+        return f"{done}; parameters {self.parameters_before:,} -> {self.parameters_after:,}"
+
+    def expert_rows(self) -> list[list[str]]:
+        """``--experts``, per layer: its block, the experts removed (the first 8) and the
+        saliencies on either side of the cut (the lowest kept, the highest removed)."""
+        rows = []
+        for layer in self.layers:
+            scores = layer["scores"]
+            kept_low = min(scores[e] for e in layer["kept"])
+            removed_high = max(scores[e] for e in layer["removed"])
+            shown = ", ".join(str(e) for e in layer["removed"][:8])
+            more = len(layer["removed"]) - 8
+            rows.append(
+                [
+                    str(layer["block"]),
+                    shown + (f" (+{more})" if more > 0 else ""),
+                    f"{kept_low:.4g}",
+                    f"{removed_high:.4g}",
+                ]
+            )
+        return rows
