@@ -71,7 +71,7 @@ array([ True, False,  True, False,  True])
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -202,6 +202,28 @@ def scan(keys: Keys, *, zeros: bool = False, copy: bool = False) -> Scan:
 Sink = Callable[[int, int, np.ndarray], None]
 """``sink(a, b, mask)`` takes the numpy bool mask of positions ``[a, b)``; called on the pool's
 threads."""
+
+
+@overload
+def threshold_mask(
+    keys: Keys,
+    threshold: int,
+    ties: int,
+    equal: list[int] | None = None,
+    *,
+    all_available: bool = False,
+    sink: None = None,
+) -> np.ndarray: ...
+@overload
+def threshold_mask(
+    keys: Keys,
+    threshold: int,
+    ties: int,
+    equal: list[int] | None = None,
+    *,
+    all_available: bool = False,
+    sink: Sink | None,
+) -> np.ndarray | None: ...
 
 
 def threshold_mask(
@@ -357,6 +379,8 @@ def select_top(
         low = _low_index()
 
         def spread(a: int, b: int) -> None:
+            if cand is None:  # dropped only once spread
+                raise AssertionError("the keys' copy is gone")
             np.left_shift(cand[a:b], 16, out=wide[a:b], dtype=np.int32)
             wide[a:b] |= low[: b - a]
 

@@ -203,11 +203,11 @@ def sparsegpt_update(
     rows, cols = w.shape
     W = w if overwrite and w.dtype == hinv.dtype else w.to(hinv.dtype).clone()
     kept = torch.zeros((rows, cols), dtype=torch.bool) if fixed is None else fixed.bool().clone()
-    prunes = (
-        None
-        if nm is not None or fixed is not None
-        else block_prune_counts(rows, cols, rows * cols - keep, blocksize)
-    )
+    prunes: list[int] | None = None
+    if nm is None and fixed is None:
+        if keep is None:  # _check refused it
+            raise AssertionError("neither keep, nm nor a fixed mask")
+        prunes = block_prune_counts(rows, cols, rows * cols - keep, blocksize)
     for b, i1 in enumerate(range(0, cols, blocksize)):
         i2 = min(i1 + blocksize, cols)
         w1, hinv1 = W[:, i1:i2].clone(), hinv[i1:i2, i1:i2]
@@ -253,6 +253,8 @@ def sparsegpt_kept_count(
     """
     if nm is not None:
         return nm_kept_count(alive, nm[0], nm[1], dim=1)
+    if keep is None:  # the selectors give one of keep or nm
+        raise AssertionError("neither keep nor nm")
     rows, cols = alive.shape
     prunes = block_prune_counts(rows, cols, alive.numel() - keep, blocksize)
     kept = 0

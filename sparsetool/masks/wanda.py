@@ -87,6 +87,8 @@ def wanda_mask(
         raise SparsetoolError("give exactly one of keep or nm")
     if nm is not None:
         return nm_mask(scores, nm[0], nm[1], dim=1, existing=existing)
+    if keep is None:  # refused above
+        raise AssertionError("neither keep nor nm")
     rows, cols = w.shape
     if not 0 <= keep <= w.numel():
         raise SparsetoolError(f"keep must be from 0 to {w.numel()}, got {keep}")
@@ -110,6 +112,8 @@ def wanda_kept_count(
     """
     if nm is not None:
         return nm_kept_count(alive, nm[0], nm[1], dim=1)
+    if keep is None:  # the selectors give one of keep or nm
+        raise AssertionError("neither keep nor nm")
     rows, cols = alive.shape
     prunes = row_prune_counts(rows, cols, alive.numel() - keep)
     shares = torch.tensor([cols - p for p in prunes], dtype=torch.long)
