@@ -10,8 +10,11 @@ their checks are torch-free (:mod:`~sparsetool.ops.shrink.options`).
 
 ``--blocks N`` removes whole transformer blocks (:mod:`~sparsetool.ops.shrink.blocks`: block
 influence or angular distance on calibration text); :func:`shrink_checkpoint` (``run.py``) runs
-whichever is asked; ``--ffn F`` / ``--heads F`` narrow every layer alike
-(:mod:`~sparsetool.ops.shrink.widths`: channels and heads ranked by their activations).
+whichever is asked; ``--ffn F`` / ``--heads F`` / ``--hidden F`` narrow every layer alike
+(:mod:`~sparsetool.ops.shrink.widths`: channels and heads ranked by their activations; what each
+layer keeps ``width_plan``, the scores ``width_scores``, the cuts and the writing ``width_cuts``,
+the refits ``width_refit``). Every kind runs one skeleton (:mod:`~sparsetool.ops.shrink.kind`)
+and returns a :class:`~sparsetool.ops.shrink.results.ShrinkResult`.
 """
 
 from __future__ import annotations
