@@ -41,8 +41,12 @@ from sparsetool.ops.shrink.options import BLOCK_CRITERIA, CRITERIA, ShrinkOption
 if TYPE_CHECKING:
     from sparsetool.ops.shrink.results import ShrinkResult
 
-Criterion = choices("Criterion", CRITERIA)
-BlockCriterion = choices("BlockCriterion", BLOCK_CRITERIA)
+if TYPE_CHECKING:  # a choice's name to the type checker; typer reads the choices made below
+    Criterion = str
+    BlockCriterion = str
+else:
+    Criterion = choices("Criterion", CRITERIA)
+    BlockCriterion = choices("BlockCriterion", BLOCK_CRITERIA)
 
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
@@ -120,6 +124,7 @@ def shrink(
     """
     if output is None:
         usage_error("give -o OUTPUT, a new directory for the smaller model")
+    assert output is not None  # usage_error raised
     with usage_errors():
         opts = ShrinkOptions.from_values(**ShrinkOptions.pick(locals()))  # as the API does
         opts.validate()

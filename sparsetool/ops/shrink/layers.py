@@ -120,9 +120,9 @@ def expert_layers(model: BlockModel, experts: int) -> dict[int, ExpertLayer]:
                 name
                 for name, m in parent.named_children()
                 if m is not module
-                and isinstance(getattr(m, "weight", None), torch.Tensor)
-                and m.weight.ndim == 2
-                and m.weight.shape[0] == experts
+                and isinstance(w := getattr(m, "weight", None), torch.Tensor)
+                and w.ndim == 2
+                and w.shape[0] == experts
             ),
             None,
         )

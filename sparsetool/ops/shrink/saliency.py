@@ -17,6 +17,7 @@ routed to it with weight ``g_j(t)`` and the expert's output ``f_j(t)``:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 
@@ -30,10 +31,10 @@ def expert_output(experts: torch.nn.Module, e: int, x: torch.Tensor) -> torch.Te
     """Expert ``e``'s output for inputs ``x`` (tokens, d), before its routing weight: the fused
     module's gate/up projections and gate, then its down projection (with its bias)."""
     h = gated_product(experts, e, x)
-    w = experts.down_proj[e]
+    w = cast(torch.Tensor, experts.down_proj)[e]
     out = h @ w if getattr(experts, "is_transposed", False) else h @ w.T
     if getattr(experts, "has_bias", False):
-        out = out + experts.down_proj_bias[e]
+        out = out + cast(torch.Tensor, experts.down_proj_bias)[e]
     return out
 
 

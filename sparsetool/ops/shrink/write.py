@@ -138,7 +138,7 @@ class ExpertWriter:
             step = entry.nbytes // self.experts
             with sw.parts(part) as put:
                 for n, k in enumerate(rows):
-                    put(0, n * step, memoryview(raw[k * step : (k + 1) * step]))
+                    put(0, n * step, raw[k * step : (k + 1) * step].data)
 
     def _write_plain(self, lt: LogicalTensor, value: torch.Tensor) -> None:
         if len(lt.stored) != 1 or lt.stored[0] != lt.name:
