@@ -23,7 +23,6 @@ from typing import Any
 
 from sparsetool.checkpoint.output_files import (
     ResultDict,
-    Written,
     check_writable,
     reclaiming,
     write_error,
@@ -48,7 +47,7 @@ DEFAULT_OUTPUT = "sparsetool-demo"
 DEFAULT_STEPS = 1000  # per pre-trained model: the whole demo takes 1.5-2 min on 2 CPU cores
 DEFAULT_FINETUNE_STEPS = 300
 SPARSITY = 0.75
-MODEL = {"preset": "tiny", "n_layer": 2, "n_head": 4, "d_model": 64, "context": 64}
+MODEL: dict[str, Any] = {"preset": "tiny", "n_layer": 2, "n_head": 4, "d_model": 64, "context": 64}
 BATCH = 16  # sequences per step, as sparsetool train's default
 EVAL_BYTES = 64 * 1024  # of each held-out split (the English one is smaller: all of it)
 MARKER = ".sparsetool-demo"  # written first: marks a directory a later demo may replace
@@ -97,7 +96,7 @@ def run_demo(
     seed: int = 0,
     threads: int | None = None,
     progress: PhaseProgress | None = None,
-) -> dict[str, Any]:
+) -> ResultDict:
     """Run the demo into ``output`` and return its summary (also written to summary.json).
 
     ``output`` must be new, empty, or an earlier demo's output (whose files are replaced). On
@@ -124,11 +123,11 @@ def _demo_into(
 ) -> dict[str, Any]:
     earlier = check_output(out)
     check_writable(out, "-o", directory=True)
-    created = out  # the outermost directory this run creates (None: out exists)
-    while not created.parent.exists():
-        created = created.parent
-    if out.exists():
-        created = None
+    outermost = out
+    while not outermost.parent.exists():
+        outermost = outermost.parent
+    # the outermost directory this run creates (None: out exists)
+    created = None if out.exists() else outermost
     import torch
 
     threads_before = torch.get_num_threads()
@@ -413,7 +412,7 @@ def _by_kind(result: Any) -> dict[str, Any]:
     return {k: pooled[k] for k in KINDS if k in pooled}
 
 
-def plot_perplexity(results: dict[str, Any], out: str | Path) -> Written:
+def plot_perplexity(results: dict[str, Any], out: str | Path) -> Path:
     """Bars: perplexity of each model (groups) on each held-out text (colours), values on top."""
     from sparsetool.util.plotting import pyplot
 
