@@ -288,10 +288,11 @@ def split_parts(
                 "k, v",
             )
         hd = rows // (3 * heads)
-        return [
-            (k, k, (lambda t, i=i: t.reshape(heads, 3, hd, cols)[:, i].reshape(heads * hd, cols)))
-            for i, k in enumerate("QKV")
-        ], None
+
+        def head_part(i: int) -> Take:  # the i-th of q, k, v of every head
+            return lambda t: t.reshape(heads, 3, hd, cols)[:, i].reshape(heads * hd, cols)
+
+        return [(k, k, head_part(i)) for i, k in enumerate("QKV")], None
     if low not in _CONCATENATED:
         return fused, f"{name}: layout of fused {leaf!r} not known; not split into Q, K, V"
     dim_in = input_dim(name, shape, conv1d=conv1d_layout(config))
@@ -301,10 +302,11 @@ def split_parts(
         return fused, f"{name}: {f} outputs do not split as Q ({d}) plus equal K and V"
     kv = (f - d) // 2
     bounds = {"Q": (0, d), "K": (d, d + kv), "V": (d + kv, f)}
-    return [
-        (k, k, (lambda t, lo=lo, hi=hi: t.narrow(dim_out, lo, hi - lo)))
-        for k, (lo, hi) in bounds.items()
-    ], None
+
+    def rows_part(lo: int, hi: int) -> Take:  # outputs lo to hi
+        return lambda t: t.narrow(dim_out, lo, hi - lo)
+
+    return [(k, k, rows_part(lo, hi)) for k, (lo, hi) in bounds.items()], None
 
 
 def pair_stats(a: torch.Tensor, b: torch.Tensor) -> Stats:

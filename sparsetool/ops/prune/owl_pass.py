@@ -66,7 +66,7 @@ def owl_allocation(
                         place = placement.where[key]
                         add(
                             weight[place.expert] if place.slot else weight,
-                            stats.of(key).sq.cpu(),
+                            stats.of(key).squares().cpu(),
                         )
                     del weight
             ratios.append(count.ratio)

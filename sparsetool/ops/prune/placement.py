@@ -93,6 +93,7 @@ class Placement:
         for key, lt in self.by_block.get(block, []):
             place = self.where[key]
             role = self.plan[lt.name].role
+            group: tuple[object, ...]
             if place.expert is not None:  # an expert's gate and up read its routed tokens
                 group = (place.own.rpartition(".")[0], place.expert, place.part)
             elif role in ("qkv", "ffn_in"):

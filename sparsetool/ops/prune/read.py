@@ -32,6 +32,8 @@ def nonfinite_counts(values: np.ndarray, st: str) -> tuple[int, int]:
     if fmt.fp8 is not None:  # fp8: on the exact fp32 patterns (some have no inf, FNUZ has 0x80)
         magnitude, inf = fp32_bits(values, st) & 0x7FFF_FFFF, F32_INF
     else:
+        if fmt.inf is None:  # every format but fp8 has an inf
+            raise AssertionError(f"{st} has no inf")
         magnitude, inf = values & np.array(fmt.magnitude).astype(values.dtype), fmt.inf
     if magnitude.size == 0 or int(magnitude.max()) < inf:
         return 0, 0

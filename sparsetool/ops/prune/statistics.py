@@ -57,6 +57,12 @@ class InputStatistics:
             self.sum += x.double().sum(0)
         self.tokens += x.shape[0]
 
+    def squares(self) -> torch.Tensor:
+        """Wanda's sum of squares of each feature (gathered unless only ``X^T X`` was asked)."""
+        if self.sq is None:
+            raise AssertionError("gathered without the sums of squares")
+        return self.sq
+
     def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
         """DSnoT's view of the input: each feature's mean and variance over the tokens (CPU)."""
         assert self.sum is not None and self.sq is not None, "gathered without moments"
@@ -227,6 +233,8 @@ def gather_statistics(
             hooks.append(model.module.get_submodule(owner).register_forward_hook(stats.hook(key)))
         else:
             units = experts.setdefault(owner, (place.experts, {}))[1]
+            if place.expert is None:  # a unit of an experts module is one expert's
+                raise AssertionError(f"{key}: an experts unit without its expert")
             units.setdefault(place.expert, {}).setdefault(place.part, []).append(key)
     for module, units in experts.values():
         hooks.append(

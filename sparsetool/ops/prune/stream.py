@@ -48,9 +48,10 @@ def _sink(
 
     def sink(a: int, b: int, mask: np.ndarray) -> None:
         pieces = encode_piece(encoding, bits[a:b], mask, nan)
-        put(0, a * size, memoryview(pieces[0]).cast("B"))
+        # numpy's stubs give ndarray __buffer__ only from Python 3.12 on
+        put(0, a * size, memoryview(pieces[0]).cast("B"))  # type: ignore[arg-type]
         if len(pieces) > 1:
-            put(1, a, memoryview(pieces[1]).cast("B"))
+            put(1, a, memoryview(pieces[1]).cast("B"))  # type: ignore[arg-type]
 
     return sink
 
@@ -68,7 +69,11 @@ class Scanned:
         bits: np.ndarray | None = None,
     ):
         self.lt = lt
-        self.bits = ckpt.read_array(lt.stored[0]) if bits is None else bits
+        if bits is None:
+            if ckpt is None:  # the callers give one of them
+                raise AssertionError(f"{lt.name}: neither a checkpoint nor its bits")
+            bits = ckpt.read_array(lt.stored[0])
+        self.bits = bits
         self.keys: Keys = magnitude_keys(self.bits, dtype=lt.st_dtype)
         self.numel = self.bits.size
         # with copy, the same pass is the first of the selection (select_top)
