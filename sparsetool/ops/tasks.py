@@ -25,12 +25,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from sparsetool.checkpoint.output_files import check_png, check_writable
 from sparsetool.errors import ConfigError, SparsetoolError
+from sparsetool.ops.eval_options import EvalOptions, TasksOptions
 from sparsetool.ops.taskdata import (
     INSTALL_BUNDLE,
     TaskSource,
@@ -54,7 +55,6 @@ __all__ = [
     "evaluate_tasks",
     "mean_metric",
     "sample_dirs",
-    "task_names",
     "sample_record",
     "write_samples",
     "import_lm_eval",
@@ -283,59 +283,6 @@ def compare_rows(
         row.comparison = {"tasks": per_task, "mean": mean, "perplexity": None}
 
 
-def task_names(
-    tasks: str | Sequence[str] | None,
-    *,
-    include_path: Any = None,
-    limit: Any = None,
-    num_fewshot: Any = None,
-    seed: Any = None,
-    offline: bool = False,
-    log_samples: Any = None,
-    text: Any = None,
-    plot: Any = None,
-    seq: Any = None,
-    stride: Any = None,
-    max_tokens: Any = None,
-) -> list[str] | None:
-    """The task names asked for (``"arc_easy,hellaswag"`` or a list), or None without tasks; one
-    :class:`ConfigError` for an option that would be ignored: a task option without tasks, or a
-    perplexity option (``plot``, ``seq``, ``stride``, ``max_tokens``) with tasks but no text.
-    The checks of ``eval`` whether it is called from the command line or from Python."""
-    if tasks is None:
-        for option, value in (
-            ("--include-path", include_path),
-            ("--log-samples", log_samples),
-            ("--limit", limit),
-            ("--num-fewshot", num_fewshot),
-            ("--seed", seed),
-            ("--offline", offline or None),
-        ):
-            if value is not None:
-                raise ConfigError(
-                    f"{option} applies to task accuracy only; add --tasks NAME[,NAME...] or drop "
-                    f"{option}"
-                )
-        return None
-    parts = tasks.split(",") if isinstance(tasks, str) else list(tasks)
-    names = [n.strip() for n in parts if isinstance(n, str) and n.strip()]
-    if not names or len(names) != len([p for p in parts if not isinstance(p, str) or p.strip()]):
-        raise ConfigError("--tasks: give at least one task name, e.g. --tasks arc_easy,hellaswag")
-    if text is None:
-        for option, value in (
-            ("--plot", plot),
-            ("--seq", seq),
-            ("--stride", stride),
-            ("--max-tokens", max_tokens),
-        ):
-            if value is not None:
-                raise ConfigError(
-                    f"--tasks and {option} do not go together: {option} is for perplexity, "
-                    f"which --tasks adds only with --text; add --text FILE or drop {option}"
-                )
-    return names
-
-
 def _task_manager(names: list[str], paths: list[Path]):
     """The harness's task index over ``paths`` (later ones override earlier ones): only those
     directories when they hold every task asked for (indexing the harness's own thousands of
@@ -541,26 +488,20 @@ def _max_length(model: Any, tokenizer: Any) -> int:
 
 def evaluate_tasks(
     paths: Sequence[str | Path],
-    tasks: Sequence[str],
-    include_path: str | Path | None = None,
-    limit: int | None = None,
-    num_fewshot: int | None = None,
-    batch: int = 1,
-    seed: int | None = None,
-    dtype: str = "float32",
-    device: str = "auto",
-    max_memory: int | None = None,
+    tasks: TasksOptions | Sequence[str],
+    run: EvalOptions | None = None,
+    *,
     progress: Progress | None = None,
     on_plan: Callable[[str, Any], None] | None = None,
-    text: str | Path | None = None,
-    seq: int | None = None,
-    stride: int | None = None,
-    max_tokens: int | None = None,
-    offline: bool = False,
-    plot: str | Path | None = None,
-    log_samples: str | Path | None = None,
+    **values: Any,
 ) -> TasksResult:
-    """Run the harness's ``tasks`` on every checkpoint of ``paths``; one :class:`TaskRow` each.
+    """Run the harness's tasks on every checkpoint of ``paths``; one :class:`TaskRow` each.
+    ``tasks`` is the options record (:class:`~sparsetool.ops.eval_options.TasksOptions`) or the
+    task names, its other options then given by name (``limit=10``), as are ``run``'s
+    (:class:`~sparsetool.ops.eval_options.EvalOptions`: ``batch``, ``dtype``, ``device``,
+    ``max_memory``, and the perplexity column's ``text``, ``seq``, ``stride``, ``max_tokens``)
+    when ``run`` is None.
+
 
     ``limit`` scores the first N documents of each task, ``num_fewshot`` puts K examples in each
     prompt; ``seed`` seeds Python, numpy, torch and the few-shot sampler (default: the harness's
@@ -578,8 +519,12 @@ def evaluate_tasks(
     JSON-lines file of its documents (:func:`write_samples`), each written atomically as soon as
     the checkpoint's tasks are scored.
     """
-    if plot is not None:
-        check_png(plot)
+    opts, run = _records(tasks, run, values)
+    limit, num_fewshot, batch = opts.limit, opts.num_fewshot, run.batch
+    dtype, device, max_memory = run.dtype, run.device, run.max_memory
+    log_samples = opts.log_samples
+    if run.plot is not None:
+        check_png(run.plot)
     if log_samples is not None:
         check_writable(log_samples, "--log-samples", directory=True)
         if os.path.exists(log_samples) and not os.path.isdir(log_samples):
@@ -596,7 +541,9 @@ def evaluate_tasks(
         if value is not None and value < least:
             raise ConfigError(f"{opt} {value}: must be at least {least}")
     with tempfile.TemporaryDirectory(prefix="sparsetool-tasks-") as workdir:
-        manager, names, sources = check_tasks(tasks, Path(workdir), include_path, offline)
+        manager, names, sources = check_tasks(
+            opts.tasks or (), Path(workdir), opts.include_path, opts.offline
+        )
         import lm_eval
 
         from sparsetool.models.hf import import_transformers, load_tokenizer
@@ -604,6 +551,7 @@ def evaluate_tasks(
         from sparsetool.ops.eval import held_windows
         from sparsetool.ops.harness import SparsetoolLM
 
+        seed = opts.seed
         seeds = HARNESS_SEEDS if seed is None else (seed, seed % 2**32, seed, seed)
         result: TasksResult | None = None
         rows = []
@@ -702,21 +650,11 @@ def evaluate_tasks(
     result.rows = rows
     result.warnings = said
     compare_rows(rows, result.tasks, result.groups)
-    if text is not None:
+    if run.text is not None:
         from sparsetool.ops.eval import evaluate
 
-        ppl = evaluate(
-            paths,
-            text=text,
-            seq=seq,
-            stride=stride,
-            max_tokens=max_tokens,
-            batch=batch,
-            dtype=dtype,
-            device=device,
-            max_memory=max_memory,
-            progress=progress,
-        )
+        # the plot was checked above; the perplexity pass's memory plans are not printed
+        ppl = evaluate(paths, replace(run, plot=None), progress=progress)
         result.text_source = ppl.text_source
         for row, p in zip(rows, ppl.rows):
             row.perplexity = p.perplexity
@@ -728,6 +666,23 @@ def evaluate_tasks(
             f"{', '.join(names)}; check the task's data set and --limit"
         )
     return result
+
+
+def _records(
+    tasks: TasksOptions | Sequence[str], run: EvalOptions | None, values: dict[str, Any]
+) -> tuple[TasksOptions, EvalOptions]:
+    """:func:`evaluate_tasks`'s two records: as given, or made from the task names and the
+    options given by name."""
+    unknown = set(values) - set(TasksOptions.pick(values)) - set(EvalOptions.pick(values))
+    if unknown or "tasks" in values or (values and isinstance(tasks, TasksOptions)):
+        raise TypeError(f"evaluate_tasks: not options here: {', '.join(sorted(values))}")
+    if not isinstance(tasks, TasksOptions):
+        tasks = TasksOptions(tasks=tuple(tasks), **TasksOptions.pick(values))
+    if run is None:
+        run = EvalOptions(**EvalOptions.pick(values))
+    elif EvalOptions.pick(values):
+        raise TypeError("evaluate_tasks: give run's options in run, not by name")
+    return tasks, run
 
 
 def _shown_tasks(
