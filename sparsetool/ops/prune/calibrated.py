@@ -31,10 +31,11 @@ compressed sizes are fixed up front and each tensor is written at its place as i
 Wanda writes the input's weights under the new mask, SparseGPT its updated weights.
 
 This module is the block loop; its parts live beside it: where each target sits in the model
-(``placement.py``), the statistics hooks (``statistics.py``), the memory arithmetic
-(``memory_plan.py``), OWL's pass (``owl_pass.py``) and each method's choice of a matrix's kept
-weights (``selectors.py``). The windows, the block iterator and the pass's memory are the
-calibration pass prune and shrink share (:mod:`sparsetool.ops.calibration`).
+(``placement.py``), how many weights each tensor keeps (``keep_counts.py``), the statistics hooks
+(``statistics.py``), the memory arithmetic (``memory_plan.py``) and the run's memory plan with
+each block's passes (``pass_plan.py``), OWL's pass (``owl_pass.py``) and each method's choice of
+a matrix's kept weights (``selectors.py``). The windows, the block iterator and the pass's
+memory are the calibration pass prune and shrink share (:mod:`sparsetool.ops.calibration`).
 """
 
 from __future__ import annotations
@@ -47,27 +48,14 @@ import torch
 from sparsetool.checkpoint import Checkpoint, LogicalTensor
 from sparsetool.checkpoint.zeros import count_nonzero_values
 from sparsetool.errors import CheckpointError, SparsetoolError
-from sparsetool.masks.distributions import part_keep_counts
 from sparsetool.masks.wanda import wanda_mask
 from sparsetool.models.blocks import BlockModel, Call
 from sparsetool.models.open import open_model
-from sparsetool.ops.calibration import (
-    BlockPass,
-    calibration_windows,
-    pass_memory,
-    routed_bytes,
-    window_length,
-)
-from sparsetool.ops.prune.memory_plan import (
-    Atom,
-    feature_statistics_bytes,
-    input_statistics_bytes,
-    solve_bytes,
-    split_passes,
-    statistics_peak,
-)
+from sparsetool.ops.calibration import BlockPass, calibration_windows, window_length
+from sparsetool.ops.prune.keep_counts import KeepCounts, count_kept
 from sparsetool.ops.prune.options import PruneOptions
 from sparsetool.ops.prune.owl_pass import owl_allocation
+from sparsetool.ops.prune.pass_plan import plan_passes
 from sparsetool.ops.prune.placement import Placement, check_layouts, place_targets
 from sparsetool.ops.prune.planner import Sink
 from sparsetool.ops.prune.read import read_alive_tensors
@@ -107,17 +95,9 @@ class CalibratedPlanner:
         self.on_plan = on_plan
         self.target_plan, self.nan_ok = plan, nan_ok
         self.selector = selector_for(opts, wanda=wanda_mask)  # the module's, which a test swaps
-        self.keep: dict[str, int] = {}
-        self.part_keep: dict[str, list[int]] = {}  # a tensor of every expert: each one's count
-        if opts.sparsity is not None:
-            self.part_keep = part_keep_counts(
-                {lt.name: tuple(lt.shape) for lt in targets},
-                {lt.name: plan[lt.name].experts for lt in targets if plan[lt.name].experts},
-                opts.sparsity,
-                opts.distribution,
-            )
-            self.keep = {name: sum(parts) for name, parts in self.part_keep.items()}
+        self.counts = KeepCounts(targets, plan, opts)  # how many each tensor keeps
         self.seq: int | None = opts.seq  # the windows' length, settled by prepare()
+        self.refinement: Refinement | None = None  # --refine dsnot's settings, by prepare()
         self.nonzero_before: dict[str, int] = {}
         self.nonzero_after: dict[str, int] = {}  # kept counts, known before pruning
         self.notes: list[str] = []
@@ -142,6 +122,7 @@ class CalibratedPlanner:
     def prepare(self) -> None:
         o = self.opts
         check_layouts(self.targets, self.target_plan, o.method)
+        assert o.calibration is not None, "PruneOptions.validate(): a calibrated method's text"
         text = read_text(o.calibration, "--calibration")  # a bad file fails before the model loads
         self.model = model = open_model(
             self.ckpt.path, o.dtype, o.device, needs=NEEDS, attention="eager"
@@ -150,15 +131,22 @@ class CalibratedPlanner:
         self.seq, note = window_length(o.seq, model.context, self.ckpt.path)
         if note:
             self.notes.append(note)
+        if o.refine == "dsnot":
+            self.refinement = Refinement(o.dsnot_iterations, o.dsnot_threshold, self.seq)
         self.windows = calibration_windows(
             model.encode(text).ids, o.samples, self.seq, o.seed, o.calibration
         )
-        self.memory = self._memory_plan(model, self.seq)
+        self.memory, self.passes, note = plan_passes(
+            model, self.seq, o, self.placement, self.selector
+        )
+        if note:
+            self.notes.append(note)
         self.memory.check(f"prune --method {o.method}", LOWER_MEMORY)
         if self.on_plan is not None:
             self.on_plan(self.memory)
         if o.allocation == "owl":
-            self.keep, self.allocation = owl_allocation(
+            assert o.sparsity is not None, "PruneOptions.validate(): --allocation owl's sparsity"
+            self.counts.keep, self.allocation = owl_allocation(
                 model,
                 self.windows,
                 self.placement,
@@ -169,39 +157,17 @@ class CalibratedPlanner:
                 progress=self.progress,
             )
             release_freed_memory()  # the statistics pass's heap, before the pruning pass
-        # Then one read of every targeted tensor: NaN/inf refused, what is there and what will be
-        # kept counted (the output's headers need the kept counts before the first block runs).
-        for i, lt in enumerate(self.targets):
-            _dense, alive = read_alive_tensors(self.ckpt, lt, nan_means_pruned=self.nan_ok)
-            self.nonzero_before[lt.name] = count_nonzero_values(alive)
-            try:
-                self.nonzero_after[lt.name] = self._kept_count(
-                    lt, self.placement.oriented(lt, alive)
-                )
-            except SparsetoolError as e:
-                raise SparsetoolError(f"tensor {lt.name!r} {list(lt.shape)}: {e}") from None
-            del _dense, alive
-            if self.progress:
-                self.progress("check", i + 1, len(self.targets))
-
-    def _keep(self, lt: LogicalTensor, expert: int | None = None) -> int | None:
-        """How many of ``lt``'s weights to keep; of its ``expert``'s matrix, for a tensor of
-        every expert (OWL's count of the tensor shared out as evenly as the counts allow)."""
-        if self.opts.nm is not None:
-            return None
-        total = self.keep.get(lt.name, lt.numel - round(self.opts.sparsity * lt.numel))
-        if expert is None:
-            return total
-        parts = self.part_keep.get(lt.name)
-        if parts is not None and sum(parts) == total:
-            return parts[expert]
-        n = lt.shape[0]
-        return total // n + (expert < total % n)
-
-    def _kept_count(self, lt: LogicalTensor, alive: torch.Tensor) -> int:
-        if alive.ndim == 3:  # one count per expert's matrix
-            return sum(self.selector.kept_count(a, self._keep(lt, e)) for e, a in enumerate(alive))
-        return self.selector.kept_count(alive, self._keep(lt, None))
+        # Then one read of every targeted tensor (the output's headers need the kept counts
+        # before the first block runs).
+        self.nonzero_before, self.nonzero_after = count_kept(
+            self.ckpt,
+            self.targets,
+            self.placement,
+            self.counts,
+            self.selector,
+            nan_ok=self.nan_ok,
+            progress=self.progress,
+        )
 
     def expected_inputs(self, block: int) -> list[list[str]]:
         """The plan's guess, before anything runs, of which targeted tensors of ``block`` read one
@@ -209,69 +175,6 @@ class CalibratedPlanner:
         :class:`~sparsetool.ops.prune.statistics.BlockStatistics` sees the real sharing when the
         block runs (``shared``); this is for the memory plan."""
         return [[lt.name for _key, lt in group] for group in self.placement.expected_groups(block)]
-
-    def _memory_plan(self, model: BlockModel, seq: int) -> MemoryPlan:
-        """The run's peak, and how each block's statistics are gathered: in one pass of the
-        windows through the block, or, when a block's statistics would not fit (a mixture of
-        experts with SparseGPT: an ``in x in`` matrix per expert), in as few passes as fit, each
-        gathering and pruning some of the block's inputs (an expert's, a tensor of every
-        expert's whole) from the block as the earlier passes left it (``passes``)."""
-        o, placement = self.opts, self.placement
-        widths = [placement.n_in(p.lt) for p in placement.where.values() if p.expert is not None]
-        routed = 0
-        if widths:
-            config = getattr(model.module, "config", None)
-            k = int(getattr(config, "num_experts_per_tok", 1) or 1)
-            routed = routed_bytes(seq, k, model.width, max(widths))
-        plan = pass_memory(model, o.samples, seq, o.max_memory, routed=routed)
-        room = plan.budget - plan.peak
-        most = 1
-        for i in placement.by_block:
-            passes = split_passes(self._atoms(i), room, self._statistics_peak)
-            self.passes[i] = [[k for atom in p for k in atom.keys] for p in passes]
-            plan.statistics = max(plan.statistics, max(map(self._statistics_peak, passes)))
-            most = max(most, len(passes))
-        if most > 1:
-            self.notes.append(
-                f"a block's statistics do not fit in memory at once: blocks are calibrated in up "
-                f"to {most} passes of the windows, each pruning some of the block's layers from "
-                "the block as the earlier passes left it (more memory: one pass, and sooner)"
-            )
-        return plan
-
-    def _atoms(self, block: int) -> list[Atom]:
-        """A block's inputs as atoms, in block order; the experts of a tensor of every expert are
-        one (it is pruned whole)."""
-        o, placement, selector = self.opts, self.placement, self.selector
-        refine = o.refine == "dsnot"
-        per_feature = feature_statistics_bytes(selector.norms or o.allocation == "owl", refine)
-        atoms: list[Atom] = []
-        joined: dict[str, int] = {}  # a tensor of every expert -> the atom holding its experts
-        for group in placement.expected_groups(block):
-            n_in = placement.n_in(group[0][1])
-            size = input_statistics_bytes(n_in, per_feature, selector.hessian)
-            cost = max(
-                solve_bytes(
-                    lt.numel, placement.n_in(lt), lt.dtype.itemsize, selector.updates, refine
-                )
-                for _key, lt in group
-            )
-            keys = [key for key, _lt in group]
-            fused = [lt.name for key, lt in group if placement.where[key].slot]
-            at = next((joined[n] for n in fused if n in joined), None)
-            if at is None:
-                atoms.append(Atom(keys, size, cost))
-                at = len(atoms) - 1
-            else:
-                old = atoms[at]
-                atoms[at] = Atom(old.keys + keys, old.size + size, max(old.cost, cost))
-            joined.update({n: at for n in fused})
-        return atoms
-
-    def _statistics_peak(self, atoms: list[Atom]) -> int:
-        where, n_in = self.placement.where, self.placement.n_in
-        widest = max((n_in(where[k].lt) for atom in atoms for k in atom.keys), default=0)
-        return statistics_peak(atoms, widest, self.selector.hessian)
 
     # ------------------------------------------------------------------ the block-by-block run
     def run(self, sink: Sink) -> None:
@@ -327,6 +230,12 @@ class CalibratedPlanner:
         }
 
     @property
+    def _loaded(self) -> BlockModel:
+        """The model :meth:`prepare` opened."""
+        assert self.model is not None, "prepare() first"
+        return self.model
+
+    @property
     def _reads_inputs(self) -> bool:
         """Whether the masks need each layer's inputs (all but magnitude without DSnoT)."""
         return self.opts.method != "magnitude" or self.opts.refine != "none"
@@ -354,7 +263,7 @@ class CalibratedPlanner:
         self, i: int, layers: dict[str, LogicalTensor], calls: list[Call], sink: Sink
     ) -> None:
         stats = gather_statistics(
-            self.model,
+            self._loaded,
             i,
             layers,
             calls,
@@ -410,9 +319,9 @@ class CalibratedPlanner:
         stored_new = placement.oriented(lt, new)
         place = placement.where.get(units[0][0]) if units[0][0] is not None else None
         if place is not None and place.piece.index:  # one expert's matrix
-            self.model.set_piece(place.own, place.piece, stored_new)
+            self._loaded.set_piece(place.own, place.piece, stored_new)
         elif place is not None:  # the next inputs come from the pruned block
-            self.model.set_weight(place.own, stored_new)
+            self._loaded.set_weight(place.own, stored_new)
         kept = placement.oriented(lt, kept).contiguous()
         if count_nonzero_values(kept) != self.nonzero_after[lt.name]:
             raise CheckpointError(
@@ -446,18 +355,15 @@ class CalibratedPlanner:
             few = stats.tokens < o.expert_min_tokens and o.method != "magnitude"
             if few:
                 self.fallback.append(name)
-        refine = None
-        if o.refine == "dsnot":
-            refine = Refinement(o.dsnot_iterations, o.dsnot_threshold, self.seq)
         new, kept, swaps = select_matrix(
             self.selector,
             w,
             alive,
             stats,
-            self._keep(lt, expert),
+            self.counts.of(lt, expert),
             few=few,
             copied=copied,
-            refine=refine,
+            refine=self.refinement,
         )
         self.swaps += swaps
         return new, kept

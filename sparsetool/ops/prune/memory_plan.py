@@ -1,6 +1,6 @@
 """The memory arithmetic of calibration pruning, as pure functions of sizes in bytes.
 
-:class:`~sparsetool.ops.prune.calibrated.CalibratedPlanner` adds these up into the run's
+:func:`~sparsetool.ops.prune.pass_plan.plan_passes` adds these up into the run's
 :class:`~sparsetool.util.memory.MemoryPlan` before the long part (the activations of the
 calibration windows are the shared pass's, :func:`sparsetool.ops.calibration.pass_memory`): each
 block input's statistics, what one tensor's solve holds beside them,
