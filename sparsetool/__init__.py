@@ -14,7 +14,7 @@ stays light and does not import torch)::
     sparsetool.simulate(model="gpt3-xl", sparsity=0.75)   # -> dict, what `simulate --json` prints
 
 ``flops``, ``train`` and ``demo`` are reached through the library (``sparsetool.flops.account``,
-``sparsetool.train.loop.train``, ``sparsetool.ops.demo.run_demo``): docs/python-api.md.
+``sparsetool.train.loop.train``, ``sparsetool.demo.run_demo``): docs/python-api.md.
 
 ``sparsetool.eval`` is not in ``__all__``, so ``from sparsetool import *`` leaves the builtin
 ``eval`` alone.

@@ -56,7 +56,7 @@ import json
 from sparsetool.errors import SparsetoolError
 from sparsetool.bench.plot import bench_figure
 from sparsetool.hardware.plot import sweep_figure
-from sparsetool.ops.demo import plot_perplexity
+from sparsetool.demo import plot_perplexity
 from sparsetool.ops.eval import plot_eval
 from sparsetool.train.runfiles import Log
 

@@ -23,7 +23,7 @@ from sparsetool.cli._params import (
     threads_option,
     use_threads,
 )
-from sparsetool.ops.demo import DEFAULT_FINETUNE_STEPS, DEFAULT_OUTPUT, DEFAULT_STEPS, SPARSITY
+from sparsetool.demo import DEFAULT_FINETUNE_STEPS, DEFAULT_OUTPUT, DEFAULT_STEPS, SPARSITY
 from sparsetool.util.wording import plural
 
 EXAMPLES = (  # the end of --help: each runs as written
@@ -90,7 +90,7 @@ def demo(
     fine-tuned weights (angular distance per layer and matrix) and counts each run's training
     FLOPs. With the defaults it takes 1.5-2 minutes on 2 CPU cores; nothing is downloaded.
     """
-    from sparsetool.ops.demo import run_demo
+    from sparsetool.demo import run_demo
 
     out = output if output is not None else Path(DEFAULT_OUTPUT)
     use_threads(threads)

@@ -161,7 +161,7 @@ def test_a_foreign_non_empty_directory_is_refused_untouched(tmp_path):
 
 
 def test_an_interrupted_demo_leaves_nothing(tmp_path):
-    from sparsetool.ops.demo import run_demo
+    from sparsetool.demo import run_demo
 
     def progress(kind, info):
         if kind == "step" and info["phase"] == "sparse":

@@ -86,7 +86,7 @@ COMMANDS = {
         "prune_checkpoint",
     ),
     "diff": (["diff", "{tmp}/a.safetensors", "{tmp}/b.safetensors"], "sparsetool.ops.diff", "diff"),
-    "demo": (["demo", "-o", "{tmp}/demo"], "sparsetool.ops.demo", "run_demo"),
+    "demo": (["demo", "-o", "{tmp}/demo"], "sparsetool.demo", "run_demo"),
 }
 
 
@@ -176,7 +176,7 @@ def test_every_command_has_the_same_threads_help():
 
 def test_demo_trains_on_the_threads_asked(tmp_path, monkeypatch):
     import sparsetool.train.loop as loop
-    from sparsetool.ops.demo import run_demo
+    from sparsetool.demo import run_demo
 
     seen = []
 
