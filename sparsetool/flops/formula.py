@@ -72,6 +72,14 @@ ROLES = ("qkv", "attn_out", "ffn_in", "ffn_out")
 LayerSparsity = Sequence[Mapping[str, float]]
 
 
+def _given(value: int | None, field: str) -> int:
+    """``value``, a field the model's kind implies (experts of a mixture of experts, the latent
+    of multi-head latent attention): :class:`ModelConfig` refused a model without it."""
+    if value is None:
+        raise AssertionError(f"{field} is not set")
+    return value
+
+
 def _check_sparsity(v: float, where: str) -> float:
     return parse_sparsity(v, f"{where}: sparsity")
 
@@ -147,7 +155,9 @@ def forward_terms(
             * ((cfg.ffn_matrices - 1) * (1.0 - ls["ffn_in"]) + (1.0 - ls["ffn_out"]))
         )
         if cfg.is_moe_layer(i):
-            router += 2.0 * s * d * (cfg.n_experts + (1 if cfg.shared_gate else 0))
+            router += (
+                2.0 * s * d * (_given(cfg.n_experts, "n_experts") + (1 if cfg.shared_gate else 0))
+            )
     L = cfg.n_layers
     keys = keys_per_query(cfg, s)
     e = cfg.embed_dim or d
@@ -185,9 +195,10 @@ def qkv_matrices(cfg: ModelConfig) -> list[tuple[str, tuple[int, int]]]:
         else [("q", (h * k, d))]
     )
     nope = k - cfg.d_rope
+    kv_rank = _given(cfg.kv_rank, "kv_rank")
     return q + [
-        ("kv_a", (cfg.kv_rank + cfg.d_rope, d)),
-        ("kv_b", (h * (nope + cfg.value_head), cfg.kv_rank)),
+        ("kv_a", (kv_rank + cfg.d_rope, d)),
+        ("kv_b", (h * (nope + cfg.value_head), kv_rank)),
     ]
 
 
@@ -196,7 +207,7 @@ def active_ffn_width(cfg: ModelConfig, layer: int) -> int:
     layer ``top_k`` experts of ``d_expert`` plus the shared expert's ``d_shared``."""
     if not cfg.is_moe_layer(layer):
         return cfg.d_ff
-    return cfg.top_k * cfg.expert_width + cfg.d_shared
+    return _given(cfg.top_k, "top_k") * cfg.expert_width + cfg.d_shared
 
 
 def keys_per_query(cfg: ModelConfig, seq_len: int | None = None) -> int:
@@ -280,7 +291,7 @@ def param_counts(cfg: ModelConfig, sparsity: float | LayerSparsity = 0.0) -> dic
     out_w = cfg.value_head * cfg.n_heads * d
     norm = 2 * d if cfg.biases else d  # LayerNorm has a bias, RMSNorm does not
     # multi-head latent attention's RMSNorms on its latents (q_a_layernorm, kv_a_layernorm)
-    latent_norms = (cfg.q_rank or 0) + cfg.kv_rank if cfg.is_mla else 0
+    latent_norms = (cfg.q_rank or 0) + _given(cfg.kv_rank, "kv_rank") if cfg.is_mla else 0
     targeted = other = pruned = inactive = inactive_nonzero = 0.0
     for i, ls in enumerate(layer_sparsities(cfg, sparsity)):
         in_keep, out_keep = 1.0 - ls["ffn_in"], 1.0 - ls["ffn_out"]
@@ -291,7 +302,7 @@ def param_counts(cfg: ModelConfig, sparsity: float | LayerSparsity = 0.0) -> dic
             other += (kh + 2 * kv) + d
         # FFN widths held by the layer: a dense FFN, else every routed expert plus the shared one
         if cfg.is_moe_layer(i):
-            fe, E = cfg.expert_width, cfg.n_experts
+            fe, E = cfg.expert_width, _given(cfg.n_experts, "n_experts")
             width = E * fe + cfg.d_shared
             other += d * E + (d if cfg.shared_gate else 0)  # the router (and shared-expert gate)
             if cfg.router_bias:
@@ -299,7 +310,7 @@ def param_counts(cfg: ModelConfig, sparsity: float | LayerSparsity = 0.0) -> dic
             expert_biases = (m - 1) * fe + d if cfg.biases else 0
             if cfg.biases:
                 other += E * expert_biases + E  # every expert's biases and the router's
-            idle = E - cfg.top_k
+            idle = E - _given(cfg.top_k, "top_k")
             inactive += idle * (m * d * fe + expert_biases)
             inactive_nonzero += idle * (
                 (m - 1) * d * fe * in_keep + fe * d * out_keep + expert_biases

@@ -133,6 +133,8 @@ class ModelConfig:
             return
         self.check_positive(self.name, "n_experts", self.n_experts)
         self.check_positive(self.name, "top_k", self.top_k)
+        if self.top_k is None:  # check_positive refused it
+            raise AssertionError("top_k was not checked")
         if self.top_k > self.n_experts:
             raise ConfigError(
                 f"model '{self.name}': top_k {self.top_k} is more than its "
