@@ -34,7 +34,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "shrink": (
         "shrink",
         "shrink",
-        "Remove whole experts (Mixture of Experts) or whole blocks into a smaller model.",
+        "Remove experts, blocks or widths (FFN, heads, hidden) into a smaller dense model.",
     ),
     "densify": (
         "densify",

@@ -104,23 +104,23 @@ def shrink(
     threads: int | None = threads_option(),
     as_json: bool = json_option(),
 ) -> None:
-    """Remove whole experts (Mixture of Experts) or whole blocks into a smaller model.
+    """Remove experts, blocks or widths (FFN, heads, hidden) into a smaller dense model.
 
-    Each layer's experts are scored on the calibration text block by block (one block in memory;
-    each block sees what the already-shrunk earlier blocks feed it) and the lowest-scoring go, the
-    same number in every layer (and in every router group). The output is a Hugging Face
-    directory of the same architecture that transformers loads as it is: the kept experts
-    renumbered, the router's rows of the removed ones gone, config.json's expert count lowered,
-    every other tensor and the tokenizer copied. Its logits are the input's with the removed
-    experts' router logits at -inf. Kept experts and every saliency are recorded in the output's
-    provenance and --json.
+    Everything is scored on the calibration text block by block (one block in memory; each block
+    sees what the already-shrunk earlier blocks feed it). --experts F removes the lowest-scoring
+    experts of a Mixture-of-Experts model, the same number in every layer (and router group): the
+    kept experts renumbered, the router's rows of the removed ones gone, config.json's expert count
+    lowered; its logits are the input's with the removed experts' router logits at -inf. --blocks N
+    removes N whole transformer blocks of any causal LM, renumbers the rest and lowers config.json's
+    layer count; each removed run becomes a least-squares linear map folded into the down projection
+    of the block before it (ReplaceMe; --no-reconstruct: removed only). --ffn F, --heads F and
+    --hidden F narrow every layer alike (channels and heads ranked by their activations), refit what
+    reads the kept ones by least squares, and write the new widths into config.json.
 
-    --blocks N removes N whole transformer blocks of any causal LM (the blocks scored on the
-    calibration text the same way), renumbers the rest and lowers config.json's layer count.
-    --ffn F, --heads F and --hidden F narrow every layer alike (channels and heads ranked by
-    their activations on the calibration text) and write the new widths into config.json.
-    The input is a Hugging Face directory (a checkpoint of sparsetool train is refused) and is
-    never modified; the output appears only when complete.
+    The output is a Hugging Face directory of the same architecture that transformers loads as it
+    is (every other tensor and the tokenizer copied); what was kept, every score and every refit
+    are recorded in its provenance and --json. The input is a Hugging Face directory (a checkpoint
+    of sparsetool train is refused) and is never modified; the output appears only when complete.
     """
     if output is None:
         usage_error("give -o OUTPUT, a new directory for the smaller model")
