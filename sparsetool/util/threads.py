@@ -2,7 +2,7 @@
 
 A command that computes with torch calls :func:`use_threads` before it computes. Two things made
 every such command several times slower on a machine whose cores something else was using
-(benchmarks/RESULTS.md, "threads"):
+(benchmarks/archive/RESULTS-archive.md, "threads"):
 
 - torch's OpenMP workers spin between parallel regions, by default for a while before sleeping.
   With another process on the cores, a spinning worker takes the time slice the worker with real
@@ -88,8 +88,9 @@ def torch_threads(n: int = 1) -> Iterator[None]:
     For results that must not depend on ``--threads``: MKL splits a matrix product's inner sums,
     and LAPACK's Cholesky its panels, differently on one thread and on two, so SparseGPT's ``X^T
     X``, its inverse factor and its column updates differed in their last bits from one thread
-    count to another, and the mask choices after them diverged (benchmarks/RESULTS.md,
-    "reproducible calibration pruning"). On one fixed count they are the same bits every time."""
+    count to another, and the mask choices after them diverged
+    (benchmarks/archive/RESULTS-archive.md, "reproducible calibration pruning"). On one fixed
+    count they are the same bits every time."""
     import torch
 
     before = torch.get_num_threads()

@@ -3,9 +3,9 @@
 MKL rounds a float32 matrix product's inner sums, and LAPACK's Cholesky its panels, differently on
 one thread and on two: SparseGPT's ``X^T X``, its inverse factor and its column updates came out
 different in their last bits, the masks chosen after them diverged and the differences grew from
-block to block (benchmarks/RESULTS.md, "reproducible calibration pruning"). The statistics and the
-SparseGPT solve now run on one thread whatever the caller's count. The sizes here are the smallest
-at which the two counts gave different bits before.
+block to block (benchmarks/archive/RESULTS-archive.md, "reproducible calibration pruning"). The
+statistics and the SparseGPT solve now run on one thread whatever the caller's count. The sizes
+here are the smallest at which the two counts gave different bits before.
 """
 
 from __future__ import annotations
