@@ -11,7 +11,7 @@ stays light and does not import torch)::
     sparsetool.report(path) -> Report                     # .to_json() is `report --json`
     sparsetool.eval([path, ...], text=None) -> EvalResult  # NLL, perplexity, bits per byte
     sparsetool.diff(a, b) -> DiffResult                   # per-matrix change between checkpoints
-    sparsetool.simulate(model="gpt3-xl", sparsity=0.75)   # -> dict, what `simulate --json` prints
+    sparsetool.simulate(model="gpt3-xl", sparsity=0.75)   # -> SimulationResult (`simulate --json`)
 
 ``flops``, ``train`` and ``demo`` are reached through the library (``sparsetool.flops.account``,
 ``sparsetool.train.loop.train``, ``sparsetool.demo.run_demo``): docs/python-api.md.

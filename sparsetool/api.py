@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:  # torch stays unimported until a function is called
+    from sparsetool.hardware.result import SimulationResult
     from sparsetool.ops.convert import ConvertResult
     from sparsetool.ops.densify import DensifyResult
     from sparsetool.ops.diff import DiffResult
@@ -330,15 +331,18 @@ def simulate(
     include: str | Sequence[str] = (),
     exclude: str | Sequence[str] = (),
     default_targets: bool = False,
-) -> dict:
+) -> SimulationResult:
     """``sparsetool simulate``: modelled time and speed-up of exactly one of ``checkpoint`` (its
     real masks), ``shape`` (``"MxK"``, a seeded ``pattern`` mask) or ``model`` (a flops preset) at
     ``sparsity`` (a number, a list or ``"0.5,0.9"``: a sweep; or ``sweep=True``) on each
-    ``device`` (default: all). Returns what ``simulate --json`` prints."""
+    ``device`` (default: all). Returns a :class:`~sparsetool.hardware.result.SimulationResult`
+    (``.runs``, ``.devices``, ``.layers``, ``.workload``, ...); ``.to_json()`` is what ``simulate
+    --json`` prints."""
     from sparsetool.hardware.request import run_simulation
+    from sparsetool.hardware.result import SimulationResult
     from sparsetool.util.options import parse_tokens
 
-    return run_simulation(
+    result = run_simulation(
         None if checkpoint is None else Path(checkpoint),
         shape=shape,
         model=model,
@@ -356,6 +360,7 @@ def simulate(
         exclude=parse_globs(exclude, "--exclude"),
         default_targets=default_targets,
     )
+    return SimulationResult.from_result(result)
 
 
 def _text_or_file(text: str) -> str | Path:

@@ -145,7 +145,8 @@ def test_eval_reads_a_str_naming_a_file_as_the_cli_reads_text(tmp_path, monkeypa
 
 
 def test_simulate_is_a_function_with_the_cli_parameter_names(tmp_path):
-    """sparsetool.simulate returns what `simulate --json` prints (issue 31, item 4)."""
+    """sparsetool.simulate returns a SimulationResult whose to_json() is what `simulate --json`
+    prints (issue 31, item 4)."""
     import json
 
     from helpers import ROOT, run
@@ -164,15 +165,17 @@ def test_simulate_is_a_function_with_the_cli_parameter_names(tmp_path):
     )
     assert r.exit_code == 0, r.output
     got = sparsetool.simulate(model="gpt2-small", sparsity="0.5,0.9", device="cs2", tokens="4K")
-    assert json.loads(json.dumps(got)) == json.loads(r.stdout)
+    assert json.loads(json.dumps(got.to_json())) == json.loads(r.stdout)
+    assert got.sweep and got.verified is None and got.reclaimed == []
     assert [
-        x["sparsity"] for x in sparsetool.simulate(model="gpt2-small", sparsity=[0.5, 0.9])["runs"]
+        x["sparsity"] for x in sparsetool.simulate(model="gpt2-small", sparsity=[0.5, 0.9]).runs
     ] == [0.5, 0.9]
     tiny = ROOT / "fixtures" / "tiny-gpt2"
     pruned = tmp_path / "p"
     sparsetool.prune(tiny, pruned, sparsity=0.5)
     one = sparsetool.simulate(pruned, device=["cs2"])
-    assert len(one["runs"]) == 1 and abs(one["runs"][0]["sparsity"] - 0.5) < 1e-9
+    assert not one.sweep and abs(one.runs[0]["sparsity"] - 0.5) < 1e-9
+    assert [d["name"] for d in one.devices] == ["cs2"] and one.workload["source"] == "checkpoint"
 
 
 def test_readme_python_example_runs(tmp_path, monkeypatch):
