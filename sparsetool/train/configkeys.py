@@ -317,13 +317,14 @@ class _Value:
                 x = int(x.strip())  # as --steps reads its text: "12" yes, "1e3" and "3.0" no
             except ValueError:
                 raise self.bad(value, *_WHAT[int]) from None
+        # typeshed's numbers.Real has no __int__ (int() takes a Real by its __trunc__)
         if (
             isinstance(x, numbers.Real)
             and not isinstance(x, numbers.Integral)
             and math.isfinite(x)
-            and x == int(x)
+            and x == int(x)  # type: ignore[call-overload]
         ):
-            x = int(x)  # 3.0 is 3 steps; 3.7 is not a step count
+            x = int(x)  # type: ignore[call-overload]  # 3.0 is 3 steps; 3.7 is not a step count
         if isinstance(x, bool) or not isinstance(x, numbers.Integral):
             raise self.bad(value, *_WHAT[int])
         return int(x)

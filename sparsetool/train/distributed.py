@@ -8,6 +8,7 @@ import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -115,7 +116,7 @@ def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 
     # Masks live in the sparsifier, not in module buffers; and the built-in model has no buffers.
     # broadcast_buffers=False guarantees DDP never overwrites anything between steps.
-    no_buffer_sync = (
+    no_buffer_sync: dict[str, Any] = (
         {"forward_sync_buffers": False}
         if "forward_sync_buffers" in inspect.signature(DDP).parameters
         else {"broadcast_buffers": False}

@@ -41,7 +41,7 @@ from sparsetool.models.hf import (
 )
 from sparsetool.train.consolidate import write_model
 from sparsetool.train.distill import check_teacher
-from sparsetool.train.memplan import check_plan, run_plan
+from sparsetool.train.memplan import TrainingPlan, check_plan, run_plan
 from sparsetool.train.sharding import count_kept
 from sparsetool.util.corpus import Corpus
 from sparsetool.util.workers import signals_deferred
@@ -174,7 +174,10 @@ def open_run_model(
         return None, None, {}, {}
     if not resumed:
         check_shape_flags(cfg, Path(cfg.init))  # before the model is read
-    hf = HFModel(resume_from if resumed else cfg.init)
+    source = resume_from if resumed else cfg.init
+    if source is None:  # a resumed run has its checkpoint, a new one here its --init HF_DIR
+        raise AssertionError("no Hugging Face directory to train from")
+    hf = HFModel(source)
     info = hf.info(cfg, resumed_model if resumed else None)
     if cfg.distill_from:  # the teacher's refusals come before any weight is read
         hf.teacher_config = check_teacher(cfg.distill_from, hf.tokenizer, info.vocab_size)
@@ -210,7 +213,8 @@ class HFModel:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.plan = None  # the run's memory plan, made before the weights are read
+        # the run's memory plan, made before the weights are read
+        self.plan: TrainingPlan | None = None
         self.teacher_config = None  # a --distill-from teacher's, checked before them too
         self.transformers = import_transformers("fine-tuning")
         with open_checkpoint(self.path) as ckpt:
@@ -222,6 +226,8 @@ class HFModel:
         # the tokenizer first: transformers' remarks on a config never precede its refusal
         self.tokenizer = load_tokenizer(self.path, self.transformers)
         self.hf_cfg = hf_config(self.path, config, self.transformers, "train --init")
+        if config is None:  # hf_config refused a directory without config.json
+            raise AssertionError(f"{self.path}: no config.json")
         self.config = drop_sparsity_config(config)  # weights are re-encoded on every write
         self.dtype = dtypes.most_common(1)[0][0] if dtypes else torch.float32
         # read now: a resumed run's source checkpoint is deleted once newer ones are kept

@@ -172,7 +172,10 @@ def restore_sharded(trainer: TrainerView) -> tuple[RunState, dict]:
     processes; the global RNG state is set back."""
     from sparsetool.train import shardedckpt
 
-    path = trainer.resume_from / "state.json"
+    checkpoint = trainer.resume_from
+    if checkpoint is None:  # only a resumed run restores
+        raise AssertionError("no checkpoint to resume from")
+    path = checkpoint / "state.json"
     try:
         state = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -181,7 +184,7 @@ def restore_sharded(trainer: TrainerView) -> tuple[RunState, dict]:
         ) from None
     run = _run_state(state, trainer.world, trainer.cfg)  # before anything is loaded
     resume = shardedckpt.restore(
-        trainer.resume_from,
+        checkpoint,
         model=trainer.model,
         optimizer=trainer.optimizer,
         params=dict(trainer.model.named_parameters()),
@@ -239,7 +242,16 @@ def save_step(
     }
     masks = dict(sparsifier.masks) if sparsifier is not None else {}
     runfiles.save_checkpoint(
-        run_dir, step, model, masks, meta, model_cfg, resume, state, keep_last, write_files
+        run=run_dir,
+        step=step,
+        model=model,
+        masks=masks,
+        meta=meta,
+        model_cfg=model_cfg,
+        resume=resume,
+        state=state,
+        keep_last=keep_last,
+        write_files=write_files,
     )
 
 

@@ -13,7 +13,12 @@ identity (or a plain sum), so one process and DDP run exactly as before.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, TypeGuard, cast, overload
+
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 __all__ = [
     "copy_slice",
@@ -25,13 +30,21 @@ __all__ = [
 ]
 
 
-def is_sharded(t: torch.Tensor | None) -> bool:
+def is_sharded(t: torch.Tensor | None) -> TypeGuard[DTensor]:
     """Is ``t`` a DTensor (a parameter, gradient or mask sharded by FSDP2)?"""
     if t is None or not torch.distributed.is_available():
         return False
     from torch.distributed.tensor import DTensor
 
     return isinstance(t, DTensor)
+
+
+@overload
+def gathered(t: torch.Tensor) -> torch.Tensor: ...
+@overload
+def gathered(t: None) -> None: ...
+@overload
+def gathered(t: torch.Tensor | None) -> torch.Tensor | None: ...
 
 
 def gathered(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -72,7 +85,7 @@ def zeros_like_layout(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return _from_local(torch.zeros(local.shape, dtype=dtype, device=local.device), like)
 
 
-def _offset(like: torch.Tensor) -> int:
+def _offset(like: DTensor) -> int:
     """Where this rank's slice of ``like`` starts along dimension 0: FSDP2 shards dimension 0
     over a 1-D mesh in ``torch.chunk``'s pieces (each ``ceil(n / ranks)`` rows, the last ones
     shorter or empty)."""
@@ -88,7 +101,7 @@ def _offset(like: torch.Tensor) -> int:
     return min(rows, mesh.get_local_rank() * -(-rows // ranks))
 
 
-def _from_local(local: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def _from_local(local: torch.Tensor, like: DTensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return DTensor.from_local(
@@ -104,5 +117,6 @@ def _from_local(local: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def count_kept(mask: torch.Tensor) -> int:
     """True entries of a bool mask, over every rank's slice if it is sharded (a collective)."""
     if is_sharded(mask):
-        return int(mask.sum().full_tensor())
+        # torch types a DTensor's operations as returning plain tensors
+        return int(cast("DTensor", mask.sum()).full_tensor())
     return int(mask.sum())

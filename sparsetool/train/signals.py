@@ -91,11 +91,13 @@ class StopRequest:
         try:
             previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
         except (ValueError, OSError):
-            os.close(read), os.close(write)
+            os.close(read)
+            os.close(write)
             return
         if previous != -1:  # someone else's: give it back
             signal.set_wakeup_fd(previous)
-            os.close(read), os.close(write)
+            os.close(read)
+            os.close(write)
             return
         self._pipe = read, write
         self._reader = threading.Thread(target=self._count, name="sparsetool-signals", daemon=True)

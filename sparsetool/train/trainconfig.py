@@ -28,7 +28,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sparsetool.checkpoint.codecs import DEFAULT_ENCODING, ENCODINGS
 from sparsetool.checkpoint.config import read_model_config
@@ -160,7 +160,8 @@ class TrainConfig:
     def from_dict(cls, d: dict) -> TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         cfg = cls(**{k: v for k, v in d.items() if k in known})
-        cfg.stages = [tuple(s) for s in cfg.stages]
+        # the JSON's [sparsity, fraction] lists become pairs again
+        cfg.stages = cast("list[tuple[float, float]]", [tuple(s) for s in cfg.stages])
         cfg.include, cfg.exclude = _globs("include", cfg.include), _globs("exclude", cfg.exclude)
         return cfg
 

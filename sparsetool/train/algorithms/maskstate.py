@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -31,6 +32,8 @@ class MaskState:
 
     masks: dict[str, torch.Tensor]
     densified: bool
+    last_update: dict[str, dict[str, int]]  # the Sparsifier's: name -> weights dropped and grown
+    last_event: dict[str, Any] | None
 
     def _init_mask_state(self) -> None:
         self._params: dict[str, torch.nn.Parameter] = {}
