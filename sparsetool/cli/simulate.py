@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
@@ -22,6 +22,7 @@ from sparsetool.cli._output import (
     targeting_note,
 )
 from sparsetool.cli._params import (
+    UsageProblem,
     alone,
     checked,
     choice_option,
@@ -44,6 +45,9 @@ from sparsetool.cli._params import (
 from sparsetool.errors import ShapeError
 from sparsetool.flops.presets import PRESETS
 from sparsetool.util import options
+
+if TYPE_CHECKING:
+    from sparsetool.hardware.result import SimulationResult
 
 EXAMPLES = (  # the end of --help (two or three): each runs as written (given the files named)
     "sparsetool simulate --model gpt3-xl --sparsity 0.75",
@@ -176,98 +180,152 @@ def simulate(
         "drop --list-hardware to simulate",
     )
     if measured is not None or fit or kernel is not None or output is not None:
-        _measured_usage(measured, fit, kernel, output, device)
-        with failing_cleanly():
-            from sparsetool.hardware.presets import load_devices
-            from sparsetool.hardware.request import check_devices
-
-            known, _ = load_devices(hardware)  # a bad --hardware file: exit 1
-        with usage_errors():  # a --device it does not name: exit 2
-            check_devices(known, device)
-        with failing_cleanly():
-            from sparsetool.hardware.measured import run_measured
-
-            res = run_measured(
-                measured,
-                hardware=hardware,
-                device=device[0] if device else None,
-                kernel=kernel,
-                fit_it=fit,
-                output=output,
-            )
-        note_reclaimed(res.reclaimed)
-        if as_json:
-            emit_json(res)
-        else:
-            _render_measured(res)
+        _measured(measured, fit, kernel, output, hardware, device, as_json)
         return
     if not list_hardware:
-        with usage_errors():  # how the options combine: exit 2 before any file is read
-            from sparsetool.hardware.request import check_request
-
-            runs = check_request(
-                checkpoint,
-                shape=shape,
-                model=value_of(model),
-                sparsity=sparsity,
-                sweep=sweep,
-                pattern=value_of(pattern),
-                plot=plot,
-                include=tuple(include),
-                exclude=tuple(exclude),
-                default_targets=default_targets,
-            )
-        swept = (
-            (
-                "--sweep"
-                if sweep
-                else "--plot"
-                if sparsity is None
-                else "--sparsity " + ",".join(f"{x:g}" for x in sparsity)
-            )
-            if len(runs) > 1
-            else None
+        _check_request(
+            checkpoint,
+            shape=shape,
+            model=value_of(model),
+            sparsity=sparsity,
+            sweep=sweep,
+            pattern=value_of(pattern),
+            plot=plot,
+            include=include,
+            exclude=exclude,
+            default_targets=default_targets,
+            seq_len=seq_len,
+            layers=layers,
+            as_json=as_json,
         )
-        _conflicts(shape, seq_len, layers, as_json, swept)
-    with failing_cleanly():
-        from sparsetool.hardware.presets import load_devices
-        from sparsetool.hardware.request import check_devices, hardware_constants, run_simulation
+    _check_devices(hardware, device)
+    if list_hardware:
+        from sparsetool.hardware.request import hardware_constants
 
-        known, _ = load_devices(hardware)  # a bad --hardware file: exit 1
-    with usage_errors():  # a --device it does not name: exit 2
-        check_devices(known, device)
-    with failing_cleanly():
-        if list_hardware:
+        with failing_cleanly():
             _list(hardware_constants(hardware, device), as_json)
-            return
+        return
+    with failing_cleanly():
+        from sparsetool.hardware.request import run_simulation
+        from sparsetool.hardware.result import SimulationResult
+
         with progress_bar(enabled=not (as_json or quiet)) as progress, _shape_hint():
-            result = run_simulation(
-                checkpoint,
-                shape=shape,
-                model=value_of(model),
-                sparsity=sparsity,
-                sweep=sweep,
-                tokens=tokens,
-                pattern=value_of(pattern),
-                seed=seed,
-                hardware=hardware,
-                devices=device,
-                seq_len=seq_len,
-                verify=verify,
-                plot=plot,
-                include=tuple(include),
-                exclude=tuple(exclude),
-                default_targets=default_targets,
-                progress=progress,
+            result = SimulationResult.from_result(
+                run_simulation(
+                    checkpoint,
+                    shape=shape,
+                    model=value_of(model),
+                    sparsity=sparsity,
+                    sweep=sweep,
+                    tokens=tokens,
+                    pattern=value_of(pattern),
+                    seed=seed,
+                    hardware=hardware,
+                    devices=device,
+                    seq_len=seq_len,
+                    verify=verify,
+                    plot=plot,
+                    include=tuple(include),
+                    exclude=tuple(exclude),
+                    default_targets=default_targets,
+                    progress=progress,
+                )
             )
-        targeting_note((result["workload"]["targeting"] or {}).get("note"), quiet)
+        targeting_note((result.workload["targeting"] or {}).get("note"), quiet)
     note_reclaimed(result.reclaimed)
     if as_json:
-        emit_json(result)
+        emit_json(result.to_json())
     else:
         _render(result, layers)
-    if result.get("verify") and not result["verify"]["equal"]:
+    if result.verified is False:
         raise typer.Exit(1)
+
+
+def _check_devices(hardware: Path | None, device: list[str]) -> None:
+    """A bad --hardware file: exit 1; a --device it does not name: exit 2."""
+    with failing_cleanly():
+        from sparsetool.hardware.presets import load_devices
+        from sparsetool.hardware.request import check_devices
+
+        known, _ = load_devices(hardware)
+    with usage_errors():
+        check_devices(known, device)
+
+
+def _measured(
+    measured: Path | None,
+    fit: bool,
+    kernel: str | None,
+    output: Path | None,
+    hardware: Path | None,
+    device: list[str],
+    as_json: bool,
+) -> None:
+    """``--measured BENCH.json`` (with --fit, --kernel, -o): the model against measured times."""
+    bench = _measured_usage(measured, fit, kernel, output, device)
+    _check_devices(hardware, device)
+    with failing_cleanly():
+        from sparsetool.hardware.measured import run_measured
+
+        res = run_measured(
+            bench,
+            hardware=hardware,
+            device=device[0] if device else None,
+            kernel=kernel,
+            fit_it=fit,
+            output=output,
+        )
+    note_reclaimed(res.reclaimed)
+    if as_json:
+        emit_json(res)
+    else:
+        _render_measured(res)
+
+
+def _check_request(
+    checkpoint: Path | None,
+    *,
+    shape: str | None,
+    model: str | None,
+    sparsity: list[float] | None,
+    sweep: bool,
+    pattern: str,
+    plot: Path | None,
+    include: list[str],
+    exclude: list[str],
+    default_targets: bool,
+    seq_len: int | None,
+    layers: bool,
+    as_json: bool,
+) -> None:
+    """How the options combine (exit 2), before any file is read."""
+    with usage_errors():
+        from sparsetool.hardware.request import check_request
+
+        runs = check_request(
+            checkpoint,
+            shape=shape,
+            model=model,
+            sparsity=sparsity,
+            sweep=sweep,
+            pattern=pattern,
+            plot=plot,
+            include=tuple(include),
+            exclude=tuple(exclude),
+            default_targets=default_targets,
+        )
+    swept = (
+        (
+            "--sweep"
+            if sweep
+            else "--plot"
+            if sparsity is None
+            else "--sparsity " + ",".join(f"{x:g}" for x in sparsity)
+        )
+        if len(runs) > 1
+        else None
+    )
+    _conflicts(shape, seq_len, layers, as_json, swept)
 
 
 def _conflicts(
@@ -309,11 +367,12 @@ def _measured_usage(
     kernel: str | None,
     output: Path | None,
     device: list[str],
-) -> None:
-    """How --measured, --fit, --kernel and -o combine with each other and the rest (exit 2)."""
+) -> Path:
+    """How --measured, --fit, --kernel and -o combine with each other and the rest (exit 2);
+    the BENCH.json."""
     if measured is None:
         given = "--fit" if fit else f"--kernel {kernel}" if kernel is not None else f"-o {output}"
-        usage_error(
+        raise UsageProblem(
             f"{given} goes with --measured BENCH.json (kernel times to set the model "
             "against): add it, e.g. sparsetool simulate --measured bench.json --fit, or drop "
             f"{given}"
@@ -338,6 +397,7 @@ def _measured_usage(
             f"--device {device[-1]}",
             "--measured compares one device with the measurement; give one --device",
         )
+    return measured
 
 
 @contextlib.contextmanager
@@ -420,120 +480,132 @@ def _list(out: dict[str, Any], as_json: bool) -> None:
         console.print()
 
 
-def _render(res: dict[str, Any], show_all: bool) -> None:
-    w = res["workload"]
+def _render(res: SimulationResult, show_all: bool) -> None:
+    w = res.workload
     head = (
         f"[bold]{escape(w['label'])}[/]  {w['tokens']:g} token{'' if w['tokens'] == 1 else 's'} "
         "per step"
         + (f" (sequences of {w['seq_len']})" if w.get("seq_len") else "")
-        + ("" if len(res["runs"]) > 1 else f", targeted sparsity {w['targeted_sparsity']:.4f}")
+        + ("" if res.sweep else f", targeted sparsity {w['targeted_sparsity']:.4f}")
     )
     console.print(head, highlight=False, soft_wrap=True)
-    if len(res["runs"]) > 1:
-        key = "forward_speedup" if w["source"] == "shape" else "train_speedup"
-        what = "one forward matmul" if w["source"] == "shape" else "a training step"
-        rows = [
-            [
-                "theoretical",
-                *[f"{r['theoretical']:.2f}" if r["theoretical"] else "-" for r in res["runs"]],
-            ]
-        ]
-        for n in res["runs"][0]["devices"]:
-            rows.append(
-                [
-                    n,
-                    *[
-                        "n/a" if r["devices"][n][key] is None else f"{r['devices'][n][key]:.2f}"
-                        for r in res["runs"]
-                    ],
-                ]
-            )
-        print_table(
-            ["device", *[f"{r['sparsity']:.2f}" for r in res["runs"]]],
-            rows,
-            title=f"speedup of {what} over each device's dense run, by sparsity",
-        )
-        if res["nm_point"]:
-            for n, d in res["nm_point"]["devices"].items():
-                console.print(
-                    f"{escape(n)} on a 2:4 mask of the same shape (sparsity 0.5): {_x(d[key])}",
-                    highlight=False,
-                    soft_wrap=True,
-                )
-        if res["plot"]:
-            console.print(f"plot written to {escape(res['plot'])}", highlight=False, soft_wrap=True)
+    if res.sweep:
+        _render_sweep(res)
     else:
-        console.print(
-            f"theoretical speedup (dense FLOPs / sparse FLOPs): {_x(w['theoretical'])}",
-            highlight=False,
-            soft_wrap=True,
-        )
-        times, parts = [], []
-        for d in res["devices"]:
-            if not d["applicable"]:
-                times.append([d["name"], "refused", "-", "-", "-"])
-                continue
-            f, s = d["forward"], d["train_step"]
-            b = s["breakdown"]
-            times.append(
-                [d["name"], _t(f["time_s"]), _x(f["speedup"]), _t(s["time_s"]), _x(s["speedup"])]
-            )
-            parts.append(
-                [d["name"], _t(b["compute"]), _t(b["memory"]), _t(b["fixed"]), _t(b["imbalance"])]
-            )
-        print_table(
-            ("device", "forward", "speedup", "train step", "speedup"),
-            times,
-            title="time, and speedup over the same device's dense run",
-        )
-        print_table(
-            ("device", "compute", "memory", "fixed", "imbalance"),
-            parts,
-            title="where the training step's time goes (compute and memory overlap)",
-        )
-        for d in res["devices"]:
-            if not d["applicable"]:
-                console.print(
-                    f"  {escape(d['name'])}: refused: {escape(d['reason'])}",
-                    highlight=False,
-                    soft_wrap=True,
-                )
-            if d.get("busiest_over_mean") is not None:
-                console.print(
-                    f"  {escape(d['name'])}: busiest core group does "
-                    f"{d['busiest_over_mean']:.3f}x the mean "
-                    "work; perfectly balanced it would reach "
-                    f"{_x(d['forward']['speedup_if_balanced'])} forward",
-                    highlight=False,
-                    soft_wrap=True,
-                )
-            for note in d["notes"]:
-                console.print(
-                    f"  {escape(d['name'])}: {escape(note)}", highlight=False, soft_wrap=True
-                )
-        if len(res["layers"]) > 1:
-            _render_layers(res, show_all)
+        _render_point(res, show_all)
     for note in w.get("notes", []):
         console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
-    if res["verify"]:
-        v = res["verify"]
-        ok = "[green]equal[/]" if v["equal"] else "[red]NOT equal[/]"
-        console.print(
-            f"verify: {v['axpys']} AXPYs (one per non-zero) over a "
-            f"{v['block'][0]}x{v['block'][1]} block, "
-            f"{v['core_groups'][0]}x{v['core_groups'][1]} core groups, {v['tokens']} tokens: {ok} "
-            f"to the dense masked matmul (max |error| {v['max_abs_error']:.2g}); per-group AXPY "
-            f"counts {'match' if v['axpys_match_tiles'] else 'DO NOT match'} the model's",
-            highlight=False,
-            soft_wrap=True,
+    if res.verify:
+        _render_verify(res.verify)
+
+
+def _render_sweep(res: SimulationResult) -> None:
+    """One speedup per device and sparsity; the 2:4 point and the plot when there are."""
+    shape = res.workload["source"] == "shape"
+    key = "forward_speedup" if shape else "train_speedup"
+    what = "one forward matmul" if shape else "a training step"
+    rows = [
+        [
+            "theoretical",
+            *[f"{r['theoretical']:.2f}" if r["theoretical"] else "-" for r in res.runs],
+        ]
+    ]
+    for n in res.runs[0]["devices"]:
+        rows.append(
+            [
+                n,
+                *[
+                    "n/a" if r["devices"][n][key] is None else f"{r['devices'][n][key]:.2f}"
+                    for r in res.runs
+                ],
+            ]
         )
+    print_table(
+        ["device", *[f"{r['sparsity']:.2f}" for r in res.runs]],
+        rows,
+        title=f"speedup of {what} over each device's dense run, by sparsity",
+    )
+    if res.nm_point:
+        for n, d in res.nm_point["devices"].items():
+            console.print(
+                f"{escape(n)} on a 2:4 mask of the same shape (sparsity 0.5): {_x(d[key])}",
+                highlight=False,
+                soft_wrap=True,
+            )
+    if res.plot:
+        console.print(f"plot written to {escape(res.plot)}", highlight=False, soft_wrap=True)
 
 
-def _render_layers(res: dict[str, Any], show_all: bool) -> None:
-    rows = res["layers"]
+def _render_point(res: SimulationResult, show_all: bool) -> None:
+    """One sparsity: each device's times, where they go, its refusal or notes; the layers."""
+    console.print(
+        f"theoretical speedup (dense FLOPs / sparse FLOPs): {_x(res.workload['theoretical'])}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    times, parts = [], []
+    for d in res.devices:
+        if not d["applicable"]:
+            times.append([d["name"], "refused", "-", "-", "-"])
+            continue
+        f, s = d["forward"], d["train_step"]
+        b = s["breakdown"]
+        times.append(
+            [d["name"], _t(f["time_s"]), _x(f["speedup"]), _t(s["time_s"]), _x(s["speedup"])]
+        )
+        parts.append(
+            [d["name"], _t(b["compute"]), _t(b["memory"]), _t(b["fixed"]), _t(b["imbalance"])]
+        )
+    print_table(
+        ("device", "forward", "speedup", "train step", "speedup"),
+        times,
+        title="time, and speedup over the same device's dense run",
+    )
+    print_table(
+        ("device", "compute", "memory", "fixed", "imbalance"),
+        parts,
+        title="where the training step's time goes (compute and memory overlap)",
+    )
+    for d in res.devices:
+        if not d["applicable"]:
+            console.print(
+                f"  {escape(d['name'])}: refused: {escape(d['reason'])}",
+                highlight=False,
+                soft_wrap=True,
+            )
+        if d.get("busiest_over_mean") is not None:
+            console.print(
+                f"  {escape(d['name'])}: busiest core group does "
+                f"{d['busiest_over_mean']:.3f}x the mean "
+                "work; perfectly balanced it would reach "
+                f"{_x(d['forward']['speedup_if_balanced'])} forward",
+                highlight=False,
+                soft_wrap=True,
+            )
+        for note in d["notes"]:
+            console.print(f"  {escape(d['name'])}: {escape(note)}", highlight=False, soft_wrap=True)
+    if len(res.layers) > 1:
+        _render_layers(res, show_all)
+
+
+def _render_verify(v: dict[str, Any]) -> None:
+    ok = "[green]equal[/]" if v["equal"] else "[red]NOT equal[/]"
+    console.print(
+        f"verify: {v['axpys']} AXPYs (one per non-zero) over a "
+        f"{v['block'][0]}x{v['block'][1]} block, "
+        f"{v['core_groups'][0]}x{v['core_groups'][1]} core groups, {v['tokens']} tokens: {ok} "
+        f"to the dense masked matmul (max |error| {v['max_abs_error']:.2g}); per-group AXPY "
+        f"counts {'match' if v['axpys_match_tiles'] else 'DO NOT match'} the model's",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _render_layers(res: SimulationResult, show_all: bool) -> None:
+    rows = res.layers
     if not show_all:
         rows = sorted(rows, key=lambda r: -(r["busiest_over_mean"] or 1.0))[:8]
-    names = [d["name"] for d in res["devices"] if d["applicable"]][:2]
+    names = [d["name"] for d in res.devices if d["applicable"]][:2]
     print_table(
         ("layer", "shape", "sparsity", "max/mean", *names),  # busiest core group / mean
         [
