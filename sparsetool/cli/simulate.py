@@ -4,9 +4,10 @@ versus GPUs, from real masks (the model: sparsetool.hardware)."""
 from __future__ import annotations
 
 import contextlib
+import enum
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 from rich.markup import escape
@@ -56,8 +57,15 @@ EXAMPLES = (  # the end of --help (two or three): each runs as written (given th
 )
 
 
-Preset = choices("Preset", PRESETS)
-Pattern = choices("Pattern", ("random", "rows", "cols", "2:4"))
+if TYPE_CHECKING:  # str Enums to the type checker; typer reads the choices made below
+
+    class Preset(str, enum.Enum):  # noqa: UP042 (choices() makes these, not StrEnums)
+        """A :func:`~sparsetool.cli._params.choices` Enum as the type checker sees it."""
+
+    Pattern = Preset
+else:
+    Preset = choices("Preset", PRESETS)
+    Pattern = choices("Pattern", ("random", "rows", "cols", "2:4"))
 
 
 def simulate(
@@ -173,6 +181,9 @@ def simulate(
     as_json: bool = json_option(),
 ) -> None:
     """Masked-kernel hardware model: time, speedup and breakdown per device."""
+    # typer reads these two as text; their callbacks hand on the parsed values
+    sparsities = cast("list[float] | None", sparsity)
+    step_tokens = cast(float, tokens)
     alone(
         "list_hardware",
         ("hardware", "device", "as_json", "quiet"),
@@ -187,7 +198,7 @@ def simulate(
             checkpoint,
             shape=shape,
             model=value_of(model),
-            sparsity=sparsity,
+            sparsity=sparsities,
             sweep=sweep,
             pattern=value_of(pattern),
             plot=plot,
@@ -215,9 +226,9 @@ def simulate(
                     checkpoint,
                     shape=shape,
                     model=value_of(model),
-                    sparsity=sparsity,
+                    sparsity=sparsities,
                     sweep=sweep,
-                    tokens=tokens,
+                    tokens=step_tokens,
                     pattern=value_of(pattern),
                     seed=seed,
                     hardware=hardware,
@@ -265,6 +276,7 @@ def _measured(
     bench = _measured_usage(measured, fit, kernel, output, device)
     _check_devices(hardware, device)
     with failing_cleanly():
+        from sparsetool.checkpoint.output_files import ResultDict
         from sparsetool.hardware.measured import run_measured
 
         res = run_measured(
@@ -275,6 +287,7 @@ def _measured(
             fit_it=fit,
             output=output,
         )
+    assert isinstance(res, ResultDict)  # run_measured's result carries what it reclaimed
     note_reclaimed(res.reclaimed)
     if as_json:
         emit_json(res)
@@ -352,13 +365,14 @@ def _conflicts(
         "--layers",
         "one --shape layer has no table of layers; drop --layers",
     )
-    conflicting(
-        layers and swept,
-        swept,
-        "--layers",
-        "a sweep prints one speedup per sparsity, not each layer; drop --layers, or give "
-        "one --sparsity",
-    )
+    if swept:
+        conflicting(
+            layers,
+            swept,
+            "--layers",
+            "a sweep prints one speedup per sparsity, not each layer; drop --layers, or give "
+            "one --sparsity",
+        )
 
 
 def _measured_usage(
