@@ -89,6 +89,28 @@ def test_verify_in_json():
     assert v["equal"] and v["axpys_match_tiles"] and v["axpys"] == v["nonzero"] == 12000
 
 
+def test_a_schedule_that_differs_from_the_dense_matmul_fails_the_run(monkeypatch):
+    """--verify's check is the exit code: a schedule whose result differs exits 1 (after its
+    output), in the table and in --json, and the API's record says so."""
+    import sparsetool
+    import sparsetool.hardware.verify as verify
+
+    real = verify.run_schedule
+
+    def differing(*args, **kwargs):
+        return {**real(*args, **kwargs), "equal": False}
+
+    monkeypatch.setattr(verify, "run_schedule", differing)
+    args = ("--shape", "300x200", "--sparsity", "0.8", "--verify")
+    table = run(*args)
+    assert table.exit_code == 1 and "NOT equal" in table.stdout, table.stdout
+    as_json = run(*args, "--json")
+    assert as_json.exit_code == 1 and json.loads(as_json.stdout)["verify"]["equal"] is False
+    record = sparsetool.simulate(shape="300x200", sparsity=0.8, verify=True)
+    assert record.verified is False and record.to_json()["verify"]["equal"] is False
+    assert sparsetool.simulate(shape="300x200", sparsity=0.8).verified is None
+
+
 def test_sweep_and_plot(tmp_path):
     png = tmp_path / "speedup.png"
     res = ok_json("--shape", "512x512", "--sweep", "--tokens", "2048", "--plot", str(png))
