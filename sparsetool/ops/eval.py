@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from sparsetool.checkpoint.output_files import Written, check_png
 from sparsetool.errors import SparsetoolError, UsageError
@@ -32,15 +31,15 @@ from sparsetool.models.blocks import BlockModel
 from sparsetool.models.hf import MAX_DEFAULT_SEQ
 from sparsetool.models.open import open_model
 from sparsetool.ops.eval_options import EvalOptions
+from sparsetool.ops.scoring import held_windows, score
 from sparsetool.ops.text import read_text
-from sparsetool.util.memory import MemoryPlan, budget, process_memory
+from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.progress import Progress
 from sparsetool.util.wording import plural
 
 __all__ = [
     "Window",
     "windows",
-    "score",
     "EvalRow",
     "EvalResult",
     "evaluate",
@@ -101,124 +100,6 @@ def windows(n_tokens: int, seq: int, stride: int | None = None) -> list[Window]:
         if end == n_tokens:
             break
     return out
-
-
-LOGITS_BYTES = 256 * 2**20  # one chunk of float32 logits: never a full tokens x vocabulary tensor
-
-
-class _Work:
-    """Scoring's progress in tokens through the model: ``progress(done, total)`` after each pass
-    (a block, then the head) over a group of windows, ``total`` the tokens of every window, a pass
-    worth its group's tokens times its share of the work per token (a block's weights, the head's
-    vocabulary x width; a mixture of experts' blocks count every expert). A group of other
-    windows (the text's short last one) or the head then moves the count as much as the time it
-    takes, so the time left said from the pace so far holds: counted in passes, the short last
-    window's passes were worth as many as the full windows' and the estimate was a whole pass
-    over the text too long just before the end. ``0`` is reported first, when scoring starts
-    (the model's loading is not in its pace)."""
-
-    def __init__(
-        self, model: BlockModel, tokens: Sequence[int], report: Callable[[int, int], None] | None
-    ) -> None:
-        costs = [model.numel(b) for b in model.blocks] + [model.vocab_size * model.width]
-        whole = sum(costs) or 1
-        self.shares = [c / whole for c in itertools.accumulate(costs)]
-        self.tokens, self.report = list(tokens), report
-        self.total = sum(self.tokens)
-        self.group = self.passes = self.before = 0
-        if report:  # 0 first: the pace is measured from here, not from the first pass's count
-            report(0, self.total)
-
-    def __call__(self) -> None:
-        self.passes += 1
-        if self.passes == len(self.shares):  # the head: the group is done
-            self.before += self.tokens[self.group]
-            self.group, self.passes = self.group + 1, 0
-            done = self.before
-        else:
-            done = self.before + round(self.tokens[self.group] * self.shares[self.passes - 1])
-        if self.report:
-            self.report(done, self.total)
-
-
-def score(
-    model: BlockModel,
-    ids: torch.Tensor,
-    wins: Sequence[Window],
-    batch: int = 1,
-    held: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    per_window: list[float] | None = None,
-) -> tuple[float, float]:
-    """Sum of the NLL (nats) of every scored token, and the sum of their squares; ``per_window``
-    (a list) receives each window's sum, in the order of ``wins``; ``progress(done, total)``
-    counts tokens through the model, each pass weighted by its work (:class:`_Work`). Windows of
-    equal length run ``batch`` at a time; ``held`` windows (a multiple of ``batch``; default all)
-    pass the blocks together, so each block is read once per ``held`` windows. Logits are made a
-    chunk of rows at a time."""
-    by_length: dict[int, list[Window]] = {}
-    for w in wins:
-        by_length.setdefault(w.end - w.start, []).append(w)
-    sums: dict[int, float] = {}  # id of a window -> its NLL sum (equal windows are one object)
-    groups = [
-        group[i : i + (held or len(group))]
-        for group in by_length.values()
-        for i in range(0, len(group), held or len(group))
-    ]
-    tick = _Work(model, [sum(w.end - w.start for w in group) for group in groups], progress)
-    rows = max(1, LOGITS_BYTES // (4 * model.vocab_size))
-    total = squares = 0.0
-
-    with torch.inference_mode():
-        for group in groups:
-            batches = [group[i : i + batch] for i in range(0, len(group), batch)]
-            calls = model.capture([torch.stack([ids[w.start : w.end] for w in b]) for b in batches])
-            calls = model.through_blocks(calls, tick)
-            model.load_head()
-            for chunk, call in zip(batches, calls):
-                hidden = model.final_hidden([call])[0]  # (B, T, d), after the final norm
-                call.hidden = None  # type: ignore[assignment]  (freed as the tail goes on)
-                x = call.ids
-                for b, w in enumerate(chunk):
-                    window = 0.0
-                    # hidden at position j predicts token j + 1
-                    for lo in range(w.first - w.start, w.end - w.start, rows):
-                        hi = min(lo + rows, w.end - w.start)
-                        logits = model.logits(hidden[b, lo - 1 : hi - 1]).float()
-                        nll = F.cross_entropy(logits, x[b, lo:hi], reduction="none")
-                        window += float(nll.sum())
-                        squares += float(nll.double().pow(2).sum())
-                    total += window
-                    sums[id(w)] = window
-            model.release_head()
-            tick()
-    if per_window is not None:
-        per_window.extend(sums[id(w)] for w in wins)
-    return total, squares
-
-
-def held_windows(
-    model: BlockModel, seq: int, batch: int, n_windows: int, max_memory: int | None
-) -> MemoryPlan:
-    """The memory plan of scoring ``n_windows`` windows: as many windows as the budget leaves
-    room for pass the blocks together (``held``, a multiple of ``batch``, at least one batch)."""
-    total, source = budget(max_memory)
-    per_window = 2 * seq * model.width * model.dtype.itemsize  # a block's input and output
-    rows = min(seq, max(1, LOGITS_BYTES // (4 * model.vocab_size)))
-    work = model.block_work_bytes(batch, seq) + 2 * rows * model.vocab_size * 4
-    weights = max(model.largest_block_bytes, model.bytes_of(model.outer + model.head))
-    fixed = process_memory()
-    room = total - fixed - weights - work
-    held = min(n_windows, max(batch, room // per_window // batch * batch))
-    return MemoryPlan(
-        fixed=fixed,
-        weights=weights,
-        activations=held * per_window + work,
-        statistics=0,
-        budget=total,
-        budget_source=source,
-        held=held,
-    )
 
 
 @dataclass

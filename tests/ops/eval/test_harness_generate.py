@@ -17,7 +17,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 
 from sparsetool.errors import SparsetoolError  # noqa: E402
 from sparsetool.models.open import open_model  # noqa: E402
-from sparsetool.ops.harness import SparsetoolLM  # noqa: E402
+from sparsetool.ops.tasks.model import SparsetoolLM  # noqa: E402
 
 from helpers import hf_model, make_text, save_tokenizer  # noqa: E402
 

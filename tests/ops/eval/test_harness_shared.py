@@ -1,11 +1,11 @@
-"""Shared-context scoring (sparsetool.ops.harness): the choices of an item run behind one copy of
-their context, each choice with its own positions and seeing the context and itself only. Every
-request scores as it does run alone (the per-sequence path, and the harness's own ``hf`` model):
-the same log-likelihood to float32 rounding (1e-5 relative; the differences seen are ~1e-7) and
-the same greedy flag, for learned positions (GPT-2, sparsetool's GPT), rotary embeddings (Llama,
-Qwen3), sliding-window attention (Mistral, Gemma-3 mixing sliding and full blocks) and mixtures
-of experts (Qwen3-MoE, Mixtral), with fused (sdpa) and eager attention. Small random models and
-a tokenizer trained here."""
+"""Shared-context scoring (ops/tasks/layout.py, ops/scoring.py): the choices of an item run behind
+one copy of their context, each choice with its own positions and seeing the context and itself
+only. Every request scores as it does run alone (the per-sequence path, and the harness's own
+``hf`` model): the same log-likelihood to float32 rounding (1e-5 relative; the differences seen
+are ~1e-7) and the same greedy flag, for learned positions (GPT-2, sparsetool's GPT), rotary
+embeddings (Llama, Qwen3), sliding-window attention (Mistral, Gemma-3 mixing sliding and full
+blocks) and mixtures of experts (Qwen3-MoE, Mixtral), with fused (sdpa) and eager attention.
+Small random models and a tokenizer trained here."""
 
 from __future__ import annotations
 
@@ -24,13 +24,10 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from moe_models import build  # noqa: E402
 
 from sparsetool.models.open import open_model  # noqa: E402
-from sparsetool.ops.harness import (  # noqa: E402
-    SparsetoolLM,
-    layout_requests,
-    score_layout,
-    score_requests,
-)
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint  # noqa: E402
+from sparsetool.ops.scoring import score_layout, score_requests  # noqa: E402
+from sparsetool.ops.tasks.layout import layout_requests  # noqa: E402
+from sparsetool.ops.tasks.model import SparsetoolLM  # noqa: E402
 
 from helpers import hf_model, make_text, save_tokenizer, tiny_causal_lm  # noqa: E402
 

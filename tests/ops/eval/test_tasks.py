@@ -280,7 +280,7 @@ def test_every_length_passes_the_blocks_together_each_block_read_once(gpt2_dir):
     once and the final pass set up once (not once per length), with the log-probabilities of
     scoring each request on its own."""
     from sparsetool.models.open import open_model
-    from sparsetool.ops.harness import _passes, score_requests
+    from sparsetool.ops.scoring import passes, score_requests
 
     pairs = [
         ([5, 6, 7], [8]),
@@ -309,8 +309,8 @@ def test_every_length_passes_the_blocks_together_each_block_read_once(gpt2_dir):
     assert [lp for lp, _ in together] == pytest.approx([lp for lp, _ in alone], rel=1e-6)
     # with room for two inputs of the longest length (10 tokens): passes of at most 10 tokens
     seqs = [(0,) * n for n in (5, 5, 3, 3, 3, 2)]
-    assert _passes(seqs, 2, 2) == [[[0, 1]], [[2, 3], [4]], [[5]]]
-    assert _passes(seqs, 2, None) == [[[0, 1], [2, 3], [4], [5]]]
+    assert passes(seqs, 2, 2) == [[[0, 1]], [[2, 3], [4]], [[5]]]
+    assert passes(seqs, 2, None) == [[[0, 1], [2, 3], [4], [5]]]
 
 
 # --------------------------------------------------------------------- sparsity, encodings, the GPT
