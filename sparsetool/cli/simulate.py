@@ -68,92 +68,90 @@ else:
     Pattern = choices("Pattern", ("random", "rows", "cols", "2:4"))
 
 
-def simulate(
-    checkpoint: Path | None = typer.Argument(
+OPTION: dict[str, Any] = {
+    "checkpoint": typer.Argument(
         None,
         metavar="CHECKPOINT",
         show_default=False,
         help="A .safetensors file or Hugging Face directory: simulate its real masks.",
     ),
-    shape: str | None = typer.Option(
+    "shape": typer.Option(
         None,
         "--shape",
         metavar="MxK",
         callback=checked(options.check_shape),
         help="One M x K layer (M outputs, K inputs), e.g. 12288x12288, with a seeded mask.",
     ),
-    model: Preset | None = choice_option(
+    "model": choice_option(
         Preset,
         None,
         "--model",
         case_sensitive=False,
         help="A flops preset with random masks at --sparsity.",
     ),
-    sparsity: str | None = sparsities_option(
+    "sparsity": sparsities_option(
         "Fraction of zeros for --shape/--model; a comma list (0.5,0.75,0.9) runs a sweep."
     ),
-    sweep: bool = typer.Option(
+    "sweep": typer.Option(
         False,
         "--sweep",
         help="Sweep the SPDF Appendix C sparsities 0, .5, .67, ... .9 (theoretical 1x..10x).",
     ),
-    tokens: str = tokens_option(
+    "tokens": tokens_option(
         "--tokens",
         "Tokens per step (batch x sequence length), e.g. 2048 or 4K.",
         default="2048",
         short="-t",
     ),
-    pattern: Pattern = choice_option(
+    "pattern": choice_option(
         Pattern,
         "random",
         "--pattern",
         help="Synthetic mask for --shape: random; rows or cols (all pruning in the leading "
         "rows/columns); 2:4.",
     ),
-    seed: int = seed_option("Seed of the synthetic masks."),
-    hardware: Path | None = typer.Option(
+    "seed": seed_option("Seed of the synthetic masks."),
+    "hardware": typer.Option(
         None,
         "--hardware",
         help="TOML/YAML/JSON file overriding any preset constant or adding devices.",
     ),
-    device: list[str] = typer.Option(
+    "device": typer.Option(
         [],
         "--device",
         "-d",
         metavar="DEVICE",
         help="Only this device (repeatable); --list-hardware names them.",
     ),
-    seq_len: int | None = typer.Option(
+    "seq_len": typer.Option(
         None,
         "--seq-len",
         min=1,
         help="Sequence length for the attention work (default: the model's).",
     ),
-    verify: bool = typer.Option(
+    "verify": typer.Option(
         False,
         "--verify",
         help="Run the zero-skipping AXPY schedule on a small block and check it "
         "equals the dense masked matmul.",
     ),
-    plot: Path | None = plot_option(
-        "Write speedup vs sparsity (with the theoretical line) to this PNG."
-    ),
-    layers: bool = typer.Option(
+    "plot": plot_option("Write speedup vs sparsity (with the theoretical line) to this PNG."),
+    "layers": typer.Option(
         False, "--layers", help="Show every layer (default: the 8 most imbalanced)."
     ),
-    list_hardware: bool = typer.Option(
+    "list_hardware": typer.Option(
         False,
         "--list-hardware",
         help="List the devices, their constants and where each comes from.",
     ),
-    include: list[str] = include_option(
+    "include": include_option(
         "With CHECKPOINT: also simulate tensors matching this glob (repeatable)."
     ),
-    exclude: list[str] = exclude_option(
+    "exclude": exclude_option(
         "With CHECKPOINT: leave out tensors matching this glob (repeatable; wins over --include)."
     ),
-    default_targets: bool = default_targets_option(),
-    measured: Path | None = typer.Option(
+    "default_targets": default_targets_option(),
+    "measured": typer.Option(
         None,
         "--measured",
         metavar="BENCH.json",
@@ -161,24 +159,53 @@ def simulate(
         "`sparsetool bench --json` measured: per layer and batch, measured vs modelled times and "
         "speedups.",
     ),
-    fit: bool = typer.Option(
+    "fit": typer.Option(
         False,
         "--fit",
         help="With --measured (on a CPU): fit the cpu device's rates to the times and "
         "show the model after the fit.",
     ),
-    kernel: str | None = typer.Option(
+    "kernel": typer.Option(
         None,
         "--kernel",
         metavar="NAME",
         help="With --measured: the sparse kernel to compare "
         "(default: the one fastest at the most points).",
     ),
-    output: Path | None = output_option(
+    "output": output_option(
         "With --fit: write the fitted device to this TOML hardware file (for --hardware)."
     ),
-    quiet: bool = quiet_option(),
-    as_json: bool = json_option(),
+    "quiet": quiet_option(),
+    "as_json": json_option(),
+}
+"""Each option of the command, made once."""
+
+
+def simulate(
+    checkpoint: Path | None = OPTION["checkpoint"],
+    shape: str | None = OPTION["shape"],
+    model: Preset | None = OPTION["model"],
+    sparsity: str | None = OPTION["sparsity"],
+    sweep: bool = OPTION["sweep"],
+    tokens: str = OPTION["tokens"],
+    pattern: Pattern = OPTION["pattern"],
+    seed: int = OPTION["seed"],
+    hardware: Path | None = OPTION["hardware"],
+    device: list[str] = OPTION["device"],
+    seq_len: int | None = OPTION["seq_len"],
+    verify: bool = OPTION["verify"],
+    plot: Path | None = OPTION["plot"],
+    layers: bool = OPTION["layers"],
+    list_hardware: bool = OPTION["list_hardware"],
+    include: list[str] = OPTION["include"],
+    exclude: list[str] = OPTION["exclude"],
+    default_targets: bool = OPTION["default_targets"],
+    measured: Path | None = OPTION["measured"],
+    fit: bool = OPTION["fit"],
+    kernel: str | None = OPTION["kernel"],
+    output: Path | None = OPTION["output"],
+    quiet: bool = OPTION["quiet"],
+    as_json: bool = OPTION["as_json"],
 ) -> None:
     """Masked-kernel hardware model: time, speedup and breakdown per device."""
     # typer reads these two as text; their callbacks hand on the parsed values
