@@ -23,8 +23,8 @@ from test_tasks import GENERATE, TASK_YAML, ending_items, sentences  # noqa: E40
 from test_tasks_offline import BUNDLE, needs_bundle  # noqa: E402
 
 import sparsetool  # noqa: E402
-from sparsetool.ops import taskdata  # noqa: E402
 from sparsetool.ops.prune import PruneOptions, prune_checkpoint  # noqa: E402
+from sparsetool.ops.tasks import data as taskdata  # noqa: E402
 
 from helpers import hf_model, make_text, run, save_tokenizer  # noqa: E402
 

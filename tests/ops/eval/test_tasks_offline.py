@@ -19,8 +19,8 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 import datasets  # noqa: E402  (after the offline switches above)
 import lm_eval  # noqa: E402  (after the offline switches above)
 
-from sparsetool.ops import taskdata  # noqa: E402
 from sparsetool.ops.tasks import check_tasks, evaluate_tasks  # noqa: E402
+from sparsetool.ops.tasks import data as taskdata  # noqa: E402
 
 from helpers import hf_model, make_text, run, save_tokenizer  # noqa: E402
 
