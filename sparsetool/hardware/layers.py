@@ -79,6 +79,7 @@ def nm_violation(mask: np.ndarray, axis: int, n: int = 2, m: int = 4) -> float |
     groups = a.size // m
     if groups == 0:
         return 0.0
+    counts: np.ndarray | int  # sum() types an empty sum as 0 (there are m >= 1 terms)
     if m == 4 and a.flags["C_CONTIGUOUS"]:
         # four 0/1 bytes in one uint32; multiplying by 0x01010101 puts their sum in the top byte
         v = np.ascontiguousarray(a).view(np.uint32)

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sparsetool.errors import ConfigError, SparsetoolError, UsageError
 from sparsetool.hardware.devices import CPU, Device, Refused
@@ -230,13 +230,17 @@ def choose_kernel(m: Measurement, kernel: str | None = None) -> str:
     return max(m.kernels, key=lambda k: (wins.get(k, 0), -m.kernels.index(k)))
 
 
-def sized_for(m: Measurement, dev: Device, kernel: str) -> Device:
+D = TypeVar("D", bound=Device)
+
+
+def sized_for(m: Measurement, dev: D, kernel: str) -> D:
     """``dev`` with the byte sizes of the measurement: the dtype's value size and, for a kernel of
     :data:`INDEX_BYTES`, its index size. Those (the CPU's CSR kernels) hold float32 values
     whatever the dtype, so their values count 4 bytes; the CPU device has one value size, so the
     dense product's then count 4 too (an approximation where it ran in bfloat16)."""
     names = {f.name for f in fields(dev)}
-    sizes = {"value_bytes": VALUE_BYTES[m.data["dtype"]]}
+    # Any: replace() cannot tell these keys from the device's other fields (its name)
+    sizes: dict[str, Any] = {"value_bytes": VALUE_BYTES[m.data["dtype"]]}
     if kernel in INDEX_BYTES:
         sizes["index_bytes"] = INDEX_BYTES[kernel]
         sizes["value_bytes"] = 4.0
@@ -411,7 +415,8 @@ def fit(
         ),
         key=lambda r: r.cost,
     )
-    fitted = {k: float(v) for k, v in zip(FITTED, np.exp(sol.x))}
+    # Any for replace(), as in sized_for
+    fitted: dict[str, Any] = {k: float(v) for k, v in zip(FITTED, np.exp(sol.x))}
     jac = np.abs(sol.jac).sum(axis=0)
     unconstrained = [k for k, j in zip(FITTED, jac) if j == 0.0]
     # No gradient: the term never sets the pace at the fitted point, and any rate at least as
@@ -440,15 +445,15 @@ def fit(
     if kernel in INDEX_BYTES:
         srcs["index_bytes"] = f"{kernel}'s {int(dev.index_bytes * 8)}-bit indices"
     return Fit(
-        dev,
-        kernel,
-        {k: float(getattr(dev0, k)) for k in FITTED},
-        fitted,
-        before,
-        after,
-        unconstrained,
-        srcs,
-        _fit_warnings(m, len(dense_pts) + len(sparse_pts)),
+        device=dev,
+        kernel=kernel,
+        start={k: float(getattr(dev0, k)) for k in FITTED},
+        constants=fitted,
+        before=before,
+        after=after,
+        unconstrained=unconstrained,
+        sources=srcs,
+        warnings=_fit_warnings(m, len(dense_pts) + len(sparse_pts)),
     )
 
 

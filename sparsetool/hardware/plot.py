@@ -106,9 +106,10 @@ def sweep_figure(
         for name in names
     }
     series = {n: pts for n, pts in series.items() if pts}  # none: refused on every sparse mask
+    point = nm_point or {}
     nm = {
-        f"{name} (on a 2:4 mask)": [(nm_point["sparsity"], d[key])]
-        for name, d in (nm_point or {}).get("devices", {}).items()
+        f"{name} (on a 2:4 mask)": [(point["sparsity"], d[key])]
+        for name, d in point.get("devices", {}).items()
         if d.get(key) is not None
     }
     moved = dodge({**series, **nm})

@@ -261,13 +261,26 @@ def run_simulation(
     reclaimed = []
     if len(sps) > 1:
         with reclaiming() as reclaimed:
-            result = _sweep(wl, make, sps, chosen, grids, shape, pattern, tokens, seed, plot)
+            result = _sweep(
+                wl=wl,
+                make=make,
+                sps=sps,
+                devices=chosen,
+                grids=grids,
+                shape=shape,
+                pattern=pattern,
+                tokens=tokens,
+                seed=seed,
+                plot=plot,
+            )
     else:
         result = compare.simulate(wl, chosen)
         result["runs"] = [compare.run_row(sps[0] if sps else wl.sparsity, result)]
     if verify:
         from sparsetool.hardware.verify import run_schedule
 
+        if verify_mask is None:  # made above whenever verify is asked
+            raise AssertionError("no mask to verify")
         result["verify"] = run_schedule(verify_mask, grids[0])
     return ResultDict({key: result.get(key) for key in RESULT_KEYS}, reclaimed)
 
@@ -297,6 +310,8 @@ def _synthetic(
         return lambda s: wlmod.from_shape(mk, s, tokens, grids, pattern, seed)
     from sparsetool.flops import get_preset, with_overrides
 
+    if model is None:  # check_request asks for one of the checkpoint, the shape or the model
+        raise AssertionError("neither a shape nor a model")
     cfg = get_preset(model)
     if seq_len is not None:
         cfg = with_overrides(cfg, seq_len=seq_len)
@@ -315,6 +330,8 @@ def _sweep(
     seed: int,
     plot: Path | None,
 ) -> dict[str, Any]:
+    if make is None:  # check_request takes a checkpoint at its one sparsity only
+        raise AssertionError("a sweep of a checkpoint")
     # The last point is built already (do not draw its mask twice); it is the one shown in detail.
     result = compare.simulate(wl, devices)
     rows = compare.sweep(lambda s: make(s)[0], sps[:-1], devices)

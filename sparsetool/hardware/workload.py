@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -189,15 +189,17 @@ def from_checkpoint(
     notes = [n for n in inferred.notes if not n.startswith("mixture of experts")]
     notes += moe_note(cfg, f"the first {cfg.top_k} of each layer, real masks")
     return Workload(
-        f"{path.name} ({plural(len(layers), 'pruned matrix', 'pruned matrices')}, real masks)",
-        "checkpoint",
-        tokens,
-        layers,
-        flops,
-        seq,
-        notes,
-        targeting_summary(plan),
-        moe_summary(cfg),
+        label=(
+            f"{path.name} ({plural(len(layers), 'pruned matrix', 'pruned matrices')}, real masks)"
+        ),
+        source="checkpoint",
+        tokens=tokens,
+        layers=layers,
+        untargeted_flops=flops,
+        seq_len=seq,
+        notes=notes,
+        targeting=targeting_summary(plan),
+        moe=moe_summary(cfg),
     )
 
 
@@ -257,9 +259,8 @@ def checkpoint_layers(
             default_targets=default_targets,
             source=path.name,
         )
-        extra = set(
-            beyond_stated_layers({layer_index(lt.name) for lt in ck.logical} - {None}, hf_config)
-        )
+        indices = cast("set[int]", {layer_index(lt.name) for lt in ck.logical} - {None})
+        extra = set(beyond_stated_layers(indices, hf_config))
         todo = [lt for lt in ck.logical if plan[lt.name].targeted and simulated(lt)]
         todo.sort(key=lambda lt: tensor_sort_key(lt.name, plan[lt.name].role))  # layer 2 before 10
         names = {lt.name for lt in todo}
@@ -287,6 +288,8 @@ def checkpoint_layers(
             m = mask.numpy()
             del mask
             if m.ndim == 3:  # stacked experts: the first top_k, each a matrix of its own
+                if top_k is None:  # simulated() takes stacked experts only with a top_k
+                    raise AssertionError(f"{lt.name}: stacked experts without top_k")
                 for e in range(min(int(top_k), m.shape[0])):
                     layers.append(
                         stats_from_mask(
