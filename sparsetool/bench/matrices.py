@@ -15,6 +15,7 @@ matrix of each distinct ``M x K`` shape is timed and stands for every matrix of 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -58,7 +59,9 @@ def from_shape(
     """One matrix per sparsity (the same seeded weights, masks of the ``pattern``)."""
     name = f"{shape[0]}x{shape[1]}"
     return [
-        Matrix(name, shape, 1, s, lambda s=s: _random_weight(shape, s, pattern, seed), target=s)
+        Matrix(
+            name, shape, 1, s, functools.partial(_random_weight, shape, s, pattern, seed), target=s
+        )
         for s in sparsities
     ]
 
@@ -67,7 +70,7 @@ def from_model(cfg: Any, sparsities: Sequence[float], seed: int = 0) -> list[Mat
     """The distinct shapes of a flops preset (``ModelConfig``), each at every sparsity."""
     from sparsetool.hardware.workload import model_layers
 
-    shapes: dict[tuple[int, int], list[str]] = {}
+    shapes: dict[tuple[int, ...], list[str]] = {}  # (m, k)
     for _, role, shape in model_layers(cfg):
         shapes.setdefault(tuple(shape), []).append(role)
     return [
@@ -76,7 +79,7 @@ def from_model(cfg: Any, sparsities: Sequence[float], seed: int = 0) -> list[Mat
             (m, k),
             len(roles),
             s,
-            lambda sh=(m, k), s=s: _random_weight(sh, s, "random", seed),
+            functools.partial(_random_weight, (m, k), s, "random", seed),
             tuple(dict.fromkeys(roles)),
             target=s,
         )
@@ -127,8 +130,8 @@ def from_checkpoint(
                 shape,
                 len(lys),
                 chosen.sparsity,
-                lambda n=chosen.name, sh=shape: _read(
-                    path, n, sh, include, exclude, default_targets
+                functools.partial(
+                    _read, path, chosen.name, shape, include, exclude, default_targets
                 ),
                 tuple(dict.fromkeys(ly.role for ly in lys)),
             )

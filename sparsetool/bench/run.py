@@ -9,6 +9,7 @@ is faster.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -135,7 +136,7 @@ def time_matrix(
         for name, k in kernels.items():
             prepared = k.take(x)
             timing, out = measure(
-                lambda k=k, p=prepared: k.run(p), repeats=repeats, min_time=min_time, sync=k.sync
+                functools.partial(k.run, prepared), repeats=repeats, min_time=min_time, sync=k.sync
             )
             err, top = _error(k.result(out), ref)
             entry = {**timing.as_dict(), "max_abs_error": err, "ok": err <= rtol * max(top, 1e-30)}
@@ -148,6 +149,8 @@ def time_matrix(
                     dense = {"kernel": name, **entry}
             else:
                 sparse[name] = entry
+        if dense is None:  # a dense kernel was built (checked above), so one ran
+            raise AssertionError(f"{m.name}: no dense kernel ran")
         for entry in sparse.values():
             entry["speedup"] = dense["median_s"] / entry["median_s"]
         correct = [n for n in sparse if sparse[n]["ok"]]
@@ -412,7 +415,7 @@ def run_bench(
     seed: int = 0,
     plot: Path | None = None,
     progress: Callable[[str, int, int], None] | None = None,
-) -> dict[str, Any]:
+) -> ResultDict:
     """Time ``matrices`` (:mod:`sparsetool.bench.matrices`) and return the bench JSON (its
     ``reclaimed``: the temporaries of killed runs removed beside ``plot``, a PNG checked before
     the timing and drawn after it)."""
@@ -424,7 +427,8 @@ def run_bench(
     dev = resolve_device(device)
     dense_names, sparse_names = kernel_names(dev.type, dtype, kernels)
     total, done = len(matrices) * len(batches), 0
-    layers, skipped = [], {}
+    layers: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
 
     def step() -> None:
         nonlocal done

@@ -349,15 +349,15 @@ def plan_targets(
         targeted, reason = _decide(name, shape, dtype, found, include, exclude, select)
         dim = input_dim(name, shape, conv1d=conv1d, known_role=found, experts_transposed=transposed)
         entries[name] = TargetEntry(
-            name,
-            shape,
-            str(dtype).removeprefix("torch."),
-            found,
-            targeted,
-            reason,
-            dim,
-            _layout(shape, dim, found),
-            expert_index(name),
+            name=name,
+            shape=shape,
+            dtype=str(dtype).removeprefix("torch."),
+            role=found,
+            targeted=targeted,
+            reason=reason,
+            input_dim=dim,
+            layout=_layout(shape, dim, found),
+            expert=expert_index(name),
         )
         if (
             not targeted
