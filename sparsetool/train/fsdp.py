@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -60,7 +61,10 @@ def shard_model(
         if bf16
         else MixedPrecisionPolicy()
     )
-    policy = {"mp_policy": mixed, "mesh": init_device_mesh(device.type, (dist.get_world_size(),))}
+    policy: dict[str, Any] = {
+        "mp_policy": mixed,
+        "mesh": init_device_mesh(device.type, (dist.get_world_size(),)),
+    }
     if offload:
         policy["offload_policy"] = CPUOffloadPolicy()
     name, stack = block_stack(model)
@@ -84,11 +88,12 @@ def parameters_on_meta() -> Iterator[None]:
             param = torch.nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
         register(module, name, param)
 
-    torch.nn.Module.register_parameter = on_meta
+    module_class: Any = torch.nn.Module  # its method is replaced while the block runs
+    module_class.register_parameter = on_meta
     try:
         yield
     finally:
-        torch.nn.Module.register_parameter = register
+        module_class.register_parameter = register
 
 
 def load_slices(
