@@ -286,9 +286,9 @@ def print_table(
     """
     ncols = len(header) if header is not None else max((len(r) for r in rows), default=0)
     align = align or ("l" + "r" * max(0, ncols - 1))
-    rows = [list(r) + [""] * (ncols - len(r)) for r in rows]
+    cells = [list(r) + [""] * (ncols - len(r)) for r in rows]
     if fmt == "rich":
-        table = _rich_table(header, rows, title, align, sections)
+        table = _rich_table(header, cells, title, align, sections)
         unbounded = console.options.update_width(1 << 16)  # the width every cell whole needs
         if (
             console.is_terminal
@@ -297,7 +297,7 @@ def print_table(
             console.print(table)
             return
         fmt = "plain"
-    lines = _text_table(header, rows, align, fmt)
+    lines = _text_table(header, cells, align, fmt)
     if title:
         lines = [
             title if fmt == "plain" else f"**{title}**",
@@ -325,7 +325,8 @@ def _rich_table(
         table = Table(title=escape(title) if title else None, title_justify="left")
     for i in range(len(align)):
         table.add_column(
-            escape(header[i]) if header is not None else None,
+            # rich types a header as a renderable; a headerless table's columns have None
+            escape(header[i]) if header is not None else None,  # type: ignore[arg-type]
             no_wrap=True,
             overflow="fold",
             justify="right" if align[i] == "r" else "left",

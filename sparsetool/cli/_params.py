@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -25,6 +25,14 @@ ENCODING_NAMES = ENCODINGS  # the choices of --encoding: the checkpoint package'
 # Names the library defines in torch-importing modules, repeated here so --help lists them without
 # loading torch; tests/cli/test_cli_vocabulary.py checks they equal the library's own.
 TRAIN_PRESETS = ("tiny", "mini", "small", "base")  # sparsetool.models.gpt.PRESETS
+
+
+if TYPE_CHECKING:
+
+    class Choice(str, enum.Enum):  # noqa: UP042 (choices() makes these, not StrEnums)
+        """A :func:`choices` Enum as the type checker sees it: a str Enum (its members are strs).
+        A command names it for each of its choice options, ``from sparsetool.cli._params import
+        Choice as Method`` under ``TYPE_CHECKING``, where typer reads the ``choices`` Enum."""
 
 
 def choices(name: str, values: Iterable[str]) -> Any:
@@ -102,7 +110,8 @@ def checked(check: Callable[..., Any], **kw: Any) -> Callable[..., Any]:
                 return [check(v, name, **kw) for v in value]
             return check(value, name, **kw)
         except SparsetoolError as e:
-            raise UsageProblem(str(e), ctx=ctx, param=param) from None
+            # typer passes its _TyperParameter (what BadParameter takes), typed CallbackParam
+            raise UsageProblem(str(e), ctx=ctx, param=param) from None  # type: ignore[arg-type]
 
     return callback
 

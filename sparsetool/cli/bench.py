@@ -4,7 +4,7 @@ checkpoint's real masks, a preset's shapes or one shape (the library: sparsetool
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 from rich.markup import escape
@@ -56,8 +56,12 @@ EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     "sparsetool bench --shape 4096x4096 --sparsity 0.5,0.7,0.9,0.95 --batch 1,64 --plot bench.png",
 )
 
-Preset = choices("Preset", PRESETS)
-Pattern = choices("Pattern", ("random", "rows", "cols", "2:4"))
+if TYPE_CHECKING:  # str Enums to the type checker; typer reads the choices made below
+    from sparsetool.cli._params import Choice as Pattern
+    from sparsetool.cli._params import Choice as Preset
+else:
+    Preset = choices("Preset", PRESETS)
+    Pattern = choices("Pattern", ("random", "rows", "cols", "2:4"))
 
 
 def bench(
@@ -133,17 +137,18 @@ def bench(
 ) -> None:
     """Time dense against sparse matrix products on this machine, per shape and batch."""
     batches = value_of(batch)
+    levels = cast("list[float] | None", sparsity)  # --sparsity's callback parsed the text
     with usage_errors():
         _check_usage(
-            checkpoint,
-            value_of(model),
-            shape,
-            sparsity,
-            value_of(pattern),
-            include,
-            exclude,
-            default_targets,
-            kernel,
+            checkpoint=checkpoint,
+            model=value_of(model),
+            shape=shape,
+            sparsity=levels,
+            pattern=value_of(pattern),
+            include=include,
+            exclude=exclude,
+            default_targets=default_targets,
+            kernel=kernel,
         )
     use_device(device)
     n_threads = use_threads(threads)
@@ -167,15 +172,17 @@ def bench(
                 )
                 source, label = "checkpoint", str(checkpoint)
                 note = (targeting or {}).get("note")
+            elif levels is None:  # _check_usage gave --model and --shape a sparsity
+                raise AssertionError("no sparsity to time")
             elif shape is not None:
                 mats = matrices.from_shape(
-                    options.parse_shape(shape), sparsity, value_of(pattern), seed
+                    options.parse_shape(shape), levels, value_of(pattern), seed
                 )
                 source, label = "shape", f"{shape} layer, {value_of(pattern)} mask"
             else:
                 from sparsetool.flops.presets import get_preset
 
-                mats = matrices.from_model(get_preset(value_of(model)), sparsity, seed)
+                mats = matrices.from_model(get_preset(value_of(model)), levels, seed)
                 source, label = "model", f"{value_of(model)}, random masks"
             result = run_bench(
                 mats,
@@ -260,9 +267,9 @@ def _check_usage(
             )
         if sparsity is not None and any(abs(s - 0.5) > 1e-12 for s in sparsity):
             usage_error("--pattern 2:4 keeps exactly half the weights: use --sparsity 0.5")
-    for k in kernel:
-        if k not in KERNELS:
-            usage_error(f"--kernel {k}: choose from {', '.join(KERNELS)}")
+    for name in kernel:
+        if name not in KERNELS:
+            usage_error(f"--kernel {name}: choose from {', '.join(KERNELS)}")
 
 
 def _t(s: float) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
@@ -45,7 +45,10 @@ EXAMPLES = (  # the end of --help: each runs as written (given the files named)
 )
 
 
-Preset = choices("Preset", PRESETS)
+if TYPE_CHECKING:  # a str Enum to the type checker; typer reads the choices made below
+    from sparsetool.cli._params import Choice as Preset
+else:
+    Preset = choices("Preset", PRESETS)
 
 
 def flops(
@@ -121,6 +124,7 @@ def flops(
     """
     from sparsetool import flops as F
 
+    levels_given = cast("list[float] | None", sparsity)  # --sparsity's callback parsed the text
     alone(
         "list_presets",
         ("as_json", "quiet"),
@@ -145,12 +149,12 @@ def flops(
         )
     if (include or exclude or default_targets) and checkpoint is None:
         usage_error("--include/--exclude/--default-targets only apply with --checkpoint")
-    if stage and sparsity is not None:
+    if stage and levels_given is not None:
         usage_error(
-            f"--stage replaces --sparsity: drop --sparsity {sparsity_text(sparsity)} (the stages "
-            "give each sparsity), or drop --stage"
+            f"--stage replaces --sparsity: drop --sparsity {sparsity_text(levels_given)} (the "
+            "stages give each sparsity), or drop --stage"
         )
-    if checkpoint is not None and (sparsity is not None or stage):
+    if checkpoint is not None and (levels_given is not None or stage):
         usage_error(
             f"--checkpoint uses the measured sparsity; drop {'--stage' if stage else '--sparsity'}"
         )
@@ -201,12 +205,17 @@ def flops(
                 F.account(cfg, sparsity=measured.layer_sparsity, params=measured.params, **common)
             ]
         else:
-            cfg = F.get_preset(value_of(model)) if model is not None else F.load_config(config)
+            if model is not None:
+                cfg = F.get_preset(value_of(model))
+            else:
+                if config is None:  # one of --model, --config, --checkpoint (checked above)
+                    raise AssertionError("no model, config or checkpoint")
+                cfg = F.load_config(config)
             cfg = F.with_overrides(cfg, seq_len=seq_len, vocab=vocab)
             if stages:
                 results = [F.account(cfg, stages=stages, **common)]
             else:
-                levels = sparsity if sparsity is not None else [0.0, 0.5, 0.75]
+                levels = levels_given if levels_given is not None else [0.0, 0.5, 0.75]
                 results = [F.account(cfg, sparsity=s, **common) for s in levels]
     warnings = F.input_warnings(results)
     if as_json:
@@ -289,7 +298,7 @@ def _render(
             cols += ["active non-zero"]
         if ft:
             cols += ["+FT", "e2e speed-up"]
-        rows = []
+        rows: list[list[str]] = []
         for r in results:
             row = [
                 percent(r["sparsity"], 1),
@@ -349,7 +358,7 @@ def _render(
     label = ("measured " if measured else "effective " if r["stages"] else "sparse ") + percent(
         r["sparsity"], 1
     )
-    rows: list[list[str]] = []
+    rows = []
 
     def add(name: str, dense: float, sparse: float, fmt: Any = _f) -> None:
         ratio = sparse / dense if dense else 1.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
@@ -53,12 +53,20 @@ from sparsetool.util.faces import OptionFace
 from sparsetool.util.options import ALLOCATIONS, METHODS, REFINEMENTS, SCOPES
 from sparsetool.util.wording import plural
 
-Method = choices("Method", METHODS)
-Scope = choices("Scope", SCOPES)
-Distribution = choices("Distribution", DISTRIBUTIONS)
-Encoding = choices("Encoding", ENCODING_NAMES)
-Allocation = choices("Allocation", ALLOCATIONS)
-Refinement = choices("Refinement", REFINEMENTS)
+if TYPE_CHECKING:  # str Enums to the type checker; typer reads the choices made below
+    from sparsetool.cli._params import Choice as Allocation
+    from sparsetool.cli._params import Choice as Distribution
+    from sparsetool.cli._params import Choice as Encoding
+    from sparsetool.cli._params import Choice as Method
+    from sparsetool.cli._params import Choice as Refinement
+    from sparsetool.cli._params import Choice as Scope
+else:
+    Method = choices("Method", METHODS)
+    Scope = choices("Scope", SCOPES)
+    Distribution = choices("Distribution", DISTRIBUTIONS)
+    Encoding = choices("Encoding", ENCODING_NAMES)
+    Allocation = choices("Allocation", ALLOCATIONS)
+    Refinement = choices("Refinement", REFINEMENTS)
 
 
 def face(name: str) -> OptionFace:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -36,7 +37,10 @@ from sparsetool.cli._params import (
 )
 from sparsetool.util.wording import plural
 
-Format = choices("Format", TABLE_FORMATS)
+if TYPE_CHECKING:  # a str Enum to the type checker; typer reads the choices made below
+    from sparsetool.cli._params import Choice as Format
+else:
+    Format = choices("Format", TABLE_FORMATS)
 
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
