@@ -8,7 +8,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,6 @@ def evaluate_tasks(
     ``max_memory``, and the perplexity column's ``text``, ``seq``, ``stride``, ``max_tokens``)
     when ``run`` is None.
 
-
     ``limit`` scores the first N documents of each task, ``num_fewshot`` puts K examples in each
     prompt; ``seed`` seeds Python, numpy, torch and the few-shot sampler (default: the harness's
     own seeds, so results match ``lm_eval``'s). ``batch`` sequences per forward call; as many
@@ -62,8 +61,41 @@ def evaluate_tasks(
     the checkpoint's tasks are scored.
     """
     opts, run = _records(tasks, run, values)
-    limit, num_fewshot, batch = opts.limit, opts.num_fewshot, run.batch
-    dtype, device, max_memory = run.dtype, run.device, run.max_memory
+    _check_outputs(paths, opts, run)
+    with tempfile.TemporaryDirectory(prefix="sparsetool-tasks-") as workdir:
+        manager, names, sources = check_tasks(
+            opts.tasks or (), Path(workdir), opts.include_path, opts.offline
+        )
+        job = _Job(manager, names, opts, run, progress, on_plan)
+        result: TasksResult | None = None
+        rows = []
+        for path, label in zip(paths, sample_dirs([str(p) for p in paths])):
+            row, out = _score_checkpoint(path, job)
+            rows.append(row)
+            if opts.log_samples is not None:  # as soon as the checkpoint's tasks are scored
+                row.logged = {
+                    t: str(write_samples(Path(opts.log_samples) / label / f"{t}.jsonl", e))
+                    for t, e in out.get("samples", {}).items()
+                }
+            if result is None:
+                result = _result(out, names, opts, sources)
+    assert result is not None
+    result.rows = rows
+    result.warnings = job.said
+    compare_rows(rows, result.tasks, result.groups)
+    if run.text is not None:
+        _add_perplexity(result, paths, run, progress)
+    if not any(rows[0].metrics.values()):
+        raise SparsetoolError(
+            f"the harness scored nothing on {plural(len(names), 'task')} "
+            f"{', '.join(names)}; check the task's data set and --limit"
+        )
+    return result
+
+
+def _check_outputs(paths: Sequence[str | Path], opts: TasksOptions, run: EvalOptions) -> None:
+    """Refuse, before any work, a plot or samples directory that cannot be written, no
+    checkpoint, and counts below their least."""
     log_samples = opts.log_samples
     if run.plot is not None:
         check_png(run.plot)
@@ -76,138 +108,154 @@ def evaluate_tasks(
     if not paths:
         raise SparsetoolError("give at least one checkpoint to evaluate")
     for opt, value, least in (
-        ("--limit", limit, 1),
-        ("--num-fewshot", num_fewshot, 0),
-        ("--batch", batch, 1),
+        ("--limit", opts.limit, 1),
+        ("--num-fewshot", opts.num_fewshot, 0),
+        ("--batch", run.batch, 1),
     ):
         if value is not None and value < least:
             raise ConfigError(f"{opt} {value}: must be at least {least}")
-    with tempfile.TemporaryDirectory(prefix="sparsetool-tasks-") as workdir:
-        manager, names, sources = check_tasks(
-            opts.tasks or (), Path(workdir), opts.include_path, opts.offline
-        )
-        import lm_eval
 
-        from sparsetool.models.hf import import_transformers, load_tokenizer
-        from sparsetool.models.open import open_model
-        from sparsetool.ops.scoring import held_windows
-        from sparsetool.ops.tasks.model import SparsetoolLM
 
-        seed = opts.seed
+@dataclass
+class _Job:
+    """What every checkpoint's harness run shares: the harness's task index and the task names
+    (:func:`check_tasks`), the options, the caller's hooks, and the harness models' warnings,
+    each said once over all checkpoints."""
+
+    manager: Any
+    names: list[str]
+    opts: TasksOptions
+    run: EvalOptions
+    progress: Progress | None
+    on_plan: Callable[[str, Any], None] | None
+    said: list[str] = field(default_factory=list)
+
+    def warn(self, message: str) -> None:
+        if message not in self.said:
+            self.said.append(message)
+
+    def seeds(self) -> dict[str, int]:
+        """The harness's seeds: ``--seed`` for each, or the harness's own."""
+        seed = self.opts.seed
         seeds = HARNESS_SEEDS if seed is None else (seed, seed % 2**32, seed, seed)
-        result: TasksResult | None = None
-        rows = []
-        said: list[str] = []  # the harness models' warnings, each once over all checkpoints
-        labels = sample_dirs([str(p) for p in paths])
-        for path, label in zip(paths, labels):
-            model = open_model(path, dtype, device)
-            name = str(path)
-            try:
-                tokenizer = (
-                    None
-                    if model.kind == "sparsetool-gpt"
-                    else load_tokenizer(Path(path), import_transformers())
-                )
+        names = ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
+        return dict(zip(names, seeds))
 
-                def plan(n: int, longest: int, name: str = name, model: Any = model) -> Any:
-                    p = held_windows(model, longest, batch, n, max_memory)
-                    p.check(
-                        f"eval --tasks of {name}",
-                        "--batch, --dtype bfloat16, --limit, or --max-memory "
-                        "if more is free than detected",
-                    )
-                    if on_plan:
-                        on_plan(name, p)
-                    return p
 
-                report = (lambda d, t, name=name: progress(name, d, t)) if progress else None
-                lm = SparsetoolLM(
-                    model,
-                    tokenizer,
-                    _max_length(model, tokenizer),
-                    batch,
-                    plan,
-                    report,
-                    warn=lambda message: said.append(message) if message not in said else None,
-                    max_memory=max_memory,
-                )
-                t0 = time.perf_counter()
-                with _without_git_describe():
-                    out = lm_eval.simple_evaluate(
-                        model=lm,
-                        tasks=names,
-                        num_fewshot=num_fewshot,
-                        limit=limit,
-                        task_manager=manager,
-                        log_samples=True,  # each document's metrics: the paired comparison
-                        random_seed=seeds[0],
-                        numpy_random_seed=seeds[1],
-                        torch_random_seed=seeds[2],
-                        fewshot_random_seed=seeds[3],
-                    )
-                seconds = time.perf_counter() - t0
-                sparsity, numel, nonzero = _sparsity(model)
-            finally:
-                model.close()
-            metrics = {
-                t: {k: v for k, v in m.items() if k != "alias"} for t, m in out["results"].items()
-            }
-            samples = {
-                t: int(s.get("effective", s.get("original", 0)))
-                for t, s in out.get("n-samples", {}).items()
-            }
-            rows.append(
-                TaskRow(
-                    name=name,
-                    kind=model.kind,
-                    targeted_sparsity=sparsity,
-                    params=numel,
-                    nonzero_params=nonzero,
-                    metrics=metrics,
-                    samples=samples,
-                    requests=lm.sequences,
-                    seconds=seconds,
-                    memory=[p.to_json() for p in lm.plans],
-                    items={t: per_document(e) for t, e in out.get("samples", {}).items()},
-                )
+def _score_checkpoint(path: str | Path, job: _Job) -> tuple[TaskRow, dict[str, Any]]:
+    """One checkpoint through the harness: its row, and the harness's output (its logged
+    documents with it)."""
+    import lm_eval
+
+    from sparsetool.models.open import open_model
+
+    model = open_model(path, job.run.dtype, job.run.device)
+    try:
+        lm = _harness_model(model, path, job)
+        t0 = time.perf_counter()
+        with _without_git_describe():
+            out = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=job.names,
+                num_fewshot=job.opts.num_fewshot,
+                limit=job.opts.limit,
+                task_manager=job.manager,
+                log_samples=True,  # each document's metrics: the paired comparison
+                **job.seeds(),
             )
-            if log_samples is not None:
-                rows[-1].logged = {
-                    t: str(write_samples(Path(log_samples) / label / f"{t}.jsonl", e))
-                    for t, e in out.get("samples", {}).items()
-                }
-            if result is None:
-                shown, groups = shown_tasks(out, names)
-                result = TasksResult(
-                    tasks=shown,
-                    groups=groups,
-                    harness=harness_version(),
-                    versions=dict(out.get("versions", {})),
-                    n_shot={k: int(v) for k, v in out.get("n-shot", {}).items()},
-                    limit=limit,
-                    seed=seed,
-                    sources=sources,
-                )
-    assert result is not None
-    result.rows = rows
-    result.warnings = said
-    compare_rows(rows, result.tasks, result.groups)
-    if run.text is not None:
-        from sparsetool.ops.eval import evaluate
+        seconds = time.perf_counter() - t0
+        sparsity, numel, nonzero = _sparsity(model)
+    finally:
+        model.close()
+    row = TaskRow(
+        name=str(path),
+        kind=model.kind,
+        targeted_sparsity=sparsity,
+        params=numel,
+        nonzero_params=nonzero,
+        metrics={
+            t: {k: v for k, v in m.items() if k != "alias"} for t, m in out["results"].items()
+        },
+        samples={
+            t: int(s.get("effective", s.get("original", 0)))
+            for t, s in out.get("n-samples", {}).items()
+        },
+        requests=lm.sequences,
+        seconds=seconds,
+        memory=[p.to_json() for p in lm.plans],
+        items={t: per_document(e) for t, e in out.get("samples", {}).items()},
+    )
+    return row, out
 
-        # the plot was checked above; the perplexity pass's memory plans are not printed
-        ppl = evaluate(paths, replace(run, plot=None), progress=progress)
-        result.text_source = ppl.text_source
-        for row, p in zip(rows, ppl.rows):
-            row.perplexity = p.perplexity
-            if row.comparison is not None:
-                row.comparison["perplexity"] = p.comparison
-    if not any(rows[0].metrics.values()):
-        raise SparsetoolError(
-            f"the harness scored nothing on {plural(len(names), 'task')} "
-            f"{', '.join(names)}; check the task's data set and --limit"
+
+def _harness_model(model: Any, path: str | Path, job: _Job) -> Any:
+    """sparsetool's harness model over ``model`` (the checkpoint at ``path``): its tokenizer, its
+    context, and each pass's memory plan checked and heard by ``job.on_plan``."""
+    from sparsetool.models.hf import import_transformers, load_tokenizer
+    from sparsetool.ops.scoring import held_windows
+    from sparsetool.ops.tasks.model import SparsetoolLM
+
+    name, batch, max_memory = str(path), job.run.batch, job.run.max_memory
+    tokenizer = (
+        None
+        if model.kind == "sparsetool-gpt"
+        else load_tokenizer(Path(path), import_transformers())
+    )
+
+    def plan(n: int, longest: int) -> Any:
+        p = held_windows(model, longest, batch, n, max_memory)
+        p.check(
+            f"eval --tasks of {name}",
+            "--batch, --dtype bfloat16, --limit, or --max-memory if more is free than detected",
         )
-    return result
+        if job.on_plan:
+            job.on_plan(name, p)
+        return p
+
+    progress = job.progress
+    report = (lambda d, t: progress(name, d, t)) if progress else None
+    return SparsetoolLM(
+        model,
+        tokenizer,
+        _max_length(model, tokenizer),
+        batch,
+        plan,
+        report,
+        warn=job.warn,
+        max_memory=max_memory,
+    )
+
+
+def _result(
+    out: dict[str, Any], names: list[str], opts: TasksOptions, sources: list[Any]
+) -> TasksResult:
+    """The result's tasks, versions and few-shot counts, from the first checkpoint's run."""
+    shown, groups = shown_tasks(out, names)
+    return TasksResult(
+        tasks=shown,
+        groups=groups,
+        harness=harness_version(),
+        versions=dict(out.get("versions", {})),
+        n_shot={k: int(v) for k, v in out.get("n-shot", {}).items()},
+        limit=opts.limit,
+        seed=opts.seed,
+        sources=sources,
+    )
+
+
+def _add_perplexity(
+    result: TasksResult, paths: Sequence[str | Path], run: EvalOptions, progress: Progress | None
+) -> None:
+    """``--text``: each row's perplexity on it, and its paired comparison with the first's."""
+    from sparsetool.ops.eval import evaluate
+
+    # the plot was checked before any work; the perplexity pass's memory plans are not printed
+    ppl = evaluate(paths, replace(run, plot=None), progress=progress)
+    result.text_source = ppl.text_source
+    for row, p in zip(result.rows, ppl.rows):
+        row.perplexity = p.perplexity
+        if row.comparison is not None:
+            row.comparison["perplexity"] = p.comparison
 
 
 def _records(
