@@ -6,13 +6,13 @@ requests' layouts (:func:`score_layout`); :func:`held_windows`, the one memory p
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from sparsetool.models.blocks import BlockModel, Unpackable
+from sparsetool.models.blocks import BlockModel, Call, Unpackable
 from sparsetool.ops.tasks.layout import Layout, layout_requests, unpacked
 from sparsetool.ops.tasks.layout import Sequence as Input
 from sparsetool.util.memory import MemoryPlan, budget, process_memory
@@ -23,6 +23,7 @@ __all__ = [
     "Span",
     "Work",
     "held_windows",
+    "model_pass",
     "passes",
     "score",
     "score_layout",
@@ -80,6 +81,47 @@ class Work:
             self.report(done, self.total)
 
 
+def model_pass(
+    model: BlockModel,
+    inputs: list[torch.Tensor],
+    step: Callable[[], None],
+    layouts: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
+    *,
+    together: bool = False,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """One pass of the engine over the batches ``inputs`` (token ids; ``layouts``: each one's
+    positions and segments where it is packed): every block run once for all of them, ``step()``
+    after each, then the head loaded. Returns each batch's ids and final hidden states (after the
+    final norm), in order, each dropped from the pass as it is handed on; once the last is taken
+    the head is released and ``step()`` called for it. ``together``: the model's tail set up once
+    for every batch (the task requests), else batch by batch (the windows). A packed layout the
+    model's blocks take no mask for raises :class:`~sparsetool.models.blocks.Unpackable` here,
+    before any block runs."""
+    calls = model.through_blocks(model.capture(inputs, layouts), step)
+    model.load_head()
+    return _final_states(model, calls, step, together)
+
+
+def _final_states(
+    model: BlockModel, calls: list[Call], step: Callable[[], None], together: bool
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    if together:
+        finals: list[torch.Tensor | None] = list(model.final_hidden(calls))
+        for call in calls:
+            call.hidden = None  # type: ignore[assignment]
+        for b, call in enumerate(calls):
+            hidden, finals[b] = finals[b], None  # freed as the scoring goes on
+            assert hidden is not None
+            yield call.ids, hidden
+    else:
+        for call in calls:
+            hidden = model.final_hidden([call])[0]
+            call.hidden = None  # type: ignore[assignment]
+            yield call.ids, hidden
+    model.release_head()
+    step()
+
+
 def score(
     model: BlockModel,
     ids: torch.Tensor,
@@ -111,14 +153,9 @@ def score(
     with torch.inference_mode():
         for group in groups:
             batches = [group[i : i + batch] for i in range(0, len(group), batch)]
-            calls = model.capture([torch.stack([ids[w.start : w.end] for w in b]) for b in batches])
-            calls = model.through_blocks(calls, tick)
-            model.load_head()
-            for chunk, call in zip(batches, calls):
-                hidden = model.final_hidden([call])[0]  # (B, T, d), after the final norm
-                # freed as the tail goes on
-                call.hidden = None  # type: ignore[assignment]
-                x = call.ids
+            inputs = [torch.stack([ids[w.start : w.end] for w in b]) for b in batches]
+            # the pass first: taking past its last batch releases the head
+            for (x, hidden), chunk in zip(model_pass(model, inputs, tick), batches):
                 for b, w in enumerate(chunk):
                     window = 0.0
                     # hidden at position j predicts token j + 1
@@ -130,8 +167,6 @@ def score(
                         squares += float(nll.double().pow(2).sum())
                     total += window
                     sums[id(w)] = window
-            model.release_head()
-            tick()
     if per_window is not None:
         per_window.extend(sums[id(w)] for w in wins)
     return total, squares
@@ -202,26 +237,15 @@ def score_layout(
 
     with torch.inference_mode():
         for batches in groups:
+            inputs = [torch.tensor([seqs[u].ids for u in b], dtype=torch.long) for b in batches]
             layouts = [_batch_layout([seqs[u] for u in b]) for b in batches]
             try:
-                calls = model.capture(
-                    [torch.tensor([seqs[u].ids for u in b], dtype=torch.long) for b in batches],
-                    layouts,
-                )
+                finals = model_pass(model, inputs, tick, layouts, together=True)
             except Unpackable:
                 layout.packed = False
                 return score_layout(model, unpacked(layout), n_requests, batch, held, progress)
-            calls = model.through_blocks(calls, tick)
-            model.load_head()
-            finals = model.final_hidden(calls)  # (B, T, d) each, after the final norm; one set-up
-            for call in calls:
-                call.hidden = None  # type: ignore[assignment]
-            for b, hidden in enumerate(finals):
-                # freed as the scoring goes on
-                finals[b] = None  # type: ignore[call-overload]
+            for b, (_, hidden) in enumerate(finals):
                 _score_batch(model, hidden, [seqs[u] for u in batches[b]], rows, logprob, greedy)
-            model.release_head()
-            tick()
     return list(zip(logprob, greedy))
 
 
