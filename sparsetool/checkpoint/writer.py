@@ -126,9 +126,8 @@ class ShardWriter:
             )
         if spec.nbytes:
             raw = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
-            # numpy's stubs give ndarray __buffer__ only from Python 3.12 on
-            view = memoryview(raw)  # type: ignore[arg-type]
-            _pwrite_all(fd, view.cast("B"), self._data_start + self._offsets[name])
+            # .data is memoryview(raw), which numpy's stubs allow only from Python 3.12 on
+            _pwrite_all(fd, raw.data.cast("B"), self._data_start + self._offsets[name])
         self._written.add(name)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
@@ -148,9 +147,8 @@ class ShardWriter:
             t = t.resolve_conj().resolve_neg().contiguous()
             # A uint8 view of the tensor's own memory: no copy between torch and the file.
             raw = t.reshape(-1).view(torch.uint8).numpy()
-            # numpy's stubs give ndarray __buffer__ only from Python 3.12 on
-            view = memoryview(raw)  # type: ignore[arg-type]
-            _pwrite_all(fd, view.cast("B"), self._data_start + self._offsets[name])
+            # .data is memoryview(raw), which numpy's stubs allow only from Python 3.12 on
+            _pwrite_all(fd, raw.data.cast("B"), self._data_start + self._offsets[name])
         self._written.add(name)
 
     @contextlib.contextmanager

@@ -48,10 +48,10 @@ def _sink(
 
     def sink(a: int, b: int, mask: np.ndarray) -> None:
         pieces = encode_piece(encoding, bits[a:b], mask, nan)
-        # numpy's stubs give ndarray __buffer__ only from Python 3.12 on
-        put(0, a * size, memoryview(pieces[0]).cast("B"))  # type: ignore[arg-type]
+        # .data is memoryview(array), which numpy's stubs allow only from Python 3.12 on
+        put(0, a * size, pieces[0].data.cast("B"))
         if len(pieces) > 1:
-            put(1, a, memoryview(pieces[1]).cast("B"))  # type: ignore[arg-type]
+            put(1, a, pieces[1].data.cast("B"))
 
     return sink
 
