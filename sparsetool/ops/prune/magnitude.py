@@ -113,8 +113,9 @@ class MagnitudePlanner:
             self.nonzero_before[lt.name] = nnz
             total_nnz += nnz
             if o.scope == "global":
-                hists.append(MagnitudeHistogram.of(dense, existing, dtype=lt.st_dtype))
-                counts = hists[-1].counts.astype(np.float64)
+                hist = MagnitudeHistogram.of(dense, existing, dtype=lt.st_dtype)
+                hists.append(hist)
+                counts = hist.counts.astype(np.float64)
                 estimate = counts if estimate is None else estimate + counts
             elif o.fraction is not None:
                 alive = existing.reshape(self._parts(lt), -1)
@@ -180,6 +181,8 @@ class MagnitudePlanner:
         done = fill(low, high)
         if low or high is not None:
             total = sum(h.counts for h in done)
+            if isinstance(total, int):  # an estimate means a targeted tensor: a histogram
+                raise AssertionError("no histogram to sum")
             last = len(total) - 1 if high is None else min(high, len(total) - 1)
             if not int(total[last + 1 :].sum()) < keep <= int(total[low:].sum()):
                 done = fill(0, None)  # the samples misled (a rare, skewed file): count every bucket
@@ -230,8 +233,9 @@ class MagnitudePlanner:
             return self._select(lt, dense, existing, keeps[0], lt.name)
         values, alive = dense.reshape(len(keeps), -1), existing.reshape(len(keeps), -1)
         mask = np.empty(values.shape, dtype=np.bool_)
-        for e, keep in enumerate(keeps):  # each expert's matrix on its own
-            mask[e] = self._select(lt, values[e], alive[e], keep, f"{lt.name}[{e}]")
+        for expert, keep in enumerate(keeps):  # each expert's matrix on its own
+            unit = f"{lt.name}[{expert}]"
+            mask[expert] = self._select(lt, values[expert], alive[expert], keep, unit)
         return mask.reshape(tuple(lt.shape))
 
     def _select(

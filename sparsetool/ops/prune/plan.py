@@ -116,7 +116,17 @@ def plan_prune(
     note = dtype_skipped_note(targeting)
     if note:
         notes.append(note)
-    return PrunePlan(ckpt, opts, targeting, targets, planner, notes, memory, allocation, experts)
+    return PrunePlan(
+        ckpt=ckpt,
+        opts=opts,
+        targeting=targeting,
+        targets=targets,
+        planner=planner,
+        notes=notes,
+        memory=memory,
+        allocation=allocation,
+        experts=experts,
+    )
 
 
 def _dtypes(plan: TargetPlan, names: Sequence[str]) -> str:

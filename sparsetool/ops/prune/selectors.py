@@ -77,6 +77,8 @@ class MagnitudeSelector:
     updates = False
 
     def kept_count(self, alive: torch.Tensor, keep: int | None) -> int:
+        if keep is None:  # magnitude has no N:M here: it is given a count
+            raise AssertionError("magnitude without a keep count")
         return min(keep, count_nonzero_values(alive))
 
     def select(self, w, alive, stats, keep, few, overwrite):
@@ -151,6 +153,8 @@ class SparseGPTSelector:
     def factor(self, stats: InputStatistics) -> torch.Tensor:
         """The input's inverse factor, made from its ``X^T X`` by the first of its layers."""
         if stats.factor is None:  # the first layer of this input: X^T X becomes the factor
+            if stats.h is None:  # gathered: SparseGPT asks for X^T X (hessian)
+                raise AssertionError("no X^T X to factor")
             h, stats.h = stats.h.cpu(), None  # from a GPU: a copy, and the GPU's is dropped
             stats.factor = sparsegpt.inverse_hessian_factor(h, self.dampening, overwrite=True)
             del h
@@ -195,14 +199,16 @@ def select_matrix(
     refining = refine is not None and not few
     new, kept = selector.select(w, alive, stats, keep, few, copied and not refining)
     swaps = 0
-    if refining:
+    if refine is not None and not few:  # refining
+        if stats is None:  # DSnoT's pass gathers the inputs' moments
+            raise AssertionError("DSnoT without input statistics")
         mean, var = stats.moments()
         kept, swaps = dsnot_refine(
             w,
             kept,
             mean=mean,
             var=var,
-            sq_norms=stats.sq.cpu(),
+            sq_norms=stats.squares().cpu(),
             window=refine.window,
             alive=alive,
             iterations=refine.iterations,
@@ -213,4 +219,6 @@ def select_matrix(
             new, kept = selector.refit(w, kept, stats, copied)
     if not selector.updates:
         new = w * kept
+    elif new is None:  # a selector that updates the kept weights returns them
+        raise AssertionError("no new values from an updating selector")
     return new, kept, swaps
