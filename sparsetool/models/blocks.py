@@ -39,7 +39,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -102,6 +102,8 @@ class _Replay(torch.nn.Module):
     """Stands in for a block in the last pass: the first hands back the hidden states computed
     block by block, the others pass them on."""
 
+    value: torch.Tensor | None
+
     def __init__(self, first: bool, as_tuple: bool):
         super().__init__()
         self.first, self.as_tuple, self.value = first, as_tuple, None
@@ -128,6 +130,8 @@ class _Recorder(torch.nn.Module):
     """Stands in for a block while the arguments the model passes each block are recorded: it
     keeps them and hands the hidden states on."""
 
+    seen: tuple[tuple, dict] | None  # (args, kwargs) of its last call; None before any
+
     def __init__(self, as_tuple: bool):
         super().__init__()
         self.as_tuple, self.seen = as_tuple, None
@@ -137,6 +141,10 @@ class _Recorder(torch.nn.Module):
         if hidden is None:
             hidden = kwargs["hidden_states"]
         return (hidden,) if self.as_tuple else hidden
+
+
+_Seen = list[list[tuple[tuple, dict] | None]]
+"""What each block was passed, per call: its (args, kwargs), None where it was not reached."""
 
 
 def _differing(call: Call, per_block: list) -> dict[int, tuple[tuple, dict]]:
@@ -218,7 +226,7 @@ class BlockModel:
         self.block_prefix, block_list = find_blocks(module, own)
         self.block_list: torch.nn.ModuleList = block_list
         self.blocks: list[list[str]] = [[] for _ in range(len(block_list))]
-        rest = []
+        rest: list[str] = []
         for name in own:
             i = block_index(self.block_prefix, name)
             (self.blocks[i] if i is not None else rest).append(name)
@@ -259,19 +267,20 @@ class BlockModel:
     def largest_block_bytes(self) -> int:
         return max((self.bytes_of(b) for b in self.blocks), default=0)
 
+    # torch types a module's attributes as a tensor or a module: these are weights and methods
     @property
     def vocab_size(self) -> int:
-        return int(self._head_module.weight.shape[0])
+        return int(cast("torch.Tensor", self._head_module.weight).shape[0])
 
     @property
     def width(self) -> int:
         """The hidden size: the width of the block's input (the last dimension of the embedding)."""
-        return int(self._input_embeddings().weight.shape[-1])
+        return int(cast("torch.Tensor", self._input_embeddings().weight).shape[-1])
 
     def _input_embeddings(self) -> torch.nn.Module:
         if hasattr(self.module, "get_input_embeddings"):
-            return self.module.get_input_embeddings()
-        return self.module.tok_emb  # sparsetool's GPT
+            return cast("Callable[[], torch.nn.Module]", self.module.get_input_embeddings)()
+        return cast("torch.nn.Module", self.module.tok_emb)  # sparsetool's GPT
 
     def block_work_bytes(self, batch: int, seq: int) -> int:
         """What one forward pass through a block makes for ``batch`` windows of ``seq`` tokens:
@@ -507,11 +516,11 @@ class BlockModel:
             reached.append(args[0] if args else next(iter(kwargs.values())))
             raise _Captured
 
-        def record(batch: list[Call], as_tuple: bool) -> list[list[tuple[tuple, dict]]] | None:
+        def record(batch: list[Call], as_tuple: bool) -> _Seen | None:
             recorders = [_Recorder(as_tuple) for _ in originals]
             for k, r in enumerate(recorders):
                 self.block_list[k] = r
-            seen: list[list[tuple[tuple, dict]]] = []
+            seen: _Seen = []
             reached.clear()
             with torch.inference_mode():
                 for call in batch:

@@ -153,17 +153,17 @@ def _gpt_model(
 
     sources = {n: [Piece(n)] for n, _ in model.named_parameters()}
     return BlockModel(
-        path,
-        ckpt,
-        "sparsetool-gpt",
-        model,
-        cfg.context,
-        encode,
-        sources,
-        dtype,
-        device,
-        model.head,
-        lambda ids: model(ids),
+        path=path,
+        ckpt=ckpt,
+        kind="sparsetool-gpt",
+        module=model,
+        context=cfg.context,
+        encode=encode,
+        sources=sources,
+        dtype=dtype,
+        device=device,
+        head_module=model.head,
+        forward=lambda ids: model(ids),
     )
 
 
@@ -219,15 +219,15 @@ def _hf_model(
         return Encoded(ids, byte_ends)
 
     return BlockModel(
-        path,
-        ckpt,
-        "huggingface",
-        model,
-        context_of(cfg),
-        encode,
-        origin,
-        dtype,
-        device,
-        head,
-        lambda ids: model(input_ids=ids, use_cache=False),
+        path=path,
+        ckpt=ckpt,
+        kind="huggingface",
+        module=model,
+        context=context_of(cfg),
+        encode=encode,
+        sources=origin,
+        dtype=dtype,
+        device=device,
+        head_module=head,
+        forward=lambda ids: model(input_ids=ids, use_cache=False),
     )
