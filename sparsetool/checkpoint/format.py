@@ -98,6 +98,23 @@ def read_header(path: Path, shard: str | None = None) -> Header:
     """
     shard = shard if shard is not None else path.name
     where = str(path)
+    size, prefix, n, raw = _read_raw_header(path)
+    obj = _header_object(path, prefix, raw)
+    metadata = _metadata(where, obj)
+    data_start = 8 + n
+    entries = [_entry(where, name, info) for name, info in obj.items()]
+    tensors = _tile(where, entries, shard, data_start, size)
+    return Header(metadata, tensors, data_start, size)
+
+
+_Entry = tuple[int, int, str, str, tuple[int, ...]]
+"""One header entry as read: (start, end) in the data section, name, dtype, shape."""
+
+
+def _read_raw_header(path: Path) -> tuple[int, bytes, int, bytes]:
+    """The file's size, its first 8 bytes, the header's length and its bytes, the length
+    prefix checked (a GGUF or PyTorch file named as such)."""
+    where = str(path)
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -123,6 +140,12 @@ def read_header(path: Path, shard: str | None = None) -> Header:
             raw = f.read(n)
     except OSError as e:
         raise CheckpointError(f"{where}: cannot read ({e.strerror or e})") from None
+    return size, prefix, n, raw
+
+
+def _header_object(path: Path, prefix: bytes, raw: bytes) -> dict:
+    """The header's bytes as a JSON object (UTF-8 text starting with '{')."""
+    where = str(path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -141,48 +164,59 @@ def read_header(path: Path, shard: str | None = None) -> Header:
         ) from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{where}: header is not a JSON object: the file is corrupt")
+    return obj
 
+
+def _metadata(where: str, obj: dict) -> dict[str, str]:
+    """``__metadata__`` taken out of the header object (str -> str; empty without one)."""
     metadata: dict[str, str] = {}
     raw_meta = obj.pop("__metadata__", None)
     if raw_meta is not None:
         if not isinstance(raw_meta, dict) or not all(isinstance(v, str) for v in raw_meta.values()):
             raise CheckpointError(f"{where}: __metadata__ must map strings to strings")
         metadata = dict(raw_meta)
+    return metadata
 
-    data_start = 8 + n
-    entries: list[tuple[int, int, str, str, tuple[int, ...]]] = []
-    for name, info in obj.items():
-        if not isinstance(info, dict):
-            raise CheckpointError(f"{where}: header entry for tensor {name!r} is not an object")
-        dt = info.get("dtype")
-        shape = info.get("shape")
-        offs = info.get("data_offsets")
-        if not isinstance(dt, str):
-            raise CheckpointError(f"{where}: tensor {name!r} has no dtype")
-        if dt not in _READABLE:
-            known = ", ".join(sorted(_READABLE))
-            raise CheckpointError(
-                f"{where}: tensor {name!r} has unknown or unsupported dtype {dt!r} (known: {known})"
-            )
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
-            raise CheckpointError(f"{where}: tensor {name!r} has an invalid shape {shape!r}")
-        if (
-            not isinstance(offs, list)
-            or len(offs) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs)
-            or offs[1] < offs[0]
-        ):
-            raise CheckpointError(f"{where}: tensor {name!r} has invalid data_offsets {offs!r}")
-        expect = math.prod(shape) * dtypes.BY_ST[dt].itemsize
-        if offs[1] - offs[0] != expect:
-            raise CheckpointError(
-                f"{where}: tensor {name!r} ({dt} {shape}) should take {expect} bytes but its "
-                f"data_offsets {offs} give {offs[1] - offs[0]}: the header lies about sizes"
-            )
-        entries.append((offs[0], offs[1], name, dt, tuple(shape)))
 
+def _entry(where: str, name: str, info: object) -> _Entry:
+    """One tensor's entry checked: its dtype, shape and offsets, and a size that fits them."""
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{where}: header entry for tensor {name!r} is not an object")
+    dt = info.get("dtype")
+    shape = info.get("shape")
+    offs = info.get("data_offsets")
+    if not isinstance(dt, str):
+        raise CheckpointError(f"{where}: tensor {name!r} has no dtype")
+    if dt not in _READABLE:
+        known = ", ".join(sorted(_READABLE))
+        raise CheckpointError(
+            f"{where}: tensor {name!r} has unknown or unsupported dtype {dt!r} (known: {known})"
+        )
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise CheckpointError(f"{where}: tensor {name!r} has an invalid shape {shape!r}")
+    if (
+        not isinstance(offs, list)
+        or len(offs) != 2
+        or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offs)
+        or offs[1] < offs[0]
+    ):
+        raise CheckpointError(f"{where}: tensor {name!r} has invalid data_offsets {offs!r}")
+    expect = math.prod(shape) * dtypes.BY_ST[dt].itemsize
+    if offs[1] - offs[0] != expect:
+        raise CheckpointError(
+            f"{where}: tensor {name!r} ({dt} {shape}) should take {expect} bytes but its "
+            f"data_offsets {offs} give {offs[1] - offs[0]}: the header lies about sizes"
+        )
+    return (offs[0], offs[1], name, dt, tuple(shape))
+
+
+def _tile(
+    where: str, entries: list[_Entry], shard: str, data_start: int, size: int
+) -> list[StoredTensor]:
+    """The entries in file order, checked to tile the data section exactly (no overlap, no hole,
+    nothing past or short of the file end)."""
     entries.sort(key=lambda e: (e[0], e[1]))
     pos = 0
     tensors: list[StoredTensor] = []
@@ -210,7 +244,7 @@ def read_header(path: Path, shard: str | None = None) -> Header:
             f"{where}: {data_len - pos} bytes after the last tensor are not described by the "
             "header: corrupt file"
         )
-    return Header(metadata, tensors, data_start, size)
+    return tensors
 
 
 def layout(

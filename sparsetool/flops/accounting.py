@@ -105,70 +105,20 @@ def account(
     (94.76, 0.401)
     """
     s_len = cfg.seq_len
-    if stages is None:
-        stages = [Stage(sparsity, 1.0)]
-        staged = False
-    else:
-        stages = check_stages(stages)
-        staged = True
-    for st in stages:
-        layer_sparsities(cfg, st.sparsity)  # validate early, with a clear message
-
-    counted = param_counts(cfg, stages[-1].sparsity)
-    if params is not None:
-        n_params, n_nonzero = float(params["total"]), float(params["nonzero"])
-    else:
-        n_params, n_nonzero = counted["total"], counted["nonzero"]
-    # a token's share: measured totals less the experts it does not go through, as counted
-    n_active = n_params - (counted["total"] - counted["active"])
-    n_active_nonzero = n_nonzero - (counted["nonzero"] - counted["active_nonzero"])
-    if tokens is None:
-        tokens, tokens_source = default_tokens(cfg, n_params), "chinchilla"
-    else:
-        tokens_source = "given"
-    tokens = float(tokens)
-    if not (tokens > 0 and math.isfinite(tokens)):
-        raise ConfigError(
-            f"--tokens {tokens:g}: give a positive number of tokens, e.g. --tokens 26B"
-        )
-    if not (finetune_tokens >= 0 and math.isfinite(finetune_tokens)):
-        raise ConfigError(
-            f"--finetune-tokens {finetune_tokens:g}: give zero or more tokens, "
-            "e.g. --finetune-tokens 64.5M"
-        )
+    staged = stages is not None
+    stages = _checked_stages(cfg, sparsity, stages)
+    n_params, n_nonzero, n_active, n_active_nonzero = _param_figures(cfg, stages[-1], params)
+    tokens, tokens_source = _token_budget(cfg, tokens, n_params, finetune_tokens)
     sequences = tokens / s_len
 
     dense_terms = forward_terms(cfg, embeddings=embeddings)
     dense_fwd = sum(dense_terms.values())
-    stage_rows = []
-    total = 0.0
-    eff_sparsity = 0.0
-    for st in stages:
-        fwd = sum(forward_terms(cfg, sparsity=st.sparsity, embeddings=embeddings).values())
-        flops = TRAIN_FACTOR * fwd * sequences * st.fraction
-        total += flops
-        mean_s = _mean_sparsity(cfg, st.sparsity)
-        eff_sparsity += st.fraction * mean_s
-        stage_rows.append(
-            {
-                "sparsity": mean_s,
-                "fraction": st.fraction,
-                "tokens": tokens * st.fraction,
-                "train_flops": flops,
-            }
-        )
+    stage_rows, total, eff_sparsity = _stage_rows(cfg, stages, tokens, sequences, embeddings)
     last_terms = forward_terms(cfg, sparsity=stages[-1].sparsity, embeddings=embeddings)
     last_fwd = sum(last_terms.values())
     train_per_seq = total / sequences  # token-weighted mean over stages
     dense_total = TRAIN_FACTOR * dense_fwd * sequences
-
-    ft_len = int(finetune_seq_len or s_len)
-    if ft_len < 1:
-        raise ConfigError(
-            f"--finetune-seq-len must be a positive integer, got {finetune_seq_len!r}"
-        )
-    ft_fwd = sum(forward_terms(cfg, seq_len=ft_len, embeddings=embeddings).values())
-    ft_flops = TRAIN_FACTOR * ft_fwd * finetune_tokens / ft_len
+    ft_len, ft_fwd, ft_flops = _finetune(cfg, finetune_tokens, finetune_seq_len, embeddings)
 
     out: dict[str, Any] = {
         "model": cfg.name,
@@ -209,6 +159,98 @@ def account(
         "dense_forward_terms": dense_terms,
     }
     return out
+
+
+def _checked_stages(
+    cfg: ModelConfig, sparsity: float | LayerSparsity, stages: Sequence[Stage] | None
+) -> list[Stage]:
+    """The run's stages (one, of the whole budget at ``sparsity``, without ``stages``), their
+    fractions checked and each sparsity validated early, with a clear message."""
+    checked = [Stage(sparsity, 1.0)] if stages is None else check_stages(stages)
+    for st in checked:
+        layer_sparsities(cfg, st.sparsity)
+    return checked
+
+
+def _param_figures(
+    cfg: ModelConfig, last: Stage, params: Mapping[str, float] | None
+) -> tuple[float, float, float, float]:
+    """Total, non-zero, active and active non-zero parameters of the model the run ends with:
+    counted, or the measured ``params`` with a token's share taken off as counted."""
+    counted = param_counts(cfg, last.sparsity)
+    if params is not None:
+        n_params, n_nonzero = float(params["total"]), float(params["nonzero"])
+    else:
+        n_params, n_nonzero = counted["total"], counted["nonzero"]
+    # a token's share: measured totals less the experts it does not go through, as counted
+    n_active = n_params - (counted["total"] - counted["active"])
+    n_active_nonzero = n_nonzero - (counted["nonzero"] - counted["active_nonzero"])
+    return n_params, n_nonzero, n_active, n_active_nonzero
+
+
+def _token_budget(
+    cfg: ModelConfig, tokens: float | None, n_params: float, finetune_tokens: float
+) -> tuple[float, str]:
+    """The pre-training tokens (Chinchilla's budget when not given) and where they came from;
+    ConfigError for a budget that is not positive or fine-tuning tokens below zero."""
+    if tokens is None:
+        tokens, tokens_source = default_tokens(cfg, n_params), "chinchilla"
+    else:
+        tokens_source = "given"
+    tokens = float(tokens)
+    if not (tokens > 0 and math.isfinite(tokens)):
+        raise ConfigError(
+            f"--tokens {tokens:g}: give a positive number of tokens, e.g. --tokens 26B"
+        )
+    if not (finetune_tokens >= 0 and math.isfinite(finetune_tokens)):
+        raise ConfigError(
+            f"--finetune-tokens {finetune_tokens:g}: give zero or more tokens, "
+            "e.g. --finetune-tokens 64.5M"
+        )
+    return tokens, tokens_source
+
+
+def _stage_rows(
+    cfg: ModelConfig,
+    stages: Sequence[Stage],
+    tokens: float,
+    sequences: float,
+    embeddings: bool,
+) -> tuple[list[dict[str, Any]], float, float]:
+    """Each stage's row (mean sparsity, fraction, tokens, training FLOPs), the training FLOPs of
+    all stages and the token-weighted (effective) sparsity."""
+    stage_rows = []
+    total = 0.0
+    eff_sparsity = 0.0
+    for st in stages:
+        fwd = sum(forward_terms(cfg, sparsity=st.sparsity, embeddings=embeddings).values())
+        flops = TRAIN_FACTOR * fwd * sequences * st.fraction
+        total += flops
+        mean_s = _mean_sparsity(cfg, st.sparsity)
+        eff_sparsity += st.fraction * mean_s
+        stage_rows.append(
+            {
+                "sparsity": mean_s,
+                "fraction": st.fraction,
+                "tokens": tokens * st.fraction,
+                "train_flops": flops,
+            }
+        )
+    return stage_rows, total, eff_sparsity
+
+
+def _finetune(
+    cfg: ModelConfig, finetune_tokens: float, finetune_seq_len: int | None, embeddings: bool
+) -> tuple[int, float, float]:
+    """Dense fine-tuning's sequence length, forward FLOPs per sequence and training FLOPs."""
+    ft_len = int(finetune_seq_len or cfg.seq_len)
+    if ft_len < 1:
+        raise ConfigError(
+            f"--finetune-seq-len must be a positive integer, got {finetune_seq_len!r}"
+        )
+    ft_fwd = sum(forward_terms(cfg, seq_len=ft_len, embeddings=embeddings).values())
+    ft_flops = TRAIN_FACTOR * ft_fwd * finetune_tokens / ft_len
+    return ft_len, ft_fwd, ft_flops
 
 
 def input_warnings(runs: Sequence[Mapping[str, Any]]) -> list[str]:
