@@ -51,8 +51,8 @@ else:
     Preset = choices("Preset", PRESETS)
 
 
-def flops(
-    model: Preset | None = choice_option(
+OPTION: dict[str, Any] = {
+    "model": choice_option(
         Preset,
         None,
         "--model",
@@ -60,60 +60,81 @@ def flops(
         case_sensitive=False,
         help="A preset (--list shows their shapes).",
     ),
-    config: Path | None = typer.Option(
+    "config": typer.Option(
         None,
         "--config",
         help="Model shapes from a TOML/JSON/YAML file or a Hugging Face config.json.",
     ),
-    checkpoint: Path | None = typer.Option(
+    "checkpoint": typer.Option(
         None,
         "--checkpoint",
         help="Infer shapes from a checkpoint (file or directory) and use each targeted tensor's "
         "measured sparsity.",
     ),
-    sparsity: str | None = sparsities_option(
+    "sparsity": sparsities_option(
         "Fraction of zeros in the targeted matmuls; several as 0,0.5,0.75 give one table "
         "[default: 0,0.5,0.75]."
     ),
-    stage: list[str] = stage_option(
+    "stage": stage_option(
         "Variable SPDF stage SPARSITY:FRACTION of the token budget (repeatable; fractions sum to "
         "1)."
     ),
-    tokens: str | None = tokens_option(
+    "tokens": tokens_option(
         "--tokens",
         "Pre-training tokens, e.g. 26B, 2.6e10 or 300M [default: 20 per parameter, Chinchilla].",
     ),
-    seq_len: int | None = typer.Option(
+    "seq_len": typer.Option(
         None, "--seq-len", min=1, help="Sequence length [default: the model's]."
     ),
-    vocab: int | None = typer.Option(
-        None, "--vocab", min=1, help="Vocabulary size [default: the model's]."
-    ),
-    embeddings: bool = typer.Option(
+    "vocab": typer.Option(None, "--vocab", min=1, help="Vocabulary size [default: the model's]."),
+    "embeddings": typer.Option(
         False, "--embeddings", help="Count the embedding term 2*s*V*d (the SPDF tables do not)."
     ),
-    finetune_tokens: str | None = tokens_option(
+    "finetune_tokens": tokens_option(
         "--finetune-tokens", "Add dense fine-tuning on this many tokens, e.g. 64.5M.", minimum=0
     ),
-    finetune_seq_len: int | None = typer.Option(
+    "finetune_seq_len": typer.Option(
         None, "--finetune-seq-len", min=1, help="Fine-tuning sequence length [default: --seq-len]."
     ),
-    breakdown: bool = typer.Option(
+    "breakdown": typer.Option(
         False, "--breakdown", help="Show every Appendix-F term with its formula."
     ),
-    include: list[str] = include_option(
+    "include": include_option(
         "With --checkpoint: also count tensors matching this glob as targeted (repeatable)."
     ),
-    exclude: list[str] = exclude_option(
+    "exclude": exclude_option(
         "With --checkpoint: do not count tensors matching this glob as targeted (repeatable; "
         "wins over --include)."
     ),
-    default_targets: bool = default_targets_option(),
-    list_presets: bool = typer.Option(False, "--list", help="List the model presets and exit."),
-    quiet: bool = quiet_option(),
-    as_json: bool = json_option(
+    "default_targets": default_targets_option(),
+    "list_presets": typer.Option(False, "--list", help="List the model presets and exit."),
+    "quiet": quiet_option(),
+    "as_json": json_option(
         'Print the numbers as JSON: {"model", "config", ..., "runs": [one per sparsity]}.'
     ),
+}
+"""Each option of the command, made once."""
+
+
+def flops(
+    model: Preset | None = OPTION["model"],
+    config: Path | None = OPTION["config"],
+    checkpoint: Path | None = OPTION["checkpoint"],
+    sparsity: str | None = OPTION["sparsity"],
+    stage: list[str] = OPTION["stage"],
+    tokens: str | None = OPTION["tokens"],
+    seq_len: int | None = OPTION["seq_len"],
+    vocab: int | None = OPTION["vocab"],
+    embeddings: bool = OPTION["embeddings"],
+    finetune_tokens: str | None = OPTION["finetune_tokens"],
+    finetune_seq_len: int | None = OPTION["finetune_seq_len"],
+    breakdown: bool = OPTION["breakdown"],
+    include: list[str] = OPTION["include"],
+    exclude: list[str] = OPTION["exclude"],
+    default_targets: bool = OPTION["default_targets"],
+    list_presets: bool = OPTION["list_presets"],
+    quiet: bool = OPTION["quiet"],
+    as_json: bool = OPTION["as_json"],
 ) -> None:
     """Training and inference FLOPs, dense vs sparse, by Chinchilla Appendix F.
 
@@ -125,6 +146,66 @@ def flops(
     from sparsetool import flops as F
 
     levels_given = cast("list[float] | None", sparsity)  # --sparsity's callback parsed the text
+    _check_listing(as_json, breakdown)
+    if list_presets:
+        _print_presets(F, as_json)
+        return
+    _check_sources(
+        F,
+        model=model,
+        config=config,
+        checkpoint=checkpoint,
+        levels_given=levels_given,
+        stage=stage,
+        include=include,
+        exclude=exclude,
+        default_targets=default_targets,
+        finetune_tokens=finetune_tokens,
+        finetune_seq_len=finetune_seq_len,
+    )
+    with usage_errors():
+        stages = F.check_stages([F.Stage(*st) for st in stage]) if stage else []
+    common: dict[str, Any] = dict(
+        tokens=tokens,
+        embeddings=embeddings,
+        finetune_tokens=finetune_tokens or 0,
+        finetune_seq_len=finetune_seq_len,
+    )
+    notes: list[str] = []
+    measured = None
+    with failing_cleanly():
+        if checkpoint is not None:
+            measured = _infer(
+                F,
+                checkpoint,
+                include=include,
+                exclude=exclude,
+                seq_len=seq_len,
+                vocab=vocab,
+                default_targets=default_targets,
+                quiet=quiet,
+                show_progress=not (as_json or quiet),
+            )
+            cfg = measured.config
+            notes = list(measured.notes)
+            results = [
+                F.account(cfg, sparsity=measured.layer_sparsity, params=measured.params, **common)
+            ]
+        else:
+            cfg = F.with_overrides(_model_config(F, model, config), seq_len=seq_len, vocab=vocab)
+            results = _runs(F, cfg, stages, levels_given, common)
+    warnings = F.input_warnings(results)
+    if as_json:
+        emit_json(F.json_result(cfg, results, measured, warnings))
+        return
+    if not quiet:
+        for w in warnings:
+            warn(w)
+    _render(F, cfg, results, [] if quiet else notes, breakdown, measured is not None)
+
+
+def _check_listing(as_json: bool, breakdown: bool) -> None:
+    """What --list and --json refuse beside them (exit 2)."""
     alone(
         "list_presets",
         ("as_json", "quiet"),
@@ -138,9 +219,23 @@ def flops(
         '--json always holds every term ("forward_terms", "dense_forward_terms" of each '
         "run); drop --breakdown, or drop --json for the table of terms with their formulas",
     )
-    if list_presets:
-        _print_presets(F, as_json)
-        return
+
+
+def _check_sources(
+    F: Any,
+    *,
+    model: Preset | None,
+    config: Path | None,
+    checkpoint: Path | None,
+    levels_given: list[float] | None,
+    stage: list[str],
+    include: list[str],
+    exclude: list[str],
+    default_targets: bool,
+    finetune_tokens: str | None,
+    finetune_seq_len: int | None,
+) -> None:
+    """One model source, and the options that go with it (exit 2 before anything is read)."""
     sources = [x for x in (model, config, checkpoint) if x is not None]
     if len(sources) != 1:
         usage_error(
@@ -164,67 +259,67 @@ def flops(
             "only --finetune-tokens adds: give both, e.g. --finetune-tokens 64.5M "
             f"--finetune-seq-len {finetune_seq_len}"
         )
-    with usage_errors():
-        stages = F.check_stages([F.Stage(*st) for st in stage]) if stage else []
-    n_tokens = tokens
-    ft_tokens = finetune_tokens or 0
-    with failing_cleanly():
-        common: dict[str, Any] = dict(
-            tokens=n_tokens,
-            embeddings=embeddings,
-            finetune_tokens=ft_tokens,
-            finetune_seq_len=finetune_seq_len,
-        )
-        notes: list[str] = []
-        measured = None
-        if checkpoint is not None:
-            from sparsetool.cli._output import progress_bar, targeting_note
 
-            with progress_bar(not (as_json or quiet)) as progress:
-                try:
-                    measured = F.from_checkpoint(
-                        checkpoint,
-                        include=tuple(include),
-                        exclude=tuple(exclude),
-                        seq_len=seq_len,
-                        vocab=vocab,
-                        progress=progress,
-                        default_targets=default_targets,
-                    )
-                except ShapeError as e:  # the library says what is missing; the way out is ours
-                    hint = (
-                        "pass --vocab V"
-                        if e.missing == "vocab"
-                        else "describe the model with --config FILE instead of --checkpoint"
-                    )
-                    raise ShapeError(f"{e}; {hint}") from None
-            targeting_note(measured.targeting.get("note"), quiet)
-            cfg = measured.config
-            notes = list(measured.notes)
-            results = [
-                F.account(cfg, sparsity=measured.layer_sparsity, params=measured.params, **common)
-            ]
-        else:
-            if model is not None:
-                cfg = F.get_preset(value_of(model))
-            else:
-                if config is None:  # one of --model, --config, --checkpoint (checked above)
-                    raise AssertionError("no model, config or checkpoint")
-                cfg = F.load_config(config)
-            cfg = F.with_overrides(cfg, seq_len=seq_len, vocab=vocab)
-            if stages:
-                results = [F.account(cfg, stages=stages, **common)]
-            else:
-                levels = levels_given if levels_given is not None else [0.0, 0.5, 0.75]
-                results = [F.account(cfg, sparsity=s, **common) for s in levels]
-    warnings = F.input_warnings(results)
-    if as_json:
-        emit_json(F.json_result(cfg, results, measured, warnings))
-        return
-    if not quiet:
-        for w in warnings:
-            warn(w)
-    _render(F, cfg, results, [] if quiet else notes, breakdown, measured is not None)
+
+def _infer(
+    F: Any,
+    checkpoint: Path,
+    *,
+    include: list[str],
+    exclude: list[str],
+    seq_len: int | None,
+    vocab: int | None,
+    default_targets: bool,
+    quiet: bool,
+    show_progress: bool,
+) -> Any:
+    """The checkpoint's shapes and measured sparsity (an ``InferredModel``), its targeting noted
+    unless ``quiet``; a missing shape's error says the way out."""
+    from sparsetool.cli._output import progress_bar, targeting_note
+
+    with progress_bar(show_progress) as progress:
+        try:
+            measured = F.from_checkpoint(
+                checkpoint,
+                include=tuple(include),
+                exclude=tuple(exclude),
+                seq_len=seq_len,
+                vocab=vocab,
+                progress=progress,
+                default_targets=default_targets,
+            )
+        except ShapeError as e:  # the library says what is missing; the way out is ours
+            hint = (
+                "pass --vocab V"
+                if e.missing == "vocab"
+                else "describe the model with --config FILE instead of --checkpoint"
+            )
+            raise ShapeError(f"{e}; {hint}") from None
+    targeting_note(measured.targeting.get("note"), quiet)
+    return measured
+
+
+def _model_config(F: Any, model: Preset | None, config: Path | None) -> Any:
+    """The preset or config file's model (one of them given, as checked)."""
+    if model is not None:
+        return F.get_preset(value_of(model))
+    if config is None:  # one of --model, --config, --checkpoint (checked above)
+        raise AssertionError("no model, config or checkpoint")
+    return F.load_config(config)
+
+
+def _runs(
+    F: Any,
+    cfg: Any,
+    stages: list[Any],
+    levels_given: list[float] | None,
+    common: dict[str, Any],
+) -> list[dict]:
+    """One staged run, or one run per sparsity (0, 0.5 and 0.75 when none is given)."""
+    if stages:
+        return [F.account(cfg, stages=stages, **common)]
+    levels = levels_given if levels_given is not None else [0.0, 0.5, 0.75]
+    return [F.account(cfg, sparsity=s, **common) for s in levels]
 
 
 def sparsity_text(levels: list[float]) -> str:
@@ -285,59 +380,73 @@ def _moe_note(cfg: Any, r: dict) -> str:
 def _render(
     F: Any, cfg: Any, results: list[dict], notes: list[str], breakdown: bool, measured: bool
 ) -> None:
+    """The notes, then the table of several runs or of one."""
     from rich.markup import escape
 
     for n in notes:
         console.print(f"[dim]note: {escape(n)}[/]", highlight=False, soft_wrap=True)
+    if len(results) > 1:
+        _render_runs(F, cfg, results, breakdown)
+    else:
+        _render_run(F, cfg, results[0], breakdown, measured)
+
+
+def _render_runs(F: Any, cfg: Any, results: list[dict], breakdown: bool) -> None:
+    """Several sparsities: one row each, what the columns are, then each run's terms."""
+    from rich.markup import escape
+
     r0 = results[0]
     ft = r0["finetune_tokens"] > 0
-    if len(results) > 1:
-        console.print(escape(_title(F, cfg, r0)), highlight=False, soft_wrap=True)
-        cols = ["sparsity", "FLOPs/seq", "training", "vs dense", "infer/token", "non-zero"]
+    console.print(escape(_title(F, cfg, r0)), highlight=False, soft_wrap=True)
+    cols = ["sparsity", "FLOPs/seq", "training", "vs dense", "infer/token", "non-zero"]
+    if cfg.is_moe:
+        cols += ["active non-zero"]
+    if ft:
+        cols += ["+FT", "e2e speed-up"]
+    rows: list[list[str]] = []
+    for r in results:
+        row = [
+            percent(r["sparsity"], 1),
+            _f(r["train_flops_per_seq"]),
+            _f(r["total_train_flops"]),
+            f"{r['train_flops_ratio']:.3f}x",
+            _f(r["inference_flops_per_token"]),
+            short_count(r["nonzero_params"]),
+        ]
         if cfg.is_moe:
-            cols += ["active non-zero"]
+            row += [short_count(r["active_nonzero_params"])]
         if ft:
-            cols += ["+FT", "e2e speed-up"]
-        rows: list[list[str]] = []
-        for r in results:
-            row = [
-                percent(r["sparsity"], 1),
-                _f(r["train_flops_per_seq"]),
-                _f(r["total_train_flops"]),
-                f"{r['train_flops_ratio']:.3f}x",
-                _f(r["inference_flops_per_token"]),
-                short_count(r["nonzero_params"]),
-            ]
-            if cfg.is_moe:
-                row += [short_count(r["active_nonzero_params"])]
-            if ft:
-                row += [_f(r["end_to_end_flops"]), f"{1 / r['end_to_end_ratio']:.2f}x"]
-            rows.append(row)
-        print_table(cols, rows, align="r" * len(cols))
+            row += [_f(r["end_to_end_flops"]), f"{1 / r['end_to_end_ratio']:.2f}x"]
+        rows.append(row)
+    print_table(cols, rows, align="r" * len(cols))
+    console.print(
+        "FLOPs/seq: training (3 x forward); training: FLOPs over all training tokens; vs "
+        "dense: sparse/dense; infer/token: inference FLOPs per token; non-zero: parameters"
+        + ("; active non-zero: of the experts one token goes through" if cfg.is_moe else "")
+        + ("; +FT: with dense fine-tuning; e2e speed-up: dense/sparse" if ft else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
+    if cfg.is_moe:
+        console.print(_moe_note(cfg, r0), highlight=False, soft_wrap=True)
+    if ft:
         console.print(
-            "FLOPs/seq: training (3 x forward); training: FLOPs over all training tokens; vs "
-            "dense: sparse/dense; infer/token: inference FLOPs per token; non-zero: parameters"
-            + ("; active non-zero: of the experts one token goes through" if cfg.is_moe else "")
-            + ("; +FT: with dense fine-tuning; e2e speed-up: dense/sparse" if ft else ""),
+            f"fine-tuning: {short_count(r0['finetune_tokens'])} tokens at seq "
+            f"{r0['finetune_seq_len']}, {_f(r0['finetune_forward_flops_per_seq'])} "
+            f"forward per sequence, {_f(r0['finetune_flops'])} (dense)",
             highlight=False,
             soft_wrap=True,
         )
-        if cfg.is_moe:
-            console.print(_moe_note(cfg, r0), highlight=False, soft_wrap=True)
-        if ft:
-            console.print(
-                f"fine-tuning: {short_count(r0['finetune_tokens'])} tokens at seq "
-                f"{r0['finetune_seq_len']}, {_f(r0['finetune_forward_flops_per_seq'])} "
-                f"forward per sequence, {_f(r0['finetune_flops'])} (dense)",
-                highlight=False,
-                soft_wrap=True,
-            )
-        if breakdown:
-            for r in results:
-                _render_breakdown(F, cfg, r)
-        return
+    if breakdown:
+        for r in results:
+            _render_breakdown(F, cfg, r)
 
-    r = r0
+
+def _render_run(F: Any, cfg: Any, r: dict, breakdown: bool, measured: bool) -> None:
+    """One run (a staged run's stages first): dense against sparse, figure by figure."""
+    from rich.markup import escape
+
+    ft = r["finetune_tokens"] > 0
     console.print(escape(_title(F, cfg, r)), highlight=False, soft_wrap=True)
     if r["stages"]:
         print_table(
