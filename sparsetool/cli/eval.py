@@ -96,16 +96,20 @@ def eval_command(
     seed: int | None = OPTIONS["seed"],
     threads: int | None = threads_option(),
 ) -> None:
-    """Perplexity of each checkpoint on the same held-out text.
+    """Perplexity of each checkpoint on the same held-out text, or its accuracy on --tasks.
 
-    Mean NLL per predicted token (nats), perplexity = exp(NLL), bits per byte (total NLL in bits /
-    UTF-8 bytes of the text), tokens/s (scored tokens over the seconds of scoring, on this machine
-    now), and perplexity change vs the first (bits-per-byte change when the checkpoints'
-    tokenizers differ). A perplexity from too few tokens to mean much gets a warning.
+    Perplexity: mean NLL per predicted token (nats), perplexity = exp(NLL), bits per byte (total
+    NLL in bits / UTF-8 bytes of the text), tokens/s (scored tokens over the seconds of scoring, on
+    this machine now), and perplexity change vs the first (bits-per-byte change when the
+    checkpoints' tokenizers differ). A perplexity from too few tokens to mean much gets a warning.
 
     Hugging Face models need the hf extra (pip install 'sparsetool[hf]'); their weights are decoded
     by sparsetool, so every encoding (zeros, mask, nan, bitmask) evaluates correctly. Models run
     block by block: one block in memory at a time, as many windows together as the memory allows.
+
+    --tasks scores lm-evaluation-harness tasks (zero-shot, MMLU, generation; --offline with the
+    bundled data) on the same engine, each shared context run once, with paired 95% intervals
+    against the first checkpoint; it needs the eval extra (pip install 'sparsetool[eval]').
     """
     from sparsetool.cli._tasks import check_options, run
 

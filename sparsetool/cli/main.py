@@ -71,7 +71,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "bench",
         "Time dense against sparse matrix products on this machine, per shape and batch.",
     ),
-    "eval": ("eval", "eval_command", "Perplexity of each checkpoint on the same held-out text."),
+    "eval": (
+        "eval",
+        "eval_command",
+        "Perplexity of each checkpoint on the same held-out text, or its accuracy on --tasks.",
+    ),
     "diff": (
         "diff",
         "diff",
