@@ -64,34 +64,34 @@ else:
     Pattern = choices("Pattern", ("random", "rows", "cols", "2:4"))
 
 
-def bench(
-    checkpoint: Path | None = checkpoint_argument(required=False),
-    model: Preset | None = choice_option(
+OPTION: dict[str, Any] = {
+    "checkpoint": checkpoint_argument(required=False),
+    "model": choice_option(
         Preset,
         None,
         "--model",
         case_sensitive=False,
         help="A flops preset: its matrix shapes with random weights and masks at --sparsity.",
     ),
-    shape: str | None = typer.Option(
+    "shape": typer.Option(
         None,
         "--shape",
         metavar="MxK",
         callback=checked(options.check_shape),
         help="One M x K layer (M outputs, K inputs), e.g. 4096x4096, with a seeded mask.",
     ),
-    sparsity: str | None = sparsities_option(
+    "sparsity": sparsities_option(
         "Fraction of zeros for --model/--shape; a comma list (0.5,0.7,0.9) also finds the "
         "break-even sparsity."
     ),
-    pattern: Pattern = choice_option(
+    "pattern": choice_option(
         Pattern,
         "random",
         "--pattern",
         help="The mask of --shape: random; rows or cols (all pruning in the leading "
         "rows/columns); 2:4.",
     ),
-    batch: str = typer.Option(
+    "batch": typer.Option(
         "1,8,64,512,2048",
         "--batch",
         "-b",
@@ -99,21 +99,19 @@ def bench(
         callback=checked(options.parse_batches),
         help="Tokens per product (rows of the input): 1 is decoding one token, 2048 a long prompt.",
     ),
-    kernel: list[str] = typer.Option(
+    "kernel": typer.Option(
         [],
         "--kernel",
         "-k",
         metavar="NAME",
         help=f"Only this sparse kernel (repeatable): {KERNEL_NAMES}.",
     ),
-    device: str = device_option(
-        "Where to time: auto (a GPU if there is one), cpu, cuda or cuda:N."
-    ),
-    dtype: ComputeDType = compute_dtype_option(
+    "device": device_option("Where to time: auto (a GPU if there is one), cpu, cuda or cuda:N."),
+    "dtype": compute_dtype_option(
         "Precision of the weights and inputs (the CPU's sparse kernels hold bfloat16 values in "
         "float32)."
     ),
-    repeats: int = typer.Option(
+    "repeats": typer.Option(
         5,
         "--repeats",
         "-r",
@@ -122,18 +120,41 @@ def bench(
         help="Timed calls per product at least (more while they take "
         "under 0.2 s in all); the median is reported with its spread.",
     ),
-    seed: int = seed_option("Seed of the inputs and of the synthetic weights and masks."),
-    threads: int | None = threads_option(),
-    include: list[str] = include_option(
+    "seed": seed_option("Seed of the inputs and of the synthetic weights and masks."),
+    "threads": threads_option(),
+    "include": include_option(
         "With CHECKPOINT: also time tensors matching this glob (repeatable)."
     ),
-    exclude: list[str] = exclude_option(
+    "exclude": exclude_option(
         "With CHECKPOINT: leave out tensors matching this glob (repeatable; wins over --include)."
     ),
-    default_targets: bool = default_targets_option(),
-    plot: Path | None = plot_option("Write speed-up against batch (or sparsity) to this PNG."),
-    quiet: bool = quiet_option(),
-    as_json: bool = json_option(),
+    "default_targets": default_targets_option(),
+    "plot": plot_option("Write speed-up against batch (or sparsity) to this PNG."),
+    "quiet": quiet_option(),
+    "as_json": json_option(),
+}
+"""Each option of the command, made once."""
+
+
+def bench(
+    checkpoint: Path | None = OPTION["checkpoint"],
+    model: Preset | None = OPTION["model"],
+    shape: str | None = OPTION["shape"],
+    sparsity: str | None = OPTION["sparsity"],
+    pattern: Pattern = OPTION["pattern"],
+    batch: str = OPTION["batch"],
+    kernel: list[str] = OPTION["kernel"],
+    device: str = OPTION["device"],
+    dtype: ComputeDType = OPTION["dtype"],
+    repeats: int = OPTION["repeats"],
+    seed: int = OPTION["seed"],
+    threads: int | None = OPTION["threads"],
+    include: list[str] = OPTION["include"],
+    exclude: list[str] = OPTION["exclude"],
+    default_targets: bool = OPTION["default_targets"],
+    plot: Path | None = OPTION["plot"],
+    quiet: bool = OPTION["quiet"],
+    as_json: bool = OPTION["as_json"],
 ) -> None:
     """Time dense against sparse matrix products on this machine, per shape and batch."""
     batches = value_of(batch)
@@ -153,37 +174,24 @@ def bench(
     use_device(device)
     n_threads = use_threads(threads)
     with failing_cleanly():
-        from sparsetool.bench import matrices
         from sparsetool.bench.run import kernel_names, run_bench
         from sparsetool.models.open import resolve_device
 
         with usage_errors():  # a --kernel this device does not have
             kernel_names(resolve_device(device).type, value_of(dtype), kernel)
         with progress_bar(enabled=not (as_json or quiet)) as progress:
-            note = None
-            if checkpoint is not None:
-                counting = (lambda i, n, _: progress("reading", i, n)) if progress else None
-                mats, targeting = matrices.from_checkpoint(
-                    checkpoint,
-                    include=include,
-                    exclude=exclude,
-                    default_targets=default_targets,
-                    progress=counting,
-                )
-                source, label = "checkpoint", str(checkpoint)
-                note = (targeting or {}).get("note")
-            elif levels is None:  # _check_usage gave --model and --shape a sparsity
-                raise AssertionError("no sparsity to time")
-            elif shape is not None:
-                mats = matrices.from_shape(
-                    options.parse_shape(shape), levels, value_of(pattern), seed
-                )
-                source, label = "shape", f"{shape} layer, {value_of(pattern)} mask"
-            else:
-                from sparsetool.flops.presets import get_preset
-
-                mats = matrices.from_model(get_preset(value_of(model)), levels, seed)
-                source, label = "model", f"{value_of(model)}, random masks"
+            mats, source, label, note = _matrices(
+                checkpoint=checkpoint,
+                model=value_of(model),
+                shape=shape,
+                levels=levels,
+                pattern=value_of(pattern),
+                seed=seed,
+                include=include,
+                exclude=exclude,
+                default_targets=default_targets,
+                progress=progress,
+            )
             result = run_bench(
                 mats,
                 source=source,
@@ -205,13 +213,58 @@ def bench(
     else:
         _render(result, quiet)
     if result["failed"]:  # after the output, which shows them: one error line, exit 1
-        f, more = result["failed"][0], len(result["failed"]) - 1
-        with failing_cleanly():
-            fail(
-                f"{f['kernel']} on {f['name']} at batch {f['batch']} does not equal the float32 "
-                f"product of the same values{f' (and {more} more)' if more else ''}; its times "
-                "are not a speed-up: leave it out with --kernel, and report it"
-            )
+        _fail_wrong(result["failed"])
+
+
+def _matrices(
+    *,
+    checkpoint: Path | None,
+    model: str | None,
+    shape: str | None,
+    levels: list[float] | None,
+    pattern: str,
+    seed: int,
+    include: list[str],
+    exclude: list[str],
+    default_targets: bool,
+    progress: Any,
+) -> tuple[Any, str, str, str | None]:
+    """The matrices to time (a checkpoint's, one shape's or a preset's), the source's kind, its
+    label and the checkpoint's targeting note."""
+    from sparsetool.bench import matrices
+
+    if checkpoint is not None:
+        counting = (lambda i, n, _: progress("reading", i, n)) if progress else None
+        mats, targeting = matrices.from_checkpoint(
+            checkpoint,
+            include=include,
+            exclude=exclude,
+            default_targets=default_targets,
+            progress=counting,
+        )
+        return mats, "checkpoint", str(checkpoint), (targeting or {}).get("note")
+    if levels is None:  # _check_usage gave --model and --shape a sparsity
+        raise AssertionError("no sparsity to time")
+    if shape is not None:
+        mats = matrices.from_shape(options.parse_shape(shape), levels, pattern, seed)
+        return mats, "shape", f"{shape} layer, {pattern} mask", None
+    if model is None:  # _check_usage gave one of CHECKPOINT, --model and --shape
+        raise AssertionError("nothing to time")
+    from sparsetool.flops.presets import get_preset
+
+    mats = matrices.from_model(get_preset(model), levels, seed)
+    return mats, "model", f"{model}, random masks", None
+
+
+def _fail_wrong(failed: list[dict[str, Any]]) -> None:
+    """A kernel whose product is wrong: one error line naming the first, exit 1."""
+    f, more = failed[0], len(failed) - 1
+    with failing_cleanly():
+        fail(
+            f"{f['kernel']} on {f['name']} at batch {f['batch']} does not equal the float32 "
+            f"product of the same values{f' (and {more} more)' if more else ''}; its times "
+            "are not a speed-up: leave it out with --kernel, and report it"
+        )
 
 
 def _check_usage(
