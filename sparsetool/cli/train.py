@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -32,6 +33,9 @@ from sparsetool.train.trainconfig import ALGORITHMS, STRATEGIES, setting
 from sparsetool.util import options
 from sparsetool.util.wording import plural
 
+if TYPE_CHECKING:
+    from sparsetool.train.trainconfig import TrainConfig
+
 EXAMPLES = (  # the end of --help: each runs as written (given the directories and text named;
     # the built-in GPT's corpus is Python's own source)
     "sparsetool train -o runs/rigl --steps 500 --algorithm rigl --sparsity 0.75",
@@ -49,124 +53,120 @@ Strategy = choices("Strategy", STRATEGIES)
 Encoding = choices("Encoding", ENCODING_NAMES)
 
 
-def train(
-    output: Path | None = output_option(
+OPTION: dict[str, Any] = {
+    "output": output_option(
         "Run directory to create, or to continue with --resume; required (unless the --config "
         "file gives 'out'). Holds checkpoints, logs, loss.png."
     ),
-    out: Path | None = typer.Option(
-        None, "--out", hidden=True, help="Old spelling of -o/--output."
-    ),
-    config: Path | None = typer.Option(
+    "out": typer.Option(None, "--out", hidden=True, help="Old spelling of -o/--output."),
+    "config": typer.Option(
         None,
         "--config",
         help="YAML/TOML file whose keys are these options' names (batch-size or batch_size; "
         "flags override); accepts a Model Zoo 'sparsity:' block (default: none).",
     ),
-    resume: bool = typer.Option(
+    "resume": typer.Option(
         False,
         "--resume",
         help="Continue the run in -o/--output from its latest checkpoint, exactly.",
     ),
-    preset: Preset | None = choice_option(
+    "preset": choice_option(
         Preset,
         None,
         "--preset",
         help="Model size: tiny, mini (default, 0.9M), small (4.9M), base (10M); with --init, the "
         "checkpoint's shape (a preset must agree with it).",
     ),
-    n_layer: int | None = typer.Option(
+    "n_layer": typer.Option(
         None, "--n-layer", help="Override the preset's layer count (default: the preset's)."
     ),
-    n_head: int | None = typer.Option(
+    "n_head": typer.Option(
         None, "--n-head", help="Override the preset's head count (default: the preset's)."
     ),
-    d_model: int | None = typer.Option(
+    "d_model": typer.Option(
         None, "--d-model", help="Override the preset's width (default: the preset's)."
     ),
-    context: int | None = typer.Option(
+    "context": typer.Option(
         None,
         "--context",
         help="Override the preset's context: bytes per sequence (default: the preset's; with "
         "--init HF_DIR tokens, default 256).",
     ),
-    steps: int | None = typer.Option(None, "--steps", help="Optimizer steps (default 1000)."),
-    batch_size: int | None = typer.Option(
+    "steps": typer.Option(None, "--steps", help="Optimizer steps (default 1000)."),
+    "batch_size": typer.Option(
         None,
         "--batch-size",
         help="Sequences per micro-batch per process (default 16; with --init HF_DIR 4).",
     ),
-    grad_accum: int | None = typer.Option(
+    "grad_accum": typer.Option(
         None, "--grad-accum", help="Micro-batches per step per process (default 1)."
     ),
-    lr: float | None = typer.Option(
+    "lr": typer.Option(
         None, "--lr", help="Peak learning rate (default 1e-3; with --init HF_DIR 2e-4)."
     ),
-    warmup: int | None = typer.Option(
+    "warmup": typer.Option(
         None,
         "--warmup",
         help="Linear warm-up steps (default 100; with --init HF_DIR 10% of --steps), then "
         "cosine to 10%; a warning if that is the whole run (>= --steps).",
     ),
-    weight_decay: float | None = typer.Option(
+    "weight_decay": typer.Option(
         None, "--weight-decay", help="AdamW decay of linear matrices (default 0.1)."
     ),
-    grad_clip: float | None = typer.Option(
+    "grad_clip": typer.Option(
         None, "--grad-clip", help="Global gradient-norm clip (default 1.0; 0 = off)."
     ),
-    seed: int | None = seed_option(
-        "Seed for weights, masks and data order (default 0).", default=None
-    ),
-    data: str | None = typer.Option(
+    "seed": seed_option("Seed for weights, masks and data order (default 0).", default=None),
+    "data": typer.Option(
         None,
         "--data",
         metavar="PATH",
         help="UTF-8 text file or directory (files that are not text are skipped), or "
         "builtin:english (Python's help topics). Default: the Python standard library.",
     ),
-    algorithm: Algorithm | None = choice_option(
+    "algorithm": choice_option(
         Algorithm,
         None,
         "--algorithm",
         "-a",
         help="Sparse training algorithm (default: static with --sparsity, else dense).",
     ),
-    sparsity: str | None = sparsity_option(
+    "sparsity": sparsity_option(
         "Target sparsity (fraction of zeros, from 0 to 1) of the targeted matrices (default: "
         "none, dense; with --init, the checkpoint's)."
     ),
-    distribution: Distribution | None = choice_option(
+    "distribution": choice_option(
         Distribution, None, "--distribution", help="Per-layer sparsity (default uniform)."
     ),
-    init_method: InitMethod | None = choice_option(
+    "init_method": choice_option(
         InitMethod, None, "--init-method", help="Initial mask (default random)."
     ),
-    update_freq: int | None = typer.Option(
+    "update_freq": typer.Option(
         None,
         "--update-freq",
         help="Steps between mask updates of gmp, set, rigl, granet (default 100; a quarter of "
         "--steps under 400 steps).",
     ),
-    update_start: int | None = typer.Option(
+    "update_start": typer.Option(
         None,
         "--update-start",
         help="First mask update / pruning step (default: the end of --warmup or one interval, "
         "whichever is later; one interval if that leaves no update).",
     ),
-    update_stop: int | None = typer.Option(
+    "update_stop": typer.Option(
         None,
         "--update-stop",
         help="Mask updates stop before this step; gmp/granet's ramp ends here (default: 75% of "
         "--steps; set: all of them; granet keeps regrowing to the end).",
     ),
-    drop_fraction: float | None = typer.Option(
+    "drop_fraction": typer.Option(
         None,
         "--drop-fraction",
         help="Fraction of each tensor's kept weights dropped and regrown per update (default "
         "0.3; rigl: cosine-decayed to 0 at the update stop, granet: at the end of the "
         "run).",
     ),
-    initial_sparsity: str | None = typer.Option(
+    "initial_sparsity": typer.Option(
         None,
         "--initial-sparsity",
         metavar="S",
@@ -174,110 +174,163 @@ def train(
         help="GraNet/GMP: sparsity the cubic ramp starts from, e.g. 0.5 for 50%->75% (default 0: "
         "dense start).",
     ),
-    sparsity_option: list[str] = typer.Option(
+    "sparsity_option": typer.Option(
         [],
         "--sparsity-option",
         metavar="KEY=VALUE",
         help="KEY=VALUE passed to the algorithm (repeatable; default: none), e.g. scope=layer "
         "(granet's per-layer pruning), stop_fraction=0.75 (set stops at 75%).",
     ),
-    include: list[str] = include_option(
+    "include": include_option(
         "Also sparsify parameters matching this glob (repeatable; default: none)."
     ),
-    exclude: list[str] = exclude_option(
+    "exclude": exclude_option(
         "Never sparsify parameters matching this glob (repeatable; wins over --include; default: "
         "none)."
     ),
-    param_filter: list[str] = typer.Option(
+    "param_filter": typer.Option(
         [],
         "--param-filter",
         metavar="GLOB",
         help="Glob of parameter names to sparsify (repeatable; default: the block matrices).",
     ),
-    init: Path | None = typer.Option(
+    "init": typer.Option(
         None,
         "--init",
         help="Start from this checkpoint (any sparsetool encoding) or a Hugging Face causal-LM "
         "directory (fine-tuned with its own tokenizer); keeps its masks (default: random "
         "initial weights).",
     ),
-    encoding: Encoding | None = choice_option(
+    "encoding": choice_option(
         Encoding,
         None,
         "--encoding",
         help="With --init HF_DIR: how RUN/model/ stores pruned weights (default zeros, which "
         "transformers loads; mask, nan, bitmask).",
     ),
-    dense: bool = typer.Option(
+    "dense": typer.Option(
         False,
         "--dense",
         help="With --init: revive pruned weights at 0 and train densely (SPDF fine-tuning).",
     ),
-    distill_from: Path | None = typer.Option(
+    "distill_from": typer.Option(
         None,
         "--distill-from",
         metavar="TEACHER_DIR",
         help="With --init STUDENT_DIR: learn this Hugging Face model's next-token distribution "
         "(KL divergence; same tokenizer required). The teacher runs forward only, frozen.",
     ),
-    distill_temperature: float | None = typer.Option(
+    "distill_temperature": typer.Option(
         None,
         "--distill-temperature",
         metavar="T",
         help="Softmax temperature of both distributions (default 1; the loss is scaled by T^2).",
     ),
-    distill_alpha: float | None = typer.Option(
+    "distill_alpha": typer.Option(
         None,
         "--distill-alpha",
         metavar="A",
         help="Weight of the distillation loss; 1 - A goes to the next-token loss (default 1).",
     ),
-    stage: list[str] = stage_option(
+    "stage": stage_option(
         "SPARSITY:FRACTION of the steps (repeatable): Variable SPDF, e.g. 0.9:0.8 then 0:0.2 "
         "(default: one stage)."
     ),
-    eval_every: int | None = typer.Option(
+    "eval_every": typer.Option(
         None, "--eval-every", help="Validation every N steps (default 100) and at the end."
     ),
-    save_every: int | None = typer.Option(
+    "save_every": typer.Option(
         None, "--save-every", help="Checkpoint every N steps (default: only at the end)."
     ),
-    stop_at: int | None = typer.Option(
+    "stop_at": typer.Option(
         None,
         "--stop-at",
         help="Stop after this step with a checkpoint; continue later with --resume (default: run "
         "all --steps).",
     ),
-    threads: int | None = threads_option(),
-    device: str | None = typer.Option(
+    "threads": threads_option(),
+    "device": typer.Option(
         None,
         "--device",
         metavar="<auto|cpu|cuda|cuda:N>",
         callback=checked(options.check_device),
         help="Where to train (default auto).",
     ),
-    dtype: DType | None = choice_option(
+    "dtype": choice_option(
         DType,
         None,
         "--dtype",
         help="auto (default: bf16 autocast on capable GPUs), float32 or bfloat16 (with "
         "--distributed fsdp: bf16 parameters, float32 gradient reduction).",
     ),
-    distributed: Strategy | None = choice_option(
+    "distributed": choice_option(
         Strategy,
         None,
         "--distributed",
         help="Under torchrun: ddp (default; a whole model, its gradients and AdamW on every "
         "process) or fsdp (each process holds 1/N of them, masks too).",
     ),
-    offload: bool = typer.Option(
+    "offload": typer.Option(
         False,
         "--offload",
         help="With --distributed fsdp on GPUs: keep parameter shards, gradients and AdamW in CPU "
         "memory.",
     ),
-    quiet: bool = quiet_option(),
-    as_json: bool = json_option("Print the final summary as JSON (no progress bar)."),
+    "quiet": quiet_option(),
+    "as_json": json_option("Print the final summary as JSON (no progress bar)."),
+}
+"""Each option of the command, made once, in --help's order."""
+
+
+def train(
+    output: Path | None = OPTION["output"],
+    out: Path | None = OPTION["out"],
+    config: Path | None = OPTION["config"],
+    resume: bool = OPTION["resume"],
+    preset: Preset | None = OPTION["preset"],
+    n_layer: int | None = OPTION["n_layer"],
+    n_head: int | None = OPTION["n_head"],
+    d_model: int | None = OPTION["d_model"],
+    context: int | None = OPTION["context"],
+    steps: int | None = OPTION["steps"],
+    batch_size: int | None = OPTION["batch_size"],
+    grad_accum: int | None = OPTION["grad_accum"],
+    lr: float | None = OPTION["lr"],
+    warmup: int | None = OPTION["warmup"],
+    weight_decay: float | None = OPTION["weight_decay"],
+    grad_clip: float | None = OPTION["grad_clip"],
+    seed: int | None = OPTION["seed"],
+    data: str | None = OPTION["data"],
+    algorithm: Algorithm | None = OPTION["algorithm"],
+    sparsity: str | None = OPTION["sparsity"],
+    distribution: Distribution | None = OPTION["distribution"],
+    init_method: InitMethod | None = OPTION["init_method"],
+    update_freq: int | None = OPTION["update_freq"],
+    update_start: int | None = OPTION["update_start"],
+    update_stop: int | None = OPTION["update_stop"],
+    drop_fraction: float | None = OPTION["drop_fraction"],
+    initial_sparsity: str | None = OPTION["initial_sparsity"],
+    sparsity_option: list[str] = OPTION["sparsity_option"],
+    include: list[str] = OPTION["include"],
+    exclude: list[str] = OPTION["exclude"],
+    param_filter: list[str] = OPTION["param_filter"],
+    init: Path | None = OPTION["init"],
+    encoding: Encoding | None = OPTION["encoding"],
+    dense: bool = OPTION["dense"],
+    distill_from: Path | None = OPTION["distill_from"],
+    distill_temperature: float | None = OPTION["distill_temperature"],
+    distill_alpha: float | None = OPTION["distill_alpha"],
+    stage: list[str] = OPTION["stage"],
+    eval_every: int | None = OPTION["eval_every"],
+    save_every: int | None = OPTION["save_every"],
+    stop_at: int | None = OPTION["stop_at"],
+    threads: int | None = OPTION["threads"],
+    device: str | None = OPTION["device"],
+    dtype: DType | None = OPTION["dtype"],
+    distributed: Strategy | None = OPTION["distributed"],
+    offload: bool = OPTION["offload"],
+    quiet: bool = OPTION["quiet"],
+    as_json: bool = OPTION["as_json"],
 ) -> None:
     """Train the built-in byte-level GPT or fine-tune a Hugging Face model, dense or sparse.
 
@@ -301,65 +354,95 @@ def train(
     default 100-step warm-up: rigl updates at steps 100, 200, 300 and 400. The start of a run
     prints the resolved values; run.json records them.
     """
-    from rich.markup import escape
+    from sparsetool.cli._output import failing_cleanly, note_reclaimed
 
-    from sparsetool.cli._output import console, failing_cleanly, note_reclaimed
-
-    if out is not None:
-        if output is not None and output != out:
-            usage_error("give the run directory once: -o/--output (--out is its old spelling)")
-        output = out
+    output = _run_dir(output, out)
     with failing_cleanly():
-        from sparsetool.train.configkeys import (
-            merge_explained,
-            parse_sparsity_options,
-            read_config_file,
-        )
-        from sparsetool.train.trainconfig import caveats
-
-        file_values = read_config_file(config) if config else {}
-        with usage_errors():
-            options = parse_sparsity_options(sparsity_option)
-        flags = _flags(locals(), output, options)
-        if "out" not in file_values and output is None:
-            usage_error("give -o/--output RUN_DIR: a run directory to create or resume is required")
-        caveat_lines: list[str] = []
-        applied: dict[str, Any] = {}
-        if resume:
-            from sparsetool.train.trainconfig import TrainConfig
-
-            cfg = TrainConfig(out=str(output) if output else file_values["out"])
-        else:
-            with usage_errors():  # options that do not fit together: exit 2, as a bad value
-                cfg, applied = merge_explained(file_values, flags)
-            # legal, but probably not what was meant: said when the run starts, after every check
-            # that can refuse it (--init, the run directory, memory, disk), never before an error
-            caveat_lines = caveats(cfg)
-        use_threads(
-            threads
-        )  # a run's recorded --threads (resume, --config) is applied by the trainer
-        from sparsetool.train.loop import train as run_training
-
-        overrides = {k: v for k, v in flags.items() if v is not None} if resume else None
-        # Ctrl-C / SIGTERM: the step in progress ends, is saved, and the run stops (exit 130/143).
-        # Everything rank 0 prints is printed from the callback, before the run returns.
-        output = _Progress(console, escape, "json" if as_json else "quiet" if quiet else None)
-
-        def callback(kind: str, info: dict) -> None:
-            if kind == "start" and _is_master():
-                for text in caveat_lines + _data_caveats(info["data"]) + info["warnings"]:
-                    _warn(text)
-                info = {**info, "notes": [*info.get("notes", []), *_start_notes(info, applied)]}
-            output(kind, info)
-
-        summary = run_training(
-            cfg, resume=resume, callback=callback, flag_overrides=overrides, stop_on_signal=True
-        )
+        cfg, flags, applied, caveat_lines = _settings(locals(), output)
+        # a run's recorded --threads (resume, --config) is applied by the trainer
+        use_threads(threads)
+        summary = _run(cfg, resume, flags, _printer(caveat_lines, applied, as_json, quiet))
         note_reclaimed(summary.reclaimed)
         if summary["interrupted"]:
             from sparsetool.train.signals import signal_number
 
             raise typer.Exit(128 + signal_number(summary["interrupted"]))
+
+
+def _run_dir(output: Path | None, out: Path | None) -> Path | None:
+    """The run directory: -o/--output, or --out (its old spelling); both only if the same."""
+    if out is None:
+        return output
+    if output is not None and output != out:
+        usage_error("give the run directory once: -o/--output (--out is its old spelling)")
+    return out
+
+
+def _settings(
+    given: dict[str, Any], output: Path | None
+) -> tuple[TrainConfig, dict, dict[str, Any], list[str]]:
+    """The run's settings from the --config file and the flags (``given``, the command's
+    parameters): its TrainConfig, the flags by TrainConfig's names, the pretrained student's
+    defaults it took, and the caveats to print when it starts. Refuses (exit 2) a missing run
+    directory and options that do not fit together; --resume takes the run's recorded
+    settings (the flags given override them in the trainer)."""
+    from sparsetool.train.configkeys import (
+        merge_explained,
+        parse_sparsity_options,
+        read_config_file,
+    )
+    from sparsetool.train.trainconfig import caveats
+
+    file_values = read_config_file(given["config"]) if given["config"] else {}
+    with usage_errors():
+        sparsity_options = parse_sparsity_options(given["sparsity_option"])
+    flags = _flags(given, output, sparsity_options)
+    if "out" not in file_values and output is None:
+        usage_error("give -o/--output RUN_DIR: a run directory to create or resume is required")
+    if given["resume"]:
+        from sparsetool.train.trainconfig import TrainConfig
+
+        return TrainConfig(out=str(output) if output else file_values["out"]), flags, {}, []
+    with usage_errors():  # options that do not fit together: exit 2, as a bad value
+        cfg, applied = merge_explained(file_values, flags)
+    # legal, but probably not what was meant: said when the run starts, after every check
+    # that can refuse it (--init, the run directory, memory, disk), never before an error
+    return cfg, flags, applied, caveats(cfg)
+
+
+def _printer(
+    caveat_lines: list[str], applied: dict[str, Any], as_json: bool, quiet: bool
+) -> Callable[[str, dict], None]:
+    """The run's callback, printing what rank 0 prints: at the start the warnings (the
+    configuration's caveats, the --data files skipped, the trainer's) and notes, then the
+    progress (:class:`_Progress`; --json and --quiet: only the summary at the end)."""
+    from rich.markup import escape
+
+    from sparsetool.cli._output import console
+
+    progress = _Progress(console, escape, "json" if as_json else "quiet" if quiet else None)
+
+    def callback(kind: str, info: dict) -> None:
+        if kind == "start" and _is_master():
+            for text in caveat_lines + _data_caveats(info["data"]) + info["warnings"]:
+                _warn(text)
+            info = {**info, "notes": [*info.get("notes", []), *_start_notes(info, applied)]}
+        progress(kind, info)
+
+    return callback
+
+
+def _run(cfg: TrainConfig, resume: bool, flags: dict, callback: Callable[[str, dict], None]) -> Any:
+    """The training run (the trainer's summary); with --resume the flags given override the
+    run's recorded settings."""
+    from sparsetool.train.loop import train as run_training
+
+    overrides = {k: v for k, v in flags.items() if v is not None} if resume else None
+    # Ctrl-C / SIGTERM: the step in progress ends, is saved, and the run stops (exit 130/143).
+    # Everything rank 0 prints is printed from the callback, before the run returns.
+    return run_training(
+        cfg, resume=resume, callback=callback, flag_overrides=overrides, stop_on_signal=True
+    )
 
 
 _AS_GIVEN = (
