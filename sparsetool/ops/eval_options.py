@@ -131,7 +131,7 @@ class TasksOptions(OptionsRecord):
         "--log-samples",
         "--tasks: write each document the harness scored into DIR/CHECKPOINT/TASK.jsonl (its "
         "id, the document, the target, the requests, each one's log-likelihood, the metrics), "
-        "as lm-eval's --log_samples does.",
+        "as lm-eval's log_samples option does.",
         metavar="DIR",
     )
     seed: int | None = option(
