@@ -230,7 +230,7 @@ def test_peak_memory_does_not_grow_with_depth(tmp_path, text, calib_file):
 def test_eval_with_little_memory_holds_fewer_windows_and_scores_the_same(
     model_dir, text, monkeypatch
 ):
-    import sparsetool.ops.eval as ev
+    import sparsetool.ops.scoring as ev
     from sparsetool.util.memory import process_memory
 
     full = evaluate([model_dir], text=text, seq=16, batch=2).rows[0]
