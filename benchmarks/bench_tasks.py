@@ -13,9 +13,12 @@ the model's default attention (sdpa, which ``sparsetool eval`` builds too; eager
 2026-11-28) on the CPU at the same batch size; runs alternate, the median wall time of
 ``simple_evaluate`` is reported with the ratio ours / hf, and the accuracies are checked equal.
 ``--threads`` sets torch's threads for each round (0: torch's default), in the same process.
-``--baseline`` times another version of ``sparsetool/ops/harness.py`` as a third contender in the
-same alternation (e.g. ``git show REV:sparsetool/ops/harness.py > /tmp/old.py``), so a change is
-measured before/after under the same load.
+``--baseline`` times another version of the harness model, ``sparsetool/ops/tasks/model.py``, as a
+third contender in the same alternation (e.g. ``git show REV:sparsetool/ops/tasks/model.py >
+/tmp/old.py``), so a change is measured before/after under the same load. The file runs against
+this checkout's package: one from before the tasks package (``sparsetool/ops/harness.py``, which
+imports names since moved to ``ops/scoring.py``) does not load; time such a revision from its own
+checkout instead.
 
   python benchmarks/bench_tasks.py --real /work/real/smollm2 [--tasks zeroshot7] [--limit 60]
                                   [--text HELD_OUT.txt] [--max-tokens 16384] [--seq 2048]
@@ -327,7 +330,7 @@ def main() -> None:
     ap.add_argument(
         "--threads", default="0", help="torch threads per round, comma-separated; 0: default"
     )
-    ap.add_argument("--baseline", type=Path, help="an older harness.py, timed as 'before'")
+    ap.add_argument("--baseline", type=Path, help="an older ops/tasks/model.py, timed as 'before'")
     args = ap.parse_args()
     if args.real:
         real(args)

@@ -185,7 +185,7 @@ class ShrinkOptions(OptionsRecord):
         v = {k: getattr(x, "value", x) for k, x in values.items()}  # an Enum: its name
         if v.get("calibration") is not None:
             v["calibration"] = Path(v["calibration"])
-        if isinstance(v.get("max_memory"), str):
+        if v.get("max_memory") is not None:  # "12G", or bytes (checked as --max-memory is)
             v["max_memory"] = parse_size(v["max_memory"])
         return cls(**v)
 

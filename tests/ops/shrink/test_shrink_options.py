@@ -97,6 +97,15 @@ def test_the_cli_and_the_api_make_the_same_options(monkeypatch, tmp_path):
     assert from_api == ShrinkOptions.from_values(**args)
 
 
+def test_max_memory_in_bytes_is_checked_as_the_command_checks_it():
+    """A byte count (an int, or a float as 8e9) is read as --max-memory reads one: too small is
+    refused before anything opens, a whole float is bytes."""
+    assert ShrinkOptions.from_values(max_memory=8e9).max_memory == 8 * 10**9
+    assert ShrinkOptions.from_values(max_memory=2**21).max_memory == 2**21
+    with pytest.raises(ConfigError, match="at least 1M"):
+        ShrinkOptions.from_values(max_memory=2**19)
+
+
 def test_each_default_passes_the_check_the_cli_runs_on_it():
     for name, value in ShrinkOptions.defaults().items():
         face = ShrinkOptions.face(name)[1]
