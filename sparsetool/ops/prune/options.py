@@ -258,7 +258,7 @@ class PruneOptions(OptionsRecord):
                 v[key] = parse_globs(v[key], f"--{key}")
         if v.get("calibration") is not None:
             v["calibration"] = str(v["calibration"])
-        if isinstance(v.get("max_memory"), str):
+        if v.get("max_memory") is not None:  # "12G", or bytes (checked as --max-memory is)
             v["max_memory"] = parse_size(v["max_memory"])
         return cls(**v)
 
