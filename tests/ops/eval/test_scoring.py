@@ -23,5 +23,4 @@ def test_the_engine_and_perplexity_load_no_lm_eval(module):
 
 
 def test_the_harness_model_is_where_lm_eval_is_loaded():
-    pytest.importorskip("lm_eval")
     assert loads_lm_eval("sparsetool.ops.tasks.model")
