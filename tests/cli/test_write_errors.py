@@ -115,12 +115,12 @@ def test_prune_and_densify_into_a_locked_directory(locked, command):
 def test_shrink_into_a_locked_directory_is_refused_before_it_scores(locked, tmp_path, monkeypatch):
     from moe_models import save_moe
 
-    import sparsetool.ops.shrink.experts as shrink_experts
+    import sparsetool.ops.shrink.kind as shrink_kind
 
     d, code = locked
     src = save_moe("mixtral", tmp_path / "moe", "some text to train a tokenizer on " * 20)
     called = []
-    monkeypatch.setattr(shrink_experts, "open_model", lambda *a, **kw: called.append(1))
+    monkeypatch.setattr(shrink_kind, "open_model", lambda *a, **kw: called.append(1))
     r = run("shrink", src, "-o", d / "out", "--experts", "0.5", "--criterion", "random")
     one_error(r, d / "out", code)
     assert left_in(d) == [] and not called

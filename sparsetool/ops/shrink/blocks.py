@@ -40,7 +40,6 @@ from sparsetool.checkpoint.format import TensorSpec
 from sparsetool.checkpoint.writer import CheckpointWriter
 from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.blocks import BlockModel
-from sparsetool.models.open import open_model
 from sparsetool.ops.calibration import BlockPass
 from sparsetool.ops.shrink.inputs import model_config
 from sparsetool.ops.shrink.kind import Shrinking, run_kind
@@ -125,9 +124,6 @@ class BlocksKind:
     def plan(self, path: Path, config: dict[str, Any], cfg: Any) -> None:
         self.path = path
         self.total, self.n = _counts(self.opts, path, cfg)
-
-    def open(self, path: Path) -> BlockModel:
-        return open_model(path, self.opts.dtype, self.opts.device, needs=NEEDS, attention="eager")
 
     def choose(
         self,

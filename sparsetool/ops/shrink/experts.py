@@ -31,7 +31,6 @@ from sparsetool.checkpoint import Checkpoint
 from sparsetool.checkpoint.writer import CheckpointWriter
 from sparsetool.errors import UsageError
 from sparsetool.models.blocks import BlockModel
-from sparsetool.models.open import open_model
 from sparsetool.ops.calibration import BlockPass
 from sparsetool.ops.shrink.inputs import model_config
 from sparsetool.ops.shrink.kind import Shrinking, run_kind
@@ -105,9 +104,6 @@ class ExpertsKind:
     def plan(self, path: Path, config: dict[str, Any], cfg: Any) -> None:
         self.path = path
         self.expert_plan = _plan(self.opts, path, config, cfg)
-
-    def open(self, path: Path) -> BlockModel:
-        return open_model(path, self.opts.dtype, self.opts.device, needs=NEEDS, attention="eager")
 
     def choose(
         self,

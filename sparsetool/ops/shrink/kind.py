@@ -4,8 +4,9 @@ the model opened, then the kind's own part (score block by block and choose: a :
 the output written with its provenance, the sizes recorded, and everything closed.
 
 A kind is a :class:`ShrinkKind`: its ``key`` in the provenance, what it ``needs`` (said when the
-model cannot be opened), :meth:`~ShrinkKind.plan` (usage errors before any weight),
-:meth:`~ShrinkKind.open` and :meth:`~ShrinkKind.choose`.
+model cannot be opened), :meth:`~ShrinkKind.plan` (usage errors before any weight) and
+:meth:`~ShrinkKind.choose`. The skeleton opens the model the same way for every kind: block by
+block, with eager attention (calibration's), in ``--dtype`` on ``--device``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.checkpoint.writer import CheckpointWriter, write_checkpoint
 from sparsetool.models.blocks import BlockModel
+from sparsetool.models.open import open_model
 from sparsetool.ops.shrink.inputs import check_output, model_config, record_sizes
 from sparsetool.ops.shrink.options import ShrinkOptions
 from sparsetool.ops.shrink.results import ShrinkResult
@@ -49,9 +51,6 @@ class ShrinkKind(Protocol):
 
     def plan(self, path: Path, config: dict[str, Any], cfg: Any) -> None:
         """Check the request against ``config.json`` (``cfg``: transformers' config of it)."""
-
-    def open(self, path: Path) -> BlockModel:
-        """The model, to be run block by block."""
 
     def choose(
         self,
@@ -86,7 +85,7 @@ def run_kind(
     if opts.reads_text:
         assert opts.calibration is not None, "validate() asks for it"
         text = read_text(opts.calibration, "--calibration")
-    model = kind.open(path)
+    model = open_model(path, opts.dtype, opts.device, needs=kind.needs, attention="eager")
     result = ShrinkResult(output=out, options=opts)
     with contextlib.ExitStack() as held:  # closed after the model
         try:

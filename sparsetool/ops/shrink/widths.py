@@ -40,7 +40,6 @@ from typing import Any
 from sparsetool.checkpoint.spill import TensorSpill
 from sparsetool.errors import SparsetoolError
 from sparsetool.models.blocks import BlockModel
-from sparsetool.models.open import open_model
 from sparsetool.ops.shrink.kind import Shrinking, run_kind
 from sparsetool.ops.shrink.memory import renorm_bytes
 from sparsetool.ops.shrink.options import ShrinkOptions
@@ -102,9 +101,6 @@ class WidthsKind:
     def plan(self, path: Path, config: dict[str, Any], cfg: Any) -> None:
         """Nothing before the model opens (sparsetool's GPT, a file without config.json: refused
         by the skeleton's read of the config)."""
-
-    def open(self, path: Path) -> BlockModel:
-        return open_model(path, self.opts.dtype, self.opts.device, needs=NEEDS, attention="eager")
 
     def choose(
         self,
