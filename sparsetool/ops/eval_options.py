@@ -76,7 +76,7 @@ class EvalOptions(OptionsRecord):
     def from_values(cls, **values: Any) -> EvalOptions:
         """The options from the values the CLI or ``sparsetool.eval`` holds (a choice may be an
         ``Enum`` of it); not yet checked (:meth:`checked`)."""
-        return cls(**{k: getattr(v, "value", v) for k, v in values.items()})
+        return cls(**cls.given(values))
 
     def checked(self) -> EvalOptions:
         """The options with ``device`` checked and ``max_memory`` in bytes (``"12G"`` read), as

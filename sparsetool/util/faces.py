@@ -70,6 +70,15 @@ class OptionsRecord:
         return {f.name: f.default for f in fields(cls)}  # type: ignore[arg-type]
 
     @classmethod
+    def given(cls, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` by option name, each choice given as an ``Enum`` turned into its name; a
+        name that is no option is a TypeError, as a wrong keyword of a function is."""
+        unknown = sorted(set(values) - set(cls.pick(values)))
+        if unknown:
+            raise TypeError(f"not an option of {cls.command}: {', '.join(unknown)}")
+        return {k: getattr(x, "value", x) for k, x in values.items()}
+
+    @classmethod
     def pick(cls, values: Mapping[str, Any]) -> dict[str, Any]:
         """The entries of ``values`` that name an option (a caller's locals, say)."""
         names = {f.name for f in fields(cls)}  # type: ignore[arg-type]

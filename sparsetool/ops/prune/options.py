@@ -245,10 +245,7 @@ class PruneOptions(OptionsRecord):
         ``include``/``exclude`` one glob or several, ``calibration`` a path, ``max_memory`` bytes
         or ``"12G"``. Not yet checked: :meth:`validate` does that (``prune_checkpoint`` calls
         it)."""
-        unknown = sorted(set(values) - set(cls.pick(values)))
-        if unknown:
-            raise TypeError(f"not an option of prune: {', '.join(unknown)}")
-        v = {k: getattr(x, "value", x) for k, x in values.items()}  # an Enum: its name
+        v = cls.given(values)
         if isinstance(v.get("nm"), str):
             v["nm"] = parse_nm(v["nm"])
         elif v.get("nm") is not None:

@@ -179,10 +179,7 @@ class ShrinkOptions(OptionsRecord):
         """The options from values in the forms the Python API and the command line take them:
         a choice as its name or an ``Enum`` of it, ``calibration`` a path, ``max_memory`` bytes or
         ``"12G"``. Not yet checked: :meth:`validate` does that."""
-        unknown = sorted(set(values) - set(cls.pick(values)))
-        if unknown:
-            raise TypeError(f"not an option of shrink: {', '.join(unknown)}")
-        v = {k: getattr(x, "value", x) for k, x in values.items()}  # an Enum: its name
+        v = cls.given(values)
         if v.get("calibration") is not None:
             v["calibration"] = Path(v["calibration"])
         if v.get("max_memory") is not None:  # "12G", or bytes (checked as --max-memory is)
