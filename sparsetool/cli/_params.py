@@ -177,8 +177,12 @@ def in_place_conflict(checkpoint: Any, output: Any, in_place: bool) -> None:
 def face_option(record: type[OptionsRecord], name: str) -> Any:
     """A typer option made from the field ``name`` of an options record
     (:mod:`sparsetool.util.faces`): its default, flag, metavar, help and the check run while
-    parsing (a bad value: a usage error before torch loads)."""
+    parsing (a bad value: a usage error before torch loads). An option every command shares
+    (``--seed``, ``--device``, ``--dtype``, ``--max-memory``, ``--plot``) is the shared one below,
+    with the record's help and default."""
     value, shown = record.face(name)
+    if shown.flag in SHARED:
+        return SHARED[shown.flag](shown.help, value)
     parse = None if shown.parse is None else checked(shown.parse, **shown.limits)
     if isinstance(value, float):  # taken as text, which its check reads: --help shows 5, not 5.0
         value = f"{value:g}"
@@ -431,3 +435,14 @@ __all__ = [
     "max_memory_option",
     "use_device",
 ]
+
+
+# The shared options an options record's field stands for (face_option): the field's help and
+# default, the shared option's flag, metavar and check.
+SHARED: dict[str, Callable[[str, Any], Any]] = {
+    "--seed": lambda help, default: seed_option(help, default=default),
+    "--device": lambda help, default: device_option(help),
+    "--dtype": lambda help, default: compute_dtype_option(help),
+    "--max-memory": lambda help, default: max_memory_option(),
+    "--plot": lambda help, default: plot_option(help),
+}

@@ -20,25 +20,15 @@ from sparsetool.cli._output import (
 )
 from sparsetool.cli._params import (
     ComputeDType,
-    compute_dtype_option,
-    device_option,
     face_option,
     json_option,
     max_memory_option,
-    plot_option,
     quiet_option,
-    seed_option,
     threads_option,
     use_device,
     use_threads,
 )
 from sparsetool.ops.eval_options import EvalOptions, TasksOptions
-from sparsetool.util.faces import OptionFace, OptionsRecord
-
-
-def face(record: type[OptionsRecord], name: str) -> OptionFace:
-    """How the option ``name`` of ``record`` shows on the command line."""
-    return record.face(name)[1]
 
 
 def counted_option(name: str) -> Any:
@@ -55,10 +45,8 @@ OPTIONS = {
     "log_samples": face_option(TasksOptions, "log_samples"),
     "limit": counted_option("limit"),
     "num_fewshot": counted_option("num_fewshot"),
-    "dtype": compute_dtype_option(face(EvalOptions, "dtype").help),
-    "device": device_option(face(EvalOptions, "device").help),
-    "plot": plot_option(face(EvalOptions, "plot").help),
-    "seed": seed_option(face(TasksOptions, "seed").help, default=TasksOptions.face("seed")[0]),
+    **{n: face_option(EvalOptions, n) for n in ("dtype", "device", "plot")},
+    "seed": face_option(TasksOptions, "seed"),
 }
 
 EXAMPLES = (  # the end of --help: each runs as written (given the checkpoints named)

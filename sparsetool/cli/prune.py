@@ -26,8 +26,6 @@ from sparsetool.cli._params import (
     ComputeDType,
     checkpoint_argument,
     choices,
-    compute_dtype_option,
-    device_option,
     exclude_option,
     face_choice,
     face_option,
@@ -37,7 +35,6 @@ from sparsetool.cli._params import (
     max_memory_option,
     output_option,
     quiet_option,
-    seed_option,
     sparsity_option,
     threads_option,
     usage_error,
@@ -74,11 +71,6 @@ def face(name: str) -> OptionFace:
     return PruneOptions.face(name)[1]
 
 
-def default(name: str) -> Any:
-    """The default of the option ``name``, as :class:`PruneOptions` declares it."""
-    return PruneOptions.face(name)[0]
-
-
 def record_option(name: str) -> Any:
     """A typer option made from :class:`PruneOptions`' field ``name``."""
     return face_option(PruneOptions, name)
@@ -106,7 +98,7 @@ def prune(
     method: Method = record_choice(Method, "method"),
     scope: Scope = record_choice(Scope, "scope"),
     distribution: Distribution = record_choice(Distribution, "distribution"),
-    seed: int = seed_option(face("seed").help, default=default("seed")),
+    seed: int = record_option("seed"),
     encoding: Encoding = record_choice(Encoding, "encoding"),
     include: list[str] = include_option(),
     exclude: list[str] = exclude_option(),
@@ -123,8 +115,8 @@ def prune(
     dsnot_iterations: int = record_option("dsnot_iterations"),
     dsnot_threshold: str = record_option("dsnot_threshold"),
     expert_min_tokens: int = record_option("expert_min_tokens"),
-    device: str = device_option(face("device").help),
-    dtype: ComputeDType = compute_dtype_option(face("dtype").help),
+    device: str = record_option("device"),
+    dtype: ComputeDType = record_option("dtype"),
     max_memory: str | None = max_memory_option(),
     in_place: bool = typer.Option(
         False, "--in-place", help="Allow OUTPUT to be the input itself (replaced atomically)."

@@ -21,15 +21,11 @@ from sparsetool.cli._params import (
     ComputeDType,
     checkpoint_argument,
     choices,
-    compute_dtype_option,
-    device_option,
     face_choice,
     face_option,
     json_option,
-    max_memory_option,
     output_option,
     quiet_option,
-    seed_option,
     threads_option,
     usage_error,
     usage_errors,
@@ -58,19 +54,9 @@ EXAMPLES = (  # the end of --help: each runs as written (given the files named)
 
 def _option(name: str) -> Any:
     """The typer option of :class:`ShrinkOptions`' field ``name``: its default, flag, metavar,
-    help and check from the record (seed, device, dtype and max-memory are the shared options of
-    cli/_params.py, with the record's help and default)."""
-    value, face = ShrinkOptions.face(name)
+    help and check from the record (a choice as its Enum)."""
     if name in CHOICES:
         return face_choice(ShrinkOptions, CHOICES[name], name)
-    if name == "seed":
-        return seed_option(face.help, default=value)
-    if name == "device":
-        return device_option(face.help)
-    if name == "dtype":
-        return compute_dtype_option(face.help)
-    if name == "max_memory":
-        return max_memory_option()
     return face_option(ShrinkOptions, name)
 
 
