@@ -14,10 +14,12 @@ over every calibration token:
 Reconstruction (the default; ``--no-reconstruct`` leaves it out): each removed run of consecutive
 blocks gets ReplaceMe's linear map, fitted by least squares in a second pass of the text through
 the original model (:class:`sparsetool.ops.shrink.refit.RunMap`) and folded into the down
-projection of the kept block before the run. A run that starts at block 0 has no block before it
-to fold into, and a block whose MLP output passes a norm before the residual (Gemma-3's
-``post_feedforward_layernorm``) cannot take the fold: both are left as removed, and the result
-says so.
+projection of the kept block before the run. The map's damping pulls it toward the identity (the
+blocks just removed) and is chosen on held-back calibration windows; a run no map improves there
+is left as removed (:func:`sparsetool.ops.shrink.refit.choose_map`). A run that starts at block 0
+has no block before it to fold into, and a block whose MLP output passes a norm before the
+residual (Gemma-3's ``post_feedforward_layernorm``) cannot take the fold: both are left as
+removed, and the result says so.
 
 The output keeps the input's layout: the removed blocks' tensors gone, the others renumbered
 ``0 .. L-N-1`` and copied byte for byte (a folded down projection written anew),
@@ -45,7 +47,7 @@ from sparsetool.ops.shrink.inputs import model_config
 from sparsetool.ops.shrink.kind import Shrinking, run_kind
 from sparsetool.ops.shrink.memory import blocks_held, blocks_statistics
 from sparsetool.ops.shrink.options import ShrinkOptions
-from sparsetool.ops.shrink.refit import DAMPENING, RunMap
+from sparsetool.ops.shrink.refit import DAMPINGS, RunMap, choose_map, held_windows, is_held
 from sparsetool.ops.shrink.results import BlockMaps, BlocksRemoved, FoldedMap, ShrinkResult
 from sparsetool.ops.shrink.windows import shrink_windows
 from sparsetool.util.memory import MemoryPlan
@@ -258,7 +260,13 @@ def _replace_runs(
     projection before the run (``values``: stored name -> its new tensor); the record."""
     runs = _runs(removed)
     targets: dict[int, tuple[list[int], str, bool]] = {}  # block before a run -> its fold
-    record = BlockMaps("ReplaceMe: least squares, folded into the down projection", DAMPENING)
+    samples = len(windows)
+    record = BlockMaps(
+        "ReplaceMe: least squares, folded into the down projection, damped toward the identity; "
+        "the damping chosen on the held-back windows",
+        list(DAMPINGS),
+        held_windows(samples),
+    )
     for run in runs:
         before = run[0] - 1
         found = _down_projection(model, before) if before >= 0 else None
@@ -274,7 +282,7 @@ def _replace_runs(
         targets[before] = (run, *found)
     if not targets:
         return record
-    maps: dict[int, RunMap] = {b: RunMap() for b in targets}
+    maps: dict[int, tuple[RunMap, RunMap]] = {b: (RunMap(), RunMap()) for b in targets}
     open_: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # run end -> (m, h)
     ends = {run[-1]: before for before, (run, _p, _c) in targets.items()}
     last = max(ends)
@@ -293,15 +301,35 @@ def _replace_runs(
             open_[targets[i][0][-1]] = (seen, outs)
         if i in open_:  # the run ends here: its map is fitted, solved and folded at once
             (ms, hs), before = open_.pop(i), ends[i]
-            fit = maps.pop(before)
-            for m, h, after in zip(ms, hs, outs):
-                fit.add(m, h, after)
+            fit, held = maps.pop(before)
+            for w, (m, h, after) in enumerate(zip(ms, hs, outs)):
+                (held if is_held(w, samples) else fit).add(m, h, after)
             del ms, hs
             run, path, conv1d = targets[before]
-            t, err0, err1 = fit.solve()
-            del fit
-            _fold(model, path, conv1d, t, values)
-            record.maps.append(FoldedMap(run, before, err0, err1))
+            choice = choose_map(fit, held)
+            del fit, held
+            if choice.t is not None:
+                _fold(model, path, conv1d, choice.t, values)
+            else:
+                result.notes.append(
+                    f"removed blocks {_span(run)} are not refit: no map beat the blocks just "
+                    "removed on the held-back calibration windows"
+                    if choice.held_before is not None
+                    else f"removed blocks {_span(run)} are not refit: one calibration window, "
+                    "none held back to check a map on; give --samples 2 or more"
+                )
+            record.maps.append(
+                FoldedMap(
+                    run,
+                    before,
+                    choice.error_before,
+                    choice.error_after,
+                    choice.damping,
+                    choice.held_before,
+                    choice.held_after,
+                    kept_plain=choice.t is None,
+                )
+            )
         del outs
     return record
 

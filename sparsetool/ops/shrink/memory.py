@@ -5,16 +5,18 @@ The pass's part (the process, one block, the windows' hidden states at both ends
 
 - ``--ffn``/``--heads`` with reconstruction (:func:`widths_statistics`): a block's ``X^T X`` of
   the down projection's inputs (``d_ff x d_ff``, float64) and of the output projection's
-  (``heads x head_dim`` square), held together while the windows run, with one window's product
-  being added; then each refit beside them (:func:`refit_solve_bytes`). Without reconstruction
-  the scores are a few numbers per channel.
+  (``heads x head_dim`` square), each twice (the windows fitted on and those held back), held
+  together while the windows run, with one window's product being added; then each refit beside
+  them (:func:`refit_solve_bytes`: choosing its damping, then the solve on their sum). Without
+  reconstruction the scores are a few numbers per channel.
 - ``--hidden`` with reconstruction (:func:`renorm_bytes`): in its own pass, the sums of the two
   norms whose outputs the block's layers read (``H``, ``X``, ``H'``: ``d^2``, ``d x kept``,
   ``kept^2`` float64) and the refit of its widest reader beside them.
 - ``--blocks`` (:func:`blocks_statistics`, :func:`blocks_held`): angular distance keeps the
   inputs of the last N blocks; ReplaceMe's fit keeps the MLP output and the hidden states before
-  the run being replaced, and that run's map sums (``M^T M``, ``M^T Y``: ``d x d`` float64) until
-  it ends and its map is solved and folded into a down projection.
+  the run being replaced, and that run's map sums (``M^T M``, ``M^T Y``: ``d x d`` float64, for
+  the windows fitted on and those held back) until it ends and its map is chosen, solved and
+  folded into a down projection.
 - ``--experts``: the experts' routed inputs (:func:`sparsetool.ops.calibration.routed_bytes`)
   and the kept experts' copy of a block's experts.
 
@@ -34,13 +36,18 @@ __all__ = [
 
 FLOAT64 = 8  # the refits' sums and solves are float64
 GRAM_ADDING = 1  # one window's x^T x beside the sum it is added to (in place)
-SOLVE_SQUARES = 2  # H[K, K] (dampened) and the solver's factor of it
+HELD_SETS = 2  # every sum twice: over the windows fitted on and over those held back
+SOLVE_SQUARES = 4  # H[K, K] (dampened), its eigenvectors (or the solver's factor), the held-back
+# H[K, K] in their basis, and the eigensolver's workspace
+SOLVE_MERGED = 1  # H over every window, summed for the last solve
 SOLVE_FULL = 4  # (out, in) float64: the weights with their bias, their error's difference and
 # product, the refit written back at full width
-SOLVE_KEPT = 4  # (out, kept) float64: W H[:, K], its solution, the plain slice, a transpose
+SOLVE_KEPT = 6  # (out, kept) float64: W H[:, K], the plain slice and the held-back W Hh[:, K] in
+# the eigenbasis, a damping's solution and its product, the final solution
 REPLACEME_HELD = 2  # hidden-state sets: the MLP output before the run, and its block's output
-MAP_SUMS = 2  # a run's M^T M and M^T Y (d x d float64)
-MAP_SOLVE = 4  # solving a map: the dampened copy, T, the identity, M^T M T (d x d float64)
+MAP_SUMS = 2 * HELD_SETS  # a run's M^T M and M^T Y (d x d float64), fitted on and held back
+MAP_SOLVE = 7  # choosing and solving a map: the dampened copy, its right side, T, the identity,
+# M^T M T, and the merged M^T M and M^T Y (d x d float64)
 FOLD_COPIES = 2  # folding a map: the down projection in float64, and its product
 READ_NORMS = 2  # norms a block's layers read: attention's and the FFN's
 RENORM_FULL = 2  # (out, d) float64 of a reader's refit: its weights, and their product with H
@@ -57,8 +64,9 @@ def refit_solve_bytes(out: int, n: int, kept: int, bias: bool) -> int:
     inputs, ``kept`` of them kept) holds beside its Gram: the squares of the kept inputs, the
     full-width and kept-width matrices, and ``H`` with its constant input (``bias``)."""
     squares = SOLVE_SQUARES * (kept + bias) ** 2 * FLOAT64
-    augmented = (n + 1) ** 2 * FLOAT64 if bias else 0
-    return squares + augmented + (SOLVE_FULL * n + SOLVE_KEPT * kept) * out * FLOAT64
+    augmented = HELD_SETS * (n + 1) ** 2 * FLOAT64 if bias else 0
+    merged = SOLVE_MERGED * (n + bias) ** 2 * FLOAT64
+    return squares + augmented + merged + (SOLVE_FULL * n + SOLVE_KEPT * kept) * out * FLOAT64
 
 
 def widths_statistics(
@@ -71,7 +79,7 @@ def widths_statistics(
     """The most a block's refits hold at once: ``ffn`` (channels, kept) of the down projection
     and ``heads`` (inputs, kept) of the output projection (None: not refit), both writing
     ``width`` outputs; ``bias``: the down projection has one (GPT-2)."""
-    grams = [gram_bytes(n) for n, _k in (p for p in (ffn, heads) if p is not None)]
+    grams = [HELD_SETS * gram_bytes(n) for n, _k in (p for p in (ffn, heads) if p is not None)]
     if not grams:
         return 0
     held = sum(grams)
@@ -80,7 +88,7 @@ def widths_statistics(
     if ffn is not None:
         peak = max(peak, held + refit_solve_bytes(width, ffn[0], ffn[1], bias))
     if heads is not None:  # the FFN's Gram is gone by then
-        rest = held - (gram_bytes(ffn[0]) if ffn is not None else 0)
+        rest = held - (HELD_SETS * gram_bytes(ffn[0]) if ffn is not None else 0)
         peak = max(peak, rest + refit_solve_bytes(width, heads[0], heads[1], False))
     return peak
 

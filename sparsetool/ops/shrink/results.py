@@ -31,12 +31,19 @@ __all__ = [
 
 @dataclass
 class FoldedMap:
-    """``--blocks``: ReplaceMe's map of one removed run, folded into the block before it."""
+    """``--blocks``: ReplaceMe's map of one removed run, folded into the block before it, or not
+    (``kept_plain``: no map beat the blocks just removed on the held-back windows). The errors:
+    over every calibration window (``error_*``) and over the held-back windows of the map
+    fitted without them (``held_*``; None with nothing held back), without the map and with."""
 
     run: list[int]
     folded_into: int
     error_before: float
     error_after: float
+    damping: float | None = None
+    held_before: float | None = None
+    held_after: float | None = None
+    kept_plain: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -44,13 +51,26 @@ class FoldedMap:
             "folded_into": self.folded_into,
             "error_before": self.error_before,
             "error_after": self.error_after,
+            "damping": self.damping,
+            "held_before": self.held_before,
+            "held_after": self.held_after,
+            "kept_plain": self.kept_plain,
         }
 
     def summary(self) -> str:
+        span = f"{self.run[0]}-{self.run[-1]}" if len(self.run) > 1 else str(self.run[0])
+        if self.held_before is None:
+            return (
+                f"blocks {span} removed as they are (one calibration window: none held back to "
+                "check a map on)"
+            )
+        held = f"held-back error {self.held_before:.3g} -> {self.held_after:.3g}"
+        if self.kept_plain:
+            return f"blocks {span} removed as they are (no map beat that: {held})"
         return (
-            f"blocks {self.run[0]}-{self.run[-1]} replaced by a least-squares map folded into "
-            f"block {self.folded_into}'s down projection (calibration error "
-            f"{self.error_before:.3g} -> {self.error_after:.3g})"
+            f"blocks {span} replaced by a least-squares map folded into block "
+            f"{self.folded_into}'s down projection ({held}, damping {self.damping:g}; "
+            f"calibration error {self.error_before:.3g} -> {self.error_after:.3g})"
         )
 
 
@@ -59,14 +79,16 @@ class BlockMaps:
     """``--blocks`` with reconstruction: the maps fitted, and the runs left as removed (why)."""
 
     method: str
-    dampening: float
+    dampings: list[float]  # chosen from on the held-back windows
+    held_back_windows: int
     maps: list[FoldedMap] = field(default_factory=list)
     not_refit: list[dict[str, Any]] = field(default_factory=list)  # {"run": [...], "why": ...}
 
     def to_json(self) -> dict[str, Any]:
         return {
             "method": self.method,
-            "dampening": self.dampening,
+            "dampings": self.dampings,
+            "held_back_windows": self.held_back_windows,
             "maps": [m.to_json() for m in self.maps],
             "not_refit": self.not_refit,
         }
@@ -144,11 +166,13 @@ class HeadsKept:
 class LeastSquares:
     """A least-squares refit summed up: what was refit (``names``: the projections, or the
     readers of the narrower norms), how, and the calibration error before and after (the mean
-    over layers). ``extra``: the rest of its record, as recorded."""
+    over layers). ``extra``: the rest of its record, as recorded (a refit checked on held-back
+    windows: their count, the dampings, the layers refit and kept plain, the mean held-back
+    errors). ``dampening``: the one damping, or None where each layer chose its own."""
 
     names: list[str]
     method: str
-    dampening: float
+    dampening: float | None
     error_before: float
     error_after: float
     key: str = "projections"  # the names' key in the record
@@ -187,9 +211,20 @@ class LeastSquares:
         }
 
     def errors(self) -> str:
+        calibration = f"calibration error {self.error_before:.3g} -> {self.error_after:.3g}"
+        x = self.extra
+        if "held_back_windows" not in x:
+            return f"({calibration}, mean over layers)"
+        if not x["held_back_windows"]:
+            return (
+                "(every layer kept plain: one calibration window, none held back to check a "
+                "refit on; give --samples 2 or more)"
+            )
+        kept = x["layers_kept_plain"]
+        layers = kept + x["layers_refit"]
         return (
-            f"(calibration error {self.error_before:.3g} -> {self.error_after:.3g}, "
-            "mean over layers)"
+            f"(held-back error {x['held_before']:.3g} -> {x['held_after']:.3g}, {calibration}, "
+            f"mean over layers; {kept} of {plural(layers, 'projection')} kept plain)"
         )
 
 

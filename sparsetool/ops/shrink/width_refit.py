@@ -13,7 +13,7 @@ from sparsetool.errors import SparsetoolError
 from sparsetool.models.blocks import BlockModel
 from sparsetool.ops.shrink.memory import widths_statistics
 from sparsetool.ops.shrink.options import ShrinkOptions
-from sparsetool.ops.shrink.refit import DAMPENING, Gram, refit_columns
+from sparsetool.ops.shrink.refit import DAMPINGS, Gram, held_windows, is_held, refit_columns
 from sparsetool.ops.shrink.results import (
     LeastSquares,
     WidthsNarrowed,
@@ -43,7 +43,9 @@ class Refitter:
     read them (the FFN's down projection, attention's output projection) are refit by least
     squares on the block's calibration inputs (:mod:`sparsetool.ops.shrink.refit`) and put into
     the block in memory, the removed inputs' columns at zero (which computes what the narrower
-    block computes), before the block runs again for the next one's inputs. The refit weights,
+    block computes), before the block runs again for the next one's inputs. Each refit's damping
+    is chosen on the held-back windows (:func:`~sparsetool.ops.shrink.refit.is_held`), and a layer
+    no damping improves there keeps its plain slice. The refit weights,
     in the stored dtype and orientation, wait for the writer; the ``X^T X`` of a block is freed
     once it is refit."""
 
@@ -54,8 +56,10 @@ class Refitter:
         g: Geometry,
         plan: WidthPlan,
         spill: TensorSpill,
+        windows: int,
     ):
         self.model, self.layers, self.geometry, self.plan = model, layers, g, plan
+        self.windows = windows  # calibration windows, in the order each block sees them
         self.cuts: dict[str, Cut] = {}
         # stored name -> the axis its refit tensor (in ``spill``: one tensor in memory at a time,
         # whatever the depth) is already cut along to the kept inputs; None: a bias
@@ -67,11 +71,15 @@ class Refitter:
         """Forward pre-hooks gathering ``X^T X`` of the inputs of ``layer``'s projections."""
         handles = []
         if layer.ffn_out:
-            layer.gram_ffn = Gram()
-            handles.append(_gram_hook(self.model, layer.ffn_out, layer.gram_ffn))
+            layer.gram_ffn, layer.held_ffn = Gram(), Gram()
+            handles.append(
+                _gram_hook(self.model, layer.ffn_out, layer.gram_ffn, layer.held_ffn, self.windows)
+            )
         if layer.o:
-            layer.gram_o = Gram()
-            handles.append(_gram_hook(self.model, layer.o, layer.gram_o))
+            layer.gram_o, layer.held_o = Gram(), Gram()
+            handles.append(
+                _gram_hook(self.model, layer.o, layer.gram_o, layer.held_o, self.windows)
+            )
         return handles
 
     def block(self, i: int) -> None:
@@ -80,15 +88,19 @@ class Refitter:
         rec = choose_layer(self.model, i, layer, self.geometry, self.plan, self.cuts)
         if layer.ffn_out and layer.gram_ffn is not None:
             conv1d = layer.ffn_out.endswith("c_proj")
-            rec["ffn_refit"] = self._refit(layer.ffn_out, layer.gram_ffn, rec["ffn_kept"], conv1d)
+            rec["ffn_refit"] = self._refit(
+                layer.ffn_out, layer.gram_ffn, layer.held_ffn, rec["ffn_kept"], conv1d
+            )
         if layer.o and layer.gram_o is not None:
             hd = self.geometry.head_dim
             rows = [h * hd + d for h in rec["heads_kept"] for d in range(hd)]
-            rec["o_refit"] = self._refit(layer.o, layer.gram_o, rows, False)
-        layer.gram_ffn = layer.gram_o = None
+            rec["o_refit"] = self._refit(layer.o, layer.gram_o, layer.held_o, rows, False)
+        layer.gram_ffn = layer.gram_o = layer.held_ffn = layer.held_o = None
         self.layer_records.append(rec)
 
-    def _refit(self, path: str, gram: Gram, kept: list[int], conv1d: bool) -> dict:
+    def _refit(
+        self, path: str, gram: Gram, held: Gram | None, kept: list[int], conv1d: bool
+    ) -> dict:
         model = self.model
         module = model.module.get_submodule(path)
         stored_w = stored_name(model, f"{path}.weight")
@@ -97,7 +109,7 @@ class Refitter:
             raise SparsetoolError(f"{model.path}: {path}.weight is not stored; cannot refit it")
         w = model.ckpt.read_stored(stored_w)  # the stored precision, not the compute dtype's
         b = model.ckpt.read_stored(stored_b) if stored_b is not None else None
-        fit = refit_columns(w.T if conv1d else w, gram, kept, bias=b)
+        fit = refit_columns(w.T if conv1d else w, gram, kept, bias=b, held=held)
         k = torch.tensor(kept, dtype=torch.long)
         full = torch.zeros((w.shape[1], w.shape[0]) if conv1d else w.shape, dtype=torch.float64)
         full[:, k] = fit.weight  # (out, in), the removed inputs' columns at zero
@@ -120,21 +132,38 @@ class Refitter:
         kinds = [k for k in ("ffn_refit", "o_refit") if any(k in r for r in self.layer_records)]
         fits = [r[k] for r in self.layer_records for k in kinds if k in r]
         names = {"ffn_refit": self.layers[0].ffn_out, "o_refit": self.layers[0].o}
+        held = held_windows(self.windows)
+        checked = [f for f in fits if "held_before" in f]
+        extra = {
+            "held_back_windows": held,
+            "dampings": list(DAMPINGS),
+            "layers_refit": sum(not f["kept_plain"] for f in checked),
+            "layers_kept_plain": len(fits) - sum(not f["kept_plain"] for f in checked),
+        }
+        if checked:
+            extra["held_before"] = sum(f["held_before"] for f in checked) / len(checked)
+            extra["held_after"] = sum(f["held_after"] for f in checked) / len(checked)
         refit = LeastSquares(
             [names[k].rsplit(".", 1)[-1] for k in kinds],
-            "least squares on the kept inputs' X^T X (float64), sequential",
-            DAMPENING,
+            "least squares on the kept inputs' X^T X (float64), sequential, damped toward the "
+            "plain slice; the damping chosen on the held-back windows",
+            None,
             sum(f["error_before"] for f in fits) / max(len(fits), 1),
             sum(f["error_after"] for f in fits) / max(len(fits), 1),
+            extra=extra,
         )
         return WidthsNarrowed(self.plan.ffn, self.plan.heads, self.layer_records, refit)
 
 
-def _gram_hook(model: BlockModel, path: str, gram: Gram):
-    """A forward pre-hook on ``path`` adding its input into ``gram``."""
+def _gram_hook(model: BlockModel, path: str, gram: Gram, held: Gram, windows: int):
+    """A forward pre-hook on ``path`` adding its input into ``gram``, or into ``held`` for the
+    held-back windows (its calls are the ``windows`` calibration windows, in order)."""
+    calls = [0]
 
     def see(module, args, kwargs) -> None:
-        gram.add(args[0] if args else next(iter(kwargs.values())))
+        x = args[0] if args else next(iter(kwargs.values()))
+        (held if is_held(calls[0] % windows, windows) else gram).add(x)
+        calls[0] += 1
 
     return model.module.get_submodule(path).register_forward_pre_hook(see, with_kwargs=True)
 

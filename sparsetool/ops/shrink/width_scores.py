@@ -40,6 +40,8 @@ class Layer:
     tokens: int = 0
     gram_ffn: Gram | None = None  # the down projection's inputs (reconstruction)
     gram_o: Gram | None = None  # the output projection's inputs (reconstruction)
+    held_ffn: Gram | None = None  # the same over the held-back windows
+    held_o: Gram | None = None
 
 
 @dataclass

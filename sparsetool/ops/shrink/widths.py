@@ -135,7 +135,7 @@ class WidthsKind:
             held.callback(spill.close)
         refit = None  # --ffn/--heads refit in the scoring pass; --hidden's readers after it
         if refits(opts) and spill is not None:
-            refit = Refitter(model, layers, geometry, plan, spill)
+            refit = Refitter(model, layers, geometry, plan, spill, opts.samples)
         statistics = refit_statistics(model, layers, geometry, plan) if refit is not None else 0
         if renorm and hidden is not None:  # its own pass, after the first
             widest = max(geometry.ffn, geometry.heads * geometry.head_dim)

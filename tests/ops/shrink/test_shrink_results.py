@@ -57,20 +57,35 @@ def test_widths_record_and_its_line():
         "(calibration error 0.123 -> 0.0456, mean over layers)"
     )
     assert list(WidthsNarrowed(ffn=Width(48, 24)).to_json()) == ["ffn", "layers"]
+    checked = {"held_back_windows": 2, "dampings": [0.1], "layers_refit": 3,
+               "layers_kept_plain": 1, "held_before": 0.2, "held_after": 0.15}  # fmt: skip
+    widths.refit = LeastSquares(["down_proj"], "least squares", None, 0.1, 0.05, extra=checked)
+    assert widths.summary().endswith(
+        "refit by least squares: down_proj (held-back error 0.2 -> 0.15, calibration error 0.1 "
+        "-> 0.05, mean over layers; 1 of 4 projections kept plain)"
+    )
 
 
 def test_blocks_record_and_its_line():
     blocks = BlocksRemoved(4, 2, "bi", [1, 2], [0, 3], [0.5, 0.1, 0.2, 0.4], [])
     assert "reconstruct" not in blocks.to_json()
     assert blocks.summary() == "removed 2 blocks of 4 (bi): 1, 2"
-    blocks.reconstruct = BlockMaps("ReplaceMe", 0.01, [FoldedMap([1, 2], 0, 0.5, 0.125)])
+    folded = FoldedMap([1, 2], 0, 0.5, 0.125, 0.1, 0.5, 0.25)
+    blocks.reconstruct = BlockMaps("ReplaceMe", [0.1, 1.0], 2, [folded])
     rec = blocks.to_json()
+    assert list(rec["reconstruct"]) == ["method", "dampings", "held_back_windows", "maps",
+                                        "not_refit"]  # fmt: skip
     assert list(rec)[-1] == "reconstruct" and rec["reconstruct"]["maps"] == [
-        {"run": [1, 2], "folded_into": 0, "error_before": 0.5, "error_after": 0.125}
-    ]
+        {"run": [1, 2], "folded_into": 0, "error_before": 0.5, "error_after": 0.125,
+         "damping": 0.1, "held_before": 0.5, "held_after": 0.25, "kept_plain": False}
+    ]  # fmt: skip
     assert blocks.summary().endswith(
         "; blocks 1-2 replaced by a least-squares map folded into block 0's down projection "
-        "(calibration error 0.5 -> 0.125)"
+        "(held-back error 0.5 -> 0.25, damping 0.1; calibration error 0.5 -> 0.125)"
+    )
+    blocks.reconstruct.maps = [FoldedMap([1, 2], 0, 0.5, 0.5, None, 0.5, 0.5, kept_plain=True)]
+    assert blocks.summary().endswith(
+        "; blocks 1-2 removed as they are (no map beat that: held-back error 0.5 -> 0.5)"
     )
 
 
