@@ -33,6 +33,16 @@ and the same shapes kept by index (the first channels of every narrowed axis: th
 ranking must beat); then one ``sparsetool eval``
 per checkpoint over the held-out text (perplexity, tokens/s against the dense model's, parameters).
 
+  python benchmarks/bench_shrink.py refit MODEL --heldout H.txt --calibration C.txt
+      [--specs ffn=0.75/blocks=4] [--budgets 16x256/32x512/64x512] [--max-tokens 20000]
+      [--threads 2] [--work DIR] [--json OUT]
+
+Whether reconstruction ever makes a cut worse: for each spec and calibration budget (windows x
+tokens), ``shrink`` with the refit (its damping chosen on held-back windows) and with
+``--no-reconstruct`` on the same windows, then one ``sparsetool eval`` of the pair over the
+held-out text (perplexity, paired against the plain cut); the refit's own held-back errors and
+the layers it kept plain, from ``--json``.
+
 Peak memory is the process's peak RSS (``measure.run_measured``: ``/usr/bin/time -f %M``'s
 figure). Prints Markdown tables for RESULTS.md.
 """
@@ -363,6 +373,82 @@ def widths(args) -> dict:
     return {"machine": machine(), "command": " ".join(sys.argv), "rows": rows}
 
 
+def refit(args) -> dict:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    src = Path(args.model)
+
+    def evaluate(*ckpts: Path) -> list[dict]:
+        cmd = [*ST, "eval", *map(str, ckpts), "--text", args.heldout, "--seq", "512", "--json"]
+        cmd += ["-q", "--max-tokens", str(args.max_tokens), "--threads", str(args.threads)]
+        m = run_measured(cmd)
+        if not m.ok:
+            raise SystemExit(f"eval: {m.error_line()}")
+        return json.loads(m.stdout)["checkpoints"]
+
+    dense = evaluate(src)[0]["perplexity"]
+    print(f"dense: {dense:.3f}", flush=True)
+    rows = []
+    for spec in args.specs:
+        flag, value = spec.split("=")
+        for budget in args.budgets:
+            samples, seq = budget.split("x")
+            made = {}
+            for rec in (True, False):
+                out = work / f"{flag}{value}-{budget}-{'refit' if rec else 'plain'}"
+                shutil.rmtree(out, ignore_errors=True)
+                cmd = [*ST, "shrink", str(src), "-o", str(out), f"--{flag}", value, "--json"]
+                cmd += ["-q", "--calibration", args.calibration, "--samples", samples]
+                cmd += ["--seq", seq, "--threads", str(args.threads)]
+                m = run_measured(cmd + ([] if rec else ["--no-reconstruct"]))
+                if not m.ok:
+                    raise SystemExit(f"shrink {spec} {budget}: {m.error_line()}")
+                made[rec] = (out, json.loads(m.stdout), m.wall_s)
+            refit_row, plain_row = evaluate(made[True][0], made[False][0])
+            rec_json = made[True][1]
+            fit = (rec_json.get("widths") or {}).get("refit") or {}
+            maps = ((rec_json.get("blocks") or {}).get("reconstruct") or {}).get("maps", [])
+            row = {
+                "spec": spec,
+                "budget": budget,
+                "dense": dense,
+                "refit": refit_row["perplexity"],
+                "plain": plain_row["perplexity"],
+                "refit_shrink_s": made[True][2],
+                "plain_shrink_s": made[False][2],
+                "held_before": fit.get("held_before"),
+                "held_after": fit.get("held_after"),
+                "kept_plain": fit.get("layers_kept_plain"),
+                "refit_layers": fit.get("layers_refit"),
+                "maps": maps,
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            for out, _rec, _s in made.values():
+                shutil.rmtree(out)
+    print(
+        "| cut | windows x tokens | plain | reconstructed | increase over dense, plain -> "
+        "reconstructed | kept plain | shrink s (refit / plain) |"
+    )
+    print("|---|---|---:|---:|---:|---|---:|")
+    for r in rows:
+        up = (r["plain"] - r["dense"], r["refit"] - r["dense"])
+        kept = (
+            f"{r['kept_plain']} of {r['kept_plain'] + r['refit_layers']} projections"
+            if r["kept_plain"] is not None
+            else ", ".join(
+                f"{m['run'][0]}-{m['run'][-1]}: {'kept plain' if m['kept_plain'] else 'mapped'}"
+                for m in r["maps"]
+            )
+        )
+        print(
+            f"| --{r['spec'].replace('=', ' ')} | {r['budget']} | {r['plain']:.2f} | "
+            f"{r['refit']:.2f} | {up[0]:.2f} -> {up[1]:.2f} ({up[1] / up[0] - 1:+.0%}) | {kept} | "
+            f"{r['refit_shrink_s']:.0f} / {r['plain_shrink_s']:.0f} |"
+        )
+    return {"machine": machine(), "command": " ".join(sys.argv), "dense": dense, "rows": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -390,6 +476,16 @@ def main() -> None:
     w.add_argument("--threads", type=int, default=1)
     w.add_argument("--work", default="/tmp/bench-shrink-widths")
     w.add_argument("--json", help="write the record here")
+    r = sub.add_parser("refit", help="reconstructed against plain cuts at several budgets")
+    r.add_argument("model")
+    r.add_argument("--heldout", required=True)
+    r.add_argument("--calibration", required=True)
+    r.add_argument("--specs", default="ffn=0.75/blocks=4")
+    r.add_argument("--budgets", default="16x256/32x512/64x512")
+    r.add_argument("--max-tokens", type=int, default=20000, help="held-out tokens scored")
+    r.add_argument("--threads", type=int, default=2)
+    r.add_argument("--work", default="/tmp/bench-shrink-refit")
+    r.add_argument("--json", help="write the record here")
     d = sub.add_parser("depth", help="peak RSS against depth at Qwen3-30B-A3B's width")
     d.add_argument("--tokenizer", required=True, help="a directory with tokenizer files")
     d.add_argument("--blocks", default="2,8")
@@ -403,6 +499,9 @@ def main() -> None:
     elif args.what == "widths":
         args.specs = args.specs.split("/")
         record = widths(args)
+    elif args.what == "refit":
+        args.specs, args.budgets = args.specs.split("/"), args.budgets.split("/")
+        record = refit(args)
     else:
         args.blocks = [int(x) for x in args.blocks.split(",")]
         record = depth(args)

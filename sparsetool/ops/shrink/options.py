@@ -84,7 +84,8 @@ class ShrinkOptions(OptionsRecord):
     blocks: float | None = option(  # whole blocks removed, or a fraction of them
         None,
         "--blocks",
-        "Instead: remove N whole transformer blocks (a fraction below 1: of the blocks).",
+        "Instead: remove N whole transformer blocks (a fraction below 1: of the blocks); with "
+        "--ffn/--heads/--hidden, the blocks go first, then the rest is narrowed.",
         metavar="N",
     )
     block_criterion: str = option(
@@ -97,7 +98,7 @@ class ShrinkOptions(OptionsRecord):
     ffn: float | None = option(
         None,
         "--ffn",
-        "Instead: keep this fraction of every FFN's channels, round(F x d_ff) of them "
+        "Keep this fraction of every FFN's channels, round(F x d_ff) of them "
         "(ranked by mean |activation|).",
         metavar="F",
     )
@@ -194,10 +195,10 @@ class ShrinkOptions(OptionsRecord):
 
     @property
     def removes(self) -> str:
-        """What is removed: ``experts``, ``blocks`` or ``widths`` (FFN channels, heads, embedding
-        channels)."""
+        """What is removed: ``experts``, ``blocks``, ``widths`` (FFN channels, heads, embedding
+        channels) or ``blocks and widths`` (the blocks first)."""
         if self.blocks is not None:
-            return "blocks"
+            return "blocks and widths" if self.widths else "blocks"
         if self.widths:
             return "widths"
         return "experts"
@@ -206,10 +207,9 @@ class ShrinkOptions(OptionsRecord):
     def asked(self) -> str:
         """The options that say what is removed, as typed (``--ffn 0.75 --hidden 0.75``)."""
         flags = {"experts": self.experts, "experts-keep": self.experts_keep}
-        if self.removes == "blocks":
-            flags = {"blocks": self.blocks}
-        elif self.removes == "widths":
-            flags = {"ffn": self.ffn, "heads": self.heads, "hidden": self.hidden}
+        if self.removes != "experts":
+            flags = {"blocks": self.blocks, "ffn": self.ffn, "heads": self.heads}
+            flags["hidden"] = self.hidden
         return " ".join(f"--{k} {v:g}" for k, v in flags.items() if v is not None)
 
     @property
@@ -228,12 +228,13 @@ class ShrinkOptions(OptionsRecord):
         """Raise :class:`~sparsetool.errors.ConfigError` for options that cannot work together,
         before anything is read."""
         widths = self.widths
-        asked = [x is not None for x in (self.experts, self.experts_keep, self.blocks)] + [widths]
+        asked = [x is not None for x in (self.experts, self.experts_keep)]
+        asked.append(self.blocks is not None or widths)  # these combine: blocks first
         if sum(asked) != 1:
             raise ConfigError(
                 "say what to remove, one of: --experts F (the fraction of each layer's routed "
-                "experts), --experts-keep N (the experts each layer keeps), --blocks N (whole "
-                "blocks; a fraction below 1 of them), or --ffn F / --heads F / --hidden F (the "
+                "experts), --experts-keep N (the experts each layer keeps), or --blocks N (whole "
+                "blocks; a fraction below 1 of them) and/or --ffn F / --heads F / --hidden F (the "
                 "fraction of FFN channels / attention heads / embedding channels kept)"
                 + ("; run shrink once for each" if sum(asked) > 1 else "")
             )
@@ -324,10 +325,10 @@ class ShrinkOptions(OptionsRecord):
             if self.removes != "experts":
                 del rec[k]
         for k in ("blocks", "block_criterion"):
-            if self.removes != "blocks":
+            if self.blocks is None:
                 del rec[k]
         for k in ("ffn", "heads", "hidden"):
-            if self.removes != "widths":
+            if not self.widths:
                 del rec[k]
         if self.ffn is None and self.heads is None and self.blocks is None:
             del rec["reconstruct"]  # a cut FFN or attention is refit, removed blocks mapped

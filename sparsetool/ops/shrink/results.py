@@ -353,10 +353,8 @@ class ShrinkResult:
 
     def summary(self) -> str:
         """What was removed and the parameters before and after, in one line."""
-        if self.widths is not None:
-            done = self.widths.summary()
-        elif self.blocks is not None:
-            done = self.blocks.summary()
+        if self.widths is not None or self.blocks is not None:
+            done = "; then ".join(r.summary() for r in (self.blocks, self.widths) if r is not None)
         else:
             assert self.plan is not None
             o = self.options

@@ -8,6 +8,7 @@ from pathlib import Path
 from sparsetool.checkpoint.output_files import reclaiming
 from sparsetool.ops.shrink.blocks import shrink_blocks
 from sparsetool.ops.shrink.experts import shrink_experts
+from sparsetool.ops.shrink.mix import shrink_mix
 from sparsetool.ops.shrink.options import ShrinkOptions
 from sparsetool.ops.shrink.results import ShrinkResult
 from sparsetool.ops.shrink.widths import shrink_widths
@@ -26,13 +27,15 @@ def shrink_checkpoint(
     on_plan: Callable[[MemoryPlan], None] | None = None,
 ) -> ShrinkResult:
     """Write the smaller model ``opts`` asks for: whole blocks removed (``opts.blocks``), FFN
-    channels or attention heads (``opts.ffn``, ``opts.heads``), else routed experts
-    (``opts.experts`` or ``opts.experts_keep``). The temporaries of killed runs
+    channels, attention heads or embedding channels (``opts.ffn``, ``opts.heads``,
+    ``opts.hidden``), both (the blocks first: :mod:`~sparsetool.ops.shrink.mix`), else routed
+    experts (``opts.experts`` or ``opts.experts_keep``). The temporaries of killed runs
     removed beside ``out`` are the result's ``reclaimed`` (an error's, if it fails). When text
     runs, ``on_plan`` hears the memory plan (checked against ``opts.max_memory``) before it does."""
     opts.validate()
     opts = opts.reading(path)  # calibration records: their text field, path's chat template
-    shrink = {"blocks": shrink_blocks, "widths": shrink_widths}.get(opts.removes, shrink_experts)
+    kinds = {"blocks": shrink_blocks, "widths": shrink_widths, "blocks and widths": shrink_mix}
+    shrink = kinds.get(opts.removes, shrink_experts)
     with reclaiming() as reclaimed:
         result = shrink(path, out, opts, progress=progress, on_plan=on_plan)
     result.reclaimed = reclaimed

@@ -25,12 +25,17 @@ class Geometry:
 
 
 def model_geometry(model: BlockModel, cfg, opts: ShrinkOptions) -> Geometry:
+    return config_geometry(cfg, model.width, opts)
+
+
+def config_geometry(cfg, width: int, opts: ShrinkOptions) -> Geometry:
+    """The geometry from transformers' config ``cfg`` of a model of hidden size ``width``."""
     heads = int(getattr(cfg, "num_attention_heads", 0) or getattr(cfg, "n_head", 0) or 0)
     kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or (model.width // max(heads, 1)))
+    head_dim = int(getattr(cfg, "head_dim", None) or (width // max(heads, 1)))
     ffn = int(getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 0)
     if opts.ffn is not None and not ffn:
-        ffn = 4 * model.width  # GPT-2's default n_inner
+        ffn = 4 * width  # GPT-2's default n_inner
     return Geometry(heads, kv, head_dim, ffn)
 
 

@@ -214,7 +214,7 @@ def test_fused_attention_and_bad_fractions_are_refused(tmp_path, text, calib_fil
     assert not (tmp_path / "out").exists()
     for args, says in [
         (["--ffn", "1"], "--ffn must be strictly between 0 and 1 (the fraction kept), got 1.0"),
-        (["--ffn", "0.5", "--blocks", "1"], "one of"),
+        (["--ffn", "0.5", "--experts", "0.5"], "one of"),
         (["--heads", "0.5"], "give --calibration"),
     ]:
         r = run("shrink", tmp_path / "in", "-o", tmp_path / "out", *args)
