@@ -155,6 +155,7 @@ def shrink(
     ffn: float | None = _SHRINK.ffn,
     heads: float | None = _SHRINK.heads,
     hidden: float | None = _SHRINK.hidden,
+    multiple_of: int = _SHRINK.multiple_of,
     reconstruct: bool = _SHRINK.reconstruct,
     merge: bool = _SHRINK.merge,
     calibration: str | Path | None = _SHRINK.calibration,
@@ -171,8 +172,9 @@ def shrink(
     ``criterion`` reap, frequency, ean (scored on ``calibration`` text) or random. ``blocks=N``
     instead removes N whole blocks (``block_criterion`` bi or angular); ``ffn=F`` / ``heads=F`` /
     ``hidden=F`` keep that fraction of every layer's FFN channels / attention heads / the
-    embedding channels, the FFN's and attention's output projections refit by least squares
-    unless ``reconstruct=False``. A run whose memory plan does not fit ``max_memory`` (bytes or
+    embedding channels, each width written a multiple of ``multiple_of`` (32; 1: the exact
+    fraction), the FFN's and attention's output projections refit by least squares unless
+    ``reconstruct=False``. A run whose memory plan does not fit ``max_memory`` (bytes or
     ``"12G"``; default: what is available) is refused before any text runs."""
     from sparsetool.ops.shrink import shrink_checkpoint
 

@@ -76,6 +76,7 @@ def shrink(
     ffn: float | None = OPTION["ffn"],
     heads: float | None = OPTION["heads"],
     hidden: float | None = OPTION["hidden"],
+    multiple_of: int = OPTION["multiple_of"],
     reconstruct: bool = OPTION["reconstruct"],
     merge: bool = OPTION["merge"],
     calibration: Path | None = OPTION["calibration"],

@@ -98,8 +98,8 @@ class ShrinkOptions(OptionsRecord):
     ffn: float | None = option(
         None,
         "--ffn",
-        "Keep this fraction of every FFN's channels, round(F x d_ff) of them "
-        "(ranked by mean |activation|).",
+        "Keep this fraction of every FFN's channels (ranked by mean |activation|), "
+        "the multiple of --multiple-of nearest F x d_ff (round(F x d_ff) with --multiple-of 1).",
         metavar="F",
     )
     heads: float | None = option(
@@ -108,16 +108,27 @@ class ShrinkOptions(OptionsRecord):
         "Keep this fraction of every layer's attention heads (ranked by their output "
         "norm): round(F x kv-heads) whole key/value groups when F x kv-heads is whole or each "
         "group is one head, else round(F x group size) query heads of every group (a note says "
-        "when that is not F of the heads: 0.5 of 9 heads in groups of 3 keeps 6).",
+        "when that is not F of the heads: 0.5 of 9 heads in groups of 3 keeps 6); of the counts "
+        "whose kept heads x head_dim is a multiple of --multiple-of, the one nearest.",
         metavar="F",
     )
     hidden: float | None = option(
         None,
         "--hidden",
-        "Keep this fraction of the embedding channels, round(F x hidden size) of them "
-        "(ranked by mean |activation| after every norm): embeddings, norms, head and every "
-        "projection's side.",
+        "Keep this fraction of the embedding channels (ranked by mean |activation| after every "
+        "norm), the multiple of --multiple-of nearest F x hidden size (round(F x hidden size) "
+        "with --multiple-of 1): embeddings, norms, head and every projection's side.",
         metavar="F",
+    )
+    multiple_of: int = option(
+        32,
+        "--multiple-of",
+        "--ffn/--heads/--hidden: every width written (FFN channels, hidden size, kept heads x "
+        "head width) is a multiple of N, the one nearest F x width (a tie: the larger) from N "
+        "to below the full width, with a note when it is not round(F x width). 32 suits "
+        "llama.cpp's q8_0/q4_0, 256 its k-quants; 1 keeps round(F x width) exactly.",
+        metavar="N",
+        parse=check_count,
     )
     reconstruct: bool = option(  # least-squares refits
         True,
@@ -277,6 +288,7 @@ class ShrinkOptions(OptionsRecord):
             check_count(self.experts_keep, "--experts-keep")
         if self.criterion not in CRITERIA:
             raise ConfigError(f"--criterion {self.criterion!r}: use {', '.join(CRITERIA)}")
+        check_count(self.multiple_of, "--multiple-of")
         check_count(self.samples, "--samples")
         if self.seq is not None:
             check_count(self.seq, "--seq", minimum=2)
@@ -327,7 +339,7 @@ class ShrinkOptions(OptionsRecord):
         for k in ("blocks", "block_criterion"):
             if self.blocks is None:
                 del rec[k]
-        for k in ("ffn", "heads", "hidden"):
+        for k in ("ffn", "heads", "hidden", "multiple_of"):
             if not self.widths:
                 del rec[k]
         if self.ffn is None and self.heads is None and self.blocks is None:

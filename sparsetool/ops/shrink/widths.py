@@ -121,7 +121,8 @@ class WidthsKind:
         hidden = Hidden() if opts.hidden is not None else None
         if hidden is not None:  # refuse what --hidden cannot narrow before any text is run
             hidden.axes = hidden_axes(model)
-            hidden.keep = hidden_keep(model, opts)
+            hidden.keep, said = hidden_keep(model, opts)
+            result.notes += said
         check_divides(cfg, plan, geometry, model.width, hidden.keep if hidden else None, opts)
         if hidden is not None and not any(layer.norms for layer in layers):
             raise SparsetoolError(

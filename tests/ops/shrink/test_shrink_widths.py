@@ -16,7 +16,12 @@ import transformers as t
 from sparsetool.errors import SparsetoolError
 from sparsetool.ops.shrink import ShrinkOptions, shrink_checkpoint
 
-from helpers import CALIB, run, save_tokenizer
+from helpers import CALIB as WINDOWS
+from helpers import run, save_tokenizer
+
+# the tiny models' widths (hidden 32, FFN 48, head_dim 4-8) hold few multiples of 32: these
+# tests take the exact fractions (test_shrink_multiple_of.py: the rounding)
+CALIB = dict(WINDOWS, multiple_of=1)
 
 _SMALL = dict(vocab_size=320, max_position_embeddings=64, bos_token_id=1, eos_token_id=1)
 
@@ -310,7 +315,7 @@ def test_heads_rounded_per_group_say_so_in_a_note(tmp_path, text, calib_file):
     """SmolLM2's case: 0.5 of 9 heads in groups of 3 keeps 2 of each, 6 of 9, which the result
     says in a note (printed and in --json); a fraction kept as asked gets none."""
     save("llama9", tmp_path / "in", text)
-    calib = ["--calibration", calib_file, "--samples", "2", "--seq", "16"]
+    calib = ["--calibration", calib_file, "--samples", "2", "--seq", "16", "--multiple-of", "1"]
     note = ("--heads 0.5 keeps 6 of 9 heads (0.67): heads are kept per key/value group, "
             "round(0.5 x 3) = 2 of each group of 3")  # fmt: skip
     r = run("shrink", tmp_path / "in", "-o", tmp_path / "out", "--heads", "0.5", *calib,
@@ -347,7 +352,7 @@ def test_hidden_not_divided_by_the_heads_is_refused_where_transformers_refuses_i
     """Llama's config (as Gemma-3's) refuses a hidden size its heads do not divide, even with
     head_dim written out: refused before any text, naming the nearest widths that load; Qwen3's
     config takes it, and the shrunk model loads."""
-    calib = ["--calibration", calib_file, "--samples", "2", "--seq", "16"]
+    calib = ["--calibration", calib_file, "--samples", "2", "--seq", "16", "--multiple-of", "1"]
     save("llama9", tmp_path / "llama", text)  # hidden 36, 9 heads: 0.6 keeps 22
     r = run("shrink", tmp_path / "llama", "-o", tmp_path / "out", "--hidden", "0.6", *calib,
             columns=400)  # fmt: skip
