@@ -156,6 +156,8 @@ def shrink(
     heads: float | None = _SHRINK.heads,
     hidden: float | None = _SHRINK.hidden,
     multiple_of: int = _SHRINK.multiple_of,
+    params: float | int | str | None = _SHRINK.params,
+    candidates: int = _SHRINK.candidates,
     reconstruct: bool = _SHRINK.reconstruct,
     merge: bool = _SHRINK.merge,
     calibration: str | Path | None = _SHRINK.calibration,
@@ -174,7 +176,10 @@ def shrink(
     ``hidden=F`` keep that fraction of every layer's FFN channels / attention heads / the
     embedding channels, each width written a multiple of ``multiple_of`` (32; 1: the exact
     fraction), the FFN's and attention's output projections refit by least squares unless
-    ``reconstruct=False``. A run whose memory plan does not fit ``max_memory`` (bytes or
+    ``reconstruct=False`` (each refit's damping chosen on held-back windows; kept plain where
+    none helps); ``blocks`` combines with them. ``params=F`` (or a count, ``"100M"``) asks for
+    a size instead: the cuts are chosen by measurement, ``candidates`` mixes beside each kind
+    alone (``result.search``). A run whose memory plan does not fit ``max_memory`` (bytes or
     ``"12G"``; default: what is available) is refused before any text runs."""
     from sparsetool.ops.shrink import shrink_checkpoint
 

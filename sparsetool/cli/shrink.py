@@ -11,6 +11,7 @@ from sparsetool.cli._output import (
     console,
     emit_json,
     failing_cleanly,
+    log_line,
     note_left_out,
     note_reclaimed,
     plan_printer,
@@ -35,7 +36,7 @@ from sparsetool.cli._params import (
 from sparsetool.ops.shrink.options import BLOCK_CRITERIA, CRITERIA, ShrinkOptions
 
 if TYPE_CHECKING:
-    from sparsetool.ops.shrink.results import ShrinkResult
+    from sparsetool.ops.shrink.results import ParamsSearch, ShrinkResult
 
 if TYPE_CHECKING:  # a choice's name to the type checker; typer reads the choices made below
     Criterion = str
@@ -49,6 +50,7 @@ EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     "sparsetool shrink qwen3-moe/ -o qwen3-moe-half/ --experts 0.5 --calibration text.txt",
     "sparsetool shrink llama/ -o llama-minus-4/ --blocks 4 --calibration text.txt",
     "sparsetool shrink llama/ -o llama-narrow/ --ffn 0.75 --hidden 0.75 --calibration text.txt",
+    "sparsetool shrink llama/ -o llama-3q/ --params 0.75 --calibration text.txt",
 )
 
 
@@ -77,6 +79,8 @@ def shrink(
     heads: float | None = OPTION["heads"],
     hidden: float | None = OPTION["hidden"],
     multiple_of: int = OPTION["multiple_of"],
+    params: str | None = OPTION["params"],
+    candidates: int = OPTION["candidates"],
     reconstruct: bool = OPTION["reconstruct"],
     merge: bool = OPTION["merge"],
     calibration: Path | None = OPTION["calibration"],
@@ -102,7 +106,12 @@ def shrink(
     layer count; each removed run becomes a least-squares linear map folded into the down projection
     of the block before it (ReplaceMe; --no-reconstruct: removed only). --ffn F, --heads F and
     --hidden F narrow every layer alike (channels and heads ranked by their activations), refit what
-    reads the kept ones by least squares, and write the new widths into config.json.
+    reads the kept ones by least squares, and write the new widths into config.json. --blocks
+    combines with them (the blocks go first). --params F (or N) asks for a size instead and
+    chooses the cuts by measurement: each kind alone, then the mixes predicted best, each made
+    and scored on calibration text it never ran; the best is written and a table shows them all.
+    Every refit's damping is chosen on held-back calibration windows, and a cut no refit
+    improves there is kept plain.
 
     The output is a Hugging Face directory of the same architecture that transformers loads as it
     is (every other tensor and the tokenizer copied); what was kept, every score and every refit
@@ -126,6 +135,7 @@ def shrink(
             opts,
             progress=progress,
             on_plan=plan_printer(not (as_json or quiet)),
+            on_search=None if as_json or quiet else _say_search,
         )
     note_reclaimed(result.reclaimed)
     if as_json:
@@ -134,8 +144,21 @@ def shrink(
     print_result(result, quiet)
 
 
+def _say_search(search: ParamsSearch) -> None:
+    for line in search.plan_lines():
+        log_line(line)
+
+
 def print_result(result: ShrinkResult, quiet: bool) -> None:
-    """What was removed (with --experts, per layer unless ``quiet``), the notes, the output."""
+    """What was removed (with --experts, per layer unless ``quiet``; with --params, the
+    candidates), the notes, the output."""
+    if result.search is not None:
+        print_table(
+            ["candidate (* chosen)", "made as", "parameters", "predicted loss", "loss", "s"],
+            result.search.rows(),
+            title=f"--params: the candidates (loss: nats/token on {result.search.windows} "
+            "windows of calibration text none was fitted on; ! misses the budget by over 1%)",
+        )
     if result.plan is not None and not quiet:
         print_table(
             ["block", "removed", "lowest kept", "highest removed"],

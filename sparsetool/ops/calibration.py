@@ -41,6 +41,7 @@ __all__ = [
     "Step",
     "activation_bytes",
     "calibration_windows",
+    "unpicked_windows",
     "gated_product",
     "hidden_bytes",
     "is_experts",
@@ -96,9 +97,28 @@ def calibration_windows(
             "--samples or --seq"
         )
     n = len(ids) // seq
-    pick = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:samples].sort().values
+    pick = _order(n, seed)[:samples].sort().values
     t = torch.tensor(ids[: n * seq], dtype=torch.long).view(n, seq)
     return t[pick]
+
+
+def unpicked_windows(ids: list[int], samples: int, seq: int, seed: int, count: int) -> torch.Tensor:
+    """Up to ``count`` more windows of ``seq`` tokens of the text, none of them among the
+    ``samples`` :func:`calibration_windows` picks with ``seed`` (the next ones of its random
+    order, kept in text order): text the calibration never ran, to score what it made on. Empty
+    when the text holds no more."""
+    import torch
+
+    n = len(ids) // seq
+    pick = _order(n, seed)[samples : samples + count].sort().values
+    t = torch.tensor(ids[: n * seq], dtype=torch.long).view(n, seq)
+    return t[pick]
+
+
+def _order(n: int, seed: int) -> torch.Tensor:
+    import torch
+
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
 
 
 def window_length(seq: int | None, context: int, source: object) -> tuple[int, str | None]:

@@ -28,6 +28,7 @@ from sparsetool.util.options import (
     check_seed,
     option_error,
     parse_size,
+    parse_tokens,
 )
 
 __all__ = [
@@ -43,6 +44,36 @@ CRITERIA = ("reap", "frequency", "ean", "random")
 BLOCK_CRITERIA = ("bi", "angular")
 """How whole blocks are chosen: each block's influence (ShortGPT), or the contiguous run whose
 input and output lie closest in angle (Gromov et al.)."""
+
+
+def parse_params(text: str | float | int, option: str = "--params") -> float | int:
+    """``--params``: a fraction of the input's parameters strictly between 0 and 1 (``0.75``), or a
+    count of them (``100M``, ``1.5B``, ``90_000_000``; K, M, B are powers of 1000).
+
+    >>> parse_params("0.75"), parse_params("100M"), parse_params(0.5), parse_params("1.5B")
+    (0.75, 100000000, 0.5, 1500000000)
+    >>> parse_params("1")
+    Traceback (most recent call last):
+    ...
+    sparsetool.errors.ConfigError: --params 1: give a fraction strictly between 0 and 1 (0.75) or
+    a count of parameters (100M)
+    """
+    problem = "give a fraction strictly between 0 and 1 (0.75) or a count of parameters (100M)"
+    if isinstance(text, bool):
+        raise option_error(f"{option} {text!r}: {problem}", option, text, problem)
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = None
+    if value is not None and 0 < value < 1:
+        return value
+    try:
+        count = parse_tokens(text, option)
+    except ConfigError:
+        count = 0
+    if count < 2:
+        raise option_error(f"{option} {text}: {problem}", option, text, problem)
+    return count
 
 
 def _number(x: object) -> bool:
@@ -123,10 +154,28 @@ class ShrinkOptions(OptionsRecord):
     multiple_of: int = option(
         32,
         "--multiple-of",
-        "--ffn/--heads/--hidden: every width written (FFN channels, hidden size, kept heads x "
-        "head width) is a multiple of N, the one nearest F x width (a tie: the larger) from N "
-        "to below the full width, with a note when it is not round(F x width). 32 suits "
+        "--ffn/--heads/--hidden/--params: every width written (FFN channels, hidden size, kept "
+        "heads x head width) is a multiple of N, the one nearest F x width (a tie: the larger) "
+        "from N to below the full width, with a note when it is not round(F x width). 32 suits "
         "llama.cpp's q8_0/q4_0, 256 its k-quants; 1 keeps round(F x width) exactly.",
+        metavar="N",
+        parse=check_count,
+    )
+    params: float | int | None = option(
+        None,
+        "--params",
+        "Instead: a model of F of the input's parameters (0.75), or of N (100M), within 1%: "
+        "shrink chooses the blocks, FFN, heads and hidden widths to cut, by measurement (each "
+        "kind alone, then the mixes predicted best; the one of least loss on calibration text "
+        "it never ran is written). Implies the other options' defaults for each cut.",
+        metavar="F|N",
+        parse=parse_params,
+    )
+    candidates: int = option(
+        3,
+        "--candidates",
+        "--params: how many mixes, of those predicted best, are made and measured beside each "
+        "kind of cut alone.",
         metavar="N",
         parse=check_count,
     )
@@ -194,6 +243,8 @@ class ShrinkOptions(OptionsRecord):
         v = cls.given(values)
         if v.get("calibration") is not None:
             v["calibration"] = Path(v["calibration"])
+        if v.get("params") is not None:  # "0.75", "100M" or a number
+            v["params"] = parse_params(v["params"])
         if v.get("max_memory") is not None:  # "12G", or bytes (checked as --max-memory is)
             v["max_memory"] = parse_size(v["max_memory"])
         return cls(**v)
@@ -207,7 +258,9 @@ class ShrinkOptions(OptionsRecord):
     @property
     def removes(self) -> str:
         """What is removed: ``experts``, ``blocks``, ``widths`` (FFN channels, heads, embedding
-        channels) or ``blocks and widths`` (the blocks first)."""
+        channels), ``blocks and widths`` (the blocks first) or ``params`` (chosen for a size)."""
+        if self.params is not None:
+            return "params"
         if self.blocks is not None:
             return "blocks and widths" if self.widths else "blocks"
         if self.widths:
@@ -218,6 +271,8 @@ class ShrinkOptions(OptionsRecord):
     def asked(self) -> str:
         """The options that say what is removed, as typed (``--ffn 0.75 --hidden 0.75``)."""
         flags = {"experts": self.experts, "experts-keep": self.experts_keep}
+        if self.removes == "params":
+            return f"--params {self.params:g}"
         if self.removes != "experts":
             flags = {"blocks": self.blocks, "ffn": self.ffn, "heads": self.heads}
             flags["hidden"] = self.hidden
@@ -239,14 +294,15 @@ class ShrinkOptions(OptionsRecord):
         """Raise :class:`~sparsetool.errors.ConfigError` for options that cannot work together,
         before anything is read."""
         widths = self.widths
-        asked = [x is not None for x in (self.experts, self.experts_keep)]
+        asked = [x is not None for x in (self.experts, self.experts_keep, self.params)]
         asked.append(self.blocks is not None or widths)  # these combine: blocks first
         if sum(asked) != 1:
             raise ConfigError(
                 "say what to remove, one of: --experts F (the fraction of each layer's routed "
-                "experts), --experts-keep N (the experts each layer keeps), or --blocks N (whole "
-                "blocks; a fraction below 1 of them) and/or --ffn F / --heads F / --hidden F (the "
-                "fraction of FFN channels / attention heads / embedding channels kept)"
+                "experts), --experts-keep N (the experts each layer keeps), --params F|N (a size, "
+                "the cuts chosen for it), or --blocks N (whole blocks; a fraction below 1 of "
+                "them) and/or --ffn F / --heads F / --hidden F (the fraction of FFN channels / "
+                "attention heads / embedding channels kept)"
                 + ("; run shrink once for each" if sum(asked) > 1 else "")
             )
         for flag, f in (("--ffn", self.ffn), ("--heads", self.heads), ("--hidden", self.hidden)):
@@ -286,6 +342,11 @@ class ShrinkOptions(OptionsRecord):
                 )
         if self.experts_keep is not None:
             check_count(self.experts_keep, "--experts-keep")
+        if self.params is not None:
+            parse_params(self.params)
+            if self.merge:
+                raise ConfigError("--merge merges experts; it does not go with --params")
+        check_count(self.candidates, "--candidates")
         if self.criterion not in CRITERIA:
             raise ConfigError(f"--criterion {self.criterion!r}: use {', '.join(CRITERIA)}")
         check_count(self.multiple_of, "--multiple-of")
@@ -302,6 +363,10 @@ class ShrinkOptions(OptionsRecord):
                 "with calibration text: drop it or give --calibration"
             )
         if self.reads_text and self.calibration is None:
+            if self.params is not None:
+                raise ConfigError(
+                    "--params measures each cut on calibration text: give --calibration FILE|DIR"
+                )
             if self.blocks is not None:
                 raise ConfigError(
                     f"--blocks scores the blocks ({self.block_criterion}) on calibration text: "
@@ -336,13 +401,19 @@ class ShrinkOptions(OptionsRecord):
         for k in ("experts", "experts_keep", "criterion", "merge"):
             if self.removes != "experts":
                 del rec[k]
-        for k in ("blocks", "block_criterion"):
-            if self.blocks is None:
-                del rec[k]
-        for k in ("ffn", "heads", "hidden", "multiple_of"):
+        if self.blocks is None:
+            del rec["blocks"]
+            if self.params is None:  # --params may remove blocks
+                del rec["block_criterion"]
+        for k in ("ffn", "heads", "hidden"):
             if not self.widths:
                 del rec[k]
-        if self.ffn is None and self.heads is None and self.blocks is None:
+        if not self.widths and self.params is None:
+            del rec["multiple_of"]
+        for k in ("params", "candidates"):
+            if self.params is None:
+                del rec[k]
+        if self.ffn is None and self.heads is None and self.blocks is None and not self.params:
             del rec["reconstruct"]  # a cut FFN or attention is refit, removed blocks mapped
         if not self.reads_text:
             for k in ("calibration", "text_field", "samples", "seq", "dtype"):

@@ -19,6 +19,8 @@ from sparsetool.util.wording import plural
 __all__ = [
     "BlockMaps",
     "BlocksRemoved",
+    "Candidate",
+    "ParamsSearch",
     "FoldedMap",
     "HeadsKept",
     "HiddenKept",
@@ -298,6 +300,94 @@ class WidthsNarrowed:
 
 
 @dataclass
+class Candidate:
+    """``--params``: one model made and scored: its cuts (``mix``, a
+    :class:`~sparsetool.ops.shrink.sizes.Mix`; ``label``, as flags), why it was made (``role``:
+    a kind alone, or a mix predicted well), its parameters, the held-out loss predicted and
+    measured (mean NLL per token, nats), whether it meets the budget, and the seconds it took."""
+
+    mix: Any
+    label: str
+    role: str
+    params: int
+    predicted: float | None
+    measured: float
+    eligible: bool
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cuts": self.label,
+            "role": self.role,
+            "params": self.params,
+            "predicted_loss": None if self.predicted is None else round(self.predicted, 5),
+            "loss": round(self.measured, 5),
+            "meets_budget": self.eligible,
+            "seconds": self.seconds,
+        }
+
+
+@dataclass
+class ParamsSearch:
+    """``--params``: the budget (``target`` of ``total`` parameters), the kinds of cut tried, how
+    many mixes met the budget on the grid, the scoring windows and the input's loss on them, each
+    kind's sensitivity (loss increase per squared fraction cut), every candidate and the one
+    chosen."""
+
+    target: int
+    total: int
+    kinds: list[str]
+    mixes: int
+    planned: list[str] = field(default_factory=list)  # the kinds alone, made first
+    windows: int = 0
+    seq: int = 0
+    dense_loss: float = 0.0
+    sensitivity: dict[str, float] = field(default_factory=dict)
+    candidates: list[Candidate] = field(default_factory=list)
+    chosen: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "total": self.total,
+            "kinds": self.kinds,
+            "mixes_in_budget": self.mixes,
+            "scored_on": {"windows": self.windows, "seq": self.seq},
+            "input_loss": round(self.dense_loss, 5),
+            "sensitivity": self.sensitivity,
+            "candidates": [c.to_json() for c in self.candidates],
+            "chosen": self.chosen,
+        }
+
+    def plan_lines(self) -> list[str]:
+        """What the search will do, said before it starts."""
+        return [
+            f"--params: {self.target:,} of {self.total:,} parameters "
+            f"({self.target / self.total:.3f}x, within 1%); "
+            f"{plural(self.mixes, 'mix', 'mixes')} of {', '.join(self.kinds)} meet it",
+            f"measured first, each kind alone: {'; '.join(self.planned)}; then the mixes "
+            "predicted best",
+            f"scored on {self.windows} windows of {self.seq} tokens of the calibration text "
+            f"(the input: {self.dense_loss:.4f} nats/token)",
+        ]
+
+    def rows(self) -> list[list[str]]:
+        """The candidates' table: cuts, why made, parameters, loss predicted and measured."""
+        return [
+            [
+                ("* " if c.label == self.chosen else "  ") + c.label,
+                c.role,
+                f"{c.params:,} ({c.params / self.total:.3f}x)" + ("" if c.eligible else " !"),
+                "" if c.predicted is None else f"{c.predicted:.4f}",
+                f"{c.measured:.4f}",
+                f"{c.seconds:.0f}",
+            ]
+            for c in self.candidates
+        ]
+
+
+@dataclass
 class ShrinkResult:
     """What ``shrink`` did: per Mixture-of-Experts layer, the experts kept (their indices in the
     input, in their new order) with every expert's saliency (``plan``, ``layers``); or the blocks
@@ -309,6 +399,7 @@ class ShrinkResult:
     layers: list[dict[str, Any]] = field(default_factory=list)  # --experts: one per layer
     blocks: BlocksRemoved | None = None  # --blocks
     widths: WidthsNarrowed | None = None  # --ffn, --heads, --hidden
+    search: ParamsSearch | None = None  # --params: the candidates and the choice
     parameters_before: int = 0
     parameters_after: int = 0
     bytes_before: int = 0
@@ -338,6 +429,8 @@ class ShrinkResult:
             removed["blocks"] = self.blocks.to_json()
         if self.widths is not None:
             removed["widths"] = self.widths.to_json()
+        if self.search is not None:
+            removed["search"] = self.search.to_json()
         return {
             "output": str(self.output),
             "options": self.options.record(),
@@ -362,6 +455,11 @@ class ShrinkResult:
                 f"shrank {plural(len(self.layers), 'layer')}: {self.plan.experts} -> "
                 f"{self.plan.keep} routed experts each ({o.criterion}"
                 f"{', merged' if o.merge else ''})"
+            )
+        if self.search is not None:
+            done = (
+                f"chose {self.search.chosen} of {len(self.search.candidates)} candidates by "
+                f"loss on held-out calibration text: {done}"
             )
         return f"{done}; parameters {self.parameters_before:,} -> {self.parameters_after:,}"
 

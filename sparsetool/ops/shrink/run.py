@@ -10,7 +10,8 @@ from sparsetool.ops.shrink.blocks import shrink_blocks
 from sparsetool.ops.shrink.experts import shrink_experts
 from sparsetool.ops.shrink.mix import shrink_mix
 from sparsetool.ops.shrink.options import ShrinkOptions
-from sparsetool.ops.shrink.results import ShrinkResult
+from sparsetool.ops.shrink.results import ParamsSearch, ShrinkResult
+from sparsetool.ops.shrink.search import shrink_to_params
 from sparsetool.ops.shrink.widths import shrink_widths
 from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.progress import Progress
@@ -25,6 +26,7 @@ def shrink_checkpoint(
     *,
     progress: Progress | None = None,
     on_plan: Callable[[MemoryPlan], None] | None = None,
+    on_search: Callable[[ParamsSearch], None] | None = None,
 ) -> ShrinkResult:
     """Write the smaller model ``opts`` asks for: whole blocks removed (``opts.blocks``), FFN
     channels, attention heads or embedding channels (``opts.ffn``, ``opts.heads``,
@@ -37,6 +39,11 @@ def shrink_checkpoint(
     kinds = {"blocks": shrink_blocks, "widths": shrink_widths, "blocks and widths": shrink_mix}
     shrink = kinds.get(opts.removes, shrink_experts)
     with reclaiming() as reclaimed:
-        result = shrink(path, out, opts, progress=progress, on_plan=on_plan)
+        if opts.params is not None:  # the cuts chosen for a size (said by on_search first)
+            result = shrink_to_params(
+                path, out, opts, progress=progress, on_plan=on_plan, on_search=on_search
+            )
+        else:
+            result = shrink(path, out, opts, progress=progress, on_plan=on_plan)
     result.reclaimed = reclaimed
     return result

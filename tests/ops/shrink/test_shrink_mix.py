@@ -35,7 +35,7 @@ def _tensors(path) -> dict[str, torch.Tensor]:
 
 
 def test_blocks_then_widths_in_one_command_is_the_two_commands(llama, tmp_path, calib_file):
-    asked = dict(ffn=0.5, heads=0.5, calibration=calib_file, **CALIB)
+    asked = dict(ffn=0.5, heads=0.5, calibration=calib_file, multiple_of=1, **CALIB)
     first = shrink_checkpoint(llama, tmp_path / "b", ShrinkOptions(blocks=1, **{
         k: v for k, v in asked.items() if k not in ("ffn", "heads")}))  # fmt: skip
     second = shrink_checkpoint(tmp_path / "b", tmp_path / "bw", ShrinkOptions(**asked))
