@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sparsetool.errors import UsageError
 from sparsetool.models.blocks import BlockModel
@@ -264,14 +264,35 @@ def check_divides(
         f"--hidden {m / before:.6g} ({m:,}{', a multiple of 32' if n == 1 and m % 32 == 0 else ''})"
         for m in near
     )
-    if offers and n > 1:
-        offers += f", multiples of {heads} and of {n} (--multiple-of {n})"
-    elif n > 1:
-        offers = f"another fraction, or a smaller --multiple-of than {n}"
+    if n > 1:  # or the largest smaller --multiple-of under which the fraction asked loads
+        if offers:
+            offers += f", {'a multiple' if len(near) == 1 else 'multiples'} of {heads} and of {n}"
+        smaller = _divided_under(opts, g, before)
+        if smaller is not None:
+            offers += (", or " if offers else "") + f"--multiple-of {smaller[0]} ({smaller[1]:,})"
+        offers = offers or f"another fraction, or a --multiple-of below {n}"
     raise UsageError(
         f"--hidden {opts.hidden:g} keeps {width:,} embedding channels, not a multiple of the "
         f"{plural(heads, 'attention head')} kept: {said}; ask for {offers or 'another fraction'}"
     )
+
+
+def _divided_under(opts: ShrinkOptions, g: Geometry, before: int) -> tuple[int, int] | None:
+    """The largest ``--multiple-of`` below ``opts.multiple_of`` (one of its divisors) under which
+    ``opts.hidden`` keeps a hidden size the heads kept divide, and that size; None: none does."""
+    assert opts.hidden is not None
+    n = opts.multiple_of
+    for d in sorted((d for d in range(1, n) if n % d == 0), reverse=True):
+        asked = replace(opts, multiple_of=d)
+        try:
+            plan = plan_widths(g, asked)
+            width, _ = _kept_width("--hidden", opts.hidden, before, d, "", "", "")
+        except UsageError:
+            continue
+        heads = plan.heads.heads_after if plan.heads is not None else g.heads
+        if width % heads == 0:
+            return d, width
+    return None
 
 
 def hidden_keep(model: BlockModel, opts: ShrinkOptions) -> tuple[int, list[str]]:
