@@ -7,17 +7,20 @@ block a hook on the FFN's down projection reads its input, one value per channel
 a hook on the attention's output projection reads its input, one ``head_dim`` slice per query
 head:
 
-- a channel's score is ``mean_t |a_c(t)|``; each layer keeps its ``round(F x d_ff)`` best;
+- a channel's score is ``mean_t |a_c(t)|``; each layer keeps its best, ``round(F x d_ff)`` or
+  the multiple of ``--multiple-of`` nearest ``F x d_ff`` (:mod:`~sparsetool.ops.shrink.width_plan`
+  says how every width is counted);
 - a query head's score is ``mean_t ||o_h(t)||_2``. Under grouped-query attention (several query
   heads share a key/value head) whole key/value groups go, ``round(F x n_kv_heads)`` of them,
   when ``F x n_kv_heads`` is a whole number (a group scores the sum of its heads) or each group
   is one head (plain multi-head attention), else the same number of query heads in every group
   (``round(F x heads per group)``): both are what ``num_attention_heads`` /
   ``num_key_value_heads`` express, and the result says which was done, with a note when the
-  heads kept are not the whole number nearest ``F x heads`` (0.5 of 9 heads in 3 groups: 6);
+  heads kept are not the whole number nearest ``F x heads`` (0.5 of 9 heads in 3 groups: 6),
+  the count moved to the nearest whose heads x ``head_dim`` is a multiple of ``--multiple-of``;
 - an embedding channel (one dimension of the hidden size, which every block reads and adds to)
   scores ``sum_n mean_t |y_n,c(t)|`` over the outputs ``y_n`` of every norm the hidden size runs
-  through (each block's and the final one); the model keeps its ``round(F x hidden)`` best, the
+  through (each block's and the final one); the model keeps its best (counted as the FFN's), the
   same channels everywhere.
 
 The output keeps the input's layout: gate/up rows (and biases) and down columns of the kept
