@@ -336,6 +336,7 @@ def widths(args) -> dict:
         cmd += [part for f in flags for part in f.split()]
         cmd += ["--calibration", args.calibration, "--samples", str(args.samples)]
         cmd += ["--seq", str(args.seq), "--threads", str(args.threads)]
+        cmd += ["--multiple-of", "1"]  # round(F x width) as recorded (--hidden 0.75: 432)
         m = run_measured(cmd)
         if not m.ok:
             raise SystemExit(f"shrink {spec}: {m.error_line()}")
