@@ -7,8 +7,9 @@ keeps. :class:`SizeModel` counts its parameters exactly for the families shrink 
 tensor scaled by the widths its axes span, found by the names transformers gives them; blocks
 counted as the mean block, which they all are in these families) and :func:`mixes` lists every
 mix on a grid whose count lies within :data:`TOLERANCE` of the budget: blocks removed, heads and
-hidden size stepped through what ``--multiple-of`` allows, the FFN width then solved for the
-budget and rounded to ``--multiple-of``.
+hidden size stepped through what ``--multiple-of`` allows (a hidden size the kept heads divide, as
+Llama's and Gemma's configs ask), the FFN width then the one of those that brings the count
+nearest the budget.
 """
 
 from __future__ import annotations
@@ -180,6 +181,8 @@ def mixes(size: SizeModel, target: int, multiple_of: int, kinds: set[str]) -> li
             continue
         for h in heads:
             for d in hiddens:
+                if d is not None and d % (h or size.heads):
+                    continue  # heads that do not divide the hidden size: most configs refuse it
                 best = min(
                     (Mix(n, f, h, d) for f in ffns),
                     key=lambda m: abs(size.count(m) - target),
