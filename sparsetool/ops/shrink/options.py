@@ -362,64 +362,74 @@ class ShrinkOptions(OptionsRecord):
                 "--text-field names the text field of --calibration records; it is read only "
                 "with calibration text: drop it or give --calibration"
             )
-        if self.reads_text and self.calibration is None:
-            if self.params is not None:
-                raise ConfigError(
-                    "--params measures each cut on calibration text: give --calibration FILE|DIR"
-                )
-            if self.blocks is not None:
-                raise ConfigError(
-                    f"--blocks scores the blocks ({self.block_criterion}) on calibration text: "
-                    "give --calibration FILE|DIR"
-                )
-            if widths:
-                raise ConfigError(
-                    "--ffn, --heads and --hidden rank channels and heads by their "
-                    "activations on calibration text: give --calibration FILE|DIR"
-                )
-            why = (
-                "--merge compares experts' outputs"
-                if self.merge
-                else f"--criterion {self.criterion} scores experts"
-            )
-            raise ConfigError(
-                f"{why} on calibration text: give --calibration FILE|DIR "
-                "(or --criterion random, which needs none)"
-            )
+        _check_text(self)
 
     def record(self) -> dict[str, Any]:
         """The options as provenance and ``--json`` record them (the text only when read)."""
-        rec = asdict(self)
-        rec["calibration"] = str(self.calibration) if self.calibration is not None else None
-        if self.calibration is None or (
-            self.text_field == DEFAULT_FIELD and not is_records(self.calibration)
-        ):
-            del rec["text_field"]
-        digest = getattr(self.calibration, "digest", None)
-        if digest:  # the text as read: the SHA-256 of its UTF-8
-            rec["calibration_sha256"] = digest
-        for k in ("experts", "experts_keep", "criterion", "merge"):
-            if self.removes != "experts":
-                del rec[k]
-        if self.blocks is None:
-            del rec["blocks"]
-            if self.params is None:  # --params may remove blocks
-                del rec["block_criterion"]
-        for k in ("ffn", "heads", "hidden"):
-            if not self.widths:
-                del rec[k]
-        if not self.widths and self.params is None:
-            del rec["multiple_of"]
-        for k in ("params", "candidates"):
-            if self.params is None:
-                del rec[k]
-        if self.ffn is None and self.heads is None and self.blocks is None and not self.params:
-            del rec["reconstruct"]  # a cut FFN or attention is refit, removed blocks mapped
-        if not self.reads_text:
-            for k in ("calibration", "text_field", "samples", "seq", "dtype"):
-                rec.pop(k, None)
-        del rec["device"], rec["max_memory"]  # where and within what it ran, not what was made
-        return rec
+        return _record(self)
+
+
+def _check_text(opts: ShrinkOptions) -> None:
+    """A usage error when the run reads calibration text and none was given."""
+    if opts.reads_text and opts.calibration is None:
+        if opts.params is not None:
+            raise ConfigError(
+                "--params measures each cut on calibration text: give --calibration FILE|DIR"
+            )
+        if opts.blocks is not None:
+            raise ConfigError(
+                f"--blocks scores the blocks ({opts.block_criterion}) on calibration text: "
+                "give --calibration FILE|DIR"
+            )
+        if opts.widths:
+            raise ConfigError(
+                "--ffn, --heads and --hidden rank channels and heads by their "
+                "activations on calibration text: give --calibration FILE|DIR"
+            )
+        why = (
+            "--merge compares experts' outputs"
+            if opts.merge
+            else f"--criterion {opts.criterion} scores experts"
+        )
+        raise ConfigError(
+            f"{why} on calibration text: give --calibration FILE|DIR "
+            "(or --criterion random, which needs none)"
+        )
+
+
+def _record(opts: ShrinkOptions) -> dict[str, Any]:
+    """:meth:`ShrinkOptions.record`."""
+    rec = asdict(opts)
+    rec["calibration"] = str(opts.calibration) if opts.calibration is not None else None
+    if opts.calibration is None or (
+        opts.text_field == DEFAULT_FIELD and not is_records(opts.calibration)
+    ):
+        del rec["text_field"]
+    digest = getattr(opts.calibration, "digest", None)
+    if digest:  # the text as read: the SHA-256 of its UTF-8
+        rec["calibration_sha256"] = digest
+    for k in ("experts", "experts_keep", "criterion", "merge"):
+        if opts.removes != "experts":
+            del rec[k]
+    if opts.blocks is None:
+        del rec["blocks"]
+        if opts.params is None:  # --params may remove blocks
+            del rec["block_criterion"]
+    for k in ("ffn", "heads", "hidden"):
+        if not opts.widths:
+            del rec[k]
+    if not opts.widths and opts.params is None:
+        del rec["multiple_of"]
+    for k in ("params", "candidates"):
+        if opts.params is None:
+            del rec[k]
+    if opts.ffn is None and opts.heads is None and opts.blocks is None and not opts.params:
+        del rec["reconstruct"]  # a cut FFN or attention is refit, removed blocks mapped
+    if not opts.reads_text:
+        for k in ("calibration", "text_field", "samples", "seq", "dtype"):
+            rec.pop(k, None)
+    del rec["device"], rec["max_memory"]  # where and within what it ran, not what was made
+    return rec
 
 
 @dataclass(frozen=True)

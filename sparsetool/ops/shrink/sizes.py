@@ -113,7 +113,10 @@ class SizeModel:
                 into = inside if _BLOCK.search(lt.name) else outside
                 into[spans] = into.get(spans, 0) + lt.numel
         total = sum(outside.values()) + sum(inside.values())
-        return cls(layers, width, ffn, heads, kv, head_dim, outside, inside, total)
+        return cls(
+            layers=layers, width=width, ffn=ffn, heads=heads, kv_heads=kv, head_dim=head_dim,
+            outside=outside, inside=inside, total=total,
+        )  # fmt: skip
 
     def count(self, mix: Mix) -> int:
         """The parameters of the model ``mix`` makes."""
