@@ -37,7 +37,7 @@ from sparsetool.checkpoint.format import TensorSpec
 from sparsetool.checkpoint.output_files import temp_beside
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.checkpoint.writer import write_checkpoint
-from sparsetool.errors import UsageError
+from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.open import open_model
 from sparsetool.ops.calibration import calibration_windows, unpicked_windows, window_length
 from sparsetool.ops.scoring import held_windows, score
@@ -101,7 +101,7 @@ def shrink_to_params(
     assert opts.calibration is not None
     text = read_text(opts.calibration, "--calibration")
     search = ParamsSearch(target=target, total=size.total, kinds=sorted(kinds), mixes=len(found))
-    refs = {k: _reference(size, k, found) for k in sorted(kinds)}
+    refs = {k: _reference(size, k, found, target) for k in sorted(kinds)}
     search.planned = [m.label(size) for m in refs.values()]
     dense = open_model(path, opts.dtype, opts.device, needs=NEEDS)
     try:
@@ -121,15 +121,14 @@ def shrink_to_params(
         rises = {k: max(runs.made[m].measured - search.dense_loss, 0.0) for k, m in refs.items()}
         sensitivity = {k: rises[k] / max(_cut(size, m, k), 1e-9) ** 2 for k, m in refs.items()}
         search.sensitivity = {k: round(v, 6) for k, v in sensitivity.items()}
-        for c in runs.made.values():
-            c.predicted = search.dense_loss + _predict(size, c.mix, sensitivity)
         ranked = sorted(found, key=lambda m: _predict(size, m, sensitivity))
         for mix in [m for m in ranked if m not in runs.made][: opts.candidates]:
             runs.make(mix, "mix", predicted=search.dense_loss + _predict(size, mix, sensitivity))
-        if runs.best is None:
-            raise UsageError(
-                f"--params {opts.params:g}: no candidate made came within 1% of {target:,} "
-                "parameters"
+        if runs.best is None:  # the counts are exact: a model whose layout they do not know
+            raise SparsetoolError(
+                f"--params {opts.params:g}: no model made came within 1% of {target:,} "
+                f"parameters ({', '.join(c.label for c in search.candidates)}); shrink "
+                "cannot count this model's parameters: give the cuts (--blocks, --ffn, ...)"
             )
         chosen, where, result = runs.best
         search.chosen = chosen.label
@@ -232,12 +231,12 @@ def _kinds(size: SizeModel) -> set[str]:
     return kinds
 
 
-def _reference(size: SizeModel, kind: str, found: list[Mix]) -> Mix:
-    """The cut of ``kind`` alone measured for its sensitivity: the one meeting the budget, or a
-    middling one where that kind alone cannot."""
+def _reference(size: SizeModel, kind: str, found: list[Mix], target: int) -> Mix:
+    """The cut of ``kind`` alone measured for its sensitivity: the one meeting the budget
+    (``target`` parameters), or a middling one where that kind alone cannot."""
     alone = [m for m in found if m.kinds() == [kind]]
     if alone:
-        return min(alone, key=lambda m: abs(size.count(m) - size.total))
+        return min(alone, key=lambda m: abs(size.count(m) - target))
     if kind == "blocks":
         return Mix(blocks=max(1, size.layers // 4))
     if kind == "heads":
