@@ -43,6 +43,16 @@ tokens), ``shrink`` with the refit (its damping chosen on held-back windows) and
 held-out text (perplexity, paired against the plain cut); the refit's own held-back errors and
 the layers it kept plain, from ``--json``.
 
+  python benchmarks/bench_shrink.py params MODEL --heldout H.txt --calibration C.txt
+      [--fractions 0.9/0.75/0.6] [--samples 32] [--seq 512] [--mixes "blocks=4,ffn=0.75"]
+      [--max-tokens 20000] [--threads 2] [--work DIR] [--json OUT]
+
+``shrink --params F`` for each fraction (its wall and CPU time, peak RSS, the candidates and the
+choice, from ``--json``); then every candidate that met the budget made again as its own command
+(``shrink --blocks/--ffn/...``), and the ``--mixes`` given by hand, and one ``sparsetool eval``
+of the dense model, the chosen model and those over the held-out text (perplexity, paired
+against dense). A search already in ``DIR/params-F.json`` is read, not run again.
+
 Peak memory is the process's peak RSS (``measure.run_measured``: ``/usr/bin/time -f %M``'s
 figure). Prints Markdown tables for RESULTS.md.
 """
@@ -450,6 +460,72 @@ def refit(args) -> dict:
     return {"machine": machine(), "command": " ".join(sys.argv), "dense": dense, "rows": rows}
 
 
+def params(args) -> dict:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    src = Path(args.model)
+    calib = ["--calibration", args.calibration, "--samples", str(args.samples), "--seq"]
+    calib += [str(args.seq), "--threads", str(args.threads), "--multiple-of", str(args.multiple_of)]
+    rows = []
+    for fraction in args.fractions:
+        out = work / f"params-{fraction}"
+        record = work / f"params-{fraction}.json"
+        if record.exists() and out.exists():
+            found = json.loads(record.read_text())
+        else:
+            shutil.rmtree(out, ignore_errors=True)
+            cmd = [*ST, "shrink", str(src), "-o", str(out), "--params", fraction, "--json", *calib]
+            m = run_measured(cmd)
+            if not m.ok:
+                raise SystemExit(f"shrink --params {fraction}: {m.error_line()}")
+            found = {"result": json.loads(m.stdout), "wall_s": m.wall_s, "cpu_s": m.cpu_s,
+                     "peak_rss_mib": m.peak_rss_mib}  # fmt: skip
+            record.write_text(json.dumps(found, indent=1))
+        search = found["result"]["search"]
+        made = {"chosen: " + search["chosen"]: out}
+        cuts = [c["cuts"] for c in search["candidates"] if c["meets_budget"]]
+        cuts += [
+            " ".join(f"--{kv.replace('=', ' ')}" for kv in mix.split(",")) for mix in args.mixes
+        ]
+        for i, cut in enumerate(dict.fromkeys(c for c in cuts if c != search["chosen"])):
+            again = work / f"params-{fraction}-{i}"
+            if not again.exists():
+                cmd = [*ST, "shrink", str(src), "-o", str(again), *cut.split(), "-q", *calib]
+                m = run_measured(cmd)
+                if not m.ok:
+                    raise SystemExit(f"shrink {cut}: {m.error_line()}")
+            made[cut] = again
+        cmd = [*ST, "eval", str(src), *map(str, made.values()), "--text", args.heldout, "--seq"]
+        cmd += [str(args.eval_seq), "--json", "-q", "--max-tokens", str(args.max_tokens)]
+        cmd += ["--threads"]
+        m = run_measured(cmd + [str(args.threads)])
+        if not m.ok:
+            raise SystemExit(f"eval: {m.error_line()}")
+        evals = json.loads(m.stdout)["checkpoints"]
+        row = {"fraction": fraction, "search": search, "wall_s": found["wall_s"],
+               "cpu_s": found["cpu_s"], "peak_rss_mib": found["peak_rss_mib"],
+               "dense": evals[0]["perplexity"],
+               "models": [{"cuts": k, "params": e["params"], "perplexity": e["perplexity"]}
+                          for k, e in zip(made, evals[1:])]}  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    for r in rows:
+        print(f"\n--params {r['fraction']}: search {r['wall_s'] / 60:.1f} min wall, "
+              f"{r['cpu_s'] / 60:.1f} min CPU, peak RSS {r['peak_rss_mib']:.0f} MiB; dense "
+              f"{r['dense']:.2f}")  # fmt: skip
+        print("| model | parameters | held-out perplexity |\n|---|---:|---:|")
+        for mod in r["models"]:
+            print(f"| {mod['cuts']} | {mod['params'] / 1e6:.1f}M | {mod['perplexity']:.2f} |")
+        print(
+            "| candidate | made as | parameters | predicted loss | loss |\n|---|---|---:|---:|---:|"
+        )
+        for c in r["search"]["candidates"]:
+            pred = "" if c["predicted_loss"] is None else f"{c['predicted_loss']:.4f}"
+            print(f"| {c['cuts']} | {c['role']} | {c['params'] / 1e6:.1f}M | {pred} | "
+                  f"{c['loss']:.4f} |")  # fmt: skip
+    return {"machine": machine(), "command": " ".join(sys.argv), "rows": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -487,6 +563,20 @@ def main() -> None:
     r.add_argument("--threads", type=int, default=2)
     r.add_argument("--work", default="/tmp/bench-shrink-refit")
     r.add_argument("--json", help="write the record here")
+    pa = sub.add_parser("params", help="shrink --params beside its candidates and hand mixes")
+    pa.add_argument("model")
+    pa.add_argument("--heldout", required=True)
+    pa.add_argument("--calibration", required=True)
+    pa.add_argument("--fractions", default="0.9/0.75/0.6")
+    pa.add_argument("--mixes", default="", help="hand mixes, / between: blocks=4,ffn=0.75")
+    pa.add_argument("--samples", type=int, default=32)
+    pa.add_argument("--seq", type=int, default=512)
+    pa.add_argument("--max-tokens", type=int, default=20000, help="held-out tokens scored")
+    pa.add_argument("--threads", type=int, default=2)
+    pa.add_argument("--multiple-of", type=int, default=32)
+    pa.add_argument("--eval-seq", type=int, default=512, help="held-out window")
+    pa.add_argument("--work", default="/tmp/bench-shrink-params")
+    pa.add_argument("--json", help="write the record here")
     d = sub.add_parser("depth", help="peak RSS against depth at Qwen3-30B-A3B's width")
     d.add_argument("--tokenizer", required=True, help="a directory with tokenizer files")
     d.add_argument("--blocks", default="2,8")
@@ -500,6 +590,10 @@ def main() -> None:
     elif args.what == "widths":
         args.specs = args.specs.split("/")
         record = widths(args)
+    elif args.what == "params":
+        args.fractions = args.fractions.split("/")
+        args.mixes = [m for m in args.mixes.split("/") if m]
+        record = params(args)
     elif args.what == "refit":
         args.specs, args.budgets = args.specs.split("/"), args.budgets.split("/")
         record = refit(args)

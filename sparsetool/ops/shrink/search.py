@@ -95,7 +95,8 @@ def shrink_to_params(
         raise UsageError(
             f"--params {opts.params:g}: no cut of {path}'s blocks, FFN, heads or hidden size "
             f"({', '.join(sorted(kinds))}; widths multiples of {opts.multiple_of}) comes within "
-            f"1% of {target:,} parameters; ask for a size nearer {size.total:,}"
+            f"1% of {target:,} parameters; ask for another size"
+            + (", or give a smaller --multiple-of" if opts.multiple_of > 1 else "")
         )
     check_output(path, out)
     assert opts.calibration is not None
