@@ -48,8 +48,7 @@ else:
 
 EXAMPLES = (  # the end of --help: each runs as written (given the files named)
     "sparsetool shrink qwen3-moe/ -o qwen3-moe-half/ --experts 0.5 --calibration text.txt",
-    "sparsetool shrink llama/ -o llama-minus-4/ --blocks 4 --calibration text.txt",
-    "sparsetool shrink llama/ -o llama-narrow/ --ffn 0.75 --hidden 0.75 --calibration text.txt",
+    "sparsetool shrink llama/ -o llama-mix/ --blocks 4 --ffn 0.75 --calibration text.txt",
     "sparsetool shrink llama/ -o llama-3q/ --params 0.75 --calibration text.txt",
 )
 
