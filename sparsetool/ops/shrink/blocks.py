@@ -52,6 +52,7 @@ from sparsetool.ops.shrink.results import BlockMaps, BlocksRemoved, FoldedMap, S
 from sparsetool.ops.shrink.windows import shrink_windows
 from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.progress import Progress
+from sparsetool.util.threads import torch_threads
 
 __all__ = ["LAYER_COUNT_KEYS", "BlocksKind", "plan_blocks", "shrink_blocks"]
 
@@ -365,6 +366,7 @@ def _span(run: list[int]) -> str:
     return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
 
 
+@torch_threads(1)  # a sum over every token: the same bits whatever --threads
 def _mean_cos(a: list[torch.Tensor], b: list[torch.Tensor], angle: bool) -> float:
     """The mean over every token of the cosine of ``a`` and ``b`` (or of the angle / pi)."""
     total, count = 0.0, 0

@@ -48,6 +48,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from sparsetool.util.threads import torch_threads
+
 __all__ = [
     "DAMPENING",
     "DAMPINGS",
@@ -168,6 +170,7 @@ class Refit:
         return rec
 
 
+@torch_threads(1)  # LAPACK's solves and whole-tensor sums split by thread count: the same bits
 def refit_columns(
     w: Tensor,
     gram: Gram,
@@ -280,6 +283,7 @@ class RunMap:
     yty: float = 0.0
     target: float = 0.0
 
+    @torch_threads(1)  # its scalar sums: the same bits whatever --threads
     def add(self, m: Tensor, before: Tensor, after: Tensor) -> None:
         m, before, after = (
             t.reshape(-1, t.shape[-1]).to(torch.float64) for t in (m, before, after)
@@ -349,6 +353,7 @@ class MapChoice:
     error_after: float
 
 
+@torch_threads(1)  # as refit_columns
 def choose_map(fit: RunMap, held: RunMap) -> MapChoice:
     """ReplaceMe's map of a run fitted on ``fit``'s tokens, its damping (pulling toward ``T =
     I``) chosen on ``held``'s from :data:`DAMPINGS`, then fitted on both; no map where none beats

@@ -35,6 +35,7 @@ from sparsetool.models.blocks import BlockModel
 from sparsetool.ops.calibration import BlockPass
 from sparsetool.ops.shrink.refit import DAMPENING, Refit
 from sparsetool.util.progress import Progress
+from sparsetool.util.threads import torch_threads
 
 __all__ = ["READERS", "RenormStats", "refit_renormed", "refit_readers"]
 
@@ -70,6 +71,7 @@ class RenormStats:
         self.tokens += x.shape[0]
 
 
+@torch_threads(1)  # as refit_columns: the same bits whatever --threads
 def refit_renormed(w: Tensor, stats: RenormStats, dampening: float = DAMPENING) -> Refit:
     """The least-squares weights (out, |C|) of ``w`` (out, d) on the renormalised kept channels
     (see the module docstring), and the relative errors of the plain slice and of the refit."""
