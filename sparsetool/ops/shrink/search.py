@@ -47,7 +47,7 @@ from sparsetool.ops.shrink.mix import shrink_mix
 from sparsetool.ops.shrink.options import ShrinkOptions
 from sparsetool.ops.shrink.refit import is_held
 from sparsetool.ops.shrink.results import Candidate, ParamsSearch, ShrinkResult
-from sparsetool.ops.shrink.sizes import MIN_HIDDEN, MIN_WIDTH, TOLERANCE, Mix, SizeModel, mixes
+from sparsetool.ops.shrink.sizes import TOLERANCE, Mix, SizeModel, mixes
 from sparsetool.ops.shrink.widths import shrink_widths
 from sparsetool.ops.text import read_text
 from sparsetool.util.memory import MemoryPlan
@@ -89,7 +89,7 @@ def shrink_to_params(
             f"--params {opts.params:g}: {path} has {size.total:,} parameters; ask for fewer "
             "(a fraction below 1, or a count below that)"
         )
-    kinds = _kinds(size)
+    kinds = _kinds(size, opts.multiple_of)
     found = mixes(size, target, opts.multiple_of, kinds)
     if not found:
         raise UsageError(
@@ -102,7 +102,7 @@ def shrink_to_params(
     assert opts.calibration is not None
     text = read_text(opts.calibration, "--calibration")
     search = ParamsSearch(target=target, total=size.total, kinds=sorted(kinds), mixes=len(found))
-    refs = {k: _reference(size, k, found, target) for k in sorted(kinds)}
+    refs = {k: _reference(size, k, found, target, opts.multiple_of) for k in sorted(kinds)}
     search.planned = [m.label(size) for m in refs.values()]
     dense = open_model(path, opts.dtype, opts.device, needs=NEEDS)
     try:
@@ -218,34 +218,38 @@ class _Runs:
             shutil.rmtree(self.best[1], ignore_errors=True)
 
 
-def _kinds(size: SizeModel) -> set[str]:
+def _kinds(size: SizeModel, multiple_of: int) -> set[str]:
     """The kinds of cut the model takes: blocks (more than one), the FFN, and heads and the hidden
-    size where the attention has separate q/k/v/o projections."""
+    size where the attention has separate q/k/v/o projections; each where the grid (widths
+    multiples of ``multiple_of``) holds a cut of it."""
     spans = set(size.inside)
-    kinds = {"ffn"} if any("ffn" in s for s in spans) else set()
+    kinds = {"ffn"} if any("ffn" in s for s in spans) and size.ffn_choices(multiple_of) else set()
     if size.layers > 1:
         kinds.add("blocks")
     if any("q" in s for s in spans):
-        kinds.add("hidden")
-        if size.head_choices(1):
+        if size.hidden_choices(multiple_of):
+            kinds.add("hidden")
+        if size.head_choices(multiple_of):
             kinds.add("heads")
     return kinds
 
 
-def _reference(size: SizeModel, kind: str, found: list[Mix], target: int) -> Mix:
+def _reference(size: SizeModel, kind: str, found: list[Mix], target: int, multiple_of: int) -> Mix:
     """The cut of ``kind`` alone measured for its sensitivity: the one meeting the budget
-    (``target`` parameters), or a middling one where that kind alone cannot."""
+    (``target`` parameters), or a middling one on the grid where that kind alone cannot."""
     alone = [m for m in found if m.kinds() == [kind]]
     if alone:
         return min(alone, key=lambda m: abs(size.count(m) - target))
     if kind == "blocks":
         return Mix(blocks=max(1, size.layers // 4))
-    if kind == "heads":
-        choices = size.head_choices(1)
-        return Mix(heads=choices[len(choices) // 2])
-    if kind == "ffn":
-        return Mix(ffn=max(1, round(size.ffn * (1 + MIN_WIDTH) / 2)))
-    return Mix(hidden=max(1, round(size.width * (1 + MIN_HIDDEN) / 2)))
+    choices = {
+        "heads": size.head_choices(multiple_of),
+        "ffn": size.ffn_choices(multiple_of),
+        "hidden": size.hidden_choices(multiple_of),
+    }[kind]
+    whole = {"heads": size.heads, "ffn": size.ffn, "hidden": size.width}[kind]
+    kept = min(choices, key=lambda c: (abs(c - 0.75 * whole), c))
+    return Mix(**{kind: kept})
 
 
 def _cut(size: SizeModel, mix: Mix, kind: str) -> float:

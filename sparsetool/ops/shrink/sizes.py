@@ -148,6 +148,17 @@ class SizeModel:
             if (g * group * self.head_dim) % multiple_of == 0
         ]
 
+    def hidden_choices(self, multiple_of: int, heads: int | None = None) -> list[int]:
+        """The hidden sizes a mix may keep (from :data:`MIN_HIDDEN` of it, below it): multiples
+        of ``multiple_of`` that the query heads kept (``heads``; None: all) divide."""
+        divides = heads or self.heads
+        return [d for d in _widths(self.width, MIN_HIDDEN, multiple_of) if d % divides == 0]
+
+    def ffn_choices(self, multiple_of: int) -> list[int]:
+        """The FFN widths a mix may keep (from :data:`MIN_WIDTH` of it): multiples of
+        ``multiple_of``."""
+        return _widths(self.ffn, MIN_WIDTH, multiple_of)
+
 
 def _spans(name: str, shape: tuple[int, ...], width: int) -> tuple[str, ...]:
     for ends, spans in _SPANS:
@@ -172,20 +183,18 @@ def mixes(size: SizeModel, target: int, multiple_of: int, kinds: set[str]) -> li
     most = max(1, math.floor(size.layers * MAX_BLOCKS))
     blocks = range(0, most + 1) if "blocks" in kinds else range(1)
     heads: list[int | None] = [None] + (size.head_choices(multiple_of) if "heads" in kinds else [])
-    hiddens: list[int | None] = [None]
-    if "hidden" in kinds:
-        hiddens += _widths(size.width, MIN_HIDDEN, multiple_of)
     ffns: list[int | None] = [None]
     if "ffn" in kinds:
-        ffns += _widths(size.ffn, MIN_WIDTH, multiple_of)
+        ffns += size.ffn_choices(multiple_of)
     found: list[Mix] = []
     for n in blocks:
         if n >= size.layers:
             continue
         for h in heads:
+            hiddens: list[int | None] = [None]
+            if "hidden" in kinds:  # the kept heads must divide it: most configs refuse it else
+                hiddens += size.hidden_choices(multiple_of, h)
             for d in hiddens:
-                if d is not None and d % (h or size.heads):
-                    continue  # heads that do not divide the hidden size: most configs refuse it
                 best = min(
                     (Mix(n, f, h, d) for f in ffns),
                     key=lambda m: abs(size.count(m) - target),
