@@ -167,3 +167,23 @@ def test_a_failing_candidate_leaves_nothing_beside_the_output(llama, tmp_path, c
         shrink_checkpoint(llama, tmp_path / "out", ShrinkOptions(params=0.7,
                           calibration=calib_file, **CALIB))  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+def test_widths_the_heads_do_not_divide_are_never_tried(tmp_path, text, calib_file):
+    """9 heads in 3 groups (as SmolLM2's): no hidden size on the grid is a multiple of 9 and of
+    --multiple-of 4 alone, so --hidden is not a kind alone (its middling cut would be refused by
+    transformers after the long part); mixes keep one the kept heads divide."""
+    torch.manual_seed(0)
+    cfg = t.LlamaConfig(num_hidden_layers=4, hidden_size=36, intermediate_size=64,
+                        num_attention_heads=9, num_key_value_heads=3, head_dim=4,
+                        **_SMALL)  # fmt: skip
+    t.LlamaForCausalLM(cfg).eval().save_pretrained(tmp_path / "nine")
+    save_tokenizer(tmp_path / "nine", text)
+    size = _size(tmp_path / "nine")
+    assert size.hidden_choices(4) == [] and size.hidden_choices(4, 6) == [24]
+    found = mixes(size, round(0.7 * size.total), 4, {"blocks", "ffn", "heads", "hidden"})
+    assert all(m.hidden is None or m.hidden % (m.heads or 9) == 0 for m in found)
+    result = shrink_checkpoint(tmp_path / "nine", tmp_path / "out", ShrinkOptions(
+        params=0.7, candidates=2, calibration=calib_file, **CALIB))  # fmt: skip
+    assert "hidden alone" not in [c.role for c in result.search.candidates]
+    assert "hidden" not in result.search.kinds
