@@ -71,7 +71,7 @@ def parse_params(text: str | float | int, option: str = "--params") -> float | i
         count = parse_tokens(text, option)
     except ConfigError:
         count = 0
-    if count < 2:
+    if count < 1000:  # "--params 2" is a slip for a fraction, not a 2-parameter model
         raise option_error(f"{option} {text}: {problem}", option, text, problem)
     return count
 
@@ -167,7 +167,8 @@ class ShrinkOptions(OptionsRecord):
         "Instead: a model of F of the input's parameters (0.75), or of N (100M), within 1%: "
         "shrink chooses the blocks, FFN, heads and hidden widths to cut, by measurement (each "
         "kind alone, then the mixes predicted best; the one of least loss on calibration text "
-        "it never ran is written). Implies the other options' defaults for each cut.",
+        "it never ran is written). --multiple-of, --reconstruct and the calibration options "
+        "apply to every cut.",
         metavar="F|N",
         parse=parse_params,
     )

@@ -127,6 +127,7 @@ def test_a_count_of_parameters(llama, tmp_path, calib_file):
     "args, says",
     [
         (["--params", "1"], "give a fraction strictly between 0 and 1"),
+        (["--params", "2"], "give a fraction strictly between 0 and 1"),
         (["--params", "0.75", "--ffn", "0.5"], "say what to remove"),
         (["--params", "0.75", "--experts", "0.5"], "say what to remove"),
         (["--params", "1G"], "ask for fewer"),
