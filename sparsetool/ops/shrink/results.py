@@ -363,7 +363,7 @@ class ParamsSearch:
     def plan_lines(self) -> list[str]:
         """What the search will do, said before it starts."""
         return [
-            f"--params: {self.target:,} of {self.total:,} parameters "
+            f"--params: {self.target:,} of {plural(self.total, 'parameter')} "
             f"({self.target / self.total:.3f}x, within 1%); "
             f"{plural(self.mixes, 'mix', 'mixes')} of {', '.join(self.kinds)} meet it",
             f"measured first, each kind alone: {'; '.join(self.planned)}; then the mixes "

@@ -52,6 +52,7 @@ from sparsetool.ops.shrink.widths import shrink_widths
 from sparsetool.ops.text import read_text
 from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.progress import Progress
+from sparsetool.util.wording import plural
 
 __all__ = ["SCORE_WINDOWS", "shrink_to_params"]
 
@@ -86,7 +87,7 @@ def shrink_to_params(
     target = round(opts.params * size.total) if isinstance(opts.params, float) else opts.params
     if not 0 < target < size.total:
         raise UsageError(
-            f"--params {opts.params:g}: {path} has {size.total:,} parameters; ask for fewer "
+            f"--params {opts.params:g}: {path} has {plural(size.total, 'parameter')}; ask for fewer "
             "(a fraction below 1, or a count below that)"
         )
     kinds = _kinds(size, opts.multiple_of)
@@ -95,7 +96,7 @@ def shrink_to_params(
         raise UsageError(
             f"--params {opts.params:g}: no cut of {path}'s blocks, FFN, heads or hidden size "
             f"({', '.join(sorted(kinds))}; widths multiples of {opts.multiple_of}) comes within "
-            f"1% of {target:,} parameters; ask for another size"
+            f"1% of {plural(target, 'parameter')}; ask for another size"
             + (", or give a smaller --multiple-of" if opts.multiple_of > 1 else "")
         )
     check_output(path, out)
