@@ -87,8 +87,8 @@ def shrink_to_params(
     target = round(opts.params * size.total) if isinstance(opts.params, float) else opts.params
     if not 0 < target < size.total:
         raise UsageError(
-            f"--params {opts.params:g}: {path} has {plural(size.total, 'parameter')}; ask for fewer "
-            "(a fraction below 1, or a count below that)"
+            f"--params {opts.params:g}: {path} has {plural(size.total, 'parameter')}; ask for "
+            "fewer (a fraction below 1, or a count below that)"
         )
     kinds = _kinds(size, opts.multiple_of)
     found = mixes(size, target, opts.multiple_of, kinds)
