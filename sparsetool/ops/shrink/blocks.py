@@ -54,7 +54,7 @@ from sparsetool.util.memory import MemoryPlan
 from sparsetool.util.progress import Progress
 from sparsetool.util.threads import torch_threads
 
-__all__ = ["LAYER_COUNT_KEYS", "BlocksKind", "plan_blocks", "shrink_blocks"]
+__all__ = ["LAYER_COUNT_KEYS", "BlocksKind", "plan_blocks", "shrink_blocks", "write_renamed"]
 
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 NEEDS = "shrink removes blocks of causal language models (Hugging Face directories)"
@@ -176,7 +176,7 @@ class BlocksKind:
         return Shrinking(
             record=record.to_json(),
             config=lambda config: _config(config, cfg, total, kept),
-            write=lambda cw: _write(ckpt, cw, renames, values),
+            write=lambda cw: write_renamed(ckpt, cw, renames, values),
             removed=lambda: sum(
                 lt.numel for lt in ckpt.logical if renames.get(lt.name, lt.name) is None
             ),
@@ -416,13 +416,15 @@ def _stored_prefix(model: BlockModel) -> tuple[str, int]:
     return ".".join(parts[:position]), position
 
 
-def _write(
+def write_renamed(
     ckpt: Checkpoint,
     cw: CheckpointWriter,
     renames: dict[str, str | None],
     values: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """The kept blocks' tensors renamed and copied byte for byte; a folded one from ``values``."""
+    """Every stored tensor of ``ckpt`` into ``cw``, renamed by ``renames`` (None: left out; a name
+    not listed: kept) and copied byte for byte; one in ``values`` written from there (a folded
+    down projection). With neither, a byte-for-byte copy."""
     values = values or {}
     for shard in ckpt.shards:
         specs, copies = [], []

@@ -33,7 +33,6 @@ from pathlib import Path
 import torch
 
 from sparsetool.checkpoint import open_checkpoint
-from sparsetool.checkpoint.format import TensorSpec
 from sparsetool.checkpoint.output_files import temp_beside
 from sparsetool.checkpoint.provenance import provenance_metadata
 from sparsetool.checkpoint.writer import write_checkpoint
@@ -41,7 +40,7 @@ from sparsetool.errors import SparsetoolError, UsageError
 from sparsetool.models.open import open_model
 from sparsetool.ops.calibration import calibration_windows, unpicked_windows, window_length
 from sparsetool.ops.scoring import held_windows, score
-from sparsetool.ops.shrink.blocks import shrink_blocks
+from sparsetool.ops.shrink.blocks import shrink_blocks, write_renamed
 from sparsetool.ops.shrink.inputs import check_output, model_config
 from sparsetool.ops.shrink.mix import shrink_mix
 from sparsetool.ops.shrink.options import ShrinkOptions
@@ -298,13 +297,4 @@ def _write_chosen(where: Path, out: Path, opts: ShrinkOptions, search: ParamsSea
         record = {"command": "shrink", **opts.record(), "search": search.to_json()}
         metadata = provenance_metadata(ckpt.metadata(), record)
         with write_checkpoint(ckpt, out, metadata_extra=metadata) as cw:
-            for shard in ckpt.shards:
-                specs, parts = [], []
-                for lt in ckpt.logical_in(shard):
-                    for part in lt.stored:
-                        e = ckpt.entry(part)
-                        specs.append(TensorSpec(part, e.st_dtype, tuple(e.shape)))
-                        parts.append(part)
-                with cw.shard(shard, specs) as sw:
-                    for part in parts:
-                        sw.copy_stored(part, ckpt, part)
+            write_renamed(ckpt, cw, {})
